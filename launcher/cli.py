@@ -1,0 +1,153 @@
+"""`llmlaunch`: compose (Hydra) -> validate (spec) -> render -> dry run or launch.
+
+Errors a user can fix are caught here, once: printed to stderr as value / why /
+fix, exit status 2, no traceback. Heavy imports (torch, tritonclient, mpi4py,
+submitit) happen only on the paths that need them, so `--help` stays fast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+GROUPS = ("cluster", "engine", "model", "bench")
+
+
+def available(group: str) -> List[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+def check_group_choices(argv: List[str]) -> None:
+    """Hydra's own message for `engine=foo` is a traceback-ish exit 1; ours lists the choices, exit 2."""
+    from launcher.errors import LaunchError
+
+    problems = []
+    for arg in argv:
+        if arg.startswith("-") or "=" not in arg:
+            continue
+        key, _, value = arg.partition("=")
+        key = key.lstrip("+~")
+        if key in GROUPS:
+            for v in value.split(","):  # multirun sweeps list choices with commas
+                if v not in available(key):
+                    problems.append((f"{key}={v}", f"no such {key} profile in {CONF_DIR / key}", f"choose one of: {', '.join(available(key))}"))
+    if problems:
+        raise LaunchError(problems)
+
+
+def compose(overrides: List[str]):
+    """Compose the config the way `llmlaunch` does (used by tests and tools)."""
+    from hydra import compose as hcompose, initialize_config_dir
+
+    from launcher.schema import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return hcompose(config_name="config", overrides=list(overrides))
+
+
+def plan(overrides: List[str]):
+    """Overrides -> (cfg, spec). Raises LaunchError on any bad value."""
+    from launcher.errors import LaunchError
+    from launcher.spec import build_spec
+
+    check_group_choices(overrides)
+    try:
+        cfg = compose(overrides)
+    except LaunchError:
+        raise
+    except Exception as e:  # Hydra/OmegaConf type and key errors: make them ours
+        raise LaunchError(_hydra_problem(e)) from None
+    return cfg, build_spec(cfg)
+
+
+def _hydra_problem(e: Exception):
+    """Turn Hydra/OmegaConf composition errors into (value, why, fix)."""
+    cause = e.__cause__ or e
+    lines = [l.strip() for l in str(cause).strip().splitlines() if l.strip()]
+    key = next((l.split("full_key:")[1].strip() for l in lines if l.startswith("full_key:")), "")
+    why = lines[0] if lines else type(e).__name__
+    override = str(e).split("override", 1)[-1].strip() if "override" in str(e) else key
+    if str(e).startswith("Could not override"):
+        k = str(e).split("'")[1] if "'" in str(e) else override
+        return (k, "no such key in the config", "check the spelling (`llmlaunch --cfg job` prints every key); to add a new key use +key=value")
+    return (override or key or "override", why, f"give {key or 'it'} a value of the type launcher/schema.py declares for it")
+
+
+def default_run_dir(spec) -> str:
+    import time
+    import uuid
+
+    root = Path(spec.cluster.get("jobs_dir") or "llmlaunch-jobs")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return str((root / spec.job_name / f"{stamp}-{uuid.uuid4().hex[:6]}").absolute())
+
+
+def run(cfg) -> int:
+    """The Hydra task: validate, then dry run / local serve / Slurm submit."""
+    from omegaconf import OmegaConf
+
+    from launcher.spec import build_spec
+
+    spec = build_spec(cfg)
+    run_dir = cfg.get("run_dir") or default_run_dir(spec)
+    if cfg.dry_run:
+        from launcher.render import plan_text
+
+        sys.stdout.write(plan_text(spec, run_dir, OmegaConf.to_yaml(cfg)))
+        return 0
+    if spec.cluster["scheduler"] == "local":
+        from launcher.local import serve_foreground
+
+        return serve_foreground(spec, run_dir)
+    from launcher.slurm import launch
+
+    return launch(spec, run_dir)
+
+
+def _hydra_entry():
+    import hydra
+
+    from launcher.schema import register_configs
+
+    register_configs()
+
+    @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
+    def _main(cfg) -> None:
+        from launcher.errors import LaunchError
+
+        try:
+            code = run(cfg)
+        except LaunchError as e:
+            print(e.render(), file=sys.stderr)
+            sys.exit(2)
+        if code:
+            sys.exit(code)
+
+    _main()
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    from launcher.errors import LaunchError
+
+    argv = sys.argv[1:] if argv is None else argv
+    multirun = any(a in ("-m", "--multirun") for a in argv)
+    wants_help = any(a in ("-h", "--help", "--hydra-help", "--info") or a.startswith(("--cfg", "-c")) for a in argv)
+    if not wants_help:
+        try:
+            check_group_choices(argv)
+            if not multirun:
+                # Compose + validate before Hydra runs anything, so a bad value exits 2 with our message.
+                plan([a for a in argv if not a.startswith("-") and not a.startswith("hydra")])
+        except LaunchError as e:
+            print(e.render(), file=sys.stderr)
+            sys.exit(2)
+    sys.argv = [sys.argv[0]] + argv
+    _hydra_entry()
+
+
+if __name__ == "__main__":
+    main()

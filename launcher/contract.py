@@ -1,0 +1,58 @@
+"""The one request/response contract every llmlaunch model serves.
+
+It is the interface of TensorRT-LLM's `ensemble` model (and what Triton's
+generate endpoint maps onto), so a client or load tool written for a
+TensorRT-LLM ensemble works unchanged against any llmlaunch endpoint.
+
+This module is data only (no Triton, no torch): rendering builds the
+`config.pbtxt` inputs/outputs from it, the python models validate requests
+against it, and the client builds requests from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str  # tensor name on the wire
+    dtype: str  # Triton dtype without the TYPE_ prefix: BYTES, INT32, BOOL, FP32, UINT64
+    dims: tuple = (1,)  # shape without the batch dimension (models use max_batch_size 0 and dims [1] or [-1])
+    optional: bool = True  # required inputs are rejected when absent
+    doc: str = ""  # what it means; engines that cannot honour it log a note and ignore it
+
+
+INPUTS: tuple[Tensor, ...] = (
+    Tensor("text_input", "BYTES", (1,), False, "the prompt, UTF-8"),
+    Tensor("max_tokens", "INT32", (1,), False, "number of tokens to generate (>= 1)"),
+    Tensor("stream", "BOOL", (1,), True, "stream one response per new piece of text; default false"),
+    Tensor("exclude_input_in_output", "BOOL", (1,), True, "never echo the prompt (llmlaunch never does; accepted for compatibility)"),
+    Tensor("min_length", "INT32", (1,), True, "minimum new tokens before EOS / stop words may end the request"),
+    Tensor("ignore_eos", "BOOL", (1,), True, "generate exactly max_tokens (benchmarks)"),
+    Tensor("end_id", "INT32", (1,), True, "token id that ends generation; default the tokenizer's EOS"),
+    Tensor("pad_id", "INT32", (1,), True, "padding token id (accepted for compatibility)"),
+    Tensor("bad_words", "BYTES", (-1,), True, "words that must not be generated"),
+    Tensor("stop_words", "BYTES", (-1,), True, "generation stops after any of these strings; they are not returned"),
+    Tensor("top_k", "INT32", (1,), True, "sample among the k most likely tokens; 0 = off"),
+    Tensor("top_p", "FP32", (1,), True, "nucleus sampling; 1.0 = off"),
+    Tensor("temperature", "FP32", (1,), True, "0 or absent = greedy"),
+    Tensor("repetition_penalty", "FP32", (1,), True, "1.0 = off"),
+    Tensor("presence_penalty", "FP32", (1,), True, "0.0 = off"),
+    Tensor("frequency_penalty", "FP32", (1,), True, "0.0 = off"),
+    Tensor("random_seed", "UINT64", (1,), True, "sampling seed for this request"),
+    Tensor("seed", "UINT64", (1,), True, "alias of random_seed (Triton generate endpoint name)"),
+    Tensor("return_log_probs", "BOOL", (1,), True, "accepted; engines without log probs ignore it"),
+    Tensor("beam_width", "INT32", (1,), True, "only 1 is supported by streaming engines; others are rejected"),
+)
+
+OUTPUTS: tuple[Tensor, ...] = (
+    Tensor("text_output", "BYTES", (-1,), False, "new text: the delta when streaming, the whole completion otherwise"),
+    Tensor("input_tokens", "INT32", (1,), False, "tokens in the prompt"),
+    Tensor("output_tokens", "INT32", (1,), False, "tokens generated so far (cumulative)"),
+    Tensor("finish_reason", "BYTES", (1,), False, "empty while streaming; 'length', 'stop' or 'cancelled' on the last response"),
+)
+
+INPUT_NAMES = tuple(t.name for t in INPUTS)
+REQUIRED_INPUTS = tuple(t.name for t in INPUTS if not t.optional)
+OUTPUT_NAMES = tuple(t.name for t in OUTPUTS)

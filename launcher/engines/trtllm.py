@@ -1,0 +1,216 @@
+"""The TensorRT-LLM ensemble: preprocessing -> tensorrt_llm -> postprocessing (+ optional BLS).
+
+Targets the `inflight_batcher_llm` layout of triton-inference-server/tensorrtllm_backend
+v0.9 and later (the C++ `tensorrtllm` backend, parameters as string values);
+with `engine.backend=python` the tensorrt_llm model uses the backend's
+LLM-API python model (`backend: "python"`, v0.17 and later), which reads the
+same parameter names. Every value the seeds fill in with sed is a field of
+`TRTLLMEngineConfig`; unset values are left out instead of left as `${...}`.
+
+Our own preprocessing/postprocessing models (model_repository/trtllm/) serve
+the common contract on the ensemble: they also carry `ignore_eos`, the token
+counts and `finish_reason`, so every llmlaunch endpoint answers alike.
+"""
+
+from __future__ import annotations
+
+from typing import List, Tuple
+
+from launcher.engines.registry import RenderedModel, tokenizer_path
+
+BATCHING = ("inflight_fused_batching", "V1")
+POLICIES = ("guaranteed_no_evict", "max_utilization", "guaranteed_completion")
+TOKENIZER_TYPES = ("auto", "llama", "t5")
+BACKENDS = ("tensorrtllm", "python")
+
+
+def check(c) -> List[Tuple[str, str, str]]:
+    e, problems = c["engine"], []
+    if not e.get("engine_dir"):
+        problems.append(("engine.engine_dir=''", "the tensorrt_llm model needs a built TensorRT-LLM engine folder (gpt_model_path)", "set engine.engine_dir=/path/to/trt_engines/<model>/<tp>-gpu (or model.path)"))
+    if not (e.get("tokenizer_dir") or c["model"].get("tokenizer") or c["model"].get("path")):
+        problems.append(("engine.tokenizer_dir=''", "pre/postprocessing need the model's tokenizer", "set engine.tokenizer_dir=/path/to/hf_model or model.tokenizer"))
+    for key, allowed in (("batching_strategy", BATCHING), ("batch_scheduler_policy", POLICIES), ("tokenizer_type", TOKENIZER_TYPES), ("backend", BACKENDS)):
+        if e.get(key) not in allowed:
+            problems.append((f"engine.{key}={e.get(key)!r}", f"not one of {', '.join(allowed)}", f"set engine.{key} to one of: {', '.join(allowed)}"))
+    frac = e.get("kv_cache_free_gpu_mem_fraction", 0.9)
+    if not 0 < frac <= 1:
+        problems.append((f"engine.kv_cache_free_gpu_mem_fraction={frac}", "a fraction of free GPU memory", "use a value in (0, 1], e.g. 0.9"))
+    if e.get("batching_strategy") == "V1" and e.get("decoupled"):
+        problems.append(("engine.batching_strategy='V1' with engine.decoupled=true", "V1 (no in-flight batching) cannot stream", "set engine.decoupled=false, or batching_strategy=inflight_fused_batching"))
+    return problems
+
+
+def _instances(e) -> int:
+    # Tokenising is cheap but serial per instance: one instance per 8 sequences, at most 8.
+    return e.get("preprocessing_instances") or min(8, max(1, e["max_num_seqs"] // 8))
+
+
+def render_models(spec) -> List[RenderedModel]:
+    from launcher import pbtxt
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    e = spec.engine
+    mbs = e["max_num_seqs"]
+    tok = e.get("tokenizer_dir") or tokenizer_path(spec)
+    inp, out = pbtxt.tensor_input, pbtxt.tensor_output
+    models: List[RenderedModel] = []
+
+    # --- preprocessing: text -> ids, words -> id lists (python backend)
+    pre = pb.ModelConfig(name="preprocessing", backend="python", max_batch_size=mbs)
+    pre.input.extend(
+        [
+            inp("QUERY", "BYTES", [1]),
+            inp("REQUEST_OUTPUT_LEN", "INT32", [1]),
+            inp("BAD_WORDS_DICT", "BYTES", [-1], optional=True),
+            inp("STOP_WORDS_DICT", "BYTES", [-1], optional=True),
+            inp("END_ID", "INT32", [1], optional=True),
+            inp("PAD_ID", "INT32", [1], optional=True),
+            inp("IGNORE_EOS", "BOOL", [1], optional=True),
+            # Triton rejects ensemble inputs no step consumes, so the contract's
+            # extras come here: seed/random_seed merge into one, the rest is noted.
+            inp("RANDOM_SEED", "UINT64", [1], optional=True),
+            inp("SEED", "UINT64", [1], optional=True),
+            inp("EXCLUDE_INPUT_IN_OUTPUT", "BOOL", [1], optional=True),
+        ]
+    )
+    pre.output.extend(
+        [
+            out("INPUT_ID", "INT32", [-1]),
+            out("REQUEST_INPUT_LEN", "INT32", [1]),
+            out("BAD_WORDS_IDS", "INT32", [2, -1]),
+            out("STOP_WORDS_IDS", "INT32", [2, -1]),
+            out("REQUEST_OUTPUT_LEN", "INT32", [-1]),
+            out("OUT_END_ID", "INT32", [1]),
+            out("OUT_PAD_ID", "INT32", [1]),
+            out("OUT_RANDOM_SEED", "UINT64", [1]),
+        ]
+    )
+    pre.instance_group.add(count=_instances(e), kind=pb.ModelInstanceGroup.KIND_CPU)
+    pbtxt.set_parameters(pre, {"tokenizer_dir": tok, "tokenizer_type": e["tokenizer_type"], "add_special_tokens": True})
+    models.append(RenderedModel("preprocessing", pre, {"1/model.py": "trtllm/preprocessing/1/model.py"}))
+
+    # --- tensorrt_llm: the engine itself (C++ backend or LLM-API python model)
+    trt = pb.ModelConfig(name="tensorrt_llm", backend=e["backend"], max_batch_size=mbs)
+    trt.model_transaction_policy.decoupled = bool(e["decoupled"])
+    trt.dynamic_batching.preferred_batch_size.append(mbs)
+    trt.dynamic_batching.max_queue_delay_microseconds = int(e.get("max_queue_delay_microseconds", 0))
+    trt.input.extend(
+        [
+            inp("input_ids", "INT32", [-1], ragged=True),
+            inp("input_lengths", "INT32", [1], reshape=[]),
+            inp("request_output_len", "INT32", [1], reshape=[]),
+            inp("end_id", "INT32", [1], optional=True, reshape=[]),
+            inp("pad_id", "INT32", [1], optional=True, reshape=[]),
+            inp("stop_words_list", "INT32", [2, -1], optional=True, ragged=True),
+            inp("bad_words_list", "INT32", [2, -1], optional=True, ragged=True),
+            inp("beam_width", "INT32", [1], optional=True, reshape=[]),
+            inp("temperature", "FP32", [1], optional=True, reshape=[]),
+            inp("runtime_top_k", "INT32", [1], optional=True, reshape=[]),
+            inp("runtime_top_p", "FP32", [1], optional=True, reshape=[]),
+            inp("repetition_penalty", "FP32", [1], optional=True, reshape=[]),
+            inp("presence_penalty", "FP32", [1], optional=True, reshape=[]),
+            inp("frequency_penalty", "FP32", [1], optional=True, reshape=[]),
+            inp("min_length", "INT32", [1], optional=True, reshape=[]),
+            inp("random_seed", "UINT64", [1], optional=True, reshape=[]),
+            inp("return_log_probs", "BOOL", [1], optional=True, reshape=[]),
+            inp("streaming", "BOOL", [1], optional=True),
+        ]
+    )
+    trt.output.extend(
+        [
+            out("output_ids", "INT32", [-1, -1]),
+            out("sequence_length", "INT32", [-1]),
+            out("cum_log_probs", "FP32", [-1]),
+            out("output_log_probs", "FP32", [-1, -1]),
+        ]
+    )
+    trt.instance_group.add(count=1, kind=pb.ModelInstanceGroup.KIND_CPU)
+    params = {
+        "gpt_model_type": e["batching_strategy"],
+        "gpt_model_path": e["engine_dir"],
+        "batch_scheduler_policy": e["batch_scheduler_policy"],
+        "kv_cache_free_gpu_mem_fraction": e["kv_cache_free_gpu_mem_fraction"],
+        "max_beam_width": e["max_beam_width"],
+        "exclude_input_in_output": e["exclude_input_in_output"],
+        "enable_kv_cache_reuse": e["enable_kv_cache_reuse"],
+        "enable_chunked_context": e["enable_chunked_context"],
+        # CPU-side tensors are what the python pre/postprocessing exchange with it.
+        "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
+    }
+    if e.get("max_tokens_in_paged_kv_cache"):
+        params["max_tokens_in_paged_kv_cache"] = e["max_tokens_in_paged_kv_cache"]
+    if e.get("max_attention_window_size"):
+        params["max_attention_window_size"] = e["max_attention_window_size"]
+    pbtxt.set_parameters(trt, params)
+    models.append(RenderedModel("tensorrt_llm", trt, {}, {"1/.keep": ""}))
+
+    # --- postprocessing: ids -> text, plus the contract's counts and finish reason
+    post = pb.ModelConfig(name="postprocessing", backend="python", max_batch_size=mbs)
+    post.input.extend(
+        [
+            inp("TOKENS_BATCH", "INT32", [-1, -1]),
+            inp("SEQUENCE_LENGTH", "INT32", [-1]),
+            inp("REQUEST_INPUT_LEN", "INT32", [1], optional=True),
+            inp("REQUEST_OUTPUT_LEN", "INT32", [-1], optional=True),
+            inp("STREAM", "BOOL", [1], optional=True),
+        ]
+    )
+    post.output.extend([out("OUTPUT", "BYTES", [-1]), out("INPUT_TOKENS", "INT32", [1]), out("OUTPUT_TOKENS", "INT32", [1]), out("FINISH_REASON", "BYTES", [1])])
+    post.instance_group.add(count=e.get("postprocessing_instances") or _instances(e), kind=pb.ModelInstanceGroup.KIND_CPU)
+    pbtxt.set_parameters(post, {"tokenizer_dir": tok, "tokenizer_type": e["tokenizer_type"], "skip_special_tokens": True})
+    models.append(RenderedModel("postprocessing", post, {"1/model.py": "trtllm/postprocessing/1/model.py"}))
+
+    # --- ensemble: the contract's names on the outside
+    ens = pb.ModelConfig(name=spec.model_name, platform="ensemble", max_batch_size=mbs)
+    ens.input.extend(pbtxt.contract_inputs())
+    ens.output.extend(pbtxt.contract_outputs())
+    steps = ens.ensemble_scheduling.step
+
+    def step(model, inputs, outputs):
+        s = steps.add(model_name=model, model_version=-1)
+        for k, v in inputs.items():
+            s.input_map[k] = v
+        for k, v in outputs.items():
+            s.output_map[k] = v
+
+    step(
+        "preprocessing",
+        {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "BAD_WORDS_DICT": "bad_words", "STOP_WORDS_DICT": "stop_words", "END_ID": "end_id", "PAD_ID": "pad_id", "IGNORE_EOS": "ignore_eos", "RANDOM_SEED": "random_seed", "SEED": "seed", "EXCLUDE_INPUT_IN_OUTPUT": "exclude_input_in_output"},
+        {"INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "BAD_WORDS_IDS": "_BAD_WORDS_IDS", "STOP_WORDS_IDS": "_STOP_WORDS_IDS", "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "OUT_END_ID": "_END_ID", "OUT_PAD_ID": "_PAD_ID", "OUT_RANDOM_SEED": "_RANDOM_SEED"},
+    )
+    step(
+        "tensorrt_llm",
+        {
+            "input_ids": "_INPUT_ID",
+            "input_lengths": "_REQUEST_INPUT_LEN",
+            "request_output_len": "_REQUEST_OUTPUT_LEN",
+            "end_id": "_END_ID",
+            "pad_id": "_PAD_ID",
+            "stop_words_list": "_STOP_WORDS_IDS",
+            "bad_words_list": "_BAD_WORDS_IDS",
+            "beam_width": "beam_width",
+            "temperature": "temperature",
+            "runtime_top_k": "top_k",
+            "runtime_top_p": "top_p",
+            "repetition_penalty": "repetition_penalty",
+            "presence_penalty": "presence_penalty",
+            "frequency_penalty": "frequency_penalty",
+            "min_length": "min_length",
+            "random_seed": "_RANDOM_SEED",
+            "return_log_probs": "return_log_probs",
+            "streaming": "stream",
+        },
+        {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"},
+    )
+    step(
+        "postprocessing",
+        {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "STREAM": "stream"},
+        {"OUTPUT": "text_output", "INPUT_TOKENS": "input_tokens", "OUTPUT_TOKENS": "output_tokens", "FINISH_REASON": "finish_reason"},
+    )
+    models.append(RenderedModel(spec.model_name, ens, {}, {"1/.keep": ""}))
+
+    if e.get("bls"):
+        bls = pbtxt.python_model("tensorrt_llm_bls", mbs, {"tensorrt_llm_model_name": "tensorrt_llm", "tokenizer_dir": tok})
+        models.append(RenderedModel("tensorrt_llm_bls", bls, {"1/model.py": "trtllm/tensorrt_llm_bls/1/model.py"}))
+    return models

@@ -1,0 +1,308 @@
+"""Composed config -> frozen launch spec. Pure: reads nothing, writes nothing.
+
+`build_spec(cfg)` is the one validation step. It collects every problem it
+finds (value, why, fix) and raises them together as a `LaunchError`, so a user
+fixes a config in one go. The spec it returns is plain data (JSON-able via
+`to_json`) that rendering, submission and the per-rank entry point all read:
+one source of truth for who runs what where.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+from launcher.errors import LaunchError
+
+# Characters allowed in values that land in `#SBATCH` lines or file names. Those
+# lines are not parsed by a shell (so quoting cannot help) and Slurm splits on
+# whitespace, so anything else is refused rather than escaped.
+_SAFE_TOKEN = re.compile(r"^[A-Za-z0-9._+@%:=,/~-]*$")
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TIME = re.compile(r"^(\d+-)?\d{1,2}:\d{2}:\d{2}$|^\d+$")
+
+SCHEDULERS = ("local", "slurm")
+GPU_REQUESTS = ("gpus-per-node", "gres", "none")
+MPI_TYPES = ("pmix", "pmi2", "none")
+CONTAINER_RUNTIMES = ("none", "pyxis")
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What one Slurm task (one tritonserver) is."""
+
+    rank: int  # global rank (SLURM_PROCID)
+    node: int  # node index in the job (SLURM_NODEID)
+    local_rank: int  # rank on its node (SLURM_LOCALID)
+    replica: int  # which data-parallel copy it belongs to
+    group_rank: int  # rank inside its copy's model-parallel group (0 = that copy's leader)
+    gpus: Tuple[int, ...]  # GPU indices on its node it owns (empty on CPU-only)
+    role: str  # leader (receives requests, schedules) | worker (runs the leader's steps)
+    serves: str  # public (the job's endpoint) | internal (replica leader behind the front end) | none
+    models: Tuple[str, ...]  # models its tritonserver loads; empty = every model in the repository
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """Everything needed to render, submit and run one job."""
+
+    job_name: str
+    cluster: Dict[str, Any]
+    engine: Dict[str, Any]
+    model: Dict[str, Any]
+    serve: Dict[str, Any]
+    bench: Dict[str, Any]
+    tp: int
+    pp: int
+    nodes: int
+    replicas: int
+    tasks_per_node: int  # Slurm tasks (tritonservers) per node
+    gpus_per_task: int  # GPUs each task owns
+    gpus_per_node_used: int  # GPUs the job asks for on each node
+    model_name: str  # Triton model name clients address
+    host: str  # address rank 0 binds
+    ranks: Tuple[RankSpec, ...] = field(default_factory=tuple)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def group_size(self) -> int:
+        return self.tp * self.pp
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
+
+    @staticmethod
+    def from_json(text: str) -> "LaunchSpec":
+        d = json.loads(text)
+        d["ranks"] = tuple(RankSpec(**{**r, "gpus": tuple(r["gpus"]), "models": tuple(r["models"])}) for r in d["ranks"])
+        return LaunchSpec(**d)
+
+
+def _is_pow2(n: int) -> bool:
+    return isinstance(n, int) and n >= 1 and (n & (n - 1)) == 0
+
+
+def _choice(problems, what, value, allowed):
+    if value not in allowed:
+        problems.append((f"{what}={value!r}", f"not one of {', '.join(allowed)}", f"set {what} to one of: {', '.join(allowed)}"))
+
+
+def _check_shell_safe_path(problems, what, value):
+    """Paths go into commands shell-quoted, but newlines and NULs break even quoted #SBATCH/log handling."""
+    if value and any(c in value for c in "\n\r\0"):
+        problems.append((f"{what}={value!r}", "contains a newline or NUL character", f"give {what} a path without control characters"))
+
+
+def _check_sbatch_token(problems, what, value):
+    if value and not _SAFE_TOKEN.match(str(value)):
+        problems.append(
+            (
+                f"{what}={value!r}",
+                "it goes into an #SBATCH line, which no shell parses, so spaces, quotes, $, `, ; and newlines cannot be escaped there",
+                f"use only letters, digits and . _ + @ % : = , / ~ - in {what}",
+            )
+        )
+
+
+def layout(engine_layout: str, tp: int, pp: int, replicas: int, nodes: int, gpus_per_node: int, problems: list):
+    """Return (tasks_per_node, gpus_per_task, gpus_per_node_used, nodes_per_group) or None after adding problems.
+
+    per_gpu: one tritonserver per GPU (TensorRT-LLM leader mode, our hf engine).
+    per_group: one tritonserver per model copy per node; the engine inside owns
+    that copy's GPUs on the node (vLLM, SGLang, LMDeploy).
+    """
+    group = tp * pp
+    total = group * replicas
+    capacity = nodes * gpus_per_node
+    if total > capacity:
+        need_nodes = -(-total // gpus_per_node)
+        problems.append(
+            (
+                f"tp*pp*replicas={tp}*{pp}*{replicas}={total}",
+                f"needs {total} GPUs but nodes={nodes} x cluster.gpus_per_node={gpus_per_node} gives {capacity}",
+                f"set nodes={need_nodes}, or lower tp, pp or replicas",
+            )
+        )
+        return None
+    if total % nodes:
+        problems.append(
+            (
+                f"nodes={nodes}",
+                f"the job's {total} GPUs (tp*pp*replicas) cannot be spread evenly over {nodes} nodes",
+                f"use a node count dividing {total}, e.g. nodes={max(d for d in range(1, nodes + 1) if total % d == 0)}",
+            )
+        )
+        return None
+    per_node = total // nodes
+    if group <= per_node:
+        if per_node % group:
+            problems.append(
+                (f"tp*pp={group}", f"model copies of {group} GPUs do not tile the {per_node} GPUs used per node", "make tp*pp divide the GPUs per node")
+            )
+            return None
+        nodes_per_group = 1
+    else:
+        if group % per_node:
+            problems.append(
+                (f"tp*pp={group}", f"a model copy spanning nodes must use whole nodes' worth ({per_node} GPUs each)", "make tp*pp a multiple of the GPUs used per node")
+            )
+            return None
+        nodes_per_group = group // per_node
+    if engine_layout == "per_gpu":
+        return per_node, 1, per_node, nodes_per_group
+    # per_group: one task per copy on each node it touches
+    gpus_per_task = min(group, per_node)
+    return per_node // gpus_per_task, gpus_per_task, per_node, nodes_per_group
+
+
+def build_ranks(engine_def, tp, pp, replicas, nodes, tasks_per_node, gpus_per_task) -> Tuple[RankSpec, ...]:
+    """Assign ranks in Slurm's block order (ranks 0..k-1 on node 0, ...)."""
+    world = nodes * tasks_per_node
+    ranks_per_group = world // replicas
+    out = []
+    for r in range(world):
+        node, local = divmod(r, tasks_per_node)
+        replica, group_rank = divmod(r, ranks_per_group)
+        leader = group_rank == 0
+        if r == 0:
+            serves = "public"
+        elif leader:
+            serves = "internal"
+        else:
+            serves = "none"
+        gpus = tuple(range(local * gpus_per_task, (local + 1) * gpus_per_task))
+        models = () if leader else tuple(engine_def.worker_models)
+        out.append(RankSpec(r, node, local, replica, group_rank, gpus, "leader" if leader else "worker", serves, models))
+    return tuple(out)
+
+
+def build_spec(cfg) -> LaunchSpec:
+    """Validate a composed config (OmegaConf or plain dict) and return the frozen spec."""
+    from launcher.engines import registry
+
+    c = _plain(cfg)
+    problems: List[Tuple[str, str, str]] = []
+    cluster, engine, model, serve = c["cluster"], c["engine"], c["model"], c["serve"]
+
+    # --- names and choices
+    ename = engine.get("name")
+    if ename not in registry.ENGINES:
+        problems.append((f"engine={ename!r}", "unknown engine", f"choose one of: {', '.join(sorted(registry.ENGINES))}"))
+    _choice(problems, "cluster.scheduler", cluster.get("scheduler"), SCHEDULERS)
+    _choice(problems, "cluster.gpu_request", cluster.get("gpu_request"), GPU_REQUESTS)
+    _choice(problems, "cluster.mpi", cluster.get("mpi"), MPI_TYPES)
+    _choice(problems, "cluster.container.runtime", cluster["container"].get("runtime"), CONTAINER_RUNTIMES)
+    _choice(problems, "engine.device", engine.get("device"), DEVICES)
+    _choice(problems, "model.dtype", model.get("dtype"), DTYPES)
+    if not _SAFE_NAME.match(str(c.get("job_name", ""))):
+        problems.append(
+            (f"job_name={c.get('job_name')!r}", "job names go into #SBATCH lines, file names and shm prefixes", "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+        )
+    for what, value in (("cluster.name", cluster.get("name")), ("model.name", model.get("name")), ("engine.model_name", engine.get("model_name") or "x")):
+        if not _SAFE_NAME.match(str(value)):
+            problems.append((f"{what}={value!r}", "names go into scripts, file names and Triton model names", f"give {what} 1-64 letters, digits, '.', '_' or '-'"))
+    if cluster.get("scheduler") == "slurm" and not _TIME.match(str(cluster.get("time", ""))):
+        problems.append((f"cluster.time={cluster.get('time')!r}", "not a Slurm time limit", "use HH:MM:SS, D-HH:MM:SS or minutes, e.g. cluster.time=01:00:00"))
+    if cluster.get("scheduler") == "slurm" and cluster.get("mpi") == "none":
+        problems.append(("cluster.mpi='none'", "ranks rendezvous through MPI (mpi4py); srun must start them with PMIx or PMI2", "set cluster.mpi=pmix (or pmi2)"))
+    if cluster.get("container", {}).get("runtime") == "pyxis" and not cluster["container"].get("image"):
+        problems.append(("cluster.container.image=''", "pyxis needs an image", "set cluster.container.image=<registry#image:tag> or cluster.container.runtime=none"))
+
+    # --- values that go into #SBATCH lines / names
+    for key in ("partition", "account", "qos", "reservation", "constraint", "mem", "jobs_dir"):
+        _check_sbatch_token(problems, f"cluster.{key}", cluster.get(key, ""))
+    for i, flag in enumerate(cluster.get("extra_sbatch", [])):
+        if not re.match(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9._+@%:=,/~-]+)?$", str(flag)):
+            problems.append((f"cluster.extra_sbatch[{i}]={flag!r}", "not a plain --flag or --flag=value", "write it as --name=value with no spaces or quotes"))
+    for key in cluster.get("env", {}):
+        if not _ENV_KEY.match(str(key)):
+            problems.append((f"cluster.env key {key!r}", "not a valid environment variable name", "use letters, digits and _ (not starting with a digit)"))
+    for what, value in (
+        ("model.path", model.get("path", "")),
+        ("model.tokenizer", model.get("tokenizer", "")),
+        ("cluster.tritonserver", cluster.get("tritonserver", "")),
+        ("cluster.python", cluster.get("python", "")),
+        ("cluster.container.workdir", cluster["container"].get("workdir", "")),
+    ):
+        _check_shell_safe_path(problems, what, str(value))
+    for i, m in enumerate(cluster["container"].get("mounts", [])):
+        _check_sbatch_token(problems, f"cluster.container.mounts[{i}]", m)
+
+    # --- parallelism
+    tp, pp, nodes, replicas = c["tp"], c["pp"], c["nodes"], c["replicas"]
+    gpn = cluster.get("gpus_per_node", 0)
+    for what, v in (("pp", pp), ("nodes", nodes), ("replicas", replicas), ("cluster.gpus_per_node", gpn), ("engine.max_num_seqs", engine.get("max_num_seqs", 1))):
+        if not isinstance(v, int) or v < 1:
+            problems.append((f"{what}={v!r}", "must be a whole number >= 1", f"set {what} to 1 or more"))
+    if not _is_pow2(tp):
+        problems.append((f"tp={tp!r}", "tp must be a power of two dividing the job's GPUs (attention heads split evenly)", "use tp=1, 2, 4 or 8"))
+    if cluster.get("scheduler") == "local" and nodes != 1:
+        problems.append((f"nodes={nodes}", "cluster=local runs on this one machine", "use nodes=1, or a Slurm cluster profile (cluster=local_slurm, cluster=slurm)"))
+
+    # --- serving
+    ports = {k: serve.get(k) for k in ("grpc_port", "http_port", "metrics_port")}
+    for k, p in ports.items():
+        if not isinstance(p, int) or not 1 <= p <= 65535:
+            problems.append((f"serve.{k}={p!r}", "a TCP port is 1-65535", f"set serve.{k} to a free port in 1024-65535"))
+    seen: Dict[int, str] = {}
+    for k, p in ports.items():
+        if p in seen:
+            problems.append((f"serve.{k}={p}", f"the same port as serve.{seen[p]}", f"give serve.{k} its own port"))
+        seen.setdefault(p, k)
+    if serve.get("ready_timeout_s", 1) <= 0:
+        problems.append((f"serve.ready_timeout_s={serve.get('ready_timeout_s')}", "must be positive", "set a deadline in seconds, e.g. serve.ready_timeout_s=900"))
+
+    edef = registry.ENGINES.get(ename)
+    lay = None
+    if edef is not None and not any(p[0].startswith(("tp=", "pp=", "nodes=", "replicas=", "cluster.gpus_per_node")) for p in problems):
+        lay = layout(edef.layout, tp, pp, replicas, nodes, gpn, problems)
+        if lay is not None and lay[3] > 1 and not edef.spans_nodes(engine):
+            problems.append(
+                (
+                    f"engine={ename} with tp*pp={tp * pp} over {lay[3]} nodes",
+                    edef.why_single_node(engine),
+                    f"keep a model copy on one node: tp*pp <= {lay[2]} GPUs per node (use replicas for more nodes)",
+                )
+            )
+        if edef is not None:
+            problems.extend(edef.check(c))
+    if problems:
+        raise LaunchError(problems)
+
+    tasks_per_node, gpus_per_task, used, _ = lay
+    ranks = build_ranks(edef, tp, pp, replicas, nodes, tasks_per_node, gpus_per_task)
+    host = serve.get("host") or ("0.0.0.0" if cluster["scheduler"] == "slurm" else "127.0.0.1")
+    return LaunchSpec(
+        job_name=c["job_name"],
+        cluster=cluster,
+        engine=engine,
+        model=model,
+        serve=serve,
+        bench=c.get("bench", {}),
+        tp=tp,
+        pp=pp,
+        nodes=nodes,
+        replicas=replicas,
+        tasks_per_node=tasks_per_node,
+        gpus_per_task=gpus_per_task,
+        gpus_per_node_used=used,
+        model_name=engine.get("model_name") or edef.default_model_name,
+        host=host,
+        ranks=ranks,
+    )
+
+
+def _plain(cfg) -> Dict[str, Any]:
+    if isinstance(cfg, dict):
+        return cfg
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(cfg, resolve=True)

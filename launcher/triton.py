@@ -1,0 +1,362 @@
+"""Find a tritonserver, start it, know when it really serves, stop it cleanly.
+
+`resolve_tritonserver` prefers, in order: an explicit path (cluster profile),
+`tritonserver` on PATH, `/opt/tritonserver/bin/tritonserver` (NGC containers),
+and the `nvidia-pytriton` wheel, which ships the binary and the python backend
+but needs the stub for the running Python copied beside the backend and its
+libraries on LD_LIBRARY_PATH (../shared/FACTS.md).
+
+`TritonServer` is the one place a server process is started and stopped:
+its own process group, readiness = live + ready + model ready + one real
+one-token request answered, within a deadline, failing at once with the log's
+tail if the process dies; stop = SIGTERM (Triton drains in-flight requests),
+then SIGKILL after a deadline, then removal of the job's leftover shm regions.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+from launcher.errors import LaunchError
+
+NGC_PATH = "/opt/tritonserver/bin/tritonserver"
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    binary: str  # the tritonserver executable
+    backend_directory: str  # --backend-directory; "" = the binary's default
+    env: Dict[str, str] = field(default_factory=dict)  # environment additions (LD_LIBRARY_PATH, PATH)
+    source: str = ""  # where it came from, for messages
+
+
+def _python_env(python: str = sys.executable) -> Dict[str, str]:
+    """Make the python backend stub run the interpreter llmlaunch runs in.
+
+    The stub links libpython3.X.so: the interpreter's own LIBDIR must come first, or a system
+    libpython of another build is picked and compiled modules fail to import (FACTS.md)."""
+    libdir = sysconfig.get_config_var("LIBDIR") or ""
+    bindir = str(Path(python).parent)
+    env = {"PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
+    if libdir:
+        env["LD_LIBRARY_PATH"] = libdir
+    return env
+
+
+def _wheel_install() -> Optional[TritonInstall]:
+    try:
+        import importlib.util
+
+        spec = importlib.util.find_spec("pytriton")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
+    binary = root / "bin" / "tritonserver"
+    if not binary.exists():
+        return None
+    backends = root / "backends"
+    ver = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub_src = root / "python_backend_stubs" / ver / "triton_python_backend_stub"
+    stub_dst = backends / "python" / "triton_python_backend_stub"
+    if not stub_dst.exists():
+        if not stub_src.exists():
+            raise LaunchError(
+                (f"nvidia-pytriton at {root}", f"ships no python backend stub for Python {ver}", "run llmlaunch with Python 3.8-3.13, or install a tritonserver (cluster.tritonserver=/path)")
+            )
+        try:
+            shutil.copy2(stub_src, stub_dst)
+        except OSError as e:
+            raise LaunchError((str(stub_dst), f"cannot install the python backend stub there ({e})", f"copy {stub_src} to {stub_dst} once, with write access to the environment")) from None
+    libs = root.parent.parent / "nvidia_pytriton.libs"
+    env = _python_env()
+    env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (env.get("LD_LIBRARY_PATH", ""), str(libs)) if p)
+    return TritonInstall(str(binary), str(backends), env, "nvidia-pytriton wheel")
+
+
+def resolve_tritonserver(explicit: str = "") -> TritonInstall:
+    if explicit:
+        if not os.access(explicit, os.X_OK):
+            raise LaunchError((f"cluster.tritonserver={explicit!r}", "not an executable file", "point it at a tritonserver binary, or leave it empty to search"))
+        return TritonInstall(explicit, "", _python_env(), "cluster.tritonserver")
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return TritonInstall(on_path, "", _python_env(), "PATH")
+    if os.access(NGC_PATH, os.X_OK):
+        return TritonInstall(NGC_PATH, "", _python_env(), NGC_PATH)
+    wheel = _wheel_install()
+    if wheel:
+        return wheel
+    raise LaunchError(
+        (
+            "tritonserver",
+            "not found: looked at (1) cluster.tritonserver (empty), (2) `tritonserver` on PATH, (3) /opt/tritonserver/bin/tritonserver (NGC containers), (4) the nvidia-pytriton wheel",
+            "pip install nvidia-pytriton==0.7.0 (ships tritonserver and the python backend), or set cluster.tritonserver=/path/to/tritonserver",
+        )
+    )
+
+
+def server_env(install: TritonInstall, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    env = dict(os.environ)
+    for k, v in install.env.items():
+        if k in ("LD_LIBRARY_PATH", "PYTHONPATH") and env.get(k):
+            env[k] = v + os.pathsep + env[k]
+        else:
+            env[k] = v
+    # model.py files import the llmlaunch package from this checkout.
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env.setdefault("PYTHONIOENCODING", "UTF-8")
+    if extra:
+        env.update(extra)
+    return env
+
+
+# ----------------------------------------------------------------------------- ports
+def port_free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host if host not in ("", "0.0.0.0") else "0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def check_ports(host: str, ports: Dict[str, int]) -> None:
+    """Local runs fail clearly on a taken port: which port, which setting changes it."""
+    problems = []
+    for key, p in ports.items():
+        if not port_free(host, p):
+            problems.append((f"serve.{key}={p}", f"port {p} on {host} is already in use", f"stop what uses it, or pick another port: serve.{key}={free_port(host)}"))
+    if problems:
+        raise LaunchError(problems)
+
+
+def pick_ports(host: str, wanted: Dict[str, int]) -> Dict[str, int]:
+    """Ranks on shared nodes: keep the configured port when free, else take a free one (never crash-loop)."""
+    chosen: Dict[str, int] = {}
+    for key, p in wanted.items():
+        chosen[key] = p if port_free(host, p) and p not in chosen.values() else free_port("0.0.0.0" if host in ("", "0.0.0.0") else host)
+    return chosen
+
+
+# ----------------------------------------------------------------------------- readiness
+class ServerDied(RuntimeError):
+    pass
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - 16384))
+            return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def probe_request(url: str, model: str, timeout_s: float = 60.0) -> str:
+    """One real one-token streaming request; returns the text. Raises on error or timeout."""
+    import queue
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    results: "queue.Queue" = queue.Queue()
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        text = grpcclient.InferInput("text_input", [1, 1], "BYTES")
+        text.set_data_from_numpy(np.array([[b"Hello"]], dtype=object))
+        mt = grpcclient.InferInput("max_tokens", [1, 1], "INT32")
+        mt.set_data_from_numpy(np.array([[1]], dtype=np.int32))
+        st = grpcclient.InferInput("stream", [1, 1], "BOOL")
+        st.set_data_from_numpy(np.array([[False]], dtype=bool))
+        client.start_stream(callback=lambda result=None, error=None: results.put((result, error)), stream_timeout=timeout_s)
+        client.async_stream_infer(model, [text, mt, st], enable_empty_final_response=True)
+        out = ""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            result, error = results.get(timeout=max(0.1, deadline - time.monotonic()))
+            if error is not None:
+                raise RuntimeError(f"probe request failed: {error}")
+            resp = result.get_response()
+            arr = result.as_numpy("text_output")
+            if arr is not None:
+                out += b"".join(x if isinstance(x, bytes) else str(x).encode() for x in arr.reshape(-1)).decode(errors="replace")
+            if resp.parameters.get("triton_final_response") and resp.parameters["triton_final_response"].bool_param:
+                return out
+    finally:
+        try:
+            client.stop_stream()
+        finally:
+            client.close()
+
+
+def wait_ready(
+    proc: subprocess.Popen,
+    url: str,
+    model: str,
+    log_path: Path,
+    deadline_s: float,
+    progress: Optional[Callable[[str], None]] = None,
+    probe: bool = True,
+    what: str = "tritonserver",
+) -> float:
+    """Block until `model` answers a real request. Returns seconds waited."""
+    import tritonclient.grpc as grpcclient
+
+    t0 = time.monotonic()
+    last_note = 0.0
+    client = None
+    stage = "starting"
+    try:
+        while True:
+            elapsed = time.monotonic() - t0
+            if proc.poll() is not None:
+                raise ServerDied(f"{what} exited with status {proc.returncode} while {stage} ({elapsed:.1f}s); last lines of {log_path}:\n{log_tail(log_path)}")
+            if elapsed > deadline_s:
+                raise TimeoutError(f"{what} not ready after {deadline_s:.0f}s (stage: {stage}); raise serve.ready_timeout_s if loading is slow. Last lines of {log_path}:\n{log_tail(log_path, 15)}")
+            try:
+                if client is None:
+                    client = grpcclient.InferenceServerClient(url)
+                if not client.is_server_live():
+                    stage = "starting"
+                elif not client.is_model_ready(model):
+                    stage = f"loading model {model}"
+                else:
+                    stage = "answering a first request"
+                    if probe:
+                        probe_request(url, model, timeout_s=max(5.0, deadline_s - elapsed))
+                    return time.monotonic() - t0
+            except Exception as e:  # not up yet (connection refused) or model error
+                if stage == "answering a first request":
+                    raise ServerDied(f"{what} is up but {model} failed its first request: {e}\nlast lines of {log_path}:\n{log_tail(log_path, 15)}") from None
+            if progress and elapsed - last_note >= 2.0:
+                last_note = elapsed
+                progress(f"waiting for {what}: {stage} ({elapsed:.0f}s)")
+            time.sleep(0.1)
+    finally:
+        if client is not None:
+            client.close()
+
+
+# ----------------------------------------------------------------------------- the server process
+class TritonServer:
+    """A tritonserver child process: `with TritonServer(argv, ...) as s: ...`.
+
+    `argv` is what `launcher.render.tritonserver_argv` returned; `shm_prefix`
+    names the python backend's shm regions so leftovers can be removed.
+    """
+
+    def __init__(
+        self,
+        argv: List[str],
+        *,
+        env: Dict[str, str],
+        log_path: Path,
+        grpc_url: str,
+        model: str,
+        ready_timeout_s: float = 600.0,
+        drain_timeout_s: float = 30.0,
+        shm_prefix: str = "",
+        probe: bool = True,
+        progress: Optional[Callable[[str], None]] = None,
+    ):
+        self.argv = list(argv)
+        self.env = env
+        self.log_path = Path(log_path)
+        self.grpc_url = grpc_url
+        self.model = model
+        self.ready_timeout_s = ready_timeout_s
+        self.drain_timeout_s = drain_timeout_s
+        self.shm_prefix = shm_prefix
+        self.probe = probe
+        self.progress = progress
+        self.proc: Optional[subprocess.Popen] = None
+        self.ready_s: Optional[float] = None
+
+    def start(self) -> "TritonServer":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab")
+        argv = self.argv + [f"--exit-timeout-secs={int(self.drain_timeout_s)}"]
+        # Own process group: Ctrl-C in the terminal reaches us, and we decide how the server stops.
+        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        log.close()
+        return self
+
+    def wait_ready(self) -> float:
+        assert self.proc is not None
+        self.ready_s = wait_ready(self.proc, self.grpc_url, self.model, self.log_path, self.ready_timeout_s, self.progress, self.probe)
+        return self.ready_s
+
+    def stop(self) -> Optional[int]:
+        """SIGTERM (Triton stops taking requests and drains), SIGKILL after the drain deadline."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.proc.wait(timeout=self.drain_timeout_s + 15)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.proc.wait()
+        else:
+            # The server is gone; its stubs may not be: end the whole group.
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        remove_shm(self.shm_prefix)
+        return self.proc.returncode
+
+    def __enter__(self) -> "TritonServer":
+        self.start()
+        try:
+            self.wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def remove_shm(prefix: str) -> List[str]:
+    """Remove python-backend shm regions left by a killed server (only this prefix: ranks share /dev/shm)."""
+    if not prefix:
+        return []
+    removed = []
+    for p in glob.glob(f"/dev/shm/{glob.escape(prefix)}*"):
+        try:
+            os.unlink(p)
+            removed.append(p)
+        except OSError:
+            pass
+    return removed
