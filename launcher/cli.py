@@ -71,6 +71,10 @@ def _hydra_problem(e: Exception):
     key = next((l.split("full_key:")[1].strip() for l in lines if l.startswith("full_key:")), "")
     why = lines[0] if lines else type(e).__name__
     override = str(e).split("override", 1)[-1].strip() if "override" in str(e) else key
+    if "LexerNoViableAlt" in str(e) or "mismatched input" in str(e) or "no viable alternative" in str(e):
+        first = str(e).splitlines()[0]
+        bad = first.split("'", 1)[1].rsplit("'", 1)[0] if first.count("'") >= 2 else first
+        return (bad, "Hydra cannot parse this override (characters like ; ( ) $ ` and spaces need quoting)", "quote the value, e.g. key='value with ; chars' (inside the shell: \"key='...'\")")
     if str(e).startswith("Could not override"):
         k = str(e).split("'")[1] if "'" in str(e) else override
         return (k, "no such key in the config", "check the spelling (`llmlaunch --cfg job` prints every key); to add a new key use +key=value")

@@ -213,7 +213,7 @@ def plan_text(spec: LaunchSpec, run_dir: str, composed_yaml: str = "") -> str:
     out.append(layout_table(spec))
     for rel, text in repository_files(spec).items():
         sec(f"file model_repository/{rel}")
-        out.append(text.rstrip() if rel.endswith((".pbtxt", ".json")) else f"({len(text.splitlines())} lines copied from model_repository/)")
+        out.append(text.rstrip() if rel.endswith((".pbtxt", ".json")) else "(copied from the checkout's model_repository/)")
     if spec.cluster["scheduler"] == "slurm":
         sec(f"sbatch script ({run_dir}/submission.sh, submitted through submitit)")
         out.append(sbatch_script(spec, run_dir).rstrip())

@@ -281,7 +281,9 @@ class TritonServer:
         shm_prefix: str = "",
         probe: bool = True,
         progress: Optional[Callable[[str], None]] = None,
+        inherit_output: bool = False,
     ):
+        self.inherit_output = inherit_output  # True: the server writes to our stdout (one log per rank)
         self.argv = list(argv)
         self.env = env
         self.log_path = Path(log_path)
@@ -296,13 +298,40 @@ class TritonServer:
         self.ready_s: Optional[float] = None
 
     def start(self) -> "TritonServer":
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab")
-        argv = self.argv + [f"--exit-timeout-secs={int(self.drain_timeout_s)}"]
+        argv = list(self.argv)
+        if Path(argv[0]).name == "tritonserver":
+            argv.append(f"--exit-timeout-secs={int(self.drain_timeout_s)}")
+        if self.inherit_output:
+            sys.stdout.flush()
+            out = None
+        else:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            out = open(self.log_path, "ab")
         # Own process group: Ctrl-C in the terminal reaches us, and we decide how the server stops.
-        self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
-        log.close()
+        self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        if out is not None:
+            out.close()
         return self
+
+    def terminate(self) -> None:
+        """Ask the server to drain and exit (SIGTERM); `wait`/`stop` finish the job."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def wait(self) -> int:
+        """Block until the server exits (signals are still handled); returns its status."""
+        assert self.proc is not None
+        while True:
+            try:
+                return self.proc.wait()
+            except InterruptedError:
+                continue
+
+    def returncode(self) -> Optional[int]:
+        return None if self.proc is None else self.proc.poll()
 
     def wait_ready(self) -> float:
         assert self.proc is not None

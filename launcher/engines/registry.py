@@ -40,6 +40,10 @@ class EngineDef:
     spans_nodes: Callable[[Mapping], bool] = lambda engine: True  # can one model copy span nodes?
     why_single_node: Callable[[Mapping], str] = lambda engine: ""
     check: Callable[[Mapping], List[Tuple[str, str, str]]] = _no_problems  # engine-specific problems
+    # Per-rank hooks, given (spec, RankContext from launcher.rank): extra environment for the
+    # rank's process, and a command replacing tritonserver on that rank (e.g. a Ray worker), or None.
+    rank_env: Callable[[Any, Any], Dict[str, str]] = lambda spec, ctx: {}
+    rank_command: Callable[[Any, Any], Any] = lambda spec, ctx: None
     summary: str = ""
 
 

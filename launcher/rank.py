@@ -1,0 +1,364 @@
+"""The per-rank entry point: one of these per Slurm task (or per local rank).
+
+    python -m launcher.rank <run_dir>          # what srun / the local launcher starts
+    RankMain(run_dir)()                        # what submitit pickles and runs in each task
+
+Steps, in order: read the topology (one table per launcher), load the launch
+spec from the run dir, rendezvous (rank 0 picks ports and a dist port, every
+rank learns every rank's address), build this rank's command (tritonserver, or
+an engine's own worker command), run it as a supervised child, and exit with
+its status. Rank 0 waits for its server to answer a real request and writes
+`endpoint.json`; a rank whose child dies writes `failure_rank<N>.json` and
+exits non-zero, which `srun --kill-on-bad-exit=1` turns into the whole job
+stopping (fail fast). SIGTERM / SIGINT / SIGUSR2 (time limit, preemption) are
+forwarded to the child as SIGTERM so Triton drains before it exits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Mapping, Optional, Tuple
+
+# Where each launcher puts rank facts. One lookup table per launcher, read in one place
+# (submitit's JobEnvironment idea): local emulation is just another table.
+ENV_TABLES: Dict[str, Dict[str, str]] = {
+    "slurm": {
+        "rank": "SLURM_PROCID",
+        "world_size": "SLURM_NTASKS",
+        "local_rank": "SLURM_LOCALID",
+        "node_rank": "SLURM_NODEID",
+        "nnodes": "SLURM_NNODES",
+        "job_id": "SLURM_JOB_ID",
+        "hostname": "SLURMD_NODENAME",
+    },
+    "openmpi": {
+        "rank": "OMPI_COMM_WORLD_RANK",
+        "world_size": "OMPI_COMM_WORLD_SIZE",
+        "local_rank": "OMPI_COMM_WORLD_LOCAL_RANK",
+        "node_rank": "OMPI_COMM_WORLD_NODE_RANK",
+        "nnodes": "",
+        "job_id": "OMPI_MCA_ess_base_jobid",
+        "hostname": "",
+    },
+    "local": {
+        "rank": "LLMLAUNCH_RANK",
+        "world_size": "LLMLAUNCH_WORLD_SIZE",
+        "local_rank": "LLMLAUNCH_LOCAL_RANK",
+        "node_rank": "LLMLAUNCH_NODE_RANK",
+        "nnodes": "LLMLAUNCH_NNODES",
+        "job_id": "LLMLAUNCH_JOB_ID",
+        "hostname": "",
+    },
+}
+
+
+@dataclass(frozen=True)
+class Topology:
+    launcher: str  # which table matched: slurm | openmpi | local
+    rank: int
+    world_size: int
+    local_rank: int
+    node_rank: int
+    nnodes: int
+    job_id: str
+    hostname: str
+
+
+def read_topology(environ: Mapping[str, str]) -> Topology:
+    """Slurm first (srun sets it), then Open MPI's mpirun, then our local launcher's variables."""
+    for name in ("slurm", "openmpi", "local"):
+        t = ENV_TABLES[name]
+        if t["rank"] in environ and t["world_size"] in environ:
+            get = lambda k, d="0": environ.get(t[k], d) if t[k] else d  # noqa: E731
+            return Topology(
+                launcher=name,
+                rank=int(get("rank")),
+                world_size=int(get("world_size", "1")),
+                local_rank=int(get("local_rank")),
+                node_rank=int(get("node_rank")),
+                nnodes=int(get("nnodes", "1")),
+                job_id=str(get("job_id", str(os.getpid()))),
+                hostname=get("hostname", "") or socket.gethostname(),
+            )
+    return Topology("single", 0, 1, 0, 0, 1, str(os.getpid()), socket.gethostname())
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What a rank knows after the rendezvous; engines' rank hooks read it."""
+
+    rank: object  # launcher.spec.RankSpec
+    job_id: str
+    leader_addr: str  # address of this rank's model-copy leader
+    dist_port: int  # port the copy's leader reserved for the engine's distributed init
+    hosts: Tuple[str, ...]  # every rank's address, by global rank
+    ports: Dict[str, int] = field(default_factory=dict)  # this rank's serving ports (leaders)
+
+
+def host_address(hostname: str) -> str:
+    """An address other nodes can reach: the node name's IP when it resolves, else the name."""
+    try:
+        return socket.gethostbyname(hostname)
+    except OSError:
+        return hostname
+
+
+# ----------------------------------------------------------------------------- rendezvous
+class MPIComm:
+    """mpi4py over the job's PMIx/PMI2 wire-up (srun --mpi=pmix)."""
+
+    def __init__(self):
+        from mpi4py import MPI
+
+        self.comm = MPI.COMM_WORLD
+
+    def allgather(self, obj):
+        return self.comm.allgather(obj)
+
+    def barrier(self):
+        self.comm.barrier()
+
+
+class FileComm:
+    """Rendezvous through files in the run dir, for launchers without MPI (local ranks) and for
+    engines whose server is itself the MPI program (TensorRT-LLM leader mode), where the
+    wrapper must not take the rank's PMIx connection first."""
+
+    def __init__(self, run_dir: Path, job_id: str, rank: int, world: int, timeout_s: float = 600.0):
+        self.dir = Path(run_dir) / "rendezvous" / str(job_id)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.rank, self.world, self.timeout_s = rank, world, timeout_s
+        self.round = 0
+
+    def allgather(self, obj):
+        self.round += 1
+        tmp = self.dir / f".r{self.round}_{self.rank}.tmp"
+        tmp.write_text(json.dumps(obj))
+        tmp.rename(self.dir / f"r{self.round}_{self.rank}.json")
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            files = [self.dir / f"r{self.round}_{r}.json" for r in range(self.world)]
+            if all(f.exists() for f in files):
+                return [json.loads(f.read_text()) for f in files]
+            if time.monotonic() > deadline:
+                missing = [r for r, f in enumerate(files) if not f.exists()]
+                raise TimeoutError(f"rendezvous: ranks {missing} did not arrive within {self.timeout_s:.0f}s")
+            time.sleep(0.05)
+
+    def barrier(self):
+        self.allgather(None)
+
+
+def make_comm(spec, topo: Topology, run_dir: Path, server_does_mpi: bool):
+    if topo.world_size == 1:
+        return FileComm(run_dir, topo.job_id, 0, 1)
+    if spec.cluster.get("mpi", "none") != "none" and topo.launcher in ("slurm", "openmpi") and not server_does_mpi:
+        return MPIComm()
+    return FileComm(run_dir, topo.job_id, topo.rank, topo.world_size)
+
+
+def rendezvous(spec, topo: Topology, comm) -> RankContext:
+    """Every rank publishes its address; leaders publish the ports they could bind."""
+    from launcher.triton import free_port, pick_ports
+
+    me = spec.ranks[topo.rank]
+    addr = host_address(topo.hostname) if spec.cluster["scheduler"] == "slurm" else "127.0.0.1"
+    bind = "127.0.0.1" if spec.cluster["scheduler"] == "local" else "0.0.0.0"
+    ports: Dict[str, int] = {}
+    dist_port = 0
+    if me.role == "leader":
+        wanted = {k: int(spec.serve[k]) for k in ("grpc_port", "http_port", "metrics_port")}
+        if me.serves != "public" or spec.replicas > 1:
+            # Internal servers take any free port: several share a node, the front end finds them.
+            wanted = {k: 0 for k in wanted}
+        ports = pick_ports(bind, wanted)
+        dist_port = free_port(bind)
+    infos = comm.allgather({"rank": topo.rank, "addr": addr, "ports": ports, "dist_port": dist_port})
+    leader = infos[topo.rank - me.group_rank]
+    return RankContext(
+        rank=me,
+        job_id=topo.job_id,
+        leader_addr=leader["addr"],
+        dist_port=int(leader["dist_port"]),
+        hosts=tuple(i["addr"] for i in infos),
+        ports={k: int(v) for k, v in ports.items()},
+    ), infos
+
+
+# ----------------------------------------------------------------------------- the rank's process
+def rank_environment(spec, topo: Topology, ctx: RankContext, run_dir: Path, visible: Optional[List[str]]) -> Dict[str, str]:
+    me = ctx.rank
+    group_ranks = [r for r in spec.ranks if r.replica == me.replica]
+    env = {
+        "LLMLAUNCH_RANK": str(me.rank),
+        "LLMLAUNCH_WORLD_SIZE": str(spec.world_size),
+        "LLMLAUNCH_LOCAL_RANK": str(me.local_rank),
+        "LLMLAUNCH_NODE_RANK": str(me.node),
+        "LLMLAUNCH_NNODES": str(spec.nodes),
+        "LLMLAUNCH_REPLICA": str(me.replica),
+        "LLMLAUNCH_GROUP_RANK": str(me.group_rank),
+        "LLMLAUNCH_GROUP_SIZE": str(len(group_ranks)),
+        "LLMLAUNCH_LEADER_ADDR": ctx.leader_addr,
+        "LLMLAUNCH_DIST_PORT": str(ctx.dist_port),
+        "LLMLAUNCH_JOB_ID": str(ctx.job_id),
+        "LLMLAUNCH_RUN_DIR": str(run_dir),
+    }
+    if me.gpus and visible is not None:
+        # Slurm gives the task the node's GPUs (--gpus-per-node); each rank takes its own slice.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[g] for g in me.gpus if g < len(visible))
+    return env
+
+
+def _visible_devices(environ: Mapping[str, str]) -> Optional[List[str]]:
+    v = environ.get("CUDA_VISIBLE_DEVICES") or environ.get("SLURM_STEP_GPUS") or environ.get("SLURM_JOB_GPUS")
+    if not v:
+        return None
+    return [x for x in v.split(",") if x]
+
+
+def write_json(path: Path, obj) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
+    tmp.rename(path)
+
+
+def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path: Optional[str] = None) -> int:
+    """Run this process's rank to the end; returns the exit status."""
+    from launcher.engines.registry import ENGINES
+    from launcher.render import shm_prefix, tritonserver_argv
+    from launcher.spec import LaunchSpec
+    from launcher.triton import TritonServer, resolve_tritonserver, server_env
+
+    environ = dict(os.environ if environ is None else environ)
+    run = Path(run_dir)
+    spec = LaunchSpec.from_json((run / "launch.json").read_text())
+    topo = read_topology(environ)
+    if topo.world_size != spec.world_size:
+        raise SystemExit(f"rank {topo.rank}: the launcher started {topo.world_size} ranks but the plan has {spec.world_size}")
+    edef = ENGINES[spec.engine["name"]]
+    log = Path(log_path) if log_path else _own_log(run, topo)
+    say = lambda msg: print(f"[llmlaunch rank {topo.rank} {topo.hostname}] {msg}", flush=True)  # noqa: E731
+
+    comm = make_comm(spec, topo, run, server_does_mpi=spec.engine["name"] == "trtllm")
+    ctx, infos = rendezvous(spec, topo, comm)
+    me = ctx.rank
+    install = resolve_tritonserver(spec.cluster.get("tritonserver", ""))
+    env = server_env(install, {**spec.cluster.get("env", {}), **rank_environment(spec, topo, ctx, run, _visible_devices(environ)), **edef.rank_env(spec, ctx)})
+    argv = edef.rank_command(spec, ctx)
+    prefix = shm_prefix(ctx.job_id, me.rank)
+    if argv is None:
+        argv = tritonserver_argv(
+            spec,
+            me,
+            tritonserver=install.binary,
+            repository=str(run / "model_repository"),
+            job_id=ctx.job_id,
+            ports=ctx.ports or None,
+            backend_directory=install.backend_directory,
+        )
+    say(f"{me.role} of replica {me.replica}, gpus {list(me.gpus) or 'none'}, leader {ctx.leader_addr}: {' '.join(argv)}")
+    host = "127.0.0.1" if spec.cluster["scheduler"] == "local" else ctx.hosts[me.rank]
+    url = f"{'127.0.0.1' if spec.cluster['scheduler'] == 'local' else host}:{ctx.ports.get('grpc_port', 0)}"
+    server = TritonServer(
+        argv,
+        env=env,
+        log_path=log,
+        grpc_url=url,
+        model=spec.model_name,
+        ready_timeout_s=float(spec.serve["ready_timeout_s"]),
+        drain_timeout_s=float(spec.serve["drain_timeout_s"]),
+        shm_prefix=prefix,
+        progress=say,
+        inherit_output=log_path is None,
+    )
+    stopping = {"signal": None}
+
+    def on_signal(signum, _frame):
+        stopping["signal"] = signum
+        server.terminate()
+
+    for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(s, on_signal)
+    server.start()
+    try:
+        if me.role == "leader":
+            waited = server.wait_ready()
+            say(f"READY in {waited:.1f}s: {spec.model_name} at {url}")
+            ready = {"rank": me.rank, "replica": me.replica, "addr": host, "ports": ctx.ports, "ready_s": round(waited, 2), "time": time.time()}
+            write_json(run / f"ready_rank{me.rank}.json", ready)
+            if me.rank == 0:
+                leaders = [i for i in infos if spec.ranks[i["rank"]].role == "leader"]
+                write_json(
+                    run / "endpoint.json",
+                    {
+                        "url": f"grpc://{host}:{ctx.ports['grpc_port']}",
+                        "host": host,
+                        "grpc_port": ctx.ports["grpc_port"],
+                        "http_port": ctx.ports["http_port"],
+                        "metrics_port": ctx.ports["metrics_port"],
+                        "model": spec.model_name,
+                        "job_id": ctx.job_id,
+                        "ranks": [{"rank": i["rank"], "addr": i["addr"]} for i in infos],
+                        "replicas": [{"replica": spec.ranks[i["rank"]].replica, "addr": i["addr"], "grpc_port": i["ports"].get("grpc_port")} for i in leaders],
+                        "ready_s": round(waited, 2),
+                    },
+                )
+        code = server.wait()
+    except BaseException as e:  # died while loading, or timed out
+        say(f"FAILED: {e}")
+        server.stop()
+        code = server.returncode() or 1
+    if stopping["signal"] is None or code not in (0, -signal.SIGTERM):
+        if stopping["signal"] is None:
+            # Nobody asked it to stop: fail the job, and say who failed and why.
+            from launcher.triton import log_tail
+
+            write_json(
+                run / f"failure_rank{me.rank}.json",
+                {"rank": me.rank, "node": me.node, "host": topo.hostname, "exit_code": code, "log": str(log), "log_tail": log_tail(log, 25), "time": time.time()},
+            )
+            say(f"server exited with status {code} unasked: failing the job")
+            server.stop()
+            return code if code else 1
+    say(f"stopped (signal {stopping['signal']}), status {code}")
+    return 0 if stopping["signal"] is not None and code in (0, -signal.SIGTERM) else code
+
+
+def _own_log(run: Path, topo: Topology) -> Path:
+    """The file this rank's stdout goes to (submitit's per-task log), for the failure tail."""
+    if topo.launcher == "slurm":
+        return run / f"{topo.job_id}_{topo.rank}_log.out"
+    return run / "logs" / f"rank{topo.rank}.log"
+
+
+class RankMain:
+    """The callable submitit pickles: every Slurm task runs it once."""
+
+    def __init__(self, run_dir: str):
+        self.run_dir = run_dir
+
+    def __call__(self) -> int:
+        code = run_rank(self.run_dir)
+        if code:
+            # A non-zero task exit makes srun (--kill-on-bad-exit) end every rank.
+            raise SystemExit(code)
+        return code
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m launcher.rank <run_dir>", file=sys.stderr)
+        raise SystemExit(2)
+    raise SystemExit(run_rank(argv[0]))
+
+
+if __name__ == "__main__":
+    main()

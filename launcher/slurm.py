@@ -1,0 +1,238 @@
+"""Slurm: submit through submitit, follow the job to READY, report, stop.
+
+`launch` is the only function here that submits. It writes the run dir,
+submits `RankMain(run_dir)` with the parameters `launcher.render` computed
+(the dry run printed the same sbatch text), then follows the job: queue state
+and Slurm's reason while PENDING, each leader's readiness while RUNNING, and a
+failing rank's name, node and log tail if one dies. It returns once rank 0
+serves, leaving the job running; `llmlaunch-status` / `llmlaunch-stop` take over.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from launcher.errors import LaunchError
+from launcher.spec import LaunchSpec
+
+INDEX_DIR = Path(os.environ.get("LLMLAUNCH_CACHE") or Path.home() / ".cache" / "llmlaunch") / "jobs"
+
+
+def say(msg: str) -> None:
+    print(f"llmlaunch: {msg}", file=sys.stderr, flush=True)
+
+
+def _slurm_env(slurm_conf: str) -> None:
+    if slurm_conf:
+        os.environ["SLURM_CONF"] = slurm_conf
+
+
+def _run(argv: List[str], timeout: float = 30) -> Tuple[int, str, str]:
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        return 127, "", f"{argv[0]}: not found"
+    except subprocess.TimeoutExpired:
+        return 124, "", f"{argv[0]} timed out"
+    return p.returncode, p.stdout, p.stderr
+
+
+def queue_state(job_id: str) -> Tuple[str, str, str]:
+    """(state, reason, nodelist) from squeue; falls back to sacct once the job left the queue."""
+    rc, out, _ = _run(["squeue", "-h", "-j", job_id, "-o", "%T|%r|%N"])
+    line = out.strip().splitlines()[0] if rc == 0 and out.strip() else ""
+    if line:
+        state, reason, nodes = (line.split("|") + ["", ""])[:3]
+        return state, reason, nodes
+    rc, out, _ = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,Reason,NodeList"])
+    line = out.strip().splitlines()[0] if rc == 0 and out.strip() else ""
+    if line:
+        state, reason, nodes = (line.split("|") + ["", ""])[:3]
+        return state.split()[0], reason, nodes
+    return "UNKNOWN", "", ""
+
+
+def failures(run: Path) -> List[Dict]:
+    out = []
+    for f in sorted(run.glob("failure_rank*.json")):
+        try:
+            out.append(json.loads(f.read_text()))
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def describe_failure(f: Dict) -> str:
+    return f"rank {f['rank']} on node {f['host']} (node index {f['node']}) exited with status {f['exit_code']}; last lines of {f['log']}:\n{f['log_tail']}"
+
+
+def _rank_log_tails(run: Path, job_id: str, lines: int = 12) -> str:
+    from launcher.triton import log_tail
+
+    parts = []
+    for log in sorted(run.glob(f"{job_id}_*_log.out")):
+        parts.append(f"--- {log.name}\n{log_tail(log, lines)}")
+    return "\n".join(parts) or "(no rank logs yet)"
+
+
+def submit(spec: LaunchSpec, run_dir: str):
+    """Write the run dir and submit. Nothing is left half-submitted: if sbatch refuses, the
+    run dir is removed and Slurm's reason is raised as a LaunchError."""
+    import submitit
+
+    from launcher.jobdir import write_run_dir
+    from launcher.rank import RankMain
+    from launcher.render import python_for, submitit_parameters
+
+    if shutil.which("sbatch") is None:
+        raise LaunchError((f"cluster={spec.cluster['name']}", "sbatch is not on PATH: this is not a Slurm login node", "run on the cluster's login node, or use cluster=local (or cluster=local_slurm after `llmlaunch-localslurm up`)"))
+    run = write_run_dir(spec, run_dir)
+    executor = submitit.SlurmExecutor(folder=str(run), python=python_for(spec))
+    executor.update_parameters(**submitit_parameters(spec, str(run)))
+    try:
+        job = executor.submit(RankMain(str(run)))
+    except Exception as e:  # sbatch refused: bad partition, too many GPUs, ...
+        reason = getattr(e, "stderr", None) or getattr(e, "output", None) or str(e)
+        if isinstance(reason, bytes):
+            reason = reason.decode(errors="replace")
+        shutil.rmtree(run, ignore_errors=True)
+        raise LaunchError(
+            (f"cluster={spec.cluster['name']} (partition={spec.cluster.get('partition') or 'default'}, gpus_per_node={spec.gpus_per_node_used})", f"Slurm refused the job: {str(reason).strip()}", "fix the profile value Slurm names (sinfo shows partitions and GRES); nothing was submitted")
+        ) from None
+    INDEX_DIR.mkdir(parents=True, exist_ok=True)
+    record = {"job_id": job.job_id, "run_dir": str(run), "slurm_conf": spec.cluster.get("slurm_conf", ""), "model": spec.model_name, "world_size": spec.world_size, "submitted": time.time()}
+    (INDEX_DIR / f"{job.job_id}.json").write_text(json.dumps(record))
+    (run / "job.json").write_text(json.dumps(record))
+    return job, run
+
+
+def follow(job_id: str, run: Path, spec: LaunchSpec, deadline_s: float) -> Dict:
+    """Until rank 0 serves: print queue state, rank readiness; raise on failure."""
+    t0 = time.monotonic()
+    last_msg = ""
+    last_t = 0.0
+    leaders = sum(1 for r in spec.ranks if r.role == "leader")
+    while True:
+        fails = failures(run)
+        if fails:
+            _run(["scancel", job_id])
+            raise LaunchError((f"job {job_id}", "a rank failed: " + describe_failure(fails[0]), f"read the rank logs in {run}; `llmlaunch-status {job_id}` shows them"))
+        ep = run / "endpoint.json"
+        if ep.exists():
+            return json.loads(ep.read_text())
+        state, reason, nodes = queue_state(job_id)
+        if state in ("FAILED", "CANCELLED", "TIMEOUT", "COMPLETED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"):
+            fails = failures(run)
+            detail = describe_failure(fails[0]) if fails else _rank_log_tails(run, job_id)
+            raise LaunchError((f"job {job_id}", f"ended {state} before serving{(' (' + reason + ')') if reason and reason != 'None' else ''}:\n{detail}", f"read the rank logs in {run}"))
+        elapsed = time.monotonic() - t0
+        if state == "PENDING":
+            msg = f"job {job_id} PENDING ({reason})"
+        elif state == "RUNNING":
+            ready = len(list(run.glob("ready_rank*.json")))
+            msg = f"job {job_id} RUNNING on {nodes}: loading, {ready}/{leaders} leaders ready"
+        else:
+            msg = f"job {job_id} {state}"
+        if msg != last_msg or elapsed - last_t > 10:
+            say(f"{msg} ({elapsed:.0f}s)")
+            last_msg, last_t = msg, elapsed
+        if elapsed > deadline_s:
+            raise LaunchError((f"job {job_id}", f"not serving after {deadline_s:.0f}s (state {state})", f"raise serve.ready_timeout_s, or look at the rank logs in {run}; the job is still queued/running: llmlaunch-stop {job_id}"))
+        time.sleep(0.25)
+
+
+def launch(spec: LaunchSpec, run_dir: str) -> int:
+    from launcher.jobdir import resolve_model
+
+    _slurm_env(spec.cluster.get("slurm_conf", ""))
+    spec = resolve_model(spec, say)
+    t0 = time.monotonic()
+    job, run = submit(spec, run_dir)
+    say(f"submitted job {job.job_id} ({spec.world_size} ranks on {spec.nodes} node(s)); run dir {run}")
+    ep = follow(job.job_id, run, spec, float(spec.serve["ready_timeout_s"]) + 600)
+    url = ep["url"]
+    exe = sys.executable
+    print(f"job: {job.job_id}")
+    print(f"endpoint: {url}")
+    print(f"model: {ep['model']}")
+    print(f"logs: {run}/{job.job_id}_<rank>_log.out")
+    print(f"stream: {exe} -m launcher.client --url {url} --prompt \"The capital of France is\" --max-tokens 32")
+    print(f"bench: llmlaunch-bench --url {url} --model {ep['model']} --dataset synthetic --num-prompts 64 --concurrency 8")
+    print(f"status: llmlaunch-status {job.job_id}")
+    print(f"stop: llmlaunch-stop {job.job_id}")
+    say(f"READY {time.monotonic() - t0:.1f}s after submission")
+    return 0
+
+
+# ----------------------------------------------------------------------------- status / stop
+def _record(job_id: str) -> Dict:
+    f = INDEX_DIR / f"{job_id}.json"
+    if not f.exists():
+        raise LaunchError((f"job {job_id}", f"not launched by llmlaunch from this account (no {f})", "give a job id that llmlaunch printed"))
+    rec = json.loads(f.read_text())
+    _slurm_env(rec.get("slurm_conf", ""))
+    return rec
+
+
+def status(job_id: str) -> Tuple[int, str]:
+    rec = _record(job_id)
+    run = Path(rec["run_dir"])
+    state, reason, nodes = queue_state(job_id)
+    lines = [f"job: {job_id}", f"state: {state}" + (f" ({reason})" if reason and reason not in ("None", "") else ""), f"nodes: {nodes or '-'}", f"run dir: {run}"]
+    ep = run / "endpoint.json"
+    if ep.exists():
+        e = json.loads(ep.read_text())
+        lines += [f"endpoint: {e['url']}", f"model: {e['model']}"]
+    ready = sorted(run.glob("ready_rank*.json"))
+    lines.append(f"ready leaders: {len(ready)}")
+    fails = failures(run)
+    for f in fails:
+        lines.append("FAILED " + describe_failure(f))
+    ok = state == "RUNNING" and ep.exists() and not fails
+    return (0 if ok else 1), "\n".join(lines)
+
+
+def stop(job_id: str, timeout_s: float = 90) -> Tuple[int, str]:
+    """scancel (SIGTERM to every rank: Triton drains), then wait until the job left the queue."""
+    rec = _record(job_id)
+    rc, _, err = _run(["scancel", job_id])
+    if rc != 0:
+        return 1, f"scancel {job_id} failed: {err.strip()}"
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        rcq, out, _ = _run(["squeue", "-h", "-j", job_id, "-o", "%T"])
+        if rcq != 0 or not out.strip():
+            return 0, f"job {job_id} stopped ({time.monotonic() - t0:.1f}s); run dir {rec['run_dir']}"
+        time.sleep(0.5)
+    return 1, f"job {job_id} still in the queue after {timeout_s:.0f}s (state {out.strip()})"
+
+
+def _cli(fn, argv: Optional[List[str]]) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0].startswith("-"):
+        print(f"usage: {Path(sys.argv[0]).name} <job id>", file=sys.stderr)
+        raise SystemExit(2)
+    try:
+        code, text = fn(argv[0])
+    except LaunchError as e:
+        print(e.render(), file=sys.stderr)
+        raise SystemExit(2)
+    print(text)
+    raise SystemExit(code)
+
+
+def status_main(argv: Optional[List[str]] = None) -> None:
+    """llmlaunch-status <job>: state, endpoint, ready leaders, failed ranks with their log tails."""
+    _cli(status, argv)
+
+
+def stop_main(argv: Optional[List[str]] = None) -> None:
+    """llmlaunch-stop <job>: drain and end the job, wait until it is gone."""
+    _cli(stop, argv)

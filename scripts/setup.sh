@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Set up llmlaunch on a fresh machine: a venv in .venv with everything the local default needs.
+# torch is pinned first: 2.13.0 is the CPU build available here; unpinned, transformers would pull CUDA wheels.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q "torch==2.13.0"
+.venv/bin/python -m pip install -q -e ".[engine,serve,mpi,bench,test]"
+echo "llmlaunch installed in $(pwd)/.venv: run .venv/bin/llmlaunch" >&2

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# The test command: installs everything (venv, the local Slurm cluster's Debian packages), brings
+# the local Slurm cluster up, runs the whole suite, and takes the cluster down again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+if [ "$(id -u)" = 0 ]; then
+  .venv/bin/llmlaunch-localslurm up --nodes 4 --gpus-per-node 4
+  trap '.venv/bin/llmlaunch-localslurm down || true' EXIT
+  export LLMLAUNCH_KEEP_SLURM=1   # the fixture reuses the cluster brought up here
+fi
+.venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 "$@"

@@ -1,0 +1,1 @@
+"""llmlaunch tests."""

@@ -1,0 +1,133 @@
+"""Rendering: every engine x cluster plan matches its checked-in expected file; scripts pass `bash -n`;
+config files parse back as ModelConfig; config values never escape shell quoting."""
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher import pbtxt
+from launcher.cli import plan
+from launcher.render import PACKAGE_ROOT, plan_text, repository_files, sbatch_script, tritonserver_argv
+
+EXPECTED = Path(__file__).parent / "expected"
+REGEN = os.environ.get("LLMLAUNCH_REGEN") == "1"
+ENGINES = ["hf", "trtllm", "vllm", "sglang", "lmdeploy"]
+CLUSTERS = ["local", "local_slurm", "luna", "slurm"]
+RUN_DIR = "/jobs/run"
+
+
+def overrides_for(engine, cluster, extra=()):
+    o = [f"engine={engine}", f"cluster={cluster}"]
+    if engine != "hf":
+        o += ["model=llama3_8b"]
+    if engine == "trtllm":
+        o += ["engine.engine_dir=/models/engines/llama3-8b/tp1", "model.tokenizer=/models/llama3-8b"]
+    return o + list(extra)
+
+
+def normalise(text: str) -> str:
+    """Machine-specific paths (checkout, interpreter, home) become placeholders."""
+    text = text.replace(sys.executable, "<python>").replace(str(PACKAGE_ROOT), "<root>")
+    return text.replace(str(Path.home()), "<home>")
+
+
+def check_expected(name: str, text: str) -> None:
+    path = EXPECTED / name
+    if REGEN or not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if not REGEN:
+            pytest.fail(f"{path} did not exist; written now — review it and commit it")
+    assert text == path.read_text(), f"{name} differs from {path}; if the change is intended, regenerate with: LLMLAUNCH_REGEN=1 pytest tests/test_render.py"
+
+
+@pytest.mark.parametrize("cluster", CLUSTERS)
+@pytest.mark.parametrize("engine", ENGINES)
+def test_plan_matches_expected(engine, cluster):
+    cfg, spec = plan(overrides_for(engine, cluster))
+    check_expected(f"plan_{engine}_{cluster}.txt", normalise(plan_text(spec, RUN_DIR)))
+
+
+@pytest.mark.parametrize("engine,tp,nodes", [(e, tp, n) for e in ENGINES for tp, n in ((1, 1), (2, 1), (8, 1), (8, 2))])
+def test_engine_repositories_at_tp_and_nodes(engine, tp, nodes):
+    """Every engine's repository and per-rank commands at tp 1/2/8 and nodes 1/2 (replicas fill the nodes)."""
+    replicas = 2 if (nodes == 2 and tp == 8 and engine == "lmdeploy") else 1
+    extra = [f"tp={tp}", f"nodes={nodes}", f"replicas={replicas}"]
+    if engine == "lmdeploy" and nodes == 2:
+        extra = [f"tp={tp}", "nodes=2", "replicas=2"]
+    cfg, spec = plan(overrides_for(engine, "luna", extra))
+    files = repository_files(spec)
+    text = "".join(f"### {k}\n{v if k.endswith(('.pbtxt', '.json')) else '(source)'}\n" for k, v in files.items())
+    cmds = "\n".join(shlex.join(tritonserver_argv(spec, r, job_id="J")) for r in spec.ranks)
+    check_expected(f"repo_{engine}_tp{tp}_nodes{nodes}.txt", normalise(text + "### commands\n" + cmds + "\n"))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_config_pbtxt_parses_back(engine):
+    cfg, spec = plan(overrides_for(engine, "luna", ["tp=8"]))
+    for rel, text in repository_files(spec).items():
+        if rel.endswith("config.pbtxt"):
+            msg = pbtxt.parse(text)
+            assert msg.name == rel.split("/")[0]
+
+
+@pytest.mark.parametrize("cluster", ["local_slurm", "luna", "slurm"])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_sbatch_passes_bash_n(engine, cluster, tmp_path):
+    cfg, spec = plan(overrides_for(engine, cluster))
+    script = tmp_path / "s.sh"
+    script.write_text(sbatch_script(spec, RUN_DIR))
+    r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+def test_luna_trtllm_tp8_plan():
+    """The issue's acceptance: 1 node x 8 tasks, --mpi=pmix, 8 distinct shm-region prefixes."""
+    cfg, spec = plan(["cluster=luna", "engine=trtllm", "tp=8", "engine.engine_dir=/e", "model.path=/m"])
+    text = plan_text(spec, RUN_DIR)
+    assert "#SBATCH --nodes=1" in text and "#SBATCH --ntasks-per-node=8" in text
+    assert "--mpi=pmix" in text
+    prefixes = set(re.findall(r"shm-region-prefix-name=(\S+?)'", text))
+    assert len(prefixes) == 8
+    # only rank 0 opens network services
+    assert sum("--grpc-port" in line for line in text.splitlines() if line.startswith("rank ")) == 1
+
+
+HOSTILE = ["a'b", 'a"b', "$(touch /tmp/llmlaunch_pwned)", "`touch /tmp/llmlaunch_pwned`", "a; touch /tmp/llmlaunch_pwned", "x\ny", "$HOME", "a b\\c"]
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_hostile_values_never_escape_quoting(value, tmp_path):
+    """Env values and paths with quotes, $(), backticks, ; and newlines stay data: bash -n passes and
+    the parsed export gives back exactly the value; nothing is executed."""
+    marker = Path("/tmp/llmlaunch_pwned")
+    marker.unlink(missing_ok=True)
+    import dataclasses
+
+    cfg, spec = plan(["cluster=slurm", "engine=hf"])
+    # As if a YAML profile carried it (Hydra's override grammar would need its own quoting).
+    spec = dataclasses.replace(spec, cluster={**spec.cluster, "env": {"HOSTILE": value}})
+    script = sbatch_script(spec, RUN_DIR)
+    path = tmp_path / "s.sh"
+    path.write_text(script)
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    setup = script.split("# setup\n", 1)[1].split("\n# command", 1)[0]
+    out = subprocess.run(["bash", "-c", setup + '\nprintf %s "$HOSTILE"'], capture_output=True, text=True)
+    assert out.stdout == value
+    assert not marker.exists()
+
+
+def test_hostile_model_path_is_one_argv_element(tmp_path):
+    value = "/models/$(touch /tmp/llmlaunch_pwned); rm -rf x`y`"
+    cfg, spec = plan(["engine=vllm", "cluster=slurm", f"model.path='{value}'"])
+    assert spec.model["path"] == value
+    for rel, text in repository_files(spec).items():
+        if rel.endswith("model.json"):
+            import json
+
+            assert json.loads(text)["model"] == value

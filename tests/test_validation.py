@@ -1,0 +1,74 @@
+"""Bad input: a clear error naming the value and the fix, exit status 2, no traceback, nothing written."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import plan
+from launcher.errors import LaunchError
+
+LLMLAUNCH = [sys.executable, "-m", "launcher.cli"]
+
+CASES = [
+    (["engine=foo"], "engine=foo", "choose one of: hf, lmdeploy, sglang, trtllm, vllm"),
+    (["cluster=nowhere"], "cluster=nowhere", "choose one of: local, local_slurm, luna, slurm"),
+    (["tp=3"], "tp=3", "power of two"),
+    (["tp=abc"], "tp=abc", "Integer"),
+    (["cluster=local_slurm", "tp=4", "replicas=2"], "tp*pp*replicas=4*1*2=8", "set nodes=2"),
+    (["cluster=luna", "tp=8", "nodes=3", "engine.engine_dir=/e", "engine=trtllm", "model.path=/m"], "nodes=3", "cannot be spread evenly"),
+    (["cluster=luna", "engine=lmdeploy", "model.path=/m", "tp=16", "nodes=2"], "engine=lmdeploy", "TurboMind"),
+    (["cluster=luna", "engine=trtllm"], "engine.engine_dir=''", "engine.engine_dir="),
+    (["cluster=luna", "engine=vllm"], "model.path=''", "model.path="),
+    (["serve.grpc_port=70000"], "serve.grpc_port=70000", "1-65535"),
+    (["serve.grpc_port=8000"], "serve.http_port=8000", "the same port as serve.grpc_port"),
+    (["job_name='a;b'"], "job_name='a;b'", "letters, digits"),
+    (["job_name=a;b"], "job_name=a;b", "quote the value"),
+    (["cluster=slurm", "cluster.partition='a b'"], "cluster.partition='a b'", "#SBATCH"),
+    (["cluster=slurm", "cluster.account='$(id)'"], "cluster.account='$(id)'", "#SBATCH"),
+    (["cluster=slurm", "+cluster.env.bad-key=1"], "cluster.env key 'bad-key'", "valid environment variable name"),
+    (["cluster=slurm", "cluster.time=forever"], "cluster.time='forever'", "HH:MM:SS"),
+    (["cluster=slurm", "cluster.mpi=none"], "cluster.mpi='none'", "pmix"),
+    (["nodes=2"], "nodes=2", "cluster=local runs on this one machine"),
+    (["engine=hf", "model.make=", "model.path="], "model.path=''", "model=tiny"),
+    (["cluster=luna", "cluster.container.image="], "cluster.container.image=''", "pyxis"),
+    (["nosuchkey=1"], "nosuchkey", "+key=value"),
+]
+
+
+@pytest.mark.parametrize("overrides,what,fix", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_bad_input_names_value_and_fix(overrides, what, fix):
+    with pytest.raises(LaunchError) as e:
+        plan(overrides)
+    text = e.value.render()
+    assert what in text and fix in text, text
+
+
+def test_several_problems_reported_together():
+    with pytest.raises(LaunchError) as e:
+        plan(["tp=3", "serve.grpc_port=0", "job_name=x y"])
+    assert len(e.value.problems) == 3
+
+
+@pytest.mark.parametrize("args,needle", [(["tp=3", "dry_run=true"], "tp=3"), (["engine=foo", "dry_run=true"], "engine=foo"), (["tp=abc", "dry_run=true"], "tp=abc")])
+def test_cli_exit_2_no_traceback(args, needle, tmp_path):
+    env = {**os.environ, "HOME": str(tmp_path)}
+    r = subprocess.run(LLMLAUNCH + args, capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert r.returncode == 2
+    assert needle in r.stderr and "fix:" in r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dry_run_prints_plan_and_writes_nothing(tmp_path):
+    env = {**os.environ, "HOME": str(tmp_path / "home")}
+    (tmp_path / "home").mkdir()
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    r = subprocess.run(LLMLAUNCH + ["cluster=luna", "engine=trtllm", "tp=8", "engine.engine_dir=/e", "model.path=/m", "dry_run=true"], capture_output=True, text=True, cwd=cwd, env=env)
+    assert r.returncode == 0, r.stderr
+    for needle in ("===== composed config", "===== rank layout", "model_repository/ensemble/config.pbtxt", "#SBATCH --ntasks-per-node=8", "rank 7: "):
+        assert needle in r.stdout
+    assert list(cwd.iterdir()) == [] and list((tmp_path / "home").iterdir()) == []
