@@ -1,0 +1,55 @@
+"""The hand-submittable pair sbatch/tensorrt_llm_triton.{sub,sh} agrees with what llmlaunch renders
+for `cluster=luna engine=trtllm tp=8`: same Slurm request, same srun MPI type, same per-rank flags."""
+
+import re
+import subprocess
+from pathlib import Path
+
+from launcher.cli import plan
+from launcher.render import sbatch_script, srun_args, tritonserver_argv
+
+ROOT = Path(__file__).resolve().parents[1]
+SUB = (ROOT / "sbatch" / "tensorrt_llm_triton.sub").read_text()
+SH = (ROOT / "sbatch" / "tensorrt_llm_triton.sh").read_text()
+
+
+def sbatch_flags(text):
+    flags = {}
+    for m in re.finditer(r"^#SBATCH --([a-z-]+)(?:=(\S+))?", text, re.M):
+        flags[m.group(1)] = (m.group(2) or "true").strip("'")
+    return flags
+
+
+def spec():
+    return plan(["cluster=luna", "engine=trtllm", "tp=8", "engine.engine_dir=/e", "model.path=/m"])[1]
+
+
+def test_pair_passes_bash_n():
+    for name in ("tensorrt_llm_triton.sub", "tensorrt_llm_triton.sh"):
+        assert subprocess.run(["bash", "-n", str(ROOT / "sbatch" / name)]).returncode == 0
+
+
+def test_same_slurm_request():
+    s = spec()
+    rendered = sbatch_flags(sbatch_script(s, "/jobs/run"))
+    static = sbatch_flags(SUB)
+    for key in ("partition", "account", "nodes", "ntasks-per-node", "exclusive", "job-name"):
+        assert static[key] == rendered[key], key
+    assert rendered["time"] == "30" and static["time"] == "00:30:00"
+
+
+def test_same_srun_and_rank_flags():
+    s = spec()
+    assert f"--mpi=\"${{LLMLAUNCH_MPI:-{s.cluster['mpi']}}}\"" in SUB
+    assert "--kill-on-bad-exit=1" in SUB and "--kill-on-bad-exit=1" in srun_args(s)
+    leader = tritonserver_argv(s, s.ranks[0], job_id="J")
+    worker = tritonserver_argv(s, s.ranks[1], job_id="J")
+    for flag in ("--disable-auto-complete-config",):
+        assert flag in leader and flag in SH
+    for flag in worker:
+        if flag.startswith(("--allow-", "--model-control-mode")):
+            assert flag in SH, flag
+    assert "--load-model=tensorrt_llm" in worker and "WORKER_MODEL=tensorrt_llm" in SH
+    # the shm prefix carries the job id and the rank, in the same shape as shm_prefix()
+    assert 'shm-region-prefix-name="llm${SLURM_JOB_ID}r${SLURM_PROCID}_"' in SH
+    assert "shm-region-prefix-name=llmJr1_" in " ".join(worker)
