@@ -175,8 +175,8 @@ def rendezvous(spec, topo: Topology, comm) -> RankContext:
     dist_port = 0
     if me.role == "leader":
         wanted = {k: int(spec.serve[k]) for k in ("grpc_port", "http_port", "metrics_port")}
-        if me.serves != "public" or spec.replicas > 1:
-            # Internal servers take any free port: several share a node, the front end finds them.
+        if me.serves != "public":
+            # Internal servers take any free port: several share a node; endpoint.json lists them.
             wanted = {k: 0 for k in wanted}
         ports = pick_ports(bind, wanted)
         dist_port = free_port(bind)

@@ -66,7 +66,7 @@ def tritonserver_argv(
         models = rank.models or (spec.model_name,)
         argv += [f"--load-model={m}" for m in models]
     else:
-        host = spec.host if rank.serves == "public" and spec.replicas == 1 else ("127.0.0.1" if spec.cluster["scheduler"] == "local" else "0.0.0.0")
+        host = spec.host if rank.serves == "public" else ("127.0.0.1" if spec.cluster["scheduler"] == "local" else "0.0.0.0")
         argv += [
             f"--grpc-address={host}",
             f"--grpc-port={ports['grpc_port']}",

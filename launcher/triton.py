@@ -155,7 +155,8 @@ def pick_ports(host: str, wanted: Dict[str, int]) -> Dict[str, int]:
     """Ranks on shared nodes: keep the configured port when free, else take a free one (never crash-loop)."""
     chosen: Dict[str, int] = {}
     for key, p in wanted.items():
-        chosen[key] = p if port_free(host, p) and p not in chosen.values() else free_port("0.0.0.0" if host in ("", "0.0.0.0") else host)
+        ok = p > 0 and p not in chosen.values() and port_free(host, p)
+        chosen[key] = p if ok else free_port("0.0.0.0" if host in ("", "0.0.0.0") else host)
     return chosen
 
 

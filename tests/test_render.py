@@ -60,6 +60,8 @@ def test_engine_repositories_at_tp_and_nodes(engine, tp, nodes):
     extra = [f"tp={tp}", f"nodes={nodes}", f"replicas={replicas}"]
     if engine == "lmdeploy" and nodes == 2:
         extra = [f"tp={tp}", "nodes=2", "replicas=2"]
+    if engine == "hf":  # no tensor parallelism yet: the same GPU counts as data-parallel copies
+        extra = [f"replicas={tp}", f"nodes={nodes}"]
     cfg, spec = plan(overrides_for(engine, "luna", extra))
     files = repository_files(spec)
     text = "".join(f"### {k}\n{v if k.endswith(('.pbtxt', '.json')) else '(source)'}\n" for k, v in files.items())
@@ -69,7 +71,7 @@ def test_engine_repositories_at_tp_and_nodes(engine, tp, nodes):
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_config_pbtxt_parses_back(engine):
-    cfg, spec = plan(overrides_for(engine, "luna", ["tp=8"]))
+    cfg, spec = plan(overrides_for(engine, "luna", ["replicas=8"] if engine == "hf" else ["tp=8"]))
     for rel, text in repository_files(spec).items():
         if rel.endswith("config.pbtxt"):
             msg = pbtxt.parse(text)

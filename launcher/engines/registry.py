@@ -80,7 +80,9 @@ def _hf_check(c) -> List[Tuple[str, str, str]]:
     if not m.get("path") and m.get("make") != "tiny":
         return [("model.path=''", "the hf engine needs a HF-format model folder", "set model.path=/path/to/hf_model, or model=tiny to make a small random model")]
     if c["pp"] != 1:
-        return [(f"pp={c['pp']}", "the hf engine shards layers by tensor parallelism only", "use pp=1 and tp for model parallelism")]
+        return [(f"pp={c['pp']}", "the hf engine has no pipeline parallelism", "use pp=1; scale out with replicas")]
+    if c["tp"] != 1:
+        return [(f"tp={c['tp']}", "the hf engine does not shard a model across ranks yet (tensor parallelism is planned)", "use tp=1 and scale out with replicas=N, or an engine with tensor parallelism (trtllm, vllm, sglang, lmdeploy)")]
     return []
 
 
@@ -89,6 +91,11 @@ def _require_path(c, what="model.path", engine="") -> List[Tuple[str, str, str]]
     if not c["model"].get("path"):
         return [(f"{what}=''", f"the {engine} engine loads real weights and cannot make a model", f"set {what}=/path/to/hf_model (a HF-format folder on a filesystem the nodes share)")]
     return []
+
+
+def copy_nodes(spec) -> int:
+    """Nodes one model copy spans (1 when a copy fits in a node)."""
+    return max(1, spec.tp * spec.pp // spec.gpus_per_node_used) if spec.gpus_per_node_used else 1
 
 
 def _python_engine_models(source_dir: str, extra_params: Callable[[Any], Dict[str, object]], extra_text: Callable[[Any], Dict[str, str]] = lambda s: {}):
@@ -101,7 +108,7 @@ def _python_engine_models(source_dir: str, extra_params: Callable[[Any], Dict[st
             "tokenizer_path": tokenizer_path(spec),
             "tp_size": spec.tp,
             "pp_size": spec.pp,
-            "nnodes": max(1, spec.tp * spec.pp // spec.gpus_per_node_used) if spec.gpus_per_node_used else 1,
+            "nnodes": copy_nodes(spec),
             "max_num_seqs": e["max_num_seqs"],
             "dtype": spec.model.get("dtype", "auto"),
             "max_model_len": spec.model.get("max_model_len", 0),
@@ -129,18 +136,20 @@ def _vllm_engine_args(spec) -> Dict[str, str]:
     }
     if spec.model.get("max_model_len"):
         args["max_model_len"] = spec.model["max_model_len"]
-    backend = e.get("distributed_executor_backend", "auto")
-    group_nodes = max(1, spec.tp * spec.pp // max(1, spec.gpus_per_node_used))
-    if backend == "auto":
-        backend = "ray" if group_nodes > 1 else "mp"
-    args["distributed_executor_backend"] = backend
+    args["distributed_executor_backend"] = _vllm_backend(spec)
     args.update(e.get("engine_args") or {})
     return {"1/model.json": json.dumps(args, indent=2, sort_keys=True) + "\n"}
 
 
+def _vllm_backend(spec) -> str:
+    """vLLM's distributed executor: `auto` is mp inside a node and ray across nodes."""
+    backend = spec.engine.get("distributed_executor_backend", "auto")
+    return ("ray" if copy_nodes(spec) > 1 else "mp") if backend == "auto" else backend
+
+
 def _sglang_params(spec) -> Dict[str, object]:
     e = spec.engine
-    p: Dict[str, object] = {"model_name": model_path(spec)}
+    p: Dict[str, object] = {}
     if e.get("mem_fraction_static"):
         p["mem_fraction_static"] = e["mem_fraction_static"]
     if e.get("extra_args"):
@@ -170,7 +179,88 @@ def _vllm_check(c):
     b = c["engine"].get("distributed_executor_backend")
     if b not in ("auto", "mp", "ray"):
         problems.append((f"engine.distributed_executor_backend={b!r}", "vLLM's executors are mp and ray", "set it to auto, mp or ray"))
+    gpn = c["cluster"].get("gpus_per_node", 0)
+    if b == "mp" and isinstance(gpn, int) and gpn > 0 and c["tp"] * c["pp"] > gpn:
+        problems.append(
+            (
+                f"engine.distributed_executor_backend='mp' with tp*pp={c['tp'] * c['pp']}",
+                f"a model copy larger than a node ({gpn} GPUs) spans nodes, and vLLM spans nodes only with its Ray executor",
+                "set engine.distributed_executor_backend=auto (or ray)",
+            )
+        )
     return problems
+
+
+# ----------------------------------------------------------------------------- per-rank hooks (vllm / sglang / lmdeploy / trtllm)
+# `ctx` is launcher.rank.RankContext: rank (RankSpec), job_id, leader_addr, dist_port, hosts.
+# For the per_group engines a copy that spans nodes has one rank per node; group_rank is its node
+# index inside the copy, and group_rank 0 (the copy's leader) is the one that serves.
+def _own_addr(ctx) -> str:
+    return ctx.hosts[ctx.rank.rank] if ctx.hosts else ""
+
+
+def _ray_address(ctx) -> str:
+    return f"{ctx.leader_addr}:{ctx.dist_port}"
+
+
+def _uses_ray(spec) -> bool:
+    """Does a model copy of this job run its workers on a per-copy Ray cluster?"""
+    name = spec.engine["name"]
+    if copy_nodes(spec) <= 1:
+        return False
+    if name == "vllm":
+        return _vllm_backend(spec) == "ray"
+    if name == "lmdeploy":
+        return spec.engine.get("backend") == "pytorch"
+    return False
+
+
+def _ray_rank_env(spec, ctx) -> Dict[str, str]:
+    """vLLM / LMDeploy-PyTorch copies over several nodes: the address Ray and vLLM advertise for this node."""
+    if not _uses_ray(spec):
+        return {}
+    env = {"RAY_USAGE_STATS_ENABLED": "0"}
+    if _own_addr(ctx):
+        env["VLLM_HOST_IP"] = _own_addr(ctx)  # vLLM's workers bind/advertise this address (multi-NIC nodes)
+    if spec.engine["name"] == "lmdeploy":
+        env["LMDEPLOY_EXECUTOR_BACKEND"] = "ray"
+    return env
+
+
+def _ray_rank_command(spec, ctx):
+    """The copy's leader runs tritonserver (its model starts the Ray head); the other nodes join the
+    head with `ray start --block` instead of running a tritonserver."""
+    if not _uses_ray(spec) or ctx.rank.group_rank == 0:
+        return None
+    from launcher.engines.vllm_ray import worker_command
+    from launcher.render import python_for
+
+    return worker_command(python_for(spec), _ray_address(ctx), _own_addr(ctx), float(spec.serve.get("ready_timeout_s", 900)))
+
+
+def _sglang_rank_env(spec, ctx) -> Dict[str, str]:
+    """Every node of a copy runs tritonserver + sglang_model; nodes > 0 only host the engine's share:
+    SGLang's Engine() must return there instead of blocking (SGLANG_BLOCK_NONZERO_RANK_CHILDREN=0).
+    nnodes / node_rank / dist_init_addr reach the model through LLMLAUNCH_GROUP_SIZE / _GROUP_RANK /
+    _LEADER_ADDR / _DIST_PORT."""
+    if copy_nodes(spec) <= 1 or ctx.rank.group_rank == 0:
+        return {}
+    return {"SGLANG_BLOCK_NONZERO_RANK_CHILDREN": "0"}
+
+
+def _trtllm_rank_env(spec, ctx) -> Dict[str, str]:
+    """Leader mode: each rank is one MPI process and TensorRT-LLM picks its GPU by MPI rank among the
+    node's visible GPUs; with one GPU per rank it falls back to device 0 and warns that the custom
+    all-reduce (peer-to-peer between the node's GPUs) is slower. So every rank keeps all the GPUs the
+    job holds on its node visible (read from the task's environment, as Slurm set it). Only for one
+    model copy per job (replicas=1); separate copies keep one GPU per rank."""
+    import os
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES") or os.environ.get("SLURM_STEP_GPUS") or os.environ.get("SLURM_JOB_GPUS")
+    if not visible or spec.tp * spec.pp == 1 or spec.replicas != 1:
+        return {}
+    ids = [x for x in visible.split(",") if x]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(ids[: spec.gpus_per_node_used or len(ids)])}
 
 
 # ----------------------------------------------------------------------------- trtllm
@@ -203,6 +293,7 @@ ENGINES: Dict[str, EngineDef] = {
         models=_trtllm_models,
         worker_models=("tensorrt_llm",),
         check=_trtllm_check,
+        rank_env=_trtllm_rank_env,
         summary="TensorRT-LLM ensemble; one tritonserver per GPU under MPI (leader mode)",
     ),
     "vllm": EngineDef(
@@ -212,6 +303,8 @@ ENGINES: Dict[str, EngineDef] = {
         models=_python_engine_models("vllm", lambda s: {"engine_args_file": "model.json"}, _vllm_engine_args),
         worker_models=(),
         check=_vllm_check,
+        rank_env=_ray_rank_env,
+        rank_command=_ray_rank_command,
         summary="vLLM AsyncLLMEngine; one tritonserver per model copy per node, vLLM owns the GPUs (Ray across nodes)",
     ),
     "sglang": EngineDef(
@@ -221,6 +314,7 @@ ENGINES: Dict[str, EngineDef] = {
         models=_python_engine_models("sglang", _sglang_params),
         worker_models=(),
         check=lambda c: _require_path(c, engine="sglang"),
+        rank_env=_sglang_rank_env,
         summary="SGLang Engine; one tritonserver per model copy per node, nnodes/node_rank from the rendezvous",
     ),
     "lmdeploy": EngineDef(
@@ -232,6 +326,8 @@ ENGINES: Dict[str, EngineDef] = {
         spans_nodes=lambda e: e.get("backend") == "pytorch",
         why_single_node=lambda e: "LMDeploy's TurboMind backend runs tensor parallelism inside one node only (its PyTorch backend spans nodes through Ray)",
         check=_lmdeploy_check,
+        rank_env=_ray_rank_env,
+        rank_command=_ray_rank_command,
         summary="LMDeploy pipeline (TurboMind or PyTorch backend); one tritonserver per model copy per node",
     ),
 }

@@ -1,0 +1,151 @@
+"""Real Slurm launches on the local multi-node cluster (llmlaunch-localslurm): submitit submission,
+one tritonserver per rank under srun --mpi=pmix, rendezvous, endpoint, status, fail-fast, stop."""
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import plan
+from launcher.errors import LaunchError
+from tests.slurm_fixture import NOT_ROOT_REASON
+
+pytestmark = [pytest.mark.slurm, pytest.mark.skipif(os.geteuid() != 0, reason=NOT_ROOT_REASON), pytest.mark.timeout(600)]
+
+
+def launch(tmp_path, *overrides):
+    from launcher import slurm
+
+    cfg, spec = plan(["cluster=local_slurm", "engine=hf", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=240", *overrides])
+    from launcher.jobdir import resolve_model
+
+    spec = resolve_model(spec)
+    job, run = slurm.submit(spec, str(tmp_path / f"run{time.monotonic_ns()}"))
+    ep = slurm.follow(job.job_id, run, spec, 300)
+    return spec, job.job_id, run, ep
+
+
+def greedy(url, model, prompt="The capital of France is", n=8):
+    from launcher.triton import probe_request  # one streaming request through the real client path
+
+    import numpy as np
+    import tritonclient.grpc as grpcclient
+
+    c = grpcclient.InferenceServerClient(url.replace("grpc://", ""))
+    try:
+        inputs = []
+        for name, dt, val in (("text_input", "BYTES", np.array([[prompt.encode()]], dtype=object)), ("max_tokens", "INT32", np.array([[n]], dtype=np.int32))):
+            t = grpcclient.InferInput(name, [1, 1], dt)
+            t.set_data_from_numpy(val)
+            inputs.append(t)
+        import queue
+
+        q = queue.Queue()
+        c.start_stream(callback=lambda result=None, error=None: q.put((result, error)))
+        c.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        text, counts = "", None
+        while True:
+            r, e = q.get(timeout=60)
+            assert e is None, e
+            arr = r.as_numpy("text_output")
+            if arr is not None and arr.size:
+                text += b"".join(arr.reshape(-1)).decode(errors="replace")
+            if r.as_numpy("output_tokens") is not None:
+                counts = int(r.as_numpy("output_tokens").reshape(-1)[0])
+            if r.get_response().parameters["triton_final_response"].bool_param:
+                break
+        c.stop_stream()
+        return text, counts
+    finally:
+        c.close()
+
+
+def stop(job_id):
+    from launcher import slurm
+
+    code, msg = slurm.stop(job_id)
+    assert code == 0, msg
+
+
+def prefixes_of(job_id):
+    out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
+    return sorted({l.split("shm-region-prefix-name=")[1].split()[0] for l in out.splitlines() if f"shm-region-prefix-name=llm{job_id}r" in l and "bin/tritonserver" in l})
+
+
+def test_tp1_serves_through_rank0_and_stops_clean(local_slurm, tmp_path):
+    spec, job_id, run, ep = launch(tmp_path)
+    assert ep["url"].startswith("grpc://10.") and ep["model"] == "hf_model"
+    text, n = greedy(ep["url"], ep["model"])
+    assert n == 8 and text
+    from launcher import slurm
+
+    code, st = slurm.status(job_id)
+    assert code == 0 and "state: RUNNING" in st and ep["url"] in st
+    stop(job_id)
+    time.sleep(1)
+    assert prefixes_of(job_id) == []
+    assert glob.glob(f"/dev/shm/llm{job_id}r*") == []
+
+
+def test_two_nodes_two_tasks_four_servers_distinct_prefixes(local_slurm, tmp_path):
+    spec, job_id, run, ep = launch(tmp_path, "replicas=4", "nodes=2")
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(run.glob("ready_rank*.json"))) < 4 and time.monotonic() < deadline:
+            time.sleep(0.5)
+        ready = [json.loads(p.read_text()) for p in run.glob("ready_rank*.json")]
+        assert len(ready) == 4
+        assert len({r["addr"] for r in ready}) == 2  # two nodes
+        assert prefixes_of(job_id) == [f"llm{job_id}r{i}_" for i in range(4)]
+        for rep in ep["replicas"]:
+            text, n = greedy(f"{rep['addr']}:{rep['grpc_port']}", ep["model"])
+            assert n == 8
+    finally:
+        stop(job_id)
+
+
+def test_two_jobs_on_one_node_both_serve(local_slurm, tmp_path):
+    a = launch(tmp_path, "cluster.extra_sbatch=['--nodelist=node3']", "job_name=joba")
+    b = launch(tmp_path, "cluster.extra_sbatch=['--nodelist=node3']", "job_name=jobb")
+    try:
+        assert a[3]["host"] == b[3]["host"]
+        assert a[3]["grpc_port"] != b[3]["grpc_port"]  # the second found 8001 taken and picked another
+        for _, job_id, _, ep in (a, b):
+            assert greedy(ep["url"], ep["model"])[1] == 8
+    finally:
+        stop(a[1])
+        stop(b[1])
+
+
+def test_killing_a_nonzero_rank_fails_the_job_naming_it(local_slurm, tmp_path):
+    from launcher import slurm
+
+    spec, job_id, run, ep = launch(tmp_path, "replicas=2", "nodes=2")
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    pid = next(int(l.split()[0]) for l in out.splitlines() if f"shm-region-prefix-name=llm{job_id}r1_" in l and "bin/tritonserver" in l)
+    os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 30:
+        state, _, _ = slurm.queue_state(job_id)
+        if state not in ("RUNNING", "COMPLETING", "PENDING") and slurm.failures(run):
+            break
+        time.sleep(0.5)
+    took = time.monotonic() - t0
+    assert took < 30, f"job still {state} after 30 s"
+    code, st = slurm.status(job_id)
+    assert code == 1 and "FAILED rank 1 on node node2" in st
+    assert prefixes_of(job_id) == []
+
+
+@pytest.mark.parametrize("override,needle", [("cluster.partition=nope", "invalid partition"), ("replicas=8", "Requested node configuration is not available")])
+def test_bad_profile_fails_at_submission_with_slurms_reason(local_slurm, tmp_path, override, needle):
+    extra = [override] + (["cluster.gpus_per_node=8"] if override == "replicas=8" else [])
+    with pytest.raises(LaunchError) as e:
+        launch(tmp_path, *extra)
+    assert needle in e.value.render()
+    assert list(tmp_path.iterdir()) == []  # nothing half-submitted
