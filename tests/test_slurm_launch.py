@@ -149,3 +149,49 @@ def test_bad_profile_fails_at_submission_with_slurms_reason(local_slurm, tmp_pat
         launch(tmp_path, *extra)
     assert needle in e.value.render()
     assert list(tmp_path.iterdir()) == []  # nothing half-submitted
+
+
+def test_static_sbatch_pair_serves_hf_on_the_local_cluster(local_slurm, tmp_path):
+    """`sbatch sbatch/tensorrt_llm_triton.sub` as people submit it by hand; environment variables select
+    the engine (hf) and the paths; #SBATCH lines overridden on the command line for this cluster."""
+    from launcher.jobdir import resolve_model, write_run_dir
+    from launcher.render import PACKAGE_ROOT
+    from launcher.triton import free_port, probe_request, resolve_tritonserver, server_env
+
+    cfg, spec = plan(["cluster=local_slurm", "engine=hf"])
+    spec = resolve_model(spec)
+    run = write_run_dir(spec, str(tmp_path / "run"))
+    install = resolve_tritonserver()
+    port = free_port()
+    env = server_env(install)
+    env.update(
+        {
+            "LLMLAUNCH_MODEL_REPO": str(run / "model_repository"),
+            "LLMLAUNCH_ENGINE": "hf",
+            "TRITONSERVER": install.binary,
+            "TRITON_BACKEND_DIR": install.backend_directory,
+            "LLMLAUNCH_SCRIPT_DIR": str(PACKAGE_ROOT / "sbatch"),
+            "LLMLAUNCH_LOG_DIR": str(tmp_path / "logs"),
+            "GRPC_PORT": str(port),
+            "HTTP_PORT": str(free_port()),
+            "METRICS_PORT": str(free_port()),
+        }
+    )
+    sub = str(PACKAGE_ROOT / "sbatch" / "tensorrt_llm_triton.sub")
+    r = subprocess.run(["sbatch", "--parsable", "-p", "local", "--ntasks-per-node=1", "--nodelist=node4", "-o", str(tmp_path / "job_%j.out"), sub], env=env, capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    job_id = r.stdout.strip().split(";")[0]
+    try:
+        url = f"{local_slurm.node_addrs['node4']}:{port}"
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                text = probe_request(url, "hf_model", timeout_s=20)
+                break
+            except Exception:
+                assert time.monotonic() < deadline, (tmp_path / "logs").glob("*")
+                time.sleep(1)
+        assert greedy(url, "hf_model")[1] == 8
+        assert prefixes_of(job_id) == [f"llm{job_id}r0_"]  # the job id AND rank prefix from the .sh
+    finally:
+        subprocess.run(["scancel", job_id])
