@@ -149,7 +149,7 @@ def _vllm_backend(spec) -> str:
 
 def _sglang_params(spec) -> Dict[str, object]:
     e = spec.engine
-    p: Dict[str, object] = {}
+    p: Dict[str, object] = {"model_name": model_path(spec)}  # informational; sglang_model reads model_path
     if e.get("mem_fraction_static"):
         p["mem_fraction_static"] = e["mem_fraction_static"]
     if e.get("extra_args"):

@@ -203,9 +203,16 @@ def render_models(spec) -> List[RenderedModel]:
         },
         {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"},
     )
+    post_inputs = {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"}
+    if not e["decoupled"]:
+        # Triton refuses an ensemble step mixing tensors of a decoupled model with others
+        # ("receives inputs originated from different decoupled models"), so with streaming the
+        # postprocessing step sees only tensorrt_llm's outputs: token counts per response, no
+        # finish reason. `engine.bls=true` (model tensorrt_llm_bls) serves the full contract.
+        post_inputs.update({"REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "STREAM": "stream"})
     step(
         "postprocessing",
-        {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "STREAM": "stream"},
+        post_inputs,
         {"OUTPUT": "text_output", "INPUT_TOKENS": "input_tokens", "OUTPUT_TOKENS": "output_tokens", "FINISH_REASON": "finish_reason"},
     )
     models.append(RenderedModel(spec.model_name, ens, {}, {"1/.keep": ""}))

@@ -1,0 +1,222 @@
+"""llmlaunch's LMDeploy model: the common contract served by LMDeploy's `AsyncEngine`.
+
+Targets LMDeploy's serving API as in InternLM/lmdeploy main (read at commit 1263d5c,
+lmdeploy/serve/core/async_engine.py, serve/managers/session_manager.py, messages.py,
+pipeline.py; PyPI 0.18.0 is the newest release): `AsyncEngine(model_path,
+backend="turbomind"|"pytorch", backend_config=TurbomindEngineConfig|PytorchEngineConfig)`,
+`start_loop(loop, use_async_api=True)`, per request a `Session` from `session_mgr.get()`,
+`await preprocess(messages=prompt, session_id=session, gen_config=GenerationConfig(...),
+do_preprocess=False)` then `async for out in generate(request, stream_response=True)`
+(GenOut: `response` = new text, `generate_token_len`, `input_token_len`,
+`finish_reason`), `await session.async_abort()` to abort and `close()` to shut down.
+Releases before the preprocess/generate split (0.6 - 0.10: `generate(messages, session_id,
+gen_config, stream_response, sequence_start, sequence_end, do_preprocess)` and
+`stop_session(session_id)`) are served through the same adapter, chosen by whether the
+engine has `preprocess`. Learned from seed 001 (LMDeploy's Triton python backend) and
+Triton's vllm_backend; written for llmlaunch.
+
+* The prompt goes in as is (`do_preprocess=False`: no chat template), as TensorRT-LLM's
+  ensemble does with `text_input`.
+* Contract -> GenerationConfig: max_tokens -> max_new_tokens, min_length ->
+  min_new_tokens, temperature (0 = greedy: do_sample=False), top_k (0 = off), top_p,
+  repetition_penalty, random_seed/seed -> random_seed, stop_words -> stop_words,
+  bad_words -> bad_words, end_id -> stop_token_ids, ignore_eos. LMDeploy maps stop and bad
+  words to the vocabulary tokens containing them, so a word spanning several tokens is
+  not matched as a sequence. presence/frequency penalties, pad_id,
+  exclude_input_in_output and return_log_probs are accepted and ignored.
+* Backends: TurboMind (default) runs tensor parallelism inside one node. The PyTorch
+  backend spans nodes through Ray (docs/en/advance/pytorch_multinodes.md): on a copy of
+  several nodes this model (on the copy's leader) starts the Ray head on
+  LLMLAUNCH_DIST_PORT, waits for the other nodes' `ray start`, and builds the engine with
+  `distributed_executor_backend="ray"` (launcher.engines.vllm_ray).
+
+Parameters (config.pbtxt, written by launcher/engines/registry.py): model_path, tp_size,
+pp_size, nnodes, max_num_seqs (-> max_batch_size), dtype, max_model_len / session_len,
+backend, cache_max_entry_count, model_name, extra_args (a JSON object of more
+backend-config fields; unknown names are refused).
+"""
+
+import dataclasses
+import itertools
+import json
+import os
+import sys
+
+import triton_python_backend_utils as pb_utils
+
+# The python backend stub does not read PYTHONPATH (Triton 2.51); honour it here, after the stub's own
+# paths, so `launcher` and the engine packages resolve as they do for the rank that started the server.
+for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    if _p and _p not in sys.path:
+        sys.path.append(_p)
+
+from launcher.contract import INPUT_NAMES
+from launcher.engines.vllm_sglang_lmdeploy import AsyncEngineRuntime, EngineAdapter, Log, Piece
+from launcher.serving.triton_io import model_parameters
+
+DTYPES = ("auto", "float16", "bfloat16")
+
+
+def backend_config_kwargs(params: dict, fields: set) -> dict:
+    """config.pbtxt parameters -> TurbomindEngineConfig / PytorchEngineConfig keyword arguments."""
+    dtype = params.get("dtype", "auto")
+    if dtype not in DTYPES:
+        raise ValueError(f"lmdeploy: dtype {dtype!r} is not supported by LMDeploy; use model.dtype=auto, float16 or bfloat16")
+    kw = {"tp": int(params.get("tp_size", 1)), "dtype": dtype, "cache_max_entry_count": float(params.get("cache_max_entry_count", 0.8))}
+    if params.get("max_num_seqs"):
+        kw["max_batch_size"] = int(params["max_num_seqs"])
+    session_len = int(params.get("session_len", 0) or 0) or int(params.get("max_model_len", 0) or 0)
+    if session_len:
+        kw["session_len"] = session_len
+    if int(params.get("pp_size", 1) or 1) > 1:
+        raise ValueError("lmdeploy: pipeline parallelism is not offered through llmlaunch; use pp=1 and tp")
+    if int(params.get("nnodes", 1) or 1) > 1:
+        if params.get("backend", "turbomind") != "pytorch":
+            raise ValueError("lmdeploy: only the PyTorch backend spans nodes (engine.backend=pytorch)")
+        kw["distributed_executor_backend"] = "ray"
+    kw.update(json.loads(params.get("extra_args") or "{}"))
+    unknown = sorted(set(kw) - fields)
+    if unknown:
+        raise ValueError(f"lmdeploy: the {params.get('backend', 'turbomind')} backend config has no {unknown}; fix engine.extra_args")
+    return kw
+
+
+def generation_kwargs(p) -> dict:
+    """launcher.serving.triton_io.SamplingParams -> lmdeploy.GenerationConfig keyword arguments."""
+    kw = {
+        "n": 1,
+        "max_new_tokens": p.max_tokens,
+        "do_sample": p.temperature > 0,
+        "temperature": p.temperature if p.temperature > 0 else 1.0,
+        "top_p": p.top_p,
+        "top_k": p.top_k,
+        "repetition_penalty": p.repetition_penalty,
+        "ignore_eos": p.ignore_eos,
+        "skip_special_tokens": True,
+    }
+    if p.min_tokens:
+        kw["min_new_tokens"] = p.min_tokens
+    if p.seed is not None:
+        kw["random_seed"] = p.seed
+    if p.stop:
+        kw["stop_words"] = list(p.stop)
+    if p.bad_words:
+        kw["bad_words"] = list(p.bad_words)
+    if p.end_id is not None:
+        kw["stop_token_ids"] = [p.end_id]
+    return kw
+
+
+class LMDeployAdapter(EngineAdapter):
+    name = "lmdeploy"
+    supported = frozenset(INPUT_NAMES) - {"presence_penalty", "frequency_penalty", "return_log_probs"}
+
+    def __init__(self, params: dict, log: Log):
+        self.params = params
+        self.log = log
+        self.engine = None
+        self.ray_head = None
+        self.sessions = {}  # request id -> Session (new API) or int session id (old API)
+        self._ids = itertools.count(1)
+        self.new_api = True
+
+    async def start(self):
+        import asyncio
+
+        from lmdeploy import PytorchEngineConfig, TurbomindEngineConfig
+
+        try:
+            from lmdeploy.serve.core import AsyncEngine
+        except ImportError:  # releases before the serve/core split
+            from lmdeploy.serve.async_engine import AsyncEngine
+
+        backend = self.params.get("backend", "turbomind")
+        if backend not in ("turbomind", "pytorch"):
+            raise ValueError(f"lmdeploy: backend {backend!r}; use engine.backend=turbomind or pytorch")
+        config_cls = TurbomindEngineConfig if backend == "turbomind" else PytorchEngineConfig
+        cfg_kwargs = backend_config_kwargs(self.params, {f.name for f in dataclasses.fields(config_cls)})
+        nnodes = int(self.params.get("nnodes", 1) or 1)
+        if nnodes > 1:
+            from launcher.engines.vllm_ray import RayHead
+
+            port = int(os.environ.get("LLMLAUNCH_DIST_PORT", "0") or 0)
+            if not port:
+                raise RuntimeError("lmdeploy: LLMLAUNCH_DIST_PORT is not set; multi-node copies are started by `python -m launcher.rank`")
+            self.ray_head = RayHead(port, os.environ.get("LLMLAUNCH_LEADER_ADDR", ""), nnodes, log=self.log.info)
+            self.ray_head.start()
+        self.log.info(f"building AsyncEngine({self.params['model_path']}, backend={backend}, {config_cls.__name__}({cfg_kwargs}))")
+        engine_kwargs = {"backend": backend, "backend_config": config_cls(**cfg_kwargs)}
+        if self.params.get("model_name"):
+            engine_kwargs["model_name"] = self.params["model_name"]
+        try:
+            self.engine = AsyncEngine(self.params["model_path"], **engine_kwargs)
+        except BaseException:
+            if self.ray_head is not None:  # the load failed: leave no Ray head behind
+                self.ray_head.stop()
+            raise
+        if hasattr(self.engine, "start_loop"):
+            self.engine.start_loop(asyncio.get_running_loop(), use_async_api=True)
+        self.new_api = hasattr(self.engine, "preprocess")
+        self.max_model_len = getattr(self.engine, "session_len", None)
+
+    async def generate(self, request_id, request):
+        from lmdeploy import GenerationConfig
+
+        gen_config = GenerationConfig(**generation_kwargs(request.params))
+        if self.new_api:
+            session = self.engine.session_mgr.get()
+            self.sessions[request_id] = session
+            prepared = await self.engine.preprocess(messages=request.prompt, session_id=session, gen_config=gen_config, do_preprocess=False)
+            outputs = self.engine.generate(prepared, stream_response=True)
+        else:
+            session_id = next(self._ids)
+            self.sessions[request_id] = session_id
+            outputs = self.engine.generate(request.prompt, session_id, gen_config=gen_config, stream_response=True,
+                                           sequence_start=True, sequence_end=True, do_preprocess=False)
+        try:
+            async for out in outputs:
+                finish = out.finish_reason
+                if finish in ("error", "abort"):
+                    raise RuntimeError(f"LMDeploy ended the request with finish_reason={finish!r}")
+                if finish is not None:
+                    finish = "length" if finish == "length" else "stop"
+                yield Piece(out.response or "", int(out.generate_token_len), int(out.input_token_len), finish)
+        finally:
+            await outputs.aclose()
+            self.sessions.pop(request_id, None)
+
+    async def abort(self, request_id):
+        session = self.sessions.get(request_id)
+        if session is None or self.engine is None:
+            return
+        if self.new_api:
+            await session.async_abort()
+        else:
+            await self.engine.stop_session(session)
+
+    async def stop(self):
+        try:
+            if self.engine is not None:
+                self.engine.close()
+                self.engine = None
+        finally:
+            if self.ray_head is not None:
+                self.ray_head.stop()
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(config):
+            raise ValueError("lmdeploy_model must be decoupled (model_transaction_policy { decoupled: true }): it streams")
+        log = Log("lmdeploy")
+        self.runtime = AsyncEngineRuntime(LMDeployAdapter(model_parameters(config), log), log)
+        self.runtime.start()
+
+    def execute(self, requests):
+        for request in requests:
+            self.runtime.submit(request)
+        return None
+
+    def finalize(self):
+        self.runtime.stop()

@@ -1,0 +1,202 @@
+"""llmlaunch's SGLang model: the common contract served by SGLang's offline `Engine`.
+
+Targets the `sglang.Engine` API of SGLang 0.4.x - 0.5.x (read against sgl-project/sglang
+main, python/sglang/srt/entrypoints/engine.py, managers/tokenizer_manager.py,
+sampling/sampling_params.py, server_args.py; PyPI 0.5.23): `Engine(**ServerArgs fields)`,
+`await engine.async_generate(prompt=..., sampling_params={...}, stream=True, rid=...)`
+(an async generator of dicts: "text", "output_ids", "meta_info" with "finish_reason",
+"prompt_tokens", "completion_tokens"), `engine.tokenizer_manager.abort_request(rid=...)`
+and `engine.shutdown()`. Learned from seed 000 (SGLang's Triton python backend) and
+Triton's vllm_backend; written for llmlaunch.
+
+* The Engine is built on the runtime's event loop thread
+  (launcher.engines.vllm_sglang_lmdeploy), so its tokenizer manager binds to that loop;
+  SGLang registers its signal handlers only on the main thread, so it skips them here
+  and Triton keeps control of the stub process's signals.
+* Streaming: unless `incremental_streaming_output` (older: `stream_output`) is set, each
+  chunk's "text" is the whole text so far; the delta is the new suffix. SGLang's
+  detokenizer only releases whole characters, and stop strings are trimmed from the text.
+* Contract -> sampling params: max_tokens -> max_new_tokens, min_length ->
+  min_new_tokens, temperature (0 = greedy), top_k (0 -> -1 = off), top_p,
+  repetition/presence/frequency penalties, random_seed/seed -> sampling_seed,
+  stop_words -> stop, end_id -> stop_token_ids, ignore_eos. bad_words, pad_id,
+  exclude_input_in_output and return_log_probs are accepted and ignored (bad_words is
+  logged as not honoured).
+* Multi-node: every node of a model copy runs a tritonserver with this model; node i
+  builds the Engine with nnodes=<nodes of the copy>, node_rank=i,
+  dist_init_addr=<leader address>:<LLMLAUNCH_DIST_PORT> (SGLang also uses the next few
+  ports above it). Node 0 serves requests. On the other nodes
+  SGLANG_BLOCK_NONZERO_RANK_CHILDREN=0 makes `Engine()` return once its schedulers are
+  up; their tritonserver has no network services, the model answers any request with
+  an error, and if the schedulers die it stops its tritonserver so the job fails fast.
+
+Parameters (config.pbtxt, written by launcher/engines/registry.py): model_path,
+tokenizer_path, tp_size, pp_size, nnodes, max_num_seqs (-> max_running_requests), dtype,
+max_model_len (-> context_length), mem_fraction_static, extra_args (a JSON object of more
+ServerArgs fields; unknown names are refused).
+"""
+
+import dataclasses
+import inspect
+import json
+import os
+import sys
+
+import triton_python_backend_utils as pb_utils
+
+# The python backend stub does not read PYTHONPATH (Triton 2.51); honour it here, after the stub's own
+# paths, so `launcher` and the engine packages resolve as they do for the rank that started the server.
+for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    if _p and _p not in sys.path:
+        sys.path.append(_p)
+
+from launcher.contract import INPUT_NAMES
+from launcher.engines.vllm_sglang_lmdeploy import AsyncEngineRuntime, EngineAdapter, Log, Piece
+from launcher.serving.triton_io import model_parameters
+
+
+def server_args_kwargs(params: dict, environ) -> dict:
+    """config.pbtxt parameters + the rank's environment -> sglang.Engine keyword arguments."""
+    kw = {
+        "model_path": params["model_path"],
+        "tp_size": int(params.get("tp_size", 1)),
+        "log_level": params.get("log_level", "warning"),
+    }
+    if params.get("tokenizer_path") and params.get("tokenizer_path") != params["model_path"]:
+        kw["tokenizer_path"] = params["tokenizer_path"]
+    if int(params.get("pp_size", 1)) > 1:
+        kw["pp_size"] = int(params["pp_size"])
+    if params.get("max_num_seqs"):
+        kw["max_running_requests"] = int(params["max_num_seqs"])
+    if params.get("dtype", "auto") != "auto":
+        kw["dtype"] = params["dtype"]
+    if int(params.get("max_model_len", 0) or 0) > 0:
+        kw["context_length"] = int(params["max_model_len"])
+    if params.get("mem_fraction_static"):
+        kw["mem_fraction_static"] = float(params["mem_fraction_static"])
+    nnodes = int(params.get("nnodes", 1) or 1)
+    if nnodes > 1:
+        port = environ.get("LLMLAUNCH_DIST_PORT", "")
+        leader = environ.get("LLMLAUNCH_LEADER_ADDR", "")
+        if not port or not leader:
+            raise RuntimeError("sglang: a model copy over several nodes needs LLMLAUNCH_LEADER_ADDR and LLMLAUNCH_DIST_PORT (set by `python -m launcher.rank`)")
+        kw.update(nnodes=nnodes, node_rank=int(environ.get("LLMLAUNCH_GROUP_RANK", "0")), dist_init_addr=f"{leader}:{port}")
+    else:
+        kw["nnodes"] = 1
+    kw.update(json.loads(params.get("extra_args") or "{}"))
+    return kw
+
+
+def sampling_params(p) -> dict:
+    """launcher.serving.triton_io.SamplingParams -> SGLang's sampling_params dict."""
+    sp = {
+        "max_new_tokens": p.max_tokens,
+        "min_new_tokens": p.min_tokens,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "top_k": p.top_k if p.top_k > 0 else -1,
+        "repetition_penalty": p.repetition_penalty,
+        "presence_penalty": p.presence_penalty,
+        "frequency_penalty": p.frequency_penalty,
+        "ignore_eos": p.ignore_eos,
+        "skip_special_tokens": True,
+    }
+    if p.stop:
+        sp["stop"] = list(p.stop)
+    if p.end_id is not None:
+        sp["stop_token_ids"] = [p.end_id]
+    if p.seed is not None:
+        sp["sampling_seed"] = p.seed
+    return sp
+
+
+class SGLangAdapter(EngineAdapter):
+    name = "sglang"
+    supported = frozenset(INPUT_NAMES) - {"bad_words", "return_log_probs"}
+
+    def __init__(self, params: dict, log: Log):
+        self.params = params
+        self.log = log
+        self.engine = None
+        self.node_rank = 0
+        self.incremental = False
+
+    async def start(self):
+        kwargs = server_args_kwargs(self.params, os.environ)
+        self.node_rank = int(kwargs.get("node_rank", 0))
+        self.serves = self.node_rank == 0
+        if not self.serves:
+            # Without it, Engine() on nodes > 0 blocks until its schedulers exit (SGLang's server mode).
+            os.environ["SGLANG_BLOCK_NONZERO_RANK_CHILDREN"] = "0"
+        import sglang
+        from sglang.srt.server_args import ServerArgs
+
+        fields = {f.name for f in dataclasses.fields(ServerArgs)}
+        unknown = sorted(set(kwargs) - fields)
+        if unknown:
+            raise ValueError(f"sglang: ServerArgs has no {unknown}; fix engine.extra_args (valid names are ServerArgs fields)")
+        self.log.info(f"building sglang.Engine (node {self.node_rank}) with {json.dumps(kwargs, sort_keys=True, default=str)}")
+        self.engine = sglang.Engine(**kwargs)
+        args = getattr(self.engine, "server_args", None)
+        self.incremental = bool(getattr(args, "incremental_streaming_output", False) or getattr(args, "stream_output", False))
+        context = getattr(args, "context_length", None)
+        self.max_model_len = int(context) if context else None
+
+    async def generate(self, request_id, request):
+        stream = await self.engine.async_generate(prompt=request.prompt, sampling_params=sampling_params(request.params), stream=True, rid=request_id)
+        text_so_far = ""
+        async for chunk in stream:
+            meta = chunk.get("meta_info") or {}
+            text = chunk.get("text") or ""
+            if self.incremental:
+                delta = text
+            else:
+                delta, text_so_far = text[len(text_so_far):], (text if len(text) >= len(text_so_far) else text_so_far)
+            reason = meta.get("finish_reason")
+            finish = None
+            if reason:
+                kind = reason.get("type") if isinstance(reason, dict) else str(reason)
+                if kind == "abort":
+                    message = reason.get("message") if isinstance(reason, dict) else ""
+                    raise RuntimeError(f"SGLang aborted the request: {message or reason}")
+                finish = "length" if kind == "length" else "stop"
+            yield Piece(delta, int(meta.get("completion_tokens", 0)), int(meta.get("prompt_tokens", 0)), finish)
+
+    async def abort(self, request_id):
+        manager = getattr(self.engine, "tokenizer_manager", None)
+        if manager is None:
+            return
+        result = manager.abort_request(rid=request_id)
+        if inspect.isawaitable(result):
+            await result
+
+    async def stop(self):
+        if self.engine is not None:
+            self.engine.shutdown()
+            self.engine = None
+
+    def wait_engine_exit(self) -> bool:
+        init = getattr(self.engine, "_scheduler_init_result", None)
+        block = getattr(init, "block_until_scheduler_exits", None)
+        if self.serves or block is None:
+            return False
+        block()
+        return True
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(config):
+            raise ValueError("sglang_model must be decoupled (model_transaction_policy { decoupled: true }): it streams")
+        log = Log("sglang")
+        self.runtime = AsyncEngineRuntime(SGLangAdapter(model_parameters(config), log), log)
+        self.runtime.start()
+
+    def execute(self, requests):
+        for request in requests:
+            self.runtime.submit(request)
+        return None
+
+    def finalize(self):
+        self.runtime.stop()

@@ -1,0 +1,73 @@
+"""What the stand-in engine packages (vllm, sglang, lmdeploy beside this file) share.
+
+They are not engines: each exposes the import paths, class and method names and async
+generator shapes of the real package's public API that llmlaunch's model.py uses, and
+"generates" a deterministic script so tests can check streaming order, cancellation,
+errors and shutdown through a real tritonserver.
+
+The script for a prompt of W words: token i (0-based) has id 100+i and text " t<i>";
+after W tokens the model "samples" EOS (id 2) unless ignore_eos is set or fewer than
+min_tokens were generated; a stop string ends the request before it (not returned);
+max_tokens ends it with "length". A prompt containing FAIL_AT_<k> raises
+RuntimeError("stand-in engine failure at token k") when token k would be produced.
+Each token takes $LLMLAUNCH_STANDIN_DELAY_S seconds (default 0.01).
+
+Every call the tests care about is appended as one JSON line to the file named by
+$LLMLAUNCH_STANDIN_LOG: {"engine": ..., "event": "init" | "generate" | "abort" |
+"shutdown" | ..., ...}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import time
+from typing import AsyncIterator, Iterable, Optional, Tuple
+
+EOS_ID = 2
+
+
+def record(engine: str, event: str, **data) -> None:
+    path = os.environ.get("LLMLAUNCH_STANDIN_LOG")
+    if not path:
+        return
+    line = json.dumps({"engine": engine, "event": event, "pid": os.getpid(), "time": time.time(), **data}, default=str, sort_keys=True)
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+def delay() -> float:
+    return float(os.environ.get("LLMLAUNCH_STANDIN_DELAY_S", "0.01"))
+
+
+def prompt_ids(prompt: str):
+    return [10 + i for i, _ in enumerate(prompt.split())]
+
+
+async def script(prompt: str, max_tokens: int, min_tokens: int = 0, ignore_eos: bool = False,
+                 stop: Iterable[str] = (), cancelled=lambda: False) -> AsyncIterator[Tuple[str, int, Optional[str]]]:
+    """Yield (new text, new token id or None, finish reason or None), one token at a time."""
+    words = max(1, len(prompt.split()))
+    fail = re.search(r"FAIL_AT_(\d+)", prompt)
+    stops = [s for s in stop if s]
+    text = ""
+    for i in range(max_tokens):
+        await asyncio.sleep(delay())
+        if cancelled():
+            return
+        if fail and i == int(fail.group(1)):
+            raise RuntimeError(f"stand-in engine failure at token {i}")
+        if i >= words and not ignore_eos and i >= min_tokens:
+            yield "", None, "stop"  # EOS: not part of the text
+            return
+        piece = f" t{i}"
+        new_text = text + piece
+        hit = min((new_text.find(s) for s in stops if s in new_text), default=-1)
+        if hit >= 0:
+            yield new_text[len(text):hit] if hit > len(text) else "", 100 + i, "stop"
+            return
+        text = new_text
+        last = i == max_tokens - 1
+        yield piece, 100 + i, "length" if last else None

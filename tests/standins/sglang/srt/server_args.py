@@ -1,0 +1,26 @@
+"""Stand-in: sglang.srt.server_args.ServerArgs (a dataclass; a subset of SGLang's fields, same names)."""
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass
+class ServerArgs:
+    model_path: str
+    tokenizer_path: Optional[str] = None
+    dtype: str = "auto"
+    context_length: Optional[int] = None
+    tp_size: int = 1
+    pp_size: int = 1
+    dp_size: int = 1
+    mem_fraction_static: Optional[float] = None
+    max_running_requests: Optional[int] = None
+    random_seed: Optional[int] = None
+    log_level: str = "info"
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: Optional[str] = None
+    incremental_streaming_output: bool = False
+    enable_metrics: bool = False
+    host: str = "127.0.0.1"
+    port: int = 30000

@@ -1,0 +1,59 @@
+"""Stand-in: vllm.v1.engine.async_llm.AsyncLLM (tests only; see tests/standins/_standin.py).
+
+Same shape as vLLM's: `AsyncLLM.from_engine_args(engine_args)`, `async generate(prompt,
+sampling_params, request_id)` yielding RequestOutput (DELTA kind: only new text/tokens),
+which aborts the request when the consumer closes it (GeneratorExit/CancelledError), and
+`async abort(request_id)`, `shutdown()`.
+"""
+
+import asyncio
+import dataclasses
+from types import SimpleNamespace
+
+import _standin
+from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.sampling_params import RequestOutputKind
+
+ENGINE = "vllm"
+
+
+class AsyncLLM:
+    def __init__(self, engine_args):
+        self.engine_args = engine_args
+        self.model_config = SimpleNamespace(max_model_len=engine_args.max_model_len or 4096)
+        self.aborted = set()
+        self.errored = False
+        _standin.record(ENGINE, "init", args=dataclasses.asdict(engine_args))
+
+    @classmethod
+    def from_engine_args(cls, engine_args, start_engine_loop=True, usage_context=None, stat_loggers=None):
+        asyncio.get_running_loop()  # the real one starts its output handler on the running loop
+        return cls(engine_args)
+
+    async def generate(self, prompt, sampling_params, request_id, **kwargs):
+        sp = sampling_params
+        _standin.record(ENGINE, "generate", request_id=request_id, prompt=prompt,
+                        sampling={k: (v.name if isinstance(v, RequestOutputKind) else v) for k, v in dataclasses.asdict(sp).items()})
+        if sp.output_kind != RequestOutputKind.DELTA:
+            raise ValueError("stand-in supports output_kind=DELTA only (what llmlaunch uses)")
+        stop = [sp.stop] if isinstance(sp.stop, str) else (sp.stop or [])
+        ids = _standin.prompt_ids(prompt)
+        try:
+            async for text, tok, finish in _standin.script(prompt, sp.max_tokens, sp.min_tokens, sp.ignore_eos, stop,
+                                                            cancelled=lambda: request_id in self.aborted):
+                yield RequestOutput(request_id, prompt, ids, None,
+                                    [CompletionOutput(0, text, [tok] if tok is not None else [], finish_reason=finish)],
+                                    finished=finish is not None)
+        except (asyncio.CancelledError, GeneratorExit):
+            await self.abort(request_id)
+            raise
+
+    async def abort(self, request_id, internal=False):
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        for rid in ids:
+            if rid not in self.aborted:
+                self.aborted.add(rid)
+                _standin.record(ENGINE, "abort", request_id=rid)
+
+    def shutdown(self, timeout=None):
+        _standin.record(ENGINE, "shutdown")

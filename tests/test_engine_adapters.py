@@ -1,0 +1,275 @@
+"""The vLLM / SGLang / LMDeploy python models in a real tritonserver, each engine replaced by a stand-in.
+
+The engines need GPUs and cannot be installed here, so `tests/standins/{vllm,sglang,lmdeploy}`
+(on the server's PYTHONPATH) provide the same import paths, classes, methods and async-generator shapes as the real
+packages' public APIs and play a deterministic script (tests/standins/_standin.py), recording
+every call. The repository is what `llmlaunch` renders for each engine. Checked: streaming order
+and counts, non-streaming text, the contract's sampling inputs reaching the engine's own
+parameter names, cancellation aborting the engine's request, an engine exception answered as an
+error while the next request succeeds, and `finalize` shutting the engine down.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import time
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.triton
+
+ENGINES = ("vllm", "sglang", "lmdeploy")
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def engine(request, tmp_path_factory):
+    from launcher.cli import plan
+    from launcher.render import repository_files
+    from tests.standins.server import STANDINS, serve, write_repository
+
+    name = request.param
+    _, spec = plan([f"engine={name}", "model.path=/models/standin-llm", "engine.max_num_seqs=8"])
+    tmp = tmp_path_factory.mktemp(name)
+    repo = write_repository(repository_files(spec), tmp / "repo")
+    log = tmp / "calls.jsonl"
+    env = {"LLMLAUNCH_STANDIN_LOG": str(log), "LLMLAUNCH_STANDIN_DELAY_S": "0.01"}
+    with serve(repo, [spec.model_name], tmp / "server.log", spec.model_name, extra_env=env, pythonpath=[STANDINS]) as server:
+        server.name, server.model, server.calls, server.spec = name, spec.model_name, log, spec
+        yield server
+
+
+def events(server, event=None):
+    if not server.calls.exists():
+        return []
+    rows = [json.loads(line) for line in server.calls.read_text().splitlines() if line.strip()]
+    return [r for r in rows if event is None or r["event"] == event]
+
+
+def wait_for(predicate, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    return predicate()
+
+
+def _inputs(prompt, max_tokens, stream, extra):
+    import tritonclient.grpc as grpcclient
+
+    kinds = {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "ignore_eos": "BOOL", "min_length": "INT32",
+             "temperature": "FP32", "top_k": "INT32", "top_p": "FP32", "random_seed": "UINT64", "seed": "UINT64",
+             "stop_words": "BYTES", "bad_words": "BYTES", "end_id": "INT32", "repetition_penalty": "FP32",
+             "presence_penalty": "FP32", "frequency_penalty": "FP32", "beam_width": "INT32"}
+    values = {"text_input": np.array([[prompt.encode()]], dtype=object), "max_tokens": np.array([[max_tokens]], np.int32),
+              "stream": np.array([[stream]], bool)}
+    for k, v in extra.items():
+        if isinstance(v, (list, tuple)):
+            values[k] = np.array([[w.encode() for w in v]], dtype=object)
+        else:
+            values[k] = np.array([[v]], dtype={"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": bool}[kinds[k]])
+    out = []
+    for k, v in values.items():
+        t = grpcclient.InferInput(k, list(v.shape), kinds[k])
+        t.set_data_from_numpy(v)
+        out.append(t)
+    return out
+
+
+class Stream:
+    """One gRPC stream to the model; responses arrive in a queue."""
+
+    def __init__(self, server):
+        import tritonclient.grpc as grpcclient
+
+        self.q: "queue.Queue" = queue.Queue()
+        self.model = server.model
+        self.client = grpcclient.InferenceServerClient(server.grpc_url)
+        self.client.start_stream(callback=lambda result=None, error=None: self.q.put((result, error)))
+
+    def send(self, prompt, max_tokens, stream=True, **extra):
+        self.client.async_stream_infer(self.model, _inputs(prompt, max_tokens, stream, extra), enable_empty_final_response=True)
+
+    def next(self, timeout=30):
+        """(dict of outputs or None, error or None, final?)"""
+        result, error = self.q.get(timeout=timeout)
+        if error is not None:
+            return None, error, True
+        final = result.get_response().parameters["triton_final_response"].bool_param
+        out = None
+        if result.as_numpy("text_output") is not None:
+            out = {k: result.as_numpy(k).reshape(-1)[0] for k in ("text_output", "input_tokens", "output_tokens", "finish_reason")}
+            out["text_output"] = out["text_output"].decode()
+            out["finish_reason"] = out["finish_reason"].decode()
+            out["input_tokens"], out["output_tokens"] = int(out["input_tokens"]), int(out["output_tokens"])
+        return out, error, final
+
+    def collect(self, timeout=30):
+        responses = []
+        while True:
+            out, error, final = self.next(timeout)
+            if error is not None:
+                return responses, error
+            if out is not None:
+                responses.append(out)
+            if final:
+                return responses, None
+
+    def close(self, cancel=False):
+        self.client.stop_stream(cancel_requests=cancel)
+        self.client.close()
+
+
+def generate(server, prompt, max_tokens, stream=True, **extra):
+    s = Stream(server)
+    try:
+        s.send(prompt, max_tokens, stream, **extra)
+        return s.collect()
+    finally:
+        s.close()
+
+
+def last_generate(server, prompt):
+    return wait_for(lambda: [e for e in events(server, "generate") if e.get("prompt") == prompt])[-1]
+
+
+# ----------------------------------------------------------------------------- tests
+def test_engine_started_with_the_launch_spec(engine):
+    init = events(engine, "init")
+    assert len(init) == 1
+    args = init[0]["args"]
+    if engine.name == "vllm":  # model.json rendered by the registry
+        assert args["model"] == "/models/standin-llm" and args["tensor_parallel_size"] == 1 and args["max_num_seqs"] == 8
+        assert args["distributed_executor_backend"] == "mp" and args["enable_log_requests"] is False
+    elif engine.name == "sglang":
+        assert args["model_path"] == "/models/standin-llm" and args["tp_size"] == 1 and args["nnodes"] == 1 and args["max_running_requests"] == 8
+        assert init[0]["thread"] == "sglang-loop"  # built on the runtime's loop thread, so it binds to that loop
+    else:
+        assert args["model_path"] == "/models/standin-llm" and args["backend"] == "turbomind"
+        assert args["backend_config"]["tp"] == 1 and args["backend_config"]["max_batch_size"] == 8
+        (loop,) = events(engine, "start_loop")
+        assert loop["use_async_api"] is True and loop["running"] is True
+
+
+def test_streaming_sends_pieces_in_order(engine):
+    responses, error = generate(engine, "a b c d e f g h i j", max_tokens=5)
+    assert error is None
+    # one response per new piece of text, in order; some engines send the finish reason in one more, empty, response
+    assert [r["text_output"] for r in responses if r["text_output"]] == [" t0", " t1", " t2", " t3", " t4"]
+    counts = [r["output_tokens"] for r in responses]
+    assert counts == sorted(counts) and counts[:5] == [1, 2, 3, 4, 5] and counts[-1] == 5
+    assert [r["finish_reason"] for r in responses[:-1]] == [""] * (len(responses) - 1) and responses[-1]["finish_reason"] == "length"
+    assert all(r["input_tokens"] == 10 for r in responses[1:])
+
+
+def test_non_streaming_returns_the_whole_completion(engine):
+    responses, error = generate(engine, "one two three", max_tokens=10, stream=False)
+    assert error is None and len(responses) == 1
+    r = responses[0]
+    assert (r["text_output"], r["input_tokens"], r["output_tokens"], r["finish_reason"]) == (" t0 t1 t2", 3, 3, "stop")
+
+
+def test_ignore_eos_and_stop_words(engine):
+    responses, _ = generate(engine, "one two", max_tokens=6, stream=False, ignore_eos=True)
+    assert (responses[0]["output_tokens"], responses[0]["finish_reason"]) == (6, "length")
+    responses, _ = generate(engine, "a b c d e f", max_tokens=6, stream=False, stop_words=[" t2"])
+    assert (responses[0]["text_output"], responses[0]["finish_reason"]) == (" t0 t1", "stop")
+
+
+def test_contract_sampling_inputs_reach_the_engine(engine):
+    prompt = "sampling check prompt"
+    generate(engine, prompt, max_tokens=4, stream=False, temperature=0.5, top_k=0, top_p=0.9, random_seed=7, min_length=2,
+             repetition_penalty=1.1, stop_words=["zz"], end_id=5)
+    s = last_generate(engine, prompt)["sampling"]
+    if engine.name == "vllm":
+        assert (s["max_tokens"], s["min_tokens"], s["temperature"], s["top_k"], s["seed"], s["stop"], s["stop_token_ids"], s["output_kind"]) == \
+            (4, 2, 0.5, -1, 7, ["zz"], [5], "DELTA")
+        assert s["top_p"] == pytest.approx(0.9) and s["repetition_penalty"] == pytest.approx(1.1)
+    elif engine.name == "sglang":
+        assert (s["max_new_tokens"], s["min_new_tokens"], s["temperature"], s["top_k"], s["sampling_seed"], s["stop"], s["stop_token_ids"]) == \
+            (4, 2, 0.5, -1, 7, ["zz"], [5])
+        assert s["top_p"] == pytest.approx(0.9)
+    else:
+        assert (s["max_new_tokens"], s["min_new_tokens"], s["do_sample"], s["temperature"], s["random_seed"], s["stop_words"], s["stop_token_ids"]) == \
+            (4, 2, True, 0.5, 7, ["zz"], [5])
+        assert s["top_p"] == pytest.approx(0.9) and s["repetition_penalty"] == pytest.approx(1.1)
+
+
+def test_bad_request_gets_a_clear_error(engine):
+    _, error = generate(engine, "hello", max_tokens=0)
+    assert error is not None and "max_tokens must be >= 1" in str(error)
+    _, error = generate(engine, "hello", max_tokens=3, beam_width=2)
+    assert error is not None and "beam_width 2 is not supported" in str(error)
+
+
+def test_cancel_aborts_the_engine_request(engine):
+    prompt = "please cancel me " * 3
+    s = Stream(engine)
+    try:
+        s.send(prompt, max_tokens=3000, ignore_eos=True)
+        for _ in range(3):
+            out, error, final = s.next()
+            assert error is None and not final
+    finally:
+        s.close(cancel=True)
+    rid = last_generate(engine, prompt)["request_id"]
+    aborts = wait_for(lambda: [e for e in events(engine, "abort") if e["request_id"] == rid])
+    assert aborts, f"{engine.name}: no abort recorded for {rid}; events: {events(engine)[-5:]}"
+
+
+def test_engine_error_becomes_an_error_response_and_the_model_keeps_serving(engine):
+    responses, error = generate(engine, "x y z FAIL_AT_2 w", max_tokens=10)
+    assert error is not None and "stand-in engine failure at token 2" in str(error)
+    assert [r["text_output"] for r in responses] == [" t0", " t1"]  # what was streamed before the failure
+    responses, error = generate(engine, "after the failure", max_tokens=2, stream=False)
+    assert error is None and responses[0]["text_output"] == " t0 t1"
+
+
+def test_concurrent_streams_do_not_mix(engine):
+    streams = [Stream(engine) for _ in range(4)]
+    try:
+        for i, s in enumerate(streams):
+            s.send(" ".join(["w"] * 20) + f" s{i}", max_tokens=6 + i)
+        for i, s in enumerate(streams):
+            responses, error = s.collect()
+            assert error is None
+            assert "".join(r["text_output"] for r in responses) == "".join(f" t{k}" for k in range(6 + i))
+    finally:
+        for s in streams:
+            s.close()
+
+
+def test_unload_calls_finalize_which_shuts_the_engine_down(engine):
+    import tritonclient.grpc as grpcclient
+
+    c = grpcclient.InferenceServerClient(engine.grpc_url)
+    try:
+        c.unload_model(engine.model)
+    finally:
+        c.close()
+    assert wait_for(lambda: events(engine, "shutdown"), timeout=30), f"{engine.name}: finalize did not shut the engine down"
+
+
+def test_sglang_worker_node_hosts_its_engine_share_and_takes_no_requests(tmp_path):
+    """Node 1 of a 2-node SGLang copy, as launcher.rank starts it (environment from the rendezvous)."""
+    from launcher.cli import plan
+    from launcher.render import repository_files
+    from tests.standins.server import STANDINS, serve, write_repository
+
+    _, spec = plan(["cluster=slurm", "engine=sglang", "tp=16", "nodes=2", "model.path=/models/standin-llm"])
+    repo = write_repository(repository_files(spec), tmp_path / "repo")
+    log = tmp_path / "calls.jsonl"
+    env = {"LLMLAUNCH_STANDIN_LOG": str(log), "LLMLAUNCH_GROUP_RANK": "1", "LLMLAUNCH_GROUP_SIZE": "2",
+           "LLMLAUNCH_LEADER_ADDR": "10.0.0.1", "LLMLAUNCH_DIST_PORT": "29555"}
+    with serve(repo, ["sglang_model"], tmp_path / "server.log", "sglang_model", extra_env=env, ready_timeout_s=60,
+               pythonpath=[STANDINS]) as server:
+        server.model, server.calls = "sglang_model", log
+        (init,) = events(server, "init")
+        assert (init["args"]["nnodes"], init["args"]["node_rank"], init["args"]["dist_init_addr"], init["args"]["tp_size"]) == \
+            (2, 1, "10.0.0.1:29555", 16)
+        _, error = generate(server, "hello", max_tokens=3)
+        assert error is not None and "takes no requests" in str(error)
+    assert events(server, "shutdown")

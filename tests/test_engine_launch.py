@@ -1,0 +1,246 @@
+"""Who runs what on which rank, for the third-party engines, from the launch spec (pure: no servers).
+
+For 2 nodes x 8 GPUs and one model copy over both (tp=16), the engines' rank hooks
+(launcher/engines/registry.py) are called with a RankContext built here, and the pure parts
+of their model.py files (engine arguments from config parameters and the rank's environment)
+are checked against the addresses and ports of that context.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from launcher.cli import plan
+from launcher.engines.registry import ENGINES
+from launcher.errors import LaunchError
+from launcher.rank import RankContext, Topology, rank_environment
+from launcher.render import python_for, repository_files, tritonserver_argv
+
+ROOT = Path(__file__).resolve().parents[1]
+LEADER, DIST_PORT = "10.0.0.1", 29555
+
+
+def spec_for(*overrides):
+    return plan(["cluster=slurm", "model.path=/models/llama-70b", *overrides])[1]
+
+
+def contexts(spec):
+    """One RankContext per rank; rank r lives on host 10.0.0.<node+1>."""
+    hosts = tuple(f"10.0.0.{r.node + 1}" for r in spec.ranks)
+    out = []
+    for r in spec.ranks:
+        leader = spec.ranks[r.rank - r.group_rank]
+        out.append(RankContext(rank=r, job_id="4242", leader_addr=hosts[leader.rank], dist_port=DIST_PORT, hosts=hosts,
+                               ports={"grpc_port": 8001, "http_port": 8000, "metrics_port": 8002} if r.role == "leader" else {}))
+    return out
+
+
+def env_of(spec, ctx):
+    topo = Topology("slurm", ctx.rank.rank, spec.world_size, ctx.rank.local_rank, ctx.rank.node, spec.nodes, "4242", f"node{ctx.rank.node + 1}")
+    env = rank_environment(spec, topo, ctx, Path("/jobs/run"), [str(i) for i in range(8)])
+    env.update(ENGINES[spec.engine["name"]].rank_env(spec, ctx))
+    return env
+
+
+def load_model_module(engine: str):
+    """Import model_repository/<engine>/1/model.py outside Triton (a stub triton_python_backend_utils)."""
+    stub = "triton_python_backend_utils" not in sys.modules
+    if stub:
+        sys.modules["triton_python_backend_utils"] = types.ModuleType("triton_python_backend_utils")
+    try:
+        path = ROOT / "model_repository" / engine / "1" / "model.py"
+        mod_spec = importlib.util.spec_from_file_location(f"llmlaunch_{engine}_model", path)
+        module = importlib.util.module_from_spec(mod_spec)
+        mod_spec.loader.exec_module(module)
+        return module
+    finally:
+        if stub:
+            del sys.modules["triton_python_backend_utils"]
+
+
+def config_params(spec):
+    from launcher import pbtxt
+
+    cfg = pbtxt.parse(repository_files(spec)[f"{spec.model_name}/config.pbtxt"])
+    return {k: v.string_value for k, v in cfg.parameters.items()}
+
+
+# ----------------------------------------------------------------------------- vLLM
+def test_vllm_two_nodes_leader_serves_and_the_other_node_joins_ray():
+    spec = spec_for("engine=vllm", "tp=16", "nodes=2")
+    assert [(r.rank, r.node, r.role, r.serves, r.gpus) for r in spec.ranks] == [
+        (0, 0, "leader", "public", tuple(range(8))), (1, 1, "worker", "none", tuple(range(8)))]
+    leader, worker = contexts(spec)
+    edef = ENGINES["vllm"]
+    assert edef.rank_command(spec, leader) is None  # tritonserver; its model starts the Ray head
+    argv = tritonserver_argv(spec, spec.ranks[0], job_id="4242")
+    assert "--grpc-port=8001" in argv and "--allow-grpc=false" not in argv
+    assert edef.rank_command(spec, worker) == [
+        python_for(spec), "-m", "launcher.engines.vllm_ray", "worker", f"--address={LEADER}:{DIST_PORT}", "--timeout=900",
+        "--node-ip-address=10.0.0.2"]
+    e0, e1 = env_of(spec, leader), env_of(spec, worker)
+    assert (e0["VLLM_HOST_IP"], e1["VLLM_HOST_IP"]) == ("10.0.0.1", "10.0.0.2")
+    assert e0["LLMLAUNCH_LEADER_ADDR"] == e1["LLMLAUNCH_LEADER_ADDR"] == LEADER and e1["LLMLAUNCH_DIST_PORT"] == str(DIST_PORT)
+    assert e1["LLMLAUNCH_GROUP_RANK"] == "1" and e1["LLMLAUNCH_GROUP_SIZE"] == "2"
+    args = json.loads(repository_files(spec)["vllm_model/1/model.json"])
+    assert (args["tensor_parallel_size"], args["distributed_executor_backend"]) == (16, "ray")
+    assert config_params(spec)["nnodes"] == "2"
+
+
+def test_vllm_one_node_needs_no_ray():
+    spec = spec_for("engine=vllm", "tp=8")
+    (ctx,) = contexts(spec)
+    assert ENGINES["vllm"].rank_command(spec, ctx) is None and ENGINES["vllm"].rank_env(spec, ctx) == {}
+    assert json.loads(repository_files(spec)["vllm_model/1/model.json"])["distributed_executor_backend"] == "mp"
+
+
+def test_vllm_mp_executor_cannot_span_nodes():
+    with pytest.raises(LaunchError, match="Ray executor"):
+        spec_for("engine=vllm", "tp=16", "nodes=2", "engine.distributed_executor_backend=mp")
+
+
+def test_vllm_engine_args_file_and_sampling_mapping():
+    m = load_model_module("vllm")
+    fields = {"model", "tensor_parallel_size", "enable_log_requests"}
+    assert m.engine_kwargs({"model": "x", "disable_log_requests": True}, fields) == {"model": "x", "enable_log_requests": False}
+    with pytest.raises(ValueError, match=r"no \['tensor_parallel'\]"):
+        m.engine_kwargs({"tensor_parallel": 2}, fields)
+    from launcher.serving.triton_io import SamplingParams
+
+    kw = m.sampling_kwargs(SamplingParams(max_tokens=9, top_k=0, seed=3, stop=("x",), bad_words=("y",), end_id=7, ignore_eos=True))
+    assert (kw["max_tokens"], kw["top_k"], kw["seed"], kw["stop"], kw["bad_words"], kw["stop_token_ids"], kw["ignore_eos"]) == \
+        (9, -1, 3, ["x"], ["y"], [7], True)
+
+
+# ----------------------------------------------------------------------------- SGLang
+def test_sglang_two_nodes_every_node_runs_the_engine_node0_serves():
+    spec = spec_for("engine=sglang", "tp=16", "nodes=2")
+    leader, worker = contexts(spec)
+    edef = ENGINES["sglang"]
+    assert edef.rank_command(spec, leader) is None and edef.rank_command(spec, worker) is None
+    argv1 = tritonserver_argv(spec, spec.ranks[1], job_id="4242")
+    assert {"--allow-grpc=false", "--allow-http=false", "--model-control-mode=explicit", "--load-model=sglang_model"} <= set(argv1)
+    assert edef.rank_env(spec, leader) == {} and edef.rank_env(spec, worker) == {"SGLANG_BLOCK_NONZERO_RANK_CHILDREN": "0"}
+    m = load_model_module("sglang")
+    params = config_params(spec)
+    kw0 = m.server_args_kwargs(params, env_of(spec, leader))
+    kw1 = m.server_args_kwargs(params, env_of(spec, worker))
+    assert (kw0["nnodes"], kw0["node_rank"], kw0["dist_init_addr"], kw0["tp_size"]) == (2, 0, f"{LEADER}:{DIST_PORT}", 16)
+    assert (kw1["nnodes"], kw1["node_rank"], kw1["dist_init_addr"]) == (2, 1, f"{LEADER}:{DIST_PORT}")
+    assert kw0["model_path"] == "/models/llama-70b" and kw0["max_running_requests"] == 256
+
+
+def test_sglang_one_node_has_no_distributed_init():
+    spec = spec_for("engine=sglang", "tp=4", "replicas=2")
+    m = load_model_module("sglang")
+    for ctx in contexts(spec):
+        kw = m.server_args_kwargs(config_params(spec), env_of(spec, ctx))
+        assert kw["nnodes"] == 1 and "dist_init_addr" not in kw and kw["tp_size"] == 4
+        assert env_of(spec, ctx)["CUDA_VISIBLE_DEVICES"] == ",".join(str(g) for g in ctx.rank.gpus)
+
+
+# ----------------------------------------------------------------------------- LMDeploy
+def test_lmdeploy_turbomind_stays_on_one_node():
+    with pytest.raises(LaunchError, match="TurboMind"):
+        spec_for("engine=lmdeploy", "tp=16", "nodes=2")
+
+
+def test_lmdeploy_pytorch_two_nodes_uses_ray_like_vllm():
+    spec = spec_for("engine=lmdeploy", "engine.backend=pytorch", "tp=16", "nodes=2")
+    leader, worker = contexts(spec)
+    edef = ENGINES["lmdeploy"]
+    assert edef.rank_command(spec, leader) is None
+    assert edef.rank_command(spec, worker)[2:5] == ["launcher.engines.vllm_ray", "worker", f"--address={LEADER}:{DIST_PORT}"]
+    assert edef.rank_env(spec, leader)["LMDEPLOY_EXECUTOR_BACKEND"] == "ray"
+    m = load_model_module("lmdeploy")
+    kw = m.backend_config_kwargs(config_params(spec), {"tp", "dtype", "cache_max_entry_count", "max_batch_size", "session_len", "distributed_executor_backend"})
+    assert (kw["tp"], kw["distributed_executor_backend"], kw["max_batch_size"]) == (16, "ray", 128)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        m.backend_config_kwargs({"dtype": "float32"}, set())
+
+
+# ----------------------------------------------------------------------------- TensorRT-LLM
+def test_trtllm_two_nodes_every_rank_is_a_tritonserver(monkeypatch):
+    spec = spec_for("engine=trtllm", "tp=16", "nodes=2")
+    assert spec.world_size == 16 and spec.tasks_per_node == 8
+    ctxs = contexts(spec)
+    edef = ENGINES["trtllm"]
+    assert all(edef.rank_command(spec, c) is None for c in ctxs)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+    # leader mode: TensorRT-LLM picks its GPU by MPI rank among the node's GPUs, so each rank sees all of them
+    assert {edef.rank_env(spec, c)["CUDA_VISIBLE_DEVICES"] for c in ctxs} == {"0,1,2,3,4,5,6,7"}
+    argv0 = tritonserver_argv(spec, spec.ranks[0], job_id="4242")
+    argv9 = tritonserver_argv(spec, spec.ranks[9], job_id="4242")
+    assert "--grpc-port=8001" in argv0
+    assert "--load-model=tensorrt_llm" in argv9 and "--allow-grpc=false" in argv9
+    assert spec.ranks[9].node == 1 and spec.ranks[9].local_rank == 1
+
+
+def test_trtllm_replicas_keep_one_gpu_per_rank(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+    spec = spec_for("engine=trtllm", "tp=1", "replicas=8")
+    assert all(ENGINES["trtllm"].rank_env(spec, c) == {} for c in contexts(spec))
+
+
+# ----------------------------------------------------------------------------- the Ray worker command
+def _fake_ray(tmp_path):
+    record = tmp_path / "ray_argv.json"
+    ray = tmp_path / "ray"
+    ray.write_text(f"#!{sys.executable}\nimport json, sys\njson.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n")
+    ray.chmod(0o755)
+    return ray, record
+
+
+def test_ray_worker_waits_for_the_head_then_becomes_ray_start(tmp_path):
+    ray, record = _fake_ray(tmp_path)
+    with socket.socket() as head:
+        head.bind(("127.0.0.1", 0))
+        head.listen()
+        port = head.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "launcher.engines.vllm_ray", "worker", f"--address=127.0.0.1:{port}",
+                               "--node-ip-address=10.0.0.2", "--timeout=10", f"--ray={ray}"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(record.read_text()) == ["start", f"--address=127.0.0.1:{port}", "--block", "--node-ip-address=10.0.0.2"]
+
+
+def test_ray_worker_gives_up_when_the_head_never_answers(tmp_path):
+    ray, record = _fake_ray(tmp_path)
+    from launcher.triton import free_port
+
+    proc = subprocess.run([sys.executable, "-m", "launcher.engines.vllm_ray", "worker", f"--address=127.0.0.1:{free_port()}",
+                           "--timeout=1", f"--ray={ray}"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1 and "did not answer" in proc.stderr and not record.exists()
+
+
+def test_head_argv():
+    from launcher.engines.vllm_ray import head_argv
+
+    assert head_argv(6379, "10.0.0.1") == ["ray", "start", "--head", "--port=6379", "--block", "--include-dashboard=false",
+                                           "--node-ip-address=10.0.0.1"]
+
+
+# ----------------------------------------------------------------------------- worker ranks fail fast
+def test_runtime_stops_the_server_when_a_worker_engine_dies():
+    from launcher.engines.vllm_sglang_lmdeploy import AsyncEngineRuntime, EngineAdapter
+
+    class Dead(EngineAdapter):
+        serves = False
+
+        def wait_engine_exit(self):
+            return True
+
+    kills = []
+    rt = AsyncEngineRuntime(Dead())
+    rt._watch_engine(kill=lambda pid, sig: kills.append(sig))
+    assert kills == [15]
+    rt._stopping = True  # finalize in progress: the engine's exit is expected
+    rt._watch_engine(kill=lambda pid, sig: kills.append(sig))
+    assert kills == [15]
