@@ -1,0 +1,8 @@
+"""llmlaunch's load generator and report (console scripts `llmlaunch-bench`, `llmlaunch-report`).
+
+Modules: datasets (ShareGPT, CNN/DailyMail, prompts.txt, synthetic), runner
+(load shapes, client processes), metrics (per-request results, TTFT/ITL/TPOT/
+E2EL, goodput, tables), progress (stderr bar), cli (`llmlaunch-bench`),
+report (`llmlaunch-report`: sweep directories to summary.csv and plots).
+Heavy imports (tritonclient, numpy, matplotlib, transformers) are lazy.
+"""

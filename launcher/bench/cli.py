@@ -1,0 +1,313 @@
+"""`llmlaunch-bench`: measure a served model (launcher/contract.py interface).
+
+    llmlaunch-bench --url HOST:PORT --dataset ShareGPT.json --num-prompts 1000 --concurrency 128
+    llmlaunch-bench --url HOST:PORT --dataset-name synthetic --input-len 128 --output-len 128 \\
+        --request-rate 20 --burstiness 0.5 --duration 60 --ignore-eos --goodput ttft:500 tpot:50
+    # identity test (seed 002): the same dataset against two models, then a speedup table
+    llmlaunch-bench --url localhost:8001 --model llama-python --dataset mini_cnn_eval.json \\
+        --max-input-len 100 --concurrency 16 --compare localhost:8001,ensemble
+
+Output: a live progress bar on stderr, the result table on stdout,
+`--result-json` (config, metrics and every request; format "llmlaunch-bench/1",
+see below) and `--result-csv` (one summary line per run, appended; header
+written when the file is new). With --compare, B's JSON goes beside A's with
+".B" before the suffix.
+
+Exit status: 0 when every request produced tokens; 1 when any request failed
+(error or zero output tokens; the count is printed); 2 when the run could not
+be made (bad arguments, server unreachable, unreadable dataset).
+
+Result JSON:
+    {"format": "llmlaunch-bench/1", "label", "started_at", "argv",
+     "config": {"url", "model", "dataset": {...}, "load": {...LoadSpec...}, "request": {...}, "goodput_slos_ms"},
+     "metrics": {"requests", "completed", "failed", "errors", "zero_token", "duration_s",
+                 "request_throughput", "output_throughput", "total_token_throughput", "goodput",
+                 "ttft_ms"|"tpot_ms"|"itl_ms"|"e2el_ms": {"mean", "p50", "p90", "p99", "max"}, ...},
+     "warmup_errors", "requests": [RequestResult as JSON, ...]}
+Times in "requests" are seconds since the start of the measured phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import json
+import math
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+from launcher.bench import datasets, metrics
+from launcher.bench.progress import Progress
+from launcher.bench.runner import Job, LoadSpec, generations, run_load
+from launcher.client import ClientError, default_model, parse_url
+
+CSV_FIELDS = (
+    "time", "label", "url", "model", "dataset", "num_requests", "concurrency", "request_rate", "burstiness",
+    "processes", "completed", "failed", "errors", "zero_token", "duration_s", "request_throughput",
+    "output_throughput", "total_token_throughput", "goodput",
+    *[f"{k}_{s}_ms" for k in metrics.LATENCIES for s in ("mean", "p50", "p90", "p99")],
+    "total_input_tokens", "total_output_tokens",
+)
+
+
+def build_parser(prog: str = "llmlaunch-bench") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", "-u", default="localhost:8001", help="grpc://HOST:PORT or HOST:PORT (default localhost:8001)")
+    p.add_argument("--model", "-m", help="model name (default: the one the server serves)")
+
+    d = p.add_argument_group("dataset")
+    d.add_argument("--dataset", help="dataset file: ShareGPT .json, CNN/DailyMail .json, or prompts .txt")
+    d.add_argument("--dataset-name", default="auto", choices=("auto",) + datasets.KINDS,
+                   help="format of --dataset (auto: detect); 'synthetic' needs no file")
+    d.add_argument("--num-prompts", type=int, help="measured requests (default: 1000 for sharegpt/synthetic, "
+                   "the whole file otherwise; unlimited with --duration)")
+    d.add_argument("--tokenizer", help="Hugging Face tokenizer directory for token lengths (default: estimate, "
+                   "whitespace words or chars/4)")
+    d.add_argument("--input-len", type=int, default=128, help="synthetic prompt length in tokens (default 128)")
+    d.add_argument("--output-len", type=int, help="requested output tokens for every request (default: the "
+                   "dataset's completion length; 128 for prompts/synthetic)")
+    d.add_argument("--range-ratio", type=float, default=0.0, help="synthetic lengths uniform in [L(1-r), L(1+r)]")
+    d.add_argument("--max-input-len", type=int, help="skip prompts longer than this (sharegpt default 1024)")
+    d.add_argument("--max-total-len", type=int, default=2048, help="sharegpt: skip prompt+output longer than this")
+    d.add_argument("--seed", type=int, default=0, help="seed of dataset sampling and arrival times (default 0)")
+
+    ld = p.add_argument_group("load")
+    ld.add_argument("--concurrency", "-c", type=int, help="max requests in flight (fixed-concurrency mode)")
+    ld.add_argument("--request-rate", type=float, default=math.inf,
+                    help="mean requests/s with random arrivals (default inf: no pacing)")
+    ld.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps: 1 = Poisson, <1 burstier")
+    ld.add_argument("--duration", type=float, help="stop sending after this many seconds (dataset cycled)")
+    ld.add_argument("--warmup", type=int, default=0, help="requests sent first and not counted")
+    ld.add_argument("--processes", type=int, default=1, help="client processes sharing the load")
+    ld.add_argument("--streams", type=int, default=1, help="gRPC streams per client process")
+    ld.add_argument("--timeout", type=float, default=600.0,
+                    help="fail requests still running this long after the last send (default 600 s)")
+
+    r = p.add_argument_group("requests")
+    r.add_argument("--ignore-eos", action="store_true",
+                   help="enforce the requested output length (ignore_eos and min_length = max_tokens)")
+    r.add_argument("--no-stream", action="store_true", help="ask for one response per request")
+    r.add_argument("--temperature", type=float, help="temperature (unset: server default)")
+    r.add_argument("--top-p", type=float)
+    r.add_argument("--top-k", type=int)
+    r.add_argument("--sampling-seed", type=int, help="random_seed sent with every request")
+    r.add_argument("--stop", action="append", default=[], metavar="WORD", help="stop word (repeatable)")
+    r.add_argument("--request-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="Triton request parameter passed to the model (repeatable)")
+
+    o = p.add_argument_group("results")
+    o.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs for goodput: ttft:MS tpot:MS e2el:MS")
+    o.add_argument("--result-json", help="write config, metrics and every request here")
+    o.add_argument("--result-csv", help="append a one-line summary here (header when new)")
+    o.add_argument("--label", default="", help="free text stored with the results")
+    o.add_argument("--save-text", action="store_true", help="keep generated text in the JSON")
+    o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument("--compare", metavar="URL2[,MODEL2]",
+                   help="identity test: run the same load against a second model and print the speedup of it over the first")
+    return p
+
+
+def _param(item: str):
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise ValueError(f"bad --request-param {item!r}: use KEY=VALUE")
+    for cast in (int, float):
+        try:
+            return key, cast(value)
+        except ValueError:
+            pass
+    if value.lower() in ("true", "false"):
+        return key, value.lower() == "true"
+    return key, value
+
+
+def spec_from_args(args, num_requests) -> LoadSpec:
+    return LoadSpec(
+        concurrency=args.concurrency,
+        request_rate=args.request_rate,
+        burstiness=args.burstiness,
+        num_requests=num_requests,
+        duration=args.duration,
+        warmup=args.warmup,
+        streams=args.streams,
+        processes=args.processes,
+        seed=args.seed,
+        timeout=args.timeout,
+    )
+
+
+def prepare(args):
+    """(samples, kind, token counter) from the dataset arguments."""
+    kind = datasets.detect_kind(args.dataset) if args.dataset_name == "auto" else args.dataset_name
+    tokens = datasets.TokenCounter(args.tokenizer)
+    num = args.num_prompts
+    if num is None and kind in ("sharegpt", "synthetic"):
+        num = 1000
+    samples = datasets.load(kind, args.dataset, num, tokens, seed=args.seed, output_len=args.output_len,
+                            input_len=args.input_len, range_ratio=args.range_ratio,
+                            max_input_len=args.max_input_len, max_total_len=args.max_total_len)
+    return samples, kind, tokens
+
+
+def bench_one(args, url: str, model: str, samples, kind: str, tokens, label: str = "", progress_label: str = "") -> dict:
+    """Run the benchmark once; returns the result document (see module docstring)."""
+    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
+                "seed": args.sampling_seed, "stop": tuple(args.stop)}
+    gens = generations(samples, sampling, stream=not args.no_stream, ignore_eos=args.ignore_eos)
+    num_requests = args.num_prompts if args.num_prompts is not None else (None if args.duration else len(samples))
+    spec = spec_from_args(args, num_requests)
+    params = dict(_param(x) for x in args.request_param)
+    slos = metrics.parse_slos(args.goodput)
+    job = Job(url=url, model=model, gens=gens, spec=spec, parameters=params)
+    total = num_requests
+    make_bar = None
+    if not args.no_progress:
+        make_bar = lambda read: Progress(read, total, label=progress_label)  # noqa: E731
+    started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    shape = (f"concurrency {spec.concurrency}" if spec.concurrency else "") + (
+        f"{', ' if spec.concurrency else ''}rate {spec.request_rate:g}/s" if math.isfinite(spec.request_rate) else "")
+    print(f"llmlaunch-bench: {num_requests if num_requests is not None else 'unlimited'} requests"
+          f"{f' for {spec.duration:g} s' if spec.duration else ''} to {model!r} at {url} ({shape}, {kind} dataset)",
+          file=sys.stderr)
+    out = run_load(job, make_bar)
+    results = [metrics.from_record(idx, samples[idx % len(samples)], rec, out.t0, tokens, args.save_text)
+               for idx, rec in out.records]
+    ends = [r.end for r in results if r.end is not None] + [r.sent for r in results]
+    duration = max(ends) if ends else 0.0
+    m = metrics.compute(results, duration, slos)
+    load = asdict(spec)
+    load["request_rate"] = metrics.finite(spec.request_rate)
+    return {
+        "format": "llmlaunch-bench/1",
+        "label": label,
+        "started_at": started,
+        "argv": getattr(args, "argv", None),
+        "config": {
+            "url": url,
+            "model": model,
+            "dataset": {"name": kind, "path": args.dataset, "samples": len(samples), "seed": args.seed,
+                        "tokenizer": args.tokenizer,
+                        "token_lengths": "tokenizer" if tokens.exact else "estimate (whitespace words or chars/4)",
+                        "input_len": args.input_len if kind == "synthetic" else None,
+                        "output_len": args.output_len, "range_ratio": args.range_ratio},
+            "load": load,
+            "request": {"stream": not args.no_stream, "ignore_eos": args.ignore_eos,
+                        "sampling": {k: v for k, v in sampling.items() if v not in (None, ())},
+                        "parameters": params},
+            "goodput_slos_ms": slos,
+        },
+        "metrics": m,
+        "t0_perf_counter": out.t0,  # request times are relative to this time.perf_counter() (CLOCK_MONOTONIC)
+        "warmup_errors": len(out.warmup_errors),
+        "requests": [r.to_json() for r in results],
+    }
+
+
+def write_json(doc: dict, path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(doc, f, indent=1, allow_nan=False, default=metrics.finite)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def csv_row(doc: dict) -> dict:
+    m, c = doc["metrics"], doc["config"]
+    row = {
+        "time": doc["started_at"], "label": doc["label"], "url": c["url"], "model": c["model"],
+        "dataset": c["dataset"]["path"] or c["dataset"]["name"], "num_requests": m["requests"],
+        "concurrency": c["load"]["concurrency"], "request_rate": c["load"]["request_rate"],
+        "burstiness": c["load"]["burstiness"], "processes": c["load"]["processes"],
+    }
+    for k in ("completed", "failed", "errors", "zero_token", "duration_s", "request_throughput", "output_throughput",
+              "total_token_throughput", "goodput", "total_input_tokens", "total_output_tokens"):
+        row[k] = m.get(k)
+    for k in metrics.LATENCIES:
+        for s in ("mean", "p50", "p90", "p99"):
+            row[f"{k}_{s}_ms"] = m[f"{k}_ms"][s]
+    return {k: (f"{v:.4f}" if isinstance(v, float) else ("" if v is None else v)) for k, v in row.items()}
+
+
+def append_csv(rows: list, path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists() or path.stat().st_size == 0
+    with open(path, "a", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        if new:
+            w.writeheader()
+        for row in rows:
+            w.writerow(row)
+
+
+def _b_path(path: str) -> Path:
+    p = Path(path)
+    return p.with_name(f"{p.stem}.B{p.suffix or '.json'}")
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    args = parser.parse_args(argv)
+    args.argv = ["llmlaunch-bench", *argv]
+    try:
+        return run(args)
+    except (ClientError, ValueError, RuntimeError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def run(args) -> int:
+    url = parse_url(args.url)
+    spec_from_args(args, args.num_prompts).check()  # fail on bad load arguments before loading data
+    metrics.parse_slos(args.goodput)
+    samples, kind, tokens = prepare(args)
+    model = args.model or default_model(url)
+    docs = [bench_one(args, url, model, samples, kind, tokens, label=args.label or "",
+                      progress_label="A " if args.compare else "")]
+    if args.compare:
+        url_b, _, model_b = args.compare.partition(",")
+        url_b = parse_url(url_b) if url_b.strip() else url
+        model_b = model_b.strip() or args.model or default_model(url_b)
+        docs.append(bench_one(args, url_b, model_b, samples, kind, tokens,
+                              label=(args.label + " " if args.label else "") + "B", progress_label="B "))
+        if not args.label:
+            docs[0]["label"] = "A"
+    for i, doc in enumerate(docs):
+        title = "Serving Benchmark Result" if len(docs) == 1 else f"{'AB'[i]}: {doc['config']['model']} @ {doc['config']['url']}"
+        print(metrics.format_table(doc["metrics"], title))
+    if len(docs) == 2:
+        name = lambda d: f"{d['config']['model']} @ {d['config']['url']}"  # noqa: E731
+        print(metrics.format_speedup(docs[0]["metrics"], docs[1]["metrics"], name(docs[0]), name(docs[1])))
+        docs[0]["compare"] = {"B": name(docs[1]), "speedup": metrics.speedups(docs[0]["metrics"], docs[1]["metrics"])}
+    sys.stdout.flush()
+    if args.result_json:
+        write_json(docs[0], args.result_json)
+        if len(docs) == 2:
+            write_json(docs[1], _b_path(args.result_json))
+    if args.result_csv:
+        append_csv([csv_row(d) for d in docs], args.result_csv)
+    status = 0
+    for i, doc in enumerate(docs):
+        msg = metrics.failure_summary(doc["metrics"])
+        if msg:
+            who = f" ({'AB'[i]}: {doc['config']['model']})" if len(docs) == 2 else ""
+            first = next((r["error"] for r in doc["requests"] if r["error"]), "")
+            print(f"error: {msg}{who}; first error: {first}", file=sys.stderr)
+            status = 1
+    if docs[0].get("warmup_errors"):
+        print(f"warning: {docs[0]['warmup_errors']} warm-up requests failed", file=sys.stderr)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,358 @@
+"""`llmlaunch-report SWEEP_DIR`: summary.csv and plots from a benchmark sweep.
+
+Sweep layout: any directory below SWEEP_DIR holding a `result.json` or a
+`failure.json` is one point (a Hydra multirun's numbered job dirs qualify):
+
+    SWEEP_DIR/
+      <point>/
+        overrides.yaml     # what this point changed; or .hydra/overrides.yaml (Hydra writes it)
+        result.json        # llmlaunch-bench --result-json output ("llmlaunch-bench/1", launcher/bench/cli.py)
+      <point>/
+        overrides.yaml
+        failure.json       # instead of result.json when the point could not be measured
+
+overrides.yaml: a YAML list of Hydra overrides (`- engine=hf`,
+`- bench.concurrency=64`) or a mapping {key: value}.
+
+failure.json (written by whoever runs the point):
+    {"format": "llmlaunch-failure/1",
+     "overrides": ["engine=hf", "bench.concurrency=64"],   # same as overrides.yaml
+     "stage": "serve",          # where it broke: render | submit | serve | bench | ...
+     "error": "tritonserver exited with status 1 while loading model ...",
+     "exit_code": 1,            # optional
+     "time": "2026-11-22T03:00:00+00:00",   # optional
+     "log": "tritonserver.log"} # optional, relative to the point dir
+`write_failure(...)` writes one. A point with a result.json whose run had
+failed requests is reported with status "errors" and its counts; a
+failure.json point has status "failed"; when both files exist, result.json wins.
+
+Grouping: a point's x value is its concurrency (result config, else an
+override whose last dotted part is `concurrency`), or its request rate when
+no point has a concurrency. Its config is every other override except seeds
+("k=v, k=v"); points with equal configs form one line in the plots.
+
+Outputs (in SWEEP_DIR, or --out):
+    summary.csv                     one row per point (its path relative to SWEEP_DIR), failures included
+    throughput_vs_concurrency.png   output tokens/s against concurrency, a line per config,
+                                    failed points as red crosses on the x axis
+    latency_throughput.png          p50 (solid) and p99 (dashed) TTFT against output tokens/s
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+X_KEYS = ("concurrency", "request_rate")
+IGNORED_KEYS = ("seed",)
+
+SUMMARY_FIELDS = (
+    "point", "status", "config", "concurrency", "request_rate", "requests", "completed", "failed",
+    "request_throughput", "output_throughput", "total_token_throughput", "goodput",
+    "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms",
+    "e2el_p50_ms", "e2el_p99_ms", "error", "overrides",
+)
+
+
+@dataclass
+class Point:
+    path: Path  # the point directory
+    overrides: dict = field(default_factory=dict)  # key -> value (strings)
+    result: Optional[dict] = None  # result.json
+    failure: Optional[dict] = None  # failure.json
+    concurrency: Optional[float] = None
+    request_rate: Optional[float] = None
+    config: str = ""
+
+    @property
+    def status(self) -> str:
+        if self.result is None:
+            return "failed"
+        return "errors" if self.result.get("metrics", {}).get("failed") else "ok"
+
+    def metric(self, key: str):
+        m = (self.result or {}).get("metrics", {})
+        for part in key.split("."):
+            m = m.get(part) if isinstance(m, dict) else None
+        return m
+
+
+def write_failure(point_dir, overrides, stage: str, error: str, exit_code: Optional[int] = None,
+                  log: Optional[str] = None) -> Path:
+    """Record that a sweep point could not be measured (see the module docstring)."""
+    import datetime as _dt
+
+    point_dir = Path(point_dir)
+    point_dir.mkdir(parents=True, exist_ok=True)
+    doc = {"format": "llmlaunch-failure/1", "overrides": list(overrides or []), "stage": stage, "error": error,
+           "exit_code": exit_code, "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "log": log}
+    path = point_dir / "failure.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def parse_overrides(data) -> dict:
+    """Hydra list ['a.b=1', '+c=x', '~d'] or a mapping -> {key: value-as-string}."""
+    if data is None:
+        return {}
+    if isinstance(data, dict):
+        return {str(k): "" if v is None else str(v) for k, v in data.items()}
+    out = {}
+    for item in data:
+        item = str(item)
+        key, sep, value = item.partition("=")
+        key = key.lstrip("+~")
+        out[key] = value if sep else ""
+    return out
+
+
+def _read_overrides(point: Path, failure: Optional[dict]) -> dict:
+    import yaml
+
+    for candidate in (point / "overrides.yaml", point / ".hydra" / "overrides.yaml"):
+        if candidate.exists():
+            with open(candidate, encoding="utf-8") as f:
+                return parse_overrides(yaml.safe_load(f))
+    if failure and failure.get("overrides") is not None:
+        return parse_overrides(failure["overrides"])
+    return {}
+
+
+def _number(value) -> Optional[float]:
+    if value in (None, "", "null", "None", "inf"):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _from_overrides(overrides: dict, name: str) -> Optional[float]:
+    for key, value in overrides.items():
+        if key.rsplit(".", 1)[-1] == name:
+            return _number(value)
+    return None
+
+
+def load_points(sweep: Path) -> list[Point]:
+    points = []
+    dirs = sorted({p.parent for pattern in ("result.json", "failure.json") for p in Path(sweep).rglob(pattern)})
+    for d in dirs:
+        result = failure = None
+        if (d / "result.json").exists():
+            try:
+                result = json.loads((d / "result.json").read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError) as exc:
+                failure = {"stage": "report", "error": f"unreadable result.json: {exc}"}
+        if result is None and (d / "failure.json").exists():
+            try:
+                failure = json.loads((d / "failure.json").read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError) as exc:
+                failure = {"stage": "report", "error": f"unreadable failure.json: {exc}"}
+        pt = Point(path=d, result=result, failure=failure)
+        pt.overrides = _read_overrides(d, failure)
+        load = (result or {}).get("config", {}).get("load", {})
+        pt.concurrency = _number(load.get("concurrency")) if load.get("concurrency") is not None else _from_overrides(pt.overrides, "concurrency")
+        pt.request_rate = _number(load.get("request_rate")) if load.get("request_rate") is not None else _from_overrides(pt.overrides, "request_rate")
+        rest = {k: v for k, v in pt.overrides.items() if k.rsplit(".", 1)[-1] not in X_KEYS + IGNORED_KEYS}
+        if rest:
+            pt.config = ", ".join(f"{k}={v}" for k, v in sorted(rest.items()))
+        else:
+            pt.config = (result or {}).get("config", {}).get("model") or "default"
+        points.append(pt)
+    return points
+
+
+def _fmt(v):
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        return str(int(v)) if v.is_integer() else str(round(v, 4))
+    return v
+
+
+def summary_rows(points: list[Point], sweep: Optional[Path] = None) -> list[dict]:
+    rows = []
+    for pt in points:
+        if pt.result is not None:
+            first_error = next((r.get("error") for r in pt.result.get("requests", []) if r.get("error")), "")
+            error = first_error
+        else:
+            f = pt.failure or {}
+            error = f"{f.get('stage', '?')}: {f.get('error', 'no result.json')}"
+        row = {
+            "point": str(pt.path.relative_to(sweep)) if sweep else str(pt.path),
+            "status": pt.status,
+            "config": pt.config,
+            "concurrency": pt.concurrency,
+            "request_rate": pt.request_rate,
+            "requests": pt.metric("requests"),
+            "completed": pt.metric("completed"),
+            "failed": pt.metric("failed"),
+            "request_throughput": pt.metric("request_throughput"),
+            "output_throughput": pt.metric("output_throughput"),
+            "total_token_throughput": pt.metric("total_token_throughput"),
+            "goodput": pt.metric("goodput"),
+            "error": error,
+            "overrides": " ".join(f"{k}={v}" for k, v in sorted(pt.overrides.items())),
+        }
+        for k in ("ttft", "tpot", "itl", "e2el"):
+            for p in ("p50", "p99"):
+                row[f"{k}_{p}_ms"] = pt.metric(f"{k}_ms.{p}")
+        rows.append({k: _fmt(v) for k, v in row.items()})
+    return rows
+
+
+def write_summary(points: list[Point], path: Path, sweep: Optional[Path] = None) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.DictWriter(f, fieldnames=SUMMARY_FIELDS)
+        w.writeheader()
+        w.writerows(summary_rows(points, sweep))
+
+
+def _by_config(points):
+    groups: dict = {}
+    for pt in points:
+        groups.setdefault(pt.config, []).append(pt)
+    return groups
+
+
+def plot(points: list[Point], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    use_conc = any(p.concurrency is not None for p in points)
+    xlabel = "concurrency (requests in flight)" if use_conc else "request rate (req/s)"
+    xval = (lambda p: p.concurrency) if use_conc else (lambda p: p.request_rate)
+    groups = _by_config(points)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    written = []
+
+    # 1. output tokens/s against concurrency
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    failed_label = True
+    xs_all = []
+    for i, (config, pts) in enumerate(sorted(groups.items())):
+        color = colors[i % len(colors)]
+        good = sorted((xval(p), p.metric("output_throughput"), p) for p in pts
+                      if p.result is not None and xval(p) is not None and p.metric("output_throughput") is not None)
+        if good:
+            ax.plot([g[0] for g in good], [g[1] for g in good], "o-", color=color, label=config)
+            for x, y, p in good:
+                if p.status == "errors":
+                    ax.annotate(f"{p.metric('failed')} requests failed", (x, y), textcoords="offset points", xytext=(4, 6),
+                                fontsize=7, color="tab:red")
+            xs_all += [g[0] for g in good]
+        bad = [xval(p) for p in pts if p.result is None and xval(p) is not None]
+        if bad:
+            ax.plot(bad, [0] * len(bad), "x", color="tab:red", markersize=10, mew=2, clip_on=False, zorder=5,
+                    label="failed point (see summary.csv)" if failed_label else None)
+            for x in bad:
+                ax.annotate(f"{config}: failed", (x, 0), textcoords="offset points", xytext=(0, 8), ha="center",
+                            fontsize=7, color="tab:red")
+            failed_label = False
+            xs_all += bad
+    if xs_all and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 8:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sorted(set(xs_all)))
+        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("output tokens/s")
+    ax.set_title("Output throughput against load")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "throughput_vs_concurrency.png"
+    fig.savefig(path)
+    plt.close(fig)
+    written.append(path)
+
+    # 2. latency against throughput
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
+    for i, (config, pts) in enumerate(sorted(groups.items())):
+        color = colors[i % len(colors)]
+        good = sorted(
+            (p.metric("output_throughput"), p.metric("ttft_ms.p50"), p.metric("ttft_ms.p99"), xval(p))
+            for p in pts
+            if p.result is not None and p.metric("output_throughput") is not None and p.metric("ttft_ms.p50") is not None
+        )
+        if not good:
+            continue
+        tput = [g[0] for g in good]
+        ax.plot(tput, [g[1] for g in good], "o-", color=color, label=f"{config}: p50 TTFT")
+        ax.plot(tput, [g[2] for g in good], "^--", color=color, label=f"{config}: p99 TTFT")
+        for t, p50, _, x in good:
+            if x is not None:
+                ax.annotate(f"{'c' if use_conc else 'r'}={x:g}", (t, p50), textcoords="offset points", xytext=(4, -10),
+                            fontsize=7, color=color)
+    ax.set_xlabel("output tokens/s")
+    ax.set_ylabel("time to first token (ms)")
+    ax.set_title("Latency against throughput")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "latency_throughput.png"
+    fig.savefig(path)
+    plt.close(fig)
+    written.append(path)
+    return written
+
+
+def format_summary(points: list[Point]) -> str:
+    head = f"{'config':<40} {'x':>8} {'status':>7} {'out tok/s':>11} {'p50 TTFT':>10} {'p99 TTFT':>10}"
+    lines = [head, "-" * len(head)]
+    for pt in sorted(points, key=lambda p: (p.config, p.concurrency or p.request_rate or 0)):
+        x = pt.concurrency if pt.concurrency is not None else pt.request_rate
+        tput, p50, p99 = pt.metric("output_throughput"), pt.metric("ttft_ms.p50"), pt.metric("ttft_ms.p99")
+        lines.append(
+            f"{pt.config[:40]:<40} {'' if x is None else f'{x:g}':>8} {pt.status:>7} "
+            f"{'' if tput is None else f'{tput:,.1f}':>11} {'' if p50 is None else f'{p50:,.1f}':>10} "
+            f"{'' if p99 is None else f'{p99:,.1f}':>10}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="llmlaunch-report", description="summary.csv and plots from a benchmark sweep directory")
+    p.add_argument("sweep", help="sweep directory (points are the dirs holding result.json or failure.json)")
+    p.add_argument("--out", help="where to write summary.csv and the plots (default: the sweep directory)")
+    p.add_argument("--no-plots", action="store_true", help="only summary.csv")
+    args = p.parse_args(argv)
+    sweep = Path(args.sweep)
+    if not sweep.is_dir():
+        print(f"error: {sweep} is not a directory", file=sys.stderr)
+        return 2
+    points = load_points(sweep)
+    if not points:
+        print(f"error: no point under {sweep} has a result.json or failure.json", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else sweep
+    out.mkdir(parents=True, exist_ok=True)
+    write_summary(points, out / "summary.csv", sweep)
+    written = [out / "summary.csv"]
+    if not args.no_plots:
+        written += plot(points, out)
+    print(format_summary(points))
+    failed = sum(1 for pt in points if pt.status == "failed")
+    with_errors = sum(1 for pt in points if pt.status == "errors")
+    note = f"{len(points)} points"
+    if failed or with_errors:
+        note += f" ({failed} failed, {with_errors} with failed requests)"
+    print(f"{note}; wrote {', '.join(str(w) for w in written)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,341 @@
+"""The load generator: sends a list of generations to one model with a given
+load shape and collects a StreamRecord per request.
+
+Load shapes (LoadSpec):
+* fixed concurrency: at most `concurrency` requests in flight, the next one
+  sent as soon as one finishes;
+* request rate: arrivals spaced by gamma-distributed gaps of mean
+  1/`request_rate` (shape `burstiness`; 1 = Poisson), optionally capped by
+  `concurrency` (a request then waits for a free slot);
+* limits: `num_requests` and/or `duration` (stop sending after that many
+  seconds; the dataset is cycled), `warmup` requests first, not counted.
+
+Several client processes (`processes`) split the load: request i goes to
+process i % P, each gets 1/P of the rate and of the concurrency, and all start
+at the same instant (perf_counter is CLOCK_MONOTONIC, shared by the processes
+of one machine, so their timestamps are comparable). Each process can spread
+its requests over several gRPC streams (`streams`).
+
+Nothing here runs on the receive path except `on_done`, once per request.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+from launcher.client import ClientError, Generation, StreamRecord, TritonStream, build_request
+
+
+@dataclass
+class LoadSpec:
+    concurrency: Optional[int] = None  # max requests in flight (None: no cap; needs a request_rate)
+    request_rate: float = math.inf  # mean requests/s; inf = no pacing
+    burstiness: float = 1.0  # gamma shape of the arrival gaps; 1 = Poisson, < 1 burstier
+    num_requests: Optional[int] = None  # measured requests (None: one per sample, or unlimited with duration)
+    duration: Optional[float] = None  # stop sending after this many seconds
+    warmup: int = 0  # requests sent and awaited before measuring, not counted
+    streams: int = 1  # gRPC streams per client process
+    processes: int = 1  # client processes
+    seed: int = 0  # seed of the arrival times
+    timeout: float = 600.0  # give up on requests still running this long after the last send
+
+    def check(self) -> None:
+        if self.concurrency is not None and self.concurrency < 1:
+            raise ValueError(f"--concurrency must be >= 1, got {self.concurrency}")
+        if not (self.request_rate > 0):
+            raise ValueError(f"--request-rate must be > 0 (or inf), got {self.request_rate}")
+        if self.concurrency is None and math.isinf(self.request_rate):
+            raise ValueError("give --concurrency N, or --request-rate R (use --request-rate inf to send everything at once)")
+        if self.burstiness <= 0:
+            raise ValueError(f"--burstiness must be > 0, got {self.burstiness}")
+        if self.processes < 1 or self.streams < 1:
+            raise ValueError("--processes and --streams must be >= 1")
+        if self.concurrency is not None and self.concurrency < self.processes:
+            raise ValueError(f"--concurrency {self.concurrency} is below --processes {self.processes}")
+        if self.duration is not None and self.duration <= 0:
+            raise ValueError(f"--duration must be > 0 s, got {self.duration}")
+
+
+@dataclass
+class Job:
+    """What one client process does."""
+
+    url: str
+    model: str
+    gens: list  # the dataset as Generations; request i uses gens[i % len(gens)]
+    spec: LoadSpec
+    parameters: dict = field(default_factory=dict)  # Triton request parameters for every request
+    rank: int = 0  # this process's number
+    world: int = 1  # number of processes
+
+
+@dataclass
+class RunOutput:
+    records: list  # (request index, StreamRecord), sorted by index
+    t0: float  # perf_counter() of the start of the measured phase
+    warmup_errors: list  # error strings of failed warm-up requests
+
+
+def _share(total: Optional[int], rank: int, world: int) -> Optional[int]:
+    if total is None:
+        return None
+    return total // world + (1 if rank < total % world else 0)
+
+
+class _Driver:
+    def __init__(self, job: Job):
+        self.job = job
+        spec = job.spec
+        self.concurrency = _share(spec.concurrency, job.rank, job.world)
+        self.rate = spec.request_rate / job.world
+        self.slots = threading.Semaphore(self.concurrency) if self.concurrency else None
+        self.finished: list = []  # StreamRecords of measured requests, in completion order
+        self.measuring = False
+        self.streams = [TritonStream(job.url, on_done=self._on_done) for _ in range(spec.streams)]
+
+    def _on_done(self, rec) -> None:  # receive thread, once per request
+        if self.measuring:
+            self.finished.append(rec)
+        if self.slots is not None:
+            self.slots.release()
+
+    def counts(self, state: list) -> tuple:
+        """(done, output tokens, failed) so far; `state` = [position, tokens, failed] carried between calls."""
+        fin = self.finished
+        n = len(fin)
+        for rec in fin[state[0] : n]:
+            state[1] += rec.output_tokens if rec.output_tokens is not None else len(rec.times)
+            state[2] += 1 if rec.error else 0
+        state[0] = n
+        return n, state[1], state[2]
+
+    def _send_all(self, indices, prefix: str, start_at: float, pace: bool, duration: Optional[float]) -> list:
+        job, spec = self.job, self.job.spec
+        gens, n_gens, model, params = job.gens, len(job.gens), job.model, job.parameters
+        perf, sleep = time.perf_counter, time.sleep
+        gaps = None
+        if pace and math.isfinite(self.rate):
+            import numpy as np
+
+            rng = np.random.default_rng(spec.seed * 1000 + job.rank)
+            shape = spec.burstiness
+            gaps = lambda: rng.gamma(shape, 1.0 / (self.rate * shape))  # noqa: E731
+        records = []
+        next_at = start_at
+        streams, n_streams = self.streams, len(self.streams)
+        for j, idx in enumerate(indices):
+            req = build_request(model, gens[idx % n_gens], f"{prefix}{idx}", params)
+            if gaps is not None:
+                delay = next_at - perf()
+                if delay > 0:
+                    sleep(delay)
+                next_at += gaps()
+            if duration is not None and perf() - start_at >= duration:
+                break
+            if self.slots is not None:
+                self.slots.acquire()
+                if duration is not None and perf() - start_at >= duration:
+                    self.slots.release()
+                    break
+            rec = StreamRecord(req.id)
+            try:
+                streams[j % n_streams].submit(req, rec)
+            except ClientError as exc:  # the stream died (server gone): a failed request, not a crash
+                rec.sent, rec.error = perf(), str(exc)
+                self._on_done(rec)
+                rec.done = True
+            records.append((idx, rec))
+        return records
+
+    def _wait(self, records: list) -> None:
+        """Wait for every record (record j went to stream j % streams); on
+        --timeout, cancel the streams so the rest end as errors."""
+        spec, perf = self.job.spec, time.perf_counter
+        streams, n = self.streams, len(self.streams)
+        deadline = perf() + spec.timeout
+        try:
+            for j, (_, rec) in enumerate(records):
+                streams[j % n].wait(rec, max(0.0, deadline - perf()))
+        except TimeoutError:
+            reason = f"still running {spec.timeout:g} s after the last request was sent (--timeout)"
+            for s in streams:
+                s.cancel(reason)
+            for j, (_, rec) in enumerate(records):
+                streams[j % n].wait(rec, 30.0)
+
+    def warmup(self) -> list:
+        spec, job = self.job.spec, self.job
+        if not spec.warmup:
+            return []
+        indices = range(job.rank, spec.warmup, job.world)
+        records = self._send_all(indices, "warmup-", time.perf_counter(), pace=False, duration=None)
+        self._wait(records)
+        return [rec.error for _, rec in records if rec.error]
+
+    def run(self, start_at: float) -> list:
+        spec, job = self.job.spec, self.job
+        total = spec.num_requests
+        if total is None and spec.duration is None:
+            total = len(job.gens)
+        indices = itertools.count(job.rank, job.world) if total is None else range(job.rank, total, job.world)
+        delay = start_at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        self.measuring = True
+        records = self._send_all(indices, "", start_at, pace=True, duration=spec.duration)
+        self._wait(records)
+        return records
+
+    def close(self) -> None:
+        for s in self.streams:
+            s.close()
+
+
+def run_load(job: Job, progress=None) -> RunOutput:
+    """Run `job.spec` against the server. `progress(read)` builds a progress
+    reporter (see launcher.bench.progress.Progress) from a read() function."""
+    job.spec.check()
+    if job.spec.processes > 1:
+        return _run_processes(job, progress)
+    driver = _Driver(job)
+    try:
+        warm_errors = driver.warmup()
+        state = [0, 0, 0]
+        bar = progress(lambda: driver.counts(state)) if progress else None
+        start_at = time.perf_counter()
+        if bar:
+            bar.start()
+        try:
+            records = driver.run(start_at)
+        finally:
+            if bar:
+                bar.close()
+    finally:
+        driver.close()
+    records.sort(key=lambda x: x[0])
+    return RunOutput(records, start_at, warm_errors)
+
+
+# --------------------------------------------------------------------------- several processes
+
+
+def _worker(job: Job, events, go, start_value, counters) -> None:
+    """Entry point of a client process (spawned)."""
+    driver = None
+    try:
+        driver = _Driver(job)
+        warm_errors = driver.warmup()
+        events.put(("ready", job.rank, None))
+        go.wait()
+        stop = threading.Event()
+        state = [0, 0, 0]
+
+        def publish():
+            base = 3 * job.rank
+            while True:
+                done, tokens, failed = driver.counts(state)
+                counters[base], counters[base + 1], counters[base + 2] = done, tokens, failed
+                if stop.wait(0.2):
+                    return
+
+        pub = threading.Thread(target=publish, daemon=True)
+        pub.start()
+        records = driver.run(start_value.value)
+        stop.set()
+        pub.join()
+        for _, rec in records:
+            rec.on_response = None
+        events.put(("result", job.rank, (records, warm_errors)))
+    except BaseException as exc:
+        events.put(("error", job.rank, f"{exc.__class__.__name__}: {exc}\n{traceback.format_exc()}"))
+    finally:
+        if driver is not None:
+            try:
+                driver.close()
+            except Exception:
+                pass
+
+
+def _run_processes(job: Job, progress) -> RunOutput:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")  # never fork a process that has gRPC threads
+    world = job.spec.processes
+    events = ctx.Queue()
+    go = ctx.Event()
+    start_value = ctx.Value("d", 0.0)
+    counters = ctx.Array("q", 3 * world, lock=False)
+    procs = []
+    for rank in range(world):
+        p = ctx.Process(target=_worker, args=(replace(job, rank=rank, world=world), events, go, start_value, counters),
+                        name=f"llmlaunch-bench-{rank}", daemon=True)
+        p.start()
+        procs.append(p)
+
+    def fail(message):
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        raise ClientError(message)
+
+    def next_event(timeout):
+        import queue as _q
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return events.get(timeout=1.0)
+            except _q.Empty:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead:
+                    fail(f"client process {dead[0].name} died with exit code {dead[0].exitcode}")
+                if time.monotonic() > deadline:
+                    fail("client processes did not report in time")
+
+    ready = 0
+    while ready < world:
+        kind, rank, payload = next_event(300)
+        if kind == "error":
+            fail(f"client process {rank} failed: {payload}")
+        ready += 1
+    start_value.value = time.perf_counter() + 0.05  # everyone starts at the same instant
+    go.set()
+    bar = progress(lambda: tuple(sum(counters[3 * r + k] for r in range(world)) for k in range(3))) if progress else None
+    if bar:
+        bar.start()
+    records, warm_errors, results = [], [], 0
+    try:
+        while results < world:
+            kind, rank, payload = next_event(job.spec.timeout + (job.spec.duration or 0) + 3600)
+            if kind == "error":
+                fail(f"client process {rank} failed: {payload}")
+            recs, werr = payload
+            records.extend(recs)
+            warm_errors.extend(werr)
+            results += 1
+    finally:
+        if bar:
+            bar.close()
+    for p in procs:
+        p.join(10)
+    records.sort(key=lambda x: x[0])
+    return RunOutput(records, start_value.value, warm_errors)
+
+
+def generations(samples, sampling: dict, stream: bool = True, ignore_eos: bool = False) -> list:
+    """Generations for dataset samples: max_tokens = the sample's output length;
+    `ignore_eos` enforces it (ignore_eos and min_length = max_tokens)."""
+    out = []
+    for s in samples:
+        g = Generation(prompt=s.prompt, max_tokens=s.output_len, stream=stream, **sampling)
+        if ignore_eos:
+            g.ignore_eos = True
+            g.min_tokens = s.output_len
+        out.append(g)
+    return out

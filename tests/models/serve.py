@@ -1,0 +1,188 @@
+"""Start a real tritonserver on the fixture models (tests and benchmark/ only).
+
+    repo = make_repository(tmp_path / "repo", {"timed": {"first_token_delay_ms": 50}})
+    with serve(repo) as url:            # "127.0.0.1:PORT" (gRPC)
+        ...
+
+The server comes from the nvidia-pytriton wheel, started as FACTS.md says: a
+private backend directory holding the python backend and the stub for the
+running interpreter, the wheel's libraries and the interpreter's LIBDIR on
+LD_LIBRARY_PATH, the venv's bin first on PATH, a unique shm prefix per server.
+launcher.triton (the project's TritonServer: process group, readiness probe,
+SIGTERM then SIGKILL, shm clean-up) is used when importable; set
+LLMLAUNCH_TEST_OWN_SERVER=1 to use the by-hand start below instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import itertools
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+_counter = itertools.count()
+
+
+def make_repository(dest: Path, models: dict[str, dict], instances: dict[str, int] | None = None) -> Path:
+    """Copy fixture models (names of dirs beside this file) into `dest`,
+    setting their config parameters from `models[name]` and the instance count
+    from `instances[name]`."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name, params in models.items():
+        target = dest / name
+        shutil.copytree(HERE / name, target, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+        config = (target / "config.pbtxt").read_text()
+        for key, value in params.items():
+            value = str(value).lower() if isinstance(value, bool) else str(value)
+            line = f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}'
+            config, n = re.subn(rf'parameters \{{ key: "{key}" .*\n', line + "\n", config)
+            if not n:
+                config += line + "\n"
+        count = (instances or {}).get(name)
+        if count:
+            config = re.sub(r"instance_group \[.*\]", f"instance_group [ {{ count: {count} kind: KIND_CPU }} ]", config)
+        (target / "config.pbtxt").write_text(config)
+    return dest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pytriton_root() -> Path:
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.origin:
+        raise RuntimeError("nvidia-pytriton is not installed in this environment (pip install nvidia-pytriton)")
+    return Path(spec.origin).parent / "tritonserver"
+
+
+def _backend_dir(workdir: Path) -> Path:
+    """A backend directory whose python/ has the wheel's backend plus the stub
+    for this interpreter (the wheel keeps stubs per Python version apart)."""
+    root = _pytriton_root()
+    python_dir = workdir / "backends" / "python"
+    python_dir.mkdir(parents=True, exist_ok=True)
+    for item in (root / "backends" / "python").iterdir():
+        if item.is_file() and not (python_dir / item.name).exists():
+            (python_dir / item.name).symlink_to(item)
+    stub = root / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}" / "triton_python_backend_stub"
+    if not (python_dir / stub.name).exists():
+        shutil.copy2(stub, python_dir / stub.name)
+    return workdir / "backends"
+
+
+def server_env() -> dict:
+    root = _pytriton_root()
+    libs = [str(root.parent.parent / "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR") or ""]
+    env = dict(os.environ)
+    env["LD_LIBRARY_PATH"] = ":".join([p for p in libs if p] + [env.get("LD_LIBRARY_PATH", "")]).rstrip(":")
+    env["PATH"] = str(Path(sys.executable).parent) + ":" + env.get("PATH", "")
+    env.setdefault("PYTHONIOENCODING", "UTF-8")
+    return env
+
+
+def wait_ready(url: str, models, proc: subprocess.Popen | None, timeout: float, log: Path | None = None) -> None:
+    import tritonclient.grpc as grpcclient
+
+    deadline = time.monotonic() + timeout
+    client = grpcclient.InferenceServerClient(url)
+    try:
+        while True:
+            if proc is not None and proc.poll() is not None:
+                tail = log.read_text()[-3000:] if log and log.exists() else ""
+                raise RuntimeError(f"tritonserver exited with {proc.returncode} before READY:\n{tail}")
+            try:
+                if client.is_server_ready() and all(client.is_model_ready(m) for m in models):
+                    return
+            except Exception:
+                pass
+            if time.monotonic() > deadline:
+                tail = log.read_text()[-3000:] if log and log.exists() else ""
+                raise TimeoutError(f"tritonserver not READY after {timeout:.0f} s:\n{tail}")
+            time.sleep(0.1)
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def serve(repo: Path, timeout: float = 60.0, log_verbose: int = 0):
+    """Run tritonserver on `repo`; yield its gRPC address "127.0.0.1:PORT"."""
+    repo = Path(repo)
+    models = sorted(p.name for p in repo.iterdir() if (p / "config.pbtxt").exists())
+    n = next(_counter)
+    workdir = repo.parent / f"{repo.name}.server{n}"
+    workdir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    url = f"127.0.0.1:{port}"
+    log = workdir / "tritonserver.log"
+    prefix = f"llt{os.getpid()}x{n}_"
+    common = [
+        f"--model-repository={repo}",
+        f"--backend-config=python,shm-region-prefix-name={prefix}",
+        f"--grpc-port={port}",
+        "--allow-http=false",
+        "--allow-metrics=false",
+        f"--log-verbose={log_verbose}",
+    ]
+    lt = None
+    if not os.environ.get("LLMLAUNCH_TEST_OWN_SERVER"):
+        try:
+            from launcher import triton as lt
+        except ImportError:
+            lt = None
+    if lt is not None:  # the project's own server handling
+        install = lt.resolve_tritonserver()
+        argv = [install.binary, *common]
+        if install.backend_directory:
+            argv.append(f"--backend-directory={install.backend_directory}")
+        with lt.TritonServer(argv, env=lt.server_env(install), log_path=log, grpc_url=url, model=models[0],
+                             ready_timeout_s=timeout, drain_timeout_s=5, shm_prefix=prefix) as server:
+            wait_ready(url, models, server.proc, timeout, log)
+            yield url
+        return
+    argv = [str(_pytriton_root() / "bin" / "tritonserver"), *common, f"--backend-directory={_backend_dir(workdir)}",
+            "--exit-timeout-secs=5"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, env=server_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=_die_with_parent)
+    try:
+        wait_ready(url, models, proc, timeout, log)
+        yield url
+    finally:
+        _stop(proc)
+
+
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the test process dies, so no server outlives it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+
+
+def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

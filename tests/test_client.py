@@ -1,0 +1,158 @@
+"""launcher.client: request encoding, and the CLI against a real tritonserver
+serving the `timed` fixture model (tests/models/timed)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher import contract
+from launcher.client import Generation, build_inputs, build_request, encode_inputs, parse_url
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def url(tmp_path_factory):
+    if importlib.util.find_spec("pytriton") is None:
+        pytest.skip("needs nvidia-pytriton (tritonserver)")
+    from tests.models.serve import make_repository, serve
+
+    # inter-token gap long enough to see the CLI print tokens one at a time
+    repo = make_repository(tmp_path_factory.mktemp("client") / "repo", {"timed": {"first_token_delay_ms": 5, "inter_token_delay_ms": 60}})
+    with serve(repo) as address:
+        yield address
+
+
+def client(*args, timeout=60, **kw):
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "launcher.client", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=kw.get("cwd", ROOT))
+
+
+# --------------------------------------------------------------------------- unit tests
+
+
+@pytest.mark.parametrize("given, expected", [
+    ("grpc://localhost:8001", "localhost:8001"),
+    ("10.0.0.5:33337", "10.0.0.5:33337"),
+    ("node12", "node12:8001"),
+    ("grpc://[::1]:9001/", "[::1]:9001"),
+])
+def test_parse_url(given, expected):
+    assert parse_url(given) == expected
+
+
+def test_parse_url_rejects_http():
+    with pytest.raises(ValueError, match="grpc://HOST:PORT"):
+        parse_url("http://localhost:8000")
+
+
+def test_inputs_follow_the_contract():
+    gen = Generation("Hello", max_tokens=7, temperature=0.5, top_p=0.9, top_k=40, seed=3, stop=("\n\n", "END"),
+                     min_tokens=2, ignore_eos=True)
+    tensors = {name: (dtype, shape, raw) for name, dtype, shape, raw in encode_inputs(gen)}
+    declared = {t.name: t.dtype for t in contract.INPUTS}
+    assert all(declared[name] == dtype for name, (dtype, _, _) in tensors.items())
+    assert tensors["text_input"] == ("BYTES", [1, 1], struct.pack("<I", 5) + b"Hello")
+    assert tensors["max_tokens"] == ("INT32", [1, 1], struct.pack("<i", 7))
+    assert tensors["random_seed"][2] == struct.pack("<Q", 3) and tensors["stream"][2] == b"\x01"
+    assert tensors["stop_words"][:2] == ("BYTES", [1, 2])
+    assert "repetition_penalty" not in tensors  # unset fields are not sent
+    inputs = {i.name(): i for i in build_inputs(gen)}
+    assert inputs["stop_words"].shape() == [1, 2] and inputs["top_p"].datatype() == "FP32"
+    req = build_request("m", gen, "r1", {"first_token_delay_ms": 5})
+    assert req.model_name == "m" and req.id == "r1" and req.parameters["first_token_delay_ms"].int64_param == 5
+    assert req.parameters["triton_enable_empty_final_response"].bool_param
+
+
+# --------------------------------------------------------------------------- CLI against tritonserver
+
+
+@pytest.mark.triton
+def test_cli_streams_tokens_as_they_arrive(url):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.client", "--url", f"grpc://{url}", "--prompt", "I am going to",
+                             "--max-tokens", "8", "--temperature", "0.7", "--top-p", "0.9", "--top-k", "5", "--seed", "1",
+                             "--stop", "END", "--min-tokens", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    arrivals = []
+    out = b""
+    while True:
+        chunk = proc.stdout.read1(4096)
+        if not chunk:
+            break
+        arrivals.append(time.monotonic())
+        out += chunk
+    assert proc.wait(30) == 0, proc.stderr.read().decode()
+    assert out.decode() == " w0 w1 w2 w3 w4 w5 w6 w7\n"
+    # 8 tokens 60 ms apart come out in several pieces spread over the generation, not at once
+    assert len(arrivals) >= 4 and arrivals[-1] - arrivals[0] > 0.25
+
+
+@pytest.mark.triton
+def test_cli_no_stream_and_verbose(url):
+    r = client("--url", url, "--model", "timed", "--prompt", "a b c", "--max-tokens", "3", "--no-stream", "-v")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == " w0 w1 w2\n"
+    assert "tokens in/out 3/3" in r.stderr and "finish_reason 'length'" in r.stderr
+
+
+@pytest.mark.triton
+def test_cli_server_error_exits_1(url):
+    r = client("--url", url, "--prompt", "please ERROR now", "--max-tokens", "3")
+    assert r.returncode == 1
+    assert "error: model 'timed'" in r.stderr and "injected failure" in r.stderr
+    r = client("--url", url, "--model", "nope", "--prompt", "x")
+    assert r.returncode == 1 and "unknown model" in r.stderr
+
+
+@pytest.mark.triton
+def test_cli_prompts_file_writes_results_in_order(url, tmp_path):
+    prompts = [f"prompt {i} " + "word " * (i % 4) for i in range(12)]
+    (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n\n")
+    r = client("--url", url, "--prompts-file", "prompts.txt", "--output", "results.txt", "--concurrency", "6",
+               "--max-tokens", "2", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "Loading inputs from `prompts.txt`" in r.stderr and "PASS" in r.stderr
+    blocks = (tmp_path / "results.txt").read_text().split("\n\n=========\n\n")
+    assert blocks[-1] == ""
+    assert blocks[:-1] == [p + " w0 w1" for p in prompts]
+
+
+@pytest.mark.triton
+def test_cli_prompts_file_with_failures_exits_1(url, tmp_path):
+    (tmp_path / "prompts.txt").write_text("fine\nan ERROR here\nalso fine\n")
+    r = client("--url", url, "--prompts-file", tmp_path / "prompts.txt", "--output", tmp_path / "out.txt", "--max-tokens", "1")
+    assert r.returncode == 1 and "1 of 3 requests failed" in r.stderr
+    assert "[error: timed: injected failure" in (tmp_path / "out.txt").read_text()
+
+
+@pytest.mark.triton
+def test_library_records_every_response_and_empty_final(url):
+    from launcher.client import generate, generate_many
+
+    rec = generate(url, "timed", Generation("a b c d", max_tokens=4), parameters={"inter_token_delay_ms": 1})
+    assert (rec.text, rec.input_tokens, rec.output_tokens, rec.finish_reason, rec.error) == (" w0 w1 w2 w3", 4, 4, "length", "")
+    assert len(rec.times) == 4 and rec.times == sorted(rec.times) and rec.times[0] > rec.sent
+    # the final flag alone: one more (empty) response; counts come from the last token's response
+    rec = generate(url, "timed", Generation("a b", max_tokens=3), parameters={"inter_token_delay_ms": 1, "separate_final": True})
+    assert len(rec.times) == 4 and rec.chunks[-1] == b"" and len(rec.token_times) == 3
+    assert (rec.output_tokens, rec.finish_reason) == (3, "length")
+    recs = generate_many(url, "timed", [Generation(f"p {i}", max_tokens=2) for i in range(10)] + [Generation("ERROR", 2)],
+                         concurrency=4, parameters={"inter_token_delay_ms": 1})
+    assert [r.request_id for r in recs] == [str(i) for i in range(11)]
+    assert all(r.output_tokens == 2 for r in recs[:10]) and "injected failure" in recs[10].error
+
+
+def test_cli_unreachable_server_exits_1():
+    from tests.models.serve import free_port
+
+    r = client("--url", f"127.0.0.1:{free_port()}", "--prompt", "x")
+    assert r.returncode == 1 and r.stderr.startswith("error: cannot list models")

@@ -1,0 +1,107 @@
+"""llmlaunch-report on synthetic sweep directories (no server needed)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from launcher.bench import metrics, report
+
+
+def _result(concurrency: int, tput_per_req: float, ttft_s: float, failed: int = 0, n: int = 20) -> dict:
+    results = []
+    for i in range(n):
+        t = [ttft_s + 0.01 * k + 0.001 * i for k in range(10)]
+        r = metrics.RequestResult(index=i, prompt_len=16, max_tokens=10, sent=0.0, token_times=t, end=t[-1],
+                                  input_tokens=16, output_tokens=10)
+        if i < failed:
+            r.error = "injected failure"
+        results.append(r)
+    duration = n * 10 / (tput_per_req * concurrency)
+    return {
+        "format": "llmlaunch-bench/1",
+        "config": {"model": "tiny", "load": {"concurrency": concurrency, "request_rate": None}},
+        "metrics": metrics.compute(results, duration),
+        "requests": [r.to_json() for r in results],
+    }
+
+
+def _point(root: Path, name: str, overrides, result=None, failure=None, hydra=False) -> Path:
+    d = root / name
+    (d / ".hydra" if hydra else d).mkdir(parents=True, exist_ok=True)
+    text = "".join(f"- {o}\n" for o in overrides)
+    (d / ".hydra" / "overrides.yaml" if hydra else d / "overrides.yaml").write_text(text)
+    if result is not None:
+        (d / "result.json").write_text(json.dumps(result))
+    if failure is not None:
+        (d / "failure.json").write_text(json.dumps(failure))
+    return d
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    root = tmp_path / "sweep"
+    i = 0
+    for engine, speed in (("hf", 50.0), ("hf_batched", 120.0)):
+        for c in (1, 4, 16, 64):
+            overrides = [f"engine={engine}", f"bench.concurrency={c}", "bench.seed=0"]
+            if engine == "hf" and c == 64:  # failure.json written by the helper, overrides only in it
+                report.write_failure(root / str(i), overrides, "serve",
+                                     "tritonserver exited with status 1 while loading model hf", exit_code=1)
+            else:
+                ttft = 0.02 * (1 + c / 8) if engine == "hf" else 0.01 * (1 + c / 16)
+                _point(root, str(i), overrides, result=_result(c, speed / (1 + c / 32), ttft,
+                                                                 failed=2 if (engine, c) == ("hf_batched", 16) else 0),
+                       hydra=engine == "hf_batched")
+            i += 1
+    return root
+
+
+def test_report_writes_summary_and_plots(sweep, capsys):
+    assert report.main([str(sweep)]) == 0
+    rows = list(csv.DictReader((sweep / "summary.csv").open()))
+    assert len(rows) == 8
+    by = {(r["config"], r["concurrency"]): r for r in rows}
+    assert set(r["config"] for r in rows) == {"engine=hf", "engine=hf_batched"}  # concurrency and seed are not config
+    failed = by[("engine=hf", "64")]
+    assert failed["status"] == "failed" and failed["error"].startswith("serve: tritonserver exited")
+    assert failed["output_throughput"] == "" and failed["point"] == "3"
+    partial = by[("engine=hf_batched", "16")]
+    assert partial["status"] == "errors" and partial["failed"] == "2" and partial["error"] == "injected failure"
+    ok = by[("engine=hf_batched", "4")]
+    assert ok["status"] == "ok" and float(ok["output_throughput"]) > float(by[("engine=hf", "4")]["output_throughput"])
+    assert float(ok["ttft_p99_ms"]) >= float(ok["ttft_p50_ms"]) > 0
+    for name in ("throughput_vs_concurrency.png", "latency_throughput.png"):
+        data = (sweep / name).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    out = capsys.readouterr()
+    assert "engine=hf_batched" in out.out and "8 points (1 failed, 1 with failed requests)" in out.err
+
+
+def test_report_out_dir_and_mapping_overrides(tmp_path):
+    root = tmp_path / "s"
+    d = root / "a"
+    d.mkdir(parents=True)
+    (d / "overrides.yaml").write_text("engine: hf\nbench.request_rate: 5\n")
+    res = _result(8, 40.0, 0.05)
+    res["config"]["load"] = {"concurrency": None, "request_rate": 5}
+    (d / "result.json").write_text(json.dumps(res))
+    out = tmp_path / "out"
+    assert report.main([str(root), "--out", str(out)]) == 0
+    rows = list(csv.DictReader((out / "summary.csv").open()))
+    assert rows[0]["config"] == "engine=hf" and rows[0]["request_rate"] == "5" and rows[0]["concurrency"] == ""
+    assert (out / "latency_throughput.png").exists()
+
+
+def test_report_on_empty_dir_fails(tmp_path, capsys):
+    assert report.main([str(tmp_path)]) == 2
+    assert "no point" in capsys.readouterr().err
+
+
+def test_parse_overrides():
+    assert report.parse_overrides(["a.b=1", "+c=x", "~d"]) == {"a.b": "1", "c": "x", "d": ""}
+    assert report.parse_overrides({"k": 2}) == {"k": "2"}
+    assert report.parse_overrides(None) == {}
