@@ -90,12 +90,27 @@ def default_run_dir(spec) -> str:
     return str((root / spec.job_name / f"{stamp}-{uuid.uuid4().hex[:6]}").absolute())
 
 
+def _is_sweep_point(cfg) -> bool:
+    """A job of `-m` (Hydra multirun) with bench != none. Without a load, -m launches each point as before."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN and cfg.bench.name != "none"
+
+
 def run(cfg) -> int:
     """The Hydra task: validate, then dry run / local serve / Slurm submit."""
     from omegaconf import OmegaConf
 
     from launcher.spec import build_spec
 
+    # Multirun with a load profile (`llmlaunch -m ... bench=<profile>`): this job is one sweep point.
+    # launcher/sweep.py validates it, launches or reuses a server, measures, and records result.json
+    # or failure.json; it never raises, so one bad point does not end the sweep.
+    if _is_sweep_point(cfg):
+        from launcher.sweep import run_point
+
+        return run_point(cfg)
     spec = build_spec(cfg)
     run_dir = cfg.get("run_dir") or default_run_dir(spec)
     if cfg.dry_run:
@@ -134,18 +149,51 @@ def _hydra_entry():
     _main()
 
 
+def usage() -> str:
+    """Our own --help: no Hydra import, so it answers at once (Hydra's is `--hydra-help`)."""
+    groups = "\n".join(f"  {g:<8} {', '.join(available(g))}" for g in GROUPS)
+    return f"""usage: llmlaunch [group=option ...] [key=value ...] [-m]
+
+Compose a cluster, an engine, a model and the parallelism; validate; render a Triton model
+repository and a job; then serve locally (cluster=local) or submit to Slurm.
+
+config groups (defaults first in conf/config.yaml):
+{groups}
+
+common keys:
+  tp=N pp=N nodes=N replicas=N     parallelism (tp a power of two)
+  dry_run=true                     print the plan (config, ranks, files, sbatch, commands); touch nothing
+  serve.grpc_port=P serve.host=H   where rank 0 listens (also serve.http_port, serve.metrics_port)
+  model.path=DIR                   weights (HF folder; trtllm: engine.engine_dir)
+  -m ... bench=<profile>           a sweep (Hydra multirun); llmlaunch-report summarises it
+
+more: llmlaunch --cfg job (the composed config), --hydra-help, README.md, launcher/schema.py
+related: llmlaunch-status JOB, llmlaunch-stop JOB, llmlaunch-bench, llmlaunch-report, llmlaunch-localslurm
+"""
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     from launcher.errors import LaunchError
 
     argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        sys.stdout.write(usage())
+        return
     multirun = any(a in ("-m", "--multirun") for a in argv)
     wants_help = any(a in ("-h", "--help", "--hydra-help", "--info") or a.startswith(("--cfg", "-c")) for a in argv)
     if not wants_help:
         try:
             check_group_choices(argv)
+            overrides = [a for a in argv if not a.startswith("-") and not a.startswith("hydra")]
             if not multirun:
                 # Compose + validate before Hydra runs anything, so a bad value exits 2 with our message.
-                plan([a for a in argv if not a.startswith("-") and not a.startswith("hydra")])
+                plan(overrides)
+            else:
+                # Multirun: only check that each swept value composes (same message, exit 2, nothing run).
+                # Validation is per point (launcher/sweep.py): an invalid point becomes its failure.json.
+                from launcher.sweep import check_sweep
+
+                check_sweep(overrides)
         except LaunchError as e:
             print(e.render(), file=sys.stderr)
             sys.exit(2)
