@@ -1,0 +1,473 @@
+"""The `hf` engine: continuous batching over a HF transformers causal LM, in pure Python (no Triton).
+
+    engine = Engine("/path/to/hf/folder", device="cpu")
+    engine.start()
+    engine.add_request("r1", "Once upon a time", SamplingParams(max_tokens=32), on_output)
+    ...
+    engine.abort("r1")
+    engine.shutdown()
+
+`on_output(Output)` is called from the engine thread once per generated token
+with the new text (possibly empty while a multi-byte character or a possible
+stop string is incomplete); the last call has `finish_reason` set ("length",
+"stop", "cancelled" or "error").  Callbacks must be quick: hand the output to
+another thread (queue.put) and return.
+
+Design
+------
+* One engine thread runs the loop: take new requests and aborts from a queue,
+  admit waiting requests into free cache slots, build a `StepInputs`, let the
+  `HFModelRunner` execute it, then turn the sampled tokens into outputs.
+  Requests join and leave between steps (continuous batching).
+* Scheduler and executor are split: the scheduler only produces `StepInputs`
+  (plain lists) and consumes a list of token ids.  Tensor parallelism slots in
+  there: rank 0 broadcasts `StepInputs`, every rank executes it on its shard.
+* A step = one decode token for every running sequence + at most
+  `max_prefill_tokens` prompt tokens of new sequences (long prompts are
+  chunked over steps), so admitting a long prompt stalls running streams by one
+  bounded chunk, not a whole prefill.
+* Greedy decoding equals `model.generate` (tests check it); sampling is batched
+  (see hf_sampling); text is detokenized incrementally (see hf_detok).
+* `launcher.engines.hf_process.EngineProcess` runs this engine in a child
+  process behind the same API; the Triton model uses it so that sending
+  responses never takes the GIL from the engine loop.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import queue
+import random
+import threading
+import time
+from bisect import insort
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from launcher.engines.hf_detok import StopMatcher, TokenTable
+from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
+from launcher.serving.triton_io import InvalidRequest, SamplingParams
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Engine", "Output", "SamplingParams", "InvalidRequest"]
+
+
+@dataclass
+class Output:
+    request_id: str
+    text: str  # new text since the previous output of this request
+    token_ids: list[int]  # new token ids since the previous output
+    input_tokens: int  # tokens in the prompt
+    output_tokens: int  # tokens generated so far (cumulative)
+    finish_reason: str | None = None  # None while running; "length", "stop", "cancelled" or "error"
+    error: str | None = None  # message when finish_reason == "error"
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class EngineStats:
+    steps: int = 0
+    decode_tokens: int = 0
+    prefill_tokens: int = 0
+    finished: int = 0
+    busy_s: float = 0.0
+
+
+class _Seq:
+    """Scheduler-side state of one request."""
+
+    __slots__ = ("request_id", "prompt_ids", "out_ids", "params", "on_output", "slot", "num_computed",
+                 "decoder", "stopper", "rng", "eos", "max_tokens", "min_tokens", "bad", "penalties",
+                 "prefill_started")
+
+    def __init__(self, request_id, prompt_ids, params: SamplingParams, on_output, decoder, eos, bad):
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.out_ids: list[int] = []
+        self.params = params
+        self.on_output = on_output
+        self.slot = -1
+        self.num_computed = 0  # tokens whose keys/values are in the cache
+        self.decoder = decoder
+        self.stopper = StopMatcher(params.stop) if params.stop else None
+        self.rng = random.Random(params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little"))
+        self.eos = eos  # frozenset of token ids that end the request (empty with ignore_eos)
+        self.max_tokens = params.max_tokens
+        self.min_tokens = params.min_tokens
+        self.bad = bad  # list of token-id sequences that must not be generated
+        self.penalties = (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
+                          or params.frequency_penalty != 0.0)
+        self.prefill_started = False
+
+
+_STOP = object()
+
+
+def prepare_prompt(tokenizer, prompt: str | list[int], params: SamplingParams, max_model_len: int,
+                   vocab_size: int) -> list[int]:
+    """Validate a request and tokenize its prompt; raises InvalidRequest naming the problem and the fix."""
+    params.validate(max_model_len)
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidRequest("the prompt is empty")
+        prompt_ids = tokenizer(prompt, verbose=False).input_ids  # verbose=False: we check the length ourselves
+    else:
+        prompt_ids = [int(t) for t in prompt]
+        if any(not 0 <= t < vocab_size for t in prompt_ids):
+            raise InvalidRequest(f"prompt token ids must be in [0, {vocab_size})")
+    n = len(prompt_ids)
+    if n == 0:
+        raise InvalidRequest("the prompt is empty")
+    if n + params.max_tokens > max_model_len:
+        raise InvalidRequest(
+            f"the prompt ({n} tokens) plus max_tokens ({params.max_tokens}) exceeds the model context of "
+            f"{max_model_len} tokens; shorten the prompt or lower max_tokens")
+    if params.end_id is not None and not 0 <= params.end_id < vocab_size:
+        raise InvalidRequest(f"end_id {params.end_id} is outside the vocabulary [0, {vocab_size})")
+    return prompt_ids
+
+
+class Engine:
+    """Continuous-batching text generation on one device.  Thread-safe API; the work runs on one engine thread."""
+
+    def __init__(self, model_path: str, device: str = "auto", dtype: str = "auto", max_num_seqs: int = 64,
+                 max_model_len: int | None = None, tp: int | None = None, max_prefill_tokens: int = 512,
+                 tokenizer_path: str | None = None, attn_implementation: str = "sdpa",
+                 kv_cache_memory: float | None = None, after_step: Callable[[], None] | None = None,
+                 threads: int | None = None):
+        """
+        model_path: HF-format folder (config, weights, tokenizer unless tokenizer_path is given).
+        device: auto (cuda when available) | cpu | cuda | cuda:N.  dtype: auto | float32 | bfloat16 | float16.
+        max_num_seqs: sequences decoded together (KV cache slots).  max_model_len: context limit
+        (prompt + generated tokens); None = the model's own, capped at 4096.
+        max_prefill_tokens: prompt tokens prefilled per step (long prompts are chunked).
+        attn_implementation: sdpa (torch's fused kernels) | eager (matmul + softmax).
+        kv_cache_memory: bytes the KV cache may use (default: half the RAM on CPU, 85% of free GPU memory).
+        after_step: called on the engine thread after each step's outputs were delivered (batching hook).
+        threads: torch intra-op threads of the engine thread (default: torch's default, one per core).
+        """
+        if tp not in (None, 0, 1):
+            raise NotImplementedError("tensor parallelism is not implemented in the hf engine yet (tp must be 1)")
+        from transformers import AutoTokenizer, GenerationConfig
+
+        self.model_path = str(model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or self.model_path)
+        self.runner = HFModelRunner(self.model_path, device=device, dtype=dtype, max_num_seqs=max_num_seqs,
+                                    max_model_len=max_model_len, attn_implementation=attn_implementation,
+                                    kv_cache_memory=kv_cache_memory)
+        self.max_model_len = self.runner.max_model_len
+        self.max_num_seqs = self.runner.max_num_seqs
+        self.device = str(self.runner.device)
+        self.dtype = str(self.runner.dtype).replace("torch.", "")
+        self.max_prefill_tokens = max(1, int(max_prefill_tokens))
+        self.vocab_size = self.runner.vocab_size
+        eos: set[int] = set()
+        try:
+            gen_eos = GenerationConfig.from_pretrained(self.model_path).eos_token_id
+        except OSError:
+            gen_eos = None
+        for value in (gen_eos, self.runner.config.eos_token_id, self.tokenizer.eos_token_id):
+            if isinstance(value, int):
+                eos.add(value)
+            elif value:
+                eos.update(int(v) for v in value)
+        self.eos_token_ids = frozenset(eos)
+        self._table = TokenTable(self.tokenizer)
+
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._active: set[str] = set()  # request ids accepted and not finished (guarded by _lock)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.stats = EngineStats()
+        self._after_step = after_step
+        self._threads = int(threads) if threads else None
+        # scheduler state (engine thread only)
+        self._waiting: deque[_Seq] = deque()
+        self._prefilling: list[_Seq] = []
+        self._decoding: list[tuple[int, _Seq]] = []  # (slot, seq), sorted by slot
+        self._by_id: dict[str, _Seq] = {}
+        self._step_prefill: list = []
+        self._free = list(range(self.max_num_seqs))
+        heapq.heapify(self._free)
+
+    # -- public API ----------------------------------------------------------------------------------------
+    def start(self) -> "Engine":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="hf-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    on_output: Callable[[Output], None]) -> int:
+        """Queue a request; returns its prompt token count.  Raises InvalidRequest for bad input (nothing queued)."""
+        if self._thread is None or not self._thread.is_alive():
+            raise RuntimeError(f"the hf engine is not running{f': {self._error}' if self._error else ''}")
+        prompt_ids = prepare_prompt(self.tokenizer, prompt, params, self.max_model_len, self.vocab_size)
+        eos = frozenset() if params.ignore_eos else (
+            frozenset((params.end_id,)) if params.end_id is not None else self.eos_token_ids)
+        bad = self._bad_word_ids(params.bad_words) if params.bad_words else []
+        seq = _Seq(request_id, prompt_ids, params, on_output, self._table.decoder(prompt_ids), eos, bad)
+        with self._lock:
+            if request_id in self._active:
+                raise InvalidRequest(f"request id {request_id!r} is already running")
+            self._active.add(request_id)
+        self._inbox.put(seq)
+        return len(prompt_ids)
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request: within one step it gets a final output with finish_reason 'cancelled'."""
+        self._inbox.put(("abort", request_id))
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        if self._thread is not None:
+            self._inbox.put(_STOP)
+            self._thread.join(timeout)
+            self._thread = None
+
+    def generate(self, prompt: str | list[int], params: SamplingParams, timeout: float | None = None) -> Output:
+        """Blocking convenience: the whole completion as one Output (text and token_ids accumulated)."""
+        done = threading.Event()
+        parts: list[Output] = []
+        request_id = f"generate-{id(done)}"
+
+        def collect(out: Output) -> None:
+            parts.append(out)
+            if out.finished:
+                done.set()
+
+        self.add_request(request_id, prompt, params, collect)
+        if not done.wait(timeout):
+            self.abort(request_id)
+            done.wait()
+        last = parts[-1]
+        return Output(request_id, "".join(p.text for p in parts), [t for p in parts for t in p.token_ids],
+                      last.input_tokens, last.output_tokens, last.finish_reason, last.error)
+
+    @property
+    def num_running(self) -> int:
+        with self._lock:
+            return len(self._active)
+
+    # -- engine thread -------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        if self._threads:
+            import torch
+
+            torch.set_num_threads(self._threads)
+        after_step = self._after_step or (lambda: None)
+        try:
+            while True:
+                idle = not (self._waiting or self._prefilling or self._decoding)
+                if not self._drain(block=idle):
+                    break
+                if self._waiting or self._prefilling or self._decoding:
+                    self._step()
+                after_step()  # also after aborts of waiting requests, which end without a step
+        except BaseException as exc:  # keep the reason for add_request's error message
+            self._error = exc
+            log.exception("hf engine loop died")
+            self._fail_all(f"engine failure: {exc!r}")
+            raise
+        finally:
+            self._fail_all("engine shut down", reason="cancelled")
+            after_step()
+
+    def _drain(self, block: bool) -> bool:
+        """Apply queued requests/aborts; False when asked to stop."""
+        inbox = self._inbox
+        try:
+            item = inbox.get() if block else inbox.get_nowait()
+        except queue.Empty:
+            return True
+        while True:
+            if item is _STOP:
+                return False
+            if isinstance(item, _Seq):
+                self._by_id[item.request_id] = item
+                self._waiting.append(item)
+            else:
+                self._abort(item[1])
+            try:
+                item = inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _abort(self, request_id: str) -> None:
+        seq = self._by_id.get(request_id)
+        if seq is None:
+            return
+        if seq.slot < 0:
+            self._waiting.remove(seq)
+        self._finish(seq, "cancelled", "", [])
+
+    def _step(self) -> None:
+        step, rows = self._schedule()
+        t0 = time.perf_counter()
+        try:
+            tokens = self.runner.execute(step)
+        except Exception as exc:  # a failed step fails the requests in it, not the engine
+            log.exception("hf engine step failed")
+            for seq in rows + [s for s, _ in self._step_prefill]:
+                self._finish(seq, "error", "", [], error=f"generation failed: {exc!r}")
+            return
+        self.stats.busy_s += time.perf_counter() - t0
+        self.stats.steps += 1
+        self.stats.decode_tokens += len(step.decode_tokens)
+        self.stats.prefill_tokens += len(step.prefill_tokens)
+        # chunks that do not sample only advance their sequence
+        for seq, length in self._step_prefill:
+            seq.num_computed += length
+        for seq, tok in zip(rows, tokens):
+            self._on_token(seq, tok)
+
+    def _schedule(self) -> tuple[StepInputs, list[_Seq]]:
+        # admit waiting requests into free slots (lowest slot first keeps the decode batch rows compact)
+        while self._waiting and self._free:
+            seq = self._waiting.popleft()
+            seq.slot = heapq.heappop(self._free)
+            self._prefilling.append(seq)
+
+        decoding = [s for _, s in self._decoding]
+        rows = list(decoding)
+        decode_slots = [s.slot for s in decoding]
+        decode_tokens = [s.out_ids[-1] for s in decoding]
+        decode_positions = [s.num_computed for s in decoding]
+        for s in decoding:
+            s.num_computed += 1  # the fed token is cached by this step
+
+        chunks: list[PrefillChunk] = []
+        prefill_tokens: list[int] = []
+        penalty_resets = []
+        self._step_prefill = []  # (seq, length) of chunks that do not end their prompt
+        budget = self.max_prefill_tokens
+        for seq in self._prefilling:
+            if budget <= 0:
+                break
+            start = seq.num_computed
+            length = min(len(seq.prompt_ids) - start, budget)
+            budget -= length
+            last = start + length == len(seq.prompt_ids)
+            chunks.append(PrefillChunk(seq.slot, start, length, last))
+            prefill_tokens.extend(seq.prompt_ids[start:start + length])
+            if not seq.prefill_started:
+                seq.prefill_started = True
+                if seq.penalties:
+                    penalty_resets.append((seq.slot, seq.prompt_ids))
+            if last:
+                rows.append(seq)
+                seq.num_computed = start + length
+            else:
+                self._step_prefill.append((seq, length))
+
+        step = StepInputs(decode_slots, decode_tokens, decode_positions, chunks, prefill_tokens,
+                          self._sampling_rows(rows), penalty_resets)
+        return step, rows
+
+    def _sampling_rows(self, rows: list[_Seq]) -> SamplingRows:
+        sr = SamplingRows()
+        sampled = [s for s in rows if s.params.temperature > 0]
+        penal = any(s.penalties for s in rows)
+        if sampled or penal:
+            sr.slots = [s.slot for s in rows]
+            sr.temperature = [s.params.temperature for s in rows]
+        if sampled:
+            sr.any_sampling = True
+            sr.any_top = any(s.params.top_k > 0 or s.params.top_p < 1.0 for s in sampled)
+            sr.top_k = [s.params.top_k for s in rows]
+            sr.top_p = [s.params.top_p for s in rows]
+            sr.uniform = [1.0 - s.rng.random() if s.params.temperature > 0 else 1.0 for s in rows]
+        if penal:
+            sr.any_penalty = True
+            sr.repetition_penalty = [s.params.repetition_penalty for s in rows]
+            sr.presence_penalty = [s.params.presence_penalty for s in rows]
+            sr.frequency_penalty = [s.params.frequency_penalty for s in rows]
+        for i, s in enumerate(rows):
+            n = len(s.out_ids)
+            if n < s.min_tokens and s.eos:
+                sr.banned.extend((i, t) for t in s.eos)
+            if s.bad:
+                for word in s.bad:
+                    if len(word) == 1 or s.out_ids[-(len(word) - 1):] == word[:-1]:
+                        sr.banned.append((i, word[-1]))
+        return sr
+
+    def _on_token(self, seq: _Seq, tok: int) -> None:
+        if seq.slot < 0:  # finished during this step (cannot happen today; defensive)
+            return
+        if not seq.out_ids:
+            # first token: the sequence moves from prefill to decode
+            self._prefilling.remove(seq)
+            insort(self._decoding, (seq.slot, seq), key=lambda x: x[0])
+        seq.out_ids.append(tok)
+        n = len(seq.out_ids)
+        finish = None
+        if tok in seq.eos and n > seq.min_tokens - 1:
+            finish = "stop"
+            text = ""
+        else:
+            text = seq.decoder.push(tok)
+        if seq.stopper is not None and finish is None:
+            text, hit = seq.stopper.push(text, can_stop=n >= seq.min_tokens)
+            if hit:
+                finish = "stop"
+                self._finish(seq, finish, text, [tok])
+                return
+        if finish is None and n >= seq.max_tokens:
+            finish = "length"
+        if finish is not None:
+            tail = seq.decoder.flush()
+            if seq.stopper is not None:
+                more, hit = seq.stopper.push(tail, can_stop=True)
+                text += more if hit else more + seq.stopper.flush()
+            else:
+                text += tail
+            self._finish(seq, finish, text, [tok])
+            return
+        self._emit(seq, Output(seq.request_id, text, [tok], len(seq.prompt_ids), n))
+
+    def _emit(self, seq: _Seq, out: Output) -> None:
+        try:
+            seq.on_output(out)
+        except Exception:
+            log.exception("on_output callback of request %s failed; cancelling it", seq.request_id)
+            if not out.finished:
+                self._finish(seq, "cancelled", "", [])
+
+    def _finish(self, seq: _Seq, reason: str, text: str, token_ids: list[int], error: str | None = None) -> None:
+        if self._by_id.pop(seq.request_id, None) is None:
+            return
+        if seq.slot >= 0:
+            if seq.out_ids:
+                self._decoding.remove((seq.slot, seq))
+            elif seq in self._prefilling:
+                self._prefilling.remove(seq)
+            heapq.heappush(self._free, seq.slot)
+            seq.slot = -1
+        with self._lock:
+            self._active.discard(seq.request_id)
+        self.stats.finished += 1
+        self._emit(seq, Output(seq.request_id, text, token_ids, len(seq.prompt_ids), len(seq.out_ids), reason,
+                               error))
+
+    def _fail_all(self, message: str, reason: str = "error") -> None:
+        for seq in list(self._by_id.values()):
+            if seq in self._waiting:
+                self._waiting.remove(seq)
+            self._finish(seq, reason, "", [], error=message if reason == "error" else None)
+
+    def _bad_word_ids(self, words) -> list[list[int]]:
+        out = []
+        for word in words:
+            for variant in (word, " " + word):
+                ids = self.tokenizer(variant, add_special_tokens=False).input_ids
+                if ids and ids not in out:
+                    out.append(ids)
+        return out

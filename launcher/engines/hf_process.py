@@ -1,0 +1,283 @@
+"""The `hf` engine in its own process, behind the same API as `Engine`.
+
+Why: inside a Triton python model the engine thread shares one GIL with the
+thread that builds and sends responses.  Every response costs tens of
+microseconds of Python (numpy arrays, pb_utils tensors) plus GIL hand-offs, and
+at 32-64 streams that is thousands of responses per second taken straight out
+of the engine loop (measured on CPU: -25% tokens/s at 32 streams).  With the
+engine in a child process, its loop runs exactly as in-process; the parent
+only checks the sampling parameters and turns outputs into responses.  The
+parent imports neither torch nor transformers: tokenization happens in the
+child, and a prompt that is too long comes back as an output with
+finish_reason "error" instead of an exception from `add_request`.
+
+Protocol (pickled tuples over one socketpair, `multiprocessing.connection` framing):
+  parent -> child: ("add", rid, prompt_ids, SamplingParams) | ("abort", rid) | ("stop",)
+  child -> parent: ("ready", info dict) | ("error", message) once, then one list of
+                   (rid, text, token_ids, input_tokens, output_tokens, finish_reason, error) per engine step.
+The child exits when the parent's end closes (parent died), so no orphan
+keeps a GPU.
+
+Environment: the child inherits the parent's, except that `LLMLAUNCH_ENGINE_PYTHONPATH`,
+when set, replaces PYTHONPATH for the child.  Triton's python stub (2.51) needs
+numpy < 2 while current CUDA builds of torch ship with numpy 2: the stub's
+environment can then put numpy 1.x first on PYTHONPATH and the engine keep its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable
+
+from launcher.serving.triton_io import InvalidRequest, SamplingParams  # pure Python: no torch in the parent
+
+log = logging.getLogger(__name__)
+
+
+def _python() -> str:
+    """An interpreter of this environment (inside the Triton stub, sys.executable is the stub binary)."""
+    exe = sys.executable or ""
+    if os.path.basename(exe).startswith("python"):
+        return exe
+    for name in (f"python{sys.version_info.major}.{sys.version_info.minor}", "python3", "python"):
+        cand = os.path.join(sys.exec_prefix, "bin", name)
+        if os.access(cand, os.X_OK):
+            return cand
+    raise RuntimeError(f"cannot find a python interpreter for the engine process under {sys.exec_prefix}/bin")
+
+
+class EngineProcess:
+    """`Engine` API (start, add_request, abort, shutdown, max_model_len) with the engine in a child process."""
+
+    def __init__(self, model_path: str, tokenizer_path: str | None = None, startup_timeout: float = 900.0,
+                 on_batch: Callable | None = None, **engine_kwargs):
+        """engine_kwargs go to `Engine` in the child.  `on_batch(list[Output])`, if given, receives the outputs
+        of each engine step (and of any steps that queued up meanwhile) in one call on the receive thread,
+        instead of one `on_output` call per output."""
+        self.model_path = str(model_path)
+        self._kwargs = dict(engine_kwargs, tokenizer_path=tokenizer_path)
+        self._timeout = startup_timeout
+        self._on_batch = on_batch
+        self._callbacks: dict[str, Callable] = {}
+        self._send_lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._conn = None
+        self._dead: str = ""
+        self.info: dict = {}
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+    def start(self) -> "EngineProcess":
+        from multiprocessing.connection import Connection
+
+        parent, child = socket.socketpair()
+        env = dict(os.environ)
+        if env.get("LLMLAUNCH_ENGINE_PYTHONPATH"):
+            env["PYTHONPATH"] = env["LLMLAUNCH_ENGINE_PYTHONPATH"]
+        self._proc = subprocess.Popen(
+            [_python(), "-m", "launcher.engines.hf_process", str(child.fileno())],
+            pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)
+        child.close()
+        self._conn = Connection(parent.detach())
+        self._conn.send(("init", self.model_path, self._kwargs))
+        if not self._conn.poll(self._timeout):
+            self._kill()
+            raise RuntimeError(f"the hf engine process did not start within {self._timeout:.0f} s")
+        try:
+            kind, payload = self._conn.recv()
+        except EOFError:
+            code = self._proc.wait()
+            raise RuntimeError(f"the hf engine process exited with status {code} while starting "
+                               f"(its error is in the server log)") from None
+        if kind != "ready":
+            self._kill()
+            raise RuntimeError(f"the hf engine process failed to start: {payload}")
+        self.info = payload
+        self.max_model_len = payload["max_model_len"]
+        self.max_num_seqs = payload["max_num_seqs"]
+        self.vocab_size = payload["vocab_size"]
+        self.device, self.dtype = payload["device"], payload["dtype"]
+        self._rx = threading.Thread(target=self._receive, name="hf-engine-rx", daemon=True)
+        self._rx.start()
+        return self
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        if self._proc is None:
+            return
+        try:
+            self._send(("stop",))
+        except OSError:
+            pass
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._kill()
+        self._rx.join(timeout=5)
+        self._proc = None
+
+    def _kill(self) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            self._proc.kill()
+            self._proc.wait()
+
+    # -- requests ------------------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    on_output: Callable) -> None:
+        """Check the parameters here (InvalidRequest at once), then queue in the engine process.
+
+        Problems only the tokenizer can see (prompt longer than the context) come back as an output with
+        finish_reason "error"; the prompt's token count comes with every output."""
+        if self._dead:
+            raise RuntimeError(self._dead)
+        params.validate(self.max_model_len)
+        if not prompt:
+            raise InvalidRequest("the prompt is empty")
+        if request_id in self._callbacks:
+            raise InvalidRequest(f"request id {request_id!r} is already running")
+        self._callbacks[request_id] = on_output
+        try:
+            self._send(("add", request_id, prompt, params))
+        except OSError as exc:
+            self._callbacks.pop(request_id, None)
+            raise RuntimeError(f"the hf engine process is gone: {exc}") from None
+
+    def abort(self, request_id: str) -> None:
+        try:
+            self._send(("abort", request_id))
+        except OSError:
+            pass
+
+    def _send(self, msg) -> None:
+        with self._send_lock:
+            self._conn.send(msg)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._callbacks)
+
+    def _receive(self) -> None:
+        from launcher.engines.hf_engine import Output
+
+        conn, callbacks, on_batch = self._conn, self._callbacks, self._on_batch
+        try:
+            while True:
+                batch = conn.recv()
+                while conn.poll():  # steps that finished while we were busy: handle them together
+                    batch.extend(conn.recv())
+                outs = []
+                for item in batch:
+                    rid, reason = item[0], item[5]
+                    cb = callbacks.get(rid)
+                    if cb is None:
+                        continue
+                    if reason is not None:
+                        del callbacks[rid]
+                    out = Output(*item)
+                    if on_batch is not None:
+                        outs.append(out)
+                        continue
+                    try:
+                        cb(out)
+                    except Exception:
+                        log.exception("on_output callback of request %s failed", rid)
+                if outs:
+                    on_batch(outs)
+        except (EOFError, OSError):
+            pass
+        code = self._proc.poll() if self._proc is not None else None
+        self._dead = f"the hf engine process exited (status {code})"
+        dead = [Output(rid, "", [], 0, 0, "error", self._dead) for rid in list(callbacks)]
+        for out in dead:
+            cb = callbacks.pop(out.request_id, None)
+            try:
+                if on_batch is None:
+                    cb(out)
+            except Exception:
+                pass
+        if on_batch is not None and dead:
+            on_batch(dead)
+
+
+# ------------------------------------------------------------------------------------------------ child
+def _child(fd: int) -> int:
+    from multiprocessing.connection import Connection
+
+    conn = Connection(fd)
+    _, model_path, kwargs = conn.recv()
+    try:
+        from launcher.engines.hf_engine import Engine
+
+        # Outputs are merged per request and sent in one message after a step; with `output_interval` (seconds)
+        # only when that long has passed since the last message, or at once when a request produced its first
+        # token or finished.  Fewer messages and responses leave the CPU to the engine.
+        interval = float(kwargs.pop("output_interval", 0.0) or 0.0)
+        pending: dict = {}
+        lock = threading.Lock()
+        state = {"urgent": False, "last": 0.0}
+
+        def on_output(out) -> None:
+            prev = pending.get(out.request_id)
+            if prev is None:
+                pending[out.request_id] = [out.request_id, out.text, list(out.token_ids), out.input_tokens,
+                                           out.output_tokens, out.finish_reason, out.error]
+            else:
+                prev[1] += out.text
+                prev[2].extend(out.token_ids)
+                prev[3:] = out.input_tokens, out.output_tokens, out.finish_reason, out.error
+            if out.finish_reason is not None or out.output_tokens <= 1:
+                state["urgent"] = True
+
+        def flush() -> None:  # called by the engine after each loop iteration
+            if not pending:
+                return
+            now = time.monotonic()
+            if not state["urgent"] and now - state["last"] < interval:
+                return
+            batch = [tuple(v) for v in pending.values()]
+            pending.clear()
+            state["urgent"], state["last"] = False, now
+            with lock:
+                conn.send(batch)
+
+        engine = Engine(model_path, after_step=flush, **kwargs).start()
+    except Exception as exc:  # report, then exit: the parent raises with this message
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        return 1
+    conn.send(("ready", {"max_model_len": engine.max_model_len, "max_num_seqs": engine.max_num_seqs,
+                         "vocab_size": engine.vocab_size, "device": str(engine.runner.device),
+                         "dtype": str(engine.runner.dtype).replace("torch.", ""), "pid": os.getpid()}))
+    try:
+        while True:
+            msg = conn.recv()
+            kind = msg[0]
+            if kind == "add":
+                _, rid, prompt, params = msg
+                try:
+                    engine.add_request(rid, prompt, params, on_output)
+                except Exception as exc:  # InvalidRequest (prompt too long, ...): that request's error
+                    with lock:
+                        conn.send([(rid, "", [], 0, 0, "error", str(exc))])
+            elif kind == "abort":
+                engine.abort(msg[1])
+            elif kind == "stop":
+                break
+    except (EOFError, OSError):  # the parent is gone
+        pass
+    finally:
+        try:
+            engine.shutdown()  # running requests end 'cancelled'; the engine flushes them
+        except OSError:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    code = _child(int(sys.argv[1]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # skip interpreter teardown (seconds with torch loaded): nothing is left to clean up

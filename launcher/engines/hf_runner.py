@@ -1,0 +1,339 @@
+"""The model side of the `hf` engine: run one scheduled step of a HF transformers model.
+
+The scheduler (hf_engine.py) decides *what* runs in a step and describes it as a
+`StepInputs` of plain Python lists; `HFModelRunner.execute(step)` runs it and
+returns the sampled token per output row.  `StepInputs` holds no tensors and no
+references to requests, so a tensor-parallel leader can broadcast it to worker
+ranks that hold the same shard (`torch.distributed.broadcast_object_list`) and
+every rank calls `execute` on the same object.
+
+How a step runs
+---------------
+All tokens of a step are packed into one row (`input_ids` of shape [1, T]):
+first one token per decoding sequence, then prompt chunks of sequences in
+prefill.  The model's linear layers therefore never see padding.  Attention is
+ours, registered with transformers' `AttentionInterface` (so any decoder whose
+attention modules call the attention interface works, not only Llama): per
+layer it writes the new keys/values into a preallocated cache `[max_num_seqs,
+kv_heads, max_model_len, head_dim]` (one slot per running sequence, per-slot
+lengths) with one `index_copy_`, then runs
+
+* one batched SDPA for all decode tokens over `cache[:rows, :, :len]` (a
+  strided view, no copy) with a per-row additive length mask, GQA handled by
+  folding query heads onto their kv head (no `repeat_kv` copy);
+* one SDPA per prefill chunk (causal; against the cache when the chunk
+  continues an earlier one).
+
+Everything that depends on the step but not on the layer (index tensors, masks)
+is built once per step.  The only device->host sync is reading the sampled
+tokens at the end.  Sliding-window models are served with max_model_len capped
+at the window, where full attention is the same thing.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+log = logging.getLogger(__name__)
+
+ATTN_NAME = "llmlaunch_slots"  # name of our attention function in transformers' AttentionInterface
+
+
+@dataclass
+class PrefillChunk:
+    slot: int  # cache slot of the sequence
+    start: int  # position of the first token of the chunk (tokens before it are already cached)
+    length: int  # tokens in the chunk
+    sample: bool  # the chunk ends the prompt: compute logits of its last token and sample
+
+
+@dataclass
+class SamplingRows:
+    """Per output row sampling settings (rows are: decode sequences in order, then prefill chunks with sample=True)."""
+
+    slots: list[int] = field(default_factory=list)  # cache slot of each row (indexes per-slot penalty state)
+    temperature: list[float] = field(default_factory=list)  # 0 = greedy
+    top_k: list[int] = field(default_factory=list)  # 0 = off
+    top_p: list[float] = field(default_factory=list)  # 1.0 = off
+    uniform: list[float] = field(default_factory=list)  # one U(0,1] draw per row from the request's own RNG
+    repetition_penalty: list[float] = field(default_factory=list)  # 1.0 = off
+    presence_penalty: list[float] = field(default_factory=list)  # 0.0 = off
+    frequency_penalty: list[float] = field(default_factory=list)  # 0.0 = off
+    banned: list[tuple[int, int]] = field(default_factory=list)  # (row, token) pairs forced to -inf (min_length, bad words)
+    any_sampling: bool = False  # some row has temperature > 0
+    any_top: bool = False  # some row uses top_k or top_p
+    any_penalty: bool = False  # some row uses a penalty
+
+
+@dataclass
+class StepInputs:
+    """Everything one step needs, as plain data (broadcastable to tensor-parallel workers)."""
+
+    decode_slots: list[int]  # slot of each decode token (one per decoding sequence)
+    decode_tokens: list[int]  # the token fed for each decode sequence
+    decode_positions: list[int]  # its position (= tokens already cached for that slot)
+    prefill: list[PrefillChunk]  # prompt chunks, in token order after the decode tokens
+    prefill_tokens: list[int]  # the prompt tokens of all chunks, concatenated
+    sampling: SamplingRows
+    # Penalty bookkeeping: slots (re)starting a request that uses penalties, with the prompt tokens to count.
+    penalty_resets: list[tuple[int, list[int]]] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decode_tokens) + len(self.prefill_tokens)
+
+
+class _StepContext:
+    """Per-step tensors shared by every layer's attention call."""
+
+    __slots__ = ("flat_idx", "n_dec", "dec_rows", "dec_len", "dec_mask", "dec_scatter", "chunks", "eager")
+
+
+_tls = threading.local()
+
+
+def _sdpa(q, k, v, mask=None, causal=False, scale=None, eager=False, gqa=False):
+    """softmax(q k^T * scale + mask) v; `eager` uses plain matmuls.  `gqa`: k/v have fewer heads than q."""
+    import torch
+    import torch.nn.functional as F
+
+    if not eager:
+        if gqa:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
+                                                  enable_gqa=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+    if gqa:
+        rep = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if causal:
+        n = q.shape[-2]
+        mask = torch.ones(n, k.shape[-2], dtype=torch.bool, device=q.device).tril_(k.shape[-2] - n)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    return torch.matmul(scores.softmax(dim=-1), v)
+
+
+def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Our transformers attention function: cache write + slot attention.  Shapes: query [1, H, T, D], key/value [1, KVH, T, D]."""
+    ctx: _StepContext = _tls.ctx
+    k_cache, v_cache = _tls.cache[module.layer_idx]
+    _, n_heads, n_tok, head_dim = query.shape
+    n_kv = key.shape[1]
+    rep = n_heads // n_kv
+    eager = ctx.eager
+    # 1. write this step's keys/values at (slot, head, position): one index_copy_ into the flattened cache
+    k_cache.view(-1, head_dim).index_copy_(0, ctx.flat_idx, key[0].transpose(0, 1).reshape(-1, head_dim))
+    v_cache.view(-1, head_dim).index_copy_(0, ctx.flat_idx, value[0].transpose(0, 1).reshape(-1, head_dim))
+
+    out = query.new_empty(n_tok, n_heads, head_dim) if ctx.chunks else None
+    n_dec = ctx.n_dec
+    if n_dec:
+        # 2. decode tokens, batched: [n_dec, H, D] -> [n_dec, KVH, rep, D], query heads grouped on their kv head
+        q = query[0, :, :n_dec].transpose(0, 1).reshape(n_dec, n_kv, rep, head_dim)
+        rows, length = ctx.dec_rows, ctx.dec_len
+        if ctx.dec_scatter is not None:  # decode slots are not 0..n_dec-1: place queries on their slot rows
+            q_rows = q.new_zeros(rows, n_kv, rep, head_dim)
+            q_rows[ctx.dec_scatter] = q
+            q = q_rows
+        o = _sdpa(q, k_cache[:rows, :, :length], v_cache[:rows, :, :length], ctx.dec_mask, scale=scaling,
+                  eager=eager)
+        if ctx.dec_scatter is not None:
+            o = o[ctx.dec_scatter]
+        dec_out = o.reshape(n_dec, n_heads, head_dim)
+        if out is None:
+            return dec_out.unsqueeze(0), None
+        out[:n_dec] = dec_out
+    # 3. prompt chunks, one attention each
+    offset = n_dec
+    for slot, start, length, mask in ctx.chunks:
+        q = query[:, :, offset:offset + length]
+        if mask is None:  # first chunk of a prompt: attend to its own keys, plain causal
+            k = key[:, :, offset:offset + length]
+            v = value[:, :, offset:offset + length]
+        else:  # continuation chunk: attend to the cached prefix and itself
+            k = k_cache[slot:slot + 1, :, :start + length]
+            v = v_cache[slot:slot + 1, :, :start + length]
+        o = _sdpa(q, k, v, mask, causal=mask is None, scale=scaling, eager=eager, gqa=rep > 1)
+        out[offset:offset + length] = o[0].transpose(0, 1)
+        offset += length
+    return out.unsqueeze(0), None
+
+
+def _register_attention() -> None:
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, _attention)
+
+
+def resolve_dtype(dtype: str, device_type: str, config):
+    """auto: float32 on CPU, else the checkpoint's half type (bfloat16 when it says float32)."""
+    import torch
+
+    if dtype in (None, "", "auto"):
+        if device_type == "cpu":
+            return torch.float32  # bf16 matmuls are slow on most CPUs
+        cfg = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        if isinstance(cfg, str):
+            cfg = getattr(torch, cfg, None)
+        return cfg if cfg in (torch.float16, torch.bfloat16) else torch.bfloat16
+    names = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
+    value = getattr(torch, names.get(dtype, dtype), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"dtype {dtype!r} is not one of auto, float32, float16, bfloat16")
+    return value
+
+
+class HFModelRunner:
+    """Owns the model and the slot KV cache; `execute(StepInputs)` -> sampled token per output row."""
+
+    def __init__(self, model_path: str, device: str = "auto", dtype: str = "auto", max_num_seqs: int = 64,
+                 max_model_len: int | None = None, attn_implementation: str = "sdpa",
+                 kv_cache_memory: float | None = None):
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from launcher.engines.hf_sampling import Sampler
+
+        _register_attention()
+        if attn_implementation not in ("sdpa", "eager"):
+            raise ValueError(f"attn_implementation {attn_implementation!r} is not one of sdpa, eager")
+        self.eager = attn_implementation == "eager"
+        if device in (None, "", "auto"):
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        config = AutoConfig.from_pretrained(model_path)
+        self.dtype = resolve_dtype(dtype, self.device.type, config)
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype, attn_implementation="sdpa")
+        # switch every (sub)config to our attention after loading: loading validates the name against the
+        # built-in list in some transformers versions, the forward only looks it up in AttentionInterface.
+        for cfg in (model.config, getattr(model.config, "text_config", None)):
+            if cfg is not None:
+                cfg._attn_implementation = ATTN_NAME
+        self.model = model.to(self.device).eval()
+        self.config = model.config
+        text_cfg = getattr(self.config, "text_config", None) or self.config
+        self.num_layers = text_cfg.num_hidden_layers
+        self.num_kv_heads = getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads
+        self.head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
+        self.vocab_size = text_cfg.vocab_size
+        limit = getattr(text_cfg, "max_position_embeddings", None) or 2048
+        # Sliding-window layers attend to the last `window` tokens only; our attention is full, which is the same
+        # thing as long as no sequence is longer than the window.
+        window = getattr(text_cfg, "sliding_window", None)
+        if window and (getattr(text_cfg, "use_sliding_window", True) or getattr(text_cfg, "layer_types", None)):
+            limit = min(limit, int(window))
+        self.max_model_len = int(max_model_len) if max_model_len else min(limit, 4096)
+        if self.max_model_len > limit:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's context of {limit} tokens")
+        self.max_num_seqs = int(max_num_seqs)
+        if self.max_num_seqs < 1:
+            raise ValueError("max_num_seqs must be >= 1")
+        self._allocate_cache(kv_cache_memory)
+        self.sampler = Sampler(self.max_num_seqs, self.vocab_size, self.device)
+        self._layer_idx_check()
+
+    # -- setup ---------------------------------------------------------------------------------------------
+    def _allocate_cache(self, budget: float | None) -> None:
+        import torch
+
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        per_layer = self.max_num_seqs * self.num_kv_heads * self.max_model_len * self.head_dim * itemsize * 2
+        total = per_layer * self.num_layers
+        if budget is None:
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                budget = 0.85 * free
+            else:
+                import os
+                budget = 0.5 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if total > budget:
+            raise ValueError(
+                f"the KV cache for max_num_seqs={self.max_num_seqs} x max_model_len={self.max_model_len} needs "
+                f"{total / 2**30:.1f} GiB but {budget / 2**30:.1f} GiB are available; lower max_num_seqs or "
+                f"max_model_len")
+        shape = (self.max_num_seqs, self.num_kv_heads, self.max_model_len, self.head_dim)
+        self.cache = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
+                       torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(self.num_layers)]
+        log.info("hf engine: KV cache %d slots x %d tokens, %.2f GiB", self.max_num_seqs, self.max_model_len,
+                 total / 2**30)
+
+    def _layer_idx_check(self) -> None:
+        idx = sorted(getattr(m, "layer_idx", -1) for m in self.model.modules()
+                     if hasattr(m, "layer_idx") and hasattr(m, "num_key_value_groups"))
+        if idx and idx != list(range(self.num_layers)):
+            raise ValueError(f"unsupported architecture: attention layer indices {idx[:8]}... do not match "
+                             f"{self.num_layers} layers")
+
+    # -- one step ------------------------------------------------------------------------------------------
+    def execute(self, step: StepInputs) -> list[int]:
+        import torch
+
+        with torch.inference_mode():
+            ctx, input_ids, positions, logits_idx = self._prepare(step)
+            _tls.ctx, _tls.cache = ctx, self.cache
+            try:
+                out = self.model(input_ids=input_ids, position_ids=positions, use_cache=False,
+                                 logits_to_keep=logits_idx)
+            finally:
+                _tls.ctx = None
+            logits = out.logits[0]
+            tokens = self.sampler.sample(logits, step.sampling, step.penalty_resets)
+            return tokens.tolist()  # the step's one host sync
+
+    def _prepare(self, step: StepInputs):
+        import torch
+
+        dev = self.device
+        n_dec = len(step.decode_tokens)
+        chunk_slots: list[int] = []
+        chunk_pos: list[int] = []
+        logits_idx: list[int] = list(range(n_dec))
+        offset = n_dec
+        for c in step.prefill:
+            chunk_slots.extend([c.slot] * c.length)
+            chunk_pos.extend(range(c.start, c.start + c.length))
+            offset += c.length
+            if c.sample:
+                logits_idx.append(offset - 1)
+        # one host->device copy for all per-token index data
+        host = torch.tensor([step.decode_tokens + step.prefill_tokens,
+                             step.decode_positions + chunk_pos,
+                             step.decode_slots + chunk_slots], dtype=torch.long)
+        meta = host.to(dev, non_blocking=True)
+        input_ids, positions, slots = meta[0:1], meta[1:2], meta[2]
+        ctx = _StepContext()
+        # row of token t, kv head h in the cache viewed as [slots * kv_heads * max_model_len, head_dim]
+        heads = torch.arange(self.num_kv_heads, device=dev)
+        ctx.flat_idx = ((slots[:, None] * self.num_kv_heads + heads[None, :]) * self.max_model_len
+                        + meta[1][:, None]).reshape(-1)
+        ctx.n_dec = n_dec
+        ctx.eager = self.eager
+        ctx.dec_scatter = None
+        ctx.dec_mask = None
+        if n_dec:
+            rows = max(step.decode_slots) + 1
+            # attend over a multiple of 16 positions: fused kernels want aligned masks (the rest is masked out)
+            length = min(-(-(max(step.decode_positions) + 1) // 16) * 16, self.max_model_len)
+            lens = [1] * rows  # rows without a decode token attend to one (ignored) position: no NaN
+            for s, p in zip(step.decode_slots, step.decode_positions):
+                lens[s] = p + 1
+            lens_t = torch.tensor(lens, dtype=torch.long).to(dev, non_blocking=True)
+            valid = torch.arange(length, device=dev)[None, :] < lens_t[:, None]
+            ctx.dec_mask = torch.zeros(rows, 1, 1, length, dtype=self.dtype, device=dev).masked_fill_(
+                ~valid[:, None, None, :], float("-inf"))
+            ctx.dec_rows, ctx.dec_len = rows, length
+            if rows != n_dec or step.decode_slots != list(range(n_dec)):
+                ctx.dec_scatter = meta[2, :n_dec]
+        chunks = []
+        for c in step.prefill:
+            mask = None
+            if c.start:
+                q_pos = torch.arange(c.start, c.start + c.length, device=dev)
+                mask = torch.arange(c.start + c.length, device=dev)[None, :] <= q_pos[:, None]
+            chunks.append((c.slot, c.start, c.length, mask))
+        ctx.chunks = chunks
+        logits_idx_t = torch.tensor(logits_idx, dtype=torch.long).to(dev, non_blocking=True)
+        return ctx, input_ids, positions, logits_idx_t

@@ -1,0 +1,317 @@
+"""Request parsing, validation and response building shared by every llmlaunch python-backend model.
+
+The contract is `launcher.contract` (TensorRT-LLM ensemble inputs/outputs).  This
+module turns a Triton request into a plain `GenerationRequest` (prompt + engine-
+neutral `SamplingParams`) and builds responses; engine adapters (hf, vLLM,
+SGLang, LMDeploy) map `SamplingParams` onto their own types.
+
+Layers, so that the validation is testable without Triton:
+
+* `parse_inputs(arrays, ...)` - pure: numpy arrays by input name -> GenerationRequest,
+  raising `InvalidRequest` with a message that names the input and the fix;
+* `request_arrays(request)` - reads the contract's tensors from a pb_utils request;
+* `response(...)`, `Responder` (streaming: reuses constant tensors), `error_response(...)` -
+  build pb_utils responses.
+
+`triton_python_backend_utils` only exists inside the Triton python stub, so it
+is imported inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from launcher.contract import INPUT_NAMES, INPUTS, REQUIRED_INPUTS
+
+_INPUT_DOC = {t.name: t.doc for t in INPUTS}
+_INPUT_DTYPE = {t.name: t.dtype for t in INPUTS}
+FINISH_REASONS = ("length", "stop", "cancelled")
+
+
+class InvalidRequest(ValueError):
+    """A request the model rejects; the message goes back to the client as is."""
+
+
+@dataclass
+class SamplingParams:
+    """Engine-neutral generation settings (the contract's optional inputs, with their 'off' defaults)."""
+
+    max_tokens: int = 16  # tokens to generate (>= 1)
+    temperature: float = 0.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1.0 = off
+    repetition_penalty: float = 1.0  # 1.0 = off; over prompt and output tokens (HF/vLLM semantics)
+    presence_penalty: float = 0.0  # 0.0 = off; over output tokens (OpenAI semantics)
+    frequency_penalty: float = 0.0  # 0.0 = off; over output tokens (OpenAI semantics)
+    seed: int | None = None  # per-request sampling seed; None = nondeterministic
+    stop: tuple[str, ...] = ()  # stop strings: generation ends after one, which is not returned
+    bad_words: tuple[str, ...] = ()  # words that must not be generated
+    min_tokens: int = 0  # EOS / stop strings cannot end the request before this many tokens
+    ignore_eos: bool = False  # generate exactly max_tokens
+    end_id: int | None = None  # token that ends generation (default: the model's EOS tokens)
+
+    def validate(self, max_model_len: int | None = None) -> None:
+        """Raise InvalidRequest naming the first bad value."""
+        _int("max_tokens", self.max_tokens)
+        if self.max_tokens < 1:
+            raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if max_model_len is not None and self.max_tokens > max_model_len:
+            raise InvalidRequest(f"max_tokens {self.max_tokens} exceeds the model limit of {max_model_len} tokens "
+                                 f"(max_model_len); ask for fewer tokens")
+        _num("temperature", self.temperature)
+        if self.temperature < 0:
+            raise InvalidRequest(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        _int("top_k", self.top_k)
+        if self.top_k < 0:
+            raise InvalidRequest(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        _num("top_p", self.top_p)
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequest(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
+        _num("repetition_penalty", self.repetition_penalty)
+        if self.repetition_penalty <= 0:
+            raise InvalidRequest(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
+        _num("presence_penalty", self.presence_penalty)
+        _num("frequency_penalty", self.frequency_penalty)
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise InvalidRequest(f"{name} must be in [-2, 2] (0 = off), got {getattr(self, name)}")
+        if self.seed is not None:
+            _int("random_seed", self.seed)
+            if self.seed < 0:
+                raise InvalidRequest(f"random_seed must be >= 0, got {self.seed}")
+        _int("min_length", self.min_tokens)
+        if self.min_tokens < 0:
+            raise InvalidRequest(f"min_length must be >= 0, got {self.min_tokens}")
+        if self.end_id is not None:
+            _int("end_id", self.end_id)
+        for name, words in (("stop_words", self.stop), ("bad_words", self.bad_words)):
+            if not all(isinstance(w, str) for w in words):
+                raise InvalidRequest(f"{name} must be strings")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+@dataclass
+class GenerationRequest:
+    prompt: str  # the decoded text_input
+    params: SamplingParams
+    stream: bool = False  # one response per new piece of text, else one response with the whole completion
+    ignored: tuple[str, ...] = field(default_factory=tuple)  # optional inputs that were sent but are not honoured
+
+
+def _int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"{name} must be an integer, got {value!r}")
+
+
+def _num(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise InvalidRequest(f"{name} must be a finite number, got {value!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# pure parsing
+# ---------------------------------------------------------------------------------------------------------
+_KINDS = {"BYTES": "OSU", "INT32": "iu", "UINT64": "iu", "FP32": "f", "BOOL": "b"}
+
+
+def _check_batch(name: str, arr):
+    """Arrays arrive as [1, n] (max_batch_size > 0) or [n] (max_batch_size 0); batches > 1 are rejected."""
+    import numpy as np
+
+    arr = np.asarray(arr)
+    if arr.ndim >= 2 and arr.shape[0] != 1:
+        raise InvalidRequest(f"batch size {arr.shape[0]} is not supported (input {name!r} has shape "
+                             f"{list(arr.shape)}); send one prompt per request and use concurrent requests")
+    return arr.reshape(-1)
+
+
+def _scalar(name: str, arr):
+    flat = _check_batch(name, arr)
+    if flat.size != 1:
+        raise InvalidRequest(f"input {name!r} must hold exactly one value, got {flat.size}")
+    kind = _INPUT_DTYPE[name]
+    if flat.dtype.kind not in _KINDS[kind]:
+        raise InvalidRequest(f"input {name!r} must be {kind} ({_INPUT_DOC[name]}), got numpy dtype {flat.dtype}")
+    value = flat[0]
+    if kind == "BOOL":
+        return bool(value)
+    if kind == "FP32":
+        return float(value)
+    if kind in ("INT32", "UINT64"):
+        return int(value)
+    return value
+
+
+def _text(name: str, value) -> str:
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InvalidRequest(f"input {name!r} is not valid UTF-8: {exc}") from None
+    if isinstance(value, str):
+        return value
+    raise InvalidRequest(f"input {name!r} must be BYTES (UTF-8 text), got {type(value).__name__}")
+
+
+def _words(name: str, arr) -> tuple[str, ...]:
+    flat = _check_batch(name, arr)
+    if flat.dtype.kind not in "OSU":
+        raise InvalidRequest(f"input {name!r} must be BYTES (a list of UTF-8 strings), got numpy dtype {flat.dtype}")
+    words = []
+    for item in flat:
+        # TensorRT-LLM clients sometimes send one comma-free string per word, sometimes a flat list; empty = none
+        text = _text(name, item)
+        if text:
+            words.append(text)
+    return tuple(words)
+
+
+def parse_inputs(arrays: dict, supported: frozenset[str] | set[str] = frozenset(INPUT_NAMES),
+                 max_model_len: int | None = None) -> GenerationRequest:
+    """Numpy arrays by contract input name (absent inputs omitted or None) -> GenerationRequest.
+
+    `supported`: the optional inputs this engine honours; others that are present are listed in
+    `GenerationRequest.ignored` (callers log a note).  Raises InvalidRequest with a clear message.
+    """
+    arrays = {k: v for k, v in arrays.items() if v is not None}
+    unknown = sorted(set(arrays) - set(INPUT_NAMES))
+    if unknown:
+        raise InvalidRequest(f"unknown inputs {unknown}; the contract's inputs are {list(INPUT_NAMES)}")
+    for name in REQUIRED_INPUTS:
+        if name not in arrays:
+            raise InvalidRequest(f"missing required input {name!r} ({_INPUT_DOC[name]})")
+
+    prompt = _text("text_input", _scalar("text_input", arrays["text_input"]))
+    if not prompt.strip():
+        raise InvalidRequest("text_input is empty; send a non-empty prompt")
+
+    beam = _scalar("beam_width", arrays["beam_width"]) if "beam_width" in arrays else 1
+    if beam != 1:
+        raise InvalidRequest(f"beam_width {beam} is not supported: streaming engines generate one beam; "
+                             f"send beam_width 1 or omit it")
+
+    def opt(name, default):
+        return _scalar(name, arrays[name]) if name in arrays else default
+
+    seed = opt("random_seed", None)
+    alias = opt("seed", None)
+    if seed is not None and alias is not None and seed != alias:
+        raise InvalidRequest(f"random_seed ({seed}) and seed ({alias}) disagree; send one of them")
+    params = SamplingParams(
+        max_tokens=_scalar("max_tokens", arrays["max_tokens"]),
+        temperature=opt("temperature", 0.0),
+        top_k=opt("top_k", 0),
+        top_p=opt("top_p", 1.0),
+        repetition_penalty=opt("repetition_penalty", 1.0),
+        presence_penalty=opt("presence_penalty", 0.0),
+        frequency_penalty=opt("frequency_penalty", 0.0),
+        seed=seed if seed is not None else alias,
+        stop=_words("stop_words", arrays["stop_words"]) if "stop_words" in arrays else (),
+        bad_words=_words("bad_words", arrays["bad_words"]) if "bad_words" in arrays else (),
+        min_tokens=opt("min_length", 0),
+        ignore_eos=opt("ignore_eos", False),
+        end_id=opt("end_id", None),
+    )
+    # pad_id / exclude_input_in_output / return_log_probs are read for their type only
+    for name in ("pad_id", "exclude_input_in_output", "return_log_probs"):
+        if name in arrays:
+            opt(name, None)
+    params.validate(max_model_len)
+    ignored = tuple(n for n in INPUT_NAMES if n in arrays and n not in supported and n not in REQUIRED_INPUTS)
+    return GenerationRequest(prompt=prompt, params=params, stream=opt("stream", False), ignored=ignored)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Triton side (pb_utils imported lazily: it only exists inside the python backend stub)
+# ---------------------------------------------------------------------------------------------------------
+def request_arrays(request) -> dict:
+    """The contract's input tensors of a pb_utils request as numpy arrays (absent ones left out)."""
+    import triton_python_backend_utils as pb_utils
+
+    arrays = {}
+    for name in INPUT_NAMES:
+        tensor = pb_utils.get_input_tensor_by_name(request, name)
+        if tensor is not None:
+            arrays[name] = tensor.as_numpy()
+    return arrays
+
+
+def parse_request(request, supported=frozenset(INPUT_NAMES), max_model_len: int | None = None) -> GenerationRequest:
+    return parse_inputs(request_arrays(request), supported, max_model_len)
+
+
+def output_arrays(text: str, input_tokens: int, output_tokens: int, finish_reason: str | None,
+                  batched: bool = True) -> dict:
+    """Contract outputs as numpy arrays: shape [1, 1] with a batch dimension, [1] without."""
+    import numpy as np
+
+    shape = (1, 1) if batched else (1,)
+    return {
+        "text_output": np.array([text.encode("utf-8")], dtype=np.object_).reshape(shape),
+        "input_tokens": np.array([input_tokens], dtype=np.int32).reshape(shape),
+        "output_tokens": np.array([output_tokens], dtype=np.int32).reshape(shape),
+        "finish_reason": np.array([(finish_reason or "").encode()], dtype=np.object_).reshape(shape),
+    }
+
+
+def response(text: str, input_tokens: int, output_tokens: int, finish_reason: str | None = None,
+             batched: bool = True):
+    """One contract response (see `Responder` for the streaming hot path)."""
+    import triton_python_backend_utils as pb_utils
+
+    arrays = output_arrays(text, input_tokens, output_tokens, finish_reason, batched)
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])
+
+
+class Responder:
+    """Builds the contract's responses for one model, reusing the tensors that do not change.
+
+    Streaming sends one response per piece of text, so its cost matters: the
+    per-request `input_tokens` tensor and the empty `finish_reason` of non-final
+    responses are built once (pb_utils copies tensors into shared memory on
+    every send, so reusing the objects is safe).
+    """
+
+    def __init__(self, batched: bool = True):
+        import numpy as np
+        import triton_python_backend_utils as pb_utils
+
+        self._pb = pb_utils
+        self._np = np
+        self._shape = (1, 1) if batched else (1,)
+        self._no_reason = pb_utils.Tensor("finish_reason", np.array([b""], dtype=np.object_).reshape(self._shape))
+
+    def input_tokens(self, n: int):
+        """The per-request input_tokens tensor (pass it to `build`)."""
+        return self._pb.Tensor("input_tokens", self._np.array([n], dtype=self._np.int32).reshape(self._shape))
+
+    def build(self, text: str, input_tokens, output_tokens: int, finish_reason: str | None = None):
+        np, pb, shape = self._np, self._pb, self._shape
+        reason = self._no_reason if not finish_reason else pb.Tensor(
+            "finish_reason", np.array([finish_reason.encode()], dtype=np.object_).reshape(shape))
+        return pb.InferenceResponse(output_tensors=[
+            pb.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_).reshape(shape)),
+            input_tokens,
+            pb.Tensor("output_tokens", np.array([output_tokens], dtype=np.int32).reshape(shape)),
+            reason,
+        ])
+
+
+def error_response(message: str):
+    import triton_python_backend_utils as pb_utils
+
+    return pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(message))
+
+
+def model_parameters(model_config: dict) -> dict[str, str]:
+    """`parameters { key: "x" value: { string_value: "y" } }` of config.pbtxt -> {"x": "y"} (empty values dropped)."""
+    params = {}
+    for key, value in (model_config.get("parameters") or {}).items():
+        text = value.get("string_value", "") if isinstance(value, dict) else str(value)
+        if text != "" and not text.startswith("${"):  # unrendered template placeholders count as absent
+            params[key] = text
+    return params

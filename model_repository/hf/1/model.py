@@ -1,0 +1,275 @@
+"""Triton python-backend model serving llmlaunch's `hf` engine (decoupled, streaming).
+
+config.pbtxt parameters (string values; empty or absent = default):
+  model_path        HF-format model folder (required)
+  tokenizer_path    tokenizer folder (default: model_path)
+  device            auto | cpu | cuda | cuda:N (default auto: cuda when available)
+  dtype             auto | float32 | bfloat16 | float16 (default auto: float32 on CPU, the model's on GPU)
+  max_num_seqs      sequences decoded together = KV cache slots (default 64)
+  max_model_len     context limit in tokens; 0 = the model's own, capped at 4096 (default 0)
+  prefill_chunk     prompt tokens prefilled per engine step (default 512)
+  attn_implementation  sdpa | eager: attention kernels of the engine (default sdpa)
+  torch_threads     intra-op threads of the engine (default 0: torch's default, one per core); on small
+                    CPU machines 1 leaves the other cores to tritonserver and the clients
+  tp_size           must be 1 (tensor parallelism is not implemented yet)
+  cancel_check_ms   how often (per request) to ask Triton whether the client cancelled (default 50; 0 = every step)
+  stream_interval_ms  least time between two streamed responses (default 0: a response per engine step).
+                    Tokens generated meanwhile are merged into one response; a request's first token and its
+                    end are never delayed.  On small CPU machines every response costs the engine CPU time.
+  engine_process    true | false: run the engine in a child process (default true; see below)
+
+Inputs and outputs are launcher.contract's (the TensorRT-LLM ensemble interface),
+with a leading batch dimension when max_batch_size > 0; batches > 1 are rejected.
+
+Threads and processes: Triton calls `execute` on the stub's main thread; it
+validates and tokenizes requests, queues them with the engine and returns at
+once.  The engine runs in a child process (launcher.engines.hf_process) so that
+building and sending responses never competes with the engine loop for the
+GIL; its outputs arrive once per engine step on a receive thread, which turns
+them into responses (merging the pieces of a request from steps that queued up
+while it was sending, so a slow client never slows the engine down) and polls
+cancellation.  With engine_process=false the engine runs on a thread of this
+process and a sender thread does the same from a queue.
+"""
+
+import json
+import queue
+import sys
+import threading
+import time
+
+import triton_python_backend_utils as pb_utils
+
+from launcher.contract import INPUT_NAMES
+from launcher.serving import triton_io
+
+# Optional inputs this model honours.  exclude_input_in_output is honoured by construction (the prompt is never
+# echoed); pad_id and return_log_probs are accepted and ignored (a note is logged once).
+SUPPORTED = frozenset(INPUT_NAMES) - {"pad_id", "return_log_probs"}
+
+
+def _log(level: str, message: str) -> None:
+    logger = getattr(pb_utils, "Logger", None)
+    if logger is not None:
+        getattr(logger, f"log_{level}")(f"[hf] {message}")
+    else:  # older python backends
+        print(f"[hf] {level}: {message}", file=sys.stderr, flush=True)
+
+
+def _ignore(_output):
+    pass
+
+
+class _Stream:
+    """Per-request state of the sender side."""
+
+    __slots__ = ("sender", "stream", "parts", "input_tokens", "last_check", "cancelled", "last_sent")
+
+    def __init__(self, sender, stream: bool):
+        self.sender = sender  # pb_utils response sender
+        self.stream = stream  # stream=true: a response per piece of text
+        self.parts = []  # text not sent yet (stream=false: all of it; stream_interval_ms: held-back pieces)
+        self.input_tokens = None  # the input_tokens tensor, built once (on the first output)
+        self.last_check = time.monotonic()  # last is_cancelled() poll
+        self.cancelled = False  # the client cancelled; the engine was asked to abort
+        self.last_sent = None  # time of the last streamed response
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.model_config = json.loads(args["model_config"])
+        self._check_decoupled()
+        self._read_parameters()
+        self._start_engine()
+        self._start_sender()
+        _log("info", f"ready: {self.params['model_path']} on {self.engine.device} ({self.engine.dtype}), "
+                     f"max_num_seqs={self.engine.max_num_seqs}, max_model_len={self.engine.max_model_len}, "
+                     f"engine_process={self.engine_process}")
+
+    # -- initialize steps ----------------------------------------------------------------------------------
+    def _check_decoupled(self):
+        if not pb_utils.using_decoupled_model_transaction_policy(self.model_config):
+            raise pb_utils.TritonModelException(
+                "the hf model streams: set `model_transaction_policy { decoupled: true }` in config.pbtxt")
+        self._batched = int(self.model_config.get("max_batch_size", 0)) > 0
+
+    def _read_parameters(self):
+        p = triton_io.model_parameters(self.model_config)
+        if not p.get("model_path"):
+            raise pb_utils.TritonModelException("parameter model_path is empty: point it at a HF model folder")
+
+        def integer(name, default):
+            try:
+                return int(p.get(name, default))
+            except ValueError:
+                raise pb_utils.TritonModelException(f"parameter {name}={p[name]!r} is not an integer") from None
+
+        if integer("tp_size", 1) not in (0, 1):
+            raise pb_utils.TritonModelException(
+                f"tp_size={p['tp_size']}: the hf engine does not implement tensor parallelism yet; use tp_size 1")
+        self.params = {
+            "model_path": p["model_path"],
+            "tokenizer_path": p.get("tokenizer_path") or None,
+            "device": p.get("device", "auto"),
+            "dtype": p.get("dtype", "auto"),
+            "max_num_seqs": integer("max_num_seqs", 64),
+            "max_model_len": integer("max_model_len", 0) or None,
+            "max_prefill_tokens": integer("prefill_chunk", 512),
+            "attn_implementation": p.get("attn_implementation", "sdpa"),
+            "threads": integer("torch_threads", 0) or None,
+        }
+        self.cancel_check_s = integer("cancel_check_ms", 50) / 1000.0
+        self.stream_interval_s = integer("stream_interval_ms", 0) / 1000.0
+        flag = p.get("engine_process", "true").lower()
+        if flag not in ("true", "false", "1", "0", "yes", "no"):
+            raise pb_utils.TritonModelException(f"parameter engine_process={flag!r} is not true or false")
+        self.engine_process = flag in ("true", "1", "yes")
+
+    def _start_engine(self):
+        self._responder = triton_io.Responder(self._batched)
+        self._streams = {}  # request id -> _Stream (the responding thread owns it after registration)
+        self._next_id = 0
+        self._noted = set()  # ignored inputs already logged
+        if self.engine_process:
+            from launcher.engines.hf_process import EngineProcess
+
+            # its receive thread hands us each engine step's outputs at once: we respond on that thread.
+            # The engine process itself merges outputs over stream_interval_ms, so nothing is held back here.
+            self.engine = EngineProcess(on_batch=self._respond_batch, output_interval=self.stream_interval_s,
+                                        **self.params).start()
+            self._on_output = _ignore
+            self.stream_interval_s = 0.0
+        else:
+            from launcher.engines.hf_engine import Engine
+
+            self.engine = Engine(**self.params).start()
+            self._on_output = None  # set by _start_sender
+
+    def _start_sender(self):
+        self._sender = None
+        if self.engine_process:
+            return
+        # in-thread engine: its callback only queues; this thread responds
+        self._outputs = queue.SimpleQueue()
+        self._on_output = self._outputs.put
+        self._sender = threading.Thread(target=self._send_loop, name="hf-sender", daemon=True)
+        self._sender.start()
+
+    # -- requests ------------------------------------------------------------------------------------------
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                req = triton_io.parse_request(request, SUPPORTED, self.engine.max_model_len)
+                self._note_ignored(req.ignored)
+                self._next_id += 1
+                rid = str(self._next_id)
+                # register before the engine can produce output for it
+                stream = _Stream(sender, req.stream)
+                self._streams[rid] = stream
+                try:
+                    self.engine.add_request(rid, req.prompt, req.params, self._on_output)
+                except BaseException:
+                    self._streams.pop(rid, None)
+                    raise
+            except triton_io.InvalidRequest as exc:
+                self._send(sender, triton_io.error_response(str(exc)), final=True)
+            except Exception as exc:  # anything unexpected is still this request's problem only
+                _log("error", f"request rejected: {exc!r}")
+                self._send(sender, triton_io.error_response(f"request failed: {exc}"), final=True)
+        return None
+
+    def _note_ignored(self, names):
+        for name in names:
+            if name not in self._noted:
+                self._noted.add(name)
+                _log("info", f"input {name!r} is accepted and ignored by the hf engine (noted once)")
+
+    # -- responses (sender thread) -------------------------------------------------------------------------
+    def _send_loop(self):
+        outputs = self._outputs
+        while True:
+            batch = [outputs.get()]
+            while True:  # take everything queued: pieces of one request merge into one response
+                try:
+                    batch.append(outputs.get_nowait())
+                except queue.Empty:
+                    break
+            stop = None in batch
+            self._respond_batch([out for out in batch if out is not None])
+            if stop:
+                return
+
+    def _respond_batch(self, outputs):
+        """Outputs of one or more engine steps -> at most one response per request."""
+        merged = {}
+        for out in outputs:
+            prev = merged.get(out.request_id)
+            if prev is None:
+                merged[out.request_id] = [out.text, out]
+            else:
+                prev[0] += out.text
+                prev[1] = out
+        for rid, (text, out) in merged.items():
+            try:
+                self._respond(rid, text, out)
+            except Exception as exc:  # never let one request stop the others
+                _log("error", f"request {rid}: sending a response failed: {exc!r}")
+
+    def _respond(self, rid, text, out):
+        st = self._streams.get(rid)
+        if st is None:
+            return
+        if st.input_tokens is None:
+            st.input_tokens = self._responder.input_tokens(out.input_tokens)
+        if out.finish_reason is not None:
+            del self._streams[rid]
+            if st.cancelled:
+                err = pb_utils.TritonError("request cancelled by the client",
+                                           getattr(pb_utils.TritonError, "CANCELLED", 0))
+                self._send(st.sender, pb_utils.InferenceResponse(output_tensors=[], error=err), final=True)
+            elif out.finish_reason == "error":
+                self._send(st.sender, triton_io.error_response(out.error or "generation failed"), final=True)
+            else:
+                if st.parts:  # held-back pieces (stream_interval_ms) or the whole text (stream=false)
+                    st.parts.append(text)
+                    text = "".join(st.parts)
+                self._send(st.sender, self._responder.build(text, st.input_tokens, out.output_tokens,
+                                                            out.finish_reason), final=True)
+            if out.finish_reason == "cancelled" and st.cancelled:
+                _log("info", f"request {rid} cancelled by the client after {out.output_tokens} tokens")
+            return
+        now = time.monotonic()
+        if not st.stream:
+            st.parts.append(text)
+        elif text or st.parts:
+            if st.last_sent is not None and now - st.last_sent < self.stream_interval_s:
+                st.parts.append(text)  # too soon after the previous response: merged into the next one
+            else:
+                if st.parts:
+                    st.parts.append(text)
+                    text = "".join(st.parts)
+                    st.parts.clear()
+                st.last_sent = now
+                self._send(st.sender, self._responder.build(text, st.input_tokens, out.output_tokens))
+        # Client cancellation: each check is a round trip to the server process, so it is rate-limited per request.
+        if not st.cancelled and now - st.last_check >= self.cancel_check_s:
+            st.last_check = now
+            if st.sender.is_cancelled():
+                st.cancelled = True
+                self.engine.abort(rid)
+
+    @staticmethod
+    def _send(sender, response, final=False):
+        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+        try:
+            sender.send(response, flags=flags)
+        except Exception as exc:  # the client is gone; nothing else to do for this request
+            _log("warn", f"could not send a response: {exc}")
+
+    def finalize(self):
+        # reverse of initialize: stop the engine (running requests end 'cancelled'), then the sender
+        self.engine.shutdown()
+        if self._sender is not None:
+            self._outputs.put(None)
+            self._sender.join(timeout=10)

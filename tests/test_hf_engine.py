@@ -1,0 +1,408 @@
+"""The hf engine driven directly (no Triton): correctness against transformers' generate, batching, control.
+
+One engine (and one reference model) per module; the tiny random Llama from launcher.tiny.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from launcher.engines.hf_detok import ByteLevelDecoder, StopMatcher, TokenTable, WindowDecoder  # noqa: E402
+from launcher.engines.hf_engine import Engine, InvalidRequest, SamplingParams  # noqa: E402
+from launcher.serving import triton_io  # noqa: E402
+
+PROMPTS = [
+    "The quick brown fox",
+    "Rain fell all night; by morning the streets were shining",
+    "Hello",
+    "Numbers, letters and symbols: a1, b2, c3; x + y = z; 100% of 42 is 42.",
+    "Écoute: naïve café — 東京 🙂",
+]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=40, max_prefill_tokens=64).start()
+    yield eng
+    eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+
+    def generate(prompt: str, n: int) -> tuple[list[int], str]:
+        ids = tok(prompt, return_tensors="pt").input_ids
+        with torch.inference_mode():
+            out = model.generate(ids, max_new_tokens=n, do_sample=False)
+        new = out[0, ids.shape[1]:].tolist()
+        return new, tok.decode(new, skip_special_tokens=True)
+
+    return generate
+
+
+def collect(engine, prompt, params, request_id=None):
+    """Start a request; returns (event, list of outputs)."""
+    done = threading.Event()
+    outs = []
+
+    def cb(o):
+        outs.append(o)
+        if o.finished:
+            done.set()
+
+    engine.add_request(request_id or f"req-{random.random()}", prompt, params, cb)
+    return done, outs
+
+
+def joined(outs):
+    return "".join(o.text for o in outs), [t for o in outs for t in o.token_ids]
+
+
+# ------------------------------------------------------------------------------------------ correctness
+def test_greedy_equals_generate_one_at_a_time(engine, reference):
+    for prompt in PROMPTS:
+        ids, text = reference(prompt, 24)
+        out = engine.generate(prompt, SamplingParams(max_tokens=24), timeout=60)
+        assert out.token_ids == ids, prompt
+        assert out.text == text, prompt
+        assert out.finish_reason == ("stop" if ids[-1] in engine.eos_token_ids else "length")
+
+
+def test_greedy_equals_generate_batched(engine, reference):
+    """All prompts at once, with different lengths and slots: batching must not change greedy output."""
+    expected = [reference(p, 30) for p in PROMPTS]
+    runs = [collect(engine, p, SamplingParams(max_tokens=30)) for p in PROMPTS]
+    for (done, outs), (ids, text) in zip(runs, expected):
+        assert done.wait(60)
+        got_text, got_ids = joined(outs)
+        assert got_ids == ids
+        assert got_text == text
+
+
+def test_chunked_prefill_equals_generate(tiny_model_dir, reference):
+    """A prompt longer than max_prefill_tokens is prefilled over several steps, while another request decodes."""
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_prefill_tokens=7).start()
+    try:
+        long_prompt = " ".join(PROMPTS * 3)
+        ids_a, text_a = reference(PROMPTS[0], 40)
+        ids_b, text_b = reference(long_prompt, 20)
+        done_a, outs_a = collect(eng, PROMPTS[0], SamplingParams(max_tokens=40))
+        time.sleep(0.05)
+        done_b, outs_b = collect(eng, long_prompt, SamplingParams(max_tokens=20))
+        assert done_a.wait(60) and done_b.wait(60)
+        assert joined(outs_a) == (text_a, ids_a)
+        assert joined(outs_b) == (text_b, ids_b)
+        assert eng.stats.prefill_tokens >= len(eng.tokenizer(long_prompt).input_ids)
+    finally:
+        eng.shutdown()
+
+
+def test_eager_attention_equals_generate(tiny_model_dir, reference):
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=4, attn_implementation="eager",
+                 max_prefill_tokens=5).start()
+    try:
+        runs = [(reference(p, 16), collect(eng, p, SamplingParams(max_tokens=16))) for p in PROMPTS[:3]]
+        for (ids, text), (done, outs) in runs:
+            assert done.wait(60)
+            assert joined(outs) == (text, ids)
+    finally:
+        eng.shutdown()
+
+
+def test_32_concurrent_requests_get_their_token_counts(engine):
+    runs = []
+    for i in range(32):
+        n = 8 + (i * 7) % 41
+        runs.append((n, *collect(engine, PROMPTS[i % len(PROMPTS)] + f" {i}",
+                                 SamplingParams(max_tokens=n, ignore_eos=True))))
+    for n, done, outs in runs:
+        assert done.wait(120)
+        assert outs[-1].finish_reason == "length"
+        assert outs[-1].output_tokens == n
+        assert len(joined(outs)[1]) == n
+        assert [o.output_tokens for o in outs] == list(range(1, n + 1))  # one output per token, cumulative counts
+    assert engine.num_running == 0
+
+
+def test_streamed_deltas_equal_whole_text(engine):
+    done, outs = collect(engine, PROMPTS[4], SamplingParams(max_tokens=48, ignore_eos=True))
+    assert done.wait(60)
+    text, ids = joined(outs)
+    assert text == engine.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+# ------------------------------------------------------------------------------------------ control
+def test_abort_stops_within_a_step_and_frees_the_slot(engine):
+    done, outs = collect(engine, PROMPTS[1], SamplingParams(max_tokens=1500, ignore_eos=True), "to-abort")
+    while len(outs) < 3:
+        time.sleep(0.005)
+    engine.abort("to-abort")
+    assert done.wait(10)
+    assert outs[-1].finish_reason == "cancelled"
+    assert outs[-1].output_tokens < 1500
+    assert engine.num_running == 0
+    assert len(engine._free) == engine.max_num_seqs  # every slot is free again
+    # the engine keeps serving
+    assert engine.generate("Hello", SamplingParams(max_tokens=4), timeout=30).output_tokens == 4
+
+
+def test_abort_of_a_waiting_request(tiny_model_dir):
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=1).start()
+    try:
+        done_a, outs_a = collect(eng, "Hello", SamplingParams(max_tokens=200, ignore_eos=True), "a")
+        done_b, outs_b = collect(eng, "Hello", SamplingParams(max_tokens=5), "b")  # waits for the only slot
+        eng.abort("b")
+        assert done_b.wait(10)
+        assert outs_b[-1].finish_reason == "cancelled" and outs_b[-1].output_tokens == 0
+        eng.abort("a")
+        assert done_a.wait(10)
+    finally:
+        eng.shutdown()
+
+
+@pytest.mark.parametrize("params, prompt, message", [
+    (SamplingParams(max_tokens=0), "Hi", "max_tokens must be >= 1"),
+    (SamplingParams(max_tokens=100000), "Hi", "exceeds the model limit"),
+    (SamplingParams(max_tokens=10), "word " * 2100, "exceeds the model context"),
+    (SamplingParams(max_tokens=10, temperature=-1), "Hi", "temperature must be >= 0"),
+    (SamplingParams(max_tokens=10, top_p=0), "Hi", "top_p must be in (0, 1]"),
+    (SamplingParams(max_tokens=10, end_id=10 ** 6), "Hi", "end_id"),
+    (SamplingParams(max_tokens=10), "", "empty"),
+])
+def test_bad_requests_fail_alone(engine, params, prompt, message):
+    with pytest.raises(InvalidRequest, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        engine.add_request(f"bad-{message}", prompt, params, lambda o: None)
+    assert engine.generate("Hello", SamplingParams(max_tokens=3), timeout=30).output_tokens == 3
+
+
+def test_duplicate_request_id_is_rejected(engine):
+    done, _ = collect(engine, "Hello", SamplingParams(max_tokens=50, ignore_eos=True), "dup")
+    with pytest.raises(InvalidRequest, match="already running"):
+        engine.add_request("dup", "Hello", SamplingParams(max_tokens=5), lambda o: None)
+    engine.abort("dup")
+    assert done.wait(10)
+
+
+# ------------------------------------------------------------------------------------------ sampling controls
+def test_stop_words(engine):
+    prompt = PROMPTS[0]
+    full = engine.generate(prompt, SamplingParams(max_tokens=40, ignore_eos=True)).text
+    stop = full[10:14]
+    cut = full.index(stop)
+    done, outs = collect(engine, prompt, SamplingParams(max_tokens=40, ignore_eos=True, stop=(stop, "never-seen")))
+    assert done.wait(30)
+    text, _ = joined(outs)
+    assert text == full[:cut]
+    assert outs[-1].finish_reason == "stop"
+    assert all(stop not in o.text for o in outs)
+
+
+def test_min_tokens_delays_stop_words(engine):
+    full = engine.generate(PROMPTS[0], SamplingParams(max_tokens=40, ignore_eos=True)).text
+    out = engine.generate(PROMPTS[0], SamplingParams(max_tokens=40, ignore_eos=True, stop=(full[:3],),
+                                                     min_tokens=40))
+    assert out.finish_reason == "length" and out.text == full
+
+
+def test_end_id_and_min_tokens(engine):
+    ids = engine.generate(PROMPTS[1], SamplingParams(max_tokens=30, ignore_eos=True)).token_ids
+    end = ids[5]
+    first = ids.index(end)
+    out = engine.generate(PROMPTS[1], SamplingParams(max_tokens=30, end_id=end))
+    assert out.finish_reason == "stop" and out.output_tokens == first + 1 and out.token_ids == ids[:first + 1]
+    out = engine.generate(PROMPTS[1], SamplingParams(max_tokens=30, end_id=end, min_tokens=first + 3))
+    assert out.output_tokens >= first + 3
+    assert end not in out.token_ids[:first + 3]
+
+
+def test_seeded_sampling_is_repeatable(engine):
+    p = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.9, top_k=50, seed=1234, ignore_eos=True)
+    a = engine.generate(PROMPTS[0], p)
+    b = engine.generate(PROMPTS[0], p)
+    c = engine.generate(PROMPTS[0], SamplingParams(**{**p.__dict__, "seed": 99}))
+    greedy = engine.generate(PROMPTS[0], SamplingParams(max_tokens=24, ignore_eos=True))
+    assert a.token_ids == b.token_ids
+    assert a.token_ids != c.token_ids
+    assert a.token_ids != greedy.token_ids
+
+
+def test_top_k_1_is_greedy(engine):
+    greedy = engine.generate(PROMPTS[2], SamplingParams(max_tokens=16, ignore_eos=True))
+    k1 = engine.generate(PROMPTS[2], SamplingParams(max_tokens=16, ignore_eos=True, temperature=1.5, top_k=1,
+                                                    seed=5))
+    assert k1.token_ids == greedy.token_ids
+
+
+def test_penalties_reduce_repetition(engine):
+    base = engine.generate(PROMPTS[2], SamplingParams(max_tokens=40, ignore_eos=True)).token_ids
+    pen = engine.generate(PROMPTS[2], SamplingParams(max_tokens=40, ignore_eos=True, presence_penalty=2.0,
+                                                     frequency_penalty=2.0, repetition_penalty=3.0)).token_ids
+    assert len(set(pen)) > len(set(base))
+
+
+def test_bad_words(engine):
+    tok = engine.tokenizer
+    ids = engine.generate(PROMPTS[1], SamplingParams(max_tokens=30, ignore_eos=True)).token_ids
+    # a generated token that is a word on its own (decodes and re-encodes to itself)
+    banned = next(t for t in ids if tok(tok.decode([t]), add_special_tokens=False).input_ids == [t])
+    out = engine.generate(PROMPTS[1], SamplingParams(max_tokens=30, ignore_eos=True,
+                                                     bad_words=(tok.decode([banned]),)))
+    assert banned not in out.token_ids
+
+
+def test_sampled_and_greedy_requests_share_a_batch(engine, reference):
+    ids, text = reference(PROMPTS[3], 20)
+    runs = [collect(engine, PROMPTS[3], SamplingParams(max_tokens=20, temperature=0.9, seed=i)) for i in range(6)]
+    done, outs = collect(engine, PROMPTS[3], SamplingParams(max_tokens=20))
+    assert done.wait(60) and all(d.wait(60) for d, _ in runs)
+    assert joined(outs) == (text, ids)
+
+
+# ------------------------------------------------------------------------------------------ detokenizer units
+def test_incremental_detokenizers_match_decode(engine):
+    tok = engine.tokenizer
+    rng = random.Random(0)
+    table = TokenTable(tok)
+    assert table.byte_table is not None  # the tiny tokenizer is byte-level BPE: the fast path is used
+    window = TokenTable(tok, force_window=True)
+    for trial in range(30):
+        ids = [rng.randrange(engine.vocab_size) for _ in range(rng.randrange(1, 60))]
+        if trial % 3 == 0:  # valid multi-byte text split across tokens
+            ids = tok("é東京🙂 naïve ☕ x" * 3, add_special_tokens=False).input_ids
+        expected = tok.decode(ids, skip_special_tokens=True)
+        for dec in (table.decoder([]), window.decoder([])):
+            text = "".join(dec.push(t) for t in ids) + dec.flush()
+            if isinstance(dec, ByteLevelDecoder):
+                assert text == expected, ids
+            else:
+                assert isinstance(dec, WindowDecoder)
+                assert text.replace("\ufffd", "") == expected.replace("\ufffd", ""), ids
+
+
+def test_stop_matcher_holds_back_partial_matches():
+    m = StopMatcher(["STOP", "xyz"])
+    assert m.push("abc ST") == ("abc ", False)
+    assert m.push("O") == ("", False)
+    assert m.push("P and more") == ("", True)
+    m = StopMatcher(["STOP"])
+    assert m.push("abc ST") == ("abc ", False)
+    assert m.push("ART") == ("START", False)
+    assert m.flush() == ""
+    m = StopMatcher(["STOP"])
+    assert m.push("xxST") == ("xx", False)
+    assert m.flush() == "ST"
+
+
+# ------------------------------------------------------------------------------------------ request parsing units
+def _arrays(**kw):
+    import numpy as np
+
+    out = {"text_input": np.array([[b"Hello"]], dtype=object), "max_tokens": np.array([[8]], dtype=np.int32)}
+    for k, v in kw.items():
+        out[k] = v
+    return out
+
+
+def test_parse_inputs_defaults_and_values():
+    import numpy as np
+
+    req = triton_io.parse_inputs(_arrays())
+    assert req.prompt == "Hello" and req.params.max_tokens == 8 and not req.stream and req.params.greedy
+    req = triton_io.parse_inputs(_arrays(
+        stream=np.array([[True]]), temperature=np.array([[0.5]], dtype=np.float32),
+        stop_words=np.array([[b"a", b"bc"]], dtype=object), random_seed=np.array([[7]], dtype=np.uint64),
+        pad_id=np.array([[0]], dtype=np.int32), beam_width=np.array([[1]], dtype=np.int32)),
+        supported=frozenset(triton_io.INPUT_NAMES) - {"pad_id"})
+    assert req.stream and req.params.temperature == 0.5 and req.params.stop == ("a", "bc")
+    assert req.params.seed == 7 and req.ignored == ("pad_id",)
+    # max_batch_size 0 layout (no batch dimension) works too
+    assert triton_io.parse_inputs({"text_input": np.array([b"Hi"], dtype=object),
+                                   "max_tokens": np.array([3], dtype=np.int32)}).params.max_tokens == 3
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"text_input": None}, "missing required input 'text_input'"),
+    ({"max_tokens": None}, "missing required input 'max_tokens'"),
+    ({"text_input": "EMPTY"}, "text_input is empty"),
+    ({"text_input": "BATCH"}, "batch size 2 is not supported"),
+    ({"max_tokens": "ZERO"}, "max_tokens must be >= 1"),
+    ({"max_tokens": "FLOAT"}, "must be INT32"),
+    ({"beam_width": "FOUR"}, "beam_width 4 is not supported"),
+    ({"top_p": "BIG"}, "top_p must be in"),
+    ({"seed": "OTHER"}, "disagree"),
+    ({"text_input": "NOTUTF8"}, "not valid UTF-8"),
+    ({"bogus": "X"}, "unknown inputs"),
+])
+def test_parse_inputs_rejects(change, message):
+    import numpy as np
+
+    values = {
+        "EMPTY": np.array([[b""]], dtype=object), "BATCH": np.array([[b"a"], [b"b"]], dtype=object),
+        "ZERO": np.array([[0]], dtype=np.int32), "FLOAT": np.array([[1.5]], dtype=np.float32),
+        "FOUR": np.array([[4]], dtype=np.int32), "BIG": np.array([[1.5]], dtype=np.float32),
+        "OTHER": np.array([[2]], dtype=np.uint64), "NOTUTF8": np.array([[b"\xff\xfe"]], dtype=object),
+        "X": np.array([[1]]), None: None,
+    }
+    arrays = _arrays(random_seed=np.array([[1]], dtype=np.uint64))
+    for k, v in change.items():
+        arrays[k] = values[v]
+    with pytest.raises(triton_io.InvalidRequest, match=message):
+        triton_io.parse_inputs(arrays, max_model_len=2048)
+
+
+def test_output_arrays_shapes():
+    out = triton_io.output_arrays("hé", 3, 5, "length")
+    assert out["text_output"].shape == (1, 1) and out["text_output"][0, 0] == "hé".encode()
+    assert out["output_tokens"].dtype.name == "int32" and out["finish_reason"][0, 0] == b"length"
+    assert triton_io.output_arrays("x", 1, 1, None, batched=False)["finish_reason"].shape == (1,)
+
+
+def test_engine_process_matches_engine(tiny_model_dir, engine):
+    from launcher.engines.hf_process import EngineProcess
+
+    ep = EngineProcess(str(tiny_model_dir), device="cpu", max_num_seqs=4).start()
+    try:
+        want = engine.generate(PROMPTS[0], SamplingParams(max_tokens=12))
+        done, outs = collect(ep, PROMPTS[0], SamplingParams(max_tokens=12))
+        assert done.wait(60)
+        assert joined(outs) == (want.text, want.token_ids)
+        with pytest.raises(InvalidRequest, match="max_tokens must be >= 1"):
+            ep.add_request("bad", "Hi", SamplingParams(max_tokens=0), lambda o: None)
+        done, outs = collect(ep, "word " * 3000, SamplingParams(max_tokens=4))  # only the tokenizer sees this
+        assert done.wait(30)
+        assert outs[-1].finish_reason == "error" and "exceeds the model context" in outs[-1].error
+        done, outs = collect(ep, PROMPTS[0], SamplingParams(max_tokens=1000, ignore_eos=True), "p-abort")
+        while not outs:
+            time.sleep(0.01)
+        ep.abort("p-abort")
+        assert done.wait(10) and outs[-1].finish_reason == "cancelled"
+    finally:
+        ep.shutdown()
+
+
+def test_tiny_model_folder(tmp_path):
+    from transformers import AutoConfig, AutoTokenizer
+
+    from launcher.tiny import ensure_tiny_model
+
+    small = dict(layers=1, hidden=64, heads=2, kv_heads=1, intermediate=64, vocab=300)
+    path = ensure_tiny_model(cache_dir=tmp_path, **small)
+    assert ensure_tiny_model(cache_dir=tmp_path, **small) == path  # reused, same hash
+    assert ensure_tiny_model(cache_dir=tmp_path, **{**small, "seed": 1}) != path
+    cfg, tok = AutoConfig.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+    assert cfg.vocab_size == len(tok) == 300 and cfg.num_key_value_heads == 1
+    assert tok.bos_token and tok.eos_token and tok.pad_token and not getattr(tok, "chat_template", None)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp dirs left
+    with pytest.raises(TypeError, match="unknown tiny-model settings"):
+        ensure_tiny_model(cache_dir=tmp_path, hidden_size=8)

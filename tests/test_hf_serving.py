@@ -1,0 +1,248 @@
+"""The hf model under a real tritonserver (nvidia-pytriton wheel), driven with tritonclient's gRPC streaming API.
+
+The server starts once for the module; every test checks the model keeps serving afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import shutil
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+np = pytest.importorskip("numpy")
+grpcclient = pytest.importorskip("tritonclient.grpc")
+pytest.importorskip("torch")
+
+from launcher.client import Generation, build_inputs  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL = "hf_model"
+PROMPT = "The quick brown fox"
+
+
+def _server(model_dir: str, workdir: Path, params: dict):
+    from launcher import pbtxt
+    from launcher.triton import TritonServer, free_port, resolve_tritonserver, server_env
+
+    repo = workdir / "model_repository"
+    (repo / MODEL / "1").mkdir(parents=True)
+    shutil.copy(ROOT / "model_repository" / "hf" / "1" / "model.py", repo / MODEL / "1" / "model.py")
+    cfg = pbtxt.python_model(MODEL, int(params["max_num_seqs"]), {"model_path": model_dir, **params})
+    (repo / MODEL / "config.pbtxt").write_text(pbtxt.to_text(cfg))
+    install = resolve_tritonserver()
+    port = free_port()
+    prefix = f"llmt{os.getpid()}{uuid.uuid4().hex[:6]}_"
+    argv = [install.binary, f"--model-repository={repo}", "--allow-http=false", "--allow-metrics=false",
+            "--grpc-address=127.0.0.1", f"--grpc-port={port}",
+            f"--backend-config=python,shm-region-prefix-name={prefix}"]
+    if install.backend_directory:
+        argv.append(f"--backend-directory={install.backend_directory}")
+    return TritonServer(argv, env=server_env(install), log_path=workdir / "tritonserver.log",
+                        grpc_url=f"127.0.0.1:{port}", model=MODEL, ready_timeout_s=300, shm_prefix=prefix)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("hf_serving")
+    srv = _server(str(tiny_model_dir), workdir, {"device": "cpu", "max_num_seqs": 40, "cancel_check_ms": 20})
+    with srv:
+        yield srv
+
+
+class Stream:
+    """One tritonclient gRPC stream; `run` sends a request and collects its responses until the final one."""
+
+    def __init__(self, url: str):
+        self.client = grpcclient.InferenceServerClient(url)
+        self.results: dict[str, queue.Queue] = {}
+        self.errors: queue.Queue = queue.Queue()
+        self.client.start_stream(callback=self._callback)
+
+    def _callback(self, result=None, error=None):
+        if error is not None:
+            # tritonclient does not say which request failed; tests send one at a time when they expect errors
+            self.errors.put(str(error))
+            for q in self.results.values():
+                q.put(("error", str(error)))
+            return
+        rid = result.get_response().id
+        self.results[rid].put(("ok", result))
+
+    def send(self, inputs, rid: str | None = None) -> str:
+        rid = rid or uuid.uuid4().hex
+        self.results[rid] = queue.Queue()
+        self.client.async_stream_infer(MODEL, inputs, request_id=rid, enable_empty_final_response=True)
+        return rid
+
+    def collect(self, rid: str, timeout: float = 120):
+        """-> (list of (text, output_tokens, finish_reason) per response with outputs, error or None)."""
+        parts = []
+        q = self.results[rid]
+        while True:
+            kind, value = q.get(timeout=timeout)
+            if kind == "error":
+                del self.results[rid]
+                return parts, value
+            text = value.as_numpy("text_output")
+            if text is not None:
+                parts.append((text.reshape(-1)[0].decode(), int(value.as_numpy("output_tokens").reshape(-1)[0]),
+                              value.as_numpy("finish_reason").reshape(-1)[0].decode(),
+                              int(value.as_numpy("input_tokens").reshape(-1)[0])))
+            if value.get_response().parameters["triton_final_response"].bool_param:
+                del self.results[rid]
+                return parts, None
+
+    def run(self, gen: Generation, extra=()):
+        return self.collect(self.send(build_inputs(gen) + list(extra)))
+
+    def close(self, cancel=False):
+        self.client.stop_stream(cancel_requests=cancel)
+        self.client.close()
+
+
+@pytest.fixture
+def stream(server):
+    s = Stream(server.grpc_url)
+    yield s
+    s.close()
+
+
+def _input(name, dtype, value):
+    arr = np.array(value, dtype=object if dtype == "BYTES" else {"INT32": np.int32, "BOOL": bool,
+                                                                  "FP32": np.float32}[dtype])
+    t = grpcclient.InferInput(name, list(arr.shape), dtype)
+    t.set_data_from_numpy(arr)
+    return t
+
+
+def _text(parts):
+    return "".join(p[0] for p in parts)
+
+
+def test_stream_equals_nonstream_equals_generate(stream, tiny_model_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    ids = tok(PROMPT, return_tensors="pt").input_ids
+    ref = tok.decode(model.generate(ids, max_new_tokens=32, do_sample=False)[0, ids.shape[1]:],
+                     skip_special_tokens=True)
+
+    streamed, err = stream.run(Generation(PROMPT, max_tokens=32, stream=True))
+    assert err is None, err
+    whole, err = stream.run(Generation(PROMPT, max_tokens=32, stream=False))
+    assert err is None, err
+    assert len(whole) == 1 and whole[0][2] in ("length", "stop"), whole
+    assert _text(streamed) == whole[0][0] == ref, (streamed, whole, ref)
+    # really streamed (pieces of steps that queued up while the model was sending are merged, so not always 32)
+    assert len(streamed) > 1, streamed
+    assert [p[2] for p in streamed[:-1]] == [""] * (len(streamed) - 1) and streamed[-1][2] == whole[0][2]
+    counts = [p[1] for p in streamed]
+    assert counts == sorted(counts) and counts[-1] == whole[0][1]
+    assert streamed[0][3] == whole[0][3] == ids.shape[1]
+
+
+def test_32_concurrent_streams(server):
+    s = Stream(server.grpc_url)
+    try:
+        wanted = {}
+        for i in range(32):
+            n = 16 + i
+            rid = s.send(build_inputs(Generation(f"{PROMPT} {i}", max_tokens=n, stream=True, ignore_eos=True)))
+            wanted[rid] = n
+        for rid, n in wanted.items():
+            parts, err = s.collect(rid)
+            assert err is None
+            assert parts[-1][1] == n and parts[-1][2] == "length"
+    finally:
+        s.close()
+
+
+def test_cancelled_stream_stops_and_server_keeps_serving(server, stream):
+    s = Stream(server.grpc_url)
+    rid = s.send(build_inputs(Generation(PROMPT, max_tokens=1900, stream=True, ignore_eos=True)))
+    for _ in range(3):
+        kind, _ = s.results[rid].get(timeout=60)
+        assert kind == "ok"
+    s.close(cancel=True)  # the client gives up on the stream: Triton marks the request cancelled
+    log = Path(server.log_path)
+    deadline = time.monotonic() + 30
+    while "cancelled by the client" not in log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, "the model never noticed the cancellation"
+        time.sleep(0.1)
+    parts, err = stream.run(Generation("Hello", max_tokens=8, stream=True))
+    assert err is None and parts[-1][1] == 8
+
+
+BAD = [
+    (lambda: build_inputs(Generation("Hello", max_tokens=0)), "max_tokens must be >= 1"),
+    (lambda: build_inputs(Generation("", max_tokens=4)), "text_input is empty"),
+    (lambda: build_inputs(Generation("Hello", max_tokens=100000)), "exceeds the model limit"),
+    (lambda: build_inputs(Generation("word " * 2100, max_tokens=4)), "exceeds the model context"),
+    (lambda: build_inputs(Generation("Hello", max_tokens=4)) + [_input("beam_width", "INT32", [[2]])],
+     "beam_width 2 is not supported"),
+    (lambda: [_input("max_tokens", "INT32", [[4]])], "missing required input"),  # Triton checks this one itself
+    (lambda: [_input("text_input", "BYTES", [[b"a"], [b"b"]]), _input("max_tokens", "INT32", [[4], [4]])],
+     "batch size 2 is not supported"),
+    (lambda: build_inputs(Generation("Hello", max_tokens=4, top_p=2.0)), "top_p must be in"),
+]
+
+
+@pytest.mark.parametrize("make, message", BAD, ids=[m for _, m in BAD])
+def test_bad_request_gets_its_error_and_the_next_one_succeeds(stream, make, message):
+    parts, err = stream.collect(stream.send(make()))
+    assert err is not None and message in err, err
+    parts, err = stream.run(Generation("Hello", max_tokens=4, stream=True))
+    assert err is None and parts[-1][1] == 4
+
+
+def test_stop_words(stream):
+    full, _ = stream.run(Generation(PROMPT, max_tokens=40, stream=False, ignore_eos=True))
+    text = full[0][0]
+    stop = text[12:15]
+    parts, err = stream.run(Generation(PROMPT, max_tokens=40, stream=True, ignore_eos=True, stop=(stop, "zzz")))
+    assert err is None
+    assert _text(parts) == text[:text.index(stop)]
+    assert parts[-1][2] == "stop"
+
+
+def test_seeded_sampling_is_repeatable(stream):
+    gen = Generation(PROMPT, max_tokens=24, stream=True, temperature=1.0, top_p=0.95, seed=42, ignore_eos=True)
+    a, _ = stream.run(gen)
+    b, _ = stream.run(gen)
+    c, _ = stream.run(Generation(PROMPT, max_tokens=24, stream=True, temperature=1.0, top_p=0.95, seed=7,
+                                 ignore_eos=True))
+    assert _text(a) == _text(b) != _text(c)
+
+
+def test_optional_inputs_are_accepted(stream):
+    extra = [_input("pad_id", "INT32", [[2]]), _input("return_log_probs", "BOOL", [[True]]),
+             _input("exclude_input_in_output", "BOOL", [[True]])]
+    parts, err = stream.run(Generation(PROMPT, max_tokens=6, stream=False, min_tokens=6,
+                                       repetition_penalty=1.2), extra)
+    assert err is None and parts[-1][1] == 6 and not parts[-1][0].startswith(PROMPT)
+
+
+def test_in_thread_engine_variant(tiny_model_dir, tmp_path):
+    """engine_process=false: the engine runs on a thread of the stub; same answers, errors and streaming."""
+    srv = _server(str(tiny_model_dir), tmp_path, {"device": "cpu", "max_num_seqs": 8, "engine_process": "false"})
+    with srv:
+        s = Stream(srv.grpc_url)
+        try:
+            streamed, err = s.run(Generation(PROMPT, max_tokens=16, stream=True))
+            assert err is None
+            whole, err = s.run(Generation(PROMPT, max_tokens=16, stream=False))
+            assert err is None and _text(streamed) == whole[0][0] and whole[0][1] == 16
+            _, err = s.run(Generation("Hello", max_tokens=0))
+            assert "max_tokens must be >= 1" in err
+            rids = [s.send(build_inputs(Generation(f"{PROMPT} {i}", max_tokens=12, ignore_eos=True)))
+                    for i in range(8)]
+            assert all(s.collect(r)[0][-1][1] == 12 for r in rids)
+        finally:
+            s.close()
