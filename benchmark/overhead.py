@@ -21,7 +21,15 @@ of the best rounds, and the load average.  The server stays up (idle) while
 the in-process engine runs, and vice versa.
 
 Prints one JSON document on stdout: per concurrency, tokens/s of both paths and
-their ratio (served / in-process; the target is >= 0.97 on CPU).
+their ratio (served / in-process; the target is >= 0.97 on CPU), and CPU time
+per token of the in-process run, of the server's process tree and of the client.
+
+On a 2-vCPU machine the served path cannot be free: tritonserver, the python
+stub and the client run beside the engine, and on such VMs work on one vCPU
+slows the other (measured here: a busy loop on vCPU 1 cost an engine pinned to
+vCPU 0 30% of its tokens/s, a memory-bound loop 60%).  --stream-interval-ms
+trades streaming granularity for fewer responses (first token and end are
+never delayed).
 
 `--vs-generate` adds the engine's own yardstick: static-batch `model.generate`
 on the same prompts (token ids of exactly --prompt-tokens, one wave of C
@@ -42,7 +50,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -251,6 +258,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", default="", help="server files and log (default: a temp dir, removed)")
     ap.add_argument("--server-param", action="append", default=[], metavar="KEY=VALUE",
                     help="extra config.pbtxt parameter of the hf model (e.g. engine_process=false)")
+    ap.add_argument("--stream-interval-ms", type=int, default=0,
+                    help="the model's stream_interval_ms: least time between two responses of a stream (0 = one "
+                         "response per engine step)")
     ap.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment variable of tritonserver (e.g. PYTHONPATH with numpy<2 first for the stub)")
     ap.add_argument("--prefill-chunk", type=int, default=512, help="engine max_prefill_tokens (prefill_chunk)")
@@ -271,6 +281,7 @@ def main(argv=None) -> int:
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="llmlaunch-overhead-"))
     params = {"device": args.device, "dtype": args.dtype, "max_num_seqs": args.max_num_seqs}
     server_params = dict(params, prefill_chunk=args.prefill_chunk, torch_threads=args.threads,
+                         stream_interval_ms=args.stream_interval_ms,
                          **dict(kv.split("=", 1) for kv in args.server_param))
     params["threads"] = args.threads or None
     log(f"model {model_dir}; starting tritonserver (log {workdir / 'tritonserver.log'})")

@@ -371,12 +371,14 @@ def test_output_arrays_shapes():
 def test_engine_process_matches_engine(tiny_model_dir, engine):
     from launcher.engines.hf_process import EngineProcess
 
-    ep = EngineProcess(str(tiny_model_dir), device="cpu", max_num_seqs=4).start()
+    ep = EngineProcess(str(tiny_model_dir), device="cpu", max_num_seqs=4, output_interval=0.05).start()
     try:
-        want = engine.generate(PROMPTS[0], SamplingParams(max_tokens=12))
-        done, outs = collect(ep, PROMPTS[0], SamplingParams(max_tokens=12))
+        want = engine.generate(PROMPTS[0], SamplingParams(max_tokens=60, ignore_eos=True))
+        done, outs = collect(ep, PROMPTS[0], SamplingParams(max_tokens=60, ignore_eos=True))
         assert done.wait(60)
         assert joined(outs) == (want.text, want.token_ids)
+        # output_interval merges tokens: the first token alone and at once, then pieces, then the end
+        assert outs[0].output_tokens == 1 and len(outs) < 60 and outs[-1].output_tokens == 60
         with pytest.raises(InvalidRequest, match="max_tokens must be >= 1"):
             ep.add_request("bad", "Hi", SamplingParams(max_tokens=0), lambda o: None)
         done, outs = collect(ep, "word " * 3000, SamplingParams(max_tokens=4))  # only the tokenizer sees this

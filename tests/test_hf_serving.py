@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import queue
 import shutil
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -231,14 +230,16 @@ def test_optional_inputs_are_accepted(stream):
 
 def test_in_thread_engine_variant(tiny_model_dir, tmp_path):
     """engine_process=false: the engine runs on a thread of the stub; same answers, errors and streaming."""
-    srv = _server(str(tiny_model_dir), tmp_path, {"device": "cpu", "max_num_seqs": 8, "engine_process": "false"})
+    srv = _server(str(tiny_model_dir), tmp_path, {"device": "cpu", "max_num_seqs": 8, "engine_process": "false",
+                                                  "stream_interval_ms": 30})
     with srv:
         s = Stream(srv.grpc_url)
         try:
-            streamed, err = s.run(Generation(PROMPT, max_tokens=16, stream=True))
+            streamed, err = s.run(Generation(PROMPT, max_tokens=64, stream=True, ignore_eos=True))
             assert err is None
-            whole, err = s.run(Generation(PROMPT, max_tokens=16, stream=False))
-            assert err is None and _text(streamed) == whole[0][0] and whole[0][1] == 16
+            whole, err = s.run(Generation(PROMPT, max_tokens=64, stream=False, ignore_eos=True))
+            assert err is None and _text(streamed) == whole[0][0] and whole[0][1] == 64
+            assert streamed[0][1] == 1 and len(streamed) < 64  # stream_interval_ms merged tokens
             _, err = s.run(Generation("Hello", max_tokens=0))
             assert "max_tokens must be >= 1" in err
             rids = [s.send(build_inputs(Generation(f"{PROMPT} {i}", max_tokens=12, ignore_eos=True)))

@@ -44,7 +44,7 @@ import threading
 import time
 from bisect import insort
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from launcher.engines.hf_detok import StopMatcher, TokenTable
@@ -168,6 +168,8 @@ class Engine:
         self.dtype = str(self.runner.dtype).replace("torch.", "")
         self.max_prefill_tokens = max(1, int(max_prefill_tokens))
         self.vocab_size = self.runner.vocab_size
+        # models often pad the embedding beyond the tokenizer (Qwen: 151936 vs 151665): never sample those ids
+        self.runner.sampler.valid_vocab = min(self.vocab_size, len(self.tokenizer))
         eos: set[int] = set()
         try:
             gen_eos = GenerationConfig.from_pretrained(self.model_path).eos_token_id

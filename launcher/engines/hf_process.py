@@ -212,35 +212,44 @@ def _child(fd: int) -> int:
     try:
         from launcher.engines.hf_engine import Engine
 
-        # Outputs are merged per request and sent in one message after a step; with `output_interval` (seconds)
-        # only when that long has passed since the last message, or at once when a request produced its first
-        # token or finished.  Fewer messages and responses leave the CPU to the engine.
+        # Outputs are sent in one message per engine step.  With `output_interval` (seconds) a request's new
+        # text is held and merged until that long after its previous output was sent; its first token and its
+        # end go at once.  Fewer messages and responses leave the CPU to the engine.
         interval = float(kwargs.pop("output_interval", 0.0) or 0.0)
-        pending: dict = {}
+        pending: dict = {}  # request id -> [output fields..., urgent]
+        last_sent: dict = {}  # request id -> time its last output was sent
         lock = threading.Lock()
-        state = {"urgent": False, "last": 0.0}
 
         def on_output(out) -> None:
+            urgent = out.finish_reason is not None or out.output_tokens <= 1
             prev = pending.get(out.request_id)
             if prev is None:
                 pending[out.request_id] = [out.request_id, out.text, list(out.token_ids), out.input_tokens,
-                                           out.output_tokens, out.finish_reason, out.error]
+                                           out.output_tokens, out.finish_reason, out.error, urgent]
             else:
                 prev[1] += out.text
                 prev[2].extend(out.token_ids)
-                prev[3:] = out.input_tokens, out.output_tokens, out.finish_reason, out.error
-            if out.finish_reason is not None or out.output_tokens <= 1:
-                state["urgent"] = True
+                prev[3:] = out.input_tokens, out.output_tokens, out.finish_reason, out.error, prev[7] or urgent
 
         def flush() -> None:  # called by the engine after each loop iteration
             if not pending:
                 return
-            now = time.monotonic()
-            if not state["urgent"] and now - state["last"] < interval:
-                return
-            batch = [tuple(v) for v in pending.values()]
-            pending.clear()
-            state["urgent"], state["last"] = False, now
+            if interval <= 0:
+                batch = [tuple(v[:7]) for v in pending.values()]
+                pending.clear()
+            else:
+                now = time.monotonic()
+                batch = []
+                for rid, v in list(pending.items()):
+                    if v[7] or now - last_sent.get(rid, 0.0) >= interval:
+                        batch.append(tuple(v[:7]))
+                        del pending[rid]
+                        if v[5] is None:
+                            last_sent[rid] = now
+                        else:
+                            last_sent.pop(rid, None)
+                if not batch:
+                    return
             with lock:
                 conn.send(batch)
 

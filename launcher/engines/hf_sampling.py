@@ -15,6 +15,7 @@ class Sampler:
     def __init__(self, max_num_seqs: int, vocab_size: int, device):
         self.max_num_seqs = max_num_seqs
         self.vocab_size = vocab_size
+        self.valid_vocab = vocab_size  # ids >= this are never sampled (padded embeddings beyond the tokenizer)
         self.device = device
         # Per-slot penalty state, allocated on first use: output token counts and a prompt-token mask.
         self._counts = None
@@ -43,8 +44,8 @@ class Sampler:
                     seen[slot, torch.tensor(prompt, dtype=torch.long, device=dev)] = True
         logits = logits.float()
         n, vocab = logits.shape
-        if vocab > self.vocab_size:  # padded embeddings: never sample ids the tokenizer does not know
-            logits[:, self.vocab_size:] = float("-inf")
+        if vocab > self.valid_vocab:  # padded embeddings: never sample ids the tokenizer does not know
+            logits[:, self.valid_vocab:] = float("-inf")
         if rows.any_penalty:
             logits = self._apply_penalties(logits, rows)
         if rows.banned:
