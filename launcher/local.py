@@ -183,6 +183,8 @@ def _serve_ranks(spec: LaunchSpec, run: Path, stop: _Stop) -> int:
             say(f"READY in {time.monotonic() - t0:.1f}s ({len(procs)} ranks)")
             sys.stdout.write(endpoint_banner(ep["url"], ep["model"]))
             sys.stdout.flush()
+            if ep.get("metrics_url"):  # frontend: replicas > 1 serve through rank 0's front end
+                say(f"front end over {len(ep.get('replicas', []))} replicas; metrics {ep['metrics_url']}")
             shown = True
         elif not shown and time.monotonic() - last > 2:
             last = time.monotonic()

@@ -172,15 +172,23 @@ def rendezvous(spec, topo: Topology, comm) -> RankContext:
     addr = host_address(topo.hostname) if spec.cluster["scheduler"] == "slurm" else "127.0.0.1"
     bind = "127.0.0.1" if spec.cluster["scheduler"] == "local" else "0.0.0.0"
     ports: Dict[str, int] = {}
+    frontend_ports: Dict[str, int] = {}
     dist_port = 0
     if me.role == "leader":
         wanted = {k: int(spec.serve[k]) for k in ("grpc_port", "http_port", "metrics_port")}
-        if me.serves != "public":
+        # frontend: with replicas > 1 the public gRPC and metrics ports go to the front end
+        # (launcher/frontend.py) on rank 0, and rank 0's own server is one more internal replica.
+        fronted = me.serves == "public" and spec.replicas > 1
+        if fronted:
+            frontend_ports = pick_ports(bind, {"grpc_port": wanted["grpc_port"], "metrics_port": wanted["metrics_port"]})
+        if me.serves != "public" or fronted:
             # Internal servers take any free port: several share a node; endpoint.json lists them.
             wanted = {k: 0 for k in wanted}
         ports = pick_ports(bind, wanted)
+        while set(ports.values()) & set(frontend_ports.values()):  # frontend: never the front end's ports
+            ports = pick_ports(bind, wanted)
         dist_port = free_port(bind)
-    infos = comm.allgather({"rank": topo.rank, "addr": addr, "ports": ports, "dist_port": dist_port})
+    infos = comm.allgather({"rank": topo.rank, "addr": addr, "ports": ports, "dist_port": dist_port, "frontend_ports": frontend_ports})
     leader = infos[topo.rank - me.group_rank]
     return RankContext(
         rank=me,
@@ -279,10 +287,13 @@ def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path
         inherit_output=log_path is None,
     )
     stopping = {"signal": None}
+    frontend = None  # frontend: rank 0's front end process when replicas > 1
 
     def on_signal(signum, _frame):
         stopping["signal"] = signum
         server.terminate()
+        if frontend is not None:
+            frontend.terminate()
 
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(s, on_signal)
@@ -295,14 +306,17 @@ def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path
             write_json(run / f"ready_rank{me.rank}.json", ready)
             if me.rank == 0:
                 leaders = [i for i in infos if spec.ranks[i["rank"]].role == "leader"]
+                public = {"url": f"grpc://{host}:{ctx.ports['grpc_port']}", **{k: ctx.ports[k] for k in ("grpc_port", "http_port", "metrics_port")}}
+                if spec.replicas > 1:
+                    # frontend: wait for every replica leader, then serve them all on the public port.
+                    from launcher.frontend import start_for_rank0
+
+                    frontend, public = start_for_rank0(spec, run, infos, leaders, host, alive=lambda: server.returncode() is None, say=say)
                 write_json(
                     run / "endpoint.json",
                     {
-                        "url": f"grpc://{host}:{ctx.ports['grpc_port']}",
+                        **public,
                         "host": host,
-                        "grpc_port": ctx.ports["grpc_port"],
-                        "http_port": ctx.ports["http_port"],
-                        "metrics_port": ctx.ports["metrics_port"],
                         "model": spec.model_name,
                         "job_id": ctx.job_id,
                         "ranks": [{"rank": i["rank"], "addr": i["addr"]} for i in infos],
@@ -310,11 +324,13 @@ def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path
                         "ready_s": round(waited, 2),
                     },
                 )
-        code = server.wait()
+        code = server.wait() if frontend is None else _wait_server_and_frontend(server, frontend, stopping, say)
     except BaseException as e:  # died while loading, or timed out
         say(f"FAILED: {e}")
         server.stop()
         code = server.returncode() or 1
+    if frontend is not None:  # frontend: it drains with the servers, then goes
+        frontend.stop()
     if stopping["signal"] is None or code not in (0, -signal.SIGTERM):
         if stopping["signal"] is None:
             # Nobody asked it to stop: fail the job, and say who failed and why.
@@ -324,11 +340,25 @@ def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path
                 run / f"failure_rank{me.rank}.json",
                 {"rank": me.rank, "node": me.node, "host": topo.hostname, "exit_code": code, "log": str(log), "log_tail": log_tail(log, 25), "time": time.time()},
             )
-            say(f"server exited with status {code} unasked: failing the job")
+            say(f"{stopping.get('died', 'server')} exited with status {code} unasked: failing the job")
             server.stop()
             return code if code else 1
     say(f"stopped (signal {stopping['signal']}), status {code}")
     return 0 if stopping["signal"] is not None and code in (0, -signal.SIGTERM) else code
+
+
+def _wait_server_and_frontend(server, frontend, stopping, say) -> int:
+    """frontend: rank 0 with replicas > 1 supervises two children. Returns the server's status, or the
+    front end's when it exits unasked first (the rank then fails like for a dead server)."""
+    while True:
+        code = server.returncode()
+        if code is not None:
+            return code
+        fe = frontend.poll()
+        if fe is not None and stopping["signal"] is None:
+            stopping["died"] = "front end"
+            return fe or 1
+        time.sleep(0.2)
 
 
 def _own_log(run: Path, topo: Topology) -> Path:

@@ -134,6 +134,7 @@ class ServeConfig:
     ready_timeout_s: float = 900.0  # give up waiting for READY after this many seconds
     log_verbose: int = 0  # tritonserver --log-verbose level
     drain_timeout_s: float = 30.0  # on stop, how long in-flight requests may finish before the server is killed
+    frontend_processes: int = 1  # replicas > 1: front-end processes sharing the gRPC port (SO_REUSEPORT)
 
 
 @dataclass

@@ -7,5 +7,5 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[engine,serve,mpi,bench,test]"
+.venv/bin/python -m pip install -q -e ".[engine,serve,mpi,bench,frontend,test]"
 echo "llmlaunch installed in $(pwd)/.venv: run .venv/bin/llmlaunch" >&2

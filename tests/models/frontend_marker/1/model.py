@@ -1,7 +1,9 @@
 """Test fixture `frontend_marker`: decoupled, async execute (many requests at once). Streams
 max_tokens responses " <tag><i>" one every inter_token_delay_ms (request parameter of the same name
 overrides), the last with finish_reason "length". Writes <marker_dir>/<request id>.start, then .done,
-or .cancelled as soon as request.is_cancelled() turns true (then it stops sending)."""
+or .cancelled as soon as request.is_cancelled() turns true (then it stops sending). Request
+parameter final_apart=true sends the final flag on its own after the last token, as engines that
+learn of the end late do."""
 
 import asyncio
 import json
@@ -44,7 +46,9 @@ class TritonPythonModel:
         rid = request.request_id()
         self._mark(rid, "start")
         n = int(pb_utils.get_input_tensor_by_name(request, "max_tokens").as_numpy().reshape(-1)[0])
-        delay = float(json.loads(request.parameters() or "{}").get("inter_token_delay_ms", self.delay_ms)) / 1000
+        params = json.loads(request.parameters() or "{}")
+        delay = float(params.get("inter_token_delay_ms", self.delay_ms)) / 1000
+        final_apart = bool(params.get("final_apart", False))
         for i in range(n):
             if i:
                 await asyncio.sleep(delay)
@@ -53,5 +57,7 @@ class TritonPythonModel:
                 sender.send(self._response("", i, "cancelled"), flags=FINAL)
                 return
             last = i == n - 1
-            sender.send(self._response(f" {self.tag}{i}", i + 1, "length" if last else ""), flags=FINAL if last else 0)
+            sender.send(self._response(f" {self.tag}{i}", i + 1, "length" if last else ""), flags=FINAL if last and not final_apart else 0)
+        if final_apart:  # the final flag alone, no response (clients see it only if they ask for empty finals)
+            sender.send(flags=FINAL)
         self._mark(rid, "done")

@@ -1,0 +1,240 @@
+#!/usr/bin/env python3
+"""How many streamed responses/s the data-parallel front end (launcher/frontend.py) passes on,
+by number of front-end worker processes.
+
+    python benchmark/frontend_capacity.py                                  # 2 replicas x 2 instances, processes 1,2
+    python benchmark/frontend_capacity.py --replicas 4 --instances 2 --processes 1,2,4 --clients 6
+    python benchmark/frontend_capacity.py --loops asyncio,uvloop           # compare event loops
+
+Backends: --replicas tritonservers serving `frontend_emitter` (tests/models/frontend_emitter: the
+emitter fixture, one-token responses as fast as the python backend sends them, stopping when
+cancelled) with --instances instances each; intermediate responses carry text_output only
+(full_outputs=false), the cheapest real response. Load: --clients client processes, each with its
+own gRPC connection and one ModelStreamInfer stream carrying --concurrency endless requests. A
+client parses nothing (raw bytes, the cheapest consumer there is) and counts the responses it
+receives inside a --seconds window that starts --warmup seconds after the load; then it cancels.
+
+Runs, in order:
+1. direct: client k talks to replica k % R itself: what backends + clients do with no front end;
+2. through the front end, for each event loop in --loops and each P in --processes: P worker
+   processes share the port (SO_REUSEPORT; the kernel spreads the clients' connections).
+For each: responses/s, the front end's CPU (all its processes) in cores and microseconds per
+response, the machine's busy cores, and the front end's error counters (must stay 0).
+
+A front end is a bottleneck when its responses/s falls below the direct figure while the machine
+still has idle cores, or when it is busy ~1 core per process. On a machine without spare cores
+(2 cores here) backends, clients and front end share them, so the direct figure is the ceiling
+and `us_per_response` is the portable figure: one front-end process sustains about
+1e6 / us_per_response responses/s on a core of its own.
+
+Prints a table on stderr and one JSON document on stdout (--json FILE also writes it there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import queue
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+MODEL = "frontend_emitter"
+
+
+def log(msg: str) -> None:
+    print(f"[frontend_capacity] {msg}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- CPU accounting
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def group_cpu(pgid: int) -> float:
+    """CPU seconds (user + system) of every live process in process group `pgid`."""
+    total = 0
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            fields = open(f"/proc/{d}/stat").read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields[0] is state; pgrp is the 5th stat field
+            total += int(fields[11]) + int(fields[12])
+    return total / _TICK
+
+
+def machine_busy() -> tuple:
+    """(busy seconds, all seconds) summed over CPUs, from /proc/stat."""
+    v = [int(x) for x in open("/proc/stat").readline().split()[1:]]
+    idle = v[3] + v[4]
+    return (sum(v) - idle) / _TICK, sum(v) / _TICK
+
+
+# ----------------------------------------------------------------------------- the load
+def client_main(url: str, model: str, concurrency: int, t_a: float, t_b: float, tag: str, out) -> None:
+    """One client process: one connection, one stream, `concurrency` endless requests; counts the
+    responses received in [t_a, t_b) (perf_counter, CLOCK_MONOTONIC: shared by the processes)."""
+    import grpc
+
+    from launcher.client import Generation, build_request
+
+    options = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", 2**31 - 1)]
+    n, error = 0, ""
+    try:
+        with grpc.insecure_channel(url, options=options) as ch:
+            rpc = ch.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")  # bytes in, bytes out
+            sendq: queue.SimpleQueue = queue.SimpleQueue()
+            for i in range(concurrency):
+                sendq.put(build_request(model, Generation("capacity", max_tokens=2**31 - 1), f"{tag}-{i}").SerializeToString())
+            call = rpc(iter(sendq.get, None))
+            perf = time.perf_counter
+            try:
+                for _ in call:
+                    t = perf()
+                    if t >= t_a:
+                        if t >= t_b:
+                            break
+                        n += 1
+            except grpc.RpcError as e:
+                error = f"{e.code().name}: {e.details()}"
+            call.cancel()
+    except Exception as e:  # reported, not raised: the parent prints it
+        error = f"{type(e).__name__}: {e}"
+    out.put((tag, n, error))
+
+
+def run_load(urls: list, clients: int, concurrency: int, warmup: float, seconds: float, fe_pgid: int = 0) -> dict:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    start = time.perf_counter() + 2.0 + 0.1 * clients  # time for the clients to start and connect
+    t_a, t_b = start + warmup, start + warmup + seconds
+    procs = [ctx.Process(target=client_main, args=(urls[k % len(urls)], MODEL, concurrency, t_a, t_b, f"c{k}", out), daemon=True) for k in range(clients)]
+    for p in procs:
+        p.start()
+    time.sleep(max(0.0, t_a - time.perf_counter()))
+    cpu_a, (busy_a, all_a) = group_cpu(fe_pgid) if fe_pgid else 0.0, machine_busy()
+    time.sleep(max(0.0, t_b - time.perf_counter()))
+    cpu_b, (busy_b, all_b) = group_cpu(fe_pgid) if fe_pgid else 0.0, machine_busy()
+    results = [out.get(timeout=seconds + warmup + 120) for _ in procs]
+    for p in procs:
+        p.join(30)
+    n = sum(r[1] for r in results)
+    errors = [r[2] for r in results if r[2]]
+    fe_cpu = cpu_b - cpu_a
+    return {
+        "responses_per_s": n / seconds,
+        "responses": n,
+        "per_client_per_s": [round(r[1] / seconds) for r in sorted(results)],
+        "frontend_cores": fe_cpu / seconds if fe_pgid else None,
+        "frontend_us_per_response": fe_cpu / n * 1e6 if fe_pgid and n else None,
+        "machine_busy_cores": (busy_b - busy_a) / seconds,
+        "machine_cores": os.cpu_count(),
+        "client_errors": errors,
+    }
+
+
+def frontend_errors(metrics_port: int) -> dict:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10).read().decode()
+    out = {"errors": 0.0, "rejected": 0.0, "down": 0.0}
+    for line in text.splitlines():
+        if line.startswith("llmlaunch_frontend_errors_total{"):
+            out["errors"] += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("llmlaunch_frontend_rejected_total"):
+            out["rejected"] += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("llmlaunch_frontend_replica_up{"):
+            out["down"] += 1 - float(line.rsplit(" ", 1)[1])
+    return out
+
+
+@contextlib.contextmanager
+def frontend(addrs: list, processes: int, loop: str, model: str = MODEL):
+    """`python -m launcher.frontend` over `addrs`; yields (url, metrics port, process group id)."""
+    from launcher.frontend import FrontendConfig, FrontendProcess
+    from tests.models.serve import free_port
+
+    port, metrics_port = free_port(), free_port()
+    cfg = FrontendConfig([tuple(a.rsplit(":", 1)) for a in addrs], "127.0.0.1", port, metrics_port, model, processes, drain_timeout_s=5, loop=loop)
+    fe = FrontendProcess(cfg, env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}).start()
+    try:
+        fe.wait_ready(60)
+        yield f"127.0.0.1:{port}", metrics_port, fe.proc.pid
+    finally:
+        fe.stop()
+
+
+@contextlib.contextmanager
+def backends(n: int, instances: int, models: dict):
+    """n tritonservers on the fixture models; yields their gRPC addresses."""
+    from tests.models.serve import make_repository, serve
+
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        urls = []
+        for i in range(n):
+            repo = make_repository(Path(tmp) / f"repo{i}", models, instances={m: instances for m in models})
+            urls.append(stack.enter_context(serve(repo, timeout=180)))
+        yield urls
+
+
+def show(name: str, r: dict) -> None:
+    fe = "" if r["frontend_cores"] is None else f", front end {r['frontend_cores']:.2f} cores = {r['frontend_us_per_response']:.1f} us/response"
+    log(f"{name}: {r['responses_per_s']:,.0f} responses/s{fe}; machine {r['machine_busy_cores']:.2f}/{r['machine_cores']} cores busy"
+        + (f"; ERRORS {r['client_errors'][:2]}" if r["client_errors"] else ""))
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--replicas", type=int, default=2, help="tritonservers behind the front end (default 2)")
+    p.add_argument("--instances", type=int, default=2, help="emitter instances per tritonserver (default 2)")
+    p.add_argument("--processes", default="1,2", help="front-end worker process counts to try (default 1,2)")
+    p.add_argument("--loops", default="auto", help="event loops to try: auto, asyncio, uvloop (default auto)")
+    p.add_argument("--clients", type=int, default=4, help="client processes = client connections (default 4)")
+    p.add_argument("--concurrency", type=int, default=2, help="endless requests per client stream (default 2)")
+    p.add_argument("--warmup", type=float, default=2.0, help="seconds of load before the window")
+    p.add_argument("--seconds", type=float, default=5.0, help="measuring window")
+    p.add_argument("--skip-direct", action="store_true")
+    p.add_argument("--json", help="also write the JSON document here")
+    args = p.parse_args(argv)
+
+    report = {"machine_cores": os.cpu_count(), "replicas": args.replicas, "instances": args.instances, "clients": args.clients,
+              "concurrency_per_client": args.concurrency, "seconds": args.seconds, "model": MODEL, "runs": []}
+    with backends(args.replicas, args.instances, {MODEL: {"full_outputs": "false"}}) as urls:
+        log(f"{args.replicas} tritonservers x {args.instances} {MODEL} instances: {', '.join(urls)}")
+        if not args.skip_direct:
+            r = run_load(urls, args.clients, args.concurrency, args.warmup, args.seconds)
+            r.update(mode="direct", processes=0, loop="")
+            report["runs"].append(r)
+            show("direct to the replicas", r)
+            time.sleep(1.0)
+        for loop in args.loops.split(","):
+            for n in [int(x) for x in args.processes.split(",")]:
+                with frontend(urls, n, loop) as (url, metrics_port, pgid):
+                    r = run_load([url], args.clients, args.concurrency, args.warmup, args.seconds, pgid)
+                    r.update(mode="frontend", processes=n, loop=loop, frontend_counters=frontend_errors(metrics_port))
+                report["runs"].append(r)
+                show(f"front end, {n} process(es), loop {loop}", r)
+                time.sleep(1.0)
+    direct = next((r["responses_per_s"] for r in report["runs"] if r["mode"] == "direct"), None)
+    for r in report["runs"]:
+        if direct and r["mode"] == "frontend":
+            r["ratio_to_direct"] = r["responses_per_s"] / direct
+    text = json.dumps(report, indent=1)
+    print(text)
+    if args.json:
+        Path(args.json).write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

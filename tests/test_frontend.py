@@ -1,0 +1,525 @@
+"""The data-parallel front end (launcher/frontend.py) against real tritonservers.
+
+Two tritonservers serve the fixture models (tests/models: timed, frontend_echo, frontend_marker);
+`python -m launcher.frontend` runs in front of them, as rank 0 runs it. Clients are tritonclient,
+launcher.client and launcher.bench, unchanged. Then `llmlaunch replicas=2` end to end on this
+machine (cluster=local, the tiny hf model), and on the local Slurm cluster over two nodes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.models.serve import free_port, make_repository, wait_ready
+
+pytestmark = [pytest.mark.triton, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ("timed", "frontend_echo", "frontend_marker")
+
+
+# ----------------------------------------------------------------------------- helpers
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+
+
+class Backend:
+    """One replica: a tritonserver on the fixture models, its marker dir, killable and restartable."""
+
+    def __init__(self, tmp: Path, name: str, port: int = 0):
+        self.name, self.tmp = name, tmp
+        self.markers = tmp / f"markers_{name}"
+        self.markers.mkdir(parents=True, exist_ok=True)
+        self.repo = make_repository(
+            tmp / f"repo_{name}",
+            {"timed": {"inter_token_delay_ms": 2}, "frontend_echo": {"tag": name}, "frontend_marker": {"tag": name, "marker_dir": str(self.markers)}},
+        )
+        self.port = port or free_port()
+        self.server = None
+
+    def start(self) -> "Backend":
+        from launcher import triton as lt
+
+        install = lt.resolve_tritonserver()
+        prefix = f"llfe{os.getpid()}{self.name}{self.port}_"
+        argv = [install.binary, f"--model-repository={self.repo}", f"--backend-config=python,shm-region-prefix-name={prefix}", f"--grpc-port={self.port}", "--allow-http=false", "--allow-metrics=false"]
+        if install.backend_directory:
+            argv.append(f"--backend-directory={install.backend_directory}")
+        url = f"127.0.0.1:{self.port}"
+        log = self.tmp / f"{self.name}.{time.monotonic_ns()}.log"
+        self.server = lt.TritonServer(argv, env=lt.server_env(install), log_path=log, grpc_url=url, model="frontend_echo", ready_timeout_s=180, drain_timeout_s=5, shm_prefix=prefix, probe=False).start()
+        wait_ready(url, MODELS, self.server.proc, 180, log)
+        return self
+
+    def kill(self) -> None:
+        os.killpg(self.server.proc.pid, signal.SIGKILL)
+        self.server.proc.wait()
+        self.server.stop()  # removes its shm regions
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+    def marked(self, event: str) -> set:
+        return {p.stem for p in self.markers.glob(f"*.{event}")}
+
+
+class Front:
+    """`python -m launcher.frontend` in front of the backends (what rank 0 runs)."""
+
+    def __init__(self, backends, processes: int = 1, probe_interval: float = 0.5):
+        from launcher.frontend import FrontendConfig, FrontendProcess
+
+        self.port, self.metrics_port = free_port(), free_port()
+        cfg = FrontendConfig([("127.0.0.1", b.port) for b in backends], "127.0.0.1", self.port, self.metrics_port, "frontend_echo", processes, probe_interval, drain_timeout_s=5)
+        self.proc = FrontendProcess(cfg, env=_env())
+        self.url = f"127.0.0.1:{self.port}"
+
+    def __enter__(self) -> "Front":
+        self.proc.start()
+        self.proc.wait_ready(60)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        code = self.proc.stop()
+        assert code == 0, f"front end exited with status {code}"
+
+    def metrics(self) -> dict:
+        """{(name, replica or None): value} from GET /metrics."""
+        text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read().decode()
+        out = {}
+        for line in text.splitlines():
+            if not line or line.startswith("#"):
+                continue
+            name, value = line.rsplit(" ", 1)
+            replica = None
+            if "{" in name:
+                name, labels = name.split("{", 1)
+                replica = int(labels.split('replica="')[1].split('"')[0])
+            out[(name, replica)] = float(value)
+        return out
+
+
+def until(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def contract_inputs(prompt: str, max_tokens: int, stream: bool = True):
+    import tritonclient.grpc as grpcclient
+
+    out = []
+    for name, dtype, value in (
+        ("text_input", "BYTES", np.array([[prompt.encode()]], dtype=object)),
+        ("max_tokens", "INT32", np.array([[max_tokens]], dtype=np.int32)),
+        ("stream", "BOOL", np.array([[stream]], dtype=bool)),
+    ):
+        t = grpcclient.InferInput(name, [1, 1], dtype)
+        t.set_data_from_numpy(value)
+        out.append(t)
+    return out
+
+
+def submit_all(url: str, model: str, ids, max_tokens: int, parameters=None):
+    """One launcher.client stream carrying every request; returns (stream, records)."""
+    from launcher.client import Generation, TritonStream, build_request
+
+    stream = TritonStream(url)
+    recs = [stream.submit(build_request(model, Generation(f"prompt {i}", max_tokens=max_tokens), i, parameters)) for i in ids]
+    return stream, recs
+
+
+@pytest.fixture(scope="module")
+def backends(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("frontend")
+    bs = [Backend(tmp, f"r{i}") for i in range(2)]
+    try:
+        for b in bs:
+            b.start()
+        yield bs
+    finally:
+        for b in bs:
+            b.stop()
+
+
+# ----------------------------------------------------------------------------- the protocol
+def test_tritonclient_control_and_infer_calls_work_through_it(backends):
+    import tritonclient.grpc as grpcclient
+
+    from launcher.client import Generation, default_model, generate, list_models
+
+    with Front(backends) as fe:
+        c = grpcclient.InferenceServerClient(fe.url)
+        try:
+            assert c.is_server_live() and c.is_server_ready()
+            assert c.is_model_ready("frontend_echo") and c.is_model_ready("timed")
+            assert not c.is_model_ready("no_such_model")
+            meta = c.get_model_metadata("timed", as_json=True)
+            assert {i["name"] for i in meta["inputs"]} >= {"text_input", "max_tokens"}
+            assert c.get_model_config("frontend_marker", as_json=True)["config"]["model_transaction_policy"]["decoupled"] is True
+            assert {m["name"] for m in c.get_model_repository_index(as_json=True)["models"]} >= set(MODELS)
+            assert c.get_server_metadata(as_json=True)["name"] == "triton"
+            # ModelInfer (unary), several times: ties go round robin, so both replicas answer
+            tags = set()
+            for i in range(4):
+                r = c.infer("frontend_echo", contract_inputs(f"hello {i}", 1)[:1])
+                tag, text = r.as_numpy("text_output").reshape(-1)[0].decode().split(":", 1)
+                assert text == f"hello {i}"
+                tags.add(tag)
+            assert tags == {"r0", "r1"}
+            # an error of the request (not of a replica) comes back as tritonserver said it
+            with pytest.raises(Exception, match="unknown model"):
+                c.infer("no_such_model", contract_inputs("x", 1)[:1])
+            # a stream through tritonclient, with and without the empty final response
+            for empty_final in (False, True):
+                got: queue.Queue = queue.Queue()
+                c.start_stream(callback=lambda result=None, error=None: got.put((result, error)))
+                for i in range(3):
+                    c.async_stream_infer("frontend_marker", contract_inputs(f"p {i}", 5), request_id=f"s{empty_final}{i}", enable_empty_final_response=empty_final,
+                                         parameters={"final_apart": True, "inter_token_delay_ms": 1})
+                c.async_stream_infer("frontend_echo", contract_inputs("plain", 1)[:1], request_id="plain", enable_empty_final_response=empty_final)
+                c.stop_stream()  # waits for every response
+                results = []
+                while not got.empty():
+                    result, error = got.get()
+                    assert error is None, error
+                    results.append(result)
+                texts = [r for r in results if r.as_numpy("text_output") is not None]
+                assert len(texts) == 3 * 5 + 1
+                empties = len(results) - len(texts)
+                assert empties == (3 if empty_final else 0)  # the decoupled model's empty finals, only when asked
+        finally:
+            c.close()
+        # our client, unchanged: discovery through the repository index and metadata, then a stream
+        assert {m["name"] for m in list_models(fe.url)} >= set(MODELS)
+        assert default_model(fe.url) in MODELS
+        rec = generate(fe.url, "timed", Generation("one two three", max_tokens=7))
+        assert not rec.error and rec.output_tokens == 7 and rec.input_tokens == 3 and rec.finish_reason == "length"
+        m = fe.metrics()
+        assert m[("llmlaunch_frontend_in_flight", 0)] == 0 and m[("llmlaunch_frontend_in_flight", 1)] == 0
+
+
+def test_64_concurrent_streams_complete_and_replicas_share_the_load(backends):
+    from launcher.bench.runner import Job, LoadSpec, run_load
+    from launcher.client import Generation
+
+    with Front(backends) as fe:
+        # paced tokens (the model sleeps between them), so both replicas run at the same speed even on
+        # a busy machine and least-outstanding routing must split the requests evenly
+        gens = [Generation(f"prompt number {i}", max_tokens=8) for i in range(64)]
+        job = Job(url=fe.url, model="frontend_marker", gens=gens, spec=LoadSpec(concurrency=64, streams=64, num_requests=256, timeout=300), parameters={"inter_token_delay_ms": 25})
+        recs = [rec for _, rec in run_load(job).records]
+        assert len(recs) == 256
+        assert [r.error for r in recs if r.error] == []
+        assert all(r.output_tokens == 8 and len(r.token_times) == 8 for r in recs)
+        m = fe.metrics()
+        per = [m[("llmlaunch_frontend_requests_total", i)] for i in (0, 1)]
+        assert sum(per) == 256
+        assert min(per) >= 0.4 * 256, f"unfair split {per}"
+        assert m[("llmlaunch_frontend_responses_total", 0)] + m[("llmlaunch_frontend_responses_total", 1)] == 256 * 8  # the last token carries the final flag
+        assert [m[("llmlaunch_frontend_in_flight", i)] for i in (0, 1)] == [0, 0]
+        assert [m[("llmlaunch_frontend_errors_total", i)] for i in (0, 1)] == [0, 0]
+        assert [m[("llmlaunch_frontend_replica_up", i)] for i in (0, 1)] == [1, 1]
+        assert m[("llmlaunch_frontend_streams_active", None)] == 0
+
+
+def test_requests_sharing_an_id_on_one_stream_keep_their_responses_apart(backends):
+    """tritonclient sends request id "" by default: the front end renames them on the wire and
+    gives the responses their id back."""
+    import tritonclient.grpc as grpcclient
+
+    with Front(backends) as fe:
+        c = grpcclient.InferenceServerClient(fe.url)
+        got: queue.Queue = queue.Queue()
+        c.start_stream(callback=lambda result=None, error=None: got.put((result, error)))
+        for i in range(6):
+            c.async_stream_infer("frontend_marker", contract_inputs("same id", 5), parameters={"inter_token_delay_ms": 20})
+        c.stop_stream()
+        c.close()
+        ids, texts = [], []
+        while not got.empty():
+            result, error = got.get()
+            assert error is None, error
+            ids.append(result.get_response().id)
+            texts.append(result.as_numpy("text_output").reshape(-1)[0].decode())
+        assert len(texts) == 30 and set(ids) == {""}
+        # each replica ran 3 whole requests: 3 x tokens 0..4 with its tag
+        for tag in ("r0", "r1"):
+            assert sorted(t for t in texts if t.startswith(f" {tag}")) == sorted(f" {tag}{i}" for i in range(5) for _ in range(3))
+        m = fe.metrics()
+        assert [m[("llmlaunch_frontend_in_flight", i)] for i in (0, 1)] == [0, 0]
+
+
+def test_cancelling_or_dropping_the_client_stream_cancels_the_backend_requests(backends):
+    with Front(backends) as fe:
+        # 1. the client cancels its stream: both requests (one per replica) see is_cancelled()
+        stream, recs = submit_all(fe.url, "frontend_marker", ["cancel-a", "cancel-b"], 1000, {"inter_token_delay_ms": 20})
+        until(lambda: all(len(r.times) >= 2 for r in recs), 60, "first responses")
+        started = {b.name: b.marked("start") & {"cancel-a", "cancel-b"} for b in backends}
+        assert all(len(s) == 1 for s in started.values()), started  # one on each replica
+        stream.close(cancel=True)
+        until(lambda: set().union(*(b.marked("cancelled") for b in backends)) >= {"cancel-a", "cancel-b"}, 30, "the models to see the cancellation")
+        # 2. the client process dies without a word: same
+        code = (
+            "import sys, time; sys.path.insert(0, %r)\n"
+            "from launcher.client import Generation, TritonStream, build_request\n"
+            "s = TritonStream(%r)\n"
+            "s.submit(build_request('frontend_marker', Generation('x', max_tokens=1000), 'dropped', {'inter_token_delay_ms': 20}))\n"
+            "time.sleep(120)\n"
+        ) % (str(ROOT), fe.url)
+        client = subprocess.Popen([sys.executable, "-c", code])
+        try:
+            until(lambda: any("dropped" in b.marked("start") for b in backends), 60, "the dropped request to start")
+            time.sleep(0.3)
+        finally:
+            client.kill()
+            client.wait()
+        until(lambda: any("dropped" in b.marked("cancelled") for b in backends), 30, "the model to see the dropped client")
+        until(lambda: fe.metrics()[("llmlaunch_frontend_streams_active", None)] == 0, 10, "streams to close")
+        m = fe.metrics()
+        assert [m[("llmlaunch_frontend_in_flight", i)] for i in (0, 1)] == [0, 0]
+
+
+def test_a_replica_dying_fails_its_requests_clearly_and_the_rest_go_to_the_other(tmp_path):
+    import tritonclient.grpc as grpcclient
+
+    bs = [Backend(tmp_path, f"r{i}").start() for i in range(2)]
+    try:
+        with Front(bs, probe_interval=0.3) as fe:
+            ids = [f"long{i}" for i in range(8)]
+            stream, recs = submit_all(fe.url, "frontend_marker", ids, 150, {"inter_token_delay_ms": 20})
+            until(lambda: all(len(r.times) >= 3 for r in recs), 60, "every request to stream")
+            on = {b.name: b.marked("start") & set(ids) for b in bs}
+            assert len(on["r0"]) == len(on["r1"]) == 4, on
+            bs[1].kill()
+            for r in recs:
+                stream.wait(r, timeout=60)
+            stream.close()
+            failed = {r.request_id: r.error for r in recs if r.error}
+            assert set(failed) == on["r1"], failed
+            for err in failed.values():
+                assert err.startswith(f"replica 1 (127.0.0.1:{bs[1].port}) failed: "), err
+            assert all(r.output_tokens == 150 for r in recs if not r.error)
+            m = fe.metrics()
+            assert m[("llmlaunch_frontend_replica_up", 1)] == 0 and m[("llmlaunch_frontend_replica_up", 0)] == 1
+            assert m[("llmlaunch_frontend_in_flight", 1)] == 0 and m[("llmlaunch_frontend_errors_total", 1)] == 4
+            c = grpcclient.InferenceServerClient(fe.url)
+            assert c.is_server_live() and not c.is_server_ready()  # not every replica is ready
+            # every later request succeeds, on the replica that is left
+            stream, recs = submit_all(fe.url, "frontend_marker", [f"after{i}" for i in range(8)], 5, {"inter_token_delay_ms": 1})
+            for r in recs:
+                stream.wait(r, timeout=60)
+            stream.close()
+            assert [r.error for r in recs if r.error] == []
+            assert all(r.text.startswith(" r0") for r in recs)
+            assert all(c.infer("frontend_echo", contract_inputs("u", 1)[:1]).as_numpy("text_output").reshape(-1)[0].startswith(b"r0:") for _ in range(3))
+            # the replica comes back on its port: the health probe routes to it again
+            bs[1].start()
+            until(lambda: fe.metrics()[("llmlaunch_frontend_replica_up", 1)] == 1, 30, "replica 1 to be probed up")
+            assert c.is_server_ready()
+            tags = {c.infer("frontend_echo", contract_inputs("u", 1)[:1]).as_numpy("text_output").reshape(-1)[0][:2] for _ in range(4)}
+            assert tags == {b"r0", b"r1"}
+            c.close()
+    finally:
+        for b in bs:
+            b.stop()
+
+
+def test_no_replica_up_is_an_error_per_request_not_a_hang(tmp_path):
+    b = Backend(tmp_path, "solo").start()
+    try:
+        with Front([b], probe_interval=0.3) as fe:
+            b.kill()
+            until(lambda: fe.metrics()[("llmlaunch_frontend_replica_up", 0)] == 0, 30, "the replica to be probed down")
+            stream, recs = submit_all(fe.url, "frontend_marker", ["orphan"], 3)
+            stream.wait(recs[0], timeout=30)
+            stream.close()
+            assert recs[0].error.startswith("no replica is up (replica 0 (127.0.0.1:")
+            assert fe.metrics()[("llmlaunch_frontend_rejected_total", None)] == 1
+    finally:
+        b.stop()
+
+
+def test_worker_processes_share_the_port_and_sum_their_counters(backends):
+    from launcher.client import Generation, generate
+
+    with Front(backends, processes=2) as fe:
+        # two client connections with 3 long requests each: whichever workers get them, the replicas
+        # get 3 each (the workers share their in-flight counts)
+        code = (
+            "import sys, time; sys.path.insert(0, %r)\n"
+            "from launcher.client import Generation, TritonStream, build_request\n"
+            "s = TritonStream(%r)\n"
+            "recs = [s.submit(build_request('frontend_marker', Generation('x', max_tokens=60), sys.argv[1] + str(i), {'inter_token_delay_ms': 50})) for i in range(3)]\n"
+            "[s.wait(r) for r in recs]\n"
+            "assert not any(r.error for r in recs), [r.error for r in recs]\n"
+        ) % (str(ROOT), fe.url)
+        first = subprocess.Popen([sys.executable, "-c", code, "wa"])
+        until(lambda: len(set().union(*(b.marked("start") for b in backends)) & {"wa0", "wa1", "wa2"}) == 3, 60, "the first client's requests")
+        second = subprocess.Popen([sys.executable, "-c", code, "wb"])
+        assert [first.wait(120), second.wait(120)] == [0, 0]
+        on = [b.marked("start") & {f"w{c}{i}" for c in "ab" for i in range(3)} for b in backends]
+        assert [len(x) for x in on] == [3, 3], on
+        # separate client processes: separate connections, which the kernel spreads over the workers
+        code = "import sys; sys.path.insert(0, %r)\nfrom launcher.client import Generation, generate\nassert generate(%r, 'timed', Generation('a b', max_tokens=4)).output_tokens == 4\n" % (str(ROOT), fe.url)
+        clients = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(6)]
+        assert [p.wait(120) for p in clients] == [0] * 6
+        assert generate(fe.url, "timed", Generation("a b", max_tokens=4)).output_tokens == 4
+        m = until(lambda: (lambda m: m if m[("llmlaunch_frontend_requests_total", 0)] + m[("llmlaunch_frontend_requests_total", 1)] == 13 else None)(fe.metrics()), 10, "the workers' counters")
+        assert m[("llmlaunch_frontend_processes", None)] == 2
+
+
+def test_frontend_refuses_a_taken_port(backends):
+    from launcher.frontend import FrontendConfig, FrontendProcess
+
+    with Front(backends) as fe:
+        cfg = FrontendConfig([("127.0.0.1", backends[0].port)], "127.0.0.1", fe.port, 0, "")
+        other = FrontendProcess(cfg, env=_env()).start()
+        assert other.proc.wait(60) != 0
+
+
+def test_wire_patches_decode_as_protobuf_says():
+    from tritonclient.grpc import service_pb2
+
+    from launcher.frontend import _ASK_EMPTY_FINAL, _request_id_patch, _response_id_patch
+
+    req = service_pb2.ModelInferRequest(model_name="m", id="a")
+    req.parameters["triton_enable_empty_final_response"].bool_param = False
+    t = req.inputs.add()
+    t.name = "text_input"
+    req.raw_input_contents.append(b"\x01\x00\x00\x00x")
+    patched = service_pb2.ModelInferRequest.FromString(req.SerializeToString() + _request_id_patch("a~fe1") + _ASK_EMPTY_FINAL)
+    assert patched.id == "a~fe1" and patched.parameters["triton_enable_empty_final_response"].bool_param
+    assert patched.raw_input_contents == req.raw_input_contents and patched.inputs == req.inputs
+    resp = service_pb2.ModelStreamInferResponse()
+    resp.infer_response.id = "a~fe1"
+    resp.infer_response.raw_output_contents.append(b"y" * 300)
+    restored = service_pb2.ModelStreamInferResponse.FromString(resp.SerializeToString() + _response_id_patch(""))
+    assert restored.infer_response.id == "" and restored.infer_response.raw_output_contents == [b"y" * 300]
+
+
+# ----------------------------------------------------------------------------- llmlaunch replicas=2
+class LocalLaunch:
+    """`llmlaunch replicas=2` (cluster=local, the tiny hf model) as a subprocess with free ports."""
+
+    def __init__(self, tmp_path: Path):
+        import threading
+
+        self.tmp_path = tmp_path
+        self.grpc_port, http_port, self.metrics_port = free_port(), free_port(), free_port()
+        argv = [sys.executable, "-c", "from launcher.cli import main; main()", "replicas=2", f"serve.grpc_port={self.grpc_port}", f"serve.http_port={http_port}",
+                f"serve.metrics_port={self.metrics_port}", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=300", "serve.drain_timeout_s=10"]
+        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        self.lines: queue.Queue = queue.Queue()
+        self.err: list = []
+        threading.Thread(target=lambda: [self.lines.put(l) for l in self.proc.stdout], daemon=True).start()
+        threading.Thread(target=lambda: [self.err.append(l) for l in self.proc.stderr], daemon=True).start()
+
+    def tail(self) -> str:
+        return "".join(self.err[-30:])
+
+    def wait_endpoint(self, timeout: float = 360) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            assert self.proc.poll() is None, "llmlaunch exited early:\n" + self.tail()
+            assert time.monotonic() < deadline, f"no endpoint after {timeout:.0f} s:\n" + self.tail()
+            try:
+                line = self.lines.get(timeout=1)
+            except queue.Empty:
+                continue
+            if line.startswith("endpoint:"):
+                self.url = line.split()[1]
+                self.run = next(self.tmp_path.rglob("endpoint.json")).parent
+                return json.loads((self.run / "endpoint.json").read_text())
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def assert_nothing_left(self, ep: dict) -> None:
+        time.sleep(0.5)
+        ps = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
+        assert str(self.run) not in ps  # no tritonserver (their argv names the run dir's repository), no rank
+        assert not Path(f"/proc/{ep['frontend']['pid']}").exists()  # the front end is gone too
+        assert list(Path("/dev/shm").glob(f"llm{ep['job_id']}r*")) == []
+
+
+def test_llmlaunch_replicas_2_on_this_machine_serves_through_the_front_end(tmp_path, tiny_model_dir):
+    from launcher.client import Generation, generate
+
+    job = LocalLaunch(tmp_path)
+    try:
+        ep = job.wait_endpoint()
+        assert job.url == f"grpc://127.0.0.1:{job.grpc_port}" == ep["url"]
+        assert len(ep["replicas"]) == 2 and all(r["grpc_port"] != job.grpc_port for r in ep["replicas"])
+        assert ep["metrics_url"] == f"http://127.0.0.1:{job.metrics_port}/metrics"
+        for i in range(4):
+            rec = generate(job.url, ep["model"], Generation(f"The capital of France is {i}", max_tokens=6, ignore_eos=True))
+            assert not rec.error and rec.output_tokens == 6, rec.error
+        text = urllib.request.urlopen(ep["metrics_url"], timeout=10).read().decode()
+        served = [float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith("llmlaunch_frontend_requests_total{")]
+        assert served == [2, 2], text
+        job.proc.send_signal(signal.SIGINT)
+        assert job.proc.wait(90) == 0, job.tail()
+    finally:
+        job.kill()
+    job.assert_nothing_left(ep)
+
+
+def test_llmlaunch_fails_when_the_front_end_dies(tmp_path, tiny_model_dir):
+    job = LocalLaunch(tmp_path)
+    try:
+        ep = job.wait_endpoint()
+        os.kill(ep["frontend"]["pid"], signal.SIGKILL)
+        assert job.proc.wait(90) == 1, job.tail()
+        assert "rank 0 exited with status" in "".join(job.err), job.tail()
+        failure = json.loads((job.run / "failure_rank0.json").read_text())
+        assert failure["rank"] == 0 and failure["exit_code"] == -signal.SIGKILL
+        assert "front end exited with status -9 unasked: failing the job" in (job.run / "logs" / "rank0.log").read_text()
+    finally:
+        job.kill()
+    job.assert_nothing_left(ep)
+
+
+# ----------------------------------------------------------------------------- Slurm, two nodes
+@pytest.mark.slurm
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (the local Slurm cluster)")
+def test_slurm_replicas_2_nodes_2_one_endpoint(local_slurm, tmp_path):
+    from launcher import slurm
+    from launcher.cli import plan
+    from launcher.client import Generation, generate
+    from launcher.jobdir import resolve_model
+
+    cfg, spec = plan(["cluster=local_slurm", "engine=hf", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=240", "replicas=2", "nodes=2"])
+    spec = resolve_model(spec)
+    job, run = slurm.submit(spec, str(tmp_path / f"run{time.monotonic_ns()}"))
+    try:
+        ep = slurm.follow(job.job_id, run, spec, 300)
+        assert len({r["addr"] for r in ep["replicas"]}) == 2  # one replica per node
+        for i in range(4):
+            rec = generate(ep["url"], ep["model"], Generation(f"Hello {i}", max_tokens=5, ignore_eos=True))
+            assert not rec.error and rec.output_tokens == 5, rec.error
+        text = urllib.request.urlopen(ep["metrics_url"], timeout=10).read().decode()
+        served = [float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith("llmlaunch_frontend_requests_total{")]
+        assert served == [2, 2], text
+    finally:
+        code, msg = slurm.stop(job.job_id)
+        assert code == 0, msg
