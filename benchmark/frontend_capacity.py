@@ -6,7 +6,7 @@ by number of front-end worker processes.
     python benchmark/frontend_capacity.py --replicas 4 --instances 2 --processes 1,2,4 --clients 6
     python benchmark/frontend_capacity.py --loops asyncio,uvloop           # compare event loops
 
-Backends: --replicas tritonservers serving `frontend_emitter` (tests/models/frontend_emitter: the
+Backends: --replicas tritonservers serving `emitter` (tests/models/emitter: the
 emitter fixture, one-token responses as fast as the python backend sends them, stopping when
 cancelled) with --instances instances each; intermediate responses carry text_output only
 (full_outputs=false), the cheapest real response. Load: --clients client processes, each with its
@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-MODEL = "frontend_emitter"
+MODEL = "emitter"
 
 
 def log(msg: str) -> None:

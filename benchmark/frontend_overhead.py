@@ -18,7 +18,7 @@ between responses with text, pooled), streamed responses/s (responses with text 
 - first send)). Then the deltas and ratios; targets: p50 TTFT grows by <= 1 ms, responses/s within
 2%.
 
---flat-out adds a saturation run: the `frontend_emitter` fixture sending as fast as it can, direct
+--flat-out adds a saturation run: the `emitter` fixture sending as fast as it can, direct
 vs through the front end (responses/s only; on a machine with few cores the front end competes
 with the backend and the client for them, see benchmark/frontend_capacity.py).
 
@@ -103,7 +103,7 @@ def main(argv=None) -> int:
 
     models = {"timed": {"first_token_delay_ms": args.first_token_ms, "inter_token_delay_ms": args.itl_ms}}
     if args.flat_out:
-        models["frontend_emitter"] = {"full_outputs": "false"}
+        models["emitter"] = {"full_outputs": "false"}
     report = {"load": {k: getattr(args, k) for k in ("concurrency", "requests", "max_tokens", "first_token_ms", "itl_ms", "rounds", "loop", "processes")}}
     with backends(1, 1, models) as (url,):
         with frontend([url], args.processes, args.loop, model="timed") as (fe_url, _, _):

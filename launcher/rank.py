@@ -242,7 +242,7 @@ def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path
     from launcher.engines.registry import ENGINES
     from launcher.render import shm_prefix, tritonserver_argv
     from launcher.spec import LaunchSpec
-    from launcher.triton import TritonServer, resolve_tritonserver, server_env
+    from launcher.triton import ServerDied, TritonServer, resolve_tritonserver, server_env
 
     environ = dict(os.environ if environ is None else environ)
     run = Path(run_dir)
@@ -259,33 +259,36 @@ def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path
     me = ctx.rank
     install = resolve_tritonserver(spec.cluster.get("tritonserver", ""))
     env = server_env(install, {**spec.cluster.get("env", {}), **rank_environment(spec, topo, ctx, run, _visible_devices(environ)), **edef.rank_env(spec, ctx)})
-    argv = edef.rank_command(spec, ctx)
     prefix = shm_prefix(ctx.job_id, me.rank)
-    if argv is None:
-        argv = tritonserver_argv(
-            spec,
-            me,
-            tritonserver=install.binary,
-            repository=str(run / "model_repository"),
-            job_id=ctx.job_id,
-            ports=ctx.ports or None,
-            backend_directory=install.backend_directory,
-        )
-    say(f"{me.role} of replica {me.replica}, gpus {list(me.gpus) or 'none'}, leader {ctx.leader_addr}: {' '.join(argv)}")
     host = "127.0.0.1" if spec.cluster["scheduler"] == "local" else ctx.hosts[me.rank]
-    url = f"{'127.0.0.1' if spec.cluster['scheduler'] == 'local' else host}:{ctx.ports.get('grpc_port', 0)}"
-    server = TritonServer(
-        argv,
-        env=env,
-        log_path=log,
-        grpc_url=url,
-        model=spec.model_name,
-        ready_timeout_s=float(spec.serve["ready_timeout_s"]),
-        drain_timeout_s=float(spec.serve["drain_timeout_s"]),
-        shm_prefix=prefix,
-        progress=say,
-        inherit_output=log_path is None,
-    )
+
+    def make_server():
+        argv = edef.rank_command(spec, ctx)
+        if argv is None:
+            argv = tritonserver_argv(
+                spec,
+                me,
+                tritonserver=install.binary,
+                repository=str(run / "model_repository"),
+                job_id=ctx.job_id,
+                ports=ctx.ports or None,
+                backend_directory=install.backend_directory,
+            )
+        say(f"{me.role} of replica {me.replica}, gpus {list(me.gpus) or 'none'}, leader {ctx.leader_addr}: {' '.join(argv)}")
+        return TritonServer(
+            argv,
+            env=env,
+            log_path=log,
+            grpc_url=f"{host}:{ctx.ports.get('grpc_port', 0)}",
+            model=spec.model_name,
+            ready_timeout_s=float(spec.serve["ready_timeout_s"]),
+            drain_timeout_s=float(spec.serve["drain_timeout_s"]),
+            shm_prefix=prefix,
+            progress=say,
+            inherit_output=log_path is None,
+        )
+
+    server = make_server()
     stopping = {"signal": None}
     frontend = None  # frontend: rank 0's front end process when replicas > 1
 
@@ -300,7 +303,24 @@ def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path
     server.start()
     try:
         if me.role == "leader":
-            waited = server.wait_ready()
+            for attempt in range(3):
+                try:
+                    waited = server.wait_ready()
+                    break
+                except ServerDied as e:
+                    # Another job on this node can take a port between our check and tritonserver's
+                    # bind. Only the public rank's ports are still private to it here (nothing was
+                    # published yet), so it alone retries, on fresh ports, instead of failing the job.
+                    if attempt == 2 or "already in use" not in str(e) or me.serves != "public" or spec.replicas > 1:
+                        raise
+                    from launcher.triton import pick_ports
+
+                    ctx.ports.update(pick_ports("127.0.0.1" if spec.cluster["scheduler"] == "local" else "0.0.0.0", {k: 0 for k in ctx.ports}))
+                    say(f"a port was taken while starting; retrying on {ctx.ports}")
+                    server.stop()
+                    server = make_server()
+                    server.start()
+            url = server.grpc_url
             say(f"READY in {waited:.1f}s: {spec.model_name} at {url}")
             ready = {"rank": me.rank, "replica": me.replica, "addr": host, "ports": ctx.ports, "ready_s": round(waited, 2), "time": time.time()}
             write_json(run / f"ready_rank{me.rank}.json", ready)
