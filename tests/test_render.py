@@ -60,7 +60,7 @@ def test_engine_repositories_at_tp_and_nodes(engine, tp, nodes):
     extra = [f"tp={tp}", f"nodes={nodes}", f"replicas={replicas}"]
     if engine == "lmdeploy" and nodes == 2:
         extra = [f"tp={tp}", "nodes=2", "replicas=2"]
-    if engine == "hf":  # no tensor parallelism yet: the same GPU counts as data-parallel copies
+    if engine == "hf":  # same GPU counts as data-parallel copies (hf tp ranks: tests/test_hf_tp.py)
         extra = [f"replicas={tp}", f"nodes={nodes}"]
     cfg, spec = plan(overrides_for(engine, "luna", extra))
     files = repository_files(spec)

@@ -141,7 +141,7 @@ class Engine:
                  max_model_len: int | None = None, tp: int | None = None, max_prefill_tokens: int = 512,
                  tokenizer_path: str | None = None, attn_implementation: str = "sdpa",
                  kv_cache_memory: float | None = None, after_step: Callable[[], None] | None = None,
-                 threads: int | None = None):
+                 threads: int | None = None, tp_group=None):
         """
         model_path: HF-format folder (config, weights, tokenizer unless tokenizer_path is given).
         device: auto (cuda when available) | cpu | cuda | cuda:N.  dtype: auto | float32 | bfloat16 | float16.
@@ -152,16 +152,21 @@ class Engine:
         kv_cache_memory: bytes the KV cache may use (default: half the RAM on CPU, 85% of free GPU memory).
         after_step: called on the engine thread after each step's outputs were delivered (batching hook).
         threads: torch intra-op threads of the engine thread (default: torch's default, one per core).
+        tp: tensor-parallel ranks (see hf_tp); this engine is rank 0 and broadcasts each step to the workers.
+        tp_group: an hf_tp.TPGroup (default: one made from the LLMLAUNCH_* environment when tp > 1).
         """
-        if tp not in (None, 0, 1):
-            raise NotImplementedError("tensor parallelism is not implemented in the hf engine yet (tp must be 1)")
         from transformers import AutoTokenizer, GenerationConfig
 
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or self.model_path)
         self.runner = HFModelRunner(self.model_path, device=device, dtype=dtype, max_num_seqs=max_num_seqs,
                                     max_model_len=max_model_len, attn_implementation=attn_implementation,
-                                    kv_cache_memory=kv_cache_memory)
+                                    kv_cache_memory=kv_cache_memory, tp=int(tp or 1), tp_group=tp_group)
+        # tp > 1: this engine is the leader (group rank 0) of a tensor-parallel group; see hf_tp
+        self._tp = self.runner.tp_group
+        if self._tp is not None and self._tp.rank != 0:
+            raise ValueError(f"the Engine runs on group rank 0 only; rank {self._tp.rank} runs hf_tp.run_worker")
+        self._heartbeat_s = self._tp.timeout / 4 if self._tp is not None else None
         self.max_model_len = self.runner.max_model_len
         self.max_num_seqs = self.runner.max_num_seqs
         self.device = str(self.runner.device)
@@ -281,13 +286,27 @@ class Engine:
         finally:
             self._fail_all("engine shut down", reason="cancelled")
             after_step()
+            if self._tp is not None:
+                if self._error is None:
+                    try:
+                        self._tp.broadcast("stop")  # workers leave their loop
+                    except Exception as exc:
+                        log.warning("hf engine: telling the tp workers to stop failed: %r", exc)
+                self._tp.close()
 
     def _drain(self, block: bool) -> bool:
         """Apply queued requests/aborts; False when asked to stop."""
         inbox = self._inbox
         try:
-            item = inbox.get() if block else inbox.get_nowait()
+            if not block:
+                item = inbox.get_nowait()
+            elif self._heartbeat_s is None:
+                item = inbox.get()
+            else:
+                item = inbox.get(timeout=self._heartbeat_s)
         except queue.Empty:
+            if block and self._tp is not None:
+                self._tp.broadcast("ping")  # idle: keep the workers' collective timeout from firing
             return True
         while True:
             if item is _STOP:
@@ -314,8 +333,12 @@ class Engine:
         step, rows = self._schedule()
         t0 = time.perf_counter()
         try:
+            if self._tp is not None:
+                self._tp.broadcast(step)  # every worker rank executes the same step on its shard
             tokens = self.runner.execute(step)
         except Exception as exc:  # a failed step fails the requests in it, not the engine
+            if self._tp is not None:
+                raise  # with tp > 1 the ranks may be out of step: fatal (the loop fails every request)
             log.exception("hf engine step failed")
             for seq in rows + [s for s, _ in self._step_prefill]:
                 self._finish(seq, "error", "", [], error=f"generation failed: {exc!r}")

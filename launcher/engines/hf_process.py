@@ -56,14 +56,21 @@ class EngineProcess:
     """`Engine` API (start, add_request, abort, shutdown, max_model_len) with the engine in a child process."""
 
     def __init__(self, model_path: str, tokenizer_path: str | None = None, startup_timeout: float = 900.0,
-                 on_batch: Callable | None = None, **engine_kwargs):
+                 on_batch: Callable | None = None, on_exit: Callable[[str], None] | None = None,
+                 **engine_kwargs):
         """engine_kwargs go to `Engine` in the child.  `on_batch(list[Output])`, if given, receives the outputs
         of each engine step (and of any steps that queued up meanwhile) in one call on the receive thread,
-        instead of one `on_output` call per output."""
+        instead of one `on_output` call per output.  `on_exit(message)`, if given, is called once when the
+        engine process ends on its own (not through `shutdown`).
+
+        role="worker" (with tp > 1) runs a tensor-parallel worker rank (hf_tp.run_worker) instead of the
+        Engine: it takes no requests; the process exits when the leader stops, or fails when it dies."""
         self.model_path = str(model_path)
         self._kwargs = dict(engine_kwargs, tokenizer_path=tokenizer_path)
         self._timeout = startup_timeout
         self._on_batch = on_batch
+        self._on_exit = on_exit
+        self._stopping = False
         self._callbacks: dict[str, Callable] = {}
         self._send_lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
@@ -109,6 +116,7 @@ class EngineProcess:
     def shutdown(self, timeout: float = 30.0) -> None:
         if self._proc is None:
             return
+        self._stopping = True
         try:
             self._send(("stop",))
         except OSError:
@@ -201,6 +209,11 @@ class EngineProcess:
                 pass
         if on_batch is not None and dead:
             on_batch(dead)
+        if self._on_exit is not None and not self._stopping:
+            try:
+                self._on_exit(self._dead)
+            except Exception:
+                log.exception("on_exit callback failed")
 
 
 # ------------------------------------------------------------------------------------------------ child
@@ -209,6 +222,8 @@ def _child(fd: int) -> int:
 
     conn = Connection(fd)
     _, model_path, kwargs = conn.recv()
+    if kwargs.pop("role", "leader") == "worker":
+        return _worker_child(conn, model_path, kwargs)
     try:
         from launcher.engines.hf_engine import Engine
 
@@ -257,6 +272,15 @@ def _child(fd: int) -> int:
     except Exception as exc:  # report, then exit: the parent raises with this message
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return 1
+    if engine._tp is not None:
+        def watch() -> None:  # tp > 1: a dead engine loop (a failed collective) ends the process: fail fast
+            engine._thread.join()
+            if engine._error is not None:
+                log.error("hf engine (tp leader) failed: %r; exiting", engine._error)
+                time.sleep(0.2)  # let the final outputs go out
+                os._exit(3)
+
+        threading.Thread(target=watch, name="hf-tp-watch", daemon=True).start()
     conn.send(("ready", {"max_model_len": engine.max_model_len, "max_num_seqs": engine.max_num_seqs,
                          "vocab_size": engine.vocab_size, "device": str(engine.runner.device),
                          "dtype": str(engine.runner.dtype).replace("torch.", ""), "pid": os.getpid()}))
@@ -282,6 +306,49 @@ def _child(fd: int) -> int:
             engine.shutdown()  # running requests end 'cancelled'; the engine flushes them
         except OSError:
             pass
+    return 0
+
+
+def _worker_child(conn, model_path: str, kwargs: dict) -> int:
+    """A tensor-parallel worker rank: hf_tp.run_worker on a thread; exits when it ends or the parent goes."""
+    from launcher.engines import hf_tp
+
+    for key in ("tokenizer_path", "max_prefill_tokens", "output_interval"):
+        kwargs.pop(key, None)
+    lock = threading.Lock()
+    ready = threading.Event()
+
+    def on_ready(runner) -> None:
+        ready.set()
+        with lock:
+            conn.send(("ready", {"max_model_len": runner.max_model_len, "max_num_seqs": runner.max_num_seqs,
+                                 "vocab_size": runner.vocab_size, "device": str(runner.device),
+                                 "dtype": str(runner.dtype).replace("torch.", ""), "pid": os.getpid(),
+                                 "role": "worker", "tp_rank": runner.tp_group.rank}))
+
+    def work() -> None:
+        code = 0
+        try:
+            hf_tp.run_worker(model_path, on_ready=on_ready, **kwargs)
+        except BaseException as exc:
+            code = 3
+            log.error("hf tp worker failed: %r", exc)
+            if not ready.is_set():
+                try:
+                    with lock:
+                        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+                except OSError:
+                    pass
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)  # leader stopped (0) or failed (3): this process ends either way
+
+    threading.Thread(target=work, name="hf-tp-worker", daemon=True).start()
+    try:
+        while conn.recv()[0] != "stop":
+            pass
+    except (EOFError, OSError):
+        pass
     return 0
 
 

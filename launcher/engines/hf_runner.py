@@ -191,7 +191,9 @@ class HFModelRunner:
 
     def __init__(self, model_path: str, device: str = "auto", dtype: str = "auto", max_num_seqs: int = 64,
                  max_model_len: int | None = None, attn_implementation: str = "sdpa",
-                 kv_cache_memory: float | None = None):
+                 kv_cache_memory: float | None = None, tp: int = 1, tp_group=None):
+        """tp > 1: this process is one rank of a tensor-parallel group (see hf_tp): `tp_group` (an
+        hf_tp.TPGroup) or one made from the LLMLAUNCH_* environment; the model is sharded after loading."""
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -212,11 +214,28 @@ class HFModelRunner:
         for cfg in (model.config, getattr(model.config, "text_config", None)):
             if cfg is not None:
                 cfg._attn_implementation = ATTN_NAME
+        text_cfg = getattr(model.config, "text_config", None) or model.config
+        self.tp = int(tp or 1)
+        self.tp_group = None
+        if self.tp > 1:
+            from launcher.engines import hf_tp
+
+            hf_tp.check_divisible(text_cfg, self.tp)  # before joining the group: a clear error, no hang
+            if self.device.type == "cuda" and self.device.index is None and torch.cuda.device_count() > 1:
+                # ranks that see several GPUs (no per-rank CUDA_VISIBLE_DEVICES): one GPU per local rank
+                import os
+
+                local = int(os.environ.get("LLMLAUNCH_LOCAL_RANK", "0") or 0)
+                self.device = torch.device("cuda", local % torch.cuda.device_count())
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)  # before the process group: NCCL uses the current device
+            self.tp_group = tp_group or hf_tp.TPGroup(self.tp, device_type=self.device.type)
+            hf_tp.shard_model(model, text_cfg, self.tp_group)  # on the host, before moving the shard
         self.model = model.to(self.device).eval()
         self.config = model.config
-        text_cfg = getattr(self.config, "text_config", None) or self.config
         self.num_layers = text_cfg.num_hidden_layers
-        self.num_kv_heads = getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads
+        # kv heads of this rank (all of them with tp=1): the cache and our attention only see these
+        self.num_kv_heads = (getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads) // self.tp
         self.head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
         self.vocab_size = text_cfg.vocab_size
         limit = getattr(text_cfg, "max_position_embeddings", None) or 2048
@@ -268,17 +287,23 @@ class HFModelRunner:
                              f"{self.num_layers} layers")
 
     # -- one step ------------------------------------------------------------------------------------------
-    def execute(self, step: StepInputs) -> list[int]:
+    def execute(self, step: StepInputs, sample: bool = True) -> list[int]:
+        """Run one step; the sampled token per output row.  sample=False (tensor-parallel workers): run the
+        layers only (no lm_head, no sampling) and return []."""
         import torch
 
         with torch.inference_mode():
             ctx, input_ids, positions, logits_idx = self._prepare(step)
+            if not sample:
+                logits_idx = logits_idx[:0]
             _tls.ctx, _tls.cache = ctx, self.cache
             try:
                 out = self.model(input_ids=input_ids, position_ids=positions, use_cache=False,
                                  logits_to_keep=logits_idx)
             finally:
                 _tls.ctx = None
+            if not sample:
+                return []
             logits = out.logits[0]
             tokens = self.sampler.sample(logits, step.sampling, step.penalty_resets)
             return tokens.tolist()  # the step's one host sync

@@ -11,7 +11,13 @@ config.pbtxt parameters (string values; empty or absent = default):
   attn_implementation  sdpa | eager: attention kernels of the engine (default sdpa)
   torch_threads     intra-op threads of the engine (default 0: torch's default, one per core); on small
                     CPU machines 1 leaves the other cores to tritonserver and the clients
-  tp_size           must be 1 (tensor parallelism is not implemented yet)
+  tp_size           tensor-parallel ranks (default 1).  With tp_size > 1 one tritonserver runs per rank
+                    (launcher.rank sets LLMLAUNCH_GROUP_RANK/_SIZE, LLMLAUNCH_LEADER_ADDR, LLMLAUNCH_DIST_PORT):
+                    group rank 0 (the leader) runs the engine and takes requests; the other ranks run
+                    the worker loop of launcher.engines.hf_tp on their shard and take no requests.
+                    tp_size must divide the model's attention and kv heads (checked at load, clear error).
+                    If a rank's engine process dies, this model stops its tritonserver, so the rank
+                    supervisor fails the whole job (fail fast).  Requires engine_process=true.
   cancel_check_ms   how often (per request) to ask Triton whether the client cancelled (default 50; 0 = every step)
   stream_interval_ms  least time between two streamed responses (default 0: a response per engine step).
                     Tokens generated meanwhile are merged into one response; a request's first token and its
@@ -33,7 +39,9 @@ process and a sender thread does the same from a queue.
 """
 
 import json
+import os
 import queue
+import signal
 import sys
 import threading
 import time
@@ -82,7 +90,8 @@ class TritonPythonModel:
         self._read_parameters()
         self._start_engine()
         self._start_sender()
-        _log("info", f"ready: {self.params['model_path']} on {self.engine.device} ({self.engine.dtype}), "
+        role = f", tp rank {self.tp_rank}/{self.tp}" + (" (worker)" if self.tp_rank else " (leader)") if self.tp > 1 else ""
+        _log("info", f"ready: {self.params['model_path']} on {self.engine.device} ({self.engine.dtype}){role}, "
                      f"max_num_seqs={self.engine.max_num_seqs}, max_model_len={self.engine.max_model_len}, "
                      f"engine_process={self.engine_process}")
 
@@ -104,9 +113,8 @@ class TritonPythonModel:
             except ValueError:
                 raise pb_utils.TritonModelException(f"parameter {name}={p[name]!r} is not an integer") from None
 
-        if integer("tp_size", 1) not in (0, 1):
-            raise pb_utils.TritonModelException(
-                f"tp_size={p['tp_size']}: the hf engine does not implement tensor parallelism yet; use tp_size 1")
+        self.tp = max(1, integer("tp_size", 1))
+        self.tp_rank = int(os.environ.get("LLMLAUNCH_GROUP_RANK", "0") or 0) if self.tp > 1 else 0
         self.params = {
             "model_path": p["model_path"],
             "tokenizer_path": p.get("tokenizer_path") or None,
@@ -124,18 +132,26 @@ class TritonPythonModel:
         if flag not in ("true", "false", "1", "0", "yes", "no"):
             raise pb_utils.TritonModelException(f"parameter engine_process={flag!r} is not true or false")
         self.engine_process = flag in ("true", "1", "yes")
+        if self.tp > 1:
+            if not self.engine_process:
+                raise pb_utils.TritonModelException("tp_size > 1 needs engine_process=true")
+            self.params["tp"] = self.tp
+            if self.tp_rank:
+                self.params["role"] = "worker"
 
     def _start_engine(self):
         self._responder = triton_io.Responder(self._batched)
         self._streams = {}  # request id -> _Stream (the responding thread owns it after registration)
         self._next_id = 0
         self._noted = set()  # ignored inputs already logged
+        self._finalizing = False
         if self.engine_process:
             from launcher.engines.hf_process import EngineProcess
 
             # its receive thread hands us each engine step's outputs at once: we respond on that thread.
             # The engine process itself merges outputs over stream_interval_ms, so nothing is held back here.
             self.engine = EngineProcess(on_batch=self._respond_batch, output_interval=self.stream_interval_s,
+                                        on_exit=self._engine_exited if self.tp > 1 else None,
                                         **self.params).start()
             self._on_output = _ignore
             self.stream_interval_s = 0.0
@@ -155,10 +171,25 @@ class TritonPythonModel:
         self._sender = threading.Thread(target=self._send_loop, name="hf-sender", daemon=True)
         self._sender.start()
 
+    def _engine_exited(self, message):
+        """tp > 1: a rank's engine died (a rank failed or a collective timed out): stop this tritonserver (our
+        stub's parent) so the rank supervisor fails the job instead of serving from a broken group."""
+        if self._finalizing:
+            return
+        _log("error", f"tensor-parallel rank {self.tp_rank}: {message}; stopping this server")
+        try:
+            os.kill(os.getppid(), signal.SIGTERM)
+        except OSError as exc:
+            _log("error", f"could not stop tritonserver: {exc}")
+
     # -- requests ------------------------------------------------------------------------------------------
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
+            if self.tp_rank:
+                self._send(sender, triton_io.error_response(
+                    f"this server is tensor-parallel worker rank {self.tp_rank}; send requests to rank 0"), final=True)
+                continue
             try:
                 req = triton_io.parse_request(request, SUPPORTED, self.engine.max_model_len)
                 self._note_ignored(req.ignored)
@@ -269,6 +300,7 @@ class TritonPythonModel:
 
     def finalize(self):
         # reverse of initialize: stop the engine (running requests end 'cancelled'), then the sender
+        self._finalizing = True
         self.engine.shutdown()
         if self._sender is not None:
             self._outputs.put(None)

@@ -1,0 +1,239 @@
+"""Tensor parallelism of the hf engine (launcher/engines/hf_tp.py): leader + worker ranks over gloo on CPU.
+
+* engine level: a tp=2 leader Engine and a worker process give the same greedy tokens as tp=1;
+* a tp that does not divide the heads is refused with a clear error;
+* end to end: `llmlaunch engine=hf tp=2` on cluster=local serves the same greedy text as transformers' generate,
+  and SIGINT leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ["Once upon a time", "The quick brown fox jumps over", "hello"]
+
+# One rank of the engine-level test: argv = role tp port model_dir.  The leader prints the greedy tokens per
+# prompt (three concurrent requests, small prefill chunks: decode and chunked prefill share steps).
+_RANK = r"""
+import json, sys, threading
+from launcher.engines.hf_engine import Engine, SamplingParams
+from launcher.engines.hf_tp import TPGroup, run_worker
+role, tp, port, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+prompts = json.loads(sys.argv[5])
+kw = dict(device="cpu", max_num_seqs=4, max_model_len=128, threads=1)
+group = TPGroup(tp, rank=0 if role == "leader" else 1, addr="127.0.0.1", port=port, timeout=60) if tp > 1 else None
+if role == "worker":
+    run_worker(path, tp=tp, group=group, **kw)
+    print("worker done")
+    sys.exit(0)
+eng = Engine(path, tp=tp, tp_group=group, max_prefill_tokens=4, **kw).start()
+res = {}
+def go(p):
+    res[p] = eng.generate(p, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)).token_ids
+ts = [threading.Thread(target=go, args=(p,)) for p in prompts]
+[t.start() for t in ts]
+[t.join() for t in ts]
+eng.shutdown()
+print("RESULT " + json.dumps(res))
+"""
+
+
+def _rank(role: str, tp: int, port: int, model_dir) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", _RANK, role, str(tp), str(port), str(model_dir), json.dumps(PROMPTS)],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _result(proc: subprocess.Popen, timeout: float = 180) -> dict:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out
+    line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
+    assert line, out
+    return json.loads(line[-1][len("RESULT "):])
+
+
+def test_tp2_engine_equals_tp1_greedy(tiny_model_dir):
+    from launcher.triton import free_port
+
+    ref = _result(_rank("leader", 1, 0, tiny_model_dir))
+    port = free_port()
+    worker = _rank("worker", 2, port, tiny_model_dir)
+    leader = _rank("leader", 2, port, tiny_model_dir)
+    try:
+        got = _result(leader)
+        wout, _ = worker.communicate(timeout=60)
+        assert worker.returncode == 0 and "worker done" in wout, wout  # the leader's shutdown stops the worker
+    finally:
+        for p in (leader, worker):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert got == ref
+    assert all(len(v) == 16 for v in got.values())
+
+
+def test_tp_that_does_not_divide_heads_is_refused(tiny_model_dir):
+    from launcher.engines.hf_runner import HFModelRunner
+
+    with pytest.raises(ValueError, match=r"tp=3 does not divide the model's attention heads \(4\)"):
+        HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64, tp=3)
+
+
+def test_plan_accepts_hf_tp2():
+    from launcher.cli import plan
+
+    cfg, spec = plan(["engine=hf", "cluster=local", "tp=2"])
+    assert spec.world_size == 2
+    assert [r.role for r in spec.ranks] == ["leader", "worker"]
+
+
+# ------------------------------------------------------------------------------------------- end to end
+def _processes_mentioning(marker: str) -> list[str]:
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            blob = Path(f"/proc/{pid}/cmdline").read_bytes() + Path(f"/proc/{pid}/environ").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in blob:
+            found.append(f"{pid}: {Path(f'/proc/{pid}/cmdline').read_bytes()[:200]!r}")
+    return found
+
+
+def test_llmlaunch_tp2_local_serves_generate_greedy_and_sigint_cleans_up(tiny_model_dir, tmp_path):
+    pytest.importorskip("tritonclient.grpc")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from launcher.client import Generation, generate
+    from launcher.triton import free_port, resolve_tritonserver
+
+    try:
+        resolve_tritonserver()
+    except Exception as exc:  # noqa: BLE001
+        pytest.skip(f"no tritonserver: {exc}")
+    prompt, n = "The quick brown fox", 24
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    ids = tok(prompt, return_tensors="pt").input_ids
+    ref = tok.decode(model.generate(ids, max_new_tokens=n, do_sample=False)[0, ids.shape[1]:],
+                     skip_special_tokens=True)
+
+    grpc, http, metrics = free_port(), free_port(), free_port()
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli", "engine=hf", "cluster=local", "tp=2", "engine.device=cpu",
+         f"model.path={tiny_model_dir}", "engine.max_num_seqs=8", "model.max_model_len=256",
+         f"serve.grpc_port={grpc}", f"serve.http_port={http}", f"serve.metrics_port={metrics}",
+         f"cluster.jobs_dir={tmp_path}"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        url = None
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line)
+            if line.startswith("endpoint:"):
+                url = line.split(None, 1)[1].strip()
+                break
+        assert url, "".join(lines)
+        assert url.endswith(f":{grpc}")
+        rec = generate(url, "hf_model", Generation(prompt, max_tokens=n, temperature=0.0), timeout=120)
+        assert not rec.error, rec.error
+        assert rec.text == ref, (rec.text, ref)
+        assert rec.output_tokens == n or rec.finish_reason == "stop"
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            rest, _ = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rest, _ = proc.communicate()
+        lines.append(rest or "")
+    time.sleep(1)
+    left = _processes_mentioning(str(tmp_path))
+    assert not left, (left, "".join(lines)[-3000:])
+
+
+# ------------------------------------------------------------------------------------------- Slurm
+@pytest.mark.slurm
+@pytest.mark.skipif(os.geteuid() != 0, reason="the local Slurm cluster needs root")
+@pytest.mark.timeout(600)
+def test_slurm_tp2_two_nodes_leader_serves_generate_greedy(local_slurm, tmp_path):
+    """cluster=local_slurm tp=2 nodes=2: one rank per node, gloo across the nodes, rank 0 serves."""
+    pytest.importorskip("tritonclient.grpc")
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tests.test_slurm_launch import greedy, launch, prefixes_of, stop
+
+    spec, job_id, run, ep = launch(tmp_path, "tp=2", "nodes=2")
+    try:
+        assert [(r.node, r.role) for r in spec.ranks] == [(0, "leader"), (1, "worker")]
+        text, n = greedy(ep["url"], ep["model"])
+        path = spec.model["path"]
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path)
+        ids = tok("The capital of France is", return_tensors="pt").input_ids
+        ref = tok.decode(model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1]:],
+                         skip_special_tokens=True)
+        assert text == ref and n == 8, (text, ref, n)
+    finally:
+        stop(job_id)
+    time.sleep(1)
+    assert prefixes_of(job_id) == []
+
+
+_HEARTBEAT = r"""
+import os, sys, time
+os.environ["LLMLAUNCH_HF_TP_TIMEOUT_S"] = "2"
+from launcher.engines.hf_engine import Engine, SamplingParams
+from launcher.engines.hf_tp import TPGroup, run_worker
+role, port, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+kw = dict(device="cpu", max_num_seqs=2, max_model_len=64, threads=1)
+g = TPGroup(2, rank=0 if role == "leader" else 1, addr="127.0.0.1", port=port)
+if role == "worker":
+    try:
+        run_worker(path, tp=2, group=g, **kw)
+        print("worker stopped cleanly")
+    except Exception as e:
+        print("worker failed: " + repr(e)[:300])
+    sys.exit(0)
+eng = Engine(path, tp=2, tp_group=g, **kw).start()
+time.sleep(5)  # idle for more than twice the collective timeout: the leader's heartbeats keep workers alive
+print("tokens", eng.generate("hello", SamplingParams(max_tokens=4, temperature=0.0)).token_ids, flush=True)
+os.kill(os.getpid(), 19)  # SIGSTOP: a hung leader
+"""
+
+
+def test_idle_leader_keeps_workers_alive_and_a_hung_leader_fails_them(tiny_model_dir):
+    """Heartbeats cover idle time; a leader that stops answering fails the worker within the timeout."""
+    from launcher.triton import free_port
+
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", _HEARTBEAT, role, str(port), str(tiny_model_dir)], cwd=ROOT,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for role in ("worker", "leader")]
+    try:
+        wout, _ = procs[0].communicate(timeout=120)
+        assert "worker failed" in wout and "Timed out" in wout, wout
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        lout, _ = procs[1].communicate()
+    assert "tokens [" in lout, lout
