@@ -198,6 +198,31 @@ def test_slurm_tp2_two_nodes_leader_serves_generate_greedy(local_slurm, tmp_path
     assert prefixes_of(job_id) == []
 
 
+def test_slurm_tp4_two_nodes_two_tasks_generate_greedy(local_slurm, tmp_path):
+    """cluster=local_slurm tp=4 nodes=2: 2 nodes x 2 tasks, one leader and three workers, gloo across
+    the nodes. The default tiny model has 2 kv heads, so this one is made with 4."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from launcher.tiny import ensure_tiny_model
+    from tests.test_slurm_launch import greedy, launch, prefixes_of, stop
+
+    path = str(ensure_tiny_model(kv_heads=4))
+    spec, job_id, run, ep = launch(tmp_path, "tp=4", "nodes=2", f"model.path={path}")
+    try:
+        assert [(r.node, r.role) for r in spec.ranks] == [(0, "leader"), (0, "worker"), (1, "worker"), (1, "worker")]
+        text, n = greedy(ep["url"], ep["model"])
+        tok = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path)
+        ids = tok("The capital of France is", return_tensors="pt").input_ids
+        ref = tok.decode(model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1]:], skip_special_tokens=True)
+        assert text == ref and n == 8, (text, ref, n)
+        assert prefixes_of(job_id) == [f"llm{job_id}r{i}_" for i in range(4)]
+    finally:
+        stop(job_id)
+    time.sleep(1)
+    assert prefixes_of(job_id) == []
+
+
 _HEARTBEAT = r"""
 import os, sys, time
 os.environ["LLMLAUNCH_HF_TP_TIMEOUT_S"] = "2"
