@@ -363,6 +363,7 @@ def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path
             say(f"{stopping.get('died', 'server')} exited with status {code} unasked: failing the job")
             server.stop()
             return code if code else 1
+    server.stop()  # the server has exited; this ends stray stubs and removes the rank's shm regions
     say(f"stopped (signal {stopping['signal']}), status {code}")
     return 0 if stopping["signal"] is not None and code in (0, -signal.SIGTERM) else code
 

@@ -134,6 +134,9 @@ def submitit_parameters(spec: LaunchSpec, run_dir: str) -> Dict[str, object]:
         "srun_args": srun_args(spec),
         "setup": setup_lines(spec, run_dir),
         "signal_delay_s": 60,  # SIGUSR2 a minute before the limit: ranks drain
+        # Ranks remove their own shm regions, but a rank killed outright (srun ending a failed
+        # step) cannot: once the step is over, one task per node removes what the job left.
+        "teardown": [f"srun --ntasks-per-node=1 --mpi=none --kill-on-bad-exit=0 rm -f /dev/shm/{shm_prefix('${SLURM_JOB_ID}', '')[:-1]}*"],
     }
     for key in ("partition", "account", "qos", "constraint", "mem"):
         if c.get(key):
