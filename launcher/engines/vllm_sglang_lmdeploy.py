@@ -318,3 +318,36 @@ class AsyncEngineRuntime:
             return  # the adapter cannot watch, or this is a normal shutdown
         self.log.error("the engine's processes on this worker rank exited; stopping this rank's tritonserver so the job fails fast")
         kill(os.getppid(), signal.SIGTERM)
+
+
+class RuntimeModel:
+    """The TritonPythonModel shell the vLLM, SGLang and LMDeploy models share: check decoupled
+    mode, build the engine's adapter, hand every request to the runtime, stop it on unload.
+    A model.py subclasses it as `TritonPythonModel` and defines `name` and `make_adapter`."""
+
+    name = ""  # engine name, used in the log and the error message
+
+    def make_adapter(self, params: Dict[str, str], args: Dict[str, str], log: Log) -> EngineAdapter:
+        raise NotImplementedError
+
+    def initialize(self, args):
+        import json
+
+        import triton_python_backend_utils as pb_utils
+
+        from launcher.serving.triton_io import model_parameters
+
+        config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(config):
+            raise ValueError(f"{config.get('name', self.name)} must be decoupled (model_transaction_policy {{ decoupled: true }}): it streams")
+        log = Log(self.name)
+        self.runtime = AsyncEngineRuntime(self.make_adapter(model_parameters(config), args, log), log)
+        self.runtime.start()
+
+    def execute(self, requests):
+        for request in requests:
+            self.runtime.submit(request)
+        return None
+
+    def finalize(self):
+        self.runtime.stop()

@@ -51,8 +51,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
         sys.path.append(_p)
 
 from launcher.contract import INPUT_NAMES
-from launcher.engines.vllm_sglang_lmdeploy import AsyncEngineRuntime, EngineAdapter, Log, Piece
-from launcher.serving.triton_io import model_parameters
+from launcher.engines.vllm_sglang_lmdeploy import EngineAdapter, Log, Piece, RuntimeModel
 
 
 def server_args_kwargs(params: dict, environ) -> dict:
@@ -184,19 +183,8 @@ class SGLangAdapter(EngineAdapter):
         return True
 
 
-class TritonPythonModel:
-    def initialize(self, args):
-        config = json.loads(args["model_config"])
-        if not pb_utils.using_decoupled_model_transaction_policy(config):
-            raise ValueError("sglang_model must be decoupled (model_transaction_policy { decoupled: true }): it streams")
-        log = Log("sglang")
-        self.runtime = AsyncEngineRuntime(SGLangAdapter(model_parameters(config), log), log)
-        self.runtime.start()
+class TritonPythonModel(RuntimeModel):
+    name = "sglang"
 
-    def execute(self, requests):
-        for request in requests:
-            self.runtime.submit(request)
-        return None
-
-    def finalize(self):
-        self.runtime.stop()
+    def make_adapter(self, params, args, log):
+        return SGLangAdapter(params, log)

@@ -42,8 +42,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
         sys.path.append(_p)
 
 from launcher.contract import INPUT_NAMES
-from launcher.engines.vllm_sglang_lmdeploy import AsyncEngineRuntime, EngineAdapter, Log, Piece
-from launcher.serving.triton_io import model_parameters
+from launcher.engines.vllm_sglang_lmdeploy import EngineAdapter, Log, Piece, RuntimeModel
 
 ENGINE_ARGS_FILE = "model.json"
 RENAMED_ARGS = {"disable_log_requests": ("enable_log_requests", lambda v: not _truthy(v))}
@@ -175,20 +174,8 @@ def _start_ray_head(nnodes, log):
     return head
 
 
-class TritonPythonModel:
-    def initialize(self, args):
-        config = json.loads(args["model_config"])
-        if not pb_utils.using_decoupled_model_transaction_policy(config):
-            raise ValueError("vllm_model must be decoupled (model_transaction_policy { decoupled: true }): it streams")
-        log = Log("vllm")
-        version_dir = os.path.join(args["model_repository"], args["model_version"])
-        self.runtime = AsyncEngineRuntime(VLLMAdapter(model_parameters(config), version_dir, log), log)
-        self.runtime.start()
+class TritonPythonModel(RuntimeModel):
+    name = "vllm"
 
-    def execute(self, requests):
-        for request in requests:
-            self.runtime.submit(request)
-        return None
-
-    def finalize(self):
-        self.runtime.stop()
+    def make_adapter(self, params, args, log):
+        return VLLMAdapter(params, os.path.join(args["model_repository"], args["model_version"]), log)
