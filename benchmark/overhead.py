@@ -96,6 +96,20 @@ def make_prompts(tokenizer, n: int, prompt_tokens: int, seed: int = 0) -> list[s
 
 
 # ----------------------------------------------------------------------------------------- in-process
+def latency_stats(per_request: list[tuple[float, float, int]]) -> dict:
+    """p50/p99 time to first token and p50 inter-token latency (ms) from (ttft_s, decode_s, tokens) per request.
+
+    Inter-token latency of a request = (last token time - first token time) / (tokens - 1): the same
+    definition for both paths, whatever the number of responses carrying the tokens."""
+    ttft = sorted(t for t, _, _ in per_request)
+    itl = sorted(d / (n - 1) for _, d, n in per_request if n > 1)
+
+    def pct(xs, q):
+        return round(1000 * xs[min(len(xs) - 1, int(q * len(xs)))], 3) if xs else None
+
+    return {"ttft_ms_p50": pct(ttft, 0.5), "ttft_ms_p99": pct(ttft, 0.99), "itl_ms_p50": pct(itl, 0.5)}
+
+
 def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
     from launcher.engines.hf_engine import SamplingParams
 
@@ -103,17 +117,29 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int) ->
     done_q: queue.SimpleQueue = queue.SimpleQueue()
     tokens = [0]
     errors = []
+    per_request: list[tuple[float, float, int]] = []
 
-    def on_output(out):
-        if out.finish_reason is not None:
-            done_q.put(out)
+    def submit(i):
+        sent = time.perf_counter()
+        first = [0.0]
+
+        def on_output(out):
+            now = time.perf_counter()
+            if not first[0] and out.output_tokens:
+                first[0] = now
+            if out.finish_reason is not None:
+                if first[0]:
+                    per_request.append((first[0] - sent, now - first[0], out.output_tokens))
+                done_q.put(out)
+
+        engine.add_request(f"{tag}-{i}", prompts[i], params, on_output)
 
     tag = f"{time.monotonic_ns()}"
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     sent = 0
     for _ in range(min(concurrency, len(prompts))):
-        engine.add_request(f"{tag}-{sent}", prompts[sent], params, on_output)
+        submit(sent)
         sent += 1
     for _ in range(len(prompts)):
         out = done_q.get()
@@ -121,11 +147,11 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int) ->
         if out.finish_reason == "error":
             errors.append(out.error)
         if sent < len(prompts):
-            engine.add_request(f"{tag}-{sent}", prompts[sent], params, on_output)
+            submit(sent)
             sent += 1
     wall = time.perf_counter() - t0
     return {"tokens": tokens[0], "wall_s": wall, "tokens_per_s": tokens[0] / wall, "errors": len(errors),
-            "cpu_s": time.process_time() - cpu0}
+            "cpu_s": time.process_time() - cpu0, **latency_stats(per_request)}
 
 
 def run_generate(model, prompt_ids: list[list[int]], max_tokens: int) -> dict:
@@ -167,6 +193,7 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
             stream.submit(requests[sent])
             sent += 1
         tokens, errors, responses = 0, [], 0
+        per_request: list[tuple[float, float, int]] = []
         for _ in range(len(requests)):
             rec = done_q.get()
             if sent < len(requests):
@@ -176,6 +203,10 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
             responses += len(rec.times)
             if rec.error:
                 errors.append(rec.error)
+            elif rec.times:
+                # the final response may carry no text: time the tokens by the responses that carry them
+                times = rec.token_times or rec.times
+                per_request.append((times[0] - rec.sent, times[-1] - times[0], rec.output_tokens or 0))
         wall = time.perf_counter() - t0
     client_cpu = time.process_time() - cpu0
     server_cpu = process_tree_cpu(server_pid) - server_cpu0 if server_pid else None
@@ -183,7 +214,7 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
         log(f"served errors: {errors[:3]}")
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "errors": len(errors),
             "responses_per_request": responses / max(1, len(requests)), "client_cpu_s": client_cpu,
-            "server_cpu_s": server_cpu}
+            "server_cpu_s": server_cpu, **latency_stats(per_request)}
 
 
 # ----------------------------------------------------------------------------------------- server
@@ -304,11 +335,14 @@ def main(argv=None) -> int:
                 run_direct(engine, prompts[:c], c, 8)
                 run_served(server.grpc_url, server.model, prompts[:c], c, 8)
                 direct, served, cpu_direct, cpu_server, cpu_client = [], [], [], [], []
+                lat = {"direct": [], "served": []}
                 for r in range(args.rounds):
                     d = run_direct(engine, prompts, c, args.max_tokens)
                     s = run_served(server.grpc_url, server.model, prompts, c, args.max_tokens, server.proc.pid)
                     direct.append(d["tokens_per_s"])
                     served.append(s["tokens_per_s"])
+                    lat["direct"].append(d)
+                    lat["served"].append(s)
                     cpu_direct.append(d["cpu_s"] / d["tokens"] * 1e6)
                     cpu_server.append(s["server_cpu_s"] / s["tokens"] * 1e6)
                     cpu_client.append(s["client_cpu_s"] / s["tokens"] * 1e6)
@@ -333,7 +367,21 @@ def main(argv=None) -> int:
                                          "client": round(statistics.median(cpu_client), 1)},
                     "direct_rounds": [round(x, 1) for x in direct], "served_rounds": [round(x, 1) for x in served],
                 }
+                # latency: medians over rounds of each round's p50/p99 (ms)
+                for path, runs in lat.items():
+                    for key in ("ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50"):
+                        vals = [x[key] for x in runs if x[key] is not None]
+                        row[f"{path}_{key}"] = round(statistics.median(vals), 3) if vals else None
+                if row["served_ttft_ms_p50"] is not None and row["direct_ttft_ms_p50"] is not None:
+                    row["ttft_added_ms_p50"] = round(row["served_ttft_ms_p50"] - row["direct_ttft_ms_p50"], 3)
+                gen = {g["concurrency"]: g for g in results.get("vs_generate", [])}
+                if c in gen:
+                    # the GPU target: streamed through the serving path vs static-batch generate, batch = C
+                    row["served_vs_generate"] = round(row["served_tokens_per_s"] / gen[c]["generate_tokens_per_s"], 4)
                 results["runs"].append(row)
+                log(f"C={c}: TTFT p50 in-process {row['direct_ttft_ms_p50']} ms, served {row['served_ttft_ms_p50']} ms; "
+                    f"ITL p50 {row['direct_itl_ms_p50']} / {row['served_itl_ms_p50']} ms"
+                    + (f"; served / static generate {row['served_vs_generate']}" if "served_vs_generate" in row else ""))
                 log(f"C={c}: in-process {row['direct_tokens_per_s']} tok/s, served {row['served_tokens_per_s']} "
                     f"tok/s, ratio {row['ratio']} (paired {row['paired_ratio']}, best rounds {row['best_ratio']}; "
                     f"load average {row['load_average'][0]})")

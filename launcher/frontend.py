@@ -28,8 +28,9 @@ What it does:
   `request.is_cancelled()` turns true.
 * tracks replica health: a backend stream that fails, or a unary call that
   fails while the replica no longer answers ServerLive, marks the replica down;
-  its requests in flight end with the error `replica N (<addr>) failed: ...`,
-  and no more requests go there. A ServerReady (+ ModelReady) probe every
+  its requests that already streamed something end with the error
+  `replica N (<addr>) failed: ...`, those it had not answered yet go to another
+  replica (once; the client saw nothing of them), and no more requests go there. A ServerReady (+ ModelReady) probe every
   `probe_interval_s` brings it back, or marks a silent one down.
 * ServerReady is true only when every replica is up and ready; ServerLive
   while the front end runs; ModelReady when the model is ready on every replica.
@@ -149,6 +150,7 @@ class Replica:
         self.responses = 0  # responses passed back from here
         self.errors = 0  # requests that ended in an error (model errors and failures)
         self.failures = 0  # times it was marked down
+        self.retried = 0  # requests moved to another replica because this one failed before answering them
         self.channel: Optional[aio.Channel] = None
         # Several worker processes: each keeps its in-flight count in shared memory as it changes,
         # so every worker routes by the whole front end's load (see share_load).
@@ -217,14 +219,18 @@ class _ClientGone(Exception):
 
 
 class _Pending:
-    __slots__ = ("client_id", "wants_empty_final", "model", "version", "renamed")
+    __slots__ = ("client_id", "wants_empty_final", "model", "version", "renamed", "raw", "started", "retried")
 
-    def __init__(self, client_id: str, wants_empty_final: bool, model: str, version: str, renamed: bool):
+    def __init__(self, client_id: str, wants_empty_final: bool, model: str, version: str, renamed: bool,
+                 raw: bytes = b"", retried: bool = False):
         self.client_id = client_id
         self.wants_empty_final = wants_empty_final
         self.model = model
         self.version = version
         self.renamed = renamed
+        self.raw = raw  # the client's request as it came, to send it elsewhere if this replica fails first
+        self.started = False  # a response of it went back to the client
+        self.retried = retried  # already moved once
 
 
 class _Link:
@@ -303,6 +309,7 @@ class _Link:
                         rep.errors += 1
                     elif not p.wants_empty_final and not ir.outputs:
                         continue  # the empty final response the front end asked for on its own behalf
+                p.started = True
                 if p.renamed:
                     raw += _response_id_patch(p.client_id)
                 await send(raw)
@@ -320,16 +327,22 @@ class _Link:
             await self.fail(f"{rep.label} failed: {failure}")
 
     async def fail(self, message: str) -> None:
-        """End every request still running on this link with `message`."""
+        """The replica failed: requests it had not answered yet go to another replica (once: the client saw
+        nothing of them, so nothing is repeated); the others end with `message`."""
         items = list(self.pending.values())
         self.pending.clear()
         self.rep.track(-len(items))
-        self.rep.errors += len(items)
-        for p in items:
-            try:
-                await self.session.send(_error_response(message, p.client_id, p.model, p.version))
-            except _ClientGone:
-                return
+        moved = [p for p in items if not p.started and not p.retried]
+        self.rep.retried += len(moved)
+        self.rep.errors += len(items) - len(moved)
+        try:
+            for p in items:
+                if not p.started and not p.retried:
+                    await self.session.dispatch(p.raw, retried=True)
+                else:
+                    await self.session.send(_error_response(message, p.client_id, p.model, p.version))
+        except _ClientGone:
+            return
 
     def cancel(self) -> None:
         """The client is gone: cancel the backend stream (tritonserver cancels its requests)."""
@@ -396,16 +409,20 @@ class _Session:
             if raw is eof:
                 break
             await self.dispatch(raw)
-        # The client has sent everything: the backends get the half-close and finish what runs.
-        links = list(self.links.values())
-        for link in links:
-            link.done_writing()
-        await asyncio.gather(*(link.task for link in links), return_exceptions=True)
+        # The client has sent everything: the backends get the half-close and finish what runs.  Repeat
+        # while links appear: a replica failing now moves its unanswered requests onto a fresh link.
+        while True:
+            links = [link for link in self.every_link if not link.task.done()]
+            if not links:
+                break
+            for link in links:
+                link.done_writing()
+            await asyncio.gather(*(link.task for link in links), return_exceptions=True)
         self.finishing = True  # the writer ends once the last response is written
         self.wake.set()
         await self.writer
 
-    async def dispatch(self, raw: bytes) -> None:
+    async def dispatch(self, raw: bytes, retried: bool = False) -> None:
         req = service_pb2.ModelInferRequest.FromString(raw)
         client_id = req.id
         flag = req.parameters.get(_EMPTY_FINAL)
@@ -426,7 +443,8 @@ class _Session:
             patch = _request_id_patch(wire_id)
         if not wants_empty_final:
             patch += _ASK_EMPTY_FINAL
-        link.pending[wire_id] = _Pending(client_id, wants_empty_final, req.model_name, req.model_version, wire_id != client_id)
+        link.pending[wire_id] = _Pending(client_id, wants_empty_final, req.model_name, req.model_version,
+                                         wire_id != client_id, raw, retried)
         rep.track(1)
         rep.requests += 1
         link.send(raw + patch if patch else raw)
@@ -604,7 +622,8 @@ class Frontend:
             "streams_active": self.streams_active,
             "rejected": self.rejected,
             "replicas": [
-                {"up": int(r.up), "in_flight": r.in_flight, "requests": r.requests, "responses": r.responses, "errors": r.errors, "failures": r.failures}
+                {"up": int(r.up), "in_flight": r.in_flight, "requests": r.requests, "responses": r.responses, "errors": r.errors, "failures": r.failures,
+                 "retried": r.retried}
                 for r in self.replicas
             ],
         }
@@ -619,6 +638,7 @@ _METRICS = (
     ("responses", "llmlaunch_frontend_responses_total", "counter", "responses passed back from the replica"),
     ("errors", "llmlaunch_frontend_errors_total", "counter", "requests on the replica that ended in an error"),
     ("failures", "llmlaunch_frontend_replica_failures_total", "counter", "times the replica was marked down"),
+    ("retried", "llmlaunch_frontend_retried_total", "counter", "requests moved to another replica after this one failed before answering them"),
 )
 _PER_REPLICA = len(_METRICS)
 

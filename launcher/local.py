@@ -143,13 +143,24 @@ def _wait_or_stop(server, stop: _Stop):
 
 
 def _serve_ranks(spec: LaunchSpec, run: Path, stop: _Stop) -> int:
-    """Several ranks on this machine, each through `python -m launcher.rank` like a Slurm task."""
+    """Several ranks on this machine, each through `python -m launcher.rank` like a Slurm task.
+
+    A replica lost while serving (replicas > 1) is reported and the rest go on serving, as on Slurm."""
+    from launcher.rank import lost_replicas
+    from launcher.slurm import describe_lost
     from launcher.triton import log_tail
+
+    reported_lost: set = set()
 
     job_id = str(os.getpid())
     procs: List[subprocess.Popen] = []
+    base_env = dict(os.environ)
+    if not base_env.get("CUDA_VISIBLE_DEVICES") and any(r.gpus for r in spec.ranks):
+        # Like a Slurm task given the node's GPUs: each rank then takes its own slice
+        # (rank.rank_environment); without this every rank would land on GPU 0.
+        base_env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(int(spec.cluster.get("gpus_per_node", 0))))
     for r in spec.ranks:
-        env = dict(os.environ)
+        env = dict(base_env)
         env.update(
             {
                 "LLMLAUNCH_RANK": str(r.rank),
@@ -173,8 +184,13 @@ def _serve_ranks(spec: LaunchSpec, run: Path, stop: _Stop) -> int:
         if stop.signum is not None:
             break
         dead = [(i, p.returncode) for i, p in enumerate(procs) if p.poll() is not None]
-        if dead:
-            i, rc = dead[0]
+        lost = set(lost_replicas(run, spec.replicas))
+        for r in lost - reported_lost:  # the ranks of a lost replica record it and exit 0 (rank.decide_exit)
+            reported_lost.add(r)
+            say(describe_lost(json.loads((run / f"replica_lost{r}.json").read_text())))
+        fatal = [(i, rc) for i, rc in dead if rc != 0 or spec.ranks[i].replica not in lost]
+        if fatal:
+            i, rc = fatal[0]
             say(f"rank {i} exited with status {rc}; stopping the others. Last lines of its log:\n{log_tail(run / 'logs' / f'rank{i}.log')}")
             code = 1
             break

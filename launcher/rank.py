@@ -12,6 +12,14 @@ its status. Rank 0 waits for its server to answer a real request and writes
 exits non-zero, which `srun --kill-on-bad-exit=1` turns into the whole job
 stopping (fail fast). SIGTERM / SIGINT / SIGUSR2 (time limit, preemption) are
 forwarded to the child as SIGTERM so Triton drains before it exits.
+
+Replicas (replicas > 1) are the exception, once the job serves: losing one
+data-parallel copy loses capacity, not the service, so the ranks of that copy
+record `replica_lost<R>.json` and exit 0 while the front end on rank 0 routes
+around it; rank 0 keeps the front end up even when its own server is the one
+lost. The job still fails (fail fast, as above) when it was not serving yet,
+when its last replica is lost, and when the front end dies. `decide_exit` is
+the whole rule.
 """
 
 from __future__ import annotations
@@ -237,6 +245,154 @@ def write_json(path: Path, obj) -> None:
     tmp.rename(path)
 
 
+# ----------------------------------------------------------------------------- losing a replica
+@dataclass(frozen=True)
+class Outcome:
+    """What a rank does once something it supervises ended unasked (see decide_exit)."""
+
+    replica_lost: bool  # record replica_lost<R>.json for this rank's replica (once per replica)
+    failure: bool  # record failure_rank<N>.json and exit non-zero: srun --kill-on-bad-exit ends the job
+    exits: bool  # False only for rank 0 keeping the front end up for the replicas left
+    status: int  # the rank's exit status (when it exits)
+    reason: str
+
+
+def decide_exit(
+    ended: str,
+    *,
+    replicas: int,
+    replica: int,
+    serving: bool,
+    code: Optional[int],
+    lost: Tuple[int, ...] = (),
+    frontend: str = "none",
+) -> Outcome:
+    """The whole fail-fast / lose-a-replica rule, as a pure function.
+
+    ended: "server" (this rank's tritonserver or engine command exited), "replica" (another rank
+    of this rank's replica recorded it lost, or, for rank 0 serving only the front end, the
+    others were lost too), "frontend" (rank 0's front end exited). Only for unasked ends: a
+    signal (scancel, time limit) is a normal stop and never comes here.
+    serving: the job had reached READY (rank 0 wrote endpoint.json for this run).
+    lost: replicas already recorded lost. frontend: "none" (this rank has none), "running" or
+    "exited" (rank 0 with replicas > 1 runs the front end).
+    """
+    status = code if code else 1
+    what = {"server": "server", "replica": "replica", "frontend": "front end"}[ended]
+    if ended == "frontend" or frontend == "exited":
+        # The public endpoint itself is gone: nothing serves, whatever the replicas do.
+        return Outcome(False, True, True, status, f"front end exited{f' with status {code}' if ended == 'frontend' else ''} unasked")
+    if replicas <= 1:
+        # One copy: it is the service. Fail fast, as always.
+        return Outcome(False, True, True, status, f"{what} exited with status {code} unasked")
+    if not serving:
+        # A job that never fully started should not pretend to serve with part of its replicas.
+        return Outcome(False, True, True, status, f"{what} exited with status {code} unasked before the job was serving")
+    gone = set(lost) | {replica}
+    if len(gone) >= replicas:
+        return Outcome(True, True, True, status, f"no replica is left (replicas {sorted(gone)} lost)")
+    if frontend == "running":
+        # Rank 0: the front end already routes around a failed replica (its own included) and its
+        # clients keep the endpoint they know, so it stays up for the replicas left.
+        return Outcome(True, False, False, 0, f"replica {replica} lost; the front end serves the {replicas - len(gone)} left")
+    # Exit 0: srun --kill-on-bad-exit ends the step only for a non-zero task exit.
+    return Outcome(True, False, True, 0, f"replica {replica} lost; {replicas - len(gone)} of {replicas} replicas still serve")
+
+
+def _signal_text(code: Optional[int]) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"{code} ({signal.Signals(-code).name})"
+        except ValueError:
+            pass
+    return str(code)
+
+
+def record_once(path: Path, obj) -> bool:
+    """Write `path` unless it exists (atomic on a shared filesystem: a hard link is created or
+    refused whole, also over NFS). Returns whether this call wrote it."""
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
+    try:
+        os.link(tmp, path)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def lost_replicas(run: Path, replicas: int) -> Tuple[int, ...]:
+    return tuple(r for r in range(replicas) if (run / f"replica_lost{r}.json").exists())
+
+
+def job_serving(run: Path, spec, infos: List[dict]) -> bool:
+    """Whether rank 0 wrote endpoint.json for this run: its replica ports are the ones this
+    rendezvous picked (a file left by an earlier run of the same dir does not count)."""
+    try:
+        ep = json.loads((run / "endpoint.json").read_text())
+    except (OSError, ValueError):
+        return False
+    leaders = [i["ports"].get("grpc_port") for i in infos if spec.ranks[i["rank"]].role == "leader"]
+    return [r.get("grpc_port") for r in ep.get("replicas", [])] == leaders
+
+
+def _end_lost_server(server, grace_s: float = 5.0) -> Optional[int]:
+    """Another rank of this replica died: the replica cannot finish what it runs (its model-parallel
+    group is broken), so no full drain: SIGTERM, SIGKILL after `grace_s`, then the usual cleanup."""
+    import subprocess
+
+    server.terminate()
+    try:
+        server.proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(server.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        server.proc.wait()
+    server.stop()  # ends stray stubs and removes the rank's shm regions
+    return server.returncode()
+
+
+def _supervise(server, frontend, stopping, lost_record: Path) -> Tuple[str, Optional[int]]:
+    """replicas > 1: wait until something this rank supervises ends. Returns ("server", status) when
+    its server exited (asked or not), ("frontend", status) when rank 0's front end exited unasked,
+    ("replica", None) when another rank of this replica recorded it lost."""
+    checked = 0.0
+    while True:
+        code = server.returncode()
+        if code is not None:
+            return "server", code
+        if stopping["signal"] is None:
+            if frontend is not None:
+                fe = frontend.poll()
+                if fe is not None:
+                    return "frontend", fe
+            now = time.monotonic()
+            if now - checked >= 1.0:  # a stat on the shared run dir, once a second per rank
+                checked = now
+                if lost_record.exists():
+                    return "replica", None
+        time.sleep(0.2)
+
+
+def _frontend_only(frontend, stopping, all_lost) -> Tuple[str, Optional[int]]:
+    """Rank 0 after its own replica was lost: supervise the front end alone. Returns ("frontend",
+    status) when it exits (asked or not), ("replica", None) when no replica is left."""
+    checked = 0.0
+    while True:
+        fe = frontend.poll()
+        if fe is not None:
+            return "frontend", fe
+        now = time.monotonic()
+        if stopping["signal"] is None and now - checked >= 1.0:
+            checked = now
+            if all_lost():
+                return "replica", None
+        time.sleep(0.2)
+
+
 def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path: Optional[str] = None) -> int:
     """Run this process's rank to the end; returns the exit status."""
     from launcher.engines.registry import ENGINES
@@ -254,6 +410,11 @@ def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path
     log = Path(log_path) if log_path else _own_log(run, topo)
     say = lambda msg: print(f"[llmlaunch rank {topo.rank} {topo.hostname}] {msg}", flush=True)  # noqa: E731
 
+    if topo.rank == 0:
+        # Records of an earlier run of this dir (a requeued job) must not stop this run's ranks. Nobody
+        # writes one before the job serves, and every rank passes the rendezvous only after rank 0.
+        for stale in run.glob("replica_lost*.json"):
+            stale.unlink(missing_ok=True)
     comm = make_comm(spec, topo, run, server_does_mpi=spec.engine["name"] == "trtllm")
     ctx, infos = rendezvous(spec, topo, comm)
     me = ctx.rank
@@ -344,42 +505,76 @@ def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path
                         "ready_s": round(waited, 2),
                     },
                 )
-        code = server.wait() if frontend is None else _wait_server_and_frontend(server, frontend, stopping, say)
+        if spec.replicas == 1:
+            code, ended = server.wait(), "server"
+        else:
+            ended, code = _supervise(server, frontend, stopping, run / f"replica_lost{me.replica}.json")
+            if ended == "replica":
+                code = _end_lost_server(server)
     except BaseException as e:  # died while loading, or timed out
         say(f"FAILED: {e}")
         server.stop()
-        code = server.returncode() or 1
+        code, ended, started = server.returncode() or 1, "server", False
+    else:
+        started = True
+    from launcher.triton import log_tail
+
+    def fail(status: int, what: str) -> int:
+        """Nobody asked it to stop: fail the job, and say who failed and why."""
+        if frontend is not None:
+            frontend.stop()
+        write_json(
+            run / f"failure_rank{me.rank}.json",
+            {"rank": me.rank, "node": me.node, "host": topo.hostname, "exit_code": code, "log": str(log), "log_tail": log_tail(log, 25), "time": time.time(), "reason": what},
+        )
+        say(f"{what}: failing the job")
+        server.stop()
+        return status
+
+    if stopping["signal"] is None and spec.replicas > 1 and started:
+        # Data-parallel replicas: a replica lost while the job serves is not the end of the job.
+        lost = lost_replicas(run, spec.replicas)
+        out = decide_exit(ended, replicas=spec.replicas, replica=me.replica, serving=job_serving(run, spec, infos), code=code, lost=lost,
+                          frontend="none" if frontend is None else "running" if frontend.poll() is None else "exited")
+        if out.replica_lost:
+            if ended == "replica":
+                why = f"rank {me.rank} stopped its server (status {_signal_text(code)}): another rank of replica {me.replica} was lost"
+            else:
+                why = f"the server of rank {me.rank} ({me.role}) exited with status {_signal_text(code)} unasked"
+            ranks = [r.rank for r in spec.ranks if r.replica == me.replica]
+            wrote = record_once(
+                run / f"replica_lost{me.replica}.json",
+                {"replica": me.replica, "ranks": ranks, "rank": me.rank, "node": me.node, "host": topo.hostname, "exit_code": code, "reason": why,
+                 "log": str(log), "log_tail": log_tail(log, 25), "time": time.time()},
+            )
+            say(f"replica {me.replica} LOST: {why}" + ("" if wrote else " (already recorded by another of its ranks)"))
+        if not out.exits:
+            # Rank 0: its server is gone, the front end goes on for the replicas left (it already
+            # marked this one down: its requests in flight got an error naming it).
+            server.stop()
+            say(f"{out.reason}; rank 0 keeps the front end up")
+            ended, fe_code = _frontend_only(frontend, stopping, lambda: len(lost_replicas(run, spec.replicas)) >= spec.replicas)
+            if stopping["signal"] is not None:
+                fe_code = frontend.stop()
+                say(f"stopped (signal {stopping['signal']}), front end status {fe_code}")
+                return 0 if fe_code in (0, -signal.SIGTERM) else fe_code
+            if ended == "frontend":
+                code = fe_code
+            out = decide_exit(ended, replicas=spec.replicas, replica=me.replica, serving=True, code=code, lost=lost_replicas(run, spec.replicas))
+        if out.failure:
+            return fail(out.status, out.reason)
+        server.stop()
+        say(f"{out.reason}: this rank exits 0 so the job goes on")
+        return 0
     if frontend is not None:  # frontend: it drains with the servers, then goes
         frontend.stop()
     if stopping["signal"] is None or code not in (0, -signal.SIGTERM):
         if stopping["signal"] is None:
-            # Nobody asked it to stop: fail the job, and say who failed and why.
-            from launcher.triton import log_tail
-
-            write_json(
-                run / f"failure_rank{me.rank}.json",
-                {"rank": me.rank, "node": me.node, "host": topo.hostname, "exit_code": code, "log": str(log), "log_tail": log_tail(log, 25), "time": time.time()},
-            )
-            say(f"{stopping.get('died', 'server')} exited with status {code} unasked: failing the job")
-            server.stop()
-            return code if code else 1
+            what = "front end" if ended == "frontend" else "server"
+            return fail(code if code else 1, f"{what} exited with status {code} unasked")
     server.stop()  # the server has exited; this ends stray stubs and removes the rank's shm regions
     say(f"stopped (signal {stopping['signal']}), status {code}")
     return 0 if stopping["signal"] is not None and code in (0, -signal.SIGTERM) else code
-
-
-def _wait_server_and_frontend(server, frontend, stopping, say) -> int:
-    """frontend: rank 0 with replicas > 1 supervises two children. Returns the server's status, or the
-    front end's when it exits unasked first (the rank then fails like for a dead server)."""
-    while True:
-        code = server.returncode()
-        if code is not None:
-            return code
-        fe = frontend.poll()
-        if fe is not None and stopping["signal"] is None:
-            stopping["died"] = "front end"
-            return fe or 1
-        time.sleep(0.2)
 
 
 def _own_log(run: Path, topo: Topology) -> Path:

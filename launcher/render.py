@@ -94,6 +94,11 @@ def time_minutes(t: str) -> int:
 def srun_args(spec: LaunchSpec) -> List[str]:
     c = spec.cluster
     args = [f"--mpi={c['mpi']}", "--kill-on-bad-exit=1"]
+    if spec.replicas > 1:
+        # The ranks of a replica lost while the job serves exit 0 (launcher/rank.py, decide_exit) and
+        # the others go on serving; a site's WaitTime would end them that many seconds after the first
+        # task exits. 0: no limit (a non-zero exit still ends the step at once: --kill-on-bad-exit).
+        args.append("--wait=0")
     cont = c["container"]
     if cont["runtime"] == "pyxis":
         args += [f"--container-image={cont['image']}"]

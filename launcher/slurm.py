@@ -70,7 +70,26 @@ def failures(run: Path) -> List[Dict]:
 
 
 def describe_failure(f: Dict) -> str:
-    return f"rank {f['rank']} on node {f['host']} (node index {f['node']}) exited with status {f['exit_code']}; last lines of {f['log']}:\n{f['log_tail']}"
+    # "reason" (why the rank failed the job) is absent from records of older versions
+    what = f"failed: {f['reason']}" if f.get("reason") else f"exited with status {f['exit_code']}"
+    return f"rank {f['rank']} on node {f['host']} (node index {f['node']}) {what}; last lines of {f['log']}:\n{f['log_tail']}"
+
+
+def lost_replicas(run: Path) -> List[Dict]:
+    """replica_lost<R>.json records (launcher/rank.py): replicas > 1, a replica lost while the job
+    serves; the job goes on with the others."""
+    out = []
+    for f in run.glob("replica_lost*.json"):
+        try:
+            out.append(json.loads(f.read_text()))
+        except (OSError, ValueError):
+            pass
+    return sorted(out, key=lambda r: r.get("replica", 0))
+
+
+def describe_lost(r: Dict) -> str:
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["time"]))
+    return f"replica {r['replica']} lost at {at} on {r['host']}: {r['reason']} (ranks {', '.join(map(str, r['ranks']))}; log {r['log']})"
 
 
 def _rank_log_tails(run: Path, job_id: str, lines: int = 12) -> str:
@@ -192,6 +211,18 @@ def status(job_id: str) -> Tuple[int, str]:
         lines += [f"endpoint: {e['url']}", f"model: {e['model']}"]
     ready = sorted(run.glob("ready_rank*.json"))
     lines.append(f"ready leaders: {len(ready)}")
+    lost = lost_replicas(run)
+    try:
+        replicas = int(json.loads((run / "launch.json").read_text())["replicas"])
+    except (OSError, ValueError, KeyError):
+        replicas = 0
+    if replicas > 1 and state == "RUNNING" and ep.exists():
+        lines.append(f"replicas: {replicas - len(lost)} of {replicas} serving")
+    elif replicas > 1:
+        lines.append(f"replicas: {replicas}" + (f", {len(lost)} lost" if lost else ""))
+    for r in lost:
+        # A lost replica is not a failed job: the front end serves with the others (status stays 0).
+        lines.append(describe_lost(r))
     fails = failures(run)
     for f in fails:
         lines.append("FAILED " + describe_failure(f))
@@ -229,7 +260,7 @@ def _cli(fn, argv: Optional[List[str]]) -> None:
 
 
 def status_main(argv: Optional[List[str]] = None) -> None:
-    """llmlaunch-status <job>: state, endpoint, ready leaders, failed ranks with their log tails."""
+    """llmlaunch-status <job>: state, endpoint, ready leaders, lost replicas, failed ranks with their log tails."""
     _cli(status, argv)
 
 

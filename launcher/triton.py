@@ -31,6 +31,7 @@ from typing import Callable, Dict, List, Optional
 from launcher.errors import LaunchError
 
 NGC_PATH = "/opt/tritonserver/bin/tritonserver"
+WHEEL_SOURCE = "nvidia-pytriton wheel"
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ def _wheel_install() -> Optional[TritonInstall]:
     libs = root.parent.parent / "nvidia_pytriton.libs"
     env = _python_env()
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (env.get("LD_LIBRARY_PATH", ""), str(libs)) if p)
-    return TritonInstall(str(binary), str(backends), env, "nvidia-pytriton wheel")
+    return TritonInstall(str(binary), str(backends), env, WHEEL_SOURCE)
 
 
 def resolve_tritonserver(explicit: str = "") -> TritonInstall:
@@ -119,9 +120,61 @@ def server_env(install: TritonInstall, extra: Optional[Dict[str, str]] = None) -
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("PYTHONIOENCODING", "UTF-8")
+    # Processes a python model starts (the hf engine) run this interpreter, with its environment's packages.
+    env.setdefault("LLMLAUNCH_PYTHON", sys.executable)
     if extra:
         env.update(extra)
+    env["LLMLAUNCH_ROOT"] = root  # model.py files put it on sys.path: the stub ignores PYTHONPATH
+    stub_python = env.get(STUB_PYTHON_ENV, "")
+    if stub_python:
+        # The stub takes its environment from the first python3 on PATH (it ignores PYTHONPATH), so this
+        # interpreter's bin dir goes first; the engine process keeps the launcher's interpreter (LLMLAUNCH_PYTHON).
+        env["PATH"] = str(Path(stub_python).parent) + os.pathsep + env.get("PATH", "")
+    if install.source == WHEEL_SOURCE:
+        check_stub_numpy(stub_python)
     return env
+
+
+# The python backend stub of nvidia-pytriton 0.7.0 (Triton 2.51) is compiled against numpy 1.x: under numpy 2
+# it loads models but aborts on the first BYTES input ("unpack_from requires a buffer of at least 84215049
+# bytes", seen on the GPU machine).  Current CUDA builds of torch come with numpy 2, so there the stub needs an
+# environment of its own.  The stub runs the first `python3` on PATH's environment and ignores PYTHONPATH
+# (checked: sys.path inside the stub), so the way to give it one is an interpreter: LLMLAUNCH_STUB_PYTHON.
+STUB_PYTHON_ENV = "LLMLAUNCH_STUB_PYTHON"
+
+_NUMPY_VERSION = "import importlib.metadata as m; print(m.version('numpy'))"
+
+
+def stub_numpy_version(stub_python: str = "") -> Optional[str]:
+    """The numpy the stub will import: that of `stub_python`'s environment, else of this one."""
+    if not stub_python:
+        try:
+            from importlib.metadata import version
+
+            return version("numpy")
+        except Exception:
+            return None
+    try:
+        out = subprocess.run([stub_python, "-I", "-c", _NUMPY_VERSION], capture_output=True, text=True, timeout=60)
+    except OSError as e:
+        raise LaunchError((f"{STUB_PYTHON_ENV}={stub_python}", f"cannot run it ({e})", "point it at the python3 of a virtual environment that has numpy<2")) from None
+    return out.stdout.strip() or None if out.returncode == 0 else None
+
+
+STUB_ENV_FIX = (f"python3 -m venv ~/.cache/llmlaunch/stub-env && ~/.cache/llmlaunch/stub-env/bin/pip install 'numpy<2', "
+                f"then export {STUB_PYTHON_ENV}=~/.cache/llmlaunch/stub-env/bin/python3 (only the stub runs there; "
+                "the engine keeps this environment and its numpy)")
+
+
+def check_stub_numpy(stub_python: str = "") -> None:
+    found = stub_numpy_version(stub_python)
+    where = f"{STUB_PYTHON_ENV}={stub_python}" if stub_python else f"numpy {found} in {sys.prefix}"
+    if found is None:
+        raise LaunchError((where, "the python backend stub needs numpy, and that environment has none", STUB_ENV_FIX))
+    if int(found.split(".")[0]) >= 2:
+        raise LaunchError((where if stub_python else f"numpy {found}",
+                           f"the nvidia-pytriton tritonserver's stub is built against numpy 1.x and aborts on the first text request under numpy {found}",
+                           STUB_ENV_FIX))
 
 
 # ----------------------------------------------------------------------------- ports

@@ -499,6 +499,32 @@ def test_llmlaunch_fails_when_the_front_end_dies(tmp_path, tiny_model_dir):
     job.assert_nothing_left(ep)
 
 
+def test_llmlaunch_keeps_serving_when_replica_1_is_lost(tmp_path, tiny_model_dir):
+    """cluster=local follows the Slurm rule: a replica lost while serving is reported, the rest serve on."""
+    from launcher.client import Generation, generate
+    from tests.test_slurm_launch import server_pid
+
+    job = LocalLaunch(tmp_path)
+    try:
+        ep = job.wait_endpoint()
+        os.kill(server_pid(ep["job_id"], 1), signal.SIGKILL)
+        lost = job.run / "replica_lost1.json"
+        deadline = time.monotonic() + 60
+        while not lost.exists() or not any("replica 1 lost at" in l for l in job.err):
+            assert job.proc.poll() is None, "llmlaunch ended after losing one replica:\n" + job.tail()
+            assert time.monotonic() < deadline, "no replica-lost record or message:\n" + job.tail()
+            time.sleep(0.5)
+        for i in range(4):  # every later request goes to replica 0
+            rec = generate(job.url, ep["model"], Generation(f"After the loss {i}", max_tokens=4, ignore_eos=True))
+            assert not rec.error and rec.output_tokens == 4, rec.error
+        assert job.proc.poll() is None
+        job.proc.send_signal(signal.SIGINT)
+        assert job.proc.wait(90) == 0, job.tail()
+    finally:
+        job.kill()
+    job.assert_nothing_left(ep)
+
+
 # ----------------------------------------------------------------------------- Slurm, two nodes
 @pytest.mark.slurm
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (the local Slurm cluster)")

@@ -1,11 +1,12 @@
 """Real Slurm launches on the local multi-node cluster (llmlaunch-localslurm): submitit submission,
-one tritonserver per rank under srun --mpi=pmix, rendezvous, endpoint, status, fail-fast, stop."""
+one tritonserver per rank under srun --mpi=pmix, rendezvous, endpoint, status, fail-fast, a lost replica, stop."""
 
 import glob
 import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -122,13 +123,19 @@ def test_two_jobs_on_one_node_both_serve(local_slurm, tmp_path):
         stop(b[1])
 
 
+def server_pid(job_id, rank):
+    """The pid of one rank's tritonserver: its argv names the job's and rank's shm prefix."""
+    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return next(int(l.split()[0]) for l in out.splitlines() if f"shm-region-prefix-name=llm{job_id}r{rank}_" in l and "bin/tritonserver" in l)
+
+
 def test_killing_a_nonzero_rank_fails_the_job_naming_it(local_slurm, tmp_path):
+    """One model copy (tp=2 over two nodes; rank 1 is its worker on node2): fail fast."""
     from launcher import slurm
 
-    spec, job_id, run, ep = launch(tmp_path, "replicas=2", "nodes=2")
-    out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    pid = next(int(l.split()[0]) for l in out.splitlines() if f"shm-region-prefix-name=llm{job_id}r1_" in l and "bin/tritonserver" in l)
-    os.kill(pid, signal.SIGKILL)
+    spec, job_id, run, ep = launch(tmp_path, "tp=2", "nodes=2")
+    assert spec.replicas == 1 and spec.ranks[1].node == 1
+    os.kill(server_pid(job_id, 1), signal.SIGKILL)
     t0 = time.monotonic()
     while time.monotonic() - t0 < 30:
         state, _, _ = slurm.queue_state(job_id)
@@ -145,6 +152,147 @@ def test_killing_a_nonzero_rank_fails_the_job_naming_it(local_slurm, tmp_path):
     while glob.glob(f"/dev/shm/llm{job_id}r*") and time.monotonic() < deadline:
         time.sleep(0.5)
     assert glob.glob(f"/dev/shm/llm{job_id}r*") == []
+
+
+def metric(url, name, replica):
+    import urllib.request
+
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return next(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(f'{name}{{replica="{replica}"'))
+
+
+def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_path):
+    """replicas=2 over two nodes, 16 long streams through the front end, replica 1's tritonserver killed
+    mid-run: its requests fail naming it, replica 0's complete, later requests all succeed, the job
+    stays RUNNING with the loss recorded and shown; then it stops clean."""
+    from launcher import slurm
+    from launcher.client import Generation, TritonStream, build_request
+
+    spec, job_id, run, ep = launch(tmp_path, "replicas=2", "nodes=2")
+    try:
+        rep1 = next(r for r in ep["replicas"] if r["replica"] == 1)
+        long_tokens = 600
+        stream = TritonStream(ep["url"])
+        recs = [stream.submit(build_request(ep["model"], Generation(f"Once upon a time {i}", max_tokens=long_tokens, ignore_eos=True), f"long{i}")) for i in range(16)]
+        deadline = time.monotonic() + 120
+        while not all(len(r.times) >= 2 for r in recs):
+            assert time.monotonic() < deadline and not any(r.done for r in recs), [(r.request_id, len(r.times), r.error) for r in recs]
+            time.sleep(0.05)
+        on_replica1 = metric(ep["metrics_url"], "llmlaunch_frontend_requests_total", 1)
+        assert on_replica1 == 8  # least outstanding: 8 each
+        os.kill(server_pid(job_id, 1), signal.SIGKILL)
+        for r in recs:
+            stream.wait(r, timeout=400)
+        stream.close()
+        failed = {r.request_id: r.error for r in recs if r.error}
+        assert len(failed) == on_replica1, failed
+        for err in failed.values():
+            assert err.startswith(f"replica 1 ({rep1['addr']}:{rep1['grpc_port']}) failed: "), err
+        done = [r for r in recs if not r.error]
+        assert len(done) == 8 and all(r.output_tokens == long_tokens for r in done), [(r.request_id, r.output_tokens) for r in done]
+        # the ranks of replica 1 record the loss and exit 0; the job goes on
+        deadline = time.monotonic() + 60
+        while not (run / "replica_lost1.json").exists():
+            assert time.monotonic() < deadline, "no replica_lost1.json"
+            time.sleep(0.5)
+        lost = json.loads((run / "replica_lost1.json").read_text())
+        assert (lost["replica"], lost["ranks"], lost["host"]) == (1, [1], "node2")
+        assert "exited with status -9 (SIGKILL) unasked" in lost["reason"], lost
+        # every later request succeeds, on replica 0
+        stream = TritonStream(ep["url"])
+        recs = [stream.submit(build_request(ep["model"], Generation(f"Afterwards {i}", max_tokens=8, ignore_eos=True), f"after{i}")) for i in range(16)]
+        for r in recs:
+            stream.wait(r, timeout=120)
+        stream.close()
+        assert [r.error for r in recs if r.error] == [] and all(r.output_tokens == 8 for r in recs)
+        assert metric(ep["metrics_url"], "llmlaunch_frontend_replica_up", 1) == 0
+        time.sleep(2)  # rank 1 has exited by now (srun would have ended the step for a non-zero exit)
+        assert slurm.queue_state(job_id)[0] == "RUNNING"
+        assert not list(run.glob("failure_rank*.json"))
+        assert prefixes_of(job_id) == [f"llm{job_id}r0_"]  # replica 1's server (and its stubs) is gone
+        code, st = slurm.status(job_id)
+        assert code == 0 and "state: RUNNING" in st and "replicas: 1 of 2 serving" in st, st
+        cli = subprocess.run([str(Path(sys.executable).parent / "llmlaunch-status"), job_id], capture_output=True, text=True)  # the console script
+        assert cli.returncode == 0, cli.stdout + cli.stderr
+        line = next(l for l in cli.stdout.splitlines() if l.startswith("replica 1 lost at "))
+        assert " on node2: the server of rank 1 (leader) exited with status -9 (SIGKILL) unasked" in line, cli.stdout
+    finally:
+        stop(job_id)
+    time.sleep(1)
+    assert prefixes_of(job_id) == []  # no tritonserver of the job is left
+    deadline = time.monotonic() + 30
+    while glob.glob(f"/dev/shm/llm{job_id}r*") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert glob.glob(f"/dev/shm/llm{job_id}r*") == []
+
+
+def test_rank0_keeps_the_front_end_after_its_replica_and_the_job_fails_with_the_last(local_slurm, tmp_path):
+    """replicas=2: rank 0's own tritonserver killed -> its front end serves on with replica 1; then replica
+    1 killed -> no replica is left, and the job fails naming the rank that lost the last one."""
+    from launcher import slurm
+    from launcher.client import Generation, generate
+
+    spec, job_id, run, ep = launch(tmp_path, "replicas=2", "nodes=2")
+    try:
+        os.kill(server_pid(job_id, 0), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while not ((run / "replica_lost0.json").exists() and metric(ep["metrics_url"], "llmlaunch_frontend_replica_up", 0) == 0):
+            assert time.monotonic() < deadline, "replica 0 not recorded lost / not marked down"
+            time.sleep(0.5)
+        for i in range(4):
+            rec = generate(ep["url"], ep["model"], Generation(f"Still here {i}", max_tokens=5, ignore_eos=True))
+            assert not rec.error and rec.output_tokens == 5, rec.error
+        assert slurm.queue_state(job_id)[0] == "RUNNING" and not list(run.glob("failure_rank*.json"))
+        code, st = slurm.status(job_id)
+        assert code == 0 and "replicas: 1 of 2 serving" in st and "replica 0 lost at " in st and " on node1: the server of rank 0 (leader)" in st, st
+        assert "rank 0 keeps the front end up" in (run / f"{job_id}_0_log.out").read_text()
+        # the last replica: the job fails (fail fast), naming it
+        os.kill(server_pid(job_id, 1), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while slurm.queue_state(job_id)[0] in ("RUNNING", "COMPLETING", "PENDING"):
+            assert time.monotonic() < deadline, "the job still runs with no replica left"
+            time.sleep(0.5)
+        code, st = slurm.status(job_id)
+        assert code == 1 and "FAILED rank 1 on node node2 (node index 1) failed: no replica is left (replicas [0, 1] lost)" in st, st
+        assert (run / "replica_lost1.json").exists()
+    finally:
+        stop(job_id)
+    assert prefixes_of(job_id) == []
+    deadline = time.monotonic() + 30
+    while glob.glob(f"/dev/shm/llm{job_id}r*") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert glob.glob(f"/dev/shm/llm{job_id}r*") == []
+
+
+def test_a_dead_tp_worker_takes_its_replica_down_and_the_job_goes_on(local_slurm, tmp_path):
+    """replicas=2 tp=2 (one copy per node): replica 1's worker (rank 3) killed -> it records the loss,
+    its leader (rank 2) sees the record, ends its server and exits 0; replica 0 serves on."""
+    from launcher import slurm
+    from launcher.client import Generation, generate
+
+    spec, job_id, run, ep = launch(tmp_path, "replicas=2", "tp=2", "nodes=2")
+    try:
+        assert [(r.replica, r.role, r.node) for r in spec.ranks] == [(0, "leader", 0), (0, "worker", 0), (1, "leader", 1), (1, "worker", 1)]
+        os.kill(server_pid(job_id, 3), signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while prefixes_of(job_id) != [f"llm{job_id}r0_", f"llm{job_id}r1_"]:  # the leader's server goes too, well before its tp timeout
+            assert time.monotonic() < deadline, prefixes_of(job_id)
+            time.sleep(0.5)
+        lost = json.loads((run / "replica_lost1.json").read_text())
+        assert (lost["replica"], lost["ranks"], lost["rank"]) == (1, [2, 3], 3), lost
+        log2 = (run / f"{job_id}_2_log.out").read_text()
+        assert "replica 1 LOST: rank 2 stopped its server" in log2 and "this rank exits 0 so the job goes on" in log2
+        deadline = time.monotonic() + 30
+        while metric(ep["metrics_url"], "llmlaunch_frontend_replica_up", 1) != 0:
+            assert time.monotonic() < deadline, "replica 1 not marked down"
+            time.sleep(0.5)
+        for i in range(4):
+            rec = generate(ep["url"], ep["model"], Generation(f"Still here {i}", max_tokens=5, ignore_eos=True))
+            assert not rec.error and rec.output_tokens == 5, rec.error
+        assert slurm.queue_state(job_id)[0] == "RUNNING" and not list(run.glob("failure_rank*.json"))
+    finally:
+        stop(job_id)
+    assert prefixes_of(job_id) == []
 
 
 @pytest.mark.parametrize("override,needle", [("cluster.partition=nope", "invalid partition"), ("replicas=8", "Requested node configuration is not available")])

@@ -41,7 +41,14 @@ log = logging.getLogger(__name__)
 
 
 def _python() -> str:
-    """An interpreter of this environment (inside the Triton stub, sys.executable is the stub binary)."""
+    """An interpreter of this environment (inside the Triton stub, sys.executable is the stub binary).
+
+    `LLMLAUNCH_PYTHON` (set by launcher.triton.server_env to the launcher's own interpreter) comes first:
+    an embedded stub does not know the virtual environment it was started from, and its sys.prefix
+    may be the system Python's, which lacks torch."""
+    forced = os.environ.get("LLMLAUNCH_PYTHON", "")
+    if forced and os.access(forced, os.X_OK):
+        return forced
     exe = sys.executable or ""
     if os.path.basename(exe).startswith("python"):
         return exe

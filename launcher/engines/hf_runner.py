@@ -221,12 +221,13 @@ class HFModelRunner:
             from launcher.engines import hf_tp
 
             hf_tp.check_divisible(text_cfg, self.tp)  # before joining the group: a clear error, no hang
-            if self.device.type == "cuda" and self.device.index is None and torch.cuda.device_count() > 1:
-                # ranks that see several GPUs (no per-rank CUDA_VISIBLE_DEVICES): one GPU per local rank
+            if self.device.type == "cuda" and self.device.index is None:
+                # set_device needs an index.  Ranks that see several GPUs (no per-rank CUDA_VISIBLE_DEVICES)
+                # take one per local rank; a rank given its own GPU sees it as cuda:0.
                 import os
 
                 local = int(os.environ.get("LLMLAUNCH_LOCAL_RANK", "0") or 0)
-                self.device = torch.device("cuda", local % torch.cuda.device_count())
+                self.device = torch.device("cuda", local % max(1, torch.cuda.device_count()))
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)  # before the process group: NCCL uses the current device
             self.tp_group = tp_group or hf_tp.TPGroup(self.tp, device_type=self.device.type)

@@ -17,7 +17,8 @@ config.pbtxt parameters (string values; empty or absent = default):
                     the worker loop of launcher.engines.hf_tp on their shard and take no requests.
                     tp_size must divide the model's attention and kv heads (checked at load, clear error).
                     If a rank's engine process dies, this model stops its tritonserver, so the rank
-                    supervisor fails the whole job (fail fast).  Requires engine_process=true.
+                    supervisor fails the whole job (fail fast; with replicas > 1 on a serving job, only
+                    this replica is lost: launcher.rank.decide_exit).  Requires engine_process=true.
   cancel_check_ms   how often (per request) to ask Triton whether the client cancelled (default 50; 0 = every step)
   stream_interval_ms  least time between two streamed responses (default 0: a response per engine step).
                     Tokens generated meanwhile are merged into one response; a request's first token and its
@@ -47,6 +48,11 @@ import threading
 import time
 
 import triton_python_backend_utils as pb_utils
+
+# The python backend stub ignores PYTHONPATH (it runs its own interpreter setup): import llmlaunch from the
+# checkout that started the server (launcher.triton.server_env sets LLMLAUNCH_ROOT).
+if os.environ.get("LLMLAUNCH_ROOT") and os.environ["LLMLAUNCH_ROOT"] not in sys.path:
+    sys.path.insert(0, os.environ["LLMLAUNCH_ROOT"])
 
 from launcher.contract import INPUT_NAMES
 from launcher.serving import triton_io

@@ -1,0 +1,137 @@
+"""How far the hf engine's batch-1 decode is from the GPU's memory-bandwidth limit.
+
+    python benchmark/gpu/decode_bandwidth.py --model /tmp/llama-1b [--tokens 512]
+
+A decode step at batch 1 must read every weight once, so the step rate can be
+at most (device copy bandwidth) / (weight bytes).  Measured here, in one
+process on one GPU:
+
+* copy bandwidth: `dst.copy_(src)` of a 2 GiB buffer, bytes read + written per
+  second, best of 20;
+* the engine (launcher.engines.hf_engine.Engine, in-process): one request,
+  greedy, exactly --tokens new tokens; decode steps/s = (tokens - 1) / (time
+  from first to last token);
+* static `model.generate` at batch 1 with the same settings, for reference
+  (eager transformers, a DynamicCache).
+
+Prints one JSON document: bandwidth GB/s, weight GB, limit steps/s, the engine's
+and generate's steps/s, and their fractions of the limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def copy_bandwidth(device, gib: float = 2.0, iters: int = 20) -> float:
+    import torch
+
+    n = int(gib * 2**30) // 2
+    src = torch.empty(n, dtype=torch.bfloat16, device=device)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(iters + 3):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * n * 2 / best / 1e9  # read + write, GB/s
+
+
+def engine_steps(model_dir: str, tokens: int, prompt_len: int, dtype: str) -> dict:
+    import queue
+
+    from launcher.engines.hf_engine import Engine, SamplingParams
+
+    engine = Engine(model_dir, device="cuda", dtype=dtype, max_num_seqs=8).start()
+    try:
+        prompt = list(range(10, 10 + prompt_len))
+        best = None
+        for _ in range(3):  # the first run warms allocator and kernels
+            times: list = []
+            done: queue.SimpleQueue = queue.SimpleQueue()
+
+            def on_output(out, times=times, done=done):
+                if out.output_tokens:
+                    times.append((time.perf_counter(), out.output_tokens))
+                if out.finish_reason is not None:
+                    done.put(out)
+
+            engine.add_request(f"bw{time.monotonic_ns()}", prompt, SamplingParams(max_tokens=tokens, ignore_eos=True),
+                               on_output)
+            out = done.get(timeout=600)
+            assert out.finish_reason == "length", out
+            (t_first, n_first), (t_last, n_last) = times[0], times[-1]
+            rate = (n_last - n_first) / (t_last - t_first)
+            best = rate if best is None else max(best, rate)
+        return {"engine_steps_per_s": round(best, 1)}
+    finally:
+        engine.shutdown()
+
+
+def generate_steps(model_dir: str, tokens: int, prompt_len: int, dtype: str) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    dt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "auto": torch.bfloat16}[dtype]
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dt).cuda().eval()
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    ids = torch.arange(10, 10 + prompt_len, device="cuda")[None]
+    best = None
+    with torch.inference_mode():
+        for _ in range(3):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, min_new_tokens=1, do_sample=False)
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens,
+                           do_sample=False)
+            torch.cuda.synchronize()
+            t2 = time.perf_counter()
+            # time of the decode steps alone: the full call minus a one-token call (prefill + set-up)
+            rate = (tokens - 1) / ((t2 - t1) - (t1 - t0))
+            best = rate if best is None else max(best, rate)
+    del model
+    torch.cuda.empty_cache()
+    return {"generate_steps_per_s": round(best, 1), "weight_bytes": weight_bytes}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="HF model folder")
+    ap.add_argument("--tokens", type=int, default=512, help="new tokens per request")
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--dtype", default="bfloat16")
+    args = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("decode_bandwidth.py measures a GPU; none is visible", file=sys.stderr)
+        return 2
+    bw = copy_bandwidth("cuda")
+    gen = generate_steps(args.model, args.tokens, args.prompt_tokens, args.dtype)
+    eng = engine_steps(args.model, args.tokens, args.prompt_tokens, args.dtype)
+    limit = bw * 1e9 / gen["weight_bytes"]
+    out = {"device": torch.cuda.get_device_name(), "copy_bandwidth_GBps": round(bw, 1),
+           "weight_GB": round(gen["weight_bytes"] / 1e9, 3), "limit_steps_per_s": round(limit, 1), **eng,
+           "generate_steps_per_s": gen["generate_steps_per_s"],
+           "engine_fraction_of_limit": round(eng["engine_steps_per_s"] / limit, 4),
+           "generate_fraction_of_limit": round(gen["generate_steps_per_s"] / limit, 4)}
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

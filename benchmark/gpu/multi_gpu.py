@@ -1,0 +1,165 @@
+"""tp and replicas of the hf engine on one multi-GPU host, through `llmlaunch cluster=local`.
+
+    python benchmark/gpu/multi_gpu.py --model /tmp/llama-1b --gpus 2 --concurrency 64
+    python benchmark/gpu/multi_gpu.py --model /tmp/llama-1b --gpus 4 --layouts tp1 tp2 tp4 rep2 rep2tp2
+
+Each layout is a real `llmlaunch` run (one tritonserver per GPU started as
+`python -m launcher.rank`, the same per-rank path as a Slurm task; NCCL between
+the ranks of a tensor-parallel group; rank 0's front end when replicas > 1):
+start, wait for the endpoint, check that greedy output equals the first
+layout's, run `llmlaunch-bench` (synthetic prompts, exactly --output-len tokens
+each, --concurrency in flight), stop with SIGINT.  Prints a table of output
+tokens/s, TTFT and ITL per layout and the ratio to the first layout (tp=1, one
+replica), and writes it as JSON with --json.
+
+NCCL's NVLink multicast stays off (NCCL_NVLS_ENABLE=0 unless already set):
+on shared hosts a program that uses it can take the GPUs out of service.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+LAYOUTS = {  # name -> llmlaunch overrides
+    "tp1": ["tp=1", "replicas=1"],
+    "tp2": ["tp=2", "replicas=1"],
+    "tp4": ["tp=4", "replicas=1"],
+    "rep2": ["tp=1", "replicas=2"],
+    "rep4": ["tp=1", "replicas=4"],
+    "rep2tp2": ["tp=2", "replicas=2"],
+}
+GPUS_NEEDED = {"tp1": 1, "tp2": 2, "tp4": 4, "rep2": 2, "rep4": 4, "rep2tp2": 4}
+PROMPT = "The capital of France is"
+
+
+def log(msg: str) -> None:
+    print(f"[multi_gpu] {msg}", file=sys.stderr, flush=True)
+
+
+def start(overrides: list[str], logfile: Path, timeout_s: float) -> tuple[subprocess.Popen, str, str]:
+    """`llmlaunch <overrides>` in its own session; returns (process, url, model) once it prints the endpoint."""
+    out = open(logfile, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", *overrides], stdout=subprocess.PIPE,
+                            stderr=out, text=True, start_new_session=True, cwd=ROOT)
+    url = model = ""
+    t0 = time.monotonic()
+    while not (url and model):
+        line = proc.stdout.readline()
+        if not line:
+            proc.wait()
+            raise RuntimeError(f"llmlaunch exited ({proc.returncode}) before serving; see {logfile}:\n"
+                               + "\n".join(logfile.read_text().splitlines()[-30:]))
+        if line.startswith("endpoint: "):
+            url = line.split(None, 1)[1].strip()
+        elif line.startswith("model: "):
+            model = line.split(None, 1)[1].strip()
+        if time.monotonic() - t0 > timeout_s:
+            stop(proc)
+            raise TimeoutError(f"no endpoint after {timeout_s:.0f} s; see {logfile}")
+    return proc, url, model
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def greedy_text(url: str, model: str, max_tokens: int = 48) -> str:
+    from launcher.client import Generation, generate
+
+    rec = generate(url, model, Generation(prompt=PROMPT, max_tokens=max_tokens, stream=True, ignore_eos=True))
+    if rec.error:
+        raise RuntimeError(f"greedy request failed: {rec.error}")
+    return rec.text
+
+
+def bench(url: str, model: str, args, out_json: Path) -> dict:
+    cmd = [sys.executable, "-m", "launcher.bench.cli", "--url", url, "--model", model, "--dataset-name", "synthetic",
+           "--input-len", str(args.input_len), "--output-len", str(args.output_len), "--ignore-eos",
+           "--num-prompts", str(args.num_prompts), "--concurrency", str(args.concurrency),
+           "--warmup", str(args.concurrency), "--no-progress", "--result-json", str(out_json)]
+    if args.tokenizer:
+        cmd += ["--tokenizer", args.tokenizer]
+    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    m = json.loads(out_json.read_text())["metrics"]
+    return {"output_tokens_per_s": round(m["output_throughput"], 1), "completed": m["completed"],
+            "failed": m["failed"], "ttft_ms_p50": round(m["ttft_ms"]["p50"], 2),
+            "ttft_ms_p99": round(m["ttft_ms"]["p99"], 2), "itl_ms_p50": round(m["itl_ms"]["p50"], 3)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="HF model folder")
+    ap.add_argument("--tokenizer", default="", help="tokenizer folder for the bench's token counts (default: the model)")
+    ap.add_argument("--gpus", type=int, default=2, help="GPUs of this host the layouts may use")
+    ap.add_argument("--layouts", nargs="+", default=None, choices=sorted(LAYOUTS),
+                    help="default: tp1 and every tp/replica layout that fits --gpus")
+    ap.add_argument("--concurrency", type=int, default=64)
+    ap.add_argument("--num-prompts", type=int, default=512)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--max-num-seqs", type=int, default=128, help="engine.max_num_seqs of every replica")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--device", default="cuda", help="engine.device (cpu: a dry run of this script without a GPU)")
+    ap.add_argument("--ready-timeout", type=float, default=600)
+    ap.add_argument("--workdir", default="")
+    ap.add_argument("--json", default="", help="write the table here as JSON")
+    ap.add_argument("--extra", nargs="*", default=[], help="more llmlaunch overrides for every layout")
+    args = ap.parse_args(argv)
+    args.tokenizer = args.tokenizer or args.model
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    layouts = args.layouts or [n for n in LAYOUTS if GPUS_NEEDED[n] <= args.gpus]
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="llmlaunch-multigpu-"))
+    work.mkdir(parents=True, exist_ok=True)
+    common = [f"model.path={args.model}", "model.make=", f"model.dtype={args.dtype}", f"engine.device={args.device}",
+              f"engine.max_num_seqs={args.max_num_seqs}", f"cluster.gpus_per_node={args.gpus}",
+              f"cluster.jobs_dir={work / 'runs'}", *args.extra]
+    rows, reference = [], None
+    for name in layouts:
+        log(f"{name}: starting llmlaunch {' '.join(LAYOUTS[name])}")
+        t0 = time.monotonic()
+        proc, url, model = start(common + LAYOUTS[name], work / f"{name}.log", args.ready_timeout)
+        try:
+            ready_s = time.monotonic() - t0
+            text = greedy_text(url, model)
+            reference = text if reference is None else reference
+            row = {"layout": name, "overrides": " ".join(LAYOUTS[name]), "ready_s": round(ready_s, 1),
+                   "greedy_equals_first": text == reference, **bench(url, model, args, work / f"{name}.json")}
+        finally:
+            stop(proc)
+        rows.append(row)
+        log(f"{name}: {row}")
+    base = rows[0]["output_tokens_per_s"]
+    for r in rows:
+        r["ratio_to_first"] = round(r["output_tokens_per_s"] / base, 3)
+    header = f"{'layout':8} {'overrides':20} {'tok/s':>9} {'ratio':>6} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} greedy=first"
+    print(header)
+    for r in rows:
+        print(f"{r['layout']:8} {r['overrides']:20} {r['output_tokens_per_s']:9.1f} {r['ratio_to_first']:6.3f} "
+              f"{r['ttft_ms_p50']:9.2f} {r['ttft_ms_p99']:9.2f} {r['itl_ms_p50']:8.3f} {r['greedy_equals_first']}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"concurrency": args.concurrency, "input_len": args.input_len,
+                                               "output_len": args.output_len, "rows": rows}, indent=1))
+    return 0 if all(r["greedy_equals_first"] and not r["failed"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# One GPU: the serving path of the hf engine against the same engine in-process, static-batch
+# generate as the yardstick, and batch-1 decode against the memory-bandwidth limit.
+#
+#   benchmark/gpu/one_gpu.sh [OUT_DIR]        # default OUT_DIR: ./gpu-results
+#
+# Needs: llmlaunch importable (pip install -e . or PYTHONPATH=<checkout>), torch with CUDA, a
+# tritonserver llmlaunch can resolve (README), and, where torch comes with numpy 2, LLMLAUNCH_STUB_PYTHON
+# naming the python3 of an environment with numpy<2 for the nvidia-pytriton stub (README, "GPU machines").
+# Model: a random-weight Llama of 1.24 B parameters (Llama 3.2 1B's shape), made here.
+# Environment knobs: MODEL (folder, default /tmp/llama-1b), CONCURRENCY ("1 8 32 64 128"), ROUNDS (3).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT_DIR=${1:-gpu-results}
+MODEL=${MODEL:-/tmp/llama-1b}
+CONCURRENCY=${CONCURRENCY:-1 8 32 64 128}
+ROUNDS=${ROUNDS:-3}
+PY=${PYTHON:-python3}
+mkdir -p "$OUT_DIR"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$OUT_DIR/gpu.txt"
+
+echo "== 0. smoke: llmlaunch (tiny model) on the GPU, one streamed request, SIGINT"
+$PY - <<'PY' 2>&1 | tail -8
+import os, signal, subprocess, sys, time
+p = subprocess.Popen([sys.executable, "-m", "launcher.cli", "engine.device=cuda", "serve.grpc_port=18001",
+                      "serve.http_port=18000", "serve.metrics_port=18002"], stdout=subprocess.PIPE, text=True,
+                     start_new_session=True)
+lines = [p.stdout.readline() for _ in range(2)]
+print("".join(lines), end="")
+url = lines[0].split()[1]
+t0 = time.perf_counter()
+out = subprocess.run([sys.executable, "-m", "launcher.client", "--url", url, "--prompt", "The capital of France is",
+                      "--max-tokens", "16"], capture_output=True, text=True)
+print(f"client rc={out.returncode} in {time.perf_counter() - t0:.2f}s: {out.stdout[-200:]!r} {out.stderr[-300:]}")
+os.killpg(p.pid, signal.SIGINT)
+print("llmlaunch exit", p.wait(60))
+PY
+
+echo "== 1. model: random Llama 1.24 B, bf16"
+[ -f "$MODEL/config.json" ] || $PY -m launcher.tiny --out "$MODEL" --hidden 2048 --layers 16 --heads 32 --kv-heads 8 \
+    --intermediate 8192 --vocab 128256 --tie-word-embeddings true --rope-theta 500000 --dtype bfloat16
+
+echo "== 2. batch-1 decode vs the memory-bandwidth limit"
+timeout 240 $PY benchmark/gpu/decode_bandwidth.py --model "$MODEL" --tokens 256 | tee "$OUT_DIR/bandwidth.json"
+
+echo "== 3. served vs in-process vs static generate, concurrency $CONCURRENCY"
+# shellcheck disable=SC2086
+timeout 900 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfloat16 --max-num-seqs 128 \
+    --concurrency $CONCURRENCY --prompt-tokens 128 --max-tokens 128 --requests-per-stream 2 --rounds "$ROUNDS" \
+    --vs-generate > "$OUT_DIR/overhead.json"
+$PY - "$OUT_DIR/overhead.json" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+print(f"{'C':>4} {'in-proc tok/s':>13} {'served tok/s':>12} {'ratio':>6} {'TTFT p50 in/served ms':>22} {'+ms':>6} "
+      f"{'ITL p50 in/served ms':>21} {'generate tok/s':>14} {'served/gen':>10}")
+gen = {g["concurrency"]: g["generate_tokens_per_s"] for g in d.get("vs_generate", [])}
+for r in d["runs"]:
+    print(f"{r['concurrency']:>4} {r['direct_tokens_per_s']:>13.1f} {r['served_tokens_per_s']:>12.1f} {r['ratio']:>6.3f} "
+          f"{r['direct_ttft_ms_p50']:>10.2f} / {r['served_ttft_ms_p50']:<9.2f} {r.get('ttft_added_ms_p50', 0):>6.2f} "
+          f"{r['direct_itl_ms_p50']:>9.3f} / {r['served_itl_ms_p50']:<9.3f} {gen.get(r['concurrency'], 0):>14.1f} "
+          f"{r.get('served_vs_generate', 0):>10.3f}")
+PY

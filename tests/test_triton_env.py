@@ -1,0 +1,81 @@
+"""The environment tritonserver and its python stub get (launcher.triton.server_env): no server started.
+
+The stub of the nvidia-pytriton wheel ignores PYTHONPATH and takes its packages from the environment of the
+first `python3` on PATH; LLMLAUNCH_STUB_PYTHON names that interpreter.  The numpy check runs the named
+interpreter for real (a virtual environment made here, with or without numpy)."""
+
+import os
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from launcher import triton as lt
+from launcher.errors import LaunchError
+
+
+def _wheel():
+    return lt.TritonInstall("/x/tritonserver", "/x/backends", {}, lt.WHEEL_SOURCE)
+
+
+@pytest.fixture(scope="module")
+def bare_venv(tmp_path_factory):
+    """A virtual environment without numpy (and without pip: nothing is installed into it)."""
+    d = tmp_path_factory.mktemp("stubenv")
+    venv.create(d, with_pip=False)
+    return d / "bin" / "python3"
+
+
+def _fake_numpy(python: Path, version: str) -> None:
+    """Make `python`'s environment report numpy `version` (a dist-info folder is what importlib.metadata reads)."""
+    site = subprocess.check_output([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                   text=True).strip()
+    for old in Path(site).glob("numpy-*.dist-info"):
+        for f in old.iterdir():
+            f.unlink()
+        old.rmdir()
+    info = Path(site) / f"numpy-{version}.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: numpy\nVersion: {version}\n")
+
+
+def test_stub_python_goes_first_on_path_and_engine_keeps_this_interpreter(bare_venv, monkeypatch):
+    _fake_numpy(bare_venv, "1.26.4")
+    monkeypatch.setenv(lt.STUB_PYTHON_ENV, str(bare_venv))
+    env = lt.server_env(_wheel())
+    assert env["PATH"].split(os.pathsep)[0] == str(bare_venv.parent)
+    assert env["LLMLAUNCH_PYTHON"] == sys.executable
+    assert Path(env["LLMLAUNCH_ROOT"], "launcher", "triton.py").exists()
+    assert lt.stub_numpy_version(str(bare_venv)) == "1.26.4"
+
+
+def test_stub_python_with_numpy2_is_refused_with_the_fix(bare_venv, monkeypatch):
+    _fake_numpy(bare_venv, "2.5.2")
+    monkeypatch.setenv(lt.STUB_PYTHON_ENV, str(bare_venv))
+    with pytest.raises(LaunchError) as e:
+        lt.server_env(_wheel())
+    text = str(e.value)
+    assert "numpy 2.5.2" in text and lt.STUB_PYTHON_ENV in text and "numpy<2" in text
+
+
+def test_this_environment_is_checked_when_no_stub_python(monkeypatch):
+    """CI's environment has numpy 1.x (nvidia-pytriton pins it): accepted; a numpy 2 here would be refused."""
+    monkeypatch.delenv(lt.STUB_PYTHON_ENV, raising=False)
+    monkeypatch.setattr(lt, "stub_numpy_version", lambda stub_python="": "2.1.0")
+    with pytest.raises(LaunchError, match="numpy 2.1.0"):
+        lt.server_env(_wheel())
+
+
+def test_a_missing_stub_python_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv(lt.STUB_PYTHON_ENV, str(tmp_path / "nope" / "python3"))
+    with pytest.raises(LaunchError, match=lt.STUB_PYTHON_ENV):
+        lt.server_env(_wheel())
+
+
+def test_other_installs_are_not_checked(monkeypatch):
+    """An NGC container's tritonserver has a stub built for its own numpy: no opinion there."""
+    monkeypatch.delenv(lt.STUB_PYTHON_ENV, raising=False)
+    monkeypatch.setattr(lt, "stub_numpy_version", lambda stub_python="": "2.1.0")
+    lt.server_env(lt.TritonInstall(lt.NGC_PATH, "", {}, lt.NGC_PATH))
