@@ -8,14 +8,16 @@ process on one GPU:
 
 * copy bandwidth: `dst.copy_(src)` of a 2 GiB buffer, bytes read + written per
   second, best of 20;
-* the engine (launcher.engines.hf_engine.Engine, in-process): one request,
-  greedy, exactly --tokens new tokens; decode steps/s = (tokens - 1) / (time
-  from first to last token);
+* the engine (launcher.engines.hf_engine.Engine, in-process), eager and with
+  CUDA-graph decode: one request, greedy, exactly --tokens new tokens; decode
+  steps/s = (tokens - 1) / (time from first to last token);
 * static `model.generate` at batch 1 with the same settings, for reference
   (eager transformers, a DynamicCache).
 
-Prints one JSON document: bandwidth GB/s, weight GB, limit steps/s, the engine's
-and generate's steps/s, and their fractions of the limit.
+Then, in float32, the greedy tokens of 4 prompts run together must be the same
+with graphs, without, and from `generate`.  Prints one JSON document: bandwidth
+GB/s, weight GB, limit steps/s, steps/s of each and their fractions of the limit,
+and the three greedy comparisons.
 """
 
 from __future__ import annotations
@@ -49,12 +51,12 @@ def copy_bandwidth(device, gib: float = 2.0, iters: int = 20) -> float:
     return 2 * n * 2 / best / 1e9  # read + write, GB/s
 
 
-def engine_steps(model_dir: str, tokens: int, prompt_len: int, dtype: str) -> dict:
+def engine_steps(model_dir: str, tokens: int, prompt_len: int, dtype: str, cuda_graphs: bool) -> dict:
     import queue
 
     from launcher.engines.hf_engine import Engine, SamplingParams
 
-    engine = Engine(model_dir, device="cuda", dtype=dtype, max_num_seqs=8).start()
+    engine = Engine(model_dir, device="cuda", dtype=dtype, max_num_seqs=8, cuda_graphs=cuda_graphs).start()
     try:
         prompt = list(range(10, 10 + prompt_len))
         best = None
@@ -75,9 +77,46 @@ def engine_steps(model_dir: str, tokens: int, prompt_len: int, dtype: str) -> di
             (t_first, n_first), (t_last, n_last) = times[0], times[-1]
             rate = (n_last - n_first) / (t_last - t_first)
             best = rate if best is None else max(best, rate)
-        return {"engine_steps_per_s": round(best, 1)}
+        return {"steps_per_s": round(best, 1), "graph_error": engine.runner.graph_error}
     finally:
         engine.shutdown()
+
+
+def greedy_tokens(model_dir: str, cuda_graphs, n: int = 64) -> list:
+    """Greedy tokens (float32) of 4 prompts of different lengths run together, through the engine."""
+    import queue
+
+    from launcher.engines.hf_engine import Engine, SamplingParams
+
+    engine = Engine(model_dir, device="cuda", dtype="float32", max_num_seqs=8, cuda_graphs=cuda_graphs).start()
+    try:
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        outs: dict = {}
+        for i, length in enumerate((5, 17, 40, 9)):
+            outs[i] = []
+            engine.add_request(f"g{i}", list(range(20 + i, 20 + i + length)), SamplingParams(max_tokens=n, ignore_eos=True),
+                               lambda out, i=i: (outs[i].extend(out.token_ids), out.finish_reason and done.put(i)))
+        for _ in outs:
+            done.get(timeout=600)
+        return [outs[i] for i in sorted(outs)]
+    finally:
+        engine.shutdown()
+
+
+def generate_tokens(model_dir: str, n: int = 64) -> list:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().eval()
+    res = []
+    with torch.inference_mode():
+        for i, length in enumerate((5, 17, 40, 9)):
+            ids = torch.arange(20 + i, 20 + i + length, device="cuda")[None]
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            res.append(out[0, length:].tolist())
+    del model
+    torch.cuda.empty_cache()
+    return res
 
 
 def generate_steps(model_dir: str, tokens: int, prompt_len: int, dtype: str) -> dict:
@@ -114,6 +153,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=512, help="new tokens per request")
     ap.add_argument("--prompt-tokens", type=int, default=128)
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--no-greedy-check", action="store_true", help="skip the float32 greedy comparison")
     args = ap.parse_args(argv)
     import torch
 
@@ -122,13 +162,24 @@ def main(argv=None) -> int:
         return 2
     bw = copy_bandwidth("cuda")
     gen = generate_steps(args.model, args.tokens, args.prompt_tokens, args.dtype)
-    eng = engine_steps(args.model, args.tokens, args.prompt_tokens, args.dtype)
+    eager = engine_steps(args.model, args.tokens, args.prompt_tokens, args.dtype, cuda_graphs=False)
+    graphs = engine_steps(args.model, args.tokens, args.prompt_tokens, args.dtype, cuda_graphs=True)
     limit = bw * 1e9 / gen["weight_bytes"]
     out = {"device": torch.cuda.get_device_name(), "copy_bandwidth_GBps": round(bw, 1),
-           "weight_GB": round(gen["weight_bytes"] / 1e9, 3), "limit_steps_per_s": round(limit, 1), **eng,
+           "weight_GB": round(gen["weight_bytes"] / 1e9, 3), "limit_steps_per_s": round(limit, 1),
+           "engine_eager_steps_per_s": eager["steps_per_s"], "engine_graphs_steps_per_s": graphs["steps_per_s"],
+           "graph_error": graphs["graph_error"],
            "generate_steps_per_s": gen["generate_steps_per_s"],
-           "engine_fraction_of_limit": round(eng["engine_steps_per_s"] / limit, 4),
+           "engine_eager_fraction_of_limit": round(eager["steps_per_s"] / limit, 4),
+           "engine_graphs_fraction_of_limit": round(graphs["steps_per_s"] / limit, 4),
            "generate_fraction_of_limit": round(gen["generate_steps_per_s"] / limit, 4)}
+    if not args.no_greedy_check:
+        # float32, 4 prompts together (rows of idle slots padded in the graph): the same tokens three ways
+        ref = generate_tokens(args.model)
+        with_graphs, without = greedy_tokens(args.model, True), greedy_tokens(args.model, False)
+        out["greedy_graphs_equal_eager"] = with_graphs == without
+        out["greedy_graphs_equal_generate"] = with_graphs == ref
+        out["greedy_eager_equal_generate"] = without == ref
     print(json.dumps(out, indent=2))
     return 0
 

@@ -141,7 +141,7 @@ class Engine:
                  max_model_len: int | None = None, tp: int | None = None, max_prefill_tokens: int = 512,
                  tokenizer_path: str | None = None, attn_implementation: str = "sdpa",
                  kv_cache_memory: float | None = None, after_step: Callable[[], None] | None = None,
-                 threads: int | None = None, tp_group=None):
+                 threads: int | None = None, tp_group=None, cuda_graphs: bool | None = None):
         """
         model_path: HF-format folder (config, weights, tokenizer unless tokenizer_path is given).
         device: auto (cuda when available) | cpu | cuda | cuda:N.  dtype: auto | float32 | bfloat16 | float16.
@@ -161,7 +161,9 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or self.model_path)
         self.runner = HFModelRunner(self.model_path, device=device, dtype=dtype, max_num_seqs=max_num_seqs,
                                     max_model_len=max_model_len, attn_implementation=attn_implementation,
-                                    kv_cache_memory=kv_cache_memory, tp=int(tp or 1), tp_group=tp_group)
+                                    kv_cache_memory=kv_cache_memory, tp=int(tp or 1), tp_group=tp_group,
+                                    cuda_graphs=cuda_graphs)
+        self.runner.capture_graphs()  # before serving: a capture mid-run would stall every running request
         # tp > 1: this engine is the leader (group rank 0) of a tensor-parallel group; see hf_tp
         self._tp = self.runner.tp_group
         if self._tp is not None and self._tp.rank != 0:

@@ -191,9 +191,11 @@ class HFModelRunner:
 
     def __init__(self, model_path: str, device: str = "auto", dtype: str = "auto", max_num_seqs: int = 64,
                  max_model_len: int | None = None, attn_implementation: str = "sdpa",
-                 kv_cache_memory: float | None = None, tp: int = 1, tp_group=None):
+                 kv_cache_memory: float | None = None, tp: int = 1, tp_group=None, cuda_graphs: bool | None = None):
         """tp > 1: this process is one rank of a tensor-parallel group (see hf_tp): `tp_group` (an
-        hf_tp.TPGroup) or one made from the LLMLAUNCH_* environment; the model is sharded after loading."""
+        hf_tp.TPGroup) or one made from the LLMLAUNCH_* environment; the model is sharded after loading.
+        cuda_graphs: replay decode-only steps as CUDA graphs (None: on for cuda with tp=1 unless
+        LLMLAUNCH_HF_CUDA_GRAPHS=0)."""
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -251,6 +253,7 @@ class HFModelRunner:
         self.max_num_seqs = int(max_num_seqs)
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
+        self._init_graphs(cuda_graphs)
         self._allocate_cache(kv_cache_memory)
         self.sampler = Sampler(self.max_num_seqs, self.vocab_size, self.device)
         self._layer_idx_check()
@@ -260,7 +263,8 @@ class HFModelRunner:
         import torch
 
         itemsize = torch.empty((), dtype=self.dtype).element_size()
-        per_layer = self.max_num_seqs * self.num_kv_heads * self.max_model_len * self.head_dim * itemsize * 2
+        slots = self.max_num_seqs + self._spare_slots
+        per_layer = slots * self.num_kv_heads * self.max_model_len * self.head_dim * itemsize * 2
         total = per_layer * self.num_layers
         if budget is None:
             if self.device.type == "cuda":
@@ -274,7 +278,7 @@ class HFModelRunner:
                 f"the KV cache for max_num_seqs={self.max_num_seqs} x max_model_len={self.max_model_len} needs "
                 f"{total / 2**30:.1f} GiB but {budget / 2**30:.1f} GiB are available; lower max_num_seqs or "
                 f"max_model_len")
-        shape = (self.max_num_seqs, self.num_kv_heads, self.max_model_len, self.head_dim)
+        shape = (slots, self.num_kv_heads, self.max_model_len, self.head_dim)
         self.cache = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                        torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(self.num_layers)]
         log.info("hf engine: KV cache %d slots x %d tokens, %.2f GiB", self.max_num_seqs, self.max_model_len,
@@ -287,6 +291,135 @@ class HFModelRunner:
             raise ValueError(f"unsupported architecture: attention layer indices {idx[:8]}... do not match "
                              f"{self.num_layers} layers")
 
+    # -- CUDA graphs for decode-only steps -----------------------------------------------------------------
+    # Why: a decode step of a 1 B model launches ~20 kernels per layer from Python; on the H100 host that
+    # costs ~15 ms per step whatever the batch (the GPU idles: 6% of the memory-bandwidth limit at batch 1,
+    # benchmark/RESULTS.md).  Replaying a captured graph launches them all at once.
+    #
+    # A graph has static shapes, so a decode step is padded to a bucket: R rows (one per cache slot 0..R-1,
+    # R = the power of two >= the highest decoding slot + 1) attending over L positions (a power of two
+    # from 256, >= the longest sequence).  Row r carries the token of the sequence in slot r; rows of idle
+    # slots carry a dummy token that writes its keys/values to a spare cache slot nobody reads and attends
+    # to one position, and their logits are dropped.  Mixed steps (prompt chunks) and tp > 1 run eagerly.
+    _GRAPH_MIN_LEN = 256
+
+    def _init_graphs(self, cuda_graphs) -> None:
+        import os
+
+        if cuda_graphs is None:
+            cuda_graphs = os.environ.get("LLMLAUNCH_HF_CUDA_GRAPHS", "1") != "0"
+        self.use_graphs = bool(cuda_graphs) and self.device.type == "cuda" and self.tp == 1
+        self._spare_slots = 1 if self.use_graphs else 0  # the slot dummy rows write to
+        self._graphs: dict = {}
+        self._graph_pool = None
+        self.graph_error = ""
+
+    def _bucket(self, rows: int, length: int) -> tuple[int, int]:
+        r = 1
+        while r < rows:
+            r *= 2
+        n = self._GRAPH_MIN_LEN
+        while n < length:
+            n *= 2
+        return min(r, self.max_num_seqs), min(n, self.max_model_len)
+
+    def capture_graphs(self) -> int:
+        """Capture every decode bucket now, so that serving never stalls on a capture (~0.1 s each, and a
+        capture mid-run also delays every running request).  Returns the number of graphs."""
+        import time
+
+        import torch
+
+        if not self.use_graphs:
+            return 0
+        rows = sorted({self._bucket(r, 1)[0] for r in range(1, self.max_num_seqs + 1)})
+        lengths, n = [], self._GRAPH_MIN_LEN
+        while True:
+            lengths.append(min(n, self.max_model_len))
+            if n >= self.max_model_len:
+                break
+            n *= 2
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            for length in lengths:
+                for r in rows:
+                    if (r, length) not in self._graphs and self._capture(r, length) is None:
+                        return 0
+        log.info("hf engine: %d decode graphs (rows %s x lengths %s) captured in %.1f s", len(self._graphs), rows,
+                 lengths, time.perf_counter() - t0)
+        return len(self._graphs)
+
+    def _graph_decode(self, step: StepInputs):
+        """Logits [n_dec, vocab] of a decode-only step through a CUDA graph, or None (then run it eagerly)."""
+        import torch
+
+        key = self._bucket(max(step.decode_slots) + 1, max(step.decode_positions) + 1)
+        g = self._graphs.get(key)
+        if g is None:
+            g = self._capture(*key)
+            if g is None:
+                return None
+        meta, logits = g[1], g[2]
+        rows = key[0]
+        spare = self.max_num_seqs
+        ids, pos, slot, lens = [0] * rows, [0] * rows, [spare] * rows, [1] * rows
+        for s, t, p in zip(step.decode_slots, step.decode_tokens, step.decode_positions):
+            ids[s], pos[s], slot[s], lens[s] = t, p, s, p + 1
+        meta.copy_(torch.tensor([ids, pos, slot, lens], dtype=torch.long), non_blocking=True)
+        g[0].replay()
+        keep = torch.tensor(step.decode_slots, dtype=torch.long).to(self.device, non_blocking=True)
+        return logits.index_select(0, keep)
+
+    def _capture(self, rows: int, length: int):
+        """Capture the decode step of bucket (rows, length); None (and graphs off) if capture fails."""
+        import torch
+
+        try:
+            dev = self.device
+            meta = torch.zeros(4, rows, dtype=torch.long, device=dev)  # ids, positions, slots, lengths
+            meta[2].fill_(self.max_num_seqs)
+            meta[3].fill_(1)
+            heads = torch.arange(self.num_kv_heads, device=dev)
+            span = torch.arange(length, device=dev)
+            ctx = _StepContext()
+            ctx.n_dec, ctx.dec_rows, ctx.dec_len = rows, rows, length
+            ctx.eager, ctx.dec_scatter, ctx.chunks = self.eager, None, []
+
+            def body():
+                # index tensors are computed inside the graph, from `meta`, so a replay sees the new step
+                ctx.flat_idx = ((meta[2][:, None] * self.num_kv_heads + heads[None, :]) * self.max_model_len
+                                + meta[1][:, None]).reshape(-1)
+                valid = span[None, :] < meta[3][:, None]
+                ctx.dec_mask = torch.zeros(rows, 1, 1, length, dtype=self.dtype, device=dev).masked_fill_(
+                    ~valid[:, None, None, :], float("-inf"))
+                _tls.ctx, _tls.cache = ctx, self.cache
+                try:
+                    out = self.model(input_ids=meta[0:1], position_ids=meta[1:2], use_cache=False, logits_to_keep=0)
+                finally:
+                    _tls.ctx = None
+                return out.logits[0]
+
+            side = torch.cuda.Stream(dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):  # warm-up off the capture (lazy inits, allocator)
+                for _ in range(2):
+                    body()
+            torch.cuda.current_stream(dev).wait_stream(side)
+            if self._graph_pool is None:
+                self._graph_pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._graph_pool):
+                logits = body()
+        except Exception as e:  # a model whose forward cannot be captured still serves, eagerly
+            self.use_graphs = False
+            self.graph_error = f"{type(e).__name__}: {e}"
+            log.warning("hf engine: CUDA graph capture failed (%s); decode steps run eagerly", self.graph_error)
+            return None
+        # every tensor the graph reads must outlive it: a freed input's memory would be reused under it
+        self._graphs[(rows, length)] = (graph, meta, logits, heads, span)
+        log.debug("hf engine: captured decode graph rows=%d length=%d", rows, length)
+        return self._graphs[(rows, length)]
+
     # -- one step ------------------------------------------------------------------------------------------
     def execute(self, step: StepInputs, sample: bool = True) -> list[int]:
         """Run one step; the sampled token per output row.  sample=False (tensor-parallel workers): run the
@@ -294,6 +427,10 @@ class HFModelRunner:
         import torch
 
         with torch.inference_mode():
+            if self.use_graphs and sample and step.decode_tokens and not step.prefill:
+                logits = self._graph_decode(step)
+                if logits is not None:
+                    return self.sampler.sample(logits, step.sampling, step.penalty_resets).tolist()
             ctx, input_ids, positions, logits_idx = self._prepare(step)
             if not sample:
                 logits_idx = logits_idx[:0]

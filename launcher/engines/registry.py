@@ -69,6 +69,7 @@ def _hf_models(spec) -> List[RenderedModel]:
         "max_model_len": spec.model.get("max_model_len", 0),
         "attn_implementation": e.get("attn_implementation", "sdpa"),
         "prefill_chunk": e.get("prefill_chunk", 512),
+        "cuda_graphs": "true" if e.get("cuda_graphs", True) else "false",
         "tp_size": spec.tp,
     }
     cfg = pbtxt.python_model(spec.model_name, e["max_num_seqs"], params)

@@ -132,6 +132,11 @@ class TritonPythonModel:
             "attn_implementation": p.get("attn_implementation", "sdpa"),
             "threads": integer("torch_threads", 0) or None,
         }
+        graphs = p.get("cuda_graphs", "").lower()  # "" = the engine's default (on for one GPU)
+        if graphs not in ("", "true", "false", "1", "0", "yes", "no"):
+            raise pb_utils.TritonModelException(f"parameter cuda_graphs={graphs!r} is not true or false")
+        if graphs:
+            self.params["cuda_graphs"] = graphs in ("true", "1", "yes")
         self.cancel_check_s = integer("cancel_check_ms", 50) / 1000.0
         self.stream_interval_s = integer("stream_interval_ms", 0) / 1000.0
         flag = p.get("engine_process", "true").lower()
