@@ -970,19 +970,12 @@ class FrontendProcess:
 
     def stop(self) -> Optional[int]:
         """SIGTERM (drain), SIGKILL after the drain deadline."""
-        import subprocess
+        from launcher.triton import stop_group
 
         if self.proc is None:
             return None
-        self.terminate()
-        try:
-            self.proc.wait(self.cfg.drain_timeout_s + 10)
-        except subprocess.TimeoutExpired:
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.proc.wait()
+        if self.proc.poll() is None:
+            stop_group(self.proc, self.cfg.drain_timeout_s + 10)
         return self.proc.returncode
 
 

@@ -340,18 +340,7 @@ def job_serving(run: Path, spec, infos: List[dict]) -> bool:
 def _end_lost_server(server, grace_s: float = 5.0) -> Optional[int]:
     """Another rank of this replica died: the replica cannot finish what it runs (its model-parallel
     group is broken), so no full drain: SIGTERM, SIGKILL after `grace_s`, then the usual cleanup."""
-    import subprocess
-
-    server.terminate()
-    try:
-        server.proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        try:
-            os.killpg(server.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        server.proc.wait()
-    server.stop()  # ends stray stubs and removes the rank's shm regions
+    server.stop(grace_s=grace_s)
     return server.returncode()
 
 

@@ -450,17 +450,11 @@ class LocalServer(Server):
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
-        import signal
-        import subprocess
+        from launcher.triton import stop_group
 
         if self.proc is None or self.proc.poll() is not None:
             return
-        os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=float(self.spec.serve["drain_timeout_s"]) + 20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        stop_group(self.proc, float(self.spec.serve["drain_timeout_s"]) + 20)
         say(f"stopped local server (pid {self.proc.pid}, status {self.proc.returncode})")
 
 
@@ -521,17 +515,11 @@ class AllocationServer(Server):
         return self.proc is not None and self.proc.poll() is None
 
     def stop(self) -> None:
-        import signal
-        import subprocess
+        from launcher.triton import stop_group
 
         if self.proc is None or self.proc.poll() is not None:
             return
-        os.killpg(self.proc.pid, signal.SIGTERM)  # srun forwards it to every rank: Triton drains
-        try:
-            self.proc.wait(timeout=float(self.spec.serve["drain_timeout_s"]) + 30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        stop_group(self.proc, float(self.spec.serve["drain_timeout_s"]) + 30)  # SIGTERM: srun forwards it to every rank, Triton drains
         say(f"stopped the ranks (srun status {self.proc.returncode})")
 
 

@@ -124,7 +124,8 @@ def server_env(install: TritonInstall, extra: Optional[Dict[str, str]] = None) -
     env.setdefault("LLMLAUNCH_PYTHON", sys.executable)
     if extra:
         env.update(extra)
-    env["LLMLAUNCH_ROOT"] = root  # model.py files put it on sys.path: the stub ignores PYTHONPATH
+    # The stub ignores PYTHONPATH: each model.py appends its entries (this root first) to sys.path itself.
+    env["LLMLAUNCH_ROOT"] = root  # the checkout the server's models import llmlaunch from
     stub_python = env.get(STUB_PYTHON_ENV, "")
     if stub_python:
         # The stub takes its environment from the first python3 on PATH (it ignores PYTHONPATH), so this
@@ -211,6 +212,20 @@ def pick_ports(host: str, wanted: Dict[str, int]) -> Dict[str, int]:
         ok = p > 0 and p not in chosen.values() and port_free(host, p)
         chosen[key] = p if ok else free_port("0.0.0.0" if host in ("", "0.0.0.0") else host)
     return chosen
+
+
+def stop_group(proc: subprocess.Popen, grace_s: float) -> int:
+    """SIGTERM a child started in its own process group, SIGKILL the group after `grace_s`; its status."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            return proc.wait(timeout=grace_s if sig == signal.SIGTERM else None)
+        except subprocess.TimeoutExpired:
+            continue
+    return proc.wait()
 
 
 # ----------------------------------------------------------------------------- readiness
@@ -392,29 +407,18 @@ class TritonServer:
         self.ready_s = wait_ready(self.proc, self.grpc_url, self.model, self.log_path, self.ready_timeout_s, self.progress, self.probe)
         return self.ready_s
 
-    def stop(self) -> Optional[int]:
-        """SIGTERM (Triton stops taking requests and drains), SIGKILL after the drain deadline."""
+    def stop(self, grace_s: Optional[float] = None) -> Optional[int]:
+        """SIGTERM (Triton stops taking requests and drains), SIGKILL after `grace_s` (default: the drain
+        deadline); then stray stubs of its group ended and the job's shm regions removed."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                self.proc.wait(timeout=self.drain_timeout_s + 15)
-            except subprocess.TimeoutExpired:
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                self.proc.wait()
-        else:
-            # The server is gone; its stubs may not be: end the whole group.
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            stop_group(self.proc, self.drain_timeout_s + 15 if grace_s is None else grace_s)
+        # The server is gone; its stubs may not be: end the whole group.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
         remove_shm(self.shm_prefix)
         return self.proc.returncode
 

@@ -49,10 +49,11 @@ import time
 
 import triton_python_backend_utils as pb_utils
 
-# The python backend stub ignores PYTHONPATH (it runs its own interpreter setup): import llmlaunch from the
-# checkout that started the server (launcher.triton.server_env sets LLMLAUNCH_ROOT).
-if os.environ.get("LLMLAUNCH_ROOT") and os.environ["LLMLAUNCH_ROOT"] not in sys.path:
-    sys.path.insert(0, os.environ["LLMLAUNCH_ROOT"])
+# The python backend stub does not read PYTHONPATH (Triton 2.51); honour it here, after the stub's own
+# paths, so `launcher` and the engine packages resolve as they do for the rank that started the server.
+for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+    if _p and _p not in sys.path:
+        sys.path.append(_p)
 
 from launcher.contract import INPUT_NAMES
 from launcher.serving import triton_io

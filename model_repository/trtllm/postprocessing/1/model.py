@@ -60,11 +60,6 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     if _p and _p not in sys.path:
         sys.path.append(_p)
 
-# The python backend stub ignores PYTHONPATH (it runs its own interpreter setup): import llmlaunch from the
-# checkout that started the server (launcher.triton.server_env sets LLMLAUNCH_ROOT).
-if os.environ.get("LLMLAUNCH_ROOT") and os.environ["LLMLAUNCH_ROOT"] not in sys.path:
-    sys.path.insert(0, os.environ["LLMLAUNCH_ROOT"])
-
 from launcher.serving.triton_io import model_parameters
 
 _TRUE = ("1", "true", "yes", "y", "t", "on")
