@@ -1,28 +1,43 @@
-"""Serving overhead of the `hf` engine: the same engine driven in-process and through tritonserver + gRPC streaming.
+"""Serving overhead of the `hf` engine: the same engine driven in-process, in its own process, and through
+tritonserver + gRPC streaming.
 
     python benchmark/overhead.py                      # tiny model, CPU, concurrency 1 and 32
-    python benchmark/overhead.py --concurrency 1 8 32 --rounds 5 --max-tokens 64
+    python benchmark/overhead.py --concurrency 1 8 32 --rounds 5 --max-tokens 64 --paths direct process served
     python benchmark/overhead.py --model /path/to/hf_model --device cuda --concurrency 64
 
-For each concurrency C both paths run the same closed loop: C requests in
-flight, a new one sent as soon as one finishes, `--requests-per-stream x C`
-requests in all, every request generating exactly --max-tokens tokens
-(ignore_eos).  Tokens/s = output tokens / wall time from first send to last
-completion.  The in-process path calls `Engine.add_request` from a driver
-thread with a callback that only records the output (what the Triton model's
-callback does, minus the sending); the served path streams through
-tritonserver's gRPC endpoint with launcher.client.TritonStream, one response
-per new piece of text.
+For each concurrency C every path of --paths runs the same closed loop: C
+requests in flight, a new one sent as soon as one finishes,
+`--requests-per-stream x C` requests in all, every request generating exactly
+--max-tokens tokens (ignore_eos).  Tokens/s = output tokens / wall time from
+first send to last completion.  The paths:
 
-The machine may be shared, so the two paths alternate over --rounds rounds;
-reported are the ratio of the medians, the median of the per-round ratios
-(each round's two runs are back to back, so they see similar load), the ratio
-of the best rounds, and the load average.  The server stays up (idle) while
-the in-process engine runs, and vice versa.
+  direct   `Engine.add_request` from a driver thread with a callback that only
+           records the output (what the Triton model's callback does, minus
+           the sending).
+  process  the same driver on `EngineProcess`: the engine in a child process,
+           as the served path runs it (same engine parameters, output_interval
+           = --stream-interval-ms), outputs coming back over a socketpair.
+  served   tritonserver's gRPC endpoint with launcher.client.TritonStream, one
+           response per new piece of text.
 
-Prints one JSON document on stdout: per concurrency, tokens/s of both paths and
-their ratio (served / in-process; the target is >= 0.97 on CPU), and CPU time
-per token of the in-process run, of the server's process tree and of the client.
+`process` exists to split the serving cost: process / direct is what running
+the engine in a child process costs, served / process what the python stub,
+tritonserver and gRPC add on top.  For the in-process engine the mean time of
+an engine step's model call (forward + sampling, `EngineStats.busy_s / steps`
+over the run's steps, prefill steps included) comes with it, so that
+inter-token latency can be set against it.
+
+The machine may be shared, so the paths run back to back in each of --rounds
+rounds; reported per path against direct are the ratio of the medians, the
+median of the per-round ratios (each round's runs are back to back, so they see
+similar load), the ratio of the best rounds, and the load average.  The other
+paths' engines stay up (idle) while one path runs; each holds its own weights
+and KV cache, so on a GPU all of them must fit at once.
+
+Prints one JSON document on stdout: per concurrency, tokens/s, TTFT and ITL of
+every path, the ratios (`ratio` = served / in-process, the target is >= 0.97 on
+CPU; `process_ratio` = process / in-process), and CPU time per token of the
+in-process run, of the server's process tree and of the client.
 
 On a 2-vCPU machine the served path cannot be free: tritonserver, the python
 stub and the client run beside the engine, and on such VMs work on one vCPU
@@ -42,6 +57,7 @@ requests, greedy, exactly --max-tokens new tokens), e.g. on a GPU:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -56,6 +72,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+PATHS = ("direct", "process", "served")  # the order the paths run in within a round
+# key prefix of each path's ratios to direct: served keeps the unprefixed names of the two-path version
+RATIO_PREFIX = {"process": "process_", "served": ""}
 
 
 def log(msg: str) -> None:
@@ -96,18 +116,23 @@ def make_prompts(tokenizer, n: int, prompt_tokens: int, seed: int = 0) -> list[s
 
 
 # ----------------------------------------------------------------------------------------- in-process
-def latency_stats(per_request: list[tuple[float, float, int]]) -> dict:
-    """p50/p99 time to first token and p50 inter-token latency (ms) from (ttft_s, decode_s, tokens) per request.
+def latency_stats(per_request: list[tuple[float, list[float], int]]) -> dict:
+    """Latency (ms) from (ttft_s, receive times of the outputs carrying tokens, tokens) per request.
 
-    Inter-token latency of a request = (last token time - first token time) / (tokens - 1): the same
-    definition for both paths, whatever the number of responses carrying the tokens."""
+    TTFT p50/p99; inter-token latency of a request = (last token time - first token time) / (tokens - 1),
+    the same definition for every path whatever the number of responses carrying the tokens, p50 over
+    requests.  To see *where* a path loses time: the median gap between consecutive outputs, and the
+    median of each request's last gap (a slow final response shows there, not in the median gap)."""
     ttft = sorted(t for t, _, _ in per_request)
-    itl = sorted(d / (n - 1) for _, d, n in per_request if n > 1)
+    itl = sorted((ts[-1] - ts[0]) / (n - 1) for _, ts, n in per_request if n > 1 and len(ts) > 1)
+    gaps = sorted(b - a for _, ts, _ in per_request for a, b in zip(ts, ts[1:]))
+    last = sorted(ts[-1] - ts[-2] for _, ts, _ in per_request if len(ts) > 1)
 
     def pct(xs, q):
         return round(1000 * xs[min(len(xs) - 1, int(q * len(xs)))], 3) if xs else None
 
-    return {"ttft_ms_p50": pct(ttft, 0.5), "ttft_ms_p99": pct(ttft, 0.99), "itl_ms_p50": pct(itl, 0.5)}
+    return {"ttft_ms_p50": pct(ttft, 0.5), "ttft_ms_p99": pct(ttft, 0.99), "itl_ms_p50": pct(itl, 0.5),
+            "gap_ms_p50": pct(gaps, 0.5), "gap_ms_p99": pct(gaps, 0.99), "last_gap_ms_p50": pct(last, 0.5)}
 
 
 def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
@@ -117,24 +142,27 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int) ->
     done_q: queue.SimpleQueue = queue.SimpleQueue()
     tokens = [0]
     errors = []
-    per_request: list[tuple[float, float, int]] = []
+    per_request: list[tuple[float, list[float], int]] = []
 
     def submit(i):
         sent = time.perf_counter()
-        first = [0.0]
+        times: list[float] = []
 
         def on_output(out):
             now = time.perf_counter()
-            if not first[0] and out.output_tokens:
-                first[0] = now
+            if out.token_ids:
+                times.append(now)
             if out.finish_reason is not None:
-                if first[0]:
-                    per_request.append((first[0] - sent, now - first[0], out.output_tokens))
+                if times:
+                    per_request.append((times[0] - sent, times, out.output_tokens))
                 done_q.put(out)
 
         engine.add_request(f"{tag}-{i}", prompts[i], params, on_output)
 
     tag = f"{time.monotonic_ns()}"
+    # the in-process Engine's step statistics (EngineProcess keeps them in its child)
+    stats = getattr(engine, "stats", None)
+    steps0, busy0 = (stats.steps, stats.busy_s) if stats else (0, 0.0)
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     sent = 0
@@ -150,8 +178,13 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int) ->
             submit(sent)
             sent += 1
     wall = time.perf_counter() - t0
-    return {"tokens": tokens[0], "wall_s": wall, "tokens_per_s": tokens[0] / wall, "errors": len(errors),
-            "cpu_s": time.process_time() - cpu0, **latency_stats(per_request)}
+    result = {"tokens": tokens[0], "wall_s": wall, "tokens_per_s": tokens[0] / wall, "errors": len(errors),
+              "cpu_s": time.process_time() - cpu0, **latency_stats(per_request)}
+    if stats and stats.steps > steps0:
+        # the model call of a step (forward + sampling), without scheduling and output handling; a step's
+        # statistics are counted before its outputs go out, so the last step is in
+        result["step_ms"] = 1000 * (stats.busy_s - busy0) / (stats.steps - steps0)
+    return result
 
 
 def run_generate(model, prompt_ids: list[list[int]], max_tokens: int) -> dict:
@@ -193,7 +226,7 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
             stream.submit(requests[sent])
             sent += 1
         tokens, errors, responses = 0, [], 0
-        per_request: list[tuple[float, float, int]] = []
+        per_request: list[tuple[float, list[float], int]] = []
         for _ in range(len(requests)):
             rec = done_q.get()
             if sent < len(requests):
@@ -206,7 +239,7 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
             elif rec.times:
                 # the final response may carry no text: time the tokens by the responses that carry them
                 times = rec.token_times or rec.times
-                per_request.append((times[0] - rec.sent, times[-1] - times[0], rec.output_tokens or 0))
+                per_request.append((times[0] - rec.sent, times, rec.output_tokens or 0))
         wall = time.perf_counter() - t0
     client_cpu = time.process_time() - cpu0
     server_cpu = process_tree_cpu(server_pid) - server_cpu0 if server_pid else None
@@ -275,6 +308,81 @@ def vs_generate(model_dir: str, params: dict, args) -> list[dict]:
     return rows
 
 
+def compare(run: dict, tokenizer, c: int, args, generate: dict) -> dict:
+    """One concurrency: every path of `run` (name -> run(prompts, concurrency, max_tokens)) once per round."""
+    n = c * args.requests_per_stream
+    prompts = make_prompts(tokenizer, n, args.prompt_tokens, seed=c)
+    for fn in run.values():  # warm-up (allocator, first-call costs)
+        fn(prompts[:c], c, 8)
+    runs = {path: [] for path in run}
+    for r in range(args.rounds):
+        for path, fn in run.items():
+            runs[path].append(fn(prompts, c, args.max_tokens))
+        last = {path: rs[-1] for path, rs in runs.items()}
+        d = last["direct"]
+        msg = ", ".join(f"{path} {x['tokens_per_s']:.0f} tok/s" for path, x in last.items())
+        msg += f"; in-process step {d['step_ms']:.3f} ms" if "step_ms" in d else ""
+        msg += f"; CPU us/token: in-process {d['cpu_s'] / d['tokens'] * 1e6:.0f}"
+        if "served" in last:
+            s = last["served"]
+            msg += (f", server {s['server_cpu_s'] / s['tokens'] * 1e6:.0f}, client "
+                    f"{s['client_cpu_s'] / s['tokens'] * 1e6:.0f} ({s['responses_per_request']:.1f} "
+                    f"responses/request)")
+        log(f"C={c} round {r + 1}: {msg}")
+        if any(x["errors"] for x in last.values()):
+            log("errors: " + ", ".join(f"{path} {x['errors']}" for path, x in last.items()))
+
+    tps = {path: [x["tokens_per_s"] for x in rs] for path, rs in runs.items()}
+    med = {path: statistics.median(v) for path, v in tps.items()}
+    row = {"concurrency": c, "requests": n}
+    row.update({f"{path}_tokens_per_s": round(med[path], 1) for path in run})
+    for path, prefix in RATIO_PREFIX.items():
+        if path in run:
+            row[f"{prefix}ratio"] = round(med[path] / med["direct"], 4)
+            row[f"{prefix}paired_ratio"] = round(statistics.median(
+                x / y for x, y in zip(tps[path], tps["direct"])), 4)
+            row[f"{prefix}best_ratio"] = round(max(tps[path]) / max(tps["direct"]), 4)
+    if "process" in run and "served" in run:
+        row["served_vs_process"] = round(med["served"] / med["process"], 4)  # stub + tritonserver + gRPC alone
+    row["load_average"] = [round(x, 2) for x in os.getloadavg()]
+
+    def per_token_us(path: str, key: str) -> float:
+        return round(statistics.median(x[key] / x["tokens"] * 1e6 for x in runs[path]), 1)
+
+    # CPU time per generated token (median over rounds): the in-process run (engine + driver), and for the
+    # served run tritonserver with its stub and engine process, and the client
+    row["cpu_us_per_token"] = {"in_process": per_token_us("direct", "cpu_s")}
+    if "served" in run:
+        row["cpu_us_per_token"].update(server=per_token_us("served", "server_cpu_s"),
+                                       client=per_token_us("served", "client_cpu_s"))
+    row.update({f"{path}_rounds": [round(x, 1) for x in v] for path, v in tps.items()})
+    step_ms = [x["step_ms"] for x in runs["direct"] if "step_ms" in x]
+    row["direct_step_ms"] = round(statistics.median(step_ms), 3) if step_ms else None
+    # latency: medians over rounds of each round's p50/p99 (ms)
+    for path, rs in runs.items():
+        for key in ("ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "gap_ms_p50", "gap_ms_p99", "last_gap_ms_p50"):
+            vals = [x[key] for x in rs if x[key] is not None]
+            row[f"{path}_{key}"] = round(statistics.median(vals), 3) if vals else None
+    if "served" in run and row["served_ttft_ms_p50"] is not None and row["direct_ttft_ms_p50"] is not None:
+        row["ttft_added_ms_p50"] = round(row["served_ttft_ms_p50"] - row["direct_ttft_ms_p50"], 3)
+    if "served" in run and c in generate:
+        # the GPU target: streamed through the serving path vs static-batch generate, batch = C
+        row["served_vs_generate"] = round(row["served_tokens_per_s"] / generate[c]["generate_tokens_per_s"], 4)
+
+    log(f"C={c}: TTFT p50 " + ", ".join(f"{path} {row[f'{path}_ttft_ms_p50']}" for path in run)
+        + " ms; ITL p50 " + ", ".join(f"{path} {row[f'{path}_itl_ms_p50']}" for path in run)
+        + " ms; gap p50 / last gap " + ", ".join(f"{path} {row[f'{path}_gap_ms_p50']} / {row[f'{path}_last_gap_ms_p50']}"
+                                                  for path in run)
+        + f" ms; in-process step {row['direct_step_ms']} ms"
+        + (f"; served / static generate {row['served_vs_generate']}" if "served_vs_generate" in row else ""))
+    ratios = [f"{path} {row[f'{prefix}ratio']} (paired {row[f'{prefix}paired_ratio']}, best rounds "
+              f"{row[f'{prefix}best_ratio']})" for path, prefix in RATIO_PREFIX.items() if path in run]
+    log(f"C={c}: " + ", ".join(f"{path} {row[f'{path}_tokens_per_s']} tok/s" for path in run)
+        + (f"; / in-process: {', '.join(ratios)}" if ratios else "")
+        + f"; load average {row['load_average'][0]}")
+    return row
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="", help="HF model folder (default: the tiny random Llama)")
@@ -286,26 +394,35 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--requests-per-stream", type=int, default=4, help="requests per concurrent stream per round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--paths", nargs="+", default=["direct", "served"], choices=PATHS,
+                    help="paths to compare, run back to back in the order direct, process, served in each round "
+                         "(direct always runs: the ratios are to it)")
+    ap.add_argument("--process-env", default="own", choices=["own", "server"],
+                    help="environment of the process path's engine: this one, or the one tritonserver's stub gives "
+                         "the served engine (its PATH, LD_LIBRARY_PATH, PYTHONPATH): tells the stack from the env")
     ap.add_argument("--workdir", default="", help="server files and log (default: a temp dir, removed)")
     ap.add_argument("--server-param", action="append", default=[], metavar="KEY=VALUE",
-                    help="extra config.pbtxt parameter of the hf model (e.g. engine_process=false)")
+                    help="extra config.pbtxt parameter of the hf model (e.g. engine_process=false); served path only")
     ap.add_argument("--stream-interval-ms", type=int, default=0,
                     help="the model's stream_interval_ms: least time between two responses of a stream (0 = one "
-                         "response per engine step)")
+                         "response per engine step); the process path's output_interval")
     ap.add_argument("--server-env", action="append", default=[], metavar="KEY=VALUE",
                     help="environment variable of tritonserver (e.g. PYTHONPATH with numpy<2 first for the stub)")
-    ap.add_argument("--prefill-chunk", type=int, default=512, help="engine max_prefill_tokens (prefill_chunk)")
+    ap.add_argument("--prefill-chunk", type=int, default=0,
+                    help="engine max_prefill_tokens (prefill_chunk; 0: the engine's default, 512 on CPU, 2048 on a GPU)")
     ap.add_argument("--threads", type=int, default=None,
-                    help="torch intra-op threads of the engine, both paths (0 = torch's default). Default: 1 on "
+                    help="torch intra-op threads of the engine, every path (0 = torch's default). Default: 1 on "
                          "CPU (the tiny model runs as fast on one thread as on two, and the other core serves), "
                          "else 0")
     ap.add_argument("--vs-generate", action="store_true", help="also compare the engine with static-batch generate")
-    ap.add_argument("--no-served", action="store_true", help="skip tritonserver (in-process and generate only)")
+    ap.add_argument("--no-served", action="store_true", help="skip the comparison of --paths (--vs-generate only)")
     args = ap.parse_args(argv)
     if args.threads is None:
         args.threads = 1 if args.device == "cpu" else 0
+    paths = [p for p in PATHS if p in args.paths or p == "direct"]
 
     from launcher.engines.hf_engine import Engine
+    from launcher.engines.hf_process import EngineProcess
     from launcher.tiny import ensure_tiny_model
 
     model_dir = args.model or str(ensure_tiny_model())
@@ -315,78 +432,47 @@ def main(argv=None) -> int:
                          stream_interval_ms=args.stream_interval_ms,
                          **dict(kv.split("=", 1) for kv in args.server_param))
     params["threads"] = args.threads or None
-    log(f"model {model_dir}; starting tritonserver (log {workdir / 'tritonserver.log'})")
+    log(f"model {model_dir}; paths {' '.join(paths)}")
     results = {"model": model_dir, "device": args.device, "server_params": server_params, "max_tokens": args.max_tokens,
-               "prompt_tokens": args.prompt_tokens, "rounds": args.rounds, "cpus": os.cpu_count(), "runs": []}
+               "prompt_tokens": args.prompt_tokens, "rounds": args.rounds, "paths": paths, "cpus": os.cpu_count(),
+               "runs": []}
     if args.vs_generate:
         results["vs_generate"] = vs_generate(model_dir, params, args)
     if args.no_served:
         print(json.dumps(results, indent=2))
         return 0
-    server = hf_server(model_dir, workdir, server_params,
-                       env=dict(kv.split("=", 1) for kv in args.server_env) or None)
-    with server:
+    with contextlib.ExitStack() as stack:
+        if "served" in paths:
+            log(f"starting tritonserver (log {workdir / 'tritonserver.log'})")
+            server = stack.enter_context(hf_server(model_dir, workdir, server_params,
+                                                   env=dict(kv.split("=", 1) for kv in args.server_env) or None))
         engine = Engine(model_dir, max_prefill_tokens=args.prefill_chunk, **params).start()
-        try:
-            for c in args.concurrency:
-                n = c * args.requests_per_stream
-                prompts = make_prompts(engine.tokenizer, n, args.prompt_tokens, seed=c)
-                # warm-up both paths (allocator, first-call costs)
-                run_direct(engine, prompts[:c], c, 8)
-                run_served(server.grpc_url, server.model, prompts[:c], c, 8)
-                direct, served, cpu_direct, cpu_server, cpu_client = [], [], [], [], []
-                lat = {"direct": [], "served": []}
-                for r in range(args.rounds):
-                    d = run_direct(engine, prompts, c, args.max_tokens)
-                    s = run_served(server.grpc_url, server.model, prompts, c, args.max_tokens, server.proc.pid)
-                    direct.append(d["tokens_per_s"])
-                    served.append(s["tokens_per_s"])
-                    lat["direct"].append(d)
-                    lat["served"].append(s)
-                    cpu_direct.append(d["cpu_s"] / d["tokens"] * 1e6)
-                    cpu_server.append(s["server_cpu_s"] / s["tokens"] * 1e6)
-                    cpu_client.append(s["client_cpu_s"] / s["tokens"] * 1e6)
-                    log(f"C={c} round {r + 1}: in-process {d['tokens_per_s']:.0f} tok/s, served "
-                        f"{s['tokens_per_s']:.0f} tok/s ({s['responses_per_request']:.1f} responses/request); "
-                        f"CPU us/token: in-process {cpu_direct[-1]:.0f}, server {cpu_server[-1]:.0f}, "
-                        f"client {cpu_client[-1]:.0f}")
-                    if d["errors"] or s["errors"]:
-                        log(f"errors: in-process {d['errors']}, served {s['errors']}")
-                row = {
-                    "concurrency": c, "requests": n,
-                    "direct_tokens_per_s": round(statistics.median(direct), 1),
-                    "served_tokens_per_s": round(statistics.median(served), 1),
-                    "ratio": round(statistics.median(served) / statistics.median(direct), 4),
-                    "paired_ratio": round(statistics.median(s_ / d_ for s_, d_ in zip(served, direct)), 4),
-                    "best_ratio": round(max(served) / max(direct), 4),
-                    "load_average": [round(x, 2) for x in os.getloadavg()],
-                    # CPU time per generated token (median over rounds): the in-process run (engine + driver),
-                    # and for the served run tritonserver with its stub and engine process, and the client
-                    "cpu_us_per_token": {"in_process": round(statistics.median(cpu_direct), 1),
-                                         "server": round(statistics.median(cpu_server), 1),
-                                         "client": round(statistics.median(cpu_client), 1)},
-                    "direct_rounds": [round(x, 1) for x in direct], "served_rounds": [round(x, 1) for x in served],
-                }
-                # latency: medians over rounds of each round's p50/p99 (ms)
-                for path, runs in lat.items():
-                    for key in ("ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50"):
-                        vals = [x[key] for x in runs if x[key] is not None]
-                        row[f"{path}_{key}"] = round(statistics.median(vals), 3) if vals else None
-                if row["served_ttft_ms_p50"] is not None and row["direct_ttft_ms_p50"] is not None:
-                    row["ttft_added_ms_p50"] = round(row["served_ttft_ms_p50"] - row["direct_ttft_ms_p50"], 3)
-                gen = {g["concurrency"]: g for g in results.get("vs_generate", [])}
-                if c in gen:
-                    # the GPU target: streamed through the serving path vs static-batch generate, batch = C
-                    row["served_vs_generate"] = round(row["served_tokens_per_s"] / gen[c]["generate_tokens_per_s"], 4)
-                results["runs"].append(row)
-                log(f"C={c}: TTFT p50 in-process {row['direct_ttft_ms_p50']} ms, served {row['served_ttft_ms_p50']} ms; "
-                    f"ITL p50 {row['direct_itl_ms_p50']} / {row['served_itl_ms_p50']} ms"
-                    + (f"; served / static generate {row['served_vs_generate']}" if "served_vs_generate" in row else ""))
-                log(f"C={c}: in-process {row['direct_tokens_per_s']} tok/s, served {row['served_tokens_per_s']} "
-                    f"tok/s, ratio {row['ratio']} (paired {row['paired_ratio']}, best rounds {row['best_ratio']}; "
-                    f"load average {row['load_average'][0]})")
-        finally:
-            engine.shutdown()
+        stack.callback(engine.shutdown)
+        run = {"direct": lambda prompts, c, tokens: run_direct(engine, prompts, c, tokens)}
+        if "process" in paths:
+            # the engine process as the served hf model starts it, without the stub, tritonserver and gRPC
+            process = EngineProcess(model_dir, max_prefill_tokens=args.prefill_chunk,
+                                    output_interval=args.stream_interval_ms / 1000.0, **params)
+            if args.process_env == "server":  # the environment the served engine process inherits from the stub
+                from launcher.triton import resolve_tritonserver, server_env
+
+                saved = dict(os.environ)
+                os.environ.update(server_env(resolve_tritonserver(), dict(kv.split("=", 1) for kv in args.server_env) or None))
+                try:
+                    process.start()
+                finally:
+                    os.environ.clear()
+                    os.environ.update(saved)
+            else:
+                process.start()
+            stack.callback(process.shutdown)
+            run["process"] = lambda prompts, c, tokens: run_direct(process, prompts, c, tokens)
+        if "served" in paths:
+            run["served"] = lambda prompts, c, tokens: run_served(server.grpc_url, server.model, prompts, c, tokens,
+                                                                   server.proc.pid)
+        generate = {g["concurrency"]: g for g in results.get("vs_generate", [])}
+        for c in args.concurrency:
+            results["runs"].append(compare(run, engine.tokenizer, c, args, generate))
     if not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps(results, indent=2))

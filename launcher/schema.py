@@ -74,7 +74,7 @@ class EngineConfig:
 class HFEngineConfig(EngineConfig):
     name: str = "hf"  # our own continuous-batching engine on HF transformers
     attn_implementation: str = "sdpa"  # transformers attention kernel: sdpa | eager
-    prefill_chunk: int = 512  # prompt tokens prefilled per engine step, so running streams keep flowing
+    prefill_chunk: int = 0  # prompt tokens prefilled per engine step, so running streams keep flowing (0: 512 on CPU, 2048 on a GPU)
     cuda_graphs: bool = True  # replay decode steps as captured CUDA graphs (GPU, tp=1): 4x the eager step rate on an H100
 
 

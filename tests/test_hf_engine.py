@@ -108,6 +108,61 @@ def test_chunked_prefill_equals_generate(tiny_model_dir, reference):
         eng.shutdown()
 
 
+def test_group_first_chunks():
+    from launcher.engines.hf_runner import group_first_chunks
+
+    assert group_first_chunks([7, 5, 6, 2]) == [[0, 2, 1, 3]]  # padding within half the padded tokens
+    # one long prompt pads at most as many tokens as the group holds: 100+5 in one group, 4+3 in another
+    assert group_first_chunks([100, 3, 4, 5]) == [[0, 3], [2, 1]]
+    assert group_first_chunks([100, 3, 4, 5], waste=0.0) == [[0], [3], [2], [1]]
+    assert group_first_chunks([9]) == [[0]]
+    assert group_first_chunks([]) == []
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_grouped_prefill_equals_one_at_a_time(tiny_model_dir, attn):
+    """Prompts prefilled together (one padded attention call per group, beside a decode token) give the same
+    logits and the same cache as each prompt prefilled alone."""
+    from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
+
+    runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=8, max_model_len=64,
+                           attn_implementation=attn)
+    prompts = [list(range(10, 17)), list(range(30, 35)), list(range(50, 56)), [70, 71], list(range(80, 120))]
+
+    def step(chunks_of, decode=()):
+        chunks = [PrefillChunk(slot, 0, len(p), True) for slot, p in chunks_of]
+        return StepInputs([d[0] for d in decode], [d[1] for d in decode], [d[2] for d in decode], chunks,
+                          [t for _, p in chunks_of for t in p], SamplingRows())
+
+    def logits_of(st):
+        import launcher.engines.hf_runner as hr
+
+        ctx, ids, pos, idx = runner._prepare(st)
+        hr._tls.ctx, hr._tls.cache = ctx, runner.cache
+        try:
+            with torch.inference_mode():
+                return runner.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=idx).logits[0], ctx
+        finally:
+            hr._tls.ctx = None
+
+    alone = []
+    for slot, p in enumerate(prompts):
+        lg, ctx = logits_of(step([(slot, p)]))
+        assert not ctx.groups
+        alone.append(lg[-1])
+    cache_alone = [(k[:5].clone(), v[:5].clone()) for k, v in runner.cache]
+    for k, v in runner.cache:
+        k.zero_(), v.zero_()
+    # slot 7 decodes beside the group (its prompt token sits at position 0)
+    together, ctx = logits_of(step(list(enumerate(prompts)), decode=[(7, 5, 0)]))
+    assert [len(g[4]) for g in ctx.groups] == [40 + 7, 6 + 5 + 2]  # two padded groups, no chunk alone
+    for i, lg in enumerate(alone):
+        torch.testing.assert_close(together[1 + i], lg, rtol=1e-4, atol=1e-4)
+    for (k, v), (k0, v0) in zip(runner.cache, cache_alone):
+        torch.testing.assert_close(k[:5], k0, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(v[:5], v0, rtol=1e-5, atol=1e-5)
+
+
 def test_eager_attention_equals_generate(tiny_model_dir, reference):
     eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=4, attn_implementation="eager",
                  max_prefill_tokens=5).start()

@@ -27,7 +27,7 @@ PROMPTS = ["Once upon a time", "The quick brown fox jumps over", "hello"]
 # One rank of the engine-level test: argv = role tp port model_dir.  The leader prints the greedy tokens per
 # prompt (three concurrent requests, small prefill chunks: decode and chunked prefill share steps).
 _RANK = r"""
-import json, sys, threading
+import json, os, sys, threading
 from launcher.engines.hf_engine import Engine, SamplingParams
 from launcher.engines.hf_tp import TPGroup, run_worker
 role, tp, port, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -36,8 +36,8 @@ kw = dict(device="cpu", max_num_seqs=4, max_model_len=128, threads=1)
 group = TPGroup(tp, rank=0 if role == "leader" else 1, addr="127.0.0.1", port=port, timeout=60) if tp > 1 else None
 if role == "worker":
     run_worker(path, tp=tp, group=group, **kw)
-    print("worker done")
-    sys.exit(0)
+    print("worker done", flush=True)
+    os._exit(0)  # like hf_process: gloo's threads can abort interpreter teardown (pytorch#179291)
 eng = Engine(path, tp=tp, tp_group=group, max_prefill_tokens=4, **kw).start()
 res = {}
 def go(p):
@@ -46,7 +46,8 @@ ts = [threading.Thread(target=go, args=(p,)) for p in prompts]
 [t.start() for t in ts]
 [t.join() for t in ts]
 eng.shutdown()
-print("RESULT " + json.dumps(res))
+print("RESULT " + json.dumps(res), flush=True)
+os._exit(0)
 """
 
 

@@ -79,3 +79,25 @@ def test_other_installs_are_not_checked(monkeypatch):
     monkeypatch.delenv(lt.STUB_PYTHON_ENV, raising=False)
     monkeypatch.setattr(lt, "stub_numpy_version", lambda stub_python="": "2.1.0")
     lt.server_env(lt.TritonInstall(lt.NGC_PATH, "", {}, lt.NGC_PATH))
+
+
+
+def test_engine_process_library_path_can_be_set(tiny_model_dir, monkeypatch):
+    """The hf engine process inherits the stub's LD_LIBRARY_PATH, or runs with LLMLAUNCH_ENGINE_LD_LIBRARY_PATH when
+    that is set (launcher.triton.ENGINE_LD_LIBRARY_PATH: the choice moves the served figures on the H100 host)."""
+    from launcher.engines.hf_process import EngineProcess
+
+    def child_env(**env):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        proc = EngineProcess(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64).start()
+        try:
+            text = Path(f"/proc/{proc.info['pid']}/environ").read_text()
+        finally:
+            proc.shutdown()
+        return dict(kv.split("=", 1) for kv in text.split("\0") if "=" in kv)
+
+    monkeypatch.delenv(lt.ENGINE_LD_LIBRARY_PATH, raising=False)
+    assert child_env(LD_LIBRARY_PATH="/stub/lib:/own/lib")["LD_LIBRARY_PATH"] == "/stub/lib:/own/lib"
+    assert child_env(**{lt.ENGINE_LD_LIBRARY_PATH: "/own/lib"})["LD_LIBRARY_PATH"] == "/own/lib"
+    assert "LD_LIBRARY_PATH" not in child_env(**{lt.ENGINE_LD_LIBRARY_PATH: ""})

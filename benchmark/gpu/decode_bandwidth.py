@@ -12,7 +12,10 @@ process on one GPU:
   CUDA-graph decode: one request, greedy, exactly --tokens new tokens; decode
   steps/s = (tokens - 1) / (time from first to last token);
 * static `model.generate` at batch 1 with the same settings, for reference
-  (eager transformers, a DynamicCache).
+  (eager transformers, a DynamicCache);
+* where a graph step's time goes: the graph replayed back to back (its kernels'
+  GPU time), `runner.execute` in a loop (+ inputs, sampling, host sync), and
+  the engine figure above (+ scheduler, detokenizer, callbacks).
 
 Then, in float32, the greedy tokens of 4 prompts run together must be the same
 with graphs, without, and from `generate`.  Prints one JSON document: bandwidth
@@ -77,9 +80,36 @@ def engine_steps(model_dir: str, tokens: int, prompt_len: int, dtype: str, cuda_
             (t_first, n_first), (t_last, n_last) = times[0], times[-1]
             rate = (n_last - n_first) / (t_last - t_first)
             best = rate if best is None else max(best, rate)
-        return {"steps_per_s": round(best, 1), "graph_error": engine.runner.graph_error}
+        res = {"steps_per_s": round(best, 1), "graph_error": engine.runner.graph_error}
+        if cuda_graphs and engine.runner.use_graphs:
+            res.update(step_parts(engine.runner))
+        return res
     finally:
         engine.shutdown()
+
+
+def step_parts(runner, n: int = 300) -> dict:
+    """Where a batch-1 graph step's time goes, on the idle engine's runner: the graph replay alone (GPU time
+    of the step's kernels, back to back), `runner.execute` (+ inputs, sampling, the host sync), and what the
+    engine loop adds on top of that (scheduler, detokenizer, callbacks) is the rest of engine steps/s."""
+    import torch
+
+    from launcher.engines.hf_runner import SamplingRows, StepInputs
+
+    g = runner._graphs[runner._bucket(1, 200)]
+    step = StepInputs([0], [5], [199], [], [], SamplingRows())  # slot 0 of the idle engine, position 199
+    runner.execute(step)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        g[0].replay()
+    torch.cuda.synchronize()
+    replay = n / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        runner.execute(step)
+    execute = n / (time.perf_counter() - t0)
+    return {"graph_replay_steps_per_s": round(replay, 1), "runner_execute_steps_per_s": round(execute, 1)}
 
 
 def greedy_tokens(model_dir: str, cuda_graphs, n: int = 64) -> list:
@@ -168,6 +198,8 @@ def main(argv=None) -> int:
     out = {"device": torch.cuda.get_device_name(), "copy_bandwidth_GBps": round(bw, 1),
            "weight_GB": round(gen["weight_bytes"] / 1e9, 3), "limit_steps_per_s": round(limit, 1),
            "engine_eager_steps_per_s": eager["steps_per_s"], "engine_graphs_steps_per_s": graphs["steps_per_s"],
+           "graph_replay_steps_per_s": graphs.get("graph_replay_steps_per_s"),
+           "runner_execute_steps_per_s": graphs.get("runner_execute_steps_per_s"),
            "graph_error": graphs["graph_error"],
            "generate_steps_per_s": gen["generate_steps_per_s"],
            "engine_eager_fraction_of_limit": round(eager["steps_per_s"] / limit, 4),

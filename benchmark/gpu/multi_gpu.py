@@ -1,16 +1,18 @@
 """tp and replicas of the hf engine on one multi-GPU host, through `llmlaunch cluster=local`.
 
-    python benchmark/gpu/multi_gpu.py --model /tmp/llama-1b --gpus 2 --concurrency 64
+    python benchmark/gpu/multi_gpu.py --model /tmp/llama-1b --gpus 2 --concurrency 1 64 128
     python benchmark/gpu/multi_gpu.py --model /tmp/llama-1b --gpus 4 --layouts tp1 tp2 tp4 rep2 rep2tp2
 
 Each layout is a real `llmlaunch` run (one tritonserver per GPU started as
 `python -m launcher.rank`, the same per-rank path as a Slurm task; NCCL between
 the ranks of a tensor-parallel group; rank 0's front end when replicas > 1):
 start, wait for the endpoint, check that greedy output equals the first
-layout's, run `llmlaunch-bench` (synthetic prompts, exactly --output-len tokens
-each, --concurrency in flight), stop with SIGINT.  Prints a table of output
-tokens/s, TTFT and ITL per layout and the ratio to the first layout (tp=1, one
-replica), and writes it as JSON with --json.
+layout's, run `llmlaunch-bench` once per value of --concurrency (synthetic
+prompts, exactly --output-len tokens each, C in flight, max(--num-prompts, 2C)
+prompts after C warm-up requests), stop with SIGINT.  Prints a table of output
+tokens/s, TTFT and ITL per layout and concurrency and the ratio to the first
+layout (tp=1, one replica) at the same concurrency, and writes it as JSON with
+--json.
 
 NCCL's NVLink multicast stays off (NCCL_NVLS_ENABLE=0 unless already set):
 on shared hosts a program that uses it can take the GPUs out of service.
@@ -90,16 +92,20 @@ def greedy_text(url: str, model: str, max_tokens: int = 48) -> str:
     return rec.text
 
 
-def bench(url: str, model: str, args, out_json: Path) -> dict:
+def bench(url: str, model: str, args, concurrency: int, out_json: Path) -> dict:
+    # at least two waves of C requests, or a high C would be measured on its ramp-up and drain alone;
+    # by default four waves and at least 16 requests (C=1 then takes seconds, not minutes)
+    num_prompts = max(args.num_prompts, 2 * concurrency) if args.num_prompts else max(16, 4 * concurrency)
     cmd = [sys.executable, "-m", "launcher.bench.cli", "--url", url, "--model", model, "--dataset-name", "synthetic",
            "--input-len", str(args.input_len), "--output-len", str(args.output_len), "--ignore-eos",
-           "--num-prompts", str(args.num_prompts), "--concurrency", str(args.concurrency),
-           "--warmup", str(args.concurrency), "--no-progress", "--result-json", str(out_json)]
+           "--num-prompts", str(num_prompts), "--concurrency", str(concurrency),
+           "--warmup", str(concurrency), "--no-progress", "--result-json", str(out_json)]
     if args.tokenizer:
         cmd += ["--tokenizer", args.tokenizer]
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     m = json.loads(out_json.read_text())["metrics"]
-    return {"output_tokens_per_s": round(m["output_throughput"], 1), "completed": m["completed"],
+    return {"concurrency": concurrency, "num_prompts": num_prompts,
+            "output_tokens_per_s": round(m["output_throughput"], 1), "completed": m["completed"],
             "failed": m["failed"], "ttft_ms_p50": round(m["ttft_ms"]["p50"], 2),
             "ttft_ms_p99": round(m["ttft_ms"]["p99"], 2), "itl_ms_p50": round(m["itl_ms"]["p50"], 3)}
 
@@ -111,8 +117,10 @@ def main(argv=None) -> int:
     ap.add_argument("--gpus", type=int, default=2, help="GPUs of this host the layouts may use")
     ap.add_argument("--layouts", nargs="+", default=None, choices=sorted(LAYOUTS),
                     help="default: tp1 and every tp/replica layout that fits --gpus")
-    ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--num-prompts", type=int, default=512)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[64],
+                    help="requests in flight; one bench per value while a layout's server is up")
+    ap.add_argument("--num-prompts", type=int, default=0,
+                    help="prompts per bench (at least 2 x concurrency; default: 4 x concurrency, at least 16)")
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--max-num-seqs", type=int, default=128, help="engine.max_num_seqs of every replica")
@@ -132,33 +140,46 @@ def main(argv=None) -> int:
     common = [f"model.path={args.model}", "model.make=", f"model.dtype={args.dtype}", f"engine.device={args.device}",
               f"engine.max_num_seqs={args.max_num_seqs}", f"cluster.gpus_per_node={args.gpus}",
               f"cluster.jobs_dir={work / 'runs'}", *args.extra]
-    rows, reference = [], None
+    rows, reference, failed = [], None, []
     for name in layouts:
         log(f"{name}: starting llmlaunch {' '.join(LAYOUTS[name])}")
         t0 = time.monotonic()
-        proc, url, model = start(common + LAYOUTS[name], work / f"{name}.log", args.ready_timeout)
+        try:
+            proc, url, model = start(common + LAYOUTS[name], work / f"{name}.log", args.ready_timeout)
+        except (RuntimeError, TimeoutError) as exc:  # one layout that does not come up: report it, go on
+            log(f"{name}: {exc}")
+            failed.append({"layout": name, "error": str(exc)[-3000:]})
+            continue
         try:
             ready_s = time.monotonic() - t0
             text = greedy_text(url, model)
             reference = text if reference is None else reference
-            row = {"layout": name, "overrides": " ".join(LAYOUTS[name]), "ready_s": round(ready_s, 1),
-                   "greedy_equals_first": text == reference, **bench(url, model, args, work / f"{name}.json")}
+            for c in args.concurrency:
+                row = {"layout": name, "overrides": " ".join(LAYOUTS[name]), "ready_s": round(ready_s, 1),
+                       "greedy_equals_first": text == reference,
+                       **bench(url, model, args, c, work / f"{name}_c{c}.json")}
+                rows.append(row)
+                log(f"{name}: {row}")
         finally:
             stop(proc)
-        rows.append(row)
-        log(f"{name}: {row}")
-    base = rows[0]["output_tokens_per_s"]
+    first = rows[0]["layout"] if rows else ""
+    base = {r["concurrency"]: r["output_tokens_per_s"] for r in rows if r["layout"] == first}
     for r in rows:
-        r["ratio_to_first"] = round(r["output_tokens_per_s"] / base, 3)
-    header = f"{'layout':8} {'overrides':20} {'tok/s':>9} {'ratio':>6} {'TTFT p50':>9} {'TTFT p99':>9} {'ITL p50':>8} greedy=first"
-    print(header)
+        r["ratio_to_first"] = round(r["output_tokens_per_s"] / base[r["concurrency"]], 3) if base else None
+    rows.sort(key=lambda r: r["concurrency"])  # the layouts a ratio compares stand together (stable: run order)
+    print(f"{'layout':8} {'overrides':20} {'C':>4} {'tok/s':>9} {'ratio':>6} {'TTFT p50':>9} {'TTFT p99':>9} "
+          f"{'ITL p50':>8} greedy=first")
     for r in rows:
-        print(f"{r['layout']:8} {r['overrides']:20} {r['output_tokens_per_s']:9.1f} {r['ratio_to_first']:6.3f} "
-              f"{r['ttft_ms_p50']:9.2f} {r['ttft_ms_p99']:9.2f} {r['itl_ms_p50']:8.3f} {r['greedy_equals_first']}")
+        print(f"{r['layout']:8} {r['overrides']:20} {r['concurrency']:4d} {r['output_tokens_per_s']:9.1f} "
+              f"{r['ratio_to_first']:6.3f} {r['ttft_ms_p50']:9.2f} {r['ttft_ms_p99']:9.2f} {r['itl_ms_p50']:8.3f} "
+              f"{r['greedy_equals_first']}")
+    for f in failed:
+        print(f"{f['layout']:8} did not start: {f['error'].splitlines()[0] if f['error'] else ''}")
     if args.json:
         Path(args.json).write_text(json.dumps({"concurrency": args.concurrency, "input_len": args.input_len,
-                                               "output_len": args.output_len, "rows": rows}, indent=1))
-    return 0 if all(r["greedy_equals_first"] and not r["failed"] for r in rows) else 1
+                                               "output_len": args.output_len, "rows": rows, "failed": failed},
+                                              indent=1))
+    return 0 if rows and not failed and all(r["greedy_equals_first"] and not r["failed"] for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -5,6 +5,9 @@
 #
 #   benchmark/gpu/multi_gpu.sh [OUT_DIR]      # GPUS (default: all visible), MODEL (default /tmp/llama-1b)
 #
+# More knobs: CONCURRENCY (bf16 pass, default "1 64 128": one bench per value while a layout is up),
+# NUM_PROMPTS (default: 4 x concurrency, at least 16), WORK (/tmp/llmlaunch-multigpu), EXTRA (llmlaunch overrides for every layout of both
+# passes, space-separated, e.g. EXTRA="engine.cuda_graphs=false"), SKIP_BF16=1 / SKIP_FP32=1 (one pass only).
 # Same environment as one_gpu.sh.  NCCL's NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -12,6 +15,7 @@ OUT_DIR=${1:-gpu-results}
 MODEL=${MODEL:-/tmp/llama-1b}
 PY=${PYTHON:-python3}
 GPUS=${GPUS:-$(nvidia-smi -L | wc -l)}
+CONCURRENCY=${CONCURRENCY:-1 64 128}
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 mkdir -p "$OUT_DIR"
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT_DIR/gpus.txt"
@@ -19,10 +23,19 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT_DIR/g
     --intermediate 8192 --vocab 128256 --tie-word-embeddings true --rope-theta 500000 --dtype bfloat16
 LAYOUTS="tp1 tp2 rep2"
 [ "$GPUS" -ge 4 ] && LAYOUTS="tp1 tp2 tp4 rep2 rep4 rep2tp2"
-echo "== throughput, bf16, concurrency ${CONCURRENCY:-64}: $LAYOUTS"
+[ -n "${SKIP_BF16:-}" ] || {
+echo "== throughput, bf16, concurrency $CONCURRENCY: $LAYOUTS${EXTRA:+ ($EXTRA)}"
+# LAYOUTS, CONCURRENCY and EXTRA are lists: unquoted, so that they split into arguments
 # shellcheck disable=SC2086
-$PY benchmark/gpu/multi_gpu.py --model "$MODEL" --gpus "$GPUS" --layouts $LAYOUTS --concurrency "${CONCURRENCY:-64}" \
-    --num-prompts "${NUM_PROMPTS:-384}" --json "$OUT_DIR/multi_gpu_bf16.json" --workdir "${WORK:-/tmp/llmlaunch-multigpu}/bf16"
-echo "== greedy tp=1 vs tp=2, float32"
-$PY benchmark/gpu/multi_gpu.py --model "$MODEL" --gpus "$GPUS" --layouts tp1 tp2 --dtype float32 --concurrency 8 \
-    --num-prompts 16 --json "$OUT_DIR/multi_gpu_fp32.json" --workdir "${WORK:-/tmp/llmlaunch-multigpu}/fp32"
+$PY benchmark/gpu/multi_gpu.py --model "$MODEL" --gpus "$GPUS" --layouts $LAYOUTS --concurrency $CONCURRENCY \
+    --num-prompts "${NUM_PROMPTS:-0}" --json "$OUT_DIR/multi_gpu_bf16.json" --workdir "${WORK:-/tmp/llmlaunch-multigpu}/bf16" \
+    ${EXTRA:+--extra $EXTRA}
+}
+FP32_LAYOUTS="tp1 tp2"
+[ "$GPUS" -ge 4 ] && FP32_LAYOUTS="tp1 tp2 tp4"
+[ -n "${SKIP_FP32:-}" ] && exit 0
+echo "== greedy tp=1 vs $FP32_LAYOUTS, float32"
+# shellcheck disable=SC2086
+$PY benchmark/gpu/multi_gpu.py --model "$MODEL" --gpus "$GPUS" --layouts $FP32_LAYOUTS --dtype float32 --concurrency 8 \
+    --num-prompts 16 --json "$OUT_DIR/multi_gpu_fp32.json" --workdir "${WORK:-/tmp/llmlaunch-multigpu}/fp32" \
+    ${EXTRA:+--extra $EXTRA}

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One GPU: the serving path of the hf engine against the same engine in-process, static-batch
-# generate as the yardstick, and batch-1 decode against the memory-bandwidth limit.
+# One GPU: the serving path of the hf engine against the same engine in-process and in its own process
+# (the served path minus the stub, tritonserver and gRPC), static-batch generate as the yardstick, and
+# batch-1 decode against the memory-bandwidth limit.
 #
 #   benchmark/gpu/one_gpu.sh [OUT_DIR]        # default OUT_DIR: ./gpu-results
 #
@@ -44,20 +45,23 @@ echo "== 1. model: random Llama 1.24 B, bf16"
 echo "== 2. batch-1 decode vs the memory-bandwidth limit"
 timeout 240 $PY benchmark/gpu/decode_bandwidth.py --model "$MODEL" --tokens 256 | tee "$OUT_DIR/bandwidth.json"
 
-echo "== 3. served vs in-process vs static generate, concurrency $CONCURRENCY"
+echo "== 3. served vs in-process vs engine process vs static generate, concurrency $CONCURRENCY"
+# three engines on the GPU at once (in-process, engine process, the server's): each holds its weights and KV cache
 # shellcheck disable=SC2086
 timeout 900 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfloat16 --max-num-seqs 128 \
     --concurrency $CONCURRENCY --prompt-tokens 128 --max-tokens 128 --requests-per-stream 2 --rounds "$ROUNDS" \
-    --vs-generate > "$OUT_DIR/overhead.json"
+    --paths direct process served --vs-generate > "$OUT_DIR/overhead.json"
 $PY - "$OUT_DIR/overhead.json" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
-print(f"{'C':>4} {'in-proc tok/s':>13} {'served tok/s':>12} {'ratio':>6} {'TTFT p50 in/served ms':>22} {'+ms':>6} "
-      f"{'ITL p50 in/served ms':>21} {'generate tok/s':>14} {'served/gen':>10}")
+# tok/s and ratios: in-process, engine process, served; ratios are to in-process
+print(f"{'C':>4} {'tok/s in / proc / served':>26} {'proc':>6} {'served':>6} {'TTFT p50 in/served ms':>22} {'+ms':>6} "
+      f"{'ITL p50 in/proc/served ms':>26} {'step ms':>7} {'generate tok/s':>14} {'served/gen':>10}")
 gen = {g["concurrency"]: g["generate_tokens_per_s"] for g in d.get("vs_generate", [])}
 for r in d["runs"]:
-    print(f"{r['concurrency']:>4} {r['direct_tokens_per_s']:>13.1f} {r['served_tokens_per_s']:>12.1f} {r['ratio']:>6.3f} "
+    print(f"{r['concurrency']:>4} {r['direct_tokens_per_s']:>8.1f} {r['process_tokens_per_s']:>8.1f} "
+          f"{r['served_tokens_per_s']:>8.1f} {r['process_ratio']:>6.3f} {r['ratio']:>6.3f} "
           f"{r['direct_ttft_ms_p50']:>10.2f} / {r['served_ttft_ms_p50']:<9.2f} {r.get('ttft_added_ms_p50', 0):>6.2f} "
-          f"{r['direct_itl_ms_p50']:>9.3f} / {r['served_itl_ms_p50']:<9.3f} {gen.get(r['concurrency'], 0):>14.1f} "
-          f"{r.get('served_vs_generate', 0):>10.3f}")
+          f"{r['direct_itl_ms_p50']:>8.3f} {r['process_itl_ms_p50']:>8.3f} {r['served_itl_ms_p50']:>8.3f} "
+          f"{r['direct_step_ms'] or 0:>7.3f} {gen.get(r['concurrency'], 0):>14.1f} {r.get('served_vs_generate', 0):>10.3f}")
 PY

@@ -68,7 +68,7 @@ def _hf_models(spec) -> List[RenderedModel]:
         "max_num_seqs": e["max_num_seqs"],
         "max_model_len": spec.model.get("max_model_len", 0),
         "attn_implementation": e.get("attn_implementation", "sdpa"),
-        "prefill_chunk": e.get("prefill_chunk", 512),
+        "prefill_chunk": e.get("prefill_chunk", 0),
         "cuda_graphs": "true" if e.get("cuda_graphs", True) else "false",
         "tp_size": spec.tp,
     }
