@@ -78,6 +78,25 @@ def prefixes_of(job_id):
     return sorted({l.split("shm-region-prefix-name=")[1].split()[0] for l in out.splitlines() if f"shm-region-prefix-name=llm{job_id}r" in l and "bin/tritonserver" in l})
 
 
+def assert_shm_gone(job_id, timeout=30):
+    """No shm region of the job is left within `timeout` s (the sbatch teardown step removes what killed ranks could not)."""
+    deadline = time.monotonic() + timeout
+    while glob.glob(f"/dev/shm/llm{job_id}r*") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert glob.glob(f"/dev/shm/llm{job_id}r*") == []
+
+
+def assert_serves_on(ep, job_id, run):
+    """After a replica loss: new requests succeed through the front end and the job still runs, with no failure record."""
+    from launcher import slurm
+    from launcher.client import Generation, generate
+
+    for i in range(4):
+        rec = generate(ep["url"], ep["model"], Generation(f"Still here {i}", max_tokens=5, ignore_eos=True))
+        assert not rec.error and rec.output_tokens == 5, rec.error
+    assert slurm.queue_state(job_id)[0] == "RUNNING" and not list(run.glob("failure_rank*.json"))
+
+
 def test_tp1_serves_through_rank0_and_stops_clean(local_slurm, tmp_path):
     spec, job_id, run, ep = launch(tmp_path)
     assert ep["url"].startswith("grpc://10.") and ep["model"] == "hf_model"
@@ -148,10 +167,7 @@ def test_killing_a_nonzero_rank_fails_the_job_naming_it(local_slurm, tmp_path):
     assert code == 1 and "FAILED rank 1 on node node2" in st
     assert prefixes_of(job_id) == []
     # the sbatch teardown step removes what killed ranks could not (nodes share /dev/shm here)
-    deadline = time.monotonic() + 30
-    while glob.glob(f"/dev/shm/llm{job_id}r*") and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert glob.glob(f"/dev/shm/llm{job_id}r*") == []
+    assert_shm_gone(job_id)
 
 
 def metric(url, name, replica):
@@ -220,17 +236,13 @@ def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_pa
         stop(job_id)
     time.sleep(1)
     assert prefixes_of(job_id) == []  # no tritonserver of the job is left
-    deadline = time.monotonic() + 30
-    while glob.glob(f"/dev/shm/llm{job_id}r*") and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert glob.glob(f"/dev/shm/llm{job_id}r*") == []
+    assert_shm_gone(job_id)
 
 
 def test_rank0_keeps_the_front_end_after_its_replica_and_the_job_fails_with_the_last(local_slurm, tmp_path):
     """replicas=2: rank 0's own tritonserver killed -> its front end serves on with replica 1; then replica
     1 killed -> no replica is left, and the job fails naming the rank that lost the last one."""
     from launcher import slurm
-    from launcher.client import Generation, generate
 
     spec, job_id, run, ep = launch(tmp_path, "replicas=2", "nodes=2")
     try:
@@ -239,10 +251,7 @@ def test_rank0_keeps_the_front_end_after_its_replica_and_the_job_fails_with_the_
         while not ((run / "replica_lost0.json").exists() and metric(ep["metrics_url"], "llmlaunch_frontend_replica_up", 0) == 0):
             assert time.monotonic() < deadline, "replica 0 not recorded lost / not marked down"
             time.sleep(0.5)
-        for i in range(4):
-            rec = generate(ep["url"], ep["model"], Generation(f"Still here {i}", max_tokens=5, ignore_eos=True))
-            assert not rec.error and rec.output_tokens == 5, rec.error
-        assert slurm.queue_state(job_id)[0] == "RUNNING" and not list(run.glob("failure_rank*.json"))
+        assert_serves_on(ep, job_id, run)
         code, st = slurm.status(job_id)
         assert code == 0 and "replicas: 1 of 2 serving" in st and "replica 0 lost at " in st and " on node1: the server of rank 0 (leader)" in st, st
         assert "rank 0 keeps the front end up" in (run / f"{job_id}_0_log.out").read_text()
@@ -258,10 +267,7 @@ def test_rank0_keeps_the_front_end_after_its_replica_and_the_job_fails_with_the_
     finally:
         stop(job_id)
     assert prefixes_of(job_id) == []
-    deadline = time.monotonic() + 30
-    while glob.glob(f"/dev/shm/llm{job_id}r*") and time.monotonic() < deadline:
-        time.sleep(0.5)
-    assert glob.glob(f"/dev/shm/llm{job_id}r*") == []
+    assert_shm_gone(job_id)
 
 
 @pytest.mark.parametrize("killed,other", [(3, 2), (2, 3)], ids=["worker", "leader"])
@@ -269,9 +275,6 @@ def test_a_dead_tp_rank_takes_its_replica_down_and_the_job_goes_on(local_slurm, 
     """replicas=2 tp=2 (one copy per node): one rank of replica 1 killed (its worker, rank 3, or its
     leader, rank 2) -> that rank records the loss, the other sees the record, ends its server and
     exits 0 (a worker must not wait out its collective timeout); replica 0 serves on."""
-    from launcher import slurm
-    from launcher.client import Generation, generate
-
     spec, job_id, run, ep = launch(tmp_path, "replicas=2", "tp=2", "nodes=2")
     try:
         assert [(r.replica, r.role, r.node) for r in spec.ranks] == [(0, "leader", 0), (0, "worker", 0), (1, "leader", 1), (1, "worker", 1)]
@@ -288,10 +291,7 @@ def test_a_dead_tp_rank_takes_its_replica_down_and_the_job_goes_on(local_slurm, 
         while metric(ep["metrics_url"], "llmlaunch_frontend_replica_up", 1) != 0:
             assert time.monotonic() < deadline, "replica 1 not marked down"
             time.sleep(0.5)
-        for i in range(4):
-            rec = generate(ep["url"], ep["model"], Generation(f"Still here {i}", max_tokens=5, ignore_eos=True))
-            assert not rec.error and rec.output_tokens == 5, rec.error
-        assert slurm.queue_state(job_id)[0] == "RUNNING" and not list(run.glob("failure_rank*.json"))
+        assert_serves_on(ep, job_id, run)
     finally:
         stop(job_id)
     assert prefixes_of(job_id) == []
