@@ -400,6 +400,12 @@ def main(argv=None) -> int:
     ap.add_argument("--process-env", default="own", choices=["own", "server"],
                     help="environment of the process path's engine: this one, or the one tritonserver's stub gives "
                          "the served engine (its PATH, LD_LIBRARY_PATH, PYTHONPATH): tells the stack from the env")
+    ap.add_argument("--process-env-keys", default="",
+                    help="with --process-env server: only these variables (comma-separated, e.g. LD_LIBRARY_PATH) "
+                         "take the server's value; the rest stay this process's (to find which one matters)")
+    ap.add_argument("--process-env-pad", type=int, default=0, metavar="N",
+                    help="add a variable of N characters to the process path's environment: an environment of "
+                         "another size moves the initial stack, which can change speed by itself")
     ap.add_argument("--workdir", default="", help="server files and log (default: a temp dir, removed)")
     ap.add_argument("--server-param", action="append", default=[], metavar="KEY=VALUE",
                     help="extra config.pbtxt parameter of the hf model (e.g. engine_process=false); served path only")
@@ -453,18 +459,26 @@ def main(argv=None) -> int:
             # the engine process as the served hf model starts it, without the stub, tritonserver and gRPC
             process = EngineProcess(model_dir, max_prefill_tokens=args.prefill_chunk,
                                     output_interval=args.stream_interval_ms / 1000.0, **params)
+            env = {}
             if args.process_env == "server":  # the environment the served engine process inherits from the stub
                 from launcher.triton import resolve_tritonserver, server_env
 
-                saved = dict(os.environ)
-                os.environ.update(server_env(resolve_tritonserver(), dict(kv.split("=", 1) for kv in args.server_env) or None))
-                try:
-                    process.start()
-                finally:
-                    os.environ.clear()
-                    os.environ.update(saved)
-            else:
+                env = server_env(resolve_tritonserver(), dict(kv.split("=", 1) for kv in args.server_env) or None)
+                keys = [k for k in args.process_env_keys.split(",") if k]
+                if keys:
+                    env = {k: env[k] for k in keys if k in env}
+            if args.process_env_pad:  # the same variables, a bigger environment: the stack moves
+                env["LLMLAUNCH_ENV_PAD"] = "x" * args.process_env_pad
+            saved = dict(os.environ)
+            if env:
+                log("process path environment, where it differs: " + ", ".join(
+                    f"{k}={v}" for k, v in sorted(env.items()) if saved.get(k) != v))
+            os.environ.update(env)
+            try:
                 process.start()
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
             stack.callback(process.shutdown)
             run["process"] = lambda prompts, c, tokens: run_direct(process, prompts, c, tokens)
         if "served" in paths:

@@ -242,10 +242,11 @@ def build_spec(cfg) -> LaunchSpec:
     for what, v in (("pp", pp), ("nodes", nodes), ("replicas", replicas), ("cluster.gpus_per_node", gpn), ("engine.max_num_seqs", engine.get("max_num_seqs", 1))):
         if not isinstance(v, int) or v < 1:
             problems.append((f"{what}={v!r}", "must be a whole number >= 1", f"set {what} to 1 or more"))
-    chunk = engine.get("prefill_chunk", 0)
-    if chunk is not None and (not isinstance(chunk, int) or chunk < 0):
-        problems.append((f"engine.prefill_chunk={chunk!r}", "prompt tokens per engine step: a whole number, 0 = the engine's default",
-                         "set engine.prefill_chunk=0 (512 on CPU, 2048 on a GPU) or a positive number like 1024"))
+    for key, what, fix in (("prefill_chunk", "prompt tokens per engine step", "0 (512 on CPU, 2048 on a GPU) or a positive number like 1024"),
+                           ("response_threads", "threads sending responses", "0 (1 on CPU, 4 on a GPU) or a positive number like 8")):
+        v = engine.get(key, 0)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            problems.append((f"engine.{key}={v!r}", f"{what}: a whole number, 0 = the engine's default", f"set engine.{key}={fix}"))
     if not _is_pow2(tp):
         problems.append((f"tp={tp!r}", "tp must be a power of two dividing the job's GPUs (attention heads split evenly)", "use tp=1, 2, 4 or 8"))
     if cluster.get("scheduler") == "local" and nodes != 1:

@@ -143,9 +143,10 @@ def server_env(install: TritonInstall, extra: Optional[Dict[str, str]] = None) -
 # (checked: sys.path inside the stub), so the way to give it one is an interpreter: LLMLAUNCH_STUB_PYTHON.
 STUB_PYTHON_ENV = "LLMLAUNCH_STUB_PYTHON"
 # The library path the hf engine process runs with, when set; else it inherits the stub's (LD_LIBRARY_PATH with
-# the server's additions first).  On the H100 host the choice moved the served figures both ways and we have
-# not pinned down why (benchmark/RESULTS.md): the launcher's own path gave 1.02 of in-process at concurrency 1
-# but 0.71 at 128; the inherited one 0.91 and 1.04.  Inherited is the default; set this to try the other.
+# the server's additions first).  On the H100 host the choice moves the served figures both ways, repeatably,
+# and we have not pinned down why (benchmark/RESULTS.md; the same libraries are mapped either way): the
+# launcher's own path gave 0.97-1.04 of in-process at concurrency 1 but 0.63-0.67 at 128; the inherited one
+# 0.92-0.94 and 1.03-1.11.  Inherited is the default; set this for a single-stream, latency-bound deployment.
 ENGINE_LD_LIBRARY_PATH = "LLMLAUNCH_ENGINE_LD_LIBRARY_PATH"
 
 _NUMPY_VERSION = "import importlib.metadata as m; print(m.version('numpy'))"

@@ -49,8 +49,12 @@ def _server(model_dir: str, workdir: Path, params: dict):
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("hf_serving")
-    srv = _server(str(tiny_model_dir), workdir, {"device": "cpu", "max_num_seqs": 40, "cancel_check_ms": 20})
+    # three responder threads (the CPU default is one): every test below also checks that sharing the streams
+    # among them keeps each stream's responses whole and in order
+    srv = _server(str(tiny_model_dir), workdir, {"device": "cpu", "max_num_seqs": 40, "cancel_check_ms": 20,
+                                                 "response_threads": 3})
     with srv:
+        assert "response_threads=3" in srv.log_path.read_text(), "the model did not start three responder threads"
         yield srv
 
 
@@ -159,6 +163,8 @@ def test_32_concurrent_streams(server):
             parts, err = s.collect(rid)
             assert err is None
             assert parts[-1][1] == n and parts[-1][2] == "length"
+            counts = [p[1] for p in parts]
+            assert counts == sorted(set(counts)), counts  # in order, none twice (one responder per stream)
     finally:
         s.close()
 

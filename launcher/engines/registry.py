@@ -70,6 +70,7 @@ def _hf_models(spec) -> List[RenderedModel]:
         "attn_implementation": e.get("attn_implementation", "sdpa"),
         "prefill_chunk": e.get("prefill_chunk", 0),
         "cuda_graphs": "true" if e.get("cuda_graphs", True) else "false",
+        "response_threads": e.get("response_threads", 0),
         "tp_size": spec.tp,
     }
     cfg = pbtxt.python_model(spec.model_name, e["max_num_seqs"], params)

@@ -24,6 +24,12 @@ config.pbtxt parameters (string values; empty or absent = default):
                     Tokens generated meanwhile are merged into one response; a request's first token and its
                     end are never delayed.  On small CPU machines every response costs the engine CPU time.
   engine_process    true | false: run the engine in a child process (default true; see below)
+  response_threads  threads that build and send responses, each owning a share of the streams (default 0:
+                    1 on CPU, 4 on a GPU; the engine process's receive thread is the first).  A send is a
+                    round trip to tritonserver (~50-200 us) during which the GIL is free, so under load
+                    several threads keep a new stream's first token from queueing behind a response for
+                    every running stream; on a 2-core machine they compete with the engine (measured: worse).
+                    engine_process=true only.
 
 Inputs and outputs are launcher.contract's (the TensorRT-LLM ensemble interface),
 with a leading batch dimension when max_batch_size > 0; batches > 1 are rejected.
@@ -35,8 +41,9 @@ building and sending responses never competes with the engine loop for the
 GIL; its outputs arrive once per engine step on a receive thread, which turns
 them into responses (merging the pieces of a request from steps that queued up
 while it was sending, so a slow client never slows the engine down) and polls
-cancellation.  With engine_process=false the engine runs on a thread of this
-process and a sender thread does the same from a queue.
+cancellation; with response_threads > 1 it keeps one share of the streams and
+hands the others to as many more threads.  With engine_process=false the
+engine runs on a thread of this process and one responder thread does the same.
 """
 
 import json
@@ -78,9 +85,9 @@ def _ignore(_output):
 class _Stream:
     """Per-request state of the sender side."""
 
-    __slots__ = ("sender", "stream", "parts", "input_tokens", "last_check", "cancelled", "last_sent")
+    __slots__ = ("sender", "stream", "parts", "input_tokens", "last_check", "cancelled", "last_sent", "shard")
 
-    def __init__(self, sender, stream: bool):
+    def __init__(self, sender, stream: bool, shard: int):
         self.sender = sender  # pb_utils response sender
         self.stream = stream  # stream=true: a response per piece of text
         self.parts = []  # text not sent yet (stream=false: all of it; stream_interval_ms: held-back pieces)
@@ -88,6 +95,7 @@ class _Stream:
         self.last_check = time.monotonic()  # last is_cancelled() poll
         self.cancelled = False  # the client cancelled; the engine was asked to abort
         self.last_sent = None  # time of the last streamed response
+        self.shard = shard  # the responder thread that owns this stream (its responses stay in order)
 
 
 class TritonPythonModel:
@@ -96,11 +104,11 @@ class TritonPythonModel:
         self._check_decoupled()
         self._read_parameters()
         self._start_engine()
-        self._start_sender()
+        self._start_responders()
         role = f", tp rank {self.tp_rank}/{self.tp}" + (" (worker)" if self.tp_rank else " (leader)") if self.tp > 1 else ""
         _log("info", f"ready: {self.params['model_path']} on {self.engine.device} ({self.engine.dtype}){role}, "
                      f"max_num_seqs={self.engine.max_num_seqs}, max_model_len={self.engine.max_model_len}, "
-                     f"engine_process={self.engine_process}")
+                     f"engine_process={self.engine_process}, response_threads={len(self._queues)}")
 
     # -- initialize steps ----------------------------------------------------------------------------------
     def _check_decoupled(self):
@@ -140,6 +148,10 @@ class TritonPythonModel:
             self.params["cuda_graphs"] = graphs in ("true", "1", "yes")
         self.cancel_check_s = integer("cancel_check_ms", 50) / 1000.0
         self.stream_interval_s = integer("stream_interval_ms", 0) / 1000.0
+        self.response_threads = integer("response_threads", 0)
+        if self.response_threads < 0:
+            raise pb_utils.TritonModelException(
+                f"parameter response_threads={self.response_threads} is negative: use 0 (1 on CPU, 4 on a GPU) or a positive number")
         flag = p.get("engine_process", "true").lower()
         if flag not in ("true", "false", "1", "0", "yes", "no"):
             raise pb_utils.TritonModelException(f"parameter engine_process={flag!r} is not true or false")
@@ -153,35 +165,58 @@ class TritonPythonModel:
 
     def _start_engine(self):
         self._responder = triton_io.Responder(self._batched)
-        self._streams = {}  # request id -> _Stream (the responding thread owns it after registration)
+        self._streams = {}  # request id -> _Stream (its responder thread owns it after registration)
+        self._queues = []  # one per share of the streams: lists of engine outputs to respond to (None: inline)
+        self._threads = []  # the responder threads
         self._next_id = 0
         self._noted = set()  # ignored inputs already logged
         self._finalizing = False
         if self.engine_process:
             from launcher.engines.hf_process import EngineProcess
 
-            # its receive thread hands us each engine step's outputs at once: we respond on that thread.
-            # The engine process itself merges outputs over stream_interval_ms, so nothing is held back here.
-            self.engine = EngineProcess(on_batch=self._respond_batch, output_interval=self.stream_interval_s,
+            # its receive thread hands over each engine step's outputs at once; `_route` passes them to the
+            # responder threads.  The engine process itself merges outputs over stream_interval_ms, so
+            # nothing is held back here.
+            self.engine = EngineProcess(on_batch=self._route, output_interval=self.stream_interval_s,
                                         on_exit=self._engine_exited if self.tp > 1 else None,
                                         **self.params).start()
-            self._on_output = _ignore
+            self._engine_callback = _ignore  # outputs arrive through on_batch
             self.stream_interval_s = 0.0
         else:
             from launcher.engines.hf_engine import Engine
 
             self.engine = Engine(**self.params).start()
-            self._on_output = None  # set by _start_sender
+            self._engine_callback = self._on_output
+            self.response_threads = 1  # the engine's callbacks queue single outputs for one responder
 
-    def _start_sender(self):
-        self._sender = None
-        if self.engine_process:
-            return
-        # in-thread engine: its callback only queues; this thread responds
-        self._outputs = queue.SimpleQueue()
-        self._on_output = self._outputs.put
-        self._sender = threading.Thread(target=self._send_loop, name="hf-sender", daemon=True)
-        self._sender.start()
+    def _start_responders(self):
+        n = self.response_threads or (1 if str(self.engine.device) == "cpu" else 4)
+        # Shard 0 is answered where the outputs arrive, on the engine process's receive thread: one stream's
+        # token goes out with no thread hand-off.  The in-thread engine's callback runs on the engine's own
+        # thread, which must not send, so there shard 0 has a thread too.
+        self._queues = [None if i == 0 and self.engine_process else queue.SimpleQueue() for i in range(n)]
+        self._threads = [threading.Thread(target=self._respond_loop, args=(q,), name=f"hf-respond-{i}", daemon=True)
+                         for i, q in enumerate(self._queues) if q is not None]
+        for t in self._threads:
+            t.start()
+
+    def _on_output(self, out):
+        """In-thread engine: one output, on the engine's thread; the responder sends it."""
+        self._queues[0].put([out])
+
+    def _route(self, outputs):
+        """Engine process: the outputs of one or more engine steps, on its receive thread -> each stream's
+        responder (one put per thread, so a thread takes a whole step at once; shard 0 last, here)."""
+        shares = [[] for _ in self._queues]
+        for out in outputs:
+            st = self._streams.get(out.request_id)
+            if st is not None:
+                shares[st.shard].append(out)
+        for q, share in zip(self._queues, shares):
+            if share and q is not None:
+                q.put(share)
+        if shares and shares[0]:
+            self._respond_batch(shares[0])
 
     def _engine_exited(self, message):
         """tp > 1: a rank's engine died (a rank failed or a collective timed out): stop this tritonserver (our
@@ -208,10 +243,10 @@ class TritonPythonModel:
                 self._next_id += 1
                 rid = str(self._next_id)
                 # register before the engine can produce output for it
-                stream = _Stream(sender, req.stream)
+                stream = _Stream(sender, req.stream, self._next_id % len(self._queues))
                 self._streams[rid] = stream
                 try:
-                    self.engine.add_request(rid, req.prompt, req.params, self._on_output)
+                    self.engine.add_request(rid, req.prompt, req.params, self._engine_callback)
                 except BaseException:
                     self._streams.pop(rid, None)
                     raise
@@ -228,18 +263,23 @@ class TritonPythonModel:
                 self._noted.add(name)
                 _log("info", f"input {name!r} is accepted and ignored by the hf engine (noted once)")
 
-    # -- responses (sender thread) -------------------------------------------------------------------------
-    def _send_loop(self):
-        outputs = self._outputs
+    # -- responses (responder threads) ---------------------------------------------------------------------
+    def _respond_loop(self, outputs):
         while True:
-            batch = [outputs.get()]
+            batch = outputs.get()
+            if batch is None:
+                return
+            stop = False
             while True:  # take everything queued: pieces of one request merge into one response
                 try:
-                    batch.append(outputs.get_nowait())
+                    more = outputs.get_nowait()
                 except queue.Empty:
                     break
-            stop = None in batch
-            self._respond_batch([out for out in batch if out is not None])
+                if more is None:
+                    stop = True
+                    break
+                batch.extend(more)
+            self._respond_batch(batch)
             if stop:
                 return
 
@@ -318,9 +358,11 @@ class TritonPythonModel:
             _log("warn", f"could not send a response: {exc}")
 
     def finalize(self):
-        # reverse of initialize: stop the engine (running requests end 'cancelled'), then the sender
+        # reverse of initialize: stop the engine (running requests end 'cancelled'), then the responders
         self._finalizing = True
         self.engine.shutdown()
-        if self._sender is not None:
-            self._outputs.put(None)
-            self._sender.join(timeout=10)
+        for q in self._queues:
+            if q is not None:
+                q.put(None)
+        for t in self._threads:
+            t.join(timeout=10)
