@@ -34,6 +34,13 @@ similar load), the ratio of the best rounds, and the load average.  The other
 paths' engines stay up (idle) while one path runs; each holds its own weights
 and KV cache, so on a GPU all of them must fit at once.
 
+The served path also says where its TTFT goes: the hf model's first-token metrics
+(launcher.serving.timings, read from tritonserver's metrics port before and after
+each run) give the mean time a streamed request spent inside the model — `add`
+(to the engine process), `engine` (tokenize, queue, prefill, first token: the
+in-process TTFT's counterpart), `respond` (back and sent) — and the client's mean
+TTFT minus those is tritonserver, gRPC and the client (`served_first_token_ms`).
+
 Prints one JSON document on stdout: per concurrency, tokens/s, TTFT and ITL of
 every path, the ratios (`ratio` = served / in-process, the target is >= 0.97 on
 CPU; `process_ratio` = process / in-process), and CPU time per token of the
@@ -131,7 +138,8 @@ def latency_stats(per_request: list[tuple[float, list[float], int]]) -> dict:
     def pct(xs, q):
         return round(1000 * xs[min(len(xs) - 1, int(q * len(xs)))], 3) if xs else None
 
-    return {"ttft_ms_p50": pct(ttft, 0.5), "ttft_ms_p99": pct(ttft, 0.99), "itl_ms_p50": pct(itl, 0.5),
+    return {"ttft_ms_p50": pct(ttft, 0.5), "ttft_ms_p99": pct(ttft, 0.99),
+            "ttft_ms_mean": round(1000 * sum(ttft) / len(ttft), 3) if ttft else None, "itl_ms_p50": pct(itl, 0.5),
             "gap_ms_p50": pct(gaps, 0.5), "gap_ms_p99": pct(gaps, 0.99), "last_gap_ms_p50": pct(last, 0.5)}
 
 
@@ -210,14 +218,25 @@ def random_prompt_ids(n: int, length: int, vocab: int, seed: int = 0) -> list[li
 
 
 # ----------------------------------------------------------------------------------------- served
+def first_token_reading(metrics_url: str, model: str) -> dict:
+    import urllib.request
+
+    from launcher.serving.timings import read_first_token_metrics
+
+    with urllib.request.urlopen(metrics_url, timeout=10) as r:
+        return read_first_token_metrics(r.read().decode(), model)
+
+
 def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int,
-               server_pid: int | None = None) -> dict:
+               server_pid: int | None = None, metrics_url: str = "") -> dict:
     from launcher.client import Generation, TritonStream, build_request
+    from launcher.serving.timings import mean_first_token_ms
 
     done_q: queue.SimpleQueue = queue.SimpleQueue()
     requests = [build_request(model, Generation(prompt=p, max_tokens=max_tokens, stream=True, ignore_eos=True),
                               f"r{i}") for i, p in enumerate(prompts)]
     server_cpu0 = process_tree_cpu(server_pid) if server_pid else 0.0
+    before = first_token_reading(metrics_url, model) if metrics_url else None
     cpu0 = time.process_time()
     with TritonStream(url, on_done=done_q.put) as stream:
         t0 = time.perf_counter()
@@ -245,9 +264,18 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
     server_cpu = process_tree_cpu(server_pid) - server_cpu0 if server_pid else None
     if errors:
         log(f"served errors: {errors[:3]}")
+    first_token = None
+    if before is not None:  # the model pushes its sums once a second: wait for this run's requests
+        deadline = time.monotonic() + 5
+        while True:
+            after = first_token_reading(metrics_url, model)
+            if after["count"] - before["count"] >= len(requests) or time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
+        first_token = mean_first_token_ms(before, after)
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "errors": len(errors),
             "responses_per_request": responses / max(1, len(requests)), "client_cpu_s": client_cpu,
-            "server_cpu_s": server_cpu, **latency_stats(per_request)}
+            "server_cpu_s": server_cpu, "first_token_ms": first_token, **latency_stats(per_request)}
 
 
 # ----------------------------------------------------------------------------------------- server
@@ -263,15 +291,19 @@ def hf_server(model_dir: str, workdir: Path, params: dict, model: str = "hf_mode
     cfg = pbtxt.python_model(model, int(params.get("max_num_seqs", 64)), params)
     (repo / model / "config.pbtxt").write_text(pbtxt.to_text(cfg))
     install = resolve_tritonserver()
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     prefix = f"llmovh{os.getpid()}_"
-    argv = [install.binary, f"--model-repository={repo}", "--allow-http=false", "--allow-metrics=false",
-            "--grpc-address=127.0.0.1", f"--grpc-port={port}",
+    # metrics on: the model's first-token split (launcher.serving.timings) is read from there
+    argv = [install.binary, f"--model-repository={repo}", "--allow-http=false", "--allow-metrics=true",
+            f"--metrics-port={metrics_port}", "--metrics-address=127.0.0.1", "--allow-gpu-metrics=false",
+            "--allow-cpu-metrics=false", "--grpc-address=127.0.0.1", f"--grpc-port={port}",
             f"--backend-config=python,shm-region-prefix-name={prefix}"]
     if install.backend_directory:
         argv.append(f"--backend-directory={install.backend_directory}")
-    return TritonServer(argv, env=server_env(install, env), log_path=workdir / "tritonserver.log",
-                        grpc_url=f"127.0.0.1:{port}", model=model, ready_timeout_s=300, shm_prefix=prefix)
+    server = TritonServer(argv, env=server_env(install, env), log_path=workdir / "tritonserver.log",
+                          grpc_url=f"127.0.0.1:{port}", model=model, ready_timeout_s=300, shm_prefix=prefix)
+    server.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    return server
 
 
 def vs_generate(model_dir: str, params: dict, args) -> list[dict]:
@@ -360,11 +392,23 @@ def compare(run: dict, tokenizer, c: int, args, generate: dict) -> dict:
     row["direct_step_ms"] = round(statistics.median(step_ms), 3) if step_ms else None
     # latency: medians over rounds of each round's p50/p99 (ms)
     for path, rs in runs.items():
-        for key in ("ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "gap_ms_p50", "gap_ms_p99", "last_gap_ms_p50"):
+        for key in ("ttft_ms_p50", "ttft_ms_p99", "ttft_ms_mean", "itl_ms_p50", "gap_ms_p50", "gap_ms_p99",
+                    "last_gap_ms_p50"):
             vals = [x[key] for x in rs if x[key] is not None]
             row[f"{path}_{key}"] = round(statistics.median(vals), 3) if vals else None
     if "served" in run and row["served_ttft_ms_p50"] is not None and row["direct_ttft_ms_p50"] is not None:
         row["ttft_added_ms_p50"] = round(row["served_ttft_ms_p50"] - row["direct_ttft_ms_p50"], 3)
+    split = [x["first_token_ms"] for x in runs.get("served", []) if x.get("first_token_ms")]
+    if split:
+        # where the served TTFT goes (means, medians over rounds): inside the model (add / engine / respond, from
+        # its metrics) and outside it (client TTFT - inside: tritonserver, gRPC and the client)
+        ft = {k: round(statistics.median(x[k] for x in split), 3)
+              for k in ("add", "engine", "respond", "inside_server")}
+        ft["outside_server"] = round(row["served_ttft_ms_mean"] - ft["inside_server"], 3)
+        row["served_first_token_ms"] = ft
+        log(f"C={c}: served TTFT mean {row['served_ttft_ms_mean']} ms = add {ft['add']} + engine {ft['engine']} + "
+            f"respond {ft['respond']} (inside the model) + {ft['outside_server']} (tritonserver, gRPC, client); "
+            f"in-process TTFT mean {row['direct_ttft_ms_mean']} ms")
     if "served" in run and c in generate:
         # the GPU target: streamed through the serving path vs static-batch generate, batch = C
         row["served_vs_generate"] = round(row["served_tokens_per_s"] / generate[c]["generate_tokens_per_s"], 4)
@@ -483,7 +527,7 @@ def main(argv=None) -> int:
             run["process"] = lambda prompts, c, tokens: run_direct(process, prompts, c, tokens)
         if "served" in paths:
             run["served"] = lambda prompts, c, tokens: run_served(server.grpc_url, server.model, prompts, c, tokens,
-                                                                   server.proc.pid)
+                                                                   server.proc.pid, server.metrics_url)
         generate = {g["concurrency"]: g for g in results.get("vs_generate", [])}
         for c in args.concurrency:
             results["runs"].append(compare(run, engine.tokenizer, c, args, generate))

@@ -25,7 +25,7 @@ MODEL = "hf_model"
 PROMPT = "The quick brown fox"
 
 
-def _server(model_dir: str, workdir: Path, params: dict):
+def _server(model_dir: str, workdir: Path, params: dict, metrics_port: int = 0):
     from launcher import pbtxt
     from launcher.triton import TritonServer, free_port, resolve_tritonserver, server_env
 
@@ -37,7 +37,9 @@ def _server(model_dir: str, workdir: Path, params: dict):
     install = resolve_tritonserver()
     port = free_port()
     prefix = f"llmt{os.getpid()}{uuid.uuid4().hex[:6]}_"
-    argv = [install.binary, f"--model-repository={repo}", "--allow-http=false", "--allow-metrics=false",
+    metrics = (["--allow-metrics=true", f"--metrics-port={metrics_port}", "--metrics-address=127.0.0.1",
+                "--allow-gpu-metrics=false", "--allow-cpu-metrics=false"] if metrics_port else ["--allow-metrics=false"])
+    argv = [install.binary, f"--model-repository={repo}", "--allow-http=false", *metrics,
             "--grpc-address=127.0.0.1", f"--grpc-port={port}",
             f"--backend-config=python,shm-region-prefix-name={prefix}"]
     if install.backend_directory:
@@ -51,8 +53,12 @@ def server(tiny_model_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("hf_serving")
     # three responder threads (the CPU default is one): every test below also checks that sharing the streams
     # among them keeps each stream's responses whole and in order
+    from launcher.triton import free_port
+
+    metrics_port = free_port()
     srv = _server(str(tiny_model_dir), workdir, {"device": "cpu", "max_num_seqs": 40, "cancel_check_ms": 20,
-                                                 "response_threads": 3})
+                                                 "response_threads": 3}, metrics_port=metrics_port)
+    srv.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     with srv:
         assert "response_threads=3" in srv.log_path.read_text(), "the model did not start three responder threads"
         yield srv
@@ -253,3 +259,68 @@ def test_in_thread_engine_variant(tiny_model_dir, tmp_path):
             assert all(s.collect(r)[0][-1][1] == 12 for r in rids)
         finally:
             s.close()
+
+
+def _first_token_metrics(server):
+    import urllib.request
+
+    from launcher.serving.timings import read_first_token_metrics
+
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
+        return read_first_token_metrics(r.read().decode(), MODEL)
+
+
+def test_first_token_times_are_exposed_as_metrics(server):
+    """Streamed requests' first tokens are split into add / engine / respond on the metrics port; the three
+    add up to less than the TTFT the client saw, and non-streamed requests are not counted."""
+    from launcher.serving.timings import mean_first_token_ms
+
+    before = _first_token_metrics(server)
+    s = Stream(server.grpc_url)
+    try:
+        sent, ttft = {}, []
+        for i in range(5):
+            sent[s.send(build_inputs(Generation(f"{PROMPT} {i}", max_tokens=8, stream=True, ignore_eos=True)))] = \
+                time.monotonic()
+        for rid, t0 in sent.items():
+            kind, _ = s.results[rid].get(timeout=120)  # the first response
+            assert kind == "ok"
+            ttft.append(1000 * (time.monotonic() - t0))
+            parts, err = s.collect(rid)
+            assert err is None
+        _, err = s.run(Generation(PROMPT, max_tokens=4, stream=False))
+        assert err is None
+    finally:
+        s.close()
+    deadline = time.monotonic() + 10  # the model pushes its sums once a second
+    while True:
+        after = _first_token_metrics(server)
+        if after["count"] - before["count"] >= 5 or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    means = mean_first_token_ms(before, after)
+    assert means is not None and means["requests"] == 5, (before, after)
+    assert means["engine"] > 0 and means["add"] >= 0 and means["respond"] > 0, means
+    assert means["inside_server"] < sum(ttft) / len(ttft), (means, ttft)
+
+
+def test_read_first_token_metrics_sums_one_model_and_skips_the_rest():
+    from launcher.serving.timings import mean_first_token_ms, read_first_token_metrics
+
+    text = """# HELP llmlaunch_first_token_seconds seconds ...
+# TYPE llmlaunch_first_token_seconds counter
+llmlaunch_first_token_seconds{model="a",part="add"} 0.002
+llmlaunch_first_token_seconds{model="a",part="engine"} 0.5
+llmlaunch_first_token_seconds{model="a",part="respond"} 1e-2
+llmlaunch_first_token_seconds{model="b",part="engine"} 9
+llmlaunch_first_tokens{model="a"} 10
+llmlaunch_first_tokens{model="b"} 3
+nv_inference_count{model="a",version="1"} 77
+"""
+    a = read_first_token_metrics(text, "a")
+    assert a == {"count": 10, "add": 0.002, "engine": 0.5, "respond": 0.01}
+    assert read_first_token_metrics(text)["count"] == 13
+    zero = read_first_token_metrics("", "a")
+    assert mean_first_token_ms(zero, a) == {"add": 0.2, "engine": 50.0, "respond": 1.0, "inside_server": 51.2,
+                                            "requests": 10}
+    assert mean_first_token_ms(a, a) is None

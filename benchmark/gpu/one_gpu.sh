@@ -64,4 +64,11 @@ for r in d["runs"]:
           f"{r['direct_ttft_ms_p50']:>10.2f} / {r['served_ttft_ms_p50']:<9.2f} {r.get('ttft_added_ms_p50', 0):>6.2f} "
           f"{r['direct_itl_ms_p50']:>8.3f} {r['process_itl_ms_p50']:>8.3f} {r['served_itl_ms_p50']:>8.3f} "
           f"{r['direct_step_ms'] or 0:>7.3f} {gen.get(r['concurrency'], 0):>14.1f} {r.get('served_vs_generate', 0):>10.3f}")
+# where the served TTFT goes (means, ms): inside the model (its metrics) and outside it (tritonserver, gRPC, client)
+print(f"{'C':>4} {'TTFT mean in/served':>20} {'add':>7} {'engine':>8} {'respond':>8} {'outside':>8}")
+for r in d["runs"]:
+    ft = r.get("served_first_token_ms")
+    if ft:
+        print(f"{r['concurrency']:>4} {r['direct_ttft_ms_mean']:>9.2f} / {r['served_ttft_ms_mean']:<8.2f} {ft['add']:>7.2f} "
+              f"{ft['engine']:>8.2f} {ft['respond']:>8.2f} {ft['outside_server']:>8.2f}")
 PY

@@ -65,6 +65,9 @@ class Output:
     output_tokens: int  # tokens generated so far (cumulative)
     finish_reason: str | None = None  # None while running; "length", "stop", "cancelled" or "error"
     error: str | None = None  # message when finish_reason == "error"
+    # engine process only, on a request's first output: (request received, first output made), time.monotonic()
+    # of that process; CLOCK_MONOTONIC is one clock for the whole machine, so the parent can set its own against it
+    times: tuple[float, float] | None = None
 
     @property
     def finished(self) -> bool:

@@ -14,7 +14,8 @@ finish_reason "error" instead of an exception from `add_request`.
 Protocol (pickled tuples over one socketpair, `multiprocessing.connection` framing):
   parent -> child: ("add", rid, prompt_ids, SamplingParams) | ("abort", rid) | ("stop",)
   child -> parent: ("ready", info dict) | ("error", message) once, then one list of
-                   (rid, text, token_ids, input_tokens, output_tokens, finish_reason, error) per engine step.
+                   (rid, text, token_ids, input_tokens, output_tokens, finish_reason, error, times) per engine
+                   step; times = (request received, first output made) on a request's first output, else None.
 The child exits when the parent's end closes (parent died), so no orphan
 keeps a GPU.
 
@@ -247,31 +248,35 @@ def _child(fd: int) -> int:
         interval = float(kwargs.pop("output_interval", 0.0) or 0.0)
         pending: dict = {}  # request id -> [output fields..., urgent]
         last_sent: dict = {}  # request id -> time its last output was sent
+        received: dict = {}  # request id -> when its "add" arrived, until its first output (Output.times)
         lock = threading.Lock()
 
         def on_output(out) -> None:
             urgent = out.finish_reason is not None or out.output_tokens <= 1
+            t0 = received.pop(out.request_id, None)
+            times = None if t0 is None else (t0, time.monotonic())
             prev = pending.get(out.request_id)
             if prev is None:
                 pending[out.request_id] = [out.request_id, out.text, list(out.token_ids), out.input_tokens,
-                                           out.output_tokens, out.finish_reason, out.error, urgent]
+                                           out.output_tokens, out.finish_reason, out.error, times, urgent]
             else:
                 prev[1] += out.text
                 prev[2].extend(out.token_ids)
-                prev[3:] = out.input_tokens, out.output_tokens, out.finish_reason, out.error, prev[7] or urgent
+                prev[3:7] = out.input_tokens, out.output_tokens, out.finish_reason, out.error
+                prev[8] = prev[8] or urgent
 
         def flush() -> None:  # called by the engine after each loop iteration
             if not pending:
                 return
             if interval <= 0:
-                batch = [tuple(v[:7]) for v in pending.values()]
+                batch = [tuple(v[:8]) for v in pending.values()]
                 pending.clear()
             else:
                 now = time.monotonic()
                 batch = []
                 for rid, v in list(pending.items()):
-                    if v[7] or now - last_sent.get(rid, 0.0) >= interval:
-                        batch.append(tuple(v[:7]))
+                    if v[8] or now - last_sent.get(rid, 0.0) >= interval:
+                        batch.append(tuple(v[:8]))
                         del pending[rid]
                         if v[5] is None:
                             last_sent[rid] = now
@@ -304,11 +309,13 @@ def _child(fd: int) -> int:
             kind = msg[0]
             if kind == "add":
                 _, rid, prompt, params = msg
+                received[rid] = time.monotonic()
                 try:
                     engine.add_request(rid, prompt, params, on_output)
                 except Exception as exc:  # InvalidRequest (prompt too long, ...): that request's error
+                    received.pop(rid, None)
                     with lock:
-                        conn.send([(rid, "", [], 0, 0, "error", str(exc))])
+                        conn.send([(rid, "", [], 0, 0, "error", str(exc), None)])
             elif kind == "abort":
                 engine.abort(msg[1])
             elif kind == "stop":

@@ -44,6 +44,11 @@ while it was sending, so a slow client never slows the engine down) and polls
 cancellation; with response_threads > 1 it keeps one share of the streams and
 hands the others to as many more threads.  With engine_process=false the
 engine runs on a thread of this process and one responder thread does the same.
+
+Metrics: with the engine process, where each streamed request's first token spent
+its time in here (queued -> engine received -> first token made -> response sent)
+goes to tritonserver's metrics port as llmlaunch_first_token_seconds{part=add|engine|respond}
+and llmlaunch_first_tokens (launcher.serving.timings), and the means are logged at unload.
 """
 
 import json
@@ -64,6 +69,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
 
 from launcher.contract import INPUT_NAMES
 from launcher.serving import triton_io
+from launcher.serving.timings import FirstTokenTimes
 
 # Optional inputs this model honours.  exclude_input_in_output is honoured by construction (the prompt is never
 # echoed); pad_id and return_log_probs are accepted and ignored (a note is logged once).
@@ -85,7 +91,8 @@ def _ignore(_output):
 class _Stream:
     """Per-request state of the sender side."""
 
-    __slots__ = ("sender", "stream", "parts", "input_tokens", "last_check", "cancelled", "last_sent", "shard")
+    __slots__ = ("sender", "stream", "parts", "input_tokens", "last_check", "cancelled", "last_sent", "shard",
+                 "queued", "times")
 
     def __init__(self, sender, stream: bool, shard: int):
         self.sender = sender  # pb_utils response sender
@@ -96,6 +103,8 @@ class _Stream:
         self.cancelled = False  # the client cancelled; the engine was asked to abort
         self.last_sent = None  # time of the last streamed response
         self.shard = shard  # the responder thread that owns this stream (its responses stay in order)
+        self.queued = 0.0  # time.monotonic() when execute queued it with the engine (FirstTokenTimes)
+        self.times = None  # the engine process's (received, first output made) stamps, until the first response
 
 
 class TritonPythonModel:
@@ -105,6 +114,8 @@ class TritonPythonModel:
         self._read_parameters()
         self._start_engine()
         self._start_responders()
+        # where streamed requests' first tokens spend their time in here: Triton metrics + a summary at the end
+        self._first_token = FirstTokenTimes(self.model_config.get("name", "hf")).start()
         role = f", tp rank {self.tp_rank}/{self.tp}" + (" (worker)" if self.tp_rank else " (leader)") if self.tp > 1 else ""
         _log("info", f"ready: {self.params['model_path']} on {self.engine.device} ({self.engine.dtype}){role}, "
                      f"max_num_seqs={self.engine.max_num_seqs}, max_model_len={self.engine.max_model_len}, "
@@ -245,6 +256,7 @@ class TritonPythonModel:
                 # register before the engine can produce output for it
                 stream = _Stream(sender, req.stream, self._next_id % len(self._queues))
                 self._streams[rid] = stream
+                stream.queued = time.monotonic()
                 try:
                     self.engine.add_request(rid, req.prompt, req.params, self._engine_callback)
                 except BaseException:
@@ -289,10 +301,11 @@ class TritonPythonModel:
         for out in outputs:
             prev = merged.get(out.request_id)
             if prev is None:
-                merged[out.request_id] = [out.text, out]
+                merged[out.request_id] = [out.text, out, out.times]
             else:
                 prev[0] += out.text
                 prev[1] = out
+                prev[2] = prev[2] or out.times  # the first output's stamps (engine process only)
         # First responses and final ones go first: under load one batch holds a response for every running
         # stream (~100 us each), and a stream's first token (its TTFT) or its end (the client's next request
         # waits for it) should not queue behind 127 middle-of-stream tokens.
@@ -300,16 +313,18 @@ class TritonPythonModel:
             st = self._streams.get(item[0])
             return 0 if st is not None and (st.last_sent is None or item[1][1].finish_reason is not None) else 1
 
-        for rid, (text, out) in sorted(merged.items(), key=urgency):
+        for rid, (text, out, times) in sorted(merged.items(), key=urgency):
             try:
-                self._respond(rid, text, out)
+                self._respond(rid, text, out, times)
             except Exception as exc:  # never let one request stop the others
                 _log("error", f"request {rid}: sending a response failed: {exc!r}")
 
-    def _respond(self, rid, text, out):
+    def _respond(self, rid, text, out, times=None):
         st = self._streams.get(rid)
         if st is None:
             return
+        if times is not None:
+            st.times = times
         if st.input_tokens is None:
             st.input_tokens = self._responder.input_tokens(out.input_tokens)
         if out.finish_reason is not None:
@@ -326,6 +341,7 @@ class TritonPythonModel:
                     text = "".join(st.parts)
                 self._send(st.sender, self._responder.build(text, st.input_tokens, out.output_tokens,
                                                             out.finish_reason), final=True)
+                self._first_token_sent(st)
             if out.finish_reason == "cancelled" and st.cancelled:
                 _log("info", f"request {rid} cancelled by the client after {out.output_tokens} tokens")
             return
@@ -342,12 +358,19 @@ class TritonPythonModel:
                     st.parts.clear()
                 st.last_sent = now
                 self._send(st.sender, self._responder.build(text, st.input_tokens, out.output_tokens))
+                self._first_token_sent(st)
         # Client cancellation: each check is a round trip to the server process, so it is rate-limited per request.
         if not st.cancelled and now - st.last_check >= self.cancel_check_s:
             st.last_check = now
             if st.sender.is_cancelled():
                 st.cancelled = True
                 self.engine.abort(rid)
+
+    def _first_token_sent(self, st):
+        """After a response of `st` went out: if it was a stream's first, count where its first token's time went."""
+        if st.stream and st.times is not None:
+            self._first_token.add(st.queued, st.times[0], st.times[1], time.monotonic())
+            st.times = None
 
     @staticmethod
     def _send(sender, response, final=False):
@@ -366,3 +389,5 @@ class TritonPythonModel:
                 q.put(None)
         for t in self._threads:
             t.join(timeout=10)
+        self._first_token.stop()
+        _log("info", self._first_token.summary())
