@@ -218,25 +218,16 @@ def random_prompt_ids(n: int, length: int, vocab: int, seed: int = 0) -> list[li
 
 
 # ----------------------------------------------------------------------------------------- served
-def first_token_reading(metrics_url: str, model: str) -> dict:
-    import urllib.request
-
-    from launcher.serving.timings import read_first_token_metrics
-
-    with urllib.request.urlopen(metrics_url, timeout=10) as r:
-        return read_first_token_metrics(r.read().decode(), model)
-
-
 def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int,
                server_pid: int | None = None, metrics_url: str = "") -> dict:
     from launcher.client import Generation, TritonStream, build_request
-    from launcher.serving.timings import mean_first_token_ms
+    from launcher.serving.timings import fetch_first_token_metrics, first_token_split
 
     done_q: queue.SimpleQueue = queue.SimpleQueue()
     requests = [build_request(model, Generation(prompt=p, max_tokens=max_tokens, stream=True, ignore_eos=True),
                               f"r{i}") for i, p in enumerate(prompts)]
     server_cpu0 = process_tree_cpu(server_pid) if server_pid else 0.0
-    before = first_token_reading(metrics_url, model) if metrics_url else None
+    before = fetch_first_token_metrics(metrics_url, model) if metrics_url else None
     cpu0 = time.process_time()
     with TritonStream(url, on_done=done_q.put) as stream:
         t0 = time.perf_counter()
@@ -264,18 +255,13 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
     server_cpu = process_tree_cpu(server_pid) - server_cpu0 if server_pid else None
     if errors:
         log(f"served errors: {errors[:3]}")
+    stats = latency_stats(per_request)
     first_token = None
-    if before is not None:  # the model pushes its sums once a second: wait for this run's requests
-        deadline = time.monotonic() + 5
-        while True:
-            after = first_token_reading(metrics_url, model)
-            if after["count"] - before["count"] >= len(requests) or time.monotonic() > deadline:
-                break
-            time.sleep(0.25)
-        first_token = mean_first_token_ms(before, after)
+    if before is not None:  # the model's split of this run's first tokens (it pushes its sums once a second)
+        first_token = first_token_split(metrics_url, model, before, len(requests), stats["ttft_ms_mean"])
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "errors": len(errors),
             "responses_per_request": responses / max(1, len(requests)), "client_cpu_s": client_cpu,
-            "server_cpu_s": server_cpu, "first_token_ms": first_token, **latency_stats(per_request)}
+            "server_cpu_s": server_cpu, "first_token_ms": first_token, **stats}
 
 
 # ----------------------------------------------------------------------------------------- server
@@ -403,8 +389,7 @@ def compare(run: dict, tokenizer, c: int, args, generate: dict) -> dict:
         # where the served TTFT goes (means, medians over rounds): inside the model (add / engine / respond, from
         # its metrics) and outside it (client TTFT - inside: tritonserver, gRPC and the client)
         ft = {k: round(statistics.median(x[k] for x in split), 3)
-              for k in ("add", "engine", "respond", "inside_server")}
-        ft["outside_server"] = round(row["served_ttft_ms_mean"] - ft["inside_server"], 3)
+              for k in ("add", "engine", "respond", "inside_server", "outside_server")}
         row["served_first_token_ms"] = ft
         log(f"C={c}: served TTFT mean {row['served_ttft_ms_mean']} ms = add {ft['add']} + engine {ft['engine']} + "
             f"respond {ft['respond']} (inside the model) + {ft['outside_server']} (tritonserver, gRPC, client); "

@@ -262,12 +262,9 @@ def test_in_thread_engine_variant(tiny_model_dir, tmp_path):
 
 
 def _first_token_metrics(server):
-    import urllib.request
+    from launcher.serving.timings import fetch_first_token_metrics
 
-    from launcher.serving.timings import read_first_token_metrics
-
-    with urllib.request.urlopen(server.metrics_url, timeout=10) as r:
-        return read_first_token_metrics(r.read().decode(), MODEL)
+    return fetch_first_token_metrics(server.metrics_url, MODEL)
 
 
 def test_first_token_times_are_exposed_as_metrics(server):
@@ -324,3 +321,25 @@ nv_inference_count{model="a",version="1"} 77
     assert mean_first_token_ms(zero, a) == {"add": 0.2, "engine": 50.0, "respond": 1.0, "inside_server": 51.2,
                                             "requests": 10}
     assert mean_first_token_ms(a, a) is None
+
+
+def test_bench_reports_where_the_ttft_goes(server, tmp_path, capsys):
+    """llmlaunch-bench --server-metrics: the split of the mean TTFT comes with the table and in the JSON."""
+    import json
+
+    from launcher.bench.cli import main
+
+    out = tmp_path / "r.json"
+    url = server.metrics_url
+    rc = main(["--url", server.grpc_url, "--dataset-name", "synthetic", "--input-len", "8", "--output-len", "6",
+               "--num-prompts", "6", "--concurrency", "3", "--ignore-eos", "--no-progress", "--warmup", "1",
+               "--server-metrics", url, "--result-json", str(out)])
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "engine: queue, prefill (ms):" in printed and "tritonserver, gRPC, client (ms):" in printed, printed
+    split = json.loads(out.read_text())["server_first_token_ms"]
+    assert split["requests"] == 7  # 6 measured + 1 warm-up
+    assert split["engine"] > 0 and split["outside_server"] > 0, split
+    assert main(["--url", server.grpc_url, "--num-prompts", "1", "--concurrency", "1", "--dataset-name",
+                 "synthetic", "--no-progress", "--server-metrics", "http://127.0.0.1:9/metrics"]) == 2
+    assert "--server-metrics http://127.0.0.1:9/metrics: cannot read it" in capsys.readouterr().err

@@ -23,6 +23,8 @@ Result JSON:
      "metrics": {"requests", "completed", "failed", "errors", "zero_token", "duration_s",
                  "request_throughput", "output_throughput", "total_token_throughput", "goodput",
                  "ttft_ms"|"tpot_ms"|"itl_ms"|"e2el_ms": {"mean", "p50", "p90", "p99", "max"}, ...},
+     "server_first_token_ms": None | {"add", "engine", "respond", "inside_server", "outside_server", "requests"}
+                              (--server-metrics: mean ms; launcher/serving/timings.py),
      "warmup_errors", "requests": [RequestResult as JSON, ...]}
 Times in "requests" are seconds since the start of the measured phase.
 """
@@ -43,6 +45,7 @@ from launcher.bench import datasets, metrics
 from launcher.bench.progress import Progress
 from launcher.bench.runner import Job, LoadSpec, generations, run_load
 from launcher.client import ClientError, default_model, parse_url
+from launcher.serving import timings
 
 CSV_FIELDS = (
     "time", "label", "url", "model", "dataset", "num_requests", "concurrency", "request_rate", "burstiness",
@@ -106,6 +109,9 @@ def build_parser(prog: str = "llmlaunch-bench") -> argparse.ArgumentParser:
     o.add_argument("--label", default="", help="free text stored with the results")
     o.add_argument("--save-text", action="store_true", help="keep generated text in the JSON")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
+    o.add_argument("--server-metrics", metavar="URL",
+                   help="tritonserver metrics URL (http://HOST:PORT/metrics) of an llmlaunch hf model: report where "
+                        "the mean TTFT goes, inside the model (add / engine / respond) and outside it (first run only)")
     o.add_argument("--compare", metavar="URL2[,MODEL2]",
                    help="identity test: run the same load against a second model and print the speedup of it over the first")
     return p
@@ -153,8 +159,10 @@ def prepare(args):
     return samples, kind, tokens
 
 
-def bench_one(args, url: str, model: str, samples, kind: str, tokens, label: str = "", progress_label: str = "") -> dict:
-    """Run the benchmark once; returns the result document (see module docstring)."""
+def bench_one(args, url: str, model: str, samples, kind: str, tokens, label: str = "", progress_label: str = "",
+              server_metrics: str | None = None) -> dict:
+    """Run the benchmark once; returns the result document (see module docstring).  `server_metrics`: the
+    served model's metrics URL, read before and after for the first-token split."""
     sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
                 "seed": args.sampling_seed, "stop": tuple(args.stop)}
     gens = generations(samples, sampling, stream=not args.no_stream, ignore_eos=args.ignore_eos)
@@ -167,6 +175,14 @@ def bench_one(args, url: str, model: str, samples, kind: str, tokens, label: str
     make_bar = None
     if not args.no_progress:
         make_bar = lambda read: Progress(read, total, label=progress_label)  # noqa: E731
+    before = None
+    if server_metrics:
+        try:
+            before = timings.fetch_first_token_metrics(server_metrics, model)
+        except OSError as exc:
+            raise ValueError(f"--server-metrics {server_metrics}: cannot read it ({getattr(exc, 'reason', exc)}); "
+                             "give the served model's tritonserver metrics URL, http://HOST:PORT/metrics "
+                             "(llmlaunch: serve.metrics_port)") from None
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     shape = (f"concurrency {spec.concurrency}" if spec.concurrency else "") + (
         f"{', ' if spec.concurrency else ''}rate {spec.request_rate:g}/s" if math.isfinite(spec.request_rate) else "")
@@ -179,6 +195,10 @@ def bench_one(args, url: str, model: str, samples, kind: str, tokens, label: str
     ends = [r.end for r in results if r.end is not None] + [r.sent for r in results]
     duration = max(ends) if ends else 0.0
     m = metrics.compute(results, duration, slos)
+    split = None
+    if before is not None and not args.no_stream:  # warm-up requests are counted too: they are first tokens as well
+        split = timings.first_token_split(server_metrics, model, before, len(results) + spec.warmup,
+                                          m["ttft_ms"]["mean"])
     load = asdict(spec)
     load["request_rate"] = metrics.finite(spec.request_rate)
     return {
@@ -201,6 +221,7 @@ def bench_one(args, url: str, model: str, samples, kind: str, tokens, label: str
             "goodput_slos_ms": slos,
         },
         "metrics": m,
+        "server_first_token_ms": split,
         "t0_perf_counter": out.t0,  # request times are relative to this time.perf_counter() (CLOCK_MONOTONIC)
         "warmup_errors": len(out.warmup_errors),
         "requests": [r.to_json() for r in results],
@@ -273,7 +294,7 @@ def run(args) -> int:
     samples, kind, tokens = prepare(args)
     model = args.model or default_model(url)
     docs = [bench_one(args, url, model, samples, kind, tokens, label=args.label or "",
-                      progress_label="A " if args.compare else "")]
+                      progress_label="A " if args.compare else "", server_metrics=args.server_metrics)]
     if args.compare:
         url_b, _, model_b = args.compare.partition(",")
         url_b = parse_url(url_b) if url_b.strip() else url
@@ -285,6 +306,8 @@ def run(args) -> int:
     for i, doc in enumerate(docs):
         title = "Serving Benchmark Result" if len(docs) == 1 else f"{'AB'[i]}: {doc['config']['model']} @ {doc['config']['url']}"
         print(metrics.format_table(doc["metrics"], title))
+        if doc.get("server_first_token_ms"):
+            print(metrics.format_first_token_split(doc["server_first_token_ms"]))
     if len(docs) == 2:
         name = lambda d: f"{d['config']['model']} @ {d['config']['url']}"  # noqa: E731
         print(metrics.format_speedup(docs[0]["metrics"], docs[1]["metrics"], name(docs[0]), name(docs[1])))

@@ -239,6 +239,19 @@ def format_table(m: dict, title: str = "Serving Benchmark Result") -> str:
     return "\n".join(lines)
 
 
+def format_first_token_split(split: dict) -> str:
+    """--server-metrics: where the mean TTFT goes (launcher/serving/timings.py), as rows under the table."""
+    w = 50
+    lines = [" Mean TTFT, inside the model / outside ".center(w, "-")]
+    for key, name in (("add", "to the engine process"), ("engine", "engine: queue, prefill"),
+                      ("respond", "first token back and sent"), ("outside_server", "tritonserver, gRPC, client")):
+        if split.get(key) is not None:
+            lines.append(f"{name + ' (ms):':<34}{_fmt(split[key]):>16}")
+    lines.append(f"{'requests counted by the model:':<34}{_fmt(split['requests']):>16}")
+    lines.append("=" * w)
+    return "\n".join(lines)
+
+
 # Metrics compared by the identity test (--compare): (key, label, higher is better)
 COMPARED = (
     ("request_throughput", "Request throughput (req/s)", True),

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 
 PARTS = ("add", "engine", "respond")
 SECONDS = "llmlaunch_first_token_seconds"
@@ -151,3 +152,28 @@ def mean_first_token_ms(before: dict, after: dict) -> dict | None:
     means["inside_server"] = round(sum(means[p] for p in PARTS), 3)
     means["requests"] = int(n)
     return means
+
+
+def fetch_first_token_metrics(url: str, model: str | None = None, timeout: float = 10.0) -> dict:
+    """`read_first_token_metrics` of tritonserver's /metrics at `url` (http://HOST:PORT/metrics)."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return read_first_token_metrics(r.read().decode("utf-8", "replace"), model)
+
+
+def first_token_split(url: str, model: str | None, before: dict, expected: int, ttft_mean_ms: float | None,
+                      wait_s: float = 5.0) -> dict | None:
+    """After a run: wait (up to wait_s) for the model's once-a-second push to count `expected` more first tokens
+    than `before`, then the mean split (`mean_first_token_ms`) plus `outside_server` = the client's mean TTFT
+    minus the time inside the model (tritonserver, gRPC and the client).  None when nothing was counted."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        after = fetch_first_token_metrics(url, model)
+        if after["count"] - before["count"] >= expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    split = mean_first_token_ms(before, after)
+    if split is not None and ttft_mean_ms is not None:
+        split["outside_server"] = round(ttft_mean_ms - split["inside_server"], 3)
+    return split
