@@ -97,7 +97,8 @@ def _serve_one(spec: LaunchSpec, run: Path, install, stop: _Stop) -> int:
             server.stop()
             return 0
         say(f"READY in {waited:.1f}s")
-        (run / "endpoint.json").write_text(json.dumps({"url": f"grpc://{url}", "model": spec.model_name, "grpc_port": spec.serve["grpc_port"], "job_id": job_id}))
+        ports = {k: spec.serve[k] for k in ("grpc_port", "http_port", "metrics_port")}  # as rank 0 writes them
+        (run / "endpoint.json").write_text(json.dumps({"url": f"grpc://{url}", "model": spec.model_name, **ports, "job_id": job_id}))
         sys.stdout.write(endpoint_banner(f"grpc://{url}", spec.model_name))
         sys.stdout.flush()
         while stop.signum is None:

@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from urllib.parse import urlsplit
 
 from hydra.experimental.callback import Callback  # Hydra instantiates SweepCallback on every run: imports stay light
 
@@ -260,8 +261,18 @@ def bench_problems(bench: Mapping[str, Any]) -> List[str]:
     return out
 
 
+def first_token_metrics_url(spec, endpoint: Mapping[str, Any]) -> str:
+    """Metrics URL of the tritonserver holding the hf model, whose first-token split the bench reports
+    (launcher/serving/timings.py): rank 0's with one replica.  "" otherwise: other engines have no split, and
+    with replicas the public metrics port is the front end's."""
+    if spec.engine.get("name") != "hf" or spec.replicas != 1 or not endpoint.get("metrics_port"):
+        return ""
+    host = urlsplit(endpoint["url"]).hostname or ""
+    return f"http://{f'[{host}]' if ':' in host else host}:{int(endpoint['metrics_port'])}/metrics"
+
+
 def bench_argv(bench: Mapping[str, Any], url: str, model: str, result_json: str, tokenizer: str = "",
-               label: str = "") -> List[str]:
+               label: str = "", server_metrics: str = "") -> List[str]:
     """`llmlaunch-bench` arguments for a BenchConfig (launcher/schema.py) against one endpoint."""
     kind, _, path = str(bench.get("dataset", "synthetic")).partition(":")
     argv = ["--url", url, "--model", model, "--dataset-name", kind]
@@ -281,6 +292,8 @@ def bench_argv(bench: Mapping[str, Any], url: str, model: str, result_json: str,
         argv += ["--tokenizer", tokenizer]
     if label:
         argv += ["--label", label]
+    if server_metrics:
+        argv += ["--server-metrics", server_metrics]
     return argv + ["--no-progress", "--result-json", result_json]
 
 
@@ -351,8 +364,14 @@ class Server:
     def __init__(self, key: str, spec, run_dir: Path):
         self.key, self.spec, self.run_dir = key, spec, run_dir
         self.url, self.model, self.job_id = "", "", ""
+        self.metrics_url = ""  # where the bench reads the first-token split (first_token_metrics_url), if any
         self.first_point = ""  # the point it was launched for
         self.proc = None  # the child process, for the kinds that have one
+
+    def _serving(self, endpoint: Mapping[str, Any]) -> None:
+        """Record the endpoint file rank 0 wrote (launcher/rank.py)."""
+        self.url, self.model = endpoint["url"], endpoint["model"]
+        self.metrics_url = first_token_metrics_url(self.spec, endpoint)
 
     def describe(self) -> str:
         s = self.spec
@@ -387,7 +406,7 @@ class SlurmServer(Server):
         except BaseException:
             self.stop()
             raise
-        self.url, self.model = ep["url"], ep["model"]
+        self._serving(ep)
         return self
 
     def client(self, bench_args: Sequence[str]) -> List[str]:
@@ -443,7 +462,8 @@ class LocalServer(Server):
                 raise LaunchError(("server", f"not serving after serve.ready_timeout_s={self.spec.serve['ready_timeout_s']}", f"read {log}"))
             time.sleep(0.2)
         ep = json.loads(endpoint.read_text())
-        self.url, self.model, self.job_id = ep["url"], ep["model"], str(self.proc.pid)
+        self._serving(ep)
+        self.job_id = str(self.proc.pid)
         return self
 
     def alive(self) -> bool:
@@ -508,7 +528,7 @@ class AllocationServer(Server):
                 raise LaunchError(("ranks", f"not serving (srun status {self.proc.returncode}); last lines of {log}:\n{log_tail(log, 15)}", f"read {log}"))
             time.sleep(0.2)
         ep = json.loads(endpoint.read_text())
-        self.url, self.model = ep["url"], ep["model"]
+        self._serving(ep)
         return self
 
     def alive(self) -> bool:
@@ -767,7 +787,8 @@ def _measure(server: Server, bench, head, point: Path, overrides, axes, config, 
 
     _prepare_point_dir(point, overrides, axes, config, key, mkey, server)
     result_path = point / "result.json"
-    args = bench_argv(bench, server.url, server.model, str(result_path), _tokenizer_for(server.spec), label=point.name)
+    args = bench_argv(bench, server.url, server.model, str(result_path), _tokenizer_for(server.spec), label=point.name,
+                      server_metrics=server.metrics_url)
     argv = server.client(args)
     env = dict(os.environ)  # the client imports launcher.bench from this checkout (shared with the nodes)
     env["PYTHONPATH"] = str(PACKAGE_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -119,6 +119,18 @@ def test_bench_and_client_command_lines():
     assert on_cluster == ["srun", "--jobid=123", "--overlap", "--nodes=1", "--ntasks=1", "--mpi=none", "--container-image=img",
                           "/venv/python", "-m", "launcher.bench.cli", "--url", "u"]
     assert sweep.client_argv("/py", ["--url", "u"]) == ["/py", "-m", "launcher.bench.cli", "--url", "u"]
+    with_split = sweep.bench_argv(b, "u", "m", "r", server_metrics="http://10.0.0.1:8002/metrics")
+    assert with_split[with_split.index("--server-metrics") + 1] == "http://10.0.0.1:8002/metrics"
+
+
+def test_first_token_metrics_url_only_where_the_hf_model_serves_it():
+    hf = plain("engine=hf")
+    spec = lambda cfg, replicas=1: type("S", (), {"engine": cfg["engine"], "replicas": replicas})()  # noqa: E731
+    ep = {"url": "grpc://10.0.0.1:8001", "model": "hf_model", "metrics_port": 8002}
+    assert sweep.first_token_metrics_url(spec(hf), ep) == "http://10.0.0.1:8002/metrics"
+    assert sweep.first_token_metrics_url(spec(hf, replicas=2), ep) == ""  # the front end's port
+    assert sweep.first_token_metrics_url(spec(plain("engine=vllm", "model.path=/m")), ep) == ""
+    assert sweep.first_token_metrics_url(spec(hf), {**ep, "url": "grpc://[::1]:8001"}) == "http://[::1]:8002/metrics"
 
 
 def test_judge_bench():
@@ -197,6 +209,8 @@ def test_slurm_2x2_sweep_reuses_servers_then_resumes(local_slurm, tmp_path):
     assert len(rows) == 4 and {r["status"] for r in rows} == {"ok"}, rows
     assert {(r["config"], r["concurrency"]) for r in rows} == {(f"replicas={n}", c) for n in "12" for c in "14"}
     assert all(float(r["output_throughput"]) > 0 for r in rows)
+    # one replica: the split from rank 0's tritonserver; two: the front end owns the public metrics port, no split
+    assert {r["config"]: bool(r["ttft_engine_ms"]) for r in rows} == {"replicas=1": True, "replicas=2": False}
     for png in ("throughput_vs_concurrency.png", "latency_throughput.png"):
         assert (sweep_dir / png).stat().st_size > 1000
     points = _points(sweep_dir)
@@ -254,6 +268,8 @@ def test_local_sweep_one_server_two_points(tmp_path):
     assert r.returncode == 0, r.stderr[-4000:]
     rows = list(csv.DictReader(open(sweep_dir / "summary.csv")))
     assert [(r["concurrency"], r["status"]) for r in rows] == [("1", "ok"), ("2", "ok")]
+    # the hf model's first-token split came from rank 0's metrics port (llmlaunch-bench --server-metrics)
+    assert all(float(r["ttft_engine_ms"]) > 0 and r["ttft_outside_ms"] for r in rows), rows
     assert r.stderr.count(": launching local server") == 1 and "stopped local server" in r.stderr
     pid = int(_points(sweep_dir)["bench.concurrency=1"]["server"]["job_id"])
     assert not Path(f"/proc/{pid}").exists()
