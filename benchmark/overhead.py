@@ -264,34 +264,6 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
             "server_cpu_s": server_cpu, "first_token_ms": first_token, **stats}
 
 
-# ----------------------------------------------------------------------------------------- server
-def hf_server(model_dir: str, workdir: Path, params: dict, model: str = "hf_model", env: dict | None = None):
-    """A TritonServer (launcher.triton) serving model_repository/hf with a config built by launcher.pbtxt."""
-    from launcher import pbtxt
-    from launcher.triton import TritonServer, free_port, resolve_tritonserver, server_env
-
-    repo = workdir / "model_repository"
-    (repo / model / "1").mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / "model_repository" / "hf" / "1" / "model.py", repo / model / "1" / "model.py")
-    params = {"model_path": model_dir, **params}
-    cfg = pbtxt.python_model(model, int(params.get("max_num_seqs", 64)), params)
-    (repo / model / "config.pbtxt").write_text(pbtxt.to_text(cfg))
-    install = resolve_tritonserver()
-    port, metrics_port = free_port(), free_port()
-    prefix = f"llmovh{os.getpid()}_"
-    # metrics on: the model's first-token split (launcher.serving.timings) is read from there
-    argv = [install.binary, f"--model-repository={repo}", "--allow-http=false", "--allow-metrics=true",
-            f"--metrics-port={metrics_port}", "--metrics-address=127.0.0.1", "--allow-gpu-metrics=false",
-            "--allow-cpu-metrics=false", "--grpc-address=127.0.0.1", f"--grpc-port={port}",
-            f"--backend-config=python,shm-region-prefix-name={prefix}"]
-    if install.backend_directory:
-        argv.append(f"--backend-directory={install.backend_directory}")
-    server = TritonServer(argv, env=server_env(install, env), log_path=workdir / "tritonserver.log",
-                          grpc_url=f"127.0.0.1:{port}", model=model, ready_timeout_s=300, shm_prefix=prefix)
-    server.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-    return server
-
-
 def vs_generate(model_dir: str, params: dict, args) -> list[dict]:
     """In-process engine vs static-batch generate, one wave of C requests each, alternating over --rounds."""
     import torch
@@ -479,6 +451,8 @@ def main(argv=None) -> int:
     with contextlib.ExitStack() as stack:
         if "served" in paths:
             log(f"starting tritonserver (log {workdir / 'tritonserver.log'})")
+            from tests.models.serve import hf_server  # metrics on: the first-token split is read there
+
             server = stack.enter_context(hf_server(model_dir, workdir, server_params,
                                                    env=dict(kv.split("=", 1) for kv in args.server_env) or None))
         engine = Engine(model_dir, max_prefill_tokens=args.prefill_chunk, **params).start()

@@ -5,9 +5,7 @@ The server starts once for the module; every test checks the model keeps serving
 
 from __future__ import annotations
 
-import os
 import queue
-import shutil
 import time
 import uuid
 from pathlib import Path
@@ -19,33 +17,10 @@ grpcclient = pytest.importorskip("tritonclient.grpc")
 pytest.importorskip("torch")
 
 from launcher.client import Generation, build_inputs  # noqa: E402
+from tests.models.serve import hf_server  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
 MODEL = "hf_model"
 PROMPT = "The quick brown fox"
-
-
-def _server(model_dir: str, workdir: Path, params: dict, metrics_port: int = 0):
-    from launcher import pbtxt
-    from launcher.triton import TritonServer, free_port, resolve_tritonserver, server_env
-
-    repo = workdir / "model_repository"
-    (repo / MODEL / "1").mkdir(parents=True)
-    shutil.copy(ROOT / "model_repository" / "hf" / "1" / "model.py", repo / MODEL / "1" / "model.py")
-    cfg = pbtxt.python_model(MODEL, int(params["max_num_seqs"]), {"model_path": model_dir, **params})
-    (repo / MODEL / "config.pbtxt").write_text(pbtxt.to_text(cfg))
-    install = resolve_tritonserver()
-    port = free_port()
-    prefix = f"llmt{os.getpid()}{uuid.uuid4().hex[:6]}_"
-    metrics = (["--allow-metrics=true", f"--metrics-port={metrics_port}", "--metrics-address=127.0.0.1",
-                "--allow-gpu-metrics=false", "--allow-cpu-metrics=false"] if metrics_port else ["--allow-metrics=false"])
-    argv = [install.binary, f"--model-repository={repo}", "--allow-http=false", *metrics,
-            "--grpc-address=127.0.0.1", f"--grpc-port={port}",
-            f"--backend-config=python,shm-region-prefix-name={prefix}"]
-    if install.backend_directory:
-        argv.append(f"--backend-directory={install.backend_directory}")
-    return TritonServer(argv, env=server_env(install), log_path=workdir / "tritonserver.log",
-                        grpc_url=f"127.0.0.1:{port}", model=MODEL, ready_timeout_s=300, shm_prefix=prefix)
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +28,8 @@ def server(tiny_model_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("hf_serving")
     # three responder threads (the CPU default is one): every test below also checks that sharing the streams
     # among them keeps each stream's responses whole and in order
-    from launcher.triton import free_port
-
-    metrics_port = free_port()
-    srv = _server(str(tiny_model_dir), workdir, {"device": "cpu", "max_num_seqs": 40, "cancel_check_ms": 20,
-                                                 "response_threads": 3}, metrics_port=metrics_port)
-    srv.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    srv = hf_server(str(tiny_model_dir), workdir, {"device": "cpu", "max_num_seqs": 40, "cancel_check_ms": 20,
+                                                   "response_threads": 3}, model=MODEL)
     with srv:
         assert "response_threads=3" in srv.log_path.read_text(), "the model did not start three responder threads"
         yield srv
@@ -242,7 +213,7 @@ def test_optional_inputs_are_accepted(stream):
 
 def test_in_thread_engine_variant(tiny_model_dir, tmp_path):
     """engine_process=false: the engine runs on a thread of the stub; same answers, errors and streaming."""
-    srv = _server(str(tiny_model_dir), tmp_path, {"device": "cpu", "max_num_seqs": 8, "engine_process": "false",
+    srv = hf_server(str(tiny_model_dir), tmp_path, {"device": "cpu", "max_num_seqs": 8, "engine_process": "false",
                                                   "stream_interval_ms": 30})
     with srv:
         s = Stream(srv.grpc_url)

@@ -56,6 +56,36 @@ def make_repository(dest: Path, models: dict[str, dict], instances: dict[str, in
     return dest
 
 
+def hf_server(model_dir: str, workdir: Path, params: dict, model: str = "hf_model", env: dict | None = None):
+    """A launcher.triton.TritonServer (not started) serving the project's hf model (model_repository/hf, config
+    from launcher.pbtxt with `params`) on free loopback ports, metrics on: `.metrics_url` is where the model's
+    first-token split is read (launcher/serving/timings.py).  `env`: extra server environment."""
+    import uuid
+
+    from launcher import pbtxt
+    from launcher.triton import TritonServer, resolve_tritonserver, server_env
+
+    repo = Path(workdir) / "model_repository"
+    (repo / model / "1").mkdir(parents=True, exist_ok=True)
+    shutil.copy(HERE.parents[1] / "model_repository" / "hf" / "1" / "model.py", repo / model / "1" / "model.py")
+    params = {"model_path": model_dir, **params}
+    cfg = pbtxt.python_model(model, int(params.get("max_num_seqs", 64)), params)
+    (repo / model / "config.pbtxt").write_text(pbtxt.to_text(cfg))
+    install = resolve_tritonserver()
+    port, metrics_port = free_port(), free_port()
+    prefix = f"llmt{os.getpid()}{uuid.uuid4().hex[:6]}_"
+    argv = [install.binary, f"--model-repository={repo}", "--allow-http=false", "--allow-metrics=true",
+            f"--metrics-port={metrics_port}", "--metrics-address=127.0.0.1", "--allow-gpu-metrics=false",
+            "--allow-cpu-metrics=false", "--grpc-address=127.0.0.1", f"--grpc-port={port}",
+            f"--backend-config=python,shm-region-prefix-name={prefix}"]
+    if install.backend_directory:
+        argv.append(f"--backend-directory={install.backend_directory}")
+    server = TritonServer(argv, env=server_env(install, env), log_path=Path(workdir) / "tritonserver.log",
+                          grpc_url=f"127.0.0.1:{port}", model=model, ready_timeout_s=300, shm_prefix=prefix)
+    server.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    return server
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
