@@ -77,6 +77,7 @@ class HFEngineConfig(EngineConfig):
     prefill_chunk: int = 0  # prompt tokens prefilled per engine step, so running streams keep flowing (0: 512 on CPU, 2048 on a GPU)
     cuda_graphs: bool = True  # replay decode steps as captured CUDA graphs (GPU, tp=1): 4x the eager step rate on an H100
     response_threads: int = 0  # threads of the Triton model that send the streams' responses (0: 1 on CPU, 4 on a GPU)
+    torch_compile: str = "auto"  # auto | true | false: fuse the model's small kernels with torch.compile when it loads (auto: on for one GPU)
 
 
 @dataclass

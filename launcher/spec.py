@@ -201,6 +201,8 @@ def build_spec(cfg) -> LaunchSpec:
     _choice(problems, "cluster.mpi", cluster.get("mpi"), MPI_TYPES)
     _choice(problems, "cluster.container.runtime", cluster["container"].get("runtime"), CONTAINER_RUNTIMES)
     _choice(problems, "engine.device", engine.get("device"), DEVICES)
+    if "torch_compile" in engine:  # hf; a str field, so Hydra's engine.torch_compile=true arrives as 'True'
+        _choice(problems, "engine.torch_compile", str(engine["torch_compile"]).lower(), ("auto", "true", "false"))
     _choice(problems, "model.dtype", model.get("dtype"), DTYPES)
     if not _SAFE_NAME.match(str(c.get("job_name", ""))):
         problems.append(

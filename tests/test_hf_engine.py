@@ -163,6 +163,29 @@ def test_grouped_prefill_equals_one_at_a_time(tiny_model_dir, attn):
         torch.testing.assert_close(v[:5], v0, rtol=1e-5, atol=1e-5)
 
 
+def test_compiled_model_equals_generate_and_compiles_only_at_start(tiny_model_dir, reference):
+    """torch_compile=True (on by default on one GPU), here on the CPU: prompts prefilled in chunks of 7 while
+    others decode, one at a time and together, give generate's greedy tokens; every compiled form is made
+    when the engine starts (warm_up), none while it serves."""
+    from torch._dynamo.utils import counters
+
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_prefill_tokens=7, torch_compile=True).start()
+    try:
+        assert eng.runner.use_compile, eng.runner.compile_error
+        graphs = counters["stats"]["unique_graphs"]
+        assert graphs >= 3  # the general form, one output row, one token
+        # alone: its first chunks are steps with no output row (the case where Inductor would drop the attention)
+        out = eng.generate(PROMPTS[3], SamplingParams(max_tokens=20), timeout=60)
+        assert (out.token_ids, out.text) == reference(PROMPTS[3], 20)
+        runs = [(reference(p, 20), collect(eng, p, SamplingParams(max_tokens=20))) for p in PROMPTS]
+        for (ids, text), (done, outs) in runs:
+            assert done.wait(120)
+            assert joined(outs) == (text, ids)
+        assert counters["stats"]["unique_graphs"] == graphs, "compiled while serving"
+    finally:
+        eng.shutdown()
+
+
 def test_eager_attention_equals_generate(tiny_model_dir, reference):
     eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=4, attn_implementation="eager",
                  max_prefill_tokens=5).start()

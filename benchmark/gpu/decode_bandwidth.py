@@ -8,17 +8,19 @@ process on one GPU:
 
 * copy bandwidth: `dst.copy_(src)` of a 2 GiB buffer, bytes read + written per
   second, best of 20;
-* the engine (launcher.engines.hf_engine.Engine, in-process), eager and with
-  CUDA-graph decode: one request, greedy, exactly --tokens new tokens; decode
-  steps/s = (tokens - 1) / (time from first to last token);
+* the engine (launcher.engines.hf_engine.Engine, in-process) four ways: eager,
+  CUDA-graph decode, torch.compile'd, and compiled + CUDA graphs (the GPU
+  default): one request, greedy, exactly --tokens new tokens; decode steps/s =
+  (tokens - 1) / (time from first to last token); and how long compiling took;
 * static `model.generate` at batch 1 with the same settings, for reference
   (eager transformers, a DynamicCache);
-* where a graph step's time goes: the graph replayed back to back (its kernels'
-  GPU time), `runner.execute` in a loop (+ inputs, sampling, host sync), and
-  the engine figure above (+ scheduler, detokenizer, callbacks).
+* where a graph step's time goes, with and without compile: the graph replayed
+  back to back (its kernels' GPU time), `runner.execute` in a loop (+ inputs,
+  sampling, host sync), and the engine figure above (+ scheduler, detokenizer,
+  callbacks).
 
 Then, in float32, the greedy tokens of 4 prompts run together must be the same
-with graphs, without, and from `generate`.  Prints one JSON document: bandwidth
+with graphs, without, compiled with graphs, and from `generate`.  Prints one JSON document: bandwidth
 GB/s, weight GB, limit steps/s, steps/s of each and their fractions of the limit,
 and the three greedy comparisons.
 """
@@ -54,12 +56,16 @@ def copy_bandwidth(device, gib: float = 2.0, iters: int = 20) -> float:
     return 2 * n * 2 / best / 1e9  # read + write, GB/s
 
 
-def engine_steps(model_dir: str, tokens: int, prompt_len: int, dtype: str, cuda_graphs: bool) -> dict:
+def engine_steps(model_dir: str, tokens: int, prompt_len: int, dtype: str, cuda_graphs: bool,
+                 torch_compile: bool) -> dict:
     import queue
 
     from launcher.engines.hf_engine import Engine, SamplingParams
 
-    engine = Engine(model_dir, device="cuda", dtype=dtype, max_num_seqs=8, cuda_graphs=cuda_graphs).start()
+    t0 = time.perf_counter()
+    engine = Engine(model_dir, device="cuda", dtype=dtype, max_num_seqs=8, cuda_graphs=cuda_graphs,
+                    torch_compile=torch_compile).start()
+    start_s = time.perf_counter() - t0
     try:
         prompt = list(range(10, 10 + prompt_len))
         best = None
@@ -80,7 +86,8 @@ def engine_steps(model_dir: str, tokens: int, prompt_len: int, dtype: str, cuda_
             (t_first, n_first), (t_last, n_last) = times[0], times[-1]
             rate = (n_last - n_first) / (t_last - t_first)
             best = rate if best is None else max(best, rate)
-        res = {"steps_per_s": round(best, 1), "graph_error": engine.runner.graph_error}
+        res = {"steps_per_s": round(best, 1), "graph_error": engine.runner.graph_error,
+               "compile_error": engine.runner.compile_error, "engine_start_s": round(start_s, 1)}
         if cuda_graphs and engine.runner.use_graphs:
             res.update(step_parts(engine.runner))
         return res
@@ -112,13 +119,14 @@ def step_parts(runner, n: int = 300) -> dict:
     return {"graph_replay_steps_per_s": round(replay, 1), "runner_execute_steps_per_s": round(execute, 1)}
 
 
-def greedy_tokens(model_dir: str, cuda_graphs, n: int = 64) -> list:
+def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64) -> list:
     """Greedy tokens (float32) of 4 prompts of different lengths run together, through the engine."""
     import queue
 
     from launcher.engines.hf_engine import Engine, SamplingParams
 
-    engine = Engine(model_dir, device="cuda", dtype="float32", max_num_seqs=8, cuda_graphs=cuda_graphs).start()
+    engine = Engine(model_dir, device="cuda", dtype="float32", max_num_seqs=8, cuda_graphs=cuda_graphs,
+                    torch_compile=torch_compile).start()
     try:
         done: queue.SimpleQueue = queue.SimpleQueue()
         outs: dict = {}
@@ -192,26 +200,33 @@ def main(argv=None) -> int:
         return 2
     bw = copy_bandwidth("cuda")
     gen = generate_steps(args.model, args.tokens, args.prompt_tokens, args.dtype)
-    eager = engine_steps(args.model, args.tokens, args.prompt_tokens, args.dtype, cuda_graphs=False)
-    graphs = engine_steps(args.model, args.tokens, args.prompt_tokens, args.dtype, cuda_graphs=True)
     limit = bw * 1e9 / gen["weight_bytes"]
     out = {"device": torch.cuda.get_device_name(), "copy_bandwidth_GBps": round(bw, 1),
            "weight_GB": round(gen["weight_bytes"] / 1e9, 3), "limit_steps_per_s": round(limit, 1),
-           "engine_eager_steps_per_s": eager["steps_per_s"], "engine_graphs_steps_per_s": graphs["steps_per_s"],
-           "graph_replay_steps_per_s": graphs.get("graph_replay_steps_per_s"),
-           "runner_execute_steps_per_s": graphs.get("runner_execute_steps_per_s"),
-           "graph_error": graphs["graph_error"],
            "generate_steps_per_s": gen["generate_steps_per_s"],
-           "engine_eager_fraction_of_limit": round(eager["steps_per_s"] / limit, 4),
-           "engine_graphs_fraction_of_limit": round(graphs["steps_per_s"] / limit, 4),
            "generate_fraction_of_limit": round(gen["generate_steps_per_s"] / limit, 4)}
+    # the four ways, named as in the output: engine_<name>_steps_per_s, ..._fraction_of_limit, ...
+    for name, graphs, compiled in (("eager", False, False), ("graphs", True, False), ("compiled", False, True),
+                                   ("compiled_graphs", True, True)):
+        r = engine_steps(args.model, args.tokens, args.prompt_tokens, args.dtype, graphs, compiled)
+        out[f"engine_{name}_steps_per_s"] = r["steps_per_s"]
+        out[f"engine_{name}_fraction_of_limit"] = round(r["steps_per_s"] / limit, 4)
+        out[f"engine_{name}_start_s"] = r["engine_start_s"]
+        for key in ("graph_replay_steps_per_s", "runner_execute_steps_per_s"):
+            if key in r:
+                out[f"{name}_{key}"] = r[key]
+        for key in ("graph_error", "compile_error"):
+            if r[key]:
+                out[f"{name}_{key}"] = r[key]
     if not args.no_greedy_check:
-        # float32, 4 prompts together (rows of idle slots padded in the graph): the same tokens three ways
+        # float32, 4 prompts together (rows of idle slots padded in the graph): the same tokens four ways
         ref = generate_tokens(args.model)
-        with_graphs, without = greedy_tokens(args.model, True), greedy_tokens(args.model, False)
+        with_graphs, without = greedy_tokens(args.model, True, False), greedy_tokens(args.model, False, False)
+        compiled = greedy_tokens(args.model, True, True)
         out["greedy_graphs_equal_eager"] = with_graphs == without
         out["greedy_graphs_equal_generate"] = with_graphs == ref
         out["greedy_eager_equal_generate"] = without == ref
+        out["greedy_compiled_graphs_equal_generate"] = compiled == ref
     print(json.dumps(out, indent=2))
     return 0
 

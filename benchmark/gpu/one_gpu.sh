@@ -43,7 +43,7 @@ echo "== 1. model: random Llama 1.24 B, bf16"
     --intermediate 8192 --vocab 128256 --tie-word-embeddings true --rope-theta 500000 --dtype bfloat16
 
 echo "== 2. batch-1 decode vs the memory-bandwidth limit"
-timeout 240 $PY benchmark/gpu/decode_bandwidth.py --model "$MODEL" --tokens 256 | tee "$OUT_DIR/bandwidth.json"
+timeout 540 $PY benchmark/gpu/decode_bandwidth.py --model "$MODEL" --tokens 256 | tee "$OUT_DIR/bandwidth.json"
 
 echo "== 3. served vs in-process vs engine process vs static generate, concurrency $CONCURRENCY"
 # three engines on the GPU at once (in-process, engine process, the server's): each holds its weights and KV cache

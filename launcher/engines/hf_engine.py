@@ -144,7 +144,8 @@ class Engine:
                  max_model_len: int | None = None, tp: int | None = None, max_prefill_tokens: int | None = None,
                  tokenizer_path: str | None = None, attn_implementation: str = "sdpa",
                  kv_cache_memory: float | None = None, after_step: Callable[[], None] | None = None,
-                 threads: int | None = None, tp_group=None, cuda_graphs: bool | None = None):
+                 threads: int | None = None, tp_group=None, cuda_graphs: bool | None = None,
+                 torch_compile: bool | None = None):
         """
         model_path: HF-format folder (config, weights, tokenizer unless tokenizer_path is given).
         device: auto (cuda when available) | cpu | cuda | cuda:N.  dtype: auto | float32 | bfloat16 | float16.
@@ -159,6 +160,7 @@ class Engine:
         threads: torch intra-op threads of the engine thread (default: torch's default, one per core).
         tp: tensor-parallel ranks (see hf_tp); this engine is rank 0 and broadcasts each step to the workers.
         tp_group: an hf_tp.TPGroup (default: one made from the LLMLAUNCH_* environment when tp > 1).
+        cuda_graphs / torch_compile: see HFModelRunner (None: on for one GPU).
         """
         from transformers import AutoTokenizer, GenerationConfig
 
@@ -167,8 +169,8 @@ class Engine:
         self.runner = HFModelRunner(self.model_path, device=device, dtype=dtype, max_num_seqs=max_num_seqs,
                                     max_model_len=max_model_len, attn_implementation=attn_implementation,
                                     kv_cache_memory=kv_cache_memory, tp=int(tp or 1), tp_group=tp_group,
-                                    cuda_graphs=cuda_graphs)
-        self.runner.capture_graphs()  # before serving: a capture mid-run would stall every running request
+                                    cuda_graphs=cuda_graphs, torch_compile=torch_compile)
+        self.runner.warm_up()  # before serving: a compile or capture mid-run would stall every running request
         # tp > 1: this engine is the leader (group rank 0) of a tensor-parallel group; see hf_tp
         self._tp = self.runner.tp_group
         if self._tp is not None and self._tp.rank != 0:

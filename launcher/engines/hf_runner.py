@@ -145,9 +145,42 @@ def _sdpa(q, k, v, mask=None, causal=False, scale=None, eager=False, gqa=False):
 
 
 def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Our transformers attention function: cache write + slot attention.  Shapes: query [1, H, T, D], key/value [1, KVH, T, D]."""
+    """Our transformers attention function: cache write + slot attention.  Shapes: query [1, H, T, D], key/value
+    [1, KVH, T, D]; returns ([1, T, H, D], None)."""
+    import torch
+
+    if torch.compiler.is_compiling():
+        # torch.compile traces the model around our attention, which stays one opaque op (see _OP_SCHEMA)
+        scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
+        return torch.ops.llmlaunch.slot_attention(query, key, value, module.layer_idx, scale), None
+    return _slot_attention(module.layer_idx, query, key, value, scaling), None
+
+
+# The attention as a custom torch op, for torch.compile (HFModelRunner, compile=True).  Why opaque: it reads the
+# step's context and the KV cache from `_tls` and writes the cache in place, neither of which may become an input
+# of the compiled graph (functionalizing the cache write would copy the whole cache every step).  Inductor fuses
+# everything around it (norms, rotary, residuals, activations).  This is the pattern vLLM uses for its attention.
+_OP_SCHEMA = "(Tensor query, Tensor key, Tensor value, int layer_idx, float scaling) -> Tensor"
+_op_registered = False
+
+
+def _register_attention_op() -> None:
+    global _op_registered
+    if _op_registered:
+        return
+    import torch
+
+    op = torch.library.custom_op("llmlaunch::slot_attention", mutates_args=(), schema=_OP_SCHEMA)(
+        lambda query, key, value, layer_idx, scaling: _slot_attention(layer_idx, query, key, value, scaling))
+    # the output's shape, for tracing: [1, T, H, D] from the query's [1, H, T, D]
+    op.register_fake(lambda query, key, value, layer_idx, scaling: query.new_empty(
+        1, query.shape[2], query.shape[1], query.shape[3]))
+    _op_registered = True
+
+
+def _slot_attention(layer_idx, query, key, value, scaling):
     ctx: _StepContext = _tls.ctx
-    k_cache, v_cache = _tls.cache[module.layer_idx]
+    k_cache, v_cache = _tls.cache[layer_idx]
     _, n_heads, n_tok, head_dim = query.shape
     n_kv = key.shape[1]
     rep = n_heads // n_kv
@@ -172,7 +205,7 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
             o = o[ctx.dec_scatter]
         dec_out = o.reshape(n_dec, n_heads, head_dim)
         if out is None:
-            return dec_out.unsqueeze(0), None
+            return dec_out.unsqueeze(0)
         out[:n_dec] = dec_out
     # 3. prompt-starting chunks, a padded batch per group: gather [n*L] token rows, causal SDPA, keep real rows
     for pad_idx, n, length, real, dst in ctx.groups:
@@ -192,7 +225,7 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
             v = v_cache[slot:slot + 1, :, :start + length]
         o = _sdpa(q, k, v, mask, causal=mask is None, scale=scaling, eager=eager, gqa=rep > 1)
         out[offset:offset + length] = o[0].transpose(0, 1)
-    return out.unsqueeze(0), None
+    return out.unsqueeze(0)
 
 
 def _register_attention() -> None:
@@ -224,17 +257,20 @@ class HFModelRunner:
 
     def __init__(self, model_path: str, device: str = "auto", dtype: str = "auto", max_num_seqs: int = 64,
                  max_model_len: int | None = None, attn_implementation: str = "sdpa",
-                 kv_cache_memory: float | None = None, tp: int = 1, tp_group=None, cuda_graphs: bool | None = None):
+                 kv_cache_memory: float | None = None, tp: int = 1, tp_group=None, cuda_graphs: bool | None = None,
+                 torch_compile: bool | None = None):
         """tp > 1: this process is one rank of a tensor-parallel group (see hf_tp): `tp_group` (an
         hf_tp.TPGroup) or one made from the LLMLAUNCH_* environment; the model is sharded after loading.
         cuda_graphs: replay decode-only steps as CUDA graphs (None: on for cuda with tp=1 unless
-        LLMLAUNCH_HF_CUDA_GRAPHS=0)."""
+        LLMLAUNCH_HF_CUDA_GRAPHS=0).  torch_compile: run the model's forward through torch.compile (None: on
+        for cuda with tp=1 unless LLMLAUNCH_HF_COMPILE=0); `warm_up()` compiles before serving."""
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
         from launcher.engines.hf_sampling import Sampler
 
         _register_attention()
+        _register_attention_op()
         if attn_implementation not in ("sdpa", "eager"):
             raise ValueError(f"attn_implementation {attn_implementation!r} is not one of sdpa, eager")
         self.eager = attn_implementation == "eager"
@@ -287,6 +323,7 @@ class HFModelRunner:
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
         self._init_graphs(cuda_graphs)
+        self._init_compile(torch_compile)
         self._allocate_cache(kv_cache_memory)
         self.sampler = Sampler(self.max_num_seqs, self.vocab_size, self.device)
         self._layer_idx_check()
@@ -323,6 +360,59 @@ class HFModelRunner:
         if idx and idx != list(range(self.num_layers)):
             raise ValueError(f"unsupported architecture: attention layer indices {idx[:8]}... do not match "
                              f"{self.num_layers} layers")
+
+    # -- torch.compile ----------------------------------------------------------------------------------------
+    # Why: HF's Llama runs ~40 kernels per layer, most of them tiny (the norm alone is 7: cast, pow, mean, add,
+    # rsqrt, mul, mul), so even replayed as a CUDA graph a batch-1 decode step spent 2.4 ms where its weight
+    # reads need 0.8 (benchmark/RESULTS.md).  Inductor fuses them (a norm becomes one kernel; rotary, residual
+    # adds and SiLU*up join their neighbours); the matrix products stay cuBLAS; our attention stays one opaque
+    # op.  One compiled form covers every step: token count and kept logits are dynamic, so besides the general
+    # form only the size-1 specializations (one output row; one token) are compiled, all in `warm_up`.
+    def _init_compile(self, torch_compile) -> None:
+        import os
+
+        if torch_compile is None:
+            torch_compile = self.device.type == "cuda" and os.environ.get("LLMLAUNCH_HF_COMPILE", "1") != "0"
+        # tp > 1: each layer's all-reduce (hf_tp) is not traced; those ranks run eagerly
+        self.use_compile = bool(torch_compile) and self.tp == 1
+        self.compile_error = ""
+        self._fwd = self._forward
+        if self.use_compile:
+            import torch
+
+            self._fwd = torch.compile(self._forward, dynamic=True, fullgraph=True)
+
+    def warm_up(self) -> None:
+        """Before serving: compile (each shape class a step can have) and capture the decode graphs, so that no
+        request waits on either.  A model that cannot be compiled still serves, uncompiled (compile_error)."""
+        import time
+
+        import torch
+
+        if self.use_compile:
+            t0 = time.perf_counter()
+            two = self.max_num_seqs > 1
+            # general form first (several tokens, several output rows), then one output row, then one token
+            shapes = ([[PrefillChunk(0, 0, 4, True), PrefillChunk(1, 0, 3, True)]] if two else []) + [
+                [PrefillChunk(0, 0, 4, True)]]
+            steps = [StepInputs([], [], [], chunks, [1] * sum(c.length for c in chunks), SamplingRows())
+                     for chunks in shapes]
+            steps.append(StepInputs([0], [1], [4], [], [], SamplingRows()))
+            try:
+                with torch.inference_mode():
+                    for step in steps:
+                        self._run(step)
+                if self.device.type == "cuda":
+                    torch.cuda.synchronize(self.device)
+            except Exception as e:
+                self.use_compile = False
+                self._fwd = self._forward
+                self.compile_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                log.warning("hf engine: torch.compile failed (%s); the model runs uncompiled", self.compile_error)
+            else:
+                log.info("hf engine: model compiled (torch.compile, %d step shapes) in %.1f s", len(steps),
+                         time.perf_counter() - t0)
+        self.capture_graphs()
 
     # -- CUDA graphs for decode-only steps -----------------------------------------------------------------
     # Why: a decode step of a 1 B model launches ~20 kernels per layer from Python; on the H100 host that
@@ -414,6 +504,7 @@ class HFModelRunner:
             meta[3].fill_(1)
             heads = torch.arange(self.num_kv_heads, device=dev)
             span = torch.arange(length, device=dev)
+            keep = torch.arange(rows, device=dev)  # every row's logits (a tensor, as in mixed steps: one compiled form)
             ctx = _StepContext()
             ctx.n_dec, ctx.dec_rows, ctx.dec_len = rows, rows, length
             ctx.eager, ctx.dec_scatter, ctx.chunks, ctx.groups = self.eager, None, [], []
@@ -427,10 +518,9 @@ class HFModelRunner:
                     ~valid[:, None, None, :], float("-inf"))
                 _tls.ctx, _tls.cache = ctx, self.cache
                 try:
-                    out = self.model(input_ids=meta[0:1], position_ids=meta[1:2], use_cache=False, logits_to_keep=0)
+                    return self._fwd(meta[0:1], meta[1:2], keep)
                 finally:
                     _tls.ctx = None
-                return out.logits[0]
 
             side = torch.cuda.Stream(dev)
             side.wait_stream(torch.cuda.current_stream(dev))
@@ -449,7 +539,7 @@ class HFModelRunner:
             log.warning("hf engine: CUDA graph capture failed (%s); decode steps run eagerly", self.graph_error)
             return None
         # every tensor the graph reads must outlive it: a freed input's memory would be reused under it
-        self._graphs[(rows, length)] = (graph, meta, logits, heads, span)
+        self._graphs[(rows, length)] = (graph, meta, logits, heads, span, keep)
         log.debug("hf engine: captured decode graph rows=%d length=%d", rows, length)
         return self._graphs[(rows, length)]
 
@@ -464,20 +554,34 @@ class HFModelRunner:
                 logits = self._graph_decode(step)
                 if logits is not None:
                     return self.sampler.sample(logits, step.sampling, step.penalty_resets).tolist()
-            ctx, input_ids, positions, logits_idx = self._prepare(step)
-            if not sample:
-                logits_idx = logits_idx[:0]
-            _tls.ctx, _tls.cache = ctx, self.cache
-            try:
-                out = self.model(input_ids=input_ids, position_ids=positions, use_cache=False,
-                                 logits_to_keep=logits_idx)
-            finally:
-                _tls.ctx = None
+            logits = self._run(step, sample)
             if not sample:
                 return []
-            logits = out.logits[0]
             tokens = self.sampler.sample(logits, step.sampling, step.penalty_resets)
             return tokens.tolist()  # the step's one host sync
+
+    def _run(self, step: StepInputs, sample: bool = True):
+        """The step through the model, without a graph: logits of its output rows ([0, vocab] if not sample)."""
+        import torch
+
+        ctx, input_ids, positions, logits_idx = self._prepare(step)
+        if not sample:
+            logits_idx = logits_idx[:0]
+        keep = logits_idx
+        if self.use_compile and not len(keep):
+            # Compiled, nothing would use the attention ops' outputs (a prompt chunk that does not end its prompt,
+            # alone in its step), so Inductor would drop them and with them their cache writes: keep one row.
+            keep = torch.full((1,), input_ids.shape[1] - 1, dtype=torch.long, device=self.device)
+        _tls.ctx, _tls.cache = ctx, self.cache
+        try:
+            logits = self._fwd(input_ids, positions, keep)
+        finally:
+            _tls.ctx = None
+        return logits[:len(logits_idx)]
+
+    def _forward(self, input_ids, positions, keep):
+        """Logits [len(keep), vocab] of the model on one packed row of tokens (our attention reads `_tls`)."""
+        return self.model(input_ids=input_ids, position_ids=positions, use_cache=False, logits_to_keep=keep).logits[0]
 
     def _prepare(self, step: StepInputs):
         import torch

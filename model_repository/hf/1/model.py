@@ -9,6 +9,9 @@ config.pbtxt parameters (string values; empty or absent = default):
   max_model_len     context limit in tokens; 0 = the model's own, capped at 4096 (default 0)
   prefill_chunk     prompt tokens prefilled per engine step (default 0: 512 on CPU, 2048 on a GPU)
   attn_implementation  sdpa | eager: attention kernels of the engine (default sdpa)
+  cuda_graphs       true | false: replay decode-only steps as CUDA graphs (default: on for one GPU)
+  torch_compile     auto | true | false: run the model through torch.compile, compiled when the model
+                    loads (default auto: on for one GPU, off on CPU, where compiling takes longer than it saves)
   torch_threads     intra-op threads of the engine (default 0: torch's default, one per core); on small
                     CPU machines 1 leaves the other cores to tritonserver and the clients
   tp_size           tensor-parallel ranks (default 1).  With tp_size > 1 one tritonserver runs per rank
@@ -157,6 +160,11 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(f"parameter cuda_graphs={graphs!r} is not true or false")
         if graphs:
             self.params["cuda_graphs"] = graphs in ("true", "1", "yes")
+        compiled = p.get("torch_compile", "auto").lower()  # "" / auto = the engine's default (on for one GPU)
+        if compiled not in ("", "auto", "true", "false", "1", "0", "yes", "no"):
+            raise pb_utils.TritonModelException(f"parameter torch_compile={compiled!r} is not auto, true or false")
+        if compiled not in ("", "auto"):
+            self.params["torch_compile"] = compiled in ("true", "1", "yes")
         self.cancel_check_s = integer("cancel_check_ms", 50) / 1000.0
         self.stream_interval_s = integer("stream_interval_ms", 0) / 1000.0
         self.response_threads = integer("response_threads", 0)
