@@ -186,6 +186,47 @@ def test_compiled_model_equals_generate_and_compiles_only_at_start(tiny_model_di
         eng.shutdown()
 
 
+def test_overlapped_steps_give_the_same_outputs(tiny_model_dir):
+    """overlap (the default): the next decode step is queued, its tokens passed on the device, before the host
+    has seen the last step's.  Against the same engine stepping one at a time, the same requests at once give
+    the same outputs: greedy, seeded sampling, penalties, a stop string, end_id with min_tokens (where a row
+    ends a step early and its extra token must be dropped), and max_tokens of 1, 2 and 3 and one filling the
+    context to max_model_len (where a row must not be run past its end)."""
+    engines = {flag: Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_model_len=128,
+                            overlap=flag).start() for flag in (False, True)}
+    try:
+        ref = engines[False]
+        full = ref.generate(PROMPTS[0], SamplingParams(max_tokens=30, ignore_eos=True))
+        ids = ref.generate(PROMPTS[1], SamplingParams(max_tokens=30, ignore_eos=True)).token_ids
+        first = next(i for i, t in enumerate(ids) if i >= 3 and t not in ids[:i])  # a token new at place >= 3
+        end = ids[first]
+        requests = [(p, SamplingParams(max_tokens=30)) for p in PROMPTS]
+        requests += [(p, SamplingParams(max_tokens=25, temperature=0.9, top_p=0.9, seed=7 + i))
+                     for i, p in enumerate(PROMPTS[:2])]
+        requests += [(PROMPTS[2], SamplingParams(max_tokens=30, presence_penalty=1.5, frequency_penalty=0.5,
+                                                 ignore_eos=True)),
+                     (PROMPTS[0], SamplingParams(max_tokens=30, ignore_eos=True, stop=(full.text[8:12],))),
+                     # EOS banned for exactly the tokens before `end`'s first place: ends there
+                     (PROMPTS[1], SamplingParams(max_tokens=30, end_id=end, min_tokens=first))]
+        requests += [(PROMPTS[3], SamplingParams(max_tokens=n, ignore_eos=True)) for n in (1, 2, 3)]
+        requests += [(PROMPTS[2], SamplingParams(max_tokens=128 - len(ref.tokenizer(PROMPTS[2]).input_ids),
+                                                 ignore_eos=True))]
+        results = {}
+        for flag, eng in engines.items():
+            runs = [collect(eng, p, params) for p, params in requests]
+            for done, _ in runs:
+                assert done.wait(60)
+            results[flag] = [(joined(outs), outs[-1].finish_reason) for _, outs in runs]
+        assert results[True] == results[False]
+        (_, got), reason = results[True][-5]  # the end_id request: ended by its end id, at its first place
+        assert reason == "stop" and got == ids[:first + 1]
+        assert all(reason == "length" for _, reason in results[True][-4:])
+        assert engines[True].stats.ahead_steps > 0 and engines[False].stats.ahead_steps == 0
+    finally:
+        for eng in engines.values():
+            eng.shutdown()
+
+
 def test_eager_attention_equals_generate(tiny_model_dir, reference):
     eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=4, attn_implementation="eager",
                  max_prefill_tokens=5).start()

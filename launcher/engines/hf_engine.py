@@ -81,6 +81,7 @@ class EngineStats:
     prefill_tokens: int = 0
     finished: int = 0
     busy_s: float = 0.0
+    ahead_steps: int = 0  # steps launched before the tokens of the step before were known (overlap)
 
 
 class _Seq:
@@ -145,7 +146,7 @@ class Engine:
                  tokenizer_path: str | None = None, attn_implementation: str = "sdpa",
                  kv_cache_memory: float | None = None, after_step: Callable[[], None] | None = None,
                  threads: int | None = None, tp_group=None, cuda_graphs: bool | None = None,
-                 torch_compile: bool | None = None):
+                 torch_compile: bool | None = None, overlap: bool | None = None):
         """
         model_path: HF-format folder (config, weights, tokenizer unless tokenizer_path is given).
         device: auto (cuda when available) | cpu | cuda | cuda:N.  dtype: auto | float32 | bfloat16 | float16.
@@ -161,6 +162,8 @@ class Engine:
         tp: tensor-parallel ranks (see hf_tp); this engine is rank 0 and broadcasts each step to the workers.
         tp_group: an hf_tp.TPGroup (default: one made from the LLMLAUNCH_* environment when tp > 1).
         cuda_graphs / torch_compile: see HFModelRunner (None: on for one GPU).
+        overlap: while the GPU runs a decode step, queue the next one and do the host work of the last (None: on
+        with tp=1 unless LLMLAUNCH_HF_OVERLAP=0); see `_schedule_ahead`.
         """
         from transformers import AutoTokenizer, GenerationConfig
 
@@ -213,6 +216,10 @@ class Engine:
         self._decoding: list[tuple[int, _Seq]] = []  # (slot, seq), sorted by slot
         self._by_id: dict[str, _Seq] = {}
         self._step_prefill: list = []
+        if overlap is None:
+            overlap = os.environ.get("LLMLAUNCH_HF_OVERLAP", "1") != "0"
+        self._overlap = bool(overlap) and self._tp is None
+        self._ahead = None  # (step, rows, handle): a step launched before the tokens of the one before were known
         self._free = list(range(self.max_num_seqs))
         heapq.heapify(self._free)
 
@@ -341,18 +348,35 @@ class Engine:
         self._finish(seq, "cancelled", "", [])
 
     def _step(self) -> None:
-        step, rows = self._schedule()
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:  # launched during the last step: only its tokens are left to take
+            step, rows, handle = ahead
+        else:
+            step, rows = self._schedule()
+            handle = None
         t0 = time.perf_counter()
         try:
             if self._tp is not None:
                 self._tp.broadcast(step)  # every worker rank executes the same step on its shard
-            tokens = self.runner.execute(step)
+            if not self._overlap:
+                tokens = self.runner.execute(step)
+            else:
+                if handle is None:
+                    handle = self.runner.launch(step)
+                nxt = self._schedule_ahead(rows)
+                if nxt is not None:
+                    nstep, nrows, prev_rows = nxt
+                    self._ahead = (nstep, nrows, self.runner.launch(nstep, prev=handle, prev_rows=prev_rows))
+                    self.stats.ahead_steps += 1
+                tokens = self.runner.wait(handle)
         except Exception as exc:  # a failed step fails the requests in it, not the engine
             if self._tp is not None:
                 raise  # with tp > 1 the ranks may be out of step: fatal (the loop fails every request)
             log.exception("hf engine step failed")
+            self._ahead = None  # its rows are this step's
             for seq in rows + [s for s, _ in self._step_prefill]:
-                self._finish(seq, "error", "", [], error=f"generation failed: {exc!r}")
+                if seq.slot >= 0:
+                    self._finish(seq, "error", "", [], error=f"generation failed: {exc!r}")
             return
         self.stats.busy_s += time.perf_counter() - t0
         self.stats.steps += 1
@@ -407,7 +431,31 @@ class Engine:
                           self._sampling_rows(rows), penalty_resets)
         return step, rows
 
-    def _sampling_rows(self, rows: list[_Seq]) -> SamplingRows:
+    def _schedule_ahead(self, rows: list[_Seq]):
+        """The next step, made while this one (with output `rows`) still runs: the same sequences decode once
+        more, their tokens passed on the device.  (step, rows, prev_rows), or None where the next step could
+        differ: a request waiting to be admitted, in the inbox or for a slot, or a prompt part-way through
+        prefill; a row that could end by length, or whose sampling needs its last token on the host (bad words).
+        A row that ends by EOS or a stop string in this step decodes one token too many, which is dropped
+        (`_on_token` skips finished sequences) and whose cache entry the slot's next user overwrites."""
+        if self._waiting or self._step_prefill or not self._inbox.empty():
+            return None
+        ids = {id(s) for s in rows}
+        if any(id(s) not in ids for s in self._prefilling):  # a prompt the chunk budget left out of this step
+            return None
+        keep = [i for i, s in enumerate(rows) if s.slot >= 0]  # finished in an earlier step: gone
+        nrows = [rows[i] for i in keep]
+        if not nrows or any(s.bad or len(s.out_ids) + 2 > s.max_tokens for s in nrows):
+            return None
+        positions = [s.num_computed for s in nrows]
+        for s in nrows:
+            s.num_computed += 1
+        step = StepInputs([s.slot for s in nrows], [0] * len(nrows), positions, [], [],
+                          self._sampling_rows(nrows, pending=1))
+        return step, nrows, keep
+
+    def _sampling_rows(self, rows: list[_Seq], pending: int = 0) -> SamplingRows:
+        """pending: tokens of each row sampled by a step still running (not yet in out_ids)."""
         sr = SamplingRows()
         sampled = [s for s in rows if s.params.temperature > 0]
         penal = any(s.penalties for s in rows)
@@ -426,7 +474,7 @@ class Engine:
             sr.presence_penalty = [s.params.presence_penalty for s in rows]
             sr.frequency_penalty = [s.params.frequency_penalty for s in rows]
         for i, s in enumerate(rows):
-            n = len(s.out_ids)
+            n = len(s.out_ids) + pending
             if n < s.min_tokens and s.eos:
                 sr.banned.extend((i, t) for t in s.eos)
             if s.bad:

@@ -472,8 +472,9 @@ class HFModelRunner:
                  lengths, time.perf_counter() - t0)
         return len(self._graphs)
 
-    def _graph_decode(self, step: StepInputs):
-        """Logits [n_dec, vocab] of a decode-only step through a CUDA graph, or None (then run it eagerly)."""
+    def _graph_decode(self, step: StepInputs, ids=None):
+        """Logits [n_dec, vocab] of a decode-only step through a CUDA graph, or None (then run it eagerly).
+        ids: the decode tokens as a device tensor (see `launch`), in place of step.decode_tokens."""
         import torch
 
         key = self._bucket(max(step.decode_slots) + 1, max(step.decode_positions) + 1)
@@ -483,14 +484,16 @@ class HFModelRunner:
             if g is None:
                 return None
         meta, logits = g[1], g[2]
-        rows = key[0]
+        rows, dev_ids = key[0], ids
         spare = self.max_num_seqs
         ids, pos, slot, lens = [0] * rows, [0] * rows, [spare] * rows, [1] * rows
         for s, t, p in zip(step.decode_slots, step.decode_tokens, step.decode_positions):
             ids[s], pos[s], slot[s], lens[s] = t, p, s, p + 1
         meta.copy_(torch.tensor([ids, pos, slot, lens], dtype=torch.long), non_blocking=True)
-        g[0].replay()
         keep = torch.tensor(step.decode_slots, dtype=torch.long).to(self.device, non_blocking=True)
+        if dev_ids is not None:
+            meta[0].index_copy_(0, keep, dev_ids)
+        g[0].replay()
         return logits.index_select(0, keep)
 
     def _capture(self, rows: int, length: int):
@@ -549,22 +552,60 @@ class HFModelRunner:
         layers only (no lm_head, no sampling) and return []."""
         import torch
 
-        with torch.inference_mode():
-            if self.use_graphs and sample and step.decode_tokens and not step.prefill:
-                logits = self._graph_decode(step)
-                if logits is not None:
-                    return self.sampler.sample(logits, step.sampling, step.penalty_resets).tolist()
-            logits = self._run(step, sample)
-            if not sample:
-                return []
-            tokens = self.sampler.sample(logits, step.sampling, step.penalty_resets)
-            return tokens.tolist()  # the step's one host sync
+        if not sample:
+            with torch.inference_mode():
+                self._run(step, sample=False)
+            return []
+        return self.wait(self.launch(step))
 
-    def _run(self, step: StepInputs, sample: bool = True):
-        """The step through the model, without a graph: logits of its output rows ([0, vocab] if not sample)."""
+    def launch(self, step: StepInputs, prev=None, prev_rows: list[int] | None = None):
+        """Start the step and return at once, before its tokens exist; `wait(handle)` gives them.
+
+        prev: the handle of the step before, still running, whose sampled tokens are this step's decode tokens
+        (step.decode_tokens are placeholders then): decode row j takes prev's output row prev_rows[j] (default:
+        row j).  They go from sampler to input on the device, so the engine can queue this step behind the last
+        one and do its host work for the last one (detokenize, stop checks, send) while the GPU runs this one."""
+        import torch
+
+        if step.decode_positions and max(step.decode_positions) >= self.max_model_len:
+            # the cache write would land in the next head's or slot's row: refuse instead of corrupting it
+            raise ValueError(f"decode position {max(step.decode_positions)} is past max_model_len {self.max_model_len}")
+        with torch.inference_mode():
+            ids = None
+            if prev is not None:
+                ids = prev[0]
+                if prev_rows is not None and prev_rows != list(range(ids.shape[0])):
+                    ids = ids.index_select(0, torch.tensor(prev_rows, dtype=torch.long).to(self.device, non_blocking=True))
+            logits = None
+            if self.use_graphs and step.decode_tokens and not step.prefill:
+                logits = self._graph_decode(step, ids)
+            if logits is None:
+                logits = self._run(step, ids=ids)
+            tokens = self.sampler.sample(logits, step.sampling, step.penalty_resets)
+            if self.device.type != "cuda":
+                return tokens, tokens, None
+            host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+            host.copy_(tokens, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record()
+            return tokens, host, done
+
+    @staticmethod
+    def wait(handle) -> list[int]:
+        """The sampled token per output row of a launched step (waits for that step only, not for later ones)."""
+        _, host, done = handle
+        if done is not None:
+            done.synchronize()
+        return host.tolist()
+
+    def _run(self, step: StepInputs, sample: bool = True, ids=None):
+        """The step through the model, without a graph: logits of its output rows ([0, vocab] if not sample).
+        ids: the decode tokens as a device tensor, in place of step.decode_tokens (see `launch`)."""
         import torch
 
         ctx, input_ids, positions, logits_idx = self._prepare(step)
+        if ids is not None:
+            input_ids[0, :len(step.decode_tokens)] = ids
         if not sample:
             logits_idx = logits_idx[:0]
         keep = logits_idx
