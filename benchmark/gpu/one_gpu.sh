@@ -45,6 +45,9 @@ echo "== 1. model: random Llama 1.24 B, bf16"
 echo "== 2. batch-1 decode vs the memory-bandwidth limit"
 timeout 540 $PY benchmark/gpu/decode_bandwidth.py --model "$MODEL" --tokens 256 | tee "$OUT_DIR/bandwidth.json"
 
+echo "== 2b. the kernels of a batch-1 decode step, uncompiled and compiled"
+timeout 400 $PY benchmark/gpu/decode_kernels.py --model "$MODEL" | tee "$OUT_DIR/kernels.txt"
+
 echo "== 3. served vs in-process vs engine process vs static generate, concurrency $CONCURRENCY"
 # three engines on the GPU at once (in-process, engine process, the server's): each holds its weights and KV cache
 # shellcheck disable=SC2086

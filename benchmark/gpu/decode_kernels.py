@@ -1,0 +1,79 @@
+"""The kernels of one batch-1 decode step of the hf engine, with and without torch.compile.
+
+    python benchmark/gpu/decode_kernels.py --model /tmp/llama-1b [--replays 20] [--top 25]
+
+Builds the engine's model runner (bf16, CUDA graphs) twice, uncompiled and compiled, captures the
+decode graphs, and profiles --replays replays of the batch-1 graph (one sequence at position 199)
+with torch.profiler.  Prints, per variant, the kernels per step and their summed GPU time per step,
+then the kernels that take the most time: launches per step, mean time, time per step, name.  The
+sum is GPU busy time; a replay's wall time (decode_bandwidth.py) adds the gaps between kernels.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+
+def profile_step(model: str, torch_compile: bool, replays: int) -> tuple[float, float, list]:
+    """(kernels per step, GPU ms per step, [(launches per step, mean us, us per step, name)] by time)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from launcher.engines.hf_runner import HFModelRunner, SamplingRows, StepInputs
+
+    runner = HFModelRunner(model, device="cuda", dtype="bfloat16", max_num_seqs=8, torch_compile=torch_compile)
+    runner.warm_up()
+    runner.execute(StepInputs([0], [5], [199], [], [], SamplingRows()))
+    graph = runner._graphs[runner._bucket(1, 200)][0]
+    for _ in range(10):
+        graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    per_kernel: dict = collections.defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            us = getattr(e, "device_time_total", None)
+            us = e.cuda_time_total if us is None else us
+            per_kernel[e.name][0] += 1
+            per_kernel[e.name][1] += us
+    del runner, graph
+    torch.cuda.empty_cache()
+    kernels = sum(n for n, _ in per_kernel.values()) / replays
+    busy_ms = sum(t for _, t in per_kernel.values()) / replays / 1000
+    rows = sorted(((n / replays, t / n, t / replays, name) for name, (n, t) in per_kernel.items()),
+                  key=lambda r: -r[2])
+    return kernels, busy_ms, rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="HF model folder")
+    ap.add_argument("--replays", type=int, default=20)
+    ap.add_argument("--top", type=int, default=25, help="kernels listed per variant")
+    args = ap.parse_args(argv)
+    import torch
+
+    if not torch.cuda.is_available():
+        print("decode_kernels.py profiles a GPU; none is visible", file=sys.stderr)
+        return 2
+    print(torch.cuda.get_device_name())
+    for compiled in (False, True):
+        kernels, busy_ms, rows = profile_step(args.model, compiled, args.replays)
+        print(f"== torch_compile={compiled}: {kernels:.0f} kernels per step, {busy_ms:.3f} ms of GPU time per step")
+        for n, mean, per_step, name in rows[:args.top]:
+            print(f"{n:6.1f} x {mean:8.2f} us = {per_step:8.1f} us  {name[:100]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
