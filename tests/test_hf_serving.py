@@ -232,6 +232,32 @@ def test_in_thread_engine_variant(tiny_model_dir, tmp_path):
             s.close()
 
 
+def test_compiled_model_answers_as_the_uncompiled_one(server, tiny_model_dir, tmp_path):
+    """torch_compile=true through tritonserver (auto turns it on only on a GPU): the engine process compiles
+    before the model is READY and the server log says so (the module server's says off); streamed and whole
+    answers equal the uncompiled server's, one at a time and eight at once."""
+    srv = hf_server(str(tiny_model_dir), tmp_path, {"device": "cpu", "max_num_seqs": 8, "torch_compile": "true"})
+    with srv:
+        assert "torch_compile on (" in srv.log_path.read_text()
+        assert "torch_compile off, " in server.log_path.read_text()
+        gens = [Generation(f"{PROMPT} {i}" * (i + 1), max_tokens=10 + 3 * i) for i in range(8)]
+        answers = {}
+        for name, url in (("compiled", srv.grpc_url), ("uncompiled", server.grpc_url)):
+            s = Stream(url)
+            try:
+                streamed, err = s.run(Generation(PROMPT, max_tokens=24, stream=True))
+                assert err is None, err
+                whole, err = s.run(Generation(PROMPT, max_tokens=24, stream=False))
+                assert err is None and _text(streamed) == whole[0][0], (streamed, whole)
+                rids = [s.send(build_inputs(g)) for g in gens]
+                together = [s.collect(r) for r in rids]
+                assert all(err is None for _, err in together), together
+                answers[name] = (whole[0][:3], [(_text(parts), parts[-1][1]) for parts, _ in together])
+            finally:
+                s.close()
+        assert answers["compiled"] == answers["uncompiled"]
+
+
 def _first_token_metrics(server):
     from launcher.serving.timings import fetch_first_token_metrics
 

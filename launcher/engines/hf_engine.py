@@ -84,6 +84,18 @@ class EngineStats:
     ahead_steps: int = 0  # steps launched before the tokens of the step before were known (overlap)
 
 
+def describe_features(f: dict) -> str:
+    """'torch_compile on (12.3 s), 16 decode graphs, overlap on' from Engine.features ('' for none)."""
+    if not f:
+        return ""
+    parts = [f"torch_compile failed ({f['compile_error']})" if f.get("compile_error") else
+             f"torch_compile on ({f.get('compile_s', 0):.1f} s)" if f.get("torch_compile") else "torch_compile off",
+             f"decode graphs failed ({f['graph_error']})" if f.get("graph_error") else
+             f"{f.get('decode_graphs', 0)} decode graphs",
+             f"overlap {'on' if f.get('overlap') else 'off'}"]
+    return ", ".join(parts)
+
+
 class _Seq:
     """Scheduler-side state of one request."""
 
@@ -224,6 +236,13 @@ class Engine:
         heapq.heapify(self._free)
 
     # -- public API ----------------------------------------------------------------------------------------
+    @property
+    def features(self) -> dict:
+        """What speeds this engine up, as it started (for the server's log line): see describe_features."""
+        r = self.runner
+        return {"torch_compile": r.use_compile, "compile_s": round(r.compile_s, 1), "compile_error": r.compile_error,
+                "decode_graphs": len(r._graphs), "graph_error": r.graph_error, "overlap": self._overlap}
+
     def start(self) -> "Engine":
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="hf-engine", daemon=True)

@@ -124,6 +124,7 @@ class EngineProcess:
         self.max_num_seqs = payload["max_num_seqs"]
         self.vocab_size = payload["vocab_size"]
         self.device, self.dtype = payload["device"], payload["dtype"]
+        self.features = payload.get("features", {})  # Engine.features (none from a tensor-parallel worker)
         self._rx = threading.Thread(target=self._receive, name="hf-engine-rx", daemon=True)
         self._rx.start()
         return self
@@ -302,7 +303,8 @@ def _child(fd: int) -> int:
         threading.Thread(target=watch, name="hf-tp-watch", daemon=True).start()
     conn.send(("ready", {"max_model_len": engine.max_model_len, "max_num_seqs": engine.max_num_seqs,
                          "vocab_size": engine.vocab_size, "device": str(engine.runner.device),
-                         "dtype": str(engine.runner.dtype).replace("torch.", ""), "pid": os.getpid()}))
+                         "dtype": str(engine.runner.dtype).replace("torch.", ""), "pid": os.getpid(),
+                         "features": engine.features}))
     try:
         while True:
             msg = conn.recv()

@@ -156,7 +156,7 @@ def _attention(module, query, key, value, attention_mask, scaling=None, dropout=
     return _slot_attention(module.layer_idx, query, key, value, scaling), None
 
 
-# The attention as a custom torch op, for torch.compile (HFModelRunner, compile=True).  Why opaque: it reads the
+# The attention as a custom torch op, for torch.compile (HFModelRunner, torch_compile=True).  Why opaque: it reads the
 # step's context and the KV cache from `_tls` and writes the cache in place, neither of which may become an input
 # of the compiled graph (functionalizing the cache write would copy the whole cache every step).  Inductor fuses
 # everything around it (norms, rotary, residuals, activations).  This is the pattern vLLM uses for its attention.
@@ -376,6 +376,7 @@ class HFModelRunner:
         # tp > 1: each layer's all-reduce (hf_tp) is not traced; those ranks run eagerly
         self.use_compile = bool(torch_compile) and self.tp == 1
         self.compile_error = ""
+        self.compile_s = 0.0  # how long warm_up compiled
         self._fwd = self._forward
         if self.use_compile:
             import torch
@@ -410,8 +411,9 @@ class HFModelRunner:
                 self.compile_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 log.warning("hf engine: torch.compile failed (%s); the model runs uncompiled", self.compile_error)
             else:
+                self.compile_s = time.perf_counter() - t0
                 log.info("hf engine: model compiled (torch.compile, %d step shapes) in %.1f s", len(steps),
-                         time.perf_counter() - t0)
+                         self.compile_s)
         self.capture_graphs()
 
     # -- CUDA graphs for decode-only steps -----------------------------------------------------------------
@@ -575,7 +577,8 @@ class HFModelRunner:
             if prev is not None:
                 ids = prev[0]
                 if prev_rows is not None and prev_rows != list(range(ids.shape[0])):
-                    ids = ids.index_select(0, torch.tensor(prev_rows, dtype=torch.long).to(self.device, non_blocking=True))
+                    rows = torch.tensor(prev_rows, dtype=torch.long).to(self.device, non_blocking=True)
+                    ids = ids.index_select(0, rows)
             logits = None
             if self.use_graphs and step.decode_tokens and not step.prefill:
                 logits = self._graph_decode(step, ids)

@@ -71,6 +71,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
         sys.path.append(_p)
 
 from launcher.contract import INPUT_NAMES
+from launcher.engines.hf_engine import describe_features
 from launcher.serving import triton_io
 from launcher.serving.timings import FirstTokenTimes
 
@@ -122,7 +123,8 @@ class TritonPythonModel:
         role = f", tp rank {self.tp_rank}/{self.tp}" + (" (worker)" if self.tp_rank else " (leader)") if self.tp > 1 else ""
         _log("info", f"ready: {self.params['model_path']} on {self.engine.device} ({self.engine.dtype}){role}, "
                      f"max_num_seqs={self.engine.max_num_seqs}, max_model_len={self.engine.max_model_len}, "
-                     f"engine_process={self.engine_process}, response_threads={len(self._queues)}")
+                     f"engine_process={self.engine_process}, response_threads={len(self._queues)}"
+                     + (f", {describe_features(self.engine.features)}" if self.engine.features else ""))
 
     # -- initialize steps ----------------------------------------------------------------------------------
     def _check_decoupled(self):
