@@ -172,6 +172,9 @@ def test_compiled_model_equals_generate_and_compiles_only_at_start(tiny_model_di
     eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_prefill_tokens=7, torch_compile=True).start()
     try:
         assert eng.runner.use_compile, eng.runner.compile_error
+        from launcher.engines.hf_engine import describe_features
+
+        assert describe_features(eng.features).startswith("torch_compile on (")
         graphs = counters["stats"]["unique_graphs"]
         assert graphs >= 3  # the general form, one output row, one token
         # alone: its first chunks are steps with no output row (the case where Inductor would drop the attention)
@@ -182,6 +185,29 @@ def test_compiled_model_equals_generate_and_compiles_only_at_start(tiny_model_di
             assert done.wait(120)
             assert joined(outs) == (text, ids)
         assert counters["stats"]["unique_graphs"] == graphs, "compiled while serving"
+    finally:
+        eng.shutdown()
+
+
+def test_a_model_that_cannot_be_compiled_still_serves(tiny_model_dir, reference, monkeypatch):
+    """torch.compile failing (no C compiler, an op Inductor cannot lower...) must not stop the engine: it
+    says why (compile_error, the server's READY line) and serves uncompiled.  The failure is injected at
+    torch.compile's boundary: a compiled function that raises when first called, as Inductor does."""
+    from launcher.engines.hf_engine import describe_features
+
+    def failing_compile(fn, **kwargs):
+        def compiled(*args, **kw):
+            raise RuntimeError("InductorError: no working C compiler")
+        return compiled
+
+    monkeypatch.setattr(torch, "compile", failing_compile)
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=4, torch_compile=True).start()
+    try:
+        assert not eng.runner.use_compile
+        assert describe_features(eng.features).startswith(
+            "torch_compile failed (RuntimeError: InductorError: no working C compiler), ")
+        out = eng.generate(PROMPTS[0], SamplingParams(max_tokens=16), timeout=60)
+        assert (out.token_ids, out.text) == reference(PROMPTS[0], 16)
     finally:
         eng.shutdown()
 
