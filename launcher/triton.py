@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from launcher.errors import LaunchError
+from launcher.stage import latest as latest_stage
 
 NGC_PATH = "/opt/tritonserver/bin/tritonserver"
 WHEEL_SOURCE = "nvidia-pytriton wheel"
@@ -328,7 +329,8 @@ def wait_ready(
                     raise ServerDied(f"{what} is up but {model} failed its first request: {e}\nlast lines of {log_path}:\n{log_tail(log_path, 15)}") from None
             if progress and elapsed - last_note >= 2.0:
                 last_note = elapsed
-                progress(f"waiting for {what}: {stage} ({elapsed:.0f}s)")
+                inside = latest_stage(log_tail(log_path, 400))  # what the model says it is doing
+                progress(f"waiting for {what}: {stage}{f' ({inside})' if inside else ''} ({elapsed:.0f}s)")
             time.sleep(0.1)
     finally:
         if client is not None:

@@ -238,7 +238,9 @@ def test_compiled_model_answers_as_the_uncompiled_one(server, tiny_model_dir, tm
     answers equal the uncompiled server's, one at a time and eight at once."""
     srv = hf_server(str(tiny_model_dir), tmp_path, {"device": "cpu", "max_num_seqs": 8, "torch_compile": "true"})
     with srv:
-        assert "torch_compile on (" in srv.log_path.read_text()
+        log = srv.log_path.read_text()
+        assert "torch_compile on (" in log
+        assert "llmlaunch-stage: hf engine: compiling the model" in log  # what the launcher shows while it waits
         assert "torch_compile off, " in server.log_path.read_text()
         gens = [Generation(f"{PROMPT} {i}" * (i + 1), max_tokens=10 + 3 * i) for i in range(8)]
         answers = {}

@@ -101,3 +101,29 @@ def test_engine_process_library_path_can_be_set(tiny_model_dir, monkeypatch):
     assert child_env(LD_LIBRARY_PATH="/stub/lib:/own/lib")["LD_LIBRARY_PATH"] == "/stub/lib:/own/lib"
     assert child_env(**{lt.ENGINE_LD_LIBRARY_PATH: "/own/lib"})["LD_LIBRARY_PATH"] == "/own/lib"
     assert "LD_LIBRARY_PATH" not in child_env(**{lt.ENGINE_LD_LIBRARY_PATH: ""})
+
+
+def test_waiting_for_a_server_shows_what_its_model_says_it_is_doing(tmp_path):
+    """A model that takes long to get ready (compiling, capturing graphs) announces its stage in the server
+    log (launcher.stage); wait_ready's progress lines show the latest one.  A real process that never
+    answers stands in for a server that is still loading."""
+    import subprocess
+
+    from launcher import stage
+    from launcher.triton import wait_ready
+    from tests.models.serve import free_port
+
+    log = tmp_path / "server.log"
+    log.write_text("I1122 loading\n" + stage.PREFIX + "hf engine: loading /m (bfloat16) on cuda\n"
+                   + "W1122 some warning\n" + stage.PREFIX + "hf engine: compiling the model\nmore output\n")
+    notes: list = []
+    proc = subprocess.Popen(["sleep", "30"])
+    try:
+        with pytest.raises(TimeoutError, match="not ready after 3s"):
+            wait_ready(proc, f"127.0.0.1:{free_port()}", "m", log, deadline_s=3, progress=notes.append, probe=False)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert notes and all(n.startswith("waiting for tritonserver: starting (hf engine: compiling the model) (")
+                         for n in notes), notes
+    assert stage.latest("nothing announced\n") == ""

@@ -44,6 +44,8 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
+from launcher.stage import announce
+
 log = logging.getLogger(__name__)
 
 ATTN_NAME = "llmlaunch_slots"  # name of our attention function in transformers' AttentionInterface
@@ -279,6 +281,7 @@ class HFModelRunner:
         self.device = torch.device(device)
         config = AutoConfig.from_pretrained(model_path)
         self.dtype = resolve_dtype(dtype, self.device.type, config)
+        announce(f"hf engine: loading {model_path} ({str(self.dtype).replace('torch.', '')}) on {self.device}")
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype, attn_implementation="sdpa")
         # switch every (sub)config to our attention after loading: loading validates the name against the
         # built-in list in some transformers versions, the forward only looks it up in AttentionInterface.
@@ -391,6 +394,8 @@ class HFModelRunner:
         import torch
 
         if self.use_compile:
+            announce("hf engine: compiling the model with torch.compile (1-2 minutes for a 1 B model with a cold "
+                     "Inductor cache)")
             t0 = time.perf_counter()
             two = self.max_num_seqs > 1
             # general form first (several tokens, several output rows), then one output row, then one token
@@ -464,6 +469,7 @@ class HFModelRunner:
             if n >= self.max_model_len:
                 break
             n *= 2
+        announce(f"hf engine: capturing {len(rows) * len(lengths)} decode CUDA graphs")
         t0 = time.perf_counter()
         with torch.inference_mode():
             for length in lengths:
