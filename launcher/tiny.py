@@ -53,10 +53,14 @@ class TinySettings:
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
+def cache_root() -> Path:
+    """`$LLMLAUNCH_CACHE`, else `~/.cache/llmlaunch`: made models, compiled kernels."""
+    return Path(os.environ.get("LLMLAUNCH_CACHE") or os.path.join("~", ".cache", "llmlaunch")).expanduser()
+
+
 def default_cache_dir() -> Path:
     """`$LLMLAUNCH_CACHE/models`, else `~/.cache/llmlaunch/models`."""
-    base = os.environ.get("LLMLAUNCH_CACHE") or os.path.join("~", ".cache", "llmlaunch")
-    return Path(base).expanduser() / "models"
+    return cache_root() / "models"
 
 
 def ensure_tiny_model(cache_dir: str | os.PathLike | None = None, out: str | os.PathLike | None = None,

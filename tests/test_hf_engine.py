@@ -166,7 +166,7 @@ def test_grouped_prefill_equals_one_at_a_time(tiny_model_dir, attn):
 def test_compiled_model_equals_generate_and_compiles_only_at_start(tiny_model_dir, reference):
     """torch_compile=True (on by default on one GPU), here on the CPU: prompts prefilled in chunks of 7 while
     others decode, one at a time and together, give generate's greedy tokens; every compiled form is made
-    when the engine starts (warm_up), none while it serves."""
+    when the engine starts (warm_up), none while it serves, and kept in the llmlaunch cache."""
     from torch._dynamo.utils import counters
 
     eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_prefill_tokens=7, torch_compile=True).start()
@@ -175,6 +175,13 @@ def test_compiled_model_equals_generate_and_compiles_only_at_start(tiny_model_di
         from launcher.engines.hf_engine import describe_features
 
         assert describe_features(eng.features).startswith("torch_compile on (")
+        # what Inductor compiled is kept in the llmlaunch cache (shared by a cluster's nodes), not in /tmp
+        import os
+
+        from launcher.tiny import cache_root
+
+        assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache_root() / "inductor")
+        assert any((cache_root() / "inductor").iterdir())
         graphs = counters["stats"]["unique_graphs"]
         assert graphs >= 3  # the general form, one output row, one token
         # alone: its first chunks are steps with no output row (the case where Inductor would drop the attention)

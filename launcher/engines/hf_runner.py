@@ -236,6 +236,28 @@ def _register_attention() -> None:
     AttentionInterface.register(ATTN_NAME, _attention)
 
 
+def use_llmlaunch_inductor_cache() -> None:
+    """Inductor keeps what it compiled in /tmp by default, which a cluster node forgets between jobs; under the
+    llmlaunch cache (in the home directory, which the nodes share) the next start of the same model and settings
+    loads it instead of compiling again.  A directory the user chose stays.  (Importing Inductor, which loading a
+    model does, writes its default into the environment; that one is replaced.)"""
+    import os
+
+    from launcher.tiny import cache_root
+
+    key, ours = "TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor")
+    current = os.environ.get(key)
+    if current is None:
+        os.environ[key] = ours
+        return
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # older torch
+        from torch._inductor.runtime.runtime_utils import default_cache_dir
+    if os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ[key] = ours
+
+
 def resolve_dtype(dtype: str, device_type: str, config):
     """auto: float32 on CPU, else the checkpoint's half type (bfloat16 when it says float32)."""
     import torch
@@ -279,6 +301,8 @@ class HFModelRunner:
         if device in (None, "", "auto"):
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
+        if torch_compile is not False:
+            use_llmlaunch_inductor_cache()
         config = AutoConfig.from_pretrained(model_path)
         self.dtype = resolve_dtype(dtype, self.device.type, config)
         announce(f"hf engine: loading {model_path} ({str(self.dtype).replace('torch.', '')}) on {self.device}")
