@@ -95,21 +95,26 @@ def engine_steps(model_dir: str, tokens: int, prompt_len: int, dtype: str, cuda_
         engine.shutdown()
 
 
+def batch1_graph(runner):
+    """(the captured batch-1 decode graph, its step): slot 0 of the idle runner at position 199, run once."""
+    from launcher.engines.hf_runner import SamplingRows, StepInputs
+
+    step = StepInputs([0], [5], [199], [], [], SamplingRows())
+    runner.execute(step)
+    return runner._graphs[runner._bucket(1, 200)][0], step
+
+
 def step_parts(runner, n: int = 300) -> dict:
     """Where a batch-1 graph step's time goes, on the idle engine's runner: the graph replay alone (GPU time
     of the step's kernels, back to back), `runner.execute` (+ inputs, sampling, the host sync), and what the
     engine loop adds on top of that (scheduler, detokenizer, callbacks) is the rest of engine steps/s."""
     import torch
 
-    from launcher.engines.hf_runner import SamplingRows, StepInputs
-
-    g = runner._graphs[runner._bucket(1, 200)]
-    step = StepInputs([0], [5], [199], [], [], SamplingRows())  # slot 0 of the idle engine, position 199
-    runner.execute(step)
+    graph, step = batch1_graph(runner)
     torch.cuda.synchronize()
     t0 = time.perf_counter()
     for _ in range(n):
-        g[0].replay()
+        graph.replay()
     torch.cuda.synchronize()
     replay = n / (time.perf_counter() - t0)
     t0 = time.perf_counter()

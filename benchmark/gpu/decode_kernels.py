@@ -17,8 +17,11 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for _p in (ROOT, Path(__file__).resolve().parent):  # launcher; decode_bandwidth beside this file
+    if str(_p) not in sys.path:
+        sys.path.insert(0, str(_p))
+
+from decode_bandwidth import batch1_graph  # noqa: E402
 
 
 def profile_step(model: str, torch_compile: bool, replays: int) -> tuple[float, float, list]:
@@ -26,12 +29,11 @@ def profile_step(model: str, torch_compile: bool, replays: int) -> tuple[float, 
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from launcher.engines.hf_runner import HFModelRunner, SamplingRows, StepInputs
+    from launcher.engines.hf_runner import HFModelRunner
 
     runner = HFModelRunner(model, device="cuda", dtype="bfloat16", max_num_seqs=8, torch_compile=torch_compile)
     runner.warm_up()
-    runner.execute(StepInputs([0], [5], [199], [], [], SamplingRows()))
-    graph = runner._graphs[runner._bucket(1, 200)][0]
+    graph, _ = batch1_graph(runner)
     for _ in range(10):
         graph.replay()
     torch.cuda.synchronize()

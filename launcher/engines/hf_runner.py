@@ -166,8 +166,12 @@ _OP_SCHEMA = "(Tensor query, Tensor key, Tensor value, int layer_idx, float scal
 _op_registered = False
 
 
-def _register_attention_op() -> None:
+def _register_attention() -> None:
+    """Our attention in transformers' AttentionInterface, and as the custom op it calls under torch.compile."""
     global _op_registered
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTN_NAME, _attention)
     if _op_registered:
         return
     import torch
@@ -230,12 +234,6 @@ def _slot_attention(layer_idx, query, key, value, scaling):
     return out.unsqueeze(0)
 
 
-def _register_attention() -> None:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTN_NAME, _attention)
-
-
 def use_llmlaunch_inductor_cache() -> None:
     """Inductor keeps what it compiled in /tmp by default, which a cluster node forgets between jobs; under the
     llmlaunch cache (in the home directory, which the nodes share) the next start of the same model and settings
@@ -294,7 +292,6 @@ class HFModelRunner:
         from launcher.engines.hf_sampling import Sampler
 
         _register_attention()
-        _register_attention_op()
         if attn_implementation not in ("sdpa", "eager"):
             raise ValueError(f"attn_implementation {attn_implementation!r} is not one of sdpa, eager")
         self.eager = attn_implementation == "eager"

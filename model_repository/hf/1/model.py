@@ -144,6 +144,15 @@ class TritonPythonModel:
             except ValueError:
                 raise pb_utils.TritonModelException(f"parameter {name}={p[name]!r} is not an integer") from None
 
+        def flag(name, default, auto=False):
+            """true | false (also 1/0, yes/no); None for "" (and "auto" where auto=True): the engine decides."""
+            value = p.get(name, default).lower()
+            unset = ("", "auto") if auto else ("",)
+            if value not in unset + ("true", "false", "1", "0", "yes", "no"):
+                raise pb_utils.TritonModelException(
+                    f"parameter {name}={value!r} is not {'auto, true or false' if auto else 'true or false'}")
+            return None if value in unset else value in ("true", "1", "yes")
+
         self.tp = max(1, integer("tp_size", 1))
         self.tp_rank = int(os.environ.get("LLMLAUNCH_GROUP_RANK", "0") or 0) if self.tp > 1 else 0
         self.params = {
@@ -157,26 +166,17 @@ class TritonPythonModel:
             "attn_implementation": p.get("attn_implementation", "sdpa"),
             "threads": integer("torch_threads", 0) or None,
         }
-        graphs = p.get("cuda_graphs", "").lower()  # "" = the engine's default (on for one GPU)
-        if graphs not in ("", "true", "false", "1", "0", "yes", "no"):
-            raise pb_utils.TritonModelException(f"parameter cuda_graphs={graphs!r} is not true or false")
-        if graphs:
-            self.params["cuda_graphs"] = graphs in ("true", "1", "yes")
-        compiled = p.get("torch_compile", "auto").lower()  # "" / auto = the engine's default (on for one GPU)
-        if compiled not in ("", "auto", "true", "false", "1", "0", "yes", "no"):
-            raise pb_utils.TritonModelException(f"parameter torch_compile={compiled!r} is not auto, true or false")
-        if compiled not in ("", "auto"):
-            self.params["torch_compile"] = compiled in ("true", "1", "yes")
+        for name, auto in (("cuda_graphs", False), ("torch_compile", True)):  # unset: the engine's default (one GPU: on)
+            value = flag(name, "", auto)
+            if value is not None:
+                self.params[name] = value
         self.cancel_check_s = integer("cancel_check_ms", 50) / 1000.0
         self.stream_interval_s = integer("stream_interval_ms", 0) / 1000.0
         self.response_threads = integer("response_threads", 0)
         if self.response_threads < 0:
             raise pb_utils.TritonModelException(
                 f"parameter response_threads={self.response_threads} is negative: use 0 (1 on CPU, 4 on a GPU) or a positive number")
-        flag = p.get("engine_process", "true").lower()
-        if flag not in ("true", "false", "1", "0", "yes", "no"):
-            raise pb_utils.TritonModelException(f"parameter engine_process={flag!r} is not true or false")
-        self.engine_process = flag in ("true", "1", "yes")
+        self.engine_process = flag("engine_process", "true") is not False  # "" = the default, true
         if self.tp > 1:
             if not self.engine_process:
                 raise pb_utils.TritonModelException("tp_size > 1 needs engine_process=true")
