@@ -17,8 +17,10 @@ first send to last completion.  The paths:
   process  the same driver on `EngineProcess`: the engine in a child process,
            as the served path runs it (same engine parameters, output_interval
            = --stream-interval-ms), outputs coming back over a socketpair.
-  served   tritonserver's gRPC endpoint with launcher.client.TritonStream, one
-           response per new piece of text.
+  served   tritonserver's gRPC endpoint through the benchmark's load generator
+           (launcher.bench.runner), one response per new piece of text;
+           --client-processes / --client-streams spread the requests over
+           several client processes and gRPC streams.
 
 `process` exists to split the serving cost: process / direct is what running
 the engine in a child process costs, served / process what the python stub,
@@ -170,7 +172,8 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int) ->
     tag = f"{time.monotonic_ns()}"
     # the in-process Engine's step statistics (EngineProcess keeps them in its child)
     stats = getattr(engine, "stats", None)
-    steps0, busy0 = (stats.steps, stats.busy_s) if stats else (0, 0.0)
+    counted = ("steps", "busy_s", "decode_tokens", "prefill_tokens", "ahead_steps")
+    before = {k: getattr(stats, k, 0) for k in counted}
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     sent = 0
@@ -188,10 +191,16 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int) ->
     wall = time.perf_counter() - t0
     result = {"tokens": tokens[0], "wall_s": wall, "tokens_per_s": tokens[0] / wall, "errors": len(errors),
               "cpu_s": time.process_time() - cpu0, **latency_stats(per_request)}
-    if stats and stats.steps > steps0:
+    if stats and stats.steps > before["steps"]:
+        d = {k: getattr(stats, k, 0) - before[k] for k in counted}
         # the model call of a step (forward + sampling), without scheduling and output handling; a step's
         # statistics are counted before its outputs go out, so the last step is in
-        result["step_ms"] = 1000 * (stats.busy_s - busy0) / (stats.steps - steps0)
+        result["step_ms"] = 1000 * d["busy_s"] / d["steps"]
+        # how the engine ran this load: decode rows per step, prompt tokens per step, share of steps launched
+        # before the tokens of the step before were known (overlap)
+        result["engine_steps"] = {"steps": d["steps"], "decode_rows": round(d["decode_tokens"] / d["steps"], 2),
+                                  "prefill_tokens": round(d["prefill_tokens"] / d["steps"], 1),
+                                  "ahead": round(d["ahead_steps"] / d["steps"], 3)}
     return result
 
 
@@ -219,48 +228,55 @@ def random_prompt_ids(n: int, length: int, vocab: int, seed: int = 0) -> list[li
 
 # ----------------------------------------------------------------------------------------- served
 def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int,
-               server_pid: int | None = None, metrics_url: str = "") -> dict:
-    from launcher.client import Generation, TritonStream, build_request
+               server_pid: int | None = None, metrics_url: str = "", processes: int = 1, streams: int = 1) -> dict:
+    """The closed loop through tritonserver with the benchmark's load generator (launcher.bench.runner):
+    `processes` client processes, each spreading its requests over `streams` gRPC streams, so that at high
+    concurrency the client is not what is measured (one process and one stream carry every response)."""
+    import resource
+
+    from launcher.bench.runner import Job, LoadSpec, run_load
+    from launcher.client import Generation
     from launcher.serving.timings import fetch_first_token_metrics, first_token_split
 
-    done_q: queue.SimpleQueue = queue.SimpleQueue()
-    requests = [build_request(model, Generation(prompt=p, max_tokens=max_tokens, stream=True, ignore_eos=True),
-                              f"r{i}") for i, p in enumerate(prompts)]
+    gens = [Generation(prompt=p, max_tokens=max_tokens, stream=True, ignore_eos=True) for p in prompts]
+    processes = max(1, min(processes, concurrency))
+    spec = LoadSpec(concurrency=concurrency, num_requests=len(gens), processes=processes, streams=streams)
     server_cpu0 = process_tree_cpu(server_pid) if server_pid else 0.0
     before = fetch_first_token_metrics(metrics_url, model) if metrics_url else None
-    cpu0 = time.process_time()
-    with TritonStream(url, on_done=done_q.put) as stream:
-        t0 = time.perf_counter()
-        sent = 0
-        for _ in range(min(concurrency, len(requests))):
-            stream.submit(requests[sent])
-            sent += 1
-        tokens, errors, responses = 0, [], 0
-        per_request: list[tuple[float, list[float], int]] = []
-        for _ in range(len(requests)):
-            rec = done_q.get()
-            if sent < len(requests):
-                stream.submit(requests[sent])
-                sent += 1
-            tokens += rec.output_tokens or 0
-            responses += len(rec.times)
-            if rec.error:
-                errors.append(rec.error)
-            elif rec.times:
-                # the final response may carry no text: time the tokens by the responses that carry them
-                times = rec.token_times or rec.times
-                per_request.append((times[0] - rec.sent, times, rec.output_tokens or 0))
-        wall = time.perf_counter() - t0
-    client_cpu = time.process_time() - cpu0
+
+    def client_cpu() -> float:  # this process and its waited-for children (the client processes)
+        kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return time.process_time() + kids.ru_utime + kids.ru_stime
+
+    cpu0 = client_cpu()
+    t_start = time.perf_counter()
+    out = run_load(Job(url, model, gens, spec))
+    t_end = time.perf_counter()
+    client_cpu_s = client_cpu() - cpu0
     server_cpu = process_tree_cpu(server_pid) - server_cpu0 if server_pid else None
+    tokens, errors, responses = 0, [], 0
+    per_request: list[tuple[float, list[float], int]] = []
+    last = out.t0
+    for _, rec in out.records:
+        tokens += rec.output_tokens or 0
+        responses += len(rec.times)
+        if rec.error:
+            errors.append(rec.error)
+        elif rec.times:
+            # the final response may carry no text: time the tokens by the responses that carry them
+            times = rec.token_times or rec.times
+            per_request.append((times[0] - rec.sent, times, rec.output_tokens or 0))
+            last = max(last, rec.times[-1])
+    # first send to last completion (with several processes, their shared start instant), as the direct path
+    wall = (last - out.t0) if per_request else (t_end - t_start)
     if errors:
         log(f"served errors: {errors[:3]}")
     stats = latency_stats(per_request)
     first_token = None
     if before is not None:  # the model's split of this run's first tokens (it pushes its sums once a second)
-        first_token = first_token_split(metrics_url, model, before, len(requests), stats["ttft_ms_mean"])
+        first_token = first_token_split(metrics_url, model, before, len(gens), stats["ttft_ms_mean"])
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "errors": len(errors),
-            "responses_per_request": responses / max(1, len(requests)), "client_cpu_s": client_cpu,
+            "responses_per_request": responses / max(1, len(gens)), "client_cpu_s": client_cpu_s,
             "server_cpu_s": server_cpu, "first_token_ms": first_token, **stats}
 
 
@@ -302,8 +318,8 @@ def compare(run: dict, tokenizer, c: int, args, generate: dict) -> dict:
     """One concurrency: every path of `run` (name -> run(prompts, concurrency, max_tokens)) once per round."""
     n = c * args.requests_per_stream
     prompts = make_prompts(tokenizer, n, args.prompt_tokens, seed=c)
-    for fn in run.values():  # warm-up (allocator, first-call costs)
-        fn(prompts[:c], c, 8)
+    for fn in run.values():  # warm-up: one wave of C requests at full length (allocator, first-call costs)
+        fn(prompts[:c], c, args.warmup_tokens or args.max_tokens)
     runs = {path: [] for path in run}
     for r in range(args.rounds):
         for path, fn in run.items():
@@ -311,7 +327,7 @@ def compare(run: dict, tokenizer, c: int, args, generate: dict) -> dict:
         last = {path: rs[-1] for path, rs in runs.items()}
         d = last["direct"]
         msg = ", ".join(f"{path} {x['tokens_per_s']:.0f} tok/s" for path, x in last.items())
-        msg += f"; in-process step {d['step_ms']:.3f} ms" if "step_ms" in d else ""
+        msg += f"; in-process step {d['step_ms']:.3f} ms {d.get('engine_steps')}" if "step_ms" in d else ""
         msg += f"; CPU us/token: in-process {d['cpu_s'] / d['tokens'] * 1e6:.0f}"
         if "served" in last:
             s = last["served"]
@@ -395,6 +411,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--requests-per-stream", type=int, default=4, help="requests per concurrent stream per round")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup-tokens", type=int, default=0,
+                    help="tokens per request of the warm-up wave before each concurrency's rounds (default: "
+                         "--max-tokens, so the rounds meet no sequence length, graph or kernel for the first time)")
     ap.add_argument("--paths", nargs="+", default=["direct", "served"], choices=PATHS,
                     help="paths to compare, run back to back in the order direct, process, served in each round "
                          "(direct always runs: the ratios are to it)")
@@ -421,6 +440,10 @@ def main(argv=None) -> int:
                     help="torch intra-op threads of the engine, every path (0 = torch's default). Default: 1 on "
                          "CPU (the tiny model runs as fast on one thread as on two, and the other core serves), "
                          "else 0")
+    ap.add_argument("--client-processes", type=int, default=1,
+                    help="served path: client processes sharing the streams (launcher.bench.runner --processes)")
+    ap.add_argument("--client-streams", type=int, default=1,
+                    help="served path: gRPC streams per client process (each carries its share of the requests)")
     ap.add_argument("--vs-generate", action="store_true", help="also compare the engine with static-batch generate")
     ap.add_argument("--no-served", action="store_true", help="skip the comparison of --paths (--vs-generate only)")
     args = ap.parse_args(argv)
@@ -486,7 +509,8 @@ def main(argv=None) -> int:
             run["process"] = lambda prompts, c, tokens: run_direct(process, prompts, c, tokens)
         if "served" in paths:
             run["served"] = lambda prompts, c, tokens: run_served(server.grpc_url, server.model, prompts, c, tokens,
-                                                                   server.proc.pid, server.metrics_url)
+                                                                   server.proc.pid, server.metrics_url,
+                                                                   args.client_processes, args.client_streams)
         generate = {g["concurrency"]: g for g in results.get("vs_generate", [])}
         for c in args.concurrency:
             results["runs"].append(compare(run, engine.tokenizer, c, args, generate))

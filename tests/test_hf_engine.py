@@ -260,6 +260,74 @@ def test_overlapped_steps_give_the_same_outputs(tiny_model_dir):
             eng.shutdown()
 
 
+def test_overlap_with_arrivals_waiting_requests_and_prompt_chunks(tiny_model_dir, reference):
+    """Overlap under a closed loop: each finished request sends the next one from its callback (on the engine
+    thread, so it arrives while a step runs), one request more than the slots waits for a slot from the start,
+    and prompts are longer than a step's prompt budget (prefilled in chunks).  Greedy outputs equal `generate`
+    and the engine stepping one at a time."""
+    requests = [(PROMPTS[i % len(PROMPTS)], 4 + (3 * i) % 11) for i in range(12)]
+    results = {}
+    engines = {flag: Engine(str(tiny_model_dir), device="cpu", max_num_seqs=3, max_prefill_tokens=6,
+                            overlap=flag).start() for flag in (False, True)}
+    try:
+        for flag, eng in engines.items():
+            outs = {i: [] for i in range(len(requests))}
+            done = threading.Event()
+            sent = [0]
+
+            def send():
+                i = sent[0]
+                sent[0] += 1
+                eng.add_request(f"r{i}", requests[i][0], SamplingParams(max_tokens=requests[i][1]),
+                                lambda o, i=i: on_output(i, o))
+
+            def on_output(i, o):
+                outs[i].append(o)
+                if o.finished:
+                    if sent[0] < len(requests):
+                        send()
+                    if all(v and v[-1].finished for v in outs.values()):
+                        done.set()
+
+            for _ in range(4):
+                send()
+            assert done.wait(120)
+            results[flag] = [joined(outs[i]) for i in range(len(requests))]
+        assert results[True] == results[False]
+        for (prompt, n), (text, ids) in zip(requests, results[True]):
+            assert (ids, text) == reference(prompt, n), (prompt, n)
+        assert engines[True].stats.ahead_steps > 0
+    finally:
+        for eng in engines.values():
+            eng.shutdown()
+
+
+def test_a_row_ending_by_length_leaves_the_overlapped_steps_without_stopping_them(tiny_model_dir, reference):
+    """Two requests, one of 3 tokens and one of 12: every decode step is queued ahead, with its tokens from the
+    step before, including past the short one's end (it is left out of the step after its last token, which
+    does not wait for the host), and both outputs equal `generate`."""
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=4, overlap=True).start()
+    launches = []  # (prompt tokens in the step?, launched ahead?)
+    launch = eng.runner.launch
+
+    def recording_launch(step, prev=None, prev_rows=None):
+        launches.append((bool(step.prefill), prev is not None))
+        return launch(step, prev=prev, prev_rows=prev_rows)
+
+    eng.runner.launch = recording_launch
+    try:
+        runs = [collect(eng, PROMPTS[i], SamplingParams(max_tokens=n, ignore_eos=True))
+                for i, n in ((0, 3), (1, 12))]
+        for done, _ in runs:
+            assert done.wait(60)
+        decode_steps = [ahead for prefill, ahead in launches if not prefill]
+        assert len(decode_steps) >= 10 and all(decode_steps), launches
+        for (prompt, n), (_, outs) in zip(((PROMPTS[0], 3), (PROMPTS[1], 12)), runs):
+            assert joined(outs)[1] == reference(prompt, n)[0]
+    finally:
+        eng.shutdown()
+
+
 def test_eager_attention_equals_generate(tiny_model_dir, reference):
     eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=4, attn_implementation="eager",
                  max_prefill_tokens=5).start()
