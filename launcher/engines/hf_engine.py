@@ -230,7 +230,7 @@ class Engine:
         if overlap is None:
             overlap = os.environ.get("LLMLAUNCH_HF_OVERLAP", "1") != "0"
         self._overlap = bool(overlap) and self._tp is None
-        # (step, rows, chunk seqs, handle): a step launched before the tokens of the one before were known
+        # (step, rows, handle): a step launched before the tokens of the one before were known
         self._ahead = None
         self._free = list(range(self.max_num_seqs))
         heapq.heapify(self._free)
@@ -369,14 +369,13 @@ class Engine:
     def _step(self) -> None:
         ahead, self._ahead = self._ahead, None
         if ahead is not None:  # launched during the last step: only its tokens are left to take
-            step, rows, chunk_seqs, handle = ahead
+            (step, rows, handle), chunk_seqs = ahead, []
         else:
             scheduled = self._schedule()
             if scheduled is None:
                 return
             step, rows, chunk_seqs, _ = scheduled
             handle = None
-        nxt = None
         t0 = time.perf_counter()
         try:
             if self._tp is not None:
@@ -388,18 +387,16 @@ class Engine:
                     handle = self.runner.launch(step)
                 nxt = self._schedule(ahead_of=rows)
                 if nxt is not None:
-                    nstep, nrows, nchunks, prev_rows = nxt
-                    prev = handle if prev_rows else None
-                    self._ahead = (nstep, nrows, nchunks, self.runner.launch(nstep, prev=prev, prev_rows=prev_rows))
+                    nstep, nrows, _, prev_rows = nxt
+                    self._ahead = (nstep, nrows, self.runner.launch(nstep, prev=handle, prev_rows=prev_rows))
                     self.stats.ahead_steps += 1
                 tokens = self.runner.wait(handle)
         except Exception as exc:  # a failed step fails the requests in it, not the engine
             if self._tp is not None:
                 raise  # with tp > 1 the ranks may be out of step: fatal (the loop fails every request)
             log.exception("hf engine step failed")
-            self._ahead = None
-            failed = rows + chunk_seqs + (nxt[1] + nxt[2] if nxt is not None else [])  # the next step's too
-            for seq in failed:
+            self._ahead = None  # it decodes some of this step's rows, and no prompt
+            for seq in rows + chunk_seqs:
                 if seq.slot >= 0:
                     self._finish(seq, "error", "", [], error=f"generation failed: {exc!r}")
             return
@@ -440,12 +437,6 @@ class Engine:
             ids = {id(s) for s in ahead_of}
             if any(id(s) not in ids for s in self._prefilling):  # a prompt the chunk budget left out
                 return None
-        # admit waiting requests into free slots (lowest slot first keeps the decode batch rows compact)
-        while self._waiting and self._free:
-            seq = self._waiting.popleft()
-            seq.slot = heapq.heappop(self._free)
-            self._prefilling.append(seq)
-
         rows = list(decoding)
         decode_slots = [s.slot for s in decoding]
         decode_tokens = [s.out_ids[-1] if ahead_of is None else 0 for s in decoding]  # ahead: on the device
@@ -457,27 +448,31 @@ class Engine:
         prefill_tokens: list[int] = []
         penalty_resets = []
         chunk_seqs = []  # sequences whose chunk here does not end their prompt
-        budget = self.max_prefill_tokens
-        for seq in self._prefilling:
-            if budget <= 0:
-                break
-            start = seq.num_computed
-            if start >= len(seq.prompt_ids):  # its last chunk is in the running step: it decodes here
-                continue
-            length = min(len(seq.prompt_ids) - start, budget)
-            budget -= length
-            last = start + length == len(seq.prompt_ids)
-            chunks.append(PrefillChunk(seq.slot, start, length, last))
-            prefill_tokens.extend(seq.prompt_ids[start:start + length])
-            seq.num_computed = start + length
-            if not seq.prefill_started:
-                seq.prefill_started = True
-                if seq.penalties:
-                    penalty_resets.append((seq.slot, seq.prompt_ids))
-            if last:
-                rows.append(seq)
-            else:
-                chunk_seqs.append(seq)
+        if ahead_of is None:  # a step queued ahead carries no prompt (see above)
+            # admit waiting requests into free slots (lowest slot first keeps the decode batch rows compact)
+            while self._waiting and self._free:
+                seq = self._waiting.popleft()
+                seq.slot = heapq.heappop(self._free)
+                self._prefilling.append(seq)
+            budget = self.max_prefill_tokens
+            for seq in self._prefilling:
+                if budget <= 0:
+                    break
+                start = seq.num_computed
+                length = min(len(seq.prompt_ids) - start, budget)
+                budget -= length
+                last = start + length == len(seq.prompt_ids)
+                chunks.append(PrefillChunk(seq.slot, start, length, last))
+                prefill_tokens.extend(seq.prompt_ids[start:start + length])
+                seq.num_computed = start + length
+                if not seq.prefill_started:
+                    seq.prefill_started = True
+                    if seq.penalties:
+                        penalty_resets.append((seq.slot, seq.prompt_ids))
+                if last:
+                    rows.append(seq)
+                else:
+                    chunk_seqs.append(seq)
         if not rows and not chunks:
             return None
         step = StepInputs(decode_slots, decode_tokens, decode_positions, chunks, prefill_tokens,
