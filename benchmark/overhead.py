@@ -43,6 +43,13 @@ each run) give the mean time a streamed request spent inside the model — `add`
 in-process TTFT's counterpart), `respond` (back and sent) — and the client's mean
 TTFT minus those is tritonserver, gRPC and the client (`served_first_token_ms`).
 
+Every path also says how its engine spent a step (`<path>_engine_steps`, from
+EngineStats; the served engine's from its llmlaunch_engine_* metrics): wall time =
+launch + wait (for the tokens) + host work, and on a GPU each step's span on the
+stream and the GPU's idle time before it (the host late).  Same code, same load,
+so a path whose GPU time per step differs runs other kernels: the CUDA libraries
+each path's engine has mapped are listed at the end (`cuda_libraries`).
+
 Prints one JSON document on stdout: per concurrency, tokens/s, TTFT and ITL of
 every path, the ratios (`ratio` = served / in-process, the target is >= 0.97 on
 CPU; `process_ratio` = process / in-process), and CPU time per token of the
@@ -82,6 +89,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from launcher.serving.timings import engine_step_split, format_engine_split  # noqa: E402  (after ROOT)
+
 PATHS = ("direct", "process", "served")  # the order the paths run in within a round
 # key prefix of each path's ratios to direct: served keeps the unprefixed names of the two-path version
 RATIO_PREFIX = {"process": "process_", "served": ""}
@@ -89,6 +98,53 @@ RATIO_PREFIX = {"process": "process_", "served": ""}
 
 def log(msg: str) -> None:
     print(f"[overhead] {msg}", file=sys.stderr, flush=True)
+
+
+CUDA_LIBS = ("cublas", "cublasLt", "cudnn", "cudart", "nccl", "nvrtc", "nvJitLink", "cuda", "cusparseLt", "cufft")
+
+
+def cuda_libraries(pid: int) -> list[str]:
+    """The CUDA libraries a process has mapped (paths), to compare the paths' engines: a library path can make an
+    engine load another copy of cuBLAS or cuDNN, whose kernels then differ."""
+    found = set()
+    try:
+        with open(f"/proc/{pid}/maps") as f:
+            for line in f:
+                path = line.split(None, 5)[-1].strip() if line.count(" ") >= 5 else ""
+                name = os.path.basename(path)
+                if name.startswith("lib") and ".so" in name and name[3:].split(".so")[0].split("-")[0].split(
+                        "_")[0] in CUDA_LIBS:
+                    found.add(path)
+    except OSError:
+        return []
+    return sorted(found)
+
+
+def engine_pids(server_pid: int) -> list[int]:
+    """The hf engine processes under a tritonserver (python -m launcher.engines.hf_process)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmd = f.read().split(b"\0")
+            except OSError:
+                continue
+            if b"launcher.engines.hf_process" in cmd and server_pid in _ancestors(int(entry)):
+                pids.append(int(entry))
+    return pids
+
+
+def _ancestors(pid: int) -> list[int]:
+    out = []
+    while pid > 1:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        out.append(pid)
+    return out
 
 
 def process_tree_cpu(pid: int) -> float:
@@ -170,10 +226,8 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int) ->
         engine.add_request(f"{tag}-{i}", prompts[i], params, on_output)
 
     tag = f"{time.monotonic_ns()}"
-    # the in-process Engine's step statistics (EngineProcess keeps them in its child)
-    stats = getattr(engine, "stats", None)
-    counted = ("steps", "busy_s", "decode_tokens", "prefill_tokens", "ahead_steps")
-    before = {k: getattr(stats, k, 0) for k in counted}
+    # the engine's step statistics (an EngineProcess's as its child last sent them)
+    before = settled_stats(engine)
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     sent = 0
@@ -191,17 +245,29 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int) ->
     wall = time.perf_counter() - t0
     result = {"tokens": tokens[0], "wall_s": wall, "tokens_per_s": tokens[0] / wall, "errors": len(errors),
               "cpu_s": time.process_time() - cpu0, **latency_stats(per_request)}
-    if stats and stats.steps > before["steps"]:
-        d = {k: getattr(stats, k, 0) - before[k] for k in counted}
-        # the model call of a step (forward + sampling), without scheduling and output handling; a step's
-        # statistics are counted before its outputs go out, so the last step is in
-        result["step_ms"] = 1000 * d["busy_s"] / d["steps"]
-        # how the engine ran this load: decode rows per step, prompt tokens per step, share of steps launched
-        # before the tokens of the step before were known (overlap)
-        result["engine_steps"] = {"steps": d["steps"], "decode_rows": round(d["decode_tokens"] / d["steps"], 2),
-                                  "prefill_tokens": round(d["prefill_tokens"] / d["steps"], 1),
-                                  "ahead": round(d["ahead_steps"] / d["steps"], 3)}
+    after = settled_stats(engine)
+    if after.get("steps", 0) > before.get("steps", 0):
+        # the model call of a step (forward + sampling; with overlap, launch to tokens on the host), without
+        # scheduling and output handling
+        result["step_ms"] = 1000 * (after["busy_s"] - before.get("busy_s", 0)) / (after["steps"] - before.get("steps", 0))
+        # how the engine ran this load (timings.engine_step_split): the loop's time per step as launch + wait +
+        # host work, GPU busy and idle per step, decode rows and prompt tokens per step, share queued ahead
+        result["engine_steps"] = engine_step_split(before, after)
     return result
+
+
+def settled_stats(engine, quiet_s: float = 0.1, wait_s: float = 3.0) -> dict:
+    """The engine's EngineStats dict once unchanged for quiet_s: the last step's totals are counted after its
+    outputs went out, and an engine process sends them when it goes idle."""
+    deadline = time.monotonic() + wait_s
+    last = engine.stats_dict()
+    while time.monotonic() < deadline:
+        time.sleep(quiet_s)
+        now = engine.stats_dict()
+        if now == last:
+            break
+        last = now
+    return last
 
 
 def run_generate(model, prompt_ids: list[list[int]], max_tokens: int) -> dict:
@@ -236,13 +302,15 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
 
     from launcher.bench.runner import Job, LoadSpec, run_load
     from launcher.client import Generation
-    from launcher.serving.timings import fetch_first_token_metrics, first_token_split
+    from launcher.serving.timings import engine_split_after, fetch_first_token_metrics, first_token_split, \
+        settled_engine_metrics
 
     gens = [Generation(prompt=p, max_tokens=max_tokens, stream=True, ignore_eos=True) for p in prompts]
     processes = max(1, min(processes, concurrency))
     spec = LoadSpec(concurrency=concurrency, num_requests=len(gens), processes=processes, streams=streams)
     server_cpu0 = process_tree_cpu(server_pid) if server_pid else 0.0
     before = fetch_first_token_metrics(metrics_url, model) if metrics_url else None
+    engine_before = settled_engine_metrics(metrics_url, model) if metrics_url else None
 
     def client_cpu() -> float:  # this process and its waited-for children (the client processes)
         kids = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -275,9 +343,10 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
     first_token = None
     if before is not None:  # the model's split of this run's first tokens (it pushes its sums once a second)
         first_token = first_token_split(metrics_url, model, before, len(gens), stats["ttft_ms_mean"])
+    steps = engine_split_after(metrics_url, model, engine_before) if engine_before is not None else None
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "errors": len(errors),
             "responses_per_request": responses / max(1, len(gens)), "client_cpu_s": client_cpu_s,
-            "server_cpu_s": server_cpu, "first_token_ms": first_token, **stats}
+            "server_cpu_s": server_cpu, "first_token_ms": first_token, "engine_steps": steps, **stats}
 
 
 def vs_generate(model_dir: str, params: dict, args) -> list[dict]:
@@ -382,6 +451,14 @@ def compare(run: dict, tokenizer, c: int, args, generate: dict) -> dict:
         log(f"C={c}: served TTFT mean {row['served_ttft_ms_mean']} ms = add {ft['add']} + engine {ft['engine']} + "
             f"respond {ft['respond']} (inside the model) + {ft['outside_server']} (tritonserver, gRPC, client); "
             f"in-process TTFT mean {row['direct_ttft_ms_mean']} ms")
+    for path, rs in runs.items():
+        # how each path's engine spent a step (medians over rounds): is the served engine host-late where the
+        # in-process one is not?
+        splits = [x["engine_steps"] for x in rs if x.get("engine_steps")]
+        if splits:
+            keys = [k for k in splits[0] if all(k in x for x in splits)]
+            row[f"{path}_engine_steps"] = es = {k: round(statistics.median(x[k] for x in splits), 4) for k in keys}
+            log(f"C={c}: {path} engine: {format_engine_split(es)}")
     if "served" in run and c in generate:
         # the GPU target: streamed through the serving path vs static-batch generate, batch = C
         row["served_vs_generate"] = round(row["served_tokens_per_s"] / generate[c]["generate_tokens_per_s"], 4)
@@ -514,6 +591,17 @@ def main(argv=None) -> int:
         generate = {g["concurrency"]: g for g in results.get("vs_generate", [])}
         for c in args.concurrency:
             results["runs"].append(compare(run, engine.tokenizer, c, args, generate))
+        # which CUDA libraries each path's engine runs on (after the runs: cuBLAS and friends load lazily)
+        libs = {"direct": cuda_libraries(os.getpid())}
+        if "process" in run:
+            libs["process"] = cuda_libraries(process.info.get("pid", 0))
+        if "served" in run:
+            pids = engine_pids(server.proc.pid)
+            log(f"served engine process: pid {' '.join(map(str, pids)) or '(not found)'}")
+            libs["served"] = [lib for pid in pids for lib in cuda_libraries(pid)]
+        results["cuda_libraries"] = libs
+        for path, found in libs.items():
+            log(f"{path} engine's CUDA libraries: {' '.join(found) or '(none found)'}")
     if not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps(results, indent=2))

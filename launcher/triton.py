@@ -144,10 +144,16 @@ def server_env(install: TritonInstall, extra: Optional[Dict[str, str]] = None) -
 # (checked: sys.path inside the stub), so the way to give it one is an interpreter: LLMLAUNCH_STUB_PYTHON.
 STUB_PYTHON_ENV = "LLMLAUNCH_STUB_PYTHON"
 # The library path the hf engine process runs with, when set; else it inherits the stub's (LD_LIBRARY_PATH with
-# the server's additions first).  On the H100 host the choice moves the served figures both ways, repeatably,
-# and we have not pinned down why (benchmark/RESULTS.md; the same libraries are mapped either way): the
-# launcher's own path gave 0.97-1.04 of in-process at concurrency 1 but 0.63-0.67 at 128; the inherited one
-# 0.92-0.94 and 1.03-1.11.  Inherited is the default; set this for a single-stream, latency-bound deployment.
+# the server's additions first).  The choice decides which cuDNN the engine runs (benchmark/RESULTS.md, seventh
+# session: the engine's step metrics and the CUDA libraries each engine maps).  The server's additions put the
+# directory of libpython first, and on the GPU host that directory (/usr/lib/x86_64-linux-gnu) also holds a system
+# cuDNN: an engine on the inherited path loads torch's libcudnn but the system's libcudnn_graph, a mix of two
+# versions whose decode attention takes 0.12-0.15 ms more GPU time a step (1.87 ms vs 1.72-1.75 at one stream on an
+# H100: served 0.93 of in-process), but which builds no per-shape execution plans.  On the launcher's own path the
+# engine loads torch's cuDNN whole: decode as fast as in-process (served 1.08 at one stream), but every new
+# attention shape of an eager step (prompt groups, mixed steps) builds a plan on the host first, which held the
+# served engine at 5.4 ms of launch a step at 128 streams (0.74 of in-process).  Inherited stays the default until
+# eager steps avoid those plans; set this for a single-stream, latency-bound deployment.
 ENGINE_LD_LIBRARY_PATH = "LLMLAUNCH_ENGINE_LD_LIBRARY_PATH"
 
 _NUMPY_VERSION = "import importlib.metadata as m; print(m.version('numpy'))"

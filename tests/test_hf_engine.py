@@ -588,6 +588,42 @@ def test_output_arrays_shapes():
     assert triton_io.output_arrays("x", 1, 1, None, batched=False)["finish_reason"].shape == (1,)
 
 
+def test_step_statistics_split_the_loop_time(engine):
+    """EngineStats time every step: launch + wait fit inside the loop's wall time, the split's host part is the
+    rest, each decode token and prompt token is counted; off the GPU nothing is timed on a GPU."""
+    from launcher.serving.timings import engine_step_split
+
+    before = engine.stats_dict()
+    n = 6
+    outs = [engine.generate(f"{PROMPTS[0]} {i}", SamplingParams(max_tokens=5, ignore_eos=True)) for i in range(n)]
+    assert all(o.output_tokens == 5 for o in outs)
+    deadline = time.monotonic() + 5  # a step's wall time is counted after its outputs went out
+    while engine.stats_dict()["wall_s"] == before["wall_s"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    after = engine.stats_dict()
+    d = {k: after[k] - before[k] for k in after}
+    assert d["steps"] >= 5 and d["decode_tokens"] == 4 * n  # the first token of each comes from its prefill
+    assert d["prefill_tokens"] == sum(len(engine.tokenizer(f"{PROMPTS[0]} {i}").input_ids) for i in range(n))
+    assert 0 < d["launch_s"] + d["wait_s"] <= d["wall_s"]
+    assert d["gpu_steps"] == 0 and d["gpu_s"] == 0 and d["gpu_idle_s"] == 0
+    split = engine_step_split(before, after)
+    assert split["steps"] == d["steps"] and split["host_ms"] >= 0 and "gpu_ms" not in split
+    assert abs(split["launch_ms"] + split["wait_ms"] + split["host_ms"] - split["step_ms"]) < 1e-3
+    assert engine_step_split(after, after) is None
+
+
+def test_engine_step_split_of_gpu_totals():
+    from launcher.serving.timings import engine_step_split, format_engine_split
+
+    totals = {"steps": 4, "wall_s": 0.01, "launch_s": 0.002, "wait_s": 0.006, "gpu_s": 0.007, "gpu_idle_s": 0.0004,
+              "gpu_steps": 4, "decode_tokens": 4, "prefill_tokens": 8, "ahead_steps": 3}
+    split = engine_step_split({}, totals)
+    assert split == {"steps": 4, "step_ms": 2.5, "launch_ms": 0.5, "wait_ms": 1.5, "host_ms": 0.5, "decode_rows": 1.0,
+                     "prefill_tokens": 2.0, "ahead": 0.75, "gpu_ms": 1.75, "gpu_idle_ms": 0.1}
+    assert format_engine_split(split) == ("step 2.500 ms = launch 0.500 + wait 1.500 + host 0.500; GPU 1.750 busy + "
+                                          "0.100 idle; 1 decode rows, 2 prompt tokens a step, 75% queued ahead")
+
+
 def test_engine_process_matches_engine(tiny_model_dir, engine):
     from launcher.engines.hf_process import EngineProcess
 
@@ -609,6 +645,12 @@ def test_engine_process_matches_engine(tiny_model_dir, engine):
             time.sleep(0.01)
         ep.abort("p-abort")
         assert done.wait(10) and outs[-1].finish_reason == "cancelled"
+        # the engine's step statistics come back too: sent when the engine goes idle
+        deadline = time.monotonic() + 5
+        while ep.stats_dict().get("decode_tokens", 0) < 59 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        stats = ep.stats_dict()
+        assert stats["decode_tokens"] >= 59 and stats["wall_s"] >= stats["launch_s"] + stats["wait_s"] > 0, stats
     finally:
         ep.shutdown()
 

@@ -300,6 +300,50 @@ def test_first_token_times_are_exposed_as_metrics(server):
     assert means["inside_server"] < sum(ttft) / len(ttft), (means, ttft)
 
 
+def test_engine_steps_are_exposed_as_metrics(server):
+    """The engine's step totals reach the metrics port: every decode and prompt token of a run is counted,
+    and the split of a step (launch, wait, host) is consistent."""
+    from launcher.serving.timings import engine_split_after, engine_step_split, fetch_engine_metrics, \
+        settled_engine_metrics
+
+    url = server.metrics_url
+    before = settled_engine_metrics(url, MODEL, wait_s=10)  # earlier tests' last steps in
+    s = Stream(server.grpc_url)
+    try:
+        for i in range(3):
+            _, err = s.run(Generation(f"{PROMPT} {i}", max_tokens=7, stream=True, ignore_eos=True))
+            assert err is None
+    finally:
+        s.close()
+    split = engine_split_after(url, MODEL, before, wait_s=10)
+    after = fetch_engine_metrics(url, MODEL)
+    assert after["decode_tokens"] - before["decode_tokens"] == 3 * 6, (before, after)
+    assert after["prefill_tokens"] - before["prefill_tokens"] >= 3
+    assert split == engine_step_split(before, after) and split["steps"] >= 7, split
+    assert split["step_ms"] > 0 and split["host_ms"] >= 0 and split["launch_ms"] > 0, split
+    assert "gpu_ms" not in split  # CPU: no step is timed on a GPU
+    assert fetch_engine_metrics(url, "another-model") == {k: 0.0 for k in after}
+
+
+def test_read_engine_metrics_maps_counters_to_engine_fields():
+    from launcher.serving.timings import read_engine_metrics
+
+    text = """# TYPE llmlaunch_engine_seconds counter
+llmlaunch_engine_seconds{model="a",part="step"} 2.5
+llmlaunch_engine_seconds{model="a",part="launch"} 0.5
+llmlaunch_engine_seconds{model="a",part="gpu_idle"} 0.01
+llmlaunch_engine_seconds{model="b",part="step"} 7
+llmlaunch_engine_steps{model="a",kind="all"} 1000
+llmlaunch_engine_steps{model="a",kind="ahead"} 900
+llmlaunch_engine_tokens{model="a",kind="decode"} 64000
+llmlaunch_first_tokens{model="a"} 10
+"""
+    a = read_engine_metrics(text, "a")
+    assert a["wall_s"] == 2.5 and a["launch_s"] == 0.5 and a["gpu_idle_s"] == 0.01 and a["wait_s"] == 0
+    assert a["steps"] == 1000 and a["ahead_steps"] == 900 and a["decode_tokens"] == 64000
+    assert read_engine_metrics(text)["wall_s"] == 9.5
+
+
 def test_read_first_token_metrics_sums_one_model_and_skips_the_rest():
     from launcher.serving.timings import mean_first_token_ms, read_first_token_metrics
 
@@ -336,9 +380,14 @@ def test_bench_reports_where_the_ttft_goes(server, tmp_path, capsys):
     assert rc == 0
     printed = capsys.readouterr().out
     assert "engine: queue, prefill (ms):" in printed and "tritonserver, gRPC, client (ms):" in printed, printed
-    split = json.loads(out.read_text())["server_first_token_ms"]
+    doc = json.loads(out.read_text())
+    split = doc["server_first_token_ms"]
     assert split["requests"] == 7  # 6 measured + 1 warm-up
     assert split["engine"] > 0 and split["outside_server"] > 0, split
+    # and how the engine spent its steps meanwhile: 7 requests of 6 tokens, 5 decoded after each first token
+    assert "engine steps: step " in printed, printed
+    steps = doc["server_engine_steps"]
+    assert steps["steps"] >= 6 and steps["step_ms"] > 0 and steps["decode_rows"] > 0, steps
     assert main(["--url", server.grpc_url, "--num-prompts", "1", "--concurrency", "1", "--dataset-name",
                  "synthetic", "--no-progress", "--server-metrics", "http://127.0.0.1:9/metrics"]) == 2
     assert "--server-metrics http://127.0.0.1:9/metrics: cannot read it" in capsys.readouterr().err

@@ -270,6 +270,7 @@ def test_local_sweep_one_server_two_points(tmp_path):
     assert [(r["concurrency"], r["status"]) for r in rows] == [("1", "ok"), ("2", "ok")]
     # the hf model's first-token split came from rank 0's metrics port (llmlaunch-bench --server-metrics)
     assert all(float(r["ttft_engine_ms"]) > 0 and r["ttft_outside_ms"] for r in rows), rows
+    assert all(float(r["engine_step_ms"]) > 0 for r in rows), rows  # ... and its engine's time per step
     assert r.stderr.count(": launching local server") == 1 and "stopped local server" in r.stderr
     pid = int(_points(sweep_dir)["bench.concurrency=1"]["server"]["job_id"])
     assert not Path(f"/proc/{pid}").exists()

@@ -74,4 +74,18 @@ for r in d["runs"]:
     if ft:
         print(f"{r['concurrency']:>4} {r['direct_ttft_ms_mean']:>9.2f} / {r['served_ttft_ms_mean']:<8.2f} {ft['add']:>7.2f} "
               f"{ft['engine']:>8.2f} {ft['respond']:>8.2f} {ft['outside_server']:>8.2f}")
+# how each path's engine spent a step (ms): GPU-bound (wait, GPU busy) or host-bound (launch, host, GPU idle)
+print(f"{'C':>4} {'path':<8} {'step':>7} {'launch':>7} {'wait':>7} {'host':>7} {'GPU busy':>9} {'GPU idle':>9}")
+for r in d["runs"]:
+    for path in ("direct", "process", "served"):
+        es = r.get(f"{path}_engine_steps")
+        if es:
+            print(f"{r['concurrency']:>4} {path:<8} {es['step_ms']:>7.3f} {es['launch_ms']:>7.3f} {es['wait_ms']:>7.3f} "
+                  f"{es['host_ms']:>7.3f} {es.get('gpu_ms', 0):>9.3f} {es.get('gpu_idle_ms', 0):>9.3f}")
+# the CUDA libraries each engine mapped: a library path can swap a cuDNN piece (RESULTS.md, seventh session)
+libs = d.get("cuda_libraries", {})
+base = set(libs.get("direct", []))
+for path, found in libs.items():
+    diff = sorted(set(found) ^ base)
+    print(f"{path} engine: {len(found)} CUDA libraries" + (f"; differs from in-process: {' '.join(diff)}" if diff else ""))
 PY

@@ -25,6 +25,9 @@ Result JSON:
                  "ttft_ms"|"tpot_ms"|"itl_ms"|"e2el_ms": {"mean", "p50", "p90", "p99", "max"}, ...},
      "server_first_token_ms": None | {"add", "engine", "respond", "inside_server", "outside_server", "requests"}
                               (--server-metrics: mean ms; launcher/serving/timings.py),
+     "server_engine_steps": None | {"steps", "step_ms", "launch_ms", "wait_ms", "host_ms", "gpu_ms",
+                              "gpu_idle_ms", "decode_rows", "prefill_tokens", "ahead"} (--server-metrics:
+                              the hf engine's steps during the run, warm-up included; timings.engine_step_split),
      "warmup_errors", "requests": [RequestResult as JSON, ...]}
 Times in "requests" are seconds since the start of the measured phase.
 """
@@ -111,7 +114,8 @@ def build_parser(prog: str = "llmlaunch-bench") -> argparse.ArgumentParser:
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
     o.add_argument("--server-metrics", metavar="URL",
                    help="tritonserver metrics URL (http://HOST:PORT/metrics) of an llmlaunch hf model: report where "
-                        "the mean TTFT goes, inside the model (add / engine / respond) and outside it (first run only)")
+                        "the mean TTFT goes, inside the model (add / engine / respond) and outside it, and how the engine "
+                        "spent its steps (launch / wait for the GPU / host work; GPU busy and idle) (first run only)")
     o.add_argument("--compare", metavar="URL2[,MODEL2]",
                    help="identity test: run the same load against a second model and print the speedup of it over the first")
     return p
@@ -175,10 +179,12 @@ def bench_one(args, url: str, model: str, samples, kind: str, tokens, label: str
     make_bar = None
     if not args.no_progress:
         make_bar = lambda read: Progress(read, total, label=progress_label)  # noqa: E731
-    before = None
+    before = engine_before = None
     if server_metrics:
         try:
             before = timings.fetch_first_token_metrics(server_metrics, model)
+            # the engine's totals once the last run's steps are in (they come up to a second late)
+            engine_before = timings.settled_engine_metrics(server_metrics, model)
         except OSError as exc:
             raise ValueError(f"--server-metrics {server_metrics}: cannot read it ({getattr(exc, 'reason', exc)}); "
                              "give the served model's tritonserver metrics URL, http://HOST:PORT/metrics "
@@ -195,10 +201,12 @@ def bench_one(args, url: str, model: str, samples, kind: str, tokens, label: str
     ends = [r.end for r in results if r.end is not None] + [r.sent for r in results]
     duration = max(ends) if ends else 0.0
     m = metrics.compute(results, duration, slos)
-    split = None
+    split = steps = None
     if before is not None and not args.no_stream:  # warm-up requests are counted too: they are first tokens as well
         split = timings.first_token_split(server_metrics, model, before, len(results) + spec.warmup,
                                           m["ttft_ms"]["mean"])
+    if engine_before is not None:
+        steps = timings.engine_split_after(server_metrics, model, engine_before)
     load = asdict(spec)
     load["request_rate"] = metrics.finite(spec.request_rate)
     return {
@@ -222,6 +230,7 @@ def bench_one(args, url: str, model: str, samples, kind: str, tokens, label: str
         },
         "metrics": m,
         "server_first_token_ms": split,
+        "server_engine_steps": steps,
         "t0_perf_counter": out.t0,  # request times are relative to this time.perf_counter() (CLOCK_MONOTONIC)
         "warmup_errors": len(out.warmup_errors),
         "requests": [r.to_json() for r in results],
@@ -308,6 +317,8 @@ def run(args) -> int:
         print(metrics.format_table(doc["metrics"], title))
         if doc.get("server_first_token_ms"):
             print(metrics.format_first_token_split(doc["server_first_token_ms"]))
+        if doc.get("server_engine_steps"):
+            print("engine steps: " + timings.format_engine_split(doc["server_engine_steps"]))
     if len(docs) == 2:
         name = lambda d: f"{d['config']['model']} @ {d['config']['url']}"  # noqa: E731
         print(metrics.format_speedup(docs[0]["metrics"], docs[1]["metrics"], name(docs[0]), name(docs[1])))

@@ -55,7 +55,7 @@ SUMMARY_FIELDS = (
     "point", "status", "config", "concurrency", "request_rate", "requests", "completed", "failed",
     "request_throughput", "output_throughput", "total_token_throughput", "goodput",
     "ttft_p50_ms", "ttft_p99_ms", "ttft_mean_ms", "ttft_engine_ms", "ttft_outside_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms",
-    "e2el_p50_ms", "e2el_p99_ms", "error", "overrides",
+    "e2el_p50_ms", "e2el_p99_ms", "engine_step_ms", "engine_gpu_idle_ms", "error", "overrides",
 )
 
 
@@ -209,6 +209,9 @@ def summary_rows(points: list[Point], sweep: Optional[Path] = None) -> list[dict
         split = (pt.result or {}).get("server_first_token_ms") or {}
         row.update(ttft_mean_ms=pt.metric("ttft_ms.mean"), ttft_engine_ms=split.get("engine"),
                    ttft_outside_ms=split.get("outside_server"))
+        # ... and how its engine spent a step: the loop's time per step, and the GPU waiting for the host
+        steps = (pt.result or {}).get("server_engine_steps") or {}
+        row.update(engine_step_ms=steps.get("step_ms"), engine_gpu_idle_ms=steps.get("gpu_idle_ms"))
         rows.append({k: _fmt(v) for k, v in row.items()})
     return rows
 

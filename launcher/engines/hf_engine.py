@@ -44,7 +44,7 @@ import threading
 import time
 from bisect import insort
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Callable
 
 from launcher.engines.hf_detok import StopMatcher, TokenTable
@@ -76,12 +76,21 @@ class Output:
 
 @dataclass
 class EngineStats:
+    """Running totals of the engine loop (engine thread).  Per step, wall = launch + wait + host work, where the
+    host work is scheduling, detokenizing, stop checks and handing outputs on; on a GPU, gpu_idle says whether
+    that host work kept the GPU waiting (launcher.serving.timings.engine_step_split makes per-step means)."""
     steps: int = 0
     decode_tokens: int = 0
     prefill_tokens: int = 0
     finished: int = 0
-    busy_s: float = 0.0
+    busy_s: float = 0.0  # from a step's launch to its tokens on the host (the model call, with overlap its wait)
     ahead_steps: int = 0  # steps launched before the tokens of the step before were known (overlap)
+    wall_s: float = 0.0  # the engine loop's time in iterations that ran a step (not idle waiting for requests)
+    launch_s: float = 0.0  # in HFModelRunner.launch: preparing inputs and queueing the step's GPU work
+    wait_s: float = 0.0  # blocked until a step's tokens reached the host (waiting for the GPU)
+    gpu_s: float = 0.0  # GPU: from each step's first work to its last (CUDA events)
+    gpu_idle_s: float = 0.0  # GPU idle between a step and the next one, because the host queued it late
+    gpu_steps: int = 0  # steps timed on the GPU (0 off the GPU)
 
 
 def describe_features(f: dict) -> str:
@@ -300,6 +309,15 @@ class Engine:
         with self._lock:
             return len(self._active)
 
+    def stats_dict(self) -> dict:
+        """EngineStats as a dict (running totals; read from any thread, a step may be half counted)."""
+        return asdict(self.stats)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting, prefilling or decoding (engine thread: e.g. from after_step)."""
+        return not (self._waiting or self._prefilling or self._decoding)
+
     # -- engine thread -------------------------------------------------------------------------------------
     def _run(self) -> None:
         if self._threads:
@@ -307,14 +325,23 @@ class Engine:
 
             torch.set_num_threads(self._threads)
         after_step = self._after_step or (lambda: None)
+        stats = self.stats
         try:
             while True:
                 idle = not (self._waiting or self._prefilling or self._decoding)
+                if idle:
+                    self.runner.mark_idle()  # a gap before the next step is no request, not a late host
+                t0 = time.perf_counter()
                 if not self._drain(block=idle):
                     break
                 if self._waiting or self._prefilling or self._decoding:
+                    if idle:
+                        t0 = time.perf_counter()  # from the request's arrival
                     self._step()
-                after_step()  # also after aborts of waiting requests, which end without a step
+                    after_step()
+                    stats.wall_s += time.perf_counter() - t0
+                else:
+                    after_step()  # also after aborts of waiting requests, which end without a step
         except BaseException as exc:  # keep the reason for add_request's error message
             self._error = exc
             log.exception("hf engine loop died")
@@ -380,17 +407,15 @@ class Engine:
         try:
             if self._tp is not None:
                 self._tp.broadcast(step)  # every worker rank executes the same step on its shard
-            if not self._overlap:
-                tokens = self.runner.execute(step)
-            else:
-                if handle is None:
-                    handle = self.runner.launch(step)
+            if handle is None:
+                handle = self._launch(step)
+            if self._overlap:
                 nxt = self._schedule(ahead_of=rows)
                 if nxt is not None:
                     nstep, nrows, _, prev_rows = nxt
-                    self._ahead = (nstep, nrows, self.runner.launch(nstep, prev=handle, prev_rows=prev_rows))
+                    self._ahead = (nstep, nrows, self._launch(nstep, prev=handle, prev_rows=prev_rows))
                     self.stats.ahead_steps += 1
-                tokens = self.runner.wait(handle)
+            tokens = self._wait(handle)
         except Exception as exc:  # a failed step fails the requests in it, not the engine
             if self._tp is not None:
                 raise  # with tp > 1 the ranks may be out of step: fatal (the loop fails every request)
@@ -406,6 +431,23 @@ class Engine:
         self.stats.prefill_tokens += len(step.prefill_tokens)
         for seq, tok in zip(rows, tokens):
             self._on_token(seq, tok)
+
+    def _launch(self, step, **kw):
+        t0 = time.perf_counter()
+        handle = self.runner.launch(step, **kw)
+        self.stats.launch_s += time.perf_counter() - t0
+        return handle
+
+    def _wait(self, handle) -> list[int]:
+        stats, t0 = self.stats, time.perf_counter()
+        tokens = self.runner.wait(handle)
+        stats.wait_s += time.perf_counter() - t0
+        timed = self.runner.gpu_times(handle)
+        if timed is not None:
+            stats.gpu_s += timed[0]
+            stats.gpu_idle_s += timed[1] or 0.0
+            stats.gpu_steps += 1
+        return tokens
 
     def _schedule(self, ahead_of: list[_Seq] | None = None):
         """The next step: (step, output rows, sequences with a prompt chunk that does not end their prompt,

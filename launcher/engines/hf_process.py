@@ -15,7 +15,8 @@ Protocol (pickled tuples over one socketpair, `multiprocessing.connection` frami
   parent -> child: ("add", rid, prompt_ids, SamplingParams) | ("abort", rid) | ("stop",)
   child -> parent: ("ready", info dict) | ("error", message) once, then one list of
                    (rid, text, token_ids, input_tokens, output_tokens, finish_reason, error, times) per engine
-                   step; times = (request received, first output made) on a request's first output, else None.
+                   step; times = (request received, first output made) on a request's first output, else None;
+                   and ("stats", EngineStats as a dict) at most once a second while busy and when it goes idle.
 The child exits when the parent's end closes (parent died), so no orphan
 keeps a GPU.
 
@@ -86,6 +87,7 @@ class EngineProcess:
         self._conn = None
         self._dead: str = ""
         self.info: dict = {}
+        self.stats: dict = {}  # the engine's EngineStats, as the engine process last sent them
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self) -> "EngineProcess":
@@ -184,15 +186,26 @@ class EngineProcess:
     def num_running(self) -> int:
         return len(self._callbacks)
 
+    def stats_dict(self) -> dict:
+        """The engine's EngineStats as a dict, as last sent (at most a second old while busy; {} before any)."""
+        return dict(self.stats)
+
     def _receive(self) -> None:
         from launcher.engines.hf_engine import Output
 
         conn, callbacks, on_batch = self._conn, self._callbacks, self._on_batch
         try:
             while True:
-                batch = conn.recv()
-                while conn.poll():  # steps that finished while we were busy: handle them together
-                    batch.extend(conn.recv())
+                batch: list = []
+                msg = conn.recv()
+                while True:
+                    if isinstance(msg, tuple):  # ("stats", dict): not an output
+                        self.stats = msg[1]
+                    else:
+                        batch.extend(msg)
+                    if not conn.poll():  # steps that finished while we were busy: handle them together
+                        break
+                    msg = conn.recv()
                 outs = []
                 for item in batch:
                     rid, reason = item[0], item[5]
@@ -266,7 +279,14 @@ def _child(fd: int) -> int:
                 prev[3:7] = out.input_tokens, out.output_tokens, out.finish_reason, out.error
                 prev[8] = prev[8] or urgent
 
+        stats_sent = [0.0]
+
         def flush() -> None:  # called by the engine after each loop iteration
+            now = time.monotonic()
+            if engine_ref and (now - stats_sent[0] >= 1.0 or engine_ref[0].idle):
+                stats_sent[0] = now
+                with lock:
+                    conn.send(("stats", engine_ref[0].stats_dict()))
             if not pending:
                 return
             if interval <= 0:
@@ -288,7 +308,10 @@ def _child(fd: int) -> int:
             with lock:
                 conn.send(batch)
 
-        engine = Engine(model_path, after_step=flush, **kwargs).start()
+        engine_ref: list = []  # flush's view of the engine (set before the engine thread starts)
+        engine = Engine(model_path, after_step=flush, **kwargs)
+        engine_ref.append(engine)
+        engine.start()
     except Exception as exc:  # report, then exit: the parent raises with this message
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return 1

@@ -350,6 +350,7 @@ class HFModelRunner:
         self._init_compile(torch_compile)
         self._allocate_cache(kv_cache_memory)
         self.sampler = Sampler(self.max_num_seqs, self.vocab_size, self.device)
+        self._last_done = None  # the completion event of the step launched last, until the engine idles (gpu_times)
         self._layer_idx_check()
 
     # -- setup ---------------------------------------------------------------------------------------------
@@ -600,6 +601,12 @@ class HFModelRunner:
             # the cache write would land in the next head's or slot's row: refuse instead of corrupting it
             raise ValueError(f"decode position {max(step.decode_positions)} is past max_model_len {self.max_model_len}")
         with torch.inference_mode():
+            start = after = None
+            if self.device.type == "cuda":
+                # GPU timing (gpu_times): this step's span on the stream, and the gap since the step launched before
+                start = torch.cuda.Event(enable_timing=True)
+                start.record()
+                after, self._last_done = self._last_done, None
             ids = None
             if prev is not None:
                 ids = prev[0]
@@ -613,20 +620,36 @@ class HFModelRunner:
                 logits = self._run(step, ids=ids)
             tokens = self.sampler.sample(logits, step.sampling, step.penalty_resets)
             if self.device.type != "cuda":
-                return tokens, tokens, None
+                return tokens, tokens, None, None, None
             host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
             host.copy_(tokens, non_blocking=True)
-            done = torch.cuda.Event()
+            done = torch.cuda.Event(enable_timing=True)
             done.record()
-            return tokens, host, done
+            self._last_done = done
+            return tokens, host, done, start, after
+
+    def mark_idle(self) -> None:
+        """The engine has nothing to run: the next step's gap since the last one is not the host being late."""
+        self._last_done = None
 
     @staticmethod
     def wait(handle) -> list[int]:
         """The sampled token per output row of a launched step (waits for that step only, not for later ones)."""
-        _, host, done = handle
+        host, done = handle[1], handle[2]
         if done is not None:
             done.synchronize()
         return host.tolist()
+
+    @staticmethod
+    def gpu_times(handle) -> tuple[float, float | None] | None:
+        """After `wait(handle)`: (seconds from the step's first GPU work to its last, seconds the GPU stood idle
+        between the step launched before it and this one, or None when the engine was idle in between or this is
+        the first step); None off the GPU.  The gap is the host being late: the step before had finished before
+        this one was queued behind it (with overlap, the host work of a step should fit in the next one's GPU time)."""
+        done, start, after = handle[2], handle[3], handle[4]
+        if done is None:
+            return None
+        return start.elapsed_time(done) / 1000.0, None if after is None else after.elapsed_time(start) / 1000.0
 
     def _run(self, step: StepInputs, sample: bool = True, ids=None):
         """The step through the model, without a graph: logits of its output rows ([0, vocab] if not sample).

@@ -1,9 +1,9 @@
-"""Where a streamed request's first token spends its time inside the server (the hf model), as Triton
-custom metrics on the metrics port.
+"""What the hf model measures inside the server, as Triton custom metrics on the metrics port.
 
-A client sees time to first token (TTFT); this splits the part spent inside the
-model into three, measured per streamed request on one clock (CLOCK_MONOTONIC is
-shared by every process of the machine):
+1. Where a streamed request's first token spends its time inside the model.  A client sees
+   time to first token (TTFT); this splits the part spent inside the model into three,
+   measured per streamed request on one clock (CLOCK_MONOTONIC is shared by every process
+   of the machine):
 
   add      the model's `execute` queued the request -> the engine process received it
            (the socket, the engine process's main thread)
@@ -12,16 +12,24 @@ shared by every process of the machine):
   respond  first token made -> its response handed to tritonserver (the socket back, the
            responder thread's queue, building and sending the response)
 
-Client TTFT minus the three is tritonserver, gRPC and the client.  Exposed as
-counters (Prometheus text on tritonserver's metrics port):
+   Client TTFT minus the three is tritonserver, gRPC and the client.
 
   llmlaunch_first_token_seconds{model="...",part="add|engine|respond"}   seconds, summed
   llmlaunch_first_tokens{model="..."}                                     requests counted
 
-so that a part's mean over any window is the difference of its seconds divided by
-the difference of the count (`read_first_token_metrics` + `mean_first_token_ms`).
-Each update of a Triton metric is a round trip from the stub to the server, too
-dear for the response path, so sums are kept here and pushed once a second.
+2. How the engine loop spends a step (hf_engine.EngineStats): is the served engine bound by
+   the GPU or by its host work?  A step's wall time is launch + wait + host work; on a GPU,
+   `gpu` is each step's span on the stream and `gpu_idle` the GPU waiting for the host to
+   queue the next step.
+
+  llmlaunch_engine_seconds{model="...",part="step|launch|wait|gpu|gpu_idle"}  seconds, summed
+  llmlaunch_engine_steps{model="...",kind="all|ahead|gpu_timed"}             steps counted
+  llmlaunch_engine_tokens{model="...",kind="decode|prefill"}                 tokens counted
+
+Every metric is a counter, so a mean over any window is the difference of its sums divided by
+the difference of a count (`mean_first_token_ms`, `engine_step_split`).  Each update of a
+Triton metric is a round trip from the stub to the server, too dear for the response path, so
+sums are kept here and pushed once a second (`Counters`).
 """
 
 from __future__ import annotations
@@ -33,21 +41,46 @@ import time
 PARTS = ("add", "engine", "respond")
 SECONDS = "llmlaunch_first_token_seconds"
 COUNT = "llmlaunch_first_tokens"
+ENGINE_SECONDS = "llmlaunch_engine_seconds"
+ENGINE_STEPS = "llmlaunch_engine_steps"
+ENGINE_TOKENS = "llmlaunch_engine_tokens"
+
+# (metric family, its label (None: none but the model's), label value, description): one counter each, and the key
+# of its value in the totals a `Counters` reads.  First-token counters take their keys from FirstTokenTimes.totals_map;
+# engine counters from EngineStats' fields (hf_engine), named in ENGINE_FIELDS.
+FIRST_TOKEN_COUNTERS = tuple((SECONDS, "part", p, "seconds streamed requests spent before their first response, by "
+                              "part (launcher.serving.timings)") for p in PARTS) + (
+    (COUNT, None, None, "streamed requests counted in llmlaunch_first_token_seconds"),)
+_ENGINE_SECONDS_DOC = "seconds of the engine loop by part: step (wall), launch, wait (for the GPU), gpu, gpu_idle"
+ENGINE_COUNTERS = tuple((ENGINE_SECONDS, "part", p, _ENGINE_SECONDS_DOC)
+                        for p in ("step", "launch", "wait", "gpu", "gpu_idle")) + tuple(
+    (ENGINE_STEPS, "kind", k, "engine steps: all, queued ahead (overlap), timed on the GPU")
+    for k in ("all", "ahead", "gpu_timed")) + tuple(
+    (ENGINE_TOKENS, "kind", k, "tokens the engine ran, by kind") for k in ("decode", "prefill"))
+# (family, label value) -> EngineStats field
+ENGINE_FIELDS = {(ENGINE_SECONDS, "step"): "wall_s", (ENGINE_SECONDS, "launch"): "launch_s",
+                 (ENGINE_SECONDS, "wait"): "wait_s", (ENGINE_SECONDS, "gpu"): "gpu_s",
+                 (ENGINE_SECONDS, "gpu_idle"): "gpu_idle_s", (ENGINE_STEPS, "all"): "steps",
+                 (ENGINE_STEPS, "ahead"): "ahead_steps", (ENGINE_STEPS, "gpu_timed"): "gpu_steps",
+                 (ENGINE_TOKENS, "decode"): "decode_tokens", (ENGINE_TOKENS, "prefill"): "prefill_tokens"}
+
+
+def _key(family: str, value: str | None) -> str:
+    """The key of a counter's value: FirstTokenTimes.totals_map's part names / "count", else the EngineStats field."""
+    if family == SECONDS:
+        return value
+    if family == COUNT:
+        return "count"
+    return ENGINE_FIELDS[(family, value)]
 
 
 class FirstTokenTimes:
-    """Sums of the three parts (thread-safe), pushed to Triton counters by `start()`'s thread, if metrics exist."""
+    """Sums of the three parts of streamed requests' first tokens (thread-safe); `totals_map` feeds `Counters`."""
 
-    def __init__(self, model: str, interval_s: float = 1.0):
-        self.model = model
-        self.interval_s = interval_s
+    def __init__(self):
         self._lock = threading.Lock()
         self._sums = [0.0] * len(PARTS)
         self._count = 0
-        self._pushed = ([0.0] * len(PARTS), 0)
-        self._metrics = None  # (part metrics, count metric) once created
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def add(self, queued: float, received: float, made: float, sent: float) -> None:
         """One streamed request's first response: time.monotonic() stamps of the four moments."""
@@ -61,6 +94,10 @@ class FirstTokenTimes:
         with self._lock:
             return list(self._sums), self._count
 
+    def totals_map(self) -> dict:
+        sums, n = self.totals()
+        return {"count": n, **dict(zip(PARTS, sums))}
+
     def summary(self) -> str:
         sums, n = self.totals()
         if not n:
@@ -68,24 +105,48 @@ class FirstTokenTimes:
         return f"{n} streamed requests, first token inside the server (mean ms): " + ", ".join(
             f"{p} {1000 * s / n:.2f}" for p, s in zip(PARTS, sums))
 
-    # -- Triton metrics ------------------------------------------------------------------------------------
-    def start(self) -> "FirstTokenTimes":
-        """Create the counters (if this Triton has custom metrics) and push every interval_s; returns self.
-        Raises nothing: without metrics (--allow-metrics=false, an old backend) the sums stay local."""
+
+def engine_summary(stats: dict) -> str:
+    """The whole run's `engine_step_split` of an engine's EngineStats dict, as one log line."""
+    split = engine_step_split({}, stats)
+    if split is None:
+        return "no engine steps"
+    return f"{split['steps']} engine steps, " + format_engine_split(split)
+
+
+class Counters:
+    """Cumulative totals pushed to Triton counters every interval_s by a thread.
+
+    `counters` are rows of FIRST_TOKEN_COUNTERS / ENGINE_COUNTERS; `read()` returns the running totals by key
+    (see `_key`), missing keys counting as unchanged.  Raises nothing: without custom metrics
+    (--allow-metrics=false, an old backend) nothing is pushed."""
+
+    def __init__(self, model: str, counters, read, interval_s: float = 1.0):
+        self.model = model
+        self.counters = tuple(counters)
+        self.read = read
+        self.interval_s = interval_s
+        self._pushed: dict = {}
+        self._metrics = None  # ([(key, metric)], families) once created
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "Counters":
         try:
             import triton_python_backend_utils as pb_utils
 
-            seconds = pb_utils.MetricFamily(name=SECONDS, kind=pb_utils.MetricFamily.COUNTER,
-                                            description="seconds streamed requests spent before their first "
-                                                        "response, by part (llmlaunch.serving.timings)")
-            count = pb_utils.MetricFamily(name=COUNT, kind=pb_utils.MetricFamily.COUNTER,
-                                          description="streamed requests counted in llmlaunch_first_token_seconds")
-            self._metrics = ([seconds.Metric(labels={"model": self.model, "part": p}) for p in PARTS],
-                             count.Metric(labels={"model": self.model}), (seconds, count))  # metrics, then families
-        except Exception:  # no custom metrics here: the summary is still logged at the end
+            families, metrics = {}, []
+            for family, label, value, doc in self.counters:
+                if family not in families:
+                    families[family] = pb_utils.MetricFamily(name=family, kind=pb_utils.MetricFamily.COUNTER,
+                                                             description=doc)
+                labels = {"model": self.model, **({label: value} if label else {})}
+                metrics.append((_key(family, value), families[family].Metric(labels=labels)))
+            self._metrics = (metrics, list(families.values()))  # metrics, then families
+        except Exception:  # no custom metrics here: the summaries are still logged at the end
             self._metrics = None
             return self
-        self._thread = threading.Thread(target=self._loop, name="first-token-metrics", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name="llmlaunch-metrics", daemon=True)
         self._thread.start()
         return self
 
@@ -96,18 +157,21 @@ class FirstTokenTimes:
     def push(self) -> None:
         if self._metrics is None:
             return
-        sums, n = self.totals()
-        done_sums, done_n = self._pushed
-        if n == done_n:
-            return
-        parts, count, _ = self._metrics
         try:
-            for metric, now, before in zip(parts, sums, done_sums):
-                metric.increment(now - before)
-            count.increment(n - done_n)
+            now = self.read()
+        except Exception:  # the engine is going away
+            return
+        try:
+            for key, metric in self._metrics[0]:
+                value = now.get(key)
+                if value is None:
+                    continue
+                delta = value - self._pushed.get(key, 0)
+                if delta > 0:
+                    metric.increment(delta)
+                    self._pushed[key] = value
         except Exception:  # the server is going away
             return
-        self._pushed = (sums, n)
 
     def stop(self) -> None:
         self._stop.set()
@@ -124,23 +188,35 @@ _SAMPLE = re.compile(r'^(\w+)\{([^}]*)\}\s+([0-9.eE+-]+)\s*$')
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
-def read_first_token_metrics(text: str, model: str | None = None) -> dict:
-    """Prometheus text of tritonserver's /metrics -> {"count": n, "add": s, "engine": s, "respond": s}
-    (summed over models unless `model` names one; zeros when absent)."""
-    out = {"count": 0.0, **{p: 0.0 for p in PARTS}}
+def read_counters(text: str, counters, model: str | None = None) -> dict:
+    """Prometheus text of tritonserver's /metrics -> {key: value} of `counters` (rows of FIRST_TOKEN_COUNTERS /
+    ENGINE_COUNTERS; keys as `_key`), summed over models unless `model` names one; zeros when absent."""
+    wanted = {(family, value): _key(family, value) for family, _, value, _ in counters}
+    label_of = {family: label for family, label, _, _ in counters}
+    out = {key: 0.0 for key in wanted.values()}
     for line in text.splitlines():
         m = _SAMPLE.match(line)
-        if not m or m.group(1) not in (SECONDS, COUNT):
+        if not m or m.group(1) not in label_of:
             continue
         labels = dict(_LABEL.findall(m.group(2)))
         if model is not None and labels.get("model") != model:
             continue
-        value = float(m.group(3))
-        if m.group(1) == COUNT:
-            out["count"] += value
-        elif labels.get("part") in PARTS:
-            out[labels["part"]] += value
+        label = label_of[m.group(1)]
+        key = wanted.get((m.group(1), labels.get(label) if label else None))
+        if key is not None:
+            out[key] += float(m.group(3))
     return out
+
+
+def read_first_token_metrics(text: str, model: str | None = None) -> dict:
+    """Prometheus text of tritonserver's /metrics -> {"count": n, "add": s, "engine": s, "respond": s}
+    (summed over models unless `model` names one; zeros when absent)."""
+    return read_counters(text, FIRST_TOKEN_COUNTERS, model)
+
+
+def read_engine_metrics(text: str, model: str | None = None) -> dict:
+    """Prometheus text -> the engine's totals by EngineStats field (steps, wall_s, launch_s, ...)."""
+    return read_counters(text, ENGINE_COUNTERS, model)
 
 
 def mean_first_token_ms(before: dict, after: dict) -> dict | None:
@@ -154,12 +230,75 @@ def mean_first_token_ms(before: dict, after: dict) -> dict | None:
     return means
 
 
-def fetch_first_token_metrics(url: str, model: str | None = None, timeout: float = 10.0) -> dict:
-    """`read_first_token_metrics` of tritonserver's /metrics at `url` (http://HOST:PORT/metrics)."""
+def fetch_metrics_text(url: str, timeout: float = 10.0) -> str:
+    """tritonserver's /metrics at `url` (http://HOST:PORT/metrics)."""
     import urllib.request
 
     with urllib.request.urlopen(url, timeout=timeout) as r:
-        return read_first_token_metrics(r.read().decode("utf-8", "replace"), model)
+        return r.read().decode("utf-8", "replace")
+
+
+def fetch_first_token_metrics(url: str, model: str | None = None, timeout: float = 10.0) -> dict:
+    """`read_first_token_metrics` of tritonserver's /metrics at `url` (http://HOST:PORT/metrics)."""
+    return read_first_token_metrics(fetch_metrics_text(url, timeout), model)
+
+
+def fetch_engine_metrics(url: str, model: str | None = None, timeout: float = 10.0) -> dict:
+    """`read_engine_metrics` of tritonserver's /metrics at `url`."""
+    return read_engine_metrics(fetch_metrics_text(url, timeout), model)
+
+
+def engine_step_split(before: dict, after: dict) -> dict | None:
+    """Per-step means (ms) between two readings of an engine's totals (EngineStats fields: `read_engine_metrics`,
+    or `Engine.stats_dict()`; {} = from the start); None when no step ran between.
+
+      step_ms     the engine loop's time per step (at one stream, about the inter-token latency)
+      launch_ms   preparing inputs and queueing the GPU work;  wait_ms: blocked until the tokens reached the host
+      host_ms     the rest: scheduling, detokenizing, stop checks, handing outputs on (step - launch - wait)
+      gpu_ms      the step's span on the GPU;  gpu_idle_ms: the GPU waiting for the host to queue the next step
+                  (both only on a GPU: they are absent without timed steps)
+      decode_rows, prefill_tokens: per step;  ahead: share of steps queued before the last one's tokens were known"""
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in set(ENGINE_FIELDS.values())}
+    n = d["steps"]
+    if n <= 0:
+        return None
+    ms = lambda v, k=n: round(1000.0 * v / k, 4)  # noqa: E731
+    out = {"steps": int(n), "step_ms": ms(d["wall_s"]), "launch_ms": ms(d["launch_s"]), "wait_ms": ms(d["wait_s"]),
+           "host_ms": ms(d["wall_s"] - d["launch_s"] - d["wait_s"]),
+           "decode_rows": round(d["decode_tokens"] / n, 2), "prefill_tokens": round(d["prefill_tokens"] / n, 1),
+           "ahead": round(d["ahead_steps"] / n, 3)}
+    if d["gpu_steps"] > 0:
+        out["gpu_ms"] = ms(d["gpu_s"], d["gpu_steps"])
+        out["gpu_idle_ms"] = ms(d["gpu_idle_s"], d["gpu_steps"])
+    return out
+
+
+def settled_engine_metrics(url: str, model: str | None, wait_s: float = 5.0) -> dict:
+    """`fetch_engine_metrics` once the totals settle: unchanged for longer than the model's push interval (the engine
+    process sends its totals when it goes idle, and the model pushes them within a second); at most wait_s."""
+    deadline = time.monotonic() + wait_s
+    last, since = fetch_engine_metrics(url, model), time.monotonic()
+    while time.monotonic() - since < 1.25 and time.monotonic() < deadline:
+        time.sleep(0.25)
+        now = fetch_engine_metrics(url, model)
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
+
+
+def engine_split_after(url: str, model: str | None, before: dict, wait_s: float = 5.0) -> dict | None:
+    """After a run: `engine_step_split` from `before` to the engine's settled totals (`settled_engine_metrics`)."""
+    return engine_step_split(before, settled_engine_metrics(url, model, wait_s))
+
+
+def format_engine_split(split: dict) -> str:
+    """'step 1.780 ms = launch 0.210 + wait 1.400 + host 0.170; GPU 1.690 busy + 0.090 idle; ...' (one line)."""
+    line = (f"step {split['step_ms']:.3f} ms = launch {split['launch_ms']:.3f} + wait {split['wait_ms']:.3f} + "
+            f"host {split['host_ms']:.3f}")
+    if "gpu_ms" in split:
+        line += f"; GPU {split['gpu_ms']:.3f} busy + {split['gpu_idle_ms']:.3f} idle"
+    return line + (f"; {split['decode_rows']:g} decode rows, {split['prefill_tokens']:g} prompt tokens a step, "
+                   f"{100 * split['ahead']:.0f}% queued ahead")
 
 
 def first_token_split(url: str, model: str | None, before: dict, expected: int, ttft_mean_ms: float | None,

@@ -48,10 +48,12 @@ cancellation; with response_threads > 1 it keeps one share of the streams and
 hands the others to as many more threads.  With engine_process=false the
 engine runs on a thread of this process and one responder thread does the same.
 
-Metrics: with the engine process, where each streamed request's first token spent
-its time in here (queued -> engine received -> first token made -> response sent)
-goes to tritonserver's metrics port as llmlaunch_first_token_seconds{part=add|engine|respond}
-and llmlaunch_first_tokens (launcher.serving.timings), and the means are logged at unload.
+Metrics (launcher.serving.timings; means logged at unload): with the engine process, where
+each streamed request's first token spent its time in here (queued -> engine received ->
+first token made -> response sent) goes to tritonserver's metrics port as
+llmlaunch_first_token_seconds{part=add|engine|respond} and llmlaunch_first_tokens; and how
+the engine loop spends its steps (wall, launch, wait for the GPU, host work, GPU busy and
+idle) as llmlaunch_engine_seconds / _steps / _tokens.
 """
 
 import json
@@ -73,7 +75,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
 from launcher.contract import INPUT_NAMES
 from launcher.engines.hf_engine import describe_features
 from launcher.serving import triton_io
-from launcher.serving.timings import FirstTokenTimes
+from launcher.serving.timings import ENGINE_COUNTERS, FIRST_TOKEN_COUNTERS, Counters, FirstTokenTimes, engine_summary
 
 # Optional inputs this model honours.  exclude_input_in_output is honoured by construction (the prompt is never
 # echoed); pad_id and return_log_probs are accepted and ignored (a note is logged once).
@@ -118,8 +120,11 @@ class TritonPythonModel:
         self._read_parameters()
         self._start_engine()
         self._start_responders()
-        # where streamed requests' first tokens spend their time in here: Triton metrics + a summary at the end
-        self._first_token = FirstTokenTimes(self.model_config.get("name", "hf")).start()
+        # where streamed requests' first tokens spend their time in here, and how the engine spends a step:
+        # Triton metrics (pushed once a second) + summaries at the end
+        self._first_token = FirstTokenTimes()
+        self._metrics = Counters(self.model_config.get("name", "hf"), FIRST_TOKEN_COUNTERS + ENGINE_COUNTERS,
+                                 lambda: {**self._first_token.totals_map(), **self.engine.stats_dict()}).start()
         role = f", tp rank {self.tp_rank}/{self.tp}" + (" (worker)" if self.tp_rank else " (leader)") if self.tp > 1 else ""
         _log("info", f"ready: {self.params['model_path']} on {self.engine.device} ({self.engine.dtype}){role}, "
                      f"max_num_seqs={self.engine.max_num_seqs}, max_model_len={self.engine.max_model_len}, "
@@ -399,5 +404,7 @@ class TritonPythonModel:
                 q.put(None)
         for t in self._threads:
             t.join(timeout=10)
-        self._first_token.stop()
+        self._metrics.stop()
         _log("info", self._first_token.summary())
+        if not self.tp_rank:
+            _log("info", engine_summary(self.engine.stats_dict()))
