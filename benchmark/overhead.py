@@ -89,7 +89,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from launcher.serving.timings import engine_step_split, format_engine_split  # noqa: E402  (after ROOT)
+from launcher.serving.timings import engine_step_split, format_engine_split, settle  # noqa: E402  (after ROOT)
 
 PATHS = ("direct", "process", "served")  # the order the paths run in within a round
 # key prefix of each path's ratios to direct: served keeps the unprefixed names of the two-path version
@@ -123,32 +123,18 @@ def cuda_libraries(pid: int) -> list[str]:
 def engine_pids(server_pid: int) -> list[int]:
     """The hf engine processes under a tritonserver (python -m launcher.engines.hf_process)."""
     pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmd = f.read().split(b"\0")
-            except OSError:
-                continue
-            if b"launcher.engines.hf_process" in cmd and server_pid in _ancestors(int(entry)):
-                pids.append(int(entry))
+    for p in descendants(server_pid):
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                if b"launcher.engines.hf_process" in f.read().split(b"\0"):
+                    pids.append(p)
+        except OSError:
+            continue
     return pids
 
 
-def _ancestors(pid: int) -> list[int]:
-    out = []
-    while pid > 1:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
-        out.append(pid)
-    return out
-
-
-def process_tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) used so far by a process and all its descendants (Linux /proc)."""
+def _proc_stats() -> dict[int, tuple[int, float]]:
+    """pid -> (parent pid, CPU seconds used so far, user + system), for every process (Linux /proc)."""
     tick = os.sysconf("SC_CLK_TCK")
     stats = {}
     for entry in os.listdir("/proc"):
@@ -159,13 +145,24 @@ def process_tree_cpu(pid: int) -> float:
             except OSError:
                 continue
             stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
-    total, todo = 0.0, [pid]
+    return stats
+
+
+def descendants(pid: int, stats: dict | None = None) -> list[int]:
+    """A process and all its descendants."""
+    stats = _proc_stats() if stats is None else stats
+    out, todo = [], [pid]
     while todo:
         p = todo.pop()
-        if p in stats:
-            total += stats[p][1]
+        out.append(p)
         todo.extend(c for c, (ppid, _) in stats.items() if ppid == p)
-    return total
+    return out
+
+
+def process_tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) used so far by a process and all its descendants."""
+    stats = _proc_stats()
+    return sum(stats[p][1] for p in descendants(pid, stats) if p in stats)
 
 
 def make_prompts(tokenizer, n: int, prompt_tokens: int, seed: int = 0) -> list[str]:
@@ -256,18 +253,10 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int) ->
     return result
 
 
-def settled_stats(engine, quiet_s: float = 0.1, wait_s: float = 3.0) -> dict:
-    """The engine's EngineStats dict once unchanged for quiet_s: the last step's totals are counted after its
-    outputs went out, and an engine process sends them when it goes idle."""
-    deadline = time.monotonic() + wait_s
-    last = engine.stats_dict()
-    while time.monotonic() < deadline:
-        time.sleep(quiet_s)
-        now = engine.stats_dict()
-        if now == last:
-            break
-        last = now
-    return last
+def settled_stats(engine) -> dict:
+    """The engine's EngineStats dict once unchanged for 0.1 s: the last step's totals are counted after its outputs
+    went out, and an engine process sends them when it goes idle."""
+    return settle(engine.stats_dict, 0.1, 3.0)
 
 
 def run_generate(model, prompt_ids: list[list[int]], max_tokens: int) -> dict:

@@ -283,10 +283,10 @@ def _child(fd: int) -> int:
 
         def flush() -> None:  # called by the engine after each loop iteration
             now = time.monotonic()
-            if engine_ref and (now - stats_sent[0] >= 1.0 or engine_ref[0].idle):
+            if now - stats_sent[0] >= 1.0 or engine.idle:  # `engine` is set before its thread starts
                 stats_sent[0] = now
                 with lock:
-                    conn.send(("stats", engine_ref[0].stats_dict()))
+                    conn.send(("stats", engine.stats_dict()))
             if not pending:
                 return
             if interval <= 0:
@@ -308,10 +308,8 @@ def _child(fd: int) -> int:
             with lock:
                 conn.send(batch)
 
-        engine_ref: list = []  # flush's view of the engine (set before the engine thread starts)
         engine = Engine(model_path, after_step=flush, **kwargs)
-        engine_ref.append(engine)
-        engine.start()
+        engine.start()  # after `engine` is bound: flush runs on its thread
     except Exception as exc:  # report, then exit: the parent raises with this message
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return 1

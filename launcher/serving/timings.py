@@ -45,33 +45,20 @@ ENGINE_SECONDS = "llmlaunch_engine_seconds"
 ENGINE_STEPS = "llmlaunch_engine_steps"
 ENGINE_TOKENS = "llmlaunch_engine_tokens"
 
-# (metric family, its label (None: none but the model's), label value, description): one counter each, and the key
-# of its value in the totals a `Counters` reads.  First-token counters take their keys from FirstTokenTimes.totals_map;
-# engine counters from EngineStats' fields (hf_engine), named in ENGINE_FIELDS.
-FIRST_TOKEN_COUNTERS = tuple((SECONDS, "part", p, "seconds streamed requests spent before their first response, by "
-                              "part (launcher.serving.timings)") for p in PARTS) + (
-    (COUNT, None, None, "streamed requests counted in llmlaunch_first_token_seconds"),)
+# One row per counter: (metric family, its label (None: none but the model's), label value, the key of its value in
+# the totals a `Counters` reads, description).  First-token keys are FirstTokenTimes.totals_map's; engine keys are
+# EngineStats' fields (hf_engine).
+FIRST_TOKEN_COUNTERS = tuple((SECONDS, "part", p, p, "seconds streamed requests spent before their first response, "
+                              "by part (launcher.serving.timings)") for p in PARTS) + (
+    (COUNT, None, None, "count", "streamed requests counted in llmlaunch_first_token_seconds"),)
 _ENGINE_SECONDS_DOC = "seconds of the engine loop by part: step (wall), launch, wait (for the GPU), gpu, gpu_idle"
-ENGINE_COUNTERS = tuple((ENGINE_SECONDS, "part", p, _ENGINE_SECONDS_DOC)
-                        for p in ("step", "launch", "wait", "gpu", "gpu_idle")) + tuple(
-    (ENGINE_STEPS, "kind", k, "engine steps: all, queued ahead (overlap), timed on the GPU")
-    for k in ("all", "ahead", "gpu_timed")) + tuple(
-    (ENGINE_TOKENS, "kind", k, "tokens the engine ran, by kind") for k in ("decode", "prefill"))
-# (family, label value) -> EngineStats field
-ENGINE_FIELDS = {(ENGINE_SECONDS, "step"): "wall_s", (ENGINE_SECONDS, "launch"): "launch_s",
-                 (ENGINE_SECONDS, "wait"): "wait_s", (ENGINE_SECONDS, "gpu"): "gpu_s",
-                 (ENGINE_SECONDS, "gpu_idle"): "gpu_idle_s", (ENGINE_STEPS, "all"): "steps",
-                 (ENGINE_STEPS, "ahead"): "ahead_steps", (ENGINE_STEPS, "gpu_timed"): "gpu_steps",
-                 (ENGINE_TOKENS, "decode"): "decode_tokens", (ENGINE_TOKENS, "prefill"): "prefill_tokens"}
-
-
-def _key(family: str, value: str | None) -> str:
-    """The key of a counter's value: FirstTokenTimes.totals_map's part names / "count", else the EngineStats field."""
-    if family == SECONDS:
-        return value
-    if family == COUNT:
-        return "count"
-    return ENGINE_FIELDS[(family, value)]
+ENGINE_COUNTERS = tuple((ENGINE_SECONDS, "part", p, key, _ENGINE_SECONDS_DOC) for p, key in (
+    ("step", "wall_s"), ("launch", "launch_s"), ("wait", "wait_s"), ("gpu", "gpu_s"), ("gpu_idle", "gpu_idle_s"))) + tuple(
+    (ENGINE_STEPS, "kind", k, key, "engine steps: all, queued ahead (overlap), timed on the GPU")
+    for k, key in (("all", "steps"), ("ahead", "ahead_steps"), ("gpu_timed", "gpu_steps"))) + tuple(
+    (ENGINE_TOKENS, "kind", k, key, "tokens the engine ran, by kind")
+    for k, key in (("decode", "decode_tokens"), ("prefill", "prefill_tokens")))
+ENGINE_FIELDS = tuple(row[3] for row in ENGINE_COUNTERS)  # the EngineStats fields the metrics carry
 
 
 class FirstTokenTimes:
@@ -117,8 +104,8 @@ def engine_summary(stats: dict) -> str:
 class Counters:
     """Cumulative totals pushed to Triton counters every interval_s by a thread.
 
-    `counters` are rows of FIRST_TOKEN_COUNTERS / ENGINE_COUNTERS; `read()` returns the running totals by key
-    (see `_key`), missing keys counting as unchanged.  Raises nothing: without custom metrics
+    `counters` are rows of FIRST_TOKEN_COUNTERS / ENGINE_COUNTERS; `read()` returns the running totals by their
+    keys, missing keys counting as unchanged.  Raises nothing: without custom metrics
     (--allow-metrics=false, an old backend) nothing is pushed."""
 
     def __init__(self, model: str, counters, read, interval_s: float = 1.0):
@@ -136,12 +123,12 @@ class Counters:
             import triton_python_backend_utils as pb_utils
 
             families, metrics = {}, []
-            for family, label, value, doc in self.counters:
+            for family, label, value, key, doc in self.counters:
                 if family not in families:
                     families[family] = pb_utils.MetricFamily(name=family, kind=pb_utils.MetricFamily.COUNTER,
                                                              description=doc)
                 labels = {"model": self.model, **({label: value} if label else {})}
-                metrics.append((_key(family, value), families[family].Metric(labels=labels)))
+                metrics.append((key, families[family].Metric(labels=labels)))
             self._metrics = (metrics, list(families.values()))  # metrics, then families
         except Exception:  # no custom metrics here: the summaries are still logged at the end
             self._metrics = None
@@ -190,9 +177,9 @@ _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 def read_counters(text: str, counters, model: str | None = None) -> dict:
     """Prometheus text of tritonserver's /metrics -> {key: value} of `counters` (rows of FIRST_TOKEN_COUNTERS /
-    ENGINE_COUNTERS; keys as `_key`), summed over models unless `model` names one; zeros when absent."""
-    wanted = {(family, value): _key(family, value) for family, _, value, _ in counters}
-    label_of = {family: label for family, label, _, _ in counters}
+    ENGINE_COUNTERS), summed over models unless `model` names one; zeros when absent."""
+    wanted = {(family, value): key for family, _, value, key, _ in counters}
+    label_of = {family: label for family, label, _, _, _ in counters}
     out = {key: 0.0 for key in wanted.values()}
     for line in text.splitlines():
         m = _SAMPLE.match(line)
@@ -258,7 +245,7 @@ def engine_step_split(before: dict, after: dict) -> dict | None:
       gpu_ms      the step's span on the GPU;  gpu_idle_ms: the GPU waiting for the host to queue the next step
                   (both only on a GPU: they are absent without timed steps)
       decode_rows, prefill_tokens: per step;  ahead: share of steps queued before the last one's tokens were known"""
-    d = {k: after.get(k, 0) - before.get(k, 0) for k in set(ENGINE_FIELDS.values())}
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in ENGINE_FIELDS}
     n = d["steps"]
     if n <= 0:
         return None
@@ -273,17 +260,22 @@ def engine_step_split(before: dict, after: dict) -> dict | None:
     return out
 
 
-def settled_engine_metrics(url: str, model: str | None, wait_s: float = 5.0) -> dict:
-    """`fetch_engine_metrics` once the totals settle: unchanged for longer than the model's push interval (the engine
-    process sends its totals when it goes idle, and the model pushes them within a second); at most wait_s."""
+def settle(read, quiet_s: float, wait_s: float, poll_s: float = 0.25) -> dict:
+    """`read()` once its value has not changed for quiet_s (totals that arrive late have come in); at most wait_s."""
     deadline = time.monotonic() + wait_s
-    last, since = fetch_engine_metrics(url, model), time.monotonic()
-    while time.monotonic() - since < 1.25 and time.monotonic() < deadline:
-        time.sleep(0.25)
-        now = fetch_engine_metrics(url, model)
+    last, since = read(), time.monotonic()
+    while time.monotonic() - since < quiet_s and time.monotonic() < deadline:
+        time.sleep(min(poll_s, quiet_s))
+        now = read()
         if now != last:
             last, since = now, time.monotonic()
     return last
+
+
+def settled_engine_metrics(url: str, model: str | None, wait_s: float = 5.0) -> dict:
+    """`fetch_engine_metrics` once the totals settle: unchanged for longer than the model's push interval (the engine
+    process sends its totals when it goes idle, and the model pushes them within a second); at most wait_s."""
+    return settle(lambda: fetch_engine_metrics(url, model), 1.25, wait_s)
 
 
 def engine_split_after(url: str, model: str | None, before: dict, wait_s: float = 5.0) -> dict | None:
