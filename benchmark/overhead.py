@@ -60,7 +60,11 @@ stub and the client run beside the engine, and on such VMs work on one vCPU
 slows the other (measured here: a busy loop on vCPU 1 cost an engine pinned to
 vCPU 0 30% of its tokens/s, a memory-bound loop 60%).  --stream-interval-ms
 trades streaming granularity for fewer responses (first token and end are
-never delayed).
+never delayed).  On bigger machines --split-cpus keeps the served path's client
+processes off the server's cores, as remote clients would be (on a 16-core H100
+host at 128 streams the generator burns about 7 cores and cost the served engine
+0.88 -> 0.95 of in-process; RESULTS.md, eighth session).  Each engine's features
+(torch.compile, decode graphs, where attention may use cuDNN) are logged first.
 
 `--vs-generate` adds the engine's own yardstick: static-batch `model.generate`
 on the same prompts (token ids of exactly --prompt-tokens, one wave of C
@@ -101,6 +105,47 @@ def log(msg: str) -> None:
 
 
 CUDA_LIBS = ("cublas", "cublasLt", "cudnn", "cudart", "nccl", "nvrtc", "nvJitLink", "cuda", "cusparseLt", "cufft")
+
+
+def cpu_halves() -> tuple[set[int], set[int]]:
+    """The CPUs this process may use, in two halves by physical core (SMT siblings, where there are any, stay in
+    one half)."""
+    cores: dict[str, list[int]] = {}
+    for cpu in sorted(os.sched_getaffinity(0)):
+        try:
+            key = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip()
+        except OSError:
+            key = str(cpu)
+        cores.setdefault(key, []).append(cpu)
+    groups = list(cores.values())
+    if len(groups) < 2:
+        raise SystemExit("--split-cpus needs at least two physical cores")
+    half = len(groups) // 2
+    return {c for g in groups[:half] for c in g}, {c for g in groups[half:] for c in g}
+
+
+@contextlib.contextmanager
+def on_cpus(cpus: set[int] | None):
+    """Processes started from this thread inside the block run on `cpus` (children inherit the affinity)."""
+    if not cpus:
+        yield
+        return
+    saved = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, saved)
+
+
+def served_features(server_log: Path) -> str:
+    """The served engine's features, from the hf model's 'ready:' line in the server log ('' if not found)."""
+    try:
+        lines = [ln for ln in server_log.read_text(errors="replace").splitlines() if "ready:" in ln and "overlap" in ln]
+    except OSError:
+        return ""
+    # the line ends with describe_features' text: '..., response_threads=4, torch_compile on (...), ...'
+    return lines[-1].split("response_threads=", 1)[-1].split(", ", 1)[-1].rstrip('"') if lines else ""
 
 
 def cuda_libraries(pid: int) -> list[str]:
@@ -510,6 +555,10 @@ def main(argv=None) -> int:
                     help="served path: client processes sharing the streams (launcher.bench.runner --processes)")
     ap.add_argument("--client-streams", type=int, default=1,
                     help="served path: gRPC streams per client process (each carries its share of the requests)")
+    ap.add_argument("--split-cpus", action="store_true",
+                    help="served path: tritonserver (and its engine) on one half of the physical cores, the client "
+                         "processes on the other, as with remote clients: the load generator's CPU (several cores at "
+                         "128 streams) then does not slow the engine's host work by sharing its cores")
     ap.add_argument("--vs-generate", action="store_true", help="also compare the engine with static-batch generate")
     ap.add_argument("--no-served", action="store_true", help="skip the comparison of --paths (--vs-generate only)")
     args = ap.parse_args(argv)
@@ -517,7 +566,7 @@ def main(argv=None) -> int:
         args.threads = 1 if args.device == "cpu" else 0
     paths = [p for p in PATHS if p in args.paths or p == "direct"]
 
-    from launcher.engines.hf_engine import Engine
+    from launcher.engines.hf_engine import Engine, describe_features
     from launcher.engines.hf_process import EngineProcess
     from launcher.tiny import ensure_tiny_model
 
@@ -542,10 +591,21 @@ def main(argv=None) -> int:
             log(f"starting tritonserver (log {workdir / 'tritonserver.log'})")
             from tests.models.serve import hf_server  # metrics on: the first-token split is read there
 
-            server = stack.enter_context(hf_server(model_dir, workdir, server_params,
-                                                   env=dict(kv.split("=", 1) for kv in args.server_env) or None))
+            server_cpus, client_cpus = cpu_halves() if args.split_cpus else (None, None)
+            if server_cpus:
+                log(f"CPUs: server {sorted(server_cpus)}, served-path clients {sorted(client_cpus)}")
+                results["cpu_split"] = {"server": sorted(server_cpus), "clients": sorted(client_cpus)}
+            with on_cpus(server_cpus):
+                server = stack.enter_context(hf_server(model_dir, workdir, server_params,
+                                                       env=dict(kv.split("=", 1) for kv in args.server_env) or None))
         engine = Engine(model_dir, max_prefill_tokens=args.prefill_chunk, **params).start()
         stack.callback(engine.shutdown)
+        # what each engine runs with (decode graphs captured or failed, cuDNN attention): the paths compare alike
+        results["features"] = {"direct": describe_features(engine.features)}
+        if "served" in paths:
+            results["features"]["served"] = served_features(workdir / "tritonserver.log")
+        for path, text in results["features"].items():
+            log(f"{path} engine: {text}")
         run = {"direct": lambda prompts, c, tokens: run_direct(engine, prompts, c, tokens)}
         if "process" in paths:
             # the engine process as the served hf model starts it, without the stub, tritonserver and gRPC
@@ -574,9 +634,12 @@ def main(argv=None) -> int:
             stack.callback(process.shutdown)
             run["process"] = lambda prompts, c, tokens: run_direct(process, prompts, c, tokens)
         if "served" in paths:
-            run["served"] = lambda prompts, c, tokens: run_served(server.grpc_url, server.model, prompts, c, tokens,
-                                                                   server.proc.pid, server.metrics_url,
-                                                                   args.client_processes, args.client_streams)
+            def served(prompts, c, tokens):
+                with on_cpus(client_cpus):
+                    return run_served(server.grpc_url, server.model, prompts, c, tokens, server.proc.pid,
+                                      server.metrics_url, args.client_processes, args.client_streams)
+
+            run["served"] = served
         generate = {g["concurrency"]: g for g in results.get("vs_generate", [])}
         for c in args.concurrency:
             results["runs"].append(compare(run, engine.tokenizer, c, args, generate))

@@ -78,6 +78,7 @@ class HFEngineConfig(EngineConfig):
     cuda_graphs: bool = True  # replay decode steps as captured CUDA graphs (GPU, tp=1): 4x the eager step rate on an H100
     response_threads: int = 0  # threads of the Triton model that send the streams' responses (0: 1 on CPU, 4 on a GPU)
     torch_compile: str = "auto"  # auto | true | false: fuse the model's small kernels with torch.compile when it loads (auto: on for one GPU)
+    cudnn_attention: str = "graphs"  # graphs | all | off: where attention may use cuDNN (graphs: captured decode graphs only, so prompt steps build no per-shape cuDNN plans on the host)
 
 
 @dataclass

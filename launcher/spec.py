@@ -203,6 +203,8 @@ def build_spec(cfg) -> LaunchSpec:
     _choice(problems, "engine.device", engine.get("device"), DEVICES)
     if "torch_compile" in engine:  # hf; a str field, so Hydra's engine.torch_compile=true arrives as 'True'
         _choice(problems, "engine.torch_compile", str(engine["torch_compile"]).lower(), ("auto", "true", "false"))
+    if "cudnn_attention" in engine:  # hf
+        _choice(problems, "engine.cudnn_attention", engine["cudnn_attention"], ("graphs", "all", "off"))
     _choice(problems, "model.dtype", model.get("dtype"), DTYPES)
     if not _SAFE_NAME.match(str(c.get("job_name", ""))):
         problems.append(

@@ -112,6 +112,9 @@ def resolve_tritonserver(explicit: str = "") -> TritonInstall:
 
 def server_env(install: TritonInstall, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     env = dict(os.environ)
+    # the hf engine process runs this interpreter, so by default with this library path, not the stub's
+    # (ENGINE_LD_LIBRARY_PATH says why)
+    own_lib = (extra or {}).get("LD_LIBRARY_PATH", env.get("LD_LIBRARY_PATH", ""))
     for k, v in install.env.items():
         if k in ("LD_LIBRARY_PATH", "PYTHONPATH") and env.get(k):
             env[k] = v + os.pathsep + env[k]
@@ -125,6 +128,7 @@ def server_env(install: TritonInstall, extra: Optional[Dict[str, str]] = None) -
     env.setdefault("LLMLAUNCH_PYTHON", sys.executable)
     if extra:
         env.update(extra)
+    env.setdefault(ENGINE_LD_LIBRARY_PATH, own_lib)
     # The stub ignores PYTHONPATH: each model.py appends its entries (this root first) to sys.path itself.
     env["LLMLAUNCH_ROOT"] = root  # the checkout the server's models import llmlaunch from
     stub_python = env.get(STUB_PYTHON_ENV, "")
@@ -143,17 +147,16 @@ def server_env(install: TritonInstall, extra: Optional[Dict[str, str]] = None) -
 # environment of its own.  The stub runs the first `python3` on PATH's environment and ignores PYTHONPATH
 # (checked: sys.path inside the stub), so the way to give it one is an interpreter: LLMLAUNCH_STUB_PYTHON.
 STUB_PYTHON_ENV = "LLMLAUNCH_STUB_PYTHON"
-# The library path the hf engine process runs with, when set; else it inherits the stub's (LD_LIBRARY_PATH with
-# the server's additions first).  The choice decides which cuDNN the engine runs (benchmark/RESULTS.md, seventh
-# session: the engine's step metrics and the CUDA libraries each engine maps).  The server's additions put the
+# The library path the hf engine process runs with.  server_env sets it to the launcher's own LD_LIBRARY_PATH (the
+# engine runs the launcher's interpreter, so that path is the one it is known to work with); a value set by the user
+# stays, and "inherit" keeps the stub's (LD_LIBRARY_PATH with the server's additions first).  The choice decides
+# which cuDNN the engine runs (benchmark/RESULTS.md, seventh and eighth sessions).  The server's additions put the
 # directory of libpython first, and on the GPU host that directory (/usr/lib/x86_64-linux-gnu) also holds a system
-# cuDNN: an engine on the inherited path loads torch's libcudnn but the system's libcudnn_graph, a mix of two
-# versions whose decode attention takes 0.12-0.15 ms more GPU time a step (1.87 ms vs 1.72-1.75 at one stream on an
-# H100: served 0.93 of in-process), but which builds no per-shape execution plans.  On the launcher's own path the
-# engine loads torch's cuDNN whole: decode as fast as in-process (served 1.08 at one stream), but every new
-# attention shape of an eager step (prompt groups, mixed steps) builds a plan on the host first, which held the
-# served engine at 5.4 ms of launch a step at 128 streams (0.74 of in-process).  Inherited stays the default until
-# eager steps avoid those plans; set this for a single-stream, latency-bound deployment.
+# cuDNN: an engine on the inherited path loaded torch's libcudnn but the system's libcudnn_graph, a mix of two
+# versions whose decode attention took 0.12-0.15 ms more GPU time a step (1.87 ms vs 1.72-1.75 at one stream on an
+# H100: served 0.93 of in-process).  On the launcher's own path the engine loads torch's cuDNN whole, as in-process.
+# (Its cost, a per-shape plan built on the host for every new attention shape of an eager step, is gone since eager
+# steps keep off cuDNN's attention: HFModelRunner.CUDNN_ATTENTION.)
 ENGINE_LD_LIBRARY_PATH = "LLMLAUNCH_ENGINE_LD_LIBRARY_PATH"
 
 _NUMPY_VERSION = "import importlib.metadata as m; print(m.version('numpy'))"

@@ -328,6 +328,47 @@ def test_a_row_ending_by_length_leaves_the_overlapped_steps_without_stopping_the
         eng.shutdown()
 
 
+@pytest.mark.parametrize("mode, eager_cudnn", [("graphs", False), ("off", False), ("all", True)])
+def test_eager_steps_keep_off_cudnn_attention(tiny_model_dir, monkeypatch, mode, eager_cudnn):
+    """cudnn_attention: every attention call of an eager step runs with cuDNN's SDPA backend disabled (graphs, off)
+    or with torch's choice (all), the other backends stay on, and the flags are restored after the step (a capture
+    and other code in the process keep torch's choice).  Observed from inside torch's SDPA, on the CPU, where the
+    same flags are set (the kernel choice itself is a GPU matter: benchmark/RESULTS.md, eighth session)."""
+    import torch.nn.functional as F
+
+    from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
+
+    runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_model_len=64,
+                           cudnn_attention=mode)
+    seen, sdpa = [], F.scaled_dot_product_attention
+
+    def spy(*args, **kw):
+        seen.append((torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled(),
+                     torch.backends.cuda.mem_efficient_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()))
+        return sdpa(*args, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    prompt = list(range(10, 17))
+    runner.execute(StepInputs([], [], [], [PrefillChunk(0, 0, len(prompt), True)], prompt, SamplingRows()))
+    runner.execute(StepInputs([0], [5], [len(prompt)], [], [], SamplingRows()))
+    assert len(seen) == 2 * runner.num_layers
+    assert set(seen) == {(eager_cudnn and before, True, True, True)}
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    assert runner.cudnn_attention == mode
+
+
+def test_cudnn_attention_comes_from_the_environment_and_is_checked(tiny_model_dir, monkeypatch):
+    from launcher.engines.hf_runner import HFModelRunner
+
+    monkeypatch.setenv("LLMLAUNCH_HF_CUDNN_ATTENTION", "all")
+    assert HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64).cudnn_attention == "all"
+    monkeypatch.delenv("LLMLAUNCH_HF_CUDNN_ATTENTION")
+    assert HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64).cudnn_attention == "graphs"
+    with pytest.raises(ValueError, match="cudnn_attention 'sometimes' is not one of graphs, all, off"):
+        HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64, cudnn_attention="sometimes")
+
+
 def test_eager_attention_equals_generate(tiny_model_dir, reference):
     eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=4, attn_implementation="eager",
                  max_prefill_tokens=5).start()

@@ -82,9 +82,26 @@ def test_other_installs_are_not_checked(monkeypatch):
 
 
 
+def test_engine_library_path_defaults_to_the_launchers_own(monkeypatch):
+    """The server's additions go first on tritonserver's LD_LIBRARY_PATH; the hf engine process (this interpreter)
+    is given the launcher's own path, the cluster's env where that sets one, and a value the user set stays."""
+    install = lt.TritonInstall(lt.NGC_PATH, "", {"LD_LIBRARY_PATH": "/server/lib"}, lt.NGC_PATH)
+    monkeypatch.delenv(lt.ENGINE_LD_LIBRARY_PATH, raising=False)
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/own/lib")
+    env = lt.server_env(install)
+    assert env["LD_LIBRARY_PATH"] == "/server/lib:/own/lib"
+    assert env[lt.ENGINE_LD_LIBRARY_PATH] == "/own/lib"
+    assert lt.server_env(install, {"LD_LIBRARY_PATH": "/cluster/lib"})[lt.ENGINE_LD_LIBRARY_PATH] == "/cluster/lib"
+    monkeypatch.delenv("LD_LIBRARY_PATH")
+    assert lt.server_env(install)[lt.ENGINE_LD_LIBRARY_PATH] == ""  # the engine process then runs without one
+    monkeypatch.setenv(lt.ENGINE_LD_LIBRARY_PATH, "inherit")
+    assert lt.server_env(install)[lt.ENGINE_LD_LIBRARY_PATH] == "inherit"
+
+
 def test_engine_process_library_path_can_be_set(tiny_model_dir, monkeypatch):
-    """The hf engine process inherits the stub's LD_LIBRARY_PATH, or runs with LLMLAUNCH_ENGINE_LD_LIBRARY_PATH when
-    that is set (launcher.triton.ENGINE_LD_LIBRARY_PATH: the choice moves the served figures on the H100 host)."""
+    """The hf engine process runs with LLMLAUNCH_ENGINE_LD_LIBRARY_PATH when that is set, and inherits the stub's
+    LD_LIBRARY_PATH when it is unset or "inherit" (launcher.triton.ENGINE_LD_LIBRARY_PATH: the choice decides which
+    cuDNN the engine loads on the H100 host)."""
     from launcher.engines.hf_process import EngineProcess
 
     def child_env(**env):
@@ -99,6 +116,7 @@ def test_engine_process_library_path_can_be_set(tiny_model_dir, monkeypatch):
 
     monkeypatch.delenv(lt.ENGINE_LD_LIBRARY_PATH, raising=False)
     assert child_env(LD_LIBRARY_PATH="/stub/lib:/own/lib")["LD_LIBRARY_PATH"] == "/stub/lib:/own/lib"
+    assert child_env(**{lt.ENGINE_LD_LIBRARY_PATH: "inherit"})["LD_LIBRARY_PATH"] == "/stub/lib:/own/lib"
     assert child_env(**{lt.ENGINE_LD_LIBRARY_PATH: "/own/lib"})["LD_LIBRARY_PATH"] == "/own/lib"
     assert "LD_LIBRARY_PATH" not in child_env(**{lt.ENGINE_LD_LIBRARY_PATH: ""})
 

@@ -19,6 +19,7 @@ CASES = [
     (["engine.prefill_chunk=-1"], "engine.prefill_chunk=-1", "set engine.prefill_chunk=0"),
     (["engine.response_threads=-2"], "engine.response_threads=-2", "set engine.response_threads=0"),
     (["engine.torch_compile=maybe"], "engine.torch_compile='maybe'", "one of: auto, true, false"),
+    (["engine.cudnn_attention=sometimes"], "engine.cudnn_attention='sometimes'", "one of: graphs, all, off"),
     (["tp=abc"], "tp=abc", "Integer"),
     (["cluster=local_slurm", "tp=4", "replicas=2"], "tp*pp*replicas=4*1*2=8", "set nodes=2"),
     (["cluster=luna", "tp=8", "nodes=3", "engine.engine_dir=/e", "engine=trtllm", "model.path=/m"], "nodes=3", "cannot be spread evenly"),

@@ -9,7 +9,8 @@
 # tritonserver llmlaunch can resolve (README), and, where torch comes with numpy 2, LLMLAUNCH_STUB_PYTHON
 # naming the python3 of an environment with numpy<2 for the nvidia-pytriton stub (README, "GPU machines").
 # Model: a random-weight Llama of 1.24 B parameters (Llama 3.2 1B's shape), made here.
-# Environment knobs: MODEL (folder, default /tmp/llama-1b), CONCURRENCY ("1 8 32 64 128"), ROUNDS (3).
+# Environment knobs: MODEL (folder, default /tmp/llama-1b), CONCURRENCY ("1 8 32 64 128"), ROUNDS (3),
+# SPLIT_CPUS (1: the served path's clients on their own half of the cores).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT_DIR=${1:-gpu-results}
@@ -49,10 +50,17 @@ echo "== 2b. the kernels of a batch-1 decode step, uncompiled and compiled"
 timeout 400 $PY benchmark/gpu/decode_kernels.py --model "$MODEL" | tee "$OUT_DIR/kernels.txt"
 
 echo "== 3. served vs in-process vs engine process vs static generate, concurrency $CONCURRENCY"
-# three engines on the GPU at once (in-process, engine process, the server's): each holds its weights and KV cache
+# three engines on the GPU at once (in-process, engine process, the server's): each holds its weights and KV cache.
+# The served path's load generator (4 processes x 2 gRPC streams: one process cannot carry 128 streams) runs on
+# its own half of the cores, tritonserver and its engine on the other (--split-cpus; SPLIT_CPUS=0 shares them): on
+# one machine the generator's CPU (several cores at 128 streams) otherwise slows the engine's host work, which a
+# remote client would not (RESULTS.md, eighth session: 0.88 shared, 0.95 split at 128 streams).
+SPLIT=()
+[ "${SPLIT_CPUS:-1}" = 1 ] && SPLIT=(--split-cpus)
 # shellcheck disable=SC2086
 timeout 900 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfloat16 --max-num-seqs 128 \
     --concurrency $CONCURRENCY --prompt-tokens 128 --max-tokens 128 --requests-per-stream 2 --rounds "$ROUNDS" \
+    --warmup-tokens 128 --client-processes 4 --client-streams 2 "${SPLIT[@]}" \
     --paths direct process served --vs-generate > "$OUT_DIR/overhead.json"
 $PY - "$OUT_DIR/overhead.json" <<'PY'
 import json, sys

@@ -94,7 +94,8 @@ class EngineStats:
 
 
 def describe_features(f: dict) -> str:
-    """'torch_compile on (12.3 s), 16 decode graphs, overlap on' from Engine.features ('' for none)."""
+    """'torch_compile on (12.3 s), 16 decode graphs, overlap on, cuDNN attention in graphs' from Engine.features
+    ('' for none)."""
     if not f:
         return ""
     parts = [f"torch_compile failed ({f['compile_error']})" if f.get("compile_error") else
@@ -102,6 +103,9 @@ def describe_features(f: dict) -> str:
              f"decode graphs failed ({f['graph_error']})" if f.get("graph_error") else
              f"{f.get('decode_graphs', 0)} decode graphs",
              f"overlap {'on' if f.get('overlap') else 'off'}"]
+    where = {"graphs": "in graphs", "all": "everywhere", "off": "off"}.get(f.get("cudnn_attention", ""))
+    if where:  # GPU only: CPU attention has no cuDNN
+        parts.append(f"cuDNN attention {where}")
     return ", ".join(parts)
 
 
@@ -167,7 +171,8 @@ class Engine:
                  tokenizer_path: str | None = None, attn_implementation: str = "sdpa",
                  kv_cache_memory: float | None = None, after_step: Callable[[], None] | None = None,
                  threads: int | None = None, tp_group=None, cuda_graphs: bool | None = None,
-                 torch_compile: bool | None = None, overlap: bool | None = None):
+                 torch_compile: bool | None = None, overlap: bool | None = None,
+                 cudnn_attention: str | None = None):
         """
         model_path: HF-format folder (config, weights, tokenizer unless tokenizer_path is given).
         device: auto (cuda when available) | cpu | cuda | cuda:N.  dtype: auto | float32 | bfloat16 | float16.
@@ -183,6 +188,8 @@ class Engine:
         tp: tensor-parallel ranks (see hf_tp); this engine is rank 0 and broadcasts each step to the workers.
         tp_group: an hf_tp.TPGroup (default: one made from the LLMLAUNCH_* environment when tp > 1).
         cuda_graphs / torch_compile: see HFModelRunner (None: on for one GPU).
+        cudnn_attention: graphs | all | off, where attention may use cuDNN (HFModelRunner.CUDNN_ATTENTION says
+        why; None: LLMLAUNCH_HF_CUDNN_ATTENTION, else graphs).
         overlap: while the GPU runs a decode step, queue the next one and do the host work of the last (None: on
         with tp=1 unless LLMLAUNCH_HF_OVERLAP=0); see `_schedule`.
         """
@@ -193,7 +200,8 @@ class Engine:
         self.runner = HFModelRunner(self.model_path, device=device, dtype=dtype, max_num_seqs=max_num_seqs,
                                     max_model_len=max_model_len, attn_implementation=attn_implementation,
                                     kv_cache_memory=kv_cache_memory, tp=int(tp or 1), tp_group=tp_group,
-                                    cuda_graphs=cuda_graphs, torch_compile=torch_compile)
+                                    cuda_graphs=cuda_graphs, torch_compile=torch_compile,
+                                    cudnn_attention=cudnn_attention)
         self.runner.warm_up()  # before serving: a compile or capture mid-run would stall every running request
         # tp > 1: this engine is the leader (group rank 0) of a tensor-parallel group; see hf_tp
         self._tp = self.runner.tp_group
@@ -250,7 +258,8 @@ class Engine:
         """What speeds this engine up, as it started (for the server's log line): see describe_features."""
         r = self.runner
         return {"torch_compile": r.use_compile, "compile_s": round(r.compile_s, 1), "compile_error": r.compile_error,
-                "decode_graphs": len(r._graphs), "graph_error": r.graph_error, "overlap": self._overlap}
+                "decode_graphs": len(r._graphs), "graph_error": r.graph_error, "overlap": self._overlap,
+                "cudnn_attention": r.cudnn_attention if r.device.type == "cuda" else ""}
 
     def start(self) -> "Engine":
         if self._thread is None:

@@ -21,8 +21,9 @@ The child exits when the parent's end closes (parent died), so no orphan
 keeps a GPU.
 
 Environment: the child inherits the parent's, except that `LLMLAUNCH_ENGINE_PYTHONPATH`,
-when set, replaces PYTHONPATH for the child, and `LLMLAUNCH_ENGINE_LD_LIBRARY_PATH`, when
-set, replaces LD_LIBRARY_PATH (launcher.triton.ENGINE_LD_LIBRARY_PATH says why one would).  Triton's python stub (2.51) needs
+when set, replaces PYTHONPATH for the child, and `LLMLAUNCH_ENGINE_LD_LIBRARY_PATH`, unless it
+is unset or "inherit", replaces LD_LIBRARY_PATH ("" removes it).  launcher.triton.server_env sets it to the
+launcher's own path (launcher.triton.ENGINE_LD_LIBRARY_PATH says why).  Triton's python stub (2.51) needs
 numpy < 2 while current CUDA builds of torch ship with numpy 2: the stub's
 environment can then put numpy 1.x first on PYTHONPATH and the engine keep its own.
 """
@@ -97,8 +98,8 @@ class EngineProcess:
         env = dict(os.environ)
         if env.get("LLMLAUNCH_ENGINE_PYTHONPATH"):
             env["PYTHONPATH"] = env["LLMLAUNCH_ENGINE_PYTHONPATH"]
-        if "LLMLAUNCH_ENGINE_LD_LIBRARY_PATH" in env:  # see launcher.triton.ENGINE_LD_LIBRARY_PATH
-            lib = env["LLMLAUNCH_ENGINE_LD_LIBRARY_PATH"]
+        lib = env.get("LLMLAUNCH_ENGINE_LD_LIBRARY_PATH", "inherit")  # see launcher.triton.ENGINE_LD_LIBRARY_PATH
+        if lib != "inherit":
             if lib:
                 env["LD_LIBRARY_PATH"] = lib
             else:

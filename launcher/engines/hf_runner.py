@@ -280,7 +280,7 @@ class HFModelRunner:
     def __init__(self, model_path: str, device: str = "auto", dtype: str = "auto", max_num_seqs: int = 64,
                  max_model_len: int | None = None, attn_implementation: str = "sdpa",
                  kv_cache_memory: float | None = None, tp: int = 1, tp_group=None, cuda_graphs: bool | None = None,
-                 torch_compile: bool | None = None):
+                 torch_compile: bool | None = None, cudnn_attention: str | None = None):
         """tp > 1: this process is one rank of a tensor-parallel group (see hf_tp): `tp_group` (an
         hf_tp.TPGroup) or one made from the LLMLAUNCH_* environment; the model is sharded after loading.
         cuda_graphs: replay decode-only steps as CUDA graphs (None: on for cuda with tp=1 unless
@@ -347,6 +347,7 @@ class HFModelRunner:
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
         self._init_graphs(cuda_graphs)
+        self._init_attention_backends(cudnn_attention)
         self._init_compile(torch_compile)
         self._allocate_cache(kv_cache_memory)
         self.sampler = Sampler(self.max_num_seqs, self.vocab_size, self.device)
@@ -385,6 +386,37 @@ class HFModelRunner:
         if idx and idx != list(range(self.num_layers)):
             raise ValueError(f"unsupported architecture: attention layer indices {idx[:8]}... do not match "
                              f"{self.num_layers} layers")
+
+    # -- which attention kernels SDPA may pick -------------------------------------------------------------
+    # Why: on a GPU torch's SDPA prefers cuDNN's attention for our shapes.  cuDNN builds an execution plan on the
+    # host for every new shape it sees (milliseconds each), and eager steps (prompt groups, mixed steps) bring new
+    # shapes all the time: on an H100 at 128 streams that held launch at 5.4 ms a step until the plan cache filled,
+    # 0.74 of the engine at a warm cache (benchmark/RESULTS.md, seventh session).  A captured decode graph builds
+    # its plan once, at capture, and replays it for free.  So by default ("graphs") captures (their warm-up
+    # included: warm-up and capture must pick the same kernels, or the capture builds a plan inside itself and
+    # fails, as tried) keep torch's choice and eager steps use flash / memory-efficient / math.  Measured on an H100
+    # (eighth session): the in-process engine steady from its first round at 128 streams (27-31k tokens/s, where
+    # "all" climbed 15k -> 22k over three rounds), decode graphs as fast as with cuDNN everywhere.
+    CUDNN_ATTENTION = ("graphs", "all", "off")  # graphs: captured decode graphs only; all: torch's choice; off: never
+
+    def _init_attention_backends(self, mode) -> None:
+        import contextlib
+        import os
+
+        if mode in (None, ""):
+            mode = os.environ.get("LLMLAUNCH_HF_CUDNN_ATTENTION", "") or "graphs"
+        if mode not in self.CUDNN_ATTENTION:
+            raise ValueError(f"cudnn_attention {mode!r} is not one of {', '.join(self.CUDNN_ATTENTION)}")
+        self.cudnn_attention = mode
+        self._eager_backends = self._capture_backends = contextlib.nullcontext
+        if mode == "all":
+            return
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        others = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+        self._eager_backends = lambda: sdpa_kernel(others)
+        if mode == "off":
+            self._capture_backends = self._eager_backends
 
     # -- torch.compile ----------------------------------------------------------------------------------------
     # Why: HF's Llama runs ~40 kernels per layer, most of them tiny (the norm alone is 7: cast, pow, mean, add,
@@ -557,15 +589,16 @@ class HFModelRunner:
 
             side = torch.cuda.Stream(dev)
             side.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(side):  # warm-up off the capture (lazy inits, allocator)
-                for _ in range(2):
-                    body()
-            torch.cuda.current_stream(dev).wait_stream(side)
-            if self._graph_pool is None:
-                self._graph_pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._graph_pool):
-                logits = body()
+            with self._capture_backends():  # the same kernels for the warm-up and the capture
+                with torch.cuda.stream(side):  # warm-up off the capture (lazy inits, allocator, cuDNN's plan)
+                    for _ in range(2):
+                        body()
+                torch.cuda.current_stream(dev).wait_stream(side)
+                if self._graph_pool is None:
+                    self._graph_pool = torch.cuda.graph_pool_handle()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self._graph_pool):
+                    logits = body()
         except Exception as e:  # a model whose forward cannot be captured still serves, eagerly
             self.use_graphs = False
             self.graph_error = f"{type(e).__name__}: {e}"
@@ -668,7 +701,8 @@ class HFModelRunner:
             keep = torch.full((1,), input_ids.shape[1] - 1, dtype=torch.long, device=self.device)
         _tls.ctx, _tls.cache = ctx, self.cache
         try:
-            logits = self._fwd(input_ids, positions, keep)
+            with self._eager_backends():
+                logits = self._fwd(input_ids, positions, keep)
         finally:
             _tls.ctx = None
         return logits[:len(logits_idx)]

@@ -176,7 +176,7 @@ def shard_model(model, text_cfg, tp: TPGroup) -> None:
 def run_worker(model_path: str, tp: int, device: str = "auto", dtype: str = "auto", max_num_seqs: int = 64,
                max_model_len: int | None = None, attn_implementation: str = "sdpa",
                kv_cache_memory: float | None = None, threads: int | None = None, on_ready=None,
-               group: TPGroup | None = None, **_ignored) -> None:
+               group: TPGroup | None = None, cudnn_attention: str | None = None, **_ignored) -> None:
     """A worker rank: build the runner on this rank's shard, then execute every StepInputs the leader
     broadcasts until it says stop.  Raises (after the collective timeout at the latest) when the leader dies."""
     import torch
@@ -187,7 +187,7 @@ def run_worker(model_path: str, tp: int, device: str = "auto", dtype: str = "aut
         torch.set_num_threads(int(threads))
     runner = HFModelRunner(model_path, device=device, dtype=dtype, max_num_seqs=max_num_seqs,
                            max_model_len=max_model_len, attn_implementation=attn_implementation,
-                           kv_cache_memory=kv_cache_memory, tp=tp, tp_group=group)
+                           kv_cache_memory=kv_cache_memory, tp=tp, tp_group=group, cudnn_attention=cudnn_attention)
     if runner.tp_group.rank == 0:
         raise ValueError("run_worker runs the worker ranks (group rank > 0); rank 0 runs the Engine")
     if on_ready is not None:

@@ -72,6 +72,7 @@ def _hf_models(spec) -> List[RenderedModel]:
         "cuda_graphs": "true" if e.get("cuda_graphs", True) else "false",
         "response_threads": e.get("response_threads", 0),
         "torch_compile": str(e.get("torch_compile", "auto")).lower(),
+        "cudnn_attention": e.get("cudnn_attention", "graphs"),
         "tp_size": spec.tp,
     }
     cfg = pbtxt.python_model(spec.model_name, e["max_num_seqs"], params)

@@ -12,6 +12,9 @@ config.pbtxt parameters (string values; empty or absent = default):
   cuda_graphs       true | false: replay decode-only steps as CUDA graphs (default: on for one GPU)
   torch_compile     auto | true | false: run the model through torch.compile, compiled when the model
                     loads (default auto: on for one GPU, off on CPU, where compiling takes longer than it saves)
+  cudnn_attention   graphs | all | off: where attention may use cuDNN (default graphs: in captured decode
+                    graphs only, whose plan cuDNN builds once at capture; prompt steps then use flash /
+                    memory-efficient kernels and build no per-shape cuDNN plans on the host)
   torch_threads     intra-op threads of the engine (default 0: torch's default, one per core); on small
                     CPU machines 1 leaves the other cores to tritonserver and the clients
   tp_size           tensor-parallel ranks (default 1).  With tp_size > 1 one tritonserver runs per rank
@@ -170,6 +173,7 @@ class TritonPythonModel:
             "max_prefill_tokens": integer("prefill_chunk", 0) or None,
             "attn_implementation": p.get("attn_implementation", "sdpa"),
             "threads": integer("torch_threads", 0) or None,
+            "cudnn_attention": p.get("cudnn_attention") or None,  # the engine checks the value
         }
         for name, auto in (("cuda_graphs", False), ("torch_compile", True)):  # unset: the engine's default (one GPU: on)
             value = flag(name, "", auto)
