@@ -153,6 +153,8 @@ class BenchConfig:
     ignore_eos: bool = True  # enforce output length for fair comparisons
     warmup: int = 2  # requests sent first and not counted
     seed: int = 0  # dataset sampling seed
+    processes: int = 1  # client processes sharing the load: one Python gRPC client saturates a core long before 128 streams
+    streams: int = 1  # gRPC streams per client process
 
 
 @dataclass

@@ -258,6 +258,13 @@ def bench_problems(bench: Mapping[str, Any]) -> List[str]:
             out.append(f"bench.{k}={bench.get(k)}: must be >= 1")
     if int(bench.get("warmup") or 0) < 0:
         out.append(f"bench.warmup={bench.get('warmup')}: must be >= 0")
+    processes = int(bench.get("processes") or 1)
+    for k in ("processes", "streams"):
+        if int(bench.get(k, 1)) < 1:
+            out.append(f"bench.{k}={bench.get(k)}: must be >= 1")
+    if rate == 0 and processes > int(bench.get("concurrency") or 0) >= 1:
+        out.append(f"bench.processes={processes}: more client processes than bench.concurrency={bench.get('concurrency')} "
+                   f"requests in flight; set bench.processes <= bench.concurrency")
     return out
 
 
@@ -286,6 +293,9 @@ def bench_argv(bench: Mapping[str, Any], url: str, model: str, result_json: str,
         argv += ["--request-rate", f"{rate:g}"]  # open loop: arrivals paced, no concurrency cap
     else:
         argv += ["--concurrency", str(int(bench["concurrency"]))]
+    for k in ("processes", "streams"):  # the client's own CPU must not be what a sweep point measures
+        if int(bench.get(k) or 1) > 1:
+            argv += [f"--{k}", str(int(bench[k]))]
     if bench.get("ignore_eos", True):
         argv.append("--ignore-eos")
     if tokenizer:

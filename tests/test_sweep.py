@@ -104,6 +104,10 @@ def test_bench_problems_are_found_before_any_server_starts():
     assert sweep.bench_problems({**ok, "concurrency": 0, "request_rate": 5.0}) == []  # open loop needs no concurrency
     assert any("dataset" in p for p in sweep.bench_problems({**ok, "dataset": "sharegpt"}))
     assert any("nothing to measure" in p for p in sweep.bench_problems(plain()["bench"]))
+    assert any("bench.processes=16" in p and "bench.concurrency=8" in p
+               for p in sweep.bench_problems({**ok, "processes": 16}))
+    assert any("bench.streams=0" in p for p in sweep.bench_problems({**ok, "streams": 0}))
+    assert sweep.bench_problems({**ok, "processes": 4, "streams": 2}) == []
 
 
 def test_bench_and_client_command_lines():
@@ -119,6 +123,9 @@ def test_bench_and_client_command_lines():
     assert on_cluster == ["srun", "--jobid=123", "--overlap", "--nodes=1", "--ntasks=1", "--mpi=none", "--container-image=img",
                           "/venv/python", "-m", "launcher.bench.cli", "--url", "u"]
     assert sweep.client_argv("/py", ["--url", "u"]) == ["/py", "-m", "launcher.bench.cli", "--url", "u"]
+    assert "--processes" not in args and "--streams" not in args  # one process, one stream: the defaults
+    spread = sweep.bench_argv({**b, "processes": 4, "streams": 2}, "u", "m", "r")
+    assert spread[spread.index("--processes") + 1] == "4" and spread[spread.index("--streams") + 1] == "2"
     with_split = sweep.bench_argv(b, "u", "m", "r", server_metrics="http://10.0.0.1:8002/metrics")
     assert with_split[with_split.index("--server-metrics") + 1] == "http://10.0.0.1:8002/metrics"
 
