@@ -221,8 +221,10 @@ def test_64_concurrent_streams_complete_and_replicas_share_the_load(backends):
     from launcher.client import Generation
 
     with Front(backends) as fe:
-        # paced tokens (the model sleeps between them), so both replicas run at the same speed even on
-        # a busy machine and least-outstanding routing must split the requests evenly
+        # paced tokens (the model sleeps between them), so both replicas run at about the same speed and
+        # least-outstanding routing splits the requests about evenly.  Not exactly: a replica whose stub gets less
+        # of a busy 2-core machine holds its requests longer and rightly gets fewer (157 / 99 seen in one CI
+        # rehearsal), so the bound only rules out a replica left idle or starved
         gens = [Generation(f"prompt number {i}", max_tokens=8) for i in range(64)]
         job = Job(url=fe.url, model="frontend_marker", gens=gens, spec=LoadSpec(concurrency=64, streams=64, num_requests=256, timeout=300), parameters={"inter_token_delay_ms": 25})
         recs = [rec for _, rec in run_load(job).records]
@@ -232,7 +234,7 @@ def test_64_concurrent_streams_complete_and_replicas_share_the_load(backends):
         m = fe.metrics()
         per = [m[("llmlaunch_frontend_requests_total", i)] for i in (0, 1)]
         assert sum(per) == 256
-        assert min(per) >= 0.4 * 256, f"unfair split {per}"
+        assert min(per) >= 0.3 * 256, f"unfair split {per}"
         assert m[("llmlaunch_frontend_responses_total", 0)] + m[("llmlaunch_frontend_responses_total", 1)] == 256 * 8  # the last token carries the final flag
         assert [m[("llmlaunch_frontend_in_flight", i)] for i in (0, 1)] == [0, 0]
         assert [m[("llmlaunch_frontend_errors_total", i)] for i in (0, 1)] == [0, 0]
