@@ -30,6 +30,7 @@ MPI_TYPES = ("pmix", "pmi2", "none")
 CONTAINER_RUNTIMES = ("none", "pyxis")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+CUDNN_ATTENTION = ("graphs", "all", "off")  # hf engine.cudnn_attention (launcher.engines.hf_runner says what each means)
 
 
 @dataclass(frozen=True)
@@ -204,7 +205,7 @@ def build_spec(cfg) -> LaunchSpec:
     if "torch_compile" in engine:  # hf; a str field, so Hydra's engine.torch_compile=true arrives as 'True'
         _choice(problems, "engine.torch_compile", str(engine["torch_compile"]).lower(), ("auto", "true", "false"))
     if "cudnn_attention" in engine:  # hf
-        _choice(problems, "engine.cudnn_attention", engine["cudnn_attention"], ("graphs", "all", "off"))
+        _choice(problems, "engine.cudnn_attention", engine["cudnn_attention"], CUDNN_ATTENTION)
     _choice(problems, "model.dtype", model.get("dtype"), DTYPES)
     if not _SAFE_NAME.match(str(c.get("job_name", ""))):
         problems.append(

@@ -258,10 +258,10 @@ def bench_problems(bench: Mapping[str, Any]) -> List[str]:
             out.append(f"bench.{k}={bench.get(k)}: must be >= 1")
     if int(bench.get("warmup") or 0) < 0:
         out.append(f"bench.warmup={bench.get('warmup')}: must be >= 0")
-    processes = int(bench.get("processes") or 1)
     for k in ("processes", "streams"):
         if int(bench.get(k, 1)) < 1:
             out.append(f"bench.{k}={bench.get(k)}: must be >= 1")
+    processes = int(bench.get("processes", 1))
     if rate == 0 and processes > int(bench.get("concurrency") or 0) >= 1:
         out.append(f"bench.processes={processes}: more client processes than bench.concurrency={bench.get('concurrency')} "
                    f"requests in flight; set bench.processes <= bench.concurrency")

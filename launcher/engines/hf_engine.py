@@ -188,8 +188,8 @@ class Engine:
         tp: tensor-parallel ranks (see hf_tp); this engine is rank 0 and broadcasts each step to the workers.
         tp_group: an hf_tp.TPGroup (default: one made from the LLMLAUNCH_* environment when tp > 1).
         cuda_graphs / torch_compile: see HFModelRunner (None: on for one GPU).
-        cudnn_attention: graphs | all | off, where attention may use cuDNN (HFModelRunner.CUDNN_ATTENTION says
-        why; None: LLMLAUNCH_HF_CUDNN_ATTENTION, else graphs).
+        cudnn_attention: graphs | all | off, where attention may use cuDNN (see
+        HFModelRunner._init_attention_backends; None: LLMLAUNCH_HF_CUDNN_ATTENTION, else graphs).
         overlap: while the GPU runs a decode step, queue the next one and do the host work of the last (None: on
         with tp=1 unless LLMLAUNCH_HF_OVERLAP=0); see `_schedule`.
         """

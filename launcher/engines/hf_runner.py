@@ -44,6 +44,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
+from launcher.spec import CUDNN_ATTENTION
 from launcher.stage import announce
 
 log = logging.getLogger(__name__)
@@ -397,7 +398,7 @@ class HFModelRunner:
     # fails, as tried) keep torch's choice and eager steps use flash / memory-efficient / math.  Measured on an H100
     # (eighth session): the in-process engine steady from its first round at 128 streams (27-31k tokens/s, where
     # "all" climbed 15k -> 22k over three rounds), decode graphs as fast as with cuDNN everywhere.
-    CUDNN_ATTENTION = ("graphs", "all", "off")  # graphs: captured decode graphs only; all: torch's choice; off: never
+    # (the modes, launcher.spec.CUDNN_ATTENTION) graphs: captured decode graphs only; all: torch's choice; off: never
 
     def _init_attention_backends(self, mode) -> None:
         import contextlib
@@ -405,8 +406,8 @@ class HFModelRunner:
 
         if mode in (None, ""):
             mode = os.environ.get("LLMLAUNCH_HF_CUDNN_ATTENTION", "") or "graphs"
-        if mode not in self.CUDNN_ATTENTION:
-            raise ValueError(f"cudnn_attention {mode!r} is not one of {', '.join(self.CUDNN_ATTENTION)}")
+        if mode not in CUDNN_ATTENTION:
+            raise ValueError(f"cudnn_attention {mode!r} is not one of {', '.join(CUDNN_ATTENTION)}")
         self.cudnn_attention = mode
         self._eager_backends = self._capture_backends = contextlib.nullcontext
         if mode == "all":
