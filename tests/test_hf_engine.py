@@ -119,6 +119,135 @@ def test_group_first_chunks():
     assert group_first_chunks([]) == []
 
 
+def test_prompt_graph_padding_equals_the_unpadded_step(tiny_model_dir):
+    """What a prompt graph replays (HFModelRunner._prefill_body: one prompt padded to its bucket, pads writing to
+    the spare slot, the last real token's logits kept) gives the logits and cache of the unpadded eager step.
+    CUDA graphs need a GPU; the padded body runs here eagerly, as the capture records it (benchmark/gpu/
+    decode_bandwidth.py checks greedy tokens through the captured graphs on one)."""
+    from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
+
+    runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_model_len=64)
+    assert runner.prefill_graph_limit == 0 and not runner._prefill_graphs  # no graphs off the GPU
+    runner._spare_slots = 1  # as with graphs on: the slot padded rows write to
+    runner._allocate_cache(None)
+    prompt = list(range(40, 47))
+    step = StepInputs([], [], [], [PrefillChunk(2, 0, len(prompt), True)], prompt, SamplingRows())
+    with torch.inference_mode():
+        unpadded = runner._run(step)
+    cache = [(k.clone(), v.clone()) for k, v in runner.cache]
+    for k, v in runner.cache:
+        k.zero_(), v.zero_()
+    rows, last = runner.prefill_graph_inputs(step, 16)
+    assert last == 6 and rows[2] == [2] * 7 + [4] * 9 and rows[1] == list(range(16))
+    with torch.inference_mode():
+        padded = runner._prefill_body(torch.tensor(rows), torch.tensor([last]), 16)
+    torch.testing.assert_close(padded, unpadded, rtol=1e-5, atol=1e-5)
+    for (k, v), (k0, v0) in zip(runner.cache, cache):
+        torch.testing.assert_close(k[:4], k0[:4], rtol=1e-6, atol=1e-6)  # real slots: the same, nothing else written
+        torch.testing.assert_close(v[:4], v0[:4], rtol=1e-6, atol=1e-6)
+        assert k[4, :, 7:16].abs().sum() > 0 and k[4, :, 16:].abs().sum() == 0  # the pads went to the spare slot
+
+
+def test_which_steps_replay_a_prompt_graph(tiny_model_dir, monkeypatch):
+    """One whole prompt, no decode rows, not longer than the limit -> the smallest bucket that holds it; anything
+    else runs eagerly.  Buckets grow by at most 1.5x; the limit comes from the environment and is checked."""
+    from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
+
+    assert HFModelRunner.prefill_buckets(2048) == [16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
+                                                   2048]
+    assert HFModelRunner.prefill_buckets(100) == [16, 24, 32, 48, 64, 96, 100]
+    assert HFModelRunner.prefill_buckets(10) == [10] and HFModelRunner.prefill_buckets(0) == []
+    runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_model_len=64)
+    runner._prefill_graphs = {b: None for b in (16, 24, 32)}  # as if captured
+    runner.prefill_graph_limit = 30
+
+    def step(*chunks, decode=()):
+        return StepInputs([d for d in decode], [1] * len(decode), [3] * len(decode), list(chunks),
+                          [1] * sum(c.length for c in chunks), SamplingRows())
+
+    assert runner.prefill_graph_key(step(PrefillChunk(0, 0, 7, True))) == 16
+    assert runner.prefill_graph_key(step(PrefillChunk(1, 0, 17, True))) == 24
+    assert runner.prefill_graph_key(step(PrefillChunk(1, 0, 30, True))) == 32
+    for eager in (step(PrefillChunk(0, 0, 31, True)),  # past the limit
+                  step(PrefillChunk(0, 0, 7, True), decode=[1]),  # beside a decode row
+                  step(PrefillChunk(0, 0, 7, True), PrefillChunk(1, 0, 5, True)),  # two prompts
+                  step(PrefillChunk(0, 8, 7, True)),  # a later chunk (attends to the cache)
+                  step(PrefillChunk(0, 0, 7, False)),  # a chunk that does not end its prompt
+                  step(decode=[0])):
+        assert runner.prefill_graph_key(eager) is None
+    monkeypatch.setenv("LLMLAUNCH_HF_PREFILL_GRAPHS", "lots")
+    with pytest.raises(ValueError, match="LLMLAUNCH_HF_PREFILL_GRAPHS='lots' is not a number of tokens"):
+        HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64)
+    with pytest.raises(ValueError, match="prefill_graphs=-1 is negative"):
+        HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64, prefill_graphs=-1)
+
+
+@pytest.mark.parametrize("alone", [4, 0])
+def test_a_few_prompts_go_alone_through_their_graphs_a_wave_goes_together(tiny_model_dir, reference, monkeypatch,
+                                                                          alone):
+    """Where prompt graphs exist (a GPU), up to PROMPTS_ALONE_MAX prompts that arrive while others decode are each
+    prefilled alone (their graph) while the decode rows wait a step; more than that go in one step beside the
+    decode rows; LLMLAUNCH_HF_PROMPTS_ALONE=0 turns it off.  Outputs stay those of generate.  CPU has no CUDA
+    graphs: the runner is told that prompts up to 64 tokens have one (its steps then run eagerly here); the
+    engine is held inside a step while requests arrive, so the scheduler sees them together."""
+    monkeypatch.setenv("LLMLAUNCH_HF_PROMPTS_ALONE", str(alone))
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_prefill_tokens=64)
+    eng.runner.prompt_graphed = lambda length: length <= 64
+    steps, hold, held = [], threading.Event(), threading.Event()
+    launch = eng.runner.launch
+
+    def spy(step, **kw):
+        steps.append((len(step.decode_tokens), [c.length for c in step.prefill]))
+        if hold.is_set():
+            held.set()
+            hold.wait_until_clear()
+        return launch(step, **kw)
+
+    class Gate(threading.Event):  # set: the next launch stops until cleared
+        def wait_until_clear(self):
+            while self.is_set():
+                time.sleep(0.005)
+
+    hold = Gate()
+    eng.runner.launch = spy
+    eng.start()
+    try:
+        def arrive_together(prompts, n):
+            """Hold the engine in a step, queue `prompts`, let it go; returns their collectors."""
+            held.clear()
+            hold.set()
+            assert held.wait(30)
+            mark = len(steps)
+            runs = [collect(eng, p, SamplingParams(max_tokens=n)) for p in prompts]
+            hold.clear()
+            return mark, runs
+
+        first = collect(eng, PROMPTS[3], SamplingParams(max_tokens=40))
+        while len(first[1]) < 2:  # decoding
+            time.sleep(0.01)
+        mark, few = arrive_together(PROMPTS[:2], 8)
+        for done, _ in few:
+            assert done.wait(60)
+        prompt_steps = [st for st in steps[mark:] if st[1]]
+        lengths = sorted(len(eng.tokenizer(p).input_ids) for p in PROMPTS[:2])
+        if alone:  # each prompt alone, no decode row beside it
+            assert sorted(st[1][0] for st in prompt_steps) == lengths and all(st[0] == 0 and len(st[1]) == 1
+                                                                              for st in prompt_steps)
+        else:  # both beside the decode row
+            assert prompt_steps[0][0] == 1 and sorted(prompt_steps[0][1]) == lengths
+        mark, wave = arrive_together(PROMPTS[:2] + PROMPTS[:2] + [PROMPTS[4]], 8)  # 5 > PROMPTS_ALONE_MAX
+        for done, _ in wave:
+            assert done.wait(60)
+        wave_step = next(st for st in steps[mark:] if st[1])
+        assert wave_step[0] >= 1 and len(wave_step[1]) == 5  # one step: the decode row(s) and all five prompts
+        assert first[0].wait(60)
+        expected = [(PROMPTS[3], 40)] + [(p, 8) for p in PROMPTS[:2] * 3 + [PROMPTS[4]]]
+        for (_, outs), (p, n) in zip([first] + few + wave, expected, strict=True):
+            assert [t for o in outs for t in o.token_ids] == reference(p, n)[0]
+    finally:
+        eng.shutdown()
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_grouped_prefill_equals_one_at_a_time(tiny_model_dir, attn):
     """Prompts prefilled together (one padded attention call per group, beside a decode token) give the same
@@ -657,12 +786,14 @@ def test_engine_step_split_of_gpu_totals():
     from launcher.serving.timings import engine_step_split, format_engine_split
 
     totals = {"steps": 4, "wall_s": 0.01, "launch_s": 0.002, "wait_s": 0.006, "gpu_s": 0.007, "gpu_idle_s": 0.0004,
-              "gpu_steps": 4, "decode_tokens": 4, "prefill_tokens": 8, "ahead_steps": 3}
+              "gpu_steps": 4, "decode_tokens": 4, "prefill_tokens": 8, "ahead_steps": 3, "prompt_graph_steps": 1}
     split = engine_step_split({}, totals)
     assert split == {"steps": 4, "step_ms": 2.5, "launch_ms": 0.5, "wait_ms": 1.5, "host_ms": 0.5, "decode_rows": 1.0,
-                     "prefill_tokens": 2.0, "ahead": 0.75, "gpu_ms": 1.75, "gpu_idle_ms": 0.1}
+                     "prefill_tokens": 2.0, "ahead": 0.75, "prompt_graph": 0.25, "gpu_ms": 1.75, "gpu_idle_ms": 0.1}
     assert format_engine_split(split) == ("step 2.500 ms = launch 0.500 + wait 1.500 + host 0.500; GPU 1.750 busy + "
-                                          "0.100 idle; 1 decode rows, 2 prompt tokens a step, 75% queued ahead")
+                                          "0.100 idle; 1 decode rows, 2 prompt tokens a step, 75% queued ahead, "
+                                          "25.0% one prompt through its graph")
+    assert "graph" not in format_engine_split(engine_step_split({}, dict(totals, prompt_graph_steps=0)))
 
 
 def test_engine_process_matches_engine(tiny_model_dir, engine):

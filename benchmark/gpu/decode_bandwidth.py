@@ -20,7 +20,8 @@ process on one GPU:
   callbacks).
 
 Then, in float32, the greedy tokens of 4 prompts run together must be the same
-with graphs, without, compiled with graphs, and from `generate`.  Prints one JSON document: bandwidth
+with graphs, without, compiled with graphs, and from `generate`, and so must those of
+the 4 prompts run one after the other (compiled, graphs: each prompt through a prompt graph).  Prints one JSON document: bandwidth
 GB/s, weight GB, limit steps/s, steps/s of each and their fractions of the limit,
 and the three greedy comparisons.
 """
@@ -124,8 +125,9 @@ def step_parts(runner, n: int = 300) -> dict:
     return {"graph_replay_steps_per_s": round(replay, 1), "runner_execute_steps_per_s": round(execute, 1)}
 
 
-def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64) -> list:
-    """Greedy tokens (float32) of 4 prompts of different lengths run together, through the engine."""
+def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, together: bool = True) -> list:
+    """Greedy tokens (float32) of 4 prompts of different lengths run together (together=False: one after the
+    other, so each prompt's step is its own and replays a prompt graph), through the engine."""
     import queue
 
     from launcher.engines.hf_engine import Engine, SamplingParams
@@ -139,8 +141,12 @@ def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64) -> li
             outs[i] = []
             engine.add_request(f"g{i}", list(range(20 + i, 20 + i + length)), SamplingParams(max_tokens=n, ignore_eos=True),
                                lambda out, i=i: (outs[i].extend(out.token_ids), out.finish_reason and done.put(i)))
-        for _ in outs:
+            if not together:
+                done.get(timeout=600)
+        for _ in outs if together else ():
             done.get(timeout=600)
+        if cuda_graphs and not together:
+            print(f"[greedy] one at a time: {engine.features}", file=sys.stderr, flush=True)
         return [outs[i] for i in sorted(outs)]
     finally:
         engine.shutdown()
@@ -234,6 +240,9 @@ def main(argv=None) -> int:
         out["greedy_graphs_equal_generate"] = with_graphs == ref
         out["greedy_eager_equal_generate"] = without == ref
         out["greedy_compiled_graphs_equal_generate"] = compiled == ref
+        # one prompt at a time: each prompt's step replays a prompt graph (buckets 16, 24, 48, 16)
+        out["greedy_compiled_graphs_one_at_a_time_equal_generate"] = greedy_tokens(args.model, True, True,
+                                                                                   together=False) == ref
     print(json.dumps(out, indent=2))
     return 0
 

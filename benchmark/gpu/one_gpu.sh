@@ -49,6 +49,9 @@ timeout 540 $PY benchmark/gpu/decode_bandwidth.py --model "$MODEL" --tokens 256 
 echo "== 2b. the kernels of a batch-1 decode step, uncompiled and compiled"
 timeout 400 $PY benchmark/gpu/decode_kernels.py --model "$MODEL" | tee "$OUT_DIR/kernels.txt"
 
+echo "== 2c. time to first token on an idle engine: prompt steps as CUDA graphs vs eager, side by side"
+timeout 400 $PY benchmark/gpu/prefill_ttft.py --model "$MODEL" | tee "$OUT_DIR/prefill_ttft.json"
+
 echo "== 3. served vs in-process vs engine process vs static generate, concurrency $CONCURRENCY"
 # three engines on the GPU at once (in-process, engine process, the server's): each holds its weights and KV cache.
 # The served path's load generator (4 processes x 2 gRPC streams: one process cannot carry 128 streams) runs on

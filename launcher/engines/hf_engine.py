@@ -91,6 +91,7 @@ class EngineStats:
     gpu_s: float = 0.0  # GPU: from each step's first work to its last (CUDA events)
     gpu_idle_s: float = 0.0  # GPU idle between a step and the next one, because the host queued it late
     gpu_steps: int = 0  # steps timed on the GPU (0 off the GPU)
+    prompt_graph_steps: int = 0  # steps of one prompt replayed as a CUDA graph (HFModelRunner's prompt graphs)
 
 
 def describe_features(f: dict) -> str:
@@ -102,6 +103,8 @@ def describe_features(f: dict) -> str:
              f"torch_compile on ({f.get('compile_s', 0):.1f} s)" if f.get("torch_compile") else "torch_compile off",
              f"decode graphs failed ({f['graph_error']})" if f.get("graph_error") else
              f"{f.get('decode_graphs', 0)} decode graphs",
+             f"prompt graphs failed ({f['prefill_graph_error']})" if f.get("prefill_graph_error") else
+             f"{f.get('prefill_graphs', 0)} prompt graphs",
              f"overlap {'on' if f.get('overlap') else 'off'}"]
     where = {"graphs": "in graphs", "all": "everywhere", "off": "off"}.get(f.get("cudnn_attention", ""))
     if where:  # GPU only: CPU attention has no cuDNN
@@ -172,7 +175,7 @@ class Engine:
                  kv_cache_memory: float | None = None, after_step: Callable[[], None] | None = None,
                  threads: int | None = None, tp_group=None, cuda_graphs: bool | None = None,
                  torch_compile: bool | None = None, overlap: bool | None = None,
-                 cudnn_attention: str | None = None):
+                 cudnn_attention: str | None = None, prefill_graphs: int | None = None):
         """
         model_path: HF-format folder (config, weights, tokenizer unless tokenizer_path is given).
         device: auto (cuda when available) | cpu | cuda | cuda:N.  dtype: auto | float32 | bfloat16 | float16.
@@ -190,6 +193,8 @@ class Engine:
         cuda_graphs / torch_compile: see HFModelRunner (None: on for one GPU).
         cudnn_attention: graphs | all | off, where attention may use cuDNN (see
         HFModelRunner._init_attention_backends; None: LLMLAUNCH_HF_CUDNN_ATTENTION, else graphs).
+        prefill_graphs: the longest prompt whose prompt-only step replays a CUDA graph (see
+        HFModelRunner._init_prefill_graphs; None: LLMLAUNCH_HF_PREFILL_GRAPHS, else 2048; 0: none).
         overlap: while the GPU runs a decode step, queue the next one and do the host work of the last (None: on
         with tp=1 unless LLMLAUNCH_HF_OVERLAP=0); see `_schedule`.
         """
@@ -201,8 +206,12 @@ class Engine:
                                     max_model_len=max_model_len, attn_implementation=attn_implementation,
                                     kv_cache_memory=kv_cache_memory, tp=int(tp or 1), tp_group=tp_group,
                                     cuda_graphs=cuda_graphs, torch_compile=torch_compile,
-                                    cudnn_attention=cudnn_attention)
-        self.runner.warm_up()  # before serving: a compile or capture mid-run would stall every running request
+                                    cudnn_attention=cudnn_attention, prefill_graphs=prefill_graphs)
+        if not max_prefill_tokens:
+            max_prefill_tokens = 2048 if self.runner.device.type == "cuda" else 512
+        self.max_prefill_tokens = max(1, int(max_prefill_tokens))
+        # before serving: a compile or capture mid-run would stall every running request
+        self.runner.warm_up(self.max_prefill_tokens)
         # tp > 1: this engine is the leader (group rank 0) of a tensor-parallel group; see hf_tp
         self._tp = self.runner.tp_group
         if self._tp is not None and self._tp.rank != 0:
@@ -212,9 +221,6 @@ class Engine:
         self.max_num_seqs = self.runner.max_num_seqs
         self.device = str(self.runner.device)
         self.dtype = str(self.runner.dtype).replace("torch.", "")
-        if not max_prefill_tokens:
-            max_prefill_tokens = 2048 if self.runner.device.type == "cuda" else 512
-        self.max_prefill_tokens = max(1, int(max_prefill_tokens))
         self.vocab_size = self.runner.vocab_size
         # models often pad the embedding beyond the tokenizer (Qwen: 151936 vs 151665): never sample those ids
         self.runner.sampler.valid_vocab = min(self.vocab_size, len(self.tokenizer))
@@ -244,6 +250,11 @@ class Engine:
         self._prefilling: list[_Seq] = []
         self._decoding: list[tuple[int, _Seq]] = []  # (slot, seq), sorted by slot
         self._by_id: dict[str, _Seq] = {}
+        # prompts taken one at a time through their graphs (PROMPTS_ALONE_MAX; LLMLAUNCH_HF_PROMPTS_ALONE=0: never)
+        raw = os.environ.get("LLMLAUNCH_HF_PROMPTS_ALONE", "")
+        if raw and not raw.isdigit():
+            raise ValueError(f"LLMLAUNCH_HF_PROMPTS_ALONE={raw!r} is not a number of prompts (0: never alone)")
+        self._prompts_alone = int(raw) if raw else self.PROMPTS_ALONE_MAX
         if overlap is None:
             overlap = os.environ.get("LLMLAUNCH_HF_OVERLAP", "1") != "0"
         self._overlap = bool(overlap) and self._tp is None
@@ -259,6 +270,7 @@ class Engine:
         r = self.runner
         return {"torch_compile": r.use_compile, "compile_s": round(r.compile_s, 1), "compile_error": r.compile_error,
                 "decode_graphs": len(r._graphs), "graph_error": r.graph_error, "overlap": self._overlap,
+                "prefill_graphs": len(r._prefill_graphs), "prefill_graph_error": r.prefill_graph_error,
                 "cudnn_attention": r.cudnn_attention if r.device.type == "cuda" else ""}
 
     def start(self) -> "Engine":
@@ -445,6 +457,8 @@ class Engine:
         t0 = time.perf_counter()
         handle = self.runner.launch(step, **kw)
         self.stats.launch_s += time.perf_counter() - t0
+        if self.runner.last_graph == "prompt":
+            self.stats.prompt_graph_steps += 1
         return handle
 
     def _wait(self, handle) -> list[int]:
@@ -474,11 +488,22 @@ class Engine:
         part-way through prefill.  A step with prompt tokens cannot replay a CUDA graph, and launched ahead one
         prompt at a time, as requests arrive, nearly every step under load became such a step (measured on an
         H100 at 128 streams: 6.1 ms a step instead of 3.2); prompts that arrive during a run of decode steps
-        are taken together, in one step, once it ends.
+        are taken together, in one step, once it ends.  Where the runner replays prompt graphs, a few such prompts
+        (PROMPTS_ALONE_MAX) go one per step instead, alone, while the decode rows wait that step (_prompt_alone).
         """
         prev_rows = None
+        prompts = []  # sequences whose prompt (or its next chunk) this step may take
         if ahead_of is None:
             decoding = [s for _, s in self._decoding]
+            # admit waiting requests into free slots (lowest slot first keeps the decode batch rows compact)
+            while self._waiting and self._free:
+                seq = self._waiting.popleft()
+                seq.slot = heapq.heappop(self._free)
+                self._prefilling.append(seq)
+            prompts = self._prefilling
+            alone = self._prompt_alone(decoding)
+            if alone is not None:
+                decoding, prompts = [], [alone]
         else:
             prev_rows = [i for i, s in enumerate(ahead_of)
                          if s.slot >= 0 and len(s.out_ids) + 1 < s.max_tokens]  # not finished, not ending now
@@ -487,6 +512,8 @@ class Engine:
                 return None
             ids = {id(s) for s in ahead_of}
             if any(id(s) not in ids for s in self._prefilling):  # a prompt the chunk budget left out
+                return None
+            if any(id(s) not in ids for _, s in self._decoding):  # rows that waited for a prompt alone
                 return None
         rows = list(decoding)
         decode_slots = [s.slot for s in decoding]
@@ -499,14 +526,9 @@ class Engine:
         prefill_tokens: list[int] = []
         penalty_resets = []
         chunk_seqs = []  # sequences whose chunk here does not end their prompt
-        if ahead_of is None:  # a step queued ahead carries no prompt (see above)
-            # admit waiting requests into free slots (lowest slot first keeps the decode batch rows compact)
-            while self._waiting and self._free:
-                seq = self._waiting.popleft()
-                seq.slot = heapq.heappop(self._free)
-                self._prefilling.append(seq)
+        if prompts:  # a step queued ahead carries no prompt (see above)
             budget = self.max_prefill_tokens
-            for seq in self._prefilling:
+            for seq in prompts:
                 if budget <= 0:
                     break
                 start = seq.num_computed
@@ -530,6 +552,26 @@ class Engine:
                           self._sampling_rows(rows, pending_rows=len(decoding) if ahead_of is not None else 0),
                           penalty_resets)
         return step, rows, chunk_seqs, prev_rows
+
+    # At most this many prompts waiting to be prefilled are taken one at a time, each alone in a step that replays
+    # its prompt graph, instead of together in one eager step beside the decode rows.  Why: an eager step with
+    # prompt tokens is kernel launches from Python, ~10-11 ms on an H100 host for a 1 B model whatever it holds,
+    # while a prompt graph of up to 512 tokens replays in 2.2-3.8 ms and the decode rows' graph in ~1.7 ms
+    # (benchmark/RESULTS.md, ninth session).  So k prompts alone cost ~2.5 k ms (+ one decode step for the rows
+    # that waited) against ~11 ms together: better for the prompts up to 4, and not worse for the decode rows.
+    # A wave (more prompts than that) still goes in together, where the eager step's cost is shared.
+    PROMPTS_ALONE_MAX = 4
+
+    def _prompt_alone(self, decoding: list[_Seq]) -> _Seq | None:
+        """The prompt to prefill alone in this step (its prompt graph), or None (one step for everything)."""
+        pending = self._prefilling
+        if not pending or len(pending) > self._prompts_alone or (len(pending) == 1 and not decoding):
+            return None  # nothing to prefill, a wave, or a prompt alone anyway
+        first = pending[0]
+        length = len(first.prompt_ids)
+        if first.num_computed or length > self.max_prefill_tokens or not self.runner.prompt_graphed(length):
+            return None
+        return first
 
     def _sampling_rows(self, rows: list[_Seq], pending_rows: int = 0) -> SamplingRows:
         """pending_rows: the first rows each have a token sampled by a step still running (not yet in out_ids)."""

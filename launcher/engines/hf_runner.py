@@ -281,12 +281,15 @@ class HFModelRunner:
     def __init__(self, model_path: str, device: str = "auto", dtype: str = "auto", max_num_seqs: int = 64,
                  max_model_len: int | None = None, attn_implementation: str = "sdpa",
                  kv_cache_memory: float | None = None, tp: int = 1, tp_group=None, cuda_graphs: bool | None = None,
-                 torch_compile: bool | None = None, cudnn_attention: str | None = None):
+                 torch_compile: bool | None = None, cudnn_attention: str | None = None,
+                 prefill_graphs: int | None = None):
         """tp > 1: this process is one rank of a tensor-parallel group (see hf_tp): `tp_group` (an
         hf_tp.TPGroup) or one made from the LLMLAUNCH_* environment; the model is sharded after loading.
         cuda_graphs: replay decode-only steps as CUDA graphs (None: on for cuda with tp=1 unless
         LLMLAUNCH_HF_CUDA_GRAPHS=0).  torch_compile: run the model's forward through torch.compile (None: on
-        for cuda with tp=1 unless LLMLAUNCH_HF_COMPILE=0); `warm_up()` compiles before serving."""
+        for cuda with tp=1 unless LLMLAUNCH_HF_COMPILE=0); `warm_up()` compiles before serving.
+        prefill_graphs: the longest prompt (tokens) whose prompt-only step replays a CUDA graph (None:
+        LLMLAUNCH_HF_PREFILL_GRAPHS, else 2048; 0: none; needs cuda_graphs); see `_init_prefill_graphs`."""
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -347,12 +350,13 @@ class HFModelRunner:
         self.max_num_seqs = int(max_num_seqs)
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
-        self._init_graphs(cuda_graphs)
+        self._init_graphs(cuda_graphs, prefill_graphs)
         self._init_attention_backends(cudnn_attention)
         self._init_compile(torch_compile)
         self._allocate_cache(kv_cache_memory)
         self.sampler = Sampler(self.max_num_seqs, self.vocab_size, self.device)
         self._last_done = None  # the completion event of the step launched last, until the engine idles (gpu_times)
+        self.last_graph = None  # the graph the last launch replayed: "decode", "prompt" or None (eager)
         self._layer_idx_check()
 
     # -- setup ---------------------------------------------------------------------------------------------
@@ -441,9 +445,10 @@ class HFModelRunner:
 
             self._fwd = torch.compile(self._forward, dynamic=True, fullgraph=True)
 
-    def warm_up(self) -> None:
-        """Before serving: compile (each shape class a step can have) and capture the decode graphs, so that no
-        request waits on either.  A model that cannot be compiled still serves, uncompiled (compile_error)."""
+    def warm_up(self, max_prefill_tokens: int | None = None) -> None:
+        """Before serving: compile (each shape class a step can have) and capture the decode graphs and the
+        prompt graphs (prompts up to max_prefill_tokens, the engine's chunk), so that no request waits on
+        either.  A model that cannot be compiled still serves, uncompiled (compile_error)."""
         import time
 
         import torch
@@ -475,6 +480,7 @@ class HFModelRunner:
                 log.info("hf engine: model compiled (torch.compile, %d step shapes) in %.1f s", len(steps),
                          self.compile_s)
         self.capture_graphs()
+        self.capture_prefill_graphs(max_prefill_tokens)
 
     # -- CUDA graphs for decode-only steps -----------------------------------------------------------------
     # Why: a decode step of a 1 B model launches ~20 kernels per layer from Python; on the H100 host that
@@ -488,7 +494,7 @@ class HFModelRunner:
     # to one position, and their logits are dropped.  Mixed steps (prompt chunks) and tp > 1 run eagerly.
     _GRAPH_MIN_LEN = 256
 
-    def _init_graphs(self, cuda_graphs) -> None:
+    def _init_graphs(self, cuda_graphs, prefill_graphs=None) -> None:
         import os
 
         if cuda_graphs is None:
@@ -498,6 +504,7 @@ class HFModelRunner:
         self._graphs: dict = {}
         self._graph_pool = None
         self.graph_error = ""
+        self._init_prefill_graphs(prefill_graphs)
 
     def _bucket(self, rows: int, length: int) -> tuple[int, int]:
         r = 1
@@ -588,18 +595,7 @@ class HFModelRunner:
                 finally:
                     _tls.ctx = None
 
-            side = torch.cuda.Stream(dev)
-            side.wait_stream(torch.cuda.current_stream(dev))
-            with self._capture_backends():  # the same kernels for the warm-up and the capture
-                with torch.cuda.stream(side):  # warm-up off the capture (lazy inits, allocator, cuDNN's plan)
-                    for _ in range(2):
-                        body()
-                torch.cuda.current_stream(dev).wait_stream(side)
-                if self._graph_pool is None:
-                    self._graph_pool = torch.cuda.graph_pool_handle()
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self._graph_pool):
-                    logits = body()
+            graph, logits = self._capture_graph(body)
         except Exception as e:  # a model whose forward cannot be captured still serves, eagerly
             self.use_graphs = False
             self.graph_error = f"{type(e).__name__}: {e}"
@@ -609,6 +605,159 @@ class HFModelRunner:
         self._graphs[(rows, length)] = (graph, meta, logits, heads, span, keep)
         log.debug("hf engine: captured decode graph rows=%d length=%d", rows, length)
         return self._graphs[(rows, length)]
+
+    def _capture_graph(self, body):
+        """(graph, its output) of `body()` captured after two warm-up runs on a side stream (lazy inits, the
+        allocator, cuDNN's plan); every graph shares one memory pool (they replay one at a time)."""
+        import torch
+
+        dev = self.device
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with self._capture_backends():  # the same kernels for the warm-up and the capture
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    body()
+            torch.cuda.current_stream(dev).wait_stream(side)
+            if self._graph_pool is None:
+                self._graph_pool = torch.cuda.graph_pool_handle()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._graph_pool):
+                out = body()
+        return graph, out
+
+    # -- CUDA graphs for prompt-only steps of one prompt ------------------------------------------------------
+    # Why: a request that finds the engine idle (low load: every request at concurrency 1) gets its first token
+    # from a step that prefills its prompt alone.  Run eagerly that step is kernel launches from Python (~290
+    # kernels compiled, ~700 not, ~25 us each on an H100 host) for a few ms of GPU work: most of the time to first
+    # token.  So such steps replay a graph too: the prompt padded to a bucket B (16, 24, 32, 48, ... x1.5 / x4/3
+    # steps, up to the engine's prompt chunk), causal attention over its own B tokens.  Padding is harmless there:
+    # a padded token sits after every real one, so causality hides it from them; its keys/values go to the
+    # spare slot's cache row (as a padded decode row's do), and only the last real token's logits are kept.
+    # Steps with decode rows, several prompts or a prompt's later chunk stay eager (a bucket for each mix would
+    # be too many graphs).  Captured at start, after the decode graphs; a failed capture leaves decode graphs on.
+
+    def _init_prefill_graphs(self, prefill_graphs) -> None:
+        import os
+
+        if prefill_graphs is None:
+            raw = os.environ.get("LLMLAUNCH_HF_PREFILL_GRAPHS", "")
+            try:
+                prefill_graphs = int(raw) if raw else 2048
+            except ValueError:
+                raise ValueError(f"LLMLAUNCH_HF_PREFILL_GRAPHS={raw!r} is not a number of tokens (0 turns prompt "
+                                 f"graphs off)") from None
+        if int(prefill_graphs) < 0:
+            raise ValueError(f"prefill_graphs={prefill_graphs} is negative: the longest prompt to graph, 0 for none")
+        self.prefill_graph_limit = int(prefill_graphs) if self.use_graphs else 0
+        self._prefill_graphs: dict = {}  # bucket length -> (graph, meta, keep, logits)
+        self.prefill_graph_error = ""
+
+    @staticmethod
+    def prefill_buckets(limit: int) -> list[int]:
+        """Padded prompt lengths up to `limit`: 16, 24, 32, 48, 64, 96, ... (each <= 1.5x the one before), and
+        `limit` itself last, so a prompt pads by less than half its length."""
+        out, n = [], 16
+        while n < limit:
+            out.append(n)
+            n = n * 3 // 2 if (n & (n - 1)) == 0 else n * 4 // 3  # 16 -> 24 -> 32 -> 48 -> 64 ...
+        if limit > 0:
+            out.append(limit)
+        return out
+
+    def capture_prefill_graphs(self, max_prefill_tokens: int | None = None) -> int:
+        """Capture the prompt graph of every bucket up to min(prefill_graph_limit, max_prefill_tokens,
+        max_model_len).  Returns the number of graphs."""
+        import time
+
+        import torch
+
+        limit = min(self.prefill_graph_limit, max_prefill_tokens or self.prefill_graph_limit, self.max_model_len)
+        if not self.use_graphs or limit <= 0:
+            self.prefill_graph_limit = 0
+            return 0
+        buckets = self.prefill_buckets(limit)
+        announce(f"hf engine: capturing {len(buckets)} prompt CUDA graphs (prompts up to {limit} tokens)")
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            for length in buckets:
+                if length not in self._prefill_graphs and self._capture_prefill(length) is None:
+                    return 0
+        self.prefill_graph_limit = limit
+        log.info("hf engine: %d prompt graphs (lengths %s) captured in %.1f s", len(self._prefill_graphs), buckets,
+                 time.perf_counter() - t0)
+        return len(self._prefill_graphs)
+
+    def prompt_graphed(self, length: int) -> bool:
+        """Would a step of one whole prompt of `length` tokens (and nothing else) replay a prompt graph?"""
+        return bool(self._prefill_graphs) and length <= self.prefill_graph_limit
+
+    def prefill_graph_key(self, step: StepInputs) -> int | None:
+        """The bucket whose graph runs `step`, or None (run it eagerly): a step of one whole prompt, no decode rows."""
+        if not self._prefill_graphs or step.decode_tokens or len(step.prefill) != 1:
+            return None
+        c = step.prefill[0]
+        if c.start != 0 or not c.sample or c.length > self.prefill_graph_limit:
+            return None
+        return next((b for b in sorted(self._prefill_graphs) if b >= c.length), None)
+
+    def prefill_graph_inputs(self, step: StepInputs, length: int) -> tuple[list[list[int]], int]:
+        """(meta rows [ids, positions, slots] of `length` tokens, kept row) of a one-prompt step padded to a bucket:
+        padded tokens (id 0) continue the positions and write to the spare slot; the kept row is the last real."""
+        c = step.prefill[0]
+        pad = length - c.length
+        return ([list(step.prefill_tokens) + [0] * pad, list(range(length)),
+                 [c.slot] * c.length + [self.max_num_seqs] * pad], c.length - 1)
+
+    def _prefill_body(self, meta, keep, length: int):
+        """The padded one-prompt step (what a prompt graph holds): logits [1, vocab] of row keep[0].  Everything is
+        computed from `meta` / `keep`, so a replay sees the new prompt."""
+        import torch
+
+        heads = torch.arange(self.num_kv_heads, device=self.device)
+        ctx = _StepContext()
+        ctx.flat_idx = ((meta[2][:, None] * self.num_kv_heads + heads[None, :]) * self.max_model_len
+                        + meta[1][:, None]).reshape(-1)
+        ctx.n_dec, ctx.dec_rows, ctx.dec_len, ctx.dec_mask, ctx.dec_scatter = 0, 0, 0, None, None
+        ctx.eager, ctx.groups = self.eager, []
+        ctx.chunks = [(0, 0, 0, length, None)]  # one first chunk: causal attention over its own tokens
+        _tls.ctx, _tls.cache = ctx, self.cache
+        try:
+            return self._fwd(meta[0:1], meta[1:2], keep)
+        finally:
+            _tls.ctx = None
+
+    def _capture_prefill(self, length: int):
+        """Capture the prompt graph of bucket `length`; None (and prompt graphs off) if the capture fails."""
+        import torch
+
+        try:
+            dev = self.device
+            meta = torch.zeros(3, length, dtype=torch.long, device=dev)  # ids, positions, slots
+            meta[1].copy_(torch.arange(length, device=dev))
+            meta[2].fill_(self.max_num_seqs)
+            keep = torch.full((1,), length - 1, dtype=torch.long, device=dev)
+            graph, logits = self._capture_graph(lambda: self._prefill_body(meta, keep, length))
+        except Exception as e:  # prompts still run, eagerly; decode graphs stay
+            self.prefill_graph_limit = 0
+            self._prefill_graphs.clear()
+            self.prefill_graph_error = f"{type(e).__name__}: {e}"
+            log.warning("hf engine: prompt CUDA graph capture failed (%s); prompt steps run eagerly",
+                        self.prefill_graph_error)
+            return None
+        self._prefill_graphs[length] = (graph, meta, keep, logits)
+        return self._prefill_graphs[length]
+
+    def _graph_prefill(self, step: StepInputs, length: int):
+        """Logits [1, vocab] of a one-prompt step through the prompt graph of bucket `length`."""
+        import torch
+
+        graph, meta, keep, logits = self._prefill_graphs[length]
+        rows, last = self.prefill_graph_inputs(step, length)
+        meta.copy_(torch.tensor(rows, dtype=torch.long), non_blocking=True)
+        keep.fill_(last)
+        graph.replay()
+        return logits
 
     # -- one step ------------------------------------------------------------------------------------------
     def execute(self, step: StepInputs, sample: bool = True) -> list[int]:
@@ -647,9 +796,15 @@ class HFModelRunner:
                 if prev_rows is not None and prev_rows != list(range(ids.shape[0])):
                     rows = torch.tensor(prev_rows, dtype=torch.long).to(self.device, non_blocking=True)
                     ids = ids.index_select(0, rows)
-            logits = None
+            logits, self.last_graph = None, None
             if self.use_graphs and step.decode_tokens and not step.prefill:
                 logits = self._graph_decode(step, ids)
+                self.last_graph = "decode" if logits is not None else None
+            elif self._prefill_graphs and prev is None:
+                bucket = self.prefill_graph_key(step)
+                if bucket is not None:
+                    logits = self._graph_prefill(step, bucket)
+                    self.last_graph = "prompt"
             if logits is None:
                 logits = self._run(step, ids=ids)
             tokens = self.sampler.sample(logits, step.sampling, step.penalty_resets)

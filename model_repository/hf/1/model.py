@@ -9,7 +9,8 @@ config.pbtxt parameters (string values; empty or absent = default):
   max_model_len     context limit in tokens; 0 = the model's own, capped at 4096 (default 0)
   prefill_chunk     prompt tokens prefilled per engine step (default 0: 512 on CPU, 2048 on a GPU)
   attn_implementation  sdpa | eager: attention kernels of the engine (default sdpa)
-  cuda_graphs       true | false: replay decode-only steps as CUDA graphs (default: on for one GPU)
+  cuda_graphs       true | false: replay decode-only steps, and steps of one whole prompt (padded to one of 15
+                    lengths up to the prefill chunk), as CUDA graphs (default: on for one GPU)
   torch_compile     auto | true | false: run the model through torch.compile, compiled when the model
                     loads (default auto: on for one GPU, off on CPU, where compiling takes longer than it saves)
   cudnn_attention   graphs | all | off: where attention may use cuDNN (default graphs: in captured decode
