@@ -193,22 +193,17 @@ def test_a_few_prompts_go_alone_through_their_graphs_a_wave_goes_together(tiny_m
     monkeypatch.setenv("LLMLAUNCH_HF_PROMPTS_ALONE", str(alone))
     eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_prefill_tokens=64)
     eng.runner.prompt_graphed = lambda length: length <= 64
-    steps, hold, held = [], threading.Event(), threading.Event()
+    steps, hold, held = [], threading.Event(), threading.Event()  # hold set: the next launch stops until cleared
     launch = eng.runner.launch
 
     def spy(step, **kw):
         steps.append((len(step.decode_tokens), [c.length for c in step.prefill]))
         if hold.is_set():
             held.set()
-            hold.wait_until_clear()
+            while hold.is_set():
+                time.sleep(0.005)
         return launch(step, **kw)
 
-    class Gate(threading.Event):  # set: the next launch stops until cleared
-        def wait_until_clear(self):
-            while self.is_set():
-                time.sleep(0.005)
-
-    hold = Gate()
     eng.runner.launch = spy
     eng.start()
     try:

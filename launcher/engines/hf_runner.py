@@ -699,7 +699,7 @@ class HFModelRunner:
         c = step.prefill[0]
         if c.start != 0 or not c.sample or c.length > self.prefill_graph_limit:
             return None
-        return next((b for b in sorted(self._prefill_graphs) if b >= c.length), None)
+        return next((b for b in self._prefill_graphs if b >= c.length), None)  # captured shortest first
 
     def prefill_graph_inputs(self, step: StepInputs, length: int) -> tuple[list[list[int]], int]:
         """(meta rows [ids, positions, slots] of `length` tokens, kept row) of a one-prompt step padded to a bucket:
