@@ -567,9 +567,8 @@ class Engine:
         pending = self._prefilling
         if not pending or len(pending) > self._prompts_alone or (len(pending) == 1 and not decoding):
             return None  # nothing to prefill, a wave, or a prompt alone anyway
-        first = pending[0]
-        length = len(first.prompt_ids)
-        if first.num_computed or length > self.max_prefill_tokens or not self.runner.prompt_graphed(length):
+        first = pending[0]  # graphed prompts fit the prefill chunk (capture_prefill_graphs caps them at it)
+        if first.num_computed or not self.runner.prompt_graphed(len(first.prompt_ids)):
             return None
         return first
 

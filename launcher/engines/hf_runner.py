@@ -694,10 +694,10 @@ class HFModelRunner:
 
     def prefill_graph_key(self, step: StepInputs) -> int | None:
         """The bucket whose graph runs `step`, or None (run it eagerly): a step of one whole prompt, no decode rows."""
-        if not self._prefill_graphs or step.decode_tokens or len(step.prefill) != 1:
+        if step.decode_tokens or len(step.prefill) != 1:
             return None
         c = step.prefill[0]
-        if c.start != 0 or not c.sample or c.length > self.prefill_graph_limit:
+        if c.start != 0 or not c.sample or not self.prompt_graphed(c.length):
             return None
         return next((b for b in self._prefill_graphs if b >= c.length), None)  # captured shortest first
 
