@@ -559,6 +559,9 @@ def main(argv=None) -> int:
                     help="served path: tritonserver (and its engine) on one half of the physical cores, the client "
                          "processes on the other, as with remote clients: the load generator's CPU (several cores at "
                          "128 streams) then does not slow the engine's host work by sharing its cores")
+    ap.add_argument("--response-processes", type=int, default=1, metavar="N",
+                    help="served path: N hf model instances (stub processes) share the engine process and send its "
+                         "responses (engine.response_processes; default 1)")
     ap.add_argument("--vs-generate", action="store_true", help="also compare the engine with static-batch generate")
     ap.add_argument("--no-served", action="store_true", help="skip the comparison of --paths (--vs-generate only)")
     args = ap.parse_args(argv)
@@ -578,7 +581,8 @@ def main(argv=None) -> int:
                          **dict(kv.split("=", 1) for kv in args.server_param))
     params["threads"] = args.threads or None
     log(f"model {model_dir}; paths {' '.join(paths)}")
-    results = {"model": model_dir, "device": args.device, "server_params": server_params, "max_tokens": args.max_tokens,
+    results = {"model": model_dir, "device": args.device, "server_params": server_params,
+               "response_processes": args.response_processes, "max_tokens": args.max_tokens,
                "prompt_tokens": args.prompt_tokens, "rounds": args.rounds, "paths": paths, "cpus": os.cpu_count(),
                "runs": []}
     if args.vs_generate:
@@ -597,7 +601,8 @@ def main(argv=None) -> int:
                 results["cpu_split"] = {"server": sorted(server_cpus), "clients": sorted(client_cpus)}
             with on_cpus(server_cpus):
                 server = stack.enter_context(hf_server(model_dir, workdir, server_params,
-                                                       env=dict(kv.split("=", 1) for kv in args.server_env) or None))
+                                                       env=dict(kv.split("=", 1) for kv in args.server_env) or None,
+                                                       instances=args.response_processes))
         engine = Engine(model_dir, max_prefill_tokens=args.prefill_chunk, **params).start()
         stack.callback(engine.shutdown)
         # what each engine runs with (decode graphs captured or failed, cuDNN attention): the paths compare alike

@@ -5,6 +5,7 @@ One engine (and one reference model) per module; the tiny random Llama from laun
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -820,6 +821,66 @@ def test_engine_process_matches_engine(tiny_model_dir, engine):
         assert stats["decode_tokens"] >= 59 and stats["wall_s"] >= stats["launch_s"] + stats["wait_s"] > 0, stats
     finally:
         ep.shutdown()
+
+
+def test_instances_share_one_engine_process(tiny_model_dir, engine, tmp_path):
+    """Several model instances (Triton stub processes) share one engine: the first starts it with `listen`, the
+    others attach.  Request ids may repeat across instances; each gets only its own outputs; an instance that
+    detaches has its running requests aborted while the others go on; when the first stops, the attached ones
+    see the engine gone."""
+    from launcher.engines.hf_process import EngineProcess
+
+    sock = str(tmp_path / "engine.sock")
+    owner = EngineProcess(str(tiny_model_dir), device="cpu", max_num_seqs=8, listen=sock).start()
+    a = b = None
+    try:
+        a = EngineProcess.attach(sock, startup_timeout=30).start()
+        b = EngineProcess.attach(sock, startup_timeout=30).start()
+        assert a.info["pid"] == b.info["pid"] == owner.info["pid"] and a.max_model_len == owner.max_model_len
+        params = SamplingParams(max_tokens=24, ignore_eos=True)
+        want = [engine.generate(p, params) for p in PROMPTS[:3]]
+        runs = [collect(ep, p, params, "r1") for ep, p in zip((owner, a, b), PROMPTS[:3])]  # the same id thrice
+        for (done, outs), w in zip(runs, want):
+            assert done.wait(60)
+            assert joined(outs) == (w.text, w.token_ids) and outs[-1].finish_reason == "length"
+        # b leaves while a request of its runs: that request is aborted, a's keeps going to its end
+        long = SamplingParams(max_tokens=1800, ignore_eos=True)
+        done_a, outs_a = collect(a, PROMPTS[0], SamplingParams(max_tokens=40, ignore_eos=True), "x")
+        done_b, outs_b = collect(b, PROMPTS[1], long, "x")
+        while not outs_b:
+            time.sleep(0.01)
+        b.shutdown()
+        assert done_a.wait(60) and outs_a[-1].finish_reason == "length" and outs_a[-1].output_tokens == 40
+        deadline = time.monotonic() + 30
+        while owner.stats_dict().get("finished", 0) < 5 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stats = owner.stats_dict()  # b's request ended (aborted) long before its 1,800 tokens
+        assert stats["finished"] == 5 and stats["decode_tokens"] < 1000, stats
+        assert not a.stats_dict()  # engine statistics go to the first instance only
+        # the first instance stops: the engine ends; an attached instance's running request ends cancelled (as
+        # the first's would) and new ones are refused
+        done_a, outs_a = collect(a, PROMPTS[2], long, "y")
+        while not outs_a:
+            time.sleep(0.01)
+        owner.shutdown()
+        assert done_a.wait(30) and outs_a[-1].finish_reason == "cancelled"
+        deadline = time.monotonic() + 10
+        while not a._dead and time.monotonic() < deadline:
+            time.sleep(0.02)
+        with pytest.raises(RuntimeError, match="shared hf engine"):
+            a.add_request("z", "Hi", params, lambda o: None)
+        assert not os.path.exists(sock)  # the socket went with the engine
+    finally:
+        for ep in (b, a, owner):
+            if ep is not None:
+                ep.shutdown()
+
+
+def test_attaching_with_no_engine_process_fails_clearly(tmp_path):
+    from launcher.engines.hf_process import EngineProcess
+
+    with pytest.raises(RuntimeError, match="no hf engine process to attach to .* within 1 s"):
+        EngineProcess.attach(str(tmp_path / "none.sock"), startup_timeout=1).start()
 
 
 def test_tiny_model_folder(tmp_path):

@@ -6,6 +6,7 @@ The server starts once for the module; every test checks the model keeps serving
 from __future__ import annotations
 
 import queue
+import re
 import time
 import uuid
 from pathlib import Path
@@ -26,12 +27,16 @@ PROMPT = "The quick brown fox"
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("hf_serving")
-    # three responder threads (the CPU default is one): every test below also checks that sharing the streams
-    # among them keeps each stream's responses whole and in order
+    # Two model instances sharing one engine process (engine.response_processes=2), each with three responder
+    # threads (the CPU default is one): every test below also checks that spreading the streams over them keeps
+    # each stream's responses whole and in order, and cancellation and metrics right, whichever instance has it.
     srv = hf_server(str(tiny_model_dir), workdir, {"device": "cpu", "max_num_seqs": 40, "cancel_check_ms": 20,
-                                                   "response_threads": 3}, model=MODEL)
+                                                   "response_threads": 3}, model=MODEL, instances=2)
     with srv:
-        assert "response_threads=3" in srv.log_path.read_text(), "the model did not start three responder threads"
+        log = srv.log_path.read_text()
+        assert log.count("response_threads=3") == 2, "the two instances did not each start three responder threads"
+        pids = re.findall(r"instance \S+ (started|attached to) the engine process \(pid (\d+)\) that 2 instances", log)
+        assert sorted(kind for kind, _ in pids) == ["attached to", "started"] and len({p for _, p in pids}) == 1, pids
         yield srv
 
 

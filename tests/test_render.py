@@ -69,6 +69,15 @@ def test_engine_repositories_at_tp_and_nodes(engine, tp, nodes):
     check_expected(f"repo_{engine}_tp{tp}_nodes{nodes}.txt", normalise(text + "### commands\n" + cmds + "\n"))
 
 
+def test_hf_response_processes_are_model_instances():
+    """engine.response_processes=N renders N instances of the hf model (they share one engine process)."""
+    cfg, spec = plan(overrides_for("hf", "local", ["engine.response_processes=4"]))
+    configs = [text for rel, text in repository_files(spec).items() if rel.endswith("config.pbtxt")]
+    assert len(configs) == 1
+    msg = pbtxt.parse(configs[0])
+    assert [(g.count, pbtxt._pb().ModelInstanceGroup.Kind.Name(g.kind)) for g in msg.instance_group] == [(4, "KIND_CPU")]
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_config_pbtxt_parses_back(engine):
     cfg, spec = plan(overrides_for(engine, "luna", ["replicas=8"] if engine == "hf" else ["tp=8"]))

@@ -18,6 +18,8 @@ CASES = [
     (["tp=3"], "tp=3", "power of two"),
     (["engine.prefill_chunk=-1"], "engine.prefill_chunk=-1", "set engine.prefill_chunk=0"),
     (["engine.response_threads=-2"], "engine.response_threads=-2", "set engine.response_threads=0"),
+    (["engine.response_processes=0"], "engine.response_processes=0", "set engine.response_processes=1"),
+    (["cluster=local_slurm", "tp=2", "engine.response_processes=2"], "engine.response_processes=2", "set engine.response_processes=1"),
     (["engine.torch_compile=maybe"], "engine.torch_compile='maybe'", "one of: auto, true, false"),
     (["engine.cudnn_attention=sometimes"], "engine.cudnn_attention='sometimes'", "one of: graphs, all, off"),
     (["tp=abc"], "tp=abc", "Integer"),

@@ -20,6 +20,16 @@ Protocol (pickled tuples over one socketpair, `multiprocessing.connection` frami
 The child exits when the parent's end closes (parent died), so no orphan
 keeps a GPU.
 
+Shared by several model instances (`listen=` / `EngineProcess.attach`): Triton's python backend runs
+each model instance in its own stub process, and one stub sent ~4.6-6k streamed responses/s on the H100
+host whatever its threads (each response is built under its GIL; four stubs: ~12k/s; benchmark/RESULTS.md,
+tenth session), while a step of 128 streams makes 128 responses.  So several instances may share the one
+engine: the instance that
+started it passes `listen=<unix socket path>`, the others connect there ("attach" -> ("ready", info)) and
+speak the same protocol.  Inside the engine an attached connection k's request ids become "k/<id>", and
+each connection gets only its own requests' outputs (engine stats go to the first connection only).  An
+attached connection that closes has its running requests aborted; the engine stops with the first.
+
 Environment: the child inherits the parent's, except that `LLMLAUNCH_ENGINE_PYTHONPATH`,
 when set, replaces PYTHONPATH for the child, and `LLMLAUNCH_ENGINE_LD_LIBRARY_PATH`, unless it
 is unset or "inherit", replaces LD_LIBRARY_PATH ("" removes it).  launcher.triton.server_env sets it to the
@@ -78,6 +88,7 @@ class EngineProcess:
         Engine: it takes no requests; the process exits when the leader stops, or fails when it dies."""
         self.model_path = str(model_path)
         self._kwargs = dict(engine_kwargs, tokenizer_path=tokenizer_path)
+        self._attach = ""  # set by `attach`: the socket of an engine process another instance started
         self._timeout = startup_timeout
         self._on_batch = on_batch
         self._on_exit = on_exit
@@ -90,10 +101,21 @@ class EngineProcess:
         self.info: dict = {}
         self.stats: dict = {}  # the engine's EngineStats, as the engine process last sent them
 
+    @classmethod
+    def attach(cls, path: str, startup_timeout: float = 900.0, on_batch: Callable | None = None,
+               on_exit: Callable[[str], None] | None = None) -> "EngineProcess":
+        """An `EngineProcess` (not started) that, on `start`, connects to the engine process another model instance
+        started with `listen=path` instead of starting one; it waits up to startup_timeout for that engine."""
+        self = cls("", startup_timeout=startup_timeout, on_batch=on_batch, on_exit=on_exit)
+        self._attach = str(path)
+        return self
+
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self) -> "EngineProcess":
         from multiprocessing.connection import Connection
 
+        if self._attach:
+            return self._start_attached()
         parent, child = socket.socketpair()
         env = dict(os.environ)
         if env.get("LLMLAUNCH_ENGINE_PYTHONPATH"):
@@ -122,6 +144,38 @@ class EngineProcess:
         if kind != "ready":
             self._kill()
             raise RuntimeError(f"the hf engine process failed to start: {payload}")
+        return self._ready(payload)
+
+    def _start_attached(self) -> "EngineProcess":
+        """Connect to a shared engine process (retrying while it starts: the instance that owns it may still be
+        loading the model), then the same handshake as a started one."""
+        from multiprocessing.connection import Client
+
+        deadline = time.monotonic() + self._timeout
+        said = time.monotonic()
+        while True:
+            try:
+                self._conn = Client(self._attach, family="AF_UNIX")
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"no hf engine process to attach to at {self._attach} within "
+                                       f"{self._timeout:.0f} s (the model instance that starts it failed or is "
+                                       f"still loading; see its lines in the server log)") from None
+                if time.monotonic() - said > 30:
+                    said = time.monotonic()
+                    log.info("hf engine: waiting for the shared engine process at %s", self._attach)
+                time.sleep(0.2)
+        self._conn.send(("attach",))
+        try:
+            kind, payload = self._conn.recv()
+        except (EOFError, OSError):
+            raise RuntimeError("the shared hf engine process closed the connection while attaching") from None
+        if kind != "ready":
+            raise RuntimeError(f"the shared hf engine process refused to attach: {payload}")
+        return self._ready(payload)
+
+    def _ready(self, payload: dict) -> "EngineProcess":
         self.info = payload
         self.max_model_len = payload["max_model_len"]
         self.max_num_seqs = payload["max_num_seqs"]
@@ -133,6 +187,16 @@ class EngineProcess:
         return self
 
     def shutdown(self, timeout: float = 30.0) -> None:
+        if self._attach:  # the engine stays with the instance that started it; our requests are aborted there
+            if self._conn is not None and not self._stopping:
+                self._stopping = True
+                try:  # the engine process aborts this connection's running requests and closes its end
+                    self._send(("detach",))
+                except OSError:
+                    pass
+                self._rx.join(timeout=timeout)
+                self._conn.close()
+            return
         if self._proc is None:
             return
         self._stopping = True
@@ -227,8 +291,11 @@ class EngineProcess:
                     on_batch(outs)
         except (EOFError, OSError):
             pass
-        code = self._proc.poll() if self._proc is not None else None
-        self._dead = f"the hf engine process exited (status {code})"
+        if self._attach:
+            self._dead = "the shared hf engine process is gone (the model instance that started it stopped)"
+        else:
+            code = self._proc.poll() if self._proc is not None else None
+            self._dead = f"the hf engine process exited (status {code})"
         dead = [Output(rid, "", [], 0, 0, "error", self._dead) for rid in list(callbacks)]
         for out in dead:
             cb = callbacks.pop(out.request_id, None)
@@ -247,13 +314,87 @@ class EngineProcess:
 
 
 # ------------------------------------------------------------------------------------------------ child
+class _Peers:
+    """The connections an engine process serves: index 0, the instance that started it (request ids as they come),
+    and instances attached later through `listen` (index k: request id "k/<id>" inside the engine)."""
+
+    def __init__(self, first):
+        self.conns = {0: first}
+        self.send_locks = {0: threading.Lock()}  # per connection: the engine thread and the reader both send
+        self.running: dict[int, set] = {}  # k > 0 -> its engine request ids not finished yet (aborted if k goes)
+        self._lock = threading.Lock()  # guards the tables above; never held while sending
+        self._next = 1
+
+    def add(self, conn) -> int:
+        with self._lock:
+            k = self._next
+            self._next += 1
+            self.conns[k] = conn
+            self.send_locks[k] = threading.Lock()
+            self.running[k] = set()
+        return k
+
+    def drop(self, k: int) -> set:
+        """Forget connection k; its running request ids (to abort)."""
+        with self._lock:
+            self.conns.pop(k, None)
+            self.send_locks.pop(k, None)
+            return self.running.pop(k, set())
+
+    def started(self, k: int, rid: str) -> None:
+        if k:
+            with self._lock:
+                self.running[k].add(rid)
+
+    def finished(self, k: int, rid: str) -> None:
+        if k:
+            with self._lock:
+                self.running.get(k, set()).discard(rid)
+
+    def send(self, k: int, msg) -> None:
+        with self._lock:
+            conn, lock = self.conns.get(k), self.send_locks.get(k)
+        if conn is not None:
+            with lock:
+                conn.send(msg)
+
+    def send_outputs(self, batch: list) -> None:
+        """Output tuples of the engine (engine request ids) -> each to its connection, with the id it gave."""
+        with self._lock:
+            if len(self.conns) == 1 and not self.running:  # nobody attached: all of it is the first's
+                sends = [(0, self.conns[0], self.send_locks[0], batch)]
+            else:
+                shares: dict[int, list] = {}
+                for item in batch:
+                    rid = item[0]
+                    k, sep, local = rid.partition("/")
+                    if not sep:
+                        shares.setdefault(0, []).append(item)
+                        continue
+                    k = int(k)
+                    if item[5] is not None and k in self.running:
+                        self.running[k].discard(rid)
+                    shares.setdefault(k, []).append((local,) + tuple(item[1:]))
+                sends = [(k, self.conns[k], self.send_locks[k], share) for k, share in shares.items()
+                         if k in self.conns]
+        for k, conn, lock, share in sends:
+            try:
+                with lock:
+                    conn.send(share)
+            except OSError:  # an attached instance went away: the reader drops it
+                if not k:
+                    raise
+
+
 def _child(fd: int) -> int:
-    from multiprocessing.connection import Connection
+    from multiprocessing.connection import Connection, Pipe, wait
 
     conn = Connection(fd)
     _, model_path, kwargs = conn.recv()
     if kwargs.pop("role", "leader") == "worker":
         return _worker_child(conn, model_path, kwargs)
+    listen = kwargs.pop("listen", "") or ""  # a unix socket path: other model instances attach there
+    peers = _Peers(conn)
     try:
         from launcher.engines.hf_engine import Engine
 
@@ -264,7 +405,6 @@ def _child(fd: int) -> int:
         pending: dict = {}  # request id -> [output fields..., urgent]
         last_sent: dict = {}  # request id -> time its last output was sent
         received: dict = {}  # request id -> when its "add" arrived, until its first output (Output.times)
-        lock = threading.Lock()
 
         def on_output(out) -> None:
             urgent = out.finish_reason is not None or out.output_tokens <= 1
@@ -286,8 +426,7 @@ def _child(fd: int) -> int:
             now = time.monotonic()
             if now - stats_sent[0] >= 1.0 or engine.idle:  # `engine` is set before its thread starts
                 stats_sent[0] = now
-                with lock:
-                    conn.send(("stats", engine.stats_dict()))
+                peers.send(0, ("stats", engine.stats_dict()))
             if not pending:
                 return
             if interval <= 0:
@@ -306,8 +445,7 @@ def _child(fd: int) -> int:
                             last_sent.pop(rid, None)
                 if not batch:
                     return
-            with lock:
-                conn.send(batch)
+            peers.send_outputs(batch)
 
         engine = Engine(model_path, after_step=flush, **kwargs)
         engine.start()  # after `engine` is bound: flush runs on its thread
@@ -323,35 +461,111 @@ def _child(fd: int) -> int:
                 os._exit(3)
 
         threading.Thread(target=watch, name="hf-tp-watch", daemon=True).start()
-    conn.send(("ready", {"max_model_len": engine.max_model_len, "max_num_seqs": engine.max_num_seqs,
-                         "vocab_size": engine.vocab_size, "device": str(engine.runner.device),
-                         "dtype": str(engine.runner.dtype).replace("torch.", ""), "pid": os.getpid(),
-                         "features": engine.features}))
+    info = {"max_model_len": engine.max_model_len, "max_num_seqs": engine.max_num_seqs,
+            "vocab_size": engine.vocab_size, "device": str(engine.runner.device),
+            "dtype": str(engine.runner.dtype).replace("torch.", ""), "pid": os.getpid(),
+            "features": engine.features}
+
+    def handle(k: int, msg) -> str | None:
+        """One message of connection k; "stop" / "detach" when the connection is done."""
+        kind = msg[0]
+        if kind == "add":
+            _, local, prompt, params = msg
+            rid = f"{k}/{local}" if k else local
+            received[rid] = time.monotonic()
+            peers.started(k, rid)
+            try:
+                engine.add_request(rid, prompt, params, on_output)
+            except Exception as exc:  # InvalidRequest (prompt too long, ...): that request's error
+                received.pop(rid, None)
+                peers.finished(k, rid)
+                peers.send(k, [(local, "", [], 0, 0, "error", str(exc), None)])
+        elif kind == "abort":
+            engine.abort(f"{k}/{msg[1]}" if k else msg[1])
+        elif kind == "stop" and not k:
+            return "stop"
+        elif kind == "detach" and k:
+            return "detach"
+        return None
+
+    # One thread reads every connection, as it read the one connection before: requests are tokenized one at a
+    # time with no lock, and no more threads take turns at the GIL with the engine loop.  Attaching instances are
+    # accepted on a thread of `_listen`, which wakes this loop through `wake`.
+    wake_r, wake_w = Pipe(duplex=False)
+    close_listener = _listen(listen, info, peers, wake_w) if listen else None
+    peers.send(0, ("ready", info))
     try:
         while True:
-            msg = conn.recv()
-            kind = msg[0]
-            if kind == "add":
-                _, rid, prompt, params = msg
-                received[rid] = time.monotonic()
+            with peers._lock:
+                by_conn = {c: k for k, c in peers.conns.items()}
+            for c in wait(list(by_conn) + [wake_r]):
+                if c is wake_r:
+                    wake_r.recv_bytes()
+                    continue
+                k = by_conn[c]
                 try:
-                    engine.add_request(rid, prompt, params, on_output)
-                except Exception as exc:  # InvalidRequest (prompt too long, ...): that request's error
-                    received.pop(rid, None)
-                    with lock:
-                        conn.send([(rid, "", [], 0, 0, "error", str(exc), None)])
-            elif kind == "abort":
-                engine.abort(msg[1])
-            elif kind == "stop":
-                break
-    except (EOFError, OSError):  # the parent is gone
+                    done = handle(k, c.recv())
+                except (EOFError, OSError):  # that instance is gone
+                    done = "gone"
+                if done is None:
+                    continue
+                if not k:  # the instance that started us: when it goes, the engine stops
+                    raise _Stop
+                for rid in peers.drop(k):  # an attached instance left: its running requests end
+                    engine.abort(rid)
+                c.close()
+                log.info("hf engine process: model instance %d detached", k)
+    except _Stop:
         pass
     finally:
+        if close_listener is not None:
+            close_listener()
         try:
             engine.shutdown()  # running requests end 'cancelled'; the engine flushes them
         except OSError:
             pass
     return 0
+
+
+class _Stop(Exception):
+    """The first connection ended (stop or EOF): the engine process ends."""
+
+
+def _listen(path: str, info: dict, peers: _Peers, wake):
+    """Accept attaching instances at `path` (a unix socket; a stale one from a dead server is replaced): each gets
+    ("ready", info), joins `peers` and wakes the reading loop through `wake`.  Returns close()."""
+    from multiprocessing.connection import Listener
+
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+    listener = Listener(path, family="AF_UNIX")
+    os.chmod(path, 0o600)  # this user's instances only (the hf model also puts it in a 0700 directory)
+    closing = threading.Event()
+
+    def accept() -> None:
+        while True:
+            try:
+                c = listener.accept()
+                if c.recv()[0] != "attach":
+                    c.close()
+                    continue
+                c.send(("ready", info))
+            except (EOFError, OSError):
+                if closing.is_set():
+                    return
+                continue
+            k = peers.add(c)
+            log.info("hf engine process: model instance %d attached", k)
+            wake.send_bytes(b"")
+
+    def close() -> None:  # removes the socket file; a thread still blocked in accept ends with the process
+        closing.set()
+        listener.close()
+
+    threading.Thread(target=accept, name="hf-listen", daemon=True).start()
+    return close
 
 
 def _worker_child(conn, model_path: str, kwargs: dict) -> int:

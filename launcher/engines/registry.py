@@ -75,7 +75,8 @@ def _hf_models(spec) -> List[RenderedModel]:
         "cudnn_attention": e.get("cudnn_attention", "graphs"),
         "tp_size": spec.tp,
     }
-    cfg = pbtxt.python_model(spec.model_name, e["max_num_seqs"], params)
+    # several instances share one engine process (each sends its own streams' responses): hf model.py
+    cfg = pbtxt.python_model(spec.model_name, e["max_num_seqs"], params, instances=e.get("response_processes", 1))
     return [RenderedModel(spec.model_name, cfg, {"1/model.py": "hf/1/model.py"})]
 
 
@@ -85,6 +86,13 @@ def _hf_check(c) -> List[Tuple[str, str, str]]:
         return [("model.path=''", "the hf engine needs a HF-format model folder", "set model.path=/path/to/hf_model, or model=tiny to make a small random model")]
     if c["pp"] != 1:
         return [(f"pp={c['pp']}", "the hf engine has no pipeline parallelism", "use pp=1; scale out with replicas")]
+    n = c["engine"].get("response_processes", 1)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        return [(f"engine.response_processes={n!r}", "model instances sharing the engine: a whole number >= 1",
+                 "set engine.response_processes=1, or 4 to send responses from four processes")]
+    if n > 1 and c["tp"] != 1:
+        return [(f"engine.response_processes={n}", f"with tp={c['tp']} each rank runs one model instance (the "
+                 "tensor-parallel leader's engine process is not shared)", "set engine.response_processes=1")]
     # tp > 1: one tritonserver per rank, rank 0 leads (launcher/engines/hf_tp.py); whether tp divides the
     # model's heads and kv heads is checked when the ranks load it (a clear error, the job fails).
     return []

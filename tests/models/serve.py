@@ -56,10 +56,12 @@ def make_repository(dest: Path, models: dict[str, dict], instances: dict[str, in
     return dest
 
 
-def hf_server(model_dir: str, workdir: Path, params: dict, model: str = "hf_model", env: dict | None = None):
+def hf_server(model_dir: str, workdir: Path, params: dict, model: str = "hf_model", env: dict | None = None,
+              instances: int = 1):
     """A launcher.triton.TritonServer (not started) serving the project's hf model (model_repository/hf, config
     from launcher.pbtxt with `params`) on free loopback ports, metrics on: `.metrics_url` is where the model's
-    first-token split is read (launcher/serving/timings.py).  `env`: extra server environment."""
+    first-token split is read (launcher/serving/timings.py).  `env`: extra server environment.  `instances`:
+    model instances sharing the engine process (engine.response_processes)."""
     import uuid
 
     from launcher import pbtxt
@@ -69,7 +71,7 @@ def hf_server(model_dir: str, workdir: Path, params: dict, model: str = "hf_mode
     (repo / model / "1").mkdir(parents=True, exist_ok=True)
     shutil.copy(HERE.parents[1] / "model_repository" / "hf" / "1" / "model.py", repo / model / "1" / "model.py")
     params = {"model_path": model_dir, **params}
-    cfg = pbtxt.python_model(model, int(params.get("max_num_seqs", 64)), params)
+    cfg = pbtxt.python_model(model, int(params.get("max_num_seqs", 64)), params, instances=instances)
     (repo / model / "config.pbtxt").write_text(pbtxt.to_text(cfg))
     install = resolve_tritonserver()
     port, metrics_port = free_port(), free_port()

@@ -38,6 +38,17 @@ config.pbtxt parameters (string values; empty or absent = default):
                     every running stream; on a 2-core machine they compete with the engine (measured: worse).
                     engine_process=true only.
 
+instance_group count N > 1 (llmlaunch's engine.response_processes): N stub processes share one engine
+process.  A stub builds every response under its own GIL, so one stub sends a few thousand streamed
+responses/s whatever its threads (H100 host: ~4.6-6k/s), while the engine makes one per running stream
+per step; four stubs sent ~12k/s.  The first instance to initialize (an flock in a private directory
+under $TMPDIR, keyed by tritonserver's pid and the model's name) starts the engine process listening on a
+unix socket there; the others attach to it (waiting while it loads).  Triton spreads requests over the
+instances; each gets its own requests' outputs.  engine_process=true and tp_size=1 only.  The extra
+responses cost CPU beside the engine process (benchmark/RESULTS.md, tenth session), so the default is one.
+A reload of the model inside a running server must unload it first (the new instances would attach to
+the old engine).
+
 Inputs and outputs are launcher.contract's (the TensorRT-LLM ensemble interface),
 with a leading batch dimension when max_batch_size > 0; batches > 1 are rejected.
 
@@ -60,9 +71,12 @@ the engine loop spends its steps (wall, launch, wait for the GPU, host work, GPU
 idle) as llmlaunch_engine_seconds / _steps / _tokens.
 """
 
+import fcntl
+import hashlib
 import json
 import os
 import queue
+import tempfile
 import signal
 import sys
 import threading
@@ -120,6 +134,7 @@ class _Stream:
 class TritonPythonModel:
     def initialize(self, args):
         self.model_config = json.loads(args["model_config"])
+        self.instance_name = args.get("model_instance_name", "")
         self._check_decoupled()
         self._read_parameters()
         self._start_engine()
@@ -132,7 +147,8 @@ class TritonPythonModel:
         role = f", tp rank {self.tp_rank}/{self.tp}" + (" (worker)" if self.tp_rank else " (leader)") if self.tp > 1 else ""
         _log("info", f"ready: {self.params['model_path']} on {self.engine.device} ({self.engine.dtype}){role}, "
                      f"max_num_seqs={self.engine.max_num_seqs}, max_model_len={self.engine.max_model_len}, "
-                     f"engine_process={self.engine_process}, response_threads={len(self._queues)}"
+                     + (f"{self._share_text}, " if self._share_text else "")
+                     + f"engine_process={self.engine_process}, response_threads={len(self._queues)}"
                      + (f", {describe_features(self.engine.features)}" if self.engine.features else ""))
 
     # -- initialize steps ----------------------------------------------------------------------------------
@@ -187,6 +203,11 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(
                 f"parameter response_threads={self.response_threads} is negative: use 0 (1 on CPU, 4 on a GPU) or a positive number")
         self.engine_process = flag("engine_process", "true") is not False  # "" = the default, true
+        self.instances = sum(int(g.get("count", 1)) for g in self.model_config.get("instance_group") or []) or 1
+        if self.instances > 1 and (self.tp > 1 or not self.engine_process):
+            raise pb_utils.TritonModelException(
+                f"instance_group count {self.instances}: several instances share one engine process, which needs "
+                f"engine_process=true and tp_size=1; set the count to 1 (engine.response_processes=1)")
         if self.tp > 1:
             if not self.engine_process:
                 raise pb_utils.TritonModelException("tp_size > 1 needs engine_process=true")
@@ -202,15 +223,25 @@ class TritonPythonModel:
         self._next_id = 0
         self._noted = set()  # ignored inputs already logged
         self._finalizing = False
+        self._share_text = ""  # how this instance shares the engine process (instance_group count > 1)
+        self._share_files = None  # the owner's (lock fd, lock path)
         if self.engine_process:
             from launcher.engines.hf_process import EngineProcess
 
             # its receive thread hands over each engine step's outputs at once; `_route` passes them to the
             # responder threads.  The engine process itself merges outputs over stream_interval_ms, so
             # nothing is held back here.
-            self.engine = EngineProcess(on_batch=self._route, output_interval=self.stream_interval_s,
-                                        on_exit=self._engine_exited if self.tp > 1 else None,
-                                        **self.params).start()
+            owner, sock = self._share_engine() if self.instances > 1 else (True, "")
+            if owner:
+                self.engine = EngineProcess(on_batch=self._route, output_interval=self.stream_interval_s,
+                                            on_exit=self._engine_exited if self.tp > 1 else None,
+                                            listen=sock, **self.params).start()
+            else:
+                self.engine = EngineProcess.attach(sock, on_batch=self._route).start()
+            if self.instances > 1:
+                self._share_text = (f"instance {self.instance_name} {'started' if owner else 'attached to'} the "
+                                    f"engine process (pid {self.engine.info.get('pid')}) that {self.instances} "
+                                    f"instances share")
             self._engine_callback = _ignore  # outputs arrive through on_batch
             self.stream_interval_s = 0.0
         else:
@@ -219,6 +250,27 @@ class TritonPythonModel:
             self.engine = Engine(**self.params).start()
             self._engine_callback = self._on_output
             self.response_threads = 1  # the engine's callbacks queue single outputs for one responder
+
+    def _share_engine(self):
+        """(this instance starts the shared engine process?, its unix socket path).  The first instance of this model
+        in this tritonserver to take the lock starts it; the lock is held until that instance finalizes."""
+        base = os.path.join(tempfile.gettempdir(), f"llmlaunch-{os.getuid()}")
+        os.makedirs(base, mode=0o700, exist_ok=True)
+        st = os.stat(base)
+        if st.st_uid != os.getuid() or st.st_mode & 0o077:
+            raise pb_utils.TritonModelException(
+                f"{base} is not a private directory of this user (mode {oct(st.st_mode & 0o777)}): remove it, or "
+                f"set TMPDIR to a directory of your own")
+        key = hashlib.sha1(f"{os.getppid()}:{self.model_config.get('name', '')}".encode()).hexdigest()[:12]
+        lock_path = os.path.join(base, f"hf-{key}.lock")
+        fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return False, os.path.join(base, f"hf-{key}.sock")
+        self._share_files = (fd, lock_path)
+        return True, os.path.join(base, f"hf-{key}.sock")
 
     def _start_responders(self):
         n = self.response_threads or (1 if str(self.engine.device) == "cpu" else 4)
@@ -411,5 +463,13 @@ class TritonPythonModel:
             t.join(timeout=10)
         self._metrics.stop()
         _log("info", self._first_token.summary())
-        if not self.tp_rank:
-            _log("info", engine_summary(self.engine.stats_dict()))
+        stats = self.engine.stats_dict()
+        if not self.tp_rank and stats:  # (an instance attached to a shared engine gets no engine statistics)
+            _log("info", engine_summary(stats))
+        if self._share_files is not None:  # the engine process is gone: let the next server's instances start
+            fd, lock_path = self._share_files
+            try:
+                os.unlink(lock_path)
+            except OSError:
+                pass
+            os.close(fd)
