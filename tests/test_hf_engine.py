@@ -877,10 +877,20 @@ def test_instances_share_one_engine_process(tiny_model_dir, engine, tmp_path):
 
 
 def test_attaching_with_no_engine_process_fails_clearly(tmp_path):
+    """No engine ever listens: a clear error after the timeout.  The starting instance failed and said why: that
+    reason at once, not after the timeout."""
     from launcher.engines.hf_process import EngineProcess
 
+    sock = str(tmp_path / "none.sock")
     with pytest.raises(RuntimeError, match="no hf engine process to attach to .* within 1 s"):
-        EngineProcess.attach(str(tmp_path / "none.sock"), startup_timeout=1).start()
+        EngineProcess.attach(sock, startup_timeout=1).start()
+    EngineProcess.write_attach_failure(sock, "ValueError: the KV cache needs 9.0 GiB")
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="starts the shared hf engine process failed: ValueError: the KV cache"):
+        EngineProcess.attach(sock, startup_timeout=600).start()
+    assert time.monotonic() - t0 < 5
+    EngineProcess.write_attach_failure(sock, None)
+    assert not os.path.exists(sock + ".failed")
 
 
 def test_tiny_model_folder(tmp_path):

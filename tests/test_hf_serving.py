@@ -398,3 +398,21 @@ def test_bench_reports_where_the_ttft_goes(server, tmp_path, capsys):
     assert main(["--url", server.grpc_url, "--num-prompts", "1", "--concurrency", "1", "--dataset-name",
                  "synthetic", "--no-progress", "--server-metrics", "http://127.0.0.1:9/metrics"]) == 2
     assert "--server-metrics http://127.0.0.1:9/metrics: cannot read it" in capsys.readouterr().err
+
+
+def test_shared_engine_that_fails_to_start_fails_the_load_at_once(tiny_model_dir, tmp_path):
+    """Two instances, and the engine cannot start (max_model_len beyond the model's context): the instance that
+    started it says why, and the one waiting to attach fails at once with that reason (not after the 900 s attach
+    timeout), so tritonserver gives up on the model and exits."""
+    from launcher.triton import ServerDied
+
+    srv = hf_server(str(tiny_model_dir), tmp_path, {"device": "cpu", "max_num_seqs": 4, "max_model_len": 999999},
+                    model=MODEL, instances=2)
+    t0 = time.monotonic()
+    with pytest.raises(ServerDied):
+        with srv:
+            pass
+    assert time.monotonic() - t0 < 120
+    log = srv.log_path.read_text()
+    assert "exceeds the model's context" in log
+    assert "the model instance that starts the shared hf engine process failed" in log, log[-3000:]

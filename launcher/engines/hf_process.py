@@ -24,11 +24,12 @@ Shared by several model instances (`listen=` / `EngineProcess.attach`): Triton's
 each model instance in its own stub process, and one stub sent ~4.6-6k streamed responses/s on the H100
 host whatever its threads (each response is built under its GIL; four stubs: ~12k/s; benchmark/RESULTS.md,
 tenth session), while a step of 128 streams makes 128 responses.  So several instances may share the one
-engine: the instance that
-started it passes `listen=<unix socket path>`, the others connect there ("attach" -> ("ready", info)) and
-speak the same protocol.  Inside the engine an attached connection k's request ids become "k/<id>", and
-each connection gets only its own requests' outputs (engine stats go to the first connection only).  An
-attached connection that closes has its running requests aborted; the engine stops with the first.
+engine: the instance that started it passes `listen=<unix socket path>`, the others connect there
+("attach" -> ("ready", info)) and speak the same protocol.  Inside the engine an attached connection k's
+request ids become "k/<id>", and each connection gets only its own requests' outputs (engine stats go to
+the first connection only).  An attached connection that closes has its running requests aborted; the
+engine stops with the first.  If the first instance fails to start the engine it writes the reason to
+`<path>.failed` (`write_attach_failure`), and instances waiting to attach fail with it at once.
 
 Environment: the child inherits the parent's, except that `LLMLAUNCH_ENGINE_PYTHONPATH`,
 when set, replaces PYTHONPATH for the child, and `LLMLAUNCH_ENGINE_LD_LIBRARY_PATH`, unless it
@@ -158,6 +159,14 @@ class EngineProcess:
                 self._conn = Client(self._attach, family="AF_UNIX")
                 break
             except (FileNotFoundError, ConnectionRefusedError):
+                try:
+                    with open(self._attach + ".failed") as f:
+                        why = f.read().strip()
+                except OSError:
+                    why = None
+                if why is not None:
+                    raise RuntimeError(f"the model instance that starts the shared hf engine process failed: "
+                                       f"{why}") from None
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"no hf engine process to attach to at {self._attach} within "
                                        f"{self._timeout:.0f} s (the model instance that starts it failed or is "
@@ -174,6 +183,19 @@ class EngineProcess:
         if kind != "ready":
             raise RuntimeError(f"the shared hf engine process refused to attach: {payload}")
         return self._ready(payload)
+
+    @staticmethod
+    def write_attach_failure(path: str, message: str | None) -> None:
+        """The instance that starts a shared engine: `message` (why it failed) for the instances waiting to attach at
+        `path`, or None to clear a stale one before starting."""
+        if message is None:
+            try:
+                os.unlink(path + ".failed")
+            except FileNotFoundError:
+                pass
+            return
+        with open(path + ".failed", "w") as f:
+            f.write(message)
 
     def _ready(self, payload: dict) -> "EngineProcess":
         self.info = payload
@@ -351,6 +373,11 @@ class _Peers:
             with self._lock:
                 self.running.get(k, set()).discard(rid)
 
+    def by_conn(self) -> dict:
+        """{connection: k} of the connections now served."""
+        with self._lock:
+            return {c: k for k, c in self.conns.items()}
+
     def send(self, k: int, msg) -> None:
         with self._lock:
             conn, lock = self.conns.get(k), self.send_locks.get(k)
@@ -495,9 +522,9 @@ def _child(fd: int) -> int:
     close_listener = _listen(listen, info, peers, wake_w) if listen else None
     peers.send(0, ("ready", info))
     try:
-        while True:
-            with peers._lock:
-                by_conn = {c: k for k, c in peers.conns.items()}
+        first_open = True  # the instance that started us: when it goes, the engine stops
+        while first_open:
+            by_conn = peers.by_conn()
             for c in wait(list(by_conn) + [wake_r]):
                 if c is wake_r:
                     wake_r.recv_bytes()
@@ -509,14 +536,13 @@ def _child(fd: int) -> int:
                     done = "gone"
                 if done is None:
                     continue
-                if not k:  # the instance that started us: when it goes, the engine stops
-                    raise _Stop
+                if not k:
+                    first_open = False
+                    break
                 for rid in peers.drop(k):  # an attached instance left: its running requests end
                     engine.abort(rid)
                 c.close()
                 log.info("hf engine process: model instance %d detached", k)
-    except _Stop:
-        pass
     finally:
         if close_listener is not None:
             close_listener()
@@ -525,10 +551,6 @@ def _child(fd: int) -> int:
         except OSError:
             pass
     return 0
-
-
-class _Stop(Exception):
-    """The first connection ended (stop or EOF): the engine process ends."""
 
 
 def _listen(path: str, info: dict, peers: _Peers, wake):

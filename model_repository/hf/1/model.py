@@ -233,9 +233,14 @@ class TritonPythonModel:
             # nothing is held back here.
             owner, sock = self._share_engine() if self.instances > 1 else (True, "")
             if owner:
-                self.engine = EngineProcess(on_batch=self._route, output_interval=self.stream_interval_s,
-                                            on_exit=self._engine_exited if self.tp > 1 else None,
-                                            listen=sock, **self.params).start()
+                try:
+                    self.engine = EngineProcess(on_batch=self._route, output_interval=self.stream_interval_s,
+                                                on_exit=self._engine_exited if self.tp > 1 else None,
+                                                listen=sock, **self.params).start()
+                except Exception as exc:  # the instances waiting to attach fail with this at once
+                    if sock:
+                        EngineProcess.write_attach_failure(sock, str(exc))
+                    raise
             else:
                 self.engine = EngineProcess.attach(sock, on_batch=self._route).start()
             if self.instances > 1:
@@ -255,6 +260,10 @@ class TritonPythonModel:
         """(this instance starts the shared engine process?, its unix socket path).  The first instance of this model
         in this tritonserver to take the lock starts it; the lock is held until that instance finalizes."""
         base = os.path.join(tempfile.gettempdir(), f"llmlaunch-{os.getuid()}")
+        if len(base) > 80:  # a unix socket path has at most 107 bytes
+            raise pb_utils.TritonModelException(
+                f"instance_group count {self.instances}: the shared engine's socket would live under {base}, too "
+                f"long a path for a unix socket; set TMPDIR to a shorter directory (e.g. /tmp)")
         os.makedirs(base, mode=0o700, exist_ok=True)
         st = os.stat(base)
         if st.st_uid != os.getuid() or st.st_mode & 0o077:
@@ -270,7 +279,11 @@ class TritonPythonModel:
             os.close(fd)
             return False, os.path.join(base, f"hf-{key}.sock")
         self._share_files = (fd, lock_path)
-        return True, os.path.join(base, f"hf-{key}.sock")
+        sock = os.path.join(base, f"hf-{key}.sock")
+        from launcher.engines.hf_process import EngineProcess
+
+        EngineProcess.write_attach_failure(sock, None)  # a stale failure of an earlier server with this pid
+        return True, sock
 
     def _start_responders(self):
         n = self.response_threads or (1 if str(self.engine.device) == "cpu" else 4)
