@@ -388,7 +388,7 @@ class _Peers:
     def send_outputs(self, batch: list) -> None:
         """Output tuples of the engine (engine request ids) -> each to its connection, with the id it gave."""
         with self._lock:
-            if len(self.conns) == 1 and not self.running:  # nobody attached: all of it is the first's
+            if len(self.conns) == 1:  # nobody attached: all of it is the first's
                 sends = [(0, self.conns[0], self.send_locks[0], batch)]
             else:
                 shares: dict[int, list] = {}

@@ -233,6 +233,8 @@ class TritonPythonModel:
             # nothing is held back here.
             owner, sock = self._share_engine() if self.instances > 1 else (True, "")
             if owner:
+                if sock:  # a failure an earlier server with this pid left would fail our instances
+                    EngineProcess.write_attach_failure(sock, None)
                 try:
                     self.engine = EngineProcess(on_batch=self._route, output_interval=self.stream_interval_s,
                                                 on_exit=self._engine_exited if self.tp > 1 else None,
@@ -271,18 +273,14 @@ class TritonPythonModel:
                 f"{base} is not a private directory of this user (mode {oct(st.st_mode & 0o777)}): remove it, or "
                 f"set TMPDIR to a directory of your own")
         key = hashlib.sha1(f"{os.getppid()}:{self.model_config.get('name', '')}".encode()).hexdigest()[:12]
-        lock_path = os.path.join(base, f"hf-{key}.lock")
+        lock_path, sock = os.path.join(base, f"hf-{key}.lock"), os.path.join(base, f"hf-{key}.sock")
         fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            return False, os.path.join(base, f"hf-{key}.sock")
+            return False, sock
         self._share_files = (fd, lock_path)
-        sock = os.path.join(base, f"hf-{key}.sock")
-        from launcher.engines.hf_process import EngineProcess
-
-        EngineProcess.write_attach_failure(sock, None)  # a stale failure of an earlier server with this pid
         return True, sock
 
     def _start_responders(self):
