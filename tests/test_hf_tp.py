@@ -32,7 +32,7 @@ from launcher.engines.hf_engine import Engine, SamplingParams
 from launcher.engines.hf_tp import TPGroup, run_worker
 role, tp, port, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 prompts = json.loads(sys.argv[5])
-kw = dict(device="cpu", max_num_seqs=4, max_model_len=128, threads=1)
+kw = dict(device="cpu", max_num_seqs=4, max_model_len=int(os.environ.get("TEST_MAX_MODEL_LEN", "128")), threads=1)
 group = TPGroup(tp, rank=0 if role == "leader" else 1, addr="127.0.0.1", port=port, timeout=60) if tp > 1 else None
 if role == "worker":
     run_worker(path, tp=tp, group=group, **kw)
@@ -51,9 +51,10 @@ os._exit(0)
 """
 
 
-def _rank(role: str, tp: int, port: int, model_dir) -> subprocess.Popen:
+def _rank(role: str, tp: int, port: int, model_dir, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", _RANK, role, str(tp), str(port), str(model_dir), json.dumps(PROMPTS)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **(env or {})})
 
 
 def _result(proc: subprocess.Popen, timeout: float = 180) -> dict:
@@ -82,6 +83,27 @@ def test_tp2_engine_equals_tp1_greedy(tiny_model_dir):
                 p.wait()
     assert got == ref
     assert all(len(v) == 16 for v in got.values())
+
+
+def test_ranks_with_different_settings_fail_at_warm_up_on_both_sides(tiny_model_dir):
+    """Ranks compare their warm-up plans (compile, graphs, cache shape) before any collective step: a worker started
+    with another max_model_len would otherwise run steps whose shapes, or on a GPU whose graphs, its peer lacks."""
+    from launcher.triton import free_port
+
+    port = free_port()
+    worker = _rank("worker", 2, port, tiny_model_dir, env={"TEST_MAX_MODEL_LEN": "64"})
+    leader = _rank("leader", 2, port, tiny_model_dir)
+    try:
+        outs = [p.communicate(timeout=120)[0] for p in (leader, worker)]
+    finally:
+        for p in (leader, worker):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for out, proc in zip(outs, (leader, worker)):
+        assert proc.returncode != 0, out
+        assert "warm-up plans differ (rank 0: max_model_len=128; rank 1: max_model_len=64)" in out, out
+        assert "give all ranks the same engine settings" in out, out
 
 
 def test_tp_that_does_not_divide_heads_is_refused(tiny_model_dir):
@@ -263,3 +285,30 @@ def test_idle_leader_keeps_workers_alive_and_a_hung_leader_fails_them(tiny_model
                 p.kill()
         lout, _ = procs[1].communicate()
     assert "tokens [" in lout, lout
+
+
+def test_tp_graphs_benchmark_runs_its_ranks_and_reports(tiny_model_dir, tmp_path):
+    """benchmark/gpu/tp_graphs.py on CPU (gloo, so no graphs): it starts each config's ranks fresh, measures every
+    concurrency, and the float32 greedy tokens of tp=2 equal tp=1's; the GPU figures come from the same code."""
+    out = tmp_path / "tp.json"
+    proc = subprocess.run([sys.executable, "benchmark/gpu/tp_graphs.py", "--model", str(tiny_model_dir), "--device",
+                           "cpu", "--dtype", "float32", "--configs", "tp1-eager", "tp2-eager", "--concurrency", "1", "3",
+                           "--tokens", "8", "--prompt-tokens", "12", "--greedy-tokens", "12", "--max-num-seqs", "4",
+                           "--max-model-len", "128", "--timeout", "240", "--workdir", str(tmp_path / "w"),
+                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = {r["name"]: r for r in json.loads(out.read_text())["results"]}
+    assert results["tp2-eager"]["tp"] == 2 and not results["tp2-eager"]["cuda_graphs"]
+    for r in results.values():
+        assert [row["concurrency"] for row in r["rows"]] == [1, 3]
+        assert all(row["output_tokens_per_s"] > 0 and row["steps"] >= 8 for row in r["rows"])
+        assert r["rows"][0]["decode_steps_per_s"] > 0
+        assert len(r["greedy"]) == 4 and all(len(t) == 12 for t in r["greedy"])
+    assert results["tp2-eager"]["greedy_equals_first"] is True
+    assert "tp2-eager         3" in proc.stdout, proc.stdout
+
+
+def test_tp_graphs_benchmark_names_a_bad_config():
+    proc = subprocess.run([sys.executable, "benchmark/gpu/tp_graphs.py", "--model", "x", "--configs", "tp2-fast"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "config 'tp2-fast' is not tpN, tpN-graphs, tpN-eager or tpN-compile" in proc.stderr

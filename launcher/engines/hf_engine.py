@@ -190,7 +190,7 @@ class Engine:
         threads: torch intra-op threads of the engine thread (default: torch's default, one per core).
         tp: tensor-parallel ranks (see hf_tp); this engine is rank 0 and broadcasts each step to the workers.
         tp_group: an hf_tp.TPGroup (default: one made from the LLMLAUNCH_* environment when tp > 1).
-        cuda_graphs / torch_compile: see HFModelRunner (None: on for one GPU).
+        cuda_graphs / torch_compile: see HFModelRunner (None: on for GPUs).
         cudnn_attention: graphs | all | off, where attention may use cuDNN (see
         HFModelRunner._init_attention_backends; None: LLMLAUNCH_HF_CUDNN_ATTENTION, else graphs).
         prefill_graphs: the longest prompt whose prompt-only step replays a CUDA graph (see

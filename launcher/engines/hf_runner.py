@@ -285,9 +285,11 @@ class HFModelRunner:
                  prefill_graphs: int | None = None):
         """tp > 1: this process is one rank of a tensor-parallel group (see hf_tp): `tp_group` (an
         hf_tp.TPGroup) or one made from the LLMLAUNCH_* environment; the model is sharded after loading.
-        cuda_graphs: replay decode-only steps as CUDA graphs (None: on for cuda with tp=1 unless
-        LLMLAUNCH_HF_CUDA_GRAPHS=0).  torch_compile: run the model's forward through torch.compile (None: on
-        for cuda with tp=1 unless LLMLAUNCH_HF_COMPILE=0); `warm_up()` compiles before serving.
+        cuda_graphs: replay decode-only steps as CUDA graphs (None: on for cuda unless LLMLAUNCH_HF_CUDA_GRAPHS=0;
+        with tp > 1 the graphs hold the NCCL all-reduces, and every rank captures the same ones, see `warm_up`).
+        torch_compile: run the model's forward through torch.compile (None: on for cuda unless
+        LLMLAUNCH_HF_COMPILE=0; with tp > 1 the all-reduces are traced as functional collectives); `warm_up()`
+        compiles before serving.
         prefill_graphs: the longest prompt (tokens) whose prompt-only step replays a CUDA graph (None:
         LLMLAUNCH_HF_PREFILL_GRAPHS, else 2048; 0: none; needs cuda_graphs); see `_init_prefill_graphs`."""
         import torch
@@ -435,8 +437,9 @@ class HFModelRunner:
 
         if torch_compile is None:
             torch_compile = self.device.type == "cuda" and os.environ.get("LLMLAUNCH_HF_COMPILE", "1") != "0"
-        # tp > 1: each layer's all-reduce (hf_tp) is not traced; those ranks run eagerly
-        self.use_compile = bool(torch_compile) and self.tp == 1
+        # tp > 1: each layer's all-reduce is traced as a functional collective (hf_tp.TPGroup.all_reduce); with
+        # graphs, tp=2 on two H200s ran 1.24-1.30x faster compiled (benchmark/RESULTS.md, eleventh session)
+        self.use_compile = bool(torch_compile)
         self.compile_error = ""
         self.compile_s = 0.0  # how long warm_up compiled
         self._fwd = self._forward
@@ -448,11 +451,23 @@ class HFModelRunner:
     def warm_up(self, max_prefill_tokens: int | None = None) -> None:
         """Before serving: compile (each shape class a step can have) and capture the decode graphs and the
         prompt graphs (prompts up to max_prefill_tokens, the engine's chunk), so that no request waits on
-        either.  A model that cannot be compiled still serves, uncompiled (compile_error)."""
+        either.  A model that cannot be compiled still serves, uncompiled (compile_error).
+
+        tp > 1: every step of the warm-up and every capture runs the layers' all-reduces, so all ranks must do the
+        same ones in the same order.  The leader (group rank 0) calls this from the Engine and first sends its plan
+        to the workers, whose loop (hf_tp.run_worker) then calls it too; the ranks compare plans before and
+        results after (a rank that would replay a graph its peer does not have would hang both)."""
         import time
 
         import torch
 
+        if self.tp_group is not None:
+            plan = self._tp_plan(max_prefill_tokens)
+            if self.tp_group.rank == 0:
+                from launcher.engines.hf_tp import WARM_UP
+
+                self.tp_group.broadcast((WARM_UP, plan))
+            self._tp_agree("plans", plan)
         if self.use_compile:
             announce("hf engine: compiling the model with torch.compile (1-2 minutes for a 1 B model with a cold "
                      "Inductor cache)")
@@ -481,6 +496,26 @@ class HFModelRunner:
                          self.compile_s)
         self.capture_graphs()
         self.capture_prefill_graphs(max_prefill_tokens)
+        if self.tp_group is not None:
+            self._tp_agree("results", {"compiled": self.use_compile, "decode graphs": len(self._graphs),
+                                       "prompt graphs": len(self._prefill_graphs)})
+
+    def _tp_plan(self, max_prefill_tokens) -> dict:
+        return {"max_prefill_tokens": max_prefill_tokens, "torch_compile": self.use_compile,
+                "cuda_graphs": self.use_graphs, "prefill_graphs": self.prefill_graph_limit,
+                "cudnn_attention": self.cudnn_attention, "max_num_seqs": self.max_num_seqs,
+                "max_model_len": self.max_model_len}
+
+    def _tp_agree(self, what: str, mine: dict) -> None:
+        """Raise on every rank unless all ranks' `mine` are equal (host side, over the gloo group)."""
+        everyone = self.tp_group.all_gather(mine)
+        differ = sorted({k for other in everyone for k in mine if other.get(k) != mine[k]})
+        if differ:
+            each = "; ".join(f"rank {r}: " + ", ".join(f"{k}={o.get(k)!r}" for k in differ)
+                             for r, o in enumerate(everyone))
+            raise RuntimeError(f"the tensor-parallel ranks' warm-up {what} differ ({each}): every rank must compile "
+                               f"and capture the same steps; give all ranks the same engine settings and "
+                               f"LLMLAUNCH_HF_* environment, or set engine.cuda_graphs=false")
 
     # -- CUDA graphs for decode-only steps -----------------------------------------------------------------
     # Why: a decode step of a 1 B model launches ~20 kernels per layer from Python; on the H100 host that
@@ -491,7 +526,12 @@ class HFModelRunner:
     # R = the power of two >= the highest decoding slot + 1) attending over L positions (a power of two
     # from 256, >= the longest sequence).  Row r carries the token of the sequence in slot r; rows of idle
     # slots carry a dummy token that writes its keys/values to a spare cache slot nobody reads and attends
-    # to one position, and their logits are dropped.  Mixed steps (prompt chunks) and tp > 1 run eagerly.
+    # to one position, and their logits are dropped.  Mixed steps (prompt chunks) run eagerly.
+    #
+    # tp > 1: a graph holds the layers' NCCL all-reduces, so each rank's replay meets its peers' replays of the
+    # same graph.  Every rank captures the same buckets in the same order in `warm_up` (the leader's plan) and
+    # picks graph or eager for a step by the same rule (`_replay`, from the broadcast StepInputs alone); a
+    # capture that fails is fatal there (a rank falling back to eager steps alone would hang its peers).
     _GRAPH_MIN_LEN = 256
 
     def _init_graphs(self, cuda_graphs, prefill_graphs=None) -> None:
@@ -499,7 +539,7 @@ class HFModelRunner:
 
         if cuda_graphs is None:
             cuda_graphs = os.environ.get("LLMLAUNCH_HF_CUDA_GRAPHS", "1") != "0"
-        self.use_graphs = bool(cuda_graphs) and self.device.type == "cuda" and self.tp == 1
+        self.use_graphs = bool(cuda_graphs) and self.device.type == "cuda"
         self._spare_slots = 1 if self.use_graphs else 0  # the slot dummy rows write to
         self._graphs: dict = {}
         self._graph_pool = None
@@ -597,6 +637,7 @@ class HFModelRunner:
 
             graph, logits = self._capture_graph(body)
         except Exception as e:  # a model whose forward cannot be captured still serves, eagerly
+            self._tp_capture_failed("decode", e)
             self.use_graphs = False
             self.graph_error = f"{type(e).__name__}: {e}"
             log.warning("hf engine: CUDA graph capture failed (%s); decode steps run eagerly", self.graph_error)
@@ -606,6 +647,12 @@ class HFModelRunner:
         log.debug("hf engine: captured decode graph rows=%d length=%d", rows, length)
         return self._graphs[(rows, length)]
 
+    def _tp_capture_failed(self, kind: str, exc: Exception) -> None:
+        if self.tp > 1:
+            raise RuntimeError(f"tp={self.tp}, rank {self.tp_group.rank}: capturing a {kind} CUDA graph failed "
+                               f"({type(exc).__name__}: {exc}); the ranks cannot fall back to eager steps one by "
+                               f"one, so set engine.cuda_graphs=false") from exc
+
     def _capture_graph(self, body):
         """(graph, its output) of `body()` captured after two warm-up runs on a side stream (lazy inits, the
         allocator, cuDNN's plan); every graph shares one memory pool (they replay one at a time)."""
@@ -614,15 +661,21 @@ class HFModelRunner:
         dev = self.device
         side = torch.cuda.Stream(dev)
         side.wait_stream(torch.cuda.current_stream(dev))
+        # tp > 1: torch's NCCL watchdog thread queries the events of earlier collectives; in the default ("global")
+        # capture mode such a call from another thread during a capture is an error, so only this thread is
+        # checked, and the device is idle (no collective left for the watchdog) before the capture starts
+        mode = "thread_local" if self.tp > 1 else "global"
         with self._capture_backends():  # the same kernels for the warm-up and the capture
             with torch.cuda.stream(side):
                 for _ in range(2):
                     body()
             torch.cuda.current_stream(dev).wait_stream(side)
+            if self.tp > 1:
+                torch.cuda.synchronize(dev)
             if self._graph_pool is None:
                 self._graph_pool = torch.cuda.graph_pool_handle()
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._graph_pool):
+            with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode=mode):
                 out = body()
         return graph, out
 
@@ -739,6 +792,7 @@ class HFModelRunner:
             keep = torch.full((1,), length - 1, dtype=torch.long, device=dev)
             graph, logits = self._capture_graph(lambda: self._prefill_body(meta, keep, length))
         except Exception as e:  # prompts still run, eagerly; decode graphs stay
+            self._tp_capture_failed("prompt", e)
             self.prefill_graph_limit = 0
             self._prefill_graphs.clear()
             self.prefill_graph_error = f"{type(e).__name__}: {e}"
@@ -767,9 +821,25 @@ class HFModelRunner:
 
         if not sample:
             with torch.inference_mode():
-                self._run(step, sample=False)
+                if self._replay(step) is None:
+                    self._run(step, sample=False)
             return []
         return self.wait(self.launch(step))
+
+    def _replay(self, step: StepInputs, ids=None, prompt_graph: bool = True):
+        """Logits of `step` through a captured graph (and `last_graph` set to which), or None: run it eagerly.
+        Tensor-parallel ranks make this choice from the StepInputs alone, so all of them make the same one."""
+        self.last_graph = None
+        if self.use_graphs and step.decode_tokens and not step.prefill:
+            logits = self._graph_decode(step, ids)
+            self.last_graph = "decode" if logits is not None else None
+            return logits
+        if self._prefill_graphs and prompt_graph:
+            bucket = self.prefill_graph_key(step)
+            if bucket is not None:
+                self.last_graph = "prompt"
+                return self._graph_prefill(step, bucket)
+        return None
 
     def launch(self, step: StepInputs, prev=None, prev_rows: list[int] | None = None):
         """Start the step and return at once, before its tokens exist; `wait(handle)` gives them.
@@ -796,15 +866,8 @@ class HFModelRunner:
                 if prev_rows is not None and prev_rows != list(range(ids.shape[0])):
                     rows = torch.tensor(prev_rows, dtype=torch.long).to(self.device, non_blocking=True)
                     ids = ids.index_select(0, rows)
-            logits, self.last_graph = None, None
-            if self.use_graphs and step.decode_tokens and not step.prefill:
-                logits = self._graph_decode(step, ids)
-                self.last_graph = "decode" if logits is not None else None
-            elif self._prefill_graphs and prev is None:
-                bucket = self.prefill_graph_key(step)
-                if bucket is not None:
-                    logits = self._graph_prefill(step, bucket)
-                    self.last_graph = "prompt"
+            # a prompt graph reads its tokens from the host: not for a step whose tokens come from `prev`
+            logits = self._replay(step, ids, prompt_graph=prev is None)
             if logits is None:
                 logits = self._run(step, ids=ids)
             tokens = self.sampler.sample(logits, step.sampling, step.penalty_resets)

@@ -23,6 +23,13 @@ Sampling: only the leader samples.  Workers call the model with no logits rows
 penalty state; the leader's tokens come back to its scheduler, which feeds them
 in the next broadcast `StepInputs`.  Nothing random is needed on workers.
 
+CUDA graphs (GPU): each rank captures the same decode and prompt graphs, NCCL
+all-reduces inside, at warm-up: the leader broadcasts (WARM_UP, plan) and every
+rank runs `HFModelRunner.warm_up`, comparing plans before and graph counts after.
+A step then replays a graph or runs eagerly on every rank alike, chosen from the
+StepInputs alone.  torch.compile (on for GPUs, as with tp=1) traces the
+all-reduce as a functional collective.
+
 Process group: `torch.distributed` with init_method tcp://LEADER_ADDR:DIST_PORT,
 world = group size, rank = group rank (env LLMLAUNCH_* set by launcher.rank).
 gloo on CPU; on GPU nccl for the all_reduces plus a gloo group for the
@@ -43,6 +50,7 @@ log = logging.getLogger(__name__)
 
 PING = "ping"  # heartbeat of an idle leader
 STOP = "stop"  # the leader shuts down: workers leave their loop
+WARM_UP = "warm_up"  # (WARM_UP, plan): compile and capture with the leader (HFModelRunner.warm_up)
 
 
 def timeout_s() -> float:
@@ -81,8 +89,20 @@ class TPGroup:
         self._torch = torch
 
     def all_reduce(self, t):
+        """Sum `t` over the ranks.  Eagerly (and in a CUDA graph capture) in place; inside torch.compile through
+        the functional collective, which Dynamo traces (the in-place call would break the graph)."""
+        if self._torch.compiler.is_compiling():
+            from torch.distributed import _functional_collectives as funcol
+
+            return funcol.all_reduce(t, "sum", self.group or self._dist.group.WORLD)
         self._dist.all_reduce(t, group=self.group)
         return t
+
+    def all_gather(self, obj) -> list:
+        """Every rank's obj, in rank order (host side, over the gloo group)."""
+        out = [None] * self.size
+        self._dist.all_gather_object(out, obj, group=self.ctrl)
+        return out
 
     def broadcast(self, obj):
         """Leader: send obj; workers: pass None, get the leader's obj."""
@@ -116,8 +136,7 @@ class _RowParallelLinear:
                 self.in_features, self.out_features = n, linear.out_features
 
             def forward(self, x):
-                y = F.linear(x, self.weight)
-                tp.all_reduce(y)
+                y = tp.all_reduce(F.linear(x, self.weight))
                 if self.bias is not None:
                     y = y + self.bias
                 return y
@@ -176,9 +195,11 @@ def shard_model(model, text_cfg, tp: TPGroup) -> None:
 def run_worker(model_path: str, tp: int, device: str = "auto", dtype: str = "auto", max_num_seqs: int = 64,
                max_model_len: int | None = None, attn_implementation: str = "sdpa",
                kv_cache_memory: float | None = None, threads: int | None = None, on_ready=None,
-               group: TPGroup | None = None, cudnn_attention: str | None = None, **_ignored) -> None:
+               group: TPGroup | None = None, cudnn_attention: str | None = None, cuda_graphs: bool | None = None,
+               torch_compile: bool | None = None, prefill_graphs: int | None = None, **_ignored) -> None:
     """A worker rank: build the runner on this rank's shard, then execute every StepInputs the leader
-    broadcasts until it says stop.  Raises (after the collective timeout at the latest) when the leader dies."""
+    broadcasts until it says stop; when the leader warms up (compiles, captures CUDA graphs) the worker does the
+    same steps with it.  Raises (after the collective timeout at the latest) when the leader dies."""
     import torch
 
     from launcher.engines.hf_runner import HFModelRunner
@@ -187,7 +208,8 @@ def run_worker(model_path: str, tp: int, device: str = "auto", dtype: str = "aut
         torch.set_num_threads(int(threads))
     runner = HFModelRunner(model_path, device=device, dtype=dtype, max_num_seqs=max_num_seqs,
                            max_model_len=max_model_len, attn_implementation=attn_implementation,
-                           kv_cache_memory=kv_cache_memory, tp=tp, tp_group=group, cudnn_attention=cudnn_attention)
+                           kv_cache_memory=kv_cache_memory, tp=tp, tp_group=group, cudnn_attention=cudnn_attention,
+                           cuda_graphs=cuda_graphs, torch_compile=torch_compile, prefill_graphs=prefill_graphs)
     if runner.tp_group.rank == 0:
         raise ValueError("run_worker runs the worker ranks (group rank > 0); rank 0 runs the Engine")
     if on_ready is not None:
@@ -197,6 +219,9 @@ def run_worker(model_path: str, tp: int, device: str = "auto", dtype: str = "aut
     try:
         while True:
             step = tpg.broadcast(None)
+            if isinstance(step, tuple) and step[0] == WARM_UP:
+                runner.warm_up(step[1]["max_prefill_tokens"])
+                continue
             if isinstance(step, str):
                 if step == STOP:
                     log.info("hf tp worker %d: leader stopped after %d steps", tpg.rank, steps)

@@ -10,9 +10,10 @@ config.pbtxt parameters (string values; empty or absent = default):
   prefill_chunk     prompt tokens prefilled per engine step (default 0: 512 on CPU, 2048 on a GPU)
   attn_implementation  sdpa | eager: attention kernels of the engine (default sdpa)
   cuda_graphs       true | false: replay decode-only steps, and steps of one whole prompt (padded to one of 15
-                    lengths up to the prefill chunk), as CUDA graphs (default: on for one GPU)
+                    lengths up to the prefill chunk), as CUDA graphs (default: on for GPUs; with tp_size > 1
+                    every rank captures and replays the same graphs, the NCCL all-reduces inside)
   torch_compile     auto | true | false: run the model through torch.compile, compiled when the model
-                    loads (default auto: on for one GPU, off on CPU, where compiling takes longer than it saves)
+                    loads (default auto: on for GPUs, off on CPU, where compiling takes longer than it saves)
   cudnn_attention   graphs | all | off: where attention may use cuDNN (default graphs: in captured decode
                     graphs only, whose plan cuDNN builds once at capture; prompt steps then use flash /
                     memory-efficient kernels and build no per-shape cuDNN plans on the host)
@@ -192,7 +193,7 @@ class TritonPythonModel:
             "threads": integer("torch_threads", 0) or None,
             "cudnn_attention": p.get("cudnn_attention") or None,  # the engine checks the value
         }
-        for name, auto in (("cuda_graphs", False), ("torch_compile", True)):  # unset: the engine's default (one GPU: on)
+        for name, auto in (("cuda_graphs", False), ("torch_compile", True)):  # unset: the engine's default (GPUs: on)
             value = flag(name, "", auto)
             if value is not None:
                 self.params[name] = value
