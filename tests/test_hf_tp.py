@@ -46,6 +46,7 @@ ts = [threading.Thread(target=go, args=(p,)) for p in prompts]
 [t.start() for t in ts]
 [t.join() for t in ts]
 eng.shutdown()
+print(f"AHEAD {eng.stats.ahead_steps}", flush=True)
 print("RESULT " + json.dumps(res), flush=True)
 os._exit(0)
 """
@@ -57,23 +58,29 @@ def _rank(role: str, tp: int, port: int, model_dir, env: dict | None = None) -> 
                             env={**os.environ, **(env or {})})
 
 
-def _result(proc: subprocess.Popen, timeout: float = 180) -> dict:
+def _result(proc: subprocess.Popen, timeout: float = 180, ahead: list | None = None) -> dict:
     out, _ = proc.communicate(timeout=timeout)
     assert proc.returncode == 0, out
     line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
     assert line, out
+    if ahead is not None:
+        ahead.extend(int(ln.split()[1]) for ln in out.splitlines() if ln.startswith("AHEAD "))
     return json.loads(line[-1][len("RESULT "):])
 
 
-def test_tp2_engine_equals_tp1_greedy(tiny_model_dir):
+@pytest.mark.parametrize("overlap", ["1", "0"])
+def test_tp2_engine_equals_tp1_greedy(tiny_model_dir, overlap):
+    """With overlap (the default) the leader launches decode steps ahead and sends their tokens to the worker as a
+    tensor (gloo here, NCCL on GPUs); without, every step's tokens come in its broadcast StepInputs."""
     from launcher.triton import free_port
 
     ref = _result(_rank("leader", 1, 0, tiny_model_dir))
     port = free_port()
     worker = _rank("worker", 2, port, tiny_model_dir)
-    leader = _rank("leader", 2, port, tiny_model_dir)
+    leader = _rank("leader", 2, port, tiny_model_dir, env={"LLMLAUNCH_HF_OVERLAP": overlap})
+    ahead: list = []
     try:
-        got = _result(leader)
+        got = _result(leader, ahead=ahead)
         wout, _ = worker.communicate(timeout=60)
         assert worker.returncode == 0 and "worker done" in wout, wout  # the leader's shutdown stops the worker
     finally:
@@ -83,6 +90,7 @@ def test_tp2_engine_equals_tp1_greedy(tiny_model_dir):
                 p.wait()
     assert got == ref
     assert all(len(v) == 16 for v in got.values())
+    assert (ahead[0] > 0) if overlap == "1" else ahead == [0], ahead
 
 
 def test_ranks_with_different_settings_fail_at_warm_up_on_both_sides(tiny_model_dir):

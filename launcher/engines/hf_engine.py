@@ -49,6 +49,7 @@ from typing import Callable
 
 from launcher.engines.hf_detok import StopMatcher, TokenTable
 from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
+from launcher.engines.hf_tp import AHEAD
 from launcher.serving.triton_io import InvalidRequest, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -257,7 +258,7 @@ class Engine:
         self._prompts_alone = int(raw) if raw else self.PROMPTS_ALONE_MAX
         if overlap is None:
             overlap = os.environ.get("LLMLAUNCH_HF_OVERLAP", "1") != "0"
-        self._overlap = bool(overlap) and self._tp is None
+        self._overlap = bool(overlap)
         # (step, rows, handle): a step launched before the tokens of the one before were known
         self._ahead = None
         self._free = list(range(self.max_num_seqs))
@@ -426,14 +427,16 @@ class Engine:
             handle = None
         t0 = time.perf_counter()
         try:
-            if self._tp is not None:
-                self._tp.broadcast(step)  # every worker rank executes the same step on its shard
             if handle is None:
+                if self._tp is not None:
+                    self._tp.broadcast(step)  # every worker rank executes the same step on its shard
                 handle = self._launch(step)
             if self._overlap:
                 nxt = self._schedule(ahead_of=rows)
                 if nxt is not None:
                     nstep, nrows, _, prev_rows = nxt
+                    if self._tp is not None:  # its decode tokens follow on the device (hf_tp: AHEAD)
+                        self._tp.broadcast((AHEAD, nstep))
                     self._ahead = (nstep, nrows, self._launch(nstep, prev=handle, prev_rows=prev_rows))
                     self.stats.ahead_steps += 1
             tokens = self._wait(handle)

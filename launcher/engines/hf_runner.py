@@ -814,15 +814,20 @@ class HFModelRunner:
         return logits
 
     # -- one step ------------------------------------------------------------------------------------------
-    def execute(self, step: StepInputs, sample: bool = True) -> list[int]:
+    def execute(self, step: StepInputs, sample: bool = True, ahead: bool = False) -> list[int]:
         """Run one step; the sampled token per output row.  sample=False (tensor-parallel workers): run the
-        layers only (no lm_head, no sampling) and return []."""
+        layers only (no lm_head, no sampling) and return [].  ahead (workers): the leader launched this step
+        before its decode tokens reached its host, and sends them over the device (`launch` with prev)."""
         import torch
 
         if not sample:
             with torch.inference_mode():
-                if self._replay(step) is None:
-                    self._run(step, sample=False)
+                ids = None
+                if ahead:
+                    ids = torch.empty(len(step.decode_tokens), dtype=torch.long, device=self.device)
+                    self.tp_group.broadcast_tensor(ids)
+                if self._replay(step, ids, prompt_graph=not ahead) is None:
+                    self._run(step, sample=False, ids=ids)
             return []
         return self.wait(self.launch(step))
 
@@ -866,6 +871,8 @@ class HFModelRunner:
                 if prev_rows is not None and prev_rows != list(range(ids.shape[0])):
                     rows = torch.tensor(prev_rows, dtype=torch.long).to(self.device, non_blocking=True)
                     ids = ids.index_select(0, rows)
+                if self.tp_group is not None:  # the workers' copy of this step waits for these (execute, ahead)
+                    ids = self.tp_group.broadcast_tensor(ids.to(torch.long).contiguous())
             # a prompt graph reads its tokens from the host: not for a step whose tokens come from `prev`
             logits = self._replay(step, ids, prompt_graph=prev is None)
             if logits is None:

@@ -23,6 +23,12 @@ Sampling: only the leader samples.  Workers call the model with no logits rows
 penalty state; the leader's tokens come back to its scheduler, which feeds them
 in the next broadcast `StepInputs`.  Nothing random is needed on workers.
 
+Overlap (as with tp=1): the leader queues the next decode step before the last
+one's tokens reach the host.  It broadcasts that step as (AHEAD, StepInputs) with
+placeholder decode tokens, then the tokens themselves as a device tensor over
+NCCL (`broadcast_tensor`, in stream order after the step that sampled them), so
+workers never wait for the leader's host either.
+
 CUDA graphs (GPU): each rank captures the same decode and prompt graphs, NCCL
 all-reduces inside, at warm-up: the leader broadcasts (WARM_UP, plan) and every
 rank runs `HFModelRunner.warm_up`, comparing plans before and graph counts after.
@@ -51,6 +57,7 @@ log = logging.getLogger(__name__)
 PING = "ping"  # heartbeat of an idle leader
 STOP = "stop"  # the leader shuts down: workers leave their loop
 WARM_UP = "warm_up"  # (WARM_UP, plan): compile and capture with the leader (HFModelRunner.warm_up)
+AHEAD = "ahead"  # (AHEAD, StepInputs): a step launched ahead; its decode tokens follow on the device (overlap)
 
 
 def timeout_s() -> float:
@@ -96,6 +103,11 @@ class TPGroup:
 
             return funcol.all_reduce(t, "sum", self.group or self._dist.group.WORLD)
         self._dist.all_reduce(t, group=self.group)
+        return t
+
+    def broadcast_tensor(self, t):
+        """The leader's tensor `t` into every rank's `t` (same shape and dtype), on the device's stream."""
+        self._dist.broadcast(t, src=0, group=self.group)
         return t
 
     def all_gather(self, obj) -> list:
@@ -221,6 +233,10 @@ def run_worker(model_path: str, tp: int, device: str = "auto", dtype: str = "aut
             step = tpg.broadcast(None)
             if isinstance(step, tuple) and step[0] == WARM_UP:
                 runner.warm_up(step[1]["max_prefill_tokens"])
+                continue
+            if isinstance(step, tuple) and step[0] == AHEAD:
+                runner.execute(step[1], sample=False, ahead=True)
+                steps += 1
                 continue
             if isinstance(step, str):
                 if step == STOP:
