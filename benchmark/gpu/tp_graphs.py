@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import time
@@ -101,39 +100,19 @@ def greedy(engine, n: int) -> list[list[int]]:
 
 
 def rounds(engine, c: int, tokens: int, prompt_tokens: int, seed: int) -> dict:
-    """C requests at once; tokens/s over the wall time, the engine's steps and GPU time, C=1's decode steps/s."""
-    import queue
+    """C requests at once (overhead.py's in-process driver); tokens/s over the wall time, the engine's steps and GPU
+    time per step, C=1's decode steps/s."""
+    from benchmark.overhead import random_prompt_ids, run_direct
 
-    from launcher.engines.hf_engine import SamplingParams
-
-    rng = random.Random(seed)
-    vocab = min(engine.vocab_size, 32000)
-    done: queue.SimpleQueue = queue.SimpleQueue()
-    stamps: dict = {}
-
-    def on_output(out):
-        if out.output_tokens:
-            stamps.setdefault(out.request_id, []).append((time.perf_counter(), out.output_tokens))
-        if out.finish_reason is not None:
-            done.put(out)
-
-    s0 = engine.stats
-    steps0, gpu0 = s0.steps, s0.gpu_s
-    t0 = time.perf_counter()
-    for i in range(c):
-        prompt = [rng.randrange(100, vocab) for _ in range(prompt_tokens)]
-        engine.add_request(f"r{seed}-{i}", prompt, SamplingParams(max_tokens=tokens, ignore_eos=True), on_output)
-    outs = [done.get(timeout=900) for _ in range(c)]
-    wall = time.perf_counter() - t0
-    bad = [o for o in outs if o.finish_reason != "length"]
-    if bad:
-        raise RuntimeError(f"{len(bad)} requests did not finish by length: {bad[0]}")
-    steps, gpu = engine.stats.steps - steps0, engine.stats.gpu_s - gpu0
-    row = {"output_tokens_per_s": round(c * tokens / wall, 1), "wall_s": round(wall, 3), "steps": steps,
-           "ms_per_step": round(1000 * wall / max(1, steps), 3), "gpu_ms_per_step": round(1000 * gpu / max(1, steps), 3)}
+    r = run_direct(engine, random_prompt_ids(c, prompt_tokens, min(engine.vocab_size, 32000), seed), c, tokens)
+    if r["errors"]:
+        raise RuntimeError(f"{r['errors']} of {c} requests failed")
+    split = r.get("engine_steps") or {}
+    steps = split.get("steps", 0)
+    row = {"output_tokens_per_s": round(r["tokens_per_s"], 1), "wall_s": round(r["wall_s"], 3), "steps": steps,
+           "ms_per_step": round(1000 * r["wall_s"] / max(1, steps), 3), "gpu_ms_per_step": split.get("gpu_ms", 0.0)}
     if c == 1:
-        (t_first, n_first), (t_last, n_last) = next(iter(stamps.values()))[0], next(iter(stamps.values()))[-1]
-        row["decode_steps_per_s"] = round((n_last - n_first) / (t_last - t_first), 1)
+        row["decode_steps_per_s"] = round(1000 / r["itl_ms_p50"], 1)  # (tokens - 1) / (last - first token time)
     return row
 
 
