@@ -8,7 +8,8 @@ tritonserver + gRPC streaming.
 For each concurrency C every path of --paths runs the same closed loop: C
 requests in flight, a new one sent as soon as one finishes,
 `--requests-per-stream x C` requests in all, every request generating exactly
---max-tokens tokens (ignore_eos).  Tokens/s = output tokens / wall time from
+--max-tokens tokens (ignore_eos), or with --max-tokens-min a length of its own
+drawn from that range (the same ones on every path and in every round).  Tokens/s = output tokens / wall time from
 first send to last completion.  The paths:
 
   direct   `Engine.add_request` from a driver thread with a callback that only
@@ -243,10 +244,15 @@ def latency_stats(per_request: list[tuple[float, list[float], int]]) -> dict:
             "gap_ms_p50": pct(gaps, 0.5), "gap_ms_p99": pct(gaps, 0.99), "last_gap_ms_p50": pct(last, 0.5)}
 
 
-def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
+def output_lengths(max_tokens: int | list[int], n: int) -> list[int]:
+    """Each of n requests' exact output length: one for all, or one each (--max-tokens-min)."""
+    return list(max_tokens) if isinstance(max_tokens, list) else [max_tokens] * n
+
+
+def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | list[int]) -> dict:
     from launcher.engines.hf_engine import SamplingParams
 
-    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
+    params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in output_lengths(max_tokens, len(prompts))]
     done_q: queue.SimpleQueue = queue.SimpleQueue()
     tokens = [0]
     errors = []
@@ -265,7 +271,7 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int) ->
                     per_request.append((times[0] - sent, times, out.output_tokens))
                 done_q.put(out)
 
-        engine.add_request(f"{tag}-{i}", prompts[i], params, on_output)
+        engine.add_request(f"{tag}-{i}", prompts[i], params[i], on_output)
 
     tag = f"{time.monotonic_ns()}"
     # the engine's step statistics (an EngineProcess's as its child last sent them)
@@ -327,7 +333,7 @@ def random_prompt_ids(n: int, length: int, vocab: int, seed: int = 0) -> list[li
 
 
 # ----------------------------------------------------------------------------------------- served
-def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int,
+def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int | list[int],
                server_pid: int | None = None, metrics_url: str = "", processes: int = 1, streams: int = 1) -> dict:
     """The closed loop through tritonserver with the benchmark's load generator (launcher.bench.runner):
     `processes` client processes, each spreading its requests over `streams` gRPC streams, so that at high
@@ -339,7 +345,8 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
     from launcher.serving.timings import engine_split_after, fetch_first_token_metrics, first_token_split, \
         settled_engine_metrics
 
-    gens = [Generation(prompt=p, max_tokens=max_tokens, stream=True, ignore_eos=True) for p in prompts]
+    gens = [Generation(prompt=p, max_tokens=m, stream=True, ignore_eos=True)
+            for p, m in zip(prompts, output_lengths(max_tokens, len(prompts)))]
     processes = max(1, min(processes, concurrency))
     spec = LoadSpec(concurrency=concurrency, num_requests=len(gens), processes=processes, streams=streams)
     server_cpu0 = process_tree_cpu(server_pid) if server_pid else 0.0
@@ -421,12 +428,18 @@ def compare(run: dict, tokenizer, c: int, args, generate: dict) -> dict:
     """One concurrency: every path of `run` (name -> run(prompts, concurrency, max_tokens)) once per round."""
     n = c * args.requests_per_stream
     prompts = make_prompts(tokenizer, n, args.prompt_tokens, seed=c)
+    # exact output lengths: all --max-tokens, or drawn once from [--max-tokens-min, --max-tokens] (the same for
+    # every path and round), so that requests end at different steps and their successors arrive one by one
+    lengths = args.max_tokens
+    if args.max_tokens_min:
+        rng = random.Random(c)
+        lengths = [rng.randint(args.max_tokens_min, args.max_tokens) for _ in range(n)]
     for fn in run.values():  # warm-up: one wave of C requests at full length (allocator, first-call costs)
         fn(prompts[:c], c, args.warmup_tokens or args.max_tokens)
     runs = {path: [] for path in run}
     for r in range(args.rounds):
         for path, fn in run.items():
-            runs[path].append(fn(prompts, c, args.max_tokens))
+            runs[path].append(fn(prompts, c, lengths))
         last = {path: rs[-1] for path, rs in runs.items()}
         d = last["direct"]
         msg = ", ".join(f"{path} {x['tokens_per_s']:.0f} tok/s" for path, x in last.items())
@@ -465,6 +478,7 @@ def compare(run: dict, tokenizer, c: int, args, generate: dict) -> dict:
         row["cpu_us_per_token"].update(server=per_token_us("served", "server_cpu_s"),
                                        client=per_token_us("served", "client_cpu_s"))
     row.update({f"{path}_rounds": [round(x, 1) for x in v] for path, v in tps.items()})
+    row.update({f"{path}_round_tokens": [x["tokens"] for x in rs] for path, rs in runs.items()})
     step_ms = [x["step_ms"] for x in runs["direct"] if "step_ms" in x]
     row["direct_step_ms"] = round(statistics.median(step_ms), 3) if step_ms else None
     # latency: medians over rounds of each round's p50/p99 (ms)
@@ -519,6 +533,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=64)
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request (ignore_eos)")
+    ap.add_argument("--max-tokens-min", type=int, default=0, metavar="N",
+                    help="each request generates a length drawn from [N, --max-tokens] instead (seeded, the same "
+                         "for every path and round): requests end apart, as in real traffic, not in waves")
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--requests-per-stream", type=int, default=4, help="requests per concurrent stream per round")
     ap.add_argument("--rounds", type=int, default=3)
@@ -565,6 +582,8 @@ def main(argv=None) -> int:
     ap.add_argument("--vs-generate", action="store_true", help="also compare the engine with static-batch generate")
     ap.add_argument("--no-served", action="store_true", help="skip the comparison of --paths (--vs-generate only)")
     args = ap.parse_args(argv)
+    if args.max_tokens_min and not 1 <= args.max_tokens_min <= args.max_tokens:
+        ap.error(f"--max-tokens-min {args.max_tokens_min} must be between 1 and --max-tokens ({args.max_tokens})")
     if args.threads is None:
         args.threads = 1 if args.device == "cpu" else 0
     paths = [p for p in PATHS if p in args.paths or p == "direct"]
@@ -583,6 +602,7 @@ def main(argv=None) -> int:
     log(f"model {model_dir}; paths {' '.join(paths)}")
     results = {"model": model_dir, "device": args.device, "server_params": server_params,
                "response_processes": args.response_processes, "max_tokens": args.max_tokens,
+               "max_tokens_min": args.max_tokens_min or args.max_tokens,
                "prompt_tokens": args.prompt_tokens, "rounds": args.rounds, "paths": paths, "cpus": os.cpu_count(),
                "runs": []}
     if args.vs_generate:

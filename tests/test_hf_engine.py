@@ -782,14 +782,18 @@ def test_engine_step_split_of_gpu_totals():
     from launcher.serving.timings import engine_step_split, format_engine_split
 
     totals = {"steps": 4, "wall_s": 0.01, "launch_s": 0.002, "wait_s": 0.006, "gpu_s": 0.007, "gpu_idle_s": 0.0004,
-              "gpu_steps": 4, "decode_tokens": 4, "prefill_tokens": 8, "ahead_steps": 3, "prompt_graph_steps": 1}
+              "gpu_steps": 4, "decode_tokens": 4, "prefill_tokens": 8, "ahead_steps": 3, "prompt_steps": 2,
+              "prompt_graph_steps": 1}
     split = engine_step_split({}, totals)
     assert split == {"steps": 4, "step_ms": 2.5, "launch_ms": 0.5, "wait_ms": 1.5, "host_ms": 0.5, "decode_rows": 1.0,
-                     "prefill_tokens": 2.0, "ahead": 0.75, "prompt_graph": 0.25, "gpu_ms": 1.75, "gpu_idle_ms": 0.1}
+                     "prefill_tokens": 2.0, "ahead": 0.75, "prompt": 0.5, "prompt_graph": 0.25, "gpu_ms": 1.75,
+                     "gpu_idle_ms": 0.1}
     assert format_engine_split(split) == ("step 2.500 ms = launch 0.500 + wait 1.500 + host 0.500; GPU 1.750 busy + "
                                           "0.100 idle; 1 decode rows, 2 prompt tokens a step, 75% queued ahead, "
-                                          "25.0% one prompt through its graph")
-    assert "graph" not in format_engine_split(engine_step_split({}, dict(totals, prompt_graph_steps=0)))
+                                          "50.0% with prompts (25.0% one prompt through its graph)")
+    eager = format_engine_split(engine_step_split({}, dict(totals, prompt_graph_steps=0)))
+    assert eager.endswith("50.0% with prompts") and "graph" not in eager
+    assert "prompts" not in format_engine_split(engine_step_split({}, dict(totals, prompt_steps=0)))
 
 
 def test_engine_process_matches_engine(tiny_model_dir, engine):
@@ -908,3 +912,26 @@ def test_tiny_model_folder(tmp_path):
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temp dirs left
     with pytest.raises(TypeError, match="unknown tiny-model settings"):
         ensure_tiny_model(cache_dir=tmp_path, hidden_size=8)
+
+
+def test_overhead_benchmark_with_output_lengths_of_their_own(tiny_model_dir):
+    """benchmark/overhead.py --max-tokens-min: each request generates exactly its own drawn length (so requests end
+    apart and their successors arrive one by one), every round the same ones; a range upside down is refused."""
+    import json
+    import random
+    import subprocess
+    import sys
+
+    args = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct",
+            "--concurrency", "3", "--rounds", "2", "--requests-per-stream", "2", "--max-tokens", "12"]
+    proc = subprocess.run(args + ["--max-tokens-min", "2"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["max_tokens_min"] == 2 and out["max_tokens"] == 12
+    rng = random.Random(3)  # the script's draw for C=3: 6 requests
+    lengths = [rng.randint(2, 12) for _ in range(6)]
+    assert len(set(lengths)) > 1
+    row = out["runs"][0]
+    assert row["direct_round_tokens"] == [sum(lengths)] * 2 and len(row["direct_rounds"]) == 2
+    bad = subprocess.run(args + ["--max-tokens-min", "20"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--max-tokens-min 20 must be between 1 and --max-tokens (12)" in bad.stderr

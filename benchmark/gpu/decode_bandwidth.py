@@ -21,9 +21,12 @@ process on one GPU:
 
 Then, in float32, the greedy tokens of 4 prompts run together must be the same
 with graphs, without, compiled with graphs, and from `generate`, and so must those of
-the 4 prompts run one after the other (compiled, graphs: each prompt through a prompt graph).  Prints one JSON document: bandwidth
+the 4 prompts run one after the other (compiled, graphs: each prompt through a prompt graph)
+and those of the 4 prompts arriving while the others decode (compiled, graphs: a prompt
+replays its graph alone while the decode rows wait, the rows then decode on, queued ahead;
+the counts of such steps are printed).  Prints one JSON document: bandwidth
 GB/s, weight GB, limit steps/s, steps/s of each and their fractions of the limit,
-and the three greedy comparisons.
+and the greedy comparisons.
 """
 
 from __future__ import annotations
@@ -125,10 +128,13 @@ def step_parts(runner, n: int = 300) -> dict:
     return {"graph_replay_steps_per_s": round(replay, 1), "runner_execute_steps_per_s": round(execute, 1)}
 
 
-def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, together: bool = True) -> list:
-    """Greedy tokens (float32) of 4 prompts of different lengths run together (together=False: one after the
-    other, so each prompt's step is its own and replays a prompt graph), through the engine."""
+def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, arrive: str = "together") -> list:
+    """Greedy tokens (float32) of 4 prompts of different lengths through the engine.  arrive: "together" (one
+    step takes them all); "one_at_a_time" (each after the last finished: its step is its own and replays a prompt
+    graph); "while_decoding" (prompt 0, then 1 and 2 at once once 0 has 8 tokens, then 3 once 2 has 8: each
+    arrives while others decode, and with graphs goes through its graph alone while they wait)."""
     import queue
+    import threading
 
     from launcher.engines.hf_engine import Engine, SamplingParams
 
@@ -136,17 +142,37 @@ def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, toget
                     torch_compile=torch_compile).start()
     try:
         done: queue.SimpleQueue = queue.SimpleQueue()
-        outs: dict = {}
-        for i, length in enumerate((5, 17, 40, 9)):
-            outs[i] = []
+        outs: dict = {i: [] for i in range(4)}
+        progress = threading.Condition()
+
+        def on_output(out, i):
+            with progress:
+                outs[i].extend(out.token_ids)
+                progress.notify_all()
+            if out.finish_reason:
+                done.put(i)
+
+        def add(i, length):
             engine.add_request(f"g{i}", list(range(20 + i, 20 + i + length)), SamplingParams(max_tokens=n, ignore_eos=True),
-                               lambda out, i=i: (outs[i].extend(out.token_ids), out.finish_reason and done.put(i)))
-            if not together:
+                               lambda out, i=i: on_output(out, i))
+
+        def tokens_of(i, k):
+            with progress:
+                assert progress.wait_for(lambda: len(outs[i]) >= k, timeout=600), f"prompt {i} stalled"
+
+        lengths = (5, 17, 40, 9)
+        for i, length in enumerate(lengths):
+            if arrive == "while_decoding" and i in (1, 3):
+                tokens_of(i - 1, 8)
+            add(i, length)
+            if arrive == "one_at_a_time":
                 done.get(timeout=600)
-        for _ in outs if together else ():
+        for _ in outs if arrive != "one_at_a_time" else ():
             done.get(timeout=600)
-        if cuda_graphs and not together:
-            print(f"[greedy] one at a time: {engine.features}", file=sys.stderr, flush=True)
+        if cuda_graphs and arrive != "together":
+            s = engine.stats
+            print(f"[greedy] {arrive}: {engine.features}; {s.prompt_steps} steps with prompts, "
+                  f"{s.prompt_graph_steps} of them through a prompt graph", file=sys.stderr, flush=True)
         return [outs[i] for i in sorted(outs)]
     finally:
         engine.shutdown()
@@ -242,7 +268,10 @@ def main(argv=None) -> int:
         out["greedy_compiled_graphs_equal_generate"] = compiled == ref
         # one prompt at a time: each prompt's step replays a prompt graph (buckets 16, 24, 48, 16)
         out["greedy_compiled_graphs_one_at_a_time_equal_generate"] = greedy_tokens(args.model, True, True,
-                                                                                   together=False) == ref
+                                                                                   arrive="one_at_a_time") == ref
+        # arriving while others decode: prompt graphs between decode steps queued ahead
+        out["greedy_compiled_graphs_while_decoding_equal_generate"] = greedy_tokens(args.model, True, True,
+                                                                                    arrive="while_decoding") == ref
     print(json.dumps(out, indent=2))
     return 0
 

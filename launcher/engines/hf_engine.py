@@ -92,7 +92,8 @@ class EngineStats:
     gpu_s: float = 0.0  # GPU: from each step's first work to its last (CUDA events)
     gpu_idle_s: float = 0.0  # GPU idle between a step and the next one, because the host queued it late
     gpu_steps: int = 0  # steps timed on the GPU (0 off the GPU)
-    prompt_graph_steps: int = 0  # steps of one prompt replayed as a CUDA graph (HFModelRunner's prompt graphs)
+    prompt_steps: int = 0  # steps with prompt tokens
+    prompt_graph_steps: int = 0  # of those, steps of one prompt replayed as a CUDA graph (HFModelRunner's prompt graphs)
 
 
 def describe_features(f: dict) -> str:
@@ -453,6 +454,7 @@ class Engine:
         self.stats.steps += 1
         self.stats.decode_tokens += len(step.decode_tokens)
         self.stats.prefill_tokens += len(step.prefill_tokens)
+        self.stats.prompt_steps += bool(step.prefill_tokens)
         for seq, tok in zip(rows, tokens):
             self._on_token(seq, tok)
 

@@ -54,10 +54,10 @@ FIRST_TOKEN_COUNTERS = tuple((SECONDS, "part", p, p, "seconds streamed requests 
 _ENGINE_SECONDS_DOC = "seconds of the engine loop by part: step (wall), launch, wait (for the GPU), gpu, gpu_idle"
 ENGINE_COUNTERS = tuple((ENGINE_SECONDS, "part", p, key, _ENGINE_SECONDS_DOC) for p, key in (
     ("step", "wall_s"), ("launch", "launch_s"), ("wait", "wait_s"), ("gpu", "gpu_s"), ("gpu_idle", "gpu_idle_s"))) + tuple(
-    (ENGINE_STEPS, "kind", k, key, "engine steps: all, queued ahead (overlap), timed on the GPU, one prompt "
-                                   "through its CUDA graph")
+    (ENGINE_STEPS, "kind", k, key, "engine steps: all, queued ahead (overlap), timed on the GPU, with prompt "
+                                   "tokens, one prompt through its CUDA graph")
     for k, key in (("all", "steps"), ("ahead", "ahead_steps"), ("gpu_timed", "gpu_steps"),
-                   ("prompt_graph", "prompt_graph_steps"))) + tuple(
+                   ("prompt", "prompt_steps"), ("prompt_graph", "prompt_graph_steps"))) + tuple(
     (ENGINE_TOKENS, "kind", k, key, "tokens the engine ran, by kind")
     for k, key in (("decode", "decode_tokens"), ("prefill", "prefill_tokens")))
 ENGINE_FIELDS = tuple(row[3] for row in ENGINE_COUNTERS)  # the EngineStats fields the metrics carry
@@ -247,7 +247,8 @@ def engine_step_split(before: dict, after: dict) -> dict | None:
       gpu_ms      the step's span on the GPU;  gpu_idle_ms: the GPU waiting for the host to queue the next step
                   (both only on a GPU: they are absent without timed steps)
       decode_rows, prefill_tokens: per step;  ahead: share of steps queued before the last one's tokens were known
-      prompt_graph: share of steps that were one prompt replayed as a CUDA graph"""
+      prompt: share of steps with prompt tokens;  prompt_graph: share of steps that were one prompt replayed as a
+      CUDA graph (the rest of the prompt steps ran eagerly)"""
     d = {k: after.get(k, 0) - before.get(k, 0) for k in ENGINE_FIELDS}
     n = d["steps"]
     if n <= 0:
@@ -256,7 +257,8 @@ def engine_step_split(before: dict, after: dict) -> dict | None:
     out = {"steps": int(n), "step_ms": ms(d["wall_s"]), "launch_ms": ms(d["launch_s"]), "wait_ms": ms(d["wait_s"]),
            "host_ms": ms(d["wall_s"] - d["launch_s"] - d["wait_s"]),
            "decode_rows": round(d["decode_tokens"] / n, 2), "prefill_tokens": round(d["prefill_tokens"] / n, 1),
-           "ahead": round(d["ahead_steps"] / n, 3), "prompt_graph": round(d["prompt_graph_steps"] / n, 3)}
+           "ahead": round(d["ahead_steps"] / n, 3), "prompt": round(d["prompt_steps"] / n, 3),
+           "prompt_graph": round(d["prompt_graph_steps"] / n, 3)}
     if d["gpu_steps"] > 0:
         out["gpu_ms"] = ms(d["gpu_s"], d["gpu_steps"])
         out["gpu_idle_ms"] = ms(d["gpu_idle_s"], d["gpu_steps"])
@@ -294,8 +296,10 @@ def format_engine_split(split: dict) -> str:
         line += f"; GPU {split['gpu_ms']:.3f} busy + {split['gpu_idle_ms']:.3f} idle"
     line += (f"; {split['decode_rows']:g} decode rows, {split['prefill_tokens']:g} prompt tokens a step, "
              f"{100 * split['ahead']:.0f}% queued ahead")
-    if split.get("prompt_graph"):
-        line += f", {100 * split['prompt_graph']:.1f}% one prompt through its graph"
+    if split.get("prompt"):  # absent in totals from before these counters
+        line += f", {100 * split['prompt']:.1f}% with prompts"
+        if split.get("prompt_graph"):
+            line += f" ({100 * split['prompt_graph']:.1f}% one prompt through its graph)"
     return line
 
 
