@@ -9,8 +9,9 @@ For each concurrency C every path of --paths runs the same closed loop: C
 requests in flight, a new one sent as soon as one finishes,
 `--requests-per-stream x C` requests in all, every request generating exactly
 --max-tokens tokens (ignore_eos), or with --max-tokens-min a length of its own
-drawn from that range (the same ones on every path and in every round).  Tokens/s = output tokens / wall time from
-first send to last completion.  The paths:
+drawn from that range (the same ones on every path and in every round: requests
+then end apart, not in waves).  Tokens/s = output tokens / wall time from first
+send to last completion.  The paths:
 
   direct   `Engine.add_request` from a driver thread with a callback that only
            records the output (what the Triton model's callback does, minus
@@ -249,6 +250,12 @@ def output_lengths(max_tokens: int | list[int], n: int) -> list[int]:
     return list(max_tokens) if isinstance(max_tokens, list) else [max_tokens] * n
 
 
+def draw_output_lengths(n: int, low: int, high: int, seed: int) -> list[int]:
+    """n exact output lengths drawn from [low, high] (seeded: every path and round gets the same ones)."""
+    rng = random.Random(seed)
+    return [rng.randint(low, high) for _ in range(n)]
+
+
 def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | list[int]) -> dict:
     from launcher.engines.hf_engine import SamplingParams
 
@@ -432,8 +439,7 @@ def compare(run: dict, tokenizer, c: int, args, generate: dict) -> dict:
     # every path and round), so that requests end at different steps and their successors arrive one by one
     lengths = args.max_tokens
     if args.max_tokens_min:
-        rng = random.Random(c)
-        lengths = [rng.randint(args.max_tokens_min, args.max_tokens) for _ in range(n)]
+        lengths = draw_output_lengths(n, args.max_tokens_min, args.max_tokens, seed=c)
     for fn in run.values():  # warm-up: one wave of C requests at full length (allocator, first-call costs)
         fn(prompts[:c], c, args.warmup_tokens or args.max_tokens)
     runs = {path: [] for path in run}

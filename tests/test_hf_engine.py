@@ -935,3 +935,39 @@ def test_overhead_benchmark_with_output_lengths_of_their_own(tiny_model_dir):
     assert row["direct_round_tokens"] == [sum(lengths)] * 2 and len(row["direct_rounds"]) == 2
     bad = subprocess.run(args + ["--max-tokens-min", "20"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--max-tokens-min 20 must be between 1 and --max-tokens (12)" in bad.stderr
+
+
+def test_prompts_alone_benchmark_runs_both_engines_on_the_same_load(tiny_model_dir, monkeypatch):
+    """benchmark/gpu/prompts_alone.py on CPU (no graphs: a dry run): both engines take turns on the same requests
+    of their own lengths, every round generating exactly the drawn lengths; bad ranges are refused before any
+    engine starts.  The engine's prompts_alone argument wins over LLMLAUNCH_HF_PROMPTS_ALONE; negative is refused."""
+    import json
+    import subprocess
+    import sys
+
+    from benchmark.overhead import draw_output_lengths
+
+    args = [sys.executable, "benchmark/gpu/prompts_alone.py", "--model", str(tiny_model_dir), "--device", "cpu",
+            "--dtype", "float32", "--max-num-seqs", "4", "--concurrency", "2", "--rounds", "2",
+            "--requests-per-stream", "3", "--prompt-tokens", "16", "--max-tokens", "12"]
+    proc = subprocess.run(args + ["--max-tokens-min", "2"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    (row,) = out["runs"]
+    want = sum(draw_output_lengths(6, 2, 12, seed=2))
+    assert row["output_tokens"] == want and out["max_tokens"] == [2, 12]
+    for name in ("alone", "eager"):
+        assert row[name]["round_tokens"] == [want, want] and row[name]["tokens_per_s"] > 0
+        assert 0 < row[name]["engine_steps"]["prompt"] <= 1 and row[name]["ttft_ms_p50"] > 0
+    assert row["alone_vs_eager"] == round(row["alone"]["tokens_per_s"] / row["eager"]["tokens_per_s"], 4)
+    assert "alone / eager" in proc.stderr
+    for bad, msg in ((["--max-tokens-min", "13"], "--max-tokens-min 13 must be between 1 and --max-tokens (12)"),
+                     (["--max-tokens-min", "2", "--concurrency", "8"],
+                      "--concurrency 8 is more than --max-num-seqs 4")):
+        p = subprocess.run(args + bad, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and msg in p.stderr and "loading" not in p.stderr
+    monkeypatch.setenv("LLMLAUNCH_HF_PROMPTS_ALONE", "4")
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2, prompts_alone=0)
+    assert eng._prompts_alone == 0
+    with pytest.raises(ValueError, match="prompts_alone=-1 is negative"):
+        Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2, prompts_alone=-1)

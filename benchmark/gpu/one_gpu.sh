@@ -52,6 +52,10 @@ timeout 400 $PY benchmark/gpu/decode_kernels.py --model "$MODEL" | tee "$OUT_DIR
 echo "== 2c. time to first token on an idle engine: prompt steps as CUDA graphs vs eager, side by side"
 timeout 400 $PY benchmark/gpu/prefill_ttft.py --model "$MODEL" | tee "$OUT_DIR/prefill_ttft.json"
 
+echo "== 2d. prompts arriving while others decode (64-192 new tokens): through their graphs alone vs eager steps"
+timeout 600 $PY benchmark/gpu/prompts_alone.py --model "$MODEL" --rounds "$ROUNDS" --json "$OUT_DIR/prompts_alone.json" \
+    > /dev/null
+
 echo "== 3. served vs in-process vs engine process vs static generate, concurrency $CONCURRENCY"
 # three engines on the GPU at once (in-process, engine process, the server's): each holds its weights and KV cache.
 # The served path's load generator (4 processes x 2 gRPC streams: one process cannot carry 128 streams) runs on

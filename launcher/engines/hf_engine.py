@@ -93,7 +93,7 @@ class EngineStats:
     gpu_idle_s: float = 0.0  # GPU idle between a step and the next one, because the host queued it late
     gpu_steps: int = 0  # steps timed on the GPU (0 off the GPU)
     prompt_steps: int = 0  # steps with prompt tokens
-    prompt_graph_steps: int = 0  # of those, steps of one prompt replayed as a CUDA graph (HFModelRunner's prompt graphs)
+    prompt_graph_steps: int = 0  # of those, steps of one prompt replayed as a CUDA graph (HFModelRunner's)
 
 
 def describe_features(f: dict) -> str:
@@ -177,7 +177,8 @@ class Engine:
                  kv_cache_memory: float | None = None, after_step: Callable[[], None] | None = None,
                  threads: int | None = None, tp_group=None, cuda_graphs: bool | None = None,
                  torch_compile: bool | None = None, overlap: bool | None = None,
-                 cudnn_attention: str | None = None, prefill_graphs: int | None = None):
+                 cudnn_attention: str | None = None, prefill_graphs: int | None = None,
+                 prompts_alone: int | None = None):
         """
         model_path: HF-format folder (config, weights, tokenizer unless tokenizer_path is given).
         device: auto (cuda when available) | cpu | cuda | cuda:N.  dtype: auto | float32 | bfloat16 | float16.
@@ -199,6 +200,8 @@ class Engine:
         HFModelRunner._init_prefill_graphs; None: LLMLAUNCH_HF_PREFILL_GRAPHS, else 2048; 0: none).
         overlap: while the GPU runs a decode step, queue the next one and do the host work of the last (None: on
         with tp=1 unless LLMLAUNCH_HF_OVERLAP=0); see `_schedule`.
+        prompts_alone: at most this many waiting prompts go one per step through their prompt graphs (see
+        PROMPTS_ALONE_MAX; None: LLMLAUNCH_HF_PROMPTS_ALONE, else PROMPTS_ALONE_MAX; 0: never).
         """
         from transformers import AutoTokenizer, GenerationConfig
 
@@ -253,10 +256,14 @@ class Engine:
         self._decoding: list[tuple[int, _Seq]] = []  # (slot, seq), sorted by slot
         self._by_id: dict[str, _Seq] = {}
         # prompts taken one at a time through their graphs (PROMPTS_ALONE_MAX; LLMLAUNCH_HF_PROMPTS_ALONE=0: never)
-        raw = os.environ.get("LLMLAUNCH_HF_PROMPTS_ALONE", "")
-        if raw and not raw.isdigit():
-            raise ValueError(f"LLMLAUNCH_HF_PROMPTS_ALONE={raw!r} is not a number of prompts (0: never alone)")
-        self._prompts_alone = int(raw) if raw else self.PROMPTS_ALONE_MAX
+        if prompts_alone is None:
+            raw = os.environ.get("LLMLAUNCH_HF_PROMPTS_ALONE", "")
+            if raw and not raw.isdigit():
+                raise ValueError(f"LLMLAUNCH_HF_PROMPTS_ALONE={raw!r} is not a number of prompts (0: never alone)")
+            prompts_alone = int(raw) if raw else self.PROMPTS_ALONE_MAX
+        if int(prompts_alone) < 0:
+            raise ValueError(f"prompts_alone={prompts_alone} is negative: the most prompts to take alone, 0 for none")
+        self._prompts_alone = int(prompts_alone)
         if overlap is None:
             overlap = os.environ.get("LLMLAUNCH_HF_OVERLAP", "1") != "0"
         self._overlap = bool(overlap)

@@ -1,0 +1,128 @@
+"""Prompts that arrive while others decode: through their CUDA graphs one at a time, or in one eager step, side by side.
+
+    python benchmark/gpu/prompts_alone.py --model /tmp/llama-1b [--concurrency 8 32 128]
+    python benchmark/gpu/prompts_alone.py --device cpu --concurrency 2 --rounds 1 --max-tokens 12 --max-tokens-min 2
+
+Two in-process engines on one GPU (the GPU defaults: torch.compile, decode and prompt graphs, overlap), taking
+turns round by round: `alone` (the default, Engine.PROMPTS_ALONE_MAX: up to 4 waiting prompts each go through
+their prompt graph in a step of their own while the decode rows wait) and `eager` (prompts_alone=0: every step
+with prompt tokens runs eagerly beside the decode rows, ~10-11 ms of kernel launches on an H100 host).  The load
+is overhead.py's closed loop (C requests in flight, `--requests-per-stream` x C in all, --prompt-tokens prompts),
+each request with an exact output length of its own drawn from [--max-tokens-min, --max-tokens], the same for
+both engines and every round: requests end apart and their successors arrive one by one while the others
+decode, as in real traffic.  With one length for all (--max-tokens-min = --max-tokens) they end together and
+arrive in waves, which go in one step either way.
+
+Per C and engine (medians over rounds): output tokens/s, TTFT mean / p50 / p99, ITL p50, the p99 gap between a
+request's tokens, and the engine's step split (share of steps with prompts and through a prompt graph); then
+alone / eager.  Prints a table on stderr and one JSON document on stdout.  On a CPU (no graphs) both engines
+run the same steps: a dry run of the script.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+CONFIGS = {"alone": None, "eager": 0}  # engine name -> prompts_alone (None: the default)
+KEYS = ("ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "gap_ms_p99")
+
+
+def log(msg: str) -> None:
+    print(f"[prompts_alone] {msg}", file=sys.stderr, flush=True)
+
+
+def summary(rounds: list[dict]) -> dict:
+    """Medians over rounds of one engine's runs (overhead.run_direct results)."""
+    out = {"tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in rounds), 1),
+           "rounds": [round(r["tokens_per_s"], 1) for r in rounds], "round_tokens": [r["tokens"] for r in rounds]}
+    for key in KEYS:
+        vals = [r[key] for r in rounds if r.get(key) is not None]
+        out[key] = round(statistics.median(vals), 3) if vals else None
+    splits = [r["engine_steps"] for r in rounds if r.get("engine_steps")]
+    if splits:
+        out["engine_steps"] = {k: round(statistics.median(s[k] for s in splits), 4) for k in splits[0]
+                               if all(k in s for s in splits)}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="", help="HF model folder (default: the tiny random Llama)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--max-num-seqs", type=int, default=128)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 32, 128])
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=192)
+    ap.add_argument("--max-tokens-min", type=int, default=64)
+    ap.add_argument("--requests-per-stream", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", default="", help="also write the JSON document here")
+    args = ap.parse_args(argv)
+    if not 1 <= args.max_tokens_min <= args.max_tokens:
+        ap.error(f"--max-tokens-min {args.max_tokens_min} must be between 1 and --max-tokens ({args.max_tokens})")
+    if max(args.concurrency) > args.max_num_seqs:
+        ap.error(f"--concurrency {max(args.concurrency)} is more than --max-num-seqs {args.max_num_seqs}: requests "
+                 f"would queue for a slot; raise --max-num-seqs")
+
+    from benchmark.overhead import draw_output_lengths, random_prompt_ids, run_direct
+    from launcher.engines.hf_engine import Engine, describe_features
+    from launcher.tiny import ensure_tiny_model
+
+    model = args.model or str(ensure_tiny_model())
+    engines = {}
+    try:
+        for name, alone in CONFIGS.items():
+            engines[name] = Engine(model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
+                                   prompts_alone=alone).start()
+            log(f"{name} engine: {describe_features(engines[name].features)}")
+        out = {"model": model, "device": args.device, "dtype": args.dtype, "prompt_tokens": args.prompt_tokens,
+               "max_tokens": [args.max_tokens_min, args.max_tokens], "rounds": args.rounds, "runs": []}
+        vocab = next(iter(engines.values())).vocab_size
+        for c in args.concurrency:
+            n = c * args.requests_per_stream
+            prompts = random_prompt_ids(n, args.prompt_tokens, vocab, seed=c)
+            lengths = draw_output_lengths(n, args.max_tokens_min, args.max_tokens, seed=c)
+            for eng in engines.values():  # warm-up: one wave at full length (allocator, first-call costs)
+                run_direct(eng, prompts[:c], c, args.max_tokens)
+            runs = {name: [] for name in engines}
+            for r in range(args.rounds):  # the engines take turns, so both see the machine alike
+                for name, eng in engines.items():
+                    runs[name].append(run_direct(eng, prompts, c, lengths))
+                log(f"C={c} round {r + 1}: " + ", ".join(f"{name} {rs[-1]['tokens_per_s']:.0f} tok/s"
+                                                         for name, rs in runs.items()))
+            row = {"concurrency": c, "requests": n, "output_tokens": sum(lengths)}
+            row.update({name: summary(rs) for name, rs in runs.items()})
+            row["alone_vs_eager"] = round(row["alone"]["tokens_per_s"] / row["eager"]["tokens_per_s"], 4)
+            out["runs"].append(row)
+    finally:
+        for eng in engines.values():
+            eng.shutdown()
+
+    log(f"{'C':>4} {'engine':<6} {'tok/s':>9} {'TTFT mean':>9} {'p50':>7} {'p99':>8} {'ITL p50':>8} {'gap p99':>8} "
+        f"{'prompt steps':>12} {'via graph':>9}")
+    for row in out["runs"]:
+        for name in engines:
+            r, es = row[name], row[name].get("engine_steps", {})
+            log(f"{row['concurrency']:>4} {name:<6} {r['tokens_per_s']:>9.1f} {r['ttft_ms_mean'] or 0:>9.2f} "
+                f"{r['ttft_ms_p50'] or 0:>7.2f} {r['ttft_ms_p99'] or 0:>8.2f} {r['itl_ms_p50'] or 0:>8.3f} "
+                f"{r['gap_ms_p99'] or 0:>8.3f} {100 * es.get('prompt', 0):>11.1f}% "
+                f"{100 * es.get('prompt_graph', 0):>8.1f}%")
+        log(f"{row['concurrency']:>4} alone / eager: {row['alone_vs_eager']:.3f}")
+    text = json.dumps(out, indent=2)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
