@@ -937,10 +937,11 @@ def test_overhead_benchmark_with_output_lengths_of_their_own(tiny_model_dir):
     assert bad.returncode == 2 and "--max-tokens-min 20 must be between 1 and --max-tokens (12)" in bad.stderr
 
 
-def test_prompts_alone_benchmark_runs_both_engines_on_the_same_load(tiny_model_dir, monkeypatch):
+def test_prompts_alone_benchmark_runs_both_engines_on_the_same_load(tiny_model_dir, monkeypatch, tmp_path):
     """benchmark/gpu/prompts_alone.py on CPU (no graphs: a dry run): both engines take turns on the same requests
     of their own lengths, every round generating exactly the drawn lengths; bad ranges are refused before any
-    engine starts.  The engine's prompts_alone argument wins over LLMLAUNCH_HF_PROMPTS_ALONE; negative is refused."""
+    engine starts.  The engine's prompts_alone argument wins over LLMLAUNCH_HF_PROMPTS_ALONE; a negative one, or
+    an environment value that is not a number, is refused before the model loads."""
     import json
     import subprocess
     import sys
@@ -969,5 +970,9 @@ def test_prompts_alone_benchmark_runs_both_engines_on_the_same_load(tiny_model_d
     monkeypatch.setenv("LLMLAUNCH_HF_PROMPTS_ALONE", "4")
     eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2, prompts_alone=0)
     assert eng._prompts_alone == 0
+    nothing = tmp_path / "no-model"  # refused before loading: a model that is not there is never looked at
     with pytest.raises(ValueError, match="prompts_alone=-1 is negative"):
-        Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2, prompts_alone=-1)
+        Engine(str(nothing), device="cpu", max_num_seqs=2, prompts_alone=-1)
+    monkeypatch.setenv("LLMLAUNCH_HF_PROMPTS_ALONE", "some")
+    with pytest.raises(ValueError, match="LLMLAUNCH_HF_PROMPTS_ALONE='some' is not a number of prompts"):
+        Engine(str(nothing), device="cpu", max_num_seqs=2)

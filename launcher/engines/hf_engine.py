@@ -205,6 +205,16 @@ class Engine:
         """
         from transformers import AutoTokenizer, GenerationConfig
 
+        # prompts taken one at a time through their graphs (PROMPTS_ALONE_MAX; LLMLAUNCH_HF_PROMPTS_ALONE=0: never),
+        # checked before loading and compiling the model (minutes on a GPU)
+        if prompts_alone is None:
+            raw = os.environ.get("LLMLAUNCH_HF_PROMPTS_ALONE", "")
+            if raw and not raw.isdigit():
+                raise ValueError(f"LLMLAUNCH_HF_PROMPTS_ALONE={raw!r} is not a number of prompts (0: never alone)")
+            prompts_alone = int(raw) if raw else self.PROMPTS_ALONE_MAX
+        if int(prompts_alone) < 0:
+            raise ValueError(f"prompts_alone={prompts_alone} is negative: the most prompts to take alone, 0 for none")
+        prompts_alone = int(prompts_alone)
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or self.model_path)
         self.runner = HFModelRunner(self.model_path, device=device, dtype=dtype, max_num_seqs=max_num_seqs,
@@ -255,15 +265,7 @@ class Engine:
         self._prefilling: list[_Seq] = []
         self._decoding: list[tuple[int, _Seq]] = []  # (slot, seq), sorted by slot
         self._by_id: dict[str, _Seq] = {}
-        # prompts taken one at a time through their graphs (PROMPTS_ALONE_MAX; LLMLAUNCH_HF_PROMPTS_ALONE=0: never)
-        if prompts_alone is None:
-            raw = os.environ.get("LLMLAUNCH_HF_PROMPTS_ALONE", "")
-            if raw and not raw.isdigit():
-                raise ValueError(f"LLMLAUNCH_HF_PROMPTS_ALONE={raw!r} is not a number of prompts (0: never alone)")
-            prompts_alone = int(raw) if raw else self.PROMPTS_ALONE_MAX
-        if int(prompts_alone) < 0:
-            raise ValueError(f"prompts_alone={prompts_alone} is negative: the most prompts to take alone, 0 for none")
-        self._prompts_alone = int(prompts_alone)
+        self._prompts_alone = prompts_alone  # checked above, before the model loaded
         if overlap is None:
             overlap = os.environ.get("LLMLAUNCH_HF_OVERLAP", "1") != "0"
         self._overlap = bool(overlap)
