@@ -311,6 +311,28 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | l
     return result
 
 
+LATENCY_KEYS = ("ttft_ms_p50", "ttft_ms_p99", "ttft_ms_mean", "itl_ms_p50", "gap_ms_p50", "gap_ms_p99",
+                "last_gap_ms_p50")
+
+
+def median_latency(rounds: list[dict], keys=LATENCY_KEYS) -> dict:
+    """Medians over rounds (run_direct / run_served results) of each round's latency figures (ms; None if none)."""
+    out = {}
+    for key in keys:
+        vals = [x[key] for x in rounds if x[key] is not None]
+        out[key] = round(statistics.median(vals), 3) if vals else None
+    return out
+
+
+def median_engine_steps(rounds: list[dict]) -> dict | None:
+    """Medians over rounds of their engines' step splits (`engine_steps`; the keys every round has), or None."""
+    splits = [x["engine_steps"] for x in rounds if x.get("engine_steps")]
+    if not splits:
+        return None
+    keys = [k for k in splits[0] if all(k in x for x in splits)]
+    return {k: round(statistics.median(x[k] for x in splits), 4) for k in keys}
+
+
 def settled_stats(engine) -> dict:
     """The engine's EngineStats dict once unchanged for 0.1 s: the last step's totals are counted after its outputs
     went out, and an engine process sends them when it goes idle."""
@@ -489,10 +511,7 @@ def compare(run: dict, tokenizer, c: int, args, generate: dict) -> dict:
     row["direct_step_ms"] = round(statistics.median(step_ms), 3) if step_ms else None
     # latency: medians over rounds of each round's p50/p99 (ms)
     for path, rs in runs.items():
-        for key in ("ttft_ms_p50", "ttft_ms_p99", "ttft_ms_mean", "itl_ms_p50", "gap_ms_p50", "gap_ms_p99",
-                    "last_gap_ms_p50"):
-            vals = [x[key] for x in rs if x[key] is not None]
-            row[f"{path}_{key}"] = round(statistics.median(vals), 3) if vals else None
+        row.update({f"{path}_{key}": v for key, v in median_latency(rs).items()})
     if "served" in run and row["served_ttft_ms_p50"] is not None and row["direct_ttft_ms_p50"] is not None:
         row["ttft_added_ms_p50"] = round(row["served_ttft_ms_p50"] - row["direct_ttft_ms_p50"], 3)
     split = [x["first_token_ms"] for x in runs.get("served", []) if x.get("first_token_ms")]
@@ -508,10 +527,9 @@ def compare(run: dict, tokenizer, c: int, args, generate: dict) -> dict:
     for path, rs in runs.items():
         # how each path's engine spent a step (medians over rounds): is the served engine host-late where the
         # in-process one is not?
-        splits = [x["engine_steps"] for x in rs if x.get("engine_steps")]
-        if splits:
-            keys = [k for k in splits[0] if all(k in x for x in splits)]
-            row[f"{path}_engine_steps"] = es = {k: round(statistics.median(x[k] for x in splits), 4) for k in keys}
+        es = median_engine_steps(rs)
+        if es:
+            row[f"{path}_engine_steps"] = es
             log(f"C={c}: {path} engine: {format_engine_split(es)}")
     if "served" in run and c in generate:
         # the GPU target: streamed through the serving path vs static-batch generate, batch = C

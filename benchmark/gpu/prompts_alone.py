@@ -41,15 +41,14 @@ def log(msg: str) -> None:
 
 def summary(rounds: list[dict]) -> dict:
     """Medians over rounds of one engine's runs (overhead.run_direct results)."""
+    from benchmark.overhead import median_engine_steps, median_latency
+
     out = {"tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in rounds), 1),
-           "rounds": [round(r["tokens_per_s"], 1) for r in rounds], "round_tokens": [r["tokens"] for r in rounds]}
-    for key in KEYS:
-        vals = [r[key] for r in rounds if r.get(key) is not None]
-        out[key] = round(statistics.median(vals), 3) if vals else None
-    splits = [r["engine_steps"] for r in rounds if r.get("engine_steps")]
-    if splits:
-        out["engine_steps"] = {k: round(statistics.median(s[k] for s in splits), 4) for k in splits[0]
-                               if all(k in s for s in splits)}
+           "rounds": [round(r["tokens_per_s"], 1) for r in rounds], "round_tokens": [r["tokens"] for r in rounds],
+           **median_latency(rounds, KEYS)}
+    steps = median_engine_steps(rounds)
+    if steps:
+        out["engine_steps"] = steps
     return out
 
 
