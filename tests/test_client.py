@@ -156,3 +156,44 @@ def test_cli_unreachable_server_exits_1():
 
     r = client("--url", f"127.0.0.1:{free_port()}", "--prompt", "x")
     assert r.returncode == 1 and r.stderr.startswith("error: cannot list models")
+
+
+# --------------------------------------------------------------------------- the streaming Responder's kept tensors
+
+
+@pytest.mark.triton
+def test_responder_resends_kept_tensors_with_their_own_text(tmp_path):
+    """launcher.serving.triton_io.Responder keeps the tensors that repeat (texts, counts) and sends them again.
+    In a real tritonserver, through the emitter fixture built on the real Responder: two requests, 7 distinct
+    texts cycled, at most 5 kept (so the kept set is dropped and refilled mid-request); every response of both
+    requests must carry its own text, and the final count must be right.  Then benchmark/stub_rate.py end to
+    end on a short run: the three variants check their texts the same way."""
+    if importlib.util.find_spec("pytriton") is None:
+        pytest.skip("needs nvidia-pytriton (tritonserver)")
+    import json
+
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    try:
+        import stub_rate
+    finally:
+        sys.path.remove(str(ROOT / "benchmark"))
+    from tests.models.serve import make_repository, serve
+
+    repo = make_repository(tmp_path / "repo", {"emitter": {"responder": "cached", "pieces": 7, "max_texts": 5,
+                                                           "pythonpath": str(ROOT)}})
+    with serve(repo) as address:
+        for n in (40, 61):  # the second request resends tensors the first one kept
+            assert stub_rate.one_request(address, "emitter", n, 7)["rate"] > 0
+        # a wrong expectation fails: the check reads every response
+        with pytest.raises(RuntimeError, match="response 1 carries ' t1', expected ' x'"):
+            stub_rate.one_request(address, "emitter", 10, 1)
+
+    out = tmp_path / "rate.json"
+    assert stub_rate.main(["--responses", "300", "--warmup", "20", "--rounds", "1", "--pieces", "9",
+                           "--json", str(out)]) == 0
+    variants = json.loads(out.read_text())["variants"]
+    assert set(variants) == {"fresh", "cached", "cached_new"}
+    assert all(v["rate"] > 0 and len(v["rounds"]) == 1 for v in variants.values())
+    assert variants["fresh"]["vs_fresh"] == 1.0
+    with pytest.raises(SystemExit):
+        stub_rate.main(["--variants", "fresh,bogus"])

@@ -127,6 +127,7 @@ class AsyncEngineRuntime:
         self._active: Dict[str, _Active] = {}
         self._stopping = False
         self._ignored_noted: set = set()
+        self._responder = None  # triton_io.Responder (streamed responses), made on the loop thread when first needed
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -222,6 +223,9 @@ class AsyncEngineRuntime:
         n_in = n_out = 0
         parts = []
         finish = None
+        if self._responder is None:
+            self._responder = triton_io.Responder()
+        in_tensor, in_n = None, None  # this request's input_tokens tensor, rebuilt only if the engine's count changes
         stream = self.adapter.generate(rid, greq)
         try:
             async for piece in stream:
@@ -232,7 +236,9 @@ class AsyncEngineRuntime:
                     break
                 if greq.stream:
                     if piece.text:
-                        self._send(sender, triton_io.response(piece.text, n_in, n_out, None), 0)
+                        if in_n != n_in:
+                            in_tensor, in_n = self._responder.input_tokens(n_in), n_in
+                        self._send(sender, self._responder.build(piece.text, in_tensor, n_out), 0)
                 else:
                     parts.append(piece.text)
             if finish is None:  # the engine ended the stream without saying why

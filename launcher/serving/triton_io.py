@@ -10,7 +10,7 @@ Layers, so that the validation is testable without Triton:
 * `parse_inputs(arrays, ...)` - pure: numpy arrays by input name -> GenerationRequest,
   raising `InvalidRequest` with a message that names the input and the fix;
 * `request_arrays(request)` - reads the contract's tensors from a pb_utils request;
-* `response(...)`, `Responder` (streaming: reuses constant tensors), `error_response(...)` -
+* `response(...)`, `Responder` (streaming: keeps and resends the tensors that repeat), `error_response(...)` -
   build pb_utils responses.
 
 `triton_python_backend_utils` only exists inside the Triton python stub, so it
@@ -20,6 +20,7 @@ is imported inside the functions that need it.
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass, field
 
 from launcher.contract import INPUT_NAMES, INPUTS, REQUIRED_INPUTS
@@ -268,37 +269,76 @@ def response(text: str, input_tokens: int, output_tokens: int, finish_reason: st
 
 
 class Responder:
-    """Builds the contract's responses for one model, reusing the tensors that do not change.
+    """Builds the contract's responses for one model, reusing output tensors.
 
-    Streaming sends one response per piece of text, so its cost matters: the
-    per-request `input_tokens` tensor and the empty `finish_reason` of non-final
-    responses are built once (pb_utils copies tensors into shared memory on
-    every send, so reusing the objects is safe).
+    Streaming sends one response per piece of text per engine step, and one stub
+    process sends them all (a few thousand a second at most), so what a response
+    costs the stub sets how many streams it keeps up with.  Measured in a stub
+    (benchmark/stub_rate.py, RESULTS.md thirteenth session): building a
+    pb_utils.Tensor costs 12 us (INT32) to 30 us (BYTES), and its first send
+    copies it into shared memory; a tensor sent before is sent again from there.
+    So every tensor that can repeat is built once and kept:
+
+    * input_tokens, per request (`input_tokens(n)`), and finish_reason, per value;
+    * output_tokens, per count (1, 2, 3, ... repeat in every request) up to `max_counts`;
+    * text_output, per piece of text (a model's frequent tokens repeat); at most
+      `max_texts` pieces, then the kept ones are dropped and it starts again.
+
+    The kept tensors are per thread (responder threads each build their own
+    share of the streams), so no two threads ever send one tensor object at once.
+    `cache=False` builds every tensor afresh (what this class did before; kept to
+    measure against).
     """
 
-    def __init__(self, batched: bool = True):
+    def __init__(self, batched: bool = True, cache: bool = True, max_texts: int = 8192, max_counts: int = 16384):
         import numpy as np
         import triton_python_backend_utils as pb_utils
 
         self._pb = pb_utils
         self._np = np
         self._shape = (1, 1) if batched else (1,)
-        self._no_reason = pb_utils.Tensor("finish_reason", np.array([b""], dtype=np.object_).reshape(self._shape))
+        self._cache = cache
+        self._max_texts = max_texts
+        self._max_counts = max_counts  # counts above are built afresh (a bound on what a thread keeps)
+        self._local = threading.local()
+
+    def _kept(self):
+        kept = getattr(self._local, "kept", None)
+        if kept is None:  # this thread's tensors: text -> text_output, count -> output_tokens, reason -> finish_reason
+            kept = self._local.kept = ({}, {}, {})
+        return kept
+
+    def _bytes(self, name: str, text: str):
+        return self._pb.Tensor(name, self._np.array([text.encode("utf-8")], dtype=self._np.object_).reshape(self._shape))
+
+    def _int(self, name: str, n: int):
+        return self._pb.Tensor(name, self._np.array([n], dtype=self._np.int32).reshape(self._shape))
 
     def input_tokens(self, n: int):
         """The per-request input_tokens tensor (pass it to `build`)."""
-        return self._pb.Tensor("input_tokens", self._np.array([n], dtype=self._np.int32).reshape(self._shape))
+        return self._int("input_tokens", n)
 
     def build(self, text: str, input_tokens, output_tokens: int, finish_reason: str | None = None):
-        np, pb, shape = self._np, self._pb, self._shape
-        reason = self._no_reason if not finish_reason else pb.Tensor(
-            "finish_reason", np.array([finish_reason.encode()], dtype=np.object_).reshape(shape))
-        return pb.InferenceResponse(output_tensors=[
-            pb.Tensor("text_output", np.array([text.encode("utf-8")], dtype=np.object_).reshape(shape)),
-            input_tokens,
-            pb.Tensor("output_tokens", np.array([output_tokens], dtype=np.int32).reshape(shape)),
-            reason,
-        ])
+        reason = finish_reason or ""
+        if not self._cache:
+            return self._pb.InferenceResponse(output_tensors=[
+                self._bytes("text_output", text), input_tokens, self._int("output_tokens", output_tokens),
+                self._bytes("finish_reason", reason)])
+        texts, counts, reasons = self._kept()
+        t = texts.get(text)
+        if t is None:
+            if len(texts) >= self._max_texts:
+                texts.clear()
+            t = texts[text] = self._bytes("text_output", text)
+        n = counts.get(output_tokens)
+        if n is None:
+            n = self._int("output_tokens", output_tokens)
+            if output_tokens <= self._max_counts:
+                counts[output_tokens] = n
+        r = reasons.get(reason)
+        if r is None:
+            r = reasons[reason] = self._bytes("finish_reason", reason)
+        return self._pb.InferenceResponse(output_tensors=[t, input_tokens, n, r])
 
 
 def error_response(message: str):

@@ -50,6 +50,10 @@ responses cost CPU beside the engine process (benchmark/RESULTS.md, tenth sessio
 A reload of the model inside a running server must unload it first (the new instances would attach to
 the old engine).
 
+Responses keep and resend the tensors that repeat (launcher.serving.triton_io.Responder: texts, counts,
+finish reasons; building a tensor in the stub costs 12-30 us and its first send a copy into shared memory);
+LLMLAUNCH_HF_KEEP_TENSORS=0 in tritonserver's environment builds every one afresh, to measure against.
+
 Inputs and outputs are launcher.contract's (the TensorRT-LLM ensemble interface),
 with a leading batch dimension when max_batch_size > 0; batches > 1 are rejected.
 
@@ -217,7 +221,8 @@ class TritonPythonModel:
                 self.params["role"] = "worker"
 
     def _start_engine(self):
-        self._responder = triton_io.Responder(self._batched)
+        # LLMLAUNCH_HF_KEEP_TENSORS=0 builds every response's tensors afresh (to measure what keeping them buys)
+        self._responder = triton_io.Responder(self._batched, cache=os.environ.get("LLMLAUNCH_HF_KEEP_TENSORS", "1") != "0")
         self._streams = {}  # request id -> _Stream (its responder thread owns it after registration)
         self._queues = []  # one per share of the streams: lists of engine outputs to respond to (None: inline)
         self._threads = []  # the responder threads

@@ -10,6 +10,16 @@ contract outputs on every response; "false" sends only text_output on the
 intermediate responses (all four on the last one), which is cheaper for the
 server, so the client is the bottleneck sooner.
 
+Parameter `responder` ("" by default) builds every response with the hf
+model's launcher.serving.triton_io.Responder instead, all four outputs:
+"cached" as the hf model does (tensors that repeat are kept and resent),
+"fresh" with every tensor built afresh (benchmark/stub_rate.py compares them;
+`pythonpath` is where `launcher` imports from; `max_texts` sets the Responder's
+bound on kept texts).  Parameter `pieces` (default 1:
+always " x") cycles the text of the intermediate responses through that many
+distinct pieces, " t0", " t1", ..., so a client can check every response's
+text and the cache meets as many distinct texts as a model's tokens would.
+
 Request parameters (Triton request parameters, optional):
   stamp        true: every text_output is " <t>", t = time.monotonic() just
                before the send (the clock of the client's perf_counter on the
@@ -50,6 +60,21 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.full = params.get("full_outputs", "true").lower() == "true"
         self.piece = pb_utils.Tensor("text_output", np.array([[b" x"]], dtype=np.object_))
+        self.pieces = int(params.get("pieces", "1") or 1)
+        self.responder = None
+        kind = params.get("responder", "")
+        if kind:
+            if kind not in ("cached", "fresh"):
+                raise pb_utils.TritonModelException(f"responder={kind!r}: use cached or fresh")
+            import sys
+
+            path = params.get("pythonpath", "")
+            if path and path not in sys.path:
+                sys.path.append(path)
+            from launcher.serving.triton_io import Responder
+
+            kw = {"max_texts": int(params["max_texts"])} if params.get("max_texts") else {}
+            self.responder = Responder(batched=True, cache=kind == "cached", **kw)
         self.empty = pb_utils.Tensor("finish_reason", np.array([[b""]], dtype=np.object_))
 
     def execute(self, requests):
@@ -77,7 +102,13 @@ class TritonPythonModel:
                 if interval:
                     t_next += interval
                     _wait_until(t_next)
+                if self.responder is not None:
+                    text = " x" if self.pieces == 1 else f" t{i % self.pieces}"
+                    sender.send(self.responder.build(text, n_in, i))
+                    continue
                 piece = self.piece
+                if self.pieces > 1:
+                    piece = pb_utils.Tensor("text_output", np.array([[f" t{i % self.pieces}".encode()]], dtype=np.object_))
                 if stamp:
                     piece = pb_utils.Tensor("text_output", np.array([[f" {clock():.7f}".encode()]], dtype=np.object_))
                 tensors = [piece]
