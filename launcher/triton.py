@@ -244,6 +244,27 @@ def stop_group(proc: subprocess.Popen, grace_s: float) -> int:
     return proc.wait()
 
 
+def end_group(proc: subprocess.Popen) -> None:
+    """SIGKILL what is left of the process group that `proc` led, once `proc` has exited and been
+    reaped (stray python-backend stubs), and nothing else.
+
+    The group is named by the leader's pid. The kernel keeps that number allocated while any member
+    of the group is left, so it cannot name a new process then. Once no member is left it is free,
+    and after the pid counter wraps (32,768 on many machines, threads included: minutes on a busy
+    node) a new process can get it and lead a group of its own under it, e.g. another rank's
+    tritonserver, which starts in its own session. So: a live process holding the number means the
+    group is gone and the number is someone else's; leave it alone. (Killing the group blindly in a
+    `stop()` long after the server exited is how an unrelated server can be killed.)"""
+    if proc.returncode is None:
+        raise ValueError("end_group is for a leader that has exited (use stop_group)")
+    if os.path.exists(f"/proc/{proc.pid}"):
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
 # ----------------------------------------------------------------------------- readiness
 class ServerDied(RuntimeError):
     pass
@@ -431,11 +452,7 @@ class TritonServer:
             return None
         if self.proc.poll() is None:
             stop_group(self.proc, self.drain_timeout_s + 15 if grace_s is None else grace_s)
-        # The server is gone; its stubs may not be: end the whole group.
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        end_group(self.proc)  # the server is gone; its stubs may not be
         remove_shm(self.shm_prefix)
         return self.proc.returncode
 

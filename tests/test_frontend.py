@@ -71,6 +71,15 @@ class Backend:
         if self.server is not None:
             self.server.stop()
 
+    def describe(self) -> str:
+        """Its state and log tail, for a failure message."""
+        if self.server is None or self.server.proc is None:
+            return f"backend {self.name} (port {self.port}): not started"
+        code = self.server.proc.poll()
+        log = self.server.log_path
+        tail = log.read_text(errors="replace")[-2000:] if log.exists() else "(no log)"
+        return f"backend {self.name} (port {self.port}, pid {self.server.proc.pid}): {'running' if code is None else f'exited with {code}'}; log {log}:\n{tail}"
+
     def marked(self, event: str) -> set:
         return {p.stem for p in self.markers.glob(f"*.{event}")}
 
@@ -81,6 +90,7 @@ class Front:
     def __init__(self, backends, processes: int = 1, probe_interval: float = 0.5):
         from launcher.frontend import FrontendConfig, FrontendProcess
 
+        self.backends = list(backends)
         self.port, self.metrics_port = free_port(), free_port()
         cfg = FrontendConfig([("127.0.0.1", b.port) for b in backends], "127.0.0.1", self.port, self.metrics_port, "frontend_echo", processes, probe_interval, drain_timeout_s=5)
         self.proc = FrontendProcess(cfg, env=_env())
@@ -88,7 +98,12 @@ class Front:
 
     def __enter__(self) -> "Front":
         self.proc.start()
-        self.proc.wait_ready(60)
+        try:
+            self.proc.wait_ready(60)
+        except Exception as e:
+            self.proc.stop()
+            # Say what became of each backend: a replica that is down is the usual reason.
+            raise AssertionError(f"{e}\n" + "\n".join(b.describe() for b in self.backends)) from e
         return self
 
     def __exit__(self, *exc) -> None:
@@ -147,7 +162,7 @@ def submit_all(url: str, model: str, ids, max_tokens: int, parameters=None):
 
 
 @pytest.fixture(scope="module")
-def backends(tmp_path_factory):
+def backend_pool(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("frontend")
     bs = [Backend(tmp, f"r{i}") for i in range(2)]
     try:
@@ -157,6 +172,22 @@ def backends(tmp_path_factory):
     finally:
         for b in bs:
             b.stop()
+
+
+@pytest.fixture
+def backends(backend_pool):
+    """The module's two replicas, each checked to be running before the test. A replica that exited
+    between tests (nothing in these tests stops one) is started again on its port, and a warning gives
+    its exit status and log, so one lost server costs the module a warning, not every test after it."""
+    for b in backend_pool:
+        code = b.server.proc.poll()
+        if code is not None:
+            import warnings
+
+            warnings.warn(f"restarting a test replica that exited between tests: {b.describe()}")
+            b.stop()
+            b.start()
+    return backend_pool
 
 
 # ----------------------------------------------------------------------------- the protocol

@@ -128,6 +128,7 @@ class AsyncEngineRuntime:
         self._stopping = False
         self._ignored_noted: set = set()
         self._responder = None  # triton_io.Responder (streamed responses), made on the loop thread when first needed
+        self._server_pid = os.getppid()  # the tritonserver that started this stub: the one to stop if the engine dies
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -322,8 +323,12 @@ class AsyncEngineRuntime:
     def _watch_engine(self, kill: Callable[[int, int], None] = os.kill) -> None:
         if not self.adapter.wait_engine_exit() or self._stopping:
             return  # the adapter cannot watch, or this is a normal shutdown
+        if os.getppid() != self._server_pid:
+            # The server is gone already (we were re-parented): its pid may be someone else's by now.
+            self.log.error("the engine's processes on this worker rank exited, and so did this rank's tritonserver")
+            return
         self.log.error("the engine's processes on this worker rank exited; stopping this rank's tritonserver so the job fails fast")
-        kill(os.getppid(), signal.SIGTERM)
+        kill(self._server_pid, signal.SIGTERM)
 
 
 class RuntimeModel:

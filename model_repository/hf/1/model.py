@@ -139,6 +139,7 @@ class _Stream:
 class TritonPythonModel:
     def initialize(self, args):
         self.model_config = json.loads(args["model_config"])
+        self._server_pid = os.getppid()  # the tritonserver that started this stub (tp > 1 stops it if the engine dies)
         self.instance_name = args.get("model_instance_name", "")
         self._check_decoupled()
         self._read_parameters()
@@ -323,9 +324,13 @@ class TritonPythonModel:
         stub's parent) so the rank supervisor fails the job instead of serving from a broken group."""
         if self._finalizing:
             return
+        if os.getppid() != self._server_pid:
+            # the server is gone already (this stub was re-parented): its pid may be someone else's by now
+            _log("error", f"tensor-parallel rank {self.tp_rank}: {message}; the server has exited already")
+            return
         _log("error", f"tensor-parallel rank {self.tp_rank}: {message}; stopping this server")
         try:
-            os.kill(os.getppid(), signal.SIGTERM)
+            os.kill(self._server_pid, signal.SIGTERM)
         except OSError as exc:
             _log("error", f"could not stop tritonserver: {exc}")
 
