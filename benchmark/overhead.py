@@ -23,6 +23,11 @@ send to last completion.  The paths:
            (launcher.bench.runner), one response per new piece of text;
            --client-processes / --client-streams spread the requests over
            several client processes and gRPC streams.
+  pinned   the served path's server (same compile, alternating rounds) with
+           its engine process on --pin-engine physical cores of the server's
+           CPUs and tritonserver + its stubs on the rest (needs --split-cpus):
+           whether the stubs' response work and the engine's scheduling loop
+           slow each other down by sharing cores.
 
 `process` exists to split the serving cost: process / direct is what running
 the engine in a child process costs, served / process what the python stub,
@@ -97,9 +102,9 @@ if str(ROOT) not in sys.path:
 
 from launcher.serving.timings import engine_step_split, format_engine_split, settle  # noqa: E402  (after ROOT)
 
-PATHS = ("direct", "process", "served")  # the order the paths run in within a round
+PATHS = ("direct", "process", "served", "pinned")  # the order the paths run in within a round
 # key prefix of each path's ratios to direct: served keeps the unprefixed names of the two-path version
-RATIO_PREFIX = {"process": "process_", "served": ""}
+RATIO_PREFIX = {"process": "process_", "served": "", "pinned": "pinned_"}
 
 
 def log(msg: str) -> None:
@@ -109,21 +114,54 @@ def log(msg: str) -> None:
 CUDA_LIBS = ("cublas", "cublasLt", "cudnn", "cudart", "nccl", "nvrtc", "nvJitLink", "cuda", "cusparseLt", "cufft")
 
 
-def cpu_halves() -> tuple[set[int], set[int]]:
-    """The CPUs this process may use, in two halves by physical core (SMT siblings, where there are any, stay in
-    one half)."""
+def physical_cores(cpus) -> list[list[int]]:
+    """`cpus` grouped by physical core (SMT siblings in one group), in CPU order."""
     cores: dict[str, list[int]] = {}
-    for cpu in sorted(os.sched_getaffinity(0)):
+    for cpu in sorted(cpus):
         try:
             key = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list").read_text().strip()
         except OSError:
             key = str(cpu)
         cores.setdefault(key, []).append(cpu)
-    groups = list(cores.values())
+    return list(cores.values())
+
+
+def cpu_halves() -> tuple[set[int], set[int]]:
+    """The CPUs this process may use, in two halves by physical core (SMT siblings, where there are any, stay in
+    one half)."""
+    groups = physical_cores(os.sched_getaffinity(0))
     if len(groups) < 2:
         raise SystemExit("--split-cpus needs at least two physical cores")
     half = len(groups) // 2
     return {c for g in groups[:half] for c in g}, {c for g in groups[half:] for c in g}
+
+
+def set_process_affinity(pid: int, cpus: set[int]) -> None:
+    """Every thread of `pid` onto `cpus` (sched_setaffinity on a pid moves one thread; threads started later
+    inherit their creator's set, so moving them all once is enough)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (ProcessLookupError, OSError):
+            continue  # a thread that ended meanwhile
+
+
+def pin_engine(server_pid: int, server_cpus: set[int], cores: int) -> dict:
+    """Give the served hf engine process `cores` physical cores of the server's CPUs to itself and move
+    tritonserver and its stubs onto the rest, so the stubs' response work never shares a core with the engine's
+    scheduling loop (the tenth session's "not tried": run 9/10 saw the engine's host time per step grow with
+    more stub processes on the same 8 cores)."""
+    groups = physical_cores(server_cpus)
+    if not 1 <= cores < len(groups):
+        raise SystemExit(f"--pin-engine {cores}: the server has {len(groups)} physical cores; leave it at least one")
+    engine_cpus = {c for g in groups[:cores] for c in g}
+    rest = set(server_cpus) - engine_cpus
+    engines = set(engine_pids(server_pid))
+    if not engines:
+        raise SystemExit("--pin-engine: no hf engine process under tritonserver (engine_process=false?)")
+    for pid in [server_pid, *descendants(server_pid)]:
+        set_process_affinity(pid, engine_cpus if pid in engines else rest)
+    return {"engine": sorted(engine_cpus), "server_and_stubs": sorted(rest), "engine_pids": sorted(engines)}
 
 
 @contextlib.contextmanager
@@ -567,7 +605,7 @@ def main(argv=None) -> int:
                     help="tokens per request of the warm-up wave before each concurrency's rounds (default: "
                          "--max-tokens, so the rounds meet no sequence length, graph or kernel for the first time)")
     ap.add_argument("--paths", nargs="+", default=["direct", "served"], choices=PATHS,
-                    help="paths to compare, run back to back in the order direct, process, served in each round "
+                    help="paths to compare, run back to back in the order direct, process, served, pinned in each round "
                          "(direct always runs: the ratios are to it)")
     ap.add_argument("--process-env", default="own", choices=["own", "server"],
                     help="environment of the process path's engine: this one, or the one tritonserver's stub gives "
@@ -603,6 +641,9 @@ def main(argv=None) -> int:
     ap.add_argument("--response-processes", type=int, default=1, metavar="N",
                     help="served path: N hf model instances (stub processes) share the engine process and send its "
                          "responses (engine.response_processes; default 1)")
+    ap.add_argument("--pin-engine", type=int, default=2, metavar="N",
+                    help="the pinned path: the served engine process gets N physical cores of the server's half to "
+                         "itself for its rounds, tritonserver and its stubs the rest (default 2)")
     ap.add_argument("--vs-generate", action="store_true", help="also compare the engine with static-batch generate")
     ap.add_argument("--no-served", action="store_true", help="skip the comparison of --paths (--vs-generate only)")
     args = ap.parse_args(argv)
@@ -610,6 +651,9 @@ def main(argv=None) -> int:
         ap.error(f"--max-tokens-min {args.max_tokens_min} must be between 1 and --max-tokens ({args.max_tokens})")
     if args.threads is None:
         args.threads = 1 if args.device == "cpu" else 0
+    if "pinned" in args.paths and not ("served" in args.paths and args.split_cpus):
+        ap.error("the pinned path is the served path's server with its CPUs divided: add served to --paths and "
+                 "--split-cpus")
     paths = [p for p in PATHS if p in args.paths or p == "direct"]
 
     from launcher.engines.hf_engine import Engine, describe_features
@@ -689,6 +733,18 @@ def main(argv=None) -> int:
                                       server.metrics_url, args.client_processes, args.client_streams)
 
             run["served"] = served
+        if "pinned" in paths:
+            # the same server, its engine process on cores of its own for this path's rounds only: pinned and
+            # unpinned alternate round by round on one compile of one engine (compiles differ by up to 10%)
+            def pinned(prompts, c, tokens):
+                results["cpu_split"]["pinned"] = pin_engine(server.proc.pid, server_cpus, args.pin_engine)
+                try:
+                    return served(prompts, c, tokens)
+                finally:
+                    for pid in [server.proc.pid, *descendants(server.proc.pid)]:
+                        set_process_affinity(pid, server_cpus)
+
+            run["pinned"] = pinned
         generate = {g["concurrency"]: g for g in results.get("vs_generate", [])}
         for c in args.concurrency:
             results["runs"].append(compare(run, engine.tokenizer, c, args, generate))

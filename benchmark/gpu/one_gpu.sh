@@ -10,7 +10,7 @@
 # naming the python3 of an environment with numpy<2 for the nvidia-pytriton stub (README, "GPU machines").
 # Model: a random-weight Llama of 1.24 B parameters (Llama 3.2 1B's shape), made here.
 # Environment knobs: MODEL (folder, default /tmp/llama-1b), CONCURRENCY ("1 8 32 64 128"), ROUNDS (3),
-# SPLIT_CPUS (1: the served path's clients on their own half of the cores).
+# SPLIT_CPUS (1: the served path's clients on their own half of the cores), CLIENT_PROCESSES (half of nproc).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT_DIR=${1:-gpu-results}
@@ -58,16 +58,19 @@ timeout 600 $PY benchmark/gpu/prompts_alone.py --model "$MODEL" --rounds "$ROUND
 
 echo "== 3. served vs in-process vs engine process vs static generate, concurrency $CONCURRENCY"
 # three engines on the GPU at once (in-process, engine process, the server's): each holds its weights and KV cache.
-# The served path's load generator (4 processes x 2 gRPC streams: one process cannot carry 128 streams) runs on
-# its own half of the cores, tritonserver and its engine on the other (--split-cpus; SPLIT_CPUS=0 shares them): on
-# one machine the generator's CPU (several cores at 128 streams) otherwise slows the engine's host work, which a
-# remote client would not (RESULTS.md, eighth session: 0.88 shared, 0.95 split at 128 streams).
+# The served path's load generator runs on its own half of the cores, tritonserver and its engine on the other
+# (--split-cpus; SPLIT_CPUS=0 shares them): on one machine the generator's CPU (several cores at 128 streams)
+# otherwise slows the engine's host work, which a remote client would not (RESULTS.md, eighth session: 0.88 shared,
+# 0.95 split at 128 streams). One client process per client core (CLIENT_PROCESSES, default half of nproc: 8 on
+# the H100 host), one gRPC stream each: with 4 processes x 2 streams the generator itself was the limit at 128 streams
+# (each process ~1.2 cores busy; served 0.87 of in-process), with 8 x 1 served kept 0.99 (RESULTS.md, fourteenth
+# session).
 SPLIT=()
 [ "${SPLIT_CPUS:-1}" = 1 ] && SPLIT=(--split-cpus)
 # shellcheck disable=SC2086
 timeout 900 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfloat16 --max-num-seqs 128 \
     --concurrency $CONCURRENCY --prompt-tokens 128 --max-tokens 128 --requests-per-stream 2 --rounds "$ROUNDS" \
-    --warmup-tokens 128 --client-processes 4 --client-streams 2 "${SPLIT[@]}" \
+    --warmup-tokens 128 --client-processes "${CLIENT_PROCESSES:-$(( $(nproc) / 2 ))}" --client-streams 1 "${SPLIT[@]}" \
     --paths direct process served --vs-generate > "$OUT_DIR/overhead.json"
 $PY - "$OUT_DIR/overhead.json" <<'PY'
 import json, sys
