@@ -16,6 +16,11 @@ send to last completion.  The paths:
   direct   `Engine.add_request` from a driver thread with a callback that only
            records the output (what the Triton model's callback does, minus
            the sending).
+  delayed  the direct path's engine and driver (alternating rounds), each
+           finished request's successor added --resend-ms later, as a remote
+           client sends it only once the last piece has reached it: how much
+           of the served path's TTFT under load is the closed loop's arrival
+           pattern rather than the server's own cost.
   process  the same driver on `EngineProcess`: the engine in a child process,
            as the served path runs it (same engine parameters, output_interval
            = --stream-interval-ms), outputs coming back over a socketpair.
@@ -102,9 +107,9 @@ if str(ROOT) not in sys.path:
 
 from launcher.serving.timings import engine_step_split, format_engine_split, settle  # noqa: E402  (after ROOT)
 
-PATHS = ("direct", "process", "served", "pinned")  # the order the paths run in within a round
+PATHS = ("direct", "delayed", "process", "served", "pinned")  # the order the paths run in within a round
 # key prefix of each path's ratios to direct: served keeps the unprefixed names of the two-path version
-RATIO_PREFIX = {"process": "process_", "served": "", "pinned": "pinned_"}
+RATIO_PREFIX = {"delayed": "delayed_", "process": "process_", "served": "", "pinned": "pinned_"}
 
 
 def log(msg: str) -> None:
@@ -294,7 +299,10 @@ def draw_output_lengths(n: int, low: int, high: int, seed: int) -> list[int]:
     return [rng.randint(low, high) for _ in range(n)]
 
 
-def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | list[int]) -> dict:
+def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | list[int], resend_s: float = 0.0) -> dict:
+    """The closed loop in-process: `concurrency` requests added at once, each finished one's successor added from
+    the driver as soon as its last output is in, or `resend_s` later (the delayed path: a remote client sends the
+    successor only once the last piece has crossed tritonserver and gRPC, so successors arrive later and spread)."""
     from launcher.engines.hf_engine import SamplingParams
 
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in output_lengths(max_tokens, len(prompts))]
@@ -327,14 +335,28 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | l
     for _ in range(min(concurrency, len(prompts))):
         submit(sent)
         sent += 1
-    for _ in range(len(prompts)):
-        out = done_q.get()
+    due: list[float] = []  # when the successors not yet added are due (resend_s > 0), earliest first
+    finished = 0
+    while finished < len(prompts):
+        if due and due[0] <= time.perf_counter():
+            due.pop(0)
+            submit(sent)
+            sent += 1
+            continue
+        try:
+            out = done_q.get(timeout=max(0.0, due[0] - time.perf_counter()) if due else None)
+        except queue.Empty:
+            continue  # a successor is due
+        finished += 1
         tokens[0] += out.output_tokens
         if out.finish_reason == "error":
             errors.append(out.error)
-        if sent < len(prompts):
-            submit(sent)
-            sent += 1
+        if sent + len(due) < len(prompts):
+            if resend_s > 0:
+                due.append(time.perf_counter() + resend_s)  # constant delay: appended in due order
+            else:
+                submit(sent)
+                sent += 1
     wall = time.perf_counter() - t0
     result = {"tokens": tokens[0], "wall_s": wall, "tokens_per_s": tokens[0] / wall, "errors": len(errors),
               "cpu_s": time.process_time() - cpu0, **latency_stats(per_request)}
@@ -605,7 +627,7 @@ def main(argv=None) -> int:
                     help="tokens per request of the warm-up wave before each concurrency's rounds (default: "
                          "--max-tokens, so the rounds meet no sequence length, graph or kernel for the first time)")
     ap.add_argument("--paths", nargs="+", default=["direct", "served"], choices=PATHS,
-                    help="paths to compare, run back to back in the order direct, process, served, pinned in each round "
+                    help="paths to compare, run back to back in the order direct, delayed, process, served, pinned in each round "
                          "(direct always runs: the ratios are to it)")
     ap.add_argument("--process-env", default="own", choices=["own", "server"],
                     help="environment of the process path's engine: this one, or the one tritonserver's stub gives "
@@ -641,6 +663,9 @@ def main(argv=None) -> int:
     ap.add_argument("--response-processes", type=int, default=1, metavar="N",
                     help="served path: N hf model instances (stub processes) share the engine process and send its "
                          "responses (engine.response_processes; default 1)")
+    ap.add_argument("--resend-ms", type=float, default=10.0, metavar="MS",
+                    help="the delayed path: each finished request's successor is added MS later (default 10, about "
+                         "the served client's last-piece gap at 128 streams on an H100 host)")
     ap.add_argument("--pin-engine", type=int, default=2, metavar="N",
                     help="the pinned path: the served engine process gets N physical cores of the server's half to "
                          "itself for its rounds, tritonserver and its stubs the rest (default 2)")
@@ -651,6 +676,8 @@ def main(argv=None) -> int:
         ap.error(f"--max-tokens-min {args.max_tokens_min} must be between 1 and --max-tokens ({args.max_tokens})")
     if args.threads is None:
         args.threads = 1 if args.device == "cpu" else 0
+    if "delayed" in args.paths and not args.resend_ms > 0:
+        ap.error(f"--resend-ms {args.resend_ms}: the delayed path needs a delay above 0 (the direct path has none)")
     if "pinned" in args.paths and not ("served" in args.paths and args.split_cpus):
         ap.error("the pinned path is the served path's server with its CPUs divided: add served to --paths and "
                  "--split-cpus")
@@ -700,6 +727,8 @@ def main(argv=None) -> int:
         for path, text in results["features"].items():
             log(f"{path} engine: {text}")
         run = {"direct": lambda prompts, c, tokens: run_direct(engine, prompts, c, tokens)}
+        if "delayed" in paths:
+            run["delayed"] = lambda prompts, c, tokens: run_direct(engine, prompts, c, tokens, args.resend_ms / 1000)
         if "process" in paths:
             # the engine process as the served hf model starts it, without the stub, tritonserver and gRPC
             process = EngineProcess(model_dir, max_prefill_tokens=args.prefill_chunk,

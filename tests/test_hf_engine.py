@@ -916,7 +916,9 @@ def test_tiny_model_folder(tmp_path):
 
 def test_overhead_benchmark_with_output_lengths_of_their_own(tiny_model_dir):
     """benchmark/overhead.py --max-tokens-min: each request generates exactly its own drawn length (so requests end
-    apart and their successors arrive one by one), every round the same ones; a range upside down is refused."""
+    apart and their successors arrive one by one), every round the same ones; a range upside down is refused. The
+    delayed path adds each successor --resend-ms late; a zero delay, and the pinned path without the served one and
+    --split-cpus, are refused."""
     import json
     import random
     import subprocess
@@ -935,6 +937,22 @@ def test_overhead_benchmark_with_output_lengths_of_their_own(tiny_model_dir):
     assert row["direct_round_tokens"] == [sum(lengths)] * 2 and len(row["direct_rounds"]) == 2
     bad = subprocess.run(args + ["--max-tokens-min", "20"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--max-tokens-min 20 must be between 1 and --max-tokens (12)" in bad.stderr
+
+    # the delayed path: the same engine, each successor added --resend-ms after its predecessor finished (one
+    # stream, 3 requests: two successors, so a round takes at least 2 x 0.4 s; the direct path has no delay)
+    delayed = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct", "delayed",
+               "--concurrency", "1", "--rounds", "1", "--requests-per-stream", "3", "--max-tokens", "2",
+               "--warmup-tokens", "2"]
+    proc = subprocess.run(delayed + ["--resend-ms", "400"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    row = json.loads(proc.stdout)["runs"][0]
+    assert row["delayed_round_tokens"] == row["direct_round_tokens"] == [6]
+    assert 6 / row["delayed_tokens_per_s"] >= 0.8 > 6 / row["direct_tokens_per_s"]
+    assert "delayed_ratio" in row and row["delayed_ttft_ms_p50"] is not None
+    for extra, message in ((["--resend-ms", "0"], "--resend-ms 0.0: the delayed path needs a delay above 0"),
+                           (["--paths", "direct", "pinned"], "the pinned path is the served path's server")):
+        bad = subprocess.run(delayed + extra, capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr[-1000:]
 
 
 def test_prompts_alone_benchmark_runs_both_engines_on_the_same_load(tiny_model_dir, monkeypatch, tmp_path):
