@@ -8,6 +8,8 @@
 # Needs: llmlaunch importable (pip install -e . or PYTHONPATH=<checkout>), torch with CUDA, a
 # tritonserver llmlaunch can resolve (README), and, where torch comes with numpy 2, LLMLAUNCH_STUB_PYTHON
 # naming the python3 of an environment with numpy<2 for the nvidia-pytriton stub (README, "GPU machines").
+# A host that cannot download (all but torch/transformers carried): benchmark/gpu/offline_wheels.sh where the
+# package registries are, carry the folder, then `source benchmark/gpu/offline_env.sh` on the host sets all that up.
 # Model: a random-weight Llama of 1.24 B parameters (Llama 3.2 1B's shape), made here.
 # Environment knobs: MODEL (folder, default /tmp/llama-1b), CONCURRENCY ("1 8 32 64 128"), ROUNDS (3),
 # SPLIT_CPUS (1: the served path's clients on their own half of the cores), CLIENT_PROCESSES (half of nproc).
