@@ -302,7 +302,8 @@ def draw_output_lengths(n: int, low: int, high: int, seed: int) -> list[int]:
 def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | list[int], resend_s: float = 0.0) -> dict:
     """The closed loop in-process: `concurrency` requests added at once, each finished one's successor added from
     the driver as soon as its last output is in, or `resend_s` later (the delayed path: a remote client sends the
-    successor only once the last piece has crossed tritonserver and gRPC, so successors arrive later and spread)."""
+    successor only once the last piece has crossed tritonserver and gRPC; here every successor is late by the
+    same amount, so a wave that ends together still arrives together, later)."""
     from launcher.engines.hf_engine import SamplingParams
 
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in output_lengths(max_tokens, len(prompts))]
