@@ -761,7 +761,9 @@ def test_step_statistics_split_the_loop_time(engine):
 
     before = engine.stats_dict()
     n = 6
+    t0 = time.monotonic()
     outs = [engine.generate(f"{PROMPTS[0]} {i}", SamplingParams(max_tokens=5, ignore_eos=True)) for i in range(n)]
+    wall = time.monotonic() - t0  # one request at a time: their times to a first token fit inside it
     assert all(o.output_tokens == 5 for o in outs)
     deadline = time.monotonic() + 5  # a step's wall time is counted after its outputs went out
     while engine.stats_dict()["wall_s"] == before["wall_s"] and time.monotonic() < deadline:
@@ -775,6 +777,10 @@ def test_step_statistics_split_the_loop_time(engine):
     split = engine_step_split(before, after)
     assert split["steps"] == d["steps"] and split["host_ms"] >= 0 and "gpu_ms" not in split
     assert abs(split["launch_ms"] + split["wait_ms"] + split["host_ms"] - split["step_ms"]) < 1e-3
+    # per request: each one admitted and given its first token once, the wait for a slot inside the wait for it
+    assert d["admitted"] == d["first_tokens"] == n
+    assert 0 <= d["queued_s"] < d["to_first_token_s"] < wall, (d, wall)
+    assert 0 <= split["queue_ms"] < split["first_token_ms"]
     assert engine_step_split(after, after) is None
 
 
@@ -794,6 +800,9 @@ def test_engine_step_split_of_gpu_totals():
     eager = format_engine_split(engine_step_split({}, dict(totals, prompt_graph_steps=0)))
     assert eager.endswith("50.0% with prompts") and "graph" not in eager
     assert "prompts" not in format_engine_split(engine_step_split({}, dict(totals, prompt_steps=0)))
+    timed = engine_step_split({}, dict(totals, admitted=2, queued_s=0.003, first_tokens=2, to_first_token_s=0.02))
+    assert timed["queue_ms"] == 1.5 and timed["first_token_ms"] == 10.0
+    assert format_engine_split(timed).endswith("; a request: 1.500 ms to a slot, 10.000 ms to its first token")
 
 
 def test_engine_process_matches_engine(tiny_model_dir, engine):

@@ -324,6 +324,8 @@ def test_engine_steps_are_exposed_as_metrics(server):
     after = fetch_engine_metrics(url, MODEL)
     assert after["decode_tokens"] - before["decode_tokens"] == 3 * 6, (before, after)
     assert after["prefill_tokens"] - before["prefill_tokens"] >= 3
+    assert after["admitted"] - before["admitted"] == after["first_tokens"] - before["first_tokens"] == 3
+    assert 0 < after["to_first_token_s"] - before["to_first_token_s"] and split["queue_ms"] < split["first_token_ms"]
     assert split == engine_step_split(before, after) and split["steps"] >= 7, split
     assert split["step_ms"] > 0 and split["host_ms"] >= 0 and split["launch_ms"] > 0, split
     assert "gpu_ms" not in split  # CPU: no step is timed on a GPU

@@ -94,6 +94,11 @@ class EngineStats:
     gpu_steps: int = 0  # steps timed on the GPU (0 off the GPU)
     prompt_steps: int = 0  # steps with prompt tokens
     prompt_graph_steps: int = 0  # of those, steps of one prompt replayed as a CUDA graph (HFModelRunner's)
+    # Per request, from add_request (its prompt tokenized) on: where a first token's time inside the engine goes
+    admitted: int = 0  # requests given a KV-cache slot
+    queued_s: float = 0.0  # summed: add_request to a slot (waiting for the loop's next schedule, or a free slot)
+    first_tokens: int = 0  # requests whose first token reached the host
+    to_first_token_s: float = 0.0  # summed: add_request to the first token on the host (queued + prompt steps)
 
 
 def describe_features(f: dict) -> str:
@@ -119,7 +124,7 @@ class _Seq:
 
     __slots__ = ("request_id", "prompt_ids", "out_ids", "params", "on_output", "slot", "num_computed",
                  "decoder", "stopper", "rng", "eos", "max_tokens", "min_tokens", "bad", "penalties",
-                 "prefill_started")
+                 "prefill_started", "added")
 
     def __init__(self, request_id, prompt_ids, params: SamplingParams, on_output, decoder, eos, bad):
         self.request_id = request_id
@@ -139,6 +144,7 @@ class _Seq:
         self.penalties = (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
                           or params.frequency_penalty != 0.0)
         self.prefill_started = False
+        self.added = time.monotonic()  # when add_request queued it (EngineStats.queued_s, to_first_token_s)
 
 
 _STOP = object()
@@ -510,10 +516,13 @@ class Engine:
         if ahead_of is None:
             decoding = [s for _, s in self._decoding]
             # admit waiting requests into free slots (lowest slot first keeps the decode batch rows compact)
+            now = time.monotonic()
             while self._waiting and self._free:
                 seq = self._waiting.popleft()
                 seq.slot = heapq.heappop(self._free)
                 self._prefilling.append(seq)
+                self.stats.admitted += 1
+                self.stats.queued_s += now - seq.added
             prompts = self._prefilling
             alone = self._prompt_alone(decoding)
             if alone is not None:
@@ -621,6 +630,8 @@ class Engine:
         if not seq.out_ids:
             # first token: the sequence moves from prefill to decode
             self._prefilling.remove(seq)
+            self.stats.first_tokens += 1
+            self.stats.to_first_token_s += time.monotonic() - seq.added
             insort(self._decoding, (seq.slot, seq), key=lambda x: x[0])
         seq.out_ids.append(tok)
         n = len(seq.out_ids)

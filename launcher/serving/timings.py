@@ -44,6 +44,8 @@ COUNT = "llmlaunch_first_tokens"
 ENGINE_SECONDS = "llmlaunch_engine_seconds"
 ENGINE_STEPS = "llmlaunch_engine_steps"
 ENGINE_TOKENS = "llmlaunch_engine_tokens"
+ENGINE_REQUEST_SECONDS = "llmlaunch_engine_request_seconds"
+ENGINE_REQUESTS = "llmlaunch_engine_requests"
 
 # One row per counter: (metric family, its label (None: none but the model's), label value, the key of its value in
 # the totals a `Counters` reads, description).  First-token keys are FirstTokenTimes.totals_map's; engine keys are
@@ -59,7 +61,12 @@ ENGINE_COUNTERS = tuple((ENGINE_SECONDS, "part", p, key, _ENGINE_SECONDS_DOC) fo
     for k, key in (("all", "steps"), ("ahead", "ahead_steps"), ("gpu_timed", "gpu_steps"),
                    ("prompt", "prompt_steps"), ("prompt_graph", "prompt_graph_steps"))) + tuple(
     (ENGINE_TOKENS, "kind", k, key, "tokens the engine ran, by kind")
-    for k, key in (("decode", "decode_tokens"), ("prefill", "prefill_tokens")))
+    for k, key in (("decode", "decode_tokens"), ("prefill", "prefill_tokens"))) + tuple(
+    (ENGINE_REQUEST_SECONDS, "part", p, key, "seconds requests spent in the engine from being added, summed: until "
+                                             "a KV-cache slot (queued), until their first token (first_token)")
+    for p, key in (("queued", "queued_s"), ("first_token", "to_first_token_s"))) + tuple(
+    (ENGINE_REQUESTS, "kind", k, key, "requests given a slot (admitted), requests with a first token (first_token)")
+    for k, key in (("admitted", "admitted"), ("first_token", "first_tokens")))
 ENGINE_FIELDS = tuple(row[3] for row in ENGINE_COUNTERS)  # the EngineStats fields the metrics carry
 
 
@@ -262,6 +269,12 @@ def engine_step_split(before: dict, after: dict) -> dict | None:
     if d["gpu_steps"] > 0:
         out["gpu_ms"] = ms(d["gpu_s"], d["gpu_steps"])
         out["gpu_idle_ms"] = ms(d["gpu_idle_s"], d["gpu_steps"])
+    # per request (absent in totals from before these counters): the mean wait from add_request to a slot, and
+    # to the first token; their difference is the prompt's own steps and the decode steps it waited behind
+    if d["admitted"] > 0:
+        out["queue_ms"] = ms(d["queued_s"], d["admitted"])
+    if d["first_tokens"] > 0:
+        out["first_token_ms"] = ms(d["to_first_token_s"], d["first_tokens"])
     return out
 
 
@@ -300,6 +313,9 @@ def format_engine_split(split: dict) -> str:
         line += f", {100 * split['prompt']:.1f}% with prompts"
         if split.get("prompt_graph"):
             line += f" ({100 * split['prompt_graph']:.1f}% one prompt through its graph)"
+    if "first_token_ms" in split:
+        line += (f"; a request: {split.get('queue_ms', 0):.3f} ms to a slot, {split['first_token_ms']:.3f} ms to its "
+                 "first token")
     return line
 
 
