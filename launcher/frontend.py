@@ -14,8 +14,9 @@ ModelMetadata, ModelConfig, RepositoryIndex, ModelInfer, ModelStreamInfer).
 What it does:
 * routes each request, including each request inside one ModelStreamInfer
   stream, to the replica with the fewest requests in flight (ties: round
-  robin). A client stream gets one backend stream per replica it uses;
-  responses are passed back as they arrive, looked up by request id.
+  robin). A client stream gets one backend stream per replica and model it
+  uses (see _Session.dispatch for why per model); responses are passed back as
+  they arrive, looked up by request id.
 * forwards the client's serialized messages byte for byte. Only when it must
   does it append a protobuf field (the wire format lets a later field override
   an earlier one, and repeated embedded messages merge): a new request id when
@@ -236,9 +237,10 @@ class _Pending:
 class _Link:
     """One client stream's backend stream to one replica, and the requests running on it."""
 
-    def __init__(self, session: "_Session", rep: Replica):
+    def __init__(self, session: "_Session", rep: Replica, key: Tuple[int, str, str]):
         self.session = session
         self.rep = rep
+        self.key = key  # (replica, model, version): its place in session.links
         self.call = rep.stream()
         self.pending: Dict[str, _Pending] = {}  # by the id the replica sees
         # Requests go out through a writer task, so the client's next request is read while this
@@ -320,8 +322,8 @@ class _Link:
             # The client left: every backend stream of its session is cancelled, so the models see it.
             self.session.abort()
         finally:
-            if self.session.links.get(rep.index) is self:
-                del self.session.links[rep.index]
+            if self.session.links.get(self.key) is self:
+                del self.session.links[self.key]
         if failure:
             rep.mark_down(failure)
             await self.fail(f"{rep.label} failed: {failure}")
@@ -360,7 +362,7 @@ class _Session:
     def __init__(self, fe: "Frontend", context):
         self.fe = fe
         self.context = context
-        self.links: Dict[int, _Link] = {}  # open backend streams, by replica
+        self.links: Dict[Tuple[int, str, str], _Link] = {}  # open backend streams, by (replica, model, version)
         self.every_link: List[_Link] = []  # every backend stream this session opened (abort cancels them all)
         self.closing = False
         self.renames = itertools.count(1)
@@ -432,9 +434,16 @@ class _Session:
             self.fe.rejected += 1
             await self.send(_error_response(self.fe.no_replica_message(), client_id, req.model_name, req.model_version))
             return
-        link = self.links.get(rep.index)
+        # One backend stream per replica *and model*: tritonserver 2.51 aborts (gRPC's "ASSERTION FAILED:
+        # !byte_buffer->Valid()", SIGABRT in TRITONBACKEND_ResponseSend) when one ModelStreamInfer stream
+        # carries a non-decoupled model's request while a decoupled model's responses are being written:
+        # the two paths write to the stream unserialized. A client may mix them on its stream (tritonclient
+        # does not stop it); here they never share a backend stream, so the replicas survive such clients.
+        # tests/test_frontend.py::test_a_stream_mixing_decoupled_and_plain_models_leaves_the_replicas_running
+        key = (rep.index, req.model_name, req.model_version)
+        link = self.links.get(key)
         if link is None:  # (a link whose stream ended has left self.links: this opens a fresh one)
-            link = self.links[rep.index] = _Link(self, rep)
+            link = self.links[key] = _Link(self, rep, key)
             self.every_link.append(link)
         wire_id, patch = client_id, b""
         if client_id in link.pending:  # two running requests share an id: rename ours on the wire

@@ -300,6 +300,41 @@ def test_requests_sharing_an_id_on_one_stream_keep_their_responses_apart(backend
         assert [m[("llmlaunch_frontend_in_flight", i)] for i in (0, 1)] == [0, 0]
 
 
+def test_a_stream_mixing_decoupled_and_plain_models_leaves_the_replicas_running(backends):
+    """A client stream carrying a plain (non-decoupled) model's request beside decoupled requests whose
+    final flag comes on its own: sent to tritonserver 2.51 on one stream, this aborted the server within
+    4-20 such streams here (gRPC "ASSERTION FAILED: !byte_buffer->Valid()" in TRITONBACKEND_ResponseSend;
+    two CI runs lost a replica to it). The front end gives each model its own backend stream, so 200 of
+    them leave both replicas running with every response in place."""
+    import tritonclient.grpc as grpcclient
+
+    with Front(backends) as fe:
+        c = grpcclient.InferenceServerClient(fe.url)
+        try:
+            for round_ in range(200):
+                empty_final = bool(round_ % 2)
+                got: queue.Queue = queue.Queue()
+                c.start_stream(callback=lambda result=None, error=None: got.put((result, error)))
+                for i in range(3):
+                    c.async_stream_infer("frontend_marker", contract_inputs(f"p {i}", 5), request_id=f"m{round_}.{i}", enable_empty_final_response=empty_final,
+                                         parameters={"final_apart": True, "inter_token_delay_ms": 1})
+                c.async_stream_infer("frontend_echo", contract_inputs("plain", 1)[:1], request_id=f"e{round_}", enable_empty_final_response=empty_final)
+                c.stop_stream()
+                results = []
+                while not got.empty():
+                    result, error = got.get()
+                    assert error is None, f"round {round_}: {error}\n" + "\n".join(b.describe() for b in backends)
+                    results.append(result)
+                assert len(results) == 3 * 5 + 1 + (3 if empty_final else 0), f"round {round_}"
+        finally:
+            c.close()
+        dead = [b.describe() for b in backends if b.server.proc.poll() is not None]
+        assert not dead, "\n".join(dead)
+        m = fe.metrics()
+        assert [m[("llmlaunch_frontend_replica_up", i)] for i in (0, 1)] == [1, 1]
+        assert [m[("llmlaunch_frontend_errors_total", i)] for i in (0, 1)] == [0, 0]
+
+
 def test_cancelling_or_dropping_the_client_stream_cancels_the_backend_requests(backends):
     with Front(backends) as fe:
         # 1. the client cancels its stream: both requests (one per replica) see is_cancelled()
