@@ -152,6 +152,20 @@ def contract_inputs(prompt: str, max_tokens: int, stream: bool = True):
     return out
 
 
+def mixed_stream(c, prefix: str, empty_final: bool) -> list:
+    """One tritonclient stream on `c`: three decoupled frontend_marker requests of 5 tokens whose final
+    flag comes on its own, and a plain frontend_echo request; waits for every response and returns
+    [(result, error)] as the callback got them."""
+    got: queue.Queue = queue.Queue()
+    c.start_stream(callback=lambda result=None, error=None: got.put((result, error)))
+    for i in range(3):
+        c.async_stream_infer("frontend_marker", contract_inputs(f"p {i}", 5), request_id=f"{prefix}{i}", enable_empty_final_response=empty_final,
+                             parameters={"final_apart": True, "inter_token_delay_ms": 1})
+    c.async_stream_infer("frontend_echo", contract_inputs("plain", 1)[:1], request_id=f"{prefix}plain", enable_empty_final_response=empty_final)
+    c.stop_stream()  # waits for every response
+    return [got.get() for _ in range(got.qsize())]
+
+
 def submit_all(url: str, model: str, ids, max_tokens: int, parameters=None):
     """One launcher.client stream carrying every request; returns (stream, records)."""
     from launcher.client import Generation, TritonStream, build_request
@@ -220,19 +234,9 @@ def test_tritonclient_control_and_infer_calls_work_through_it(backends):
                 c.infer("no_such_model", contract_inputs("x", 1)[:1])
             # a stream through tritonclient, with and without the empty final response
             for empty_final in (False, True):
-                got: queue.Queue = queue.Queue()
-                c.start_stream(callback=lambda result=None, error=None: got.put((result, error)))
-                for i in range(3):
-                    c.async_stream_infer("frontend_marker", contract_inputs(f"p {i}", 5), request_id=f"s{empty_final}{i}", enable_empty_final_response=empty_final,
-                                         parameters={"final_apart": True, "inter_token_delay_ms": 1})
-                c.async_stream_infer("frontend_echo", contract_inputs("plain", 1)[:1], request_id="plain", enable_empty_final_response=empty_final)
-                c.stop_stream()  # waits for every response
-                results = []
-                while not got.empty():
-                    result, error = got.get()
-                    assert error is None, error
-                    results.append(result)
-                texts = [r for r in results if r.as_numpy("text_output") is not None]
+                results = mixed_stream(c, f"s{empty_final}", empty_final)
+                assert all(error is None for _, error in results), results
+                texts = [r for r, _ in results if r.as_numpy("text_output") is not None]
                 assert len(texts) == 3 * 5 + 1
                 empties = len(results) - len(texts)
                 assert empties == (3 if empty_final else 0)  # the decoupled model's empty finals, only when asked
@@ -313,18 +317,9 @@ def test_a_stream_mixing_decoupled_and_plain_models_leaves_the_replicas_running(
         try:
             for round_ in range(200):
                 empty_final = bool(round_ % 2)
-                got: queue.Queue = queue.Queue()
-                c.start_stream(callback=lambda result=None, error=None: got.put((result, error)))
-                for i in range(3):
-                    c.async_stream_infer("frontend_marker", contract_inputs(f"p {i}", 5), request_id=f"m{round_}.{i}", enable_empty_final_response=empty_final,
-                                         parameters={"final_apart": True, "inter_token_delay_ms": 1})
-                c.async_stream_infer("frontend_echo", contract_inputs("plain", 1)[:1], request_id=f"e{round_}", enable_empty_final_response=empty_final)
-                c.stop_stream()
-                results = []
-                while not got.empty():
-                    result, error = got.get()
-                    assert error is None, f"round {round_}: {error}\n" + "\n".join(b.describe() for b in backends)
-                    results.append(result)
+                results = mixed_stream(c, f"m{round_}.", empty_final)
+                errors = [error for _, error in results if error is not None]
+                assert not errors, f"round {round_}: {errors[0]}\n" + "\n".join(b.describe() for b in backends)
                 assert len(results) == 3 * 5 + 1 + (3 if empty_final else 0), f"round {round_}"
         finally:
             c.close()
