@@ -235,7 +235,7 @@ class _Pending:
 
 
 class _Link:
-    """One client stream's backend stream to one replica, and the requests running on it."""
+    """One client stream's backend stream to one replica for one model, and the requests running on it."""
 
     def __init__(self, session: "_Session", rep: Replica, key: Tuple[int, str, str]):
         self.session = session
