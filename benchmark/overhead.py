@@ -311,13 +311,16 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | l
     tokens = [0]
     errors = []
     per_request: list[tuple[float, list[float], int]] = []
+    adds: list[float] = []  # an engine process's: add_request -> its child received the request (s)
 
     def submit(i):
-        sent = time.perf_counter()
+        sent, sent_mono = time.perf_counter(), time.monotonic()
         times: list[float] = []
 
         def on_output(out):
             now = time.perf_counter()
+            if out.times is not None:  # (received, first output made) on the child's clock, CLOCK_MONOTONIC
+                adds.append(out.times[0] - sent_mono)
             if out.token_ids:
                 times.append(now)
             if out.finish_reason is not None:
@@ -361,6 +364,10 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | l
     wall = time.perf_counter() - t0
     result = {"tokens": tokens[0], "wall_s": wall, "tokens_per_s": tokens[0] / wall, "errors": len(errors),
               "cpu_s": time.process_time() - cpu0, **latency_stats(per_request)}
+    if adds:  # the hand-off into an engine process (the served model's "add"), without tritonserver
+        adds.sort()
+        result.update(add_ms_mean=round(1000 * sum(adds) / len(adds), 3), add_ms_p50=round(1000 * adds[len(adds) // 2], 3),
+                      add_ms_p99=round(1000 * adds[min(len(adds) - 1, int(0.99 * len(adds)))], 3))
     after = settled_stats(engine)
     if after.get("steps", 0) > before.get("steps", 0):
         # the model call of a step (forward + sampling; with overlap, launch to tokens on the host), without
@@ -372,6 +379,7 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | l
     return result
 
 
+ADD_KEYS = ("add_ms_mean", "add_ms_p50", "add_ms_p99")
 LATENCY_KEYS = ("ttft_ms_p50", "ttft_ms_p99", "ttft_ms_mean", "itl_ms_p50", "gap_ms_p50", "gap_ms_p99",
                 "last_gap_ms_p50")
 
@@ -533,6 +541,8 @@ def compare(run: dict, tokenizer, c: int, args, generate: dict) -> dict:
         d = last["direct"]
         msg = ", ".join(f"{path} {x['tokens_per_s']:.0f} tok/s" for path, x in last.items())
         msg += f"; in-process step {d['step_ms']:.3f} ms {d.get('engine_steps')}" if "step_ms" in d else ""
+        msg += "".join(f"; {path} add {x['add_ms_mean']:.2f} ms mean, p50 {x['add_ms_p50']:.2f}"
+                       for path, x in last.items() if "add_ms_mean" in x)
         msg += f"; CPU us/token: in-process {d['cpu_s'] / d['tokens'] * 1e6:.0f}"
         if "served" in last:
             s = last["served"]
@@ -573,6 +583,8 @@ def compare(run: dict, tokenizer, c: int, args, generate: dict) -> dict:
     # latency: medians over rounds of each round's p50/p99 (ms)
     for path, rs in runs.items():
         row.update({f"{path}_{key}": v for key, v in median_latency(rs).items()})
+        if all("add_ms_mean" in x for x in rs):  # the process path: the hand-off into the engine process
+            row.update({f"{path}_{key}": v for key, v in median_latency(rs, ADD_KEYS).items()})
     if "served" in run and row["served_ttft_ms_p50"] is not None and row["direct_ttft_ms_p50"] is not None:
         row["ttft_added_ms_p50"] = round(row["served_ttft_ms_p50"] - row["direct_ttft_ms_p50"], 3)
     split = [x["first_token_ms"] for x in runs.get("served", []) if x.get("first_token_ms")]

@@ -244,6 +244,132 @@ def test_a_few_prompts_go_alone_through_their_graphs_a_wave_goes_together(tiny_m
         eng.shutdown()
 
 
+def test_wave_graph_padding_equals_the_unpadded_step(tiny_model_dir):
+    """What a wave graph replays (HFModelRunner._wave_body: several whole prompts, each in a row padded to the
+    bucket, rows past them padding only, pads writing to the spare slot, each row's last real token kept) gives the
+    logits and cache of the unpadded eager step.  The padded body runs here eagerly, as the capture records it
+    (benchmark/gpu/decode_bandwidth.py checks greedy tokens through the captured graphs on a GPU)."""
+    from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
+
+    runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=8, max_model_len=64)
+    runner._spare_slots = 1  # as with graphs on: the slot padded rows write to
+    runner._allocate_cache(None)
+    prompts = {0: list(range(40, 47)), 5: list(range(60, 76)), 2: [90, 91, 92]}  # slot -> prompt (7, 16, 3 tokens)
+    step = StepInputs([], [], [], [PrefillChunk(slot, 0, len(p), True) for slot, p in prompts.items()],
+                      [t for p in prompts.values() for t in p], SamplingRows())
+    with torch.inference_mode():
+        unpadded = runner._run(step)
+    cache = [(k.clone(), v.clone()) for k, v in runner.cache]
+    for k, v in runner.cache:
+        k.zero_(), v.zero_()
+    rows, keep = runner.wave_graph_inputs(step, 4, 16)
+    assert keep == [6, 31, 34, 63]  # each prompt's last token in its row of 16; the empty fourth row's last
+    assert rows[1] == list(range(16)) * 4
+    assert rows[2] == [0] * 7 + [8] * 9 + [5] * 16 + [2] * 3 + [8] * 13 + [8] * 16  # pads: the spare slot, 8
+    assert rows[0][:7] == prompts[0] and rows[0][16:32] == prompts[5] and rows[0][32:35] == prompts[2]
+    with torch.inference_mode():
+        padded = runner._wave_body(torch.tensor(rows), torch.tensor(keep), 4, 16)
+    assert padded.shape[0] == 4
+    torch.testing.assert_close(padded[:3], unpadded, rtol=1e-5, atol=1e-5)
+    for (k, v), (k0, v0) in zip(runner.cache, cache):
+        torch.testing.assert_close(k[:8], k0[:8], rtol=1e-6, atol=1e-6)  # real slots: the same, nothing else written
+        torch.testing.assert_close(v[:8], v0[:8], rtol=1e-6, atol=1e-6)
+        assert k[8, :, 3:16].abs().sum() > 0 and k[8, :, 16:].abs().sum() == 0  # the pads went to the spare slot
+
+
+def test_which_steps_replay_a_wave_graph(tiny_model_dir, monkeypatch):
+    """Two to 16 whole prompts and nothing else -> the smallest wave (2, 4, 8 or 16 rows) of the smallest bucket that
+    holds the longest, if captured (rows x length within the prompt-graph limit); anything else runs eagerly.  The
+    variable that turns waves off is checked."""
+    from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
+
+    assert HFModelRunner.WAVE_ROWS == (2, 4, 8, 16)
+    runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_model_len=64)
+    assert runner.wave_buckets(128) == [(2, 16), (2, 24), (2, 32), (2, 48), (2, 64), (4, 16), (4, 24), (4, 32),
+                                        (8, 16)]
+    assert runner.wave_rows == ()  # nothing captured off the GPU
+    runner._prefill_graphs = {b: None for b in (16, 24, 32)}  # as if captured
+    runner._wave_graphs = {key: None for key in runner.wave_buckets(128)}
+    runner.prefill_graph_limit = 32
+    assert runner.wave_rows == (2, 4, 8)
+
+    def step(*chunks, decode=()):
+        return StepInputs([d for d in decode], [1] * len(decode), [3] * len(decode), list(chunks),
+                          [1] * sum(c.length for c in chunks), SamplingRows())
+
+    def whole(*lengths):
+        return [PrefillChunk(i, 0, n, True) for i, n in enumerate(lengths)]
+
+    assert runner.wave_step_key(step(*whole(7, 5))) == (2, 16)
+    assert runner.wave_step_key(step(*whole(7, 5, 1))) == (4, 16)
+    assert runner.wave_step_key(step(*whole(7, 5, 20, 3))) == (4, 24)
+    assert runner.wave_step_key(step(*whole(*[9] * 5))) == (8, 16)
+    assert runner.wave_graph_key([30, 2]) == (2, 32)
+    for eager in (step(*whole(7)),  # one prompt: its own prompt graph
+                  step(*whole(7, 5), decode=[9]),  # beside a decode row
+                  step(*whole(*[9] * 9)),  # more prompts than the largest wave captured
+                  step(*whole(*[20] * 5)),  # 8 rows of 24 tokens: past the limit of 128, not captured
+                  step(*whole(33, 2)),  # longer than any prompt graph
+                  step(*whole(40, 40)),  # 2 rows of 48 tokens: captured, but longer than the limit of 32
+                  step(PrefillChunk(0, 0, 7, True), PrefillChunk(1, 8, 7, True)),  # a later chunk
+                  step(PrefillChunk(0, 0, 7, True), PrefillChunk(1, 0, 5, False))):  # a chunk that is not the end
+        assert runner.wave_step_key(eager) is None
+    monkeypatch.setenv("LLMLAUNCH_HF_WAVE_GRAPHS", "yes")
+    with pytest.raises(ValueError, match="LLMLAUNCH_HF_WAVE_GRAPHS='yes': use 1"):
+        HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64)
+
+
+def test_a_wave_of_prompts_goes_in_steps_of_its_own_taking_turns_with_the_decode_rows(tiny_model_dir, reference,
+                                                                                      monkeypatch):
+    """Where wave graphs exist (a GPU), two or more waiting prompts go in steps of prompts only, as many as the
+    largest wave graph that fits holds; decode rows sit out such a step, then get one of their own before the next
+    wave step.  Outputs stay those of generate.  CPU has no CUDA graphs: the runner is told that waves of up
+    to 4 prompts of up to 64 tokens have one (its steps then run eagerly here); the engine is held inside a step
+    while requests arrive, so the scheduler sees them together."""
+    from launcher.engines.hf_runner import HFModelRunner
+
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_prefill_tokens=256)
+    monkeypatch.setattr(HFModelRunner, "wave_rows", property(lambda self: (4,)))
+    eng.runner.wave_graph_key = lambda lengths: (4, 64) if len(lengths) <= 4 and max(lengths) <= 64 else None
+    steps, hold, held = [], threading.Event(), threading.Event()  # hold set: the next launch stops until cleared
+    launch = eng.runner.launch
+
+    def spy(step, **kw):
+        steps.append((len(step.decode_tokens), [c.length for c in step.prefill]))
+        if hold.is_set():
+            held.set()
+            while hold.is_set():
+                time.sleep(0.005)
+        return launch(step, **kw)
+
+    eng.runner.launch = spy
+    eng.start()
+    try:
+        first = collect(eng, PROMPTS[3], SamplingParams(max_tokens=40))
+        while len(first[1]) < 2:  # decoding
+            time.sleep(0.01)
+        held.clear()
+        hold.set()
+        assert held.wait(30)
+        mark = len(steps)
+        wave_prompts = PROMPTS[:4] + PROMPTS[:3] + [PROMPTS[4]]  # 8 > PROMPTS_ALONE_MAX
+        wave = [collect(eng, p, SamplingParams(max_tokens=8)) for p in wave_prompts]
+        hold.clear()
+        for done, _ in wave:
+            assert done.wait(60)
+        assert first[0].wait(60)
+        lengths = [len(eng.tokenizer(p).input_ids) for p in wave_prompts]
+        after = steps[mark:]  # from the step after the one held
+        # a wave step of 4 (the decode row waits), the decode rows' turn (5 now), the next wave step of 4
+        assert after[0] == (0, lengths[:4]) and after[1] == (5, []), after[:4]
+        assert after[2] == (0, lengths[4:]), after[:4]
+        expected = [(PROMPTS[3], 40)] + [(p, 8) for p in wave_prompts]
+        for (_, outs), (p, n) in zip([first] + wave, expected, strict=True):
+            assert [t for o in outs for t in o.token_ids] == reference(p, n)[0]
+    finally:
+        eng.shutdown()
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_grouped_prefill_equals_one_at_a_time(tiny_model_dir, attn):
     """Prompts prefilled together (one padded attention call per group, beside a decode token) give the same
@@ -834,6 +960,76 @@ def test_engine_process_matches_engine(tiny_model_dir, engine):
         assert stats["decode_tokens"] >= 59 and stats["wall_s"] >= stats["launch_s"] + stats["wait_s"] > 0, stats
     finally:
         ep.shutdown()
+
+
+def test_add_requests_tokenizes_text_prompts_in_one_call(engine, reference, monkeypatch):
+    """Engine.add_requests: the text prompts go to the tokenizer in one call (token-id prompts and empty ones do not),
+    each request gets what add_request would give it, and a refused one (empty, too long, bad parameters) does not
+    keep the others out."""
+    calls = []
+    tokenizer = engine.tokenizer
+
+    class Counting:
+        def __call__(self, text, **kw):
+            calls.append(text)
+            return tokenizer(text, **kw)
+
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+    monkeypatch.setattr(engine, "tokenizer", Counting())
+    results = {i: (threading.Event(), []) for i in range(6)}
+
+    def on_output(i):
+        def cb(out):
+            results[i][1].append(out)
+            if out.finished:
+                results[i][0].set()
+        return cb
+
+    ids = tokenizer(PROMPTS[2]).input_ids
+    requests = [("t0", PROMPTS[0], SamplingParams(max_tokens=8)), ("t1", "", SamplingParams(max_tokens=8)),
+                ("t2", ids, SamplingParams(max_tokens=8)), ("t3", "word " * 3000, SamplingParams(max_tokens=8)),
+                ("t4", PROMPTS[1], SamplingParams(max_tokens=0)), ("t5", PROMPTS[4], SamplingParams(max_tokens=8))]
+    refused = engine.add_requests([(rid, prompt, params, on_output(i))
+                                   for i, (rid, prompt, params) in enumerate(requests)])
+    assert calls == [[PROMPTS[0], "word " * 3000, PROMPTS[1], PROMPTS[4]]]  # one call, the non-empty texts
+    assert [type(r).__name__ if r else None for r in refused] == [None, "InvalidRequest", None, "InvalidRequest",
+                                                                 "InvalidRequest", None]
+    assert "the prompt is empty" in str(refused[1]) and "exceeds the model context" in str(refused[3])
+    assert "max_tokens must be >= 1" in str(refused[4])
+    for i, prompt in ((0, PROMPTS[0]), (2, PROMPTS[2]), (5, PROMPTS[4])):
+        assert results[i][0].wait(60)
+        assert joined(results[i][1])[1] == reference(prompt, 8)[0]
+
+
+def test_engine_process_takes_a_burst_of_requests_together(tiny_model_dir, engine, monkeypatch):
+    """Requests sent back to back are read by the engine process as they come, several at a time, and go to the
+    engine through add_requests (one tokenizer call, checked in-process above): each still gets its own outputs,
+    a refused one its error, and an abort that follows its add in the burst cancels it.  A bad
+    LLMLAUNCH_HF_BATCH_TOKENIZE fails the start, naming the variable and the values."""
+    from launcher.engines.hf_process import EngineProcess
+
+    ep = EngineProcess(str(tiny_model_dir), device="cpu", max_num_seqs=8).start()
+    try:
+        want = {p: engine.generate(p, SamplingParams(max_tokens=12, ignore_eos=True)) for p in PROMPTS}
+        runs = {}
+        for i, prompt in enumerate(PROMPTS * 2):
+            runs[i] = collect(ep, prompt, SamplingParams(max_tokens=12, ignore_eos=True), f"b{i}")
+        bad = collect(ep, "word " * 3000, SamplingParams(max_tokens=4), "b-long")
+        gone = collect(ep, PROMPTS[0], SamplingParams(max_tokens=1000, ignore_eos=True), "b-abort")
+        ep.abort("b-abort")
+        for i, prompt in enumerate(PROMPTS * 2):
+            assert runs[i][0].wait(60)
+            assert joined(runs[i][1]) == (want[prompt].text, want[prompt].token_ids), i
+        assert bad[0].wait(30) and bad[1][-1].finish_reason == "error"
+        assert "exceeds the model context" in bad[1][-1].error
+        assert gone[0].wait(30) and gone[1][-1].finish_reason == "cancelled"
+    finally:
+        ep.shutdown()
+    monkeypatch.setenv("LLMLAUNCH_HF_BATCH_TOKENIZE", "yes")
+    with pytest.raises(RuntimeError, match="LLMLAUNCH_HF_BATCH_TOKENIZE='yes': use 1"):
+        EngineProcess(str(tiny_model_dir), device="cpu", max_num_seqs=2).start()
 
 
 def test_instances_share_one_engine_process(tiny_model_dir, engine, tmp_path):

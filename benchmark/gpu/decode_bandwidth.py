@@ -19,11 +19,12 @@ process on one GPU:
   sampling, host sync), and the engine figure above (+ scheduler, detokenizer,
   callbacks).
 
-Then, in float32, the greedy tokens of 4 prompts run together must be the same
-with graphs, without, compiled with graphs, and from `generate`, and so must those of
+Then, in float32, the greedy tokens of 4 prompts run together (with graphs: through one
+wave graph) must be the same with graphs, without, compiled with graphs, and from `generate`,
+and so must those of
 the 4 prompts run one after the other (compiled, graphs: each prompt through a prompt graph)
 and those of the 4 prompts arriving while the others decode (compiled, graphs: a prompt
-replays its graph alone while the decode rows wait, the rows then decode on, queued ahead;
+replays its graph alone, two a wave graph, while the decode rows wait, the rows then decode on;
 the counts of such steps are printed).  Prints one JSON document: bandwidth
 GB/s, weight GB, limit steps/s, steps/s of each and their fractions of the limit,
 and the greedy comparisons.
@@ -130,7 +131,7 @@ def step_parts(runner, n: int = 300) -> dict:
 
 def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, arrive: str = "together") -> list:
     """Greedy tokens (float32) of 4 prompts of different lengths through the engine.  arrive: "together" (one
-    step takes them all); "one_at_a_time" (each after the last finished: its step is its own and replays a prompt
+    step takes them all: with graphs, a wave graph of 4 rows of 48 tokens); "one_at_a_time" (each after the last finished: its step is its own and replays a prompt
     graph); "while_decoding" (prompt 0, then 1 and 2 at once once 0 has 8 tokens, then 3 once 2 has 8: each
     arrives while others decode, and with graphs goes through its graph alone while they wait)."""
     import queue
@@ -161,7 +162,11 @@ def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, arriv
                 assert progress.wait_for(lambda: len(outs[i]) >= k, timeout=600), f"prompt {i} stalled"
 
         lengths = (5, 17, 40, 9)
-        for i, length in enumerate(lengths):
+        if arrive == "together":  # in one call, so that the engine finds them waiting together: with graphs, a wave
+            engine.add_requests([(f"g{i}", list(range(20 + i, 20 + i + length)),
+                                  SamplingParams(max_tokens=n, ignore_eos=True), lambda out, i=i: on_output(out, i))
+                                 for i, length in enumerate(lengths)])
+        for i, length in enumerate(lengths if arrive != "together" else ()):
             if arrive == "while_decoding" and i in (1, 3):
                 tokens_of(i - 1, 8)
             add(i, length)
@@ -169,10 +174,10 @@ def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, arriv
                 done.get(timeout=600)
         for _ in outs if arrive != "one_at_a_time" else ():
             done.get(timeout=600)
-        if cuda_graphs and arrive != "together":
+        if cuda_graphs:
             s = engine.stats
             print(f"[greedy] {arrive}: {engine.features}; {s.prompt_steps} steps with prompts, "
-                  f"{s.prompt_graph_steps} of them through a prompt graph", file=sys.stderr, flush=True)
+                  f"{s.prompt_graph_steps} of them through a prompt or wave graph", file=sys.stderr, flush=True)
         return [outs[i] for i in sorted(outs)]
     finally:
         engine.shutdown()

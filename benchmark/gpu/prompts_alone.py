@@ -4,14 +4,15 @@
     python benchmark/gpu/prompts_alone.py --device cpu --concurrency 2 --rounds 1 --max-tokens 12 --max-tokens-min 2
 
 Two in-process engines on one GPU (the GPU defaults: torch.compile, decode and prompt graphs, overlap), taking
-turns round by round: `alone` (the default, Engine.PROMPTS_ALONE_MAX: up to 4 waiting prompts each go through
-their prompt graph in a step of their own while the decode rows wait) and `eager` (prompts_alone=0: every step
-with prompt tokens runs eagerly beside the decode rows, ~10-11 ms of kernel launches on an H100 host).  The load
+turns round by round: `alone` (the default: one waiting prompt goes through its prompt graph in a step of its own
+while the decode rows wait, two or more through a wave graph, Engine._prompt_wave) and `eager` (prompts_alone=0,
+wave_graphs=False: every step with prompt tokens runs eagerly beside the decode rows, ~10-11 ms of kernel launches
+on an H100 host).  The load
 is overhead.py's closed loop (C requests in flight, `--requests-per-stream` x C in all, --prompt-tokens prompts),
 each request with an exact output length of its own drawn from [--max-tokens-min, --max-tokens], the same for
 both engines and every round: requests end apart and their successors arrive one by one while the others
 decode, as in real traffic.  With one length for all (--max-tokens-min = --max-tokens) they end together and
-arrive in waves, which go in one step either way.
+arrive in waves: through wave graphs with `alone`, in one eager step with `eager`.
 
 Per C and engine (medians over rounds): output tokens/s, TTFT mean / p50 / p99, ITL p50, the p99 gap between a
 request's tokens, and the engine's step split (share of steps with prompts and through a prompt graph); then
@@ -31,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-CONFIGS = {"alone": None, "eager": 0}  # engine name -> prompts_alone (None: the default)
+# engine name -> its settings: the defaults (prompts alone and waves through their graphs), all prompt steps eager
+CONFIGS = {"alone": {}, "eager": {"prompts_alone": 0, "wave_graphs": False}}
 KEYS = ("ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "gap_ms_p99")
 
 
@@ -79,9 +81,9 @@ def main(argv=None) -> int:
     model = args.model or str(ensure_tiny_model())
     engines = {}
     try:
-        for name, alone in CONFIGS.items():
+        for name, settings in CONFIGS.items():
             engines[name] = Engine(model, device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs,
-                                   prompts_alone=alone).start()
+                                   **settings).start()
             log(f"{name} engine: {describe_features(engines[name].features)}")
         out = {"model": model, "device": args.device, "dtype": args.dtype, "prompt_tokens": args.prompt_tokens,
                "max_tokens": [args.max_tokens_min, args.max_tokens], "rounds": args.rounds, "runs": []}

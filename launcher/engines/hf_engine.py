@@ -93,7 +93,7 @@ class EngineStats:
     gpu_idle_s: float = 0.0  # GPU idle between a step and the next one, because the host queued it late
     gpu_steps: int = 0  # steps timed on the GPU (0 off the GPU)
     prompt_steps: int = 0  # steps with prompt tokens
-    prompt_graph_steps: int = 0  # of those, steps of one prompt replayed as a CUDA graph (HFModelRunner's)
+    prompt_graph_steps: int = 0  # of those, steps of prompts replayed as a CUDA graph (one prompt or a wave)
     # Per request, from add_request (its prompt tokenized) on: where a first token's time inside the engine goes
     admitted: int = 0  # requests given a KV-cache slot
     queued_s: float = 0.0  # summed: add_request to a slot (waiting for the loop's next schedule, or a free slot)
@@ -111,7 +111,7 @@ def describe_features(f: dict) -> str:
              f"decode graphs failed ({f['graph_error']})" if f.get("graph_error") else
              f"{f.get('decode_graphs', 0)} decode graphs",
              f"prompt graphs failed ({f['prefill_graph_error']})" if f.get("prefill_graph_error") else
-             f"{f.get('prefill_graphs', 0)} prompt graphs",
+             f"{f.get('prefill_graphs', 0)} prompt graphs, {f.get('wave_graphs', 0)} wave graphs",
              f"overlap {'on' if f.get('overlap') else 'off'}"]
     where = {"graphs": "in graphs", "all": "everywhere", "off": "off"}.get(f.get("cudnn_attention", ""))
     if where:  # GPU only: CPU attention has no cuDNN
@@ -184,7 +184,7 @@ class Engine:
                  threads: int | None = None, tp_group=None, cuda_graphs: bool | None = None,
                  torch_compile: bool | None = None, overlap: bool | None = None,
                  cudnn_attention: str | None = None, prefill_graphs: int | None = None,
-                 prompts_alone: int | None = None):
+                 wave_graphs: bool | None = None, prompts_alone: int | None = None):
         """
         model_path: HF-format folder (config, weights, tokenizer unless tokenizer_path is given).
         device: auto (cuda when available) | cpu | cuda | cuda:N.  dtype: auto | float32 | bfloat16 | float16.
@@ -204,6 +204,8 @@ class Engine:
         HFModelRunner._init_attention_backends; None: LLMLAUNCH_HF_CUDNN_ATTENTION, else graphs).
         prefill_graphs: the longest prompt whose prompt-only step replays a CUDA graph (see
         HFModelRunner._init_prefill_graphs; None: LLMLAUNCH_HF_PREFILL_GRAPHS, else 2048; 0: none).
+        wave_graphs: steps of several whole prompts replay a wave graph (HFModelRunner.WAVE_ROWS; None:
+        LLMLAUNCH_HF_WAVE_GRAPHS, else on).
         overlap: while the GPU runs a decode step, queue the next one and do the host work of the last (None: on
         with tp=1 unless LLMLAUNCH_HF_OVERLAP=0); see `_schedule`.
         prompts_alone: at most this many waiting prompts go one per step through their prompt graphs (see
@@ -227,7 +229,8 @@ class Engine:
                                     max_model_len=max_model_len, attn_implementation=attn_implementation,
                                     kv_cache_memory=kv_cache_memory, tp=int(tp or 1), tp_group=tp_group,
                                     cuda_graphs=cuda_graphs, torch_compile=torch_compile,
-                                    cudnn_attention=cudnn_attention, prefill_graphs=prefill_graphs)
+                                    cudnn_attention=cudnn_attention, prefill_graphs=prefill_graphs,
+                                    wave_graphs=wave_graphs)
         if not max_prefill_tokens:
             max_prefill_tokens = 2048 if self.runner.device.type == "cuda" else 512
         self.max_prefill_tokens = max(1, int(max_prefill_tokens))
@@ -272,6 +275,7 @@ class Engine:
         self._decoding: list[tuple[int, _Seq]] = []  # (slot, seq), sorted by slot
         self._by_id: dict[str, _Seq] = {}
         self._prompts_alone = prompts_alone  # checked above, before the model loaded
+        self._waved = False  # the last step was a wave of prompts that decode rows waited for (_prompt_wave)
         if overlap is None:
             overlap = os.environ.get("LLMLAUNCH_HF_OVERLAP", "1") != "0"
         self._overlap = bool(overlap)
@@ -287,7 +291,8 @@ class Engine:
         r = self.runner
         return {"torch_compile": r.use_compile, "compile_s": round(r.compile_s, 1), "compile_error": r.compile_error,
                 "decode_graphs": len(r._graphs), "graph_error": r.graph_error, "overlap": self._overlap,
-                "prefill_graphs": len(r._prefill_graphs), "prefill_graph_error": r.prefill_graph_error,
+                "prefill_graphs": len(r._prefill_graphs), "wave_graphs": len(r._wave_graphs),
+                "prefill_graph_error": r.prefill_graph_error,
                 "cudnn_attention": r.cudnn_attention if r.device.type == "cuda" else ""}
 
     def start(self) -> "Engine":
@@ -312,6 +317,32 @@ class Engine:
             self._active.add(request_id)
         self._inbox.put(seq)
         return len(prompt_ids)
+
+    def add_requests(self, requests: list[tuple[str, str | list[int], SamplingParams, Callable[[Output], None]]]
+                     ) -> list[Exception | None]:
+        """Queue several requests (request_id, prompt, params, on_output), their text prompts tokenized in one call.
+
+        A fast tokenizer encodes a batch on several threads with the GIL released; one at a time, a wave of 128
+        prompts of 128 tokens kept the engine process's reader busy for 18 ms (benchmark/RESULTS.md, run 27).
+        Returns, per request, None (queued) or the exception that refused it (InvalidRequest for bad input), as
+        `add_request` would raise it; a refused request does not keep the others out."""
+        prompts = [r[1] for r in requests]
+        texts = [i for i, p in enumerate(prompts) if isinstance(p, str) and p]  # "" keeps add_request's error
+        if len(texts) > 1:
+            try:
+                encoded = self.tokenizer([prompts[i] for i in texts], verbose=False).input_ids
+            except Exception:  # left to add_request, one at a time: each request gets its own error
+                encoded = [prompts[i] for i in texts]
+            for i, ids in zip(texts, encoded):
+                prompts[i] = ids
+        refused: list[Exception | None] = []
+        for (request_id, _, params, on_output), prompt in zip(requests, prompts):
+            try:
+                self.add_request(request_id, prompt, params, on_output)
+                refused.append(None)
+            except Exception as exc:
+                refused.append(exc)
+        return refused
 
     def abort(self, request_id: str) -> None:
         """Cancel a request: within one step it gets a final output with finish_reason 'cancelled'."""
@@ -477,7 +508,7 @@ class Engine:
         t0 = time.perf_counter()
         handle = self.runner.launch(step, **kw)
         self.stats.launch_s += time.perf_counter() - t0
-        if self.runner.last_graph == "prompt":
+        if self.runner.last_graph in ("prompt", "wave"):
             self.stats.prompt_graph_steps += 1
         return handle
 
@@ -508,8 +539,10 @@ class Engine:
         part-way through prefill.  A step with prompt tokens cannot replay a CUDA graph, and launched ahead one
         prompt at a time, as requests arrive, nearly every step under load became such a step (measured on an
         H100 at 128 streams: 6.1 ms a step instead of 3.2); prompts that arrive during a run of decode steps
-        are taken together, in one step, once it ends.  Where the runner replays prompt graphs, a few such prompts
-        (PROMPTS_ALONE_MAX) go one per step instead, alone, while the decode rows wait that step (_prompt_alone).
+        are taken together, in one step, once it ends.  Where the runner replays prompt graphs, two or more such
+        prompts go in steps of their own through wave graphs, taking turns with the decode rows (_prompt_wave), and
+        one, or a few where there are no wave graphs (PROMPTS_ALONE_MAX), one per step alone, while the decode rows
+        wait that step (_prompt_alone).
         """
         prev_rows = None
         prompts = []  # sequences whose prompt (or its next chunk) this step may take
@@ -524,8 +557,13 @@ class Engine:
                 self.stats.admitted += 1
                 self.stats.queued_s += now - seq.added
             prompts = self._prefilling
-            alone = self._prompt_alone(decoding)
-            if alone is not None:
+            wave = self._prompt_wave(decoding)
+            alone = self._prompt_alone(decoding) if wave is None else None
+            if wave:  # the prompts through a wave graph; the decode rows wait this step
+                decoding, prompts = [], wave
+            elif wave is not None:  # the decode rows' turn between two waves
+                prompts = []
+            elif alone is not None:
                 decoding, prompts = [], [alone]
         else:
             prev_rows = [i for i, s in enumerate(ahead_of)
@@ -582,7 +620,8 @@ class Engine:
     # while a prompt graph of up to 512 tokens replays in 2.2-3.8 ms and the decode rows' graph in ~1.7 ms
     # (benchmark/RESULTS.md, ninth session).  So k prompts alone cost ~2.5 k ms (+ one decode step for the rows
     # that waited) against ~11 ms together: better for the prompts up to 4, and not worse for the decode rows.
-    # A wave (more prompts than that) still goes in together, where the eager step's cost is shared.
+    # A wave (more prompts than that) still goes in together, where the eager step's cost is shared.  Where the
+    # runner has wave graphs, two or more prompts go through one of those instead (_prompt_wave).
     PROMPTS_ALONE_MAX = 4
 
     def _prompt_alone(self, decoding: list[_Seq]) -> _Seq | None:
@@ -594,6 +633,35 @@ class Engine:
         if first.num_computed or not self.runner.prompt_graphed(len(first.prompt_ids)):
             return None
         return first
+
+    def _prompt_wave(self, decoding: list[_Seq]) -> list[_Seq] | None:
+        """Two or more prompts waiting, where the runner has wave graphs (HFModelRunner.WAVE_ROWS): the first of them
+        (as many as the largest wave graph that fits holds) for a step of their own through a wave graph; [] for a
+        decode-only step, so that decode rows sit out at most every other step while a long wave goes in; None: no
+        wave (one prompt goes alone, `_prompt_alone`, or everything in one eager step).
+
+        Why waves before prompts alone: k prompts alone take k steps, each with the decode rows waiting, and a wave
+        of them one."""
+        pending = self._prefilling
+        if not pending or not self.runner.wave_rows:
+            self._waved = False
+            return None
+        if decoding and self._waved:  # the decode rows waited for the last wave step: theirs now
+            self._waved = False
+            return []
+        take = []
+        for seq in pending[:max(self.runner.wave_rows)]:
+            if seq.num_computed:  # a prompt part-way through its chunks: not a whole prompt
+                break
+            take.append(seq)
+        while len(take) >= 2 and (sum(len(s.prompt_ids) for s in take) > self.max_prefill_tokens
+                                  or self.runner.wave_graph_key([len(s.prompt_ids) for s in take]) is None):
+            take.pop()  # the longest prompts may not fit a wave of that many: fewer, in a smaller one
+        if len(take) < 2:
+            self._waved = False
+            return None
+        self._waved = bool(decoding)
+        return take
 
     def _sampling_rows(self, rows: list[_Seq], pending_rows: int = 0) -> SamplingRows:
         """pending_rows: the first rows each have a token sampled by a step still running (not yet in out_ids)."""

@@ -429,6 +429,11 @@ def _child(fd: int) -> int:
         # text is held and merged until that long after its previous output was sent; its first token and its
         # end go at once.  Fewer messages and responses leave the CPU to the engine.
         interval = float(kwargs.pop("output_interval", 0.0) or 0.0)
+        raw = os.environ.get("LLMLAUNCH_HF_BATCH_TOKENIZE", "") or "1"  # see `read`
+        if raw not in ("0", "1"):
+            raise ValueError(f"LLMLAUNCH_HF_BATCH_TOKENIZE={raw!r}: use 1 (prompts that arrive together are tokenized "
+                             "in one call, the default) or 0 (one at a time)")
+        batch_tokenize = raw == "1"
         pending: dict = {}  # request id -> [output fields..., urgent]
         last_sent: dict = {}  # request id -> time its last output was sent
         received: dict = {}  # request id -> when its "add" arrived, until its first output (Output.times)
@@ -493,20 +498,27 @@ def _child(fd: int) -> int:
             "dtype": str(engine.runner.dtype).replace("torch.", ""), "pid": os.getpid(),
             "features": engine.features}
 
+    def add_all(adds: list) -> None:
+        """("add" messages, as (k, message, when received)) -> the engine, text prompts tokenized together."""
+        if not adds:
+            return
+        requests = []
+        for k, (_, local, prompt, params), t in adds:
+            rid = f"{k}/{local}" if k else local
+            received[rid] = t
+            peers.started(k, rid)
+            requests.append((rid, prompt, params, on_output))
+        for (k, msg, _), (rid, *_), exc in zip(adds, requests, engine.add_requests(requests)):
+            if exc is not None:  # InvalidRequest (prompt too long, ...): that request's error
+                received.pop(rid, None)
+                peers.finished(k, rid)
+                peers.send(k, [(msg[1], "", [], 0, 0, "error", str(exc), None)])
+
     def handle(k: int, msg) -> str | None:
         """One message of connection k; "stop" / "detach" when the connection is done."""
         kind = msg[0]
         if kind == "add":
-            _, local, prompt, params = msg
-            rid = f"{k}/{local}" if k else local
-            received[rid] = time.monotonic()
-            peers.started(k, rid)
-            try:
-                engine.add_request(rid, prompt, params, on_output)
-            except Exception as exc:  # InvalidRequest (prompt too long, ...): that request's error
-                received.pop(rid, None)
-                peers.finished(k, rid)
-                peers.send(k, [(local, "", [], 0, 0, "error", str(exc), None)])
+            add_all([(k, msg, time.monotonic())])
         elif kind == "abort":
             engine.abort(f"{k}/{msg[1]}" if k else msg[1])
         elif kind == "stop" and not k:
@@ -515,12 +527,37 @@ def _child(fd: int) -> int:
             return "detach"
         return None
 
-    # One thread reads every connection, as it read the one connection before: requests are tokenized one at a
-    # time with no lock, and no more threads take turns at the GIL with the engine loop.  Attaching instances are
-    # accepted on a thread of `_listen`, which wakes this loop through `wake`.
+    # One thread reads every connection, as it read the one connection before: requests are tokenized with no lock,
+    # and no more threads take turns at the GIL with the engine loop.  It reads all that a connection has sent so far
+    # before tokenizing: the successors of requests that ended in one step arrive as a burst, and their prompts go to
+    # the tokenizer in one call (`add_all`; LLMLAUNCH_HF_BATCH_TOKENIZE=0: one at a time, as they come).  Attaching
+    # instances are accepted on a thread of `_listen`, which wakes this loop through `wake`.
     wake_r, wake_w = Pipe(duplex=False)
     close_listener = _listen(listen, info, peers, wake_w) if listen else None
     peers.send(0, ("ready", info))
+
+    def read(c, k: int) -> str | None:
+        """Handle the messages waiting on connection c (k; at most 1,024, then the others get a turn); why it is
+        done, if it is."""
+        adds: list = []
+        try:
+            for _ in range(1024):
+                msg = c.recv()
+                if msg[0] == "add" and batch_tokenize:
+                    adds.append((k, msg, time.monotonic()))
+                else:
+                    pending, adds = adds, []
+                    add_all(pending)  # first: an abort may be for one of them
+                    done = handle(k, msg)
+                    if done is not None:
+                        return done
+                if not c.poll():
+                    break
+            add_all(adds)
+        except (EOFError, OSError):  # that instance is gone (its requests end with it)
+            return "gone"
+        return None
+
     try:
         first_open = True  # the instance that started us: when it goes, the engine stops
         while first_open:
@@ -530,10 +567,7 @@ def _child(fd: int) -> int:
                     wake_r.recv_bytes()
                     continue
                 k = by_conn[c]
-                try:
-                    done = handle(k, c.recv())
-                except (EOFError, OSError):  # that instance is gone
-                    done = "gone"
+                done = read(c, k)
                 if done is None:
                     continue
                 if not k:

@@ -282,7 +282,7 @@ class HFModelRunner:
                  max_model_len: int | None = None, attn_implementation: str = "sdpa",
                  kv_cache_memory: float | None = None, tp: int = 1, tp_group=None, cuda_graphs: bool | None = None,
                  torch_compile: bool | None = None, cudnn_attention: str | None = None,
-                 prefill_graphs: int | None = None):
+                 prefill_graphs: int | None = None, wave_graphs: bool | None = None):
         """tp > 1: this process is one rank of a tensor-parallel group (see hf_tp): `tp_group` (an
         hf_tp.TPGroup) or one made from the LLMLAUNCH_* environment; the model is sharded after loading.
         cuda_graphs: replay decode-only steps as CUDA graphs (None: on for cuda unless LLMLAUNCH_HF_CUDA_GRAPHS=0;
@@ -291,7 +291,9 @@ class HFModelRunner:
         LLMLAUNCH_HF_COMPILE=0; with tp > 1 the all-reduces are traced as functional collectives); `warm_up()`
         compiles before serving.
         prefill_graphs: the longest prompt (tokens) whose prompt-only step replays a CUDA graph (None:
-        LLMLAUNCH_HF_PREFILL_GRAPHS, else 2048; 0: none; needs cuda_graphs); see `_init_prefill_graphs`."""
+        LLMLAUNCH_HF_PREFILL_GRAPHS, else 2048; 0: none; needs cuda_graphs); see `_init_prefill_graphs`.
+        wave_graphs: also replay steps of several whole prompts as CUDA graphs (None: on with prompt graphs unless
+        LLMLAUNCH_HF_WAVE_GRAPHS=0); see WAVE_ROWS."""
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -352,13 +354,13 @@ class HFModelRunner:
         self.max_num_seqs = int(max_num_seqs)
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
-        self._init_graphs(cuda_graphs, prefill_graphs)
+        self._init_graphs(cuda_graphs, prefill_graphs, wave_graphs)
         self._init_attention_backends(cudnn_attention)
         self._init_compile(torch_compile)
         self._allocate_cache(kv_cache_memory)
         self.sampler = Sampler(self.max_num_seqs, self.vocab_size, self.device)
         self._last_done = None  # the completion event of the step launched last, until the engine idles (gpu_times)
-        self.last_graph = None  # the graph the last launch replayed: "decode", "prompt" or None (eager)
+        self.last_graph = None  # the graph the last launch replayed: "decode", "prompt", "wave" or None (eager)
         self._layer_idx_check()
 
     # -- setup ---------------------------------------------------------------------------------------------
@@ -498,11 +500,13 @@ class HFModelRunner:
         self.capture_prefill_graphs(max_prefill_tokens)
         if self.tp_group is not None:
             self._tp_agree("results", {"compiled": self.use_compile, "decode graphs": len(self._graphs),
-                                       "prompt graphs": len(self._prefill_graphs)})
+                                       "prompt graphs": len(self._prefill_graphs),
+                                       "wave graphs": len(self._wave_graphs)})
 
     def _tp_plan(self, max_prefill_tokens) -> dict:
         return {"max_prefill_tokens": max_prefill_tokens, "torch_compile": self.use_compile,
                 "cuda_graphs": self.use_graphs, "prefill_graphs": self.prefill_graph_limit,
+                "wave_graphs": self.use_wave_graphs,
                 "cudnn_attention": self.cudnn_attention, "max_num_seqs": self.max_num_seqs,
                 "max_model_len": self.max_model_len}
 
@@ -534,7 +538,7 @@ class HFModelRunner:
     # capture that fails is fatal there (a rank falling back to eager steps alone would hang its peers).
     _GRAPH_MIN_LEN = 256
 
-    def _init_graphs(self, cuda_graphs, prefill_graphs=None) -> None:
+    def _init_graphs(self, cuda_graphs, prefill_graphs=None, wave_graphs=None) -> None:
         import os
 
         if cuda_graphs is None:
@@ -544,7 +548,7 @@ class HFModelRunner:
         self._graphs: dict = {}
         self._graph_pool = None
         self.graph_error = ""
-        self._init_prefill_graphs(prefill_graphs)
+        self._init_prefill_graphs(prefill_graphs, wave_graphs)
 
     def _bucket(self, rows: int, length: int) -> tuple[int, int]:
         r = 1
@@ -690,7 +694,7 @@ class HFModelRunner:
     # Steps with decode rows, several prompts or a prompt's later chunk stay eager (a bucket for each mix would
     # be too many graphs).  Captured at start, after the decode graphs; a failed capture leaves decode graphs on.
 
-    def _init_prefill_graphs(self, prefill_graphs) -> None:
+    def _init_prefill_graphs(self, prefill_graphs, wave_graphs=None) -> None:
         import os
 
         if prefill_graphs is None:
@@ -704,6 +708,14 @@ class HFModelRunner:
             raise ValueError(f"prefill_graphs={prefill_graphs} is negative: the longest prompt to graph, 0 for none")
         self.prefill_graph_limit = int(prefill_graphs) if self.use_graphs else 0
         self._prefill_graphs: dict = {}  # bucket length -> (graph, meta, keep, logits)
+        if wave_graphs is None:
+            raw = os.environ.get("LLMLAUNCH_HF_WAVE_GRAPHS", "") or "1"
+            if raw not in ("0", "1"):
+                raise ValueError(f"LLMLAUNCH_HF_WAVE_GRAPHS={raw!r}: use 1 (steps of several whole prompts replay "
+                                 f"wave graphs, the default) or 0 (they run eagerly)")
+            wave_graphs = raw == "1"
+        self.use_wave_graphs = bool(wave_graphs)
+        self._wave_graphs: dict = {}  # (prompts, bucket length) -> (graph, meta, keep, logits): see WAVE_ROWS
         self.prefill_graph_error = ""
 
     @staticmethod
@@ -730,16 +742,21 @@ class HFModelRunner:
             self.prefill_graph_limit = 0
             return 0
         buckets = self.prefill_buckets(limit)
-        announce(f"hf engine: capturing {len(buckets)} prompt CUDA graphs (prompts up to {limit} tokens)")
+        waves = self.wave_buckets(limit) if self.use_wave_graphs else []
+        announce(f"hf engine: capturing {len(buckets)} prompt CUDA graphs (prompts up to {limit} tokens)"
+                 + (f" and {len(waves)} wave graphs (2 to {max(n for n, _ in waves)} prompts)" if waves else ""))
         t0 = time.perf_counter()
         with torch.inference_mode():
             for length in buckets:
                 if length not in self._prefill_graphs and self._capture_prefill(length) is None:
                     return 0
+            for key in waves:
+                if key not in self._wave_graphs and self._capture_wave(*key) is None:
+                    return 0
         self.prefill_graph_limit = limit
-        log.info("hf engine: %d prompt graphs (lengths %s) captured in %.1f s", len(self._prefill_graphs), buckets,
-                 time.perf_counter() - t0)
-        return len(self._prefill_graphs)
+        log.info("hf engine: %d prompt graphs (lengths %s) and %d wave graphs (prompts x length %s) captured in "
+                 "%.1f s", len(self._prefill_graphs), buckets, len(self._wave_graphs), waves, time.perf_counter() - t0)
+        return len(self._prefill_graphs) + len(self._wave_graphs)
 
     def prompt_graphed(self, length: int) -> bool:
         """Would a step of one whole prompt of `length` tokens (and nothing else) replay a prompt graph?"""
@@ -795,6 +812,7 @@ class HFModelRunner:
             self._tp_capture_failed("prompt", e)
             self.prefill_graph_limit = 0
             self._prefill_graphs.clear()
+            self._wave_graphs.clear()
             self.prefill_graph_error = f"{type(e).__name__}: {e}"
             log.warning("hf engine: prompt CUDA graph capture failed (%s); prompt steps run eagerly",
                         self.prefill_graph_error)
@@ -812,6 +830,121 @@ class HFModelRunner:
         keep.fill_(last)
         graph.replay()
         return logits
+
+    # -- CUDA graphs for prompt-only steps of several whole prompts (a wave) ------------------------------------
+    # Why: the closed loops of a benchmark, and clients that send in bursts, hand the engine many prompts at once
+    # (all the requests that ended in one step have their successors sent together).  More of them than
+    # Engine.PROMPTS_ALONE_MAX went in one eager step, kernel launches from Python; a wave of 8 prompts of 128 tokens
+    # came out of it 28 ms after it arrived, against 15 ms when the same prompts reached the engine one by one
+    # and went through their graphs alone (benchmark/RESULTS.md, run 27).  So a step of n whole prompts replays a
+    # wave graph: n rows (WAVE_ROWS: 2, 4, 8 or 16; rows left over carry padding only) of L tokens each (a
+    # prefill_buckets length, n * L at most the prompt-graph limit), each row causal over its own tokens, as one
+    # padded group (_slot_attention's groups).  Padding is as in a prompt graph: after every real token of its row,
+    # its keys/values to the spare slot, its logits dropped.  The decode rows wait that step (Engine._prompt_wave).
+    WAVE_ROWS = (2, 4, 8, 16)
+
+    @property
+    def wave_rows(self) -> tuple[int, ...]:
+        """The prompts per wave graph captured (none: waves go eagerly)."""
+        return tuple(sorted({n for n, _ in self._wave_graphs}))
+
+    def wave_buckets(self, limit: int) -> list[tuple[int, int]]:
+        """(prompts, length) of every wave graph for a prompt-graph limit of `limit` tokens (no more prompts than
+        there are cache slots)."""
+        return [(n, length) for n in self.WAVE_ROWS if n <= self.max_num_seqs
+                for length in self.prefill_buckets(limit) if n * length <= limit]
+
+    def wave_graph_key(self, lengths: list[int]) -> tuple[int, int] | None:
+        """The wave graph that runs whole prompts of these lengths together, or None (none captured fits)."""
+        if len(lengths) < 2 or not self._wave_graphs:
+            return None
+        n = next((r for r in self.WAVE_ROWS if r >= len(lengths)), None)
+        longest = max(lengths)
+        if n is None or longest > self.prefill_graph_limit:
+            return None
+        length = next((b for b in self.prefill_buckets(self.prefill_graph_limit) if b >= longest), None)
+        return (n, length) if (n, length) in self._wave_graphs else None
+
+    def wave_step_key(self, step: StepInputs) -> tuple[int, int] | None:
+        """The wave graph that runs `step`, or None: a step of whole prompts only, all of them sampled."""
+        if step.decode_tokens or len(step.prefill) < 2:
+            return None
+        if any(c.start != 0 or not c.sample for c in step.prefill):
+            return None
+        return self.wave_graph_key([c.length for c in step.prefill])
+
+    def wave_graph_inputs(self, step: StepInputs, n: int, length: int) -> tuple[list[list[int]], list[int]]:
+        """(meta rows [ids, positions, slots] of n x length tokens, the kept token row of each of the n rows) of a
+        step of whole prompts: prompt i in row i, padded (id 0, the spare slot) to `length`; rows past the prompts
+        are padding only (kept row: their last, whose logits are dropped)."""
+        spare = self.max_num_seqs
+        ids, slots, keep, offset = [], [], [], 0
+        for i, c in enumerate(step.prefill):
+            pad = length - c.length
+            ids.extend(step.prefill_tokens[offset:offset + c.length])
+            ids.extend([0] * pad)
+            slots.extend([c.slot] * c.length + [spare] * pad)
+            keep.append(i * length + c.length - 1)
+            offset += c.length
+        for i in range(len(step.prefill), n):
+            ids.extend([0] * length)
+            slots.extend([spare] * length)
+            keep.append(i * length + length - 1)
+        return [ids, list(range(length)) * n, slots], keep
+
+    def _wave_body(self, meta, keep, n: int, length: int):
+        """The padded wave step (what a wave graph holds): logits [n, vocab] of the kept rows, computed from `meta`
+        and `keep`, so that a replay sees the new prompts."""
+        import torch
+
+        heads = torch.arange(self.num_kv_heads, device=self.device)
+        every = torch.arange(n * length, device=self.device)  # one group of n rows, all of them kept
+        ctx = _StepContext()
+        ctx.flat_idx = ((meta[2][:, None] * self.num_kv_heads + heads[None, :]) * self.max_model_len
+                        + meta[1][:, None]).reshape(-1)
+        ctx.n_dec, ctx.dec_rows, ctx.dec_len, ctx.dec_mask, ctx.dec_scatter = 0, 0, 0, None, None
+        ctx.eager, ctx.chunks = self.eager, []
+        ctx.groups = [(every, n, length, every, every)]
+        _tls.ctx, _tls.cache = ctx, self.cache
+        try:
+            return self._fwd(meta[0:1], meta[1:2], keep)
+        finally:
+            _tls.ctx = None
+
+    def _capture_wave(self, n: int, length: int):
+        """Capture the wave graph (n prompts of up to `length` tokens); None (and prompt graphs off) if it fails."""
+        import torch
+
+        try:
+            dev = self.device
+            meta = torch.zeros(3, n * length, dtype=torch.long, device=dev)  # ids, positions, slots
+            meta[1].copy_(torch.arange(length, device=dev).repeat(n))
+            meta[2].fill_(self.max_num_seqs)
+            keep = torch.arange(1, n + 1, device=dev) * length - 1
+            graph, logits = self._capture_graph(lambda: self._wave_body(meta, keep, n, length))
+        except Exception as e:  # prompts still run, eagerly; decode graphs stay
+            self._tp_capture_failed("prompt wave", e)
+            self.prefill_graph_limit = 0
+            self._prefill_graphs.clear()
+            self._wave_graphs.clear()
+            self.prefill_graph_error = f"{type(e).__name__}: {e}"
+            log.warning("hf engine: wave CUDA graph capture failed (%s); prompt steps run eagerly",
+                        self.prefill_graph_error)
+            return None
+        self._wave_graphs[(n, length)] = (graph, meta, keep, logits)
+        return self._wave_graphs[(n, length)]
+
+    def _graph_wave(self, step: StepInputs, key: tuple[int, int]):
+        """Logits [prompts, vocab] of a step of whole prompts through the wave graph `key`."""
+        import torch
+
+        graph, meta, keep, logits = self._wave_graphs[key]
+        rows, kept = self.wave_graph_inputs(step, *key)
+        host = torch.tensor(rows + [kept + [0] * (len(rows[0]) - len(kept))], dtype=torch.long)
+        meta.copy_(host[:3], non_blocking=True)
+        keep.copy_(host[3, :len(kept)], non_blocking=True)
+        graph.replay()
+        return logits[:len(step.prefill)]
 
     # -- one step ------------------------------------------------------------------------------------------
     def execute(self, step: StepInputs, sample: bool = True, ahead: bool = False) -> list[int]:
@@ -844,6 +977,10 @@ class HFModelRunner:
             if bucket is not None:
                 self.last_graph = "prompt"
                 return self._graph_prefill(step, bucket)
+            wave = self.wave_step_key(step)
+            if wave is not None:
+                self.last_graph = "wave"
+                return self._graph_wave(step, wave)
         return None
 
     def launch(self, step: StepInputs, prev=None, prev_rows: list[int] | None = None):

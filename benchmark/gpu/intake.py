@@ -1,0 +1,151 @@
+"""Prompts that reach the hf engine process together: tokenized in one call or one at a time, in a wave graph or not.
+
+    python benchmark/gpu/intake.py --model /tmp/llama-1b [--concurrency 8 32 128]
+    python benchmark/gpu/intake.py --device cpu --concurrency 4 --rounds 1 --max-tokens 8     # a dry run
+
+Engine processes (`EngineProcess`, as the served hf model runs its engine, without the stub, tritonserver and
+gRPC) on one GPU with the GPU defaults, taking turns round by round (--variants):
+  single   LLMLAUNCH_HF_BATCH_TOKENIZE=0, LLMLAUNCH_HF_WAVE_GRAPHS=0: each "add" tokenized and queued as it is read,
+           and more than 4 prompts waiting in one eager step (as before run 27)
+  batched  the reader takes every message a connection has sent so far and tokenizes their prompts in one call
+           (a fast tokenizer spreads it over threads with the GIL released); waves still eager
+  waves    batched, and two or more waiting prompts in steps of their own through wave graphs (the default)
+The load is overhead.py's closed loop: C requests in flight, --requests-per-stream x C in all, text prompts of
+--prompt-tokens tokens (tokenized in the engine process, as served), each finished request's successor sent at
+once from the driver thread.  With one output length for all (the default) requests end together and their
+successors arrive in a burst: "add" was 18 ms a request at 128 streams with one at a time, and a burst of 8 got
+its first tokens later when tokenized together but prefilled in one eager step (benchmark/RESULTS.md, run 27).
+
+Per C and variant (medians over rounds): output tokens/s; add (the driver's add_request -> the engine process
+received it) mean / p50 / p99; TTFT mean / p50; ITL p50; the engine's step time.  Then each against the first.  Prints a
+table on stderr and one JSON document on stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# engine process -> its environment: prompts tokenized one at a time or together, waves of prompts through wave
+# graphs (HFModelRunner.WAVE_ROWS) or in one eager step.  "waves" is the default.
+VARIANTS = {"single": {"LLMLAUNCH_HF_BATCH_TOKENIZE": "0", "LLMLAUNCH_HF_WAVE_GRAPHS": "0"},
+            "batched": {"LLMLAUNCH_HF_BATCH_TOKENIZE": "1", "LLMLAUNCH_HF_WAVE_GRAPHS": "0"},
+            "waves": {"LLMLAUNCH_HF_BATCH_TOKENIZE": "1", "LLMLAUNCH_HF_WAVE_GRAPHS": "1"}}
+KEYS = ("add_ms_mean", "add_ms_p50", "add_ms_p99", "ttft_ms_mean", "ttft_ms_p50", "itl_ms_p50")
+
+
+def log(msg: str) -> None:
+    print(f"[intake] {msg}", file=sys.stderr, flush=True)
+
+
+def summary(rounds: list[dict]) -> dict:
+    """Medians over rounds of one engine process's runs (overhead.run_direct results)."""
+    from benchmark.overhead import median_engine_steps, median_latency
+
+    out = {"tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in rounds), 1),
+           "rounds": [round(r["tokens_per_s"], 1) for r in rounds], **median_latency(rounds, KEYS)}
+    steps = median_engine_steps(rounds)
+    if steps:
+        out["engine_steps"] = steps
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="", help="HF model folder (default: the tiny random Llama)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--max-num-seqs", type=int, default=128)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 32, 128])
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens-min", type=int, default=0,
+                    help="draw each request's output length from [this, --max-tokens] (0: all --max-tokens)")
+    ap.add_argument("--requests-per-stream", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
+                    help="engine processes to compare (the first is the baseline of the ratios)")
+    ap.add_argument("--json", default="", help="also write the JSON document here")
+    args = ap.parse_args(argv)
+    if not 0 <= args.max_tokens_min <= args.max_tokens:
+        ap.error(f"--max-tokens-min {args.max_tokens_min} must be between 0 and --max-tokens ({args.max_tokens})")
+    if max(args.concurrency) > args.max_num_seqs:
+        ap.error(f"--concurrency {max(args.concurrency)} is more than --max-num-seqs {args.max_num_seqs}: requests "
+                 f"would queue for a slot; raise --max-num-seqs")
+
+    from transformers import AutoTokenizer
+
+    from benchmark.overhead import draw_output_lengths, make_prompts, run_direct
+    from launcher.engines.hf_engine import describe_features
+    from launcher.engines.hf_process import EngineProcess
+    from launcher.tiny import ensure_tiny_model
+
+    model = args.model or str(ensure_tiny_model())
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    engines: dict = {}
+    saved = dict(os.environ)
+    try:
+        for name in args.variants:  # the child reads the variables from the environment it inherits
+            os.environ.update(VARIANTS[name])
+            try:
+                engines[name] = EngineProcess(model, device=args.device, dtype=args.dtype,
+                                              max_num_seqs=args.max_num_seqs).start()
+            finally:
+                os.environ.clear()
+                os.environ.update(saved)
+            log(f"{name} engine process ready (pid {engines[name].info.get('pid')}): "
+                f"{describe_features(engines[name].features)}")
+        out = {"model": model, "device": args.device, "dtype": args.dtype, "prompt_tokens": args.prompt_tokens,
+               "max_tokens": [args.max_tokens_min or args.max_tokens, args.max_tokens], "rounds": args.rounds,
+               "cpus": os.cpu_count(), "runs": []}
+        for c in args.concurrency:
+            n = c * args.requests_per_stream
+            prompts = make_prompts(tokenizer, n, args.prompt_tokens, seed=c)
+            lengths = (draw_output_lengths(n, args.max_tokens_min, args.max_tokens, seed=c) if args.max_tokens_min
+                       else args.max_tokens)
+            for eng in engines.values():  # warm-up: one wave at full length (allocator, first-call costs)
+                run_direct(eng, prompts[:c], c, args.max_tokens)
+            runs = {name: [] for name in engines}
+            for r in range(args.rounds):  # the engines take turns, so both see the machine alike
+                for name, eng in engines.items():
+                    runs[name].append(run_direct(eng, prompts, c, lengths))
+                log(f"C={c} round {r + 1}: " + ", ".join(
+                    f"{name} {rs[-1]['tokens_per_s']:.0f} tok/s, add {rs[-1].get('add_ms_mean', 0):.2f} ms"
+                    for name, rs in runs.items()))
+            row = {"concurrency": c, "requests": n}
+            row.update({name: summary(rs) for name, rs in runs.items()})
+            base = args.variants[0]
+            row.update({f"{name}_vs_{base}": round(row[name]["tokens_per_s"] / row[base]["tokens_per_s"], 4)
+                        for name in args.variants[1:]})
+            out["runs"].append(row)
+    finally:
+        for eng in engines.values():
+            eng.shutdown()
+
+    log(f"{'C':>4} {'variant':<7} {'tok/s':>9} {'add mean':>8} {'p50':>6} {'p99':>7} {'TTFT mean':>9} {'p50':>7} "
+        f"{'ITL p50':>7} {'step ms':>7}")
+    for row in out["runs"]:
+        for name in engines:
+            r, es = row[name], row[name].get("engine_steps", {})
+            log(f"{row['concurrency']:>4} {name:<7} {r['tokens_per_s']:>9.1f} {r['add_ms_mean'] or 0:>8.2f} "
+                f"{r['add_ms_p50'] or 0:>6.2f} {r['add_ms_p99'] or 0:>7.2f} {r['ttft_ms_mean'] or 0:>9.2f} "
+                f"{r['ttft_ms_p50'] or 0:>7.2f} {r['itl_ms_p50'] or 0:>7.3f} {es.get('step_ms', 0):>7.3f}")
+        log(f"{row['concurrency']:>4} tok/s against {args.variants[0]}: " + ", ".join(
+            f"{name} {row[f'{name}_vs_{args.variants[0]}']:.3f}" for name in args.variants[1:]))
+    text = json.dumps(out, indent=2)
+    if args.json:
+        Path(args.json).write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
