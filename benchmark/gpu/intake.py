@@ -6,15 +6,15 @@
 Engine processes (`EngineProcess`, as the served hf model runs its engine, without the stub, tritonserver and
 gRPC) on one GPU with the GPU defaults, taking turns round by round (--variants):
   single   LLMLAUNCH_HF_BATCH_TOKENIZE=0, LLMLAUNCH_HF_WAVE_GRAPHS=0: each "add" tokenized and queued as it is read,
-           and more than 4 prompts waiting in one eager step (as before run 27)
+           and more than 4 prompts waiting in one eager step (the code before run 28)
   batched  the reader takes every message a connection has sent so far and tokenizes their prompts in one call
            (a fast tokenizer spreads it over threads with the GIL released); waves still eager
   waves    batched, and two or more waiting prompts in steps of their own through wave graphs (the default)
 The load is overhead.py's closed loop: C requests in flight, --requests-per-stream x C in all, text prompts of
 --prompt-tokens tokens (tokenized in the engine process, as served), each finished request's successor sent at
 once from the driver thread.  With one output length for all (the default) requests end together and their
-successors arrive in a burst: "add" was 18 ms a request at 128 streams with one at a time, and a burst of 8 got
-its first tokens later when tokenized together but prefilled in one eager step (benchmark/RESULTS.md, run 27).
+successors arrive in a burst: "add" was 15 ms a request at 128 streams with one at a time, and a burst of 8 got
+its first tokens later when tokenized together but prefilled in one eager step (benchmark/RESULTS.md, run 28).
 
 Per C and variant (medians over rounds): output tokens/s; add (the driver's add_request -> the engine process
 received it) mean / p50 / p99; TTFT mean / p50; ITL p50; the engine's step time.  Then each against the first.  Prints a

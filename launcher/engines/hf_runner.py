@@ -836,7 +836,7 @@ class HFModelRunner:
     # (all the requests that ended in one step have their successors sent together).  More of them than
     # Engine.PROMPTS_ALONE_MAX went in one eager step, kernel launches from Python; a wave of 8 prompts of 128 tokens
     # came out of it 28 ms after it arrived, against 15 ms when the same prompts reached the engine one by one
-    # and went through their graphs alone (benchmark/RESULTS.md, run 27).  So a step of n whole prompts replays a
+    # and went through their graphs alone (benchmark/RESULTS.md, run 28).  So a step of n whole prompts replays a
     # wave graph: n rows (WAVE_ROWS: 2, 4, 8 or 16; rows left over carry padding only) of L tokens each (a
     # prefill_buckets length, n * L at most the prompt-graph limit), each row causal over its own tokens, as one
     # padded group (_slot_attention's groups).  Padding is as in a prompt graph: after every real token of its row,
