@@ -299,6 +299,56 @@ def draw_output_lengths(n: int, low: int, high: int, seed: int) -> list[int]:
     return [rng.randint(low, high) for _ in range(n)]
 
 
+def add_side_by_side_args(ap: argparse.ArgumentParser, max_tokens: int, max_tokens_min: int) -> None:
+    """The options of the scripts that run engines side by side on one GPU under this closed loop
+    (benchmark/gpu/prompts_alone.py, benchmark/gpu/intake.py); check them with `check_side_by_side_args`."""
+    ap.add_argument("--model", default="", help="HF model folder (default: the tiny random Llama)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--max-num-seqs", type=int, default=128)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 32, 128])
+    ap.add_argument("--prompt-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=max_tokens)
+    ap.add_argument("--max-tokens-min", type=int, default=max_tokens_min,
+                    help="draw each request's exact output length from [this, --max-tokens] (0, where allowed: "
+                         "every request --max-tokens)")
+    ap.add_argument("--requests-per-stream", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", default="", help="also write the JSON document here")
+
+
+def check_side_by_side_args(ap: argparse.ArgumentParser, args, lowest_min: int) -> None:
+    """--max-tokens-min within [lowest_min, --max-tokens]; no more streams than cache slots."""
+    if not lowest_min <= args.max_tokens_min <= args.max_tokens:
+        ap.error(f"--max-tokens-min {args.max_tokens_min} must be between {lowest_min} and --max-tokens "
+                 f"({args.max_tokens})")
+    if max(args.concurrency) > args.max_num_seqs:
+        ap.error(f"--concurrency {max(args.concurrency)} is more than --max-num-seqs {args.max_num_seqs}: requests "
+                 f"would queue for a slot; raise --max-num-seqs")
+
+
+def side_by_side(engines: dict, prompts: list, c: int, lengths, rounds: int, warmup_tokens: int, say) -> dict:
+    """{name: run_direct results, one per round} of engines taking turns round by round, so that they all see the
+    machine alike, after one warm-up wave each at full length (allocator, first-call costs).  say(c, r, runs) logs
+    each round."""
+    for eng in engines.values():
+        run_direct(eng, prompts[:c], c, warmup_tokens)
+    runs: dict = {name: [] for name in engines}
+    for r in range(rounds):
+        for name, eng in engines.items():
+            runs[name].append(run_direct(eng, prompts, c, lengths))
+        say(c, r, runs)
+    return runs
+
+
+def write_json(out: dict, path: str) -> None:
+    """The JSON document on stdout, and to `path` too where one is given."""
+    text = json.dumps(out, indent=2)
+    if path:
+        Path(path).write_text(text + "\n")
+    print(text)
+
+
 def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | list[int], resend_s: float = 0.0) -> dict:
     """The closed loop in-process: `concurrency` requests added at once, each finished one's successor added from
     the driver as soon as its last output is in, or `resend_s` later (the delayed path: a remote client sends the

@@ -183,17 +183,11 @@ def test_which_steps_replay_a_prompt_graph(tiny_model_dir, monkeypatch):
         HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64, prefill_graphs=-1)
 
 
-@pytest.mark.parametrize("alone", [4, 0])
-def test_a_few_prompts_go_alone_through_their_graphs_a_wave_goes_together(tiny_model_dir, reference, monkeypatch,
-                                                                          alone):
-    """Where prompt graphs exist (a GPU), up to PROMPTS_ALONE_MAX prompts that arrive while others decode are each
-    prefilled alone (their graph) while the decode rows wait a step; more than that go in one step beside the
-    decode rows; LLMLAUNCH_HF_PROMPTS_ALONE=0 turns it off.  Outputs stay those of generate.  CPU has no CUDA
-    graphs: the runner is told that prompts up to 64 tokens have one (its steps then run eagerly here); the
-    engine is held inside a step while requests arrive, so the scheduler sees them together."""
-    monkeypatch.setenv("LLMLAUNCH_HF_PROMPTS_ALONE", str(alone))
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_prefill_tokens=64)
-    eng.runner.prompt_graphed = lambda length: length <= 64
+def record_steps(eng):
+    """Spy on an engine not started yet: (steps, arrive_together).  steps gets (decode rows, prompt chunk lengths)
+    of each launched step; arrive_together(prompts, n) holds the engine inside a step, queues the prompts (n new
+    tokens each), lets it go and returns (index in steps of the first step after, their collectors), so that the
+    scheduler sees them together."""
     steps, hold, held = [], threading.Event(), threading.Event()  # hold set: the next launch stops until cleared
     launch = eng.runner.launch
 
@@ -205,19 +199,33 @@ def test_a_few_prompts_go_alone_through_their_graphs_a_wave_goes_together(tiny_m
                 time.sleep(0.005)
         return launch(step, **kw)
 
+    def arrive_together(prompts, n):
+        held.clear()
+        hold.set()
+        assert held.wait(30)
+        mark = len(steps)
+        runs = [collect(eng, p, SamplingParams(max_tokens=n)) for p in prompts]
+        hold.clear()
+        return mark, runs
+
     eng.runner.launch = spy
+    return steps, arrive_together
+
+
+@pytest.mark.parametrize("alone", [4, 0])
+def test_a_few_prompts_go_alone_through_their_graphs_a_wave_goes_together(tiny_model_dir, reference, monkeypatch,
+                                                                          alone):
+    """Where prompt graphs exist (a GPU), up to PROMPTS_ALONE_MAX prompts that arrive while others decode are each
+    prefilled alone (their graph) while the decode rows wait a step; more than that go in one step beside the
+    decode rows; LLMLAUNCH_HF_PROMPTS_ALONE=0 turns it off.  Outputs stay those of generate.  CPU has no CUDA
+    graphs: the runner is told that prompts up to 64 tokens have one (its steps then run eagerly here); the
+    engine is held inside a step while requests arrive, so the scheduler sees them together."""
+    monkeypatch.setenv("LLMLAUNCH_HF_PROMPTS_ALONE", str(alone))
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_prefill_tokens=64)
+    eng.runner.prompt_graphed = lambda length: length <= 64
+    steps, arrive_together = record_steps(eng)
     eng.start()
     try:
-        def arrive_together(prompts, n):
-            """Hold the engine in a step, queue `prompts`, let it go; returns their collectors."""
-            held.clear()
-            hold.set()
-            assert held.wait(30)
-            mark = len(steps)
-            runs = [collect(eng, p, SamplingParams(max_tokens=n)) for p in prompts]
-            hold.clear()
-            return mark, runs
-
         first = collect(eng, PROMPTS[3], SamplingParams(max_tokens=40))
         while len(first[1]) < 2:  # decoding
             time.sleep(0.01)
@@ -331,30 +339,14 @@ def test_a_wave_of_prompts_goes_in_steps_of_its_own_taking_turns_with_the_decode
     eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_prefill_tokens=256)
     monkeypatch.setattr(HFModelRunner, "wave_rows", property(lambda self: (4,)))
     eng.runner.wave_graph_key = lambda lengths: (4, 64) if len(lengths) <= 4 and max(lengths) <= 64 else None
-    steps, hold, held = [], threading.Event(), threading.Event()  # hold set: the next launch stops until cleared
-    launch = eng.runner.launch
-
-    def spy(step, **kw):
-        steps.append((len(step.decode_tokens), [c.length for c in step.prefill]))
-        if hold.is_set():
-            held.set()
-            while hold.is_set():
-                time.sleep(0.005)
-        return launch(step, **kw)
-
-    eng.runner.launch = spy
+    steps, arrive_together = record_steps(eng)
     eng.start()
     try:
         first = collect(eng, PROMPTS[3], SamplingParams(max_tokens=40))
         while len(first[1]) < 2:  # decoding
             time.sleep(0.01)
-        held.clear()
-        hold.set()
-        assert held.wait(30)
-        mark = len(steps)
         wave_prompts = PROMPTS[:4] + PROMPTS[:3] + [PROMPTS[4]]  # 8 > PROMPTS_ALONE_MAX
-        wave = [collect(eng, p, SamplingParams(max_tokens=8)) for p in wave_prompts]
-        hold.clear()
+        mark, wave = arrive_together(wave_prompts, 8)
         for done, _ in wave:
             assert done.wait(60)
         assert first[0].wait(60)

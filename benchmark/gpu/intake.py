@@ -24,7 +24,6 @@ table on stderr and one JSON document on stdout.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -59,31 +58,18 @@ def summary(rounds: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
+    from benchmark.overhead import add_side_by_side_args, check_side_by_side_args
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="", help="HF model folder (default: the tiny random Llama)")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--max-num-seqs", type=int, default=128)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 32, 128])
-    ap.add_argument("--prompt-tokens", type=int, default=128)
-    ap.add_argument("--max-tokens", type=int, default=128)
-    ap.add_argument("--max-tokens-min", type=int, default=0,
-                    help="draw each request's output length from [this, --max-tokens] (0: all --max-tokens)")
-    ap.add_argument("--requests-per-stream", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=3)
+    add_side_by_side_args(ap, max_tokens=128, max_tokens_min=0)  # 0: every request --max-tokens
     ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
                     help="engine processes to compare (the first is the baseline of the ratios)")
-    ap.add_argument("--json", default="", help="also write the JSON document here")
     args = ap.parse_args(argv)
-    if not 0 <= args.max_tokens_min <= args.max_tokens:
-        ap.error(f"--max-tokens-min {args.max_tokens_min} must be between 0 and --max-tokens ({args.max_tokens})")
-    if max(args.concurrency) > args.max_num_seqs:
-        ap.error(f"--concurrency {max(args.concurrency)} is more than --max-num-seqs {args.max_num_seqs}: requests "
-                 f"would queue for a slot; raise --max-num-seqs")
+    check_side_by_side_args(ap, args, lowest_min=0)
 
     from transformers import AutoTokenizer
 
-    from benchmark.overhead import draw_output_lengths, make_prompts, run_direct
+    from benchmark.overhead import draw_output_lengths, make_prompts, side_by_side, write_json
     from launcher.engines.hf_engine import describe_features
     from launcher.engines.hf_process import EngineProcess
     from launcher.tiny import ensure_tiny_model
@@ -111,15 +97,10 @@ def main(argv=None) -> int:
             prompts = make_prompts(tokenizer, n, args.prompt_tokens, seed=c)
             lengths = (draw_output_lengths(n, args.max_tokens_min, args.max_tokens, seed=c) if args.max_tokens_min
                        else args.max_tokens)
-            for eng in engines.values():  # warm-up: one wave at full length (allocator, first-call costs)
-                run_direct(eng, prompts[:c], c, args.max_tokens)
-            runs = {name: [] for name in engines}
-            for r in range(args.rounds):  # the engines take turns, so both see the machine alike
-                for name, eng in engines.items():
-                    runs[name].append(run_direct(eng, prompts, c, lengths))
-                log(f"C={c} round {r + 1}: " + ", ".join(
+            runs = side_by_side(engines, prompts, c, lengths, args.rounds, args.max_tokens, lambda c, r, runs: log(
+                f"C={c} round {r + 1}: " + ", ".join(
                     f"{name} {rs[-1]['tokens_per_s']:.0f} tok/s, add {rs[-1].get('add_ms_mean', 0):.2f} ms"
-                    for name, rs in runs.items()))
+                    for name, rs in runs.items())))
             row = {"concurrency": c, "requests": n}
             row.update({name: summary(rs) for name, rs in runs.items()})
             base = args.variants[0]
@@ -140,10 +121,7 @@ def main(argv=None) -> int:
                 f"{r['ttft_ms_p50'] or 0:>7.2f} {r['itl_ms_p50'] or 0:>7.3f} {es.get('step_ms', 0):>7.3f}")
         log(f"{row['concurrency']:>4} tok/s against {args.variants[0]}: " + ", ".join(
             f"{name} {row[f'{name}_vs_{args.variants[0]}']:.3f}" for name in args.variants[1:]))
-    text = json.dumps(out, indent=2)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
-    print(text)
+    write_json(out, args.json)
     return 0
 
 

@@ -23,7 +23,6 @@ run the same steps: a dry run of the script.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
@@ -55,26 +54,14 @@ def summary(rounds: list[dict]) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default="", help="HF model folder (default: the tiny random Llama)")
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--max-num-seqs", type=int, default=128)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[8, 32, 128])
-    ap.add_argument("--prompt-tokens", type=int, default=128)
-    ap.add_argument("--max-tokens", type=int, default=192)
-    ap.add_argument("--max-tokens-min", type=int, default=64)
-    ap.add_argument("--requests-per-stream", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json", default="", help="also write the JSON document here")
-    args = ap.parse_args(argv)
-    if not 1 <= args.max_tokens_min <= args.max_tokens:
-        ap.error(f"--max-tokens-min {args.max_tokens_min} must be between 1 and --max-tokens ({args.max_tokens})")
-    if max(args.concurrency) > args.max_num_seqs:
-        ap.error(f"--concurrency {max(args.concurrency)} is more than --max-num-seqs {args.max_num_seqs}: requests "
-                 f"would queue for a slot; raise --max-num-seqs")
+    from benchmark.overhead import add_side_by_side_args, check_side_by_side_args
 
-    from benchmark.overhead import draw_output_lengths, random_prompt_ids, run_direct
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_side_by_side_args(ap, max_tokens=192, max_tokens_min=64)
+    args = ap.parse_args(argv)
+    check_side_by_side_args(ap, args, lowest_min=1)
+
+    from benchmark.overhead import draw_output_lengths, random_prompt_ids, side_by_side, write_json
     from launcher.engines.hf_engine import Engine, describe_features
     from launcher.tiny import ensure_tiny_model
 
@@ -92,14 +79,9 @@ def main(argv=None) -> int:
             n = c * args.requests_per_stream
             prompts = random_prompt_ids(n, args.prompt_tokens, vocab, seed=c)
             lengths = draw_output_lengths(n, args.max_tokens_min, args.max_tokens, seed=c)
-            for eng in engines.values():  # warm-up: one wave at full length (allocator, first-call costs)
-                run_direct(eng, prompts[:c], c, args.max_tokens)
-            runs = {name: [] for name in engines}
-            for r in range(args.rounds):  # the engines take turns, so both see the machine alike
-                for name, eng in engines.items():
-                    runs[name].append(run_direct(eng, prompts, c, lengths))
-                log(f"C={c} round {r + 1}: " + ", ".join(f"{name} {rs[-1]['tokens_per_s']:.0f} tok/s"
-                                                         for name, rs in runs.items()))
+            runs = side_by_side(engines, prompts, c, lengths, args.rounds, args.max_tokens, lambda c, r, runs: log(
+                f"C={c} round {r + 1}: " + ", ".join(f"{name} {rs[-1]['tokens_per_s']:.0f} tok/s"
+                                                     for name, rs in runs.items())))
             row = {"concurrency": c, "requests": n, "output_tokens": sum(lengths)}
             row.update({name: summary(rs) for name, rs in runs.items()})
             row["alone_vs_eager"] = round(row["alone"]["tokens_per_s"] / row["eager"]["tokens_per_s"], 4)
@@ -118,10 +100,7 @@ def main(argv=None) -> int:
                 f"{r['gap_ms_p99'] or 0:>8.3f} {100 * es.get('prompt', 0):>11.1f}% "
                 f"{100 * es.get('prompt_graph', 0):>8.1f}%")
         log(f"{row['concurrency']:>4} alone / eager: {row['alone_vs_eager']:.3f}")
-    text = json.dumps(out, indent=2)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
-    print(text)
+    write_json(out, args.json)
     return 0
 
 
