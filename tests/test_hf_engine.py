@@ -1152,6 +1152,31 @@ def test_overhead_benchmark_with_output_lengths_of_their_own(tiny_model_dir):
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr[-1000:]
 
 
+def test_intake_benchmark_compares_engine_processes_on_the_same_load(tiny_model_dir):
+    """benchmark/gpu/intake.py on CPU (no graphs: a dry run): the engine processes of --variants take turns on the
+    same requests, each round generating every token; the hand-off into each (add) is measured; ratios are to the
+    first variant.  An unknown variant is refused before any engine starts."""
+    import json
+    import subprocess
+    import sys
+
+    args = [sys.executable, "benchmark/gpu/intake.py", "--model", str(tiny_model_dir), "--device", "cpu",
+            "--dtype", "float32", "--max-num-seqs", "4", "--concurrency", "3", "--rounds", "2",
+            "--requests-per-stream", "2", "--prompt-tokens", "16", "--max-tokens", "6"]
+    proc = subprocess.run(args + ["--variants", "single", "waves"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    (row,) = out["runs"]
+    assert out["max_tokens"] == [6, 6] and row["requests"] == 6
+    for name in ("single", "waves"):
+        assert row[name]["round_tokens"] == [36, 36] and row[name]["tokens_per_s"] > 0
+        assert 0 < row[name]["add_ms_p50"] <= row[name]["add_ms_p99"] and row[name]["ttft_ms_p50"] > 0
+    assert row["waves_vs_single"] == round(row["waves"]["tokens_per_s"] / row["single"]["tokens_per_s"], 4)
+    assert "tok/s against single: waves" in proc.stderr
+    bad = subprocess.run(args + ["--variants", "loop"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "invalid choice: 'loop'" in bad.stderr and "loading" not in bad.stderr
+
+
 def test_prompts_alone_benchmark_runs_both_engines_on_the_same_load(tiny_model_dir, monkeypatch, tmp_path):
     """benchmark/gpu/prompts_alone.py on CPU (no graphs: a dry run): both engines take turns on the same requests
     of their own lengths, every round generating exactly the drawn lengths; bad ranges are refused before any

@@ -50,7 +50,8 @@ def summary(rounds: list[dict]) -> dict:
     from benchmark.overhead import median_engine_steps, median_latency
 
     out = {"tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in rounds), 1),
-           "rounds": [round(r["tokens_per_s"], 1) for r in rounds], **median_latency(rounds, KEYS)}
+           "rounds": [round(r["tokens_per_s"], 1) for r in rounds], "round_tokens": [r["tokens"] for r in rounds],
+           **median_latency(rounds, KEYS)}
     steps = median_engine_steps(rounds)
     if steps:
         out["engine_steps"] = steps

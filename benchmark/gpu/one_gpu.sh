@@ -58,6 +58,9 @@ echo "== 2d. prompts arriving while others decode (64-192 new tokens): through t
 timeout 600 $PY benchmark/gpu/prompts_alone.py --model "$MODEL" --rounds "$ROUNDS" --json "$OUT_DIR/prompts_alone.json" \
     > /dev/null
 
+echo "== 2e. bursts of prompts into the engine process: tokenized one at a time / together / with wave graphs"
+timeout 600 $PY benchmark/gpu/intake.py --model "$MODEL" --rounds "$ROUNDS" --json "$OUT_DIR/intake.json" > /dev/null
+
 echo "== 3. served vs in-process vs engine process vs static generate, concurrency $CONCURRENCY"
 # three engines on the GPU at once (in-process, engine process, the server's): each holds its weights and KV cache.
 # The served path's load generator runs on its own half of the cores, tritonserver and its engine on the other
