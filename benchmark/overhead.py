@@ -341,6 +341,18 @@ def side_by_side(engines: dict, prompts: list, c: int, lengths, rounds: int, war
     return runs
 
 
+def side_by_side_summary(rounds: list[dict], keys) -> dict:
+    """Medians over rounds of one engine's `side_by_side` runs: tokens/s (and each round's, with its tokens), the
+    latency figures of `keys`, the engine's step split."""
+    out = {"tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in rounds), 1),
+           "rounds": [round(r["tokens_per_s"], 1) for r in rounds], "round_tokens": [r["tokens"] for r in rounds],
+           **median_latency(rounds, keys)}
+    steps = median_engine_steps(rounds)
+    if steps:
+        out["engine_steps"] = steps
+    return out
+
+
 def write_json(out: dict, path: str) -> None:
     """The JSON document on stdout, and to `path` too where one is given."""
     text = json.dumps(out, indent=2)

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -45,19 +44,6 @@ def log(msg: str) -> None:
     print(f"[intake] {msg}", file=sys.stderr, flush=True)
 
 
-def summary(rounds: list[dict]) -> dict:
-    """Medians over rounds of one engine process's runs (overhead.run_direct results)."""
-    from benchmark.overhead import median_engine_steps, median_latency
-
-    out = {"tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in rounds), 1),
-           "rounds": [round(r["tokens_per_s"], 1) for r in rounds], "round_tokens": [r["tokens"] for r in rounds],
-           **median_latency(rounds, KEYS)}
-    steps = median_engine_steps(rounds)
-    if steps:
-        out["engine_steps"] = steps
-    return out
-
-
 def main(argv=None) -> int:
     from benchmark.overhead import add_side_by_side_args, check_side_by_side_args
 
@@ -70,7 +56,8 @@ def main(argv=None) -> int:
 
     from transformers import AutoTokenizer
 
-    from benchmark.overhead import draw_output_lengths, make_prompts, side_by_side, write_json
+    from benchmark.overhead import (draw_output_lengths, make_prompts, side_by_side,
+                                    side_by_side_summary, write_json)
     from launcher.engines.hf_engine import describe_features
     from launcher.engines.hf_process import EngineProcess
     from launcher.tiny import ensure_tiny_model
@@ -103,7 +90,7 @@ def main(argv=None) -> int:
                     f"{name} {rs[-1]['tokens_per_s']:.0f} tok/s, add {rs[-1].get('add_ms_mean', 0):.2f} ms"
                     for name, rs in runs.items())))
             row = {"concurrency": c, "requests": n}
-            row.update({name: summary(rs) for name, rs in runs.items()})
+            row.update({name: side_by_side_summary(rs, KEYS) for name, rs in runs.items()})
             base = args.variants[0]
             row.update({f"{name}_vs_{base}": round(row[name]["tokens_per_s"] / row[base]["tokens_per_s"], 4)
                         for name in args.variants[1:]})

@@ -23,7 +23,6 @@ run the same steps: a dry run of the script.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -40,19 +39,6 @@ def log(msg: str) -> None:
     print(f"[prompts_alone] {msg}", file=sys.stderr, flush=True)
 
 
-def summary(rounds: list[dict]) -> dict:
-    """Medians over rounds of one engine's runs (overhead.run_direct results)."""
-    from benchmark.overhead import median_engine_steps, median_latency
-
-    out = {"tokens_per_s": round(statistics.median(r["tokens_per_s"] for r in rounds), 1),
-           "rounds": [round(r["tokens_per_s"], 1) for r in rounds], "round_tokens": [r["tokens"] for r in rounds],
-           **median_latency(rounds, KEYS)}
-    steps = median_engine_steps(rounds)
-    if steps:
-        out["engine_steps"] = steps
-    return out
-
-
 def main(argv=None) -> int:
     from benchmark.overhead import add_side_by_side_args, check_side_by_side_args
 
@@ -61,7 +47,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     check_side_by_side_args(ap, args, lowest_min=1)
 
-    from benchmark.overhead import draw_output_lengths, random_prompt_ids, side_by_side, write_json
+    from benchmark.overhead import (draw_output_lengths, random_prompt_ids, side_by_side,
+                                    side_by_side_summary, write_json)
     from launcher.engines.hf_engine import Engine, describe_features
     from launcher.tiny import ensure_tiny_model
 
@@ -83,7 +70,7 @@ def main(argv=None) -> int:
                 f"C={c} round {r + 1}: " + ", ".join(f"{name} {rs[-1]['tokens_per_s']:.0f} tok/s"
                                                      for name, rs in runs.items())))
             row = {"concurrency": c, "requests": n, "output_tokens": sum(lengths)}
-            row.update({name: summary(rs) for name, rs in runs.items()})
+            row.update({name: side_by_side_summary(rs, KEYS) for name, rs in runs.items()})
             row["alone_vs_eager"] = round(row["alone"]["tokens_per_s"] / row["eager"]["tokens_per_s"], 4)
             out["runs"].append(row)
     finally:
