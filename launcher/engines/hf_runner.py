@@ -799,26 +799,35 @@ class HFModelRunner:
 
     def _capture_prefill(self, length: int):
         """Capture the prompt graph of bucket `length`; None (and prompt graphs off) if the capture fails."""
+        g = self._capture_prompt_rows("prompt", 1, length, lambda meta, keep: self._prefill_body(meta, keep, length))
+        if g is not None:
+            self._prefill_graphs[length] = g
+        return g
+
+    def _capture_prompt_rows(self, kind: str, n: int, length: int, body):
+        """(graph, meta, keep, logits) of body(meta, keep) captured for n rows of `length` prompt tokens: meta holds
+        ids, positions (0..length-1 in each row) and slots (the spare one) for the replays to fill, keep each row's
+        last token.  A prompt graph is one such row, a wave graph several.  None if the capture fails: then every
+        prompt and wave graph is dropped and prompt steps run eagerly (decode graphs stay)."""
         import torch
 
         try:
             dev = self.device
-            meta = torch.zeros(3, length, dtype=torch.long, device=dev)  # ids, positions, slots
-            meta[1].copy_(torch.arange(length, device=dev))
+            meta = torch.zeros(3, n * length, dtype=torch.long, device=dev)  # ids, positions, slots
+            meta[1].copy_(torch.arange(length, device=dev).repeat(n))
             meta[2].fill_(self.max_num_seqs)
-            keep = torch.full((1,), length - 1, dtype=torch.long, device=dev)
-            graph, logits = self._capture_graph(lambda: self._prefill_body(meta, keep, length))
-        except Exception as e:  # prompts still run, eagerly; decode graphs stay
-            self._tp_capture_failed("prompt", e)
+            keep = torch.arange(1, n + 1, device=dev) * length - 1
+            graph, logits = self._capture_graph(lambda: body(meta, keep))
+        except Exception as e:
+            self._tp_capture_failed(kind, e)
             self.prefill_graph_limit = 0
             self._prefill_graphs.clear()
             self._wave_graphs.clear()
             self.prefill_graph_error = f"{type(e).__name__}: {e}"
-            log.warning("hf engine: prompt CUDA graph capture failed (%s); prompt steps run eagerly",
+            log.warning("hf engine: %s CUDA graph capture failed (%s); prompt steps run eagerly", kind,
                         self.prefill_graph_error)
             return None
-        self._prefill_graphs[length] = (graph, meta, keep, logits)
-        return self._prefill_graphs[length]
+        return graph, meta, keep, logits
 
     def _graph_prefill(self, step: StepInputs, length: int):
         """Logits [1, vocab] of a one-prompt step through the prompt graph of bucket `length`."""
@@ -913,26 +922,11 @@ class HFModelRunner:
 
     def _capture_wave(self, n: int, length: int):
         """Capture the wave graph (n prompts of up to `length` tokens); None (and prompt graphs off) if it fails."""
-        import torch
-
-        try:
-            dev = self.device
-            meta = torch.zeros(3, n * length, dtype=torch.long, device=dev)  # ids, positions, slots
-            meta[1].copy_(torch.arange(length, device=dev).repeat(n))
-            meta[2].fill_(self.max_num_seqs)
-            keep = torch.arange(1, n + 1, device=dev) * length - 1
-            graph, logits = self._capture_graph(lambda: self._wave_body(meta, keep, n, length))
-        except Exception as e:  # prompts still run, eagerly; decode graphs stay
-            self._tp_capture_failed("prompt wave", e)
-            self.prefill_graph_limit = 0
-            self._prefill_graphs.clear()
-            self._wave_graphs.clear()
-            self.prefill_graph_error = f"{type(e).__name__}: {e}"
-            log.warning("hf engine: wave CUDA graph capture failed (%s); prompt steps run eagerly",
-                        self.prefill_graph_error)
-            return None
-        self._wave_graphs[(n, length)] = (graph, meta, keep, logits)
-        return self._wave_graphs[(n, length)]
+        g = self._capture_prompt_rows("prompt wave", n, length,
+                                      lambda meta, keep: self._wave_body(meta, keep, n, length))
+        if g is not None:
+            self._wave_graphs[(n, length)] = g
+        return g
 
     def _graph_wave(self, step: StepInputs, key: tuple[int, int]):
         """Logits [prompts, vocab] of a step of whole prompts through the wave graph `key`."""
