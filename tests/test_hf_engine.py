@@ -183,16 +183,32 @@ def test_which_steps_replay_a_prompt_graph(tiny_model_dir, monkeypatch):
         HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64, prefill_graphs=-1)
 
 
+class _Steps(list):
+    """(decode rows, prompt chunk lengths) of each launched step; `.ahead[i]`: step i was launched while the step
+    before it still had its tokens to give (queued behind it, overlap)."""
+
+    def __init__(self):
+        super().__init__()
+        self.ahead: list[bool] = []
+
+
 def record_steps(eng):
     """Spy on an engine not started yet: (steps, arrive_together).  steps gets (decode rows, prompt chunk lengths)
-    of each launched step; arrive_together(prompts, n) holds the engine inside a step, queues the prompts (n new
-    tokens each), lets it go and returns (index in steps of the first step after, their collectors), so that the
-    scheduler sees them together."""
-    steps, hold, held = [], threading.Event(), threading.Event()  # hold set: the next launch stops until cleared
-    launch = eng.runner.launch
+    of each launched step (see _Steps); arrive_together(prompts, n) holds the engine inside a step, queues the
+    prompts (n new tokens each), lets it go and returns (index in steps of the first step after, their
+    collectors), so that the scheduler sees them together."""
+    steps, hold, held = _Steps(), threading.Event(), threading.Event()  # hold set: the next launch stops until cleared
+    launch, wait = eng.runner.launch, eng.runner.wait
+    unwaited = [0]  # steps launched whose tokens the engine has not taken yet
+
+    def wait_spy(handle):
+        unwaited[0] -= 1
+        return wait(handle)
 
     def spy(step, **kw):
         steps.append((len(step.decode_tokens), [c.length for c in step.prefill]))
+        steps.ahead.append(unwaited[0] > 0)
+        unwaited[0] += 1
         if hold.is_set():
             held.set()
             while hold.is_set():
@@ -208,7 +224,7 @@ def record_steps(eng):
         hold.clear()
         return mark, runs
 
-    eng.runner.launch = spy
+    eng.runner.launch, eng.runner.wait = spy, wait_spy
     return steps, arrive_together
 
 
@@ -217,7 +233,8 @@ def test_a_few_prompts_go_alone_through_their_graphs_a_wave_goes_together(tiny_m
                                                                           alone):
     """Where prompt graphs exist (a GPU), up to PROMPTS_ALONE_MAX prompts that arrive while others decode are each
     prefilled alone (their graph) while the decode rows wait a step; more than that go in one step beside the
-    decode rows; LLMLAUNCH_HF_PROMPTS_ALONE=0 turns it off.  Outputs stay those of generate.  CPU has no CUDA
+    decode rows; LLMLAUNCH_HF_PROMPTS_ALONE=0 turns it off.  Steps of a prompt alone are queued ahead, behind the
+    step running.  Outputs stay those of generate.  CPU has no CUDA
     graphs: the runner is told that prompts up to 64 tokens have one (its steps then run eagerly here); the
     engine is held inside a step while requests arrive, so the scheduler sees them together."""
     monkeypatch.setenv("LLMLAUNCH_HF_PROMPTS_ALONE", str(alone))
@@ -234,9 +251,11 @@ def test_a_few_prompts_go_alone_through_their_graphs_a_wave_goes_together(tiny_m
             assert done.wait(60)
         prompt_steps = [st for st in steps[mark:] if st[1]]
         lengths = sorted(len(eng.tokenizer(p).input_ids) for p in PROMPTS[:2])
-        if alone:  # each prompt alone, no decode row beside it
+        if alone:  # each prompt alone, no decode row beside it, queued behind the step running (it needs none of its
+            # tokens), then the decode rows' turn queued behind that
             assert sorted(st[1][0] for st in prompt_steps) == lengths and all(st[0] == 0 and len(st[1]) == 1
                                                                               for st in prompt_steps)
+            assert steps.ahead[mark:mark + 3] == [True] * 3 and steps[mark + 2] == (3, []), steps[mark:mark + 3]
         else:  # both beside the decode row
             assert prompt_steps[0][0] == 1 and sorted(prompt_steps[0][1]) == lengths
         mark, wave = arrive_together(PROMPTS[:2] + PROMPTS[:2] + [PROMPTS[4]], 8)  # 5 > PROMPTS_ALONE_MAX
@@ -331,7 +350,8 @@ def test_a_wave_of_prompts_goes_in_steps_of_its_own_taking_turns_with_the_decode
                                                                                       monkeypatch):
     """Where wave graphs exist (a GPU), two or more waiting prompts go in steps of prompts only, as many as the
     largest wave graph that fits holds; decode rows sit out such a step, then get one of their own before the next
-    wave step.  Outputs stay those of generate.  CPU has no CUDA graphs: the runner is told that waves of up
+    wave step.  All of them are queued ahead, behind the step running.  Outputs stay those of generate.  CPU has no
+    CUDA graphs: the runner is told that waves of up
     to 4 prompts of up to 64 tokens have one (its steps then run eagerly here); the engine is held inside a step
     while requests arrive, so the scheduler sees them together."""
     from launcher.engines.hf_runner import HFModelRunner
@@ -355,9 +375,53 @@ def test_a_wave_of_prompts_goes_in_steps_of_its_own_taking_turns_with_the_decode
         # a wave step of 4 (the decode row waits), the decode rows' turn (5 now), the next wave step of 4
         assert after[0] == (0, lengths[:4]) and after[1] == (5, []), after[:4]
         assert after[2] == (0, lengths[4:]), after[:4]
+        # each queued behind the step before, without waiting for its tokens: the waves need none of them, and the
+        # decode rows' turn takes the wave's first tokens on the device and the waiting row's last from the host
+        assert steps.ahead[mark:mark + 4] == [True] * 4, steps.ahead[mark:mark + 4]
         expected = [(PROMPTS[3], 40)] + [(p, 8) for p in wave_prompts]
         for (_, outs), (p, n) in zip([first] + wave, expected, strict=True):
             assert [t for o in outs for t in o.token_ids] == reference(p, n)[0]
+    finally:
+        eng.shutdown()
+
+
+def test_a_failed_step_fails_its_requests_and_the_step_queued_behind_it_and_the_engine_serves_on(tiny_model_dir,
+                                                                                                 reference,
+                                                                                                 monkeypatch):
+    """A wave step launched behind a decode step fails to launch: the decode step's request and the wave's prompts
+    end with an error (their steps were scheduled as if both ran); the prompts that were still waiting, and requests
+    after, are served as generate serves them.  CPU: the runner is told that waves have graphs, as above."""
+    from launcher.engines.hf_runner import HFModelRunner
+
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_prefill_tokens=256)
+    monkeypatch.setattr(HFModelRunner, "wave_rows", property(lambda self: (4,)))
+    eng.runner.wave_graph_key = lambda lengths: (4, 64) if len(lengths) <= 4 and max(lengths) <= 64 else None
+    _, arrive_together = record_steps(eng)
+    launch, failed = eng.runner.launch, []
+
+    def failing(step, **kw):
+        if not failed and not step.decode_tokens and len(step.prefill) == 4:
+            failed.append(step)
+            raise RuntimeError("device fault")
+        return launch(step, **kw)
+
+    eng.runner.launch = failing
+    eng.start()
+    try:
+        first = collect(eng, PROMPTS[3], SamplingParams(max_tokens=40))
+        while len(first[1]) < 2:  # decoding
+            time.sleep(0.01)
+        wave_prompts = PROMPTS[:4] + PROMPTS[:3] + [PROMPTS[4]]
+        _, wave = arrive_together(wave_prompts, 8)
+        for done, _ in [first] + wave:
+            assert done.wait(60)
+        assert len(failed) == 1
+        for done, outs in [first] + wave[:4]:
+            assert outs[-1].finish_reason == "error" and "device fault" in outs[-1].error
+        for (_, outs), p in zip(wave[4:], wave_prompts[4:], strict=True):
+            assert [t for o in outs for t in o.token_ids] == reference(p, 8)[0]
+        after = eng.generate(PROMPTS[1], SamplingParams(max_tokens=12), timeout=60)
+        assert after.token_ids == reference(PROMPTS[1], 12)[0] and eng.num_running == 0
     finally:
         eng.shutdown()
 
@@ -1155,7 +1219,8 @@ def test_overhead_benchmark_with_output_lengths_of_their_own(tiny_model_dir):
 def test_intake_benchmark_compares_engine_processes_on_the_same_load(tiny_model_dir):
     """benchmark/gpu/intake.py on CPU (no graphs: a dry run): the engine processes of --variants take turns on the
     same requests, each round generating every token; the hand-off into each (add) is measured; ratios are to the
-    first variant.  An unknown variant is refused before any engine starts."""
+    first variant; the unfused variant's engine runs HF's separate projections.  An unknown variant is refused before
+    any engine starts."""
     import json
     import subprocess
     import sys
@@ -1163,16 +1228,19 @@ def test_intake_benchmark_compares_engine_processes_on_the_same_load(tiny_model_
     args = [sys.executable, "benchmark/gpu/intake.py", "--model", str(tiny_model_dir), "--device", "cpu",
             "--dtype", "float32", "--max-num-seqs", "4", "--concurrency", "3", "--rounds", "2",
             "--requests-per-stream", "2", "--prompt-tokens", "16", "--max-tokens", "6"]
-    proc = subprocess.run(args + ["--variants", "single", "waves"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(args + ["--variants", "single", "unfused"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     (row,) = out["runs"]
     assert out["max_tokens"] == [6, 6] and row["requests"] == 6
-    for name in ("single", "waves"):
+    for name in ("single", "unfused"):
         assert row[name]["round_tokens"] == [36, 36] and row[name]["tokens_per_s"] > 0
         assert 0 < row[name]["add_ms_p50"] <= row[name]["add_ms_p99"] and row[name]["ttft_ms_p50"] > 0
-    assert row["waves_vs_single"] == round(row["waves"]["tokens_per_s"] / row["single"]["tokens_per_s"], 4)
-    assert "tok/s against single: waves" in proc.stderr
+    assert row["unfused_vs_single"] == round(row["unfused"]["tokens_per_s"] / row["single"]["tokens_per_s"], 4)
+    assert "tok/s against single: unfused" in proc.stderr
+    ready = {line.split()[1]: line for line in proc.stderr.splitlines() if "engine process ready" in line}
+    assert "projections fused (q+k+v x4, gate+up x4)" in ready["single"]
+    assert "projections unfused" in ready["unfused"]
     bad = subprocess.run(args + ["--variants", "loop"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "invalid choice: 'loop'" in bad.stderr and "loading" not in bad.stderr
 

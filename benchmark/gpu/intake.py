@@ -10,6 +10,12 @@ gRPC) on one GPU with the GPU defaults, taking turns round by round (--variants)
   batched  the reader takes every message a connection has sent so far and tokenizes their prompts in one call
            (a fast tokenizer spreads it over threads with the GIL released); waves still eager
   waves    batched, and two or more waiting prompts in steps of their own through wave graphs (the default)
+  wait     waves, but a step of prompts (and the decode rows' turn after it) waits for the tokens of the step
+           running before it is queued (LLMLAUNCH_HF_PROMPTS_AHEAD=0, the code before the seventeenth session; by
+           default it is queued behind that step at once).  `--variants wait waves` measures what that gains
+  unfused  waves, with HF's separate q/k/v and gate/up products (LLMLAUNCH_HF_FUSE_PROJECTIONS=0; the others fuse
+           each group into one product, the default: launcher/engines/hf_fuse.py).  `--variants unfused waves`
+           measures what fusing gains under load
 The load is overhead.py's closed loop: C requests in flight, --requests-per-stream x C in all, text prompts of
 --prompt-tokens tokens (tokenized in the engine process, as served), each finished request's successor sent at
 once from the driver thread.  With one output length for all (the default) requests end together and their
@@ -17,7 +23,8 @@ successors arrive in a burst: "add" was 15 ms a request at 128 streams with one 
 its first tokens later when tokenized together but prefilled in one eager step (benchmark/RESULTS.md, run 28).
 
 Per C and variant (medians over rounds): output tokens/s; add (the driver's add_request -> the engine process
-received it) mean / p50 / p99; TTFT mean / p50; ITL p50; the engine's step time.  Then each against the first.  Prints a
+received it) mean / p50 / p99; TTFT mean / p50; ITL p50; the engine's step time, the share of its steps queued
+ahead of the last one's tokens and the GPU's idle time a step (on a GPU).  Then each against the first.  Prints a
 table on stderr and one JSON document on stdout.
 """
 
@@ -33,10 +40,15 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 # engine process -> its environment: prompts tokenized one at a time or together, waves of prompts through wave
-# graphs (HFModelRunner.WAVE_ROWS) or in one eager step.  "waves" is the default.
+# graphs (HFModelRunner.WAVE_ROWS) or in one eager step, prompt steps queued ahead or not, projections fused or not.
+# "waves" is the default.
 VARIANTS = {"single": {"LLMLAUNCH_HF_BATCH_TOKENIZE": "0", "LLMLAUNCH_HF_WAVE_GRAPHS": "0"},
             "batched": {"LLMLAUNCH_HF_BATCH_TOKENIZE": "1", "LLMLAUNCH_HF_WAVE_GRAPHS": "0"},
-            "waves": {"LLMLAUNCH_HF_BATCH_TOKENIZE": "1", "LLMLAUNCH_HF_WAVE_GRAPHS": "1"}}
+            "waves": {"LLMLAUNCH_HF_BATCH_TOKENIZE": "1", "LLMLAUNCH_HF_WAVE_GRAPHS": "1"},
+            "wait": {"LLMLAUNCH_HF_BATCH_TOKENIZE": "1", "LLMLAUNCH_HF_WAVE_GRAPHS": "1",
+                     "LLMLAUNCH_HF_PROMPTS_AHEAD": "0"},
+            "unfused": {"LLMLAUNCH_HF_BATCH_TOKENIZE": "1", "LLMLAUNCH_HF_WAVE_GRAPHS": "1",
+                        "LLMLAUNCH_HF_FUSE_PROJECTIONS": "0"}}
 KEYS = ("add_ms_mean", "add_ms_p50", "add_ms_p99", "ttft_ms_mean", "ttft_ms_p50", "itl_ms_p50")
 
 
@@ -49,7 +61,7 @@ def main(argv=None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_side_by_side_args(ap, max_tokens=128, max_tokens_min=0)  # 0: every request --max-tokens
-    ap.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS),
+    ap.add_argument("--variants", nargs="+", default=["single", "batched", "waves"], choices=list(VARIANTS),
                     help="engine processes to compare (the first is the baseline of the ratios)")
     args = ap.parse_args(argv)
     check_side_by_side_args(ap, args, lowest_min=0)
@@ -100,13 +112,14 @@ def main(argv=None) -> int:
             eng.shutdown()
 
     log(f"{'C':>4} {'variant':<7} {'tok/s':>9} {'add mean':>8} {'p50':>6} {'p99':>7} {'TTFT mean':>9} {'p50':>7} "
-        f"{'ITL p50':>7} {'step ms':>7}")
+        f"{'ITL p50':>7} {'step ms':>7} {'ahead':>5} {'GPU idle':>8}")
     for row in out["runs"]:
         for name in engines:
             r, es = row[name], row[name].get("engine_steps", {})
             log(f"{row['concurrency']:>4} {name:<7} {r['tokens_per_s']:>9.1f} {r['add_ms_mean'] or 0:>8.2f} "
                 f"{r['add_ms_p50'] or 0:>6.2f} {r['add_ms_p99'] or 0:>7.2f} {r['ttft_ms_mean'] or 0:>9.2f} "
-                f"{r['ttft_ms_p50'] or 0:>7.2f} {r['itl_ms_p50'] or 0:>7.3f} {es.get('step_ms', 0):>7.3f}")
+                f"{r['ttft_ms_p50'] or 0:>7.2f} {r['itl_ms_p50'] or 0:>7.3f} {es.get('step_ms', 0):>7.3f} "
+                f"{es.get('ahead', 0):>5.2f} {es.get('gpu_idle_ms') or 0:>8.3f}")
         log(f"{row['concurrency']:>4} tok/s against {args.variants[0]}: " + ", ".join(
             f"{name} {row[f'{name}_vs_{args.variants[0]}']:.3f}" for name in args.variants[1:]))
     write_json(out, args.json)

@@ -45,11 +45,11 @@ echo "== 1. model: random Llama 1.24 B, bf16"
 [ -f "$MODEL/config.json" ] || $PY -m launcher.tiny --out "$MODEL" --hidden 2048 --layers 16 --heads 32 --kv-heads 8 \
     --intermediate 8192 --vocab 128256 --tie-word-embeddings true --rope-theta 500000 --dtype bfloat16
 
-echo "== 2. batch-1 decode vs the memory-bandwidth limit"
-timeout 540 $PY benchmark/gpu/decode_bandwidth.py --model "$MODEL" --tokens 256 | tee "$OUT_DIR/bandwidth.json"
+echo "== 2. batch-1 decode vs the memory-bandwidth limit (five ways, fused projections or not; greedy checks)"
+timeout 900 $PY benchmark/gpu/decode_bandwidth.py --model "$MODEL" --tokens 256 | tee "$OUT_DIR/bandwidth.json"
 
-echo "== 2b. the kernels of a batch-1 decode step, uncompiled and compiled"
-timeout 400 $PY benchmark/gpu/decode_kernels.py --model "$MODEL" | tee "$OUT_DIR/kernels.txt"
+echo "== 2b. the kernels of a batch-1 decode step, uncompiled and compiled, projections fused and not"
+timeout 700 $PY benchmark/gpu/decode_kernels.py --model "$MODEL" | tee "$OUT_DIR/kernels.txt"
 
 echo "== 2c. time to first token on an idle engine: prompt steps as CUDA graphs vs eager, side by side"
 timeout 400 $PY benchmark/gpu/prefill_ttft.py --model "$MODEL" | tee "$OUT_DIR/prefill_ttft.json"
@@ -60,6 +60,10 @@ timeout 600 $PY benchmark/gpu/prompts_alone.py --model "$MODEL" --rounds "$ROUND
 
 echo "== 2e. bursts of prompts into the engine process: tokenized one at a time / together / with wave graphs"
 timeout 600 $PY benchmark/gpu/intake.py --model "$MODEL" --rounds "$ROUNDS" --json "$OUT_DIR/intake.json" > /dev/null
+
+echo "== 2f. the same load: prompt steps waiting for the running step's tokens / queued ahead; projections separate"
+timeout 600 $PY benchmark/gpu/intake.py --model "$MODEL" --rounds "$ROUNDS" --variants wait unfused waves \
+    --json "$OUT_DIR/intake_ahead_fused.json" > /dev/null
 
 echo "== 3. served vs in-process vs engine process vs static generate, concurrency $CONCURRENCY"
 # three engines on the GPU at once (in-process, engine process, the server's): each holds its weights and KV cache.

@@ -112,7 +112,12 @@ def describe_features(f: dict) -> str:
              f"{f.get('decode_graphs', 0)} decode graphs",
              f"prompt graphs failed ({f['prefill_graph_error']})" if f.get("prefill_graph_error") else
              f"{f.get('prefill_graphs', 0)} prompt graphs, {f.get('wave_graphs', 0)} wave graphs",
-             f"overlap {'on' if f.get('overlap') else 'off'}"]
+             f"overlap {'on' if f.get('overlap') else 'off'}"
+             + (" (prompt steps wait)" if f.get("overlap") and f.get("prompts_ahead") is False else "")]
+    if "fused" in f:  # layers whose q/k/v (gate/up) projections run as one product (hf_fuse)
+        fused = {k: n for k, n in f["fused"].items() if n}
+        parts.append("projections fused (" + ", ".join(f"{k.replace('_proj', '')} x{n}" for k, n in fused.items())
+                     + ")" if fused else "projections unfused")
     where = {"graphs": "in graphs", "all": "everywhere", "off": "off"}.get(f.get("cudnn_attention", ""))
     if where:  # GPU only: CPU attention has no cuDNN
         parts.append(f"cuDNN attention {where}")
@@ -184,7 +189,8 @@ class Engine:
                  threads: int | None = None, tp_group=None, cuda_graphs: bool | None = None,
                  torch_compile: bool | None = None, overlap: bool | None = None,
                  cudnn_attention: str | None = None, prefill_graphs: int | None = None,
-                 wave_graphs: bool | None = None, prompts_alone: int | None = None):
+                 wave_graphs: bool | None = None, prompts_alone: int | None = None,
+                 fuse_projections: bool | None = None, prompts_ahead: bool | None = None):
         """
         model_path: HF-format folder (config, weights, tokenizer unless tokenizer_path is given).
         device: auto (cuda when available) | cpu | cuda | cuda:N.  dtype: auto | float32 | bfloat16 | float16.
@@ -206,10 +212,14 @@ class Engine:
         HFModelRunner._init_prefill_graphs; None: LLMLAUNCH_HF_PREFILL_GRAPHS, else 2048; 0: none).
         wave_graphs: steps of several whole prompts replay a wave graph (HFModelRunner.WAVE_ROWS; None:
         LLMLAUNCH_HF_WAVE_GRAPHS, else on).
+        fuse_projections: each layer's q/k/v and gate/up projections as one matrix product each (hf_fuse; None:
+        LLMLAUNCH_HF_FUSE_PROJECTIONS, else on).
         overlap: while the GPU runs a decode step, queue the next one and do the host work of the last (None: on
         with tp=1 unless LLMLAUNCH_HF_OVERLAP=0); see `_schedule`.
         prompts_alone: at most this many waiting prompts go one per step through their prompt graphs (see
         PROMPTS_ALONE_MAX; None: LLMLAUNCH_HF_PROMPTS_ALONE, else PROMPTS_ALONE_MAX; 0: never).
+        prompts_ahead: with overlap, steps of prompts alone or in a wave, and the decode rows' turn after them, are
+        queued behind the step running too (see `_schedule`; None: LLMLAUNCH_HF_PROMPTS_AHEAD, else on).
         """
         from transformers import AutoTokenizer, GenerationConfig
 
@@ -223,6 +233,14 @@ class Engine:
         if int(prompts_alone) < 0:
             raise ValueError(f"prompts_alone={prompts_alone} is negative: the most prompts to take alone, 0 for none")
         prompts_alone = int(prompts_alone)
+        if prompts_ahead is None:
+            raw = os.environ.get("LLMLAUNCH_HF_PROMPTS_AHEAD", "") or "1"
+            if raw not in ("0", "1"):
+                raise ValueError(f"LLMLAUNCH_HF_PROMPTS_AHEAD={raw!r}: use 1 (steps of prompts, and the decode rows' "
+                                 f"turn after them, queued behind the step running, the default) or 0 (they wait "
+                                 f"for its tokens)")
+            prompts_ahead = raw == "1"
+        self._prompts_ahead = bool(prompts_ahead)
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or self.model_path)
         self.runner = HFModelRunner(self.model_path, device=device, dtype=dtype, max_num_seqs=max_num_seqs,
@@ -230,7 +248,7 @@ class Engine:
                                     kv_cache_memory=kv_cache_memory, tp=int(tp or 1), tp_group=tp_group,
                                     cuda_graphs=cuda_graphs, torch_compile=torch_compile,
                                     cudnn_attention=cudnn_attention, prefill_graphs=prefill_graphs,
-                                    wave_graphs=wave_graphs)
+                                    wave_graphs=wave_graphs, fuse_projections=fuse_projections)
         if not max_prefill_tokens:
             max_prefill_tokens = 2048 if self.runner.device.type == "cuda" else 512
         self.max_prefill_tokens = max(1, int(max_prefill_tokens))
@@ -291,8 +309,9 @@ class Engine:
         r = self.runner
         return {"torch_compile": r.use_compile, "compile_s": round(r.compile_s, 1), "compile_error": r.compile_error,
                 "decode_graphs": len(r._graphs), "graph_error": r.graph_error, "overlap": self._overlap,
+                "prompts_ahead": self._overlap and self._prompts_ahead,
                 "prefill_graphs": len(r._prefill_graphs), "wave_graphs": len(r._wave_graphs),
-                "prefill_graph_error": r.prefill_graph_error,
+                "prefill_graph_error": r.prefill_graph_error, "fused": dict(r.fused),
                 "cudnn_attention": r.cudnn_attention if r.device.type == "cuda" else ""}
 
     def start(self) -> "Engine":
@@ -475,6 +494,7 @@ class Engine:
             step, rows, chunk_seqs, _ = scheduled
             handle = None
         t0 = time.perf_counter()
+        queued: list[_Seq] = []  # the rows of the step scheduled behind this one
         try:
             if handle is None:
                 if self._tp is not None:
@@ -483,18 +503,26 @@ class Engine:
             if self._overlap:
                 nxt = self._schedule(ahead_of=rows)
                 if nxt is not None:
-                    nstep, nrows, _, prev_rows = nxt
-                    if self._tp is not None:  # its decode tokens follow on the device (hf_tp: AHEAD)
-                        self._tp.broadcast((AHEAD, nstep))
-                    self._ahead = (nstep, nrows, self._launch(nstep, prev=handle, prev_rows=prev_rows))
+                    nstep, queued, _, prev_rows = nxt
+                    if prev_rows is None:  # prompts only: nothing of the running step's (see _schedule)
+                        if self._tp is not None:
+                            self._tp.broadcast(nstep)
+                        nhandle = self._launch(nstep)
+                    else:
+                        if self._tp is not None:  # its decode tokens follow on the device (hf_tp: AHEAD)
+                            self._tp.broadcast((AHEAD, nstep))
+                        nhandle = self._launch(nstep, prev=handle, prev_rows=prev_rows)
+                    self._ahead = (nstep, queued, nhandle)
                     self.stats.ahead_steps += 1
             tokens = self._wait(handle)
         except Exception as exc:  # a failed step fails the requests in it, not the engine
             if self._tp is not None:
                 raise  # with tp > 1 the ranks may be out of step: fatal (the loop fails every request)
             log.exception("hf engine step failed")
-            self._ahead = None  # it decodes some of this step's rows, and no prompt
-            for seq in rows + chunk_seqs:
+            # the step scheduled behind it (launched or not) is dropped too: its rows (some of this step's, rows that
+            # sat this step out, or prompts) were scheduled as if this one had run
+            self._ahead = None
+            for seq in rows + chunk_seqs + queued:
                 if seq.slot >= 0:
                     self._finish(seq, "error", "", [], error=f"generation failed: {exc!r}")
             return
@@ -536,28 +564,27 @@ class Engine:
         device (`prev_rows`: each decode row's output row there).  Left out: a row that ends by length in the
         running step.  A row that ends by EOS or a stop string there decodes one token too many, which is dropped
         (`_on_token` skips finished sequences) and whose cache entry the slot's next user overwrites.
+        Rows that sat the running step out (it was a step of prompts only) decode here too, with their last tokens
+        from the host (prev_rows -1).
+        Where prompts wait and the runner replays prompt graphs, two or more of them go in steps of their own
+        through wave graphs, taking turns with the decode rows (_prompt_wave), and one, or a few where there are
+        no wave graphs (PROMPTS_ALONE_MAX), one per step alone, while the decode rows wait that step
+        (_prompt_alone).  Such a step needs nothing of the running step's, so it is launched ahead too (prev_rows
+        None): the GPU goes from the running step to the prompts, and from them to the decode rows' turn, without
+        waiting for the host in between (on an H100 at 128 streams about one step in six carried or followed
+        prompts and each waited ~1.5 ms for the host: benchmark/RESULTS.md, seventeenth session).
         None (wait for the running step) where a row's sampling needs its last token on the host (bad words),
-        and where the next step would carry a prompt: a request waiting for a slot or in the inbox, a prompt
-        part-way through prefill.  A step with prompt tokens cannot replay a CUDA graph, and launched ahead one
-        prompt at a time, as requests arrive, nearly every step under load became such a step (measured on an
-        H100 at 128 streams: 6.1 ms a step instead of 3.2); prompts that arrive during a run of decode steps
-        are taken together, in one step, once it ends.  Where the runner replays prompt graphs, two or more such
-        prompts go in steps of their own through wave graphs, taking turns with the decode rows (_prompt_wave), and
-        one, or a few where there are no wave graphs (PROMPTS_ALONE_MAX), one per step alone, while the decode rows
-        wait that step (_prompt_alone).
+        a request is in the inbox, a prompt is part-way through prefill, or waiting prompts would go in one step
+        beside the decode rows (no prompt graphs).  A step with prompt tokens beside decode rows cannot replay a
+        CUDA graph, and launched ahead one prompt at a time, as requests arrive, nearly every step under load
+        became such a step (measured on an H100 at 128 streams: 6.1 ms a step instead of 3.2); prompts that
+        arrive during a run of decode steps are taken together, in one step, once it ends.
         """
         prev_rows = None
         prompts = []  # sequences whose prompt (or its next chunk) this step may take
         if ahead_of is None:
             decoding = [s for _, s in self._decoding]
-            # admit waiting requests into free slots (lowest slot first keeps the decode batch rows compact)
-            now = time.monotonic()
-            while self._waiting and self._free:
-                seq = self._waiting.popleft()
-                seq.slot = heapq.heappop(self._free)
-                self._prefilling.append(seq)
-                self.stats.admitted += 1
-                self.stats.queued_s += now - seq.added
+            self._admit()
             prompts = self._prefilling
             wave = self._prompt_wave(decoding)
             alone = self._prompt_alone(decoding) if wave is None else None
@@ -571,16 +598,35 @@ class Engine:
             prev_rows = [i for i, s in enumerate(ahead_of)
                          if s.slot >= 0 and len(s.out_ids) + 1 < s.max_tokens]  # not finished, not ending now
             decoding = [ahead_of[i] for i in prev_rows]
-            if any(s.bad for s in decoding) or self._waiting or not self._inbox.empty():
+            if any(s.bad for s in decoding) or not self._inbox.empty():
                 return None
             ids = {id(s) for s in ahead_of}
-            if any(id(s) not in ids for s in self._prefilling):  # a prompt the chunk budget left out
+            if any(id(s) not in ids and s.num_computed for s in self._prefilling):  # a prompt part-way through
                 return None
-            if any(id(s) not in ids for _, s in self._decoding):  # rows that waited for a prompt alone
-                return None
+            # rows that sat the running step out (a step of prompts): their last tokens are on the host
+            waited = [s for _, s in self._decoding if id(s) not in ids]
+            prompts_waiting = bool(self._waiting) or any(id(s) not in ids for s in self._prefilling)
+            if not self._prompts_ahead and (waited or prompts_waiting):
+                return None  # LLMLAUNCH_HF_PROMPTS_AHEAD=0: the code before the seventeenth session
+            prev_rows += [-1] * len(waited)
+            decoding += waited
+            if prompts_waiting:
+                self._admit()
+                pending = [s for s in self._prefilling if id(s) not in ids]  # not those the running step prefills
+                wave = self._prompt_wave(decoding, pending)
+                alone = self._prompt_alone(decoding, pending) if wave is None else None
+                if wave or alone is not None:  # prompts only, through their graph: nothing of the running step's
+                    decoding, prompts, prev_rows = [], wave or [alone], None
+                elif wave is None:  # the prompts go beside the decode rows, in one step once the running one ends
+                    return None
+                # else (wave == []): the decode rows' turn, the prompts wait for the next step
+            elif waited:
+                self._waved = False  # the rows that waited for a wave step have their turn
         rows = list(decoding)
         decode_slots = [s.slot for s in decoding]
-        decode_tokens = [s.out_ids[-1] if ahead_of is None else 0 for s in decoding]  # ahead: on the device
+        # ahead: the tokens of the running step's rows follow on the device; rows that sat it out have theirs here
+        decode_tokens = ([s.out_ids[-1] for s in decoding] if ahead_of is None else
+                         [0 if r >= 0 else s.out_ids[-1] for s, r in zip(decoding, prev_rows or [])])
         decode_positions = [s.num_computed for s in decoding]
         for s in decoding:
             s.num_computed += 1  # the fed token is cached by this step
@@ -611,10 +657,20 @@ class Engine:
                     chunk_seqs.append(seq)
         if not rows and not chunks:
             return None
+        pending = sum(r >= 0 for r in prev_rows) if prev_rows is not None else 0  # the running step's rows: first
         step = StepInputs(decode_slots, decode_tokens, decode_positions, chunks, prefill_tokens,
-                          self._sampling_rows(rows, pending_rows=len(decoding) if ahead_of is not None else 0),
-                          penalty_resets)
+                          self._sampling_rows(rows, pending_rows=pending), penalty_resets)
         return step, rows, chunk_seqs, prev_rows
+
+    def _admit(self) -> None:
+        """Waiting requests into free slots (lowest slot first keeps the decode batch rows compact)."""
+        now = time.monotonic()
+        while self._waiting and self._free:
+            seq = self._waiting.popleft()
+            seq.slot = heapq.heappop(self._free)
+            self._prefilling.append(seq)
+            self.stats.admitted += 1
+            self.stats.queued_s += now - seq.added
 
     # At most this many prompts waiting to be prefilled are taken one at a time, each alone in a step that replays
     # its prompt graph, instead of together in one eager step beside the decode rows.  Why: an eager step with
@@ -626,9 +682,10 @@ class Engine:
     # runner has wave graphs, two or more prompts go through one of those instead (_prompt_wave).
     PROMPTS_ALONE_MAX = 4
 
-    def _prompt_alone(self, decoding: list[_Seq]) -> _Seq | None:
-        """The prompt to prefill alone in this step (its prompt graph), or None (one step for everything)."""
-        pending = self._prefilling
+    def _prompt_alone(self, decoding: list[_Seq], pending: list[_Seq] | None = None) -> _Seq | None:
+        """The prompt to prefill alone in this step (its prompt graph), or None (one step for everything).
+        pending: the prompts to choose from (default: all admitted and not prefilled yet)."""
+        pending = self._prefilling if pending is None else pending
         if not pending or len(pending) > self._prompts_alone or (len(pending) == 1 and not decoding):
             return None  # nothing to prefill, a wave, or a prompt alone anyway
         first = pending[0]  # graphed prompts fit the prefill chunk (capture_prefill_graphs caps them at it)
@@ -636,15 +693,15 @@ class Engine:
             return None
         return first
 
-    def _prompt_wave(self, decoding: list[_Seq]) -> list[_Seq] | None:
+    def _prompt_wave(self, decoding: list[_Seq], pending: list[_Seq] | None = None) -> list[_Seq] | None:
         """Two or more prompts waiting, where the runner has wave graphs (HFModelRunner.WAVE_ROWS): the first of them
         (as many as the largest wave graph that fits holds) for a step of their own through a wave graph; [] for a
         decode-only step, so that decode rows sit out at most every other step while a long wave goes in; None: no
         wave (one prompt goes alone, `_prompt_alone`, or everything in one eager step).
 
         Why waves before prompts alone: k prompts alone take k steps, each with the decode rows waiting, and a wave
-        of them one."""
-        pending = self._prefilling
+        of them one.  pending: as in _prompt_alone."""
+        pending = self._prefilling if pending is None else pending
         if not pending or not self.runner.wave_rows:
             self._waved = False
             return None

@@ -282,7 +282,8 @@ class HFModelRunner:
                  max_model_len: int | None = None, attn_implementation: str = "sdpa",
                  kv_cache_memory: float | None = None, tp: int = 1, tp_group=None, cuda_graphs: bool | None = None,
                  torch_compile: bool | None = None, cudnn_attention: str | None = None,
-                 prefill_graphs: int | None = None, wave_graphs: bool | None = None):
+                 prefill_graphs: int | None = None, wave_graphs: bool | None = None,
+                 fuse_projections: bool | None = None):
         """tp > 1: this process is one rank of a tensor-parallel group (see hf_tp): `tp_group` (an
         hf_tp.TPGroup) or one made from the LLMLAUNCH_* environment; the model is sharded after loading.
         cuda_graphs: replay decode-only steps as CUDA graphs (None: on for cuda unless LLMLAUNCH_HF_CUDA_GRAPHS=0;
@@ -293,12 +294,16 @@ class HFModelRunner:
         prefill_graphs: the longest prompt (tokens) whose prompt-only step replays a CUDA graph (None:
         LLMLAUNCH_HF_PREFILL_GRAPHS, else 2048; 0: none; needs cuda_graphs); see `_init_prefill_graphs`.
         wave_graphs: also replay steps of several whole prompts as CUDA graphs (None: on with prompt graphs unless
-        LLMLAUNCH_HF_WAVE_GRAPHS=0); see WAVE_ROWS."""
+        LLMLAUNCH_HF_WAVE_GRAPHS=0); see WAVE_ROWS.
+        fuse_projections: each layer's q/k/v and gate/up projections as one product each (None: on unless
+        LLMLAUNCH_HF_FUSE_PROJECTIONS=0); see hf_fuse."""
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
+        from launcher.engines import hf_fuse
         from launcher.engines.hf_sampling import Sampler
 
+        fuse_projections = hf_fuse.enabled_from_env(fuse_projections)  # checked before the model loads
         _register_attention()
         if attn_implementation not in ("sdpa", "eager"):
             raise ValueError(f"attn_implementation {attn_implementation!r} is not one of sdpa, eager")
@@ -336,6 +341,8 @@ class HFModelRunner:
             self.tp_group = tp_group or hf_tp.TPGroup(self.tp, device_type=self.device.type)
             hf_tp.shard_model(model, text_cfg, self.tp_group)  # on the host, before moving the shard
         self.model = model.to(self.device).eval()
+        # after sharding: a rank fuses its own shards; on the device: the concatenation is a device copy
+        self.fused = hf_fuse.fuse_projections(self.model) if fuse_projections else {}
         self.config = model.config
         self.num_layers = text_cfg.num_hidden_layers
         # kv heads of this rank (all of them with tp=1): the cache and our attention only see these
@@ -506,7 +513,7 @@ class HFModelRunner:
     def _tp_plan(self, max_prefill_tokens) -> dict:
         return {"max_prefill_tokens": max_prefill_tokens, "torch_compile": self.use_compile,
                 "cuda_graphs": self.use_graphs, "prefill_graphs": self.prefill_graph_limit,
-                "wave_graphs": self.use_wave_graphs,
+                "wave_graphs": self.use_wave_graphs, "fused": self.fused,
                 "cudnn_attention": self.cudnn_attention, "max_num_seqs": self.max_num_seqs,
                 "max_model_len": self.max_model_len}
 
@@ -982,8 +989,9 @@ class HFModelRunner:
 
         prev: the handle of the step before, still running, whose sampled tokens are this step's decode tokens
         (step.decode_tokens are placeholders then): decode row j takes prev's output row prev_rows[j] (default:
-        row j).  They go from sampler to input on the device, so the engine can queue this step behind the last
-        one and do its host work for the last one (detokenize, stop checks, send) while the GPU runs this one."""
+        row j), or, where prev_rows[j] is -1 (a row that sat the step before out), step.decode_tokens[j].  They
+        go from sampler to input on the device, so the engine can queue this step behind the last one and do its
+        host work for the last one (detokenize, stop checks, send) while the GPU runs this one."""
         import torch
 
         if step.decode_positions and max(step.decode_positions) >= self.max_model_len:
@@ -999,7 +1007,12 @@ class HFModelRunner:
             ids = None
             if prev is not None:
                 ids = prev[0]
-                if prev_rows is not None and prev_rows != list(range(ids.shape[0])):
+                n = ids.shape[0]
+                if prev_rows is not None and prev_rows != list(range(n)):
+                    if min(prev_rows, default=0) < 0:  # rows with their token on the host: after prev's rows
+                        ids = torch.cat([ids.to(torch.long), torch.tensor(step.decode_tokens, dtype=torch.long).to(
+                            self.device, non_blocking=True)])
+                        prev_rows = [r if r >= 0 else n + j for j, r in enumerate(prev_rows)]
                     rows = torch.tensor(prev_rows, dtype=torch.long).to(self.device, non_blocking=True)
                     ids = ids.index_select(0, rows)
                 if self.tp_group is not None:  # the workers' copy of this step waits for these (execute, ahead)
