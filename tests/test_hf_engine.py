@@ -228,6 +228,25 @@ def record_steps(eng):
     return steps, arrive_together
 
 
+def engine_with_waves(tiny_model_dir, monkeypatch):
+    """A CPU engine, not started, whose runner is told that waves of up to 4 prompts of up to 64 tokens have a wave
+    graph (CPU has no CUDA graphs: its steps then run eagerly)."""
+    from launcher.engines.hf_runner import HFModelRunner
+
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_prefill_tokens=256)
+    monkeypatch.setattr(HFModelRunner, "wave_rows", property(lambda self: (4,)))
+    eng.runner.wave_graph_key = lambda lengths: (4, 64) if len(lengths) <= 4 and max(lengths) <= 64 else None
+    return eng
+
+
+def decoding_request(eng):
+    """(event, outputs) of a request of 40 new tokens on the started engine, once it decodes."""
+    first = collect(eng, PROMPTS[3], SamplingParams(max_tokens=40))
+    while len(first[1]) < 2:
+        time.sleep(0.01)
+    return first
+
+
 @pytest.mark.parametrize("alone", [4, 0])
 def test_a_few_prompts_go_alone_through_their_graphs_a_wave_goes_together(tiny_model_dir, reference, monkeypatch,
                                                                           alone):
@@ -243,9 +262,7 @@ def test_a_few_prompts_go_alone_through_their_graphs_a_wave_goes_together(tiny_m
     steps, arrive_together = record_steps(eng)
     eng.start()
     try:
-        first = collect(eng, PROMPTS[3], SamplingParams(max_tokens=40))
-        while len(first[1]) < 2:  # decoding
-            time.sleep(0.01)
+        first = decoding_request(eng)
         mark, few = arrive_together(PROMPTS[:2], 8)
         for done, _ in few:
             assert done.wait(60)
@@ -354,17 +371,11 @@ def test_a_wave_of_prompts_goes_in_steps_of_its_own_taking_turns_with_the_decode
     CUDA graphs: the runner is told that waves of up
     to 4 prompts of up to 64 tokens have one (its steps then run eagerly here); the engine is held inside a step
     while requests arrive, so the scheduler sees them together."""
-    from launcher.engines.hf_runner import HFModelRunner
-
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_prefill_tokens=256)
-    monkeypatch.setattr(HFModelRunner, "wave_rows", property(lambda self: (4,)))
-    eng.runner.wave_graph_key = lambda lengths: (4, 64) if len(lengths) <= 4 and max(lengths) <= 64 else None
+    eng = engine_with_waves(tiny_model_dir, monkeypatch)
     steps, arrive_together = record_steps(eng)
     eng.start()
     try:
-        first = collect(eng, PROMPTS[3], SamplingParams(max_tokens=40))
-        while len(first[1]) < 2:  # decoding
-            time.sleep(0.01)
+        first = decoding_request(eng)
         wave_prompts = PROMPTS[:4] + PROMPTS[:3] + [PROMPTS[4]]  # 8 > PROMPTS_ALONE_MAX
         mark, wave = arrive_together(wave_prompts, 8)
         for done, _ in wave:
@@ -391,11 +402,7 @@ def test_a_failed_step_fails_its_requests_and_the_step_queued_behind_it_and_the_
     """A wave step launched behind a decode step fails to launch: the decode step's request and the wave's prompts
     end with an error (their steps were scheduled as if both ran); the prompts that were still waiting, and requests
     after, are served as generate serves them.  CPU: the runner is told that waves have graphs, as above."""
-    from launcher.engines.hf_runner import HFModelRunner
-
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_prefill_tokens=256)
-    monkeypatch.setattr(HFModelRunner, "wave_rows", property(lambda self: (4,)))
-    eng.runner.wave_graph_key = lambda lengths: (4, 64) if len(lengths) <= 4 and max(lengths) <= 64 else None
+    eng = engine_with_waves(tiny_model_dir, monkeypatch)
     _, arrive_together = record_steps(eng)
     launch, failed = eng.runner.launch, []
 
@@ -408,9 +415,7 @@ def test_a_failed_step_fails_its_requests_and_the_step_queued_behind_it_and_the_
     eng.runner.launch = failing
     eng.start()
     try:
-        first = collect(eng, PROMPTS[3], SamplingParams(max_tokens=40))
-        while len(first[1]) < 2:  # decoding
-            time.sleep(0.01)
+        first = decoding_request(eng)
         wave_prompts = PROMPTS[:4] + PROMPTS[:3] + [PROMPTS[4]]
         _, wave = arrive_together(wave_prompts, 8)
         for done, _ in [first] + wave:

@@ -586,14 +586,11 @@ class Engine:
             decoding = [s for _, s in self._decoding]
             self._admit()
             prompts = self._prefilling
-            wave = self._prompt_wave(decoding)
-            alone = self._prompt_alone(decoding) if wave is None else None
-            if wave:  # the prompts through a wave graph; the decode rows wait this step
-                decoding, prompts = [], wave
-            elif wave is not None:  # the decode rows' turn between two waves
+            only = self._prompts_only(decoding)
+            if only:  # the prompts through their graph; the decode rows wait this step
+                decoding, prompts = [], only
+            elif only is not None:  # the decode rows' turn between two waves
                 prompts = []
-            elif alone is not None:
-                decoding, prompts = [], [alone]
         else:
             prev_rows = [i for i, s in enumerate(ahead_of)
                          if s.slot >= 0 and len(s.out_ids) + 1 < s.max_tokens]  # not finished, not ending now
@@ -612,14 +609,13 @@ class Engine:
             decoding += waited
             if prompts_waiting:
                 self._admit()
-                pending = [s for s in self._prefilling if id(s) not in ids]  # not those the running step prefills
-                wave = self._prompt_wave(decoding, pending)
-                alone = self._prompt_alone(decoding, pending) if wave is None else None
-                if wave or alone is not None:  # prompts only, through their graph: nothing of the running step's
-                    decoding, prompts, prev_rows = [], wave or [alone], None
-                elif wave is None:  # the prompts go beside the decode rows, in one step once the running one ends
+                # not those the running step prefills
+                only = self._prompts_only(decoding, [s for s in self._prefilling if id(s) not in ids])
+                if only:  # prompts only, through their graph: nothing of the running step's
+                    decoding, prompts, prev_rows = [], only, None
+                elif only is None:  # the prompts go beside the decode rows, in one step once the running one ends
                     return None
-                # else (wave == []): the decode rows' turn, the prompts wait for the next step
+                # else (only == []): the decode rows' turn, the prompts wait for the next step
             elif waited:
                 self._waved = False  # the rows that waited for a wave step have their turn
         rows = list(decoding)
@@ -657,9 +653,9 @@ class Engine:
                     chunk_seqs.append(seq)
         if not rows and not chunks:
             return None
-        pending = sum(r >= 0 for r in prev_rows) if prev_rows is not None else 0  # the running step's rows: first
+        running = sum(r >= 0 for r in prev_rows) if prev_rows is not None else 0  # the running step's rows: first
         step = StepInputs(decode_slots, decode_tokens, decode_positions, chunks, prefill_tokens,
-                          self._sampling_rows(rows, pending_rows=pending), penalty_resets)
+                          self._sampling_rows(rows, pending_rows=running), penalty_resets)
         return step, rows, chunk_seqs, prev_rows
 
     def _admit(self) -> None:
@@ -681,6 +677,16 @@ class Engine:
     # A wave (more prompts than that) still goes in together, where the eager step's cost is shared.  Where the
     # runner has wave graphs, two or more prompts go through one of those instead (_prompt_wave).
     PROMPTS_ALONE_MAX = 4
+
+    def _prompts_only(self, decoding: list[_Seq], pending: list[_Seq] | None = None) -> list[_Seq] | None:
+        """The prompts of a step of prompts only, through a graph (a wave, `_prompt_wave`, or one alone,
+        `_prompt_alone`); [] for the decode rows' turn between two waves; None: no such step (the prompts, if any,
+        go beside the decode rows).  pending: as in _prompt_alone."""
+        wave = self._prompt_wave(decoding, pending)
+        if wave is not None:
+            return wave
+        alone = self._prompt_alone(decoding, pending)
+        return None if alone is None else [alone]
 
     def _prompt_alone(self, decoding: list[_Seq], pending: list[_Seq] | None = None) -> _Seq | None:
         """The prompt to prefill alone in this step (its prompt graph), or None (one step for everything).

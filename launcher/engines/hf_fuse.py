@@ -25,6 +25,7 @@ column shards of q, k, v (and gate, up); the row-parallel o/down projections are
 
 from __future__ import annotations
 
+import functools
 import logging
 
 log = logging.getLogger(__name__)
@@ -102,14 +103,7 @@ def _make_classes():
     return FusedLinear, _Part
 
 
-_CLASSES = None
-
-
-def _classes():
-    global _CLASSES
-    if _CLASSES is None:
-        _CLASSES = _make_classes()
-    return _CLASSES
+_classes = functools.cache(_make_classes)  # torch is imported on first use, the classes made once
 
 
 def _fusable(linears) -> bool:
