@@ -33,6 +33,12 @@ send to last completion.  The paths:
            CPUs and tritonserver + its stubs on the rest (needs --split-cpus):
            whether the stubs' response work and the engine's scheduling loop
            slow each other down by sharing cores.
+  direct_awake, served_awake
+           the direct and served paths (same engines, same rounds) with every
+           CPU kept from sleeping while they run (launcher/awake.py,
+           serve.keep_cpus_awake): on a virtual machine an idle vCPU halts and
+           waking a thread there is slow.  Their ratio and TTFT added are
+           served_awake against direct_awake.
 
 `process` exists to split the serving cost: process / direct is what running
 the engine in a child process costs, served / process what the python stub,
@@ -52,7 +58,8 @@ The served path also says where its TTFT goes: the hf model's first-token metric
 (launcher.serving.timings, read from tritonserver's metrics port before and after
 each run) give the mean time a streamed request spent inside the model — `add`
 (to the engine process), `engine` (tokenize, queue, prefill, first token: the
-in-process TTFT's counterpart), `respond` (back and sent) — and the client's mean
+in-process TTFT's counterpart), `back` (to the stub) and `respond` (built and sent), with `parse` (reading the request)
+before them — and the client's mean
 TTFT minus those is tritonserver, gRPC and the client (`served_first_token_ms`).
 
 Every path also says how its engine spent a step (`<path>_engine_steps`, from
@@ -107,9 +114,10 @@ if str(ROOT) not in sys.path:
 
 from launcher.serving.timings import engine_step_split, format_engine_split, settle  # noqa: E402  (after ROOT)
 
-PATHS = ("direct", "delayed", "process", "served", "pinned")  # the order the paths run in within a round
+PATHS = ("direct", "delayed", "process", "served", "pinned", "direct_awake", "served_awake")  # run in this order
 # key prefix of each path's ratios to direct: served keeps the unprefixed names of the two-path version
-RATIO_PREFIX = {"delayed": "delayed_", "process": "process_", "served": "", "pinned": "pinned_"}
+RATIO_PREFIX = {"delayed": "delayed_", "process": "process_", "served": "", "pinned": "pinned_",
+                "direct_awake": "direct_awake_", "served_awake": "served_awake_"}
 
 
 def log(msg: str) -> None:
@@ -359,6 +367,17 @@ def write_json(out: dict, path: str) -> None:
     if path:
         Path(path).write_text(text + "\n")
     print(text)
+
+
+def with_cpus_awake(fn):
+    """A path's run with idle-priority spinners on every CPU meanwhile (launcher/awake.py)."""
+    from launcher.awake import KeepAwake
+
+    def run(prompts, c, tokens):
+        with KeepAwake(range(os.cpu_count() or 1)):
+            return fn(prompts, c, tokens)
+
+    return run
 
 
 def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | list[int], resend_s: float = 0.0) -> dict:
@@ -649,16 +668,24 @@ def compare(run: dict, tokenizer, c: int, args, generate: dict) -> dict:
             row.update({f"{path}_{key}": v for key, v in median_latency(rs, ADD_KEYS).items()})
     if "served" in run and row["served_ttft_ms_p50"] is not None and row["direct_ttft_ms_p50"] is not None:
         row["ttft_added_ms_p50"] = round(row["served_ttft_ms_p50"] - row["direct_ttft_ms_p50"], 3)
-    split = [x["first_token_ms"] for x in runs.get("served", []) if x.get("first_token_ms")]
-    if split:
-        # where the served TTFT goes (means, medians over rounds): inside the model (add / engine / respond, from
-        # its metrics) and outside it (client TTFT - inside: tritonserver, gRPC and the client)
+    if "served_awake" in run and "direct_awake" in run:  # both with the CPUs kept awake
+        row["awake_ratio"] = round(med["served_awake"] / med["direct_awake"], 4)
+        row["awake_paired_ratio"] = round(statistics.median(
+            x / y for x, y in zip(tps["served_awake"], tps["direct_awake"])), 4)
+        if row["served_awake_ttft_ms_p50"] is not None and row["direct_awake_ttft_ms_p50"] is not None:
+            row["awake_ttft_added_ms_p50"] = round(row["served_awake_ttft_ms_p50"] - row["direct_awake_ttft_ms_p50"], 3)
+    for served, direct in (("served", "direct"), ("served_awake", "direct_awake")):
+        split = [x["first_token_ms"] for x in runs.get(served, []) if x.get("first_token_ms")]
+        if not split:
+            continue
+        # where the served TTFT goes (means, medians over rounds): inside the model (parse / add / engine / back /
+        # respond, from its metrics) and outside it (client TTFT - inside: tritonserver, gRPC and the client)
         ft = {k: round(statistics.median(x[k] for x in split), 3)
-              for k in ("add", "engine", "respond", "inside_server", "outside_server")}
-        row["served_first_token_ms"] = ft
-        log(f"C={c}: served TTFT mean {row['served_ttft_ms_mean']} ms = add {ft['add']} + engine {ft['engine']} + "
-            f"respond {ft['respond']} (inside the model) + {ft['outside_server']} (tritonserver, gRPC, client); "
-            f"in-process TTFT mean {row['direct_ttft_ms_mean']} ms")
+              for k in ("parse", "add", "engine", "back", "respond", "inside_server", "outside_server")}
+        row[f"{served}_first_token_ms"] = ft
+        log(f"C={c}: {served} TTFT mean {row[f'{served}_ttft_ms_mean']} ms = parse {ft['parse']} + add {ft['add']} + "
+            f"engine {ft['engine']} + back {ft['back']} + respond {ft['respond']} (inside the model) + "
+            f"{ft['outside_server']} (tritonserver, gRPC, client); {direct} TTFT mean {row[f'{direct}_ttft_ms_mean']} ms")
     for path, rs in runs.items():
         # how each path's engine spent a step (medians over rounds): is the served engine host-late where the
         # in-process one is not?
@@ -837,6 +864,9 @@ def main(argv=None) -> int:
                                       server.metrics_url, args.client_processes, args.client_streams)
 
             run["served"] = served
+        for base in ("direct", "served"):  # the same path with every CPU kept from sleeping while it runs
+            if f"{base}_awake" in paths:
+                run[f"{base}_awake"] = with_cpus_awake(run[base])
         if "pinned" in paths:
             # the same server, its engine process on cores of its own for this path's rounds only: pinned and
             # unpinned alternate round by round on one compile of one engine (compiles differ by up to 10%)

@@ -63,7 +63,15 @@ def serve_foreground(spec: LaunchSpec, run_dir: str) -> int:
     say(f"run dir: {run}")
     stop = _Stop()
     if spec.world_size == 1:
-        return _serve_one(spec, run, install, stop)
+        from launcher import awake
+
+        # one rank served from here (several: each rank process keeps its own CPUs awake, launcher.rank)
+        spinners = awake.for_rank(bool(spec.serve.get("keep_cpus_awake", False)), 0, say)
+        try:
+            return _serve_one(spec, run, install, stop)
+        finally:
+            if spinners is not None:
+                spinners.stop()
     return _serve_ranks(spec, run, stop)
 
 

@@ -30,7 +30,7 @@ import signal
 import socket
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Mapping, Optional, Tuple
 
@@ -383,7 +383,23 @@ def _frontend_only(frontend, stopping, all_lost) -> Tuple[str, Optional[int]]:
 
 
 def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path: Optional[str] = None) -> int:
-    """Run this process's rank to the end; returns the exit status."""
+    """Run this process's rank to the end; returns the exit status.  With serve.keep_cpus_awake, idle-priority
+    spinners keep this rank's CPUs from sleeping meanwhile (launcher/awake.py)."""
+    from launcher import awake
+    from launcher.spec import LaunchSpec
+
+    spec = LaunchSpec.from_json((Path(run_dir) / "launch.json").read_text())
+    topo = read_topology(dict(os.environ if environ is None else environ))
+    say = lambda msg: print(f"[llmlaunch rank {topo.rank} {topo.hostname}] {msg}", flush=True)  # noqa: E731
+    spinners = awake.for_rank(bool(spec.serve.get("keep_cpus_awake", False)), topo.local_rank, say)
+    try:
+        return _run_rank(run_dir, environ, log_path)
+    finally:
+        if spinners is not None:
+            spinners.stop()
+
+
+def _run_rank(run_dir: str, environ: Optional[Mapping[str, str]], log_path: Optional[str]) -> int:
     from launcher.engines.registry import ENGINES
     from launcher.render import shm_prefix, tritonserver_argv
     from launcher.spec import LaunchSpec

@@ -197,3 +197,50 @@ def test_responder_resends_kept_tensors_with_their_own_text(tmp_path):
     assert variants["fresh"]["vs_fresh"] == 1.0
     with pytest.raises(SystemExit):
         stub_rate.main(["--variants", "fresh,bogus"])
+
+
+# --------------------------------------------------------------------------- the serving path's own first-token cost
+
+
+@pytest.mark.triton
+def test_first_response_splits_the_serving_path(tmp_path):
+    """benchmark/first_response.py end to end in a real tritonserver: the first_echo fixture answers through the
+    hf model's own parsing and Responder, inline, from a responder thread and from a real child process over a
+    socketpair (the engine process's framing).  Every variant's first response is " x" and its final one carries
+    five stamps that must lie in order between the client's send and receive; the split's parts add up to the
+    TTFT; a bad request (temperature -1) gets the hf model's own error message."""
+    if importlib.util.find_spec("pytriton") is None:
+        pytest.skip("needs nvidia-pytriton (tritonserver)")
+    import json
+
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    try:
+        import first_response
+    finally:
+        sys.path.remove(str(ROOT / "benchmark"))
+    from launcher.client import Generation, StreamRecord, TritonStream, build_request
+    from tests.models.serve import serve
+
+    variants = list(first_response.VARIANTS)
+    repo = first_response.make_repo(tmp_path, variants)
+    with serve(repo) as address, TritonStream(address) as stream:
+        for v in variants:
+            rows = first_response.run_variant(stream, f"first_{v}", 5, v)
+            for r in rows:
+                assert all(r[k] >= 0 for k in first_response.PARTS), (v, r)
+                assert r["ttft"] == pytest.approx(r["request"] + r["parse"] + r["hop"] + r["build"] + r["response"]), r
+            if v == "inline":
+                assert all(r["hop"] < 1.0 for r in rows), rows  # nothing between parse and answer
+        rec = stream.submit(build_request("first_process", Generation("a b c", 1, temperature=-1.0), "bad"),
+                            StreamRecord("bad"))
+        stream.wait(rec, timeout=30)
+        assert "temperature" in rec.error, rec.error
+
+    out = tmp_path / "first.json"
+    assert first_response.main(["--requests", "20", "--warmup", "2", "--rounds", "2", "--variants", "inline,process",
+                                "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())["variants"]
+    assert set(doc) == {"inline", "process"} and doc["inline"]["vs_inline"] == 1.0
+    assert all(v["n"] == 40 and len(v["rounds"]) == 2 and v["p50"]["ttft"] > 0 for v in doc.values())
+    with pytest.raises(SystemExit):
+        first_response.main(["--variants", "inline,bogus"])

@@ -28,8 +28,9 @@ PROMPT = "The quick brown fox"
 def server(tiny_model_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("hf_serving")
     # Two model instances sharing one engine process (engine.response_processes=2), each with three responder
-    # threads (the CPU default is one): every test below also checks that spreading the streams over them keeps
-    # each stream's responses whole and in order, and cancellation and metrics right, whichever instance has it.
+    # threads (the CPU default is one): the tests with more streams open than that (32 at once, 5 at once) also
+    # check that spreading the streams over them keeps each stream's responses whole and in order, and metrics
+    # right, whichever instance has it (with fewer open, a new stream stays with the receive thread).
     srv = hf_server(str(tiny_model_dir), workdir, {"device": "cpu", "max_num_seqs": 40, "cancel_check_ms": 20,
                                                    "response_threads": 3}, model=MODEL, instances=2)
     with srv:
@@ -272,8 +273,8 @@ def _first_token_metrics(server):
 
 
 def test_first_token_times_are_exposed_as_metrics(server):
-    """Streamed requests' first tokens are split into add / engine / respond on the metrics port; the three
-    add up to less than the TTFT the client saw, and non-streamed requests are not counted."""
+    """Streamed requests' first tokens are split into parse / add / engine / back / respond on the metrics port;
+    the five add up to less than the TTFT the client saw, and non-streamed requests are not counted."""
     from launcher.serving.timings import mean_first_token_ms
 
     before = _first_token_metrics(server)
@@ -301,7 +302,8 @@ def test_first_token_times_are_exposed_as_metrics(server):
         time.sleep(0.2)
     means = mean_first_token_ms(before, after)
     assert means is not None and means["requests"] == 5, (before, after)
-    assert means["engine"] > 0 and means["add"] >= 0 and means["respond"] > 0, means
+    assert means["engine"] > 0 and means["parse"] > 0 and means["back"] > 0 and means["respond"] > 0, means
+    assert means["add"] >= 0, means
     assert means["inside_server"] < sum(ttft) / len(ttft), (means, ttft)
 
 
@@ -358,8 +360,10 @@ def test_read_first_token_metrics_sums_one_model_and_skips_the_rest():
 
     text = """# HELP llmlaunch_first_token_seconds seconds ...
 # TYPE llmlaunch_first_token_seconds counter
+llmlaunch_first_token_seconds{model="a",part="parse"} 0.001
 llmlaunch_first_token_seconds{model="a",part="add"} 0.002
 llmlaunch_first_token_seconds{model="a",part="engine"} 0.5
+llmlaunch_first_token_seconds{model="a",part="back"} 0.003
 llmlaunch_first_token_seconds{model="a",part="respond"} 1e-2
 llmlaunch_first_token_seconds{model="b",part="engine"} 9
 llmlaunch_first_tokens{model="a"} 10
@@ -367,11 +371,11 @@ llmlaunch_first_tokens{model="b"} 3
 nv_inference_count{model="a",version="1"} 77
 """
     a = read_first_token_metrics(text, "a")
-    assert a == {"count": 10, "add": 0.002, "engine": 0.5, "respond": 0.01}
+    assert a == {"count": 10, "parse": 0.001, "add": 0.002, "engine": 0.5, "back": 0.003, "respond": 0.01}
     assert read_first_token_metrics(text)["count"] == 13
     zero = read_first_token_metrics("", "a")
-    assert mean_first_token_ms(zero, a) == {"add": 0.2, "engine": 50.0, "respond": 1.0, "inside_server": 51.2,
-                                            "requests": 10}
+    assert mean_first_token_ms(zero, a) == {"parse": 0.1, "add": 0.2, "engine": 50.0, "back": 0.3, "respond": 1.0,
+                                            "inside_server": 51.6, "requests": 10}
     assert mean_first_token_ms(a, a) is None
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -168,7 +169,7 @@ def test_llmlaunch_tp2_local_serves_generate_greedy_and_sigint_cleans_up(tiny_mo
         [sys.executable, "-m", "launcher.cli", "engine=hf", "cluster=local", "tp=2", "engine.device=cpu",
          f"model.path={tiny_model_dir}", "engine.max_num_seqs=8", "model.max_model_len=256",
          f"serve.grpc_port={grpc}", f"serve.http_port={http}", f"serve.metrics_port={metrics}",
-         f"cluster.jobs_dir={tmp_path}"],
+         f"cluster.jobs_dir={tmp_path}", "serve.keep_cpus_awake=true"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     try:
@@ -199,6 +200,14 @@ def test_llmlaunch_tp2_local_serves_generate_greedy_and_sigint_cleans_up(tiny_mo
     time.sleep(1)
     left = _processes_mentioning(str(tmp_path))
     assert not left, (left, "".join(lines)[-3000:])
+    # serve.keep_cpus_awake: the node's first rank kept the CPUs awake (the other, unbound, left it to that one),
+    # and its spinners ended with it
+    logs = {p.name: p.read_text() for p in tmp_path.glob("*/*/logs/rank*.log")}
+    said = re.search(r"keep_cpus_awake: \d+ idle-priority spinners on CPUs \S+ \(pids ([\d ]+)\)", logs.get("rank0.log", ""))
+    assert said, logs
+    assert "local rank 0 keeps this node's CPUs awake" in logs.get("rank1.log", ""), logs
+    pids = [int(x) for x in said.group(1).split()]
+    assert not [p for p in pids if Path(f"/proc/{p}").exists()], pids
 
 
 # ------------------------------------------------------------------------------------------- Slurm

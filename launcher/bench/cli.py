@@ -23,7 +23,8 @@ Result JSON:
      "metrics": {"requests", "completed", "failed", "errors", "zero_token", "duration_s",
                  "request_throughput", "output_throughput", "total_token_throughput", "goodput",
                  "ttft_ms"|"tpot_ms"|"itl_ms"|"e2el_ms": {"mean", "p50", "p90", "p99", "max"}, ...},
-     "server_first_token_ms": None | {"add", "engine", "respond", "inside_server", "outside_server", "requests"}
+     "server_first_token_ms": None | {"parse", "add", "engine", "back", "respond", "inside_server", "outside_server",
+                                      "requests"}
                               (--server-metrics: mean ms; launcher/serving/timings.py),
      "server_engine_steps": None | {"steps", "step_ms", "launch_ms", "wait_ms", "host_ms", "gpu_ms",
                               "gpu_idle_ms", "decode_rows", "prefill_tokens", "ahead"} (--server-metrics:
@@ -114,7 +115,7 @@ def build_parser(prog: str = "llmlaunch-bench") -> argparse.ArgumentParser:
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
     o.add_argument("--server-metrics", metavar="URL",
                    help="tritonserver metrics URL (http://HOST:PORT/metrics) of an llmlaunch hf model: report where "
-                        "the mean TTFT goes, inside the model (add / engine / respond) and outside it, and how the engine "
+                        "the mean TTFT goes, inside the model (parse / add / engine / back / respond) and outside it, and how the engine "
                         "spent its steps (launch / wait for the GPU / host work; GPU busy and idle) (first run only)")
     o.add_argument("--compare", metavar="URL2[,MODEL2]",
                    help="identity test: run the same load against a second model and print the speedup of it over the first")

@@ -243,8 +243,9 @@ def format_first_token_split(split: dict) -> str:
     """--server-metrics: where the mean TTFT goes (launcher/serving/timings.py), as rows under the table."""
     w = 50
     lines = [" Mean TTFT, inside the model / outside ".center(w, "-")]
-    for key, name in (("add", "to the engine process"), ("engine", "engine: queue, prefill"),
-                      ("respond", "first token back and sent"), ("outside_server", "tritonserver, gRPC, client")):
+    for key, name in (("parse", "reading the request"), ("add", "to the engine process"),
+                      ("engine", "engine: queue, prefill"), ("back", "first token back to the stub"),
+                      ("respond", "response built and sent"), ("outside_server", "tritonserver, gRPC, client")):
         if split.get(key) is not None:
             lines.append(f"{name + ' (ms):':<34}{_fmt(split[key]):>16}")
     lines.append(f"{'requests counted by the model:':<34}{_fmt(split['requests']):>16}")

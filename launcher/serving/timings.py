@@ -1,21 +1,24 @@
 """What the hf model measures inside the server, as Triton custom metrics on the metrics port.
 
 1. Where a streamed request's first token spends its time inside the model.  A client sees
-   time to first token (TTFT); this splits the part spent inside the model into three,
+   time to first token (TTFT); this splits the part spent inside the model into five,
    measured per streamed request on one clock (CLOCK_MONOTONIC is shared by every process
    of the machine):
 
-  add      the model's `execute` queued the request -> the engine process received it
-           (the socket, the engine process's main thread)
+  parse    the model's `execute` took the request -> read and checked it, queued it with the engine
+  add      queued -> the engine process received it (the socket, the engine process's reader thread)
   engine   received -> first token made (tokenize, wait for a slot and the prefill budget,
            prefill, sample, detokenize)
-  respond  first token made -> its response handed to tritonserver (the socket back, the
-           responder thread's queue, building and sending the response)
+  back     first token made -> the stub has it (the engine process's message, the socket back,
+           the stub's receive thread)
+  respond  the stub has it -> its response handed to tritonserver (the responder thread's queue,
+           building and sending the response: a round trip to tritonserver)
 
-   Client TTFT minus the three is tritonserver, gRPC and the client.
+   Client TTFT minus the five is tritonserver, gRPC and the client.  (Before parse and back were
+   split off, `add` began after parse and `respond` included back.)
 
-  llmlaunch_first_token_seconds{model="...",part="add|engine|respond"}   seconds, summed
-  llmlaunch_first_tokens{model="..."}                                     requests counted
+  llmlaunch_first_token_seconds{model="...",part="parse|add|engine|back|respond"}   seconds, summed
+  llmlaunch_first_tokens{model="..."}                                                requests counted
 
 2. How the engine loop spends a step (hf_engine.EngineStats): is the served engine bound by
    the GPU or by its host work?  A step's wall time is launch + wait + host work; on a GPU,
@@ -38,7 +41,7 @@ import re
 import threading
 import time
 
-PARTS = ("add", "engine", "respond")
+PARTS = ("parse", "add", "engine", "back", "respond")
 SECONDS = "llmlaunch_first_token_seconds"
 COUNT = "llmlaunch_first_tokens"
 ENGINE_SECONDS = "llmlaunch_engine_seconds"
@@ -71,16 +74,16 @@ ENGINE_FIELDS = tuple(row[3] for row in ENGINE_COUNTERS)  # the EngineStats fiel
 
 
 class FirstTokenTimes:
-    """Sums of the three parts of streamed requests' first tokens (thread-safe); `totals_map` feeds `Counters`."""
+    """Sums of the five parts of streamed requests' first tokens (thread-safe); `totals_map` feeds `Counters`."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._sums = [0.0] * len(PARTS)
         self._count = 0
 
-    def add(self, queued: float, received: float, made: float, sent: float) -> None:
-        """One streamed request's first response: time.monotonic() stamps of the four moments."""
-        parts = (received - queued, made - received, sent - made)
+    def add(self, began: float, queued: float, received: float, made: float, got: float, sent: float) -> None:
+        """One streamed request's first response: time.monotonic() stamps of the six moments (module docstring)."""
+        parts = (queued - began, received - queued, made - received, got - made, sent - got)
         with self._lock:
             for i, v in enumerate(parts):
                 self._sums[i] += max(0.0, v)  # a clock read on another core can be a few ns behind
@@ -205,7 +208,7 @@ def read_counters(text: str, counters, model: str | None = None) -> dict:
 
 
 def read_first_token_metrics(text: str, model: str | None = None) -> dict:
-    """Prometheus text of tritonserver's /metrics -> {"count": n, "add": s, "engine": s, "respond": s}
+    """Prometheus text of tritonserver's /metrics -> {"count": n, "parse": s, "add": s, ..., "respond": s}
     (summed over models unless `model` names one; zeros when absent)."""
     return read_counters(text, FIRST_TOKEN_COUNTERS, model)
 

@@ -230,13 +230,15 @@ def parse_inputs(arrays: dict, supported: frozenset[str] | set[str] = frozenset(
 # Triton side (pb_utils imported lazily: it only exists inside the python backend stub)
 # ---------------------------------------------------------------------------------------------------------
 def request_arrays(request) -> dict:
-    """The contract's input tensors of a pb_utils request as numpy arrays (absent ones left out)."""
-    import triton_python_backend_utils as pb_utils
+    """The contract's input tensors of a pb_utils request as numpy arrays (absent ones left out).
 
+    One pass over the request's inputs: pb_utils.get_input_tensor_by_name lists them all again on every
+    call, and looking up each of the contract's ~20 names that way cost a first token 0.1-0.2 ms in the stub
+    (benchmark/first_response.py, `parse`)."""
     arrays = {}
-    for name in INPUT_NAMES:
-        tensor = pb_utils.get_input_tensor_by_name(request, name)
-        if tensor is not None:
+    for tensor in request.inputs():
+        name = tensor.name()
+        if name in _INPUT_DTYPE:
             arrays[name] = tensor.as_numpy()
     return arrays
 

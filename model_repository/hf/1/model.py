@@ -37,6 +37,8 @@ config.pbtxt parameters (string values; empty or absent = default):
                     round trip to tritonserver (~50-200 us) during which the GIL is free, so under load
                     several threads keep a new stream's first token from queueing behind a response for
                     every running stream; on a 2-core machine they compete with the engine (measured: worse).
+                    While fewer streams are open than there are threads, a new stream stays with the receive
+                    thread: a hand-off to another thread would only add its wake-up to the stream's tokens.
                     engine_process=true only.
 
 instance_group count N > 1 (llmlaunch's engine.response_processes): N stub processes share one engine
@@ -69,9 +71,10 @@ hands the others to as many more threads.  With engine_process=false the
 engine runs on a thread of this process and one responder thread does the same.
 
 Metrics (launcher.serving.timings; means logged at unload): with the engine process, where
-each streamed request's first token spent its time in here (queued -> engine received ->
-first token made -> response sent) goes to tritonserver's metrics port as
-llmlaunch_first_token_seconds{part=add|engine|respond} and llmlaunch_first_tokens; and how
+each streamed request's first token spent its time in here (execute took it -> read and queued ->
+engine received -> first token made -> this stub had it -> response sent) goes to tritonserver's
+metrics port as llmlaunch_first_token_seconds{part=parse|add|engine|back|respond} and
+llmlaunch_first_tokens; and how
 the engine loop spends its steps (wall, launch, wait for the GPU, host work, GPU busy and
 idle) as llmlaunch_engine_seconds / _steps / _tokens.
 """
@@ -121,7 +124,7 @@ class _Stream:
     """Per-request state of the sender side."""
 
     __slots__ = ("sender", "stream", "parts", "input_tokens", "last_check", "cancelled", "last_sent", "shard",
-                 "queued", "times")
+                 "began", "queued", "times")
 
     def __init__(self, sender, stream: bool, shard: int):
         self.sender = sender  # pb_utils response sender
@@ -132,8 +135,10 @@ class _Stream:
         self.cancelled = False  # the client cancelled; the engine was asked to abort
         self.last_sent = None  # time of the last streamed response
         self.shard = shard  # the responder thread that owns this stream (its responses stay in order)
-        self.queued = 0.0  # time.monotonic() when execute queued it with the engine (FirstTokenTimes)
-        self.times = None  # the engine process's (received, first output made) stamps, until the first response
+        self.began = 0.0  # time.monotonic() when execute took the request (FirstTokenTimes)
+        self.queued = 0.0  # ... when execute had read it and queued it with the engine
+        self.times = None  # (received, first output made) in the engine process, + when this stub had it (the receive
+        # thread's stamp); until the first response
 
 
 class TritonPythonModel:
@@ -308,10 +313,13 @@ class TritonPythonModel:
     def _route(self, outputs):
         """Engine process: the outputs of one or more engine steps, on its receive thread -> each stream's
         responder (one put per thread, so a thread takes a whole step at once; shard 0 last, here)."""
+        got = time.monotonic()
         shares = [[] for _ in self._queues]
         for out in outputs:
             st = self._streams.get(out.request_id)
             if st is not None:
+                if out.times is not None:  # a first output: when this stub had it (FirstTokenTimes' "back")
+                    out.times = (*out.times, got)
                 shares[st.shard].append(out)
         for q, share in zip(self._queues, shares):
             if share and q is not None:
@@ -337,6 +345,7 @@ class TritonPythonModel:
     # -- requests ------------------------------------------------------------------------------------------
     def execute(self, requests):
         for request in requests:
+            began = time.monotonic()
             sender = request.get_response_sender()
             if self.tp_rank:
                 self._send(sender, triton_io.error_response(
@@ -348,9 +357,9 @@ class TritonPythonModel:
                 self._next_id += 1
                 rid = str(self._next_id)
                 # register before the engine can produce output for it
-                stream = _Stream(sender, req.stream, self._next_id % len(self._queues))
+                stream = _Stream(sender, req.stream, self._shard())
                 self._streams[rid] = stream
-                stream.queued = time.monotonic()
+                stream.began, stream.queued = began, time.monotonic()
                 try:
                     self.engine.add_request(rid, req.prompt, req.params, self._engine_callback)
                 except BaseException:
@@ -362,6 +371,12 @@ class TritonPythonModel:
                 _log("error", f"request rejected: {exc!r}")
                 self._send(sender, triton_io.error_response(f"request failed: {exc}"), final=True)
         return None
+
+    def _shard(self):
+        """The responder thread of a new stream: the receive thread's (0, no hand-off) while fewer streams are open
+        than there are threads, else the next in turn.  A stream keeps its thread, so its responses stay in order."""
+        n = len(self._queues)
+        return 0 if len(self._streams) < n else self._next_id % n
 
     def _note_ignored(self, names):
         for name in names:
@@ -463,7 +478,7 @@ class TritonPythonModel:
     def _first_token_sent(self, st):
         """After a response of `st` went out: if it was a stream's first, count where its first token's time went."""
         if st.stream and st.times is not None:
-            self._first_token.add(st.queued, st.times[0], st.times[1], time.monotonic())
+            self._first_token.add(st.began, st.queued, *st.times, time.monotonic())
             st.times = None
 
     @staticmethod

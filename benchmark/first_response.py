@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""What the serving path itself costs a first token, part by part, with nothing generating it.
+
+The hf engine's served TTFT at one stream is the in-process TTFT plus 2.3-2.6 ms on an H100 host
+(benchmark/RESULTS.md, seventeenth session), against the issue's 2 ms.  This script measures the path
+without the engine: the `first_echo` fixture model (tests/models/first_echo) parses each request with the
+hf model's own code and answers at once with its Responder, one variant per model instance in one
+tritonserver:
+
+  inline        execute answers itself: tritonserver, the python-backend stub, gRPC and the client (the floor)
+  thread        a responder thread answers (one thread hand-off in the stub)
+  process       a child process answers over a socketpair, as the hf model's engine process, and the stub's
+                receive thread responds (the hf model's default path, engine aside)
+  process_each  as process, inputs looked up one name at a time (how the hf model read them before)
+  inline_3ms, process_3ms
+                as inline / process, the answering side sleeping 3 ms first (the hf engine's own TTFT on an
+                H100 at one stream): the threads along the path have slept that long before they are woken,
+                as around a real first token.  Their hop and TTFT are given less the 3 ms.
+  process_3ms_spin
+                as process_3ms, the stub's receive thread and the child polling their socket in a loop instead
+                of blocking on it (tried against the slow wake-up; on the H100 host no better than process_3ms:
+                the polling thread holds the GIL that the stub's other threads need)
+
+One stream, one request at a time (as the issue's concurrency 1), through the benchmark's own client
+(launcher.client.TritonStream); rounds take the variants in turn.  The final response carries the model's
+CLOCK_MONOTONIC stamps, so each first token splits into:
+
+  request   client send -> execute began (client, gRPC, tritonserver, the stub's IPC)
+  parse     reading and validating the inputs
+  hop       parsed -> the answering thread has the output (thread hand-off, or the child process and back)
+  build     the response built (triton_io.Responder)
+  send      the stub's send call (a round trip to tritonserver)
+  response  send began -> the client has the response (tritonserver, gRPC, the client's receive thread)
+
+TTFT = request + parse + hop + build + response.  Medians (p50) of each, then the TTFT mean and p90, and
+each variant's median TTFT over inline's.
+
+--awake both runs every variant of a round twice, as is and with every CPU kept from sleeping (launcher/awake.py,
+serve.keep_cpus_awake: idle-priority spinners, started and stopped around each run); rows "+awake".  On a
+virtual machine an idle vCPU halts, and waking a thread on it costs tens of microseconds.
+
+    python benchmark/first_response.py                       # 1,000 requests x 3 rounds a variant
+    python benchmark/first_response.py --requests 3000 --rounds 5 --awake both --json first_response.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from launcher.client import Generation, StreamRecord, TritonStream, build_request  # noqa: E402
+
+# variant -> the fixture's parameters
+VARIANTS = {
+    "inline": {"via": "inline", "parse": "once"},
+    "thread": {"via": "thread", "parse": "once"},
+    "process": {"via": "process", "parse": "once"},
+    "process_each": {"via": "process", "parse": "each"},
+    "inline_3ms": {"via": "inline", "parse": "once", "delay_ms": 3},
+    "process_3ms": {"via": "process", "parse": "once", "delay_ms": 3},
+    "process_3ms_spin": {"via": "process", "parse": "once", "delay_ms": 3, "spin": True},
+}
+PARTS = ("request", "parse", "hop", "build", "send", "response")
+PROMPT = " ".join(["word"] * 100)  # the text is parsed, never tokenized
+
+
+def make_repo(dest: Path, variants: list[str]) -> Path:
+    """One first_echo model per variant, named first_<variant>, one instance each."""
+    from tests.models.serve import make_repository
+
+    repo = dest / "repo"
+    repo.mkdir(parents=True)
+    for v in variants:
+        one = make_repository(dest / f"src_{v}", {"first_echo": dict(VARIANTS[v], pythonpath=str(ROOT))})
+        shutil.move(str(one / "first_echo"), str(repo / f"first_{v}"))
+    return repo
+
+
+def split(rec: StreamRecord, delay_ms: float = 0.0) -> dict:
+    """One request's first token, part by part (ms), from the client's times and the model's stamps; the model's
+    deliberate delay taken out of hop and TTFT."""
+    began, parsed, had, start, done = (float(x) for x in rec.text.split()[1:])
+    first = rec.times[0]
+    return {"ttft": (first - rec.sent) * 1e3 - delay_ms, "request": (began - rec.sent) * 1e3,
+            "parse": (parsed - began) * 1e3, "hop": (had - parsed) * 1e3 - delay_ms, "build": (start - had) * 1e3,
+            "send": (done - start) * 1e3, "response": (first - start) * 1e3}
+
+
+def run_variant(stream: TritonStream, model: str, n: int, tag: str, delay_ms: float = 0.0) -> list[dict]:
+    """n requests one after another on one stream; each one's split (less the model's delay_ms)."""
+    out = []
+    for i in range(n):
+        rid = f"{tag}-{i}"
+        rec = stream.submit(build_request(model, Generation(PROMPT, 2, stream=True, ignore_eos=True), rid),
+                            StreamRecord(rid))
+        stream.wait(rec, timeout=60)
+        if rec.error:
+            raise RuntimeError(f"{model}: {rec.error}")
+        if len(rec.times) != 2 or rec.piece(0) != " x":
+            raise RuntimeError(f"{model}: {len(rec.times)} responses, first {rec.piece(0)!r}; expected 2, ' x'")
+        out.append(split(rec, delay_ms))
+    return out
+
+
+def summarize(rows: list[dict]) -> dict:
+    p50 = {k: round(statistics.median(r[k] for r in rows), 4) for k in ("ttft",) + PARTS}
+    ttft = sorted(r["ttft"] for r in rows)
+    return {"n": len(rows), "p50": p50, "ttft_mean": round(statistics.fmean(ttft), 4),
+            "ttft_p90": round(ttft[int(0.9 * (len(ttft) - 1))], 4)}
+
+
+def measure(url: str, variants: list[str], n: int, rounds: int, warmup: int, awake: str = "off", log=print) -> dict:
+    """Per row (a variant, or "<variant> +awake"): the split's medians, TTFT mean and p90, each round's median, and
+    the median TTFT over inline's (of the same awake mode)."""
+    from launcher.awake import KeepAwake
+
+    modes = {"off": [False], "on": [True], "both": [False, True]}[awake]
+    name = lambda v, on: f"{v} +awake" if on else v  # noqa: E731
+    rows: dict[str, list[dict]] = {name(v, on): [] for on in modes for v in variants}
+    per_round: dict[str, list[float]] = {k: [] for k in rows}
+    with TritonStream(url) as stream:
+        for v in variants:  # first requests map the stub's shared memory: not measured
+            run_variant(stream, f"first_{v}", warmup, f"w{v}", VARIANTS[v].get("delay_ms", 0))
+        for r in range(rounds):
+            for on in modes:
+                spinners = KeepAwake(range(os.cpu_count() or 1)).start() if on else None
+                try:
+                    for v in variants:
+                        got = run_variant(stream, f"first_{v}", n, f"r{r}{on}{v}", VARIANTS[v].get("delay_ms", 0))
+                        rows[name(v, on)] += got
+                        per_round[name(v, on)].append(statistics.median(x["ttft"] for x in got))
+                        log(f"round {r + 1}/{rounds} {name(v, on):20s} TTFT p50 {per_round[name(v, on)][-1]:.3f} ms")
+                finally:
+                    if spinners is not None:
+                        spinners.stop()
+    out = {k: dict(summarize(rows[k]), rounds=[round(x, 4) for x in per_round[k]]) for k in rows}
+    for on in modes:
+        base = out.get(name("inline", on))
+        if base is not None:
+            for v in variants:
+                out[name(v, on)]["vs_inline"] = round(out[name(v, on)]["p50"]["ttft"] / base["p50"]["ttft"], 3)
+    return out
+
+
+def table(result: dict) -> str:
+    head = "| variant | TTFT p50 (ms) | rounds | " + " | ".join(PARTS) + " | TTFT mean / p90 | × inline |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for v, row in result.items():
+        p = row["p50"]
+        lines.append(f"| {v} | {p['ttft']:.3f} | {' / '.join(f'{x:.3f}' for x in row['rounds'])} | "
+                     + " | ".join(f"{p[k]:.3f}" for k in PARTS)
+                     + f" | {row['ttft_mean']:.3f} / {row['ttft_p90']:.3f} | {row.get('vs_inline', float('nan')):.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=1000, help="requests of each variant in each round")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds; each takes every variant once")
+    ap.add_argument("--warmup", type=int, default=50, help="unmeasured requests per variant first")
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated: " + ", ".join(VARIANTS))
+    ap.add_argument("--awake", choices=("off", "on", "both"), default="off",
+                    help="keep every CPU from sleeping during the runs (launcher/awake.py): off, on, or both in turn")
+    ap.add_argument("--json", default="", help="write the results here too")
+    args = ap.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    bad = [v for v in variants if v not in VARIANTS]
+    if bad or not variants:
+        ap.error(f"--variants {args.variants!r}: choose among {', '.join(VARIANTS)}")
+    if args.requests < 1 or args.rounds < 1 or args.warmup < 1:
+        ap.error("--requests, --rounds and --warmup must be >= 1")
+
+    from tests.models.serve import serve
+
+    with tempfile.TemporaryDirectory(prefix="llmlaunch-first-response-") as tmp:
+        repo = make_repo(Path(tmp), variants)
+        t0 = time.monotonic()
+        with serve(repo) as url:
+            print(f"tritonserver ready in {time.monotonic() - t0:.1f} s ({url}); {os.cpu_count()} CPUs", flush=True)
+            result = measure(url, variants, args.requests, args.rounds, args.warmup, args.awake)
+    print(table(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"requests": args.requests, "rounds": args.rounds, "awake": args.awake,
+                                               "cpus": os.cpu_count(), "variants": result}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
