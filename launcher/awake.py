@@ -3,9 +3,12 @@
 Why: a streamed first token crosses a dozen threads (client, gRPC, tritonserver, the python stub, the engine
 process), and while the engine computes it most of them sleep.  On a virtual machine a vCPU with nothing to run
 halts and the host deschedules it, so waking a thread on it takes tens of microseconds more than on a busy one.
-Measured on the H100 host (a KVM guest, 16 vCPUs, `benchmark/first_response.py`, benchmark/RESULTS.md): a request
-answered through the python backend and a child process after 3 ms of sleep took 1.39-1.59 ms p50 end to end,
-and 1.01-1.05 ms with every idle vCPU kept busy; with no sleep at all 0.91-1.16 against 0.70-0.73.
+Measured on the H100 host (a KVM guest, 16 vCPUs; benchmark/RESULTS.md, eighteenth session): a request answered
+through the python backend and a child process after 3 ms of sleep took 1.39-1.59 ms p50 end to end, and
+1.01-1.15 ms with every idle vCPU kept busy (`benchmark/first_response.py --awake both`); the hf engine's served
+first token at one stream, 2.47 ms p50 more than in-process, 2.01 ms more with both kept awake
+(`benchmark/overhead.py`, paths direct_awake / served_awake).  Under load nothing is gained: at 128 streams the
+served tokens/s fell 2% (the spinners share cores with the stub's threads through hyperthreads).
 
 How: one process per CPU of `cpus`, pinned there, at SCHED_IDLE (the kernel runs it only when nothing else wants
 that CPU, and a woken thread preempts it at once), looping on getppid(): the loop keeps the CPU from halting and

@@ -233,8 +233,8 @@ def request_arrays(request) -> dict:
     """The contract's input tensors of a pb_utils request as numpy arrays (absent ones left out).
 
     One pass over the request's inputs: pb_utils.get_input_tensor_by_name lists them all again on every
-    call, and looking up each of the contract's ~20 names that way cost a first token 0.1-0.2 ms in the stub
-    (benchmark/first_response.py, `parse`)."""
+    call, and looking up each of the contract's ~20 names that way took reading and checking a request from
+    0.13 to 0.22 ms on the H100 host (benchmark/first_response.py, `parse`; RESULTS.md, eighteenth session)."""
     arrays = {}
     for tensor in request.inputs():
         name = tensor.name()
