@@ -46,13 +46,9 @@ virtual machine an idle vCPU halts, and waking a thread on it costs tens of micr
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,14 +72,10 @@ PROMPT = " ".join(["word"] * 100)  # the text is parsed, never tokenized
 
 def make_repo(dest: Path, variants: list[str]) -> Path:
     """One first_echo model per variant, named first_<variant>, one instance each."""
-    from tests.models.serve import make_repository
+    from tests.models.serve import variants_repository
 
-    repo = dest / "repo"
-    repo.mkdir(parents=True)
-    for v in variants:
-        one = make_repository(dest / f"src_{v}", {"first_echo": dict(VARIANTS[v], pythonpath=str(ROOT))})
-        shutil.move(str(one / "first_echo"), str(repo / f"first_{v}"))
-    return repo
+    return variants_repository(dest, "first_echo", {f"first_{v}": dict(VARIANTS[v], pythonpath=str(ROOT))
+                                                    for v in variants})
 
 
 def split(rec: StreamRecord, delay_ms: float = 0.0) -> dict:
@@ -173,27 +165,15 @@ def main(argv=None) -> int:
                     help="keep every CPU from sleeping during the runs (launcher/awake.py): off, on, or both in turn")
     ap.add_argument("--json", default="", help="write the results here too")
     args = ap.parse_args(argv)
-    variants = [v for v in args.variants.split(",") if v]
-    bad = [v for v in variants if v not in VARIANTS]
-    if bad or not variants:
-        ap.error(f"--variants {args.variants!r}: choose among {', '.join(VARIANTS)}")
+    from tests.models.serve import chosen_variants, measure_variants
+
+    variants = chosen_variants(ap, args.variants, VARIANTS)
     if args.requests < 1 or args.rounds < 1 or args.warmup < 1:
         ap.error("--requests, --rounds and --warmup must be >= 1")
-
-    from tests.models.serve import serve
-
-    with tempfile.TemporaryDirectory(prefix="llmlaunch-first-response-") as tmp:
-        repo = make_repo(Path(tmp), variants)
-        t0 = time.monotonic()
-        with serve(repo) as url:
-            print(f"tritonserver ready in {time.monotonic() - t0:.1f} s ({url}); {os.cpu_count()} CPUs", flush=True)
-            result = measure(url, variants, args.requests, args.rounds, args.warmup, args.awake)
-    print(table(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"requests": args.requests, "rounds": args.rounds, "awake": args.awake,
-                                               "cpus": os.cpu_count(), "variants": result}, indent=2))
+    measure_variants("llmlaunch-first-response-", lambda d: make_repo(d, variants),
+                     lambda url: measure(url, variants, args.requests, args.rounds, args.warmup, args.awake), table,
+                     args.json, {"requests": args.requests, "rounds": args.rounds, "awake": args.awake})
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -28,13 +28,9 @@ gRPC front end and the backend's side of each send).  Then each variant's rate o
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,15 +50,9 @@ def emitter_params(variant: str, pieces: int, responses: int) -> dict:
 
 def make_repo(dest: Path, variants: list[str], pieces: int, responses: int) -> Path:
     """One emitter model per variant, named emitter_<variant>, one instance each."""
-    from tests.models.serve import make_repository
+    from tests.models.serve import variants_repository
 
-    repo = dest / "repo"
-    repo.mkdir(parents=True)
-    for v in variants:
-        one = make_repository(dest / f"src_{v}", {"emitter": emitter_params(v, pieces, responses)},
-                              instances={"emitter": 1})
-        shutil.move(str(one / "emitter"), str(repo / f"emitter_{v}"))
-    return repo
+    return variants_repository(dest, "emitter", {f"emitter_{v}": emitter_params(v, pieces, responses) for v in variants})
 
 
 def cpu_seconds(pid: int) -> float | None:
@@ -166,27 +156,15 @@ def main(argv=None) -> int:
                     help="distinct texts of the `cached` variant's responses (cycled), as a model's frequent tokens")
     ap.add_argument("--json", default="", help="write the results here too")
     args = ap.parse_args(argv)
-    variants = [v for v in args.variants.split(",") if v]
-    bad = [v for v in variants if v not in VARIANTS]
-    if bad or not variants:
-        ap.error(f"--variants {args.variants!r}: choose among {', '.join(VARIANTS)}")
+    from tests.models.serve import chosen_variants, measure_variants
+
+    variants = chosen_variants(ap, args.variants, VARIANTS)
     if args.responses < 2 or args.rounds < 1 or args.pieces < 1 or args.warmup < 2:
         ap.error("--responses and --warmup must be >= 2, --rounds and --pieces >= 1")
-
-    from tests.models.serve import serve
-
-    with tempfile.TemporaryDirectory(prefix="llmlaunch-stub-rate-") as tmp:
-        repo = make_repo(Path(tmp), variants, args.pieces, args.responses)
-        t0 = time.monotonic()
-        with serve(repo) as url:
-            print(f"tritonserver ready in {time.monotonic() - t0:.1f} s ({url}); {os.cpu_count()} CPUs", flush=True)
-            result = measure(url, variants, args.responses, args.rounds, args.warmup, args.pieces)
-    print(table(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps({"responses": args.responses, "rounds": args.rounds, "pieces": args.pieces,
-                                               "cpus": os.cpu_count(), "variants": result}, indent=2))
+    measure_variants("llmlaunch-stub-rate-", lambda d: make_repo(d, variants, args.pieces, args.responses),
+                     lambda url: measure(url, variants, args.responses, args.rounds, args.warmup, args.pieces), table,
+                     args.json, {"responses": args.responses, "rounds": args.rounds, "pieces": args.pieces})
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

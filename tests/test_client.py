@@ -3,6 +3,7 @@ serving the `timed` fixture model (tests/models/timed)."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import struct
@@ -161,6 +162,17 @@ def test_cli_unreachable_server_exits_1():
 # --------------------------------------------------------------------------- the streaming Responder's kept tensors
 
 
+def _triton_benchmark(name: str):
+    """benchmark/<name>.py as a module, for a test that runs it in a real tritonserver (skipped without one)."""
+    if importlib.util.find_spec("pytriton") is None:
+        pytest.skip("needs nvidia-pytriton (tritonserver)")
+    sys.path.insert(0, str(ROOT / "benchmark"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(ROOT / "benchmark"))
+
+
 @pytest.mark.triton
 def test_responder_resends_kept_tensors_with_their_own_text(tmp_path):
     """launcher.serving.triton_io.Responder keeps the tensors that repeat (texts, counts) and sends them again.
@@ -168,15 +180,9 @@ def test_responder_resends_kept_tensors_with_their_own_text(tmp_path):
     texts cycled, at most 5 kept (so the kept set is dropped and refilled mid-request); every response of both
     requests must carry its own text, and the final count must be right.  Then benchmark/stub_rate.py end to
     end on a short run: the three variants check their texts the same way."""
-    if importlib.util.find_spec("pytriton") is None:
-        pytest.skip("needs nvidia-pytriton (tritonserver)")
     import json
 
-    sys.path.insert(0, str(ROOT / "benchmark"))
-    try:
-        import stub_rate
-    finally:
-        sys.path.remove(str(ROOT / "benchmark"))
+    stub_rate = _triton_benchmark("stub_rate")
     from tests.models.serve import make_repository, serve
 
     repo = make_repository(tmp_path / "repo", {"emitter": {"responder": "cached", "pieces": 7, "max_texts": 5,
@@ -209,15 +215,9 @@ def test_first_response_splits_the_serving_path(tmp_path):
     socketpair (the engine process's framing).  Every variant's first response is " x" and its final one carries
     five stamps that must lie in order between the client's send and receive; the split's parts add up to the
     TTFT; a bad request (temperature -1) gets the hf model's own error message."""
-    if importlib.util.find_spec("pytriton") is None:
-        pytest.skip("needs nvidia-pytriton (tritonserver)")
     import json
 
-    sys.path.insert(0, str(ROOT / "benchmark"))
-    try:
-        import first_response
-    finally:
-        sys.path.remove(str(ROOT / "benchmark"))
+    first_response = _triton_benchmark("first_response")
     from launcher.client import Generation, StreamRecord, TritonStream, build_request
     from tests.models.serve import serve
 

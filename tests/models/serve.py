@@ -56,6 +56,43 @@ def make_repository(dest: Path, models: dict[str, dict], instances: dict[str, in
     return dest
 
 
+def variants_repository(dest: Path, fixture: str, params: dict[str, dict], instances: int = 1) -> Path:
+    """One repository holding a copy of fixture model `fixture` per entry of `params` (model name -> its
+    parameters), `instances` instances each: the variants a benchmark compares in one tritonserver."""
+    repo = Path(dest) / "repo"
+    repo.mkdir(parents=True)
+    for name, model_params in params.items():
+        one = make_repository(Path(dest) / f"src_{name}", {fixture: model_params}, instances={fixture: instances})
+        shutil.move(str(one / fixture), str(repo / name))
+    return repo
+
+
+def chosen_variants(ap, text: str, known) -> list[str]:
+    """A benchmark's --variants (comma-separated) checked against the names it knows (argparse error if not)."""
+    variants = [v for v in text.split(",") if v]
+    if not variants or any(v not in known for v in variants):
+        ap.error(f"--variants {text!r}: choose among {', '.join(known)}")
+    return variants
+
+
+def measure_variants(prefix: str, make_repo, measure, table, json_path: str = "", header: dict | None = None) -> dict:
+    """A variants benchmark's run: `make_repo(dir)` -> a repository (variants_repository), served by one
+    tritonserver (its start announced on stdout); `measure(url)` -> {variant: result}; `table(result)` printed; the
+    results also written to json_path (with `header` and the CPU count) if given."""
+    import json
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        t0 = time.monotonic()
+        with serve(make_repo(Path(tmp))) as url:
+            print(f"tritonserver ready in {time.monotonic() - t0:.1f} s ({url}); {os.cpu_count()} CPUs", flush=True)
+            result = measure(url)
+    print(table(result))
+    if json_path:
+        Path(json_path).write_text(json.dumps({**(header or {}), "cpus": os.cpu_count(), "variants": result}, indent=2))
+    return result
+
+
 def hf_server(model_dir: str, workdir: Path, params: dict, model: str = "hf_model", env: dict | None = None,
               instances: int = 1):
     """A launcher.triton.TritonServer (not started) serving the project's hf model (model_repository/hf, config
