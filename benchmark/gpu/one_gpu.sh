@@ -65,6 +65,9 @@ echo "== 2f. the same load: prompt steps waiting for the running step's tokens /
 timeout 600 $PY benchmark/gpu/intake.py --model "$MODEL" --rounds "$ROUNDS" --variants wait unfused waves \
     --json "$OUT_DIR/intake_ahead_fused.json" > /dev/null
 
+echo "== 2g. the serving path's own first-token cost with no engine (tritonserver, stub, a process hop, client), CPUs as they are and kept awake"
+timeout 300 $PY benchmark/first_response.py --requests 800 --rounds 2 --awake both --json "$OUT_DIR/first_response.json"
+
 echo "== 3. served vs in-process vs engine process vs static generate, concurrency $CONCURRENCY"
 # three engines on the GPU at once (in-process, engine process, the server's): each holds its weights and KV cache.
 # The served path's load generator runs on its own half of the cores, tritonserver and its engine on the other
@@ -95,12 +98,12 @@ for r in d["runs"]:
           f"{r['direct_itl_ms_p50']:>8.3f} {r['process_itl_ms_p50']:>8.3f} {r['served_itl_ms_p50']:>8.3f} "
           f"{r['direct_step_ms'] or 0:>7.3f} {gen.get(r['concurrency'], 0):>14.1f} {r.get('served_vs_generate', 0):>10.3f}")
 # where the served TTFT goes (means, ms): inside the model (its metrics) and outside it (tritonserver, gRPC, client)
-print(f"{'C':>4} {'TTFT mean in/served':>20} {'add':>7} {'engine':>8} {'respond':>8} {'outside':>8}")
+print(f"{'C':>4} {'TTFT mean in/served':>20} {'parse':>6} {'add':>7} {'engine':>8} {'back':>7} {'respond':>8} {'outside':>8}")
 for r in d["runs"]:
     ft = r.get("served_first_token_ms")
     if ft:
-        print(f"{r['concurrency']:>4} {r['direct_ttft_ms_mean']:>9.2f} / {r['served_ttft_ms_mean']:<8.2f} {ft['add']:>7.2f} "
-              f"{ft['engine']:>8.2f} {ft['respond']:>8.2f} {ft['outside_server']:>8.2f}")
+        print(f"{r['concurrency']:>4} {r['direct_ttft_ms_mean']:>9.2f} / {r['served_ttft_ms_mean']:<8.2f} {ft['parse']:>6.2f} "
+              f"{ft['add']:>7.2f} {ft['engine']:>8.2f} {ft['back']:>7.2f} {ft['respond']:>8.2f} {ft['outside_server']:>8.2f}")
 # how each path's engine spent a step (ms): GPU-bound (wait, GPU busy) or host-bound (launch, host, GPU idle)
 print(f"{'C':>4} {'path':<8} {'step':>7} {'launch':>7} {'wait':>7} {'host':>7} {'GPU busy':>9} {'GPU idle':>9}")
 for r in d["runs"]:
@@ -115,4 +118,21 @@ base = set(libs.get("direct", []))
 for path, found in libs.items():
     diff = sorted(set(found) ^ base)
     print(f"{path} engine: {len(found)} CUDA libraries" + (f"; differs from in-process: {' '.join(diff)}" if diff else ""))
+PY
+
+echo "== 4. one stream: the TTFT serving adds, CPUs as they are and kept awake (serve.keep_cpus_awake)"
+# The same engines and rounds with idle-priority spinners on every CPU (launcher/awake.py) for the _awake paths: on a
+# virtual machine an idle vCPU halts and waking a thread there is slow (RESULTS.md, eighteenth session).
+# shellcheck disable=SC2086
+timeout 600 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfloat16 --max-num-seqs 128 \
+    --concurrency 1 --prompt-tokens 128 --max-tokens 128 --requests-per-stream 20 --rounds "$ROUNDS" \
+    --warmup-tokens 128 --client-processes "${CLIENT_PROCESSES:-$(( $(nproc) / 2 ))}" --client-streams 1 "${SPLIT[@]}" \
+    --paths direct served direct_awake served_awake > "$OUT_DIR/overhead_awake.json"
+$PY - "$OUT_DIR/overhead_awake.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))["runs"][0]
+print(f"TTFT p50 in-process / served: {r['direct_ttft_ms_p50']:.2f} / {r['served_ttft_ms_p50']:.2f} ms "
+      f"(+{r['ttft_added_ms_p50']:.2f}); CPUs awake {r['direct_awake_ttft_ms_p50']:.2f} / "
+      f"{r['served_awake_ttft_ms_p50']:.2f} ms (+{r['awake_ttft_added_ms_p50']:.2f}); served / in-process tok/s "
+      f"{r['ratio']:.3f}, awake {r['awake_ratio']:.3f}")
 PY
