@@ -20,6 +20,7 @@ thread shares its core with a spinner), so it is off by default; the CPU time a 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -95,6 +96,17 @@ class KeepAwake:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def kept(enabled: bool, local_rank: int, say=None):
+    """`for_rank`'s spinners for the length of a with-block (a rank serving), stopped after it."""
+    spinners = for_rank(enabled, local_rank, say)
+    try:
+        yield spinners
+    finally:
+        if spinners is not None:
+            spinners.stop()
 
 
 def for_rank(enabled: bool, local_rank: int, say=None) -> Optional[KeepAwake]:

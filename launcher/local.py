@@ -66,12 +66,8 @@ def serve_foreground(spec: LaunchSpec, run_dir: str) -> int:
         from launcher import awake
 
         # one rank served from here (several: each rank process keeps its own CPUs awake, launcher.rank)
-        spinners = awake.for_rank(bool(spec.serve.get("keep_cpus_awake", False)), 0, say)
-        try:
+        with awake.kept(bool(spec.serve.get("keep_cpus_awake", False)), 0, say):
             return _serve_one(spec, run, install, stop)
-        finally:
-            if spinners is not None:
-                spinners.stop()
     return _serve_ranks(spec, run, stop)
 
 

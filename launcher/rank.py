@@ -388,32 +388,23 @@ def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path
     from launcher import awake
     from launcher.spec import LaunchSpec
 
+    environ = dict(os.environ if environ is None else environ)
     spec = LaunchSpec.from_json((Path(run_dir) / "launch.json").read_text())
-    topo = read_topology(dict(os.environ if environ is None else environ))
+    topo = read_topology(environ)
     say = lambda msg: print(f"[llmlaunch rank {topo.rank} {topo.hostname}] {msg}", flush=True)  # noqa: E731
-    spinners = awake.for_rank(bool(spec.serve.get("keep_cpus_awake", False)), topo.local_rank, say)
-    try:
-        return _run_rank(run_dir, environ, log_path)
-    finally:
-        if spinners is not None:
-            spinners.stop()
+    with awake.kept(bool(spec.serve.get("keep_cpus_awake", False)), topo.local_rank, say):
+        return _run_rank(Path(run_dir), spec, topo, environ, log_path, say)
 
 
-def _run_rank(run_dir: str, environ: Optional[Mapping[str, str]], log_path: Optional[str]) -> int:
+def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path: Optional[str], say) -> int:
     from launcher.engines.registry import ENGINES
     from launcher.render import shm_prefix, tritonserver_argv
-    from launcher.spec import LaunchSpec
     from launcher.triton import ServerDied, TritonServer, resolve_tritonserver, server_env
 
-    environ = dict(os.environ if environ is None else environ)
-    run = Path(run_dir)
-    spec = LaunchSpec.from_json((run / "launch.json").read_text())
-    topo = read_topology(environ)
     if topo.world_size != spec.world_size:
         raise SystemExit(f"rank {topo.rank}: the launcher started {topo.world_size} ranks but the plan has {spec.world_size}")
     edef = ENGINES[spec.engine["name"]]
     log = Path(log_path) if log_path else _own_log(run, topo)
-    say = lambda msg: print(f"[llmlaunch rank {topo.rank} {topo.hostname}] {msg}", flush=True)  # noqa: E731
 
     if topo.rank == 0:
         # Records of an earlier run of this dir (a requeued job) must not stop this run's ranks. Nobody
