@@ -138,18 +138,24 @@ def step_parts(runner, n: int = 300) -> dict:
     return {"graph_replay_steps_per_s": round(replay, 1), "runner_execute_steps_per_s": round(execute, 1)}
 
 
+GREEDY_CASES = ("together", "one_at_a_time", "while_decoding", "slots_full")
+
+
 def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, arrive: str = "together",
                   fuse_projections: bool = True) -> list:
     """Greedy tokens (float32) of 4 prompts of different lengths through the engine.  arrive: "together" (one
     step takes them all: with graphs, a wave graph of 4 rows of 48 tokens); "one_at_a_time" (each after the last finished: its step is its own and replays a prompt
     graph); "while_decoding" (prompt 0, then 1 and 2 at once once 0 has 8 tokens, then 3 once 2 has 8: each
-    arrives while others decode, and with graphs goes through its graph alone while they wait)."""
+    arrives while others decode, and with graphs goes through its graph alone while they wait); "slots_full" (all
+    four in one call to an engine of two slots: two wait for a slot while the others decode, their decode steps
+    queued ahead all the same, and take the slots the first two leave)."""
     import queue
     import threading
 
     from launcher.engines.hf_engine import Engine, SamplingParams
 
-    engine = Engine(model_dir, device="cuda", dtype="float32", max_num_seqs=8, cuda_graphs=cuda_graphs,
+    engine = Engine(model_dir, device="cuda", dtype="float32", max_num_seqs=2 if arrive == "slots_full" else 8,
+                    cuda_graphs=cuda_graphs,
                     torch_compile=torch_compile, fuse_projections=fuse_projections).start()
     try:
         done: queue.SimpleQueue = queue.SimpleQueue()
@@ -172,11 +178,11 @@ def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, arriv
                 assert progress.wait_for(lambda: len(outs[i]) >= k, timeout=600), f"prompt {i} stalled"
 
         lengths = (5, 17, 40, 9)
-        if arrive == "together":  # in one call, so that the engine finds them waiting together: with graphs, a wave
+        if arrive in ("together", "slots_full"):  # in one call, so that the engine finds them waiting together: with graphs, a wave
             engine.add_requests([(f"g{i}", list(range(20 + i, 20 + i + length)),
                                   SamplingParams(max_tokens=n, ignore_eos=True), lambda out, i=i: on_output(out, i))
                                  for i, length in enumerate(lengths)])
-        for i, length in enumerate(lengths if arrive != "together" else ()):
+        for i, length in enumerate(lengths if arrive not in ("together", "slots_full") else ()):
             if arrive == "while_decoding" and i in (1, 3):
                 tokens_of(i - 1, 8)
             add(i, length)
@@ -187,7 +193,8 @@ def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, arriv
         if cuda_graphs:
             s = engine.stats
             print(f"[greedy] {arrive}: {engine.features}; {s.prompt_steps} steps with prompts, "
-                  f"{s.prompt_graph_steps} of them through a prompt or wave graph", file=sys.stderr, flush=True)
+                  f"{s.prompt_graph_steps} of them through a prompt or wave graph; {s.ahead_steps} of {s.steps} steps "
+                  f"queued ahead", file=sys.stderr, flush=True)
         return [outs[i] for i in sorted(outs)]
     finally:
         engine.shutdown()
@@ -245,6 +252,8 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--no-greedy-check", action="store_true", help="skip the float32 greedy comparison")
     ap.add_argument("--greedy-only", action="store_true", help="only the float32 greedy comparison")
+    ap.add_argument("--greedy-cases", nargs="+", choices=GREEDY_CASES, default=list(GREEDY_CASES),
+                    help="the greedy comparisons to run (default: all)")
     ap.add_argument("--ways", nargs="+", choices=list(WAYS), default=list(WAYS),
                     help="the engine ways to time (default: all)")
     args = ap.parse_args(argv)
@@ -280,22 +289,25 @@ def main(argv=None) -> int:
             out["fused_vs_unfused_replay"] = round(out["compiled_graphs_graph_replay_steps_per_s"]
                                                    / out["compiled_graphs_unfused_graph_replay_steps_per_s"], 4)
     if not args.no_greedy_check:
-        # float32, 4 prompts together (rows of idle slots padded in the graph): the same tokens four ways
+        cases = set(args.greedy_cases)
         ref = generate_tokens(args.model)
-        with_graphs, without = greedy_tokens(args.model, True, False), greedy_tokens(args.model, False, False)
-        compiled = greedy_tokens(args.model, True, True)
-        out["greedy_compiled_graphs_unfused_equal_generate"] = greedy_tokens(args.model, True, True,
-                                                                             fuse_projections=False) == ref
-        out["greedy_graphs_equal_eager"] = with_graphs == without
-        out["greedy_graphs_equal_generate"] = with_graphs == ref
-        out["greedy_eager_equal_generate"] = without == ref
-        out["greedy_compiled_graphs_equal_generate"] = compiled == ref
-        # one prompt at a time: each prompt's step replays a prompt graph (buckets 16, 24, 48, 16)
-        out["greedy_compiled_graphs_one_at_a_time_equal_generate"] = greedy_tokens(args.model, True, True,
-                                                                                   arrive="one_at_a_time") == ref
-        # arriving while others decode: prompt graphs between decode steps queued ahead
-        out["greedy_compiled_graphs_while_decoding_equal_generate"] = greedy_tokens(args.model, True, True,
-                                                                                    arrive="while_decoding") == ref
+        if "together" in cases:
+            # float32, 4 prompts together (rows of idle slots padded in the graph): the same tokens four ways
+            with_graphs, without = greedy_tokens(args.model, True, False), greedy_tokens(args.model, False, False)
+            compiled = greedy_tokens(args.model, True, True)
+            out["greedy_compiled_graphs_unfused_equal_generate"] = greedy_tokens(args.model, True, True,
+                                                                                 fuse_projections=False) == ref
+            out["greedy_graphs_equal_eager"] = with_graphs == without
+            out["greedy_graphs_equal_generate"] = with_graphs == ref
+            out["greedy_eager_equal_generate"] = without == ref
+            out["greedy_compiled_graphs_equal_generate"] = compiled == ref
+        for arrive in ("one_at_a_time", "while_decoding", "slots_full"):
+            # one prompt at a time: each prompt's step replays a prompt graph (buckets 16, 24, 48, 16); arriving while
+            # others decode: prompt graphs between decode steps queued ahead; two slots for four: decode steps queued
+            # ahead while two requests wait for a slot
+            if arrive in cases:
+                out[f"greedy_compiled_graphs_{arrive}_equal_generate"] = greedy_tokens(args.model, True, True,
+                                                                                      arrive=arrive) == ref
     print(json.dumps(out, indent=2))
     return 0
 

@@ -101,6 +101,17 @@ class EngineStats:
     to_first_token_s: float = 0.0  # summed: add_request to the first token on the host (queued + prompt steps)
 
 
+def _env_switch(value: bool | None, name: str, on: str, off: str) -> bool:
+    """An engine switch: `value` where given, else the environment variable `name` (1, the default, or 0), refused
+    with both meanings named when it is anything else."""
+    if value is not None:
+        return bool(value)
+    raw = os.environ.get(name, "") or "1"
+    if raw not in ("0", "1"):
+        raise ValueError(f"{name}={raw!r}: use 1 ({on}, the default) or 0 ({off})")
+    return raw == "1"
+
+
 def describe_features(f: dict) -> str:
     """'torch_compile on (12.3 s), 16 decode graphs, overlap on, cuDNN attention in graphs' from Engine.features
     ('' for none)."""
@@ -113,7 +124,9 @@ def describe_features(f: dict) -> str:
              f"prompt graphs failed ({f['prefill_graph_error']})" if f.get("prefill_graph_error") else
              f"{f.get('prefill_graphs', 0)} prompt graphs, {f.get('wave_graphs', 0)} wave graphs",
              f"overlap {'on' if f.get('overlap') else 'off'}"
-             + (" (prompt steps wait)" if f.get("overlap") and f.get("prompts_ahead") is False else "")]
+             + (" (prompt steps wait)" if f.get("overlap") and f.get("prompts_ahead") is False else
+                " (decode steps wait while requests wait for a slot)" if f.get("overlap") and f.get("full_ahead") is False
+                else "")]
     if "fused" in f:  # layers whose q/k/v (gate/up) projections run as one product (hf_fuse)
         fused = {k: n for k, n in f["fused"].items() if n}
         parts.append("projections fused (" + ", ".join(f"{k.replace('_proj', '')} x{n}" for k, n in fused.items())
@@ -190,7 +203,8 @@ class Engine:
                  torch_compile: bool | None = None, overlap: bool | None = None,
                  cudnn_attention: str | None = None, prefill_graphs: int | None = None,
                  wave_graphs: bool | None = None, prompts_alone: int | None = None,
-                 fuse_projections: bool | None = None, prompts_ahead: bool | None = None):
+                 fuse_projections: bool | None = None, prompts_ahead: bool | None = None,
+                 full_ahead: bool | None = None):
         """
         model_path: HF-format folder (config, weights, tokenizer unless tokenizer_path is given).
         device: auto (cuda when available) | cpu | cuda | cuda:N.  dtype: auto | float32 | bfloat16 | float16.
@@ -220,6 +234,8 @@ class Engine:
         PROMPTS_ALONE_MAX; None: LLMLAUNCH_HF_PROMPTS_ALONE, else PROMPTS_ALONE_MAX; 0: never).
         prompts_ahead: with overlap, steps of prompts alone or in a wave, and the decode rows' turn after them, are
         queued behind the step running too (see `_schedule`; None: LLMLAUNCH_HF_PROMPTS_AHEAD, else on).
+        full_ahead: with overlap, decode steps are queued ahead while requests wait for a slot too (see `_schedule`;
+        None: LLMLAUNCH_HF_FULL_AHEAD, else on; off, the code before the nineteenth session, to measure against).
         """
         from transformers import AutoTokenizer, GenerationConfig
 
@@ -233,14 +249,11 @@ class Engine:
         if int(prompts_alone) < 0:
             raise ValueError(f"prompts_alone={prompts_alone} is negative: the most prompts to take alone, 0 for none")
         prompts_alone = int(prompts_alone)
-        if prompts_ahead is None:
-            raw = os.environ.get("LLMLAUNCH_HF_PROMPTS_AHEAD", "") or "1"
-            if raw not in ("0", "1"):
-                raise ValueError(f"LLMLAUNCH_HF_PROMPTS_AHEAD={raw!r}: use 1 (steps of prompts, and the decode rows' "
-                                 f"turn after them, queued behind the step running, the default) or 0 (they wait "
-                                 f"for its tokens)")
-            prompts_ahead = raw == "1"
-        self._prompts_ahead = bool(prompts_ahead)
+        self._prompts_ahead = _env_switch(prompts_ahead, "LLMLAUNCH_HF_PROMPTS_AHEAD", "steps of prompts, and the "
+                                          "decode rows' turn after them, queued behind the step running",
+                                          "they wait for its tokens")
+        self._full_ahead = _env_switch(full_ahead, "LLMLAUNCH_HF_FULL_AHEAD", "decode steps queued ahead while "
+                                       "requests wait for a slot", "they wait for the running step's tokens")
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or self.model_path)
         self.runner = HFModelRunner(self.model_path, device=device, dtype=dtype, max_num_seqs=max_num_seqs,
@@ -310,6 +323,7 @@ class Engine:
         return {"torch_compile": r.use_compile, "compile_s": round(r.compile_s, 1), "compile_error": r.compile_error,
                 "decode_graphs": len(r._graphs), "graph_error": r.graph_error, "overlap": self._overlap,
                 "prompts_ahead": self._overlap and self._prompts_ahead,
+                "full_ahead": self._overlap and self._prompts_ahead and self._full_ahead,
                 "prefill_graphs": len(r._prefill_graphs), "wave_graphs": len(r._wave_graphs),
                 "prefill_graph_error": r.prefill_graph_error, "fused": dict(r.fused),
                 "cudnn_attention": r.cudnn_attention if r.device.type == "cuda" else ""}
@@ -573,6 +587,8 @@ class Engine:
         None): the GPU goes from the running step to the prompts, and from them to the decode rows' turn, without
         waiting for the host in between (on an H100 at 128 streams about one step in six carried or followed
         prompts and each waited ~1.5 ms for the host: benchmark/RESULTS.md, seventeenth session).
+        Requests waiting for a slot (every slot taken) hold nothing back: the decode rows go ahead, and a request
+        takes the slot of a row that ended in the step scheduled after the host has that row's last token.
         None (wait for the running step) where a row's sampling needs its last token on the host (bad words),
         a request is in the inbox, a prompt is part-way through prefill, or waiting prompts would go in one step
         beside the decode rows (no prompt graphs).  A step with prompt tokens beside decode rows cannot replay a
@@ -609,8 +625,18 @@ class Engine:
             decoding += waited
             if prompts_waiting:
                 self._admit()
-                # not those the running step prefills
-                only = self._prompts_only(decoding, [s for s in self._prefilling if id(s) not in ids])
+                pending = [s for s in self._prefilling if id(s) not in ids]  # not those the running step prefills
+                # Every slot taken: the waiting requests wait for one whatever this step is, so the decode rows go
+                # ahead.  (Waiting for the running step instead lost the overlap exactly when the engine is full:
+                # on an H100 with Poisson arrivals past its capacity, 42-61% of steps queued ahead instead of 99%,
+                # each waiting for the host, and the queue grew faster: benchmark/RESULTS.md, nineteenth session.)
+                # A slot frees when the host has a row's last token, so a waiting request is admitted in the step
+                # scheduled after that.
+                if not pending and not self._full_ahead:
+                    return None  # LLMLAUNCH_HF_FULL_AHEAD=0: the code before the nineteenth session
+                only = self._prompts_only(decoding, pending) if pending else []
+                if not pending:
+                    self._waved = False
                 if only:  # prompts only, through their graph: nothing of the running step's
                     decoding, prompts, prev_rows = [], only, None
                 elif only is None:  # the prompts go beside the decode rows, in one step once the running one ends
