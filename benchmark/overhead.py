@@ -4,6 +4,7 @@ tritonserver + gRPC streaming.
     python benchmark/overhead.py                      # tiny model, CPU, concurrency 1 and 32
     python benchmark/overhead.py --concurrency 1 8 32 --rounds 5 --max-tokens 64 --paths direct process served
     python benchmark/overhead.py --model /path/to/hf_model --device cuda --concurrency 64
+    python benchmark/overhead.py --concurrency 1 --request-rate 5 20 --paths direct served   # + open loops
 
 For each concurrency C every path of --paths runs the same closed loop: C
 requests in flight, a new one sent as soon as one finishes,
@@ -11,7 +12,20 @@ requests in flight, a new one sent as soon as one finishes,
 --max-tokens tokens (ignore_eos), or with --max-tokens-min a length of its own
 drawn from that range (the same ones on every path and in every round: requests
 then end apart, not in waves).  Tokens/s = output tokens / wall time from first
-send to last completion.  The paths:
+send to last completion.
+
+--request-rate R adds open loops: R x --open-seconds requests a round, each
+sent at its arrival time (Poisson, mean R/s) whatever is in flight, the same
+times on every path: those the served path's load generator keeps
+(launcher.bench.runner.arrival_times, one arrival stream per client process).
+In a closed loop a served request's successor leaves only once the last piece
+has crossed tritonserver and gRPC, so the paths' engines see different arrival
+patterns and the TTFT difference mixes that in with the serving path's cost;
+with the same arrivals it is the serving path's alone.  Tokens/s there is set
+by the rate (the ratio should be ~1); the mean number of requests in flight
+(`<path>_in_flight_mean`, Little's law) says what concurrency a rate made.
+
+The paths:
 
   direct   `Engine.add_request` from a driver thread with a callback that only
            records the output (what the Triton model's callback does, minus
@@ -106,6 +120,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,6 +133,64 @@ PATHS = ("direct", "delayed", "process", "served", "pinned", "direct_awake", "se
 # key prefix of each path's ratios to direct: served keeps the unprefixed names of the two-path version
 RATIO_PREFIX = {"delayed": "delayed_", "process": "process_", "served": "", "pinned": "pinned_",
                 "direct_awake": "direct_awake_", "served_awake": "served_awake_"}
+
+
+@dataclass(frozen=True)
+class Load:
+    """One row of the comparison, the same for every path: a closed loop (`concurrency` requests in flight, each
+    finished one's successor sent at once), or with a `rate` an open loop: request i is sent at its arrival time
+    whatever is in flight, the same times on every path, so that a path's TTFT cannot differ by when its requests
+    came (a closed loop's successors arrive when the last piece reached the client, later through a server)."""
+
+    requests: int  # requests a round
+    concurrency: int = 0  # closed loop: requests in flight (0 with a rate)
+    rate: float = 0.0  # open loop: mean requests/s, Poisson arrivals (launcher.bench.runner's pacing)
+    processes: int = 1  # open loop: the served path's client processes; each draws arrivals of its own, so the
+    # schedule depends on how many there are (arrival_times)
+    seed: int = 0  # prompts, drawn output lengths and arrival times
+
+    def label(self) -> str:
+        return f"rate={self.rate:g}/s" if self.rate else f"C={self.concurrency}"
+
+    def open_spec(self, streams: int = 1):
+        """The load generator's LoadSpec of this open loop (no concurrency cap: the engine queues what it has no
+        slot for, on every path alike)."""
+        from launcher.bench.runner import LoadSpec
+
+        return LoadSpec(concurrency=None, request_rate=self.rate, num_requests=self.requests,
+                        processes=self.processes, streams=streams, seed=self.seed)
+
+    def arrivals(self) -> list[float] | None:
+        """Send times (s after the start) of an open loop's requests, those the served path's generator keeps; None
+        for a closed loop."""
+        from launcher.bench.runner import arrival_times
+
+        return arrival_times(self.open_spec(), self.requests) if self.rate else None
+
+
+def add_open_loop_args(ap: argparse.ArgumentParser, same: str) -> None:
+    """--request-rate / --open-seconds: open loops after the closed ones (`same`: who gets the same arrival times);
+    check them with `check_open_loop_args`, make the loads with `make_loads`."""
+    ap.add_argument("--request-rate", type=float, nargs="+", default=[], metavar="R",
+                    help=f"open loops after the closed ones: requests sent at R/s (Poisson), {same}, whatever is in "
+                         f"flight")
+    ap.add_argument("--open-seconds", type=float, default=4.0, metavar="S",
+                    help="an open loop sends R x S requests a round (at least 16)")
+
+
+def check_open_loop_args(ap: argparse.ArgumentParser, args) -> None:
+    bad_rate = [r for r in args.request_rate if not 0 < r < float("inf")]
+    if bad_rate or not args.open_seconds > 0:
+        ap.error(f"--request-rate {bad_rate[0]:g}: a rate is a number of requests/s above 0" if bad_rate else
+                 f"--open-seconds {args.open_seconds:g}: an open loop needs a length above 0 s")
+
+
+def make_loads(args, processes: int = 1) -> list[Load]:
+    """The closed loops of --concurrency (--requests-per-stream x C requests), then the open loops of --request-rate
+    (R x --open-seconds, at least 16; `processes`: the served path's client processes, whose arrivals they are)."""
+    loads = [Load(requests=c * args.requests_per_stream, concurrency=c, seed=c) for c in args.concurrency]
+    return loads + [Load(requests=max(16, round(r * args.open_seconds)), rate=r, processes=processes, seed=round(r))
+                    for r in args.request_rate]
 
 
 def log(msg: str) -> None:
@@ -276,13 +349,16 @@ def make_prompts(tokenizer, n: int, prompt_tokens: int, seed: int = 0) -> list[s
 
 
 # ----------------------------------------------------------------------------------------- in-process
-def latency_stats(per_request: list[tuple[float, list[float], int]]) -> dict:
-    """Latency (ms) from (ttft_s, receive times of the outputs carrying tokens, tokens) per request.
+def latency_stats(per_request: list[tuple[float, list[float], int]], wall: float) -> dict:
+    """Latency (ms) from (ttft_s, receive times of the outputs carrying tokens, tokens) per request, over a run of
+    `wall` seconds.
 
     TTFT p50/p99; inter-token latency of a request = (last token time - first token time) / (tokens - 1),
     the same definition for every path whatever the number of responses carrying the tokens, p50 over
     requests.  To see *where* a path loses time: the median gap between consecutive outputs, and the
-    median of each request's last gap (a slow final response shows there, not in the median gap)."""
+    median of each request's last gap (a slow final response shows there, not in the median gap).  And the mean
+    number of requests in flight (sent to last token, summed over requests, / wall: Little's law), which under an
+    open loop says what concurrency an arrival rate made."""
     ttft = sorted(t for t, _, _ in per_request)
     itl = sorted((ts[-1] - ts[0]) / (n - 1) for _, ts, n in per_request if n > 1 and len(ts) > 1)
     gaps = sorted(b - a for _, ts, _ in per_request for a, b in zip(ts, ts[1:]))
@@ -293,7 +369,8 @@ def latency_stats(per_request: list[tuple[float, list[float], int]]) -> dict:
 
     return {"ttft_ms_p50": pct(ttft, 0.5), "ttft_ms_p99": pct(ttft, 0.99),
             "ttft_ms_mean": round(1000 * sum(ttft) / len(ttft), 3) if ttft else None, "itl_ms_p50": pct(itl, 0.5),
-            "gap_ms_p50": pct(gaps, 0.5), "gap_ms_p99": pct(gaps, 0.99), "last_gap_ms_p50": pct(last, 0.5)}
+            "gap_ms_p50": pct(gaps, 0.5), "gap_ms_p99": pct(gaps, 0.99), "last_gap_ms_p50": pct(last, 0.5),
+            "in_flight_mean": round(sum(t + ts[-1] - ts[0] for t, ts, _ in per_request) / wall, 2) if wall > 0 else None}
 
 
 def output_lengths(max_tokens: int | list[int], n: int) -> list[int]:
@@ -335,16 +412,18 @@ def check_side_by_side_args(ap: argparse.ArgumentParser, args, lowest_min: int) 
                  f"would queue for a slot; raise --max-num-seqs")
 
 
-def side_by_side(engines: dict, prompts: list, c: int, lengths, rounds: int, warmup_tokens: int, say) -> dict:
+def side_by_side(engines: dict, prompts: list, c: int, lengths, rounds: int, warmup_tokens: int, say,
+                 arrivals: list[float] | None = None) -> dict:
     """{name: run_direct results, one per round} of engines taking turns round by round, so that they all see the
     machine alike, after one warm-up wave each at full length (allocator, first-call costs).  say(c, r, runs) logs
-    each round."""
+    each round.  With `arrivals` (Load.arrivals) the rounds are open loops at those times, and c is only the
+    warm-up's concurrency."""
     for eng in engines.values():
         run_direct(eng, prompts[:c], c, warmup_tokens)
     runs: dict = {name: [] for name in engines}
     for r in range(rounds):
         for name, eng in engines.items():
-            runs[name].append(run_direct(eng, prompts, c, lengths))
+            runs[name].append(run_direct(eng, prompts, c, lengths, arrivals=arrivals))
         say(c, r, runs)
     return runs
 
@@ -373,18 +452,20 @@ def with_cpus_awake(fn):
     """A path's run with idle-priority spinners on every CPU meanwhile (launcher/awake.py)."""
     from launcher.awake import KeepAwake
 
-    def run(prompts, c, tokens):
+    def run(prompts, load, tokens):
         with KeepAwake(range(os.cpu_count() or 1)):
-            return fn(prompts, c, tokens)
+            return fn(prompts, load, tokens)
 
     return run
 
 
-def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | list[int], resend_s: float = 0.0) -> dict:
+def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | list[int], resend_s: float = 0.0,
+               arrivals: list[float] | None = None) -> dict:
     """The closed loop in-process: `concurrency` requests added at once, each finished one's successor added from
     the driver as soon as its last output is in, or `resend_s` later (the delayed path: a remote client sends the
     successor only once the last piece has crossed tritonserver and gRPC; here every successor is late by the
-    same amount, so a wave that ends together still arrives together, later)."""
+    same amount, so a wave that ends together still arrives together, later).  With `arrivals` (s after the start,
+    one per prompt, in order) an open loop instead: request i is added at its time whatever is in flight."""
     from launcher.engines.hf_engine import SamplingParams
 
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in output_lengths(max_tokens, len(prompts))]
@@ -417,34 +498,36 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | l
     cpu0 = time.process_time()
     t0 = time.perf_counter()
     sent = 0
-    for _ in range(min(concurrency, len(prompts))):
+    # (when, which) of the requests not yet added, earliest first: the delayed path's successors (resend_s > 0: the
+    # next in order), or every request of an open loop (with several client processes its arrival times are not in
+    # the requests' order)
+    due: list[tuple[float, int]] = sorted((t0 + a, i) for i, a in enumerate(arrivals)) if arrivals is not None else []
+    for _ in range(0 if arrivals is not None else min(concurrency, len(prompts))):
         submit(sent)
         sent += 1
-    due: list[float] = []  # when the successors not yet added are due (resend_s > 0), earliest first
     finished = 0
     while finished < len(prompts):
-        if due and due[0] <= time.perf_counter():
-            due.pop(0)
-            submit(sent)
+        if due and due[0][0] <= time.perf_counter():
+            submit(due.pop(0)[1])
             sent += 1
             continue
         try:
-            out = done_q.get(timeout=max(0.0, due[0] - time.perf_counter()) if due else None)
+            out = done_q.get(timeout=max(0.0, due[0][0] - time.perf_counter()) if due else None)
         except queue.Empty:
             continue  # a successor is due
         finished += 1
         tokens[0] += out.output_tokens
         if out.finish_reason == "error":
             errors.append(out.error)
-        if sent + len(due) < len(prompts):
+        if arrivals is None and sent + len(due) < len(prompts):
             if resend_s > 0:
-                due.append(time.perf_counter() + resend_s)  # constant delay: appended in due order
+                due.append((time.perf_counter() + resend_s, sent + len(due)))  # constant delay: in due order
             else:
                 submit(sent)
                 sent += 1
     wall = time.perf_counter() - t0
     result = {"tokens": tokens[0], "wall_s": wall, "tokens_per_s": tokens[0] / wall, "errors": len(errors),
-              "cpu_s": time.process_time() - cpu0, **latency_stats(per_request)}
+              "cpu_s": time.process_time() - cpu0, **latency_stats(per_request, wall)}
     if adds:  # the hand-off into an engine process (the served model's "add"), without tritonserver
         adds.sort()
         result.update(add_ms_mean=round(1000 * sum(adds) / len(adds), 3), add_ms_p50=round(1000 * adds[len(adds) // 2], 3),
@@ -462,7 +545,7 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | l
 
 ADD_KEYS = ("add_ms_mean", "add_ms_p50", "add_ms_p99")
 LATENCY_KEYS = ("ttft_ms_p50", "ttft_ms_p99", "ttft_ms_mean", "itl_ms_p50", "gap_ms_p50", "gap_ms_p99",
-                "last_gap_ms_p50")
+                "last_gap_ms_p50", "in_flight_mean")
 
 
 def median_latency(rounds: list[dict], keys=LATENCY_KEYS) -> dict:
@@ -513,10 +596,12 @@ def random_prompt_ids(n: int, length: int, vocab: int, seed: int = 0) -> list[li
 
 # ----------------------------------------------------------------------------------------- served
 def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int | list[int],
-               server_pid: int | None = None, metrics_url: str = "", processes: int = 1, streams: int = 1) -> dict:
+               server_pid: int | None = None, metrics_url: str = "", processes: int = 1, streams: int = 1,
+               spec=None) -> dict:
     """The closed loop through tritonserver with the benchmark's load generator (launcher.bench.runner):
     `processes` client processes, each spreading its requests over `streams` gRPC streams, so that at high
-    concurrency the client is not what is measured (one process and one stream carry every response)."""
+    concurrency the client is not what is measured (one process and one stream carry every response).  `spec` (a
+    LoadSpec: Load.open_spec) replaces the closed loop: an open loop at a request rate."""
     import resource
 
     from launcher.bench.runner import Job, LoadSpec, run_load
@@ -526,8 +611,9 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
 
     gens = [Generation(prompt=p, max_tokens=m, stream=True, ignore_eos=True)
             for p, m in zip(prompts, output_lengths(max_tokens, len(prompts)))]
-    processes = max(1, min(processes, concurrency))
-    spec = LoadSpec(concurrency=concurrency, num_requests=len(gens), processes=processes, streams=streams)
+    if spec is None:
+        processes = max(1, min(processes, concurrency))
+        spec = LoadSpec(concurrency=concurrency, num_requests=len(gens), processes=processes, streams=streams)
     server_cpu0 = process_tree_cpu(server_pid) if server_pid else 0.0
     before = fetch_first_token_metrics(metrics_url, model) if metrics_url else None
     engine_before = settled_engine_metrics(metrics_url, model) if metrics_url else None
@@ -559,7 +645,7 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
     wall = (last - out.t0) if per_request else (t_end - t_start)
     if errors:
         log(f"served errors: {errors[:3]}")
-    stats = latency_stats(per_request)
+    stats = latency_stats(per_request, wall)
     first_token = None
     if before is not None:  # the model's split of this run's first tokens (it pushes its sums once a second)
         first_token = first_token_split(metrics_url, model, before, len(gens), stats["ttft_ms_mean"])
@@ -603,21 +689,25 @@ def vs_generate(model_dir: str, params: dict, args) -> list[dict]:
     return rows
 
 
-def compare(run: dict, tokenizer, c: int, args, generate: dict) -> dict:
-    """One concurrency: every path of `run` (name -> run(prompts, concurrency, max_tokens)) once per round."""
-    n = c * args.requests_per_stream
-    prompts = make_prompts(tokenizer, n, args.prompt_tokens, seed=c)
+def compare(run: dict, tokenizer, load: Load, args, generate: dict) -> dict:
+    """One load (a concurrency or a request rate): every path of `run` (name -> run(prompts, load, max_tokens)) once
+    per round."""
+    c, n, label = load.concurrency, load.requests, load.label()
+    prompts = make_prompts(tokenizer, n, args.prompt_tokens, seed=load.seed)
     # exact output lengths: all --max-tokens, or drawn once from [--max-tokens-min, --max-tokens] (the same for
     # every path and round), so that requests end at different steps and their successors arrive one by one
     lengths = args.max_tokens
     if args.max_tokens_min:
-        lengths = draw_output_lengths(n, args.max_tokens_min, args.max_tokens, seed=c)
-    for fn in run.values():  # warm-up: one wave of C requests at full length (allocator, first-call costs)
-        fn(prompts[:c], c, args.warmup_tokens or args.max_tokens)
+        lengths = draw_output_lengths(n, args.max_tokens_min, args.max_tokens, seed=load.seed)
+    # warm-up: one wave of C requests at full length (allocator, first-call costs); an open loop's is a closed one
+    # of up to 32
+    warm = load if c else Load(requests=min(n, 32), concurrency=min(n, 32, args.max_num_seqs))
+    for fn in run.values():
+        fn(prompts[:warm.requests], warm, args.warmup_tokens or args.max_tokens)
     runs = {path: [] for path in run}
     for r in range(args.rounds):
         for path, fn in run.items():
-            runs[path].append(fn(prompts, c, lengths))
+            runs[path].append(fn(prompts, load, lengths))
         last = {path: rs[-1] for path, rs in runs.items()}
         d = last["direct"]
         msg = ", ".join(f"{path} {x['tokens_per_s']:.0f} tok/s" for path, x in last.items())
@@ -630,13 +720,13 @@ def compare(run: dict, tokenizer, c: int, args, generate: dict) -> dict:
             msg += (f", server {s['server_cpu_s'] / s['tokens'] * 1e6:.0f}, client "
                     f"{s['client_cpu_s'] / s['tokens'] * 1e6:.0f} ({s['responses_per_request']:.1f} "
                     f"responses/request)")
-        log(f"C={c} round {r + 1}: {msg}")
+        log(f"{label} round {r + 1}: {msg}")
         if any(x["errors"] for x in last.values()):
             log("errors: " + ", ".join(f"{path} {x['errors']}" for path, x in last.items()))
 
     tps = {path: [x["tokens_per_s"] for x in rs] for path, rs in runs.items()}
     med = {path: statistics.median(v) for path, v in tps.items()}
-    row = {"concurrency": c, "requests": n}
+    row = {"concurrency": c or None, "request_rate": load.rate or None, "requests": n}
     row.update({f"{path}_tokens_per_s": round(med[path], 1) for path in run})
     for path, prefix in RATIO_PREFIX.items():
         if path in run:
@@ -683,7 +773,7 @@ def compare(run: dict, tokenizer, c: int, args, generate: dict) -> dict:
         ft = {k: round(statistics.median(x[k] for x in split), 3)
               for k in ("parse", "add", "engine", "back", "respond", "inside_server", "outside_server")}
         row[f"{served}_first_token_ms"] = ft
-        log(f"C={c}: {served} TTFT mean {row[f'{served}_ttft_ms_mean']} ms = parse {ft['parse']} + add {ft['add']} + "
+        log(f"{label}: {served} TTFT mean {row[f'{served}_ttft_ms_mean']} ms = parse {ft['parse']} + add {ft['add']} + "
             f"engine {ft['engine']} + back {ft['back']} + respond {ft['respond']} (inside the model) + "
             f"{ft['outside_server']} (tritonserver, gRPC, client); {direct} TTFT mean {row[f'{direct}_ttft_ms_mean']} ms")
     for path, rs in runs.items():
@@ -692,20 +782,21 @@ def compare(run: dict, tokenizer, c: int, args, generate: dict) -> dict:
         es = median_engine_steps(rs)
         if es:
             row[f"{path}_engine_steps"] = es
-            log(f"C={c}: {path} engine: {format_engine_split(es)}")
-    if "served" in run and c in generate:
+            log(f"{label}: {path} engine: {format_engine_split(es)}")
+    if "served" in run and c and c in generate:
         # the GPU target: streamed through the serving path vs static-batch generate, batch = C
         row["served_vs_generate"] = round(row["served_tokens_per_s"] / generate[c]["generate_tokens_per_s"], 4)
 
-    log(f"C={c}: TTFT p50 " + ", ".join(f"{path} {row[f'{path}_ttft_ms_p50']}" for path in run)
+    log(f"{label}: TTFT p50 " + ", ".join(f"{path} {row[f'{path}_ttft_ms_p50']}" for path in run)
         + " ms; ITL p50 " + ", ".join(f"{path} {row[f'{path}_itl_ms_p50']}" for path in run)
         + " ms; gap p50 / last gap " + ", ".join(f"{path} {row[f'{path}_gap_ms_p50']} / {row[f'{path}_last_gap_ms_p50']}"
                                                   for path in run)
-        + f" ms; in-process step {row['direct_step_ms']} ms"
+        + f" ms; in-process step {row['direct_step_ms']} ms; requests in flight (mean) "
+        + ", ".join(f"{path} {row[f'{path}_in_flight_mean']}" for path in run)
         + (f"; served / static generate {row['served_vs_generate']}" if "served_vs_generate" in row else ""))
     ratios = [f"{path} {row[f'{prefix}ratio']} (paired {row[f'{prefix}paired_ratio']}, best rounds "
               f"{row[f'{prefix}best_ratio']})" for path, prefix in RATIO_PREFIX.items() if path in run]
-    log(f"C={c}: " + ", ".join(f"{path} {row[f'{path}_tokens_per_s']} tok/s" for path in run)
+    log(f"{label}: " + ", ".join(f"{path} {row[f'{path}_tokens_per_s']} tok/s" for path in run)
         + (f"; / in-process: {', '.join(ratios)}" if ratios else "")
         + f"; load average {row['load_average'][0]}")
     return row
@@ -717,7 +808,9 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--max-num-seqs", type=int, default=64)
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=None,
+                    help="closed loops: requests in flight (default 1 32; none with --request-rate alone)")
+    add_open_loop_args(ap, "every path at the same times (the served path's client processes' arrivals)")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request (ignore_eos)")
     ap.add_argument("--max-tokens-min", type=int, default=0, metavar="N",
                     help="each request generates a length drawn from [N, --max-tokens] instead (seeded, the same "
@@ -778,6 +871,12 @@ def main(argv=None) -> int:
         ap.error(f"--max-tokens-min {args.max_tokens_min} must be between 1 and --max-tokens ({args.max_tokens})")
     if args.threads is None:
         args.threads = 1 if args.device == "cpu" else 0
+    if args.concurrency is None:
+        args.concurrency = [] if args.request_rate else [1, 32]
+    check_open_loop_args(ap, args)
+    if "delayed" in args.paths and args.request_rate:
+        ap.error("the delayed path delays a closed loop's successors; an open loop (--request-rate) has none: "
+                 "drop delayed from --paths or --request-rate")
     if "delayed" in args.paths and not args.resend_ms > 0:
         ap.error(f"--resend-ms {args.resend_ms}: the delayed path needs a delay above 0 (the direct path has none)")
     if "pinned" in args.paths and not ("served" in args.paths and args.split_cpus):
@@ -828,9 +927,11 @@ def main(argv=None) -> int:
             results["features"]["served"] = served_features(workdir / "tritonserver.log")
         for path, text in results["features"].items():
             log(f"{path} engine: {text}")
-        run = {"direct": lambda prompts, c, tokens: run_direct(engine, prompts, c, tokens)}
+        run = {"direct": lambda prompts, load, tokens: run_direct(engine, prompts, load.concurrency, tokens,
+                                                                  arrivals=load.arrivals())}
         if "delayed" in paths:
-            run["delayed"] = lambda prompts, c, tokens: run_direct(engine, prompts, c, tokens, args.resend_ms / 1000)
+            run["delayed"] = lambda prompts, load, tokens: run_direct(engine, prompts, load.concurrency, tokens,
+                                                                      args.resend_ms / 1000)
         if "process" in paths:
             # the engine process as the served hf model starts it, without the stub, tritonserver and gRPC
             process = EngineProcess(model_dir, max_prefill_tokens=args.prefill_chunk,
@@ -856,12 +957,14 @@ def main(argv=None) -> int:
                 os.environ.clear()
                 os.environ.update(saved)
             stack.callback(process.shutdown)
-            run["process"] = lambda prompts, c, tokens: run_direct(process, prompts, c, tokens)
+            run["process"] = lambda prompts, load, tokens: run_direct(process, prompts, load.concurrency, tokens,
+                                                                      arrivals=load.arrivals())
         if "served" in paths:
-            def served(prompts, c, tokens):
+            def served(prompts, load, tokens):
                 with on_cpus(client_cpus):
-                    return run_served(server.grpc_url, server.model, prompts, c, tokens, server.proc.pid,
-                                      server.metrics_url, args.client_processes, args.client_streams)
+                    return run_served(server.grpc_url, server.model, prompts, load.concurrency, tokens, server.proc.pid,
+                                      server.metrics_url, args.client_processes, args.client_streams,
+                                      spec=load.open_spec(args.client_streams) if load.rate else None)
 
             run["served"] = served
         for base in ("direct", "served"):  # the same path with every CPU kept from sleeping while it runs
@@ -870,18 +973,18 @@ def main(argv=None) -> int:
         if "pinned" in paths:
             # the same server, its engine process on cores of its own for this path's rounds only: pinned and
             # unpinned alternate round by round on one compile of one engine (compiles differ by up to 10%)
-            def pinned(prompts, c, tokens):
+            def pinned(prompts, load, tokens):
                 results["cpu_split"]["pinned"] = pin_engine(server.proc.pid, server_cpus, args.pin_engine)
                 try:
-                    return served(prompts, c, tokens)
+                    return served(prompts, load, tokens)
                 finally:
                     for pid in [server.proc.pid, *descendants(server.proc.pid)]:
                         set_process_affinity(pid, server_cpus)
 
             run["pinned"] = pinned
         generate = {g["concurrency"]: g for g in results.get("vs_generate", [])}
-        for c in args.concurrency:
-            results["runs"].append(compare(run, engine.tokenizer, c, args, generate))
+        for load in make_loads(args, args.client_processes):
+            results["runs"].append(compare(run, engine.tokenizer, load, args, generate))
         # which CUDA libraries each path's engine runs on (after the runs: cuBLAS and friends load lazily)
         libs = {"direct": cuda_libraries(os.getpid())}
         if "process" in run:

@@ -255,6 +255,31 @@ def test_request_rate_mode_spaces_arrivals(url, tmp_path):
     assert statistics.mean(gaps) == pytest.approx(1 / 40, rel=0.5)
     assert statistics.pstdev(gaps) > 0.3 * statistics.mean(gaps)  # Poisson arrivals, not a metronome
     assert doc["config"]["load"]["request_rate"] == 40
+    # each request left at the time arrival_times draws for it (what benchmark/overhead.py replays in-process):
+    # never early, and late by no more than a loaded 2-core machine's sleep
+    from launcher.bench.runner import LoadSpec, arrival_times
+
+    due = arrival_times(LoadSpec(request_rate=40, num_requests=40, seed=7), 40)
+    late = [s - d for s, d in zip(sent, due)]
+    assert min(late) > -0.002 and max(late) < 0.05, late
+
+
+def test_arrival_times_of_several_processes():
+    """Request i leaves from process i % P at rate / P on that process's own seeded gaps, first at 0; the schedule
+    is the same on every call, and a process's share of a run with fewer requests is a prefix."""
+    from launcher.bench.runner import LoadSpec, arrival_gaps, arrival_times
+
+    spec = LoadSpec(request_rate=300.0, processes=3, seed=5)
+    times = arrival_times(spec, 3000)
+    assert times == arrival_times(spec, 3000) and times[:3] == [0.0, 0.0, 0.0]
+    gap = arrival_gaps(100.0, 1.0, 5, 1)  # process 1: requests 1, 4, 7, ...
+    at = 0.0
+    for i in range(1, 30, 3):
+        assert times[i] == pytest.approx(at)
+        at += gap()
+    assert arrival_times(spec, 30) == times[:30]
+    assert statistics.mean(b - a for a, b in zip(times[0::3], times[3::3])) == pytest.approx(1 / 100, rel=0.1)
+    assert arrival_times(LoadSpec(concurrency=4), 3) == [0.0, 0.0, 0.0]  # no pacing: all at once
 
 
 @needs_server

@@ -640,6 +640,45 @@ def test_a_row_ending_by_length_leaves_the_overlapped_steps_without_stopping_the
         eng.shutdown()
 
 
+def test_requests_waiting_for_a_slot_leave_the_decode_steps_queued_ahead(tiny_model_dir, reference, monkeypatch):
+    """Two slots, three requests at once: the third waits for the slot of the first (6 tokens) while the first two
+    decode.  Every decode-only step is still queued ahead (with full_ahead=False, the code before, a request waiting
+    for a slot made each step wait for the host until it had one, so a full engine lost its overlap); the third is
+    prefilled once the first has ended, and all outputs equal `generate` either way.  A bad
+    LLMLAUNCH_HF_FULL_AHEAD is refused before the model loads."""
+    wanted = ((0, 6), (1, 16), (2, 6))
+    for full_ahead in (True, False):
+        eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2, overlap=True, full_ahead=full_ahead).start()
+        launches = []  # (prompt tokens in the step?, launched ahead?, a request waiting for a slot meanwhile?)
+        launch, gate = eng.runner.launch, threading.Lock()
+
+        def recording_launch(step, prev=None, prev_rows=None, launch=launch, launches=launches, eng=eng, gate=gate):
+            with gate:  # held while the requests are added: the engine takes the second and third together
+                launches.append((bool(step.prefill), prev is not None, bool(eng._waiting)))
+            return launch(step, prev=prev, prev_rows=prev_rows)
+
+        eng.runner.launch = recording_launch
+        try:
+            with gate:
+                runs = [collect(eng, PROMPTS[i], SamplingParams(max_tokens=n, ignore_eos=True)) for i, n in wanted]
+            for done, _ in runs:
+                assert done.wait(60)
+            # the decode steps while the third request waited for a slot
+            waiting = [ahead for prefill, ahead, waited in launches if waited and not prefill]
+            assert len(waiting) >= 3, launches
+            assert all(waiting) if full_ahead else not any(waiting), (full_ahead, launches)
+            last_prefill = max(i for i, (prefill, _, _) in enumerate(launches) if prefill)
+            assert all(ahead for prefill, ahead, _ in launches[last_prefill + 1:] if not prefill), launches
+            for (i, n), (_, outs) in zip(wanted, runs):
+                assert joined(outs)[1] == reference(PROMPTS[i], n)[0]
+            assert eng.features["full_ahead"] is full_ahead
+        finally:
+            eng.shutdown()
+    monkeypatch.setenv("LLMLAUNCH_HF_FULL_AHEAD", "yes")
+    with pytest.raises(ValueError, match=r"LLMLAUNCH_HF_FULL_AHEAD='yes': use 1 \(decode steps queued ahead"):
+        Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2)
+
+
 @pytest.mark.parametrize("mode, eager_cudnn", [("graphs", False), ("off", False), ("all", True)])
 def test_eager_steps_keep_off_cudnn_attention(tiny_model_dir, monkeypatch, mode, eager_cudnn):
     """cudnn_attention: every attention call of an eager step runs with cuDNN's SDPA backend disabled (graphs, off)
@@ -1221,11 +1260,50 @@ def test_overhead_benchmark_with_output_lengths_of_their_own(tiny_model_dir):
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr[-1000:]
 
 
+@pytest.mark.triton
+def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_model_dir):
+    """benchmark/overhead.py --request-rate: an open loop, in-process and through a real tritonserver with two client
+    processes, each path sending the 16 requests at the times launcher.bench.runner.arrival_times draws (so no round
+    ends before the last arrival); the served first token is split as in a closed loop, and the mean number of
+    requests in flight is reported.  A rate of 0, and the delayed path (which delays a closed loop's successors),
+    are refused before anything starts."""
+    import importlib.util
+    import json
+    import subprocess
+    import sys
+
+    from launcher.bench.runner import LoadSpec, arrival_times
+
+    if importlib.util.find_spec("pytriton") is None:
+        pytest.skip("needs nvidia-pytriton (tritonserver)")
+    args = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct", "served",
+            "--rounds", "1", "--max-tokens", "4", "--warmup-tokens", "2", "--client-processes", "2"]
+    proc = subprocess.run(args + ["--request-rate", "12", "--open-seconds", "1"], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout)
+    (row,) = out["runs"]  # no closed loop by default once a rate is given
+    assert row["request_rate"] == 12 and row["concurrency"] is None and row["requests"] == 16
+    last = max(arrival_times(LoadSpec(request_rate=12, num_requests=16, processes=2, seed=12), 16))
+    assert last > 0.5  # 16 requests at 12/s: the last one about 1.3 s in
+    for path in ("direct", "served"):
+        assert row[f"{path}_round_tokens"] == [64]
+        assert 64 / row[f"{path}_tokens_per_s"] >= last  # paced: the round lasted past the last arrival
+        assert row[f"{path}_in_flight_mean"] > 0 and row[f"{path}_ttft_ms_p50"] > 0
+    assert row["served_first_token_ms"]["engine"] > 0 and "ttft_added_ms_p50" in row
+    assert "rate=12/s: TTFT p50 direct" in proc.stderr
+    for extra, message in ((["--request-rate", "0"], "--request-rate 0: a rate is a number of requests/s above 0"),
+                           (["--request-rate", "5", "--paths", "direct", "delayed"], "an open loop (--request-rate) has none")):
+        bad = subprocess.run(args + extra, capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2 and message in bad.stderr and "starting tritonserver" not in bad.stderr, bad.stderr[-1000:]
+
+
 def test_intake_benchmark_compares_engine_processes_on_the_same_load(tiny_model_dir):
     """benchmark/gpu/intake.py on CPU (no graphs: a dry run): the engine processes of --variants take turns on the
     same requests, each round generating every token; the hand-off into each (add) is measured; ratios are to the
-    first variant; the unfused variant's engine runs HF's separate projections.  An unknown variant is refused before
-    any engine starts."""
+    first variant; the unfused variant's engine runs HF's separate projections, the fullwait one's lets decode steps
+    wait while requests wait for a slot.  An open loop (--request-rate) sends the same requests at the same times to
+    each.  An unknown variant is refused before any engine starts."""
     import json
     import subprocess
     import sys
@@ -1233,10 +1311,14 @@ def test_intake_benchmark_compares_engine_processes_on_the_same_load(tiny_model_
     args = [sys.executable, "benchmark/gpu/intake.py", "--model", str(tiny_model_dir), "--device", "cpu",
             "--dtype", "float32", "--max-num-seqs", "4", "--concurrency", "3", "--rounds", "2",
             "--requests-per-stream", "2", "--prompt-tokens", "16", "--max-tokens", "6"]
-    proc = subprocess.run(args + ["--variants", "single", "unfused"], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(args + ["--variants", "single", "unfused", "fullwait", "--request-rate", "40",
+                                  "--open-seconds", "0.3"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
-    (row,) = out["runs"]
+    row, open_row = out["runs"]
+    assert open_row["request_rate"] == 40 and open_row["concurrency"] is None and open_row["requests"] == 16
+    for name in ("single", "unfused", "fullwait"):
+        assert open_row[name]["round_tokens"] == [96, 96] and open_row[name]["in_flight_mean"] > 0
     assert out["max_tokens"] == [6, 6] and row["requests"] == 6
     for name in ("single", "unfused"):
         assert row[name]["round_tokens"] == [36, 36] and row[name]["tokens_per_s"] > 0
@@ -1246,6 +1328,8 @@ def test_intake_benchmark_compares_engine_processes_on_the_same_load(tiny_model_
     ready = {line.split()[1]: line for line in proc.stderr.splitlines() if "engine process ready" in line}
     assert "projections fused (q+k+v x4, gate+up x4)" in ready["single"]
     assert "projections unfused" in ready["unfused"]
+    assert "(decode steps wait while requests wait for a slot)" in ready["fullwait"]
+    assert "wait" not in ready["single"].split("overlap on", 1)[1].split(",", 1)[0]
     bad = subprocess.run(args + ["--variants", "loop"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "invalid choice: 'loop'" in bad.stderr and "loading" not in bad.stderr
 

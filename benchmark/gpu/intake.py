@@ -16,11 +16,16 @@ gRPC) on one GPU with the GPU defaults, taking turns round by round (--variants)
   unfused  waves, with HF's separate q/k/v and gate/up products (LLMLAUNCH_HF_FUSE_PROJECTIONS=0; the others fuse
            each group into one product, the default: launcher/engines/hf_fuse.py).  `--variants unfused waves`
            measures what fusing gains under load
+  fullwait waves, but while requests wait for a slot (every slot taken) each decode step waits for the running
+           step's tokens (LLMLAUNCH_HF_FULL_AHEAD=0, the code before the nineteenth session; by default it is queued
+           ahead).  `--variants fullwait waves --request-rate 240` measures what that gains past the engine's capacity
 The load is overhead.py's closed loop: C requests in flight, --requests-per-stream x C in all, text prompts of
 --prompt-tokens tokens (tokenized in the engine process, as served), each finished request's successor sent at
 once from the driver thread.  With one output length for all (the default) requests end together and their
 successors arrive in a burst: "add" was 15 ms a request at 128 streams with one at a time, and a burst of 8 got
 its first tokens later when tokenized together but prefilled in one eager step (benchmark/RESULTS.md, run 28).
+--request-rate R adds open loops (overhead.py's): R x --open-seconds requests a round sent at Poisson arrival times,
+the same for every variant, whatever is in flight; past the engine's capacity requests queue for a slot.
 
 Per C and variant (medians over rounds): output tokens/s; add (the driver's add_request -> the engine process
 received it) mean / p50 / p99; TTFT mean / p50; ITL p50; the engine's step time, the share of its steps queued
@@ -48,8 +53,10 @@ VARIANTS = {"single": {"LLMLAUNCH_HF_BATCH_TOKENIZE": "0", "LLMLAUNCH_HF_WAVE_GR
             "wait": {"LLMLAUNCH_HF_BATCH_TOKENIZE": "1", "LLMLAUNCH_HF_WAVE_GRAPHS": "1",
                      "LLMLAUNCH_HF_PROMPTS_AHEAD": "0"},
             "unfused": {"LLMLAUNCH_HF_BATCH_TOKENIZE": "1", "LLMLAUNCH_HF_WAVE_GRAPHS": "1",
-                        "LLMLAUNCH_HF_FUSE_PROJECTIONS": "0"}}
-KEYS = ("add_ms_mean", "add_ms_p50", "add_ms_p99", "ttft_ms_mean", "ttft_ms_p50", "itl_ms_p50")
+                        "LLMLAUNCH_HF_FUSE_PROJECTIONS": "0"},
+            "fullwait": {"LLMLAUNCH_HF_BATCH_TOKENIZE": "1", "LLMLAUNCH_HF_WAVE_GRAPHS": "1",
+                         "LLMLAUNCH_HF_FULL_AHEAD": "0"}}
+KEYS = ("add_ms_mean", "add_ms_p50", "add_ms_p99", "ttft_ms_mean", "ttft_ms_p50", "itl_ms_p50", "in_flight_mean")
 
 
 def log(msg: str) -> None:
@@ -57,18 +64,20 @@ def log(msg: str) -> None:
 
 
 def main(argv=None) -> int:
-    from benchmark.overhead import add_side_by_side_args, check_side_by_side_args
+    from benchmark.overhead import add_open_loop_args, add_side_by_side_args, check_open_loop_args, check_side_by_side_args
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_side_by_side_args(ap, max_tokens=128, max_tokens_min=0)  # 0: every request --max-tokens
     ap.add_argument("--variants", nargs="+", default=["single", "batched", "waves"], choices=list(VARIANTS),
                     help="engine processes to compare (the first is the baseline of the ratios)")
+    add_open_loop_args(ap, "the same times for every variant")
     args = ap.parse_args(argv)
+    check_open_loop_args(ap, args)
     check_side_by_side_args(ap, args, lowest_min=0)
 
     from transformers import AutoTokenizer
 
-    from benchmark.overhead import (draw_output_lengths, make_prompts, side_by_side,
+    from benchmark.overhead import (draw_output_lengths, make_loads, make_prompts, side_by_side,
                                     side_by_side_summary, write_json)
     from launcher.engines.hf_engine import describe_features
     from launcher.engines.hf_process import EngineProcess
@@ -92,16 +101,18 @@ def main(argv=None) -> int:
         out = {"model": model, "device": args.device, "dtype": args.dtype, "prompt_tokens": args.prompt_tokens,
                "max_tokens": [args.max_tokens_min or args.max_tokens, args.max_tokens], "rounds": args.rounds,
                "cpus": os.cpu_count(), "runs": []}
-        for c in args.concurrency:
-            n = c * args.requests_per_stream
-            prompts = make_prompts(tokenizer, n, args.prompt_tokens, seed=c)
-            lengths = (draw_output_lengths(n, args.max_tokens_min, args.max_tokens, seed=c) if args.max_tokens_min
-                       else args.max_tokens)
-            runs = side_by_side(engines, prompts, c, lengths, args.rounds, args.max_tokens, lambda c, r, runs: log(
-                f"C={c} round {r + 1}: " + ", ".join(
+        for load in make_loads(args):
+            n, label = load.requests, load.label()
+            prompts = make_prompts(tokenizer, n, args.prompt_tokens, seed=load.seed)
+            lengths = (draw_output_lengths(n, args.max_tokens_min, args.max_tokens, seed=load.seed)
+                       if args.max_tokens_min else args.max_tokens)
+            warm = load.concurrency or min(n, 32, args.max_num_seqs)  # an open loop's warm-up is a closed one
+            runs = side_by_side(engines, prompts, warm, lengths, args.rounds, args.max_tokens, lambda c, r, runs: log(
+                f"{label} round {r + 1}: " + ", ".join(
                     f"{name} {rs[-1]['tokens_per_s']:.0f} tok/s, add {rs[-1].get('add_ms_mean', 0):.2f} ms"
-                    for name, rs in runs.items())))
-            row = {"concurrency": c, "requests": n}
+                    for name, rs in runs.items())), arrivals=load.arrivals())
+            row = {"concurrency": load.concurrency or None, "request_rate": load.rate or None, "label": label,
+                   "requests": n}
             row.update({name: side_by_side_summary(rs, KEYS) for name, rs in runs.items()})
             base = args.variants[0]
             row.update({f"{name}_vs_{base}": round(row[name]["tokens_per_s"] / row[base]["tokens_per_s"], 4)
@@ -111,16 +122,17 @@ def main(argv=None) -> int:
         for eng in engines.values():
             eng.shutdown()
 
-    log(f"{'C':>4} {'variant':<7} {'tok/s':>9} {'add mean':>8} {'p50':>6} {'p99':>7} {'TTFT mean':>9} {'p50':>7} "
-        f"{'ITL p50':>7} {'step ms':>7} {'ahead':>5} {'GPU idle':>8}")
+    log(f"{'load':>10} {'variant':<8} {'tok/s':>9} {'add mean':>8} {'p50':>6} {'p99':>7} {'TTFT mean':>9} {'p50':>7} "
+        f"{'ITL p50':>7} {'step ms':>7} {'ahead':>5} {'GPU idle':>8} {'in flight':>9} {'slot wait ms':>12}")
     for row in out["runs"]:
         for name in engines:
             r, es = row[name], row[name].get("engine_steps", {})
-            log(f"{row['concurrency']:>4} {name:<7} {r['tokens_per_s']:>9.1f} {r['add_ms_mean'] or 0:>8.2f} "
+            log(f"{row['label']:>10} {name:<8} {r['tokens_per_s']:>9.1f} {r['add_ms_mean'] or 0:>8.2f} "
                 f"{r['add_ms_p50'] or 0:>6.2f} {r['add_ms_p99'] or 0:>7.2f} {r['ttft_ms_mean'] or 0:>9.2f} "
                 f"{r['ttft_ms_p50'] or 0:>7.2f} {r['itl_ms_p50'] or 0:>7.3f} {es.get('step_ms', 0):>7.3f} "
-                f"{es.get('ahead', 0):>5.2f} {es.get('gpu_idle_ms') or 0:>8.3f}")
-        log(f"{row['concurrency']:>4} tok/s against {args.variants[0]}: " + ", ".join(
+                f"{es.get('ahead', 0):>5.2f} {es.get('gpu_idle_ms') or 0:>8.3f} {r['in_flight_mean'] or 0:>9.1f} "
+                f"{es.get('queue_ms', 0):>12.2f}")
+        log(f"{row['label']:>10} tok/s against {args.variants[0]}: " + ", ".join(
             f"{name} {row[f'{name}_vs_{args.variants[0]}']:.3f}" for name in args.variants[1:]))
     write_json(out, args.json)
     return 0

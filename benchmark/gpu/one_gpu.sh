@@ -65,6 +65,10 @@ echo "== 2f. the same load: prompt steps waiting for the running step's tokens /
 timeout 600 $PY benchmark/gpu/intake.py --model "$MODEL" --rounds "$ROUNDS" --variants wait unfused waves \
     --json "$OUT_DIR/intake_ahead_fused.json" > /dev/null
 
+echo "== 2h. Poisson arrivals up to past the engine's capacity: decode steps waiting while requests wait for a slot / queued ahead"
+timeout 600 $PY benchmark/gpu/intake.py --model "$MODEL" --rounds "$ROUNDS" --variants fullwait waves --concurrency 128 \
+    --request-rate 200 240 260 --json "$OUT_DIR/intake_full.json" > /dev/null
+
 echo "== 2g. the serving path's own first-token cost with no engine (tritonserver, stub, a process hop, client), CPUs as they are and kept awake"
 timeout 300 $PY benchmark/first_response.py --requests 800 --rounds 2 --awake both --json "$OUT_DIR/first_response.json"
 
@@ -119,6 +123,18 @@ for path, found in libs.items():
     diff = sorted(set(found) ^ base)
     print(f"{path} engine: {len(found)} CUDA libraries" + (f"; differs from in-process: {' '.join(diff)}" if diff else ""))
 PY
+
+echo "== 3b. open loops: the TTFT serving adds when both paths get the same arrivals (RATES req/s: ${RATES:=10 40 120 240})"
+# In the closed loops above a served request's successor leaves only once the last piece reached the client, so the
+# two engines see different arrival patterns; here every path sends each request at the same drawn time (Poisson,
+# the served path's client processes' arrivals), so the TTFT difference is the serving path's alone. Two response
+# processes, as for 128 streams above.
+# shellcheck disable=SC2086
+timeout 900 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfloat16 --max-num-seqs 128 \
+    --request-rate $RATES --open-seconds 4 --prompt-tokens 128 --max-tokens 128 --rounds "$ROUNDS" \
+    --warmup-tokens 128 --client-processes "${CLIENT_PROCESSES:-$(( $(nproc) / 2 ))}" --client-streams 1 "${SPLIT[@]}" \
+    --response-processes 2 --paths direct served > "$OUT_DIR/overhead_open.json"
+$PY benchmark/gpu/open_loop_table.py "$OUT_DIR/overhead_open.json"
 
 echo "== 4. one stream: the TTFT serving adds, CPUs as they are and kept awake (serve.keep_cpus_awake)"
 # The same engines and rounds with idle-priority spinners on every CPU (launcher/awake.py) for the _awake paths: on a

@@ -62,6 +62,34 @@ class LoadSpec:
             raise ValueError(f"--duration must be > 0 s, got {self.duration}")
 
 
+def arrival_gaps(rate: float, burstiness: float, seed: int, rank: int):
+    """The gaps (s) between one client process's sends at `rate` requests/s: a function that draws the next one,
+    gamma-distributed with shape `burstiness` (1 = Poisson) and mean 1/rate, seeded per process (`seed`, `rank`)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed * 1000 + rank)
+    scale = 1.0 / (rate * burstiness)
+    return lambda: float(rng.gamma(burstiness, scale))
+
+
+def arrival_times(spec: LoadSpec, count: int) -> list:
+    """When (s after the start) each of requests 0 .. count-1 is due under `spec`'s pacing, as `run_load` paces them:
+    request i goes from process i % processes, each process at rate / processes with gaps of its own (its first
+    request at 0).  A concurrency cap may hold a request back past its time; nothing else does.  Pure, so that another
+    driver can send the same requests at the same times (benchmark/overhead.py gives an in-process engine the served
+    path's arrivals)."""
+    world = spec.processes
+    if math.isinf(spec.request_rate):
+        return [0.0] * count
+    times = [0.0] * count
+    for rank in range(min(world, count)):
+        gap, at = arrival_gaps(spec.request_rate / world, spec.burstiness, spec.seed, rank), 0.0
+        for i in range(rank, count, world):
+            times[i] = at
+            at += gap()
+    return times
+
+
 @dataclass
 class Job:
     """What one client process does."""
@@ -121,11 +149,7 @@ class _Driver:
         perf, sleep = time.perf_counter, time.sleep
         gaps = None
         if pace and math.isfinite(self.rate):
-            import numpy as np
-
-            rng = np.random.default_rng(spec.seed * 1000 + job.rank)
-            shape = spec.burstiness
-            gaps = lambda: rng.gamma(shape, 1.0 / (self.rate * shape))  # noqa: E731
+            gaps = arrival_gaps(self.rate, spec.burstiness, spec.seed, job.rank)
         records = []
         next_at = start_at
         streams, n_streams = self.streams, len(self.streams)

@@ -1,0 +1,33 @@
+"""The table of benchmark/overhead.py's open loops (--request-rate): per rate, what concurrency it made, TTFT
+in-process / served and what serving adds, where the served first token's time goes, ITL.
+
+    python benchmark/gpu/open_loop_table.py overhead_open.json
+"""
+
+import json
+import sys
+
+
+def table(doc: dict) -> str:
+    head = (f"{'rate/s':>7} {'in flight in/served':>20} {'TTFT p50 in/served ms':>22} {'+ms':>6} {'TTFT mean in/served':>20} "
+            f"{'+ms':>6} {'parse':>6} {'add':>6} {'engine':>7} {'back':>6} {'respond':>7} {'outside':>7} "
+            f"{'ITL p50 in/served ms':>21} {'tok/s ratio':>11}")
+    lines = [head]
+    for r in doc["runs"]:
+        if not r.get("request_rate"):
+            continue
+        ft = r.get("served_first_token_ms") or {}
+        mean_added = r["served_ttft_ms_mean"] - r["direct_ttft_ms_mean"]
+        lines.append(
+            f"{r['request_rate']:>7g} {r['direct_in_flight_mean']:>9.1f} / {r['served_in_flight_mean']:<8.1f} "
+            f"{r['direct_ttft_ms_p50']:>10.2f} / {r['served_ttft_ms_p50']:<9.2f} {r['ttft_added_ms_p50']:>6.2f} "
+            f"{r['direct_ttft_ms_mean']:>9.2f} / {r['served_ttft_ms_mean']:<8.2f} {mean_added:>6.2f} "
+            + " ".join(f"{ft.get(k, float('nan')):>{w}.2f}" for k, w in
+                       (("parse", 6), ("add", 6), ("engine", 7), ("back", 6), ("respond", 7), ("outside_server", 7)))
+            + f" {r['direct_itl_ms_p50']:>9.3f} / {r['served_itl_ms_p50']:<9.3f} {r['ratio']:>11.3f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1]) as f:
+        print(table(json.load(f)))
