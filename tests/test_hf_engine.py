@@ -1264,9 +1264,9 @@ def test_overhead_benchmark_with_output_lengths_of_their_own(tiny_model_dir):
 def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_model_dir):
     """benchmark/overhead.py --request-rate: an open loop, in-process and through a real tritonserver with two client
     processes, each path sending the 16 requests at the times launcher.bench.runner.arrival_times draws (so no round
-    ends before the last arrival); the served first token is split as in a closed loop, and the mean number of
-    requests in flight is reported.  A rate of 0, and the delayed path (which delays a closed loop's successors),
-    are refused before anything starts."""
+    ends before the last arrival); the served first token is split as in a closed loop, the mean number of requests
+    in flight is reported, and open_loop_table.py tabulates it.  A rate of 0, and the delayed path (which delays a
+    closed loop's successors), are refused before anything starts."""
     import importlib.util
     import json
     import subprocess
@@ -1292,6 +1292,13 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
         assert row[f"{path}_in_flight_mean"] > 0 and row[f"{path}_ttft_ms_p50"] > 0
     assert row["served_first_token_ms"]["engine"] > 0 and "ttft_added_ms_p50" in row
     assert "rate=12/s: TTFT p50 direct" in proc.stderr
+    # benchmark/gpu/open_loop_table.py (one_gpu.sh step 3b): a line per rate, the TTFT added as the JSON has it
+    table = subprocess.run([sys.executable, "benchmark/gpu/open_loop_table.py", "/dev/stdin"], input=proc.stdout,
+                           capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0, table.stderr
+    head, line = table.stdout.splitlines()
+    assert "TTFT p50 in/served ms" in head and line.split()[0] == "12"
+    assert f"{row['ttft_added_ms_p50']:.2f}" in line.split()
     for extra, message in ((["--request-rate", "0"], "--request-rate 0: a rate is a number of requests/s above 0"),
                            (["--request-rate", "5", "--paths", "direct", "delayed"], "an open loop (--request-rate) has none")):
         bad = subprocess.run(args + extra, capture_output=True, text=True, timeout=120)
