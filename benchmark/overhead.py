@@ -160,6 +160,14 @@ class Load:
         return LoadSpec(concurrency=None, request_rate=self.rate, num_requests=self.requests,
                         processes=self.processes, streams=streams, seed=self.seed)
 
+    def warmup(self, max_num_seqs: int) -> "Load":
+        """The warm-up before the rounds (allocator, first-call costs): this closed loop itself, or for an open loop a
+        closed one of up to 32 requests."""
+        if self.concurrency:
+            return self
+        n = min(self.requests, 32, max_num_seqs)
+        return Load(requests=n, concurrency=n)
+
     def arrivals(self) -> list[float] | None:
         """Send times (s after the start) of an open loop's requests, those the served path's generator keeps; None
         for a closed loop."""
@@ -464,8 +472,8 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | l
     """The closed loop in-process: `concurrency` requests added at once, each finished one's successor added from
     the driver as soon as its last output is in, or `resend_s` later (the delayed path: a remote client sends the
     successor only once the last piece has crossed tritonserver and gRPC; here every successor is late by the
-    same amount, so a wave that ends together still arrives together, later).  With `arrivals` (s after the start,
-    one per prompt, in order) an open loop instead: request i is added at its time whatever is in flight."""
+    same amount, so a wave that ends together still arrives together, later).  With `arrivals` (s after the start;
+    request i at arrivals[i]) an open loop instead: request i is added at its time whatever is in flight."""
     from launcher.engines.hf_engine import SamplingParams
 
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in output_lengths(max_tokens, len(prompts))]
@@ -699,9 +707,7 @@ def compare(run: dict, tokenizer, load: Load, args, generate: dict) -> dict:
     lengths = args.max_tokens
     if args.max_tokens_min:
         lengths = draw_output_lengths(n, args.max_tokens_min, args.max_tokens, seed=load.seed)
-    # warm-up: one wave of C requests at full length (allocator, first-call costs); an open loop's is a closed one
-    # of up to 32
-    warm = load if c else Load(requests=min(n, 32), concurrency=min(n, 32, args.max_num_seqs))
+    warm = load.warmup(args.max_num_seqs)  # one wave at full length
     for fn in run.values():
         fn(prompts[:warm.requests], warm, args.warmup_tokens or args.max_tokens)
     runs = {path: [] for path in run}

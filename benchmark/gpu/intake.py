@@ -106,7 +106,7 @@ def main(argv=None) -> int:
             prompts = make_prompts(tokenizer, n, args.prompt_tokens, seed=load.seed)
             lengths = (draw_output_lengths(n, args.max_tokens_min, args.max_tokens, seed=load.seed)
                        if args.max_tokens_min else args.max_tokens)
-            warm = load.concurrency or min(n, 32, args.max_num_seqs)  # an open loop's warm-up is a closed one
+            warm = load.warmup(args.max_num_seqs).concurrency
             runs = side_by_side(engines, prompts, warm, lengths, args.rounds, args.max_tokens, lambda c, r, runs: log(
                 f"{label} round {r + 1}: " + ", ".join(
                     f"{name} {rs[-1]['tokens_per_s']:.0f} tok/s, add {rs[-1].get('add_ms_mean', 0):.2f} ms"

@@ -632,11 +632,12 @@ class Engine:
                 # each waiting for the host, and the queue grew faster: benchmark/RESULTS.md, nineteenth session.)
                 # A slot frees when the host has a row's last token, so a waiting request is admitted in the step
                 # scheduled after that.
-                if not pending and not self._full_ahead:
+                if pending:
+                    only = self._prompts_only(decoding, pending)
+                elif self._full_ahead:
+                    only, self._waved = [], False  # the decode rows' turn
+                else:
                     return None  # LLMLAUNCH_HF_FULL_AHEAD=0: the code before the nineteenth session
-                only = self._prompts_only(decoding, pending) if pending else []
-                if not pending:
-                    self._waved = False
                 if only:  # prompts only, through their graph: nothing of the running step's
                     decoding, prompts, prev_rows = [], only, None
                 elif only is None:  # the prompts go beside the decode rows, in one step once the running one ends
