@@ -155,8 +155,7 @@ def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, arriv
     from launcher.engines.hf_engine import Engine, SamplingParams
 
     engine = Engine(model_dir, device="cuda", dtype="float32", max_num_seqs=2 if arrive == "slots_full" else 8,
-                    cuda_graphs=cuda_graphs,
-                    torch_compile=torch_compile, fuse_projections=fuse_projections).start()
+                    cuda_graphs=cuda_graphs, torch_compile=torch_compile, fuse_projections=fuse_projections).start()
     try:
         done: queue.SimpleQueue = queue.SimpleQueue()
         outs: dict = {i: [] for i in range(4)}
@@ -178,11 +177,12 @@ def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, arriv
                 assert progress.wait_for(lambda: len(outs[i]) >= k, timeout=600), f"prompt {i} stalled"
 
         lengths = (5, 17, 40, 9)
-        if arrive in ("together", "slots_full"):  # in one call, so that the engine finds them waiting together: with graphs, a wave
+        one_call = arrive in ("together", "slots_full")
+        if one_call:  # in one call, so that the engine finds them waiting together: with graphs, a wave
             engine.add_requests([(f"g{i}", list(range(20 + i, 20 + i + length)),
                                   SamplingParams(max_tokens=n, ignore_eos=True), lambda out, i=i: on_output(out, i))
                                  for i, length in enumerate(lengths)])
-        for i, length in enumerate(lengths if arrive not in ("together", "slots_full") else ()):
+        for i, length in enumerate(() if one_call else lengths):
             if arrive == "while_decoding" and i in (1, 3):
                 tokens_of(i - 1, 8)
             add(i, length)

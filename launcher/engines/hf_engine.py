@@ -50,6 +50,7 @@ from typing import Callable
 from launcher.engines.hf_detok import StopMatcher, TokenTable
 from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 from launcher.engines.hf_tp import AHEAD
+from launcher.engines.switches import env_switch
 from launcher.serving.triton_io import InvalidRequest, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -99,17 +100,6 @@ class EngineStats:
     queued_s: float = 0.0  # summed: add_request to a slot (waiting for the loop's next schedule, or a free slot)
     first_tokens: int = 0  # requests whose first token reached the host
     to_first_token_s: float = 0.0  # summed: add_request to the first token on the host (queued + prompt steps)
-
-
-def _env_switch(value: bool | None, name: str, on: str, off: str) -> bool:
-    """An engine switch: `value` where given, else the environment variable `name` (1, the default, or 0), refused
-    with both meanings named when it is anything else."""
-    if value is not None:
-        return bool(value)
-    raw = os.environ.get(name, "") or "1"
-    if raw not in ("0", "1"):
-        raise ValueError(f"{name}={raw!r}: use 1 ({on}, the default) or 0 ({off})")
-    return raw == "1"
 
 
 def describe_features(f: dict) -> str:
@@ -249,10 +239,10 @@ class Engine:
         if int(prompts_alone) < 0:
             raise ValueError(f"prompts_alone={prompts_alone} is negative: the most prompts to take alone, 0 for none")
         prompts_alone = int(prompts_alone)
-        self._prompts_ahead = _env_switch(prompts_ahead, "LLMLAUNCH_HF_PROMPTS_AHEAD", "steps of prompts, and the "
+        self._prompts_ahead = env_switch(prompts_ahead, "LLMLAUNCH_HF_PROMPTS_AHEAD", "steps of prompts, and the "
                                           "decode rows' turn after them, queued behind the step running",
                                           "they wait for its tokens")
-        self._full_ahead = _env_switch(full_ahead, "LLMLAUNCH_HF_FULL_AHEAD", "decode steps queued ahead while "
+        self._full_ahead = env_switch(full_ahead, "LLMLAUNCH_HF_FULL_AHEAD", "decode steps queued ahead while "
                                        "requests wait for a slot", "they wait for the running step's tokens")
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or self.model_path)

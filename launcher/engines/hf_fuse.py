@@ -37,15 +37,9 @@ ENV = "LLMLAUNCH_HF_FUSE_PROJECTIONS"
 
 def enabled_from_env(value: bool | None) -> bool:
     """`value` if given, else LLMLAUNCH_HF_FUSE_PROJECTIONS (1, the default, or 0), checked."""
-    import os
+    from launcher.engines.switches import env_switch
 
-    if value is not None:
-        return bool(value)
-    raw = os.environ.get(ENV, "") or "1"
-    if raw not in ("0", "1"):
-        raise ValueError(f"{ENV}={raw!r}: use 1 (q/k/v and gate/up projections as one product each, the default) "
-                         f"or 0 (HF's separate products)")
-    return raw == "1"
+    return env_switch(value, ENV, "q/k/v and gate/up projections as one product each", "HF's separate products")
 
 
 def _make_classes():

@@ -424,16 +424,14 @@ def _child(fd: int) -> int:
     peers = _Peers(conn)
     try:
         from launcher.engines.hf_engine import Engine
+        from launcher.engines.switches import env_switch
 
         # Outputs are sent in one message per engine step.  With `output_interval` (seconds) a request's new
         # text is held and merged until that long after its previous output was sent; its first token and its
         # end go at once.  Fewer messages and responses leave the CPU to the engine.
         interval = float(kwargs.pop("output_interval", 0.0) or 0.0)
-        raw = os.environ.get("LLMLAUNCH_HF_BATCH_TOKENIZE", "") or "1"  # see `read`
-        if raw not in ("0", "1"):
-            raise ValueError(f"LLMLAUNCH_HF_BATCH_TOKENIZE={raw!r}: use 1 (prompts that arrive together are tokenized "
-                             "in one call, the default) or 0 (one at a time)")
-        batch_tokenize = raw == "1"
+        batch_tokenize = env_switch(None, "LLMLAUNCH_HF_BATCH_TOKENIZE",  # see `read`
+                                    "prompts that arrive together are tokenized in one call", "one at a time")
         pending: dict = {}  # request id -> [output fields..., urgent]
         last_sent: dict = {}  # request id -> time its last output was sent
         received: dict = {}  # request id -> when its "add" arrived, until its first output (Output.times)

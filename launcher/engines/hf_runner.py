@@ -44,6 +44,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
+from launcher.engines.switches import env_switch
 from launcher.spec import CUDNN_ATTENTION
 from launcher.stage import announce
 
@@ -715,13 +716,8 @@ class HFModelRunner:
             raise ValueError(f"prefill_graphs={prefill_graphs} is negative: the longest prompt to graph, 0 for none")
         self.prefill_graph_limit = int(prefill_graphs) if self.use_graphs else 0
         self._prefill_graphs: dict = {}  # bucket length -> (graph, meta, keep, logits)
-        if wave_graphs is None:
-            raw = os.environ.get("LLMLAUNCH_HF_WAVE_GRAPHS", "") or "1"
-            if raw not in ("0", "1"):
-                raise ValueError(f"LLMLAUNCH_HF_WAVE_GRAPHS={raw!r}: use 1 (steps of several whole prompts replay "
-                                 f"wave graphs, the default) or 0 (they run eagerly)")
-            wave_graphs = raw == "1"
-        self.use_wave_graphs = bool(wave_graphs)
+        self.use_wave_graphs = env_switch(wave_graphs, "LLMLAUNCH_HF_WAVE_GRAPHS",
+                                          "steps of several whole prompts replay wave graphs", "they run eagerly")
         self._wave_graphs: dict = {}  # (prompts, bucket length) -> (graph, meta, keep, logits): see WAVE_ROWS
         self.prefill_graph_error = ""
 
