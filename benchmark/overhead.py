@@ -47,6 +47,12 @@ The paths:
            CPUs and tritonserver + its stubs on the rest (needs --split-cpus):
            whether the stubs' response work and the engine's scheduling loop
            slow each other down by sharing cores.
+  served_alt
+           a second tritonserver beside the first, its hf model set up with
+           --alt-response-processes and --alt-server-param on top of the
+           served path's: two serving set-ups against the same in-process
+           engine, arrivals and rounds, in one run (their start-up and
+           compile paid once; two runs differ by a compile's spread).
   direct_awake, served_awake
            the direct and served paths (same engines, same rounds) with every
            CPU kept from sleeping while they run (launcher/awake.py,
@@ -129,9 +135,10 @@ if str(ROOT) not in sys.path:
 
 from launcher.serving.timings import engine_step_split, format_engine_split, settle  # noqa: E402  (after ROOT)
 
-PATHS = ("direct", "delayed", "process", "served", "pinned", "direct_awake", "served_awake")  # run in this order
+PATHS = ("direct", "delayed", "process", "served", "served_alt", "pinned", "direct_awake",
+         "served_awake")  # run in this order
 # key prefix of each path's ratios to direct: served keeps the unprefixed names of the two-path version
-RATIO_PREFIX = {"delayed": "delayed_", "process": "process_", "served": "", "pinned": "pinned_",
+RATIO_PREFIX = {"delayed": "delayed_", "process": "process_", "served": "", "served_alt": "served_alt_", "pinned": "pinned_",
                 "direct_awake": "direct_awake_", "served_awake": "served_awake_"}
 
 
@@ -726,6 +733,10 @@ def compare(run: dict, tokenizer, load: Load, args, generate: dict) -> dict:
             msg += (f", server {s['server_cpu_s'] / s['tokens'] * 1e6:.0f}, client "
                     f"{s['client_cpu_s'] / s['tokens'] * 1e6:.0f} ({s['responses_per_request']:.1f} "
                     f"responses/request)")
+        if "served_alt" in last:
+            s = last["served_alt"]
+            msg += (f"; served_alt server {s['server_cpu_s'] / s['tokens'] * 1e6:.0f} "
+                    f"({s['responses_per_request']:.1f} responses/request)")
         log(f"{label} round {r + 1}: {msg}")
         if any(x["errors"] for x in last.values()):
             log("errors: " + ", ".join(f"{path} {x['errors']}" for path, x in last.items()))
@@ -753,6 +764,8 @@ def compare(run: dict, tokenizer, load: Load, args, generate: dict) -> dict:
     if "served" in run:
         row["cpu_us_per_token"].update(server=per_token_us("served", "server_cpu_s"),
                                        client=per_token_us("served", "client_cpu_s"))
+    if "served_alt" in run:
+        row["cpu_us_per_token"]["served_alt_server"] = per_token_us("served_alt", "server_cpu_s")
     row.update({f"{path}_rounds": [round(x, 1) for x in v] for path, v in tps.items()})
     row.update({f"{path}_round_tokens": [x["tokens"] for x in rs] for path, rs in runs.items()})
     step_ms = [x["step_ms"] for x in runs["direct"] if "step_ms" in x]
@@ -764,13 +777,15 @@ def compare(run: dict, tokenizer, load: Load, args, generate: dict) -> dict:
             row.update({f"{path}_{key}": v for key, v in median_latency(rs, ADD_KEYS).items()})
     if "served" in run and row["served_ttft_ms_p50"] is not None and row["direct_ttft_ms_p50"] is not None:
         row["ttft_added_ms_p50"] = round(row["served_ttft_ms_p50"] - row["direct_ttft_ms_p50"], 3)
+    if "served_alt" in run and row["served_alt_ttft_ms_p50"] is not None and row["direct_ttft_ms_p50"] is not None:
+        row["served_alt_ttft_added_ms_p50"] = round(row["served_alt_ttft_ms_p50"] - row["direct_ttft_ms_p50"], 3)
     if "served_awake" in run and "direct_awake" in run:  # both with the CPUs kept awake
         row["awake_ratio"] = round(med["served_awake"] / med["direct_awake"], 4)
         row["awake_paired_ratio"] = round(statistics.median(
             x / y for x, y in zip(tps["served_awake"], tps["direct_awake"])), 4)
         if row["served_awake_ttft_ms_p50"] is not None and row["direct_awake_ttft_ms_p50"] is not None:
             row["awake_ttft_added_ms_p50"] = round(row["served_awake_ttft_ms_p50"] - row["direct_awake_ttft_ms_p50"], 3)
-    for served, direct in (("served", "direct"), ("served_awake", "direct_awake")):
+    for served, direct in (("served", "direct"), ("served_alt", "direct"), ("served_awake", "direct_awake")):
         split = [x["first_token_ms"] for x in runs.get(served, []) if x.get("first_token_ms")]
         if not split:
             continue
@@ -864,6 +879,11 @@ def main(argv=None) -> int:
     ap.add_argument("--response-processes", type=int, default=1, metavar="N",
                     help="served path: N hf model instances (stub processes) share the engine process and send its "
                          "responses (engine.response_processes; default 1)")
+    ap.add_argument("--alt-response-processes", type=int, default=0, metavar="N",
+                    help="the served_alt path: its response processes (default: --response-processes)")
+    ap.add_argument("--alt-server-param", action="append", default=[], metavar="KEY=VALUE",
+                    help="the served_alt path: a config.pbtxt parameter of its hf model on top of --server-param's "
+                         "(e.g. response_threads=2)")
     ap.add_argument("--resend-ms", type=float, default=10.0, metavar="MS",
                     help="the delayed path: each finished request's successor is added MS later (default 10, about "
                          "the served client's last-piece gap at 128 streams on an H100 host)")
@@ -888,6 +908,13 @@ def main(argv=None) -> int:
     if "pinned" in args.paths and not ("served" in args.paths and args.split_cpus):
         ap.error("the pinned path is the served path's server with its CPUs divided: add served to --paths and "
                  "--split-cpus")
+    if "served_alt" in args.paths and "served" not in args.paths:
+        ap.error("the served_alt path is measured against the served one: add served to --paths")
+    if (args.alt_response_processes or args.alt_server_param) and "served_alt" not in args.paths:
+        ap.error("--alt-response-processes / --alt-server-param set up the served_alt path: add served_alt to --paths")
+    for kv in args.server_param + args.alt_server_param + args.server_env:
+        if "=" not in kv:
+            ap.error(f"{kv!r}: write KEY=VALUE")
     paths = [p for p in PATHS if p in args.paths or p == "direct"]
 
     from launcher.engines.hf_engine import Engine, describe_features
@@ -907,6 +934,10 @@ def main(argv=None) -> int:
                "max_tokens_min": args.max_tokens_min or args.max_tokens,
                "prompt_tokens": args.prompt_tokens, "rounds": args.rounds, "paths": paths, "cpus": os.cpu_count(),
                "runs": []}
+    alt_params = dict(server_params, **dict(kv.split("=", 1) for kv in args.alt_server_param))
+    alt_processes = args.alt_response_processes or args.response_processes
+    if "served_alt" in paths:
+        results["served_alt"] = {"server_params": alt_params, "response_processes": alt_processes}
     if args.vs_generate:
         results["vs_generate"] = vs_generate(model_dir, params, args)
     if args.no_served:
@@ -921,16 +952,25 @@ def main(argv=None) -> int:
             if server_cpus:
                 log(f"CPUs: server {sorted(server_cpus)}, served-path clients {sorted(client_cpus)}")
                 results["cpu_split"] = {"server": sorted(server_cpus), "clients": sorted(client_cpus)}
-            with on_cpus(server_cpus):
-                server = stack.enter_context(hf_server(model_dir, workdir, server_params,
-                                                       env=dict(kv.split("=", 1) for kv in args.server_env) or None,
-                                                       instances=args.response_processes))
+            servers = {"served": (workdir, server_params, args.response_processes)}
+            if "served_alt" in paths:
+                servers["served_alt"] = (workdir / "alt", alt_params, alt_processes)
+            started = {}
+            with on_cpus(server_cpus):  # every server starts (and compiles) at once, then each is waited for
+                for name, (wd, sp, instances) in servers.items():
+                    started[name] = hf_server(model_dir, wd, sp, instances=instances,
+                                              env=dict(kv.split("=", 1) for kv in args.server_env) or None).start()
+                    stack.callback(started[name].stop)
+            for srv in started.values():
+                srv.wait_ready()
+            server = started["served"]
         engine = Engine(model_dir, max_prefill_tokens=args.prefill_chunk, **params).start()
         stack.callback(engine.shutdown)
         # what each engine runs with (decode graphs captured or failed, cuDNN attention): the paths compare alike
         results["features"] = {"direct": describe_features(engine.features)}
         if "served" in paths:
-            results["features"]["served"] = served_features(workdir / "tritonserver.log")
+            for name, (wd, _, _) in servers.items():
+                results["features"][name] = served_features(wd / "tritonserver.log")
         for path, text in results["features"].items():
             log(f"{path} engine: {text}")
         run = {"direct": lambda prompts, load, tokens: run_direct(engine, prompts, load.concurrency, tokens,
@@ -966,13 +1006,18 @@ def main(argv=None) -> int:
             run["process"] = lambda prompts, load, tokens: run_direct(process, prompts, load.concurrency, tokens,
                                                                       arrivals=load.arrivals())
         if "served" in paths:
-            def served(prompts, load, tokens):
-                with on_cpus(client_cpus):
-                    return run_served(server.grpc_url, server.model, prompts, load.concurrency, tokens, server.proc.pid,
-                                      server.metrics_url, args.client_processes, args.client_streams,
-                                      spec=load.open_spec(args.client_streams) if load.rate else None)
+            def served_by(srv):
+                def served(prompts, load, tokens):
+                    with on_cpus(client_cpus):
+                        return run_served(srv.grpc_url, srv.model, prompts, load.concurrency, tokens, srv.proc.pid,
+                                          srv.metrics_url, args.client_processes, args.client_streams,
+                                          spec=load.open_spec(args.client_streams) if load.rate else None)
+                return served
 
+            served = served_by(server)
             run["served"] = served
+            if "served_alt" in paths:
+                run["served_alt"] = served_by(started["served_alt"])
         for base in ("direct", "served"):  # the same path with every CPU kept from sleeping while it runs
             if f"{base}_awake" in paths:
                 run[f"{base}_awake"] = with_cpus_awake(run[base])

@@ -1261,12 +1261,13 @@ def test_overhead_benchmark_with_output_lengths_of_their_own(tiny_model_dir):
 
 
 @pytest.mark.triton
-def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_model_dir):
-    """benchmark/overhead.py --request-rate: an open loop, in-process and through a real tritonserver with two client
-    processes, each path sending the 16 requests at the times launcher.bench.runner.arrival_times draws (so no round
-    ends before the last arrival); the served first token is split as in a closed loop, the mean number of requests
-    in flight is reported, and open_loop_table.py tabulates it.  A rate of 0, and the delayed path (which delays a
-    closed loop's successors), are refused before anything starts."""
+def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_model_dir, tmp_path):
+    """benchmark/overhead.py --request-rate: an open loop, in-process and through two real tritonservers (served, and
+    served_alt with two response processes) with two client processes, each path sending the 16 requests at the
+    times launcher.bench.runner.arrival_times draws (so no round ends before the last arrival); the served first
+    token is split as in a closed loop, the mean number of requests in flight is reported, and open_loop_table.py
+    tabulates it, a line for each server.  A rate of 0, the delayed path (which delays a closed loop's successors),
+    served_alt without served and its settings without it are refused before anything starts."""
     import importlib.util
     import json
     import subprocess
@@ -1278,29 +1279,42 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
         pytest.skip("needs nvidia-pytriton (tritonserver)")
     args = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct", "served",
             "--rounds", "1", "--max-tokens", "4", "--warmup-tokens", "2", "--client-processes", "2"]
-    proc = subprocess.run(args + ["--request-rate", "12", "--open-seconds", "1"], capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(args + ["--paths", "direct", "served", "served_alt", "--alt-response-processes", "2",
+                                  "--request-rate", "12",
+                                  "--open-seconds", "1", "--workdir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     (row,) = out["runs"]  # no closed loop by default once a rate is given
     assert row["request_rate"] == 12 and row["concurrency"] is None and row["requests"] == 16
     last = max(arrival_times(LoadSpec(request_rate=12, num_requests=16, processes=2, seed=12), 16))
     assert last > 0.5  # 16 requests at 12/s: the last one about 1.3 s in
-    for path in ("direct", "served"):
+    for path in ("direct", "served", "served_alt"):
         assert row[f"{path}_round_tokens"] == [64]
         assert 64 / row[f"{path}_tokens_per_s"] >= last  # paced: the round lasted past the last arrival
         assert row[f"{path}_in_flight_mean"] > 0 and row[f"{path}_ttft_ms_p50"] > 0
-    assert row["served_first_token_ms"]["engine"] > 0 and "ttft_added_ms_p50" in row
+    for prefix in ("served", "served_alt"):
+        assert row[f"{prefix}_first_token_ms"]["engine"] > 0
+    assert "ttft_added_ms_p50" in row and "served_alt_ttft_added_ms_p50" in row and "served_alt_ratio" in row
     assert "rate=12/s: TTFT p50 direct" in proc.stderr
-    # benchmark/gpu/open_loop_table.py (one_gpu.sh step 3b): a line per rate, the TTFT added as the JSON has it
+    # the second server is its own tritonserver, its hf model two instances sharing one engine process
+    assert out["served_alt"]["response_processes"] == 2 and out["response_processes"] == 1
+    assert "2 instances share" in (tmp_path / "alt" / "tritonserver.log").read_text()
+    assert "instances share" not in (tmp_path / "tritonserver.log").read_text()
+    # benchmark/gpu/open_loop_table.py (one_gpu.sh step 3b): a line per rate and server, the TTFT added as the JSON has it
     table = subprocess.run([sys.executable, "benchmark/gpu/open_loop_table.py", "/dev/stdin"], input=proc.stdout,
                            capture_output=True, text=True, timeout=60)
     assert table.returncode == 0, table.stderr
-    head, line = table.stdout.splitlines()
-    assert "TTFT p50 in/served ms" in head and line.split()[0] == "12"
+    head, line, alt = table.stdout.splitlines()
+    assert "TTFT p50 in/served ms" in head and "(alt: response_processes=2)" in head
+    assert line.split()[0] == "12" and alt.split()[0] == "alt"
     assert f"{row['ttft_added_ms_p50']:.2f}" in line.split()
+    assert f"{row['served_alt_ttft_added_ms_p50']:.2f}" in alt.split()
     for extra, message in ((["--request-rate", "0"], "--request-rate 0: a rate is a number of requests/s above 0"),
-                           (["--request-rate", "5", "--paths", "direct", "delayed"], "an open loop (--request-rate) has none")):
+                           (["--request-rate", "5", "--paths", "direct", "delayed"], "an open loop (--request-rate) has none"),
+                           (["--paths", "direct", "served_alt"], "the served_alt path is measured against the served one"),
+                           (["--alt-server-param", "gil=1"], "set up the served_alt path: add served_alt to --paths"),
+                           (["--server-param", "cuda_graphs"], "'cuda_graphs': write KEY=VALUE")):
         bad = subprocess.run(args + extra, capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and message in bad.stderr and "starting tritonserver" not in bad.stderr, bad.stderr[-1000:]
 

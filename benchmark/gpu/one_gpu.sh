@@ -128,12 +128,13 @@ echo "== 3b. open loops: the TTFT serving adds when both paths get the same arri
 # In the closed loops above a served request's successor leaves only once the last piece reached the client, so the
 # two engines see different arrival patterns; here every path sends each request at the same drawn time (Poisson,
 # the served path's client processes' arrivals), so the TTFT difference is the serving path's alone. Two response
-# processes, as for 128 streams above.
+# processes, as for 128 streams above, and beside them (served_alt, a second server) four: from ~45 requests in flight
+# the stubs' sending is what serving adds (benchmark/RESULTS.md, twenty-first session).
 # shellcheck disable=SC2086
-timeout 900 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfloat16 --max-num-seqs 128 \
+timeout 1200 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfloat16 --max-num-seqs 128 \
     --request-rate $RATES --open-seconds 4 --prompt-tokens 128 --max-tokens 128 --rounds "$ROUNDS" \
     --warmup-tokens 128 --client-processes "${CLIENT_PROCESSES:-$(( $(nproc) / 2 ))}" --client-streams 1 "${SPLIT[@]}" \
-    --response-processes 2 --paths direct served > "$OUT_DIR/overhead_open.json"
+    --response-processes 2 --alt-response-processes 4 --paths direct served served_alt > "$OUT_DIR/overhead_open.json"
 $PY benchmark/gpu/open_loop_table.py "$OUT_DIR/overhead_open.json"
 
 echo "== 4. one stream: the TTFT serving adds, CPUs as they are and kept awake (serve.keep_cpus_awake)"

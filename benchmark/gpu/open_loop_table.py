@@ -2,6 +2,9 @@
 in-process / served and what serving adds, where the served first token's time goes, ITL.
 
     python benchmark/gpu/open_loop_table.py overhead_open.json
+
+With the served_alt path (a second server set up otherwise, e.g. --alt-response-processes 4) each rate has a
+second line, `alt`, against the same in-process runs.
 """
 
 import json
@@ -13,18 +16,26 @@ def table(doc: dict) -> str:
             f"{'+ms':>6} {'parse':>6} {'add':>6} {'engine':>7} {'back':>6} {'respond':>7} {'outside':>7} "
             f"{'ITL p50 in/served ms':>21} {'tok/s ratio':>11}")
     lines = [head]
+    alt = doc.get("served_alt")
+    if alt:
+        lines[0] += "   (alt: " + ", ".join(f"{k}={v}" for k, v in (("response_processes", alt["response_processes"]),
+                                                                  *sorted(alt["server_params"].items()))
+                                     if doc["server_params"].get(k, doc.get(k)) != v) + ")"
     for r in doc["runs"]:
         if not r.get("request_rate"):
             continue
-        ft = r.get("served_first_token_ms") or {}
-        mean_added = r["served_ttft_ms_mean"] - r["direct_ttft_ms_mean"]
-        lines.append(
-            f"{r['request_rate']:>7g} {r['direct_in_flight_mean']:>9.1f} / {r['served_in_flight_mean']:<8.1f} "
-            f"{r['direct_ttft_ms_p50']:>10.2f} / {r['served_ttft_ms_p50']:<9.2f} {r['ttft_added_ms_p50']:>6.2f} "
-            f"{r['direct_ttft_ms_mean']:>9.2f} / {r['served_ttft_ms_mean']:<8.2f} {mean_added:>6.2f} "
-            + " ".join(f"{ft.get(k, float('nan')):>{w}.2f}" for k, w in
-                       (("parse", 6), ("add", 6), ("engine", 7), ("back", 6), ("respond", 7), ("outside_server", 7)))
-            + f" {r['direct_itl_ms_p50']:>9.3f} / {r['served_itl_ms_p50']:<9.3f} {r['ratio']:>11.3f}")
+        for path, prefix, rate in (("served", "", f"{r['request_rate']:g}"), ("served_alt", "served_alt_", "alt")):
+            if f"{path}_ttft_ms_p50" not in r:
+                continue
+            ft = r.get(f"{path}_first_token_ms") or {}
+            mean_added = r[f"{path}_ttft_ms_mean"] - r["direct_ttft_ms_mean"]
+            lines.append(
+                f"{rate:>7} {r['direct_in_flight_mean']:>9.1f} / {r[f'{path}_in_flight_mean']:<8.1f} "
+                f"{r['direct_ttft_ms_p50']:>10.2f} / {r[f'{path}_ttft_ms_p50']:<9.2f} {r[f'{prefix}ttft_added_ms_p50']:>6.2f} "
+                f"{r['direct_ttft_ms_mean']:>9.2f} / {r[f'{path}_ttft_ms_mean']:<8.2f} {mean_added:>6.2f} "
+                + " ".join(f"{ft.get(k, float('nan')):>{w}.2f}" for k, w in
+                           (("parse", 6), ("add", 6), ("engine", 7), ("back", 6), ("respond", 7), ("outside_server", 7)))
+                + f" {r['direct_itl_ms_p50']:>9.3f} / {r[f'{path}_itl_ms_p50']:<9.3f} {r[f'{prefix}ratio']:>11.3f}")
     return "\n".join(lines)
 
 
