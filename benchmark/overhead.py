@@ -775,16 +775,16 @@ def compare(run: dict, tokenizer, load: Load, args, generate: dict) -> dict:
         row.update({f"{path}_{key}": v for key, v in median_latency(rs).items()})
         if all("add_ms_mean" in x for x in rs):  # the process path: the hand-off into the engine process
             row.update({f"{path}_{key}": v for key, v in median_latency(rs, ADD_KEYS).items()})
-    if "served" in run and row["served_ttft_ms_p50"] is not None and row["direct_ttft_ms_p50"] is not None:
-        row["ttft_added_ms_p50"] = round(row["served_ttft_ms_p50"] - row["direct_ttft_ms_p50"], 3)
-    if "served_alt" in run and row["served_alt_ttft_ms_p50"] is not None and row["direct_ttft_ms_p50"] is not None:
-        row["served_alt_ttft_added_ms_p50"] = round(row["served_alt_ttft_ms_p50"] - row["direct_ttft_ms_p50"], 3)
     if "served_awake" in run and "direct_awake" in run:  # both with the CPUs kept awake
         row["awake_ratio"] = round(med["served_awake"] / med["direct_awake"], 4)
         row["awake_paired_ratio"] = round(statistics.median(
             x / y for x, y in zip(tps["served_awake"], tps["direct_awake"])), 4)
-        if row["served_awake_ttft_ms_p50"] is not None and row["direct_awake_ttft_ms_p50"] is not None:
-            row["awake_ttft_added_ms_p50"] = round(row["served_awake_ttft_ms_p50"] - row["direct_awake_ttft_ms_p50"], 3)
+    # the TTFT (p50) each served path adds to the in-process path it is measured against
+    for served, direct, key in (("served", "direct", "ttft_added_ms_p50"),
+                                ("served_alt", "direct", "served_alt_ttft_added_ms_p50"),
+                                ("served_awake", "direct_awake", "awake_ttft_added_ms_p50")):
+        if served in run and direct in run and None not in (row[f"{served}_ttft_ms_p50"], row[f"{direct}_ttft_ms_p50"]):
+            row[key] = round(row[f"{served}_ttft_ms_p50"] - row[f"{direct}_ttft_ms_p50"], 3)
     for served, direct in (("served", "direct"), ("served_alt", "direct"), ("served_awake", "direct_awake")):
         split = [x["first_token_ms"] for x in runs.get(served, []) if x.get("first_token_ms")]
         if not split:
@@ -915,6 +915,7 @@ def main(argv=None) -> int:
     for kv in args.server_param + args.alt_server_param + args.server_env:
         if "=" not in kv:
             ap.error(f"{kv!r}: write KEY=VALUE")
+    extra_env = dict(kv.split("=", 1) for kv in args.server_env) or None  # tritonserver's (and the process path's)
     paths = [p for p in PATHS if p in args.paths or p == "direct"]
 
     from launcher.engines.hf_engine import Engine, describe_features
@@ -959,7 +960,7 @@ def main(argv=None) -> int:
             with on_cpus(server_cpus):  # every server starts (and compiles) at once, then each is waited for
                 for name, (wd, sp, instances) in servers.items():
                     started[name] = hf_server(model_dir, wd, sp, instances=instances,
-                                              env=dict(kv.split("=", 1) for kv in args.server_env) or None).start()
+                                              env=extra_env).start()
                     stack.callback(started[name].stop)
             for srv in started.values():
                 srv.wait_ready()
@@ -986,7 +987,7 @@ def main(argv=None) -> int:
             if args.process_env == "server":  # the environment the served engine process inherits from the stub
                 from launcher.triton import resolve_tritonserver, server_env
 
-                env = server_env(resolve_tritonserver(), dict(kv.split("=", 1) for kv in args.server_env) or None)
+                env = server_env(resolve_tritonserver(), extra_env)
                 keys = [k for k in args.process_env_keys.split(",") if k]
                 if keys:
                     env = {k: env[k] for k in keys if k in env}

@@ -17,10 +17,10 @@ def table(doc: dict) -> str:
             f"{'ITL p50 in/served ms':>21} {'tok/s ratio':>11}")
     lines = [head]
     alt = doc.get("served_alt")
-    if alt:
-        lines[0] += "   (alt: " + ", ".join(f"{k}={v}" for k, v in (("response_processes", alt["response_processes"]),
-                                                                  *sorted(alt["server_params"].items()))
-                                     if doc["server_params"].get(k, doc.get(k)) != v) + ")"
+    if alt:  # what the second server was set up with, where it differs from the first
+        base = {"response_processes": doc["response_processes"], **doc["server_params"]}
+        mine = {"response_processes": alt["response_processes"], **alt["server_params"]}
+        lines[0] += "   (alt: " + ", ".join(f"{k}={v}" for k, v in sorted(mine.items()) if base.get(k) != v) + ")"
     for r in doc["runs"]:
         if not r.get("request_rate"):
             continue
