@@ -141,6 +141,28 @@ def test_profile_wrapper_translates_seed_command_line(tmp_path):
     assert argv[-2:] == ["--request-rate", "5"]
 
 
+def test_multi_gpu_verdict_fails_greedy_differences_in_float32_only():
+    """benchmark/gpu/multi_gpu.py's exit status: a bf16 tp=2 that picks another near-tie than tp=1 is a note, the
+    same difference in float32 (where tp layouts must agree) a failure, as are failed requests and unstarted layouts."""
+    spec = importlib.util.spec_from_file_location("multi_gpu", Path(__file__).parents[1] / "benchmark" / "gpu" / "multi_gpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def row(layout, same, failed=0):
+        return {"layout": layout, "greedy_equals_first": same, "failed": failed}
+
+    rows = [row("tp1", True), row("tp2", False), row("rep2", True)]
+    code, notes = mod.verdict(rows, [], "bfloat16")
+    assert code == 0 and notes == ["greedy text of tp2 differs from tp1's (bfloat16: expected across tp sizes; "
+                                   "--dtype float32 checks equality)"]
+    code, notes = mod.verdict(rows, [], "float32")
+    assert code == 1 and notes == ["greedy text of tp2 differs from tp1's"]
+    assert mod.verdict([row("tp1", True), row("tp2", True)], [], "float32") == (0, [])
+    assert mod.verdict([row("tp1", True), row("tp2", True, failed=3)], [], "bfloat16")[0] == 1
+    assert mod.verdict([row("tp1", True)], [{"layout": "tp2", "error": "no endpoint"}], "bfloat16")[0] == 1
+    assert mod.verdict([], [], "bfloat16")[0] == 1
+
+
 # --------------------------------------------------------------------------- against tritonserver
 
 

@@ -7,7 +7,8 @@ Each layout is a real `llmlaunch` run (one tritonserver per GPU started as
 `python -m launcher.rank`, the same per-rank path as a Slurm task; NCCL between
 the ranks of a tensor-parallel group; rank 0's front end when replicas > 1):
 start, wait for the endpoint, check that greedy output equals the first
-layout's, run `llmlaunch-bench` once per value of --concurrency (synthetic
+layout's (a failure in float32 only: in bf16/fp16 a tp group sums its
+all-reduce in another order, and a near-tie may then pick another token), run `llmlaunch-bench` once per value of --concurrency (synthetic
 prompts, exactly --output-len tokens each, C in flight, max(--num-prompts, 2C)
 prompts after C warm-up requests), stop with SIGINT.  Prints a table of output
 tokens/s, TTFT and ITL per layout and concurrency and the ratio to the first
@@ -110,6 +111,22 @@ def bench(url: str, model: str, args, concurrency: int, out_json: Path) -> dict:
             "ttft_ms_p99": round(m["ttft_ms"]["p99"], 2), "itl_ms_p50": round(m["itl_ms"]["p50"], 3)}
 
 
+def verdict(rows: list[dict], failed: list[dict], dtype: str) -> tuple[int, list[str]]:
+    """(exit status, notes) of a run.  It fails on a layout that did not start, on failed requests, on no rows, and,
+    in float32, on greedy text that differs from the first layout's.  In bf16/fp16 such a difference is a note: a
+    tensor-parallel all-reduce adds the shards' sums in another order than one GPU's matmul, so near-ties of a
+    random model may go the other way (runs 11/12 of benchmark/RESULTS.md: float32 equal, bf16 not)."""
+    notes = []
+    differ = sorted({r["layout"] for r in rows if not r["greedy_equals_first"]})
+    strict = dtype in ("float32", "fp32")
+    if differ:
+        first = rows[0]["layout"]  # rows are in run order here
+        notes.append(f"greedy text of {', '.join(differ)} differs from {first}'s"
+                     + ("" if strict else f" ({dtype}: expected across tp sizes; --dtype float32 checks equality)"))
+    code = 0 if rows and not failed and not any(r["failed"] for r in rows) and not (strict and differ) else 1
+    return code, notes
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="HF model folder")
@@ -162,6 +179,7 @@ def main(argv=None) -> int:
                 log(f"{name}: {row}")
         finally:
             stop(proc)
+    code, notes = verdict(rows, failed, args.dtype)
     first = rows[0]["layout"] if rows else ""
     base = {r["concurrency"]: r["output_tokens_per_s"] for r in rows if r["layout"] == first}
     for r in rows:
@@ -175,11 +193,13 @@ def main(argv=None) -> int:
               f"{r['greedy_equals_first']}")
     for f in failed:
         print(f"{f['layout']:8} did not start: {f['error'].splitlines()[0] if f['error'] else ''}")
+    for note in notes:
+        print(note)
     if args.json:
         Path(args.json).write_text(json.dumps({"concurrency": args.concurrency, "input_len": args.input_len,
-                                               "output_len": args.output_len, "rows": rows, "failed": failed},
+                                               "output_len": args.output_len, "rows": rows, "failed": failed, "notes": notes},
                                               indent=1))
-    return 0 if rows and not failed and all(r["greedy_equals_first"] and not r["failed"] for r in rows) else 1
+    return code
 
 
 if __name__ == "__main__":
