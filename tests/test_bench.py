@@ -141,26 +141,32 @@ def test_profile_wrapper_translates_seed_command_line(tmp_path):
     assert argv[-2:] == ["--request-rate", "5"]
 
 
-def test_multi_gpu_verdict_fails_greedy_differences_in_float32_only():
-    """benchmark/gpu/multi_gpu.py's exit status: a bf16 tp=2 that picks another near-tie than tp=1 is a note, the
-    same difference in float32 (where tp layouts must agree) a failure, as are failed requests and unstarted layouts."""
+def test_multi_gpu_verdict_allows_greedy_differences_only_across_tp_sizes_in_bf16():
+    """benchmark/gpu/multi_gpu.py's exit status: a bf16 tp=2 that picks another near-tie than tp=1 is a note; the same
+    difference in float32, or a layout that differs from the first of its tp size (replicas of tp=1 against tp=1) in
+    any dtype, fails the run, as do failed requests and layouts that did not start."""
     spec = importlib.util.spec_from_file_location("multi_gpu", Path(__file__).parents[1] / "benchmark" / "gpu" / "multi_gpu.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    rows = [{"layout": n, "failed": 0} for n in ("tp1", "tp2", "rep2")]
 
-    def row(layout, same, failed=0):
-        return {"layout": layout, "greedy_equals_first": same, "failed": failed}
-
-    rows = [row("tp1", True), row("tp2", False), row("rep2", True)]
-    code, notes = mod.verdict(rows, [], "bfloat16")
-    assert code == 0 and notes == ["greedy text of tp2 differs from tp1's (bfloat16: expected across tp sizes; "
-                                   "--dtype float32 checks equality)"]
-    code, notes = mod.verdict(rows, [], "float32")
-    assert code == 1 and notes == ["greedy text of tp2 differs from tp1's"]
-    assert mod.verdict([row("tp1", True), row("tp2", True)], [], "float32") == (0, [])
-    assert mod.verdict([row("tp1", True), row("tp2", True, failed=3)], [], "bfloat16")[0] == 1
-    assert mod.verdict([row("tp1", True)], [{"layout": "tp2", "error": "no endpoint"}], "bfloat16")[0] == 1
-    assert mod.verdict([], [], "bfloat16")[0] == 1
+    texts = {"tp1": "a b c", "tp2": "a b d", "rep2": "a b c"}
+    assert mod.verdict(texts, rows, [], "bfloat16") == (0, [
+        "greedy text of tp2 differs from tp1's (bfloat16, tp=2 against tp=1): expected in bfloat16; "
+        "--dtype float32 checks equality"])
+    assert mod.verdict(texts, rows, [], "float32") == (
+        1, ["greedy text of tp2 differs from tp1's (float32, tp=2 against tp=1): it must not"])
+    # a replica compares with the first layout of its tp size, wherever that ran
+    texts = {"tp2": "x", "tp1": "y", "rep2": "z", "rep2tp2": "x"}
+    assert mod.verdict(texts, rows, [], "bfloat16") == (1, [
+        "greedy text of rep2 differs from tp1's (the same tp size): it must not",
+        "greedy text of tp1 differs from tp2's (bfloat16, tp=1 against tp=2): expected in bfloat16; "
+        "--dtype float32 checks equality"])
+    assert mod.verdict({"tp2": "x", "tp1": "y", "rep2": "y"}, rows, [], "bfloat16")[0] == 0
+    assert mod.verdict({"tp1": "x", "tp2": "x"}, rows, [], "float32") == (0, [])
+    assert mod.verdict({"tp1": "x"}, rows[:1] + [{"layout": "tp1", "failed": 3}], [], "bfloat16")[0] == 1
+    assert mod.verdict({"tp1": "x"}, rows[:1], [{"layout": "tp2", "error": "no endpoint"}], "bfloat16")[0] == 1
+    assert mod.verdict({}, [], [], "bfloat16") == (1, [])
 
 
 # --------------------------------------------------------------------------- against tritonserver

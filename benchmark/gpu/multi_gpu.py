@@ -7,8 +7,9 @@ Each layout is a real `llmlaunch` run (one tritonserver per GPU started as
 `python -m launcher.rank`, the same per-rank path as a Slurm task; NCCL between
 the ranks of a tensor-parallel group; rank 0's front end when replicas > 1):
 start, wait for the endpoint, check that greedy output equals the first
-layout's (a failure in float32 only: in bf16/fp16 a tp group sums its
-all-reduce in another order, and a near-tie may then pick another token), run `llmlaunch-bench` once per value of --concurrency (synthetic
+layout's (across tp sizes in float32 only: in bf16/fp16 a tp group sums its
+all-reduce in another order, and a near-tie may then pick another token), run
+`llmlaunch-bench` once per value of --concurrency (synthetic
 prompts, exactly --output-len tokens each, C in flight, max(--num-prompts, 2C)
 prompts after C warm-up requests), stop with SIGINT.  Prints a table of output
 tokens/s, TTFT and ITL per layout and concurrency and the ratio to the first
@@ -111,19 +112,32 @@ def bench(url: str, model: str, args, concurrency: int, out_json: Path) -> dict:
             "ttft_ms_p99": round(m["ttft_ms"]["p99"], 2), "itl_ms_p50": round(m["itl_ms"]["p50"], 3)}
 
 
-def verdict(rows: list[dict], failed: list[dict], dtype: str) -> tuple[int, list[str]]:
-    """(exit status, notes) of a run.  It fails on a layout that did not start, on failed requests, on no rows, and,
-    in float32, on greedy text that differs from the first layout's.  In bf16/fp16 such a difference is a note: a
-    tensor-parallel all-reduce adds the shards' sums in another order than one GPU's matmul, so near-ties of a
-    random model may go the other way (runs 11/12 of benchmark/RESULTS.md: float32 equal, bf16 not)."""
-    notes = []
-    differ = sorted({r["layout"] for r in rows if not r["greedy_equals_first"]})
+def tp_of(layout: str) -> int:
+    return int(next(o for o in LAYOUTS[layout] if o.startswith("tp=")).split("=")[1])
+
+
+def verdict(texts: dict[str, str], rows: list[dict], failed: list[dict], dtype: str) -> tuple[int, list[str]]:
+    """(exit status, notes) of a run, from each layout's greedy text ({layout: text}, in run order).  It fails on a
+    layout that did not start, on failed requests, on no rows, and on greedy text that differs where it must not:
+    from the first layout of the same tp size (replicas of tp=1 run one GPU's kernels), and in float32 from the first
+    layout.  Across tp sizes in bf16/fp16 a difference is a note: a tensor-parallel all-reduce adds the shards' sums
+    in another order than one GPU's matmul, so near-ties of a random model may go the other way (runs 11/12 of
+    benchmark/RESULTS.md: float32 equal, bf16 not)."""
+    if not rows:
+        return 1, []
+    names = list(texts)
     strict = dtype in ("float32", "fp32")
-    if differ:
-        first = rows[0]["layout"]  # rows are in run order here
-        notes.append(f"greedy text of {', '.join(differ)} differs from {first}'s"
-                     + ("" if strict else f" ({dtype}: expected across tp sizes; --dtype float32 checks equality)"))
-    code = 0 if rows and not failed and not any(r["failed"] for r in rows) and not (strict and differ) else 1
+    wrong, allowed = [], []
+    for name in names[1:]:
+        same_tp = next(n for n in names if tp_of(n) == tp_of(name))
+        if texts[name] != texts[same_tp]:
+            wrong.append(f"{name} differs from {same_tp}'s (the same tp size)")
+        elif texts[name] != texts[names[0]]:
+            (wrong if strict else allowed).append(f"{name} differs from {names[0]}'s ({dtype}, tp={tp_of(name)} "
+                                                  f"against tp={tp_of(names[0])})")
+    notes = [f"greedy text of {w}: it must not" for w in wrong]
+    notes += [f"greedy text of {a}: expected in {dtype}; --dtype float32 checks equality" for a in allowed]
+    code = 0 if not failed and not any(r["failed"] for r in rows) and not wrong else 1
     return code, notes
 
 
@@ -157,7 +171,7 @@ def main(argv=None) -> int:
     common = [f"model.path={args.model}", "model.make=", f"model.dtype={args.dtype}", f"engine.device={args.device}",
               f"engine.max_num_seqs={args.max_num_seqs}", f"cluster.gpus_per_node={args.gpus}",
               f"cluster.jobs_dir={work / 'runs'}", *args.extra]
-    rows, reference, failed = [], None, []
+    rows, texts, failed = [], {}, []
     for name in layouts:
         log(f"{name}: starting llmlaunch {' '.join(LAYOUTS[name])}")
         t0 = time.monotonic()
@@ -169,17 +183,16 @@ def main(argv=None) -> int:
             continue
         try:
             ready_s = time.monotonic() - t0
-            text = greedy_text(url, model)
-            reference = text if reference is None else reference
+            text = texts[name] = greedy_text(url, model)
             for c in args.concurrency:
                 row = {"layout": name, "overrides": " ".join(LAYOUTS[name]), "ready_s": round(ready_s, 1),
-                       "greedy_equals_first": text == reference,
+                       "greedy_equals_first": text == next(iter(texts.values())),
                        **bench(url, model, args, c, work / f"{name}_c{c}.json")}
                 rows.append(row)
                 log(f"{name}: {row}")
         finally:
             stop(proc)
-    code, notes = verdict(rows, failed, args.dtype)
+    code, notes = verdict(texts, rows, failed, args.dtype)
     first = rows[0]["layout"] if rows else ""
     base = {r["concurrency"]: r["output_tokens_per_s"] for r in rows if r["layout"] == first}
     for r in rows:
