@@ -169,6 +169,29 @@ def test_multi_gpu_verdict_allows_greedy_differences_only_across_tp_sizes_in_bf1
     assert mod.verdict({}, [], [], "bfloat16") == (1, [])
 
 
+def test_multi_gpu_bench_spreads_the_load_over_client_processes():
+    """benchmark/gpu/multi_gpu.py renders its llmlaunch-bench command: by default a quarter of the host's CPUs as client
+    processes (one cannot keep up with 128 streams), never more than the requests in flight, one stream each."""
+    import argparse
+
+    spec = importlib.util.spec_from_file_location("multi_gpu", Path(__file__).parents[1] / "benchmark" / "gpu" / "multi_gpu.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.client_processes(0, 128, 32) == 8 and mod.client_processes(0, 1, 32) == 1
+    assert mod.client_processes(0, 128, 2) == 1 and mod.client_processes(12, 128, 2) == 12
+    assert mod.client_processes(12, 4, 32) == 4
+    args = argparse.Namespace(num_prompts=0, client_processes=3, input_len=128, output_len=64, tokenizer="/m")
+    argv, prompts, processes = mod.bench_argv("h:8001", "hf_model", args, 64, Path("/tmp/r.json"))
+    assert (prompts, processes) == (256, 3)
+
+    def value(flag):
+        return argv[argv.index(flag) + 1]
+
+    assert [value(f) for f in ("--concurrency", "--processes", "--streams", "--num-prompts", "--warmup")] == [
+        "64", "3", "1", "256", "64"]
+    assert value("--tokenizer") == "/m" and value("--output-len") == "64" and "--ignore-eos" in argv
+
+
 # --------------------------------------------------------------------------- against tritonserver
 
 

@@ -11,7 +11,7 @@ layout's (across tp sizes in float32 only: in bf16/fp16 a tp group sums its
 all-reduce in another order, and a near-tie may then pick another token), run
 `llmlaunch-bench` once per value of --concurrency (synthetic
 prompts, exactly --output-len tokens each, C in flight, max(--num-prompts, 2C)
-prompts after C warm-up requests), stop with SIGINT.  Prints a table of output
+prompts after C warm-up requests, spread over --client-processes), stop with SIGINT.  Prints a table of output
 tokens/s, TTFT and ITL per layout and concurrency and the ratio to the first
 layout (tp=1, one replica) at the same concurrency, and writes it as JSON with
 --json.
@@ -94,19 +94,34 @@ def greedy_text(url: str, model: str, max_tokens: int = 48) -> str:
     return rec.text
 
 
-def bench(url: str, model: str, args, concurrency: int, out_json: Path) -> dict:
-    # at least two waves of C requests, or a high C would be measured on its ramp-up and drain alone;
-    # by default four waves and at least 16 requests (C=1 then takes seconds, not minutes)
+def client_processes(requested: int, concurrency: int, cpus: int) -> int:
+    """Client processes for one bench: --client-processes, or by default a quarter of the host's CPUs (8 on a
+    32-vCPU host; the servers, their stubs and engines keep the rest), never more than the requests in flight.
+    One client process cannot keep up with 128 streams: it parses every streamed response in Python (fourteenth
+    session of benchmark/RESULTS.md: four processes were the bottleneck, eight were not)."""
+    return max(1, min(concurrency, requested or cpus // 4))
+
+
+def bench_argv(url: str, model: str, args, concurrency: int, out_json: Path) -> tuple[list[str], int, int]:
+    """(llmlaunch-bench argv, prompts, client processes) for one concurrency: at least two waves of C requests, or a
+    high C would be measured on its ramp-up and drain alone; by default four waves and at least 16 requests (C=1 then
+    takes seconds, not minutes)."""
     num_prompts = max(args.num_prompts, 2 * concurrency) if args.num_prompts else max(16, 4 * concurrency)
+    processes = client_processes(args.client_processes, concurrency, os.cpu_count() or 1)
     cmd = [sys.executable, "-m", "launcher.bench.cli", "--url", url, "--model", model, "--dataset-name", "synthetic",
            "--input-len", str(args.input_len), "--output-len", str(args.output_len), "--ignore-eos",
-           "--num-prompts", str(num_prompts), "--concurrency", str(concurrency),
-           "--warmup", str(concurrency), "--no-progress", "--result-json", str(out_json)]
+           "--num-prompts", str(num_prompts), "--concurrency", str(concurrency), "--processes", str(processes),
+           "--streams", "1", "--warmup", str(concurrency), "--no-progress", "--result-json", str(out_json)]
     if args.tokenizer:
         cmd += ["--tokenizer", args.tokenizer]
+    return cmd, num_prompts, processes
+
+
+def bench(url: str, model: str, args, concurrency: int, out_json: Path) -> dict:
+    cmd, num_prompts, processes = bench_argv(url, model, args, concurrency, out_json)
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     m = json.loads(out_json.read_text())["metrics"]
-    return {"concurrency": concurrency, "num_prompts": num_prompts,
+    return {"concurrency": concurrency, "num_prompts": num_prompts, "client_processes": processes,
             "output_tokens_per_s": round(m["output_throughput"], 1), "completed": m["completed"],
             "failed": m["failed"], "ttft_ms_p50": round(m["ttft_ms"]["p50"], 2),
             "ttft_ms_p99": round(m["ttft_ms"]["p99"], 2), "itl_ms_p50": round(m["itl_ms"]["p50"], 3)}
@@ -152,6 +167,9 @@ def main(argv=None) -> int:
                     help="requests in flight; one bench per value while a layout's server is up")
     ap.add_argument("--num-prompts", type=int, default=0,
                     help="prompts per bench (at least 2 x concurrency; default: 4 x concurrency, at least 16)")
+    ap.add_argument("--client-processes", type=int, default=0, metavar="N",
+                    help="llmlaunch-bench client processes, one stream each (default 0: a quarter of this host's "
+                         "CPUs, at most C)")
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--max-num-seqs", type=int, default=128, help="engine.max_num_seqs of every replica")
@@ -198,10 +216,11 @@ def main(argv=None) -> int:
     for r in rows:
         r["ratio_to_first"] = round(r["output_tokens_per_s"] / base[r["concurrency"]], 3) if base else None
     rows.sort(key=lambda r: r["concurrency"])  # the layouts a ratio compares stand together (stable: run order)
-    print(f"{'layout':8} {'overrides':20} {'C':>4} {'tok/s':>9} {'ratio':>6} {'TTFT p50':>9} {'TTFT p99':>9} "
+    print(f"{'layout':8} {'overrides':20} {'C':>4} {'clients':>7} {'tok/s':>9} {'ratio':>6} {'TTFT p50':>9} {'TTFT p99':>9} "
           f"{'ITL p50':>8} greedy=first")
     for r in rows:
-        print(f"{r['layout']:8} {r['overrides']:20} {r['concurrency']:4d} {r['output_tokens_per_s']:9.1f} "
+        print(f"{r['layout']:8} {r['overrides']:20} {r['concurrency']:4d} {r['client_processes']:7d} "
+              f"{r['output_tokens_per_s']:9.1f} "
               f"{r['ratio_to_first']:6.3f} {r['ttft_ms_p50']:9.2f} {r['ttft_ms_p99']:9.2f} {r['itl_ms_p50']:8.3f} "
               f"{r['greedy_equals_first']}")
     for f in failed:

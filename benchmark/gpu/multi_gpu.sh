@@ -6,7 +6,8 @@
 #   benchmark/gpu/multi_gpu.sh [OUT_DIR]      # GPUS (default: all visible), MODEL (default /tmp/llama-1b)
 #
 # More knobs: CONCURRENCY (bf16 pass, default "1 64 128": one bench per value while a layout is up),
-# NUM_PROMPTS (default: 4 x concurrency, at least 16), WORK (/tmp/llmlaunch-multigpu), EXTRA (llmlaunch overrides for every layout of both
+# NUM_PROMPTS (default: 4 x concurrency, at least 16), CLIENT_PROCESSES (llmlaunch-bench processes; default: a
+# quarter of nproc, at most C: one cannot keep up with 128 streams), WORK (/tmp/llmlaunch-multigpu), EXTRA (llmlaunch overrides for every layout of both
 # passes, space-separated, e.g. EXTRA="engine.cuda_graphs=false"), SKIP_BF16=1 / SKIP_FP32=1 (one pass only).
 # Same environment as one_gpu.sh.  NCCL's NVLink multicast stays off (NCCL_NVLS_ENABLE=0).
 set -uo pipefail
@@ -28,7 +29,7 @@ echo "== throughput, bf16, concurrency $CONCURRENCY: $LAYOUTS${EXTRA:+ ($EXTRA)}
 # LAYOUTS, CONCURRENCY and EXTRA are lists: unquoted, so that they split into arguments
 # shellcheck disable=SC2086
 $PY benchmark/gpu/multi_gpu.py --model "$MODEL" --gpus "$GPUS" --layouts $LAYOUTS --concurrency $CONCURRENCY \
-    --num-prompts "${NUM_PROMPTS:-0}" --json "$OUT_DIR/multi_gpu_bf16.json" --workdir "${WORK:-/tmp/llmlaunch-multigpu}/bf16" \
+    --num-prompts "${NUM_PROMPTS:-0}" --client-processes "${CLIENT_PROCESSES:-0}" --json "$OUT_DIR/multi_gpu_bf16.json" --workdir "${WORK:-/tmp/llmlaunch-multigpu}/bf16" \
     ${EXTRA:+--extra $EXTRA}
 }
 FP32_LAYOUTS="tp1 tp2"
@@ -37,5 +38,5 @@ FP32_LAYOUTS="tp1 tp2"
 echo "== greedy tp=1 vs $FP32_LAYOUTS, float32"
 # shellcheck disable=SC2086
 $PY benchmark/gpu/multi_gpu.py --model "$MODEL" --gpus "$GPUS" --layouts $FP32_LAYOUTS --dtype float32 --concurrency 8 \
-    --num-prompts 16 --json "$OUT_DIR/multi_gpu_fp32.json" --workdir "${WORK:-/tmp/llmlaunch-multigpu}/fp32" \
+    --num-prompts 16 --client-processes "${CLIENT_PROCESSES:-0}" --json "$OUT_DIR/multi_gpu_fp32.json" --workdir "${WORK:-/tmp/llmlaunch-multigpu}/fp32" \
     ${EXTRA:+--extra $EXTRA}
