@@ -128,10 +128,17 @@ def test_load_spec_rejects_nonsense():
         LoadSpec(concurrency=1, burstiness=0).check()
 
 
-def test_profile_wrapper_translates_seed_command_line(tmp_path):
-    spec = importlib.util.spec_from_file_location("ptpb", Path(__file__).parents[1] / "benchmark" / "profile_triton_python_backend.py")
+def _script(*parts: str):
+    """A script under benchmark/ (not a package), loaded as a module to test its pure functions."""
+    path = Path(__file__).parents[1] / "benchmark" / Path(*parts)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_profile_wrapper_translates_seed_command_line(tmp_path):
+    mod = _script("profile_triton_python_backend.py")
     argv = mod.translate(["0.0.0.0:33337", "sglang_model", "sg.json", "--num_prompts", "1000", "--concurrency=128"])
     assert argv[:4] == ["--url", "0.0.0.0:33337", "--dataset", "sg.json"]
     assert "--model" in argv and argv[argv.index("--model") + 1] == "sglang_model"
@@ -145,9 +152,7 @@ def test_multi_gpu_verdict_allows_greedy_differences_only_across_tp_sizes_in_bf1
     """benchmark/gpu/multi_gpu.py's exit status: a bf16 tp=2 that picks another near-tie than tp=1 is a note; the same
     difference in float32, or a layout that differs from the first of its tp size (replicas of tp=1 against tp=1) in
     any dtype, fails the run, as do failed requests and layouts that did not start."""
-    spec = importlib.util.spec_from_file_location("multi_gpu", Path(__file__).parents[1] / "benchmark" / "gpu" / "multi_gpu.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _script("gpu", "multi_gpu.py")
     rows = [{"layout": n, "failed": 0} for n in ("tp1", "tp2", "rep2")]
 
     texts = {"tp1": "a b c", "tp2": "a b d", "rep2": "a b c"}
@@ -174,9 +179,7 @@ def test_multi_gpu_bench_spreads_the_load_over_client_processes():
     processes (one cannot keep up with 128 streams), never more than the requests in flight, one stream each."""
     import argparse
 
-    spec = importlib.util.spec_from_file_location("multi_gpu", Path(__file__).parents[1] / "benchmark" / "gpu" / "multi_gpu.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _script("gpu", "multi_gpu.py")
     assert mod.client_processes(0, 128, 32) == 8 and mod.client_processes(0, 1, 32) == 1
     assert mod.client_processes(0, 128, 2) == 1 and mod.client_processes(12, 128, 2) == 12
     assert mod.client_processes(12, 4, 32) == 4
