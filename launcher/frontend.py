@@ -1024,6 +1024,19 @@ def wait_leaders_ready(run_dir, leaders: Dict[int, dict], deadline_s: float, ali
         time.sleep(0.2)
 
 
+def processes_for(setting: int, replicas: int, response_processes: int, cpus: int) -> int:
+    """Front-end processes for a job: `serve.frontend_processes` when positive; 0 (the default) gives one
+    per process that sends responses, replicas x engine.response_processes, at most half of rank 0's CPUs
+    (its own tritonserver and engine run there too) and at least 1. Why: every streamed response passes
+    through a front-end event loop, and one process is the limit once the replicas' stubs send more than
+    ~21-29k responses/s. Two H100 replicas at 128 streams with two response processes each got 32,598 tok/s
+    through one front-end process, 37,579 through two and 39,573 through four; with one response process
+    each, 39,225 through one and 39,039 through two (benchmark/RESULTS.md, twenty-third session)."""
+    if setting > 0:
+        return setting
+    return max(1, min(replicas * max(1, response_processes), cpus // 2))
+
+
 def start_for_rank0(spec, run_dir, infos: List[dict], leaders: List[dict], host: str, alive=lambda: True, say=log):
     """What global rank 0 does when replicas > 1, once its own server is ready: wait for every other
     replica leader, start the front end on the public ports rank 0 reserved at the rendezvous, wait
@@ -1034,9 +1047,12 @@ def start_for_rank0(spec, run_dir, infos: List[dict], leaders: List[dict], host:
     t0 = time.monotonic()
     others = {i["rank"]: i["ports"] for i in leaders if i["rank"] != 0}
     waited = wait_leaders_ready(run_dir, others, deadline_s, alive, say)
-    say(f"all {len(leaders)} replica leaders ready ({waited:.1f}s); starting the front end")
     ports = infos[0]["frontend_ports"]
-    processes = int(spec.serve.get("frontend_processes") or os.environ.get("LLMLAUNCH_FRONTEND_PROCESSES") or 1)
+    setting = int(spec.serve.get("frontend_processes") or os.environ.get("LLMLAUNCH_FRONTEND_PROCESSES") or 0)
+    processes = processes_for(setting, len(leaders), int(spec.engine.get("response_processes", 1) or 1),
+                              len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2))
+    how = "serve.frontend_processes" if setting else "auto: replicas x engine.response_processes, at most half this rank's CPUs"
+    say(f"all {len(leaders)} replica leaders ready ({waited:.1f}s); starting the front end, {processes} process(es) ({how})")
     cfg = FrontendConfig(
         [(i["addr"], i["ports"]["grpc_port"]) for i in leaders],
         host=spec.host,

@@ -139,7 +139,7 @@ class ServeConfig:
     ready_timeout_s: float = 900.0  # give up waiting for READY after this many seconds
     log_verbose: int = 0  # tritonserver --log-verbose level
     drain_timeout_s: float = 30.0  # on stop, how long in-flight requests may finish before the server is killed
-    frontend_processes: int = 1  # replicas > 1: front-end processes sharing the gRPC port (SO_REUSEPORT)
+    frontend_processes: int = 0  # replicas > 1: front-end processes sharing the gRPC port (SO_REUSEPORT); 0 = one per process sending responses (replicas x engine.response_processes), at most half rank 0's CPUs
     keep_cpus_awake: bool = False  # idle-priority spinners on each rank's CPUs: threads wake without a halted vCPU's delay (first token -0.4 ms on a VM), at the cost of 100% CPU (launcher/awake.py)
 
 

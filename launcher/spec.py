@@ -267,6 +267,10 @@ def build_spec(cfg) -> LaunchSpec:
         if p in seen:
             problems.append((f"serve.{k}={p}", f"the same port as serve.{seen[p]}", f"give serve.{k} its own port"))
         seen.setdefault(p, k)
+    fp = serve.get("frontend_processes", 0)
+    if not isinstance(fp, int) or isinstance(fp, bool) or fp < 0:
+        problems.append((f"serve.frontend_processes={fp!r}", "front-end processes: a whole number, 0 = one per process sending responses",
+                         "set serve.frontend_processes=0, or a count like 4"))
     if serve.get("ready_timeout_s", 1) <= 0:
         problems.append((f"serve.ready_timeout_s={serve.get('ready_timeout_s')}", "must be positive", "set a deadline in seconds, e.g. serve.ready_timeout_s=900"))
 

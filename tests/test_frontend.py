@@ -449,6 +449,19 @@ def test_worker_processes_share_the_port_and_sum_their_counters(backends):
         assert m[("llmlaunch_frontend_processes", None)] == 2
 
 
+def test_frontend_processes_default_to_one_per_process_sending_responses():
+    """serve.frontend_processes=0 (the default): replicas x engine.response_processes, capped at half of rank 0's
+    CPUs (its own server runs there too), never below 1; a positive setting is kept as given."""
+    from launcher.frontend import processes_for
+
+    assert processes_for(0, 2, 2, 32) == 4  # two replicas with two stubs each: four
+    assert processes_for(0, 2, 1, 32) == 2
+    assert processes_for(0, 8, 4, 32) == 16  # half the CPUs
+    assert processes_for(0, 2, 1, 2) == 1  # a 2-CPU machine keeps one
+    assert processes_for(0, 2, 1, 1) == 1
+    assert processes_for(3, 2, 2, 2) == 3  # set explicitly: as given
+
+
 def test_frontend_refuses_a_taken_port(backends):
     from launcher.frontend import FrontendConfig, FrontendProcess
 

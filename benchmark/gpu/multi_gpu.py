@@ -224,7 +224,8 @@ def main(argv=None) -> int:
               f"{r['ratio_to_first']:6.3f} {r['ttft_ms_p50']:9.2f} {r['ttft_ms_p99']:9.2f} {r['itl_ms_p50']:8.3f} "
               f"{r['greedy_equals_first']}")
     for f in failed:
-        print(f"{f['layout']:8} did not start: {f['error'].splitlines()[0] if f['error'] else ''}")
+        # the whole error: its first line names the log, the lines after it say what failed and the fix
+        print(f"{f['layout']:8} did not start: " + "\n    ".join((f["error"] or "").splitlines()))
     for note in notes:
         print(note)
     if args.json:
