@@ -1034,7 +1034,7 @@ def processes_for(setting: int, replicas: int, response_processes: int, cpus: in
     each, 39,225 through one and 39,039 through two (benchmark/RESULTS.md, twenty-third session)."""
     if setting > 0:
         return setting
-    return max(1, min(replicas * max(1, response_processes), cpus // 2))
+    return max(1, min(replicas * response_processes, cpus // 2))
 
 
 def start_for_rank0(spec, run_dir, infos: List[dict], leaders: List[dict], host: str, alive=lambda: True, say=log):
@@ -1049,8 +1049,8 @@ def start_for_rank0(spec, run_dir, infos: List[dict], leaders: List[dict], host:
     waited = wait_leaders_ready(run_dir, others, deadline_s, alive, say)
     ports = infos[0]["frontend_ports"]
     setting = int(spec.serve.get("frontend_processes") or os.environ.get("LLMLAUNCH_FRONTEND_PROCESSES") or 0)
-    processes = processes_for(setting, len(leaders), int(spec.engine.get("response_processes", 1) or 1),
-                              len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 2))
+    # engines other than hf have no response_processes: one instance each; the CPUs are those this rank may use
+    processes = processes_for(setting, len(leaders), int(spec.engine.get("response_processes", 1)), len(os.sched_getaffinity(0)))
     how = "serve.frontend_processes" if setting else "auto: replicas x engine.response_processes, at most half this rank's CPUs"
     say(f"all {len(leaders)} replica leaders ready ({waited:.1f}s); starting the front end, {processes} process(es) ({how})")
     cfg = FrontendConfig(

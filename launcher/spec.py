@@ -247,11 +247,17 @@ def build_spec(cfg) -> LaunchSpec:
     for what, v in (("pp", pp), ("nodes", nodes), ("replicas", replicas), ("cluster.gpus_per_node", gpn), ("engine.max_num_seqs", engine.get("max_num_seqs", 1))):
         if not isinstance(v, int) or v < 1:
             problems.append((f"{what}={v!r}", "must be a whole number >= 1", f"set {what} to 1 or more"))
-    for key, what, fix in (("prefill_chunk", "prompt tokens per engine step", "0 (512 on CPU, 2048 on a GPU) or a positive number like 1024"),
-                           ("response_threads", "threads sending responses", "0 (1 on CPU, 4 on a GPU) or a positive number like 8")):
-        v = engine.get(key, 0)
+    # counts where 0 picks a value for the machine
+    for name, v, what, zero, fix in (
+        ("engine.prefill_chunk", engine.get("prefill_chunk", 0), "prompt tokens per engine step", "the engine's default",
+         "0 (512 on CPU, 2048 on a GPU) or a positive number like 1024"),
+        ("engine.response_threads", engine.get("response_threads", 0), "threads sending responses", "the engine's default",
+         "0 (1 on CPU, 4 on a GPU) or a positive number like 8"),
+        ("serve.frontend_processes", serve.get("frontend_processes", 0), "front-end processes", "one per process sending responses",
+         "0, or a count like 4"),
+    ):
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-            problems.append((f"engine.{key}={v!r}", f"{what}: a whole number, 0 = the engine's default", f"set engine.{key}={fix}"))
+            problems.append((f"{name}={v!r}", f"{what}: a whole number, 0 = {zero}", f"set {name}={fix}"))
     if not _is_pow2(tp):
         problems.append((f"tp={tp!r}", "tp must be a power of two dividing the job's GPUs (attention heads split evenly)", "use tp=1, 2, 4 or 8"))
     if cluster.get("scheduler") == "local" and nodes != 1:
@@ -267,10 +273,6 @@ def build_spec(cfg) -> LaunchSpec:
         if p in seen:
             problems.append((f"serve.{k}={p}", f"the same port as serve.{seen[p]}", f"give serve.{k} its own port"))
         seen.setdefault(p, k)
-    fp = serve.get("frontend_processes", 0)
-    if not isinstance(fp, int) or isinstance(fp, bool) or fp < 0:
-        problems.append((f"serve.frontend_processes={fp!r}", "front-end processes: a whole number, 0 = one per process sending responses",
-                         "set serve.frontend_processes=0, or a count like 4"))
     if serve.get("ready_timeout_s", 1) <= 0:
         problems.append((f"serve.ready_timeout_s={serve.get('ready_timeout_s')}", "must be positive", "set a deadline in seconds, e.g. serve.ready_timeout_s=900"))
 
