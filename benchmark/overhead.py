@@ -782,10 +782,12 @@ def compare(run: dict, tokenizer, load: Load, args, generate: dict) -> dict:
     # the TTFT (p50) each served path adds to the in-process path it is measured against
     for served, direct, key in (("served", "direct", "ttft_added_ms_p50"),
                                 ("served_alt", "direct", "served_alt_ttft_added_ms_p50"),
+                                ("pinned", "direct", "pinned_ttft_added_ms_p50"),
                                 ("served_awake", "direct_awake", "awake_ttft_added_ms_p50")):
         if served in run and direct in run and None not in (row[f"{served}_ttft_ms_p50"], row[f"{direct}_ttft_ms_p50"]):
             row[key] = round(row[f"{served}_ttft_ms_p50"] - row[f"{direct}_ttft_ms_p50"], 3)
-    for served, direct in (("served", "direct"), ("served_alt", "direct"), ("served_awake", "direct_awake")):
+    for served, direct in (("served", "direct"), ("served_alt", "direct"), ("pinned", "direct"),
+                           ("served_awake", "direct_awake")):
         split = [x["first_token_ms"] for x in runs.get(served, []) if x.get("first_token_ms")]
         if not split:
             continue

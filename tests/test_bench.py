@@ -195,6 +195,33 @@ def test_multi_gpu_bench_spreads_the_load_over_client_processes():
     assert value("--tokenizer") == "/m" and value("--output-len") == "64" and "--ignore-eos" in argv
 
 
+def test_open_loop_table_has_a_line_per_served_path():
+    """benchmark/gpu/open_loop_table.py: per open-loop rate a line for the served path and one for each other server
+    path the run measured (served_alt: `alt`; pinned, the served server with its engine process on cores of its own:
+    `pinned`), each with the TTFT it adds as overhead.py computed it; closed-loop rows are not open loops and are
+    left out.  Figures are run 73's (two H200s, 240 req/s)."""
+    mod = _script("gpu", "open_loop_table.py")
+
+    def path(prefix, p50, mean, in_flight, itl, add):
+        return {f"{prefix}_ttft_ms_p50": p50, f"{prefix}_ttft_ms_mean": mean, f"{prefix}_in_flight_mean": in_flight,
+                f"{prefix}_itl_ms_p50": itl, f"{prefix}_first_token_ms": {
+                    "parse": 0.11, "add": add, "engine": 5.26, "back": 0.25, "respond": 0.34, "outside_server": 1.0}}
+
+    row = {"request_rate": 240.0, "direct_ttft_ms_p50": 5.014, "direct_ttft_ms_mean": 5.248,
+           "direct_in_flight_mean": 77.13, "direct_itl_ms_p50": 2.984,
+           **path("served", 7.077, 7.375, 77.955, 3.012, 0.427), "ttft_added_ms_p50": 2.063, "ratio": 0.9996,
+           **path("pinned", 7.14, 7.404, 77.55, 2.987, 0.419), "pinned_ttft_added_ms_p50": 2.126,
+           "pinned_ratio": 0.9997}
+    closed = {"request_rate": None, "concurrency": 64}
+    doc = {"runs": [closed, row], "response_processes": 8, "server_params": {}}
+    head, served, pinned = mod.table(doc).splitlines()
+    assert "TTFT p50 in/served ms" in head and "alt:" not in head
+    assert served.split()[0] == "240" and pinned.split()[0] == "pinned"
+    assert "2.06" in served.split() and "0.43" in served.split()
+    assert "2.13" in pinned.split() and "0.42" in pinned.split()
+    assert "2.16" in pinned.split()  # its mean added: 7.404 - 5.248
+
+
 # --------------------------------------------------------------------------- against tritonserver
 
 

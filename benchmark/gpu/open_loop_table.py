@@ -4,7 +4,8 @@ in-process / served and what serving adds, where the served first token's time g
     python benchmark/gpu/open_loop_table.py overhead_open.json
 
 With the served_alt path (a second server set up otherwise, e.g. --alt-response-processes 4) each rate has a
-second line, `alt`, against the same in-process runs.
+second line, `alt`, against the same in-process runs; with the pinned path (the served server, its engine process
+on cores of its own: --paths ... pinned --pin-engine N --split-cpus) a line `pinned`.
 """
 
 import json
@@ -24,7 +25,8 @@ def table(doc: dict) -> str:
     for r in doc["runs"]:
         if not r.get("request_rate"):
             continue
-        for path, prefix, rate in (("served", "", f"{r['request_rate']:g}"), ("served_alt", "served_alt_", "alt")):
+        for path, prefix, rate in (("served", "", f"{r['request_rate']:g}"), ("served_alt", "served_alt_", "alt"),
+                                   ("pinned", "pinned_", "pinned")):
             if f"{path}_ttft_ms_p50" not in r:
                 continue
             ft = r.get(f"{path}_first_token_ms") or {}
