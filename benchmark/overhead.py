@@ -140,6 +140,10 @@ PATHS = ("direct", "delayed", "process", "served", "served_alt", "pinned", "dire
 # key prefix of each path's ratios to direct: served keeps the unprefixed names of the two-path version
 RATIO_PREFIX = {"delayed": "delayed_", "process": "process_", "served": "", "served_alt": "served_alt_", "pinned": "pinned_",
                 "direct_awake": "direct_awake_", "served_awake": "served_awake_"}
+# the paths through tritonserver, each with the in-process path it is measured against (the TTFT it adds, where its
+# first token's time goes) and the prefix of its `ttft_added_ms_p50`
+SERVED_PATHS = (("served", "direct", ""), ("served_alt", "direct", "served_alt_"), ("pinned", "direct", "pinned_"),
+                ("served_awake", "direct_awake", "awake_"))
 
 
 @dataclass(frozen=True)
@@ -780,14 +784,10 @@ def compare(run: dict, tokenizer, load: Load, args, generate: dict) -> dict:
         row["awake_paired_ratio"] = round(statistics.median(
             x / y for x, y in zip(tps["served_awake"], tps["direct_awake"])), 4)
     # the TTFT (p50) each served path adds to the in-process path it is measured against
-    for served, direct, key in (("served", "direct", "ttft_added_ms_p50"),
-                                ("served_alt", "direct", "served_alt_ttft_added_ms_p50"),
-                                ("pinned", "direct", "pinned_ttft_added_ms_p50"),
-                                ("served_awake", "direct_awake", "awake_ttft_added_ms_p50")):
+    for served, direct, prefix in SERVED_PATHS:
         if served in run and direct in run and None not in (row[f"{served}_ttft_ms_p50"], row[f"{direct}_ttft_ms_p50"]):
-            row[key] = round(row[f"{served}_ttft_ms_p50"] - row[f"{direct}_ttft_ms_p50"], 3)
-    for served, direct in (("served", "direct"), ("served_alt", "direct"), ("pinned", "direct"),
-                           ("served_awake", "direct_awake")):
+            row[f"{prefix}ttft_added_ms_p50"] = round(row[f"{served}_ttft_ms_p50"] - row[f"{direct}_ttft_ms_p50"], 3)
+    for served, direct, _ in SERVED_PATHS:
         split = [x["first_token_ms"] for x in runs.get(served, []) if x.get("first_token_ms")]
         if not split:
             continue
