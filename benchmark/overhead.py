@@ -49,8 +49,8 @@ The paths:
            slow each other down by sharing cores.
   served_alt
            a second tritonserver beside the first, its hf model set up with
-           --alt-response-processes and --alt-server-param on top of the
-           served path's: two serving set-ups against the same in-process
+           --alt-response-processes, --alt-server-param and --alt-server-env
+           on top of the served path's: two serving set-ups against the same in-process
            engine, arrivals and rounds, in one run (their start-up and
            compile paid once; two runs differ by a compile's spread).
   direct_awake, served_awake
@@ -886,6 +886,9 @@ def main(argv=None) -> int:
     ap.add_argument("--alt-server-param", action="append", default=[], metavar="KEY=VALUE",
                     help="the served_alt path: a config.pbtxt parameter of its hf model on top of --server-param's "
                          "(e.g. response_threads=2)")
+    ap.add_argument("--alt-server-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="the served_alt path: an environment variable of its tritonserver on top of --server-env's "
+                         "(e.g. an LLMLAUNCH_HF_* switch set to 0: the code before a change, side by side with it)")
     ap.add_argument("--resend-ms", type=float, default=10.0, metavar="MS",
                     help="the delayed path: each finished request's successor is added MS later (default 10, about "
                          "the served client's last-piece gap at 128 streams on an H100 host)")
@@ -912,9 +915,10 @@ def main(argv=None) -> int:
                  "--split-cpus")
     if "served_alt" in args.paths and "served" not in args.paths:
         ap.error("the served_alt path is measured against the served one: add served to --paths")
-    if (args.alt_response_processes or args.alt_server_param) and "served_alt" not in args.paths:
-        ap.error("--alt-response-processes / --alt-server-param set up the served_alt path: add served_alt to --paths")
-    for kv in args.server_param + args.alt_server_param + args.server_env:
+    if (args.alt_response_processes or args.alt_server_param or args.alt_server_env) and "served_alt" not in args.paths:
+        ap.error("--alt-response-processes / --alt-server-param / --alt-server-env set up the served_alt path: add "
+                 "served_alt to --paths")
+    for kv in args.server_param + args.alt_server_param + args.server_env + args.alt_server_env:
         if "=" not in kv:
             ap.error(f"{kv!r}: write KEY=VALUE")
     extra_env = dict(kv.split("=", 1) for kv in args.server_env) or None  # tritonserver's (and the process path's)
@@ -939,8 +943,12 @@ def main(argv=None) -> int:
                "runs": []}
     alt_params = dict(server_params, **dict(kv.split("=", 1) for kv in args.alt_server_param))
     alt_processes = args.alt_response_processes or args.response_processes
+    alt_env = dict(extra_env or {}, **dict(kv.split("=", 1) for kv in args.alt_server_env)) or None
+    if extra_env:
+        results["server_env"] = extra_env
     if "served_alt" in paths:
-        results["served_alt"] = {"server_params": alt_params, "response_processes": alt_processes}
+        results["served_alt"] = {"server_params": alt_params, "response_processes": alt_processes,
+                                 "server_env": alt_env or {}}
     if args.vs_generate:
         results["vs_generate"] = vs_generate(model_dir, params, args)
     if args.no_served:
@@ -955,14 +963,13 @@ def main(argv=None) -> int:
             if server_cpus:
                 log(f"CPUs: server {sorted(server_cpus)}, served-path clients {sorted(client_cpus)}")
                 results["cpu_split"] = {"server": sorted(server_cpus), "clients": sorted(client_cpus)}
-            servers = {"served": (workdir, server_params, args.response_processes)}
+            servers = {"served": (workdir, server_params, args.response_processes, extra_env)}
             if "served_alt" in paths:
-                servers["served_alt"] = (workdir / "alt", alt_params, alt_processes)
+                servers["served_alt"] = (workdir / "alt", alt_params, alt_processes, alt_env)
             started = {}
             with on_cpus(server_cpus):  # every server starts (and compiles) at once, then each is waited for
-                for name, (wd, sp, instances) in servers.items():
-                    started[name] = hf_server(model_dir, wd, sp, instances=instances,
-                                              env=extra_env).start()
+                for name, (wd, sp, instances, env) in servers.items():
+                    started[name] = hf_server(model_dir, wd, sp, instances=instances, env=env).start()
                     stack.callback(started[name].stop)
             for srv in started.values():
                 srv.wait_ready()
@@ -972,7 +979,7 @@ def main(argv=None) -> int:
         # what each engine runs with (decode graphs captured or failed, cuDNN attention): the paths compare alike
         results["features"] = {"direct": describe_features(engine.features)}
         if "served" in paths:
-            for name, (wd, _, _) in servers.items():
+            for name, (wd, *_) in servers.items():
                 results["features"][name] = served_features(wd / "tritonserver.log")
         for path, text in results["features"].items():
             log(f"{path} engine: {text}")

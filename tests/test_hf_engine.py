@@ -1185,6 +1185,40 @@ def test_instances_share_one_engine_process(tiny_model_dir, engine, tmp_path):
                 ep.shutdown()
 
 
+def test_engine_process_sends_first_outputs_ahead():
+    """The engine process's outputs of a step go to each model instance's connection with the ids it gave; the
+    connections whose share holds a request's first output (times set) are sent to first, so a first token does not
+    wait for the other instances' pickling and sending.  With the switch off (LLMLAUNCH_HF_FIRST_FAST=0) the order
+    is the connections'.  Real pipes; `Recorder` only notes the order of the sends."""
+    from multiprocessing import Pipe
+
+    from launcher.engines.hf_process import _Peers
+
+    order = []
+
+    class Recorder:
+        def __init__(self, k, conn):
+            self.k, self.conn = k, conn
+
+        def send(self, msg):
+            order.append(self.k)
+            self.conn.send(msg)
+
+    for ahead in (True, False):
+        order.clear()
+        ends = [Pipe() for _ in range(3)]
+        peers = _Peers(Recorder(0, ends[0][0]), first_ahead=ahead)
+        for k in (1, 2):
+            assert peers.add(Recorder(k, ends[k][0])) == k
+        middle = lambda rid: (rid, "x", [5], 3, 2, None, None, None)  # noqa: E731
+        first = ("2/7", "y", [6], 3, 1, None, None, (1.0, 2.0))
+        peers.send_outputs([("a", "z", [4], 3, 9, "length", None, None), middle("1/3"), first, middle("2/8")])
+        assert order == ([2, 0, 1] if ahead else [0, 1, 2])
+        assert ends[2][1].recv() == [("7",) + first[1:], ("8", "x", [5], 3, 2, None, None, None)]
+        assert ends[1][1].recv() == [("3", "x", [5], 3, 2, None, None, None)]
+        assert ends[0][1].recv() == [("a", "z", [4], 3, 9, "length", None, None)]
+
+
 def test_attaching_with_no_engine_process_fails_clearly(tmp_path):
     """No engine ever listens: a clear error after the timeout.  The starting instance failed and said why: that
     reason at once, not after the timeout."""
@@ -1266,8 +1300,10 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
     served_alt with two response processes) with two client processes, each path sending the 16 requests at the
     times launcher.bench.runner.arrival_times draws (so no round ends before the last arrival); the served first
     token is split as in a closed loop, the mean number of requests in flight is reported, and open_loop_table.py
-    tabulates it, a line for each server.  A rate of 0, the delayed path (which delays a closed loop's successors),
-    served_alt without served and its settings without it are refused before anything starts."""
+    tabulates it, a line for each server.  served_alt's tritonserver gets --alt-server-env (here the switch that sends
+    first responses on the streams' own threads, as before the receive thread answered them), the served one not.
+    A rate of 0, the delayed path (which delays a closed loop's successors), served_alt without served and its
+    settings without it are refused before anything starts."""
     import importlib.util
     import json
     import subprocess
@@ -1280,7 +1316,7 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
     args = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct", "served",
             "--rounds", "1", "--max-tokens", "4", "--warmup-tokens", "2", "--client-processes", "2"]
     proc = subprocess.run(args + ["--paths", "direct", "served", "served_alt", "--alt-response-processes", "2",
-                                  "--request-rate", "12",
+                                  "--alt-server-env", "LLMLAUNCH_HF_FIRST_FAST=0", "--request-rate", "12",
                                   "--open-seconds", "1", "--workdir", str(tmp_path)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -1299,14 +1335,16 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
     assert "rate=12/s: TTFT p50 direct" in proc.stderr
     # the second server is its own tritonserver, its hf model two instances sharing one engine process
     assert out["served_alt"]["response_processes"] == 2 and out["response_processes"] == 1
-    assert "2 instances share" in (tmp_path / "alt" / "tritonserver.log").read_text()
-    assert "instances share" not in (tmp_path / "tritonserver.log").read_text()
+    alt_log, served_log = (tmp_path / "alt" / "tritonserver.log").read_text(), (tmp_path / "tritonserver.log").read_text()
+    assert "2 instances share" in alt_log and "instances share" not in served_log
+    assert alt_log.count("(LLMLAUNCH_HF_FIRST_FAST=0)") == 2 and "LLMLAUNCH_HF_FIRST_FAST" not in served_log
+    assert out["served_alt"]["server_env"] == {"LLMLAUNCH_HF_FIRST_FAST": "0"}
     # benchmark/gpu/open_loop_table.py (one_gpu.sh step 3b): a line per rate and server, the TTFT added as the JSON has it
     table = subprocess.run([sys.executable, "benchmark/gpu/open_loop_table.py", "/dev/stdin"], input=proc.stdout,
                            capture_output=True, text=True, timeout=60)
     assert table.returncode == 0, table.stderr
     head, line, alt = table.stdout.splitlines()
-    assert "TTFT p50 in/served ms" in head and "(alt: response_processes=2)" in head
+    assert "TTFT p50 in/served ms" in head and "(alt: LLMLAUNCH_HF_FIRST_FAST=0, response_processes=2)" in head
     assert line.split()[0] == "12" and alt.split()[0] == "alt"
     assert f"{row['ttft_added_ms_p50']:.2f}" in line.split()
     assert f"{row['served_alt_ttft_added_ms_p50']:.2f}" in alt.split()
@@ -1314,6 +1352,7 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
                            (["--request-rate", "5", "--paths", "direct", "delayed"], "an open loop (--request-rate) has none"),
                            (["--paths", "direct", "served_alt"], "the served_alt path is measured against the served one"),
                            (["--alt-server-param", "gil=1"], "set up the served_alt path: add served_alt to --paths"),
+                           (["--alt-server-env", "X=1"], "set up the served_alt path: add served_alt to --paths"),
                            (["--server-param", "cuda_graphs"], "'cuda_graphs': write KEY=VALUE")):
         bad = subprocess.run(args + extra, capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and message in bad.stderr and "starting tritonserver" not in bad.stderr, bad.stderr[-1000:]

@@ -137,6 +137,23 @@ timeout 1200 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bf
     --response-processes 2 --alt-response-processes 4 --paths direct served served_alt > "$OUT_DIR/overhead_open.json"
 $PY benchmark/gpu/open_loop_table.py "$OUT_DIR/overhead_open.json"
 
+echo "== 3c. open loops, eight response processes of two responder threads (RATES8 req/s: ${RATES8:=220 240 260})"
+# Beside them (served_alt) first the same with four threads each, then the same with LLMLAUNCH_HF_FIRST_FAST=0 (a
+# stream's first response handed to its responder thread, the code before the twenty-sixth session): eight processes
+# of two threads kept the added first token under 2 ms to ~79 requests in flight on two H200s (RESULTS.md, runs 78-82).
+# The server gets half the cores (SPLIT_CPUS=1): eight stubs want about 16 CPUs.
+n=0
+for alt in "--alt-server-param response_threads=4" "--alt-server-env LLMLAUNCH_HF_FIRST_FAST=0"; do
+    n=$((n + 1))
+    # shellcheck disable=SC2086
+    timeout 900 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfloat16 --max-num-seqs 128 \
+        --request-rate $RATES8 --open-seconds 4 --prompt-tokens 128 --max-tokens 128 --rounds "$ROUNDS" \
+        --warmup-tokens 128 --client-processes "${CLIENT_PROCESSES:-$(( $(nproc) / 2 ))}" --client-streams 1 "${SPLIT[@]}" \
+        --response-processes 8 --server-param response_threads=2 $alt --paths direct served served_alt \
+        > "$OUT_DIR/overhead_open8_$n.json"
+    $PY benchmark/gpu/open_loop_table.py "$OUT_DIR/overhead_open8_$n.json"
+done
+
 echo "== 4. one stream: the TTFT serving adds, CPUs as they are and kept awake (serve.keep_cpus_awake)"
 # The same engines and rounds with idle-priority spinners on every CPU (launcher/awake.py) for the _awake paths: on a
 # virtual machine an idle vCPU halts and waking a thread there is slow (RESULTS.md, eighteenth session).

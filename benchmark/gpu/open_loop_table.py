@@ -21,6 +21,8 @@ def table(doc: dict) -> str:
     if alt:  # what the second server was set up with, where it differs from the first
         base = {"response_processes": doc["response_processes"], **doc["server_params"]}
         mine = {"response_processes": alt["response_processes"], **alt["server_params"]}
+        base.update(doc.get("server_env") or {})  # environment variables (an LLMLAUNCH_HF_* switch) too
+        mine.update(alt.get("server_env") or {})
         lines[0] += "   (alt: " + ", ".join(f"{k}={v}" for k, v in sorted(mine.items()) if base.get(k) != v) + ")"
     for r in doc["runs"]:
         if not r.get("request_rate"):

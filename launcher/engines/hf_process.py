@@ -340,7 +340,8 @@ class _Peers:
     """The connections an engine process serves: index 0, the instance that started it (request ids as they come),
     and instances attached later through `listen` (index k: request id "k/<id>" inside the engine)."""
 
-    def __init__(self, first):
+    def __init__(self, first, first_ahead: bool = True):
+        self.first_ahead = first_ahead  # send_outputs: connections with a request's first output are sent to first
         self.conns = {0: first}
         self.send_locks = {0: threading.Lock()}  # per connection: the engine thread and the reader both send
         self.running: dict[int, set] = {}  # k > 0 -> its engine request ids not finished yet (aborted if k goes)
@@ -404,6 +405,10 @@ class _Peers:
                     shares.setdefault(k, []).append((local,) + tuple(item[1:]))
                 sends = [(k, self.conns[k], self.send_locks[k], share) for k, share in shares.items()
                          if k in self.conns]
+                if self.first_ahead and len(sends) > 1:
+                    # A first token (its TTFT) should not wait for the pickling and sending of the other instances'
+                    # outputs (~10-20 us each; eight response processes are eight connections).
+                    sends.sort(key=lambda s: all(item[7] is None for item in s[3]))
         for k, conn, lock, share in sends:
             try:
                 with lock:
@@ -420,11 +425,18 @@ def _child(fd: int) -> int:
     _, model_path, kwargs = conn.recv()
     if kwargs.pop("role", "leader") == "worker":
         return _worker_child(conn, model_path, kwargs)
+    from launcher.engines.switches import env_switch
+
     listen = kwargs.pop("listen", "") or ""  # a unix socket path: other model instances attach there
-    peers = _Peers(conn)
+    try:  # the stub reads the same switch (model_repository/hf/1/model.py, _route); we inherit its environment
+        first_ahead = env_switch(None, "LLMLAUNCH_HF_FIRST_FAST", "first outputs are sent ahead of a step's others",
+                                 "in the order of the connections")
+    except ValueError as exc:
+        conn.send(("error", str(exc)))
+        return 1
+    peers = _Peers(conn, first_ahead)
     try:
         from launcher.engines.hf_engine import Engine
-        from launcher.engines.switches import env_switch
 
         # Outputs are sent in one message per engine step.  With `output_interval` (seconds) a request's new
         # text is held and merged until that long after its previous output was sent; its first token and its

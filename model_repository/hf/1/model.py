@@ -100,6 +100,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
 
 from launcher.contract import INPUT_NAMES
 from launcher.engines.hf_engine import describe_features
+from launcher.engines.switches import env_switch
 from launcher.serving import triton_io
 from launcher.serving.timings import ENGINE_COUNTERS, FIRST_TOKEN_COUNTERS, Counters, FirstTokenTimes, engine_summary
 
@@ -124,7 +125,7 @@ class _Stream:
     """Per-request state of the sender side."""
 
     __slots__ = ("sender", "stream", "parts", "input_tokens", "last_check", "cancelled", "last_sent", "shard",
-                 "began", "queued", "times")
+                 "began", "queued", "times", "routed")
 
     def __init__(self, sender, stream: bool, shard: int):
         self.sender = sender  # pb_utils response sender
@@ -139,6 +140,7 @@ class _Stream:
         self.queued = 0.0  # ... when execute had read it and queued it with the engine
         self.times = None  # (received, first output made) in the engine process, + when this stub had it (the receive
         # thread's stamp); until the first response
+        self.routed = False  # engine process: outputs of this stream have reached the receive thread before
 
 
 class TritonPythonModel:
@@ -160,6 +162,8 @@ class TritonPythonModel:
                      f"max_num_seqs={self.engine.max_num_seqs}, max_model_len={self.engine.max_model_len}, "
                      + (f"{self._share_text}, " if self._share_text else "")
                      + f"engine_process={self.engine_process}, response_threads={len(self._queues)}"
+                     + ("" if self._first_fast or not self.engine_process else
+                        ", first responses on the streams' own threads (LLMLAUNCH_HF_FIRST_FAST=0)")
                      + (f", {describe_features(self.engine.features)}" if self.engine.features else ""))
 
     # -- initialize steps ----------------------------------------------------------------------------------
@@ -214,6 +218,12 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(
                 f"parameter response_threads={self.response_threads} is negative: use 0 (1 on CPU, 4 on a GPU) or a positive number")
         self.engine_process = flag("engine_process", "true") is not False  # "" = the default, true
+        try:  # see _route
+            self._first_fast = env_switch(None, "LLMLAUNCH_HF_FIRST_FAST",
+                                            "a stream's first response is sent on the receive thread",
+                                            "on the stream's responder thread")
+        except ValueError as exc:
+            raise pb_utils.TritonModelException(str(exc)) from None
         self.instances = sum(int(g.get("count", 1)) for g in self.model_config.get("instance_group") or []) or 1
         if self.instances > 1 and (self.tp > 1 or not self.engine_process):
             raise pb_utils.TritonModelException(
@@ -312,15 +322,31 @@ class TritonPythonModel:
 
     def _route(self, outputs):
         """Engine process: the outputs of one or more engine steps, on its receive thread -> each stream's
-        responder (one put per thread, so a thread takes a whole step at once; shard 0 last, here)."""
+        responder (one put per thread, so a thread takes a whole step at once; shard 0 last, here).
+
+        A stream's first outputs are answered here, before anything is handed over, whichever thread owns the
+        stream: a hand-off costs a first token ~0.1 ms (benchmark/RESULTS.md, run 48), and with several response
+        processes most streams belong to a responder thread.  The stream's later outputs go to its thread only in
+        later calls, after this one has sent its first response, so its responses stay in order.  The engine
+        process sends a step's first outputs ahead of its others as well (hf_process._Peers.send_outputs).
+        LLMLAUNCH_HF_FIRST_FAST=0 turns both off: the code before (benchmark/RESULTS.md, twenty-sixth session)."""
         got = time.monotonic()
         shares = [[] for _ in self._queues]
+        first, new = [], []
         for out in outputs:
             st = self._streams.get(out.request_id)
             if st is not None:
                 if out.times is not None:  # a first output: when this stub had it (FirstTokenTimes' "back")
                     out.times = (*out.times, got)
-                shares[st.shard].append(out)
+                if st.routed:
+                    shares[st.shard].append(out)
+                else:  # every output of the stream in this call (steps that queued up) stays here
+                    first.append(out)
+                    new.append(st)
+        for st in new:
+            st.routed = True
+        if first:
+            self._respond_batch(first)
         for q, share in zip(self._queues, shares):
             if share and q is not None:
                 q.put(share)
@@ -358,6 +384,7 @@ class TritonPythonModel:
                 rid = str(self._next_id)
                 # register before the engine can produce output for it
                 stream = _Stream(sender, req.stream, self._shard())
+                stream.routed = not self._first_fast
                 self._streams[rid] = stream
                 stream.began, stream.queued = began, time.monotonic()
                 try:
