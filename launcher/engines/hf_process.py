@@ -425,16 +425,14 @@ def _child(fd: int) -> int:
     _, model_path, kwargs = conn.recv()
     if kwargs.pop("role", "leader") == "worker":
         return _worker_child(conn, model_path, kwargs)
-    from launcher.engines.switches import env_switch
+    from launcher.engines.switches import env_switch, first_fast
 
     listen = kwargs.pop("listen", "") or ""  # a unix socket path: other model instances attach there
-    try:  # the stub reads the same switch (model_repository/hf/1/model.py, _route); we inherit its environment
-        first_ahead = env_switch(None, "LLMLAUNCH_HF_FIRST_FAST", "first outputs are sent ahead of a step's others",
-                                 "in the order of the connections")
+    try:
+        peers = _Peers(conn, first_fast())
     except ValueError as exc:
         conn.send(("error", str(exc)))
         return 1
-    peers = _Peers(conn, first_ahead)
     try:
         from launcher.engines.hf_engine import Engine
 

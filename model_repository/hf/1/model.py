@@ -100,7 +100,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
 
 from launcher.contract import INPUT_NAMES
 from launcher.engines.hf_engine import describe_features
-from launcher.engines.switches import env_switch
+from launcher.engines.switches import first_fast
 from launcher.serving import triton_io
 from launcher.serving.timings import ENGINE_COUNTERS, FIRST_TOKEN_COUNTERS, Counters, FirstTokenTimes, engine_summary
 
@@ -127,7 +127,7 @@ class _Stream:
     __slots__ = ("sender", "stream", "parts", "input_tokens", "last_check", "cancelled", "last_sent", "shard",
                  "began", "queued", "times", "routed")
 
-    def __init__(self, sender, stream: bool, shard: int):
+    def __init__(self, sender, stream: bool, shard: int, routed: bool = False):
         self.sender = sender  # pb_utils response sender
         self.stream = stream  # stream=true: a response per piece of text
         self.parts = []  # text not sent yet (stream=false: all of it; stream_interval_ms: held-back pieces)
@@ -140,7 +140,7 @@ class _Stream:
         self.queued = 0.0  # ... when execute had read it and queued it with the engine
         self.times = None  # (received, first output made) in the engine process, + when this stub had it (the receive
         # thread's stamp); until the first response
-        self.routed = False  # engine process: outputs of this stream have reached the receive thread before
+        self.routed = routed  # engine process: outputs of this stream reached the receive thread before (see _route)
 
 
 class TritonPythonModel:
@@ -219,9 +219,7 @@ class TritonPythonModel:
                 f"parameter response_threads={self.response_threads} is negative: use 0 (1 on CPU, 4 on a GPU) or a positive number")
         self.engine_process = flag("engine_process", "true") is not False  # "" = the default, true
         try:  # see _route
-            self._first_fast = env_switch(None, "LLMLAUNCH_HF_FIRST_FAST",
-                                            "a stream's first response is sent on the receive thread",
-                                            "on the stream's responder thread")
+            self._first_fast = first_fast()
         except ValueError as exc:
             raise pb_utils.TritonModelException(str(exc)) from None
         self.instances = sum(int(g.get("count", 1)) for g in self.model_config.get("instance_group") or []) or 1
@@ -383,8 +381,7 @@ class TritonPythonModel:
                 self._next_id += 1
                 rid = str(self._next_id)
                 # register before the engine can produce output for it
-                stream = _Stream(sender, req.stream, self._shard())
-                stream.routed = not self._first_fast
+                stream = _Stream(sender, req.stream, self._shard(), routed=not self._first_fast)
                 self._streams[rid] = stream
                 stream.began, stream.queued = began, time.monotonic()
                 try:
