@@ -198,8 +198,8 @@ def test_multi_gpu_bench_spreads_the_load_over_client_processes():
 def test_open_loop_table_has_a_line_per_served_path():
     """benchmark/gpu/open_loop_table.py: per open-loop rate a line for the served path and one for each other server
     path the run measured (served_alt: `alt`; pinned, the served server with its engine process on cores of its own:
-    `pinned`), each with the TTFT it adds as overhead.py computed it; closed-loop rows are not open loops and are
-    left out.  Figures are run 73's (two H200s, 240 req/s)."""
+    `pinned`), each with the TTFT it adds as overhead.py computed it; a closed loop's row is labelled C=N.  Figures
+    are run 73's (two H200s, 240 req/s) and run 85's C=8 (8 response processes; served_alt one)."""
     mod = _script("gpu", "open_loop_table.py")
 
     def path(prefix, p50, mean, in_flight, itl, add):
@@ -212,8 +212,18 @@ def test_open_loop_table_has_a_line_per_served_path():
            **path("served", 7.077, 7.375, 77.955, 3.012, 0.427), "ttft_added_ms_p50": 2.063, "ratio": 0.9996,
            **path("pinned", 7.14, 7.404, 77.55, 2.987, 0.419), "pinned_ttft_added_ms_p50": 2.126,
            "pinned_ratio": 0.9997}
-    closed = {"request_rate": None, "concurrency": 64}
-    doc = {"runs": [closed, row], "response_processes": 8, "server_params": {}}
+    closed = {"request_rate": None, "concurrency": 8, "direct_ttft_ms_p50": 7.348, "direct_ttft_ms_mean": 6.776,
+              "direct_in_flight_mean": 7.92, "direct_itl_ms_p50": 1.309,
+              **path("served", 10.061, 9.939, 7.98, 1.33, 1.727), "ttft_added_ms_p50": 2.713, "ratio": 0.9846,
+              **path("served_alt", 11.388, 10.271, 7.98, 1.318, 0.385), "served_alt_ttft_added_ms_p50": 4.04,
+              "served_alt_ratio": 0.9867}
+    doc = {"runs": [closed], "response_processes": 8, "server_params": {"response_threads": "2"},
+           "served_alt": {"response_processes": 1, "server_params": {"response_threads": "2"}, "server_env": {}}}
+    head, c8, alt = mod.table(doc).splitlines()
+    assert head.split()[0] == "load" and head.endswith("(alt: response_processes=1)")
+    assert c8.split()[0] == "C=8" and "2.71" in c8.split() and "1.73" in c8.split() and "0.985" in c8.split()
+    assert alt.split()[0] == "alt" and "4.04" in alt.split() and "3.50" in alt.split()  # mean added: 10.271 - 6.776
+    doc = {"runs": [row], "response_processes": 8, "server_params": {}}
     head, served, pinned = mod.table(doc).splitlines()
     assert "TTFT p50 in/served ms" in head and "alt:" not in head
     assert served.split()[0] == "240" and pinned.split()[0] == "pinned"

@@ -154,6 +154,17 @@ for alt in "--alt-server-param response_threads=4" "--alt-server-env LLMLAUNCH_H
     $PY benchmark/gpu/open_loop_table.py "$OUT_DIR/overhead_open8_$n.json"
 done
 
+echo "== 3d. closed loops at the issue's concurrencies (1 8 32 128): eight response processes of two threads, and one"
+# served: 8 x 2, the setting README gives a server with 16 CPUs of its own; served_alt: one response process (two
+# threads too: --server-param is both servers'). On two H200s (RESULTS.md, run 85) 8 x 2 added 2.6 / 2.7 / 3.6 / 8.3
+# ms to the closed loops' first token (one process: 2.3 / 4.0 / 4.7 / 21.0) at 0.97-0.99 of in-process tokens/s.
+timeout 900 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfloat16 --max-num-seqs 128 \
+    --concurrency 1 8 32 128 --prompt-tokens 128 --max-tokens 128 --requests-per-stream 4 --rounds "$ROUNDS" \
+    --warmup-tokens 128 --client-processes "${CLIENT_PROCESSES:-$(( $(nproc) / 2 ))}" --client-streams 1 "${SPLIT[@]}" \
+    --response-processes 8 --server-param response_threads=2 --alt-response-processes 1 \
+    --paths direct served served_alt > "$OUT_DIR/overhead_closed8.json"
+$PY benchmark/gpu/open_loop_table.py "$OUT_DIR/overhead_closed8.json"
+
 echo "== 4. one stream: the TTFT serving adds, CPUs as they are and kept awake (serve.keep_cpus_awake)"
 # The same engines and rounds with idle-priority spinners on every CPU (launcher/awake.py) for the _awake paths: on a
 # virtual machine an idle vCPU halts and waking a thread there is slow (RESULTS.md, eighteenth session).

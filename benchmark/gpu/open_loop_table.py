@@ -1,5 +1,6 @@
-"""The table of benchmark/overhead.py's open loops (--request-rate): per rate, what concurrency it made, TTFT
-in-process / served and what serving adds, where the served first token's time goes, ITL.
+"""The table of benchmark/overhead.py's runs: per open-loop rate (--request-rate; `load` the rate in req/s) what
+concurrency it made, and per closed loop (--concurrency; `load` C=N) the same columns: TTFT in-process / served and
+what serving adds, where the served first token's time goes, ITL, tokens/s against in-process.
 
     python benchmark/gpu/open_loop_table.py overhead_open.json
 
@@ -13,7 +14,7 @@ import sys
 
 
 def table(doc: dict) -> str:
-    head = (f"{'rate/s':>7} {'in flight in/served':>20} {'TTFT p50 in/served ms':>22} {'+ms':>6} {'TTFT mean in/served':>20} "
+    head = (f"{'load':>7} {'in flight in/served':>20} {'TTFT p50 in/served ms':>22} {'+ms':>6} {'TTFT mean in/served':>20} "
             f"{'+ms':>6} {'parse':>6} {'add':>6} {'engine':>7} {'back':>6} {'respond':>7} {'outside':>7} "
             f"{'ITL p50 in/served ms':>21} {'tok/s ratio':>11}")
     lines = [head]
@@ -25,9 +26,8 @@ def table(doc: dict) -> str:
         mine.update(alt.get("server_env") or {})
         lines[0] += "   (alt: " + ", ".join(f"{k}={v}" for k, v in sorted(mine.items()) if base.get(k) != v) + ")"
     for r in doc["runs"]:
-        if not r.get("request_rate"):
-            continue
-        for path, prefix, rate in (("served", "", f"{r['request_rate']:g}"), ("served_alt", "served_alt_", "alt"),
+        load = f"{r['request_rate']:g}" if r.get("request_rate") else f"C={r['concurrency']}"
+        for path, prefix, rate in (("served", "", load), ("served_alt", "served_alt_", "alt"),
                                    ("pinned", "pinned_", "pinned")):
             if f"{path}_ttft_ms_p50" not in r:
                 continue
