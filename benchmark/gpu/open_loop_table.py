@@ -27,14 +27,14 @@ def table(doc: dict) -> str:
         lines[0] += "   (alt: " + ", ".join(f"{k}={v}" for k, v in sorted(mine.items()) if base.get(k) != v) + ")"
     for r in doc["runs"]:
         load = f"{r['request_rate']:g}" if r.get("request_rate") else f"C={r['concurrency']}"
-        for path, prefix, rate in (("served", "", load), ("served_alt", "served_alt_", "alt"),
+        for path, prefix, label in (("served", "", load), ("served_alt", "served_alt_", "alt"),
                                    ("pinned", "pinned_", "pinned")):
             if f"{path}_ttft_ms_p50" not in r:
                 continue
             ft = r.get(f"{path}_first_token_ms") or {}
             mean_added = r[f"{path}_ttft_ms_mean"] - r["direct_ttft_ms_mean"]
             lines.append(
-                f"{rate:>7} {r['direct_in_flight_mean']:>9.1f} / {r[f'{path}_in_flight_mean']:<8.1f} "
+                f"{label:>7} {r['direct_in_flight_mean']:>9.1f} / {r[f'{path}_in_flight_mean']:<8.1f} "
                 f"{r['direct_ttft_ms_p50']:>10.2f} / {r[f'{path}_ttft_ms_p50']:<9.2f} {r[f'{prefix}ttft_added_ms_p50']:>6.2f} "
                 f"{r['direct_ttft_ms_mean']:>9.2f} / {r[f'{path}_ttft_ms_mean']:<8.2f} {mean_added:>6.2f} "
                 + " ".join(f"{ft.get(k, float('nan')):>{w}.2f}" for k, w in
