@@ -4,7 +4,7 @@ what serving adds, where the served first token's time goes, ITL, tokens/s again
 
     python benchmark/gpu/open_loop_table.py overhead_open.json
 
-With the served_alt path (a second server set up otherwise, e.g. --alt-response-processes 4) each rate has a
+With the served_alt path (a second server set up otherwise, e.g. --alt-response-processes 4) each load has a
 second line, `alt`, against the same in-process runs; with the pinned path (the served server, its engine process
 on cores of its own: --paths ... pinned --pin-engine N --split-cpus) a line `pinned`.
 """
