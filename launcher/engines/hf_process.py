@@ -429,12 +429,9 @@ def _child(fd: int) -> int:
 
     listen = kwargs.pop("listen", "") or ""  # a unix socket path: other model instances attach there
     try:
-        peers = _Peers(conn, first_fast())
-    except ValueError as exc:
-        conn.send(("error", str(exc)))
-        return 1
-    try:
         from launcher.engines.hf_engine import Engine
+
+        peers = _Peers(conn, first_fast())
 
         # Outputs are sent in one message per engine step.  With `output_interval` (seconds) a request's new
         # text is held and merged until that long after its previous output was sent; its first token and its
