@@ -17,7 +17,9 @@ send to last completion.
 --request-rate R adds open loops: R x --open-seconds requests a round, each
 sent at its arrival time (Poisson, mean R/s) whatever is in flight, the same
 times on every path: those the served path's load generator keeps
-(launcher.bench.runner.arrival_times, one arrival stream per client process).
+(launcher.bench.runner.arrival_times: one schedule, whatever the number of
+client processes, so --client-processes 8 16 compares client counts on the
+same arrivals).
 In a closed loop a served request's successor leaves only once the last piece
 has crossed tritonserver and gRPC, so the paths' engines see different arrival
 patterns and the TTFT difference mixes that in with the serving path's cost;
@@ -156,12 +158,14 @@ class Load:
     requests: int  # requests a round
     concurrency: int = 0  # closed loop: requests in flight (0 with a rate)
     rate: float = 0.0  # open loop: mean requests/s, Poisson arrivals (launcher.bench.runner's pacing)
-    processes: int = 1  # open loop: the served path's client processes; each draws arrivals of its own, so the
-    # schedule depends on how many there are (arrival_times)
+    processes: int = 1  # the served path's client processes (a closed loop: at most C); an open loop's arrivals
+    # are the same however many send them (arrival_times)
     seed: int = 0  # prompts, drawn output lengths and arrival times
+    name_processes: bool = False  # the label names `processes` (several --client-processes: rows differ by it)
 
     def label(self) -> str:
-        return f"rate={self.rate:g}/s" if self.rate else f"C={self.concurrency}"
+        base = f"rate={self.rate:g}/s" if self.rate else f"C={self.concurrency}"
+        return f"{base}, {self.processes} client processes" if self.name_processes else base
 
     def open_spec(self, streams: int = 1):
         """The load generator's LoadSpec of this open loop (no concurrency cap: the engine queues what it has no
@@ -204,12 +208,16 @@ def check_open_loop_args(ap: argparse.ArgumentParser, args) -> None:
                  f"--open-seconds {args.open_seconds:g}: an open loop needs a length above 0 s")
 
 
-def make_loads(args, processes: int = 1) -> list[Load]:
+def make_loads(args, processes: list[int] = (1,)) -> list[Load]:
     """The closed loops of --concurrency (--requests-per-stream x C requests), then the open loops of --request-rate
-    (R x --open-seconds, at least 16; `processes`: the served path's client processes, whose arrivals they are)."""
-    loads = [Load(requests=c * args.requests_per_stream, concurrency=c, seed=c) for c in args.concurrency]
-    return loads + [Load(requests=max(16, round(r * args.open_seconds)), rate=r, processes=processes, seed=round(r))
-                    for r in args.request_rate]
+    (R x --open-seconds, at least 16); each once per count of `processes` (the served path's client processes), side
+    by side: a load's rows for 8 and 16 clients follow each other, on the same prompts and arrivals."""
+    several = len(processes) > 1
+    loads = [Load(requests=c * args.requests_per_stream, concurrency=c, processes=p, seed=c, name_processes=several)
+             for c in args.concurrency
+             for p in dict.fromkeys(max(1, min(p, c)) for p in processes)]  # a closed loop has at most C clients
+    return loads + [Load(requests=max(16, round(r * args.open_seconds)), rate=r, processes=p, seed=round(r),
+                         name_processes=several) for r in args.request_rate for p in processes]
 
 
 def log(msg: str) -> None:
@@ -747,7 +755,8 @@ def compare(run: dict, tokenizer, load: Load, args, generate: dict) -> dict:
 
     tps = {path: [x["tokens_per_s"] for x in rs] for path, rs in runs.items()}
     med = {path: statistics.median(v) for path, v in tps.items()}
-    row = {"concurrency": c or None, "request_rate": load.rate or None, "requests": n}
+    row = {"concurrency": c or None, "request_rate": load.rate or None, "requests": n,
+           "client_processes": load.processes}
     row.update({f"{path}_tokens_per_s": round(med[path], 1) for path in run})
     for path, prefix in RATIO_PREFIX.items():
         if path in run:
@@ -870,8 +879,10 @@ def main(argv=None) -> int:
                     help="torch intra-op threads of the engine, every path (0 = torch's default). Default: 1 on "
                          "CPU (the tiny model runs as fast on one thread as on two, and the other core serves), "
                          "else 0")
-    ap.add_argument("--client-processes", type=int, default=1,
-                    help="served path: client processes sharing the streams (launcher.bench.runner --processes)")
+    ap.add_argument("--client-processes", type=int, nargs="+", default=[1], metavar="N",
+                    help="served path: client processes sharing the streams (launcher.bench.runner --processes); "
+                         "several counts (8 16) measure every load once per count, each against its own in-process "
+                         "runs: how much of the added time is the benchmark's own client")
     ap.add_argument("--client-streams", type=int, default=1,
                     help="served path: gRPC streams per client process (each carries its share of the requests)")
     ap.add_argument("--split-cpus", action="store_true",
@@ -905,6 +916,10 @@ def main(argv=None) -> int:
     if args.concurrency is None:
         args.concurrency = [] if args.request_rate else [1, 32]
     check_open_loop_args(ap, args)
+    bad = [p for p in args.client_processes if p < 1]
+    if bad or len(set(args.client_processes)) != len(args.client_processes):
+        ap.error(f"--client-processes {bad[0]}: a count of processes is 1 or more" if bad else
+                 f"--client-processes {' '.join(map(str, args.client_processes))}: each count once")
     if "delayed" in args.paths and args.request_rate:
         ap.error("the delayed path delays a closed loop's successors; an open loop (--request-rate) has none: "
                  "drop delayed from --paths or --request-rate")
@@ -1020,7 +1035,7 @@ def main(argv=None) -> int:
                 def served(prompts, load, tokens):
                     with on_cpus(client_cpus):
                         return run_served(srv.grpc_url, srv.model, prompts, load.concurrency, tokens, srv.proc.pid,
-                                          srv.metrics_url, args.client_processes, args.client_streams,
+                                          srv.metrics_url, load.processes, args.client_streams,
                                           spec=load.open_spec(args.client_streams) if load.rate else None)
                 return served
 

@@ -195,6 +195,27 @@ def test_multi_gpu_bench_spreads_the_load_over_client_processes():
     assert value("--tokenizer") == "/m" and value("--output-len") == "64" and "--ignore-eos" in argv
 
 
+def test_overhead_loads_repeat_each_load_per_client_process_count():
+    """benchmark/overhead.py --client-processes 8 16: every load once per count, side by side, so that each count's
+    served runs have in-process runs of their own on the same arrivals; a closed loop has at most C clients (C=1
+    once), and an open loop's arrivals are the same for either count (one schedule, split between the processes)."""
+    import argparse
+
+    from benchmark.overhead import make_loads
+    from launcher.bench.runner import arrival_times
+
+    args = argparse.Namespace(concurrency=[1, 32], requests_per_stream=2, request_rate=[250.0], open_seconds=4.0)
+    loads = make_loads(args, [8, 16])
+    assert [(x.concurrency, x.rate, x.processes, x.requests) for x in loads] == [
+        (1, 0.0, 1, 2), (32, 0.0, 8, 64), (32, 0.0, 16, 64), (0, 250.0, 8, 1000), (0, 250.0, 16, 1000)]
+    assert [x.label() for x in loads[2:4]] == ["C=32, 16 client processes", "rate=250/s, 8 client processes"]
+    eight, sixteen = loads[3].arrivals(), loads[4].arrivals()
+    assert eight == arrival_times(loads[3].open_spec(), 1000) == sixteen and len(set(eight)) == 1000
+    (one,) = make_loads(argparse.Namespace(concurrency=[], requests_per_stream=2, request_rate=[250.0],
+                                           open_seconds=4.0), [8])
+    assert one.label() == "rate=250/s" and one.arrivals() == eight  # one count: labels as before
+
+
 def test_open_loop_table_has_a_line_per_served_path():
     """benchmark/gpu/open_loop_table.py: per open-loop rate a line for the served path and one for each other server
     path the run measured (served_alt: `alt`; pinned, the served server with its engine process on cores of its own:
@@ -223,6 +244,9 @@ def test_open_loop_table_has_a_line_per_served_path():
     assert head.split()[0] == "load" and head.endswith("(alt: response_processes=1)")
     assert c8.split()[0] == "C=8" and "2.71" in c8.split() and "1.73" in c8.split() and "0.985" in c8.split()
     assert alt.split()[0] == "alt" and "4.04" in alt.split() and "3.50" in alt.split()  # mean added: 10.271 - 6.776
+    many = [dict(closed, client_processes=8), dict(closed, client_processes=16, ttft_added_ms_p50=2.5)]
+    _, c8_8, _, c8_16, _ = mod.table(dict(doc, runs=many)).splitlines()  # several client counts: a row each
+    assert c8_8.split()[:2] == ["C=8", "x8"] and c8_16.split()[:2] == ["C=8", "x16"] and "2.50" in c8_16.split()
     doc = {"runs": [row], "response_processes": 8, "server_params": {}}
     head, served, pinned = mod.table(doc).splitlines()
     assert "TTFT p50 in/served ms" in head and "alt:" not in head
@@ -355,21 +379,30 @@ def test_request_rate_mode_spaces_arrivals(url, tmp_path):
     assert min(late) > -0.002 and max(late) < 0.05, late
 
 
-def test_arrival_times_of_several_processes():
-    """Request i leaves from process i % P at rate / P on that process's own seeded gaps, first at 0; the schedule
-    is the same on every call, and a process's share of a run with fewer requests is a prefix."""
-    from launcher.bench.runner import LoadSpec, arrival_gaps, arrival_times
+def test_arrival_times_are_one_schedule_whatever_the_processes():
+    """Request i is due at the i-th time of one seeded schedule (first at 0, gaps of mean 1 / rate), whichever process
+    sends it: 1, 3 or 16 processes offer the same arrivals (one Poisson stream, no burst of P requests at 0); a
+    shorter run's schedule is a prefix, each process's share (rank, rank + P, ...) is a slice of it, and the seed
+    and burstiness change it."""
+    import itertools
+
+    from launcher.bench.runner import LoadSpec, arrival_schedule, arrival_times
 
     spec = LoadSpec(request_rate=300.0, processes=3, seed=5)
-    times = arrival_times(spec, 3000)
-    assert times == arrival_times(spec, 3000) and times[:3] == [0.0, 0.0, 0.0]
-    gap = arrival_gaps(100.0, 1.0, 5, 1)  # process 1: requests 1, 4, 7, ...
-    at = 0.0
-    for i in range(1, 30, 3):
-        assert times[i] == pytest.approx(at)
-        at += gap()
+    times = arrival_times(spec, 9000)  # crosses the schedule's chunks of 4,096 draws
+    assert times == arrival_times(spec, 9000) == arrival_times(LoadSpec(request_rate=300.0, processes=16, seed=5), 9000)
+    assert times[0] == 0.0 and all(b > a for a, b in zip(times, times[1:]))
     assert arrival_times(spec, 30) == times[:30]
-    assert statistics.mean(b - a for a, b in zip(times[0::3], times[3::3])) == pytest.approx(1 / 100, rel=0.1)
+    mine = list(itertools.islice(arrival_schedule(300.0, 1.0, 5), 1, 3000, 3))  # process 1 of 3
+    assert mine == times[1:3000:3]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert statistics.mean(gaps) == pytest.approx(1 / 300, rel=0.05)
+    assert statistics.pstdev(gaps) == pytest.approx(1 / 300, rel=0.1)  # exponential: sd = mean
+    assert arrival_times(LoadSpec(request_rate=300.0, seed=6), 30) != times[:30]
+    bursty = arrival_times(LoadSpec(request_rate=300.0, burstiness=0.25, seed=5), 9000)
+    bursty_gaps = [b - a for a, b in zip(bursty, bursty[1:])]
+    assert statistics.mean(bursty_gaps) == pytest.approx(1 / 300, rel=0.1)
+    assert statistics.pstdev(bursty_gaps) == pytest.approx(2 / 300, rel=0.15)  # gamma shape 1/4: sd = 2 x mean
     assert arrival_times(LoadSpec(concurrency=4), 3) == [0.0, 0.0, 0.0]  # no pacing: all at once
 
 

@@ -1353,7 +1353,9 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
                            (["--paths", "direct", "served_alt"], "the served_alt path is measured against the served one"),
                            (["--alt-server-param", "gil=1"], "set up the served_alt path: add served_alt to --paths"),
                            (["--alt-server-env", "X=1"], "set up the served_alt path: add served_alt to --paths"),
-                           (["--server-param", "cuda_graphs"], "'cuda_graphs': write KEY=VALUE")):
+                           (["--server-param", "cuda_graphs"], "'cuda_graphs': write KEY=VALUE"),
+                           (["--client-processes", "0"], "--client-processes 0: a count of processes is 1 or more"),
+                           (["--client-processes", "2", "2"], "--client-processes 2 2: each count once")):
         bad = subprocess.run(args + extra, capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and message in bad.stderr and "starting tritonserver" not in bad.stderr, bad.stderr[-1000:]
 

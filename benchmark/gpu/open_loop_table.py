@@ -1,6 +1,7 @@
 """The table of benchmark/overhead.py's runs: per open-loop rate (--request-rate; `load` the rate in req/s) what
 concurrency it made, and per closed loop (--concurrency; `load` C=N) the same columns: TTFT in-process / served and
-what serving adds, where the served first token's time goes, ITL, tokens/s against in-process.
+what serving adds, where the served first token's time goes, ITL, tokens/s against in-process.  With several
+--client-processes counts a load has a row per count, `load` then ending in xN (N client processes).
 
     python benchmark/gpu/open_loop_table.py overhead_open.json
 
@@ -14,7 +15,7 @@ import sys
 
 
 def table(doc: dict) -> str:
-    head = (f"{'load':>7} {'in flight in/served':>20} {'TTFT p50 in/served ms':>22} {'+ms':>6} {'TTFT mean in/served':>20} "
+    head = (f"{'load':>9} {'in flight in/served':>20} {'TTFT p50 in/served ms':>22} {'+ms':>6} {'TTFT mean in/served':>20} "
             f"{'+ms':>6} {'parse':>6} {'add':>6} {'engine':>7} {'back':>6} {'respond':>7} {'outside':>7} "
             f"{'ITL p50 in/served ms':>21} {'tok/s ratio':>11}")
     lines = [head]
@@ -25,8 +26,11 @@ def table(doc: dict) -> str:
         base.update(doc.get("server_env") or {})  # environment variables (an LLMLAUNCH_HF_* switch) too
         mine.update(alt.get("server_env") or {})
         lines[0] += "   (alt: " + ", ".join(f"{k}={v}" for k, v in sorted(mine.items()) if base.get(k) != v) + ")"
+    # several --client-processes counts: each load has a row per count, labelled `load xN` (N client processes)
+    several = len({r.get("client_processes") for r in doc["runs"]}) > 1
     for r in doc["runs"]:
         load = f"{r['request_rate']:g}" if r.get("request_rate") else f"C={r['concurrency']}"
+        load += f" x{r['client_processes']}" if several else ""
         for path, prefix, label in (("served", "", load), ("served_alt", "served_alt_", "alt"),
                                    ("pinned", "pinned_", "pinned")):
             if f"{path}_ttft_ms_p50" not in r:
@@ -34,7 +38,7 @@ def table(doc: dict) -> str:
             ft = r.get(f"{path}_first_token_ms") or {}
             mean_added = r[f"{path}_ttft_ms_mean"] - r["direct_ttft_ms_mean"]
             lines.append(
-                f"{label:>7} {r['direct_in_flight_mean']:>9.1f} / {r[f'{path}_in_flight_mean']:<8.1f} "
+                f"{label:>9} {r['direct_in_flight_mean']:>9.1f} / {r[f'{path}_in_flight_mean']:<8.1f} "
                 f"{r['direct_ttft_ms_p50']:>10.2f} / {r[f'{path}_ttft_ms_p50']:<9.2f} {r[f'{prefix}ttft_added_ms_p50']:>6.2f} "
                 f"{r['direct_ttft_ms_mean']:>9.2f} / {r[f'{path}_ttft_ms_mean']:<8.2f} {mean_added:>6.2f} "
                 + " ".join(f"{ft.get(k, float('nan')):>{w}.2f}" for k, w in

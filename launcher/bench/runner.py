@@ -11,10 +11,14 @@ Load shapes (LoadSpec):
   seconds; the dataset is cycled), `warmup` requests first, not counted.
 
 Several client processes (`processes`) split the load: request i goes to
-process i % P, each gets 1/P of the rate and of the concurrency, and all start
-at the same instant (perf_counter is CLOCK_MONOTONIC, shared by the processes
-of one machine, so their timestamps are comparable). Each process can spread
-its requests over several gRPC streams (`streams`).
+process i % P, each gets 1/P of the concurrency, and all start at the same
+instant (perf_counter is CLOCK_MONOTONIC, shared by the processes of one
+machine, so their timestamps are comparable). At a request rate the arrival
+times are one schedule (`arrival_schedule`) whatever P is: request i is due at
+the i-th time and its process sends it then, so a run with 16 processes offers
+the server the same arrivals as one with 8 (and the load stays one Poisson
+stream, not P of them, each starting with a request at 0). Each process can
+spread its requests over several gRPC streams (`streams`).
 
 Nothing here runs on the receive path except `on_done`, once per request.
 """
@@ -62,32 +66,30 @@ class LoadSpec:
             raise ValueError(f"--duration must be > 0 s, got {self.duration}")
 
 
-def arrival_gaps(rate: float, burstiness: float, seed: int, rank: int):
-    """The gaps (s) between one client process's sends at `rate` requests/s: a function that draws the next one,
-    gamma-distributed with shape `burstiness` (1 = Poisson) and mean 1/rate, seeded per process (`seed`, `rank`)."""
+def arrival_schedule(rate: float, burstiness: float, seed: int, chunk: int = 4096):
+    """The arrival times (s after the start) of requests 0, 1, 2, ... at `rate` requests/s, without end: the first at
+    0, then gamma-distributed gaps of shape `burstiness` (1 = Poisson) and mean 1/rate, seeded by `seed` alone, so
+    every client process draws the same schedule and sends its own share of it.  Drawn `chunk` gaps at a time (a
+    process skips the others' requests: P draws a send)."""
     import numpy as np
 
-    rng = np.random.default_rng(seed * 1000 + rank)
+    rng = np.random.default_rng(seed)
     scale = 1.0 / (rate * burstiness)
-    return lambda: float(rng.gamma(burstiness, scale))
+    at = 0.0
+    while True:
+        for gap in rng.gamma(burstiness, scale, size=chunk).tolist():
+            yield at
+            at += gap
 
 
 def arrival_times(spec: LoadSpec, count: int) -> list:
-    """When (s after the start) each of requests 0 .. count-1 is due under `spec`'s pacing, as `run_load` paces them:
-    request i goes from process i % processes, each process at rate / processes with gaps of its own (its first
-    request at 0).  A concurrency cap may hold a request back past its time; nothing else does.  Pure, so that another
-    driver can send the same requests at the same times (benchmark/overhead.py gives an in-process engine the served
-    path's arrivals)."""
-    world = spec.processes
+    """When (s after the start) each of requests 0 .. count-1 is due under `spec`'s pacing, as `run_load` paces them
+    (`arrival_schedule`; every process, whichever sends request i, sends it at the i-th time).  A concurrency cap may
+    hold a request back past its time; nothing else does.  Pure, so that another driver can send the same requests at
+    the same times (benchmark/overhead.py gives an in-process engine the served path's arrivals)."""
     if math.isinf(spec.request_rate):
         return [0.0] * count
-    times = [0.0] * count
-    for rank in range(min(world, count)):
-        gap, at = arrival_gaps(spec.request_rate / world, spec.burstiness, spec.seed, rank), 0.0
-        for i in range(rank, count, world):
-            times[i] = at
-            at += gap()
-    return times
+    return list(itertools.islice(arrival_schedule(spec.request_rate, spec.burstiness, spec.seed), count))
 
 
 @dataclass
@@ -121,7 +123,7 @@ class _Driver:
         self.job = job
         spec = job.spec
         self.concurrency = _share(spec.concurrency, job.rank, job.world)
-        self.rate = spec.request_rate / job.world
+        self.rate = spec.request_rate  # the whole run's: the schedule is shared, this process sends its share
         self.slots = threading.Semaphore(self.concurrency) if self.concurrency else None
         self.finished: list = []  # StreamRecords of measured requests, in completion order
         self.measuring = False
@@ -147,19 +149,17 @@ class _Driver:
         job, spec = self.job, self.job.spec
         gens, n_gens, model, params = job.gens, len(job.gens), job.model, job.parameters
         perf, sleep = time.perf_counter, time.sleep
-        gaps = None
+        due = None  # paced: the times of this process's requests (indices rank, rank + world, ...) in the schedule
         if pace and math.isfinite(self.rate):
-            gaps = arrival_gaps(self.rate, spec.burstiness, spec.seed, job.rank)
+            due = itertools.islice(arrival_schedule(self.rate, spec.burstiness, spec.seed), job.rank, None, job.world)
         records = []
-        next_at = start_at
         streams, n_streams = self.streams, len(self.streams)
         for j, idx in enumerate(indices):
             req = build_request(model, gens[idx % n_gens], f"{prefix}{idx}", params)
-            if gaps is not None:
-                delay = next_at - perf()
+            if due is not None:
+                delay = start_at + next(due) - perf()
                 if delay > 0:
                     sleep(delay)
-                next_at += gaps()
             if duration is not None and perf() - start_at >= duration:
                 break
             if self.slots is not None:
