@@ -107,9 +107,9 @@ def _serve_one(spec: LaunchSpec, run: Path, install, stop: _Stop) -> int:
         sys.stdout.flush()
         while stop.signum is None:
             if server.returncode() is not None:
-                from launcher.triton import log_tail
+                from launcher.triton import log_excerpt
 
-                say(f"tritonserver exited unasked with status {server.returncode()}; last lines of {log}:\n{log_tail(log)}")
+                say(f"tritonserver exited unasked with status {server.returncode()}; {log}:\n{log_excerpt(log)}")
                 server.stop()
                 return 1
             time.sleep(0.2)
@@ -153,7 +153,7 @@ def _serve_ranks(spec: LaunchSpec, run: Path, stop: _Stop) -> int:
     A replica lost while serving (replicas > 1) is reported and the rest go on serving, as on Slurm."""
     from launcher.rank import lost_replicas
     from launcher.slurm import describe_lost
-    from launcher.triton import log_tail
+    from launcher.triton import log_excerpt
 
     reported_lost: set = set()
 
@@ -196,7 +196,7 @@ def _serve_ranks(spec: LaunchSpec, run: Path, stop: _Stop) -> int:
         fatal = [(i, rc) for i, rc in dead if rc != 0 or spec.ranks[i].replica not in lost]
         if fatal:
             i, rc = fatal[0]
-            say(f"rank {i} exited with status {rc}; stopping the others. Last lines of its log:\n{log_tail(run / 'logs' / f'rank{i}.log')}")
+            say(f"rank {i} exited with status {rc}; stopping the others. Its log:\n{log_excerpt(run / 'logs' / f'rank{i}.log')}")
             code = 1
             break
         if not shown and endpoint.exists():

@@ -513,7 +513,7 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
         code, ended, started = server.returncode() or 1, "server", False
     else:
         started = True
-    from launcher.triton import log_tail
+    from launcher.triton import log_excerpt
 
     def fail(status: int, what: str) -> int:
         """Nobody asked it to stop: fail the job, and say who failed and why."""
@@ -521,7 +521,7 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
             frontend.stop()
         write_json(
             run / f"failure_rank{me.rank}.json",
-            {"rank": me.rank, "node": me.node, "host": topo.hostname, "exit_code": code, "log": str(log), "log_tail": log_tail(log, 25), "time": time.time(), "reason": what},
+            {"rank": me.rank, "node": me.node, "host": topo.hostname, "exit_code": code, "log": str(log), "log_tail": log_excerpt(log, 25), "time": time.time(), "reason": what},
         )
         say(f"{what}: failing the job")
         server.stop()
@@ -541,7 +541,7 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
             wrote = record_once(
                 run / f"replica_lost{me.replica}.json",
                 {"replica": me.replica, "ranks": ranks, "rank": me.rank, "node": me.node, "host": topo.hostname, "exit_code": code, "reason": why,
-                 "log": str(log), "log_tail": log_tail(log, 25), "time": time.time()},
+                 "log": str(log), "log_tail": log_excerpt(log, 25), "time": time.time()},
             )
             say(f"replica {me.replica} LOST: {why}" + ("" if wrote else " (already recorded by another of its ranks)"))
         if not out.exits:

@@ -72,7 +72,7 @@ def failures(run: Path) -> List[Dict]:
 def describe_failure(f: Dict) -> str:
     # "reason" (why the rank failed the job) is absent from records of older versions
     what = f"failed: {f['reason']}" if f.get("reason") else f"exited with status {f['exit_code']}"
-    return f"rank {f['rank']} on node {f['host']} (node index {f['node']}) {what}; last lines of {f['log']}:\n{f['log_tail']}"
+    return f"rank {f['rank']} on node {f['host']} (node index {f['node']}) {what}; {f['log']}:\n{f['log_tail']}"
 
 
 def lost_replicas(run: Path) -> List[Dict]:
@@ -93,11 +93,11 @@ def describe_lost(r: Dict) -> str:
 
 
 def _rank_log_tails(run: Path, job_id: str, lines: int = 12) -> str:
-    from launcher.triton import log_tail
+    from launcher.triton import log_excerpt
 
     parts = []
     for log in sorted(run.glob(f"{job_id}_*_log.out")):
-        parts.append(f"--- {log.name}\n{log_tail(log, lines)}")
+        parts.append(f"--- {log.name}\n{log_excerpt(log, lines)}")
     return "\n".join(parts) or "(no rank logs yet)"
 
 

@@ -453,7 +453,7 @@ class LocalServer(Server):
 
         from launcher.errors import LaunchError
         from launcher.jobdir import resolve_model
-        from launcher.triton import log_tail
+        from launcher.triton import log_excerpt
 
         self.spec = resolve_model(self.spec, say)  # the child finds the same cached model; we learn its tokenizer
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -466,7 +466,7 @@ class LocalServer(Server):
         deadline = time.monotonic() + float(self.spec.serve["ready_timeout_s"]) + 60
         while not endpoint.exists():
             if self.proc.poll() is not None:
-                raise LaunchError(("server", f"exited with status {self.proc.returncode} before serving; last lines of {log}:\n{log_tail(log, 15)}", f"read {log}"))
+                raise LaunchError(("server", f"exited with status {self.proc.returncode} before serving; {log}:\n{log_excerpt(log, 15)}", f"read {log}"))
             if time.monotonic() > deadline:
                 self.stop()
                 raise LaunchError(("server", f"not serving after serve.ready_timeout_s={self.spec.serve['ready_timeout_s']}", f"read {log}"))
@@ -500,7 +500,7 @@ class AllocationServer(Server):
         from launcher.errors import LaunchError
         from launcher.jobdir import resolve_model, write_run_dir
         from launcher.render import python_for, setup_lines, srun_args
-        from launcher.triton import log_tail
+        from launcher.triton import log_excerpt
 
         s = self.spec
         cpus = int(s.cluster.get("cpus_per_task") or 1)
@@ -535,7 +535,7 @@ class AllocationServer(Server):
         while not endpoint.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise LaunchError(("ranks", f"not serving (srun status {self.proc.returncode}); last lines of {log}:\n{log_tail(log, 15)}", f"read {log}"))
+                raise LaunchError(("ranks", f"not serving (srun status {self.proc.returncode}); {log}:\n{log_excerpt(log, 15)}", f"read {log}"))
             time.sleep(0.2)
         ep = json.loads(endpoint.read_text())
         self._serving(ep)

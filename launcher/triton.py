@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import signal
 import socket
@@ -270,15 +271,54 @@ class ServerDied(RuntimeError):
     pass
 
 
-def log_tail(path: Path, lines: int = 30) -> str:
+def _read_end(path: Path, size: int) -> Optional[str]:
     try:
         with open(path, "rb") as f:
             f.seek(0, 2)
-            size = f.tell()
-            f.seek(max(0, size - 16384))
-            return "\n".join(f.read().decode(errors="replace").splitlines()[-lines:])
+            f.seek(max(0, f.tell() - size))
+            return f.read().decode(errors="replace")
     except OSError:
-        return "(no log)"
+        return None
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    text = _read_end(path, 16384)
+    return "(no log)" if text is None else "\n".join(text.splitlines()[-lines:])
+
+
+_GLOG_ERROR = re.compile(r"^E\d{4} [\d:.]+ +\d+ [^\]]+\] ?(.*)$")
+_EXCEPTION = re.compile(r"\b\w+(?:Error|Exception): .*$")
+
+
+def log_errors(path: Path, limit: int = 3, width: int = 700) -> list:
+    """The first `limit` distinct error lines tritonserver logged (glog's E lines, in the log's last MiB), each cut
+    at `width` characters, the python stub's escaped traceback lines unfolded.  A model that fails to load logs its
+    reason there, and then tritonserver prints its model and settings tables and shuts down: the last lines alone
+    do not say why (a stub's ModuleNotFoundError, an engine that refused its parameters)."""
+    found: dict = {}  # a message's exception (else its first line) -> the message: Triton logs one failure as the
+    # instance's and again as the model's, with different prefixes
+    for line in (_read_end(path, 1 << 20) or "").splitlines():
+        m = _GLOG_ERROR.match(line)
+        if not m:
+            continue
+        msg = m.group(1).strip().strip('"')
+        first = msg.split("\\n")[0]
+        exc = _EXCEPTION.search(first)
+        found.setdefault(exc.group(0) if exc else first, msg)
+        if len(found) >= limit:
+            break
+    out = []
+    for msg in found.values():
+        msg = msg if len(msg) <= width else msg[:width] + " ..."
+        out.append("\n    ".join(part for part in msg.split("\\n") if part.strip()))
+    return out
+
+
+def log_excerpt(path: Path, lines: int = 30) -> str:
+    """What to show of a server log when the server failed: its error lines (log_errors), then its last lines."""
+    errors = log_errors(path)
+    head = "errors:\n" + "\n".join(f"  {e}" for e in errors) + "\nlast lines:\n" if errors else ""
+    return head + log_tail(path, lines)
 
 
 def probe_request(url: str, model: str, timeout_s: float = 60.0) -> str:
@@ -339,9 +379,9 @@ def wait_ready(
         while True:
             elapsed = time.monotonic() - t0
             if proc.poll() is not None:
-                raise ServerDied(f"{what} exited with status {proc.returncode} while {stage} ({elapsed:.1f}s); last lines of {log_path}:\n{log_tail(log_path)}")
+                raise ServerDied(f"{what} exited with status {proc.returncode} while {stage} ({elapsed:.1f}s); {log_path}:\n{log_excerpt(log_path)}")
             if elapsed > deadline_s:
-                raise TimeoutError(f"{what} not ready after {deadline_s:.0f}s (stage: {stage}); raise serve.ready_timeout_s if loading is slow. Last lines of {log_path}:\n{log_tail(log_path, 15)}")
+                raise TimeoutError(f"{what} not ready after {deadline_s:.0f}s (stage: {stage}); raise serve.ready_timeout_s if loading is slow. {log_path}:\n{log_excerpt(log_path, 15)}")
             try:
                 if client is None:
                     client = grpcclient.InferenceServerClient(url)

@@ -409,16 +409,20 @@ def test_bench_reports_where_the_ttft_goes(server, tmp_path, capsys):
 def test_shared_engine_that_fails_to_start_fails_the_load_at_once(tiny_model_dir, tmp_path):
     """Two instances, and the engine cannot start (max_model_len beyond the model's context): the instance that
     started it says why, and the one waiting to attach fails at once with that reason (not after the 900 s attach
-    timeout), so tritonserver gives up on the model and exits."""
+    timeout), so tritonserver gives up on the model and exits; ServerDied's message leads with that reason (the log's
+    error lines), not only the log's last lines."""
     from launcher.triton import ServerDied
 
     srv = hf_server(str(tiny_model_dir), tmp_path, {"device": "cpu", "max_num_seqs": 4, "max_model_len": 999999},
                     model=MODEL, instances=2)
     t0 = time.monotonic()
-    with pytest.raises(ServerDied):
+    with pytest.raises(ServerDied) as died:
         with srv:
             pass
     assert time.monotonic() - t0 < 120
+    # the error says why, though tritonserver printed its tables and shut down after the failure (log_excerpt)
+    message = str(died.value)
+    assert "errors:\n" in message and "exceeds the model's context" in message.split("last lines:")[0], message
     log = srv.log_path.read_text()
     assert "exceeds the model's context" in log
     assert "the model instance that starts the shared hf engine process failed" in log, log[-3000:]

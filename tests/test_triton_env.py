@@ -145,3 +145,39 @@ def test_waiting_for_a_server_shows_what_its_model_says_it_is_doing(tmp_path):
     assert notes and all(n.startswith("waiting for tritonserver: starting (hf engine: compiling the model) (")
                          for n in notes), notes
     assert stage.latest("nothing announced\n") == ""
+
+
+def test_a_failed_servers_log_is_shown_from_its_errors(tmp_path):
+    """log_excerpt: the error lines tritonserver logged (glog E lines; one failure that Triton logs twice, as the
+    instance and as the model, shown once; the stub's escaped traceback unfolded; at most three, each cut), then the
+    last lines; a log without errors is its last lines alone.  The lines are those of a real failed load (a stub
+    whose transformers could not import AutoTokenizer), shortened."""
+    failure = ("ModuleNotFoundError: Could not import module 'AutoTokenizer'. Are this object's requirements defined "
+               "correctly?\\n\\nAt:\\n  /opt/torch/site-packages/transformers/utils/import_utils.py(2648): __getattr__\\n")
+    lines = [f'I1126 04:38:30.796025 2040 pb_stub.cc:366] "Failed to initialize Python stub: {failure}"',
+             f'E1126 04:38:31.638021 2040 backend_model.cc:692] "ERROR: Failed to create instance: {failure}"',
+             f'E1126 04:38:31.638149 2040 model_lifecycle.cc:642] "failed to load \'hf_model\' version 1: Internal: '
+             f'{failure}"',
+             "I1126 04:38:31.638179 2040 model_lifecycle.cc:777] \"failed to load 'hf_model'\"",
+             *[f"| model_repository_path[{i}] | /tmp/repo |" for i in range(40)],
+             "error: creating server: Internal - failed to load all models"]
+    log = tmp_path / "tritonserver.log"
+    log.write_text("\n".join(lines) + "\n")
+    text = lt.log_excerpt(log, 5)
+    errors, tail = text.split("\nlast lines:\n")
+    assert errors.splitlines() == [
+        "errors:",
+        "  ERROR: Failed to create instance: ModuleNotFoundError: Could not import module 'AutoTokenizer'. Are this "
+        "object's requirements defined correctly?",
+        "    At:",
+        "      /opt/torch/site-packages/transformers/utils/import_utils.py(2648): __getattr__"]
+    assert tail.splitlines()[-1] == "error: creating server: Internal - failed to load all models"
+    assert len(tail.splitlines()) == 5 and "AutoTokenizer" not in tail  # the tail alone would not say why
+    many = [f"E1126 04:38:31.{i:06d} 1 m.cc:1] \"error number {i}: " + "x" * 900 + '"' for i in range(5)]
+    log.write_text("\n".join(many) + "\n")
+    shown = lt.log_errors(log)
+    assert [e[:16] for e in shown] == ["error number 0: ", "error number 1: ", "error number 2: "]
+    assert all(len(e) == 704 and e.endswith(" ...") for e in shown)
+    log.write_text("I1126 starting\nI1126 still starting\n")
+    assert lt.log_excerpt(log) == "I1126 starting\nI1126 still starting"
+    assert lt.log_excerpt(tmp_path / "missing.log") == "(no log)"
