@@ -291,12 +291,13 @@ _EXCEPTION = re.compile(r"\b\w+(?:Error|Exception): .*$")
 
 
 def log_errors(path: Path, limit: int = 3, width: int = 700) -> list:
-    """The first `limit` distinct error lines tritonserver logged (glog's E lines, in the log's last MiB), each cut
-    at `width` characters, the python stub's escaped traceback lines unfolded.  A model that fails to load logs its
-    reason there, and then tritonserver prints its model and settings tables and shuts down: the last lines alone
-    do not say why (a stub's ModuleNotFoundError, an engine that refused its parameters)."""
+    """The last `limit` distinct error lines tritonserver logged (glog's E lines, in the log's last MiB: the ones
+    nearest the failure, for a server that served a while), each cut at `width` characters, the python stub's escaped
+    traceback lines unfolded.  A model that fails to load logs its reason there, and then tritonserver prints its
+    model and settings tables and shuts down: the last lines alone do not say why (a stub's ModuleNotFoundError, an
+    engine that refused its parameters)."""
     found: dict = {}  # a message's exception (else its first line) -> the message: Triton logs one failure as the
-    # instance's and again as the model's, with different prefixes
+    # instance's and again as the model's, with different prefixes; the first wording is kept, the latest place
     for line in (_read_end(path, 1 << 20) or "").splitlines():
         m = _GLOG_ERROR.match(line)
         if not m:
@@ -304,11 +305,10 @@ def log_errors(path: Path, limit: int = 3, width: int = 700) -> list:
         msg = m.group(1).strip().strip('"')
         first = msg.split("\\n")[0]
         exc = _EXCEPTION.search(first)
-        found.setdefault(exc.group(0) if exc else first, msg)
-        if len(found) >= limit:
-            break
+        key = exc.group(0) if exc else first
+        found[key] = found.pop(key, msg)
     out = []
-    for msg in found.values():
+    for msg in list(found.values())[-limit:]:
         msg = msg if len(msg) <= width else msg[:width] + " ..."
         out.append("\n    ".join(part for part in msg.split("\\n") if part.strip()))
     return out

@@ -149,7 +149,7 @@ def test_waiting_for_a_server_shows_what_its_model_says_it_is_doing(tmp_path):
 
 def test_a_failed_servers_log_is_shown_from_its_errors(tmp_path):
     """log_excerpt: the error lines tritonserver logged (glog E lines; one failure that Triton logs twice, as the
-    instance and as the model, shown once; the stub's escaped traceback unfolded; at most three, each cut), then the
+    instance and as the model, shown once; the stub's escaped traceback unfolded; the last three, each cut), then the
     last lines; a log without errors is its last lines alone.  The lines are those of a real failed load (a stub
     whose transformers could not import AutoTokenizer), shortened."""
     failure = ("ModuleNotFoundError: Could not import module 'AutoTokenizer'. Are this object's requirements defined "
@@ -176,7 +176,7 @@ def test_a_failed_servers_log_is_shown_from_its_errors(tmp_path):
     many = [f"E1126 04:38:31.{i:06d} 1 m.cc:1] \"error number {i}: " + "x" * 900 + '"' for i in range(5)]
     log.write_text("\n".join(many) + "\n")
     shown = lt.log_errors(log)
-    assert [e[:16] for e in shown] == ["error number 0: ", "error number 1: ", "error number 2: "]
+    assert [e[:16] for e in shown] == ["error number 2: ", "error number 3: ", "error number 4: "]  # the latest
     assert all(len(e) == 704 and e.endswith(" ...") for e in shown)
     log.write_text("I1126 starting\nI1126 still starting\n")
     assert lt.log_excerpt(log) == "I1126 starting\nI1126 still starting"
