@@ -287,6 +287,8 @@ def log_tail(path: Path, lines: int = 30) -> str:
 
 
 _GLOG_ERROR = re.compile(r"^E\d{4} [\d:.]+ +\d+ [^\]]+\] ?(.*)$")
+# errors every CPU-only tritonserver logs at start (no CUDA driver): not why anything failed
+_BENIGN = ("CudaDriverHelper has not been initialized",)
 _EXCEPTION = re.compile(r"\b\w+(?:Error|Exception): .*$")
 
 
@@ -302,7 +304,9 @@ def log_errors(path: Path, limit: int = 3, width: int = 700) -> list:
         m = _GLOG_ERROR.match(line)
         if not m:
             continue
-        msg = m.group(1).strip().strip('"')
+        msg = m.group(1).strip().strip('"').replace('\\"', '"')
+        if msg.startswith(_BENIGN):
+            continue
         first = msg.split("\\n")[0]
         exc = _EXCEPTION.search(first)
         key = exc.group(0) if exc else first

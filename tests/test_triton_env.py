@@ -149,12 +149,13 @@ def test_waiting_for_a_server_shows_what_its_model_says_it_is_doing(tmp_path):
 
 def test_a_failed_servers_log_is_shown_from_its_errors(tmp_path):
     """log_excerpt: the error lines tritonserver logged (glog E lines; one failure that Triton logs twice, as the
-    instance and as the model, shown once; the stub's escaped traceback unfolded; the last three, each cut), then the
-    last lines; a log without errors is its last lines alone.  The lines are those of a real failed load (a stub
-    whose transformers could not import AutoTokenizer), shortened."""
+    instance and as the model, shown once; the stub's escaped traceback unfolded; the last three, each cut; not the
+    CUDA driver's on a CPU-only host), then the last lines; a log without errors is its last lines alone.  The lines
+    are those of a real failed load (a stub whose transformers could not import AutoTokenizer), shortened."""
     failure = ("ModuleNotFoundError: Could not import module 'AutoTokenizer'. Are this object's requirements defined "
                "correctly?\\n\\nAt:\\n  /opt/torch/site-packages/transformers/utils/import_utils.py(2648): __getattr__\\n")
-    lines = [f'I1126 04:38:30.796025 2040 pb_stub.cc:366] "Failed to initialize Python stub: {failure}"',
+    lines = ['E1126 04:38:29.000001 2040 cuda_driver.cc:1] "CudaDriverHelper has not been initialized."',
+             f'I1126 04:38:30.796025 2040 pb_stub.cc:366] "Failed to initialize Python stub: {failure}"',
              f'E1126 04:38:31.638021 2040 backend_model.cc:692] "ERROR: Failed to create instance: {failure}"',
              f'E1126 04:38:31.638149 2040 model_lifecycle.cc:642] "failed to load \'hf_model\' version 1: Internal: '
              f'{failure}"',
@@ -181,3 +182,38 @@ def test_a_failed_servers_log_is_shown_from_its_errors(tmp_path):
     log.write_text("I1126 starting\nI1126 still starting\n")
     assert lt.log_excerpt(log) == "I1126 starting\nI1126 still starting"
     assert lt.log_excerpt(tmp_path / "missing.log") == "(no log)"
+
+
+@pytest.mark.triton
+def test_an_engine_in_a_stub_without_torch_fails_its_load_saying_why(tiny_model_dir, tmp_path, monkeypatch):
+    """engine_process=false runs the hf engine in the python stub's interpreter.  A stub environment without torch
+    (as the numpy<2 one README's "GPU machines" makes): the model's load fails, and the server's error (ServerDied,
+    led by the log's error lines) names the parameter, the interpreter and both fixes.  The stub environment is a
+    real virtual environment that sees this one's packages but cannot import torch (None in sys.modules, set by a
+    .pth line: how a missing package fails an import)."""
+    import importlib.util
+    import sysconfig
+
+    from launcher.triton import ServerDied
+    from tests.models.serve import hf_server
+
+    if importlib.util.find_spec("pytriton") is None:
+        pytest.skip("needs nvidia-pytriton (tritonserver)")
+    env_dir = tmp_path / "stub-env"
+    venv.create(env_dir, with_pip=False)
+    python = env_dir / "bin" / "python3"
+    site = subprocess.check_output([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                   text=True).strip()
+    (Path(site) / "zz_no_torch.pth").write_text(f"{sysconfig.get_paths()['purelib']}\n"
+                                                "import sys; sys.modules['torch'] = None\n")
+    monkeypatch.setenv(lt.STUB_PYTHON_ENV, str(python))
+    srv = hf_server(str(tiny_model_dir), tmp_path / "server", {"device": "cpu", "max_num_seqs": 2,
+                                                                "engine_process": "false"})
+    with pytest.raises(ServerDied) as died:
+        with srv:
+            pass
+    errors = str(died.value).split("last lines:")[0]
+    assert "engine_process=false runs the engine in the python stub's interpreter" in errors, errors
+    assert "ModuleNotFoundError" in errors and "torch" in errors and "Leave engine_process=true" in errors
+    assert "LLMLAUNCH_STUB_PYTHON; README, \"GPU machines\")" in errors  # the log's escaped quotes undone
+    assert "CudaDriverHelper" not in errors

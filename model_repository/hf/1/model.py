@@ -31,7 +31,9 @@ config.pbtxt parameters (string values; empty or absent = default):
   stream_interval_ms  least time between two streamed responses (default 0: a response per engine step).
                     Tokens generated meanwhile are merged into one response; a request's first token and its
                     end are never delayed.  On small CPU machines every response costs the engine CPU time.
-  engine_process    true | false: run the engine in a child process (default true; see below)
+  engine_process    true | false: run the engine in a child process (default true; see below).  false runs
+                    it in the stub, whose interpreter then needs torch and transformers too (on a GPU host the
+                    stub's own numpy<2 environment usually has neither: the load fails, saying so)
   response_threads  threads that build and send responses, each owning a share of the streams (default 0:
                     1 on CPU, 4 on a GPU; the engine process's receive thread is the first).  A send is a
                     round trip to tritonserver (~50-200 us) during which the GIL is free, so under load
@@ -274,7 +276,15 @@ class TritonPythonModel:
         else:
             from launcher.engines.hf_engine import Engine
 
-            self.engine = Engine(**self.params).start()
+            try:
+                self.engine = Engine(**self.params).start()
+            except ImportError as exc:  # torch / transformers, imported by the engine, not by anything above
+                raise pb_utils.TritonModelException(
+                    f"engine_process=false runs the engine in the python stub's interpreter ({sys.executable}), "
+                    f"which cannot import what it needs: {type(exc).__name__}: {exc}. Leave engine_process=true "
+                    f"(the engine then runs on llmlaunch's own interpreter), or give the stub an environment with "
+                    f"torch and transformers besides numpy<2 (LLMLAUNCH_STUB_PYTHON; README, \"GPU machines\")"
+                ) from None
             self._engine_callback = self._on_output
             self.response_threads = 1  # the engine's callbacks queue single outputs for one responder
 
