@@ -281,9 +281,12 @@ def _read_end(path: Path, size: int) -> Optional[str]:
         return None
 
 
-def log_tail(path: Path, lines: int = 30) -> str:
-    text = _read_end(path, 16384)
+def _last_lines(text: Optional[str], lines: int) -> str:
     return "(no log)" if text is None else "\n".join(text.splitlines()[-lines:])
+
+
+def log_tail(path: Path, lines: int = 30) -> str:
+    return _last_lines(_read_end(path, 16384), lines)
 
 
 _GLOG_ERROR = re.compile(r"^E\d{4} [\d:.]+ +\d+ [^\]]+\] ?(.*)$")
@@ -298,9 +301,13 @@ def log_errors(path: Path, limit: int = 3, width: int = 700) -> list:
     traceback lines unfolded.  A model that fails to load logs its reason there, and then tritonserver prints its
     model and settings tables and shuts down: the last lines alone do not say why (a stub's ModuleNotFoundError, an
     engine that refused its parameters)."""
+    return _errors_in(_read_end(path, 1 << 20), limit, width)
+
+
+def _errors_in(text: Optional[str], limit: int = 3, width: int = 700) -> list:
     found: dict = {}  # a message's exception (else its first line) -> the message: Triton logs one failure as the
     # instance's and again as the model's, with different prefixes; the first wording is kept, the latest place
-    for line in (_read_end(path, 1 << 20) or "").splitlines():
+    for line in (text or "").splitlines():
         m = _GLOG_ERROR.match(line)
         if not m:
             continue
@@ -320,9 +327,10 @@ def log_errors(path: Path, limit: int = 3, width: int = 700) -> list:
 
 def log_excerpt(path: Path, lines: int = 30) -> str:
     """What to show of a server log when the server failed: its error lines (log_errors), then its last lines."""
-    errors = log_errors(path)
+    text = _read_end(path, 1 << 20)  # read once for both
+    errors = _errors_in(text)
     head = "errors:\n" + "\n".join(f"  {e}" for e in errors) + "\nlast lines:\n" if errors else ""
-    return head + log_tail(path, lines)
+    return head + _last_lines(text, lines)
 
 
 def probe_request(url: str, model: str, timeout_s: float = 60.0) -> str:
