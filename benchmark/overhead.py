@@ -318,17 +318,27 @@ def cuda_libraries(pid: int) -> list[str]:
     return sorted(found)
 
 
-def engine_pids(server_pid: int) -> list[int]:
-    """The hf engine processes under a tritonserver (python -m launcher.engines.hf_process)."""
+def _descendants_running(server_pid: int, matches) -> list[int]:
+    """The processes under `server_pid` whose argv (a list of bytes) `matches`."""
     pids = []
     for p in descendants(server_pid):
         try:
             with open(f"/proc/{p}/cmdline", "rb") as f:
-                if b"launcher.engines.hf_process" in f.read().split(b"\0"):
+                if matches(f.read().split(b"\0")):
                     pids.append(p)
         except OSError:
             continue
     return pids
+
+
+def engine_pids(server_pid: int) -> list[int]:
+    """The hf engine processes under a tritonserver (python -m launcher.engines.hf_process)."""
+    return _descendants_running(server_pid, lambda argv: b"launcher.engines.hf_process" in argv)
+
+
+def stub_pids(server_pid: int) -> list[int]:
+    """The python-backend stubs under a tritonserver (where the hf engine runs with engine_process=false)."""
+    return _descendants_running(server_pid, lambda argv: os.path.basename(argv[0]) == b"triton_python_backend_stub")
 
 
 def _proc_stats() -> dict[int, tuple[int, float]]:
@@ -1065,10 +1075,15 @@ def main(argv=None) -> int:
         libs = {"direct": cuda_libraries(os.getpid())}
         if "process" in run:
             libs["process"] = cuda_libraries(process.info.get("pid", 0))
-        if "served" in run:
-            pids = engine_pids(server.proc.pid)
-            log(f"served engine process: pid {' '.join(map(str, pids)) or '(not found)'}")
-            libs["served"] = [lib for pid in pids for lib in cuda_libraries(pid)]
+        for path in ("served", "served_alt"):
+            if path in run:
+                srv = server if path == "served" else started["served_alt"]
+                # engine_process=false: the engine runs in the python stub, so its libraries are the stub's
+                pids, host = engine_pids(srv.proc.pid), "engine process"
+                if not pids:
+                    pids, host = stub_pids(srv.proc.pid), "stub (engine_process=false)"
+                log(f"{path} {host}: pid {' '.join(map(str, pids)) or '(not found)'}")
+                libs[path] = sorted({lib for pid in pids for lib in cuda_libraries(pid)})
         results["cuda_libraries"] = libs
         for path, found in libs.items():
             log(f"{path} engine's CUDA libraries: {' '.join(found) or '(none found)'}")

@@ -157,7 +157,9 @@ STUB_PYTHON_ENV = "LLMLAUNCH_STUB_PYTHON"
 # versions whose decode attention took 0.12-0.15 ms more GPU time a step (1.87 ms vs 1.72-1.75 at one stream on an
 # H100: served 0.93 of in-process).  On the launcher's own path the engine loads torch's cuDNN whole, as in-process.
 # (Its cost, a per-shape plan built on the host for every new attention shape of an eager step, is gone since eager
-# steps keep off cuDNN's attention: HFModelRunner._init_attention_backends.)
+# steps keep off cuDNN's attention: HFModelRunner._init_attention_backends.)  An engine in the stub itself
+# (engine_process=false) cannot get a path of its own; it loads torch's cuDNN by full path first instead
+# (launcher.engines.torch_libs).
 ENGINE_LD_LIBRARY_PATH = "LLMLAUNCH_ENGINE_LD_LIBRARY_PATH"
 
 _NUMPY_VERSION = "import importlib.metadata as m; print(m.version('numpy'))"

@@ -1339,6 +1339,9 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
     assert "2 instances share" in alt_log and "instances share" not in served_log
     assert alt_log.count("(LLMLAUNCH_HF_FIRST_FAST=0)") == 2 and "LLMLAUNCH_HF_FIRST_FAST" not in served_log
     assert out["served_alt"]["server_env"] == {"LLMLAUNCH_HF_FIRST_FAST": "0"}
+    # each served path's engine process is found (its CUDA libraries listed: none on a CPU)
+    assert "served engine process: pid " in proc.stderr and "served_alt engine process: pid " in proc.stderr
+    assert "(not found)" not in proc.stderr and set(out["cuda_libraries"]) == {"direct", "served", "served_alt"}
     # benchmark/gpu/open_loop_table.py (one_gpu.sh step 3b): a line per rate and server, the TTFT added as the JSON has it
     table = subprocess.run([sys.executable, "benchmark/gpu/open_loop_table.py", "/dev/stdin"], input=proc.stdout,
                            capture_output=True, text=True, timeout=60)

@@ -4,7 +4,9 @@ The stub of the nvidia-pytriton wheel ignores PYTHONPATH and takes its packages 
 first `python3` on PATH; LLMLAUNCH_STUB_PYTHON names that interpreter.  The numpy check runs the named
 interpreter for real (a virtual environment made here, with or without numpy)."""
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -185,12 +187,21 @@ def test_a_failed_servers_log_is_shown_from_its_errors(tmp_path):
 
 
 @pytest.mark.triton
-def test_an_engine_in_a_stub_without_torch_fails_its_load_saying_why(tiny_model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("blocked, says", [
+    ("torch", ["ModuleNotFoundError", "torch"]),
+    # transformers' lazy import wraps the real failure (run 90: "Could not import module 'AutoTokenizer'" over a
+    # scipy built for numpy 2); the message goes down the chain to it
+    ("tokenizers.decoders", ["needs: ModuleNotFoundError: import of tokenizers.decoders halted",
+                             "(raised inside ModuleNotFoundError: Could not import module 'AutoTokenizer'"]),
+])
+def test_an_engine_in_a_stub_that_cannot_import_it_fails_its_load_saying_why(tiny_model_dir, tmp_path, monkeypatch,
+                                                                              blocked, says):
     """engine_process=false runs the hf engine in the python stub's interpreter.  A stub environment without torch
-    (as the numpy<2 one README's "GPU machines" makes): the model's load fails, and the server's error (ServerDied,
-    led by the log's error lines) names the parameter, the interpreter and both fixes.  The stub environment is a
-    real virtual environment that sees this one's packages but cannot import torch (None in sys.modules, set by a
-    .pth line: how a missing package fails an import)."""
+    (as the numpy<2 one README's "GPU machines" makes), or whose transformers cannot import a module of its own: the
+    model's load fails, and the server's error (ServerDied, led by the log's error lines) names the parameter, the
+    interpreter, the innermost cause and both fixes.  The stub environment is a real virtual environment that sees
+    this one's packages but cannot import `blocked` (None in sys.modules, set by a .pth line: how a missing package
+    fails an import)."""
     import importlib.util
     import sysconfig
 
@@ -204,8 +215,8 @@ def test_an_engine_in_a_stub_without_torch_fails_its_load_saying_why(tiny_model_
     python = env_dir / "bin" / "python3"
     site = subprocess.check_output([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                    text=True).strip()
-    (Path(site) / "zz_no_torch.pth").write_text(f"{sysconfig.get_paths()['purelib']}\n"
-                                                "import sys; sys.modules['torch'] = None\n")
+    (Path(site) / "zz_blocked.pth").write_text(f"{sysconfig.get_paths()['purelib']}\n"
+                                               f"import sys; sys.modules['{blocked}'] = None\n")
     monkeypatch.setenv(lt.STUB_PYTHON_ENV, str(python))
     srv = hf_server(str(tiny_model_dir), tmp_path / "server", {"device": "cpu", "max_num_seqs": 2,
                                                                 "engine_process": "false"})
@@ -214,6 +225,137 @@ def test_an_engine_in_a_stub_without_torch_fails_its_load_saying_why(tiny_model_
             pass
     errors = str(died.value).split("last lines:")[0]
     assert "engine_process=false runs the engine in the python stub's interpreter" in errors, errors
-    assert "ModuleNotFoundError" in errors and "torch" in errors and "Leave engine_process=true" in errors
+    assert all(s in errors for s in says), errors
+    assert "Leave engine_process=true" in errors
     assert "LLMLAUNCH_STUB_PYTHON; README, \"GPU machines\")" in errors  # the log's escaped quotes undone
     assert "CudaDriverHelper" not in errors
+
+
+def _dist(site: Path, name: str, files: dict, requires=()):
+    """A distribution installed the way pip leaves one: its files and a .dist-info with METADATA and RECORD."""
+    info = site / f"{name}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: " + name + "\nVersion: 1.0\n"
+                                   + "".join(f"Requires-Dist: {r}\n" for r in requires))
+    for rel, text in files.items():
+        (site / rel).parent.mkdir(parents=True, exist_ok=True)
+        (site / rel).write_text(text)
+    (info / "RECORD").write_text("".join(f"{rel},,\n" for rel in [*files, f"{info.name}/METADATA"]))
+
+
+def test_stub_site_links_a_host_site_leaving_out_what_cannot_import_under_the_stubs_numpy(tmp_path):
+    """benchmark/gpu/stub_site.py (run 90's failure: transformers -> scikit-learn -> a scipy built for numpy 2).  A real
+    stub virtual environment with its own numpy 1.26 (a stand-in package: only its version is read) and a host
+    site-packages of hand-made distributions: numpy 2; `modern`, which requires numpy>=2 (left out from metadata);
+    `brokenlib`, which fails to import as that scipy did (left out for the failure's innermost frame); `needsbroken`,
+    which requires it (left out with it); `good` and `app`, linked.  `app` imports what it finds, as transformers
+    does.  A statement that no leaving out can fix exits 1 and removes the .pth again."""
+    host = tmp_path / "host-site"
+    host.mkdir()
+    _dist(host, "numpy", {"numpy/__init__.py": "__version__ = '2.5.2'\n"})
+    _dist(host, "modern", {"modern.py": "import numpy; assert numpy.__version__ >= '2', numpy.__version__\n"},
+          ["numpy>=2"])
+    _dist(host, "brokenlib", {"brokenlib/__init__.py": "from . import _util\n",
+                              "brokenlib/_util.py": "import numpy\nlong = numpy.long\n"}, ["numpy>=1.25"])
+    _dist(host, "needsbroken", {"needsbroken.py": "X = 1\n"}, ["brokenlib", "good; extra == 'never'"])
+    _dist(host, "good", {"good.py": "OK = True\n"})
+    _dist(host, "app", {"app.py": "import importlib.util, good\nfor m in ('modern', 'needsbroken', 'brokenlib'):\n"
+                                  "    if importlib.util.find_spec(m):\n        __import__(m)\n"})
+    stub = tmp_path / "stub-env"
+    venv.create(stub, with_pip=False)
+    python = stub / "bin" / "python3"
+    purelib = Path(subprocess.check_output([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                           text=True).strip())
+    (purelib / "numpy").mkdir()
+    (purelib / "numpy" / "__init__.py").write_text("__version__ = '1.26.4'\n")  # no `long`, as numpy 1.26
+    script = Path(__file__).resolve().parents[1] / "benchmark" / "gpu" / "stub_site.py"
+    dest = tmp_path / "linked"
+
+    def run(check):
+        return subprocess.run([sys.executable, str(script), str(host), str(dest), "--python", str(python),
+                               "--check", check], capture_output=True, text=True, timeout=120)
+
+    done = run("import app, numpy, good; assert numpy.__version__ == '1.26.4', numpy.__version__")
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "left out numpy: the stub environment has its own" in out
+    assert "left out modern: requires numpy>=2, the stub has 1.26.4" in out
+    assert "left out brokenlib: fails to import: AttributeError" in out and "'long'" in out
+    assert "left out needsbroken: requires brokenlib" in out
+    assert "left out good" not in out and "left out app" not in out
+    assert sorted(p.name for p in dest.iterdir()) == ["app-1.0.dist-info", "app.py", "good-1.0.dist-info", "good.py"]
+    pth = purelib / "zz_llmlaunch_host_site.pth"
+    assert pth.read_text().strip() == str(dest)
+    # the stub's interpreter, run plainly, now finds the host's packages through the .pth and its own numpy first
+    seen = subprocess.check_output([str(python), "-c", "import app, numpy; print(numpy.__version__)"], text=True,
+                                   env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert seen.strip() == "1.26.4"
+
+    failed = run("import app, not_anywhere")
+    assert failed.returncode == 1
+    assert "`import app, not_anywhere` still fails" in failed.stderr and "not_anywhere" in failed.stderr
+    assert not pth.exists()
+    (dest / "mine.txt").write_text("not a link")
+    refused = run("import app")
+    assert refused.returncode != 0 and "holds more than links (mine.txt" in refused.stderr + refused.stdout
+    assert (dest / "mine.txt").exists()
+
+
+def _shared_library(path: Path, needs=(), symbol="x"):
+    """A real shared library (cc) with its file name as soname and DT_NEEDED entries for `needs` (found beside it)."""
+    src = path.with_suffix(".c")
+    src.write_text(f"int {symbol}(void) {{ return 1; }}\n")
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(path), str(src), f"-Wl,-soname,{path.name}",
+                    f"-L{path.parent}", "-Wl,--no-as-needed", *[f"-l:{n}" for n in needs]], check=True)
+    src.unlink()
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build the stand-in libraries")
+def test_torch_cudnn_is_preloaded_by_full_path_for_an_engine_in_the_stub(tmp_path):
+    """launcher.engines.torch_libs, which the hf model calls before it starts an engine in the stub (run 92's mix:
+    torch's libcudnn_adv, loaded before torch's libcudnn_ops, pulled in the system's ops through LD_LIBRARY_PATH).
+    Stand-ins for torch's cuDNN wheel folder and a system folder, real ELF libraries built here with sonames and
+    DT_NEEDED as cuDNN's (adv needs ops and graph, ops needs graph); real loading in fresh processes with the system
+    folder on LD_LIBRARY_PATH.  Loading in name order maps the system's ops; preload_torch_cudnn maps torch's
+    only, each after what it needs, skips a file that is not a library, finds the folder beside torch without
+    importing it, and LLMLAUNCH_HF_TORCH_CUDNN=0 turns it off."""
+    site = tmp_path / "site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text("raise ImportError('torch_cudnn_dir must not import torch')\n")
+    lib = site / "nvidia" / "cudnn" / "lib"
+    system = tmp_path / "system"
+    for d in (lib, system):
+        d.mkdir(parents=True)
+        _shared_library(d / "libcudnn_graph.so.9", symbol="graph")
+        _shared_library(d / "libcudnn_ops.so.9", ["libcudnn_graph.so.9"], symbol="ops")
+    _shared_library(lib / "libcudnn_adv.so.9", ["libcudnn_ops.so.9", "libcudnn_graph.so.9"], symbol="adv")
+    (lib / "libcudnn_broken.so.9").write_text("not a shared library\n")
+    from launcher.engines.torch_libs import elf_needed
+
+    assert elf_needed(str(lib / "libcudnn_adv.so.9"))[:2] == ["libcudnn_ops.so.9", "libcudnn_graph.so.9"]
+    probe = ("import ctypes, json, sys; from launcher.engines.torch_libs import torch_cudnn_dir, "
+             "preload_torch_cudnn, mapped_from\n"
+             "d = torch_cudnn_dir()\n"
+             "if sys.argv[1] == 'name-order':\n"
+             "    loaded = [p for n in ('adv', 'graph', 'ops') if ctypes.CDLL(p := f'{d}/libcudnn_{n}.so.9', ctypes.RTLD_GLOBAL)]\n"
+             "else:\n"
+             "    loaded = preload_torch_cudnn()\n"
+             "print(json.dumps([d, loaded, mapped_from('libcudnn')]))")
+    root = Path(__file__).resolve().parents[1]
+
+    def run(how="preload", **env):
+        out = subprocess.check_output([sys.executable, "-c", probe, how], text=True, cwd=root,
+                                      env=dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{root}",
+                                               LD_LIBRARY_PATH=str(system), **env))
+        return json.loads(out)
+
+    _, _, mixed = run("name-order")
+    assert str(system / "libcudnn_ops.so.9") in mixed  # the hazard, as on the GPU host
+    found, loaded, mapped = run()
+    assert found == str(lib)
+    assert loaded == [str(lib / n) for n in ("libcudnn_graph.so.9", "libcudnn_ops.so.9", "libcudnn_adv.so.9")]
+    assert mapped == sorted(loaded)  # torch's only: nothing from the system folder
+    assert run(LLMLAUNCH_HF_TORCH_CUDNN="0") == [str(lib), [], []]
+    # a torch without cuDNN wheels (CPU builds): nothing to do
+    (site / "nvidia").rename(tmp_path / "elsewhere")
+    assert run() == [None, [], []]

@@ -33,7 +33,10 @@ config.pbtxt parameters (string values; empty or absent = default):
                     end are never delayed.  On small CPU machines every response costs the engine CPU time.
   engine_process    true | false: run the engine in a child process (default true; see below).  false runs
                     it in the stub, whose interpreter then needs torch and transformers too (on a GPU host the
-                    stub's own numpy<2 environment usually has neither: the load fails, saying so)
+                    stub's own numpy<2 environment usually has neither: the load fails, saying so).  It saves
+                    the hops to and from the engine process, a few tenths of a ms of TTFT at one stream, but
+                    at 32 streams the engine and the responses share one GIL (measured: worse TTFT and 0.93-0.95
+                    of the tokens/s; benchmark/RESULTS.md, twenty-ninth session)
   response_threads  threads that build and send responses, each owning a share of the streams (default 0:
                     1 on CPU, 4 on a GPU; the engine process's receive thread is the first).  A send is a
                     round trip to tritonserver (~50-200 us) during which the GIL is free, so under load
@@ -121,6 +124,20 @@ def _log(level: str, message: str) -> None:
 
 def _ignore(_output):
     pass
+
+
+def _cause_chain(exc: BaseException) -> str:
+    """The innermost cause first, then what it was raised inside (each cut short): transformers' lazy imports wrap
+    the real failure (a package built for another numpy, a missing module) in "Could not import module
+    'AutoTokenizer'. Are this object's requirements defined correctly? ...", twice over."""
+    chain, seen = [], set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        chain.append(exc)
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    text = f"{type(chain[-1]).__name__}: {chain[-1]}"
+    outer = [f"{type(e).__name__}: {str(e)[:80]}{'...' if len(str(e)) > 80 else ''}" for e in reversed(chain[:-1])]
+    return text + (f" (raised inside {'; inside '.join(outer)})" if outer else "")
 
 
 class _Stream:
@@ -275,16 +292,26 @@ class TritonPythonModel:
             self.stream_interval_s = 0.0
         else:
             from launcher.engines.hf_engine import Engine
+            from launcher.engines.torch_libs import mapped_from, preload_torch_cudnn
 
+            # the stub's library path would give torch's cuDNN the system's sub-libraries (torch_libs' docstring)
+            preloaded = preload_torch_cudnn()
             try:
                 self.engine = Engine(**self.params).start()
             except ImportError as exc:  # torch / transformers, imported by the engine, not by anything above
                 raise pb_utils.TritonModelException(
                     f"engine_process=false runs the engine in the python stub's interpreter ({sys.executable}), "
-                    f"which cannot import what it needs: {type(exc).__name__}: {exc}. Leave engine_process=true "
+                    f"which cannot import what it needs: {_cause_chain(exc)}. Leave engine_process=true "
                     f"(the engine then runs on llmlaunch's own interpreter), or give the stub an environment with "
                     f"torch and transformers besides numpy<2 (LLMLAUNCH_STUB_PYTHON; README, \"GPU machines\")"
                 ) from None
+            dirs = sorted({os.path.dirname(p) for p in mapped_from("libcudnn")})
+            if preloaded or dirs:  # a GPU torch
+                _log("warn" if len(dirs) > 1 else "info",
+                     f"engine in the stub: cuDNN "
+                     f"{'preloaded from ' + os.path.dirname(preloaded[0]) if preloaded else 'not preloaded'}, mapped "
+                     f"from {', '.join(dirs) or '(none yet)'}"
+                     + (": two cuDNNs mixed, decode runs slower (launcher.engines.torch_libs)" if len(dirs) > 1 else ""))
             self._engine_callback = self._on_output
             self.response_threads = 1  # the engine's callbacks queue single outputs for one responder
 
