@@ -142,9 +142,8 @@ def main(argv=None) -> int:
     ap.add_argument("--pth", default="zz_llmlaunch_host_site.pth",
                     help="the .pth file's name in the stub environment's site-packages")
     a = ap.parse_args(argv)
-    numpy_version, purelib = subprocess.check_output(
-        [a.python, "-I", "-c", "import numpy, sysconfig; print(numpy.__version__); print(sysconfig.get_paths()['purelib'])"],
-        text=True).split()
+    where = "import numpy, sysconfig; print(numpy.__version__); print(sysconfig.get_paths()['purelib'])"
+    numpy_version, purelib = subprocess.check_output([a.python, "-I", "-c", where], text=True).split()
     a.dest = os.path.abspath(a.dest)
     pth = os.path.join(purelib, a.pth)
     with open(pth, "w") as f:  # appended to the stub's path after its own site-packages: its numpy comes first

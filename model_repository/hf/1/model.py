@@ -307,11 +307,11 @@ class TritonPythonModel:
                 ) from None
             dirs = sorted({os.path.dirname(p) for p in mapped_from("libcudnn")})
             if preloaded or dirs:  # a GPU torch
-                _log("warn" if len(dirs) > 1 else "info",
-                     f"engine in the stub: cuDNN "
-                     f"{'preloaded from ' + os.path.dirname(preloaded[0]) if preloaded else 'not preloaded'}, mapped "
-                     f"from {', '.join(dirs) or '(none yet)'}"
-                     + (": two cuDNNs mixed, decode runs slower (launcher.engines.torch_libs)" if len(dirs) > 1 else ""))
+                source = os.path.dirname(os.path.realpath(preloaded[0])) if preloaded else ""
+                mixed = ": two cuDNNs mixed, decode runs slower (launcher.engines.torch_libs)" if len(dirs) > 1 else ""
+                _log("warn" if mixed else "info",
+                     f"engine in the stub: cuDNN {'preloaded from ' + source if source else 'not preloaded'}, "
+                     f"mapped from {', '.join(dirs) or '(none yet)'}{mixed}")
             self._engine_callback = self._on_output
             self.response_threads = 1  # the engine's callbacks queue single outputs for one responder
 
