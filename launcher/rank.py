@@ -128,10 +128,14 @@ class MPIComm:
         self.comm = MPI.COMM_WORLD
 
     def allgather(self, obj):
-        return self.comm.allgather(obj)
+        # gather to rank 0, then broadcast: every pair of ranks connects at most once and from one side.  MPI's own
+        # allgather (recursive doubling) has both ranks of a pair send to each other at once, and Open MPI 4.1.4's
+        # TCP transport, resolving those crossing connects, segfaulted rank 0 of a 4-rank job here (a CI run:
+        # "Failing at address: (nil)" as the ranks first spoke; its peer's connect() refused)
+        return self.comm.bcast(self.comm.gather(obj, root=0), root=0)
 
     def barrier(self):
-        self.comm.barrier()
+        self.allgather(None)
 
 
 class FileComm:
