@@ -249,7 +249,8 @@ def test_stub_site_links_a_host_site_leaving_out_what_cannot_import_under_the_st
     site-packages of hand-made distributions: numpy 2; `modern`, which requires numpy>=2 (left out from metadata);
     `brokenlib`, which fails to import as that scipy did (left out for the failure's innermost frame); `needsbroken`,
     which requires it (left out with it); `good` and `app`, linked.  `app` imports what it finds, as transformers
-    does.  A statement that no leaving out can fix exits 1 and removes the .pth again."""
+    does.  A statement that no leaving out can fix, or an interpreter that dies, exits 1 and removes the .pth again;
+    a folder that holds more than links is refused before anything is written."""
     host = tmp_path / "host-site"
     host.mkdir()
     _dist(host, "numpy", {"numpy/__init__.py": "__version__ = '2.5.2'\n"})
@@ -295,10 +296,12 @@ def test_stub_site_links_a_host_site_leaving_out_what_cannot_import_under_the_st
     assert failed.returncode == 1
     assert "`import app, not_anywhere` still fails" in failed.stderr and "not_anywhere" in failed.stderr
     assert not pth.exists()
+    crashed = run("import os; os._exit(3)")  # an interpreter that dies without the probe's report
+    assert crashed.returncode == 1 and "still fails" in crashed.stderr and "exit 3" in crashed.stderr
     (dest / "mine.txt").write_text("not a link")
     refused = run("import app")
     assert refused.returncode != 0 and "holds more than links (mine.txt" in refused.stderr + refused.stdout
-    assert (dest / "mine.txt").exists()
+    assert (dest / "mine.txt").exists() and not pth.exists()
 
 
 def _shared_library(path: Path, needs=(), symbol="x"):

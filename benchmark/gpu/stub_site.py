@@ -35,7 +35,7 @@ import sys
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
-# runs in STUB_PYTHON: imports STATEMENT; on failure prints the chain's innermost frame's file as JSON
+# runs in STUB_PYTHON: executes STATEMENT; on failure prints, as JSON, the exception chain and every frame's file
 _PROBE = r"""
 import json, sys, traceback
 try:
@@ -96,12 +96,17 @@ def close(dropped: dict, dists: dict) -> None:
                 grew = True
 
 
+def refuse_foreign(dest: str) -> None:
+    """Exit if DEST holds anything but links: never delete what this did not make."""
+    kept = [e for e in os.listdir(dest) if not os.path.islink(os.path.join(dest, e))] if os.path.isdir(dest) else []
+    if kept or (os.path.exists(dest) and not os.path.isdir(dest)):
+        raise SystemExit(f"stub_site: {dest} holds more than links ({(kept or [dest])[0]}, ...); name a new folder")
+
+
 def link(site: str, dest: str, skip: set) -> None:
     """DEST holds a link to each entry of SITE except those in `skip` (rebuilt from scratch)."""
+    refuse_foreign(dest)
     if os.path.isdir(dest):
-        kept = [e for e in os.listdir(dest) if not os.path.islink(os.path.join(dest, e))]
-        if kept:  # never delete what this did not make
-            raise SystemExit(f"stub_site: {dest} holds more than links ({kept[0]}, ...); name a new folder")
         shutil.rmtree(dest)
     os.makedirs(dest)
     for entry in sorted(os.listdir(site)):
@@ -124,11 +129,14 @@ def probe(python: str, statement: str) -> dict | None:
     p = subprocess.run([python, "-c", _PROBE, statement], capture_output=True, text=True, env=env, timeout=300)
     if p.returncode == 0:
         return None
-    last = (p.stdout.strip().splitlines() or ["{}"])[-1]
+    last = (p.stdout.strip().splitlines() or [""])[-1]
     try:
-        return json.loads(last)
+        found = json.loads(last)
     except json.JSONDecodeError:
-        return {"error": [p.stderr.strip()[-500:] or f"exit {p.returncode}"], "files": []}
+        found = None
+    if not isinstance(found, dict) or "error" not in found:  # died without the probe's report (a crash)
+        found = {"error": [p.stderr.strip()[-500:] or f"exit {p.returncode}"], "files": []}
+    return found
 
 
 def main(argv=None) -> int:
@@ -145,6 +153,7 @@ def main(argv=None) -> int:
     where = "import numpy, sysconfig; print(numpy.__version__); print(sysconfig.get_paths()['purelib'])"
     numpy_version, purelib = subprocess.check_output([a.python, "-I", "-c", where], text=True).split()
     a.dest = os.path.abspath(a.dest)
+    refuse_foreign(a.dest)  # before the .pth is written: a refusal leaves the stub environment as it was
     pth = os.path.join(purelib, a.pth)
     with open(pth, "w") as f:  # appended to the stub's path after its own site-packages: its numpy comes first
         f.write(a.dest + "\n")
