@@ -304,18 +304,10 @@ def served_features(server_log: Path) -> str:
 def cuda_libraries(pid: int) -> list[str]:
     """The CUDA libraries a process has mapped (paths), to compare the paths' engines: a library path can make an
     engine load another copy of cuBLAS or cuDNN, whose kernels then differ."""
-    found = set()
-    try:
-        with open(f"/proc/{pid}/maps") as f:
-            for line in f:
-                path = line.split(None, 5)[-1].strip() if line.count(" ") >= 5 else ""
-                name = os.path.basename(path)
-                if name.startswith("lib") and ".so" in name and name[3:].split(".so")[0].split("-")[0].split(
-                        "_")[0] in CUDA_LIBS:
-                    found.add(path)
-    except OSError:
-        return []
-    return sorted(found)
+    from launcher.engines.torch_libs import mapped_files
+
+    return mapped_files(lambda name: name.startswith("lib") and ".so" in name
+                        and name[3:].split(".so")[0].split("-")[0].split("_")[0] in CUDA_LIBS, pid)
 
 
 def _descendants_running(server_pid: int, matches) -> list[int]:

@@ -108,15 +108,21 @@ def elf_needed(path: str) -> list[str]:
         return []
 
 
-def mapped_from(prefix: str, maps: str = "/proc/self/maps") -> list[str]:
-    """The distinct files mapped into this process whose name starts with `prefix` (e.g. "libcudnn"), full paths."""
+def mapped_files(keep, pid: int | str = "self") -> list[str]:
+    """The distinct files a process (default: this one) has mapped whose file name `keep(name)` accepts, full paths,
+    sorted; [] for a process gone or not ours to read."""
     found = set()
     try:
-        with open(maps) as f:
+        with open(f"/proc/{pid}/maps") as f:
             for line in f:
                 path = line.split(None, 5)[-1].strip() if line.count(" ") >= 5 else ""
-                if os.path.basename(path).startswith(prefix):
+                if path and keep(os.path.basename(path)):
                     found.add(path)
     except OSError:
         return []
     return sorted(found)
+
+
+def mapped_from(prefix: str) -> list[str]:
+    """The distinct files mapped into this process whose name starts with `prefix` (e.g. "libcudnn"), full paths."""
+    return mapped_files(lambda name: name.startswith(prefix))
