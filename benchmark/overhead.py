@@ -94,7 +94,8 @@ each path's engine has mapped are listed at the end (`cuda_libraries`).
 Prints one JSON document on stdout: per concurrency, tokens/s, TTFT and ITL of
 every path, the ratios (`ratio` = served / in-process, the target is >= 0.97 on
 CPU; `process_ratio` = process / in-process), and CPU time per token of the
-in-process run, of the server's process tree and of the client.
+in-process run, of the server's process tree (also by role: tritonserver, its
+python stubs, the hf engine process) and of the client.
 
 On a 2-vCPU machine the served path cannot be free: tritonserver, the python
 stub and the client run beside the engine, and on such VMs work on one vCPU
@@ -348,6 +349,14 @@ def _proc_stats() -> dict[int, tuple[int, float]]:
     return stats
 
 
+def server_cpu_text(run: dict) -> str:
+    """A served run's server CPU a token, in all and by role: "160 (tritonserver 50, stubs 70, engine 40)" (us)."""
+    per = 1e6 / run["tokens"]
+    parts = ", ".join(f"{role} {v * per:.0f}" for role, v in run["server_cpu_by_role_s"].items()
+                      if role != "other" or v * per >= 0.5)
+    return f"{run['server_cpu_s'] * per:.0f} ({parts})"
+
+
 def descendants(pid: int, stats: dict | None = None) -> list[int]:
     """A process and all its descendants."""
     stats = _proc_stats() if stats is None else stats
@@ -359,10 +368,24 @@ def descendants(pid: int, stats: dict | None = None) -> list[int]:
     return out
 
 
-def process_tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) used so far by a process and all its descendants."""
+SERVER_ROLES = ("tritonserver", "stubs", "engine", "other")
+
+
+def server_cpu_by_role(server_pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by a tritonserver and all its descendants, by role: the server itself
+    (gRPC, the python backend's side of every request and response), its python stubs (parsing requests, building
+    and sending responses; the engine too with engine_process=false), the hf engine processes, and anything else.
+    Which of them a CPU-poor server runs out of decides what to make cheaper (128 streams on 8 vCPUs used 6.5-6.7 of
+    them: benchmark/RESULTS.md, run 96).  A process that exited meanwhile is not counted."""
     stats = _proc_stats()
-    return sum(stats[p][1] for p in descendants(pid, stats) if p in stats)
+    stubs, engines = set(stub_pids(server_pid)), set(engine_pids(server_pid))
+    out = dict.fromkeys(SERVER_ROLES, 0.0)
+    for p in descendants(server_pid, stats):
+        if p in stats:
+            role = ("tritonserver" if p == server_pid else "stubs" if p in stubs else
+                    "engine" if p in engines else "other")
+            out[role] += stats[p][1]
+    return out
 
 
 def make_prompts(tokenizer, n: int, prompt_tokens: int, seed: int = 0) -> list[str]:
@@ -643,7 +666,7 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
     if spec is None:
         processes = max(1, min(processes, concurrency))
         spec = LoadSpec(concurrency=concurrency, num_requests=len(gens), processes=processes, streams=streams)
-    server_cpu0 = process_tree_cpu(server_pid) if server_pid else 0.0
+    server_cpu0 = server_cpu_by_role(server_pid) if server_pid else None
     before = fetch_first_token_metrics(metrics_url, model) if metrics_url else None
     engine_before = settled_engine_metrics(metrics_url, model) if metrics_url else None
 
@@ -656,7 +679,11 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
     out = run_load(Job(url, model, gens, spec))
     t_end = time.perf_counter()
     client_cpu_s = client_cpu() - cpu0
-    server_cpu = process_tree_cpu(server_pid) - server_cpu0 if server_pid else None
+    by_role = None
+    if server_pid:
+        after = server_cpu_by_role(server_pid)
+        by_role = {role: after[role] - server_cpu0[role] for role in SERVER_ROLES}
+    server_cpu = sum(by_role.values()) if by_role is not None else None
     tokens, errors, responses = 0, [], 0
     per_request: list[tuple[float, list[float], int]] = []
     last = out.t0
@@ -681,7 +708,8 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
     steps = engine_split_after(metrics_url, model, engine_before) if engine_before is not None else None
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "errors": len(errors),
             "responses_per_request": responses / max(1, len(gens)), "client_cpu_s": client_cpu_s,
-            "server_cpu_s": server_cpu, "first_token_ms": first_token, "engine_steps": steps, **stats}
+            "server_cpu_s": server_cpu, "server_cpu_by_role_s": by_role, "first_token_ms": first_token,
+            "engine_steps": steps, **stats}
 
 
 def vs_generate(model_dir: str, params: dict, args) -> list[dict]:
@@ -744,13 +772,12 @@ def compare(run: dict, tokenizer, load: Load, args, generate: dict) -> dict:
         msg += f"; CPU us/token: in-process {d['cpu_s'] / d['tokens'] * 1e6:.0f}"
         if "served" in last:
             s = last["served"]
-            msg += (f", server {s['server_cpu_s'] / s['tokens'] * 1e6:.0f}, client "
+            msg += (f", server {server_cpu_text(s)}, client "
                     f"{s['client_cpu_s'] / s['tokens'] * 1e6:.0f} ({s['responses_per_request']:.1f} "
                     f"responses/request)")
         if "served_alt" in last:
             s = last["served_alt"]
-            msg += (f"; served_alt server {s['server_cpu_s'] / s['tokens'] * 1e6:.0f} "
-                    f"({s['responses_per_request']:.1f} responses/request)")
+            msg += f"; served_alt server {server_cpu_text(s)} ({s['responses_per_request']:.1f} responses/request)"
         log(f"{label} round {r + 1}: {msg}")
         if any(x["errors"] for x in last.values()):
             log("errors: " + ", ".join(f"{path} {x['errors']}" for path, x in last.items()))
@@ -774,13 +801,20 @@ def compare(run: dict, tokenizer, load: Load, args, generate: dict) -> dict:
         return round(statistics.median(x[key] / x["tokens"] * 1e6 for x in runs[path]), 1)
 
     # CPU time per generated token (median over rounds): the in-process run (engine + driver), and for the
-    # served run tritonserver with its stub and engine process, and the client
+    # served run tritonserver with its stubs and engine process (in all and by role), and the client
     row["cpu_us_per_token"] = {"in_process": per_token_us("direct", "cpu_s")}
+
+    def by_role_us(path: str) -> dict:  # the server's, split as server_cpu_by_role does (medians over rounds)
+        return {role: round(statistics.median(x["server_cpu_by_role_s"][role] / x["tokens"] * 1e6
+                                              for x in runs[path]), 1) for role in SERVER_ROLES}
+
     if "served" in run:
         row["cpu_us_per_token"].update(server=per_token_us("served", "server_cpu_s"),
-                                       client=per_token_us("served", "client_cpu_s"))
+                                       client=per_token_us("served", "client_cpu_s"),
+                                       server_by_role=by_role_us("served"))
     if "served_alt" in run:
-        row["cpu_us_per_token"]["served_alt_server"] = per_token_us("served_alt", "server_cpu_s")
+        row["cpu_us_per_token"].update(served_alt_server=per_token_us("served_alt", "server_cpu_s"),
+                                       served_alt_server_by_role=by_role_us("served_alt"))
     row.update({f"{path}_rounds": [round(x, 1) for x in v] for path, v in tps.items()})
     row.update({f"{path}_round_tokens": [x["tokens"] for x in rs] for path, rs in runs.items()})
     step_ms = [x["step_ms"] for x in runs["direct"] if "step_ms" in x]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import threading
 import time
 
@@ -1339,6 +1340,14 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
     assert "2 instances share" in alt_log and "instances share" not in served_log
     assert alt_log.count("(LLMLAUNCH_HF_FIRST_FAST=0)") == 2 and "LLMLAUNCH_HF_FIRST_FAST" not in served_log
     assert out["served_alt"]["server_env"] == {"LLMLAUNCH_HF_FIRST_FAST": "0"}
+    # the server's CPU a token is split by role: tritonserver, its stubs, the engine process; the parts add up
+    cpu = row["cpu_us_per_token"]
+    for key, total in (("server_by_role", "server"), ("served_alt_server_by_role", "served_alt_server")):
+        roles = cpu[key]
+        assert set(roles) == {"tritonserver", "stubs", "engine", "other"}, roles
+        assert roles["tritonserver"] > 0 and roles["stubs"] > 0 and roles["engine"] > 0, roles
+        assert abs(sum(roles.values()) - cpu[total]) <= 0.5 + 0.01 * cpu[total], (roles, cpu[total])
+    assert re.search(r"server \d+ \(tritonserver \d+, stubs \d+, engine \d+", proc.stderr), proc.stderr[-2000:]
     # each served path's engine process is found (its CUDA libraries listed: none on a CPU)
     assert "served engine process: pid " in proc.stderr and "served_alt engine process: pid " in proc.stderr
     assert "(not found)" not in proc.stderr and set(out["cuda_libraries"]) == {"direct", "served", "served_alt"}
@@ -1351,6 +1360,8 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
     assert line.split()[0] == "12" and alt.split()[0] == "alt"
     assert f"{row['ttft_added_ms_p50']:.2f}" in line.split()
     assert f"{row['served_alt_ttft_added_ms_p50']:.2f}" in alt.split()
+    roles = row["cpu_us_per_token"]["served_alt_server_by_role"]
+    assert alt.split()[-1] == "+".join(f"{roles[k]:.0f}" for k in ("tritonserver", "stubs", "engine"))
     for extra, message in ((["--request-rate", "0"], "--request-rate 0: a rate is a number of requests/s above 0"),
                            (["--request-rate", "5", "--paths", "direct", "delayed"], "an open loop (--request-rate) has none"),
                            (["--paths", "direct", "served_alt"], "the served_alt path is measured against the served one"),

@@ -1,7 +1,8 @@
 """The table of benchmark/overhead.py's runs: per open-loop rate (--request-rate; `load` the rate in req/s) what
 concurrency it made, and per closed loop (--concurrency; `load` C=N) the same columns: TTFT in-process / served and
-what serving adds, where the served first token's time goes, ITL, tokens/s against in-process.  With several
---client-processes counts a load has a row per count, `load` then ending in xN (N client processes).
+what serving adds, where the served first token's time goes, ITL, tokens/s against in-process, and the server's CPU
+a token by role (tritonserver, its python stubs, the engine process: which one a CPU-poor server runs out of).  With
+several --client-processes counts a load has a row per count, `load` then ending in xN (N client processes).
 
     python benchmark/gpu/open_loop_table.py overhead_open.json
 
@@ -14,10 +15,20 @@ import json
 import sys
 
 
+def cpu_by_role(row: dict, path: str) -> str:
+    """The path's server CPU a token (us) by role, "61+29+198" (tritonserver + stubs + engine process); "-" where the
+    run has none (the pinned path shares the served server, whose figures are on its line)."""
+    roles = (row.get("cpu_us_per_token") or {}).get({"served": "server_by_role",
+                                                      "served_alt": "served_alt_server_by_role"}.get(path, ""))
+    if not roles:
+        return "-"
+    return "+".join(f"{roles[k]:.0f}" for k in ("tritonserver", "stubs", "engine"))
+
+
 def table(doc: dict) -> str:
     head = (f"{'load':>9} {'in flight in/served':>20} {'TTFT p50 in/served ms':>22} {'+ms':>6} {'TTFT mean in/served':>20} "
             f"{'+ms':>6} {'parse':>6} {'add':>6} {'engine':>7} {'back':>6} {'respond':>7} {'outside':>7} "
-            f"{'ITL p50 in/served ms':>21} {'tok/s ratio':>11}")
+            f"{'ITL p50 in/served ms':>21} {'tok/s ratio':>11} {'server CPU us/tok: triton+stubs+engine':>38}")
     lines = [head]
     alt = doc.get("served_alt")
     if alt:  # what the second server was set up with, where it differs from the first
@@ -43,7 +54,8 @@ def table(doc: dict) -> str:
                 f"{r['direct_ttft_ms_mean']:>9.2f} / {r[f'{path}_ttft_ms_mean']:<8.2f} {mean_added:>6.2f} "
                 + " ".join(f"{ft.get(k, float('nan')):>{w}.2f}" for k, w in
                            (("parse", 6), ("add", 6), ("engine", 7), ("back", 6), ("respond", 7), ("outside_server", 7)))
-                + f" {r['direct_itl_ms_p50']:>9.3f} / {r[f'{path}_itl_ms_p50']:<9.3f} {r[f'{prefix}ratio']:>11.3f}")
+                + f" {r['direct_itl_ms_p50']:>9.3f} / {r[f'{path}_itl_ms_p50']:<9.3f} {r[f'{prefix}ratio']:>11.3f}"
+                + f" {cpu_by_role(r, path):>38}")
     return "\n".join(lines)
 
 
