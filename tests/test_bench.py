@@ -195,6 +195,48 @@ def test_multi_gpu_bench_spreads_the_load_over_client_processes():
     assert value("--tokenizer") == "/m" and value("--output-len") == "64" and "--ignore-eos" in argv
 
 
+_ROLE_TREE = r"""
+import subprocess, sys, time
+py = sys.executable
+burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2: pass\nprint('ok', flush=True)\ntime.sleep(120)"
+kids = [subprocess.Popen(["bash", "-c", 'exec -a triton_python_backend_stub "$1" -c "$0"', burn, py], stdout=subprocess.PIPE),
+        subprocess.Popen([py, "-c", burn, "-m", "launcher.engines.hf_process", "3"], stdout=subprocess.PIPE),
+        subprocess.Popen([py, "-c", burn], stdout=subprocess.PIPE)]
+t = time.process_time()
+while time.process_time() - t < 0.2:
+    pass
+for k in kids:
+    k.stdout.readline()
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_server_cpu_by_role_puts_each_process_of_a_real_tree_in_its_role():
+    """benchmark/overhead.server_cpu_by_role over a real process tree named as a tritonserver's is: the root (the
+    server), a process whose argv[0] is the python backend's stub, one running `-m launcher.engines.hf_process` (the
+    hf engine process) and one more.  Each burns 0.2 s of CPU and each lands in its own role, whatever the clock
+    tick (a served test run is too short for that: a stub may use less than a tick)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from benchmark.overhead import SERVER_ROLES, server_cpu_by_role
+
+    root = subprocess.Popen([sys.executable, "-c", _ROLE_TREE], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        assert root.stdout.readline().strip() == "ready"
+        roles = server_cpu_by_role(root.pid)
+        assert tuple(roles) == SERVER_ROLES
+        for role in SERVER_ROLES:  # 0.2 s each, read as clock ticks (10 ms)
+            assert 0.15 <= roles[role] < 1.0, roles
+    finally:
+        os.killpg(root.pid, signal.SIGKILL)
+        root.wait()
+
+
 def test_overhead_loads_repeat_each_load_per_client_process_count():
     """benchmark/overhead.py --client-processes 8 16: every load once per count, side by side, so that each count's
     served runs have in-process runs of their own on the same arrivals; a closed loop has at most C clients (C=1

@@ -1340,12 +1340,12 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
     assert "2 instances share" in alt_log and "instances share" not in served_log
     assert alt_log.count("(LLMLAUNCH_HF_FIRST_FAST=0)") == 2 and "LLMLAUNCH_HF_FIRST_FAST" not in served_log
     assert out["served_alt"]["server_env"] == {"LLMLAUNCH_HF_FIRST_FAST": "0"}
-    # the server's CPU a token is split by role: tritonserver, its stubs, the engine process; the parts add up
+    # the server's CPU a token is split by role: tritonserver, its stubs, the engine process (which decodes here, so
+    # it used more than a clock tick; the roles' processes themselves: tests/test_bench.py); the parts add up
     cpu = row["cpu_us_per_token"]
     for key, total in (("server_by_role", "server"), ("served_alt_server_by_role", "served_alt_server")):
         roles = cpu[key]
-        assert set(roles) == {"tritonserver", "stubs", "engine", "other"}, roles
-        assert roles["tritonserver"] > 0 and roles["stubs"] > 0 and roles["engine"] > 0, roles
+        assert set(roles) == {"tritonserver", "stubs", "engine", "other"} and roles["engine"] > 0, roles
         assert abs(sum(roles.values()) - cpu[total]) <= 0.5 + 0.01 * cpu[total], (roles, cpu[total])
     assert re.search(r"server \d+ \(tritonserver \d+, stubs \d+, engine \d+", proc.stderr), proc.stderr[-2000:]
     # each served path's engine process is found (its CUDA libraries listed: none on a CPU)
