@@ -988,10 +988,11 @@ class FrontendProcess:
         return self.proc.returncode
 
 
-def wait_leaders_ready(run_dir, leaders: Dict[int, dict], deadline_s: float, alive=lambda: True, progress=None) -> float:
-    """Rank 0: wait until every replica leader wrote ready_rank<N>.json (it answered a real request)
-    with the ports it published at the rendezvous (no stale file from an earlier run). Raises when a
-    rank wrote a failure file, when `alive()` turns false, or at the deadline."""
+def wait_leaders_ready(run_dir, ranks, token: str, deadline_s: float, alive=lambda: True, progress=None):
+    """Rank 0: wait until every replica leader of `ranks` wrote ready_rank<N>.json (it answered a real request)
+    carrying this rendezvous's `token` (no stale file from an earlier run); (seconds waited, {rank: the ports its
+    server bound}: a leader whose port was taken meanwhile retried on others). Raises when a rank wrote a failure
+    file, when `alive()` turns false, or at the deadline."""
     import json
     from pathlib import Path
 
@@ -999,17 +1000,18 @@ def wait_leaders_ready(run_dir, leaders: Dict[int, dict], deadline_s: float, ali
     t0 = time.monotonic()
     last = 0.0
     while True:
-        missing = []
-        for rank, ports in leaders.items():
-            f = run / f"ready_rank{rank}.json"
+        missing, bound = [], {}
+        for rank in ranks:
             try:
-                ok = json.loads(f.read_text()).get("ports") == ports
+                ready = json.loads((run / f"ready_rank{rank}.json").read_text())
             except (OSError, ValueError):
-                ok = False
-            if not ok:
+                ready = {}
+            if token and ready.get("token") == token:
+                bound[rank] = ready["ports"]
+            else:
                 missing.append(rank)
         if not missing:
-            return time.monotonic() - t0
+            return time.monotonic() - t0, bound
         fails = sorted(run.glob("failure_rank*.json"))
         if fails:
             raise RuntimeError(f"{fails[0].stem.replace('failure_', '')} failed before every replica was ready ({fails[0]})")
@@ -1037,16 +1039,19 @@ def processes_for(setting: int, replicas: int, response_processes: int, cpus: in
     return max(1, min(replicas * response_processes, cpus // 2))
 
 
-def start_for_rank0(spec, run_dir, infos: List[dict], leaders: List[dict], host: str, alive=lambda: True, say=log):
-    """What global rank 0 does when replicas > 1, once its own server is ready: wait for every other
-    replica leader, start the front end on the public ports rank 0 reserved at the rendezvous, wait
-    until it answers ServerReady. Returns (FrontendProcess, the endpoint.json fields it serves)."""
+def start_for_rank0(spec, run_dir, infos: List[dict], leaders: List[dict], host: str, own_ports: Dict[str, int],
+                    token: str, alive=lambda: True, say=log):
+    """What global rank 0 does when replicas > 1, once its own server (on `own_ports`) is ready: wait for every
+    other replica leader, start the front end on the public ports rank 0 reserved at the rendezvous, wait until it
+    answers ServerReady. Returns (FrontendProcess, the endpoint.json fields it serves, {rank: the ports each
+    leader's server bound})."""
     from pathlib import Path
 
     deadline_s = float(spec.serve["ready_timeout_s"])
     t0 = time.monotonic()
-    others = {i["rank"]: i["ports"] for i in leaders if i["rank"] != 0}
-    waited = wait_leaders_ready(run_dir, others, deadline_s, alive, say)
+    waited, bound = wait_leaders_ready(run_dir, [i["rank"] for i in leaders if i["rank"] != 0], token, deadline_s,
+                                       alive, say)
+    bound[0] = dict(own_ports)
     ports = infos[0]["frontend_ports"]
     setting = int(spec.serve.get("frontend_processes") or os.environ.get("LLMLAUNCH_FRONTEND_PROCESSES") or 0)
     # engines other than hf have no response_processes: one instance each; the CPUs are those this rank may use
@@ -1054,7 +1059,7 @@ def start_for_rank0(spec, run_dir, infos: List[dict], leaders: List[dict], host:
     how = "serve.frontend_processes" if setting else "auto: replicas x engine.response_processes, at most half this rank's CPUs"
     say(f"all {len(leaders)} replica leaders ready ({waited:.1f}s); starting the front end, {processes} process(es) ({how})")
     cfg = FrontendConfig(
-        [(i["addr"], i["ports"]["grpc_port"]) for i in leaders],
+        [(i["addr"], bound[i["rank"]]["grpc_port"]) for i in leaders],
         host=spec.host,
         port=int(ports["grpc_port"]),
         metrics_port=int(ports["metrics_port"]),
@@ -1079,7 +1084,7 @@ def start_for_rank0(spec, run_dir, infos: List[dict], leaders: List[dict], host:
         "metrics_port": cfg.metrics_port,
         "metrics_url": f"http://{host}:{cfg.metrics_port}/metrics",
         "frontend": {"pid": proc.proc.pid, "processes": processes},
-    }
+    }, bound
 
 
 # ----------------------------------------------------------------------------- command line

@@ -4,7 +4,8 @@
     <run_dir>/model_repository/    the rendered Triton repository
     <run_dir>/submission.sh        (Slurm) the sbatch text, as submitted through submitit
     <run_dir>/endpoint.json        written by rank 0 once it really serves
-    <run_dir>/ready_rank<N>.json   written by each leader once it serves
+    <run_dir>/ready_rank<N>.json   written by each leader once it serves, with the ports its server bound
+                                   (both carry the rendezvous's token: an earlier run's file never counts)
     <run_dir>/failure_rank<N>.json written by a rank whose server died unasked
     <run_dir>/<job>_<rank>_log.out one log per rank (Slurm); logs/rank<N>.log locally
 """

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -108,6 +109,9 @@ class RankContext:
     dist_port: int  # port the copy's leader reserved for the engine's distributed init
     hosts: Tuple[str, ...]  # every rank's address, by global rank
     ports: Dict[str, int] = field(default_factory=dict)  # this rank's serving ports (leaders)
+    # this rendezvous's own (rank 0's random one): the ready files and endpoint.json of this run carry it, so a
+    # file an earlier run of the same directory left (a requeued job) is never taken for this run's
+    token: str = ""
 
 
 def host_address(hostname: str) -> str:
@@ -200,7 +204,8 @@ def rendezvous(spec, topo: Topology, comm) -> RankContext:
         while set(ports.values()) & set(frontend_ports.values()):  # frontend: never the front end's ports
             ports = pick_ports(bind, wanted)
         dist_port = free_port(bind)
-    infos = comm.allgather({"rank": topo.rank, "addr": addr, "ports": ports, "dist_port": dist_port, "frontend_ports": frontend_ports})
+    token = secrets.token_hex(8) if topo.rank == 0 else ""
+    infos = comm.allgather({"rank": topo.rank, "addr": addr, "ports": ports, "dist_port": dist_port, "frontend_ports": frontend_ports, "token": token})
     leader = infos[topo.rank - me.group_rank]
     return RankContext(
         rank=me,
@@ -209,6 +214,7 @@ def rendezvous(spec, topo: Topology, comm) -> RankContext:
         dist_port=int(leader["dist_port"]),
         hosts=tuple(i["addr"] for i in infos),
         ports={k: int(v) for k, v in ports.items()},
+        token=infos[0]["token"],
     ), infos
 
 
@@ -330,15 +336,14 @@ def lost_replicas(run: Path, replicas: int) -> Tuple[int, ...]:
     return tuple(r for r in range(replicas) if (run / f"replica_lost{r}.json").exists())
 
 
-def job_serving(run: Path, spec, infos: List[dict]) -> bool:
-    """Whether rank 0 wrote endpoint.json for this run: its replica ports are the ones this
-    rendezvous picked (a file left by an earlier run of the same dir does not count)."""
+def job_serving(run: Path, token: str) -> bool:
+    """Whether rank 0 wrote endpoint.json for this run: it carries this rendezvous's token (a file left
+    by an earlier run of the same dir does not count)."""
     try:
         ep = json.loads((run / "endpoint.json").read_text())
     except (OSError, ValueError):
         return False
-    leaders = [i["ports"].get("grpc_port") for i in infos if spec.ranks[i["rank"]].role == "leader"]
-    return [r.get("grpc_port") for r in ep.get("replicas", [])] == leaders
+    return bool(token) and ep.get("token") == token
 
 
 def _end_lost_server(server, grace_s: float = 5.0) -> Optional[int]:
@@ -469,30 +474,36 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
                     waited = server.wait_ready()
                     break
                 except ServerDied as e:
-                    # Another job on this node can take a port between our check and tritonserver's
-                    # bind. Only the public rank's ports are still private to it here (nothing was
-                    # published yet), so it alone retries, on fresh ports, instead of failing the job.
-                    if attempt == 2 or "already in use" not in str(e) or me.serves != "public" or spec.replicas > 1:
+                    # Something else on this node can take a port between our pick and tritonserver's bind
+                    # (another job, or an outgoing connection's ephemeral port: a CI run lost a replica's gRPC
+                    # port so). Every leader retries on fresh ports instead of failing the job: its ready file
+                    # says which it bound, and rank 0's front end and endpoint.json take them from there.
+                    if attempt == 2 or "already in use" not in str(e):
                         raise
                     from launcher.triton import pick_ports
 
-                    ctx.ports.update(pick_ports("127.0.0.1" if spec.cluster["scheduler"] == "local" else "0.0.0.0", {k: 0 for k in ctx.ports}))
+                    bind = "127.0.0.1" if spec.cluster["scheduler"] == "local" else "0.0.0.0"
+                    fresh = pick_ports(bind, {k: 0 for k in ctx.ports})
+                    while set(fresh.values()) & set(infos[me.rank]["frontend_ports"].values()):  # rank 0's front end's
+                        fresh = pick_ports(bind, {k: 0 for k in ctx.ports})
+                    ctx.ports.update(fresh)
                     say(f"a port was taken while starting; retrying on {ctx.ports}")
                     server.stop()
                     server = make_server()
                     server.start()
             url = server.grpc_url
             say(f"READY in {waited:.1f}s: {spec.model_name} at {url}")
-            ready = {"rank": me.rank, "replica": me.replica, "addr": host, "ports": ctx.ports, "ready_s": round(waited, 2), "time": time.time()}
+            ready = {"rank": me.rank, "replica": me.replica, "addr": host, "ports": ctx.ports, "ready_s": round(waited, 2), "time": time.time(), "token": ctx.token}
             write_json(run / f"ready_rank{me.rank}.json", ready)
             if me.rank == 0:
                 leaders = [i for i in infos if spec.ranks[i["rank"]].role == "leader"]
                 public = {"url": f"grpc://{host}:{ctx.ports['grpc_port']}", **{k: ctx.ports[k] for k in ("grpc_port", "http_port", "metrics_port")}}
+                bound = {0: ctx.ports}  # rank -> the ports its server bound (a retry may have changed them)
                 if spec.replicas > 1:
                     # frontend: wait for every replica leader, then serve them all on the public port.
                     from launcher.frontend import start_for_rank0
 
-                    frontend, public = start_for_rank0(spec, run, infos, leaders, host, alive=lambda: server.returncode() is None, say=say)
+                    frontend, public, bound = start_for_rank0(spec, run, infos, leaders, host, ctx.ports, ctx.token, alive=lambda: server.returncode() is None, say=say)
                 write_json(
                     run / "endpoint.json",
                     {
@@ -501,7 +512,8 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
                         "model": spec.model_name,
                         "job_id": ctx.job_id,
                         "ranks": [{"rank": i["rank"], "addr": i["addr"]} for i in infos],
-                        "replicas": [{"replica": spec.ranks[i["rank"]].replica, "addr": i["addr"], "grpc_port": i["ports"].get("grpc_port")} for i in leaders],
+                        "replicas": [{"replica": spec.ranks[i["rank"]].replica, "addr": i["addr"], "grpc_port": bound[i["rank"]].get("grpc_port")} for i in leaders],
+                        "token": ctx.token,
                         "ready_s": round(waited, 2),
                     },
                 )
@@ -534,7 +546,7 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
     if stopping["signal"] is None and spec.replicas > 1 and started:
         # Data-parallel replicas: a replica lost while the job serves is not the end of the job.
         lost = lost_replicas(run, spec.replicas)
-        out = decide_exit(ended, replicas=spec.replicas, replica=me.replica, serving=job_serving(run, spec, infos), code=code, lost=lost,
+        out = decide_exit(ended, replicas=spec.replicas, replica=me.replica, serving=job_serving(run, ctx.token), code=code, lost=lost,
                           frontend="none" if frontend is None else "running" if frontend.poll() is None else "exited")
         if out.replica_lost:
             if ended == "replica":

@@ -546,6 +546,11 @@ def test_llmlaunch_replicas_2_on_this_machine_serves_through_the_front_end(tmp_p
         ep = job.wait_endpoint()
         assert job.url == f"grpc://127.0.0.1:{job.grpc_port}" == ep["url"]
         assert len(ep["replicas"]) == 2 and all(r["grpc_port"] != job.grpc_port for r in ep["replicas"])
+        # endpoint.json and both leaders' ready files carry this run's rendezvous token, and the replicas' ports are
+        # the ones the leaders' servers bound (their ready files)
+        ready = sorted((json.loads(p.read_text()) for p in job.run.glob("ready_rank*.json")), key=lambda r: r["rank"])
+        assert len(ep["token"]) == 16 and [r["token"] for r in ready] == [ep["token"]] * 2
+        assert [r["grpc_port"] for r in ep["replicas"]] == [r["ports"]["grpc_port"] for r in ready]
         assert ep["metrics_url"] == f"http://127.0.0.1:{job.metrics_port}/metrics"
         for i in range(4):
             rec = generate(job.url, ep["model"], Generation(f"The capital of France is {i}", max_tokens=6, ignore_eos=True))

@@ -71,16 +71,17 @@ def test_record_once_writes_one_record_per_replica(tmp_path):
 
 
 def test_job_serving_only_for_this_runs_endpoint(tmp_path):
-    from launcher.cli import plan
-
-    _, spec = plan(["replicas=2"])
-    infos = [{"rank": 0, "ports": {"grpc_port": 41001}}, {"rank": 1, "ports": {"grpc_port": 41002}}]
-    assert not job_serving(tmp_path, spec, infos)  # no endpoint.json yet
+    """endpoint.json counts only when it carries this rendezvous's token: not an earlier run's (a requeued job's
+    directory), nor one without a token, nor for a rank that has none."""
+    assert not job_serving(tmp_path, "5f3a")  # no endpoint.json yet
     ep = tmp_path / "endpoint.json"
-    ep.write_text(json.dumps({"replicas": [{"replica": 0, "grpc_port": 39001}, {"replica": 1, "grpc_port": 39002}]}))
-    assert not job_serving(tmp_path, spec, infos)  # an earlier run's
-    ep.write_text(json.dumps({"replicas": [{"replica": 0, "grpc_port": 41001}, {"replica": 1, "grpc_port": 41002}]}))
-    assert job_serving(tmp_path, spec, infos)
+    replicas = [{"replica": 0, "grpc_port": 41001}, {"replica": 1, "grpc_port": 41002}]
+    ep.write_text(json.dumps({"replicas": replicas, "token": "77c1"}))
+    assert not job_serving(tmp_path, "5f3a")  # an earlier run's
+    ep.write_text(json.dumps({"replicas": replicas}))
+    assert not job_serving(tmp_path, "5f3a")
+    ep.write_text(json.dumps({"replicas": replicas, "token": "5f3a"}))
+    assert job_serving(tmp_path, "5f3a") and not job_serving(tmp_path, "")
 
 
 def test_status_shows_the_lost_replica_and_the_job_still_serving(tmp_path, monkeypatch):
@@ -126,3 +127,32 @@ def test_status_of_an_ended_job_does_not_claim_replicas_serve(tmp_path, monkeypa
     code, text = slurm.status("7")
     assert code == 1 and "replicas: 2, 2 lost" in text and "serving" not in text
     assert "FAILED rank 1 on node node2 (node index 1) failed: no replica is left (replicas [0, 1] lost)" in text
+
+
+def test_rank_0_waits_for_each_leaders_ready_file_of_this_run_and_takes_the_ports_it_bound(tmp_path):
+    """launcher.frontend.wait_leaders_ready: a leader counts once its ready file carries this rendezvous's token (an
+    earlier run's file, or one without a token, does not), and the ports the front end and endpoint.json get are the
+    ones in that file: a leader whose port was taken between the rendezvous and its server's bind retried on others.
+    A failure file or the deadline ends the wait with the rank named."""
+    import threading
+
+    from launcher.frontend import wait_leaders_ready
+
+    (tmp_path / "ready_rank1.json").write_text(json.dumps({"ports": {"grpc_port": 40001}, "token": "old"}))
+    (tmp_path / "ready_rank2.json").write_text(json.dumps({"ports": {"grpc_port": 40002}}))
+
+    def later():
+        time.sleep(0.4)
+        (tmp_path / "ready_rank1.json").write_text(json.dumps({"ports": {"grpc_port": 45001}, "token": "new"}))
+        (tmp_path / "ready_rank2.json").write_text(json.dumps({"ports": {"grpc_port": 45002}, "token": "new"}))
+
+    t = threading.Thread(target=later)
+    t.start()
+    waited, bound = wait_leaders_ready(tmp_path, [1, 2], "new", 30)
+    t.join()
+    assert waited >= 0.3 and bound == {1: {"grpc_port": 45001}, 2: {"grpc_port": 45002}}
+    with pytest.raises(TimeoutError, match=r"ranks \[1, 2\]"):
+        wait_leaders_ready(tmp_path, [1, 2], "newer", 0.5)
+    (tmp_path / "failure_rank2.json").write_text("{}")
+    with pytest.raises(RuntimeError, match="rank2 failed before every replica was ready"):
+        wait_leaders_ready(tmp_path, [1, 2], "newer", 30)
