@@ -495,13 +495,13 @@ def test_wire_patches_decode_as_protobuf_says():
 class LocalLaunch:
     """`llmlaunch replicas=2` (cluster=local, the tiny hf model) as a subprocess with free ports."""
 
-    def __init__(self, tmp_path: Path):
+    def __init__(self, tmp_path: Path, *overrides: str):
         import threading
 
         self.tmp_path = tmp_path
         self.grpc_port, http_port, self.metrics_port = free_port(), free_port(), free_port()
         argv = [sys.executable, "-c", "from launcher.cli import main; main()", "replicas=2", f"serve.grpc_port={self.grpc_port}", f"serve.http_port={http_port}",
-                f"serve.metrics_port={self.metrics_port}", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=300", "serve.drain_timeout_s=10"]
+                f"serve.metrics_port={self.metrics_port}", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=300", "serve.drain_timeout_s=10", *overrides]
         self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.lines: queue.Queue = queue.Queue()
         self.err: list = []
@@ -536,6 +536,65 @@ class LocalLaunch:
         assert str(self.run) not in ps  # no tritonserver (their argv names the run dir's repository), no rank
         assert not Path(f"/proc/{ep['frontend']['pid']}").exists()  # the front end is gone too
         assert list(Path("/dev/shm").glob(f"llm{ep['job_id']}r*")) == []
+
+
+_TAKES_A_PORT = """#!/bin/bash
+# Runs the real tritonserver.  On the first start only (of either replica's server) another process first listens on
+# that server's gRPC port, as an unrelated process on a shared node can between the rendezvous and the bind.
+export LD_LIBRARY_PATH={libs}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}
+if mkdir {taken} 2>/dev/null; then
+    for a in "$@"; do case "$a" in --grpc-port=*) port=${{a#--grpc-port=}};; esac; done
+    echo "$port" > {taken}/port
+    timeout 120 {python} -c "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', $port)); s.listen(); \
+open('{taken}/listening', 'w').close(); time.sleep(120)" &
+    echo $! > {taken}/pid
+    while [ ! -e {taken}/listening ]; do sleep 0.05; done
+fi
+exec {binary} "$@" --backend-directory={backends}
+"""
+
+
+def test_a_replica_whose_port_is_taken_before_its_server_binds_it_retries_on_fresh_ports(tmp_path, tiny_model_dir):
+    """An internal replica leader whose gRPC port another process takes between the rendezvous and tritonserver's
+    bind retries on fresh ports instead of failing the job (a CI run lost a replica that way); rank 0's front end and
+    endpoint.json take that leader's ports from its ready file, and the job serves on both replicas.
+    cluster.tritonserver points at a script that runs the real tritonserver, but on its first start has another
+    process listen on that server's gRPC port first: the condition is staged, the server is real."""
+    import shlex
+
+    from launcher.client import Generation, generate
+    from launcher.triton import _wheel_install
+
+    inst = _wheel_install()
+    if inst is None:
+        pytest.skip("needs the nvidia-pytriton wheel's tritonserver")
+    taken = tmp_path / "taken"
+    wrapper = tmp_path / "tritonserver"
+    wrapper.write_text(_TAKES_A_PORT.format(libs=shlex.quote(inst.env["LD_LIBRARY_PATH"]), taken=shlex.quote(str(taken)),
+                                            python=shlex.quote(sys.executable), binary=shlex.quote(inst.binary),
+                                            backends=shlex.quote(inst.backend_directory)))
+    wrapper.chmod(0o755)
+    job = LocalLaunch(tmp_path, f"cluster.tritonserver={wrapper}")
+    try:
+        ep = job.wait_endpoint()
+        blocked = int((taken / "port").read_text())
+        logs = "".join(p.read_text() for p in (job.run / "logs").glob("rank*.log"))
+        assert "a port was taken while starting; retrying on" in logs, logs[-3000:]
+        ready = sorted((json.loads(p.read_text()) for p in job.run.glob("ready_rank*.json")), key=lambda r: r["rank"])
+        assert [r["grpc_port"] for r in ep["replicas"]] == [r["ports"]["grpc_port"] for r in ready]
+        assert blocked not in [r["grpc_port"] for r in ep["replicas"]]
+        for i in range(4):  # the front end spreads them over both replicas, the one that retried too
+            rec = generate(job.url, ep["model"], Generation(f"The capital of France is {i}", max_tokens=4, ignore_eos=True))
+            assert not rec.error and rec.output_tokens == 4, rec.error
+        job.proc.send_signal(signal.SIGINT)
+        assert job.proc.wait(90) == 0, job.tail()
+    finally:
+        job.kill()
+        try:
+            os.kill(int((taken / "pid").read_text()), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+    job.assert_nothing_left(ep)
 
 
 def test_llmlaunch_replicas_2_on_this_machine_serves_through_the_front_end(tmp_path, tiny_model_dir):
