@@ -311,10 +311,10 @@ def cuda_libraries(pid: int) -> list[str]:
                         and name[3:].split(".so")[0].split("-")[0].split("_")[0] in CUDA_LIBS, pid)
 
 
-def _descendants_running(server_pid: int, matches) -> list[int]:
-    """The processes under `server_pid` whose argv (a list of bytes) `matches`."""
+def _descendants_running(server_pid: int, matches, stats: dict | None = None) -> list[int]:
+    """The processes under `server_pid` whose argv (a list of bytes) `matches` (`stats`: _proc_stats, if read)."""
     pids = []
-    for p in descendants(server_pid):
+    for p in descendants(server_pid, stats):
         try:
             with open(f"/proc/{p}/cmdline", "rb") as f:
                 if matches(f.read().split(b"\0")):
@@ -324,14 +324,15 @@ def _descendants_running(server_pid: int, matches) -> list[int]:
     return pids
 
 
-def engine_pids(server_pid: int) -> list[int]:
+def engine_pids(server_pid: int, stats: dict | None = None) -> list[int]:
     """The hf engine processes under a tritonserver (python -m launcher.engines.hf_process)."""
-    return _descendants_running(server_pid, lambda argv: b"launcher.engines.hf_process" in argv)
+    return _descendants_running(server_pid, lambda argv: b"launcher.engines.hf_process" in argv, stats)
 
 
-def stub_pids(server_pid: int) -> list[int]:
+def stub_pids(server_pid: int, stats: dict | None = None) -> list[int]:
     """The python-backend stubs under a tritonserver (where the hf engine runs with engine_process=false)."""
-    return _descendants_running(server_pid, lambda argv: os.path.basename(argv[0]) == b"triton_python_backend_stub")
+    return _descendants_running(server_pid, lambda argv: os.path.basename(argv[0]) == b"triton_python_backend_stub",
+                                stats)
 
 
 def _proc_stats() -> dict[int, tuple[int, float]]:
@@ -378,7 +379,7 @@ def server_cpu_by_role(server_pid: int) -> dict[str, float]:
     Which of them a CPU-poor server runs out of decides what to make cheaper (128 streams on 8 vCPUs used 6.5-6.7 of
     them: benchmark/RESULTS.md, run 96).  A process that exited meanwhile is not counted."""
     stats = _proc_stats()
-    stubs, engines = set(stub_pids(server_pid)), set(engine_pids(server_pid))
+    stubs, engines = set(stub_pids(server_pid, stats)), set(engine_pids(server_pid, stats))  # one read of /proc
     out = dict.fromkeys(SERVER_ROLES, 0.0)
     for p in descendants(server_pid, stats):
         if p in stats:

@@ -200,9 +200,7 @@ def rendezvous(spec, topo: Topology, comm) -> RankContext:
         if me.serves != "public" or fronted:
             # Internal servers take any free port: several share a node; endpoint.json lists them.
             wanted = {k: 0 for k in wanted}
-        ports = pick_ports(bind, wanted)
-        while set(ports.values()) & set(frontend_ports.values()):  # frontend: never the front end's ports
-            ports = pick_ports(bind, wanted)
+        ports = pick_ports(bind, wanted, avoid=frontend_ports.values())  # frontend: never the front end's ports
         dist_port = free_port(bind)
     token = secrets.token_hex(8) if topo.rank == 0 else ""
     infos = comm.allgather({"rank": topo.rank, "addr": addr, "ports": ports, "dist_port": dist_port, "frontend_ports": frontend_ports, "token": token})
@@ -483,10 +481,8 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
                     from launcher.triton import pick_ports
 
                     bind = "127.0.0.1" if spec.cluster["scheduler"] == "local" else "0.0.0.0"
-                    fresh = pick_ports(bind, {k: 0 for k in ctx.ports})
-                    while set(fresh.values()) & set(infos[me.rank]["frontend_ports"].values()):  # rank 0's front end's
-                        fresh = pick_ports(bind, {k: 0 for k in ctx.ports})
-                    ctx.ports.update(fresh)
+                    front = infos[me.rank]["frontend_ports"].values()  # rank 0's front end's
+                    ctx.ports.update(pick_ports(bind, {k: 0 for k in ctx.ports}, avoid=front))
                     say(f"a port was taken while starting; retrying on {ctx.ports}")
                     server.stop()
                     server = make_server()

@@ -224,12 +224,17 @@ def check_ports(host: str, ports: Dict[str, int]) -> None:
         raise LaunchError(problems)
 
 
-def pick_ports(host: str, wanted: Dict[str, int]) -> Dict[str, int]:
-    """Ranks on shared nodes: keep the configured port when free, else take a free one (never crash-loop)."""
+def pick_ports(host: str, wanted: Dict[str, int], avoid=()) -> Dict[str, int]:
+    """Ranks on shared nodes: keep the configured port when free, else take a free one (never crash-loop); never
+    one of `avoid` (ports this rank keeps for something else: rank 0's front end) nor one port for two keys."""
     chosen: Dict[str, int] = {}
+    avoid = set(avoid)
     for key, p in wanted.items():
-        ok = p > 0 and p not in chosen.values() and port_free(host, p)
-        chosen[key] = p if ok else free_port("0.0.0.0" if host in ("", "0.0.0.0") else host)
+        if not (p > 0 and p not in avoid and p not in chosen.values() and port_free(host, p)):
+            p = free_port("0.0.0.0" if host in ("", "0.0.0.0") else host)
+            while p in avoid or p in chosen.values():
+                p = free_port("0.0.0.0" if host in ("", "0.0.0.0") else host)
+        chosen[key] = p
     return chosen
 
 
