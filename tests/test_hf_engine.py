@@ -509,6 +509,29 @@ def test_compiled_model_equals_generate_and_compiles_only_at_start(tiny_model_di
         eng.shutdown()
 
 
+def test_the_blocking_gpu_wait_switch_is_off_by_default_read_at_start_and_refuses_other_values(tiny_model_dir,
+                                                                                                monkeypatch):
+    """LLMLAUNCH_HF_BLOCKING_WAIT=1 makes the runner create each step's "done" event blocking, so the engine's host
+    thread sleeps in the driver instead of spinning while the GPU runs (benchmark/RESULTS.md, thirty-first session).
+    This machine has no GPU, so what is checked is the switch: off unless set, read when the runner starts, shown in
+    the engine's log line only on a GPU, and any value but 0 / 1 refused with both meanings named."""
+    from launcher.engines.hf_engine import describe_features
+    from launcher.engines.hf_runner import HFModelRunner
+
+    monkeypatch.setenv("LLMLAUNCH_HF_BLOCKING_WAIT", "yes")
+    with pytest.raises(ValueError, match=r"LLMLAUNCH_HF_BLOCKING_WAIT='yes': use 1 \(the host sleeps while waiting "
+                                         r"for a step's tokens\) or 0 \(it spins, the default\)"):
+        HFModelRunner(str(tiny_model_dir), device="cpu", torch_compile=False)
+    monkeypatch.delenv("LLMLAUNCH_HF_BLOCKING_WAIT")
+    assert not HFModelRunner(str(tiny_model_dir), device="cpu", torch_compile=False).blocking_wait
+    monkeypatch.setenv("LLMLAUNCH_HF_BLOCKING_WAIT", "1")
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2, torch_compile=False)
+    assert eng.runner.blocking_wait
+    assert eng.features["blocking_wait"] is False  # no CUDA event on the CPU: nothing waits
+    assert "GPU waits sleep" not in describe_features(eng.features)
+    assert describe_features(dict(eng.features, blocking_wait=True)).endswith(", GPU waits sleep")
+
+
 def test_a_model_that_cannot_be_compiled_still_serves(tiny_model_dir, reference, monkeypatch):
     """torch.compile failing (no C compiler, an op Inductor cannot lower...) must not stop the engine: it
     says why (compile_error, the server's READY line) and serves uncompiled.  The failure is injected at

@@ -121,6 +121,8 @@ def describe_features(f: dict) -> str:
         fused = {k: n for k, n in f["fused"].items() if n}
         parts.append("projections fused (" + ", ".join(f"{k.replace('_proj', '')} x{n}" for k, n in fused.items())
                      + ")" if fused else "projections unfused")
+    if f.get("blocking_wait"):  # LLMLAUNCH_HF_BLOCKING_WAIT=1, on a GPU: see HFModelRunner.blocking_wait
+        parts.append("GPU waits sleep")
     where = {"graphs": "in graphs", "all": "everywhere", "off": "off"}.get(f.get("cudnn_attention", ""))
     if where:  # GPU only: CPU attention has no cuDNN
         parts.append(f"cuDNN attention {where}")
@@ -316,7 +318,8 @@ class Engine:
                 "full_ahead": self._overlap and self._prompts_ahead and self._full_ahead,
                 "prefill_graphs": len(r._prefill_graphs), "wave_graphs": len(r._wave_graphs),
                 "prefill_graph_error": r.prefill_graph_error, "fused": dict(r.fused),
-                "cudnn_attention": r.cudnn_attention if r.device.type == "cuda" else ""}
+                "cudnn_attention": r.cudnn_attention if r.device.type == "cuda" else "",
+                "blocking_wait": r.blocking_wait and r.device.type == "cuda"}
 
     def start(self) -> "Engine":
         if self._thread is None:

@@ -312,6 +312,12 @@ class HFModelRunner:
         if device in (None, "", "auto"):
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
+        # A step's "done" event is waited on by the engine's host thread while the GPU runs the step queued
+        # behind it.  A plain event's synchronize spins a CPU the whole time (one CPU-second a second at one
+        # stream, benchmark/RESULTS.md, thirtieth session), a vCPU the server's other processes then lack; a
+        # blocking one sleeps in the driver and pays a wake-up instead.  Off until measured side by side.
+        self.blocking_wait = env_switch(None, "LLMLAUNCH_HF_BLOCKING_WAIT", "the host sleeps while waiting for a "
+                                        "step's tokens", "it spins", default=False)
         if torch_compile is not False:
             use_llmlaunch_inductor_cache()
         config = AutoConfig.from_pretrained(model_path)
@@ -1022,7 +1028,7 @@ class HFModelRunner:
                 return tokens, tokens, None, None, None
             host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
             host.copy_(tokens, non_blocking=True)
-            done = torch.cuda.Event(enable_timing=True)
+            done = torch.cuda.Event(enable_timing=True, blocking=self.blocking_wait)
             done.record()
             self._last_done = done
             return tokens, host, done, start, after

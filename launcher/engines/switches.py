@@ -6,14 +6,15 @@ from __future__ import annotations
 import os
 
 
-def env_switch(value: bool | None, name: str, on: str, off: str) -> bool:
-    """`value` where given, else the environment variable `name` (1, the default, or 0), refused with both meanings
-    (`on`, `off`) named when it is anything else."""
+def env_switch(value: bool | None, name: str, on: str, off: str, default: bool = True) -> bool:
+    """`value` where given, else the environment variable `name` (1 or 0; unset: `default`), refused with both
+    meanings (`on`, `off`) named when it is anything else."""
     if value is not None:
         return bool(value)
-    raw = os.environ.get(name, "") or "1"
+    raw = os.environ.get(name, "") or ("1" if default else "0")
     if raw not in ("0", "1"):
-        raise ValueError(f"{name}={raw!r}: use 1 ({on}, the default) or 0 ({off})")
+        ones, zeros = (", the default", "") if default else ("", ", the default")
+        raise ValueError(f"{name}={raw!r}: use 1 ({on}{ones}) or 0 ({off}{zeros})")
     return raw == "1"
 
 
