@@ -168,8 +168,8 @@ $PY benchmark/gpu/open_loop_table.py "$OUT_DIR/overhead_closed8.json"
 echo "== 3e. closed loops (1 8 32 128): the engine's wait for a step's tokens spinning (served) / sleeping (served_alt)"
 # LLMLAUNCH_HF_BLOCKING_WAIT=1: the engine process's "done" events are blocking, so its host thread sleeps in the
 # driver while the GPU runs a step instead of spinning one CPU. The table's last column splits each server's CPU a
-# token into tritonserver + stubs + engine. On an H100 host (RESULTS.md, runs 97-99) sleeping freed ~0.6-0.7 CPU at
-# one stream and cost the first token 0.17 ms there and ~0.65 ms at 8 streams; at 64-128 tritonserver and the stubs
+# token into tritonserver + stubs + engine. On an H100 host (RESULTS.md, runs 97-100) sleeping freed ~0.6-0.7 CPU at
+# one stream and cost the first token up to 0.17 ms there and up to 0.66 ms at 8 streams; at 64-128 tritonserver and the stubs
 # were 85-90% of the server's CPU.
 timeout 900 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfloat16 --max-num-seqs 128 \
     --concurrency 1 8 32 128 --prompt-tokens 128 --max-tokens 128 --requests-per-stream 16 --rounds 2 \

@@ -316,8 +316,8 @@ class HFModelRunner:
         # behind it.  A plain event's synchronize spins a CPU the whole time (one CPU-second a second at one
         # stream, benchmark/RESULTS.md, thirtieth session), a vCPU the server's other processes then lack; a
         # blocking one sleeps in the driver and pays a wake-up instead.  Off by default: side by side on an H100
-        # host (RESULTS.md, runs 97-99) it freed ~0.6-0.7 of a CPU at one stream but cost the first token 0.17 ms
-        # there and ~0.65 ms at 8 streams; it is for nodes whose CPUs several engines share.
+        # host (RESULTS.md, runs 97-100) it freed ~0.6-0.7 of a CPU at one stream but cost the first token up to
+        # 0.17 ms there and up to 0.66 ms at 8 streams; it is for nodes whose CPUs several engines share.
         self.blocking_wait = env_switch(None, "LLMLAUNCH_HF_BLOCKING_WAIT", "the host sleeps while waiting for a "
                                         "step's tokens", "it spins", default=False)
         if torch_compile is not False:
