@@ -229,11 +229,10 @@ def pick_ports(host: str, wanted: Dict[str, int], avoid=()) -> Dict[str, int]:
     one of `avoid` (ports this rank keeps for something else: rank 0's front end) nor one port for two keys."""
     chosen: Dict[str, int] = {}
     avoid = set(avoid)
+    bind = "0.0.0.0" if host in ("", "0.0.0.0") else host
     for key, p in wanted.items():
-        if not (p > 0 and p not in avoid and p not in chosen.values() and port_free(host, p)):
-            p = free_port("0.0.0.0" if host in ("", "0.0.0.0") else host)
-            while p in avoid or p in chosen.values():
-                p = free_port("0.0.0.0" if host in ("", "0.0.0.0") else host)
+        while p <= 0 or p in avoid or p in chosen.values() or not port_free(host, p):
+            p = free_port(bind)  # the configured port (if any) is taken: any free one outside `avoid`
         chosen[key] = p
     return chosen
 
