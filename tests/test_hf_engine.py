@@ -529,7 +529,77 @@ def test_the_blocking_gpu_wait_switch_is_off_by_default_read_at_start_and_refuse
     assert eng.runner.blocking_wait
     assert eng.features["blocking_wait"] is False  # no CUDA event on the CPU: nothing waits
     assert "GPU waits sleep" not in describe_features(eng.features)
-    assert describe_features(dict(eng.features, blocking_wait=True)).endswith(", GPU waits sleep")
+    assert ", GPU waits sleep, " in describe_features(dict(eng.features, blocking_wait=True))
+
+
+def test_prompts_are_encoded_by_the_backend_with_the_tokenizer_calls_ids_and_fall_back_where_they_could_differ(
+        engine, tiny_model_dir, monkeypatch):
+    """hf_encode.PromptEncoder: a fast tokenizer's prompts go straight to the tokenizers backend's `encode_batch`
+    (which gives the GIL up while it encodes, as the tokenizer's call does, without the call's Python around it), and
+    the ids are the tokenizer call's.  Where they could differ (truncation set on the backend by
+    another caller, a tokenizer class whose call does more than the backend, LLMLAUNCH_HF_DIRECT_ENCODE=0) prompts go
+    through the call, and the engine's log line says why.  The GIL's hand-over itself is measured, not asserted here
+    (benchmark/RESULTS.md, thirty-second session)."""
+    from transformers import AutoTokenizer
+
+    from launcher.engines.hf_encode import PROBES, PromptEncoder
+    from launcher.engines.hf_engine import describe_features
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    enc = PromptEncoder(tok)
+    assert enc.backend is tok._tokenizer and enc.why_not == ""
+    texts = PROMPTS + list(PROBES) + [f"{tok.bos_token}{PROMPTS[0]}{tok.eos_token} and more", "word " * 300]
+    want = tok(texts).input_ids
+    assert [enc(t) for t in texts] == want
+    for n in (1, 2, len(texts)):
+        assert enc.many(texts[:n]) == want[:n], n
+
+    # which backend call: encode_batch, for one text too (a recording stand-in for the backend, wrapping the real one)
+    used = []
+
+    class Recording:
+        def __getattr__(self, name):
+            attr = getattr(tok._tokenizer, name)
+            if name in ("encode", "encode_batch"):
+                def call(*a, **kw):
+                    used.append(name)
+                    return attr(*a, **kw)
+                return call
+            return attr
+
+    enc.backend = Recording()
+    assert enc(texts[0]) == want[0] and enc.many(texts[:3]) == want[:3] and used == ["encode_batch"] * 2
+    enc.backend = tok._tokenizer
+
+    # another caller left truncation on the backend: the call (which resets it) is used, so the ids stay whole
+    long_text = "word " * 300
+    assert len(tok(long_text, truncation=True, max_length=5).input_ids) == 5
+    assert tok._tokenizer.truncation is not None and enc._usable() is None
+    assert enc(long_text) == want[-1]
+    assert tok._tokenizer.truncation is None and enc._usable() is tok._tokenizer
+
+    # a tokenizer class whose call does more than its backend (here: lower-cases the text) keeps its call
+    class Lowering(type(tok)):
+        def _encode_plus(self, text, *a, **kw):
+            lower = [t.lower() for t in text] if isinstance(text, list) else text.lower()
+            return super()._encode_plus(lower, *a, **kw)
+
+    lowering = Lowering.from_pretrained(tiny_model_dir)
+    enc2 = PromptEncoder(lowering)
+    assert enc2.backend is None and enc2.why_not.startswith("the backend's ids differ from the tokenizer's call on ")
+    assert enc2("Hello World") == lowering("Hello World").input_ids == tok("hello world").input_ids
+
+    # the switch: off means the call, named in the engine's log line; a bad value is refused with both meanings
+    monkeypatch.setenv("LLMLAUNCH_HF_DIRECT_ENCODE", "0")
+    off = PromptEncoder(tok)
+    assert off.backend is None and off("Hello") == tok("Hello").input_ids
+    assert "prompts: tokenizer call (LLMLAUNCH_HF_DIRECT_ENCODE=0)" in describe_features(
+        dict(engine.features, prompt_encode=off.why_not))
+    assert "prompts: backend encode" in describe_features(engine.features)
+    monkeypatch.setenv("LLMLAUNCH_HF_DIRECT_ENCODE", "on")
+    with pytest.raises(ValueError, match=r"LLMLAUNCH_HF_DIRECT_ENCODE='on': use 1 \(prompts go straight to the "
+                                         r"tokenizers backend, the default\) or 0 \(through the tokenizer's call\)"):
+        PromptEncoder(tok)
 
 
 def test_a_model_that_cannot_be_compiled_still_serves(tiny_model_dir, reference, monkeypatch):
@@ -1087,21 +1157,23 @@ def test_engine_process_matches_engine(tiny_model_dir, engine):
 
 
 def test_add_requests_tokenizes_text_prompts_in_one_call(engine, reference, monkeypatch):
-    """Engine.add_requests: the text prompts go to the tokenizer in one call (token-id prompts and empty ones do not),
-    each request gets what add_request would give it, and a refused one (empty, too long, bad parameters) does not
-    keep the others out."""
+    """Engine.add_requests: the text prompts go to the prompt encoder in one call (token-id prompts and empty ones do
+    not), each request gets what add_request would give it, and a refused one (empty, too long, bad parameters) does
+    not keep the others out."""
     calls = []
-    tokenizer = engine.tokenizer
+    encoder = engine._encode
 
     class Counting:
-        def __call__(self, text, **kw):
+        def __call__(self, text):
             calls.append(text)
-            return tokenizer(text, **kw)
+            return encoder(text)
 
-        def __getattr__(self, name):
-            return getattr(tokenizer, name)
+        def many(self, texts):
+            calls.append(list(texts))
+            return encoder.many(texts)
 
-    monkeypatch.setattr(engine, "tokenizer", Counting())
+    monkeypatch.setattr(engine, "_encode", Counting())
+    tokenizer = engine.tokenizer
     results = {i: (threading.Event(), []) for i in range(6)}
 
     def on_output(i):

@@ -178,6 +178,18 @@ timeout 900 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfl
     --paths direct served served_alt > "$OUT_DIR/overhead_blocking_wait.json"
 $PY benchmark/gpu/open_loop_table.py "$OUT_DIR/overhead_blocking_wait.json"
 
+echo "== 3f. closed loops (1 8 32 64 128): prompts straight to the tokenizers backend (served) / through the tokenizer's call (served_alt)"
+# LLMLAUNCH_HF_DIRECT_ENCODE=0: the engine tokenizes each prompt with `tokenizer(text)` as before, whose ~0.1 ms of
+# Python around the backend's encode_batch keeps the GIL from the engine loop. On H100 hosts (RESULTS.md, runs
+# 103-106) going straight to the backend brought the first token sooner in 9 of 10 pairs and cut `add` by 0.3-1.4 ms
+# from 8 streams up, at the same or higher tokens/s. The table's columns include `add` and the added TTFT.
+timeout 900 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfloat16 --max-num-seqs 128 \
+    --concurrency 1 8 32 64 128 --prompt-tokens 128 --max-tokens 128 --requests-per-stream 16 --rounds 2 \
+    --warmup-tokens 128 --client-processes "${CLIENT_PROCESSES:-$(( $(nproc) / 2 ))}" --client-streams 1 "${SPLIT[@]}" \
+    --response-processes 8 --server-param response_threads=2 --alt-server-env LLMLAUNCH_HF_DIRECT_ENCODE=0 \
+    --paths direct served served_alt > "$OUT_DIR/overhead_direct_encode.json"
+$PY benchmark/gpu/open_loop_table.py "$OUT_DIR/overhead_direct_encode.json"
+
 echo "== 4. one stream: the TTFT serving adds, CPUs as they are and kept awake (serve.keep_cpus_awake)"
 # The same engines and rounds with idle-priority spinners on every CPU (launcher/awake.py) for the _awake paths: on a
 # virtual machine an idle vCPU halts and waking a thread there is slow (RESULTS.md, eighteenth session).

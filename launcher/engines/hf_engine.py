@@ -48,6 +48,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable
 
 from launcher.engines.hf_detok import StopMatcher, TokenTable
+from launcher.engines.hf_encode import PromptEncoder
 from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 from launcher.engines.hf_tp import AHEAD
 from launcher.engines.switches import env_switch
@@ -123,6 +124,9 @@ def describe_features(f: dict) -> str:
                      + ")" if fused else "projections unfused")
     if f.get("blocking_wait"):  # LLMLAUNCH_HF_BLOCKING_WAIT=1, on a GPU: see HFModelRunner.blocking_wait
         parts.append("GPU waits sleep")
+    if f.get("prompt_encode"):  # hf_encode.PromptEncoder: the backend's encode, or why prompts go through the call
+        parts.append("prompts: backend encode" if f["prompt_encode"] == "backend" else
+                     f"prompts: tokenizer call ({f['prompt_encode']})")
     where = {"graphs": "in graphs", "all": "everywhere", "off": "off"}.get(f.get("cudnn_attention", ""))
     if where:  # GPU only: CPU attention has no cuDNN
         parts.append(f"cuDNN attention {where}")
@@ -160,14 +164,15 @@ class _Seq:
 _STOP = object()
 
 
-def prepare_prompt(tokenizer, prompt: str | list[int], params: SamplingParams, max_model_len: int,
-                   vocab_size: int) -> list[int]:
-    """Validate a request and tokenize its prompt; raises InvalidRequest naming the problem and the fix."""
+def prepare_prompt(encode: Callable[[str], list[int]], prompt: str | list[int], params: SamplingParams,
+                   max_model_len: int, vocab_size: int) -> list[int]:
+    """Validate a request and tokenize its prompt (`encode`: text -> ids, a PromptEncoder); raises InvalidRequest
+    naming the problem and the fix."""
     params.validate(max_model_len)
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidRequest("the prompt is empty")
-        prompt_ids = tokenizer(prompt, verbose=False).input_ids  # verbose=False: we check the length ourselves
+        prompt_ids = encode(prompt)
     else:
         prompt_ids = [int(t) for t in prompt]
         if any(not 0 <= t < vocab_size for t in prompt_ids):
@@ -248,6 +253,7 @@ class Engine:
                                        "requests wait for a slot", "they wait for the running step's tokens")
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or self.model_path)
+        self._encode = PromptEncoder(self.tokenizer)  # prompts: the tokenizer's ids, the GIL kept (hf_encode)
         self.runner = HFModelRunner(self.model_path, device=device, dtype=dtype, max_num_seqs=max_num_seqs,
                                     max_model_len=max_model_len, attn_implementation=attn_implementation,
                                     kv_cache_memory=kv_cache_memory, tp=int(tp or 1), tp_group=tp_group,
@@ -319,7 +325,8 @@ class Engine:
                 "prefill_graphs": len(r._prefill_graphs), "wave_graphs": len(r._wave_graphs),
                 "prefill_graph_error": r.prefill_graph_error, "fused": dict(r.fused),
                 "cudnn_attention": r.cudnn_attention if r.device.type == "cuda" else "",
-                "blocking_wait": r.blocking_wait and r.device.type == "cuda"}
+                "blocking_wait": r.blocking_wait and r.device.type == "cuda",
+                "prompt_encode": self._encode.why_not or "backend"}
 
     def start(self) -> "Engine":
         if self._thread is None:
@@ -332,7 +339,7 @@ class Engine:
         """Queue a request; returns its prompt token count.  Raises InvalidRequest for bad input (nothing queued)."""
         if self._thread is None or not self._thread.is_alive():
             raise RuntimeError(f"the hf engine is not running{f': {self._error}' if self._error else ''}")
-        prompt_ids = prepare_prompt(self.tokenizer, prompt, params, self.max_model_len, self.vocab_size)
+        prompt_ids = prepare_prompt(self._encode, prompt, params, self.max_model_len, self.vocab_size)
         eos = frozenset() if params.ignore_eos else (
             frozenset((params.end_id,)) if params.end_id is not None else self.eos_token_ids)
         bad = self._bad_word_ids(params.bad_words) if params.bad_words else []
@@ -348,9 +355,9 @@ class Engine:
                      ) -> list[Exception | None]:
         """Queue several requests (request_id, prompt, params, on_output), their text prompts tokenized in one call.
 
-        A fast tokenizer encodes a batch on several threads with the GIL released.  One at a time, the successors of
-        128 requests that ended in one step waited 15 ms on average to reach the engine (the engine process's
-        reader tokenizing those before them; benchmark/RESULTS.md, run 28).
+        A fast tokenizer encodes a batch on several threads with the GIL released (PromptEncoder.many).  One at a
+        time, the successors of 128 requests that ended in one step waited 15 ms on average to reach the engine (the
+        engine process's reader tokenizing those before them; benchmark/RESULTS.md, run 28).
 
         Returns, per request, None (queued) or the exception that refused it (InvalidRequest for bad input), as
         `add_request` would raise it; a refused request does not keep the others out."""
@@ -358,7 +365,7 @@ class Engine:
         texts = [i for i, p in enumerate(prompts) if isinstance(p, str) and p]  # "" keeps add_request's error
         if len(texts) > 1:
             try:
-                encoded = self.tokenizer([prompts[i] for i in texts], verbose=False).input_ids
+                encoded = self._encode.many([prompts[i] for i in texts])
             except Exception:  # left to add_request, one at a time: each request gets its own error
                 encoded = [prompts[i] for i in texts]
             for i, ids in zip(texts, encoded):
