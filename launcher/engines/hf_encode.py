@@ -61,7 +61,7 @@ class PromptEncoder:
 def _checked_backend(tokenizer):
     """(the tokenizers backend, '') when its `encode_batch` gives the tokenizer call's ids, else (None, why not)."""
     backend = getattr(tokenizer, "_tokenizer", None)
-    if backend is None or not all(hasattr(backend, a) for a in ("encode", "encode_batch", "encode_special_tokens")):
+    if backend is None or not all(hasattr(backend, a) for a in ("encode_batch", "encode_special_tokens")):
         return None, f"{type(tokenizer).__name__} is not a fast tokenizer"
     specials = [t for t in getattr(tokenizer, "all_special_tokens", []) or [] if isinstance(t, str) and t]
     probes = list(PROBES) + [f"before {t} after" for t in specials[:8]]

@@ -253,7 +253,7 @@ class Engine:
                                        "requests wait for a slot", "they wait for the running step's tokens")
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or self.model_path)
-        self._encode = PromptEncoder(self.tokenizer)  # prompts: the tokenizer's ids, the GIL kept (hf_encode)
+        self._encode = PromptEncoder(self.tokenizer)  # prompts: the call's ids, without its Python (hf_encode)
         self.runner = HFModelRunner(self.model_path, device=device, dtype=dtype, max_num_seqs=max_num_seqs,
                                     max_model_len=max_model_len, attn_implementation=attn_implementation,
                                     kv_cache_memory=kv_cache_memory, tp=int(tp or 1), tp_group=tp_group,
