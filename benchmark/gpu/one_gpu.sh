@@ -154,16 +154,26 @@ for alt in "--alt-server-param response_threads=4" "--alt-server-env LLMLAUNCH_H
     $PY benchmark/gpu/open_loop_table.py "$OUT_DIR/overhead_open8_$n.json"
 done
 
+# Steps 3d-3f: closed loops through two servers side by side against the same in-process engine and arrivals, both
+# 8 response processes x 2 threads, served_alt changed by the arguments after the first four; then their table.
+#   closed_pair NAME "CONCURRENCIES" REQUESTS_PER_STREAM ROUNDS SERVED_ALT_ARG...
+closed_pair() {
+    local name=$1 conc=$2 rps=$3 rounds=$4
+    shift 4
+    # shellcheck disable=SC2086  # $conc: one argument per concurrency
+    timeout 900 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfloat16 --max-num-seqs 128 \
+        --concurrency $conc --prompt-tokens 128 --max-tokens 128 --requests-per-stream "$rps" --rounds "$rounds" \
+        --warmup-tokens 128 --client-processes "${CLIENT_PROCESSES:-$(( $(nproc) / 2 ))}" --client-streams 1 "${SPLIT[@]}" \
+        --response-processes 8 --server-param response_threads=2 "$@" \
+        --paths direct served served_alt > "$OUT_DIR/$name.json"
+    $PY benchmark/gpu/open_loop_table.py "$OUT_DIR/$name.json"
+}
+
 echo "== 3d. closed loops at the issue's concurrencies (1 8 32 128): eight response processes of two threads, and one"
 # served: 8 x 2, the setting README gives a server with 16 CPUs of its own; served_alt: one response process (two
 # threads too: --server-param is both servers'). On two H200s (RESULTS.md, run 85) 8 x 2 added 2.6 / 2.7 / 3.6 / 8.3
 # ms to the closed loops' first token (one process: 2.3 / 4.0 / 4.7 / 21.0) at 0.97-0.99 of in-process tokens/s.
-timeout 900 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfloat16 --max-num-seqs 128 \
-    --concurrency 1 8 32 128 --prompt-tokens 128 --max-tokens 128 --requests-per-stream 4 --rounds "$ROUNDS" \
-    --warmup-tokens 128 --client-processes "${CLIENT_PROCESSES:-$(( $(nproc) / 2 ))}" --client-streams 1 "${SPLIT[@]}" \
-    --response-processes 8 --server-param response_threads=2 --alt-response-processes 1 \
-    --paths direct served served_alt > "$OUT_DIR/overhead_closed8.json"
-$PY benchmark/gpu/open_loop_table.py "$OUT_DIR/overhead_closed8.json"
+closed_pair overhead_closed8 "1 8 32 128" 4 "$ROUNDS" --alt-response-processes 1
 
 echo "== 3e. closed loops (1 8 32 128): the engine's wait for a step's tokens spinning (served) / sleeping (served_alt)"
 # LLMLAUNCH_HF_BLOCKING_WAIT=1: the engine process's "done" events are blocking, so its host thread sleeps in the
@@ -171,24 +181,14 @@ echo "== 3e. closed loops (1 8 32 128): the engine's wait for a step's tokens sp
 # token into tritonserver + stubs + engine. On an H100 host (RESULTS.md, runs 97-100) sleeping freed ~0.6-0.7 CPU at
 # one stream and cost the first token up to 0.17 ms there and up to 0.66 ms at 8 streams; at 64-128 tritonserver and the stubs
 # were 85-90% of the server's CPU.
-timeout 900 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfloat16 --max-num-seqs 128 \
-    --concurrency 1 8 32 128 --prompt-tokens 128 --max-tokens 128 --requests-per-stream 16 --rounds 2 \
-    --warmup-tokens 128 --client-processes "${CLIENT_PROCESSES:-$(( $(nproc) / 2 ))}" --client-streams 1 "${SPLIT[@]}" \
-    --response-processes 8 --server-param response_threads=2 --alt-server-env LLMLAUNCH_HF_BLOCKING_WAIT=1 \
-    --paths direct served served_alt > "$OUT_DIR/overhead_blocking_wait.json"
-$PY benchmark/gpu/open_loop_table.py "$OUT_DIR/overhead_blocking_wait.json"
+closed_pair overhead_blocking_wait "1 8 32 128" 16 2 --alt-server-env LLMLAUNCH_HF_BLOCKING_WAIT=1
 
 echo "== 3f. closed loops (1 8 32 64 128): prompts straight to the tokenizers backend (served) / through the tokenizer's call (served_alt)"
 # LLMLAUNCH_HF_DIRECT_ENCODE=0: the engine tokenizes each prompt with `tokenizer(text)` as before, whose ~0.1 ms of
 # Python around the backend's encode_batch keeps the GIL from the engine loop. On H100 hosts (RESULTS.md, runs
 # 103-106) going straight to the backend brought the first token sooner in 9 of 10 pairs and cut `add` by 0.3-1.4 ms
 # from 8 streams up, at the same or higher tokens/s. The table's columns include `add` and the added TTFT.
-timeout 900 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfloat16 --max-num-seqs 128 \
-    --concurrency 1 8 32 64 128 --prompt-tokens 128 --max-tokens 128 --requests-per-stream 16 --rounds 2 \
-    --warmup-tokens 128 --client-processes "${CLIENT_PROCESSES:-$(( $(nproc) / 2 ))}" --client-streams 1 "${SPLIT[@]}" \
-    --response-processes 8 --server-param response_threads=2 --alt-server-env LLMLAUNCH_HF_DIRECT_ENCODE=0 \
-    --paths direct served served_alt > "$OUT_DIR/overhead_direct_encode.json"
-$PY benchmark/gpu/open_loop_table.py "$OUT_DIR/overhead_direct_encode.json"
+closed_pair overhead_direct_encode "1 8 32 64 128" 16 2 --alt-server-env LLMLAUNCH_HF_DIRECT_ENCODE=0
 
 echo "== 4. one stream: the TTFT serving adds, CPUs as they are and kept awake (serve.keep_cpus_awake)"
 # The same engines and rounds with idle-priority spinners on every CPU (launcher/awake.py) for the _awake paths: on a
