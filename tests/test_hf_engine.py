@@ -1123,6 +1123,9 @@ def test_engine_step_split_of_gpu_totals():
     timed = engine_step_split({}, dict(totals, admitted=2, queued_s=0.003, first_tokens=2, to_first_token_s=0.02))
     assert timed["queue_ms"] == 1.5 and timed["first_token_ms"] == 10.0
     assert format_engine_split(timed).endswith("; a request: 1.500 ms to a slot, 10.000 ms to its first token")
+    taken = engine_step_split({}, dict(totals, intake_calls=4, intake_requests=10))
+    assert taken["per_intake"] == 2.5 and "per_intake" not in split
+    assert format_engine_split(taken).endswith("; 2.5 requests a hand-over (one tokenizer call)")
 
 
 def test_engine_process_matches_engine(tiny_model_dir, engine):
@@ -1275,6 +1278,50 @@ def test_instances_share_one_engine_process(tiny_model_dir, engine, tmp_path):
         with pytest.raises(RuntimeError, match="shared hf engine"):
             a.add_request("z", "Hi", params, lambda o: None)
         assert not os.path.exists(sock)  # the socket went with the engine
+    finally:
+        for ep in (b, a, owner):
+            if ep is not None:
+                ep.shutdown()
+
+
+@pytest.mark.parametrize("switch", ["1", "0", None])
+def test_engine_process_tokenizes_the_prompts_of_all_ready_instances_in_one_call(tiny_model_dir, engine, tmp_path,
+                                                                                monkeypatch, switch):
+    """With LLMLAUNCH_HF_GATHER_PROMPTS=1, requests that three model instances sent while the engine process's reader
+    was busy go to the engine in one hand-over (one tokenizer call for the three prompts), counted in the engine's
+    intake statistics and named in its features; each still gets its own outputs.  With 0, and by default, it is one
+    hand-over an instance.  The reader is kept busy by a real prompt of two million characters (~0.8 s to tokenize
+    here; refused after, as too long for the model)."""
+    from launcher.engines.hf_engine import describe_features
+    from launcher.engines.hf_process import EngineProcess
+
+    gather = switch == "1"
+    if switch is None:
+        monkeypatch.delenv("LLMLAUNCH_HF_GATHER_PROMPTS", raising=False)
+    else:
+        monkeypatch.setenv("LLMLAUNCH_HF_GATHER_PROMPTS", switch)  # the engine process inherits it
+    sock = str(tmp_path / "engine.sock")
+    owner = EngineProcess(str(tiny_model_dir), device="cpu", max_num_seqs=8, listen=sock).start()
+    a = b = None
+    try:
+        assert ("prompts of all instances tokenized together" in describe_features(owner.info["features"])) == gather
+        a = EngineProcess.attach(sock, startup_timeout=30).start()
+        b = EngineProcess.attach(sock, startup_timeout=30).start()
+        params = SamplingParams(max_tokens=8, ignore_eos=True)
+        want = [engine.generate(p, params) for p in PROMPTS[:3]]
+        long = collect(owner, "word " * 400_000, params, "long")
+        time.sleep(0.1)  # the reader has it and is tokenizing it
+        runs = [collect(ep, p, params, "r") for ep, p in zip((owner, a, b), PROMPTS[:3])]
+        assert long[0].wait(60) and "exceeds the model context" in long[1][-1].error
+        for (done, outs), w in zip(runs, want):
+            assert done.wait(60)
+            assert joined(outs) == (w.text, w.token_ids)
+        deadline = time.monotonic() + 30
+        while owner.stats_dict().get("finished", 0) < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        stats = owner.stats_dict()
+        assert stats["intake_requests"] == 4, stats
+        assert stats["intake_calls"] == (2 if gather else 4), stats
     finally:
         for ep in (b, a, owner):
             if ep is not None:

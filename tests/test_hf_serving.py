@@ -331,6 +331,9 @@ def test_engine_steps_are_exposed_as_metrics(server):
     assert after["decode_tokens"] - before["decode_tokens"] == 3 * 6, (before, after)
     assert after["prefill_tokens"] - before["prefill_tokens"] >= 3
     assert after["admitted"] - before["admitted"] == after["first_tokens"] - before["first_tokens"] == 3
+    # one request at a time: three hand-overs of one
+    assert after["intake_requests"] - before["intake_requests"] == after["intake_calls"] - before["intake_calls"] == 3
+    assert split["per_intake"] == 1
     assert 0 < after["to_first_token_s"] - before["to_first_token_s"] and split["queue_ms"] < split["first_token_ms"]
     assert split == engine_step_split(before, after) and split["steps"] >= 7, split
     assert split["step_ms"] > 0 and split["host_ms"] >= 0 and split["launch_ms"] > 0, split

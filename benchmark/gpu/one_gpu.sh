@@ -154,7 +154,7 @@ for alt in "--alt-server-param response_threads=4" "--alt-server-env LLMLAUNCH_H
     $PY benchmark/gpu/open_loop_table.py "$OUT_DIR/overhead_open8_$n.json"
 done
 
-# Steps 3d-3f: closed loops through two servers side by side against the same in-process engine and arrivals, both
+# Steps 3d-3g: closed loops through two servers side by side against the same in-process engine and arrivals, both
 # 8 response processes x 2 threads, served_alt changed by the arguments after the first four; then their table.
 #   closed_pair NAME "CONCURRENCIES" REQUESTS_PER_STREAM ROUNDS SERVED_ALT_ARG...
 closed_pair() {
@@ -189,6 +189,14 @@ echo "== 3f. closed loops (1 8 32 64 128): prompts straight to the tokenizers ba
 # 103-106) going straight to the backend brought the first token sooner in 9 of 10 pairs and cut `add` by 0.3-1.4 ms
 # from 8 streams up, at the same or higher tokens/s. The table's columns include `add` and the added TTFT.
 closed_pair overhead_direct_encode "1 8 32 64 128" 16 2 --alt-server-env LLMLAUNCH_HF_DIRECT_ENCODE=0
+
+echo "== 3g. closed loops (1 8 32 64 128): one tokenizer call a connection (served) / for all ready connections (served_alt)"
+# LLMLAUNCH_HF_GATHER_PROMPTS=1: the engine process's reader hands the requests of every ready connection (eight
+# response processes are eight) to the engine at once. The table's columns `req/hand-over` and `prompt steps %`
+# show how many requests it took at a time and how many steps had prompts. On H100 hosts (RESULTS.md, runs 107-110)
+# it cut `add` in all 10 pairs from 8 streams, but requests then waited longer in the engine: the first token came
+# sooner in 6 of 11 pairs and later in 5, and tokens/s was 0.063 lower in one pair at 64 streams.
+closed_pair overhead_gather_prompts "1 8 32 64 128" 16 2 --alt-server-env LLMLAUNCH_HF_GATHER_PROMPTS=1
 
 echo "== 4. one stream: the TTFT serving adds, CPUs as they are and kept awake (serve.keep_cpus_awake)"
 # The same engines and rounds with idle-priority spinners on every CPU (launcher/awake.py) for the _awake paths: on a

@@ -1,6 +1,7 @@
 """The table of benchmark/overhead.py's runs: per open-loop rate (--request-rate; `load` the rate in req/s) what
 concurrency it made, and per closed loop (--concurrency; `load` C=N) the same columns: TTFT in-process / served and
-what serving adds, where the served first token's time goes, ITL, tokens/s against in-process, and the server's CPU
+what serving adds, where the served first token's time goes, the engines' steps with prompts and the requests the
+served engine took in one hand-over, ITL, tokens/s against in-process, and the server's CPU
 a token by role (tritonserver, its python stubs, the engine process: which one a CPU-poor server runs out of).  With
 several --client-processes counts a load has a row per count, `load` then ending in xN (N client processes).
 
@@ -25,10 +26,23 @@ def cpu_by_role(row: dict, path: str) -> str:
     return "+".join(f"{roles[k]:.0f}" for k in ("tritonserver", "stubs", "engine"))
 
 
+def steps_share(row: dict, path: str) -> str:
+    """The share of the path's engine steps that had prompt tokens, in %: served requests that arrive spread out
+    make more and smaller prompt steps than the in-process driver's bursts ("-" where the run has no split)."""
+    share = (row.get(f"{path}_engine_steps") or {}).get("prompt")
+    return "-" if share is None else f"{100 * share:.1f}"
+
+
+def per_intake(row: dict, path: str) -> str:
+    """Requests the path's engine process took in one hand-over (one tokenizer call), "-" where not counted."""
+    n = (row.get(f"{path}_engine_steps") or {}).get("per_intake")
+    return "-" if n is None else f"{n:.2f}"
+
+
 def table(doc: dict) -> str:
     head = (f"{'load':>9} {'in flight in/served':>20} {'TTFT p50 in/served ms':>22} {'+ms':>6} {'TTFT mean in/served':>20} "
             f"{'+ms':>6} {'parse':>6} {'add':>6} {'engine':>7} {'back':>6} {'respond':>7} {'outside':>7} "
-            f"{'ITL p50 in/served ms':>21} {'tok/s ratio':>11} {'server CPU us/tok: triton+stubs+engine':>38}")
+            f"{'prompt steps % in/served':>24} {'req/hand-over':>13} {'ITL p50 in/served ms':>21} {'tok/s ratio':>11} {'server CPU us/tok: triton+stubs+engine':>38}")
     lines = [head]
     alt = doc.get("served_alt")
     if alt:  # what the second server was set up with, where it differs from the first
@@ -54,6 +68,7 @@ def table(doc: dict) -> str:
                 f"{r['direct_ttft_ms_mean']:>9.2f} / {r[f'{path}_ttft_ms_mean']:<8.2f} {mean_added:>6.2f} "
                 + " ".join(f"{ft.get(k, float('nan')):>{w}.2f}" for k, w in
                            (("parse", 6), ("add", 6), ("engine", 7), ("back", 6), ("respond", 7), ("outside_server", 7)))
+                + f" {steps_share(r, 'direct'):>11} / {steps_share(r, path):<10} {per_intake(r, path):>13}"
                 + f" {r['direct_itl_ms_p50']:>9.3f} / {r[f'{path}_itl_ms_p50']:<9.3f} {r[f'{prefix}ratio']:>11.3f}"
                 + f" {cpu_by_role(r, path):>38}")
     return "\n".join(lines)

@@ -101,6 +101,10 @@ class EngineStats:
     queued_s: float = 0.0  # summed: add_request to a slot (waiting for the loop's next schedule, or a free slot)
     first_tokens: int = 0  # requests whose first token reached the host
     to_first_token_s: float = 0.0  # summed: add_request to the first token on the host (queued + prompt steps)
+    # add_requests (the engine process's reader hands over what it read at once; their text prompts are tokenized in
+    # one call): requests / calls is how many prompts arrive together
+    intake_calls: int = 0
+    intake_requests: int = 0
 
 
 def describe_features(f: dict) -> str:
@@ -124,6 +128,8 @@ def describe_features(f: dict) -> str:
                      + ")" if fused else "projections unfused")
     if f.get("blocking_wait"):  # LLMLAUNCH_HF_BLOCKING_WAIT=1, on a GPU: see HFModelRunner.blocking_wait
         parts.append("GPU waits sleep")
+    if f.get("gather_prompts"):  # the engine process, LLMLAUNCH_HF_GATHER_PROMPTS=1 (hf_process: the reading loop)
+        parts.append("prompts of all instances tokenized together")
     if f.get("prompt_encode"):  # hf_encode.PromptEncoder: the backend's encode, or why prompts go through the call
         parts.append("prompts: backend encode" if f["prompt_encode"] == "backend" else
                      f"prompts: tokenizer call ({f['prompt_encode']})")
@@ -361,6 +367,8 @@ class Engine:
 
         Returns, per request, None (queued) or the exception that refused it (InvalidRequest for bad input), as
         `add_request` would raise it; a refused request does not keep the others out."""
+        self.stats.intake_calls += 1  # the caller's thread (the reader); ints under the GIL, read by stats_dict
+        self.stats.intake_requests += len(requests)
         prompts = [r[1] for r in requests]
         texts = [i for i, p in enumerate(prompts) if isinstance(p, str) and p]  # "" keeps add_request's error
         if len(texts) > 1:

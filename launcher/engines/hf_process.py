@@ -439,6 +439,9 @@ def _child(fd: int) -> int:
         interval = float(kwargs.pop("output_interval", 0.0) or 0.0)
         batch_tokenize = env_switch(None, "LLMLAUNCH_HF_BATCH_TOKENIZE",  # see `read`
                                     "prompts that arrive together are tokenized in one call", "one at a time")
+        gather = batch_tokenize and env_switch(None, "LLMLAUNCH_HF_GATHER_PROMPTS",  # see the reading loop
+                                               "one call for the prompts of every connection ready at once",
+                                               "one call a connection", default=False)
         pending: dict = {}  # request id -> [output fields..., urgent]
         last_sent: dict = {}  # request id -> time its last output was sent
         received: dict = {}  # request id -> when its "add" arrived, until its first output (Output.times)
@@ -501,7 +504,7 @@ def _child(fd: int) -> int:
     info = {"max_model_len": engine.max_model_len, "max_num_seqs": engine.max_num_seqs,
             "vocab_size": engine.vocab_size, "device": str(engine.runner.device),
             "dtype": str(engine.runner.dtype).replace("torch.", ""), "pid": os.getpid(),
-            "features": engine.features}
+            "features": dict(engine.features, **({"gather_prompts": True} if gather else {}))}
 
     def add_all(adds: list) -> None:
         """("add" messages, as (k, message, when received)) -> the engine, text prompts tokenized together."""
@@ -517,7 +520,10 @@ def _child(fd: int) -> int:
             if exc is not None:  # InvalidRequest (prompt too long, ...): that request's error
                 received.pop(rid, None)
                 peers.finished(k, rid)
-                peers.send(k, [(msg[1], "", [], 0, 0, "error", str(exc), None)])
+                try:
+                    peers.send(k, [(msg[1], "", [], 0, 0, "error", str(exc), None)])
+                except OSError:  # that instance is gone: the reading loop sees it at its next read
+                    pass
 
     def handle(k: int, msg) -> str | None:
         """One message of connection k; "stop" / "detach" when the connection is done."""
@@ -535,30 +541,34 @@ def _child(fd: int) -> int:
     # One thread reads every connection, as it read the one connection before: requests are tokenized with no lock,
     # and no more threads take turns at the GIL with the engine loop.  It reads all that a connection has sent so far
     # before tokenizing: the successors of requests that ended in one step arrive as a burst, and their prompts go to
-    # the tokenizer in one call (`add_all`; LLMLAUNCH_HF_BATCH_TOKENIZE=0: one at a time, as they come).  Attaching
-    # instances are accepted on a thread of `_listen`, which wakes this loop through `wake`.
+    # the tokenizer in one call (`add_all`; LLMLAUNCH_HF_BATCH_TOKENIZE=0: one at a time, as they come).
+    # LLMLAUNCH_HF_GATHER_PROMPTS=1 makes that one call for every connection ready at once (eight model instances
+    # are eight connections).  Off by default: on an H100 host it cut `add` at 8-128 closed streams but requests
+    # then waited longer inside the engine, which takes prompts at its own step boundaries, and neither the first
+    # token nor tokens/s came out clearly ahead (benchmark/RESULTS.md, thirty-third session, runs 107-110).
+    # Attaching instances are accepted on a thread of `_listen`, which wakes this loop through `wake`.
     wake_r, wake_w = Pipe(duplex=False)
     close_listener = _listen(listen, info, peers, wake_w) if listen else None
     peers.send(0, ("ready", info))
 
-    def read(c, k: int) -> str | None:
-        """Handle the messages waiting on connection c (k; at most 1,024, then the others get a turn); why it is
-        done, if it is."""
-        adds: list = []
+    def read(c, k: int, adds: list) -> str | None:
+        """Read the messages waiting on connection c (k; at most 1,024, then the others get a turn): "add"s join
+        `adds` (tokenized later, together); any other message first hands `adds` to the engine (an abort may be
+        for one of them).  Why the connection is done, if it is."""
         try:
             for _ in range(1024):
                 msg = c.recv()
                 if msg[0] == "add" and batch_tokenize:
                     adds.append((k, msg, time.monotonic()))
                 else:
-                    pending, adds = adds, []
-                    add_all(pending)  # first: an abort may be for one of them
+                    pending = adds[:]
+                    adds.clear()
+                    add_all(pending)
                     done = handle(k, msg)
                     if done is not None:
                         return done
                 if not c.poll():
                     break
-            add_all(adds)
         except (EOFError, OSError):  # that instance is gone (its requests end with it)
             return "gone"
         return None
@@ -567,12 +577,18 @@ def _child(fd: int) -> int:
         first_open = True  # the instance that started us: when it goes, the engine stops
         while first_open:
             by_conn = peers.by_conn()
+            adds: list = []
             for c in wait(list(by_conn) + [wake_r]):
                 if c is wake_r:
                     wake_r.recv_bytes()
                     continue
                 k = by_conn[c]
-                done = read(c, k)
+                done = read(c, k, adds)
+                if done == "gone":  # nobody to answer: its requests read just now are not started
+                    adds = [a for a in adds if a[0] != k]
+                if not gather:
+                    add_all(adds)
+                    adds = []
                 if done is None:
                     continue
                 if not k:
@@ -582,6 +598,7 @@ def _child(fd: int) -> int:
                     engine.abort(rid)
                 c.close()
                 log.info("hf engine process: model instance %d detached", k)
+            add_all(adds)  # (the first instance gone: the engine's shutdown ends them 'cancelled')
     finally:
         if close_listener is not None:
             close_listener()

@@ -49,6 +49,7 @@ ENGINE_STEPS = "llmlaunch_engine_steps"
 ENGINE_TOKENS = "llmlaunch_engine_tokens"
 ENGINE_REQUEST_SECONDS = "llmlaunch_engine_request_seconds"
 ENGINE_REQUESTS = "llmlaunch_engine_requests"
+ENGINE_INTAKES = "llmlaunch_engine_intakes"
 
 # One row per counter: (metric family, its label (None: none but the model's), label value, the key of its value in
 # the totals a `Counters` reads, description).  First-token keys are FirstTokenTimes.totals_map's; engine keys are
@@ -68,8 +69,11 @@ ENGINE_COUNTERS = tuple((ENGINE_SECONDS, "part", p, key, _ENGINE_SECONDS_DOC) fo
     (ENGINE_REQUEST_SECONDS, "part", p, key, "seconds requests spent in the engine from being added, summed: until "
                                              "a KV-cache slot (queued), until their first token (first_token)")
     for p, key in (("queued", "queued_s"), ("first_token", "to_first_token_s"))) + tuple(
-    (ENGINE_REQUESTS, "kind", k, key, "requests given a slot (admitted), requests with a first token (first_token)")
-    for k, key in (("admitted", "admitted"), ("first_token", "first_tokens")))
+    (ENGINE_REQUESTS, "kind", k, key, "requests given a slot (admitted), requests with a first token (first_token), "
+                                      "requests handed to the engine (intake)")
+    for k, key in (("admitted", "admitted"), ("first_token", "first_tokens"), ("intake", "intake_requests"))) + (
+    (ENGINE_INTAKES, None, None, "intake_calls", "hand-overs of requests to the engine (add_requests calls), the "
+                                                 "text prompts of each tokenized in one call"),)
 ENGINE_FIELDS = tuple(row[3] for row in ENGINE_COUNTERS)  # the EngineStats fields the metrics carry
 
 
@@ -258,7 +262,9 @@ def engine_step_split(before: dict, after: dict) -> dict | None:
                   (both only on a GPU: they are absent without timed steps)
       decode_rows, prefill_tokens: per step;  ahead: share of steps queued before the last one's tokens were known
       prompt: share of steps with prompt tokens;  prompt_graph: share of steps that were one prompt replayed as a
-      CUDA graph (the rest of the prompt steps ran eagerly)"""
+      CUDA graph (the rest of the prompt steps ran eagerly)
+      queue_ms, first_token_ms: per request, add_request to a slot and to its first token
+      per_intake: requests handed to the engine together (their text prompts tokenized in one call)"""
     d = {k: after.get(k, 0) - before.get(k, 0) for k in ENGINE_FIELDS}
     n = d["steps"]
     if n <= 0:
@@ -278,6 +284,8 @@ def engine_step_split(before: dict, after: dict) -> dict | None:
         out["queue_ms"] = ms(d["queued_s"], d["admitted"])
     if d["first_tokens"] > 0:
         out["first_token_ms"] = ms(d["to_first_token_s"], d["first_tokens"])
+    if d["intake_calls"] > 0:  # how many requests arrived together: the prompts of one tokenizer call
+        out["per_intake"] = round(d["intake_requests"] / d["intake_calls"], 2)
     return out
 
 
@@ -319,6 +327,8 @@ def format_engine_split(split: dict) -> str:
     if "first_token_ms" in split:
         line += (f"; a request: {split.get('queue_ms', 0):.3f} ms to a slot, {split['first_token_ms']:.3f} ms to its "
                  "first token")
+    if "per_intake" in split:
+        line += f"; {split['per_intake']:g} requests a hand-over (one tokenizer call)"
     return line
 
 
