@@ -26,17 +26,13 @@ def cpu_by_role(row: dict, path: str) -> str:
     return "+".join(f"{roles[k]:.0f}" for k in ("tritonserver", "stubs", "engine"))
 
 
-def steps_share(row: dict, path: str) -> str:
-    """The share of the path's engine steps that had prompt tokens, in %: served requests that arrive spread out
-    make more and smaller prompt steps than the in-process driver's bursts ("-" where the run has no split)."""
-    share = (row.get(f"{path}_engine_steps") or {}).get("prompt")
-    return "-" if share is None else f"{100 * share:.1f}"
-
-
-def per_intake(row: dict, path: str) -> str:
-    """Requests the path's engine process took in one hand-over (one tokenizer call), "-" where not counted."""
-    n = (row.get(f"{path}_engine_steps") or {}).get("per_intake")
-    return "-" if n is None else f"{n:.2f}"
+def engine_figure(row: dict, path: str, key: str, scale: float, digits: int) -> str:
+    """One figure of the path's engine step split (`<path>_engine_steps`), times `scale`; "-" where the run has none.
+    Used for `prompt` (the share of steps with prompt tokens, in %: served requests that arrive spread out make more
+    and smaller prompt steps than the in-process driver's bursts) and `per_intake` (requests the engine process took
+    in one hand-over, one tokenizer call)."""
+    value = (row.get(f"{path}_engine_steps") or {}).get(key)
+    return "-" if value is None else f"{scale * value:.{digits}f}"
 
 
 def table(doc: dict) -> str:
@@ -68,7 +64,8 @@ def table(doc: dict) -> str:
                 f"{r['direct_ttft_ms_mean']:>9.2f} / {r[f'{path}_ttft_ms_mean']:<8.2f} {mean_added:>6.2f} "
                 + " ".join(f"{ft.get(k, float('nan')):>{w}.2f}" for k, w in
                            (("parse", 6), ("add", 6), ("engine", 7), ("back", 6), ("respond", 7), ("outside_server", 7)))
-                + f" {steps_share(r, 'direct'):>11} / {steps_share(r, path):<10} {per_intake(r, path):>13}"
+                + f" {engine_figure(r, 'direct', 'prompt', 100, 1):>11} / {engine_figure(r, path, 'prompt', 100, 1):<10}"
+                + f" {engine_figure(r, path, 'per_intake', 1, 2):>13}"
                 + f" {r['direct_itl_ms_p50']:>9.3f} / {r[f'{path}_itl_ms_p50']:<9.3f} {r[f'{prefix}ratio']:>11.3f}"
                 + f" {cpu_by_role(r, path):>38}")
     return "\n".join(lines)

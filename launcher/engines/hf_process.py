@@ -561,9 +561,8 @@ def _child(fd: int) -> int:
                 if msg[0] == "add" and batch_tokenize:
                     adds.append((k, msg, time.monotonic()))
                 else:
-                    pending = adds[:]
+                    add_all(adds)
                     adds.clear()
-                    add_all(pending)
                     done = handle(k, msg)
                     if done is not None:
                         return done
@@ -585,10 +584,10 @@ def _child(fd: int) -> int:
                 k = by_conn[c]
                 done = read(c, k, adds)
                 if done == "gone":  # nobody to answer: its requests read just now are not started
-                    adds = [a for a in adds if a[0] != k]
+                    adds[:] = [a for a in adds if a[0] != k]
                 if not gather:
                     add_all(adds)
-                    adds = []
+                    adds.clear()
                 if done is None:
                     continue
                 if not k:
