@@ -184,6 +184,89 @@ def test_which_steps_replay_a_prompt_graph(tiny_model_dir, monkeypatch):
         HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64, prefill_graphs=-1)
 
 
+def test_mixed_graph_body_equals_the_eager_step(tiny_model_dir):
+    """What a mixed graph replays (HFModelRunner._mixed_body: decode rows padded to their bucket by slot, then whole
+    prompts packed and padded, each causal over its own tokens) gives the logits and cache of the unpadded eager
+    step, in the step's row order, also with the decode tokens handed over on the device (a step queued ahead).
+    CUDA graphs need a GPU; the body runs here eagerly, as the capture records it (benchmark/gpu/decode_bandwidth.py
+    checks greedy tokens through the captured graphs on one)."""
+    from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
+
+    runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_model_len=64)
+    assert runner.mixed_limit == 0 and not runner._mixed_graphs  # no graphs off the GPU
+    runner._spare_slots = 1  # as with graphs on: the slot padded rows write to
+    runner._allocate_cache(None)
+    with torch.inference_mode():  # two sequences decoding, in slots 2 and 0
+        for slot, prompt in ((2, list(range(60, 69))), (0, list(range(30, 34)))):
+            runner._run(StepInputs([], [], [], [PrefillChunk(slot, 0, len(prompt), True)], prompt, SamplingRows()))
+    prompts = {1: list(range(40, 47)), 3: list(range(80, 85))}
+    step = StepInputs([0, 2], [7, 11], [4, 9], [PrefillChunk(s, 0, len(p), True) for s, p in prompts.items()],
+                      [t for p in prompts.values() for t in p], SamplingRows())
+    before = [(k.clone(), v.clone()) for k, v in runner.cache]
+    with torch.inference_mode():
+        eager = runner._run(step)
+    after = [(k.clone(), v.clone()) for k, v in runner.cache]
+
+    runner.mixed_limit, runner._mixed_eager = 32, True  # as if captured (the body then runs without a graph)
+    key = runner.mixed_step_key(step)
+    assert key == (4, 64, 32)  # rows by slot up to 4 (a power of two), the cache length bucket, 12 tokens in 32
+    values, kept, out = runner.mixed_graph_inputs(step, 4, 32)
+    assert values[2][:4] == [0, 4, 2, 4] and values[3][:4] == [5, 1, 10, 1]  # slot rows: padding to the spare slot
+    assert values[3][4:] == [0] * 7 + [1] * 5 + [-1] * 20 and values[2][4 + 12:] == [4] * 20
+    assert kept == [0, 1, 2, 3, 10, 15] + [35] * 6 and out == [0, 2, 4, 5]
+    for ids in (None, torch.tensor([7, 11])):  # decode tokens from the host, then from the device
+        for (k, v), (k0, v0) in zip(runner.cache, before):
+            k.copy_(k0), v.copy_(v0)
+        ahead = step if ids is None else StepInputs(step.decode_slots, [0, 0], step.decode_positions, step.prefill,
+                                                    step.prefill_tokens, step.sampling)
+        with torch.inference_mode():
+            mixed = runner._graph_mixed(ahead, key, ids)
+        torch.testing.assert_close(mixed, eager, rtol=1e-5, atol=1e-5)
+        for (k, v), (k1, v1) in zip(runner.cache, after):
+            torch.testing.assert_close(k[:4], k1[:4], rtol=1e-6, atol=1e-6)  # real slots: the same, nothing else
+            torch.testing.assert_close(v[:4], v1[:4], rtol=1e-6, atol=1e-6)
+            assert k[4, :, 12:32].abs().sum() > 0  # the pads went to the spare slot
+
+
+def test_which_steps_replay_a_mixed_graph(tiny_model_dir, monkeypatch):
+    """Decode rows and whole sampled prompts, at most MIXED_PROMPTS of them and mixed_limit tokens in all -> the
+    decode bucket and the smallest packed size that holds them; anything else does not.  The limit comes from the
+    environment and is checked."""
+    from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
+
+    assert HFModelRunner.mixed_buckets(512) == [32, 64, 128, 256, 512]
+    assert HFModelRunner.mixed_buckets(100) == [32, 64, 100] and HFModelRunner.mixed_buckets(0) == []
+    runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_model_len=64)
+    runner.mixed_limit = 48
+    runner._mixed_graphs = {(r, 64, t): None for r in (1, 2, 4, 8, 16) for t in (32, 48)}  # as if captured
+
+    def step(*chunks, decode=(0,)):
+        return StepInputs(list(decode), [1] * len(decode), [3] * len(decode), list(chunks),
+                          [1] * sum(c.length for c in chunks), SamplingRows())
+
+    def whole(*lengths):
+        return [PrefillChunk(8 + i, 0, n, True) for i, n in enumerate(lengths)]
+
+    assert runner.mixed_step_key(step(*whole(7))) == (1, 64, 32)
+    assert runner.mixed_step_key(step(*whole(7, 30), decode=(2, 5))) == (8, 64, 48)
+    assert runner.mixed_step_key(step(*whole(*[2] * 8), decode=(9,))) == (16, 64, 32)
+    assert runner.mixed_prompts_fit([20, 28]) and not runner.mixed_prompts_fit([20, 29])
+    for other in (step(*whole(7), decode=()),  # no decode rows: a prompt or wave graph
+                  step(decode=(0,)),  # no prompt: a decode graph
+                  step(*whole(20, 29)),  # past the limit
+                  step(*whole(*[2] * 9)),  # more prompts than a mixed graph keeps logits for
+                  step(PrefillChunk(8, 4, 7, True)),  # a later chunk (attends to the cache)
+                  step(PrefillChunk(8, 0, 7, False))):  # a chunk that does not end its prompt
+        assert runner.mixed_step_key(other) is None
+    runner._mixed_graphs.clear()
+    assert runner.mixed_step_key(step(*whole(7))) is None and not runner.mixed_prompts_fit([7])  # none captured
+    monkeypatch.setenv("LLMLAUNCH_HF_MIXED_GRAPHS", "many")
+    with pytest.raises(ValueError, match="LLMLAUNCH_HF_MIXED_GRAPHS='many' is not a number of prompt tokens"):
+        HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64)
+    with pytest.raises(ValueError, match="mixed_graphs=-1 is negative"):
+        HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64, mixed_graphs=-1)
+
+
 class _Steps(list):
     """(decode rows, prompt chunk lengths) of each launched step; `.ahead[i]`: step i was launched while the step
     before it still had its tokens to give (queued behind it, overlap)."""
@@ -392,6 +475,44 @@ def test_a_wave_of_prompts_goes_in_steps_of_its_own_taking_turns_with_the_decode
         assert steps.ahead[mark:mark + 4] == [True] * 4, steps.ahead[mark:mark + 4]
         expected = [(PROMPTS[3], 40)] + [(p, 8) for p in wave_prompts]
         for (_, outs), (p, n) in zip([first] + wave, expected, strict=True):
+            assert [t for o in outs for t in o.token_ids] == reference(p, n)[0]
+    finally:
+        eng.shutdown()
+
+
+def test_prompts_that_fit_a_mixed_graph_go_beside_the_decode_rows(tiny_model_dir, reference, monkeypatch):
+    """Where mixed graphs exist (a GPU), prompts that arrive while others decode go in the decode rows' step, all of
+    them in one step when they fit one graph (MIXED_PROMPTS prompts, mixed_limit tokens): the decode rows wait no
+    step of prompts.  More than fit go as before (here, prompt graphs are not there: one eager step beside the decode
+    rows).  Outputs stay those of generate, and the engine counts its mixed steps.  CPU has no CUDA graphs: the
+    runner is told that it has mixed graphs for up to 64 prompt tokens (their body then runs eagerly here); the
+    engine is held inside a step while requests arrive, so the scheduler sees them together."""
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_prefill_tokens=256)
+    eng.runner.mixed_limit, eng.runner._mixed_eager = 64, True
+    eng.runner._spare_slots = 1  # as with graphs on: the slot padded rows write to
+    eng.runner._allocate_cache(None)
+    steps, arrive_together = record_steps(eng)
+    eng.start()
+    try:
+        first = decoding_request(eng)
+        lengths = [len(eng.tokenizer(p).input_ids) for p in PROMPTS]
+        mark, two = arrive_together(PROMPTS[:2], 8)
+        for done, _ in two:
+            assert done.wait(60)
+        prompt_steps = [st for st in steps[mark:] if st[1]]
+        assert prompt_steps == [(1, lengths[:2])], steps[mark:]  # one step: the decode row and both prompts
+        # queued behind the step held, its decode token following on the device, its prompts' from the host
+        assert steps[mark] == (1, lengths[:2]) and steps.ahead[mark], (steps[mark:], steps.ahead[mark:])
+        assert eng.stats.mixed_steps == 1 and eng.stats.prompt_steps == 2  # (the first request's own prompt step)
+        mark, many = arrive_together(PROMPTS * 2, 6)  # more prompt tokens than 64
+        for done, _ in many:
+            assert done.wait(60)
+        assert sum(lengths) * 2 > 64
+        prompt_steps = [st for st in steps[mark:] if st[1]]
+        assert prompt_steps[0] == (1, lengths * 2), steps[mark:]  # eager, as before mixed graphs
+        assert first[0].wait(60)
+        expected = [(PROMPTS[3], 40)] + [(p, 8) for p in PROMPTS[:2]] + [(p, 6) for p in PROMPTS * 2]
+        for (_, outs), (p, n) in zip([first] + two + many, expected, strict=True):
             assert [t for o in outs for t in o.token_ids] == reference(p, n)[0]
     finally:
         eng.shutdown()
@@ -1112,13 +1233,17 @@ def test_engine_step_split_of_gpu_totals():
               "prompt_graph_steps": 1}
     split = engine_step_split({}, totals)
     assert split == {"steps": 4, "step_ms": 2.5, "launch_ms": 0.5, "wait_ms": 1.5, "host_ms": 0.5, "decode_rows": 1.0,
-                     "prefill_tokens": 2.0, "ahead": 0.75, "prompt": 0.5, "prompt_graph": 0.25, "gpu_ms": 1.75,
-                     "gpu_idle_ms": 0.1}
+                     "prefill_tokens": 2.0, "ahead": 0.75, "prompt": 0.5, "prompt_graph": 0.25, "mixed": 0.0,
+                     "gpu_ms": 1.75, "gpu_idle_ms": 0.1}
     assert format_engine_split(split) == ("step 2.500 ms = launch 0.500 + wait 1.500 + host 0.500; GPU 1.750 busy + "
                                           "0.100 idle; 1 decode rows, 2 prompt tokens a step, 75% queued ahead, "
-                                          "50.0% with prompts (25.0% one prompt through its graph)")
+                                          "50.0% with prompts (25.0% prompts alone through a graph)")
     eager = format_engine_split(engine_step_split({}, dict(totals, prompt_graph_steps=0)))
     assert eager.endswith("50.0% with prompts") and "graph" not in eager
+    mixed = engine_step_split({}, dict(totals, mixed_steps=1))
+    assert mixed["mixed"] == 0.25
+    assert format_engine_split(mixed).endswith("50.0% with prompts (25.0% prompts alone through a graph, 25.0% beside "
+                                               "decode rows, mixed graph)")
     assert "prompts" not in format_engine_split(engine_step_split({}, dict(totals, prompt_steps=0)))
     timed = engine_step_split({}, dict(totals, admitted=2, queued_s=0.003, first_tokens=2, to_first_token_s=0.02))
     assert timed["queue_ms"] == 1.5 and timed["first_token_ms"] == 10.0
@@ -1553,7 +1678,7 @@ def test_intake_benchmark_compares_engine_processes_on_the_same_load(tiny_model_
 
 
 def test_prompts_alone_benchmark_runs_both_engines_on_the_same_load(tiny_model_dir, monkeypatch, tmp_path):
-    """benchmark/gpu/prompts_alone.py on CPU (no graphs: a dry run): both engines take turns on the same requests
+    """benchmark/gpu/prompts_alone.py on CPU (no graphs: a dry run): the three engines take turns on the same requests
     of their own lengths, every round generating exactly the drawn lengths; bad ranges are refused before any
     engine starts.  The engine's prompts_alone argument wins over LLMLAUNCH_HF_PROMPTS_ALONE; a negative one, or
     an environment value that is not a number, is refused before the model loads."""
@@ -1572,11 +1697,12 @@ def test_prompts_alone_benchmark_runs_both_engines_on_the_same_load(tiny_model_d
     (row,) = out["runs"]
     want = sum(draw_output_lengths(6, 2, 12, seed=2))
     assert row["output_tokens"] == want and out["max_tokens"] == [2, 12]
-    for name in ("alone", "eager"):
+    for name in ("mixed", "alone", "eager"):
         assert row[name]["round_tokens"] == [want, want] and row[name]["tokens_per_s"] > 0
         assert 0 < row[name]["engine_steps"]["prompt"] <= 1 and row[name]["ttft_ms_p50"] > 0
     assert row["alone_vs_eager"] == round(row["alone"]["tokens_per_s"] / row["eager"]["tokens_per_s"], 4)
-    assert "alone / eager" in proc.stderr
+    assert row["mixed_vs_alone"] == round(row["mixed"]["tokens_per_s"] / row["alone"]["tokens_per_s"], 4)
+    assert "mixed / alone" in proc.stderr and "alone / eager" in proc.stderr
     for bad, msg in ((["--max-tokens-min", "13"], "--max-tokens-min 13 must be between 1 and --max-tokens (12)"),
                      (["--max-tokens-min", "2", "--concurrency", "8"],
                       "--concurrency 8 is more than --max-num-seqs 4")):

@@ -352,13 +352,14 @@ llmlaunch_engine_seconds{model="b",part="step"} 7
 llmlaunch_engine_steps{model="a",kind="all"} 1000
 llmlaunch_engine_steps{model="a",kind="ahead"} 900
 llmlaunch_engine_steps{model="a",kind="prompt_graph"} 12
+llmlaunch_engine_steps{model="a",kind="mixed"} 5
 llmlaunch_engine_tokens{model="a",kind="decode"} 64000
 llmlaunch_first_tokens{model="a"} 10
 """
     a = read_engine_metrics(text, "a")
     assert a["wall_s"] == 2.5 and a["launch_s"] == 0.5 and a["gpu_idle_s"] == 0.01 and a["wait_s"] == 0
     assert a["steps"] == 1000 and a["ahead_steps"] == 900 and a["decode_tokens"] == 64000
-    assert a["prompt_graph_steps"] == 12
+    assert a["prompt_graph_steps"] == 12 and a["mixed_steps"] == 5
     assert read_engine_metrics(text)["wall_s"] == 9.5
 
 

@@ -146,7 +146,8 @@ def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, arriv
     """Greedy tokens (float32) of 4 prompts of different lengths through the engine.  arrive: "together" (one
     step takes them all: with graphs, a wave graph of 4 rows of 48 tokens); "one_at_a_time" (each after the last finished: its step is its own and replays a prompt
     graph); "while_decoding" (prompt 0, then 1 and 2 at once once 0 has 8 tokens, then 3 once 2 has 8: each
-    arrives while others decode, and with graphs goes through its graph alone while they wait); "slots_full" (all
+    arrives while others decode, and with graphs goes beside them through a mixed graph, or with
+    LLMLAUNCH_HF_MIXED_GRAPHS=0 through its graph alone while they wait); "slots_full" (all
     four in one call to an engine of two slots: two wait for a slot while the others decode, their decode steps
     queued ahead all the same, and take the slots the first two leave)."""
     import queue
@@ -193,7 +194,8 @@ def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, arriv
         if cuda_graphs:
             s = engine.stats
             print(f"[greedy] {arrive}: {engine.features}; {s.prompt_steps} steps with prompts, "
-                  f"{s.prompt_graph_steps} of them through a prompt or wave graph; {s.ahead_steps} of {s.steps} steps "
+                  f"{s.prompt_graph_steps} of them through a prompt or wave graph, {s.mixed_steps} beside decode rows "
+                  f"through a mixed graph; {s.ahead_steps} of {s.steps} steps "
                   f"queued ahead", file=sys.stderr, flush=True)
         return [outs[i] for i in sorted(outs)]
     finally:

@@ -9,7 +9,10 @@ gRPC) on one GPU with the GPU defaults, taking turns round by round (--variants)
            and more than 4 prompts waiting in one eager step (the code before run 28)
   batched  the reader takes every message a connection has sent so far and tokenizes their prompts in one call
            (a fast tokenizer spreads it over threads with the GIL released); waves still eager
-  waves    batched, and two or more waiting prompts in steps of their own through wave graphs (the default)
+  waves    batched, and two or more waiting prompts in steps of their own through wave graphs; prompts that arrive
+           while others decode and fit a mixed graph go beside the decode rows through it (the default)
+  nomixed  waves without mixed graphs (LLMLAUNCH_HF_MIXED_GRAPHS=0, the code before the thirty-fourth session: such
+           prompts go in steps of their own too).  `--variants nomixed waves` measures what mixed graphs gain
   wait     waves, but a step of prompts (and the decode rows' turn after it) waits for the tokens of the step
            running before it is queued (LLMLAUNCH_HF_PROMPTS_AHEAD=0, the code before the seventeenth session; by
            default it is queued behind that step at once).  `--variants wait waves` measures what that gains
@@ -54,6 +57,8 @@ VARIANTS = {"single": {"LLMLAUNCH_HF_BATCH_TOKENIZE": "0", "LLMLAUNCH_HF_WAVE_GR
                      "LLMLAUNCH_HF_PROMPTS_AHEAD": "0"},
             "unfused": {"LLMLAUNCH_HF_BATCH_TOKENIZE": "1", "LLMLAUNCH_HF_WAVE_GRAPHS": "1",
                         "LLMLAUNCH_HF_FUSE_PROJECTIONS": "0"},
+            "nomixed": {"LLMLAUNCH_HF_BATCH_TOKENIZE": "1", "LLMLAUNCH_HF_WAVE_GRAPHS": "1",
+                        "LLMLAUNCH_HF_MIXED_GRAPHS": "0"},
             "fullwait": {"LLMLAUNCH_HF_BATCH_TOKENIZE": "1", "LLMLAUNCH_HF_WAVE_GRAPHS": "1",
                          "LLMLAUNCH_HF_FULL_AHEAD": "0"}}
 KEYS = ("add_ms_mean", "add_ms_p50", "add_ms_p99", "ttft_ms_mean", "ttft_ms_p50", "itl_ms_p50", "in_flight_mean")

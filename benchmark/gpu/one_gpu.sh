@@ -54,7 +54,7 @@ timeout 700 $PY benchmark/gpu/decode_kernels.py --model "$MODEL" | tee "$OUT_DIR
 echo "== 2c. time to first token on an idle engine: prompt steps as CUDA graphs vs eager, side by side"
 timeout 400 $PY benchmark/gpu/prefill_ttft.py --model "$MODEL" | tee "$OUT_DIR/prefill_ttft.json"
 
-echo "== 2d. prompts arriving while others decode (64-192 new tokens): through their graphs alone vs eager steps"
+echo "== 2d. prompts arriving while others decode (64-192 new tokens): beside the decode rows (mixed graphs) vs through their graphs alone vs eager steps"
 timeout 600 $PY benchmark/gpu/prompts_alone.py --model "$MODEL" --rounds "$ROUNDS" --json "$OUT_DIR/prompts_alone.json" \
     > /dev/null
 
@@ -154,7 +154,7 @@ for alt in "--alt-server-param response_threads=4" "--alt-server-env LLMLAUNCH_H
     $PY benchmark/gpu/open_loop_table.py "$OUT_DIR/overhead_open8_$n.json"
 done
 
-# Steps 3d-3g: closed loops through two servers side by side against the same in-process engine and arrivals, both
+# Steps 3d-3h: closed loops through two servers side by side against the same in-process engine and arrivals, both
 # 8 response processes x 2 threads, served_alt changed by the arguments after the first four; then their table.
 #   closed_pair NAME "CONCURRENCIES" REQUESTS_PER_STREAM ROUNDS SERVED_ALT_ARG...
 closed_pair() {
@@ -197,6 +197,13 @@ echo "== 3g. closed loops (1 8 32 64 128): one tokenizer call a connection (serv
 # it cut `add` in all 10 pairs from 8 streams, but requests then waited longer in the engine: the first token came
 # sooner in 6 of 11 pairs and later in 5, and tokens/s was 0.063 lower in one pair at 64 streams.
 closed_pair overhead_gather_prompts "1 8 32 64 128" 16 2 --alt-server-env LLMLAUNCH_HF_GATHER_PROMPTS=1
+
+echo "== 3h. closed loops (1 8 32 64 128): prompts beside the decode rows through mixed graphs (served) / in steps of their own (served_alt)"
+# LLMLAUNCH_HF_MIXED_GRAPHS=0: a prompt that arrives while others decode goes through its prompt or wave graph in a
+# step of its own while the decode rows wait, as before the thirty-fourth session. On H100 hosts (RESULTS.md, runs
+# 112-115) mixed graphs brought the served first token sooner (median) in all 8 pairs from 8 streams and kept more
+# of in-process tokens/s in 7 of 8. The table's `prompt steps %` columns show how many steps had prompts.
+closed_pair overhead_mixed_graphs "1 8 32 64 128" 16 2 --alt-server-env LLMLAUNCH_HF_MIXED_GRAPHS=0
 
 echo "== 4. one stream: the TTFT serving adds, CPUs as they are and kept awake (serve.keep_cpus_awake)"
 # The same engines and rounds with idle-priority spinners on every CPU (launcher/awake.py) for the _awake paths: on a

@@ -1,22 +1,26 @@
-"""Prompts that arrive while others decode: through their CUDA graphs one at a time, or in one eager step, side by side.
+"""Prompts that arrive while others decode: beside the decode rows through mixed graphs, through their CUDA graphs one
+at a time, or in one eager step, side by side.
 
     python benchmark/gpu/prompts_alone.py --model /tmp/llama-1b [--concurrency 8 32 128]
     python benchmark/gpu/prompts_alone.py --device cpu --concurrency 2 --rounds 1 --max-tokens 12 --max-tokens-min 2
 
-Two in-process engines on one GPU (the GPU defaults: torch.compile, decode and prompt graphs, overlap), taking
-turns round by round: `alone` (the default: one waiting prompt goes through its prompt graph in a step of its own
-while the decode rows wait, two or more through a wave graph, Engine._prompt_wave) and `eager` (prompts_alone=0,
-wave_graphs=False: every step with prompt tokens runs eagerly beside the decode rows, ~10-11 ms of kernel launches
+Three in-process engines on one GPU (the GPU defaults: torch.compile, decode and prompt graphs, overlap), taking
+turns round by round: `mixed` (the default: waiting prompts that fit a mixed graph go beside the decode rows in
+their step through it, Engine._prompts_mixed; more go in waves), `alone` (mixed_graphs=0, the default before the
+thirty-fourth session: one waiting prompt goes through its prompt graph in a step of its own while the decode rows
+wait, two or more through a wave graph, Engine._prompt_wave) and `eager` (prompts_alone=0, wave_graphs=False,
+mixed_graphs=0: every step with prompt tokens runs eagerly beside the decode rows, ~10-11 ms of kernel launches
 on an H100 host).  The load
 is overhead.py's closed loop (C requests in flight, `--requests-per-stream` x C in all, --prompt-tokens prompts),
 each request with an exact output length of its own drawn from [--max-tokens-min, --max-tokens], the same for
 both engines and every round: requests end apart and their successors arrive one by one while the others
 decode, as in real traffic.  With one length for all (--max-tokens-min = --max-tokens) they end together and
-arrive in waves: through wave graphs with `alone`, in one eager step with `eager`.
+arrive in waves: through wave graphs with `mixed` and `alone`, in one eager step with `eager`.
 
 Per C and engine (medians over rounds): output tokens/s, TTFT mean / p50 / p99, ITL p50, the p99 gap between a
-request's tokens, and the engine's step split (share of steps with prompts and through a prompt graph); then
-alone / eager.  Prints a table on stderr and one JSON document on stdout.  On a CPU (no graphs) both engines
+request's tokens, and the engine's step split (share of steps with prompts, through a prompt or wave graph and
+through a mixed graph); then mixed / alone and alone / eager.  Prints a table on stderr and one JSON document on
+stdout.  On a CPU (no graphs) the engines
 run the same steps: a dry run of the script.
 """
 
@@ -30,8 +34,10 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-# engine name -> its settings: the defaults (prompts alone and waves through their graphs), all prompt steps eager
-CONFIGS = {"alone": {}, "eager": {"prompts_alone": 0, "wave_graphs": False}}
+# engine name -> its settings: the defaults (prompts beside the decode rows through mixed graphs, waves through
+# theirs), prompts alone and waves through their graphs (no mixed graphs), all prompt steps eager
+CONFIGS = {"mixed": {}, "alone": {"mixed_graphs": 0},
+           "eager": {"prompts_alone": 0, "wave_graphs": False, "mixed_graphs": 0}}
 KEYS = ("ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "gap_ms_p99")
 
 
@@ -71,6 +77,7 @@ def main(argv=None) -> int:
                                                      for name, rs in runs.items())))
             row = {"concurrency": c, "requests": n, "output_tokens": sum(lengths)}
             row.update({name: side_by_side_summary(rs, KEYS) for name, rs in runs.items()})
+            row["mixed_vs_alone"] = round(row["mixed"]["tokens_per_s"] / row["alone"]["tokens_per_s"], 4)
             row["alone_vs_eager"] = round(row["alone"]["tokens_per_s"] / row["eager"]["tokens_per_s"], 4)
             out["runs"].append(row)
     finally:
@@ -78,15 +85,16 @@ def main(argv=None) -> int:
             eng.shutdown()
 
     log(f"{'C':>4} {'engine':<6} {'tok/s':>9} {'TTFT mean':>9} {'p50':>7} {'p99':>8} {'ITL p50':>8} {'gap p99':>8} "
-        f"{'prompt steps':>12} {'via graph':>9}")
+        f"{'prompt steps':>12} {'via graph':>9} {'mixed':>6}")
     for row in out["runs"]:
         for name in engines:
             r, es = row[name], row[name].get("engine_steps", {})
             log(f"{row['concurrency']:>4} {name:<6} {r['tokens_per_s']:>9.1f} {r['ttft_ms_mean'] or 0:>9.2f} "
                 f"{r['ttft_ms_p50'] or 0:>7.2f} {r['ttft_ms_p99'] or 0:>8.2f} {r['itl_ms_p50'] or 0:>8.3f} "
                 f"{r['gap_ms_p99'] or 0:>8.3f} {100 * es.get('prompt', 0):>11.1f}% "
-                f"{100 * es.get('prompt_graph', 0):>8.1f}%")
-        log(f"{row['concurrency']:>4} alone / eager: {row['alone_vs_eager']:.3f}")
+                f"{100 * es.get('prompt_graph', 0):>8.1f}% {100 * es.get('mixed', 0):>5.1f}%")
+        log(f"{row['concurrency']:>4} mixed / alone: {row['mixed_vs_alone']:.3f}, alone / eager: "
+            f"{row['alone_vs_eager']:.3f}")
     write_json(out, args.json)
     return 0
 

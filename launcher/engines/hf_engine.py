@@ -96,6 +96,7 @@ class EngineStats:
     gpu_steps: int = 0  # steps timed on the GPU (0 off the GPU)
     prompt_steps: int = 0  # steps with prompt tokens
     prompt_graph_steps: int = 0  # of those, steps of prompts replayed as a CUDA graph (one prompt or a wave)
+    mixed_steps: int = 0  # of those, steps of decode rows and whole prompts replayed as a mixed CUDA graph
     # Per request, from add_request (its prompt tokenized) on: where a first token's time inside the engine goes
     admitted: int = 0  # requests given a KV-cache slot
     queued_s: float = 0.0  # summed: add_request to a slot (waiting for the loop's next schedule, or a free slot)
@@ -118,6 +119,8 @@ def describe_features(f: dict) -> str:
              f"{f.get('decode_graphs', 0)} decode graphs",
              f"prompt graphs failed ({f['prefill_graph_error']})" if f.get("prefill_graph_error") else
              f"{f.get('prefill_graphs', 0)} prompt graphs, {f.get('wave_graphs', 0)} wave graphs",
+             f"mixed graphs failed ({f['mixed_graph_error']})" if f.get("mixed_graph_error") else
+             f"{f.get('mixed_graphs', 0)} mixed graphs",
              f"overlap {'on' if f.get('overlap') else 'off'}"
              + (" (prompt steps wait)" if f.get("overlap") and f.get("prompts_ahead") is False else
                 " (decode steps wait while requests wait for a slot)" if f.get("overlap") and f.get("full_ahead") is False
@@ -207,7 +210,7 @@ class Engine:
                  cudnn_attention: str | None = None, prefill_graphs: int | None = None,
                  wave_graphs: bool | None = None, prompts_alone: int | None = None,
                  fuse_projections: bool | None = None, prompts_ahead: bool | None = None,
-                 full_ahead: bool | None = None):
+                 full_ahead: bool | None = None, mixed_graphs: int | None = None):
         """
         model_path: HF-format folder (config, weights, tokenizer unless tokenizer_path is given).
         device: auto (cuda when available) | cpu | cuda | cuda:N.  dtype: auto | float32 | bfloat16 | float16.
@@ -239,6 +242,8 @@ class Engine:
         queued behind the step running too (see `_schedule`; None: LLMLAUNCH_HF_PROMPTS_AHEAD, else on).
         full_ahead: with overlap, decode steps are queued ahead while requests wait for a slot too (see `_schedule`;
         None: LLMLAUNCH_HF_FULL_AHEAD, else on; off, the code before the nineteenth session, to measure against).
+        mixed_graphs: the most prompt tokens that go beside decode rows in one step through a mixed CUDA graph (see
+        HFModelRunner.MIXED_PROMPTS and _prompts_mixed; None: LLMLAUNCH_HF_MIXED_GRAPHS, else 512; 0: none).
         """
         from transformers import AutoTokenizer, GenerationConfig
 
@@ -265,7 +270,8 @@ class Engine:
                                     kv_cache_memory=kv_cache_memory, tp=int(tp or 1), tp_group=tp_group,
                                     cuda_graphs=cuda_graphs, torch_compile=torch_compile,
                                     cudnn_attention=cudnn_attention, prefill_graphs=prefill_graphs,
-                                    wave_graphs=wave_graphs, fuse_projections=fuse_projections)
+                                    wave_graphs=wave_graphs, fuse_projections=fuse_projections,
+                                    mixed_graphs=mixed_graphs)
         if not max_prefill_tokens:
             max_prefill_tokens = 2048 if self.runner.device.type == "cuda" else 512
         self.max_prefill_tokens = max(1, int(max_prefill_tokens))
@@ -330,6 +336,7 @@ class Engine:
                 "full_ahead": self._overlap and self._prompts_ahead and self._full_ahead,
                 "prefill_graphs": len(r._prefill_graphs), "wave_graphs": len(r._wave_graphs),
                 "prefill_graph_error": r.prefill_graph_error, "fused": dict(r.fused),
+                "mixed_graphs": len(r._mixed_graphs), "mixed_graph_error": r.mixed_graph_error,
                 "cudnn_attention": r.cudnn_attention if r.device.type == "cuda" else "",
                 "blocking_wait": r.blocking_wait and r.device.type == "cuda",
                 "prompt_encode": self._encode.why_not or "backend"}
@@ -562,6 +569,8 @@ class Engine:
         self.stats.launch_s += time.perf_counter() - t0
         if self.runner.last_graph in ("prompt", "wave"):
             self.stats.prompt_graph_steps += 1
+        elif self.runner.last_graph == "mixed":
+            self.stats.mixed_steps += 1
         return handle
 
     def _wait(self, handle) -> list[int]:
@@ -588,9 +597,11 @@ class Engine:
         (`_on_token` skips finished sequences) and whose cache entry the slot's next user overwrites.
         Rows that sat the running step out (it was a step of prompts only) decode here too, with their last tokens
         from the host (prev_rows -1).
-        Where prompts wait and the runner replays prompt graphs, two or more of them go in steps of their own
-        through wave graphs, taking turns with the decode rows (_prompt_wave), and one, or a few where there are
-        no wave graphs (PROMPTS_ALONE_MAX), one per step alone, while the decode rows wait that step
+        Where prompts wait, the runner has mixed graphs and all of them fit one, they go beside the decode rows in one
+        step through it (_prompts_mixed), queued ahead too: their tokens come from the host, the decode rows' from the
+        device.  Otherwise, where prompts wait and the runner replays prompt graphs, two or more of them go in steps
+        of their own through wave graphs, taking turns with the decode rows (_prompt_wave), and one, or a few where
+        there are no wave graphs (PROMPTS_ALONE_MAX), one per step alone, while the decode rows wait that step
         (_prompt_alone).  Such a step needs nothing of the running step's, so it is launched ahead too (prev_rows
         None): the GPU goes from the running step to the prompts, and from them to the decode rows' turn, without
         waiting for the host in between (on an H100 at 128 streams about one step in six carried or followed
@@ -610,11 +621,15 @@ class Engine:
             decoding = [s for _, s in self._decoding]
             self._admit()
             prompts = self._prefilling
-            only = self._prompts_only(decoding)
-            if only:  # the prompts through their graph; the decode rows wait this step
-                decoding, prompts = [], only
-            elif only is not None:  # the decode rows' turn between two waves
-                prompts = []
+            mixed = self._prompts_mixed(decoding)
+            if mixed:  # the prompts beside the decode rows, through a mixed graph
+                prompts = mixed
+            else:
+                only = self._prompts_only(decoding)
+                if only:  # the prompts through their graph; the decode rows wait this step
+                    decoding, prompts = [], only
+                elif only is not None:  # the decode rows' turn between two waves
+                    prompts = []
         else:
             prev_rows = [i for i, s in enumerate(ahead_of)
                          if s.slot >= 0 and len(s.out_ids) + 1 < s.max_tokens]  # not finished, not ending now
@@ -640,7 +655,10 @@ class Engine:
                 # each waiting for the host, and the queue grew faster: benchmark/RESULTS.md, nineteenth session.)
                 # A slot frees when the host has a row's last token, so a waiting request is admitted in the step
                 # scheduled after that.
-                if pending:
+                mixed = self._prompts_mixed(decoding, pending)
+                if mixed:  # beside the decode rows (their tokens follow on the device), through a mixed graph
+                    only, prompts = [], mixed
+                elif pending:
                     only = self._prompts_only(decoding, pending)
                 elif self._full_ahead:
                     only, self._waved = [], False  # the decode rows' turn
@@ -666,7 +684,7 @@ class Engine:
         prefill_tokens: list[int] = []
         penalty_resets = []
         chunk_seqs = []  # sequences whose chunk here does not end their prompt
-        if prompts:  # a step queued ahead carries no prompt (see above)
+        if prompts:  # queued ahead, a step carries prompts only through a prompt, wave or mixed graph (see above)
             budget = self.max_prefill_tokens
             for seq in prompts:
                 if budget <= 0:
@@ -712,6 +730,21 @@ class Engine:
     # A wave (more prompts than that) still goes in together, where the eager step's cost is shared.  Where the
     # runner has wave graphs, two or more prompts go through one of those instead (_prompt_wave).
     PROMPTS_ALONE_MAX = 4
+
+    def _prompts_mixed(self, decoding: list[_Seq], pending: list[_Seq] | None = None) -> list[_Seq] | None:
+        """The waiting prompts, where they all go beside the decode rows in one step through a mixed graph
+        (HFModelRunner.MIXED_PROMPTS): whole prompts, no more of them and no more tokens than one holds.  None
+        otherwise: more prompts than that go in waves (one step takes them all while the decode rows wait it, where
+        mixed steps would take several), and a prompt part-way through its chunks goes as before.
+        pending: as in _prompt_alone."""
+        pending = self._prefilling if pending is None else pending
+        if not decoding or not pending or any(s.num_computed for s in pending):
+            return None
+        lengths = [len(s.prompt_ids) for s in pending]
+        if sum(lengths) > self.max_prefill_tokens or not self.runner.mixed_prompts_fit(lengths):
+            return None
+        self._waved = False
+        return list(pending)
 
     def _prompts_only(self, decoding: list[_Seq], pending: list[_Seq] | None = None) -> list[_Seq] | None:
         """The prompts of a step of prompts only, through a graph (a wave, `_prompt_wave`, or one alone,

@@ -100,7 +100,13 @@ class StepInputs:
 class _StepContext:
     """Per-step tensors shared by every layer's attention call."""
 
-    __slots__ = ("flat_idx", "n_dec", "dec_rows", "dec_len", "dec_mask", "dec_scatter", "chunks", "groups", "eager")
+    __slots__ = ("flat_idx", "n_dec", "dec_rows", "dec_len", "dec_mask", "dec_scatter", "chunks", "groups", "eager",
+                 "packed")
+
+    def __init__(self):
+        # (offset, tokens, additive mask [tokens, tokens]): whole prompts packed one after another from `offset`,
+        # each causal over its own tokens (a mixed graph's prompt part, HFModelRunner.MIXED_PROMPTS); None: none
+        self.packed = None
 
 
 def group_first_chunks(lengths: list[int], waste: float = 0.5) -> list[list[int]]:
@@ -197,7 +203,7 @@ def _slot_attention(layer_idx, query, key, value, scaling):
     k_cache.view(-1, head_dim).index_copy_(0, ctx.flat_idx, key[0].transpose(0, 1).reshape(-1, head_dim))
     v_cache.view(-1, head_dim).index_copy_(0, ctx.flat_idx, value[0].transpose(0, 1).reshape(-1, head_dim))
 
-    out = query.new_empty(n_tok, n_heads, head_dim) if ctx.chunks or ctx.groups else None
+    out = query.new_empty(n_tok, n_heads, head_dim) if ctx.chunks or ctx.groups or ctx.packed is not None else None
     n_dec = ctx.n_dec
     if n_dec:
         # 2. decode tokens, batched: [n_dec, H, D] -> [n_dec, KVH, rep, D], query heads grouped on their kv head
@@ -222,7 +228,13 @@ def _slot_attention(layer_idx, query, key, value, scaling):
         v = value[0].index_select(1, pad_idx).view(n_kv, n, length, head_dim).transpose(0, 1)
         o = _sdpa(q, k, v, None, causal=True, scale=scaling, eager=eager, gqa=rep > 1)
         out.index_copy_(0, dst, o.transpose(1, 2).reshape(n * length, n_heads, head_dim).index_select(0, real))
-    # 4. the other chunks, one attention each
+    # 4. whole prompts packed after the decode rows (a mixed graph): one attention, each prompt causal over itself
+    if ctx.packed is not None:
+        offset, length, mask = ctx.packed
+        q, k, v = (t[:, :, offset:offset + length] for t in (query, key, value))
+        o = _sdpa(q, k, v, mask, scale=scaling, eager=eager, gqa=rep > 1)
+        out[offset:offset + length] = o[0].transpose(0, 1)
+    # 5. the other chunks, one attention each
     for offset, slot, start, length, mask in ctx.chunks:
         q = query[:, :, offset:offset + length]
         if mask is None:  # first chunk of a prompt: attend to its own keys, plain causal
@@ -284,7 +296,7 @@ class HFModelRunner:
                  kv_cache_memory: float | None = None, tp: int = 1, tp_group=None, cuda_graphs: bool | None = None,
                  torch_compile: bool | None = None, cudnn_attention: str | None = None,
                  prefill_graphs: int | None = None, wave_graphs: bool | None = None,
-                 fuse_projections: bool | None = None):
+                 fuse_projections: bool | None = None, mixed_graphs: int | None = None):
         """tp > 1: this process is one rank of a tensor-parallel group (see hf_tp): `tp_group` (an
         hf_tp.TPGroup) or one made from the LLMLAUNCH_* environment; the model is sharded after loading.
         cuda_graphs: replay decode-only steps as CUDA graphs (None: on for cuda unless LLMLAUNCH_HF_CUDA_GRAPHS=0;
@@ -297,7 +309,9 @@ class HFModelRunner:
         wave_graphs: also replay steps of several whole prompts as CUDA graphs (None: on with prompt graphs unless
         LLMLAUNCH_HF_WAVE_GRAPHS=0); see WAVE_ROWS.
         fuse_projections: each layer's q/k/v and gate/up projections as one product each (None: on unless
-        LLMLAUNCH_HF_FUSE_PROJECTIONS=0); see hf_fuse."""
+        LLMLAUNCH_HF_FUSE_PROJECTIONS=0); see hf_fuse.
+        mixed_graphs: the most prompt tokens a step of decode rows and whole prompts together replays a CUDA graph
+        for (None: LLMLAUNCH_HF_MIXED_GRAPHS, else 512; 0: none; needs cuda_graphs and tp=1); see MIXED_PROMPTS."""
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -370,13 +384,13 @@ class HFModelRunner:
         self.max_num_seqs = int(max_num_seqs)
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
-        self._init_graphs(cuda_graphs, prefill_graphs, wave_graphs)
+        self._init_graphs(cuda_graphs, prefill_graphs, wave_graphs, mixed_graphs)
         self._init_attention_backends(cudnn_attention)
         self._init_compile(torch_compile)
         self._allocate_cache(kv_cache_memory)
         self.sampler = Sampler(self.max_num_seqs, self.vocab_size, self.device)
         self._last_done = None  # the completion event of the step launched last, until the engine idles (gpu_times)
-        self.last_graph = None  # the graph the last launch replayed: "decode", "prompt", "wave" or None (eager)
+        self.last_graph = None  # the graph the last launch replayed: "decode", "prompt", "wave", "mixed" or None
         self._layer_idx_check()
 
     # -- setup ---------------------------------------------------------------------------------------------
@@ -514,6 +528,7 @@ class HFModelRunner:
                          self.compile_s)
         self.capture_graphs()
         self.capture_prefill_graphs(max_prefill_tokens)
+        self.capture_mixed_graphs()
         if self.tp_group is not None:
             self._tp_agree("results", {"compiled": self.use_compile, "decode graphs": len(self._graphs),
                                        "prompt graphs": len(self._prefill_graphs),
@@ -554,7 +569,7 @@ class HFModelRunner:
     # capture that fails is fatal there (a rank falling back to eager steps alone would hang its peers).
     _GRAPH_MIN_LEN = 256
 
-    def _init_graphs(self, cuda_graphs, prefill_graphs=None, wave_graphs=None) -> None:
+    def _init_graphs(self, cuda_graphs, prefill_graphs=None, wave_graphs=None, mixed_graphs=None) -> None:
         import os
 
         if cuda_graphs is None:
@@ -565,6 +580,7 @@ class HFModelRunner:
         self._graph_pool = None
         self.graph_error = ""
         self._init_prefill_graphs(prefill_graphs, wave_graphs)
+        self._init_mixed_graphs(mixed_graphs)
 
     def _bucket(self, rows: int, length: int) -> tuple[int, int]:
         r = 1
@@ -707,8 +723,9 @@ class HFModelRunner:
     # steps, up to the engine's prompt chunk), causal attention over its own B tokens.  Padding is harmless there:
     # a padded token sits after every real one, so causality hides it from them; its keys/values go to the
     # spare slot's cache row (as a padded decode row's do), and only the last real token's logits are kept.
-    # Steps with decode rows, several prompts or a prompt's later chunk stay eager (a bucket for each mix would
-    # be too many graphs).  Captured at start, after the decode graphs; a failed capture leaves decode graphs on.
+    # Steps of several whole prompts replay wave graphs (WAVE_ROWS), whole prompts beside decode rows mixed graphs
+    # (MIXED_PROMPTS); a prompt's later chunk stays eager.  Captured at start, after the decode graphs; a failed
+    # capture leaves decode graphs on.
 
     def _init_prefill_graphs(self, prefill_graphs, wave_graphs=None) -> None:
         import os
@@ -951,6 +968,191 @@ class HFModelRunner:
         graph.replay()
         return logits[:len(step.prefill)]
 
+    # -- CUDA graphs for steps of decode rows and whole prompts together (mixed) ----------------------------------
+    # Why: a prompt that arrives while others decode went through its prompt graph (or a wave graph) in a step of its
+    # own, and every decoding row waited that step: on an H100, ~2.2-3.8 ms for a 1 B model's 128-token prompt
+    # beside ~3 ms decode steps at 128 rows.  Through a server, closed loops hand the engine their successors
+    # scattered, so 10-11% of its steps at 128 streams were such steps, more than in-process (benchmark/RESULTS.md,
+    # thirty-third session); an eager step with prompts and decode rows costs ~10 ms of kernel launches instead.
+    # A mixed graph runs both in one step: the decode rows as in a decode graph of (rows, length), then up to
+    # MIXED_PROMPTS whole prompts packed into `tokens` (a power of two up to mixed_limit), each causal over its own
+    # tokens through one attention call with a block-diagonal mask.  The prompt tokens cost the decode step little
+    # (its matrix products read the weights once for all rows).  Padding: decode rows as in a decode graph (the spare
+    # slot); packed tokens past the prompts write to the spare slot, form a segment of their own, and their logits
+    # are dropped.  Graphs: one per decode bucket and packed size, captured at start after the prompt graphs.
+    MIXED_PROMPTS = 8
+
+    def _init_mixed_graphs(self, mixed_graphs) -> None:
+        import os
+
+        if mixed_graphs is None:
+            raw = os.environ.get("LLMLAUNCH_HF_MIXED_GRAPHS", "")
+            try:
+                mixed_graphs = int(raw) if raw else 512
+            except ValueError:
+                raise ValueError(f"LLMLAUNCH_HF_MIXED_GRAPHS={raw!r} is not a number of prompt tokens (0 turns mixed "
+                                 f"graphs off)") from None
+        if int(mixed_graphs) < 0:
+            raise ValueError(f"mixed_graphs={mixed_graphs} is negative: the most prompt tokens beside decode rows in "
+                             f"a graph, 0 for none")
+        # tp > 1 would need every rank to capture and pick the same mixed graphs: not built, so they run as before
+        self.mixed_limit = min(int(mixed_graphs), self.max_model_len) if self.use_graphs and self.tp == 1 else 0
+        self._mixed_graphs: dict = {}  # (rows, length, tokens) -> (graph, meta, keep, logits)
+        self._mixed_eager = False  # tests without a GPU: mixed steps run the graph's body directly (see _graph_mixed)
+        self.mixed_graph_error = ""
+
+    @staticmethod
+    def mixed_buckets(limit: int) -> list[int]:
+        """Packed prompt sizes of the mixed graphs for a limit of `limit` tokens: 32, 64, ... and `limit` last."""
+        out, n = [], 32
+        while n < limit:
+            out.append(n)
+            n *= 2
+        if limit > 0:
+            out.append(limit)
+        return out
+
+    def mixed_prompts_fit(self, lengths: list[int]) -> bool:
+        """Would whole prompts of these lengths go beside decode rows through a mixed graph?"""
+        return (bool(self._mixed_graphs) or self._mixed_eager) and 0 < len(lengths) <= self.MIXED_PROMPTS and \
+            sum(lengths) <= self.mixed_limit
+
+    def mixed_step_key(self, step: StepInputs) -> tuple[int, int, int] | None:
+        """The mixed graph (rows, length, tokens) that runs `step`, or None: decode rows and whole prompts, each
+        sampled, that fit one."""
+        if not step.decode_tokens or not step.prefill or any(c.start != 0 or not c.sample for c in step.prefill):
+            return None
+        if not self.mixed_prompts_fit([c.length for c in step.prefill]):
+            return None
+        rows, length = self._bucket(max(step.decode_slots) + 1, max(step.decode_positions) + 1)
+        total = sum(c.length for c in step.prefill)
+        tokens = next(b for b in self.mixed_buckets(self.mixed_limit) if b >= total)
+        key = (rows, length, tokens)
+        return key if key in self._mixed_graphs or self._mixed_eager else None
+
+    def mixed_graph_inputs(self, step: StepInputs, rows: int, tokens: int) -> tuple[list[list[int]], list[int],
+                                                                                    list[int]]:
+        """(meta rows [ids, positions, slots, decode lengths / prompt segments] of rows + tokens entries, the kept
+        token of each of the graph's rows + MIXED_PROMPTS logits rows, the rows of those logits that are this step's
+        output rows, in its order: decode rows, then prompts)."""
+        spare = self.max_num_seqs
+        ids, pos, slot, extra = [0] * rows, [0] * rows, [spare] * rows, [1] * rows
+        for s, t, p in zip(step.decode_slots, step.decode_tokens, step.decode_positions):
+            ids[s], pos[s], slot[s], extra[s] = t, p, s, p + 1
+        out = list(step.decode_slots)
+        keep = list(range(rows))
+        ids.extend(step.prefill_tokens)
+        offset = 0
+        for i, c in enumerate(step.prefill):
+            pos.extend(range(c.length))
+            slot.extend([c.slot] * c.length)
+            extra.extend([i] * c.length)
+            offset += c.length
+            keep.append(rows + offset - 1)
+            out.append(rows + i)
+        pad = tokens - offset
+        ids.extend([0] * pad)
+        pos.extend(range(offset, tokens))  # any position in the cache row; the spare slot's
+        slot.extend([spare] * pad)
+        extra.extend([-1] * pad)  # a segment of their own: they attend to one another only
+        keep.extend([rows + tokens - 1] * (self.MIXED_PROMPTS - len(step.prefill)))
+        return [ids, pos, slot, extra], keep, out
+
+    def _mixed_body(self, meta, keep, rows: int, length: int, tokens: int):
+        """The padded mixed step (what a mixed graph holds): logits [rows + MIXED_PROMPTS, vocab] of `keep`, computed
+        from `meta` and `keep`, so that a replay sees the new step."""
+        import torch
+
+        dev = self.device
+        heads = torch.arange(self.num_kv_heads, device=dev)
+        ctx = _StepContext()
+        ctx.flat_idx = ((meta[2][:, None] * self.num_kv_heads + heads[None, :]) * self.max_model_len
+                        + meta[1][:, None]).reshape(-1)
+        ctx.n_dec, ctx.dec_rows, ctx.dec_len, ctx.dec_scatter = rows, rows, length, None
+        valid = torch.arange(length, device=dev)[None, :] < meta[3, :rows, None]
+        ctx.dec_mask = torch.zeros(rows, 1, 1, length, dtype=self.dtype, device=dev).masked_fill_(
+            ~valid[:, None, None, :], float("-inf"))
+        seg = meta[3, rows:]
+        idx = torch.arange(tokens, device=dev)
+        allowed = (seg[:, None] == seg[None, :]) & (idx[None, :] <= idx[:, None])
+        ctx.packed = (rows, tokens, torch.zeros(tokens, tokens, dtype=self.dtype, device=dev).masked_fill_(
+            ~allowed, float("-inf")))
+        ctx.eager, ctx.chunks, ctx.groups = self.eager, [], []
+        _tls.ctx, _tls.cache = ctx, self.cache
+        try:
+            return self._fwd(meta[0:1], meta[1:2], keep)
+        finally:
+            _tls.ctx = None
+
+    def _mixed_tensors(self, rows: int, tokens: int):
+        import torch
+
+        meta = torch.zeros(4, rows + tokens, dtype=torch.long, device=self.device)
+        meta[2].fill_(self.max_num_seqs)
+        meta[3, :rows].fill_(1)
+        meta[3, rows:].fill_(-1)
+        meta[1, rows:].copy_(torch.arange(tokens, device=self.device))
+        keep = torch.cat([torch.arange(rows, device=self.device),
+                          torch.full((self.MIXED_PROMPTS,), rows + tokens - 1, device=self.device)])
+        return meta, keep
+
+    def capture_mixed_graphs(self) -> int:
+        """Capture the mixed graph of every decode bucket and packed size; returns the number of graphs."""
+        import time
+
+        import torch
+
+        if not self.use_graphs or self.mixed_limit <= 0 or not self._graphs:
+            self.mixed_limit = 0
+            return 0
+        keys = [(rows, length, tokens) for rows, length in sorted(self._graphs)
+                for tokens in self.mixed_buckets(self.mixed_limit)]
+        announce(f"hf engine: capturing {len(keys)} mixed CUDA graphs (decode rows with up to {self.MIXED_PROMPTS} "
+                 f"prompts of {self.mixed_limit} tokens in all)")
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            for rows, length, tokens in keys:
+                try:
+                    meta, keep = self._mixed_tensors(rows, tokens)
+                    graph, logits = self._capture_graph(lambda: self._mixed_body(meta, keep, rows, length, tokens))
+                except Exception as e:  # mixed steps then take turns with the decode rows, as before
+                    self.mixed_limit = 0
+                    self._mixed_graphs.clear()
+                    self.mixed_graph_error = f"{type(e).__name__}: {e}"
+                    log.warning("hf engine: mixed CUDA graph capture failed (%s); prompts take steps of their own",
+                                self.mixed_graph_error)
+                    return 0
+                self._mixed_graphs[(rows, length, tokens)] = (graph, meta, keep, logits)
+        log.info("hf engine: %d mixed graphs (packed prompt tokens %s) captured in %.1f s", len(self._mixed_graphs),
+                 self.mixed_buckets(self.mixed_limit), time.perf_counter() - t0)
+        return len(self._mixed_graphs)
+
+    def _graph_mixed(self, step: StepInputs, key: tuple[int, int, int], ids=None):
+        """Logits [output rows, vocab] of a step of decode rows and whole prompts through the mixed graph `key`.
+        ids: the decode tokens as a device tensor (see `launch`), in place of step.decode_tokens."""
+        import torch
+
+        rows, length, tokens = key
+        entry = self._mixed_graphs.get(key)
+        if entry is None:  # _mixed_eager (tests without a GPU): the body the graph would hold, run directly
+            meta, keep = self._mixed_tensors(rows, tokens)
+        else:
+            graph, meta, keep, logits = entry
+        values, kept, out = self.mixed_graph_inputs(step, rows, tokens)
+        width = rows + tokens
+        host = torch.tensor(values + [kept + [0] * (width - len(kept)), out + [0] * (width - len(out))],
+                            dtype=torch.long)
+        dev = host.to(self.device, non_blocking=True)
+        meta.copy_(dev[:4])
+        keep.copy_(dev[4, :len(kept)])
+        if ids is not None:
+            meta[0].index_copy_(0, dev[5, :len(step.decode_tokens)], ids.to(torch.long))
+        if entry is None:
+            logits = self._mixed_body(meta, keep, rows, length, tokens)
+        else:
+            graph.replay()
+        return logits.index_select(0, dev[5, :len(out)])
+
     # -- one step ------------------------------------------------------------------------------------------
     def execute(self, step: StepInputs, sample: bool = True, ahead: bool = False) -> list[int]:
         """Run one step; the sampled token per output row.  sample=False (tensor-parallel workers): run the
@@ -977,6 +1179,11 @@ class HFModelRunner:
             logits = self._graph_decode(step, ids)
             self.last_graph = "decode" if logits is not None else None
             return logits
+        if (self._mixed_graphs or self._mixed_eager) and step.decode_tokens and step.prefill:
+            key = self.mixed_step_key(step)
+            if key is not None:  # its prompt tokens come from the host, its decode tokens may follow on the device
+                self.last_graph = "mixed"
+                return self._graph_mixed(step, key, ids)
         if self._prefill_graphs and prompt_graph:
             bucket = self.prefill_graph_key(step)
             if bucket is not None:

@@ -61,9 +61,11 @@ _ENGINE_SECONDS_DOC = "seconds of the engine loop by part: step (wall), launch, 
 ENGINE_COUNTERS = tuple((ENGINE_SECONDS, "part", p, key, _ENGINE_SECONDS_DOC) for p, key in (
     ("step", "wall_s"), ("launch", "launch_s"), ("wait", "wait_s"), ("gpu", "gpu_s"), ("gpu_idle", "gpu_idle_s"))) + tuple(
     (ENGINE_STEPS, "kind", k, key, "engine steps: all, queued ahead (overlap), timed on the GPU, with prompt "
-                                   "tokens, one prompt through its CUDA graph")
+                                   "tokens, prompts alone through a CUDA graph, prompts beside decode rows through a "
+                                   "mixed CUDA graph")
     for k, key in (("all", "steps"), ("ahead", "ahead_steps"), ("gpu_timed", "gpu_steps"),
-                   ("prompt", "prompt_steps"), ("prompt_graph", "prompt_graph_steps"))) + tuple(
+                   ("prompt", "prompt_steps"), ("prompt_graph", "prompt_graph_steps"),
+                   ("mixed", "mixed_steps"))) + tuple(
     (ENGINE_TOKENS, "kind", k, key, "tokens the engine ran, by kind")
     for k, key in (("decode", "decode_tokens"), ("prefill", "prefill_tokens"))) + tuple(
     (ENGINE_REQUEST_SECONDS, "part", p, key, "seconds requests spent in the engine from being added, summed: until "
@@ -261,8 +263,9 @@ def engine_step_split(before: dict, after: dict) -> dict | None:
       gpu_ms      the step's span on the GPU;  gpu_idle_ms: the GPU waiting for the host to queue the next step
                   (both only on a GPU: they are absent without timed steps)
       decode_rows, prefill_tokens: per step;  ahead: share of steps queued before the last one's tokens were known
-      prompt: share of steps with prompt tokens;  prompt_graph: share of steps that were one prompt replayed as a
-      CUDA graph (the rest of the prompt steps ran eagerly)
+      prompt: share of steps with prompt tokens;  prompt_graph: share of steps that were prompts alone replayed as a
+      CUDA graph (one prompt or a wave);  mixed: share of steps of decode rows and prompts replayed as a mixed graph
+      (the rest of the prompt steps ran eagerly)
       queue_ms, first_token_ms: per request, add_request to a slot and to its first token
       per_intake: requests handed to the engine together (their text prompts tokenized in one call)"""
     d = {k: after.get(k, 0) - before.get(k, 0) for k in ENGINE_FIELDS}
@@ -274,7 +277,7 @@ def engine_step_split(before: dict, after: dict) -> dict | None:
            "host_ms": ms(d["wall_s"] - d["launch_s"] - d["wait_s"]),
            "decode_rows": round(d["decode_tokens"] / n, 2), "prefill_tokens": round(d["prefill_tokens"] / n, 1),
            "ahead": round(d["ahead_steps"] / n, 3), "prompt": round(d["prompt_steps"] / n, 3),
-           "prompt_graph": round(d["prompt_graph_steps"] / n, 3)}
+           "prompt_graph": round(d["prompt_graph_steps"] / n, 3), "mixed": round(d["mixed_steps"] / n, 3)}
     if d["gpu_steps"] > 0:
         out["gpu_ms"] = ms(d["gpu_s"], d["gpu_steps"])
         out["gpu_idle_ms"] = ms(d["gpu_idle_s"], d["gpu_steps"])
@@ -322,8 +325,11 @@ def format_engine_split(split: dict) -> str:
              f"{100 * split['ahead']:.0f}% queued ahead")
     if split.get("prompt"):  # absent in totals from before these counters
         line += f", {100 * split['prompt']:.1f}% with prompts"
-        if split.get("prompt_graph"):
-            line += f" ({100 * split['prompt_graph']:.1f}% one prompt through its graph)"
+        graphed = [f"{100 * split[k]:.1f}% {what}" for k, what in (("prompt_graph", "prompts alone through a graph"),
+                                                                     ("mixed", "beside decode rows, mixed graph"))
+                   if split.get(k)]
+        if graphed:
+            line += f" ({', '.join(graphed)})"
     if "first_token_ms" in split:
         line += (f"; a request: {split.get('queue_ms', 0):.3f} ms to a slot, {split['first_token_ms']:.3f} ms to its "
                  "first token")
