@@ -248,6 +248,23 @@ def _slot_attention(layer_idx, query, key, value, scaling):
     return out.unsqueeze(0)
 
 
+def _token_limit(value, name: str, default: int, unit: str, meaning: str) -> int:
+    """A runner's token-count setting: `value`, else LLMLAUNCH_HF_<NAME> from the environment, else `default`;
+    an environment value that is not a number, or a negative one, is refused naming the setting and what it means."""
+    import os
+
+    if value is None:
+        env = f"LLMLAUNCH_HF_{name.upper()}"
+        raw = os.environ.get(env, "")
+        try:
+            value = int(raw) if raw else default
+        except ValueError:
+            raise ValueError(f"{env}={raw!r} is not a number of {unit}") from None
+    if int(value) < 0:
+        raise ValueError(f"{name}={value} is negative: {meaning}")
+    return int(value)
+
+
 def use_llmlaunch_inductor_cache() -> None:
     """Inductor keeps what it compiled in /tmp by default, which a cluster node forgets between jobs; under the
     llmlaunch cache (in the home directory, which the nodes share) the next start of the same model and settings
@@ -728,18 +745,9 @@ class HFModelRunner:
     # capture leaves decode graphs on.
 
     def _init_prefill_graphs(self, prefill_graphs, wave_graphs=None) -> None:
-        import os
-
-        if prefill_graphs is None:
-            raw = os.environ.get("LLMLAUNCH_HF_PREFILL_GRAPHS", "")
-            try:
-                prefill_graphs = int(raw) if raw else 2048
-            except ValueError:
-                raise ValueError(f"LLMLAUNCH_HF_PREFILL_GRAPHS={raw!r} is not a number of tokens (0 turns prompt "
-                                 f"graphs off)") from None
-        if int(prefill_graphs) < 0:
-            raise ValueError(f"prefill_graphs={prefill_graphs} is negative: the longest prompt to graph, 0 for none")
-        self.prefill_graph_limit = int(prefill_graphs) if self.use_graphs else 0
+        prefill_graphs = _token_limit(prefill_graphs, "prefill_graphs", 2048, "tokens (0 turns prompt graphs off)",
+                                      "the longest prompt to graph, 0 for none")
+        self.prefill_graph_limit = prefill_graphs if self.use_graphs else 0
         self._prefill_graphs: dict = {}  # bucket length -> (graph, meta, keep, logits)
         self.use_wave_graphs = env_switch(wave_graphs, "LLMLAUNCH_HF_WAVE_GRAPHS",
                                           "steps of several whole prompts replay wave graphs", "they run eagerly")
@@ -810,15 +818,20 @@ class HFModelRunner:
     def _prefill_body(self, meta, keep, length: int):
         """The padded one-prompt step (what a prompt graph holds): logits [1, vocab] of row keep[0].  Everything is
         computed from `meta` / `keep`, so a replay sees the new prompt."""
-        import torch
-
-        heads = torch.arange(self.num_kv_heads, device=self.device)
         ctx = _StepContext()
-        ctx.flat_idx = ((meta[2][:, None] * self.num_kv_heads + heads[None, :]) * self.max_model_len
-                        + meta[1][:, None]).reshape(-1)
         ctx.n_dec, ctx.dec_rows, ctx.dec_len, ctx.dec_mask, ctx.dec_scatter = 0, 0, 0, None, None
         ctx.eager, ctx.groups = self.eager, []
         ctx.chunks = [(0, 0, 0, length, None)]  # one first chunk: causal attention over its own tokens
+        return self._meta_forward(ctx, meta, keep)
+
+    def _meta_forward(self, ctx, meta, keep):
+        """Logits of `keep` for a graph's inputs: `meta` rows ids, positions, slots (each token's cache row, set in
+        ctx.flat_idx here), `ctx` the rest of the step's attention context."""
+        import torch
+
+        heads = torch.arange(self.num_kv_heads, device=self.device)
+        ctx.flat_idx = ((meta[2][:, None] * self.num_kv_heads + heads[None, :]) * self.max_model_len
+                        + meta[1][:, None]).reshape(-1)
         _tls.ctx, _tls.cache = ctx, self.cache
         try:
             return self._fwd(meta[0:1], meta[1:2], keep)
@@ -934,19 +947,12 @@ class HFModelRunner:
         and `keep`, so that a replay sees the new prompts."""
         import torch
 
-        heads = torch.arange(self.num_kv_heads, device=self.device)
         every = torch.arange(n * length, device=self.device)  # one group of n rows, all of them kept
         ctx = _StepContext()
-        ctx.flat_idx = ((meta[2][:, None] * self.num_kv_heads + heads[None, :]) * self.max_model_len
-                        + meta[1][:, None]).reshape(-1)
         ctx.n_dec, ctx.dec_rows, ctx.dec_len, ctx.dec_mask, ctx.dec_scatter = 0, 0, 0, None, None
         ctx.eager, ctx.chunks = self.eager, []
         ctx.groups = [(every, n, length, every, every)]
-        _tls.ctx, _tls.cache = ctx, self.cache
-        try:
-            return self._fwd(meta[0:1], meta[1:2], keep)
-        finally:
-            _tls.ctx = None
+        return self._meta_forward(ctx, meta, keep)
 
     def _capture_wave(self, n: int, length: int):
         """Capture the wave graph (n prompts of up to `length` tokens); None (and prompt graphs off) if it fails."""
@@ -983,20 +989,10 @@ class HFModelRunner:
     MIXED_PROMPTS = 8
 
     def _init_mixed_graphs(self, mixed_graphs) -> None:
-        import os
-
-        if mixed_graphs is None:
-            raw = os.environ.get("LLMLAUNCH_HF_MIXED_GRAPHS", "")
-            try:
-                mixed_graphs = int(raw) if raw else 512
-            except ValueError:
-                raise ValueError(f"LLMLAUNCH_HF_MIXED_GRAPHS={raw!r} is not a number of prompt tokens (0 turns mixed "
-                                 f"graphs off)") from None
-        if int(mixed_graphs) < 0:
-            raise ValueError(f"mixed_graphs={mixed_graphs} is negative: the most prompt tokens beside decode rows in "
-                             f"a graph, 0 for none")
+        mixed_graphs = _token_limit(mixed_graphs, "mixed_graphs", 512, "prompt tokens (0 turns mixed graphs off)",
+                                    "the most prompt tokens beside decode rows in a graph, 0 for none")
         # tp > 1 would need every rank to capture and pick the same mixed graphs: not built, so they run as before
-        self.mixed_limit = min(int(mixed_graphs), self.max_model_len) if self.use_graphs and self.tp == 1 else 0
+        self.mixed_limit = min(mixed_graphs, self.max_model_len) if self.use_graphs and self.tp == 1 else 0
         self._mixed_graphs: dict = {}  # (rows, length, tokens) -> (graph, meta, keep, logits)
         self._mixed_eager = False  # tests without a GPU: mixed steps run the graph's body directly (see _graph_mixed)
         self.mixed_graph_error = ""
@@ -1064,10 +1060,7 @@ class HFModelRunner:
         import torch
 
         dev = self.device
-        heads = torch.arange(self.num_kv_heads, device=dev)
         ctx = _StepContext()
-        ctx.flat_idx = ((meta[2][:, None] * self.num_kv_heads + heads[None, :]) * self.max_model_len
-                        + meta[1][:, None]).reshape(-1)
         ctx.n_dec, ctx.dec_rows, ctx.dec_len, ctx.dec_scatter = rows, rows, length, None
         valid = torch.arange(length, device=dev)[None, :] < meta[3, :rows, None]
         ctx.dec_mask = torch.zeros(rows, 1, 1, length, dtype=self.dtype, device=dev).masked_fill_(
@@ -1078,11 +1071,7 @@ class HFModelRunner:
         ctx.packed = (rows, tokens, torch.zeros(tokens, tokens, dtype=self.dtype, device=dev).masked_fill_(
             ~allowed, float("-inf")))
         ctx.eager, ctx.chunks, ctx.groups = self.eager, [], []
-        _tls.ctx, _tls.cache = ctx, self.cache
-        try:
-            return self._fwd(meta[0:1], meta[1:2], keep)
-        finally:
-            _tls.ctx = None
+        return self._meta_forward(ctx, meta, keep)
 
     def _mixed_tensors(self, rows: int, tokens: int):
         import torch
