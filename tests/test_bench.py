@@ -262,7 +262,8 @@ def test_open_loop_table_has_a_line_per_served_path():
     """benchmark/gpu/open_loop_table.py: per open-loop rate a line for the served path and one for each other server
     path the run measured (served_alt: `alt`; pinned, the served server with its engine process on cores of its own:
     `pinned`), each with the TTFT it adds as overhead.py computed it; a closed loop's row is labelled C=N.  Figures
-    are run 73's (two H200s, 240 req/s) and run 85's C=8 (8 response processes; served_alt one)."""
+    are run 73's (two H200s, 240 req/s) and run 85's C=8 (8 response processes; served_alt one).  The engine columns:
+    the share of steps with prompts in-process / served and of mixed steps served, and requests a hand-over."""
     mod = _script("gpu", "open_loop_table.py")
 
     def path(prefix, p50, mean, in_flight, itl, add):
@@ -286,10 +287,12 @@ def test_open_loop_table_has_a_line_per_served_path():
     assert head.split()[0] == "load" and head.endswith("(alt: response_processes=1)")
     assert c8.split()[0] == "C=8" and "2.71" in c8.split() and "1.73" in c8.split() and "0.985" in c8.split()
     assert alt.split()[0] == "alt" and "4.04" in alt.split() and "3.50" in alt.split()  # mean added: 10.271 - 6.776
-    assert c8.split().count("-") == 4  # no engine splits nor CPU here: prompt steps in / served, hand-overs, CPU
-    split = {"direct_engine_steps": {"prompt": 0.018}, "served_engine_steps": {"prompt": 0.021, "per_intake": 1.395}}
+    # no engine splits nor CPU here: prompt steps in / served, mixed steps, hand-overs, CPU
+    assert c8.split().count("-") == 5
+    split = {"direct_engine_steps": {"prompt": 0.018},
+             "served_engine_steps": {"prompt": 0.021, "mixed": 0.0135, "per_intake": 1.395}}
     c8 = mod.table(dict(doc, runs=[dict(closed, **split)])).splitlines()[1].split()
-    assert c8[c8.index("1.8") + 1:c8.index("1.8") + 4] == ["/", "2.1", "1.40"], c8
+    assert c8[c8.index("1.8") + 1:c8.index("1.8") + 5] == ["/", "2.1", "1.4", "1.40"], c8
     many = [dict(closed, client_processes=8), dict(closed, client_processes=16, ttft_added_ms_p50=2.5)]
     _, c8_8, _, c8_16, _ = mod.table(dict(doc, runs=many)).splitlines()  # several client counts: a row each
     assert c8_8.split()[:2] == ["C=8", "x8"] and c8_16.split()[:2] == ["C=8", "x16"] and "2.50" in c8_16.split()

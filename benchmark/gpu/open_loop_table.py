@@ -29,8 +29,9 @@ def cpu_by_role(row: dict, path: str) -> str:
 def engine_figure(row: dict, path: str, key: str, scale: float, digits: int) -> str:
     """One figure of the path's engine step split (`<path>_engine_steps`), times `scale`; "-" where the run has none.
     Used for `prompt` (the share of steps with prompt tokens, in %: served requests that arrive spread out make more
-    and smaller prompt steps than the in-process driver's bursts) and `per_intake` (requests the engine process took
-    in one hand-over, one tokenizer call)."""
+    and smaller prompt steps than the in-process driver's bursts), `mixed` (the share of steps that took prompts
+    beside the decode rows through a mixed graph, in %) and `per_intake` (requests the engine process took in one
+    hand-over, one tokenizer call)."""
     value = (row.get(f"{path}_engine_steps") or {}).get(key)
     return "-" if value is None else f"{scale * value:.{digits}f}"
 
@@ -38,7 +39,7 @@ def engine_figure(row: dict, path: str, key: str, scale: float, digits: int) -> 
 def table(doc: dict) -> str:
     head = (f"{'load':>9} {'in flight in/served':>20} {'TTFT p50 in/served ms':>22} {'+ms':>6} {'TTFT mean in/served':>20} "
             f"{'+ms':>6} {'parse':>6} {'add':>6} {'engine':>7} {'back':>6} {'respond':>7} {'outside':>7} "
-            f"{'prompt steps % in/served':>24} {'req/hand-over':>13} {'ITL p50 in/served ms':>21} {'tok/s ratio':>11} {'server CPU us/tok: triton+stubs+engine':>38}")
+            f"{'prompt steps % in/served':>24} {'mixed %':>7} {'req/hand-over':>13} {'ITL p50 in/served ms':>21} {'tok/s ratio':>11} {'server CPU us/tok: triton+stubs+engine':>38}")
     lines = [head]
     alt = doc.get("served_alt")
     if alt:  # what the second server was set up with, where it differs from the first
@@ -65,7 +66,7 @@ def table(doc: dict) -> str:
                 + " ".join(f"{ft.get(k, float('nan')):>{w}.2f}" for k, w in
                            (("parse", 6), ("add", 6), ("engine", 7), ("back", 6), ("respond", 7), ("outside_server", 7)))
                 + f" {engine_figure(r, 'direct', 'prompt', 100, 1):>11} / {engine_figure(r, path, 'prompt', 100, 1):<10}"
-                + f" {engine_figure(r, path, 'per_intake', 1, 2):>13}"
+                + f" {engine_figure(r, path, 'mixed', 100, 1):>7} {engine_figure(r, path, 'per_intake', 1, 2):>13}"
                 + f" {r['direct_itl_ms_p50']:>9.3f} / {r[f'{path}_itl_ms_p50']:<9.3f} {r[f'{prefix}ratio']:>11.3f}"
                 + f" {cpu_by_role(r, path):>38}")
     return "\n".join(lines)
