@@ -648,16 +648,30 @@ class HFModelRunner:
                 return None
         meta, logits = g[1], g[2]
         rows, dev_ids = key[0], ids
-        spare = self.max_num_seqs
-        ids, pos, slot, lens = [0] * rows, [0] * rows, [spare] * rows, [1] * rows
-        for s, t, p in zip(step.decode_slots, step.decode_tokens, step.decode_positions):
-            ids[s], pos[s], slot[s], lens[s] = t, p, s, p + 1
-        meta.copy_(torch.tensor([ids, pos, slot, lens], dtype=torch.long), non_blocking=True)
+        meta.copy_(torch.tensor(self._decode_layout(step, rows), dtype=torch.long), non_blocking=True)
         keep = torch.tensor(step.decode_slots, dtype=torch.long).to(self.device, non_blocking=True)
         if dev_ids is not None:
             meta[0].index_copy_(0, keep, dev_ids)
         g[0].replay()
         return logits.index_select(0, keep)
+
+    def _decode_layout(self, step: StepInputs, rows: int) -> list[list[int]]:
+        """[ids, positions, slots, lengths] of a step's decode rows placed on their slot's row of a graph of `rows`
+        rows; the rows between them are padding (the spare slot, one position attended: no NaN)."""
+        spare = self.max_num_seqs
+        ids, pos, slot, lens = [0] * rows, [0] * rows, [spare] * rows, [1] * rows
+        for s, t, p in zip(step.decode_slots, step.decode_tokens, step.decode_positions):
+            ids[s], pos[s], slot[s], lens[s] = t, p, s, p + 1
+        return [ids, pos, slot, lens]
+
+    def _decode_mask(self, lens, span):
+        """Additive attention mask [rows, 1, 1, len(span)] of decode rows over their cache row: row r sees its first
+        lens[r] positions (`span`: the positions 0..n-1 as a device tensor)."""
+        import torch
+
+        valid = span[None, :] < lens[:, None]
+        return torch.zeros(lens.shape[0], 1, 1, span.shape[0], dtype=self.dtype, device=self.device).masked_fill_(
+            ~valid[:, None, None, :], float("-inf"))
 
     def _capture(self, rows: int, length: int):
         """Capture the decode step of bucket (rows, length); None (and graphs off) if capture fails."""
@@ -679,9 +693,7 @@ class HFModelRunner:
                 # index tensors are computed inside the graph, from `meta`, so a replay sees the new step
                 ctx.flat_idx = ((meta[2][:, None] * self.num_kv_heads + heads[None, :]) * self.max_model_len
                                 + meta[1][:, None]).reshape(-1)
-                valid = span[None, :] < meta[3][:, None]
-                ctx.dec_mask = torch.zeros(rows, 1, 1, length, dtype=self.dtype, device=dev).masked_fill_(
-                    ~valid[:, None, None, :], float("-inf"))
+                ctx.dec_mask = self._decode_mask(meta[3], span)
                 _tls.ctx, _tls.cache = ctx, self.cache
                 try:
                     return self._fwd(meta[0:1], meta[1:2], keep)
@@ -1032,9 +1044,7 @@ class HFModelRunner:
         token of each of the graph's rows + MIXED_PROMPTS logits rows, the rows of those logits that are this step's
         output rows, in its order: decode rows, then prompts)."""
         spare = self.max_num_seqs
-        ids, pos, slot, extra = [0] * rows, [0] * rows, [spare] * rows, [1] * rows
-        for s, t, p in zip(step.decode_slots, step.decode_tokens, step.decode_positions):
-            ids[s], pos[s], slot[s], extra[s] = t, p, s, p + 1
+        ids, pos, slot, extra = self._decode_layout(step, rows)
         out = list(step.decode_slots)
         keep = list(range(rows))
         ids.extend(step.prefill_tokens)
@@ -1062,9 +1072,7 @@ class HFModelRunner:
         dev = self.device
         ctx = _StepContext()
         ctx.n_dec, ctx.dec_rows, ctx.dec_len, ctx.dec_scatter = rows, rows, length, None
-        valid = torch.arange(length, device=dev)[None, :] < meta[3, :rows, None]
-        ctx.dec_mask = torch.zeros(rows, 1, 1, length, dtype=self.dtype, device=dev).masked_fill_(
-            ~valid[:, None, None, :], float("-inf"))
+        ctx.dec_mask = self._decode_mask(meta[3, :rows], torch.arange(length, device=dev))
         seg = meta[3, rows:]
         idx = torch.arange(tokens, device=dev)
         allowed = (seg[:, None] == seg[None, :]) & (idx[None, :] <= idx[:, None])
@@ -1319,9 +1327,7 @@ class HFModelRunner:
             for s, p in zip(step.decode_slots, step.decode_positions):
                 lens[s] = p + 1
             lens_t = torch.tensor(lens, dtype=torch.long).to(dev, non_blocking=True)
-            valid = torch.arange(length, device=dev)[None, :] < lens_t[:, None]
-            ctx.dec_mask = torch.zeros(rows, 1, 1, length, dtype=self.dtype, device=dev).masked_fill_(
-                ~valid[:, None, None, :], float("-inf"))
+            ctx.dec_mask = self._decode_mask(lens_t, torch.arange(length, device=dev))
             ctx.dec_rows, ctx.dec_len = rows, length
             if rows != n_dec or step.decode_slots != list(range(n_dec)):
                 ctx.dec_scatter = meta[2, :n_dec]
