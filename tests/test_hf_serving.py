@@ -30,9 +30,10 @@ def server(tiny_model_dir, tmp_path_factory):
     # Two model instances sharing one engine process (engine.response_processes=2), each with three responder
     # threads (the CPU default is one): the tests with more streams open than that (32 at once, 5 at once) also
     # check that spreading the streams over them keeps each stream's responses whole and in order, and metrics
-    # right, whichever instance has it (with fewer open, a new stream stays with the receive thread).
+    # right, whichever instance has it (with fewer open, a new stream stays with the receive thread).  The response
+    # path runs at nice 3 (on CPU the default leaves it unchanged): test_response_path_yields_to_the_engine_process.
     srv = hf_server(str(tiny_model_dir), workdir, {"device": "cpu", "max_num_seqs": 40, "cancel_check_ms": 20,
-                                                   "response_threads": 3}, model=MODEL, instances=2)
+                                                   "response_threads": 3, "response_nice": 3}, model=MODEL, instances=2)
     with srv:
         log = srv.log_path.read_text()
         assert log.count("response_threads=3") == 2, "the two instances did not each start three responder threads"
@@ -274,6 +275,47 @@ def _first_token_metrics(server):
     from launcher.serving.timings import fetch_first_token_metrics
 
     return fetch_first_token_metrics(server.metrics_url, MODEL)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`."""
+    from pathlib import Path
+
+    kids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.append(int(entry.name))
+            except (OSError, ValueError):
+                continue
+    return kids
+
+
+def test_response_path_yields_to_the_engine_process(server):
+    """response_nice=3: both stubs' threads and tritonserver's (its main thread and gRPC threads; Triton sets its
+    model instance threads' own nice, so not every one) run at nice 3, each instance says so, and the engine process
+    they share, started before, keeps nice 0 on every thread, so a busy node's CPUs go to it first."""
+    from launcher.serving.priority import thread_ids, thread_nice
+
+    server_pid = server.proc.pid
+    stubs = [p for p in _children(server_pid) if b"triton_python_backend_stub" in open(f"/proc/{p}/cmdline", "rb").read()]
+    assert len(stubs) == 2, stubs
+    for stub in stubs:
+        assert {thread_nice(t) for t in thread_ids(stub)} == {3}, stub
+    engines = [p for stub in stubs for p in _children(stub)]
+    assert len(engines) == 1, engines  # started by one instance, attached to by the other
+    assert {thread_nice(t) for t in thread_ids(engines[0])} == {0}
+    assert thread_nice(server_pid) == 3
+    by_name = {}
+    for t in thread_ids(server_pid):
+        name = open(f"/proc/{server_pid}/task/{t}/comm").read().strip()
+        by_name.setdefault(name, set()).add(thread_nice(t))
+    grpc = {name: nices for name, nices in by_name.items() if name.startswith(("grpc", "event_engine"))}
+    assert grpc and all(nices == {3} for nices in grpc.values()), by_name
+    log = server.log_path.read_text()
+    assert log.count(f"engine process {engines[0]} as started") == 2, "both instances log their nice value"
+    assert len(re.findall(r"response path at nice 3 \(this stub \d+ threads, tritonserver \d+ threads changed", log)) == 1
 
 
 def test_first_token_times_are_exposed_as_metrics(server):

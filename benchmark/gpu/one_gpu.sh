@@ -154,7 +154,7 @@ for alt in "--alt-server-param response_threads=4" "--alt-server-env LLMLAUNCH_H
     $PY benchmark/gpu/open_loop_table.py "$OUT_DIR/overhead_open8_$n.json"
 done
 
-# Steps 3d-3h: closed loops through two servers side by side against the same in-process engine and arrivals, both
+# Steps 3d-3i: closed loops through two servers side by side against the same in-process engine and arrivals, both
 # 8 response processes x 2 threads, served_alt changed by the arguments after the first four; then their table.
 #   closed_pair NAME "CONCURRENCIES" REQUESTS_PER_STREAM ROUNDS SERVED_ALT_ARG...
 closed_pair() {
@@ -204,6 +204,13 @@ echo "== 3h. closed loops (1 8 32 64 128): prompts beside the decode rows throug
 # 112-115) mixed graphs brought the served first token sooner (median) in all 8 pairs from 8 streams and kept more
 # of in-process tokens/s in 7 of 8. The table's `prompt steps %` columns show how many steps had prompts.
 closed_pair overhead_mixed_graphs "1 8 32 64 128" 16 2 --alt-server-env LLMLAUNCH_HF_MIXED_GRAPHS=0
+
+echo "== 3i. closed loops (1 8 32 64 128): tritonserver and the stubs at nice 10 (served, the GPU default) / unchanged (served_alt)"
+# response_nice=0: tritonserver and the stubs keep the engine process's priority, as before the thirty-fifth session.
+# On H100 hosts with the server on 8 vCPUs (RESULTS.md, runs 117-122) nice 10 kept more of in-process tokens/s in 7
+# of 8 pairs at 64-128 streams (by 0.009-0.049), with shorter engine steps and less GPU idle time; at 1-32 streams,
+# where the CPUs are not all busy, it made no difference beyond the order the servers ran in.
+closed_pair overhead_response_nice "1 8 32 64 128" 16 2 --alt-server-param response_nice=0
 
 echo "== 4. one stream: the TTFT serving adds, CPUs as they are and kept awake (serve.keep_cpus_awake)"
 # The same engines and rounds with idle-priority spinners on every CPU (launcher/awake.py) for the _awake paths: on a

@@ -45,6 +45,12 @@ config.pbtxt parameters (string values; empty or absent = default):
                     While fewer streams are open than there are threads, a new stream stays with the receive
                     thread: a hand-off to another thread would only add its wake-up to the stream's tokens.
                     engine_process=true only.
+  response_nice     0-19: once the engine process has started, this model's stubs and (from the instance that
+                    started it) tritonserver lower their threads' priority to this nice value; the engine process
+                    keeps the one it started with, so where the node's CPUs are all busy its loop and its reader
+                    run first (launcher.serving.priority).  No privileges needed.  0: unchanged.  Default -1:
+                    10 for an engine on a GPU (measured there: benchmark/RESULTS.md, thirty-fifth session), 0 on
+                    CPU.  A value > 0 needs engine_process=true.
 
 instance_group count N > 1 (llmlaunch's engine.response_processes): N stub processes share one engine
 process.  A stub builds every response under its own GIL, so one stub sends a few thousand streamed
@@ -107,6 +113,7 @@ from launcher.contract import INPUT_NAMES
 from launcher.engines.hf_engine import describe_features
 from launcher.engines.switches import first_fast
 from launcher.serving import triton_io
+from launcher.serving.priority import GPU_NICE, check_nice, lower_priority
 from launcher.serving.timings import ENGINE_COUNTERS, FIRST_TOKEN_COUNTERS, Counters, FirstTokenTimes, engine_summary
 
 # Optional inputs this model honours.  exclude_input_in_output is honoured by construction (the prompt is never
@@ -171,6 +178,7 @@ class TritonPythonModel:
         self._read_parameters()
         self._start_engine()
         self._start_responders()
+        self._nice_text = self._lower_priority()
         # where streamed requests' first tokens spend their time in here, and how the engine spends a step:
         # Triton metrics (pushed once a second) + summaries at the end
         self._first_token = FirstTokenTimes()
@@ -180,6 +188,7 @@ class TritonPythonModel:
         _log("info", f"ready: {self.params['model_path']} on {self.engine.device} ({self.engine.dtype}){role}, "
                      f"max_num_seqs={self.engine.max_num_seqs}, max_model_len={self.engine.max_model_len}, "
                      + (f"{self._share_text}, " if self._share_text else "")
+                     + (f"{self._nice_text}, " if self._nice_text else "")
                      + f"engine_process={self.engine_process}, response_threads={len(self._queues)}"
                      + ("" if self._first_fast or not self.engine_process else
                         ", first responses on the streams' own threads (LLMLAUNCH_HF_FIRST_FAST=0)")
@@ -237,6 +246,16 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(
                 f"parameter response_threads={self.response_threads} is negative: use 0 (1 on CPU, 4 on a GPU) or a positive number")
         self.engine_process = flag("engine_process", "true") is not False  # "" = the default, true
+        nice = integer("response_nice", -1)
+        try:  # -1: decided once the engine's device is known (_lower_priority)
+            self.response_nice = None if nice == -1 else check_nice(nice)
+        except ValueError as exc:
+            raise pb_utils.TritonModelException(f"parameter {exc}") from None
+        if self.response_nice and not self.engine_process:
+            raise pb_utils.TritonModelException(
+                f"parameter response_nice={self.response_nice} lowers tritonserver and the stubs below the engine "
+                f"process, and engine_process=false runs the engine in the stub: set response_nice=0, or "
+                f"engine_process=true")
         try:  # see _route
             self._first_fast = first_fast()
         except ValueError as exc:
@@ -264,6 +283,7 @@ class TritonPythonModel:
         self._finalizing = False
         self._share_text = ""  # how this instance shares the engine process (instance_group count > 1)
         self._share_files = None  # the owner's (lock fd, lock path)
+        self._engine_owner = True  # this instance started the engine (process)
         if self.engine_process:
             from launcher.engines.hf_process import EngineProcess
 
@@ -271,6 +291,7 @@ class TritonPythonModel:
             # responder threads.  The engine process itself merges outputs over stream_interval_ms, so
             # nothing is held back here.
             owner, sock = self._share_engine() if self.instances > 1 else (True, "")
+            self._engine_owner = owner
             if owner:
                 if sock:  # a failure an earlier server with this pid left would fail our instances
                     EngineProcess.write_attach_failure(sock, None)
@@ -350,6 +371,27 @@ class TritonPythonModel:
                          for i, q in enumerate(self._queues) if q is not None]
         for t in self._threads:
             t.start()
+
+    def _lower_priority(self) -> str:
+        """response_nice > 0: this stub's threads, and tritonserver's if this instance started the engine process,
+        to that nice value; the engine process, started already, keeps its own (launcher.serving.priority says
+        why).  -> the words for the ready line ("" when off)."""
+        if self.response_nice is None:  # the default: where it was measured (GPU hosts), not where it was not (CPU)
+            gpu = self.engine_process and str(self.engine.device) != "cpu"
+            self.response_nice = GPU_NICE if gpu else 0
+        if not self.response_nice:
+            return ""
+        counts = []
+        for who, pid in [("this stub", os.getpid())] + ([("tritonserver", self._server_pid)] if self._engine_owner else []):
+            try:
+                counts.append(f"{who} {lower_priority(pid, self.response_nice)} threads")
+            except PermissionError as exc:
+                raise pb_utils.TritonModelException(
+                    f"parameter response_nice={self.response_nice}: cannot lower the priority of {who} (pid {pid}): "
+                    f"{exc.strerror}; set response_nice=0") from None
+        engine_pid = self.engine.info.get("pid") if self.engine_process else None
+        return (f"response path at nice {self.response_nice} ({', '.join(counts)} changed; engine process "
+                f"{engine_pid} as started)")
 
     def _on_output(self, out):
         """In-thread engine: one output, on the engine's thread; the responder sends it."""

@@ -1,0 +1,61 @@
+"""Lower the CPU priority of a serving process's threads (the hf model's `response_nice`).
+
+Why: with the engine in its own process, three kinds of process share a node's CPUs: tritonserver (gRPC in and
+out), the python stubs (building and sending every streamed response) and the engine process (its loop feeds the
+GPU, its reader takes new requests).  Only the engine sets how fast the GPU runs and when a prompt is taken; a
+response held back a fraction of a millisecond costs nothing else.  Where those CPUs are all busy (128 closed
+streams on 8 vCPUs: the server used 6.7 of them with a load average of 11-14, benchmark/RESULTS.md), the engine's
+threads wait for a CPU like any other.  A higher nice value on tritonserver and the stubs lets the engine's threads
+run first; nobody needs privileges for it, since a process may always lower its own priority, and the engine
+process, started before, keeps the nice it started with.
+
+On Linux a nice value belongs to a thread (setpriority(PRIO_PROCESS, tid)), and a new thread takes its creator's,
+so every thread listed under /proc/<pid>/task is set, twice over to catch threads started meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+
+NICE_MAX = 19  # the largest nice value Linux has
+GPU_NICE = 10  # the hf model's default for an engine on a GPU (benchmark/RESULTS.md, thirty-fifth session)
+
+
+def check_nice(value: int, name: str = "response_nice") -> int:
+    """`value` if it is a nice value this module can set (0 = leave priorities alone), else ValueError naming it."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= NICE_MAX:
+        raise ValueError(f"{name}={value!r}: a nice value 0-{NICE_MAX} for tritonserver and the stubs (0: unchanged; "
+                         f"{GPU_NICE} lets the engine process's threads take a busy node's CPUs first), or -1 for the "
+                         f"default ({GPU_NICE} on a GPU, 0 on CPU)")
+    return value
+
+
+def thread_ids(pid: int) -> list[int]:
+    """The thread ids of process `pid` ([] once it is gone)."""
+    try:
+        return [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+
+
+def thread_nice(tid: int) -> int:
+    """A thread's nice value, as the kernel reports it (/proc/<tid>/stat field 19)."""
+    with open(f"/proc/{tid}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[16])
+
+
+def lower_priority(pid: int, nice: int) -> int:
+    """Give every thread of `pid` at least nice value `nice` (one already higher is left as it is); -> the number of
+    threads changed.  A thread that exits meanwhile is skipped; one this user may not change raises PermissionError."""
+    changed, seen = 0, set()
+    for _ in range(2):  # a thread started while the first pass ran took its creator's value, maybe the old one
+        for tid in thread_ids(pid):
+            try:
+                if thread_nice(tid) < nice:
+                    os.setpriority(os.PRIO_PROCESS, tid, nice)
+                    if tid not in seen:
+                        changed += 1
+                seen.add(tid)
+            except (FileNotFoundError, ProcessLookupError):
+                continue
+    return changed

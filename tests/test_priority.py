@@ -1,0 +1,64 @@
+"""launcher.serving.priority: the response path's nice value, set on every thread of a real process."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launcher.serving.priority import GPU_NICE, NICE_MAX, check_nice, lower_priority, thread_ids, thread_nice
+
+# A child with three threads besides its main one, each told apart by its name; one of them has raised its own nice
+# to 15 before the test lowers the process to 5 (a higher value stays: lower_priority never raises a priority).
+CHILD = """
+import os, threading, time
+def run(nice):
+    if nice:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    time.sleep(60)
+for i, nice in enumerate((0, 0, 15)):
+    threading.Thread(target=run, args=(nice,), name=f"t{i}", daemon=True).start()
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def child():
+    proc = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 10
+        while sorted(thread_nice(t) for t in thread_ids(proc.pid)) != [0, 0, 0, 15] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_every_thread_is_lowered_and_a_lower_priority_kept(child):
+    assert sorted(thread_nice(t) for t in thread_ids(child)) == [0, 0, 0, 15]
+    assert lower_priority(child, 5) == 3
+    assert sorted(thread_nice(t) for t in thread_ids(child)) == [5, 5, 5, 15]
+    assert lower_priority(child, 5) == 0  # already there: nothing changed
+    assert os.getpriority(os.PRIO_PROCESS, 0) == 0, "this process is untouched"
+
+
+def test_a_process_that_is_gone_has_no_threads():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    assert thread_ids(proc.pid) == [] and lower_priority(proc.pid, 5) == 0
+
+
+@pytest.mark.parametrize("value", [-1, NICE_MAX + 1, True, "5"])
+def test_bad_nice_values_are_refused_with_the_range(value):
+    with pytest.raises(ValueError) as exc:
+        check_nice(value)
+    assert f"response_nice={value!r}" in str(exc.value) and f"0-{NICE_MAX}" in str(exc.value)
+    assert f"-1 for the default ({GPU_NICE} on a GPU, 0 on CPU)" in str(exc.value)
+
+
+def test_good_nice_values_pass():
+    assert [check_nice(v) for v in (0, GPU_NICE, NICE_MAX)] == [0, GPU_NICE, NICE_MAX]
