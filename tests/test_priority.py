@@ -62,3 +62,15 @@ def test_bad_nice_values_are_refused_with_the_range(value):
 
 def test_good_nice_values_pass():
     assert [check_nice(v) for v in (0, GPU_NICE, NICE_MAX)] == [0, GPU_NICE, NICE_MAX]
+
+
+def test_a_refusal_reaches_the_caller(child, monkeypatch):
+    """Where the system refuses (a container's seccomp policy, say), the caller hears it: the hf model then fails a
+    load that asked for a nice value, and only logs it for its default."""
+    def refuse(*_):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "setpriority", refuse)
+    with pytest.raises(PermissionError):
+        lower_priority(child, 5)
+    assert sorted(thread_nice(t) for t in thread_ids(child)) == [0, 0, 0, 15]

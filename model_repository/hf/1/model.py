@@ -375,8 +375,10 @@ class TritonPythonModel:
     def _lower_priority(self) -> str:
         """response_nice > 0: this stub's threads, and tritonserver's if this instance started the engine process,
         to that nice value; the engine process, started already, keeps its own (launcher.serving.priority says
-        why).  -> the words for the ready line ("" when off)."""
-        if self.response_nice is None:  # the default: where it was measured (GPU hosts), not where it was not (CPU)
+        why).  -> the words for the ready line ("" when off).  Where the system refuses (a container's seccomp
+        policy, say), a value that was asked for fails the load; the default only says so and goes on unchanged."""
+        asked = self.response_nice is not None
+        if not asked:  # the default: where it was measured (GPU hosts), not where it was not (CPU)
             gpu = self.engine_process and str(self.engine.device) != "cpu"
             self.response_nice = GPU_NICE if gpu else 0
         if not self.response_nice:
@@ -386,9 +388,13 @@ class TritonPythonModel:
             try:
                 counts.append(f"{who} {lower_priority(pid, self.response_nice)} threads")
             except PermissionError as exc:
-                raise pb_utils.TritonModelException(
-                    f"parameter response_nice={self.response_nice}: cannot lower the priority of {who} (pid {pid}): "
-                    f"{exc.strerror}; set response_nice=0") from None
+                message = (f"parameter response_nice={self.response_nice}: cannot lower the priority of {who} "
+                           f"(pid {pid}): {exc.strerror}")
+                if asked:
+                    raise pb_utils.TritonModelException(f"{message}; set response_nice=0") from None
+                _log("warn", f"{message}; the response path keeps the engine's priority (the default's nice "
+                             f"{GPU_NICE} is not needed to serve)")
+                return f"response path not lowered ({exc.strerror})"
         engine_pid = self.engine.info.get("pid") if self.engine_process else None
         return (f"response path at nice {self.response_nice} ({', '.join(counts)} changed; engine process "
                 f"{engine_pid} as started)")
