@@ -50,7 +50,8 @@ config.pbtxt parameters (string values; empty or absent = default):
                     keeps the one it started with, so where the node's CPUs are all busy its loop and its reader
                     run first (launcher.serving.priority).  No privileges needed.  0: unchanged.  Default -1:
                     10 for an engine on a GPU (measured there: benchmark/RESULTS.md, thirty-fifth session), 0 on
-                    CPU.  A value > 0 needs engine_process=true.
+                    CPU.  A value > 0 needs engine_process=true.  Where the system refuses (a container's seccomp
+                    policy, say), a value set here fails the load; the default logs a warning and serves as is.
 
 instance_group count N > 1 (llmlaunch's engine.response_processes): N stub processes share one engine
 process.  A stub builds every response under its own GIL, so one stub sends a few thousand streamed
