@@ -14,6 +14,10 @@ one tritonserver:
   fresh       every tensor of every response built afresh (the Responder before this change)
   cached      tensors kept: the text cycles through --pieces distinct pieces (a model's frequent tokens)
   cached_new  tensors kept, but every text is new (output_tokens and the rest still repeat): the worst case
+  bare        without the Responder: one text tensor resent, a new output_tokens tensor, input_tokens and an
+              empty finish_reason resent (the four contract outputs on every response)
+  bare_text   the same with text_output alone on every response but the last: what the three counts cost a
+              response in the stub and in tritonserver (the contract sends them on every one)
 
 Rounds take the variants in turn, so the machine's drift falls on each alike.  Every response's text and
 the final count are checked (a kept tensor resent must still carry its own text).  Per variant:
@@ -38,12 +42,14 @@ sys.path.insert(0, str(ROOT))
 
 from launcher.client import Generation, StreamRecord, TritonStream, build_request  # noqa: E402
 
-VARIANTS = ("fresh", "cached", "cached_new")
+VARIANTS = ("fresh", "cached", "cached_new", "bare", "bare_text")
 TICK = os.sysconf("SC_CLK_TCK")
 
 
 def emitter_params(variant: str, pieces: int, responses: int) -> dict:
     """The emitter's parameters for a variant."""
+    if variant.startswith("bare"):  # the emitter's own tensors, one text (" x")
+        return {"full_outputs": "false" if variant == "bare_text" else "true", "pieces": 1}
     return {"responder": "fresh" if variant == "fresh" else "cached", "pythonpath": str(ROOT),
             "pieces": responses + 1 if variant == "cached_new" else pieces}
 

@@ -179,7 +179,7 @@ def test_responder_resends_kept_tensors_with_their_own_text(tmp_path):
     In a real tritonserver, through the emitter fixture built on the real Responder: two requests, 7 distinct
     texts cycled, at most 5 kept (so the kept set is dropped and refilled mid-request); every response of both
     requests must carry its own text, and the final count must be right.  Then benchmark/stub_rate.py end to
-    end on a short run: the three variants check their texts the same way."""
+    end on a short run: the five variants check their texts the same way."""
     import json
 
     stub_rate = _triton_benchmark("stub_rate")
@@ -198,7 +198,7 @@ def test_responder_resends_kept_tensors_with_their_own_text(tmp_path):
     assert stub_rate.main(["--responses", "300", "--warmup", "20", "--rounds", "1", "--pieces", "9",
                            "--json", str(out)]) == 0
     variants = json.loads(out.read_text())["variants"]
-    assert set(variants) == {"fresh", "cached", "cached_new"}
+    assert set(variants) == {"fresh", "cached", "cached_new", "bare", "bare_text"}
     assert all(v["rate"] > 0 and len(v["rounds"]) == 1 for v in variants.values())
     assert variants["fresh"]["vs_fresh"] == 1.0
     with pytest.raises(SystemExit):
