@@ -296,21 +296,24 @@ def test_response_path_yields_to_the_engine_process(server):
     """response_nice=3: both stubs' threads and tritonserver's (its main thread and gRPC threads; Triton sets its
     model instance threads' own nice, so not every one) run at nice 3, each instance says so, and the engine process
     they share, started before, keeps nice 0 on every thread, so a busy node's CPUs go to it first."""
-    from launcher.serving.priority import thread_ids, thread_nice
+    from launcher.serving.priority import thread_nice, thread_nices
 
     server_pid = server.proc.pid
     stubs = [p for p in _children(server_pid) if b"triton_python_backend_stub" in open(f"/proc/{p}/cmdline", "rb").read()]
     assert len(stubs) == 2, stubs
     for stub in stubs:
-        assert {thread_nice(t) for t in thread_ids(stub)} == {3}, stub
+        assert set(thread_nices(stub).values()) == {3}, stub
     engines = [p for stub in stubs for p in _children(stub)]
     assert len(engines) == 1, engines  # started by one instance, attached to by the other
-    assert {thread_nice(t) for t in thread_ids(engines[0])} == {0}
+    assert set(thread_nices(engines[0]).values()) == {0}
     assert thread_nice(server_pid) == 3
     by_name = {}
-    for t in thread_ids(server_pid):
-        name = open(f"/proc/{server_pid}/task/{t}/comm").read().strip()
-        by_name.setdefault(name, set()).add(thread_nice(t))
+    for t, nice in thread_nices(server_pid).items():
+        try:
+            name = open(f"/proc/{server_pid}/task/{t}/comm").read().strip()
+        except FileNotFoundError:  # it exited meanwhile
+            continue
+        by_name.setdefault(name, set()).add(nice)
     grpc = {name: nices for name, nices in by_name.items() if name.startswith(("grpc", "event_engine"))}
     assert grpc and all(nices == {3} for nices in grpc.values()), by_name
     log = server.log_path.read_text()

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from launcher.serving.priority import GPU_NICE, NICE_MAX, check_nice, lower_priority, thread_ids, thread_nice
+from launcher.serving.priority import GPU_NICE, NICE_MAX, check_nice, lower_priority, thread_ids, thread_nices
 
 # A child with three threads besides its main one, each told apart by its name; one of them has raised its own nice
 # to 15 before the test lowers the process to 5 (a higher value stays: lower_priority never raises a priority).
@@ -30,7 +30,7 @@ def child():
     try:
         assert proc.stdout.readline().strip() == "ready"
         deadline = time.monotonic() + 10
-        while sorted(thread_nice(t) for t in thread_ids(proc.pid)) != [0, 0, 0, 15] and time.monotonic() < deadline:
+        while sorted(thread_nices(proc.pid).values()) != [0, 0, 0, 15] and time.monotonic() < deadline:
             time.sleep(0.05)
         yield proc.pid
     finally:
@@ -39,9 +39,9 @@ def child():
 
 
 def test_every_thread_is_lowered_and_a_lower_priority_kept(child):
-    assert sorted(thread_nice(t) for t in thread_ids(child)) == [0, 0, 0, 15]
+    assert sorted(thread_nices(child).values()) == [0, 0, 0, 15]
     assert lower_priority(child, 5) == 3
-    assert sorted(thread_nice(t) for t in thread_ids(child)) == [5, 5, 5, 15]
+    assert sorted(thread_nices(child).values()) == [5, 5, 5, 15]
     assert lower_priority(child, 5) == 0  # already there: nothing changed
     assert os.getpriority(os.PRIO_PROCESS, 0) == 0, "this process is untouched"
 
@@ -73,4 +73,4 @@ def test_a_refusal_reaches_the_caller(child, monkeypatch):
     monkeypatch.setattr(os, "setpriority", refuse)
     with pytest.raises(PermissionError):
         lower_priority(child, 5)
-    assert sorted(thread_nice(t) for t in thread_ids(child)) == [0, 0, 0, 15]
+    assert sorted(thread_nices(child).values()) == [0, 0, 0, 15]

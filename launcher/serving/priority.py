@@ -44,18 +44,27 @@ def thread_nice(tid: int) -> int:
         return int(f.read().rsplit(")", 1)[1].split()[16])
 
 
+def thread_nices(pid: int) -> dict[int, int]:
+    """Thread id -> nice value, for every thread of process `pid` that is still there when read."""
+    nices = {}
+    for tid in thread_ids(pid):
+        try:
+            nices[tid] = thread_nice(tid)
+        except (FileNotFoundError, ProcessLookupError):  # it exited meanwhile
+            continue
+    return nices
+
+
 def lower_priority(pid: int, nice: int) -> int:
     """Give every thread of `pid` at least nice value `nice` (one already higher is left as it is); -> the number of
     threads changed.  A thread that exits meanwhile is skipped; one this user may not change raises PermissionError."""
-    changed, seen = 0, set()
+    changed = set()
     for _ in range(2):  # a thread started while the first pass ran took its creator's value, maybe the old one
-        for tid in thread_ids(pid):
-            try:
-                if thread_nice(tid) < nice:
+        for tid, now in thread_nices(pid).items():
+            if now < nice:
+                try:
                     os.setpriority(os.PRIO_PROCESS, tid, nice)
-                    if tid not in seen:
-                        changed += 1
-                seen.add(tid)
-            except (FileNotFoundError, ProcessLookupError):
-                continue
-    return changed
+                except ProcessLookupError:
+                    continue
+                changed.add(tid)
+    return len(changed)
