@@ -21,12 +21,21 @@ NICE_MAX = 19  # the largest nice value Linux has
 GPU_NICE = 10  # the hf model's default for an engine on a GPU (benchmark/RESULTS.md, thirty-fifth session)
 
 
+def nice_problem(value, default_ok: bool = False) -> str:
+    """Why `value` is not a response_nice ("" if it is): 0-NICE_MAX, and -1 (the default) where `default_ok`.  The
+    one statement of the range, for the launcher's config check and the hf model's parameter."""
+    low = -1 if default_ok else 0
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= NICE_MAX:
+        return (f"a nice value 0-{NICE_MAX} for tritonserver and the stubs (0: unchanged; {GPU_NICE} lets the engine "
+                f"process's threads take a busy node's CPUs first), or -1 for the default ({GPU_NICE} on a GPU, 0 on CPU)")
+    return ""
+
+
 def check_nice(value: int, name: str = "response_nice") -> int:
     """`value` if it is a nice value this module can set (0 = leave priorities alone), else ValueError naming it."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= NICE_MAX:
-        raise ValueError(f"{name}={value!r}: a nice value 0-{NICE_MAX} for tritonserver and the stubs (0: unchanged; "
-                         f"{GPU_NICE} lets the engine process's threads take a busy node's CPUs first), or -1 for the "
-                         f"default ({GPU_NICE} on a GPU, 0 on CPU)")
+    problem = nice_problem(value)
+    if problem:
+        raise ValueError(f"{name}={value!r}: {problem}")
     return value
 
 

@@ -396,9 +396,9 @@ class TritonPythonModel:
                 _log("warn", f"{message}; the response path keeps the engine's priority (the default's nice "
                              f"{GPU_NICE} is not needed to serve)")
                 return f"response path not lowered ({exc.strerror})"
-        engine_pid = self.engine.info.get("pid") if self.engine_process else None
+        # (a value > 0 implies engine_process=true: _read_parameters refuses it otherwise)
         return (f"response path at nice {self.response_nice} ({', '.join(counts)} changed; engine process "
-                f"{engine_pid} as started)")
+                f"{self.engine.info.get('pid')} as started)")
 
     def _on_output(self, out):
         """In-thread engine: one output, on the engine's thread; the responder sends it."""
