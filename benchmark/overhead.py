@@ -52,7 +52,8 @@ The paths:
   served_alt
            a second tritonserver beside the first, its hf model set up with
            --alt-response-processes, --alt-server-param and --alt-server-env
-           on top of the served path's: two serving set-ups against the same in-process
+           on top of the served path's, its clients sending --alt-request-param
+           on top of --request-param: two serving set-ups against the same in-process
            engine, arrivals and rounds, in one run (their start-up and
            compile paid once; two runs differ by a compile's spread).
   direct_awake, served_awake
@@ -650,11 +651,12 @@ def random_prompt_ids(n: int, length: int, vocab: int, seed: int = 0) -> list[li
 # ----------------------------------------------------------------------------------------- served
 def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_tokens: int | list[int],
                server_pid: int | None = None, metrics_url: str = "", processes: int = 1, streams: int = 1,
-               spec=None) -> dict:
+               spec=None, parameters: dict | None = None) -> dict:
     """The closed loop through tritonserver with the benchmark's load generator (launcher.bench.runner):
     `processes` client processes, each spreading its requests over `streams` gRPC streams, so that at high
     concurrency the client is not what is measured (one process and one stream carry every response).  `spec` (a
-    LoadSpec: Load.open_spec) replaces the closed loop: an open loop at a request rate."""
+    LoadSpec: Load.open_spec) replaces the closed loop: an open loop at a request rate.  `parameters`: Triton
+    request parameters sent with every request (e.g. final_counts_only)."""
     import resource
 
     from launcher.bench.runner import Job, LoadSpec, run_load
@@ -677,7 +679,7 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
 
     cpu0 = client_cpu()
     t_start = time.perf_counter()
-    out = run_load(Job(url, model, gens, spec))
+    out = run_load(Job(url, model, gens, spec, parameters=parameters or {}))
     t_end = time.perf_counter()
     client_cpu_s = client_cpu() - cpu0
     by_role = None
@@ -937,6 +939,13 @@ def main(argv=None) -> int:
     ap.add_argument("--alt-server-env", action="append", default=[], metavar="KEY=VALUE",
                     help="the served_alt path: an environment variable of its tritonserver on top of --server-env's "
                          "(e.g. an LLMLAUNCH_HF_* switch set to 0: the code before a change, side by side with it)")
+    ap.add_argument("--request-param", action="append", default=[], metavar="KEY=VALUE",
+                    help="served paths: a Triton request parameter sent with every request (e.g. "
+                         "final_counts_only=true)")
+    ap.add_argument("--alt-request-param", action="append", default=[], metavar="KEY=VALUE",
+                    help="the served_alt path: a request parameter on top of --request-param's (e.g. "
+                         "final_counts_only=true: text alone on every response but the last, side by side with "
+                         "all four outputs on each)")
     ap.add_argument("--resend-ms", type=float, default=10.0, metavar="MS",
                     help="the delayed path: each finished request's successor is added MS later (default 10, about "
                          "the served client's last-piece gap at 128 streams on an H100 host)")
@@ -967,10 +976,12 @@ def main(argv=None) -> int:
                  "--split-cpus")
     if "served_alt" in args.paths and "served" not in args.paths:
         ap.error("the served_alt path is measured against the served one: add served to --paths")
-    if (args.alt_response_processes or args.alt_server_param or args.alt_server_env) and "served_alt" not in args.paths:
-        ap.error("--alt-response-processes / --alt-server-param / --alt-server-env set up the served_alt path: add "
-                 "served_alt to --paths")
-    for kv in args.server_param + args.alt_server_param + args.server_env + args.alt_server_env:
+    if (args.alt_response_processes or args.alt_server_param or args.alt_server_env or args.alt_request_param) \
+            and "served_alt" not in args.paths:
+        ap.error("--alt-response-processes / --alt-server-param / --alt-server-env / --alt-request-param set up the "
+                 "served_alt path: add served_alt to --paths")
+    for kv in args.server_param + args.alt_server_param + args.server_env + args.alt_server_env \
+            + args.request_param + args.alt_request_param:
         if "=" not in kv:
             ap.error(f"{kv!r}: write KEY=VALUE")
     extra_env = dict(kv.split("=", 1) for kv in args.server_env) or None  # tritonserver's (and the process path's)
@@ -996,11 +1007,17 @@ def main(argv=None) -> int:
     alt_params = dict(server_params, **dict(kv.split("=", 1) for kv in args.alt_server_param))
     alt_processes = args.alt_response_processes or args.response_processes
     alt_env = dict(extra_env or {}, **dict(kv.split("=", 1) for kv in args.alt_server_env)) or None
+    from launcher.bench.cli import _param  # KEY=VALUE -> (key, bool / int / float / str), as `llmlaunch-bench` reads it
+
+    request_params = dict(_param(kv) for kv in args.request_param)
+    alt_request_params = dict(request_params, **dict(_param(kv) for kv in args.alt_request_param))
     if extra_env:
         results["server_env"] = extra_env
+    if request_params:
+        results["request_params"] = request_params
     if "served_alt" in paths:
         results["served_alt"] = {"server_params": alt_params, "response_processes": alt_processes,
-                                 "server_env": alt_env or {}}
+                                 "server_env": alt_env or {}, "request_params": alt_request_params}
     if args.vs_generate:
         results["vs_generate"] = vs_generate(model_dir, params, args)
     if args.no_served:
@@ -1068,18 +1085,19 @@ def main(argv=None) -> int:
             run["process"] = lambda prompts, load, tokens: run_direct(process, prompts, load.concurrency, tokens,
                                                                       arrivals=load.arrivals())
         if "served" in paths:
-            def served_by(srv):
+            def served_by(srv, parameters):
                 def served(prompts, load, tokens):
                     with on_cpus(client_cpus):
                         return run_served(srv.grpc_url, srv.model, prompts, load.concurrency, tokens, srv.proc.pid,
                                           srv.metrics_url, load.processes, args.client_streams,
-                                          spec=load.open_spec(args.client_streams) if load.rate else None)
+                                          spec=load.open_spec(args.client_streams) if load.rate else None,
+                                          parameters=parameters)
                 return served
 
-            served = served_by(server)
+            served = served_by(server, request_params)
             run["served"] = served
             if "served_alt" in paths:
-                run["served_alt"] = served_by(started["served_alt"])
+                run["served_alt"] = served_by(started["served_alt"], alt_request_params)
         for base in ("direct", "served"):  # the same path with every CPU kept from sleeping while it runs
             if f"{base}_awake" in paths:
                 run[f"{base}_awake"] = with_cpus_awake(run[base])

@@ -343,16 +343,21 @@ class TritonStream:
                         self._complete(ir.id, rec)
                     continue
                 raw = ir.raw_output_contents
+                final = ir.parameters["triton_final_response"].bool_param
                 if raw:
                     at = rec._text_at
                     if at is None:  # once per request: where text_output is among the outputs
                         at = rec._text_at = next((i for i, o in enumerate(ir.outputs) if o.name == "text_output"), -1)
+                    elif final and not (0 <= at < len(ir.outputs) and ir.outputs[at].name == "text_output"):
+                        # a request with final_counts_only: its earlier responses held text_output alone, this
+                        # one has all four outputs, in an order of the server's (llmlaunch's models put text first)
+                        at = next((i for i, o in enumerate(ir.outputs) if o.name == "text_output"), -1)
                     rec.chunks.append(raw[at] if 0 <= at < len(raw) else b"")
                 else:
                     rec.chunks.append(b"")
                 if rec.on_response is not None:
                     rec.on_response(rec, len(rec.times) - 1)
-                if ir.parameters["triton_final_response"].bool_param:
+                if final:
                     # an empty final response (flag sent on its own): the counts are in the one before
                     _finish(rec, ir if raw or rec._prev is None else rec._prev)
                     self._complete(ir.id, rec)

@@ -53,6 +53,25 @@ OUTPUTS: tuple[Tensor, ...] = (
     Tensor("finish_reason", "BYTES", (1,), False, "empty while streaming; 'length', 'stop' or 'cancelled' on the last response"),
 )
 
+
+@dataclass(frozen=True)
+class Parameter:
+    name: str  # key among the request's Triton parameters (gRPC `parameters`, the generate endpoint's JSON keys)
+    kind: str  # bool | int | float | string
+    default: object  # the value when the request does not send it
+    doc: str = ""  # what it means
+
+
+# Request parameters, not input tensors: an endpoint that does not know one ignores it (an unknown input tensor
+# would fail the request), so a client may send them to any Triton model.
+PARAMETERS: tuple[Parameter, ...] = (
+    Parameter("final_counts_only", "bool", False,
+              "streaming: send input_tokens, output_tokens and finish_reason on the final response only, "
+              "text_output alone before it (a quarter of the tensors per token to send and parse; "
+              "the TensorRT-LLM ensemble sends them on every response)"),
+)
+
 INPUT_NAMES = tuple(t.name for t in INPUTS)
 REQUIRED_INPUTS = tuple(t.name for t in INPUTS if not t.optional)
 OUTPUT_NAMES = tuple(t.name for t in OUTPUTS)
+PARAMETER_NAMES = tuple(p.name for p in PARAMETERS)

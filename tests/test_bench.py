@@ -285,6 +285,9 @@ def test_open_loop_table_has_a_line_per_served_path():
            "served_alt": {"response_processes": 1, "server_params": {"response_threads": "2"}, "server_env": {}}}
     head, c8, alt = mod.table(doc).splitlines()
     assert head.split()[0] == "load" and head.endswith("(alt: response_processes=1)")
+    asked = dict(doc, request_params={"final_counts_only": True},
+                 served_alt=dict(doc["served_alt"], response_processes=8, request_params={"final_counts_only": False}))
+    assert mod.table(asked).splitlines()[0].endswith("(alt: request final_counts_only=False)")
     assert c8.split()[0] == "C=8" and "2.71" in c8.split() and "1.73" in c8.split() and "0.985" in c8.split()
     assert alt.split()[0] == "alt" and "4.04" in alt.split() and "3.50" in alt.split()  # mean added: 10.271 - 6.776
     # no engine splits nor CPU here: prompt steps in / served, mixed steps, hand-overs, CPU

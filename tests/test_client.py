@@ -78,6 +78,45 @@ def test_inputs_follow_the_contract():
 
 
 @pytest.mark.triton
+def test_stream_reads_text_wherever_the_final_response_puts_it():
+    """TritonStream's receive path on Triton's own wire messages (ModelStreamInferResponse protobufs, no server):
+    a final_counts_only request's responses carry text_output alone, then all four outputs in the server's order;
+    every piece of text and the final counts are read, whatever index text_output has in the last one."""
+    import queue
+    import threading
+
+    from tritonclient.grpc import service_pb2
+
+    from launcher.client import StreamRecord, TritonStream
+
+    def response(outputs, final):
+        r = service_pb2.ModelStreamInferResponse()
+        ir = r.infer_response
+        ir.id = "r1"
+        ir.parameters["triton_final_response"].bool_param = final
+        for name, dtype, raw in outputs:
+            o = ir.outputs.add()
+            o.name, o.datatype = name, dtype
+            ir.raw_output_contents.append(raw)
+        return r
+
+    def text(t):
+        return ("text_output", "BYTES", struct.pack("<I", len(t)) + t)
+
+    counts = [("finish_reason", "BYTES", struct.pack("<I", 6) + b"length"),
+              ("input_tokens", "INT32", struct.pack("<i", 5)), ("output_tokens", "INT32", struct.pack("<i", 3))]
+    stream = object.__new__(TritonStream)  # the receive loop alone: no channel
+    stream._responses = [response([text(b"a")], False), response([text(b"b")], False),
+                         response(counts + [text(b"c")], True)]
+    stream._pending, stream._on_done, stream._dead = {}, None, ""
+    stream._outbox, stream._cond, stream.url = queue.Queue(), threading.Condition(), "test"
+    rec = stream._pending["r1"] = StreamRecord("r1")
+    stream._receive()
+    assert rec.done and not rec.error
+    assert (rec.text, rec.input_tokens, rec.output_tokens, rec.finish_reason) == ("abc", 5, 3, "length")
+    assert len(rec.token_times) == 3
+
+
 def test_cli_streams_tokens_as_they_arrive(url):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, "-m", "launcher.client", "--url", f"grpc://{url}", "--prompt", "I am going to",

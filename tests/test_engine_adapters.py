@@ -90,8 +90,9 @@ class Stream:
         self.client = grpcclient.InferenceServerClient(server.grpc_url)
         self.client.start_stream(callback=lambda result=None, error=None: self.q.put((result, error)))
 
-    def send(self, prompt, max_tokens, stream=True, **extra):
-        self.client.async_stream_infer(self.model, _inputs(prompt, max_tokens, stream, extra), enable_empty_final_response=True)
+    def send(self, prompt, max_tokens, stream=True, parameters=None, **extra):
+        self.client.async_stream_infer(self.model, _inputs(prompt, max_tokens, stream, extra), enable_empty_final_response=True,
+                                       parameters=parameters)
 
     def next(self, timeout=30):
         """(dict of outputs or None, error or None, final?)"""
@@ -101,10 +102,14 @@ class Stream:
         final = result.get_response().parameters["triton_final_response"].bool_param
         out = None
         if result.as_numpy("text_output") is not None:
-            out = {k: result.as_numpy(k).reshape(-1)[0] for k in ("text_output", "input_tokens", "output_tokens", "finish_reason")}
-            out["text_output"] = out["text_output"].decode()
-            out["finish_reason"] = out["finish_reason"].decode()
-            out["input_tokens"], out["output_tokens"] = int(out["input_tokens"]), int(out["output_tokens"])
+            # (a request with final_counts_only gets text_output alone before its final response)
+            out = {o.name: result.as_numpy(o.name).reshape(-1)[0] for o in result.get_response().outputs}
+            for k in ("text_output", "finish_reason"):
+                if k in out:
+                    out[k] = out[k].decode()
+            for k in ("input_tokens", "output_tokens"):
+                if k in out:
+                    out[k] = int(out[k])
         return out, error, final
 
     def collect(self, timeout=30):
@@ -123,10 +128,10 @@ class Stream:
         self.client.close()
 
 
-def generate(server, prompt, max_tokens, stream=True, **extra):
+def generate(server, prompt, max_tokens, stream=True, parameters=None, **extra):
     s = Stream(server)
     try:
-        s.send(prompt, max_tokens, stream, **extra)
+        s.send(prompt, max_tokens, stream, parameters, **extra)
         return s.collect()
     finally:
         s.close()
@@ -163,6 +168,18 @@ def test_streaming_sends_pieces_in_order(engine):
     assert counts == sorted(counts) and counts[:5] == [1, 2, 3, 4, 5] and counts[-1] == 5
     assert [r["finish_reason"] for r in responses[:-1]] == [""] * (len(responses) - 1) and responses[-1]["finish_reason"] == "length"
     assert all(r["input_tokens"] == 10 for r in responses[1:])
+
+
+def test_final_counts_only_sends_text_alone_until_the_last_response(engine):
+    """Request parameter final_counts_only: the counts and finish_reason come once, on the final response."""
+    responses, error = generate(engine, "a b c d e f g h i j", max_tokens=5, parameters={"final_counts_only": True})
+    assert error is None
+    assert [r["text_output"] for r in responses if r["text_output"]] == [" t0", " t1", " t2", " t3", " t4"]
+    assert all(sorted(r) == ["text_output"] for r in responses[:-1]), responses
+    last = responses[-1]
+    assert (last["input_tokens"], last["output_tokens"], last["finish_reason"]) == (10, 5, "length"), responses
+    responses, error = generate(engine, "a b", max_tokens=5, parameters={"final_counts_only": 3})
+    assert responses == [] and "final_counts_only=3 must be true or false" in str(error), error
 
 
 def test_non_streaming_returns_the_whole_completion(engine):

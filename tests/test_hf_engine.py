@@ -1188,6 +1188,19 @@ def test_parse_inputs_rejects(change, message):
         triton_io.parse_inputs(arrays, max_model_len=2048)
 
 
+def test_parse_parameters_reads_the_contracts_request_parameters():
+    """pb_utils gives a request's parameters as JSON text; gRPC sends booleans, the generate endpoint and
+    `--request-param` may send text.  Keys that are not the contract's belong to someone else: left alone."""
+    assert triton_io.parse_parameters("") == {"final_counts_only": False}
+    assert triton_io.parse_parameters('{"final_counts_only": true, "triton_x": 1}') == {"final_counts_only": True}
+    assert triton_io.parse_parameters({"final_counts_only": "FALSE"}) == {"final_counts_only": False}
+    assert triton_io.parse_parameters({"final_counts_only": "1"}) == {"final_counts_only": True}
+    with pytest.raises(triton_io.InvalidRequest, match="final_counts_only=2 must be true or false"):
+        triton_io.parse_parameters({"final_counts_only": 2})
+    with pytest.raises(triton_io.InvalidRequest, match="not a JSON object"):
+        triton_io.parse_parameters("{oops")
+
+
 def test_output_arrays_shapes():
     out = triton_io.output_arrays("hé", 3, 5, "length")
     assert out["text_output"].shape == (1, 1) and out["text_output"][0, 0] == "hé".encode()

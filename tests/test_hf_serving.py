@@ -218,6 +218,55 @@ def test_optional_inputs_are_accepted(stream):
     assert err is None and parts[-1][1] == 6 and not parts[-1][0].startswith(PROMPT)
 
 
+def test_final_counts_only_sends_text_alone_until_the_last_response(server, stream):
+    """Request parameter final_counts_only: every streamed response but the last carries text_output alone, the
+    last all four outputs; the text and the counts are those of a request without it.  The benchmark's client
+    (launcher.client.TritonStream, what `llmlaunch-bench --final-counts-only` uses) reads it the same way."""
+    from launcher.client import TritonStream, build_request
+
+    gen = Generation(PROMPT, max_tokens=24, stream=True, ignore_eos=True)
+    plain, err = stream.run(gen)
+    assert err is None, err
+    rid = uuid.uuid4().hex
+    stream.results[rid] = queue.Queue()
+    stream.client.async_stream_infer(MODEL, build_inputs(gen), request_id=rid, enable_empty_final_response=True,
+                                     parameters={"final_counts_only": True})
+    outputs, texts = [], []
+    while True:
+        kind, value = stream.results[rid].get(timeout=120)
+        assert kind == "ok", value
+        names = sorted(o.name for o in value.get_response().outputs)
+        final = value.get_response().parameters["triton_final_response"].bool_param
+        if names:
+            outputs.append((names, final))
+            texts.append(value.as_numpy("text_output").reshape(-1)[0].decode())
+        if final:
+            last = value
+            break
+    assert len(outputs) > 1, outputs
+    assert all(names == ["text_output"] and not final for names, final in outputs[:-1]), outputs
+    assert outputs[-1] == (["finish_reason", "input_tokens", "output_tokens", "text_output"], True), outputs
+    assert "".join(texts) == _text(plain)
+    assert int(last.as_numpy("output_tokens").reshape(-1)[0]) == plain[-1][1] == 24
+    assert int(last.as_numpy("input_tokens").reshape(-1)[0]) == plain[-1][3]
+    assert last.as_numpy("finish_reason").reshape(-1)[0].decode() == plain[-1][2] == "length"
+
+    ts = TritonStream(server.grpc_url)
+    try:
+        recs = [ts.submit(build_request(MODEL, gen, str(i), parameters={"final_counts_only": flag}))
+                for i, flag in enumerate((True, False, True))]
+        for rec in recs:
+            ts.wait(rec, timeout=120)
+            assert not rec.error, rec.error
+            assert (rec.text, rec.output_tokens, rec.input_tokens, rec.finish_reason) == \
+                (_text(plain), 24, plain[-1][3], "length")
+            assert len(rec.token_times) == len(rec.times) > 1
+        bad = ts.wait(ts.submit(build_request(MODEL, gen, "bad", parameters={"final_counts_only": "maybe"})), 60)
+        assert "final_counts_only='maybe' must be true or false" in bad.error, bad.error
+    finally:
+        ts.cancel("test done")
+
+
 def test_in_thread_engine_variant(tiny_model_dir, tmp_path):
     """engine_process=false: the engine runs on a thread of the stub; same answers, errors and streaming."""
     srv = hf_server(str(tiny_model_dir), tmp_path, {"device": "cpu", "max_num_seqs": 8, "engine_process": "false",
@@ -457,6 +506,28 @@ def test_bench_reports_where_the_ttft_goes(server, tmp_path, capsys):
     assert main(["--url", server.grpc_url, "--num-prompts", "1", "--concurrency", "1", "--dataset-name",
                  "synthetic", "--no-progress", "--server-metrics", "http://127.0.0.1:9/metrics"]) == 2
     assert "--server-metrics http://127.0.0.1:9/metrics: cannot read it" in capsys.readouterr().err
+
+
+def test_bench_final_counts_only_measures_the_same_tokens(server, tmp_path):
+    """llmlaunch-bench --final-counts-only: the server's counts still reach every request's figures (from its final
+    response), and every token's time is measured as without it."""
+    import json
+
+    from launcher.bench.cli import main
+
+    docs = []
+    for flag in ((), ("--final-counts-only",)):
+        out = tmp_path / f"r{len(docs)}.json"
+        assert main(["--url", server.grpc_url, "--dataset-name", "synthetic", "--input-len", "8", "--output-len", "6",
+                     "--num-prompts", "6", "--concurrency", "3", "--ignore-eos", "--no-progress",
+                     "--result-json", str(out), *flag]) == 0
+        docs.append(json.loads(out.read_text()))
+    plain, final_only = docs
+    assert final_only["config"]["request"]["parameters"] == {"final_counts_only": True}, final_only["config"]
+    for doc in docs:
+        assert doc["metrics"]["total_output_tokens"] == 36 and doc["metrics"]["completed"] == 6
+        assert all(r["output_tokens_source"] == "server" and r["input_tokens"] > 0 for r in doc["requests"])
+        assert doc["metrics"]["itl_ms"]["mean"] > 0 and doc["metrics"]["tpot_ms"]["mean"] > 0
 
 
 def test_shared_engine_that_fails_to_start_fails_the_load_at_once(tiny_model_dir, tmp_path):

@@ -222,8 +222,9 @@ def test_postprocessing_without_optional_inputs_sends_exact_bytes(server, tokeni
 
 
 # ----------------------------------------------------------------------------- the ensemble (stand-in engine)
-def generate(server, prompt, max_tokens, stream, model="ensemble", **extra):
-    """One request to `model` over a gRPC stream: (joined text bytes, responses)."""
+def generate(server, prompt, max_tokens, stream, model="ensemble", parameters=None, **extra):
+    """One request to `model` over a gRPC stream: (joined text bytes, responses: each a dict of the outputs it
+    has besides text_output)."""
     import tritonclient.grpc as grpcclient
 
     inputs = [_input("text_input", _text(prompt), "BYTES"), _input("max_tokens", np.array([[max_tokens]], np.int32), "INT32"),
@@ -235,7 +236,7 @@ def generate(server, prompt, max_tokens, stream, model="ensemble", **extra):
     c = grpcclient.InferenceServerClient(server.grpc_url)
     c.start_stream(callback=lambda result=None, error=None: results.put((result, error)))
     try:
-        c.async_stream_infer(model, inputs, enable_empty_final_response=True)
+        c.async_stream_infer(model, inputs, enable_empty_final_response=True, parameters=parameters)
         chunks, responses = [], []
         while True:
             result, error = results.get(timeout=60)
@@ -244,7 +245,8 @@ def generate(server, prompt, max_tokens, stream, model="ensemble", **extra):
             out = result.as_numpy("text_output")
             if out is not None:
                 chunks.append(b"".join(out.reshape(-1)))
-                responses.append({k: result.as_numpy(k).reshape(-1)[0] for k in ("input_tokens", "output_tokens", "finish_reason")})
+                responses.append({o.name: result.as_numpy(o.name).reshape(-1)[0] for o in resp.outputs
+                                  if o.name != "text_output"})
             if resp.parameters.get("triton_final_response") and resp.parameters["triton_final_response"].bool_param:
                 return b"".join(chunks), responses
     finally:
@@ -297,6 +299,21 @@ def test_bls_streams_whole_characters_with_cumulative_counts(server, tokenizer):
     assert counts == sorted(counts) and counts[-1] == n
     assert all(int(r["input_tokens"]) == n + 1 for r in responses)
     assert [r["finish_reason"] for r in responses][-1] == b"stop" and all(r["finish_reason"] == b"" for r in responses[:-1])
+
+
+def test_final_counts_only_bls_honours_it_and_the_ensemble_ignores_it(server, tokenizer):
+    """Request parameter final_counts_only: the BLS model sends text_output alone until its final response; the
+    ensemble's steps are fixed by config.pbtxt, so it sends its counts on every response (as the contract says)."""
+    n = len(tokenizer.encode(MULTIBYTE, add_special_tokens=False))
+    text, responses = generate(server, MULTIBYTE, max_tokens=200, stream=True, model="tensorrt_llm_bls",
+                               parameters={"final_counts_only": True})
+    assert text.decode() == MULTIBYTE and len(responses) > 1
+    assert all(r == {} for r in responses[:-1]), responses
+    last = responses[-1]
+    assert (int(last["input_tokens"]), int(last["output_tokens"]), last["finish_reason"]) == (n + 1, n, b"stop")
+    text, responses = generate(server, MULTIBYTE, max_tokens=200, stream=True, parameters={"final_counts_only": True})
+    assert text.decode() == MULTIBYTE and len(responses) > 1
+    assert all(sorted(r) == ["finish_reason", "input_tokens", "output_tokens"] for r in responses), responses
 
 
 def test_bls_chunks_are_valid_utf8(server):

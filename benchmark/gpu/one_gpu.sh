@@ -212,6 +212,12 @@ echo "== 3i. closed loops (1 8 32 64 128): tritonserver and the stubs at nice 10
 # where the CPUs are not all busy, it made no difference beyond the order the servers ran in.
 closed_pair overhead_response_nice "1 8 32 64 128" 16 2 --alt-server-param response_nice=0
 
+echo "== 3j. closed loops (1 8 32 64 128): all four outputs on every response (served) / the counts on the final one only (served_alt)"
+# Request parameter final_counts_only=true (llmlaunch-bench --final-counts-only): text_output alone on every streamed
+# response but the last, which carries input_tokens, output_tokens and finish_reason. On the CPU box the three count
+# tensors were 11 of tritonserver's 61 us a response (stub_rate.py, thirty-fifth session). RESULTS.md, runs 124+.
+closed_pair overhead_final_counts "1 8 32 64 128" 16 2 --alt-request-param final_counts_only=true
+
 echo "== 4. one stream: the TTFT serving adds, CPUs as they are and kept awake (serve.keep_cpus_awake)"
 # The same engines and rounds with idle-priority spinners on every CPU (launcher/awake.py) for the _awake paths: on a
 # virtual machine an idle vCPU halts and waking a thread there is slow (RESULTS.md, eighteenth session).

@@ -47,6 +47,9 @@ def table(doc: dict) -> str:
         mine = {"response_processes": alt["response_processes"], **alt["server_params"]}
         base.update(doc.get("server_env") or {})  # environment variables (an LLMLAUNCH_HF_* switch) too
         mine.update(alt.get("server_env") or {})
+        # and request parameters (final_counts_only), named as sent
+        base.update({f"request {k}": v for k, v in (doc.get("request_params") or {}).items()})
+        mine.update({f"request {k}": v for k, v in (alt.get("request_params") or {}).items()})
         lines[0] += "   (alt: " + ", ".join(f"{k}={v}" for k, v in sorted(mine.items()) if base.get(k) != v) + ")"
     # several --client-processes counts: each load has a row per count, labelled `load xN` (N client processes)
     several = len({r.get("client_processes") for r in doc["runs"]}) > 1

@@ -106,6 +106,9 @@ def build_parser(prog: str = "llmlaunch-bench") -> argparse.ArgumentParser:
     r.add_argument("--stop", action="append", default=[], metavar="WORD", help="stop word (repeatable)")
     r.add_argument("--request-param", action="append", default=[], metavar="KEY=VALUE",
                    help="Triton request parameter passed to the model (repeatable)")
+    r.add_argument("--final-counts-only", action="store_true",
+                   help="ask llmlaunch models for the token counts on each request's final response only "
+                        "(text_output alone before it: less to send per token; the figures are the same)")
 
     o = p.add_argument_group("results")
     o.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs for goodput: ttft:MS tpot:MS e2el:MS")
@@ -175,6 +178,8 @@ def bench_one(args, url: str, model: str, samples, kind: str, tokens, label: str
     num_requests = args.num_prompts if args.num_prompts is not None else (None if args.duration else len(samples))
     spec = spec_from_args(args, num_requests)
     params = dict(_param(x) for x in args.request_param)
+    if args.final_counts_only:
+        params["final_counts_only"] = True
     slos = metrics.parse_slos(args.goodput)
     job = Job(url=url, model=model, gens=gens, spec=spec, parameters=params)
     total = num_requests

@@ -19,11 +19,12 @@ is imported inside the functions that need it.
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from dataclasses import dataclass, field
 
-from launcher.contract import INPUT_NAMES, INPUTS, REQUIRED_INPUTS
+from launcher.contract import INPUT_NAMES, INPUTS, PARAMETERS, REQUIRED_INPUTS
 
 _INPUT_DOC = {t.name: t.doc for t in INPUTS}
 _INPUT_DTYPE = {t.name: t.dtype for t in INPUTS}
@@ -101,6 +102,7 @@ class GenerationRequest:
     params: SamplingParams
     stream: bool = False  # one response per new piece of text, else one response with the whole completion
     ignored: tuple[str, ...] = field(default_factory=tuple)  # optional inputs that were sent but are not honoured
+    final_counts_only: bool = False  # request parameter: counts and finish_reason on the final response only
 
 
 def _int(name: str, value) -> None:
@@ -243,8 +245,37 @@ def request_arrays(request) -> dict:
     return arrays
 
 
+def parse_parameters(raw) -> dict:
+    """The contract's request parameters (`contract.PARAMETERS`) from a request's parameters, as pb_utils gives
+    them (a JSON object text) or as a dict; absent ones get their defaults, others' keys are not ours and are
+    left alone (Triton's own, or another model's).  Raises InvalidRequest for a value of the wrong kind."""
+    if isinstance(raw, (str, bytes)):
+        try:
+            raw = json.loads(raw or "{}")
+        except ValueError:
+            raise InvalidRequest(f"request parameters are not a JSON object: {raw[:80]!r}") from None
+    raw = raw or {}
+    if not isinstance(raw, dict):
+        raise InvalidRequest(f"request parameters are not a JSON object: {raw!r:.80}")
+    values = {}
+    for p in PARAMETERS:
+        value = raw.get(p.name, p.default)
+        if p.kind == "bool":
+            # gRPC sends bool_param; the generate endpoint and `--request-param` may send text
+            if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+                value = value.lower() in ("true", "1")
+            if not isinstance(value, bool):
+                raise InvalidRequest(f"request parameter {p.name}={value!r} must be true or false ({p.doc})")
+        values[p.name] = value
+    return values
+
+
 def parse_request(request, supported=frozenset(INPUT_NAMES), max_model_len: int | None = None) -> GenerationRequest:
-    return parse_inputs(request_arrays(request), supported, max_model_len)
+    req = parse_inputs(request_arrays(request), supported, max_model_len)
+    params = getattr(request, "parameters", None)
+    if params is not None:  # (pb_utils has had InferenceRequest.parameters() since Triton 23.07)
+        req.final_counts_only = parse_parameters(params())["final_counts_only"]
+    return req
 
 
 def output_arrays(text: str, input_tokens: int, output_tokens: int, finish_reason: str | None,
@@ -262,11 +293,14 @@ def output_arrays(text: str, input_tokens: int, output_tokens: int, finish_reaso
 
 
 def response(text: str, input_tokens: int, output_tokens: int, finish_reason: str | None = None,
-             batched: bool = True):
-    """One contract response (see `Responder` for the streaming hot path)."""
+             batched: bool = True, counts: bool = True):
+    """One contract response (see `Responder` for the streaming hot path).  `counts=False`: text_output alone
+    (a streamed response before the final one of a request that asked for `final_counts_only`)."""
     import triton_python_backend_utils as pb_utils
 
     arrays = output_arrays(text, input_tokens, output_tokens, finish_reason, batched)
+    if not counts:
+        arrays = {"text_output": arrays["text_output"]}
     return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])
 
 
@@ -320,23 +354,30 @@ class Responder:
         """The per-request input_tokens tensor (pass it to `build`)."""
         return self._int("input_tokens", n)
 
-    def build(self, text: str, input_tokens, output_tokens: int, finish_reason: str | None = None):
+    def build(self, text: str, input_tokens, output_tokens: int, finish_reason: str | None = None,
+              counts: bool = True):
+        """A response with all four outputs, or with text_output alone when `counts` is false (a streamed
+        response before the final one, for a request that asked for `final_counts_only`)."""
         reason = finish_reason or ""
         if not self._cache:
+            if not counts:
+                return self._pb.InferenceResponse(output_tensors=[self._bytes("text_output", text)])
             return self._pb.InferenceResponse(output_tensors=[
                 self._bytes("text_output", text), input_tokens, self._int("output_tokens", output_tokens),
                 self._bytes("finish_reason", reason)])
-        texts, counts, reasons = self._kept()
+        texts, kept_counts, reasons = self._kept()
         t = texts.get(text)
         if t is None:
             if len(texts) >= self._max_texts:
                 texts.clear()
             t = texts[text] = self._bytes("text_output", text)
-        n = counts.get(output_tokens)
+        if not counts:
+            return self._pb.InferenceResponse(output_tensors=[t])
+        n = kept_counts.get(output_tokens)
         if n is None:
             n = self._int("output_tokens", output_tokens)
             if output_tokens <= self._max_counts:
-                counts[output_tokens] = n
+                kept_counts[output_tokens] = n
         r = reasons.get(reason)
         if r is None:
             r = reasons[reason] = self._bytes("finish_reason", reason)

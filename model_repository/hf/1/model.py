@@ -152,11 +152,12 @@ class _Stream:
     """Per-request state of the sender side."""
 
     __slots__ = ("sender", "stream", "parts", "input_tokens", "last_check", "cancelled", "last_sent", "shard",
-                 "began", "queued", "times", "routed")
+                 "began", "queued", "times", "routed", "counts")
 
-    def __init__(self, sender, stream: bool, shard: int, routed: bool = False):
+    def __init__(self, sender, stream: bool, shard: int, routed: bool = False, counts: bool = True):
         self.sender = sender  # pb_utils response sender
         self.stream = stream  # stream=true: a response per piece of text
+        self.counts = counts  # counts on every streamed response (false: final_counts_only, text alone before the end)
         self.parts = []  # text not sent yet (stream=false: all of it; stream_interval_ms: held-back pieces)
         self.input_tokens = None  # the input_tokens tensor, built once (on the first output)
         self.last_check = time.monotonic()  # last is_cancelled() poll
@@ -467,7 +468,8 @@ class TritonPythonModel:
                 self._next_id += 1
                 rid = str(self._next_id)
                 # register before the engine can produce output for it
-                stream = _Stream(sender, req.stream, self._shard(), routed=not self._first_fast)
+                stream = _Stream(sender, req.stream, self._shard(), routed=not self._first_fast,
+                                 counts=not req.final_counts_only)
                 self._streams[rid] = stream
                 stream.began, stream.queued = began, time.monotonic()
                 try:
@@ -576,7 +578,8 @@ class TritonPythonModel:
                     text = "".join(st.parts)
                     st.parts.clear()
                 st.last_sent = now
-                self._send(st.sender, self._responder.build(text, st.input_tokens, out.output_tokens))
+                self._send(st.sender, self._responder.build(text, st.input_tokens, out.output_tokens,
+                                                            counts=st.counts))
                 self._first_token_sent(st)
         # Client cancellation: each check is a round trip to the server process, so it is rate-limited per request.
         if not st.cancelled and now - st.last_check >= self.cancel_check_s:

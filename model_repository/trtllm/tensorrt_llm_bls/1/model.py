@@ -147,7 +147,7 @@ class TritonPythonModel:
                     if hasattr(responses, "cancel"):
                         responses.cancel()
                 if greq.stream and piece and not matched:
-                    sender.send(triton_io.response(piece, n_in, n_out, None))
+                    sender.send(triton_io.response(piece, n_in, n_out, None, counts=not greq.final_counts_only))
                 else:
                     text_parts.append(piece)
                 if matched:
