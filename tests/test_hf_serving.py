@@ -33,7 +33,8 @@ def server(tiny_model_dir, tmp_path_factory):
     # right, whichever instance has it (with fewer open, a new stream stays with the receive thread).  The response
     # path runs at nice 3 (on CPU the default leaves it unchanged): test_response_path_yields_to_the_engine_process.
     srv = hf_server(str(tiny_model_dir), workdir, {"device": "cpu", "max_num_seqs": 40, "cancel_check_ms": 20,
-                                                   "response_threads": 3, "response_nice": 3}, model=MODEL, instances=2)
+                                                   "response_threads": 3, "response_nice": 3}, model=MODEL, instances=2,
+                    http=True)
     with srv:
         log = srv.log_path.read_text()
         assert log.count("response_threads=3") == 2, "the two instances did not each start three responder threads"
@@ -506,6 +507,36 @@ def test_bench_reports_where_the_ttft_goes(server, tmp_path, capsys):
     assert main(["--url", server.grpc_url, "--num-prompts", "1", "--concurrency", "1", "--dataset-name",
                  "synthetic", "--no-progress", "--server-metrics", "http://127.0.0.1:9/metrics"]) == 2
     assert "--server-metrics http://127.0.0.1:9/metrics: cannot read it" in capsys.readouterr().err
+
+
+def test_generate_endpoint_passes_final_counts_only(server):
+    """Triton's HTTP generate extension: the request parameter as a top-level JSON key or under "parameters" reaches
+    the model, which streams text alone until the last event; a bad value comes back as the event's error."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    def events(body):
+        req = urllib.request.Request(f"{server.http_url}/v2/models/{MODEL}/generate_stream", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        try:
+            resp = urllib.request.urlopen(req, timeout=120)
+        except urllib.error.HTTPError as exc:  # (a request the model rejects: status 400, the error as an event)
+            resp = exc
+        with resp:
+            text = resp.read().decode()
+        return resp.status, [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+
+    base = {"text_input": PROMPT, "max_tokens": 8, "stream": True, "ignore_eos": True}
+    status, plain = events(base)
+    assert status == 200 and all("output_tokens" in e for e in plain) and plain[-1]["output_tokens"] == 8, plain
+    for body in (dict(base, final_counts_only=True), dict(base, parameters={"final_counts_only": True})):
+        status, got = events(body)
+        assert status == 200 and len(got) > 1 and all(set(e) == {"model_name", "model_version", "text_output"} for e in got[:-1]), got
+        assert (got[-1]["output_tokens"], got[-1]["input_tokens"], got[-1]["finish_reason"]) == (8, plain[-1]["input_tokens"], "length")
+        assert "".join(e["text_output"] for e in got) == "".join(e["text_output"] for e in plain)
+    status, (bad,) = events(dict(base, parameters={"final_counts_only": "maybe"}))
+    assert status == 400 and "final_counts_only='maybe' must be true or false" in bad["error"], bad
 
 
 def test_bench_final_counts_only_measures_the_same_tokens(server, tmp_path):

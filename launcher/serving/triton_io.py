@@ -265,7 +265,8 @@ def parse_parameters(raw) -> dict:
             if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
                 value = value.lower() in ("true", "1")
             if not isinstance(value, bool):
-                raise InvalidRequest(f"request parameter {p.name}={value!r} must be true or false ({p.doc})")
+                raise InvalidRequest(f"request parameter {p.name}={value!r} must be true or false; send true, "
+                                     f"false, 1 or 0, or leave it out (default {str(p.default).lower()})")
         values[p.name] = value
     return values
 

@@ -94,11 +94,12 @@ def measure_variants(prefix: str, make_repo, measure, table, json_path: str = ""
 
 
 def hf_server(model_dir: str, workdir: Path, params: dict, model: str = "hf_model", env: dict | None = None,
-              instances: int = 1):
+              instances: int = 1, http: bool = False):
     """A launcher.triton.TritonServer (not started) serving the project's hf model (model_repository/hf, config
     from launcher.pbtxt with `params`) on free loopback ports, metrics on: `.metrics_url` is where the model's
     first-token split is read (launcher/serving/timings.py).  `env`: extra server environment.  `instances`:
-    model instances sharing the engine process (engine.response_processes)."""
+    model instances sharing the engine process (engine.response_processes).  `http`: the HTTP endpoint too, on a free
+    loopback port (`.http_url`: Triton's generate extension)."""
     import uuid
 
     from launcher import pbtxt
@@ -113,7 +114,10 @@ def hf_server(model_dir: str, workdir: Path, params: dict, model: str = "hf_mode
     install = resolve_tritonserver()
     port, metrics_port = free_port(), free_port()
     prefix = f"llmt{os.getpid()}{uuid.uuid4().hex[:6]}_"
-    argv = [install.binary, f"--model-repository={repo}", "--allow-http=false", "--allow-metrics=true",
+    http_port = free_port() if http else None
+    argv = [install.binary, f"--model-repository={repo}", "--allow-metrics=true",
+            *(["--allow-http=true", "--http-address=127.0.0.1", f"--http-port={http_port}"] if http else
+              ["--allow-http=false"]),
             f"--metrics-port={metrics_port}", "--metrics-address=127.0.0.1", "--allow-gpu-metrics=false",
             "--allow-cpu-metrics=false", "--grpc-address=127.0.0.1", f"--grpc-port={port}",
             f"--backend-config=python,shm-region-prefix-name={prefix}"]
@@ -122,6 +126,7 @@ def hf_server(model_dir: str, workdir: Path, params: dict, model: str = "hf_mode
     server = TritonServer(argv, env=server_env(install, env), log_path=Path(workdir) / "tritonserver.log",
                           grpc_url=f"127.0.0.1:{port}", model=model, ready_timeout_s=300, shm_prefix=prefix)
     server.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+    server.http_url = f"http://127.0.0.1:{http_port}" if http else None
     return server
 
 
