@@ -57,7 +57,7 @@ OUTPUTS: tuple[Tensor, ...] = (
 @dataclass(frozen=True)
 class Parameter:
     name: str  # key among the request's Triton parameters (gRPC `parameters`, the generate endpoint's JSON keys)
-    kind: str  # bool | int | float | string
+    kind: str  # "bool" (the one kind so far): true / false, or "true" / "false" / "1" / "0" as text
     default: object  # the value when the request does not send it
     doc: str = ""  # what it means
 
@@ -74,4 +74,3 @@ PARAMETERS: tuple[Parameter, ...] = (
 INPUT_NAMES = tuple(t.name for t in INPUTS)
 REQUIRED_INPUTS = tuple(t.name for t in INPUTS if not t.optional)
 OUTPUT_NAMES = tuple(t.name for t in OUTPUTS)
-PARAMETER_NAMES = tuple(p.name for p in PARAMETERS)

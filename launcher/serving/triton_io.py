@@ -267,6 +267,8 @@ def parse_parameters(raw) -> dict:
             if not isinstance(value, bool):
                 raise InvalidRequest(f"request parameter {p.name}={value!r} must be true or false; send true, "
                                      f"false, 1 or 0, or leave it out (default {str(p.default).lower()})")
+        else:  # a new kind in contract.PARAMETERS needs its check here first
+            raise TypeError(f"contract parameter {p.name}: kind {p.kind!r} has no check")
         values[p.name] = value
     return values
 
@@ -274,7 +276,7 @@ def parse_parameters(raw) -> dict:
 def parse_request(request, supported=frozenset(INPUT_NAMES), max_model_len: int | None = None) -> GenerationRequest:
     req = parse_inputs(request_arrays(request), supported, max_model_len)
     params = getattr(request, "parameters", None)
-    if params is not None:  # (pb_utils has had InferenceRequest.parameters() since Triton 23.07)
+    if params is not None:  # (an older python backend without InferenceRequest.parameters(): the defaults)
         req.final_counts_only = parse_parameters(params())["final_counts_only"]
     return req
 
