@@ -1007,10 +1007,10 @@ def main(argv=None) -> int:
     alt_params = dict(server_params, **dict(kv.split("=", 1) for kv in args.alt_server_param))
     alt_processes = args.alt_response_processes or args.response_processes
     alt_env = dict(extra_env or {}, **dict(kv.split("=", 1) for kv in args.alt_server_env)) or None
-    from launcher.bench.cli import _param  # KEY=VALUE -> (key, bool / int / float / str), as `llmlaunch-bench` reads it
+    from launcher.bench.cli import request_param  # KEY=VALUE read as `llmlaunch-bench --request-param` reads it
 
-    request_params = dict(_param(kv) for kv in args.request_param)
-    alt_request_params = dict(request_params, **dict(_param(kv) for kv in args.alt_request_param))
+    request_params = dict(request_param(kv) for kv in args.request_param)
+    alt_request_params = dict(request_params, **dict(request_param(kv) for kv in args.alt_request_param))
     if extra_env:
         results["server_env"] = extra_env
     if request_params:

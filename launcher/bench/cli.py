@@ -126,7 +126,9 @@ def build_parser(prog: str = "llmlaunch-bench") -> argparse.ArgumentParser:
     return p
 
 
-def _param(item: str):
+def request_param(item: str):
+    """`--request-param KEY=VALUE` -> (key, value as int, float, bool or text): the Triton request parameter sent
+    (benchmark/overhead.py reads its own --request-param with it too)."""
     key, sep, value = item.partition("=")
     if not sep or not key:
         raise ValueError(f"bad --request-param {item!r}: use KEY=VALUE")
@@ -177,7 +179,7 @@ def bench_one(args, url: str, model: str, samples, kind: str, tokens, label: str
     gens = generations(samples, sampling, stream=not args.no_stream, ignore_eos=args.ignore_eos)
     num_requests = args.num_prompts if args.num_prompts is not None else (None if args.duration else len(samples))
     spec = spec_from_args(args, num_requests)
-    params = dict(_param(x) for x in args.request_param)
+    params = dict(request_param(x) for x in args.request_param)
     if args.final_counts_only:
         params["final_counts_only"] = True
     slos = metrics.parse_slos(args.goodput)

@@ -237,12 +237,10 @@ class AsyncEngineRuntime:
                     break
                 if greq.stream:
                     if piece.text:
-                        if greq.final_counts_only:  # text alone: the counts come with the final response
-                            self._send(sender, self._responder.build(piece.text, None, n_out, counts=False), 0)
-                            continue
-                        if in_n != n_in:
+                        counts = not greq.final_counts_only  # else text alone: the counts come with the final response
+                        if counts and in_n != n_in:
                             in_tensor, in_n = self._responder.input_tokens(n_in), n_in
-                        self._send(sender, self._responder.build(piece.text, in_tensor, n_out), 0)
+                        self._send(sender, self._responder.build(piece.text, in_tensor, n_out, counts=counts), 0)
                 else:
                     parts.append(piece.text)
             if finish is None:  # the engine ended the stream without saying why
