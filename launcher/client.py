@@ -447,6 +447,28 @@ def list_models(url: str, timeout: float = 10.0) -> list[dict]:
     return [dict(m) for m in index.get("models", [])]
 
 
+def honoured_parameters(url: str, model: str, timeout: float = 10.0) -> frozenset:
+    """The request parameters of launcher.contract.PARAMETERS that `model` says it honours: its config's
+    `llmlaunch_request_parameters` (contract.HONOURED_PARAMETERS_KEY, comma-separated; launcher.pbtxt writes it for
+    llmlaunch's models).  Empty for a model without it (the TensorRT-LLM ensemble, a Triton model made elsewhere) and
+    where the config cannot be read: a parameter is sent only to a model known to take it, since some fail a request
+    on one they do not know (Triton's vLLM backend)."""
+    import tritonclient.grpc as grpcclient
+
+    from launcher.contract import HONOURED_PARAMETERS_KEY, PARAMETERS
+
+    client = grpcclient.InferenceServerClient(parse_url(url))
+    try:
+        config = client.get_model_config(model, as_json=True, client_timeout=timeout).get("config", {})
+    except Exception:
+        return frozenset()
+    finally:
+        client.close()
+    value = (config.get("parameters") or {}).get(HONOURED_PARAMETERS_KEY) or {}
+    names = {n.strip() for n in str(value.get("string_value", "") if isinstance(value, dict) else value).split(",")}
+    return frozenset(names & {p.name for p in PARAMETERS})
+
+
 def default_model(url: str) -> str:
     """The model to talk to when --model is not given: the only ready model that
     takes text_input and max_tokens; among several, `ensemble`, else the first."""

@@ -62,14 +62,22 @@ class Parameter:
     doc: str = ""  # what it means
 
 
-# Request parameters, not input tensors: an endpoint that does not know one ignores it (an unknown input tensor
-# would fail the request), so a client may send them to any Triton model.
+# Request parameters, not input tensors: llmlaunch's models ignore a parameter they do not know, and a model that does
+# not know one of these serves the request as before (an unknown input tensor would fail it).  Not every Triton model
+# is so lenient: Triton's own vLLM backend turns every request parameter into a vLLM SamplingParams field and fails a
+# request whose parameter it does not know.  So the models that honour these say so in their config
+# (HONOURED_PARAMETERS_KEY), and llmlaunch-bench sends them only where a model does, unless asked.
 PARAMETERS: tuple[Parameter, ...] = (
     Parameter("final_counts_only", "bool", False,
               "streaming: send input_tokens, output_tokens and finish_reason on the final response only, "
               "text_output alone before it (a quarter of the tensors per token to send and parse; "
               "the TensorRT-LLM ensemble sends them on every response)"),
 )
+
+# The config parameter (config.pbtxt `parameters`) naming, comma-separated, the PARAMETERS a model honours: written by
+# launcher.pbtxt.python_model for the hf, vLLM, SGLang, LMDeploy and TensorRT-LLM BLS models, read by
+# launcher.client.honoured_parameters.
+HONOURED_PARAMETERS_KEY = "llmlaunch_request_parameters"
 
 INPUT_NAMES = tuple(t.name for t in INPUTS)
 REQUIRED_INPUTS = tuple(t.name for t in INPUTS if not t.optional)

@@ -70,7 +70,8 @@ def python_model(name: str, max_batch_size: int, params: Mapping[str, object], d
     cfg.input.extend(contract_inputs())
     cfg.output.extend(contract_outputs())
     cfg.instance_group.add(count=instances, kind=pb.ModelInstanceGroup.Kind.Value(kind))
-    set_parameters(cfg, params)
+    # the request parameters these models honour, for a client to read before it sends them (contract.PARAMETERS)
+    set_parameters(cfg, {contract.HONOURED_PARAMETERS_KEY: ",".join(p.name for p in contract.PARAMETERS), **params})
     return cfg
 
 

@@ -508,6 +508,11 @@ def test_ignore_eos_enforces_output_length(url, tmp_path):
     assert {r["output_tokens"] for r in free["requests"]} == {3}
     assert {r["output_tokens"] for r in forced["requests"]} == {8}
     assert forced["config"]["request"]["ignore_eos"] is True
+    # this fixture model's config does not say it honours final_counts_only (contract.HONOURED_PARAMETERS_KEY), so the
+    # default does not send it: some models fail a request on a parameter they do not know
+    assert "final_counts_only" not in forced["config"]["request"]["parameters"], forced["config"]["request"]
+    from launcher.client import honoured_parameters
+    assert honoured_parameters(url, "timed") == frozenset() == honoured_parameters(url, "no_such_model")
 
 
 @needs_server

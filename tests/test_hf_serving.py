@@ -540,25 +540,32 @@ def test_generate_endpoint_passes_final_counts_only(server):
 
 
 def test_bench_final_counts_only_measures_the_same_tokens(server, tmp_path):
-    """llmlaunch-bench --final-counts-only: the server's counts still reach every request's figures (from its final
-    response), and every token's time is measured as without it."""
+    """llmlaunch-bench and final_counts_only: the hf model's config says it honours the parameter
+    (launcher.client.honoured_parameters), so by default a streamed run asks for it; --no-final-counts-only and
+    --no-stream do not, --final-counts-only does, and --request-param final_counts_only=... wins.  The server's counts
+    still reach every request's figures (from its final response), and every token's time is measured either way."""
     import json
 
     from launcher.bench.cli import main
+    from launcher.client import honoured_parameters
 
+    assert honoured_parameters(server.grpc_url, MODEL) == frozenset({"final_counts_only"})
     docs = []
-    for flag in ((), ("--final-counts-only",)):
+    flags = ((), ("--no-final-counts-only",), ("--final-counts-only",), ("--no-stream",),
+             ("--request-param", "final_counts_only=false"))
+    for flag in flags:
         out = tmp_path / f"r{len(docs)}.json"
         assert main(["--url", server.grpc_url, "--dataset-name", "synthetic", "--input-len", "8", "--output-len", "6",
                      "--num-prompts", "6", "--concurrency", "3", "--ignore-eos", "--no-progress",
                      "--result-json", str(out), *flag]) == 0
         docs.append(json.loads(out.read_text()))
-    plain, final_only = docs
-    assert final_only["config"]["request"]["parameters"] == {"final_counts_only": True}, final_only["config"]
-    for doc in docs:
+    sent = [doc["config"]["request"]["parameters"].get("final_counts_only") for doc in docs]
+    assert sent == [True, None, True, None, False], sent
+    for doc, flag in zip(docs, flags):
         assert doc["metrics"]["total_output_tokens"] == 36 and doc["metrics"]["completed"] == 6
         assert all(r["output_tokens_source"] == "server" and r["input_tokens"] > 0 for r in doc["requests"])
-        assert doc["metrics"]["itl_ms"]["mean"] > 0 and doc["metrics"]["tpot_ms"]["mean"] > 0
+        if "--no-stream" not in flag:  # one response a request: no gaps between tokens to time
+            assert doc["metrics"]["itl_ms"]["mean"] > 0 and doc["metrics"]["tpot_ms"]["mean"] > 0
 
 
 def test_shared_engine_that_fails_to_start_fails_the_load_at_once(tiny_model_dir, tmp_path):

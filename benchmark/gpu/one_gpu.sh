@@ -213,10 +213,22 @@ echo "== 3i. closed loops (1 8 32 64 128): tritonserver and the stubs at nice 10
 closed_pair overhead_response_nice "1 8 32 64 128" 16 2 --alt-server-param response_nice=0
 
 echo "== 3j. closed loops (1 8 32 64 128): all four outputs on every response (served) / the counts on the final one only (served_alt)"
-# Request parameter final_counts_only=true (llmlaunch-bench --final-counts-only): text_output alone on every streamed
-# response but the last, which carries input_tokens, output_tokens and finish_reason. On the CPU box the three count
-# tensors were 11 of tritonserver's 61 us a response (stub_rate.py, thirty-fifth session). RESULTS.md, runs 124+.
+# Request parameter final_counts_only=true (what llmlaunch-bench asks of a model that honours it, unless
+# --no-final-counts-only): text_output alone on every streamed response but the last, which carries input_tokens,
+# output_tokens and finish_reason. On the CPU box the three count tensors were 11 of tritonserver's 61 us a response
+# (stub_rate.py, thirty-fifth session). RESULTS.md, runs 124-127 and 132-133.
 closed_pair overhead_final_counts "1 8 32 64 128" 16 2 --alt-request-param final_counts_only=true
+
+echo "== 3k. closed loops (1 8 32 64 128) with output lengths of their own (64-192 new tokens): two servers set up alike"
+# With 128 new tokens for all, requests that start together end together, and a closed loop's successors arrive in
+# waves; with lengths of their own (drawn once, the same on every path) they end apart, as in real traffic. The
+# in-process loop is split as the served clients split it (overhead.run_direct's groups). The two servers are twins,
+# so their difference is the spread of one run. On an H200 host (RESULTS.md, runs 130-131) serving kept 0.988-0.994
+# of in-process tokens/s at 1-32 streams and 0.961-0.971 at 64-128, adding 1.45-2.17 ms and 2.8-5.0 ms (p50).
+closed_pair overhead_lengths "1 8 32 64 128" 16 2 --max-tokens 192 --max-tokens-min 64
+# the same lengths, all four outputs on every response (served) / the counts on the final one only (served_alt)
+closed_pair overhead_lengths_final_counts "64 128" 16 2 --max-tokens 192 --max-tokens-min 64 \
+    --alt-request-param final_counts_only=true
 
 echo "== 4. one stream: the TTFT serving adds, CPUs as they are and kept awake (serve.keep_cpus_awake)"
 # The same engines and rounds with idle-priority spinners on every CPU (launcher/awake.py) for the _awake paths: on a

@@ -48,7 +48,7 @@ from pathlib import Path
 from launcher.bench import datasets, metrics
 from launcher.bench.progress import Progress
 from launcher.bench.runner import Job, LoadSpec, generations, run_load
-from launcher.client import ClientError, default_model, parse_url
+from launcher.client import ClientError, default_model, honoured_parameters, parse_url
 from launcher.serving import timings
 
 CSV_FIELDS = (
@@ -106,9 +106,11 @@ def build_parser(prog: str = "llmlaunch-bench") -> argparse.ArgumentParser:
     r.add_argument("--stop", action="append", default=[], metavar="WORD", help="stop word (repeatable)")
     r.add_argument("--request-param", action="append", default=[], metavar="KEY=VALUE",
                    help="Triton request parameter passed to the model (repeatable)")
-    r.add_argument("--final-counts-only", action="store_true",
-                   help="ask llmlaunch models for the token counts on each request's final response only "
-                        "(text_output alone before it: less to send per token; the figures are the same)")
+    r.add_argument("--final-counts-only", action=argparse.BooleanOptionalAction, default=None,
+                   help="ask for the token counts on each streamed request's final response only (text_output alone "
+                        "before it: less for the server to send a token, the figures the same).  Default: asked of a "
+                        "model whose config says it honours it (llmlaunch's models; not the TensorRT-LLM ensemble "
+                        "or a model made elsewhere, some of which fail a request on a parameter they do not know)")
 
     o = p.add_argument_group("results")
     o.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs for goodput: ttft:MS tpot:MS e2el:MS")
@@ -180,8 +182,12 @@ def bench_one(args, url: str, model: str, samples, kind: str, tokens, label: str
     num_requests = args.num_prompts if args.num_prompts is not None else (None if args.duration else len(samples))
     spec = spec_from_args(args, num_requests)
     params = dict(request_param(x) for x in args.request_param)
-    if args.final_counts_only:
-        params["final_counts_only"] = True
+    if "final_counts_only" not in params:  # --request-param final_counts_only=... wins
+        asked = args.final_counts_only
+        if asked is None:  # a streamed run: where the model says it honours it (one config read per model)
+            asked = not args.no_stream and "final_counts_only" in honoured_parameters(url, model)
+        if asked:
+            params["final_counts_only"] = True
     slos = metrics.parse_slos(args.goodput)
     job = Job(url=url, model=model, gens=gens, spec=spec, parameters=params)
     total = num_requests

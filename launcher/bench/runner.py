@@ -112,7 +112,10 @@ class RunOutput:
     warmup_errors: list  # error strings of failed warm-up requests
 
 
-def _share(total: Optional[int], rank: int, world: int) -> Optional[int]:
+def share(total: Optional[int], rank: int, world: int) -> Optional[int]:
+    """Process `rank`'s share of `total` (the concurrency) split over `world` client processes, the first ones taking
+    one more where it does not divide; None stays None (no cap).  benchmark/overhead.py splits its in-process closed
+    loop the same way, so that both paths run the same loop."""
     if total is None:
         return None
     return total // world + (1 if rank < total % world else 0)
@@ -122,7 +125,7 @@ class _Driver:
     def __init__(self, job: Job):
         self.job = job
         spec = job.spec
-        self.concurrency = _share(spec.concurrency, job.rank, job.world)
+        self.concurrency = share(spec.concurrency, job.rank, job.world)
         self.rate = spec.request_rate  # the whole run's: the schedule is shared, this process sends its share
         self.slots = threading.Semaphore(self.concurrency) if self.concurrency else None
         self.finished: list = []  # StreamRecords of measured requests, in completion order
