@@ -11,11 +11,10 @@ requests in flight, a new one sent as soon as one finishes,
 `--requests-per-stream x C` requests in all, every request generating exactly
 --max-tokens tokens (ignore_eos), or with --max-tokens-min a length of its own
 drawn from that range (the same ones on every path and in every round: requests
-then end apart, not in waves).  The loop is split as the served path's client
-processes split it (--client-processes P: request i in group i % P, each group
-its share of C, a finished request followed by the next of its group), in-process
-too, so that requests of their own lengths leave every path the same tail.
-Tokens/s = output tokens / wall time from first send to last completion.
+then end apart, not in waves).  On every path a finished request is followed by
+the next one not yet sent (the served path's client processes share one queue of
+requests: launcher.bench.runner).  Tokens/s = output tokens / wall time from
+first send to last completion.
 The served path's clients send the request parameters of --request-param and no
 others (llmlaunch-bench asks for final_counts_only by itself where the model
 honours it; here it is asked for explicitly, so that two servers can differ by it).
@@ -127,7 +126,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import itertools
 import json
 import os
 import queue
@@ -191,11 +189,6 @@ class Load:
             return self
         n = min(self.requests, 32, max_num_seqs)
         return Load(requests=n, concurrency=n)
-
-    def groups(self) -> int:
-        """How the in-process paths split a closed loop: as the served path's client processes split it (run_direct's
-        `groups`), so that every path runs the same loop; an open loop's arrival times need no split."""
-        return 1 if self.rate else self.processes
 
     def arrivals(self) -> list[float] | None:
         """Send times (s after the start) of an open loop's requests, those the served path's generator keeps; None
@@ -526,21 +519,12 @@ def with_cpus_awake(fn):
 
 
 def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | list[int], resend_s: float = 0.0,
-               arrivals: list[float] | None = None, groups: int = 1) -> dict:
+               arrivals: list[float] | None = None) -> dict:
     """The closed loop in-process: `concurrency` requests added at once, each finished one's successor added from
     the driver as soon as its last output is in, or `resend_s` later (the delayed path: a remote client sends the
     successor only once the last piece has crossed tritonserver and gRPC; here every successor is late by the
     same amount, so a wave that ends together still arrives together, later).  With `arrivals` (s after the start;
-    request i at arrivals[i]) an open loop instead: request i is added at its time whatever is in flight.
-
-    groups: the closed loop split as the served path's load generator splits it over its client processes
-    (launcher.bench.runner): request i belongs to group i % groups, each group keeps its share of `concurrency` in
-    flight and a finished request's successor is the next of its own group.  So both paths run the same closed
-    loop: with output lengths of their own (--max-tokens-min) a group whose requests are longer ends later, and
-    with one shared pool here and fixed groups there the served path alone would pay for that tail (measured on an
-    H200 at 8 streams in 8 client processes, 64-192 new tokens: 0.90 of in-process tokens/s, 7.0 in flight against
-    7.7).  With equal lengths it changes nothing."""
-    from launcher.bench.runner import share
+    request i at arrivals[i]) an open loop instead: request i is added at its time whatever is in flight."""
     from launcher.engines.hf_engine import SamplingParams
 
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in output_lengths(max_tokens, len(prompts))]
@@ -563,7 +547,7 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | l
             if out.finish_reason is not None:
                 if times:
                     per_request.append((times[0] - sent, times, out.output_tokens))
-                done_q.put((i, out))
+                done_q.put(out)
 
         engine.add_request(f"{tag}-{i}", prompts[i], params[i], on_output)
 
@@ -577,14 +561,9 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | l
     # next in order), or every request of an open loop (with several client processes its arrival times are not in
     # the requests' order)
     due: list[tuple[float, int]] = sorted((t0 + a, i) for i, a in enumerate(arrivals)) if arrivals is not None else []
-    # closed loop: each group's requests in order (group g: g, g + groups, ...), its share of the concurrency first
-    # (no more groups than requests in flight, as the load generator has no more client processes than that)
-    groups = max(1, min(groups, concurrency, len(prompts)))
-    pending = [] if arrivals is not None else [iter(range(g, len(prompts), groups)) for g in range(groups)]
-    for g, left in enumerate(pending):
-        for i in itertools.islice(left, share(min(concurrency, len(prompts)), g, groups)):
-            submit(i)
-            sent += 1
+    for _ in range(0 if arrivals is not None else min(concurrency, len(prompts))):
+        submit(sent)
+        sent += 1
     finished = 0
     while finished < len(prompts):
         if due and due[0][0] <= time.perf_counter():
@@ -592,19 +571,18 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | l
             sent += 1
             continue
         try:
-            i, out = done_q.get(timeout=max(0.0, due[0][0] - time.perf_counter()) if due else None)
+            out = done_q.get(timeout=max(0.0, due[0][0] - time.perf_counter()) if due else None)
         except queue.Empty:
             continue  # a successor is due
         finished += 1
         tokens[0] += out.output_tokens
         if out.finish_reason == "error":
             errors.append(out.error)
-        successor = next(pending[i % groups], None) if pending else None
-        if successor is not None:
+        if arrivals is None and sent + len(due) < len(prompts):
             if resend_s > 0:
-                due.append((time.perf_counter() + resend_s, successor))  # constant delay: in due order
+                due.append((time.perf_counter() + resend_s, sent + len(due)))  # constant delay: in due order
             else:
-                submit(successor)
+                submit(sent)
                 sent += 1
     wall = time.perf_counter() - t0
     result = {"tokens": tokens[0], "wall_s": wall, "tokens_per_s": tokens[0] / wall, "errors": len(errors),
@@ -1080,10 +1058,10 @@ def main(argv=None) -> int:
         for path, text in results["features"].items():
             log(f"{path} engine: {text}")
         run = {"direct": lambda prompts, load, tokens: run_direct(engine, prompts, load.concurrency, tokens,
-                                                                  arrivals=load.arrivals(), groups=load.groups())}
+                                                                  arrivals=load.arrivals())}
         if "delayed" in paths:
             run["delayed"] = lambda prompts, load, tokens: run_direct(engine, prompts, load.concurrency, tokens,
-                                                                      args.resend_ms / 1000, groups=load.groups())
+                                                                      args.resend_ms / 1000)
         if "process" in paths:
             # the engine process as the served hf model starts it, without the stub, tritonserver and gRPC
             process = EngineProcess(model_dir, max_prefill_tokens=args.prefill_chunk,
@@ -1110,7 +1088,7 @@ def main(argv=None) -> int:
                 os.environ.update(saved)
             stack.callback(process.shutdown)
             run["process"] = lambda prompts, load, tokens: run_direct(process, prompts, load.concurrency, tokens,
-                                                                      arrivals=load.arrivals(), groups=load.groups())
+                                                                      arrivals=load.arrivals())
         if "served" in paths:
             def served_by(srv, parameters):
                 def served(prompts, load, tokens):

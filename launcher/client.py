@@ -219,6 +219,7 @@ class StreamRecord:
     finish_reason: str = ""  # from the final response
     error: str = ""  # server or stream error; empty on success
     done: bool = False  # the final response (or an error) arrived
+    client: int = 0  # the load generator's client process that sent it (launcher.bench.runner, several processes)
     on_response: Optional[Callable] = None  # called as f(record, index) after each response (CLI printing)
     _text_at: Optional[int] = field(default=None, repr=False)  # index of text_output in this request's responses
     _prev: object = field(default=None, repr=False)  # the previous response (counts for an empty final one)

@@ -517,6 +517,32 @@ def test_ignore_eos_enforces_output_length(url, tmp_path):
 
 @needs_server
 @pytest.mark.triton
+def test_closed_loop_client_processes_share_one_queue_of_requests(url):
+    """Several client processes in a closed loop take their next request from one shared queue: a process whose
+    request ended sends the next one not yet sent, whoever sent the ones before (as one process would), so a process
+    dealt long requests does not run on alone at the end.  Requests 0, 2, 4, 6 are long (30 tokens, 10 ms apart),
+    1, 3, 5, 7 short (2): the process that sent request 1 is free long before the one that sent request 0, so it sends
+    request 2 too (dealt i % 2, request 2 would wait for request 0's process).  Each request is sent exactly once."""
+    from launcher.bench.runner import Job, LoadSpec, run_load, share
+    from launcher.client import Generation
+
+    assert [share(8, r, 3) for r in range(3)] == [3, 3, 2] and share(None, 0, 2) is None
+    gens = [Generation(prompt=f"request {i}", max_tokens=30 if i % 2 == 0 else 2, ignore_eos=True) for i in range(8)]
+    params = {"first_token_delay_ms": 0, "inter_token_delay_ms": 10}
+    out = run_load(Job(url, "timed", gens, LoadSpec(concurrency=2, num_requests=8, processes=2), parameters=params))
+    assert [i for i, _ in out.records] == list(range(8))
+    recs = dict(out.records)
+    assert all(not r.error and r.output_tokens == gens[i].max_tokens for i, r in recs.items())
+    assert {r.client for r in recs.values()} == {0, 1}
+    assert recs[2].client == recs[1].client != recs[0].client, {i: r.client for i, r in recs.items()}
+    # a paced run still deals request i to process i % 2 (each sends its share of one arrival schedule)
+    paced = run_load(Job(url, "timed", gens, LoadSpec(request_rate=200.0, num_requests=8, processes=2),
+                         parameters=params))
+    assert [(i, r.client) for i, r in paced.records] == [(i, i % 2) for i in range(8)]
+
+
+@needs_server
+@pytest.mark.triton
 def test_compare_prints_speedup_table(url, tmp_path, capsys):
     code, doc = run_bench(tmp_path, "--url", url, "--model", "timed", "--dataset-name", "synthetic", "--num-prompts", 10,
                           "--output-len", 4, "--concurrency", 5, *FAST, "--compare", f"grpc://{url},timed")

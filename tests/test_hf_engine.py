@@ -1575,53 +1575,6 @@ def test_overhead_benchmark_with_output_lengths_of_their_own(tiny_model_dir):
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr[-1000:]
 
 
-def test_overhead_direct_closed_loop_is_split_as_the_served_clients_split_it(engine):
-    """benchmark/overhead.run_direct(groups=G): the in-process closed loop split as the served path's load generator
-    splits it over G client processes (request i in group i % G, each group its share of the concurrency, a
-    finished request followed by the next of its own group), so that with output lengths of their own both paths run
-    the same loop.  Pooled (G=1) a short request's successor is the next request overall.  A real engine; a spy on
-    add_request and the callbacks records the order."""
-    from benchmark.overhead import run_direct
-    from launcher.bench.runner import share
-
-    assert [share(8, r, 3) for r in range(3)] == [3, 3, 2] and share(None, 0, 2) is None
-
-    events = []
-    real_add = engine.add_request
-
-    def spy(request_id, prompt, params, on_output):
-        i = int(request_id.rsplit("-", 1)[1])
-        events.append(("add", i))
-
-        def on(out):
-            if out.finish_reason is not None:
-                events.append(("end", i))
-            on_output(out)
-        return real_add(request_id, prompt, params, on)
-
-    engine.add_request = spy
-    try:
-        lengths = [1, 40, 1, 40, 1, 40]  # group 0 (requests 0, 2, 4) short, group 1 (1, 3, 5) long
-        prompts = [f"request {i} of the loop" for i in range(6)]
-        for groups in (2, 1):
-            events.clear()
-            out = run_direct(engine, prompts, 2, lengths, groups=groups)
-            assert out["tokens"] == sum(lengths) and out["errors"] == 0
-            assert sorted(i for kind, i in events if kind == "add") == list(range(6))
-            at = {e: n for n, e in enumerate(events)}
-            if groups == 2:  # request 3 follows request 1 (its group), requests 2 and 4 follow 0 and 2
-                assert at[("end", 1)] < at[("add", 3)] and at[("end", 3)] < at[("add", 5)]
-                assert at[("end", 0)] < at[("add", 2)] and at[("end", 2)] < at[("add", 4)] < at[("end", 1)]
-            else:  # pooled: the short requests' successors are the next ones overall, 3 among them
-                assert at[("add", 3)] < at[("end", 1)]
-        # no more groups than requests in flight (as the load generator has no more client processes than that)
-        events.clear()
-        assert run_direct(engine, prompts[:3], 1, lengths[:3], groups=4)["tokens"] == sum(lengths[:3])
-        assert [e for e in events if e[0] == "add"] == [("add", 0), ("add", 1), ("add", 2)]
-    finally:
-        engine.add_request = real_add
-
-
 @pytest.mark.triton
 def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_model_dir, tmp_path):
     """benchmark/overhead.py --request-rate: an open loop, in-process and through two real tritonservers (served, and

@@ -222,7 +222,7 @@ closed_pair overhead_final_counts "1 8 32 64 128" 16 2 --alt-request-param final
 echo "== 3k. closed loops (1 8 32 64 128) with output lengths of their own (64-192 new tokens): two servers set up alike"
 # With 128 new tokens for all, requests that start together end together, and a closed loop's successors arrive in
 # waves; with lengths of their own (drawn once, the same on every path) they end apart, as in real traffic. The
-# in-process loop is split as the served clients split it (overhead.run_direct's groups). The two servers are twins,
+# served path's client processes share one queue of requests, as the in-process driver does. The two servers are twins,
 # so their difference is the spread of one run. On an H200 host (RESULTS.md, runs 130-131) serving kept 0.988-0.994
 # of in-process tokens/s at 1-32 streams and 0.961-0.971 at 64-128, adding 1.45-2.17 ms and 2.8-5.0 ms (p50).
 closed_pair overhead_lengths "1 8 32 64 128" 16 2 --max-tokens 192 --max-tokens-min 64

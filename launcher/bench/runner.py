@@ -10,10 +10,15 @@ Load shapes (LoadSpec):
 * limits: `num_requests` and/or `duration` (stop sending after that many
   seconds; the dataset is cycled), `warmup` requests first, not counted.
 
-Several client processes (`processes`) split the load: request i goes to
-process i % P, each gets 1/P of the concurrency, and all start at the same
-instant (perf_counter is CLOCK_MONOTONIC, shared by the processes of one
-machine, so their timestamps are comparable). At a request rate the arrival
+Several client processes (`processes`) split the load: each gets 1/P of the
+concurrency, and all start at the same instant (perf_counter is CLOCK_MONOTONIC,
+shared by the processes of one machine, so their timestamps are comparable). In
+a closed loop they share one queue of requests: a process whose request ended
+takes the next one not yet sent, whichever process sent the ones before, as one
+process would. (Until the thirty-seventh session request i went to process
+i % P: with requests of different lengths the process dealt the longest ones
+ran on alone at the end, at 8 streams in 8 processes 10% of an H200 run's
+tokens/s; benchmark/RESULTS.md.) At a request rate the arrival
 times are one schedule (`arrival_schedule`) whatever P is: request i is due at
 the i-th time and its process sends it then, so a run with 16 processes offers
 the server the same arrivals as one with 8 (and the load stays one Poisson
@@ -114,11 +119,22 @@ class RunOutput:
 
 def share(total: Optional[int], rank: int, world: int) -> Optional[int]:
     """Process `rank`'s share of `total` (the concurrency) split over `world` client processes, the first ones taking
-    one more where it does not divide; None stays None (no cap).  benchmark/overhead.py splits its in-process closed
-    loop the same way, so that both paths run the same loop."""
+    one more where it does not divide; None stays None (no cap)."""
     if total is None:
         return None
     return total // world + (1 if rank < total % world else 0)
+
+
+def shared_indices(queue, total: Optional[int]):
+    """Request numbers 0, 1, 2, ... (below `total`; without end for None) taken one at a time from `queue`, a
+    multiprocessing Value shared by the client processes: each number goes to exactly one of them."""
+    while True:
+        with queue.get_lock():
+            i = queue.value
+            queue.value = i + 1
+        if total is not None and i >= total:
+            return
+        yield i
 
 
 class _Driver:
@@ -155,22 +171,35 @@ class _Driver:
         due = None  # paced: the times of this process's requests (indices rank, rank + world, ...) in the schedule
         if pace and math.isfinite(self.rate):
             due = itertools.islice(arrival_schedule(self.rate, spec.burstiness, spec.seed), job.rank, None, job.world)
+        # a closed loop takes a free slot first and then its next request: from a queue shared with other client
+        # processes (`shared_indices`), a request is taken only by a process that can send it at once
+        slot_first = self.slots is not None and due is None
         records = []
         streams, n_streams = self.streams, len(self.streams)
-        for j, idx in enumerate(indices):
+        indices = iter(indices)
+        for j in itertools.count():
+            if slot_first:
+                self.slots.acquire()
+            idx = next(indices, None)
+            if idx is None:
+                if slot_first:
+                    self.slots.release()
+                break
             req = build_request(model, gens[idx % n_gens], f"{prefix}{idx}", params)
             if due is not None:
                 delay = start_at + next(due) - perf()
                 if delay > 0:
                     sleep(delay)
             if duration is not None and perf() - start_at >= duration:
+                if slot_first:
+                    self.slots.release()
                 break
-            if self.slots is not None:
+            if self.slots is not None and not slot_first:
                 self.slots.acquire()
                 if duration is not None and perf() - start_at >= duration:
                     self.slots.release()
                     break
-            rec = StreamRecord(req.id)
+            rec = StreamRecord(req.id, client=job.rank)
             try:
                 streams[j % n_streams].submit(req, rec)
             except ClientError as exc:  # the stream died (server gone): a failed request, not a crash
@@ -205,12 +234,17 @@ class _Driver:
         self._wait(records)
         return [rec.error for _, rec in records if rec.error]
 
-    def run(self, start_at: float) -> list:
+    def run(self, start_at: float, queue=None) -> list:
+        """The measured requests.  `queue`: the closed loop's next request number, shared by the client processes
+        (a multiprocessing Value; `shared_indices`); without it this process sends requests rank, rank + world, ..."""
         spec, job = self.job.spec, self.job
         total = spec.num_requests
         if total is None and spec.duration is None:
             total = len(job.gens)
-        indices = itertools.count(job.rank, job.world) if total is None else range(job.rank, total, job.world)
+        if queue is not None:
+            indices = shared_indices(queue, total)
+        else:
+            indices = itertools.count(job.rank, job.world) if total is None else range(job.rank, total, job.world)
         delay = start_at - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
@@ -252,7 +286,7 @@ def run_load(job: Job, progress=None) -> RunOutput:
 # --------------------------------------------------------------------------- several processes
 
 
-def _worker(job: Job, events, go, start_value, counters) -> None:
+def _worker(job: Job, events, go, start_value, counters, queue) -> None:
     """Entry point of a client process (spawned)."""
     driver = None
     try:
@@ -273,7 +307,7 @@ def _worker(job: Job, events, go, start_value, counters) -> None:
 
         pub = threading.Thread(target=publish, daemon=True)
         pub.start()
-        records = driver.run(start_value.value)
+        records = driver.run(start_value.value, queue)
         stop.set()
         pub.join()
         for _, rec in records:
@@ -298,9 +332,13 @@ def _run_processes(job: Job, progress) -> RunOutput:
     go = ctx.Event()
     start_value = ctx.Value("d", 0.0)
     counters = ctx.Array("q", 3 * world, lock=False)
+    # a closed loop's queue of requests, shared (a paced run's requests are dealt by the schedule instead: request i
+    # to process i % world, sent at the i-th time)
+    queue = ctx.Value("q", 0) if math.isinf(job.spec.request_rate) else None
     procs = []
     for rank in range(world):
-        p = ctx.Process(target=_worker, args=(replace(job, rank=rank, world=world), events, go, start_value, counters),
+        p = ctx.Process(target=_worker, args=(replace(job, rank=rank, world=world), events, go, start_value, counters,
+                                              queue),
                         name=f"llmlaunch-bench-{rank}", daemon=True)
         p.start()
         procs.append(p)
