@@ -89,8 +89,9 @@ def build_parser(prog: str = "llmlaunch-bench") -> argparse.ArgumentParser:
     ld.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps: 1 = Poisson, <1 burstier")
     ld.add_argument("--duration", type=float, help="stop sending after this many seconds (dataset cycled)")
     ld.add_argument("--warmup", type=int, default=0, help="requests sent first and not counted")
-    ld.add_argument("--processes", type=int, default=1, help="client processes sharing the load (request i sent by "
-                    "process i %% N; at a --request-rate the arrival times are the same for any N)")
+    ld.add_argument("--processes", type=int, default=1, help="client processes sharing the load (at a --concurrency "
+                    "alone they take requests from one queue, a process whose request ended sending the next; at a "
+                    "--request-rate request i is sent by process i %% N, at the same arrival times for any N)")
     ld.add_argument("--streams", type=int, default=1, help="gRPC streams per client process")
     ld.add_argument("--timeout", type=float, default=600.0,
                     help="fail requests still running this long after the last send (default 600 s)")
