@@ -271,6 +271,11 @@ def _finish(rec: StreamRecord, ir) -> None:
             rec.finish_reason = _decode_bytes(raw)
 
 
+def _text_index(ir) -> int:
+    """Where text_output is among a ModelInferResponse's outputs (-1: not there)."""
+    return next((i for i, o in enumerate(ir.outputs) if o.name == "text_output"), -1)
+
+
 class TritonStream:
     """One gRPC bidirectional ModelStreamInfer stream that carries many
     requests at once, told apart by request id.
@@ -348,11 +353,11 @@ class TritonStream:
                 if raw:
                     at = rec._text_at
                     if at is None:  # once per request: where text_output is among the outputs
-                        at = rec._text_at = next((i for i, o in enumerate(ir.outputs) if o.name == "text_output"), -1)
+                        at = rec._text_at = _text_index(ir)
                     elif final and not (0 <= at < len(ir.outputs) and ir.outputs[at].name == "text_output"):
                         # a request with final_counts_only: its earlier responses held text_output alone, this
                         # one has all four outputs, in an order of the server's (llmlaunch's models put text first)
-                        at = next((i for i, o in enumerate(ir.outputs) if o.name == "text_output"), -1)
+                        at = _text_index(ir)
                     rec.chunks.append(raw[at] if 0 <= at < len(raw) else b"")
                 else:
                     rec.chunks.append(b"")
@@ -465,9 +470,8 @@ def honoured_parameters(url: str, model: str, timeout: float = 10.0) -> frozense
         return frozenset()
     finally:
         client.close()
-    value = (config.get("parameters") or {}).get(HONOURED_PARAMETERS_KEY) or {}
-    names = {n.strip() for n in str(value.get("string_value", "") if isinstance(value, dict) else value).split(",")}
-    return frozenset(names & {p.name for p in PARAMETERS})
+    listed = config.get("parameters", {}).get(HONOURED_PARAMETERS_KEY, {}).get("string_value", "")
+    return frozenset({n.strip() for n in listed.split(",")} & {p.name for p in PARAMETERS})
 
 
 def default_model(url: str) -> str:
