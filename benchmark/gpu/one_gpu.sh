@@ -223,8 +223,9 @@ echo "== 3k. closed loops (1 8 32 64 128) with output lengths of their own (64-1
 # With 128 new tokens for all, requests that start together end together, and a closed loop's successors arrive in
 # waves; with lengths of their own (drawn once, the same on every path) they end apart, as in real traffic. The
 # served path's client processes share one queue of requests, as the in-process driver does. The two servers are twins,
-# so their difference is the spread of one run. On an H200 host (RESULTS.md, runs 130-131) serving kept 0.988-0.994
-# of in-process tokens/s at 1-32 streams and 0.961-0.971 at 64-128, adding 1.45-2.17 ms and 2.8-5.0 ms (p50).
+# so their difference is the spread of one run. On an H200 host (RESULTS.md, runs 134-137, the pooled client) serving
+# kept 0.986-0.995 of in-process tokens/s at 1-64 streams and 0.967-0.980 at 128, adding 1.3-2.1 ms at 1-64 streams
+# and 2.6-4.2 ms at 128 (p50; final counts only: 1.3-2.0 and 2.6-3.1).
 closed_pair overhead_lengths "1 8 32 64 128" 16 2 --max-tokens 192 --max-tokens-min 64
 # the same lengths, all four outputs on every response (served) / the counts on the final one only (served_alt)
 closed_pair overhead_lengths_final_counts "64 128" 16 2 --max-tokens 192 --max-tokens-min 64 \
