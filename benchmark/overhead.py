@@ -101,7 +101,9 @@ Prints one JSON document on stdout: per concurrency, tokens/s, TTFT and ITL of
 every path, the ratios (`ratio` = served / in-process, the target is >= 0.97 on
 CPU; `process_ratio` = process / in-process), and CPU time per token of the
 in-process run, of the server's process tree (also by role: tritonserver, its
-python stubs, the hf engine process) and of the client.
+python stubs, the hf engine process) and of the client.  A run stopped by
+SIGTERM (timeout(1)) or Ctrl-C stops its servers and still prints the loads it
+finished, with "interrupted" saying where it stopped, and exits 128 + the signal.
 
 On a 2-vCPU machine the served path cannot be free: tritonserver, the python
 stub and the client run beside the engine, and on such VMs work on one vCPU
@@ -131,6 +133,7 @@ import os
 import queue
 import random
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -229,6 +232,14 @@ def make_loads(args, processes: list[int] = (1,)) -> list[Load]:
 
 def log(msg: str) -> None:
     print(f"[overhead] {msg}", file=sys.stderr, flush=True)
+
+
+def stop_on_sigterm(signum, frame) -> None:
+    """SIGTERM (timeout(1), a lent machine's time limit) unwinds like Ctrl-C instead of killing the process outright:
+    the servers are then stopped and the loads already measured are still printed (a run cut at its third load
+    used to print nothing).  A second SIGTERM kills as usual."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    raise KeyboardInterrupt(signum)
 
 
 CUDA_LIBS = ("cublas", "cublasLt", "cudnn", "cudart", "nccl", "nvrtc", "nvJitLink", "cuda", "cusparseLt", "cufft")
@@ -1028,6 +1039,8 @@ def main(argv=None) -> int:
     if args.no_served:
         print(json.dumps(results, indent=2))
         return 0
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
+    stopped = None  # the signal that cut the loads short
     with contextlib.ExitStack() as stack:
         if "served" in paths:
             log(f"starting tritonserver (log {workdir / 'tritonserver.log'})")
@@ -1119,8 +1132,14 @@ def main(argv=None) -> int:
 
             run["pinned"] = pinned
         generate = {g["concurrency"]: g for g in results.get("vs_generate", [])}
-        for load in make_loads(args, args.client_processes):
-            results["runs"].append(compare(run, engine.tokenizer, load, args, generate))
+        loads = make_loads(args, args.client_processes)
+        try:
+            for load in loads:
+                results["runs"].append(compare(run, engine.tokenizer, load, args, generate))
+        except KeyboardInterrupt as stop:
+            stopped = signal.Signals(stop.args[0] if stop.args else signal.SIGINT)
+            results["interrupted"] = f"{stopped.name} after {len(results['runs'])} of {len(loads)} loads"
+            log(f"interrupted: {results['interrupted']}; stopping the servers and printing the loads measured")
         # which CUDA libraries each path's engine runs on (after the runs: cuBLAS and friends load lazily)
         libs = {"direct": cuda_libraries(os.getpid())}
         if "process" in run:
@@ -1140,7 +1159,7 @@ def main(argv=None) -> int:
     if not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps(results, indent=2))
-    return 0
+    return 128 + stopped if stopped else 0
 
 
 if __name__ == "__main__":

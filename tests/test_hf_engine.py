@@ -1575,6 +1575,40 @@ def test_overhead_benchmark_with_output_lengths_of_their_own(tiny_model_dir):
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr[-1000:]
 
 
+def test_overhead_benchmark_stopped_by_sigterm_prints_the_loads_it_finished(tiny_model_dir):
+    """benchmark/overhead.py cut by SIGTERM (timeout(1), a lent machine's time limit) in its second load: the first
+    load's row is still printed, "interrupted" says where it stopped, and it exits 128 + 15.  The signal goes once
+    the second load's first round is logged: its second round's delayed successor (--resend-ms 1500) keeps it running
+    long enough to be cut there."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    args = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct", "delayed",
+            "--concurrency", "1", "2", "--rounds", "2", "--requests-per-stream", "2", "--max-tokens", "2",
+            "--warmup-tokens", "2", "--resend-ms", "1500"]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    try:
+        for line in proc.stderr:  # the first load is done, the second is in its second round
+            seen.append(line)
+            if line.startswith("[overhead] C=2 round 1: "):
+                break
+        else:
+            raise AssertionError("".join(seen)[-2000:])
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    doc = json.loads(out)
+    assert [row["concurrency"] for row in doc["runs"]] == [1]
+    assert doc["runs"][0]["delayed_round_tokens"] == doc["runs"][0]["direct_round_tokens"] == [4, 4]
+    assert doc["interrupted"] == "SIGTERM after 1 of 2 loads"
+    assert "interrupted: SIGTERM after 1 of 2 loads" in err
+
+
 @pytest.mark.triton
 def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_model_dir, tmp_path):
     """benchmark/overhead.py --request-rate: an open loop, in-process and through two real tritonservers (served, and

@@ -385,6 +385,11 @@ def _run_processes(job: Job, progress) -> RunOutput:
             records.extend(recs)
             warm_errors.extend(werr)
             results += 1
+    except BaseException:  # Ctrl-C or SIGTERM here: the client processes stop now, not at interpreter exit
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        raise
     finally:
         if bar:
             bar.close()
