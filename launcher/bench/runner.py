@@ -345,10 +345,7 @@ def _run_processes(job: Job, progress) -> RunOutput:
         procs.append(p)
 
     def fail(message):
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        raise ClientError(message)
+        raise ClientError(message)  # the client processes are stopped below, as on any way out
 
     def next_event(timeout):
         import queue as _q
@@ -364,19 +361,19 @@ def _run_processes(job: Job, progress) -> RunOutput:
                 if time.monotonic() > deadline:
                     fail("client processes did not report in time")
 
-    ready = 0
-    while ready < world:
-        kind, rank, payload = next_event(300)
-        if kind == "error":
-            fail(f"client process {rank} failed: {payload}")
-        ready += 1
-    start_value.value = time.perf_counter() + 0.05  # everyone starts at the same instant
-    go.set()
-    bar = progress(lambda: tuple(sum(counters[3 * r + k] for r in range(world)) for k in range(3))) if progress else None
-    if bar:
-        bar.start()
-    records, warm_errors, results = [], [], 0
+    bar, records, warm_errors, results = None, [], [], 0
     try:
+        ready = 0
+        while ready < world:
+            kind, rank, payload = next_event(300)
+            if kind == "error":
+                fail(f"client process {rank} failed: {payload}")
+            ready += 1
+        start_value.value = time.perf_counter() + 0.05  # everyone starts at the same instant
+        go.set()
+        bar = progress(lambda: tuple(sum(counters[3 * r + k] for r in range(world)) for k in range(3))) if progress else None
+        if bar:
+            bar.start()
         while results < world:
             kind, rank, payload = next_event(job.spec.timeout + (job.spec.duration or 0) + 3600)
             if kind == "error":
@@ -385,7 +382,7 @@ def _run_processes(job: Job, progress) -> RunOutput:
             records.extend(recs)
             warm_errors.extend(werr)
             results += 1
-    except BaseException:  # Ctrl-C or SIGTERM here: the client processes stop now, not at interpreter exit
+    except BaseException:  # a failure, Ctrl-C or SIGTERM: the client processes stop now, not at interpreter exit
         for p in procs:
             if p.is_alive():
                 p.terminate()
