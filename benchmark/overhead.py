@@ -234,12 +234,26 @@ def log(msg: str) -> None:
     print(f"[overhead] {msg}", file=sys.stderr, flush=True)
 
 
+SIGTERM_GRACE_S = 2.0  # later SIGTERMs within this long of the first are the same stop (see stop_on_sigterm)
+_first_sigterm = [0.0]
+
+
 def stop_on_sigterm(signum, frame) -> None:
     """SIGTERM (timeout(1), a lent machine's time limit) unwinds like Ctrl-C instead of killing the process outright:
     the servers are then stopped and the loads already measured are still printed (a run cut at its third load
-    used to print nothing).  A second SIGTERM kills as usual."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    used to print nothing).  timeout(1) signals its command and then the command's whole process group, this
+    process again among them, so a second SIGTERM within SIGTERM_GRACE_S is that same stop and is ignored (killing
+    there lost a whole run's JSON); a later one kills as usual."""
+    _first_sigterm[0] = time.monotonic()
+    signal.signal(signal.SIGTERM, _later_sigterm)
     raise KeyboardInterrupt(signum)
+
+
+def _later_sigterm(signum, frame) -> None:
+    if time.monotonic() - _first_sigterm[0] < SIGTERM_GRACE_S:
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 CUDA_LIBS = ("cublas", "cublasLt", "cudnn", "cudart", "nccl", "nvrtc", "nvJitLink", "cuda", "cusparseLt", "cufft")
@@ -1159,7 +1173,14 @@ def main(argv=None) -> int:
     if not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps(results, indent=2))
-    return 128 + stopped if stopped else 0
+    if stopped:
+        # Out at once: the servers are stopped and everything is printed, and the interpreter's teardown (seconds with
+        # torch loaded) runs with the default handlers back, so timeout(1)'s second SIGTERM could end it there with
+        # -15 instead of this status.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + stopped)
+    return 0
 
 
 if __name__ == "__main__":

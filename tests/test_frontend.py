@@ -598,9 +598,11 @@ def test_a_replica_whose_port_is_taken_before_its_server_binds_it_retries_on_fre
 
 
 def test_llmlaunch_replicas_2_on_this_machine_serves_through_the_front_end(tmp_path, tiny_model_dir):
+    """Also engine.stream_interval_ms from the command line to the engine process: a stream's tokens come merged into
+    fewer responses (one a token without it), its first token alone, and the text is the one a whole answer has."""
     from launcher.client import Generation, generate
 
-    job = LocalLaunch(tmp_path)
+    job = LocalLaunch(tmp_path, "engine.stream_interval_ms=100")
     try:
         ep = job.wait_endpoint()
         assert job.url == f"grpc://127.0.0.1:{job.grpc_port}" == ep["url"]
@@ -614,9 +616,15 @@ def test_llmlaunch_replicas_2_on_this_machine_serves_through_the_front_end(tmp_p
         for i in range(4):
             rec = generate(job.url, ep["model"], Generation(f"The capital of France is {i}", max_tokens=6, ignore_eos=True))
             assert not rec.error and rec.output_tokens == 6, rec.error
+        streamed = generate(job.url, ep["model"], Generation("Merged pieces", max_tokens=48, ignore_eos=True))
+        whole = generate(job.url, ep["model"], Generation("Merged pieces", max_tokens=48, ignore_eos=True, stream=False))
+        assert not streamed.error and streamed.output_tokens == 48 and streamed.text == whole.text, streamed.error
+        # one response a token would be 48; ~0.2 s of generating on this machine makes a few 100 ms pieces
+        assert 2 <= len(streamed.token_times) < 24, len(streamed.token_times)
+        assert len(whole.token_times) == 1
         text = urllib.request.urlopen(ep["metrics_url"], timeout=10).read().decode()
         served = [float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith("llmlaunch_frontend_requests_total{")]
-        assert served == [2, 2], text
+        assert served == [3, 3], text
         job.proc.send_signal(signal.SIGINT)
         assert job.proc.wait(90) == 0, job.tail()
     finally:

@@ -1579,7 +1579,8 @@ def test_overhead_benchmark_stopped_by_sigterm_prints_the_loads_it_finished(tiny
     """benchmark/overhead.py cut by SIGTERM (timeout(1), a lent machine's time limit) in its second load: the first
     load's row is still printed, "interrupted" says where it stopped, and it exits 128 + 15.  The signal goes once
     the second load's first round is logged: its second round's delayed successor (--resend-ms 1500) keeps it running
-    long enough to be cut there."""
+    long enough to be cut there.  The signal comes as timeout(1) sends it: to the process, then to its whole process
+    group, the process again among them (a second SIGTERM that killed it outright lost a GPU run's JSON)."""
     import json
     import signal
     import subprocess
@@ -1588,7 +1589,10 @@ def test_overhead_benchmark_stopped_by_sigterm_prints_the_loads_it_finished(tiny
     args = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct", "delayed",
             "--concurrency", "1", "2", "--rounds", "2", "--requests-per-stream", "2", "--max-tokens", "2",
             "--warmup-tokens", "2", "--resend-ms", "1500"]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    import os
+    import time
+
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     seen = []
     try:
         for line in proc.stderr:  # the first load is done, the second is in its second round
@@ -1598,15 +1602,56 @@ def test_overhead_benchmark_stopped_by_sigterm_prints_the_loads_it_finished(tiny
         else:
             raise AssertionError("".join(seen)[-2000:])
         proc.send_signal(signal.SIGTERM)
+        time.sleep(0.05)  # (timeout(1) sends the second at once; here the first has been handled by then)
+        os.killpg(proc.pid, signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
     finally:
-        proc.kill()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     doc = json.loads(out)
     assert [row["concurrency"] for row in doc["runs"]] == [1]
     assert doc["runs"][0]["delayed_round_tokens"] == doc["runs"][0]["direct_round_tokens"] == [4, 4]
     assert doc["interrupted"] == "SIGTERM after 1 of 2 loads"
     assert "interrupted: SIGTERM after 1 of 2 loads" in err
+
+
+_TWO_SIGTERMS = """
+import os, signal, sys, time
+from benchmark.overhead import SIGTERM_GRACE_S, stop_on_sigterm
+
+signal.signal(signal.SIGTERM, stop_on_sigterm)
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(5)
+except KeyboardInterrupt:
+    print("stopping", flush=True)
+os.kill(os.getpid(), signal.SIGTERM)  # timeout(1)'s second, to the process group: the same stop
+time.sleep(0.1)
+print("still stopping", flush=True)
+time.sleep(SIGTERM_GRACE_S)
+os.kill(os.getpid(), signal.SIGTERM)  # one sent later kills as usual
+time.sleep(5)
+print("not killed", flush=True)
+"""
+
+
+def test_a_second_sigterm_soon_after_the_first_does_not_kill_the_overhead_benchmark():
+    """The handler benchmark/overhead.py installs for SIGTERM: the first unwinds like Ctrl-C; a second within
+    SIGTERM_GRACE_S (timeout(1) signals its command, then the command's process group) is ignored, so the servers
+    still stop and the finished loads are still printed; one later kills as usual."""
+    import signal
+    import subprocess
+    import sys
+
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", _TWO_SIGTERMS], cwd=root, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split("\n")[:2] == ["stopping", "still stopping"], proc.stderr[-2000:]
+    assert proc.returncode == -signal.SIGTERM and "not killed" not in proc.stdout
 
 
 @pytest.mark.triton

@@ -19,6 +19,7 @@ CASES = [
     (["engine.prefill_chunk=-1"], "engine.prefill_chunk=-1", "set engine.prefill_chunk=0"),
     (["engine.response_threads=-2"], "engine.response_threads=-2", "set engine.response_threads=0"),
     (["engine.response_processes=0"], "engine.response_processes=0", "set engine.response_processes=1"),
+    (["engine.stream_interval_ms=-4"], "engine.stream_interval_ms=-4", "set engine.stream_interval_ms=0"),
     (["engine.response_nice=20"], "engine.response_nice=20", "set engine.response_nice=-1, 0 or 10"),
     (["cluster=local_slurm", "tp=2", "engine.response_processes=2"], "engine.response_processes=2", "set engine.response_processes=1"),
     (["engine.torch_compile=maybe"], "engine.torch_compile='maybe'", "one of: auto, true, false"),

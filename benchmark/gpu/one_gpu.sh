@@ -231,6 +231,14 @@ closed_pair overhead_lengths "1 8 32 64 128" 16 2 --max-tokens 192 --max-tokens-
 closed_pair overhead_lengths_final_counts "64 128" 16 2 --max-tokens 192 --max-tokens-min 64 \
     --alt-request-param final_counts_only=true
 
+echo "== 3l. closed loops (1 8 64 128), lengths of their own, final counts only: a response a step (served) / a stream's tokens merged over 8 ms (served_alt)"
+# engine.stream_interval_ms=8 (the hf model's stream_interval_ms): tokens a stream made within 8 ms of its last
+# response wait for the next one; its first token and its end never wait. On H100 hosts with the server on 8 vCPUs
+# (RESULTS.md, runs 139-144, both orders) 128 streams added 1.34-1.54 ms at 0.985-0.992 of in-process tokens/s with
+# it and 4.37-4.57 ms at 0.957-0.958 without; 64 streams 1.72 against 2.07 ms; 1 and 8 streams the same either way.
+closed_pair overhead_stream_interval "1 8 64 128" 12 2 --max-tokens 192 --max-tokens-min 64 \
+    --request-param final_counts_only=true --alt-server-param stream_interval_ms=8
+
 echo "== 4. one stream: the TTFT serving adds, CPUs as they are and kept awake (serve.keep_cpus_awake)"
 # The same engines and rounds with idle-priority spinners on every CPU (launcher/awake.py) for the _awake paths: on a
 # virtual machine an idle vCPU halts and waking a thread there is slow (RESULTS.md, eighteenth session).

@@ -74,6 +74,7 @@ def _hf_models(spec) -> List[RenderedModel]:
         "cuda_graphs": "true" if e.get("cuda_graphs", True) else "false",
         "response_threads": e.get("response_threads", 0),
         "response_nice": e.get("response_nice", -1),
+        "stream_interval_ms": e.get("stream_interval_ms", 0),
         "torch_compile": str(e.get("torch_compile", "auto")).lower(),
         "cudnn_attention": e.get("cudnn_attention", "graphs"),
         "tp_size": spec.tp,

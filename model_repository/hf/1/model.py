@@ -30,7 +30,10 @@ config.pbtxt parameters (string values; empty or absent = default):
   cancel_check_ms   how often (per request) to ask Triton whether the client cancelled (default 50; 0 = every step)
   stream_interval_ms  least time between two streamed responses (default 0: a response per engine step).
                     Tokens generated meanwhile are merged into one response; a request's first token and its
-                    end are never delayed.  On small CPU machines every response costs the engine CPU time.
+                    end are never delayed.  On small CPU machines every response costs the engine CPU time; on a
+                    GPU host whose server CPUs are all busy (128 closed streams, 8 vCPUs, H100) 8 ms took the first
+                    token added by serving from +4.4-4.6 ms to +1.3-1.5 ms (benchmark/RESULTS.md, thirty-ninth
+                    session).  llmlaunch: engine.stream_interval_ms.
   engine_process    true | false: run the engine in a child process (default true; see below).  false runs
                     it in the stub, whose interpreter then needs torch and transformers too (on a GPU host the
                     stub's own numpy<2 environment usually has neither: the load fails, saying so).  It saves
