@@ -116,6 +116,11 @@ def test_metrics_from_known_times():
     assert m["ttft_ms"]["mean"] == pytest.approx(50) and m["itl_ms"]["p50"] == pytest.approx(20)
     assert m["output_throughput"] == pytest.approx(2.0) and m["goodput"] == pytest.approx(0.5)
     assert metrics.compute([r], 1.0, {"ttft": 10})["goodput"] == 0
+    assert m["tokens_per_response"] == 1.0 and "Tokens per response (mean):" in metrics.format_table(m)
+    # a server that merges a stream's tokens (stream_interval_ms): ITL is the gap between pieces of 3 and 4 tokens
+    merged = metrics.RequestResult(index=2, prompt_len=3, max_tokens=8, sent=1.0, token_times=[1.05, 1.07, 1.09],
+                                   end=1.09, input_tokens=3, output_tokens=8)
+    assert metrics.compute([r, merged], 2.0)["tokens_per_response"] == pytest.approx(12 / 7)
     assert "1 of 2 requests failed (1 with errors)" == metrics.failure_summary(m)
     with pytest.raises(ValueError, match="ttft:MS"):
         metrics.parse_slos(["latency:5"])

@@ -74,6 +74,7 @@ def test_report_writes_summary_and_plots(sweep, capsys):
     ok = by[("engine=hf_batched", "4")]
     assert ok["status"] == "ok" and float(ok["output_throughput"]) > float(by[("engine=hf", "4")]["output_throughput"])
     assert float(ok["ttft_p99_ms"]) >= float(ok["ttft_p50_ms"]) > 0
+    assert float(ok["tokens_per_response"]) == 1.0 and failed["tokens_per_response"] == ""  # 10 tokens, 10 responses
     for name in ("throughput_vs_concurrency.png", "latency_throughput.png"):
         data = (sweep / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000

@@ -4,7 +4,10 @@ Definitions (vLLM's benchmark_serving, which most published numbers use):
 
 * TTFT: first response carrying text minus the time the request was sent.
 * ITL: gaps between consecutive responses carrying text, pooled over requests
-  (a response that carries several tokens counts once).
+  (a response that carries several tokens counts once).  `tokens_per_response`
+  says how many a text response carried: 1 where the server sends one a token,
+  more where it merges them (the hf engine's engine.stream_interval_ms, a
+  server that fell behind), and then ITL is the gap between those merged pieces.
 * TPOT: per request (last token time - first token time) / (output tokens - 1),
   for requests with more than one output token.
 * E2EL: final response minus send time.
@@ -171,6 +174,8 @@ def compute(results: list, duration: float, slos: Optional[dict] = None) -> dict
     m["ttft_ms"] = _stats([r.ttft for r in ok if r.ttft is not None])
     m["tpot_ms"] = _stats([r.tpot for r in ok if r.tpot is not None])
     m["itl_ms"] = _stats([x for r in ok for x in r.itl])
+    pieces = sum(len(r.token_times) for r in ok)
+    m["tokens_per_response"] = sum(r.output_tokens for r in ok if r.token_times) / pieces if pieces else None
     m["e2el_ms"] = _stats([r.e2el for r in ok if r.e2el is not None])
     if slos:
         good = 0
@@ -235,6 +240,8 @@ def format_table(m: dict, title: str = "Serving Benchmark Result") -> str:
         row(f"Mean {key.upper()} (ms):", _fmt(s["mean"]))
         for p in PERCENTILES:
             row(f"P{p} {key.upper()} (ms):", _fmt(s[f"p{p}"]))
+        if key == "itl" and m.get("tokens_per_response") is not None:  # ITL is per response: how many tokens one held
+            row("Tokens per response (mean):", _fmt(m["tokens_per_response"]))
     lines.append("=" * w)
     return "\n".join(lines)
 

@@ -54,7 +54,7 @@ IGNORED_KEYS = ("seed",)
 SUMMARY_FIELDS = (
     "point", "status", "config", "concurrency", "request_rate", "requests", "completed", "failed",
     "request_throughput", "output_throughput", "total_token_throughput", "goodput",
-    "ttft_p50_ms", "ttft_p99_ms", "ttft_mean_ms", "ttft_engine_ms", "ttft_outside_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms",
+    "ttft_p50_ms", "ttft_p99_ms", "ttft_mean_ms", "ttft_engine_ms", "ttft_outside_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms", "tokens_per_response",
     "e2el_p50_ms", "e2el_p99_ms", "engine_step_ms", "engine_gpu_idle_ms", "error", "overrides",
 )
 
@@ -204,6 +204,7 @@ def summary_rows(points: list[Point], sweep: Optional[Path] = None) -> list[dict
         for k in ("ttft", "tpot", "itl", "e2el"):
             for p in ("p50", "p99"):
                 row[f"{k}_{p}_ms"] = pt.metric(f"{k}_ms.{p}")
+        row["tokens_per_response"] = pt.metric("tokens_per_response")  # ITL is per response: tokens in one
         # the hf model's split of the mean TTFT (llmlaunch-bench --server-metrics): its engine part (queue +
         # prefill) and what lies outside the model (tritonserver, gRPC, client); empty for other servers
         split = (pt.result or {}).get("server_first_token_ms") or {}
