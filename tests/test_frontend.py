@@ -599,7 +599,8 @@ def test_a_replica_whose_port_is_taken_before_its_server_binds_it_retries_on_fre
 
 def test_llmlaunch_replicas_2_on_this_machine_serves_through_the_front_end(tmp_path, tiny_model_dir):
     """Also engine.stream_interval_ms from the command line to the engine process: a stream's tokens come merged into
-    fewer responses (one a token without it), its first token alone, and the text is the one a whole answer has."""
+    fewer responses (one a token without it), and the text is the one a whole answer has (that its first token never
+    waits: tests/test_hf_engine.py::test_engine_process_matches_engine)."""
     from launcher.client import Generation, generate
 
     job = LocalLaunch(tmp_path, "engine.stream_interval_ms=100")
