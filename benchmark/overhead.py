@@ -1173,15 +1173,16 @@ def main(argv=None) -> int:
     if not args.workdir:
         shutil.rmtree(workdir, ignore_errors=True)
     print(json.dumps(results, indent=2))
-    if stopped:
-        # Out at once: the servers are stopped and everything is printed, and the interpreter's teardown (seconds with
-        # torch loaded) runs with the default handlers back, so timeout(1)'s second SIGTERM could end it there with
-        # -15 instead of this status.
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(128 + stopped)
-    return 0
+    return 128 + stopped if stopped else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code:
+        # Interrupted: out at once.  The servers are stopped and everything is printed, and the interpreter's teardown
+        # (seconds with torch loaded) runs with the default handlers back, so timeout(1)'s second SIGTERM could end it
+        # there with -15 instead of this status.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(0)
