@@ -25,6 +25,8 @@ One stream, one request at a time (as the issue's concurrency 1), through the be
 (launcher.client.TritonStream); rounds take the variants in turn.  The final response carries the model's
 CLOCK_MONOTONIC stamps, so each first token splits into:
 
+  handoff   submit() -> gRPC's sending thread has the request (the client's own; outside TTFT, which counts from
+            the send, as llmlaunch-bench does)
   request   client send -> execute began (client, gRPC, tritonserver, the stub's IPC)
   parse     reading and validating the inputs
   hop       parsed -> the answering thread has the output (thread hand-off, or the child process and back)
@@ -34,6 +36,9 @@ CLOCK_MONOTONIC stamps, so each first token splits into:
 
 TTFT = request + parse + hop + build + response.  Medians (p50) of each, then the TTFT mean and p90, and
 each variant's median TTFT over inline's.
+
+--clients sync,aio also runs every variant through a grpc.aio client (rows " aio"), which sends from the thread
+that asks (an asyncio loop): no hand-off, so its `request` part is what TritonStream's is from gRPC's send on.
 
 --awake both runs every variant of a round twice, as is and with every CPU kept from sleeping (launcher/awake.py,
 serve.keep_cpus_awake: idle-priority spinners, started and stopped around each run); rows "+awake".  On a
@@ -66,7 +71,8 @@ VARIANTS = {
     "process_3ms": {"via": "process", "parse": "once", "delay_ms": 3},
     "process_3ms_spin": {"via": "process", "parse": "once", "delay_ms": 3, "spin": True},
 }
-PARTS = ("request", "parse", "hop", "build", "send", "response")
+PARTS = ("handoff", "request", "parse", "hop", "build", "send", "response")
+CLIENTS = ("sync", "aio")
 PROMPT = " ".join(["word"] * 100)  # the text is parsed, never tokenized
 
 
@@ -83,9 +89,22 @@ def split(rec: StreamRecord, delay_ms: float = 0.0) -> dict:
     deliberate delay taken out of hop and TTFT."""
     began, parsed, had, start, done = (float(x) for x in rec.text.split()[1:])
     first = rec.times[0]
-    return {"ttft": (first - rec.sent) * 1e3 - delay_ms, "request": (began - rec.sent) * 1e3,
+    return {"ttft": (first - rec.sent) * 1e3 - delay_ms, "handoff": (rec.sent - rec.queued) * 1e3,
+            "request": (began - rec.sent) * 1e3,
             "parse": (parsed - began) * 1e3, "hop": (had - parsed) * 1e3 - delay_ms, "build": (start - had) * 1e3,
             "send": (done - start) * 1e3, "response": (first - start) * 1e3}
+
+
+def _request(model: str, rid: str):
+    return build_request(model, Generation(PROMPT, 2, stream=True, ignore_eos=True), rid)
+
+
+def _checked(rec: StreamRecord, model: str, delay_ms: float) -> dict:
+    if rec.error:
+        raise RuntimeError(f"{model}: {rec.error}")
+    if len(rec.times) != 2 or rec.piece(0) != " x":
+        raise RuntimeError(f"{model}: {len(rec.times)} responses, first {rec.piece(0)!r}; expected 2, ' x'")
+    return split(rec, delay_ms)
 
 
 def run_variant(stream: TritonStream, model: str, n: int, tag: str, delay_ms: float = 0.0) -> list[dict]:
@@ -93,15 +112,49 @@ def run_variant(stream: TritonStream, model: str, n: int, tag: str, delay_ms: fl
     out = []
     for i in range(n):
         rid = f"{tag}-{i}"
-        rec = stream.submit(build_request(model, Generation(PROMPT, 2, stream=True, ignore_eos=True), rid),
-                            StreamRecord(rid))
+        rec = stream.submit(_request(model, rid), StreamRecord(rid))
         stream.wait(rec, timeout=60)
-        if rec.error:
-            raise RuntimeError(f"{model}: {rec.error}")
-        if len(rec.times) != 2 or rec.piece(0) != " x":
-            raise RuntimeError(f"{model}: {len(rec.times)} responses, first {rec.piece(0)!r}; expected 2, ' x'")
-        out.append(split(rec, delay_ms))
+        out.append(_checked(rec, model, delay_ms))
     return out
+
+
+def run_variant_aio(url: str, model: str, n: int, tag: str, delay_ms: float = 0.0, warmup: int = 0) -> list[dict]:
+    """As run_variant through a grpc.aio stream of its own (`warmup` unmeasured requests first: a new connection):
+    the request is written from the asyncio loop's thread, stamped just before (queued = sent: no hand-off)."""
+    import asyncio
+    import time
+
+    import grpc
+    from tritonclient.grpc import service_pb2_grpc
+
+    from launcher.client import _text_index, parse_url
+
+    async def go() -> list[dict]:
+        async with grpc.aio.insecure_channel(parse_url(url)) as channel:
+            call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
+            responses = call.__aiter__()
+            out = []
+            for i in range(warmup + n):
+                rid = f"{tag}-{i}"
+                request, rec = _request(model, rid), StreamRecord(rid)
+                rec.queued = rec.sent = time.perf_counter()
+                await call.write(request)
+                while not rec.done:
+                    resp = await asyncio.wait_for(responses.__anext__(), 60)
+                    rec.times.append(time.perf_counter())
+                    ir = resp.infer_response
+                    if resp.error_message:
+                        rec.error, rec.done = resp.error_message, True
+                        break
+                    at = _text_index(ir)
+                    rec.chunks.append(ir.raw_output_contents[at] if 0 <= at < len(ir.raw_output_contents) else b"")
+                    rec.done = ir.parameters["triton_final_response"].bool_param
+                if i >= warmup:
+                    out.append(_checked(rec, model, delay_ms))
+            await call.done_writing()
+            return out
+
+    return asyncio.run(go())
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -111,14 +164,19 @@ def summarize(rows: list[dict]) -> dict:
             "ttft_p90": round(ttft[int(0.9 * (len(ttft) - 1))], 4)}
 
 
-def measure(url: str, variants: list[str], n: int, rounds: int, warmup: int, awake: str = "off", log=print) -> dict:
-    """Per row (a variant, or "<variant> +awake"): the split's medians, TTFT mean and p90, each round's median, and
-    the median TTFT over inline's (of the same awake mode)."""
+def measure(url: str, variants: list[str], n: int, rounds: int, warmup: int, awake: str = "off",
+            clients: tuple = ("sync",), log=print) -> dict:
+    """Per row (a variant, "<variant> aio" through the grpc.aio client, either with " +awake"): the split's medians,
+    TTFT mean and p90, each round's median, and the median TTFT over inline's (of the same client and awake mode)."""
     from launcher.awake import KeepAwake
 
     modes = {"off": [False], "on": [True], "both": [False, True]}[awake]
-    name = lambda v, on: f"{v} +awake" if on else v  # noqa: E731
-    rows: dict[str, list[dict]] = {name(v, on): [] for on in modes for v in variants}
+
+    def name(v, client, on):
+        return v + (" aio" if client == "aio" else "") + (" +awake" if on else "")
+
+    keys = [(v, c, on) for on in modes for c in clients for v in variants]
+    rows: dict[str, list[dict]] = {name(*k): [] for k in keys}
     per_round: dict[str, list[float]] = {k: [] for k in rows}
     with TritonStream(url) as stream:
         for v in variants:  # first requests map the stub's shared memory: not measured
@@ -127,20 +185,25 @@ def measure(url: str, variants: list[str], n: int, rounds: int, warmup: int, awa
             for on in modes:
                 spinners = KeepAwake(range(os.cpu_count() or 1)).start() if on else None
                 try:
-                    for v in variants:
-                        got = run_variant(stream, f"first_{v}", n, f"r{r}{on}{v}", VARIANTS[v].get("delay_ms", 0))
-                        rows[name(v, on)] += got
-                        per_round[name(v, on)].append(statistics.median(x["ttft"] for x in got))
-                        log(f"round {r + 1}/{rounds} {name(v, on):20s} TTFT p50 {per_round[name(v, on)][-1]:.3f} ms")
+                    for c in clients:
+                        for v in variants:
+                            delay, tag = VARIANTS[v].get("delay_ms", 0), f"r{r}{on}{c}{v}"
+                            got = (run_variant(stream, f"first_{v}", n, tag, delay) if c == "sync" else
+                                   run_variant_aio(url, f"first_{v}", n, tag, delay, warmup))
+                            key = name(v, c, on)
+                            rows[key] += got
+                            per_round[key].append(statistics.median(x["ttft"] for x in got))
+                            log(f"round {r + 1}/{rounds} {key:24s} TTFT p50 {per_round[key][-1]:.3f} ms")
                 finally:
                     if spinners is not None:
                         spinners.stop()
     out = {k: dict(summarize(rows[k]), rounds=[round(x, 4) for x in per_round[k]]) for k in rows}
     for on in modes:
-        base = out.get(name("inline", on))
-        if base is not None:
-            for v in variants:
-                out[name(v, on)]["vs_inline"] = round(out[name(v, on)]["p50"]["ttft"] / base["p50"]["ttft"], 3)
+        for c in clients:
+            base = out.get(name("inline", c, on))
+            if base is not None:
+                for v in variants:
+                    out[name(v, c, on)]["vs_inline"] = round(out[name(v, c, on)]["p50"]["ttft"] / base["p50"]["ttft"], 3)
     return out
 
 
@@ -163,6 +226,8 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated: " + ", ".join(VARIANTS))
     ap.add_argument("--awake", choices=("off", "on", "both"), default="off",
                     help="keep every CPU from sleeping during the runs (launcher/awake.py): off, on, or both in turn")
+    ap.add_argument("--clients", default="sync", help="comma-separated: sync (TritonStream, the benchmark's client), "
+                    "aio (a grpc.aio stream: no hand-off to a sending thread)")
     ap.add_argument("--json", default="", help="write the results here too")
     args = ap.parse_args(argv)
     from tests.models.serve import chosen_variants, measure_variants
@@ -170,9 +235,13 @@ def main(argv=None) -> int:
     variants = chosen_variants(ap, args.variants, VARIANTS)
     if args.requests < 1 or args.rounds < 1 or args.warmup < 1:
         ap.error("--requests, --rounds and --warmup must be >= 1")
+    clients = tuple(c.strip() for c in args.clients.split(",") if c.strip())
+    if not clients or any(c not in CLIENTS for c in clients):
+        ap.error(f"--clients {args.clients!r}: comma-separated, of {', '.join(CLIENTS)}")
     measure_variants("llmlaunch-first-response-", lambda d: make_repo(d, variants),
-                     lambda url: measure(url, variants, args.requests, args.rounds, args.warmup, args.awake), table,
-                     args.json, {"requests": args.requests, "rounds": args.rounds, "awake": args.awake})
+                     lambda url: measure(url, variants, args.requests, args.rounds, args.warmup, args.awake, clients),
+                     table, args.json, {"requests": args.requests, "rounds": args.rounds, "awake": args.awake,
+                                        "clients": list(clients)})
     return 0
 
 if __name__ == "__main__":

@@ -628,6 +628,7 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | l
 
 
 ADD_KEYS = ("add_ms_mean", "add_ms_p50", "add_ms_p99")
+HANDOFF_KEYS = ("handoff_ms_p50", "handoff_ms_p99")  # a served path's client hand-off (run_served), outside TTFT
 LATENCY_KEYS = ("ttft_ms_p50", "ttft_ms_p99", "ttft_ms_mean", "itl_ms_p50", "gap_ms_p50", "gap_ms_p99",
                 "last_gap_ms_p50", "in_flight_mean")
 
@@ -719,6 +720,7 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
     server_cpu = sum(by_role.values()) if by_role is not None else None
     tokens, errors, responses = 0, [], 0
     per_request: list[tuple[float, list[float], int]] = []
+    handoffs: list[float] = []  # the client's own hand-off to gRPC's sending thread (ms), outside TTFT
     last = out.t0
     for _, rec in out.records:
         tokens += rec.output_tokens or 0
@@ -726,6 +728,7 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
         if rec.error:
             errors.append(rec.error)
         elif rec.times:
+            handoffs.append((rec.sent - rec.queued) * 1e3)
             # the final response may carry no text: time the tokens by the responses that carry them
             times = rec.token_times or rec.times
             per_request.append((times[0] - rec.sent, times, rec.output_tokens or 0))
@@ -742,7 +745,14 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "errors": len(errors),
             "responses_per_request": responses / max(1, len(gens)), "client_cpu_s": client_cpu_s,
             "server_cpu_s": server_cpu, "server_cpu_by_role_s": by_role, "first_token_ms": first_token,
-            "engine_steps": steps, **stats}
+            "engine_steps": steps, **stats, **percentiles_ms(handoffs, "handoff")}
+
+
+def percentiles_ms(values: list[float], name: str) -> dict:
+    """{name_ms_p50, name_ms_p99} of values already in ms (None when there are none)."""
+    v = sorted(values)
+    return {f"{name}_ms_p50": round(v[len(v) // 2], 4) if v else None,
+            f"{name}_ms_p99": round(v[min(len(v) - 1, int(0.99 * len(v)))], 4) if v else None}
 
 
 def vs_generate(model_dir: str, params: dict, args) -> list[dict]:
@@ -857,6 +867,8 @@ def compare(run: dict, tokenizer, load: Load, args, generate: dict) -> dict:
         row.update({f"{path}_{key}": v for key, v in median_latency(rs).items()})
         if all("add_ms_mean" in x for x in rs):  # the process path: the hand-off into the engine process
             row.update({f"{path}_{key}": v for key, v in median_latency(rs, ADD_KEYS).items()})
+        if all("handoff_ms_p50" in x for x in rs):  # served paths: the client's hand-off before its send
+            row.update({f"{path}_{key}": v for key, v in median_latency(rs, HANDOFF_KEYS).items()})
     if "served_awake" in run and "direct_awake" in run:  # both with the CPUs kept awake
         row["awake_ratio"] = round(med["served_awake"] / med["direct_awake"], 4)
         row["awake_paired_ratio"] = round(statistics.median(

@@ -211,7 +211,8 @@ class StreamRecord:
     (CLOCK_MONOTONIC: comparable across processes of one machine)."""
 
     request_id: str  # the request's id on the stream
-    sent: float = 0.0  # just before the request was queued for sending
+    sent: float = 0.0  # when gRPC's sending thread took the request, just before it went out (TTFT counts from here)
+    queued: float = 0.0  # when submit() queued it for that thread (sent - queued: the client's own hand-off)
     times: list = field(default_factory=list)  # receive time of every response
     chunks: list = field(default_factory=list)  # raw text_output payload of every response (b"" when absent)
     input_tokens: Optional[int] = None  # from the final response's input_tokens, if the model sent it
@@ -310,12 +311,19 @@ class TritonStream:
 
     # -- sending
     def _requests(self):
-        get = self._outbox.get
+        # Runs on gRPC's own sending thread (its sync API sends what this iterator yields, from a thread of its own).
+        # A request is stamped `sent` here, as it goes out, not in submit(): waking this thread is the client's
+        # hand-off, 0.03-0.1 ms a request p50 (benchmark/first_response.py, the hand-off column; a
+        # grpc.aio client, which sends from the caller's thread, has none), and a server's first token should not
+        # carry it.  `queued` keeps submit()'s time.
+        get, perf = self._outbox.get, time.perf_counter
         while True:
             item = get()
             if item is None:
                 return
-            yield item
+            request, rec = item
+            rec.sent = perf()
+            yield request
 
     def submit(self, request, record: Optional[StreamRecord] = None) -> StreamRecord:
         """Queue a ModelInferRequest (see build_request); returns its record."""
@@ -324,8 +332,8 @@ class TritonStream:
         rec = record if record is not None else StreamRecord(request.id)
         rec.request_id = request.id
         self._pending[request.id] = rec
-        rec.sent = time.perf_counter()
-        self._outbox.put(request)
+        rec.queued = rec.sent = time.perf_counter()  # `sent` again when it goes out (_requests)
+        self._outbox.put((request, rec))
         return rec
 
     # -- receiving (the measured path: keep it short)

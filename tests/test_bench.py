@@ -107,7 +107,7 @@ def test_cnn_and_synthetic_loaders(tmp_path):
 
 def test_metrics_from_known_times():
     r = metrics.RequestResult(index=0, prompt_len=3, max_tokens=4, sent=1.0, token_times=[1.05, 1.07, 1.09, 1.11],
-                              end=1.11, input_tokens=3, output_tokens=4)
+                              end=1.11, input_tokens=3, output_tokens=4, queued=0.9996)
     assert r.ttft == pytest.approx(0.05) and r.e2el == pytest.approx(0.11)
     assert r.itl == pytest.approx([0.02, 0.02, 0.02]) and r.tpot == pytest.approx(0.02)
     bad = metrics.RequestResult(index=1, prompt_len=3, max_tokens=4, sent=1.0, error="boom")
@@ -117,10 +117,14 @@ def test_metrics_from_known_times():
     assert m["output_throughput"] == pytest.approx(2.0) and m["goodput"] == pytest.approx(0.5)
     assert metrics.compute([r], 1.0, {"ttft": 10})["goodput"] == 0
     assert m["tokens_per_response"] == 1.0 and "Tokens per response (mean):" in metrics.format_table(m)
+    # the client's hand-off (queued -> sent) is outside TTFT, reported apart; unknown (None) for old results
+    assert m["client_handoff_ms"]["p50"] == pytest.approx(0.4) and "Client hand-off P99 (ms):" in metrics.format_table(m)
     # a server that merges a stream's tokens (stream_interval_ms): ITL is the gap between pieces of 3 and 4 tokens
     merged = metrics.RequestResult(index=2, prompt_len=3, max_tokens=8, sent=1.0, token_times=[1.05, 1.07, 1.09],
                                    end=1.09, input_tokens=3, output_tokens=8)
     assert metrics.compute([r, merged], 2.0)["tokens_per_response"] == pytest.approx(12 / 7)
+    no_queue = metrics.compute([merged], 2.0)  # results saved before `queued` existed: no hand-off row
+    assert no_queue["client_handoff_ms"]["p50"] is None and "Client hand-off" not in metrics.format_table(no_queue)
     assert "1 of 2 requests failed (1 with errors)" == metrics.failure_summary(m)
     with pytest.raises(ValueError, match="ttft:MS"):
         metrics.parse_slos(["latency:5"])

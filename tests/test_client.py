@@ -181,6 +181,8 @@ def test_library_records_every_response_and_empty_final(url):
     rec = generate(url, "timed", Generation("a b c d", max_tokens=4), parameters={"inter_token_delay_ms": 1})
     assert (rec.text, rec.input_tokens, rec.output_tokens, rec.finish_reason, rec.error) == (" w0 w1 w2 w3", 4, 4, "length", "")
     assert len(rec.times) == 4 and rec.times == sorted(rec.times) and rec.times[0] > rec.sent
+    # sent: stamped again by gRPC's sending thread as it took the request, after submit() queued it
+    assert 0 < rec.queued < rec.sent
     # the final flag alone: one more (empty) response; counts come from the last token's response
     rec = generate(url, "timed", Generation("a b", max_tokens=3), parameters={"inter_token_delay_ms": 1, "separate_final": True})
     assert len(rec.times) == 4 and rec.chunks[-1] == b"" and len(rec.token_times) == 3
@@ -268,6 +270,7 @@ def test_first_response_splits_the_serving_path(tmp_path):
             for r in rows:
                 assert all(r[k] >= 0 for k in first_response.PARTS), (v, r)
                 assert r["ttft"] == pytest.approx(r["request"] + r["parse"] + r["hop"] + r["build"] + r["response"]), r
+                assert r["handoff"] > 0, r  # TritonStream: gRPC's sending thread stamps `sent` after submit()
             if v == "inline":
                 assert all(r["hop"] < 1.0 for r in rows), rows  # nothing between parse and answer
         rec = stream.submit(build_request("first_process", Generation("a b c", 1, temperature=-1.0), "bad"),
@@ -277,9 +280,13 @@ def test_first_response_splits_the_serving_path(tmp_path):
 
     out = tmp_path / "first.json"
     assert first_response.main(["--requests", "20", "--warmup", "2", "--rounds", "2", "--variants", "inline,process",
-                                "--json", str(out)]) == 0
+                                "--clients", "sync,aio", "--json", str(out)]) == 0
     doc = json.loads(out.read_text())["variants"]
-    assert set(doc) == {"inline", "process"} and doc["inline"]["vs_inline"] == 1.0
+    assert set(doc) == {"inline", "process", "inline aio", "process aio"}
+    assert doc["inline"]["vs_inline"] == 1.0 and doc["inline aio"]["vs_inline"] == 1.0
     assert all(v["n"] == 40 and len(v["rounds"]) == 2 and v["p50"]["ttft"] > 0 for v in doc.values())
-    with pytest.raises(SystemExit):
-        first_response.main(["--variants", "inline,bogus"])
+    # the grpc.aio client writes from the thread that stamps: no hand-off; TritonStream has one
+    assert doc["inline aio"]["p50"]["handoff"] == 0 and doc["inline"]["p50"]["handoff"] > 0
+    for bad in (["--variants", "inline,bogus"], ["--clients", "sync,bogus"]):
+        with pytest.raises(SystemExit):
+            first_response.main(bad)

@@ -1691,6 +1691,9 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
         assert row[f"{path}_in_flight_mean"] > 0 and row[f"{path}_ttft_ms_p50"] > 0
     for prefix in ("served", "served_alt"):
         assert row[f"{prefix}_first_token_ms"]["engine"] > 0
+        # the client's hand-off to gRPC's sending thread, outside TTFT (which counts from the send), is reported
+        assert 0 < row[f"{prefix}_handoff_ms_p50"] <= row[f"{prefix}_handoff_ms_p99"]
+    assert "direct_handoff_ms_p50" not in row
     assert "ttft_added_ms_p50" in row and "served_alt_ttft_added_ms_p50" in row and "served_alt_ratio" in row
     assert "rate=12/s: TTFT p50 direct" in proc.stderr
     # the second server is its own tritonserver, its hf model two instances sharing one engine process

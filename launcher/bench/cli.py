@@ -22,7 +22,8 @@ Result JSON:
      "config": {"url", "model", "dataset": {...}, "load": {...LoadSpec...}, "request": {...}, "goodput_slos_ms"},
      "metrics": {"requests", "completed", "failed", "errors", "zero_token", "duration_s",
                  "request_throughput", "output_throughput", "total_token_throughput", "goodput",
-                 "ttft_ms"|"tpot_ms"|"itl_ms"|"e2el_ms": {"mean", "p50", "p90", "p99", "max"}, ...},
+                 "ttft_ms"|"tpot_ms"|"itl_ms"|"e2el_ms": {"mean", "p50", "p90", "p99", "max"},
+                 "client_handoff_ms": {...} (the client's own queue -> gRPC send, outside TTFT), ...},
      "server_first_token_ms": None | {"parse", "add", "engine", "back", "respond", "inside_server", "outside_server",
                                       "requests"}
                               (--server-metrics: mean ms; launcher/serving/timings.py),

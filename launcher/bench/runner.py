@@ -204,7 +204,8 @@ class _Driver:
             try:
                 streams[j % n_streams].submit(req, rec)
             except ClientError as exc:  # the stream died (server gone): a failed request, not a crash
-                rec.sent, rec.error = perf(), str(exc)
+                rec.queued = rec.sent = perf()
+                rec.error = str(exc)
                 self._on_done(rec)
                 rec.done = True
             records.append((idx, rec))
