@@ -131,7 +131,8 @@ def run_variant_aio(url: str, model: str, n: int, tag: str, delay_ms: float = 0.
 
     async def go() -> list[dict]:
         async with grpc.aio.insecure_channel(parse_url(url)) as channel:
-            call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer()
+            # one deadline for the stream (a timeout per response would wrap each read in a task of its own)
+            call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(timeout=60 + (warmup + n))
             responses = call.__aiter__()
             out = []
             for i in range(warmup + n):
@@ -140,7 +141,7 @@ def run_variant_aio(url: str, model: str, n: int, tag: str, delay_ms: float = 0.
                 rec.queued = rec.sent = time.perf_counter()
                 await call.write(request)
                 while not rec.done:
-                    resp = await asyncio.wait_for(responses.__anext__(), 60)
+                    resp = await responses.__anext__()
                     rec.times.append(time.perf_counter())
                     ir = resp.infer_response
                     if resp.error_message:
