@@ -433,6 +433,11 @@ def make_prompts(tokenizer, n: int, prompt_tokens: int, seed: int = 0) -> list[s
 
 
 # ----------------------------------------------------------------------------------------- in-process
+def pct_ms(xs: list[float], q: float) -> float | None:
+    """The q-quantile (0.5, 0.99) of sorted seconds, in ms to the microsecond; None when there are none."""
+    return round(1000 * xs[min(len(xs) - 1, int(q * len(xs)))], 3) if xs else None
+
+
 def latency_stats(per_request: list[tuple[float, list[float], int]], wall: float) -> dict:
     """Latency (ms) from (ttft_s, receive times of the outputs carrying tokens, tokens) per request, over a run of
     `wall` seconds.
@@ -447,13 +452,9 @@ def latency_stats(per_request: list[tuple[float, list[float], int]], wall: float
     itl = sorted((ts[-1] - ts[0]) / (n - 1) for _, ts, n in per_request if n > 1 and len(ts) > 1)
     gaps = sorted(b - a for _, ts, _ in per_request for a, b in zip(ts, ts[1:]))
     last = sorted(ts[-1] - ts[-2] for _, ts, _ in per_request if len(ts) > 1)
-
-    def pct(xs, q):
-        return round(1000 * xs[min(len(xs) - 1, int(q * len(xs)))], 3) if xs else None
-
-    return {"ttft_ms_p50": pct(ttft, 0.5), "ttft_ms_p99": pct(ttft, 0.99),
-            "ttft_ms_mean": round(1000 * sum(ttft) / len(ttft), 3) if ttft else None, "itl_ms_p50": pct(itl, 0.5),
-            "gap_ms_p50": pct(gaps, 0.5), "gap_ms_p99": pct(gaps, 0.99), "last_gap_ms_p50": pct(last, 0.5),
+    return {"ttft_ms_p50": pct_ms(ttft, 0.5), "ttft_ms_p99": pct_ms(ttft, 0.99),
+            "ttft_ms_mean": round(1000 * sum(ttft) / len(ttft), 3) if ttft else None, "itl_ms_p50": pct_ms(itl, 0.5),
+            "gap_ms_p50": pct_ms(gaps, 0.5), "gap_ms_p99": pct_ms(gaps, 0.99), "last_gap_ms_p50": pct_ms(last, 0.5),
             "in_flight_mean": round(sum(t + ts[-1] - ts[0] for t, ts, _ in per_request) / wall, 2) if wall > 0 else None}
 
 
@@ -614,8 +615,8 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | l
               "cpu_s": time.process_time() - cpu0, **latency_stats(per_request, wall)}
     if adds:  # the hand-off into an engine process (the served model's "add"), without tritonserver
         adds.sort()
-        result.update(add_ms_mean=round(1000 * sum(adds) / len(adds), 3), add_ms_p50=round(1000 * adds[len(adds) // 2], 3),
-                      add_ms_p99=round(1000 * adds[min(len(adds) - 1, int(0.99 * len(adds)))], 3))
+        result.update(add_ms_mean=round(1000 * sum(adds) / len(adds), 3), add_ms_p50=pct_ms(adds, 0.5),
+                      add_ms_p99=pct_ms(adds, 0.99))
     after = settled_stats(engine)
     if after.get("steps", 0) > before.get("steps", 0):
         # the model call of a step (forward + sampling; with overlap, launch to tokens on the host), without
@@ -720,7 +721,7 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
     server_cpu = sum(by_role.values()) if by_role is not None else None
     tokens, errors, responses = 0, [], 0
     per_request: list[tuple[float, list[float], int]] = []
-    handoffs: list[float] = []  # the client's own hand-off to gRPC's sending thread (ms), outside TTFT
+    handoffs: list[float] = []  # the client's own hand-off to gRPC's sending thread (s), outside TTFT
     last = out.t0
     for _, rec in out.records:
         tokens += rec.output_tokens or 0
@@ -728,11 +729,12 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
         if rec.error:
             errors.append(rec.error)
         elif rec.times:
-            handoffs.append((rec.sent - rec.queued) * 1e3)
+            handoffs.append(rec.sent - rec.queued)
             # the final response may carry no text: time the tokens by the responses that carry them
             times = rec.token_times or rec.times
             per_request.append((times[0] - rec.sent, times, rec.output_tokens or 0))
             last = max(last, rec.times[-1])
+    handoffs.sort()
     # first send to last completion (with several processes, their shared start instant), as the direct path
     wall = (last - out.t0) if per_request else (t_end - t_start)
     if errors:
@@ -745,14 +747,8 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
     return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "errors": len(errors),
             "responses_per_request": responses / max(1, len(gens)), "client_cpu_s": client_cpu_s,
             "server_cpu_s": server_cpu, "server_cpu_by_role_s": by_role, "first_token_ms": first_token,
-            "engine_steps": steps, **stats, **percentiles_ms(handoffs, "handoff")}
-
-
-def percentiles_ms(values: list[float], name: str) -> dict:
-    """{name_ms_p50, name_ms_p99} of values already in ms (None when there are none)."""
-    v = sorted(values)
-    return {f"{name}_ms_p50": round(v[len(v) // 2], 4) if v else None,
-            f"{name}_ms_p99": round(v[min(len(v) - 1, int(0.99 * len(v)))], 4) if v else None}
+            "engine_steps": steps, **stats,
+            "handoff_ms_p50": pct_ms(handoffs, 0.5), "handoff_ms_p99": pct_ms(handoffs, 0.99)}
 
 
 def vs_generate(model_dir: str, params: dict, args) -> list[dict]:
