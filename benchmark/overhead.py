@@ -86,8 +86,8 @@ The served path also says where its TTFT goes: the hf model's first-token metric
 (launcher.serving.timings, read from tritonserver's metrics port before and after
 each run) give the mean time a streamed request spent inside the model — `add`
 (to the engine process), `engine` (tokenize, queue, prefill, first token: the
-in-process TTFT's counterpart), `back` (to the stub) and `respond` (built and sent), with `parse` (reading the request)
-before them — and the client's mean
+in-process TTFT's counterpart), `back` (to the stub), `respond` (the response built) and
+`send` (the send call, a round trip to tritonserver), with `parse` (reading the request) before them — and the client's mean
 TTFT minus those is tritonserver, gRPC and the client (`served_first_token_ms`).
 
 Every path also says how its engine spent a step (`<path>_engine_steps`, from
@@ -145,7 +145,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from launcher.serving.timings import engine_step_split, format_engine_split, settle  # noqa: E402  (after ROOT)
+from launcher.serving.timings import PARTS, SPLIT_KEYS, engine_step_split, format_engine_split, settle  # noqa: E402  (after ROOT)
 
 PATHS = ("direct", "delayed", "process", "served", "served_alt", "pinned", "direct_awake",
          "served_awake")  # run in this order
@@ -693,8 +693,7 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
 
     from launcher.bench.runner import Job, LoadSpec, run_load
     from launcher.client import Generation
-    from launcher.serving.timings import engine_split_after, fetch_first_token_metrics, first_token_split, \
-        settled_engine_metrics
+    from launcher.serving.timings import engine_split_after, first_token_split, settled_server_metrics
 
     gens = [Generation(prompt=p, max_tokens=m, stream=True, ignore_eos=True)
             for p, m in zip(prompts, output_lengths(max_tokens, len(prompts)))]
@@ -702,8 +701,7 @@ def run_served(url: str, model: str, prompts: list[str], concurrency: int, max_t
         processes = max(1, min(processes, concurrency))
         spec = LoadSpec(concurrency=concurrency, num_requests=len(gens), processes=processes, streams=streams)
     server_cpu0 = server_cpu_by_role(server_pid) if server_pid else None
-    before = fetch_first_token_metrics(metrics_url, model) if metrics_url else None
-    engine_before = settled_engine_metrics(metrics_url, model) if metrics_url else None
+    before, engine_before = settled_server_metrics(metrics_url, model) if metrics_url else (None, None)
 
     def client_cpu() -> float:  # this process and its waited-for children (the client processes)
         kids = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -878,12 +876,11 @@ def compare(run: dict, tokenizer, load: Load, args, generate: dict) -> dict:
         if not split:
             continue
         # where the served TTFT goes (means, medians over rounds): inside the model (parse / add / engine / back /
-        # respond, from its metrics) and outside it (client TTFT - inside: tritonserver, gRPC and the client)
-        ft = {k: round(statistics.median(x[k] for x in split), 3)
-              for k in ("parse", "add", "engine", "back", "respond", "inside_server", "outside_server")}
+        # respond / send, from its metrics) and outside it (client TTFT - inside: tritonserver, gRPC and the client)
+        ft = {k: round(statistics.median(x[k] for x in split), 3) for k in SPLIT_KEYS}
         row[f"{served}_first_token_ms"] = ft
-        log(f"{label}: {served} TTFT mean {row[f'{served}_ttft_ms_mean']} ms = parse {ft['parse']} + add {ft['add']} + "
-            f"engine {ft['engine']} + back {ft['back']} + respond {ft['respond']} (inside the model) + "
+        log(f"{label}: {served} TTFT mean {row[f'{served}_ttft_ms_mean']} ms = "
+            + " + ".join(f"{k} {ft[k]}" for k in PARTS) + f" (inside the model) + "
             f"{ft['outside_server']} (tritonserver, gRPC, client); {direct} TTFT mean {row[f'{direct}_ttft_ms_mean']} ms")
     for path, rs in runs.items():
         # how each path's engine spent a step (medians over rounds): is the served engine host-late where the

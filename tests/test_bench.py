@@ -278,7 +278,7 @@ def test_open_loop_table_has_a_line_per_served_path():
     def path(prefix, p50, mean, in_flight, itl, add):
         return {f"{prefix}_ttft_ms_p50": p50, f"{prefix}_ttft_ms_mean": mean, f"{prefix}_in_flight_mean": in_flight,
                 f"{prefix}_itl_ms_p50": itl, f"{prefix}_first_token_ms": {
-                    "parse": 0.11, "add": add, "engine": 5.26, "back": 0.25, "respond": 0.34, "outside_server": 1.0}}
+                    "parse": 0.11, "add": add, "engine": 5.26, "back": 0.25, "respond": 0.34, "send": 0.27, "outside_server": 1.0}}
 
     row = {"request_rate": 240.0, "direct_ttft_ms_p50": 5.014, "direct_ttft_ms_mean": 5.248,
            "direct_in_flight_mean": 77.13, "direct_itl_ms_p50": 2.984,
@@ -313,6 +313,8 @@ def test_open_loop_table_has_a_line_per_served_path():
     assert "TTFT p50 in/served ms" in head and "alt:" not in head
     assert served.split()[0] == "240" and pinned.split()[0] == "pinned"
     assert "2.06" in served.split() and "0.43" in served.split()
+    assert served.split()[served.split().index("0.34") + 1] == "0.27"  # send, after respond
+    assert "send" in head.split() and head.split().index("send") == head.split().index("respond") + 1
     assert "2.13" in pinned.split() and "0.42" in pinned.split()
     assert "2.16" in pinned.split()  # its mean added: 7.404 - 5.248
 

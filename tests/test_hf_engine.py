@@ -1690,7 +1690,7 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
         assert 64 / row[f"{path}_tokens_per_s"] >= last  # paced: the round lasted past the last arrival
         assert row[f"{path}_in_flight_mean"] > 0 and row[f"{path}_ttft_ms_p50"] > 0
     for prefix in ("served", "served_alt"):
-        assert row[f"{prefix}_first_token_ms"]["engine"] > 0
+        assert row[f"{prefix}_first_token_ms"]["engine"] > 0 and row[f"{prefix}_first_token_ms"]["send"] > 0
         # the client's hand-off to gRPC's sending thread, outside TTFT (which counts from the send), is reported
         assert 0 < row[f"{prefix}_handoff_ms_p50"] <= row[f"{prefix}_handoff_ms_p99"]
     assert "direct_handoff_ms_p50" not in row

@@ -372,11 +372,12 @@ def test_response_path_yields_to_the_engine_process(server):
 
 
 def test_first_token_times_are_exposed_as_metrics(server):
-    """Streamed requests' first tokens are split into parse / add / engine / back / respond on the metrics port;
-    the five add up to less than the TTFT the client saw, and non-streamed requests are not counted."""
-    from launcher.serving.timings import mean_first_token_ms
+    """Streamed requests' first tokens are split into parse / add / engine / back / respond / send on the metrics
+    port; the six add up to less than the TTFT the client saw, and non-streamed requests are not counted."""
+    from launcher.serving.timings import mean_first_token_ms, settled_server_metrics
 
-    before = _first_token_metrics(server)
+    # settled: an earlier test's last first tokens are pushed up to a second late
+    before, _ = settled_server_metrics(server.metrics_url, MODEL)
     s = Stream(server.grpc_url)
     try:
         sent, ttft = {}, []
@@ -402,6 +403,7 @@ def test_first_token_times_are_exposed_as_metrics(server):
     means = mean_first_token_ms(before, after)
     assert means is not None and means["requests"] == 5, (before, after)
     assert means["engine"] > 0 and means["parse"] > 0 and means["back"] > 0 and means["respond"] > 0, means
+    assert means["send"] > 0, means  # the send call's round trip to tritonserver, apart from building the response
     assert means["add"] >= 0, means
     assert means["inside_server"] < sum(ttft) / len(ttft), (means, ttft)
 
@@ -468,17 +470,19 @@ llmlaunch_first_token_seconds{model="a",part="add"} 0.002
 llmlaunch_first_token_seconds{model="a",part="engine"} 0.5
 llmlaunch_first_token_seconds{model="a",part="back"} 0.003
 llmlaunch_first_token_seconds{model="a",part="respond"} 1e-2
+llmlaunch_first_token_seconds{model="a",part="send"} 0.004
 llmlaunch_first_token_seconds{model="b",part="engine"} 9
 llmlaunch_first_tokens{model="a"} 10
 llmlaunch_first_tokens{model="b"} 3
 nv_inference_count{model="a",version="1"} 77
 """
     a = read_first_token_metrics(text, "a")
-    assert a == {"count": 10, "parse": 0.001, "add": 0.002, "engine": 0.5, "back": 0.003, "respond": 0.01}
+    assert a == {"count": 10, "parse": 0.001, "add": 0.002, "engine": 0.5, "back": 0.003, "respond": 0.01,
+                 "send": 0.004}
     assert read_first_token_metrics(text)["count"] == 13
     zero = read_first_token_metrics("", "a")
     assert mean_first_token_ms(zero, a) == {"parse": 0.1, "add": 0.2, "engine": 50.0, "back": 0.3, "respond": 1.0,
-                                            "inside_server": 51.6, "requests": 10}
+                                            "send": 0.4, "inside_server": 52.0, "requests": 10}
     assert mean_first_token_ms(a, a) is None
 
 
@@ -499,7 +503,8 @@ def test_bench_reports_where_the_ttft_goes(server, tmp_path, capsys):
     doc = json.loads(out.read_text())
     split = doc["server_first_token_ms"]
     assert split["requests"] == 7  # 6 measured + 1 warm-up
-    assert split["engine"] > 0 and split["outside_server"] > 0, split
+    assert split["engine"] > 0 and split["outside_server"] > 0 and split["send"] > 0, split
+    assert "response sent to tritonserver (ms):" in printed, printed
     # and how the engine spent its steps meanwhile: 7 requests of 6 tokens, 5 decoded after each first token
     assert "engine steps: step " in printed, printed
     steps = doc["server_engine_steps"]

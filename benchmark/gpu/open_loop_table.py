@@ -38,7 +38,7 @@ def engine_figure(row: dict, path: str, key: str, scale: float, digits: int) -> 
 
 def table(doc: dict) -> str:
     head = (f"{'load':>9} {'in flight in/served':>20} {'TTFT p50 in/served ms':>22} {'+ms':>6} {'TTFT mean in/served':>20} "
-            f"{'+ms':>6} {'parse':>6} {'add':>6} {'engine':>7} {'back':>6} {'respond':>7} {'outside':>7} "
+            f"{'+ms':>6} {'parse':>6} {'add':>6} {'engine':>7} {'back':>6} {'respond':>7} {'send':>6} {'outside':>7} "
             f"{'prompt steps % in/served':>24} {'mixed %':>7} {'req/hand-over':>13} {'ITL p50 in/served ms':>21} {'tok/s ratio':>11} {'server CPU us/tok: triton+stubs+engine':>38}")
     lines = [head]
     alt = doc.get("served_alt")
@@ -67,7 +67,8 @@ def table(doc: dict) -> str:
                 f"{r['direct_ttft_ms_p50']:>10.2f} / {r[f'{path}_ttft_ms_p50']:<9.2f} {r[f'{prefix}ttft_added_ms_p50']:>6.2f} "
                 f"{r['direct_ttft_ms_mean']:>9.2f} / {r[f'{path}_ttft_ms_mean']:<8.2f} {mean_added:>6.2f} "
                 + " ".join(f"{ft.get(k, float('nan')):>{w}.2f}" for k, w in
-                           (("parse", 6), ("add", 6), ("engine", 7), ("back", 6), ("respond", 7), ("outside_server", 7)))
+                           (("parse", 6), ("add", 6), ("engine", 7), ("back", 6), ("respond", 7), ("send", 6),
+                            ("outside_server", 7)))
                 + f" {engine_figure(r, 'direct', 'prompt', 100, 1):>11} / {engine_figure(r, path, 'prompt', 100, 1):<10}"
                 + f" {engine_figure(r, path, 'mixed', 100, 1):>7} {engine_figure(r, path, 'per_intake', 1, 2):>13}"
                 + f" {r['direct_itl_ms_p50']:>9.3f} / {r[f'{path}_itl_ms_p50']:<9.3f} {r[f'{prefix}ratio']:>11.3f}"

@@ -24,7 +24,7 @@ Result JSON:
                  "request_throughput", "output_throughput", "total_token_throughput", "goodput",
                  "ttft_ms"|"tpot_ms"|"itl_ms"|"e2el_ms": {"mean", "p50", "p90", "p99", "max"},
                  "client_handoff_ms": {...} (the client's own queue -> gRPC send, outside TTFT), ...},
-     "server_first_token_ms": None | {"parse", "add", "engine", "back", "respond", "inside_server", "outside_server",
+     "server_first_token_ms": None | {"parse", "add", "engine", "back", "respond", "send", "inside_server", "outside_server",
                                       "requests"}
                               (--server-metrics: mean ms; launcher/serving/timings.py),
      "server_engine_steps": None | {"steps", "step_ms", "launch_ms", "wait_ms", "host_ms", "gpu_ms",
@@ -199,9 +199,8 @@ def bench_one(args, url: str, model: str, samples, kind: str, tokens, label: str
     before = engine_before = None
     if server_metrics:
         try:
-            before = timings.fetch_first_token_metrics(server_metrics, model)
-            # the engine's totals once the last run's steps are in (they come up to a second late)
-            engine_before = timings.settled_engine_metrics(server_metrics, model)
+            # the totals once the last requests' first tokens and steps are in (they come up to a second late)
+            before, engine_before = timings.settled_server_metrics(server_metrics, model)
         except OSError as exc:
             raise ValueError(f"--server-metrics {server_metrics}: cannot read it ({getattr(exc, 'reason', exc)}); "
                              "give the served model's tritonserver metrics URL, http://HOST:PORT/metrics "

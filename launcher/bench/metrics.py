@@ -262,7 +262,8 @@ def format_first_token_split(split: dict) -> str:
     lines = [" Mean TTFT, inside the model / outside ".center(w, "-")]
     for key, name in (("parse", "reading the request"), ("add", "to the engine process"),
                       ("engine", "engine: queue, prefill"), ("back", "first token back to the stub"),
-                      ("respond", "response built and sent"), ("outside_server", "tritonserver, gRPC, client")):
+                      ("respond", "response built"), ("send", "response sent to tritonserver"),
+                      ("outside_server", "tritonserver, gRPC, client")):
         if split.get(key) is not None:
             lines.append(f"{name + ' (ms):':<34}{_fmt(split[key]):>16}")
     lines.append(f"{'requests counted by the model:':<34}{_fmt(split['requests']):>16}")

@@ -1,7 +1,7 @@
 """What the hf model measures inside the server, as Triton custom metrics on the metrics port.
 
 1. Where a streamed request's first token spends its time inside the model.  A client sees
-   time to first token (TTFT); this splits the part spent inside the model into five,
+   time to first token (TTFT); this splits the part spent inside the model into six,
    measured per streamed request on one clock (CLOCK_MONOTONIC is shared by every process
    of the machine):
 
@@ -11,13 +11,16 @@
            prefill, sample, detokenize)
   back     first token made -> the stub has it (the engine process's message, the socket back,
            the stub's receive thread)
-  respond  the stub has it -> its response handed to tritonserver (the responder thread's queue,
-           building and sending the response: a round trip to tritonserver)
+  respond  the stub has it -> its response built, the send about to begin (a responder thread's
+           queue where the stream has one, merging outputs, building the response's tensors)
+  send     the response sender's send call: the response handed to tritonserver, a round trip
+           from the stub to the server process and back
 
-   Client TTFT minus the five is tritonserver, gRPC and the client.  (Before parse and back were
-   split off, `add` began after parse and `respond` included back.)
+   Client TTFT minus the six is tritonserver, gRPC and the client.  (Before parse and back were
+   split off, `add` began after parse and `respond` included back; before the forty-first session
+   `respond` included send.)
 
-  llmlaunch_first_token_seconds{model="...",part="parse|add|engine|back|respond"}   seconds, summed
+  llmlaunch_first_token_seconds{model="...",part="parse|add|engine|back|respond|send"}   seconds, summed
   llmlaunch_first_tokens{model="..."}                                                requests counted
 
 2. How the engine loop spends a step (hf_engine.EngineStats): is the served engine bound by
@@ -41,7 +44,8 @@ import re
 import threading
 import time
 
-PARTS = ("parse", "add", "engine", "back", "respond")
+PARTS = ("parse", "add", "engine", "back", "respond", "send")
+SPLIT_KEYS = PARTS + ("inside_server", "outside_server")  # a first_token_split's figures, in order
 SECONDS = "llmlaunch_first_token_seconds"
 COUNT = "llmlaunch_first_tokens"
 ENGINE_SECONDS = "llmlaunch_engine_seconds"
@@ -80,16 +84,17 @@ ENGINE_FIELDS = tuple(row[3] for row in ENGINE_COUNTERS)  # the EngineStats fiel
 
 
 class FirstTokenTimes:
-    """Sums of the five parts of streamed requests' first tokens (thread-safe); `totals_map` feeds `Counters`."""
+    """Sums of the six parts of streamed requests' first tokens (thread-safe); `totals_map` feeds `Counters`."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._sums = [0.0] * len(PARTS)
         self._count = 0
 
-    def add(self, began: float, queued: float, received: float, made: float, got: float, sent: float) -> None:
-        """One streamed request's first response: time.monotonic() stamps of the six moments (module docstring)."""
-        parts = (queued - began, received - queued, made - received, got - made, sent - got)
+    def add(self, began: float, queued: float, received: float, made: float, got: float, sending: float,
+            sent: float) -> None:
+        """One streamed request's first response: time.monotonic() stamps of the seven moments (module docstring)."""
+        parts = (queued - began, received - queued, made - received, got - made, sending - got, sent - sending)
         with self._lock:
             for i, v in enumerate(parts):
                 self._sums[i] += max(0.0, v)  # a clock read on another core can be a few ns behind
@@ -214,7 +219,7 @@ def read_counters(text: str, counters, model: str | None = None) -> dict:
 
 
 def read_first_token_metrics(text: str, model: str | None = None) -> dict:
-    """Prometheus text of tritonserver's /metrics -> {"count": n, "parse": s, "add": s, ..., "respond": s}
+    """Prometheus text of tritonserver's /metrics -> {"count": n, "parse": s, "add": s, ..., "send": s}
     (summed over models unless `model` names one; zeros when absent)."""
     return read_counters(text, FIRST_TOKEN_COUNTERS, model)
 
@@ -308,6 +313,17 @@ def settled_engine_metrics(url: str, model: str | None, wait_s: float = 5.0) -> 
     """`fetch_engine_metrics` once the totals settle: unchanged for longer than the model's push interval (the engine
     process sends its totals when it goes idle, and the model pushes them within a second); at most wait_s."""
     return settle(lambda: fetch_engine_metrics(url, model), 1.25, wait_s)
+
+
+def settled_server_metrics(url: str, model: str | None, wait_s: float = 5.0) -> tuple[dict, dict]:
+    """(first-token totals, engine totals) of the model, read from one /metrics text each time, once neither has
+    changed for longer than the model's push interval; at most wait_s.  Read before a run: the first tokens and steps
+    of requests answered just before it are pushed up to a second late and would be counted in the run."""
+    def read():
+        text = fetch_metrics_text(url)
+        return read_first_token_metrics(text, model), read_engine_metrics(text, model)
+
+    return settle(read, 1.25, wait_s)
 
 
 def engine_split_after(url: str, model: str | None, before: dict, wait_s: float = 5.0) -> dict | None:

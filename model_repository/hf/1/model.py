@@ -87,8 +87,8 @@ engine runs on a thread of this process and one responder thread does the same.
 
 Metrics (launcher.serving.timings; means logged at unload): with the engine process, where
 each streamed request's first token spent its time in here (execute took it -> read and queued ->
-engine received -> first token made -> this stub had it -> response sent) goes to tritonserver's
-metrics port as llmlaunch_first_token_seconds{part=parse|add|engine|back|respond} and
+engine received -> first token made -> this stub had it -> response built -> response sent) goes to tritonserver's
+metrics port as llmlaunch_first_token_seconds{part=parse|add|engine|back|respond|send} and
 llmlaunch_first_tokens; and how
 the engine loop spends its steps (wall, launch, wait for the GPU, host work, GPU busy and
 idle) as llmlaunch_engine_seconds / _steps / _tokens.
@@ -162,7 +162,7 @@ class _Stream:
         self.stream = stream  # stream=true: a response per piece of text
         self.counts = counts  # counts on every streamed response (false: final_counts_only, text alone before the end)
         self.parts = []  # text not sent yet (stream=false: all of it; stream_interval_ms: held-back pieces)
-        self.input_tokens = None  # the input_tokens tensor, built once (on the first output)
+        self.input_tokens = None  # the input_tokens tensor, built once (for the first response with counts)
         self.last_check = time.monotonic()  # last is_cancelled() poll
         self.cancelled = False  # the client cancelled; the engine was asked to abort
         self.last_sent = None  # time of the last streamed response
@@ -549,7 +549,9 @@ class TritonPythonModel:
             return
         if times is not None:
             st.times = times
-        if st.input_tokens is None:
+        if st.input_tokens is None and (st.counts or out.finish_reason is not None):
+            # built for the first response that carries counts: a final_counts_only stream's first response (its
+            # TTFT) does not wait for a tensor it does not send
             st.input_tokens = self._responder.input_tokens(out.input_tokens)
         if out.finish_reason is not None:
             del self._streams[rid]
@@ -563,9 +565,10 @@ class TritonPythonModel:
                 if st.parts:  # held-back pieces (stream_interval_ms) or the whole text (stream=false)
                     st.parts.append(text)
                     text = "".join(st.parts)
-                self._send(st.sender, self._responder.build(text, st.input_tokens, out.output_tokens,
-                                                            out.finish_reason), final=True)
-                self._first_token_sent(st)
+                response = self._responder.build(text, st.input_tokens, out.output_tokens, out.finish_reason)
+                sending = time.monotonic()
+                self._send(st.sender, response, final=True)
+                self._first_token_sent(st, sending)
             if out.finish_reason == "cancelled" and st.cancelled:
                 _log("info", f"request {rid} cancelled by the client after {out.output_tokens} tokens")
             return
@@ -581,9 +584,10 @@ class TritonPythonModel:
                     text = "".join(st.parts)
                     st.parts.clear()
                 st.last_sent = now
-                self._send(st.sender, self._responder.build(text, st.input_tokens, out.output_tokens,
-                                                            counts=st.counts))
-                self._first_token_sent(st)
+                response = self._responder.build(text, st.input_tokens, out.output_tokens, counts=st.counts)
+                sending = time.monotonic()
+                self._send(st.sender, response)
+                self._first_token_sent(st, sending)
         # Client cancellation: each check is a round trip to the server process, so it is rate-limited per request.
         if not st.cancelled and now - st.last_check >= self.cancel_check_s:
             st.last_check = now
@@ -591,10 +595,11 @@ class TritonPythonModel:
                 st.cancelled = True
                 self.engine.abort(rid)
 
-    def _first_token_sent(self, st):
-        """After a response of `st` went out: if it was a stream's first, count where its first token's time went."""
+    def _first_token_sent(self, st, sending):
+        """After a response of `st` went out (its send began at `sending`): if it was a stream's first, count where
+        its first token's time went."""
         if st.stream and st.times is not None:
-            self._first_token.add(st.began, st.queued, *st.times, time.monotonic())
+            self._first_token.add(st.began, st.queued, *st.times, sending, time.monotonic())
             st.times = None
 
     @staticmethod
