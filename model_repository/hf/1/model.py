@@ -565,10 +565,8 @@ class TritonPythonModel:
                 if st.parts:  # held-back pieces (stream_interval_ms) or the whole text (stream=false)
                     st.parts.append(text)
                     text = "".join(st.parts)
-                response = self._responder.build(text, st.input_tokens, out.output_tokens, out.finish_reason)
-                sending = time.monotonic()
-                self._send(st.sender, response, final=True)
-                self._first_token_sent(st, sending)
+                self._send_text(st, self._responder.build(text, st.input_tokens, out.output_tokens,
+                                                          out.finish_reason), final=True)
             if out.finish_reason == "cancelled" and st.cancelled:
                 _log("info", f"request {rid} cancelled by the client after {out.output_tokens} tokens")
             return
@@ -584,10 +582,8 @@ class TritonPythonModel:
                     text = "".join(st.parts)
                     st.parts.clear()
                 st.last_sent = now
-                response = self._responder.build(text, st.input_tokens, out.output_tokens, counts=st.counts)
-                sending = time.monotonic()
-                self._send(st.sender, response)
-                self._first_token_sent(st, sending)
+                self._send_text(st, self._responder.build(text, st.input_tokens, out.output_tokens,
+                                                          counts=st.counts))
         # Client cancellation: each check is a round trip to the server process, so it is rate-limited per request.
         if not st.cancelled and now - st.last_check >= self.cancel_check_s:
             st.last_check = now
@@ -595,9 +591,11 @@ class TritonPythonModel:
                 st.cancelled = True
                 self.engine.abort(rid)
 
-    def _first_token_sent(self, st, sending):
-        """After a response of `st` went out (its send began at `sending`): if it was a stream's first, count where
-        its first token's time went."""
+    def _send_text(self, st, response, final=False):
+        """Send a response of `st` that carries text; if it was a stream's first, count where its first token's time
+        went (FirstTokenTimes: `respond` ends as the send begins, `send` as it returns)."""
+        sending = time.monotonic()
+        self._send(st.sender, response, final)
         if st.stream and st.times is not None:
             self._first_token.add(st.began, st.queued, *st.times, sending, time.monotonic())
             st.times = None
