@@ -533,13 +533,18 @@ def write_json(out: dict, path: str) -> None:
     print(text)
 
 
-def with_cpus_awake(fn):
-    """A path's run with idle-priority spinners on every CPU meanwhile (launcher/awake.py)."""
+def with_cpus_awake(fn, board: str = "", pause_at: int = 0):
+    """A path's run with idle-priority spinners on every CPU meanwhile (launcher/awake.py); with a board and
+    pause_at > 0 they pause while an engine posts pause_at requests or more there."""
     from launcher.awake import KeepAwake
 
     def run(prompts, load, tokens):
-        with KeepAwake(range(os.cpu_count() or 1)):
-            return fn(prompts, load, tokens)
+        with KeepAwake(range(os.cpu_count() or 1), board, pause_at) as spinners:
+            t0, c0 = time.perf_counter(), spinners.cpu_seconds()
+            out = fn(prompts, load, tokens)
+            # the share of their CPUs the spinners kept over the round: ~1 spinning, ~0 paused (or crowded out)
+            out["spinner_share"] = (spinners.cpu_seconds() - c0) / ((time.perf_counter() - t0) * len(spinners.cpus))
+            return out
 
     return run
 
@@ -863,6 +868,8 @@ def compare(run: dict, tokenizer, load: Load, args, generate: dict) -> dict:
             row.update({f"{path}_{key}": v for key, v in median_latency(rs, ADD_KEYS).items()})
         if all("handoff_ms_p50" in x for x in rs):  # served paths: the client's hand-off before its send
             row.update({f"{path}_{key}": v for key, v in median_latency(rs, HANDOFF_KEYS).items()})
+        if all("spinner_share" in x for x in rs):  # the *_awake paths: how much the spinners ran
+            row[f"{path}_spinner_share"] = round(statistics.median(x["spinner_share"] for x in rs), 3)
     if "served_awake" in run and "direct_awake" in run:  # both with the CPUs kept awake
         row["awake_ratio"] = round(med["served_awake"] / med["direct_awake"], 4)
         row["awake_paired_ratio"] = round(statistics.median(
@@ -899,7 +906,9 @@ def compare(run: dict, tokenizer, load: Load, args, generate: dict) -> dict:
                                                   for path in run)
         + f" ms; in-process step {row['direct_step_ms']} ms; requests in flight (mean) "
         + ", ".join(f"{path} {row[f'{path}_in_flight_mean']}" for path in run)
-        + (f"; served / static generate {row['served_vs_generate']}" if "served_vs_generate" in row else ""))
+        + (f"; served / static generate {row['served_vs_generate']}" if "served_vs_generate" in row else "")
+        + "".join(f"; {path}'s spinners ran {row[f'{path}_spinner_share']:.0%} of their CPUs' time" for path in run
+                  if f"{path}_spinner_share" in row))
     ratios = [f"{path} {row[f'{prefix}ratio']} (paired {row[f'{prefix}paired_ratio']}, best rounds "
               f"{row[f'{prefix}best_ratio']})" for path, prefix in RATIO_PREFIX.items() if path in run]
     log(f"{label}: " + ", ".join(f"{path} {row[f'{path}_tokens_per_s']} tok/s" for path in run)
@@ -987,6 +996,10 @@ def main(argv=None) -> int:
     ap.add_argument("--pin-engine", type=int, default=2, metavar="N",
                     help="the pinned path: the served engine process gets N physical cores of the server's half to "
                          "itself for its rounds, tritonserver and its stubs the rest (default 2)")
+    ap.add_argument("--awake-pause-at", type=int, default=0, metavar="N",
+                    help="the *_awake paths' spinners pause while an engine holds N or more requests, as "
+                         "serve.awake_pause_at does (the served and the in-process engine post their load on one "
+                         "board); 0 (default): they never pause")
     ap.add_argument("--vs-generate", action="store_true", help="also compare the engine with static-batch generate")
     ap.add_argument("--no-served", action="store_true", help="skip the comparison of --paths (--vs-generate only)")
     args = ap.parse_args(argv)
@@ -1019,8 +1032,18 @@ def main(argv=None) -> int:
             + args.request_param + args.alt_request_param:
         if "=" not in kv:
             ap.error(f"{kv!r}: write KEY=VALUE")
+    if args.awake_pause_at < 0:
+        ap.error(f"--awake-pause-at {args.awake_pause_at}: a number of requests, 0 for never")
+    if args.awake_pause_at and not any(p.endswith("_awake") for p in args.paths):
+        ap.error("--awake-pause-at sets up the direct_awake / served_awake paths' spinners: add them to --paths")
     extra_env = dict(kv.split("=", 1) for kv in args.server_env) or None  # tritonserver's (and the process path's)
     paths = [p for p in PATHS if p in args.paths or p == "direct"]
+    board = ""
+    if args.awake_pause_at:  # the engines post their load here, the spinners read it (launcher/awake.py)
+        from launcher.awake import BOARD_ENV, open_board
+
+        board = f"/dev/shm/llmlaunch-overhead-awake-{os.getpid()}"
+        extra_env = dict(extra_env or {}, **{BOARD_ENV: board})
 
     from launcher.engines.hf_engine import Engine, describe_features
     from launcher.engines.hf_process import EngineProcess
@@ -1061,6 +1084,10 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, stop_on_sigterm)
     stopped = None  # the signal that cut the loads short
     with contextlib.ExitStack() as stack:
+        if board:
+            open_board(board, zero=True).close()
+            stack.callback(lambda: os.path.exists(board) and os.unlink(board))
+            results["awake_pause_at"] = args.awake_pause_at
         if "served" in paths:
             log(f"starting tritonserver (log {workdir / 'tritonserver.log'})")
             from tests.models.serve import hf_server  # metrics on: the first-token split is read there
@@ -1080,7 +1107,9 @@ def main(argv=None) -> int:
             for srv in started.values():
                 srv.wait_ready()
             server = started["served"]
-        engine = Engine(model_dir, max_prefill_tokens=args.prefill_chunk, **params).start()
+        # the in-process engine posts its load in a slot of its own (the served ones in slot 0)
+        engine = Engine(model_dir, max_prefill_tokens=args.prefill_chunk, awake_board=board or None, awake_slot=1,
+                        **params).start()
         stack.callback(engine.shutdown)
         # what each engine runs with (decode graphs captured or failed, cuDNN attention): the paths compare alike
         results["features"] = {"direct": describe_features(engine.features)}
@@ -1137,7 +1166,7 @@ def main(argv=None) -> int:
                 run["served_alt"] = served_by(started["served_alt"], alt_request_params)
         for base in ("direct", "served"):  # the same path with every CPU kept from sleeping while it runs
             if f"{base}_awake" in paths:
-                run[f"{base}_awake"] = with_cpus_awake(run[base])
+                run[f"{base}_awake"] = with_cpus_awake(run[base], board, args.awake_pause_at)
         if "pinned" in paths:
             # the same server, its engine process on cores of its own for this path's rounds only: pinned and
             # unpinned alternate round by round on one compile of one engine (compiles differ by up to 10%)

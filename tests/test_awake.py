@@ -78,3 +78,76 @@ def test_which_cpus_a_rank_keeps_awake():
 
 def test_off_starts_nothing():
     assert awake.for_rank(False, 0) is None
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_over(pid: int, seconds: float) -> float:
+    c0 = _cpu_seconds(pid)
+    time.sleep(seconds)
+    return _cpu_seconds(pid) - c0
+
+
+def test_spinners_pause_while_an_engine_posts_a_load_at_or_above_pause_at(tmp_path):
+    """serve.awake_pause_at: a spinner sleeps while any slot of the board holds pause_at or more (an engine that
+    busy keeps its threads awake itself), and spins again once the load falls below it."""
+    path = str(tmp_path / "board")
+    awake.open_board(path)[:4] = b"\x07\x07\x07\x07"  # an earlier run's counts: start() clears them
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    with awake.KeepAwake([cpu], board=path, pause_at=2) as k:
+        pid = k.procs[0].pid
+        assert awake.open_board(path)[:] == bytes(awake.SLOTS)
+        assert _cpu_over(pid, 1.0) > 0.3  # spinning (at idle priority: whatever the CPU has to spare)
+        poster = awake.LoadPoster(path, slot=5)
+        poster.post(2)
+        time.sleep(0.05)
+        assert _cpu_over(pid, 1.0) < 0.1  # paused
+        poster.post(1)
+        time.sleep(0.05)
+        assert _cpu_over(pid, 1.0) > 0.3  # spinning again
+        poster.post(300)  # capped at one byte
+        assert awake.open_board(path)[5] == 255
+
+
+def test_without_a_board_or_with_pause_at_0_spinners_never_pause(tmp_path):
+    assert awake.spinner_argv(1, 2, "py")[-2:] == ["1", "2"]
+    assert awake.spinner_argv(1, 2, "py", board="/b", pause_at=0)[-2:] == ["1", "2"]
+    assert awake.spinner_argv(1, 2, "py", board="/b", pause_at=2)[-2:] == ["/b", "2"]
+    k = awake.KeepAwake([0], board=str(tmp_path / "b"), pause_at=0)
+    assert (k.board, k.pause_at) == ("", 0)
+
+
+def test_the_board_is_named_by_the_run_and_reached_through_the_environment(tmp_path, monkeypatch):
+    a, b = awake.board_path(str(tmp_path / "run1")), awake.board_path(str(tmp_path / "run2"))
+    assert a != b and a == awake.board_path(str(tmp_path / "run1" / ".." / "run1"))
+    monkeypatch.delenv(awake.BOARD_ENV, raising=False)
+    assert awake.LoadPoster.from_env({}) is None
+    path = str(tmp_path / "board")
+    poster = awake.LoadPoster.from_env({awake.BOARD_ENV: path, "LLMLAUNCH_LOCAL_RANK": "2"})
+    assert (poster.path, poster.slot) == (path, 2)
+    # a board that cannot be opened: no posts (the spinners then never pause), not a failed engine
+    assert awake.LoadPoster.from_env({awake.BOARD_ENV: str(tmp_path / "no" / "such" / "dir")}) is None
+
+
+def test_kept_names_the_board_while_serving_and_the_first_rank_removes_it(tmp_path, monkeypatch):
+    monkeypatch.delenv(awake.BOARD_ENV, raising=False)
+    path = str(tmp_path / "board")
+    said = []
+    cpus = sorted(os.sched_getaffinity(0))
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(cpus[:1]))  # one spinner is enough here
+    with awake.kept(True, 0, said.append, path, 2) as k:
+        assert os.environ[awake.BOARD_ENV] == path and Path(path).exists()
+        assert k.pause_at == 2 and k.board == path
+    assert awake.BOARD_ENV not in os.environ and not Path(path).exists()
+    assert f"they pause while an hf engine of this node holds 2 requests or more (board {path})" in said[0]
+    # a later rank of the node, unbound: no spinners of its own, but its engine posts on the first rank's board
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(os.cpu_count() or 1)))
+    awake.open_board(path)
+    with awake.kept(True, 1, said.append, path, 2) as k:
+        assert k is None and os.environ[awake.BOARD_ENV] == path
+    assert Path(path).exists()  # the first rank's to remove
+    with awake.kept(False, 0, None, path, 2):  # off: nothing named
+        assert awake.BOARD_ENV not in os.environ

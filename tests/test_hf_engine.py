@@ -1575,6 +1575,31 @@ def test_overhead_benchmark_with_output_lengths_of_their_own(tiny_model_dir):
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr[-1000:]
 
 
+def test_overhead_benchmark_awake_paths_spinners_pause_under_load(tiny_model_dir):
+    """benchmark/overhead.py --awake-pause-at N: the *_awake paths' spinners pause while an engine holds N
+    requests or more (serve.awake_pause_at), and each such path reports the share of its CPUs' time the spinners
+    kept.  At 3 streams the engine holds 3 requests: with N = 2 they sleep most of the round, with N = 0 they
+    never pause.  Without an awake path the flag is refused."""
+    import json
+    import subprocess
+    import sys
+
+    args = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct",
+            "direct_awake", "--concurrency", "3", "--rounds", "1", "--requests-per-stream", "1", "--max-tokens", "160",
+            "--warmup-tokens", "2"]
+    share = {}
+    for n in (2, 0):
+        proc = subprocess.run(args + ["--awake-pause-at", str(n)], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out = json.loads(proc.stdout)
+        share[n] = out["runs"][0]["direct_awake_spinner_share"]
+        assert out.get("awake_pause_at") == (n or None)
+        assert "direct_awake's spinners ran" in proc.stderr
+    assert share[2] < 0.5 * share[0], share
+    bad = subprocess.run(args[:6] + ["--awake-pause-at", "2"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "add them to --paths" in bad.stderr, bad.stderr[-1000:]
+
+
 def test_overhead_benchmark_stopped_by_sigterm_prints_the_loads_it_finished(tiny_model_dir):
     """benchmark/overhead.py cut by SIGTERM (timeout(1), a lent machine's time limit) in its second load: the first
     load's row is still printed, "interrupted" says where it stopped, and it exits 128 + 15.  The signal goes once
@@ -1812,3 +1837,36 @@ def test_prompts_alone_benchmark_runs_both_engines_on_the_same_load(tiny_model_d
     monkeypatch.setenv("LLMLAUNCH_HF_PROMPTS_ALONE", "some")
     with pytest.raises(ValueError, match="LLMLAUNCH_HF_PROMPTS_ALONE='some' is not a number of prompts"):
         Engine(str(nothing), device="cpu", max_num_seqs=2)
+
+
+def test_the_engine_posts_how_many_requests_it_holds_for_the_spinners_that_pause_under_load(tiny_model_dir, tmp_path):
+    """serve.keep_cpus_awake's spinners pause while an engine is busy (launcher/awake.py): after every step the
+    engine writes to its slot of the board how many requests it holds (waiting for a slot included), and 0 once
+    they are done; other slots stay as they were."""
+    from launcher.awake import SLOTS, open_board
+
+    path = str(tmp_path / "board")
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2, awake_board=path, awake_slot=3).start()
+    board = open_board(path)
+    try:
+        seen: list[int] = []
+        done = [threading.Event() for _ in range(3)]
+
+        def cb(i):
+            def on_output(o):
+                seen.append(board[3])
+                if o.finished:
+                    done[i].set()
+            return on_output
+
+        for i in range(3):  # three requests, two slots: one waits
+            eng.add_request(f"r{i}", PROMPTS[i], SamplingParams(max_tokens=12, ignore_eos=True), cb(i))
+        assert all(d.wait(60) for d in done)
+        assert max(seen) == 3, seen
+        deadline = time.monotonic() + 5
+        while board[3] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert board[:] == bytes(SLOTS)
+    finally:
+        eng.shutdown()
+        board.close()

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher import awake
+
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
@@ -185,10 +187,18 @@ def test_llmlaunch_tp2_local_serves_generate_greedy_and_sigint_cleans_up(tiny_mo
                 break
         assert url, "".join(lines)
         assert url.endswith(f":{grpc}")
-        rec = generate(url, "hf_model", Generation(prompt, max_tokens=n, temperature=0.0), timeout=120)
+        # serve.keep_cpus_awake: the leader's engine (local rank 0, inside tritonserver's stub) posts the requests
+        # it holds on the board the rank named, which its spinners read to pause under load
+        board_line = re.search(r"\(board (\S+)\)", next(tmp_path.glob("*/*/logs/rank0.log")).read_text())
+        assert board_line, "rank 0 did not say where its spinners read the load"
+        board = awake.open_board(board_line.group(1))
+        held: list[int] = []
+        rec = generate(url, "hf_model", Generation(prompt, max_tokens=n, temperature=0.0), timeout=120,
+                       on_response=lambda rec, i: held.append(board[0]))
         assert not rec.error, rec.error
         assert rec.text == ref, (rec.text, ref)
         assert rec.output_tokens == n or rec.finish_reason == "stop"
+        assert 1 in held, held
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -208,6 +218,7 @@ def test_llmlaunch_tp2_local_serves_generate_greedy_and_sigint_cleans_up(tiny_mo
     assert "local rank 0 keeps this node's CPUs awake" in logs.get("rank1.log", ""), logs
     pids = [int(x) for x in said.group(1).split()]
     assert not [p for p in pids if Path(f"/proc/{p}").exists()], pids
+    assert not Path(board_line.group(1)).exists(), "the first rank left its load board behind"
 
 
 # ------------------------------------------------------------------------------------------- Slurm

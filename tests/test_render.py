@@ -82,7 +82,11 @@ def test_keep_cpus_awake_is_said_in_the_plan_and_only_when_on():
     """serve.keep_cpus_awake starts processes at run time that no file shows: the dry run says so (and the plans
     of the expected files, with it off, stay as they were)."""
     _, spec = plan(overrides_for("hf", "local_slurm", ["serve.keep_cpus_awake=true"]))
-    assert "keep_cpus_awake: while they serve, each node's first rank" in plan_text(spec, RUN_DIR)
+    text = plan_text(spec, RUN_DIR)
+    assert "keep_cpus_awake: while they serve, each node's first rank" in text
+    assert "they pause while an hf engine of the node holds 2 requests or more" in text  # serve.awake_pause_at
+    _, spec = plan(overrides_for("hf", "local_slurm", ["serve.keep_cpus_awake=true", "serve.awake_pause_at=0"]))
+    assert "they never pause" in plan_text(spec, RUN_DIR)
     _, spec = plan(overrides_for("hf", "local_slurm", []))
     assert "keep_cpus_awake" not in plan_text(spec, RUN_DIR)
 

@@ -239,19 +239,22 @@ echo "== 3l. closed loops (1 8 64 128), lengths of their own, final counts only:
 closed_pair overhead_stream_interval "1 8 64 128" 12 2 --max-tokens 192 --max-tokens-min 64 \
     --request-param final_counts_only=true --alt-server-param stream_interval_ms=8
 
-echo "== 4. one stream: the TTFT serving adds, CPUs as they are and kept awake (serve.keep_cpus_awake)"
+echo "== 4. 1 and 8 streams: the TTFT serving adds, CPUs as they are and kept awake (serve.keep_cpus_awake)"
 # The same engines and rounds with idle-priority spinners on every CPU (launcher/awake.py) for the _awake paths: on a
-# virtual machine an idle vCPU halts and waking a thread there is slow (RESULTS.md, eighteenth session).
+# virtual machine an idle vCPU halts and waking a thread there is slow (RESULTS.md, eighteenth session).  As
+# serve.awake_pause_at does by default, the spinners pause while an engine holds 2 requests or more: at 8 streams
+# spinners that never paused cost 1.5% of the served tokens/s (run 154), paused ones cost nothing (runs 155-157).
 # shellcheck disable=SC2086
 timeout 600 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfloat16 --max-num-seqs 128 \
-    --concurrency 1 --prompt-tokens 128 --max-tokens 128 --requests-per-stream 20 --rounds "$ROUNDS" \
+    --concurrency 1 8 --prompt-tokens 128 --max-tokens 128 --requests-per-stream 12 --rounds "$ROUNDS" \
     --warmup-tokens 128 --client-processes "${CLIENT_PROCESSES:-$(( $(nproc) / 2 ))}" --client-streams 1 "${SPLIT[@]}" \
-    --paths direct served direct_awake served_awake > "$OUT_DIR/overhead_awake.json"
+    --paths direct served direct_awake served_awake --awake-pause-at 2 > "$OUT_DIR/overhead_awake.json"
 $PY - "$OUT_DIR/overhead_awake.json" <<'PY'
 import json, sys
-r = json.load(open(sys.argv[1]))["runs"][0]
-print(f"TTFT p50 in-process / served: {r['direct_ttft_ms_p50']:.2f} / {r['served_ttft_ms_p50']:.2f} ms "
-      f"(+{r['ttft_added_ms_p50']:.2f}); CPUs awake {r['direct_awake_ttft_ms_p50']:.2f} / "
-      f"{r['served_awake_ttft_ms_p50']:.2f} ms (+{r['awake_ttft_added_ms_p50']:.2f}); served / in-process tok/s "
-      f"{r['ratio']:.3f}, awake {r['awake_ratio']:.3f}")
+for r in json.load(open(sys.argv[1]))["runs"]:
+    print(f"C={r['concurrency']}: TTFT p50 in-process / served: {r['direct_ttft_ms_p50']:.2f} / "
+          f"{r['served_ttft_ms_p50']:.2f} ms (+{r['ttft_added_ms_p50']:.2f}); CPUs awake "
+          f"{r['direct_awake_ttft_ms_p50']:.2f} / {r['served_awake_ttft_ms_p50']:.2f} ms "
+          f"(+{r['awake_ttft_added_ms_p50']:.2f}); served / in-process tok/s {r['ratio']:.3f}, awake "
+          f"{r['awake_ratio']:.3f}; the in-process spinners ran {r['direct_awake_spinner_share']:.0%} of the time")
 PY

@@ -210,7 +210,8 @@ class Engine:
                  cudnn_attention: str | None = None, prefill_graphs: int | None = None,
                  wave_graphs: bool | None = None, prompts_alone: int | None = None,
                  fuse_projections: bool | None = None, prompts_ahead: bool | None = None,
-                 full_ahead: bool | None = None, mixed_graphs: int | None = None):
+                 full_ahead: bool | None = None, mixed_graphs: int | None = None,
+                 awake_board: str | None = None, awake_slot: int = 0):
         """
         model_path: HF-format folder (config, weights, tokenizer unless tokenizer_path is given).
         device: auto (cuda when available) | cpu | cuda | cuda:N.  dtype: auto | float32 | bfloat16 | float16.
@@ -244,6 +245,9 @@ class Engine:
         None: LLMLAUNCH_HF_FULL_AHEAD, else on; off, the code before the nineteenth session, to measure against).
         mixed_graphs: the most prompt tokens that go beside decode rows in one step through a mixed CUDA graph (see
         HFModelRunner.MIXED_PROMPTS and _prompts_mixed; None: LLMLAUNCH_HF_MIXED_GRAPHS, else 512; 0: none).
+        awake_board / awake_slot: where to post how many requests the engine holds after each step, for the
+        serve.keep_cpus_awake spinners that pause under load (launcher/awake.py; None: the board the environment
+        names, LLMLAUNCH_AWAKE_BOARD, in the slot of LLMLAUNCH_LOCAL_RANK; none there: no posts).
         """
         from transformers import AutoTokenizer, GenerationConfig
 
@@ -309,6 +313,9 @@ class Engine:
         self._error: BaseException | None = None
         self.stats = EngineStats()
         self._after_step = after_step
+        from launcher.awake import LoadPoster
+
+        self._load = LoadPoster(awake_board, awake_slot) if awake_board else LoadPoster.from_env()
         self._threads = int(threads) if threads else None
         # scheduler state (engine thread only)
         self._waiting: deque[_Seq] = deque()
@@ -444,6 +451,12 @@ class Engine:
 
             torch.set_num_threads(self._threads)
         after_step = self._after_step or (lambda: None)
+        if self._load is not None:  # the spinners' board (serve.keep_cpus_awake) learns the load before the outputs go
+            post, step_hook = self._load.post, after_step
+
+            def after_step() -> None:
+                post(len(self._waiting) + len(self._prefilling) + len(self._decoding))
+                step_hook()
         stats = self.stats
         try:
             while True:
