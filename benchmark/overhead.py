@@ -1038,12 +1038,6 @@ def main(argv=None) -> int:
         ap.error("--awake-pause-at sets up the direct_awake / served_awake paths' spinners: add them to --paths")
     extra_env = dict(kv.split("=", 1) for kv in args.server_env) or None  # tritonserver's (and the process path's)
     paths = [p for p in PATHS if p in args.paths or p == "direct"]
-    board = ""
-    if args.awake_pause_at:  # the engines post their load here, the spinners read it (launcher/awake.py)
-        from launcher.awake import BOARD_ENV, open_board
-
-        board = f"/dev/shm/llmlaunch-overhead-awake-{os.getpid()}"
-        extra_env = dict(extra_env or {}, **{BOARD_ENV: board})
 
     from launcher.engines.hf_engine import Engine, describe_features
     from launcher.engines.hf_process import EngineProcess
@@ -1051,6 +1045,12 @@ def main(argv=None) -> int:
 
     model_dir = args.model or str(ensure_tiny_model())
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="llmlaunch-overhead-"))
+    board = ""
+    if args.awake_pause_at:  # the engines post their load here (made by the first), the spinners read it
+        from launcher.awake import BOARD_ENV, board_path
+
+        board = board_path(str(workdir))
+        extra_env = dict(extra_env or {}, **{BOARD_ENV: board})
     params = {"device": args.device, "dtype": args.dtype, "max_num_seqs": args.max_num_seqs}
     server_params = dict(params, prefill_chunk=args.prefill_chunk, torch_threads=args.threads,
                          stream_interval_ms=args.stream_interval_ms,
@@ -1085,7 +1085,6 @@ def main(argv=None) -> int:
     stopped = None  # the signal that cut the loads short
     with contextlib.ExitStack() as stack:
         if board:
-            open_board(board, zero=True).close()
             stack.callback(lambda: os.path.exists(board) and os.unlink(board))
             results["awake_pause_at"] = args.awake_pause_at
         if "served" in paths:

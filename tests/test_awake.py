@@ -80,15 +80,10 @@ def test_off_starts_nothing():
     assert awake.for_rank(False, 0) is None
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_over(pid: int, seconds: float) -> float:
-    c0 = _cpu_seconds(pid)
+def _cpu_over(spinners: awake.KeepAwake, seconds: float) -> float:
+    c0 = spinners.cpu_seconds()
     time.sleep(seconds)
-    return _cpu_seconds(pid) - c0
+    return spinners.cpu_seconds() - c0
 
 
 def test_spinners_pause_while_an_engine_posts_a_load_at_or_above_pause_at(tmp_path):
@@ -98,16 +93,15 @@ def test_spinners_pause_while_an_engine_posts_a_load_at_or_above_pause_at(tmp_pa
     awake.open_board(path)[:4] = b"\x07\x07\x07\x07"  # an earlier run's counts: start() clears them
     cpu = sorted(os.sched_getaffinity(0))[-1]
     with awake.KeepAwake([cpu], board=path, pause_at=2) as k:
-        pid = k.procs[0].pid
         assert awake.open_board(path)[:] == bytes(awake.SLOTS)
-        assert _cpu_over(pid, 1.0) > 0.3  # spinning (at idle priority: whatever the CPU has to spare)
+        assert _cpu_over(k, 1.0) > 0.3  # spinning (at idle priority: whatever the CPU has to spare)
         poster = awake.LoadPoster(path, slot=5)
         poster.post(2)
         time.sleep(0.05)
-        assert _cpu_over(pid, 1.0) < 0.1  # paused
+        assert _cpu_over(k, 1.0) < 0.1  # paused
         poster.post(1)
         time.sleep(0.05)
-        assert _cpu_over(pid, 1.0) > 0.3  # spinning again
+        assert _cpu_over(k, 1.0) > 0.3  # spinning again
         poster.post(300)  # capped at one byte
         assert awake.open_board(path)[5] == 255
 
