@@ -66,8 +66,7 @@ def serve_foreground(spec: LaunchSpec, run_dir: str) -> int:
         from launcher import awake
 
         # one rank served from here (several: each rank process keeps its own CPUs awake, launcher.rank)
-        with awake.kept(bool(spec.serve.get("keep_cpus_awake", False)), 0, say,
-                        awake.board_path(str(run)), int(spec.serve.get("awake_pause_at", 0) or 0)):
+        with awake.kept_for(spec.serve, 0, str(run), say):
             return _serve_one(spec, run, install, stop)
     return _serve_ranks(spec, run, stop)
 

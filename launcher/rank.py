@@ -399,8 +399,7 @@ def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path
     spec = LaunchSpec.from_json((Path(run_dir) / "launch.json").read_text())
     topo = read_topology(environ)
     say = lambda msg: print(f"[llmlaunch rank {topo.rank} {topo.hostname}] {msg}", flush=True)  # noqa: E731
-    with awake.kept(bool(spec.serve.get("keep_cpus_awake", False)), topo.local_rank, say,
-                    awake.board_path(run_dir), int(spec.serve.get("awake_pause_at", 0) or 0)):
+    with awake.kept_for(spec.serve, topo.local_rank, run_dir, say):
         return _run_rank(Path(run_dir), spec, topo, environ, log_path, say)
 
 
