@@ -113,6 +113,7 @@ class VLLMEngineConfig(EngineConfig):
     engine_args: Dict[str, Any] = field(default_factory=dict)  # passed through to vLLM's AsyncEngineArgs as model.json
     gpu_memory_utilization: float = 0.9  # vLLM's share of each GPU
     distributed_executor_backend: str = "auto"  # auto (mp on one node, ray across nodes) | mp | ray
+    frontends: int = 4  # stub processes (model instances) that are front ends of one vLLM engine core, as vllm serve --api-server-count: each tokenizes, detokenizes and sends the responses of its share of the requests under its own GIL. One H100, 128 closed streams: 1 kept up only by merging 17 tokens a response (first token +170 ms over vLLM in-process), 4 added none (docs/performance.md); 1 costs least at one stream
 
 
 @dataclass

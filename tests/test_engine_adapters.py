@@ -12,11 +12,12 @@ error while the next request succeeds, and `finalize` shutting the engine down.
 from __future__ import annotations
 
 import json
-import queue
+import os
 import time
 
-import numpy as np
 import pytest
+
+from tests.contract_client import Stream, generate
 
 pytestmark = pytest.mark.triton
 
@@ -30,7 +31,9 @@ def engine(request, tmp_path_factory):
     from tests.standins.server import STANDINS, serve, write_repository
 
     name = request.param
-    _, spec = plan([f"engine={name}", "model.path=/models/standin-llm", "engine.max_num_seqs=8"])
+    # vLLM with one front end here (AsyncLLM.from_engine_args); several: test_vllm_front_ends_share_one_engine_core
+    one = ["engine.frontends=1"] if name == "vllm" else []
+    _, spec = plan([f"engine={name}", "model.path=/models/standin-llm", "engine.max_num_seqs=8", *one])
     tmp = tmp_path_factory.mktemp(name)
     repo = write_repository(repository_files(spec), tmp / "repo")
     log = tmp / "calls.jsonl"
@@ -55,86 +58,6 @@ def wait_for(predicate, timeout=10.0):
             return value
         time.sleep(0.05)
     return predicate()
-
-
-def _inputs(prompt, max_tokens, stream, extra):
-    import tritonclient.grpc as grpcclient
-
-    kinds = {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "ignore_eos": "BOOL", "min_length": "INT32",
-             "temperature": "FP32", "top_k": "INT32", "top_p": "FP32", "random_seed": "UINT64", "seed": "UINT64",
-             "stop_words": "BYTES", "bad_words": "BYTES", "end_id": "INT32", "repetition_penalty": "FP32",
-             "presence_penalty": "FP32", "frequency_penalty": "FP32", "beam_width": "INT32"}
-    values = {"text_input": np.array([[prompt.encode()]], dtype=object), "max_tokens": np.array([[max_tokens]], np.int32),
-              "stream": np.array([[stream]], bool)}
-    for k, v in extra.items():
-        if isinstance(v, (list, tuple)):
-            values[k] = np.array([[w.encode() for w in v]], dtype=object)
-        else:
-            values[k] = np.array([[v]], dtype={"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": bool}[kinds[k]])
-    out = []
-    for k, v in values.items():
-        t = grpcclient.InferInput(k, list(v.shape), kinds[k])
-        t.set_data_from_numpy(v)
-        out.append(t)
-    return out
-
-
-class Stream:
-    """One gRPC stream to the model; responses arrive in a queue."""
-
-    def __init__(self, server):
-        import tritonclient.grpc as grpcclient
-
-        self.q: "queue.Queue" = queue.Queue()
-        self.model = server.model
-        self.client = grpcclient.InferenceServerClient(server.grpc_url)
-        self.client.start_stream(callback=lambda result=None, error=None: self.q.put((result, error)))
-
-    def send(self, prompt, max_tokens, stream=True, parameters=None, **extra):
-        self.client.async_stream_infer(self.model, _inputs(prompt, max_tokens, stream, extra), enable_empty_final_response=True,
-                                       parameters=parameters)
-
-    def next(self, timeout=30):
-        """(dict of outputs or None, error or None, final?)"""
-        result, error = self.q.get(timeout=timeout)
-        if error is not None:
-            return None, error, True
-        final = result.get_response().parameters["triton_final_response"].bool_param
-        out = None
-        if result.as_numpy("text_output") is not None:
-            # (a request with final_counts_only gets text_output alone before its final response)
-            out = {o.name: result.as_numpy(o.name).reshape(-1)[0] for o in result.get_response().outputs}
-            for k in ("text_output", "finish_reason"):
-                if k in out:
-                    out[k] = out[k].decode()
-            for k in ("input_tokens", "output_tokens"):
-                if k in out:
-                    out[k] = int(out[k])
-        return out, error, final
-
-    def collect(self, timeout=30):
-        responses = []
-        while True:
-            out, error, final = self.next(timeout)
-            if error is not None:
-                return responses, error
-            if out is not None:
-                responses.append(out)
-            if final:
-                return responses, None
-
-    def close(self, cancel=False):
-        self.client.stop_stream(cancel_requests=cancel)
-        self.client.close()
-
-
-def generate(server, prompt, max_tokens, stream=True, parameters=None, **extra):
-    s = Stream(server)
-    try:
-        s.send(prompt, max_tokens, stream, parameters, **extra)
-        return s.collect()
-    finally:
-        s.close()
 
 
 def last_generate(server, prompt):
@@ -162,10 +85,13 @@ def test_engine_started_with_the_launch_spec(engine):
 def test_streaming_sends_pieces_in_order(engine):
     responses, error = generate(engine, "a b c d e f g h i j", max_tokens=5)
     assert error is None
-    # one response per new piece of text, in order; some engines send the finish reason in one more, empty, response
-    assert [r["text_output"] for r in responses if r["text_output"]] == [" t0", " t1", " t2", " t3", " t4"]
+    # the pieces in order (text made while a response is being sent goes out merged in the next one); some
+    # engines send the finish reason in one more, empty, response
+    assert "".join(r["text_output"] for r in responses) == " t0 t1 t2 t3 t4"
     counts = [r["output_tokens"] for r in responses]
-    assert counts == sorted(counts) and counts[:5] == [1, 2, 3, 4, 5] and counts[-1] == 5
+    assert counts == sorted(counts) and counts[0] >= 1 and counts[-1] == 5
+    assert all(r["output_tokens"] == r["text_output"].count(" t") + sum(p["text_output"].count(" t") for p in responses[:i])
+               for i, r in enumerate(responses))
     assert [r["finish_reason"] for r in responses[:-1]] == [""] * (len(responses) - 1) and responses[-1]["finish_reason"] == "length"
     assert all(r["input_tokens"] == 10 for r in responses[1:])
 
@@ -174,7 +100,7 @@ def test_final_counts_only_sends_text_alone_until_the_last_response(engine):
     """Request parameter final_counts_only: the counts and finish_reason come once, on the final response."""
     responses, error = generate(engine, "a b c d e f g h i j", max_tokens=5, parameters={"final_counts_only": True})
     assert error is None
-    assert [r["text_output"] for r in responses if r["text_output"]] == [" t0", " t1", " t2", " t3", " t4"]
+    assert "".join(r["text_output"] for r in responses) == " t0 t1 t2 t3 t4"
     assert all(sorted(r) == ["text_output"] for r in responses[:-1]), responses
     last = responses[-1]
     assert (last["input_tokens"], last["output_tokens"], last["finish_reason"]) == (10, 5, "length"), responses
@@ -240,23 +166,28 @@ def test_cancel_aborts_the_engine_request(engine):
 def test_engine_error_becomes_an_error_response_and_the_model_keeps_serving(engine):
     responses, error = generate(engine, "x y z FAIL_AT_2 w", max_tokens=10)
     assert error is not None and "stand-in engine failure at token 2" in str(error)
-    assert [r["text_output"] for r in responses] == [" t0", " t1"]  # what was streamed before the failure
+    assert "".join(r["text_output"] for r in responses) == " t0 t1"  # what was streamed before the failure
     responses, error = generate(engine, "after the failure", max_tokens=2, stream=False)
     assert error is None and responses[0]["text_output"] == " t0 t1"
 
 
-def test_concurrent_streams_do_not_mix(engine):
-    streams = [Stream(engine) for _ in range(4)]
+def check_concurrent_streams(server, n: int, first_length: int) -> None:
+    """n streams at once, stream i asking for first_length + i tokens: each gets exactly its own script."""
+    streams = [Stream(server) for _ in range(n)]
     try:
         for i, s in enumerate(streams):
-            s.send(" ".join(["w"] * 20) + f" s{i}", max_tokens=6 + i)
+            s.send(" ".join(["w"] * 20) + f" s{i}", max_tokens=first_length + i)
         for i, s in enumerate(streams):
             responses, error = s.collect()
             assert error is None
-            assert "".join(r["text_output"] for r in responses) == "".join(f" t{k}" for k in range(6 + i))
+            assert "".join(r["text_output"] for r in responses) == "".join(f" t{k}" for k in range(first_length + i))
     finally:
         for s in streams:
             s.close()
+
+
+def test_concurrent_streams_do_not_mix(engine):
+    check_concurrent_streams(engine, 4, 6)
 
 
 def test_unload_calls_finalize_which_shuts_the_engine_down(engine):
@@ -290,3 +221,57 @@ def test_sglang_worker_node_hosts_its_engine_share_and_takes_no_requests(tmp_pat
         _, error = generate(server, "hello", max_tokens=3)
         assert error is not None and "takes no requests" in str(error)
     assert events(server, "shutdown")
+
+
+def test_vllm_front_ends_share_one_engine_core(tmp_path):
+    """engine.frontends=3: three stubs, one engine core started by the first (vLLM's launch_core_engines for three
+    clients), each stub a client on its own address pair; requests spread over them and none mix."""
+    from launcher.cli import plan
+    from launcher.render import repository_files
+    from tests.standins.server import STANDINS, serve, write_repository
+
+    _, spec = plan(["engine=vllm", "model.path=/models/standin-llm", "engine.frontends=3"])
+    assert "count: 3" in repository_files(spec)[f"{spec.model_name}/config.pbtxt"]
+    repo = write_repository(repository_files(spec), tmp_path / "repo")
+    log = tmp_path / "calls.jsonl"
+    # the core takes a second to load: the other front ends wait for it
+    env = {"LLMLAUNCH_STANDIN_LOG": str(log), "LLMLAUNCH_STANDIN_DELAY_S": "0.01", "LLMLAUNCH_STANDIN_CORE_LOAD_S": "1"}
+    with serve(repo, [spec.model_name], tmp_path / "server.log", spec.model_name, extra_env=env,
+               pythonpath=[STANDINS]) as server:
+        server.model, server.calls = spec.model_name, log
+        (launch,) = events(server, "launch_core")
+        assert launch["clients"] == 3 and launch["api_process_rank"] == 0
+        clients = wait_for(lambda: len(events(server, "client")) == 3 and events(server, "client"))
+        assert sorted(c["client_index"] for c in clients) == [0, 1, 2] and {c["client_count"] for c in clients} == {3}
+        assert sorted(c["api_process_rank"] for c in clients) == [0, 1, 2]  # each config knows its front end
+        for c in clients:  # each client binds the address pair the core was launched for, at its index
+            i = c["client_index"]
+            assert c["addresses"] == {"input_address": launch["inputs"][i], "output_address": launch["outputs"][i]}
+        assert len({c["pid"] for c in clients}) == 3  # three stub processes
+        assert [c["disable_log_stats"] for c in sorted(clients, key=lambda c: c["client_index"])] == [False, True, True]
+        check_concurrent_streams(server, 9, 4)
+        served_by = {e["pid"] for e in events(server, "generate")}
+        assert served_by <= {c["pid"] for c in clients} and len(served_by) >= 2, served_by
+    # the core went with the server's process group (a stop, not a failure) and is not left running
+    text = (tmp_path / "server.log").read_text()
+    assert "vLLM's engine core stopped" in text or events(server, "core_shutdown"), text[-2000:]
+    assert "stopping this tritonserver so the launcher sees the rank fail" not in text
+    (started,) = events(server, "core_started")
+    assert not os.path.exists(f"/proc/{started['core_pid']}") or open(f"/proc/{started['core_pid']}/stat").read().split()[2] == "Z"
+
+
+def test_vllm_front_ends_fail_together_when_the_engine_core_fails(tmp_path):
+    from launcher.cli import plan
+    from launcher.render import repository_files
+    from tests.standins.server import STANDINS, serve, write_repository
+
+    _, spec = plan(["engine=vllm", "model.path=/models/standin-llm", "engine.frontends=2"])
+    repo = write_repository(repository_files(spec), tmp_path / "repo")
+    env = {"LLMLAUNCH_STANDIN_CORE_FAIL": "CUDA out of memory (stand-in)"}
+    with pytest.raises(Exception):
+        with serve(repo, [spec.model_name], tmp_path / "server.log", spec.model_name, extra_env=env,
+                   ready_timeout_s=60, pythonpath=[STANDINS]):
+            pass
+    text = (tmp_path / "server.log").read_text()
+    assert "CUDA out of memory (stand-in)" in text
+    assert "the instance that starts the shared engine failed: RuntimeError: CUDA out of memory (stand-in)" in text

@@ -30,6 +30,7 @@ CASES = [
     (["cluster=luna", "engine=lmdeploy", "model.path=/m", "tp=16", "nodes=2"], "engine=lmdeploy", "TurboMind"),
     (["cluster=luna", "engine=trtllm"], "engine.engine_dir=''", "engine.engine_dir="),
     (["cluster=luna", "engine=vllm"], "model.path=''", "model.path="),
+    (["engine=vllm", "model.path=/m", "engine.frontends=0"], "engine.frontends=0", "set engine.frontends=1, or 4"),
     (["serve.grpc_port=70000"], "serve.grpc_port=70000", "1-65535"),
     (["serve.grpc_port=8000"], "serve.http_port=8000", "the same port as serve.grpc_port"),
     (["replicas=2", "serve.frontend_processes=-1"], "serve.frontend_processes=-1", "set serve.frontend_processes=0"),

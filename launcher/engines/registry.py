@@ -118,7 +118,8 @@ def copy_nodes(spec) -> int:
     return max(1, spec.tp * spec.pp // spec.gpus_per_node_used) if spec.gpus_per_node_used else 1
 
 
-def _python_engine_models(source_dir: str, extra_params: Callable[[Any], Dict[str, object]], extra_text: Callable[[Any], Dict[str, str]] = lambda s: {}):
+def _python_engine_models(source_dir: str, extra_params: Callable[[Any], Dict[str, object]], extra_text: Callable[[Any], Dict[str, str]] = lambda s: {},
+                          instances: Callable[[Any], int] = lambda s: 1):
     def render(spec) -> List[RenderedModel]:
         from launcher import pbtxt
 
@@ -134,7 +135,7 @@ def _python_engine_models(source_dir: str, extra_params: Callable[[Any], Dict[st
             "max_model_len": spec.model.get("max_model_len", 0),
         }
         params.update(extra_params(spec))
-        cfg = pbtxt.python_model(spec.model_name, e["max_num_seqs"], params, kind="KIND_MODEL")
+        cfg = pbtxt.python_model(spec.model_name, e["max_num_seqs"], params, kind="KIND_MODEL", instances=instances(spec))
         return [RenderedModel(spec.model_name, cfg, {"1/model.py": f"{source_dir}/1/model.py"}, extra_text(spec))]
 
     return render
@@ -196,6 +197,10 @@ def _lmdeploy_check(c) -> List[Tuple[str, str, str]]:
 
 def _vllm_check(c):
     problems = _require_path(c, engine="vllm")
+    n = c["engine"].get("frontends", 1)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        problems.append((f"engine.frontends={n!r}", "the front ends of one vLLM engine core (model instances, each "
+                         "a stub process): a whole number >= 1", "set engine.frontends=1, or 4 on a GPU node"))
     b = c["engine"].get("distributed_executor_backend")
     if b not in ("auto", "mp", "ray"):
         problems.append((f"engine.distributed_executor_backend={b!r}", "vLLM's executors are mp and ray", "set it to auto, mp or ray"))
@@ -320,7 +325,9 @@ ENGINES: Dict[str, EngineDef] = {
         name="vllm",
         default_model_name="vllm_model",
         layout="per_group",
-        models=_python_engine_models("vllm", lambda s: {"engine_args_file": "model.json"}, _vllm_engine_args),
+        # engine.frontends instances: the front ends of one engine core (vllm model.py)
+        models=_python_engine_models("vllm", lambda s: {"engine_args_file": "model.json"}, _vllm_engine_args,
+                                     instances=lambda s: s.engine.get("frontends", 1)),
         worker_models=(),
         check=_vllm_check,
         rank_env=_ray_rank_env,

@@ -8,8 +8,12 @@ to abort one request, how to shut down. Everything else is here, once:
   running loop; Triton's `execute` must return at once for a decoupled model);
 * `execute` parses each request with `launcher.serving.triton_io` and schedules it; a bad
   request gets an error response naming the input and the fix;
-* responses go through a queue to a sender thread, so the engine's loop never waits on
-  Triton's IPC while it has tokens to hand out;
+* the loop only posts a request's new text to its outbox; `SEND_THREADS` sender threads,
+  each owning a share of the requests, build and send the responses. A send is a round trip
+  to tritonserver (tens to hundreds of microseconds, the GIL free meanwhile), so one thread
+  would serialize every stream's responses behind each other; and text that arrives while
+  a request's previous response is being sent goes out merged in its next response, so a
+  busy stub sends fewer, larger responses instead of falling behind the engine;
 * a watchdog asks Triton every `cancel_poll_s` whether clients cancelled (stream closed,
   client gone), aborts those requests in the engine and cancels their tasks, even when
   the engine has produced nothing for them yet;
@@ -103,11 +107,35 @@ class Log:
         self._emit("error", msg)
 
 
-class _Active:
-    __slots__ = ("sender", "task", "cancelled")
+# Sender threads of one model instance. Each owns a share of the requests (assigned in turn), so a request's
+# responses leave in order; four let four round trips to tritonserver overlap, which one stream per step at
+# 64-128 streams needs, and they sleep when there is nothing to send.
+SEND_THREADS = 4
 
-    def __init__(self, sender):
+
+class _Outbox:
+    """What one request still has to send: streamed text not sent yet, and its final response once known.
+    The loop thread posts to it; the sender thread of its shard takes everything posted since its last send."""
+
+    __slots__ = ("sender", "shard", "lock", "parts", "n_in", "n_out", "counts", "final", "queued", "in_tensor", "in_n")
+
+    def __init__(self, sender, shard: int):
         self.sender = sender
+        self.shard = shard
+        self.lock = threading.Lock()
+        self.parts: list = []  # streamed text not sent yet
+        self.n_in = self.n_out = 0  # the engine's counts as of the last post
+        self.counts = True  # streamed responses carry the counts too (False: final_counts_only)
+        self.final: Optional[tuple] = None  # ("done", text, finish_reason) | ("error", message), once posted
+        self.queued = False  # waiting in its sender's queue
+        self.in_tensor, self.in_n = None, None  # this request's input_tokens tensor (its sender thread's own)
+
+
+class _Active:
+    __slots__ = ("outbox", "task", "cancelled")
+
+    def __init__(self, outbox):
+        self.outbox = outbox
         self.task: Optional[asyncio.Task] = None
         self.cancelled = False
 
@@ -120,19 +148,23 @@ class AsyncEngineRuntime:
         self.drain_timeout_s = drain_timeout_s
         self.loop: Optional[asyncio.AbstractEventLoop] = None
         self._loop_thread: Optional[threading.Thread] = None
-        self._send_queue: "queue.Queue" = queue.Queue()
-        self._send_thread: Optional[threading.Thread] = None
+        self._send_queues = [queue.SimpleQueue() for _ in range(SEND_THREADS)]
+        self._send_threads: list = []
+        self._next_shard = 0
         self._watch_thread: Optional[threading.Thread] = None
         self._watchdog: Optional[asyncio.Task] = None
         self._active: Dict[str, _Active] = {}
         self._stopping = False
         self._ignored_noted: set = set()
-        self._responder = None  # triton_io.Responder (streamed responses), made on the loop thread when first needed
+        self._responder = None  # triton_io.Responder (streamed responses; its tensors are kept per sender thread)
         self._server_pid = os.getppid()  # the tritonserver that started this stub: the one to stop if the engine dies
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Start the loop thread, build the engine on it (errors propagate), start the helpers."""
+        from launcher.serving import triton_io
+
+        self._responder = triton_io.Responder()
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._run_loop, name=f"{self.adapter.name}-loop", daemon=True)
         self._loop_thread.start()
@@ -141,8 +173,10 @@ class AsyncEngineRuntime:
         except BaseException:
             self._stop_loop()
             raise
-        self._send_thread = threading.Thread(target=self._send_loop, name=f"{self.adapter.name}-send", daemon=True)
-        self._send_thread.start()
+        self._send_threads = [threading.Thread(target=self._send_loop, args=(q,), name=f"{self.adapter.name}-send-{i}",
+                                               daemon=True) for i, q in enumerate(self._send_queues)]
+        for t in self._send_threads:
+            t.start()
         self._watchdog = asyncio.run_coroutine_threadsafe(self._start_watchdog(), self.loop).result()
         if not self.adapter.serves:
             self._watch_thread = threading.Thread(target=self._watch_engine, name=f"{self.adapter.name}-watch", daemon=True)
@@ -157,9 +191,10 @@ class AsyncEngineRuntime:
             asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(timeout=self.drain_timeout_s + 120)
         except Exception as exc:  # finalize must not raise: log and go on tearing down
             self.log.error(f"engine shutdown failed: {exc!r}")
-        self._send_queue.put(None)
-        if self._send_thread is not None:
-            self._send_thread.join(timeout=30)
+        for q in self._send_queues:
+            q.put(None)
+        for t in self._send_threads:
+            t.join(timeout=30)
         self._stop_loop()
 
     def _run_loop(self) -> None:
@@ -203,30 +238,28 @@ class AsyncEngineRuntime:
         asyncio.run_coroutine_threadsafe(self._serve(request, sender), self.loop)
 
     async def _serve(self, request, sender) -> None:
-        import triton_python_backend_utils as pb_utils
         from launcher.serving import triton_io
 
-        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         name = self.adapter.name
+        out = _Outbox(sender, self._next_shard)
+        self._next_shard = (self._next_shard + 1) % len(self._send_queues)
         if not self.adapter.serves:
-            self._send(sender, triton_io.error_response(f"{name}: this rank runs part of the engine and takes no requests; send them to the model copy's leader (rank 0)"), final)
+            self._post_final(out, ("error", f"{name}: this rank runs part of the engine and takes no requests; send them to the model copy's leader (rank 0)"))
             return
         try:
             greq = triton_io.parse_request(request, self.adapter.supported, self.adapter.max_model_len)
         except triton_io.InvalidRequest as exc:
-            self._send(sender, triton_io.error_response(f"{name}: {exc}"), final)
+            self._post_final(out, ("error", f"{name}: {exc}"))
             return
         self._note_ignored(greq.ignored)
+        out.counts = not greq.final_counts_only  # else text alone: the counts come with the final response
         rid = uuid.uuid4().hex
-        entry = _Active(sender)
+        entry = _Active(out)
         entry.task = asyncio.current_task()
         self._active[rid] = entry
         n_in = n_out = 0
-        parts = []
+        parts = []  # a non-streamed request's text; a streamed one's last piece (sent with the final response)
         finish = None
-        if self._responder is None:
-            self._responder = triton_io.Responder()
-        in_tensor, in_n = None, None  # this request's input_tokens tensor, rebuilt only if the engine's count changes
         stream = self.adapter.generate(rid, greq)
         try:
             async for piece in stream:
@@ -235,19 +268,14 @@ class AsyncEngineRuntime:
                     finish = piece.finish_reason
                     parts.append(piece.text)
                     break
-                if greq.stream:
-                    if piece.text:
-                        counts = not greq.final_counts_only  # else text alone: the counts come with the final response
-                        if counts and in_n != n_in:
-                            in_tensor, in_n = self._responder.input_tokens(n_in), n_in
-                        self._send(sender, self._responder.build(piece.text, in_tensor, n_out, counts=counts), 0)
-                else:
+                if not greq.stream:
                     parts.append(piece.text)
+                elif piece.text:
+                    self._post(out, piece.text, n_in, n_out)
             if finish is None:  # the engine ended the stream without saying why
                 finish = "length" if n_out >= greq.params.max_tokens else "stop"
             self._active.pop(rid, None)
-            last_text = parts[-1] if (greq.stream and parts) else "".join(parts)
-            self._send(sender, triton_io.response(last_text, n_in, n_out, finish), final)
+            self._post_final(out, ("done", "".join(parts), finish), n_in, n_out)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if task is not None and hasattr(task, "uncancel"):
@@ -258,14 +286,14 @@ class AsyncEngineRuntime:
             why = "cancelled by the client" if entry.cancelled else "the model is shutting down"
             self.log.info(f"request {rid} {why} after {n_out} tokens; aborted in the engine")
             if entry.cancelled:
-                self._send(sender, triton_io.response("", n_in, n_out, "cancelled"), final)
+                self._post_final(out, ("done", "", "cancelled"), n_in, n_out)
             else:
-                self._send(sender, triton_io.error_response(f"{name}: {why}; the request was aborted after {n_out} tokens"), final)
+                self._post_final(out, ("error", f"{name}: {why}; the request was aborted after {n_out} tokens"))
         except Exception as exc:
             self.log.error(f"request {rid} failed in the engine: {traceback.format_exc()}")
             await self._abort(rid)
             self._active.pop(rid, None)
-            self._send(sender, triton_io.error_response(f"{name} engine error: {type(exc).__name__}: {exc}"), final)
+            self._post_final(out, ("error", f"{name} engine error: {type(exc).__name__}: {exc}"))
         finally:
             try:
                 await stream.aclose()
@@ -292,7 +320,7 @@ class AsyncEngineRuntime:
                 if entry.cancelled or entry.task is None:
                     continue
                 try:
-                    cancelled = entry.sender.is_cancelled()
+                    cancelled = entry.outbox.sender.is_cancelled()
                 except Exception:  # noqa: BLE001 - a sender whose request is gone counts as cancelled
                     cancelled = True
                 if cancelled and rid in self._active:
@@ -303,22 +331,62 @@ class AsyncEngineRuntime:
                     entry.task.cancel()
 
     # ------------------------------------------------------------------ sending
-    def _send(self, sender, response, flags) -> None:
-        self._send_queue.put((sender, response, flags))
+    def _post(self, out: _Outbox, text: str, n_in: int, n_out: int) -> None:
+        """Loop thread: a streamed request's new text; its sender sends it, merged with whatever else is waiting."""
+        with out.lock:
+            out.parts.append(text)
+            out.n_in, out.n_out = n_in, n_out
+            wake = not out.queued
+            out.queued = True
+        if wake:
+            self._send_queues[out.shard].put(out)
 
-    def _send_loop(self) -> None:
+    def _post_final(self, out: _Outbox, final: tuple, n_in: int = 0, n_out: int = 0) -> None:
+        """Loop thread: the request's end; its sender sends what is left and then the final response."""
+        with out.lock:
+            out.final = final
+            out.n_in, out.n_out = n_in or out.n_in, n_out or out.n_out
+            wake = not out.queued
+            out.queued = True
+        if wake:
+            self._send_queues[out.shard].put(out)
+
+    def _send_loop(self, q: "queue.SimpleQueue") -> None:
+        from launcher.serving import triton_io
+
         while True:
-            item = self._send_queue.get()
-            if item is None:
+            out = q.get()
+            if out is None:
                 return
-            sender, response, flags = item
+            with out.lock:
+                text = "".join(out.parts)
+                out.parts.clear()
+                final, n_in, n_out = out.final, out.n_in, out.n_out
+                out.queued = False
             try:
-                if flags:
-                    sender.send(response, flags=flags)
+                if final is None:
+                    if out.counts and out.in_n != n_in:
+                        out.in_tensor, out.in_n = self._responder.input_tokens(n_in), n_in
+                    self._send(out.sender, self._responder.build(text, out.in_tensor, n_out, counts=out.counts))
+                elif final[0] == "done":
+                    self._send(out.sender, triton_io.response(text + final[1], n_in, n_out, final[2]), final=True)
                 else:
-                    sender.send(response)
-            except Exception:  # noqa: BLE001 - e.g. the client went away; nothing else to do for it
-                self.log.warn(f"sending a response failed: {traceback.format_exc(limit=2)}")
+                    if text:  # what was generated before the failure still reaches the client
+                        self._send(out.sender, self._responder.build(text, self._responder.input_tokens(n_in), n_out))
+                    self._send(out.sender, triton_io.error_response(final[1]), final=True)
+            except Exception:  # noqa: BLE001 - building a response must not end the sender thread
+                self.log.warn(f"building a response failed: {traceback.format_exc(limit=2)}")
+
+    def _send(self, sender, response, final: bool = False) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        try:
+            if final:
+                sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
+                sender.send(response)
+        except Exception:  # noqa: BLE001 - e.g. the client went away; nothing else to do for it
+            self.log.warn(f"sending a response failed: {traceback.format_exc(limit=2)}")
 
     # ------------------------------------------------------------------ worker ranks
     def _watch_engine(self, kill: Callable[[int, int], None] = os.kill) -> None:

@@ -95,11 +95,9 @@ idle) as llmlaunch_engine_seconds / _steps / _tokens.
 """
 
 import fcntl
-import hashlib
 import json
 import os
 import queue
-import tempfile
 import signal
 import sys
 import threading
@@ -344,18 +342,9 @@ class TritonPythonModel:
     def _share_engine(self):
         """(this instance starts the shared engine process?, its unix socket path).  The first instance of this model
         in this tritonserver to take the lock starts it; the lock is held until that instance finalizes."""
-        base = os.path.join(tempfile.gettempdir(), f"llmlaunch-{os.getuid()}")
-        if len(base) > 80:  # a unix socket path has at most 107 bytes
-            raise pb_utils.TritonModelException(
-                f"instance_group count {self.instances}: the shared engine's socket would live under {base}, too "
-                f"long a path for a unix socket; set TMPDIR to a shorter directory (e.g. /tmp)")
-        os.makedirs(base, mode=0o700, exist_ok=True)
-        st = os.stat(base)
-        if st.st_uid != os.getuid() or st.st_mode & 0o077:
-            raise pb_utils.TritonModelException(
-                f"{base} is not a private directory of this user (mode {oct(st.st_mode & 0o777)}): remove it, or "
-                f"set TMPDIR to a directory of your own")
-        key = hashlib.sha1(f"{os.getppid()}:{self.model_config.get('name', '')}".encode()).hexdigest()[:12]
+        from launcher.serving.instances import private_dir, share_key
+
+        base, key = private_dir(), share_key(self.model_config.get("name", ""))
         lock_path, sock = os.path.join(base, f"hf-{key}.lock"), os.path.join(base, f"hf-{key}.sock")
         fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o600)
         try:

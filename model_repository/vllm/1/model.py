@@ -1,21 +1,31 @@
 """llmlaunch's vLLM model: the common contract served by vLLM's async engine.
 
-Targets vLLM's V1 `AsyncLLM` API (vLLM 0.11 and later; read against vllm-project/vllm main,
-vllm/v1/engine/async_llm.py, vllm/sampling_params.py, vllm/engine/arg_utils.py as of
-PyPI 0.33.0), with the pre-V1 `AsyncLLMEngine` import as a fallback (same `generate` /
+Targets vLLM's V1 `AsyncLLM` API (written and run against vLLM 0.25; read against
+vllm/v1/engine/async_llm.py, vllm/v1/engine/utils.py, vllm/sampling_params.py and
+vllm/engine/arg_utils.py), with the pre-V1 `AsyncLLMEngine` import as a fallback (same `generate` /
 `abort` shape). Learned from Triton's vllm_backend (src/model.py); written for llmlaunch.
 
-* Engine arguments come from `1/model.json` (seed 004's vllm_engine_args.json): the
-  launcher writes model, tokenizer, tensor/pipeline parallel sizes, max_num_seqs,
-  gpu_memory_utilization, dtype, max_model_len and distributed_executor_backend there,
-  and `engine.engine_args` entries override them. Keys `AsyncEngineArgs` does not have
-  are refused with the list of the unknown ones (`disable_log_requests`, removed in
-  vLLM 0.12, is translated to `enable_log_requests`).
-* `AsyncLLM.from_engine_args(...)` builds the engine on the runtime's event loop
-  (launcher.engines.vllm_sglang_lmdeploy); each request is `engine.generate(prompt,
-  SamplingParams(..., output_kind=DELTA), request_id)`, so every RequestOutput carries
-  only new text and tokens; cancelled requests get `engine.abort(request_id)`; `finalize`
-  calls `engine.shutdown()`.
+* Engine arguments come from `1/model.json`: the launcher writes model, tokenizer, tensor/pipeline
+  parallel sizes, max_num_seqs, gpu_memory_utilization, dtype, max_model_len and
+  distributed_executor_backend there, and `engine.engine_args` entries override them. Keys
+  `AsyncEngineArgs` does not have are refused with the list of the unknown ones
+  (`disable_log_requests`, removed in vLLM 0.12, is translated to `enable_log_requests`).
+* One instance (`frontends` 1): `AsyncLLM.from_engine_args(...)` on the runtime's event loop
+  (launcher.engines.vllm_sglang_lmdeploy); vLLM starts its engine core in a process of its own and
+  this stub is its front end: it tokenizes prompts, detokenizes outputs and sends the responses.
+* Several instances (`frontends` N, the config's instance_group count): N stubs are N front ends of
+  one engine core, as `vllm serve --api-server-count N` runs N API servers. The first instance to
+  claim a place (launcher.serving.instances) starts the engine core with vLLM's own
+  `launch_core_engines` for N clients and publishes the clients' ZMQ addresses once it is up; every
+  instance (the first too) then builds an `AsyncLLM` client on its own address pair
+  (`client_addresses`, `client_count`, `client_index`). The engine core sends each request's outputs
+  to the client that sent it, so each stub detokenizes and answers only its own requests, under its
+  own GIL. If the engine core dies, the first instance stops its tritonserver, so the rank fails
+  instead of a server that looks healthy.
+* Each request is `engine.generate(prompt, SamplingParams(..., output_kind=DELTA), request_id)`, so
+  every RequestOutput carries only new text and tokens (vLLM merges the outputs of several steps
+  when this stub reads them late); cancelled requests get `engine.abort(request_id)`; `finalize`
+  shuts the client and, on the first instance, the engine core down.
 * Contract -> SamplingParams: max_tokens, min_length -> min_tokens, temperature (0 = greedy),
   top_k (0 -> -1 = off), top_p, repetition/presence/frequency penalties, random_seed/seed
   -> seed, stop_words -> stop (not returned), bad_words, ignore_eos, end_id -> an extra
@@ -31,7 +41,9 @@ PyPI 0.33.0), with the pre-V1 `AsyncLLMEngine` import as a fallback (same `gener
 import dataclasses
 import json
 import os
+import signal
 import sys
+import threading
 
 import triton_python_backend_utils as pb_utils
 
@@ -98,17 +110,22 @@ class VLLMAdapter(EngineAdapter):
     name = "vllm"
     supported = frozenset(INPUT_NAMES) - {"return_log_probs"}
 
-    def __init__(self, params: dict, version_dir: str, log: Log):
+    def __init__(self, params: dict, version_dir: str, log: Log, model_name: str = "vllm"):
         self.params = params
         self.log = log
+        self.model_name = model_name
         path = os.path.join(version_dir, params.get("engine_args_file", ENGINE_ARGS_FILE))
         try:
             with open(path) as f:
                 self.raw_args = json.load(f)
         except FileNotFoundError:
             raise FileNotFoundError(f"vllm: {path} is missing; llmlaunch writes it from engine.engine_args (render the repository again)") from None
+        self.frontends = int(params.get("frontends", "1") or 1)
         self.engine = None
         self.ray_head = None
+        self.share = None  # launcher.serving.instances.InstanceShare when several instances share the engine core
+        self.core = None  # the first instance of several: vLLM's engine-core process manager
+        self._stopping = False
 
     async def start(self):
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -126,13 +143,76 @@ class VLLMAdapter(EngineAdapter):
             self.ray_head = _start_ray_head(nnodes, self.log)
         self.log.info(f"building AsyncLLM with {json.dumps(kwargs, sort_keys=True, default=str)}")
         try:
-            self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+            if self.frontends > 1:
+                self.engine = self._shared_engine_client(AsyncEngineArgs, AsyncLLM, kwargs)
+            else:
+                self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         except BaseException:
             if self.ray_head is not None:  # the load failed: leave no Ray head behind
                 self.ray_head.stop()
+            self._stop_core()
             raise
         model_config = getattr(self.engine, "model_config", None)
         self.max_model_len = getattr(model_config, "max_model_len", None)
+
+    def _shared_engine_client(self, AsyncEngineArgs, AsyncLLM, kwargs):
+        """This instance's AsyncLLM client of the engine core the `frontends` instances share (the first one
+        to claim a place starts the core)."""
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.utils import get_engine_zmq_addresses, launch_core_engines
+        from vllm.v1.executor import Executor
+
+        from launcher.serving.instances import InstanceShare
+
+        n, index = self.frontends, int(self.params["frontend_index"])
+        self.share = InstanceShare("vllm", self.model_name, index, n)
+        args = AsyncEngineArgs(**kwargs)
+        args._api_process_count, args._api_process_rank = n, index  # as vLLM's own API servers set them
+        config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+        if index == 0:
+            try:
+                addresses = get_engine_zmq_addresses(config, n)
+                # Returns once the engine core has loaded and said it is ready. The other instances' clients
+                # bind their sockets only after that: the core's ready message and outputs wait in its queues.
+                with launch_core_engines(config, Executor.get_class(config), not args.disable_log_stats, addresses,
+                                         n) as (manager, coordinator, addresses, _):
+                    self.core = (manager, coordinator)
+                info = {"inputs": list(addresses.inputs), "outputs": list(addresses.outputs),
+                        "stats": addresses.frontend_stats_publish_address}
+                self.share.publish(info)
+            except BaseException as exc:
+                self.share.fail(f"{type(exc).__name__}: {exc}")
+                raise
+            threading.Thread(target=self._watch_core, name="vllm-core-watch", daemon=True).start()
+        else:
+            info = self.share.wait(float(os.environ.get("VLLM_ENGINE_READY_TIMEOUT_S", "") or 3600))
+        client = {"input_address": info["inputs"][index], "output_address": info["outputs"][index]}
+        if info.get("stats"):
+            client["stats_update_address"] = info["stats"]
+        self.log.info(f"front end {index} of {n} of one engine core ({'started here' if index == 0 else 'attached'})")
+        # the engine's statistics are logged once, by the first front end
+        return AsyncLLM.from_vllm_config(config, client_addresses=client, client_count=n, client_index=index,
+                                         disable_log_stats=args.disable_log_stats or index > 0)
+
+    def _watch_core(self):
+        """First instance of several: when the engine core dies, stop this tritonserver so the rank fails."""
+        from multiprocessing.connection import wait
+
+        manager = self.core[0] if self.core else None
+        sentinels = list(manager.sentinels()) if manager is not None else []
+        if not sentinels:
+            return
+        wait(sentinels)
+        if self._stopping:
+            return
+        codes = manager.finished_procs()
+        if codes and all(c in (0, -signal.SIGTERM, -signal.SIGINT) for c in codes.values()):
+            # the server's process group was signalled (a stop): the core went with it, and so does the server
+            self.log.info(f"vLLM's engine core stopped ({codes}); this tritonserver is stopping too")
+        else:
+            self.log.error(f"vLLM's engine core exited ({codes}); stopping this tritonserver so the launcher sees "
+                           f"the rank fail")
+        os.kill(os.getppid(), signal.SIGTERM)
 
     async def generate(self, request_id, request):
         from vllm.sampling_params import RequestOutputKind, SamplingParams
@@ -154,13 +234,26 @@ class VLLMAdapter(EngineAdapter):
             await self.engine.abort(request_id)
 
     async def stop(self):
+        self._stopping = True
         try:
             if self.engine is not None:
                 self.engine.shutdown()
                 self.engine = None
         finally:
+            self._stop_core()
             if self.ray_head is not None:
                 self.ray_head.stop()
+
+    def _stop_core(self):
+        self._stopping = True
+        if self.core is not None:
+            manager, coordinator = self.core
+            self.core = None
+            for part in (manager, coordinator):
+                if part is not None:
+                    part.shutdown()
+        if self.share is not None:
+            self.share.release()
 
 
 def _start_ray_head(nnodes, log):
@@ -178,4 +271,11 @@ class TritonPythonModel(RuntimeModel):
     name = "vllm"
 
     def make_adapter(self, params, args, log):
-        return VLLMAdapter(params, os.path.join(args["model_repository"], args["model_version"]), log)
+        config = json.loads(args["model_config"])
+        # the instance_group count (llmlaunch: engine.frontends): this many stubs share one engine core
+        params = dict(params, frontends=str(sum(int(g.get("count", 1)) for g in config.get("instance_group") or []) or 1))
+        if int(params["frontends"]) > 1:
+            from launcher.serving.instances import instance_index
+
+            params["frontend_index"] = str(instance_index(config, args.get("model_instance_name", "")))
+        return VLLMAdapter(params, os.path.join(args["model_repository"], args["model_version"]), log, config.get("name", "vllm"))

@@ -1,6 +1,7 @@
 """Stand-in: vllm.engine.arg_utils.AsyncEngineArgs (a dataclass; a subset of vLLM's fields, same names)."""
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Optional
 
 
@@ -20,3 +21,15 @@ class AsyncEngineArgs:
     trust_remote_code: bool = False
     disable_log_stats: bool = False
     enable_log_requests: bool = False  # vLLM >= 0.12 (disable_log_requests was removed)
+    stream_interval: int = 1
+
+    # vLLM's API servers set these two before create_engine_config (api_server_count > 1)
+    _api_process_count: int = 1
+    _api_process_rank: int = 0
+
+    def create_engine_config(self, usage_context=None):
+        """vLLM's VllmConfig, reduced to what the stand-in's engine-core launch and clients read."""
+        if not 0 <= self._api_process_rank < self._api_process_count:
+            raise ValueError(f"Invalid value of `_api_process_rank`: {self._api_process_rank}")
+        return SimpleNamespace(engine_args=self, api_process_count=self._api_process_count,
+                               api_process_rank=self._api_process_rank)

@@ -1,0 +1,192 @@
+"""The yardsticks a served engine is measured against: the same engine, configured as llmlaunch configures
+it, driven in-process without tritonserver, gRPC or the python backend.
+
+    python benchmark/engine_yardstick.py async   --concurrency 1:32 64:1000 128:1000 -- engine=vllm model.path=M
+    python benchmark/engine_yardstick.py offline --batch 1 64 128 -- engine=vllm model.path=M model.dtype=bfloat16
+
+The llmlaunch overrides after `--` are rendered exactly as `llmlaunch` renders them, and the engine is built
+from the rendered files (vLLM: `1/model.json`, its AsyncEngineArgs), so the yardstick and the served model
+run one configuration.
+
+async    vLLM's `AsyncLLM` in this process, a closed loop per concurrency C: C requests in flight, the
+         next one sent as soon as one finishes, N requests counted after C warm-up requests. The
+         prompts are llmlaunch-bench's synthetic ones (same seed, input length and tokenizer), every
+         request streams (output_kind DELTA) and generates exactly --output-len tokens (ignore_eos).
+         TTFT, ITL and tokens/s are computed by llmlaunch-bench's own metrics code, so the rows compare
+         with `llmlaunch-bench` run against the served model.
+offline  vLLM's `LLM.generate` with B prompts at once (batch B), --rounds times after one warm-up
+         round: output tokens / wall time, and decode steps/s (tokens/s / B).
+
+Each mode prints a table and writes --json. Run each mode in a process of its own: an engine holds the GPU
+until its process exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from launcher.bench import datasets, metrics  # noqa: E402
+
+
+def rendered_engine_args(overrides: list) -> tuple:
+    """(engine name, the engine's arguments as llmlaunch renders them, model path) for `overrides`."""
+    from launcher.cli import plan
+    from launcher.render import repository_files
+
+    _, spec = plan(list(overrides))
+    name = spec.engine["name"]
+    if name != "vllm":
+        raise SystemExit(f"engine_yardstick: engine={name} has no yardstick here yet (vllm has)")
+    files = repository_files(spec)
+    args = json.loads(files[f"{spec.model_name}/1/model.json"])
+    return name, args, args["model"]
+
+
+def samples_for(tokenizer: str, num: int, input_len: int, output_len: int, seed: int):
+    """llmlaunch-bench's synthetic prompts (launcher.bench.datasets), the same for the same arguments."""
+    return datasets.load("synthetic", None, num, datasets.TokenCounter(tokenizer), seed=seed, input_len=input_len,
+                         output_len=output_len)
+
+
+def parse_loads(items: list) -> list:
+    """["1:32", "64:1000"] -> [(1, 32), (64, 1000)]: concurrency and requests counted."""
+    loads = []
+    for item in items:
+        c, _, n = item.partition(":")
+        loads.append((int(c), int(n) if n else 10 * int(c)))
+    return loads
+
+
+# ----------------------------------------------------------------------------- vLLM
+async def _vllm_closed_loop(engine, samples, concurrency: int, count: int, warmup: int, sampling) -> dict:
+    """`warmup` requests at once (not counted), then the closed loop of `count` counted ones."""
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    results = []
+    clock = {"t0": time.perf_counter()}
+
+    async def one(index: int, counted: bool) -> None:
+        sample = samples[index % len(samples)]
+        sp = SamplingParams(output_kind=RequestOutputKind.DELTA, max_tokens=sample.output_len, **sampling)
+        t0 = clock["t0"]
+        sent = time.perf_counter() - t0
+        times, n_out, n_in, finish = [], 0, 0, ""
+        async for out in engine.generate(sample.prompt, sp, uuid.uuid4().hex):
+            c = out.outputs[0]
+            if c.token_ids:
+                times.append(time.perf_counter() - t0)
+                n_out += len(c.token_ids)
+            n_in = len(out.prompt_token_ids or ()) or n_in
+            if out.finished:
+                finish = c.finish_reason or ""
+        if counted:
+            results.append(metrics.RequestResult(index=index - warmup, prompt_len=sample.prompt_len,
+                                                 max_tokens=sample.output_len, sent=sent, token_times=times,
+                                                 end=time.perf_counter() - t0, input_tokens=n_in, output_tokens=n_out,
+                                                 responses=len(times), finish_reason=finish))
+
+    if warmup:
+        await asyncio.gather(*(one(i, False) for i in range(warmup)))
+    todo = iter(range(warmup, warmup + count))  # shared by the C workers: the next request not yet sent
+
+    async def worker() -> None:
+        for index in todo:
+            await one(index, True)
+
+    clock["t0"] = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return metrics.compute(results, max(r.end for r in results))
+
+
+async def vllm_async(args, engine_args: dict, samples) -> list:
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    t_start = time.perf_counter()
+    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
+    load_s = time.perf_counter() - t_start
+    rows = []
+    try:
+        for c, n in parse_loads(args.concurrency):
+            m = await _vllm_closed_loop(engine, samples, c, n, c if args.warmup < 0 else args.warmup,
+                                        {"ignore_eos": True, "temperature": 0.0})
+            rows.append({"path": "in-process AsyncLLM", "concurrency": c, "requests": n, "load_s": load_s, **m})
+            _print_row(rows[-1])
+    finally:
+        engine.shutdown()
+    return rows
+
+
+def vllm_offline(args, engine_args: dict, samples) -> list:
+    from vllm import LLM, SamplingParams
+
+    kwargs = {k: v for k, v in engine_args.items() if k not in ("enable_log_requests", "disable_log_requests")}
+    t_start = time.perf_counter()
+    llm = LLM(**kwargs)
+    load_s = time.perf_counter() - t_start
+    sp = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0.0)
+    rows = []
+    for batch in args.batch:
+        prompts = [s.prompt for s in samples[:batch]]
+        llm.generate(prompts, sp, use_tqdm=False)  # warm-up round
+        walls, tokens = [], 0
+        for _ in range(args.rounds):
+            t = time.perf_counter()
+            outs = llm.generate(prompts, sp, use_tqdm=False)
+            walls.append(time.perf_counter() - t)
+            tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+        best = sorted(walls)[len(walls) // 2]  # the median round
+        rows.append({"path": "offline LLM.generate", "batch": batch, "rounds": args.rounds, "load_s": load_s,
+                     "output_tokens": tokens, "wall_s_median": best, "output_throughput": tokens / best,
+                     "steps_per_s": tokens / best / batch})
+        print(f"offline  batch {batch:>4}: {tokens / best:>10.1f} tok/s  {tokens / best / batch:>8.1f} steps/s  "
+              f"(median of {args.rounds} rounds, {best:.2f} s)", flush=True)
+    return rows
+
+
+def _print_row(r: dict) -> None:
+    print(f"{r['path']:<22} C={r['concurrency']:>4} n={r['requests']:>5}: {r['output_throughput']:>10.1f} tok/s  "
+          f"TTFT p50 {r['ttft_ms']['p50']:.2f} ms  ITL p50 {r['itl_ms']['p50']:.2f} ms  "
+          f"failed {r['failed']}", flush=True)
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("mode", choices=("async", "offline"))
+    p.add_argument("--concurrency", nargs="+", default=["1:32", "64:1000", "128:1000"],
+                   help="async: C:N, N requests counted at concurrency C (default 1:32 64:1000 128:1000)")
+    p.add_argument("--warmup", type=int, default=-1, help="async: warm-up requests before each loop (default: C)")
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 64, 128], help="offline: batch sizes")
+    p.add_argument("--rounds", type=int, default=3, help="offline: measured rounds per batch")
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0, help="prompt sampling seed (llmlaunch-bench --seed)")
+    p.add_argument("--json", help="write the rows here")
+    args = p.parse_args(argv)
+    engine, engine_args, model = rendered_engine_args(overrides)
+    need = max([n + c for c, n in parse_loads(args.concurrency)] + args.batch)
+    samples = samples_for(model, max(need, 1000), args.input_len, args.output_len, args.seed)
+    if args.mode == "async":
+        rows = asyncio.run(vllm_async(args, engine_args, samples))
+    else:
+        rows = vllm_offline(args, engine_args, samples)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"engine": engine, "mode": args.mode, "overrides": overrides, "engine_args": engine_args,
+                       "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The engines side by side on one GPU: vLLM served by llmlaunch against the same vLLM in-process and offline,
+# and llmlaunch's hf engine served, all on one random-weight Llama of 1.24 B parameters (bf16), 128-token
+# prompts, 128 new tokens, ignore_eos; 32 requests at concurrency 1, 1,000 at 64 and 128.
+#
+#   benchmark/gpu/engines.sh yardsticks OUT      # (c) vLLM offline LLM.generate, (b) vLLM AsyncLLM in-process
+#   benchmark/gpu/engines.sh served OUT LABEL OVERRIDES...   # (a)/(d): one llmlaunch configuration, llmlaunch-bench
+#   benchmark/gpu/engines.sh table OUT           # every result under OUT as one table
+#   benchmark/gpu/engines.sh pack OUT DEST       # that table and an archive of OUT, into DEST
+#
+# On the lent GPU machine (no downloads there), from a checkout, the calls back to back on one warm machine
+# (each call at most 10 minutes: a served configuration takes 40-75 s to READY and ~40 s of load; the hf engine
+# ~2-3 minutes to READY):
+#   here:   benchmark/gpu/vllm_parts.sh make && benchmark/gpu/offline_wheels.sh
+#   call 1, carry .vllm/p1: benchmark/gpu/vllm_parts.sh stash .vllm/p1
+#   call 2, carry .vllm/p2: benchmark/gpu/vllm_parts.sh stash .vllm/p2
+#   call 3, carry .vllm/p3: benchmark/gpu/vllm_parts.sh stash .vllm/p3 && benchmark/gpu/vllm_parts.sh install
+#   call 4, carry .whl:     R=/tmp/engres; benchmark/gpu/engines.sh yardsticks $R; CHECK=1 benchmark/gpu/engines.sh \
+#                           served $R vllm engine=vllm model.path=/tmp/llama-1b model.dtype=bfloat16; \
+#                           benchmark/gpu/engines.sh pack $R $OUT
+#   call 5:                 more `served` configurations (e.g. engine.frontends=1, engine=hf ...), then `pack`
+# Every step sources the environment below first (offline_env.sh: llmlaunch's wheels, the stub's numpy<2
+# environment, the host's torch stack linked into it, since vLLM's front end runs in the stub).
+# Knobs: MODEL (/tmp/llama-1b, made here when missing), LOADS ("1:32 64:1000 128:1000"), CHECK=1 (served: the
+# real-engine contract tests first, tests/gpu), SERVED_TIMEOUT (560 s a configuration).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+cmd=${1:?usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | table OUT}
+OUT=${2:?the results folder}
+MODEL=${MODEL:-/tmp/llama-1b}
+LOADS=${LOADS:-1:32 64:1000 128:1000}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_HOST_IP=127.0.0.1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+if [ ! -x /tmp/llmlaunch-stub-env/bin/python3 ] || [ ! -d /tmp/llmlaunch-site/tritonclient ]; then  # first use: .whl carried
+    STUB_HOST_SITE=1 source benchmark/gpu/offline_env.sh .whl > "$OUT/offline_env.log" 2>&1 || cat "$OUT/offline_env.log"
+else
+    export PYTHON=${PYTHON:-/opt/torch/.venv/bin/python3} LLMLAUNCH_STUB_PYTHON=/tmp/llmlaunch-stub-env/bin/python3
+    export PYTHONPATH=/tmp/llmlaunch-site:$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=/tmp/vllm-site:$PYTHONPATH
+PY=${PYTHON:-python3}
+[ -f "$MODEL/config.json" ] || $PY -m launcher.tiny --out "$MODEL" --hidden 2048 --layers 16 --heads 32 --kv-heads 8 \
+    --intermediate 8192 --vocab 128256 --tie-word-embeddings true --rope-theta 500000 --dtype bfloat16 > /dev/null
+VLLM=(engine=vllm "model.path=$MODEL" model.dtype=bfloat16)
+case $cmd in
+yardsticks)
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+    echo "== (c) vLLM offline LLM.generate, batch 1 64 128"
+    timeout 400 $PY benchmark/engine_yardstick.py offline --json "$OUT/offline.json" -- "${VLLM[@]}" 2> "$OUT/offline.log" \
+        || tail -20 "$OUT/offline.log"
+    echo "== (b) vLLM AsyncLLM in-process, closed loops $LOADS"
+    # shellcheck disable=SC2086  # LOADS: one argument per load
+    timeout 400 $PY benchmark/engine_yardstick.py async --concurrency $LOADS --json "$OUT/inprocess.json" \
+        -- "${VLLM[@]}" 2> "$OUT/inprocess.log" || tail -20 "$OUT/inprocess.log" ;;
+served)
+    LABEL=${3:?a label}
+    shift 3
+    echo "== $LABEL: llmlaunch $*"
+    # shellcheck disable=SC2086
+    timeout "${SERVED_TIMEOUT:-560}" $PY benchmark/gpu/serve_bench.py --label "$LABEL" --out "$OUT" --tokenizer "$MODEL" \
+        --concurrency $LOADS ${CHECK:+--check} -- "$@" ;;
+table)
+    $PY benchmark/gpu/engines_table.py "$OUT" ;;
+pack)  # the table and every result in one archive, into DEST (the device tool's $OUT brings back few files)
+    DEST=${3:?a destination folder}
+    $PY benchmark/gpu/engines_table.py "$OUT" > "$DEST/table.txt" 2>&1
+    $PY benchmark/gpu/engines_table.py "$OUT" --markdown > "$DEST/table.md" 2>&1
+    tar czf "$DEST/results.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
+    cat "$DEST/table.txt" ;;
+*)
+    echo "usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | table OUT" >&2; exit 2 ;;
+esac

@@ -1,0 +1,75 @@
+"""One table from benchmark/gpu/engines.sh's results: every served configuration against vLLM in-process.
+
+    python benchmark/gpu/engines_table.py OUT [--markdown]
+
+Rows: each served configuration (OUT/<label>.json from serve_bench.py) and the in-process yardstick
+(OUT/inprocess.json) at each concurrency, with tokens/s as a share of in-process and the median first token's
+difference to it; then vLLM's offline generate (OUT/offline.json) per batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+
+
+def load(out: str):
+    inproc, served, offline = {}, [], []
+    path = os.path.join(out, "inprocess.json")
+    if os.path.exists(path):
+        for r in json.load(open(path))["rows"]:
+            inproc[r["concurrency"]] = {"tok_s": r["output_throughput"], "ttft": r["ttft_ms"]["p50"],
+                                        "itl": r["itl_ms"]["p50"], "failed": r["failed"], "load_s": r.get("load_s")}
+    path = os.path.join(out, "offline.json")
+    if os.path.exists(path):
+        offline = json.load(open(path))["rows"]
+    for path in sorted(glob.glob(os.path.join(out, "*.json"))):
+        name = os.path.basename(path)
+        if name in ("inprocess.json", "offline.json") or "_c" in name:
+            continue
+        doc = json.load(open(path))
+        if "rows" in doc and "label" in doc:
+            served.append(doc)
+    return inproc, served, offline
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("out")
+    p.add_argument("--markdown", action="store_true", help="a Markdown table")
+    args = p.parse_args(argv)
+    inproc, served, offline = load(args.out)
+    head = ["path", "READY s", "C", "tok/s", "of in-process", "TTFT p50 ms", "+ms", "ITL p50 ms", "failed"]
+    rows = []
+    for c, r in sorted(inproc.items()):
+        rows.append(["vLLM AsyncLLM in-process", f"{r['load_s']:.0f}" if r.get("load_s") else "", c, f"{r['tok_s']:.0f}",
+                     "1.000", f"{r['ttft']:.2f}", "", f"{r['itl']:.2f}", r["failed"]])
+    for doc in served:
+        for r in doc["rows"]:
+            base = inproc.get(r["concurrency"])
+            rows.append([doc["label"], f"{doc['ready_s']:.0f}", r["concurrency"], f"{r['output_throughput']:.0f}",
+                         f"{r['output_throughput'] / base['tok_s']:.3f}" if base else "", f"{r['ttft_ms_p50']:.2f}",
+                         f"{r['ttft_ms_p50'] - base['ttft']:+.2f}" if base else "", f"{r['itl_ms_p50']:.2f}", r["failed"]])
+    for r in offline:
+        rows.append(["vLLM offline LLM.generate", f"{r['load_s']:.0f}", f"batch {r['batch']}", f"{r['output_throughput']:.0f}",
+                     "", "", "", f"{1000 / r['steps_per_s']:.2f}", ""])
+    if args.markdown:
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for row in rows:
+            print("| " + " | ".join(str(x) for x in row) + " |")
+    else:
+        widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+        for row in [head, *rows]:
+            print("  ".join(str(x).rjust(w) if i else str(x).ljust(w) for i, (x, w) in enumerate(zip(row, widths))))
+    for doc in served:
+        if doc.get("check"):
+            print(f"{doc['label']}: real-engine contract tests exit {doc['check']['returncode']}: "
+                  f"{doc['check']['output'].strip().splitlines()[-1] if doc['check']['output'].strip() else ''}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

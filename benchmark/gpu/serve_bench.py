@@ -1,0 +1,128 @@
+"""Serve one configuration with `llmlaunch` and measure it with `llmlaunch-bench`, as a user would.
+
+    python benchmark/gpu/serve_bench.py --label vllm --out DIR --tokenizer M -- engine=vllm model.path=M
+
+Starts `llmlaunch <overrides>` (cluster=local), waits for its endpoint (time to READY is recorded), then
+for each --concurrency C:N runs `llmlaunch-bench` over gRPC: C requests in flight, C warm-up requests,
+then N counted, --input-len-token synthetic prompts (the tokenizer's, the same on every path), exactly
+--output-len new tokens each (ignore_eos). --check first runs the real-engine contract tests
+(tests/gpu/test_served_engine.py) against the same server. Stops llmlaunch with Ctrl-C's signal.
+Prints one row per concurrency and writes DIR/<label>.json (the rows, READY time, each bench's JSON
+path).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def start(overrides: list, log_path: str, timeout_s: float) -> tuple:
+    """(llmlaunch process, gRPC url, seconds to READY); raises with the log's tail when it does not come up."""
+    log = open(log_path, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", *overrides], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=log, text=True, start_new_session=True)
+    t0 = time.monotonic()
+    url = None
+    while url is None:
+        line = proc.stdout.readline()
+        if not line:
+            proc.wait(30)
+            with open(log_path) as f:
+                tail = f.read()[-3000:]
+            raise RuntimeError(f"llmlaunch {' '.join(overrides)} exited ({proc.returncode}) before READY:\n{tail}")
+        if line.startswith("endpoint: "):
+            url = line.split()[1]
+        if time.monotonic() - t0 > timeout_s:
+            stop(proc)
+            raise RuntimeError(f"llmlaunch {' '.join(overrides)} not READY in {timeout_s:.0f} s")
+    return proc, url, time.monotonic() - t0
+
+
+def stop(proc) -> int:
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+    except ProcessLookupError:
+        pass
+    try:
+        return proc.wait(120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
+
+
+def bench(url: str, c: int, n: int, args, out_json: str) -> dict:
+    processes = 1 if c == 1 else min(c, args.processes)
+    argv = [sys.executable, "-m", "launcher.bench.cli", "--url", url, "--concurrency", str(c), "--num-prompts",
+            str(n), "--warmup", str(c), "--input-len", str(args.input_len), "--output-len", str(args.output_len),
+            "--ignore-eos", "--tokenizer", args.tokenizer, "--processes", str(processes), "--no-progress",
+            "--result-json", out_json, "--label", f"{args.label} C={c}"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0 or not os.path.exists(out_json):
+        raise RuntimeError(f"llmlaunch-bench C={c} failed ({done.returncode}): {done.stderr[-2000:]}")
+    with open(out_json) as f:
+        return json.load(f)["metrics"]
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--label", required=True, help="name of this configuration in the tables")
+    p.add_argument("--out", required=True, help="folder for the results and logs")
+    p.add_argument("--tokenizer", required=True, help="tokenizer folder for the prompts (the model's)")
+    p.add_argument("--concurrency", nargs="+", default=["1:32", "64:1000", "128:1000"], help="C:N pairs")
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=128)
+    p.add_argument("--processes", type=int, default=8, help="llmlaunch-bench client processes at C > 1")
+    p.add_argument("--ready-timeout", type=float, default=900.0)
+    p.add_argument("--check", action="store_true", help="run tests/gpu/test_served_engine.py against the server first")
+    args = p.parse_args(argv)
+    # `timeout` (engines.sh) ends this with SIGTERM: leave through `finally`, which stops llmlaunch and its server
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
+    os.makedirs(args.out, exist_ok=True)
+    log_path = os.path.join(args.out, f"{args.label}.log")
+    proc, url, ready_s = start(overrides, log_path, args.ready_timeout)
+    print(f"{args.label}: READY in {ready_s:.1f} s at {url} ({' '.join(overrides)})", flush=True)
+    doc = {"label": args.label, "overrides": overrides, "ready_s": ready_s, "rows": [], "check": None}
+    try:
+        if args.check:
+            env = dict(os.environ, LLMLAUNCH_TEST_URL=url, LLMLAUNCH_TEST_TOKENIZER=args.tokenizer)
+            check = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
+                                    "tests/gpu/test_served_engine.py"], cwd=ROOT, env=env, capture_output=True, text=True)
+            doc["check"] = {"returncode": check.returncode, "output": check.stdout[-6000:]}
+            print(check.stdout[-4000:], flush=True)
+        for item in args.concurrency:
+            c, _, n = item.partition(":")
+            c, n = int(c), int(n or 10 * int(c))
+            out_json = os.path.join(args.out, f"{args.label}_c{c}.json")
+            try:
+                m = bench(url, c, n, args, out_json)
+            except RuntimeError as exc:
+                print(f"{args.label} C={c}: {exc}", flush=True)
+                continue
+            row = {"concurrency": c, "requests": n, "output_throughput": m["output_throughput"],
+                   "ttft_ms_p50": m["ttft_ms"]["p50"], "ttft_ms_p99": m["ttft_ms"]["p99"],
+                   "itl_ms_p50": m["itl_ms"]["p50"], "tpot_ms_p50": m["tpot_ms"]["p50"],
+                   "tokens_per_response": m.get("tokens_per_response"), "failed": m["failed"], "json": out_json}
+            doc["rows"].append(row)
+            print(f"{args.label:<16} C={c:>4} n={n:>5}: {row['output_throughput']:>10.1f} tok/s  TTFT p50 "
+                  f"{row['ttft_ms_p50']:.2f} ms  ITL p50 {row['itl_ms_p50']:.2f} ms  tok/resp "
+                  f"{row['tokens_per_response'] or 0:.2f}  failed {row['failed']}", flush=True)
+    finally:
+        doc["exit"] = stop(proc)
+        with open(os.path.join(args.out, f"{args.label}.json"), "w") as f:
+            json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

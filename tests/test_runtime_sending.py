@@ -1,0 +1,125 @@
+"""How the engines' shared runtime (launcher.engines.vllm_sglang_lmdeploy) sends a request's responses.
+
+Triton's `triton_python_backend_utils` exists only inside the python backend stub; here a module of the
+same name records responses, so the sender threads run as they do in the stub. What is checked: text that
+a request makes while its previous response is being sent goes out merged in its next response, in order,
+and the final response carries what is left; other requests' senders do not wait for a slow one.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+
+import pytest
+
+
+class _Tensor:
+    def __init__(self, name, array):
+        self.name, self.value = name, array.reshape(-1)[0]
+
+
+class _Response:
+    def __init__(self, output_tensors, error=None):
+        self.outputs = {t.name: (t.value.decode() if isinstance(t.value, bytes) else int(t.value)) for t in output_tensors}
+        self.error = error
+
+
+@pytest.fixture
+def pb_utils(monkeypatch):
+    mod = types.ModuleType("triton_python_backend_utils")
+    mod.Tensor, mod.InferenceResponse = _Tensor, _Response
+    mod.TritonError = lambda message: message
+    mod.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+    monkeypatch.setitem(sys.modules, "triton_python_backend_utils", mod)
+    return mod
+
+
+class Sender:
+    """A response sender whose first send blocks until `release` is set (a slow round trip)."""
+
+    def __init__(self, block_first=False):
+        self.sent, self.entered, self.release = [], threading.Event(), threading.Event()
+        self.block_first = block_first
+        self.done = threading.Event()
+
+    def send(self, response, flags=0):
+        if self.block_first and not self.sent:
+            self.entered.set()
+            assert self.release.wait(10)
+        self.sent.append((response.outputs.get("text_output"), response.outputs.get("output_tokens"), flags, response.error))
+        if flags:
+            self.done.set()
+
+
+@pytest.fixture
+def runtime(pb_utils):
+    from launcher.engines.vllm_sglang_lmdeploy import AsyncEngineRuntime, EngineAdapter
+    from launcher.serving import triton_io
+
+    rt = AsyncEngineRuntime(EngineAdapter())
+    rt._responder = triton_io.Responder()
+    threads = [threading.Thread(target=rt._send_loop, args=(q,), daemon=True) for q in rt._send_queues]
+    for t in threads:
+        t.start()
+    yield rt
+    for q in rt._send_queues:
+        q.put(None)
+    for t in threads:
+        t.join(5)
+
+
+def test_text_made_during_a_send_goes_out_merged_in_order(runtime):
+    from launcher.engines.vllm_sglang_lmdeploy import _Outbox
+
+    slow = Sender(block_first=True)
+    out = _Outbox(slow, shard=0)
+    runtime._post(out, " a", 5, 1)
+    assert slow.entered.wait(5)  # " a" is on its way; the next pieces wait for it
+    runtime._post(out, " b", 5, 2)
+    runtime._post(out, " c", 5, 3)
+    runtime._post_final(out, ("done", " d", "length"), 5, 4)
+    slow.release.set()
+    assert slow.done.wait(5)
+    assert slow.sent == [(" a", 1, 0, None), (" b c d", 4, 1, None)]
+
+
+def test_a_slow_request_does_not_hold_up_another_shard(runtime):
+    from launcher.engines.vllm_sglang_lmdeploy import _Outbox
+
+    slow, fast = Sender(block_first=True), Sender()
+    runtime._post(_Outbox(slow, shard=0), " s", 1, 1)
+    assert slow.entered.wait(5)
+    quick = _Outbox(fast, shard=1)
+    runtime._post(quick, " x", 1, 1)
+    runtime._post_final(quick, ("done", "", "stop"), 1, 1)
+    assert fast.done.wait(5), "a request on another sender waited for the slow one"
+    assert fast.sent[-1][2] == 1
+    slow.release.set()
+
+
+def test_an_engine_error_sends_the_text_made_before_it_then_the_error(runtime):
+    from launcher.engines.vllm_sglang_lmdeploy import _Outbox
+
+    s = Sender(block_first=True)
+    out = _Outbox(s, shard=2)
+    runtime._post(out, " a", 3, 1)
+    assert s.entered.wait(5)
+    runtime._post(out, " b", 3, 2)
+    runtime._post_final(out, ("error", "vllm engine error: boom"))
+    s.release.set()
+    assert s.done.wait(5)
+    assert s.sent == [(" a", 1, 0, None), (" b", 2, 0, None), (None, None, 1, "vllm engine error: boom")]
+
+
+def test_final_counts_only_streams_text_alone(runtime):
+    from launcher.engines.vllm_sglang_lmdeploy import _Outbox
+
+    s = Sender()
+    out = _Outbox(s, shard=3)
+    out.counts = False
+    runtime._post(out, " a", 3, 1)
+    runtime._post_final(out, ("done", " b", "length"), 3, 2)
+    assert s.done.wait(5)
+    assert s.sent[0][1] is None and s.sent[-1] == (" b", 2, 1, None) or s.sent == [(" a b", 2, 1, None)]
