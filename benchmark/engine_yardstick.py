@@ -9,7 +9,10 @@ from the rendered files (vLLM: `1/model.json`, its AsyncEngineArgs), so the yard
 run one configuration.
 
 async    vLLM's `AsyncLLM` in this process, a closed loop per concurrency C: C requests in flight, the
-         next one sent as soon as one finishes, N requests counted after C warm-up requests. The
+         next one sent as soon as one finishes, N requests counted after C warm-up requests. With
+         --frontends K: one engine core and K processes, each an AsyncLLM client of it (what the served
+         model runs with engine.frontends=K, minus tritonserver), the C streams spread over them and the
+         next request taken from one counter they share. The
          prompts are llmlaunch-bench's synthetic ones (same seed, input length and tokenizer), every
          request streams (output_kind DELTA) and generates exactly --output-len tokens (ignore_eos).
          TTFT, ITL and tokens/s are computed by llmlaunch-bench's own metrics code, so the rows compare
@@ -66,14 +69,14 @@ def parse_loads(items: list) -> list:
 
 
 # ----------------------------------------------------------------------------- vLLM
-async def _vllm_closed_loop(engine, samples, concurrency: int, count: int, warmup: int, sampling) -> dict:
-    """`warmup` requests at once (not counted), then the closed loop of `count` counted ones."""
+async def _drive(engine, samples, sampling: dict, streams: int, take, clock: dict) -> list:
+    """`streams` closed-loop workers on one AsyncLLM: each sends the request `take()` names (None: no more) as
+    soon as its previous one ended. Times are seconds since clock["t0"]."""
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
     results = []
-    clock = {"t0": time.perf_counter()}
 
-    async def one(index: int, counted: bool) -> None:
+    async def one(index: int) -> None:
         sample = samples[index % len(samples)]
         sp = SamplingParams(output_kind=RequestOutputKind.DELTA, max_tokens=sample.output_len, **sampling)
         t0 = clock["t0"]
@@ -87,23 +90,23 @@ async def _vllm_closed_loop(engine, samples, concurrency: int, count: int, warmu
             n_in = len(out.prompt_token_ids or ()) or n_in
             if out.finished:
                 finish = c.finish_reason or ""
-        if counted:
-            results.append(metrics.RequestResult(index=index - warmup, prompt_len=sample.prompt_len,
-                                                 max_tokens=sample.output_len, sent=sent, token_times=times,
-                                                 end=time.perf_counter() - t0, input_tokens=n_in, output_tokens=n_out,
-                                                 responses=len(times), finish_reason=finish))
-
-    if warmup:
-        await asyncio.gather(*(one(i, False) for i in range(warmup)))
-    todo = iter(range(warmup, warmup + count))  # shared by the C workers: the next request not yet sent
+        results.append(metrics.RequestResult(index=index, prompt_len=sample.prompt_len, max_tokens=sample.output_len,
+                                             sent=sent, token_times=times, end=time.perf_counter() - t0,
+                                             input_tokens=n_in, output_tokens=n_out, responses=len(times),
+                                             finish_reason=finish))
 
     async def worker() -> None:
-        for index in todo:
-            await one(index, True)
+        while (index := take()) is not None:
+            await one(index)
 
-    clock["t0"] = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return metrics.compute(results, max(r.end for r in results))
+    await asyncio.gather(*(worker() for _ in range(streams)))
+    return results
+
+
+def _counter(start: int, stop: int):
+    """take() for one process: start, start+1, ..., stop-1, then None."""
+    it = iter(range(start, stop))
+    return lambda: next(it, None)
 
 
 async def vllm_async(args, engine_args: dict, samples) -> list:
@@ -114,14 +117,116 @@ async def vllm_async(args, engine_args: dict, samples) -> list:
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
     load_s = time.perf_counter() - t_start
     rows = []
+    sampling = {"ignore_eos": True, "temperature": 0.0}
     try:
         for c, n in parse_loads(args.concurrency):
-            m = await _vllm_closed_loop(engine, samples, c, n, c if args.warmup < 0 else args.warmup,
-                                        {"ignore_eos": True, "temperature": 0.0})
+            warmup = c if args.warmup < 0 else args.warmup
+            clock = {"t0": time.perf_counter()}
+            await _drive(engine, samples, sampling, warmup, _counter(0, warmup), clock)
+            clock["t0"] = time.perf_counter()
+            results = await _drive(engine, samples, sampling, c, _counter(warmup, warmup + n), clock)
+            m = metrics.compute(results, max(r.end for r in results))
             rows.append({"path": "in-process AsyncLLM", "concurrency": c, "requests": n, "load_s": load_s, **m})
             _print_row(rows[-1])
     finally:
         engine.shutdown()
+    return rows
+
+
+def _frontend_main(k: int, n: int, engine_args: dict, client: dict, samples, loads: list, warmup: int, shared,
+                   ready, go, results) -> None:
+    """Front end k of n (a process of its own): an AsyncLLM client of the engine core; for each load, its share of
+    the streams, taking requests from the counter all front ends share."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    args = AsyncEngineArgs(**engine_args)
+    args._api_process_count, args._api_process_rank = n, k
+    config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+
+    def take(stop: int):
+        def next_index():
+            with shared.get_lock():
+                if shared.value >= stop:
+                    return None
+                shared.value += 1
+                return shared.value - 1
+        return next_index
+
+    async def run() -> None:
+        engine = AsyncLLM.from_vllm_config(config, client_addresses=client, client_count=n, client_index=k,
+                                           disable_log_stats=True)
+        sampling = {"ignore_eos": True, "temperature": 0.0}
+        try:
+            for c, count in loads:
+                streams = c // n + (1 if k < c % n else 0)  # C streams spread over the front ends
+                w = streams if warmup < 0 else warmup // n  # each front end warms its own streams up
+                clock = {"t0": time.perf_counter()}
+                await _drive(engine, samples, sampling, w, _counter(0, w), clock)
+                ready.put(k)
+                start = go.get()  # the parent's perf_counter (one clock for every process) once all are warm
+                clock["t0"] = start
+                while time.perf_counter() < start:
+                    await asyncio.sleep(0.001)
+                stop = (c if warmup < 0 else warmup) + count
+                out = await _drive(engine, samples, sampling, streams, take(stop), clock) if streams else []
+                results.put([r.to_json() for r in out])
+        finally:
+            engine.shutdown()
+
+    asyncio.run(run())
+
+
+def vllm_async_frontends(args, engine_args: dict, samples) -> list:
+    """The served layout of engine.frontends=N without tritonserver: one engine core started with vLLM's
+    launch_core_engines for N clients, N processes each an AsyncLLM client driving its share of the streams."""
+    import multiprocessing
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+    from vllm.v1.engine.utils import get_engine_zmq_addresses, launch_core_engines
+    from vllm.v1.executor import Executor
+
+    n = args.frontends
+    loads = parse_loads(args.concurrency)
+    ea = AsyncEngineArgs(**engine_args)
+    ea._api_process_count, ea._api_process_rank = n, -1  # the launcher's config, as vLLM's serve command sets it
+    config = ea.create_engine_config(UsageContext.ENGINE_CONTEXT)
+    addresses = get_engine_zmq_addresses(config, n)
+    ctx = multiprocessing.get_context("spawn")
+    shared, ready, go, results = ctx.Value("l", 0), ctx.Queue(), ctx.Queue(), ctx.Queue()
+    t_start = time.perf_counter()
+    with launch_core_engines(config, Executor.get_class(config), not ea.disable_log_stats, addresses, n) as (
+            manager, coordinator, addresses, _):
+        pass
+    load_s = time.perf_counter() - t_start
+    procs = []
+    for k in range(n):
+        client = {"input_address": addresses.inputs[k], "output_address": addresses.outputs[k]}
+        procs.append(ctx.Process(target=_frontend_main, args=(k, n, engine_args, client, samples, loads, args.warmup,
+                                                                shared, ready, go, results)))
+        procs[-1].start()
+    rows = []
+    try:
+        for c, count in loads:
+            for _ in range(n):
+                ready.get(timeout=900)
+            shared.value = c if args.warmup < 0 else args.warmup
+            start = time.perf_counter() + 0.05
+            for _ in range(n):
+                go.put(start)
+            found = [metrics.RequestResult.from_json(d) for _ in range(n) for d in results.get(timeout=900)]
+            m = metrics.compute(found, max(r.end for r in found))
+            rows.append({"path": f"in-process AsyncLLM x{n}", "concurrency": c, "requests": count, "load_s": load_s,
+                         **m})
+            _print_row(rows[-1])
+    finally:
+        for p in procs:
+            p.join(60)
+        for part in (manager, coordinator):
+            if part is not None:
+                part.shutdown()
     return rows
 
 
@@ -167,6 +272,9 @@ def main(argv=None) -> int:
     p.add_argument("--concurrency", nargs="+", default=["1:32", "64:1000", "128:1000"],
                    help="async: C:N, N requests counted at concurrency C (default 1:32 64:1000 128:1000)")
     p.add_argument("--warmup", type=int, default=-1, help="async: warm-up requests before each loop (default: C)")
+    p.add_argument("--frontends", type=int, default=1,
+                   help="async: AsyncLLM clients of one engine core, each a process of its own, sharing the streams "
+                        "(the layout of the served model's engine.frontends; default 1: one AsyncLLM in this process)")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64, 128], help="offline: batch sizes")
     p.add_argument("--rounds", type=int, default=3, help="offline: measured rounds per batch")
     p.add_argument("--input-len", type=int, default=128)
@@ -177,7 +285,9 @@ def main(argv=None) -> int:
     engine, engine_args, model = rendered_engine_args(overrides)
     need = max([n + c for c, n in parse_loads(args.concurrency)] + args.batch)
     samples = samples_for(model, max(need, 1000), args.input_len, args.output_len, args.seed)
-    if args.mode == "async":
+    if args.mode == "async" and args.frontends > 1:
+        rows = vllm_async_frontends(args, engine_args, samples)
+    elif args.mode == "async":
         rows = asyncio.run(vllm_async(args, engine_args, samples))
     else:
         rows = vllm_offline(args, engine_args, samples)

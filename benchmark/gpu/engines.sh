@@ -3,7 +3,8 @@
 # and llmlaunch's hf engine served, all on one random-weight Llama of 1.24 B parameters (bf16), 128-token
 # prompts, 128 new tokens, ignore_eos; 32 requests at concurrency 1, 1,000 at 64 and 128.
 #
-#   benchmark/gpu/engines.sh yardsticks OUT      # (c) vLLM offline LLM.generate, (b) vLLM AsyncLLM in-process
+#   benchmark/gpu/engines.sh yardsticks OUT      # (c) vLLM offline LLM.generate, (b) vLLM AsyncLLM in-process,
+#                                                # (b') FRONTENDS (4) AsyncLLM processes of one engine core
 #   benchmark/gpu/engines.sh served OUT LABEL OVERRIDES...   # (a)/(d): one llmlaunch configuration, llmlaunch-bench
 #   benchmark/gpu/engines.sh table OUT           # every result under OUT as one table
 #   benchmark/gpu/engines.sh pack OUT DEST       # that table and an archive of OUT, into DEST
@@ -52,7 +53,12 @@ yardsticks)
     echo "== (b) vLLM AsyncLLM in-process, closed loops $LOADS"
     # shellcheck disable=SC2086  # LOADS: one argument per load
     timeout 400 $PY benchmark/engine_yardstick.py async --concurrency $LOADS --json "$OUT/inprocess.json" \
-        -- "${VLLM[@]}" 2> "$OUT/inprocess.log" || tail -20 "$OUT/inprocess.log" ;;
+        -- "${VLLM[@]}" 2> "$OUT/inprocess.log" || tail -20 "$OUT/inprocess.log"
+    echo "== (b') the served default's layout without tritonserver: ${FRONTENDS:-4} AsyncLLM clients of one engine core"
+    # shellcheck disable=SC2086
+    timeout 400 $PY benchmark/engine_yardstick.py async --frontends "${FRONTENDS:-4}" --concurrency $LOADS \
+        --json "$OUT/inprocess_frontends.json" -- "${VLLM[@]}" 2> "$OUT/inprocess_frontends.log" \
+        || tail -20 "$OUT/inprocess_frontends.log" ;;
 served)
     LABEL=${3:?a label}
     shift 3

@@ -22,12 +22,19 @@ def load(out: str):
         for r in json.load(open(path))["rows"]:
             inproc[r["concurrency"]] = {"tok_s": r["output_throughput"], "ttft": r["ttft_ms"]["p50"],
                                         "itl": r["itl_ms"]["p50"], "failed": r["failed"], "load_s": r.get("load_s")}
+    path = os.path.join(out, "inprocess_frontends.json")
+    if os.path.exists(path):
+        doc = json.load(open(path))
+        served.append({"label": doc["rows"][0]["path"] if doc["rows"] else "in-process front ends", "ready_s": 0,
+                       "rows": [{"concurrency": r["concurrency"], "output_throughput": r["output_throughput"],
+                                 "ttft_ms_p50": r["ttft_ms"]["p50"], "itl_ms_p50": r["itl_ms"]["p50"],
+                                 "failed": r["failed"]} for r in doc["rows"]]})
     path = os.path.join(out, "offline.json")
     if os.path.exists(path):
         offline = json.load(open(path))["rows"]
     for path in sorted(glob.glob(os.path.join(out, "*.json"))):
         name = os.path.basename(path)
-        if name in ("inprocess.json", "offline.json") or "_c" in name:
+        if name in ("inprocess.json", "inprocess_frontends.json", "offline.json") or "_c" in name:
             continue
         doc = json.load(open(path))
         if "rows" in doc and "label" in doc:

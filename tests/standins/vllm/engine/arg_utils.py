@@ -29,7 +29,7 @@ class AsyncEngineArgs:
 
     def create_engine_config(self, usage_context=None):
         """vLLM's VllmConfig, reduced to what the stand-in's engine-core launch and clients read."""
-        if not 0 <= self._api_process_rank < self._api_process_count:
+        if not -1 <= self._api_process_rank < self._api_process_count:  # -1: the launcher (vLLM allows it)
             raise ValueError(f"Invalid value of `_api_process_rank`: {self._api_process_rank}")
         return SimpleNamespace(engine_args=self, api_process_count=self._api_process_count,
                                api_process_rank=self._api_process_rank)
