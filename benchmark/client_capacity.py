@@ -20,9 +20,8 @@ Three measurements:
     python benchmark/client_capacity.py --url HOST:PORT      # an already running one serving `emitter`
     python benchmark/client_capacity.py --processes 1,2,4 --instances 8 --json capacity.json
 
---reference-rate defaults to 6,877 responses/s: the fastest figure in
-shared/FACTS.md (static-batch generate, batch 128, one H100), taken as one
-response per token.
+--reference-rate defaults to 6,877 responses/s: the hf engine's static-batch
+generate at batch 128 on one H100 (tokens/s), taken as one response per token.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """What the serving path itself costs a first token, part by part, with nothing generating it.
 
-The hf engine's served TTFT at one stream is the in-process TTFT plus 2.3-2.6 ms on an H100 host
-(benchmark/RESULTS.md, seventeenth session), against the issue's 2 ms.  This script measures the path
+The hf engine's served TTFT at one stream is the in-process TTFT plus 2.3-2.6 ms on an H100 host, against a 2 ms target.  This script measures the path
 without the engine: the `first_echo` fixture model (tests/models/first_echo) parses each request with the
 hf model's own code and answers at once with its Responder, one variant per model instance in one
 tritonserver:
@@ -21,7 +20,7 @@ tritonserver:
                 of blocking on it (tried against the slow wake-up; on the H100 host no better than process_3ms:
                 the polling thread holds the GIL that the stub's other threads need)
 
-One stream, one request at a time (as the issue's concurrency 1), through the benchmark's own client
+One stream, one request at a time (concurrency 1), through the benchmark's own client
 (launcher.client.TritonStream); rounds take the variants in turn.  The final response carries the model's
 CLOCK_MONOTONIC stamps, so each first token splits into:
 

@@ -113,7 +113,7 @@ trades streaming granularity for fewer responses (first token and end are
 never delayed).  On bigger machines --split-cpus keeps the served path's client
 processes off the server's cores, as remote clients would be (on a 16-core H100
 host at 128 streams the generator burns about 7 cores and cost the served engine
-0.88 -> 0.95 of in-process; RESULTS.md, eighth session).  Each engine's features
+0.88 -> 0.95 of in-process).  Each engine's features
 (torch.compile, decode graphs, where attention may use cuDNN) are logged first.
 
 `--vs-generate` adds the engine's own yardstick: static-batch `model.generate`
@@ -294,8 +294,7 @@ def set_process_affinity(pid: int, cpus: set[int]) -> None:
 def pin_engine(server_pid: int, server_cpus: set[int], cores: int) -> dict:
     """Give the served hf engine process `cores` physical cores of the server's CPUs to itself and move
     tritonserver and its stubs onto the rest, so the stubs' response work never shares a core with the engine's
-    scheduling loop (the tenth session's "not tried": run 9/10 saw the engine's host time per step grow with
-    more stub processes on the same 8 cores)."""
+    scheduling loop (the engine's host time per step grew with more stub processes on the same 8 cores)."""
     groups = physical_cores(server_cpus)
     if not 1 <= cores < len(groups):
         raise SystemExit(f"--pin-engine {cores}: the server has {len(groups)} physical cores; leave it at least one")
@@ -408,7 +407,7 @@ def server_cpu_by_role(server_pid: int) -> dict[str, float]:
     (gRPC, the python backend's side of every request and response), its python stubs (parsing requests, building
     and sending responses; the engine too with engine_process=false), the hf engine processes, and anything else.
     Which of them a CPU-poor server runs out of decides what to make cheaper (128 streams on 8 vCPUs used 6.5-6.7 of
-    them: benchmark/RESULTS.md, run 96).  A process that exited meanwhile is not counted."""
+    them).  A process that exited meanwhile is not counted."""
     stats = _proc_stats()
     stubs, engines = set(stub_pids(server_pid, stats)), set(engine_pids(server_pid, stats))  # one read of /proc
     out = dict.fromkeys(SERVER_ROLES, 0.0)
@@ -982,7 +981,7 @@ def main(argv=None) -> int:
                          "(e.g. response_threads=2)")
     ap.add_argument("--alt-server-env", action="append", default=[], metavar="KEY=VALUE",
                     help="the served_alt path: an environment variable of its tritonserver on top of --server-env's "
-                         "(e.g. an LLMLAUNCH_HF_* switch set to 0: the code before a change, side by side with it)")
+                         "(e.g. an LLMLAUNCH_HF_* switch set to 0, side by side with the default)")
     ap.add_argument("--request-param", action="append", default=[], metavar="KEY=VALUE",
                     help="served paths: a Triton request parameter sent with every request (e.g. "
                          "final_counts_only=true)")

@@ -3,8 +3,7 @@
 
 A streamed request of the hf model gets one response per engine step.  One Triton model instance (one
 stub process) builds and sends them all, and at 32 streams on an H100 it could not keep up: it merged
-tokens, so a client saw a piece every 3.3-4.2 ms against 1.86 in-process (benchmark/RESULTS.md, twelfth
-session).  In a stub, building a pb_utils.Tensor costs 12 us (INT32) to 30 us (BYTES), and a tensor's
+tokens, so a client saw a piece every 3.3-4.2 ms against 1.86 in-process.  In a stub, building a pb_utils.Tensor costs 12 us (INT32) to 30 us (BYTES), and a tensor's
 first send copies it into shared memory, while a tensor sent before is sent again from there; so the hf
 model's responses (launcher.serving.triton_io.Responder) keep the tensors that repeat.  This script
 measures what that buys, with the `emitter` fixture model (tests/models/emitter: one request at a time,

@@ -3,7 +3,7 @@
 Why: a streamed first token crosses a dozen threads (client, gRPC, tritonserver, the python stub, the engine
 process), and while the engine computes it most of them sleep.  On a virtual machine a vCPU with nothing to run
 halts and the host deschedules it, so waking a thread on it takes tens of microseconds more than on a busy one.
-Measured on the H100 host (a KVM guest, 16 vCPUs; benchmark/RESULTS.md, eighteenth session): a request answered
+Measured on the H100 host (a KVM guest, 16 vCPUs): a request answered
 through the python backend and a child process after 3 ms of sleep took 1.39-1.59 ms p50 end to end, and
 1.01-1.15 ms with every idle vCPU kept busy (`benchmark/first_response.py --awake both`); the hf engine's served
 first token at one stream, 2.47 ms p50 more than in-process, 2.01 ms more with both kept awake
@@ -18,7 +18,7 @@ Under load the spinners pause (`serve.awake_pause_at`): the hf engine posts how 
 (a page of shared memory named in LLMLAUNCH_AWAKE_BOARD, one byte per local rank), and a spinner sleeps while any
 engine of its node holds that many or more.  Then the server's threads are busy and seldom sleep, so waking is not
 what they wait for, while a spinner on an idle hyperthread slows its busy sibling: at 8 streams served tokens/s fell
-from 0.988-0.990 to 0.973-0.974 of in-process with spinners that never paused (run 154).  Engines that post
+from 0.988-0.990 to 0.973-0.974 of in-process with spinners that never paused.  Engines that post
 nothing (every engine but hf) leave the board at 0, and the spinners never pause.
 
 Cost: every CPU of the set shows 100% busy while the server is idle or lightly loaded (power, and a hyperthread

@@ -598,7 +598,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", "-p", help="prompt text (default: 'I am going to' unless --prompts-file)")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens to generate (default 128)")
     p.add_argument("--no-stream", action="store_true", help="ask for one response with the whole answer")
-    p.add_argument("--prompts-file", help="file with one prompt per line (seed 004's prompts.txt)")
+    p.add_argument("--prompts-file", help="file with one prompt per line")
     p.add_argument("--output", "-o", default="results.txt", help="where --prompts-file answers go (default results.txt)")
     p.add_argument("--concurrency", "-c", type=int, default=8, help="requests in flight with --prompts-file (default 8)")
     p.add_argument("--iterations", type=int, default=1, help="send the prompts file this many times")

@@ -1033,7 +1033,7 @@ def processes_for(setting: int, replicas: int, response_processes: int, cpus: in
     through a front-end event loop, and one process is the limit once the replicas' stubs send more than
     ~21-29k responses/s. Two H100 replicas at 128 streams with two response processes each got 32,598 tok/s
     through one front-end process, 37,579 through two and 39,573 through four; with one response process
-    each, 39,225 through one and 39,039 through two (benchmark/RESULTS.md, twenty-third session)."""
+    each, 39,225 through one and 39,039 through two."""
     if setting > 0:
         return setting
     return max(1, min(replicas * response_processes, cpus // 2))

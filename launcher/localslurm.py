@@ -22,7 +22,7 @@ or from Python (tests use `tests/slurm_fixture.py`)::
 Layout: the pure `render_*` functions build every file and argv from a `Spec`;
 `up`, `down` and `status` are the only functions with side effects. Every
 pitfall quoted in a comment (marked "pitfall") was hit on this kind of machine;
-see the "A real multi-node Slurm cluster on one machine" section of FACTS.md.
+README.md, "Slurm", says how to use it.
 
 One cluster per machine: network namespace, interface names, ports and the
 /etc/hosts block are global, whatever the state directory.

@@ -41,7 +41,7 @@ class ClusterConfig:
     mem: str = ""  # sbatch --mem per node, e.g. 200G or 0 (all); empty = site default
     container: ContainerConfig = field(default_factory=ContainerConfig)  # pyxis container settings
     setup: List[str] = field(default_factory=list)  # shell lines run in the job before srun (module load, venv activate)
-    lock_clocks: str = ""  # e.g. "1410,1410": adds `sudo nvidia-smi -lgc <value>` before srun (seed 003)
+    lock_clocks: str = ""  # e.g. "1410,1410": adds `sudo nvidia-smi -lgc <value>` before srun
     env: Dict[str, str] = field(default_factory=dict)  # environment variables exported in the job
     extra_sbatch: List[str] = field(default_factory=list)  # extra sbatch flags, e.g. ["--gpu-bind=none"]
     tritonserver: str = ""  # explicit path to the tritonserver binary; empty = resolve (PATH, /opt/tritonserver, wheel)
@@ -77,8 +77,8 @@ class HFEngineConfig(EngineConfig):
     prefill_chunk: int = 0  # prompt tokens prefilled per engine step, so running streams keep flowing (0: 512 on CPU, 2048 on a GPU)
     cuda_graphs: bool = True  # replay decode steps and one-prompt steps as captured CUDA graphs (GPU; with tp>1 every rank replays the same graphs, NCCL inside): 4x the eager step rate, TTFT 11.5 -> 2.5 ms on an H100; tp=2 5.5x on two H200s
     response_threads: int = 0  # threads of the Triton model that send the streams' responses (0: 1 on CPU, 4 on a GPU; with response_processes=8, 2 measured better)
-    response_nice: int = -1  # nice value tritonserver and the stubs take once the engine process has started, so on a node whose CPUs are all busy the engine's threads run first: 0-19, 0 = unchanged, -1 = 10 on a GPU and 0 on CPU (H100 hosts, 8 server vCPUs, 64-128 closed streams: 0.009-0.049 more of in-process tokens/s in 9 of 10 pairs; benchmark/RESULTS.md, thirty-fifth session)
-    stream_interval_ms: int = 0  # least time between two streamed responses of a request; tokens made meanwhile go in one response (its first token and its end never wait). 0: a response per engine step. Each response costs the server CPU: on an H100 host with 8 server vCPUs, 128 closed streams, 8 ms took the first token added by serving from +4.4-4.6 to +1.3-1.5 ms and tokens/s from 0.957 to 0.985-0.992 of in-process (~45 responses a request instead of ~100, each ~9 ms apart; benchmark/RESULTS.md, thirty-ninth session); on another, +2.0-2.2 to +0.2-0.6 ms, and at 1-64 streams the two within 0.5 ms of each other (fortieth)
+    response_nice: int = -1  # nice value tritonserver and the stubs take once the engine process has started, so on a node whose CPUs are all busy the engine's threads run first: 0-19, 0 = unchanged, -1 = 10 on a GPU and 0 on CPU (H100 hosts, 8 server vCPUs, 64-128 closed streams: 0.009-0.049 more of in-process tokens/s in 9 of 10 pairs)
+    stream_interval_ms: int = 0  # least time between two streamed responses of a request; tokens made meanwhile go in one response (its first token and its end never wait). 0: a response per engine step. Each response costs the server CPU: on an H100 host with 8 server vCPUs, 128 closed streams, 8 ms took the first token added by serving from +4.4-4.6 to +1.3-1.5 ms and tokens/s from 0.957 to 0.985-0.992 of in-process (~45 responses a request instead of ~100, each ~9 ms apart); on another, +2.0-2.2 to +0.2-0.6 ms, and at 1-64 streams the two within 0.5 ms of each other (fortieth)
     response_processes: int = 1  # Triton model instances (stub processes, each with its own GIL) that share the engine process and send its responses; tp=1 only
     torch_compile: str = "auto"  # auto | true | false: fuse the model's small kernels with torch.compile when it loads (auto: on for GPUs, off on CPU)
     cudnn_attention: str = "graphs"  # graphs | all | off: where attention may use cuDNN (graphs: captured decode graphs only, so prompt steps build no per-shape cuDNN plans on the host)
@@ -109,7 +109,7 @@ class TRTLLMEngineConfig(EngineConfig):
 
 @dataclass
 class VLLMEngineConfig(EngineConfig):
-    name: str = "vllm"  # vLLM AsyncLLMEngine in a python model (seed 004)
+    name: str = "vllm"  # vLLM AsyncLLMEngine in a python model
     engine_args: Dict[str, Any] = field(default_factory=dict)  # passed through to vLLM's AsyncEngineArgs as model.json
     gpu_memory_utilization: float = 0.9  # vLLM's share of each GPU
     distributed_executor_backend: str = "auto"  # auto (mp on one node, ray across nodes) | mp | ray
@@ -118,14 +118,14 @@ class VLLMEngineConfig(EngineConfig):
 
 @dataclass
 class SGLangEngineConfig(EngineConfig):
-    name: str = "sglang"  # SGLang offline Engine in a python model (seed 000)
+    name: str = "sglang"  # SGLang offline Engine in a python model
     mem_fraction_static: float = 0.0  # SGLang's static memory fraction; 0 = its default
     extra_args: Dict[str, Any] = field(default_factory=dict)  # more sglang ServerArgs fields, passed through
 
 
 @dataclass
 class LMDeployEngineConfig(EngineConfig):
-    name: str = "lmdeploy"  # LMDeploy pipeline in a python model (seed 001)
+    name: str = "lmdeploy"  # LMDeploy pipeline in a python model
     backend: str = "turbomind"  # turbomind (HF weights or a converted workspace) | pytorch
     session_len: int = 0  # LMDeploy session length; 0 = the model's
     cache_max_entry_count: float = 0.8  # KV-cache share of free GPU memory

@@ -4,7 +4,7 @@
 `tritonserver` on PATH, `/opt/tritonserver/bin/tritonserver` (NGC containers),
 and the `nvidia-pytriton` wheel, which ships the binary and the python backend
 but needs the stub for the running Python copied beside the backend and its
-libraries on LD_LIBRARY_PATH (../shared/FACTS.md).
+libraries on LD_LIBRARY_PATH.
 
 `TritonServer` is the one place a server process is started and stopped:
 its own process group, readiness = live + ready + model ready + one real
@@ -48,7 +48,7 @@ def _python_env(python: str = sys.executable) -> Dict[str, str]:
     """Make the python backend stub run the interpreter llmlaunch runs in.
 
     The stub links libpython3.X.so: the interpreter's own LIBDIR must come first, or a system
-    libpython of another build is picked and compiled modules fail to import (FACTS.md)."""
+    libpython of another build is picked and compiled modules fail to import."""
     libdir = sysconfig.get_config_var("LIBDIR") or ""
     bindir = str(Path(python).parent)
     env = {"PATH": bindir + os.pathsep + os.environ.get("PATH", "")}
@@ -151,7 +151,7 @@ STUB_PYTHON_ENV = "LLMLAUNCH_STUB_PYTHON"
 # The library path the hf engine process runs with.  server_env sets it to the launcher's own LD_LIBRARY_PATH (the
 # engine runs the launcher's interpreter, so that path is the one it is known to work with); a value set by the user
 # stays, and "inherit" keeps the stub's (LD_LIBRARY_PATH with the server's additions first).  The choice decides
-# which cuDNN the engine runs (benchmark/RESULTS.md, seventh and eighth sessions).  The server's additions put the
+# which cuDNN the engine runs.  The server's additions put the
 # directory of libpython first, and on the GPU host that directory (/usr/lib/x86_64-linux-gnu) also holds a system
 # cuDNN: an engine on the inherited path loaded torch's libcudnn but the system's libcudnn_graph, a mix of two
 # versions whose decode attention took 0.12-0.15 ms more GPU time a step (1.87 ms vs 1.72-1.75 at one stream on an

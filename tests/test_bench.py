@@ -271,7 +271,7 @@ def test_open_loop_table_has_a_line_per_served_path():
     """benchmark/gpu/open_loop_table.py: per open-loop rate a line for the served path and one for each other server
     path the run measured (served_alt: `alt`; pinned, the served server with its engine process on cores of its own:
     `pinned`), each with the TTFT it adds as overhead.py computed it; a closed loop's row is labelled C=N.  Figures
-    are run 73's (two H200s, 240 req/s) and run 85's C=8 (8 response processes; served_alt one).  The engine columns:
+    are from two H200s: an open loop at 240 req/s and a closed loop at C=8 (8 response processes; served_alt one).  The engine columns:
     the share of steps with prompts in-process / served and of mixed steps served, and requests a hand-over."""
     mod = _script("gpu", "open_loop_table.py")
 

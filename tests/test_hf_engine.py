@@ -633,7 +633,7 @@ def test_compiled_model_equals_generate_and_compiles_only_at_start(tiny_model_di
 def test_the_blocking_gpu_wait_switch_is_off_by_default_read_at_start_and_refuses_other_values(tiny_model_dir,
                                                                                                 monkeypatch):
     """LLMLAUNCH_HF_BLOCKING_WAIT=1 makes the runner create each step's "done" event blocking, so the engine's host
-    thread sleeps in the driver instead of spinning while the GPU runs (benchmark/RESULTS.md, thirty-first session).
+    thread sleeps in the driver instead of spinning while the GPU runs.
     This machine has no GPU, so what is checked is the switch: off unless set, read when the runner starts, shown in
     the engine's log line only on a GPU, and any value but 0 / 1 refused with both meanings named."""
     from launcher.engines.hf_engine import describe_features
@@ -659,8 +659,7 @@ def test_prompts_are_encoded_by_the_backend_with_the_tokenizer_calls_ids_and_fal
     (which gives the GIL up while it encodes, as the tokenizer's call does, without the call's Python around it), and
     the ids are the tokenizer call's.  Where they could differ (truncation set on the backend by
     another caller, a tokenizer class whose call does more than the backend, LLMLAUNCH_HF_DIRECT_ENCODE=0) prompts go
-    through the call, and the engine's log line says why.  The GIL's hand-over itself is measured, not asserted here
-    (benchmark/RESULTS.md, thirty-second session)."""
+    through the call, and the engine's log line says why.  The GIL's hand-over itself is measured, not asserted here."""
     from transformers import AutoTokenizer
 
     from launcher.engines.hf_encode import PROBES, PromptEncoder
@@ -857,7 +856,7 @@ def test_a_row_ending_by_length_leaves_the_overlapped_steps_without_stopping_the
 
 def test_requests_waiting_for_a_slot_leave_the_decode_steps_queued_ahead(tiny_model_dir, reference, monkeypatch):
     """Two slots, three requests at once: the third waits for the slot of the first (6 tokens) while the first two
-    decode.  Every decode-only step is still queued ahead (with full_ahead=False, the code before, a request waiting
+    decode.  Every decode-only step is still queued ahead (with full_ahead=False a request waiting
     for a slot made each step wait for the host until it had one, so a full engine lost its overlap); the third is
     prefilled once the first has ended, and all outputs equal `generate` either way.  A bad
     LLMLAUNCH_HF_FULL_AHEAD is refused before the model loads."""
@@ -899,7 +898,7 @@ def test_eager_steps_keep_off_cudnn_attention(tiny_model_dir, monkeypatch, mode,
     """cudnn_attention: every attention call of an eager step runs with cuDNN's SDPA backend disabled (graphs, off)
     or with torch's choice (all), the other backends stay on, and the flags are restored after the step (a capture
     and other code in the process keep torch's choice).  Observed from inside torch's SDPA, on the CPU, where the
-    same flags are set (the kernel choice itself is a GPU matter: benchmark/RESULTS.md, eighth session)."""
+    same flags are set (the kernel choice itself is a GPU matter)."""
     import torch.nn.functional as F
 
     from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs

@@ -111,7 +111,7 @@ def test_sbatch_passes_bash_n(engine, cluster, tmp_path):
 
 
 def test_luna_trtllm_tp8_plan():
-    """The issue's acceptance: 1 node x 8 tasks, --mpi=pmix, 8 distinct shm-region prefixes."""
+    """One node x 8 tasks, --mpi=pmix, 8 distinct shm-region prefixes."""
     cfg, spec = plan(["cluster=luna", "engine=trtllm", "tp=8", "engine.engine_dir=/e", "model.path=/m"])
     text = plan_text(spec, RUN_DIR)
     assert "#SBATCH --nodes=1" in text and "#SBATCH --ntasks-per-node=8" in text

@@ -189,7 +189,7 @@ def test_a_failed_servers_log_is_shown_from_its_errors(tmp_path):
 @pytest.mark.triton
 @pytest.mark.parametrize("blocked, says", [
     ("torch", ["ModuleNotFoundError", "torch"]),
-    # transformers' lazy import wraps the real failure (run 90: "Could not import module 'AutoTokenizer'" over a
+    # transformers' lazy import wraps the real failure ("Could not import module 'AutoTokenizer'" over a
     # scipy built for numpy 2); the message goes down the chain to it
     ("tokenizers.decoders", ["needs: ModuleNotFoundError: import of tokenizers.decoders halted",
                              "(raised inside ModuleNotFoundError: Could not import module 'AutoTokenizer'"]),
@@ -244,7 +244,7 @@ def _dist(site: Path, name: str, files: dict, requires=()):
 
 
 def test_stub_site_links_a_host_site_leaving_out_what_cannot_import_under_the_stubs_numpy(tmp_path):
-    """benchmark/gpu/stub_site.py (run 90's failure: transformers -> scikit-learn -> a scipy built for numpy 2).  A real
+    """benchmark/gpu/stub_site.py (a failure seen on a GPU host: transformers -> scikit-learn -> a scipy built for numpy 2).  A real
     stub virtual environment with its own numpy 1.26 (a stand-in package: only its version is read) and a host
     site-packages of hand-made distributions: numpy 2; `modern`, which requires numpy>=2 (left out from metadata);
     `brokenlib`, which fails to import as that scipy did (left out for the failure's innermost frame); `needsbroken`,
@@ -315,7 +315,7 @@ def _shared_library(path: Path, needs=(), symbol="x"):
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build the stand-in libraries")
 def test_torch_cudnn_is_preloaded_by_full_path_for_an_engine_in_the_stub(tmp_path):
-    """launcher.engines.torch_libs, which the hf model calls before it starts an engine in the stub (run 92's mix:
+    """launcher.engines.torch_libs, which the hf model calls before it starts an engine in the stub (a mix seen on a GPU host:
     torch's libcudnn_adv, loaded before torch's libcudnn_ops, pulled in the system's ops through LD_LIBRARY_PATH).
     Stand-ins for torch's cuDNN wheel folder and a system folder, real ELF libraries built here with sonames and
     DT_NEEDED as cuDNN's (adv needs ops and graph, ops needs graph); real loading in fresh processes with the system

@@ -3,7 +3,7 @@
 # The engine process (EngineProcess, as the served model runs it, without tritonserver) against the same
 # engine in-process, with this shell's environment ("own"), the stub's ("server"), or this one plus a single
 # variable taken from the stub's (e.g. LD_LIBRARY_PATH).  Variants alternate, so drift shows as own-vs-own spread.
-# What LD_LIBRARY_PATH changes (seventh session, RESULTS.md): which cuDNN the engine runs.  overhead.py's
+# What LD_LIBRARY_PATH changes: which cuDNN the engine runs.  overhead.py's
 # `cuda_libraries` and per-path `engine_steps` (GPU busy / idle per step) show it directly.
 #
 #   benchmark/gpu/engine_env.sh [OUT_DIR]        # default OUT_DIR: ./gpu-results

@@ -6,27 +6,27 @@
 Engine processes (`EngineProcess`, as the served hf model runs its engine, without the stub, tritonserver and
 gRPC) on one GPU with the GPU defaults, taking turns round by round (--variants):
   single   LLMLAUNCH_HF_BATCH_TOKENIZE=0, LLMLAUNCH_HF_WAVE_GRAPHS=0: each "add" tokenized and queued as it is read,
-           and more than 4 prompts waiting in one eager step (the code before run 28)
+           and more than 4 prompts waiting in one eager step (to measure against)
   batched  the reader takes every message a connection has sent so far and tokenizes their prompts in one call
            (a fast tokenizer spreads it over threads with the GIL released); waves still eager
   waves    batched, and two or more waiting prompts in steps of their own through wave graphs; prompts that arrive
            while others decode and fit a mixed graph go beside the decode rows through it (the default)
-  nomixed  waves without mixed graphs (LLMLAUNCH_HF_MIXED_GRAPHS=0, the code before the thirty-fourth session: such
+  nomixed  waves without mixed graphs (LLMLAUNCH_HF_MIXED_GRAPHS=0: such
            prompts go in steps of their own too).  `--variants nomixed waves` measures what mixed graphs gain
   wait     waves, but a step of prompts (and the decode rows' turn after it) waits for the tokens of the step
-           running before it is queued (LLMLAUNCH_HF_PROMPTS_AHEAD=0, the code before the seventeenth session; by
+           running before it is queued (LLMLAUNCH_HF_PROMPTS_AHEAD=0; by
            default it is queued behind that step at once).  `--variants wait waves` measures what that gains
   unfused  waves, with HF's separate q/k/v and gate/up products (LLMLAUNCH_HF_FUSE_PROJECTIONS=0; the others fuse
            each group into one product, the default: launcher/engines/hf_fuse.py).  `--variants unfused waves`
            measures what fusing gains under load
   fullwait waves, but while requests wait for a slot (every slot taken) each decode step waits for the running
-           step's tokens (LLMLAUNCH_HF_FULL_AHEAD=0, the code before the nineteenth session; by default it is queued
+           step's tokens (LLMLAUNCH_HF_FULL_AHEAD=0; by default it is queued
            ahead).  `--variants fullwait waves --request-rate 240` measures what that gains past the engine's capacity
 The load is overhead.py's closed loop: C requests in flight, --requests-per-stream x C in all, text prompts of
 --prompt-tokens tokens (tokenized in the engine process, as served), each finished request's successor sent at
 once from the driver thread.  With one output length for all (the default) requests end together and their
 successors arrive in a burst: "add" was 15 ms a request at 128 streams with one at a time, and a burst of 8 got
-its first tokens later when tokenized together but prefilled in one eager step (benchmark/RESULTS.md, run 28).
+its first tokens later when tokenized together but prefilled in one eager step.
 --request-rate R adds open loops (overhead.py's): R x --open-seconds requests a round sent at Poisson arrival times,
 the same for every variant, whatever is in flight; past the engine's capacity requests queue for a slot.
 

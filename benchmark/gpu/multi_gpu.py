@@ -97,8 +97,8 @@ def greedy_text(url: str, model: str, max_tokens: int = 48) -> str:
 def client_processes(requested: int, concurrency: int, cpus: int) -> int:
     """Client processes for one bench: --client-processes, or by default a quarter of the host's CPUs (8 on a
     32-vCPU host; the servers, their stubs and engines keep the rest), never more than the requests in flight.
-    One client process cannot keep up with 128 streams: it parses every streamed response in Python (fourteenth
-    session of benchmark/RESULTS.md: four processes were the bottleneck, eight were not)."""
+    One client process cannot keep up with 128 streams: it parses every streamed response in Python (measured
+    at 128 streams: four processes were the bottleneck, eight were not)."""
     return max(1, min(concurrency, requested or cpus // 4))
 
 
@@ -136,8 +136,8 @@ def verdict(texts: dict[str, str], rows: list[dict], failed: list[dict], dtype: 
     layout that did not start, on failed requests, on no rows, and on greedy text that differs where it must not:
     from the first layout of the same tp size (replicas of tp=1 run one GPU's kernels), and in float32 from the first
     layout.  Across tp sizes in bf16/fp16 a difference is a note: a tensor-parallel all-reduce adds the shards' sums
-    in another order than one GPU's matmul, so near-ties of a random model may go the other way (runs 11/12 of
-    benchmark/RESULTS.md: float32 equal, bf16 not)."""
+    in another order than one GPU's matmul, so near-ties of a random model may go the other way (measured on two
+    H200s: float32 equal, bf16 not)."""
     if not rows:
         return 1, []
     names = list(texts)

@@ -76,11 +76,9 @@ echo "== 3. served vs in-process vs engine process vs static generate, concurren
 # three engines on the GPU at once (in-process, engine process, the server's): each holds its weights and KV cache.
 # The served path's load generator runs on its own half of the cores, tritonserver and its engine on the other
 # (--split-cpus; SPLIT_CPUS=0 shares them): on one machine the generator's CPU (several cores at 128 streams)
-# otherwise slows the engine's host work, which a remote client would not (RESULTS.md, eighth session: 0.88 shared,
-# 0.95 split at 128 streams). One client process per client core (CLIENT_PROCESSES, default half of nproc: 8 on
+# otherwise slows the engine's host work, which a remote client would not. One client process per client core (CLIENT_PROCESSES, default half of nproc: 8 on
 # the H100 host), one gRPC stream each: with 4 processes x 2 streams the generator itself was the limit at 128 streams
-# (each process ~1.2 cores busy; served 0.87 of in-process), with 8 x 1 served kept 0.99 (RESULTS.md, fourteenth
-# session).
+# (each process ~1.2 cores busy; served 0.87 of in-process), with 8 x 1 served kept 0.99.
 SPLIT=()
 [ "${SPLIT_CPUS:-1}" = 1 ] && SPLIT=(--split-cpus)
 # shellcheck disable=SC2086
@@ -116,7 +114,7 @@ for r in d["runs"]:
         if es:
             print(f"{r['concurrency']:>4} {path:<8} {es['step_ms']:>7.3f} {es['launch_ms']:>7.3f} {es['wait_ms']:>7.3f} "
                   f"{es['host_ms']:>7.3f} {es.get('gpu_ms', 0):>9.3f} {es.get('gpu_idle_ms', 0):>9.3f}")
-# the CUDA libraries each engine mapped: a library path can swap a cuDNN piece (RESULTS.md, seventh session)
+# the CUDA libraries each engine mapped: a library path can swap a cuDNN piece
 libs = d.get("cuda_libraries", {})
 base = set(libs.get("direct", []))
 for path, found in libs.items():
@@ -129,7 +127,7 @@ echo "== 3b. open loops: the TTFT serving adds when both paths get the same arri
 # two engines see different arrival patterns; here every path sends each request at the same drawn time (Poisson,
 # the served path's client processes' arrivals), so the TTFT difference is the serving path's alone. Two response
 # processes, as for 128 streams above, and beside them (served_alt, a second server) four: from ~45 requests in flight
-# the stubs' sending is what serving adds (benchmark/RESULTS.md, twenty-first session).
+# the stubs' sending is what serving adds.
 # shellcheck disable=SC2086
 timeout 1200 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfloat16 --max-num-seqs 128 \
     --request-rate $RATES --open-seconds 4 --prompt-tokens 128 --max-tokens 128 --rounds "$ROUNDS" \
@@ -139,8 +137,8 @@ $PY benchmark/gpu/open_loop_table.py "$OUT_DIR/overhead_open.json"
 
 echo "== 3c. open loops, eight response processes of two responder threads (RATES8 req/s: ${RATES8:=220 240 260})"
 # Beside them (served_alt) first the same with four threads each, then the same with LLMLAUNCH_HF_FIRST_FAST=0 (a
-# stream's first response handed to its responder thread, the code before the twenty-sixth session): eight processes
-# of two threads kept the added first token under 2 ms to ~79 requests in flight on two H200s (RESULTS.md, runs 78-82).
+# stream's first response handed to its responder thread): eight processes
+# of two threads kept the added first token under 2 ms to ~79 requests in flight on two H200s.
 # The server gets half the cores (SPLIT_CPUS=1): eight stubs want about 16 CPUs.
 n=0
 for alt in "--alt-server-param response_threads=4" "--alt-server-env LLMLAUNCH_HF_FIRST_FAST=0"; do
@@ -169,45 +167,43 @@ closed_pair() {
     $PY benchmark/gpu/open_loop_table.py "$OUT_DIR/$name.json"
 }
 
-echo "== 3d. closed loops at the issue's concurrencies (1 8 32 128): eight response processes of two threads, and one"
+echo "== 3d. closed loops at concurrencies 1 8 32 128: eight response processes of two threads, and one"
 # served: 8 x 2, the setting README gives a server with 16 CPUs of its own; served_alt: one response process (two
-# threads too: --server-param is both servers'). On two H200s (RESULTS.md, run 85) 8 x 2 added 2.6 / 2.7 / 3.6 / 8.3
+# threads too: --server-param is both servers'). On two H200s 8 x 2 added 2.6 / 2.7 / 3.6 / 8.3
 # ms to the closed loops' first token (one process: 2.3 / 4.0 / 4.7 / 21.0) at 0.97-0.99 of in-process tokens/s.
 closed_pair overhead_closed8 "1 8 32 128" 4 "$ROUNDS" --alt-response-processes 1
 
 echo "== 3e. closed loops (1 8 32 128): the engine's wait for a step's tokens spinning (served) / sleeping (served_alt)"
 # LLMLAUNCH_HF_BLOCKING_WAIT=1: the engine process's "done" events are blocking, so its host thread sleeps in the
 # driver while the GPU runs a step instead of spinning one CPU. The table's last column splits each server's CPU a
-# token into tritonserver + stubs + engine. On an H100 host (RESULTS.md, runs 97-100) sleeping freed ~0.6-0.7 CPU at
+# token into tritonserver + stubs + engine. On an H100 host sleeping freed ~0.6-0.7 CPU at
 # one stream and cost the first token up to 0.17 ms there and up to 0.66 ms at 8 streams; at 64-128 tritonserver and the stubs
 # were 85-90% of the server's CPU.
 closed_pair overhead_blocking_wait "1 8 32 128" 16 2 --alt-server-env LLMLAUNCH_HF_BLOCKING_WAIT=1
 
 echo "== 3f. closed loops (1 8 32 64 128): prompts straight to the tokenizers backend (served) / through the tokenizer's call (served_alt)"
 # LLMLAUNCH_HF_DIRECT_ENCODE=0: the engine tokenizes each prompt with `tokenizer(text)` as before, whose ~0.1 ms of
-# Python around the backend's encode_batch keeps the GIL from the engine loop. On H100 hosts (RESULTS.md, runs
-# 103-106) going straight to the backend brought the first token sooner in 9 of 10 pairs and cut `add` by 0.3-1.4 ms
+# Python around the backend's encode_batch keeps the GIL from the engine loop. On H100 hosts going straight to the backend brought the first token sooner in 9 of 10 pairs and cut `add` by 0.3-1.4 ms
 # from 8 streams up, at the same or higher tokens/s. The table's columns include `add` and the added TTFT.
 closed_pair overhead_direct_encode "1 8 32 64 128" 16 2 --alt-server-env LLMLAUNCH_HF_DIRECT_ENCODE=0
 
 echo "== 3g. closed loops (1 8 32 64 128): one tokenizer call a connection (served) / for all ready connections (served_alt)"
 # LLMLAUNCH_HF_GATHER_PROMPTS=1: the engine process's reader hands the requests of every ready connection (eight
 # response processes are eight) to the engine at once. The table's columns `req/hand-over` and `prompt steps %`
-# show how many requests it took at a time and how many steps had prompts. On H100 hosts (RESULTS.md, runs 107-110)
+# show how many requests it took at a time and how many steps had prompts. On H100 hosts
 # it cut `add` in all 10 pairs from 8 streams, but requests then waited longer in the engine: the first token came
 # sooner in 6 of 11 pairs and later in 5, and tokens/s was 0.063 lower in one pair at 64 streams.
 closed_pair overhead_gather_prompts "1 8 32 64 128" 16 2 --alt-server-env LLMLAUNCH_HF_GATHER_PROMPTS=1
 
 echo "== 3h. closed loops (1 8 32 64 128): prompts beside the decode rows through mixed graphs (served) / in steps of their own (served_alt)"
 # LLMLAUNCH_HF_MIXED_GRAPHS=0: a prompt that arrives while others decode goes through its prompt or wave graph in a
-# step of its own while the decode rows wait, as before the thirty-fourth session. On H100 hosts (RESULTS.md, runs
-# 112-115) mixed graphs brought the served first token sooner (median) in all 8 pairs from 8 streams and kept more
+# step of its own while the decode rows wait. On H100 hosts mixed graphs brought the served first token sooner (median) in all 8 pairs from 8 streams and kept more
 # of in-process tokens/s in 7 of 8. The table's `prompt steps %` columns show how many steps had prompts.
 closed_pair overhead_mixed_graphs "1 8 32 64 128" 16 2 --alt-server-env LLMLAUNCH_HF_MIXED_GRAPHS=0
 
 echo "== 3i. closed loops (1 8 32 64 128): tritonserver and the stubs at nice 10 (served, the GPU default) / unchanged (served_alt)"
-# response_nice=0: tritonserver and the stubs keep the engine process's priority, as before the thirty-fifth session.
-# On H100 hosts with the server on 8 vCPUs (RESULTS.md, runs 117-122) nice 10 kept more of in-process tokens/s in 7
+# response_nice=0: tritonserver and the stubs keep the engine process's priority.
+# On H100 hosts with the server on 8 vCPUs nice 10 kept more of in-process tokens/s in 7
 # of 8 pairs at 64-128 streams (by 0.009-0.049), with shorter engine steps and less GPU idle time; at 1-32 streams,
 # where the CPUs are not all busy, it made no difference beyond the order the servers ran in.
 closed_pair overhead_response_nice "1 8 32 64 128" 16 2 --alt-server-param response_nice=0
@@ -216,14 +212,14 @@ echo "== 3j. closed loops (1 8 32 64 128): all four outputs on every response (s
 # Request parameter final_counts_only=true (what llmlaunch-bench asks of a model that honours it, unless
 # --no-final-counts-only): text_output alone on every streamed response but the last, which carries input_tokens,
 # output_tokens and finish_reason. On the CPU box the three count tensors were 11 of tritonserver's 61 us a response
-# (stub_rate.py, thirty-fifth session). RESULTS.md, runs 124-127 and 132-133.
+# (stub_rate.py).
 closed_pair overhead_final_counts "1 8 32 64 128" 16 2 --alt-request-param final_counts_only=true
 
 echo "== 3k. closed loops (1 8 32 64 128) with output lengths of their own (64-192 new tokens): two servers set up alike"
 # With 128 new tokens for all, requests that start together end together, and a closed loop's successors arrive in
 # waves; with lengths of their own (drawn once, the same on every path) they end apart, as in real traffic. The
 # served path's client processes share one queue of requests, as the in-process driver does. The two servers are twins,
-# so their difference is the spread of one run. On an H200 host (RESULTS.md, runs 134-137, the pooled client) serving
+# so their difference is the spread of one run. On an H200 host serving
 # kept 0.986-0.995 of in-process tokens/s at 1-64 streams and 0.967-0.980 at 128, adding 1.3-2.1 ms at 1-64 streams
 # and 2.6-4.2 ms at 128 (p50; final counts only: 1.3-2.0 and 2.6-3.1).
 closed_pair overhead_lengths "1 8 32 64 128" 16 2 --max-tokens 192 --max-tokens-min 64
@@ -234,16 +230,16 @@ closed_pair overhead_lengths_final_counts "64 128" 16 2 --max-tokens 192 --max-t
 echo "== 3l. closed loops (1 8 64 128), lengths of their own, final counts only: a response a step (served) / a stream's tokens merged over 8 ms (served_alt)"
 # engine.stream_interval_ms=8 (the hf model's stream_interval_ms): tokens a stream made within 8 ms of its last
 # response wait for the next one; its first token and its end never wait. On H100 hosts with the server on 8 vCPUs
-# (RESULTS.md, runs 139-144, both orders) 128 streams added 1.34-1.54 ms at 0.985-0.992 of in-process tokens/s with
+# 128 streams added 1.34-1.54 ms at 0.985-0.992 of in-process tokens/s with
 # it and 4.37-4.57 ms at 0.957-0.958 without; 64 streams 1.72 against 2.07 ms; 1 and 8 streams the same either way.
 closed_pair overhead_stream_interval "1 8 64 128" 12 2 --max-tokens 192 --max-tokens-min 64 \
     --request-param final_counts_only=true --alt-server-param stream_interval_ms=8
 
 echo "== 4. 1 and 8 streams: the TTFT serving adds, CPUs as they are and kept awake (serve.keep_cpus_awake)"
 # The same engines and rounds with idle-priority spinners on every CPU (launcher/awake.py) for the _awake paths: on a
-# virtual machine an idle vCPU halts and waking a thread there is slow (RESULTS.md, eighteenth session).  As
+# virtual machine an idle vCPU halts and waking a thread there is slow.  As
 # serve.awake_pause_at does by default, the spinners pause while an engine holds 2 requests or more: at 8 streams
-# spinners that never paused cost 1.5% of the served tokens/s (run 154), paused ones cost nothing (runs 155-157).
+# spinners that never paused cost 1.5% of the served tokens/s, paused ones cost nothing.
 # shellcheck disable=SC2086
 timeout 600 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfloat16 --max-num-seqs 128 \
     --concurrency 1 8 --prompt-tokens 128 --max-tokens 128 --requests-per-stream 12 --rounds "$ROUNDS" \

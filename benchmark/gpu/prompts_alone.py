@@ -6,8 +6,7 @@ at a time, or in one eager step, side by side.
 
 Three in-process engines on one GPU (the GPU defaults: torch.compile, decode and prompt graphs, overlap), taking
 turns round by round: `mixed` (the default: waiting prompts that fit a mixed graph go beside the decode rows in
-their step through it, Engine._prompts_mixed; more go in waves), `alone` (mixed_graphs=0, the default before the
-thirty-fourth session: one waiting prompt goes through its prompt graph in a step of its own while the decode rows
+their step through it, Engine._prompts_mixed; more go in waves), `alone` (mixed_graphs=0: one waiting prompt goes through its prompt graph in a step of its own while the decode rows
 wait, two or more through a wave graph, Engine._prompt_wave) and `eager` (prompts_alone=0, wave_graphs=False,
 mixed_graphs=0: every step with prompt tokens runs eagerly beside the decode rows, ~10-11 ms of kernel launches
 on an H100 host).  The load

@@ -11,7 +11,7 @@ Why: the hf model's `engine_process=false` runs the engine in the stub's interpr
 (README, "GPU machines").  Where torch comes with numpy 2 and the host cannot download, the stub environment can
 still see the host's torch and transformers through a `.pth` line, but not the host's compiled packages built
 against numpy 2: on the H200 host transformers imports scikit-learn, which imports a scipy that uses `np.long`, and
-`from transformers import AutoTokenizer` then fails ("Could not import module 'AutoTokenizer'", run 90).
+`from transformers import AutoTokenizer` then fails ("Could not import module 'AutoTokenizer'").
 transformers only imports what it finds, so a distribution left out is one it does not try.
 
 What is left out, in three steps:

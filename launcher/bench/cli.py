@@ -3,7 +3,7 @@
     llmlaunch-bench --url HOST:PORT --dataset ShareGPT.json --num-prompts 1000 --concurrency 128
     llmlaunch-bench --url HOST:PORT --dataset-name synthetic --input-len 128 --output-len 128 \\
         --request-rate 20 --burstiness 0.5 --duration 60 --ignore-eos --goodput ttft:500 tpot:50
-    # identity test (seed 002): the same dataset against two models, then a speedup table
+    # identity test: the same dataset against two models, then a speedup table
     llmlaunch-bench --url localhost:8001 --model llama-python --dataset mini_cnn_eval.json \\
         --max-input-len 100 --concurrency 16 --compare localhost:8001,ensemble
 

@@ -10,13 +10,13 @@ Formats (the project never downloads datasets; point `--dataset` at a file):
   pairs with prompt or output shorter than ``min_len`` (4) tokens, a prompt
   longer than ``max_input_len`` (1024) or prompt + output longer than
   ``max_total_len`` (2048) are skipped.
-* ``cnn``: CNN/DailyMail ``mini_cnn_eval.json`` (seed 002), a list of
+* ``cnn``: CNN/DailyMail ``mini_cnn_eval.json``, a list of
   ``{"instruction", "input", "output"}``. Prompt = instruction + newline +
   input, reference = output; output length = ``output_len`` if given, else the
   reference's token count (with a tokenizer) or ``int(words * 1.3)`` (without,
   the factor the TensorRT-LLM identity test uses). Prompts longer than
   ``max_input_len`` are skipped (the identity test's ``--max_input_len``).
-* ``prompts``: a text file, one prompt per line (seed 004's prompts.txt), in
+* ``prompts``: a text file, one prompt per line, in
   file order; output length ``output_len`` (default 128).
 * ``synthetic``: generated prompts of ``input_len`` tokens and outputs of
   ``output_len`` tokens; with ``range_ratio`` r > 0 each length is drawn

@@ -15,11 +15,10 @@ concurrency, and all start at the same instant (perf_counter is CLOCK_MONOTONIC,
 shared by the processes of one machine, so their timestamps are comparable). In
 a closed loop they share one queue of requests: a process whose request ended
 takes the next one not yet sent, whichever process sent the ones before, as one
-process would. (Until the thirty-seventh session request i went to process
-i % P: with requests of different lengths the process dealt the longest ones
-ran on alone at the end: at 8 streams in 8 processes, 64-192 new tokens, an
-H200 server seemed to keep 0.905 of in-process tokens/s instead of 0.991;
-benchmark/RESULTS.md.) At a request rate the arrival
+process would. (Dealing request i to process i % P instead leaves the process
+dealt the longest ones running alone at the end: at 8 streams in 8 processes,
+64-192 new tokens, an H200 server then seemed to keep 0.905 of in-process
+tokens/s instead of 0.991.) At a request rate the arrival
 times are one schedule (`arrival_schedule`) whatever P is: request i is due at
 the i-th time and its process sends it then, so a run with 16 processes offers
 the server the same arrivals as one with 8 (and the load stays one Poisson

@@ -8,8 +8,7 @@ the engine process the thread that reads requests shares the GIL with the engine
 prompts go straight to the backend's `encode_batch`: the same release, without the wrapper's Python.
 
 Not `encode`: it keeps the GIL while it encodes (0.16 ms a 128-token prompt on an H100 host, 0.45 ms beside a
-busy thread), and with it the first token at 8 and 32 closed streams came 2-4 ms later than through the call
-(benchmark/RESULTS.md, thirty-second session, runs 101-102).
+busy thread), and with it the first token at 8 and 32 closed streams came 2-4 ms later than through the call.
 
 Used only where the result is the same: a fast tokenizer whose backend has no truncation or padding set, the
 special-token splitting the call would set, and the same ids as the call on probe texts (checked once, at start).

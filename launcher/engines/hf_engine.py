@@ -242,7 +242,7 @@ class Engine:
         prompts_ahead: with overlap, steps of prompts alone or in a wave, and the decode rows' turn after them, are
         queued behind the step running too (see `_schedule`; None: LLMLAUNCH_HF_PROMPTS_AHEAD, else on).
         full_ahead: with overlap, decode steps are queued ahead while requests wait for a slot too (see `_schedule`;
-        None: LLMLAUNCH_HF_FULL_AHEAD, else on; off, the code before the nineteenth session, to measure against).
+        None: LLMLAUNCH_HF_FULL_AHEAD, else on; off to measure against).
         mixed_graphs: the most prompt tokens that go beside decode rows in one step through a mixed CUDA graph (see
         HFModelRunner.MIXED_PROMPTS and _prompts_mixed; None: LLMLAUNCH_HF_MIXED_GRAPHS, else 512; 0: none).
         awake_board / awake_slot: where to post how many requests the engine holds after each step, for the
@@ -377,7 +377,7 @@ class Engine:
 
         A fast tokenizer encodes a batch on several threads with the GIL released (PromptEncoder.many).  One at a
         time, the successors of 128 requests that ended in one step waited 15 ms on average to reach the engine (the
-        engine process's reader tokenizing those before them; benchmark/RESULTS.md, run 28).
+        engine process's reader tokenizing those before them).
 
         Returns, per request, None (queued) or the exception that refused it (InvalidRequest for bad input), as
         `add_request` would raise it; a refused request does not keep the others out."""
@@ -618,7 +618,7 @@ class Engine:
         (_prompt_alone).  Such a step needs nothing of the running step's, so it is launched ahead too (prev_rows
         None): the GPU goes from the running step to the prompts, and from them to the decode rows' turn, without
         waiting for the host in between (on an H100 at 128 streams about one step in six carried or followed
-        prompts and each waited ~1.5 ms for the host: benchmark/RESULTS.md, seventeenth session).
+        prompts and each waited ~1.5 ms for the host).
         Requests waiting for a slot (every slot taken) hold nothing back: the decode rows go ahead, and a request
         takes the slot of a row that ended in the step scheduled after the host has that row's last token.
         None (wait for the running step) where a row's sampling needs its last token on the host (bad words),
@@ -656,7 +656,7 @@ class Engine:
             waited = [s for _, s in self._decoding if id(s) not in ids]
             prompts_waiting = bool(self._waiting) or any(id(s) not in ids for s in self._prefilling)
             if not self._prompts_ahead and (waited or prompts_waiting):
-                return None  # LLMLAUNCH_HF_PROMPTS_AHEAD=0: the code before the seventeenth session
+                return None  # LLMLAUNCH_HF_PROMPTS_AHEAD=0: wait for the running step
             prev_rows += [-1] * len(waited)
             decoding += waited
             if prompts_waiting:
@@ -665,7 +665,7 @@ class Engine:
                 # Every slot taken: the waiting requests wait for one whatever this step is, so the decode rows go
                 # ahead.  (Waiting for the running step instead lost the overlap exactly when the engine is full:
                 # on an H100 with Poisson arrivals past its capacity, 42-61% of steps queued ahead instead of 99%,
-                # each waiting for the host, and the queue grew faster: benchmark/RESULTS.md, nineteenth session.)
+                # each waiting for the host, and the queue grew faster.)
                 # A slot frees when the host has a row's last token, so a waiting request is admitted in the step
                 # scheduled after that.
                 mixed = self._prompts_mixed(decoding, pending)
@@ -676,7 +676,7 @@ class Engine:
                 elif self._full_ahead:
                     only, self._waved = [], False  # the decode rows' turn
                 else:
-                    return None  # LLMLAUNCH_HF_FULL_AHEAD=0: the code before the nineteenth session
+                    return None  # LLMLAUNCH_HF_FULL_AHEAD=0: wait for the running step
                 if only:  # prompts only, through their graph: nothing of the running step's
                     decoding, prompts, prev_rows = [], only, None
                 elif only is None:  # the prompts go beside the decode rows, in one step once the running one ends
@@ -737,8 +737,8 @@ class Engine:
     # At most this many prompts waiting to be prefilled are taken one at a time, each alone in a step that replays
     # its prompt graph, instead of together in one eager step beside the decode rows.  Why: an eager step with
     # prompt tokens is kernel launches from Python, ~10-11 ms on an H100 host for a 1 B model whatever it holds,
-    # while a prompt graph of up to 512 tokens replays in 2.2-3.8 ms and the decode rows' graph in ~1.7 ms
-    # (benchmark/RESULTS.md, ninth session).  So k prompts alone cost ~2.5 k ms (+ one decode step for the rows
+    # while a prompt graph of up to 512 tokens replays in 2.2-3.8 ms and the decode rows' graph in ~1.7 ms.
+    # So k prompts alone cost ~2.5 k ms (+ one decode step for the rows
     # that waited) against ~11 ms together: better for the prompts up to 4, and not worse for the decode rows.
     # A wave (more prompts than that) still goes in together, where the eager step's cost is shared.  Where the
     # runner has wave graphs, two or more prompts go through one of those instead (_prompt_wave).

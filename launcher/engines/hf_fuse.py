@@ -1,7 +1,7 @@
 """One matrix product where HF's decoder layers run several on the same input: q/k/v and gate/up.
 
 Why: at batch 1 a decode step's products read every weight once, and the small ones do it badly.
-On an H100 (benchmark/RESULTS.md, fifth session) the 1.24 B Llama's k and v projections
+On an H100 the 1.24 B Llama's k and v projections
 (2048 x 512) ran at 0.4 TB/s and q at 1.4 TB/s, where the large products reach 2.5-2.9 TB/s:
 each is a kernel too short to fill the GPU.  Concatenating a layer's q, k and v weights
 ([q; k; v], one [2048 + 512 + 512, 2048] matrix) makes one product of the size that runs

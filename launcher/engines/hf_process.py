@@ -22,8 +22,7 @@ keeps a GPU.
 
 Shared by several model instances (`listen=` / `EngineProcess.attach`): Triton's python backend runs
 each model instance in its own stub process, and one stub sent ~4.6-6k streamed responses/s on the H100
-host whatever its threads (each response is built under its GIL; four stubs: ~12k/s; benchmark/RESULTS.md,
-tenth session), while a step of 128 streams makes 128 responses.  So several instances may share the one
+host whatever its threads (each response is built under its GIL; four stubs: ~12k/s), while a step of 128 streams makes 128 responses.  So several instances may share the one
 engine: the instance that started it passes `listen=<unix socket path>`, the others connect there
 ("attach" -> ("ready", info)) and speak the same protocol.  Inside the engine an attached connection k's
 request ids become "k/<id>", and each connection gets only its own requests' outputs (engine stats go to
@@ -545,7 +544,7 @@ def _child(fd: int) -> int:
     # LLMLAUNCH_HF_GATHER_PROMPTS=1 makes that one call for every connection ready at once (eight model instances
     # are eight connections).  Off by default: on an H100 host it cut `add` at 8-128 closed streams but requests
     # then waited longer inside the engine, which takes prompts at its own step boundaries, and neither the first
-    # token nor tokens/s came out clearly ahead (benchmark/RESULTS.md, thirty-third session, runs 107-110).
+    # token nor tokens/s came out clearly ahead.
     # Attaching instances are accepted on a thread of `_listen`, which wakes this loop through `wake`.
     wake_r, wake_w = Pipe(duplex=False)
     close_listener = _listen(listen, info, peers, wake_w) if listen else None

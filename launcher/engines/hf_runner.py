@@ -345,9 +345,9 @@ class HFModelRunner:
         self.device = torch.device(device)
         # A step's "done" event is waited on by the engine's host thread while the GPU runs the step queued
         # behind it.  A plain event's synchronize spins a CPU the whole time (one CPU-second a second at one
-        # stream, benchmark/RESULTS.md, thirtieth session), a vCPU the server's other processes then lack; a
+        # stream), a vCPU the server's other processes then lack; a
         # blocking one sleeps in the driver and pays a wake-up instead.  Off by default: side by side on an H100
-        # host (RESULTS.md, runs 97-100) it freed ~0.6-0.7 of a CPU at one stream but cost the first token up to
+        # host it freed ~0.6-0.7 of a CPU at one stream but cost the first token up to
         # 0.17 ms there and up to 0.66 ms at 8 streams; it is for nodes whose CPUs several engines share.
         self.blocking_wait = env_switch(None, "LLMLAUNCH_HF_BLOCKING_WAIT", "the host sleeps while waiting for a "
                                         "step's tokens", "it spins", default=False)
@@ -447,11 +447,11 @@ class HFModelRunner:
     # Why: on a GPU torch's SDPA prefers cuDNN's attention for our shapes.  cuDNN builds an execution plan on the
     # host for every new shape it sees (milliseconds each), and eager steps (prompt groups, mixed steps) bring new
     # shapes all the time: on an H100 at 128 streams that held launch at 5.4 ms a step until the plan cache filled,
-    # 0.74 of the engine at a warm cache (benchmark/RESULTS.md, seventh session).  A captured decode graph builds
+    # 0.74 of the engine at a warm cache.  A captured decode graph builds
     # its plan once, at capture, and replays it for free.  So by default ("graphs") captures (their warm-up
     # included: warm-up and capture must pick the same kernels, or the capture builds a plan inside itself and
     # fails, as tried) keep torch's choice and eager steps use flash / memory-efficient / math.  Measured on an H100
-    # (eighth session): the in-process engine steady from its first round at 128 streams (27-31k tokens/s, where
+    # the in-process engine steady from its first round at 128 streams (27-31k tokens/s, where
     # "all" climbed 15k -> 22k over three rounds), decode graphs as fast as with cuDNN everywhere.
     # (the modes, launcher.spec.CUDNN_ATTENTION) graphs: captured decode graphs only; all: torch's choice; off: never
 
@@ -477,7 +477,7 @@ class HFModelRunner:
     # -- torch.compile ----------------------------------------------------------------------------------------
     # Why: HF's Llama runs ~40 kernels per layer, most of them tiny (the norm alone is 7: cast, pow, mean, add,
     # rsqrt, mul, mul), so even replayed as a CUDA graph a batch-1 decode step spent 2.4 ms where its weight
-    # reads need 0.8 (benchmark/RESULTS.md).  Inductor fuses them (a norm becomes one kernel; rotary, residual
+    # reads need 0.8.  Inductor fuses them (a norm becomes one kernel; rotary, residual
     # adds and SiLU*up join their neighbours); the matrix products stay cuBLAS; our attention stays one opaque
     # op.  One compiled form covers every step: token count and kept logits are dynamic, so besides the general
     # form only the size-1 specializations (one output row; one token) are compiled, all in `warm_up`.
@@ -487,7 +487,7 @@ class HFModelRunner:
         if torch_compile is None:
             torch_compile = self.device.type == "cuda" and os.environ.get("LLMLAUNCH_HF_COMPILE", "1") != "0"
         # tp > 1: each layer's all-reduce is traced as a functional collective (hf_tp.TPGroup.all_reduce); with
-        # graphs, tp=2 on two H200s ran 1.24-1.30x faster compiled (benchmark/RESULTS.md, eleventh session)
+        # graphs, tp=2 on two H200s ran 1.24-1.30x faster compiled
         self.use_compile = bool(torch_compile)
         self.compile_error = ""
         self.compile_s = 0.0  # how long warm_up compiled
@@ -571,8 +571,7 @@ class HFModelRunner:
 
     # -- CUDA graphs for decode-only steps -----------------------------------------------------------------
     # Why: a decode step of a 1 B model launches ~20 kernels per layer from Python; on the H100 host that
-    # costs ~15 ms per step whatever the batch (the GPU idles: 6% of the memory-bandwidth limit at batch 1,
-    # benchmark/RESULTS.md).  Replaying a captured graph launches them all at once.
+    # costs ~15 ms per step whatever the batch (the GPU idles: 6% of the memory-bandwidth limit at batch 1).  Replaying a captured graph launches them all at once.
     #
     # A graph has static shapes, so a decode step is padded to a bucket: R rows (one per cache slot 0..R-1,
     # R = the power of two >= the highest decoding slot + 1) attending over L positions (a power of two
@@ -898,7 +897,7 @@ class HFModelRunner:
     # (all the requests that ended in one step have their successors sent together).  More of them than
     # Engine.PROMPTS_ALONE_MAX went in one eager step, kernel launches from Python; a wave of 8 prompts of 128 tokens
     # came out of it 28 ms after it arrived, against 15 ms when the same prompts reached the engine one by one
-    # and went through their graphs alone (benchmark/RESULTS.md, run 28).  So a step of n whole prompts replays a
+    # and went through their graphs alone.  So a step of n whole prompts replays a
     # wave graph: n rows (WAVE_ROWS: 2, 4, 8 or 16; rows left over carry padding only) of L tokens each (a
     # prefill_buckets length, n * L at most the prompt-graph limit), each row causal over its own tokens, as one
     # padded group (_slot_attention's groups).  Padding is as in a prompt graph: after every real token of its row,
@@ -990,8 +989,7 @@ class HFModelRunner:
     # Why: a prompt that arrives while others decode went through its prompt graph (or a wave graph) in a step of its
     # own, and every decoding row waited that step: on an H100, ~2.2-3.8 ms for a 1 B model's 128-token prompt
     # beside ~3 ms decode steps at 128 rows.  Through a server, closed loops hand the engine their successors
-    # scattered, so 10-11% of its steps at 128 streams were such steps, more than in-process (benchmark/RESULTS.md,
-    # thirty-third session); an eager step with prompts and decode rows costs ~10 ms of kernel launches instead.
+    # scattered, so 10-11% of its steps at 128 streams were such steps, more than in-process; an eager step with prompts and decode rows costs ~10 ms of kernel launches instead.
     # A mixed graph runs both in one step: the decode rows as in a decode graph of (rows, length), then up to
     # MIXED_PROMPTS whole prompts packed into `tokens` (a power of two up to mixed_limit), each causal over its own
     # tokens through one attention call with a block-diagonal mask.  The prompt tokens cost the decode step little

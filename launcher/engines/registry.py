@@ -142,7 +142,7 @@ def _python_engine_models(source_dir: str, extra_params: Callable[[Any], Dict[st
 
 
 def _vllm_engine_args(spec) -> Dict[str, str]:
-    """vLLM's own engine-args file (seed 004's vllm_engine_args.json): ours fill the gaps, the user's win."""
+    """vLLM's own engine-args file (model.json): ours fill the gaps, the user's win."""
     import json
 
     e = spec.engine

@@ -1,5 +1,5 @@
 """The hf engine's on/off switches that an environment variable can also set (LLMLAUNCH_HF_*: what a benchmark
-flips to measure a change against the code before it, without a new parameter on every layer in between)."""
+flips to measure a change against the behaviour it replaced, without a new parameter on every layer in between)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,6 @@ def env_switch(value: bool | None, name: str, on: str, off: str, default: bool =
 def first_fast() -> bool:
     """LLMLAUNCH_HF_FIRST_FAST, read by the hf model's stub (a stream's first response sent on its receive thread) and
     by the engine process it starts, which inherits its environment (a step's first outputs sent ahead of its others);
-    0 gives the code before both (benchmark/RESULTS.md, twenty-sixth session)."""
+    0 turns both off."""
     return env_switch(None, "LLMLAUNCH_HF_FIRST_FAST", "first outputs take the shortest way out",
                       "they wait behind a step's other outputs and go through the stream's responder thread")

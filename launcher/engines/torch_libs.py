@@ -5,7 +5,7 @@ with the directory of libpython.  Where that directory also holds a system cuDNN
 GPU hosts lent here), torch loads its own `libcudnn.so.9` (its RPATH) but cuDNN then opens its sub-libraries
 (`libcudnn_graph.so.9`, ...) by name, and LD_LIBRARY_PATH comes first in that search: the system's.  A mix of two
 cuDNN versions ran decode attention 0.12-0.16 ms a step slower on H100 and H200 (launcher.triton's
-ENGINE_LD_LIBRARY_PATH note; benchmark/RESULTS.md, twenty-ninth session).  The engine process sidesteps it with
+ENGINE_LD_LIBRARY_PATH note).  The engine process sidesteps it with
 a library path of its own; a process already running cannot change its path, but a library loaded by full path
 first is the one a later open by its soname gets (glibc matches loaded objects by soname), so loading torch's
 cuDNN libraries up front keeps the set whole.

@@ -4,7 +4,7 @@ Why: with the engine in its own process, three kinds of process share a node's C
 out), the python stubs (building and sending every streamed response) and the engine process (its loop feeds the
 GPU, its reader takes new requests).  Only the engine sets how fast the GPU runs and when a prompt is taken; a
 response held back a fraction of a millisecond costs nothing else.  Where those CPUs are all busy (128 closed
-streams on 8 vCPUs: the server used 6.7 of them with a load average of 11-14, benchmark/RESULTS.md), the engine's
+streams on 8 vCPUs: the server used 6.7 of them with a load average of 11-14), the engine's
 threads wait for a CPU like any other.  A higher nice value on tritonserver and the stubs lets the engine's threads
 run first; nobody needs privileges for it, since a process may always lower its own priority, and the engine
 process, started before, keeps the nice it started with.
@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 
 NICE_MAX = 19  # the largest nice value Linux has
-GPU_NICE = 10  # the hf model's default for an engine on a GPU (benchmark/RESULTS.md, thirty-fifth session)
+GPU_NICE = 10  # the hf model's default for an engine on a GPU
 
 
 def nice_problem(value, default_ok: bool = False) -> str:

@@ -16,9 +16,7 @@
   send     the response sender's send call: the response handed to tritonserver, a round trip
            from the stub to the server process and back
 
-   Client TTFT minus the six is tritonserver, gRPC and the client.  (Before parse and back were
-   split off, `add` began after parse and `respond` included back; before the forty-first session
-   `respond` included send.)
+   Client TTFT minus the six is tritonserver, gRPC and the client.
 
   llmlaunch_first_token_seconds{model="...",part="parse|add|engine|back|respond|send"}   seconds, summed
   llmlaunch_first_tokens{model="..."}                                                requests counted

@@ -236,7 +236,7 @@ def request_arrays(request) -> dict:
 
     One pass over the request's inputs: pb_utils.get_input_tensor_by_name lists them all again on every
     call, and looking up each of the contract's ~20 names that way took reading and checking a request from
-    0.13 to 0.22 ms on the H100 host (benchmark/first_response.py, `parse`; RESULTS.md, eighteenth session)."""
+    0.13 to 0.22 ms on the H100 host (benchmark/first_response.py, `parse`)."""
     arrays = {}
     for tensor in request.inputs():
         name = tensor.name()
@@ -313,7 +313,7 @@ class Responder:
     Streaming sends one response per piece of text per engine step, and one stub
     process sends them all (a few thousand a second at most), so what a response
     costs the stub sets how many streams it keeps up with.  Measured in a stub
-    (benchmark/stub_rate.py, RESULTS.md thirteenth session): building a
+    (benchmark/stub_rate.py): building a
     pb_utils.Tensor costs 12 us (INT32) to 30 us (BYTES), and its first send
     copies it into shared memory; a tensor sent before is sent again from there.
     So every tensor that can repeat is built once and kept:

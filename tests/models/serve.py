@@ -4,7 +4,7 @@
     with serve(repo) as url:            # "127.0.0.1:PORT" (gRPC)
         ...
 
-The server comes from the nvidia-pytriton wheel, started as FACTS.md says: a
+The server comes from the nvidia-pytriton wheel, started as launcher.triton does: a
 private backend directory holding the python backend and the stub for the
 running interpreter, the wheel's libraries and the interpreter's LIBDIR on
 LD_LIBRARY_PATH, the venv's bin first on PATH, a unique shm prefix per server.

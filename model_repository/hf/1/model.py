@@ -32,14 +32,13 @@ config.pbtxt parameters (string values; empty or absent = default):
                     Tokens generated meanwhile are merged into one response; a request's first token and its
                     end are never delayed.  On small CPU machines every response costs the engine CPU time; on a
                     GPU host whose server CPUs are all busy (128 closed streams, 8 vCPUs, H100) 8 ms took the first
-                    token added by serving from +4.4-4.6 ms to +1.3-1.5 ms (benchmark/RESULTS.md, thirty-ninth
-                    session).  llmlaunch: engine.stream_interval_ms.
+                    token added by serving from +4.4-4.6 ms to +1.3-1.5 ms.  llmlaunch: engine.stream_interval_ms.
   engine_process    true | false: run the engine in a child process (default true; see below).  false runs
                     it in the stub, whose interpreter then needs torch and transformers too (on a GPU host the
                     stub's own numpy<2 environment usually has neither: the load fails, saying so).  It saves
                     the hops to and from the engine process, a few tenths of a ms of TTFT at one stream, but
                     at 32 streams the engine and the responses share one GIL (measured: worse TTFT and 0.93-0.95
-                    of the tokens/s; benchmark/RESULTS.md, twenty-ninth session)
+                    of the tokens/s)
   response_threads  threads that build and send responses, each owning a share of the streams (default 0:
                     1 on CPU, 4 on a GPU; the engine process's receive thread is the first).  A send is a
                     round trip to tritonserver (~50-200 us) during which the GIL is free, so under load
@@ -52,7 +51,7 @@ config.pbtxt parameters (string values; empty or absent = default):
                     started it) tritonserver lower their threads' priority to this nice value; the engine process
                     keeps the one it started with, so where the node's CPUs are all busy its loop and its reader
                     run first (launcher.serving.priority).  No privileges needed.  0: unchanged.  Default -1:
-                    10 for an engine on a GPU (measured there: benchmark/RESULTS.md, thirty-fifth session), 0 on
+                    10 for an engine on a GPU (measured there), 0 on
                     CPU.  A value > 0 needs engine_process=true.  Where the system refuses (a container's seccomp
                     policy, say), a value set here fails the load; the default logs a warning and serves as is.
 
@@ -63,7 +62,7 @@ per step; four stubs sent ~12k/s.  The first instance to initialize (an flock in
 under $TMPDIR, keyed by tritonserver's pid and the model's name) starts the engine process listening on a
 unix socket there; the others attach to it (waiting while it loads).  Triton spreads requests over the
 instances; each gets its own requests' outputs.  engine_process=true and tp_size=1 only.  The extra
-responses cost CPU beside the engine process (benchmark/RESULTS.md, tenth session), so the default is one.
+responses cost CPU beside the engine process, so the default is one.
 A reload of the model inside a running server must unload it first (the new instances would attach to
 the old engine).
 
@@ -402,11 +401,11 @@ class TritonPythonModel:
         responder (one put per thread, so a thread takes a whole step at once; shard 0 last, here).
 
         A stream's first outputs are answered here, before anything is handed over, whichever thread owns the
-        stream: a hand-off costs a first token ~0.1 ms (benchmark/RESULTS.md, run 48), and with several response
+        stream: a hand-off costs a first token ~0.1 ms, and with several response
         processes most streams belong to a responder thread.  The stream's later outputs go to its thread only in
         later calls, after this one has sent its first response, so its responses stay in order.  The engine
         process sends a step's first outputs ahead of its others as well (hf_process._Peers.send_outputs).
-        LLMLAUNCH_HF_FIRST_FAST=0 turns both off: the code before (benchmark/RESULTS.md, twenty-sixth session)."""
+        LLMLAUNCH_HF_FIRST_FAST=0 turns both off."""
         got = time.monotonic()
         shares = [[] for _ in self._queues]
         first, new = [], []

@@ -12,7 +12,7 @@ do_preprocess=False)` then `async for out in generate(request, stream_response=T
 Releases before the preprocess/generate split (0.6 - 0.10: `generate(messages, session_id,
 gen_config, stream_response, sequence_start, sequence_end, do_preprocess)` and
 `stop_session(session_id)`) are served through the same adapter, chosen by whether the
-engine has `preprocess`. Learned from seed 001 (LMDeploy's Triton python backend) and
+engine has `preprocess`. Learned from LMDeploy's Triton python backend and
 Triton's vllm_backend; written for llmlaunch.
 
 * The prompt goes in as is (`do_preprocess=False`: no chat template), as TensorRT-LLM's

@@ -6,7 +6,7 @@ sampling/sampling_params.py, server_args.py; PyPI 0.5.23): `Engine(**ServerArgs 
 `await engine.async_generate(prompt=..., sampling_params={...}, stream=True, rid=...)`
 (an async generator of dicts: "text", "output_ids", "meta_info" with "finish_reason",
 "prompt_tokens", "completion_tokens"), `engine.tokenizer_manager.abort_request(rid=...)`
-and `engine.shutdown()`. Learned from seed 000 (SGLang's Triton python backend) and
+and `engine.shutdown()`. Learned from SGLang's Triton python backend and
 Triton's vllm_backend; written for llmlaunch.
 
 * The Engine is built on the runtime's event loop thread
