@@ -133,17 +133,13 @@ async def vllm_async(args, engine_args: dict, samples) -> list:
     return rows
 
 
-def _frontend_main(k: int, n: int, engine_args: dict, client: dict, samples, loads: list, warmup: int, shared,
+def _frontend_main(k: int, n: int, engine_args: dict, info: dict, samples, loads: list, warmup: int, shared,
                    ready, go, results) -> None:
     """Front end k of n (a process of its own): an AsyncLLM client of the engine core; for each load, its share of
     the streams, taking requests from the counter all front ends share."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.usage.usage_lib import UsageContext
-    from vllm.v1.engine.async_llm import AsyncLLM
+    from launcher.engines import vllm_core
 
-    args = AsyncEngineArgs(**engine_args)
-    args._api_process_count, args._api_process_rank = n, k
-    config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+    _, config = vllm_core.engine_config(engine_args, n, k)
 
     def take(stop: int):
         def next_index():
@@ -155,8 +151,7 @@ def _frontend_main(k: int, n: int, engine_args: dict, client: dict, samples, loa
         return next_index
 
     async def run() -> None:
-        engine = AsyncLLM.from_vllm_config(config, client_addresses=client, client_count=n, client_index=k,
-                                           disable_log_stats=True)
+        engine = vllm_core.client(config, n, k, info, disable_log_stats=True)
         sampling = {"ignore_eos": True, "temperature": 0.0}
         try:
             for c, count in loads:
@@ -179,34 +174,24 @@ def _frontend_main(k: int, n: int, engine_args: dict, client: dict, samples, loa
 
 
 def vllm_async_frontends(args, engine_args: dict, samples) -> list:
-    """The served layout of engine.frontends=N without tritonserver: one engine core started with vLLM's
-    launch_core_engines for N clients, N processes each an AsyncLLM client driving its share of the streams."""
+    """The served layout of engine.frontends=N without tritonserver: one engine core started for N clients
+    (launcher.engines.vllm_core, as the served model starts it), N processes each an AsyncLLM client driving its
+    share of the streams."""
     import multiprocessing
 
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.usage.usage_lib import UsageContext
-    from vllm.v1.engine.utils import get_engine_zmq_addresses, launch_core_engines
-    from vllm.v1.executor import Executor
+    from launcher.engines import vllm_core
 
     n = args.frontends
     loads = parse_loads(args.concurrency)
-    ea = AsyncEngineArgs(**engine_args)
-    ea._api_process_count, ea._api_process_rank = n, -1  # the launcher's config, as vLLM's serve command sets it
-    config = ea.create_engine_config(UsageContext.ENGINE_CONTEXT)
-    addresses = get_engine_zmq_addresses(config, n)
     ctx = multiprocessing.get_context("spawn")
     shared, ready, go, results = ctx.Value("l", 0), ctx.Queue(), ctx.Queue(), ctx.Queue()
     t_start = time.perf_counter()
-    with launch_core_engines(config, Executor.get_class(config), not ea.disable_log_stats, addresses, n) as (
-            manager, coordinator, addresses, _):
-        pass
+    core, info = vllm_core.launch_core(*vllm_core.engine_config(engine_args, n, -1), n)
     load_s = time.perf_counter() - t_start
-    procs = []
-    for k in range(n):
-        client = {"input_address": addresses.inputs[k], "output_address": addresses.outputs[k]}
-        procs.append(ctx.Process(target=_frontend_main, args=(k, n, engine_args, client, samples, loads, args.warmup,
-                                                                shared, ready, go, results)))
-        procs[-1].start()
+    procs = [ctx.Process(target=_frontend_main, args=(k, n, engine_args, info, samples, loads, args.warmup, shared,
+                                                       ready, go, results)) for k in range(n)]
+    for p in procs:
+        p.start()
     rows = []
     try:
         for c, count in loads:
@@ -224,9 +209,7 @@ def vllm_async_frontends(args, engine_args: dict, samples) -> list:
     finally:
         for p in procs:
             p.join(60)
-        for part in (manager, coordinator):
-            if part is not None:
-                part.shutdown()
+        vllm_core.stop_core(core)
     return rows
 
 

@@ -20,42 +20,11 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+from multi_gpu import start, stop  # benchmark/gpu (this script's folder): llmlaunch started and stopped as there
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def start(overrides: list, log_path: str, timeout_s: float) -> tuple:
-    """(llmlaunch process, gRPC url, seconds to READY); raises with the log's tail when it does not come up."""
-    log = open(log_path, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", *overrides], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=log, text=True, start_new_session=True)
-    t0 = time.monotonic()
-    url = None
-    while url is None:
-        line = proc.stdout.readline()
-        if not line:
-            proc.wait(30)
-            with open(log_path) as f:
-                tail = f.read()[-3000:]
-            raise RuntimeError(f"llmlaunch {' '.join(overrides)} exited ({proc.returncode}) before READY:\n{tail}")
-        if line.startswith("endpoint: "):
-            url = line.split()[1]
-        if time.monotonic() - t0 > timeout_s:
-            stop(proc)
-            raise RuntimeError(f"llmlaunch {' '.join(overrides)} not READY in {timeout_s:.0f} s")
-    return proc, url, time.monotonic() - t0
-
-
-def stop(proc) -> int:
-    try:
-        os.killpg(proc.pid, signal.SIGINT)
-    except ProcessLookupError:
-        pass
-    try:
-        return proc.wait(120)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        return proc.wait()
 
 
 def bench(url: str, c: int, n: int, args, out_json: str) -> dict:
@@ -89,8 +58,9 @@ def main(argv=None) -> int:
     # `timeout` (engines.sh) ends this with SIGTERM: leave through `finally`, which stops llmlaunch and its server
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     os.makedirs(args.out, exist_ok=True)
-    log_path = os.path.join(args.out, f"{args.label}.log")
-    proc, url, ready_s = start(overrides, log_path, args.ready_timeout)
+    t0 = time.monotonic()
+    proc, url, _ = start(overrides, Path(args.out) / f"{args.label}.log", args.ready_timeout)
+    ready_s = time.monotonic() - t0
     print(f"{args.label}: READY in {ready_s:.1f} s at {url} ({' '.join(overrides)})", flush=True)
     doc = {"label": args.label, "overrides": overrides, "ready_s": ready_s, "rows": [], "check": None}
     try:

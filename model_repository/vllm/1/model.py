@@ -14,14 +14,14 @@ vllm/engine/arg_utils.py), with the pre-V1 `AsyncLLMEngine` import as a fallback
   (launcher.engines.vllm_sglang_lmdeploy); vLLM starts its engine core in a process of its own and
   this stub is its front end: it tokenizes prompts, detokenizes outputs and sends the responses.
 * Several instances (`frontends` N, the config's instance_group count): N stubs are N front ends of
-  one engine core, as `vllm serve --api-server-count N` runs N API servers. The first instance to
-  claim a place (launcher.serving.instances) starts the engine core with vLLM's own
-  `launch_core_engines` for N clients and publishes the clients' ZMQ addresses once it is up; every
-  instance (the first too) then builds an `AsyncLLM` client on its own address pair
-  (`client_addresses`, `client_count`, `client_index`). The engine core sends each request's outputs
-  to the client that sent it, so each stub detokenizes and answers only its own requests, under its
-  own GIL. If the engine core dies, the first instance stops its tritonserver, so the rank fails
-  instead of a server that looks healthy.
+  one engine core, as `vllm serve --api-server-count N` runs N API servers. The first instance
+  (Triton's instance name ends in _0) starts the core for N clients (launcher.engines.vllm_core, with
+  vLLM's own `launch_core_engines`) and publishes the clients' ZMQ addresses once it is up
+  (launcher.serving.instances); every instance (the first too) then builds an `AsyncLLM` client on
+  its own address pair. The engine core sends each request's outputs to the client that sent it, so
+  each stub detokenizes and answers only its own requests, under its own GIL. If the engine core
+  dies, the first instance stops its tritonserver, so the rank fails instead of a server that looks
+  healthy.
 * Each request is `engine.generate(prompt, SamplingParams(..., output_kind=DELTA), request_id)`, so
   every RequestOutput carries only new text and tokens (vLLM merges the outputs of several steps
   when this stub reads them late); cancelled requests get `engine.abort(request_id)`; `finalize`
@@ -144,7 +144,7 @@ class VLLMAdapter(EngineAdapter):
         self.log.info(f"building AsyncLLM with {json.dumps(kwargs, sort_keys=True, default=str)}")
         try:
             if self.frontends > 1:
-                self.engine = self._shared_engine_client(AsyncEngineArgs, AsyncLLM, kwargs)
+                self.engine = self._shared_engine_client(kwargs)
             else:
                 self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
         except BaseException:
@@ -155,30 +155,18 @@ class VLLMAdapter(EngineAdapter):
         model_config = getattr(self.engine, "model_config", None)
         self.max_model_len = getattr(model_config, "max_model_len", None)
 
-    def _shared_engine_client(self, AsyncEngineArgs, AsyncLLM, kwargs):
+    def _shared_engine_client(self, kwargs):
         """This instance's AsyncLLM client of the engine core the `frontends` instances share (the first one
-        to claim a place starts the core)."""
-        from vllm.usage.usage_lib import UsageContext
-        from vllm.v1.engine.utils import get_engine_zmq_addresses, launch_core_engines
-        from vllm.v1.executor import Executor
-
+        starts the core)."""
+        from launcher.engines import vllm_core
         from launcher.serving.instances import InstanceShare
 
         n, index = self.frontends, int(self.params["frontend_index"])
         self.share = InstanceShare("vllm", self.model_name, index, n)
-        args = AsyncEngineArgs(**kwargs)
-        args._api_process_count, args._api_process_rank = n, index  # as vLLM's own API servers set them
-        config = args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+        args, config = vllm_core.engine_config(kwargs, n, index)
         if index == 0:
             try:
-                addresses = get_engine_zmq_addresses(config, n)
-                # Returns once the engine core has loaded and said it is ready. The other instances' clients
-                # bind their sockets only after that: the core's ready message and outputs wait in its queues.
-                with launch_core_engines(config, Executor.get_class(config), not args.disable_log_stats, addresses,
-                                         n) as (manager, coordinator, addresses, _):
-                    self.core = (manager, coordinator)
-                info = {"inputs": list(addresses.inputs), "outputs": list(addresses.outputs),
-                        "stats": addresses.frontend_stats_publish_address}
+                self.core, info = vllm_core.launch_core(args, config, n)
                 self.share.publish(info)
             except BaseException as exc:
                 self.share.fail(f"{type(exc).__name__}: {exc}")
@@ -186,13 +174,9 @@ class VLLMAdapter(EngineAdapter):
             threading.Thread(target=self._watch_core, name="vllm-core-watch", daemon=True).start()
         else:
             info = self.share.wait(float(os.environ.get("VLLM_ENGINE_READY_TIMEOUT_S", "") or 3600))
-        client = {"input_address": info["inputs"][index], "output_address": info["outputs"][index]}
-        if info.get("stats"):
-            client["stats_update_address"] = info["stats"]
         self.log.info(f"front end {index} of {n} of one engine core ({'started here' if index == 0 else 'attached'})")
         # the engine's statistics are logged once, by the first front end
-        return AsyncLLM.from_vllm_config(config, client_addresses=client, client_count=n, client_index=index,
-                                         disable_log_stats=args.disable_log_stats or index > 0)
+        return vllm_core.client(config, n, index, info, disable_log_stats=args.disable_log_stats or index > 0)
 
     def _watch_core(self):
         """First instance of several: when the engine core dies, stop this tritonserver so the rank fails."""
@@ -247,11 +231,10 @@ class VLLMAdapter(EngineAdapter):
     def _stop_core(self):
         self._stopping = True
         if self.core is not None:
-            manager, coordinator = self.core
-            self.core = None
-            for part in (manager, coordinator):
-                if part is not None:
-                    part.shutdown()
+            from launcher.engines.vllm_core import stop_core
+
+            core, self.core = self.core, None
+            stop_core(core)
         if self.share is not None:
             self.share.release()
 

@@ -1,0 +1,54 @@
+"""One vLLM engine core with several front ends (`AsyncLLM` clients), as `vllm serve --api-server-count N` runs it.
+
+The served vLLM model (model_repository/vllm, `engine.frontends`) and its in-process yardstick
+(benchmark/engine_yardstick.py --frontends) build the same layout through these functions: whoever starts the
+core calls `launch_core` (vLLM's own `launch_core_engines` for N clients; it returns once the core has loaded and
+said it is ready), and every front end k builds `client(...)` on the address pair `info["inputs"][k]` /
+`info["outputs"][k]`. The core sends each request's outputs to the client that sent it. A client may bind its
+sockets after the core is up: the core's ready message and outputs wait in its queues.
+"""
+
+from __future__ import annotations
+
+
+def engine_config(kwargs: dict, count: int, rank: int):
+    """(AsyncEngineArgs, VllmConfig) of front end `rank` of `count` (-1: the process that only launches the core),
+    as vLLM's API servers set `_api_process_count` / `_api_process_rank`."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.usage.usage_lib import UsageContext
+
+    args = AsyncEngineArgs(**kwargs)
+    args._api_process_count, args._api_process_rank = count, rank
+    return args, args.create_engine_config(UsageContext.ENGINE_CONTEXT)
+
+
+def launch_core(args, config, count: int) -> tuple:
+    """Start the engine core for `count` clients; ((process manager, coordinator), the clients' addresses)."""
+    from vllm.v1.engine.utils import get_engine_zmq_addresses, launch_core_engines
+    from vllm.v1.executor import Executor
+
+    addresses = get_engine_zmq_addresses(config, count)
+    with launch_core_engines(config, Executor.get_class(config), not args.disable_log_stats, addresses,
+                             count) as (manager, coordinator, addresses, _):
+        pass
+    info = {"inputs": list(addresses.inputs), "outputs": list(addresses.outputs),
+            "stats": addresses.frontend_stats_publish_address}
+    return (manager, coordinator), info
+
+
+def client(config, count: int, index: int, info: dict, disable_log_stats: bool):
+    """Front end `index`'s AsyncLLM (on the running event loop) of the core `info` describes."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    addresses = {"input_address": info["inputs"][index], "output_address": info["outputs"][index]}
+    if info.get("stats"):
+        addresses["stats_update_address"] = info["stats"]
+    return AsyncLLM.from_vllm_config(config, client_addresses=addresses, client_count=count, client_index=index,
+                                     disable_log_stats=disable_log_stats)
+
+
+def stop_core(core) -> None:
+    """Shut down what `launch_core` started."""
+    for part in core:
+        if part is not None:
+            part.shutdown()
