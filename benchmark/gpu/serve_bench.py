@@ -6,7 +6,8 @@ Starts `llmlaunch <overrides>` (cluster=local), waits for its endpoint (time to 
 for each --concurrency C:N runs `llmlaunch-bench` over gRPC: C requests in flight, C warm-up requests,
 then N counted, --input-len-token synthetic prompts (the tokenizer's, the same on every path), exactly
 --output-len new tokens each (ignore_eos). --check first runs the real-engine contract tests
-(tests/gpu/test_served_engine.py) against the same server. Stops llmlaunch with Ctrl-C's signal.
+(tests/gpu/test_served_engine.py) against the same server; --identity FILE collects its greedy answers
+(benchmark/gpu/identity.py) for comparison with another serving. Stops llmlaunch with Ctrl-C's signal.
 Prints one row per concurrency and writes DIR/<label>.json (the rows, READY time, each bench's JSON
 path).
 """
@@ -14,8 +15,10 @@ path).
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +28,29 @@ from pathlib import Path
 from multi_gpu import start, stop  # benchmark/gpu (this script's folder): llmlaunch started and stopped as there
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# What vLLM's start is made of, as its own log lines say (the ranks' logs in the run folder).
+STARTUP = {
+    "weights_s": r"Loading weights took ([0-9.]+) seconds",
+    "model_load_s": r"Model loading took .*? and ([0-9.]+) seconds",
+    "dynamo_s": r"Dynamo bytecode transform time: ([0-9.]+) s",
+    "compile_s": r"torch\.compile took ([0-9.]+) s in total",
+    "cuda_graphs_s": r"Graph capturing finished in ([0-9.]+) secs",
+    "engine_init_s": r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+)",
+}
+
+
+def startup_breakdown(run_dir: str) -> dict:
+    """The first of each STARTUP figure found in the run's rank logs (rank 0's first)."""
+    found: dict = {}
+    for log in sorted(glob.glob(os.path.join(run_dir, "logs", "*.log"))):
+        text = open(log, errors="replace").read()
+        for key, pattern in STARTUP.items():
+            m = re.search(pattern, text)
+            if m and key not in found:
+                found[key] = float(m.group(1))
+    return found
 
 
 def bench(url: str, c: int, n: int, args, out_json: str) -> dict:
@@ -48,21 +74,25 @@ def main(argv=None) -> int:
     p.add_argument("--label", required=True, help="name of this configuration in the tables")
     p.add_argument("--out", required=True, help="folder for the results and logs")
     p.add_argument("--tokenizer", required=True, help="tokenizer folder for the prompts (the model's)")
-    p.add_argument("--concurrency", nargs="+", default=["1:32", "64:1000", "128:1000"], help="C:N pairs")
+    p.add_argument("--concurrency", nargs="*", default=["1:32", "64:1000", "128:1000"], help="C:N pairs (none: no load)")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--processes", type=int, default=8, help="llmlaunch-bench client processes at C > 1")
     p.add_argument("--ready-timeout", type=float, default=900.0)
     p.add_argument("--check", action="store_true", help="run tests/gpu/test_served_engine.py against the server first")
+    p.add_argument("--identity", metavar="FILE", help="write the server's greedy answers (identity.py collect) here")
     args = p.parse_args(argv)
     # `timeout` (engines.sh) ends this with SIGTERM: leave through `finally`, which stops llmlaunch and its server
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     os.makedirs(args.out, exist_ok=True)
     t0 = time.monotonic()
-    proc, url, _ = start(overrides, Path(args.out) / f"{args.label}.log", args.ready_timeout)
+    run_dir = os.path.abspath(os.path.join(args.out, f"{args.label}.run"))
+    proc, url, _ = start([*overrides, f"run_dir={run_dir}"], Path(args.out) / f"{args.label}.log", args.ready_timeout)
     ready_s = time.monotonic() - t0
-    print(f"{args.label}: READY in {ready_s:.1f} s at {url} ({' '.join(overrides)})", flush=True)
-    doc = {"label": args.label, "overrides": overrides, "ready_s": ready_s, "rows": [], "check": None}
+    startup = startup_breakdown(run_dir)
+    print(f"{args.label}: READY in {ready_s:.1f} s at {url} ({' '.join(overrides)}); "
+          + ", ".join(f"{k} {v:.1f}" for k, v in startup.items()), flush=True)
+    doc = {"label": args.label, "overrides": overrides, "ready_s": ready_s, "startup": startup, "rows": [], "check": None}
     try:
         if args.check:
             env = dict(os.environ, LLMLAUNCH_TEST_URL=url, LLMLAUNCH_TEST_TOKENIZER=args.tokenizer)
@@ -70,6 +100,12 @@ def main(argv=None) -> int:
                                     "tests/gpu/test_served_engine.py"], cwd=ROOT, env=env, capture_output=True, text=True)
             doc["check"] = {"returncode": check.returncode, "output": check.stdout[-6000:]}
             print(check.stdout[-4000:], flush=True)
+        if args.identity:
+            from identity import collect  # benchmark/gpu, beside this script
+
+            with open(args.identity, "w") as f:
+                json.dump(collect(url, 32, 64, 8), f, indent=1)
+            print(f"{args.label}: greedy answers in {args.identity}", flush=True)
         for item in args.concurrency:
             c, _, n = item.partition(":")
             c, n = int(c), int(n or 10 * int(c))
