@@ -197,7 +197,7 @@ def test_a_failed_servers_log_is_shown_from_its_errors(tmp_path):
 def test_an_engine_in_a_stub_that_cannot_import_it_fails_its_load_saying_why(tiny_model_dir, tmp_path, monkeypatch,
                                                                               blocked, says):
     """engine_process=false runs the hf engine in the python stub's interpreter.  A stub environment without torch
-    (as the numpy<2 one README's "GPU machines" makes), or whose transformers cannot import a module of its own: the
+    (as the numpy<2 one of docs/engines.md, "GPU machines", makes), or whose transformers cannot import a module of its own: the
     model's load fails, and the server's error (ServerDied, led by the log's error lines) names the parameter, the
     interpreter, the innermost cause and both fixes.  The stub environment is a real virtual environment that sees
     this one's packages but cannot import `blocked` (None in sys.modules, set by a .pth line: how a missing package
@@ -227,7 +227,7 @@ def test_an_engine_in_a_stub_that_cannot_import_it_fails_its_load_saying_why(tin
     assert "engine_process=false runs the engine in the python stub's interpreter" in errors, errors
     assert all(s in errors for s in says), errors
     assert "Leave engine_process=true" in errors
-    assert "LLMLAUNCH_STUB_PYTHON; README, \"GPU machines\")" in errors  # the log's escaped quotes undone
+    assert "LLMLAUNCH_STUB_PYTHON; docs/engines.md, \"GPU machines\")" in errors  # the log's escaped quotes undone
     assert "CudaDriverHelper" not in errors
 
 

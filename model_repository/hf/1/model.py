@@ -326,7 +326,7 @@ class TritonPythonModel:
                     f"engine_process=false runs the engine in the python stub's interpreter ({sys.executable}), "
                     f"which cannot import what it needs: {_cause_chain(exc)}. Leave engine_process=true "
                     f"(the engine then runs on llmlaunch's own interpreter), or give the stub an environment with "
-                    f"torch and transformers besides numpy<2 (LLMLAUNCH_STUB_PYTHON; README, \"GPU machines\")"
+                    f"torch and transformers besides numpy<2 (LLMLAUNCH_STUB_PYTHON; docs/engines.md, \"GPU machines\")"
                 ) from None
             dirs = sorted({os.path.dirname(p) for p in mapped_from("libcudnn")})
             if preloaded or dirs:  # a GPU torch
