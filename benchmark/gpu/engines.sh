@@ -22,6 +22,10 @@
 #                           served $R vllm engine=vllm model.path=/tmp/llama-1b model.dtype=bfloat16; \
 #                           benchmark/gpu/engines.sh pack $R $OUT
 #   call 5:                 more `served` configurations (e.g. engine.frontends=1, engine=hf ...), then `pack`
+# Several GPUs (nvidia-h100-x2), after the same carries: LOADS="64:1000 128:1000 256:1000" `served` as vllm_tp1,
+# then with tp=2 (vllm_tp2) and replicas=2 (vllm_rep2); greedy tp=1 against tp=2 in float32:
+# MODEL=/tmp/llama-1b-f32 MODEL_DTYPE=float32 IDENTITY=1 LOADS= `served` v32_tp1 / v32_tp2 (model.path=$MODEL
+# model.dtype=float32, tp=2), then `identity $R v32_tp1 v32_tp2`.
 # Every step sources the environment below first (offline_env.sh: llmlaunch's wheels, the stub's numpy<2
 # environment, the host's torch stack linked into it, since vLLM's front end runs in the stub).
 # Knobs: MODEL (/tmp/llama-1b, made here when missing, in MODEL_DTYPE: bfloat16), LOADS ("1:32 64:1000 128:1000";
