@@ -630,36 +630,13 @@ def test_compiled_model_equals_generate_and_compiles_only_at_start(tiny_model_di
         eng.shutdown()
 
 
-def test_the_blocking_gpu_wait_switch_is_off_by_default_read_at_start_and_refuses_other_values(tiny_model_dir,
-                                                                                                monkeypatch):
-    """LLMLAUNCH_HF_BLOCKING_WAIT=1 makes the runner create each step's "done" event blocking, so the engine's host
-    thread sleeps in the driver instead of spinning while the GPU runs.
-    This machine has no GPU, so what is checked is the switch: off unless set, read when the runner starts, shown in
-    the engine's log line only on a GPU, and any value but 0 / 1 refused with both meanings named."""
-    from launcher.engines.hf_engine import describe_features
-    from launcher.engines.hf_runner import HFModelRunner
-
-    monkeypatch.setenv("LLMLAUNCH_HF_BLOCKING_WAIT", "yes")
-    with pytest.raises(ValueError, match=r"LLMLAUNCH_HF_BLOCKING_WAIT='yes': use 1 \(the host sleeps while waiting "
-                                         r"for a step's tokens\) or 0 \(it spins, the default\)"):
-        HFModelRunner(str(tiny_model_dir), device="cpu", torch_compile=False)
-    monkeypatch.delenv("LLMLAUNCH_HF_BLOCKING_WAIT")
-    assert not HFModelRunner(str(tiny_model_dir), device="cpu", torch_compile=False).blocking_wait
-    monkeypatch.setenv("LLMLAUNCH_HF_BLOCKING_WAIT", "1")
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2, torch_compile=False)
-    assert eng.runner.blocking_wait
-    assert eng.features["blocking_wait"] is False  # no CUDA event on the CPU: nothing waits
-    assert "GPU waits sleep" not in describe_features(eng.features)
-    assert ", GPU waits sleep, " in describe_features(dict(eng.features, blocking_wait=True))
-
-
 def test_prompts_are_encoded_by_the_backend_with_the_tokenizer_calls_ids_and_fall_back_where_they_could_differ(
-        engine, tiny_model_dir, monkeypatch):
+        engine, tiny_model_dir):
     """hf_encode.PromptEncoder: a fast tokenizer's prompts go straight to the tokenizers backend's `encode_batch`
     (which gives the GIL up while it encodes, as the tokenizer's call does, without the call's Python around it), and
     the ids are the tokenizer call's.  Where they could differ (truncation set on the backend by
-    another caller, a tokenizer class whose call does more than the backend, LLMLAUNCH_HF_DIRECT_ENCODE=0) prompts go
-    through the call, and the engine's log line says why.  The GIL's hand-over itself is measured, not asserted here."""
+    another caller, a tokenizer class whose call does more than the backend) prompts go through the call, and the
+    engine's log line says why.  The GIL's hand-over itself is measured, not asserted here."""
     from transformers import AutoTokenizer
 
     from launcher.engines.hf_encode import PROBES, PromptEncoder
@@ -709,17 +686,10 @@ def test_prompts_are_encoded_by_the_backend_with_the_tokenizer_calls_ids_and_fal
     assert enc2.backend is None and enc2.why_not.startswith("the backend's ids differ from the tokenizer's call on ")
     assert enc2("Hello World") == lowering("Hello World").input_ids == tok("hello world").input_ids
 
-    # the switch: off means the call, named in the engine's log line; a bad value is refused with both meanings
-    monkeypatch.setenv("LLMLAUNCH_HF_DIRECT_ENCODE", "0")
-    off = PromptEncoder(tok)
-    assert off.backend is None and off("Hello") == tok("Hello").input_ids
-    assert "prompts: tokenizer call (LLMLAUNCH_HF_DIRECT_ENCODE=0)" in describe_features(
-        dict(engine.features, prompt_encode=off.why_not))
+    # the engine's log line names the way prompts take, and why not the backend
+    assert f"prompts: tokenizer call ({enc2.why_not})" in describe_features(
+        dict(engine.features, prompt_encode=enc2.why_not))
     assert "prompts: backend encode" in describe_features(engine.features)
-    monkeypatch.setenv("LLMLAUNCH_HF_DIRECT_ENCODE", "on")
-    with pytest.raises(ValueError, match=r"LLMLAUNCH_HF_DIRECT_ENCODE='on': use 1 \(prompts go straight to the "
-                                         r"tokenizers backend, the default\) or 0 \(through the tokenizer's call\)"):
-        PromptEncoder(tok)
 
 
 def test_a_model_that_cannot_be_compiled_still_serves(tiny_model_dir, reference, monkeypatch):
@@ -1339,11 +1309,10 @@ def test_add_requests_tokenizes_text_prompts_in_one_call(engine, reference, monk
         assert joined(results[i][1])[1] == reference(prompt, 8)[0]
 
 
-def test_engine_process_takes_a_burst_of_requests_together(tiny_model_dir, engine, monkeypatch):
+def test_engine_process_takes_a_burst_of_requests_together(tiny_model_dir, engine):
     """Requests sent back to back are read by the engine process as they come, several at a time, and go to the
     engine through add_requests (one tokenizer call, checked in-process above): each still gets its own outputs,
-    a refused one its error, and an abort that follows its add in the burst cancels it.  A bad
-    LLMLAUNCH_HF_BATCH_TOKENIZE fails the start, naming the variable and the values."""
+    a refused one its error, and an abort that follows its add in the burst cancels it."""
     from launcher.engines.hf_process import EngineProcess
 
     ep = EngineProcess(str(tiny_model_dir), device="cpu", max_num_seqs=8).start()
@@ -1363,9 +1332,6 @@ def test_engine_process_takes_a_burst_of_requests_together(tiny_model_dir, engin
         assert gone[0].wait(30) and gone[1][-1].finish_reason == "cancelled"
     finally:
         ep.shutdown()
-    monkeypatch.setenv("LLMLAUNCH_HF_BATCH_TOKENIZE", "yes")
-    with pytest.raises(RuntimeError, match="LLMLAUNCH_HF_BATCH_TOKENIZE='yes': use 1"):
-        EngineProcess(str(tiny_model_dir), device="cpu", max_num_seqs=2).start()
 
 
 def test_instances_share_one_engine_process(tiny_model_dir, engine, tmp_path):
@@ -1421,27 +1387,17 @@ def test_instances_share_one_engine_process(tiny_model_dir, engine, tmp_path):
                 ep.shutdown()
 
 
-@pytest.mark.parametrize("switch", ["1", "0", None])
-def test_engine_process_tokenizes_the_prompts_of_all_ready_instances_in_one_call(tiny_model_dir, engine, tmp_path,
-                                                                                monkeypatch, switch):
-    """With LLMLAUNCH_HF_GATHER_PROMPTS=1, requests that three model instances sent while the engine process's reader
-    was busy go to the engine in one hand-over (one tokenizer call for the three prompts), counted in the engine's
-    intake statistics and named in its features; each still gets its own outputs.  With 0, and by default, it is one
-    hand-over an instance.  The reader is kept busy by a real prompt of two million characters (~0.8 s to tokenize
-    here; refused after, as too long for the model)."""
-    from launcher.engines.hf_engine import describe_features
+def test_engine_process_hands_over_the_prompts_of_each_ready_instance(tiny_model_dir, engine, tmp_path):
+    """Requests that three model instances sent while the engine process's reader was busy go to the engine in one
+    hand-over an instance (one tokenizer call each), counted in the engine's intake statistics; each gets its own
+    outputs.  The reader is kept busy by a real prompt of two million characters (~0.8 s to tokenize here; refused
+    after, as too long for the model)."""
     from launcher.engines.hf_process import EngineProcess
 
-    gather = switch == "1"
-    if switch is None:
-        monkeypatch.delenv("LLMLAUNCH_HF_GATHER_PROMPTS", raising=False)
-    else:
-        monkeypatch.setenv("LLMLAUNCH_HF_GATHER_PROMPTS", switch)  # the engine process inherits it
     sock = str(tmp_path / "engine.sock")
     owner = EngineProcess(str(tiny_model_dir), device="cpu", max_num_seqs=8, listen=sock).start()
     a = b = None
     try:
-        assert ("prompts of all instances tokenized together" in describe_features(owner.info["features"])) == gather
         a = EngineProcess.attach(sock, startup_timeout=30).start()
         b = EngineProcess.attach(sock, startup_timeout=30).start()
         params = SamplingParams(max_tokens=8, ignore_eos=True)
@@ -1458,7 +1414,7 @@ def test_engine_process_tokenizes_the_prompts_of_all_ready_instances_in_one_call
             time.sleep(0.05)
         stats = owner.stats_dict()
         assert stats["intake_requests"] == 4, stats
-        assert stats["intake_calls"] == (2 if gather else 4), stats
+        assert stats["intake_calls"] == 4, stats
     finally:
         for ep in (b, a, owner):
             if ep is not None:
@@ -1468,8 +1424,7 @@ def test_engine_process_tokenizes_the_prompts_of_all_ready_instances_in_one_call
 def test_engine_process_sends_first_outputs_ahead():
     """The engine process's outputs of a step go to each model instance's connection with the ids it gave; the
     connections whose share holds a request's first output (times set) are sent to first, so a first token does not
-    wait for the other instances' pickling and sending.  With the switch off (LLMLAUNCH_HF_FIRST_FAST=0) the order
-    is the connections'.  Real pipes; `Recorder` only notes the order of the sends."""
+    wait for the other instances' pickling and sending.  Real pipes; `Recorder` only notes the order of the sends."""
     from multiprocessing import Pipe
 
     from launcher.engines.hf_process import _Peers
@@ -1484,19 +1439,17 @@ def test_engine_process_sends_first_outputs_ahead():
             order.append(self.k)
             self.conn.send(msg)
 
-    for ahead in (True, False):
-        order.clear()
-        ends = [Pipe() for _ in range(3)]
-        peers = _Peers(Recorder(0, ends[0][0]), first_ahead=ahead)
-        for k in (1, 2):
-            assert peers.add(Recorder(k, ends[k][0])) == k
-        middle = lambda rid: (rid, "x", [5], 3, 2, None, None, None)  # noqa: E731
-        first = ("2/7", "y", [6], 3, 1, None, None, (1.0, 2.0))
-        peers.send_outputs([("a", "z", [4], 3, 9, "length", None, None), middle("1/3"), first, middle("2/8")])
-        assert order == ([2, 0, 1] if ahead else [0, 1, 2])
-        assert ends[2][1].recv() == [("7",) + first[1:], ("8", "x", [5], 3, 2, None, None, None)]
-        assert ends[1][1].recv() == [("3", "x", [5], 3, 2, None, None, None)]
-        assert ends[0][1].recv() == [("a", "z", [4], 3, 9, "length", None, None)]
+    ends = [Pipe() for _ in range(3)]
+    peers = _Peers(Recorder(0, ends[0][0]))
+    for k in (1, 2):
+        assert peers.add(Recorder(k, ends[k][0])) == k
+    middle = lambda rid: (rid, "x", [5], 3, 2, None, None, None)  # noqa: E731
+    first = ("2/7", "y", [6], 3, 1, None, None, (1.0, 2.0))
+    peers.send_outputs([("a", "z", [4], 3, 9, "length", None, None), middle("1/3"), first, middle("2/8")])
+    assert order == [2, 0, 1]
+    assert ends[2][1].recv() == [("7",) + first[1:], ("8", "x", [5], 3, 2, None, None, None)]
+    assert ends[1][1].recv() == [("3", "x", [5], 3, 2, None, None, None)]
+    assert ends[0][1].recv() == [("a", "z", [4], 3, 9, "length", None, None)]
 
 
 def test_attaching_with_no_engine_process_fails_clearly(tmp_path):
@@ -1686,8 +1639,7 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
     served_alt with two response processes) with two client processes, each path sending the 16 requests at the
     times launcher.bench.runner.arrival_times draws (so no round ends before the last arrival); the served first
     token is split as in a closed loop, the mean number of requests in flight is reported, and open_loop_table.py
-    tabulates it, a line for each server.  served_alt's tritonserver gets --alt-server-env (here the switch that sends
-    first responses on the streams' own threads, as before the receive thread answered them), the served one not.
+    tabulates it, a line for each server.  served_alt's tritonserver gets --alt-server-env, the served one not.
     A rate of 0, the delayed path (which delays a closed loop's successors), served_alt without served and its
     settings without it are refused before anything starts."""
     import importlib.util
@@ -1702,7 +1654,7 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
     args = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct", "served",
             "--rounds", "1", "--max-tokens", "4", "--warmup-tokens", "2", "--client-processes", "2"]
     proc = subprocess.run(args + ["--paths", "direct", "served", "served_alt", "--alt-response-processes", "2",
-                                  "--alt-server-env", "LLMLAUNCH_HF_FIRST_FAST=0", "--request-rate", "12",
+                                  "--alt-server-env", "OMP_NUM_THREADS=1", "--request-rate", "12",
                                   "--open-seconds", "1", "--workdir", str(tmp_path)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -1726,8 +1678,7 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
     assert out["served_alt"]["response_processes"] == 2 and out["response_processes"] == 1
     alt_log, served_log = (tmp_path / "alt" / "tritonserver.log").read_text(), (tmp_path / "tritonserver.log").read_text()
     assert "2 instances share" in alt_log and "instances share" not in served_log
-    assert alt_log.count("(LLMLAUNCH_HF_FIRST_FAST=0)") == 2 and "LLMLAUNCH_HF_FIRST_FAST" not in served_log
-    assert out["served_alt"]["server_env"] == {"LLMLAUNCH_HF_FIRST_FAST": "0"}
+    assert out["served_alt"]["server_env"] == {"OMP_NUM_THREADS": "1"} and not out.get("server_env")
     # the server's CPU a token is split by role: tritonserver, its stubs, the engine process (which decodes here, so
     # it used more than a clock tick; the roles' processes themselves: tests/test_bench.py); the parts add up
     cpu = row["cpu_us_per_token"]
@@ -1744,7 +1695,7 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
                            capture_output=True, text=True, timeout=60)
     assert table.returncode == 0, table.stderr
     head, line, alt = table.stdout.splitlines()
-    assert "TTFT p50 in/served ms" in head and "(alt: LLMLAUNCH_HF_FIRST_FAST=0, response_processes=2)" in head
+    assert "TTFT p50 in/served ms" in head and "(alt: OMP_NUM_THREADS=1, response_processes=2)" in head
     assert line.split()[0] == "12" and alt.split()[0] == "alt"
     assert f"{row['ttft_added_ms_p50']:.2f}" in line.split()
     assert f"{row['served_alt_ttft_added_ms_p50']:.2f}" in alt.split()
@@ -1760,42 +1711,6 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
                            (["--client-processes", "2", "2"], "--client-processes 2 2: each count once")):
         bad = subprocess.run(args + extra, capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and message in bad.stderr and "starting tritonserver" not in bad.stderr, bad.stderr[-1000:]
-
-
-def test_intake_benchmark_compares_engine_processes_on_the_same_load(tiny_model_dir):
-    """benchmark/gpu/intake.py on CPU (no graphs: a dry run): the engine processes of --variants take turns on the
-    same requests, each round generating every token; the hand-off into each (add) is measured; ratios are to the
-    first variant; the unfused variant's engine runs HF's separate projections, the fullwait one's lets decode steps
-    wait while requests wait for a slot.  An open loop (--request-rate) sends the same requests at the same times to
-    each.  An unknown variant is refused before any engine starts."""
-    import json
-    import subprocess
-    import sys
-
-    args = [sys.executable, "benchmark/gpu/intake.py", "--model", str(tiny_model_dir), "--device", "cpu",
-            "--dtype", "float32", "--max-num-seqs", "4", "--concurrency", "3", "--rounds", "2",
-            "--requests-per-stream", "2", "--prompt-tokens", "16", "--max-tokens", "6"]
-    proc = subprocess.run(args + ["--variants", "single", "unfused", "fullwait", "--request-rate", "40",
-                                  "--open-seconds", "0.3"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout)
-    row, open_row = out["runs"]
-    assert open_row["request_rate"] == 40 and open_row["concurrency"] is None and open_row["requests"] == 16
-    for name in ("single", "unfused", "fullwait"):
-        assert open_row[name]["round_tokens"] == [96, 96] and open_row[name]["in_flight_mean"] > 0
-    assert out["max_tokens"] == [6, 6] and row["requests"] == 6
-    for name in ("single", "unfused"):
-        assert row[name]["round_tokens"] == [36, 36] and row[name]["tokens_per_s"] > 0
-        assert 0 < row[name]["add_ms_p50"] <= row[name]["add_ms_p99"] and row[name]["ttft_ms_p50"] > 0
-    assert row["unfused_vs_single"] == round(row["unfused"]["tokens_per_s"] / row["single"]["tokens_per_s"], 4)
-    assert "tok/s against single: unfused" in proc.stderr
-    ready = {line.split()[1]: line for line in proc.stderr.splitlines() if "engine process ready" in line}
-    assert "projections fused (q+k+v x4, gate+up x4)" in ready["single"]
-    assert "projections unfused" in ready["unfused"]
-    assert "(decode steps wait while requests wait for a slot)" in ready["fullwait"]
-    assert "wait" not in ready["single"].split("overlap on", 1)[1].split(",", 1)[0]
-    bad = subprocess.run(args + ["--variants", "loop"], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "invalid choice: 'loop'" in bad.stderr and "loading" not in bad.stderr
 
 
 def test_prompts_alone_benchmark_runs_both_engines_on_the_same_load(tiny_model_dir, monkeypatch, tmp_path):

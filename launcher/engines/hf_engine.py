@@ -129,10 +129,6 @@ def describe_features(f: dict) -> str:
         fused = {k: n for k, n in f["fused"].items() if n}
         parts.append("projections fused (" + ", ".join(f"{k.replace('_proj', '')} x{n}" for k, n in fused.items())
                      + ")" if fused else "projections unfused")
-    if f.get("blocking_wait"):  # LLMLAUNCH_HF_BLOCKING_WAIT=1, on a GPU: see HFModelRunner.blocking_wait
-        parts.append("GPU waits sleep")
-    if f.get("gather_prompts"):  # the engine process, LLMLAUNCH_HF_GATHER_PROMPTS=1 (hf_process: the reading loop)
-        parts.append("prompts of all instances tokenized together")
     if f.get("prompt_encode"):  # hf_encode.PromptEncoder: the backend's encode, or why prompts go through the call
         parts.append("prompts: backend encode" if f["prompt_encode"] == "backend" else
                      f"prompts: tokenizer call ({f['prompt_encode']})")
@@ -345,7 +341,6 @@ class Engine:
                 "prefill_graph_error": r.prefill_graph_error, "fused": dict(r.fused),
                 "mixed_graphs": len(r._mixed_graphs), "mixed_graph_error": r.mixed_graph_error,
                 "cudnn_attention": r.cudnn_attention if r.device.type == "cuda" else "",
-                "blocking_wait": r.blocking_wait and r.device.type == "cuda",
                 "prompt_encode": self._encode.why_not or "backend"}
 
     def start(self) -> "Engine":

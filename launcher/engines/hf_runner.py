@@ -343,14 +343,6 @@ class HFModelRunner:
         if device in (None, "", "auto"):
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
-        # A step's "done" event is waited on by the engine's host thread while the GPU runs the step queued
-        # behind it.  A plain event's synchronize spins a CPU the whole time (one CPU-second a second at one
-        # stream), a vCPU the server's other processes then lack; a
-        # blocking one sleeps in the driver and pays a wake-up instead.  Off by default: side by side on an H100
-        # host it freed ~0.6-0.7 of a CPU at one stream but cost the first token up to
-        # 0.17 ms there and up to 0.66 ms at 8 streams; it is for nodes whose CPUs several engines share.
-        self.blocking_wait = env_switch(None, "LLMLAUNCH_HF_BLOCKING_WAIT", "the host sleeps while waiting for a "
-                                        "step's tokens", "it spins", default=False)
         if torch_compile is not False:
             use_llmlaunch_inductor_cache()
         config = AutoConfig.from_pretrained(model_path)
@@ -1232,7 +1224,7 @@ class HFModelRunner:
                 return tokens, tokens, None, None, None
             host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
             host.copy_(tokens, non_blocking=True)
-            done = torch.cuda.Event(enable_timing=True, blocking=self.blocking_wait)
+            done = torch.cuda.Event(enable_timing=True)
             done.record()
             self._last_done = done
             return tokens, host, done, start, after

@@ -17,10 +17,3 @@ def env_switch(value: bool | None, name: str, on: str, off: str, default: bool =
         raise ValueError(f"{name}={raw!r}: use 1 ({on}{ones}) or 0 ({off}{zeros})")
     return raw == "1"
 
-
-def first_fast() -> bool:
-    """LLMLAUNCH_HF_FIRST_FAST, read by the hf model's stub (a stream's first response sent on its receive thread) and
-    by the engine process it starts, which inherits its environment (a step's first outputs sent ahead of its others);
-    0 turns both off."""
-    return env_switch(None, "LLMLAUNCH_HF_FIRST_FAST", "first outputs take the shortest way out",
-                      "they wait behind a step's other outputs and go through the stream's responder thread")
