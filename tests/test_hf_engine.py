@@ -150,7 +150,7 @@ def test_prompt_graph_padding_equals_the_unpadded_step(tiny_model_dir):
         assert k[4, :, 7:16].abs().sum() > 0 and k[4, :, 16:].abs().sum() == 0  # the pads went to the spare slot
 
 
-def test_which_steps_replay_a_prompt_graph(tiny_model_dir, monkeypatch):
+def test_which_steps_replay_a_prompt_graph(tiny_model_dir):
     """One whole prompt, no decode rows, not longer than the limit -> the smallest bucket that holds it; anything
     else runs eagerly.  Buckets grow by at most 1.5x; the limit comes from the environment and is checked."""
     from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
@@ -177,9 +177,6 @@ def test_which_steps_replay_a_prompt_graph(tiny_model_dir, monkeypatch):
                   step(PrefillChunk(0, 0, 7, False)),  # a chunk that does not end its prompt
                   step(decode=[0])):
         assert runner.prefill_graph_key(eager) is None
-    monkeypatch.setenv("LLMLAUNCH_HF_PREFILL_GRAPHS", "lots")
-    with pytest.raises(ValueError, match="LLMLAUNCH_HF_PREFILL_GRAPHS='lots' is not a number of tokens"):
-        HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64)
     with pytest.raises(ValueError, match="prefill_graphs=-1 is negative"):
         HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64, prefill_graphs=-1)
 
@@ -228,10 +225,10 @@ def test_mixed_graph_body_equals_the_eager_step(tiny_model_dir):
             assert k[4, :, 12:32].abs().sum() > 0  # the pads went to the spare slot
 
 
-def test_which_steps_replay_a_mixed_graph(tiny_model_dir, monkeypatch):
+def test_which_steps_replay_a_mixed_graph(tiny_model_dir):
     """Decode rows and whole sampled prompts, at most MIXED_PROMPTS of them and mixed_limit tokens in all -> the
-    decode bucket and the smallest packed size that holds them; anything else does not.  The limit comes from the
-    environment and is checked."""
+    decode bucket and the smallest packed size that holds them; anything else does not.  A negative limit is
+    refused."""
     from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 
     assert HFModelRunner.mixed_buckets(512) == [32, 64, 128, 256, 512]
@@ -260,9 +257,6 @@ def test_which_steps_replay_a_mixed_graph(tiny_model_dir, monkeypatch):
         assert runner.mixed_step_key(other) is None
     runner._mixed_graphs.clear()
     assert runner.mixed_step_key(step(*whole(7))) is None and not runner.mixed_prompts_fit([7])  # none captured
-    monkeypatch.setenv("LLMLAUNCH_HF_MIXED_GRAPHS", "many")
-    with pytest.raises(ValueError, match="LLMLAUNCH_HF_MIXED_GRAPHS='many' is not a number of prompt tokens"):
-        HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64)
     with pytest.raises(ValueError, match="mixed_graphs=-1 is negative"):
         HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64, mixed_graphs=-1)
 
@@ -332,16 +326,14 @@ def decoding_request(eng):
 
 
 @pytest.mark.parametrize("alone", [4, 0])
-def test_a_few_prompts_go_alone_through_their_graphs_a_wave_goes_together(tiny_model_dir, reference, monkeypatch,
-                                                                          alone):
+def test_a_few_prompts_go_alone_through_their_graphs_a_wave_goes_together(tiny_model_dir, reference, alone):
     """Where prompt graphs exist (a GPU), up to PROMPTS_ALONE_MAX prompts that arrive while others decode are each
     prefilled alone (their graph) while the decode rows wait a step; more than that go in one step beside the
-    decode rows; LLMLAUNCH_HF_PROMPTS_ALONE=0 turns it off.  Steps of a prompt alone are queued ahead, behind the
+    decode rows; prompts_alone=0 turns it off.  Steps of a prompt alone are queued ahead, behind the
     step running.  Outputs stay those of generate.  CPU has no CUDA
     graphs: the runner is told that prompts up to 64 tokens have one (its steps then run eagerly here); the
     engine is held inside a step while requests arrive, so the scheduler sees them together."""
-    monkeypatch.setenv("LLMLAUNCH_HF_PROMPTS_ALONE", str(alone))
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_prefill_tokens=64)
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_prefill_tokens=64, prompts_alone=alone)
     eng.runner.prompt_graphed = lambda length: length <= 64
     steps, arrive_together = record_steps(eng)
     eng.start()
@@ -405,7 +397,7 @@ def test_wave_graph_padding_equals_the_unpadded_step(tiny_model_dir):
         assert k[8, :, 3:16].abs().sum() > 0 and k[8, :, 16:].abs().sum() == 0  # the pads went to the spare slot
 
 
-def test_which_steps_replay_a_wave_graph(tiny_model_dir, monkeypatch):
+def test_which_steps_replay_a_wave_graph(tiny_model_dir):
     """Two to 16 whole prompts and nothing else -> the smallest wave (2, 4, 8 or 16 rows) of the smallest bucket that
     holds the longest, if captured (rows x length within the prompt-graph limit); anything else runs eagerly.  The
     variable that turns waves off is checked."""
@@ -442,9 +434,6 @@ def test_which_steps_replay_a_wave_graph(tiny_model_dir, monkeypatch):
                   step(PrefillChunk(0, 0, 7, True), PrefillChunk(1, 8, 7, True)),  # a later chunk
                   step(PrefillChunk(0, 0, 7, True), PrefillChunk(1, 0, 5, False))):  # a chunk that is not the end
         assert runner.wave_step_key(eager) is None
-    monkeypatch.setenv("LLMLAUNCH_HF_WAVE_GRAPHS", "yes")
-    with pytest.raises(ValueError, match="LLMLAUNCH_HF_WAVE_GRAPHS='yes': use 1"):
-        HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64)
 
 
 def test_a_wave_of_prompts_goes_in_steps_of_its_own_taking_turns_with_the_decode_rows(tiny_model_dir, reference,
@@ -715,14 +704,25 @@ def test_a_model_that_cannot_be_compiled_still_serves(tiny_model_dir, reference,
         eng.shutdown()
 
 
+def one_at_a_time(eng):
+    """`eng` (not started) stepping one at a time: no step is queued behind a running one, each waits for the tokens
+    of the step before (the reference the overlapped schedule is checked against)."""
+    schedule = eng._schedule
+    eng._schedule = lambda ahead_of=None: None if ahead_of is not None else schedule()
+    return eng
+
+
 def test_overlapped_steps_give_the_same_outputs(tiny_model_dir):
-    """overlap (the default): the next decode step is queued, its tokens passed on the device, before the host
-    has seen the last step's.  Against the same engine stepping one at a time, the same requests at once give
+    """overlap: the next decode step is queued, its tokens passed on the device, before the host has seen the last
+    step's.  Against the same engine stepping one at a time, the same requests at once give
     the same outputs: greedy, seeded sampling, penalties, a stop string, end_id with min_tokens (where a row
     ends a step early and its extra token must be dropped), and max_tokens of 1, 2 and 3 and one filling the
     context to max_model_len (where a row must not be run past its end)."""
-    engines = {flag: Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_model_len=128,
-                            overlap=flag).start() for flag in (False, True)}
+    engines = {flag: Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_model_len=128)
+               for flag in (False, True)}
+    one_at_a_time(engines[False])
+    for eng in engines.values():
+        eng.start()
     try:
         ref = engines[False]
         full = ref.generate(PROMPTS[0], SamplingParams(max_tokens=30, ignore_eos=True))
@@ -763,8 +763,11 @@ def test_overlap_with_arrivals_waiting_requests_and_prompt_chunks(tiny_model_dir
     and the engine stepping one at a time."""
     requests = [(PROMPTS[i % len(PROMPTS)], 4 + (3 * i) % 11) for i in range(12)]
     results = {}
-    engines = {flag: Engine(str(tiny_model_dir), device="cpu", max_num_seqs=3, max_prefill_tokens=6,
-                            overlap=flag).start() for flag in (False, True)}
+    engines = {flag: Engine(str(tiny_model_dir), device="cpu", max_num_seqs=3, max_prefill_tokens=6)
+               for flag in (False, True)}
+    one_at_a_time(engines[False])
+    for eng in engines.values():
+        eng.start()
     try:
         for flag, eng in engines.items():
             outs = {i: [] for i in range(len(requests))}
@@ -802,7 +805,7 @@ def test_a_row_ending_by_length_leaves_the_overlapped_steps_without_stopping_the
     """Two requests, one of 3 tokens and one of 12: every decode step is queued ahead, with its tokens from the
     step before, including past the short one's end (it is left out of the step after its last token, which
     does not wait for the host), and both outputs equal `generate`."""
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=4, overlap=True).start()
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=4).start()
     launches = []  # (prompt tokens in the step?, launched ahead?)
     launch = eng.runner.launch
 
@@ -824,43 +827,35 @@ def test_a_row_ending_by_length_leaves_the_overlapped_steps_without_stopping_the
         eng.shutdown()
 
 
-def test_requests_waiting_for_a_slot_leave_the_decode_steps_queued_ahead(tiny_model_dir, reference, monkeypatch):
+def test_requests_waiting_for_a_slot_leave_the_decode_steps_queued_ahead(tiny_model_dir, reference):
     """Two slots, three requests at once: the third waits for the slot of the first (6 tokens) while the first two
-    decode.  Every decode-only step is still queued ahead (with full_ahead=False a request waiting
-    for a slot made each step wait for the host until it had one, so a full engine lost its overlap); the third is
-    prefilled once the first has ended, and all outputs equal `generate` either way.  A bad
-    LLMLAUNCH_HF_FULL_AHEAD is refused before the model loads."""
+    decode.  Every decode-only step is still queued ahead (a full engine keeps its overlap); the third is prefilled
+    once the first has ended, and all outputs equal `generate`."""
     wanted = ((0, 6), (1, 16), (2, 6))
-    for full_ahead in (True, False):
-        eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2, overlap=True, full_ahead=full_ahead).start()
-        launches = []  # (prompt tokens in the step?, launched ahead?, a request waiting for a slot meanwhile?)
-        launch, gate = eng.runner.launch, threading.Lock()
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2).start()
+    launches = []  # (prompt tokens in the step?, launched ahead?, a request waiting for a slot meanwhile?)
+    launch, gate = eng.runner.launch, threading.Lock()
 
-        def recording_launch(step, prev=None, prev_rows=None, launch=launch, launches=launches, eng=eng, gate=gate):
-            with gate:  # held while the requests are added: the engine takes the second and third together
-                launches.append((bool(step.prefill), prev is not None, bool(eng._waiting)))
-            return launch(step, prev=prev, prev_rows=prev_rows)
+    def recording_launch(step, prev=None, prev_rows=None):
+        with gate:  # held while the requests are added: the engine takes the second and third together
+            launches.append((bool(step.prefill), prev is not None, bool(eng._waiting)))
+        return launch(step, prev=prev, prev_rows=prev_rows)
 
-        eng.runner.launch = recording_launch
-        try:
-            with gate:
-                runs = [collect(eng, PROMPTS[i], SamplingParams(max_tokens=n, ignore_eos=True)) for i, n in wanted]
-            for done, _ in runs:
-                assert done.wait(60)
-            # the decode steps while the third request waited for a slot
-            waiting = [ahead for prefill, ahead, waited in launches if waited and not prefill]
-            assert len(waiting) >= 3, launches
-            assert all(waiting) if full_ahead else not any(waiting), (full_ahead, launches)
-            last_prefill = max(i for i, (prefill, _, _) in enumerate(launches) if prefill)
-            assert all(ahead for prefill, ahead, _ in launches[last_prefill + 1:] if not prefill), launches
-            for (i, n), (_, outs) in zip(wanted, runs):
-                assert joined(outs)[1] == reference(PROMPTS[i], n)[0]
-            assert eng.features["full_ahead"] is full_ahead
-        finally:
-            eng.shutdown()
-    monkeypatch.setenv("LLMLAUNCH_HF_FULL_AHEAD", "yes")
-    with pytest.raises(ValueError, match=r"LLMLAUNCH_HF_FULL_AHEAD='yes': use 1 \(decode steps queued ahead"):
-        Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2)
+    eng.runner.launch = recording_launch
+    try:
+        with gate:
+            runs = [collect(eng, PROMPTS[i], SamplingParams(max_tokens=n, ignore_eos=True)) for i, n in wanted]
+        for done, _ in runs:
+            assert done.wait(60)
+        # the decode steps while the third request waited for a slot
+        waiting = [ahead for prefill, ahead, waited in launches if waited and not prefill]
+        assert len(waiting) >= 3 and all(waiting), launches
+        last_prefill = max(i for i, (prefill, _, _) in enumerate(launches) if prefill)
+        assert all(ahead for prefill, ahead, _ in launches[last_prefill + 1:] if not prefill), launches
+        for (i, n), (_, outs) in zip(wanted, runs):
+            assert joined(outs)[1] == reference(PROMPTS[i], n)[0]
+    finally:
+        eng.shutdown()
 
 
 @pytest.mark.parametrize("mode, eager_cudnn", [("graphs", False), ("off", False), ("all", True)])
@@ -893,12 +888,9 @@ def test_eager_steps_keep_off_cudnn_attention(tiny_model_dir, monkeypatch, mode,
     assert runner.cudnn_attention == mode
 
 
-def test_cudnn_attention_comes_from_the_environment_and_is_checked(tiny_model_dir, monkeypatch):
+def test_cudnn_attention_defaults_to_graphs_and_is_checked(tiny_model_dir):
     from launcher.engines.hf_runner import HFModelRunner
 
-    monkeypatch.setenv("LLMLAUNCH_HF_CUDNN_ATTENTION", "all")
-    assert HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64).cudnn_attention == "all"
-    monkeypatch.delenv("LLMLAUNCH_HF_CUDNN_ATTENTION")
     assert HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64).cudnn_attention == "graphs"
     with pytest.raises(ValueError, match="cudnn_attention 'sometimes' is not one of graphs, all, off"):
         HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64, cudnn_attention="sometimes")
@@ -1713,11 +1705,10 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
         assert bad.returncode == 2 and message in bad.stderr and "starting tritonserver" not in bad.stderr, bad.stderr[-1000:]
 
 
-def test_prompts_alone_benchmark_runs_both_engines_on_the_same_load(tiny_model_dir, monkeypatch, tmp_path):
+def test_prompts_alone_benchmark_runs_both_engines_on_the_same_load(tiny_model_dir, tmp_path):
     """benchmark/gpu/prompts_alone.py on CPU (no graphs: a dry run): the three engines take turns on the same requests
     of their own lengths, every round generating exactly the drawn lengths; bad ranges are refused before any
-    engine starts.  The engine's prompts_alone argument wins over LLMLAUNCH_HF_PROMPTS_ALONE; a negative one, or
-    an environment value that is not a number, is refused before the model loads."""
+    engine starts.  A negative prompts_alone is refused before the model loads."""
     import json
     import subprocess
     import sys
@@ -1744,15 +1735,11 @@ def test_prompts_alone_benchmark_runs_both_engines_on_the_same_load(tiny_model_d
                       "--concurrency 8 is more than --max-num-seqs 4")):
         p = subprocess.run(args + bad, capture_output=True, text=True, timeout=120)
         assert p.returncode == 2 and msg in p.stderr and "loading" not in p.stderr
-    monkeypatch.setenv("LLMLAUNCH_HF_PROMPTS_ALONE", "4")
     eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2, prompts_alone=0)
     assert eng._prompts_alone == 0
     nothing = tmp_path / "no-model"  # refused before loading: a model that is not there is never looked at
     with pytest.raises(ValueError, match="prompts_alone=-1 is negative"):
         Engine(str(nothing), device="cpu", max_num_seqs=2, prompts_alone=-1)
-    monkeypatch.setenv("LLMLAUNCH_HF_PROMPTS_ALONE", "some")
-    with pytest.raises(ValueError, match="LLMLAUNCH_HF_PROMPTS_ALONE='some' is not a number of prompts"):
-        Engine(str(nothing), device="cpu", max_num_seqs=2)
 
 
 def test_the_engine_posts_how_many_requests_it_holds_for_the_spinners_that_pause_under_load(tiny_model_dir, tmp_path):

@@ -45,10 +45,10 @@ echo "== 1. model: random Llama 1.24 B, bf16"
 [ -f "$MODEL/config.json" ] || $PY -m launcher.tiny --out "$MODEL" --hidden 2048 --layers 16 --heads 32 --kv-heads 8 \
     --intermediate 8192 --vocab 128256 --tie-word-embeddings true --rope-theta 500000 --dtype bfloat16
 
-echo "== 2. batch-1 decode vs the memory-bandwidth limit (five ways, fused projections or not; greedy checks)"
+echo "== 2. batch-1 decode vs the memory-bandwidth limit (four ways; greedy checks)"
 timeout 900 $PY benchmark/gpu/decode_bandwidth.py --model "$MODEL" --tokens 256 | tee "$OUT_DIR/bandwidth.json"
 
-echo "== 2b. the kernels of a batch-1 decode step, uncompiled and compiled, projections fused and not"
+echo "== 2b. the kernels of a batch-1 decode step, uncompiled and compiled"
 timeout 700 $PY benchmark/gpu/decode_kernels.py --model "$MODEL" | tee "$OUT_DIR/kernels.txt"
 
 echo "== 2c. time to first token on an idle engine: prompt steps as CUDA graphs vs eager, side by side"
