@@ -325,7 +325,7 @@ def on_cpus(cpus: set[int] | None):
 def served_features(server_log: Path) -> str:
     """The served engine's features, from the hf model's 'ready:' line in the server log ('' if not found)."""
     try:
-        lines = [ln for ln in server_log.read_text(errors="replace").splitlines() if "ready:" in ln and "overlap" in ln]
+        lines = [ln for ln in server_log.read_text(errors="replace").splitlines() if "ready:" in ln and "torch_compile" in ln]
     except OSError:
         return ""
     # the line ends with describe_features' text: '..., response_threads=4, torch_compile on (...), ...'
@@ -981,7 +981,7 @@ def main(argv=None) -> int:
                          "(e.g. response_threads=2)")
     ap.add_argument("--alt-server-env", action="append", default=[], metavar="KEY=VALUE",
                     help="the served_alt path: an environment variable of its tritonserver on top of --server-env's "
-                         "(e.g. an LLMLAUNCH_HF_* switch set to 0, side by side with the default)")
+                         "(e.g. OMP_NUM_THREADS=1)")
     ap.add_argument("--request-param", action="append", default=[], metavar="KEY=VALUE",
                     help="served paths: a Triton request parameter sent with every request (e.g. "
                          "final_counts_only=true)")

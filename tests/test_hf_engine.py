@@ -150,7 +150,7 @@ def test_prompt_graph_padding_equals_the_unpadded_step(tiny_model_dir):
         assert k[4, :, 7:16].abs().sum() > 0 and k[4, :, 16:].abs().sum() == 0  # the pads went to the spare slot
 
 
-def test_which_steps_replay_a_prompt_graph(tiny_model_dir, monkeypatch):
+def test_which_steps_replay_a_prompt_graph(tiny_model_dir):
     """One whole prompt, no decode rows, not longer than the limit -> the smallest bucket that holds it; anything
     else runs eagerly.  Buckets grow by at most 1.5x; the limit comes from the environment and is checked."""
     from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
@@ -177,9 +177,6 @@ def test_which_steps_replay_a_prompt_graph(tiny_model_dir, monkeypatch):
                   step(PrefillChunk(0, 0, 7, False)),  # a chunk that does not end its prompt
                   step(decode=[0])):
         assert runner.prefill_graph_key(eager) is None
-    monkeypatch.setenv("LLMLAUNCH_HF_PREFILL_GRAPHS", "lots")
-    with pytest.raises(ValueError, match="LLMLAUNCH_HF_PREFILL_GRAPHS='lots' is not a number of tokens"):
-        HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64)
     with pytest.raises(ValueError, match="prefill_graphs=-1 is negative"):
         HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64, prefill_graphs=-1)
 
@@ -228,10 +225,10 @@ def test_mixed_graph_body_equals_the_eager_step(tiny_model_dir):
             assert k[4, :, 12:32].abs().sum() > 0  # the pads went to the spare slot
 
 
-def test_which_steps_replay_a_mixed_graph(tiny_model_dir, monkeypatch):
+def test_which_steps_replay_a_mixed_graph(tiny_model_dir):
     """Decode rows and whole sampled prompts, at most MIXED_PROMPTS of them and mixed_limit tokens in all -> the
-    decode bucket and the smallest packed size that holds them; anything else does not.  The limit comes from the
-    environment and is checked."""
+    decode bucket and the smallest packed size that holds them; anything else does not.  A negative limit is
+    refused."""
     from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 
     assert HFModelRunner.mixed_buckets(512) == [32, 64, 128, 256, 512]
@@ -260,9 +257,6 @@ def test_which_steps_replay_a_mixed_graph(tiny_model_dir, monkeypatch):
         assert runner.mixed_step_key(other) is None
     runner._mixed_graphs.clear()
     assert runner.mixed_step_key(step(*whole(7))) is None and not runner.mixed_prompts_fit([7])  # none captured
-    monkeypatch.setenv("LLMLAUNCH_HF_MIXED_GRAPHS", "many")
-    with pytest.raises(ValueError, match="LLMLAUNCH_HF_MIXED_GRAPHS='many' is not a number of prompt tokens"):
-        HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64)
     with pytest.raises(ValueError, match="mixed_graphs=-1 is negative"):
         HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64, mixed_graphs=-1)
 
@@ -332,16 +326,14 @@ def decoding_request(eng):
 
 
 @pytest.mark.parametrize("alone", [4, 0])
-def test_a_few_prompts_go_alone_through_their_graphs_a_wave_goes_together(tiny_model_dir, reference, monkeypatch,
-                                                                          alone):
+def test_a_few_prompts_go_alone_through_their_graphs_a_wave_goes_together(tiny_model_dir, reference, alone):
     """Where prompt graphs exist (a GPU), up to PROMPTS_ALONE_MAX prompts that arrive while others decode are each
     prefilled alone (their graph) while the decode rows wait a step; more than that go in one step beside the
-    decode rows; LLMLAUNCH_HF_PROMPTS_ALONE=0 turns it off.  Steps of a prompt alone are queued ahead, behind the
+    decode rows; prompts_alone=0 turns it off.  Steps of a prompt alone are queued ahead, behind the
     step running.  Outputs stay those of generate.  CPU has no CUDA
     graphs: the runner is told that prompts up to 64 tokens have one (its steps then run eagerly here); the
     engine is held inside a step while requests arrive, so the scheduler sees them together."""
-    monkeypatch.setenv("LLMLAUNCH_HF_PROMPTS_ALONE", str(alone))
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_prefill_tokens=64)
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_prefill_tokens=64, prompts_alone=alone)
     eng.runner.prompt_graphed = lambda length: length <= 64
     steps, arrive_together = record_steps(eng)
     eng.start()
@@ -405,7 +397,7 @@ def test_wave_graph_padding_equals_the_unpadded_step(tiny_model_dir):
         assert k[8, :, 3:16].abs().sum() > 0 and k[8, :, 16:].abs().sum() == 0  # the pads went to the spare slot
 
 
-def test_which_steps_replay_a_wave_graph(tiny_model_dir, monkeypatch):
+def test_which_steps_replay_a_wave_graph(tiny_model_dir):
     """Two to 16 whole prompts and nothing else -> the smallest wave (2, 4, 8 or 16 rows) of the smallest bucket that
     holds the longest, if captured (rows x length within the prompt-graph limit); anything else runs eagerly.  The
     variable that turns waves off is checked."""
@@ -442,9 +434,6 @@ def test_which_steps_replay_a_wave_graph(tiny_model_dir, monkeypatch):
                   step(PrefillChunk(0, 0, 7, True), PrefillChunk(1, 8, 7, True)),  # a later chunk
                   step(PrefillChunk(0, 0, 7, True), PrefillChunk(1, 0, 5, False))):  # a chunk that is not the end
         assert runner.wave_step_key(eager) is None
-    monkeypatch.setenv("LLMLAUNCH_HF_WAVE_GRAPHS", "yes")
-    with pytest.raises(ValueError, match="LLMLAUNCH_HF_WAVE_GRAPHS='yes': use 1"):
-        HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64)
 
 
 def test_a_wave_of_prompts_goes_in_steps_of_its_own_taking_turns_with_the_decode_rows(tiny_model_dir, reference,
@@ -630,36 +619,13 @@ def test_compiled_model_equals_generate_and_compiles_only_at_start(tiny_model_di
         eng.shutdown()
 
 
-def test_the_blocking_gpu_wait_switch_is_off_by_default_read_at_start_and_refuses_other_values(tiny_model_dir,
-                                                                                                monkeypatch):
-    """LLMLAUNCH_HF_BLOCKING_WAIT=1 makes the runner create each step's "done" event blocking, so the engine's host
-    thread sleeps in the driver instead of spinning while the GPU runs.
-    This machine has no GPU, so what is checked is the switch: off unless set, read when the runner starts, shown in
-    the engine's log line only on a GPU, and any value but 0 / 1 refused with both meanings named."""
-    from launcher.engines.hf_engine import describe_features
-    from launcher.engines.hf_runner import HFModelRunner
-
-    monkeypatch.setenv("LLMLAUNCH_HF_BLOCKING_WAIT", "yes")
-    with pytest.raises(ValueError, match=r"LLMLAUNCH_HF_BLOCKING_WAIT='yes': use 1 \(the host sleeps while waiting "
-                                         r"for a step's tokens\) or 0 \(it spins, the default\)"):
-        HFModelRunner(str(tiny_model_dir), device="cpu", torch_compile=False)
-    monkeypatch.delenv("LLMLAUNCH_HF_BLOCKING_WAIT")
-    assert not HFModelRunner(str(tiny_model_dir), device="cpu", torch_compile=False).blocking_wait
-    monkeypatch.setenv("LLMLAUNCH_HF_BLOCKING_WAIT", "1")
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2, torch_compile=False)
-    assert eng.runner.blocking_wait
-    assert eng.features["blocking_wait"] is False  # no CUDA event on the CPU: nothing waits
-    assert "GPU waits sleep" not in describe_features(eng.features)
-    assert ", GPU waits sleep, " in describe_features(dict(eng.features, blocking_wait=True))
-
-
 def test_prompts_are_encoded_by_the_backend_with_the_tokenizer_calls_ids_and_fall_back_where_they_could_differ(
-        engine, tiny_model_dir, monkeypatch):
+        engine, tiny_model_dir):
     """hf_encode.PromptEncoder: a fast tokenizer's prompts go straight to the tokenizers backend's `encode_batch`
     (which gives the GIL up while it encodes, as the tokenizer's call does, without the call's Python around it), and
     the ids are the tokenizer call's.  Where they could differ (truncation set on the backend by
-    another caller, a tokenizer class whose call does more than the backend, LLMLAUNCH_HF_DIRECT_ENCODE=0) prompts go
-    through the call, and the engine's log line says why.  The GIL's hand-over itself is measured, not asserted here."""
+    another caller, a tokenizer class whose call does more than the backend) prompts go through the call, and the
+    engine's log line says why.  The GIL's hand-over itself is measured, not asserted here."""
     from transformers import AutoTokenizer
 
     from launcher.engines.hf_encode import PROBES, PromptEncoder
@@ -709,17 +675,10 @@ def test_prompts_are_encoded_by_the_backend_with_the_tokenizer_calls_ids_and_fal
     assert enc2.backend is None and enc2.why_not.startswith("the backend's ids differ from the tokenizer's call on ")
     assert enc2("Hello World") == lowering("Hello World").input_ids == tok("hello world").input_ids
 
-    # the switch: off means the call, named in the engine's log line; a bad value is refused with both meanings
-    monkeypatch.setenv("LLMLAUNCH_HF_DIRECT_ENCODE", "0")
-    off = PromptEncoder(tok)
-    assert off.backend is None and off("Hello") == tok("Hello").input_ids
-    assert "prompts: tokenizer call (LLMLAUNCH_HF_DIRECT_ENCODE=0)" in describe_features(
-        dict(engine.features, prompt_encode=off.why_not))
+    # the engine's log line names the way prompts take, and why not the backend
+    assert f"prompts: tokenizer call ({enc2.why_not})" in describe_features(
+        dict(engine.features, prompt_encode=enc2.why_not))
     assert "prompts: backend encode" in describe_features(engine.features)
-    monkeypatch.setenv("LLMLAUNCH_HF_DIRECT_ENCODE", "on")
-    with pytest.raises(ValueError, match=r"LLMLAUNCH_HF_DIRECT_ENCODE='on': use 1 \(prompts go straight to the "
-                                         r"tokenizers backend, the default\) or 0 \(through the tokenizer's call\)"):
-        PromptEncoder(tok)
 
 
 def test_a_model_that_cannot_be_compiled_still_serves(tiny_model_dir, reference, monkeypatch):
@@ -745,14 +704,25 @@ def test_a_model_that_cannot_be_compiled_still_serves(tiny_model_dir, reference,
         eng.shutdown()
 
 
+def one_at_a_time(eng):
+    """`eng` (not started) stepping one at a time: no step is queued behind a running one, each waits for the tokens
+    of the step before (the reference the overlapped schedule is checked against)."""
+    schedule = eng._schedule
+    eng._schedule = lambda ahead_of=None: None if ahead_of is not None else schedule()
+    return eng
+
+
 def test_overlapped_steps_give_the_same_outputs(tiny_model_dir):
-    """overlap (the default): the next decode step is queued, its tokens passed on the device, before the host
-    has seen the last step's.  Against the same engine stepping one at a time, the same requests at once give
+    """overlap: the next decode step is queued, its tokens passed on the device, before the host has seen the last
+    step's.  Against the same engine stepping one at a time, the same requests at once give
     the same outputs: greedy, seeded sampling, penalties, a stop string, end_id with min_tokens (where a row
     ends a step early and its extra token must be dropped), and max_tokens of 1, 2 and 3 and one filling the
     context to max_model_len (where a row must not be run past its end)."""
-    engines = {flag: Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_model_len=128,
-                            overlap=flag).start() for flag in (False, True)}
+    engines = {flag: Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_model_len=128)
+               for flag in (False, True)}
+    one_at_a_time(engines[False])
+    for eng in engines.values():
+        eng.start()
     try:
         ref = engines[False]
         full = ref.generate(PROMPTS[0], SamplingParams(max_tokens=30, ignore_eos=True))
@@ -793,8 +763,11 @@ def test_overlap_with_arrivals_waiting_requests_and_prompt_chunks(tiny_model_dir
     and the engine stepping one at a time."""
     requests = [(PROMPTS[i % len(PROMPTS)], 4 + (3 * i) % 11) for i in range(12)]
     results = {}
-    engines = {flag: Engine(str(tiny_model_dir), device="cpu", max_num_seqs=3, max_prefill_tokens=6,
-                            overlap=flag).start() for flag in (False, True)}
+    engines = {flag: Engine(str(tiny_model_dir), device="cpu", max_num_seqs=3, max_prefill_tokens=6)
+               for flag in (False, True)}
+    one_at_a_time(engines[False])
+    for eng in engines.values():
+        eng.start()
     try:
         for flag, eng in engines.items():
             outs = {i: [] for i in range(len(requests))}
@@ -832,7 +805,7 @@ def test_a_row_ending_by_length_leaves_the_overlapped_steps_without_stopping_the
     """Two requests, one of 3 tokens and one of 12: every decode step is queued ahead, with its tokens from the
     step before, including past the short one's end (it is left out of the step after its last token, which
     does not wait for the host), and both outputs equal `generate`."""
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=4, overlap=True).start()
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=4).start()
     launches = []  # (prompt tokens in the step?, launched ahead?)
     launch = eng.runner.launch
 
@@ -854,43 +827,35 @@ def test_a_row_ending_by_length_leaves_the_overlapped_steps_without_stopping_the
         eng.shutdown()
 
 
-def test_requests_waiting_for_a_slot_leave_the_decode_steps_queued_ahead(tiny_model_dir, reference, monkeypatch):
+def test_requests_waiting_for_a_slot_leave_the_decode_steps_queued_ahead(tiny_model_dir, reference):
     """Two slots, three requests at once: the third waits for the slot of the first (6 tokens) while the first two
-    decode.  Every decode-only step is still queued ahead (with full_ahead=False a request waiting
-    for a slot made each step wait for the host until it had one, so a full engine lost its overlap); the third is
-    prefilled once the first has ended, and all outputs equal `generate` either way.  A bad
-    LLMLAUNCH_HF_FULL_AHEAD is refused before the model loads."""
+    decode.  Every decode-only step is still queued ahead (a full engine keeps its overlap); the third is prefilled
+    once the first has ended, and all outputs equal `generate`."""
     wanted = ((0, 6), (1, 16), (2, 6))
-    for full_ahead in (True, False):
-        eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2, overlap=True, full_ahead=full_ahead).start()
-        launches = []  # (prompt tokens in the step?, launched ahead?, a request waiting for a slot meanwhile?)
-        launch, gate = eng.runner.launch, threading.Lock()
+    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2).start()
+    launches = []  # (prompt tokens in the step?, launched ahead?, a request waiting for a slot meanwhile?)
+    launch, gate = eng.runner.launch, threading.Lock()
 
-        def recording_launch(step, prev=None, prev_rows=None, launch=launch, launches=launches, eng=eng, gate=gate):
-            with gate:  # held while the requests are added: the engine takes the second and third together
-                launches.append((bool(step.prefill), prev is not None, bool(eng._waiting)))
-            return launch(step, prev=prev, prev_rows=prev_rows)
+    def recording_launch(step, prev=None, prev_rows=None):
+        with gate:  # held while the requests are added: the engine takes the second and third together
+            launches.append((bool(step.prefill), prev is not None, bool(eng._waiting)))
+        return launch(step, prev=prev, prev_rows=prev_rows)
 
-        eng.runner.launch = recording_launch
-        try:
-            with gate:
-                runs = [collect(eng, PROMPTS[i], SamplingParams(max_tokens=n, ignore_eos=True)) for i, n in wanted]
-            for done, _ in runs:
-                assert done.wait(60)
-            # the decode steps while the third request waited for a slot
-            waiting = [ahead for prefill, ahead, waited in launches if waited and not prefill]
-            assert len(waiting) >= 3, launches
-            assert all(waiting) if full_ahead else not any(waiting), (full_ahead, launches)
-            last_prefill = max(i for i, (prefill, _, _) in enumerate(launches) if prefill)
-            assert all(ahead for prefill, ahead, _ in launches[last_prefill + 1:] if not prefill), launches
-            for (i, n), (_, outs) in zip(wanted, runs):
-                assert joined(outs)[1] == reference(PROMPTS[i], n)[0]
-            assert eng.features["full_ahead"] is full_ahead
-        finally:
-            eng.shutdown()
-    monkeypatch.setenv("LLMLAUNCH_HF_FULL_AHEAD", "yes")
-    with pytest.raises(ValueError, match=r"LLMLAUNCH_HF_FULL_AHEAD='yes': use 1 \(decode steps queued ahead"):
-        Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2)
+    eng.runner.launch = recording_launch
+    try:
+        with gate:
+            runs = [collect(eng, PROMPTS[i], SamplingParams(max_tokens=n, ignore_eos=True)) for i, n in wanted]
+        for done, _ in runs:
+            assert done.wait(60)
+        # the decode steps while the third request waited for a slot
+        waiting = [ahead for prefill, ahead, waited in launches if waited and not prefill]
+        assert len(waiting) >= 3 and all(waiting), launches
+        last_prefill = max(i for i, (prefill, _, _) in enumerate(launches) if prefill)
+        assert all(ahead for prefill, ahead, _ in launches[last_prefill + 1:] if not prefill), launches
+        for (i, n), (_, outs) in zip(wanted, runs):
+            assert joined(outs)[1] == reference(PROMPTS[i], n)[0]
+    finally:
+        eng.shutdown()
 
 
 @pytest.mark.parametrize("mode, eager_cudnn", [("graphs", False), ("off", False), ("all", True)])
@@ -923,12 +888,9 @@ def test_eager_steps_keep_off_cudnn_attention(tiny_model_dir, monkeypatch, mode,
     assert runner.cudnn_attention == mode
 
 
-def test_cudnn_attention_comes_from_the_environment_and_is_checked(tiny_model_dir, monkeypatch):
+def test_cudnn_attention_defaults_to_graphs_and_is_checked(tiny_model_dir):
     from launcher.engines.hf_runner import HFModelRunner
 
-    monkeypatch.setenv("LLMLAUNCH_HF_CUDNN_ATTENTION", "all")
-    assert HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64).cudnn_attention == "all"
-    monkeypatch.delenv("LLMLAUNCH_HF_CUDNN_ATTENTION")
     assert HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64).cudnn_attention == "graphs"
     with pytest.raises(ValueError, match="cudnn_attention 'sometimes' is not one of graphs, all, off"):
         HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64, cudnn_attention="sometimes")
@@ -1339,11 +1301,10 @@ def test_add_requests_tokenizes_text_prompts_in_one_call(engine, reference, monk
         assert joined(results[i][1])[1] == reference(prompt, 8)[0]
 
 
-def test_engine_process_takes_a_burst_of_requests_together(tiny_model_dir, engine, monkeypatch):
+def test_engine_process_takes_a_burst_of_requests_together(tiny_model_dir, engine):
     """Requests sent back to back are read by the engine process as they come, several at a time, and go to the
     engine through add_requests (one tokenizer call, checked in-process above): each still gets its own outputs,
-    a refused one its error, and an abort that follows its add in the burst cancels it.  A bad
-    LLMLAUNCH_HF_BATCH_TOKENIZE fails the start, naming the variable and the values."""
+    a refused one its error, and an abort that follows its add in the burst cancels it."""
     from launcher.engines.hf_process import EngineProcess
 
     ep = EngineProcess(str(tiny_model_dir), device="cpu", max_num_seqs=8).start()
@@ -1363,9 +1324,6 @@ def test_engine_process_takes_a_burst_of_requests_together(tiny_model_dir, engin
         assert gone[0].wait(30) and gone[1][-1].finish_reason == "cancelled"
     finally:
         ep.shutdown()
-    monkeypatch.setenv("LLMLAUNCH_HF_BATCH_TOKENIZE", "yes")
-    with pytest.raises(RuntimeError, match="LLMLAUNCH_HF_BATCH_TOKENIZE='yes': use 1"):
-        EngineProcess(str(tiny_model_dir), device="cpu", max_num_seqs=2).start()
 
 
 def test_instances_share_one_engine_process(tiny_model_dir, engine, tmp_path):
@@ -1421,27 +1379,17 @@ def test_instances_share_one_engine_process(tiny_model_dir, engine, tmp_path):
                 ep.shutdown()
 
 
-@pytest.mark.parametrize("switch", ["1", "0", None])
-def test_engine_process_tokenizes_the_prompts_of_all_ready_instances_in_one_call(tiny_model_dir, engine, tmp_path,
-                                                                                monkeypatch, switch):
-    """With LLMLAUNCH_HF_GATHER_PROMPTS=1, requests that three model instances sent while the engine process's reader
-    was busy go to the engine in one hand-over (one tokenizer call for the three prompts), counted in the engine's
-    intake statistics and named in its features; each still gets its own outputs.  With 0, and by default, it is one
-    hand-over an instance.  The reader is kept busy by a real prompt of two million characters (~0.8 s to tokenize
-    here; refused after, as too long for the model)."""
-    from launcher.engines.hf_engine import describe_features
+def test_engine_process_hands_over_the_prompts_of_each_ready_instance(tiny_model_dir, engine, tmp_path):
+    """Requests that three model instances sent while the engine process's reader was busy go to the engine in one
+    hand-over an instance (one tokenizer call each), counted in the engine's intake statistics; each gets its own
+    outputs.  The reader is kept busy by a real prompt of two million characters (~0.8 s to tokenize here; refused
+    after, as too long for the model)."""
     from launcher.engines.hf_process import EngineProcess
 
-    gather = switch == "1"
-    if switch is None:
-        monkeypatch.delenv("LLMLAUNCH_HF_GATHER_PROMPTS", raising=False)
-    else:
-        monkeypatch.setenv("LLMLAUNCH_HF_GATHER_PROMPTS", switch)  # the engine process inherits it
     sock = str(tmp_path / "engine.sock")
     owner = EngineProcess(str(tiny_model_dir), device="cpu", max_num_seqs=8, listen=sock).start()
     a = b = None
     try:
-        assert ("prompts of all instances tokenized together" in describe_features(owner.info["features"])) == gather
         a = EngineProcess.attach(sock, startup_timeout=30).start()
         b = EngineProcess.attach(sock, startup_timeout=30).start()
         params = SamplingParams(max_tokens=8, ignore_eos=True)
@@ -1458,7 +1406,7 @@ def test_engine_process_tokenizes_the_prompts_of_all_ready_instances_in_one_call
             time.sleep(0.05)
         stats = owner.stats_dict()
         assert stats["intake_requests"] == 4, stats
-        assert stats["intake_calls"] == (2 if gather else 4), stats
+        assert stats["intake_calls"] == 4, stats
     finally:
         for ep in (b, a, owner):
             if ep is not None:
@@ -1468,8 +1416,7 @@ def test_engine_process_tokenizes_the_prompts_of_all_ready_instances_in_one_call
 def test_engine_process_sends_first_outputs_ahead():
     """The engine process's outputs of a step go to each model instance's connection with the ids it gave; the
     connections whose share holds a request's first output (times set) are sent to first, so a first token does not
-    wait for the other instances' pickling and sending.  With the switch off (LLMLAUNCH_HF_FIRST_FAST=0) the order
-    is the connections'.  Real pipes; `Recorder` only notes the order of the sends."""
+    wait for the other instances' pickling and sending.  Real pipes; `Recorder` only notes the order of the sends."""
     from multiprocessing import Pipe
 
     from launcher.engines.hf_process import _Peers
@@ -1484,19 +1431,17 @@ def test_engine_process_sends_first_outputs_ahead():
             order.append(self.k)
             self.conn.send(msg)
 
-    for ahead in (True, False):
-        order.clear()
-        ends = [Pipe() for _ in range(3)]
-        peers = _Peers(Recorder(0, ends[0][0]), first_ahead=ahead)
-        for k in (1, 2):
-            assert peers.add(Recorder(k, ends[k][0])) == k
-        middle = lambda rid: (rid, "x", [5], 3, 2, None, None, None)  # noqa: E731
-        first = ("2/7", "y", [6], 3, 1, None, None, (1.0, 2.0))
-        peers.send_outputs([("a", "z", [4], 3, 9, "length", None, None), middle("1/3"), first, middle("2/8")])
-        assert order == ([2, 0, 1] if ahead else [0, 1, 2])
-        assert ends[2][1].recv() == [("7",) + first[1:], ("8", "x", [5], 3, 2, None, None, None)]
-        assert ends[1][1].recv() == [("3", "x", [5], 3, 2, None, None, None)]
-        assert ends[0][1].recv() == [("a", "z", [4], 3, 9, "length", None, None)]
+    ends = [Pipe() for _ in range(3)]
+    peers = _Peers(Recorder(0, ends[0][0]))
+    for k in (1, 2):
+        assert peers.add(Recorder(k, ends[k][0])) == k
+    middle = lambda rid: (rid, "x", [5], 3, 2, None, None, None)  # noqa: E731
+    first = ("2/7", "y", [6], 3, 1, None, None, (1.0, 2.0))
+    peers.send_outputs([("a", "z", [4], 3, 9, "length", None, None), middle("1/3"), first, middle("2/8")])
+    assert order == [2, 0, 1]
+    assert ends[2][1].recv() == [("7",) + first[1:], ("8", "x", [5], 3, 2, None, None, None)]
+    assert ends[1][1].recv() == [("3", "x", [5], 3, 2, None, None, None)]
+    assert ends[0][1].recv() == [("a", "z", [4], 3, 9, "length", None, None)]
 
 
 def test_attaching_with_no_engine_process_fails_clearly(tmp_path):
@@ -1686,8 +1631,7 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
     served_alt with two response processes) with two client processes, each path sending the 16 requests at the
     times launcher.bench.runner.arrival_times draws (so no round ends before the last arrival); the served first
     token is split as in a closed loop, the mean number of requests in flight is reported, and open_loop_table.py
-    tabulates it, a line for each server.  served_alt's tritonserver gets --alt-server-env (here the switch that sends
-    first responses on the streams' own threads, as before the receive thread answered them), the served one not.
+    tabulates it, a line for each server.  served_alt's tritonserver gets --alt-server-env, the served one not.
     A rate of 0, the delayed path (which delays a closed loop's successors), served_alt without served and its
     settings without it are refused before anything starts."""
     import importlib.util
@@ -1702,7 +1646,7 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
     args = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct", "served",
             "--rounds", "1", "--max-tokens", "4", "--warmup-tokens", "2", "--client-processes", "2"]
     proc = subprocess.run(args + ["--paths", "direct", "served", "served_alt", "--alt-response-processes", "2",
-                                  "--alt-server-env", "LLMLAUNCH_HF_FIRST_FAST=0", "--request-rate", "12",
+                                  "--alt-server-env", "OMP_NUM_THREADS=1", "--request-rate", "12",
                                   "--open-seconds", "1", "--workdir", str(tmp_path)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -1726,8 +1670,7 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
     assert out["served_alt"]["response_processes"] == 2 and out["response_processes"] == 1
     alt_log, served_log = (tmp_path / "alt" / "tritonserver.log").read_text(), (tmp_path / "tritonserver.log").read_text()
     assert "2 instances share" in alt_log and "instances share" not in served_log
-    assert alt_log.count("(LLMLAUNCH_HF_FIRST_FAST=0)") == 2 and "LLMLAUNCH_HF_FIRST_FAST" not in served_log
-    assert out["served_alt"]["server_env"] == {"LLMLAUNCH_HF_FIRST_FAST": "0"}
+    assert out["served_alt"]["server_env"] == {"OMP_NUM_THREADS": "1"} and not out.get("server_env")
     # the server's CPU a token is split by role: tritonserver, its stubs, the engine process (which decodes here, so
     # it used more than a clock tick; the roles' processes themselves: tests/test_bench.py); the parts add up
     cpu = row["cpu_us_per_token"]
@@ -1744,7 +1687,7 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
                            capture_output=True, text=True, timeout=60)
     assert table.returncode == 0, table.stderr
     head, line, alt = table.stdout.splitlines()
-    assert "TTFT p50 in/served ms" in head and "(alt: LLMLAUNCH_HF_FIRST_FAST=0, response_processes=2)" in head
+    assert "TTFT p50 in/served ms" in head and "(alt: OMP_NUM_THREADS=1, response_processes=2)" in head
     assert line.split()[0] == "12" and alt.split()[0] == "alt"
     assert f"{row['ttft_added_ms_p50']:.2f}" in line.split()
     assert f"{row['served_alt_ttft_added_ms_p50']:.2f}" in alt.split()
@@ -1762,47 +1705,10 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
         assert bad.returncode == 2 and message in bad.stderr and "starting tritonserver" not in bad.stderr, bad.stderr[-1000:]
 
 
-def test_intake_benchmark_compares_engine_processes_on_the_same_load(tiny_model_dir):
-    """benchmark/gpu/intake.py on CPU (no graphs: a dry run): the engine processes of --variants take turns on the
-    same requests, each round generating every token; the hand-off into each (add) is measured; ratios are to the
-    first variant; the unfused variant's engine runs HF's separate projections, the fullwait one's lets decode steps
-    wait while requests wait for a slot.  An open loop (--request-rate) sends the same requests at the same times to
-    each.  An unknown variant is refused before any engine starts."""
-    import json
-    import subprocess
-    import sys
-
-    args = [sys.executable, "benchmark/gpu/intake.py", "--model", str(tiny_model_dir), "--device", "cpu",
-            "--dtype", "float32", "--max-num-seqs", "4", "--concurrency", "3", "--rounds", "2",
-            "--requests-per-stream", "2", "--prompt-tokens", "16", "--max-tokens", "6"]
-    proc = subprocess.run(args + ["--variants", "single", "unfused", "fullwait", "--request-rate", "40",
-                                  "--open-seconds", "0.3"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout)
-    row, open_row = out["runs"]
-    assert open_row["request_rate"] == 40 and open_row["concurrency"] is None and open_row["requests"] == 16
-    for name in ("single", "unfused", "fullwait"):
-        assert open_row[name]["round_tokens"] == [96, 96] and open_row[name]["in_flight_mean"] > 0
-    assert out["max_tokens"] == [6, 6] and row["requests"] == 6
-    for name in ("single", "unfused"):
-        assert row[name]["round_tokens"] == [36, 36] and row[name]["tokens_per_s"] > 0
-        assert 0 < row[name]["add_ms_p50"] <= row[name]["add_ms_p99"] and row[name]["ttft_ms_p50"] > 0
-    assert row["unfused_vs_single"] == round(row["unfused"]["tokens_per_s"] / row["single"]["tokens_per_s"], 4)
-    assert "tok/s against single: unfused" in proc.stderr
-    ready = {line.split()[1]: line for line in proc.stderr.splitlines() if "engine process ready" in line}
-    assert "projections fused (q+k+v x4, gate+up x4)" in ready["single"]
-    assert "projections unfused" in ready["unfused"]
-    assert "(decode steps wait while requests wait for a slot)" in ready["fullwait"]
-    assert "wait" not in ready["single"].split("overlap on", 1)[1].split(",", 1)[0]
-    bad = subprocess.run(args + ["--variants", "loop"], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "invalid choice: 'loop'" in bad.stderr and "loading" not in bad.stderr
-
-
-def test_prompts_alone_benchmark_runs_both_engines_on_the_same_load(tiny_model_dir, monkeypatch, tmp_path):
+def test_prompts_alone_benchmark_runs_both_engines_on_the_same_load(tiny_model_dir, tmp_path):
     """benchmark/gpu/prompts_alone.py on CPU (no graphs: a dry run): the three engines take turns on the same requests
     of their own lengths, every round generating exactly the drawn lengths; bad ranges are refused before any
-    engine starts.  The engine's prompts_alone argument wins over LLMLAUNCH_HF_PROMPTS_ALONE; a negative one, or
-    an environment value that is not a number, is refused before the model loads."""
+    engine starts.  A negative prompts_alone is refused before the model loads."""
     import json
     import subprocess
     import sys
@@ -1829,15 +1735,11 @@ def test_prompts_alone_benchmark_runs_both_engines_on_the_same_load(tiny_model_d
                       "--concurrency 8 is more than --max-num-seqs 4")):
         p = subprocess.run(args + bad, capture_output=True, text=True, timeout=120)
         assert p.returncode == 2 and msg in p.stderr and "loading" not in p.stderr
-    monkeypatch.setenv("LLMLAUNCH_HF_PROMPTS_ALONE", "4")
     eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2, prompts_alone=0)
     assert eng._prompts_alone == 0
     nothing = tmp_path / "no-model"  # refused before loading: a model that is not there is never looked at
     with pytest.raises(ValueError, match="prompts_alone=-1 is negative"):
         Engine(str(nothing), device="cpu", max_num_seqs=2, prompts_alone=-1)
-    monkeypatch.setenv("LLMLAUNCH_HF_PROMPTS_ALONE", "some")
-    with pytest.raises(ValueError, match="LLMLAUNCH_HF_PROMPTS_ALONE='some' is not a number of prompts"):
-        Engine(str(nothing), device="cpu", max_num_seqs=2)
 
 
 def test_the_engine_posts_how_many_requests_it_holds_for_the_spinners_that_pause_under_load(tiny_model_dir, tmp_path):

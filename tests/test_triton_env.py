@@ -320,8 +320,8 @@ def test_torch_cudnn_is_preloaded_by_full_path_for_an_engine_in_the_stub(tmp_pat
     Stand-ins for torch's cuDNN wheel folder and a system folder, real ELF libraries built here with sonames and
     DT_NEEDED as cuDNN's (adv needs ops and graph, ops needs graph); real loading in fresh processes with the system
     folder on LD_LIBRARY_PATH.  Loading in name order maps the system's ops; preload_torch_cudnn maps torch's
-    only, each after what it needs, skips a file that is not a library, finds the folder beside torch without
-    importing it, and LLMLAUNCH_HF_TORCH_CUDNN=0 turns it off."""
+    only, each after what it needs, skips a file that is not a library, and finds the folder beside torch without
+    importing it."""
     site = tmp_path / "site"
     (site / "torch").mkdir(parents=True)
     (site / "torch" / "__init__.py").write_text("raise ImportError('torch_cudnn_dir must not import torch')\n")
@@ -346,10 +346,10 @@ def test_torch_cudnn_is_preloaded_by_full_path_for_an_engine_in_the_stub(tmp_pat
              "print(json.dumps([d, loaded, mapped_from('libcudnn')]))")
     root = Path(__file__).resolve().parents[1]
 
-    def run(how="preload", **env):
+    def run(how="preload"):
         out = subprocess.check_output([sys.executable, "-c", probe, how], text=True, cwd=root,
                                       env=dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{root}",
-                                               LD_LIBRARY_PATH=str(system), **env))
+                                               LD_LIBRARY_PATH=str(system)))
         return json.loads(out)
 
     _, _, mixed = run("name-order")
@@ -358,7 +358,6 @@ def test_torch_cudnn_is_preloaded_by_full_path_for_an_engine_in_the_stub(tmp_pat
     assert found == str(lib)
     assert loaded == [str(lib / n) for n in ("libcudnn_graph.so.9", "libcudnn_ops.so.9", "libcudnn_adv.so.9")]
     assert mapped == sorted(loaded)  # torch's only: nothing from the system folder
-    assert run(LLMLAUNCH_HF_TORCH_CUDNN="0") == [str(lib), [], []]
     # a torch without cuDNN wheels (CPU builds): nothing to do
     (site / "nvidia").rename(tmp_path / "elsewhere")
     assert run() == [None, [], []]

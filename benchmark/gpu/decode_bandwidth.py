@@ -8,11 +8,9 @@ process on one GPU:
 
 * copy bandwidth: `dst.copy_(src)` of a 2 GiB buffer, bytes read + written per
   second, best of 20;
-* the engine (launcher.engines.hf_engine.Engine, in-process) five ways (--ways):
-  eager, CUDA-graph decode, torch.compile'd, compiled + CUDA graphs (the GPU
-  default), and that default with HF's separate q/k/v and gate/up products
-  (`compiled_graphs_unfused`, LLMLAUNCH_HF_FUSE_PROJECTIONS=0: what fusing them
-  gains, side by side): one request, greedy, exactly --tokens new tokens;
+* the engine (launcher.engines.hf_engine.Engine, in-process) four ways (--ways):
+  eager, CUDA-graph decode, torch.compile'd, and compiled + CUDA graphs (the GPU
+  default): one request, greedy, exactly --tokens new tokens;
   decode steps/s = (tokens - 1) / (time from first to last token); and how long
   compiling took;
 * static `model.generate` at batch 1 with the same settings, for reference
@@ -23,8 +21,7 @@ process on one GPU:
   callbacks).
 
 Then, in float32, the greedy tokens of 4 prompts run together (with graphs: through one
-wave graph) must be the same with graphs, without, compiled with graphs (projections fused, and
-unfused), and from `generate`,
+wave graph) must be the same with graphs, without, compiled with graphs, and from `generate`,
 and so must those of
 the 4 prompts run one after the other (compiled, graphs: each prompt through a prompt graph)
 and those of the 4 prompts arriving while the others decode (compiled, graphs: a prompt
@@ -65,20 +62,19 @@ def copy_bandwidth(device, gib: float = 2.0, iters: int = 20) -> float:
     return 2 * n * 2 / best / 1e9  # read + write, GB/s
 
 
-# the engine ways: name -> (cuda_graphs, torch_compile, fuse_projections)
-WAYS = {"eager": (False, False, True), "graphs": (True, False, True), "compiled": (False, True, True),
-        "compiled_graphs": (True, True, True), "compiled_graphs_unfused": (True, True, False)}
+# the engine ways: name -> (cuda_graphs, torch_compile)
+WAYS = {"eager": (False, False), "graphs": (True, False), "compiled": (False, True), "compiled_graphs": (True, True)}
 
 
 def engine_steps(model_dir: str, tokens: int, prompt_len: int, dtype: str, cuda_graphs: bool,
-                 torch_compile: bool, fuse_projections: bool = True) -> dict:
+                 torch_compile: bool) -> dict:
     import queue
 
     from launcher.engines.hf_engine import Engine, SamplingParams
 
     t0 = time.perf_counter()
     engine = Engine(model_dir, device="cuda", dtype=dtype, max_num_seqs=8, cuda_graphs=cuda_graphs,
-                    torch_compile=torch_compile, fuse_projections=fuse_projections).start()
+                    torch_compile=torch_compile).start()
     start_s = time.perf_counter() - t0
     try:
         prompt = list(range(10, 10 + prompt_len))
@@ -141,13 +137,11 @@ def step_parts(runner, n: int = 300) -> dict:
 GREEDY_CASES = ("together", "one_at_a_time", "while_decoding", "slots_full")
 
 
-def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, arrive: str = "together",
-                  fuse_projections: bool = True) -> list:
+def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, arrive: str = "together") -> list:
     """Greedy tokens (float32) of 4 prompts of different lengths through the engine.  arrive: "together" (one
     step takes them all: with graphs, a wave graph of 4 rows of 48 tokens); "one_at_a_time" (each after the last finished: its step is its own and replays a prompt
     graph); "while_decoding" (prompt 0, then 1 and 2 at once once 0 has 8 tokens, then 3 once 2 has 8: each
-    arrives while others decode, and with graphs goes beside them through a mixed graph, or with
-    LLMLAUNCH_HF_MIXED_GRAPHS=0 through its graph alone while they wait); "slots_full" (all
+    arrives while others decode, and with graphs goes beside them through a mixed graph); "slots_full" (all
     four in one call to an engine of two slots: two wait for a slot while the others decode, their decode steps
     queued ahead all the same, and take the slots the first two leave)."""
     import queue
@@ -156,7 +150,7 @@ def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, arriv
     from launcher.engines.hf_engine import Engine, SamplingParams
 
     engine = Engine(model_dir, device="cuda", dtype="float32", max_num_seqs=2 if arrive == "slots_full" else 8,
-                    cuda_graphs=cuda_graphs, torch_compile=torch_compile, fuse_projections=fuse_projections).start()
+                    cuda_graphs=cuda_graphs, torch_compile=torch_compile).start()
     try:
         done: queue.SimpleQueue = queue.SimpleQueue()
         outs: dict = {i: [] for i in range(4)}
@@ -284,12 +278,6 @@ def main(argv=None) -> int:
         for key in ("graph_error", "compile_error"):
             if r[key]:
                 out[f"{name}_{key}"] = r[key]
-    if not args.greedy_only and {"compiled_graphs", "compiled_graphs_unfused"} <= set(args.ways):
-        out["fused_vs_unfused_steps"] = round(out["engine_compiled_graphs_steps_per_s"]
-                                              / out["engine_compiled_graphs_unfused_steps_per_s"], 4)
-        if "compiled_graphs_graph_replay_steps_per_s" in out and "compiled_graphs_unfused_graph_replay_steps_per_s" in out:
-            out["fused_vs_unfused_replay"] = round(out["compiled_graphs_graph_replay_steps_per_s"]
-                                                   / out["compiled_graphs_unfused_graph_replay_steps_per_s"], 4)
     if not args.no_greedy_check:
         cases = set(args.greedy_cases)
         ref = generate_tokens(args.model)
@@ -297,8 +285,6 @@ def main(argv=None) -> int:
             # float32, 4 prompts together (rows of idle slots padded in the graph): the same tokens four ways
             with_graphs, without = greedy_tokens(args.model, True, False), greedy_tokens(args.model, False, False)
             compiled = greedy_tokens(args.model, True, True)
-            out["greedy_compiled_graphs_unfused_equal_generate"] = greedy_tokens(args.model, True, True,
-                                                                                 fuse_projections=False) == ref
             out["greedy_graphs_equal_eager"] = with_graphs == without
             out["greedy_graphs_equal_generate"] = with_graphs == ref
             out["greedy_eager_equal_generate"] = without == ref

@@ -1,10 +1,9 @@
-"""The kernels of one batch-1 decode step of the hf engine, with and without torch.compile, fused or not.
+"""The kernels of one batch-1 decode step of the hf engine, with and without torch.compile.
 
     python benchmark/gpu/decode_kernels.py --model /tmp/llama-1b [--replays 20] [--top 25] [--variants ...]
 
-Builds the engine's model runner (bf16, CUDA graphs) once per variant (--variants; default all four:
-uncompiled and compiled, each with the q/k/v and gate/up projections fused, the default, and
-unfused, HF's separate products), captures the decode graphs, and profiles --replays replays of the batch-1 graph (one sequence at position 199)
+Builds the engine's model runner (bf16, CUDA graphs) once per variant (--variants; default both:
+uncompiled and compiled), captures the decode graphs, and profiles --replays replays of the batch-1 graph (one sequence at position 199)
 with torch.profiler.  Prints, per variant, the kernels per step and their summed GPU time per step,
 then the kernels that take the most time: launches per step, mean time, time per step, name.  The
 sum is GPU busy time; a replay's wall time (decode_bandwidth.py) adds the gaps between kernels.
@@ -25,21 +24,18 @@ for _p in (ROOT, Path(__file__).resolve().parent):  # launcher; decode_bandwidth
 from decode_bandwidth import batch1_graph  # noqa: E402
 
 
-# variant -> (torch_compile, fuse_projections)
-VARIANTS = {"uncompiled": (False, True), "uncompiled_unfused": (False, False), "compiled": (True, True),
-            "compiled_unfused": (True, False)}
+# variant -> torch_compile
+VARIANTS = {"uncompiled": False, "compiled": True}
 
 
-def profile_step(model: str, torch_compile: bool, replays: int, fuse_projections: bool = True
-                 ) -> tuple[float, float, list]:
+def profile_step(model: str, torch_compile: bool, replays: int) -> tuple[float, float, list]:
     """(kernels per step, GPU ms per step, [(launches per step, mean us, us per step, name)] by time)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     from launcher.engines.hf_runner import HFModelRunner
 
-    runner = HFModelRunner(model, device="cuda", dtype="bfloat16", max_num_seqs=8, torch_compile=torch_compile,
-                           fuse_projections=fuse_projections)
+    runner = HFModelRunner(model, device="cuda", dtype="bfloat16", max_num_seqs=8, torch_compile=torch_compile)
     runner.warm_up()
     graph, _ = batch1_graph(runner)
     for _ in range(10):
@@ -79,9 +75,9 @@ def main(argv=None) -> int:
         return 2
     print(torch.cuda.get_device_name())
     for name in args.variants:
-        compiled, fused = VARIANTS[name]
-        kernels, busy_ms, rows = profile_step(args.model, compiled, args.replays, fused)
-        print(f"== {name} (torch_compile={compiled}, fuse_projections={fused}): {kernels:.0f} kernels per step, "
+        compiled = VARIANTS[name]
+        kernels, busy_ms, rows = profile_step(args.model, compiled, args.replays)
+        print(f"== {name} (torch_compile={compiled}): {kernels:.0f} kernels per step, "
               f"{busy_ms:.3f} ms of GPU time per step")
         for n, mean, per_step, name in rows[:args.top]:
             print(f"{n:6.1f} x {mean:8.2f} us = {per_step:8.1f} us  {name[:100]}")

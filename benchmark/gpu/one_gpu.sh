@@ -45,10 +45,10 @@ echo "== 1. model: random Llama 1.24 B, bf16"
 [ -f "$MODEL/config.json" ] || $PY -m launcher.tiny --out "$MODEL" --hidden 2048 --layers 16 --heads 32 --kv-heads 8 \
     --intermediate 8192 --vocab 128256 --tie-word-embeddings true --rope-theta 500000 --dtype bfloat16
 
-echo "== 2. batch-1 decode vs the memory-bandwidth limit (five ways, fused projections or not; greedy checks)"
+echo "== 2. batch-1 decode vs the memory-bandwidth limit (four ways; greedy checks)"
 timeout 900 $PY benchmark/gpu/decode_bandwidth.py --model "$MODEL" --tokens 256 | tee "$OUT_DIR/bandwidth.json"
 
-echo "== 2b. the kernels of a batch-1 decode step, uncompiled and compiled, projections fused and not"
+echo "== 2b. the kernels of a batch-1 decode step, uncompiled and compiled"
 timeout 700 $PY benchmark/gpu/decode_kernels.py --model "$MODEL" | tee "$OUT_DIR/kernels.txt"
 
 echo "== 2c. time to first token on an idle engine: prompt steps as CUDA graphs vs eager, side by side"
@@ -57,17 +57,6 @@ timeout 400 $PY benchmark/gpu/prefill_ttft.py --model "$MODEL" | tee "$OUT_DIR/p
 echo "== 2d. prompts arriving while others decode (64-192 new tokens): beside the decode rows (mixed graphs) vs through their graphs alone vs eager steps"
 timeout 600 $PY benchmark/gpu/prompts_alone.py --model "$MODEL" --rounds "$ROUNDS" --json "$OUT_DIR/prompts_alone.json" \
     > /dev/null
-
-echo "== 2e. bursts of prompts into the engine process: tokenized one at a time / together / with wave graphs"
-timeout 600 $PY benchmark/gpu/intake.py --model "$MODEL" --rounds "$ROUNDS" --json "$OUT_DIR/intake.json" > /dev/null
-
-echo "== 2f. the same load: prompt steps waiting for the running step's tokens / queued ahead; projections separate"
-timeout 600 $PY benchmark/gpu/intake.py --model "$MODEL" --rounds "$ROUNDS" --variants wait unfused waves \
-    --json "$OUT_DIR/intake_ahead_fused.json" > /dev/null
-
-echo "== 2h. Poisson arrivals up to past the engine's capacity: decode steps waiting while requests wait for a slot / queued ahead"
-timeout 600 $PY benchmark/gpu/intake.py --model "$MODEL" --rounds "$ROUNDS" --variants fullwait waves --concurrency 128 \
-    --request-rate 200 240 260 --json "$OUT_DIR/intake_full.json" > /dev/null
 
 echo "== 2g. the serving path's own first-token cost with no engine (tritonserver, stub, a process hop, client), CPUs as they are and kept awake"
 timeout 300 $PY benchmark/first_response.py --requests 800 --rounds 2 --awake both --json "$OUT_DIR/first_response.json"
@@ -136,23 +125,18 @@ timeout 1200 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bf
 $PY benchmark/gpu/open_loop_table.py "$OUT_DIR/overhead_open.json"
 
 echo "== 3c. open loops, eight response processes of two responder threads (RATES8 req/s: ${RATES8:=220 240 260})"
-# Beside them (served_alt) first the same with four threads each, then the same with LLMLAUNCH_HF_FIRST_FAST=0 (a
-# stream's first response handed to its responder thread): eight processes
+# Beside them (served_alt) the same with four threads each: eight processes
 # of two threads kept the added first token under 2 ms to ~79 requests in flight on two H200s.
 # The server gets half the cores (SPLIT_CPUS=1): eight stubs want about 16 CPUs.
-n=0
-for alt in "--alt-server-param response_threads=4" "--alt-server-env LLMLAUNCH_HF_FIRST_FAST=0"; do
-    n=$((n + 1))
-    # shellcheck disable=SC2086
-    timeout 900 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfloat16 --max-num-seqs 128 \
-        --request-rate $RATES8 --open-seconds 4 --prompt-tokens 128 --max-tokens 128 --rounds "$ROUNDS" \
-        --warmup-tokens 128 --client-processes "${CLIENT_PROCESSES:-$(( $(nproc) / 2 ))}" --client-streams 1 "${SPLIT[@]}" \
-        --response-processes 8 --server-param response_threads=2 $alt --paths direct served served_alt \
-        > "$OUT_DIR/overhead_open8_$n.json"
-    $PY benchmark/gpu/open_loop_table.py "$OUT_DIR/overhead_open8_$n.json"
-done
+# shellcheck disable=SC2086
+timeout 900 $PY benchmark/overhead.py --model "$MODEL" --device cuda --dtype bfloat16 --max-num-seqs 128 \
+    --request-rate $RATES8 --open-seconds 4 --prompt-tokens 128 --max-tokens 128 --rounds "$ROUNDS" \
+    --warmup-tokens 128 --client-processes "${CLIENT_PROCESSES:-$(( $(nproc) / 2 ))}" --client-streams 1 "${SPLIT[@]}" \
+    --response-processes 8 --server-param response_threads=2 --alt-server-param response_threads=4 \
+    --paths direct served served_alt > "$OUT_DIR/overhead_open8_1.json"
+$PY benchmark/gpu/open_loop_table.py "$OUT_DIR/overhead_open8_1.json"
 
-# Steps 3d-3i: closed loops through two servers side by side against the same in-process engine and arrivals, both
+# Steps 3d and 3i-3l: closed loops through two servers side by side against the same in-process engine and arrivals, both
 # 8 response processes x 2 threads, served_alt changed by the arguments after the first four; then their table.
 #   closed_pair NAME "CONCURRENCIES" REQUESTS_PER_STREAM ROUNDS SERVED_ALT_ARG...
 closed_pair() {
@@ -172,34 +156,6 @@ echo "== 3d. closed loops at concurrencies 1 8 32 128: eight response processes 
 # threads too: --server-param is both servers'). On two H200s 8 x 2 added 2.6 / 2.7 / 3.6 / 8.3
 # ms to the closed loops' first token (one process: 2.3 / 4.0 / 4.7 / 21.0) at 0.97-0.99 of in-process tokens/s.
 closed_pair overhead_closed8 "1 8 32 128" 4 "$ROUNDS" --alt-response-processes 1
-
-echo "== 3e. closed loops (1 8 32 128): the engine's wait for a step's tokens spinning (served) / sleeping (served_alt)"
-# LLMLAUNCH_HF_BLOCKING_WAIT=1: the engine process's "done" events are blocking, so its host thread sleeps in the
-# driver while the GPU runs a step instead of spinning one CPU. The table's last column splits each server's CPU a
-# token into tritonserver + stubs + engine. On an H100 host sleeping freed ~0.6-0.7 CPU at
-# one stream and cost the first token up to 0.17 ms there and up to 0.66 ms at 8 streams; at 64-128 tritonserver and the stubs
-# were 85-90% of the server's CPU.
-closed_pair overhead_blocking_wait "1 8 32 128" 16 2 --alt-server-env LLMLAUNCH_HF_BLOCKING_WAIT=1
-
-echo "== 3f. closed loops (1 8 32 64 128): prompts straight to the tokenizers backend (served) / through the tokenizer's call (served_alt)"
-# LLMLAUNCH_HF_DIRECT_ENCODE=0: the engine tokenizes each prompt with `tokenizer(text)` as before, whose ~0.1 ms of
-# Python around the backend's encode_batch keeps the GIL from the engine loop. On H100 hosts going straight to the backend brought the first token sooner in 9 of 10 pairs and cut `add` by 0.3-1.4 ms
-# from 8 streams up, at the same or higher tokens/s. The table's columns include `add` and the added TTFT.
-closed_pair overhead_direct_encode "1 8 32 64 128" 16 2 --alt-server-env LLMLAUNCH_HF_DIRECT_ENCODE=0
-
-echo "== 3g. closed loops (1 8 32 64 128): one tokenizer call a connection (served) / for all ready connections (served_alt)"
-# LLMLAUNCH_HF_GATHER_PROMPTS=1: the engine process's reader hands the requests of every ready connection (eight
-# response processes are eight) to the engine at once. The table's columns `req/hand-over` and `prompt steps %`
-# show how many requests it took at a time and how many steps had prompts. On H100 hosts
-# it cut `add` in all 10 pairs from 8 streams, but requests then waited longer in the engine: the first token came
-# sooner in 6 of 11 pairs and later in 5, and tokens/s was 0.063 lower in one pair at 64 streams.
-closed_pair overhead_gather_prompts "1 8 32 64 128" 16 2 --alt-server-env LLMLAUNCH_HF_GATHER_PROMPTS=1
-
-echo "== 3h. closed loops (1 8 32 64 128): prompts beside the decode rows through mixed graphs (served) / in steps of their own (served_alt)"
-# LLMLAUNCH_HF_MIXED_GRAPHS=0: a prompt that arrives while others decode goes through its prompt or wave graph in a
-# step of its own while the decode rows wait. On H100 hosts mixed graphs brought the served first token sooner (median) in all 8 pairs from 8 streams and kept more
-# of in-process tokens/s in 7 of 8. The table's `prompt steps %` columns show how many steps had prompts.
-closed_pair overhead_mixed_graphs "1 8 32 64 128" 16 2 --alt-server-env LLMLAUNCH_HF_MIXED_GRAPHS=0
 
 echo "== 3i. closed loops (1 8 32 64 128): tritonserver and the stubs at nice 10 (served, the GPU default) / unchanged (served_alt)"
 # response_nice=0: tritonserver and the stubs keep the engine process's priority.

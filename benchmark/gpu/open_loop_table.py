@@ -45,7 +45,7 @@ def table(doc: dict) -> str:
     if alt:  # what the second server was set up with, where it differs from the first
         base = {"response_processes": doc["response_processes"], **doc["server_params"]}
         mine = {"response_processes": alt["response_processes"], **alt["server_params"]}
-        base.update(doc.get("server_env") or {})  # environment variables (an LLMLAUNCH_HF_* switch) too
+        base.update(doc.get("server_env") or {})  # environment variables too
         mine.update(alt.get("server_env") or {})
         # and request parameters (final_counts_only), named as sent
         base.update({f"request {k}": v for k, v in (doc.get("request_params") or {}).items()})

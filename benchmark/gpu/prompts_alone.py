@@ -7,8 +7,8 @@ at a time, or in one eager step, side by side.
 Three in-process engines on one GPU (the GPU defaults: torch.compile, decode and prompt graphs, overlap), taking
 turns round by round: `mixed` (the default: waiting prompts that fit a mixed graph go beside the decode rows in
 their step through it, Engine._prompts_mixed; more go in waves), `alone` (mixed_graphs=0: one waiting prompt goes through its prompt graph in a step of its own while the decode rows
-wait, two or more through a wave graph, Engine._prompt_wave) and `eager` (prompts_alone=0, wave_graphs=False,
-mixed_graphs=0: every step with prompt tokens runs eagerly beside the decode rows, ~10-11 ms of kernel launches
+wait, two or more through a wave graph, Engine._prompt_wave) and `eager` (prefill_graphs=0, mixed_graphs=0: no
+prompt, wave or mixed graphs, so every step with prompt tokens runs eagerly beside the decode rows, ~10-11 ms of kernel launches
 on an H100 host).  The load
 is overhead.py's closed loop (C requests in flight, `--requests-per-stream` x C in all, --prompt-tokens prompts),
 each request with an exact output length of its own drawn from [--max-tokens-min, --max-tokens], the same for
@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
 # engine name -> its settings: the defaults (prompts beside the decode rows through mixed graphs, waves through
 # theirs), prompts alone and waves through their graphs (no mixed graphs), all prompt steps eager
 CONFIGS = {"mixed": {}, "alone": {"mixed_graphs": 0},
-           "eager": {"prompts_alone": 0, "wave_graphs": False, "mixed_graphs": 0}}
+           "eager": {"prefill_graphs": 0, "mixed_graphs": 0}}
 KEYS = ("ttft_ms_mean", "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "gap_ms_p99")
 
 

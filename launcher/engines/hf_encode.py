@@ -12,12 +12,10 @@ busy thread), and with it the first token at 8 and 32 closed streams came 2-4 ms
 
 Used only where the result is the same: a fast tokenizer whose backend has no truncation or padding set, the
 special-token splitting the call would set, and the same ids as the call on probe texts (checked once, at start).
-Otherwise, or with LLMLAUNCH_HF_DIRECT_ENCODE=0, every prompt goes through the tokenizer's call as before.
+Otherwise every prompt goes through the tokenizer's call.
 """
 
 from __future__ import annotations
-
-from launcher.engines.switches import env_switch
 
 # Texts the backend's ids must match the tokenizer call's on before it is used: spaces at either end, new lines,
 # digits, punctuation, accents, CJK, an emoji and (added at start) the tokenizer's own special tokens inside text.
@@ -28,13 +26,10 @@ PROBES = ("Hello, world!", " leading space", "trailing space ", "two\nlines\n\n 
 class PromptEncoder:
     """`encoder(text)` -> ids and `encoder.many(texts)` -> ids per text, equal to the tokenizer's call."""
 
-    def __init__(self, tokenizer, direct: bool | None = None):
+    def __init__(self, tokenizer):
         self.tokenizer = tokenizer
-        self.backend = None
-        self.why_not = "LLMLAUNCH_HF_DIRECT_ENCODE=0"  # why prompts go through the tokenizer's call ('' if not)
-        if env_switch(direct, "LLMLAUNCH_HF_DIRECT_ENCODE", "prompts go straight to the tokenizers backend",
-                      "through the tokenizer's call"):
-            self.backend, self.why_not = _checked_backend(tokenizer)
+        # the backend, or None and why prompts go through the tokenizer's call
+        self.backend, self.why_not = _checked_backend(tokenizer)
 
     def _usable(self):
         """The backend, if nothing set on it since the check makes the call differ (another caller's truncation)."""

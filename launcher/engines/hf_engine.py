@@ -51,7 +51,6 @@ from launcher.engines.hf_detok import StopMatcher, TokenTable
 from launcher.engines.hf_encode import PromptEncoder
 from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 from launcher.engines.hf_tp import AHEAD
-from launcher.engines.switches import env_switch
 from launcher.serving.triton_io import InvalidRequest, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -109,7 +108,7 @@ class EngineStats:
 
 
 def describe_features(f: dict) -> str:
-    """'torch_compile on (12.3 s), 16 decode graphs, overlap on, cuDNN attention in graphs' from Engine.features
+    """'torch_compile on (12.3 s), 16 decode graphs, ..., cuDNN attention in graphs' from Engine.features
     ('' for none)."""
     if not f:
         return ""
@@ -120,19 +119,11 @@ def describe_features(f: dict) -> str:
              f"prompt graphs failed ({f['prefill_graph_error']})" if f.get("prefill_graph_error") else
              f"{f.get('prefill_graphs', 0)} prompt graphs, {f.get('wave_graphs', 0)} wave graphs",
              f"mixed graphs failed ({f['mixed_graph_error']})" if f.get("mixed_graph_error") else
-             f"{f.get('mixed_graphs', 0)} mixed graphs",
-             f"overlap {'on' if f.get('overlap') else 'off'}"
-             + (" (prompt steps wait)" if f.get("overlap") and f.get("prompts_ahead") is False else
-                " (decode steps wait while requests wait for a slot)" if f.get("overlap") and f.get("full_ahead") is False
-                else "")]
+             f"{f.get('mixed_graphs', 0)} mixed graphs"]
     if "fused" in f:  # layers whose q/k/v (gate/up) projections run as one product (hf_fuse)
         fused = {k: n for k, n in f["fused"].items() if n}
         parts.append("projections fused (" + ", ".join(f"{k.replace('_proj', '')} x{n}" for k, n in fused.items())
                      + ")" if fused else "projections unfused")
-    if f.get("blocking_wait"):  # LLMLAUNCH_HF_BLOCKING_WAIT=1, on a GPU: see HFModelRunner.blocking_wait
-        parts.append("GPU waits sleep")
-    if f.get("gather_prompts"):  # the engine process, LLMLAUNCH_HF_GATHER_PROMPTS=1 (hf_process: the reading loop)
-        parts.append("prompts of all instances tokenized together")
     if f.get("prompt_encode"):  # hf_encode.PromptEncoder: the backend's encode, or why prompts go through the call
         parts.append("prompts: backend encode" if f["prompt_encode"] == "backend" else
                      f"prompts: tokenizer call ({f['prompt_encode']})")
@@ -206,12 +197,9 @@ class Engine:
                  tokenizer_path: str | None = None, attn_implementation: str = "sdpa",
                  kv_cache_memory: float | None = None, after_step: Callable[[], None] | None = None,
                  threads: int | None = None, tp_group=None, cuda_graphs: bool | None = None,
-                 torch_compile: bool | None = None, overlap: bool | None = None,
-                 cudnn_attention: str | None = None, prefill_graphs: int | None = None,
-                 wave_graphs: bool | None = None, prompts_alone: int | None = None,
-                 fuse_projections: bool | None = None, prompts_ahead: bool | None = None,
-                 full_ahead: bool | None = None, mixed_graphs: int | None = None,
-                 awake_board: str | None = None, awake_slot: int = 0):
+                 torch_compile: bool | None = None, cudnn_attention: str | None = None,
+                 prefill_graphs: int | None = None, prompts_alone: int | None = None,
+                 mixed_graphs: int | None = None, awake_board: str | None = None, awake_slot: int = 0):
         """
         model_path: HF-format folder (config, weights, tokenizer unless tokenizer_path is given).
         device: auto (cuda when available) | cpu | cuda | cuda:N.  dtype: auto | float32 | bfloat16 | float16.
@@ -228,44 +216,28 @@ class Engine:
         tp_group: an hf_tp.TPGroup (default: one made from the LLMLAUNCH_* environment when tp > 1).
         cuda_graphs / torch_compile: see HFModelRunner (None: on for GPUs).
         cudnn_attention: graphs | all | off, where attention may use cuDNN (see
-        HFModelRunner._init_attention_backends; None: LLMLAUNCH_HF_CUDNN_ATTENTION, else graphs).
+        HFModelRunner._init_attention_backends; None: graphs).
         prefill_graphs: the longest prompt whose prompt-only step replays a CUDA graph (see
-        HFModelRunner._init_prefill_graphs; None: LLMLAUNCH_HF_PREFILL_GRAPHS, else 2048; 0: none).
-        wave_graphs: steps of several whole prompts replay a wave graph (HFModelRunner.WAVE_ROWS; None:
-        LLMLAUNCH_HF_WAVE_GRAPHS, else on).
-        fuse_projections: each layer's q/k/v and gate/up projections as one matrix product each (hf_fuse; None:
-        LLMLAUNCH_HF_FUSE_PROJECTIONS, else on).
-        overlap: while the GPU runs a decode step, queue the next one and do the host work of the last (None: on
-        with tp=1 unless LLMLAUNCH_HF_OVERLAP=0); see `_schedule`.
+        HFModelRunner._init_prefill_graphs; None: 2048; 0: none).
         prompts_alone: at most this many waiting prompts go one per step through their prompt graphs (see
-        PROMPTS_ALONE_MAX; None: LLMLAUNCH_HF_PROMPTS_ALONE, else PROMPTS_ALONE_MAX; 0: never).
-        prompts_ahead: with overlap, steps of prompts alone or in a wave, and the decode rows' turn after them, are
-        queued behind the step running too (see `_schedule`; None: LLMLAUNCH_HF_PROMPTS_AHEAD, else on).
-        full_ahead: with overlap, decode steps are queued ahead while requests wait for a slot too (see `_schedule`;
-        None: LLMLAUNCH_HF_FULL_AHEAD, else on; off to measure against).
+        PROMPTS_ALONE_MAX; None: PROMPTS_ALONE_MAX; 0: never).
         mixed_graphs: the most prompt tokens that go beside decode rows in one step through a mixed CUDA graph (see
-        HFModelRunner.MIXED_PROMPTS and _prompts_mixed; None: LLMLAUNCH_HF_MIXED_GRAPHS, else 512; 0: none).
+        HFModelRunner.MIXED_PROMPTS and _prompts_mixed; None: 512; 0: none).
+        While the GPU runs a step, the next one is queued behind it where it can be, and the host works on the last
+        meanwhile (overlap; see `_schedule`).
         awake_board / awake_slot: where to post how many requests the engine holds after each step, for the
         serve.keep_cpus_awake spinners that pause under load (launcher/awake.py; None: the board the environment
         names, LLMLAUNCH_AWAKE_BOARD, in the slot of LLMLAUNCH_LOCAL_RANK; none there: no posts).
         """
         from transformers import AutoTokenizer, GenerationConfig
 
-        # prompts taken one at a time through their graphs (PROMPTS_ALONE_MAX; LLMLAUNCH_HF_PROMPTS_ALONE=0: never),
-        # checked before loading and compiling the model (minutes on a GPU)
+        # prompts taken one at a time through their graphs (PROMPTS_ALONE_MAX; 0: never), checked before loading
+        # and compiling the model (minutes on a GPU)
         if prompts_alone is None:
-            raw = os.environ.get("LLMLAUNCH_HF_PROMPTS_ALONE", "")
-            if raw and not raw.isdigit():
-                raise ValueError(f"LLMLAUNCH_HF_PROMPTS_ALONE={raw!r} is not a number of prompts (0: never alone)")
-            prompts_alone = int(raw) if raw else self.PROMPTS_ALONE_MAX
+            prompts_alone = self.PROMPTS_ALONE_MAX
         if int(prompts_alone) < 0:
             raise ValueError(f"prompts_alone={prompts_alone} is negative: the most prompts to take alone, 0 for none")
         prompts_alone = int(prompts_alone)
-        self._prompts_ahead = env_switch(prompts_ahead, "LLMLAUNCH_HF_PROMPTS_AHEAD", "steps of prompts, and the "
-                                          "decode rows' turn after them, queued behind the step running",
-                                          "they wait for its tokens")
-        self._full_ahead = env_switch(full_ahead, "LLMLAUNCH_HF_FULL_AHEAD", "decode steps queued ahead while "
-                                       "requests wait for a slot", "they wait for the running step's tokens")
         self.model_path = str(model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path or self.model_path)
         self._encode = PromptEncoder(self.tokenizer)  # prompts: the call's ids, without its Python (hf_encode)
@@ -274,7 +246,6 @@ class Engine:
                                     kv_cache_memory=kv_cache_memory, tp=int(tp or 1), tp_group=tp_group,
                                     cuda_graphs=cuda_graphs, torch_compile=torch_compile,
                                     cudnn_attention=cudnn_attention, prefill_graphs=prefill_graphs,
-                                    wave_graphs=wave_graphs, fuse_projections=fuse_projections,
                                     mixed_graphs=mixed_graphs)
         if not max_prefill_tokens:
             max_prefill_tokens = 2048 if self.runner.device.type == "cuda" else 512
@@ -324,9 +295,6 @@ class Engine:
         self._by_id: dict[str, _Seq] = {}
         self._prompts_alone = prompts_alone  # checked above, before the model loaded
         self._waved = False  # the last step was a wave of prompts that decode rows waited for (_prompt_wave)
-        if overlap is None:
-            overlap = os.environ.get("LLMLAUNCH_HF_OVERLAP", "1") != "0"
-        self._overlap = bool(overlap)
         # (step, rows, handle): a step launched before the tokens of the one before were known
         self._ahead = None
         self._free = list(range(self.max_num_seqs))
@@ -338,14 +306,11 @@ class Engine:
         """What speeds this engine up, as it started (for the server's log line): see describe_features."""
         r = self.runner
         return {"torch_compile": r.use_compile, "compile_s": round(r.compile_s, 1), "compile_error": r.compile_error,
-                "decode_graphs": len(r._graphs), "graph_error": r.graph_error, "overlap": self._overlap,
-                "prompts_ahead": self._overlap and self._prompts_ahead,
-                "full_ahead": self._overlap and self._prompts_ahead and self._full_ahead,
+                "decode_graphs": len(r._graphs), "graph_error": r.graph_error,
                 "prefill_graphs": len(r._prefill_graphs), "wave_graphs": len(r._wave_graphs),
                 "prefill_graph_error": r.prefill_graph_error, "fused": dict(r.fused),
                 "mixed_graphs": len(r._mixed_graphs), "mixed_graph_error": r.mixed_graph_error,
                 "cudnn_attention": r.cudnn_attention if r.device.type == "cuda" else "",
-                "blocking_wait": r.blocking_wait and r.device.type == "cuda",
                 "prompt_encode": self._encode.why_not or "backend"}
 
     def start(self) -> "Engine":
@@ -542,20 +507,19 @@ class Engine:
                 if self._tp is not None:
                     self._tp.broadcast(step)  # every worker rank executes the same step on its shard
                 handle = self._launch(step)
-            if self._overlap:
-                nxt = self._schedule(ahead_of=rows)
-                if nxt is not None:
-                    nstep, queued, _, prev_rows = nxt
-                    if prev_rows is None:  # prompts only: nothing of the running step's (see _schedule)
-                        if self._tp is not None:
-                            self._tp.broadcast(nstep)
-                        nhandle = self._launch(nstep)
-                    else:
-                        if self._tp is not None:  # its decode tokens follow on the device (hf_tp: AHEAD)
-                            self._tp.broadcast((AHEAD, nstep))
-                        nhandle = self._launch(nstep, prev=handle, prev_rows=prev_rows)
-                    self._ahead = (nstep, queued, nhandle)
-                    self.stats.ahead_steps += 1
+            nxt = self._schedule(ahead_of=rows)
+            if nxt is not None:
+                nstep, queued, _, prev_rows = nxt
+                if prev_rows is None:  # prompts only: nothing of the running step's (see _schedule)
+                    if self._tp is not None:
+                        self._tp.broadcast(nstep)
+                    nhandle = self._launch(nstep)
+                else:
+                    if self._tp is not None:  # its decode tokens follow on the device (hf_tp: AHEAD)
+                        self._tp.broadcast((AHEAD, nstep))
+                    nhandle = self._launch(nstep, prev=handle, prev_rows=prev_rows)
+                self._ahead = (nstep, queued, nhandle)
+                self.stats.ahead_steps += 1
             tokens = self._wait(handle)
         except Exception as exc:  # a failed step fails the requests in it, not the engine
             if self._tp is not None:
@@ -655,8 +619,6 @@ class Engine:
             # rows that sat the running step out (a step of prompts): their last tokens are on the host
             waited = [s for _, s in self._decoding if id(s) not in ids]
             prompts_waiting = bool(self._waiting) or any(id(s) not in ids for s in self._prefilling)
-            if not self._prompts_ahead and (waited or prompts_waiting):
-                return None  # LLMLAUNCH_HF_PROMPTS_AHEAD=0: wait for the running step
             prev_rows += [-1] * len(waited)
             decoding += waited
             if prompts_waiting:
@@ -673,10 +635,8 @@ class Engine:
                     only, prompts = [], mixed
                 elif pending:
                     only = self._prompts_only(decoding, pending)
-                elif self._full_ahead:
-                    only, self._waved = [], False  # the decode rows' turn
                 else:
-                    return None  # LLMLAUNCH_HF_FULL_AHEAD=0: wait for the running step
+                    only, self._waved = [], False  # the decode rows' turn
                 if only:  # prompts only, through their graph: nothing of the running step's
                     decoding, prompts, prev_rows = [], only, None
                 elif only is None:  # the prompts go beside the decode rows, in one step once the running one ends

@@ -32,14 +32,6 @@ log = logging.getLogger(__name__)
 
 # the groups fused: (the FusedLinear's name in the layer, the sibling modules the layer calls on the same input)
 GROUPS = (("fused_qkv", ("q_proj", "k_proj", "v_proj")), ("fused_gate_up", ("gate_proj", "up_proj")))
-ENV = "LLMLAUNCH_HF_FUSE_PROJECTIONS"
-
-
-def enabled_from_env(value: bool | None) -> bool:
-    """`value` if given, else LLMLAUNCH_HF_FUSE_PROJECTIONS (1, the default, or 0), checked."""
-    from launcher.engines.switches import env_switch
-
-    return env_switch(value, ENV, "q/k/v and gate/up projections as one product each", "HF's separate products")
 
 
 def _make_classes():

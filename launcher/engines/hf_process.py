@@ -339,8 +339,7 @@ class _Peers:
     """The connections an engine process serves: index 0, the instance that started it (request ids as they come),
     and instances attached later through `listen` (index k: request id "k/<id>" inside the engine)."""
 
-    def __init__(self, first, first_ahead: bool = True):
-        self.first_ahead = first_ahead  # send_outputs: connections with a request's first output are sent to first
+    def __init__(self, first):
         self.conns = {0: first}
         self.send_locks = {0: threading.Lock()}  # per connection: the engine thread and the reader both send
         self.running: dict[int, set] = {}  # k > 0 -> its engine request ids not finished yet (aborted if k goes)
@@ -404,7 +403,7 @@ class _Peers:
                     shares.setdefault(k, []).append((local,) + tuple(item[1:]))
                 sends = [(k, self.conns[k], self.send_locks[k], share) for k, share in shares.items()
                          if k in self.conns]
-                if self.first_ahead and len(sends) > 1:
+                if len(sends) > 1:
                     # A first token (its TTFT) should not wait for the pickling and sending of the other instances'
                     # outputs (~10-20 us each; eight response processes are eight connections).
                     sends.sort(key=lambda s: all(item[7] is None for item in s[3]))
@@ -424,23 +423,16 @@ def _child(fd: int) -> int:
     _, model_path, kwargs = conn.recv()
     if kwargs.pop("role", "leader") == "worker":
         return _worker_child(conn, model_path, kwargs)
-    from launcher.engines.switches import env_switch, first_fast
-
     listen = kwargs.pop("listen", "") or ""  # a unix socket path: other model instances attach there
     try:
         from launcher.engines.hf_engine import Engine
 
-        peers = _Peers(conn, first_fast())
+        peers = _Peers(conn)
 
         # Outputs are sent in one message per engine step.  With `output_interval` (seconds) a request's new
         # text is held and merged until that long after its previous output was sent; its first token and its
         # end go at once.  Fewer messages and responses leave the CPU to the engine.
         interval = float(kwargs.pop("output_interval", 0.0) or 0.0)
-        batch_tokenize = env_switch(None, "LLMLAUNCH_HF_BATCH_TOKENIZE",  # see `read`
-                                    "prompts that arrive together are tokenized in one call", "one at a time")
-        gather = batch_tokenize and env_switch(None, "LLMLAUNCH_HF_GATHER_PROMPTS",  # see the reading loop
-                                               "one call for the prompts of every connection ready at once",
-                                               "one call a connection", default=False)
         pending: dict = {}  # request id -> [output fields..., urgent]
         last_sent: dict = {}  # request id -> time its last output was sent
         received: dict = {}  # request id -> when its "add" arrived, until its first output (Output.times)
@@ -503,7 +495,7 @@ def _child(fd: int) -> int:
     info = {"max_model_len": engine.max_model_len, "max_num_seqs": engine.max_num_seqs,
             "vocab_size": engine.vocab_size, "device": str(engine.runner.device),
             "dtype": str(engine.runner.dtype).replace("torch.", ""), "pid": os.getpid(),
-            "features": dict(engine.features, **({"gather_prompts": True} if gather else {}))}
+            "features": engine.features}
 
     def add_all(adds: list) -> None:
         """("add" messages, as (k, message, when received)) -> the engine, text prompts tokenized together."""
@@ -540,11 +532,7 @@ def _child(fd: int) -> int:
     # One thread reads every connection, as it read the one connection before: requests are tokenized with no lock,
     # and no more threads take turns at the GIL with the engine loop.  It reads all that a connection has sent so far
     # before tokenizing: the successors of requests that ended in one step arrive as a burst, and their prompts go to
-    # the tokenizer in one call (`add_all`; LLMLAUNCH_HF_BATCH_TOKENIZE=0: one at a time, as they come).
-    # LLMLAUNCH_HF_GATHER_PROMPTS=1 makes that one call for every connection ready at once (eight model instances
-    # are eight connections).  Off by default: on an H100 host it cut `add` at 8-128 closed streams but requests
-    # then waited longer inside the engine, which takes prompts at its own step boundaries, and neither the first
-    # token nor tokens/s came out clearly ahead.
+    # the tokenizer in one call (`add_all`), one call a connection (eight model instances are eight connections).
     # Attaching instances are accepted on a thread of `_listen`, which wakes this loop through `wake`.
     wake_r, wake_w = Pipe(duplex=False)
     close_listener = _listen(listen, info, peers, wake_w) if listen else None
@@ -557,7 +545,7 @@ def _child(fd: int) -> int:
         try:
             for _ in range(1024):
                 msg = c.recv()
-                if msg[0] == "add" and batch_tokenize:
+                if msg[0] == "add":
                     adds.append((k, msg, time.monotonic()))
                 else:
                     add_all(adds)
@@ -575,18 +563,15 @@ def _child(fd: int) -> int:
         first_open = True  # the instance that started us: when it goes, the engine stops
         while first_open:
             by_conn = peers.by_conn()
-            adds: list = []
             for c in wait(list(by_conn) + [wake_r]):
                 if c is wake_r:
                     wake_r.recv_bytes()
                     continue
                 k = by_conn[c]
+                adds: list = []
                 done = read(c, k, adds)
-                if done == "gone":  # nobody to answer: its requests read just now are not started
-                    adds[:] = [a for a in adds if a[0] != k]
-                if not gather:
+                if done != "gone":  # nobody to answer a gone one: its requests read just now are not started
                     add_all(adds)
-                    adds.clear()
                 if done is None:
                     continue
                 if not k:
@@ -596,7 +581,6 @@ def _child(fd: int) -> int:
                     engine.abort(rid)
                 c.close()
                 log.info("hf engine process: model instance %d detached", k)
-            add_all(adds)  # (the first instance gone: the engine's shutdown ends them 'cancelled')
     finally:
         if close_listener is not None:
             close_listener()

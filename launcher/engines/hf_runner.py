@@ -44,7 +44,6 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
-from launcher.engines.switches import env_switch
 from launcher.spec import CUDNN_ATTENTION
 from launcher.stage import announce
 
@@ -248,18 +247,11 @@ def _slot_attention(layer_idx, query, key, value, scaling):
     return out.unsqueeze(0)
 
 
-def _token_limit(value, name: str, default: int, unit: str, meaning: str) -> int:
-    """A runner's token-count setting: `value`, else LLMLAUNCH_HF_<NAME> from the environment, else `default`;
-    an environment value that is not a number, or a negative one, is refused naming the setting and what it means."""
-    import os
-
+def _token_limit(value, name: str, default: int, meaning: str) -> int:
+    """A runner's token-count setting: `value`, else `default`; a negative one is refused naming the setting and
+    what it means."""
     if value is None:
-        env = f"LLMLAUNCH_HF_{name.upper()}"
-        raw = os.environ.get(env, "")
-        try:
-            value = int(raw) if raw else default
-        except ValueError:
-            raise ValueError(f"{env}={raw!r} is not a number of {unit}") from None
+        value = default
     if int(value) < 0:
         raise ValueError(f"{name}={value} is negative: {meaning}")
     return int(value)
@@ -312,30 +304,25 @@ class HFModelRunner:
                  max_model_len: int | None = None, attn_implementation: str = "sdpa",
                  kv_cache_memory: float | None = None, tp: int = 1, tp_group=None, cuda_graphs: bool | None = None,
                  torch_compile: bool | None = None, cudnn_attention: str | None = None,
-                 prefill_graphs: int | None = None, wave_graphs: bool | None = None,
-                 fuse_projections: bool | None = None, mixed_graphs: int | None = None):
+                 prefill_graphs: int | None = None, mixed_graphs: int | None = None):
         """tp > 1: this process is one rank of a tensor-parallel group (see hf_tp): `tp_group` (an
         hf_tp.TPGroup) or one made from the LLMLAUNCH_* environment; the model is sharded after loading.
-        cuda_graphs: replay decode-only steps as CUDA graphs (None: on for cuda unless LLMLAUNCH_HF_CUDA_GRAPHS=0;
-        with tp > 1 the graphs hold the NCCL all-reduces, and every rank captures the same ones, see `warm_up`).
-        torch_compile: run the model's forward through torch.compile (None: on for cuda unless
-        LLMLAUNCH_HF_COMPILE=0; with tp > 1 the all-reduces are traced as functional collectives); `warm_up()`
-        compiles before serving.
-        prefill_graphs: the longest prompt (tokens) whose prompt-only step replays a CUDA graph (None:
-        LLMLAUNCH_HF_PREFILL_GRAPHS, else 2048; 0: none; needs cuda_graphs); see `_init_prefill_graphs`.
-        wave_graphs: also replay steps of several whole prompts as CUDA graphs (None: on with prompt graphs unless
-        LLMLAUNCH_HF_WAVE_GRAPHS=0); see WAVE_ROWS.
-        fuse_projections: each layer's q/k/v and gate/up projections as one product each (None: on unless
-        LLMLAUNCH_HF_FUSE_PROJECTIONS=0); see hf_fuse.
+        cuda_graphs: replay decode-only steps as CUDA graphs (None: on for cuda; with tp > 1 the graphs hold the
+        NCCL all-reduces, and every rank captures the same ones, see `warm_up`).  With them, steps of one whole
+        prompt and of several (WAVE_ROWS) replay graphs too.
+        torch_compile: run the model's forward through torch.compile (None: on for cuda; with tp > 1 the
+        all-reduces are traced as functional collectives); `warm_up()` compiles before serving.
+        prefill_graphs: the longest prompt (tokens) whose prompt-only step replays a CUDA graph (None: 2048; 0:
+        none; needs cuda_graphs); see `_init_prefill_graphs`.
         mixed_graphs: the most prompt tokens a step of decode rows and whole prompts together replays a CUDA graph
-        for (None: LLMLAUNCH_HF_MIXED_GRAPHS, else 512; 0: none; needs cuda_graphs and tp=1); see MIXED_PROMPTS."""
+        for (None: 512; 0: none; needs cuda_graphs and tp=1); see MIXED_PROMPTS.
+        Each layer's q/k/v and gate/up projections run as one product each (hf_fuse)."""
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
         from launcher.engines import hf_fuse
         from launcher.engines.hf_sampling import Sampler
 
-        fuse_projections = hf_fuse.enabled_from_env(fuse_projections)  # checked before the model loads
         _register_attention()
         if attn_implementation not in ("sdpa", "eager"):
             raise ValueError(f"attn_implementation {attn_implementation!r} is not one of sdpa, eager")
@@ -343,14 +330,6 @@ class HFModelRunner:
         if device in (None, "", "auto"):
             device = "cuda" if torch.cuda.is_available() else "cpu"
         self.device = torch.device(device)
-        # A step's "done" event is waited on by the engine's host thread while the GPU runs the step queued
-        # behind it.  A plain event's synchronize spins a CPU the whole time (one CPU-second a second at one
-        # stream), a vCPU the server's other processes then lack; a
-        # blocking one sleeps in the driver and pays a wake-up instead.  Off by default: side by side on an H100
-        # host it freed ~0.6-0.7 of a CPU at one stream but cost the first token up to
-        # 0.17 ms there and up to 0.66 ms at 8 streams; it is for nodes whose CPUs several engines share.
-        self.blocking_wait = env_switch(None, "LLMLAUNCH_HF_BLOCKING_WAIT", "the host sleeps while waiting for a "
-                                        "step's tokens", "it spins", default=False)
         if torch_compile is not False:
             use_llmlaunch_inductor_cache()
         config = AutoConfig.from_pretrained(model_path)
@@ -382,7 +361,7 @@ class HFModelRunner:
             hf_tp.shard_model(model, text_cfg, self.tp_group)  # on the host, before moving the shard
         self.model = model.to(self.device).eval()
         # after sharding: a rank fuses its own shards; on the device: the concatenation is a device copy
-        self.fused = hf_fuse.fuse_projections(self.model) if fuse_projections else {}
+        self.fused = hf_fuse.fuse_projections(self.model)
         self.config = model.config
         self.num_layers = text_cfg.num_hidden_layers
         # kv heads of this rank (all of them with tp=1): the cache and our attention only see these
@@ -401,7 +380,7 @@ class HFModelRunner:
         self.max_num_seqs = int(max_num_seqs)
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
-        self._init_graphs(cuda_graphs, prefill_graphs, wave_graphs, mixed_graphs)
+        self._init_graphs(cuda_graphs, prefill_graphs, mixed_graphs)
         self._init_attention_backends(cudnn_attention)
         self._init_compile(torch_compile)
         self._allocate_cache(kv_cache_memory)
@@ -457,10 +436,9 @@ class HFModelRunner:
 
     def _init_attention_backends(self, mode) -> None:
         import contextlib
-        import os
 
         if mode in (None, ""):
-            mode = os.environ.get("LLMLAUNCH_HF_CUDNN_ATTENTION", "") or "graphs"
+            mode = "graphs"
         if mode not in CUDNN_ATTENTION:
             raise ValueError(f"cudnn_attention {mode!r} is not one of {', '.join(CUDNN_ATTENTION)}")
         self.cudnn_attention = mode
@@ -482,10 +460,8 @@ class HFModelRunner:
     # op.  One compiled form covers every step: token count and kept logits are dynamic, so besides the general
     # form only the size-1 specializations (one output row; one token) are compiled, all in `warm_up`.
     def _init_compile(self, torch_compile) -> None:
-        import os
-
         if torch_compile is None:
-            torch_compile = self.device.type == "cuda" and os.environ.get("LLMLAUNCH_HF_COMPILE", "1") != "0"
+            torch_compile = self.device.type == "cuda"
         # tp > 1: each layer's all-reduce is traced as a functional collective (hf_tp.TPGroup.all_reduce); with
         # graphs, tp=2 on two H200s ran 1.24-1.30x faster compiled
         self.use_compile = bool(torch_compile)
@@ -553,8 +529,7 @@ class HFModelRunner:
 
     def _tp_plan(self, max_prefill_tokens) -> dict:
         return {"max_prefill_tokens": max_prefill_tokens, "torch_compile": self.use_compile,
-                "cuda_graphs": self.use_graphs, "prefill_graphs": self.prefill_graph_limit,
-                "wave_graphs": self.use_wave_graphs, "fused": self.fused,
+                "cuda_graphs": self.use_graphs, "prefill_graphs": self.prefill_graph_limit, "fused": self.fused,
                 "cudnn_attention": self.cudnn_attention, "max_num_seqs": self.max_num_seqs,
                 "max_model_len": self.max_model_len}
 
@@ -566,8 +541,8 @@ class HFModelRunner:
             each = "; ".join(f"rank {r}: " + ", ".join(f"{k}={o.get(k)!r}" for k in differ)
                              for r, o in enumerate(everyone))
             raise RuntimeError(f"the tensor-parallel ranks' warm-up {what} differ ({each}): every rank must compile "
-                               f"and capture the same steps; give all ranks the same engine settings and "
-                               f"LLMLAUNCH_HF_* environment, or set engine.cuda_graphs=false")
+                               f"and capture the same steps; give all ranks the same engine settings, or set "
+                               f"engine.cuda_graphs=false")
 
     # -- CUDA graphs for decode-only steps -----------------------------------------------------------------
     # Why: a decode step of a 1 B model launches ~20 kernels per layer from Python; on the H100 host that
@@ -585,17 +560,15 @@ class HFModelRunner:
     # capture that fails is fatal there (a rank falling back to eager steps alone would hang its peers).
     _GRAPH_MIN_LEN = 256
 
-    def _init_graphs(self, cuda_graphs, prefill_graphs=None, wave_graphs=None, mixed_graphs=None) -> None:
-        import os
-
+    def _init_graphs(self, cuda_graphs, prefill_graphs=None, mixed_graphs=None) -> None:
         if cuda_graphs is None:
-            cuda_graphs = os.environ.get("LLMLAUNCH_HF_CUDA_GRAPHS", "1") != "0"
+            cuda_graphs = True
         self.use_graphs = bool(cuda_graphs) and self.device.type == "cuda"
         self._spare_slots = 1 if self.use_graphs else 0  # the slot dummy rows write to
         self._graphs: dict = {}
         self._graph_pool = None
         self.graph_error = ""
-        self._init_prefill_graphs(prefill_graphs, wave_graphs)
+        self._init_prefill_graphs(prefill_graphs)
         self._init_mixed_graphs(mixed_graphs)
 
     def _bucket(self, rows: int, length: int) -> tuple[int, int]:
@@ -755,13 +728,10 @@ class HFModelRunner:
     # (MIXED_PROMPTS); a prompt's later chunk stays eager.  Captured at start, after the decode graphs; a failed
     # capture leaves decode graphs on.
 
-    def _init_prefill_graphs(self, prefill_graphs, wave_graphs=None) -> None:
-        prefill_graphs = _token_limit(prefill_graphs, "prefill_graphs", 2048, "tokens (0 turns prompt graphs off)",
-                                      "the longest prompt to graph, 0 for none")
+    def _init_prefill_graphs(self, prefill_graphs) -> None:
+        prefill_graphs = _token_limit(prefill_graphs, "prefill_graphs", 2048, "the longest prompt to graph, 0 for none")
         self.prefill_graph_limit = prefill_graphs if self.use_graphs else 0
         self._prefill_graphs: dict = {}  # bucket length -> (graph, meta, keep, logits)
-        self.use_wave_graphs = env_switch(wave_graphs, "LLMLAUNCH_HF_WAVE_GRAPHS",
-                                          "steps of several whole prompts replay wave graphs", "they run eagerly")
         self._wave_graphs: dict = {}  # (prompts, bucket length) -> (graph, meta, keep, logits): see WAVE_ROWS
         self.prefill_graph_error = ""
 
@@ -789,7 +759,7 @@ class HFModelRunner:
             self.prefill_graph_limit = 0
             return 0
         buckets = self.prefill_buckets(limit)
-        waves = self.wave_buckets(limit) if self.use_wave_graphs else []
+        waves = self.wave_buckets(limit)
         announce(f"hf engine: capturing {len(buckets)} prompt CUDA graphs (prompts up to {limit} tokens)"
                  + (f" and {len(waves)} wave graphs (2 to {max(n for n, _ in waves)} prompts)" if waves else ""))
         t0 = time.perf_counter()
@@ -999,7 +969,7 @@ class HFModelRunner:
     MIXED_PROMPTS = 8
 
     def _init_mixed_graphs(self, mixed_graphs) -> None:
-        mixed_graphs = _token_limit(mixed_graphs, "mixed_graphs", 512, "prompt tokens (0 turns mixed graphs off)",
+        mixed_graphs = _token_limit(mixed_graphs, "mixed_graphs", 512,
                                     "the most prompt tokens beside decode rows in a graph, 0 for none")
         # tp > 1 would need every rank to capture and pick the same mixed graphs: not built, so they run as before
         self.mixed_limit = min(mixed_graphs, self.max_model_len) if self.use_graphs and self.tp == 1 else 0
@@ -1232,7 +1202,7 @@ class HFModelRunner:
                 return tokens, tokens, None, None, None
             host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
             host.copy_(tokens, non_blocking=True)
-            done = torch.cuda.Event(enable_timing=True, blocking=self.blocking_wait)
+            done = torch.cuda.Event(enable_timing=True)
             done.record()
             self._last_done = done
             return tokens, host, done, start, after

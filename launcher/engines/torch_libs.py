@@ -9,8 +9,6 @@ ENGINE_LD_LIBRARY_PATH note).  The engine process sidesteps it with
 a library path of its own; a process already running cannot change its path, but a library loaded by full path
 first is the one a later open by its soname gets (glibc matches loaded objects by soname), so loading torch's
 cuDNN libraries up front keeps the set whole.
-
-LLMLAUNCH_HF_TORCH_CUDNN=0 leaves the search to the loader (to measure the mix against this).
 """
 from __future__ import annotations
 
@@ -20,8 +18,6 @@ import importlib.util
 import mmap
 import os
 import struct
-
-from launcher.engines.switches import env_switch
 
 
 def torch_cudnn_dir() -> str | None:
@@ -34,14 +30,11 @@ def torch_cudnn_dir() -> str | None:
     return lib if os.path.isdir(lib) else None
 
 
-def preload_torch_cudnn(lib_dir: str | None = None, enabled: bool | None = None) -> list[str]:
+def preload_torch_cudnn(lib_dir: str | None = None) -> list[str]:
     """Load every cuDNN library in `lib_dir` (default: torch_cudnn_dir()) by full path, globally, before torch does;
     the paths loaded.  Each loads after the libraries of the set it needs (load_order): loaded before them, its
     dependency would be looked up by name, LD_LIBRARY_PATH first, and the system's copy mapped beside torch's (seen:
     torch's libcudnn_adv pulled in the system's libcudnn_ops).  One that fails to load is left to the loader."""
-    if not env_switch(enabled, "LLMLAUNCH_HF_TORCH_CUDNN", "torch's cuDNN loaded by full path first",
-                      "the loader's search, LD_LIBRARY_PATH first"):
-        return []
     lib_dir = lib_dir or torch_cudnn_dir()
     if not lib_dir:
         return []

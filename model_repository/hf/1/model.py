@@ -67,8 +67,7 @@ A reload of the model inside a running server must unload it first (the new inst
 the old engine).
 
 Responses keep and resend the tensors that repeat (launcher.serving.triton_io.Responder: texts, counts,
-finish reasons; building a tensor in the stub costs 12-30 us and its first send a copy into shared memory);
-LLMLAUNCH_HF_KEEP_TENSORS=0 in tritonserver's environment builds every one afresh, to measure against.
+finish reasons; building a tensor in the stub costs 12-30 us and its first send a copy into shared memory).
 
 Inputs and outputs are launcher.contract's (the TensorRT-LLM ensemble interface),
 with a leading batch dimension when max_batch_size > 0; batches > 1 are rejected.
@@ -112,7 +111,6 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
 
 from launcher.contract import INPUT_NAMES
 from launcher.engines.hf_engine import describe_features
-from launcher.engines.switches import first_fast
 from launcher.serving import triton_io
 from launcher.serving.priority import GPU_NICE, check_nice, lower_priority
 from launcher.serving.timings import ENGINE_COUNTERS, FIRST_TOKEN_COUNTERS, Counters, FirstTokenTimes, engine_summary
@@ -154,7 +152,7 @@ class _Stream:
     __slots__ = ("sender", "stream", "parts", "input_tokens", "last_check", "cancelled", "last_sent", "shard",
                  "began", "queued", "times", "routed", "counts")
 
-    def __init__(self, sender, stream: bool, shard: int, routed: bool = False, counts: bool = True):
+    def __init__(self, sender, stream: bool, shard: int, counts: bool = True):
         self.sender = sender  # pb_utils response sender
         self.stream = stream  # stream=true: a response per piece of text
         self.counts = counts  # counts on every streamed response (false: final_counts_only, text alone before the end)
@@ -168,7 +166,7 @@ class _Stream:
         self.queued = 0.0  # ... when execute had read it and queued it with the engine
         self.times = None  # (received, first output made) in the engine process, + when this stub had it (the receive
         # thread's stamp); until the first response
-        self.routed = routed  # engine process: outputs of this stream reached the receive thread before (see _route)
+        self.routed = False  # engine process: outputs of this stream reached the receive thread before (see _route)
 
 
 class TritonPythonModel:
@@ -192,8 +190,6 @@ class TritonPythonModel:
                      + (f"{self._share_text}, " if self._share_text else "")
                      + (f"{self._nice_text}, " if self._nice_text else "")
                      + f"engine_process={self.engine_process}, response_threads={len(self._queues)}"
-                     + ("" if self._first_fast or not self.engine_process else
-                        ", first responses on the streams' own threads (LLMLAUNCH_HF_FIRST_FAST=0)")
                      + (f", {describe_features(self.engine.features)}" if self.engine.features else ""))
 
     # -- initialize steps ----------------------------------------------------------------------------------
@@ -258,10 +254,6 @@ class TritonPythonModel:
                 f"parameter response_nice={self.response_nice} lowers tritonserver and the stubs below the engine "
                 f"process, and engine_process=false runs the engine in the stub: set response_nice=0, or "
                 f"engine_process=true")
-        try:  # see _route
-            self._first_fast = first_fast()
-        except ValueError as exc:
-            raise pb_utils.TritonModelException(str(exc)) from None
         self.instances = sum(int(g.get("count", 1)) for g in self.model_config.get("instance_group") or []) or 1
         if self.instances > 1 and (self.tp > 1 or not self.engine_process):
             raise pb_utils.TritonModelException(
@@ -275,8 +267,7 @@ class TritonPythonModel:
                 self.params["role"] = "worker"
 
     def _start_engine(self):
-        # LLMLAUNCH_HF_KEEP_TENSORS=0 builds every response's tensors afresh (to measure what keeping them buys)
-        self._responder = triton_io.Responder(self._batched, cache=os.environ.get("LLMLAUNCH_HF_KEEP_TENSORS", "1") != "0")
+        self._responder = triton_io.Responder(self._batched)
         self._streams = {}  # request id -> _Stream (its responder thread owns it after registration)
         self._queues = []  # one per share of the streams: lists of engine outputs to respond to (None: inline)
         self._threads = []  # the responder threads
@@ -404,8 +395,7 @@ class TritonPythonModel:
         stream: a hand-off costs a first token ~0.1 ms, and with several response
         processes most streams belong to a responder thread.  The stream's later outputs go to its thread only in
         later calls, after this one has sent its first response, so its responses stay in order.  The engine
-        process sends a step's first outputs ahead of its others as well (hf_process._Peers.send_outputs).
-        LLMLAUNCH_HF_FIRST_FAST=0 turns both off."""
+        process sends a step's first outputs ahead of its others as well (hf_process._Peers.send_outputs)."""
         got = time.monotonic()
         shares = [[] for _ in self._queues]
         first, new = [], []
@@ -459,8 +449,7 @@ class TritonPythonModel:
                 self._next_id += 1
                 rid = str(self._next_id)
                 # register before the engine can produce output for it
-                stream = _Stream(sender, req.stream, self._shard(), routed=not self._first_fast,
-                                 counts=not req.final_counts_only)
+                stream = _Stream(sender, req.stream, self._shard(), counts=not req.final_counts_only)
                 self._streams[rid] = stream
                 stream.began, stream.queued = began, time.monotonic()
                 try:
