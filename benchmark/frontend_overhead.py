@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the data-parallel front end (launcher/frontend.py) adds: the same load sent straight to one
+"""What the data-parallel front end (launcher/frontend) adds: the same load sent straight to one
 replica's tritonserver and through a front end in front of that same server, in one run.
 
     python benchmark/frontend_overhead.py                               # LLM-paced load, 3 rounds

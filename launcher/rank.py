@@ -193,7 +193,8 @@ def rendezvous(spec, topo: Topology, comm) -> RankContext:
     if me.role == "leader":
         wanted = {k: int(spec.serve[k]) for k in ("grpc_port", "http_port", "metrics_port")}
         # frontend: with replicas > 1 the public gRPC and metrics ports go to the front end
-        # (launcher/frontend.py) on rank 0, and rank 0's own server is one more internal replica.
+        # (launcher/frontend, started by launcher/serving/rank0_frontend.py) on rank 0, and rank 0's own
+        # server is one more internal replica.
         fronted = me.serves == "public" and spec.replicas > 1
         if fronted:
             frontend_ports = pick_ports(bind, {"grpc_port": wanted["grpc_port"], "metrics_port": wanted["metrics_port"]})
@@ -497,7 +498,7 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
                 bound = {0: ctx.ports}  # rank -> the ports its server bound (a retry may have changed them)
                 if spec.replicas > 1:
                     # frontend: wait for every replica leader, then serve them all on the public port.
-                    from launcher.frontend import start_for_rank0
+                    from launcher.serving.rank0_frontend import start_for_rank0
 
                     frontend, public, bound = start_for_rank0(spec, run, infos, leaders, host, ctx.ports, ctx.token, alive=lambda: server.returncode() is None, say=say)
                 write_json(

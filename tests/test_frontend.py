@@ -1,4 +1,4 @@
-"""The data-parallel front end (launcher/frontend.py) against real tritonservers.
+"""The data-parallel front end (launcher/frontend) against real tritonservers.
 
 Two tritonservers serve the fixture models (tests/models: timed, frontend_echo, frontend_marker);
 `python -m launcher.frontend` runs in front of them, as rank 0 runs it. Clients are tritonclient,
@@ -452,7 +452,7 @@ def test_worker_processes_share_the_port_and_sum_their_counters(backends):
 def test_frontend_processes_default_to_one_per_process_sending_responses():
     """serve.frontend_processes=0 (the default): replicas x engine.response_processes, capped at half of rank 0's
     CPUs (its own server runs there too), never below 1; a positive setting is kept as given."""
-    from launcher.frontend import processes_for
+    from launcher.serving.rank0_frontend import processes_for
 
     assert processes_for(0, 2, 2, 32) == 4  # two replicas with two stubs each: four
     assert processes_for(0, 2, 1, 32) == 2
@@ -474,7 +474,7 @@ def test_frontend_refuses_a_taken_port(backends):
 def test_wire_patches_decode_as_protobuf_says():
     from tritonclient.grpc import service_pb2
 
-    from launcher.frontend import _ASK_EMPTY_FINAL, _request_id_patch, _response_id_patch
+    from launcher.frontend.wire import _ASK_EMPTY_FINAL, _request_id_patch, _response_id_patch
 
     req = service_pb2.ModelInferRequest(model_name="m", id="a")
     req.parameters["triton_enable_empty_final_response"].bool_param = False

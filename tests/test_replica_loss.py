@@ -130,13 +130,13 @@ def test_status_of_an_ended_job_does_not_claim_replicas_serve(tmp_path, monkeypa
 
 
 def test_rank_0_waits_for_each_leaders_ready_file_of_this_run_and_takes_the_ports_it_bound(tmp_path):
-    """launcher.frontend.wait_leaders_ready: a leader counts once its ready file carries this rendezvous's token (an
+    """launcher.serving.rank0_frontend.wait_leaders_ready: a leader counts once its ready file carries this rendezvous's token (an
     earlier run's file, or one without a token, does not), and the ports the front end and endpoint.json get are the
     ones in that file: a leader whose port was taken between the rendezvous and its server's bind retried on others.
     A failure file or the deadline ends the wait with the rank named."""
     import threading
 
-    from launcher.frontend import wait_leaders_ready
+    from launcher.serving.rank0_frontend import wait_leaders_ready
 
     (tmp_path / "ready_rank1.json").write_text(json.dumps({"ports": {"grpc_port": 40001}, "token": "old"}))
     (tmp_path / "ready_rank2.json").write_text(json.dumps({"ports": {"grpc_port": 40002}}))

@@ -1,0 +1,66 @@
+"""The front end's Prometheus counters: their text, and a minimal HTTP server for GET /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Sequence
+
+
+_METRICS = (
+    # (key, name, type, help)
+    ("up", "llmlaunch_frontend_replica_up", "gauge", "1 when the front end routes requests to the replica"),
+    ("in_flight", "llmlaunch_frontend_in_flight", "gauge", "requests running on the replica"),
+    ("requests", "llmlaunch_frontend_requests_total", "counter", "requests routed to the replica"),
+    ("responses", "llmlaunch_frontend_responses_total", "counter", "responses passed back from the replica"),
+    ("errors", "llmlaunch_frontend_errors_total", "counter", "requests on the replica that ended in an error"),
+    ("failures", "llmlaunch_frontend_replica_failures_total", "counter", "times the replica was marked down"),
+    ("retried", "llmlaunch_frontend_retried_total", "counter", "requests moved to another replica after this one failed before answering them"),
+)
+_PER_REPLICA = len(_METRICS)
+
+
+def metrics_text(snap: dict, addrs: Sequence[str], processes: int = 1) -> str:
+    lines = []
+    for key, name, kind, help_ in _METRICS:
+        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
+        for i, (addr, r) in enumerate(zip(addrs, snap["replicas"])):
+            lines.append(f'{name}{{replica="{i}",addr="{addr}"}} {r[key]}')
+    lines += [
+        "# HELP llmlaunch_frontend_streams_active client ModelStreamInfer streams open",
+        "# TYPE llmlaunch_frontend_streams_active gauge",
+        f"llmlaunch_frontend_streams_active {snap['streams_active']}",
+        "# HELP llmlaunch_frontend_rejected_total requests refused because no replica was up",
+        "# TYPE llmlaunch_frontend_rejected_total counter",
+        f"llmlaunch_frontend_rejected_total {snap['rejected']}",
+        "# HELP llmlaunch_frontend_processes front-end worker processes sharing the gRPC port",
+        "# TYPE llmlaunch_frontend_processes gauge",
+        f"llmlaunch_frontend_processes {processes}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+async def _serve_metrics(host: str, port: int, text):
+    """A minimal HTTP/1.1 responder: GET /metrics (or /) -> the Prometheus text, anything else 404."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), 10)
+            while True:  # skip the headers
+                h = await asyncio.wait_for(reader.readline(), 10)
+                if h in (b"\r\n", b"\n", b""):
+                    break
+            parts = line.split()
+            path = parts[1].split(b"?")[0] if len(parts) >= 2 else b""
+            if parts[:1] in ([b"GET"], [b"HEAD"]) and path in (b"/metrics", b"/"):
+                status, body = "200 OK", text().encode()
+            else:
+                status, body = "404 Not Found", b"try GET /metrics\n"
+            head = f"HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            writer.write(head.encode() + (body if parts[:1] != [b"HEAD"] else b""))
+            await writer.drain()
+        except (asyncio.TimeoutError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    return await asyncio.start_server(handle, host, port, reuse_address=True)

@@ -1,0 +1,126 @@
+"""The front end as a child process: the command line `python -m launcher.frontend` runs (`main`),
+and the handle that starts it, waits until it is ready and stops it (`FrontendProcess`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from typing import Dict, List, Optional, Tuple
+
+import grpc
+from tritonclient.grpc import service_pb2
+
+from launcher.frontend.server import FrontendConfig
+from launcher.frontend.wire import SERVICE
+from launcher.frontend.workers import run_frontend
+
+
+def connect_host(host: str) -> str:
+    """Where a local client reaches a server bound to `host`."""
+    return "127.0.0.1" if host in ("", "0.0.0.0", "::", "[::]") else host
+
+
+class FrontendProcess:
+    """The front end as a supervised child process of whoever starts it (`python -m launcher.frontend`)."""
+
+    def __init__(self, cfg: FrontendConfig, env: Optional[Dict[str, str]] = None):
+        self.cfg = cfg
+        self.env = env
+        self.proc = None
+
+    def argv(self) -> List[str]:
+        c = self.cfg
+        argv = [sys.executable, "-m", "launcher.frontend", "--host", c.host, "--port", str(c.port), "--metrics-port", str(c.metrics_port)]
+        for a in c.addrs:
+            argv += ["--replica", a]
+        argv += ["--model", c.model_name, "--processes", str(c.processes), "--drain-timeout", str(c.drain_timeout_s), "--probe-interval", str(c.probe_interval_s)]
+        argv += ["--loop", c.loop, "--die-with-parent"]
+        return argv
+
+    def start(self) -> "FrontendProcess":
+        import subprocess
+
+        sys.stdout.flush()
+        # Own session: a terminal's Ctrl-C reaches the parent, which decides how the front end stops.
+        self.proc = subprocess.Popen(self.argv(), env=self.env, start_new_session=True)
+        return self
+
+    def poll(self) -> Optional[int]:
+        return None if self.proc is None else self.proc.poll()
+
+    def wait_ready(self, timeout_s: float) -> float:
+        """Until ServerReady through the front end is true (every replica ready); raises if it exits."""
+        channel_addr = f"{connect_host(self.cfg.host)}:{self.cfg.port}"
+        t0 = time.monotonic()
+        with grpc.insecure_channel(channel_addr) as ch:
+            ready = ch.unary_unary(f"/{SERVICE}/ServerReady", service_pb2.ServerReadyRequest.SerializeToString, service_pb2.ServerReadyResponse.FromString)
+            while True:
+                if self.poll() is not None:
+                    raise RuntimeError(f"front end exited with status {self.poll()} before it was ready")
+                try:
+                    if ready(service_pb2.ServerReadyRequest(), timeout=5).ready:
+                        return time.monotonic() - t0
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() - t0 > timeout_s:
+                    raise TimeoutError(f"front end on {channel_addr} not ready after {timeout_s:.0f}s")
+                time.sleep(0.1)
+
+    def terminate(self) -> None:
+        if self.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+    def stop(self) -> Optional[int]:
+        """SIGTERM (drain), SIGKILL after the drain deadline."""
+        from launcher.triton import stop_group
+
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            stop_group(self.proc, self.cfg.drain_timeout_s + 10)
+        return self.proc.returncode
+
+
+def _die_with_parent() -> None:
+    """SIGTERM when the parent dies (even by SIGKILL): no front end outlives the process that started it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:
+        pass
+    if os.getppid() == 1:
+        raise SystemExit("front end: the parent is already gone")
+
+
+def _hostport(text: str) -> Tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m launcher.frontend", description="One Triton gRPC endpoint in front of several tritonserver replicas.")
+    p.add_argument("--replica", action="append", type=_hostport, required=True, help="HOST:PORT of a replica's tritonserver gRPC endpoint (repeat)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, required=True, help="public gRPC port")
+    p.add_argument("--metrics-port", type=int, default=0, help="Prometheus metrics HTTP port (0 = none)")
+    p.add_argument("--model", default="", help="model the health probe checks (default: ServerReady only)")
+    p.add_argument("--processes", type=int, default=1, help="worker processes sharing the port (SO_REUSEPORT)")
+    p.add_argument("--probe-interval", type=float, default=2.0, help="seconds between health probes (0 = none)")
+    p.add_argument("--drain-timeout", type=float, default=30.0, help="on SIGTERM, seconds running requests may take to finish")
+    p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto", help="event loop; auto = uvloop when installed")
+    p.add_argument("--die-with-parent", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.processes < 1:
+        p.error("--processes must be >= 1")
+    if args.die_with_parent:
+        _die_with_parent()
+    return run_frontend(args.replica, args.host, args.port, args.metrics_port, args.model, args.processes, args.probe_interval, args.drain_timeout, args.loop)

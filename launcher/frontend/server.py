@@ -1,0 +1,110 @@
+"""One front-end process: its configuration, the gRPC server in front of the replicas, the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from dataclasses import dataclass, field
+from typing import List, Tuple
+
+from grpc import aio
+
+from launcher.frontend.metrics import _serve_metrics, metrics_text
+from launcher.frontend.proxy import Frontend
+from launcher.frontend.wire import _MAX_MESSAGE, log
+
+
+@dataclass
+class FrontendConfig:
+    replicas: List[Tuple[str, int]]  # (host, gRPC port) of each replica's tritonserver
+    host: str = "127.0.0.1"  # address the front end binds
+    port: int = 8001  # public gRPC port
+    metrics_port: int = 0  # Prometheus metrics (HTTP); 0 = none
+    model_name: str = ""  # the model the health probe checks; "" = ServerReady only
+    processes: int = 1  # worker processes sharing the gRPC port (SO_REUSEPORT)
+    probe_interval_s: float = 2.0  # health probe period; 0 = no periodic probe
+    drain_timeout_s: float = 30.0  # on SIGTERM, how long running requests may finish
+    loop: str = "auto"  # auto (uvloop when installed) | asyncio | uvloop
+    addrs: List[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.replicas = [(str(h), int(p)) for h, p in self.replicas]
+        self.addrs = [f"{h}:{p}" for h, p in self.replicas]
+
+
+def _server_options(reuse_port: bool) -> list:
+    # gRPC turns SO_REUSEPORT on by default, which would let a second server silently share a taken
+    # port; one process binds exclusively, several workers share on purpose.
+    return [
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
+        ("grpc.max_send_message_length", _MAX_MESSAGE),
+        ("grpc.max_receive_message_length", _MAX_MESSAGE),
+    ]
+
+
+async def _serve(cfg: FrontendConfig, reuse_port: bool, publish=None, on_bound=None, setup=None) -> None:
+    """Run one front-end process until SIGTERM/SIGINT; `publish(snapshot)` is called periodically."""
+    fe = Frontend(cfg.replicas, cfg.model_name, cfg.probe_interval_s)
+    if setup is not None:
+        setup(fe)
+    await fe.start()
+    server = aio.server(options=_server_options(reuse_port))
+    server.add_generic_rpc_handlers((fe.handler(),))
+    try:
+        server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+    except RuntimeError as e:
+        raise SystemExit(f"front end: cannot bind gRPC {cfg.host}:{cfg.port}: {e}") from None
+    await server.start()
+    metrics = None
+    if cfg.metrics_port and publish is None:
+        try:
+            metrics = await _serve_metrics(cfg.host, cfg.metrics_port, lambda: metrics_text(fe.snapshot(), cfg.addrs))
+        except OSError as e:
+            raise SystemExit(f"front end: cannot bind metrics {cfg.host}:{cfg.metrics_port}: {e}") from None
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for s in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(s, stop.set)
+    if on_bound is not None:
+        on_bound()
+    ups = sum(r.up for r in fe.replicas)
+    log(f"serving {cfg.host}:{cfg.port} -> {', '.join(cfg.addrs)} ({ups}/{len(fe.replicas)} up, {type(loop).__module__.split('.')[0]} loop)" + (f"; metrics http://{cfg.host}:{cfg.metrics_port}/metrics" if metrics else ""))
+    publisher = None
+    if publish is not None:
+
+        async def publish_loop():
+            while True:
+                publish(fe.snapshot())
+                await asyncio.sleep(0.2)
+
+        publisher = loop.create_task(publish_loop())
+    await stop.wait()
+    log(f"stopping: draining running requests (up to {cfg.drain_timeout_s:.0f}s)")
+    await server.stop(cfg.drain_timeout_s)
+    if publisher is not None:
+        publisher.cancel()
+        publish(fe.snapshot())
+    if metrics is not None:
+        metrics.close()
+    await fe.close()
+
+
+def _uvloop():
+    try:
+        import uvloop
+
+        return uvloop
+    except ImportError:
+        return None
+
+
+def _run_loop(coro, loop_kind: str) -> None:
+    """asyncio's loop, or uvloop's (measured: 20-30% less CPU per forwarded response,
+    benchmark/frontend_capacity.py); "auto" takes uvloop when it is installed."""
+    uv = _uvloop() if loop_kind in ("auto", "uvloop") else None
+    if loop_kind == "uvloop" and uv is None:
+        raise SystemExit("front end: --loop uvloop, but uvloop is not installed (pip install uvloop)")
+    if uv is not None:
+        uv.run(coro)
+    else:
+        asyncio.run(coro)
