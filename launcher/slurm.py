@@ -200,11 +200,24 @@ def _record(job_id: str) -> Dict:
     return rec
 
 
+def job_state(slurm_state: str, reason: str, fails: List[Dict]) -> Tuple[str, str]:
+    """The one (state, reason) llmlaunch-status reports. A rank's failure record wins over Slurm's
+    word: Slurm says RUNNING while srun is still ending the other ranks, CANCELLED when `llmlaunch`
+    cancelled a job that failed while loading, and a job's final state is its batch script's exit
+    status (COMPLETED whenever the script's last command succeeded), which no rank controls."""
+    if fails:
+        ranks = sorted({f["rank"] for f in fails})
+        return "FAILED", f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} failed"
+    return slurm_state, "" if reason in ("None", "") else reason
+
+
 def status(job_id: str) -> Tuple[int, str]:
     rec = _record(job_id)
     run = Path(rec["run_dir"])
-    state, reason, nodes = queue_state(job_id)
-    lines = [f"job: {job_id}", f"state: {state}" + (f" ({reason})" if reason and reason not in ("None", "") else ""), f"nodes: {nodes or '-'}", f"run dir: {run}"]
+    slurm_state, slurm_reason, nodes = queue_state(job_id)
+    fails = failures(run)
+    state, reason = job_state(slurm_state, slurm_reason, fails)
+    lines = [f"job: {job_id}", f"state: {state}" + (f" ({reason})" if reason else ""), f"nodes: {nodes or '-'}", f"run dir: {run}"]
     ep = run / "endpoint.json"
     if ep.exists():
         e = json.loads(ep.read_text())
@@ -223,10 +236,10 @@ def status(job_id: str) -> Tuple[int, str]:
     for r in lost:
         # A lost replica is not a failed job: the front end serves with the others (status stays 0).
         lines.append(describe_lost(r))
-    fails = failures(run)
     for f in fails:
         lines.append("FAILED " + describe_failure(f))
-    ok = state == "RUNNING" and ep.exists() and not fails
+    # 0 only while the job serves: a failed job (and one that ended or has not started) exits 1
+    ok = state == "RUNNING" and ep.exists()
     return (0 if ok else 1), "\n".join(lines)
 
 
