@@ -99,6 +99,43 @@ def wait_log(path, *needles, timeout=30):
         time.sleep(0.5)
 
 
+ACTIVE = ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED")
+
+
+def sacct_end(job_id, timeout=60):
+    """(State, ExitCode) of the job in Slurm's accounting once it has ended: slurmdbd takes the final
+    record a few seconds after the job left the queue."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"], capture_output=True, text=True).stdout.strip()
+        state, _, code = (out.splitlines() or [""])[0].partition("|")
+        state = state.split(" ")[0]  # "CANCELLED by 0"
+        if state and state not in ACTIVE:
+            return state, code
+        assert time.monotonic() < deadline, f"job {job_id}: sacct still says {out!r} after {timeout} s"
+        time.sleep(0.5)
+
+
+def assert_failed_in_sacct(job_id):
+    state, code = sacct_end(job_id)
+    assert state == "FAILED" and code.split(":")[0] != "0", (state, code)
+
+
+def assert_not_failed_in_sacct(job_id):
+    state, code = sacct_end(job_id)
+    assert state in ("COMPLETED", "CANCELLED"), (state, code)
+
+
+def signal_steps_and_wait(job_id, sig="TERM", timeout=120):
+    """The signal to the job's steps only, as Slurm sends its warning before the time limit (the batch
+    script is not signalled): the ranks drain and exit, and the batch script ends the job on its own."""
+    subprocess.run(["scancel", f"--signal={sig}", job_id], check=True)
+    deadline = time.monotonic() + timeout
+    while subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True, text=True).stdout.strip():
+        assert time.monotonic() < deadline, f"job {job_id} still queued {timeout} s after SIG{sig} to its steps"
+        time.sleep(0.5)
+
+
 def assert_serves_on(ep, job_id, run):
     """After a replica loss: new requests succeed through the front end and the job still runs, with no failure record."""
     from launcher import slurm
@@ -123,6 +160,7 @@ def test_tp1_serves_through_rank0_and_stops_clean(local_slurm, tmp_path):
     time.sleep(1)
     assert prefixes_of(job_id) == []
     assert glob.glob(f"/dev/shm/llm{job_id}r*") == []
+    assert_not_failed_in_sacct(job_id)  # scancel: CANCELLED, whatever the batch script would have returned
 
 
 def test_two_nodes_two_tasks_four_servers_distinct_prefixes(local_slurm, tmp_path):
@@ -178,9 +216,14 @@ def test_killing_a_nonzero_rank_fails_the_job_naming_it(local_slurm, tmp_path):
     assert took < 30, f"job still {state} after 30 s"
     code, st = slurm.status(job_id)
     assert code == 1 and "FAILED rank 1 on node node2" in st
+    assert "state: FAILED (rank 1 failed)" in st and "COMPLETED" not in st and "RUNNING" not in st, st
+    cli = subprocess.run([str(Path(sys.executable).parent / "llmlaunch-status"), job_id], capture_output=True, text=True)
+    assert cli.returncode == 1 and "state: FAILED" in cli.stdout, cli.stdout + cli.stderr
     assert prefixes_of(job_id) == []
     # the sbatch teardown step removes what killed ranks could not (nodes share /dev/shm here)
     assert_shm_gone(job_id)
+    # and the batch script ends with the serving step's status, not the teardown step's
+    assert_failed_in_sacct(job_id)
 
 
 def metric(url, name, replica):
@@ -245,8 +288,12 @@ def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_pa
         assert cli.returncode == 0, cli.stdout + cli.stderr
         line = next(l for l in cli.stdout.splitlines() if l.startswith("replica 1 lost at "))
         assert " on node2: the server of rank 1 (leader) exited with status -9 (SIGKILL) unasked" in line, cli.stdout
+        # replica 0 drains and exits 0 as at the time limit; replica 1's rank exited 0 when it was lost, so the
+        # serving step and the job end with status 0
+        signal_steps_and_wait(job_id)
     finally:
         stop(job_id)
+    assert sacct_end(job_id) == ("COMPLETED", "0:0")
     time.sleep(1)
     assert prefixes_of(job_id) == []  # no tritonserver of the job is left
     assert_shm_gone(job_id)
@@ -277,6 +324,7 @@ def test_rank0_keeps_the_front_end_after_its_replica_and_the_job_fails_with_the_
         code, st = slurm.status(job_id)
         assert code == 1 and "FAILED rank 1 on node node2 (node index 1) failed: no replica is left (replicas [0, 1] lost)" in st, st
         assert (run / "replica_lost1.json").exists()
+        assert_failed_in_sacct(job_id)
     finally:
         stop(job_id)
     assert prefixes_of(job_id) == []
@@ -307,6 +355,7 @@ def test_a_dead_tp_rank_takes_its_replica_down_and_the_job_goes_on(local_slurm, 
     finally:
         stop(job_id)
     assert prefixes_of(job_id) == []
+    assert_not_failed_in_sacct(job_id)  # a lost replica the job survived, then a stop
 
 
 @pytest.mark.parametrize("override,needle", [("cluster.partition=nope", "invalid partition"), ("replicas=8", "Requested node configuration is not available")])
@@ -360,5 +409,9 @@ def test_static_sbatch_pair_serves_hf_on_the_local_cluster(local_slurm, tmp_path
                 time.sleep(1)
         assert greedy(url, "hf_model")[1] == 8
         assert prefixes_of(job_id) == [f"llm{job_id}r0_"]  # the job id AND rank prefix from the .sh
+        # a rank killed: the job ends FAILED with a non-zero exit code, after its teardown step ran
+        os.kill(server_pid(job_id, 0), signal.SIGKILL)
+        assert_failed_in_sacct(job_id)
+        assert_shm_gone(job_id)
     finally:
         subprocess.run(["scancel", job_id])
