@@ -49,3 +49,27 @@ def test_status_of_a_serving_job_exits_0(tmp_path, monkeypatch):
     monkeypatch.setattr(slurm, "queue_state", lambda job_id: ("RUNNING", "None", "node1"))
     code, text = slurm.status("7")
     assert code == 0 and "state: RUNNING\n" in text, text
+
+
+# ----------------------------------------------------------------------------- llmlaunch-stop
+def test_stop_drains_with_sigterm_to_the_steps_and_falls_back_to_a_plain_scancel():
+    assert slurm.drain_argv("7") == ["scancel", "--signal=TERM", "7"]  # steps only: no --batch, no --full
+    assert slurm.cancel_argv("7") == ["scancel", "7"]
+
+
+@pytest.mark.parametrize(
+    "launch,serving,window",
+    [({"serve": {"drain_timeout_s": 10}}, True, 40.0), ({"serve": {"drain_timeout_s": 30.0}}, True, 60.0), (None, True, 60.0), ({"serve": {}}, True, 60.0),
+     ({"serve": {"drain_timeout_s": 300}}, False, 20.0)],
+)
+def test_the_drain_window_is_the_specs_drain_timeout_plus_a_margin_or_short_while_loading(launch, serving, window):
+    assert slurm.drain_window_s(launch, serving) == window
+
+
+@pytest.mark.parametrize(
+    "state,steps,action",
+    [("", [], "gone"), ("COMPLETING", ["7.0", "7.batch"], "wait"), ("RUNNING", ["7.0", "7.batch", "7.extern"], "drain"), ("RUNNING", ["7.1", "7.batch"], "drain"),
+     ("RUNNING", ["7.batch", "7.extern"], "cancel"), ("RUNNING", [], "cancel"), ("PENDING", [], "cancel"), ("CONFIGURING", ["7.batch"], "cancel"), ("SUSPENDED", ["7.0"], "cancel")],
+)
+def test_only_a_running_serving_step_is_drained(state, steps, action):
+    assert slurm.stop_action(state, steps) == action
