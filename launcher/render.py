@@ -127,6 +127,26 @@ def setup_lines(spec: LaunchSpec, run_dir: str) -> List[str]:
     return lines
 
 
+SERVING_STATUS = "llmlaunch_status"  # the batch-script variable holding the serving step's exit status
+
+
+def teardown_lines() -> List[str]:
+    """Lines after the serving srun (submitit writes them right after it, so `$?` is that step's status).
+
+    Ranks remove their own shm regions, but a rank killed outright (srun ending a failed step)
+    cannot: once the step is over, one task per node removes what the job left. A batch job's
+    exit status is its script's, and Slurm records the job FAILED only for a non-zero one: the
+    script ends with the serving step's status, never the teardown's, so a job whose ranks failed
+    is FAILED in sacct (and `--dependency=afterok` does not fire), while a step whose ranks all
+    exit 0 (a drain at the time limit, a lost replica the job survived) leaves it COMPLETED.
+    """
+    return [
+        f"{SERVING_STATUS}=$?  # the serving step's status: the job ends with it, after this teardown",
+        f"srun --ntasks-per-node=1 --mpi=none --kill-on-bad-exit=0 rm -f /dev/shm/{shm_prefix('${SLURM_JOB_ID}', '')[:-1]}*",
+        f'exit "${SERVING_STATUS}"',
+    ]
+
+
 def submitit_parameters(spec: LaunchSpec, run_dir: str) -> Dict[str, object]:
     """The SlurmExecutor parameters: the one place the sbatch request is decided."""
     c = spec.cluster
@@ -139,9 +159,7 @@ def submitit_parameters(spec: LaunchSpec, run_dir: str) -> Dict[str, object]:
         "srun_args": srun_args(spec),
         "setup": setup_lines(spec, run_dir),
         "signal_delay_s": 60,  # SIGUSR2 a minute before the limit: ranks drain
-        # Ranks remove their own shm regions, but a rank killed outright (srun ending a failed
-        # step) cannot: once the step is over, one task per node removes what the job left.
-        "teardown": [f"srun --ntasks-per-node=1 --mpi=none --kill-on-bad-exit=0 rm -f /dev/shm/{shm_prefix('${SLURM_JOB_ID}', '')[:-1]}*"],
+        "teardown": teardown_lines(),
     }
     for key in ("partition", "account", "qos", "constraint", "mem"):
         if c.get(key):

@@ -200,11 +200,24 @@ def _record(job_id: str) -> Dict:
     return rec
 
 
+def job_state(slurm_state: str, reason: str, fails: List[Dict]) -> Tuple[str, str]:
+    """The one (state, reason) llmlaunch-status reports. A rank's failure record wins over Slurm's
+    word: Slurm says RUNNING while srun is still ending the other ranks, CANCELLED when `llmlaunch`
+    cancelled a job that failed while loading, and a job's final state is its batch script's exit
+    status (COMPLETED whenever the script's last command succeeded), which no rank controls."""
+    if fails:
+        ranks = sorted({f["rank"] for f in fails})
+        return "FAILED", f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} failed"
+    return slurm_state, "" if reason in ("None", "") else reason
+
+
 def status(job_id: str) -> Tuple[int, str]:
     rec = _record(job_id)
     run = Path(rec["run_dir"])
-    state, reason, nodes = queue_state(job_id)
-    lines = [f"job: {job_id}", f"state: {state}" + (f" ({reason})" if reason and reason not in ("None", "") else ""), f"nodes: {nodes or '-'}", f"run dir: {run}"]
+    slurm_state, slurm_reason, nodes = queue_state(job_id)
+    fails = failures(run)
+    state, reason = job_state(slurm_state, slurm_reason, fails)
+    lines = [f"job: {job_id}", f"state: {state}" + (f" ({reason})" if reason else ""), f"nodes: {nodes or '-'}", f"run dir: {run}"]
     ep = run / "endpoint.json"
     if ep.exists():
         e = json.loads(ep.read_text())
@@ -223,26 +236,134 @@ def status(job_id: str) -> Tuple[int, str]:
     for r in lost:
         # A lost replica is not a failed job: the front end serves with the others (status stays 0).
         lines.append(describe_lost(r))
-    fails = failures(run)
     for f in fails:
         lines.append("FAILED " + describe_failure(f))
-    ok = state == "RUNNING" and ep.exists() and not fails
+    # 0 only while the job serves: a failed job (and one that ended or has not started) exits 1
+    ok = state == "RUNNING" and ep.exists()
     return (0 if ok else 1), "\n".join(lines)
 
 
-def stop(job_id: str, timeout_s: float = 90) -> Tuple[int, str]:
-    """scancel (SIGTERM to every rank: Triton drains), then wait until the job left the queue."""
-    rec = _record(job_id)
-    rc, _, err = _run(["scancel", job_id])
-    if rc != 0:
-        return 1, f"scancel {job_id} failed: {err.strip()}"
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout_s:
-        rcq, out, _ = _run(["squeue", "-h", "-j", job_id, "-o", "%T"])
-        if rcq != 0 or not out.strip():
-            return 0, f"job {job_id} stopped ({time.monotonic() - t0:.1f}s); run dir {rec['run_dir']}"
+# The steps a batch job always has; any other is a step its batch script started (the serving srun).
+BOOKKEEPING_STEPS = ("batch", "extern", "interactive")
+DRAIN_MARGIN_S = 30.0  # after serve.drain_timeout_s: a rank's grace to end its server (drain + 15 s), the teardown step
+LOADING_WINDOW_S = 20.0  # a job not serving yet has nothing to drain: its ranks end their servers in seconds, or ignore SIGTERM
+DEFAULT_DRAIN_TIMEOUT_S = 30.0  # launcher/schema.py's serve.drain_timeout_s, for a run dir without a readable launch.json
+
+
+def drain_argv(job_id: str) -> List[str]:
+    """SIGTERM to the job's steps only: Slurm signals the batch step (the script) with anything but
+    SIGKILL only when --batch or --full is given, so the script goes on to its teardown."""
+    return ["scancel", "--signal=TERM", job_id]
+
+
+def cancel_argv(job_id: str) -> List[str]:
+    """The whole job, batch script included: it ends CANCELLED, its teardown step never runs."""
+    return ["scancel", job_id]
+
+
+def drain_window_s(launch: Optional[Dict], serving: bool) -> float:
+    """How long a stop waits after the drain signal before it cancels the job. A serving job drains its
+    requests for up to serve.drain_timeout_s (from the run dir's launch.json) and then needs a margin to
+    end its servers and run the teardown; one not serving yet has no requests to drain."""
+    if not serving:
+        return LOADING_WINDOW_S
+    try:
+        drain = float(launch["serve"]["drain_timeout_s"])  # type: ignore[index]
+    except (TypeError, KeyError, ValueError):
+        drain = DEFAULT_DRAIN_TIMEOUT_S
+    return max(drain, 0.0) + DRAIN_MARGIN_S
+
+
+def serving_steps(step_ids: List[str]) -> List[str]:
+    """Of `squeue -s` step ids ("12.0", "12.batch", "12.extern"), the ones the batch script started."""
+    return [s for s in step_ids if s.strip() and s.strip().rsplit(".", 1)[-1] not in BOOKKEEPING_STEPS]
+
+
+def stop_action(state: str, steps: List[str]) -> str:
+    """What a stop does with a job in `state` (squeue's, "" once it left the queue) running `steps`:
+    "gone" (nothing to do), "wait" (COMPLETING: it is ending), "drain" (a running serving step:
+    SIGTERM to it) or "cancel" (no serving step to signal: PENDING, or its batch script still before
+    the srun; a plain scancel, the job ends CANCELLED)."""
+    if not state:
+        return "gone"
+    if state == "COMPLETING":
+        return "wait"
+    if state == "RUNNING" and serving_steps(steps):
+        return "drain"
+    return "cancel"
+
+
+def _queued(job_id: str) -> str:
+    """The job's squeue state, "" once it left the queue (squeue fails for a job Slurm has forgotten)."""
+    rc, out, _ = _run(["squeue", "-h", "-j", job_id, "-o", "%T"])
+    return out.strip().splitlines()[0] if rc == 0 and out.strip() else ""
+
+
+def _wait_gone(job_id: str, timeout_s: float) -> str:
+    """Until the job left the queue or `timeout_s` passed; its last state ("" when gone)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = _queued(job_id)
+        if not state or time.monotonic() >= deadline:
+            return state
         time.sleep(0.5)
-    return 1, f"job {job_id} still in the queue after {timeout_s:.0f}s (state {out.strip()})"
+
+
+def stop(job_id: str, timeout_s: float = 90, drain_s: Optional[float] = None) -> Tuple[int, str]:
+    """llmlaunch-stop: drain the job's serving step so that the job ends COMPLETED 0:0, not CANCELLED.
+
+    `scancel --signal=TERM JOB` signals the job's steps but not its batch script: each rank forwards
+    SIGTERM to its server, Triton drains for up to serve.drain_timeout_s, the ranks exit 0, and the
+    batch script runs its shm teardown step and exits with the serving step's status (0). A plain
+    `scancel` also kills the batch shell: no teardown, and Slurm records CANCELLED.
+
+    Fallback to a plain `scancel` (the job then ends CANCELLED, and the returned text says so):
+    - at once when there is no serving step to signal (the job is PENDING, or its batch script has
+      not started the srun yet);
+    - when the job is still queued `drain_s` after the signal. A rank ignores SIGTERM until it has
+      installed its own handlers (submitit's process bypasses it through start-up and the
+      rendezvous), so a job stopped while loading may never end on the signal alone. The window is
+      serve.drain_timeout_s (the run dir's launch.json) + 30 s for a serving job, 20 s for one not
+      serving yet: a stop takes at most that window plus `timeout_s` for Slurm to end the job.
+    """
+    rec = _record(job_id)
+    run = Path(rec["run_dir"])
+    t0 = time.monotonic()
+    where = f"run dir {run}"
+    state = _queued(job_id)
+    rc, out, _ = _run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"]) if state == "RUNNING" else (0, "", "")
+    action = stop_action(state, out.split())
+    if action == "gone":
+        return 0, f"job {job_id} is not in the queue (it ended {queue_state(job_id)[0]}); {where}"
+    why = ""
+    if action == "drain":
+        if drain_s is None:
+            try:
+                launch = json.loads((run / "launch.json").read_text())
+            except (OSError, ValueError):
+                launch = None
+            drain_s = drain_window_s(launch, serving=(run / "endpoint.json").exists())
+        rc, _, err = _run(drain_argv(job_id))
+        left = _wait_gone(job_id, drain_s) if rc == 0 else _queued(job_id)
+        if left == "COMPLETING":  # the batch script has ended the job: Slurm is cleaning up after it
+            left = _wait_gone(job_id, timeout_s)
+        if not left:
+            return 0, f"job {job_id} stopped: its ranks drained and exited, the batch script ended it ({time.monotonic() - t0:.1f}s); {where}"
+        if left == "COMPLETING":
+            return 1, f"job {job_id} drained, still COMPLETING after {time.monotonic() - t0:.0f}s"
+        why = (f"still {left} {drain_s:.0f}s after SIGTERM to its steps (a rank still starting ignores it)" if rc == 0
+               else f"`{' '.join(drain_argv(job_id))}` failed: {err.strip()}")
+    elif action == "cancel":
+        why = "its batch script had not started the serving step yet" if state == "RUNNING" else f"it was {state}, nothing to drain"
+    if action != "wait":
+        rc, _, err = _run(cancel_argv(job_id))
+        if rc != 0 and _queued(job_id):
+            return 1, f"job {job_id}: {why}; scancel {job_id} failed: {err.strip()}"
+    left = _wait_gone(job_id, timeout_s)
+    cancelled = f"{why}: cancelled (scancel), Slurm records it CANCELLED" if why else "it was already ending"
+    if left:
+        return 1, f"job {job_id} {cancelled}; still in the queue (state {left}) after {time.monotonic() - t0:.0f}s"
+    return 0, f"job {job_id} stopped: {cancelled} ({time.monotonic() - t0:.1f}s); {where}"
 
 
 def _cli(fn, argv: Optional[List[str]]) -> None:

@@ -155,3 +155,26 @@ def test_hostile_model_path_is_one_argv_element(tmp_path):
             import json
 
             assert json.loads(text)["model"] == value
+
+
+def serving_then_teardown(script: str) -> str:
+    """The rendered script from its serving srun to the end."""
+    return script[script.index("\nsrun --unbuffered ") + 1:]
+
+
+def test_the_teardown_keeps_the_serving_steps_status(tmp_path):
+    """`$?` is taken on the line after the serving srun (submitit writes nothing in between) and the
+    script ends with it, whatever the teardown step returns."""
+    from launcher.render import SERVING_STATUS
+
+    cfg, spec = plan(["cluster=local_slurm", "engine=hf"])
+    script = sbatch_script(spec, RUN_DIR)
+    code = [l for l in serving_then_teardown(script).splitlines() if l.strip() and not l.startswith("#")]
+    assert code[0].startswith("srun --unbuffered ") and code[1].startswith(f"{SERVING_STATUS}=$?")
+    assert code[-1] == f'exit "${SERVING_STATUS}"'
+    for serving in (0, 1, 137):
+        # srun stand-in: the serving step returns `serving`, the teardown step 3 (ignored)
+        stub = f'srun() {{ if [ "$1" = --unbuffered ]; then return {serving}; fi; echo "teardown: $*"; return 3; }}\n'
+        r = subprocess.run(["bash", "-c", stub + serving_then_teardown(script)], capture_output=True, text=True, env={**os.environ, "SLURM_JOB_ID": "42"})
+        assert r.returncode == serving, (r.stdout, r.stderr)
+        assert "teardown: --ntasks-per-node=1 --mpi=none --kill-on-bad-exit=0 rm -f /dev/shm/llm42r*" in r.stdout

@@ -53,3 +53,17 @@ def test_same_srun_and_rank_flags():
     # the shm prefix carries the job id and the rank, in the same shape as shm_prefix()
     assert 'shm-region-prefix-name="llm${SLURM_JOB_ID}r${SLURM_PROCID}_"' in SH
     assert "shm-region-prefix-name=llmJr1_" in " ".join(worker)
+
+
+def test_the_job_ends_with_the_serving_steps_status(tmp_path):
+    """The teardown step runs after the serving step whatever it returned, and the script exits with the
+    serving step's status (the job's state in sacct), not the teardown's."""
+    tail = SUB[SUB.index("\nsrun --mpi=") + 1:]
+    for serving in (0, 1, 137):
+        stub = (
+            "set -euo pipefail\nCONTAINER=()\nSCRIPT_DIR=/s\nLOG_DIR=/l\nSLURM_JOB_ID=42\n"
+            f'srun() {{ case " $* " in *" rm -f "*) echo "teardown: $*"; return 3;; *) return {serving};; esac; }}\n'
+        )
+        r = subprocess.run(["bash", "-c", stub + tail], capture_output=True, text=True)
+        assert r.returncode == serving, (r.stdout, r.stderr)
+        assert "teardown: --ntasks-per-node=1 --mpi=none --kill-on-bad-exit=0 rm -f /dev/shm/llm42r*" in r.stdout

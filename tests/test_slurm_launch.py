@@ -71,6 +71,14 @@ def stop(job_id):
 
     code, msg = slurm.stop(job_id)
     assert code == 0, msg
+    return msg
+
+
+def stop_drained(job_id):
+    """llmlaunch-stop drains the job (no fallback to a plain scancel): it ends COMPLETED 0:0 in sacct."""
+    msg = stop(job_id)
+    assert "its ranks drained and exited" in msg, msg
+    assert sacct_end(job_id) == ("COMPLETED", "0:0")
 
 
 def prefixes_of(job_id):
@@ -99,6 +107,28 @@ def wait_log(path, *needles, timeout=30):
         time.sleep(0.5)
 
 
+ACTIVE = ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING", "REQUEUED", "RESIZING", "SUSPENDED")
+
+
+def sacct_end(job_id, timeout=60):
+    """(State, ExitCode) of the job in Slurm's accounting once it has ended: slurmdbd takes the final
+    record a few seconds after the job left the queue."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"], capture_output=True, text=True).stdout.strip()
+        state, _, code = (out.splitlines() or [""])[0].partition("|")
+        state = state.split(" ")[0]  # "CANCELLED by 0"
+        if state and state not in ACTIVE:
+            return state, code
+        assert time.monotonic() < deadline, f"job {job_id}: sacct still says {out!r} after {timeout} s"
+        time.sleep(0.5)
+
+
+def assert_failed_in_sacct(job_id):
+    state, code = sacct_end(job_id)
+    assert state == "FAILED" and code.split(":")[0] != "0", (state, code)
+
+
 def assert_serves_on(ep, job_id, run):
     """After a replica loss: new requests succeed through the front end and the job still runs, with no failure record."""
     from launcher import slurm
@@ -119,10 +149,12 @@ def test_tp1_serves_through_rank0_and_stops_clean(local_slurm, tmp_path):
 
     code, st = slurm.status(job_id)
     assert code == 0 and "state: RUNNING" in st and ep["url"] in st
-    stop(job_id)
-    time.sleep(1)
+    # the console script: SIGTERM to the serving step only, the batch script runs its teardown and ends the job
+    cli = subprocess.run([str(Path(sys.executable).parent / "llmlaunch-stop"), job_id], capture_output=True, text=True, timeout=200)
+    assert cli.returncode == 0 and f"job {job_id} stopped: its ranks drained and exited" in cli.stdout, cli.stdout + cli.stderr
     assert prefixes_of(job_id) == []
     assert glob.glob(f"/dev/shm/llm{job_id}r*") == []
+    assert sacct_end(job_id) == ("COMPLETED", "0:0")
 
 
 def test_two_nodes_two_tasks_four_servers_distinct_prefixes(local_slurm, tmp_path):
@@ -138,6 +170,7 @@ def test_two_nodes_two_tasks_four_servers_distinct_prefixes(local_slurm, tmp_pat
         for rep in ep["replicas"]:
             text, n = greedy(f"{rep['addr']}:{rep['grpc_port']}", ep["model"])
             assert n == 8
+        stop_drained(job_id)
     finally:
         stop(job_id)
 
@@ -178,9 +211,14 @@ def test_killing_a_nonzero_rank_fails_the_job_naming_it(local_slurm, tmp_path):
     assert took < 30, f"job still {state} after 30 s"
     code, st = slurm.status(job_id)
     assert code == 1 and "FAILED rank 1 on node node2" in st
+    assert "state: FAILED (rank 1 failed)" in st and "COMPLETED" not in st and "RUNNING" not in st, st
+    cli = subprocess.run([str(Path(sys.executable).parent / "llmlaunch-status"), job_id], capture_output=True, text=True)
+    assert cli.returncode == 1 and "state: FAILED" in cli.stdout, cli.stdout + cli.stderr
     assert prefixes_of(job_id) == []
     # the sbatch teardown step removes what killed ranks could not (nodes share /dev/shm here)
     assert_shm_gone(job_id)
+    # and the batch script ends with the serving step's status, not the teardown step's
+    assert_failed_in_sacct(job_id)
 
 
 def metric(url, name, replica):
@@ -245,6 +283,9 @@ def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_pa
         assert cli.returncode == 0, cli.stdout + cli.stderr
         line = next(l for l in cli.stdout.splitlines() if l.startswith("replica 1 lost at "))
         assert " on node2: the server of rank 1 (leader) exited with status -9 (SIGKILL) unasked" in line, cli.stdout
+        # llmlaunch-stop: replica 0 drains and exits 0; replica 1's rank exited 0 when it was lost, so the
+        # serving step and the job end with status 0
+        stop_drained(job_id)
     finally:
         stop(job_id)
     time.sleep(1)
@@ -277,6 +318,7 @@ def test_rank0_keeps_the_front_end_after_its_replica_and_the_job_fails_with_the_
         code, st = slurm.status(job_id)
         assert code == 1 and "FAILED rank 1 on node node2 (node index 1) failed: no replica is left (replicas [0, 1] lost)" in st, st
         assert (run / "replica_lost1.json").exists()
+        assert_failed_in_sacct(job_id)
     finally:
         stop(job_id)
     assert prefixes_of(job_id) == []
@@ -304,9 +346,71 @@ def test_a_dead_tp_rank_takes_its_replica_down_and_the_job_goes_on(local_slurm, 
             assert time.monotonic() < deadline, "replica 1 not marked down"
             time.sleep(0.5)
         assert_serves_on(ep, job_id, run)
+        stop_drained(job_id)  # a lost replica the job survived, then a stop: COMPLETED 0:0
     finally:
         stop(job_id)
     assert prefixes_of(job_id) == []
+
+
+def plain_job(tmp_path, body, *sbatch_args):
+    """A batch job running `body` (no model, seconds to start) with an llmlaunch record, so that
+    llmlaunch-stop takes it; the job's steps and its batch script are what each stop path meets."""
+    from launcher import slurm
+
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\ntrap 'echo batch script got SIGTERM' TERM\n" + body)
+    out = subprocess.run(["sbatch", "--parsable", "-N1", "-n1", "-D", str(tmp_path), "-o", "%j.out", *sbatch_args, str(script)], check=True, capture_output=True, text=True).stdout
+    job_id = out.strip().split(";")[0]
+    slurm.INDEX_DIR.mkdir(parents=True, exist_ok=True)
+    (slurm.INDEX_DIR / f"{job_id}.json").write_text(json.dumps({"job_id": job_id, "run_dir": str(tmp_path), "slurm_conf": ""}))
+    return job_id
+
+
+def wait_steps(job_id, want, ready=None, timeout=60):
+    """Until `squeue -s` lists the job's step `want` ("0": the srun, "batch": the script) and the file
+    `ready` exists (the step's task has set its trap: a signal before it kills the task, or is lost)."""
+    deadline = time.monotonic() + timeout
+    while f"{job_id}.{want}" not in subprocess.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"], capture_output=True, text=True).stdout.split() or (ready and not ready.exists()):
+        assert time.monotonic() < deadline, f"job {job_id}: no step {want} (or no {ready}) after {timeout} s"
+        time.sleep(0.3)
+
+
+SERVING_STEP = "srun bash -c '{trap}; touch step_ready; sleep 300 & wait'\nstatus=$?\necho \"step status $status\"\nexit $status\n"
+
+
+@pytest.mark.parametrize(
+    "body,args,step,drain_s,said,ends",
+    [
+        # a step that drains on SIGTERM: only it is signalled (the batch script's trap never fires), the script exits 0
+        (SERVING_STEP.format(trap='trap "exit 0" TERM'), [], "0", 30, "its ranks drained and exited", "COMPLETED"),
+        # a step that ignores SIGTERM (a rank before its handlers): a plain scancel once the drain window is over
+        (SERVING_STEP.format(trap='trap "" TERM'), [], "0", 2, "still RUNNING 2s after SIGTERM to its steps", "CANCELLED"),
+        # no serving step yet (the batch script's setup) or not started at all: nothing to drain, cancelled at once
+        ("sleep 300\n", [], "batch", 30, "its batch script had not started the serving step yet: cancelled (scancel)", "CANCELLED"),
+        ("sleep 300\n", ["--begin=now+600"], None, 30, "it was PENDING, nothing to drain: cancelled (scancel)", "CANCELLED"),
+    ],
+    ids=["drains", "ignores-sigterm", "no-step-yet", "pending"],
+)
+def test_stop_drains_the_serving_step_or_cancels(local_slurm, tmp_path, body, args, step, drain_s, said, ends):
+    from launcher import slurm
+
+    job_id = plain_job(tmp_path, body, *args)
+    try:
+        if step:
+            wait_steps(job_id, step, tmp_path / "step_ready" if step == "0" else None)
+        t0 = time.monotonic()
+        code, msg = slurm.stop(job_id, drain_s=drain_s)
+        took = time.monotonic() - t0
+        assert code == 0 and said in msg, msg
+        assert took < 25, (took, msg)  # no 30 s window waited out where nothing drains
+        state, exit_code = sacct_end(job_id)
+        assert state == ends and (ends != "COMPLETED" or exit_code == "0:0"), (state, exit_code)
+        if ends == "COMPLETED":  # the batch script was not signalled: it went on after the step and exited with its status
+            text = (tmp_path / f"{job_id}.out").read_text()
+            assert "step status 0" in text and "batch script got SIGTERM" not in text, text
+    finally:
+        subprocess.run(["scancel", job_id])
+        (slurm.INDEX_DIR / f"{job_id}.json").unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize("override,needle", [("cluster.partition=nope", "invalid partition"), ("replicas=8", "Requested node configuration is not available")])
@@ -360,5 +464,9 @@ def test_static_sbatch_pair_serves_hf_on_the_local_cluster(local_slurm, tmp_path
                 time.sleep(1)
         assert greedy(url, "hf_model")[1] == 8
         assert prefixes_of(job_id) == [f"llm{job_id}r0_"]  # the job id AND rank prefix from the .sh
+        # a rank killed: the job ends FAILED with a non-zero exit code, after its teardown step ran
+        os.kill(server_pid(job_id, 0), signal.SIGKILL)
+        assert_failed_in_sacct(job_id)
+        assert_shm_gone(job_id)
     finally:
         subprocess.run(["scancel", job_id])

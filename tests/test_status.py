@@ -1,0 +1,75 @@
+"""llmlaunch-status reports one state: a rank's failure record makes it FAILED whatever Slurm says, and a
+failed job exits non-zero."""
+
+import json
+
+import pytest
+
+from launcher import slurm
+from launcher.slurm import job_state
+
+FAIL1 = {"rank": 1, "node": 1, "host": "node2", "exit_code": -9, "log": "/run/7_1_log.out", "log_tail": "tail", "reason": "server exited with status -9 unasked"}
+
+
+@pytest.mark.parametrize("slurm_state", ["RUNNING", "COMPLETING", "COMPLETED", "CANCELLED", "FAILED"])
+def test_a_failure_record_makes_the_job_failed_whatever_slurm_says(slurm_state):
+    assert job_state(slurm_state, "None", [FAIL1]) == ("FAILED", "rank 1 failed")
+
+
+def test_every_failed_rank_is_named_once():
+    assert job_state("RUNNING", "None", [FAIL1, {**FAIL1, "rank": 3}, FAIL1]) == ("FAILED", "ranks 1, 3 failed")
+
+
+@pytest.mark.parametrize(
+    "slurm,expect",
+    [(("RUNNING", "None"), ("RUNNING", "")), (("PENDING", "Resources"), ("PENDING", "Resources")), (("CANCELLED", ""), ("CANCELLED", "")), (("NODE_FAIL", "None"), ("NODE_FAIL", ""))],
+)
+def test_without_a_failure_record_slurms_state_stands(slurm, expect):
+    assert job_state(*slurm, []) == expect
+
+
+def test_status_of_a_failed_job_says_failed_once_and_exits_1(tmp_path, monkeypatch):
+    """Slurm may still say RUNNING (srun ending the other ranks) or COMPLETED: the state line is FAILED."""
+    (tmp_path / "launch.json").write_text(json.dumps({"replicas": 1}))
+    (tmp_path / "endpoint.json").write_text(json.dumps({"url": "grpc://10.0.0.1:8001", "model": "hf_model"}))
+    (tmp_path / "failure_rank1.json").write_text(json.dumps(FAIL1))
+    monkeypatch.setattr(slurm, "_record", lambda job_id: {"run_dir": str(tmp_path)})
+    for slurm_state in ("RUNNING", "COMPLETED"):
+        monkeypatch.setattr(slurm, "queue_state", lambda job_id: (slurm_state, "None", "node[1-2]"))
+        code, text = slurm.status("7")
+        assert code == 1, text
+        assert "state: FAILED (rank 1 failed)" in text and slurm_state not in text, text
+        assert "FAILED rank 1 on node node2 (node index 1) failed: server exited with status -9 unasked" in text
+
+
+def test_status_of_a_serving_job_exits_0(tmp_path, monkeypatch):
+    (tmp_path / "launch.json").write_text(json.dumps({"replicas": 1}))
+    (tmp_path / "endpoint.json").write_text(json.dumps({"url": "grpc://10.0.0.1:8001", "model": "hf_model"}))
+    monkeypatch.setattr(slurm, "_record", lambda job_id: {"run_dir": str(tmp_path)})
+    monkeypatch.setattr(slurm, "queue_state", lambda job_id: ("RUNNING", "None", "node1"))
+    code, text = slurm.status("7")
+    assert code == 0 and "state: RUNNING\n" in text, text
+
+
+# ----------------------------------------------------------------------------- llmlaunch-stop
+def test_stop_drains_with_sigterm_to_the_steps_and_falls_back_to_a_plain_scancel():
+    assert slurm.drain_argv("7") == ["scancel", "--signal=TERM", "7"]  # steps only: no --batch, no --full
+    assert slurm.cancel_argv("7") == ["scancel", "7"]
+
+
+@pytest.mark.parametrize(
+    "launch,serving,window",
+    [({"serve": {"drain_timeout_s": 10}}, True, 40.0), ({"serve": {"drain_timeout_s": 30.0}}, True, 60.0), (None, True, 60.0), ({"serve": {}}, True, 60.0),
+     ({"serve": {"drain_timeout_s": 300}}, False, 20.0)],
+)
+def test_the_drain_window_is_the_specs_drain_timeout_plus_a_margin_or_short_while_loading(launch, serving, window):
+    assert slurm.drain_window_s(launch, serving) == window
+
+
+@pytest.mark.parametrize(
+    "state,steps,action",
+    [("", [], "gone"), ("COMPLETING", ["7.0", "7.batch"], "wait"), ("RUNNING", ["7.0", "7.batch", "7.extern"], "drain"), ("RUNNING", ["7.1", "7.batch"], "drain"),
+     ("RUNNING", ["7.batch", "7.extern"], "cancel"), ("RUNNING", [], "cancel"), ("PENDING", [], "cancel"), ("CONFIGURING", ["7.batch"], "cancel"), ("SUSPENDED", ["7.0"], "cancel")],
+)
+def test_only_a_running_serving_step_is_drained(state, steps, action):
+    assert slurm.stop_action(state, steps) == action
