@@ -137,8 +137,9 @@ def test_contract_sampling_inputs_reach_the_engine(engine):
             (4, 2, 0.5, -1, 7, ["zz"], [5])
         assert s["top_p"] == pytest.approx(0.9)
     else:
+        # stop strings are matched by the adapter, in the text (LMDeploy's own stop_words match tokens)
         assert (s["max_new_tokens"], s["min_new_tokens"], s["do_sample"], s["temperature"], s["random_seed"], s["stop_words"], s["stop_token_ids"]) == \
-            (4, 2, True, 0.5, 7, ["zz"], [5])
+            (4, 2, True, 0.5, 7, None, [5])
         assert s["top_p"] == pytest.approx(0.9) and s["repetition_penalty"] == pytest.approx(1.1)
 
 
@@ -167,6 +168,12 @@ def test_lmdeploy_greedy_keeps_the_repetition_penalty_and_refusals_are_clear(eng
     assert error is not None and "LMDeploy accepts temperature in [0, 2]" in str(error)
     _, error = generate(engine, " ".join(["w"] * 4096), max_tokens=2)
     assert error is not None and "context_length_exceeded" in str(error), error
+    # a stop string is found in the text even where the engine's pieces split it, and with ignore_eos too
+    responses, error = generate(engine, "a b c d e f g h", max_tokens=8, ignore_eos=True, stop_words=["3 t"])
+    assert error is None and "".join(r["text_output"] for r in responses) == " t0 t1 t2 t"
+    assert responses[-1]["finish_reason"] == "stop" and responses[-1]["output_tokens"] == 5
+    responses, error = generate(engine, "a b c d e f g h", max_tokens=8, stop_words=[" t1"], min_length=3)
+    assert error is None and "".join(r["text_output"] for r in responses) == " t0 t1 t2 t3 t4 t5 t6 t7"
     responses, error = generate(engine, "still serving", max_tokens=2, stream=False)
     assert error is None and responses[0]["text_output"] == " t0 t1"
 

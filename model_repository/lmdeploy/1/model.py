@@ -25,17 +25,24 @@ Triton's vllm_backend; written for llmlaunch.
 * Contract -> GenerationConfig: max_tokens -> max_new_tokens, min_length ->
   min_new_tokens, temperature (0 = greedy: do_sample=False; LMDeploy accepts at most 2),
   top_k (0 = off: LMDeploy then samples from the whole vocabulary), top_p,
-  repetition_penalty, random_seed/seed -> random_seed, stop_words -> stop_words,
-  bad_words -> bad_words, end_id -> stop_token_ids, ignore_eos. LMDeploy maps stop and bad
-  words to the vocabulary tokens containing them, so a word spanning several tokens is
-  not matched as a sequence. presence/frequency penalties, pad_id,
-  exclude_input_in_output and return_log_probs are accepted and ignored.
+  repetition_penalty, random_seed/seed -> random_seed, bad_words -> bad_words, end_id ->
+  stop_token_ids, ignore_eos. LMDeploy maps bad words to the vocabulary tokens containing
+  them, so a word spanning several tokens is not matched as a sequence.
+  presence/frequency penalties, pad_id, exclude_input_in_output and return_log_probs are
+  accepted and ignored.
+* stop_words are matched here, in the text, as the contract says (the answer ends before
+  the first stop string, which is not returned; not before min_length tokens): LMDeploy's
+  own stop_words stop at any vocabulary token containing a word (a word made of several
+  tokens never matches; a longer token that contains it does), and with ignore_eos it bans
+  those tokens instead. The last len(longest stop) - 1 characters are held back until they
+  cannot begin a stop string; on a match the stream is closed, which cancels the request
+  in the engine (LMDeploy's safe_run).
 * Greedy with a repetition penalty: LMDeploy's `preprocess` resets repetition_penalty
   to 1 when do_sample is False, so such a request is sent as do_sample=True, top_k=1,
   temperature=1 (top_k=1 leaves only the highest penalized logit to sample: the argmax),
   which keeps the contract's greedy-with-penalty meaning.
 * ignore_eos: LMDeploy does not merely skip stopping; it moves every stop token (EOS,
-  stop words' tokens, end_id) to the banned tokens, so none of them is generated.
+  end_id) to the banned tokens, so none of them is generated.
 * Backends: TurboMind (default) runs tensor parallelism inside one node. The PyTorch
   backend spans nodes through Ray (docs/en/advance/pytorch_multinodes.md): on a copy of
   several nodes this model (on the copy's leader) starts the Ray head on
@@ -114,8 +121,6 @@ def generation_kwargs(p) -> dict:
         kw["min_new_tokens"] = p.min_tokens
     if p.seed is not None:
         kw["random_seed"] = p.seed
-    if p.stop:
-        kw["stop_words"] = list(p.stop)
     if p.bad_words:
         kw["bad_words"] = list(p.bad_words)
     if p.end_id is not None:
@@ -216,6 +221,9 @@ class LMDeployAdapter(EngineAdapter):
             outputs = self.engine.generate(request.prompt, session_id, gen_config=gen_config, stream_response=True,
                                            sequence_start=True, sequence_end=True, do_preprocess=False)
         try:
+            stops = [w for w in request.params.stop if w]
+            hold = max((len(w) for w in stops), default=1) - 1  # characters that may begin a stop string
+            held = ""  # text not sent yet (stop strings only)
             async for out in outputs:
                 finish = out.finish_reason
                 if finish in ("error", "abort"):
@@ -223,7 +231,17 @@ class LMDeployAdapter(EngineAdapter):
                     raise RuntimeError(f"LMDeploy ended the request with finish_reason={finish!r}")
                 if finish is not None:
                     finish = "length" if finish == "length" else "stop"
-                yield Piece(out.response or "", int(out.generate_token_len), int(out.input_token_len), finish)
+                text, n_out, n_in = out.response or "", int(out.generate_token_len), int(out.input_token_len)
+                if stops:
+                    held += text
+                    if n_out >= request.params.min_tokens:
+                        hit = min((i for i in (held.find(w) for w in stops) if i >= 0), default=-1)
+                        if hit >= 0:  # closing the stream (finally) cancels the request in the engine
+                            yield Piece(held[:hit], n_out, n_in, "stop")
+                            return
+                    cut = len(held) if finish is not None else max(0, len(held) - hold)
+                    text, held = held[:cut], held[cut:]
+                yield Piece(text, n_out, n_in, finish)
         except request_errors as exc:
             raise RuntimeError(describe_request_error(exc, refused=False)) from exc
         finally:
@@ -243,10 +261,17 @@ class LMDeployAdapter(EngineAdapter):
             await self.engine.stop_session(session)
 
     async def stop(self):
+        import asyncio
+
         try:
             if self.engine is not None:
                 self.engine.close()
                 self.engine = None
+                # The PyTorch engine's close() only cancels its main-loop task; that task releases the executor
+                # (and its worker processes) as it ends, so give it, and whatever it stops, the loop to finish on.
+                others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+                if others:
+                    await asyncio.wait(others, timeout=10)
         finally:
             if self.ray_head is not None:
                 self.ray_head.stop()
