@@ -175,6 +175,11 @@ class LMDeployAdapter(EngineAdapter):
             raise ValueError(f"lmdeploy: backend {backend!r}; use engine.backend=turbomind or pytorch")
         config_cls = TurbomindEngineConfig if backend == "turbomind" else PytorchEngineConfig
         cfg_kwargs = backend_config_kwargs(self.params, {f.name for f in dataclasses.fields(config_cls)})
+        try:
+            backend_config = config_cls(**cfg_kwargs)
+        except AssertionError as exc:  # LMDeploy checks its config fields with asserts, some without a message
+            raise ValueError(f"lmdeploy: {config_cls.__name__} refused {cfg_kwargs}: {exc or 'a value out of range'} "
+                             "(the PyTorch backend wants cache_max_entry_count in (0, 1))") from exc
         nnodes = int(self.params.get("nnodes", 1) or 1)
         if nnodes > 1:
             from launcher.engines.vllm_ray import RayHead
@@ -185,7 +190,7 @@ class LMDeployAdapter(EngineAdapter):
             self.ray_head = RayHead(port, os.environ.get("LLMLAUNCH_LEADER_ADDR", ""), nnodes, log=self.log.info)
             self.ray_head.start()
         self.log.info(f"building AsyncEngine({self.params['model_path']}, backend={backend}, {config_cls.__name__}({cfg_kwargs}))")
-        engine_kwargs = {"backend": backend, "backend_config": config_cls(**cfg_kwargs)}
+        engine_kwargs = {"backend": backend, "backend_config": backend_config}
         if self.params.get("model_name"):
             engine_kwargs["model_name"] = self.params["model_name"]
         try:
