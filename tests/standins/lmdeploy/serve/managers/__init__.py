@@ -1,0 +1,3 @@
+from lmdeploy.serve.managers.session_manager import Session, SessionManager
+
+__all__ = ["Session", "SessionManager"]
