@@ -13,6 +13,8 @@ from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
+from launcher.engines.hf_args import HFEngineArgs
+
 
 # --------------------------------------------------------------------------- cluster
 @dataclass
@@ -70,18 +72,26 @@ class EngineConfig:
     device: str = "auto"  # auto (cuda when the cluster has GPUs, else cpu) | cpu | cuda
 
 
+_HF = HFEngineArgs()  # the hf engine's defaults: each field below takes its own from here
+
+
 @dataclass
 class HFEngineConfig(EngineConfig):
+    """The hf engine's settings a user chooses.  What each does, and its default, is HFEngineArgs' field of the same
+    name (launcher/engines/hf_args.py); the registry writes them to the model's model.json."""
+
     name: str = "hf"  # our own continuous-batching engine on HF transformers
-    attn_implementation: str = "sdpa"  # transformers attention kernel: sdpa | eager
-    prefill_chunk: int = 0  # prompt tokens prefilled per engine step, so running streams keep flowing (0: 512 on CPU, 2048 on a GPU)
-    cuda_graphs: bool = True  # replay decode steps and one-prompt steps as captured CUDA graphs (GPU; with tp>1 every rank replays the same graphs, NCCL inside): 4x the eager step rate, TTFT 11.5 -> 2.5 ms on an H100; tp=2 5.5x on two H200s
-    response_threads: int = 0  # threads of the Triton model that send the streams' responses (0: 1 on CPU, 4 on a GPU; with response_processes=8, 2 measured better)
-    response_nice: int = -1  # nice value tritonserver and the stubs take once the engine process has started, so on a node whose CPUs are all busy the engine's threads run first: 0-19, 0 = unchanged, -1 = 10 on a GPU and 0 on CPU (H100 hosts, 8 server vCPUs, 64-128 closed streams: 0.009-0.049 more of in-process tokens/s in 9 of 10 pairs)
-    stream_interval_ms: int = 0  # least time between two streamed responses of a request; tokens made meanwhile go in one response (its first token and its end never wait). 0: a response per engine step. Each response costs the server CPU: on an H100 host with 8 server vCPUs, 128 closed streams, 8 ms took the first token added by serving from +4.4-4.6 to +1.3-1.5 ms and tokens/s from 0.957 to 0.985-0.992 of in-process (~45 responses a request instead of ~100, each ~9 ms apart); on another, +2.0-2.2 to +0.2-0.6 ms, and at 1-64 streams the two within 0.5 ms of each other (fortieth)
+    max_num_seqs: int = _HF.max_num_seqs  # sequences batched at once (also the config's max_batch_size)
+    device: str = _HF.device  # auto (cuda when the cluster has GPUs, else cpu) | cpu | cuda
+    attn_implementation: str = _HF.attn_implementation  # transformers attention kernel: sdpa | eager
+    prefill_chunk: int = _HF.prefill_chunk  # prompt tokens prefilled per engine step (0: by device)
+    cuda_graphs: bool = _HF.cuda_graphs  # replay decode steps and prompt steps as captured CUDA graphs (GPU)
+    response_threads: int = _HF.response_threads  # threads of the Triton model that send the streams' responses (0: by device)
+    response_nice: int = _HF.response_nice  # nice value of tritonserver and the stubs once the engine process started (-1: by device)
+    stream_interval_ms: int = _HF.stream_interval_ms  # least time between two streamed responses of a request (0: every step)
     response_processes: int = 1  # Triton model instances (stub processes, each with its own GIL) that share the engine process and send its responses; tp=1 only
-    torch_compile: str = "auto"  # auto | true | false: fuse the model's small kernels with torch.compile when it loads (auto: on for GPUs, off on CPU)
-    cudnn_attention: str = "graphs"  # graphs | all | off: where attention may use cuDNN (graphs: captured decode graphs only, so prompt steps build no per-shape cuDNN plans on the host)
+    torch_compile: str = _HF.torch_compile  # auto | true | false: fuse the model's small kernels with torch.compile
+    cudnn_attention: str = _HF.cudnn_attention  # graphs | all | off: where attention may use cuDNN
 
 
 @dataclass

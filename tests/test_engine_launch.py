@@ -244,3 +244,35 @@ def test_runtime_stops_the_server_when_a_worker_engine_dies():
     rt._stopping = True  # finalize in progress: the engine's exit is expected
     rt._watch_engine(kill=lambda pid, sig: kills.append(sig))
     assert kills == [15]
+
+
+def test_hf_model_json_carries_the_engine_config():
+    """The hf engine's settings reach its model as 1/model.json (HFEngineArgs, every default from there);
+    config.pbtxt names the file and holds only what Triton reads."""
+    from launcher.engines.hf_args import HFEngineArgs
+
+    spec = spec_for("engine=hf", "tp=2", "model.dtype=bfloat16", "engine.prefill_chunk=1024",
+                    "engine.torch_compile=true", "engine.cuda_graphs=false", "engine.stream_interval_ms=8")
+    files = repository_files(spec)
+    args = HFEngineArgs.from_dict(json.loads(files["hf_model/1/model.json"]))
+    assert (args.model_path, args.tp_size, args.dtype, args.prefill_chunk) == ("/models/llama-70b", 2, "bfloat16", 1024)
+    assert (args.torch_compile, args.cuda_graphs, args.stream_interval_ms) == ("true", False, 8)
+    assert (args.max_num_seqs, args.response_nice, args.cudnn_attention) == (HFEngineArgs().max_num_seqs, -1, "graphs")
+    from launcher.contract import HONOURED_PARAMETERS_KEY
+
+    params = config_params(spec)
+    assert set(params) == {"engine_args_file", HONOURED_PARAMETERS_KEY} and params["engine_args_file"] == "model.json"
+    kwargs = args.engine_kwargs()
+    assert (kwargs["max_prefill_tokens"], kwargs["torch_compile"], kwargs["max_model_len"]) == (1024, True, None)
+
+
+def test_hf_engine_args_refuse_unknown_keys():
+    from launcher.engines.hf_args import HFEngineArgs
+
+    with pytest.raises(ValueError) as exc:
+        HFEngineArgs.from_dict({"model_path": "/m", "prefil_chunk": 1})
+    assert "prefil_chunk" in str(exc.value) and "prefill_chunk" in str(exc.value)  # the valid keys are listed
+    with pytest.raises(ValueError, match="max_num_seqs='many' is not an integer"):
+        HFEngineArgs.from_dict({"max_num_seqs": "many"})
+    assert HFEngineArgs.from_dict({"cuda_graphs": "false", "max_num_seqs": "8", "torch_compile": True}) == \
+        HFEngineArgs(cuda_graphs=False, max_num_seqs=8, torch_compile="true")

@@ -47,6 +47,7 @@ from collections import deque
 from dataclasses import asdict, dataclass
 from typing import Callable
 
+from launcher.engines.hf_args import DEFAULTS, prefill_tokens
 from launcher.engines.hf_detok import StopMatcher, TokenTable
 from launcher.engines.hf_encode import PromptEncoder
 from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
@@ -192,22 +193,22 @@ def prepare_prompt(encode: Callable[[str], list[int]], prompt: str | list[int], 
 class Engine:
     """Continuous-batching text generation on one device.  Thread-safe API; the work runs on one engine thread."""
 
-    def __init__(self, model_path: str, device: str = "auto", dtype: str = "auto", max_num_seqs: int = 64,
+    def __init__(self, model_path: str, device: str = DEFAULTS.device, dtype: str = DEFAULTS.dtype,
+                 max_num_seqs: int = DEFAULTS.max_num_seqs,
                  max_model_len: int | None = None, tp: int | None = None, max_prefill_tokens: int | None = None,
-                 tokenizer_path: str | None = None, attn_implementation: str = "sdpa",
+                 tokenizer_path: str | None = None, attn_implementation: str = DEFAULTS.attn_implementation,
                  kv_cache_memory: float | None = None, after_step: Callable[[], None] | None = None,
                  threads: int | None = None, tp_group=None, cuda_graphs: bool | None = None,
                  torch_compile: bool | None = None, cudnn_attention: str | None = None,
                  prefill_graphs: int | None = None, prompts_alone: int | None = None,
                  mixed_graphs: int | None = None, awake_board: str | None = None, awake_slot: int = 0):
-        """
+        """Keyword defaults are hf_args.HFEngineArgs' (the model builds the engine with `Engine.from_args`).
         model_path: HF-format folder (config, weights, tokenizer unless tokenizer_path is given).
         device: auto (cuda when available) | cpu | cuda | cuda:N.  dtype: auto | float32 | bfloat16 | float16.
         max_num_seqs: sequences decoded together (KV cache slots).  max_model_len: context limit
         (prompt + generated tokens); None = the model's own, capped at 4096.
-        max_prefill_tokens: prompt tokens prefilled per step (long prompts are chunked); None or 0: 512 on CPU,
-        2048 on a GPU (an eager mixed step costs ~15 ms of kernel launches there whatever its size, so a wave
-        of 64 prompts of 128 tokens takes 4 steps instead of 16 to get its first tokens).
+        max_prefill_tokens: prompt tokens prefilled per step (long prompts are chunked); None or 0: the device's
+        default (hf_args.prefill_tokens: HFEngineArgs.prefill_chunk says why).
         attn_implementation: sdpa (torch's fused kernels) | eager (matmul + softmax).
         kv_cache_memory: bytes the KV cache may use (default: half the RAM on CPU, 85% of free GPU memory).
         after_step: called on the engine thread after each step's outputs were delivered (batching hook).
@@ -216,13 +217,13 @@ class Engine:
         tp_group: an hf_tp.TPGroup (default: one made from the LLMLAUNCH_* environment when tp > 1).
         cuda_graphs / torch_compile: see HFModelRunner (None: on for GPUs).
         cudnn_attention: graphs | all | off, where attention may use cuDNN (see
-        HFModelRunner._init_attention_backends; None: graphs).
+        HFModelRunner._init_attention_backends; None: HFEngineArgs.cudnn_attention).
         prefill_graphs: the longest prompt whose prompt-only step replays a CUDA graph (see
-        HFModelRunner._init_prefill_graphs; None: 2048; 0: none).
+        HFModelRunner._init_prefill_graphs; None: HFEngineArgs.prefill_graphs; 0: none).
         prompts_alone: at most this many waiting prompts go one per step through their prompt graphs (see
-        PROMPTS_ALONE_MAX; None: PROMPTS_ALONE_MAX; 0: never).
+        PROMPTS_ALONE_MAX; None: HFEngineArgs.prompts_alone; 0: never).
         mixed_graphs: the most prompt tokens that go beside decode rows in one step through a mixed CUDA graph (see
-        HFModelRunner.MIXED_PROMPTS and _prompts_mixed; None: 512; 0: none).
+        HFModelRunner.MIXED_PROMPTS and _prompts_mixed; None: HFEngineArgs.mixed_graphs; 0: none).
         While the GPU runs a step, the next one is queued behind it where it can be, and the host works on the last
         meanwhile (overlap; see `_schedule`).
         awake_board / awake_slot: where to post how many requests the engine holds after each step, for the
@@ -247,9 +248,7 @@ class Engine:
                                     cuda_graphs=cuda_graphs, torch_compile=torch_compile,
                                     cudnn_attention=cudnn_attention, prefill_graphs=prefill_graphs,
                                     mixed_graphs=mixed_graphs)
-        if not max_prefill_tokens:
-            max_prefill_tokens = 2048 if self.runner.device.type == "cuda" else 512
-        self.max_prefill_tokens = max(1, int(max_prefill_tokens))
+        self.max_prefill_tokens = prefill_tokens(max_prefill_tokens, self.runner.device.type)
         # before serving: a compile or capture mid-run would stall every running request
         self.runner.warm_up(self.max_prefill_tokens)
         # tp > 1: this engine is the leader (group rank 0) of a tensor-parallel group; see hf_tp
@@ -312,6 +311,12 @@ class Engine:
                 "mixed_graphs": len(r._mixed_graphs), "mixed_graph_error": r.mixed_graph_error,
                 "cudnn_attention": r.cudnn_attention if r.device.type == "cuda" else "",
                 "prompt_encode": self._encode.why_not or "backend"}
+
+    @classmethod
+    def from_args(cls, args, **runtime) -> "Engine":
+        """The engine for `args` (an hf_args.HFEngineArgs); `runtime`: the keywords no launch sets (after_step,
+        tp_group, kv_cache_memory, awake_board, awake_slot)."""
+        return cls(**args.engine_kwargs(), **runtime)
 
     def start(self) -> "Engine":
         if self._thread is None:
@@ -702,7 +707,7 @@ class Engine:
     # that waited) against ~11 ms together: better for the prompts up to 4, and not worse for the decode rows.
     # A wave (more prompts than that) still goes in together, where the eager step's cost is shared.  Where the
     # runner has wave graphs, two or more prompts go through one of those instead (_prompt_wave).
-    PROMPTS_ALONE_MAX = 4
+    PROMPTS_ALONE_MAX = DEFAULTS.prompts_alone
 
     def _prompts_mixed(self, decoding: list[_Seq], pending: list[_Seq] | None = None) -> list[_Seq] | None:
         """The waiting prompts, where they all go beside the decode rows in one step through a mixed graph

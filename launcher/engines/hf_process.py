@@ -102,6 +102,19 @@ class EngineProcess:
         self.stats: dict = {}  # the engine's EngineStats, as the engine process last sent them
 
     @classmethod
+    def from_args(cls, args, worker: bool = False, listen: str = "", startup_timeout: float = 900.0,
+                  on_batch: Callable | None = None, on_exit: Callable[[str], None] | None = None) -> "EngineProcess":
+        """An engine process (not started) for `args` (an hf_args.HFEngineArgs): its Engine, or with worker=True
+        a tensor-parallel worker rank; streamed outputs merged over args.stream_interval_ms; `listen`: a unix socket
+        path where other model instances attach."""
+        kwargs = args.engine_kwargs()
+        model_path, tokenizer_path = kwargs.pop("model_path"), kwargs.pop("tokenizer_path")
+        if worker:
+            kwargs["role"] = "worker"
+        return cls(model_path, tokenizer_path, startup_timeout=startup_timeout, on_batch=on_batch, on_exit=on_exit,
+                   output_interval=args.stream_interval_ms / 1000.0, listen=listen, **kwargs)
+
+    @classmethod
     def attach(cls, path: str, startup_timeout: float = 900.0, on_batch: Callable | None = None,
                on_exit: Callable[[str], None] | None = None) -> "EngineProcess":
         """An `EngineProcess` (not started) that, on `start`, connects to the engine process another model instance

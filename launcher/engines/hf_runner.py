@@ -44,6 +44,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 
+from launcher.engines.hf_args import DEFAULTS
 from launcher.spec import CUDNN_ATTENTION
 from launcher.stage import announce
 
@@ -300,8 +301,9 @@ def resolve_dtype(dtype: str, device_type: str, config):
 class HFModelRunner:
     """Owns the model and the slot KV cache; `execute(StepInputs)` -> sampled token per output row."""
 
-    def __init__(self, model_path: str, device: str = "auto", dtype: str = "auto", max_num_seqs: int = 64,
-                 max_model_len: int | None = None, attn_implementation: str = "sdpa",
+    def __init__(self, model_path: str, device: str = DEFAULTS.device, dtype: str = DEFAULTS.dtype,
+                 max_num_seqs: int = DEFAULTS.max_num_seqs,
+                 max_model_len: int | None = None, attn_implementation: str = DEFAULTS.attn_implementation,
                  kv_cache_memory: float | None = None, tp: int = 1, tp_group=None, cuda_graphs: bool | None = None,
                  torch_compile: bool | None = None, cudnn_attention: str | None = None,
                  prefill_graphs: int | None = None, mixed_graphs: int | None = None):
@@ -312,10 +314,10 @@ class HFModelRunner:
         prompt and of several (WAVE_ROWS) replay graphs too.
         torch_compile: run the model's forward through torch.compile (None: on for cuda; with tp > 1 the
         all-reduces are traced as functional collectives); `warm_up()` compiles before serving.
-        prefill_graphs: the longest prompt (tokens) whose prompt-only step replays a CUDA graph (None: 2048; 0:
+        prefill_graphs: the longest prompt (tokens) whose prompt-only step replays a CUDA graph (None: HFEngineArgs.prefill_graphs; 0:
         none; needs cuda_graphs); see `_init_prefill_graphs`.
         mixed_graphs: the most prompt tokens a step of decode rows and whole prompts together replays a CUDA graph
-        for (None: 512; 0: none; needs cuda_graphs and tp=1); see MIXED_PROMPTS.
+        for (None: HFEngineArgs.mixed_graphs; 0: none; needs cuda_graphs and tp=1); see MIXED_PROMPTS.
         Each layer's q/k/v and gate/up projections run as one product each (hf_fuse)."""
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -438,7 +440,7 @@ class HFModelRunner:
         import contextlib
 
         if mode in (None, ""):
-            mode = "graphs"
+            mode = DEFAULTS.cudnn_attention
         if mode not in CUDNN_ATTENTION:
             raise ValueError(f"cudnn_attention {mode!r} is not one of {', '.join(CUDNN_ATTENTION)}")
         self.cudnn_attention = mode
@@ -562,7 +564,7 @@ class HFModelRunner:
 
     def _init_graphs(self, cuda_graphs, prefill_graphs=None, mixed_graphs=None) -> None:
         if cuda_graphs is None:
-            cuda_graphs = True
+            cuda_graphs = DEFAULTS.cuda_graphs
         self.use_graphs = bool(cuda_graphs) and self.device.type == "cuda"
         self._spare_slots = 1 if self.use_graphs else 0  # the slot dummy rows write to
         self._graphs: dict = {}
@@ -729,7 +731,7 @@ class HFModelRunner:
     # capture leaves decode graphs on.
 
     def _init_prefill_graphs(self, prefill_graphs) -> None:
-        prefill_graphs = _token_limit(prefill_graphs, "prefill_graphs", 2048, "the longest prompt to graph, 0 for none")
+        prefill_graphs = _token_limit(prefill_graphs, "prefill_graphs", DEFAULTS.prefill_graphs, "the longest prompt to graph, 0 for none")
         self.prefill_graph_limit = prefill_graphs if self.use_graphs else 0
         self._prefill_graphs: dict = {}  # bucket length -> (graph, meta, keep, logits)
         self._wave_graphs: dict = {}  # (prompts, bucket length) -> (graph, meta, keep, logits): see WAVE_ROWS
@@ -969,7 +971,7 @@ class HFModelRunner:
     MIXED_PROMPTS = 8
 
     def _init_mixed_graphs(self, mixed_graphs) -> None:
-        mixed_graphs = _token_limit(mixed_graphs, "mixed_graphs", 512,
+        mixed_graphs = _token_limit(mixed_graphs, "mixed_graphs", DEFAULTS.mixed_graphs,
                                     "the most prompt tokens beside decode rows in a graph, 0 for none")
         # tp > 1 would need every rank to capture and pick the same mixed graphs: not built, so they run as before
         self.mixed_limit = min(mixed_graphs, self.max_model_len) if self.use_graphs and self.tp == 1 else 0

@@ -52,6 +52,8 @@ import datetime
 import logging
 import os
 
+from launcher.engines.hf_args import DEFAULTS
+
 log = logging.getLogger(__name__)
 
 PING = "ping"  # heartbeat of an idle leader

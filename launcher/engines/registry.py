@@ -58,30 +58,31 @@ def tokenizer_path(spec) -> str:
 
 
 # ----------------------------------------------------------------------------- hf
+def hf_engine_args(spec):
+    """The hf engine's arguments for this launch (HFEngineArgs): the engine config's fields of the same names, the
+    model's dtype and max_model_len, its paths and tp; a setting the config leaves out keeps its default."""
+    import dataclasses
+
+    from launcher.engines.hf_args import HFEngineArgs
+
+    names = {f.name for f in dataclasses.fields(HFEngineArgs)}
+    given = {k: v for k, v in spec.engine.items() if k in names}
+    given.update({k: spec.model[k] for k in ("dtype", "max_model_len") if k in spec.model})
+    given.update(model_path=model_path(spec), tokenizer_path=tokenizer_path(spec), tp_size=spec.tp)
+    return HFEngineArgs.from_dict(given, source="engine config")
+
+
 def _hf_models(spec) -> List[RenderedModel]:
     from launcher import pbtxt
+    from launcher.engines.hf_args import ARGS_FILE
 
-    e = spec.engine
-    params = {
-        "model_path": model_path(spec),
-        "tokenizer_path": tokenizer_path(spec),
-        "device": e["device"],
-        "dtype": spec.model.get("dtype", "auto"),
-        "max_num_seqs": e["max_num_seqs"],
-        "max_model_len": spec.model.get("max_model_len", 0),
-        "attn_implementation": e.get("attn_implementation", "sdpa"),
-        "prefill_chunk": e.get("prefill_chunk", 0),
-        "cuda_graphs": "true" if e.get("cuda_graphs", True) else "false",
-        "response_threads": e.get("response_threads", 0),
-        "response_nice": e.get("response_nice", -1),
-        "stream_interval_ms": e.get("stream_interval_ms", 0),
-        "torch_compile": str(e.get("torch_compile", "auto")).lower(),
-        "cudnn_attention": e.get("cudnn_attention", "graphs"),
-        "tp_size": spec.tp,
-    }
-    # several instances share one engine process (each sends its own streams' responses): hf model.py
-    cfg = pbtxt.python_model(spec.model_name, e["max_num_seqs"], params, instances=e.get("response_processes", 1))
-    return [RenderedModel(spec.model_name, cfg, {"1/model.py": "hf/1/model.py"})]
+    args = hf_engine_args(spec)
+    # config.pbtxt holds what Triton reads (batch size, instances) and the arguments file's name; the engine's
+    # arguments are in 1/model.json. Several instances share one engine process (each sends its own streams'
+    # responses): hf model.py
+    cfg = pbtxt.python_model(spec.model_name, args.max_num_seqs, {"engine_args_file": ARGS_FILE},
+                             instances=spec.engine.get("response_processes", 1))
+    return [RenderedModel(spec.model_name, cfg, {"1/model.py": "hf/1/model.py"}, {f"1/{ARGS_FILE}": args.to_json()})]
 
 
 def _hf_check(c) -> List[Tuple[str, str, str]]:
@@ -97,7 +98,9 @@ def _hf_check(c) -> List[Tuple[str, str, str]]:
     if n > 1 and c["tp"] != 1:
         return [(f"engine.response_processes={n}", f"with tp={c['tp']} each rank runs one model instance (the "
                  "tensor-parallel leader's engine process is not shared)", "set engine.response_processes=1")]
-    nice = c["engine"].get("response_nice", -1)
+    from launcher.engines.hf_args import DEFAULTS
+
+    nice = c["engine"].get("response_nice", DEFAULTS.response_nice)
     problem = nice_problem(nice, default_ok=True)
     if problem:
         return [(f"engine.response_nice={nice!r}", problem, "set engine.response_nice=-1, 0 or 10")]

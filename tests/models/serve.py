@@ -95,21 +95,24 @@ def measure_variants(prefix: str, make_repo, measure, table, json_path: str = ""
 
 def hf_server(model_dir: str, workdir: Path, params: dict, model: str = "hf_model", env: dict | None = None,
               instances: int = 1, http: bool = False):
-    """A launcher.triton.TritonServer (not started) serving the project's hf model (model_repository/hf, config
-    from launcher.pbtxt with `params`) on free loopback ports, metrics on: `.metrics_url` is where the model's
+    """A launcher.triton.TritonServer (not started) serving the project's hf model (model_repository/hf; `params`:
+    HFEngineArgs fields, written to its model.json) on free loopback ports, metrics on: `.metrics_url` is where the model's
     first-token split is read (launcher/serving/timings.py).  `env`: extra server environment.  `instances`:
     model instances sharing the engine process (engine.response_processes).  `http`: the HTTP endpoint too, on a free
     loopback port (`.http_url`: Triton's generate extension)."""
     import uuid
 
     from launcher import pbtxt
+    from launcher.engines.hf_args import ARGS_FILE, HFEngineArgs
     from launcher.triton import TritonServer, resolve_tritonserver, server_env
 
     repo = Path(workdir) / "model_repository"
     (repo / model / "1").mkdir(parents=True, exist_ok=True)
     shutil.copy(HERE.parents[1] / "model_repository" / "hf" / "1" / "model.py", repo / model / "1" / "model.py")
-    params = {"model_path": model_dir, **params}
-    cfg = pbtxt.python_model(model, int(params.get("max_num_seqs", 64)), params, instances=instances)
+    # the engine's arguments go to 1/model.json as the launcher writes them; None or "" keeps a default
+    args = HFEngineArgs.from_dict({"model_path": model_dir, **{k: v for k, v in params.items() if v not in (None, "")}})
+    (repo / model / "1" / ARGS_FILE).write_text(args.to_json())
+    cfg = pbtxt.python_model(model, args.max_num_seqs, {"engine_args_file": ARGS_FILE}, instances=instances)
     (repo / model / "config.pbtxt").write_text(pbtxt.to_text(cfg))
     install = resolve_tritonserver()
     port, metrics_port = free_port(), free_port()

@@ -1,59 +1,34 @@
 """Triton python-backend model serving llmlaunch's `hf` engine (decoupled, streaming).
 
-config.pbtxt parameters (string values; empty or absent = default):
-  model_path        HF-format model folder (required)
-  tokenizer_path    tokenizer folder (default: model_path)
-  device            auto | cpu | cuda | cuda:N (default auto: cuda when available)
-  dtype             auto | float32 | bfloat16 | float16 (default auto: float32 on CPU, the model's on GPU)
-  max_num_seqs      sequences decoded together = KV cache slots (default 64)
-  max_model_len     context limit in tokens; 0 = the model's own, capped at 4096 (default 0)
-  prefill_chunk     prompt tokens prefilled per engine step (default 0: 512 on CPU, 2048 on a GPU)
-  attn_implementation  sdpa | eager: attention kernels of the engine (default sdpa)
-  cuda_graphs       true | false: replay decode-only steps, and steps of one whole prompt (padded to one of 15
-                    lengths up to the prefill chunk), as CUDA graphs (default: on for GPUs; with tp_size > 1
-                    every rank captures and replays the same graphs, the NCCL all-reduces inside)
-  torch_compile     auto | true | false: run the model through torch.compile, compiled when the model
-                    loads (default auto: on for GPUs, off on CPU, where compiling takes longer than it saves)
-  cudnn_attention   graphs | all | off: where attention may use cuDNN (default graphs: in captured decode
-                    graphs only, whose plan cuDNN builds once at capture; prompt steps then use flash /
-                    memory-efficient kernels and build no per-shape cuDNN plans on the host)
-  torch_threads     intra-op threads of the engine (default 0: torch's default, one per core); on small
-                    CPU machines 1 leaves the other cores to tritonserver and the clients
-  tp_size           tensor-parallel ranks (default 1).  With tp_size > 1 one tritonserver runs per rank
-                    (launcher.rank sets LLMLAUNCH_GROUP_RANK/_SIZE, LLMLAUNCH_LEADER_ADDR, LLMLAUNCH_DIST_PORT):
-                    group rank 0 (the leader) runs the engine and takes requests; the other ranks run
-                    the worker loop of launcher.engines.hf_tp on their shard and take no requests.
-                    tp_size must divide the model's attention and kv heads (checked at load, clear error).
-                    If a rank's engine process dies, this model stops its tritonserver, so the rank
-                    supervisor fails the whole job (fail fast; with replicas > 1 on a serving job, only
+Arguments: `1/model.json` (the file config.pbtxt's `engine_args_file` parameter names), read into
+launcher.engines.hf_args.HFEngineArgs, which says what each key does and holds its default; a key it does not
+have fails the load, listing the valid ones.  The launcher writes the file from the engine config.  How this model
+uses some of them:
+  tp_size           > 1: one tritonserver runs per rank (launcher.rank sets LLMLAUNCH_GROUP_RANK/_SIZE,
+                    LLMLAUNCH_LEADER_ADDR, LLMLAUNCH_DIST_PORT): group rank 0 (the leader) runs the engine and
+                    takes requests; the other ranks run the worker loop of launcher.engines.hf_tp on their shard
+                    and take no requests.  tp_size must divide the model's attention and kv heads (checked at
+                    load, clear error).  If a rank's engine process dies, this model stops its tritonserver, so
+                    the rank supervisor fails the whole job (fail fast; with replicas > 1 on a serving job, only
                     this replica is lost: launcher.rank.decide_exit).  Requires engine_process=true.
-  cancel_check_ms   how often (per request) to ask Triton whether the client cancelled (default 50; 0 = every step)
-  stream_interval_ms  least time between two streamed responses (default 0: a response per engine step).
-                    Tokens generated meanwhile are merged into one response; a request's first token and its
-                    end are never delayed.  On small CPU machines every response costs the engine CPU time; on a
-                    GPU host whose server CPUs are all busy (128 closed streams, 8 vCPUs, H100) 8 ms took the first
-                    token added by serving from +4.4-4.6 ms to +1.3-1.5 ms.  llmlaunch: engine.stream_interval_ms.
-  engine_process    true | false: run the engine in a child process (default true; see below).  false runs
-                    it in the stub, whose interpreter then needs torch and transformers too (on a GPU host the
-                    stub's own numpy<2 environment usually has neither: the load fails, saying so).  It saves
-                    the hops to and from the engine process, a few tenths of a ms of TTFT at one stream, but
-                    at 32 streams the engine and the responses share one GIL (measured: worse TTFT and 0.93-0.95
-                    of the tokens/s)
-  response_threads  threads that build and send responses, each owning a share of the streams (default 0:
-                    1 on CPU, 4 on a GPU; the engine process's receive thread is the first).  A send is a
-                    round trip to tritonserver (~50-200 us) during which the GIL is free, so under load
-                    several threads keep a new stream's first token from queueing behind a response for
-                    every running stream; on a 2-core machine they compete with the engine (measured: worse).
-                    While fewer streams are open than there are threads, a new stream stays with the receive
-                    thread: a hand-off to another thread would only add its wake-up to the stream's tokens.
-                    engine_process=true only.
-  response_nice     0-19: once the engine process has started, this model's stubs and (from the instance that
-                    started it) tritonserver lower their threads' priority to this nice value; the engine process
-                    keeps the one it started with, so where the node's CPUs are all busy its loop and its reader
-                    run first (launcher.serving.priority).  No privileges needed.  0: unchanged.  Default -1:
-                    10 for an engine on a GPU (measured there), 0 on
-                    CPU.  A value > 0 needs engine_process=true.  Where the system refuses (a container's seccomp
-                    policy, say), a value set here fails the load; the default logs a warning and serves as is.
+  stream_interval_ms  tokens generated meanwhile are merged into one response (in the engine process); a
+                    request's first token and its end are never delayed.
+  engine_process    false runs the engine in the stub, whose interpreter then needs torch and transformers too
+                    (on a GPU host the stub's own numpy<2 environment usually has neither: the load fails, saying
+                    so).  It saves the hops to and from the engine process, a few tenths of a ms of TTFT at one
+                    stream, but at 32 streams the engine and the responses share one GIL (worse TTFT and 0.93-0.95
+                    of the tokens/s).
+  response_threads  the engine process's receive thread is the first.  A send is a round trip to tritonserver
+                    (~50-200 us) during which the GIL is free, so under load several threads keep a new stream's
+                    first token from queueing behind a response for every running stream; on a 2-core machine
+                    they compete with the engine.  While fewer streams are open than there are threads, a new
+                    stream stays with the receive thread: a hand-off to another thread would only add its wake-up
+                    to the stream's tokens.  engine_process=true only.
+  response_nice     this model's stubs and (from the instance that started it) tritonserver lower their threads'
+                    priority; the engine process keeps the one it started with (launcher.serving.priority).  No
+                    privileges needed.  A value > 0 needs engine_process=true.  Where the system refuses (a
+                    container's seccomp policy, say), a value set here fails the load; the default logs a warning
+                    and serves as is.
 
 instance_group count N > 1 (llmlaunch's engine.response_processes): N stub processes share one engine
 process.  A stub builds every response under its own GIL, so one stub sends a few thousand streamed
@@ -110,6 +85,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
         sys.path.append(_p)
 
 from launcher.contract import INPUT_NAMES
+from launcher.engines.hf_args import ARGS_FILE, HFEngineArgs
 from launcher.engines.hf_engine import describe_features
 from launcher.serving import triton_io
 from launcher.serving.priority import GPU_NICE, check_nice, lower_priority
@@ -175,7 +151,7 @@ class TritonPythonModel:
         self._server_pid = os.getppid()  # the tritonserver that started this stub (tp > 1 stops it if the engine dies)
         self.instance_name = args.get("model_instance_name", "")
         self._check_decoupled()
-        self._read_parameters()
+        self._read_parameters(args)
         self._start_engine()
         self._start_responders()
         self._nice_text = self._lower_priority()
@@ -185,7 +161,7 @@ class TritonPythonModel:
         self._metrics = Counters(self.model_config.get("name", "hf"), FIRST_TOKEN_COUNTERS + ENGINE_COUNTERS,
                                  lambda: {**self._first_token.totals_map(), **self.engine.stats_dict()}).start()
         role = f", tp rank {self.tp_rank}/{self.tp}" + (" (worker)" if self.tp_rank else " (leader)") if self.tp > 1 else ""
-        _log("info", f"ready: {self.params['model_path']} on {self.engine.device} ({self.engine.dtype}){role}, "
+        _log("info", f"ready: {self.args.model_path} on {self.engine.device} ({self.engine.dtype}){role}, "
                      f"max_num_seqs={self.engine.max_num_seqs}, max_model_len={self.engine.max_model_len}, "
                      + (f"{self._share_text}, " if self._share_text else "")
                      + (f"{self._nice_text}, " if self._nice_text else "")
@@ -199,59 +175,38 @@ class TritonPythonModel:
                 "the hf model streams: set `model_transaction_policy { decoupled: true }` in config.pbtxt")
         self._batched = int(self.model_config.get("max_batch_size", 0)) > 0
 
-    def _read_parameters(self):
+    def _read_parameters(self, args):
+        """The engine's arguments: HFEngineArgs from the file config.pbtxt names (1/model.json); every default is
+        HFEngineArgs'.  The checks here are the ones that need this model's own config (its instance count)."""
         p = triton_io.model_parameters(self.model_config)
-        if not p.get("model_path"):
-            raise pb_utils.TritonModelException("parameter model_path is empty: point it at a HF model folder")
-
-        def integer(name, default):
-            try:
-                return int(p.get(name, default))
-            except ValueError:
-                raise pb_utils.TritonModelException(f"parameter {name}={p[name]!r} is not an integer") from None
-
-        def flag(name, default, auto=False):
-            """true | false (also 1/0, yes/no); None for "" (and "auto" where auto=True): the engine decides."""
-            value = p.get(name, default).lower()
-            unset = ("", "auto") if auto else ("",)
-            if value not in unset + ("true", "false", "1", "0", "yes", "no"):
-                raise pb_utils.TritonModelException(
-                    f"parameter {name}={value!r} is not {'auto, true or false' if auto else 'true or false'}")
-            return None if value in unset else value in ("true", "1", "yes")
-
-        self.tp = max(1, integer("tp_size", 1))
+        path = os.path.join(args.get("model_repository", ""), str(args.get("model_version", "1")),
+                            p.get("engine_args_file") or ARGS_FILE)
+        try:
+            self.args = HFEngineArgs.read(path)
+        except FileNotFoundError:
+            raise pb_utils.TritonModelException(f"{path} is missing: llmlaunch writes the hf engine's arguments "
+                                                f"there (render the repository again)") from None
+        except (ValueError, TypeError) as exc:
+            raise pb_utils.TritonModelException(str(exc)) from None
+        a = self.args
+        if not a.model_path:
+            raise pb_utils.TritonModelException(f"{path}: model_path is empty: point it at a HF model folder")
+        self.tp = max(1, a.tp_size)
         self.tp_rank = int(os.environ.get("LLMLAUNCH_GROUP_RANK", "0") or 0) if self.tp > 1 else 0
-        self.params = {
-            "model_path": p["model_path"],
-            "tokenizer_path": p.get("tokenizer_path") or None,
-            "device": p.get("device", "auto"),
-            "dtype": p.get("dtype", "auto"),
-            "max_num_seqs": integer("max_num_seqs", 64),
-            "max_model_len": integer("max_model_len", 0) or None,
-            "max_prefill_tokens": integer("prefill_chunk", 0) or None,
-            "attn_implementation": p.get("attn_implementation", "sdpa"),
-            "threads": integer("torch_threads", 0) or None,
-            "cudnn_attention": p.get("cudnn_attention") or None,  # the engine checks the value
-        }
-        for name, auto in (("cuda_graphs", False), ("torch_compile", True)):  # unset: the engine's default (GPUs: on)
-            value = flag(name, "", auto)
-            if value is not None:
-                self.params[name] = value
-        self.cancel_check_s = integer("cancel_check_ms", 50) / 1000.0
-        self.stream_interval_s = integer("stream_interval_ms", 0) / 1000.0
-        self.response_threads = integer("response_threads", 0)
+        self.cancel_check_s = a.cancel_check_ms / 1000.0
+        self.stream_interval_s = a.stream_interval_ms / 1000.0
+        self.response_threads = a.response_threads
         if self.response_threads < 0:
             raise pb_utils.TritonModelException(
-                f"parameter response_threads={self.response_threads} is negative: use 0 (1 on CPU, 4 on a GPU) or a positive number")
-        self.engine_process = flag("engine_process", "true") is not False  # "" = the default, true
-        nice = integer("response_nice", -1)
+                f"{path}: response_threads={self.response_threads} is negative: use 0 (1 on CPU, 4 on a GPU) or a positive number")
+        self.engine_process = a.engine_process
         try:  # -1: decided once the engine's device is known (_lower_priority)
-            self.response_nice = None if nice == -1 else check_nice(nice)
+            self.response_nice = None if a.response_nice == -1 else check_nice(a.response_nice)
         except ValueError as exc:
-            raise pb_utils.TritonModelException(f"parameter {exc}") from None
+            raise pb_utils.TritonModelException(f"{path}: {exc}") from None
         if self.response_nice and not self.engine_process:
             raise pb_utils.TritonModelException(
-                f"parameter response_nice={self.response_nice} lowers tritonserver and the stubs below the engine "
+                f"{path}: response_nice={self.response_nice} lowers tritonserver and the stubs below the engine "
                 f"process, and engine_process=false runs the engine in the stub: set response_nice=0, or "
                 f"engine_process=true")
         self.instances = sum(int(g.get("count", 1)) for g in self.model_config.get("instance_group") or []) or 1
@@ -259,12 +214,8 @@ class TritonPythonModel:
             raise pb_utils.TritonModelException(
                 f"instance_group count {self.instances}: several instances share one engine process, which needs "
                 f"engine_process=true and tp_size=1; set the count to 1 (engine.response_processes=1)")
-        if self.tp > 1:
-            if not self.engine_process:
-                raise pb_utils.TritonModelException("tp_size > 1 needs engine_process=true")
-            self.params["tp"] = self.tp
-            if self.tp_rank:
-                self.params["role"] = "worker"
+        if self.tp > 1 and not self.engine_process:
+            raise pb_utils.TritonModelException("tp_size > 1 needs engine_process=true")
 
     def _start_engine(self):
         self._responder = triton_io.Responder(self._batched)
@@ -289,9 +240,9 @@ class TritonPythonModel:
                 if sock:  # a failure an earlier server with this pid left would fail our instances
                     EngineProcess.write_attach_failure(sock, None)
                 try:
-                    self.engine = EngineProcess(on_batch=self._route, output_interval=self.stream_interval_s,
-                                                on_exit=self._engine_exited if self.tp > 1 else None,
-                                                listen=sock, **self.params).start()
+                    self.engine = EngineProcess.from_args(
+                        self.args, on_batch=self._route, on_exit=self._engine_exited if self.tp > 1 else None,
+                        listen=sock, worker=bool(self.tp_rank)).start()
                 except Exception as exc:  # the instances waiting to attach fail with this at once
                     if sock:
                         EngineProcess.write_attach_failure(sock, str(exc))
@@ -311,7 +262,7 @@ class TritonPythonModel:
             # the stub's library path would give torch's cuDNN the system's sub-libraries (torch_libs' docstring)
             preloaded = preload_torch_cudnn()
             try:
-                self.engine = Engine(**self.params).start()
+                self.engine = Engine.from_args(self.args).start()
             except ImportError as exc:  # torch / transformers, imported by the engine, not by anything above
                 raise pb_utils.TritonModelException(
                     f"engine_process=false runs the engine in the python stub's interpreter ({sys.executable}), "
@@ -346,7 +297,7 @@ class TritonPythonModel:
         return True, sock
 
     def _start_responders(self):
-        n = self.response_threads or (1 if str(self.engine.device) == "cpu" else 4)
+        n = self.response_threads or self.args.responder_threads(str(self.engine.device))
         # Shard 0 is answered where the outputs arrive, on the engine process's receive thread: one stream's
         # token goes out with no thread hand-off.  The in-thread engine's callback runs on the engine's own
         # thread, which must not send, so there shard 0 has a thread too.
