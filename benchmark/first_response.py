@@ -2,7 +2,7 @@
 """What the serving path itself costs a first token, part by part, with nothing generating it.
 
 The hf engine's served TTFT at one stream is the in-process TTFT plus 2.3-2.6 ms on an H100 host, against a 2 ms target.  This script measures the path
-without the engine: the `first_echo` fixture model (tests/models/first_echo) parses each request with the
+without the engine: the `first_echo` fixture model (launcher/testing/models/first_echo) parses each request with the
 hf model's own code and answers at once with its Responder, one variant per model instance in one
 tritonserver:
 
@@ -77,7 +77,7 @@ PROMPT = " ".join(["word"] * 100)  # the text is parsed, never tokenized
 
 def make_repo(dest: Path, variants: list[str]) -> Path:
     """One first_echo model per variant, named first_<variant>, one instance each."""
-    from tests.models.serve import variants_repository
+    from launcher.testing.serve import variants_repository
 
     return variants_repository(dest, "first_echo", {f"first_{v}": dict(VARIANTS[v], pythonpath=str(ROOT))
                                                     for v in variants})
@@ -230,7 +230,7 @@ def main(argv=None) -> int:
                     "aio (a grpc.aio stream: no hand-off to a sending thread)")
     ap.add_argument("--json", default="", help="write the results here too")
     args = ap.parse_args(argv)
-    from tests.models.serve import chosen_variants, measure_variants
+    from launcher.testing.serve import chosen_variants, measure_variants
 
     variants = chosen_variants(ap, args.variants, VARIANTS)
     if args.requests < 1 or args.rounds < 1 or args.warmup < 1:
