@@ -10,7 +10,7 @@ tritonserver:
   thread        a responder thread answers (one thread hand-off in the stub)
   process       a child process answers over a socketpair, as the hf model's engine process, and the stub's
                 receive thread responds (the hf model's default path, engine aside)
-  process_each  as process, inputs looked up one name at a time (how the hf model read them before)
+  process_each  as process, inputs looked up one name at a time (the lookups request_arrays avoids)
   inline_3ms, process_3ms
                 as inline / process, the answering side sleeping 3 ms first (the hf engine's own TTFT on an
                 H100 at one stream): the threads along the path have slept that long before they are woken,
