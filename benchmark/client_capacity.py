@@ -6,7 +6,7 @@ Three measurements:
 1. replay (no server): real-shaped ModelStreamInferResponse messages pushed
    through TritonStream's receive loop, against a loop that only takes the
    time: the client's own work per response, in microseconds.
-2. capacity: the `emitter` fixture model (tests/models/emitter) sends
+2. capacity: the `emitter` fixture model (launcher/testing/models/emitter) sends
    one-token responses as fast as it can; the benchmark's load generator
    (launcher.bench.runner, --processes 1, 2, ...) consumes them. Reports
    responses/s in all and per process, and client CPU microseconds per response
@@ -249,7 +249,7 @@ def main(argv=None) -> int:
     else:
         import tempfile
 
-        from tests.models.serve import make_repository, serve
+        from launcher.testing.serve import make_repository, serve
 
         need = max(args.instances, args.paced_requests)
         with tempfile.TemporaryDirectory() as tmp:

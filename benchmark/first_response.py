@@ -2,7 +2,7 @@
 """What the serving path itself costs a first token, part by part, with nothing generating it.
 
 The hf engine's served TTFT at one stream is the in-process TTFT plus 2.3-2.6 ms on an H100 host, against a 2 ms target.  This script measures the path
-without the engine: the `first_echo` fixture model (tests/models/first_echo) parses each request with the
+without the engine: the `first_echo` fixture model (launcher/testing/models/first_echo) parses each request with the
 hf model's own code and answers at once with its Responder, one variant per model instance in one
 tritonserver:
 
@@ -10,7 +10,7 @@ tritonserver:
   thread        a responder thread answers (one thread hand-off in the stub)
   process       a child process answers over a socketpair, as the hf model's engine process, and the stub's
                 receive thread responds (the hf model's default path, engine aside)
-  process_each  as process, inputs looked up one name at a time (how the hf model read them before)
+  process_each  as process, inputs looked up one name at a time (the lookups request_arrays avoids)
   inline_3ms, process_3ms
                 as inline / process, the answering side sleeping 3 ms first (the hf engine's own TTFT on an
                 H100 at one stream): the threads along the path have slept that long before they are woken,
@@ -77,7 +77,7 @@ PROMPT = " ".join(["word"] * 100)  # the text is parsed, never tokenized
 
 def make_repo(dest: Path, variants: list[str]) -> Path:
     """One first_echo model per variant, named first_<variant>, one instance each."""
-    from tests.models.serve import variants_repository
+    from launcher.testing.serve import variants_repository
 
     return variants_repository(dest, "first_echo", {f"first_{v}": dict(VARIANTS[v], pythonpath=str(ROOT))
                                                     for v in variants})
@@ -230,7 +230,7 @@ def main(argv=None) -> int:
                     "aio (a grpc.aio stream: no hand-off to a sending thread)")
     ap.add_argument("--json", default="", help="write the results here too")
     args = ap.parse_args(argv)
-    from tests.models.serve import chosen_variants, measure_variants
+    from launcher.testing.serve import chosen_variants, measure_variants
 
     variants = chosen_variants(ap, args.variants, VARIANTS)
     if args.requests < 1 or args.rounds < 1 or args.warmup < 1:

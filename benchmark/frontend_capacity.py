@@ -6,7 +6,7 @@ by number of front-end worker processes.
     python benchmark/frontend_capacity.py --replicas 4 --instances 2 --processes 1,2,4 --clients 6
     python benchmark/frontend_capacity.py --loops asyncio,uvloop           # compare event loops
 
-Backends: --replicas tritonservers serving `emitter` (tests/models/emitter: the
+Backends: --replicas tritonservers serving `emitter` (launcher/testing/models/emitter: the
 emitter fixture, one-token responses as fast as the python backend sends them, stopping when
 cancelled) with --instances instances each; intermediate responses carry text_output only
 (full_outputs=false), the cheapest real response. Load: --clients client processes, each with its
@@ -162,7 +162,7 @@ def frontend_errors(metrics_port: int) -> dict:
 def frontend(addrs: list, processes: int, loop: str, model: str = MODEL):
     """`python -m launcher.frontend` over `addrs`; yields (url, metrics port, process group id)."""
     from launcher.frontend import FrontendConfig, FrontendProcess
-    from tests.models.serve import free_port
+    from launcher.testing.serve import free_port
 
     port, metrics_port = free_port(), free_port()
     cfg = FrontendConfig([tuple(a.rsplit(":", 1)) for a in addrs], "127.0.0.1", port, metrics_port, model, processes, drain_timeout_s=5, loop=loop)
@@ -177,7 +177,7 @@ def frontend(addrs: list, processes: int, loop: str, model: str = MODEL):
 @contextlib.contextmanager
 def backends(n: int, instances: int, models: dict):
     """n tritonservers on the fixture models; yields their gRPC addresses."""
-    from tests.models.serve import make_repository, serve
+    from launcher.testing.serve import make_repository, serve
 
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         urls = []

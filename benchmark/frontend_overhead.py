@@ -7,7 +7,7 @@ replica's tritonserver and through a front end in front of that same server, in 
     python benchmark/frontend_overhead.py --flat-out                    # also: emitter flat out
 
 The load (default): launcher.bench's load generator (the benchmark clients use, unchanged) keeps
---concurrency requests in flight on the `timed` fixture model (tests/models/timed), which streams
+--concurrency requests in flight on the `timed` fixture model (launcher/testing/models/timed), which streams
 --max-tokens tokens on an LLM's schedule: the first after --first-token-ms, then one every --itl-ms
 (absolute deadlines, so the model's own timing does not drift). --requests requests per path and
 round. The two paths alternate over --rounds rounds (the machine may be shared); medians of the

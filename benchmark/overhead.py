@@ -138,14 +138,18 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from launcher.serving.timings import PARTS, SPLIT_KEYS, engine_step_split, format_engine_split, settle  # noqa: E402  (after ROOT)
+from launcher.bench.loads import (Load, add_open_loop_args, check_open_loop_args,  # noqa: E402  (after ROOT)
+                                  draw_output_lengths, make_loads)
+from launcher.serving.timings import PARTS, SPLIT_KEYS, engine_step_split, format_engine_split, settle  # noqa: E402
+from launcher.testing.processes import (SERVER_ROLES, descendants, engine_pids, server_cpu_by_role,  # noqa: E402
+                                        stub_pids)
+from launcher.testing.sigterm import stop_on_sigterm  # noqa: E402
 
 PATHS = ("direct", "delayed", "process", "served", "served_alt", "pinned", "direct_awake",
          "served_awake")  # run in this order
@@ -158,102 +162,8 @@ SERVED_PATHS = (("served", "direct", ""), ("served_alt", "direct", "served_alt_"
                 ("served_awake", "direct_awake", "awake_"))
 
 
-@dataclass(frozen=True)
-class Load:
-    """One row of the comparison, the same for every path: a closed loop (`concurrency` requests in flight, each
-    finished one's successor sent at once), or with a `rate` an open loop: request i is sent at its arrival time
-    whatever is in flight, the same times on every path, so that a path's TTFT cannot differ by when its requests
-    came (a closed loop's successors arrive when the last piece reached the client, later through a server)."""
-
-    requests: int  # requests a round
-    concurrency: int = 0  # closed loop: requests in flight (0 with a rate)
-    rate: float = 0.0  # open loop: mean requests/s, Poisson arrivals (launcher.bench.runner's pacing)
-    processes: int = 1  # the served path's client processes (a closed loop: at most C); an open loop's arrivals
-    # are the same however many send them (arrival_times)
-    seed: int = 0  # prompts, drawn output lengths and arrival times
-    name_processes: bool = False  # the label names `processes` (several --client-processes: rows differ by it)
-
-    def label(self) -> str:
-        base = f"rate={self.rate:g}/s" if self.rate else f"C={self.concurrency}"
-        return f"{base}, {self.processes} client processes" if self.name_processes else base
-
-    def open_spec(self, streams: int = 1):
-        """The load generator's LoadSpec of this open loop (no concurrency cap: the engine queues what it has no
-        slot for, on every path alike)."""
-        from launcher.bench.runner import LoadSpec
-
-        return LoadSpec(concurrency=None, request_rate=self.rate, num_requests=self.requests,
-                        processes=self.processes, streams=streams, seed=self.seed)
-
-    def warmup(self, max_num_seqs: int) -> "Load":
-        """The warm-up before the rounds (allocator, first-call costs): this closed loop itself, or for an open loop a
-        closed one of up to 32 requests."""
-        if self.concurrency:
-            return self
-        n = min(self.requests, 32, max_num_seqs)
-        return Load(requests=n, concurrency=n)
-
-    def arrivals(self) -> list[float] | None:
-        """Send times (s after the start) of an open loop's requests, those the served path's generator keeps; None
-        for a closed loop."""
-        from launcher.bench.runner import arrival_times
-
-        return arrival_times(self.open_spec(), self.requests) if self.rate else None
-
-
-def add_open_loop_args(ap: argparse.ArgumentParser, same: str) -> None:
-    """--request-rate / --open-seconds: open loops after the closed ones (`same`: who gets the same arrival times);
-    check them with `check_open_loop_args`, make the loads with `make_loads`."""
-    ap.add_argument("--request-rate", type=float, nargs="+", default=[], metavar="R",
-                    help=f"open loops after the closed ones: requests sent at R/s (Poisson), {same}, whatever is in "
-                         f"flight")
-    ap.add_argument("--open-seconds", type=float, default=4.0, metavar="S",
-                    help="an open loop sends R x S requests a round (at least 16)")
-
-
-def check_open_loop_args(ap: argparse.ArgumentParser, args) -> None:
-    bad_rate = [r for r in args.request_rate if not 0 < r < float("inf")]
-    if bad_rate or not args.open_seconds > 0:
-        ap.error(f"--request-rate {bad_rate[0]:g}: a rate is a number of requests/s above 0" if bad_rate else
-                 f"--open-seconds {args.open_seconds:g}: an open loop needs a length above 0 s")
-
-
-def make_loads(args, processes: list[int] = (1,)) -> list[Load]:
-    """The closed loops of --concurrency (--requests-per-stream x C requests), then the open loops of --request-rate
-    (R x --open-seconds, at least 16); each once per count of `processes` (the served path's client processes), side
-    by side: a load's rows for 8 and 16 clients follow each other, on the same prompts and arrivals."""
-    several = len(processes) > 1
-    loads = [Load(requests=c * args.requests_per_stream, concurrency=c, processes=p, seed=c, name_processes=several)
-             for c in args.concurrency
-             for p in dict.fromkeys(max(1, min(p, c)) for p in processes)]  # a closed loop has at most C clients
-    return loads + [Load(requests=max(16, round(r * args.open_seconds)), rate=r, processes=p, seed=round(r),
-                         name_processes=several) for r in args.request_rate for p in processes]
-
-
 def log(msg: str) -> None:
     print(f"[overhead] {msg}", file=sys.stderr, flush=True)
-
-
-SIGTERM_GRACE_S = 2.0  # later SIGTERMs within this long of the first are the same stop (see stop_on_sigterm)
-_first_sigterm = [0.0]
-
-
-def stop_on_sigterm(signum, frame) -> None:
-    """SIGTERM (timeout(1), a lent machine's time limit) unwinds like Ctrl-C instead of killing the process outright:
-    the servers are then stopped and the loads already measured are still printed (a run cut at its third load
-    used to print nothing).  timeout(1) signals its command and then the command's whole process group, this
-    process again among them, so a second SIGTERM within SIGTERM_GRACE_S is that same stop and is ignored (killing
-    there lost a whole run's JSON); a later one kills as usual."""
-    _first_sigterm[0] = time.monotonic()
-    signal.signal(signal.SIGTERM, _later_sigterm)
-    raise KeyboardInterrupt(signum)
-
-
-def _later_sigterm(signum, frame) -> None:
-    if time.monotonic() - _first_sigterm[0] < SIGTERM_GRACE_S:
-        return
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
 
 
 CUDA_LIBS = ("cublas", "cublasLt", "cudnn", "cudart", "nccl", "nvrtc", "nvJitLink", "cuda", "cusparseLt", "cufft")
@@ -341,82 +251,12 @@ def cuda_libraries(pid: int) -> list[str]:
                         and name[3:].split(".so")[0].split("-")[0].split("_")[0] in CUDA_LIBS, pid)
 
 
-def _descendants_running(server_pid: int, matches, stats: dict | None = None) -> list[int]:
-    """The processes under `server_pid` whose argv (a list of bytes) `matches` (`stats`: _proc_stats, if read)."""
-    pids = []
-    for p in descendants(server_pid, stats):
-        try:
-            with open(f"/proc/{p}/cmdline", "rb") as f:
-                if matches(f.read().split(b"\0")):
-                    pids.append(p)
-        except OSError:
-            continue
-    return pids
-
-
-def engine_pids(server_pid: int, stats: dict | None = None) -> list[int]:
-    """The hf engine processes under a tritonserver (python -m launcher.engines.hf_process)."""
-    return _descendants_running(server_pid, lambda argv: b"launcher.engines.hf_process" in argv, stats)
-
-
-def stub_pids(server_pid: int, stats: dict | None = None) -> list[int]:
-    """The python-backend stubs under a tritonserver (where the hf engine runs with engine_process=false)."""
-    return _descendants_running(server_pid, lambda argv: os.path.basename(argv[0]) == b"triton_python_backend_stub",
-                                stats)
-
-
-def _proc_stats() -> dict[int, tuple[int, float]]:
-    """pid -> (parent pid, CPU seconds used so far, user + system), for every process (Linux /proc)."""
-    tick = os.sysconf("SC_CLK_TCK")
-    stats = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            stats[int(entry)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
-    return stats
-
-
 def server_cpu_text(run: dict) -> str:
     """A served run's server CPU a token, in all and by role: "160 (tritonserver 50, stubs 70, engine 40)" (us)."""
     per = 1e6 / run["tokens"]
     parts = ", ".join(f"{role} {v * per:.0f}" for role, v in run["server_cpu_by_role_s"].items()
                       if role != "other" or v * per >= 0.5)
     return f"{run['server_cpu_s'] * per:.0f} ({parts})"
-
-
-def descendants(pid: int, stats: dict | None = None) -> list[int]:
-    """A process and all its descendants."""
-    stats = _proc_stats() if stats is None else stats
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(c for c, (ppid, _) in stats.items() if ppid == p)
-    return out
-
-
-SERVER_ROLES = ("tritonserver", "stubs", "engine", "other")
-
-
-def server_cpu_by_role(server_pid: int) -> dict[str, float]:
-    """CPU seconds (user + system) used so far by a tritonserver and all its descendants, by role: the server itself
-    (gRPC, the python backend's side of every request and response), its python stubs (parsing requests, building
-    and sending responses; the engine too with engine_process=false), the hf engine processes, and anything else.
-    Which of them a CPU-poor server runs out of decides what to make cheaper (128 streams on 8 vCPUs used 6.5-6.7 of
-    them).  A process that exited meanwhile is not counted."""
-    stats = _proc_stats()
-    stubs, engines = set(stub_pids(server_pid, stats)), set(engine_pids(server_pid, stats))  # one read of /proc
-    out = dict.fromkeys(SERVER_ROLES, 0.0)
-    for p in descendants(server_pid, stats):
-        if p in stats:
-            role = ("tritonserver" if p == server_pid else "stubs" if p in stubs else
-                    "engine" if p in engines else "other")
-            out[role] += stats[p][1]
-    return out
 
 
 def make_prompts(tokenizer, n: int, prompt_tokens: int, seed: int = 0) -> list[str]:
@@ -460,12 +300,6 @@ def latency_stats(per_request: list[tuple[float, list[float], int]], wall: float
 def output_lengths(max_tokens: int | list[int], n: int) -> list[int]:
     """Each of n requests' exact output length: one for all, or one each (--max-tokens-min)."""
     return list(max_tokens) if isinstance(max_tokens, list) else [max_tokens] * n
-
-
-def draw_output_lengths(n: int, low: int, high: int, seed: int) -> list[int]:
-    """n exact output lengths drawn from [low, high] (seeded: every path and round gets the same ones)."""
-    rng = random.Random(seed)
-    return [rng.randint(low, high) for _ in range(n)]
 
 
 def add_side_by_side_args(ap: argparse.ArgumentParser, max_tokens: int, max_tokens_min: int) -> None:
@@ -1088,7 +922,7 @@ def main(argv=None) -> int:
             results["awake_pause_at"] = args.awake_pause_at
         if "served" in paths:
             log(f"starting tritonserver (log {workdir / 'tritonserver.log'})")
-            from tests.models.serve import hf_server  # metrics on: the first-token split is read there
+            from launcher.testing.serve import hf_server  # metrics on: the first-token split is read there
 
             server_cpus, client_cpus = cpu_halves() if args.split_cpus else (None, None)
             if server_cpus:

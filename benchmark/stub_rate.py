@@ -6,7 +6,7 @@ stub process) builds and sends them all, and at 32 streams on an H100 it could n
 tokens, so a client saw a piece every 3.3-4.2 ms against 1.86 in-process.  In a stub, building a pb_utils.Tensor costs 12 us (INT32) to 30 us (BYTES), and a tensor's
 first send copies it into shared memory, while a tensor sent before is sent again from there; so the hf
 model's responses (launcher.serving.triton_io.Responder) keep the tensors that repeat.  This script
-measures what that buys, with the `emitter` fixture model (tests/models/emitter: one request at a time,
+measures what that buys, with the `emitter` fixture model (launcher/testing/models/emitter: one request at a time,
 responses as fast as the python backend allows, built by the real Responder), one instance a variant, in
 one tritonserver:
 
@@ -55,7 +55,7 @@ def emitter_params(variant: str, pieces: int, responses: int) -> dict:
 
 def make_repo(dest: Path, variants: list[str], pieces: int, responses: int) -> Path:
     """One emitter model per variant, named emitter_<variant>, one instance each."""
-    from tests.models.serve import variants_repository
+    from launcher.testing.serve import variants_repository
 
     return variants_repository(dest, "emitter", {f"emitter_{v}": emitter_params(v, pieces, responses) for v in variants})
 
@@ -161,7 +161,7 @@ def main(argv=None) -> int:
                     help="distinct texts of the `cached` variant's responses (cycled), as a model's frequent tokens")
     ap.add_argument("--json", default="", help="write the results here too")
     args = ap.parse_args(argv)
-    from tests.models.serve import chosen_variants, measure_variants
+    from launcher.testing.serve import chosen_variants, measure_variants
 
     variants = chosen_variants(ap, args.variants, VARIANTS)
     if args.responses < 2 or args.rounds < 1 or args.pieces < 1 or args.warmup < 2:

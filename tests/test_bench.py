@@ -1,5 +1,5 @@
 """llmlaunch-bench against a real tritonserver serving the `timed` fixture
-model (tests/models/timed), whose token schedule is known, plus unit tests of
+model (launcher/testing/models/timed), whose token schedule is known, plus unit tests of
 datasets and metrics."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".spl
 def url(tmp_path_factory):
     if importlib.util.find_spec("pytriton") is None:
         pytest.skip("needs nvidia-pytriton (tritonserver)")
-    from tests.models.serve import make_repository, serve
+    from launcher.testing.serve import make_repository, serve
 
     repo = make_repository(tmp_path_factory.mktemp("bench") / "repo", {"timed": {}})
     with serve(repo) as address:
@@ -222,16 +222,16 @@ time.sleep(120)
 
 
 def test_server_cpu_by_role_puts_each_process_of_a_real_tree_in_its_role():
-    """benchmark/overhead.server_cpu_by_role over a real process tree named as a tritonserver's is: the root (the
-    server), a process whose argv[0] is the python backend's stub, one running `-m launcher.engines.hf_process` (the
-    hf engine process) and one more.  Each burns 0.2 s of CPU and each lands in its own role, whatever the clock
+    """launcher.testing.processes.server_cpu_by_role over a real process tree named as a tritonserver's is: the root
+    (the server), a process whose argv[0] is the python backend's stub, one running `-m launcher.engines.hf_process`
+    (the hf engine process) and one more.  Each burns 0.2 s of CPU and each lands in its own role, whatever the clock
     tick (a served test run is too short for that: a stub may use less than a tick)."""
     import os
     import signal
     import subprocess
     import sys
 
-    from benchmark.overhead import SERVER_ROLES, server_cpu_by_role
+    from launcher.testing.processes import SERVER_ROLES, server_cpu_by_role
 
     root = subprocess.Popen([sys.executable, "-c", _ROLE_TREE], stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
@@ -247,12 +247,13 @@ def test_server_cpu_by_role_puts_each_process_of_a_real_tree_in_its_role():
 
 
 def test_overhead_loads_repeat_each_load_per_client_process_count():
-    """benchmark/overhead.py --client-processes 8 16: every load once per count, side by side, so that each count's
-    served runs have in-process runs of their own on the same arrivals; a closed loop has at most C clients (C=1
-    once), and an open loop's arrivals are the same for either count (one schedule, split between the processes)."""
+    """launcher.bench.loads.make_loads (benchmark/overhead.py --client-processes 8 16): every load once per count,
+    side by side, so that each count's served runs have in-process runs of their own on the same arrivals; a closed
+    loop has at most C clients (C=1 once), and an open loop's arrivals are the same for either count (one schedule,
+    split between the processes)."""
     import argparse
 
-    from benchmark.overhead import make_loads
+    from launcher.bench.loads import make_loads
     from launcher.bench.runner import arrival_times
 
     args = argparse.Namespace(concurrency=[1, 32], requests_per_stream=2, request_rate=[250.0], open_seconds=4.0)
@@ -566,7 +567,7 @@ def test_compare_prints_speedup_table(url, tmp_path, capsys):
 @needs_server
 @pytest.mark.triton
 def test_unreachable_server_is_a_setup_error(tmp_path, capsys):
-    from tests.models.serve import free_port
+    from launcher.testing.serve import free_port
 
     code, doc = run_bench(tmp_path, "--url", f"127.0.0.1:{free_port()}", "--model", "x", "--dataset-name", "synthetic",
                           "--num-prompts", 2, "--concurrency", 1)

@@ -1,5 +1,5 @@
 """launcher.client: request encoding, and the CLI against a real tritonserver
-serving the `timed` fixture model (tests/models/timed)."""
+serving the `timed` fixture model (launcher/testing/models/timed)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def url(tmp_path_factory):
     if importlib.util.find_spec("pytriton") is None:
         pytest.skip("needs nvidia-pytriton (tritonserver)")
-    from tests.models.serve import make_repository, serve
+    from launcher.testing.serve import make_repository, serve
 
     # inter-token gap long enough to see the CLI print tokens one at a time
     repo = make_repository(tmp_path_factory.mktemp("client") / "repo", {"timed": {"first_token_delay_ms": 5, "inter_token_delay_ms": 60}})
@@ -194,7 +194,7 @@ def test_library_records_every_response_and_empty_final(url):
 
 
 def test_cli_unreachable_server_exits_1():
-    from tests.models.serve import free_port
+    from launcher.testing.serve import free_port
 
     r = client("--url", f"127.0.0.1:{free_port()}", "--prompt", "x")
     assert r.returncode == 1 and r.stderr.startswith("error: cannot list models")
@@ -224,7 +224,7 @@ def test_responder_resends_kept_tensors_with_their_own_text(tmp_path):
     import json
 
     stub_rate = _triton_benchmark("stub_rate")
-    from tests.models.serve import make_repository, serve
+    from launcher.testing.serve import make_repository, serve
 
     repo = make_repository(tmp_path / "repo", {"emitter": {"responder": "cached", "pieces": 7, "max_texts": 5,
                                                            "pythonpath": str(ROOT)}})
@@ -260,7 +260,7 @@ def test_first_response_splits_the_serving_path(tmp_path):
 
     first_response = _triton_benchmark("first_response")
     from launcher.client import Generation, StreamRecord, TritonStream, build_request
-    from tests.models.serve import serve
+    from launcher.testing.serve import serve
 
     variants = list(first_response.VARIANTS)
     repo = first_response.make_repo(tmp_path, variants)

@@ -1,6 +1,6 @@
 """The data-parallel front end (launcher/frontend) against real tritonservers.
 
-Two tritonservers serve the fixture models (tests/models: timed, frontend_echo, frontend_marker);
+Two tritonservers serve the fixture models (launcher/testing/models: timed, frontend_echo, frontend_marker);
 `python -m launcher.frontend` runs in front of them, as rank 0 runs it. Clients are tritonclient,
 launcher.client and launcher.bench, unchanged. Then `llmlaunch replicas=2` end to end on this
 machine (cluster=local, the tiny hf model), and on the local Slurm cluster over two nodes.
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.models.serve import free_port, make_repository, wait_ready
+from launcher.testing.serve import free_port, make_repository, wait_ready
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(600)]
 

@@ -1591,7 +1591,7 @@ def test_overhead_benchmark_stopped_by_sigterm_prints_the_loads_it_finished(tiny
 
 _TWO_SIGTERMS = """
 import os, signal, sys, time
-from benchmark.overhead import SIGTERM_GRACE_S, stop_on_sigterm
+from launcher.testing.sigterm import SIGTERM_GRACE_S, stop_on_sigterm
 
 signal.signal(signal.SIGTERM, stop_on_sigterm)
 try:
@@ -1610,9 +1610,9 @@ print("not killed", flush=True)
 
 
 def test_a_second_sigterm_soon_after_the_first_does_not_kill_the_overhead_benchmark():
-    """The handler benchmark/overhead.py installs for SIGTERM: the first unwinds like Ctrl-C; a second within
-    SIGTERM_GRACE_S (timeout(1) signals its command, then the command's process group) is ignored, so the servers
-    still stop and the finished loads are still printed; one later kills as usual."""
+    """The handler benchmark/overhead.py installs for SIGTERM (launcher.testing.sigterm): the first unwinds like
+    Ctrl-C; a second within SIGTERM_GRACE_S (timeout(1) signals its command, then the command's process group) is
+    ignored, so the servers still stop and the finished loads are still printed; one later kills as usual."""
     import signal
     import subprocess
     import sys
@@ -1713,7 +1713,7 @@ def test_prompts_alone_benchmark_runs_both_engines_on_the_same_load(tiny_model_d
     import subprocess
     import sys
 
-    from benchmark.overhead import draw_output_lengths
+    from launcher.bench.loads import draw_output_lengths
 
     args = [sys.executable, "benchmark/gpu/prompts_alone.py", "--model", str(tiny_model_dir), "--device", "cpu",
             "--dtype", "float32", "--max-num-seqs", "4", "--concurrency", "2", "--rounds", "2",

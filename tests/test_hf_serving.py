@@ -18,7 +18,7 @@ grpcclient = pytest.importorskip("tritonclient.grpc")
 pytest.importorskip("torch")
 
 from launcher.client import Generation, build_inputs  # noqa: E402
-from tests.models.serve import hf_server  # noqa: E402
+from launcher.testing.serve import hf_server  # noqa: E402
 
 MODEL = "hf_model"
 PROMPT = "The quick brown fox"
@@ -286,7 +286,7 @@ def test_in_thread_engine_variant(tiny_model_dir, tmp_path):
                     for i in range(8)]
             assert all(s.collect(r)[0][-1][1] == 12 for r in rids)
             # where benchmark/overhead.py looks for this engine's libraries: the stub, no engine process
-            from benchmark.overhead import engine_pids, stub_pids
+            from launcher.testing.processes import engine_pids, stub_pids
 
             assert engine_pids(srv.proc.pid) == [] and len(stub_pids(srv.proc.pid)) == 1
         finally:

@@ -131,7 +131,7 @@ def test_waiting_for_a_server_shows_what_its_model_says_it_is_doing(tmp_path):
 
     from launcher import stage
     from launcher.triton import wait_ready
-    from tests.models.serve import free_port
+    from launcher.testing.serve import free_port
 
     log = tmp_path / "server.log"
     log.write_text("I1122 loading\n" + stage.PREFIX + "hf engine: loading /m (bfloat16) on cuda\n"
@@ -206,7 +206,7 @@ def test_an_engine_in_a_stub_that_cannot_import_it_fails_its_load_saying_why(tin
     import sysconfig
 
     from launcher.triton import ServerDied
-    from tests.models.serve import hf_server
+    from launcher.testing.serve import hf_server
 
     if importlib.util.find_spec("pytriton") is None:
         pytest.skip("needs nvidia-pytriton (tritonserver)")

@@ -52,8 +52,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     check_side_by_side_args(ap, args, lowest_min=1)
 
-    from benchmark.overhead import (draw_output_lengths, random_prompt_ids, side_by_side,
-                                    side_by_side_summary, write_json)
+    from benchmark.overhead import random_prompt_ids, side_by_side, side_by_side_summary, write_json
+    from launcher.bench.loads import draw_output_lengths
     from launcher.engines.hf_engine import Engine, describe_features
     from launcher.tiny import ensure_tiny_model
 

@@ -1,4 +1,4 @@
-"""Start a real tritonserver on the fixture models (tests and benchmark/ only).
+"""Start a real tritonserver on the fixture models (launcher/testing/models), for tests and benchmarks.
 
     repo = make_repository(tmp_path / "repo", {"timed": {"first_token_delay_ms": 50}})
     with serve(repo) as url:            # "127.0.0.1:PORT" (gRPC)
@@ -29,19 +29,19 @@ import sysconfig
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
+MODELS = Path(__file__).resolve().parent / "models"  # the fixture models, shipped as package data
 _counter = itertools.count()
 
 
 def make_repository(dest: Path, models: dict[str, dict], instances: dict[str, int] | None = None) -> Path:
-    """Copy fixture models (names of dirs beside this file) into `dest`,
+    """Copy fixture models (names of folders under MODELS) into `dest`,
     setting their config parameters from `models[name]` and the instance count
     from `instances[name]`."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     for name, params in models.items():
         target = dest / name
-        shutil.copytree(HERE / name, target, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
+        shutil.copytree(MODELS / name, target, ignore=shutil.ignore_patterns("__pycache__"), dirs_exist_ok=True)
         config = (target / "config.pbtxt").read_text()
         for key, value in params.items():
             value = str(value).lower() if isinstance(value, bool) else str(value)
@@ -104,11 +104,12 @@ def hf_server(model_dir: str, workdir: Path, params: dict, model: str = "hf_mode
 
     from launcher import pbtxt
     from launcher.engines.hf_args import ARGS_FILE, HFEngineArgs
+    from launcher.engines.registry import REPO_SOURCES
     from launcher.triton import TritonServer, resolve_tritonserver, server_env
 
     repo = Path(workdir) / "model_repository"
     (repo / model / "1").mkdir(parents=True, exist_ok=True)
-    shutil.copy(HERE.parents[1] / "model_repository" / "hf" / "1" / "model.py", repo / model / "1" / "model.py")
+    shutil.copy(REPO_SOURCES / "hf" / "1" / "model.py", repo / model / "1" / "model.py")
     # the engine's arguments go to 1/model.json as the launcher writes them; None or "" keeps a default
     args = HFEngineArgs.from_dict({"model_path": model_dir, **{k: v for k, v in params.items() if v not in (None, "")}})
     (repo / model / "1" / ARGS_FILE).write_text(args.to_json())

@@ -22,8 +22,8 @@ loop instead of blocking on it (a thread that blocks for milliseconds is slow to
 machine whose idle vCPU the host deschedules).
 
 Parameter `parse`: `once` reads the inputs with launcher.serving.triton_io.request_arrays, as the hf model
-does; `each` looks every contract input up by name with pb_utils.get_input_tensor_by_name, as
-request_arrays did before (each lookup lists the request's inputs again).  parse_inputs then validates
+does; `each` looks every contract input up by name with pb_utils.get_input_tensor_by_name (each
+lookup lists the request's inputs again: the cost request_arrays avoids).  parse_inputs then validates
 them, as in the hf model.  Parameter `pythonpath`: where `launcher` imports from.
 
 Responses are built by the hf model's triton_io.Responder: one with the text " x" (output_tokens 1), then
