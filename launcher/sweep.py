@@ -24,7 +24,7 @@ the plots. `dry_run=true` prints every point's plan and what would be skipped,
 reused or launched, and writes nothing.
 
 Layout of this module: pure planning functions first (server key, point names,
-skip/reuse decisions, command lines; tests/test_sweep.py), then the one part with
+skip/reuse decisions, command lines; tests/integration/test_sweep.py), then the one part with
 side effects: the servers (`SlurmServer`, `LocalServer`, `AllocationServer`),
 `run_point` (the Hydra task of a point) and `SweepCallback`.
 """

@@ -347,7 +347,7 @@ class _Session:
         # carries a non-decoupled model's request while a decoupled model's responses are being written:
         # the two paths write to the stream unserialized. A client may mix them on its stream (tritonclient
         # does not stop it); here they never share a backend stream, so the replicas survive such clients.
-        # tests/test_frontend.py::test_a_stream_mixing_decoupled_and_plain_models_leaves_the_replicas_running
+        # tests/integration/test_frontend.py::test_a_stream_mixing_decoupled_and_plain_models_leaves_the_replicas_running
         key = (rep.index, req.model_name, req.model_version)
         link = self.links.get(key)
         if link is None:  # (a link whose stream ended has left self.links: this opens a fresh one)

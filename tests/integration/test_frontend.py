@@ -25,7 +25,7 @@ from launcher.testing.serve import free_port, make_repository, wait_ready
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(600)]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("timed", "frontend_echo", "frontend_marker")
 
 
@@ -600,7 +600,7 @@ def test_a_replica_whose_port_is_taken_before_its_server_binds_it_retries_on_fre
 def test_llmlaunch_replicas_2_on_this_machine_serves_through_the_front_end(tmp_path, tiny_model_dir):
     """Also engine.stream_interval_ms from the command line to the engine process: a stream's tokens come merged into
     fewer responses (one a token without it), and the text is the one a whole answer has (that its first token never
-    waits: tests/test_hf_engine.py::test_engine_process_matches_engine)."""
+    waits: tests/integration/test_hf_engine.py::test_engine_process_matches_engine)."""
     from launcher.client import Generation, generate
 
     job = LocalLaunch(tmp_path, "engine.stream_interval_ms=100")
@@ -651,7 +651,7 @@ def test_llmlaunch_fails_when_the_front_end_dies(tmp_path, tiny_model_dir):
 def test_llmlaunch_keeps_serving_when_replica_1_is_lost(tmp_path, tiny_model_dir):
     """cluster=local follows the Slurm rule: a replica lost while serving is reported, the rest serve on."""
     from launcher.client import Generation, generate
-    from tests.test_slurm_launch import server_pid
+    from tests.integration.test_slurm_launch import server_pid
 
     job = LocalLaunch(tmp_path)
     try:

@@ -24,7 +24,7 @@ from launcher import awake
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["Once upon a time", "The quick brown fox jumps over", "hello"]
 
 # One rank of the engine-level test: argv = role tp port model_dir.  The leader prints the greedy tokens per
@@ -229,7 +229,7 @@ def test_slurm_tp2_two_nodes_leader_serves_generate_greedy(local_slurm, tmp_path
     pytest.importorskip("tritonclient.grpc")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tests.test_slurm_launch import greedy, launch, prefixes_of, stop
+    from tests.integration.test_slurm_launch import greedy, launch, prefixes_of, stop
 
     spec, job_id, run, ep = launch(tmp_path, "tp=2", "nodes=2")
     try:
@@ -254,7 +254,7 @@ def test_slurm_tp4_two_nodes_two_tasks_generate_greedy(local_slurm, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from launcher.tiny import ensure_tiny_model
-    from tests.test_slurm_launch import greedy, launch, prefixes_of, stop
+    from tests.integration.test_slurm_launch import greedy, launch, prefixes_of, stop
 
     path = str(ensure_tiny_model(kv_heads=4))
     spec, job_id, run, ep = launch(tmp_path, "tp=4", "nodes=2", f"model.path={path}")

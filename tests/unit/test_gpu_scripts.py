@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-GPU = Path(__file__).resolve().parents[1] / "benchmark" / "gpu"
+GPU = Path(__file__).resolve().parents[2] / "benchmark" / "gpu"
 
 
 def _load(name: str):

@@ -24,7 +24,7 @@ from launcher.errors import LaunchError
 from launcher.rank import RankContext, Topology, rank_environment
 from launcher.render import python_for, repository_files, tritonserver_argv
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 LEADER, DIST_PORT = "10.0.0.1", 29555
 
 

@@ -139,7 +139,7 @@ def test_load_spec_rejects_nonsense():
 
 def _script(*parts: str):
     """A script under benchmark/ (not a package), loaded as a module to test its pure functions."""
-    path = Path(__file__).parents[1] / "benchmark" / Path(*parts)
+    path = Path(__file__).parents[2] / "benchmark" / Path(*parts)
     spec = importlib.util.spec_from_file_location(path.stem, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

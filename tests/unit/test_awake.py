@@ -13,7 +13,7 @@ import pytest
 
 from launcher import awake
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _alive(pid: int) -> bool:

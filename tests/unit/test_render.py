@@ -14,7 +14,7 @@ from launcher import pbtxt
 from launcher.cli import plan
 from launcher.render import PACKAGE_ROOT, plan_text, repository_files, sbatch_script, tritonserver_argv
 
-EXPECTED = Path(__file__).parent / "expected"
+EXPECTED = Path(__file__).resolve().parents[1] / "expected"
 REGEN = os.environ.get("LLMLAUNCH_REGEN") == "1"
 ENGINES = ["hf", "trtllm", "vllm", "sglang", "lmdeploy"]
 CLUSTERS = ["local", "local_slurm", "luna", "slurm"]
@@ -43,7 +43,7 @@ def check_expected(name: str, text: str) -> None:
         path.write_text(text)
         if not REGEN:
             pytest.fail(f"{path} did not exist; written now — review it and commit it")
-    assert text == path.read_text(), f"{name} differs from {path}; if the change is intended, regenerate with: LLMLAUNCH_REGEN=1 pytest tests/test_render.py"
+    assert text == path.read_text(), f"{name} differs from {path}; if the change is intended, regenerate with: LLMLAUNCH_REGEN=1 pytest tests/unit/test_render.py"
 
 
 @pytest.mark.parametrize("cluster", CLUSTERS)
@@ -60,7 +60,7 @@ def test_engine_repositories_at_tp_and_nodes(engine, tp, nodes):
     extra = [f"tp={tp}", f"nodes={nodes}", f"replicas={replicas}"]
     if engine == "lmdeploy" and nodes == 2:
         extra = [f"tp={tp}", "nodes=2", "replicas=2"]
-    if engine == "hf":  # same GPU counts as data-parallel copies (hf tp ranks: tests/test_hf_tp.py)
+    if engine == "hf":  # same GPU counts as data-parallel copies (hf tp ranks: tests/integration/test_hf_tp.py)
         extra = [f"replicas={tp}", f"nodes={nodes}"]
     cfg, spec = plan(overrides_for(engine, "luna", extra))
     files = repository_files(spec)

@@ -1,6 +1,6 @@
 """The rule for a rank whose child ends unasked (launcher/rank.py decide_exit), and how the loss of a
 replica is recorded and shown, without Slurm. The real thing on the local Slurm cluster:
-tests/test_slurm_launch.py::test_losing_replica_1_keeps_the_job_serving_on_replica_0."""
+tests/integration/test_slurm_launch.py::test_losing_replica_1_keeps_the_job_serving_on_replica_0."""
 
 import json
 import signal

@@ -269,7 +269,7 @@ def test_stub_site_links_a_host_site_leaving_out_what_cannot_import_under_the_st
                                            text=True).strip())
     (purelib / "numpy").mkdir()
     (purelib / "numpy" / "__init__.py").write_text("__version__ = '1.26.4'\n")  # no `long`, as numpy 1.26
-    script = Path(__file__).resolve().parents[1] / "benchmark" / "gpu" / "stub_site.py"
+    script = Path(__file__).resolve().parents[2] / "benchmark" / "gpu" / "stub_site.py"
     dest = tmp_path / "linked"
 
     def run(check):
@@ -344,7 +344,7 @@ def test_torch_cudnn_is_preloaded_by_full_path_for_an_engine_in_the_stub(tmp_pat
              "else:\n"
              "    loaded = preload_torch_cudnn()\n"
              "print(json.dumps([d, loaded, mapped_from('libcudnn')]))")
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
 
     def run(how="preload"):
         out = subprocess.check_output([sys.executable, "-c", probe, how], text=True, cwd=root,

@@ -17,7 +17,7 @@ import pytest
 from launcher import contract
 from launcher.client import Generation, build_inputs, build_request, encode_inputs, parse_url
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from launcher import sweep
 from launcher.cli import compose
 from tests.slurm_fixture import requires_slurm
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # A tiny load: 4 measured requests of 4 tokens after one warm-up request.
 TINY_LOAD = ["bench=sharegpt_small", "bench.num_prompts=4", "bench.output_len=4", "bench.warmup=1"]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from launcher.cli import plan
 from launcher.render import sbatch_script, srun_args, tritonserver_argv
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SUB = (ROOT / "sbatch" / "tensorrt_llm_triton.sub").read_text()
 SH = (ROOT / "sbatch" / "tensorrt_llm_triton.sh").read_text()
 

@@ -1619,7 +1619,7 @@ def test_a_second_sigterm_soon_after_the_first_does_not_kill_the_overhead_benchm
 
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-c", _TWO_SIGTERMS], cwd=root, capture_output=True, text=True, timeout=60)
     assert proc.stdout.split("\n")[:2] == ["stopping", "still stopping"], proc.stderr[-2000:]
     assert proc.returncode == -signal.SIGTERM and "not killed" not in proc.stdout
@@ -1672,7 +1672,7 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
     assert "2 instances share" in alt_log and "instances share" not in served_log
     assert out["served_alt"]["server_env"] == {"OMP_NUM_THREADS": "1"} and not out.get("server_env")
     # the server's CPU a token is split by role: tritonserver, its stubs, the engine process (which decodes here, so
-    # it used more than a clock tick; the roles' processes themselves: tests/test_bench.py); the parts add up
+    # it used more than a clock tick; the roles' processes themselves: tests/integration/test_bench.py); the parts add up
     cpu = row["cpu_us_per_token"]
     for key, total in (("server_by_role", "server"), ("served_alt_server_by_role", "served_alt_server")):
         roles = cpu[key]

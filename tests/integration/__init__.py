@@ -1,0 +1,1 @@
+"""Integration tests: a real tritonserver, the local Slurm cluster, MPI, engine processes."""
