@@ -1,6 +1,5 @@
-"""llmlaunch-bench against a real tritonserver serving the `timed` fixture
-model (launcher/testing/models/timed), whose token schedule is known, plus unit tests of
-datasets and metrics."""
+"""llmlaunch-bench against a real tritonserver serving the `timed` fixture model (launcher/testing/models/timed),
+whose token schedule is known. Datasets, metrics and load specs without a server: tests/unit/test_bench_loads.py."""
 
 from __future__ import annotations
 
@@ -9,17 +8,15 @@ import importlib.util
 import json
 import random
 import statistics
-from pathlib import Path
 
 import pytest
 
-from launcher.bench import cli, datasets, metrics
-from launcher.bench.runner import LoadSpec
+from launcher.bench import cli
+from tests.unit.test_bench_loads import _text, make_cnn, make_prompts, make_sharegpt
 
 needs_server = pytest.mark.skipif(importlib.util.find_spec("pytriton") is None, reason="needs nvidia-pytriton (tritonserver)")
 
 FAST = ["--request-param", "first_token_delay_ms=0", "--request-param", "inter_token_delay_ms=1"]
-WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu".split()
 
 
 @pytest.fixture(scope="module")
@@ -33,291 +30,11 @@ def url(tmp_path_factory):
         yield address
 
 
-# --------------------------------------------------------------------------- dataset files
-
-
-def _text(rng, lo, hi):
-    return " ".join(rng.choice(WORDS) for _ in range(rng.randint(lo, hi)))
-
-
-def make_sharegpt(path: Path, n: int = 70, seed: int = 1) -> Path:
-    rng = random.Random(seed)
-    data = []
-    for i in range(n):
-        conv = [{"from": "human", "value": _text(rng, 4, 30)}, {"from": "gpt", "value": _text(rng, 4, 12)}]
-        if i % 7 == 0:
-            conv = conv[:1]  # one turn only: dropped
-        data.append({"id": f"c{i}", "conversations": conv})
-    data.append({"id": "short", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "yo"}]})
-    path.write_text(json.dumps(data))
-    return path
-
-
-def make_cnn(path: Path, n: int = 55, seed: int = 2) -> Path:
-    rng = random.Random(seed)
-    rows = [{"instruction": "Summarize the following news article:", "input": _text(rng, 10, 60),
-             "output": _text(rng, 3, 9)} for _ in range(n)]
-    path.write_text(json.dumps(rows))
-    return path
-
-
-def make_prompts(path: Path, lines) -> Path:
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
-
 def run_bench(tmp_path, *args, name="result.json"):
     out = tmp_path / name
     code = cli.main(["--no-progress", "--result-json", str(out), *map(str, args)])
     doc = json.loads(out.read_text()) if out.exists() else None
     return code, doc
-
-
-# --------------------------------------------------------------------------- unit tests (no server)
-
-
-def test_sharegpt_loader_filters_and_seeds(tmp_path):
-    path = make_sharegpt(tmp_path / "sg.json")
-    tokens = datasets.TokenCounter()
-    a = datasets.load_sharegpt(path, 20, tokens, seed=3)
-    b = datasets.load_sharegpt(path, 20, tokens, seed=3)
-    c = datasets.load_sharegpt(path, 20, tokens, seed=4)
-    assert [s.prompt for s in a] == [s.prompt for s in b] != [s.prompt for s in c]
-    assert all(s.prompt_len >= 4 and s.output_len >= 4 for s in a)
-    assert all(s.output_len == datasets.estimate_tokens(s.reference) for s in a)
-    assert datasets.detect_kind(str(path)) == "sharegpt"
-    fixed = datasets.load_sharegpt(path, 5, tokens, output_len=7)
-    assert {s.output_len for s in fixed} == {7}
-
-
-def test_cnn_and_synthetic_loaders(tmp_path):
-    path = make_cnn(tmp_path / "cnn.json")
-    assert datasets.detect_kind(str(path)) == "cnn"
-    tokens = datasets.TokenCounter()
-    s = datasets.load_cnn(path, 10, tokens, max_input_len=40)
-    assert len(s) == 10 and all(x.prompt.startswith("Summarize") and x.prompt_len <= 40 for x in s)
-    assert all(x.output_len == int(len(x.reference.split(" ")) * 1.3) for x in s)
-    syn = datasets.load_synthetic(200, tokens, seed=1, input_len=20, output_len=10, range_ratio=0.5)
-    assert all(10 <= x.prompt_len <= 30 and 5 <= x.output_len <= 15 for x in syn)
-    assert len({x.output_len for x in syn}) > 3
-    fixed = datasets.load_synthetic(5, tokens, input_len=16, output_len=8)
-    assert {(x.prompt_len, x.output_len) for x in fixed} == {(16, 8)}
-    assert all(len(x.prompt.split()) == 16 for x in fixed)
-
-
-def test_metrics_from_known_times():
-    r = metrics.RequestResult(index=0, prompt_len=3, max_tokens=4, sent=1.0, token_times=[1.05, 1.07, 1.09, 1.11],
-                              end=1.11, input_tokens=3, output_tokens=4, queued=0.9996)
-    assert r.ttft == pytest.approx(0.05) and r.e2el == pytest.approx(0.11)
-    assert r.itl == pytest.approx([0.02, 0.02, 0.02]) and r.tpot == pytest.approx(0.02)
-    bad = metrics.RequestResult(index=1, prompt_len=3, max_tokens=4, sent=1.0, error="boom")
-    m = metrics.compute([r, bad], duration=2.0, slos={"ttft": 60})
-    assert m["completed"] == 1 and m["errors"] == 1 and m["failed"] == 1
-    assert m["ttft_ms"]["mean"] == pytest.approx(50) and m["itl_ms"]["p50"] == pytest.approx(20)
-    assert m["output_throughput"] == pytest.approx(2.0) and m["goodput"] == pytest.approx(0.5)
-    assert metrics.compute([r], 1.0, {"ttft": 10})["goodput"] == 0
-    assert m["tokens_per_response"] == 1.0 and "Tokens per response (mean):" in metrics.format_table(m)
-    # the client's hand-off (queued -> sent) is outside TTFT, reported apart; unknown (None) for old results
-    assert m["client_handoff_ms"]["p50"] == pytest.approx(0.4) and "Client hand-off P99 (ms):" in metrics.format_table(m)
-    # a server that merges a stream's tokens (stream_interval_ms): ITL is the gap between pieces of 3 and 4 tokens
-    merged = metrics.RequestResult(index=2, prompt_len=3, max_tokens=8, sent=1.0, token_times=[1.05, 1.07, 1.09],
-                                   end=1.09, input_tokens=3, output_tokens=8)
-    assert metrics.compute([r, merged], 2.0)["tokens_per_response"] == pytest.approx(12 / 7)
-    no_queue = metrics.compute([merged], 2.0)  # results saved before `queued` existed: no hand-off row
-    assert no_queue["client_handoff_ms"]["p50"] is None and "Client hand-off" not in metrics.format_table(no_queue)
-    assert "1 of 2 requests failed (1 with errors)" == metrics.failure_summary(m)
-    with pytest.raises(ValueError, match="ttft:MS"):
-        metrics.parse_slos(["latency:5"])
-
-
-def test_load_spec_rejects_nonsense():
-    with pytest.raises(ValueError, match="--concurrency N, or --request-rate"):
-        LoadSpec().check()
-    with pytest.raises(ValueError, match="burstiness"):
-        LoadSpec(concurrency=1, burstiness=0).check()
-
-
-def _script(*parts: str):
-    """A script under benchmark/ (not a package), loaded as a module to test its pure functions."""
-    path = Path(__file__).parents[2] / "benchmark" / Path(*parts)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_profile_wrapper_translates_seed_command_line(tmp_path):
-    mod = _script("profile_triton_python_backend.py")
-    argv = mod.translate(["0.0.0.0:33337", "sglang_model", "sg.json", "--num_prompts", "1000", "--concurrency=128"])
-    assert argv[:4] == ["--url", "0.0.0.0:33337", "--dataset", "sg.json"]
-    assert "--model" in argv and argv[argv.index("--model") + 1] == "sglang_model"
-    assert argv[argv.index("--num-prompts") + 1] == "1000" and argv[argv.index("--concurrency") + 1] == "128"
-    argv = mod.translate(["h:1", str(tmp_path), "sg.json", "--stream_output", "false", "--request-rate", "5"])
-    assert argv[argv.index("--tokenizer") + 1] == str(tmp_path) and "--no-stream" in argv
-    assert argv[-2:] == ["--request-rate", "5"]
-
-
-def test_multi_gpu_verdict_allows_greedy_differences_only_across_tp_sizes_in_bf16():
-    """benchmark/gpu/multi_gpu.py's exit status: a bf16 tp=2 that picks another near-tie than tp=1 is a note; the same
-    difference in float32, or a layout that differs from the first of its tp size (replicas of tp=1 against tp=1) in
-    any dtype, fails the run, as do failed requests and layouts that did not start."""
-    mod = _script("gpu", "multi_gpu.py")
-    rows = [{"layout": n, "failed": 0} for n in ("tp1", "tp2", "rep2")]
-
-    texts = {"tp1": "a b c", "tp2": "a b d", "rep2": "a b c"}
-    assert mod.verdict(texts, rows, [], "bfloat16") == (0, [
-        "greedy text of tp2 differs from tp1's (bfloat16, tp=2 against tp=1): expected in bfloat16; "
-        "--dtype float32 checks equality"])
-    assert mod.verdict(texts, rows, [], "float32") == (
-        1, ["greedy text of tp2 differs from tp1's (float32, tp=2 against tp=1): it must not"])
-    # a replica compares with the first layout of its tp size, wherever that ran
-    texts = {"tp2": "x", "tp1": "y", "rep2": "z", "rep2tp2": "x"}
-    assert mod.verdict(texts, rows, [], "bfloat16") == (1, [
-        "greedy text of rep2 differs from tp1's (the same tp size): it must not",
-        "greedy text of tp1 differs from tp2's (bfloat16, tp=1 against tp=2): expected in bfloat16; "
-        "--dtype float32 checks equality"])
-    assert mod.verdict({"tp2": "x", "tp1": "y", "rep2": "y"}, rows, [], "bfloat16")[0] == 0
-    assert mod.verdict({"tp1": "x", "tp2": "x"}, rows, [], "float32") == (0, [])
-    assert mod.verdict({"tp1": "x"}, rows[:1] + [{"layout": "tp1", "failed": 3}], [], "bfloat16")[0] == 1
-    assert mod.verdict({"tp1": "x"}, rows[:1], [{"layout": "tp2", "error": "no endpoint"}], "bfloat16")[0] == 1
-    assert mod.verdict({}, [], [], "bfloat16") == (1, [])
-
-
-def test_multi_gpu_bench_spreads_the_load_over_client_processes():
-    """benchmark/gpu/multi_gpu.py renders its llmlaunch-bench command: by default a quarter of the host's CPUs as client
-    processes (one cannot keep up with 128 streams), never more than the requests in flight, one stream each."""
-    import argparse
-
-    mod = _script("gpu", "multi_gpu.py")
-    assert mod.client_processes(0, 128, 32) == 8 and mod.client_processes(0, 1, 32) == 1
-    assert mod.client_processes(0, 128, 2) == 1 and mod.client_processes(12, 128, 2) == 12
-    assert mod.client_processes(12, 4, 32) == 4
-    args = argparse.Namespace(num_prompts=0, client_processes=3, input_len=128, output_len=64, tokenizer="/m")
-    argv, prompts, processes = mod.bench_argv("h:8001", "hf_model", args, 64, Path("/tmp/r.json"))
-    assert (prompts, processes) == (256, 3)
-
-    def value(flag):
-        return argv[argv.index(flag) + 1]
-
-    assert [value(f) for f in ("--concurrency", "--processes", "--streams", "--num-prompts", "--warmup")] == [
-        "64", "3", "1", "256", "64"]
-    assert value("--tokenizer") == "/m" and value("--output-len") == "64" and "--ignore-eos" in argv
-
-
-_ROLE_TREE = r"""
-import subprocess, sys, time
-py = sys.executable
-burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2: pass\nprint('ok', flush=True)\ntime.sleep(120)"
-kids = [subprocess.Popen(["bash", "-c", 'exec -a triton_python_backend_stub "$1" -c "$0"', burn, py], stdout=subprocess.PIPE),
-        subprocess.Popen([py, "-c", burn, "-m", "launcher.engines.hf_process", "3"], stdout=subprocess.PIPE),
-        subprocess.Popen([py, "-c", burn], stdout=subprocess.PIPE)]
-t = time.process_time()
-while time.process_time() - t < 0.2:
-    pass
-for k in kids:
-    k.stdout.readline()
-print("ready", flush=True)
-time.sleep(120)
-"""
-
-
-def test_server_cpu_by_role_puts_each_process_of_a_real_tree_in_its_role():
-    """launcher.testing.processes.server_cpu_by_role over a real process tree named as a tritonserver's is: the root
-    (the server), a process whose argv[0] is the python backend's stub, one running `-m launcher.engines.hf_process`
-    (the hf engine process) and one more.  Each burns 0.2 s of CPU and each lands in its own role, whatever the clock
-    tick (a served test run is too short for that: a stub may use less than a tick)."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from launcher.testing.processes import SERVER_ROLES, server_cpu_by_role
-
-    root = subprocess.Popen([sys.executable, "-c", _ROLE_TREE], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        assert root.stdout.readline().strip() == "ready"
-        roles = server_cpu_by_role(root.pid)
-        assert tuple(roles) == SERVER_ROLES
-        for role in SERVER_ROLES:  # 0.2 s each, read as clock ticks (10 ms)
-            assert 0.15 <= roles[role] < 1.0, roles
-    finally:
-        os.killpg(root.pid, signal.SIGKILL)
-        root.wait()
-
-
-def test_overhead_loads_repeat_each_load_per_client_process_count():
-    """launcher.bench.loads.make_loads (benchmark/overhead.py --client-processes 8 16): every load once per count,
-    side by side, so that each count's served runs have in-process runs of their own on the same arrivals; a closed
-    loop has at most C clients (C=1 once), and an open loop's arrivals are the same for either count (one schedule,
-    split between the processes)."""
-    import argparse
-
-    from launcher.bench.loads import make_loads
-    from launcher.bench.runner import arrival_times
-
-    args = argparse.Namespace(concurrency=[1, 32], requests_per_stream=2, request_rate=[250.0], open_seconds=4.0)
-    loads = make_loads(args, [8, 16])
-    assert [(x.concurrency, x.rate, x.processes, x.requests) for x in loads] == [
-        (1, 0.0, 1, 2), (32, 0.0, 8, 64), (32, 0.0, 16, 64), (0, 250.0, 8, 1000), (0, 250.0, 16, 1000)]
-    assert [x.label() for x in loads[2:4]] == ["C=32, 16 client processes", "rate=250/s, 8 client processes"]
-    eight, sixteen = loads[3].arrivals(), loads[4].arrivals()
-    assert eight == arrival_times(loads[3].open_spec(), 1000) == sixteen and len(set(eight)) == 1000
-    (one,) = make_loads(argparse.Namespace(concurrency=[], requests_per_stream=2, request_rate=[250.0],
-                                           open_seconds=4.0), [8])
-    assert one.label() == "rate=250/s" and one.arrivals() == eight  # one count: labels as before
-
-
-def test_open_loop_table_has_a_line_per_served_path():
-    """benchmark/gpu/open_loop_table.py: per open-loop rate a line for the served path and one for each other server
-    path the run measured (served_alt: `alt`; pinned, the served server with its engine process on cores of its own:
-    `pinned`), each with the TTFT it adds as overhead.py computed it; a closed loop's row is labelled C=N.  Figures
-    are from two H200s: an open loop at 240 req/s and a closed loop at C=8 (8 response processes; served_alt one).  The engine columns:
-    the share of steps with prompts in-process / served and of mixed steps served, and requests a hand-over."""
-    mod = _script("gpu", "open_loop_table.py")
-
-    def path(prefix, p50, mean, in_flight, itl, add):
-        return {f"{prefix}_ttft_ms_p50": p50, f"{prefix}_ttft_ms_mean": mean, f"{prefix}_in_flight_mean": in_flight,
-                f"{prefix}_itl_ms_p50": itl, f"{prefix}_first_token_ms": {
-                    "parse": 0.11, "add": add, "engine": 5.26, "back": 0.25, "respond": 0.34, "send": 0.27, "outside_server": 1.0}}
-
-    row = {"request_rate": 240.0, "direct_ttft_ms_p50": 5.014, "direct_ttft_ms_mean": 5.248,
-           "direct_in_flight_mean": 77.13, "direct_itl_ms_p50": 2.984,
-           **path("served", 7.077, 7.375, 77.955, 3.012, 0.427), "ttft_added_ms_p50": 2.063, "ratio": 0.9996,
-           **path("pinned", 7.14, 7.404, 77.55, 2.987, 0.419), "pinned_ttft_added_ms_p50": 2.126,
-           "pinned_ratio": 0.9997}
-    closed = {"request_rate": None, "concurrency": 8, "direct_ttft_ms_p50": 7.348, "direct_ttft_ms_mean": 6.776,
-              "direct_in_flight_mean": 7.92, "direct_itl_ms_p50": 1.309,
-              **path("served", 10.061, 9.939, 7.98, 1.33, 1.727), "ttft_added_ms_p50": 2.713, "ratio": 0.9846,
-              **path("served_alt", 11.388, 10.271, 7.98, 1.318, 0.385), "served_alt_ttft_added_ms_p50": 4.04,
-              "served_alt_ratio": 0.9867}
-    doc = {"runs": [closed], "response_processes": 8, "server_params": {"response_threads": "2"},
-           "served_alt": {"response_processes": 1, "server_params": {"response_threads": "2"}, "server_env": {}}}
-    head, c8, alt = mod.table(doc).splitlines()
-    assert head.split()[0] == "load" and head.endswith("(alt: response_processes=1)")
-    asked = dict(doc, request_params={"final_counts_only": True},
-                 served_alt=dict(doc["served_alt"], response_processes=8, request_params={"final_counts_only": False}))
-    assert mod.table(asked).splitlines()[0].endswith("(alt: request final_counts_only=False)")
-    assert c8.split()[0] == "C=8" and "2.71" in c8.split() and "1.73" in c8.split() and "0.985" in c8.split()
-    assert alt.split()[0] == "alt" and "4.04" in alt.split() and "3.50" in alt.split()  # mean added: 10.271 - 6.776
-    # no engine splits nor CPU here: prompt steps in / served, mixed steps, hand-overs, CPU
-    assert c8.split().count("-") == 5
-    split = {"direct_engine_steps": {"prompt": 0.018},
-             "served_engine_steps": {"prompt": 0.021, "mixed": 0.0135, "per_intake": 1.395}}
-    c8 = mod.table(dict(doc, runs=[dict(closed, **split)])).splitlines()[1].split()
-    assert c8[c8.index("1.8") + 1:c8.index("1.8") + 5] == ["/", "2.1", "1.4", "1.40"], c8
-    many = [dict(closed, client_processes=8), dict(closed, client_processes=16, ttft_added_ms_p50=2.5)]
-    _, c8_8, _, c8_16, _ = mod.table(dict(doc, runs=many)).splitlines()  # several client counts: a row each
-    assert c8_8.split()[:2] == ["C=8", "x8"] and c8_16.split()[:2] == ["C=8", "x16"] and "2.50" in c8_16.split()
-    doc = {"runs": [row], "response_processes": 8, "server_params": {}}
-    head, served, pinned = mod.table(doc).splitlines()
-    assert "TTFT p50 in/served ms" in head and "alt:" not in head
-    assert served.split()[0] == "240" and pinned.split()[0] == "pinned"
-    assert "2.06" in served.split() and "0.43" in served.split()
-    assert served.split()[served.split().index("0.34") + 1] == "0.27"  # send, after respond
-    assert "send" in head.split() and head.split().index("send") == head.split().index("respond") + 1
-    assert "2.13" in pinned.split() and "0.42" in pinned.split()
-    assert "2.16" in pinned.split()  # its mean added: 7.404 - 5.248
 
 
 # --------------------------------------------------------------------------- against tritonserver
@@ -441,33 +158,6 @@ def test_request_rate_mode_spaces_arrivals(url, tmp_path):
     due = arrival_times(LoadSpec(request_rate=40, num_requests=40, seed=7), 40)
     late = [s - d for s, d in zip(sent, due)]
     assert min(late) > -0.002 and max(late) < 0.05, late
-
-
-def test_arrival_times_are_one_schedule_whatever_the_processes():
-    """Request i is due at the i-th time of one seeded schedule (first at 0, gaps of mean 1 / rate), whichever process
-    sends it: 1, 3 or 16 processes offer the same arrivals (one Poisson stream, no burst of P requests at 0); a
-    shorter run's schedule is a prefix, each process's share (rank, rank + P, ...) is a slice of it, and the seed
-    and burstiness change it."""
-    import itertools
-
-    from launcher.bench.runner import LoadSpec, arrival_schedule, arrival_times
-
-    spec = LoadSpec(request_rate=300.0, processes=3, seed=5)
-    times = arrival_times(spec, 9000)  # crosses the schedule's chunks of 4,096 draws
-    assert times == arrival_times(spec, 9000) == arrival_times(LoadSpec(request_rate=300.0, processes=16, seed=5), 9000)
-    assert times[0] == 0.0 and all(b > a for a, b in zip(times, times[1:]))
-    assert arrival_times(spec, 30) == times[:30]
-    mine = list(itertools.islice(arrival_schedule(300.0, 1.0, 5), 1, 3000, 3))  # process 1 of 3
-    assert mine == times[1:3000:3]
-    gaps = [b - a for a, b in zip(times, times[1:])]
-    assert statistics.mean(gaps) == pytest.approx(1 / 300, rel=0.05)
-    assert statistics.pstdev(gaps) == pytest.approx(1 / 300, rel=0.1)  # exponential: sd = mean
-    assert arrival_times(LoadSpec(request_rate=300.0, seed=6), 30) != times[:30]
-    bursty = arrival_times(LoadSpec(request_rate=300.0, burstiness=0.25, seed=5), 9000)
-    bursty_gaps = [b - a for a, b in zip(bursty, bursty[1:])]
-    assert statistics.mean(bursty_gaps) == pytest.approx(1 / 300, rel=0.1)
-    assert statistics.pstdev(bursty_gaps) == pytest.approx(2 / 300, rel=0.15)  # gamma shape 1/4: sd = 2 x mean
-    assert arrival_times(LoadSpec(concurrency=4), 3) == [0.0, 0.0, 0.0]  # no pacing: all at once
 
 
 @needs_server

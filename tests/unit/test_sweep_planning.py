@@ -1,0 +1,199 @@
+"""Sweeps (`llmlaunch -m ... bench=<profile>`, launcher/sweep.py): the pure planning functions and the dry run
+(no cluster, nothing started). The real sweeps on the local Slurm cluster and on this machine:
+tests/integration/test_sweep.py."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher import sweep
+from launcher.cli import compose
+
+ROOT = Path(__file__).resolve().parents[2]
+# A tiny load: 4 measured requests of 4 tokens after one warm-up request.
+TINY_LOAD = ["bench=sharegpt_small", "bench.num_prompts=4", "bench.output_len=4", "bench.warmup=1"]
+
+
+def plain(*overrides):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(compose(list(overrides)), resolve=True)
+
+
+# ----------------------------------------------------------------------------- pure planning
+def test_client_overrides_are_the_bench_ones():
+    assert sweep.is_client_override("bench.concurrency=8") and sweep.is_client_override("bench=sharegpt_small")
+    assert sweep.is_client_override("+bench.seed=3")
+    assert not sweep.is_client_override("benchmark=1") and not sweep.is_client_override("replicas=2")
+    assert sweep.server_overrides(["engine=hf", "bench=x", "bench.concurrency=1", "dry_run=true", "run_dir=/r", "replicas=2"]) == ["engine=hf", "replicas=2"]
+
+
+def test_server_key_ignores_client_side_and_bookkeeping_values():
+    base = sweep.server_key(plain("cluster=local_slurm", "bench=sharegpt_small"))
+    assert sweep.server_key(plain("cluster=local_slurm", "bench=sharegpt_small", "bench.concurrency=32")) == base
+    assert sweep.server_key(plain("cluster=local_slurm", "bench=none", "dry_run=true", "run_dir=/x", "serve.ready_timeout_s=5")) == base
+    assert sweep.server_key(plain("cluster=local_slurm", "cluster.jobs_dir=/elsewhere")) == base
+    for changed in ("replicas=2", "engine.max_num_seqs=8", "cluster=local", "serve.grpc_port=9001", "model.dtype=float32"):
+        assert sweep.server_key(plain("cluster=local_slurm", changed)) != base, changed
+
+
+def test_measure_key_sees_the_load_but_not_where_files_go():
+    base = plain("bench=sharegpt_small")
+    assert sweep.measure_key(plain("bench=sharegpt_small", "dry_run=true", "cluster.jobs_dir=/j")) == sweep.measure_key(base)
+    other = plain("bench=sharegpt_small", "bench.num_prompts=5")
+    assert sweep.measure_key(other) != sweep.measure_key(base)
+    assert sweep.config_changes(base, other) == ["bench.num_prompts: 32 -> 5"]
+
+
+def test_sweep_axes_and_point_count_from_the_command_line():
+    assert sweep.parse_sweep(["cluster=local_slurm", "replicas=1,2", "bench.concurrency=1,8,32", "bench=sharegpt_small"]) == (["replicas", "bench.concurrency"], 6)
+    assert sweep.parse_sweep(["+bench.seed=range(0,3)", "engine=hf"]) == (["bench.seed"], 3)
+    assert sweep.parse_sweep(["engine=hf"]) == ([], 1)
+
+
+def test_order_advice_when_a_client_axis_comes_first():
+    assert sweep.order_advice(["replicas=1,2", "bench.concurrency=1,8"], ["replicas", "bench.concurrency"]) is None
+    advice = sweep.order_advice(["bench.concurrency=1,8", "engine=hf", "replicas=1,2"], ["bench.concurrency", "replicas"])
+    assert "replicas=1,2 bench.concurrency=1,8" in advice
+
+
+def test_point_names_are_stable_sorted_and_safe():
+    axes = ["replicas", "bench.concurrency"]
+    a = sweep.point_name(["cluster=local_slurm", "replicas=2", "bench.concurrency=8"], axes)
+    b = sweep.point_name(["bench.concurrency=8", "replicas=2", "cluster=local_slurm", "serve.ready_timeout_s=9"], axes)
+    assert a == b == "bench.concurrency=8,replicas=2"
+    assert sweep.point_name(["engine=hf"], []) == "default"
+    assert sweep.point_name(["bench.dataset=sharegpt:/data/x y.json", "engine=hf"], None) == "bench.dataset=sharegpt__data_x_y.json,engine=hf"
+    long = sweep.point_name([f"+k{i}=" + "v" * 40 for i in range(5)], None)
+    assert len(long) == sweep.MAX_NAME and long != sweep.point_name([f"+k{i}=" + "v" * 40 for i in range(4)] + ["+k4=w"], None)
+    assert sweep.axis_overrides(["engine=hf", "replicas=2"], ["replicas"]) == ["replicas=2"]
+
+
+@pytest.mark.parametrize(
+    "state,expected",
+    [
+        (dict(has_result=True, stored_measure_key="m", current_key=None), ("skip", "none", False)),
+        (dict(has_result=True, stored_measure_key=None, current_key="k"), ("skip", "none", False)),  # written by hand: trusted
+        (dict(has_result=True, stored_measure_key="old", current_key="k"), ("measure", "reuse", False)),  # config changed
+        (dict(has_result=False, current_key=None), ("measure", "launch", False)),
+        (dict(has_result=False, current_key="k"), ("measure", "reuse", False)),
+        (dict(has_result=False, current_key="other"), ("measure", "launch", True)),
+        (dict(has_result=False, current_key="other", problems=["bad"]), ("fail", "none", False)),  # keeps the running server
+        (dict(has_result=False, current_key="other", failed_server="OOM"), ("fail", "none", False)),
+    ],
+)
+def test_decide(state, expected):
+    kw = dict(stored_measure_key=None, measure_key="m", problems=[], key="k", failed_server=None)
+    kw.update(state)
+    d = sweep.decide(**kw)
+    assert (d.action, d.server, d.stop_current) == expected
+    assert d.stage == ("" if d.action != "fail" else "serve" if state.get("failed_server") else "validate")
+
+
+def test_bench_problems_are_found_before_any_server_starts():
+    ok = plain("bench=sharegpt_small")["bench"]
+    assert sweep.bench_problems(ok) == []
+    assert any("concurrency" in p for p in sweep.bench_problems({**ok, "concurrency": 0}))
+    assert sweep.bench_problems({**ok, "concurrency": 0, "request_rate": 5.0}) == []  # open loop needs no concurrency
+    assert any("dataset" in p for p in sweep.bench_problems({**ok, "dataset": "sharegpt"}))
+    assert any("nothing to measure" in p for p in sweep.bench_problems(plain()["bench"]))
+    assert any("bench.processes=16" in p and "bench.concurrency=8" in p
+               for p in sweep.bench_problems({**ok, "processes": 16}))
+    assert any("bench.streams=0" in p for p in sweep.bench_problems({**ok, "streams": 0}))
+    assert sweep.bench_problems({**ok, "processes": 4, "streams": 2}) == []
+
+
+def test_bench_and_client_command_lines():
+    b = plain("bench=sharegpt_small", "bench.concurrency=4")["bench"]
+    args = sweep.bench_argv(b, "grpc://10.0.0.1:8001", "hf_model", "/s/p/result.json", tokenizer="/tok", label="p")
+    assert args[:6] == ["--url", "grpc://10.0.0.1:8001", "--model", "hf_model", "--dataset-name", "synthetic"]
+    assert "--concurrency" in args and args[args.index("--concurrency") + 1] == "4" and "--request-rate" not in args
+    assert args[-2:] == ["--result-json", "/s/p/result.json"] and "--tokenizer" in args and "--ignore-eos" in args
+    rate = sweep.bench_argv({**b, "request_rate": 2.5, "dataset": "sharegpt:/d/sg.json"}, "u", "m", "r")
+    assert rate[rate.index("--request-rate") + 1] == "2.5" and "--concurrency" not in rate
+    assert rate[rate.index("--dataset") + 1] == "/d/sg.json" and rate[rate.index("--dataset-name") + 1] == "sharegpt"
+    on_cluster = sweep.client_argv("/venv/python", ["--url", "u"], job_id="123", container_args=["--container-image=img"])
+    assert on_cluster == ["srun", "--jobid=123", "--overlap", "--nodes=1", "--ntasks=1", "--mpi=none", "--container-image=img",
+                          "/venv/python", "-m", "launcher.bench.cli", "--url", "u"]
+    assert sweep.client_argv("/py", ["--url", "u"]) == ["/py", "-m", "launcher.bench.cli", "--url", "u"]
+    assert "--processes" not in args and "--streams" not in args  # one process, one stream: the defaults
+    spread = sweep.bench_argv({**b, "processes": 4, "streams": 2}, "u", "m", "r")
+    assert spread[spread.index("--processes") + 1] == "4" and spread[spread.index("--streams") + 1] == "2"
+    with_split = sweep.bench_argv(b, "u", "m", "r", server_metrics="http://10.0.0.1:8002/metrics")
+    assert with_split[with_split.index("--server-metrics") + 1] == "http://10.0.0.1:8002/metrics"
+
+
+def test_first_token_metrics_url_only_where_the_hf_model_serves_it():
+    hf = plain("engine=hf")
+    spec = lambda cfg, replicas=1: type("S", (), {"engine": cfg["engine"], "replicas": replicas})()  # noqa: E731
+    ep = {"url": "grpc://10.0.0.1:8001", "model": "hf_model", "metrics_port": 8002}
+    assert sweep.first_token_metrics_url(spec(hf), ep) == "http://10.0.0.1:8002/metrics"
+    assert sweep.first_token_metrics_url(spec(hf, replicas=2), ep) == ""  # the front end's port
+    assert sweep.first_token_metrics_url(spec(plain("engine=vllm", "model.path=/m")), ep) == ""
+    assert sweep.first_token_metrics_url(spec(hf), {**ep, "url": "grpc://[::1]:8001"}) == "http://[::1]:8002/metrics"
+
+
+def test_judge_bench():
+    ok = {"metrics": {"completed": 3, "failed": 1}, "requests": []}
+    assert sweep.judge_bench(1, ok) is None  # some failed requests are data
+    assert "no request completed" in sweep.judge_bench(1, {"metrics": {"completed": 0, "failed": 4}, "requests": [{"error": "too long"}]})
+    assert "status 2" in sweep.judge_bench(2, None)
+
+
+def test_allocation_problems_name_the_hydra_launcher_fix():
+    env = {"SLURM_JOB_NUM_NODES": "1", "SLURM_CPUS_ON_NODE": "1", "SLURM_GPUS_ON_NODE": "1"}
+    fixes = [fix for _, _, fix in sweep.allocation_problems(2, 2, 1, 2, env)]
+    assert fixes == ["set hydra.launcher.nodes=2", "set hydra.launcher.cpus_per_task=2", "set hydra.launcher.gpus_per_node=2"]
+    assert sweep.allocation_problems(1, 2, 1, 2, {"SLURM_CPUS_ON_NODE": "2", "SLURM_GPUS_ON_NODE": "2"}) == []
+
+
+# ----------------------------------------------------------------------------- the CLI (Hydra multirun)
+def llmlaunch(cwd, *args, timeout=900):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "launcher.cli", "-m", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_dry_run_prints_each_point_reuse_and_skips_and_writes_nothing(tmp_path):
+    sweep_dir = tmp_path / "sweeps" / "s1"
+    args = ["cluster=local_slurm", "replicas=1,2", "bench.concurrency=1,4", *TINY_LOAD, f"hydra.sweep.dir={sweep_dir}", "dry_run=true"]
+    r = llmlaunch(tmp_path, *args)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count("server: launch") == 1 and r.stdout.count("then launch") == 1 and r.stdout.count("server: reuse") == 2
+    assert r.stdout.count("load: srun '--jobid=<job id>' --overlap") == 4 and "#SBATCH --gpus-per-node=2" in r.stdout
+    assert "4 points to measure on 2 server launches" in r.stderr
+    assert not (tmp_path / "sweeps").exists()  # Hydra's sweep dir and multirun.yaml were taken back
+    # a point already measured (with this config) is skipped; a client axis listed first draws the advice
+    done = sweep_dir / "bench.concurrency=1,replicas=1"
+    done.mkdir(parents=True)
+    (done / "result.json").write_text("{}")
+    r = llmlaunch(tmp_path, "cluster=local_slurm", "bench.concurrency=1,4", "replicas=1,2", *TINY_LOAD, f"hydra.sweep.dir={sweep_dir}", "dry_run=true")
+    assert r.returncode == 0, r.stderr
+    assert "point 1/4 bench.concurrency=1,replicas=1: skipped, result.json exists" in r.stderr
+    assert "list server-side axes first: replicas=1,2 bench.concurrency=1,4" in r.stderr
+    assert sorted(p.name for p in sweep_dir.iterdir()) == [done.name]
+
+
+def test_invalid_points_are_failure_records_not_a_crash(tmp_path):
+    """Per-point validation (build_spec, the load settings) fails those points only; nothing is started."""
+    sweep_dir = tmp_path / "s"
+    stale = sweep_dir / "tp=1"  # measured before with another config: kept aside, not reported
+    stale.mkdir(parents=True)
+    (stale / "result.json").write_text("{}")
+    (stale / "point.json").write_text(json.dumps({"measure_key": "old", "config": {"bench": {"concurrency": 8}}}))
+    r = llmlaunch(tmp_path, "cluster=local_slurm", "tp=3,1", "bench.concurrency=0", *TINY_LOAD, f"hydra.sweep.dir={sweep_dir}", "cluster.jobs_dir=" + str(tmp_path / "jobs"))
+    assert r.returncode == 0, r.stderr
+    assert "result.json was measured with another config (bench.concurrency: 8 -> 0" in r.stderr
+    assert (stale / "result.previous.json").exists() and not (stale / "result.json").exists()
+    for point, needle in (("tp=3", "tp must be a power of two"), ("tp=1", "bench.concurrency=0")):
+        f = json.loads((sweep_dir / point / "failure.json").read_text())
+        assert f["stage"] == "validate" and needle in f["error"] and f"{point}" in f["overrides"]
+    assert not (tmp_path / "jobs").exists()
+    rows = list(csv.DictReader(open(sweep_dir / "summary.csv")))
+    assert [r["status"] for r in rows] == ["failed", "failed"]
