@@ -84,7 +84,6 @@ def test_other_installs_are_not_checked(monkeypatch):
     lt.server_env(lt.TritonInstall(lt.NGC_PATH, "", {}, lt.NGC_PATH))
 
 
-
 def test_engine_library_path_defaults_to_the_launchers_own(monkeypatch):
     """The server's additions go first on tritonserver's LD_LIBRARY_PATH; the hf engine process (this interpreter)
     is given the launcher's own path, the cluster's env where that sets one, and a value the user set stays."""

@@ -1,0 +1,50 @@
+"""launcher.serving.timings: the engine and first-token counters read back from a Prometheus metrics text (no
+server). The hf model exposing them under a real tritonserver: tests/integration/test_hf_serving.py."""
+
+
+def test_read_engine_metrics_maps_counters_to_engine_fields():
+    from launcher.serving.timings import read_engine_metrics
+
+    text = """# TYPE llmlaunch_engine_seconds counter
+llmlaunch_engine_seconds{model="a",part="step"} 2.5
+llmlaunch_engine_seconds{model="a",part="launch"} 0.5
+llmlaunch_engine_seconds{model="a",part="gpu_idle"} 0.01
+llmlaunch_engine_seconds{model="b",part="step"} 7
+llmlaunch_engine_steps{model="a",kind="all"} 1000
+llmlaunch_engine_steps{model="a",kind="ahead"} 900
+llmlaunch_engine_steps{model="a",kind="prompt_graph"} 12
+llmlaunch_engine_steps{model="a",kind="mixed"} 5
+llmlaunch_engine_tokens{model="a",kind="decode"} 64000
+llmlaunch_first_tokens{model="a"} 10
+"""
+    a = read_engine_metrics(text, "a")
+    assert a["wall_s"] == 2.5 and a["launch_s"] == 0.5 and a["gpu_idle_s"] == 0.01 and a["wait_s"] == 0
+    assert a["steps"] == 1000 and a["ahead_steps"] == 900 and a["decode_tokens"] == 64000
+    assert a["prompt_graph_steps"] == 12 and a["mixed_steps"] == 5
+    assert read_engine_metrics(text)["wall_s"] == 9.5
+
+
+def test_read_first_token_metrics_sums_one_model_and_skips_the_rest():
+    from launcher.serving.timings import mean_first_token_ms, read_first_token_metrics
+
+    text = """# HELP llmlaunch_first_token_seconds seconds ...
+# TYPE llmlaunch_first_token_seconds counter
+llmlaunch_first_token_seconds{model="a",part="parse"} 0.001
+llmlaunch_first_token_seconds{model="a",part="add"} 0.002
+llmlaunch_first_token_seconds{model="a",part="engine"} 0.5
+llmlaunch_first_token_seconds{model="a",part="back"} 0.003
+llmlaunch_first_token_seconds{model="a",part="respond"} 1e-2
+llmlaunch_first_token_seconds{model="a",part="send"} 0.004
+llmlaunch_first_token_seconds{model="b",part="engine"} 9
+llmlaunch_first_tokens{model="a"} 10
+llmlaunch_first_tokens{model="b"} 3
+nv_inference_count{model="a",version="1"} 77
+"""
+    a = read_first_token_metrics(text, "a")
+    assert a == {"count": 10, "parse": 0.001, "add": 0.002, "engine": 0.5, "back": 0.003, "respond": 0.01,
+                 "send": 0.004}
+    assert read_first_token_metrics(text)["count"] == 13
+    zero = read_first_token_metrics("", "a")
+    assert mean_first_token_ms(zero, a) == {"parse": 0.1, "add": 0.2, "engine": 50.0, "back": 0.3, "respond": 1.0,
+                                            "send": 0.4, "inside_server": 52.0, "requests": 10}
+    assert mean_first_token_ms(a, a) is None
