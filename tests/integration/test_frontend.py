@@ -449,19 +449,6 @@ def test_worker_processes_share_the_port_and_sum_their_counters(backends):
         assert m[("llmlaunch_frontend_processes", None)] == 2
 
 
-def test_frontend_processes_default_to_one_per_process_sending_responses():
-    """serve.frontend_processes=0 (the default): replicas x engine.response_processes, capped at half of rank 0's
-    CPUs (its own server runs there too), never below 1; a positive setting is kept as given."""
-    from launcher.serving.rank0_frontend import processes_for
-
-    assert processes_for(0, 2, 2, 32) == 4  # two replicas with two stubs each: four
-    assert processes_for(0, 2, 1, 32) == 2
-    assert processes_for(0, 8, 4, 32) == 16  # half the CPUs
-    assert processes_for(0, 2, 1, 2) == 1  # a 2-CPU machine keeps one
-    assert processes_for(0, 2, 1, 1) == 1
-    assert processes_for(3, 2, 2, 2) == 3  # set explicitly: as given
-
-
 def test_frontend_refuses_a_taken_port(backends):
     from launcher.frontend import FrontendConfig, FrontendProcess
 
@@ -469,26 +456,6 @@ def test_frontend_refuses_a_taken_port(backends):
         cfg = FrontendConfig([("127.0.0.1", backends[0].port)], "127.0.0.1", fe.port, 0, "")
         other = FrontendProcess(cfg, env=_env()).start()
         assert other.proc.wait(60) != 0
-
-
-def test_wire_patches_decode_as_protobuf_says():
-    from tritonclient.grpc import service_pb2
-
-    from launcher.frontend.wire import _ASK_EMPTY_FINAL, _request_id_patch, _response_id_patch
-
-    req = service_pb2.ModelInferRequest(model_name="m", id="a")
-    req.parameters["triton_enable_empty_final_response"].bool_param = False
-    t = req.inputs.add()
-    t.name = "text_input"
-    req.raw_input_contents.append(b"\x01\x00\x00\x00x")
-    patched = service_pb2.ModelInferRequest.FromString(req.SerializeToString() + _request_id_patch("a~fe1") + _ASK_EMPTY_FINAL)
-    assert patched.id == "a~fe1" and patched.parameters["triton_enable_empty_final_response"].bool_param
-    assert patched.raw_input_contents == req.raw_input_contents and patched.inputs == req.inputs
-    resp = service_pb2.ModelStreamInferResponse()
-    resp.infer_response.id = "a~fe1"
-    resp.infer_response.raw_output_contents.append(b"y" * 300)
-    restored = service_pb2.ModelStreamInferResponse.FromString(resp.SerializeToString() + _response_id_patch(""))
-    assert restored.infer_response.id == "" and restored.infer_response.raw_output_contents == [b"y" * 300]
 
 
 # ----------------------------------------------------------------------------- llmlaunch replicas=2
