@@ -82,28 +82,23 @@ def parse_loads(items: list) -> list:
     return loads
 
 
-# ----------------------------------------------------------------------------- vLLM
-async def _drive(engine, samples, sampling: dict, streams: int, take, clock: dict) -> list:
-    """`streams` closed-loop workers on one AsyncLLM: each sends the request `take()` names (None: no more) as
-    soon as its previous one ended. Times are seconds since clock["t0"]."""
-    from vllm.sampling_params import RequestOutputKind, SamplingParams
-
+async def _closed_loop(stream_of, samples, streams: int, take, clock: dict) -> list:
+    """`streams` closed-loop workers: each sends the request `take()` names (None: no more) as soon as its previous
+    one ended. `stream_of(sample)` is the engine's request as an async iterator of (new tokens, prompt tokens,
+    finish reason) per output; times are seconds since clock["t0"]."""
     results = []
 
     async def one(index: int) -> None:
         sample = samples[index % len(samples)]
-        sp = SamplingParams(output_kind=RequestOutputKind.DELTA, max_tokens=sample.output_len, **sampling)
         t0 = clock["t0"]
         sent = time.perf_counter() - t0
         times, n_out, n_in, finish = [], 0, 0, ""
-        async for out in engine.generate(sample.prompt, sp, uuid.uuid4().hex):
-            c = out.outputs[0]
-            if c.token_ids:
+        async for new, prompt_tokens, reason in stream_of(sample):
+            if new:
                 times.append(time.perf_counter() - t0)
-                n_out += len(c.token_ids)
-            n_in = len(out.prompt_token_ids or ()) or n_in
-            if out.finished:
-                finish = c.finish_reason or ""
+                n_out += new
+            n_in = prompt_tokens or n_in
+            finish = reason or finish
         results.append(metrics.RequestResult(index=index, prompt_len=sample.prompt_len, max_tokens=sample.output_len,
                                              sent=sent, token_times=times, end=time.perf_counter() - t0,
                                              input_tokens=n_in, output_tokens=n_out, responses=len(times),
@@ -115,6 +110,20 @@ async def _drive(engine, samples, sampling: dict, streams: int, take, clock: dic
 
     await asyncio.gather(*(worker() for _ in range(streams)))
     return results
+
+
+# ----------------------------------------------------------------------------- vLLM
+async def _drive(engine, samples, sampling: dict, streams: int, take, clock: dict) -> list:
+    """_closed_loop on one AsyncLLM: every request streams (output_kind DELTA)."""
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+    async def stream_of(sample):
+        sp = SamplingParams(output_kind=RequestOutputKind.DELTA, max_tokens=sample.output_len, **sampling)
+        async for out in engine.generate(sample.prompt, sp, uuid.uuid4().hex):
+            c = out.outputs[0]
+            yield len(c.token_ids), len(out.prompt_token_ids or ()), (c.finish_reason or "") if out.finished else ""
+
+    return await _closed_loop(stream_of, samples, streams, take, clock)
 
 
 def _counter(start: int, stop: int):
@@ -267,36 +276,21 @@ def _lmdeploy_model():
 
 
 async def _drive_lmdeploy(engine, samples, gen_kwargs, streams: int, take, clock: dict) -> list:
-    """As _drive, on an LMDeploy AsyncEngine: preprocess + generate per request, a token time per streamed GenOut."""
+    """_closed_loop on an LMDeploy AsyncEngine: preprocess + generate per request; its outputs count tokens
+    cumulatively."""
     from lmdeploy import GenerationConfig
 
-    results = []
-
-    async def one(index: int) -> None:
-        sample = samples[index % len(samples)]
+    async def stream_of(sample):
         gen_config = GenerationConfig(**{**gen_kwargs, "max_new_tokens": sample.output_len})
-        t0 = clock["t0"]
-        sent = time.perf_counter() - t0
-        times, n_out, n_in, finish = [], 0, 0, ""
         request = await engine.preprocess(messages=sample.prompt, session_id=engine.session_mgr.get(), gen_config=gen_config,
                                           do_preprocess=False)
+        seen = 0
         async for out in engine.generate(request, stream_response=True):
-            if out.generate_token_len > n_out:
-                times.append(time.perf_counter() - t0)
-                n_out = out.generate_token_len
-            n_in = out.input_token_len or n_in
-            finish = out.finish_reason or finish
-        results.append(metrics.RequestResult(index=index, prompt_len=sample.prompt_len, max_tokens=sample.output_len,
-                                             sent=sent, token_times=times, end=time.perf_counter() - t0,
-                                             input_tokens=n_in, output_tokens=n_out, responses=len(times),
-                                             finish_reason=finish))
+            new = max(out.generate_token_len - seen, 0)
+            seen += new
+            yield new, out.input_token_len, out.finish_reason or ""
 
-    async def worker() -> None:
-        while (index := take()) is not None:
-            await one(index)
-
-    await asyncio.gather(*(worker() for _ in range(streams)))
-    return results
+    return await _closed_loop(stream_of, samples, streams, take, clock)
 
 
 async def lmdeploy_async(args, params: dict, samples) -> list:
