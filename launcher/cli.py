@@ -1,7 +1,9 @@
 """`llmlaunch`: compose (Hydra) -> validate (spec) -> render -> dry run or launch.
 
-Errors a user can fix are caught here, once: printed to stderr as value / why /
-fix, exit status 2, no traceback. Heavy imports (torch, tritonclient, mpi4py,
+A single launch composes and validates once (`plan`) and hands that spec to `execute`; Hydra's own
+entry point runs only what needs it (multirun sweeps, where each point validates itself, and Hydra's
+flags such as --cfg or --info). Errors a user can fix are caught here, once: printed to stderr as
+value / why / fix, exit status 2, no traceback. Heavy imports (torch, tritonclient, mpi4py,
 submitit) happen only on the paths that need them, so `--help` stays fast.
 """
 
@@ -49,18 +51,24 @@ def compose(overrides: List[str]):
         return hcompose(config_name="config", overrides=list(overrides))
 
 
-def plan(overrides: List[str]):
-    """Overrides -> (cfg, spec). Raises LaunchError on any bad value."""
+def composed(overrides: List[str]):
+    """Overrides -> the composed config, with a bad group choice or a value that does not compose as a LaunchError."""
     from launcher.errors import LaunchError
-    from launcher.spec import build_spec
 
     check_group_choices(overrides)
     try:
-        cfg = compose(overrides)
+        return compose(overrides)
     except LaunchError:
         raise
     except Exception as e:  # Hydra/OmegaConf type and key errors: make them ours
         raise LaunchError(_hydra_problem(e)) from None
+
+
+def plan(overrides: List[str]):
+    """Overrides -> (cfg, spec): the one path from a command line to a validated LaunchSpec. Raises LaunchError on any bad value."""
+    from launcher.spec import build_spec
+
+    cfg = composed(overrides)
     return cfg, build_spec(cfg)
 
 
@@ -99,9 +107,7 @@ def _is_sweep_point(cfg) -> bool:
 
 
 def run(cfg) -> int:
-    """The Hydra task: validate, then dry run / local serve / Slurm submit."""
-    from omegaconf import OmegaConf
-
+    """The Hydra task (multirun points, or a launch given Hydra flags): validate, then `execute`."""
     from launcher.spec import build_spec
 
     # Multirun with a load profile (`llmlaunch -m ... bench=<profile>`): this job is one sweep point.
@@ -111,7 +117,13 @@ def run(cfg) -> int:
         from launcher.sweep import run_point
 
         return run_point(cfg)
-    spec = build_spec(cfg)
+    return execute(cfg, build_spec(cfg))
+
+
+def execute(cfg, spec) -> int:
+    """Dry run / local serve / Slurm submit of a validated spec (`spec` is `build_spec(cfg)`)."""
+    from omegaconf import OmegaConf
+
     run_dir = cfg.get("run_dir") or default_run_dir(spec)
     if cfg.dry_run:
         from launcher.render import plan_text
@@ -136,13 +148,7 @@ def _hydra_entry():
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def _main(cfg) -> None:
-        from launcher.errors import LaunchError
-
-        try:
-            code = run(cfg)
-        except LaunchError as e:
-            print(e.render(), file=sys.stderr)
-            sys.exit(2)
+        code = _exit_on_launch_error(run, cfg)
         if code:
             sys.exit(code)
 
@@ -172,6 +178,17 @@ related: llmlaunch-status JOB, llmlaunch-stop JOB, llmlaunch-bench, llmlaunch-re
 """
 
 
+def _exit_on_launch_error(fn, *args) -> int:
+    """fn(*args), with a LaunchError printed as value / why / fix and exit status 2."""
+    from launcher.errors import LaunchError
+
+    try:
+        return fn(*args)
+    except LaunchError as e:
+        print(e.render(), file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     from launcher.errors import LaunchError
 
@@ -181,13 +198,22 @@ def main(argv: Optional[List[str]] = None) -> None:
         return
     multirun = any(a in ("-m", "--multirun") for a in argv)
     wants_help = any(a in ("-h", "--help", "--hydra-help", "--info") or a.startswith(("--cfg", "-c")) for a in argv)
+    overrides = [a for a in argv if not a.startswith("-") and not a.startswith("hydra")]
+    if not wants_help and overrides == argv:
+        # A plain launch: compose and validate once, run that spec; Hydra's entry point adds nothing here
+        # (conf/config.yaml: no output folder, no chdir, no logging setup).
+        cfg, spec = _exit_on_launch_error(plan, overrides)
+        code = _exit_on_launch_error(execute, cfg, spec)
+        if code:
+            sys.exit(code)
+        return
     if not wants_help:
         try:
             check_group_choices(argv)
-            overrides = [a for a in argv if not a.startswith("-") and not a.startswith("hydra")]
             if not multirun:
-                # Compose + validate before Hydra runs anything, so a bad value exits 2 with our message.
-                plan(overrides)
+                # Hydra flags or hydra.* overrides: Hydra composes and `run` validates; a value that does not
+                # compose exits 2 with our message before Hydra prints its own.
+                composed(overrides)
             else:
                 # Multirun: only check that each swept value composes (same message, exit 2, nothing run).
                 # Validation is per point (launcher/sweep.py): an invalid point becomes its failure.json.

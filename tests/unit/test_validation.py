@@ -83,3 +83,16 @@ def test_dry_run_prints_plan_and_writes_nothing(tmp_path):
     for needle in ("===== composed config", "===== rank layout", "model_repository/ensemble/config.pbtxt", "#SBATCH --ntasks-per-node=8", "rank 7: "):
         assert needle in r.stdout
     assert list(cwd.iterdir()) == [] and list((tmp_path / "home").iterdir()) == []
+
+
+def test_cli_validates_a_launch_once(monkeypatch, capsys):
+    """`llmlaunch ... dry_run=true` composes and validates once and prints the plan of that spec."""
+    import launcher.spec
+    from launcher import cli
+
+    calls = []
+    real = launcher.spec.build_spec
+    monkeypatch.setattr(launcher.spec, "build_spec", lambda cfg: calls.append(1) or real(cfg))
+    cli.main(["cluster=luna", "engine=trtllm", "tp=8", "engine.engine_dir=/e", "model.path=/m", "run_dir=/x", "dry_run=true"])
+    assert len(calls) == 1
+    assert "#SBATCH --ntasks-per-node=8" in capsys.readouterr().out
