@@ -172,10 +172,14 @@ class FileComm:
         self.allgather(None)
 
 
-def make_comm(spec, topo: Topology, run_dir: Path, server_does_mpi: bool):
+def make_comm(spec, topo: Topology, run_dir: Path):
+    """MPI where srun/mpirun wired it up, unless the engine's server is the MPI program itself (then files)."""
+    from launcher.engines.registry import ENGINES
+
     if topo.world_size == 1:
         return FileComm(run_dir, topo.job_id, 0, 1)
-    if spec.cluster.get("mpi", "none") != "none" and topo.launcher in ("slurm", "openmpi") and not server_does_mpi:
+    server_uses_mpi = ENGINES[spec.engine["name"]].server_uses_mpi
+    if spec.cluster.get("mpi", "none") != "none" and topo.launcher in ("slurm", "openmpi") and not server_uses_mpi:
         return MPIComm()
     return FileComm(run_dir, topo.job_id, topo.rank, topo.world_size)
 
@@ -419,7 +423,7 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
         # writes one before the job serves, and every rank passes the rendezvous only after rank 0.
         for stale in run.glob("replica_lost*.json"):
             stale.unlink(missing_ok=True)
-    comm = make_comm(spec, topo, run, server_does_mpi=spec.engine["name"] == "trtllm")
+    comm = make_comm(spec, topo, run)
     ctx, infos = rendezvous(spec, topo, comm)
     me = ctx.rank
     install = resolve_tritonserver(spec.cluster.get("tritonserver", ""))

@@ -41,6 +41,16 @@ class EngineDef:
     worker_models: Tuple[str, ...] = ()  # models non-leader ranks load (explicit model control)
     spans_nodes: Callable[[Mapping], bool] = lambda engine: True  # can one model copy span nodes?
     why_single_node: Callable[[Mapping], str] = lambda engine: ""
+    # A model copy over several nodes: does the engine run the other nodes as workers of a per-copy Ray
+    # cluster (its leader's model starts the head)? Then those ranks run `ray start`, not tritonserver.
+    ray_across_nodes: Callable[[Mapping], bool] = lambda engine: False
+    ray_env: Tuple[Tuple[str, str], ...] = ()  # more environment for the ranks of a copy on Ray (engine's own switches)
+    # The server is itself the job's MPI program (TensorRT-LLM leader mode): the ranks then rendezvous through
+    # files, so the rank's wrapper does not take the task's PMIx connection before the server does.
+    server_uses_mpi: bool = False
+    # The served model reports the first-token split (queue, prefill, first response) in its Triton metrics
+    # (launcher/serving/timings.py), which the bench reads from the serving tritonserver.
+    first_token_split: bool = False
     check: Callable[[Mapping], List[Tuple[str, str, str]]] = _no_problems  # engine-specific problems
     # Per-rank hooks, given (spec, RankContext from launcher.rank): extra environment for the
     # rank's process, and a command replacing tritonserver on that rank (e.g. a Ray worker), or None.
@@ -231,34 +241,26 @@ def _ray_address(ctx) -> str:
     return f"{ctx.leader_addr}:{ctx.dist_port}"
 
 
-def _uses_ray(spec) -> bool:
+def uses_ray(spec) -> bool:
     """Does a model copy of this job run its workers on a per-copy Ray cluster?"""
-    name = spec.engine["name"]
-    if copy_nodes(spec) <= 1:
-        return False
-    if name == "vllm":
-        return _vllm_backend(spec) == "ray"
-    if name == "lmdeploy":
-        return spec.engine.get("backend") == "pytorch"
-    return False
+    return copy_nodes(spec) > 1 and ENGINES[spec.engine["name"]].ray_across_nodes(spec.engine)
 
 
 def _ray_rank_env(spec, ctx) -> Dict[str, str]:
     """vLLM / LMDeploy-PyTorch copies over several nodes: the address Ray and vLLM advertise for this node."""
-    if not _uses_ray(spec):
+    if not uses_ray(spec):
         return {}
     env = {"RAY_USAGE_STATS_ENABLED": "0"}
     if _own_addr(ctx):
         env["VLLM_HOST_IP"] = _own_addr(ctx)  # vLLM's workers bind/advertise this address (multi-NIC nodes)
-    if spec.engine["name"] == "lmdeploy":
-        env["LMDEPLOY_EXECUTOR_BACKEND"] = "ray"
+    env.update(ENGINES[spec.engine["name"]].ray_env)
     return env
 
 
 def _ray_rank_command(spec, ctx):
     """The copy's leader runs tritonserver (its model starts the Ray head); the other nodes join the
     head with `ray start --block` instead of running a tritonserver."""
-    if not _uses_ray(spec) or ctx.rank.group_rank == 0:
+    if not uses_ray(spec) or ctx.rank.group_rank == 0:
         return None
     from launcher.engines.vllm_ray import worker_command
     from launcher.render import python_for
@@ -312,6 +314,7 @@ ENGINES: Dict[str, EngineDef] = {
         models=_hf_models,
         worker_models=("hf_model",),
         check=_hf_check,
+        first_token_split=True,
         summary="our continuous-batching engine on HF transformers; one tritonserver per GPU, rank 0 leads",
     ),
     "trtllm": EngineDef(
@@ -322,6 +325,7 @@ ENGINES: Dict[str, EngineDef] = {
         worker_models=("tensorrt_llm",),
         check=_trtllm_check,
         rank_env=_trtllm_rank_env,
+        server_uses_mpi=True,
         summary="TensorRT-LLM ensemble; one tritonserver per GPU under MPI (leader mode)",
     ),
     "vllm": EngineDef(
@@ -333,6 +337,8 @@ ENGINES: Dict[str, EngineDef] = {
                                      instances=lambda s: s.engine.get("frontends", 1)),
         worker_models=(),
         check=_vllm_check,
+        # auto is ray across nodes; mp cannot span nodes (_vllm_check)
+        ray_across_nodes=lambda e: e.get("distributed_executor_backend", "auto") in ("auto", "ray"),
         rank_env=_ray_rank_env,
         rank_command=_ray_rank_command,
         summary="vLLM AsyncLLMEngine; one tritonserver per model copy per node, vLLM owns the GPUs (Ray across nodes)",
@@ -356,6 +362,8 @@ ENGINES: Dict[str, EngineDef] = {
         spans_nodes=lambda e: e.get("backend") == "pytorch",
         why_single_node=lambda e: "LMDeploy's TurboMind backend runs tensor parallelism inside one node only (its PyTorch backend spans nodes through Ray)",
         check=_lmdeploy_check,
+        ray_across_nodes=lambda e: e.get("backend") == "pytorch",
+        ray_env=(("LMDEPLOY_EXECUTOR_BACKEND", "ray"),),
         rank_env=_ray_rank_env,
         rank_command=_ray_rank_command,
         summary="LMDeploy pipeline (TurboMind or PyTorch backend); one tritonserver per model copy per node",
