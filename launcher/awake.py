@@ -227,8 +227,7 @@ def kept(enabled: bool, local_rank: int, say=None, board: str = "", pause_at: in
 
 def kept_for(serve, local_rank: int, run_dir: str, say=None):
     """`kept` as a run's serve config (LaunchSpec.serve) asks: keep_cpus_awake, and awake_pause_at on the run's board."""
-    return kept(bool(serve.get("keep_cpus_awake", False)), local_rank, say, board_path(run_dir),
-                int(serve.get("awake_pause_at", 0) or 0))
+    return kept(bool(serve.keep_cpus_awake), local_rank, say, board_path(run_dir), int(serve.awake_pause_at))
 
 
 def for_rank(enabled: bool, local_rank: int, say=None, board: str = "", pause_at: int = 0) -> Optional[KeepAwake]:

@@ -93,7 +93,7 @@ def default_run_dir(spec) -> str:
     import time
     import uuid
 
-    root = Path(spec.cluster.get("jobs_dir") or "llmlaunch-jobs")
+    root = Path(spec.cluster.jobs_dir or "llmlaunch-jobs")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return str((root / spec.job_name / f"{stamp}-{uuid.uuid4().hex[:6]}").absolute())
 
@@ -130,7 +130,7 @@ def execute(cfg, spec) -> int:
 
         sys.stdout.write(plan_text(spec, run_dir, OmegaConf.to_yaml(cfg)))
         return 0
-    if spec.cluster["scheduler"] == "local":
+    if spec.cluster.scheduler == "local":
         from launcher.local import serve_foreground
 
         return serve_foreground(spec, run_dir)

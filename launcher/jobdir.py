@@ -22,13 +22,13 @@ from launcher.spec import LaunchSpec
 
 def resolve_model(spec: LaunchSpec, say=lambda m: print(m, file=sys.stderr, flush=True)) -> LaunchSpec:
     """Fill model.path for `make: tiny` (built once, then cached) so every rank loads a folder."""
-    if spec.model.get("path") or spec.model.get("make") != "tiny":
+    if spec.model.path or spec.model.make != "tiny":
         return spec
     from launcher.tiny import default_cache_dir, ensure_tiny_model
 
     say(f"model: tiny (random-weight Llama + locally trained tokenizer), cache {default_cache_dir()}")
     path = str(ensure_tiny_model())
-    return dataclasses.replace(spec, model={**spec.model, "path": path, "tokenizer": spec.model.get("tokenizer") or path})
+    return dataclasses.replace(spec, model=dataclasses.replace(spec.model, path=path, tokenizer=spec.model.tokenizer or path))
 
 
 def write_run_dir(spec: LaunchSpec, run_dir: str) -> Path:

@@ -54,9 +54,9 @@ def serve_foreground(spec: LaunchSpec, run_dir: str) -> int:
     from launcher.jobdir import resolve_model, write_run_dir
     from launcher.triton import check_ports, resolve_tritonserver
 
-    ports = {k: int(spec.serve[k]) for k in ("grpc_port", "http_port", "metrics_port")}
+    ports = {k: int(getattr(spec.serve, k)) for k in ("grpc_port", "http_port", "metrics_port")}
     check_ports(spec.host, ports)  # before any work: a taken port is a config problem
-    install = resolve_tritonserver(spec.cluster.get("tritonserver", ""))
+    install = resolve_tritonserver(spec.cluster.tritonserver)
     say(f"tritonserver: {install.binary} ({install.source})")
     spec = resolve_model(spec, say)
     run = write_run_dir(spec, run_dir)
@@ -78,9 +78,9 @@ def _serve_one(spec: LaunchSpec, run: Path, install, stop: _Stop) -> int:
     job_id = str(os.getpid())
     rank = spec.ranks[0]
     argv = tritonserver_argv(spec, rank, tritonserver=install.binary, repository=str(run / "model_repository"), job_id=job_id, backend_directory=install.backend_directory)
-    env = server_env(install, {**spec.cluster.get("env", {}), "LLMLAUNCH_RANK": "0", "LLMLAUNCH_WORLD_SIZE": "1", "LLMLAUNCH_RUN_DIR": str(run)})
+    env = server_env(install, {**spec.cluster.env, "LLMLAUNCH_RANK": "0", "LLMLAUNCH_WORLD_SIZE": "1", "LLMLAUNCH_RUN_DIR": str(run)})
     host = spec.host if spec.host not in ("0.0.0.0", "") else "127.0.0.1"
-    url = f"{host}:{spec.serve['grpc_port']}"
+    url = f"{host}:{spec.serve.grpc_port}"
     log = run / "logs" / "rank0.log"
     say(f"starting: {shlex.join(argv)}")
     say(f"log: {log}")
@@ -90,8 +90,8 @@ def _serve_one(spec: LaunchSpec, run: Path, install, stop: _Stop) -> int:
         log_path=log,
         grpc_url=url,
         model=spec.model_name,
-        ready_timeout_s=float(spec.serve["ready_timeout_s"]),
-        drain_timeout_s=float(spec.serve["drain_timeout_s"]),
+        ready_timeout_s=float(spec.serve.ready_timeout_s),
+        drain_timeout_s=float(spec.serve.drain_timeout_s),
         shm_prefix=shm_prefix(job_id, 0),
         progress=say,
     ).start()
@@ -101,7 +101,7 @@ def _serve_one(spec: LaunchSpec, run: Path, install, stop: _Stop) -> int:
             server.stop()
             return 0
         say(f"READY in {waited:.1f}s")
-        ports = {k: spec.serve[k] for k in ("grpc_port", "http_port", "metrics_port")}  # as rank 0 writes them
+        ports = {k: getattr(spec.serve, k) for k in ("grpc_port", "http_port", "metrics_port")}  # as rank 0 writes them
         (run / "endpoint.json").write_text(json.dumps({"url": f"grpc://{url}", "model": spec.model_name, **ports, "job_id": job_id}))
         sys.stdout.write(endpoint_banner(f"grpc://{url}", spec.model_name))
         sys.stdout.flush()
@@ -163,7 +163,7 @@ def _serve_ranks(spec: LaunchSpec, run: Path, stop: _Stop) -> int:
     if not base_env.get("CUDA_VISIBLE_DEVICES") and any(r.gpus for r in spec.ranks):
         # Like a Slurm task given the node's GPUs: each rank then takes its own slice
         # (rank.rank_environment); without this every rank would land on GPU 0.
-        base_env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(int(spec.cluster.get("gpus_per_node", 0))))
+        base_env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(int(spec.cluster.gpus_per_node)))
     for r in spec.ranks:
         env = dict(base_env)
         env.update(
@@ -211,7 +211,7 @@ def _serve_ranks(spec: LaunchSpec, run: Path, stop: _Stop) -> int:
             last = time.monotonic()
             ready = len(list(run.glob("ready_rank*.json")))
             say(f"waiting for {len(procs)} ranks: {ready} leaders ready ({time.monotonic() - t0:.0f}s)")
-        if not shown and time.monotonic() - t0 > float(spec.serve["ready_timeout_s"]):
+        if not shown and time.monotonic() - t0 > float(spec.serve.ready_timeout_s):
             say("not ready before serve.ready_timeout_s; stopping")
             code = 1
             break
@@ -219,7 +219,7 @@ def _serve_ranks(spec: LaunchSpec, run: Path, stop: _Stop) -> int:
     for p in procs:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGTERM)
-    deadline = time.monotonic() + float(spec.serve["drain_timeout_s"]) + 20
+    deadline = time.monotonic() + float(spec.serve.drain_timeout_s) + 20
     for p in procs:
         try:
             p.wait(timeout=max(0.1, deadline - time.monotonic()))

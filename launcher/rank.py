@@ -178,8 +178,8 @@ def make_comm(spec, topo: Topology, run_dir: Path):
 
     if topo.world_size == 1:
         return FileComm(run_dir, topo.job_id, 0, 1)
-    server_uses_mpi = ENGINES[spec.engine["name"]].server_uses_mpi
-    if spec.cluster.get("mpi", "none") != "none" and topo.launcher in ("slurm", "openmpi") and not server_uses_mpi:
+    server_uses_mpi = ENGINES[spec.engine.name].server_uses_mpi
+    if spec.cluster.mpi != "none" and topo.launcher in ("slurm", "openmpi") and not server_uses_mpi:
         return MPIComm()
     return FileComm(run_dir, topo.job_id, topo.rank, topo.world_size)
 
@@ -189,13 +189,13 @@ def rendezvous(spec, topo: Topology, comm) -> RankContext:
     from launcher.triton import free_port, pick_ports
 
     me = spec.ranks[topo.rank]
-    addr = host_address(topo.hostname) if spec.cluster["scheduler"] == "slurm" else "127.0.0.1"
-    bind = "127.0.0.1" if spec.cluster["scheduler"] == "local" else "0.0.0.0"
+    addr = host_address(topo.hostname) if spec.cluster.scheduler == "slurm" else "127.0.0.1"
+    bind = "127.0.0.1" if spec.cluster.scheduler == "local" else "0.0.0.0"
     ports: Dict[str, int] = {}
     frontend_ports: Dict[str, int] = {}
     dist_port = 0
     if me.role == "leader":
-        wanted = {k: int(spec.serve[k]) for k in ("grpc_port", "http_port", "metrics_port")}
+        wanted = {k: int(getattr(spec.serve, k)) for k in ("grpc_port", "http_port", "metrics_port")}
         # frontend: with replicas > 1 the public gRPC and metrics ports go to the front end
         # (launcher/frontend, started by launcher/serving/rank0_frontend.py) on rank 0, and rank 0's own
         # server is one more internal replica.
@@ -415,7 +415,7 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
 
     if topo.world_size != spec.world_size:
         raise SystemExit(f"rank {topo.rank}: the launcher started {topo.world_size} ranks but the plan has {spec.world_size}")
-    edef = ENGINES[spec.engine["name"]]
+    edef = ENGINES[spec.engine.name]
     log = Path(log_path) if log_path else _own_log(run, topo)
 
     if topo.rank == 0:
@@ -426,10 +426,10 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
     comm = make_comm(spec, topo, run)
     ctx, infos = rendezvous(spec, topo, comm)
     me = ctx.rank
-    install = resolve_tritonserver(spec.cluster.get("tritonserver", ""))
-    env = server_env(install, {**spec.cluster.get("env", {}), **rank_environment(spec, topo, ctx, run, _visible_devices(environ)), **edef.rank_env(spec, ctx)})
+    install = resolve_tritonserver(spec.cluster.tritonserver)
+    env = server_env(install, {**spec.cluster.env, **rank_environment(spec, topo, ctx, run, _visible_devices(environ)), **edef.rank_env(spec, ctx)})
     prefix = shm_prefix(ctx.job_id, me.rank)
-    host = "127.0.0.1" if spec.cluster["scheduler"] == "local" else ctx.hosts[me.rank]
+    host = "127.0.0.1" if spec.cluster.scheduler == "local" else ctx.hosts[me.rank]
 
     def make_server():
         argv = edef.rank_command(spec, ctx)
@@ -450,8 +450,8 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
             log_path=log,
             grpc_url=f"{host}:{ctx.ports.get('grpc_port', 0)}",
             model=spec.model_name,
-            ready_timeout_s=float(spec.serve["ready_timeout_s"]),
-            drain_timeout_s=float(spec.serve["drain_timeout_s"]),
+            ready_timeout_s=float(spec.serve.ready_timeout_s),
+            drain_timeout_s=float(spec.serve.drain_timeout_s),
             shm_prefix=prefix,
             progress=say,
             inherit_output=log_path is None,
@@ -485,7 +485,7 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
                         raise
                     from launcher.triton import pick_ports
 
-                    bind = "127.0.0.1" if spec.cluster["scheduler"] == "local" else "0.0.0.0"
+                    bind = "127.0.0.1" if spec.cluster.scheduler == "local" else "0.0.0.0"
                     front = infos[me.rank]["frontend_ports"].values()  # rank 0's front end's
                     ctx.ports.update(pick_ports(bind, {k: 0 for k in ctx.ports}, avoid=front))
                     say(f"a port was taken while starting; retrying on {ctx.ports}")

@@ -8,8 +8,9 @@ Nothing here touches a cluster; validation beyond types is in `launcher.spec`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from omegaconf import MISSING
 
@@ -196,6 +197,24 @@ ENGINE_SCHEMAS = {
     "sglang": SGLangEngineConfig,
     "lmdeploy": LMDeployEngineConfig,
 }
+
+
+def build(cls, data: Mapping[str, Any], where: str = "") -> Tuple[Any, List[str]]:
+    """`cls` from a plain mapping (a composed config's node, or launch.json's), nested dataclasses built too.
+    Returns (instance, the keys `cls` has no field for, as dotted names under `where`); those are left out and a
+    field the mapping does not give keeps the dataclass's default."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in fields(cls)}
+    unknown = [f"{where}{k}" for k in data if k not in names]
+    given = {}
+    for k, v in data.items():
+        if k not in names:
+            continue
+        if is_dataclass(hints[k]) and isinstance(v, Mapping):
+            v, more = build(hints[k], v, f"{where}{k}.")
+            unknown += more
+        given[k] = v
+    return cls(**given), unknown
 
 
 def register_configs() -> None:

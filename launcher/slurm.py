@@ -111,7 +111,7 @@ def submit(spec: LaunchSpec, run_dir: str):
     from launcher.render import python_for, submitit_parameters
 
     if shutil.which("sbatch") is None:
-        raise LaunchError((f"cluster={spec.cluster['name']}", "sbatch is not on PATH: this is not a Slurm login node", "run on the cluster's login node, or use cluster=local (or cluster=local_slurm after `llmlaunch-localslurm up`)"))
+        raise LaunchError((f"cluster={spec.cluster.name}", "sbatch is not on PATH: this is not a Slurm login node", "run on the cluster's login node, or use cluster=local (or cluster=local_slurm after `llmlaunch-localslurm up`)"))
     run = write_run_dir(spec, run_dir)
     executor = submitit.SlurmExecutor(folder=str(run), python=python_for(spec))
     executor.update_parameters(**submitit_parameters(spec, str(run)))
@@ -123,10 +123,10 @@ def submit(spec: LaunchSpec, run_dir: str):
             reason = reason.decode(errors="replace")
         shutil.rmtree(run, ignore_errors=True)
         raise LaunchError(
-            (f"cluster={spec.cluster['name']} (partition={spec.cluster.get('partition') or 'default'}, gpus_per_node={spec.gpus_per_node_used})", f"Slurm refused the job: {str(reason).strip()}", "fix the profile value Slurm names (sinfo shows partitions and GRES); nothing was submitted")
+            (f"cluster={spec.cluster.name} (partition={spec.cluster.partition or 'default'}, gpus_per_node={spec.gpus_per_node_used})", f"Slurm refused the job: {str(reason).strip()}", "fix the profile value Slurm names (sinfo shows partitions and GRES); nothing was submitted")
         ) from None
     INDEX_DIR.mkdir(parents=True, exist_ok=True)
-    record = {"job_id": job.job_id, "run_dir": str(run), "slurm_conf": spec.cluster.get("slurm_conf", ""), "model": spec.model_name, "world_size": spec.world_size, "submitted": time.time()}
+    record = {"job_id": job.job_id, "run_dir": str(run), "slurm_conf": spec.cluster.slurm_conf, "model": spec.model_name, "world_size": spec.world_size, "submitted": time.time()}
     (INDEX_DIR / f"{job.job_id}.json").write_text(json.dumps(record))
     (run / "job.json").write_text(json.dumps(record))
     return job, run
@@ -170,12 +170,12 @@ def follow(job_id: str, run: Path, spec: LaunchSpec, deadline_s: float) -> Dict:
 def launch(spec: LaunchSpec, run_dir: str) -> int:
     from launcher.jobdir import resolve_model
 
-    _slurm_env(spec.cluster.get("slurm_conf", ""))
+    _slurm_env(spec.cluster.slurm_conf)
     spec = resolve_model(spec, say)
     t0 = time.monotonic()
     job, run = submit(spec, run_dir)
     say(f"submitted job {job.job_id} ({spec.world_size} ranks on {spec.nodes} node(s)); run dir {run}")
-    ep = follow(job.job_id, run, spec, float(spec.serve["ready_timeout_s"]) + 600)
+    ep = follow(job.job_id, run, spec, float(spec.serve.ready_timeout_s) + 600)
     url = ep["url"]
     exe = sys.executable
     print(f"job: {job.job_id}")

@@ -274,7 +274,7 @@ def first_token_metrics_url(spec, endpoint: Mapping[str, Any]) -> str:
     engines have no split, and with replicas the public metrics port is the front end's."""
     from launcher.engines.registry import ENGINES
 
-    if not ENGINES[spec.engine["name"]].first_token_split or spec.replicas != 1 or not endpoint.get("metrics_port"):
+    if not ENGINES[spec.engine.name].first_token_split or spec.replicas != 1 or not endpoint.get("metrics_port"):
         return ""
     host = urlsplit(endpoint["url"]).hostname or ""
     return f"http://{f'[{host}]' if ':' in host else host}:{int(endpoint['metrics_port'])}/metrics"
@@ -387,7 +387,7 @@ class Server:
 
     def describe(self) -> str:
         s = self.spec
-        return f"{self.kind} server {self.key} (engine={s.engine['name']} tp={s.tp} pp={s.pp} nodes={s.nodes} replicas={s.replicas})"
+        return f"{self.kind} server {self.key} (engine={s.engine.name} tp={s.tp} pp={s.pp} nodes={s.nodes} replicas={s.replicas})"
 
     def client(self, bench_args: Sequence[str]) -> List[str]:
         return client_argv(sys.executable, bench_args)
@@ -408,13 +408,13 @@ class SlurmServer(Server):
         from launcher import slurm
         from launcher.jobdir import resolve_model
 
-        slurm._slurm_env(self.spec.cluster.get("slurm_conf", ""))
+        slurm._slurm_env(self.spec.cluster.slurm_conf)
         self.spec = resolve_model(self.spec, say)
         job, run = slurm.submit(self.spec, str(self.run_dir))
         self.job_id, self.run_dir = job.job_id, Path(run)
         say(f"submitted job {self.job_id}; run dir {self.run_dir}")
         try:
-            ep = slurm.follow(self.job_id, self.run_dir, self.spec, float(self.spec.serve["ready_timeout_s"]) + 600)
+            ep = slurm.follow(self.job_id, self.run_dir, self.spec, float(self.spec.serve.ready_timeout_s) + 600)
         except BaseException:
             self.stop()
             raise
@@ -465,13 +465,13 @@ class LocalServer(Server):
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         endpoint = self.run_dir / "endpoint.json"
-        deadline = time.monotonic() + float(self.spec.serve["ready_timeout_s"]) + 60
+        deadline = time.monotonic() + float(self.spec.serve.ready_timeout_s) + 60
         while not endpoint.exists():
             if self.proc.poll() is not None:
                 raise LaunchError(("server", f"exited with status {self.proc.returncode} before serving; {log}:\n{log_excerpt(log, 15)}", f"read {log}"))
             if time.monotonic() > deadline:
                 self.stop()
-                raise LaunchError(("server", f"not serving after serve.ready_timeout_s={self.spec.serve['ready_timeout_s']}", f"read {log}"))
+                raise LaunchError(("server", f"not serving after serve.ready_timeout_s={self.spec.serve.ready_timeout_s}", f"read {log}"))
             time.sleep(0.2)
         ep = json.loads(endpoint.read_text())
         self._serving(ep)
@@ -486,7 +486,7 @@ class LocalServer(Server):
 
         if self.proc is None or self.proc.poll() is not None:
             return
-        stop_group(self.proc, float(self.spec.serve["drain_timeout_s"]) + 20)
+        stop_group(self.proc, float(self.spec.serve.drain_timeout_s) + 20)
         say(f"stopped local server (pid {self.proc.pid}, status {self.proc.returncode})")
 
 
@@ -505,8 +505,8 @@ class AllocationServer(Server):
         from launcher.triton import log_excerpt
 
         s = self.spec
-        cpus = int(s.cluster.get("cpus_per_task") or 1)
-        gpus = s.gpus_per_node_used if s.cluster.get("gpu_request") != "none" else 0
+        cpus = int(s.cluster.cpus_per_task or 1)
+        gpus = s.gpus_per_node_used if s.cluster.gpu_request != "none" else 0
         problems = allocation_problems(s.nodes, s.tasks_per_node, cpus, gpus, os.environ)
         if problems:
             raise LaunchError(problems)
@@ -515,8 +515,8 @@ class AllocationServer(Server):
         # its own preferred ports (rank 0 still moves to free ones when these are taken).
         keys = ("grpc_port", "http_port", "metrics_port")
         shift = 3 * (int(os.environ.get("SLURM_ARRAY_TASK_ID") or 0) % 1000)
-        shift = shift if max(int(s.serve[k]) for k in keys) + shift <= 65535 else 0
-        serve = {**s.serve, **{k: int(s.serve[k]) + shift for k in keys}}
+        shift = shift if max(int(getattr(s.serve, k)) for k in keys) + shift <= 65535 else 0
+        serve = dataclasses.replace(s.serve, **{k: int(getattr(s.serve, k)) + shift for k in keys})
         self.spec = s = resolve_model(dataclasses.replace(s, serve=serve), say)
         run = write_run_dir(s, str(self.run_dir))
         self.job_id = os.environ["SLURM_JOB_ID"]
@@ -533,7 +533,7 @@ class AllocationServer(Server):
         with open(log, "ab") as out:
             self.proc = subprocess.Popen(["bash", str(run / "step.sh")], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         endpoint = run / "endpoint.json"
-        deadline = time.monotonic() + float(self.spec.serve["ready_timeout_s"]) + 60
+        deadline = time.monotonic() + float(self.spec.serve.ready_timeout_s) + 60
         while not endpoint.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.stop()
@@ -551,7 +551,7 @@ class AllocationServer(Server):
 
         if self.proc is None or self.proc.poll() is not None:
             return
-        stop_group(self.proc, float(self.spec.serve["drain_timeout_s"]) + 30)  # SIGTERM: srun forwards it to every rank, Triton drains
+        stop_group(self.proc, float(self.spec.serve.drain_timeout_s) + 30)  # SIGTERM: srun forwards it to every rank, Triton drains
         say(f"stopped the ranks (srun status {self.proc.returncode})")
 
 
@@ -596,7 +596,7 @@ def _read_json(path: Path) -> Optional[dict]:
 
 def _tokenizer_for(spec) -> str:
     """The model's tokenizer folder when it is readable here (exact token counts), else '' (estimates)."""
-    for p in (spec.model.get("tokenizer"), spec.model.get("path"), spec.engine.get("tokenizer_dir")):
+    for p in (spec.model.tokenizer, spec.model.path, getattr(spec.engine, "tokenizer_dir", "")):
         if p and any((Path(p) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
             return str(p)
     return ""
@@ -732,7 +732,7 @@ def _run_point(cfg, config, overrides, axes, name, point: Path, number: str) -> 
         stop_server()
     if d.server == "launch":
         _hook_exit()
-        cls = SlurmServer if spec.cluster["scheduler"] == "slurm" else LocalServer
+        cls = SlurmServer if spec.cluster.scheduler == "slurm" else LocalServer
         STATE.server, why = _launch(spec, key, overrides, name, head, cls)
         if STATE.server is None:
             STATE.failed_servers[key] = why.replace("\n", " ")[:2000]
@@ -861,9 +861,9 @@ def _dry_point(head, d: Decision, spec, bench, key, name, point: Path) -> int:
         lines.append(_compact_plan(plan_text(spec, default_run_dir(spec))))
         STATE.dry_key, STATE.dry_first = key, name
         _count("launches")
-    tok = _tokenizer_for(spec) or ("<model tokenizer>" if spec.model.get("make") else "")
+    tok = _tokenizer_for(spec) or ("<model tokenizer>" if spec.model.make else "")
     args = bench_argv(bench, "<endpoint url>", spec.model_name, str(point / "result.json"), tok, label=name)
-    if spec.cluster["scheduler"] == "slurm":
+    if spec.cluster.scheduler == "slurm":
         from launcher.render import python_for
 
         argv = client_argv(python_for(spec), args, job_id="<job id>")

@@ -73,15 +73,15 @@ def start_for_rank0(spec, run_dir, infos: List[dict], leaders: List[dict], host:
     leader's server bound})."""
     from pathlib import Path
 
-    deadline_s = float(spec.serve["ready_timeout_s"])
+    deadline_s = float(spec.serve.ready_timeout_s)
     t0 = time.monotonic()
     waited, bound = wait_leaders_ready(run_dir, [i["rank"] for i in leaders if i["rank"] != 0], token, deadline_s,
                                        alive, say)
     bound[0] = dict(own_ports)
     ports = infos[0]["frontend_ports"]
-    setting = int(spec.serve.get("frontend_processes") or os.environ.get("LLMLAUNCH_FRONTEND_PROCESSES") or 0)
+    setting = int(spec.serve.frontend_processes or os.environ.get("LLMLAUNCH_FRONTEND_PROCESSES") or 0)
     # engines other than hf have no response_processes: one instance each; the CPUs are those this rank may use
-    processes = processes_for(setting, len(leaders), int(spec.engine.get("response_processes", 1)), len(os.sched_getaffinity(0)))
+    processes = processes_for(setting, len(leaders), int(getattr(spec.engine, "response_processes", 1)), len(os.sched_getaffinity(0)))
     how = "serve.frontend_processes" if setting else "auto: replicas x engine.response_processes, at most half this rank's CPUs"
     say(f"all {len(leaders)} replica leaders ready ({waited:.1f}s); starting the front end, {processes} process(es) ({how})")
     cfg = FrontendConfig(
@@ -91,7 +91,7 @@ def start_for_rank0(spec, run_dir, infos: List[dict], leaders: List[dict], host:
         metrics_port=int(ports["metrics_port"]),
         model_name=spec.model_name,
         processes=processes,
-        drain_timeout_s=float(spec.serve["drain_timeout_s"]),
+        drain_timeout_s=float(spec.serve.drain_timeout_s),
     )
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])  # `python -m launcher.frontend` from this checkout

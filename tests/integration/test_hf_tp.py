@@ -235,7 +235,7 @@ def test_slurm_tp2_two_nodes_leader_serves_generate_greedy(local_slurm, tmp_path
     try:
         assert [(r.node, r.role) for r in spec.ranks] == [(0, "leader"), (1, "worker")]
         text, n = greedy(ep["url"], ep["model"])
-        path = spec.model["path"]
+        path = spec.model.path
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path)
         ids = tok("The capital of France is", return_tensors="pt").input_ids

@@ -47,7 +47,7 @@ def contexts(spec):
 def env_of(spec, ctx):
     topo = Topology("slurm", ctx.rank.rank, spec.world_size, ctx.rank.local_rank, ctx.rank.node, spec.nodes, "4242", f"node{ctx.rank.node + 1}")
     env = rank_environment(spec, topo, ctx, Path("/jobs/run"), [str(i) for i in range(8)])
-    env.update(ENGINES[spec.engine["name"]].rank_env(spec, ctx))
+    env.update(ENGINES[spec.engine.name].rank_env(spec, ctx))
     return env
 
 
@@ -216,7 +216,7 @@ def test_ranks_rendezvous_through_files_where_the_server_is_the_mpi_program(monk
 def test_copies_over_nodes_run_their_other_nodes_on_ray_where_the_engine_says(overrides, ray):
     """EngineDef.ray_across_nodes: the copy's other nodes run `ray start` instead of tritonserver."""
     spec = spec_for(*overrides, "tp=16", "nodes=2")
-    edef = ENGINES[spec.engine["name"]]
+    edef = ENGINES[spec.engine.name]
     *_, worker = contexts(spec)
     assert registry.uses_ray(spec) is ray
     assert (edef.rank_command(spec, worker) is not None) is ray

@@ -46,6 +46,7 @@ CASES = [
     (["engine=hf", "model.make=", "model.path="], "model.path=''", "model=tiny"),
     (["cluster=luna", "cluster.container.image="], "cluster.container.image=''", "pyxis"),
     (["nosuchkey=1"], "nosuchkey", "+key=value"),
+    (["engine=vllm", "model.path=/m", "+engine.gpu_mem=0.5"], "engine.gpu_mem", "no such key in launcher/schema.py for engine=vllm"),
 ]
 
 
