@@ -80,7 +80,6 @@ class SweepInfo:
                            "points": self.total, "argv": sys.argv}, indent=1) + "\n"
 
 
-
 @dataclass
 class Server:
     """A server this sweep launched: its key, the backend that launched it, the endpoint it serves."""
@@ -413,6 +412,8 @@ def _compact_plan(text: str) -> str:
 def _dry_point(head, d: Decision, spec, bench, key, name, point: Path) -> int:
     from launcher.cli import default_run_dir
     from launcher.render import plan_text
+    from launcher.rundir import RunDir
+    from launcher.scheduler import Endpoint, for_spec
 
     lines = [f"\n######## {head}  ->  {point}"]
     if d.server == "reuse":
@@ -427,9 +428,6 @@ def _dry_point(head, d: Decision, spec, bench, key, name, point: Path) -> int:
         _count("launches")
     tok = _tokenizer_for(spec) or ("<model tokenizer>" if spec.model.get("make") else "")
     args = bench_argv(bench, "<endpoint url>", spec.model_name, str(point / "result.json"), tok, label=name)
-    from launcher.rundir import RunDir
-    from launcher.scheduler import Endpoint, for_spec
-
     argv = for_spec(spec).client_argv(Endpoint("<endpoint url>", spec.model_name, "<job id>", RunDir("<run dir>"), spec), args)
     lines.append(f"load: {shlex.join(argv)}")
     print("\n".join(lines), flush=True)
