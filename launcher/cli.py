@@ -99,7 +99,7 @@ def _is_sweep_point(cfg) -> bool:
 
 
 def run(cfg) -> int:
-    """The Hydra task: validate, then dry run / local serve / Slurm submit."""
+    """The Hydra task: validate, then dry run, or the scheduler's launch (local serve / Slurm submit)."""
     from omegaconf import OmegaConf
 
     from launcher.spec import build_spec
@@ -111,20 +111,17 @@ def run(cfg) -> int:
         from launcher.sweep import run_point
 
         return run_point(cfg)
+    from launcher.scheduler import for_spec
+
     spec = build_spec(cfg)
     run_dir = cfg.get("run_dir") or default_run_dir(spec)
+    backend = for_spec(spec)  # cluster.scheduler's registry entry (launcher/scheduler.py)
     if cfg.dry_run:
         from launcher.render import plan_text
 
-        sys.stdout.write(plan_text(spec, run_dir, OmegaConf.to_yaml(cfg)))
+        sys.stdout.write(plan_text(spec, run_dir, OmegaConf.to_yaml(cfg)))  # shows backend.dryrun's request
         return 0
-    if spec.cluster["scheduler"] == "local":
-        from launcher.local import serve_foreground
-
-        return serve_foreground(spec, run_dir)
-    from launcher.slurm import launch
-
-    return launch(spec, run_dir)
+    return backend.serve(backend.dryrun(spec, run_dir))
 
 
 def _hydra_entry():
