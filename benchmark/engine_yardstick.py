@@ -350,6 +350,7 @@ def main(argv=None) -> int:
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--seed", type=int, default=0, help="prompt sampling seed (llmlaunch-bench --seed)")
     p.add_argument("--json", help="write the rows here")
+    p.add_argument("--label", default="", help="the row's name in engines_table.py (with --json)")
     p.add_argument("--engine-args", metavar="FILE", help="vLLM's model.json from a rendered repository, instead of "
                                                          "rendering the overrides")
     args = p.parse_args(argv)
@@ -373,8 +374,10 @@ def main(argv=None) -> int:
         rows = vllm_offline(args, engine_args, samples)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"engine": engine, "mode": args.mode, "overrides": overrides, "engine_args": engine_args,
-                       "rows": rows}, f, indent=1)
+            doc = {"engine": engine, "mode": args.mode, "overrides": overrides, "engine_args": engine_args, "rows": rows}
+            if args.label:
+                doc["yardstick_label"] = args.label
+            json.dump(doc, f, indent=1)
     return 0
 
 

@@ -32,8 +32,11 @@ def one(nodes: int, jobs_dir: Path) -> dict:
     if r.returncode != 0:
         raise SystemExit(f"llmlaunch failed ({r.returncode}):\n{r.stderr}")
     job = next(l.split()[1] for l in r.stdout.splitlines() if l.startswith("job:"))
-    run = Path(json.loads((Path(os.environ.get("LLMLAUNCH_CACHE") or Path.home() / ".cache" / "llmlaunch") / "jobs" / f"{job}.json").read_text())["run_dir"])
-    server = max(json.loads(p.read_text())["ready_s"] for p in run.glob("ready_rank*.json"))
+    from launcher.rundir import RunDir
+    from launcher.slurm import INDEX_DIR
+
+    run = RunDir(json.loads((INDEX_DIR / f"{job}.json").read_text())["run_dir"])
+    server = max(r["ready_s"] for r in run.ready_records())
     subprocess.run([sys.executable, "-c", f"from launcher.slurm import stop_main; stop_main(['{job}'])"], capture_output=True)
     return {"nodes": nodes, "total_s": total, "server_s": server, "overhead_s": total - server}
 

@@ -121,22 +121,19 @@ def run(cfg) -> int:
 
 
 def execute(cfg, spec) -> int:
-    """Dry run / local serve / Slurm submit of a validated spec (`spec` is `build_spec(cfg)`)."""
+    """Dry run, or the scheduler's launch (local serve / Slurm submit), of a validated spec (`build_spec(cfg)`)."""
     from omegaconf import OmegaConf
 
+    from launcher.scheduler import for_spec
+
     run_dir = cfg.get("run_dir") or default_run_dir(spec)
+    backend = for_spec(spec)  # cluster.scheduler's registry entry (launcher/scheduler.py)
     if cfg.dry_run:
         from launcher.render import plan_text
 
-        sys.stdout.write(plan_text(spec, run_dir, OmegaConf.to_yaml(cfg)))
+        sys.stdout.write(plan_text(spec, run_dir, OmegaConf.to_yaml(cfg)))  # shows backend.dryrun's request
         return 0
-    if spec.cluster.scheduler == "local":
-        from launcher.local import serve_foreground
-
-        return serve_foreground(spec, run_dir)
-    from launcher.slurm import launch
-
-    return launch(spec, run_dir)
+    return backend.serve(backend.dryrun(spec, run_dir))
 
 
 def _hydra_entry():

@@ -6,20 +6,23 @@ rank table's variables, rendezvous through files in the run dir — the same
 per-rank path Slurm tasks take. Either way: wait until rank 0 answers a real
 request, print the endpoint, serve, and on a signal drain and stop everything
 (exit 0). A rank dying unasked stops the others and exits non-zero with its log.
+
+`LocalScheduler` is the registry entry (launcher/scheduler.py): `llmlaunch` serves in the foreground;
+a sweep launches the same foreground server as a child process (`python -m launcher.local RUN_DIR`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
+from launcher.rundir import RunDir, Stopped, wait_for_endpoint
+from launcher.scheduler import Endpoint, Request, Scheduler
 from launcher.spec import LaunchSpec
 
 
@@ -51,7 +54,7 @@ class _Stop:
 
 
 def serve_foreground(spec: LaunchSpec, run_dir: str) -> int:
-    from launcher.jobdir import resolve_model, write_run_dir
+    from launcher.tiny import resolve_model
     from launcher.triton import check_ports, resolve_tritonserver
 
     ports = {k: int(getattr(spec.serve, k)) for k in ("grpc_port", "http_port", "metrics_port")}
@@ -59,7 +62,7 @@ def serve_foreground(spec: LaunchSpec, run_dir: str) -> int:
     install = resolve_tritonserver(spec.cluster.tritonserver)
     say(f"tritonserver: {install.binary} ({install.source})")
     spec = resolve_model(spec, say)
-    run = write_run_dir(spec, run_dir)
+    run = RunDir(run_dir).write_spec(spec)
     say(f"run dir: {run}")
     stop = _Stop()
     if spec.world_size == 1:
@@ -71,17 +74,17 @@ def serve_foreground(spec: LaunchSpec, run_dir: str) -> int:
     return _serve_ranks(spec, run, stop)
 
 
-def _serve_one(spec: LaunchSpec, run: Path, install, stop: _Stop) -> int:
+def _serve_one(spec: LaunchSpec, run: RunDir, install, stop: _Stop) -> int:
     from launcher.render import shm_prefix, tritonserver_argv
     from launcher.triton import TritonServer, server_env
 
     job_id = str(os.getpid())
     rank = spec.ranks[0]
-    argv = tritonserver_argv(spec, rank, tritonserver=install.binary, repository=str(run / "model_repository"), job_id=job_id, backend_directory=install.backend_directory)
+    argv = tritonserver_argv(spec, rank, tritonserver=install.binary, repository=str(run.repository), job_id=job_id, backend_directory=install.backend_directory)
     env = server_env(install, {**spec.cluster.env, "LLMLAUNCH_RANK": "0", "LLMLAUNCH_WORLD_SIZE": "1", "LLMLAUNCH_RUN_DIR": str(run)})
     host = spec.host if spec.host not in ("0.0.0.0", "") else "127.0.0.1"
     url = f"{host}:{spec.serve.grpc_port}"
-    log = run / "logs" / "rank0.log"
+    log = run.local_rank_log(0)
     say(f"starting: {shlex.join(argv)}")
     say(f"log: {log}")
     server = TritonServer(
@@ -102,7 +105,7 @@ def _serve_one(spec: LaunchSpec, run: Path, install, stop: _Stop) -> int:
             return 0
         say(f"READY in {waited:.1f}s")
         ports = {k: getattr(spec.serve, k) for k in ("grpc_port", "http_port", "metrics_port")}  # as rank 0 writes them
-        (run / "endpoint.json").write_text(json.dumps({"url": f"grpc://{url}", "model": spec.model_name, **ports, "job_id": job_id}))
+        run.write_endpoint({"url": f"grpc://{url}", "model": spec.model_name, **ports, "job_id": job_id})
         sys.stdout.write(endpoint_banner(f"grpc://{url}", spec.model_name))
         sys.stdout.flush()
         while stop.signum is None:
@@ -147,11 +150,10 @@ def _wait_or_stop(server, stop: _Stop):
     return result["waited"]
 
 
-def _serve_ranks(spec: LaunchSpec, run: Path, stop: _Stop) -> int:
+def _serve_ranks(spec: LaunchSpec, run: RunDir, stop: _Stop) -> int:
     """Several ranks on this machine, each through `python -m launcher.rank` like a Slurm task.
 
     A replica lost while serving (replicas > 1) is reported and the rest go on serving, as on Slurm."""
-    from launcher.rank import lost_replicas
     from launcher.slurm import describe_lost
     from launcher.triton import log_excerpt
 
@@ -176,46 +178,52 @@ def _serve_ranks(spec: LaunchSpec, run: Path, stop: _Stop) -> int:
                 "LLMLAUNCH_JOB_ID": job_id,
             }
         )
-        log = run / "logs" / f"rank{r.rank}.log"
-        with open(log, "ab") as out:
+        with open(run.local_rank_log(r.rank), "ab") as out:
             procs.append(subprocess.Popen([sys.executable, "-m", "launcher.rank", str(run)], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
-    say(f"started {len(procs)} ranks; logs in {run / 'logs'}")
-    endpoint = run / "endpoint.json"
-    t0 = time.monotonic()
-    shown = False
-    last = 0.0
-    code = 0
-    while True:
+    say(f"started {len(procs)} ranks; logs in {run.logs}")
+
+    class _RankDied(Exception):
+        pass
+
+    def check() -> None:
+        """Stopped on a signal; a rank that died unasked ends the job (a lost replica's ranks exit 0)."""
         if stop.signum is not None:
-            break
+            raise Stopped()
         dead = [(i, p.returncode) for i, p in enumerate(procs) if p.poll() is not None]
-        lost = set(lost_replicas(run, spec.replicas))
-        for r in lost - reported_lost:  # the ranks of a lost replica record it and exit 0 (rank.decide_exit)
+        lost = set(run.lost_replica_ids(spec.replicas))
+        for r in sorted(lost - reported_lost):  # the ranks of a lost replica record it and exit 0 (rank.decide_exit)
             reported_lost.add(r)
-            say(describe_lost(json.loads((run / f"replica_lost{r}.json").read_text())))
+            record = run.read_lost(r)
+            if record is not None:  # written whole (a hard link), so readable once it exists
+                say(describe_lost(record))
         fatal = [(i, rc) for i, rc in dead if rc != 0 or spec.ranks[i].replica not in lost]
         if fatal:
             i, rc = fatal[0]
-            say(f"rank {i} exited with status {rc}; stopping the others. Its log:\n{log_excerpt(run / 'logs' / f'rank{i}.log')}")
-            code = 1
-            break
-        if not shown and endpoint.exists():
-            ep = json.loads(endpoint.read_text())
-            say(f"READY in {time.monotonic() - t0:.1f}s ({len(procs)} ranks)")
-            sys.stdout.write(endpoint_banner(ep["url"], ep["model"]))
-            sys.stdout.flush()
-            if ep.get("metrics_url"):  # frontend: replicas > 1 serve through rank 0's front end
-                say(f"front end over {len(ep.get('replicas', []))} replicas; metrics {ep['metrics_url']}")
-            shown = True
-        elif not shown and time.monotonic() - last > 2:
-            last = time.monotonic()
-            ready = len(list(run.glob("ready_rank*.json")))
-            say(f"waiting for {len(procs)} ranks: {ready} leaders ready ({time.monotonic() - t0:.0f}s)")
-        if not shown and time.monotonic() - t0 > float(spec.serve.ready_timeout_s):
-            say("not ready before serve.ready_timeout_s; stopping")
-            code = 1
-            break
-        time.sleep(0.2)
+            say(f"rank {i} exited with status {rc}; stopping the others. Its log:\n{log_excerpt(run.local_rank_log(i))}")
+            raise _RankDied()
+
+    def not_ready(_elapsed: float) -> Exception:
+        say("not ready before serve.ready_timeout_s; stopping")
+        return _RankDied()
+
+    t0 = time.monotonic()
+    code = 0
+    try:
+        ep = wait_for_endpoint(run, timeout_s=float(spec.serve.ready_timeout_s), on_timeout=not_ready, check=check,
+                               progress=lambda: f"waiting for {len(procs)} ranks: {run.ready_count()} leaders ready",
+                               say=say, repeat_s=2.0, on_change=False, interval_s=0.2)
+        say(f"READY in {time.monotonic() - t0:.1f}s ({len(procs)} ranks)")
+        sys.stdout.write(endpoint_banner(ep["url"], ep["model"]))
+        sys.stdout.flush()
+        if ep.get("metrics_url"):  # frontend: replicas > 1 serve through rank 0's front end
+            say(f"front end over {len(ep.get('replicas', []))} replicas; metrics {ep['metrics_url']}")
+        while True:
+            check()
+            time.sleep(0.2)
+    except Stopped:
+        pass
+    except _RankDied:
+        code = 1
     for p in procs:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGTERM)
@@ -228,3 +236,77 @@ def _serve_ranks(spec: LaunchSpec, run: Path, stop: _Stop) -> int:
             p.wait()
     say("stopped")
     return code
+
+
+class LocalScheduler(Scheduler):
+    """cluster.scheduler=local: the ranks as processes of this machine, served in the foreground."""
+
+    name = "local"
+    job_placeholder = "<pid>"
+    loopback = True
+
+    def dryrun(self, spec: LaunchSpec, run_dir: str) -> Request:
+        from launcher.render import rank_commands
+
+        return Request(self.name, spec, run_dir, rank_commands(spec, run_dir, self.job_placeholder))
+
+    def serve(self, request: Request) -> int:
+        return serve_foreground(request.spec, request.run_dir)
+
+    def launch(self, request: Request) -> Endpoint:
+        """The foreground server as a child process group (a sweep's server): `python -m launcher.local
+        RUN_DIR` serves the spec written there; returns once it serves, its output in llmlaunch.log."""
+        from launcher.errors import LaunchError
+        from launcher.tiny import resolve_model
+        from launcher.triton import log_excerpt
+
+        spec = resolve_model(request.spec, say)  # the child finds the same cached model; we learn its tokenizer
+        run = RunDir(request.run_dir).write_spec(spec)
+        log = run.server_log
+        argv = [sys.executable, "-m", "launcher.local", str(run)]
+        say(f"starting: {shlex.join(argv)}; log {log}")
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        endpoint = Endpoint("", "", str(proc.pid), run, spec, proc=proc)
+
+        def check() -> None:
+            if proc.poll() is not None:
+                raise LaunchError(("server", f"exited with status {proc.returncode} before serving; {log}:\n{log_excerpt(log, 15)}", f"read {log}"))
+
+        def timeout(_elapsed: float) -> Exception:
+            self.stop(endpoint)
+            return LaunchError(("server", f"not serving after serve.ready_timeout_s={spec.serve.ready_timeout_s}", f"read {log}"))
+
+        ep = wait_for_endpoint(run, timeout_s=float(spec.serve.ready_timeout_s) + 60, on_timeout=timeout, check=check, interval_s=0.2)
+        endpoint.url, endpoint.model, endpoint.doc = ep["url"], ep["model"], ep
+        return endpoint
+
+    def stop(self, endpoint: Endpoint) -> None:
+        """SIGTERM to its process group (it drains), SIGKILL after serve.drain_timeout_s + 20 s."""
+        from launcher.triton import stop_group
+
+        proc = endpoint.proc
+        if proc is None or proc.poll() is not None:
+            return
+        stop_group(proc, float(endpoint.spec.serve.drain_timeout_s) + 20)
+        say(f"stopped local server (pid {proc.pid}, status {proc.returncode})")
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    """python -m launcher.local RUN_DIR: serve the spec written there, in the foreground."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m launcher.local <run_dir>", file=sys.stderr)
+        raise SystemExit(2)
+    from launcher.errors import LaunchError
+
+    try:
+        code = serve_foreground(RunDir(argv[0]).read_spec(), argv[0])
+    except LaunchError as e:
+        print(e.render(), file=sys.stderr)
+        raise SystemExit(2)
+    raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -148,7 +148,9 @@ class FileComm:
     wrapper must not take the rank's PMIx connection first."""
 
     def __init__(self, run_dir: Path, job_id: str, rank: int, world: int, timeout_s: float = 600.0):
-        self.dir = Path(run_dir) / "rendezvous" / str(job_id)
+        from launcher.rundir import RunDir
+
+        self.dir = RunDir(run_dir).rendezvous_dir(job_id)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.rank, self.world, self.timeout_s = rank, world, timeout_s
         self.round = 0
@@ -186,11 +188,13 @@ def make_comm(spec, topo: Topology, run_dir: Path):
 
 def rendezvous(spec, topo: Topology, comm) -> RankContext:
     """Every rank publishes its address; leaders publish the ports they could bind."""
+    from launcher.scheduler import for_spec
     from launcher.triton import free_port, pick_ports
 
     me = spec.ranks[topo.rank]
-    addr = host_address(topo.hostname) if spec.cluster.scheduler == "slurm" else "127.0.0.1"
-    bind = "127.0.0.1" if spec.cluster.scheduler == "local" else "0.0.0.0"
+    loopback = for_spec(spec).loopback  # every rank on this machine
+    addr = "127.0.0.1" if loopback else host_address(topo.hostname)
+    bind = "127.0.0.1" if loopback else "0.0.0.0"
     ports: Dict[str, int] = {}
     frontend_ports: Dict[str, int] = {}
     dist_port = 0
@@ -250,12 +254,6 @@ def _visible_devices(environ: Mapping[str, str]) -> Optional[List[str]]:
     if not v:
         return None
     return [x for x in v.split(",") if x]
-
-
-def write_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
-    tmp.rename(path)
 
 
 # ----------------------------------------------------------------------------- losing a replica
@@ -321,34 +319,6 @@ def _signal_text(code: Optional[int]) -> str:
     return str(code)
 
 
-def record_once(path: Path, obj) -> bool:
-    """Write `path` unless it exists (atomic on a shared filesystem: a hard link is created or
-    refused whole, also over NFS). Returns whether this call wrote it."""
-    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1, sort_keys=True))
-    try:
-        os.link(tmp, path)
-        return True
-    except FileExistsError:
-        return False
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def lost_replicas(run: Path, replicas: int) -> Tuple[int, ...]:
-    return tuple(r for r in range(replicas) if (run / f"replica_lost{r}.json").exists())
-
-
-def job_serving(run: Path, token: str) -> bool:
-    """Whether rank 0 wrote endpoint.json for this run: it carries this rendezvous's token (a file left
-    by an earlier run of the same dir does not count)."""
-    try:
-        ep = json.loads((run / "endpoint.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return bool(token) and ep.get("token") == token
-
-
 def _end_lost_server(server, grace_s: float = 5.0) -> Optional[int]:
     """Another rank of this replica died: the replica cannot finish what it runs (its model-parallel
     group is broken), so no full drain: SIGTERM, SIGKILL after `grace_s`, then the usual cleanup."""
@@ -356,7 +326,7 @@ def _end_lost_server(server, grace_s: float = 5.0) -> Optional[int]:
     return server.returncode()
 
 
-def _supervise(server, frontend, stopping, lost_record: Path) -> Tuple[str, Optional[int]]:
+def _supervise(server, frontend, stopping, lost) -> Tuple[str, Optional[int]]:
     """replicas > 1: wait until something this rank supervises ends. Returns ("server", status) when
     its server exited (asked or not), ("frontend", status) when rank 0's front end exited unasked,
     ("replica", None) when another rank of this replica recorded it lost."""
@@ -373,7 +343,7 @@ def _supervise(server, frontend, stopping, lost_record: Path) -> Tuple[str, Opti
             now = time.monotonic()
             if now - checked >= 1.0:  # a stat on the shared run dir, once a second per rank
                 checked = now
-                if lost_record.exists():
+                if lost():
                     return "replica", None
         time.sleep(0.2)
 
@@ -398,17 +368,17 @@ def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path
     """Run this process's rank to the end; returns the exit status.  With serve.keep_cpus_awake, idle-priority
     spinners keep this rank's CPUs from sleeping meanwhile (launcher/awake.py)."""
     from launcher import awake
-    from launcher.spec import LaunchSpec
+    from launcher.rundir import RunDir
 
     environ = dict(os.environ if environ is None else environ)
-    spec = LaunchSpec.from_json((Path(run_dir) / "launch.json").read_text())
+    spec = RunDir(run_dir).read_spec()
     topo = read_topology(environ)
     say = lambda msg: print(f"[llmlaunch rank {topo.rank} {topo.hostname}] {msg}", flush=True)  # noqa: E731
     with awake.kept_for(spec.serve, topo.local_rank, run_dir, say):
-        return _run_rank(Path(run_dir), spec, topo, environ, log_path, say)
+        return _run_rank(RunDir(run_dir), spec, topo, environ, log_path, say)
 
 
-def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path: Optional[str], say) -> int:
+def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Optional[str], say) -> int:
     from launcher.engines.registry import ENGINES
     from launcher.render import shm_prefix, tritonserver_argv
     from launcher.triton import ServerDied, TritonServer, resolve_tritonserver, server_env
@@ -421,15 +391,17 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
     if topo.rank == 0:
         # Records of an earlier run of this dir (a requeued job) must not stop this run's ranks. Nobody
         # writes one before the job serves, and every rank passes the rendezvous only after rank 0.
-        for stale in run.glob("replica_lost*.json"):
-            stale.unlink(missing_ok=True)
-    comm = make_comm(spec, topo, run)
+        run.clear_lost()
+    comm = make_comm(spec, topo, run.path)
     ctx, infos = rendezvous(spec, topo, comm)
     me = ctx.rank
     install = resolve_tritonserver(spec.cluster.tritonserver)
-    env = server_env(install, {**spec.cluster.env, **rank_environment(spec, topo, ctx, run, _visible_devices(environ)), **edef.rank_env(spec, ctx)})
+    env = server_env(install, {**spec.cluster.env, **rank_environment(spec, topo, ctx, run.path, _visible_devices(environ)), **edef.rank_env(spec, ctx)})
     prefix = shm_prefix(ctx.job_id, me.rank)
-    host = "127.0.0.1" if spec.cluster.scheduler == "local" else ctx.hosts[me.rank]
+    from launcher.scheduler import for_spec
+
+    loopback = for_spec(spec).loopback  # every rank on this machine: servers are reached on 127.0.0.1
+    host = "127.0.0.1" if loopback else ctx.hosts[me.rank]
 
     def make_server():
         argv = edef.rank_command(spec, ctx)
@@ -438,7 +410,7 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
                 spec,
                 me,
                 tritonserver=install.binary,
-                repository=str(run / "model_repository"),
+                repository=str(run.repository),
                 job_id=ctx.job_id,
                 ports=ctx.ports or None,
                 backend_directory=install.backend_directory,
@@ -485,7 +457,7 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
                         raise
                     from launcher.triton import pick_ports
 
-                    bind = "127.0.0.1" if spec.cluster.scheduler == "local" else "0.0.0.0"
+                    bind = "127.0.0.1" if loopback else "0.0.0.0"
                     front = infos[me.rank]["frontend_ports"].values()  # rank 0's front end's
                     ctx.ports.update(pick_ports(bind, {k: 0 for k in ctx.ports}, avoid=front))
                     say(f"a port was taken while starting; retrying on {ctx.ports}")
@@ -495,7 +467,7 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
             url = server.grpc_url
             say(f"READY in {waited:.1f}s: {spec.model_name} at {url}")
             ready = {"rank": me.rank, "replica": me.replica, "addr": host, "ports": ctx.ports, "ready_s": round(waited, 2), "time": time.time(), "token": ctx.token}
-            write_json(run / f"ready_rank{me.rank}.json", ready)
+            run.write_ready(me.rank, ready)
             if me.rank == 0:
                 leaders = [i for i in infos if spec.ranks[i["rank"]].role == "leader"]
                 public = {"url": f"grpc://{host}:{ctx.ports['grpc_port']}", **{k: ctx.ports[k] for k in ("grpc_port", "http_port", "metrics_port")}}
@@ -504,9 +476,8 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
                     # frontend: wait for every replica leader, then serve them all on the public port.
                     from launcher.serving.rank0_frontend import start_for_rank0
 
-                    frontend, public, bound = start_for_rank0(spec, run, infos, leaders, host, ctx.ports, ctx.token, alive=lambda: server.returncode() is None, say=say)
-                write_json(
-                    run / "endpoint.json",
+                    frontend, public, bound = start_for_rank0(spec, run.path, infos, leaders, host, ctx.ports, ctx.token, alive=lambda: server.returncode() is None, say=say)
+                run.write_endpoint(
                     {
                         **public,
                         "host": host,
@@ -521,7 +492,7 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
         if spec.replicas == 1:
             code, ended = server.wait(), "server"
         else:
-            ended, code = _supervise(server, frontend, stopping, run / f"replica_lost{me.replica}.json")
+            ended, code = _supervise(server, frontend, stopping, lambda: run.replica_lost(me.replica))
             if ended == "replica":
                 code = _end_lost_server(server)
     except BaseException as e:  # died while loading, or timed out
@@ -536,8 +507,8 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
         """Nobody asked it to stop: fail the job, and say who failed and why."""
         if frontend is not None:
             frontend.stop()
-        write_json(
-            run / f"failure_rank{me.rank}.json",
+        run.write_failure(
+            me.rank,
             {"rank": me.rank, "node": me.node, "host": topo.hostname, "exit_code": code, "log": str(log), "log_tail": log_excerpt(log, 25), "time": time.time(), "reason": what},
         )
         say(f"{what}: failing the job")
@@ -546,8 +517,8 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
 
     if stopping["signal"] is None and spec.replicas > 1 and started:
         # Data-parallel replicas: a replica lost while the job serves is not the end of the job.
-        lost = lost_replicas(run, spec.replicas)
-        out = decide_exit(ended, replicas=spec.replicas, replica=me.replica, serving=job_serving(run, ctx.token), code=code, lost=lost,
+        lost = run.lost_replica_ids(spec.replicas)
+        out = decide_exit(ended, replicas=spec.replicas, replica=me.replica, serving=run.serving(ctx.token), code=code, lost=lost,
                           frontend="none" if frontend is None else "running" if frontend.poll() is None else "exited")
         if out.replica_lost:
             if ended == "replica":
@@ -555,8 +526,8 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
             else:
                 why = f"the server of rank {me.rank} ({me.role}) exited with status {_signal_text(code)} unasked"
             ranks = [r.rank for r in spec.ranks if r.replica == me.replica]
-            wrote = record_once(
-                run / f"replica_lost{me.replica}.json",
+            wrote = run.record_lost(
+                me.replica,
                 {"replica": me.replica, "ranks": ranks, "rank": me.rank, "node": me.node, "host": topo.hostname, "exit_code": code, "reason": why,
                  "log": str(log), "log_tail": log_excerpt(log, 25), "time": time.time()},
             )
@@ -566,14 +537,14 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
             # marked this one down: its requests in flight got an error naming it).
             server.stop()
             say(f"{out.reason}; rank 0 keeps the front end up")
-            ended, fe_code = _frontend_only(frontend, stopping, lambda: len(lost_replicas(run, spec.replicas)) >= spec.replicas)
+            ended, fe_code = _frontend_only(frontend, stopping, lambda: len(run.lost_replica_ids(spec.replicas)) >= spec.replicas)
             if stopping["signal"] is not None:
                 fe_code = frontend.stop()
                 say(f"stopped (signal {stopping['signal']}), front end status {fe_code}")
                 return 0 if fe_code in (0, -signal.SIGTERM) else fe_code
             if ended == "frontend":
                 code = fe_code
-            out = decide_exit(ended, replicas=spec.replicas, replica=me.replica, serving=True, code=code, lost=lost_replicas(run, spec.replicas))
+            out = decide_exit(ended, replicas=spec.replicas, replica=me.replica, serving=True, code=code, lost=run.lost_replica_ids(spec.replicas))
         if out.failure:
             return fail(out.status, out.reason)
         server.stop()
@@ -590,11 +561,11 @@ def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path
     return 0 if stopping["signal"] is not None and code in (0, -signal.SIGTERM) else code
 
 
-def _own_log(run: Path, topo: Topology) -> Path:
+def _own_log(run, topo: Topology) -> Path:
     """The file this rank's stdout goes to (submitit's per-task log), for the failure tail."""
     if topo.launcher == "slurm":
-        return run / f"{topo.job_id}_{topo.rank}_log.out"
-    return run / "logs" / f"rank{topo.rank}.log"
+        return run.slurm_rank_log(topo.job_id, topo.rank)
+    return run.local_rank_log(topo.rank)
 
 
 class RankMain:

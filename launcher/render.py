@@ -66,7 +66,9 @@ def tritonserver_argv(
         models = rank.models or (spec.model_name,)
         argv += [f"--load-model={m}" for m in models]
     else:
-        host = spec.host if rank.serves == "public" else ("127.0.0.1" if spec.cluster.scheduler == "local" else "0.0.0.0")
+        from launcher.scheduler import for_spec
+
+        host = spec.host if rank.serves == "public" else ("127.0.0.1" if for_spec(spec).loopback else "0.0.0.0")
         argv += [
             f"--grpc-address={host}",
             f"--grpc-port={ports['grpc_port']}",
@@ -197,6 +199,37 @@ def sbatch_script(spec: LaunchSpec, run_dir: str) -> str:
     return _make_sbatch_string(command=command, folder=run_dir, **submitit_parameters(spec, run_dir))
 
 
+# ----------------------------------------------------------------------------- steps inside an allocation
+def allocation_step(spec: LaunchSpec, run_dir: str) -> str:
+    """The script a sweep point that is its own Slurm allocation (hydra/launcher=submitit_slurm) runs to
+    start the ranks: what the sbatch script llmlaunch submits would run, as one `srun` step. The step
+    gives its own sizes: the Hydra task's SLURM_CPUS_PER_TASK / SLURM_NTASKS must not leak into it."""
+    cpus, gpus = allocation_sizes(spec)
+    step = ["srun", *srun_args(spec), "--overlap", f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.tasks_per_node}",
+            f"--ntasks={spec.world_size}", f"--cpus-per-task={cpus}"]
+    if gpus:
+        step.append(f"--gpus-per-node={gpus}")
+    step += [python_for(spec), "-m", "launcher.rank", run_dir]
+    return "\n".join([*setup_lines(spec, run_dir), "exec " + shlex.join(step)]) + "\n"
+
+
+def allocation_sizes(spec: LaunchSpec) -> tuple:
+    """(CPUs per task, GPUs per node) a point's ranks need from its allocation."""
+    cpus = int(spec.cluster.cpus_per_task or 1)
+    gpus = spec.gpus_per_node_used if spec.cluster.gpu_request != "none" else 0
+    return cpus, gpus
+
+
+def client_argv(python: str, bench_args: Sequence[str], job_id: Optional[str] = None,
+                container_args: Sequence[str] = ()) -> List[str]:
+    """A sweep's load generator: inside the server's Slurm allocation (one task on the job's first
+    node, the one rank 0 serves from, sharing its resources) when job_id is given, else here."""
+    prefix: List[str] = []
+    if job_id:
+        prefix = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", "--mpi=none", *container_args]
+    return [*prefix, python, "-m", "launcher.bench.cli", *bench_args]
+
+
 def plan_overrides(spec: LaunchSpec) -> str:
     return " ".join(
         [
@@ -246,11 +279,18 @@ def plan_text(spec: LaunchSpec, run_dir: str, composed_yaml: str = "") -> str:
     for rel, text in repository_files(spec).items():
         sec(f"file model_repository/{rel}")
         out.append(text.rstrip() if rel.endswith((".pbtxt", ".json")) else "(copied from the checkout's model_repository/)")
-    if spec.cluster.scheduler == "slurm":
-        sec(f"sbatch script ({run_dir}/submission.sh, submitted through submitit)")
-        out.append(sbatch_script(spec, run_dir).rstrip())
+    from launcher.scheduler import for_spec
+
+    request = for_spec(spec).dryrun(spec, run_dir)
+    if request.title:  # what is submitted (the local scheduler runs the per-rank commands below)
+        sec(request.title)
+        out.append(request.text.rstrip())
     sec("per-rank commands (started by `python -m launcher.rank`, ports chosen at start when taken)")
-    job = "${SLURM_JOB_ID}" if spec.cluster.scheduler == "slurm" else "<pid>"
-    for r in spec.ranks:
-        out.append(f"rank {r.rank}: " + shlex.join(tritonserver_argv(spec, r, repository=f"{run_dir}/model_repository", job_id=job)))
+    out.append(rank_commands(spec, run_dir, for_spec(spec).job_placeholder))
     return "\n".join(out) + "\n"
+
+
+def rank_commands(spec: LaunchSpec, run_dir: str, job_id: str) -> str:
+    """Each rank's tritonserver command line, one line per rank."""
+    return "\n".join(f"rank {r.rank}: " + shlex.join(tritonserver_argv(spec, r, repository=f"{run_dir}/model_repository", job_id=job_id))
+                     for r in spec.ranks)

@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from launcher.errors import LaunchError
+from launcher.rundir import RunDir, wait_for_endpoint
+from launcher.scheduler import Endpoint, Request, Scheduler
 from launcher.spec import LaunchSpec
 
 INDEX_DIR = Path(os.environ.get("LLMLAUNCH_CACHE") or Path.home() / ".cache" / "llmlaunch") / "jobs"
@@ -59,32 +61,10 @@ def queue_state(job_id: str) -> Tuple[str, str, str]:
     return "UNKNOWN", "", ""
 
 
-def failures(run: Path) -> List[Dict]:
-    out = []
-    for f in sorted(run.glob("failure_rank*.json")):
-        try:
-            out.append(json.loads(f.read_text()))
-        except (OSError, ValueError):
-            pass
-    return out
-
-
 def describe_failure(f: Dict) -> str:
     # "reason" (why the rank failed the job) is absent from records of older versions
     what = f"failed: {f['reason']}" if f.get("reason") else f"exited with status {f['exit_code']}"
     return f"rank {f['rank']} on node {f['host']} (node index {f['node']}) {what}; {f['log']}:\n{f['log_tail']}"
-
-
-def lost_replicas(run: Path) -> List[Dict]:
-    """replica_lost<R>.json records (launcher/rank.py): replicas > 1, a replica lost while the job
-    serves; the job goes on with the others."""
-    out = []
-    for f in run.glob("replica_lost*.json"):
-        try:
-            out.append(json.loads(f.read_text()))
-        except (OSError, ValueError):
-            pass
-    return sorted(out, key=lambda r: r.get("replica", 0))
 
 
 def describe_lost(r: Dict) -> str:
@@ -92,11 +72,11 @@ def describe_lost(r: Dict) -> str:
     return f"replica {r['replica']} lost at {at} on {r['host']}: {r['reason']} (ranks {', '.join(map(str, r['ranks']))}; log {r['log']})"
 
 
-def _rank_log_tails(run: Path, job_id: str, lines: int = 12) -> str:
+def _rank_log_tails(run: RunDir, job_id: str, lines: int = 12) -> str:
     from launcher.triton import log_excerpt
 
     parts = []
-    for log in sorted(run.glob(f"{job_id}_*_log.out")):
+    for log in run.slurm_rank_logs(job_id):
         parts.append(f"--- {log.name}\n{log_excerpt(log, lines)}")
     return "\n".join(parts) or "(no rank logs yet)"
 
@@ -106,13 +86,12 @@ def submit(spec: LaunchSpec, run_dir: str):
     run dir is removed and Slurm's reason is raised as a LaunchError."""
     import submitit
 
-    from launcher.jobdir import write_run_dir
     from launcher.rank import RankMain
     from launcher.render import python_for, submitit_parameters
 
     if shutil.which("sbatch") is None:
         raise LaunchError((f"cluster={spec.cluster.name}", "sbatch is not on PATH: this is not a Slurm login node", "run on the cluster's login node, or use cluster=local (or cluster=local_slurm after `llmlaunch-localslurm up`)"))
-    run = write_run_dir(spec, run_dir)
+    run = RunDir(run_dir).write_spec(spec).path
     executor = submitit.SlurmExecutor(folder=str(run), python=python_for(spec))
     executor.update_parameters(**submitit_parameters(spec, str(run)))
     try:
@@ -126,68 +105,108 @@ def submit(spec: LaunchSpec, run_dir: str):
             (f"cluster={spec.cluster.name} (partition={spec.cluster.partition or 'default'}, gpus_per_node={spec.gpus_per_node_used})", f"Slurm refused the job: {str(reason).strip()}", "fix the profile value Slurm names (sinfo shows partitions and GRES); nothing was submitted")
         ) from None
     INDEX_DIR.mkdir(parents=True, exist_ok=True)
-    record = {"job_id": job.job_id, "run_dir": str(run), "slurm_conf": spec.cluster.slurm_conf, "model": spec.model_name, "world_size": spec.world_size, "submitted": time.time()}
+    record = {"job_id": job.job_id, "run_dir": str(run), "slurm_conf": spec.cluster.slurm_conf, "model": spec.model_name, "world_size": spec.world_size,
+              "submitted": time.time(), "scheduler": "slurm"}
     (INDEX_DIR / f"{job.job_id}.json").write_text(json.dumps(record))
-    (run / "job.json").write_text(json.dumps(record))
+    RunDir(run).write_job(record)
     return job, run
 
 
-def follow(job_id: str, run: Path, spec: LaunchSpec, deadline_s: float) -> Dict:
+def follow(job_id: str, run_dir, spec: LaunchSpec, deadline_s: float) -> Dict:
     """Until rank 0 serves: print queue state, rank readiness; raise on failure."""
-    t0 = time.monotonic()
-    last_msg = ""
-    last_t = 0.0
+    run = RunDir(run_dir)
     leaders = sum(1 for r in spec.ranks if r.role == "leader")
-    while True:
-        fails = failures(run)
+    seen = {"state": "UNKNOWN"}  # the last queue state, for the timeout's message
+
+    def check() -> None:
+        fails = run.failures()
         if fails:
             _run(["scancel", job_id])
             raise LaunchError((f"job {job_id}", "a rank failed: " + describe_failure(fails[0]), f"read the rank logs in {run}; `llmlaunch-status {job_id}` shows them"))
-        ep = run / "endpoint.json"
-        if ep.exists():
-            return json.loads(ep.read_text())
+
+    def progress() -> str:
         state, reason, nodes = queue_state(job_id)
         if state in ("FAILED", "CANCELLED", "TIMEOUT", "COMPLETED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"):
-            fails = failures(run)
+            fails = run.failures()
             detail = describe_failure(fails[0]) if fails else _rank_log_tails(run, job_id)
             raise LaunchError((f"job {job_id}", f"ended {state} before serving{(' (' + reason + ')') if reason and reason != 'None' else ''}:\n{detail}", f"read the rank logs in {run}"))
-        elapsed = time.monotonic() - t0
+        seen["state"] = state
         if state == "PENDING":
-            msg = f"job {job_id} PENDING ({reason})"
-        elif state == "RUNNING":
-            ready = len(list(run.glob("ready_rank*.json")))
-            msg = f"job {job_id} RUNNING on {nodes}: loading, {ready}/{leaders} leaders ready"
-        else:
-            msg = f"job {job_id} {state}"
-        if msg != last_msg or elapsed - last_t > 10:
-            say(f"{msg} ({elapsed:.0f}s)")
-            last_msg, last_t = msg, elapsed
-        if elapsed > deadline_s:
-            raise LaunchError((f"job {job_id}", f"not serving after {deadline_s:.0f}s (state {state})", f"raise serve.ready_timeout_s, or look at the rank logs in {run}; the job is still queued/running: llmlaunch-stop {job_id}"))
-        time.sleep(0.25)
+            return f"job {job_id} PENDING ({reason})"
+        if state == "RUNNING":
+            return f"job {job_id} RUNNING on {nodes}: loading, {run.ready_count()}/{leaders} leaders ready"
+        return f"job {job_id} {state}"
+
+    def timeout(_elapsed: float) -> LaunchError:
+        return LaunchError((f"job {job_id}", f"not serving after {deadline_s:.0f}s (state {seen['state']})", f"raise serve.ready_timeout_s, or look at the rank logs in {run}; the job is still queued/running: llmlaunch-stop {job_id}"))
+
+    return wait_for_endpoint(run, timeout_s=deadline_s, on_timeout=timeout, check=check, progress=progress, say=say)
 
 
-def launch(spec: LaunchSpec, run_dir: str) -> int:
-    from launcher.jobdir import resolve_model
+class SlurmScheduler(Scheduler):
+    """cluster.scheduler=slurm: submitit submits the rendered sbatch script; the job outlives `llmlaunch`."""
 
-    _slurm_env(spec.cluster.slurm_conf)
-    spec = resolve_model(spec, say)
-    t0 = time.monotonic()
-    job, run = submit(spec, run_dir)
-    say(f"submitted job {job.job_id} ({spec.world_size} ranks on {spec.nodes} node(s)); run dir {run}")
-    ep = follow(job.job_id, run, spec, float(spec.serve.ready_timeout_s) + 600)
-    url = ep["url"]
-    exe = sys.executable
-    print(f"job: {job.job_id}")
-    print(f"endpoint: {url}")
-    print(f"model: {ep['model']}")
-    print(f"logs: {run}/{job.job_id}_<rank>_log.out")
-    print(f"stream: {exe} -m launcher.client --url {url} --prompt \"The capital of France is\" --max-tokens 32")
-    print(f"bench: llmlaunch-bench --url {url} --model {ep['model']} --dataset synthetic --num-prompts 64 --concurrency 8")
-    print(f"status: llmlaunch-status {job.job_id}")
-    print(f"stop: llmlaunch-stop {job.job_id}")
-    say(f"READY {time.monotonic() - t0:.1f}s after submission")
-    return 0
+    name = "slurm"
+    job_placeholder = "${SLURM_JOB_ID}"
+
+    def dryrun(self, spec: LaunchSpec, run_dir: str) -> Request:
+        from launcher.render import sbatch_script
+
+        return Request(self.name, spec, run_dir, sbatch_script(spec, run_dir), title=f"sbatch script ({run_dir}/submission.sh, submitted through submitit)")
+
+    def launch(self, request: Request, leave_running: bool = False) -> Endpoint:
+        """Submit and follow the job until rank 0 serves. A job that does not get there is stopped, unless
+        `leave_running` (`llmlaunch` itself: its message names llmlaunch-stop for a job still loading)."""
+        from launcher.tiny import resolve_model
+
+        _slurm_env(request.spec.cluster.slurm_conf)
+        spec = resolve_model(request.spec, say)
+        job, run = submit(spec, request.run_dir)
+        say(f"submitted job {job.job_id} ({spec.world_size} ranks on {spec.nodes} node(s)); run dir {run}")
+        try:
+            ep = follow(job.job_id, run, spec, float(spec.serve.ready_timeout_s) + 600)
+        except BaseException:
+            if not leave_running:
+                say(stop(job.job_id)[1])
+            raise
+        return Endpoint(ep["url"], ep["model"], job.job_id, RunDir(run), spec, ep)
+
+    def serve(self, request: Request) -> int:
+        t0 = time.monotonic()
+        ep = self.launch(request, leave_running=True)
+        url, job_id = ep.url, ep.job_id
+        exe = sys.executable
+        print(f"job: {job_id}")
+        print(f"endpoint: {url}")
+        print(f"model: {ep.model}")
+        print(f"logs: {ep.run}/{job_id}_<rank>_log.out")
+        print(f"stream: {exe} -m launcher.client --url {url} --prompt \"The capital of France is\" --max-tokens 32")
+        print(f"bench: llmlaunch-bench --url {url} --model {ep.model} --dataset synthetic --num-prompts 64 --concurrency 8")
+        print(f"status: llmlaunch-status {job_id}")
+        print(f"stop: llmlaunch-stop {job_id}")
+        say(f"READY {time.monotonic() - t0:.1f}s after submission")
+        return 0
+
+    def alive(self, endpoint: Endpoint) -> bool:
+        return queue_state(endpoint.job_id)[0] == "RUNNING" and not endpoint.run.failures()
+
+    def stop(self, endpoint: Endpoint) -> None:
+        if endpoint.job_id:
+            code, msg = stop(endpoint.job_id)
+            say(msg)
+
+    def client_argv(self, endpoint: Endpoint, bench_args) -> List[str]:
+        """One task on the job's first node (the one rank 0 serves from), sharing its allocation."""
+        from launcher.render import client_argv, python_for, srun_args
+
+        container = [a for a in srun_args(endpoint.spec) if a.startswith("--container")]
+        return client_argv(python_for(endpoint.spec), bench_args, job_id=endpoint.job_id, container_args=container)
+
+    def status(self, job_id: str) -> Tuple[int, str]:
+        return status(job_id)
+
+    def stop_job(self, job_id: str) -> Tuple[int, str]:
+        return stop(job_id)
 
 
 # ----------------------------------------------------------------------------- status / stop
@@ -213,23 +232,21 @@ def job_state(slurm_state: str, reason: str, fails: List[Dict]) -> Tuple[str, st
 
 def status(job_id: str) -> Tuple[int, str]:
     rec = _record(job_id)
-    run = Path(rec["run_dir"])
+    run = RunDir(rec["run_dir"])
     slurm_state, slurm_reason, nodes = queue_state(job_id)
-    fails = failures(run)
+    fails = run.failures()
     state, reason = job_state(slurm_state, slurm_reason, fails)
     lines = [f"job: {job_id}", f"state: {state}" + (f" ({reason})" if reason else ""), f"nodes: {nodes or '-'}", f"run dir: {run}"]
-    ep = run / "endpoint.json"
-    if ep.exists():
-        e = json.loads(ep.read_text())
+    e = run.read_endpoint()
+    if e is not None:
         lines += [f"endpoint: {e['url']}", f"model: {e['model']}"]
-    ready = sorted(run.glob("ready_rank*.json"))
-    lines.append(f"ready leaders: {len(ready)}")
-    lost = lost_replicas(run)
+    lines.append(f"ready leaders: {run.ready_count()}")
+    lost = run.lost_replicas()
     try:
-        replicas = int(json.loads((run / "launch.json").read_text())["replicas"])
-    except (OSError, ValueError, KeyError):
+        replicas = int((run.read_launch() or {})["replicas"])
+    except (KeyError, TypeError, ValueError):
         replicas = 0
-    if replicas > 1 and state == "RUNNING" and ep.exists():
+    if replicas > 1 and state == "RUNNING" and e is not None:
         lines.append(f"replicas: {replicas - len(lost)} of {replicas} serving")
     elif replicas > 1:
         lines.append(f"replicas: {replicas}" + (f", {len(lost)} lost" if lost else ""))
@@ -239,7 +256,7 @@ def status(job_id: str) -> Tuple[int, str]:
     for f in fails:
         lines.append("FAILED " + describe_failure(f))
     # 0 only while the job serves: a failed job (and one that ended or has not started) exits 1
-    ok = state == "RUNNING" and ep.exists()
+    ok = state == "RUNNING" and e is not None
     return (0 if ok else 1), "\n".join(lines)
 
 
@@ -327,7 +344,7 @@ def stop(job_id: str, timeout_s: float = 90, drain_s: Optional[float] = None) ->
       serving yet: a stop takes at most that window plus `timeout_s` for Slurm to end the job.
     """
     rec = _record(job_id)
-    run = Path(rec["run_dir"])
+    run = RunDir(rec["run_dir"])
     t0 = time.monotonic()
     where = f"run dir {run}"
     state = _queued(job_id)
@@ -338,11 +355,7 @@ def stop(job_id: str, timeout_s: float = 90, drain_s: Optional[float] = None) ->
     why = ""
     if action == "drain":
         if drain_s is None:
-            try:
-                launch = json.loads((run / "launch.json").read_text())
-            except (OSError, ValueError):
-                launch = None
-            drain_s = drain_window_s(launch, serving=(run / "endpoint.json").exists())
+            drain_s = drain_window_s(run.read_launch(), serving=run.has_endpoint())
         rc, _, err = _run(drain_argv(job_id))
         left = _wait_gone(job_id, drain_s) if rc == 0 else _queued(job_id)
         if left == "COMPLETING":  # the batch script has ended the job: Slurm is cleaning up after it
@@ -366,13 +379,21 @@ def stop(job_id: str, timeout_s: float = 90, drain_s: Optional[float] = None) ->
     return 0, f"job {job_id} stopped: {cancelled} ({time.monotonic() - t0:.1f}s); {where}"
 
 
-def _cli(fn, argv: Optional[List[str]]) -> None:
+def job_scheduler(job_id: str) -> Scheduler:
+    """The backend that launched a recorded job (records without the field are Slurm's)."""
+    from launcher import scheduler
+
+    return scheduler.get(_record(job_id).get("scheduler", "slurm"))
+
+
+def _cli(action: str, argv: Optional[List[str]]) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or argv[0].startswith("-"):
         print(f"usage: {Path(sys.argv[0]).name} <job id>", file=sys.stderr)
         raise SystemExit(2)
     try:
-        code, text = fn(argv[0])
+        backend = job_scheduler(argv[0])
+        code, text = getattr(backend, action)(argv[0])
     except LaunchError as e:
         print(e.render(), file=sys.stderr)
         raise SystemExit(2)
@@ -382,9 +403,9 @@ def _cli(fn, argv: Optional[List[str]]) -> None:
 
 def status_main(argv: Optional[List[str]] = None) -> None:
     """llmlaunch-status <job>: state, endpoint, ready leaders, lost replicas, failed ranks with their log tails."""
-    _cli(status, argv)
+    _cli("status", argv)
 
 
 def stop_main(argv: Optional[List[str]] = None) -> None:
     """llmlaunch-stop <job>: drain and end the job, wait until it is gone."""
-    _cli(stop, argv)
+    _cli("stop_job", argv)

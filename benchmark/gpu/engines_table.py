@@ -26,6 +26,14 @@ def in_process(path: str) -> dict:
     return rows
 
 
+def yardstick_as_row(doc: dict, label: str) -> dict:
+    """An engine_yardstick.py document in the shape of a served configuration's, to sit in its rows."""
+    return {"label": label, "ready_s": 0,
+            "rows": [{"concurrency": r["concurrency"], "output_throughput": r["output_throughput"],
+                      "ttft_ms_p50": r["ttft_ms"]["p50"], "itl_ms_p50": r["itl_ms"]["p50"], "failed": r["failed"]}
+                     for r in doc["rows"]]}
+
+
 def load(out: str):
     served, offline = [], []
     inproc = {"vllm": in_process(os.path.join(out, "inprocess.json")),
@@ -33,10 +41,7 @@ def load(out: str):
     path = os.path.join(out, "inprocess_frontends.json")
     if os.path.exists(path):
         doc = json.load(open(path))
-        served.append({"label": doc["rows"][0]["path"] if doc["rows"] else "in-process front ends", "ready_s": 0,
-                       "rows": [{"concurrency": r["concurrency"], "output_throughput": r["output_throughput"],
-                                 "ttft_ms_p50": r["ttft_ms"]["p50"], "itl_ms_p50": r["itl_ms"]["p50"],
-                                 "failed": r["failed"]} for r in doc["rows"]]})
+        served.append(yardstick_as_row(doc, doc["rows"][0]["path"] if doc["rows"] else "in-process front ends"))
     path = os.path.join(out, "offline.json")
     if os.path.exists(path):
         offline = json.load(open(path))["rows"]
@@ -47,6 +52,8 @@ def load(out: str):
         doc = json.load(open(path))
         if "rows" in doc and "label" in doc:
             served.append(doc)
+        elif "yardstick_label" in doc:  # a yardstick run beside the served ones (engines.sh split)
+            served.append(yardstick_as_row(doc, doc["yardstick_label"]))
     return inproc, served, offline
 
 

@@ -19,26 +19,22 @@ def wait_leaders_ready(run_dir, ranks, token: str, deadline_s: float, alive=lamb
     carrying this rendezvous's `token` (no stale file from an earlier run); (seconds waited, {rank: the ports its
     server bound}: a leader whose port was taken meanwhile retried on others). Raises when a rank wrote a failure
     file, when `alive()` turns false, or at the deadline."""
-    import json
-    from pathlib import Path
+    from launcher.rundir import RunDir
 
-    run = Path(run_dir)
+    run = RunDir(run_dir)
     t0 = time.monotonic()
     last = 0.0
     while True:
         missing, bound = [], {}
         for rank in ranks:
-            try:
-                ready = json.loads((run / f"ready_rank{rank}.json").read_text())
-            except (OSError, ValueError):
-                ready = {}
+            ready = run.read_ready(rank) or {}
             if token and ready.get("token") == token:
                 bound[rank] = ready["ports"]
             else:
                 missing.append(rank)
         if not missing:
             return time.monotonic() - t0, bound
-        fails = sorted(run.glob("failure_rank*.json"))
+        fails = run.failure_files()
         if fails:
             raise RuntimeError(f"{fails[0].stem.replace('failure_', '')} failed before every replica was ready ({fails[0]})")
         if not alive():

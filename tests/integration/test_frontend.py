@@ -648,7 +648,7 @@ def test_slurm_replicas_2_nodes_2_one_endpoint(local_slurm, tmp_path):
     from launcher import slurm
     from launcher.cli import plan
     from launcher.client import Generation, generate
-    from launcher.jobdir import resolve_model
+    from launcher.tiny import resolve_model
 
     cfg, spec = plan(["cluster=local_slurm", "engine=hf", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=240", "replicas=2", "nodes=2"])
     spec = resolve_model(spec)

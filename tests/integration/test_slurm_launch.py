@@ -14,6 +14,7 @@ import pytest
 
 from launcher.cli import plan
 from launcher.errors import LaunchError
+from launcher.rundir import RunDir
 from tests.slurm_fixture import NOT_ROOT_REASON
 
 pytestmark = [pytest.mark.slurm, pytest.mark.skipif(os.geteuid() != 0, reason=NOT_ROOT_REASON), pytest.mark.timeout(600)]
@@ -23,7 +24,7 @@ def launch(tmp_path, *overrides):
     from launcher import slurm
 
     cfg, spec = plan(["cluster=local_slurm", "engine=hf", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=240", *overrides])
-    from launcher.jobdir import resolve_model
+    from launcher.tiny import resolve_model
 
     spec = resolve_model(spec)
     job, run = slurm.submit(spec, str(tmp_path / f"run{time.monotonic_ns()}"))
@@ -204,7 +205,7 @@ def test_killing_a_nonzero_rank_fails_the_job_naming_it(local_slurm, tmp_path):
     t0 = time.monotonic()
     while time.monotonic() - t0 < 30:
         state, _, _ = slurm.queue_state(job_id)
-        if state not in ("RUNNING", "COMPLETING", "PENDING") and slurm.failures(run):
+        if state not in ("RUNNING", "COMPLETING", "PENDING") and RunDir(run).failures():
             break
         time.sleep(0.5)
     took = time.monotonic() - t0
@@ -425,13 +426,13 @@ def test_bad_profile_fails_at_submission_with_slurms_reason(local_slurm, tmp_pat
 def test_static_sbatch_pair_serves_hf_on_the_local_cluster(local_slurm, tmp_path):
     """`sbatch sbatch/tensorrt_llm_triton.sub` as people submit it by hand; environment variables select
     the engine (hf) and the paths; #SBATCH lines overridden on the command line for this cluster."""
-    from launcher.jobdir import resolve_model, write_run_dir
     from launcher.render import PACKAGE_ROOT
+    from launcher.tiny import resolve_model
     from launcher.triton import free_port, probe_request, resolve_tritonserver, server_env
 
     cfg, spec = plan(["cluster=local_slurm", "engine=hf"])
     spec = resolve_model(spec)
-    run = write_run_dir(spec, str(tmp_path / "run"))
+    run = RunDir(tmp_path / "run").write_spec(spec).path
     install = resolve_tritonserver()
     port = free_port()
     env = server_env(install)

@@ -1,11 +1,12 @@
-"""launcher.localslurm without a cluster: the rendered configuration files and commands, and what is refused or
-reported before anything runs. The real cluster (root): tests/integration/test_localslurm.py."""
+"""launcher.localslurm without a cluster: the rendered configuration files and commands (launcher/localslurm_conf.py),
+and what is refused or reported before anything runs. The real cluster (root): tests/integration/test_localslurm.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from launcher import localslurm as ls
+from launcher import localslurm
+from launcher import localslurm_conf as ls
 
 SPEC = ls.Spec(state_dir="/srv/ls", nodes=2, gpus_per_node=3, ctl_hostname="ctl", db_password="pw")
 
@@ -109,12 +110,12 @@ def test_daemons_and_network_commands():
 
 def test_bad_shape_is_rejected_before_anything_runs():
     with pytest.raises(ls.LocalSlurmError, match="--nodes 0"):
-        ls.up(nodes=0)
+        localslurm.up(nodes=0)
     with pytest.raises(ls.LocalSlurmError, match="--gpus-per-node -1"):
-        ls.up(nodes=2, gpus_per_node=-1)
+        localslurm.up(nodes=2, gpus_per_node=-1)
 
 
 def test_status_of_a_cluster_that_never_ran(tmp_path):
-    st = ls.status(tmp_path)
+    st = localslurm.status(tmp_path)
     assert not st.up and st.daemons == () and st.nodes == {}
-    assert ls.main(["status", "--dir", str(tmp_path)]) == 1
+    assert localslurm.main(["status", "--dir", str(tmp_path)]) == 1

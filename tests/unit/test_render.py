@@ -12,7 +12,7 @@ import pytest
 
 from launcher import pbtxt
 from launcher.cli import plan
-from launcher.render import PACKAGE_ROOT, plan_text, repository_files, sbatch_script, tritonserver_argv
+from launcher.render import PACKAGE_ROOT, allocation_step, plan_text, repository_files, sbatch_script, tritonserver_argv
 
 EXPECTED = Path(__file__).resolve().parents[1] / "expected"
 REGEN = os.environ.get("LLMLAUNCH_REGEN") == "1"
@@ -128,6 +128,17 @@ def test_sbatch_passes_bash_n(engine, cluster, tmp_path):
     script.write_text(sbatch_script(spec, RUN_DIR))
     r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("cluster,extra", [("local_slurm", []), ("luna", ["replicas=2", "nodes=2"])])
+def test_allocation_step_matches_expected(cluster, extra, tmp_path):
+    """A sweep point that is its own allocation (hydra/launcher=submitit_slurm) starts its ranks with this script."""
+    cfg, spec = plan(overrides_for("hf", cluster, extra))
+    text = allocation_step(spec, RUN_DIR)
+    check_expected(f"step_hf_{cluster}.txt", normalise(text))
+    script = tmp_path / "step.sh"
+    script.write_text(text)
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
 
 
 def test_luna_trtllm_tp8_plan():

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from launcher.rank import Outcome, decide_exit, job_serving, record_once
+from launcher.rank import Outcome, decide_exit
+from launcher.rundir import RunDir, record_once
 
 
 def outcome(ended, replicas=2, replica=1, serving=True, code=-9, lost=(), frontend="none"):
@@ -71,6 +72,7 @@ def test_record_once_writes_one_record_per_replica(tmp_path):
 
 
 def test_job_serving_only_for_this_runs_endpoint(tmp_path):
+    job_serving = lambda run, token: RunDir(run).serving(token)  # noqa: E731
     """endpoint.json counts only when it carries this rendezvous's token: not an earlier run's (a requeued job's
     directory), nor one without a token, nor for a rank that has none."""
     assert not job_serving(tmp_path, "5f3a")  # no endpoint.json yet

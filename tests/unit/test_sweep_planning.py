@@ -1,5 +1,6 @@
-"""Sweeps (`llmlaunch -m ... bench=<profile>`, launcher/sweep.py): the pure planning functions and the dry run
-(no cluster, nothing started). The real sweeps on the local Slurm cluster and on this machine:
+"""Sweeps (`llmlaunch -m ... bench=<profile>`, launcher/sweep.py): the pure planning functions (launcher/sweep_plan.py)
+and the dry
+run (no cluster, nothing started). The real sweeps on the local Slurm cluster and on this machine:
 tests/integration/test_sweep.py."""
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from launcher import sweep
+from launcher import sweep_plan as sweep
+from launcher.allocation import allocation_problems
+from launcher.render import client_argv
 from launcher.cli import compose, plan
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,10 +123,10 @@ def test_bench_and_client_command_lines():
     rate = sweep.bench_argv({**b, "request_rate": 2.5, "dataset": "sharegpt:/d/sg.json"}, "u", "m", "r")
     assert rate[rate.index("--request-rate") + 1] == "2.5" and "--concurrency" not in rate
     assert rate[rate.index("--dataset") + 1] == "/d/sg.json" and rate[rate.index("--dataset-name") + 1] == "sharegpt"
-    on_cluster = sweep.client_argv("/venv/python", ["--url", "u"], job_id="123", container_args=["--container-image=img"])
+    on_cluster = client_argv("/venv/python", ["--url", "u"], job_id="123", container_args=["--container-image=img"])
     assert on_cluster == ["srun", "--jobid=123", "--overlap", "--nodes=1", "--ntasks=1", "--mpi=none", "--container-image=img",
                           "/venv/python", "-m", "launcher.bench.cli", "--url", "u"]
-    assert sweep.client_argv("/py", ["--url", "u"]) == ["/py", "-m", "launcher.bench.cli", "--url", "u"]
+    assert client_argv("/py", ["--url", "u"]) == ["/py", "-m", "launcher.bench.cli", "--url", "u"]
     assert "--processes" not in args and "--streams" not in args  # one process, one stream: the defaults
     spread = sweep.bench_argv({**b, "processes": 4, "streams": 2}, "u", "m", "r")
     assert spread[spread.index("--processes") + 1] == "4" and spread[spread.index("--streams") + 1] == "2"
@@ -150,9 +153,9 @@ def test_judge_bench():
 
 def test_allocation_problems_name_the_hydra_launcher_fix():
     env = {"SLURM_JOB_NUM_NODES": "1", "SLURM_CPUS_ON_NODE": "1", "SLURM_GPUS_ON_NODE": "1"}
-    fixes = [fix for _, _, fix in sweep.allocation_problems(2, 2, 1, 2, env)]
+    fixes = [fix for _, _, fix in allocation_problems(2, 2, 1, 2, env)]
     assert fixes == ["set hydra.launcher.nodes=2", "set hydra.launcher.cpus_per_task=2", "set hydra.launcher.gpus_per_node=2"]
-    assert sweep.allocation_problems(1, 2, 1, 2, {"SLURM_CPUS_ON_NODE": "2", "SLURM_GPUS_ON_NODE": "2"}) == []
+    assert allocation_problems(1, 2, 1, 2, {"SLURM_CPUS_ON_NODE": "2", "SLURM_GPUS_ON_NODE": "2"}) == []
 
 
 # ----------------------------------------------------------------------------- the CLI (Hydra multirun)

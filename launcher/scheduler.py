@@ -1,0 +1,107 @@
+"""Schedulers: how a rendered job is started, followed until rank 0 serves, and stopped.
+
+One registry entry per `cluster.scheduler` value, and one for a sweep point that is its own Slurm
+allocation (hydra/launcher=submitit_slurm); callers look them up by name and never branch on it:
+
+    dryrun(spec, run_dir) -> Request    pure: what would be submitted or run (`request.text`, which
+                                        `dry_run=true` prints in the plan)
+    launch(request) -> Endpoint         start it; return once rank 0 serves (LaunchError if it does not)
+    serve(request) -> int               what `llmlaunch` does (local: serve in the foreground until a
+                                        signal; slurm: launch, print the endpoint, leave the job running)
+    alive(endpoint), stop(endpoint)     a server a sweep launched and measures against
+    client_argv(endpoint, args)         a sweep's load generator, next to that server
+    status(job_id), stop_job(job_id)    llmlaunch-status / llmlaunch-stop, where the backend has jobs
+"""
+
+from __future__ import annotations
+
+import importlib
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from launcher.rundir import RunDir
+
+# name -> (module, class): imported on first use, so `llmlaunch --help` stays fast and render.py
+# (pure) can ask an entry for its placeholders without importing what launches.
+_ENTRIES: Dict[str, Tuple[str, str]] = {
+    "local": ("launcher.local", "LocalScheduler"),
+    "slurm": ("launcher.slurm", "SlurmScheduler"),
+    "allocation": ("launcher.allocation", "AllocationScheduler"),
+}
+_LOADED: Dict[str, "Scheduler"] = {}
+
+
+@dataclass(frozen=True)
+class Request:
+    """One launch, rendered before anything happens."""
+
+    scheduler: str  # the registry name of the backend that runs it
+    spec: Any  # launcher.spec.LaunchSpec: the validated plan
+    run_dir: str  # where the run's files go (launcher/rundir.py)
+    text: str  # exactly what is submitted or run (sbatch script, srun step, per-rank commands)
+    title: str = ""  # its section heading in the dry run's plan; "" when the plan shows it elsewhere
+
+
+@dataclass
+class Endpoint:
+    """A server that answers requests, and what following or stopping it needs."""
+
+    url: str  # grpc://host:port of rank 0 (its front end with replicas > 1)
+    model: str  # the model name requests go to
+    job_id: str  # Slurm job id, or the local server's pid
+    run: RunDir  # its run directory
+    spec: Any  # the LaunchSpec it serves (model path resolved)
+    doc: Dict[str, Any] = field(default_factory=dict)  # endpoint.json as rank 0 wrote it
+    proc: Optional[subprocess.Popen] = None  # the process group this machine started (local, allocation)
+
+
+class Scheduler:
+    """The interface every registry entry implements; what a backend lacks raises NotImplementedError."""
+
+    name = "?"
+    job_placeholder = "<job>"  # how the dry run writes the job id in per-rank commands
+    loopback = False  # every rank on this machine: internal servers bind and are reached on 127.0.0.1
+
+    def dryrun(self, spec, run_dir: str) -> Request:
+        raise NotImplementedError
+
+    def launch(self, request: Request) -> Endpoint:
+        raise NotImplementedError
+
+    def serve(self, request: Request) -> int:
+        raise NotImplementedError(f"cluster.scheduler={self.name} cannot serve from the command line")
+
+    def alive(self, endpoint: Endpoint) -> bool:
+        return endpoint.proc is not None and endpoint.proc.poll() is None
+
+    def stop(self, endpoint: Endpoint) -> None:
+        raise NotImplementedError
+
+    def client_argv(self, endpoint: Endpoint, bench_args: Sequence[str]) -> List[str]:
+        """The load generator's command: here, against the endpoint."""
+        import sys
+
+        return [sys.executable, "-m", "launcher.bench.cli", *bench_args]
+
+    def status(self, job_id: str) -> Tuple[int, str]:
+        raise NotImplementedError(f"{self.name} has no llmlaunch-status")
+
+    def stop_job(self, job_id: str) -> Tuple[int, str]:
+        raise NotImplementedError(f"{self.name} has no llmlaunch-stop")
+
+
+def get(name: str) -> Scheduler:
+    if name not in _LOADED:
+        module, cls = _ENTRIES[name]
+        _LOADED[name] = getattr(importlib.import_module(module), cls)()
+    return _LOADED[name]
+
+
+def for_spec(spec) -> Scheduler:
+    """The backend of the spec's cluster.scheduler (validated by launcher/spec.py)."""
+    return get(spec.cluster.scheduler)
+
+
+def names() -> List[str]:
+    return sorted(_ENTRIES)
