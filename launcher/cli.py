@@ -40,6 +40,23 @@ def check_group_choices(argv: List[str]) -> None:
         raise LaunchError(problems)
 
 
+def free_mapping_overrides(argv: List[str]) -> List[str]:
+    """`engine.engine_args.enforce_eager=true` as `++engine.engine_args.enforce_eager=true`: a key inside a free
+    mapping (launcher.schema.free_mappings) is the user's own, so it needs no `+` to be added, and `++` also sets
+    one the profile already gives. Every other argument is kept as it is: an unknown key elsewhere is still
+    refused by Hydra's struct mode (and reported by `_hydra_problem`)."""
+    from launcher.schema import free_mappings
+
+    mappings = free_mappings()
+    out = []
+    for arg in argv:
+        key = arg.partition("=")[0]
+        if "=" in arg and not arg.startswith(("-", "+", "~")) and any(key.startswith(m + ".") for m in mappings):
+            arg = "++" + arg
+        out.append(arg)
+    return out
+
+
 def compose(overrides: List[str]):
     """Compose the config the way `llmlaunch` does (used by tests and tools)."""
     from hydra import compose as hcompose, initialize_config_dir
@@ -48,7 +65,7 @@ def compose(overrides: List[str]):
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hcompose(config_name="config", overrides=list(overrides))
+        return hcompose(config_name="config", overrides=free_mapping_overrides(list(overrides)))
 
 
 def composed(overrides: List[str]):
@@ -193,6 +210,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if any(a in ("-h", "--help") for a in argv):
         sys.stdout.write(usage())
         return
+    argv = free_mapping_overrides(argv)  # also what Hydra's entry point is given (multirun, Hydra flags)
     multirun = any(a in ("-m", "--multirun") for a in argv)
     wants_help = any(a in ("-h", "--help", "--hydra-help", "--info") or a.startswith(("--cfg", "-c")) for a in argv)
     overrides = [a for a in argv if not a.startswith("-") and not a.startswith("hydra")]

@@ -8,6 +8,7 @@ Nothing here touches a cluster; validation beyond types is in `launcher.spec`.
 
 from __future__ import annotations
 
+import collections.abc
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
@@ -215,6 +216,29 @@ def build(cls, data: Mapping[str, Any], where: str = "") -> Tuple[Any, List[str]
             unknown += more
         given[k] = v
     return cls(**given), unknown
+
+
+def free_mappings() -> Tuple[str, ...]:
+    """Dotted names of the fields that are free mappings (a `Dict` field: engine.engine_args, cluster.env, ...):
+    their keys are the user's (an engine's own arguments, environment variables), not the schema's. The
+    engine's are those of every engine's dataclass; a key under one of another engine is refused by
+    launcher/spec.py as a field that engine does not have."""
+    out: List[str] = []
+
+    def walk(cls, prefix: str) -> None:
+        for name, hint in typing.get_type_hints(cls).items():
+            if typing.get_origin(hint) in (dict, collections.abc.Mapping):
+                out.append(prefix + name)
+            elif is_dataclass(hint):
+                walk(hint, f"{prefix}{name}.")
+
+    for name, hint in typing.get_type_hints(LaunchConfig).items():
+        if name == "engine":
+            for schema in ENGINE_SCHEMAS.values():
+                walk(schema, "engine.")
+        elif is_dataclass(hint):
+            walk(hint, f"{name}.")
+    return tuple(sorted(set(out)))
 
 
 def register_configs() -> None:

@@ -47,6 +47,10 @@ CASES = [
     (["cluster=luna", "cluster.container.image="], "cluster.container.image=''", "pyxis"),
     (["nosuchkey=1"], "nosuchkey", "+key=value"),
     (["engine=vllm", "model.path=/m", "+engine.gpu_mem=0.5"], "engine.gpu_mem", "no such key in launcher/schema.py for engine=vllm"),
+    # a free mapping's keys need no `+`; a key beside it still does, and another engine's mapping is refused
+    (["engine=vllm", "model.path=/m", "engine.gpu_mem=0.5"], "engine.gpu_mem", "+key=value"),
+    (["cluster.envs.X=1"], "cluster.envs.X", "+key=value"),
+    (["engine=hf", "engine.engine_args.enforce_eager=true"], "engine.engine_args", "no such key in launcher/schema.py for engine=hf"),
 ]
 
 
@@ -97,3 +101,25 @@ def test_cli_validates_a_launch_once(monkeypatch, capsys):
     cli.main(["cluster=luna", "engine=trtllm", "tp=8", "engine.engine_dir=/e", "model.path=/m", "run_dir=/x", "dry_run=true"])
     assert len(calls) == 1
     assert "#SBATCH --ntasks-per-node=8" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("prefix", ["", "+", "++"])
+def test_keys_of_a_free_mapping_take_either_spelling(prefix):
+    """engine.engine_args (vLLM's AsyncEngineArgs), engine.extra_args and cluster.env hold the user's own keys:
+    `engine.engine_args.enforce_eager=true` adds one as `+engine.engine_args.enforce_eager=true` does."""
+    from launcher.schema import free_mappings
+
+    assert {"engine.engine_args", "engine.extra_args", "cluster.env"} <= set(free_mappings())
+    _, spec = plan(["engine=vllm", "model.path=/m", f"{prefix}engine.engine_args.enforce_eager=true", f"{prefix}cluster.env.NCCL_DEBUG=WARN"])
+    assert spec.engine.engine_args["enforce_eager"] is True and spec.cluster.env["NCCL_DEBUG"] == "WARN"
+    _, spec = plan(["engine=sglang", "model.path=/m", f"{prefix}engine.extra_args.chunked_prefill_size=512"])
+    assert spec.engine.extra_args == {"chunked_prefill_size": 512}
+
+
+def test_cli_takes_a_free_mapping_key_without_plus(tmp_path):
+    """The command line as a user types it: the plan's model.json carries the engine argument."""
+    env = {**os.environ, "HOME": str(tmp_path)}
+    r = subprocess.run(LLMLAUNCH + ["engine=vllm", "engine.engine_args.enforce_eager=true", "model.path=/tmp", "dry_run=true"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    assert '"enforce_eager": true' in r.stdout
