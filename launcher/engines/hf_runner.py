@@ -1,251 +1,34 @@
 """The model side of the `hf` engine: run one scheduled step of a HF transformers model.
 
-The scheduler (hf_engine.py) decides *what* runs in a step and describes it as a
-`StepInputs` of plain Python lists; `HFModelRunner.execute(step)` runs it and
-returns the sampled token per output row.  `StepInputs` holds no tensors and no
-references to requests, so a tensor-parallel leader can broadcast it to worker
-ranks that hold the same shard (`torch.distributed.broadcast_object_list`) and
-every rank calls `execute` on the same object.
+The scheduler (hf_engine.py) decides *what* runs in a step and describes it as a `StepInputs` of plain Python lists
+(hf_step); `HFModelRunner.execute(step)` runs it and returns the sampled token per output row.  The runner owns the
+model and the slot KV cache (one slot per running sequence) and puts the pieces together:
 
-How a step runs
----------------
-All tokens of a step are packed into one row (`input_ids` of shape [1, T]):
-first one token per decoding sequence, then prompt chunks of sequences in
-prefill.  The model's linear layers therefore never see padding.  Attention is
-ours, registered with transformers' `AttentionInterface` (so any decoder whose
-attention modules call the attention interface works, not only Llama): per
-layer it writes the new keys/values into a preallocated cache `[max_num_seqs,
-kv_heads, max_model_len, head_dim]` (one slot per running sequence, per-slot
-lengths) with one `index_copy_`, then runs
+* hf_step: the step as plain data (broadcastable to tensor-parallel workers), and its layout for an eager run;
+* hf_attention: our attention, registered with transformers, which writes the cache and attends over it;
+* hf_sampling: the batched sampler; hf_fuse: fused projections; hf_tp: tensor parallelism.
 
-* one batched SDPA for all decode tokens over `cache[:rows, :, :len]` (a
-  strided view, no copy) with a per-row additive length mask, GQA handled by
-  folding query heads onto their kv head (no `repeat_kv` copy);
-* prompt chunks that start a prompt (nothing cached yet) in one causal SDPA
-  per group of similar lengths: the group's chunks are gathered into a padded
-  batch [n, H, L, D] (right padding: a causal mask already hides the padded
-  keys from every real query, and padded queries are dropped);
-* one SDPA per continuation chunk (against the cache: the prefix and itself).
-
-Why groups: a step that admits a wave of requests (64 prompts at once, say)
-would otherwise call attention 64 times per layer, and on a GPU each call is
-launch-bound (~10 us of Python each), so a 16-layer model paid ~40 ms per step
-for what one kernel per layer does.
-
-Everything that depends on the step but not on the layer (index tensors, masks)
-is built once per step.  The only device->host sync is reading the sampled
-tokens at the end.  Sliding-window models are served with max_model_len capped
-at the window, where full attention is the same thing.
+A step runs as one captured graph where one fits (`_replay`), else eagerly (`_run`), then samples.  The only
+device->host sync is reading the sampled tokens at the end (`wait`).  Sliding-window models are served with
+max_model_len capped at the window, where full attention is the same thing.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from dataclasses import dataclass, field
 
 from launcher.engines.hf_args import DEFAULTS
+from launcher.engines.hf_attention import ATTN_NAME, StepContext, decode_mask, register_attention, tls
+# PrefillChunk, SamplingRows, StepInputs and group_first_chunks are imported from this module by the engine, the
+# benchmarks and the tests
+from launcher.engines.hf_step import PrefillChunk, SamplingRows, StepInputs, group_first_chunks, prepare_step
 from launcher.spec import CUDNN_ATTENTION
 from launcher.stage import announce
 
+__all__ = ["HFModelRunner", "PrefillChunk", "SamplingRows", "StepInputs", "group_first_chunks", "resolve_dtype",
+           "use_llmlaunch_inductor_cache"]
+
 log = logging.getLogger(__name__)
-
-ATTN_NAME = "llmlaunch_slots"  # name of our attention function in transformers' AttentionInterface
-
-
-@dataclass
-class PrefillChunk:
-    slot: int  # cache slot of the sequence
-    start: int  # position of the first token of the chunk (tokens before it are already cached)
-    length: int  # tokens in the chunk
-    sample: bool  # the chunk ends the prompt: compute logits of its last token and sample
-
-
-@dataclass
-class SamplingRows:
-    """Per output row sampling settings (rows are: decode sequences in order, then prefill chunks with sample=True)."""
-
-    slots: list[int] = field(default_factory=list)  # cache slot of each row (indexes per-slot penalty state)
-    temperature: list[float] = field(default_factory=list)  # 0 = greedy
-    top_k: list[int] = field(default_factory=list)  # 0 = off
-    top_p: list[float] = field(default_factory=list)  # 1.0 = off
-    uniform: list[float] = field(default_factory=list)  # one U(0,1] draw per row from the request's own RNG
-    repetition_penalty: list[float] = field(default_factory=list)  # 1.0 = off
-    presence_penalty: list[float] = field(default_factory=list)  # 0.0 = off
-    frequency_penalty: list[float] = field(default_factory=list)  # 0.0 = off
-    banned: list[tuple[int, int]] = field(default_factory=list)  # (row, token) pairs forced to -inf (min_length, bad words)
-    any_sampling: bool = False  # some row has temperature > 0
-    any_top: bool = False  # some row uses top_k or top_p
-    any_penalty: bool = False  # some row uses a penalty
-
-
-@dataclass
-class StepInputs:
-    """Everything one step needs, as plain data (broadcastable to tensor-parallel workers)."""
-
-    decode_slots: list[int]  # slot of each decode token (one per decoding sequence)
-    decode_tokens: list[int]  # the token fed for each decode sequence
-    decode_positions: list[int]  # its position (= tokens already cached for that slot)
-    prefill: list[PrefillChunk]  # prompt chunks, in token order after the decode tokens
-    prefill_tokens: list[int]  # the prompt tokens of all chunks, concatenated
-    sampling: SamplingRows
-    # Penalty bookkeeping: slots (re)starting a request that uses penalties, with the prompt tokens to count.
-    penalty_resets: list[tuple[int, list[int]]] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.decode_tokens) + len(self.prefill_tokens)
-
-
-class _StepContext:
-    """Per-step tensors shared by every layer's attention call."""
-
-    __slots__ = ("flat_idx", "n_dec", "dec_rows", "dec_len", "dec_mask", "dec_scatter", "chunks", "groups", "eager",
-                 "packed")
-
-    def __init__(self):
-        # (offset, tokens, additive mask [tokens, tokens]): whole prompts packed one after another from `offset`,
-        # each causal over its own tokens (a mixed graph's prompt part, HFModelRunner.MIXED_PROMPTS); None: none
-        self.packed = None
-
-
-def group_first_chunks(lengths: list[int], waste: float = 0.5) -> list[list[int]]:
-    """Indices of prompt-starting chunks grouped for one padded attention call each.
-
-    Sorted by length, longest first; a group takes the next chunk while padding stays within `waste` of
-    the group's padded tokens (n * longest), so one long prompt does not pad a crowd of short ones.
-    Chunks left alone (groups of one) run unpadded."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    groups: list[list[int]] = []
-    for i in order:
-        g = groups[-1] if groups else None
-        if g is not None:
-            longest = lengths[g[0]]
-            real = sum(lengths[j] for j in g) + lengths[i]
-            if real >= (1.0 - waste) * longest * (len(g) + 1):
-                g.append(i)
-                continue
-        groups.append([i])
-    return groups
-
-
-_tls = threading.local()
-
-
-def _sdpa(q, k, v, mask=None, causal=False, scale=None, eager=False, gqa=False):
-    """softmax(q k^T * scale + mask) v; `eager` uses plain matmuls.  `gqa`: k/v have fewer heads than q."""
-    import torch
-    import torch.nn.functional as F
-
-    if not eager:
-        if gqa:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
-                                                  enable_gqa=True)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
-    if gqa:
-        rep = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    scores = torch.matmul(q, k.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
-    if causal:
-        n = q.shape[-2]
-        mask = torch.ones(n, k.shape[-2], dtype=torch.bool, device=q.device).tril_(k.shape[-2] - n)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    return torch.matmul(scores.softmax(dim=-1), v)
-
-
-def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Our transformers attention function: cache write + slot attention.  Shapes: query [1, H, T, D], key/value
-    [1, KVH, T, D]; returns ([1, T, H, D], None)."""
-    import torch
-
-    if torch.compiler.is_compiling():
-        # torch.compile traces the model around our attention, which stays one opaque op (see _OP_SCHEMA)
-        scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
-        return torch.ops.llmlaunch.slot_attention(query, key, value, module.layer_idx, scale), None
-    return _slot_attention(module.layer_idx, query, key, value, scaling), None
-
-
-# The attention as a custom torch op, for torch.compile (HFModelRunner, torch_compile=True).  Why opaque: it reads the
-# step's context and the KV cache from `_tls` and writes the cache in place, neither of which may become an input
-# of the compiled graph (functionalizing the cache write would copy the whole cache every step).  Inductor fuses
-# everything around it (norms, rotary, residuals, activations).  This is the pattern vLLM uses for its attention.
-_OP_SCHEMA = "(Tensor query, Tensor key, Tensor value, int layer_idx, float scaling) -> Tensor"
-_op_registered = False
-
-
-def _register_attention() -> None:
-    """Our attention in transformers' AttentionInterface, and as the custom op it calls under torch.compile."""
-    global _op_registered
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTN_NAME, _attention)
-    if _op_registered:
-        return
-    import torch
-
-    op = torch.library.custom_op("llmlaunch::slot_attention", mutates_args=(), schema=_OP_SCHEMA)(
-        lambda query, key, value, layer_idx, scaling: _slot_attention(layer_idx, query, key, value, scaling))
-    # the output's shape, for tracing: [1, T, H, D] from the query's [1, H, T, D]
-    op.register_fake(lambda query, key, value, layer_idx, scaling: query.new_empty(
-        1, query.shape[2], query.shape[1], query.shape[3]))
-    _op_registered = True
-
-
-def _slot_attention(layer_idx, query, key, value, scaling):
-    ctx: _StepContext = _tls.ctx
-    k_cache, v_cache = _tls.cache[layer_idx]
-    _, n_heads, n_tok, head_dim = query.shape
-    n_kv = key.shape[1]
-    rep = n_heads // n_kv
-    eager = ctx.eager
-    # 1. write this step's keys/values at (slot, head, position): one index_copy_ into the flattened cache
-    k_cache.view(-1, head_dim).index_copy_(0, ctx.flat_idx, key[0].transpose(0, 1).reshape(-1, head_dim))
-    v_cache.view(-1, head_dim).index_copy_(0, ctx.flat_idx, value[0].transpose(0, 1).reshape(-1, head_dim))
-
-    out = query.new_empty(n_tok, n_heads, head_dim) if ctx.chunks or ctx.groups or ctx.packed is not None else None
-    n_dec = ctx.n_dec
-    if n_dec:
-        # 2. decode tokens, batched: [n_dec, H, D] -> [n_dec, KVH, rep, D], query heads grouped on their kv head
-        q = query[0, :, :n_dec].transpose(0, 1).reshape(n_dec, n_kv, rep, head_dim)
-        rows, length = ctx.dec_rows, ctx.dec_len
-        if ctx.dec_scatter is not None:  # decode slots are not 0..n_dec-1: place queries on their slot rows
-            q_rows = q.new_zeros(rows, n_kv, rep, head_dim)
-            q_rows[ctx.dec_scatter] = q
-            q = q_rows
-        o = _sdpa(q, k_cache[:rows, :, :length], v_cache[:rows, :, :length], ctx.dec_mask, scale=scaling,
-                  eager=eager)
-        if ctx.dec_scatter is not None:
-            o = o[ctx.dec_scatter]
-        dec_out = o.reshape(n_dec, n_heads, head_dim)
-        if out is None:
-            return dec_out.unsqueeze(0)
-        out[:n_dec] = dec_out
-    # 3. prompt-starting chunks, a padded batch per group: gather [n*L] token rows, causal SDPA, keep real rows
-    for pad_idx, n, length, real, dst in ctx.groups:
-        q = query[0].index_select(1, pad_idx).view(n_heads, n, length, head_dim).transpose(0, 1)
-        k = key[0].index_select(1, pad_idx).view(n_kv, n, length, head_dim).transpose(0, 1)
-        v = value[0].index_select(1, pad_idx).view(n_kv, n, length, head_dim).transpose(0, 1)
-        o = _sdpa(q, k, v, None, causal=True, scale=scaling, eager=eager, gqa=rep > 1)
-        out.index_copy_(0, dst, o.transpose(1, 2).reshape(n * length, n_heads, head_dim).index_select(0, real))
-    # 4. whole prompts packed after the decode rows (a mixed graph): one attention, each prompt causal over itself
-    if ctx.packed is not None:
-        offset, length, mask = ctx.packed
-        q, k, v = (t[:, :, offset:offset + length] for t in (query, key, value))
-        o = _sdpa(q, k, v, mask, scale=scaling, eager=eager, gqa=rep > 1)
-        out[offset:offset + length] = o[0].transpose(0, 1)
-    # 5. the other chunks, one attention each
-    for offset, slot, start, length, mask in ctx.chunks:
-        q = query[:, :, offset:offset + length]
-        if mask is None:  # first chunk of a prompt: attend to its own keys, plain causal
-            k = key[:, :, offset:offset + length]
-            v = value[:, :, offset:offset + length]
-        else:  # continuation chunk: attend to the cached prefix and itself
-            k = k_cache[slot:slot + 1, :, :start + length]
-            v = v_cache[slot:slot + 1, :, :start + length]
-        o = _sdpa(q, k, v, mask, causal=mask is None, scale=scaling, eager=eager, gqa=rep > 1)
-        out[offset:offset + length] = o[0].transpose(0, 1)
-    return out.unsqueeze(0)
 
 
 def _token_limit(value, name: str, default: int, meaning: str) -> int:
@@ -325,7 +108,7 @@ class HFModelRunner:
         from launcher.engines import hf_fuse
         from launcher.engines.hf_sampling import Sampler
 
-        _register_attention()
+        register_attention()
         if attn_implementation not in ("sdpa", "eager"):
             raise ValueError(f"attn_implementation {attn_implementation!r} is not one of sdpa, eager")
         self.eager = attn_implementation == "eager"
@@ -641,11 +424,7 @@ class HFModelRunner:
     def _decode_mask(self, lens, span):
         """Additive attention mask [rows, 1, 1, len(span)] of decode rows over their cache row: row r sees its first
         lens[r] positions (`span`: the positions 0..n-1 as a device tensor)."""
-        import torch
-
-        valid = span[None, :] < lens[:, None]
-        return torch.zeros(lens.shape[0], 1, 1, span.shape[0], dtype=self.dtype, device=self.device).masked_fill_(
-            ~valid[:, None, None, :], float("-inf"))
+        return decode_mask(lens, span, self.dtype, self.device)
 
     def _capture(self, rows: int, length: int):
         """Capture the decode step of bucket (rows, length); None (and graphs off) if capture fails."""
@@ -659,7 +438,7 @@ class HFModelRunner:
             heads = torch.arange(self.num_kv_heads, device=dev)
             span = torch.arange(length, device=dev)
             keep = torch.arange(rows, device=dev)  # every row's logits (a tensor, as in mixed steps: one compiled form)
-            ctx = _StepContext()
+            ctx = StepContext()
             ctx.n_dec, ctx.dec_rows, ctx.dec_len = rows, rows, length
             ctx.eager, ctx.dec_scatter, ctx.chunks, ctx.groups = self.eager, None, [], []
 
@@ -668,11 +447,11 @@ class HFModelRunner:
                 ctx.flat_idx = ((meta[2][:, None] * self.num_kv_heads + heads[None, :]) * self.max_model_len
                                 + meta[1][:, None]).reshape(-1)
                 ctx.dec_mask = self._decode_mask(meta[3], span)
-                _tls.ctx, _tls.cache = ctx, self.cache
+                tls.ctx, tls.cache = ctx, self.cache
                 try:
                     return self._fwd(meta[0:1], meta[1:2], keep)
                 finally:
-                    _tls.ctx = None
+                    tls.ctx = None
 
             graph, logits = self._capture_graph(body)
         except Exception as e:  # a model whose forward cannot be captured still serves, eagerly
@@ -801,7 +580,7 @@ class HFModelRunner:
     def _prefill_body(self, meta, keep, length: int):
         """The padded one-prompt step (what a prompt graph holds): logits [1, vocab] of row keep[0].  Everything is
         computed from `meta` / `keep`, so a replay sees the new prompt."""
-        ctx = _StepContext()
+        ctx = StepContext()
         ctx.n_dec, ctx.dec_rows, ctx.dec_len, ctx.dec_mask, ctx.dec_scatter = 0, 0, 0, None, None
         ctx.eager, ctx.groups = self.eager, []
         ctx.chunks = [(0, 0, 0, length, None)]  # one first chunk: causal attention over its own tokens
@@ -815,11 +594,11 @@ class HFModelRunner:
         heads = torch.arange(self.num_kv_heads, device=self.device)
         ctx.flat_idx = ((meta[2][:, None] * self.num_kv_heads + heads[None, :]) * self.max_model_len
                         + meta[1][:, None]).reshape(-1)
-        _tls.ctx, _tls.cache = ctx, self.cache
+        tls.ctx, tls.cache = ctx, self.cache
         try:
             return self._fwd(meta[0:1], meta[1:2], keep)
         finally:
-            _tls.ctx = None
+            tls.ctx = None
 
     def _capture_prefill(self, length: int):
         """Capture the prompt graph of bucket `length`; None (and prompt graphs off) if the capture fails."""
@@ -931,7 +710,7 @@ class HFModelRunner:
         import torch
 
         every = torch.arange(n * length, device=self.device)  # one group of n rows, all of them kept
-        ctx = _StepContext()
+        ctx = StepContext()
         ctx.n_dec, ctx.dec_rows, ctx.dec_len, ctx.dec_mask, ctx.dec_scatter = 0, 0, 0, None, None
         ctx.eager, ctx.chunks = self.eager, []
         ctx.groups = [(every, n, length, every, every)]
@@ -1040,7 +819,7 @@ class HFModelRunner:
         import torch
 
         dev = self.device
-        ctx = _StepContext()
+        ctx = StepContext()
         ctx.n_dec, ctx.dec_rows, ctx.dec_len, ctx.dec_scatter = rows, rows, length, None
         ctx.dec_mask = self._decode_mask(meta[3, :rows], torch.arange(length, device=dev))
         seg = meta[3, rows:]
@@ -1237,7 +1016,8 @@ class HFModelRunner:
         ids: the decode tokens as a device tensor, in place of step.decode_tokens (see `launch`)."""
         import torch
 
-        ctx, input_ids, positions, logits_idx = self._prepare(step)
+        ctx, input_ids, positions, logits_idx = prepare_step(step, self.device, self.num_kv_heads, self.max_model_len,
+                                                             self.dtype, self.eager)
         if ids is not None:
             input_ids[0, :len(step.decode_tokens)] = ids
         if not sample:
@@ -1247,87 +1027,14 @@ class HFModelRunner:
             # Compiled, nothing would use the attention ops' outputs (a prompt chunk that does not end its prompt,
             # alone in its step), so Inductor would drop them and with them their cache writes: keep one row.
             keep = torch.full((1,), input_ids.shape[1] - 1, dtype=torch.long, device=self.device)
-        _tls.ctx, _tls.cache = ctx, self.cache
+        tls.ctx, tls.cache = ctx, self.cache
         try:
             with self._eager_backends():
                 logits = self._fwd(input_ids, positions, keep)
         finally:
-            _tls.ctx = None
+            tls.ctx = None
         return logits[:len(logits_idx)]
 
     def _forward(self, input_ids, positions, keep):
-        """Logits [len(keep), vocab] of the model on one packed row of tokens (our attention reads `_tls`)."""
+        """Logits [len(keep), vocab] of the model on one packed row of tokens (our attention reads hf_attention.tls)."""
         return self.model(input_ids=input_ids, position_ids=positions, use_cache=False, logits_to_keep=keep).logits[0]
-
-    def _prepare(self, step: StepInputs):
-        import torch
-
-        dev = self.device
-        n_dec = len(step.decode_tokens)
-        chunk_slots: list[int] = []
-        chunk_pos: list[int] = []
-        logits_idx: list[int] = list(range(n_dec))
-        offset = n_dec
-        for c in step.prefill:
-            chunk_slots.extend([c.slot] * c.length)
-            chunk_pos.extend(range(c.start, c.start + c.length))
-            offset += c.length
-            if c.sample:
-                logits_idx.append(offset - 1)
-        # one host->device copy for all per-token index data
-        host = torch.tensor([step.decode_tokens + step.prefill_tokens,
-                             step.decode_positions + chunk_pos,
-                             step.decode_slots + chunk_slots], dtype=torch.long)
-        meta = host.to(dev, non_blocking=True)
-        input_ids, positions, slots = meta[0:1], meta[1:2], meta[2]
-        ctx = _StepContext()
-        # row of token t, kv head h in the cache viewed as [slots * kv_heads * max_model_len, head_dim]
-        heads = torch.arange(self.num_kv_heads, device=dev)
-        ctx.flat_idx = ((slots[:, None] * self.num_kv_heads + heads[None, :]) * self.max_model_len
-                        + meta[1][:, None]).reshape(-1)
-        ctx.n_dec = n_dec
-        ctx.eager = self.eager
-        ctx.dec_scatter = None
-        ctx.dec_mask = None
-        if n_dec:
-            rows = max(step.decode_slots) + 1
-            # attend over a multiple of 16 positions: fused kernels want aligned masks (the rest is masked out)
-            length = min(-(-(max(step.decode_positions) + 1) // 16) * 16, self.max_model_len)
-            lens = [1] * rows  # rows without a decode token attend to one (ignored) position: no NaN
-            for s, p in zip(step.decode_slots, step.decode_positions):
-                lens[s] = p + 1
-            lens_t = torch.tensor(lens, dtype=torch.long).to(dev, non_blocking=True)
-            ctx.dec_mask = self._decode_mask(lens_t, torch.arange(length, device=dev))
-            ctx.dec_rows, ctx.dec_len = rows, length
-            if rows != n_dec or step.decode_slots != list(range(n_dec)):
-                ctx.dec_scatter = meta[2, :n_dec]
-        chunks, firsts, offset = [], [], n_dec
-        for c in step.prefill:
-            if c.start == 0:
-                firsts.append((offset, c))
-            else:
-                q_pos = torch.arange(c.start, c.start + c.length, device=dev)
-                mask = torch.arange(c.start + c.length, device=dev)[None, :] <= q_pos[:, None]
-                chunks.append((offset, c.slot, c.start, c.length, mask))
-            offset += c.length
-        ctx.groups = []
-        for group in group_first_chunks([c.length for _, c in firsts]):
-            if len(group) == 1:
-                off, c = firsts[group[0]]
-                chunks.append((off, c.slot, 0, c.length, None))
-                continue
-            length = firsts[group[0]][1].length  # the longest: groups are sorted
-            pad, real, dst = [], [], []
-            for row, i in enumerate(group):
-                off, c = firsts[i]
-                # padded positions repeat the chunk's last token: any real row works, its output is dropped
-                pad.extend(range(off, off + c.length))
-                pad.extend([off + c.length - 1] * (length - c.length))
-                real.extend(range(row * length, row * length + c.length))
-                dst.extend(range(off, off + c.length))
-            idx = torch.tensor(pad + real + dst, dtype=torch.long).to(dev, non_blocking=True)
-            n_pad, n_real = len(pad), len(real)
-            ctx.groups.append((idx[:n_pad], len(group), length, idx[n_pad:n_pad + n_real], idx[n_pad + n_real:]))
-        ctx.chunks = chunks
-        logits_idx_t = torch.tensor(logits_idx, dtype=torch.long).to(dev, non_blocking=True)
-        return ctx, input_ids, positions, logits_idx_t

@@ -557,15 +557,17 @@ def test_grouped_prefill_equals_one_at_a_time(tiny_model_dir, attn):
                           [t for _, p in chunks_of for t in p], SamplingRows())
 
     def logits_of(st):
-        import launcher.engines.hf_runner as hr
+        from launcher.engines.hf_attention import tls
+        from launcher.engines.hf_step import prepare_step
 
-        ctx, ids, pos, idx = runner._prepare(st)
-        hr._tls.ctx, hr._tls.cache = ctx, runner.cache
+        ctx, ids, pos, idx = prepare_step(st, runner.device, runner.num_kv_heads, runner.max_model_len, runner.dtype,
+                                          runner.eager)
+        tls.ctx, tls.cache = ctx, runner.cache
         try:
             with torch.inference_mode():
                 return runner.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=idx).logits[0], ctx
         finally:
-            hr._tls.ctx = None
+            tls.ctx = None
 
     alone = []
     for slot, p in enumerate(prompts):
