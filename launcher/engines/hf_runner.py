@@ -6,6 +6,7 @@ model and the slot KV cache (one slot per running sequence) and puts the pieces 
 
 * hf_step: the step as plain data (broadcastable to tensor-parallel workers), and its layout for an eager run;
 * hf_attention: our attention, registered with transformers, which writes the cache and attends over it;
+* hf_graphs: the CUDA graphs that replay decode-only, whole-prompt and mixed steps;
 * hf_sampling: the batched sampler; hf_fuse: fused projections; hf_tp: tensor parallelism.
 
 A step runs as one captured graph where one fits (`_replay`), else eagerly (`_run`), then samples.  The only
@@ -18,7 +19,9 @@ from __future__ import annotations
 import logging
 
 from launcher.engines.hf_args import DEFAULTS
-from launcher.engines.hf_attention import ATTN_NAME, StepContext, decode_mask, register_attention, tls
+from launcher.engines.hf_attention import ATTN_NAME, register_attention, tls
+from launcher.engines.hf_graphs import (DecodeGraphs, MixedGraphs, PromptGraphs, WaveGraphs, mixed_buckets,
+                                        prefill_buckets, token_limit)
 # PrefillChunk, SamplingRows, StepInputs and group_first_chunks are imported from this module by the engine, the
 # benchmarks and the tests
 from launcher.engines.hf_step import PrefillChunk, SamplingRows, StepInputs, group_first_chunks, prepare_step
@@ -29,16 +32,6 @@ __all__ = ["HFModelRunner", "PrefillChunk", "SamplingRows", "StepInputs", "group
            "use_llmlaunch_inductor_cache"]
 
 log = logging.getLogger(__name__)
-
-
-def _token_limit(value, name: str, default: int, meaning: str) -> int:
-    """A runner's token-count setting: `value`, else `default`; a negative one is refused naming the setting and
-    what it means."""
-    if value is None:
-        value = default
-    if int(value) < 0:
-        raise ValueError(f"{name}={value} is negative: {meaning}")
-    return int(value)
 
 
 def use_llmlaunch_inductor_cache() -> None:
@@ -98,9 +91,9 @@ class HFModelRunner:
         torch_compile: run the model's forward through torch.compile (None: on for cuda; with tp > 1 the
         all-reduces are traced as functional collectives); `warm_up()` compiles before serving.
         prefill_graphs: the longest prompt (tokens) whose prompt-only step replays a CUDA graph (None: HFEngineArgs.prefill_graphs; 0:
-        none; needs cuda_graphs); see `_init_prefill_graphs`.
+        none; needs cuda_graphs); see hf_graphs.PromptGraphs.
         mixed_graphs: the most prompt tokens a step of decode rows and whole prompts together replays a CUDA graph
-        for (None: HFEngineArgs.mixed_graphs; 0: none; needs cuda_graphs and tp=1); see MIXED_PROMPTS.
+        for (None: HFEngineArgs.mixed_graphs; 0: none; needs cuda_graphs and tp=1); see hf_graphs.MixedGraphs.
         Each layer's q/k/v and gate/up projections run as one product each (hf_fuse)."""
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -227,7 +220,7 @@ class HFModelRunner:
         if mode not in CUDNN_ATTENTION:
             raise ValueError(f"cudnn_attention {mode!r} is not one of {', '.join(CUDNN_ATTENTION)}")
         self.cudnn_attention = mode
-        self._eager_backends = self._capture_backends = contextlib.nullcontext
+        self._eager_backends = self.capture_backends = contextlib.nullcontext
         if mode == "all":
             return
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -235,7 +228,7 @@ class HFModelRunner:
         others = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
         self._eager_backends = lambda: sdpa_kernel(others)
         if mode == "off":
-            self._capture_backends = self._eager_backends
+            self.capture_backends = self._eager_backends
 
     # -- torch.compile ----------------------------------------------------------------------------------------
     # Why: HF's Llama runs ~40 kernels per layer, most of them tiny (the norm alone is 7: cast, pow, mean, add,
@@ -252,11 +245,11 @@ class HFModelRunner:
         self.use_compile = bool(torch_compile)
         self.compile_error = ""
         self.compile_s = 0.0  # how long warm_up compiled
-        self._fwd = self._forward
+        self.model_forward = self._forward  # what every step runs: the model's forward, compiled or not
         if self.use_compile:
             import torch
 
-            self._fwd = torch.compile(self._forward, dynamic=True, fullgraph=True)
+            self.model_forward = torch.compile(self._forward, dynamic=True, fullgraph=True)
 
     def warm_up(self, max_prefill_tokens: int | None = None) -> None:
         """Before serving: compile (each shape class a step can have) and capture the decode graphs and the
@@ -297,7 +290,7 @@ class HFModelRunner:
                     torch.cuda.synchronize(self.device)
             except Exception as e:
                 self.use_compile = False
-                self._fwd = self._forward
+                self.model_forward = self._forward
                 self.compile_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 log.warning("hf engine: torch.compile failed (%s); the model runs uncompiled", self.compile_error)
             else:
@@ -308,13 +301,13 @@ class HFModelRunner:
         self.capture_prefill_graphs(max_prefill_tokens)
         self.capture_mixed_graphs()
         if self.tp_group is not None:
-            self._tp_agree("results", {"compiled": self.use_compile, "decode graphs": len(self._graphs),
-                                       "prompt graphs": len(self._prefill_graphs),
-                                       "wave graphs": len(self._wave_graphs)})
+            self._tp_agree("results", {"compiled": self.use_compile, "decode graphs": len(self.decode_graphs.graphs),
+                                       "prompt graphs": len(self.prompt_graphs.graphs),
+                                       "wave graphs": len(self.wave_graphs.graphs)})
 
     def _tp_plan(self, max_prefill_tokens) -> dict:
         return {"max_prefill_tokens": max_prefill_tokens, "torch_compile": self.use_compile,
-                "cuda_graphs": self.use_graphs, "prefill_graphs": self.prefill_graph_limit, "fused": self.fused,
+                "cuda_graphs": self.use_graphs, "prefill_graphs": self.prompt_graphs.limit, "fused": self.fused,
                 "cudnn_attention": self.cudnn_attention, "max_num_seqs": self.max_num_seqs,
                 "max_model_len": self.max_model_len}
 
@@ -329,575 +322,90 @@ class HFModelRunner:
                                f"and capture the same steps; give all ranks the same engine settings, or set "
                                f"engine.cuda_graphs=false")
 
-    # -- CUDA graphs for decode-only steps -----------------------------------------------------------------
-    # Why: a decode step of a 1 B model launches ~20 kernels per layer from Python; on the H100 host that
-    # costs ~15 ms per step whatever the batch (the GPU idles: 6% of the memory-bandwidth limit at batch 1).  Replaying a captured graph launches them all at once.
-    #
-    # A graph has static shapes, so a decode step is padded to a bucket: R rows (one per cache slot 0..R-1,
-    # R = the power of two >= the highest decoding slot + 1) attending over L positions (a power of two
-    # from 256, >= the longest sequence).  Row r carries the token of the sequence in slot r; rows of idle
-    # slots carry a dummy token that writes its keys/values to a spare cache slot nobody reads and attends
-    # to one position, and their logits are dropped.  Mixed steps (prompt chunks) run eagerly.
-    #
-    # tp > 1: a graph holds the layers' NCCL all-reduces, so each rank's replay meets its peers' replays of the
-    # same graph.  Every rank captures the same buckets in the same order in `warm_up` (the leader's plan) and
-    # picks graph or eager for a step by the same rule (`_replay`, from the broadcast StepInputs alone); a
-    # capture that fails is fatal there (a rank falling back to eager steps alone would hang its peers).
-    _GRAPH_MIN_LEN = 256
+    # -- CUDA graphs (hf_graphs): decode-only steps, steps of one or several whole prompts, mixed steps -------------
+    WAVE_ROWS = WaveGraphs.ROWS  # prompts per wave graph
+    MIXED_PROMPTS = MixedGraphs.PROMPTS  # the most prompts beside decode rows in a mixed graph
+    prefill_buckets = staticmethod(prefill_buckets)
+    mixed_buckets = staticmethod(mixed_buckets)
 
     def _init_graphs(self, cuda_graphs, prefill_graphs=None, mixed_graphs=None) -> None:
         if cuda_graphs is None:
             cuda_graphs = DEFAULTS.cuda_graphs
         self.use_graphs = bool(cuda_graphs) and self.device.type == "cuda"
-        self._spare_slots = 1 if self.use_graphs else 0  # the slot dummy rows write to
-        self._graphs: dict = {}
-        self._graph_pool = None
-        self.graph_error = ""
-        self._init_prefill_graphs(prefill_graphs)
-        self._init_mixed_graphs(mixed_graphs)
-
-    def _bucket(self, rows: int, length: int) -> tuple[int, int]:
-        r = 1
-        while r < rows:
-            r *= 2
-        n = self._GRAPH_MIN_LEN
-        while n < length:
-            n *= 2
-        return min(r, self.max_num_seqs), min(n, self.max_model_len)
+        self._spare_slots = 1 if self.use_graphs else 0  # the slot padded rows write to
+        self.graph_pool = None  # the memory pool every graph shares (they replay one at a time)
+        self.decode_graphs = DecodeGraphs(self)
+        limit = token_limit(prefill_graphs, "prefill_graphs", DEFAULTS.prefill_graphs,
+                            "the longest prompt to graph, 0 for none")
+        self.prompt_graphs = PromptGraphs(self, limit if self.use_graphs else 0)
+        self.wave_graphs = self.prompt_graphs.waves
+        limit = token_limit(mixed_graphs, "mixed_graphs", DEFAULTS.mixed_graphs,
+                            "the most prompt tokens beside decode rows in a graph, 0 for none")
+        # tp > 1 would need every rank to capture and pick the same mixed graphs: not built, so they run as before
+        self.mixed_graphs = MixedGraphs(self, self.decode_graphs,
+                                        min(limit, self.max_model_len) if self.use_graphs and self.tp == 1 else 0)
+        # the families a step is offered to, in this order (_replay)
+        self._graph_families = (self.decode_graphs, self.mixed_graphs, self.prompt_graphs, self.wave_graphs)
 
     def capture_graphs(self) -> int:
-        """Capture every decode bucket now, so that serving never stalls on a capture (~0.1 s each, and a
-        capture mid-run also delays every running request).  Returns the number of graphs."""
-        import time
-
-        import torch
-
-        if not self.use_graphs:
-            return 0
-        rows = sorted({self._bucket(r, 1)[0] for r in range(1, self.max_num_seqs + 1)})
-        lengths, n = [], self._GRAPH_MIN_LEN
-        while True:
-            lengths.append(min(n, self.max_model_len))
-            if n >= self.max_model_len:
-                break
-            n *= 2
-        announce(f"hf engine: capturing {len(rows) * len(lengths)} decode CUDA graphs")
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            for length in lengths:
-                for r in rows:
-                    if (r, length) not in self._graphs and self._capture(r, length) is None:
-                        return 0
-        log.info("hf engine: %d decode graphs (rows %s x lengths %s) captured in %.1f s", len(self._graphs), rows,
-                 lengths, time.perf_counter() - t0)
-        return len(self._graphs)
-
-    def _graph_decode(self, step: StepInputs, ids=None):
-        """Logits [n_dec, vocab] of a decode-only step through a CUDA graph, or None (then run it eagerly).
-        ids: the decode tokens as a device tensor (see `launch`), in place of step.decode_tokens."""
-        import torch
-
-        key = self._bucket(max(step.decode_slots) + 1, max(step.decode_positions) + 1)
-        g = self._graphs.get(key)
-        if g is None:
-            g = self._capture(*key)
-            if g is None:
-                return None
-        meta, logits = g[1], g[2]
-        rows, dev_ids = key[0], ids
-        meta.copy_(torch.tensor(self._decode_layout(step, rows), dtype=torch.long), non_blocking=True)
-        keep = torch.tensor(step.decode_slots, dtype=torch.long).to(self.device, non_blocking=True)
-        if dev_ids is not None:
-            meta[0].index_copy_(0, keep, dev_ids)
-        g[0].replay()
-        return logits.index_select(0, keep)
-
-    def _decode_layout(self, step: StepInputs, rows: int) -> list[list[int]]:
-        """[ids, positions, slots, lengths] of a step's decode rows placed on their slot's row of a graph of `rows`
-        rows; the rows between them are padding (the spare slot, one position attended: no NaN)."""
-        spare = self.max_num_seqs
-        ids, pos, slot, lens = [0] * rows, [0] * rows, [spare] * rows, [1] * rows
-        for s, t, p in zip(step.decode_slots, step.decode_tokens, step.decode_positions):
-            ids[s], pos[s], slot[s], lens[s] = t, p, s, p + 1
-        return [ids, pos, slot, lens]
-
-    def _decode_mask(self, lens, span):
-        """Additive attention mask [rows, 1, 1, len(span)] of decode rows over their cache row: row r sees its first
-        lens[r] positions (`span`: the positions 0..n-1 as a device tensor)."""
-        return decode_mask(lens, span, self.dtype, self.device)
-
-    def _capture(self, rows: int, length: int):
-        """Capture the decode step of bucket (rows, length); None (and graphs off) if capture fails."""
-        import torch
-
-        try:
-            dev = self.device
-            meta = torch.zeros(4, rows, dtype=torch.long, device=dev)  # ids, positions, slots, lengths
-            meta[2].fill_(self.max_num_seqs)
-            meta[3].fill_(1)
-            heads = torch.arange(self.num_kv_heads, device=dev)
-            span = torch.arange(length, device=dev)
-            keep = torch.arange(rows, device=dev)  # every row's logits (a tensor, as in mixed steps: one compiled form)
-            ctx = StepContext()
-            ctx.n_dec, ctx.dec_rows, ctx.dec_len = rows, rows, length
-            ctx.eager, ctx.dec_scatter, ctx.chunks, ctx.groups = self.eager, None, [], []
-
-            def body():
-                # index tensors are computed inside the graph, from `meta`, so a replay sees the new step
-                ctx.flat_idx = ((meta[2][:, None] * self.num_kv_heads + heads[None, :]) * self.max_model_len
-                                + meta[1][:, None]).reshape(-1)
-                ctx.dec_mask = self._decode_mask(meta[3], span)
-                tls.ctx, tls.cache = ctx, self.cache
-                try:
-                    return self._fwd(meta[0:1], meta[1:2], keep)
-                finally:
-                    tls.ctx = None
-
-            graph, logits = self._capture_graph(body)
-        except Exception as e:  # a model whose forward cannot be captured still serves, eagerly
-            self._tp_capture_failed("decode", e)
-            self.use_graphs = False
-            self.graph_error = f"{type(e).__name__}: {e}"
-            log.warning("hf engine: CUDA graph capture failed (%s); decode steps run eagerly", self.graph_error)
-            return None
-        # every tensor the graph reads must outlive it: a freed input's memory would be reused under it
-        self._graphs[(rows, length)] = (graph, meta, logits, heads, span, keep)
-        log.debug("hf engine: captured decode graph rows=%d length=%d", rows, length)
-        return self._graphs[(rows, length)]
-
-    def _tp_capture_failed(self, kind: str, exc: Exception) -> None:
-        if self.tp > 1:
-            raise RuntimeError(f"tp={self.tp}, rank {self.tp_group.rank}: capturing a {kind} CUDA graph failed "
-                               f"({type(exc).__name__}: {exc}); the ranks cannot fall back to eager steps one by "
-                               f"one, so set engine.cuda_graphs=false") from exc
-
-    def _capture_graph(self, body):
-        """(graph, its output) of `body()` captured after two warm-up runs on a side stream (lazy inits, the
-        allocator, cuDNN's plan); every graph shares one memory pool (they replay one at a time)."""
-        import torch
-
-        dev = self.device
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        # tp > 1: torch's NCCL watchdog thread queries the events of earlier collectives; in the default ("global")
-        # capture mode such a call from another thread during a capture is an error, so only this thread is
-        # checked, and the device is idle (no collective left for the watchdog) before the capture starts
-        mode = "thread_local" if self.tp > 1 else "global"
-        with self._capture_backends():  # the same kernels for the warm-up and the capture
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    body()
-            torch.cuda.current_stream(dev).wait_stream(side)
-            if self.tp > 1:
-                torch.cuda.synchronize(dev)
-            if self._graph_pool is None:
-                self._graph_pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode=mode):
-                out = body()
-        return graph, out
-
-    # -- CUDA graphs for prompt-only steps of one prompt ------------------------------------------------------
-    # Why: a request that finds the engine idle (low load: every request at concurrency 1) gets its first token
-    # from a step that prefills its prompt alone.  Run eagerly that step is kernel launches from Python (~290
-    # kernels compiled, ~700 not, ~25 us each on an H100 host) for a few ms of GPU work: most of the time to first
-    # token.  So such steps replay a graph too: the prompt padded to a bucket B (16, 24, 32, 48, ... x1.5 / x4/3
-    # steps, up to the engine's prompt chunk), causal attention over its own B tokens.  Padding is harmless there:
-    # a padded token sits after every real one, so causality hides it from them; its keys/values go to the
-    # spare slot's cache row (as a padded decode row's do), and only the last real token's logits are kept.
-    # Steps of several whole prompts replay wave graphs (WAVE_ROWS), whole prompts beside decode rows mixed graphs
-    # (MIXED_PROMPTS); a prompt's later chunk stays eager.  Captured at start, after the decode graphs; a failed
-    # capture leaves decode graphs on.
-
-    def _init_prefill_graphs(self, prefill_graphs) -> None:
-        prefill_graphs = _token_limit(prefill_graphs, "prefill_graphs", DEFAULTS.prefill_graphs, "the longest prompt to graph, 0 for none")
-        self.prefill_graph_limit = prefill_graphs if self.use_graphs else 0
-        self._prefill_graphs: dict = {}  # bucket length -> (graph, meta, keep, logits)
-        self._wave_graphs: dict = {}  # (prompts, bucket length) -> (graph, meta, keep, logits): see WAVE_ROWS
-        self.prefill_graph_error = ""
-
-    @staticmethod
-    def prefill_buckets(limit: int) -> list[int]:
-        """Padded prompt lengths up to `limit`: 16, 24, 32, 48, 64, 96, ... (each <= 1.5x the one before), and
-        `limit` itself last, so a prompt pads by less than half its length."""
-        out, n = [], 16
-        while n < limit:
-            out.append(n)
-            n = n * 3 // 2 if (n & (n - 1)) == 0 else n * 4 // 3  # 16 -> 24 -> 32 -> 48 -> 64 ...
-        if limit > 0:
-            out.append(limit)
-        return out
+        """Capture every decode bucket; returns the number of graphs."""
+        return self.decode_graphs.capture_all()
 
     def capture_prefill_graphs(self, max_prefill_tokens: int | None = None) -> int:
-        """Capture the prompt graph of every bucket up to min(prefill_graph_limit, max_prefill_tokens,
-        max_model_len).  Returns the number of graphs."""
-        import time
+        """Capture the prompt and wave graphs of prompts up to min(prefill_graphs, max_prefill_tokens,
+        max_model_len); returns the number of graphs."""
+        return self.prompt_graphs.capture_all(max_prefill_tokens)
 
-        import torch
+    def capture_mixed_graphs(self) -> int:
+        """Capture the mixed graph of every decode bucket and packed size; returns the number of graphs."""
+        return self.mixed_graphs.capture_all()
 
-        limit = min(self.prefill_graph_limit, max_prefill_tokens or self.prefill_graph_limit, self.max_model_len)
-        if not self.use_graphs or limit <= 0:
-            self.prefill_graph_limit = 0
-            return 0
-        buckets = self.prefill_buckets(limit)
-        waves = self.wave_buckets(limit)
-        announce(f"hf engine: capturing {len(buckets)} prompt CUDA graphs (prompts up to {limit} tokens)"
-                 + (f" and {len(waves)} wave graphs (2 to {max(n for n, _ in waves)} prompts)" if waves else ""))
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            for length in buckets:
-                if length not in self._prefill_graphs and self._capture_prefill(length) is None:
-                    return 0
-            for key in waves:
-                if key not in self._wave_graphs and self._capture_wave(*key) is None:
-                    return 0
-        self.prefill_graph_limit = limit
-        log.info("hf engine: %d prompt graphs (lengths %s) and %d wave graphs (prompts x length %s) captured in "
-                 "%.1f s", len(self._prefill_graphs), buckets, len(self._wave_graphs), waves, time.perf_counter() - t0)
-        return len(self._prefill_graphs) + len(self._wave_graphs)
-
+    # what the engine asks of the graphs: to schedule prompts, and for its features line
     def prompt_graphed(self, length: int) -> bool:
         """Would a step of one whole prompt of `length` tokens (and nothing else) replay a prompt graph?"""
-        return bool(self._prefill_graphs) and length <= self.prefill_graph_limit
-
-    def prefill_graph_key(self, step: StepInputs) -> int | None:
-        """The bucket whose graph runs `step`, or None (run it eagerly): a step of one whole prompt, no decode rows."""
-        if step.decode_tokens or len(step.prefill) != 1:
-            return None
-        c = step.prefill[0]
-        if c.start != 0 or not c.sample or not self.prompt_graphed(c.length):
-            return None
-        return next((b for b in self._prefill_graphs if b >= c.length), None)  # captured shortest first
-
-    def prefill_graph_inputs(self, step: StepInputs, length: int) -> tuple[list[list[int]], int]:
-        """(meta rows [ids, positions, slots] of `length` tokens, kept row) of a one-prompt step padded to a bucket:
-        padded tokens (id 0) continue the positions and write to the spare slot; the kept row is the last real."""
-        c = step.prefill[0]
-        pad = length - c.length
-        return ([list(step.prefill_tokens) + [0] * pad, list(range(length)),
-                 [c.slot] * c.length + [self.max_num_seqs] * pad], c.length - 1)
-
-    def _prefill_body(self, meta, keep, length: int):
-        """The padded one-prompt step (what a prompt graph holds): logits [1, vocab] of row keep[0].  Everything is
-        computed from `meta` / `keep`, so a replay sees the new prompt."""
-        ctx = StepContext()
-        ctx.n_dec, ctx.dec_rows, ctx.dec_len, ctx.dec_mask, ctx.dec_scatter = 0, 0, 0, None, None
-        ctx.eager, ctx.groups = self.eager, []
-        ctx.chunks = [(0, 0, 0, length, None)]  # one first chunk: causal attention over its own tokens
-        return self._meta_forward(ctx, meta, keep)
-
-    def _meta_forward(self, ctx, meta, keep):
-        """Logits of `keep` for a graph's inputs: `meta` rows ids, positions, slots (each token's cache row, set in
-        ctx.flat_idx here), `ctx` the rest of the step's attention context."""
-        import torch
-
-        heads = torch.arange(self.num_kv_heads, device=self.device)
-        ctx.flat_idx = ((meta[2][:, None] * self.num_kv_heads + heads[None, :]) * self.max_model_len
-                        + meta[1][:, None]).reshape(-1)
-        tls.ctx, tls.cache = ctx, self.cache
-        try:
-            return self._fwd(meta[0:1], meta[1:2], keep)
-        finally:
-            tls.ctx = None
-
-    def _capture_prefill(self, length: int):
-        """Capture the prompt graph of bucket `length`; None (and prompt graphs off) if the capture fails."""
-        g = self._capture_prompt_rows("prompt", 1, length, lambda meta, keep: self._prefill_body(meta, keep, length))
-        if g is not None:
-            self._prefill_graphs[length] = g
-        return g
-
-    def _capture_prompt_rows(self, kind: str, n: int, length: int, body):
-        """(graph, meta, keep, logits) of body(meta, keep) captured for n rows of `length` prompt tokens: meta holds
-        ids, positions (0..length-1 in each row) and slots (the spare one) for the replays to fill, keep each row's
-        last token.  A prompt graph is one such row, a wave graph several.  None if the capture fails: then every
-        prompt and wave graph is dropped and prompt steps run eagerly (decode graphs stay)."""
-        import torch
-
-        try:
-            dev = self.device
-            meta = torch.zeros(3, n * length, dtype=torch.long, device=dev)  # ids, positions, slots
-            meta[1].copy_(torch.arange(length, device=dev).repeat(n))
-            meta[2].fill_(self.max_num_seqs)
-            keep = torch.arange(1, n + 1, device=dev) * length - 1
-            graph, logits = self._capture_graph(lambda: body(meta, keep))
-        except Exception as e:
-            self._tp_capture_failed(kind, e)
-            self.prefill_graph_limit = 0
-            self._prefill_graphs.clear()
-            self._wave_graphs.clear()
-            self.prefill_graph_error = f"{type(e).__name__}: {e}"
-            log.warning("hf engine: %s CUDA graph capture failed (%s); prompt steps run eagerly", kind,
-                        self.prefill_graph_error)
-            return None
-        return graph, meta, keep, logits
-
-    def _graph_prefill(self, step: StepInputs, length: int):
-        """Logits [1, vocab] of a one-prompt step through the prompt graph of bucket `length`."""
-        import torch
-
-        graph, meta, keep, logits = self._prefill_graphs[length]
-        rows, last = self.prefill_graph_inputs(step, length)
-        meta.copy_(torch.tensor(rows, dtype=torch.long), non_blocking=True)
-        keep.fill_(last)
-        graph.replay()
-        return logits
-
-    # -- CUDA graphs for prompt-only steps of several whole prompts (a wave) ------------------------------------
-    # Why: the closed loops of a benchmark, and clients that send in bursts, hand the engine many prompts at once
-    # (all the requests that ended in one step have their successors sent together).  More of them than
-    # Engine.PROMPTS_ALONE_MAX went in one eager step, kernel launches from Python; a wave of 8 prompts of 128 tokens
-    # came out of it 28 ms after it arrived, against 15 ms when the same prompts reached the engine one by one
-    # and went through their graphs alone.  So a step of n whole prompts replays a
-    # wave graph: n rows (WAVE_ROWS: 2, 4, 8 or 16; rows left over carry padding only) of L tokens each (a
-    # prefill_buckets length, n * L at most the prompt-graph limit), each row causal over its own tokens, as one
-    # padded group (_slot_attention's groups).  Padding is as in a prompt graph: after every real token of its row,
-    # its keys/values to the spare slot, its logits dropped.  The decode rows wait that step (Engine._prompt_wave).
-    WAVE_ROWS = (2, 4, 8, 16)
+        return self.prompt_graphs.graphed(length)
 
     @property
     def wave_rows(self) -> tuple[int, ...]:
         """The prompts per wave graph captured (none: waves go eagerly)."""
-        return tuple(sorted({n for n, _ in self._wave_graphs}))
-
-    def wave_buckets(self, limit: int) -> list[tuple[int, int]]:
-        """(prompts, length) of every wave graph for a prompt-graph limit of `limit` tokens (no more prompts than
-        there are cache slots)."""
-        return [(n, length) for n in self.WAVE_ROWS if n <= self.max_num_seqs
-                for length in self.prefill_buckets(limit) if n * length <= limit]
+        return self.wave_graphs.captured_rows
 
     def wave_graph_key(self, lengths: list[int]) -> tuple[int, int] | None:
         """The wave graph that runs whole prompts of these lengths together, or None (none captured fits)."""
-        if len(lengths) < 2 or not self._wave_graphs:
-            return None
-        n = next((r for r in self.WAVE_ROWS if r >= len(lengths)), None)
-        longest = max(lengths)
-        if n is None or longest > self.prefill_graph_limit:
-            return None
-        length = next((b for b in self.prefill_buckets(self.prefill_graph_limit) if b >= longest), None)
-        return (n, length) if (n, length) in self._wave_graphs else None
-
-    def wave_step_key(self, step: StepInputs) -> tuple[int, int] | None:
-        """The wave graph that runs `step`, or None: a step of whole prompts only, all of them sampled."""
-        if step.decode_tokens or len(step.prefill) < 2:
-            return None
-        if any(c.start != 0 or not c.sample for c in step.prefill):
-            return None
-        return self.wave_graph_key([c.length for c in step.prefill])
-
-    def wave_graph_inputs(self, step: StepInputs, n: int, length: int) -> tuple[list[list[int]], list[int]]:
-        """(meta rows [ids, positions, slots] of n x length tokens, the kept token row of each of the n rows) of a
-        step of whole prompts: prompt i in row i, padded (id 0, the spare slot) to `length`; rows past the prompts
-        are padding only (kept row: their last, whose logits are dropped)."""
-        spare = self.max_num_seqs
-        ids, slots, keep, offset = [], [], [], 0
-        for i, c in enumerate(step.prefill):
-            pad = length - c.length
-            ids.extend(step.prefill_tokens[offset:offset + c.length])
-            ids.extend([0] * pad)
-            slots.extend([c.slot] * c.length + [spare] * pad)
-            keep.append(i * length + c.length - 1)
-            offset += c.length
-        for i in range(len(step.prefill), n):
-            ids.extend([0] * length)
-            slots.extend([spare] * length)
-            keep.append(i * length + length - 1)
-        return [ids, list(range(length)) * n, slots], keep
-
-    def _wave_body(self, meta, keep, n: int, length: int):
-        """The padded wave step (what a wave graph holds): logits [n, vocab] of the kept rows, computed from `meta`
-        and `keep`, so that a replay sees the new prompts."""
-        import torch
-
-        every = torch.arange(n * length, device=self.device)  # one group of n rows, all of them kept
-        ctx = StepContext()
-        ctx.n_dec, ctx.dec_rows, ctx.dec_len, ctx.dec_mask, ctx.dec_scatter = 0, 0, 0, None, None
-        ctx.eager, ctx.chunks = self.eager, []
-        ctx.groups = [(every, n, length, every, every)]
-        return self._meta_forward(ctx, meta, keep)
-
-    def _capture_wave(self, n: int, length: int):
-        """Capture the wave graph (n prompts of up to `length` tokens); None (and prompt graphs off) if it fails."""
-        g = self._capture_prompt_rows("prompt wave", n, length,
-                                      lambda meta, keep: self._wave_body(meta, keep, n, length))
-        if g is not None:
-            self._wave_graphs[(n, length)] = g
-        return g
-
-    def _graph_wave(self, step: StepInputs, key: tuple[int, int]):
-        """Logits [prompts, vocab] of a step of whole prompts through the wave graph `key`."""
-        import torch
-
-        graph, meta, keep, logits = self._wave_graphs[key]
-        rows, kept = self.wave_graph_inputs(step, *key)
-        host = torch.tensor(rows + [kept + [0] * (len(rows[0]) - len(kept))], dtype=torch.long)
-        meta.copy_(host[:3], non_blocking=True)
-        keep.copy_(host[3, :len(kept)], non_blocking=True)
-        graph.replay()
-        return logits[:len(step.prefill)]
-
-    # -- CUDA graphs for steps of decode rows and whole prompts together (mixed) ----------------------------------
-    # Why: a prompt that arrives while others decode went through its prompt graph (or a wave graph) in a step of its
-    # own, and every decoding row waited that step: on an H100, ~2.2-3.8 ms for a 1 B model's 128-token prompt
-    # beside ~3 ms decode steps at 128 rows.  Through a server, closed loops hand the engine their successors
-    # scattered, so 10-11% of its steps at 128 streams were such steps, more than in-process; an eager step with prompts and decode rows costs ~10 ms of kernel launches instead.
-    # A mixed graph runs both in one step: the decode rows as in a decode graph of (rows, length), then up to
-    # MIXED_PROMPTS whole prompts packed into `tokens` (a power of two up to mixed_limit), each causal over its own
-    # tokens through one attention call with a block-diagonal mask.  The prompt tokens cost the decode step little
-    # (its matrix products read the weights once for all rows).  Padding: decode rows as in a decode graph (the spare
-    # slot); packed tokens past the prompts write to the spare slot, form a segment of their own, and their logits
-    # are dropped.  Graphs: one per decode bucket and packed size, captured at start after the prompt graphs.
-    MIXED_PROMPTS = 8
-
-    def _init_mixed_graphs(self, mixed_graphs) -> None:
-        mixed_graphs = _token_limit(mixed_graphs, "mixed_graphs", DEFAULTS.mixed_graphs,
-                                    "the most prompt tokens beside decode rows in a graph, 0 for none")
-        # tp > 1 would need every rank to capture and pick the same mixed graphs: not built, so they run as before
-        self.mixed_limit = min(mixed_graphs, self.max_model_len) if self.use_graphs and self.tp == 1 else 0
-        self._mixed_graphs: dict = {}  # (rows, length, tokens) -> (graph, meta, keep, logits)
-        self._mixed_eager = False  # tests without a GPU: mixed steps run the graph's body directly (see _graph_mixed)
-        self.mixed_graph_error = ""
-
-    @staticmethod
-    def mixed_buckets(limit: int) -> list[int]:
-        """Packed prompt sizes of the mixed graphs for a limit of `limit` tokens: 32, 64, ... and `limit` last."""
-        out, n = [], 32
-        while n < limit:
-            out.append(n)
-            n *= 2
-        if limit > 0:
-            out.append(limit)
-        return out
+        return self.wave_graphs.key_of(lengths)
 
     def mixed_prompts_fit(self, lengths: list[int]) -> bool:
         """Would whole prompts of these lengths go beside decode rows through a mixed graph?"""
-        return (bool(self._mixed_graphs) or self._mixed_eager) and 0 < len(lengths) <= self.MIXED_PROMPTS and \
-            sum(lengths) <= self.mixed_limit
+        return self.mixed_graphs.fits(lengths)
 
-    def mixed_step_key(self, step: StepInputs) -> tuple[int, int, int] | None:
-        """The mixed graph (rows, length, tokens) that runs `step`, or None: decode rows and whole prompts, each
-        sampled, that fit one."""
-        if not step.decode_tokens or not step.prefill or any(c.start != 0 or not c.sample for c in step.prefill):
-            return None
-        if not self.mixed_prompts_fit([c.length for c in step.prefill]):
-            return None
-        rows, length = self._bucket(max(step.decode_slots) + 1, max(step.decode_positions) + 1)
-        total = sum(c.length for c in step.prefill)
-        tokens = next(b for b in self.mixed_buckets(self.mixed_limit) if b >= total)
-        key = (rows, length, tokens)
-        return key if key in self._mixed_graphs or self._mixed_eager else None
+    # each family's graphs and why its capture failed ("" if it did not), as Engine.features reports them
+    @property
+    def _graphs(self) -> dict:
+        return self.decode_graphs.graphs
 
-    def mixed_graph_inputs(self, step: StepInputs, rows: int, tokens: int) -> tuple[list[list[int]], list[int],
-                                                                                    list[int]]:
-        """(meta rows [ids, positions, slots, decode lengths / prompt segments] of rows + tokens entries, the kept
-        token of each of the graph's rows + MIXED_PROMPTS logits rows, the rows of those logits that are this step's
-        output rows, in its order: decode rows, then prompts)."""
-        spare = self.max_num_seqs
-        ids, pos, slot, extra = self._decode_layout(step, rows)
-        out = list(step.decode_slots)
-        keep = list(range(rows))
-        ids.extend(step.prefill_tokens)
-        offset = 0
-        for i, c in enumerate(step.prefill):
-            pos.extend(range(c.length))
-            slot.extend([c.slot] * c.length)
-            extra.extend([i] * c.length)
-            offset += c.length
-            keep.append(rows + offset - 1)
-            out.append(rows + i)
-        pad = tokens - offset
-        ids.extend([0] * pad)
-        pos.extend(range(offset, tokens))  # any position in the cache row; the spare slot's
-        slot.extend([spare] * pad)
-        extra.extend([-1] * pad)  # a segment of their own: they attend to one another only
-        keep.extend([rows + tokens - 1] * (self.MIXED_PROMPTS - len(step.prefill)))
-        return [ids, pos, slot, extra], keep, out
+    @property
+    def _prefill_graphs(self) -> dict:
+        return self.prompt_graphs.graphs
 
-    def _mixed_body(self, meta, keep, rows: int, length: int, tokens: int):
-        """The padded mixed step (what a mixed graph holds): logits [rows + MIXED_PROMPTS, vocab] of `keep`, computed
-        from `meta` and `keep`, so that a replay sees the new step."""
-        import torch
+    @property
+    def _wave_graphs(self) -> dict:
+        return self.wave_graphs.graphs
 
-        dev = self.device
-        ctx = StepContext()
-        ctx.n_dec, ctx.dec_rows, ctx.dec_len, ctx.dec_scatter = rows, rows, length, None
-        ctx.dec_mask = self._decode_mask(meta[3, :rows], torch.arange(length, device=dev))
-        seg = meta[3, rows:]
-        idx = torch.arange(tokens, device=dev)
-        allowed = (seg[:, None] == seg[None, :]) & (idx[None, :] <= idx[:, None])
-        ctx.packed = (rows, tokens, torch.zeros(tokens, tokens, dtype=self.dtype, device=dev).masked_fill_(
-            ~allowed, float("-inf")))
-        ctx.eager, ctx.chunks, ctx.groups = self.eager, [], []
-        return self._meta_forward(ctx, meta, keep)
+    @property
+    def _mixed_graphs(self) -> dict:
+        return self.mixed_graphs.graphs
 
-    def _mixed_tensors(self, rows: int, tokens: int):
-        import torch
+    @property
+    def graph_error(self) -> str:
+        return self.decode_graphs.error
 
-        meta = torch.zeros(4, rows + tokens, dtype=torch.long, device=self.device)
-        meta[2].fill_(self.max_num_seqs)
-        meta[3, :rows].fill_(1)
-        meta[3, rows:].fill_(-1)
-        meta[1, rows:].copy_(torch.arange(tokens, device=self.device))
-        keep = torch.cat([torch.arange(rows, device=self.device),
-                          torch.full((self.MIXED_PROMPTS,), rows + tokens - 1, device=self.device)])
-        return meta, keep
+    @property
+    def prefill_graph_error(self) -> str:
+        return self.prompt_graphs.error or self.wave_graphs.error
 
-    def capture_mixed_graphs(self) -> int:
-        """Capture the mixed graph of every decode bucket and packed size; returns the number of graphs."""
-        import time
-
-        import torch
-
-        if not self.use_graphs or self.mixed_limit <= 0 or not self._graphs:
-            self.mixed_limit = 0
-            return 0
-        keys = [(rows, length, tokens) for rows, length in sorted(self._graphs)
-                for tokens in self.mixed_buckets(self.mixed_limit)]
-        announce(f"hf engine: capturing {len(keys)} mixed CUDA graphs (decode rows with up to {self.MIXED_PROMPTS} "
-                 f"prompts of {self.mixed_limit} tokens in all)")
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            for rows, length, tokens in keys:
-                try:
-                    meta, keep = self._mixed_tensors(rows, tokens)
-                    graph, logits = self._capture_graph(lambda: self._mixed_body(meta, keep, rows, length, tokens))
-                except Exception as e:  # mixed steps then take turns with the decode rows, as before
-                    self.mixed_limit = 0
-                    self._mixed_graphs.clear()
-                    self.mixed_graph_error = f"{type(e).__name__}: {e}"
-                    log.warning("hf engine: mixed CUDA graph capture failed (%s); prompts take steps of their own",
-                                self.mixed_graph_error)
-                    return 0
-                self._mixed_graphs[(rows, length, tokens)] = (graph, meta, keep, logits)
-        log.info("hf engine: %d mixed graphs (packed prompt tokens %s) captured in %.1f s", len(self._mixed_graphs),
-                 self.mixed_buckets(self.mixed_limit), time.perf_counter() - t0)
-        return len(self._mixed_graphs)
-
-    def _graph_mixed(self, step: StepInputs, key: tuple[int, int, int], ids=None):
-        """Logits [output rows, vocab] of a step of decode rows and whole prompts through the mixed graph `key`.
-        ids: the decode tokens as a device tensor (see `launch`), in place of step.decode_tokens."""
-        import torch
-
-        rows, length, tokens = key
-        entry = self._mixed_graphs.get(key)
-        if entry is None:  # _mixed_eager (tests without a GPU): the body the graph would hold, run directly
-            meta, keep = self._mixed_tensors(rows, tokens)
-        else:
-            graph, meta, keep, logits = entry
-        values, kept, out = self.mixed_graph_inputs(step, rows, tokens)
-        width = rows + tokens
-        host = torch.tensor(values + [kept + [0] * (width - len(kept)), out + [0] * (width - len(out))],
-                            dtype=torch.long)
-        dev = host.to(self.device, non_blocking=True)
-        meta.copy_(dev[:4])
-        keep.copy_(dev[4, :len(kept)])
-        if ids is not None:
-            meta[0].index_copy_(0, dev[5, :len(step.decode_tokens)], ids.to(torch.long))
-        if entry is None:
-            logits = self._mixed_body(meta, keep, rows, length, tokens)
-        else:
-            graph.replay()
-        return logits.index_select(0, dev[5, :len(out)])
+    @property
+    def mixed_graph_error(self) -> str:
+        return self.mixed_graphs.error
 
     # -- one step ------------------------------------------------------------------------------------------
     def execute(self, step: StepInputs, sample: bool = True, ahead: bool = False) -> list[int]:
@@ -919,26 +427,19 @@ class HFModelRunner:
 
     def _replay(self, step: StepInputs, ids=None, prompt_graph: bool = True):
         """Logits of `step` through a captured graph (and `last_graph` set to which), or None: run it eagerly.
-        Tensor-parallel ranks make this choice from the StepInputs alone, so all of them make the same one."""
+        Each family in turn is offered the step; prompt_graph=False skips the families that read their tokens from
+        the host.  Tensor-parallel ranks make this choice from the StepInputs alone, so all of them make the same
+        one."""
         self.last_graph = None
-        if self.use_graphs and step.decode_tokens and not step.prefill:
-            logits = self._graph_decode(step, ids)
-            self.last_graph = "decode" if logits is not None else None
-            return logits
-        if (self._mixed_graphs or self._mixed_eager) and step.decode_tokens and step.prefill:
-            key = self.mixed_step_key(step)
-            if key is not None:  # its prompt tokens come from the host, its decode tokens may follow on the device
-                self.last_graph = "mixed"
-                return self._graph_mixed(step, key, ids)
-        if self._prefill_graphs and prompt_graph:
-            bucket = self.prefill_graph_key(step)
-            if bucket is not None:
-                self.last_graph = "prompt"
-                return self._graph_prefill(step, bucket)
-            wave = self.wave_step_key(step)
-            if wave is not None:
-                self.last_graph = "wave"
-                return self._graph_wave(step, wave)
+        for family in self._graph_families:
+            if family.reads_host_tokens and not prompt_graph:
+                continue
+            key = family.key_for(step)
+            if key is not None:
+                logits = family.replay(step, key, ids)
+                if logits is not None:
+                    self.last_graph = family.kind
+                return logits
         return None
 
     def launch(self, step: StepInputs, prev=None, prev_rows: list[int] | None = None):
@@ -1030,7 +531,7 @@ class HFModelRunner:
         tls.ctx, tls.cache = ctx, self.cache
         try:
             with self._eager_backends():
-                logits = self._fwd(input_ids, positions, keep)
+                logits = self.model_forward(input_ids, positions, keep)
         finally:
             tls.ctx = None
         return logits[:len(logits_idx)]
