@@ -111,7 +111,7 @@ def batch1_graph(runner):
 
     step = StepInputs([0], [5], [199], [], [], SamplingRows())
     runner.execute(step)
-    return runner._graphs[runner._bucket(1, 200)][0], step
+    return runner.decode_graphs.graphs[runner.decode_graphs.bucket(1, 200)].graph, step
 
 
 def step_parts(runner, n: int = 300) -> dict:

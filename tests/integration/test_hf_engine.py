@@ -121,14 +121,14 @@ def test_group_first_chunks():
 
 
 def test_prompt_graph_padding_equals_the_unpadded_step(tiny_model_dir):
-    """What a prompt graph replays (HFModelRunner._prefill_body: one prompt padded to its bucket, pads writing to
+    """What a prompt graph replays (hf_graphs.PromptGraphs.body: one prompt padded to its bucket, pads writing to
     the spare slot, the last real token's logits kept) gives the logits and cache of the unpadded eager step.
     CUDA graphs need a GPU; the padded body runs here eagerly, as the capture records it (benchmark/gpu/
     decode_bandwidth.py checks greedy tokens through the captured graphs on one)."""
     from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_model_len=64)
-    assert runner.prefill_graph_limit == 0 and not runner._prefill_graphs  # no graphs off the GPU
+    assert runner.prompt_graphs.limit == 0 and not runner.prompt_graphs.graphs  # no graphs off the GPU
     runner._spare_slots = 1  # as with graphs on: the slot padded rows write to
     runner._allocate_cache(None)
     prompt = list(range(40, 47))
@@ -138,10 +138,10 @@ def test_prompt_graph_padding_equals_the_unpadded_step(tiny_model_dir):
     cache = [(k.clone(), v.clone()) for k, v in runner.cache]
     for k, v in runner.cache:
         k.zero_(), v.zero_()
-    rows, last = runner.prefill_graph_inputs(step, 16)
+    rows, last = runner.prompt_graphs.inputs(step, 16)
     assert last == 6 and rows[2] == [2] * 7 + [4] * 9 and rows[1] == list(range(16))
     with torch.inference_mode():
-        padded = runner._prefill_body(torch.tensor(rows), torch.tensor([last]), 16)
+        padded = runner.prompt_graphs.body(16, torch.tensor(rows), torch.tensor([last]))
     torch.testing.assert_close(padded, unpadded, rtol=1e-5, atol=1e-5)
     for (k, v), (k0, v0) in zip(runner.cache, cache):
         torch.testing.assert_close(k[:4], k0[:4], rtol=1e-6, atol=1e-6)  # real slots: the same, nothing else written
@@ -159,29 +159,29 @@ def test_which_steps_replay_a_prompt_graph(tiny_model_dir):
     assert HFModelRunner.prefill_buckets(100) == [16, 24, 32, 48, 64, 96, 100]
     assert HFModelRunner.prefill_buckets(10) == [10] and HFModelRunner.prefill_buckets(0) == []
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_model_len=64)
-    runner._prefill_graphs = {b: None for b in (16, 24, 32)}  # as if captured
-    runner.prefill_graph_limit = 30
+    runner.prompt_graphs.graphs = {b: None for b in (16, 24, 32)}  # as if captured
+    runner.prompt_graphs.limit = 30
 
     def step(*chunks, decode=()):
         return StepInputs([d for d in decode], [1] * len(decode), [3] * len(decode), list(chunks),
                           [1] * sum(c.length for c in chunks), SamplingRows())
 
-    assert runner.prefill_graph_key(step(PrefillChunk(0, 0, 7, True))) == 16
-    assert runner.prefill_graph_key(step(PrefillChunk(1, 0, 17, True))) == 24
-    assert runner.prefill_graph_key(step(PrefillChunk(1, 0, 30, True))) == 32
+    assert runner.prompt_graphs.key_for(step(PrefillChunk(0, 0, 7, True))) == 16
+    assert runner.prompt_graphs.key_for(step(PrefillChunk(1, 0, 17, True))) == 24
+    assert runner.prompt_graphs.key_for(step(PrefillChunk(1, 0, 30, True))) == 32
     for eager in (step(PrefillChunk(0, 0, 31, True)),  # past the limit
                   step(PrefillChunk(0, 0, 7, True), decode=[1]),  # beside a decode row
                   step(PrefillChunk(0, 0, 7, True), PrefillChunk(1, 0, 5, True)),  # two prompts
                   step(PrefillChunk(0, 8, 7, True)),  # a later chunk (attends to the cache)
                   step(PrefillChunk(0, 0, 7, False)),  # a chunk that does not end its prompt
                   step(decode=[0])):
-        assert runner.prefill_graph_key(eager) is None
+        assert runner.prompt_graphs.key_for(eager) is None
     with pytest.raises(ValueError, match="prefill_graphs=-1 is negative"):
         HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64, prefill_graphs=-1)
 
 
 def test_mixed_graph_body_equals_the_eager_step(tiny_model_dir):
-    """What a mixed graph replays (HFModelRunner._mixed_body: decode rows padded to their bucket by slot, then whole
+    """What a mixed graph replays (hf_graphs.MixedGraphs.body: decode rows padded to their bucket by slot, then whole
     prompts packed and padded, each causal over its own tokens) gives the logits and cache of the unpadded eager
     step, in the step's row order, also with the decode tokens handed over on the device (a step queued ahead).
     CUDA graphs need a GPU; the body runs here eagerly, as the capture records it (benchmark/gpu/decode_bandwidth.py
@@ -189,7 +189,7 @@ def test_mixed_graph_body_equals_the_eager_step(tiny_model_dir):
     from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_model_len=64)
-    assert runner.mixed_limit == 0 and not runner._mixed_graphs  # no graphs off the GPU
+    assert runner.mixed_graphs.limit == 0 and not runner.mixed_graphs.graphs  # no graphs off the GPU
     runner._spare_slots = 1  # as with graphs on: the slot padded rows write to
     runner._allocate_cache(None)
     with torch.inference_mode():  # two sequences decoding, in slots 2 and 0
@@ -203,10 +203,11 @@ def test_mixed_graph_body_equals_the_eager_step(tiny_model_dir):
         eager = runner._run(step)
     after = [(k.clone(), v.clone()) for k, v in runner.cache]
 
-    runner.mixed_limit, runner._mixed_eager = 32, True  # as if captured (the body then runs without a graph)
-    key = runner.mixed_step_key(step)
+    # as if captured (the body then runs without a graph)
+    runner.mixed_graphs.limit, runner.mixed_graphs.stand_in = 32, True
+    key = runner.mixed_graphs.key_for(step)
     assert key == (4, 64, 32)  # rows by slot up to 4 (a power of two), the cache length bucket, 12 tokens in 32
-    values, kept, out = runner.mixed_graph_inputs(step, 4, 32)
+    values, kept, out = runner.mixed_graphs.inputs(step, 4, 32)
     assert values[2][:4] == [0, 4, 2, 4] and values[3][:4] == [5, 1, 10, 1]  # slot rows: padding to the spare slot
     assert values[3][4:] == [0] * 7 + [1] * 5 + [-1] * 20 and values[2][4 + 12:] == [4] * 20
     assert kept == [0, 1, 2, 3, 10, 15] + [35] * 6 and out == [0, 2, 4, 5]
@@ -216,7 +217,7 @@ def test_mixed_graph_body_equals_the_eager_step(tiny_model_dir):
         ahead = step if ids is None else StepInputs(step.decode_slots, [0, 0], step.decode_positions, step.prefill,
                                                     step.prefill_tokens, step.sampling)
         with torch.inference_mode():
-            mixed = runner._graph_mixed(ahead, key, ids)
+            mixed = runner.mixed_graphs.replay(ahead, key, ids)
         torch.testing.assert_close(mixed, eager, rtol=1e-5, atol=1e-5)
         for (k, v), (k1, v1) in zip(runner.cache, after):
             torch.testing.assert_close(k[:4], k1[:4], rtol=1e-6, atol=1e-6)  # real slots: the same, nothing else
@@ -225,16 +226,16 @@ def test_mixed_graph_body_equals_the_eager_step(tiny_model_dir):
 
 
 def test_which_steps_replay_a_mixed_graph(tiny_model_dir):
-    """Decode rows and whole sampled prompts, at most MIXED_PROMPTS of them and mixed_limit tokens in all -> the
-    decode bucket and the smallest packed size that holds them; anything else does not.  A negative limit is
+    """Decode rows and whole sampled prompts, at most MIXED_PROMPTS of them and the mixed-graph limit of tokens in
+    all -> the decode bucket and the smallest packed size that holds them; anything else does not.  A negative limit is
     refused."""
     from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 
     assert HFModelRunner.mixed_buckets(512) == [32, 64, 128, 256, 512]
     assert HFModelRunner.mixed_buckets(100) == [32, 64, 100] and HFModelRunner.mixed_buckets(0) == []
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_model_len=64)
-    runner.mixed_limit = 48
-    runner._mixed_graphs = {(r, 64, t): None for r in (1, 2, 4, 8, 16) for t in (32, 48)}  # as if captured
+    runner.mixed_graphs.limit = 48
+    runner.mixed_graphs.graphs = {(r, 64, t): None for r in (1, 2, 4, 8, 16) for t in (32, 48)}  # as if captured
 
     def step(*chunks, decode=(0,)):
         return StepInputs(list(decode), [1] * len(decode), [3] * len(decode), list(chunks),
@@ -243,9 +244,9 @@ def test_which_steps_replay_a_mixed_graph(tiny_model_dir):
     def whole(*lengths):
         return [PrefillChunk(8 + i, 0, n, True) for i, n in enumerate(lengths)]
 
-    assert runner.mixed_step_key(step(*whole(7))) == (1, 64, 32)
-    assert runner.mixed_step_key(step(*whole(7, 30), decode=(2, 5))) == (8, 64, 48)
-    assert runner.mixed_step_key(step(*whole(*[2] * 8), decode=(9,))) == (16, 64, 32)
+    assert runner.mixed_graphs.key_for(step(*whole(7))) == (1, 64, 32)
+    assert runner.mixed_graphs.key_for(step(*whole(7, 30), decode=(2, 5))) == (8, 64, 48)
+    assert runner.mixed_graphs.key_for(step(*whole(*[2] * 8), decode=(9,))) == (16, 64, 32)
     assert runner.mixed_prompts_fit([20, 28]) and not runner.mixed_prompts_fit([20, 29])
     for other in (step(*whole(7), decode=()),  # no decode rows: a prompt or wave graph
                   step(decode=(0,)),  # no prompt: a decode graph
@@ -253,9 +254,9 @@ def test_which_steps_replay_a_mixed_graph(tiny_model_dir):
                   step(*whole(*[2] * 9)),  # more prompts than a mixed graph keeps logits for
                   step(PrefillChunk(8, 4, 7, True)),  # a later chunk (attends to the cache)
                   step(PrefillChunk(8, 0, 7, False))):  # a chunk that does not end its prompt
-        assert runner.mixed_step_key(other) is None
-    runner._mixed_graphs.clear()
-    assert runner.mixed_step_key(step(*whole(7))) is None and not runner.mixed_prompts_fit([7])  # none captured
+        assert runner.mixed_graphs.key_for(other) is None
+    runner.mixed_graphs.graphs.clear()
+    assert runner.mixed_graphs.key_for(step(*whole(7))) is None and not runner.mixed_prompts_fit([7])  # none captured
     with pytest.raises(ValueError, match="mixed_graphs=-1 is negative"):
         HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64, mixed_graphs=-1)
 
@@ -364,7 +365,7 @@ def test_a_few_prompts_go_alone_through_their_graphs_a_wave_goes_together(tiny_m
 
 
 def test_wave_graph_padding_equals_the_unpadded_step(tiny_model_dir):
-    """What a wave graph replays (HFModelRunner._wave_body: several whole prompts, each in a row padded to the
+    """What a wave graph replays (hf_graphs.WaveGraphs.body: several whole prompts, each in a row padded to the
     bucket, rows past them padding only, pads writing to the spare slot, each row's last real token kept) gives the
     logits and cache of the unpadded eager step.  The padded body runs here eagerly, as the capture records it
     (benchmark/gpu/decode_bandwidth.py checks greedy tokens through the captured graphs on a GPU)."""
@@ -381,13 +382,13 @@ def test_wave_graph_padding_equals_the_unpadded_step(tiny_model_dir):
     cache = [(k.clone(), v.clone()) for k, v in runner.cache]
     for k, v in runner.cache:
         k.zero_(), v.zero_()
-    rows, keep = runner.wave_graph_inputs(step, 4, 16)
+    rows, keep = runner.wave_graphs.inputs(step, 4, 16)
     assert keep == [6, 31, 34, 63]  # each prompt's last token in its row of 16; the empty fourth row's last
     assert rows[1] == list(range(16)) * 4
     assert rows[2] == [0] * 7 + [8] * 9 + [5] * 16 + [2] * 3 + [8] * 13 + [8] * 16  # pads: the spare slot, 8
     assert rows[0][:7] == prompts[0] and rows[0][16:32] == prompts[5] and rows[0][32:35] == prompts[2]
     with torch.inference_mode():
-        padded = runner._wave_body(torch.tensor(rows), torch.tensor(keep), 4, 16)
+        padded = runner.wave_graphs.body((4, 16), torch.tensor(rows), torch.tensor(keep))
     assert padded.shape[0] == 4
     torch.testing.assert_close(padded[:3], unpadded, rtol=1e-5, atol=1e-5)
     for (k, v), (k0, v0) in zip(runner.cache, cache):
@@ -404,12 +405,12 @@ def test_which_steps_replay_a_wave_graph(tiny_model_dir):
 
     assert HFModelRunner.WAVE_ROWS == (2, 4, 8, 16)
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_model_len=64)
-    assert runner.wave_buckets(128) == [(2, 16), (2, 24), (2, 32), (2, 48), (2, 64), (4, 16), (4, 24), (4, 32),
+    assert runner.wave_graphs.keys(128) == [(2, 16), (2, 24), (2, 32), (2, 48), (2, 64), (4, 16), (4, 24), (4, 32),
                                         (8, 16)]
     assert runner.wave_rows == ()  # nothing captured off the GPU
-    runner._prefill_graphs = {b: None for b in (16, 24, 32)}  # as if captured
-    runner._wave_graphs = {key: None for key in runner.wave_buckets(128)}
-    runner.prefill_graph_limit = 32
+    runner.prompt_graphs.graphs = {b: None for b in (16, 24, 32)}  # as if captured
+    runner.wave_graphs.graphs = {key: None for key in runner.wave_graphs.keys(128)}
+    runner.prompt_graphs.limit = 32
     assert runner.wave_rows == (2, 4, 8)
 
     def step(*chunks, decode=()):
@@ -419,10 +420,10 @@ def test_which_steps_replay_a_wave_graph(tiny_model_dir):
     def whole(*lengths):
         return [PrefillChunk(i, 0, n, True) for i, n in enumerate(lengths)]
 
-    assert runner.wave_step_key(step(*whole(7, 5))) == (2, 16)
-    assert runner.wave_step_key(step(*whole(7, 5, 1))) == (4, 16)
-    assert runner.wave_step_key(step(*whole(7, 5, 20, 3))) == (4, 24)
-    assert runner.wave_step_key(step(*whole(*[9] * 5))) == (8, 16)
+    assert runner.wave_graphs.key_for(step(*whole(7, 5))) == (2, 16)
+    assert runner.wave_graphs.key_for(step(*whole(7, 5, 1))) == (4, 16)
+    assert runner.wave_graphs.key_for(step(*whole(7, 5, 20, 3))) == (4, 24)
+    assert runner.wave_graphs.key_for(step(*whole(*[9] * 5))) == (8, 16)
     assert runner.wave_graph_key([30, 2]) == (2, 32)
     for eager in (step(*whole(7)),  # one prompt: its own prompt graph
                   step(*whole(7, 5), decode=[9]),  # beside a decode row
@@ -432,7 +433,7 @@ def test_which_steps_replay_a_wave_graph(tiny_model_dir):
                   step(*whole(40, 40)),  # 2 rows of 48 tokens: captured, but longer than the limit of 32
                   step(PrefillChunk(0, 0, 7, True), PrefillChunk(1, 8, 7, True)),  # a later chunk
                   step(PrefillChunk(0, 0, 7, True), PrefillChunk(1, 0, 5, False))):  # a chunk that is not the end
-        assert runner.wave_step_key(eager) is None
+        assert runner.wave_graphs.key_for(eager) is None
 
 
 def test_a_wave_of_prompts_goes_in_steps_of_its_own_taking_turns_with_the_decode_rows(tiny_model_dir, reference,
@@ -470,13 +471,13 @@ def test_a_wave_of_prompts_goes_in_steps_of_its_own_taking_turns_with_the_decode
 
 def test_prompts_that_fit_a_mixed_graph_go_beside_the_decode_rows(tiny_model_dir, reference, monkeypatch):
     """Where mixed graphs exist (a GPU), prompts that arrive while others decode go in the decode rows' step, all of
-    them in one step when they fit one graph (MIXED_PROMPTS prompts, mixed_limit tokens): the decode rows wait no
-    step of prompts.  More than fit go as before (here, prompt graphs are not there: one eager step beside the decode
-    rows).  Outputs stay those of generate, and the engine counts its mixed steps.  CPU has no CUDA graphs: the
+    them in one step when they fit one graph (MIXED_PROMPTS prompts, the mixed-graph limit of tokens): the decode
+    rows wait no step of prompts.  More than fit go as before (here, prompt graphs are not there: one eager step
+    beside the decode rows).  Outputs stay those of generate, and the engine counts its mixed steps.  CPU has no CUDA graphs: the
     runner is told that it has mixed graphs for up to 64 prompt tokens (their body then runs eagerly here); the
     engine is held inside a step while requests arrive, so the scheduler sees them together."""
     eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_prefill_tokens=256)
-    eng.runner.mixed_limit, eng.runner._mixed_eager = 64, True
+    eng.runner.mixed_graphs.limit, eng.runner.mixed_graphs.stand_in = 64, True
     eng.runner._spare_slots = 1  # as with graphs on: the slot padded rows write to
     eng.runner._allocate_cache(None)
     steps, arrive_together = record_steps(eng)
@@ -557,15 +558,17 @@ def test_grouped_prefill_equals_one_at_a_time(tiny_model_dir, attn):
                           [t for _, p in chunks_of for t in p], SamplingRows())
 
     def logits_of(st):
-        import launcher.engines.hf_runner as hr
+        from launcher.engines.hf_attention import tls
+        from launcher.engines.hf_step import prepare_step
 
-        ctx, ids, pos, idx = runner._prepare(st)
-        hr._tls.ctx, hr._tls.cache = ctx, runner.cache
+        ctx, ids, pos, idx = prepare_step(st, runner.device, runner.num_kv_heads, runner.max_model_len, runner.dtype,
+                                          runner.eager)
+        tls.ctx, tls.cache = ctx, runner.cache
         try:
             with torch.inference_mode():
                 return runner.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=idx).logits[0], ctx
         finally:
-            hr._tls.ctx = None
+            tls.ctx = None
 
     alone = []
     for slot, p in enumerate(prompts):
