@@ -1,11 +1,12 @@
-"""Serving overhead of the `hf` engine: the same engine in-process, in its own process, and served through
-tritonserver + gRPC, on the same requests.
+"""What serving costs the `hf` engine (the hf figures of docs/performance.md; benchmark/gpu/one_gpu.sh steps 3-4).
+
+The same engine in-process, in its own process, and served through tritonserver + gRPC, on the same requests.
 
     python benchmark/overhead.py                                    # tiny model, CPU, concurrency 1 and 32
     python benchmark/overhead.py --concurrency 1 8 32 --rounds 5 --paths direct process served
-    python benchmark/overhead.py --model /tmp/llama-1b --device cuda --dtype bfloat16 --max-num-seqs 128 \
-        --concurrency 1 64 128 --prompt-tokens 128 --max-tokens 128 --client-processes 8 --split-cpus --vs-generate
     python benchmark/overhead.py --concurrency 1 --request-rate 5 20           # + open loops at 5 and 20 req/s
+    python benchmark/overhead.py --model /tmp/llama-1b --device cuda --dtype bfloat16 --max-num-seqs 128
+        --concurrency 1 64 128 --prompt-tokens 128 --max-tokens 128 --client-processes 8 --split-cpus --vs-generate
 
 The paths (direct always runs: every ratio is to it):
 
