@@ -1,4 +1,4 @@
-"""How far the hf engine's batch-1 decode is from the GPU's memory-bandwidth limit.
+"""How far the hf engine's batch-1 decode is from the memory-bandwidth limit (docs/performance.md, one_gpu.sh).
 
     python benchmark/gpu/decode_bandwidth.py --model /tmp/llama-1b [--tokens 512]
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import threading
 import time
 
@@ -1363,9 +1362,7 @@ def test_tiny_model_folder(tmp_path):
 
 def test_overhead_benchmark_with_output_lengths_of_their_own(tiny_model_dir):
     """benchmark/overhead.py --max-tokens-min: each request generates exactly its own drawn length (so requests end
-    apart and their successors arrive one by one), every round the same ones; a range upside down is refused. The
-    delayed path adds each successor --resend-ms late; a zero delay, and the pinned path without the served one and
-    --split-cpus, are refused."""
+    apart and their successors arrive one by one), every round the same ones; a range upside down is refused."""
     import json
     import random
     import subprocess
@@ -1385,64 +1382,21 @@ def test_overhead_benchmark_with_output_lengths_of_their_own(tiny_model_dir):
     bad = subprocess.run(args + ["--max-tokens-min", "20"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--max-tokens-min 20 must be between 1 and --max-tokens (12)" in bad.stderr
 
-    # the delayed path: the same engine, each successor added --resend-ms after its predecessor finished (one
-    # stream, 3 requests: two successors, so a round takes at least 2 x 0.4 s; the direct path has no delay)
-    delayed = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct", "delayed",
-               "--concurrency", "1", "--rounds", "1", "--requests-per-stream", "3", "--max-tokens", "2",
-               "--warmup-tokens", "2"]
-    proc = subprocess.run(delayed + ["--resend-ms", "400"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    row = json.loads(proc.stdout)["runs"][0]
-    assert row["delayed_round_tokens"] == row["direct_round_tokens"] == [6]
-    assert 6 / row["delayed_tokens_per_s"] >= 0.8 > 6 / row["direct_tokens_per_s"]
-    assert "delayed_ratio" in row and row["delayed_ttft_ms_p50"] is not None
-    for extra, message in ((["--resend-ms", "0"], "--resend-ms 0.0: the delayed path needs a delay above 0"),
-                           (["--paths", "direct", "pinned"], "the pinned path is the served path's server")):
-        bad = subprocess.run(delayed + extra, capture_output=True, text=True, timeout=120)
-        assert bad.returncode == 2 and message in bad.stderr, bad.stderr[-1000:]
-
-
-def test_overhead_benchmark_awake_paths_spinners_pause_under_load(tiny_model_dir):
-    """benchmark/overhead.py --awake-pause-at N: the *_awake paths' spinners pause while an engine holds N
-    requests or more (serve.awake_pause_at), and each such path reports the share of its CPUs' time the spinners
-    kept.  At 3 streams the engine holds 3 requests: with N = 2 they sleep most of the round, with N = 0 they
-    never pause.  Without an awake path the flag is refused."""
-    import json
-    import subprocess
-    import sys
-
-    args = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct",
-            "direct_awake", "--concurrency", "3", "--rounds", "1", "--requests-per-stream", "1", "--max-tokens", "160",
-            "--warmup-tokens", "2"]
-    share = {}
-    for n in (2, 0):
-        proc = subprocess.run(args + ["--awake-pause-at", str(n)], capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        out = json.loads(proc.stdout)
-        share[n] = out["runs"][0]["direct_awake_spinner_share"]
-        assert out.get("awake_pause_at") == (n or None)
-        assert "direct_awake's spinners ran" in proc.stderr
-    # paused spinners keep well under what unpaused ones do (measured 0.3-0.6 of it on 2-core machines: the round's
-    # ramp, with fewer than N requests held, is a larger part of it on a slow machine); unpaused, the two match
-    assert share[2] < 0.75 * share[0], share
-    bad = subprocess.run(args[:6] + ["--awake-pause-at", "2"], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "add them to --paths" in bad.stderr, bad.stderr[-1000:]
-
 
 def test_overhead_benchmark_stopped_by_sigterm_prints_the_loads_it_finished(tiny_model_dir):
     """benchmark/overhead.py cut by SIGTERM (timeout(1), a lent machine's time limit) in its second load: the first
     load's row is still printed, "interrupted" says where it stopped, and it exits 128 + 15.  The signal goes once
-    the second load's first round is logged: its second round's delayed successor (--resend-ms 1500) keeps it running
-    long enough to be cut there.  The signal comes as timeout(1) sends it: to the process, then to its whole process
+    the second load's first round is logged: its second round (300 tokens a request) keeps it running long enough to
+    be cut there.  The signal comes as timeout(1) sends it: to the process, then to its whole process
     group, the process again among them (a second SIGTERM that killed it outright lost a GPU run's JSON)."""
     import json
     import signal
     import subprocess
     import sys
 
-    args = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct", "delayed",
-            "--concurrency", "1", "2", "--rounds", "2", "--requests-per-stream", "2", "--max-tokens", "2",
-            "--warmup-tokens", "2", "--resend-ms", "1500"]
+    args = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct",
+            "--concurrency", "1", "2", "--rounds", "2", "--requests-per-stream", "2", "--max-tokens", "300",
+            "--warmup-tokens", "2"]
     import os
     import time
 
@@ -1467,7 +1421,7 @@ def test_overhead_benchmark_stopped_by_sigterm_prints_the_loads_it_finished(tiny
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     doc = json.loads(out)
     assert [row["concurrency"] for row in doc["runs"]] == [1]
-    assert doc["runs"][0]["delayed_round_tokens"] == doc["runs"][0]["direct_round_tokens"] == [4, 4]
+    assert doc["runs"][0]["direct_round_tokens"] == [600, 600]
     assert doc["interrupted"] == "SIGTERM after 1 of 2 loads"
     assert "interrupted: SIGTERM after 1 of 2 loads" in err
 
@@ -1510,13 +1464,12 @@ def test_a_second_sigterm_soon_after_the_first_does_not_kill_the_overhead_benchm
 
 @pytest.mark.triton
 def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_model_dir, tmp_path):
-    """benchmark/overhead.py --request-rate: an open loop, in-process and through two real tritonservers (served, and
-    served_alt with two response processes) with two client processes, each path sending the 16 requests at the
-    times launcher.bench.runner.arrival_times draws (so no round ends before the last arrival); the served first
-    token is split as in a closed loop, the mean number of requests in flight is reported, and open_loop_table.py
-    tabulates it, a line for each server.  served_alt's tritonserver gets --alt-server-env, the served one not.
-    A rate of 0, the delayed path (which delays a closed loop's successors), served_alt without served and its
-    settings without it are refused before anything starts."""
+    """benchmark/overhead.py --request-rate: an open loop in-process, in an engine process and through a real
+    tritonserver with two client processes, each path sending the 16 requests at the times
+    launcher.bench.runner.arrival_times draws (so no round ends before the last arrival); the served first token is
+    split as in a closed loop, the mean number of requests in flight and the server's CPU a token by role are
+    reported, and the table on stderr has a line for the rate with the TTFT serving added.  A rate of 0, a server
+    parameter without a value and no client process are refused before anything starts."""
     import importlib.util
     import json
     import subprocess
@@ -1528,96 +1481,48 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
         pytest.skip("needs nvidia-pytriton (tritonserver)")
     args = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct", "served",
             "--rounds", "1", "--max-tokens", "4", "--warmup-tokens", "2", "--client-processes", "2"]
-    proc = subprocess.run(args + ["--paths", "direct", "served", "served_alt", "--alt-response-processes", "2",
-                                  "--alt-server-env", "OMP_NUM_THREADS=1", "--request-rate", "12",
-                                  "--open-seconds", "1", "--workdir", str(tmp_path)],
+    proc = subprocess.run(args + ["--paths", "direct", "process", "served", "--request-rate", "12",
+                                  "--open-seconds", "1", "--request-param", "final_counts_only=true",
+                                  "--json", str(tmp_path / "out.json")],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
+    assert json.loads((tmp_path / "out.json").read_text()) == out
+    assert out["request_params"] == {"final_counts_only": True}
     (row,) = out["runs"]  # no closed loop by default once a rate is given
     assert row["request_rate"] == 12 and row["concurrency"] is None and row["requests"] == 16
     last = max(arrival_times(LoadSpec(request_rate=12, num_requests=16, processes=2, seed=12), 16))
     assert last > 0.5  # 16 requests at 12/s: the last one about 1.3 s in
-    for path in ("direct", "served", "served_alt"):
+    for path in ("direct", "process", "served"):
         assert row[f"{path}_round_tokens"] == [64]
         assert 64 / row[f"{path}_tokens_per_s"] >= last  # paced: the round lasted past the last arrival
         assert row[f"{path}_in_flight_mean"] > 0 and row[f"{path}_ttft_ms_p50"] > 0
-    for prefix in ("served", "served_alt"):
-        assert row[f"{prefix}_first_token_ms"]["engine"] > 0 and row[f"{prefix}_first_token_ms"]["send"] > 0
-        # the client's hand-off to gRPC's sending thread, outside TTFT (which counts from the send), is reported
-        assert 0 < row[f"{prefix}_handoff_ms_p50"] <= row[f"{prefix}_handoff_ms_p99"]
-    assert "direct_handoff_ms_p50" not in row
-    assert "ttft_added_ms_p50" in row and "served_alt_ttft_added_ms_p50" in row and "served_alt_ratio" in row
-    assert "rate=12/s: TTFT p50 direct" in proc.stderr
-    # the second server is its own tritonserver, its hf model two instances sharing one engine process
-    assert out["served_alt"]["response_processes"] == 2 and out["response_processes"] == 1
-    alt_log, served_log = (tmp_path / "alt" / "tritonserver.log").read_text(), (tmp_path / "tritonserver.log").read_text()
-    assert "2 instances share" in alt_log and "instances share" not in served_log
-    assert out["served_alt"]["server_env"] == {"OMP_NUM_THREADS": "1"} and not out.get("server_env")
+    assert row["served_first_token_ms"]["engine"] > 0 and row["served_first_token_ms"]["send"] > 0
+    assert "ttft_added_ms_p50" in row and "ratio" in row and "process_ratio" in row
+    assert "rate=12/s: direct" in proc.stderr
     # the server's CPU a token is split by role: tritonserver, its stubs, the engine process (which decodes here, so
     # it used more than a clock tick; the roles' processes themselves: tests/integration/test_bench.py); the parts add up
     cpu = row["cpu_us_per_token"]
-    for key, total in (("server_by_role", "server"), ("served_alt_server_by_role", "served_alt_server")):
-        roles = cpu[key]
-        assert set(roles) == {"tritonserver", "stubs", "engine", "other"} and roles["engine"] > 0, roles
-        assert abs(sum(roles.values()) - cpu[total]) <= 0.5 + 0.01 * cpu[total], (roles, cpu[total])
-    assert re.search(r"server \d+ \(tritonserver \d+, stubs \d+, engine \d+", proc.stderr), proc.stderr[-2000:]
-    # each served path's engine process is found (its CUDA libraries listed: none on a CPU)
-    assert "served engine process: pid " in proc.stderr and "served_alt engine process: pid " in proc.stderr
-    assert "(not found)" not in proc.stderr and set(out["cuda_libraries"]) == {"direct", "served", "served_alt"}
-    # benchmark/gpu/open_loop_table.py (one_gpu.sh step 3b): a line per rate and server, the TTFT added as the JSON has it
-    table = subprocess.run([sys.executable, "benchmark/gpu/open_loop_table.py", "/dev/stdin"], input=proc.stdout,
-                           capture_output=True, text=True, timeout=60)
-    assert table.returncode == 0, table.stderr
-    head, line, alt = table.stdout.splitlines()
-    assert "TTFT p50 in/served ms" in head and "(alt: OMP_NUM_THREADS=1, response_processes=2)" in head
-    assert line.split()[0] == "12" and alt.split()[0] == "alt"
-    assert f"{row['ttft_added_ms_p50']:.2f}" in line.split()
-    assert f"{row['served_alt_ttft_added_ms_p50']:.2f}" in alt.split()
-    roles = row["cpu_us_per_token"]["served_alt_server_by_role"]
-    assert alt.split()[-1] == "+".join(f"{roles[k]:.0f}" for k in ("tritonserver", "stubs", "engine"))
+    roles = cpu["server_by_role"]
+    assert set(roles) == {"tritonserver", "stubs", "engine", "other"} and roles["engine"] > 0, roles
+    assert abs(sum(roles.values()) - cpu["server"]) <= 0.5 + 0.01 * cpu["server"], (roles, cpu["server"])
+    # the table: a header, then a line for the rate with the TTFT added and the server's CPU by role
+    lines = proc.stderr.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:1] == ["load"])
+    assert "TTFT p50 in/served" in lines[head] and "served/in" in lines[head]
+    line = lines[head + 1].split()
+    assert line[0] == "12/s" and f"{row['ttft_added_ms_p50']:.2f}" in line
+    assert line[-1] == "+".join(f"{roles[k]:.0f}" for k in ("tritonserver", "stubs", "engine"))
     for extra, message in ((["--request-rate", "0"], "--request-rate 0: a rate is a number of requests/s above 0"),
-                           (["--request-rate", "5", "--paths", "direct", "delayed"], "an open loop (--request-rate) has none"),
-                           (["--paths", "direct", "served_alt"], "the served_alt path is measured against the served one"),
-                           (["--alt-server-param", "gil=1"], "set up the served_alt path: add served_alt to --paths"),
-                           (["--alt-server-env", "X=1"], "set up the served_alt path: add served_alt to --paths"),
                            (["--server-param", "cuda_graphs"], "'cuda_graphs': write KEY=VALUE"),
-                           (["--client-processes", "0"], "--client-processes 0: a count of processes is 1 or more"),
-                           (["--client-processes", "2", "2"], "--client-processes 2 2: each count once")):
+                           (["--client-processes", "0"], "--client-processes 0: a count of processes is 1 or more")):
         bad = subprocess.run(args + extra, capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and message in bad.stderr and "starting tritonserver" not in bad.stderr, bad.stderr[-1000:]
 
 
-def test_prompts_alone_benchmark_runs_both_engines_on_the_same_load(tiny_model_dir, tmp_path):
-    """benchmark/gpu/prompts_alone.py on CPU (no graphs: a dry run): the three engines take turns on the same requests
-    of their own lengths, every round generating exactly the drawn lengths; bad ranges are refused before any
-    engine starts.  A negative prompts_alone is refused before the model loads."""
-    import json
-    import subprocess
-    import sys
-
-    from launcher.bench.loads import draw_output_lengths
-
-    args = [sys.executable, "benchmark/gpu/prompts_alone.py", "--model", str(tiny_model_dir), "--device", "cpu",
-            "--dtype", "float32", "--max-num-seqs", "4", "--concurrency", "2", "--rounds", "2",
-            "--requests-per-stream", "3", "--prompt-tokens", "16", "--max-tokens", "12"]
-    proc = subprocess.run(args + ["--max-tokens-min", "2"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout)
-    (row,) = out["runs"]
-    want = sum(draw_output_lengths(6, 2, 12, seed=2))
-    assert row["output_tokens"] == want and out["max_tokens"] == [2, 12]
-    for name in ("mixed", "alone", "eager"):
-        assert row[name]["round_tokens"] == [want, want] and row[name]["tokens_per_s"] > 0
-        assert 0 < row[name]["engine_steps"]["prompt"] <= 1 and row[name]["ttft_ms_p50"] > 0
-    assert row["alone_vs_eager"] == round(row["alone"]["tokens_per_s"] / row["eager"]["tokens_per_s"], 4)
-    assert row["mixed_vs_alone"] == round(row["mixed"]["tokens_per_s"] / row["alone"]["tokens_per_s"], 4)
-    assert "mixed / alone" in proc.stderr and "alone / eager" in proc.stderr
-    for bad, msg in ((["--max-tokens-min", "13"], "--max-tokens-min 13 must be between 1 and --max-tokens (12)"),
-                     (["--max-tokens-min", "2", "--concurrency", "8"],
-                      "--concurrency 8 is more than --max-num-seqs 4")):
-        p = subprocess.run(args + bad, capture_output=True, text=True, timeout=120)
-        assert p.returncode == 2 and msg in p.stderr and "loading" not in p.stderr
+def test_prompts_alone_zero_is_kept_and_a_negative_one_refused_before_the_model_loads(tiny_model_dir, tmp_path):
+    """prompts_alone=0 (no prompt goes alone through its prompt graphs) is kept as given; a negative count is refused
+    before the model loads."""
     eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2, prompts_alone=0)
     assert eng._prompts_alone == 0
     nothing = tmp_path / "no-model"  # refused before loading: a model that is not there is never looked at
