@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How much streaming load one llmlaunch-bench process can take, and what it adds.
+"""How much streaming load one llmlaunch-bench process can take, and what it adds (re-run on a new client host).
 
 Three measurements:
 

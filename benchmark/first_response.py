@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""What the serving path itself costs a first token, part by part, with nothing generating it.
+"""What the serving path itself costs a first token, part by part, with no engine (one_gpu.sh step 2d).
 
 The hf engine's served TTFT at one stream is the in-process TTFT plus 2.3-2.6 ms on an H100 host, against a 2 ms target.  This script measures the path
 without the engine: the `first_echo` fixture model (launcher/testing/models/first_echo) parses each request with the
@@ -39,18 +39,13 @@ each variant's median TTFT over inline's.
 --clients sync,aio also runs every variant through a grpc.aio client (rows " aio"), which sends from the thread
 that asks (an asyncio loop): no hand-off, so its `request` part is what TritonStream's is from gRPC's send on.
 
---awake both runs every variant of a round twice, as is and with every CPU kept from sleeping (launcher/awake.py,
-serve.keep_cpus_awake: idle-priority spinners, started and stopped around each run); rows "+awake".  On a
-virtual machine an idle vCPU halts, and waking a thread on it costs tens of microseconds.
-
     python benchmark/first_response.py                       # 1,000 requests x 3 rounds a variant
-    python benchmark/first_response.py --requests 3000 --rounds 5 --awake both --json first_response.json
+    python benchmark/first_response.py --requests 3000 --rounds 5 --json first_response.json
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -164,46 +159,35 @@ def summarize(rows: list[dict]) -> dict:
             "ttft_p90": round(ttft[int(0.9 * (len(ttft) - 1))], 4)}
 
 
-def measure(url: str, variants: list[str], n: int, rounds: int, warmup: int, awake: str = "off",
-            clients: tuple = ("sync",), log=print) -> dict:
-    """Per row (a variant, "<variant> aio" through the grpc.aio client, either with " +awake"): the split's medians,
-    TTFT mean and p90, each round's median, and the median TTFT over inline's (of the same client and awake mode)."""
-    from launcher.awake import KeepAwake
+def measure(url: str, variants: list[str], n: int, rounds: int, warmup: int, clients: tuple = ("sync",),
+            log=print) -> dict:
+    """Per row (a variant, "<variant> aio" through the grpc.aio client): the split's medians, TTFT mean and p90,
+    each round's median, and the median TTFT over inline's (of the same client)."""
 
-    modes = {"off": [False], "on": [True], "both": [False, True]}[awake]
+    def name(v, client):
+        return v + (" aio" if client == "aio" else "")
 
-    def name(v, client, on):
-        return v + (" aio" if client == "aio" else "") + (" +awake" if on else "")
-
-    keys = [(v, c, on) for on in modes for c in clients for v in variants]
-    rows: dict[str, list[dict]] = {name(*k): [] for k in keys}
+    rows: dict[str, list[dict]] = {name(v, c): [] for c in clients for v in variants}
     per_round: dict[str, list[float]] = {k: [] for k in rows}
     with TritonStream(url) as stream:
         for v in variants:  # first requests map the stub's shared memory: not measured
             run_variant(stream, f"first_{v}", warmup, f"w{v}", VARIANTS[v].get("delay_ms", 0))
         for r in range(rounds):
-            for on in modes:
-                spinners = KeepAwake(range(os.cpu_count() or 1)).start() if on else None
-                try:
-                    for c in clients:
-                        for v in variants:
-                            delay, tag = VARIANTS[v].get("delay_ms", 0), f"r{r}{on}{c}{v}"
-                            got = (run_variant(stream, f"first_{v}", n, tag, delay) if c == "sync" else
-                                   run_variant_aio(url, f"first_{v}", n, tag, delay, warmup))
-                            key = name(v, c, on)
-                            rows[key] += got
-                            per_round[key].append(statistics.median(x["ttft"] for x in got))
-                            log(f"round {r + 1}/{rounds} {key:24s} TTFT p50 {per_round[key][-1]:.3f} ms")
-                finally:
-                    if spinners is not None:
-                        spinners.stop()
-    out = {k: dict(summarize(rows[k]), rounds=[round(x, 4) for x in per_round[k]]) for k in rows}
-    for on in modes:
-        for c in clients:
-            base = out.get(name("inline", c, on))
-            if base is not None:
+            for c in clients:
                 for v in variants:
-                    out[name(v, c, on)]["vs_inline"] = round(out[name(v, c, on)]["p50"]["ttft"] / base["p50"]["ttft"], 3)
+                    delay, tag = VARIANTS[v].get("delay_ms", 0), f"r{r}{c}{v}"
+                    got = (run_variant(stream, f"first_{v}", n, tag, delay) if c == "sync" else
+                           run_variant_aio(url, f"first_{v}", n, tag, delay, warmup))
+                    key = name(v, c)
+                    rows[key] += got
+                    per_round[key].append(statistics.median(x["ttft"] for x in got))
+                    log(f"round {r + 1}/{rounds} {key:24s} TTFT p50 {per_round[key][-1]:.3f} ms")
+    out = {k: dict(summarize(rows[k]), rounds=[round(x, 4) for x in per_round[k]]) for k in rows}
+    for c in clients:
+        base = out.get(name("inline", c))
+        if base is not None:
+            for v in variants:
+                out[name(v, c)]["vs_inline"] = round(out[name(v, c)]["p50"]["ttft"] / base["p50"]["ttft"], 3)
     return out
 
 
@@ -224,8 +208,6 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds; each takes every variant once")
     ap.add_argument("--warmup", type=int, default=50, help="unmeasured requests per variant first")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated: " + ", ".join(VARIANTS))
-    ap.add_argument("--awake", choices=("off", "on", "both"), default="off",
-                    help="keep every CPU from sleeping during the runs (launcher/awake.py): off, on, or both in turn")
     ap.add_argument("--clients", default="sync", help="comma-separated: sync (TritonStream, the benchmark's client), "
                     "aio (a grpc.aio stream: no hand-off to a sending thread)")
     ap.add_argument("--json", default="", help="write the results here too")
@@ -239,8 +221,8 @@ def main(argv=None) -> int:
     if not clients or any(c not in CLIENTS for c in clients):
         ap.error(f"--clients {args.clients!r}: comma-separated, of {', '.join(CLIENTS)}")
     measure_variants("llmlaunch-first-response-", lambda d: make_repo(d, variants),
-                     lambda url: measure(url, variants, args.requests, args.rounds, args.warmup, args.awake, clients),
-                     table, args.json, {"requests": args.requests, "rounds": args.rounds, "awake": args.awake,
+                     lambda url: measure(url, variants, args.requests, args.rounds, args.warmup, clients),
+                     table, args.json, {"requests": args.requests, "rounds": args.rounds,
                                         "clients": list(clients)})
     return 0
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How many streamed responses/s the data-parallel front end (launcher/frontend) passes on,
+"""How many streamed responses/s the data-parallel front end (launcher/frontend) passes on (re-run on a new host),
 by number of front-end worker processes.
 
     python benchmark/frontend_capacity.py                                  # 2 replicas x 2 instances, processes 1,2

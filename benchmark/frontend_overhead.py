@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""What the data-parallel front end (launcher/frontend) adds: the same load sent straight to one
-replica's tritonserver and through a front end in front of that same server, in one run.
+"""What the data-parallel front end (launcher/frontend) adds to TTFT and ITL (re-run on a new host).
+
+The same load sent straight to one replica's tritonserver and through a front end in front of that same server,
+in one run.
 
     python benchmark/frontend_overhead.py                               # LLM-paced load, 3 rounds
     python benchmark/frontend_overhead.py --concurrency 64 --itl-ms 10 --rounds 5

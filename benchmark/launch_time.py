@@ -1,5 +1,7 @@
-"""Launcher overhead on the local Slurm cluster: seconds from `llmlaunch` to READY, minus the server's
-own start+load time, for 1, 2 and 4 nodes (one hf replica per node, the tiny model).
+"""The launcher's own start-up time on a Slurm cluster, by node count (re-run on a new cluster).
+
+Seconds from `llmlaunch` to READY, minus the server's own start+load time, for 1, 2 and 4 nodes (one hf replica
+per node, the tiny model), on the local Slurm cluster.
 
     python benchmark/launch_time.py [--nodes 1 2 4] [--repeat 2]
 

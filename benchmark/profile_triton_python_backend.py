@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Profile a Triton python-backend LLM with the seeds' command line, through llmlaunch-bench.
+"""Profile a served LLM with the seeds' command line, through llmlaunch-bench (a user's profiling entry point).
 
     python3 benchmark/profile_triton_python_backend.py 0.0.0.0:33337 /path/to/model \\
         /path/to/ShareGPT_V3_unfiltered_cleaned_split.json --num_prompts 1000 --concurrency=128

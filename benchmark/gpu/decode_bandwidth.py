@@ -1,4 +1,4 @@
-"""How far the hf engine's batch-1 decode is from the GPU's memory-bandwidth limit.
+"""How far the hf engine's batch-1 decode is from the memory-bandwidth limit (docs/performance.md, one_gpu.sh).
 
     python benchmark/gpu/decode_bandwidth.py --model /tmp/llama-1b [--tokens 512]
 
@@ -111,7 +111,7 @@ def batch1_graph(runner):
 
     step = StepInputs([0], [5], [199], [], [], SamplingRows())
     runner.execute(step)
-    return runner._graphs[runner._bucket(1, 200)][0], step
+    return runner.decode_graphs.graphs[runner.decode_graphs.bucket(1, 200)].graph, step
 
 
 def step_parts(runner, n: int = 300) -> dict:

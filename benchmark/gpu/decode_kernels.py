@@ -1,4 +1,4 @@
-"""The kernels of one batch-1 decode step of the hf engine, with and without torch.compile.
+"""The kernels of one batch-1 decode step of the hf engine, with and without torch.compile (one_gpu.sh step 2b).
 
     python benchmark/gpu/decode_kernels.py --model /tmp/llama-1b [--replays 20] [--top 25] [--variants ...]
 

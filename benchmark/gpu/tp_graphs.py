@@ -1,4 +1,4 @@
-"""Tensor parallelism of the hf engine with and without CUDA graphs (and torch.compile), in-process, several GPUs.
+"""Tensor parallelism of the hf engine in-process on several GPUs, with and without CUDA graphs (docs/performance.md).
 
     python benchmark/gpu/tp_graphs.py --model /tmp/llama-1b --configs tp1 tp2-graphs tp2-eager tp1-graphs tp2
     python benchmark/gpu/tp_graphs.py --model /tmp/llama-1b --dtype float32 --configs tp1-eager tp2-eager \\

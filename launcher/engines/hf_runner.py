@@ -1,261 +1,37 @@
 """The model side of the `hf` engine: run one scheduled step of a HF transformers model.
 
-The scheduler (hf_engine.py) decides *what* runs in a step and describes it as a
-`StepInputs` of plain Python lists; `HFModelRunner.execute(step)` runs it and
-returns the sampled token per output row.  `StepInputs` holds no tensors and no
-references to requests, so a tensor-parallel leader can broadcast it to worker
-ranks that hold the same shard (`torch.distributed.broadcast_object_list`) and
-every rank calls `execute` on the same object.
+The scheduler (hf_engine.py) decides *what* runs in a step and describes it as a `StepInputs` of plain Python lists
+(hf_step); `HFModelRunner.execute(step)` runs it and returns the sampled token per output row.  The runner owns the
+model and the slot KV cache (one slot per running sequence) and puts the pieces together:
 
-How a step runs
----------------
-All tokens of a step are packed into one row (`input_ids` of shape [1, T]):
-first one token per decoding sequence, then prompt chunks of sequences in
-prefill.  The model's linear layers therefore never see padding.  Attention is
-ours, registered with transformers' `AttentionInterface` (so any decoder whose
-attention modules call the attention interface works, not only Llama): per
-layer it writes the new keys/values into a preallocated cache `[max_num_seqs,
-kv_heads, max_model_len, head_dim]` (one slot per running sequence, per-slot
-lengths) with one `index_copy_`, then runs
+* hf_step: the step as plain data (broadcastable to tensor-parallel workers), and its layout for an eager run;
+* hf_attention: our attention, registered with transformers, which writes the cache and attends over it;
+* hf_graphs: the CUDA graphs that replay decode-only, whole-prompt and mixed steps;
+* hf_sampling: the batched sampler; hf_fuse: fused projections; hf_tp: tensor parallelism.
 
-* one batched SDPA for all decode tokens over `cache[:rows, :, :len]` (a
-  strided view, no copy) with a per-row additive length mask, GQA handled by
-  folding query heads onto their kv head (no `repeat_kv` copy);
-* prompt chunks that start a prompt (nothing cached yet) in one causal SDPA
-  per group of similar lengths: the group's chunks are gathered into a padded
-  batch [n, H, L, D] (right padding: a causal mask already hides the padded
-  keys from every real query, and padded queries are dropped);
-* one SDPA per continuation chunk (against the cache: the prefix and itself).
-
-Why groups: a step that admits a wave of requests (64 prompts at once, say)
-would otherwise call attention 64 times per layer, and on a GPU each call is
-launch-bound (~10 us of Python each), so a 16-layer model paid ~40 ms per step
-for what one kernel per layer does.
-
-Everything that depends on the step but not on the layer (index tensors, masks)
-is built once per step.  The only device->host sync is reading the sampled
-tokens at the end.  Sliding-window models are served with max_model_len capped
-at the window, where full attention is the same thing.
+A step runs as one captured graph where one fits (`_replay`), else eagerly (`_run`), then samples.  The only
+device->host sync is reading the sampled tokens at the end (`wait`).  Sliding-window models are served with
+max_model_len capped at the window, where full attention is the same thing.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
-from dataclasses import dataclass, field
 
 from launcher.engines.hf_args import DEFAULTS
+from launcher.engines.hf_attention import ATTN_NAME, register_attention, tls
+from launcher.engines.hf_graphs import (DecodeGraphs, MixedGraphs, PromptGraphs, WaveGraphs, mixed_buckets,
+                                        prefill_buckets, token_limit)
+# PrefillChunk, SamplingRows, StepInputs and group_first_chunks are imported from this module by the engine, the
+# benchmarks and the tests
+from launcher.engines.hf_step import PrefillChunk, SamplingRows, StepInputs, group_first_chunks, prepare_step
 from launcher.spec import CUDNN_ATTENTION
 from launcher.stage import announce
 
+__all__ = ["HFModelRunner", "PrefillChunk", "SamplingRows", "StepInputs", "group_first_chunks", "resolve_dtype",
+           "use_llmlaunch_inductor_cache"]
+
 log = logging.getLogger(__name__)
-
-ATTN_NAME = "llmlaunch_slots"  # name of our attention function in transformers' AttentionInterface
-
-
-@dataclass
-class PrefillChunk:
-    slot: int  # cache slot of the sequence
-    start: int  # position of the first token of the chunk (tokens before it are already cached)
-    length: int  # tokens in the chunk
-    sample: bool  # the chunk ends the prompt: compute logits of its last token and sample
-
-
-@dataclass
-class SamplingRows:
-    """Per output row sampling settings (rows are: decode sequences in order, then prefill chunks with sample=True)."""
-
-    slots: list[int] = field(default_factory=list)  # cache slot of each row (indexes per-slot penalty state)
-    temperature: list[float] = field(default_factory=list)  # 0 = greedy
-    top_k: list[int] = field(default_factory=list)  # 0 = off
-    top_p: list[float] = field(default_factory=list)  # 1.0 = off
-    uniform: list[float] = field(default_factory=list)  # one U(0,1] draw per row from the request's own RNG
-    repetition_penalty: list[float] = field(default_factory=list)  # 1.0 = off
-    presence_penalty: list[float] = field(default_factory=list)  # 0.0 = off
-    frequency_penalty: list[float] = field(default_factory=list)  # 0.0 = off
-    banned: list[tuple[int, int]] = field(default_factory=list)  # (row, token) pairs forced to -inf (min_length, bad words)
-    any_sampling: bool = False  # some row has temperature > 0
-    any_top: bool = False  # some row uses top_k or top_p
-    any_penalty: bool = False  # some row uses a penalty
-
-
-@dataclass
-class StepInputs:
-    """Everything one step needs, as plain data (broadcastable to tensor-parallel workers)."""
-
-    decode_slots: list[int]  # slot of each decode token (one per decoding sequence)
-    decode_tokens: list[int]  # the token fed for each decode sequence
-    decode_positions: list[int]  # its position (= tokens already cached for that slot)
-    prefill: list[PrefillChunk]  # prompt chunks, in token order after the decode tokens
-    prefill_tokens: list[int]  # the prompt tokens of all chunks, concatenated
-    sampling: SamplingRows
-    # Penalty bookkeeping: slots (re)starting a request that uses penalties, with the prompt tokens to count.
-    penalty_resets: list[tuple[int, list[int]]] = field(default_factory=list)
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.decode_tokens) + len(self.prefill_tokens)
-
-
-class _StepContext:
-    """Per-step tensors shared by every layer's attention call."""
-
-    __slots__ = ("flat_idx", "n_dec", "dec_rows", "dec_len", "dec_mask", "dec_scatter", "chunks", "groups", "eager",
-                 "packed")
-
-    def __init__(self):
-        # (offset, tokens, additive mask [tokens, tokens]): whole prompts packed one after another from `offset`,
-        # each causal over its own tokens (a mixed graph's prompt part, HFModelRunner.MIXED_PROMPTS); None: none
-        self.packed = None
-
-
-def group_first_chunks(lengths: list[int], waste: float = 0.5) -> list[list[int]]:
-    """Indices of prompt-starting chunks grouped for one padded attention call each.
-
-    Sorted by length, longest first; a group takes the next chunk while padding stays within `waste` of
-    the group's padded tokens (n * longest), so one long prompt does not pad a crowd of short ones.
-    Chunks left alone (groups of one) run unpadded."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    groups: list[list[int]] = []
-    for i in order:
-        g = groups[-1] if groups else None
-        if g is not None:
-            longest = lengths[g[0]]
-            real = sum(lengths[j] for j in g) + lengths[i]
-            if real >= (1.0 - waste) * longest * (len(g) + 1):
-                g.append(i)
-                continue
-        groups.append([i])
-    return groups
-
-
-_tls = threading.local()
-
-
-def _sdpa(q, k, v, mask=None, causal=False, scale=None, eager=False, gqa=False):
-    """softmax(q k^T * scale + mask) v; `eager` uses plain matmuls.  `gqa`: k/v have fewer heads than q."""
-    import torch
-    import torch.nn.functional as F
-
-    if not eager:
-        if gqa:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
-                                                  enable_gqa=True)
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
-    if gqa:
-        rep = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-    scores = torch.matmul(q, k.transpose(-1, -2)) * (scale if scale is not None else q.shape[-1] ** -0.5)
-    if causal:
-        n = q.shape[-2]
-        mask = torch.ones(n, k.shape[-2], dtype=torch.bool, device=q.device).tril_(k.shape[-2] - n)
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    return torch.matmul(scores.softmax(dim=-1), v)
-
-
-def _attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """Our transformers attention function: cache write + slot attention.  Shapes: query [1, H, T, D], key/value
-    [1, KVH, T, D]; returns ([1, T, H, D], None)."""
-    import torch
-
-    if torch.compiler.is_compiling():
-        # torch.compile traces the model around our attention, which stays one opaque op (see _OP_SCHEMA)
-        scale = float(scaling) if scaling is not None else query.shape[-1] ** -0.5
-        return torch.ops.llmlaunch.slot_attention(query, key, value, module.layer_idx, scale), None
-    return _slot_attention(module.layer_idx, query, key, value, scaling), None
-
-
-# The attention as a custom torch op, for torch.compile (HFModelRunner, torch_compile=True).  Why opaque: it reads the
-# step's context and the KV cache from `_tls` and writes the cache in place, neither of which may become an input
-# of the compiled graph (functionalizing the cache write would copy the whole cache every step).  Inductor fuses
-# everything around it (norms, rotary, residuals, activations).  This is the pattern vLLM uses for its attention.
-_OP_SCHEMA = "(Tensor query, Tensor key, Tensor value, int layer_idx, float scaling) -> Tensor"
-_op_registered = False
-
-
-def _register_attention() -> None:
-    """Our attention in transformers' AttentionInterface, and as the custom op it calls under torch.compile."""
-    global _op_registered
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTN_NAME, _attention)
-    if _op_registered:
-        return
-    import torch
-
-    op = torch.library.custom_op("llmlaunch::slot_attention", mutates_args=(), schema=_OP_SCHEMA)(
-        lambda query, key, value, layer_idx, scaling: _slot_attention(layer_idx, query, key, value, scaling))
-    # the output's shape, for tracing: [1, T, H, D] from the query's [1, H, T, D]
-    op.register_fake(lambda query, key, value, layer_idx, scaling: query.new_empty(
-        1, query.shape[2], query.shape[1], query.shape[3]))
-    _op_registered = True
-
-
-def _slot_attention(layer_idx, query, key, value, scaling):
-    ctx: _StepContext = _tls.ctx
-    k_cache, v_cache = _tls.cache[layer_idx]
-    _, n_heads, n_tok, head_dim = query.shape
-    n_kv = key.shape[1]
-    rep = n_heads // n_kv
-    eager = ctx.eager
-    # 1. write this step's keys/values at (slot, head, position): one index_copy_ into the flattened cache
-    k_cache.view(-1, head_dim).index_copy_(0, ctx.flat_idx, key[0].transpose(0, 1).reshape(-1, head_dim))
-    v_cache.view(-1, head_dim).index_copy_(0, ctx.flat_idx, value[0].transpose(0, 1).reshape(-1, head_dim))
-
-    out = query.new_empty(n_tok, n_heads, head_dim) if ctx.chunks or ctx.groups or ctx.packed is not None else None
-    n_dec = ctx.n_dec
-    if n_dec:
-        # 2. decode tokens, batched: [n_dec, H, D] -> [n_dec, KVH, rep, D], query heads grouped on their kv head
-        q = query[0, :, :n_dec].transpose(0, 1).reshape(n_dec, n_kv, rep, head_dim)
-        rows, length = ctx.dec_rows, ctx.dec_len
-        if ctx.dec_scatter is not None:  # decode slots are not 0..n_dec-1: place queries on their slot rows
-            q_rows = q.new_zeros(rows, n_kv, rep, head_dim)
-            q_rows[ctx.dec_scatter] = q
-            q = q_rows
-        o = _sdpa(q, k_cache[:rows, :, :length], v_cache[:rows, :, :length], ctx.dec_mask, scale=scaling,
-                  eager=eager)
-        if ctx.dec_scatter is not None:
-            o = o[ctx.dec_scatter]
-        dec_out = o.reshape(n_dec, n_heads, head_dim)
-        if out is None:
-            return dec_out.unsqueeze(0)
-        out[:n_dec] = dec_out
-    # 3. prompt-starting chunks, a padded batch per group: gather [n*L] token rows, causal SDPA, keep real rows
-    for pad_idx, n, length, real, dst in ctx.groups:
-        q = query[0].index_select(1, pad_idx).view(n_heads, n, length, head_dim).transpose(0, 1)
-        k = key[0].index_select(1, pad_idx).view(n_kv, n, length, head_dim).transpose(0, 1)
-        v = value[0].index_select(1, pad_idx).view(n_kv, n, length, head_dim).transpose(0, 1)
-        o = _sdpa(q, k, v, None, causal=True, scale=scaling, eager=eager, gqa=rep > 1)
-        out.index_copy_(0, dst, o.transpose(1, 2).reshape(n * length, n_heads, head_dim).index_select(0, real))
-    # 4. whole prompts packed after the decode rows (a mixed graph): one attention, each prompt causal over itself
-    if ctx.packed is not None:
-        offset, length, mask = ctx.packed
-        q, k, v = (t[:, :, offset:offset + length] for t in (query, key, value))
-        o = _sdpa(q, k, v, mask, scale=scaling, eager=eager, gqa=rep > 1)
-        out[offset:offset + length] = o[0].transpose(0, 1)
-    # 5. the other chunks, one attention each
-    for offset, slot, start, length, mask in ctx.chunks:
-        q = query[:, :, offset:offset + length]
-        if mask is None:  # first chunk of a prompt: attend to its own keys, plain causal
-            k = key[:, :, offset:offset + length]
-            v = value[:, :, offset:offset + length]
-        else:  # continuation chunk: attend to the cached prefix and itself
-            k = k_cache[slot:slot + 1, :, :start + length]
-            v = v_cache[slot:slot + 1, :, :start + length]
-        o = _sdpa(q, k, v, mask, causal=mask is None, scale=scaling, eager=eager, gqa=rep > 1)
-        out[offset:offset + length] = o[0].transpose(0, 1)
-    return out.unsqueeze(0)
-
-
-def _token_limit(value, name: str, default: int, meaning: str) -> int:
-    """A runner's token-count setting: `value`, else `default`; a negative one is refused naming the setting and
-    what it means."""
-    if value is None:
-        value = default
-    if int(value) < 0:
-        raise ValueError(f"{name}={value} is negative: {meaning}")
-    return int(value)
 
 
 def use_llmlaunch_inductor_cache() -> None:
@@ -315,9 +91,9 @@ class HFModelRunner:
         torch_compile: run the model's forward through torch.compile (None: on for cuda; with tp > 1 the
         all-reduces are traced as functional collectives); `warm_up()` compiles before serving.
         prefill_graphs: the longest prompt (tokens) whose prompt-only step replays a CUDA graph (None: HFEngineArgs.prefill_graphs; 0:
-        none; needs cuda_graphs); see `_init_prefill_graphs`.
+        none; needs cuda_graphs); see hf_graphs.PromptGraphs.
         mixed_graphs: the most prompt tokens a step of decode rows and whole prompts together replays a CUDA graph
-        for (None: HFEngineArgs.mixed_graphs; 0: none; needs cuda_graphs and tp=1); see MIXED_PROMPTS.
+        for (None: HFEngineArgs.mixed_graphs; 0: none; needs cuda_graphs and tp=1); see hf_graphs.MixedGraphs.
         Each layer's q/k/v and gate/up projections run as one product each (hf_fuse)."""
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
@@ -325,7 +101,7 @@ class HFModelRunner:
         from launcher.engines import hf_fuse
         from launcher.engines.hf_sampling import Sampler
 
-        _register_attention()
+        register_attention()
         if attn_implementation not in ("sdpa", "eager"):
             raise ValueError(f"attn_implementation {attn_implementation!r} is not one of sdpa, eager")
         self.eager = attn_implementation == "eager"
@@ -444,7 +220,7 @@ class HFModelRunner:
         if mode not in CUDNN_ATTENTION:
             raise ValueError(f"cudnn_attention {mode!r} is not one of {', '.join(CUDNN_ATTENTION)}")
         self.cudnn_attention = mode
-        self._eager_backends = self._capture_backends = contextlib.nullcontext
+        self._eager_backends = self.capture_backends = contextlib.nullcontext
         if mode == "all":
             return
         from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -452,7 +228,7 @@ class HFModelRunner:
         others = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
         self._eager_backends = lambda: sdpa_kernel(others)
         if mode == "off":
-            self._capture_backends = self._eager_backends
+            self.capture_backends = self._eager_backends
 
     # -- torch.compile ----------------------------------------------------------------------------------------
     # Why: HF's Llama runs ~40 kernels per layer, most of them tiny (the norm alone is 7: cast, pow, mean, add,
@@ -469,11 +245,11 @@ class HFModelRunner:
         self.use_compile = bool(torch_compile)
         self.compile_error = ""
         self.compile_s = 0.0  # how long warm_up compiled
-        self._fwd = self._forward
+        self.model_forward = self._forward  # what every step runs: the model's forward, compiled or not
         if self.use_compile:
             import torch
 
-            self._fwd = torch.compile(self._forward, dynamic=True, fullgraph=True)
+            self.model_forward = torch.compile(self._forward, dynamic=True, fullgraph=True)
 
     def warm_up(self, max_prefill_tokens: int | None = None) -> None:
         """Before serving: compile (each shape class a step can have) and capture the decode graphs and the
@@ -514,7 +290,7 @@ class HFModelRunner:
                     torch.cuda.synchronize(self.device)
             except Exception as e:
                 self.use_compile = False
-                self._fwd = self._forward
+                self.model_forward = self._forward
                 self.compile_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
                 log.warning("hf engine: torch.compile failed (%s); the model runs uncompiled", self.compile_error)
             else:
@@ -525,13 +301,13 @@ class HFModelRunner:
         self.capture_prefill_graphs(max_prefill_tokens)
         self.capture_mixed_graphs()
         if self.tp_group is not None:
-            self._tp_agree("results", {"compiled": self.use_compile, "decode graphs": len(self._graphs),
-                                       "prompt graphs": len(self._prefill_graphs),
-                                       "wave graphs": len(self._wave_graphs)})
+            self._tp_agree("results", {"compiled": self.use_compile, "decode graphs": len(self.decode_graphs.graphs),
+                                       "prompt graphs": len(self.prompt_graphs.graphs),
+                                       "wave graphs": len(self.wave_graphs.graphs)})
 
     def _tp_plan(self, max_prefill_tokens) -> dict:
         return {"max_prefill_tokens": max_prefill_tokens, "torch_compile": self.use_compile,
-                "cuda_graphs": self.use_graphs, "prefill_graphs": self.prefill_graph_limit, "fused": self.fused,
+                "cuda_graphs": self.use_graphs, "prefill_graphs": self.prompt_graphs.limit, "fused": self.fused,
                 "cudnn_attention": self.cudnn_attention, "max_num_seqs": self.max_num_seqs,
                 "max_model_len": self.max_model_len}
 
@@ -546,579 +322,90 @@ class HFModelRunner:
                                f"and capture the same steps; give all ranks the same engine settings, or set "
                                f"engine.cuda_graphs=false")
 
-    # -- CUDA graphs for decode-only steps -----------------------------------------------------------------
-    # Why: a decode step of a 1 B model launches ~20 kernels per layer from Python; on the H100 host that
-    # costs ~15 ms per step whatever the batch (the GPU idles: 6% of the memory-bandwidth limit at batch 1).  Replaying a captured graph launches them all at once.
-    #
-    # A graph has static shapes, so a decode step is padded to a bucket: R rows (one per cache slot 0..R-1,
-    # R = the power of two >= the highest decoding slot + 1) attending over L positions (a power of two
-    # from 256, >= the longest sequence).  Row r carries the token of the sequence in slot r; rows of idle
-    # slots carry a dummy token that writes its keys/values to a spare cache slot nobody reads and attends
-    # to one position, and their logits are dropped.  Mixed steps (prompt chunks) run eagerly.
-    #
-    # tp > 1: a graph holds the layers' NCCL all-reduces, so each rank's replay meets its peers' replays of the
-    # same graph.  Every rank captures the same buckets in the same order in `warm_up` (the leader's plan) and
-    # picks graph or eager for a step by the same rule (`_replay`, from the broadcast StepInputs alone); a
-    # capture that fails is fatal there (a rank falling back to eager steps alone would hang its peers).
-    _GRAPH_MIN_LEN = 256
+    # -- CUDA graphs (hf_graphs): decode-only steps, steps of one or several whole prompts, mixed steps -------------
+    WAVE_ROWS = WaveGraphs.ROWS  # prompts per wave graph
+    MIXED_PROMPTS = MixedGraphs.PROMPTS  # the most prompts beside decode rows in a mixed graph
+    prefill_buckets = staticmethod(prefill_buckets)
+    mixed_buckets = staticmethod(mixed_buckets)
 
     def _init_graphs(self, cuda_graphs, prefill_graphs=None, mixed_graphs=None) -> None:
         if cuda_graphs is None:
             cuda_graphs = DEFAULTS.cuda_graphs
         self.use_graphs = bool(cuda_graphs) and self.device.type == "cuda"
-        self._spare_slots = 1 if self.use_graphs else 0  # the slot dummy rows write to
-        self._graphs: dict = {}
-        self._graph_pool = None
-        self.graph_error = ""
-        self._init_prefill_graphs(prefill_graphs)
-        self._init_mixed_graphs(mixed_graphs)
-
-    def _bucket(self, rows: int, length: int) -> tuple[int, int]:
-        r = 1
-        while r < rows:
-            r *= 2
-        n = self._GRAPH_MIN_LEN
-        while n < length:
-            n *= 2
-        return min(r, self.max_num_seqs), min(n, self.max_model_len)
+        self._spare_slots = 1 if self.use_graphs else 0  # the slot padded rows write to
+        self.graph_pool = None  # the memory pool every graph shares (they replay one at a time)
+        self.decode_graphs = DecodeGraphs(self)
+        limit = token_limit(prefill_graphs, "prefill_graphs", DEFAULTS.prefill_graphs,
+                            "the longest prompt to graph, 0 for none")
+        self.prompt_graphs = PromptGraphs(self, limit if self.use_graphs else 0)
+        self.wave_graphs = self.prompt_graphs.waves
+        limit = token_limit(mixed_graphs, "mixed_graphs", DEFAULTS.mixed_graphs,
+                            "the most prompt tokens beside decode rows in a graph, 0 for none")
+        # tp > 1 would need every rank to capture and pick the same mixed graphs: not built, so they run as before
+        self.mixed_graphs = MixedGraphs(self, self.decode_graphs,
+                                        min(limit, self.max_model_len) if self.use_graphs and self.tp == 1 else 0)
+        # the families a step is offered to, in this order (_replay)
+        self._graph_families = (self.decode_graphs, self.mixed_graphs, self.prompt_graphs, self.wave_graphs)
 
     def capture_graphs(self) -> int:
-        """Capture every decode bucket now, so that serving never stalls on a capture (~0.1 s each, and a
-        capture mid-run also delays every running request).  Returns the number of graphs."""
-        import time
-
-        import torch
-
-        if not self.use_graphs:
-            return 0
-        rows = sorted({self._bucket(r, 1)[0] for r in range(1, self.max_num_seqs + 1)})
-        lengths, n = [], self._GRAPH_MIN_LEN
-        while True:
-            lengths.append(min(n, self.max_model_len))
-            if n >= self.max_model_len:
-                break
-            n *= 2
-        announce(f"hf engine: capturing {len(rows) * len(lengths)} decode CUDA graphs")
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            for length in lengths:
-                for r in rows:
-                    if (r, length) not in self._graphs and self._capture(r, length) is None:
-                        return 0
-        log.info("hf engine: %d decode graphs (rows %s x lengths %s) captured in %.1f s", len(self._graphs), rows,
-                 lengths, time.perf_counter() - t0)
-        return len(self._graphs)
-
-    def _graph_decode(self, step: StepInputs, ids=None):
-        """Logits [n_dec, vocab] of a decode-only step through a CUDA graph, or None (then run it eagerly).
-        ids: the decode tokens as a device tensor (see `launch`), in place of step.decode_tokens."""
-        import torch
-
-        key = self._bucket(max(step.decode_slots) + 1, max(step.decode_positions) + 1)
-        g = self._graphs.get(key)
-        if g is None:
-            g = self._capture(*key)
-            if g is None:
-                return None
-        meta, logits = g[1], g[2]
-        rows, dev_ids = key[0], ids
-        meta.copy_(torch.tensor(self._decode_layout(step, rows), dtype=torch.long), non_blocking=True)
-        keep = torch.tensor(step.decode_slots, dtype=torch.long).to(self.device, non_blocking=True)
-        if dev_ids is not None:
-            meta[0].index_copy_(0, keep, dev_ids)
-        g[0].replay()
-        return logits.index_select(0, keep)
-
-    def _decode_layout(self, step: StepInputs, rows: int) -> list[list[int]]:
-        """[ids, positions, slots, lengths] of a step's decode rows placed on their slot's row of a graph of `rows`
-        rows; the rows between them are padding (the spare slot, one position attended: no NaN)."""
-        spare = self.max_num_seqs
-        ids, pos, slot, lens = [0] * rows, [0] * rows, [spare] * rows, [1] * rows
-        for s, t, p in zip(step.decode_slots, step.decode_tokens, step.decode_positions):
-            ids[s], pos[s], slot[s], lens[s] = t, p, s, p + 1
-        return [ids, pos, slot, lens]
-
-    def _decode_mask(self, lens, span):
-        """Additive attention mask [rows, 1, 1, len(span)] of decode rows over their cache row: row r sees its first
-        lens[r] positions (`span`: the positions 0..n-1 as a device tensor)."""
-        import torch
-
-        valid = span[None, :] < lens[:, None]
-        return torch.zeros(lens.shape[0], 1, 1, span.shape[0], dtype=self.dtype, device=self.device).masked_fill_(
-            ~valid[:, None, None, :], float("-inf"))
-
-    def _capture(self, rows: int, length: int):
-        """Capture the decode step of bucket (rows, length); None (and graphs off) if capture fails."""
-        import torch
-
-        try:
-            dev = self.device
-            meta = torch.zeros(4, rows, dtype=torch.long, device=dev)  # ids, positions, slots, lengths
-            meta[2].fill_(self.max_num_seqs)
-            meta[3].fill_(1)
-            heads = torch.arange(self.num_kv_heads, device=dev)
-            span = torch.arange(length, device=dev)
-            keep = torch.arange(rows, device=dev)  # every row's logits (a tensor, as in mixed steps: one compiled form)
-            ctx = _StepContext()
-            ctx.n_dec, ctx.dec_rows, ctx.dec_len = rows, rows, length
-            ctx.eager, ctx.dec_scatter, ctx.chunks, ctx.groups = self.eager, None, [], []
-
-            def body():
-                # index tensors are computed inside the graph, from `meta`, so a replay sees the new step
-                ctx.flat_idx = ((meta[2][:, None] * self.num_kv_heads + heads[None, :]) * self.max_model_len
-                                + meta[1][:, None]).reshape(-1)
-                ctx.dec_mask = self._decode_mask(meta[3], span)
-                _tls.ctx, _tls.cache = ctx, self.cache
-                try:
-                    return self._fwd(meta[0:1], meta[1:2], keep)
-                finally:
-                    _tls.ctx = None
-
-            graph, logits = self._capture_graph(body)
-        except Exception as e:  # a model whose forward cannot be captured still serves, eagerly
-            self._tp_capture_failed("decode", e)
-            self.use_graphs = False
-            self.graph_error = f"{type(e).__name__}: {e}"
-            log.warning("hf engine: CUDA graph capture failed (%s); decode steps run eagerly", self.graph_error)
-            return None
-        # every tensor the graph reads must outlive it: a freed input's memory would be reused under it
-        self._graphs[(rows, length)] = (graph, meta, logits, heads, span, keep)
-        log.debug("hf engine: captured decode graph rows=%d length=%d", rows, length)
-        return self._graphs[(rows, length)]
-
-    def _tp_capture_failed(self, kind: str, exc: Exception) -> None:
-        if self.tp > 1:
-            raise RuntimeError(f"tp={self.tp}, rank {self.tp_group.rank}: capturing a {kind} CUDA graph failed "
-                               f"({type(exc).__name__}: {exc}); the ranks cannot fall back to eager steps one by "
-                               f"one, so set engine.cuda_graphs=false") from exc
-
-    def _capture_graph(self, body):
-        """(graph, its output) of `body()` captured after two warm-up runs on a side stream (lazy inits, the
-        allocator, cuDNN's plan); every graph shares one memory pool (they replay one at a time)."""
-        import torch
-
-        dev = self.device
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        # tp > 1: torch's NCCL watchdog thread queries the events of earlier collectives; in the default ("global")
-        # capture mode such a call from another thread during a capture is an error, so only this thread is
-        # checked, and the device is idle (no collective left for the watchdog) before the capture starts
-        mode = "thread_local" if self.tp > 1 else "global"
-        with self._capture_backends():  # the same kernels for the warm-up and the capture
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    body()
-            torch.cuda.current_stream(dev).wait_stream(side)
-            if self.tp > 1:
-                torch.cuda.synchronize(dev)
-            if self._graph_pool is None:
-                self._graph_pool = torch.cuda.graph_pool_handle()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._graph_pool, capture_error_mode=mode):
-                out = body()
-        return graph, out
-
-    # -- CUDA graphs for prompt-only steps of one prompt ------------------------------------------------------
-    # Why: a request that finds the engine idle (low load: every request at concurrency 1) gets its first token
-    # from a step that prefills its prompt alone.  Run eagerly that step is kernel launches from Python (~290
-    # kernels compiled, ~700 not, ~25 us each on an H100 host) for a few ms of GPU work: most of the time to first
-    # token.  So such steps replay a graph too: the prompt padded to a bucket B (16, 24, 32, 48, ... x1.5 / x4/3
-    # steps, up to the engine's prompt chunk), causal attention over its own B tokens.  Padding is harmless there:
-    # a padded token sits after every real one, so causality hides it from them; its keys/values go to the
-    # spare slot's cache row (as a padded decode row's do), and only the last real token's logits are kept.
-    # Steps of several whole prompts replay wave graphs (WAVE_ROWS), whole prompts beside decode rows mixed graphs
-    # (MIXED_PROMPTS); a prompt's later chunk stays eager.  Captured at start, after the decode graphs; a failed
-    # capture leaves decode graphs on.
-
-    def _init_prefill_graphs(self, prefill_graphs) -> None:
-        prefill_graphs = _token_limit(prefill_graphs, "prefill_graphs", DEFAULTS.prefill_graphs, "the longest prompt to graph, 0 for none")
-        self.prefill_graph_limit = prefill_graphs if self.use_graphs else 0
-        self._prefill_graphs: dict = {}  # bucket length -> (graph, meta, keep, logits)
-        self._wave_graphs: dict = {}  # (prompts, bucket length) -> (graph, meta, keep, logits): see WAVE_ROWS
-        self.prefill_graph_error = ""
-
-    @staticmethod
-    def prefill_buckets(limit: int) -> list[int]:
-        """Padded prompt lengths up to `limit`: 16, 24, 32, 48, 64, 96, ... (each <= 1.5x the one before), and
-        `limit` itself last, so a prompt pads by less than half its length."""
-        out, n = [], 16
-        while n < limit:
-            out.append(n)
-            n = n * 3 // 2 if (n & (n - 1)) == 0 else n * 4 // 3  # 16 -> 24 -> 32 -> 48 -> 64 ...
-        if limit > 0:
-            out.append(limit)
-        return out
+        """Capture every decode bucket; returns the number of graphs."""
+        return self.decode_graphs.capture_all()
 
     def capture_prefill_graphs(self, max_prefill_tokens: int | None = None) -> int:
-        """Capture the prompt graph of every bucket up to min(prefill_graph_limit, max_prefill_tokens,
-        max_model_len).  Returns the number of graphs."""
-        import time
+        """Capture the prompt and wave graphs of prompts up to min(prefill_graphs, max_prefill_tokens,
+        max_model_len); returns the number of graphs."""
+        return self.prompt_graphs.capture_all(max_prefill_tokens)
 
-        import torch
+    def capture_mixed_graphs(self) -> int:
+        """Capture the mixed graph of every decode bucket and packed size; returns the number of graphs."""
+        return self.mixed_graphs.capture_all()
 
-        limit = min(self.prefill_graph_limit, max_prefill_tokens or self.prefill_graph_limit, self.max_model_len)
-        if not self.use_graphs or limit <= 0:
-            self.prefill_graph_limit = 0
-            return 0
-        buckets = self.prefill_buckets(limit)
-        waves = self.wave_buckets(limit)
-        announce(f"hf engine: capturing {len(buckets)} prompt CUDA graphs (prompts up to {limit} tokens)"
-                 + (f" and {len(waves)} wave graphs (2 to {max(n for n, _ in waves)} prompts)" if waves else ""))
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            for length in buckets:
-                if length not in self._prefill_graphs and self._capture_prefill(length) is None:
-                    return 0
-            for key in waves:
-                if key not in self._wave_graphs and self._capture_wave(*key) is None:
-                    return 0
-        self.prefill_graph_limit = limit
-        log.info("hf engine: %d prompt graphs (lengths %s) and %d wave graphs (prompts x length %s) captured in "
-                 "%.1f s", len(self._prefill_graphs), buckets, len(self._wave_graphs), waves, time.perf_counter() - t0)
-        return len(self._prefill_graphs) + len(self._wave_graphs)
-
+    # what the engine asks of the graphs: to schedule prompts, and for its features line
     def prompt_graphed(self, length: int) -> bool:
         """Would a step of one whole prompt of `length` tokens (and nothing else) replay a prompt graph?"""
-        return bool(self._prefill_graphs) and length <= self.prefill_graph_limit
-
-    def prefill_graph_key(self, step: StepInputs) -> int | None:
-        """The bucket whose graph runs `step`, or None (run it eagerly): a step of one whole prompt, no decode rows."""
-        if step.decode_tokens or len(step.prefill) != 1:
-            return None
-        c = step.prefill[0]
-        if c.start != 0 or not c.sample or not self.prompt_graphed(c.length):
-            return None
-        return next((b for b in self._prefill_graphs if b >= c.length), None)  # captured shortest first
-
-    def prefill_graph_inputs(self, step: StepInputs, length: int) -> tuple[list[list[int]], int]:
-        """(meta rows [ids, positions, slots] of `length` tokens, kept row) of a one-prompt step padded to a bucket:
-        padded tokens (id 0) continue the positions and write to the spare slot; the kept row is the last real."""
-        c = step.prefill[0]
-        pad = length - c.length
-        return ([list(step.prefill_tokens) + [0] * pad, list(range(length)),
-                 [c.slot] * c.length + [self.max_num_seqs] * pad], c.length - 1)
-
-    def _prefill_body(self, meta, keep, length: int):
-        """The padded one-prompt step (what a prompt graph holds): logits [1, vocab] of row keep[0].  Everything is
-        computed from `meta` / `keep`, so a replay sees the new prompt."""
-        ctx = _StepContext()
-        ctx.n_dec, ctx.dec_rows, ctx.dec_len, ctx.dec_mask, ctx.dec_scatter = 0, 0, 0, None, None
-        ctx.eager, ctx.groups = self.eager, []
-        ctx.chunks = [(0, 0, 0, length, None)]  # one first chunk: causal attention over its own tokens
-        return self._meta_forward(ctx, meta, keep)
-
-    def _meta_forward(self, ctx, meta, keep):
-        """Logits of `keep` for a graph's inputs: `meta` rows ids, positions, slots (each token's cache row, set in
-        ctx.flat_idx here), `ctx` the rest of the step's attention context."""
-        import torch
-
-        heads = torch.arange(self.num_kv_heads, device=self.device)
-        ctx.flat_idx = ((meta[2][:, None] * self.num_kv_heads + heads[None, :]) * self.max_model_len
-                        + meta[1][:, None]).reshape(-1)
-        _tls.ctx, _tls.cache = ctx, self.cache
-        try:
-            return self._fwd(meta[0:1], meta[1:2], keep)
-        finally:
-            _tls.ctx = None
-
-    def _capture_prefill(self, length: int):
-        """Capture the prompt graph of bucket `length`; None (and prompt graphs off) if the capture fails."""
-        g = self._capture_prompt_rows("prompt", 1, length, lambda meta, keep: self._prefill_body(meta, keep, length))
-        if g is not None:
-            self._prefill_graphs[length] = g
-        return g
-
-    def _capture_prompt_rows(self, kind: str, n: int, length: int, body):
-        """(graph, meta, keep, logits) of body(meta, keep) captured for n rows of `length` prompt tokens: meta holds
-        ids, positions (0..length-1 in each row) and slots (the spare one) for the replays to fill, keep each row's
-        last token.  A prompt graph is one such row, a wave graph several.  None if the capture fails: then every
-        prompt and wave graph is dropped and prompt steps run eagerly (decode graphs stay)."""
-        import torch
-
-        try:
-            dev = self.device
-            meta = torch.zeros(3, n * length, dtype=torch.long, device=dev)  # ids, positions, slots
-            meta[1].copy_(torch.arange(length, device=dev).repeat(n))
-            meta[2].fill_(self.max_num_seqs)
-            keep = torch.arange(1, n + 1, device=dev) * length - 1
-            graph, logits = self._capture_graph(lambda: body(meta, keep))
-        except Exception as e:
-            self._tp_capture_failed(kind, e)
-            self.prefill_graph_limit = 0
-            self._prefill_graphs.clear()
-            self._wave_graphs.clear()
-            self.prefill_graph_error = f"{type(e).__name__}: {e}"
-            log.warning("hf engine: %s CUDA graph capture failed (%s); prompt steps run eagerly", kind,
-                        self.prefill_graph_error)
-            return None
-        return graph, meta, keep, logits
-
-    def _graph_prefill(self, step: StepInputs, length: int):
-        """Logits [1, vocab] of a one-prompt step through the prompt graph of bucket `length`."""
-        import torch
-
-        graph, meta, keep, logits = self._prefill_graphs[length]
-        rows, last = self.prefill_graph_inputs(step, length)
-        meta.copy_(torch.tensor(rows, dtype=torch.long), non_blocking=True)
-        keep.fill_(last)
-        graph.replay()
-        return logits
-
-    # -- CUDA graphs for prompt-only steps of several whole prompts (a wave) ------------------------------------
-    # Why: the closed loops of a benchmark, and clients that send in bursts, hand the engine many prompts at once
-    # (all the requests that ended in one step have their successors sent together).  More of them than
-    # Engine.PROMPTS_ALONE_MAX went in one eager step, kernel launches from Python; a wave of 8 prompts of 128 tokens
-    # came out of it 28 ms after it arrived, against 15 ms when the same prompts reached the engine one by one
-    # and went through their graphs alone.  So a step of n whole prompts replays a
-    # wave graph: n rows (WAVE_ROWS: 2, 4, 8 or 16; rows left over carry padding only) of L tokens each (a
-    # prefill_buckets length, n * L at most the prompt-graph limit), each row causal over its own tokens, as one
-    # padded group (_slot_attention's groups).  Padding is as in a prompt graph: after every real token of its row,
-    # its keys/values to the spare slot, its logits dropped.  The decode rows wait that step (Engine._prompt_wave).
-    WAVE_ROWS = (2, 4, 8, 16)
+        return self.prompt_graphs.graphed(length)
 
     @property
     def wave_rows(self) -> tuple[int, ...]:
         """The prompts per wave graph captured (none: waves go eagerly)."""
-        return tuple(sorted({n for n, _ in self._wave_graphs}))
-
-    def wave_buckets(self, limit: int) -> list[tuple[int, int]]:
-        """(prompts, length) of every wave graph for a prompt-graph limit of `limit` tokens (no more prompts than
-        there are cache slots)."""
-        return [(n, length) for n in self.WAVE_ROWS if n <= self.max_num_seqs
-                for length in self.prefill_buckets(limit) if n * length <= limit]
+        return self.wave_graphs.captured_rows
 
     def wave_graph_key(self, lengths: list[int]) -> tuple[int, int] | None:
         """The wave graph that runs whole prompts of these lengths together, or None (none captured fits)."""
-        if len(lengths) < 2 or not self._wave_graphs:
-            return None
-        n = next((r for r in self.WAVE_ROWS if r >= len(lengths)), None)
-        longest = max(lengths)
-        if n is None or longest > self.prefill_graph_limit:
-            return None
-        length = next((b for b in self.prefill_buckets(self.prefill_graph_limit) if b >= longest), None)
-        return (n, length) if (n, length) in self._wave_graphs else None
-
-    def wave_step_key(self, step: StepInputs) -> tuple[int, int] | None:
-        """The wave graph that runs `step`, or None: a step of whole prompts only, all of them sampled."""
-        if step.decode_tokens or len(step.prefill) < 2:
-            return None
-        if any(c.start != 0 or not c.sample for c in step.prefill):
-            return None
-        return self.wave_graph_key([c.length for c in step.prefill])
-
-    def wave_graph_inputs(self, step: StepInputs, n: int, length: int) -> tuple[list[list[int]], list[int]]:
-        """(meta rows [ids, positions, slots] of n x length tokens, the kept token row of each of the n rows) of a
-        step of whole prompts: prompt i in row i, padded (id 0, the spare slot) to `length`; rows past the prompts
-        are padding only (kept row: their last, whose logits are dropped)."""
-        spare = self.max_num_seqs
-        ids, slots, keep, offset = [], [], [], 0
-        for i, c in enumerate(step.prefill):
-            pad = length - c.length
-            ids.extend(step.prefill_tokens[offset:offset + c.length])
-            ids.extend([0] * pad)
-            slots.extend([c.slot] * c.length + [spare] * pad)
-            keep.append(i * length + c.length - 1)
-            offset += c.length
-        for i in range(len(step.prefill), n):
-            ids.extend([0] * length)
-            slots.extend([spare] * length)
-            keep.append(i * length + length - 1)
-        return [ids, list(range(length)) * n, slots], keep
-
-    def _wave_body(self, meta, keep, n: int, length: int):
-        """The padded wave step (what a wave graph holds): logits [n, vocab] of the kept rows, computed from `meta`
-        and `keep`, so that a replay sees the new prompts."""
-        import torch
-
-        every = torch.arange(n * length, device=self.device)  # one group of n rows, all of them kept
-        ctx = _StepContext()
-        ctx.n_dec, ctx.dec_rows, ctx.dec_len, ctx.dec_mask, ctx.dec_scatter = 0, 0, 0, None, None
-        ctx.eager, ctx.chunks = self.eager, []
-        ctx.groups = [(every, n, length, every, every)]
-        return self._meta_forward(ctx, meta, keep)
-
-    def _capture_wave(self, n: int, length: int):
-        """Capture the wave graph (n prompts of up to `length` tokens); None (and prompt graphs off) if it fails."""
-        g = self._capture_prompt_rows("prompt wave", n, length,
-                                      lambda meta, keep: self._wave_body(meta, keep, n, length))
-        if g is not None:
-            self._wave_graphs[(n, length)] = g
-        return g
-
-    def _graph_wave(self, step: StepInputs, key: tuple[int, int]):
-        """Logits [prompts, vocab] of a step of whole prompts through the wave graph `key`."""
-        import torch
-
-        graph, meta, keep, logits = self._wave_graphs[key]
-        rows, kept = self.wave_graph_inputs(step, *key)
-        host = torch.tensor(rows + [kept + [0] * (len(rows[0]) - len(kept))], dtype=torch.long)
-        meta.copy_(host[:3], non_blocking=True)
-        keep.copy_(host[3, :len(kept)], non_blocking=True)
-        graph.replay()
-        return logits[:len(step.prefill)]
-
-    # -- CUDA graphs for steps of decode rows and whole prompts together (mixed) ----------------------------------
-    # Why: a prompt that arrives while others decode went through its prompt graph (or a wave graph) in a step of its
-    # own, and every decoding row waited that step: on an H100, ~2.2-3.8 ms for a 1 B model's 128-token prompt
-    # beside ~3 ms decode steps at 128 rows.  Through a server, closed loops hand the engine their successors
-    # scattered, so 10-11% of its steps at 128 streams were such steps, more than in-process; an eager step with prompts and decode rows costs ~10 ms of kernel launches instead.
-    # A mixed graph runs both in one step: the decode rows as in a decode graph of (rows, length), then up to
-    # MIXED_PROMPTS whole prompts packed into `tokens` (a power of two up to mixed_limit), each causal over its own
-    # tokens through one attention call with a block-diagonal mask.  The prompt tokens cost the decode step little
-    # (its matrix products read the weights once for all rows).  Padding: decode rows as in a decode graph (the spare
-    # slot); packed tokens past the prompts write to the spare slot, form a segment of their own, and their logits
-    # are dropped.  Graphs: one per decode bucket and packed size, captured at start after the prompt graphs.
-    MIXED_PROMPTS = 8
-
-    def _init_mixed_graphs(self, mixed_graphs) -> None:
-        mixed_graphs = _token_limit(mixed_graphs, "mixed_graphs", DEFAULTS.mixed_graphs,
-                                    "the most prompt tokens beside decode rows in a graph, 0 for none")
-        # tp > 1 would need every rank to capture and pick the same mixed graphs: not built, so they run as before
-        self.mixed_limit = min(mixed_graphs, self.max_model_len) if self.use_graphs and self.tp == 1 else 0
-        self._mixed_graphs: dict = {}  # (rows, length, tokens) -> (graph, meta, keep, logits)
-        self._mixed_eager = False  # tests without a GPU: mixed steps run the graph's body directly (see _graph_mixed)
-        self.mixed_graph_error = ""
-
-    @staticmethod
-    def mixed_buckets(limit: int) -> list[int]:
-        """Packed prompt sizes of the mixed graphs for a limit of `limit` tokens: 32, 64, ... and `limit` last."""
-        out, n = [], 32
-        while n < limit:
-            out.append(n)
-            n *= 2
-        if limit > 0:
-            out.append(limit)
-        return out
+        return self.wave_graphs.key_of(lengths)
 
     def mixed_prompts_fit(self, lengths: list[int]) -> bool:
         """Would whole prompts of these lengths go beside decode rows through a mixed graph?"""
-        return (bool(self._mixed_graphs) or self._mixed_eager) and 0 < len(lengths) <= self.MIXED_PROMPTS and \
-            sum(lengths) <= self.mixed_limit
+        return self.mixed_graphs.fits(lengths)
 
-    def mixed_step_key(self, step: StepInputs) -> tuple[int, int, int] | None:
-        """The mixed graph (rows, length, tokens) that runs `step`, or None: decode rows and whole prompts, each
-        sampled, that fit one."""
-        if not step.decode_tokens or not step.prefill or any(c.start != 0 or not c.sample for c in step.prefill):
-            return None
-        if not self.mixed_prompts_fit([c.length for c in step.prefill]):
-            return None
-        rows, length = self._bucket(max(step.decode_slots) + 1, max(step.decode_positions) + 1)
-        total = sum(c.length for c in step.prefill)
-        tokens = next(b for b in self.mixed_buckets(self.mixed_limit) if b >= total)
-        key = (rows, length, tokens)
-        return key if key in self._mixed_graphs or self._mixed_eager else None
+    # each family's graphs and why its capture failed ("" if it did not), as Engine.features reports them
+    @property
+    def _graphs(self) -> dict:
+        return self.decode_graphs.graphs
 
-    def mixed_graph_inputs(self, step: StepInputs, rows: int, tokens: int) -> tuple[list[list[int]], list[int],
-                                                                                    list[int]]:
-        """(meta rows [ids, positions, slots, decode lengths / prompt segments] of rows + tokens entries, the kept
-        token of each of the graph's rows + MIXED_PROMPTS logits rows, the rows of those logits that are this step's
-        output rows, in its order: decode rows, then prompts)."""
-        spare = self.max_num_seqs
-        ids, pos, slot, extra = self._decode_layout(step, rows)
-        out = list(step.decode_slots)
-        keep = list(range(rows))
-        ids.extend(step.prefill_tokens)
-        offset = 0
-        for i, c in enumerate(step.prefill):
-            pos.extend(range(c.length))
-            slot.extend([c.slot] * c.length)
-            extra.extend([i] * c.length)
-            offset += c.length
-            keep.append(rows + offset - 1)
-            out.append(rows + i)
-        pad = tokens - offset
-        ids.extend([0] * pad)
-        pos.extend(range(offset, tokens))  # any position in the cache row; the spare slot's
-        slot.extend([spare] * pad)
-        extra.extend([-1] * pad)  # a segment of their own: they attend to one another only
-        keep.extend([rows + tokens - 1] * (self.MIXED_PROMPTS - len(step.prefill)))
-        return [ids, pos, slot, extra], keep, out
+    @property
+    def _prefill_graphs(self) -> dict:
+        return self.prompt_graphs.graphs
 
-    def _mixed_body(self, meta, keep, rows: int, length: int, tokens: int):
-        """The padded mixed step (what a mixed graph holds): logits [rows + MIXED_PROMPTS, vocab] of `keep`, computed
-        from `meta` and `keep`, so that a replay sees the new step."""
-        import torch
+    @property
+    def _wave_graphs(self) -> dict:
+        return self.wave_graphs.graphs
 
-        dev = self.device
-        ctx = _StepContext()
-        ctx.n_dec, ctx.dec_rows, ctx.dec_len, ctx.dec_scatter = rows, rows, length, None
-        ctx.dec_mask = self._decode_mask(meta[3, :rows], torch.arange(length, device=dev))
-        seg = meta[3, rows:]
-        idx = torch.arange(tokens, device=dev)
-        allowed = (seg[:, None] == seg[None, :]) & (idx[None, :] <= idx[:, None])
-        ctx.packed = (rows, tokens, torch.zeros(tokens, tokens, dtype=self.dtype, device=dev).masked_fill_(
-            ~allowed, float("-inf")))
-        ctx.eager, ctx.chunks, ctx.groups = self.eager, [], []
-        return self._meta_forward(ctx, meta, keep)
+    @property
+    def _mixed_graphs(self) -> dict:
+        return self.mixed_graphs.graphs
 
-    def _mixed_tensors(self, rows: int, tokens: int):
-        import torch
+    @property
+    def graph_error(self) -> str:
+        return self.decode_graphs.error
 
-        meta = torch.zeros(4, rows + tokens, dtype=torch.long, device=self.device)
-        meta[2].fill_(self.max_num_seqs)
-        meta[3, :rows].fill_(1)
-        meta[3, rows:].fill_(-1)
-        meta[1, rows:].copy_(torch.arange(tokens, device=self.device))
-        keep = torch.cat([torch.arange(rows, device=self.device),
-                          torch.full((self.MIXED_PROMPTS,), rows + tokens - 1, device=self.device)])
-        return meta, keep
+    @property
+    def prefill_graph_error(self) -> str:
+        return self.prompt_graphs.error or self.wave_graphs.error
 
-    def capture_mixed_graphs(self) -> int:
-        """Capture the mixed graph of every decode bucket and packed size; returns the number of graphs."""
-        import time
-
-        import torch
-
-        if not self.use_graphs or self.mixed_limit <= 0 or not self._graphs:
-            self.mixed_limit = 0
-            return 0
-        keys = [(rows, length, tokens) for rows, length in sorted(self._graphs)
-                for tokens in self.mixed_buckets(self.mixed_limit)]
-        announce(f"hf engine: capturing {len(keys)} mixed CUDA graphs (decode rows with up to {self.MIXED_PROMPTS} "
-                 f"prompts of {self.mixed_limit} tokens in all)")
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            for rows, length, tokens in keys:
-                try:
-                    meta, keep = self._mixed_tensors(rows, tokens)
-                    graph, logits = self._capture_graph(lambda: self._mixed_body(meta, keep, rows, length, tokens))
-                except Exception as e:  # mixed steps then take turns with the decode rows, as before
-                    self.mixed_limit = 0
-                    self._mixed_graphs.clear()
-                    self.mixed_graph_error = f"{type(e).__name__}: {e}"
-                    log.warning("hf engine: mixed CUDA graph capture failed (%s); prompts take steps of their own",
-                                self.mixed_graph_error)
-                    return 0
-                self._mixed_graphs[(rows, length, tokens)] = (graph, meta, keep, logits)
-        log.info("hf engine: %d mixed graphs (packed prompt tokens %s) captured in %.1f s", len(self._mixed_graphs),
-                 self.mixed_buckets(self.mixed_limit), time.perf_counter() - t0)
-        return len(self._mixed_graphs)
-
-    def _graph_mixed(self, step: StepInputs, key: tuple[int, int, int], ids=None):
-        """Logits [output rows, vocab] of a step of decode rows and whole prompts through the mixed graph `key`.
-        ids: the decode tokens as a device tensor (see `launch`), in place of step.decode_tokens."""
-        import torch
-
-        rows, length, tokens = key
-        entry = self._mixed_graphs.get(key)
-        if entry is None:  # _mixed_eager (tests without a GPU): the body the graph would hold, run directly
-            meta, keep = self._mixed_tensors(rows, tokens)
-        else:
-            graph, meta, keep, logits = entry
-        values, kept, out = self.mixed_graph_inputs(step, rows, tokens)
-        width = rows + tokens
-        host = torch.tensor(values + [kept + [0] * (width - len(kept)), out + [0] * (width - len(out))],
-                            dtype=torch.long)
-        dev = host.to(self.device, non_blocking=True)
-        meta.copy_(dev[:4])
-        keep.copy_(dev[4, :len(kept)])
-        if ids is not None:
-            meta[0].index_copy_(0, dev[5, :len(step.decode_tokens)], ids.to(torch.long))
-        if entry is None:
-            logits = self._mixed_body(meta, keep, rows, length, tokens)
-        else:
-            graph.replay()
-        return logits.index_select(0, dev[5, :len(out)])
+    @property
+    def mixed_graph_error(self) -> str:
+        return self.mixed_graphs.error
 
     # -- one step ------------------------------------------------------------------------------------------
     def execute(self, step: StepInputs, sample: bool = True, ahead: bool = False) -> list[int]:
@@ -1140,26 +427,19 @@ class HFModelRunner:
 
     def _replay(self, step: StepInputs, ids=None, prompt_graph: bool = True):
         """Logits of `step` through a captured graph (and `last_graph` set to which), or None: run it eagerly.
-        Tensor-parallel ranks make this choice from the StepInputs alone, so all of them make the same one."""
+        Each family in turn is offered the step; prompt_graph=False skips the families that read their tokens from
+        the host.  Tensor-parallel ranks make this choice from the StepInputs alone, so all of them make the same
+        one."""
         self.last_graph = None
-        if self.use_graphs and step.decode_tokens and not step.prefill:
-            logits = self._graph_decode(step, ids)
-            self.last_graph = "decode" if logits is not None else None
-            return logits
-        if (self._mixed_graphs or self._mixed_eager) and step.decode_tokens and step.prefill:
-            key = self.mixed_step_key(step)
-            if key is not None:  # its prompt tokens come from the host, its decode tokens may follow on the device
-                self.last_graph = "mixed"
-                return self._graph_mixed(step, key, ids)
-        if self._prefill_graphs and prompt_graph:
-            bucket = self.prefill_graph_key(step)
-            if bucket is not None:
-                self.last_graph = "prompt"
-                return self._graph_prefill(step, bucket)
-            wave = self.wave_step_key(step)
-            if wave is not None:
-                self.last_graph = "wave"
-                return self._graph_wave(step, wave)
+        for family in self._graph_families:
+            if family.reads_host_tokens and not prompt_graph:
+                continue
+            key = family.key_for(step)
+            if key is not None:
+                logits = family.replay(step, key, ids)
+                if logits is not None:
+                    self.last_graph = family.kind
+                return logits
         return None
 
     def launch(self, step: StepInputs, prev=None, prev_rows: list[int] | None = None):
@@ -1237,7 +517,8 @@ class HFModelRunner:
         ids: the decode tokens as a device tensor, in place of step.decode_tokens (see `launch`)."""
         import torch
 
-        ctx, input_ids, positions, logits_idx = self._prepare(step)
+        ctx, input_ids, positions, logits_idx = prepare_step(step, self.device, self.num_kv_heads, self.max_model_len,
+                                                             self.dtype, self.eager)
         if ids is not None:
             input_ids[0, :len(step.decode_tokens)] = ids
         if not sample:
@@ -1247,87 +528,14 @@ class HFModelRunner:
             # Compiled, nothing would use the attention ops' outputs (a prompt chunk that does not end its prompt,
             # alone in its step), so Inductor would drop them and with them their cache writes: keep one row.
             keep = torch.full((1,), input_ids.shape[1] - 1, dtype=torch.long, device=self.device)
-        _tls.ctx, _tls.cache = ctx, self.cache
+        tls.ctx, tls.cache = ctx, self.cache
         try:
             with self._eager_backends():
-                logits = self._fwd(input_ids, positions, keep)
+                logits = self.model_forward(input_ids, positions, keep)
         finally:
-            _tls.ctx = None
+            tls.ctx = None
         return logits[:len(logits_idx)]
 
     def _forward(self, input_ids, positions, keep):
-        """Logits [len(keep), vocab] of the model on one packed row of tokens (our attention reads `_tls`)."""
+        """Logits [len(keep), vocab] of the model on one packed row of tokens (our attention reads hf_attention.tls)."""
         return self.model(input_ids=input_ids, position_ids=positions, use_cache=False, logits_to_keep=keep).logits[0]
-
-    def _prepare(self, step: StepInputs):
-        import torch
-
-        dev = self.device
-        n_dec = len(step.decode_tokens)
-        chunk_slots: list[int] = []
-        chunk_pos: list[int] = []
-        logits_idx: list[int] = list(range(n_dec))
-        offset = n_dec
-        for c in step.prefill:
-            chunk_slots.extend([c.slot] * c.length)
-            chunk_pos.extend(range(c.start, c.start + c.length))
-            offset += c.length
-            if c.sample:
-                logits_idx.append(offset - 1)
-        # one host->device copy for all per-token index data
-        host = torch.tensor([step.decode_tokens + step.prefill_tokens,
-                             step.decode_positions + chunk_pos,
-                             step.decode_slots + chunk_slots], dtype=torch.long)
-        meta = host.to(dev, non_blocking=True)
-        input_ids, positions, slots = meta[0:1], meta[1:2], meta[2]
-        ctx = _StepContext()
-        # row of token t, kv head h in the cache viewed as [slots * kv_heads * max_model_len, head_dim]
-        heads = torch.arange(self.num_kv_heads, device=dev)
-        ctx.flat_idx = ((slots[:, None] * self.num_kv_heads + heads[None, :]) * self.max_model_len
-                        + meta[1][:, None]).reshape(-1)
-        ctx.n_dec = n_dec
-        ctx.eager = self.eager
-        ctx.dec_scatter = None
-        ctx.dec_mask = None
-        if n_dec:
-            rows = max(step.decode_slots) + 1
-            # attend over a multiple of 16 positions: fused kernels want aligned masks (the rest is masked out)
-            length = min(-(-(max(step.decode_positions) + 1) // 16) * 16, self.max_model_len)
-            lens = [1] * rows  # rows without a decode token attend to one (ignored) position: no NaN
-            for s, p in zip(step.decode_slots, step.decode_positions):
-                lens[s] = p + 1
-            lens_t = torch.tensor(lens, dtype=torch.long).to(dev, non_blocking=True)
-            ctx.dec_mask = self._decode_mask(lens_t, torch.arange(length, device=dev))
-            ctx.dec_rows, ctx.dec_len = rows, length
-            if rows != n_dec or step.decode_slots != list(range(n_dec)):
-                ctx.dec_scatter = meta[2, :n_dec]
-        chunks, firsts, offset = [], [], n_dec
-        for c in step.prefill:
-            if c.start == 0:
-                firsts.append((offset, c))
-            else:
-                q_pos = torch.arange(c.start, c.start + c.length, device=dev)
-                mask = torch.arange(c.start + c.length, device=dev)[None, :] <= q_pos[:, None]
-                chunks.append((offset, c.slot, c.start, c.length, mask))
-            offset += c.length
-        ctx.groups = []
-        for group in group_first_chunks([c.length for _, c in firsts]):
-            if len(group) == 1:
-                off, c = firsts[group[0]]
-                chunks.append((off, c.slot, 0, c.length, None))
-                continue
-            length = firsts[group[0]][1].length  # the longest: groups are sorted
-            pad, real, dst = [], [], []
-            for row, i in enumerate(group):
-                off, c = firsts[i]
-                # padded positions repeat the chunk's last token: any real row works, its output is dropped
-                pad.extend(range(off, off + c.length))
-                pad.extend([off + c.length - 1] * (length - c.length))
-                real.extend(range(row * length, row * length + c.length))
-                dst.extend(range(off, off + c.length))
-            idx = torch.tensor(pad + real + dst, dtype=torch.long).to(dev, non_blocking=True)
-            n_pad, n_real = len(pad), len(real)
-            ctx.groups.append((idx[:n_pad], len(group), length, idx[n_pad:n_pad + n_real], idx[n_pad + n_real:]))
-        ctx.chunks = chunks
-        logits_idx_t = torch.tensor(logits_idx, dtype=torch.long).to(dev, non_blocking=True)
-        return ctx, input_ids, positions, logits_idx_t

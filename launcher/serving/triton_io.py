@@ -313,7 +313,7 @@ class Responder:
     Streaming sends one response per piece of text per engine step, and one stub
     process sends them all (a few thousand a second at most), so what a response
     costs the stub sets how many streams it keeps up with.  Measured in a stub
-    (benchmark/stub_rate.py): building a
+    (the emitter fixture, launcher/testing/models/emitter): building a
     pb_utils.Tensor costs 12 us (INT32) to 30 us (BYTES), and its first send
     copies it into shared memory; a tensor sent before is sent again from there.
     So every tensor that can repeat is built once and kept:

@@ -166,6 +166,44 @@ def test_cli_unreachable_server_exits_1():
 # --------------------------------------------------------------------------- the streaming Responder's kept tensors
 
 
+def _emitter_request(url: str, n: int, pieces: int):
+    """One streamed request of n responses to the emitter fixture; checks the text of every response but the last
+    (piece i is " t<i % pieces>"; RuntimeError names the first that carries another) and the final count."""
+    from launcher.client import Generation, StreamRecord, TritonStream, build_request
+
+    with TritonStream(url) as stream:
+        rec = stream.submit(build_request("emitter", Generation("a b c", n, stream=True), "r0"), StreamRecord("r0"))
+        stream.wait(rec, timeout=600)
+    assert not rec.error and len(rec.times) == n, (rec.error, len(rec.times))
+    for i in range(1, n):
+        if rec.piece(i - 1) != f" t{i % pieces}":
+            raise RuntimeError(f"response {i} carries {rec.piece(i - 1)!r}, expected {f' t{i % pieces}'!r}")
+    assert rec.output_tokens == n and rec.finish_reason == "length", (rec.output_tokens, rec.finish_reason)
+
+
+@pytest.mark.triton
+def test_responder_resends_kept_tensors_with_their_own_text(tmp_path):
+    """launcher.serving.triton_io.Responder keeps the tensors that repeat (texts, counts) and sends them again.
+    In a real tritonserver, through the emitter fixture built on the real Responder: two requests, 7 distinct
+    texts cycled, at most 5 kept (so the kept set is dropped and refilled mid-request); every response of both
+    requests must carry its own text, and the final count must be right."""
+    if importlib.util.find_spec("pytriton") is None:
+        pytest.skip("needs nvidia-pytriton (tritonserver)")
+    from launcher.testing.serve import make_repository, serve
+
+    repo = make_repository(tmp_path / "repo", {"emitter": {"responder": "cached", "pieces": 7, "max_texts": 5,
+                                                           "pythonpath": str(ROOT)}})
+    with serve(repo) as address:
+        for n in (40, 61):  # the second request resends tensors the first one kept
+            _emitter_request(address, n, 7)
+        # a wrong expectation fails: the check reads every response
+        with pytest.raises(RuntimeError, match="response 1 carries ' t1', expected ' t0'"):
+            _emitter_request(address, 10, 1)
+
+
+# --------------------------------------------------------------------------- the serving path's own first-token cost
+
+
 def _triton_benchmark(name: str):
     """benchmark/<name>.py as a module, for a test that runs it in a real tritonserver (skipped without one)."""
     if importlib.util.find_spec("pytriton") is None:
@@ -175,41 +213,6 @@ def _triton_benchmark(name: str):
         return importlib.import_module(name)
     finally:
         sys.path.remove(str(ROOT / "benchmark"))
-
-
-@pytest.mark.triton
-def test_responder_resends_kept_tensors_with_their_own_text(tmp_path):
-    """launcher.serving.triton_io.Responder keeps the tensors that repeat (texts, counts) and sends them again.
-    In a real tritonserver, through the emitter fixture built on the real Responder: two requests, 7 distinct
-    texts cycled, at most 5 kept (so the kept set is dropped and refilled mid-request); every response of both
-    requests must carry its own text, and the final count must be right.  Then benchmark/stub_rate.py end to
-    end on a short run: the five variants check their texts the same way."""
-    import json
-
-    stub_rate = _triton_benchmark("stub_rate")
-    from launcher.testing.serve import make_repository, serve
-
-    repo = make_repository(tmp_path / "repo", {"emitter": {"responder": "cached", "pieces": 7, "max_texts": 5,
-                                                           "pythonpath": str(ROOT)}})
-    with serve(repo) as address:
-        for n in (40, 61):  # the second request resends tensors the first one kept
-            assert stub_rate.one_request(address, "emitter", n, 7)["rate"] > 0
-        # a wrong expectation fails: the check reads every response
-        with pytest.raises(RuntimeError, match="response 1 carries ' t1', expected ' x'"):
-            stub_rate.one_request(address, "emitter", 10, 1)
-
-    out = tmp_path / "rate.json"
-    assert stub_rate.main(["--responses", "300", "--warmup", "20", "--rounds", "1", "--pieces", "9",
-                           "--json", str(out)]) == 0
-    variants = json.loads(out.read_text())["variants"]
-    assert set(variants) == {"fresh", "cached", "cached_new", "bare", "bare_text"}
-    assert all(v["rate"] > 0 and len(v["rounds"]) == 1 for v in variants.values())
-    assert variants["fresh"]["vs_fresh"] == 1.0
-    with pytest.raises(SystemExit):
-        stub_rate.main(["--variants", "fresh,bogus"])
-
-
-# --------------------------------------------------------------------------- the serving path's own first-token cost
 
 
 @pytest.mark.triton

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import threading
 import time
 
@@ -121,14 +120,14 @@ def test_group_first_chunks():
 
 
 def test_prompt_graph_padding_equals_the_unpadded_step(tiny_model_dir):
-    """What a prompt graph replays (HFModelRunner._prefill_body: one prompt padded to its bucket, pads writing to
+    """What a prompt graph replays (hf_graphs.PromptGraphs.body: one prompt padded to its bucket, pads writing to
     the spare slot, the last real token's logits kept) gives the logits and cache of the unpadded eager step.
     CUDA graphs need a GPU; the padded body runs here eagerly, as the capture records it (benchmark/gpu/
     decode_bandwidth.py checks greedy tokens through the captured graphs on one)."""
     from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_model_len=64)
-    assert runner.prefill_graph_limit == 0 and not runner._prefill_graphs  # no graphs off the GPU
+    assert runner.prompt_graphs.limit == 0 and not runner.prompt_graphs.graphs  # no graphs off the GPU
     runner._spare_slots = 1  # as with graphs on: the slot padded rows write to
     runner._allocate_cache(None)
     prompt = list(range(40, 47))
@@ -138,10 +137,10 @@ def test_prompt_graph_padding_equals_the_unpadded_step(tiny_model_dir):
     cache = [(k.clone(), v.clone()) for k, v in runner.cache]
     for k, v in runner.cache:
         k.zero_(), v.zero_()
-    rows, last = runner.prefill_graph_inputs(step, 16)
+    rows, last = runner.prompt_graphs.inputs(step, 16)
     assert last == 6 and rows[2] == [2] * 7 + [4] * 9 and rows[1] == list(range(16))
     with torch.inference_mode():
-        padded = runner._prefill_body(torch.tensor(rows), torch.tensor([last]), 16)
+        padded = runner.prompt_graphs.body(16, torch.tensor(rows), torch.tensor([last]))
     torch.testing.assert_close(padded, unpadded, rtol=1e-5, atol=1e-5)
     for (k, v), (k0, v0) in zip(runner.cache, cache):
         torch.testing.assert_close(k[:4], k0[:4], rtol=1e-6, atol=1e-6)  # real slots: the same, nothing else written
@@ -159,29 +158,29 @@ def test_which_steps_replay_a_prompt_graph(tiny_model_dir):
     assert HFModelRunner.prefill_buckets(100) == [16, 24, 32, 48, 64, 96, 100]
     assert HFModelRunner.prefill_buckets(10) == [10] and HFModelRunner.prefill_buckets(0) == []
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_model_len=64)
-    runner._prefill_graphs = {b: None for b in (16, 24, 32)}  # as if captured
-    runner.prefill_graph_limit = 30
+    runner.prompt_graphs.graphs = {b: None for b in (16, 24, 32)}  # as if captured
+    runner.prompt_graphs.limit = 30
 
     def step(*chunks, decode=()):
         return StepInputs([d for d in decode], [1] * len(decode), [3] * len(decode), list(chunks),
                           [1] * sum(c.length for c in chunks), SamplingRows())
 
-    assert runner.prefill_graph_key(step(PrefillChunk(0, 0, 7, True))) == 16
-    assert runner.prefill_graph_key(step(PrefillChunk(1, 0, 17, True))) == 24
-    assert runner.prefill_graph_key(step(PrefillChunk(1, 0, 30, True))) == 32
+    assert runner.prompt_graphs.key_for(step(PrefillChunk(0, 0, 7, True))) == 16
+    assert runner.prompt_graphs.key_for(step(PrefillChunk(1, 0, 17, True))) == 24
+    assert runner.prompt_graphs.key_for(step(PrefillChunk(1, 0, 30, True))) == 32
     for eager in (step(PrefillChunk(0, 0, 31, True)),  # past the limit
                   step(PrefillChunk(0, 0, 7, True), decode=[1]),  # beside a decode row
                   step(PrefillChunk(0, 0, 7, True), PrefillChunk(1, 0, 5, True)),  # two prompts
                   step(PrefillChunk(0, 8, 7, True)),  # a later chunk (attends to the cache)
                   step(PrefillChunk(0, 0, 7, False)),  # a chunk that does not end its prompt
                   step(decode=[0])):
-        assert runner.prefill_graph_key(eager) is None
+        assert runner.prompt_graphs.key_for(eager) is None
     with pytest.raises(ValueError, match="prefill_graphs=-1 is negative"):
         HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64, prefill_graphs=-1)
 
 
 def test_mixed_graph_body_equals_the_eager_step(tiny_model_dir):
-    """What a mixed graph replays (HFModelRunner._mixed_body: decode rows padded to their bucket by slot, then whole
+    """What a mixed graph replays (hf_graphs.MixedGraphs.body: decode rows padded to their bucket by slot, then whole
     prompts packed and padded, each causal over its own tokens) gives the logits and cache of the unpadded eager
     step, in the step's row order, also with the decode tokens handed over on the device (a step queued ahead).
     CUDA graphs need a GPU; the body runs here eagerly, as the capture records it (benchmark/gpu/decode_bandwidth.py
@@ -189,7 +188,7 @@ def test_mixed_graph_body_equals_the_eager_step(tiny_model_dir):
     from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_model_len=64)
-    assert runner.mixed_limit == 0 and not runner._mixed_graphs  # no graphs off the GPU
+    assert runner.mixed_graphs.limit == 0 and not runner.mixed_graphs.graphs  # no graphs off the GPU
     runner._spare_slots = 1  # as with graphs on: the slot padded rows write to
     runner._allocate_cache(None)
     with torch.inference_mode():  # two sequences decoding, in slots 2 and 0
@@ -203,10 +202,11 @@ def test_mixed_graph_body_equals_the_eager_step(tiny_model_dir):
         eager = runner._run(step)
     after = [(k.clone(), v.clone()) for k, v in runner.cache]
 
-    runner.mixed_limit, runner._mixed_eager = 32, True  # as if captured (the body then runs without a graph)
-    key = runner.mixed_step_key(step)
+    # as if captured (the body then runs without a graph)
+    runner.mixed_graphs.limit, runner.mixed_graphs.stand_in = 32, True
+    key = runner.mixed_graphs.key_for(step)
     assert key == (4, 64, 32)  # rows by slot up to 4 (a power of two), the cache length bucket, 12 tokens in 32
-    values, kept, out = runner.mixed_graph_inputs(step, 4, 32)
+    values, kept, out = runner.mixed_graphs.inputs(step, 4, 32)
     assert values[2][:4] == [0, 4, 2, 4] and values[3][:4] == [5, 1, 10, 1]  # slot rows: padding to the spare slot
     assert values[3][4:] == [0] * 7 + [1] * 5 + [-1] * 20 and values[2][4 + 12:] == [4] * 20
     assert kept == [0, 1, 2, 3, 10, 15] + [35] * 6 and out == [0, 2, 4, 5]
@@ -216,7 +216,7 @@ def test_mixed_graph_body_equals_the_eager_step(tiny_model_dir):
         ahead = step if ids is None else StepInputs(step.decode_slots, [0, 0], step.decode_positions, step.prefill,
                                                     step.prefill_tokens, step.sampling)
         with torch.inference_mode():
-            mixed = runner._graph_mixed(ahead, key, ids)
+            mixed = runner.mixed_graphs.replay(ahead, key, ids)
         torch.testing.assert_close(mixed, eager, rtol=1e-5, atol=1e-5)
         for (k, v), (k1, v1) in zip(runner.cache, after):
             torch.testing.assert_close(k[:4], k1[:4], rtol=1e-6, atol=1e-6)  # real slots: the same, nothing else
@@ -225,16 +225,16 @@ def test_mixed_graph_body_equals_the_eager_step(tiny_model_dir):
 
 
 def test_which_steps_replay_a_mixed_graph(tiny_model_dir):
-    """Decode rows and whole sampled prompts, at most MIXED_PROMPTS of them and mixed_limit tokens in all -> the
-    decode bucket and the smallest packed size that holds them; anything else does not.  A negative limit is
+    """Decode rows and whole sampled prompts, at most MIXED_PROMPTS of them and the mixed-graph limit of tokens in
+    all -> the decode bucket and the smallest packed size that holds them; anything else does not.  A negative limit is
     refused."""
     from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 
     assert HFModelRunner.mixed_buckets(512) == [32, 64, 128, 256, 512]
     assert HFModelRunner.mixed_buckets(100) == [32, 64, 100] and HFModelRunner.mixed_buckets(0) == []
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_model_len=64)
-    runner.mixed_limit = 48
-    runner._mixed_graphs = {(r, 64, t): None for r in (1, 2, 4, 8, 16) for t in (32, 48)}  # as if captured
+    runner.mixed_graphs.limit = 48
+    runner.mixed_graphs.graphs = {(r, 64, t): None for r in (1, 2, 4, 8, 16) for t in (32, 48)}  # as if captured
 
     def step(*chunks, decode=(0,)):
         return StepInputs(list(decode), [1] * len(decode), [3] * len(decode), list(chunks),
@@ -243,9 +243,9 @@ def test_which_steps_replay_a_mixed_graph(tiny_model_dir):
     def whole(*lengths):
         return [PrefillChunk(8 + i, 0, n, True) for i, n in enumerate(lengths)]
 
-    assert runner.mixed_step_key(step(*whole(7))) == (1, 64, 32)
-    assert runner.mixed_step_key(step(*whole(7, 30), decode=(2, 5))) == (8, 64, 48)
-    assert runner.mixed_step_key(step(*whole(*[2] * 8), decode=(9,))) == (16, 64, 32)
+    assert runner.mixed_graphs.key_for(step(*whole(7))) == (1, 64, 32)
+    assert runner.mixed_graphs.key_for(step(*whole(7, 30), decode=(2, 5))) == (8, 64, 48)
+    assert runner.mixed_graphs.key_for(step(*whole(*[2] * 8), decode=(9,))) == (16, 64, 32)
     assert runner.mixed_prompts_fit([20, 28]) and not runner.mixed_prompts_fit([20, 29])
     for other in (step(*whole(7), decode=()),  # no decode rows: a prompt or wave graph
                   step(decode=(0,)),  # no prompt: a decode graph
@@ -253,9 +253,9 @@ def test_which_steps_replay_a_mixed_graph(tiny_model_dir):
                   step(*whole(*[2] * 9)),  # more prompts than a mixed graph keeps logits for
                   step(PrefillChunk(8, 4, 7, True)),  # a later chunk (attends to the cache)
                   step(PrefillChunk(8, 0, 7, False))):  # a chunk that does not end its prompt
-        assert runner.mixed_step_key(other) is None
-    runner._mixed_graphs.clear()
-    assert runner.mixed_step_key(step(*whole(7))) is None and not runner.mixed_prompts_fit([7])  # none captured
+        assert runner.mixed_graphs.key_for(other) is None
+    runner.mixed_graphs.graphs.clear()
+    assert runner.mixed_graphs.key_for(step(*whole(7))) is None and not runner.mixed_prompts_fit([7])  # none captured
     with pytest.raises(ValueError, match="mixed_graphs=-1 is negative"):
         HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64, mixed_graphs=-1)
 
@@ -364,7 +364,7 @@ def test_a_few_prompts_go_alone_through_their_graphs_a_wave_goes_together(tiny_m
 
 
 def test_wave_graph_padding_equals_the_unpadded_step(tiny_model_dir):
-    """What a wave graph replays (HFModelRunner._wave_body: several whole prompts, each in a row padded to the
+    """What a wave graph replays (hf_graphs.WaveGraphs.body: several whole prompts, each in a row padded to the
     bucket, rows past them padding only, pads writing to the spare slot, each row's last real token kept) gives the
     logits and cache of the unpadded eager step.  The padded body runs here eagerly, as the capture records it
     (benchmark/gpu/decode_bandwidth.py checks greedy tokens through the captured graphs on a GPU)."""
@@ -381,13 +381,13 @@ def test_wave_graph_padding_equals_the_unpadded_step(tiny_model_dir):
     cache = [(k.clone(), v.clone()) for k, v in runner.cache]
     for k, v in runner.cache:
         k.zero_(), v.zero_()
-    rows, keep = runner.wave_graph_inputs(step, 4, 16)
+    rows, keep = runner.wave_graphs.inputs(step, 4, 16)
     assert keep == [6, 31, 34, 63]  # each prompt's last token in its row of 16; the empty fourth row's last
     assert rows[1] == list(range(16)) * 4
     assert rows[2] == [0] * 7 + [8] * 9 + [5] * 16 + [2] * 3 + [8] * 13 + [8] * 16  # pads: the spare slot, 8
     assert rows[0][:7] == prompts[0] and rows[0][16:32] == prompts[5] and rows[0][32:35] == prompts[2]
     with torch.inference_mode():
-        padded = runner._wave_body(torch.tensor(rows), torch.tensor(keep), 4, 16)
+        padded = runner.wave_graphs.body((4, 16), torch.tensor(rows), torch.tensor(keep))
     assert padded.shape[0] == 4
     torch.testing.assert_close(padded[:3], unpadded, rtol=1e-5, atol=1e-5)
     for (k, v), (k0, v0) in zip(runner.cache, cache):
@@ -404,12 +404,12 @@ def test_which_steps_replay_a_wave_graph(tiny_model_dir):
 
     assert HFModelRunner.WAVE_ROWS == (2, 4, 8, 16)
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_model_len=64)
-    assert runner.wave_buckets(128) == [(2, 16), (2, 24), (2, 32), (2, 48), (2, 64), (4, 16), (4, 24), (4, 32),
+    assert runner.wave_graphs.keys(128) == [(2, 16), (2, 24), (2, 32), (2, 48), (2, 64), (4, 16), (4, 24), (4, 32),
                                         (8, 16)]
     assert runner.wave_rows == ()  # nothing captured off the GPU
-    runner._prefill_graphs = {b: None for b in (16, 24, 32)}  # as if captured
-    runner._wave_graphs = {key: None for key in runner.wave_buckets(128)}
-    runner.prefill_graph_limit = 32
+    runner.prompt_graphs.graphs = {b: None for b in (16, 24, 32)}  # as if captured
+    runner.wave_graphs.graphs = {key: None for key in runner.wave_graphs.keys(128)}
+    runner.prompt_graphs.limit = 32
     assert runner.wave_rows == (2, 4, 8)
 
     def step(*chunks, decode=()):
@@ -419,10 +419,10 @@ def test_which_steps_replay_a_wave_graph(tiny_model_dir):
     def whole(*lengths):
         return [PrefillChunk(i, 0, n, True) for i, n in enumerate(lengths)]
 
-    assert runner.wave_step_key(step(*whole(7, 5))) == (2, 16)
-    assert runner.wave_step_key(step(*whole(7, 5, 1))) == (4, 16)
-    assert runner.wave_step_key(step(*whole(7, 5, 20, 3))) == (4, 24)
-    assert runner.wave_step_key(step(*whole(*[9] * 5))) == (8, 16)
+    assert runner.wave_graphs.key_for(step(*whole(7, 5))) == (2, 16)
+    assert runner.wave_graphs.key_for(step(*whole(7, 5, 1))) == (4, 16)
+    assert runner.wave_graphs.key_for(step(*whole(7, 5, 20, 3))) == (4, 24)
+    assert runner.wave_graphs.key_for(step(*whole(*[9] * 5))) == (8, 16)
     assert runner.wave_graph_key([30, 2]) == (2, 32)
     for eager in (step(*whole(7)),  # one prompt: its own prompt graph
                   step(*whole(7, 5), decode=[9]),  # beside a decode row
@@ -432,7 +432,7 @@ def test_which_steps_replay_a_wave_graph(tiny_model_dir):
                   step(*whole(40, 40)),  # 2 rows of 48 tokens: captured, but longer than the limit of 32
                   step(PrefillChunk(0, 0, 7, True), PrefillChunk(1, 8, 7, True)),  # a later chunk
                   step(PrefillChunk(0, 0, 7, True), PrefillChunk(1, 0, 5, False))):  # a chunk that is not the end
-        assert runner.wave_step_key(eager) is None
+        assert runner.wave_graphs.key_for(eager) is None
 
 
 def test_a_wave_of_prompts_goes_in_steps_of_its_own_taking_turns_with_the_decode_rows(tiny_model_dir, reference,
@@ -470,13 +470,13 @@ def test_a_wave_of_prompts_goes_in_steps_of_its_own_taking_turns_with_the_decode
 
 def test_prompts_that_fit_a_mixed_graph_go_beside_the_decode_rows(tiny_model_dir, reference, monkeypatch):
     """Where mixed graphs exist (a GPU), prompts that arrive while others decode go in the decode rows' step, all of
-    them in one step when they fit one graph (MIXED_PROMPTS prompts, mixed_limit tokens): the decode rows wait no
-    step of prompts.  More than fit go as before (here, prompt graphs are not there: one eager step beside the decode
-    rows).  Outputs stay those of generate, and the engine counts its mixed steps.  CPU has no CUDA graphs: the
+    them in one step when they fit one graph (MIXED_PROMPTS prompts, the mixed-graph limit of tokens): the decode
+    rows wait no step of prompts.  More than fit go as before (here, prompt graphs are not there: one eager step
+    beside the decode rows).  Outputs stay those of generate, and the engine counts its mixed steps.  CPU has no CUDA graphs: the
     runner is told that it has mixed graphs for up to 64 prompt tokens (their body then runs eagerly here); the
     engine is held inside a step while requests arrive, so the scheduler sees them together."""
     eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_prefill_tokens=256)
-    eng.runner.mixed_limit, eng.runner._mixed_eager = 64, True
+    eng.runner.mixed_graphs.limit, eng.runner.mixed_graphs.stand_in = 64, True
     eng.runner._spare_slots = 1  # as with graphs on: the slot padded rows write to
     eng.runner._allocate_cache(None)
     steps, arrive_together = record_steps(eng)
@@ -557,15 +557,17 @@ def test_grouped_prefill_equals_one_at_a_time(tiny_model_dir, attn):
                           [t for _, p in chunks_of for t in p], SamplingRows())
 
     def logits_of(st):
-        import launcher.engines.hf_runner as hr
+        from launcher.engines.hf_attention import tls
+        from launcher.engines.hf_step import prepare_step
 
-        ctx, ids, pos, idx = runner._prepare(st)
-        hr._tls.ctx, hr._tls.cache = ctx, runner.cache
+        ctx, ids, pos, idx = prepare_step(st, runner.device, runner.num_kv_heads, runner.max_model_len, runner.dtype,
+                                          runner.eager)
+        tls.ctx, tls.cache = ctx, runner.cache
         try:
             with torch.inference_mode():
                 return runner.model(input_ids=ids, position_ids=pos, use_cache=False, logits_to_keep=idx).logits[0], ctx
         finally:
-            hr._tls.ctx = None
+            tls.ctx = None
 
     alone = []
     for slot, p in enumerate(prompts):
@@ -1360,9 +1362,7 @@ def test_tiny_model_folder(tmp_path):
 
 def test_overhead_benchmark_with_output_lengths_of_their_own(tiny_model_dir):
     """benchmark/overhead.py --max-tokens-min: each request generates exactly its own drawn length (so requests end
-    apart and their successors arrive one by one), every round the same ones; a range upside down is refused. The
-    delayed path adds each successor --resend-ms late; a zero delay, and the pinned path without the served one and
-    --split-cpus, are refused."""
+    apart and their successors arrive one by one), every round the same ones; a range upside down is refused."""
     import json
     import random
     import subprocess
@@ -1382,64 +1382,21 @@ def test_overhead_benchmark_with_output_lengths_of_their_own(tiny_model_dir):
     bad = subprocess.run(args + ["--max-tokens-min", "20"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--max-tokens-min 20 must be between 1 and --max-tokens (12)" in bad.stderr
 
-    # the delayed path: the same engine, each successor added --resend-ms after its predecessor finished (one
-    # stream, 3 requests: two successors, so a round takes at least 2 x 0.4 s; the direct path has no delay)
-    delayed = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct", "delayed",
-               "--concurrency", "1", "--rounds", "1", "--requests-per-stream", "3", "--max-tokens", "2",
-               "--warmup-tokens", "2"]
-    proc = subprocess.run(delayed + ["--resend-ms", "400"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    row = json.loads(proc.stdout)["runs"][0]
-    assert row["delayed_round_tokens"] == row["direct_round_tokens"] == [6]
-    assert 6 / row["delayed_tokens_per_s"] >= 0.8 > 6 / row["direct_tokens_per_s"]
-    assert "delayed_ratio" in row and row["delayed_ttft_ms_p50"] is not None
-    for extra, message in ((["--resend-ms", "0"], "--resend-ms 0.0: the delayed path needs a delay above 0"),
-                           (["--paths", "direct", "pinned"], "the pinned path is the served path's server")):
-        bad = subprocess.run(delayed + extra, capture_output=True, text=True, timeout=120)
-        assert bad.returncode == 2 and message in bad.stderr, bad.stderr[-1000:]
-
-
-def test_overhead_benchmark_awake_paths_spinners_pause_under_load(tiny_model_dir):
-    """benchmark/overhead.py --awake-pause-at N: the *_awake paths' spinners pause while an engine holds N
-    requests or more (serve.awake_pause_at), and each such path reports the share of its CPUs' time the spinners
-    kept.  At 3 streams the engine holds 3 requests: with N = 2 they sleep most of the round, with N = 0 they
-    never pause.  Without an awake path the flag is refused."""
-    import json
-    import subprocess
-    import sys
-
-    args = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct",
-            "direct_awake", "--concurrency", "3", "--rounds", "1", "--requests-per-stream", "1", "--max-tokens", "160",
-            "--warmup-tokens", "2"]
-    share = {}
-    for n in (2, 0):
-        proc = subprocess.run(args + ["--awake-pause-at", str(n)], capture_output=True, text=True, timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        out = json.loads(proc.stdout)
-        share[n] = out["runs"][0]["direct_awake_spinner_share"]
-        assert out.get("awake_pause_at") == (n or None)
-        assert "direct_awake's spinners ran" in proc.stderr
-    # paused spinners keep well under what unpaused ones do (measured 0.3-0.6 of it on 2-core machines: the round's
-    # ramp, with fewer than N requests held, is a larger part of it on a slow machine); unpaused, the two match
-    assert share[2] < 0.75 * share[0], share
-    bad = subprocess.run(args[:6] + ["--awake-pause-at", "2"], capture_output=True, text=True, timeout=120)
-    assert bad.returncode == 2 and "add them to --paths" in bad.stderr, bad.stderr[-1000:]
-
 
 def test_overhead_benchmark_stopped_by_sigterm_prints_the_loads_it_finished(tiny_model_dir):
     """benchmark/overhead.py cut by SIGTERM (timeout(1), a lent machine's time limit) in its second load: the first
     load's row is still printed, "interrupted" says where it stopped, and it exits 128 + 15.  The signal goes once
-    the second load's first round is logged: its second round's delayed successor (--resend-ms 1500) keeps it running
-    long enough to be cut there.  The signal comes as timeout(1) sends it: to the process, then to its whole process
+    the second load's first round is logged: its second round (300 tokens a request) keeps it running long enough to
+    be cut there.  The signal comes as timeout(1) sends it: to the process, then to its whole process
     group, the process again among them (a second SIGTERM that killed it outright lost a GPU run's JSON)."""
     import json
     import signal
     import subprocess
     import sys
 
-    args = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct", "delayed",
-            "--concurrency", "1", "2", "--rounds", "2", "--requests-per-stream", "2", "--max-tokens", "2",
-            "--warmup-tokens", "2", "--resend-ms", "1500"]
+    args = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct",
+            "--concurrency", "1", "2", "--rounds", "2", "--requests-per-stream", "2", "--max-tokens", "300",
+            "--warmup-tokens", "2"]
     import os
     import time
 
@@ -1464,7 +1421,7 @@ def test_overhead_benchmark_stopped_by_sigterm_prints_the_loads_it_finished(tiny
     assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     doc = json.loads(out)
     assert [row["concurrency"] for row in doc["runs"]] == [1]
-    assert doc["runs"][0]["delayed_round_tokens"] == doc["runs"][0]["direct_round_tokens"] == [4, 4]
+    assert doc["runs"][0]["direct_round_tokens"] == [600, 600]
     assert doc["interrupted"] == "SIGTERM after 1 of 2 loads"
     assert "interrupted: SIGTERM after 1 of 2 loads" in err
 
@@ -1507,13 +1464,12 @@ def test_a_second_sigterm_soon_after_the_first_does_not_kill_the_overhead_benchm
 
 @pytest.mark.triton
 def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_model_dir, tmp_path):
-    """benchmark/overhead.py --request-rate: an open loop, in-process and through two real tritonservers (served, and
-    served_alt with two response processes) with two client processes, each path sending the 16 requests at the
-    times launcher.bench.runner.arrival_times draws (so no round ends before the last arrival); the served first
-    token is split as in a closed loop, the mean number of requests in flight is reported, and open_loop_table.py
-    tabulates it, a line for each server.  served_alt's tritonserver gets --alt-server-env, the served one not.
-    A rate of 0, the delayed path (which delays a closed loop's successors), served_alt without served and its
-    settings without it are refused before anything starts."""
+    """benchmark/overhead.py --request-rate: an open loop in-process, in an engine process and through a real
+    tritonserver with two client processes, each path sending the 16 requests at the times
+    launcher.bench.runner.arrival_times draws (so no round ends before the last arrival); the served first token is
+    split as in a closed loop, the mean number of requests in flight and the server's CPU a token by role are
+    reported, and the table on stderr has a line for the rate with the TTFT serving added.  A rate of 0, a server
+    parameter without a value and no client process are refused before anything starts."""
     import importlib.util
     import json
     import subprocess
@@ -1525,96 +1481,48 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
         pytest.skip("needs nvidia-pytriton (tritonserver)")
     args = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct", "served",
             "--rounds", "1", "--max-tokens", "4", "--warmup-tokens", "2", "--client-processes", "2"]
-    proc = subprocess.run(args + ["--paths", "direct", "served", "served_alt", "--alt-response-processes", "2",
-                                  "--alt-server-env", "OMP_NUM_THREADS=1", "--request-rate", "12",
-                                  "--open-seconds", "1", "--workdir", str(tmp_path)],
+    proc = subprocess.run(args + ["--paths", "direct", "process", "served", "--request-rate", "12",
+                                  "--open-seconds", "1", "--request-param", "final_counts_only=true",
+                                  "--json", str(tmp_path / "out.json")],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
+    assert json.loads((tmp_path / "out.json").read_text()) == out
+    assert out["request_params"] == {"final_counts_only": True}
     (row,) = out["runs"]  # no closed loop by default once a rate is given
     assert row["request_rate"] == 12 and row["concurrency"] is None and row["requests"] == 16
     last = max(arrival_times(LoadSpec(request_rate=12, num_requests=16, processes=2, seed=12), 16))
     assert last > 0.5  # 16 requests at 12/s: the last one about 1.3 s in
-    for path in ("direct", "served", "served_alt"):
+    for path in ("direct", "process", "served"):
         assert row[f"{path}_round_tokens"] == [64]
         assert 64 / row[f"{path}_tokens_per_s"] >= last  # paced: the round lasted past the last arrival
         assert row[f"{path}_in_flight_mean"] > 0 and row[f"{path}_ttft_ms_p50"] > 0
-    for prefix in ("served", "served_alt"):
-        assert row[f"{prefix}_first_token_ms"]["engine"] > 0 and row[f"{prefix}_first_token_ms"]["send"] > 0
-        # the client's hand-off to gRPC's sending thread, outside TTFT (which counts from the send), is reported
-        assert 0 < row[f"{prefix}_handoff_ms_p50"] <= row[f"{prefix}_handoff_ms_p99"]
-    assert "direct_handoff_ms_p50" not in row
-    assert "ttft_added_ms_p50" in row and "served_alt_ttft_added_ms_p50" in row and "served_alt_ratio" in row
-    assert "rate=12/s: TTFT p50 direct" in proc.stderr
-    # the second server is its own tritonserver, its hf model two instances sharing one engine process
-    assert out["served_alt"]["response_processes"] == 2 and out["response_processes"] == 1
-    alt_log, served_log = (tmp_path / "alt" / "tritonserver.log").read_text(), (tmp_path / "tritonserver.log").read_text()
-    assert "2 instances share" in alt_log and "instances share" not in served_log
-    assert out["served_alt"]["server_env"] == {"OMP_NUM_THREADS": "1"} and not out.get("server_env")
+    assert row["served_first_token_ms"]["engine"] > 0 and row["served_first_token_ms"]["send"] > 0
+    assert "ttft_added_ms_p50" in row and "ratio" in row and "process_ratio" in row
+    assert "rate=12/s: direct" in proc.stderr
     # the server's CPU a token is split by role: tritonserver, its stubs, the engine process (which decodes here, so
     # it used more than a clock tick; the roles' processes themselves: tests/integration/test_bench.py); the parts add up
     cpu = row["cpu_us_per_token"]
-    for key, total in (("server_by_role", "server"), ("served_alt_server_by_role", "served_alt_server")):
-        roles = cpu[key]
-        assert set(roles) == {"tritonserver", "stubs", "engine", "other"} and roles["engine"] > 0, roles
-        assert abs(sum(roles.values()) - cpu[total]) <= 0.5 + 0.01 * cpu[total], (roles, cpu[total])
-    assert re.search(r"server \d+ \(tritonserver \d+, stubs \d+, engine \d+", proc.stderr), proc.stderr[-2000:]
-    # each served path's engine process is found (its CUDA libraries listed: none on a CPU)
-    assert "served engine process: pid " in proc.stderr and "served_alt engine process: pid " in proc.stderr
-    assert "(not found)" not in proc.stderr and set(out["cuda_libraries"]) == {"direct", "served", "served_alt"}
-    # benchmark/gpu/open_loop_table.py (one_gpu.sh step 3b): a line per rate and server, the TTFT added as the JSON has it
-    table = subprocess.run([sys.executable, "benchmark/gpu/open_loop_table.py", "/dev/stdin"], input=proc.stdout,
-                           capture_output=True, text=True, timeout=60)
-    assert table.returncode == 0, table.stderr
-    head, line, alt = table.stdout.splitlines()
-    assert "TTFT p50 in/served ms" in head and "(alt: OMP_NUM_THREADS=1, response_processes=2)" in head
-    assert line.split()[0] == "12" and alt.split()[0] == "alt"
-    assert f"{row['ttft_added_ms_p50']:.2f}" in line.split()
-    assert f"{row['served_alt_ttft_added_ms_p50']:.2f}" in alt.split()
-    roles = row["cpu_us_per_token"]["served_alt_server_by_role"]
-    assert alt.split()[-1] == "+".join(f"{roles[k]:.0f}" for k in ("tritonserver", "stubs", "engine"))
+    roles = cpu["server_by_role"]
+    assert set(roles) == {"tritonserver", "stubs", "engine", "other"} and roles["engine"] > 0, roles
+    assert abs(sum(roles.values()) - cpu["server"]) <= 0.5 + 0.01 * cpu["server"], (roles, cpu["server"])
+    # the table: a header, then a line for the rate with the TTFT added and the server's CPU by role
+    lines = proc.stderr.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:1] == ["load"])
+    assert "TTFT p50 in/served" in lines[head] and "served/in" in lines[head]
+    line = lines[head + 1].split()
+    assert line[0] == "12/s" and f"{row['ttft_added_ms_p50']:.2f}" in line
+    assert line[-1] == "+".join(f"{roles[k]:.0f}" for k in ("tritonserver", "stubs", "engine"))
     for extra, message in ((["--request-rate", "0"], "--request-rate 0: a rate is a number of requests/s above 0"),
-                           (["--request-rate", "5", "--paths", "direct", "delayed"], "an open loop (--request-rate) has none"),
-                           (["--paths", "direct", "served_alt"], "the served_alt path is measured against the served one"),
-                           (["--alt-server-param", "gil=1"], "set up the served_alt path: add served_alt to --paths"),
-                           (["--alt-server-env", "X=1"], "set up the served_alt path: add served_alt to --paths"),
                            (["--server-param", "cuda_graphs"], "'cuda_graphs': write KEY=VALUE"),
-                           (["--client-processes", "0"], "--client-processes 0: a count of processes is 1 or more"),
-                           (["--client-processes", "2", "2"], "--client-processes 2 2: each count once")):
+                           (["--client-processes", "0"], "--client-processes 0: a count of processes is 1 or more")):
         bad = subprocess.run(args + extra, capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2 and message in bad.stderr and "starting tritonserver" not in bad.stderr, bad.stderr[-1000:]
 
 
-def test_prompts_alone_benchmark_runs_both_engines_on_the_same_load(tiny_model_dir, tmp_path):
-    """benchmark/gpu/prompts_alone.py on CPU (no graphs: a dry run): the three engines take turns on the same requests
-    of their own lengths, every round generating exactly the drawn lengths; bad ranges are refused before any
-    engine starts.  A negative prompts_alone is refused before the model loads."""
-    import json
-    import subprocess
-    import sys
-
-    from launcher.bench.loads import draw_output_lengths
-
-    args = [sys.executable, "benchmark/gpu/prompts_alone.py", "--model", str(tiny_model_dir), "--device", "cpu",
-            "--dtype", "float32", "--max-num-seqs", "4", "--concurrency", "2", "--rounds", "2",
-            "--requests-per-stream", "3", "--prompt-tokens", "16", "--max-tokens", "12"]
-    proc = subprocess.run(args + ["--max-tokens-min", "2"], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout)
-    (row,) = out["runs"]
-    want = sum(draw_output_lengths(6, 2, 12, seed=2))
-    assert row["output_tokens"] == want and out["max_tokens"] == [2, 12]
-    for name in ("mixed", "alone", "eager"):
-        assert row[name]["round_tokens"] == [want, want] and row[name]["tokens_per_s"] > 0
-        assert 0 < row[name]["engine_steps"]["prompt"] <= 1 and row[name]["ttft_ms_p50"] > 0
-    assert row["alone_vs_eager"] == round(row["alone"]["tokens_per_s"] / row["eager"]["tokens_per_s"], 4)
-    assert row["mixed_vs_alone"] == round(row["mixed"]["tokens_per_s"] / row["alone"]["tokens_per_s"], 4)
-    assert "mixed / alone" in proc.stderr and "alone / eager" in proc.stderr
-    for bad, msg in ((["--max-tokens-min", "13"], "--max-tokens-min 13 must be between 1 and --max-tokens (12)"),
-                     (["--max-tokens-min", "2", "--concurrency", "8"],
-                      "--concurrency 8 is more than --max-num-seqs 4")):
-        p = subprocess.run(args + bad, capture_output=True, text=True, timeout=120)
-        assert p.returncode == 2 and msg in p.stderr and "loading" not in p.stderr
+def test_prompts_alone_zero_is_kept_and_a_negative_one_refused_before_the_model_loads(tiny_model_dir, tmp_path):
+    """prompts_alone=0 (no prompt goes alone through its prompt graphs) is kept as given; a negative count is refused
+    before the model loads."""
     eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2, prompts_alone=0)
     assert eng._prompts_alone == 0
     nothing = tmp_path / "no-model"  # refused before loading: a model that is not there is never looked at

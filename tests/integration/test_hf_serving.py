@@ -285,7 +285,7 @@ def test_in_thread_engine_variant(tiny_model_dir, tmp_path):
             rids = [s.send(build_inputs(Generation(f"{PROMPT} {i}", max_tokens=12, ignore_eos=True)))
                     for i in range(8)]
             assert all(s.collect(r)[0][-1][1] == 12 for r in rids)
-            # where benchmark/overhead.py looks for this engine's libraries: the stub, no engine process
+            # engine_process=false: the engine runs in the stub, with no engine process of its own
             from launcher.testing.processes import engine_pids, stub_pids
 
             assert engine_pids(srv.proc.pid) == [] and len(stub_pids(srv.proc.pid)) == 1

@@ -245,56 +245,39 @@ def test_overhead_loads_repeat_each_load_per_client_process_count():
     assert one.label() == "rate=250/s" and one.arrivals() == eight  # one count: labels as before
 
 
-def test_open_loop_table_has_a_line_per_served_path():
-    """benchmark/gpu/open_loop_table.py: per open-loop rate a line for the served path and one for each other server
-    path the run measured (served_alt: `alt`; pinned, the served server with its engine process on cores of its own:
-    `pinned`), each with the TTFT it adds as overhead.py computed it; a closed loop's row is labelled C=N.  Figures
-    are from two H200s: an open loop at 240 req/s and a closed loop at C=8 (8 response processes; served_alt one).  The engine columns:
-    the share of steps with prompts in-process / served and of mixed steps served, and requests a hand-over."""
-    mod = _script("gpu", "open_loop_table.py")
+def test_overhead_table_has_a_line_per_load():
+    """benchmark/overhead.py's table: a line per load (an open loop labelled by its rate, a closed one C=N) with each
+    path's tokens/s and ratio to in-process, the TTFT serving adds as the JSON has it, the served first token's
+    parts, ITL and requests in flight in-process / served, and the server's CPU a token by role; "-" where a run has
+    no figure.  Without the served path the served columns are left out."""
+    mod = _script("overhead.py")
 
-    def path(prefix, p50, mean, in_flight, itl, add):
-        return {f"{prefix}_ttft_ms_p50": p50, f"{prefix}_ttft_ms_mean": mean, f"{prefix}_in_flight_mean": in_flight,
-                f"{prefix}_itl_ms_p50": itl, f"{prefix}_first_token_ms": {
-                    "parse": 0.11, "add": add, "engine": 5.26, "back": 0.25, "respond": 0.34, "send": 0.27, "outside_server": 1.0}}
+    def path(prefix, tps, p50, itl, in_flight):
+        return {f"{prefix}_tokens_per_s": tps, f"{prefix}_ttft_ms_p50": p50, f"{prefix}_itl_ms_p50": itl,
+                f"{prefix}_in_flight_mean": in_flight}
 
-    row = {"request_rate": 240.0, "direct_ttft_ms_p50": 5.014, "direct_ttft_ms_mean": 5.248,
-           "direct_in_flight_mean": 77.13, "direct_itl_ms_p50": 2.984,
-           **path("served", 7.077, 7.375, 77.955, 3.012, 0.427), "ttft_added_ms_p50": 2.063, "ratio": 0.9996,
-           **path("pinned", 7.14, 7.404, 77.55, 2.987, 0.419), "pinned_ttft_added_ms_p50": 2.126,
-           "pinned_ratio": 0.9997}
-    closed = {"request_rate": None, "concurrency": 8, "direct_ttft_ms_p50": 7.348, "direct_ttft_ms_mean": 6.776,
-              "direct_in_flight_mean": 7.92, "direct_itl_ms_p50": 1.309,
-              **path("served", 10.061, 9.939, 7.98, 1.33, 1.727), "ttft_added_ms_p50": 2.713, "ratio": 0.9846,
-              **path("served_alt", 11.388, 10.271, 7.98, 1.318, 0.385), "served_alt_ttft_added_ms_p50": 4.04,
-              "served_alt_ratio": 0.9867}
-    doc = {"runs": [closed], "response_processes": 8, "server_params": {"response_threads": "2"},
-           "served_alt": {"response_processes": 1, "server_params": {"response_threads": "2"}, "server_env": {}}}
-    head, c8, alt = mod.table(doc).splitlines()
-    assert head.split()[0] == "load" and head.endswith("(alt: response_processes=1)")
-    asked = dict(doc, request_params={"final_counts_only": True},
-                 served_alt=dict(doc["served_alt"], response_processes=8, request_params={"final_counts_only": False}))
-    assert mod.table(asked).splitlines()[0].endswith("(alt: request final_counts_only=False)")
-    assert c8.split()[0] == "C=8" and "2.71" in c8.split() and "1.73" in c8.split() and "0.985" in c8.split()
-    assert alt.split()[0] == "alt" and "4.04" in alt.split() and "3.50" in alt.split()  # mean added: 10.271 - 6.776
-    # no engine splits nor CPU here: prompt steps in / served, mixed steps, hand-overs, CPU
-    assert c8.split().count("-") == 5
-    split = {"direct_engine_steps": {"prompt": 0.018},
-             "served_engine_steps": {"prompt": 0.021, "mixed": 0.0135, "per_intake": 1.395}}
-    c8 = mod.table(dict(doc, runs=[dict(closed, **split)])).splitlines()[1].split()
-    assert c8[c8.index("1.8") + 1:c8.index("1.8") + 5] == ["/", "2.1", "1.4", "1.40"], c8
-    many = [dict(closed, client_processes=8), dict(closed, client_processes=16, ttft_added_ms_p50=2.5)]
-    _, c8_8, _, c8_16, _ = mod.table(dict(doc, runs=many)).splitlines()  # several client counts: a row each
-    assert c8_8.split()[:2] == ["C=8", "x8"] and c8_16.split()[:2] == ["C=8", "x16"] and "2.50" in c8_16.split()
-    doc = {"runs": [row], "response_processes": 8, "server_params": {}}
-    head, served, pinned = mod.table(doc).splitlines()
-    assert "TTFT p50 in/served ms" in head and "alt:" not in head
-    assert served.split()[0] == "240" and pinned.split()[0] == "pinned"
-    assert "2.06" in served.split() and "0.43" in served.split()
-    assert served.split()[served.split().index("0.34") + 1] == "0.27"  # send, after respond
-    assert "send" in head.split() and head.split().index("send") == head.split().index("respond") + 1
-    assert "2.13" in pinned.split() and "0.42" in pinned.split()
-    assert "2.16" in pinned.split()  # its mean added: 7.404 - 5.248
+    split = {"parse": 0.11, "add": 0.43, "engine": 5.26, "back": 0.25, "respond": 0.34, "send": 0.27,
+             "inside_server": 6.66, "outside_server": 1.0}
+    roles = {"tritonserver": 61.2, "stubs": 29.0, "engine": 198.4, "other": 0.0}
+    rate = {"request_rate": 240.0, "concurrency": None, **path("direct", 30000.0, 5.014, 2.984, 77.13),
+            **path("process", 29900.0, 5.5, 2.99, 77.5), **path("served", 29988.0, 7.077, 3.012, 77.955),
+            "process_ratio": 0.9967, "ratio": 0.9996, "ttft_added_ms_p50": 2.063, "served_first_token_ms": split,
+            "cpu_us_per_token": {"server_by_role": roles}}
+    closed = dict(rate, request_rate=None, concurrency=8, served_vs_generate=2.5013, served_first_token_ms=None)
+    doc = {"paths": ["direct", "process", "served"], "runs": [closed, rate]}
+    head, c8, r240 = mod.table(doc).splitlines()
+    assert head.split()[0] == "load" and "TTFT p50 in/served" in head and "send" in head.split()
+    assert head.split().index("send") == head.split().index("respond") + 1
+    assert c8.split()[0] == "C=8" and r240.split()[0] == "240/s"
+    cells = r240.split()
+    assert cells[1:6] == ["30000.0", "29900.0", "29988.0", "0.997", "1.000"]
+    assert "2.06" in cells and cells[cells.index("0.34") + 1] == "0.27"  # send, after respond
+    assert cells[-1] == "61+29+198" and cells[-2] == "-"  # no static generate at a rate
+    assert c8.split()[-2] == "2.501" and c8.split().count("-") == 7  # no first-token split: its six parts and outside
+    assert "2.984 / 3.012" in r240 and "77.1 / 78.0" in r240
+    alone = mod.table({"paths": ["direct"], "runs": [path("direct", 500.0, 1.5, 2.0, 1.0) | {"concurrency": 1}]})
+    head, line = alone.splitlines()
+    assert "TTFT p50 in/served" not in head and line.split()[:2] == ["C=1", "500.0"]
 
 
 def test_arrival_times_are_one_schedule_whatever_the_processes():

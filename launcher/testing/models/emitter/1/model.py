@@ -13,7 +13,7 @@ server, so the client is the bottleneck sooner.
 Parameter `responder` ("" by default) builds every response with the hf
 model's launcher.serving.triton_io.Responder instead, all four outputs:
 "cached" as the hf model does (tensors that repeat are kept and resent),
-"fresh" with every tensor built afresh (benchmark/stub_rate.py compares them;
+"fresh" with every tensor built afresh (what keeping them saves;
 `pythonpath` is where `launcher` imports from; `max_texts` sets the Responder's
 bound on kept texts).  Parameter `pieces` (default 1:
 always " x") cycles the text of the intermediate responses through that many
