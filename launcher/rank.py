@@ -391,17 +391,14 @@ def _frontend_only(frontend, stopping, all_lost) -> Tuple[str, Optional[int]]:
 
 
 def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path: Optional[str] = None) -> int:
-    """Run this process's rank to the end; returns the exit status.  With serve.keep_cpus_awake, idle-priority
-    spinners keep this rank's CPUs from sleeping meanwhile (launcher/awake.py)."""
-    from launcher import awake
+    """Run this process's rank to the end; returns the exit status."""
     from launcher.spec import LaunchSpec
 
     environ = dict(os.environ if environ is None else environ)
     spec = LaunchSpec.from_json((Path(run_dir) / "launch.json").read_text())
     topo = read_topology(environ)
     say = lambda msg: print(f"[llmlaunch rank {topo.rank} {topo.hostname}] {msg}", flush=True)  # noqa: E731
-    with awake.kept_for(spec.serve, topo.local_rank, run_dir, say):
-        return _run_rank(Path(run_dir), spec, topo, environ, log_path, say)
+    return _run_rank(Path(run_dir), spec, topo, environ, log_path, say)
 
 
 def _run_rank(run: Path, spec, topo: Topology, environ: Dict[str, str], log_path: Optional[str], say) -> int:

@@ -153,8 +153,6 @@ class ServeConfig:
     log_verbose: int = 0  # tritonserver --log-verbose level
     drain_timeout_s: float = 30.0  # on stop, how long in-flight requests may finish before the server is killed
     frontend_processes: int = 0  # replicas > 1: front-end processes sharing the gRPC port (SO_REUSEPORT); 0 = one per process sending responses (replicas x engine.response_processes), at most half rank 0's CPUs
-    keep_cpus_awake: bool = False  # idle-priority spinners on each rank's CPUs: threads wake without a halted vCPU's delay (median first token at one stream -0.1 to -0.46 ms on VMs, its p99 up to +1.2 ms), at the cost of 100% CPU while the server is idle or lightly loaded (launcher/awake.py)
-    awake_pause_at: int = 2  # with keep_cpus_awake: the spinners pause while an hf engine of the node holds this many requests or more (busy threads seldom sleep, and a spinner slows its hyperthread sibling); 0: never pause
 
 
 @dataclass

@@ -257,8 +257,6 @@ def build_spec(cfg) -> LaunchSpec:
          "a response per engine step", "0, or 8 to merge a stream's tokens into fewer responses under load"),
         ("serve.frontend_processes", serve.get("frontend_processes", 0), "front-end processes", "one per process sending responses",
          "0, or a count like 4"),
-        ("serve.awake_pause_at", serve.get("awake_pause_at", 0), "requests an engine holds when keep_cpus_awake's "
-         "spinners pause", "never pause", "2 (spin while an engine holds 0 or 1 requests), or 0"),
     ):
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
             problems.append((f"{name}={v!r}", f"{what}: a whole number, 0 = {zero}", f"set {name}={fix}"))

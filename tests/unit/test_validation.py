@@ -34,7 +34,6 @@ CASES = [
     (["serve.grpc_port=70000"], "serve.grpc_port=70000", "1-65535"),
     (["serve.grpc_port=8000"], "serve.http_port=8000", "the same port as serve.grpc_port"),
     (["replicas=2", "serve.frontend_processes=-1"], "serve.frontend_processes=-1", "set serve.frontend_processes=0"),
-    (["serve.keep_cpus_awake=true", "serve.awake_pause_at=-1"], "serve.awake_pause_at=-1", "set serve.awake_pause_at=2"),
     (["job_name='a;b'"], "job_name='a;b'", "letters, digits"),
     (["job_name=a;b"], "job_name=a;b", "quote the value"),
     (["cluster=slurm", "cluster.partition='a b'"], "cluster.partition='a b'", "#SBATCH"),
