@@ -85,26 +85,21 @@ class HFEngineArgs:
         """Response threads on this device (response_threads, or its device default)."""
         return self.response_threads or (1 if device_type == "cpu" else 4)
 
-    def engine_kwargs(self) -> dict:
-        """The keywords of `launcher.engines.hf_engine.Engine` (0 / "" / auto become its None: decided once the
-        device is known)."""
+    def runner_kwargs(self) -> dict:
+        """The keywords of `launcher.engines.hf_runner.HFModelRunner` (and hf_tp.run_worker) beside the model path
+        (0 / auto become its None: decided once the device is known)."""
         return {
-            "model_path": self.model_path,
-            "tokenizer_path": self.tokenizer_path or None,
             "device": self.device,
             "dtype": self.dtype,
             "max_num_seqs": self.max_num_seqs,
             "max_model_len": self.max_model_len or None,
-            "max_prefill_tokens": self.prefill_chunk or None,
             "attn_implementation": self.attn_implementation,
-            "threads": self.torch_threads or None,
+            "tp": self.tp_size,
             "cuda_graphs": self.cuda_graphs,
             "torch_compile": {"auto": None, "true": True, "false": False}[_auto_flag("torch_compile", self.torch_compile)],
             "cudnn_attention": self.cudnn_attention,
             "prefill_graphs": self.prefill_graphs,
             "mixed_graphs": self.mixed_graphs,
-            "prompts_alone": self.prompts_alone,
-            "tp": self.tp_size,
         }
 
 

@@ -262,8 +262,8 @@ def test_hf_model_json_carries_the_engine_config():
 
     params = config_params(spec)
     assert set(params) == {"engine_args_file", HONOURED_PARAMETERS_KEY} and params["engine_args_file"] == "model.json"
-    kwargs = args.engine_kwargs()
-    assert (kwargs["max_prefill_tokens"], kwargs["torch_compile"], kwargs["max_model_len"]) == (1024, True, None)
+    kwargs = args.runner_kwargs()
+    assert (args.prefill_tokens("cuda"), kwargs["torch_compile"], kwargs["max_model_len"]) == (1024, True, None)
 
 
 def test_hf_engine_args_refuse_unknown_keys():
