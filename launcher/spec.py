@@ -251,12 +251,8 @@ def build_spec(cfg) -> LaunchSpec:
     for name, v, what, zero, fix in (
         ("engine.prefill_chunk", engine.get("prefill_chunk", 0), "prompt tokens per engine step", "the engine's default",
          "0 (512 on CPU, 2048 on a GPU) or a positive number like 1024"),
-        ("engine.response_threads", engine.get("response_threads", 0), "threads sending responses", "the engine's default",
-         "0 (1 on CPU, 4 on a GPU) or a positive number like 8"),
         ("engine.stream_interval_ms", engine.get("stream_interval_ms", 0), "least ms between two responses of a stream",
          "a response per engine step", "0, or 8 to merge a stream's tokens into fewer responses under load"),
-        ("serve.frontend_processes", serve.get("frontend_processes", 0), "front-end processes", "one per process sending responses",
-         "0, or a count like 4"),
     ):
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
             problems.append((f"{name}={v!r}", f"{what}: a whole number, 0 = {zero}", f"set {name}={fix}"))

@@ -44,8 +44,6 @@ class HFEngineArgs:
     # -- responses (the Triton model's side)
     engine_process: bool = True  # run the engine in a child process, so building and sending responses never competes with the engine loop for the GIL; false runs it in the stub, whose interpreter then needs torch and transformers
     stream_interval_ms: int = 0  # least time between two streamed responses of a request; tokens made meanwhile go in one response (its first token and its end never wait). 0 = a response per engine step. Each response costs the server CPU, so under load a few ms cut the first token's serving overhead
-    response_threads: int = 0  # threads of the Triton model that build and send the streams' responses, each owning a share of the streams; 0 = 1 on CPU (more compete with the engine there), 4 on a GPU
-    response_nice: int = -1  # nice value tritonserver and the stubs take once the engine process started, so where the node's CPUs are all busy the engine's threads run first: 0-19, 0 = unchanged, -1 = 10 for an engine on a GPU and 0 on CPU
     cancel_check_ms: int = 50  # how often (per request) to ask Triton whether the client cancelled; each ask is a round trip to the server; 0 = every step
 
     # ------------------------------------------------------------------------------------------------ reading
@@ -80,10 +78,6 @@ class HFEngineArgs:
     def prefill_tokens(self, device_type: str) -> int:
         """Prompt tokens per step on this device (prefill_chunk, or its device default)."""
         return prefill_tokens(self.prefill_chunk, device_type)
-
-    def responder_threads(self, device_type: str) -> int:
-        """Response threads on this device (response_threads, or its device default)."""
-        return self.response_threads or (1 if device_type == "cpu" else 4)
 
     def runner_kwargs(self) -> dict:
         """The keywords of `launcher.engines.hf_runner.HFModelRunner` (and hf_tp.run_worker) beside the model path

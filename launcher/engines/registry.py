@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Tuple
 
-from launcher.serving.priority import nice_problem
 
 REPO_SOURCES = Path(__file__).resolve().parents[2] / "model_repository"
 
@@ -98,12 +97,6 @@ def _hf_check(c) -> List[Tuple[str, str, str]]:
     if n > 1 and c["tp"] != 1:
         return [(f"engine.response_processes={n}", f"with tp={c['tp']} each rank runs one model instance (the "
                  "tensor-parallel leader's engine process is not shared)", "set engine.response_processes=1")]
-    from launcher.engines.hf_args import DEFAULTS
-
-    nice = c["engine"].get("response_nice", DEFAULTS.response_nice)
-    problem = nice_problem(nice, default_ok=True)
-    if problem:
-        return [(f"engine.response_nice={nice!r}", problem, "set engine.response_nice=-1, 0 or 10")]
     # tp > 1: one tritonserver per rank, rank 0 leads (launcher/engines/hf_tp.py); whether tp divides the
     # model's heads and kv heads is checked when the ranks load it (a clear error, the job fails).
     return []
