@@ -66,11 +66,7 @@ def serve_foreground(spec: LaunchSpec, run_dir: str) -> int:
     say(f"run dir: {run}")
     stop = _Stop()
     if spec.world_size == 1:
-        from launcher import awake
-
-        # one rank served from here (several: each rank process keeps its own CPUs awake, launcher.rank)
-        with awake.kept_for(spec.serve, 0, str(run), say):
-            return _serve_one(spec, run, install, stop)
+        return _serve_one(spec, run, install, stop)
     return _serve_ranks(spec, run, stop)
 
 

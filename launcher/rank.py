@@ -365,17 +365,14 @@ def _frontend_only(frontend, stopping, all_lost) -> Tuple[str, Optional[int]]:
 
 
 def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path: Optional[str] = None) -> int:
-    """Run this process's rank to the end; returns the exit status.  With serve.keep_cpus_awake, idle-priority
-    spinners keep this rank's CPUs from sleeping meanwhile (launcher/awake.py)."""
-    from launcher import awake
+    """Run this process's rank to the end; returns the exit status."""
     from launcher.rundir import RunDir
 
     environ = dict(os.environ if environ is None else environ)
     spec = RunDir(run_dir).read_spec()
     topo = read_topology(environ)
     say = lambda msg: print(f"[llmlaunch rank {topo.rank} {topo.hostname}] {msg}", flush=True)  # noqa: E731
-    with awake.kept_for(spec.serve, topo.local_rank, run_dir, say):
-        return _run_rank(RunDir(run_dir), spec, topo, environ, log_path, say)
+    return _run_rank(RunDir(run_dir), spec, topo, environ, log_path, say)
 
 
 def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Optional[str], say) -> int:

@@ -270,12 +270,6 @@ def plan_text(spec: LaunchSpec, run_dir: str, composed_yaml: str = "") -> str:
     )
     out.append(f"gRPC endpoint: rank 0, {spec.host}:{spec.serve.grpc_port}, model {spec.model_name}")
     out.append(layout_table(spec))
-    if spec.serve.keep_cpus_awake:
-        pause = int(spec.serve.awake_pause_at)
-        out.append("keep_cpus_awake: while they serve, each node's first rank (and any rank bound to CPUs of its own) "
-                   "runs one idle-priority spinner per CPU it may use (launcher/awake.py); "
-                   + (f"they pause while an hf engine of the node holds {pause} requests or more" if pause
-                      else "they never pause"))
     for rel, text in repository_files(spec).items():
         sec(f"file model_repository/{rel}")
         out.append(text.rstrip() if rel.endswith((".pbtxt", ".json")) else "(copied from the checkout's model_repository/)")

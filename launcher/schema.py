@@ -88,10 +88,8 @@ class HFEngineConfig(EngineConfig):
     attn_implementation: str = _HF.attn_implementation  # transformers attention kernel: sdpa | eager
     prefill_chunk: int = _HF.prefill_chunk  # prompt tokens prefilled per engine step (0: by device)
     cuda_graphs: bool = _HF.cuda_graphs  # replay decode steps and prompt steps as captured CUDA graphs (GPU)
-    response_threads: int = _HF.response_threads  # threads of the Triton model that send the streams' responses (0: by device)
-    response_nice: int = _HF.response_nice  # nice value of tritonserver and the stubs once the engine process started (-1: by device)
     stream_interval_ms: int = _HF.stream_interval_ms  # least time between two streamed responses of a request (0: every step)
-    response_processes: int = 1  # Triton model instances (stub processes, each with its own GIL) that share the engine process and send its responses; tp=1 only
+    response_processes: int = 1  # Triton model instances (stub processes, each with its own GIL) that share the engine process and send its responses; tp=1 only. The one responder setting (launcher/serving/responders.py derives threads per stub, nice and front-end processes from it, the device and the CPUs): one stub sends a few thousand responses/s whatever its threads, so the streams served at once, which only the user knows, decide it (1 up to tens of streams, 2-4 for 128 on a GPU)
     torch_compile: str = _HF.torch_compile  # auto | true | false: fuse the model's small kernels with torch.compile
     cudnn_attention: str = _HF.cudnn_attention  # graphs | all | off: where attention may use cuDNN
 
@@ -154,9 +152,6 @@ class ServeConfig:
     ready_timeout_s: float = 900.0  # give up waiting for READY after this many seconds
     log_verbose: int = 0  # tritonserver --log-verbose level
     drain_timeout_s: float = 30.0  # on stop, how long in-flight requests may finish before the server is killed
-    frontend_processes: int = 0  # replicas > 1: front-end processes sharing the gRPC port (SO_REUSEPORT); 0 = one per process sending responses (replicas x engine.response_processes), at most half rank 0's CPUs
-    keep_cpus_awake: bool = False  # idle-priority spinners on each rank's CPUs: threads wake without a halted vCPU's delay (median first token at one stream -0.1 to -0.46 ms on VMs, its p99 up to +1.2 ms), at the cost of 100% CPU while the server is idle or lightly loaded (launcher/awake.py)
-    awake_pause_at: int = 2  # with keep_cpus_awake: the spinners pause while an hf engine of the node holds this many requests or more (busy threads seldom sleep, and a spinner slows its hyperthread sibling); 0: never pause
 
 
 @dataclass

@@ -281,12 +281,6 @@ def build_spec(cfg) -> LaunchSpec:
     for what, v in (("pp", pp), ("nodes", nodes), ("replicas", replicas), ("cluster.gpus_per_node", gpn), ("engine.max_num_seqs", engine.max_num_seqs)):
         if not isinstance(v, int) or v < 1:
             problems.append((f"{what}={v!r}", "must be a whole number >= 1", f"set {what} to 1 or more"))
-    check_counts(problems, (
-        ("serve.frontend_processes", serve.frontend_processes, "front-end processes", "one per process sending responses",
-         "0, or a count like 4"),
-        ("serve.awake_pause_at", serve.awake_pause_at, "requests an engine holds when keep_cpus_awake's "
-         "spinners pause", "never pause", "2 (spin while an engine holds 0 or 1 requests), or 0"),
-    ))
     if not _is_pow2(tp):
         problems.append((f"tp={tp!r}", "tp must be a power of two dividing the job's GPUs (attention heads split evenly)", "use tp=1, 2, 4 or 8"))
     if cluster.scheduler == "local" and nodes != 1:

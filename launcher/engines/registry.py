@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
 
-from launcher.serving.priority import nice_problem
 
 REPO_SOURCES = Path(__file__).resolve().parents[2] / "model_repository"
 
@@ -106,8 +105,6 @@ def _hf_check(c) -> List[Tuple[str, str, str]]:
     check_counts(problems, (
         ("engine.prefill_chunk", e.prefill_chunk, "prompt tokens per engine step", "the engine's default",
          "0 (512 on CPU, 2048 on a GPU) or a positive number like 1024"),
-        ("engine.response_threads", e.response_threads, "threads sending responses", "the engine's default",
-         "0 (1 on CPU, 4 on a GPU) or a positive number like 8"),
         ("engine.stream_interval_ms", e.stream_interval_ms, "least ms between two responses of a stream",
          "a response per engine step", "0, or 8 to merge a stream's tokens into fewer responses under load"),
     ))
@@ -127,9 +124,6 @@ def _hf_serving_check(c) -> List[Tuple[str, str, str]]:
     if n > 1 and c.tp != 1:
         return [(f"engine.response_processes={n}", f"with tp={c.tp} each rank runs one model instance (the "
                  "tensor-parallel leader's engine process is not shared)", "set engine.response_processes=1")]
-    problem = nice_problem(e.response_nice, default_ok=True)
-    if problem:
-        return [(f"engine.response_nice={e.response_nice!r}", problem, "set engine.response_nice=-1, 0 or 10")]
     # tp > 1: one tritonserver per rank, rank 0 leads (launcher/engines/hf_tp.py); whether tp divides the
     # model's heads and kv heads is checked when the ranks load it (a clear error, the job fails).
     return []

@@ -303,13 +303,13 @@ def test_hf_model_json_carries_the_engine_config():
     args = HFEngineArgs.from_dict(json.loads(files["hf_model/1/model.json"]))
     assert (args.model_path, args.tp_size, args.dtype, args.prefill_chunk) == ("/models/llama-70b", 2, "bfloat16", 1024)
     assert (args.torch_compile, args.cuda_graphs, args.stream_interval_ms) == ("true", False, 8)
-    assert (args.max_num_seqs, args.response_nice, args.cudnn_attention) == (HFEngineArgs().max_num_seqs, -1, "graphs")
+    assert (args.max_num_seqs, args.cudnn_attention) == (HFEngineArgs().max_num_seqs, "graphs")
     from launcher.contract import HONOURED_PARAMETERS_KEY
 
     params = config_params(spec)
     assert set(params) == {"engine_args_file", HONOURED_PARAMETERS_KEY} and params["engine_args_file"] == "model.json"
-    kwargs = args.engine_kwargs()
-    assert (kwargs["max_prefill_tokens"], kwargs["torch_compile"], kwargs["max_model_len"]) == (1024, True, None)
+    kwargs = args.runner_kwargs()
+    assert (args.prefill_tokens("cuda"), kwargs["torch_compile"], kwargs["max_model_len"]) == (1024, True, None)
 
 
 def test_hf_engine_args_refuse_unknown_keys():

@@ -98,19 +98,6 @@ def test_hf_response_processes_are_model_instances():
     assert [(g.count, pbtxt._pb().ModelInstanceGroup.Kind.Name(g.kind)) for g in msg.instance_group] == [(4, "KIND_CPU")]
 
 
-def test_keep_cpus_awake_is_said_in_the_plan_and_only_when_on():
-    """serve.keep_cpus_awake starts processes at run time that no file shows: the dry run says so (and the plans
-    of the expected files, with it off, stay as they were)."""
-    _, spec = plan(overrides_for("hf", "local_slurm", ["serve.keep_cpus_awake=true"]))
-    text = plan_text(spec, RUN_DIR)
-    assert "keep_cpus_awake: while they serve, each node's first rank" in text
-    assert "they pause while an hf engine of the node holds 2 requests or more" in text  # serve.awake_pause_at
-    _, spec = plan(overrides_for("hf", "local_slurm", ["serve.keep_cpus_awake=true", "serve.awake_pause_at=0"]))
-    assert "they never pause" in plan_text(spec, RUN_DIR)
-    _, spec = plan(overrides_for("hf", "local_slurm", []))
-    assert "keep_cpus_awake" not in plan_text(spec, RUN_DIR)
-
-
 @pytest.mark.parametrize("engine", ENGINES)
 def test_config_pbtxt_parses_back(engine):
     cfg, spec = plan(overrides_for(engine, "luna", ["replicas=8"] if engine == "hf" else ["tp=8"]))
