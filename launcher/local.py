@@ -54,7 +54,7 @@ class _Stop:
 
 
 def serve_foreground(spec: LaunchSpec, run_dir: str) -> int:
-    from launcher.tiny import resolve_model
+    from launcher.models import resolve_model
     from launcher.triton import check_ports, resolve_tritonserver
 
     ports = {k: int(spec.serve[k]) for k in ("grpc_port", "http_port", "metrics_port")}
@@ -257,7 +257,7 @@ class LocalScheduler(Scheduler):
         """The foreground server as a child process group (a sweep's server): `python -m launcher.local
         RUN_DIR` serves the spec written there; returns once it serves, its output in llmlaunch.log."""
         from launcher.errors import LaunchError
-        from launcher.tiny import resolve_model
+        from launcher.models import resolve_model
         from launcher.triton import log_excerpt
 
         spec = resolve_model(request.spec, say)  # the child finds the same cached model; we learn its tokenizer

@@ -157,7 +157,7 @@ class SlurmScheduler(Scheduler):
     def launch(self, request: Request, leave_running: bool = False) -> Endpoint:
         """Submit and follow the job until rank 0 serves. A job that does not get there is stopped, unless
         `leave_running` (`llmlaunch` itself: its message names llmlaunch-stop for a job still loading)."""
-        from launcher.tiny import resolve_model
+        from launcher.models import resolve_model
 
         _slurm_env(request.spec.cluster.get("slurm_conf", ""))
         spec = resolve_model(request.spec, say)

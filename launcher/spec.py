@@ -198,6 +198,10 @@ def build_spec(cfg) -> LaunchSpec:
     if ename not in registry.ENGINES:
         problems.append((f"engine={ename!r}", "unknown engine", f"choose one of: {', '.join(sorted(registry.ENGINES))}"))
     _choice(problems, "cluster.scheduler", cluster.get("scheduler"), SCHEDULERS)
+    if model.get("make"):
+        from launcher.models import MAKERS
+
+        _choice(problems, "model.make", model.get("make"), sorted(MAKERS))
     _choice(problems, "cluster.gpu_request", cluster.get("gpu_request"), GPU_REQUESTS)
     _choice(problems, "cluster.mpi", cluster.get("mpi"), MPI_TYPES)
     _choice(problems, "cluster.container.runtime", cluster["container"].get("runtime"), CONTAINER_RUNTIMES)

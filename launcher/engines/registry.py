@@ -87,8 +87,8 @@ def _hf_models(spec) -> List[RenderedModel]:
 
 def _hf_check(c) -> List[Tuple[str, str, str]]:
     m = c["model"]
-    if not m.get("path") and m.get("make") != "tiny":
-        return [("model.path=''", "the hf engine needs a HF-format model folder", "set model.path=/path/to/hf_model, or model=tiny to make a small random model")]
+    if not m.get("path") and not m.get("make"):
+        return [("model.path=''", "the hf engine needs a HF-format model folder", "set model.path=/path/to/hf_model, or model=smollm2 (a real small model) or model=tiny (random weights) for one llmlaunch makes")]
     if c["pp"] != 1:
         return [(f"pp={c['pp']}", "the hf engine has no pipeline parallelism", "use pp=1; scale out with replicas")]
     n = c["engine"].get("response_processes", 1)
