@@ -22,7 +22,7 @@ import time
 from typing import Dict, List, Optional
 
 from launcher.rundir import RunDir, Stopped, wait_for_endpoint
-from launcher.scheduler import Endpoint, Request, Scheduler
+from launcher.scheduler import Endpoint, Request, Scheduler, bench_command
 from launcher.spec import LaunchSpec
 
 
@@ -35,7 +35,7 @@ def endpoint_banner(url: str, model: str) -> str:
         f"endpoint: {url}\n"
         f"model: {model}\n"
         f"try: {shlex.quote(sys.executable)} -m launcher.client --url {url} --prompt \"The capital of France is\" --max-tokens 32\n"
-        f"bench: llmlaunch-bench --url {url} --model {model} --dataset synthetic --num-prompts 64 --concurrency 8\n"
+        f"bench: {bench_command(url, model)}\n"
     )
 
 

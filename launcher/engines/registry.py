@@ -80,7 +80,10 @@ def _hf_models(spec) -> List[RenderedModel]:
     # config.pbtxt holds what Triton reads (batch size, instances) and the arguments file's name; the engine's
     # arguments are in 1/model.json. Several instances share one engine process (each sends its own streams'
     # responses): hf model.py
-    cfg = pbtxt.python_model(spec.model_name, args.max_num_seqs, {"engine_args_file": ARGS_FILE},
+    params = {"engine_args_file": ARGS_FILE}
+    if args.tokenizer_path or args.model_path:  # for clients: llmlaunch-bench counts prompts in the served tokens
+        params["tokenizer_path"] = args.tokenizer_path or args.model_path
+    cfg = pbtxt.python_model(spec.model_name, args.max_num_seqs, params,
                              instances=spec.engine.get("response_processes", 1))
     return [RenderedModel(spec.model_name, cfg, {"1/model.py": "hf/1/model.py"}, {f"1/{ARGS_FILE}": args.to_json()})]
 
