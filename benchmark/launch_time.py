@@ -26,7 +26,7 @@ from pathlib import Path
 def one(nodes: int, jobs_dir: Path) -> dict:
     t0 = time.monotonic()
     r = subprocess.run(
-        [sys.executable, "-m", "launcher.cli", "cluster=local_slurm", "engine=hf", f"replicas={nodes}", f"nodes={nodes}", f"cluster.jobs_dir={jobs_dir}"],
+        [sys.executable, "-m", "launcher.cli", "cluster=local_slurm", "engine=hf", "model=tiny", f"replicas={nodes}", f"nodes={nodes}", f"cluster.jobs_dir={jobs_dir}"],
         capture_output=True,
         text=True,
     )

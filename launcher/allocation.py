@@ -67,7 +67,7 @@ class AllocationScheduler(Scheduler):
     def launch(self, request: Request) -> Endpoint:
         from launcher.errors import LaunchError
         from launcher.render import allocation_sizes
-        from launcher.tiny import resolve_model
+        from launcher.models import resolve_model
         from launcher.triton import log_excerpt
 
         cpus, gpus = allocation_sizes(request.spec)

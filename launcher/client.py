@@ -44,6 +44,7 @@ parameter (23.x and later; the nvidia-pytriton wheel ships 2.51).
 from __future__ import annotations
 
 import argparse
+import os
 import queue
 import struct
 import sys
@@ -480,6 +481,27 @@ def honoured_parameters(url: str, model: str, timeout: float = 10.0) -> frozense
         client.close()
     listed = config.get("parameters", {}).get(HONOURED_PARAMETERS_KEY, {}).get("string_value", "")
     return frozenset({n.strip() for n in listed.split(",")} & {p.name for p in PARAMETERS})
+
+
+def served_tokenizer(url: str, model: str, timeout: float = 10.0) -> str:
+    """The tokenizer folder the served `model` names in its config (contract.TOKENIZER_KEYS), when that folder is
+    readable here; "" otherwise (a model made elsewhere, a path only the cluster's nodes see, no server)."""
+    import tritonclient.grpc as grpcclient
+
+    from launcher.contract import TOKENIZER_KEYS
+
+    client = grpcclient.InferenceServerClient(parse_url(url))
+    try:
+        params = client.get_model_config(model, as_json=True, client_timeout=timeout).get("config", {}).get("parameters", {})
+    except Exception:
+        return ""
+    finally:
+        client.close()
+    for key in TOKENIZER_KEYS:
+        path = params.get(key, {}).get("string_value", "")
+        if path and os.path.isdir(path):
+            return path
+    return ""
 
 
 def default_model(url: str) -> str:

@@ -79,6 +79,11 @@ PARAMETERS: tuple[Parameter, ...] = (
 # launcher.client.honoured_parameters.
 HONOURED_PARAMETERS_KEY = "llmlaunch_request_parameters"
 
+# The config parameters naming the served model's tokenizer folder (the hf, vLLM, SGLang and LMDeploy models:
+# tokenizer_path; the TensorRT-LLM BLS model: tokenizer_dir), read by launcher.client.served_tokenizer so
+# llmlaunch-bench counts and builds prompts in the served model's tokens.
+TOKENIZER_KEYS = ("tokenizer_path", "tokenizer_dir")
+
 INPUT_NAMES = tuple(t.name for t in INPUTS)
 REQUIRED_INPUTS = tuple(t.name for t in INPUTS if not t.optional)
 OUTPUT_NAMES = tuple(t.name for t in OUTPUTS)

@@ -22,7 +22,7 @@ import time
 from typing import Dict, List, Optional
 
 from launcher.rundir import RunDir, Stopped, wait_for_endpoint
-from launcher.scheduler import Endpoint, Request, Scheduler
+from launcher.scheduler import Endpoint, Request, Scheduler, bench_command
 from launcher.spec import LaunchSpec
 
 
@@ -35,7 +35,7 @@ def endpoint_banner(url: str, model: str) -> str:
         f"endpoint: {url}\n"
         f"model: {model}\n"
         f"try: {shlex.quote(sys.executable)} -m launcher.client --url {url} --prompt \"The capital of France is\" --max-tokens 32\n"
-        f"bench: llmlaunch-bench --url {url} --model {model} --dataset synthetic --num-prompts 64 --concurrency 8\n"
+        f"bench: {bench_command(url, model)}\n"
     )
 
 
@@ -54,7 +54,7 @@ class _Stop:
 
 
 def serve_foreground(spec: LaunchSpec, run_dir: str) -> int:
-    from launcher.tiny import resolve_model
+    from launcher.models import resolve_model
     from launcher.triton import check_ports, resolve_tritonserver
 
     ports = {k: int(getattr(spec.serve, k)) for k in ("grpc_port", "http_port", "metrics_port")}
@@ -253,7 +253,7 @@ class LocalScheduler(Scheduler):
         """The foreground server as a child process group (a sweep's server): `python -m launcher.local
         RUN_DIR` serves the spec written there; returns once it serves, its output in llmlaunch.log."""
         from launcher.errors import LaunchError
-        from launcher.tiny import resolve_model
+        from launcher.models import resolve_model
         from launcher.triton import log_excerpt
 
         spec = resolve_model(request.spec, say)  # the child finds the same cached model; we learn its tokenizer

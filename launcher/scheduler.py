@@ -91,6 +91,20 @@ class Scheduler:
         raise NotImplementedError(f"{self.name} has no llmlaunch-stop")
 
 
+# The load of the `bench:` line printed at READY: short, and in the served model's tokens (the bench reads the
+# tokenizer from the model's config), so it can be pasted as it is.
+READY_BENCH_ARGS = ("--dataset-name", "synthetic", "--input-len", "128", "--output-len", "128",
+                    "--num-prompts", "64", "--concurrency", "8")
+
+
+def bench_command(url: str, model: str) -> str:
+    """The `bench:` line printed at READY: llmlaunch-bench run by this interpreter (on PATH or not) at the endpoint."""
+    import shlex
+    import sys
+
+    return shlex.join([sys.executable, "-m", "launcher.bench", "--url", url, "--model", model, *READY_BENCH_ARGS])
+
+
 def get(name: str) -> Scheduler:
     if name not in _LOADED:
         module, cls = _ENTRIES[name]

@@ -60,7 +60,7 @@ class ModelConfig:
     name: str = MISSING  # short name used in job names and tables
     path: str = ""  # HF-format folder with weights (or an engine dir for trtllm); empty = made on the spot (make)
     tokenizer: str = ""  # tokenizer folder; empty = path
-    make: str = ""  # "tiny": llmlaunch builds a random-weight Llama and a locally trained tokenizer into the cache
+    make: str = ""  # a model llmlaunch makes into its cache when path is empty (launcher/models MAKERS): smollm2 | tiny
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     max_model_len: int = 0  # context length limit; 0 = the model's own
 

@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Tuple
 
 from launcher.errors import LaunchError
 from launcher.rundir import RunDir, wait_for_endpoint
-from launcher.scheduler import Endpoint, Request, Scheduler
+from launcher.scheduler import Endpoint, Request, Scheduler, bench_command
 from launcher.spec import LaunchSpec
 
 INDEX_DIR = Path(os.environ.get("LLMLAUNCH_CACHE") or Path.home() / ".cache" / "llmlaunch") / "jobs"
@@ -157,7 +157,7 @@ class SlurmScheduler(Scheduler):
     def launch(self, request: Request, leave_running: bool = False) -> Endpoint:
         """Submit and follow the job until rank 0 serves. A job that does not get there is stopped, unless
         `leave_running` (`llmlaunch` itself: its message names llmlaunch-stop for a job still loading)."""
-        from launcher.tiny import resolve_model
+        from launcher.models import resolve_model
 
         _slurm_env(request.spec.cluster.slurm_conf)
         spec = resolve_model(request.spec, say)
@@ -181,7 +181,7 @@ class SlurmScheduler(Scheduler):
         print(f"model: {ep.model}")
         print(f"logs: {ep.run}/{job_id}_<rank>_log.out")
         print(f"stream: {exe} -m launcher.client --url {url} --prompt \"The capital of France is\" --max-tokens 32")
-        print(f"bench: llmlaunch-bench --url {url} --model {ep.model} --dataset synthetic --num-prompts 64 --concurrency 8")
+        print(f"bench: {bench_command(url, ep.model)}")
         print(f"status: llmlaunch-status {job_id}")
         print(f"stop: llmlaunch-stop {job_id}")
         say(f"READY {time.monotonic() - t0:.1f}s after submission")

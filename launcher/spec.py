@@ -236,6 +236,10 @@ def build_spec(cfg) -> LaunchSpec:
     if ename not in registry.ENGINES:
         problems.append((f"engine={ename!r}", "unknown engine", f"choose one of: {', '.join(sorted(registry.ENGINES))}"))
     check_choice(problems, "cluster.scheduler", cluster.scheduler, SCHEDULERS)
+    if model.make:
+        from launcher.models import MAKERS
+
+        check_choice(problems, "model.make", model.make, sorted(MAKERS))
     check_choice(problems, "cluster.gpu_request", cluster.gpu_request, GPU_REQUESTS)
     check_choice(problems, "cluster.mpi", cluster.mpi, MPI_TYPES)
     check_choice(problems, "cluster.container.runtime", container.runtime, CONTAINER_RUNTIMES)

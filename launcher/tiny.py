@@ -103,17 +103,6 @@ def ensure_tiny_model(cache_dir: str | os.PathLike | None = None, out: str | os.
     return final
 
 
-def resolve_model(spec, say=lambda m: print(m, file=sys.stderr, flush=True)):
-    """A LaunchSpec with model.path filled for `make: tiny` (built once, then cached), so every rank loads a folder."""
-    import dataclasses
-
-    if spec.model.path or spec.model.make != "tiny":
-        return spec
-    say(f"model: tiny (random-weight Llama + locally trained tokenizer), cache {default_cache_dir()}")
-    path = str(ensure_tiny_model())
-    return dataclasses.replace(spec, model=dataclasses.replace(spec.model, path=path, tokenizer=spec.model.tokenizer or path))
-
-
 def _build(s: TinySettings, folder: Path) -> None:
     tokenizer = build_tokenizer(s.vocab, s.max_position_embeddings)
     tokenizer.save_pretrained(folder)

@@ -49,7 +49,7 @@ from pathlib import Path
 from launcher.bench import datasets, metrics
 from launcher.bench.progress import Progress
 from launcher.bench.runner import Job, LoadSpec, generations, run_load
-from launcher.client import ClientError, default_model, honoured_parameters, parse_url
+from launcher.client import ClientError, default_model, honoured_parameters, parse_url, served_tokenizer
 from launcher.serving import timings
 
 CSV_FIELDS = (
@@ -73,8 +73,9 @@ def build_parser(prog: str = "llmlaunch-bench") -> argparse.ArgumentParser:
                    help="format of --dataset (auto: detect); 'synthetic' needs no file")
     d.add_argument("--num-prompts", type=int, help="measured requests (default: 1000 for sharegpt/synthetic, "
                    "the whole file otherwise; unlimited with --duration)")
-    d.add_argument("--tokenizer", help="Hugging Face tokenizer directory for token lengths (default: estimate, "
-                   "whitespace words or chars/4)")
+    d.add_argument("--tokenizer", help="Hugging Face tokenizer directory for token lengths and synthetic prompts "
+                   "(default: the one the served model's config names, when that folder is readable here; else an "
+                   "estimate, whitespace words or chars/4)")
     d.add_argument("--input-len", type=int, default=128, help="synthetic prompt length in tokens (default 128)")
     d.add_argument("--output-len", type=int, help="requested output tokens for every request (default: the "
                    "dataset's completion length; 128 for prompts/synthetic)")
@@ -316,8 +317,12 @@ def run(args) -> int:
     url = parse_url(args.url)
     spec_from_args(args, args.num_prompts).check()  # fail on bad load arguments before loading data
     metrics.parse_slos(args.goodput)
-    samples, kind, tokens = prepare(args)
     model = args.model or default_model(url)
+    if args.tokenizer is None:  # prompts in the served model's tokens: --input-len 128 sends 128 of them
+        args.tokenizer = served_tokenizer(url, model) or None
+        print(f"llmlaunch-bench: token lengths with {args.tokenizer or 'an estimate (no --tokenizer; the served model names none readable here)'}",
+              file=sys.stderr)
+    samples, kind, tokens = prepare(args)
     docs = [bench_one(args, url, model, samples, kind, tokens, label=args.label or "",
                       progress_label="A " if args.compare else "", server_metrics=args.server_metrics)]
     if args.compare:

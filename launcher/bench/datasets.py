@@ -21,11 +21,12 @@ Formats (the project never downloads datasets; point `--dataset` at a file):
 * ``synthetic``: generated prompts of ``input_len`` tokens and outputs of
   ``output_len`` tokens; with ``range_ratio`` r > 0 each length is drawn
   uniformly from [L*(1-r), L*(1+r)]. Without a tokenizer the prompt is made of
-  short words (one estimated token each); with one, of random token ids.
+  short words (one estimated token each); with one, of random token ids whose
+  text encodes back to exactly that many (`TokenCounter.random_text`).
 
 Token lengths: with a tokenizer (``--tokenizer``, a local Hugging Face
-tokenizer directory, loaded through transformers) lengths are token counts
-without special tokens. Without one they are an estimate, `estimate_tokens`:
+tokenizer directory, loaded through transformers; by default the one the
+served model's config names) lengths are token counts without special tokens. Without one they are an estimate, `estimate_tokens`:
 the number of whitespace-separated words, or characters / 4 when that is
 larger (text without spaces). The server's own counts (input_tokens /
 output_tokens) are what the metrics use whenever the model sends them.
@@ -66,6 +67,7 @@ class TokenCounter:
     def __init__(self, tokenizer: Optional[str] = None):
         self.name = tokenizer
         self._tok = None
+        self._vocab: Optional[list[int]] = None  # _plain_vocab's ids, listed once
         if tokenizer:
             try:
                 from transformers import AutoTokenizer
@@ -91,16 +93,42 @@ class TokenCounter:
         return [len(ids) for ids in self._tok(texts, add_special_tokens=False).input_ids]
 
     def random_text(self, n: int, rng: random.Random) -> tuple[str, int]:
-        """A prompt of about n tokens: random token ids decoded (tokenizer) or short words."""
+        """A prompt of n tokens: random token ids made into text that encodes back to exactly n of them (tokenizer),
+        or n short words (estimate).
+
+        Random ids decoded do not encode back to as many: ids that are pieces of a multi-byte character decode to
+        U+FFFD, which takes up to three tokens again, and neighbours merge differently (a Llama 3 vocabulary gave
+        ~200 tokens for 128).  So the text is re-encoded and its ids cut or topped up with random ones until the
+        count is n (two or three rounds); the length returned is the re-encoded count either way."""
         if self._tok is None:
             words = [rng.choice(_WORDS) for _ in range(n)]
             text = " ".join(words)
             return text, estimate_tokens(text)
-        special = set(self._tok.all_special_ids or [])
-        vocab = [i for i in range(len(self._tok)) if i not in special]
-        text = self._tok.decode([rng.choice(vocab) for _ in range(n)])
+        vocab = self._plain_vocab()
+        ids = [rng.choice(vocab) for _ in range(n)]
+        for _ in range(_ROUNDS):
+            text = self._tok.decode(ids)
+            ids = self._tok(text, add_special_tokens=False).input_ids
+            if len(ids) == n:
+                return text, n
+            ids = ids[:n] if len(ids) > n else ids + [rng.choice(vocab) for _ in range(n - len(ids))]
+        text = self._tok.decode(ids)
         return text, self.count(text)
 
+    def _plain_vocab(self) -> list[int]:
+        """Token ids that are ordinary text: not special, not added (chat markers such as <|im_start|>), and whole
+        characters (a token alone decodes to text that encodes back to it: no piece of a multi-byte character,
+        whose U+FFFD would grow the prompt each round)."""
+        if self._vocab is None:
+            skip = set(self._tok.all_special_ids or []) | set(self._tok.get_added_vocab().values())
+            ids = [i for i in range(len(self._tok)) if i not in skip]
+            texts = self._tok.batch_decode([[i] for i in ids])
+            back = self._tok(texts, add_special_tokens=False).input_ids
+            self._vocab = [i for i, b in zip(ids, back) if b == [i]] or ids
+        return self._vocab
+
+
+_ROUNDS = 8  # re-encode rounds before random_text settles for the length it reached
 
 # Three-letter-or-shorter words: one estimated token each (estimate_tokens).
 _WORDS = (
@@ -111,8 +139,8 @@ _WORDS = (
 
 def detect_kind(path: Optional[str]) -> str:
     """Dataset kind from the file: .txt = prompts; JSON list of conversations = sharegpt;
-    of instruction/input = cnn; no path = synthetic."""
-    if not path:
+    of instruction/input = cnn; no path, or the word `synthetic` where no such file is, = synthetic."""
+    if not path or (path == "synthetic" and not Path(path).exists()):
         return "synthetic"
     p = Path(path)
     if p.suffix.lower() == ".txt":

@@ -90,7 +90,10 @@ def _hf_models(spec) -> List[RenderedModel]:
     # config.pbtxt holds what Triton reads (batch size, instances) and the arguments file's name; the engine's
     # arguments are in 1/model.json. Several instances share one engine process (each sends its own streams'
     # responses): hf model.py
-    cfg = pbtxt.python_model(spec.model_name, args.max_num_seqs, {"engine_args_file": ARGS_FILE},
+    params = {"engine_args_file": ARGS_FILE}
+    if args.tokenizer_path or args.model_path:  # for clients: llmlaunch-bench counts prompts in the served tokens
+        params["tokenizer_path"] = args.tokenizer_path or args.model_path
+    cfg = pbtxt.python_model(spec.model_name, args.max_num_seqs, params,
                              instances=spec.engine.response_processes)
     return [RenderedModel(spec.model_name, cfg, {"1/model.py": "hf/1/model.py"}, {f"1/{ARGS_FILE}": args.to_json()})]
 
@@ -113,8 +116,8 @@ def _hf_check(c) -> List[Tuple[str, str, str]]:
 
 def _hf_serving_check(c) -> List[Tuple[str, str, str]]:
     m, e = c.model, c.engine
-    if not m.path and m.make != "tiny":
-        return [("model.path=''", "the hf engine needs a HF-format model folder", "set model.path=/path/to/hf_model, or model=tiny to make a small random model")]
+    if not m.path and not m.make:
+        return [("model.path=''", "the hf engine needs a HF-format model folder", "set model.path=/path/to/hf_model, or model=smollm2 (a real small model) or model=tiny (random weights) for one llmlaunch makes")]
     if c.pp != 1:
         return [(f"pp={c.pp}", "the hf engine has no pipeline parallelism", "use pp=1; scale out with replicas")]
     n = e.response_processes

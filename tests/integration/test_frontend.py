@@ -467,7 +467,7 @@ class LocalLaunch:
 
         self.tmp_path = tmp_path
         self.grpc_port, http_port, self.metrics_port = free_port(), free_port(), free_port()
-        argv = [sys.executable, "-c", "from launcher.cli import main; main()", "replicas=2", f"serve.grpc_port={self.grpc_port}", f"serve.http_port={http_port}",
+        argv = [sys.executable, "-c", "from launcher.cli import main; main()", "model=tiny", "replicas=2", f"serve.grpc_port={self.grpc_port}", f"serve.http_port={http_port}",
                 f"serve.metrics_port={self.metrics_port}", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=300", "serve.drain_timeout_s=10", *overrides]
         self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.lines: queue.Queue = queue.Queue()
@@ -648,9 +648,9 @@ def test_slurm_replicas_2_nodes_2_one_endpoint(local_slurm, tmp_path):
     from launcher import slurm
     from launcher.cli import plan
     from launcher.client import Generation, generate
-    from launcher.tiny import resolve_model
+    from launcher.models import resolve_model
 
-    cfg, spec = plan(["cluster=local_slurm", "engine=hf", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=240", "replicas=2", "nodes=2"])
+    cfg, spec = plan(["cluster=local_slurm", "engine=hf", "model=tiny", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=240", "replicas=2", "nodes=2"])
     spec = resolve_model(spec)
     job, run = slurm.submit(spec, str(tmp_path / f"run{time.monotonic_ns()}"))
     try:

@@ -127,7 +127,7 @@ def test_tp_that_does_not_divide_heads_is_refused(tiny_model_dir):
 def test_plan_accepts_hf_tp2():
     from launcher.cli import plan
 
-    cfg, spec = plan(["engine=hf", "cluster=local", "tp=2"])
+    cfg, spec = plan(["engine=hf", "model=tiny", "cluster=local", "tp=2"])
     assert spec.world_size == 2
     assert [r.role for r in spec.ranks] == ["leader", "worker"]
 
@@ -168,7 +168,7 @@ def test_llmlaunch_tp2_local_serves_generate_greedy_and_sigint_cleans_up(tiny_mo
     grpc, http, metrics = free_port(), free_port(), free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher.cli", "engine=hf", "cluster=local", "tp=2", "engine.device=cpu",
+        [sys.executable, "-m", "launcher.cli", "engine=hf", "model=tiny", "cluster=local", "tp=2", "engine.device=cpu",
          f"model.path={tiny_model_dir}", "engine.max_num_seqs=8", "model.max_model_len=256",
          f"serve.grpc_port={grpc}", f"serve.http_port={http}", f"serve.metrics_port={metrics}",
          f"cluster.jobs_dir={tmp_path}"],

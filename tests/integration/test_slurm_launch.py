@@ -23,8 +23,8 @@ pytestmark = [pytest.mark.slurm, pytest.mark.skipif(os.geteuid() != 0, reason=NO
 def launch(tmp_path, *overrides):
     from launcher import slurm
 
-    cfg, spec = plan(["cluster=local_slurm", "engine=hf", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=240", *overrides])
-    from launcher.tiny import resolve_model
+    cfg, spec = plan(["cluster=local_slurm", "engine=hf", "model=tiny", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=240", *overrides])
+    from launcher.models import resolve_model
 
     spec = resolve_model(spec)
     job, run = slurm.submit(spec, str(tmp_path / f"run{time.monotonic_ns()}"))
@@ -427,10 +427,10 @@ def test_static_sbatch_pair_serves_hf_on_the_local_cluster(local_slurm, tmp_path
     """`sbatch sbatch/tensorrt_llm_triton.sub` as people submit it by hand; environment variables select
     the engine (hf) and the paths; #SBATCH lines overridden on the command line for this cluster."""
     from launcher.render import PACKAGE_ROOT
-    from launcher.tiny import resolve_model
+    from launcher.models import resolve_model
     from launcher.triton import free_port, probe_request, resolve_tritonserver, server_env
 
-    cfg, spec = plan(["cluster=local_slurm", "engine=hf"])
+    cfg, spec = plan(["cluster=local_slurm", "engine=hf", "model=tiny"])
     spec = resolve_model(spec)
     run = RunDir(tmp_path / "run").write_spec(spec).path
     install = resolve_tritonserver()

@@ -305,3 +305,63 @@ def test_arrival_times_are_one_schedule_whatever_the_processes():
     assert statistics.mean(bursty_gaps) == pytest.approx(1 / 300, rel=0.1)
     assert statistics.pstdev(bursty_gaps) == pytest.approx(2 / 300, rel=0.15)  # gamma shape 1/4: sd = 2 x mean
     assert arrival_times(LoadSpec(concurrency=4), 3) == [0.0, 0.0, 0.0]  # no pacing: all at once
+
+
+def test_synthetic_prompts_have_the_asked_tokens_of_the_tokenizer(tmp_path):
+    """--input-len 128 sends 128 tokens: random ids decoded encode back to many more (~200 with this byte-level
+    tokenizer, as with Llama 3's), so the text is brought to the length in the tokenizer's own count."""
+    from transformers import AutoTokenizer
+
+    from launcher.tiny import build_tokenizer
+
+    build_tokenizer(1000).save_pretrained(tmp_path)
+    tokens = datasets.TokenCounter(str(tmp_path))
+    fixed = datasets.load_synthetic(16, tokens, seed=2, input_len=128, output_len=8)
+    again = AutoTokenizer.from_pretrained(tmp_path)
+    assert [len(again(s.prompt, add_special_tokens=False).input_ids) for s in fixed] == [128] * 16
+    assert {s.prompt_len for s in fixed} == {128} and len({s.prompt for s in fixed}) == 16
+    ranged = datasets.load_synthetic(32, tokens, seed=3, input_len=40, range_ratio=0.5)
+    assert all(len(again(s.prompt, add_special_tokens=False).input_ids) == s.prompt_len for s in ranged)
+    assert all(20 <= s.prompt_len <= 60 for s in ranged) and len({s.prompt_len for s in ranged}) > 3
+
+
+def test_the_ready_bench_command_is_a_synthetic_run_of_the_bench(tmp_path, monkeypatch):
+    """The `bench:` line llmlaunch prints at READY parses as llmlaunch-bench's arguments and reads no file."""
+    import shlex
+    import sys
+
+    from launcher.bench.cli import build_parser
+    from launcher.scheduler import bench_command
+
+    argv = shlex.split(bench_command("grpc://127.0.0.1:8001", "hf_model"))
+    assert argv[:3] == [sys.executable, "-m", "launcher.bench"]
+    args = build_parser().parse_args(argv[3:])
+    monkeypatch.chdir(tmp_path)
+    kind = datasets.detect_kind(args.dataset) if args.dataset_name == "auto" else args.dataset_name
+    assert (kind, args.input_len, args.url, args.model) == ("synthetic", 128, "grpc://127.0.0.1:8001", "hf_model")
+    samples = datasets.load(kind, args.dataset, args.num_prompts, datasets.TokenCounter(), input_len=args.input_len)
+    assert len(samples) == args.num_prompts
+
+
+def test_dataset_synthetic_names_the_synthetic_kind_unless_such_a_file_is_there(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert datasets.detect_kind("synthetic") == "synthetic"
+    (tmp_path / "synthetic").write_text("not json")
+    with pytest.raises(ValueError, match="cannot read dataset synthetic"):
+        datasets.detect_kind("synthetic")
+
+
+def test_reported_tokens_are_the_servers_counts_where_it_sends_them():
+    from launcher.client import StreamRecord
+
+    def payload(text: str) -> bytes:  # a raw BYTES tensor of one element, as the client receives text_output
+        return len(text.encode()).to_bytes(4, "little") + text.encode()
+
+    sample = datasets.Sample("a b c", prompt_len=3, output_len=4)
+    chunks = [payload("hello"), payload(" world")]
+    counted = StreamRecord("r0", sent=0.0, times=[0.1, 0.2], chunks=chunks, input_tokens=129, output_tokens=4)
+    r = metrics.from_record(0, sample, counted, 0.0, datasets.TokenCounter())
+    assert (r.input_tokens, r.output_tokens, r.output_tokens_source) == (129, 4, "server")
+    silent = StreamRecord("r1", sent=0.0, times=[0.1, 0.2], chunks=chunks)
+    r = metrics.from_record(0, sample, silent, 0.0, datasets.TokenCounter())
+    assert (r.input_tokens, r.output_tokens, r.output_tokens_source) == (3, datasets.estimate_tokens("hello world"), "estimate")

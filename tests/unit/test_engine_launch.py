@@ -307,7 +307,8 @@ def test_hf_model_json_carries_the_engine_config():
     from launcher.contract import HONOURED_PARAMETERS_KEY
 
     params = config_params(spec)
-    assert set(params) == {"engine_args_file", HONOURED_PARAMETERS_KEY} and params["engine_args_file"] == "model.json"
+    assert set(params) == {"engine_args_file", HONOURED_PARAMETERS_KEY, "tokenizer_path"} and params["engine_args_file"] == "model.json"
+    assert params["tokenizer_path"] == "/models/llama-70b"  # for clients: llmlaunch-bench counts in these tokens
     kwargs = args.runner_kwargs()
     assert (args.prefill_tokens("cuda"), kwargs["torch_compile"], kwargs["max_model_len"]) == (1024, True, None)
 

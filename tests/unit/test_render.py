@@ -22,9 +22,8 @@ RUN_DIR = "/jobs/run"
 
 
 def overrides_for(engine, cluster, extra=()):
-    o = [f"engine={engine}", f"cluster={cluster}"]
-    if engine != "hf":
-        o += ["model=llama3_8b"]
+    # hf: the random tiny model (made on the spot, so the plan names no folder); the others load a real one
+    o = [f"engine={engine}", f"cluster={cluster}", "model=tiny" if engine == "hf" else "model=llama3_8b"]
     if engine == "trtllm":
         o += ["engine.engine_dir=/models/engines/llama3-8b/tp1", "model.tokenizer=/models/llama3-8b"]
     return o + list(extra)

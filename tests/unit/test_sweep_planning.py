@@ -160,8 +160,10 @@ def test_allocation_problems_name_the_hydra_launcher_fix():
 
 # ----------------------------------------------------------------------------- the CLI (Hydra multirun)
 def llmlaunch(cwd, *args, timeout=900):
+    """`llmlaunch -m ARGS` in `cwd`; the random tiny model unless ARGS choose one (its servers start in seconds)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "launcher.cli", "-m", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    model = [] if any(a.startswith("model=") for a in args) else ["model=tiny"]
+    return subprocess.run([sys.executable, "-m", "launcher.cli", "-m", *model, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def test_dry_run_prints_each_point_reuse_and_skips_and_writes_nothing(tmp_path):

