@@ -19,10 +19,10 @@ from launcher.models import smollm2
 
 def test_the_default_model_is_smollm2_made_from_the_wheel():
     _, spec = plan([])
-    assert (spec.model["name"], spec.model["make"], spec.model["path"]) == ("smollm2", "smollm2", "")
-    assert spec.model["dtype"] == "auto"  # the hf engine's auto: float32 on CPU
+    assert (spec.model.name, spec.model.make, spec.model.path) == ("smollm2", "smollm2", "")
+    assert spec.model.dtype == "auto"  # the hf engine's auto: float32 on CPU
     _, tiny = plan(["model=tiny"])
-    assert tiny.model["make"] == "tiny"
+    assert tiny.model.make == "tiny"
 
 
 def test_an_unknown_make_names_the_ones_there_are():
@@ -102,7 +102,7 @@ def test_resolve_model_fills_path_and_tokenizer_from_the_maker(tmp_path, monkeyp
     said = []
     _, spec = plan([])
     resolved = models.resolve_model(spec, said.append)
-    assert (resolved.model["path"], resolved.model["tokenizer"]) == (str(made), str(made))
+    assert (resolved.model.path, resolved.model.tokenizer) == (str(made), str(made))
     assert said and "test model" in said[0]
-    given = dataclasses.replace(spec, model={**spec.model, "path": "/mine"})
+    given = dataclasses.replace(spec, model=dataclasses.replace(spec.model, path="/mine"))
     assert models.resolve_model(given, said.append) is given  # a path given wins: nothing is made
