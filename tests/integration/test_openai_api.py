@@ -254,3 +254,24 @@ def test_llmlaunch_replicas_2_serves_the_openai_api_through_the_front_end(tmp_pa
     job.assert_nothing_left(ep)
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(ep["openai_url"] + "/models", timeout=5)  # it stopped with the rank
+
+
+@pytest.mark.slurm
+@pytest.mark.skipif(os.geteuid() != 0, reason="the local Slurm cluster needs root")
+def test_a_slurm_launch_serves_the_openai_api_on_rank_0_and_stops_it(local_slurm, tmp_path):
+    import tests.integration.test_slurm_launch as sl
+
+    spec, job_id, run, ep = sl.launch(tmp_path)
+    try:
+        host = ep["url"].split("//")[1].rsplit(":", 1)[0]
+        assert ep["openai_url"] == f"http://{host}:{ep['openai_port']}/v1", ep
+        oa = openai.OpenAI(base_url=ep["openai_url"], api_key="none", max_retries=0, timeout=120)
+        assert [m.id for m in oa.models.list().data] == [ep["model"]]
+        chunks = list(oa.completions.create(model=ep["model"], prompt=PROMPT, max_tokens=6, extra_body=EOS, stream=True,
+                                            stream_options={"include_usage": True}))
+        assert chunks[-1].usage.completion_tokens == 6
+        assert oa.completions.create(model=ep["model"], prompt=PROMPT, max_tokens=3, extra_body=EOS).usage.completion_tokens == 3
+    finally:
+        sl.stop_drained(job_id)
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(ep["openai_url"] + "/models", timeout=5)  # it stopped with rank 0
