@@ -278,3 +278,30 @@ def engine_error(message: str, grpc_code: str = "") -> ApiError:
     if grpc_code in ("INVALID_ARGUMENT",) or any(w in low for w in _REQUEST_FAULTS):
         return ApiError(400, message, code="invalid_value")
     return ApiError(500, f"the engine failed this request: {message}", code="engine_error")
+
+
+# ----------------------------------------------------------------------------- the other way (clients)
+# Generation fields sent as OpenAI fields (same name on both sides but for seed/min_tokens, which vLLM names so too).
+_BODY_FIELDS = (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("seed", "seed"),
+                ("min_tokens", "min_tokens"), ("ignore_eos", "ignore_eos"),
+                ("repetition_penalty", "repetition_penalty"), ("presence_penalty", "presence_penalty"),
+                ("frequency_penalty", "frequency_penalty"))
+
+
+def request_body(gen: Generation, model: str, chat: bool) -> dict:
+    """A Generation as an OpenAI request body (what llmlaunch-bench's OpenAI backends send): the inverse of
+    completion_generation / chat_generation.  Streaming asks for the usage chunk, so token counts are the server's."""
+    body = {"model": model, "max_tokens": gen.max_tokens, "stream": bool(gen.stream)}
+    if chat:
+        body["messages"] = [{"role": "user", "content": gen.prompt}]
+    else:
+        body["prompt"] = gen.prompt
+    if gen.stream:
+        body["stream_options"] = {"include_usage": True}
+    for attr, key in _BODY_FIELDS:
+        value = getattr(gen, attr)
+        if value is not None:
+            body[key] = value
+    if gen.stop:
+        body["stop"] = list(gen.stop)
+    return body

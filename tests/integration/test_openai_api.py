@@ -275,3 +275,24 @@ def test_a_slurm_launch_serves_the_openai_api_on_rank_0_and_stops_it(local_slurm
         sl.stop_drained(job_id)
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(ep["openai_url"] + "/models", timeout=5)  # it stopped with rank 0
+
+
+# ----------------------------------------------------------------------------- llmlaunch-bench over either protocol
+@pytest.mark.parametrize("backend", ["triton-grpc", "openai-completions", "openai-chat"])
+def test_bench_measures_the_same_load_over_either_protocol(server, chat_api, tmp_path, backend):
+    from launcher.bench import cli
+
+    url = server.grpc_url if backend == "triton-grpc" else chat_api.cfg.url + "/v1"
+    out = tmp_path / "result.json"
+    code = cli.main(["--no-progress", "--result-json", str(out), "--backend", backend, "--url", url,
+                     "--dataset-name", "synthetic", "--input-len", 16, "--output-len", 8, "--num-prompts", 12,
+                     "--concurrency", 4, "--ignore-eos", "--warmup", 1])
+    doc = json.loads(out.read_text())
+    assert code == 0, doc["metrics"].get("errors")
+    m = doc["metrics"]
+    assert (m["completed"], m["failed"], m["total_output_tokens"]) == (12, 0, 96), m
+    assert doc["config"]["backend"] == backend and doc["config"]["model"] == MODEL  # found through /v1/models too
+    for r in doc["requests"]:
+        # the server's counts (the usage chunk over OpenAI), and a time for every streamed piece of text
+        assert r["output_tokens"] == 8 and r["output_tokens_source"] == "server" and r["input_tokens"] > 0
+        assert r["finish_reason"] == "length" and len(r["token_times"]) >= 2 and r["ttft"] > 0

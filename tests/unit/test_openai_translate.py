@@ -114,3 +114,16 @@ def test_response_shapes():
     body = tr.chat_body("id", "m", "Paris", "stop", counts)
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "Paris"} and body["usage"] == counts
     assert tr.models_body("hf_model", 1)["data"][0]["id"] == "hf_model"
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_a_generation_sent_as_a_body_comes_back_the_same(chat):
+    from launcher.client import Generation
+
+    gen = Generation("Hello there", max_tokens=9, stream=True, temperature=0.7, top_p=0.5, top_k=4, seed=11,
+                     stop=("a", "b"), min_tokens=9, ignore_eos=True, repetition_penalty=1.2)
+    body = tr.request_body(gen, "hf_model", chat)
+    assert body["stream_options"] == {"include_usage": True}
+    back, opts = (tr.chat_generation(body, SERVED, lambda m: m[0]["content"]) if chat
+                  else tr.completion_generation(body, SERVED))
+    assert back == gen and opts == tr.Options("hf_model", True, True)
