@@ -273,7 +273,8 @@ def engine_error(message: str, grpc_code: str = "") -> ApiError:
     low = message.lower()
     if grpc_code in ("RESOURCE_EXHAUSTED",) or any(w in low for w in _OVERLOAD):
         return ApiError(429, f"the server is overloaded, retry later: {message}", code="overloaded")
-    if grpc_code in ("UNAVAILABLE", "DEADLINE_EXCEEDED") or "not ready" in low:
+    # "no replica is up": the replicas front end (launcher/frontend/proxy.py) with every replica down
+    if grpc_code in ("UNAVAILABLE", "DEADLINE_EXCEEDED") or "not ready" in low or "no replica is up" in low:
         return ApiError(503, f"the model server is not reachable or not ready: {message}", code="unavailable")
     if grpc_code in ("INVALID_ARGUMENT",) or any(w in low for w in _REQUEST_FAULTS):
         return ApiError(400, message, code="invalid_value")

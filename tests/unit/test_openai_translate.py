@@ -95,6 +95,7 @@ def test_a_bad_chat_body_is_refused_naming_the_field(extra, param):
     ("too busy", "RESOURCE_EXHAUSTED", 429),
     ("failed to connect to all addresses", "UNAVAILABLE", 503),
     ("Request for unknown model: 'hf_model' is not ready", "", 503),
+    ("no replica is up (replica 0 (10.0.0.1:8001): health probe failed)", "", 503),
     ("CUDA error: an illegal memory access was encountered", "", 500),
 ])
 def test_engine_errors_get_openais_status(message, code, status):
