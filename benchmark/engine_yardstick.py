@@ -53,7 +53,7 @@ def rendered_engine_args(overrides: list) -> tuple:
     from launcher.render import repository_files
 
     _, spec = plan(list(overrides))
-    name = spec.engine["name"]
+    name = spec.engine.name
     files = repository_files(spec)
     if name == "lmdeploy":
         from launcher import pbtxt

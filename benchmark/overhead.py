@@ -278,9 +278,10 @@ def vs_generate(model_dir: str, params: dict, args) -> list[dict]:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from launcher.engines.hf_args import HFEngineArgs
     from launcher.engines.hf_engine import Engine
 
-    engine = Engine(model_dir, max_prefill_tokens=args.prefill_chunk, **params).start()
+    engine = Engine.from_args(HFEngineArgs(model_path=model_dir, prefill_chunk=args.prefill_chunk, **params)).start()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=engine.runner.dtype).to(engine.runner.device).eval()
     rows = []
     try:
@@ -469,6 +470,7 @@ def main(argv=None) -> int:
     paths = [p for p in PATHS if p in args.paths or p == "direct"]
 
     from launcher.bench.cli import request_param  # KEY=VALUE read as `llmlaunch-bench --request-param` reads it
+    from launcher.engines.hf_args import HFEngineArgs
     from launcher.engines.hf_engine import Engine, describe_features
     from launcher.engines.hf_process import EngineProcess
     from launcher.tiny import ensure_tiny_model
@@ -479,7 +481,7 @@ def main(argv=None) -> int:
     server_params = dict(params, prefill_chunk=args.prefill_chunk, torch_threads=args.threads,
                          stream_interval_ms=args.stream_interval_ms,
                          **dict(kv.split("=", 1) for kv in args.server_param))
-    params["threads"] = args.threads or None
+    params["torch_threads"] = args.threads
     request_params = dict(request_param(kv) for kv in args.request_param)
     log(f"model {model_dir}; paths {' '.join(paths)}")
     results = {"model": model_dir, "device": args.device, "server_params": server_params,
@@ -506,15 +508,15 @@ def main(argv=None) -> int:
             with on_cpus(server_cpus):  # the server compiles while the in-process engine loads
                 server = hf_server(model_dir, workdir, server_params).start()
             stack.callback(server.stop)
-        engine = Engine(model_dir, max_prefill_tokens=args.prefill_chunk, **params).start()
+        engine = Engine.from_args(HFEngineArgs(model_path=model_dir, prefill_chunk=args.prefill_chunk, **params)).start()
         stack.callback(engine.shutdown)
         results["features"] = describe_features(engine.features)  # decode graphs, torch.compile, cuDNN attention
         log(f"in-process engine: {results['features']}")
         run = {"direct": lambda prompts, load, tokens: run_direct(engine, prompts, load.concurrency, tokens,
                                                                   load.arrivals())}
         if "process" in paths:  # the engine process as the served model starts it, without the stub and tritonserver
-            process = EngineProcess(model_dir, max_prefill_tokens=args.prefill_chunk,
-                                    output_interval=args.stream_interval_ms / 1000.0, **params).start()
+            process = EngineProcess(HFEngineArgs(model_path=model_dir, prefill_chunk=args.prefill_chunk,
+                                                 stream_interval_ms=args.stream_interval_ms, **params)).start()
             stack.callback(process.shutdown)
             run["process"] = lambda prompts, load, tokens: run_direct(process, prompts, load.concurrency, tokens,
                                                                       load.arrivals())

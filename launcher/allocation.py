@@ -46,8 +46,8 @@ def task_ports(spec, array_task_id: int):
     when it looks free, and two of them checking at once would both take 8001. Each task gets its own
     preferred ports (rank 0 still moves to free ones when these are taken)."""
     shift = len(PORT_KEYS) * (array_task_id % 1000)
-    shift = shift if max(int(spec.serve[k]) for k in PORT_KEYS) + shift <= 65535 else 0
-    return dataclasses.replace(spec, serve={**spec.serve, **{k: int(spec.serve[k]) + shift for k in PORT_KEYS}})
+    shift = shift if max(int(getattr(spec.serve, k)) for k in PORT_KEYS) + shift <= 65535 else 0
+    return dataclasses.replace(spec, serve=dataclasses.replace(spec.serve, **{k: int(getattr(spec.serve, k)) + shift for k in PORT_KEYS}))
 
 
 class AllocationScheduler(Scheduler):
@@ -90,7 +90,7 @@ class AllocationScheduler(Scheduler):
             if proc.poll() is not None:
                 raise not_serving()
 
-        ep = wait_for_endpoint(run, timeout_s=float(spec.serve["ready_timeout_s"]) + 60, on_timeout=not_serving, check=check, interval_s=0.2)
+        ep = wait_for_endpoint(run, timeout_s=float(spec.serve.ready_timeout_s) + 60, on_timeout=not_serving, check=check, interval_s=0.2)
         endpoint.url, endpoint.model, endpoint.doc = ep["url"], ep["model"], ep
         return endpoint
 
@@ -101,5 +101,5 @@ class AllocationScheduler(Scheduler):
         proc = endpoint.proc
         if proc is None or proc.poll() is not None:
             return
-        stop_group(proc, float(endpoint.spec.serve["drain_timeout_s"]) + 30)
+        stop_group(proc, float(endpoint.spec.serve.drain_timeout_s) + 30)
         say(f"stopped the ranks (srun status {proc.returncode})")

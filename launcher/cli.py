@@ -1,7 +1,9 @@
 """`llmlaunch`: compose (Hydra) -> validate (spec) -> render -> dry run or launch.
 
-Errors a user can fix are caught here, once: printed to stderr as value / why /
-fix, exit status 2, no traceback. Heavy imports (torch, tritonclient, mpi4py,
+A single launch composes and validates once (`plan`) and hands that spec to `execute`; Hydra's own
+entry point runs only what needs it (multirun sweeps, where each point validates itself, and Hydra's
+flags such as --cfg or --info). Errors a user can fix are caught here, once: printed to stderr as
+value / why / fix, exit status 2, no traceback. Heavy imports (torch, tritonclient, mpi4py,
 submitit) happen only on the paths that need them, so `--help` stays fast.
 """
 
@@ -38,6 +40,23 @@ def check_group_choices(argv: List[str]) -> None:
         raise LaunchError(problems)
 
 
+def free_mapping_overrides(argv: List[str]) -> List[str]:
+    """`engine.engine_args.enforce_eager=true` as `++engine.engine_args.enforce_eager=true`: a key inside a free
+    mapping (launcher.schema.free_mappings) is the user's own, so it needs no `+` to be added, and `++` also sets
+    one the profile already gives. Every other argument is kept as it is: an unknown key elsewhere is still
+    refused by Hydra's struct mode (and reported by `_hydra_problem`)."""
+    from launcher.schema import free_mappings
+
+    mappings = free_mappings()
+    out = []
+    for arg in argv:
+        key = arg.partition("=")[0]
+        if "=" in arg and not arg.startswith(("-", "+", "~")) and any(key.startswith(m + ".") for m in mappings):
+            arg = "++" + arg
+        out.append(arg)
+    return out
+
+
 def compose(overrides: List[str]):
     """Compose the config the way `llmlaunch` does (used by tests and tools)."""
     from hydra import compose as hcompose, initialize_config_dir
@@ -46,21 +65,27 @@ def compose(overrides: List[str]):
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hcompose(config_name="config", overrides=list(overrides))
+        return hcompose(config_name="config", overrides=free_mapping_overrides(list(overrides)))
 
 
-def plan(overrides: List[str]):
-    """Overrides -> (cfg, spec). Raises LaunchError on any bad value."""
+def composed(overrides: List[str]):
+    """Overrides -> the composed config, with a bad group choice or a value that does not compose as a LaunchError."""
     from launcher.errors import LaunchError
-    from launcher.spec import build_spec
 
     check_group_choices(overrides)
     try:
-        cfg = compose(overrides)
+        return compose(overrides)
     except LaunchError:
         raise
     except Exception as e:  # Hydra/OmegaConf type and key errors: make them ours
         raise LaunchError(_hydra_problem(e)) from None
+
+
+def plan(overrides: List[str]):
+    """Overrides -> (cfg, spec): the one path from a command line to a validated LaunchSpec. Raises LaunchError on any bad value."""
+    from launcher.spec import build_spec
+
+    cfg = composed(overrides)
     return cfg, build_spec(cfg)
 
 
@@ -85,7 +110,7 @@ def default_run_dir(spec) -> str:
     import time
     import uuid
 
-    root = Path(spec.cluster.get("jobs_dir") or "llmlaunch-jobs")
+    root = Path(spec.cluster.jobs_dir or "llmlaunch-jobs")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return str((root / spec.job_name / f"{stamp}-{uuid.uuid4().hex[:6]}").absolute())
 
@@ -99,9 +124,7 @@ def _is_sweep_point(cfg) -> bool:
 
 
 def run(cfg) -> int:
-    """The Hydra task: validate, then dry run, or the scheduler's launch (local serve / Slurm submit)."""
-    from omegaconf import OmegaConf
-
+    """The Hydra task (multirun points, or a launch given Hydra flags): validate, then `execute`."""
     from launcher.spec import build_spec
 
     # Multirun with a load profile (`llmlaunch -m ... bench=<profile>`): this job is one sweep point.
@@ -111,9 +134,15 @@ def run(cfg) -> int:
         from launcher.sweep import run_point
 
         return run_point(cfg)
+    return execute(cfg, build_spec(cfg))
+
+
+def execute(cfg, spec) -> int:
+    """Dry run, or the scheduler's launch (local serve / Slurm submit), of a validated spec (`build_spec(cfg)`)."""
+    from omegaconf import OmegaConf
+
     from launcher.scheduler import for_spec
 
-    spec = build_spec(cfg)
     run_dir = cfg.get("run_dir") or default_run_dir(spec)
     backend = for_spec(spec)  # cluster.scheduler's registry entry (launcher/scheduler.py)
     if cfg.dry_run:
@@ -133,13 +162,7 @@ def _hydra_entry():
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def _main(cfg) -> None:
-        from launcher.errors import LaunchError
-
-        try:
-            code = run(cfg)
-        except LaunchError as e:
-            print(e.render(), file=sys.stderr)
-            sys.exit(2)
+        code = _exit_on_launch_error(run, cfg)
         if code:
             sys.exit(code)
 
@@ -169,6 +192,17 @@ related: llmlaunch-status JOB, llmlaunch-stop JOB, llmlaunch-bench, llmlaunch-re
 """
 
 
+def _exit_on_launch_error(fn, *args) -> int:
+    """fn(*args), with a LaunchError printed as value / why / fix and exit status 2."""
+    from launcher.errors import LaunchError
+
+    try:
+        return fn(*args)
+    except LaunchError as e:
+        print(e.render(), file=sys.stderr)
+        sys.exit(2)
+
+
 def main(argv: Optional[List[str]] = None) -> None:
     from launcher.errors import LaunchError
 
@@ -176,15 +210,25 @@ def main(argv: Optional[List[str]] = None) -> None:
     if any(a in ("-h", "--help") for a in argv):
         sys.stdout.write(usage())
         return
+    argv = free_mapping_overrides(argv)  # also what Hydra's entry point is given (multirun, Hydra flags)
     multirun = any(a in ("-m", "--multirun") for a in argv)
     wants_help = any(a in ("-h", "--help", "--hydra-help", "--info") or a.startswith(("--cfg", "-c")) for a in argv)
+    overrides = [a for a in argv if not a.startswith("-") and not a.startswith("hydra")]
+    if not wants_help and overrides == argv:
+        # A plain launch: compose and validate once, run that spec; Hydra's entry point adds nothing here
+        # (conf/config.yaml: no output folder, no chdir, no logging setup).
+        cfg, spec = _exit_on_launch_error(plan, overrides)
+        code = _exit_on_launch_error(execute, cfg, spec)
+        if code:
+            sys.exit(code)
+        return
     if not wants_help:
         try:
             check_group_choices(argv)
-            overrides = [a for a in argv if not a.startswith("-") and not a.startswith("hydra")]
             if not multirun:
-                # Compose + validate before Hydra runs anything, so a bad value exits 2 with our message.
-                plan(overrides)
+                # Hydra flags or hydra.* overrides: Hydra composes and `run` validates; a value that does not
+                # compose exits 2 with our message before Hydra prints its own.
+                composed(overrides)
             else:
                 # Multirun: only check that each swept value composes (same message, exit 2, nothing run).
                 # Validation is per point (launcher/sweep.py): an invalid point becomes its failure.json.

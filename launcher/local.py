@@ -63,20 +63,16 @@ def serve_foreground(spec: LaunchSpec, run_dir: str) -> int:
     from launcher.tiny import resolve_model
     from launcher.triton import check_ports, resolve_tritonserver
 
-    ports = {k: int(spec.serve[k]) for k in PUBLIC_PORTS}
+    ports = {k: int(getattr(spec.serve, k)) for k in PUBLIC_PORTS}
     check_ports(spec.host, ports)  # before any work: a taken port is a config problem
-    install = resolve_tritonserver(spec.cluster.get("tritonserver", ""))
+    install = resolve_tritonserver(spec.cluster.tritonserver)
     say(f"tritonserver: {install.binary} ({install.source})")
     spec = resolve_model(spec, say)
     run = RunDir(run_dir).write_spec(spec)
     say(f"run dir: {run}")
     stop = _Stop()
     if spec.world_size == 1:
-        from launcher import awake
-
-        # one rank served from here (several: each rank process keeps its own CPUs awake, launcher.rank)
-        with awake.kept_for(spec.serve, 0, str(run), say):
-            return _serve_one(spec, run, install, stop)
+        return _serve_one(spec, run, install, stop)
     return _serve_ranks(spec, run, stop)
 
 
@@ -87,9 +83,9 @@ def _serve_one(spec: LaunchSpec, run: RunDir, install, stop: _Stop) -> int:
     job_id = str(os.getpid())
     rank = spec.ranks[0]
     argv = tritonserver_argv(spec, rank, tritonserver=install.binary, repository=str(run.repository), job_id=job_id, backend_directory=install.backend_directory)
-    env = server_env(install, {**spec.cluster.get("env", {}), "LLMLAUNCH_RANK": "0", "LLMLAUNCH_WORLD_SIZE": "1", "LLMLAUNCH_RUN_DIR": str(run)})
+    env = server_env(install, {**spec.cluster.env, "LLMLAUNCH_RANK": "0", "LLMLAUNCH_WORLD_SIZE": "1", "LLMLAUNCH_RUN_DIR": str(run)})
     host = spec.host if spec.host not in ("0.0.0.0", "") else "127.0.0.1"
-    url = f"{host}:{spec.serve['grpc_port']}"
+    url = f"{host}:{spec.serve.grpc_port}"
     log = run.local_rank_log(0)
     say(f"starting: {shlex.join(argv)}")
     say(f"log: {log}")
@@ -99,8 +95,8 @@ def _serve_one(spec: LaunchSpec, run: RunDir, install, stop: _Stop) -> int:
         log_path=log,
         grpc_url=url,
         model=spec.model_name,
-        ready_timeout_s=float(spec.serve["ready_timeout_s"]),
-        drain_timeout_s=float(spec.serve["drain_timeout_s"]),
+        ready_timeout_s=float(spec.serve.ready_timeout_s),
+        drain_timeout_s=float(spec.serve.drain_timeout_s),
         shm_prefix=shm_prefix(job_id, 0),
         progress=say,
     ).start()
@@ -113,8 +109,8 @@ def _serve_one(spec: LaunchSpec, run: RunDir, install, stop: _Stop) -> int:
         say(f"READY in {waited:.1f}s")
         from launcher.openai_api.process import start_api
 
-        api = start_api(spec, url, spec.host, spec.serve["openai_port"], say, float(spec.serve["ready_timeout_s"]))
-        ports = {k: spec.serve[k] for k in PUBLIC_PORTS}  # as rank 0 writes them
+        api = start_api(spec, url, spec.host, spec.serve.openai_port, say, float(spec.serve.ready_timeout_s))
+        ports = {k: getattr(spec.serve, k) for k in PUBLIC_PORTS}  # as rank 0 writes them
         run.write_endpoint({"url": f"grpc://{url}", "model": spec.model_name, **ports, "openai_url": f"{api.cfg.url}/v1",
                             "job_id": job_id})
         sys.stdout.write(endpoint_banner(f"grpc://{url}", spec.model_name, f"{api.cfg.url}/v1"))
@@ -182,7 +178,7 @@ def _serve_ranks(spec: LaunchSpec, run: RunDir, stop: _Stop) -> int:
     if not base_env.get("CUDA_VISIBLE_DEVICES") and any(r.gpus for r in spec.ranks):
         # Like a Slurm task given the node's GPUs: each rank then takes its own slice
         # (rank.rank_environment); without this every rank would land on GPU 0.
-        base_env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(int(spec.cluster.get("gpus_per_node", 0))))
+        base_env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(int(spec.cluster.gpus_per_node)))
     for r in spec.ranks:
         env = dict(base_env)
         env.update(
@@ -226,7 +222,7 @@ def _serve_ranks(spec: LaunchSpec, run: RunDir, stop: _Stop) -> int:
     t0 = time.monotonic()
     code = 0
     try:
-        ep = wait_for_endpoint(run, timeout_s=float(spec.serve["ready_timeout_s"]), on_timeout=not_ready, check=check,
+        ep = wait_for_endpoint(run, timeout_s=float(spec.serve.ready_timeout_s), on_timeout=not_ready, check=check,
                                progress=lambda: f"waiting for {len(procs)} ranks: {run.ready_count()} leaders ready",
                                say=say, repeat_s=2.0, on_change=False, interval_s=0.2)
         say(f"READY in {time.monotonic() - t0:.1f}s ({len(procs)} ranks)")
@@ -244,7 +240,7 @@ def _serve_ranks(spec: LaunchSpec, run: RunDir, stop: _Stop) -> int:
     for p in procs:
         if p.poll() is None:
             os.killpg(p.pid, signal.SIGTERM)
-    deadline = time.monotonic() + float(spec.serve["drain_timeout_s"]) + 20
+    deadline = time.monotonic() + float(spec.serve.drain_timeout_s) + 20
     for p in procs:
         try:
             p.wait(timeout=max(0.1, deadline - time.monotonic()))
@@ -292,9 +288,9 @@ class LocalScheduler(Scheduler):
 
         def timeout(_elapsed: float) -> Exception:
             self.stop(endpoint)
-            return LaunchError(("server", f"not serving after serve.ready_timeout_s={spec.serve['ready_timeout_s']}", f"read {log}"))
+            return LaunchError(("server", f"not serving after serve.ready_timeout_s={spec.serve.ready_timeout_s}", f"read {log}"))
 
-        ep = wait_for_endpoint(run, timeout_s=float(spec.serve["ready_timeout_s"]) + 60, on_timeout=timeout, check=check, interval_s=0.2)
+        ep = wait_for_endpoint(run, timeout_s=float(spec.serve.ready_timeout_s) + 60, on_timeout=timeout, check=check, interval_s=0.2)
         endpoint.url, endpoint.model, endpoint.doc = ep["url"], ep["model"], ep
         return endpoint
 
@@ -305,7 +301,7 @@ class LocalScheduler(Scheduler):
         proc = endpoint.proc
         if proc is None or proc.poll() is not None:
             return
-        stop_group(proc, float(endpoint.spec.serve["drain_timeout_s"]) + 20)
+        stop_group(proc, float(endpoint.spec.serve.drain_timeout_s) + 20)
         say(f"stopped local server (pid {proc.pid}, status {proc.returncode})")
 
 

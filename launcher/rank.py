@@ -174,10 +174,14 @@ class FileComm:
         self.allgather(None)
 
 
-def make_comm(spec, topo: Topology, run_dir: Path, server_does_mpi: bool):
+def make_comm(spec, topo: Topology, run_dir: Path):
+    """MPI where srun/mpirun wired it up, unless the engine's server is the MPI program itself (then files)."""
+    from launcher.engines.registry import ENGINES
+
     if topo.world_size == 1:
         return FileComm(run_dir, topo.job_id, 0, 1)
-    if spec.cluster.get("mpi", "none") != "none" and topo.launcher in ("slurm", "openmpi") and not server_does_mpi:
+    server_uses_mpi = ENGINES[spec.engine.name].server_uses_mpi
+    if spec.cluster.mpi != "none" and topo.launcher in ("slurm", "openmpi") and not server_uses_mpi:
         return MPIComm()
     return FileComm(run_dir, topo.job_id, topo.rank, topo.world_size)
 
@@ -196,7 +200,7 @@ def rendezvous(spec, topo: Topology, comm) -> RankContext:
     openai_port = 0
     dist_port = 0
     if me.role == "leader":
-        wanted = {k: int(spec.serve[k]) for k in ("grpc_port", "http_port", "metrics_port")}
+        wanted = {k: int(getattr(spec.serve, k)) for k in ("grpc_port", "http_port", "metrics_port")}
         # frontend: with replicas > 1 the public gRPC and metrics ports go to the front end
         # (launcher/frontend, started by launcher/serving/rank0_frontend.py) on rank 0, and rank 0's own
         # server is one more internal replica.
@@ -207,7 +211,7 @@ def rendezvous(spec, topo: Topology, comm) -> RankContext:
             # Internal servers take any free port: several share a node; endpoint.json lists them.
             wanted = {k: 0 for k in wanted}
         if me.serves == "public":  # the OpenAI API (launcher/openai_api) rank 0 starts once it serves gRPC
-            openai_port = pick_ports(bind, {"openai_port": int(spec.serve["openai_port"])}, avoid=frontend_ports.values())["openai_port"]
+            openai_port = pick_ports(bind, {"openai_port": int(spec.serve.openai_port)}, avoid=frontend_ports.values())["openai_port"]
             frontend_ports_and_api = [*frontend_ports.values(), openai_port]
         else:
             frontend_ports_and_api = list(frontend_ports.values())
@@ -368,17 +372,14 @@ def _frontend_only(frontend, stopping, all_lost) -> Tuple[str, Optional[int]]:
 
 
 def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path: Optional[str] = None) -> int:
-    """Run this process's rank to the end; returns the exit status.  With serve.keep_cpus_awake, idle-priority
-    spinners keep this rank's CPUs from sleeping meanwhile (launcher/awake.py)."""
-    from launcher import awake
+    """Run this process's rank to the end; returns the exit status."""
     from launcher.rundir import RunDir
 
     environ = dict(os.environ if environ is None else environ)
     spec = RunDir(run_dir).read_spec()
     topo = read_topology(environ)
     say = lambda msg: print(f"[llmlaunch rank {topo.rank} {topo.hostname}] {msg}", flush=True)  # noqa: E731
-    with awake.kept_for(spec.serve, topo.local_rank, run_dir, say):
-        return _run_rank(RunDir(run_dir), spec, topo, environ, log_path, say)
+    return _run_rank(RunDir(run_dir), spec, topo, environ, log_path, say)
 
 
 def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Optional[str], say) -> int:
@@ -388,18 +389,18 @@ def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Opti
 
     if topo.world_size != spec.world_size:
         raise SystemExit(f"rank {topo.rank}: the launcher started {topo.world_size} ranks but the plan has {spec.world_size}")
-    edef = ENGINES[spec.engine["name"]]
+    edef = ENGINES[spec.engine.name]
     log = Path(log_path) if log_path else _own_log(run, topo)
 
     if topo.rank == 0:
         # Records of an earlier run of this dir (a requeued job) must not stop this run's ranks. Nobody
         # writes one before the job serves, and every rank passes the rendezvous only after rank 0.
         run.clear_lost()
-    comm = make_comm(spec, topo, run.path, server_does_mpi=spec.engine["name"] == "trtllm")
+    comm = make_comm(spec, topo, run.path)
     ctx, infos = rendezvous(spec, topo, comm)
     me = ctx.rank
-    install = resolve_tritonserver(spec.cluster.get("tritonserver", ""))
-    env = server_env(install, {**spec.cluster.get("env", {}), **rank_environment(spec, topo, ctx, run.path, _visible_devices(environ)), **edef.rank_env(spec, ctx)})
+    install = resolve_tritonserver(spec.cluster.tritonserver)
+    env = server_env(install, {**spec.cluster.env, **rank_environment(spec, topo, ctx, run.path, _visible_devices(environ)), **edef.rank_env(spec, ctx)})
     prefix = shm_prefix(ctx.job_id, me.rank)
     from launcher.scheduler import for_spec
 
@@ -425,8 +426,8 @@ def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Opti
             log_path=log,
             grpc_url=f"{host}:{ctx.ports.get('grpc_port', 0)}",
             model=spec.model_name,
-            ready_timeout_s=float(spec.serve["ready_timeout_s"]),
-            drain_timeout_s=float(spec.serve["drain_timeout_s"]),
+            ready_timeout_s=float(spec.serve.ready_timeout_s),
+            drain_timeout_s=float(spec.serve.drain_timeout_s),
             shm_prefix=prefix,
             progress=say,
             inherit_output=log_path is None,
@@ -486,7 +487,7 @@ def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Opti
                 from launcher.openai_api.process import start_api
 
                 api = start_api(spec, public["url"].replace("grpc://", ""), spec.host, infos[0]["openai_port"], say,
-                                float(spec.serve["ready_timeout_s"]))
+                                float(spec.serve.ready_timeout_s))
                 run.write_endpoint(
                     {
                         **public,

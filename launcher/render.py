@@ -23,7 +23,7 @@ def repository_files(spec: LaunchSpec, sources: Path = REPO_SOURCES) -> Dict[str
     from launcher import pbtxt
 
     files: Dict[str, str] = {}
-    for m in ENGINES[spec.engine["name"]].models(spec):
+    for m in ENGINES[spec.engine.name].models(spec):
         files[f"{m.name}/config.pbtxt"] = pbtxt.to_text(m.config)
         for rel, src in sorted(m.files.items()):
             files[f"{m.name}/{rel}"] = (sources / src).read_text()
@@ -50,13 +50,13 @@ def tritonserver_argv(
     backend_directory: str = "",
 ) -> List[str]:
     """The tritonserver command line of one rank. `ports` overrides serve.* (rank 0 picks free ones)."""
-    ports = ports or {k: spec.serve[k] for k in ("grpc_port", "http_port", "metrics_port")}
+    ports = ports or {k: getattr(spec.serve, k) for k in ("grpc_port", "http_port", "metrics_port")}
     argv = [
         tritonserver,
         f"--model-repository={repository}",
         "--disable-auto-complete-config",
         f"--backend-config=python,shm-region-prefix-name={shm_prefix(job_id, rank.rank)}",
-        f"--log-verbose={int(spec.serve.get('log_verbose', 0))}",
+        f"--log-verbose={int(spec.serve.log_verbose)}",
     ]
     if backend_directory:
         argv.append(f"--backend-directory={backend_directory}")
@@ -95,19 +95,19 @@ def time_minutes(t: str) -> int:
 
 def srun_args(spec: LaunchSpec) -> List[str]:
     c = spec.cluster
-    args = [f"--mpi={c['mpi']}", "--kill-on-bad-exit=1"]
+    args = [f"--mpi={c.mpi}", "--kill-on-bad-exit=1"]
     if spec.replicas > 1:
         # The ranks of a replica lost while the job serves exit 0 (launcher/rank.py, decide_exit) and
         # the others go on serving; a site's WaitTime would end them that many seconds after the first
         # task exits. 0: no limit (a non-zero exit still ends the step at once: --kill-on-bad-exit).
         args.append("--wait=0")
-    cont = c["container"]
-    if cont["runtime"] == "pyxis":
-        args += [f"--container-image={cont['image']}"]
-        if cont.get("mounts"):
-            args += [f"--container-mounts={','.join(cont['mounts'])}"]
-        if cont.get("workdir"):
-            args += [f"--container-workdir={cont['workdir']}"]
+    cont = c.container
+    if cont.runtime == "pyxis":
+        args += [f"--container-image={cont.image}"]
+        if cont.mounts:
+            args += [f"--container-mounts={','.join(cont.mounts)}"]
+        if cont.workdir:
+            args += [f"--container-workdir={cont.workdir}"]
     return args
 
 
@@ -121,11 +121,11 @@ def setup_lines(spec: LaunchSpec, run_dir: str) -> List[str]:
         # model.py files import the llmlaunch package; the checkout is on the shared filesystem.
         f"export PYTHONPATH={q(str(PACKAGE_ROOT))}${{PYTHONPATH:+:$PYTHONPATH}}",
     ]
-    for k in sorted(c.get("env", {})):
-        lines.append(f"export {k}={q(str(c['env'][k]))}")
-    if c.get("lock_clocks"):
-        lines.append(f"srun --ntasks-per-node=1 --mpi=none sudo nvidia-smi -lgc {q(c['lock_clocks'])}")
-    lines += list(c.get("setup", []))
+    for k in sorted(c.env):
+        lines.append(f"export {k}={q(str(c.env[k]))}")
+    if c.lock_clocks:
+        lines.append(f"srun --ntasks-per-node=1 --mpi=none sudo nvidia-smi -lgc {q(c.lock_clocks)}")
+    lines += list(c.setup)
     return lines
 
 
@@ -154,7 +154,7 @@ def submitit_parameters(spec: LaunchSpec, run_dir: str) -> Dict[str, object]:
     c = spec.cluster
     p: Dict[str, object] = {
         "job_name": spec.job_name,
-        "time": time_minutes(c["time"]),
+        "time": time_minutes(c.time),
         "nodes": spec.nodes,
         "ntasks_per_node": spec.tasks_per_node,
         "stderr_to_stdout": True,  # one log file per rank: <run_dir>/<job>_<rank>_log.out
@@ -164,20 +164,20 @@ def submitit_parameters(spec: LaunchSpec, run_dir: str) -> Dict[str, object]:
         "teardown": teardown_lines(),
     }
     for key in ("partition", "account", "qos", "constraint", "mem"):
-        if c.get(key):
-            p[key] = c[key]
-    if c.get("cpus_per_task"):
-        p["cpus_per_task"] = c["cpus_per_task"]
-    if c.get("exclusive"):
+        if getattr(c, key):
+            p[key] = getattr(c, key)
+    if c.cpus_per_task:
+        p["cpus_per_task"] = c.cpus_per_task
+    if c.exclusive:
         p["exclusive"] = True
-    if c["gpu_request"] == "gpus-per-node" and spec.gpus_per_node_used:
+    if c.gpu_request == "gpus-per-node" and spec.gpus_per_node_used:
         p["gpus_per_node"] = spec.gpus_per_node_used
-    elif c["gpu_request"] == "gres" and spec.gpus_per_node_used:
+    elif c.gpu_request == "gres" and spec.gpus_per_node_used:
         p["gres"] = f"gpu:{spec.gpus_per_node_used}"
     extra: Dict[str, object] = {}
-    if c.get("reservation"):
-        extra["reservation"] = c["reservation"]
-    for flag in c.get("extra_sbatch", []):
+    if c.reservation:
+        extra["reservation"] = c.reservation
+    for flag in c.extra_sbatch:
         k, _, v = flag[2:].partition("=")
         extra[k.replace("-", "_")] = v if v else True
     if extra:
@@ -188,7 +188,7 @@ def submitit_parameters(spec: LaunchSpec, run_dir: str) -> Dict[str, object]:
 def python_for(spec: LaunchSpec) -> str:
     import sys
 
-    return spec.cluster.get("python") or sys.executable
+    return spec.cluster.python or sys.executable
 
 
 def sbatch_script(spec: LaunchSpec, run_dir: str) -> str:
@@ -215,8 +215,8 @@ def allocation_step(spec: LaunchSpec, run_dir: str) -> str:
 
 def allocation_sizes(spec: LaunchSpec) -> tuple:
     """(CPUs per task, GPUs per node) a point's ranks need from its allocation."""
-    cpus = int(spec.cluster.get("cpus_per_task") or 1)
-    gpus = spec.gpus_per_node_used if spec.cluster.get("gpu_request") != "none" else 0
+    cpus = int(spec.cluster.cpus_per_task or 1)
+    gpus = spec.gpus_per_node_used if spec.cluster.gpu_request != "none" else 0
     return cpus, gpus
 
 
@@ -233,9 +233,9 @@ def client_argv(python: str, bench_args: Sequence[str], job_id: Optional[str] = 
 def plan_overrides(spec: LaunchSpec) -> str:
     return " ".join(
         [
-            f"cluster={spec.cluster['name']}",
-            f"engine={spec.engine['name']}",
-            f"model={spec.model['name']}",
+            f"cluster={spec.cluster.name}",
+            f"engine={spec.engine.name}",
+            f"model={spec.model.name}",
             f"tp={spec.tp}",
             f"pp={spec.pp}",
             f"nodes={spec.nodes}",
@@ -268,16 +268,10 @@ def plan_text(spec: LaunchSpec, run_dir: str, composed_yaml: str = "") -> str:
         f"nodes={spec.nodes} tasks_per_node={spec.tasks_per_node} gpus_per_rank={spec.gpus_per_task} "
         f"world_size={spec.world_size} tp={spec.tp} pp={spec.pp} replicas={spec.replicas}"
     )
-    out.append(f"gRPC endpoint: rank 0, {spec.host}:{spec.serve['grpc_port']}, model {spec.model_name}")
-    out.append(f"OpenAI API: rank 0, http://{spec.host}:{spec.serve['openai_port']}/v1 (completions, chat/completions, "
+    out.append(f"gRPC endpoint: rank 0, {spec.host}:{spec.serve.grpc_port}, model {spec.model_name}")
+    out.append(f"OpenAI API: rank 0, http://{spec.host}:{spec.serve.openai_port}/v1 (completions, chat/completions, "
                f"models), launcher/openai_api in front of that gRPC endpoint")
     out.append(layout_table(spec))
-    if spec.serve.get("keep_cpus_awake"):
-        pause = int(spec.serve.get("awake_pause_at", 0) or 0)
-        out.append("keep_cpus_awake: while they serve, each node's first rank (and any rank bound to CPUs of its own) "
-                   "runs one idle-priority spinner per CPU it may use (launcher/awake.py); "
-                   + (f"they pause while an hf engine of the node holds {pause} requests or more" if pause
-                      else "they never pause"))
     for rel, text in repository_files(spec).items():
         sec(f"file model_repository/{rel}")
         out.append(text.rstrip() if rel.endswith((".pbtxt", ".json")) else "(copied from the checkout's model_repository/)")

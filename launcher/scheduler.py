@@ -100,7 +100,7 @@ def get(name: str) -> Scheduler:
 
 def for_spec(spec) -> Scheduler:
     """The backend of the spec's cluster.scheduler (validated by launcher/spec.py)."""
-    return get(spec.cluster["scheduler"])
+    return get(spec.cluster.scheduler)
 
 
 def names() -> List[str]:

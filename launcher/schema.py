@@ -8,8 +8,10 @@ Nothing here touches a cluster; validation beyond types is in `launcher.spec`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+import collections.abc
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from omegaconf import MISSING
 
@@ -86,10 +88,8 @@ class HFEngineConfig(EngineConfig):
     attn_implementation: str = _HF.attn_implementation  # transformers attention kernel: sdpa | eager
     prefill_chunk: int = _HF.prefill_chunk  # prompt tokens prefilled per engine step (0: by device)
     cuda_graphs: bool = _HF.cuda_graphs  # replay decode steps and prompt steps as captured CUDA graphs (GPU)
-    response_threads: int = _HF.response_threads  # threads of the Triton model that send the streams' responses (0: by device)
-    response_nice: int = _HF.response_nice  # nice value of tritonserver and the stubs once the engine process started (-1: by device)
     stream_interval_ms: int = _HF.stream_interval_ms  # least time between two streamed responses of a request (0: every step)
-    response_processes: int = 1  # Triton model instances (stub processes, each with its own GIL) that share the engine process and send its responses; tp=1 only
+    response_processes: int = 1  # Triton model instances (stub processes, each with its own GIL) that share the engine process and send its responses; tp=1 only. The one responder setting (launcher/serving/responders.py derives threads per stub, nice and front-end processes from it, the device and the CPUs): one stub sends a few thousand responses/s whatever its threads, so the streams served at once, which only the user knows, decide it (1 up to tens of streams, 2-4 for 128 on a GPU)
     torch_compile: str = _HF.torch_compile  # auto | true | false: fuse the model's small kernels with torch.compile
     cudnn_attention: str = _HF.cudnn_attention  # graphs | all | off: where attention may use cuDNN
 
@@ -153,9 +153,6 @@ class ServeConfig:
     ready_timeout_s: float = 900.0  # give up waiting for READY after this many seconds
     log_verbose: int = 0  # tritonserver --log-verbose level
     drain_timeout_s: float = 30.0  # on stop, how long in-flight requests may finish before the server is killed
-    frontend_processes: int = 0  # replicas > 1: front-end processes sharing the gRPC port (SO_REUSEPORT); 0 = one per process sending responses (replicas x engine.response_processes), at most half rank 0's CPUs
-    keep_cpus_awake: bool = False  # idle-priority spinners on each rank's CPUs: threads wake without a halted vCPU's delay (median first token at one stream -0.1 to -0.46 ms on VMs, its p99 up to +1.2 ms), at the cost of 100% CPU while the server is idle or lightly loaded (launcher/awake.py)
-    awake_pause_at: int = 2  # with keep_cpus_awake: the spinners pause while an hf engine of the node holds this many requests or more (busy threads seldom sleep, and a spinner slows its hyperthread sibling); 0: never pause
 
 
 @dataclass
@@ -197,6 +194,47 @@ ENGINE_SCHEMAS = {
     "sglang": SGLangEngineConfig,
     "lmdeploy": LMDeployEngineConfig,
 }
+
+
+def build(cls, data: Mapping[str, Any], where: str = "") -> Tuple[Any, List[str]]:
+    """`cls` from a plain mapping (a composed config's node, or launch.json's), nested dataclasses built too.
+    Returns (instance, the keys `cls` has no field for, as dotted names under `where`); those are left out and a
+    field the mapping does not give keeps the dataclass's default."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in fields(cls)}
+    unknown = [f"{where}{k}" for k in data if k not in names]
+    given = {}
+    for k, v in data.items():
+        if k not in names:
+            continue
+        if is_dataclass(hints[k]) and isinstance(v, Mapping):
+            v, more = build(hints[k], v, f"{where}{k}.")
+            unknown += more
+        given[k] = v
+    return cls(**given), unknown
+
+
+def free_mappings() -> Tuple[str, ...]:
+    """Dotted names of the fields that are free mappings (a `Dict` field: engine.engine_args, cluster.env, ...):
+    their keys are the user's (an engine's own arguments, environment variables), not the schema's. The
+    engine's are those of every engine's dataclass; a key under one of another engine is refused by
+    launcher/spec.py as a field that engine does not have."""
+    out: List[str] = []
+
+    def walk(cls, prefix: str) -> None:
+        for name, hint in typing.get_type_hints(cls).items():
+            if typing.get_origin(hint) in (dict, collections.abc.Mapping):
+                out.append(prefix + name)
+            elif is_dataclass(hint):
+                walk(hint, f"{prefix}{name}.")
+
+    for name, hint in typing.get_type_hints(LaunchConfig).items():
+        if name == "engine":
+            for schema in ENGINE_SCHEMAS.values():
+                walk(schema, "engine.")
+        elif is_dataclass(hint):
+            walk(hint, f"{name}.")
+    return tuple(sorted(set(out)))
 
 
 def register_configs() -> None:

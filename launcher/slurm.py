@@ -90,7 +90,7 @@ def submit(spec: LaunchSpec, run_dir: str):
     from launcher.render import python_for, submitit_parameters
 
     if shutil.which("sbatch") is None:
-        raise LaunchError((f"cluster={spec.cluster['name']}", "sbatch is not on PATH: this is not a Slurm login node", "run on the cluster's login node, or use cluster=local (or cluster=local_slurm after `llmlaunch-localslurm up`)"))
+        raise LaunchError((f"cluster={spec.cluster.name}", "sbatch is not on PATH: this is not a Slurm login node", "run on the cluster's login node, or use cluster=local (or cluster=local_slurm after `llmlaunch-localslurm up`)"))
     run = RunDir(run_dir).write_spec(spec).path
     executor = submitit.SlurmExecutor(folder=str(run), python=python_for(spec))
     executor.update_parameters(**submitit_parameters(spec, str(run)))
@@ -102,10 +102,10 @@ def submit(spec: LaunchSpec, run_dir: str):
             reason = reason.decode(errors="replace")
         shutil.rmtree(run, ignore_errors=True)
         raise LaunchError(
-            (f"cluster={spec.cluster['name']} (partition={spec.cluster.get('partition') or 'default'}, gpus_per_node={spec.gpus_per_node_used})", f"Slurm refused the job: {str(reason).strip()}", "fix the profile value Slurm names (sinfo shows partitions and GRES); nothing was submitted")
+            (f"cluster={spec.cluster.name} (partition={spec.cluster.partition or 'default'}, gpus_per_node={spec.gpus_per_node_used})", f"Slurm refused the job: {str(reason).strip()}", "fix the profile value Slurm names (sinfo shows partitions and GRES); nothing was submitted")
         ) from None
     INDEX_DIR.mkdir(parents=True, exist_ok=True)
-    record = {"job_id": job.job_id, "run_dir": str(run), "slurm_conf": spec.cluster.get("slurm_conf", ""), "model": spec.model_name, "world_size": spec.world_size,
+    record = {"job_id": job.job_id, "run_dir": str(run), "slurm_conf": spec.cluster.slurm_conf, "model": spec.model_name, "world_size": spec.world_size,
               "submitted": time.time(), "scheduler": "slurm"}
     (INDEX_DIR / f"{job.job_id}.json").write_text(json.dumps(record))
     RunDir(run).write_job(record)
@@ -159,12 +159,12 @@ class SlurmScheduler(Scheduler):
         `leave_running` (`llmlaunch` itself: its message names llmlaunch-stop for a job still loading)."""
         from launcher.tiny import resolve_model
 
-        _slurm_env(request.spec.cluster.get("slurm_conf", ""))
+        _slurm_env(request.spec.cluster.slurm_conf)
         spec = resolve_model(request.spec, say)
         job, run = submit(spec, request.run_dir)
         say(f"submitted job {job.job_id} ({spec.world_size} ranks on {spec.nodes} node(s)); run dir {run}")
         try:
-            ep = follow(job.job_id, run, spec, float(spec.serve["ready_timeout_s"]) + 600)
+            ep = follow(job.job_id, run, spec, float(spec.serve.ready_timeout_s) + 600)
         except BaseException:
             if not leave_running:
                 say(stop(job.job_id)[1])

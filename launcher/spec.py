@@ -2,9 +2,10 @@
 
 `build_spec(cfg)` is the one validation step. It collects every problem it
 finds (value, why, fix) and raises them together as a `LaunchError`, so a user
-fixes a config in one go. The spec it returns is plain data (JSON-able via
-`to_json`) that rendering, submission and the per-rank entry point all read:
-one source of truth for who runs what where.
+fixes a config in one go. The spec it returns carries the schema's dataclasses
+(launcher/schema.py: each default lives there only) and is JSON-able via
+`to_json` (launch.json, rebuilt typed by `from_json`); rendering, submission and
+the per-rank entry point all read it: one source of truth for who runs what where.
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 from launcher.errors import LaunchError
+
+if TYPE_CHECKING:  # launcher.schema imports omegaconf; the engine processes import this module's constants only
+    from launcher.schema import BenchConfig, ClusterConfig, EngineConfig, LaunchConfig, ModelConfig, ServeConfig
 
 # Characters allowed in values that land in `#SBATCH` lines or file names. Those
 # lines are not parsed by a shell (so quoting cannot help) and Slurm splits on
@@ -55,11 +59,11 @@ class LaunchSpec:
     """Everything needed to render, submit and run one job."""
 
     job_name: str
-    cluster: Dict[str, Any]
-    engine: Dict[str, Any]
-    model: Dict[str, Any]
-    serve: Dict[str, Any]
-    bench: Dict[str, Any]
+    cluster: ClusterConfig
+    engine: EngineConfig  # the engine's own dataclass (launcher.schema.ENGINE_SCHEMAS[engine.name])
+    model: ModelConfig
+    serve: ServeConfig
+    bench: BenchConfig
     tp: int
     pp: int
     nodes: int
@@ -80,11 +84,21 @@ class LaunchSpec:
         return self.tp * self.pp
 
     def to_json(self) -> str:
+        """launch.json: every field as plain JSON (dataclasses.asdict); from_json rebuilds the same typed spec."""
         return json.dumps(asdict(self), indent=1, sort_keys=True)
 
     @staticmethod
     def from_json(text: str) -> "LaunchSpec":
+        from launcher.schema import ENGINE_SCHEMAS, BenchConfig, ClusterConfig, ModelConfig, ServeConfig, build
+
         d = json.loads(text)
+        parts = {"cluster": ClusterConfig, "engine": ENGINE_SCHEMAS[d["engine"]["name"]], "model": ModelConfig,
+                 "serve": ServeConfig, "bench": BenchConfig}
+        for key, cls in parts.items():
+            d[key], unknown = build(cls, d[key], f"{key}.")
+            if unknown:
+                raise ValueError(f"launch.json: {', '.join(unknown)} not in launcher/schema.py's {cls.__name__}: "
+                                 "written by another llmlaunch version; launch the job again with this one")
         d["ranks"] = tuple(RankSpec(**{**r, "gpus": tuple(r["gpus"]), "models": tuple(r["models"])}) for r in d["ranks"])
         return LaunchSpec(**d)
 
@@ -93,7 +107,8 @@ def _is_pow2(n: int) -> bool:
     return isinstance(n, int) and n >= 1 and (n & (n - 1)) == 0
 
 
-def _choice(problems, what, value, allowed):
+def check_choice(problems, what, value, allowed):
+    """Add a problem unless `value` is one of `allowed`."""
     if value not in allowed:
         problems.append((f"{what}={value!r}", f"not one of {', '.join(allowed)}", f"set {what} to one of: {', '.join(allowed)}"))
 
@@ -187,90 +202,94 @@ def build_ranks(engine_def, tp, pp, replicas, nodes, tasks_per_node, gpus_per_ta
     return tuple(out)
 
 
+def typed_config(c: Mapping[str, Any]) -> Tuple[LaunchConfig, List[Tuple[str, str, str]]]:
+    """A composed config as plain data -> the schema's dataclasses (the engine's own, by engine.name), and a
+    problem for each key no dataclass has (an unknown engine is reported by build_spec)."""
+    from launcher.engines import registry
+    from launcher.schema import ENGINE_SCHEMAS, EngineConfig, LaunchConfig, build
+
+    ename = c["engine"].get("name")
+    known = ename in registry.ENGINES
+    engine, unknown = build(ENGINE_SCHEMAS[ename] if known else EngineConfig, c["engine"], "engine.")
+    if not known:
+        unknown = []
+    launch, more = build(LaunchConfig, {**c, "engine": engine})
+    return launch, [(k, "no such key in launcher/schema.py" + (f" for engine={ename}" if k.startswith("engine.") else ""),
+                     "check the spelling (`llmlaunch --cfg job` prints every key)") for k in unknown + more]
+
+
+def check_counts(problems, counts):
+    """Counts where 0 picks a value for the machine: (name, value, what it counts, what 0 means, the fix)."""
+    for name, v, what, zero, fix in counts:
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            problems.append((f"{name}={v!r}", f"{what}: a whole number, 0 = {zero}", f"set {name}={fix}"))
+
+
 def build_spec(cfg) -> LaunchSpec:
     """Validate a composed config (OmegaConf or plain dict) and return the frozen spec."""
     from launcher.engines import registry
 
-    c = _plain(cfg)
-    problems: List[Tuple[str, str, str]] = []
-    cluster, engine, model, serve = c["cluster"], c["engine"], c["model"], c["serve"]
+    c, problems = typed_config(_plain(cfg))
+    cluster, engine, model, serve = c.cluster, c.engine, c.model, c.serve
+    container = cluster.container
 
     # --- names and choices
-    ename = engine.get("name")
+    ename = engine.name
     if ename not in registry.ENGINES:
         problems.append((f"engine={ename!r}", "unknown engine", f"choose one of: {', '.join(sorted(registry.ENGINES))}"))
-    _choice(problems, "cluster.scheduler", cluster.get("scheduler"), SCHEDULERS)
-    _choice(problems, "cluster.gpu_request", cluster.get("gpu_request"), GPU_REQUESTS)
-    _choice(problems, "cluster.mpi", cluster.get("mpi"), MPI_TYPES)
-    _choice(problems, "cluster.container.runtime", cluster["container"].get("runtime"), CONTAINER_RUNTIMES)
-    _choice(problems, "engine.device", engine.get("device"), DEVICES)
-    if "torch_compile" in engine:  # hf; a str field, so Hydra's engine.torch_compile=true arrives as 'True'
-        _choice(problems, "engine.torch_compile", str(engine["torch_compile"]).lower(), ("auto", "true", "false"))
-    if "cudnn_attention" in engine:  # hf
-        _choice(problems, "engine.cudnn_attention", engine["cudnn_attention"], CUDNN_ATTENTION)
-    _choice(problems, "model.dtype", model.get("dtype"), DTYPES)
-    if not _SAFE_NAME.match(str(c.get("job_name", ""))):
+    check_choice(problems, "cluster.scheduler", cluster.scheduler, SCHEDULERS)
+    check_choice(problems, "cluster.gpu_request", cluster.gpu_request, GPU_REQUESTS)
+    check_choice(problems, "cluster.mpi", cluster.mpi, MPI_TYPES)
+    check_choice(problems, "cluster.container.runtime", container.runtime, CONTAINER_RUNTIMES)
+    check_choice(problems, "engine.device", engine.device, DEVICES)
+    check_choice(problems, "model.dtype", model.dtype, DTYPES)
+    if not _SAFE_NAME.match(str(c.job_name)):
         problems.append(
-            (f"job_name={c.get('job_name')!r}", "job names go into #SBATCH lines, file names and shm prefixes", "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
+            (f"job_name={c.job_name!r}", "job names go into #SBATCH lines, file names and shm prefixes", "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
         )
-    for what, value in (("cluster.name", cluster.get("name")), ("model.name", model.get("name")), ("engine.model_name", engine.get("model_name") or "x")):
+    for what, value in (("cluster.name", cluster.name), ("model.name", model.name), ("engine.model_name", engine.model_name or "x")):
         if not _SAFE_NAME.match(str(value)):
             problems.append((f"{what}={value!r}", "names go into scripts, file names and Triton model names", f"give {what} 1-64 letters, digits, '.', '_' or '-'"))
-    if cluster.get("scheduler") == "slurm" and not _TIME.match(str(cluster.get("time", ""))):
-        problems.append((f"cluster.time={cluster.get('time')!r}", "not a Slurm time limit", "use HH:MM:SS, D-HH:MM:SS or minutes, e.g. cluster.time=01:00:00"))
-    if cluster.get("scheduler") == "slurm" and cluster.get("mpi") == "none":
+    if cluster.scheduler == "slurm" and not _TIME.match(str(cluster.time)):
+        problems.append((f"cluster.time={cluster.time!r}", "not a Slurm time limit", "use HH:MM:SS, D-HH:MM:SS or minutes, e.g. cluster.time=01:00:00"))
+    if cluster.scheduler == "slurm" and cluster.mpi == "none":
         problems.append(("cluster.mpi='none'", "ranks rendezvous through MPI (mpi4py); srun must start them with PMIx or PMI2", "set cluster.mpi=pmix (or pmi2)"))
-    if cluster.get("container", {}).get("runtime") == "pyxis" and not cluster["container"].get("image"):
+    if container.runtime == "pyxis" and not container.image:
         problems.append(("cluster.container.image=''", "pyxis needs an image", "set cluster.container.image=<registry#image:tag> or cluster.container.runtime=none"))
 
     # --- values that go into #SBATCH lines / names
     for key in ("partition", "account", "qos", "reservation", "constraint", "mem", "jobs_dir"):
-        _check_sbatch_token(problems, f"cluster.{key}", cluster.get(key, ""))
-    for i, flag in enumerate(cluster.get("extra_sbatch", [])):
+        _check_sbatch_token(problems, f"cluster.{key}", getattr(cluster, key))
+    for i, flag in enumerate(cluster.extra_sbatch):
         if not re.match(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9._+@%:=,/~-]+)?$", str(flag)):
             problems.append((f"cluster.extra_sbatch[{i}]={flag!r}", "not a plain --flag or --flag=value", "write it as --name=value with no spaces or quotes"))
-    for key in cluster.get("env", {}):
+    for key in cluster.env:
         if not _ENV_KEY.match(str(key)):
             problems.append((f"cluster.env key {key!r}", "not a valid environment variable name", "use letters, digits and _ (not starting with a digit)"))
     for what, value in (
-        ("model.path", model.get("path", "")),
-        ("model.tokenizer", model.get("tokenizer", "")),
-        ("cluster.tritonserver", cluster.get("tritonserver", "")),
-        ("cluster.python", cluster.get("python", "")),
-        ("cluster.container.workdir", cluster["container"].get("workdir", "")),
+        ("model.path", model.path),
+        ("model.tokenizer", model.tokenizer),
+        ("cluster.tritonserver", cluster.tritonserver),
+        ("cluster.python", cluster.python),
+        ("cluster.container.workdir", container.workdir),
     ):
         _check_shell_safe_path(problems, what, str(value))
-    for i, m in enumerate(cluster["container"].get("mounts", [])):
+    for i, m in enumerate(container.mounts):
         _check_sbatch_token(problems, f"cluster.container.mounts[{i}]", m)
 
     # --- parallelism
-    tp, pp, nodes, replicas = c["tp"], c["pp"], c["nodes"], c["replicas"]
-    gpn = cluster.get("gpus_per_node", 0)
-    for what, v in (("pp", pp), ("nodes", nodes), ("replicas", replicas), ("cluster.gpus_per_node", gpn), ("engine.max_num_seqs", engine.get("max_num_seqs", 1))):
+    tp, pp, nodes, replicas = c.tp, c.pp, c.nodes, c.replicas
+    gpn = cluster.gpus_per_node
+    for what, v in (("pp", pp), ("nodes", nodes), ("replicas", replicas), ("cluster.gpus_per_node", gpn), ("engine.max_num_seqs", engine.max_num_seqs)):
         if not isinstance(v, int) or v < 1:
             problems.append((f"{what}={v!r}", "must be a whole number >= 1", f"set {what} to 1 or more"))
-    # counts where 0 picks a value for the machine
-    for name, v, what, zero, fix in (
-        ("engine.prefill_chunk", engine.get("prefill_chunk", 0), "prompt tokens per engine step", "the engine's default",
-         "0 (512 on CPU, 2048 on a GPU) or a positive number like 1024"),
-        ("engine.response_threads", engine.get("response_threads", 0), "threads sending responses", "the engine's default",
-         "0 (1 on CPU, 4 on a GPU) or a positive number like 8"),
-        ("engine.stream_interval_ms", engine.get("stream_interval_ms", 0), "least ms between two responses of a stream",
-         "a response per engine step", "0, or 8 to merge a stream's tokens into fewer responses under load"),
-        ("serve.frontend_processes", serve.get("frontend_processes", 0), "front-end processes", "one per process sending responses",
-         "0, or a count like 4"),
-        ("serve.awake_pause_at", serve.get("awake_pause_at", 0), "requests an engine holds when keep_cpus_awake's "
-         "spinners pause", "never pause", "2 (spin while an engine holds 0 or 1 requests), or 0"),
-    ):
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-            problems.append((f"{name}={v!r}", f"{what}: a whole number, 0 = {zero}", f"set {name}={fix}"))
     if not _is_pow2(tp):
         problems.append((f"tp={tp!r}", "tp must be a power of two dividing the job's GPUs (attention heads split evenly)", "use tp=1, 2, 4 or 8"))
-    if cluster.get("scheduler") == "local" and nodes != 1:
+    if cluster.scheduler == "local" and nodes != 1:
         problems.append((f"nodes={nodes}", "cluster=local runs on this one machine", "use nodes=1, or a Slurm cluster profile (cluster=local_slurm, cluster=slurm)"))
 
     # --- serving
-    ports = {k: serve.get(k) for k in PUBLIC_PORTS}
+    ports = {k: getattr(serve, k) for k in PUBLIC_PORTS}
     for k, p in ports.items():
         if not isinstance(p, int) or not 1 <= p <= 65535:
             problems.append((f"serve.{k}={p!r}", "a TCP port is 1-65535", f"set serve.{k} to a free port in 1024-65535"))
@@ -279,8 +298,8 @@ def build_spec(cfg) -> LaunchSpec:
         if p in seen:
             problems.append((f"serve.{k}={p}", f"the same port as serve.{seen[p]}", f"give serve.{k} its own port"))
         seen.setdefault(p, k)
-    if serve.get("ready_timeout_s", 1) <= 0:
-        problems.append((f"serve.ready_timeout_s={serve.get('ready_timeout_s')}", "must be positive", "set a deadline in seconds, e.g. serve.ready_timeout_s=900"))
+    if serve.ready_timeout_s <= 0:
+        problems.append((f"serve.ready_timeout_s={serve.ready_timeout_s}", "must be positive", "set a deadline in seconds, e.g. serve.ready_timeout_s=900"))
 
     edef = registry.ENGINES.get(ename)
     lay = None
@@ -294,21 +313,21 @@ def build_spec(cfg) -> LaunchSpec:
                     f"keep a model copy on one node: tp*pp <= {lay[2]} GPUs per node (use replicas for more nodes)",
                 )
             )
-        if edef is not None:
-            problems.extend(edef.check(c))
+    if edef is not None:
+        problems.extend(edef.check(c))
     if problems:
         raise LaunchError(problems)
 
     tasks_per_node, gpus_per_task, used, _ = lay
     ranks = build_ranks(edef, tp, pp, replicas, nodes, tasks_per_node, gpus_per_task)
-    host = serve.get("host") or ("0.0.0.0" if cluster["scheduler"] == "slurm" else "127.0.0.1")
+    host = serve.host or ("0.0.0.0" if cluster.scheduler == "slurm" else "127.0.0.1")
     return LaunchSpec(
-        job_name=c["job_name"],
+        job_name=c.job_name,
         cluster=cluster,
         engine=engine,
         model=model,
         serve=serve,
-        bench=c.get("bench", {}),
+        bench=c.bench,
         tp=tp,
         pp=pp,
         nodes=nodes,
@@ -316,7 +335,7 @@ def build_spec(cfg) -> LaunchSpec:
         tasks_per_node=tasks_per_node,
         gpus_per_task=gpus_per_task,
         gpus_per_node_used=used,
-        model_name=engine.get("model_name") or edef.default_model_name,
+        model_name=engine.model_name or edef.default_model_name,
         host=host,
         ranks=ranks,
     )

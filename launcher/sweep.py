@@ -105,7 +105,7 @@ class Server:
 
     def describe(self) -> str:
         s = self.spec
-        return f"{self.kind} server {self.key} (engine={s.engine['name']} tp={s.tp} pp={s.pp} nodes={s.nodes} replicas={s.replicas})"
+        return f"{self.kind} server {self.key} (engine={s.engine.name} tp={s.tp} pp={s.pp} nodes={s.nodes} replicas={s.replicas})"
 
     def alive(self) -> bool:
         return self.endpoint is not None and self.backend.alive(self.endpoint)
@@ -156,7 +156,7 @@ def _read_json(path: Path) -> Optional[dict]:
 
 def _tokenizer_for(spec) -> str:
     """The model's tokenizer folder when it is readable here (exact token counts), else '' (estimates)."""
-    for p in (spec.model.get("tokenizer"), spec.model.get("path"), spec.engine.get("tokenizer_dir")):
+    for p in (spec.model.tokenizer, spec.model.path, getattr(spec.engine, "tokenizer_dir", "")):
         if p and any((Path(p) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
             return str(p)
     return ""
@@ -426,7 +426,7 @@ def _dry_point(head, d: Decision, spec, bench, key, name, point: Path) -> int:
         lines.append(_compact_plan(plan_text(spec, default_run_dir(spec))))
         STATE.dry_key, STATE.dry_first = key, name
         _count("launches")
-    tok = _tokenizer_for(spec) or ("<model tokenizer>" if spec.model.get("make") else "")
+    tok = _tokenizer_for(spec) or ("<model tokenizer>" if spec.model.make else "")
     args = bench_argv(bench, "<endpoint url>", spec.model_name, str(point / "result.json"), tok, label=name)
     argv = for_spec(spec).client_argv(Endpoint("<endpoint url>", spec.model_name, "<job id>", RunDir("<run dir>"), spec), args)
     lines.append(f"load: {shlex.join(argv)}")

@@ -233,10 +233,12 @@ def bench_problems(bench: Mapping[str, Any]) -> List[str]:
 
 
 def first_token_metrics_url(spec, endpoint: Mapping[str, Any]) -> str:
-    """Metrics URL of the tritonserver holding the hf model, whose first-token split the bench reports
-    (launcher/serving/timings.py): rank 0's with one replica.  "" otherwise: other engines have no split, and
-    with replicas the public metrics port is the front end's."""
-    if spec.engine.get("name") != "hf" or spec.replicas != 1 or not endpoint.get("metrics_port"):
+    """Metrics URL of the tritonserver holding a model that reports the first-token split the bench shows
+    (EngineDef.first_token_split; launcher/serving/timings.py): rank 0's with one replica.  "" otherwise: other
+    engines have no split, and with replicas the public metrics port is the front end's."""
+    from launcher.engines.registry import ENGINES
+
+    if not ENGINES[spec.engine.name].first_token_split or spec.replicas != 1 or not endpoint.get("metrics_port"):
         return ""
     host = urlsplit(endpoint["url"]).hostname or ""
     return f"http://{f'[{host}]' if ':' in host else host}:{int(endpoint['metrics_port'])}/metrics"

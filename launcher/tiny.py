@@ -107,11 +107,11 @@ def resolve_model(spec, say=lambda m: print(m, file=sys.stderr, flush=True)):
     """A LaunchSpec with model.path filled for `make: tiny` (built once, then cached), so every rank loads a folder."""
     import dataclasses
 
-    if spec.model.get("path") or spec.model.get("make") != "tiny":
+    if spec.model.path or spec.model.make != "tiny":
         return spec
     say(f"model: tiny (random-weight Llama + locally trained tokenizer), cache {default_cache_dir()}")
     path = str(ensure_tiny_model())
-    return dataclasses.replace(spec, model={**spec.model, "path": path, "tokenizer": spec.model.get("tokenizer") or path})
+    return dataclasses.replace(spec, model=dataclasses.replace(spec.model, path=path, tokenizer=spec.model.tokenizer or path))
 
 
 def _build(s: TinySettings, folder: Path) -> None:

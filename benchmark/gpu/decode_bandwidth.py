@@ -70,11 +70,12 @@ def engine_steps(model_dir: str, tokens: int, prompt_len: int, dtype: str, cuda_
                  torch_compile: bool) -> dict:
     import queue
 
+    from launcher.engines.hf_args import HFEngineArgs
     from launcher.engines.hf_engine import Engine, SamplingParams
 
     t0 = time.perf_counter()
-    engine = Engine(model_dir, device="cuda", dtype=dtype, max_num_seqs=8, cuda_graphs=cuda_graphs,
-                    torch_compile=torch_compile).start()
+    engine = Engine.from_args(HFEngineArgs(model_path=model_dir, device="cuda", dtype=dtype, max_num_seqs=8,
+                                           cuda_graphs=cuda_graphs, torch_compile=str(torch_compile).lower())).start()
     start_s = time.perf_counter() - t0
     try:
         prompt = list(range(10, 10 + prompt_len))
@@ -147,10 +148,12 @@ def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, arriv
     import queue
     import threading
 
+    from launcher.engines.hf_args import HFEngineArgs
     from launcher.engines.hf_engine import Engine, SamplingParams
 
-    engine = Engine(model_dir, device="cuda", dtype="float32", max_num_seqs=2 if arrive == "slots_full" else 8,
-                    cuda_graphs=cuda_graphs, torch_compile=torch_compile).start()
+    engine = Engine.from_args(HFEngineArgs(model_path=model_dir, device="cuda", dtype="float32",
+                                           max_num_seqs=2 if arrive == "slots_full" else 8, cuda_graphs=cuda_graphs,
+                                           torch_compile=str(torch_compile).lower())).start()
     try:
         done: queue.SimpleQueue = queue.SimpleQueue()
         outs: dict = {i: [] for i in range(4)}

@@ -23,10 +23,14 @@ import time
 
 
 def engine(model: str, device: str, dtype: str, prefill_graphs: int | None):
+    from launcher.engines.hf_args import HFEngineArgs
     from launcher.engines.hf_engine import Engine
 
     t0 = time.perf_counter()
-    eng = Engine(model, device=device, dtype=dtype, max_num_seqs=8, prefill_graphs=prefill_graphs).start()
+    args = HFEngineArgs(model_path=model, device=device, dtype=dtype, max_num_seqs=8)
+    if prefill_graphs is not None:
+        args.prefill_graphs = prefill_graphs
+    eng = Engine.from_args(args).start()
     print(f"[prefill_ttft] engine prefill_graphs={prefill_graphs} ready in {time.perf_counter() - t0:.1f} s: "
           f"{eng.features}", file=sys.stderr, flush=True)
     return eng

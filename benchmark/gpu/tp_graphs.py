@@ -64,10 +64,16 @@ def rank_main(args) -> int:
     if args.rank > 0:
         run_worker(args.model, tp=cfg["tp"], group=group, **kw)
         os._exit(0)  # gloo's threads can abort interpreter teardown (pytorch#179291)
+    from launcher.engines.hf_args import HFEngineArgs
     from launcher.engines.hf_engine import Engine
 
     t0 = time.perf_counter()
-    engine = Engine(args.model, tp=cfg["tp"], tp_group=group, **kw).start()
+    # unset graph and compile choices keep the engine's defaults
+    chosen = {k: (str(v).lower() if k == "torch_compile" else v) for k, v in kw.items()
+              if k in ("cuda_graphs", "torch_compile") and v is not None}
+    engine = Engine.from_args(HFEngineArgs(model_path=args.model, tp_size=cfg["tp"], max_num_seqs=kw["max_num_seqs"],
+                                           device=kw["device"], dtype=kw["dtype"], max_model_len=kw["max_model_len"] or 0,
+                                           **chosen), tp_group=group).start()
     res = {**cfg, "dtype": args.dtype, "ready_s": round(time.perf_counter() - t0, 1), "features": engine.features}
     try:
         res["greedy"] = greedy(engine, args.greedy_tokens)

@@ -44,8 +44,6 @@ class HFEngineArgs:
     # -- responses (the Triton model's side)
     engine_process: bool = True  # run the engine in a child process, so building and sending responses never competes with the engine loop for the GIL; false runs it in the stub, whose interpreter then needs torch and transformers
     stream_interval_ms: int = 0  # least time between two streamed responses of a request; tokens made meanwhile go in one response (its first token and its end never wait). 0 = a response per engine step. Each response costs the server CPU, so under load a few ms cut the first token's serving overhead
-    response_threads: int = 0  # threads of the Triton model that build and send the streams' responses, each owning a share of the streams; 0 = 1 on CPU (more compete with the engine there), 4 on a GPU
-    response_nice: int = -1  # nice value tritonserver and the stubs take once the engine process started, so where the node's CPUs are all busy the engine's threads run first: 0-19, 0 = unchanged, -1 = 10 for an engine on a GPU and 0 on CPU
     cancel_check_ms: int = 50  # how often (per request) to ask Triton whether the client cancelled; each ask is a round trip to the server; 0 = every step
 
     # ------------------------------------------------------------------------------------------------ reading
@@ -81,30 +79,21 @@ class HFEngineArgs:
         """Prompt tokens per step on this device (prefill_chunk, or its device default)."""
         return prefill_tokens(self.prefill_chunk, device_type)
 
-    def responder_threads(self, device_type: str) -> int:
-        """Response threads on this device (response_threads, or its device default)."""
-        return self.response_threads or (1 if device_type == "cpu" else 4)
-
-    def engine_kwargs(self) -> dict:
-        """The keywords of `launcher.engines.hf_engine.Engine` (0 / "" / auto become its None: decided once the
-        device is known)."""
+    def runner_kwargs(self) -> dict:
+        """The keywords of `launcher.engines.hf_runner.HFModelRunner` (and hf_tp.run_worker) beside the model path
+        (0 / auto become its None: decided once the device is known)."""
         return {
-            "model_path": self.model_path,
-            "tokenizer_path": self.tokenizer_path or None,
             "device": self.device,
             "dtype": self.dtype,
             "max_num_seqs": self.max_num_seqs,
             "max_model_len": self.max_model_len or None,
-            "max_prefill_tokens": self.prefill_chunk or None,
             "attn_implementation": self.attn_implementation,
-            "threads": self.torch_threads or None,
+            "tp": self.tp_size,
             "cuda_graphs": self.cuda_graphs,
             "torch_compile": {"auto": None, "true": True, "false": False}[_auto_flag("torch_compile", self.torch_compile)],
             "cudnn_attention": self.cudnn_attention,
             "prefill_graphs": self.prefill_graphs,
             "mixed_graphs": self.mixed_graphs,
-            "prompts_alone": self.prompts_alone,
-            "tp": self.tp_size,
         }
 
 

@@ -40,6 +40,7 @@ environment can then put numpy 1.x first on PYTHONPATH and the engine keep its o
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
@@ -49,6 +50,7 @@ import threading
 import time
 from typing import Callable
 
+from launcher.engines.hf_args import HFEngineArgs
 from launcher.serving.triton_io import InvalidRequest, SamplingParams  # pure Python: no torch in the parent
 
 log = logging.getLogger(__name__)
@@ -76,18 +78,21 @@ def _python() -> str:
 class EngineProcess:
     """`Engine` API (start, add_request, abort, shutdown, max_model_len) with the engine in a child process."""
 
-    def __init__(self, model_path: str, tokenizer_path: str | None = None, startup_timeout: float = 900.0,
-                 on_batch: Callable | None = None, on_exit: Callable[[str], None] | None = None,
-                 **engine_kwargs):
-        """engine_kwargs go to `Engine` in the child.  `on_batch(list[Output])`, if given, receives the outputs
-        of each engine step (and of any steps that queued up meanwhile) in one call on the receive thread,
-        instead of one `on_output` call per output.  `on_exit(message)`, if given, is called once when the
-        engine process ends on its own (not through `shutdown`).
+    def __init__(self, args: HFEngineArgs | None, *, worker: bool = False, listen: str = "",
+                 startup_timeout: float = 900.0, on_batch: Callable | None = None,
+                 on_exit: Callable[[str], None] | None = None):
+        """args (an hf_args.HFEngineArgs) build the `Engine` in the child (Engine.from_args); its streamed outputs
+        are merged over args.stream_interval_ms.  `listen`: a unix socket path where other model instances attach.
+        `on_batch(list[Output])`, if given, receives the outputs of each engine step (and of any steps that queued
+        up meanwhile) in one call on the receive thread, instead of one `on_output` call per output.
+        `on_exit(message)`, if given, is called once when the engine process ends on its own (not through
+        `shutdown`).
 
-        role="worker" (with tp > 1) runs a tensor-parallel worker rank (hf_tp.run_worker) instead of the
+        worker=True (with tp > 1) runs a tensor-parallel worker rank (hf_tp.run_worker) instead of the
         Engine: it takes no requests; the process exits when the leader stops, or fails when it dies."""
-        self.model_path = str(model_path)
-        self._kwargs = dict(engine_kwargs, tokenizer_path=tokenizer_path)
+        self.model_path = args.model_path if args is not None else ""
+        self._init = (dataclasses.asdict(args) if args is not None else {},
+                      {"role": "worker" if worker else "leader", "listen": listen})
         self._attach = ""  # set by `attach`: the socket of an engine process another instance started
         self._timeout = startup_timeout
         self._on_batch = on_batch
@@ -102,24 +107,18 @@ class EngineProcess:
         self.stats: dict = {}  # the engine's EngineStats, as the engine process last sent them
 
     @classmethod
-    def from_args(cls, args, worker: bool = False, listen: str = "", startup_timeout: float = 900.0,
+    def from_args(cls, args: HFEngineArgs, worker: bool = False, listen: str = "", startup_timeout: float = 900.0,
                   on_batch: Callable | None = None, on_exit: Callable[[str], None] | None = None) -> "EngineProcess":
-        """An engine process (not started) for `args` (an hf_args.HFEngineArgs): its Engine, or with worker=True
-        a tensor-parallel worker rank; streamed outputs merged over args.stream_interval_ms; `listen`: a unix socket
-        path where other model instances attach."""
-        kwargs = args.engine_kwargs()
-        model_path, tokenizer_path = kwargs.pop("model_path"), kwargs.pop("tokenizer_path")
-        if worker:
-            kwargs["role"] = "worker"
-        return cls(model_path, tokenizer_path, startup_timeout=startup_timeout, on_batch=on_batch, on_exit=on_exit,
-                   output_interval=args.stream_interval_ms / 1000.0, listen=listen, **kwargs)
+        """An engine process (not started) for `args`, as Engine.from_args makes an engine: see __init__."""
+        return cls(args, worker=worker, listen=listen, startup_timeout=startup_timeout, on_batch=on_batch,
+                   on_exit=on_exit)
 
     @classmethod
     def attach(cls, path: str, startup_timeout: float = 900.0, on_batch: Callable | None = None,
                on_exit: Callable[[str], None] | None = None) -> "EngineProcess":
         """An `EngineProcess` (not started) that, on `start`, connects to the engine process another model instance
         started with `listen=path` instead of starting one; it waits up to startup_timeout for that engine."""
-        self = cls("", startup_timeout=startup_timeout, on_batch=on_batch, on_exit=on_exit)
+        self = cls(None, startup_timeout=startup_timeout, on_batch=on_batch, on_exit=on_exit)
         self._attach = str(path)
         return self
 
@@ -144,7 +143,7 @@ class EngineProcess:
             pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)
         child.close()
         self._conn = Connection(parent.detach())
-        self._conn.send(("init", self.model_path, self._kwargs))
+        self._conn.send(("init", *self._init))
         if not self._conn.poll(self._timeout):
             self._kill()
             raise RuntimeError(f"the hf engine process did not start within {self._timeout:.0f} s")
@@ -433,10 +432,11 @@ def _child(fd: int) -> int:
     from multiprocessing.connection import Connection, Pipe, wait
 
     conn = Connection(fd)
-    _, model_path, kwargs = conn.recv()
-    if kwargs.pop("role", "leader") == "worker":
-        return _worker_child(conn, model_path, kwargs)
-    listen = kwargs.pop("listen", "") or ""  # a unix socket path: other model instances attach there
+    _, raw, extra = conn.recv()
+    args = HFEngineArgs.from_dict(raw, source="the engine process's arguments")
+    if extra["role"] == "worker":
+        return _worker_child(conn, args)
+    listen = extra["listen"] or ""  # a unix socket path: other model instances attach there
     try:
         from launcher.engines.hf_engine import Engine
 
@@ -445,7 +445,7 @@ def _child(fd: int) -> int:
         # Outputs are sent in one message per engine step.  With `output_interval` (seconds) a request's new
         # text is held and merged until that long after its previous output was sent; its first token and its
         # end go at once.  Fewer messages and responses leave the CPU to the engine.
-        interval = float(kwargs.pop("output_interval", 0.0) or 0.0)
+        interval = args.stream_interval_ms / 1000.0
         pending: dict = {}  # request id -> [output fields..., urgent]
         last_sent: dict = {}  # request id -> time its last output was sent
         received: dict = {}  # request id -> when its "add" arrived, until its first output (Output.times)
@@ -491,7 +491,7 @@ def _child(fd: int) -> int:
                     return
             peers.send_outputs(batch)
 
-        engine = Engine(model_path, after_step=flush, **kwargs)
+        engine = Engine.from_args(args, after_step=flush)
         engine.start()  # after `engine` is bound: flush runs on its thread
     except Exception as exc:  # report, then exit: the parent raises with this message
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
@@ -641,12 +641,9 @@ def _listen(path: str, info: dict, peers: _Peers, wake):
     return close
 
 
-def _worker_child(conn, model_path: str, kwargs: dict) -> int:
+def _worker_child(conn, args: HFEngineArgs) -> int:
     """A tensor-parallel worker rank: hf_tp.run_worker on a thread; exits when it ends or the parent goes."""
     from launcher.engines import hf_tp
-
-    for key in ("tokenizer_path", "max_prefill_tokens", "output_interval"):
-        kwargs.pop(key, None)
     lock = threading.Lock()
     ready = threading.Event()
 
@@ -661,7 +658,8 @@ def _worker_child(conn, model_path: str, kwargs: dict) -> int:
     def work() -> None:
         code = 0
         try:
-            hf_tp.run_worker(model_path, on_ready=on_ready, **kwargs)
+            hf_tp.run_worker(args.model_path, on_ready=on_ready, threads=args.torch_threads or None,
+                             **args.runner_kwargs())
         except BaseException as exc:
             code = 3
             log.error("hf tp worker failed: %r", exc)

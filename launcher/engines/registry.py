@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
-from launcher.serving.priority import nice_problem
 
 REPO_SOURCES = Path(__file__).resolve().parents[2] / "model_repository"
 
@@ -39,9 +38,20 @@ class EngineDef:
     layout: str  # per_gpu (one tritonserver per GPU) | per_group (one per model copy per node)
     models: Callable[[Any], List[RenderedModel]]  # spec -> the repository's models
     worker_models: Tuple[str, ...] = ()  # models non-leader ranks load (explicit model control)
-    spans_nodes: Callable[[Mapping], bool] = lambda engine: True  # can one model copy span nodes?
-    why_single_node: Callable[[Mapping], str] = lambda engine: ""
-    check: Callable[[Mapping], List[Tuple[str, str, str]]] = _no_problems  # engine-specific problems
+    # The facts below that depend on settings take the engine's config (its launcher.schema dataclass).
+    spans_nodes: Callable[[Any], bool] = lambda engine: True  # can one model copy span nodes?
+    why_single_node: Callable[[Any], str] = lambda engine: ""
+    # A model copy over several nodes: does the engine run the other nodes as workers of a per-copy Ray
+    # cluster (its leader's model starts the head)? Then those ranks run `ray start`, not tritonserver.
+    ray_across_nodes: Callable[[Any], bool] = lambda engine: False
+    ray_env: Tuple[Tuple[str, str], ...] = ()  # more environment for the ranks of a copy on Ray (engine's own switches)
+    # The server is itself the job's MPI program (TensorRT-LLM leader mode): the ranks then rendezvous through
+    # files, so the rank's wrapper does not take the task's PMIx connection before the server does.
+    server_uses_mpi: bool = False
+    # The served model reports the first-token split (queue, prefill, first response) in its Triton metrics
+    # (launcher/serving/timings.py), which the bench reads from the serving tritonserver.
+    first_token_split: bool = False
+    check: Callable[[Any], List[Tuple[str, str, str]]] = _no_problems  # launcher.schema.LaunchConfig -> engine-specific problems
     # Per-rank hooks, given (spec, RankContext from launcher.rank): extra environment for the
     # rank's process, and a command replacing tritonserver on that rank (e.g. a Ray worker), or None.
     rank_env: Callable[[Any, Any], Dict[str, str]] = lambda spec, ctx: {}
@@ -50,11 +60,11 @@ class EngineDef:
 
 
 def model_path(spec) -> str:
-    return spec.model.get("path", "")
+    return spec.model.path
 
 
 def tokenizer_path(spec) -> str:
-    return spec.model.get("tokenizer") or spec.model.get("path", "")
+    return spec.model.tokenizer or spec.model.path
 
 
 # ----------------------------------------------------------------------------- hf
@@ -66,8 +76,8 @@ def hf_engine_args(spec):
     from launcher.engines.hf_args import HFEngineArgs
 
     names = {f.name for f in dataclasses.fields(HFEngineArgs)}
-    given = {k: v for k, v in spec.engine.items() if k in names}
-    given.update({k: spec.model[k] for k in ("dtype", "max_model_len") if k in spec.model})
+    given = {k: v for k, v in dataclasses.asdict(spec.engine).items() if k in names}
+    given.update(dtype=spec.model.dtype, max_model_len=spec.model.max_model_len)
     given.update(model_path=model_path(spec), tokenizer_path=tokenizer_path(spec), tp_size=spec.tp)
     return HFEngineArgs.from_dict(given, source="engine config")
 
@@ -81,29 +91,39 @@ def _hf_models(spec) -> List[RenderedModel]:
     # arguments are in 1/model.json. Several instances share one engine process (each sends its own streams'
     # responses): hf model.py
     cfg = pbtxt.python_model(spec.model_name, args.max_num_seqs, {"engine_args_file": ARGS_FILE},
-                             instances=spec.engine.get("response_processes", 1))
+                             instances=spec.engine.response_processes)
     return [RenderedModel(spec.model_name, cfg, {"1/model.py": "hf/1/model.py"}, {f"1/{ARGS_FILE}": args.to_json()})]
 
 
 def _hf_check(c) -> List[Tuple[str, str, str]]:
-    m = c["model"]
-    if not m.get("path") and m.get("make") != "tiny":
+    from launcher.spec import CUDNN_ATTENTION, check_choice, check_counts
+
+    e, problems = c.engine, []
+    # a str field, so Hydra's engine.torch_compile=true arrives as 'True'
+    check_choice(problems, "engine.torch_compile", str(e.torch_compile).lower(), ("auto", "true", "false"))
+    check_choice(problems, "engine.cudnn_attention", e.cudnn_attention, CUDNN_ATTENTION)
+    check_counts(problems, (
+        ("engine.prefill_chunk", e.prefill_chunk, "prompt tokens per engine step", "the engine's default",
+         "0 (512 on CPU, 2048 on a GPU) or a positive number like 1024"),
+        ("engine.stream_interval_ms", e.stream_interval_ms, "least ms between two responses of a stream",
+         "a response per engine step", "0, or 8 to merge a stream's tokens into fewer responses under load"),
+    ))
+    return problems + _hf_serving_check(c)
+
+
+def _hf_serving_check(c) -> List[Tuple[str, str, str]]:
+    m, e = c.model, c.engine
+    if not m.path and m.make != "tiny":
         return [("model.path=''", "the hf engine needs a HF-format model folder", "set model.path=/path/to/hf_model, or model=tiny to make a small random model")]
-    if c["pp"] != 1:
-        return [(f"pp={c['pp']}", "the hf engine has no pipeline parallelism", "use pp=1; scale out with replicas")]
-    n = c["engine"].get("response_processes", 1)
+    if c.pp != 1:
+        return [(f"pp={c.pp}", "the hf engine has no pipeline parallelism", "use pp=1; scale out with replicas")]
+    n = e.response_processes
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         return [(f"engine.response_processes={n!r}", "model instances sharing the engine: a whole number >= 1",
                  "set engine.response_processes=1, or 4 to send responses from four processes")]
-    if n > 1 and c["tp"] != 1:
-        return [(f"engine.response_processes={n}", f"with tp={c['tp']} each rank runs one model instance (the "
+    if n > 1 and c.tp != 1:
+        return [(f"engine.response_processes={n}", f"with tp={c.tp} each rank runs one model instance (the "
                  "tensor-parallel leader's engine process is not shared)", "set engine.response_processes=1")]
-    from launcher.engines.hf_args import DEFAULTS
-
-    nice = c["engine"].get("response_nice", DEFAULTS.response_nice)
-    problem = nice_problem(nice, default_ok=True)
-    if problem:
-        return [(f"engine.response_nice={nice!r}", problem, "set engine.response_nice=-1, 0 or 10")]
     # tp > 1: one tritonserver per rank, rank 0 leads (launcher/engines/hf_tp.py); whether tp divides the
     # model's heads and kv heads is checked when the ranks load it (a clear error, the job fails).
     return []
@@ -111,7 +131,7 @@ def _hf_check(c) -> List[Tuple[str, str, str]]:
 
 # ----------------------------------------------------------------------------- vllm / sglang / lmdeploy
 def _require_path(c, what="model.path", engine="") -> List[Tuple[str, str, str]]:
-    if not c["model"].get("path"):
+    if not c.model.path:
         return [(f"{what}=''", f"the {engine} engine loads real weights and cannot make a model", f"set {what}=/path/to/hf_model (a HF-format folder on a filesystem the nodes share)")]
     return []
 
@@ -133,12 +153,12 @@ def _python_engine_models(source_dir: str, extra_params: Callable[[Any], Dict[st
             "tp_size": spec.tp,
             "pp_size": spec.pp,
             "nnodes": copy_nodes(spec),
-            "max_num_seqs": e["max_num_seqs"],
-            "dtype": spec.model.get("dtype", "auto"),
-            "max_model_len": spec.model.get("max_model_len", 0),
+            "max_num_seqs": e.max_num_seqs,
+            "dtype": spec.model.dtype,
+            "max_model_len": spec.model.max_model_len,
         }
         params.update(extra_params(spec))
-        cfg = pbtxt.python_model(spec.model_name, e["max_num_seqs"], params, kind="KIND_MODEL", instances=instances(spec))
+        cfg = pbtxt.python_model(spec.model_name, e.max_num_seqs, params, kind="KIND_MODEL", instances=instances(spec))
         return [RenderedModel(spec.model_name, cfg, {"1/model.py": f"{source_dir}/1/model.py"}, extra_text(spec))]
 
     return render
@@ -154,64 +174,64 @@ def _vllm_engine_args(spec) -> Dict[str, str]:
         "tokenizer": tokenizer_path(spec),
         "tensor_parallel_size": spec.tp,
         "pipeline_parallel_size": spec.pp,
-        "max_num_seqs": e["max_num_seqs"],
-        "gpu_memory_utilization": e.get("gpu_memory_utilization", 0.9),
-        "dtype": spec.model.get("dtype", "auto"),
+        "max_num_seqs": e.max_num_seqs,
+        "gpu_memory_utilization": e.gpu_memory_utilization,
+        "dtype": spec.model.dtype,
     }
-    if spec.model.get("max_model_len"):
-        args["max_model_len"] = spec.model["max_model_len"]
+    if spec.model.max_model_len:
+        args["max_model_len"] = spec.model.max_model_len
     args["distributed_executor_backend"] = _vllm_backend(spec)
-    args.update(e.get("engine_args") or {})
+    args.update(e.engine_args)
     return {"1/model.json": json.dumps(args, indent=2, sort_keys=True) + "\n"}
 
 
 def _vllm_backend(spec) -> str:
     """vLLM's distributed executor: `auto` is mp inside a node and ray across nodes."""
-    backend = spec.engine.get("distributed_executor_backend", "auto")
+    backend = spec.engine.distributed_executor_backend
     return ("ray" if copy_nodes(spec) > 1 else "mp") if backend == "auto" else backend
 
 
 def _sglang_params(spec) -> Dict[str, object]:
     e = spec.engine
     p: Dict[str, object] = {"model_name": model_path(spec)}  # informational; sglang_model reads model_path
-    if e.get("mem_fraction_static"):
-        p["mem_fraction_static"] = e["mem_fraction_static"]
-    if e.get("extra_args"):
-        p["extra_args"] = dict(e["extra_args"])
+    if e.mem_fraction_static:
+        p["mem_fraction_static"] = e.mem_fraction_static
+    if e.extra_args:
+        p["extra_args"] = dict(e.extra_args)
     return p
 
 
 def _lmdeploy_params(spec) -> Dict[str, object]:
     e = spec.engine
-    p: Dict[str, object] = {"model_name": spec.model.get("name", ""), "backend": e.get("backend", "turbomind"), "cache_max_entry_count": e.get("cache_max_entry_count", 0.8)}
-    if e.get("session_len"):
-        p["session_len"] = e["session_len"]
-    if e.get("extra_args"):
-        p["extra_args"] = dict(e["extra_args"])
+    p: Dict[str, object] = {"model_name": spec.model.name, "backend": e.backend, "cache_max_entry_count": e.cache_max_entry_count}
+    if e.session_len:
+        p["session_len"] = e.session_len
+    if e.extra_args:
+        p["extra_args"] = dict(e.extra_args)
     return p
 
 
 def _lmdeploy_check(c) -> List[Tuple[str, str, str]]:
     problems = _require_path(c, engine="lmdeploy")
-    if c["engine"].get("backend") not in ("turbomind", "pytorch"):
-        problems.append((f"engine.backend={c['engine'].get('backend')!r}", "LMDeploy has two backends", "set engine.backend=turbomind or engine.backend=pytorch"))
+    if c.engine.backend not in ("turbomind", "pytorch"):
+        problems.append((f"engine.backend={c.engine.backend!r}", "LMDeploy has two backends", "set engine.backend=turbomind or engine.backend=pytorch"))
     return problems
 
 
 def _vllm_check(c):
     problems = _require_path(c, engine="vllm")
-    n = c["engine"].get("frontends", 1)
+    n = c.engine.frontends
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         problems.append((f"engine.frontends={n!r}", "the front ends of one vLLM engine core (model instances, each "
                          "a stub process): a whole number >= 1", "set engine.frontends=1, or 4 on a GPU node"))
-    b = c["engine"].get("distributed_executor_backend")
+    b = c.engine.distributed_executor_backend
     if b not in ("auto", "mp", "ray"):
         problems.append((f"engine.distributed_executor_backend={b!r}", "vLLM's executors are mp and ray", "set it to auto, mp or ray"))
-    gpn = c["cluster"].get("gpus_per_node", 0)
-    if b == "mp" and isinstance(gpn, int) and gpn > 0 and c["tp"] * c["pp"] > gpn:
+    gpn = c.cluster.gpus_per_node
+    if b == "mp" and isinstance(gpn, int) and gpn > 0 and c.tp * c.pp > gpn:
         problems.append(
             (
-                f"engine.distributed_executor_backend='mp' with tp*pp={c['tp'] * c['pp']}",
+                f"engine.distributed_executor_backend='mp' with tp*pp={c.tp * c.pp}",
                 f"a model copy larger than a node ({gpn} GPUs) spans nodes, and vLLM spans nodes only with its Ray executor",
                 "set engine.distributed_executor_backend=auto (or ray)",
             )
@@ -231,39 +251,31 @@ def _ray_address(ctx) -> str:
     return f"{ctx.leader_addr}:{ctx.dist_port}"
 
 
-def _uses_ray(spec) -> bool:
+def uses_ray(spec) -> bool:
     """Does a model copy of this job run its workers on a per-copy Ray cluster?"""
-    name = spec.engine["name"]
-    if copy_nodes(spec) <= 1:
-        return False
-    if name == "vllm":
-        return _vllm_backend(spec) == "ray"
-    if name == "lmdeploy":
-        return spec.engine.get("backend") == "pytorch"
-    return False
+    return copy_nodes(spec) > 1 and ENGINES[spec.engine.name].ray_across_nodes(spec.engine)
 
 
 def _ray_rank_env(spec, ctx) -> Dict[str, str]:
     """vLLM / LMDeploy-PyTorch copies over several nodes: the address Ray and vLLM advertise for this node."""
-    if not _uses_ray(spec):
+    if not uses_ray(spec):
         return {}
     env = {"RAY_USAGE_STATS_ENABLED": "0"}
     if _own_addr(ctx):
         env["VLLM_HOST_IP"] = _own_addr(ctx)  # vLLM's workers bind/advertise this address (multi-NIC nodes)
-    if spec.engine["name"] == "lmdeploy":
-        env["LMDEPLOY_EXECUTOR_BACKEND"] = "ray"
+    env.update(ENGINES[spec.engine.name].ray_env)
     return env
 
 
 def _ray_rank_command(spec, ctx):
     """The copy's leader runs tritonserver (its model starts the Ray head); the other nodes join the
     head with `ray start --block` instead of running a tritonserver."""
-    if not _uses_ray(spec) or ctx.rank.group_rank == 0:
+    if not uses_ray(spec) or ctx.rank.group_rank == 0:
         return None
     from launcher.engines.vllm_ray import worker_command
     from launcher.render import python_for
 
-    return worker_command(python_for(spec), _ray_address(ctx), _own_addr(ctx), float(spec.serve.get("ready_timeout_s", 900)))
+    return worker_command(python_for(spec), _ray_address(ctx), _own_addr(ctx), float(spec.serve.ready_timeout_s))
 
 
 def _sglang_rank_env(spec, ctx) -> Dict[str, str]:
@@ -312,6 +324,7 @@ ENGINES: Dict[str, EngineDef] = {
         models=_hf_models,
         worker_models=("hf_model",),
         check=_hf_check,
+        first_token_split=True,
         summary="our continuous-batching engine on HF transformers; one tritonserver per GPU, rank 0 leads",
     ),
     "trtllm": EngineDef(
@@ -322,6 +335,7 @@ ENGINES: Dict[str, EngineDef] = {
         worker_models=("tensorrt_llm",),
         check=_trtllm_check,
         rank_env=_trtllm_rank_env,
+        server_uses_mpi=True,
         summary="TensorRT-LLM ensemble; one tritonserver per GPU under MPI (leader mode)",
     ),
     "vllm": EngineDef(
@@ -330,9 +344,11 @@ ENGINES: Dict[str, EngineDef] = {
         layout="per_group",
         # engine.frontends instances: the front ends of one engine core (vllm model.py)
         models=_python_engine_models("vllm", lambda s: {"engine_args_file": "model.json"}, _vllm_engine_args,
-                                     instances=lambda s: s.engine.get("frontends", 1)),
+                                     instances=lambda s: s.engine.frontends),
         worker_models=(),
         check=_vllm_check,
+        # auto is ray across nodes; mp cannot span nodes (_vllm_check)
+        ray_across_nodes=lambda e: e.distributed_executor_backend in ("auto", "ray"),
         rank_env=_ray_rank_env,
         rank_command=_ray_rank_command,
         summary="vLLM AsyncLLMEngine; one tritonserver per model copy per node, vLLM owns the GPUs (Ray across nodes)",
@@ -353,9 +369,11 @@ ENGINES: Dict[str, EngineDef] = {
         layout="per_group",
         models=_python_engine_models("lmdeploy", _lmdeploy_params),
         worker_models=(),
-        spans_nodes=lambda e: e.get("backend") == "pytorch",
+        spans_nodes=lambda e: e.backend == "pytorch",
         why_single_node=lambda e: "LMDeploy's TurboMind backend runs tensor parallelism inside one node only (its PyTorch backend spans nodes through Ray)",
         check=_lmdeploy_check,
+        ray_across_nodes=lambda e: e.backend == "pytorch",
+        ray_env=(("LMDEPLOY_EXECUTOR_BACKEND", "ray"),),
         rank_env=_ray_rank_env,
         rank_command=_ray_rank_command,
         summary="LMDeploy pipeline (TurboMind or PyTorch backend); one tritonserver per model copy per node",

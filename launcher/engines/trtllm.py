@@ -25,25 +25,25 @@ BACKENDS = ("tensorrtllm", "python")
 
 
 def check(c) -> List[Tuple[str, str, str]]:
-    e, problems = c["engine"], []
-    if not e.get("engine_dir"):
+    e, problems = c.engine, []
+    if not e.engine_dir:
         problems.append(("engine.engine_dir=''", "the tensorrt_llm model needs a built TensorRT-LLM engine folder (gpt_model_path)", "set engine.engine_dir=/path/to/trt_engines/<model>/<tp>-gpu (or model.path)"))
-    if not (e.get("tokenizer_dir") or c["model"].get("tokenizer") or c["model"].get("path")):
+    if not (e.tokenizer_dir or c.model.tokenizer or c.model.path):
         problems.append(("engine.tokenizer_dir=''", "pre/postprocessing need the model's tokenizer", "set engine.tokenizer_dir=/path/to/hf_model or model.tokenizer"))
     for key, allowed in (("batching_strategy", BATCHING), ("batch_scheduler_policy", POLICIES), ("tokenizer_type", TOKENIZER_TYPES), ("backend", BACKENDS)):
-        if e.get(key) not in allowed:
-            problems.append((f"engine.{key}={e.get(key)!r}", f"not one of {', '.join(allowed)}", f"set engine.{key} to one of: {', '.join(allowed)}"))
-    frac = e.get("kv_cache_free_gpu_mem_fraction", 0.9)
+        if getattr(e, key) not in allowed:
+            problems.append((f"engine.{key}={getattr(e, key)!r}", f"not one of {', '.join(allowed)}", f"set engine.{key} to one of: {', '.join(allowed)}"))
+    frac = e.kv_cache_free_gpu_mem_fraction
     if not 0 < frac <= 1:
         problems.append((f"engine.kv_cache_free_gpu_mem_fraction={frac}", "a fraction of free GPU memory", "use a value in (0, 1], e.g. 0.9"))
-    if e.get("batching_strategy") == "V1" and e.get("decoupled"):
+    if e.batching_strategy == "V1" and e.decoupled:
         problems.append(("engine.batching_strategy='V1' with engine.decoupled=true", "V1 (no in-flight batching) cannot stream", "set engine.decoupled=false, or batching_strategy=inflight_fused_batching"))
     return problems
 
 
 def _instances(e) -> int:
     # Tokenising is cheap but serial per instance: one instance per 8 sequences, at most 8.
-    return e.get("preprocessing_instances") or min(8, max(1, e["max_num_seqs"] // 8))
+    return e.preprocessing_instances or min(8, max(1, e.max_num_seqs // 8))
 
 
 def render_models(spec) -> List[RenderedModel]:
@@ -51,8 +51,8 @@ def render_models(spec) -> List[RenderedModel]:
     from tritonclient.grpc import model_config_pb2 as pb
 
     e = spec.engine
-    mbs = e["max_num_seqs"]
-    tok = e.get("tokenizer_dir") or tokenizer_path(spec)
+    mbs = e.max_num_seqs
+    tok = e.tokenizer_dir or tokenizer_path(spec)
     inp, out = pbtxt.tensor_input, pbtxt.tensor_output
     models: List[RenderedModel] = []
 
@@ -87,14 +87,14 @@ def render_models(spec) -> List[RenderedModel]:
         ]
     )
     pre.instance_group.add(count=_instances(e), kind=pb.ModelInstanceGroup.KIND_CPU)
-    pbtxt.set_parameters(pre, {"tokenizer_dir": tok, "tokenizer_type": e["tokenizer_type"], "add_special_tokens": True})
+    pbtxt.set_parameters(pre, {"tokenizer_dir": tok, "tokenizer_type": e.tokenizer_type, "add_special_tokens": True})
     models.append(RenderedModel("preprocessing", pre, {"1/model.py": "trtllm/preprocessing/1/model.py"}))
 
     # --- tensorrt_llm: the engine itself (C++ backend or LLM-API python model)
-    trt = pb.ModelConfig(name="tensorrt_llm", backend=e["backend"], max_batch_size=mbs)
-    trt.model_transaction_policy.decoupled = bool(e["decoupled"])
+    trt = pb.ModelConfig(name="tensorrt_llm", backend=e.backend, max_batch_size=mbs)
+    trt.model_transaction_policy.decoupled = bool(e.decoupled)
     trt.dynamic_batching.preferred_batch_size.append(mbs)
-    trt.dynamic_batching.max_queue_delay_microseconds = int(e.get("max_queue_delay_microseconds", 0))
+    trt.dynamic_batching.max_queue_delay_microseconds = int(e.max_queue_delay_microseconds)
     trt.input.extend(
         [
             inp("input_ids", "INT32", [-1], ragged=True),
@@ -127,21 +127,21 @@ def render_models(spec) -> List[RenderedModel]:
     )
     trt.instance_group.add(count=1, kind=pb.ModelInstanceGroup.KIND_CPU)
     params = {
-        "gpt_model_type": e["batching_strategy"],
-        "gpt_model_path": e["engine_dir"],
-        "batch_scheduler_policy": e["batch_scheduler_policy"],
-        "kv_cache_free_gpu_mem_fraction": e["kv_cache_free_gpu_mem_fraction"],
-        "max_beam_width": e["max_beam_width"],
-        "exclude_input_in_output": e["exclude_input_in_output"],
-        "enable_kv_cache_reuse": e["enable_kv_cache_reuse"],
-        "enable_chunked_context": e["enable_chunked_context"],
+        "gpt_model_type": e.batching_strategy,
+        "gpt_model_path": e.engine_dir,
+        "batch_scheduler_policy": e.batch_scheduler_policy,
+        "kv_cache_free_gpu_mem_fraction": e.kv_cache_free_gpu_mem_fraction,
+        "max_beam_width": e.max_beam_width,
+        "exclude_input_in_output": e.exclude_input_in_output,
+        "enable_kv_cache_reuse": e.enable_kv_cache_reuse,
+        "enable_chunked_context": e.enable_chunked_context,
         # CPU-side tensors are what the python pre/postprocessing exchange with it.
         "FORCE_CPU_ONLY_INPUT_TENSORS": "no",
     }
-    if e.get("max_tokens_in_paged_kv_cache"):
-        params["max_tokens_in_paged_kv_cache"] = e["max_tokens_in_paged_kv_cache"]
-    if e.get("max_attention_window_size"):
-        params["max_attention_window_size"] = e["max_attention_window_size"]
+    if e.max_tokens_in_paged_kv_cache:
+        params["max_tokens_in_paged_kv_cache"] = e.max_tokens_in_paged_kv_cache
+    if e.max_attention_window_size:
+        params["max_attention_window_size"] = e.max_attention_window_size
     pbtxt.set_parameters(trt, params)
     models.append(RenderedModel("tensorrt_llm", trt, {}, {"1/.keep": ""}))
 
@@ -157,8 +157,8 @@ def render_models(spec) -> List[RenderedModel]:
         ]
     )
     post.output.extend([out("OUTPUT", "BYTES", [-1]), out("INPUT_TOKENS", "INT32", [1]), out("OUTPUT_TOKENS", "INT32", [1]), out("FINISH_REASON", "BYTES", [1])])
-    post.instance_group.add(count=e.get("postprocessing_instances") or _instances(e), kind=pb.ModelInstanceGroup.KIND_CPU)
-    pbtxt.set_parameters(post, {"tokenizer_dir": tok, "tokenizer_type": e["tokenizer_type"], "skip_special_tokens": True})
+    post.instance_group.add(count=e.postprocessing_instances or _instances(e), kind=pb.ModelInstanceGroup.KIND_CPU)
+    pbtxt.set_parameters(post, {"tokenizer_dir": tok, "tokenizer_type": e.tokenizer_type, "skip_special_tokens": True})
     models.append(RenderedModel("postprocessing", post, {"1/model.py": "trtllm/postprocessing/1/model.py"}))
 
     # --- ensemble: the contract's names on the outside
@@ -204,7 +204,7 @@ def render_models(spec) -> List[RenderedModel]:
         {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"},
     )
     post_inputs = {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"}
-    if not e["decoupled"]:
+    if not e.decoupled:
         # Triton refuses an ensemble step mixing tensors of a decoupled model with others
         # ("receives inputs originated from different decoupled models"), so with streaming the
         # postprocessing step sees only tensorrt_llm's outputs: token counts per response, no
@@ -217,7 +217,7 @@ def render_models(spec) -> List[RenderedModel]:
     )
     models.append(RenderedModel(spec.model_name, ens, {}, {"1/.keep": ""}))
 
-    if e.get("bls"):
+    if e.bls:
         bls = pbtxt.python_model("tensorrt_llm_bls", mbs, {"tensorrt_llm_model_name": "tensorrt_llm", "tokenizer_dir": tok})
         models.append(RenderedModel("tensorrt_llm_bls", bls, {"1/model.py": "trtllm/tensorrt_llm_bls/1/model.py"}))
     return models

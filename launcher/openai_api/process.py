@@ -103,11 +103,11 @@ def start_api(spec, grpc_url: str, bind_host: str, port: int, say=log, timeout_s
     answers.  Rank 0 calls this once its gRPC side (its server, or the replicas front end) is ready."""
     from pathlib import Path
 
-    model = spec.model or {}
-    aliases = tuple(n for n in (model.get("name"),) if n and n != spec.model_name)
+    model = spec.model
+    aliases = tuple(n for n in (model.name,) if n and n != spec.model_name)
     cfg = OpenAIConfig(grpc_url=grpc_url, model=spec.model_name, host=bind_host, port=int(port),
-                       tokenizer=str(model.get("tokenizer") or model.get("path") or ""), aliases=aliases,
-                       drain_timeout_s=float(spec.serve.get("drain_timeout_s", 30)))
+                       tokenizer=str(model.tokenizer or model.path or ""), aliases=aliases,
+                       drain_timeout_s=float(spec.serve.drain_timeout_s))
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])  # `python -m launcher.openai_api` from this checkout
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

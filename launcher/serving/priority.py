@@ -1,4 +1,4 @@
-"""Lower the CPU priority of a serving process's threads (the hf model's `response_nice`).
+"""Lower the CPU priority of a serving process's threads (the hf model's nice value: launcher.serving.responders).
 
 Why: with the engine in its own process, three kinds of process share a node's CPUs: tritonserver (gRPC in and
 out), the python stubs (building and sending every streamed response) and the engine process (its loop feeds the
@@ -16,27 +16,6 @@ so every thread listed under /proc/<pid>/task is set, twice over to catch thread
 from __future__ import annotations
 
 import os
-
-NICE_MAX = 19  # the largest nice value Linux has
-GPU_NICE = 10  # the hf model's default for an engine on a GPU
-
-
-def nice_problem(value, default_ok: bool = False) -> str:
-    """Why `value` is not a response_nice ("" if it is): 0-NICE_MAX, and -1 (the default) where `default_ok`.  The
-    one statement of the range, for the launcher's config check and the hf model's parameter."""
-    low = -1 if default_ok else 0
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= NICE_MAX:
-        return (f"a nice value 0-{NICE_MAX} for tritonserver and the stubs (0: unchanged; {GPU_NICE} lets the engine "
-                f"process's threads take a busy node's CPUs first), or -1 for the default ({GPU_NICE} on a GPU, 0 on CPU)")
-    return ""
-
-
-def check_nice(value: int, name: str = "response_nice") -> int:
-    """`value` if it is a nice value this module can set (0 = leave priorities alone), else ValueError naming it."""
-    problem = nice_problem(value)
-    if problem:
-        raise ValueError(f"{name}={value!r}: {problem}")
-    return value
 
 
 def thread_ids(pid: int) -> list[int]:

@@ -1,5 +1,5 @@
-"""What global rank 0 does for a job with replicas > 1: wait for every replica leader, decide how many
-front-end processes serve them, start the front end (launcher/frontend) on the public ports rank 0
+"""What global rank 0 does for a job with replicas > 1: wait for every replica leader, size the front end
+(launcher.serving.responders), start the front end (launcher/frontend) on the public ports rank 0
 reserved at the rendezvous, and wait until it answers ServerReady. launcher/rank.py calls
 `start_for_rank0` once rank 0's own server is ready; the front end itself is given replica addresses
 and ports, and knows nothing of ranks or run directories."""
@@ -12,6 +12,7 @@ from typing import Dict, List
 
 from launcher.frontend import FrontendConfig, FrontendProcess
 from launcher.frontend.wire import log
+from launcher.serving.responders import responders
 
 
 def wait_leaders_ready(run_dir, ranks, token: str, deadline_s: float, alive=lambda: True, progress=None):
@@ -48,19 +49,6 @@ def wait_leaders_ready(run_dir, ranks, token: str, deadline_s: float, alive=lamb
         time.sleep(0.2)
 
 
-def processes_for(setting: int, replicas: int, response_processes: int, cpus: int) -> int:
-    """Front-end processes for a job: `serve.frontend_processes` when positive; 0 (the default) gives one
-    per process that sends responses, replicas x engine.response_processes, at most half of rank 0's CPUs
-    (its own tritonserver and engine run there too) and at least 1. Why: every streamed response passes
-    through a front-end event loop, and one process is the limit once the replicas' stubs send more than
-    ~21-29k responses/s. Two H100 replicas at 128 streams with two response processes each got 32,598 tok/s
-    through one front-end process, 37,579 through two and 39,573 through four; with one response process
-    each, 39,225 through one and 39,039 through two."""
-    if setting > 0:
-        return setting
-    return max(1, min(replicas * response_processes, cpus // 2))
-
-
 def start_for_rank0(spec, run_dir, infos: List[dict], leaders: List[dict], host: str, own_ports: Dict[str, int],
                     token: str, alive=lambda: True, say=log):
     """What global rank 0 does when replicas > 1, once its own server (on `own_ports`) is ready: wait for every
@@ -69,17 +57,18 @@ def start_for_rank0(spec, run_dir, infos: List[dict], leaders: List[dict], host:
     leader's server bound})."""
     from pathlib import Path
 
-    deadline_s = float(spec.serve["ready_timeout_s"])
+    deadline_s = float(spec.serve.ready_timeout_s)
     t0 = time.monotonic()
     waited, bound = wait_leaders_ready(run_dir, [i["rank"] for i in leaders if i["rank"] != 0], token, deadline_s,
                                        alive, say)
     bound[0] = dict(own_ports)
     ports = infos[0]["frontend_ports"]
-    setting = int(spec.serve.get("frontend_processes") or os.environ.get("LLMLAUNCH_FRONTEND_PROCESSES") or 0)
-    # engines other than hf have no response_processes: one instance each; the CPUs are those this rank may use
-    processes = processes_for(setting, len(leaders), int(spec.engine.get("response_processes", 1)), len(os.sched_getaffinity(0)))
-    how = "serve.frontend_processes" if setting else "auto: replicas x engine.response_processes, at most half this rank's CPUs"
-    say(f"all {len(leaders)} replica leaders ready ({waited:.1f}s); starting the front end, {processes} process(es) ({how})")
+    # launcher.serving.responders' rule: engines other than hf have no response_processes (one instance each); the
+    # CPUs are those this rank may use
+    processes = responders(str(getattr(spec.engine, "device", "cuda")), len(os.sched_getaffinity(0)),
+                           int(getattr(spec.engine, "response_processes", 1)), len(leaders)).frontend_processes
+    say(f"all {len(leaders)} replica leaders ready ({waited:.1f}s); starting the front end, {processes} process(es) "
+        f"(replicas x engine.response_processes, at most half this rank's CPUs)")
     cfg = FrontendConfig(
         [(i["addr"], bound[i["rank"]]["grpc_port"]) for i in leaders],
         host=spec.host,
@@ -87,7 +76,7 @@ def start_for_rank0(spec, run_dir, infos: List[dict], leaders: List[dict], host:
         metrics_port=int(ports["metrics_port"]),
         model_name=spec.model_name,
         processes=processes,
-        drain_timeout_s=float(spec.serve["drain_timeout_s"]),
+        drain_timeout_s=float(spec.serve.drain_timeout_s),
     )
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])  # `python -m launcher.frontend` from this checkout

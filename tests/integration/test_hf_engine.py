@@ -16,6 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from launcher.engines.hf_detok import ByteLevelDecoder, TokenTable, WindowDecoder  # noqa: E402
+from launcher.engines.hf_args import HFEngineArgs  # noqa: E402
 from launcher.engines.hf_engine import Engine, InvalidRequest, SamplingParams  # noqa: E402
 
 PROMPTS = [
@@ -27,9 +28,14 @@ PROMPTS = [
 ]
 
 
+def make_engine(path, **args) -> Engine:
+    """The engine (not started) for HFEngineArgs(model_path=path, **args), built as the Triton model builds it."""
+    return Engine.from_args(HFEngineArgs(model_path=str(path), **args))
+
+
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=40, max_prefill_tokens=64).start()
+    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=40, prefill_chunk=64).start()
     yield eng
     eng.shutdown()
 
@@ -92,7 +98,7 @@ def test_greedy_equals_generate_batched(engine, reference):
 
 def test_chunked_prefill_equals_generate(tiny_model_dir, reference):
     """A prompt longer than max_prefill_tokens is prefilled over several steps, while another request decodes."""
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_prefill_tokens=7).start()
+    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=4, prefill_chunk=7).start()
     try:
         long_prompt = " ".join(PROMPTS * 3)
         ids_a, text_a = reference(PROMPTS[0], 40)
@@ -310,7 +316,7 @@ def engine_with_waves(tiny_model_dir, monkeypatch):
     graph (CPU has no CUDA graphs: its steps then run eagerly)."""
     from launcher.engines.hf_runner import HFModelRunner
 
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_prefill_tokens=256)
+    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=16, prefill_chunk=256)
     monkeypatch.setattr(HFModelRunner, "wave_rows", property(lambda self: (4,)))
     eng.runner.wave_graph_key = lambda lengths: (4, 64) if len(lengths) <= 4 and max(lengths) <= 64 else None
     return eng
@@ -332,7 +338,7 @@ def test_a_few_prompts_go_alone_through_their_graphs_a_wave_goes_together(tiny_m
     step running.  Outputs stay those of generate.  CPU has no CUDA
     graphs: the runner is told that prompts up to 64 tokens have one (its steps then run eagerly here); the
     engine is held inside a step while requests arrive, so the scheduler sees them together."""
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_prefill_tokens=64, prompts_alone=alone)
+    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=16, prefill_chunk=64, prompts_alone=alone)
     eng.runner.prompt_graphed = lambda length: length <= 64
     steps, arrive_together = record_steps(eng)
     eng.start()
@@ -475,7 +481,7 @@ def test_prompts_that_fit_a_mixed_graph_go_beside_the_decode_rows(tiny_model_dir
     beside the decode rows).  Outputs stay those of generate, and the engine counts its mixed steps.  CPU has no CUDA graphs: the
     runner is told that it has mixed graphs for up to 64 prompt tokens (their body then runs eagerly here); the
     engine is held inside a step while requests arrive, so the scheduler sees them together."""
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_prefill_tokens=256)
+    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=16, prefill_chunk=256)
     eng.runner.mixed_graphs.limit, eng.runner.mixed_graphs.stand_in = 64, True
     eng.runner._spare_slots = 1  # as with graphs on: the slot padded rows write to
     eng.runner._allocate_cache(None)
@@ -593,7 +599,7 @@ def test_compiled_model_equals_generate_and_compiles_only_at_start(tiny_model_di
     when the engine starts (warm_up), none while it serves, and kept in the llmlaunch cache."""
     from torch._dynamo.utils import counters
 
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_prefill_tokens=7, torch_compile=True).start()
+    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=4, prefill_chunk=7, torch_compile="true").start()
     try:
         assert eng.runner.use_compile, eng.runner.compile_error
         from launcher.engines.hf_engine import describe_features
@@ -694,7 +700,7 @@ def test_a_model_that_cannot_be_compiled_still_serves(tiny_model_dir, reference,
         return compiled
 
     monkeypatch.setattr(torch, "compile", failing_compile)
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=4, torch_compile=True).start()
+    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=4, torch_compile="true").start()
     try:
         assert not eng.runner.use_compile
         assert describe_features(eng.features).startswith(
@@ -708,8 +714,8 @@ def test_a_model_that_cannot_be_compiled_still_serves(tiny_model_dir, reference,
 def one_at_a_time(eng):
     """`eng` (not started) stepping one at a time: no step is queued behind a running one, each waits for the tokens
     of the step before (the reference the overlapped schedule is checked against)."""
-    schedule = eng._schedule
-    eng._schedule = lambda ahead_of=None: None if ahead_of is not None else schedule()
+    schedule = eng.scheduler.schedule
+    eng.scheduler.schedule = lambda ahead_of=None: None if ahead_of is not None else schedule()
     return eng
 
 
@@ -719,7 +725,7 @@ def test_overlapped_steps_give_the_same_outputs(tiny_model_dir):
     the same outputs: greedy, seeded sampling, penalties, a stop string, end_id with min_tokens (where a row
     ends a step early and its extra token must be dropped), and max_tokens of 1, 2 and 3 and one filling the
     context to max_model_len (where a row must not be run past its end)."""
-    engines = {flag: Engine(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_model_len=128)
+    engines = {flag: make_engine(tiny_model_dir, device="cpu", max_num_seqs=16, max_model_len=128)
                for flag in (False, True)}
     one_at_a_time(engines[False])
     for eng in engines.values():
@@ -764,7 +770,7 @@ def test_overlap_with_arrivals_waiting_requests_and_prompt_chunks(tiny_model_dir
     and the engine stepping one at a time."""
     requests = [(PROMPTS[i % len(PROMPTS)], 4 + (3 * i) % 11) for i in range(12)]
     results = {}
-    engines = {flag: Engine(str(tiny_model_dir), device="cpu", max_num_seqs=3, max_prefill_tokens=6)
+    engines = {flag: make_engine(tiny_model_dir, device="cpu", max_num_seqs=3, prefill_chunk=6)
                for flag in (False, True)}
     one_at_a_time(engines[False])
     for eng in engines.values():
@@ -806,7 +812,7 @@ def test_a_row_ending_by_length_leaves_the_overlapped_steps_without_stopping_the
     """Two requests, one of 3 tokens and one of 12: every decode step is queued ahead, with its tokens from the
     step before, including past the short one's end (it is left out of the step after its last token, which
     does not wait for the host), and both outputs equal `generate`."""
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=4).start()
+    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=4).start()
     launches = []  # (prompt tokens in the step?, launched ahead?)
     launch = eng.runner.launch
 
@@ -833,13 +839,13 @@ def test_requests_waiting_for_a_slot_leave_the_decode_steps_queued_ahead(tiny_mo
     decode.  Every decode-only step is still queued ahead (a full engine keeps its overlap); the third is prefilled
     once the first has ended, and all outputs equal `generate`."""
     wanted = ((0, 6), (1, 16), (2, 6))
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2).start()
+    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=2).start()
     launches = []  # (prompt tokens in the step?, launched ahead?, a request waiting for a slot meanwhile?)
     launch, gate = eng.runner.launch, threading.Lock()
 
     def recording_launch(step, prev=None, prev_rows=None):
         with gate:  # held while the requests are added: the engine takes the second and third together
-            launches.append((bool(step.prefill), prev is not None, bool(eng._waiting)))
+            launches.append((bool(step.prefill), prev is not None, bool(eng.scheduler.waiting)))
         return launch(step, prev=prev, prev_rows=prev_rows)
 
     eng.runner.launch = recording_launch
@@ -898,8 +904,8 @@ def test_cudnn_attention_defaults_to_graphs_and_is_checked(tiny_model_dir):
 
 
 def test_eager_attention_equals_generate(tiny_model_dir, reference):
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=4, attn_implementation="eager",
-                 max_prefill_tokens=5).start()
+    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=4, attn_implementation="eager",
+                      prefill_chunk=5).start()
     try:
         runs = [(reference(p, 16), collect(eng, p, SamplingParams(max_tokens=16))) for p in PROMPTS[:3]]
         for (ids, text), (done, outs) in runs:
@@ -941,13 +947,13 @@ def test_abort_stops_within_a_step_and_frees_the_slot(engine):
     assert outs[-1].finish_reason == "cancelled"
     assert outs[-1].output_tokens < 1500
     assert engine.num_running == 0
-    assert len(engine._free) == engine.max_num_seqs  # every slot is free again
+    assert len(engine.scheduler.free) == engine.max_num_seqs  # every slot is free again
     # the engine keeps serving
     assert engine.generate("Hello", SamplingParams(max_tokens=4), timeout=30).output_tokens == 4
 
 
 def test_abort_of_a_waiting_request(tiny_model_dir):
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=1).start()
+    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=1).start()
     try:
         done_a, outs_a = collect(eng, "Hello", SamplingParams(max_tokens=200, ignore_eos=True), "a")
         done_b, outs_b = collect(eng, "Hello", SamplingParams(max_tokens=5), "b")  # waits for the only slot
@@ -1112,7 +1118,8 @@ def test_step_statistics_split_the_loop_time(engine):
 def test_engine_process_matches_engine(tiny_model_dir, engine):
     from launcher.engines.hf_process import EngineProcess
 
-    ep = EngineProcess(str(tiny_model_dir), device="cpu", max_num_seqs=4, output_interval=0.05).start()
+    ep = EngineProcess(HFEngineArgs(model_path=str(tiny_model_dir), device="cpu", max_num_seqs=4,
+                                    stream_interval_ms=50)).start()
     try:
         want = engine.generate(PROMPTS[0], SamplingParams(max_tokens=60, ignore_eos=True))
         done, outs = collect(ep, PROMPTS[0], SamplingParams(max_tokens=60, ignore_eos=True))
@@ -1189,7 +1196,7 @@ def test_engine_process_takes_a_burst_of_requests_together(tiny_model_dir, engin
     a refused one its error, and an abort that follows its add in the burst cancels it."""
     from launcher.engines.hf_process import EngineProcess
 
-    ep = EngineProcess(str(tiny_model_dir), device="cpu", max_num_seqs=8).start()
+    ep = EngineProcess(HFEngineArgs(model_path=str(tiny_model_dir), device="cpu", max_num_seqs=8)).start()
     try:
         want = {p: engine.generate(p, SamplingParams(max_tokens=12, ignore_eos=True)) for p in PROMPTS}
         runs = {}
@@ -1216,7 +1223,8 @@ def test_instances_share_one_engine_process(tiny_model_dir, engine, tmp_path):
     from launcher.engines.hf_process import EngineProcess
 
     sock = str(tmp_path / "engine.sock")
-    owner = EngineProcess(str(tiny_model_dir), device="cpu", max_num_seqs=8, listen=sock).start()
+    owner = EngineProcess(HFEngineArgs(model_path=str(tiny_model_dir), device="cpu", max_num_seqs=8),
+                          listen=sock).start()
     a = b = None
     try:
         a = EngineProcess.attach(sock, startup_timeout=30).start()
@@ -1269,7 +1277,8 @@ def test_engine_process_hands_over_the_prompts_of_each_ready_instance(tiny_model
     from launcher.engines.hf_process import EngineProcess
 
     sock = str(tmp_path / "engine.sock")
-    owner = EngineProcess(str(tiny_model_dir), device="cpu", max_num_seqs=8, listen=sock).start()
+    owner = EngineProcess(HFEngineArgs(model_path=str(tiny_model_dir), device="cpu", max_num_seqs=8),
+                          listen=sock).start()
     a = b = None
     try:
         a = EngineProcess.attach(sock, startup_timeout=30).start()
@@ -1523,41 +1532,8 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
 def test_prompts_alone_zero_is_kept_and_a_negative_one_refused_before_the_model_loads(tiny_model_dir, tmp_path):
     """prompts_alone=0 (no prompt goes alone through its prompt graphs) is kept as given; a negative count is refused
     before the model loads."""
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2, prompts_alone=0)
-    assert eng._prompts_alone == 0
+    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=2, prompts_alone=0)
+    assert eng.scheduler._prompts_alone == 0
     nothing = tmp_path / "no-model"  # refused before loading: a model that is not there is never looked at
     with pytest.raises(ValueError, match="prompts_alone=-1 is negative"):
-        Engine(str(nothing), device="cpu", max_num_seqs=2, prompts_alone=-1)
-
-
-def test_the_engine_posts_how_many_requests_it_holds_for_the_spinners_that_pause_under_load(tiny_model_dir, tmp_path):
-    """serve.keep_cpus_awake's spinners pause while an engine is busy (launcher/awake.py): after every step the
-    engine writes to its slot of the board how many requests it holds (waiting for a slot included), and 0 once
-    they are done; other slots stay as they were."""
-    from launcher.awake import SLOTS, open_board
-
-    path = str(tmp_path / "board")
-    eng = Engine(str(tiny_model_dir), device="cpu", max_num_seqs=2, awake_board=path, awake_slot=3).start()
-    board = open_board(path)
-    try:
-        seen: list[int] = []
-        done = [threading.Event() for _ in range(3)]
-
-        def cb(i):
-            def on_output(o):
-                seen.append(board[3])
-                if o.finished:
-                    done[i].set()
-            return on_output
-
-        for i in range(3):  # three requests, two slots: one waits
-            eng.add_request(f"r{i}", PROMPTS[i], SamplingParams(max_tokens=12, ignore_eos=True), cb(i))
-        assert all(d.wait(60) for d in done)
-        assert max(seen) == 3, seen
-        deadline = time.monotonic() + 5
-        while board[3] and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert board[:] == bytes(SLOTS)
-    finally:
-        eng.shutdown()
-        board.close()
+        make_engine(nothing, device="cpu", max_num_seqs=2, prompts_alone=-1)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -19,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-from launcher import awake
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -31,6 +29,7 @@ PROMPTS = ["Once upon a time", "The quick brown fox jumps over", "hello"]
 # prompt (three concurrent requests, small prefill chunks: decode and chunked prefill share steps).
 _RANK = r"""
 import json, os, sys, threading
+from launcher.engines.hf_args import HFEngineArgs
 from launcher.engines.hf_engine import Engine, SamplingParams
 from launcher.engines.hf_tp import TPGroup, run_worker
 role, tp, port, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -41,7 +40,9 @@ if role == "worker":
     run_worker(path, tp=tp, group=group, **kw)
     print("worker done", flush=True)
     os._exit(0)  # like hf_process: gloo's threads can abort interpreter teardown (pytorch#179291)
-eng = Engine(path, tp=tp, tp_group=group, max_prefill_tokens=4, **kw).start()
+args = HFEngineArgs(model_path=path, tp_size=tp, prefill_chunk=4, device=kw["device"], max_num_seqs=kw["max_num_seqs"],
+                    max_model_len=kw["max_model_len"], torch_threads=kw["threads"])
+eng = Engine.from_args(args, tp_group=group).start()
 res = {}
 def go(p):
     res[p] = eng.generate(p, SamplingParams(max_tokens=16, temperature=0.0, ignore_eos=True)).token_ids
@@ -170,7 +171,7 @@ def test_llmlaunch_tp2_local_serves_generate_greedy_and_sigint_cleans_up(tiny_mo
         [sys.executable, "-m", "launcher.cli", "engine=hf", "cluster=local", "tp=2", "engine.device=cpu",
          f"model.path={tiny_model_dir}", "engine.max_num_seqs=8", "model.max_model_len=256",
          f"serve.grpc_port={grpc}", f"serve.http_port={http}", f"serve.metrics_port={metrics}",
-         f"serve.openai_port={free_port()}", f"cluster.jobs_dir={tmp_path}", "serve.keep_cpus_awake=true"],
+         f"serve.openai_port={free_port()}", f"cluster.jobs_dir={tmp_path}"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     try:
@@ -186,18 +187,10 @@ def test_llmlaunch_tp2_local_serves_generate_greedy_and_sigint_cleans_up(tiny_mo
                 break
         assert url, "".join(lines)
         assert url.endswith(f":{grpc}")
-        # serve.keep_cpus_awake: the leader's engine (local rank 0, inside tritonserver's stub) posts the requests
-        # it holds on the board the rank named, which its spinners read to pause under load
-        board_line = re.search(r"\(board (\S+)\)", next(tmp_path.glob("*/*/logs/rank0.log")).read_text())
-        assert board_line, "rank 0 did not say where its spinners read the load"
-        board = awake.open_board(board_line.group(1))
-        held: list[int] = []
-        rec = generate(url, "hf_model", Generation(prompt, max_tokens=n, temperature=0.0), timeout=120,
-                       on_response=lambda rec, i: held.append(board[0]))
+        rec = generate(url, "hf_model", Generation(prompt, max_tokens=n, temperature=0.0), timeout=120)
         assert not rec.error, rec.error
         assert rec.text == ref, (rec.text, ref)
         assert rec.output_tokens == n or rec.finish_reason == "stop"
-        assert 1 in held, held
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -209,15 +202,6 @@ def test_llmlaunch_tp2_local_serves_generate_greedy_and_sigint_cleans_up(tiny_mo
     time.sleep(1)
     left = _processes_mentioning(str(tmp_path))
     assert not left, (left, "".join(lines)[-3000:])
-    # serve.keep_cpus_awake: the node's first rank kept the CPUs awake (the other, unbound, left it to that one),
-    # and its spinners ended with it
-    logs = {p.name: p.read_text() for p in tmp_path.glob("*/*/logs/rank*.log")}
-    said = re.search(r"keep_cpus_awake: \d+ idle-priority spinners on CPUs \S+ \(pids ([\d ]+)\)", logs.get("rank0.log", ""))
-    assert said, logs
-    assert "local rank 0 keeps this node's CPUs awake" in logs.get("rank1.log", ""), logs
-    pids = [int(x) for x in said.group(1).split()]
-    assert not [p for p in pids if Path(f"/proc/{p}").exists()], pids
-    assert not Path(board_line.group(1)).exists(), "the first rank left its load board behind"
 
 
 # ------------------------------------------------------------------------------------------- Slurm
@@ -235,7 +219,7 @@ def test_slurm_tp2_two_nodes_leader_serves_generate_greedy(local_slurm, tmp_path
     try:
         assert [(r.node, r.role) for r in spec.ranks] == [(0, "leader"), (1, "worker")]
         text, n = greedy(ep["url"], ep["model"])
-        path = spec.model["path"]
+        path = spec.model.path
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path)
         ids = tok("The capital of France is", return_tensors="pt").input_ids
@@ -276,6 +260,7 @@ def test_slurm_tp4_two_nodes_two_tasks_generate_greedy(local_slurm, tmp_path):
 _HEARTBEAT = r"""
 import os, sys, time
 os.environ["LLMLAUNCH_HF_TP_TIMEOUT_S"] = "2"
+from launcher.engines.hf_args import HFEngineArgs
 from launcher.engines.hf_engine import Engine, SamplingParams
 from launcher.engines.hf_tp import TPGroup, run_worker
 role, port, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -288,7 +273,9 @@ if role == "worker":
     except Exception as e:
         print("worker failed: " + repr(e)[:300])
     sys.exit(0)
-eng = Engine(path, tp=2, tp_group=g, **kw).start()
+args = HFEngineArgs(model_path=path, tp_size=2, device=kw["device"], max_num_seqs=kw["max_num_seqs"],
+                    max_model_len=kw["max_model_len"], torch_threads=kw["threads"])
+eng = Engine.from_args(args, tp_group=g).start()
 time.sleep(5)  # idle for more than twice the collective timeout: the leader's heartbeats keep workers alive
 print("tokens", eng.generate("hello", SamplingParams(max_tokens=4, temperature=0.0)).token_ids, flush=True)
 os.kill(os.getpid(), 19)  # SIGSTOP: a hung leader

@@ -15,12 +15,14 @@ def test_engine_process_library_path_can_be_set(tiny_model_dir, monkeypatch):
     """The hf engine process runs with LLMLAUNCH_ENGINE_LD_LIBRARY_PATH when that is set, and inherits the stub's
     LD_LIBRARY_PATH when it is unset or "inherit" (launcher.triton.ENGINE_LD_LIBRARY_PATH: the choice decides which
     cuDNN the engine loads on the H100 host)."""
+    from launcher.engines.hf_args import HFEngineArgs
     from launcher.engines.hf_process import EngineProcess
 
     def child_env(**env):
         for k, v in env.items():
             monkeypatch.setenv(k, v)
-        proc = EngineProcess(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64).start()
+        proc = EngineProcess(HFEngineArgs(model_path=str(tiny_model_dir), device="cpu", max_num_seqs=2,
+                                          max_model_len=64)).start()
         try:
             text = Path(f"/proc/{proc.info['pid']}/environ").read_text()
         finally:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import plan
+from launcher.engines import registry
 from launcher.engines.registry import ENGINES
 from launcher.errors import LaunchError
 from launcher.rank import RankContext, Topology, rank_environment
@@ -46,7 +47,7 @@ def contexts(spec):
 def env_of(spec, ctx):
     topo = Topology("slurm", ctx.rank.rank, spec.world_size, ctx.rank.local_rank, ctx.rank.node, spec.nodes, "4242", f"node{ctx.rank.node + 1}")
     env = rank_environment(spec, topo, ctx, Path("/jobs/run"), [str(i) for i in range(8)])
-    env.update(ENGINES[spec.engine["name"]].rank_env(spec, ctx))
+    env.update(ENGINES[spec.engine.name].rank_env(spec, ctx))
     return env
 
 
@@ -190,6 +191,51 @@ def test_trtllm_replicas_keep_one_gpu_per_rank(monkeypatch):
     assert all(ENGINES["trtllm"].rank_env(spec, c) == {} for c in contexts(spec))
 
 
+# ----------------------------------------------------------------------------- engine facts the ranks act on
+def test_ranks_rendezvous_through_files_where_the_server_is_the_mpi_program(monkeypatch, tmp_path):
+    """EngineDef.server_uses_mpi (TensorRT-LLM leader mode): the ranks leave the task's MPI wire-up to tritonserver."""
+    from launcher import rank as rank_mod
+
+    monkeypatch.setattr(rank_mod, "MPIComm", lambda: "mpi")
+
+    def comm(spec):
+        return rank_mod.make_comm(spec, Topology("slurm", 0, spec.world_size, 0, 0, spec.nodes, "4242", "node1"), tmp_path)
+
+    assert ENGINES["trtllm"].server_uses_mpi and not ENGINES["vllm"].server_uses_mpi
+    assert isinstance(comm(spec_for("engine=trtllm", "tp=16", "nodes=2")), rank_mod.FileComm)
+    assert comm(spec_for("engine=vllm", "tp=16", "nodes=2")) == "mpi"
+
+
+@pytest.mark.parametrize("overrides,ray", [
+    (("engine=vllm",), True),  # auto: ray across nodes
+    (("engine=vllm", "engine.distributed_executor_backend=ray"), True),
+    (("engine=lmdeploy", "engine.backend=pytorch"), True),
+    (("engine=sglang",), False),
+    (("engine=trtllm",), False),
+], ids=lambda v: " ".join(v) if isinstance(v, tuple) else str(v))
+def test_copies_over_nodes_run_their_other_nodes_on_ray_where_the_engine_says(overrides, ray):
+    """EngineDef.ray_across_nodes: the copy's other nodes run `ray start` instead of tritonserver."""
+    spec = spec_for(*overrides, "tp=16", "nodes=2")
+    edef = ENGINES[spec.engine.name]
+    *_, worker = contexts(spec)
+    assert registry.uses_ray(spec) is ray
+    assert (edef.rank_command(spec, worker) is not None) is ray
+    assert ("RAY_USAGE_STATS_ENABLED" in edef.rank_env(spec, worker)) is ray
+
+
+def test_no_engine_is_branched_on_by_name_outside_the_registry():
+    """Engine facts are EngineDef fields (launcher/engines/registry.py); nothing else compares engine names."""
+    import re
+
+    names = "|".join(sorted(ENGINES))
+    compare = re.compile(rf"""(==|!=|\bin)\s*\(?\s*["']({names})["']""")
+    found = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
+             for top in ("launcher", "model_repository") for p in sorted((ROOT / top).rglob("*.py"))
+             if p.name not in ("registry.py", "schema.py")
+             for i, line in enumerate(p.read_text().splitlines(), 1) if compare.search(line)]
+    assert found == []
+
+
 # ----------------------------------------------------------------------------- the Ray worker command
 def _fake_ray(tmp_path):
     record = tmp_path / "ray_argv.json"
@@ -257,13 +303,13 @@ def test_hf_model_json_carries_the_engine_config():
     args = HFEngineArgs.from_dict(json.loads(files["hf_model/1/model.json"]))
     assert (args.model_path, args.tp_size, args.dtype, args.prefill_chunk) == ("/models/llama-70b", 2, "bfloat16", 1024)
     assert (args.torch_compile, args.cuda_graphs, args.stream_interval_ms) == ("true", False, 8)
-    assert (args.max_num_seqs, args.response_nice, args.cudnn_attention) == (HFEngineArgs().max_num_seqs, -1, "graphs")
+    assert (args.max_num_seqs, args.cudnn_attention) == (HFEngineArgs().max_num_seqs, "graphs")
     from launcher.contract import HONOURED_PARAMETERS_KEY
 
     params = config_params(spec)
     assert set(params) == {"engine_args_file", HONOURED_PARAMETERS_KEY} and params["engine_args_file"] == "model.json"
-    kwargs = args.engine_kwargs()
-    assert (kwargs["max_prefill_tokens"], kwargs["torch_compile"], kwargs["max_model_len"]) == (1024, True, None)
+    kwargs = args.runner_kwargs()
+    assert (args.prefill_tokens("cuda"), kwargs["torch_compile"], kwargs["max_model_len"]) == (1024, True, None)
 
 
 def test_hf_engine_args_refuse_unknown_keys():

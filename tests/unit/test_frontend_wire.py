@@ -1,19 +1,6 @@
-"""The data-parallel front end's pure parts (no server): how many front-end processes rank 0 runs, and the byte
-patches on requests and responses read back as protobuf. The front end against real tritonservers:
-tests/integration/test_frontend.py."""
-
-
-def test_frontend_processes_default_to_one_per_process_sending_responses():
-    """serve.frontend_processes=0 (the default): replicas x engine.response_processes, capped at half of rank 0's
-    CPUs (its own server runs there too), never below 1; a positive setting is kept as given."""
-    from launcher.serving.rank0_frontend import processes_for
-
-    assert processes_for(0, 2, 2, 32) == 4  # two replicas with two stubs each: four
-    assert processes_for(0, 2, 1, 32) == 2
-    assert processes_for(0, 8, 4, 32) == 16  # half the CPUs
-    assert processes_for(0, 2, 1, 2) == 1  # a 2-CPU machine keeps one
-    assert processes_for(0, 2, 1, 1) == 1
-    assert processes_for(3, 2, 2, 2) == 3  # set explicitly: as given
+"""The data-parallel front end's pure parts (no server): the byte patches on requests and responses read back as
+protobuf (how many front-end processes rank 0 runs: tests/unit/test_responders.py). The front end against real
+tritonservers: tests/integration/test_frontend.py."""
 
 
 def test_wire_patches_decode_as_protobuf_says():

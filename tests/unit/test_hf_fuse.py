@@ -15,6 +15,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from launcher.engines import hf_fuse  # noqa: E402
+from launcher.engines.hf_args import HFEngineArgs  # noqa: E402
 from launcher.engines.hf_engine import Engine, SamplingParams, describe_features  # noqa: E402
 
 
@@ -145,7 +146,8 @@ def test_engine_of_another_family_fused_equals_generate(tiny_model_dir, tmp_path
             out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, min_new_tokens=12,
                                  do_sample=False)
             refs.append(out[0, ids.shape[1]:].tolist())
-    eng = Engine(str(tmp_path), device="cpu", dtype="float32", max_num_seqs=4).start()
+    args = HFEngineArgs(model_path=str(tmp_path), device="cpu", dtype="float32", max_num_seqs=4)
+    eng = Engine.from_args(args).start()
     try:
         got = [eng.generate(p, SamplingParams(max_tokens=12, ignore_eos=True), timeout=60).token_ids
                for p in prompts]

@@ -53,6 +53,26 @@ def test_plan_matches_expected(engine, cluster):
     check_expected(f"plan_{engine}_{cluster}.txt", normalise(plan_text(spec, RUN_DIR)))
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_launch_json_round_trips_to_the_same_typed_spec(engine):
+    """launch.json (what the ranks read) is the spec as plain JSON; reading it gives back the schema's dataclasses."""
+    import dataclasses
+    import json
+
+    from launcher.schema import ENGINE_SCHEMAS, ClusterConfig, ServeConfig
+    from launcher.spec import LaunchSpec
+
+    _, spec = plan(overrides_for(engine, "slurm", ["replicas=2", "nodes=2"]))
+    back = LaunchSpec.from_json(spec.to_json())
+    assert back == spec and back.to_json() == spec.to_json()
+    assert type(back.engine) is ENGINE_SCHEMAS[engine] and type(back.cluster) is ClusterConfig and type(back.serve) is ServeConfig
+    assert back.ranks == spec.ranks and isinstance(back.ranks[0].gpus, tuple)
+    data = dataclasses.asdict(spec)
+    data["engine"]["gone"] = 1
+    with pytest.raises(ValueError, match="engine.gone"):
+        LaunchSpec.from_json(json.dumps(data))
+
+
 @pytest.mark.parametrize("engine,tp,nodes", [(e, tp, n) for e in ENGINES for tp, n in ((1, 1), (2, 1), (8, 1), (8, 2))])
 def test_engine_repositories_at_tp_and_nodes(engine, tp, nodes):
     """Every engine's repository and per-rank commands at tp 1/2/8 and nodes 1/2 (replicas fill the nodes)."""
@@ -76,19 +96,6 @@ def test_hf_response_processes_are_model_instances():
     assert len(configs) == 1
     msg = pbtxt.parse(configs[0])
     assert [(g.count, pbtxt._pb().ModelInstanceGroup.Kind.Name(g.kind)) for g in msg.instance_group] == [(4, "KIND_CPU")]
-
-
-def test_keep_cpus_awake_is_said_in_the_plan_and_only_when_on():
-    """serve.keep_cpus_awake starts processes at run time that no file shows: the dry run says so (and the plans
-    of the expected files, with it off, stay as they were)."""
-    _, spec = plan(overrides_for("hf", "local_slurm", ["serve.keep_cpus_awake=true"]))
-    text = plan_text(spec, RUN_DIR)
-    assert "keep_cpus_awake: while they serve, each node's first rank" in text
-    assert "they pause while an hf engine of the node holds 2 requests or more" in text  # serve.awake_pause_at
-    _, spec = plan(overrides_for("hf", "local_slurm", ["serve.keep_cpus_awake=true", "serve.awake_pause_at=0"]))
-    assert "they never pause" in plan_text(spec, RUN_DIR)
-    _, spec = plan(overrides_for("hf", "local_slurm", []))
-    assert "keep_cpus_awake" not in plan_text(spec, RUN_DIR)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -146,7 +153,7 @@ def test_hostile_values_never_escape_quoting(value, tmp_path):
 
     cfg, spec = plan(["cluster=slurm", "engine=hf"])
     # As if a YAML profile carried it (Hydra's override grammar would need its own quoting).
-    spec = dataclasses.replace(spec, cluster={**spec.cluster, "env": {"HOSTILE": value}})
+    spec = dataclasses.replace(spec, cluster=dataclasses.replace(spec.cluster, env={"HOSTILE": value}))
     script = sbatch_script(spec, RUN_DIR)
     path = tmp_path / "s.sh"
     path.write_text(script)
@@ -160,7 +167,7 @@ def test_hostile_values_never_escape_quoting(value, tmp_path):
 def test_hostile_model_path_is_one_argv_element(tmp_path):
     value = "/models/$(touch /tmp/llmlaunch_pwned); rm -rf x`y`"
     cfg, spec = plan(["engine=vllm", "cluster=slurm", f"model.path='{value}'"])
-    assert spec.model["path"] == value
+    assert spec.model.path == value
     for rel, text in repository_files(spec).items():
         if rel.endswith("model.json"):
             import json

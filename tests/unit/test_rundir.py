@@ -81,7 +81,7 @@ def test_every_cluster_has_a_scheduler_whose_request_the_dry_run_prints(cluster)
 
     _, spec = plan([f"cluster={cluster}", "engine=hf"])
     backend = scheduler.for_spec(spec)
-    assert backend.name == spec.cluster["scheduler"]
+    assert backend.name == spec.cluster.scheduler
     request = backend.dryrun(spec, "/jobs/run")
     assert request.scheduler == backend.name and request.text.strip()
     assert request.text.rstrip() in plan_text(spec, "/jobs/run")

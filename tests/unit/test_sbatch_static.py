@@ -40,7 +40,7 @@ def test_same_slurm_request():
 
 def test_same_srun_and_rank_flags():
     s = spec()
-    assert f"--mpi=\"${{LLMLAUNCH_MPI:-{s.cluster['mpi']}}}\"" in SUB
+    assert f"--mpi=\"${{LLMLAUNCH_MPI:-{s.cluster.mpi}}}\"" in SUB
     assert "--kill-on-bad-exit=1" in SUB and "--kill-on-bad-exit=1" in srun_args(s)
     leader = tritonserver_argv(s, s.ranks[0], job_id="J")
     worker = tritonserver_argv(s, s.ranks[1], job_id="J")

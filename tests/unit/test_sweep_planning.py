@@ -6,6 +6,7 @@ tests/integration/test_sweep.py."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import os
 import subprocess
@@ -17,7 +18,7 @@ import pytest
 from launcher import sweep_plan as sweep
 from launcher.allocation import allocation_problems
 from launcher.render import client_argv
-from launcher.cli import compose
+from launcher.cli import compose, plan
 
 ROOT = Path(__file__).resolve().parents[2]
 # A tiny load: 4 measured requests of 4 tokens after one warm-up request.
@@ -134,12 +135,12 @@ def test_bench_and_client_command_lines():
 
 
 def test_first_token_metrics_url_only_where_the_hf_model_serves_it():
-    hf = plain("engine=hf")
-    spec = lambda cfg, replicas=1: type("S", (), {"engine": cfg["engine"], "replicas": replicas})()  # noqa: E731
+    hf = plan(["engine=hf"])[1]
+    spec = lambda s, replicas=1: dataclasses.replace(s, replicas=replicas)  # noqa: E731
     ep = {"url": "grpc://10.0.0.1:8001", "model": "hf_model", "metrics_port": 8002}
     assert sweep.first_token_metrics_url(spec(hf), ep) == "http://10.0.0.1:8002/metrics"
     assert sweep.first_token_metrics_url(spec(hf, replicas=2), ep) == ""  # the front end's port
-    assert sweep.first_token_metrics_url(spec(plain("engine=vllm", "model.path=/m")), ep) == ""
+    assert sweep.first_token_metrics_url(spec(plan(["engine=vllm", "model.path=/m"])[1]), ep) == ""
     assert sweep.first_token_metrics_url(spec(hf), {**ep, "url": "grpc://[::1]:8001"}) == "http://[::1]:8002/metrics"
 
 

@@ -17,10 +17,8 @@ CASES = [
     (["cluster=nowhere"], "cluster=nowhere", "choose one of: local, local_slurm, luna, slurm"),
     (["tp=3"], "tp=3", "power of two"),
     (["engine.prefill_chunk=-1"], "engine.prefill_chunk=-1", "set engine.prefill_chunk=0"),
-    (["engine.response_threads=-2"], "engine.response_threads=-2", "set engine.response_threads=0"),
     (["engine.response_processes=0"], "engine.response_processes=0", "set engine.response_processes=1"),
     (["engine.stream_interval_ms=-4"], "engine.stream_interval_ms=-4", "set engine.stream_interval_ms=0"),
-    (["engine.response_nice=20"], "engine.response_nice=20", "set engine.response_nice=-1, 0 or 10"),
     (["cluster=local_slurm", "tp=2", "engine.response_processes=2"], "engine.response_processes=2", "set engine.response_processes=1"),
     (["engine.torch_compile=maybe"], "engine.torch_compile='maybe'", "one of: auto, true, false"),
     (["engine.cudnn_attention=sometimes"], "engine.cudnn_attention='sometimes'", "one of: graphs, all, off"),
@@ -35,8 +33,6 @@ CASES = [
     (["serve.grpc_port=8000"], "serve.http_port=8000", "the same port as serve.grpc_port"),
     (["serve.openai_port=0"], "serve.openai_port=0", "1-65535"),
     (["serve.openai_port=8001"], "serve.openai_port=8001", "the same port as serve.grpc_port"),
-    (["replicas=2", "serve.frontend_processes=-1"], "serve.frontend_processes=-1", "set serve.frontend_processes=0"),
-    (["serve.keep_cpus_awake=true", "serve.awake_pause_at=-1"], "serve.awake_pause_at=-1", "set serve.awake_pause_at=2"),
     (["job_name='a;b'"], "job_name='a;b'", "letters, digits"),
     (["job_name=a;b"], "job_name=a;b", "quote the value"),
     (["cluster=slurm", "cluster.partition='a b'"], "cluster.partition='a b'", "#SBATCH"),
@@ -48,6 +44,11 @@ CASES = [
     (["engine=hf", "model.make=", "model.path="], "model.path=''", "model=tiny"),
     (["cluster=luna", "cluster.container.image="], "cluster.container.image=''", "pyxis"),
     (["nosuchkey=1"], "nosuchkey", "+key=value"),
+    (["engine=vllm", "model.path=/m", "+engine.gpu_mem=0.5"], "engine.gpu_mem", "no such key in launcher/schema.py for engine=vllm"),
+    # a free mapping's keys need no `+`; a key beside it still does, and another engine's mapping is refused
+    (["engine=vllm", "model.path=/m", "engine.gpu_mem=0.5"], "engine.gpu_mem", "+key=value"),
+    (["cluster.envs.X=1"], "cluster.envs.X", "+key=value"),
+    (["engine=hf", "engine.engine_args.enforce_eager=true"], "engine.engine_args", "no such key in launcher/schema.py for engine=hf"),
 ]
 
 
@@ -85,3 +86,38 @@ def test_dry_run_prints_plan_and_writes_nothing(tmp_path):
     for needle in ("===== composed config", "===== rank layout", "model_repository/ensemble/config.pbtxt", "#SBATCH --ntasks-per-node=8", "rank 7: "):
         assert needle in r.stdout
     assert list(cwd.iterdir()) == [] and list((tmp_path / "home").iterdir()) == []
+
+
+def test_cli_validates_a_launch_once(monkeypatch, capsys):
+    """`llmlaunch ... dry_run=true` composes and validates once and prints the plan of that spec."""
+    import launcher.spec
+    from launcher import cli
+
+    calls = []
+    real = launcher.spec.build_spec
+    monkeypatch.setattr(launcher.spec, "build_spec", lambda cfg: calls.append(1) or real(cfg))
+    cli.main(["cluster=luna", "engine=trtllm", "tp=8", "engine.engine_dir=/e", "model.path=/m", "run_dir=/x", "dry_run=true"])
+    assert len(calls) == 1
+    assert "#SBATCH --ntasks-per-node=8" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("prefix", ["", "+", "++"])
+def test_keys_of_a_free_mapping_take_either_spelling(prefix):
+    """engine.engine_args (vLLM's AsyncEngineArgs), engine.extra_args and cluster.env hold the user's own keys:
+    `engine.engine_args.enforce_eager=true` adds one as `+engine.engine_args.enforce_eager=true` does."""
+    from launcher.schema import free_mappings
+
+    assert {"engine.engine_args", "engine.extra_args", "cluster.env"} <= set(free_mappings())
+    _, spec = plan(["engine=vllm", "model.path=/m", f"{prefix}engine.engine_args.enforce_eager=true", f"{prefix}cluster.env.NCCL_DEBUG=WARN"])
+    assert spec.engine.engine_args["enforce_eager"] is True and spec.cluster.env["NCCL_DEBUG"] == "WARN"
+    _, spec = plan(["engine=sglang", "model.path=/m", f"{prefix}engine.extra_args.chunked_prefill_size=512"])
+    assert spec.engine.extra_args == {"chunked_prefill_size": 512}
+
+
+def test_cli_takes_a_free_mapping_key_without_plus(tmp_path):
+    """The command line as a user types it: the plan's model.json carries the engine argument."""
+    env = {**os.environ, "HOME": str(tmp_path)}
+    r = subprocess.run(LLMLAUNCH + ["engine=vllm", "engine.engine_args.enforce_eager=true", "model.path=/tmp", "dry_run=true"],
+                       capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    assert '"enforce_eager": true' in r.stdout

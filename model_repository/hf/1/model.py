@@ -18,17 +18,14 @@ uses some of them:
                     so).  It saves the hops to and from the engine process, a few tenths of a ms of TTFT at one
                     stream, but at 32 streams the engine and the responses share one GIL (worse TTFT and 0.93-0.95
                     of the tokens/s).
-  response_threads  the engine process's receive thread is the first.  A send is a round trip to tritonserver
-                    (~50-200 us) during which the GIL is free, so under load several threads keep a new stream's
-                    first token from queueing behind a response for every running stream; on a 2-core machine
-                    they compete with the engine.  While fewer streams are open than there are threads, a new
-                    stream stays with the receive thread: a hand-off to another thread would only add its wake-up
-                    to the stream's tokens.  engine_process=true only.
-  response_nice     this model's stubs and (from the instance that started it) tritonserver lower their threads'
-                    priority; the engine process keeps the one it started with (launcher.serving.priority).  No
-                    privileges needed.  A value > 0 needs engine_process=true.  Where the system refuses (a
-                    container's seccomp policy, say), a value set here fails the load; the default logs a warning
-                    and serves as is.
+
+Response threads and nice value: launcher.serving.responders' rule, from the engine's device (4 threads and nice
+10 for an engine process on a GPU, 1 thread and unchanged priority on CPU).  The engine process's receive thread
+is the first response thread.  While fewer streams are open than there are threads, a new stream stays with the
+receive thread: a hand-off to another thread would only add its wake-up to the stream's tokens.  The nice value
+goes to this model's stubs and (from the instance that started it) tritonserver; the engine process keeps the one
+it started with (launcher.serving.priority).  No privileges needed; where the system refuses (a container's
+seccomp policy, say), a warning is logged and the server serves as is.
 
 instance_group count N > 1 (llmlaunch's engine.response_processes): N stub processes share one engine
 process.  A stub builds every response under its own GIL, so one stub sends a few thousand streamed
@@ -54,7 +51,7 @@ building and sending responses never competes with the engine loop for the
 GIL; its outputs arrive once per engine step on a receive thread, which turns
 them into responses (merging the pieces of a request from steps that queued up
 while it was sending, so a slow client never slows the engine down) and polls
-cancellation; with response_threads > 1 it keeps one share of the streams and
+cancellation; with several response threads it keeps one share of the streams and
 hands the others to as many more threads.  With engine_process=false the
 engine runs on a thread of this process and one responder thread does the same.
 
@@ -88,7 +85,8 @@ from launcher.contract import INPUT_NAMES
 from launcher.engines.hf_args import ARGS_FILE, HFEngineArgs
 from launcher.engines.hf_engine import describe_features
 from launcher.serving import triton_io
-from launcher.serving.priority import GPU_NICE, check_nice, lower_priority
+from launcher.serving.priority import lower_priority
+from launcher.serving.responders import GPU_NICE, responders
 from launcher.serving.timings import ENGINE_COUNTERS, FIRST_TOKEN_COUNTERS, Counters, FirstTokenTimes, engine_summary
 
 # Optional inputs this model honours.  exclude_input_in_output is honoured by construction (the prompt is never
@@ -195,20 +193,7 @@ class TritonPythonModel:
         self.tp_rank = int(os.environ.get("LLMLAUNCH_GROUP_RANK", "0") or 0) if self.tp > 1 else 0
         self.cancel_check_s = a.cancel_check_ms / 1000.0
         self.stream_interval_s = a.stream_interval_ms / 1000.0
-        self.response_threads = a.response_threads
-        if self.response_threads < 0:
-            raise pb_utils.TritonModelException(
-                f"{path}: response_threads={self.response_threads} is negative: use 0 (1 on CPU, 4 on a GPU) or a positive number")
         self.engine_process = a.engine_process
-        try:  # -1: decided once the engine's device is known (_lower_priority)
-            self.response_nice = None if a.response_nice == -1 else check_nice(a.response_nice)
-        except ValueError as exc:
-            raise pb_utils.TritonModelException(f"{path}: {exc}") from None
-        if self.response_nice and not self.engine_process:
-            raise pb_utils.TritonModelException(
-                f"{path}: response_nice={self.response_nice} lowers tritonserver and the stubs below the engine "
-                f"process, and engine_process=false runs the engine in the stub: set response_nice=0, or "
-                f"engine_process=true")
         self.instances = sum(int(g.get("count", 1)) for g in self.model_config.get("instance_group") or []) or 1
         if self.instances > 1 and (self.tp > 1 or not self.engine_process):
             raise pb_utils.TritonModelException(
@@ -278,7 +263,9 @@ class TritonPythonModel:
                      f"engine in the stub: cuDNN {'preloaded from ' + source if source else 'not preloaded'}, "
                      f"mapped from {', '.join(dirs) or '(none yet)'}{mixed}")
             self._engine_callback = self._on_output
-            self.response_threads = 1  # the engine's callbacks queue single outputs for one responder
+        # response threads and nice value, once the engine's device is known (launcher.serving.responders)
+        self._responders = responders(str(self.engine.device).split(":")[0], len(os.sched_getaffinity(0)),
+                                      self.instances, engine_process=self.engine_process)
 
     def _share_engine(self):
         """(this instance starts the shared engine process?, its unix socket path).  The first instance of this model
@@ -297,7 +284,7 @@ class TritonPythonModel:
         return True, sock
 
     def _start_responders(self):
-        n = self.response_threads or self.args.responder_threads(str(self.engine.device))
+        n = self._responders.threads
         # Shard 0 is answered where the outputs arrive, on the engine process's receive thread: one stream's
         # token goes out with no thread hand-off.  The in-thread engine's callback runs on the engine's own
         # thread, which must not send, so there shard 0 has a thread too.
@@ -308,30 +295,23 @@ class TritonPythonModel:
             t.start()
 
     def _lower_priority(self) -> str:
-        """response_nice > 0: this stub's threads, and tritonserver's if this instance started the engine process,
-        to that nice value; the engine process, started already, keeps its own (launcher.serving.priority says
-        why).  -> the words for the ready line ("" when off).  Where the system refuses (a container's seccomp
-        policy, say), a value that was asked for fails the load; the default only says so and goes on unchanged."""
-        asked = self.response_nice is not None
-        if not asked:  # the default: where it was measured (GPU hosts), not where it was not (CPU)
-            gpu = self.engine_process and str(self.engine.device) != "cpu"
-            self.response_nice = GPU_NICE if gpu else 0
-        if not self.response_nice:
+        """The rule's nice value (launcher.serving.responders: GPU_NICE for an engine process on a GPU, else 0) for
+        this stub's threads, and tritonserver's if this instance started the engine process; the engine process,
+        started already, keeps its own (launcher.serving.priority says why).  -> the words for the ready line (""
+        when 0).  Where the system refuses (a container's seccomp policy, say), it says so and goes on unchanged."""
+        nice = self._responders.nice
+        if not nice:
             return ""
         counts = []
         for who, pid in [("this stub", os.getpid())] + ([("tritonserver", self._server_pid)] if self._engine_owner else []):
             try:
-                counts.append(f"{who} {lower_priority(pid, self.response_nice)} threads")
+                counts.append(f"{who} {lower_priority(pid, nice)} threads")
             except PermissionError as exc:
-                message = (f"parameter response_nice={self.response_nice}: cannot lower the priority of {who} "
-                           f"(pid {pid}): {exc.strerror}")
-                if asked:
-                    raise pb_utils.TritonModelException(f"{message}; set response_nice=0") from None
-                _log("warn", f"{message}; the response path keeps the engine's priority (the default's nice "
-                             f"{GPU_NICE} is not needed to serve)")
+                _log("warn", f"nice {nice}: cannot lower the priority of {who} (pid {pid}): {exc.strerror}; the "
+                             f"response path keeps the engine's priority (nice {GPU_NICE} is not needed to serve)")
                 return f"response path not lowered ({exc.strerror})"
-        # (a value > 0 implies engine_process=true: _read_parameters refuses it otherwise)
-        return (f"response path at nice {self.response_nice} ({', '.join(counts)} changed; engine process "
+        # (nice > 0 implies engine_process=true: the rule gives 0 for an engine in the stub)
+        return (f"response path at nice {nice} ({', '.join(counts)} changed; engine process "
                 f"{self.engine.info.get('pid')} as started)")
 
     def _on_output(self, out):
