@@ -16,8 +16,7 @@ from typing import List, Mapping, Tuple
 
 from launcher.rundir import RunDir, wait_for_endpoint
 from launcher.scheduler import Endpoint, Request, Scheduler
-
-PORT_KEYS = ("grpc_port", "http_port", "metrics_port")
+from launcher.spec import PUBLIC_PORTS as PORT_KEYS  # every port rank 0 offers: each task shifts them all
 
 
 def say(msg: str) -> None:
@@ -46,7 +45,7 @@ def task_ports(spec, array_task_id: int):
     """Array tasks of one sweep start together and may share a node; rank 0 keeps a configured port
     when it looks free, and two of them checking at once would both take 8001. Each task gets its own
     preferred ports (rank 0 still moves to free ones when these are taken)."""
-    shift = 3 * (array_task_id % 1000)
+    shift = len(PORT_KEYS) * (array_task_id % 1000)
     shift = shift if max(int(getattr(spec.serve, k)) for k in PORT_KEYS) + shift <= 65535 else 0
     return dataclasses.replace(spec, serve=dataclasses.replace(spec.serve, **{k: int(getattr(spec.serve, k)) + shift for k in PORT_KEYS}))
 

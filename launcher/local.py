@@ -23,18 +23,24 @@ from typing import Dict, List, Optional
 
 from launcher.rundir import RunDir, Stopped, wait_for_endpoint
 from launcher.scheduler import Endpoint, Request, Scheduler, bench_command
-from launcher.spec import LaunchSpec
+from launcher.spec import PUBLIC_PORTS, LaunchSpec
 
 
 def say(msg: str) -> None:
     print(f"llmlaunch: {msg}", file=sys.stderr, flush=True)
 
 
-def endpoint_banner(url: str, model: str) -> str:
+def endpoint_banner(url: str, model: str, openai_url: str = "") -> str:
+    openai = ""
+    if openai_url:
+        body = shlex.quote(f'{{"model": "{model}", "prompt": "The capital of France is", "max_tokens": 32}}')
+        openai = (f"openai: {openai_url}\n"
+                  f"try: curl {openai_url}/completions -H 'Content-Type: application/json' -d {body}\n")
     return (
         f"endpoint: {url}\n"
         f"model: {model}\n"
         f"try: {shlex.quote(sys.executable)} -m launcher.client --url {url} --prompt \"The capital of France is\" --max-tokens 32\n"
+        f"{openai}"
         f"bench: {bench_command(url, model)}\n"
     )
 
@@ -57,7 +63,7 @@ def serve_foreground(spec: LaunchSpec, run_dir: str) -> int:
     from launcher.models import resolve_model
     from launcher.triton import check_ports, resolve_tritonserver
 
-    ports = {k: int(getattr(spec.serve, k)) for k in ("grpc_port", "http_port", "metrics_port")}
+    ports = {k: int(getattr(spec.serve, k)) for k in PUBLIC_PORTS}
     check_ports(spec.host, ports)  # before any work: a taken port is a config problem
     install = resolve_tritonserver(spec.cluster.tritonserver)
     say(f"tritonserver: {install.binary} ({install.source})")
@@ -94,28 +100,39 @@ def _serve_one(spec: LaunchSpec, run: RunDir, install, stop: _Stop) -> int:
         shm_prefix=shm_prefix(job_id, 0),
         progress=say,
     ).start()
+    api = None  # the OpenAI API (launcher/openai_api) once the server is ready
     try:
         waited = _wait_or_stop(server, stop)
         if waited is None:
             server.stop()
             return 0
         say(f"READY in {waited:.1f}s")
-        ports = {k: getattr(spec.serve, k) for k in ("grpc_port", "http_port", "metrics_port")}  # as rank 0 writes them
-        run.write_endpoint({"url": f"grpc://{url}", "model": spec.model_name, **ports, "job_id": job_id})
-        sys.stdout.write(endpoint_banner(f"grpc://{url}", spec.model_name))
+        from launcher.openai_api.process import start_api
+
+        api = start_api(spec, url, spec.host, spec.serve.openai_port, say, float(spec.serve.ready_timeout_s))
+        ports = {k: getattr(spec.serve, k) for k in PUBLIC_PORTS}  # as rank 0 writes them
+        run.write_endpoint({"url": f"grpc://{url}", "model": spec.model_name, **ports, "openai_url": f"{api.cfg.url}/v1",
+                            "job_id": job_id})
+        sys.stdout.write(endpoint_banner(f"grpc://{url}", spec.model_name, f"{api.cfg.url}/v1"))
         sys.stdout.flush()
         while stop.signum is None:
-            if server.returncode() is not None:
+            if server.returncode() is not None or api.poll() is not None:
                 from launcher.triton import log_excerpt
 
-                say(f"tritonserver exited unasked with status {server.returncode()}; {log}:\n{log_excerpt(log)}")
+                what = "tritonserver" if server.returncode() is not None else "the OpenAI API server"
+                code = server.returncode() if server.returncode() is not None else api.poll()
+                say(f"{what} exited unasked with status {code}; {log}:\n{log_excerpt(log)}")
+                api.stop()
                 server.stop()
                 return 1
             time.sleep(0.2)
+        api.stop()  # first: its running requests finish while the server still serves them
         code = server.stop()
         say(f"stopped (tritonserver status {code})")
         return 0
     except BaseException:
+        if api is not None:
+            api.stop()
         server.stop()
         raise
 
@@ -209,7 +226,7 @@ def _serve_ranks(spec: LaunchSpec, run: RunDir, stop: _Stop) -> int:
                                progress=lambda: f"waiting for {len(procs)} ranks: {run.ready_count()} leaders ready",
                                say=say, repeat_s=2.0, on_change=False, interval_s=0.2)
         say(f"READY in {time.monotonic() - t0:.1f}s ({len(procs)} ranks)")
-        sys.stdout.write(endpoint_banner(ep["url"], ep["model"]))
+        sys.stdout.write(endpoint_banner(ep["url"], ep["model"], ep.get("openai_url", "")))
         sys.stdout.flush()
         if ep.get("metrics_url"):  # frontend: replicas > 1 serve through rank 0's front end
             say(f"front end over {len(ep.get('replicas', []))} replicas; metrics {ep['metrics_url']}")

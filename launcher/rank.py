@@ -197,6 +197,7 @@ def rendezvous(spec, topo: Topology, comm) -> RankContext:
     bind = "127.0.0.1" if loopback else "0.0.0.0"
     ports: Dict[str, int] = {}
     frontend_ports: Dict[str, int] = {}
+    openai_port = 0
     dist_port = 0
     if me.role == "leader":
         wanted = {k: int(getattr(spec.serve, k)) for k in ("grpc_port", "http_port", "metrics_port")}
@@ -209,10 +210,16 @@ def rendezvous(spec, topo: Topology, comm) -> RankContext:
         if me.serves != "public" or fronted:
             # Internal servers take any free port: several share a node; endpoint.json lists them.
             wanted = {k: 0 for k in wanted}
-        ports = pick_ports(bind, wanted, avoid=frontend_ports.values())  # frontend: never the front end's ports
+        if me.serves == "public":  # the OpenAI API (launcher/openai_api) rank 0 starts once it serves gRPC
+            openai_port = pick_ports(bind, {"openai_port": int(spec.serve.openai_port)}, avoid=frontend_ports.values())["openai_port"]
+            frontend_ports_and_api = [*frontend_ports.values(), openai_port]
+        else:
+            frontend_ports_and_api = list(frontend_ports.values())
+        ports = pick_ports(bind, wanted, avoid=frontend_ports_and_api)  # never the front end's or the API's ports
         dist_port = free_port(bind)
     token = secrets.token_hex(8) if topo.rank == 0 else ""
-    infos = comm.allgather({"rank": topo.rank, "addr": addr, "ports": ports, "dist_port": dist_port, "frontend_ports": frontend_ports, "token": token})
+    infos = comm.allgather({"rank": topo.rank, "addr": addr, "ports": ports, "dist_port": dist_port, "frontend_ports": frontend_ports,
+                            "openai_port": openai_port, "token": token})
     leader = infos[topo.rank - me.group_rank]
     return RankContext(
         rank=me,
@@ -429,12 +436,15 @@ def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Opti
     server = make_server()
     stopping = {"signal": None}
     frontend = None  # frontend: rank 0's front end process when replicas > 1
+    api = None  # rank 0's OpenAI API process (launcher/openai_api), in front of the public gRPC endpoint
 
     def on_signal(signum, _frame):
         stopping["signal"] = signum
         server.terminate()
         if frontend is not None:
             frontend.terminate()
+        if api is not None:
+            api.terminate()
 
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(s, on_signal)
@@ -455,7 +465,7 @@ def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Opti
                     from launcher.triton import pick_ports
 
                     bind = "127.0.0.1" if loopback else "0.0.0.0"
-                    front = infos[me.rank]["frontend_ports"].values()  # rank 0's front end's
+                    front = [*infos[me.rank]["frontend_ports"].values(), infos[me.rank]["openai_port"]]  # rank 0's front end's and API's
                     ctx.ports.update(pick_ports(bind, {k: 0 for k in ctx.ports}, avoid=front))
                     say(f"a port was taken while starting; retrying on {ctx.ports}")
                     server.stop()
@@ -474,9 +484,15 @@ def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Opti
                     from launcher.serving.rank0_frontend import start_for_rank0
 
                     frontend, public, bound = start_for_rank0(spec, run.path, infos, leaders, host, ctx.ports, ctx.token, alive=lambda: server.returncode() is None, say=say)
+                from launcher.openai_api.process import start_api
+
+                api = start_api(spec, public["url"].replace("grpc://", ""), spec.host, infos[0]["openai_port"], say,
+                                float(spec.serve.ready_timeout_s))
                 run.write_endpoint(
                     {
                         **public,
+                        "openai_port": api.cfg.port,
+                        "openai_url": f"http://{host}:{api.cfg.port}/v1",
                         "host": host,
                         "model": spec.model_name,
                         "job_id": ctx.job_id,
@@ -494,6 +510,10 @@ def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Opti
                 code = _end_lost_server(server)
     except BaseException as e:  # died while loading, or timed out
         say(f"FAILED: {e}")
+        if api is not None:
+            api.stop()
+        if frontend is not None:
+            frontend.stop()
         server.stop()
         code, ended, started = server.returncode() or 1, "server", False
     else:
@@ -502,6 +522,8 @@ def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Opti
 
     def fail(status: int, what: str) -> int:
         """Nobody asked it to stop: fail the job, and say who failed and why."""
+        if api is not None:
+            api.stop()
         if frontend is not None:
             frontend.stop()
         run.write_failure(
@@ -536,6 +558,8 @@ def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Opti
             say(f"{out.reason}; rank 0 keeps the front end up")
             ended, fe_code = _frontend_only(frontend, stopping, lambda: len(run.lost_replica_ids(spec.replicas)) >= spec.replicas)
             if stopping["signal"] is not None:
+                if api is not None:
+                    api.stop()
                 fe_code = frontend.stop()
                 say(f"stopped (signal {stopping['signal']}), front end status {fe_code}")
                 return 0 if fe_code in (0, -signal.SIGTERM) else fe_code
@@ -544,9 +568,13 @@ def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Opti
             out = decide_exit(ended, replicas=spec.replicas, replica=me.replica, serving=True, code=code, lost=run.lost_replica_ids(spec.replicas))
         if out.failure:
             return fail(out.status, out.reason)
+        if api is not None:
+            api.stop()
         server.stop()
         say(f"{out.reason}: this rank exits 0 so the job goes on")
         return 0
+    if api is not None:  # its running requests have drained with the servers (or failed with them)
+        api.stop()
     if frontend is not None:  # frontend: it drains with the servers, then goes
         frontend.stop()
     if stopping["signal"] is None or code not in (0, -signal.SIGTERM):

@@ -149,6 +149,7 @@ class ServeConfig:
     grpc_port: int = 8001  # gRPC endpoint of rank 0 (the one clients use)
     http_port: int = 8000  # HTTP endpoint of rank 0
     metrics_port: int = 8002  # Prometheus metrics of rank 0
+    openai_port: int = 8003  # OpenAI-compatible HTTP API of rank 0 (/v1/completions, /v1/chat/completions, /v1/models; launcher/openai_api)
     ready_timeout_s: float = 900.0  # give up waiting for READY after this many seconds
     log_verbose: int = 0  # tritonserver --log-verbose level
     drain_timeout_s: float = 30.0  # on stop, how long in-flight requests may finish before the server is killed

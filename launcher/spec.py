@@ -34,6 +34,8 @@ MPI_TYPES = ("pmix", "pmi2", "none")
 CONTAINER_RUNTIMES = ("none", "pyxis")
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+# serve.* ports rank 0 offers clients, each its own: tritonserver's three, and the OpenAI API's (launcher/openai_api)
+PUBLIC_PORTS = ("grpc_port", "http_port", "metrics_port", "openai_port")
 CUDNN_ATTENTION = ("graphs", "all", "off")  # hf engine.cudnn_attention (launcher.engines.hf_runner says what each means)
 
 
@@ -291,7 +293,7 @@ def build_spec(cfg) -> LaunchSpec:
         problems.append((f"nodes={nodes}", "cluster=local runs on this one machine", "use nodes=1, or a Slurm cluster profile (cluster=local_slurm, cluster=slurm)"))
 
     # --- serving
-    ports = {k: getattr(serve, k) for k in ("grpc_port", "http_port", "metrics_port")}
+    ports = {k: getattr(serve, k) for k in PUBLIC_PORTS}
     for k, p in ports.items():
         if not isinstance(p, int) or not 1 <= p <= 65535:
             problems.append((f"serve.{k}={p!r}", "a TCP port is 1-65535", f"set serve.{k} to a free port in 1024-65535"))

@@ -29,7 +29,7 @@ echo "== 0. smoke: llmlaunch (tiny model) on the GPU, one streamed request, SIGI
 $PY - <<'PY' 2>&1 | tail -8
 import os, signal, subprocess, sys, time
 p = subprocess.Popen([sys.executable, "-m", "launcher.cli", "engine.device=cuda", "serve.grpc_port=18001",
-                      "serve.http_port=18000", "serve.metrics_port=18002"], stdout=subprocess.PIPE, text=True,
+                      "serve.http_port=18000", "serve.metrics_port=18002", "serve.openai_port=18003"], stdout=subprocess.PIPE, text=True,
                      start_new_session=True)
 lines = [p.stdout.readline() for _ in range(2)]
 print("".join(lines), end="")

@@ -6,6 +6,8 @@
     # identity test: the same dataset against two models, then a speedup table
     llmlaunch-bench --url localhost:8001 --model llama-python --dataset mini_cnn_eval.json \\
         --max-input-len 100 --concurrency 16 --compare localhost:8001,ensemble
+    # the same load over OpenAI HTTP: llmlaunch's OpenAI API, or any OpenAI-compatible server (vLLM's)
+    llmlaunch-bench --backend openai-chat --url http://localhost:8003/v1 --dataset-name synthetic --concurrency 8
 
 Output: a live progress bar on stderr, the result table on stdout,
 `--result-json` (config, metrics and every request; format "llmlaunch-bench/1",
@@ -19,7 +21,7 @@ be made (bad arguments, server unreachable, unreadable dataset).
 
 Result JSON:
     {"format": "llmlaunch-bench/1", "label", "started_at", "argv",
-     "config": {"url", "model", "dataset": {...}, "load": {...LoadSpec...}, "request": {...}, "goodput_slos_ms"},
+     "config": {"url", "backend", "model", "dataset": {...}, "load": {...LoadSpec...}, "request": {...}, "goodput_slos_ms"},
      "metrics": {"requests", "completed", "failed", "errors", "zero_token", "duration_s",
                  "request_throughput", "output_throughput", "total_token_throughput", "goodput",
                  "ttft_ms"|"tpot_ms"|"itl_ms"|"e2el_ms": {"mean", "p50", "p90", "p99", "max"},
@@ -46,10 +48,10 @@ import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from launcher.bench import datasets, metrics
+from launcher.bench import backends, datasets, metrics
 from launcher.bench.progress import Progress
 from launcher.bench.runner import Job, LoadSpec, generations, run_load
-from launcher.client import ClientError, default_model, honoured_parameters, parse_url, served_tokenizer
+from launcher.client import ClientError, honoured_parameters, served_tokenizer
 from launcher.serving import timings
 
 CSV_FIELDS = (
@@ -64,7 +66,13 @@ CSV_FIELDS = (
 def build_parser(prog: str = "llmlaunch-bench") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", "-u", default="localhost:8001", help="grpc://HOST:PORT or HOST:PORT (default localhost:8001)")
+    p.add_argument("--url", "-u", default="localhost:8001",
+                   help="grpc://HOST:PORT or HOST:PORT (default localhost:8001); with an openai backend "
+                        "http://HOST:PORT[/v1]")
+    p.add_argument("--backend", default=backends.DEFAULT, choices=backends.NAMES,
+                   help="the protocol requests go over (default triton-grpc): triton-grpc = KServe v2 gRPC streaming; "
+                        "openai-completions / openai-chat = OpenAI HTTP /v1/completions or /v1/chat/completions with "
+                        "SSE, against llmlaunch's OpenAI API or any OpenAI-compatible server (vLLM's, SGLang's)")
     p.add_argument("--model", "-m", help="model name (default: the one the server serves)")
 
     d = p.add_argument_group("dataset")
@@ -185,14 +193,17 @@ def bench_one(args, url: str, model: str, samples, kind: str, tokens, label: str
     num_requests = args.num_prompts if args.num_prompts is not None else (None if args.duration else len(samples))
     spec = spec_from_args(args, num_requests)
     params = dict(request_param(x) for x in args.request_param)
-    if "final_counts_only" not in params:  # --request-param final_counts_only=... wins
+    backend = backends.get(args.backend)
+    if params and not backend.triton_parameters:
+        raise ValueError(f"--request-param is a Triton request parameter; --backend {args.backend} cannot send it")
+    if "final_counts_only" not in params and backend.triton_parameters:  # --request-param final_counts_only=... wins
         asked = args.final_counts_only
         if asked is None:  # a streamed run: where the model says it honours it (one config read per model)
             asked = not args.no_stream and "final_counts_only" in honoured_parameters(url, model)
         if asked:
             params["final_counts_only"] = True
     slos = metrics.parse_slos(args.goodput)
-    job = Job(url=url, model=model, gens=gens, spec=spec, parameters=params)
+    job = Job(url=url, model=model, gens=gens, spec=spec, parameters=params, backend=args.backend)
     total = num_requests
     make_bar = None
     if not args.no_progress:
@@ -233,6 +244,7 @@ def bench_one(args, url: str, model: str, samples, kind: str, tokens, label: str
         "argv": getattr(args, "argv", None),
         "config": {
             "url": url,
+            "backend": args.backend,
             "model": model,
             "dataset": {"name": kind, "path": args.dataset, "samples": len(samples), "seed": args.seed,
                         "tokenizer": args.tokenizer,
@@ -314,11 +326,12 @@ def main(argv=None) -> int:
 
 
 def run(args) -> int:
-    url = parse_url(args.url)
+    backend = backends.get(args.backend)
+    url = backend.url(args.url)
     spec_from_args(args, args.num_prompts).check()  # fail on bad load arguments before loading data
     metrics.parse_slos(args.goodput)
-    model = args.model or default_model(url)
-    if args.tokenizer is None:  # prompts in the served model's tokens: --input-len 128 sends 128 of them
+    model = args.model or backend.default_model(url)
+    if args.tokenizer is None and backend.name == "triton-grpc":  # prompts in the served model's tokens: --input-len 128 sends 128 of them
         args.tokenizer = served_tokenizer(url, model) or None
         print(f"llmlaunch-bench: token lengths with {args.tokenizer or 'an estimate (no --tokenizer; the served model names none readable here)'}",
               file=sys.stderr)
@@ -327,8 +340,8 @@ def run(args) -> int:
                       progress_label="A " if args.compare else "", server_metrics=args.server_metrics)]
     if args.compare:
         url_b, _, model_b = args.compare.partition(",")
-        url_b = parse_url(url_b) if url_b.strip() else url
-        model_b = model_b.strip() or args.model or default_model(url_b)
+        url_b = backend.url(url_b) if url_b.strip() else url
+        model_b = model_b.strip() or args.model or backend.default_model(url_b)
         docs.append(bench_one(args, url_b, model_b, samples, kind, tokens,
                               label=(args.label + " " if args.label else "") + "B", progress_label="B "))
         if not args.label:

@@ -38,7 +38,7 @@ import traceback
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from launcher.client import ClientError, Generation, StreamRecord, TritonStream, build_request
+from launcher.client import ClientError, Generation, StreamRecord
 
 
 @dataclass
@@ -108,6 +108,7 @@ class Job:
     parameters: dict = field(default_factory=dict)  # Triton request parameters for every request
     rank: int = 0  # this process's number
     world: int = 1  # number of processes
+    backend: str = "triton-grpc"  # the protocol requests go over: a name of launcher.bench.backends
 
 
 @dataclass
@@ -146,7 +147,11 @@ class _Driver:
         self.slots = threading.Semaphore(self.concurrency) if self.concurrency else None
         self.finished: list = []  # StreamRecords of measured requests, in completion order
         self.measuring = False
-        self.streams = [TritonStream(job.url, on_done=self._on_done) for _ in range(spec.streams)]
+        from launcher.bench.backends import get
+
+        backend = get(job.backend)
+        self.build = backend.build
+        self.streams = [backend.stream(job.url, on_done=self._on_done) for _ in range(spec.streams)]
 
     def _on_done(self, rec) -> None:  # receive thread, once per request
         if self.measuring:
@@ -166,7 +171,7 @@ class _Driver:
 
     def _send_all(self, indices, prefix: str, start_at: float, pace: bool, duration: Optional[float]) -> list:
         job, spec = self.job, self.job.spec
-        gens, n_gens, model, params = job.gens, len(job.gens), job.model, job.parameters
+        gens, n_gens, model, params, build = job.gens, len(job.gens), job.model, job.parameters, self.build
         perf, sleep = time.perf_counter, time.sleep
         due = None  # paced: the times of this process's requests (indices rank, rank + world, ...) in the schedule
         if pace and math.isfinite(self.rate):
@@ -185,7 +190,7 @@ class _Driver:
                 if slot_first:
                     self.slots.release()
                 break
-            req = build_request(model, gens[idx % n_gens], f"{prefix}{idx}", params)
+            req = build(model, gens[idx % n_gens], f"{prefix}{idx}", params)
             if due is not None:
                 delay = start_at + next(due) - perf()
                 if delay > 0:

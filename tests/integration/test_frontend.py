@@ -468,7 +468,7 @@ class LocalLaunch:
         self.tmp_path = tmp_path
         self.grpc_port, http_port, self.metrics_port = free_port(), free_port(), free_port()
         argv = [sys.executable, "-c", "from launcher.cli import main; main()", "model=tiny", "replicas=2", f"serve.grpc_port={self.grpc_port}", f"serve.http_port={http_port}",
-                f"serve.metrics_port={self.metrics_port}", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=300", "serve.drain_timeout_s=10", *overrides]
+                f"serve.metrics_port={self.metrics_port}", f"serve.openai_port={free_port()}", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=300", "serve.drain_timeout_s=10", *overrides]
         self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.lines: queue.Queue = queue.Queue()
         self.err: list = []

@@ -171,7 +171,7 @@ def test_llmlaunch_tp2_local_serves_generate_greedy_and_sigint_cleans_up(tiny_mo
         [sys.executable, "-m", "launcher.cli", "engine=hf", "model=tiny", "cluster=local", "tp=2", "engine.device=cpu",
          f"model.path={tiny_model_dir}", "engine.max_num_seqs=8", "model.max_model_len=256",
          f"serve.grpc_port={grpc}", f"serve.http_port={http}", f"serve.metrics_port={metrics}",
-         f"cluster.jobs_dir={tmp_path}"],
+         f"serve.openai_port={free_port()}", f"cluster.jobs_dir={tmp_path}"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
     try:

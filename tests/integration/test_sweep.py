@@ -83,7 +83,8 @@ def test_local_sweep_one_server_two_points(tmp_path):
     from launcher.triton import free_port
 
     sweep_dir = tmp_path / "sweep"
-    ports = [f"serve.grpc_port={free_port()}", f"serve.http_port={free_port()}", f"serve.metrics_port={free_port()}"]
+    ports = [f"serve.grpc_port={free_port()}", f"serve.http_port={free_port()}", f"serve.metrics_port={free_port()}",
+             f"serve.openai_port={free_port()}"]
     r = llmlaunch(tmp_path, "cluster=local", "engine=hf", "bench.concurrency=1,2", *TINY_LOAD, *ports,
                   f"cluster.jobs_dir={tmp_path / 'jobs'}", f"hydra.sweep.dir={sweep_dir}")
     assert r.returncode == 0, r.stderr[-4000:]

@@ -31,6 +31,8 @@ CASES = [
     (["engine=vllm", "model.path=/m", "engine.frontends=0"], "engine.frontends=0", "set engine.frontends=1, or 4"),
     (["serve.grpc_port=70000"], "serve.grpc_port=70000", "1-65535"),
     (["serve.grpc_port=8000"], "serve.http_port=8000", "the same port as serve.grpc_port"),
+    (["serve.openai_port=0"], "serve.openai_port=0", "1-65535"),
+    (["serve.openai_port=8001"], "serve.openai_port=8001", "the same port as serve.grpc_port"),
     (["job_name='a;b'"], "job_name='a;b'", "letters, digits"),
     (["job_name=a;b"], "job_name=a;b", "quote the value"),
     (["cluster=slurm", "cluster.partition='a b'"], "cluster.partition='a b'", "#SBATCH"),

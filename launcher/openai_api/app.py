@@ -1,0 +1,252 @@
+"""The OpenAI-compatible HTTP API as a Starlette app (served by uvicorn, launcher/openai_api/process.py).
+
+Routes: GET /v1/models, POST /v1/completions, POST /v1/chat/completions, GET /health, GET /metrics.  Every
+request is translated to the contract (launcher/openai_api/translate.py) and streamed from the gRPC endpoint rank 0
+serves (launcher/openai_api/backend.py).  Errors are OpenAI's JSON error object with its status; a request's error
+never reaches another request, and a client that goes away cancels its request on the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Callable, Optional
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from launcher.openai_api import translate as tr
+from launcher.openai_api.backend import BackendError, Final, Utf8Pieces
+
+
+class Counters:
+    """The API's Prometheus counters."""
+
+    def __init__(self):
+        self.requests: dict = {}  # (route, status) -> requests answered
+        self.running = 0  # requests being generated
+        self.prompt_tokens = 0
+        self.completion_tokens = 0
+
+    def answered(self, route: str, status: int) -> None:
+        key = (route, status)
+        self.requests[key] = self.requests.get(key, 0) + 1
+
+    def text(self) -> str:
+        lines = ["# HELP llmlaunch_openai_requests_total OpenAI API requests answered, by route and HTTP status",
+                 "# TYPE llmlaunch_openai_requests_total counter"]
+        for (route, status), n in sorted(self.requests.items()):
+            lines.append(f'llmlaunch_openai_requests_total{{route="{route}",status="{status}"}} {n}')
+        for name, kind, help_, value in (
+            ("llmlaunch_openai_requests_running", "gauge", "requests being generated", self.running),
+            ("llmlaunch_openai_prompt_tokens_total", "counter", "prompt tokens of finished requests", self.prompt_tokens),
+            ("llmlaunch_openai_completion_tokens_total", "counter", "tokens generated for finished requests",
+             self.completion_tokens),
+        ):
+            lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"]
+        return "\n".join(lines) + "\n"
+
+
+def _error(e: tr.ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status)
+
+
+def _sse(obj) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+_DONE = b"data: [DONE]\n\n"
+
+
+class ChatTemplate:
+    """The model's chat template, from its tokenizer folder (transformers' apply_chat_template)."""
+
+    def __init__(self, tokenizer_path: str, model_name: str):
+        self.path, self.model_name = tokenizer_path, model_name
+        self._tok = None
+        self._why = ""
+
+    def load(self) -> None:
+        """Load the tokenizer now (at start-up, so the first chat request does not wait for it)."""
+        if not self.path:
+            self._why = "no tokenizer folder was given to the server"
+            return
+        try:
+            from transformers import AutoTokenizer
+
+            self._tok = AutoTokenizer.from_pretrained(self.path)
+        except Exception as e:  # the API still serves /v1/completions
+            self._why = f"its tokenizer at {self.path} did not load ({e})"
+            return
+        if not getattr(self._tok, "chat_template", None):
+            self._why = f"its tokenizer ({self.path}) has no chat template"
+
+    def __call__(self, messages: list) -> str:
+        if self._why:
+            raise tr.ApiError(400, f"model {self.model_name!r} cannot serve chat: {self._why}; use /v1/completions "
+                              "with a plain prompt, or serve a model whose tokenizer has a chat template",
+                              param="messages", code="no_chat_template")
+        try:
+            return self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # the template refused these messages (roles out of order, ...)
+            raise tr.ApiError(400, f"messages: the model's chat template refused them: {e}", param="messages",
+                              code="invalid_value") from None
+
+
+def make_app(backend, served: tuple, chat_template: Callable[[list], str], counters: Optional[Counters] = None):
+    """The app.  `backend`: a GrpcBackend (generate, ready); `served`: the model names requests may use, the first
+    the one /v1/models lists; `chat_template(messages) -> prompt`."""
+    counters = counters or Counters()
+    created = int(time.time())
+
+    async def models(request: Request) -> Response:
+        return JSONResponse(tr.models_body(served[0], created))
+
+    async def health(request: Request) -> Response:
+        if await backend.ready():
+            return PlainTextResponse("ok\n")
+        return PlainTextResponse(f"model {backend.model} is not ready at {backend.url}\n", status_code=503)
+
+    async def metrics(request: Request) -> Response:
+        return PlainTextResponse(counters.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    async def completions(request: Request) -> Response:
+        return await _generate(request, chat=False)
+
+    async def chat(request: Request) -> Response:
+        return await _generate(request, chat=True)
+
+    async def _generate(request: Request, chat: bool) -> Response:
+        route = "chat" if chat else "completions"
+        try:
+            try:
+                body = await request.json()
+            except (ValueError, UnicodeDecodeError):
+                raise tr.ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+            if chat:
+                gen, opts = await _in_thread(tr.chat_generation, body, served, chat_template)
+            else:
+                gen, opts = tr.completion_generation(body, served)
+        except tr.ApiError as e:
+            counters.answered(route, e.status)
+            return _error(e)
+        rid = tr.new_id(chat)
+        it = backend.generate(gen).__aiter__()
+        counters.running += 1
+        try:
+            first = await it.__anext__()  # errors before the first piece get their HTTP status
+        except BackendError as e:
+            counters.running -= 1
+            err = tr.engine_error(e.message, e.code)
+            counters.answered(route, err.status)
+            return _error(err)
+        except BaseException:
+            counters.running -= 1
+            raise
+        if opts.stream:
+            counters.answered(route, 200)
+            return StreamingResponse(_stream(it, first, rid, opts, chat), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        try:
+            text, final = await _until_disconnect(request, _join(it, first))
+        except BackendError as e:
+            err = tr.engine_error(e.message, e.code)
+            counters.answered(route, err.status)
+            return _error(err)
+        finally:
+            counters.running -= 1
+        counters.answered(route, 200)
+        counts = _count(final)
+        reason = tr.finish_reason(final.finish_reason)
+        make = tr.chat_body if chat else tr.completion_body
+        return JSONResponse(make(rid, opts.model, text, reason, counts))
+
+    def _count(final: Final) -> dict:
+        counters.prompt_tokens += final.input_tokens or 0
+        counters.completion_tokens += final.output_tokens or 0
+        return tr.usage(final.input_tokens, final.output_tokens)
+
+    async def _stream(it, first, rid: str, opts: tr.Options, chat: bool):
+        created_at = int(time.time())
+        chunk = tr.chat_chunk if chat else tr.completion_chunk
+        wu = opts.include_usage
+        utf8 = Utf8Pieces()
+        try:
+            if chat:
+                yield _sse(chunk(rid, created_at, opts.model, {"role": "assistant", "content": ""}, None, wu))
+            item = first
+            while True:
+                if isinstance(item, Final):
+                    rest = utf8.flush()
+                    reason = tr.finish_reason(item.finish_reason)
+                    delta = ({"content": rest} if rest else {}) if chat else rest
+                    yield _sse(chunk(rid, created_at, opts.model, delta, reason, wu))
+                    counts = _count(item)
+                    if wu:
+                        yield _sse(tr.usage_chunk(rid, created_at, opts.model, chat, counts))
+                    yield _DONE
+                    return
+                text = utf8.feed(item)
+                if text:
+                    yield _sse(chunk(rid, created_at, opts.model, {"content": text} if chat else text, None, wu))
+                item = await it.__anext__()
+        except BackendError as e:  # mid-stream: the status is sent already; the error goes as an event
+            yield _sse(tr.engine_error(e.message, e.code).body())
+            yield _DONE
+        finally:
+            counters.running -= 1
+            await it.aclose()  # cancels the gRPC call when the client went away
+
+    routes = [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+
+    async def not_found(request: Request, exc) -> Response:
+        status = getattr(exc, "status_code", 404)
+        msg = (f"{request.method} {request.url.path} is not served here (routes: GET /v1/models, POST /v1/completions, "
+               "POST /v1/chat/completions, GET /health, GET /metrics)")
+        return JSONResponse(tr.ApiError(status, msg, code="unknown_route").body(), status_code=status)
+
+    async def server_error(request: Request, exc) -> Response:
+        return _error(tr.ApiError(500, f"internal error: {exc.__class__.__name__}: {exc}", code="internal_error"))
+
+    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: server_error})
+
+
+async def _join(it, first) -> tuple:
+    pieces, item = [], first
+    while not isinstance(item, Final):
+        pieces.append(item)
+        item = await it.__anext__()
+    await it.aclose()
+    return b"".join(pieces).decode("utf-8", errors="replace"), item
+
+
+async def _until_disconnect(request: Request, work):
+    """Await `work`, cancelling it (and so its gRPC call) when the HTTP client disconnects first."""
+    task = asyncio.ensure_future(work)
+
+    async def watch():
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                task.cancel()
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        return await task
+    finally:
+        watcher.cancel()
+
+
+async def _in_thread(fn, *args):
+    """Chat templates are Jinja rendering: off the event loop for long conversations."""
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)

@@ -1,0 +1,308 @@
+"""OpenAI's request and response bodies <-> llmlaunch's request contract (launcher/contract.py), as pure functions.
+
+`completion_generation` and `chat_generation` turn a /v1/completions or /v1/chat/completions body into a
+launcher.client.Generation (the contract's inputs) or raise ApiError naming the field; the `*_chunk` and `*_body`
+functions build what goes back.  No I/O here: launcher/openai_api/app.py serves these, and tests/unit checks them
+without a server.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from launcher.client import Generation
+
+# /v1/completions without max_tokens: OpenAI's documented default for that endpoint.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+# /v1/chat/completions without max_tokens/max_completion_tokens: OpenAI generates to the context's end; the contract
+# needs a number, and an answer of this many tokens fits every model llmlaunch serves.
+CHAT_DEFAULT_MAX_TOKENS = 512
+
+
+class ApiError(Exception):
+    """A request the API answers with an error: `status` and OpenAI's error object."""
+
+    def __init__(self, status: int, message: str, param: Optional[str] = None, code: Optional[str] = None,
+                 type: str = ""):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or _TYPES.get(status, "server_error")
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error",
+          500: "server_error", 503: "service_unavailable"}
+
+
+def bad(param: str, why: str) -> ApiError:
+    return ApiError(400, f"{param}: {why}", param=param, code="invalid_value")
+
+
+# ----------------------------------------------------------------------------- reading fields
+def _number(body: dict, name: str, lo: float, hi: float, lo_open: bool = False) -> Optional[float]:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise bad(name, f"must be a number, got {v!r}")
+    if v < lo or v > hi or (lo_open and v == lo):
+        raise bad(name, f"must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v!r}")
+    return float(v)
+
+
+def _integer(body: dict, name: str, lo: int, hi: int = 2**63 - 1) -> Optional[int]:
+    v = body.get(name)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise bad(name, f"must be a whole number, got {v!r}")
+    if not lo <= v <= hi:
+        raise bad(name, f"must be in [{lo}, {hi}], got {v!r}")
+    return v
+
+
+def _flag(body: dict, name: str) -> Optional[bool]:
+    v = body.get(name)
+    if v is not None and not isinstance(v, bool):
+        raise bad(name, f"must be true or false, got {v!r}")
+    return v
+
+
+def _refuse(body: dict, name: str, allowed: Callable[[object], bool], why: str) -> None:
+    v = body.get(name)
+    if v is not None and not allowed(v):
+        raise ApiError(400, f"{name}={v!r} is not supported: {why}", param=name, code="unsupported_value")
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a request asks of the response, beside the generation itself."""
+
+    model: str  # the model name the request used (echoed back)
+    stream: bool  # SSE chunks, else one JSON body
+    include_usage: bool  # streaming: a last chunk carrying `usage`
+
+
+def check_model(body: dict, served: tuple) -> str:
+    """The request's `model`: one of `served` (the names this server answers to), else 404."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("model", f"must name the served model ({served[0]!r}; GET /v1/models lists it)")
+    if model not in served:
+        raise ApiError(404, f"The model {model!r} does not exist: this server serves {served[0]!r}", param="model",
+                       code="model_not_found")
+    return model
+
+
+def _common(body: dict, served: tuple, prompt: str, default_max: int, chat: bool) -> tuple:
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_body")
+    model = check_model(body, served)
+    stream = bool(_flag(body, "stream"))
+    so = body.get("stream_options")
+    if so is not None and not isinstance(so, dict):
+        raise bad("stream_options", f"must be an object like {{\"include_usage\": true}}, got {so!r}")
+    include_usage = bool((so or {}).get("include_usage")) and stream
+    _refuse(body, "n", lambda v: v == 1, "this server returns one choice per request; send n=1 or leave it out")
+    _refuse(body, "best_of", lambda v: v == 1, "beam search is not served; leave best_of out")
+    _refuse(body, "echo", lambda v: v is False, "the prompt is never echoed; leave echo out")
+    _refuse(body, "suffix", lambda v: v == "", "insertion (suffix) is not served")
+    _refuse(body, "logit_bias", lambda v: v == {}, "the engines take no per-token bias")
+    _refuse(body, "use_beam_search", lambda v: v is False, "beam search is not served")
+    if chat:
+        _refuse(body, "logprobs", lambda v: v is False, "the engines do not return log probabilities")
+        _refuse(body, "top_logprobs", lambda v: False, "the engines do not return log probabilities")
+        _refuse(body, "tools", lambda v: v == [], "tool calls are not served")
+        _refuse(body, "response_format", lambda v: isinstance(v, dict) and v.get("type") == "text",
+                "only {\"type\": \"text\"} is served")
+    else:
+        _refuse(body, "logprobs", lambda v: False, "the engines do not return log probabilities")
+    mt = _integer(body, "max_completion_tokens", 1) if chat else None
+    if mt is None:
+        mt = _integer(body, "max_tokens", 1)
+    stop = body.get("stop")
+    if stop is None:
+        stop = ()
+    elif isinstance(stop, str):
+        stop = (stop,) if stop else ()
+    elif isinstance(stop, list) and all(isinstance(s, str) and s for s in stop):
+        stop = tuple(stop)
+    else:
+        raise bad("stop", f"must be a string or a list of non-empty strings, got {stop!r}")
+    top_k = _integer(body, "top_k", -1)
+    gen = Generation(
+        prompt=prompt,
+        max_tokens=mt if mt is not None else default_max,
+        stream=True,  # the server streams from the engine either way; non-streaming requests are joined here
+        temperature=_number(body, "temperature", 0.0, 2.0),
+        top_p=_number(body, "top_p", 0.0, 1.0, lo_open=True),
+        top_k=None if top_k is None else max(top_k, 0),  # vLLM's -1 (off) is the contract's 0
+        seed=_integer(body, "seed", 0, 2**64 - 1),
+        stop=stop,
+        min_tokens=_integer(body, "min_tokens", 0),
+        ignore_eos=_flag(body, "ignore_eos"),
+        repetition_penalty=_number(body, "repetition_penalty", 0.0, 2.0**31, lo_open=True),
+        presence_penalty=_number(body, "presence_penalty", -2.0, 2.0),
+        frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0),
+    )
+    return gen, Options(model, stream, include_usage)
+
+
+def completion_generation(body: dict, served: tuple) -> tuple:
+    """A /v1/completions body -> (Generation, Options); ApiError naming the field otherwise."""
+    prompt = body.get("prompt") if isinstance(body, dict) else None
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        raise ApiError(400, "prompt: send one prompt as a string (batches and token-id prompts are not served)",
+                       param="prompt", code="unsupported_value")
+    if not isinstance(prompt, str) or not prompt:
+        raise bad("prompt", "must be a non-empty string")
+    return _common(body, served, prompt, COMPLETIONS_DEFAULT_MAX_TOKENS, chat=False)
+
+
+def chat_messages(body: dict) -> list:
+    """The request's messages as [{"role", "content": str}] (text parts joined), checked."""
+    messages = body.get("messages") if isinstance(body, dict) else None
+    if not isinstance(messages, list) or not messages:
+        raise bad("messages", "must be a non-empty list of {\"role\", \"content\"} objects")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise bad(where, "must be an object with a string \"role\"")
+        content = m.get("content")
+        if content is None:
+            content = ""
+        elif isinstance(content, list):
+            parts = []
+            for j, p in enumerate(content):
+                if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                    raise ApiError(400, f"{where}.content[{j}]: only text parts ({{\"type\": \"text\", \"text\": ...}}) "
+                                   "are served", param=f"{where}.content", code="unsupported_value")
+                parts.append(p["text"])
+            content = "".join(parts)
+        elif not isinstance(content, str):
+            raise bad(f"{where}.content", f"must be a string or a list of text parts, got {content!r}")
+        out.append({"role": m["role"], "content": content})
+    return out
+
+
+def chat_generation(body: dict, served: tuple, render_prompt: Callable[[list], str]) -> tuple:
+    """A /v1/chat/completions body -> (Generation, Options).  `render_prompt(messages)` applies the model's chat
+    template (it raises ApiError when the model has none)."""
+    if not isinstance(body, dict):
+        raise ApiError(400, "the request body must be a JSON object", code="invalid_body")
+    check_model(body, served)
+    messages = chat_messages(body)
+    return _common(body, served, render_prompt(messages), CHAT_DEFAULT_MAX_TOKENS, chat=True)
+
+
+# ----------------------------------------------------------------------------- responses
+def finish_reason(contract_reason: str) -> str:
+    """The contract's finish_reason ('length', 'stop', 'cancelled', '') in OpenAI's terms."""
+    return "length" if contract_reason == "length" else "stop"
+
+
+def usage(prompt_tokens: Optional[int], completion_tokens: Optional[int]) -> dict:
+    p, c = int(prompt_tokens or 0), int(completion_tokens or 0)
+    return {"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c}
+
+
+def new_id(chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+
+
+def completion_chunk(rid: str, created: int, model: str, text: str, reason: Optional[str], with_usage: bool) -> dict:
+    out = {"id": rid, "object": "text_completion", "created": created, "model": model,
+           "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}]}
+    if with_usage:
+        out["usage"] = None
+    return out
+
+
+def chat_chunk(rid: str, created: int, model: str, delta: dict, reason: Optional[str], with_usage: bool) -> dict:
+    out = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+           "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]}
+    if with_usage:
+        out["usage"] = None
+    return out
+
+
+def usage_chunk(rid: str, created: int, model: str, chat: bool, counts: dict) -> dict:
+    """The last chunk of a stream with stream_options.include_usage: no choices, the usage."""
+    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
+            "model": model, "choices": [], "usage": counts}
+
+
+def completion_body(rid: str, model: str, text: str, reason: str, counts: dict) -> dict:
+    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}], "usage": counts}
+
+
+def chat_body(rid: str, model: str, text: str, reason: str, counts: dict) -> dict:
+    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                         "finish_reason": reason}], "usage": counts}
+
+
+def models_body(served: str, created: int) -> dict:
+    return {"object": "list", "data": [{"id": served, "object": "model", "created": created, "owned_by": "llmlaunch"}]}
+
+
+# ----------------------------------------------------------------------------- engine errors
+# Words of the contract models' request checks (model_repository/*/1/model.py, launcher/serving/triton_io.py): an
+# error carrying one is the request's fault, not the engine's.
+_REQUEST_FAULTS = ("must be", "exceeds the model", "is empty", "is not supported", "missing required input",
+                   "unexpected inference input", "too long")
+# Triton's words when a model's queue is full or the server will not take more work.
+_OVERLOAD = ("exceeds maximum queue size", "queue is full", "resource_exhausted", "too many requests")
+
+
+def engine_error(message: str, grpc_code: str = "") -> ApiError:
+    """An error from the gRPC side as the API answers it: the request's fault 400, overload 429, the backend not
+    reachable or not ready 503, anything else 500."""
+    low = message.lower()
+    if grpc_code in ("RESOURCE_EXHAUSTED",) or any(w in low for w in _OVERLOAD):
+        return ApiError(429, f"the server is overloaded, retry later: {message}", code="overloaded")
+    # "no replica is up": the replicas front end (launcher/frontend/proxy.py) with every replica down
+    if grpc_code in ("UNAVAILABLE", "DEADLINE_EXCEEDED") or "not ready" in low or "no replica is up" in low:
+        return ApiError(503, f"the model server is not reachable or not ready: {message}", code="unavailable")
+    if grpc_code in ("INVALID_ARGUMENT",) or any(w in low for w in _REQUEST_FAULTS):
+        return ApiError(400, message, code="invalid_value")
+    return ApiError(500, f"the engine failed this request: {message}", code="engine_error")
+
+
+# ----------------------------------------------------------------------------- the other way (clients)
+# Generation fields sent as OpenAI fields (same name on both sides but for seed/min_tokens, which vLLM names so too).
+_BODY_FIELDS = (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("seed", "seed"),
+                ("min_tokens", "min_tokens"), ("ignore_eos", "ignore_eos"),
+                ("repetition_penalty", "repetition_penalty"), ("presence_penalty", "presence_penalty"),
+                ("frequency_penalty", "frequency_penalty"))
+
+
+def request_body(gen: Generation, model: str, chat: bool) -> dict:
+    """A Generation as an OpenAI request body (what llmlaunch-bench's OpenAI backends send): the inverse of
+    completion_generation / chat_generation.  Streaming asks for the usage chunk, so token counts are the server's."""
+    body = {"model": model, "max_tokens": gen.max_tokens, "stream": bool(gen.stream)}
+    if chat:
+        body["messages"] = [{"role": "user", "content": gen.prompt}]
+    else:
+        body["prompt"] = gen.prompt
+    if gen.stream:
+        body["stream_options"] = {"include_usage": True}
+    for attr, key in _BODY_FIELDS:
+        value = getattr(gen, attr)
+        if value is not None:
+            body[key] = value
+    if gen.stop:
+        body["stop"] = list(gen.stop)
+    return body

@@ -1,0 +1,298 @@
+"""The OpenAI API (launcher/openai_api) against a real tritonserver serving the tiny hf model, through the real
+`openai` SDK: completions and chat, streaming and not, usage, every error class, a bad request beside a running
+stream, a client that goes away; then `llmlaunch replicas=2` on this machine and a Slurm launch, each serving it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+openai = pytest.importorskip("openai")
+
+from launcher.openai_api.process import OpenAIConfig, OpenAIProcess  # noqa: E402
+from launcher.testing.serve import free_port, hf_server  # noqa: E402
+
+pytestmark = [pytest.mark.triton, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL = "hf_model"
+PROMPT = "The capital of France is"
+EOS = {"ignore_eos": True}  # vLLM's extension, which the SDK sends in extra_body
+# A Llama-style template, enough to show the messages go through the tokenizer's own chat template.
+TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
+            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+
+
+def templated_tokenizer(model_dir: Path, dest: Path) -> Path:
+    """The tiny model's tokenizer with a chat template (the tiny model has none)."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("tokenizer.json", "config.json"):
+        shutil.copy(model_dir / name, dest / name)
+    cfg = json.loads((model_dir / "tokenizer_config.json").read_text())
+    (dest / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": TEMPLATE}))
+    return dest
+
+
+def api(grpc_url: str, tokenizer: str = "", aliases=("tiny",)) -> OpenAIProcess:
+    proc = OpenAIProcess(OpenAIConfig(grpc_url, MODEL, "127.0.0.1", free_port(), tokenizer, tuple(aliases), 5.0),
+                         env=_env()).start()
+    return proc
+
+
+def client(proc: OpenAIProcess) -> "openai.OpenAI":
+    return openai.OpenAI(base_url=proc.cfg.url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model_dir, tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("openai")
+    srv = hf_server(str(tiny_model_dir), workdir, {"device": "cpu", "max_num_seqs": 16, "cancel_check_ms": 20})
+    with srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def chat_api(server, tiny_model_dir, tmp_path_factory):
+    tok = templated_tokenizer(Path(tiny_model_dir), tmp_path_factory.mktemp("tok"))
+    proc = api(server.grpc_url, str(tok))
+    try:
+        proc.wait_ready(120)
+        yield proc
+    finally:
+        proc.stop()
+
+
+@pytest.fixture()
+def oa(chat_api):
+    return client(chat_api)
+
+
+def _metric(proc: OpenAIProcess, name: str) -> float:
+    text = urllib.request.urlopen(proc.cfg.url + "/metrics", timeout=10).read().decode()
+    return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(name))
+
+
+# ----------------------------------------------------------------------------- answers
+def test_models_lists_the_served_model_and_health_answers(oa, chat_api):
+    assert [m.id for m in oa.models.list().data] == [MODEL]
+    assert urllib.request.urlopen(chat_api.cfg.url + "/health", timeout=10).status == 200
+
+
+def test_completion_streamed_and_not_give_the_same_text_and_usage(oa):
+    whole = oa.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, extra_body=EOS)
+    assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 12
+    assert whole.usage.prompt_tokens > 0 and whole.usage.total_tokens == whole.usage.prompt_tokens + 12
+    chunks = list(oa.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0, extra_body=EOS,
+                                        stream=True, stream_options={"include_usage": True}))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+    assert len([c for c in chunks if c.choices and c.choices[0].text]) >= 2  # it streamed, not one piece
+
+
+def test_chat_uses_the_template_streamed_and_not(oa):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"}]
+    whole = oa.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=10, temperature=0,
+                                       extra_body=EOS)
+    msg = whole.choices[0].message
+    assert msg.role == "assistant" and whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 10
+    # the template's tags are counted in the prompt: more tokens than the two contents alone
+    plain = oa.completions.create(model=MODEL, prompt="Be brief.What is the capital of France?", max_tokens=1)
+    assert whole.usage.prompt_tokens > plain.usage.prompt_tokens
+    chunks = list(oa.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0,
+                                             extra_body=EOS, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == msg.content
+    assert chunks[-1].usage.completion_tokens == 10 and chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_stop_seed_and_extensions_reach_the_engine(oa):
+    base = oa.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, extra_body=EOS).choices[0].text
+    word = base.split()[2] if len(base.split()) > 2 else base.split()[-1]
+    stopped = oa.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, stop=[word])
+    assert word not in stopped.choices[0].text and stopped.choices[0].finish_reason == "stop"
+    a, b = (oa.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.0, top_p=0.9, seed=7,
+                                  extra_body={"top_k": 20, "repetition_penalty": 1.1, "min_tokens": 8}).choices[0].text
+            for _ in range(2))
+    assert a == b
+
+
+# ----------------------------------------------------------------------------- errors
+def _error(fn):
+    with pytest.raises(openai.APIStatusError) as e:
+        fn()
+    err = e.value.body if isinstance(e.value.body, dict) else {}
+    err = err.get("error", err)
+    assert set(err) >= {"message", "type", "param", "code"}, e.value.body
+    return e.value.status_code, err
+
+
+def test_each_error_class_has_its_status_and_openais_shape(oa, chat_api, server, tiny_model_dir):
+    status, err = _error(lambda: oa.completions.create(model="gpt-4o", prompt=PROMPT, max_tokens=4))
+    assert status == 404 and err["code"] == "model_not_found"
+    for kwargs, param in (({"temperature": 3.0}, "temperature"), ({"n": 2}, "n"), ({"logprobs": 2}, "logprobs"),
+                          ({"max_tokens": 0}, "max_tokens"), ({"extra_body": {"top_k": "many"}}, "top_k")):
+        status, err = _error(lambda: oa.completions.create(model=MODEL, prompt=PROMPT, **{"max_tokens": 4, **kwargs}))
+        assert status == 400 and err["param"] == param and param in err["message"], err
+    status, err = _error(lambda: oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], logprobs=True))
+    assert status == 400 and err["param"] == "logprobs"
+    # the engine's own check (the model's context) is the request's fault too
+    status, err = _error(lambda: oa.completions.create(model=MODEL, prompt=PROMPT, max_tokens=100000))
+    assert status == 400 and "exceeds the model limit" in err["message"]
+    req = urllib.request.Request(chat_api.cfg.url + "/v1/completions", data=b"{not json", headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == 400 and json.loads(e.value.read())["error"]["code"] == "invalid_json"
+    # a model without a chat template: chat is a clear 400, completions still serve
+    plain = api(server.grpc_url, str(tiny_model_dir))
+    try:
+        plain.wait_ready(120)
+        status, err = _error(lambda: client(plain).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}]))
+        assert status == 400 and "no chat template" in err["message"] and err["code"] == "no_chat_template"
+        assert client(plain).completions.create(model=MODEL, prompt=PROMPT, max_tokens=2).usage.completion_tokens >= 1
+    finally:
+        plain.stop()
+    # nothing serves gRPC behind it: 503, and /health says so
+    dead = api(f"127.0.0.1:{free_port()}")
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(dead.cfg.url + "/health", timeout=5)
+                raise AssertionError("/health answered 200 with no gRPC server behind it")
+            except urllib.error.HTTPError as e:
+                assert e.code == 503
+                break
+            except urllib.error.URLError:
+                assert time.monotonic() < deadline and dead.poll() is None, "the API server never started"
+                time.sleep(0.2)
+        status, err = _error(lambda: client(dead).completions.create(model=MODEL, prompt=PROMPT, max_tokens=2))
+        assert status == 503 and err["code"] == "unavailable"
+    finally:
+        dead.stop()
+
+
+def test_a_bad_request_beside_a_running_stream_leaves_it_whole(oa):
+    got: dict = {}
+
+    def long_stream():
+        chunks = list(oa.completions.create(model=MODEL, prompt=PROMPT, max_tokens=300, extra_body=EOS, temperature=0,
+                                            stream=True, stream_options={"include_usage": True}))
+        got["usage"] = chunks[-1].usage
+        got["reason"] = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
+
+    t = threading.Thread(target=long_stream)
+    t.start()
+    time.sleep(0.3)
+    for bad in ({"max_tokens": 100000}, {"temperature": -1}, {"model": "nope"}, {"prompt": [1, 2]}):
+        with pytest.raises(openai.APIStatusError):
+            oa.completions.create(**{"model": MODEL, "prompt": PROMPT, "max_tokens": 4, **bad})
+    assert t.is_alive(), "the long stream ended before the bad requests were sent: make it longer"
+    t.join(300)
+    assert got["usage"].completion_tokens == 300 and got["reason"] == "length"
+
+
+def test_a_client_that_goes_away_cancels_its_request_on_the_engine(oa, chat_api, server):
+    log = Path(server.log_path)
+    before = log.read_text(errors="replace").count("cancelled by the client")
+    stream = oa.completions.create(model=MODEL, prompt=PROMPT, max_tokens=1900, extra_body=EOS, stream=True)
+    for i, _ in enumerate(stream):
+        if i == 2:
+            break
+    stream.close()  # the HTTP connection closes mid-stream
+    deadline = time.monotonic() + 30
+    while log.read_text(errors="replace").count("cancelled by the client") == before:
+        assert time.monotonic() < deadline, "the engine never saw the cancellation"
+        time.sleep(0.1)
+    while _metric(chat_api, "llmlaunch_openai_requests_running") != 0:
+        assert time.monotonic() < deadline, "the API still counts the request as running"
+        time.sleep(0.1)
+    assert oa.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, extra_body=EOS).usage.completion_tokens == 4
+
+
+# ----------------------------------------------------------------------------- launched by llmlaunch
+def test_llmlaunch_replicas_2_serves_the_openai_api_through_the_front_end(tmp_path, tiny_model_dir):
+    import tests.integration.test_frontend as fe
+
+    tok = templated_tokenizer(Path(tiny_model_dir), tmp_path / "tok")
+    port = free_port()
+    job = fe.LocalLaunch(tmp_path, f"serve.openai_port={port}", f"model.tokenizer={tok}")
+    try:
+        ep = job.wait_endpoint()
+        assert ep["openai_url"] == f"http://127.0.0.1:{port}/v1" and ep["openai_port"] == port
+        oa = openai.OpenAI(base_url=ep["openai_url"], api_key="none", max_retries=0, timeout=120)
+        assert [m.id for m in oa.models.list().data] == [ep["model"]]
+        for i in range(4):
+            r = oa.completions.create(model=ep["model"], prompt=f"{PROMPT} {i}", max_tokens=5, extra_body=EOS)
+            assert r.usage.completion_tokens == 5
+        chunks = list(oa.chat.completions.create(model=ep["model"], messages=[{"role": "user", "content": "Hi"}],
+                                                 max_tokens=6, extra_body=EOS, stream=True,
+                                                 stream_options={"include_usage": True}))
+        assert chunks[-1].usage.completion_tokens == 6
+        text = urllib.request.urlopen(ep["metrics_url"], timeout=10).read().decode()
+        served = [float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith("llmlaunch_frontend_requests_total{")]
+        assert sum(served) >= 5 and all(n >= 1 for n in served), text  # both replicas answered
+        job.proc.send_signal(signal.SIGINT)
+        assert job.proc.wait(90) == 0, job.tail()
+    finally:
+        job.kill()
+    job.assert_nothing_left(ep)
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(ep["openai_url"] + "/models", timeout=5)  # it stopped with the rank
+
+
+@pytest.mark.slurm
+@pytest.mark.skipif(os.geteuid() != 0, reason="the local Slurm cluster needs root")
+def test_a_slurm_launch_serves_the_openai_api_on_rank_0_and_stops_it(local_slurm, tmp_path):
+    import tests.integration.test_slurm_launch as sl
+
+    spec, job_id, run, ep = sl.launch(tmp_path)
+    try:
+        host = ep["url"].split("//")[1].rsplit(":", 1)[0]
+        assert ep["openai_url"] == f"http://{host}:{ep['openai_port']}/v1", ep
+        oa = openai.OpenAI(base_url=ep["openai_url"], api_key="none", max_retries=0, timeout=120)
+        assert [m.id for m in oa.models.list().data] == [ep["model"]]
+        chunks = list(oa.completions.create(model=ep["model"], prompt=PROMPT, max_tokens=6, extra_body=EOS, stream=True,
+                                            stream_options={"include_usage": True}))
+        assert chunks[-1].usage.completion_tokens == 6
+        assert oa.completions.create(model=ep["model"], prompt=PROMPT, max_tokens=3, extra_body=EOS).usage.completion_tokens == 3
+    finally:
+        sl.stop_drained(job_id)
+    with pytest.raises(urllib.error.URLError):
+        urllib.request.urlopen(ep["openai_url"] + "/models", timeout=5)  # it stopped with rank 0
+
+
+# ----------------------------------------------------------------------------- llmlaunch-bench over either protocol
+@pytest.mark.parametrize("backend", ["triton-grpc", "openai-completions", "openai-chat"])
+def test_bench_measures_the_same_load_over_either_protocol(server, chat_api, tmp_path, backend):
+    from launcher.bench import cli
+
+    url = server.grpc_url if backend == "triton-grpc" else chat_api.cfg.url + "/v1"
+    out = tmp_path / "result.json"
+    code = cli.main(["--no-progress", "--result-json", str(out), "--backend", backend, "--url", url,
+                     "--dataset-name", "synthetic", "--input-len", 16, "--output-len", 8, "--num-prompts", 12,
+                     "--concurrency", 4, "--ignore-eos", "--warmup", 1])
+    doc = json.loads(out.read_text())
+    assert code == 0, doc["metrics"].get("errors")
+    m = doc["metrics"]
+    assert (m["completed"], m["failed"], m["total_output_tokens"]) == (12, 0, 96), m
+    assert doc["config"]["backend"] == backend and doc["config"]["model"] == MODEL  # found through /v1/models too
+    for r in doc["requests"]:
+        # the server's counts (the usage chunk over OpenAI), and a time for every streamed piece of text
+        assert r["output_tokens"] == 8 and r["output_tokens_source"] == "server" and r["input_tokens"] > 0
+        assert r["finish_reason"] == "length" and len(r["token_times"]) >= 2 and r["ttft"] > 0
