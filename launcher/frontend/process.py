@@ -4,16 +4,14 @@ and the handle that starts it, waits until it is ready and stops it (`FrontendPr
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import sys
-import time
 from typing import Dict, List, Optional, Tuple
 
 import grpc
 from tritonclient.grpc import service_pb2
 
 from launcher.frontend.server import FrontendConfig
+from launcher.serving.child import ChildService, die_with_parent
 from launcher.frontend.wire import SERVICE
 from launcher.frontend.workers import run_frontend
 
@@ -23,13 +21,18 @@ def connect_host(host: str) -> str:
     return "127.0.0.1" if host in ("", "0.0.0.0", "::", "[::]") else host
 
 
-class FrontendProcess:
+class FrontendProcess(ChildService):
     """The front end as a supervised child process of whoever starts it (`python -m launcher.frontend`)."""
 
+    what = "front end"
+
     def __init__(self, cfg: FrontendConfig, env: Optional[Dict[str, str]] = None):
+        super().__init__(env)
         self.cfg = cfg
-        self.env = env
-        self.proc = None
+
+    @property
+    def drain_s(self) -> float:
+        return self.cfg.drain_timeout_s + 10
 
     def argv(self) -> List[str]:
         c = self.cfg
@@ -40,63 +43,12 @@ class FrontendProcess:
         argv += ["--loop", c.loop, "--die-with-parent"]
         return argv
 
-    def start(self) -> "FrontendProcess":
-        import subprocess
-
-        sys.stdout.flush()
-        # Own session: a terminal's Ctrl-C reaches the parent, which decides how the front end stops.
-        self.proc = subprocess.Popen(self.argv(), env=self.env, start_new_session=True)
-        return self
-
-    def poll(self) -> Optional[int]:
-        return None if self.proc is None else self.proc.poll()
-
     def wait_ready(self, timeout_s: float) -> float:
         """Until ServerReady through the front end is true (every replica ready); raises if it exits."""
         channel_addr = f"{connect_host(self.cfg.host)}:{self.cfg.port}"
-        t0 = time.monotonic()
         with grpc.insecure_channel(channel_addr) as ch:
             ready = ch.unary_unary(f"/{SERVICE}/ServerReady", service_pb2.ServerReadyRequest.SerializeToString, service_pb2.ServerReadyResponse.FromString)
-            while True:
-                if self.poll() is not None:
-                    raise RuntimeError(f"front end exited with status {self.poll()} before it was ready")
-                try:
-                    if ready(service_pb2.ServerReadyRequest(), timeout=5).ready:
-                        return time.monotonic() - t0
-                except grpc.RpcError:
-                    pass
-                if time.monotonic() - t0 > timeout_s:
-                    raise TimeoutError(f"front end on {channel_addr} not ready after {timeout_s:.0f}s")
-                time.sleep(0.1)
-
-    def terminate(self) -> None:
-        if self.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-
-    def stop(self) -> Optional[int]:
-        """SIGTERM (drain), SIGKILL after the drain deadline."""
-        from launcher.triton import stop_group
-
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            stop_group(self.proc, self.cfg.drain_timeout_s + 10)
-        return self.proc.returncode
-
-
-def _die_with_parent() -> None:
-    """SIGTERM when the parent dies (even by SIGKILL): no front end outlives the process that started it."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-    if os.getppid() == 1:
-        raise SystemExit("front end: the parent is already gone")
+            return self.wait_until(lambda: ready(service_pb2.ServerReadyRequest(), timeout=5).ready, timeout_s, channel_addr)
 
 
 def _hostport(text: str) -> Tuple[str, int]:
@@ -122,5 +74,5 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.processes < 1:
         p.error("--processes must be >= 1")
     if args.die_with_parent:
-        _die_with_parent()
+        die_with_parent("front end")
     return run_frontend(args.replica, args.host, args.port, args.metrics_port, args.model, args.processes, args.probe_interval, args.drain_timeout, args.loop)

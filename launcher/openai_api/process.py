@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
-import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional
+
+from launcher.serving.child import ChildService, die_with_parent
 
 
 def log(msg: str) -> None:
@@ -42,60 +42,31 @@ class OpenAIConfig:
         return f"http://{connect_host(self.host)}:{self.port}"
 
 
-class OpenAIProcess:
+class OpenAIProcess(ChildService):
     """`python -m launcher.openai_api` supervised by whoever starts it (rank 0, or a local single-rank run)."""
 
+    what = "OpenAI API server"
+
     def __init__(self, cfg: OpenAIConfig, env: Optional[Dict[str, str]] = None):
+        super().__init__(env)
         self.cfg = cfg
-        self.env = env
-        self.proc = None
 
-    def start(self) -> "OpenAIProcess":
-        import subprocess
+    @property
+    def drain_s(self) -> float:
+        return self.cfg.drain_timeout_s + 5  # uvicorn finishes running requests first
 
-        sys.stdout.flush()
-        # Own session: a terminal's Ctrl-C reaches the parent, which decides how the API stops.
-        self.proc = subprocess.Popen(self.cfg.argv(), env=self.env, start_new_session=True)
-        return self
-
-    def poll(self) -> Optional[int]:
-        return None if self.proc is None else self.proc.poll()
+    def argv(self) -> List[str]:
+        return self.cfg.argv()
 
     def wait_ready(self, timeout_s: float) -> float:
         """Until GET /health answers 200 (the model is ready through the gRPC endpoint); raises if it exits."""
-        import urllib.error
         import urllib.request
 
-        t0 = time.monotonic()
-        while True:
-            if self.poll() is not None:
-                raise RuntimeError(f"the OpenAI API server exited with status {self.poll()} before it was ready")
-            try:
-                with urllib.request.urlopen(self.cfg.url + "/health", timeout=5) as r:
-                    if r.status == 200:
-                        return time.monotonic() - t0
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() - t0 > timeout_s:
-                raise TimeoutError(f"the OpenAI API on {self.cfg.url} not ready after {timeout_s:.0f}s")
-            time.sleep(0.1)
+        def healthy() -> bool:
+            with urllib.request.urlopen(self.cfg.url + "/health", timeout=5) as r:
+                return r.status == 200
 
-    def terminate(self) -> None:
-        if self.poll() is None:
-            try:
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-
-    def stop(self) -> Optional[int]:
-        """SIGTERM (uvicorn finishes running requests), SIGKILL after the drain deadline."""
-        from launcher.triton import stop_group
-
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            stop_group(self.proc, self.cfg.drain_timeout_s + 5)
-        return self.proc.returncode
+        return self.wait_until(healthy, timeout_s, self.cfg.url)
 
 
 def start_api(spec, grpc_url: str, bind_host: str, port: int, say=log, timeout_s: float = 120.0) -> OpenAIProcess:
@@ -121,18 +92,6 @@ def start_api(spec, grpc_url: str, bind_host: str, port: int, say=log, timeout_s
     return proc
 
 
-def _die_with_parent() -> None:
-    """SIGTERM when the parent dies (even by SIGKILL): no API server outlives the rank that started it."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
-    if os.getppid() == 1:
-        raise SystemExit("OpenAI API: the parent is already gone")
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m launcher.openai_api",
                                 description="An OpenAI-compatible HTTP API in front of an llmlaunch gRPC endpoint.")
@@ -146,7 +105,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--die-with-parent", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.die_with_parent:
-        _die_with_parent()
+        die_with_parent("OpenAI API")
     import uvicorn
 
     from launcher.client import honoured_parameters
