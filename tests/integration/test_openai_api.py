@@ -46,9 +46,9 @@ def templated_tokenizer(model_dir: Path, dest: Path) -> Path:
     return dest
 
 
-def api(grpc_url: str, tokenizer: str = "", aliases=("tiny",)) -> OpenAIProcess:
-    proc = OpenAIProcess(OpenAIConfig(grpc_url, MODEL, "127.0.0.1", free_port(), tokenizer, tuple(aliases), 5.0),
-                         env=_env()).start()
+def api(grpc_url: str, tokenizer: str = "", aliases=("tiny",), processes: int = 1) -> OpenAIProcess:
+    proc = OpenAIProcess(OpenAIConfig(grpc_url, MODEL, "127.0.0.1", free_port(), tokenizer, tuple(aliases), 5.0,
+                                      processes), env=_env()).start()
     return proc
 
 
@@ -223,6 +223,33 @@ def test_a_client_that_goes_away_cancels_its_request_on_the_engine(oa, chat_api,
         assert time.monotonic() < deadline, "the API still counts the request as running"
         time.sleep(0.1)
     assert oa.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, extra_body=EOS).usage.completion_tokens == 4
+
+
+def test_two_worker_processes_share_the_port_sum_their_metrics_and_stop_together(server):
+    proc = api(server.grpc_url, processes=2)
+    try:
+        proc.wait_ready(120)
+        children = Path(f"/proc/{proc.proc.pid}/task/{proc.proc.pid}/children").read_text().split()
+        workers = [int(p) for p in children if b"spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        assert len(workers) == 2  # (multiprocessing's resource tracker is a child too)
+        body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": 2, "ignore_eos": True}).encode()
+        for _ in range(12):  # a connection each: the kernel spreads them over the two workers' sockets
+            req = urllib.request.Request(proc.cfg.url + "/v1/completions", body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as r:
+                assert json.loads(r.read())["usage"]["completion_tokens"] == 2
+        # whichever worker answers /metrics counts every worker's requests
+        for _ in range(4):
+            assert _metric(proc, 'llmlaunch_openai_requests_total{route="completions",status="200"}') == 12
+            assert _metric(proc, "llmlaunch_openai_completion_tokens_total") == 24
+        os.kill(workers[0], signal.SIGKILL)  # a worker lost: the API stops rather than serve at half capacity
+        deadline = time.monotonic() + 30
+        while proc.poll() is None:
+            assert time.monotonic() < deadline, "the API kept running with a worker gone"
+            time.sleep(0.1)
+        assert proc.poll() == 1
+        assert not Path(f"/proc/{workers[1]}").exists() or "zombie" in Path(f"/proc/{workers[1]}/status").read_text()
+    finally:
+        proc.stop()
 
 
 # ----------------------------------------------------------------------------- launched by llmlaunch
