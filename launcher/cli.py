@@ -144,12 +144,15 @@ def execute(cfg, spec) -> int:
     from launcher.scheduler import for_spec
 
     run_dir = cfg.get("run_dir") or default_run_dir(spec)
-    backend = for_spec(spec)  # cluster.scheduler's registry entry (launcher/scheduler.py)
     if cfg.dry_run:
         from launcher.render import plan_text
 
         sys.stdout.write(plan_text(spec, run_dir, OmegaConf.to_yaml(cfg)))  # shows backend.dryrun's request
         return 0
+    from launcher.hostcheck import before_launch
+
+    before_launch(cfg, lambda line: print(line, file=sys.stderr, flush=True))  # paths and GPUs, before anything starts
+    backend = for_spec(spec)  # cluster.scheduler's registry entry (launcher/scheduler.py)
     return backend.serve(backend.dryrun(spec, run_dir))
 
 
