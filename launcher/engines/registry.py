@@ -357,7 +357,7 @@ ENGINES: Dict[str, EngineDef] = {
         models=_python_engine_models("sglang", _sglang_params),
         worker_models=(),
         check=lambda c: _require_path(c, engine="sglang"),
-        needs_gpu=lambda e: True,
+        needs_gpu=lambda e: True,  # SGLang serves on GPUs
         rank_env=_sglang_rank_env,
         summary="SGLang Engine; one tritonserver per model copy per node, nnodes/node_rank from the rendezvous",
     ),
@@ -371,8 +371,8 @@ ENGINES: Dict[str, EngineDef] = {
         why_single_node=lambda e: "LMDeploy's TurboMind backend runs tensor parallelism inside one node only (its PyTorch backend spans nodes through Ray)",
         check=_lmdeploy_check,
         # an HF folder or a TurboMind workspace (lmdeploy convert)
-        host_paths=lambda c: [(k, p, "hf_or_turbomind" if k == "model.path" else kind) for k, p, kind in model_host_paths(c)],
-        needs_gpu=lambda e: True,
+        host_paths=lambda c: [(k, p, "hf_or_turbomind" if kind == "hf_model" else kind) for k, p, kind in model_host_paths(c)],
+        needs_gpu=lambda e: True,  # TurboMind and LMDeploy's PyTorch backend serve on GPUs
         ray_across_nodes=lambda e: e.backend == "pytorch",
         ray_env=(("LMDEPLOY_EXECUTOR_BACKEND", "ray"),),
         rank_env=_ray_rank_env,
