@@ -72,6 +72,7 @@ def composed(overrides: List[str]):
     """Overrides -> the composed config, with a bad group choice or a value that does not compose as a LaunchError."""
     from launcher.errors import LaunchError
 
+    check_words(overrides)
     check_group_choices(overrides)
     try:
         return compose(overrides)
@@ -89,6 +90,36 @@ def plan(overrides: List[str]):
     return cfg, build_spec(cfg)
 
 
+# How to quote, for both layers: the shell splits an argument at spaces, Hydra reads ; ( ) [ ] { } $ ` as syntax.
+QUOTING = ("quote the value, e.g. key='value with ; chars' (inside the shell: \"key='...'\"); a value with spaces: "
+           "quote the whole override for the shell, e.g. 'job_name=a b'")
+# Hydra's flags that take the next argument as their value (so that word is not a stray one)
+_FLAGS_WITH_VALUE = ("--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp", "--config-dir",
+                     "-cd", "--info", "--experimental-rerun")
+
+
+def check_words(argv: List[str]) -> None:
+    """A word without `=` (not a flag or a flag's value) is no override: mostly the rest of a value the shell split
+    at a space (`job_name=a b`). Hydra's own message for it is the bare word; ours says what it is and how to quote."""
+    from launcher.errors import LaunchError
+
+    problems = []
+    for i, arg in enumerate(argv):
+        before = argv[i - 1] if i else ""
+        if "=" in arg or arg.startswith("-") or (before in _FLAGS_WITH_VALUE):
+            continue
+        if "=" in before and not before.startswith("-"):
+            why = (f"a word without '=' is not an override (key=value, or a profile such as engine=vllm); the shell "
+                   f"split an unquoted space, so it is probably the rest of the value of {before!r}")
+            fix = f"quote the whole override for the shell: '{before} {arg}' (or drop the space)"
+        else:
+            why = "a word without '=' is not an override: overrides are key=value (tp=2) or a profile choice (engine=vllm)"
+            fix = f"write it as key=value; a value with spaces: quote the whole override for the shell, e.g. 'job_name=a b'"
+        problems.append((repr(arg), why, fix))
+    if problems:
+        raise LaunchError(problems)
+
+
 def _hydra_problem(e: Exception):
     """Turn Hydra/OmegaConf composition errors into (value, why, fix)."""
     cause = e.__cause__ or e
@@ -96,14 +127,28 @@ def _hydra_problem(e: Exception):
     key = next((l.split("full_key:")[1].strip() for l in lines if l.startswith("full_key:")), "")
     why = lines[0] if lines else type(e).__name__
     override = str(e).split("override", 1)[-1].strip() if "override" in str(e) else key
-    if "LexerNoViableAlt" in str(e) or "mismatched input" in str(e) or "no viable alternative" in str(e):
+    if type(cause).__name__ == "OverrideParseException" or type(e).__name__ == "OverrideParseException":
         first = str(e).splitlines()[0]
-        bad = first.split("'", 1)[1].rsplit("'", 1)[0] if first.count("'") >= 2 else first
-        return (bad, "Hydra cannot parse this override (characters like ; ( ) $ ` and spaces need quoting)", "quote the value, e.g. key='value with ; chars' (inside the shell: \"key='...'\")")
+        if "override '" in first:  # "Error parsing override 'X'"
+            bad = first.split("override '", 1)[1].rsplit("'", 1)[0]
+        else:  # "LexerNoViableAltException: X"
+            bad = first.split(": ", 1)[-1]
+        raw = str(e).splitlines()
+        caret = next((l.index("^") for l in raw[1:] if l.strip() == "^"), -1)
+        if 0 <= caret < len(first):  # the lexer's message: the override with a caret under the first bad character
+            reason = f"it stops at {first[caret]!r}"
+        else:
+            reason = next((l for l in lines[1:] if not l.startswith(("See ", "^"))), "") or lines[0]
+        return (bad, f"Hydra cannot parse this override ({reason}): characters like ; ( ) [ ] {{ }} $ ` , = and quotes "
+                     "are its syntax", QUOTING)
     if str(e).startswith("Could not override"):
         k = str(e).split("'")[1] if "'" in str(e) else override
         return (k, "no such key in the config", "check the spelling (`llmlaunch --cfg job` prints every key); to add a new key use +key=value")
-    return (override or key or "override", why, f"give {key or 'it'} a value of the type launcher/schema.py declares for it")
+    from launcher.schema import field_domain
+
+    domain = field_domain(key) if key else None
+    fix = domain.fix_line(key) if domain is not None else f"give {key or 'it'} a value of the type launcher/schema.py declares for it"
+    return (override or key or "override", why, fix)
 
 
 def default_run_dir(spec) -> str:
@@ -144,12 +189,15 @@ def execute(cfg, spec) -> int:
     from launcher.scheduler import for_spec
 
     run_dir = cfg.get("run_dir") or default_run_dir(spec)
-    backend = for_spec(spec)  # cluster.scheduler's registry entry (launcher/scheduler.py)
     if cfg.dry_run:
         from launcher.render import plan_text
 
         sys.stdout.write(plan_text(spec, run_dir, OmegaConf.to_yaml(cfg)))  # shows backend.dryrun's request
         return 0
+    from launcher.hostcheck import before_launch
+
+    before_launch(cfg, lambda line: print(line, file=sys.stderr, flush=True))  # paths and GPUs, before anything starts
+    backend = for_spec(spec)  # cluster.scheduler's registry entry (launcher/scheduler.py)
     return backend.serve(backend.dryrun(spec, run_dir))
 
 
@@ -224,6 +272,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         return
     if not wants_help:
         try:
+            check_words(argv)
             check_group_choices(argv)
             if not multirun:
                 # Hydra flags or hydra.* overrides: Hydra composes and `run` validates; a value that does not

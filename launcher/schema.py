@@ -1,77 +1,108 @@
 """Config schema: dataclasses with one comment per field, registered in Hydra's ConfigStore.
 
 YAML files under `conf/<group>/` fill these in; `MISSING` marks what a profile
-must give. Engine-specific fields live in one dataclass per engine, each
-registered as `engine/base_<name>` so `conf/engine/<name>.yaml` extends it.
-Nothing here touches a cluster; validation beyond types is in `launcher.spec`.
+must give. Each field declares its domain beside it (launcher/domains.py: range, choices, path kind, 0 = auto),
+which the one validator, `launcher.domains.problems`, reads. Engine-specific fields live in one dataclass per
+engine, each registered as `engine/base_<name>` so `conf/engine/<name>.yaml` extends it.
+Nothing here touches a cluster; rules across fields are in `launcher.spec` and the engines' checks.
 """
 
 from __future__ import annotations
 
 import collections.abc
 import typing
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from omegaconf import MISSING
 
+from launcher.domains import (ENV_KEY, IDENTIFIER, SLURM_TIME, Choice, Flag, Float, FreeMapping, Int, Items, Name, Nested, Path,
+                              Pattern, Pow2, SbatchToken, ShellLine, arg)
+from launcher.engines import trtllm
 from launcher.engines.hf_args import HFEngineArgs
+from launcher.spec import CONTAINER_RUNTIMES, CUDNN_ATTENTION, DEVICES, DTYPES, GPU_REQUESTS, MPI_TYPES, SCHEDULERS
+
+
+# Each field: `name: type = arg(<its domain>, <default>)  # what it is`. The domain (launcher/domains.py) is
+# what the one validator checks the value against; the comment says what the field does.
+_ENV_KEY_WHAT = "a valid environment variable name (letters, digits and _, not starting with a digit)"
+_ARG_NAME_WHAT = "an argument name (a Python identifier: letters, digits and _)"
+
+
+def _engines():
+    from launcher.engines.registry import ENGINES
+
+    return sorted(ENGINES)
+
+
+def _makers():
+    from launcher.models import MAKERS
+
+    return ("",) + tuple(sorted(MAKERS))
 
 
 # --------------------------------------------------------------------------- cluster
 @dataclass
 class ContainerConfig:
-    runtime: str = "none"  # none | pyxis (srun --container-image ...)
-    image: str = ""  # container image for pyxis, e.g. nvcr.io#nvidia/tritonserver:24.08-trtllm-python-py3
-    mounts: List[str] = field(default_factory=list)  # "host_path:container_path" pairs for --container-mounts
-    workdir: str = ""  # --container-workdir; empty = the image's default
+    runtime: str = arg(Choice(CONTAINER_RUNTIMES), "none")  # none | pyxis (srun --container-image ...)
+    image: str = arg(Pattern(r"[A-Za-z0-9._+@%:=,/~#-]*", "an image reference: no spaces, quotes or shell characters",
+                             "give {key} as <registry#image:tag>, e.g. nvcr.io#nvidia/tritonserver:24.08-trtllm-python-py3"),
+                     "")  # container image for pyxis, e.g. nvcr.io#nvidia/tritonserver:24.08-trtllm-python-py3
+    mounts: List[str] = arg(Items(SbatchToken()), factory=list)  # "host_path:container_path" pairs for --container-mounts
+    workdir: str = arg(Path("", absolute=True), "")  # --container-workdir; empty = the image's default
 
 
 @dataclass
 class ClusterConfig:
-    name: str = MISSING  # profile name, shown in plans and job names
-    scheduler: str = "local"  # local (this machine, no Slurm) | slurm
-    partition: str = ""  # sbatch --partition; empty = the site default
-    account: str = ""  # sbatch --account
-    qos: str = ""  # sbatch --qos
-    reservation: str = ""  # sbatch --reservation
-    constraint: str = ""  # sbatch --constraint (node features)
-    exclusive: bool = False  # sbatch --exclusive: whole nodes, nothing else on them
-    gpus_per_node: int = 8  # GPUs on one node (on a CPU-only machine: how many ranks one node may run)
-    gpu_request: str = "gpus-per-node"  # how GPUs are asked for: gpus-per-node | gres | none
-    mpi: str = "pmix"  # srun --mpi= type: pmix | pmi2 | none
-    time: str = "00:30:00"  # sbatch --time, HH:MM:SS or D-HH:MM:SS
-    cpus_per_task: int = 0  # sbatch --cpus-per-task; 0 = site default
-    mem: str = ""  # sbatch --mem per node, e.g. 200G or 0 (all); empty = site default
-    container: ContainerConfig = field(default_factory=ContainerConfig)  # pyxis container settings
-    setup: List[str] = field(default_factory=list)  # shell lines run in the job before srun (module load, venv activate)
-    lock_clocks: str = ""  # e.g. "1410,1410": adds `sudo nvidia-smi -lgc <value>` before srun
-    env: Dict[str, str] = field(default_factory=dict)  # environment variables exported in the job
-    extra_sbatch: List[str] = field(default_factory=list)  # extra sbatch flags, e.g. ["--gpu-bind=none"]
-    tritonserver: str = ""  # explicit path to the tritonserver binary; empty = resolve (PATH, /opt/tritonserver, wheel)
-    slurm_conf: str = ""  # SLURM_CONF for the submitting side (the local test cluster); empty = the site default
-    python: str = ""  # python interpreter ranks run with; empty = the one running llmlaunch
-    jobs_dir: str = "llmlaunch-jobs"  # where job folders go (relative = under the current directory); must be shared with the nodes
+    name: str = arg(Name(), MISSING)  # profile name, shown in plans and job names
+    scheduler: str = arg(Choice(SCHEDULERS), "local")  # local (this machine, no Slurm) | slurm
+    partition: str = arg(SbatchToken(), "")  # sbatch --partition; empty = the site default
+    account: str = arg(SbatchToken(), "")  # sbatch --account
+    qos: str = arg(SbatchToken(), "")  # sbatch --qos
+    reservation: str = arg(SbatchToken(), "")  # sbatch --reservation
+    constraint: str = arg(SbatchToken(), "")  # sbatch --constraint (node features)
+    exclusive: bool = arg(Flag(), False)  # sbatch --exclusive: whole nodes, nothing else on them
+    gpus_per_node: int = arg(Int("GPUs (or CPU ranks) on one node"), 8)  # GPUs on one node (on a CPU-only machine: how many ranks one node may run)
+    gpu_request: str = arg(Choice(GPU_REQUESTS), "gpus-per-node")  # how GPUs are asked for: gpus-per-node | gres | none
+    mpi: str = arg(Choice(MPI_TYPES), "pmix")  # srun --mpi= type: pmix | pmi2 | none
+    time: str = arg(Pattern(SLURM_TIME, "not a Slurm time limit",
+                            "use HH:MM:SS, D-HH:MM:SS or minutes, e.g. {key}=01:00:00"), "00:30:00")  # sbatch --time, HH:MM:SS or D-HH:MM:SS
+    cpus_per_task: int = arg(Int("CPUs per task", zero="the site default"), 0)  # sbatch --cpus-per-task; 0 = site default
+    mem: str = arg(Pattern(r"\d+[KMGT]?", "not a Slurm memory size", "use a size like {key}=200G, or {key}=0 for all of a node's memory",
+                           empty="the site default"), "")  # sbatch --mem per node, e.g. 200G or 0 (all); empty = site default
+    container: ContainerConfig = arg(Nested(), factory=ContainerConfig)  # pyxis container settings
+    setup: List[str] = arg(Items(ShellLine()), factory=list)  # shell lines run in the job before srun (module load, venv activate)
+    lock_clocks: str = arg(Pattern(r"\d+(,\d+)?", "not a clock pair in MHz", "use {key}=<min>,<max> in MHz, e.g. 1410,1410, or empty",
+                                   empty="clocks left alone"), "")  # e.g. "1410,1410": adds `sudo nvidia-smi -lgc <value>` before srun
+    env: Dict[str, str] = arg(FreeMapping(ENV_KEY, _ENV_KEY_WHAT), factory=dict)  # environment variables exported in the job
+    extra_sbatch: List[str] = arg(Items(Pattern(r"--[a-z][a-z0-9-]*(=[A-Za-z0-9._+@%:=,/~-]+)?", "not a plain --flag or --flag=value",
+                                                "write it as --name=value with no spaces or quotes")),
+                                  factory=list)  # extra sbatch flags, e.g. ["--gpu-bind=none"]
+    tritonserver: str = arg(Path("executable"), "")  # explicit path to the tritonserver binary; empty = resolve (PATH, /opt/tritonserver, wheel)
+    slurm_conf: str = arg(Path("file"), "")  # SLURM_CONF for the submitting side (the local test cluster); empty = the site default
+    python: str = arg(Path("command"), "")  # python interpreter ranks run with; empty = the one running llmlaunch
+    paths_on_host: bool = arg(Flag(), False)  # the nodes see this host's files at the same paths (the local Slurm cluster): a model path missing here is an error before submit, not a warning (scheduler=local: always)
+    jobs_dir: str = arg(Path("dir", token=True), "llmlaunch-jobs")  # where job folders go (relative = under the current directory); must be shared with the nodes
 
 
 # --------------------------------------------------------------------------- model
 @dataclass
 class ModelConfig:
-    name: str = MISSING  # short name used in job names and tables
-    path: str = ""  # HF-format folder with weights (or an engine dir for trtllm); empty = made on the spot (make)
-    tokenizer: str = ""  # tokenizer folder; empty = path
-    make: str = ""  # a model llmlaunch makes into its cache when path is empty (launcher/models MAKERS): smollm2 | tiny
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    max_model_len: int = 0  # context length limit; 0 = the model's own
+    name: str = arg(Name(), MISSING)  # short name used in job names and tables
+    path: str = arg(Path("engine"), "")  # HF-format folder with weights (or an engine dir for trtllm); empty = made on the spot (make)
+    tokenizer: str = arg(Path("engine"), "")  # tokenizer folder; empty = path
+    make: str = arg(Choice(_makers), "")  # a model llmlaunch makes into its cache when path is empty (launcher/models MAKERS): smollm2 | tiny
+    dtype: str = arg(Choice(DTYPES), "auto")  # auto | float32 | bfloat16 | float16
+    max_model_len: int = arg(Int("context length in tokens", zero="the model's own"), 0)  # context length limit; 0 = the model's own
 
 
 # --------------------------------------------------------------------------- engines
 @dataclass
 class EngineConfig:
-    name: str = MISSING  # registry key: hf | trtllm | vllm | sglang | lmdeploy
-    model_name: str = ""  # Triton model name clients address; empty = the engine's default
-    max_num_seqs: int = 64  # sequences batched at once (also the config's max_batch_size)
-    device: str = "auto"  # auto (cuda when the cluster has GPUs, else cpu) | cpu | cuda
+    name: str = arg(Choice(_engines), MISSING)  # registry key: hf | trtllm | vllm | sglang | lmdeploy
+    model_name: str = arg(Name(empty="the engine's default"), "")  # Triton model name clients address; empty = the engine's default
+    max_num_seqs: int = arg(Int("sequences batched at once"), 64)  # sequences batched at once (also the config's max_batch_size)
+    device: str = arg(Choice(DEVICES), "auto")  # auto (cuda when the cluster has GPUs, else cpu) | cpu | cuda
 
 
 _HF = HFEngineArgs()  # the hf engine's defaults: each field below takes its own from here
@@ -82,109 +113,130 @@ class HFEngineConfig(EngineConfig):
     """The hf engine's settings a user chooses.  What each does, and its default, is HFEngineArgs' field of the same
     name (launcher/engines/hf_args.py); the registry writes them to the model's model.json."""
 
-    name: str = "hf"  # our own continuous-batching engine on HF transformers
-    max_num_seqs: int = _HF.max_num_seqs  # sequences batched at once (also the config's max_batch_size)
-    device: str = _HF.device  # auto (cuda when the cluster has GPUs, else cpu) | cpu | cuda
-    attn_implementation: str = _HF.attn_implementation  # transformers attention kernel: sdpa | eager
-    prefill_chunk: int = _HF.prefill_chunk  # prompt tokens prefilled per engine step (0: by device)
-    cuda_graphs: bool = _HF.cuda_graphs  # replay decode steps and prompt steps as captured CUDA graphs (GPU)
-    stream_interval_ms: int = _HF.stream_interval_ms  # least time between two streamed responses of a request (0: every step)
-    response_processes: int = 1  # Triton model instances (stub processes, each with its own GIL) that share the engine process and send its responses; tp=1 only. The one responder setting (launcher/serving/responders.py derives threads per stub, nice and front-end processes from it, the device and the CPUs): one stub sends a few thousand responses/s whatever its threads, so the streams served at once, which only the user knows, decide it (1 up to tens of streams, 2-4 for 128 on a GPU)
-    torch_compile: str = _HF.torch_compile  # auto | true | false: fuse the model's small kernels with torch.compile
-    cudnn_attention: str = _HF.cudnn_attention  # graphs | all | off: where attention may use cuDNN
+    name: str = arg(Choice(_engines), "hf")  # our own continuous-batching engine on HF transformers
+    max_num_seqs: int = arg(Int("sequences batched at once"), _HF.max_num_seqs)  # sequences batched at once (also the config's max_batch_size)
+    device: str = arg(Choice(DEVICES), _HF.device)  # auto (cuda when the cluster has GPUs, else cpu) | cpu | cuda
+    attn_implementation: str = arg(Choice(("sdpa", "eager")), _HF.attn_implementation)  # transformers attention kernel: sdpa | eager
+    prefill_chunk: int = arg(Int("prompt tokens per engine step", zero="the engine's default",
+                                 fix="set {key}=0 (512 on CPU, 2048 on a GPU) or a positive number like 1024"),
+                             _HF.prefill_chunk)  # prompt tokens prefilled per engine step (0: by device)
+    cuda_graphs: bool = arg(Flag(), _HF.cuda_graphs)  # replay decode steps and prompt steps as captured CUDA graphs (GPU)
+    stream_interval_ms: int = arg(Int("least ms between two responses of a stream", zero="a response per engine step",
+                                      fix="set {key}=0, or 8 to merge a stream's tokens into fewer responses under load"),
+                                  _HF.stream_interval_ms)  # least time between two streamed responses of a request (0: every step)
+    response_processes: int = arg(Int("model instances sharing the engine",
+                                      fix="set {key}=1, or 4 to send responses from four processes"),
+                                  1)  # Triton model instances (stub processes, each with its own GIL) that share the engine process and send its responses; tp=1 only. The one responder setting (launcher/serving/responders.py derives threads per stub, nice and front-end processes from it, the device and the CPUs): one stub sends a few thousand responses/s whatever its threads, so the streams served at once, which only the user knows, decide it (1 up to tens of streams, 2-4 for 128 on a GPU)
+    # a str field, so Hydra's engine.torch_compile=true arrives as 'True'
+    torch_compile: str = arg(Choice(("auto", "true", "false"), normalize=lambda v: str(v).lower()),
+                             _HF.torch_compile)  # auto | true | false: fuse the model's small kernels with torch.compile
+    cudnn_attention: str = arg(Choice(CUDNN_ATTENTION), _HF.cudnn_attention)  # graphs | all | off: where attention may use cuDNN
 
 
 @dataclass
 class TRTLLMEngineConfig(EngineConfig):
-    name: str = "trtllm"  # TensorRT-LLM backend (C++ inflight batcher) in an ensemble
-    engine_dir: str = ""  # built TensorRT-LLM engine folder (gpt_model_path); required
-    tokenizer_dir: str = ""  # tokenizer for pre/postprocessing; empty = model.tokenizer or model.path
-    tokenizer_type: str = "auto"  # auto | llama | t5 (older backends' names; we load with AutoTokenizer)
-    batching_strategy: str = "inflight_fused_batching"  # gpt_model_type: inflight_fused_batching | V1
-    batch_scheduler_policy: str = "guaranteed_no_evict"  # guaranteed_no_evict | max_utilization
-    kv_cache_free_gpu_mem_fraction: float = 0.9  # fraction of free GPU memory for the paged KV cache
-    max_tokens_in_paged_kv_cache: int = 0  # cap on KV-cache tokens; 0 = unset (use the fraction)
-    max_attention_window_size: int = 0  # sliding attention window; 0 = unset (full)
-    enable_kv_cache_reuse: bool = False  # reuse KV blocks across requests with a shared prefix
-    enable_chunked_context: bool = False  # chunked prefill in the C++ batcher
-    decoupled: bool = True  # decoupled (streaming) mode of the tensorrt_llm model
-    max_beam_width: int = 1  # beams the engine was built for
-    exclude_input_in_output: bool = True  # tensorrt_llm returns only new tokens
-    max_queue_delay_microseconds: int = 0  # dynamic batcher delay for tensorrt_llm
-    preprocessing_instances: int = 0  # pre/postprocessing instances; 0 = match max_num_seqs up to 8
-    postprocessing_instances: int = 0  # see preprocessing_instances
-    bls: bool = False  # add the tensorrt_llm_bls model (streaming with stop words in Python)
-    backend: str = "tensorrtllm"  # tensorrtllm (C++ backend, >= v0.9 layout) | python (LLM-API model.py, >= v0.17)
+    name: str = arg(Choice(_engines), "trtllm")  # TensorRT-LLM backend (C++ inflight batcher) in an ensemble
+    engine_dir: str = arg(Path("engine"), "")  # built TensorRT-LLM engine folder (gpt_model_path); required
+    tokenizer_dir: str = arg(Path("engine"), "")  # tokenizer for pre/postprocessing; empty = model.tokenizer or model.path
+    tokenizer_type: str = arg(Choice(trtllm.TOKENIZER_TYPES), "auto")  # auto | llama | t5 (older backends' names; we load with AutoTokenizer)
+    batching_strategy: str = arg(Choice(trtllm.BATCHING), "inflight_fused_batching")  # gpt_model_type: inflight_fused_batching | V1
+    batch_scheduler_policy: str = arg(Choice(trtllm.POLICIES), "guaranteed_no_evict")  # guaranteed_no_evict | max_utilization
+    kv_cache_free_gpu_mem_fraction: float = arg(Float("a fraction of free GPU memory", 0.0, 1.0, lo_open=True,
+                                                      fix="use a value in (0, 1] for {key}, e.g. 0.9"),
+                                                0.9)  # fraction of free GPU memory for the paged KV cache
+    max_tokens_in_paged_kv_cache: int = arg(Int("KV-cache tokens", zero="unset (the fraction decides)"), 0)  # cap on KV-cache tokens; 0 = unset (use the fraction)
+    max_attention_window_size: int = arg(Int("attention window in tokens", zero="unset (full)"), 0)  # sliding attention window; 0 = unset (full)
+    enable_kv_cache_reuse: bool = arg(Flag(), False)  # reuse KV blocks across requests with a shared prefix
+    enable_chunked_context: bool = arg(Flag(), False)  # chunked prefill in the C++ batcher
+    decoupled: bool = arg(Flag(), True)  # decoupled (streaming) mode of the tensorrt_llm model
+    max_beam_width: int = arg(Int("beams the engine was built for"), 1)  # beams the engine was built for
+    exclude_input_in_output: bool = arg(Flag(), True)  # tensorrt_llm returns only new tokens
+    max_queue_delay_microseconds: int = arg(Int("dynamic batcher delay in microseconds", zero="no delay"), 0)  # dynamic batcher delay for tensorrt_llm
+    preprocessing_instances: int = arg(Int("pre/postprocessing instances", zero="match max_num_seqs up to 8"), 0)  # pre/postprocessing instances; 0 = match max_num_seqs up to 8
+    postprocessing_instances: int = arg(Int("pre/postprocessing instances", zero="match max_num_seqs up to 8"), 0)  # see preprocessing_instances
+    bls: bool = arg(Flag(), False)  # add the tensorrt_llm_bls model (streaming with stop words in Python)
+    backend: str = arg(Choice(trtllm.BACKENDS), "tensorrtllm")  # tensorrtllm (C++ backend, >= v0.9 layout) | python (LLM-API model.py, >= v0.17)
 
 
 @dataclass
 class VLLMEngineConfig(EngineConfig):
-    name: str = "vllm"  # vLLM AsyncLLMEngine in a python model
-    engine_args: Dict[str, Any] = field(default_factory=dict)  # passed through to vLLM's AsyncEngineArgs as model.json
-    gpu_memory_utilization: float = 0.9  # vLLM's share of each GPU
-    distributed_executor_backend: str = "auto"  # auto (mp on one node, ray across nodes) | mp | ray
-    frontends: int = 4  # stub processes (model instances) that are front ends of one vLLM engine core, as vllm serve --api-server-count: each tokenizes, detokenizes and sends the responses of its share of the requests under its own GIL. One H100, 128 closed streams: 1 kept up only by merging 17 tokens a response (first token +170 ms over vLLM in-process), 4 added none (docs/performance.md); 1 costs least at one stream
+    name: str = arg(Choice(_engines), "vllm")  # vLLM AsyncLLMEngine in a python model
+    engine_args: Dict[str, Any] = arg(FreeMapping(IDENTIFIER, _ARG_NAME_WHAT), factory=dict)  # passed through to vLLM's AsyncEngineArgs as model.json
+    gpu_memory_utilization: float = arg(Float("vLLM's share of each GPU", 0.0, 1.0, lo_open=True), 0.9)  # vLLM's share of each GPU
+    distributed_executor_backend: str = arg(Choice(("auto", "mp", "ray")), "auto")  # auto (mp on one node, ray across nodes) | mp | ray
+    frontends: int = arg(Int("the front ends of one vLLM engine core (model instances, each a stub process)",
+                             fix="set {key}=1, or 4 on a GPU node"),
+                         4)  # stub processes (model instances) that are front ends of one vLLM engine core, as vllm serve --api-server-count: each tokenizes, detokenizes and sends the responses of its share of the requests under its own GIL. One H100, 128 closed streams: 1 kept up only by merging 17 tokens a response (first token +170 ms over vLLM in-process), 4 added none (docs/performance.md); 1 costs least at one stream
 
 
 @dataclass
 class SGLangEngineConfig(EngineConfig):
-    name: str = "sglang"  # SGLang offline Engine in a python model
-    mem_fraction_static: float = 0.0  # SGLang's static memory fraction; 0 = its default
-    extra_args: Dict[str, Any] = field(default_factory=dict)  # more sglang ServerArgs fields, passed through
+    name: str = arg(Choice(_engines), "sglang")  # SGLang offline Engine in a python model
+    mem_fraction_static: float = arg(Float("SGLang's static share of GPU memory", 0.0, 1.0, lo_open=True, hi_open=True,
+                                           zero="SGLang's default"), 0.0)  # SGLang's static memory fraction; 0 = its default
+    extra_args: Dict[str, Any] = arg(FreeMapping(IDENTIFIER, _ARG_NAME_WHAT), factory=dict)  # more sglang ServerArgs fields, passed through
 
 
 @dataclass
 class LMDeployEngineConfig(EngineConfig):
-    name: str = "lmdeploy"  # LMDeploy pipeline in a python model
-    backend: str = "turbomind"  # turbomind (HF weights or a converted workspace) | pytorch
-    session_len: int = 0  # LMDeploy session length; 0 = the model's
-    cache_max_entry_count: float = 0.8  # KV-cache share of free GPU memory
-    extra_args: Dict[str, Any] = field(default_factory=dict)  # more backend-config fields, passed through
+    name: str = arg(Choice(_engines), "lmdeploy")  # LMDeploy pipeline in a python model
+    backend: str = arg(Choice(("turbomind", "pytorch")), "turbomind")  # turbomind (HF weights or a converted workspace) | pytorch
+    session_len: int = arg(Int("session length in tokens", zero="the model's"), 0)  # LMDeploy session length; 0 = the model's
+    cache_max_entry_count: float = arg(Float("KV-cache share of free GPU memory", 0.0, 1.0, lo_open=True), 0.8)  # KV-cache share of free GPU memory
+    extra_args: Dict[str, Any] = arg(FreeMapping(IDENTIFIER, _ARG_NAME_WHAT), factory=dict)  # more backend-config fields, passed through
 
 
 # --------------------------------------------------------------------------- serving, bench, top level
+def _port(default: int):
+    return arg(Int("a TCP port (1-65535)", max=65535, fix="set {key} to a free port in 1024-65535"), default)
+
+
 @dataclass
 class ServeConfig:
-    host: str = ""  # address rank 0 binds gRPC/HTTP/metrics to; "" = 127.0.0.1 locally, 0.0.0.0 on Slurm
-    grpc_port: int = 8001  # gRPC endpoint of rank 0 (the one clients use)
-    http_port: int = 8000  # HTTP endpoint of rank 0
-    metrics_port: int = 8002  # Prometheus metrics of rank 0
-    openai_port: int = 8003  # OpenAI-compatible HTTP API of rank 0 (/v1/completions, /v1/chat/completions, /v1/models; launcher/openai_api)
-    ready_timeout_s: float = 900.0  # give up waiting for READY after this many seconds
-    log_verbose: int = 0  # tritonserver --log-verbose level
-    drain_timeout_s: float = 30.0  # on stop, how long in-flight requests may finish before the server is killed
+    host: str = arg(Pattern(r"[A-Za-z0-9._:-]+", "not a host name or address", "give {key} an address such as 0.0.0.0 or 127.0.0.1",
+                            empty="127.0.0.1 locally, 0.0.0.0 on Slurm"), "")  # address rank 0 binds gRPC/HTTP/metrics to; "" = 127.0.0.1 locally, 0.0.0.0 on Slurm
+    grpc_port: int = _port(8001)  # gRPC endpoint of rank 0 (the one clients use)
+    http_port: int = _port(8000)  # HTTP endpoint of rank 0
+    metrics_port: int = _port(8002)  # Prometheus metrics of rank 0
+    openai_port: int = _port(8003)  # OpenAI-compatible HTTP API of rank 0 (/v1/completions, /v1/chat/completions, /v1/models; launcher/openai_api)
+    ready_timeout_s: float = arg(Float("a deadline in seconds", 0.0, lo_open=True, fix="set a deadline in seconds, e.g. {key}=900"),
+                                 900.0)  # give up waiting for READY after this many seconds
+    log_verbose: int = arg(Int("tritonserver's log level", min=0), 0)  # tritonserver --log-verbose level
+    drain_timeout_s: float = arg(Float("seconds in-flight requests may finish in"), 30.0)  # on stop, how long in-flight requests may finish before the server is killed
 
 
 @dataclass
 class BenchConfig:
-    name: str = "none"  # profile name; "none" = serve only, no load run
-    dataset: str = "synthetic"  # synthetic | sharegpt:<path> | cnn:<path> | prompts:<path>
-    num_prompts: int = 100  # requests counted in the run
-    concurrency: int = 8  # requests in flight (fixed-concurrency mode)
-    request_rate: float = 0.0  # requests/s (Poisson); 0 = fixed concurrency
-    input_len: int = 128  # synthetic prompt tokens
-    output_len: int = 64  # requested new tokens
-    ignore_eos: bool = True  # enforce output length for fair comparisons
-    warmup: int = 2  # requests sent first and not counted
-    seed: int = 0  # dataset sampling seed
-    processes: int = 1  # client processes sharing the load: one Python gRPC client saturates a core long before 128 streams
-    streams: int = 1  # gRPC streams per client process
+    name: str = arg(Name(), "none")  # profile name; "none" = serve only, no load run
+    dataset: str = arg(Pattern(r"synthetic|(sharegpt|cnn|prompts):.+", "not a dataset llmlaunch-bench reads",
+                               "use {key}=synthetic, sharegpt:<path>, cnn:<path> or prompts:<path>"),
+                       "synthetic")  # synthetic | sharegpt:<path> | cnn:<path> | prompts:<path>
+    num_prompts: int = arg(Int("requests counted in the run"), 100)  # requests counted in the run
+    concurrency: int = arg(Int("requests in flight", zero="none: the open loop of bench.request_rate"), 8)  # requests in flight (fixed-concurrency mode)
+    request_rate: float = arg(Float("requests/s", 0.0, lo_open=True, zero="fixed concurrency"), 0.0)  # requests/s (Poisson); 0 = fixed concurrency
+    input_len: int = arg(Int("prompt tokens"), 128)  # synthetic prompt tokens
+    output_len: int = arg(Int("new tokens"), 64)  # requested new tokens
+    ignore_eos: bool = arg(Flag(), True)  # enforce output length for fair comparisons
+    warmup: int = arg(Int("warm-up requests", min=0), 2)  # requests sent first and not counted
+    seed: int = arg(Int("a sampling seed", min=0), 0)  # dataset sampling seed
+    processes: int = arg(Int("client processes"), 1)  # client processes sharing the load: one Python gRPC client saturates a core long before 128 streams
+    streams: int = arg(Int("gRPC streams per client process"), 1)  # gRPC streams per client process
 
 
 @dataclass
 class LaunchConfig:
-    cluster: ClusterConfig = MISSING  # where: conf/cluster/<name>.yaml
-    engine: EngineConfig = MISSING  # what serves: conf/engine/<name>.yaml
-    model: ModelConfig = MISSING  # which weights: conf/model/<name>.yaml
-    serve: ServeConfig = field(default_factory=ServeConfig)  # ports and timeouts
-    bench: BenchConfig = field(default_factory=BenchConfig)  # load run after READY (sweeps)
-    tp: int = 1  # tensor-parallel GPUs per model copy (a power of two)
-    pp: int = 1  # pipeline-parallel stages per model copy
-    nodes: int = 1  # nodes in the job
-    replicas: int = 1  # data-parallel model copies behind the one endpoint
-    dry_run: bool = False  # print the plan, write and submit nothing
-    job_name: str = "llmlaunch"  # Slurm job name and job-folder prefix
-    run_dir: str = ""  # job folder; "" = <cluster.jobs_dir>/<job_name>/<timestamp> (tests pin it)
+    cluster: ClusterConfig = arg(Nested(), MISSING)  # where: conf/cluster/<name>.yaml
+    engine: EngineConfig = arg(Nested(), MISSING)  # what serves: conf/engine/<name>.yaml
+    model: ModelConfig = arg(Nested(), MISSING)  # which weights: conf/model/<name>.yaml
+    serve: ServeConfig = arg(Nested(), factory=ServeConfig)  # ports and timeouts
+    bench: BenchConfig = arg(Nested(), factory=BenchConfig)  # load run after READY (sweeps)
+    tp: int = arg(Pow2("tp must be a power of two dividing the job's GPUs (attention heads split evenly)"), 1)  # tensor-parallel GPUs per model copy (a power of two)
+    pp: int = arg(Int("pipeline stages per model copy"), 1)  # pipeline-parallel stages per model copy
+    nodes: int = arg(Int("nodes in the job"), 1)  # nodes in the job
+    replicas: int = arg(Int("data-parallel model copies"), 1)  # data-parallel model copies behind the one endpoint
+    dry_run: bool = arg(Flag(), False)  # print the plan, write and submit nothing
+    job_name: str = arg(Name("job names go into #SBATCH lines, file names and shm prefixes"), "llmlaunch")  # Slurm job name and job-folder prefix
+    run_dir: str = arg(Path("dir"), "")  # job folder; "" = <cluster.jobs_dir>/<job_name>/<timestamp> (tests pin it)
 
 
 ENGINE_SCHEMAS = {
@@ -235,6 +287,31 @@ def free_mappings() -> Tuple[str, ...]:
         elif is_dataclass(hint):
             walk(hint, f"{name}.")
     return tuple(sorted(set(out)))
+
+
+def field_domain(key: str):
+    """The declared domain (launcher/domains.py) of a dotted key, e.g. "serve.grpc_port"; an engine key is looked up
+    in every engine's dataclass, the first that has it. None for a key no dataclass has."""
+    from launcher.domains import domain_of
+
+    head, _, rest = key.partition(".")
+    classes = list(ENGINE_SCHEMAS.values()) if head == "engine" and rest else [LaunchConfig]
+    for cls in classes:
+        parts = rest.split(".") if head == "engine" and rest else key.split(".")
+        found = None
+        for i, part in enumerate(parts):
+            f = next((f for f in fields(cls) if f.name == part), None)
+            if f is None:
+                break
+            if i == len(parts) - 1:
+                found = domain_of(f)
+            else:
+                cls = typing.get_type_hints(cls).get(part)
+                if not is_dataclass(cls):
+                    break
+        if found is not None:
+            return found
+    return None
 
 
 def register_configs() -> None:

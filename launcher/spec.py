@@ -11,7 +11,6 @@ the per-rank entry point all read it: one source of truth for who runs what wher
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
@@ -19,14 +18,6 @@ from launcher.errors import LaunchError
 
 if TYPE_CHECKING:  # launcher.schema imports omegaconf; the engine processes import this module's constants only
     from launcher.schema import BenchConfig, ClusterConfig, EngineConfig, LaunchConfig, ModelConfig, ServeConfig
-
-# Characters allowed in values that land in `#SBATCH` lines or file names. Those
-# lines are not parsed by a shell (so quoting cannot help) and Slurm splits on
-# whitespace, so anything else is refused rather than escaped.
-_SAFE_TOKEN = re.compile(r"^[A-Za-z0-9._+@%:=,/~-]*$")
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-_ENV_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_TIME = re.compile(r"^(\d+-)?\d{1,2}:\d{2}:\d{2}$|^\d+$")
 
 SCHEDULERS = ("local", "slurm")
 GPU_REQUESTS = ("gpus-per-node", "gres", "none")
@@ -101,33 +92,6 @@ class LaunchSpec:
                                  "written by another llmlaunch version; launch the job again with this one")
         d["ranks"] = tuple(RankSpec(**{**r, "gpus": tuple(r["gpus"]), "models": tuple(r["models"])}) for r in d["ranks"])
         return LaunchSpec(**d)
-
-
-def _is_pow2(n: int) -> bool:
-    return isinstance(n, int) and n >= 1 and (n & (n - 1)) == 0
-
-
-def check_choice(problems, what, value, allowed):
-    """Add a problem unless `value` is one of `allowed`."""
-    if value not in allowed:
-        problems.append((f"{what}={value!r}", f"not one of {', '.join(allowed)}", f"set {what} to one of: {', '.join(allowed)}"))
-
-
-def _check_shell_safe_path(problems, what, value):
-    """Paths go into commands shell-quoted, but newlines and NULs break even quoted #SBATCH/log handling."""
-    if value and any(c in value for c in "\n\r\0"):
-        problems.append((f"{what}={value!r}", "contains a newline or NUL character", f"give {what} a path without control characters"))
-
-
-def _check_sbatch_token(problems, what, value):
-    if value and not _SAFE_TOKEN.match(str(value)):
-        problems.append(
-            (
-                f"{what}={value!r}",
-                "it goes into an #SBATCH line, which no shell parses, so spaces, quotes, $, `, ; and newlines cannot be escaped there",
-                f"use only letters, digits and . _ + @ % : = , / ~ - in {what}",
-            )
-        )
 
 
 def layout(engine_layout: str, tp: int, pp: int, replicas: int, nodes: int, gpus_per_node: int, problems: list):
@@ -218,92 +182,34 @@ def typed_config(c: Mapping[str, Any]) -> Tuple[LaunchConfig, List[Tuple[str, st
                      "check the spelling (`llmlaunch --cfg job` prints every key)") for k in unknown + more]
 
 
-def check_counts(problems, counts):
-    """Counts where 0 picks a value for the machine: (name, value, what it counts, what 0 means, the fix)."""
-    for name, v, what, zero, fix in counts:
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-            problems.append((f"{name}={v!r}", f"{what}: a whole number, 0 = {zero}", f"set {name}={fix}"))
-
-
 def build_spec(cfg) -> LaunchSpec:
     """Validate a composed config (OmegaConf or plain dict) and return the frozen spec."""
+    from launcher import domains
     from launcher.engines import registry
 
-    c, problems = typed_config(_plain(cfg))
+    c, problems = typed_config(plain(cfg))
     cluster, engine, model, serve = c.cluster, c.engine, c.model, c.serve
     container = cluster.container
 
-    # --- names and choices
+    # --- every field against the domain launcher/schema.py declares beside it (launcher/domains.py)
+    problems += domains.problems(c)
     ename = engine.name
-    if ename not in registry.ENGINES:
-        problems.append((f"engine={ename!r}", "unknown engine", f"choose one of: {', '.join(sorted(registry.ENGINES))}"))
-    check_choice(problems, "cluster.scheduler", cluster.scheduler, SCHEDULERS)
-    if model.make:
-        from launcher.models import MAKERS
 
-        check_choice(problems, "model.make", model.make, sorted(MAKERS))
-    check_choice(problems, "cluster.gpu_request", cluster.gpu_request, GPU_REQUESTS)
-    check_choice(problems, "cluster.mpi", cluster.mpi, MPI_TYPES)
-    check_choice(problems, "cluster.container.runtime", container.runtime, CONTAINER_RUNTIMES)
-    check_choice(problems, "engine.device", engine.device, DEVICES)
-    check_choice(problems, "model.dtype", model.dtype, DTYPES)
-    if not _SAFE_NAME.match(str(c.job_name)):
-        problems.append(
-            (f"job_name={c.job_name!r}", "job names go into #SBATCH lines, file names and shm prefixes", "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
-        )
-    for what, value in (("cluster.name", cluster.name), ("model.name", model.name), ("engine.model_name", engine.model_name or "x")):
-        if not _SAFE_NAME.match(str(value)):
-            problems.append((f"{what}={value!r}", "names go into scripts, file names and Triton model names", f"give {what} 1-64 letters, digits, '.', '_' or '-'"))
-    if cluster.scheduler == "slurm" and not _TIME.match(str(cluster.time)):
-        problems.append((f"cluster.time={cluster.time!r}", "not a Slurm time limit", "use HH:MM:SS, D-HH:MM:SS or minutes, e.g. cluster.time=01:00:00"))
+    # --- rules across fields
     if cluster.scheduler == "slurm" and cluster.mpi == "none":
         problems.append(("cluster.mpi='none'", "ranks rendezvous through MPI (mpi4py); srun must start them with PMIx or PMI2", "set cluster.mpi=pmix (or pmi2)"))
     if container.runtime == "pyxis" and not container.image:
         problems.append(("cluster.container.image=''", "pyxis needs an image", "set cluster.container.image=<registry#image:tag> or cluster.container.runtime=none"))
-
-    # --- values that go into #SBATCH lines / names
-    for key in ("partition", "account", "qos", "reservation", "constraint", "mem", "jobs_dir"):
-        _check_sbatch_token(problems, f"cluster.{key}", getattr(cluster, key))
-    for i, flag in enumerate(cluster.extra_sbatch):
-        if not re.match(r"^--[a-z][a-z0-9-]*(=[A-Za-z0-9._+@%:=,/~-]+)?$", str(flag)):
-            problems.append((f"cluster.extra_sbatch[{i}]={flag!r}", "not a plain --flag or --flag=value", "write it as --name=value with no spaces or quotes"))
-    for key in cluster.env:
-        if not _ENV_KEY.match(str(key)):
-            problems.append((f"cluster.env key {key!r}", "not a valid environment variable name", "use letters, digits and _ (not starting with a digit)"))
-    for what, value in (
-        ("model.path", model.path),
-        ("model.tokenizer", model.tokenizer),
-        ("cluster.tritonserver", cluster.tritonserver),
-        ("cluster.python", cluster.python),
-        ("cluster.container.workdir", container.workdir),
-    ):
-        _check_shell_safe_path(problems, what, str(value))
-    for i, m in enumerate(container.mounts):
-        _check_sbatch_token(problems, f"cluster.container.mounts[{i}]", m)
-
-    # --- parallelism
     tp, pp, nodes, replicas = c.tp, c.pp, c.nodes, c.replicas
     gpn = cluster.gpus_per_node
-    for what, v in (("pp", pp), ("nodes", nodes), ("replicas", replicas), ("cluster.gpus_per_node", gpn), ("engine.max_num_seqs", engine.max_num_seqs)):
-        if not isinstance(v, int) or v < 1:
-            problems.append((f"{what}={v!r}", "must be a whole number >= 1", f"set {what} to 1 or more"))
-    if not _is_pow2(tp):
-        problems.append((f"tp={tp!r}", "tp must be a power of two dividing the job's GPUs (attention heads split evenly)", "use tp=1, 2, 4 or 8"))
     if cluster.scheduler == "local" and nodes != 1:
         problems.append((f"nodes={nodes}", "cluster=local runs on this one machine", "use nodes=1, or a Slurm cluster profile (cluster=local_slurm, cluster=slurm)"))
-
-    # --- serving
-    ports = {k: getattr(serve, k) for k in PUBLIC_PORTS}
-    for k, p in ports.items():
-        if not isinstance(p, int) or not 1 <= p <= 65535:
-            problems.append((f"serve.{k}={p!r}", "a TCP port is 1-65535", f"set serve.{k} to a free port in 1024-65535"))
     seen: Dict[int, str] = {}
-    for k, p in ports.items():
+    for k in PUBLIC_PORTS:
+        p = getattr(serve, k)
         if p in seen:
             problems.append((f"serve.{k}={p}", f"the same port as serve.{seen[p]}", f"give serve.{k} its own port"))
         seen.setdefault(p, k)
-    if serve.ready_timeout_s <= 0:
-        problems.append((f"serve.ready_timeout_s={serve.ready_timeout_s}", "must be positive", "set a deadline in seconds, e.g. serve.ready_timeout_s=900"))
 
     edef = registry.ENGINES.get(ename)
     lay = None
@@ -345,7 +251,8 @@ def build_spec(cfg) -> LaunchSpec:
     )
 
 
-def _plain(cfg) -> Dict[str, Any]:
+def plain(cfg) -> Dict[str, Any]:
+    """A composed config (OmegaConf or already a dict) as plain data, interpolations resolved."""
     if isinstance(cfg, dict):
         return cfg
     from omegaconf import OmegaConf

@@ -229,6 +229,10 @@ def _validate(cfg, config) -> Tuple[Any, List[str]]:
     spec = None
     try:
         spec = build_spec(cfg)
+        if not config.get("dry_run"):  # what this host sees (paths, a GPU), before a server is launched for it
+            from launcher.hostcheck import before_launch
+
+            before_launch(cfg, say)
     except LaunchError as e:
         problems += [f"{w}: {why} (fix: {fix})" for w, why, fix in e.problems]
     problems += bench_problems(config.get("bench", {}))

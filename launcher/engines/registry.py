@@ -31,6 +31,13 @@ def _no_problems(cfg) -> List[Tuple[str, str, str]]:
     return []
 
 
+def model_host_paths(c) -> List[Tuple[str, str, str]]:
+    """(key, path, kind) of what an engine loading a Hugging Face folder reads (launcher/hostcheck.py's kinds):
+    model.path (config, weights and, without model.tokenizer, the tokenizer) and model.tokenizer."""
+    m = c.model
+    return [("model.path", m.path, "hf_weights" if m.tokenizer else "hf_model"), ("model.tokenizer", m.tokenizer, "tokenizer")]
+
+
 @dataclass(frozen=True)
 class EngineDef:
     name: str
@@ -52,6 +59,11 @@ class EngineDef:
     # (launcher/serving/timings.py), which the bench reads from the serving tritonserver.
     first_token_split: bool = False
     check: Callable[[Any], List[Tuple[str, str, str]]] = _no_problems  # launcher.schema.LaunchConfig -> engine-specific problems
+    # launcher.schema.LaunchConfig -> (key, path, kind) of the folders the engine loads, which launcher/hostcheck.py
+    # looks for on the launch host before anything starts (an empty path is skipped)
+    host_paths: Callable[[Any], List[Tuple[str, str, str]]] = model_host_paths
+    # Does this engine config need a GPU? A local launch without one visible is refused (launcher/hostcheck.py).
+    needs_gpu: Callable[[Any], bool] = lambda engine: engine.device == "cuda"
     # Per-rank hooks, given (spec, RankContext from launcher.rank): extra environment for the
     # rank's process, and a command replacing tritonserver on that rank (e.g. a Ray worker), or None.
     rank_env: Callable[[Any, Any], Dict[str, str]] = lambda spec, ctx: {}
@@ -99,32 +111,14 @@ def _hf_models(spec) -> List[RenderedModel]:
 
 
 def _hf_check(c) -> List[Tuple[str, str, str]]:
-    from launcher.spec import CUDNN_ATTENTION, check_choice, check_counts
-
-    e, problems = c.engine, []
-    # a str field, so Hydra's engine.torch_compile=true arrives as 'True'
-    check_choice(problems, "engine.torch_compile", str(e.torch_compile).lower(), ("auto", "true", "false"))
-    check_choice(problems, "engine.cudnn_attention", e.cudnn_attention, CUDNN_ATTENTION)
-    check_counts(problems, (
-        ("engine.prefill_chunk", e.prefill_chunk, "prompt tokens per engine step", "the engine's default",
-         "0 (512 on CPU, 2048 on a GPU) or a positive number like 1024"),
-        ("engine.stream_interval_ms", e.stream_interval_ms, "least ms between two responses of a stream",
-         "a response per engine step", "0, or 8 to merge a stream's tokens into fewer responses under load"),
-    ))
-    return problems + _hf_serving_check(c)
-
-
-def _hf_serving_check(c) -> List[Tuple[str, str, str]]:
+    """Rules across fields; each field's own domain is declared in launcher/schema.py."""
     m, e = c.model, c.engine
     if not m.path and not m.make:
         return [("model.path=''", "the hf engine needs a HF-format model folder", "set model.path=/path/to/hf_model, or model=smollm2 (a real small model) or model=tiny (random weights) for one llmlaunch makes")]
     if c.pp != 1:
         return [(f"pp={c.pp}", "the hf engine has no pipeline parallelism", "use pp=1; scale out with replicas")]
-    n = e.response_processes
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        return [(f"engine.response_processes={n!r}", "model instances sharing the engine: a whole number >= 1",
-                 "set engine.response_processes=1, or 4 to send responses from four processes")]
-    if n > 1 and c.tp != 1:
+    n = e.response_processes  # its domain (launcher/schema.py) is checked with every field's
+    if isinstance(n, int) and n > 1 and c.tp != 1:
         return [(f"engine.response_processes={n}", f"with tp={c.tp} each rank runs one model instance (the "
                  "tensor-parallel leader's engine process is not shared)", "set engine.response_processes=1")]
     # tp > 1: one tritonserver per rank, rank 0 leads (launcher/engines/hf_tp.py); whether tp divides the
@@ -215,21 +209,12 @@ def _lmdeploy_params(spec) -> Dict[str, object]:
 
 
 def _lmdeploy_check(c) -> List[Tuple[str, str, str]]:
-    problems = _require_path(c, engine="lmdeploy")
-    if c.engine.backend not in ("turbomind", "pytorch"):
-        problems.append((f"engine.backend={c.engine.backend!r}", "LMDeploy has two backends", "set engine.backend=turbomind or engine.backend=pytorch"))
-    return problems
+    return _require_path(c, engine="lmdeploy")
 
 
 def _vllm_check(c):
     problems = _require_path(c, engine="vllm")
-    n = c.engine.frontends
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        problems.append((f"engine.frontends={n!r}", "the front ends of one vLLM engine core (model instances, each "
-                         "a stub process): a whole number >= 1", "set engine.frontends=1, or 4 on a GPU node"))
     b = c.engine.distributed_executor_backend
-    if b not in ("auto", "mp", "ray"):
-        problems.append((f"engine.distributed_executor_backend={b!r}", "vLLM's executors are mp and ray", "set it to auto, mp or ray"))
     gpn = c.cluster.gpus_per_node
     if b == "mp" and isinstance(gpn, int) and gpn > 0 and c.tp * c.pp > gpn:
         problems.append(
@@ -319,6 +304,12 @@ def _trtllm_check(c):
     return trtllm.check(c)
 
 
+def _trtllm_host_paths(c):
+    from launcher.engines import trtllm
+
+    return trtllm.host_paths(c)
+
+
 ENGINES: Dict[str, EngineDef] = {
     "hf": EngineDef(
         name="hf",
@@ -337,6 +328,8 @@ ENGINES: Dict[str, EngineDef] = {
         models=_trtllm_models,
         worker_models=("tensorrt_llm",),
         check=_trtllm_check,
+        host_paths=_trtllm_host_paths,
+        needs_gpu=lambda e: True,  # TensorRT-LLM engines run on GPUs only
         rank_env=_trtllm_rank_env,
         server_uses_mpi=True,
         summary="TensorRT-LLM ensemble; one tritonserver per GPU under MPI (leader mode)",
@@ -350,6 +343,7 @@ ENGINES: Dict[str, EngineDef] = {
                                      instances=lambda s: s.engine.frontends),
         worker_models=(),
         check=_vllm_check,
+        needs_gpu=lambda e: e.device != "cpu",  # cpu: a CPU build of vLLM
         # auto is ray across nodes; mp cannot span nodes (_vllm_check)
         ray_across_nodes=lambda e: e.distributed_executor_backend in ("auto", "ray"),
         rank_env=_ray_rank_env,
@@ -363,6 +357,7 @@ ENGINES: Dict[str, EngineDef] = {
         models=_python_engine_models("sglang", _sglang_params),
         worker_models=(),
         check=lambda c: _require_path(c, engine="sglang"),
+        needs_gpu=lambda e: True,  # SGLang serves on GPUs
         rank_env=_sglang_rank_env,
         summary="SGLang Engine; one tritonserver per model copy per node, nnodes/node_rank from the rendezvous",
     ),
@@ -375,6 +370,9 @@ ENGINES: Dict[str, EngineDef] = {
         spans_nodes=lambda e: e.backend == "pytorch",
         why_single_node=lambda e: "LMDeploy's TurboMind backend runs tensor parallelism inside one node only (its PyTorch backend spans nodes through Ray)",
         check=_lmdeploy_check,
+        # an HF folder or a TurboMind workspace (lmdeploy convert)
+        host_paths=lambda c: [(k, p, "hf_or_turbomind" if kind == "hf_model" else kind) for k, p, kind in model_host_paths(c)],
+        needs_gpu=lambda e: True,  # TurboMind and LMDeploy's PyTorch backend serve on GPUs
         ray_across_nodes=lambda e: e.backend == "pytorch",
         ray_env=(("LMDEPLOY_EXECUTOR_BACKEND", "ray"),),
         rank_env=_ray_rank_env,

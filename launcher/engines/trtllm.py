@@ -25,20 +25,24 @@ BACKENDS = ("tensorrtllm", "python")
 
 
 def check(c) -> List[Tuple[str, str, str]]:
+    """Rules across fields; each field's own domain (choices, the KV fraction) is declared in launcher/schema.py."""
     e, problems = c.engine, []
     if not e.engine_dir:
         problems.append(("engine.engine_dir=''", "the tensorrt_llm model needs a built TensorRT-LLM engine folder (gpt_model_path)", "set engine.engine_dir=/path/to/trt_engines/<model>/<tp>-gpu (or model.path)"))
     if not (e.tokenizer_dir or c.model.tokenizer or c.model.path):
         problems.append(("engine.tokenizer_dir=''", "pre/postprocessing need the model's tokenizer", "set engine.tokenizer_dir=/path/to/hf_model or model.tokenizer"))
-    for key, allowed in (("batching_strategy", BATCHING), ("batch_scheduler_policy", POLICIES), ("tokenizer_type", TOKENIZER_TYPES), ("backend", BACKENDS)):
-        if getattr(e, key) not in allowed:
-            problems.append((f"engine.{key}={getattr(e, key)!r}", f"not one of {', '.join(allowed)}", f"set engine.{key} to one of: {', '.join(allowed)}"))
-    frac = e.kv_cache_free_gpu_mem_fraction
-    if not 0 < frac <= 1:
-        problems.append((f"engine.kv_cache_free_gpu_mem_fraction={frac}", "a fraction of free GPU memory", "use a value in (0, 1], e.g. 0.9"))
     if e.batching_strategy == "V1" and e.decoupled:
         problems.append(("engine.batching_strategy='V1' with engine.decoupled=true", "V1 (no in-flight batching) cannot stream", "set engine.decoupled=false, or batching_strategy=inflight_fused_batching"))
     return problems
+
+
+def host_paths(c) -> List[Tuple[str, str, str]]:
+    """The engine folder, and the tokenizer pre/postprocessing load (the first of engine.tokenizer_dir,
+    model.tokenizer, model.path given: the key named is the one it came from)."""
+    e, m = c.engine, c.model
+    tok = next(((k, v) for k, v in (("engine.tokenizer_dir", e.tokenizer_dir), ("model.tokenizer", m.tokenizer),
+                                     ("model.path", m.path)) if v), ("engine.tokenizer_dir", ""))
+    return [("engine.engine_dir", e.engine_dir, "trtllm_engine"), (tok[0], tok[1], "tokenizer")]
 
 
 def _instances(e) -> int:

@@ -121,3 +121,60 @@ def test_cli_takes_a_free_mapping_key_without_plus(tmp_path):
                        capture_output=True, text=True, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr
     assert '"enforce_eager": true' in r.stdout
+
+
+# What a new user typed that used to reach a started server (or be accepted): each now exits 2 before anything
+# starts, naming the key and the fix. <hf> is a Hugging Face-shaped folder. The GPU is hidden
+# (CUDA_VISIBLE_DEVICES=''), so the device row is the same on a machine with one.
+FIRST_TRIES = [
+    (["model.make=", "model.path=/nonexistent"], "model.path='/nonexistent'", "no such file or folder"),
+    (["model.path=<hf>", "model.tokenizer=/nonexistent-tok"], "model.tokenizer='/nonexistent-tok'", "no such file or folder"),
+    (["cluster=local_slurm", "model.make=", "model.path=/nonexistent"], "model.path='/nonexistent'", "no such file or folder"),
+    (["engine.device=cuda"], "engine.device='cuda'", "CUDA_VISIBLE_DEVICES=''"),
+    (["model.max_model_len=-3", "dry_run=true"], "model.max_model_len=-3", "0 = the model's own"),
+    (["engine.prefill_chunk=-1", "dry_run=true"], "engine.prefill_chunk=-1", "0 = the engine's default"),
+    (["job_name=a", "b"], "'b'", "'job_name=a b'"),
+]
+
+
+@pytest.mark.parametrize("args,what,why", FIRST_TRIES, ids=[" ".join(c[0]) for c in FIRST_TRIES])
+def test_first_tries_fail_before_anything_starts(args, what, why, tmp_path):
+    from tests.unit.test_field_domains import make_hf_folder
+
+    hf = make_hf_folder(tmp_path / "hf")
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home), "CUDA_VISIBLE_DEVICES": ""}
+    args = [a.replace("<hf>", str(hf)) for a in args]
+    r = subprocess.run(LLMLAUNCH + args + [f"run_dir={tmp_path / 'run'}"], capture_output=True, text=True, cwd=home,
+                       env=env, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert what in r.stderr and why in r.stderr and "fix:" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "run").exists() and list(home.iterdir()) == []
+
+
+@pytest.mark.parametrize("argv,what,fix", [
+    (["job_name=a", "b"], "'b'", "quote the whole override for the shell: 'job_name=a b'"),
+    (["tp=2", "stray"], "'stray'", "'tp=2 stray'"),
+    (["stray"], "'stray'", "write it as key=value"),
+    (["job_name=a;b"], "job_name=a;b", "it stops at ';'"),
+    (["tp=("], "tp=(", "Hydra cannot parse this override"),
+])
+def test_a_word_that_is_no_override_says_what_and_how_to_quote(argv, what, fix):
+    with pytest.raises(LaunchError) as e:
+        plan(argv)
+    text = e.value.render()
+    assert what in text and fix in text and "quote" in text, text
+
+
+def test_a_flags_value_is_no_stray_word():
+    from launcher.cli import check_words
+
+    check_words(["--cfg", "job", "tp=2"])  # Hydra's --cfg takes `job`: nothing to report
+
+
+def test_a_multirun_with_a_stray_word_exits_2(tmp_path):
+    env = {**os.environ, "HOME": str(tmp_path)}
+    r = subprocess.run(LLMLAUNCH + ["-m", "job_name=a", "b"], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert r.returncode == 2 and "'job_name=a b'" in r.stderr, r.stderr

@@ -1,0 +1,152 @@
+"""What the launch host sees, before a launch starts anything (launcher/hostcheck.py): the model's folders as the
+engine loads them, and a GPU for an engine that needs one; both sides of each, the GPU probe given."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from launcher import hostcheck
+from launcher.cli import compose
+from launcher.spec import build_spec, plain, typed_config
+from tests.unit.test_field_domains import make_hf_folder
+
+GPU = lambda: (True, "a GPU for this test")  # noqa: E731
+NO_GPU = lambda: (False, "no /dev/nvidia[0-9]* device files; no nvidia-smi on PATH")  # noqa: E731
+
+
+def check(overrides, probe=NO_GPU):
+    cfg = compose(overrides)
+    build_spec(cfg)  # the values are valid: what is left is what the host shows
+    return hostcheck.check(typed_config(plain(cfg))[0], probe)
+
+
+def test_a_hf_folder_passes_and_each_missing_part_is_named(tmp_path):
+    hf = make_hf_folder(tmp_path / "hf")
+    assert check([f"model.path={hf}"]) == ([], [])
+    for gone, needle in (("config.json", "no config.json"), ("model.safetensors", "no weights"),
+                         ("tokenizer.json", "no tokenizer files")):
+        (hf / gone).rename(tmp_path / gone)
+        problems, _ = check([f"model.path={hf}"])
+        assert len(problems) == 1 and problems[0][0] == f"model.path={str(hf)!r}" and needle in problems[0][1], problems
+        assert "model.path" in problems[0][2]
+        (tmp_path / gone).rename(hf / gone)
+
+
+def test_a_separate_tokenizer_is_looked_for_in_its_own_folder(tmp_path):
+    hf = make_hf_folder(tmp_path / "hf")
+    (hf / "tokenizer.json").unlink()  # the weights' folder needs no tokenizer when model.tokenizer is given
+    tok = make_hf_folder(tmp_path / "tok")
+    assert check([f"model.path={hf}", f"model.tokenizer={tok}"]) == ([], [])
+    problems, _ = check([f"model.path={hf}", f"model.tokenizer={tmp_path / 'nope'}"])
+    assert [p[0] for p in problems] == [f"model.tokenizer={str(tmp_path / 'nope')!r}"]
+    assert problems[0][1] == "no such file or folder"
+
+
+def test_a_file_in_place_of_a_folder(tmp_path):
+    (tmp_path / "f").write_text("")
+    problems, _ = check([f"model.path={tmp_path / 'f'}"])
+    assert "not a folder" in problems[0][1]
+
+
+@pytest.mark.parametrize("cluster,fails", [("local", True), ("local_slurm", True), ("slurm", False)])
+def test_a_path_this_host_does_not_see_fails_here_and_warns_elsewhere(cluster, fails):
+    """On this machine and the local Slurm cluster every path is this host's; a site cluster's nodes may see a path
+    its login node does not, so there it is a warning and the launch goes on."""
+    problems, warnings = check([f"cluster={cluster}", "model.path=/nonexistent-model"])
+    if fails:
+        assert [p[0] for p in problems] == ["model.path='/nonexistent-model'"] and warnings == []
+    else:
+        assert problems == [] and len(warnings) == 1
+        assert "model.path='/nonexistent-model'" in warnings[0] and "nodes may see it" in warnings[0]
+
+
+def test_a_visible_path_of_the_wrong_kind_fails_on_any_cluster(tmp_path):
+    problems, _ = check(["cluster=slurm", f"model.path={tmp_path}"])
+    assert "not a Hugging Face model folder" in problems[0][1]
+
+
+def test_trtllm_looks_for_the_engine_files_of_every_rank_and_the_tokenizer(tmp_path):
+    hf = make_hf_folder(tmp_path / "hf")
+    eng = tmp_path / "engine"
+    eng.mkdir()
+    (eng / "config.json").write_text("{}")
+    (eng / "rank0.engine").write_text("")
+    base = ["cluster=local_slurm", "engine=trtllm", f"model.path={eng}", f"engine.tokenizer_dir={hf}"]
+    assert check(base) == ([], [])
+    problems, _ = check(base + ["tp=2"])
+    assert [p[0] for p in problems] == [f"engine.engine_dir={str(eng)!r}"]
+    assert "rank1.engine" in problems[0][1] and "tp*pp=2" in problems[0][1]
+    # without engine.tokenizer_dir the tokenizer is model.path's: an engine folder holds none
+    problems, _ = check(base[:-1])
+    assert [p[0] for p in problems] == [f"model.path={str(eng)!r}"] and "no tokenizer files" in problems[0][1]
+
+
+def test_lmdeploy_takes_a_turbomind_workspace(tmp_path):
+    ws = tmp_path / "ws"
+    (ws / "triton_models" / "weights").mkdir(parents=True)
+    assert check(["cluster=local_slurm", "engine=lmdeploy", f"model.path={ws}"]) == ([], [])
+    problems, _ = check(["cluster=local_slurm", "engine=lmdeploy", f"model.path={tmp_path}"])
+    assert "TurboMind workspace" in problems[0][1]
+
+
+@pytest.mark.parametrize("overrides,needs", [
+    (["engine.device=cuda"], True),
+    (["engine.device=auto"], False),
+    (["engine.device=cpu"], False),
+    (["engine=vllm", "model.path=<hf>"], True),
+    (["engine=vllm", "model.path=<hf>", "engine.device=cpu"], False),
+    (["engine=trtllm", "model.path=<engine>", "engine.tokenizer_dir=<hf>"], True),
+])
+def test_an_engine_that_needs_a_gpu_is_refused_without_one_on_a_local_launch(overrides, needs, tmp_path):
+    hf = make_hf_folder(tmp_path / "hf")
+    eng = tmp_path / "engine"
+    eng.mkdir()
+    (eng / "config.json").write_text("{}")
+    (eng / "rank0.engine").write_text("")
+    overrides = [o.replace("<hf>", str(hf)).replace("<engine>", str(eng)) for o in overrides]
+    assert check(overrides, GPU) == ([], [])
+    problems, _ = check(overrides, NO_GPU)
+    if not needs:
+        assert problems == []
+        return
+    assert len(problems) == 1
+    what, why, fix = problems[0]
+    assert what.startswith("engine")
+    assert "needs a GPU" in why and "/dev/nvidia" in why and "nvidia-smi" in why and fix
+    # on a Slurm cluster the GPUs are the nodes', not this host's
+    assert check(["cluster=local_slurm", *overrides], NO_GPU) == ([], [])
+
+
+def test_the_probe_says_what_hid_the_gpus(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    found, looked = hostcheck.probe_gpus()
+    assert not found and "CUDA_VISIBLE_DEVICES=''" in looked
+
+
+def test_run_and_jobs_dirs_may_be_missing_but_not_files(tmp_path):
+    assert check([f"run_dir={tmp_path / 'new'}", f"cluster.jobs_dir={tmp_path / 'jobs'}"]) == ([], [])
+    (tmp_path / "f").write_text("")
+    problems, _ = check([f"run_dir={tmp_path / 'f'}"])
+    assert problems[0][0] == f"run_dir={str(tmp_path / 'f')!r}" and "not a folder" in problems[0][1]
+
+
+def test_a_command_is_looked_for_on_path(tmp_path):
+    assert check(["cluster.python=sh"]) == ([], [])
+    problems, _ = check(["cluster.python=no-such-python-here"])
+    assert "PATH" in problems[0][1]
+    exe = tmp_path / "tritonserver"
+    exe.write_text("")
+    problems, _ = check([f"cluster.tritonserver={exe}"])
+    assert problems[0][1] == "not executable"
+
+
+def test_a_sweep_point_that_launches_is_checked_and_a_dry_one_is_not(tmp_path):
+    from launcher.sweep import _validate
+
+    args = ["bench=sharegpt_small", "model.make=", "model.path=/nonexistent-model"]
+    _, problems = _validate(compose(args), plain(compose(args)))
+    assert any("model.path='/nonexistent-model'" in p and "fix:" in p for p in problems), problems
+    _, problems = _validate(compose(args + ["dry_run=true"]), plain(compose(args + ["dry_run=true"])))
+    assert problems == []
