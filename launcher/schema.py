@@ -96,8 +96,11 @@ class HFEngineConfig(EngineConfig):
 
 @dataclass
 class TRTLLMEngineConfig(EngineConfig):
-    name: str = "trtllm"  # TensorRT-LLM backend (C++ inflight batcher) in an ensemble
-    engine_dir: str = ""  # built TensorRT-LLM engine folder (gpt_model_path); required
+    name: str = "trtllm"  # TensorRT-LLM: its LLM API in our python model (llmapi), or the C++ backend's ensemble
+    layout: str = "llmapi"  # llmapi (tensorrt_llm.LLM on a HF checkpoint, no engine build; TensorRT-LLM >= 0.18) | ensemble (prebuilt engine on the C++ tensorrtllm backend, for releases that still ship it); docs/engines.md
+    llm_args: Dict[str, Any] = field(default_factory=dict)  # llmapi: more tensorrt_llm.LLM arguments for model.yaml; they win over the ones llmlaunch derives (model, tp, pp, max_batch_size, ...); a key LLM does not take fails the model's load, naming the valid ones
+    # The fields below are the ensemble's (layout=ensemble); llmapi reads max_num_seqs and kv_cache_free_gpu_mem_fraction only.
+    engine_dir: str = ""  # built TensorRT-LLM engine folder (gpt_model_path); required for the ensemble
     tokenizer_dir: str = ""  # tokenizer for pre/postprocessing; empty = model.tokenizer or model.path
     tokenizer_type: str = "auto"  # auto | llama | t5 (older backends' names; we load with AutoTokenizer)
     batching_strategy: str = "inflight_fused_batching"  # gpt_model_type: inflight_fused_batching | V1

@@ -1,4 +1,8 @@
-"""The TensorRT-LLM ensemble: preprocessing -> tensorrt_llm -> postprocessing (+ optional BLS).
+"""TensorRT-LLM's two repository layouts (`engine.layout`), and the ensemble's rendering.
+
+`llmapi` (the default) is launcher/engines/trtllm_llmapi.py. `ensemble` is what follows:
+preprocessing -> tensorrt_llm -> postprocessing (+ optional BLS), for releases that still ship
+the C++ backend (docs/engines.md says which).
 
 Targets the `inflight_batcher_llm` layout of triton-inference-server/tensorrtllm_backend
 v0.9 and later (the C++ `tensorrtllm` backend, parameters as string values);
@@ -25,6 +29,18 @@ BACKENDS = ("tensorrtllm", "python")
 
 
 def check(c) -> List[Tuple[str, str, str]]:
+    from launcher.engines import trtllm_llmapi
+
+    layout = c.engine.layout
+    if layout not in trtllm_llmapi.LAYOUTS:
+        return [(f"engine.layout={layout!r}", "TensorRT-LLM is served as its LLM API model (llmapi, current releases) or "
+                 "the C++ backend's ensemble (releases that still ship it)", "set engine.layout=llmapi or engine.layout=ensemble")]
+    if layout == "llmapi":
+        return trtllm_llmapi.check(c)
+    return _ensemble_check(c) + trtllm_llmapi.ensemble_path_problems(c)
+
+
+def _ensemble_check(c) -> List[Tuple[str, str, str]]:
     e, problems = c.engine, []
     if not e.engine_dir:
         problems.append(("engine.engine_dir=''", "the tensorrt_llm model needs a built TensorRT-LLM engine folder (gpt_model_path)", "set engine.engine_dir=/path/to/trt_engines/<model>/<tp>-gpu (or model.path)"))
@@ -47,6 +63,14 @@ def _instances(e) -> int:
 
 
 def render_models(spec) -> List[RenderedModel]:
+    if spec.engine.layout == "llmapi":
+        from launcher.engines import trtllm_llmapi
+
+        return trtllm_llmapi.render_models(spec)
+    return _ensemble_models(spec)
+
+
+def _ensemble_models(spec) -> List[RenderedModel]:
     from launcher import pbtxt
     from tritonclient.grpc import model_config_pb2 as pb
 

@@ -169,8 +169,8 @@ def test_lmdeploy_pytorch_two_nodes_uses_ray_like_vllm():
 
 
 # ----------------------------------------------------------------------------- TensorRT-LLM
-def test_trtllm_two_nodes_every_rank_is_a_tritonserver(monkeypatch):
-    spec = spec_for("engine=trtllm", "tp=16", "nodes=2")
+def test_trtllm_ensemble_two_nodes_every_rank_is_a_tritonserver(monkeypatch):
+    spec = spec_for("engine=trtllm", "engine.layout=ensemble", "tp=16", "nodes=2")
     assert spec.world_size == 16 and spec.tasks_per_node == 8
     ctxs = contexts(spec)
     edef = ENGINES["trtllm"]
@@ -187,7 +187,7 @@ def test_trtllm_two_nodes_every_rank_is_a_tritonserver(monkeypatch):
 
 def test_trtllm_replicas_keep_one_gpu_per_rank(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
-    spec = spec_for("engine=trtllm", "tp=1", "replicas=8")
+    spec = spec_for("engine=trtllm", "engine.layout=ensemble", "tp=1", "replicas=8")
     assert all(ENGINES["trtllm"].rank_env(spec, c) == {} for c in contexts(spec))
 
 
@@ -202,7 +202,8 @@ def test_ranks_rendezvous_through_files_where_the_server_is_the_mpi_program(monk
         return rank_mod.make_comm(spec, Topology("slurm", 0, spec.world_size, 0, 0, spec.nodes, "4242", "node1"), tmp_path)
 
     assert ENGINES["trtllm"].server_uses_mpi and not ENGINES["vllm"].server_uses_mpi
-    assert isinstance(comm(spec_for("engine=trtllm", "tp=16", "nodes=2")), rank_mod.FileComm)
+    assert isinstance(comm(spec_for("engine=trtllm", "engine.layout=ensemble", "tp=16", "nodes=2")), rank_mod.FileComm)
+    assert isinstance(comm(spec_for("engine=trtllm", "tp=16", "nodes=2")), rank_mod.FileComm)  # llmapi: trtllm-llmapi-launch's world
     assert comm(spec_for("engine=vllm", "tp=16", "nodes=2")) == "mpi"
 
 

@@ -21,7 +21,7 @@ def sbatch_flags(text):
 
 
 def spec():
-    return plan(["cluster=luna", "engine=trtllm", "tp=8", "engine.engine_dir=/e", "model.path=/m"])[1]
+    return plan(["cluster=luna", "engine=trtllm", "engine.layout=ensemble", "tp=8", "engine.engine_dir=/e", "model.path=/m"])[1]
 
 
 def test_pair_passes_bash_n():
