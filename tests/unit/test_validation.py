@@ -64,6 +64,28 @@ def test_bad_input_names_value_and_fix(overrides, what, fix):
     assert what in text and fix in text, text
 
 
+def test_trtllm_layout_says_which_model_path_it_needs(tmp_path):
+    """engine.layout=llmapi serves a Hugging Face folder, the ensemble a built engine: where the folder exists
+    here, the wrong kind is refused naming the layout that serves it."""
+    engine_dir, hf_dir, other = tmp_path / "engine", tmp_path / "hf", tmp_path / "other"
+    for d in (engine_dir, hf_dir, other):
+        d.mkdir()
+    (engine_dir / "rank0.engine").write_bytes(b"")
+    (engine_dir / "config.json").write_text("{}")
+    (hf_dir / "config.json").write_text("{}")
+    cases = [
+        (["engine=trtllm", f"model.path={engine_dir}"], "holds a built TensorRT engine", "engine.layout=ensemble"),
+        (["engine=trtllm", f"model.path={other}"], "has no config.json", "a folder with config.json"),
+        (["engine=trtllm", "engine.layout=ensemble", f"model.path={hf_dir}"], "holds no rank<N>.engine file", "engine.layout=llmapi"),
+    ]
+    for overrides, why, fix in cases:
+        with pytest.raises(LaunchError) as e:
+            plan(overrides)
+        assert why in e.value.render() and fix in e.value.render(), e.value.render()
+    assert plan(["engine=trtllm", f"model.path={hf_dir}"])[1].model_name == "tensorrt_llm"
+    assert plan(["engine=trtllm", "engine.layout=ensemble", f"model.path={engine_dir}"])[1].model_name == "ensemble"
+
+
 def test_several_problems_reported_together():
     with pytest.raises(LaunchError) as e:
         plan(["tp=3", "serve.grpc_port=0", "job_name=x y"])
