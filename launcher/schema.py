@@ -58,7 +58,7 @@ class ClusterConfig:
 @dataclass
 class ModelConfig:
     name: str = MISSING  # short name used in job names and tables
-    path: str = ""  # HF-format folder with weights (or an engine dir for trtllm); empty = made on the spot (make)
+    path: str = ""  # HF-format folder with weights (trtllm engine.layout=ensemble reads a built engine dir through engine.engine_dir); empty = made on the spot (make)
     tokenizer: str = ""  # tokenizer folder; empty = path
     make: str = ""  # a model llmlaunch makes into its cache when path is empty (launcher/models MAKERS): smollm2 | tiny
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
