@@ -232,7 +232,7 @@ common keys:
   tp=N pp=N nodes=N replicas=N     parallelism (tp a power of two)
   dry_run=true                     print the plan (config, ranks, files, sbatch, commands); touch nothing
   serve.grpc_port=P serve.host=H   where rank 0 listens (also serve.http_port, serve.metrics_port)
-  model.path=DIR                   weights (HF folder; trtllm: engine.engine_dir)
+  model.path=DIR                   weights (HF folder; trtllm engine.layout=ensemble: engine.engine_dir)
   -m ... bench=<profile>           a sweep (Hydra multirun); llmlaunch-report summarises it
 
 more: llmlaunch --cfg job (the composed config), --hydra-help, README.md, launcher/schema.py

@@ -384,7 +384,7 @@ def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path
 
 def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Optional[str], say) -> int:
     from launcher.engines.registry import ENGINES
-    from launcher.render import shm_prefix, tritonserver_argv
+    from launcher.render import rank_command, shm_prefix
     from launcher.triton import ServerDied, TritonServer, resolve_tritonserver, server_env
 
     if topo.world_size != spec.world_size:
@@ -410,7 +410,7 @@ def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Opti
     def make_server():
         argv = edef.rank_command(spec, ctx)
         if argv is None:
-            argv = tritonserver_argv(
+            argv = rank_command(
                 spec,
                 me,
                 tritonserver=install.binary,

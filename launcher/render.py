@@ -249,9 +249,12 @@ def layout_table(spec: LaunchSpec) -> str:
     rows = ["rank  node  local  replica  role    serves    gpus      loads"]
     for r in spec.ranks:
         gpus = ",".join(map(str, r.gpus)) or "-"
-        loads = ",".join(r.models) if r.models else "all"
+        loads = ",".join(r.models) if r.models else "all" if ENGINES[spec.engine.name].runs_server(spec, r) else "- (no tritonserver)"
         rows.append(f"{r.rank:<5} {r.node:<5} {r.local_rank:<6} {r.replica:<8} {r.role:<7} {r.serves:<9} {gpus:<9} {loads}")
     return "\n".join(rows)
+
+
+RENDERED_TEXT = (".pbtxt", ".json", ".yaml")  # repository files the plan shows whole: configs and engine arguments
 
 
 def plan_text(spec: LaunchSpec, run_dir: str, composed_yaml: str = "") -> str:
@@ -274,7 +277,7 @@ def plan_text(spec: LaunchSpec, run_dir: str, composed_yaml: str = "") -> str:
     out.append(layout_table(spec))
     for rel, text in repository_files(spec).items():
         sec(f"file model_repository/{rel}")
-        out.append(text.rstrip() if rel.endswith((".pbtxt", ".json")) else "(copied from the checkout's model_repository/)")
+        out.append(text.rstrip() if rel.endswith(RENDERED_TEXT) else "(copied from the checkout's model_repository/)")
     from launcher.scheduler import for_spec
 
     request = for_spec(spec).dryrun(spec, run_dir)
@@ -286,7 +289,12 @@ def plan_text(spec: LaunchSpec, run_dir: str, composed_yaml: str = "") -> str:
     return "\n".join(out) + "\n"
 
 
+def rank_command(spec: LaunchSpec, rank: RankSpec, **kw) -> List[str]:
+    """The command one rank runs: its tritonserver command line, as the engine wraps it (an MPI launcher)."""
+    return ENGINES[spec.engine.name].rank_argv(spec, rank, tritonserver_argv(spec, rank, **kw))
+
+
 def rank_commands(spec: LaunchSpec, run_dir: str, job_id: str) -> str:
-    """Each rank's tritonserver command line, one line per rank."""
-    return "\n".join(f"rank {r.rank}: " + shlex.join(tritonserver_argv(spec, r, repository=f"{run_dir}/model_repository", job_id=job_id))
+    """Each rank's command line, one line per rank."""
+    return "\n".join(f"rank {r.rank}: " + shlex.join(rank_command(spec, r, repository=f"{run_dir}/model_repository", job_id=job_id))
                      for r in spec.ranks)

@@ -89,7 +89,7 @@ class ClusterConfig:
 @dataclass
 class ModelConfig:
     name: str = arg(Name(), MISSING)  # short name used in job names and tables
-    path: str = arg(Path("engine"), "")  # HF-format folder with weights (or an engine dir for trtllm); empty = made on the spot (make)
+    path: str = arg(Path("engine"), "")  # HF-format folder with weights (trtllm engine.layout=ensemble reads a built engine dir through engine.engine_dir); empty = made on the spot (make)
     tokenizer: str = arg(Path("engine"), "")  # tokenizer folder; empty = path
     make: str = arg(Choice(_makers), "")  # a model llmlaunch makes into its cache when path is empty (launcher/models MAKERS): smollm2 | tiny
     dtype: str = arg(Choice(DTYPES), "auto")  # auto | float32 | bfloat16 | float16
@@ -135,8 +135,11 @@ class HFEngineConfig(EngineConfig):
 
 @dataclass
 class TRTLLMEngineConfig(EngineConfig):
-    name: str = arg(Choice(_engines), "trtllm")  # TensorRT-LLM backend (C++ inflight batcher) in an ensemble
-    engine_dir: str = arg(Path("engine"), "")  # built TensorRT-LLM engine folder (gpt_model_path); required
+    name: str = arg(Choice(_engines), "trtllm")  # TensorRT-LLM: its LLM API in our python model (llmapi), or the C++ backend's ensemble
+    layout: str = arg(Choice(trtllm.LAYOUTS), "llmapi")  # llmapi (tensorrt_llm.LLM on a HF checkpoint, no engine build; TensorRT-LLM >= 0.18) | ensemble (prebuilt engine on the C++ tensorrtllm backend, for releases that still ship it); docs/engines.md
+    llm_args: Dict[str, Any] = arg(FreeMapping(IDENTIFIER, _ARG_NAME_WHAT), factory=dict)  # llmapi: more tensorrt_llm.LLM arguments for model.yaml; they win over the ones llmlaunch derives (model, tp, pp, max_batch_size, ...); a key LLM does not take fails the model's load, naming the valid ones
+    # The fields below are the ensemble's (layout=ensemble); llmapi reads max_num_seqs and kv_cache_free_gpu_mem_fraction only.
+    engine_dir: str = arg(Path("engine"), "")  # built TensorRT-LLM engine folder (gpt_model_path); required for the ensemble
     tokenizer_dir: str = arg(Path("engine"), "")  # tokenizer for pre/postprocessing; empty = model.tokenizer or model.path
     tokenizer_type: str = arg(Choice(trtllm.TOKENIZER_TYPES), "auto")  # auto | llama | t5 (older backends' names; we load with AutoTokenizer)
     batching_strategy: str = arg(Choice(trtllm.BATCHING), "inflight_fused_batching")  # gpt_model_type: inflight_fused_batching | V1

@@ -145,8 +145,8 @@ def layout(engine_layout: str, tp: int, pp: int, replicas: int, nodes: int, gpus
     return per_node // gpus_per_task, gpus_per_task, per_node, nodes_per_group
 
 
-def build_ranks(engine_def, tp, pp, replicas, nodes, tasks_per_node, gpus_per_task) -> Tuple[RankSpec, ...]:
-    """Assign ranks in Slurm's block order (ranks 0..k-1 on node 0, ...)."""
+def build_ranks(worker_models, tp, pp, replicas, nodes, tasks_per_node, gpus_per_task) -> Tuple[RankSpec, ...]:
+    """Assign ranks in Slurm's block order (ranks 0..k-1 on node 0, ...); non-leaders load `worker_models`."""
     world = nodes * tasks_per_node
     ranks_per_group = world // replicas
     out = []
@@ -161,7 +161,7 @@ def build_ranks(engine_def, tp, pp, replicas, nodes, tasks_per_node, gpus_per_ta
         else:
             serves = "none"
         gpus = tuple(range(local * gpus_per_task, (local + 1) * gpus_per_task))
-        models = () if leader else tuple(engine_def.worker_models)
+        models = () if leader else tuple(worker_models)
         out.append(RankSpec(r, node, local, replica, group_rank, gpus, "leader" if leader else "worker", serves, models))
     return tuple(out)
 
@@ -229,7 +229,7 @@ def build_spec(cfg) -> LaunchSpec:
         raise LaunchError(problems)
 
     tasks_per_node, gpus_per_task, used, _ = lay
-    ranks = build_ranks(edef, tp, pp, replicas, nodes, tasks_per_node, gpus_per_task)
+    ranks = build_ranks(edef.workers_load(engine), tp, pp, replicas, nodes, tasks_per_node, gpus_per_task)
     host = serve.host or ("0.0.0.0" if cluster.scheduler == "slurm" else "127.0.0.1")
     return LaunchSpec(
         job_name=c.job_name,
@@ -245,7 +245,7 @@ def build_spec(cfg) -> LaunchSpec:
         tasks_per_node=tasks_per_node,
         gpus_per_task=gpus_per_task,
         gpus_per_node_used=used,
-        model_name=engine.model_name or edef.default_model_name,
+        model_name=edef.model_name(engine),
         host=host,
         ranks=ranks,
     )

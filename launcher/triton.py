@@ -464,7 +464,8 @@ class TritonServer:
 
     def start(self) -> "TritonServer":
         argv = list(self.argv)
-        if Path(argv[0]).name == "tritonserver":
+        # tritonserver itself, or behind a launcher that runs the rest of the line (trtllm-llmapi-launch)
+        if any(Path(a).name == "tritonserver" for a in argv[:2]):
             argv.append(f"--exit-timeout-secs={int(self.drain_timeout_s)}")
         if self.inherit_output:
             sys.stdout.flush()

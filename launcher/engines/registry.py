@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 
 REPO_SOURCES = Path(__file__).resolve().parents[2] / "model_repository"
@@ -68,7 +68,24 @@ class EngineDef:
     # rank's process, and a command replacing tritonserver on that rank (e.g. a Ray worker), or None.
     rank_env: Callable[[Any, Any], Dict[str, str]] = lambda spec, ctx: {}
     rank_command: Callable[[Any, Any], Any] = lambda spec, ctx: None
+    # Pure, so the plan shows it too: given (spec, RankSpec, the rank's tritonserver argv), the command the rank
+    # runs (e.g. the server behind an MPI launcher); and whether that command is a tritonserver at all.
+    rank_argv: Callable[[Any, Any, List[str]], List[str]] = lambda spec, rank, argv: argv
+    runs_server: Callable[[Any, Any], bool] = lambda spec, rank: True
+    # An engine with several repository layouts (trtllm's engine.layout): the default model name and what
+    # non-leader ranks load for its config, when they differ from default_model_name / worker_models.
+    default_model_name_of: Callable[[Any], str] = lambda engine: ""
+    worker_models_of: Callable[[Any], Optional[Tuple[str, ...]]] = lambda engine: None
     summary: str = ""
+
+    def model_name(self, engine) -> str:
+        """The Triton model name clients address: engine.model_name, else this engine's default for its config."""
+        return engine.model_name or self.default_model_name_of(engine) or self.default_model_name
+
+    def workers_load(self, engine) -> Tuple[str, ...]:
+        """Models the non-leader ranks' tritonservers load, for this engine config."""
+        models = self.worker_models_of(engine)
+        return tuple(self.worker_models if models is None else models)
 
 
 def model_path(spec) -> str:
@@ -310,6 +327,22 @@ def _trtllm_host_paths(c):
     return trtllm.host_paths(c)
 
 
+def _llmapi(spec) -> bool:
+    return spec.engine.layout == "llmapi"
+
+
+def _trtllm_rank_argv(spec, rank, argv):
+    from launcher.engines import trtllm_llmapi
+
+    return trtllm_llmapi.rank_argv(spec, rank, argv) if _llmapi(spec) else argv
+
+
+def _trtllm_runs_server(spec, rank) -> bool:
+    from launcher.engines import trtllm_llmapi
+
+    return trtllm_llmapi.runs_server(spec, rank) if _llmapi(spec) else True
+
+
 ENGINES: Dict[str, EngineDef] = {
     "hf": EngineDef(
         name="hf",
@@ -324,6 +357,8 @@ ENGINES: Dict[str, EngineDef] = {
     "trtllm": EngineDef(
         name="trtllm",
         default_model_name="ensemble",
+        # one task per GPU either way: llmapi's MPI world under trtllm-llmapi-launch (launcher/engines/
+        # trtllm_llmapi.py), or the ensemble's tritonserver per GPU in leader mode
         layout="per_gpu",
         models=_trtllm_models,
         worker_models=("tensorrt_llm",),
@@ -332,7 +367,12 @@ ENGINES: Dict[str, EngineDef] = {
         needs_gpu=lambda e: True,  # TensorRT-LLM engines run on GPUs only
         rank_env=_trtllm_rank_env,
         server_uses_mpi=True,
-        summary="TensorRT-LLM ensemble; one tritonserver per GPU under MPI (leader mode)",
+        rank_argv=_trtllm_rank_argv,
+        runs_server=_trtllm_runs_server,
+        default_model_name_of=lambda e: "tensorrt_llm" if e.layout == "llmapi" else "",
+        worker_models_of=lambda e: () if e.layout == "llmapi" else None,  # llmapi workers run TensorRT-LLM's MPI worker
+        summary="TensorRT-LLM: its LLM API in our python model (llmapi, default; one MPI world under trtllm-llmapi-launch "
+                "for several GPUs), or the C++ backend's ensemble (one tritonserver per GPU, leader mode)",
     ),
     "vllm": EngineDef(
         name="vllm",

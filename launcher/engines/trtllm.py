@@ -1,4 +1,8 @@
-"""The TensorRT-LLM ensemble: preprocessing -> tensorrt_llm -> postprocessing (+ optional BLS).
+"""TensorRT-LLM's two repository layouts (`engine.layout`), and the ensemble's rendering.
+
+`llmapi` (the default) is launcher/engines/trtllm_llmapi.py. `ensemble` is what follows:
+preprocessing -> tensorrt_llm -> postprocessing (+ optional BLS), for releases that still ship
+the C++ backend (docs/engines.md says which).
 
 Targets the `inflight_batcher_llm` layout of triton-inference-server/tensorrtllm_backend
 v0.9 and later (the C++ `tensorrtllm` backend, parameters as string values);
@@ -22,10 +26,20 @@ BATCHING = ("inflight_fused_batching", "V1")
 POLICIES = ("guaranteed_no_evict", "max_utilization", "guaranteed_completion")
 TOKENIZER_TYPES = ("auto", "llama", "t5")
 BACKENDS = ("tensorrtllm", "python")
+LAYOUTS = ("llmapi", "ensemble")  # engine.layout: the LLM API model (launcher/engines/trtllm_llmapi.py) or the ensemble
 
 
 def check(c) -> List[Tuple[str, str, str]]:
-    """Rules across fields; each field's own domain (choices, the KV fraction) is declared in launcher/schema.py."""
+    """Rules across fields (each field's own domain, the layout's choices and the KV fraction, is declared in
+    launcher/schema.py), by layout."""
+    from launcher.engines import trtllm_llmapi
+
+    if c.engine.layout == "llmapi":
+        return trtllm_llmapi.check(c)
+    return _ensemble_check(c) + trtllm_llmapi.ensemble_path_problems(c)
+
+
+def _ensemble_check(c) -> List[Tuple[str, str, str]]:
     e, problems = c.engine, []
     if not e.engine_dir:
         problems.append(("engine.engine_dir=''", "the tensorrt_llm model needs a built TensorRT-LLM engine folder (gpt_model_path)", "set engine.engine_dir=/path/to/trt_engines/<model>/<tp>-gpu (or model.path)"))
@@ -37,9 +51,12 @@ def check(c) -> List[Tuple[str, str, str]]:
 
 
 def host_paths(c) -> List[Tuple[str, str, str]]:
-    """The engine folder, and the tokenizer pre/postprocessing load (the first of engine.tokenizer_dir,
+    """llmapi: the Hugging Face checkpoint tensorrt_llm.LLM loads (and its tokenizer where given apart).  ensemble:
+    the engine folder, and the tokenizer pre/postprocessing load (the first of engine.tokenizer_dir,
     model.tokenizer, model.path given: the key named is the one it came from)."""
     e, m = c.engine, c.model
+    if e.layout == "llmapi":
+        return [("model.path", m.path, "hf_model")] + ([("model.tokenizer", m.tokenizer, "tokenizer")] if m.tokenizer else [])
     tok = next(((k, v) for k, v in (("engine.tokenizer_dir", e.tokenizer_dir), ("model.tokenizer", m.tokenizer),
                                      ("model.path", m.path)) if v), ("engine.tokenizer_dir", ""))
     return [("engine.engine_dir", e.engine_dir, "trtllm_engine"), (tok[0], tok[1], "tokenizer")]
@@ -51,6 +68,14 @@ def _instances(e) -> int:
 
 
 def render_models(spec) -> List[RenderedModel]:
+    if spec.engine.layout == "llmapi":
+        from launcher.engines import trtllm_llmapi
+
+        return trtllm_llmapi.render_models(spec)
+    return _ensemble_models(spec)
+
+
+def _ensemble_models(spec) -> List[RenderedModel]:
     from launcher import pbtxt
     from tritonclient.grpc import model_config_pb2 as pb
 

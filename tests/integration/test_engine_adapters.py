@@ -1,13 +1,15 @@
-"""The vLLM / SGLang / LMDeploy python models in a real tritonserver, each engine replaced by a stand-in.
+"""The vLLM / SGLang / LMDeploy / TensorRT-LLM (LLM API) python models in a real tritonserver, each engine replaced
+by a stand-in.
 
-The engines need GPUs and cannot be installed here, so `tests/standins/{vllm,sglang,lmdeploy}`
+The engines need GPUs and cannot be installed here, so `tests/standins/{vllm,sglang,lmdeploy,tensorrt_llm}`
 (on the server's PYTHONPATH) are stand-ins at the API boundary: the same import paths, classes, methods and
 async-generator shapes as the real packages' public APIs (LMDeploy's as in its 0.18.0 source: preprocess/generate,
 GenOut deltas, RequestError, the greedy normalization), and they play a deterministic script
 (tests/standins/_standin.py), recording every call. The repository is what `llmlaunch` renders for each engine. Checked: streaming order
 and counts, non-streaming text, the contract's sampling inputs reaching the engine's own
 parameter names, cancellation aborting the engine's request, an engine exception answered as an
-error while the next request succeeds, and `finalize` shutting the engine down.
+error while the next request succeeds, and `finalize` shutting the engine down. TensorRT-LLM's model is API-tested
+only: its stand-in has the real `LLM` / `SamplingParams` / `generate_async` signatures, never the engine.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ from tests.contract_client import Stream, generate
 
 pytestmark = pytest.mark.triton
 
-ENGINES = ("vllm", "sglang", "lmdeploy")
+ENGINES = ("vllm", "sglang", "lmdeploy", "trtllm")
+# A stub started by srun has the task's MPI identity in its environment; the TensorRT-LLM model must leave it
+# before TensorRT-LLM loads (it would join the job's world), keeping MPI's configuration variables.
+MPI_RANK_ENV = {"PMIX_RANK": "3", "OMPI_COMM_WORLD_RANK": "3", "PMI_SIZE": "8", "PMIX_MCA_gds": "hash"}
 
 
 @pytest.fixture(scope="module", params=ENGINES)
@@ -38,7 +43,7 @@ def engine(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(name)
     repo = write_repository(repository_files(spec), tmp / "repo")
     log = tmp / "calls.jsonl"
-    env = {"LLMLAUNCH_STANDIN_LOG": str(log), "LLMLAUNCH_STANDIN_DELAY_S": "0.01"}
+    env = {"LLMLAUNCH_STANDIN_LOG": str(log), "LLMLAUNCH_STANDIN_DELAY_S": "0.01", **(MPI_RANK_ENV if name == "trtllm" else {})}
     with serve(repo, [spec.model_name], tmp / "server.log", spec.model_name, extra_env=env, pythonpath=[STANDINS]) as server:
         server.name, server.model, server.calls, server.spec = name, spec.model_name, log, spec
         yield server
@@ -76,6 +81,11 @@ def test_engine_started_with_the_launch_spec(engine):
     elif engine.name == "sglang":
         assert args["model_path"] == "/models/standin-llm" and args["tp_size"] == 1 and args["nnodes"] == 1 and args["max_running_requests"] == 8
         assert init[0]["thread"] == "sglang-loop"  # built on the runtime's loop thread, so it binds to that loop
+    elif engine.name == "trtllm":  # model.yaml rendered by launcher/engines/trtllm_llmapi.py
+        assert (args["model"], args["backend"], args["tensor_parallel_size"], args["pipeline_parallel_size"], args["max_batch_size"]) == \
+            ("/models/standin-llm", "pytorch", 1, 1, 8)
+        assert args["kv_cache_config"] == {"free_gpu_memory_fraction": 0.9} and "gpus_per_node" not in args
+        assert init[0]["mpi_env"] == []  # left the job's MPI world before TensorRT-LLM loaded
     else:
         assert args["model_path"] == "/models/standin-llm" and args["backend"] == "turbomind"
         assert args["backend_config"]["tp"] == 1 and args["backend_config"]["max_batch_size"] == 8
@@ -132,6 +142,10 @@ def test_contract_sampling_inputs_reach_the_engine(engine):
         assert (s["max_tokens"], s["min_tokens"], s["temperature"], s["top_k"], s["seed"], s["stop"], s["stop_token_ids"], s["output_kind"]) == \
             (4, 2, 0.5, -1, 7, ["zz"], [5], "DELTA")
         assert s["top_p"] == pytest.approx(0.9) and s["repetition_penalty"] == pytest.approx(1.1)
+    elif engine.name == "trtllm":
+        assert (s["max_tokens"], s["min_tokens"], s["temperature"], s["top_k"], s["seed"], s["stop"], s["stop_token_ids"], s["n"]) == \
+            (4, 2, 0.5, None, 7, ["zz"], [5], 1)
+        assert s["top_p"] == pytest.approx(0.9) and s["repetition_penalty"] == pytest.approx(1.1) and s["ignore_eos"] is False
     elif engine.name == "sglang":
         assert (s["max_new_tokens"], s["min_new_tokens"], s["temperature"], s["top_k"], s["sampling_seed"], s["stop"], s["stop_token_ids"]) == \
             (4, 2, 0.5, -1, 7, ["zz"], [5])
@@ -148,6 +162,20 @@ def test_bad_request_gets_a_clear_error(engine):
     assert error is not None and "max_tokens must be >= 1" in str(error)
     _, error = generate(engine, "hello", max_tokens=3, beam_width=2)
     assert error is not None and "beam_width 2 is not supported" in str(error)
+
+
+def test_trtllm_greedy_bad_words_and_penalties_map_to_sampling_params(engine):
+    """TensorRT-LLM takes temperature > 0 only: greedy (temperature 0 or absent) is top_k 1; bad_words -> bad,
+    presence/frequency penalties, ignore_eos and seed by their own names."""
+    if engine.name != "trtllm":
+        pytest.skip("TensorRT-LLM's SamplingParams")
+    prompt = "greedy trtllm"
+    responses, error = generate(engine, prompt, max_tokens=3, stream=False, ignore_eos=True, bad_words=["nope"],
+                                presence_penalty=0.5, frequency_penalty=0.25, seed=11, top_k=5)
+    assert error is None and responses[0]["output_tokens"] == 3
+    s = last_generate(engine, prompt)["sampling"]
+    assert (s["top_k"], s["temperature"], s["top_p"], s["bad"], s["ignore_eos"], s["seed"]) == (1, None, None, ["nope"], True, 11)
+    assert (s["presence_penalty"], s["frequency_penalty"], s["repetition_penalty"]) == (0.5, 0.25, None)
 
 
 def test_lmdeploy_greedy_keeps_the_repetition_penalty_and_refusals_are_clear(engine):
@@ -251,6 +279,26 @@ def test_sglang_worker_node_hosts_its_engine_share_and_takes_no_requests(tmp_pat
         _, error = generate(server, "hello", max_tokens=3)
         assert error is not None and "takes no requests" in str(error)
     assert events(server, "shutdown")
+
+
+def test_trtllm_llm_args_reach_model_yaml_and_unknown_keys_are_refused(tmp_path):
+    """engine.llm_args is written into model.yaml over llmlaunch's arguments; a key tensorrt_llm.LLM does not take
+    fails the model's load with a message listing the valid ones."""
+    from launcher.cli import plan
+    from launcher.render import repository_files
+    from tests.standins.server import STANDINS, serve, write_repository
+
+    _, spec = plan(["engine=trtllm", "model.path=/models/standin-llm", "+engine.llm_args.enable_chunked_prefill=true",
+                    "+engine.llm_args.max_batch_size=4", "+engine.llm_args.no_such_arg=1"])
+    files = repository_files(spec)
+    assert "enable_chunked_prefill: true" in files["tensorrt_llm/1/model.yaml"] and "max_batch_size: 4" in files["tensorrt_llm/1/model.yaml"]
+    repo = write_repository(files, tmp_path / "repo")
+    with pytest.raises(Exception):
+        with serve(repo, [spec.model_name], tmp_path / "server.log", spec.model_name, ready_timeout_s=60,
+                   extra_env={"LLMLAUNCH_STANDIN_LOG": str(tmp_path / "calls.jsonl")}, pythonpath=[STANDINS]):
+            pass
+    text = (tmp_path / "server.log").read_text()
+    assert "tensorrt_llm.LLM takes no ['no_such_arg']" in text and "enable_chunked_prefill" in text and "valid keys:" in text, text[-2000:]
 
 
 def test_vllm_front_ends_share_one_engine_core(tmp_path):

@@ -471,3 +471,37 @@ def test_static_sbatch_pair_serves_hf_on_the_local_cluster(local_slurm, tmp_path
         assert_shm_gone(job_id)
     finally:
         subprocess.run(["scancel", job_id])
+
+
+def test_trtllm_llmapi_mpi_world_serves_through_rank0_on_the_local_cluster(local_slurm, tmp_path):
+    """engine=trtllm (the LLM API layout) with tp=2, API-tested only: the stand-in tensorrt_llm package and
+    trtllm-llmapi-launch (tests/standins) on the ranks' paths. Both tasks start under srun --mpi=pmix through the
+    launcher; rank 0's tritonserver serves the job's endpoint with the model built from the rendered model.yaml,
+    outside the task's MPI identity; rank 1 is the MPI worker and runs no tritonserver; the job stops drained."""
+    import dataclasses
+
+    from launcher import slurm
+    from tests.standins.server import STANDINS
+
+    calls = tmp_path / "calls.jsonl"
+    _, spec = plan(["cluster=local_slurm", "engine=trtllm", "tp=2", "model.path=/models/standin-llm", f"cluster.jobs_dir={tmp_path}",
+                    "serve.ready_timeout_s=240"])
+    cluster = dataclasses.replace(spec.cluster, env={**spec.cluster.env, "LLMLAUNCH_STANDIN_LOG": str(calls)},
+                                  setup=[f"export PATH={STANDINS / 'bin'}:$PATH", f"export PYTHONPATH=$PYTHONPATH:{STANDINS}"])
+    spec = dataclasses.replace(spec, cluster=cluster)
+    job, run = slurm.submit(spec, str(tmp_path / "run"))
+    try:
+        ep = slurm.follow(job.job_id, run, spec, 300)
+        assert ep["model"] == "tensorrt_llm"
+        text, n = greedy(ep["url"], ep["model"])
+        assert (text, n) == (" t0 t1 t2 t3 t4", 5)
+        rows = [json.loads(line) for line in calls.read_text().splitlines() if line.strip()]
+        launched = sorted((r["event"], r["rank"], r["world"]) for r in rows if r["event"].startswith("launch_"))
+        assert launched == [("launch_leader", 0, 2), ("launch_worker", 1, 2)]
+        (init,) = [r for r in rows if r["event"] == "init"]
+        assert (init["args"]["tensor_parallel_size"], init["args"]["gpus_per_node"], init["mpi_env"], init["proxy"]) == (2, 2, [], "1")
+        assert prefixes_of(job.job_id) == [f"llm{job.job_id}r0_"]  # one tritonserver, rank 0's
+        stop_drained(job.job_id)
+        assert any(r["event"] == "shutdown" for r in (json.loads(l) for l in calls.read_text().splitlines() if l.strip()))
+    finally:
+        subprocess.run(["scancel", job.job_id])

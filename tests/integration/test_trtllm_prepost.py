@@ -42,7 +42,7 @@ def server(tiny_dir, tmp_path_factory):
     from launcher.render import repository_files
     from tests.standins.server import STANDINS, serve, write_repository
 
-    _, spec = plan(["engine=trtllm", f"model.path={tiny_dir}", "engine.max_num_seqs=8", "engine.bls=true",
+    _, spec = plan(["engine=trtllm", "engine.layout=ensemble", f"model.path={tiny_dir}", "engine.engine_dir=/engines/standin", "engine.max_num_seqs=8", "engine.bls=true",
                     "engine.preprocessing_instances=1", "engine.postprocessing_instances=1"])
     tmp = tmp_path_factory.mktemp("trtllm")
     repo = write_repository(repository_files(spec), tmp / "repo")
@@ -64,7 +64,7 @@ def test_rendered_ensemble_loads_as_rendered(tiny_dir, tmp_path):
     from launcher.triton import ServerDied
     from tests.standins.server import serve, write_repository
 
-    _, spec = plan(["engine=trtllm", f"model.path={tiny_dir}", "engine.max_num_seqs=8",
+    _, spec = plan(["engine=trtllm", "engine.layout=ensemble", f"model.path={tiny_dir}", "engine.engine_dir=/engines/standin", "engine.max_num_seqs=8",
                     "engine.preprocessing_instances=1", "engine.postprocessing_instances=1"])
     files = {k: v for k, v in repository_files(spec).items() if not k.startswith("tensorrt_llm/")}
     repo = write_repository(files, tmp_path / "repo")

@@ -58,7 +58,7 @@ def load_model_module(engine: str):
         sys.modules["triton_python_backend_utils"] = types.ModuleType("triton_python_backend_utils")
     try:
         path = ROOT / "model_repository" / engine / "1" / "model.py"
-        mod_spec = importlib.util.spec_from_file_location(f"llmlaunch_{engine}_model", path)
+        mod_spec = importlib.util.spec_from_file_location(f"llmlaunch_{engine.replace('/', '_')}_model", path)
         module = importlib.util.module_from_spec(mod_spec)
         mod_spec.loader.exec_module(module)
         return module
@@ -169,8 +169,8 @@ def test_lmdeploy_pytorch_two_nodes_uses_ray_like_vllm():
 
 
 # ----------------------------------------------------------------------------- TensorRT-LLM
-def test_trtllm_two_nodes_every_rank_is_a_tritonserver(monkeypatch):
-    spec = spec_for("engine=trtllm", "tp=16", "nodes=2")
+def test_trtllm_ensemble_two_nodes_every_rank_is_a_tritonserver(monkeypatch):
+    spec = spec_for("engine=trtllm", "engine.layout=ensemble", "tp=16", "nodes=2")
     assert spec.world_size == 16 and spec.tasks_per_node == 8
     ctxs = contexts(spec)
     edef = ENGINES["trtllm"]
@@ -187,8 +187,45 @@ def test_trtllm_two_nodes_every_rank_is_a_tritonserver(monkeypatch):
 
 def test_trtllm_replicas_keep_one_gpu_per_rank(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
-    spec = spec_for("engine=trtllm", "tp=1", "replicas=8")
+    spec = spec_for("engine=trtllm", "engine.layout=ensemble", "tp=1", "replicas=8")
     assert all(ENGINES["trtllm"].rank_env(spec, c) == {} for c in contexts(spec))
+
+
+def test_trtllm_llmapi_ranks_are_one_mpi_world_under_trtllm_llmapi_launch(monkeypatch):
+    """engine.layout=llmapi (the default), 2 nodes x 8 GPUs: every task runs trtllm-llmapi-launch; rank 0's is the
+    tritonserver command line (the only server), the others run TensorRT-LLM's MPI worker; each rank keeps the
+    node's GPUs visible (TensorRT-LLM places MPI rank r on GPU r % gpus_per_node); one GPU copies are plain servers."""
+    from launcher.render import rank_command
+
+    spec = spec_for("engine=trtllm", "tp=16", "nodes=2")
+    edef = ENGINES["trtllm"]
+    commands = [rank_command(spec, r, job_id="4242") for r in spec.ranks]
+    assert commands[0][:2] == ["trtllm-llmapi-launch", "tritonserver"] and "--grpc-port=8001" in commands[0]
+    assert all(c == ["trtllm-llmapi-launch"] for c in commands[1:])
+    assert [edef.runs_server(spec, r) for r in spec.ranks] == [True] + [False] * 15
+    assert all(r.models == () for r in spec.ranks) and spec.model_name == "tensorrt_llm"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3,4,5,6,7")
+    assert {edef.rank_env(spec, c)["CUDA_VISIBLE_DEVICES"] for c in contexts(spec)} == {"0,1,2,3,4,5,6,7"}
+    one = spec_for("engine=trtllm", "tp=1", "replicas=8")
+    assert [rank_command(one, r, job_id="4242")[0] for r in one.ranks] == ["tritonserver"] * 8
+
+
+def test_trtllm_llmapi_model_leaves_the_mpi_world_and_maps_the_contract():
+    m = load_model_module("trtllm/llmapi")
+    env = {"PMIX_RANK": "1", "PMIX_NAMESPACE": "x", "PMI_FD": "3", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_UNIVERSE_SIZE": "8",
+           "PMIX_MCA_gds": "hash", "OMPI_MCA_btl": "self", "UCX_TLS": "rc", "SLURM_PROCID": "1", "TLLM_SPAWN_PROXY_PROCESS": "1"}
+    assert sorted(m.leave_mpi_world(env)) == ["OMPI_COMM_WORLD_SIZE", "OMPI_UNIVERSE_SIZE", "PMIX_NAMESPACE", "PMIX_RANK", "PMI_FD"]
+    assert sorted(env) == ["OMPI_MCA_btl", "PMIX_MCA_gds", "SLURM_PROCID", "TLLM_SPAWN_PROXY_PROCESS", "UCX_TLS"]
+    assert m.llm_kwargs({"model": "/m", "backend": "pytorch"}, {"model", "backend"}) == {"model": "/m", "backend": "pytorch"}
+    with pytest.raises(ValueError, match=r"takes no \['nope'\].*valid keys: backend, model"):
+        m.llm_kwargs({"model": "/m", "nope": 1}, {"model", "backend"})
+    with pytest.raises(ValueError, match="at least `model`"):
+        m.llm_kwargs({"backend": "pytorch"}, None)
+    from launcher.serving.triton_io import SamplingParams
+
+    assert m.sampling_kwargs(SamplingParams(max_tokens=5)) == {"n": 1, "max_tokens": 5, "ignore_eos": False, "skip_special_tokens": True, "top_k": 1}
+    kw = m.sampling_kwargs(SamplingParams(max_tokens=5, temperature=0.7, top_k=40, top_p=0.95, end_id=7, stop=("x",), bad_words=("y",)))
+    assert (kw["temperature"], kw["top_k"], kw["top_p"], kw["stop_token_ids"], kw["stop"], kw["bad"]) == (0.7, 40, 0.95, [7], ["x"], ["y"])
 
 
 # ----------------------------------------------------------------------------- engine facts the ranks act on
@@ -202,7 +239,8 @@ def test_ranks_rendezvous_through_files_where_the_server_is_the_mpi_program(monk
         return rank_mod.make_comm(spec, Topology("slurm", 0, spec.world_size, 0, 0, spec.nodes, "4242", "node1"), tmp_path)
 
     assert ENGINES["trtllm"].server_uses_mpi and not ENGINES["vllm"].server_uses_mpi
-    assert isinstance(comm(spec_for("engine=trtllm", "tp=16", "nodes=2")), rank_mod.FileComm)
+    assert isinstance(comm(spec_for("engine=trtllm", "engine.layout=ensemble", "tp=16", "nodes=2")), rank_mod.FileComm)
+    assert isinstance(comm(spec_for("engine=trtllm", "tp=16", "nodes=2")), rank_mod.FileComm)  # llmapi: trtllm-llmapi-launch's world
     assert comm(spec_for("engine=vllm", "tp=16", "nodes=2")) == "mpi"
 
 

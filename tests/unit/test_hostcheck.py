@@ -73,7 +73,7 @@ def test_trtllm_looks_for_the_engine_files_of_every_rank_and_the_tokenizer(tmp_p
     eng.mkdir()
     (eng / "config.json").write_text("{}")
     (eng / "rank0.engine").write_text("")
-    base = ["cluster=local_slurm", "engine=trtllm", f"model.path={eng}", f"engine.tokenizer_dir={hf}"]
+    base = ["cluster=local_slurm", "engine=trtllm", "engine.layout=ensemble", f"model.path={eng}", f"engine.tokenizer_dir={hf}"]
     assert check(base) == ([], [])
     problems, _ = check(base + ["tp=2"])
     assert [p[0] for p in problems] == [f"engine.engine_dir={str(eng)!r}"]
@@ -97,7 +97,7 @@ def test_lmdeploy_takes_a_turbomind_workspace(tmp_path):
     (["engine.device=cpu"], False),
     (["engine=vllm", "model.path=<hf>"], True),
     (["engine=vllm", "model.path=<hf>", "engine.device=cpu"], False),
-    (["engine=trtllm", "model.path=<engine>", "engine.tokenizer_dir=<hf>"], True),
+    (["engine=trtllm", "engine.layout=ensemble", "model.path=<engine>", "engine.tokenizer_dir=<hf>"], True),
 ])
 def test_an_engine_that_needs_a_gpu_is_refused_without_one_on_a_local_launch(overrides, needs, tmp_path):
     hf = make_hf_folder(tmp_path / "hf")

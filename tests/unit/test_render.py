@@ -12,20 +12,21 @@ import pytest
 
 from launcher import pbtxt
 from launcher.cli import plan
-from launcher.render import PACKAGE_ROOT, allocation_step, plan_text, repository_files, sbatch_script, tritonserver_argv
+from launcher.render import RENDERED_TEXT, PACKAGE_ROOT, allocation_step, plan_text, rank_command, repository_files, sbatch_script
 
 EXPECTED = Path(__file__).resolve().parents[1] / "expected"
 REGEN = os.environ.get("LLMLAUNCH_REGEN") == "1"
-ENGINES = ["hf", "trtllm", "vllm", "sglang", "lmdeploy"]
+# trtllm: the C++ backend's ensemble; trtllm_llmapi: TensorRT-LLM's default layout (its LLM API in our model)
+ENGINES = ["hf", "trtllm", "trtllm_llmapi", "vllm", "sglang", "lmdeploy"]
 CLUSTERS = ["local", "local_slurm", "luna", "slurm"]
 RUN_DIR = "/jobs/run"
 
 
 def overrides_for(engine, cluster, extra=()):
     # hf: the random tiny model (made on the spot, so the plan names no folder); the others load a real one
-    o = [f"engine={engine}", f"cluster={cluster}", "model=tiny" if engine == "hf" else "model=llama3_8b"]
+    o = [f"engine={engine.split('_')[0]}", f"cluster={cluster}", "model=tiny" if engine == "hf" else "model=llama3_8b"]
     if engine == "trtllm":
-        o += ["engine.engine_dir=/models/engines/llama3-8b/tp1", "model.tokenizer=/models/llama3-8b"]
+        o += ["engine.layout=ensemble", "engine.engine_dir=/models/engines/llama3-8b/tp1", "model.tokenizer=/models/llama3-8b"]
     return o + list(extra)
 
 
@@ -64,7 +65,7 @@ def test_launch_json_round_trips_to_the_same_typed_spec(engine):
     _, spec = plan(overrides_for(engine, "slurm", ["replicas=2", "nodes=2"]))
     back = LaunchSpec.from_json(spec.to_json())
     assert back == spec and back.to_json() == spec.to_json()
-    assert type(back.engine) is ENGINE_SCHEMAS[engine] and type(back.cluster) is ClusterConfig and type(back.serve) is ServeConfig
+    assert type(back.engine) is ENGINE_SCHEMAS[engine.split("_")[0]] and type(back.cluster) is ClusterConfig and type(back.serve) is ServeConfig
     assert back.ranks == spec.ranks and isinstance(back.ranks[0].gpus, tuple)
     data = dataclasses.asdict(spec)
     data["engine"]["gone"] = 1
@@ -83,8 +84,8 @@ def test_engine_repositories_at_tp_and_nodes(engine, tp, nodes):
         extra = [f"replicas={tp}", f"nodes={nodes}"]
     cfg, spec = plan(overrides_for(engine, "luna", extra))
     files = repository_files(spec)
-    text = "".join(f"### {k}\n{v if k.endswith(('.pbtxt', '.json')) else '(source)'}\n" for k, v in files.items())
-    cmds = "\n".join(shlex.join(tritonserver_argv(spec, r, job_id="J")) for r in spec.ranks)
+    text = "".join(f"### {k}\n{v if k.endswith(RENDERED_TEXT) else '(source)'}\n" for k, v in files.items())
+    cmds = "\n".join(shlex.join(rank_command(spec, r, job_id="J")) for r in spec.ranks)
     check_expected(f"repo_{engine}_tp{tp}_nodes{nodes}.txt", normalise(text + "### commands\n" + cmds + "\n"))
 
 
@@ -129,7 +130,7 @@ def test_allocation_step_matches_expected(cluster, extra, tmp_path):
 
 def test_luna_trtllm_tp8_plan():
     """One node x 8 tasks, --mpi=pmix, 8 distinct shm-region prefixes."""
-    cfg, spec = plan(["cluster=luna", "engine=trtllm", "tp=8", "engine.engine_dir=/e", "model.path=/m"])
+    cfg, spec = plan(["cluster=luna", "engine=trtllm", "engine.layout=ensemble", "tp=8", "engine.engine_dir=/e", "model.path=/m"])
     text = plan_text(spec, RUN_DIR)
     assert "#SBATCH --nodes=1" in text and "#SBATCH --ntasks-per-node=8" in text
     assert "--mpi=pmix" in text
@@ -137,6 +138,21 @@ def test_luna_trtllm_tp8_plan():
     assert len(prefixes) == 8
     # only rank 0 opens network services
     assert sum("--grpc-port" in line for line in text.splitlines() if line.startswith("rank ")) == 1
+
+
+@pytest.mark.parametrize("extra,name", [(["tp=8"], "tp8"), (["tp=16", "nodes=2"], "tp16_nodes2")])
+def test_luna_trtllm_llmapi_plan(extra, name):
+    """The headline `llmlaunch cluster=luna engine=trtllm tp=8` (and 16 GPUs over 2 nodes): TensorRT-LLM's LLM API
+    layout, one task per GPU under srun --mpi=pmix, every rank under trtllm-llmapi-launch, one tritonserver (rank 0,
+    its own shm prefix) and model.yaml with the parallel sizes."""
+    cfg, spec = plan(["cluster=luna", "engine=trtllm", "model=llama3_8b", *extra])
+    text = normalise(plan_text(spec, RUN_DIR))
+    check_expected(f"plan_trtllm_llmapi_luna_{name}.txt", text)
+    ranks = [line for line in text.splitlines() if re.match(r"rank \d+: ", line)]
+    assert len(ranks) == spec.tp and "--mpi=pmix" in text and f"#SBATCH --nodes={spec.nodes}" in text
+    assert ranks[0].startswith("rank 0: trtllm-llmapi-launch tritonserver ") and "shm-region-prefix-name=llm${SLURM_JOB_ID}r0_" in ranks[0]
+    assert all(line.endswith(": trtllm-llmapi-launch") for line in ranks[1:])
+    assert f"tensor_parallel_size: {spec.tp}" in text and "gpus_per_node: 8" in text and "backend: pytorch" in text
 
 
 HOSTILE = ["a'b", 'a"b', "$(touch /tmp/llmlaunch_pwned)", "`touch /tmp/llmlaunch_pwned`", "a; touch /tmp/llmlaunch_pwned", "x\ny", "$HOME", "a b\\c"]

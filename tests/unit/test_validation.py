@@ -24,9 +24,13 @@ CASES = [
     (["engine.cudnn_attention=sometimes"], "engine.cudnn_attention='sometimes'", "one of: graphs, all, off"),
     (["tp=abc"], "tp=abc", "Integer"),
     (["cluster=local_slurm", "tp=4", "replicas=2"], "tp*pp*replicas=4*1*2=8", "set nodes=2"),
-    (["cluster=luna", "tp=8", "nodes=3", "engine.engine_dir=/e", "engine=trtllm", "model.path=/m"], "nodes=3", "cannot be spread evenly"),
+    (["cluster=luna", "tp=8", "nodes=3", "engine.engine_dir=/e", "engine=trtllm", "engine.layout=ensemble", "model.path=/m"], "nodes=3", "cannot be spread evenly"),
     (["cluster=luna", "engine=lmdeploy", "model.path=/m", "tp=16", "nodes=2"], "engine=lmdeploy", "TurboMind"),
-    (["cluster=luna", "engine=trtllm"], "engine.engine_dir=''", "engine.engine_dir="),
+    (["cluster=luna", "engine=trtllm", "engine.layout=ensemble"], "engine.engine_dir=''", "engine.engine_dir="),
+    (["cluster=luna", "engine=trtllm"], "model.path=''", "Hugging Face checkpoint"),
+    (["cluster=luna", "engine=trtllm", "model.path=/m", "engine.layout=engine"], "engine.layout='engine'", "set engine.layout to one of: llmapi, ensemble"),
+    (["cluster=luna", "engine=trtllm", "model.path=/m", "tp=8", "replicas=2", "nodes=2"], "replicas=2 with tp*pp=8", "set replicas=1"),
+    (["engine=trtllm", "model.path=/m", "tp=2"], "tp*pp=2 with cluster.scheduler='local'", "cluster=local_slurm"),
     (["cluster=luna", "engine=vllm"], "model.path=''", "model.path="),
     (["engine=vllm", "model.path=/m", "engine.frontends=0"], "engine.frontends=0", "set engine.frontends=1, or 4"),
     (["serve.grpc_port=70000"], "serve.grpc_port=70000", "1-65535"),
@@ -60,6 +64,28 @@ def test_bad_input_names_value_and_fix(overrides, what, fix):
     assert what in text and fix in text, text
 
 
+def test_trtllm_layout_says_which_model_path_it_needs(tmp_path):
+    """engine.layout=llmapi serves a Hugging Face folder, the ensemble a built engine: where the folder exists
+    here, the wrong kind is refused naming the layout that serves it."""
+    engine_dir, hf_dir, other = tmp_path / "engine", tmp_path / "hf", tmp_path / "other"
+    for d in (engine_dir, hf_dir, other):
+        d.mkdir()
+    (engine_dir / "rank0.engine").write_bytes(b"")
+    (engine_dir / "config.json").write_text("{}")
+    (hf_dir / "config.json").write_text("{}")
+    cases = [
+        (["engine=trtllm", f"model.path={engine_dir}"], "holds a built TensorRT engine", "engine.layout=ensemble"),
+        (["engine=trtllm", f"model.path={other}"], "has no config.json", "a folder with config.json"),
+        (["engine=trtllm", "engine.layout=ensemble", f"model.path={hf_dir}"], "holds no rank<N>.engine file", "engine.layout=llmapi"),
+    ]
+    for overrides, why, fix in cases:
+        with pytest.raises(LaunchError) as e:
+            plan(overrides)
+        assert why in e.value.render() and fix in e.value.render(), e.value.render()
+    assert plan(["engine=trtllm", f"model.path={hf_dir}"])[1].model_name == "tensorrt_llm"
+    assert plan(["engine=trtllm", "engine.layout=ensemble", f"model.path={engine_dir}"])[1].model_name == "ensemble"
+
+
 def test_several_problems_reported_together():
     with pytest.raises(LaunchError) as e:
         plan(["tp=3", "serve.grpc_port=0", "job_name=x y"])
@@ -81,9 +107,10 @@ def test_dry_run_prints_plan_and_writes_nothing(tmp_path):
     (tmp_path / "home").mkdir()
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    r = subprocess.run(LLMLAUNCH + ["cluster=luna", "engine=trtllm", "tp=8", "engine.engine_dir=/e", "model.path=/m", "dry_run=true"], capture_output=True, text=True, cwd=cwd, env=env)
+    r = subprocess.run(LLMLAUNCH + ["cluster=luna", "engine=trtllm", "tp=8", "model.path=/m", "dry_run=true"], capture_output=True, text=True, cwd=cwd, env=env)
     assert r.returncode == 0, r.stderr
-    for needle in ("===== composed config", "===== rank layout", "model_repository/ensemble/config.pbtxt", "#SBATCH --ntasks-per-node=8", "rank 7: "):
+    for needle in ("===== composed config", "===== rank layout", "model_repository/tensorrt_llm/1/model.yaml", "tensor_parallel_size: 8",
+                   "#SBATCH --ntasks-per-node=8", "--mpi=pmix", "rank 0: trtllm-llmapi-launch tritonserver ", "rank 7: trtllm-llmapi-launch\n"):
         assert needle in r.stdout
     assert list(cwd.iterdir()) == [] and list((tmp_path / "home").iterdir()) == []
 
