@@ -75,9 +75,13 @@ def environment_fingerprint() -> Dict[str, Any]:
 
 
 def gpu_inventory(timeout_s: float = 10.0) -> List[str]:
-    """This node's GPUs, one `index, name, uuid, memory` line each (nvidia-smi); [] without one."""
+    """This node's GPUs, one `index, name, uuid, memory` line each (nvidia-smi); without nvidia-smi, the devices
+    the launcher made visible (CUDA_VISIBLE_DEVICES, else Slurm's GPU ids); [] when there are none."""
+    import os
+
     if shutil.which("nvidia-smi") is None:
-        return []
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES") or os.environ.get("SLURM_STEP_GPUS") or os.environ.get("SLURM_JOB_GPUS") or ""
+        return [f"visible device {d}" for d in visible.split(",") if d]
     try:
         p = subprocess.run(["nvidia-smi", "--query-gpu=index,name,uuid,memory.total", "--format=csv,noheader"],
                            capture_output=True, text=True, timeout=timeout_s)
@@ -225,14 +229,17 @@ def pinned_values(config: dict, overrides: List[str]) -> List[Tuple[str, Any]]:
 
 
 def config_from_record(record: Dict[str, Any], overrides: List[str]):
-    """The composed config of `llmlaunch --from-record R OVERRIDES`: R's overrides then the new ones composed,
+    """The composed config of `llmlaunch --from-record R OVERRIDES`: R's overrides (less those given again) then
+    the new ones composed,
     then R's composed values pinned wherever the new overrides do not reach. Returns (cfg, every override,
     keys of R the current schema no longer has, which were left out)."""
     from omegaconf import OmegaConf, open_dict
 
     from launcher.cli import composed
 
-    line = list(record.get("overrides") or []) + list(overrides)
+    new_keys = set(override_keys(overrides))
+    # a key given again replaces the record's (Hydra refuses one key twice on a command line)
+    line = [o for o in record.get("overrides") or [] if not set(override_keys([o])) & new_keys] + list(overrides)
     cfg = composed(line)
     gone = []
     with open_dict(cfg):

@@ -153,6 +153,8 @@ def test_from_record_composes_the_same_config_with_the_override_on_top(tmp_path)
     cfg, line, gone = config_from_record(rec, ["replicas=2"])
     got = OmegaConf.to_container(cfg, resolve=True)
     assert line == ["model=tiny", "engine.max_num_seqs=16", "replicas=2"] and gone == ["engine.gone_setting"]
+    # a key given again replaces the record's
+    assert config_from_record(rec, ["engine.max_num_seqs=4"])[1] == ["model=tiny", "engine.max_num_seqs=4"]
     assert got["replicas"] == 2 and got["engine"]["stream_interval_ms"] == 3 and got["engine"]["max_num_seqs"] == 16
     want = dict(rec["config"], replicas=2)
     want["engine"] = {k: v for k, v in rec["config"]["engine"].items() if k != "gone_setting"}
