@@ -128,7 +128,7 @@ def _serve_one(spec: LaunchSpec, run: RunDir, install, stop: _Stop) -> int:
         marks = {**server.marks, "ranks_started": server.marks["started"], "serving": time.time()}
         gpus = gpu_inventory()
         write_startup(run, spec, log_path=log, marks=marks, server_url=url, nodes=[socket.gethostname()],
-                      gpus={socket.gethostname(): gpus} if gpus else {})
+                      gpus={socket.gethostname(): gpus} if gpus else {}, server_pid=server.proc.pid)
         run.write_endpoint({"url": f"grpc://{url}", "model": spec.model_name, **ports, "openai_url": f"{api.cfg.url}/v1",
                             "job_id": job_id})
         rec = ready_report(run, say, job_id=job_id)

@@ -498,7 +498,7 @@ def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Opti
 
                 write_startup(run, spec, log_path=log, marks={**marks, **server.marks, "serving": time.time()}, server_url=url,
                               nodes=[i.get("host", i["addr"]) for i in infos],
-                              gpus={i["host"]: i["gpus"] for i in infos if i.get("gpus")}, token=ctx.token)
+                              gpus={i["host"]: i["gpus"] for i in infos if i.get("gpus")}, token=ctx.token, server_pid=server.proc.pid)
                 run.write_endpoint(
                     {
                         **public,

@@ -44,14 +44,41 @@ VERSION_PREFIX = "llmlaunch-version: "
 PACKAGES = ("torch", "transformers", "vllm", "tensorrt_llm", "sglang", "lmdeploy", "tritonclient", "nvidia-pytriton")
 
 
+def _rank_tag() -> str:
+    """` rank N` (the rank's LLMLAUNCH_RANK, which its server and the engine inherit): ranks sharing one log (an
+    srun step's output) tell their lines apart by it."""
+    rank = os.environ.get("LLMLAUNCH_RANK")
+    return f" rank {rank}" if rank else ""
+
+
 def report_phase(name: str, seconds: float) -> None:
     """Inside a starting server: one load phase's duration, for the time-to-READY breakdown."""
-    print(f"{PHASE_PREFIX}{name} {seconds:.3f}", file=sys.stderr, flush=True)
+    print(f"{PHASE_PREFIX}{name} {seconds:.3f}{_rank_tag()}", file=sys.stderr, flush=True)
 
 
 def report_version(package: str, version: str) -> None:
     """Inside a starting server: the version of a package it imported."""
-    print(f"{VERSION_PREFIX}{package} {version}", file=sys.stderr, flush=True)
+    print(f"{VERSION_PREFIX}{package} {version}{_rank_tag()}", file=sys.stderr, flush=True)
+
+
+def own_lines(log_text: str, rank: int, server_pid: int = 0) -> str:
+    """A log several ranks may share, less the lines another rank's tag or another tritonserver's process id marks
+    as not this rank's (untagged lines are kept; so is every tritonserver line when none carries `server_pid`, as
+    where a container runtime starts the server)."""
+    out = []
+    if server_pid and not re.search(rf"^[IWE]\d{{4}} [\d:.]+ +{server_pid} ", log_text, re.M):
+        server_pid = 0
+    for line in log_text.splitlines():
+        if line.startswith((PHASE_PREFIX, VERSION_PREFIX)):
+            m = re.search(r" rank (\d+)$", line)
+            if m and int(m.group(1)) != rank:
+                continue
+        elif server_pid:
+            m = re.match(r"^[IWE]\d{4} [\d:.]+ +(\d+) ", line)
+            if m and int(m.group(1)) != server_pid:
+                continue
+        out.append(line)
+    return "\n".join(out)
 
 
 def reported_phases(log_text: str) -> Dict[str, float]:

@@ -266,13 +266,20 @@ def log_text(path, size: int = 4 << 20) -> str:
 
 
 def write_startup(run, spec, *, log_path, marks: Dict[str, float], server_url: str, nodes: List[str],
-                  gpus: Dict[str, List[str]], token: str = "") -> None:
+                  gpus: Dict[str, List[str]], token: str = "", server_pid: int = 0) -> None:
     """Rank 0 (or the one-rank local server), just before endpoint.json: startup.json with its marks, tritonserver's
-    load times from its log, the engine's load phases (`EngineDef.load_phases`), versions, nodes and GPUs."""
-    from launcher.engines.registry import ENGINES
-    from launcher.readiness import triton_log_marks
+    load times from its log, the engine's load phases (`EngineDef.load_phases`), versions, nodes and GPUs. Without
+    its own log file (a sweep point's srun step writes every rank's output to one), the step's log, of which only
+    rank 0's lines (`own_lines`, by the server's process id `server_pid`) count."""
+    from pathlib import Path
 
-    text = log_text(log_path)
+    from launcher.engines.registry import ENGINES
+    from launcher.readiness import own_lines, triton_log_marks
+
+    path = Path(log_path)
+    if not path.exists() and run.step_log.exists():
+        path = run.step_log
+    text = own_lines(log_text(path), 0, server_pid)
     all_marks = dict(marks)
     since = all_marks.get("started") or all_marks.get("ranks_started") or time.time() - 3600
     all_marks.update(triton_log_marks(text, spec.model_name, since))  # the server's own times win over polling's

@@ -182,3 +182,18 @@ def test_summary_csv_has_the_points_servers_time_to_ready(tmp_path):
     row = next(csv.DictReader((tmp_path / "summary.csv").open()))
     assert row["ready_total_s"] == "42" and row["ready_queue_s"] == "30" and row["ready_load_s"] == "8"
     assert row["ready_queue_reason"] == "Priority" and row["ready_load_phases"] == "weights=3.0"
+
+
+def test_rank_0s_lines_are_told_apart_in_a_log_all_ranks_share():
+    from launcher.readiness import own_lines
+
+    shared = "\n".join([
+        'I1127 21:01:36.000000 200 model_lifecycle.cc:472] "loading: m:1"',  # rank 1's server
+        'I1127 21:01:37.000000 100 model_lifecycle.cc:472] "loading: m:1"',
+        "llmlaunch-phase: weights 9.000 rank 1",
+        "llmlaunch-phase: weights 2.000 rank 0",
+        "Loading weights took 3.0 seconds",
+    ])
+    mine = own_lines(shared, 0, server_pid=100)
+    assert mine.splitlines() == [shared.splitlines()[i] for i in (1, 3, 4)] and reported_phases(mine) == {"weights": 2.0}
+    assert own_lines(shared, 0, server_pid=300).count("loading: m:1") == 2  # no line of that process: none dropped
