@@ -276,13 +276,18 @@ def write_startup(run, spec, *, log_path, marks: Dict[str, float], server_url: s
     from launcher.engines.registry import ENGINES
     from launcher.readiness import own_lines, triton_log_marks
 
-    path = Path(log_path)
-    if not path.exists() and run.step_log.exists():
-        path = run.step_log
-    text = own_lines(log_text(path), 0, server_pid)
-    all_marks = dict(marks)
-    since = all_marks.get("started") or all_marks.get("ranks_started") or time.time() - 3600
-    all_marks.update(triton_log_marks(text, spec.model_name, since))  # the server's own times win over polling's
-    phases = ENGINES[spec.engine.name].load_phases(text)
-    run.write_startup(startup_doc(marks=all_marks, log_text=text, load_phases=phases, server_url=server_url,
-                                  nodes=nodes, gpus=gpus, token=token))
+    try:
+        path = Path(log_path)
+        if not path.exists() and run.step_log.exists():
+            path = run.step_log
+        text = own_lines(log_text(path), 0, server_pid)
+        all_marks = dict(marks)
+        since = all_marks.get("started") or all_marks.get("ranks_started") or time.time() - 3600
+        all_marks.update(triton_log_marks(text, spec.model_name, since))  # the server's own times win over polling's
+        phases = ENGINES[spec.engine.name].load_phases(text)
+        doc = startup_doc(marks=all_marks, log_text=text, load_phases=phases, server_url=server_url, nodes=nodes,
+                          gpus=gpus, token=token)
+    except Exception as e:  # a fact that cannot be read must not keep a serving job from READY
+        doc = {"marks": {k: v for k, v in marks.items() if v is not None}, "nodes": nodes, "gpus": gpus, "token": token,
+               "error": f"{type(e).__name__}: {e}"}
+    run.write_startup(doc)

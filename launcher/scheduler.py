@@ -115,7 +115,11 @@ def ready_report(run: RunDir, say, **known) -> Dict[str, Any]:
     from launcher.readiness import format_breakdown
     from launcher.record import complete_record
 
-    rec = complete_record(run, **known)
+    try:
+        rec = complete_record(run, **known)
+    except (OSError, ValueError, TypeError) as e:  # the job serves all the same
+        say(f"the run record {run.record_path} was not completed: {type(e).__name__}: {e}")
+        return {"time_to_ready": {}}
     say(f"{format_breakdown(rec['time_to_ready'])}; record {run.record_path}")
     return rec
 

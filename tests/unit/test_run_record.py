@@ -197,3 +197,17 @@ def test_rank_0s_lines_are_told_apart_in_a_log_all_ranks_share():
     mine = own_lines(shared, 0, server_pid=100)
     assert mine.splitlines() == [shared.splitlines()[i] for i in (1, 3, 4)] and reported_phases(mine) == {"weights": 2.0}
     assert own_lines(shared, 0, server_pid=300).count("loading: m:1") == 2  # no line of that process: none dropped
+
+
+def test_startup_facts_that_cannot_be_read_still_leave_rank_0s_marks(tmp_path):
+    from types import SimpleNamespace
+
+    from launcher.record import write_startup
+
+    run = RunDir(tmp_path)
+    broken = SimpleNamespace(model_name="m", engine=SimpleNamespace(name="no-such-engine"))
+    write_startup(run, broken, log_path=tmp_path / "absent.log", marks={"ranks_started": 5.0, "serving": 9.0}, server_url="127.0.0.1:1",
+                  nodes=["n1"], gpus={}, token="t")
+    doc = run.read_startup()
+    assert doc["marks"] == {"ranks_started": 5.0, "serving": 9.0} and doc["nodes"] == ["n1"] and "KeyError" in doc["error"]
+    assert join_record(None, doc)["time_to_ready"]["total_s"] == 4.0
