@@ -15,7 +15,7 @@ import sys
 from typing import List, Mapping, Tuple
 
 from launcher.rundir import RunDir, wait_for_endpoint
-from launcher.scheduler import Endpoint, Request, Scheduler
+from launcher.scheduler import Endpoint, Request, Scheduler, ready_report
 from launcher.spec import PUBLIC_PORTS as PORT_KEYS  # every port rank 0 offers: each task shifts them all
 
 
@@ -75,6 +75,8 @@ class AllocationScheduler(Scheduler):
             raise LaunchError(problems)
         spec = resolve_model(request.spec, say)
         run = RunDir(request.run_dir).write_spec(spec)
+        if request.record is not None:
+            run.write_record(request.record)
         run.step_script.write_text(request.text)
         log = run.step_log
         say(f"starting the ranks in allocation {os.environ['SLURM_JOB_ID']}: {request.text.splitlines()[-1][len('exec '):]}; log {log}")
@@ -91,6 +93,8 @@ class AllocationScheduler(Scheduler):
                 raise not_serving()
 
         ep = wait_for_endpoint(run, timeout_s=float(spec.serve.ready_timeout_s) + 60, on_timeout=not_serving, check=check, interval_s=0.2)
+        # the allocation was there before the point began: no queue wait of its own
+        ready_report(run, say, job_id=os.environ["SLURM_JOB_ID"])
         endpoint.url, endpoint.model, endpoint.doc = ep["url"], ep["model"], ep
         return endpoint
 

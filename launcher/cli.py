@@ -179,11 +179,17 @@ def run(cfg) -> int:
         from launcher.sweep import run_point
 
         return run_point(cfg)
-    return execute(cfg, build_spec(cfg))
+    from hydra.core.hydra_config import HydraConfig
+
+    overrides = [str(o) for o in HydraConfig.get().overrides.task] if HydraConfig.initialized() else []
+    return execute(cfg, build_spec(cfg), overrides)
 
 
-def execute(cfg, spec) -> int:
-    """Dry run, or the scheduler's launch (local serve / Slurm submit), of a validated spec (`build_spec(cfg)`)."""
+def execute(cfg, spec, overrides: Optional[List[str]] = None, from_record: str = "") -> int:
+    """Dry run, or the scheduler's launch (local serve / Slurm submit), of a validated spec (`build_spec(cfg)`).
+    `overrides` (the command line that composed `cfg`) and `from_record` go into the run record."""
+    import dataclasses
+
     from omegaconf import OmegaConf
 
     from launcher.scheduler import for_spec
@@ -192,13 +198,54 @@ def execute(cfg, spec) -> int:
     if cfg.dry_run:
         from launcher.render import plan_text
 
+        if from_record:
+            sys.stdout.write(f"from record: {from_record}\noverrides: {' '.join(overrides or []) or '(none)'}\n")
         sys.stdout.write(plan_text(spec, run_dir, OmegaConf.to_yaml(cfg)))  # shows backend.dryrun's request
         return 0
     from launcher.hostcheck import before_launch
+    from launcher.readiness import process_start_time
+    from launcher.record import base_record
 
     before_launch(cfg, lambda line: print(line, file=sys.stderr, flush=True))  # paths and GPUs, before anything starts
     backend = for_spec(spec)  # cluster.scheduler's registry entry (launcher/scheduler.py)
-    return backend.serve(backend.dryrun(spec, run_dir))
+    # submitted: when this command started, so its time to READY is the user's wait from the command on
+    record = base_record(OmegaConf.to_container(cfg, resolve=True), list(overrides or []), backend.name, run_dir,
+                         from_record=from_record, submitted=process_start_time())
+    return backend.serve(dataclasses.replace(backend.dryrun(spec, run_dir), record=record))
+
+
+def from_record_args(argv: List[str]):
+    """`--from-record PATH` (or `--from-record=PATH`) out of argv: (PATH or "", the rest)."""
+    rest, path = [], ""
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--from-record":
+            if i + 1 >= len(argv) or argv[i + 1].startswith("-"):
+                from launcher.errors import LaunchError
+
+                raise LaunchError(("--from-record", "needs the path of a run record", "llmlaunch --from-record RUN_DIR/record.json [key=value ...]"))
+            path = argv[i + 1]
+            i += 2
+            continue
+        if a.startswith("--from-record="):
+            path = a.partition("=")[2]
+        else:
+            rest.append(a)
+        i += 1
+    return path, rest
+
+
+def launch_from_record(path: str, overrides: List[str]) -> int:
+    """`llmlaunch --from-record RUN_DIR/record.json [overrides]`: the recorded launch again, the overrides on top."""
+    from launcher.record import config_from_record, read_record
+    from launcher.spec import build_spec
+
+    record = read_record(path)
+    cfg, line, gone = config_from_record(record, overrides)
+    for key in gone:
+        print(f"llmlaunch: the record's {key} is not a setting of this llmlaunch; left out", file=sys.stderr)
+    return execute(cfg, build_spec(cfg), line, from_record=str(Path(path).absolute()))
 
 
 def _hydra_entry():
@@ -231,6 +278,8 @@ config groups (defaults first in conf/config.yaml):
 common keys:
   tp=N pp=N nodes=N replicas=N     parallelism (tp a power of two)
   dry_run=true                     print the plan (config, ranks, files, sbatch, commands); touch nothing
+  --from-record RUN_DIR/record.json [key=value ...]
+                                   launch a recorded run again (its composed config), overrides on top
   serve.grpc_port=P serve.host=H   where rank 0 listens (also serve.http_port, serve.metrics_port)
   model.path=DIR                   weights (HF folder; trtllm engine.layout=ensemble: engine.engine_dir)
   -m ... bench=<profile>           a sweep (Hydra multirun); llmlaunch-report summarises it
@@ -258,7 +307,17 @@ def main(argv: Optional[List[str]] = None) -> None:
     if any(a in ("-h", "--help") for a in argv):
         sys.stdout.write(usage())
         return
+    record_path, argv = _exit_on_launch_error(from_record_args, argv)
     argv = free_mapping_overrides(argv)  # also what Hydra's entry point is given (multirun, Hydra flags)
+    if record_path:
+        if any(a.startswith("-") for a in argv):
+            print(f"error: --from-record {record_path}: only key=value overrides can go with it (got {' '.join(a for a in argv if a.startswith('-'))})\n"
+                  "  fix: launch one run from a record, without -m or Hydra flags", file=sys.stderr)
+            sys.exit(2)
+        code = _exit_on_launch_error(launch_from_record, record_path, argv)
+        if code:
+            sys.exit(code)
+        return
     multirun = any(a in ("-m", "--multirun") for a in argv)
     wants_help = any(a in ("-h", "--help", "--hydra-help", "--info") or a.startswith(("--cfg", "-c")) for a in argv)
     overrides = [a for a in argv if not a.startswith("-") and not a.startswith("hydra")]
@@ -266,7 +325,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         # A plain launch: compose and validate once, run that spec; Hydra's entry point adds nothing here
         # (conf/config.yaml: no output folder, no chdir, no logging setup).
         cfg, spec = _exit_on_launch_error(plan, overrides)
-        code = _exit_on_launch_error(execute, cfg, spec)
+        code = _exit_on_launch_error(execute, cfg, spec, overrides)
         if code:
             sys.exit(code)
         return

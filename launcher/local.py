@@ -16,13 +16,14 @@ from __future__ import annotations
 import os
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
 from typing import Dict, List, Optional
 
 from launcher.rundir import RunDir, Stopped, wait_for_endpoint
-from launcher.scheduler import Endpoint, Request, Scheduler, bench_command
+from launcher.scheduler import Endpoint, Request, Scheduler, bench_command, ready_report
 from launcher.spec import PUBLIC_PORTS, LaunchSpec
 
 
@@ -30,7 +31,7 @@ def say(msg: str) -> None:
     print(f"llmlaunch: {msg}", file=sys.stderr, flush=True)
 
 
-def endpoint_banner(url: str, model: str, openai_url: str = "") -> str:
+def endpoint_banner(url: str, model: str, openai_url: str = "", ready: str = "") -> str:
     openai = ""
     if openai_url:
         body = shlex.quote(f'{{"model": "{model}", "prompt": "The capital of France is", "max_tokens": 32}}')
@@ -41,8 +42,16 @@ def endpoint_banner(url: str, model: str, openai_url: str = "") -> str:
         f"model: {model}\n"
         f"try: {shlex.quote(sys.executable)} -m launcher.client --url {url} --prompt \"The capital of France is\" --max-tokens 32\n"
         f"{openai}"
-        f"bench: {bench_command(url, model)}\n"
+        + (f"ready: {ready}\n" if ready else "")
+        + f"bench: {bench_command(url, model)}\n"
     )
+
+
+def _ready_line(record: dict, run: RunDir) -> str:
+    """The banner's `ready:` line: the time-to-READY breakdown and where the run record is."""
+    from launcher.readiness import format_breakdown
+
+    return f"{format_breakdown(record['time_to_ready'])} (record {run.record_path})"
 
 
 class _Stop:
@@ -59,7 +68,7 @@ class _Stop:
         self.signum = signum
 
 
-def serve_foreground(spec: LaunchSpec, run_dir: str) -> int:
+def serve_foreground(spec: LaunchSpec, run_dir: str, record: Optional[dict] = None) -> int:
     from launcher.models import resolve_model
     from launcher.triton import check_ports, resolve_tritonserver
 
@@ -69,6 +78,8 @@ def serve_foreground(spec: LaunchSpec, run_dir: str) -> int:
     say(f"tritonserver: {install.binary} ({install.source})")
     spec = resolve_model(spec, say)
     run = RunDir(run_dir).write_spec(spec)
+    if record is not None:
+        run.write_record(record)
     say(f"run dir: {run}")
     stop = _Stop()
     if spec.world_size == 1:
@@ -111,9 +122,17 @@ def _serve_one(spec: LaunchSpec, run: RunDir, install, stop: _Stop) -> int:
 
         api = start_api(spec, url, spec.host, spec.serve.openai_port, say, float(spec.serve.ready_timeout_s))
         ports = {k: getattr(spec.serve, k) for k in PUBLIC_PORTS}  # as rank 0 writes them
+        from launcher.record import gpu_inventory, write_startup
+
+        # one rank, no rendezvous: its ranks are started once its server is
+        marks = {**server.marks, "ranks_started": server.marks["started"], "serving": time.time()}
+        gpus = gpu_inventory()
+        write_startup(run, spec, log_path=log, marks=marks, server_url=url, nodes=[socket.gethostname()],
+                      gpus={socket.gethostname(): gpus} if gpus else {}, server_pid=server.proc.pid)
         run.write_endpoint({"url": f"grpc://{url}", "model": spec.model_name, **ports, "openai_url": f"{api.cfg.url}/v1",
                             "job_id": job_id})
-        sys.stdout.write(endpoint_banner(f"grpc://{url}", spec.model_name, f"{api.cfg.url}/v1"))
+        rec = ready_report(run, say, job_id=job_id)
+        sys.stdout.write(endpoint_banner(f"grpc://{url}", spec.model_name, f"{api.cfg.url}/v1", _ready_line(rec, run)))
         sys.stdout.flush()
         while stop.signum is None:
             if server.returncode() is not None or api.poll() is not None:
@@ -226,7 +245,8 @@ def _serve_ranks(spec: LaunchSpec, run: RunDir, stop: _Stop) -> int:
                                progress=lambda: f"waiting for {len(procs)} ranks: {run.ready_count()} leaders ready",
                                say=say, repeat_s=2.0, on_change=False, interval_s=0.2)
         say(f"READY in {time.monotonic() - t0:.1f}s ({len(procs)} ranks)")
-        sys.stdout.write(endpoint_banner(ep["url"], ep["model"], ep.get("openai_url", "")))
+        rec = ready_report(run, say, job_id=job_id)
+        sys.stdout.write(endpoint_banner(ep["url"], ep["model"], ep.get("openai_url", ""), _ready_line(rec, run)))
         sys.stdout.flush()
         if ep.get("metrics_url"):  # frontend: replicas > 1 serve through rank 0's front end
             say(f"front end over {len(ep.get('replicas', []))} replicas; metrics {ep['metrics_url']}")
@@ -264,7 +284,7 @@ class LocalScheduler(Scheduler):
         return Request(self.name, spec, run_dir, rank_commands(spec, run_dir, self.job_placeholder))
 
     def serve(self, request: Request) -> int:
-        return serve_foreground(request.spec, request.run_dir)
+        return serve_foreground(request.spec, request.run_dir, request.record)
 
     def launch(self, request: Request) -> Endpoint:
         """The foreground server as a child process group (a sweep's server): `python -m launcher.local
@@ -275,6 +295,8 @@ class LocalScheduler(Scheduler):
 
         spec = resolve_model(request.spec, say)  # the child finds the same cached model; we learn its tokenizer
         run = RunDir(request.run_dir).write_spec(spec)
+        if request.record is not None:  # the child completes it at READY (serve_foreground)
+            run.write_record(request.record)
         log = run.server_log
         argv = [sys.executable, "-m", "launcher.local", str(run)]
         say(f"starting: {shlex.join(argv)}; log {log}")

@@ -218,8 +218,11 @@ def rendezvous(spec, topo: Topology, comm) -> RankContext:
         ports = pick_ports(bind, wanted, avoid=frontend_ports_and_api)  # never the front end's or the API's ports
         dist_port = free_port(bind)
     token = secrets.token_hex(8) if topo.rank == 0 else ""
+    from launcher.record import gpu_inventory
+
+    gpus = gpu_inventory() if topo.local_rank == 0 else []  # one rank per node lists the node's GPUs for the run record
     infos = comm.allgather({"rank": topo.rank, "addr": addr, "ports": ports, "dist_port": dist_port, "frontend_ports": frontend_ports,
-                            "openai_port": openai_port, "token": token})
+                            "openai_port": openai_port, "token": token, "host": topo.hostname, "gpus": gpus})
     leader = infos[topo.rank - me.group_rank]
     return RankContext(
         rank=me,
@@ -398,6 +401,9 @@ def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Opti
         run.clear_lost()
     comm = make_comm(spec, topo, run.path)
     ctx, infos = rendezvous(spec, topo, comm)
+    marks = {"ranks_started": time.time()}  # every rank has arrived: the time-to-READY breakdown's mark
+    if environ.get("SLURM_JOB_START_TIME"):  # Slurm 23.02+: when the allocation began
+        marks["allocated"] = float(environ["SLURM_JOB_START_TIME"])
     me = ctx.rank
     install = resolve_tritonserver(spec.cluster.tritonserver)
     env = server_env(install, {**spec.cluster.env, **rank_environment(spec, topo, ctx, run.path, _visible_devices(environ)), **edef.rank_env(spec, ctx)})
@@ -488,6 +494,11 @@ def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Opti
 
                 api = start_api(spec, public["url"].replace("grpc://", ""), spec.host, infos[0]["openai_port"], say,
                                 float(spec.serve.ready_timeout_s))
+                from launcher.record import write_startup
+
+                write_startup(run, spec, log_path=log, marks={**marks, **server.marks, "serving": time.time()}, server_url=url,
+                              nodes=[i.get("host", i["addr"]) for i in infos],
+                              gpus={i["host"]: i["gpus"] for i in infos if i.get("gpus")}, token=ctx.token, server_pid=server.proc.pid)
                 run.write_endpoint(
                     {
                         **public,

@@ -5,6 +5,10 @@
     <run>/submission.sh         (Slurm) the sbatch text, as submitted through submitit (submitit writes it)
     <run>/job.json              (Slurm) the submission record: job id, run dir, slurm.conf, model
     <run>/endpoint.json         written by rank 0 once it really serves (or the one-rank local server)
+    <run>/startup.json          written by rank 0 just before endpoint.json: its time-to-READY marks, versions,
+                                nodes and GPUs (launcher/record.py)
+    <run>/record.json           the run record (launcher/record.py): written by the launching side before the
+                                job starts, completed at READY, bench results added by a sweep
     <run>/ready_rank<N>.json    written by each leader once it serves, with the ports its server bound
                                 (both carry the rendezvous's token: an earlier run's file never counts)
     <run>/failure_rank<N>.json  written by a rank whose server died unasked
@@ -29,6 +33,8 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 ENDPOINT = "endpoint.json"
 SPEC = "launch.json"
 JOB = "job.json"
+RECORD = "record.json"
+STARTUP = "startup.json"
 REPOSITORY = "model_repository"
 LOGS = "logs"
 
@@ -127,6 +133,24 @@ class RunDir:
         by an earlier run of the same dir does not count)."""
         ep = self.read_endpoint()
         return ep is not None and bool(token) and ep.get("token") == token
+
+    # ------------------------------------------------------------------ the run record and rank 0's startup facts
+    @property
+    def record_path(self) -> Path:
+        return self.path / RECORD
+
+    def write_record(self, doc: Dict) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        _write(self.record_path, doc)
+
+    def read_record(self) -> Optional[dict]:
+        return _read(self.record_path)
+
+    def write_startup(self, doc: Dict) -> None:
+        _write(self.path / STARTUP, doc)
+
+    def read_startup(self) -> Optional[dict]:
+        return _read(self.path / STARTUP)
 
     # ------------------------------------------------------------------ readiness of leaders
     def ready_path(self, rank: int) -> Path:

@@ -41,6 +41,9 @@ class Request:
     run_dir: str  # where the run's files go (launcher/rundir.py)
     text: str  # exactly what is submitted or run (sbatch script, srun step, per-rank commands)
     title: str = ""  # its section heading in the dry run's plan; "" when the plan shows it elsewhere
+    # the run record's launching part (launcher/record.py base_record), written into the run dir with the spec;
+    # None: no record.json before READY (a launch not started from a composed config)
+    record: Optional[Dict[str, Any]] = None
 
 
 @dataclass
@@ -103,6 +106,22 @@ def bench_command(url: str, model: str) -> str:
     import sys
 
     return shlex.join([sys.executable, "-m", "launcher.bench", "--url", url, "--model", model, *READY_BENCH_ARGS])
+
+
+def ready_report(run: RunDir, say, **known) -> Dict[str, Any]:
+    """At READY, on the launching side: complete the run record (launcher/record.py) with what rank 0 wrote and
+    what the launching side `known`s (marks such as submitted and allocated, queue_reason, job_id, nodes), and
+    say its time to READY."""
+    from launcher.readiness import format_breakdown
+    from launcher.record import complete_record
+
+    try:
+        rec = complete_record(run, **known)
+    except (OSError, ValueError, TypeError) as e:  # the job serves all the same
+        say(f"the run record {run.record_path} was not completed: {type(e).__name__}: {e}")
+        return {"time_to_ready": {}}
+    say(f"{format_breakdown(rec['time_to_ready'])}; record {run.record_path}")
+    return rec
 
 
 def get(name: str) -> Scheduler:

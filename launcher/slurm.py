@@ -21,7 +21,7 @@ from typing import Dict, List, Optional, Tuple
 
 from launcher.errors import LaunchError
 from launcher.rundir import RunDir, wait_for_endpoint
-from launcher.scheduler import Endpoint, Request, Scheduler, bench_command
+from launcher.scheduler import Endpoint, Request, Scheduler, bench_command, ready_report
 from launcher.spec import LaunchSpec
 
 INDEX_DIR = Path(os.environ.get("LLMLAUNCH_CACHE") or Path.home() / ".cache" / "llmlaunch") / "jobs"
@@ -61,6 +61,20 @@ def queue_state(job_id: str) -> Tuple[str, str, str]:
     return "UNKNOWN", "", ""
 
 
+def job_times(job_id: str) -> Tuple[Optional[float], Optional[float]]:
+    """(Submit, Start) of the job as Slurm recorded them (whole seconds), from squeue, else sacct; None where
+    Slurm does not say."""
+    from launcher.readiness import slurm_time
+
+    rc, out, _ = _run(["squeue", "-h", "-j", job_id, "-o", "%V|%S"])
+    line = out.strip().splitlines()[0] if rc == 0 and out.strip() else ""
+    if not line:
+        rc, out, _ = _run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "Submit,Start"])
+        line = out.strip().splitlines()[0] if rc == 0 and out.strip() else ""
+    submit, _, start = line.partition("|")
+    return slurm_time(submit), slurm_time(start)
+
+
 def describe_failure(f: Dict) -> str:
     # "reason" (why the rank failed the job) is absent from records of older versions
     what = f"failed: {f['reason']}" if f.get("reason") else f"exited with status {f['exit_code']}"
@@ -81,7 +95,7 @@ def _rank_log_tails(run: RunDir, job_id: str, lines: int = 12) -> str:
     return "\n".join(parts) or "(no rank logs yet)"
 
 
-def submit(spec: LaunchSpec, run_dir: str):
+def submit(spec: LaunchSpec, run_dir: str, record: Optional[Dict] = None):
     """Write the run dir and submit. Nothing is left half-submitted: if sbatch refuses, the
     run dir is removed and Slurm's reason is raised as a LaunchError."""
     import submitit
@@ -92,6 +106,8 @@ def submit(spec: LaunchSpec, run_dir: str):
     if shutil.which("sbatch") is None:
         raise LaunchError((f"cluster={spec.cluster.name}", "sbatch is not on PATH: this is not a Slurm login node", "run on the cluster's login node, or use cluster=local (or cluster=local_slurm after `llmlaunch-localslurm up`)"))
     run = RunDir(run_dir).write_spec(spec).path
+    if record is not None:
+        RunDir(run).write_record(record)
     executor = submitit.SlurmExecutor(folder=str(run), python=python_for(spec))
     executor.update_parameters(**submitit_parameters(spec, str(run)))
     try:
@@ -112,9 +128,11 @@ def submit(spec: LaunchSpec, run_dir: str):
     return job, run
 
 
-def follow(job_id: str, run_dir, spec: LaunchSpec, deadline_s: float) -> Dict:
-    """Until rank 0 serves: print queue state, rank readiness; raise on failure."""
+def follow(job_id: str, run_dir, spec: LaunchSpec, deadline_s: float, reasons: Optional[List[str]] = None) -> Dict:
+    """Until rank 0 serves: print queue state, rank readiness; raise on failure. Slurm's reasons while the job
+    was PENDING are appended to `reasons`."""
     run = RunDir(run_dir)
+    reasons = [] if reasons is None else reasons
     leaders = sum(1 for r in spec.ranks if r.role == "leader")
     seen = {"state": "UNKNOWN"}  # the last queue state, for the timeout's message
 
@@ -132,6 +150,7 @@ def follow(job_id: str, run_dir, spec: LaunchSpec, deadline_s: float) -> Dict:
             raise LaunchError((f"job {job_id}", f"ended {state} before serving{(' (' + reason + ')') if reason and reason != 'None' else ''}:\n{detail}", f"read the rank logs in {run}"))
         seen["state"] = state
         if state == "PENDING":
+            reasons.append(reason)
             return f"job {job_id} PENDING ({reason})"
         if state == "RUNNING":
             return f"job {job_id} RUNNING on {nodes}: loading, {run.ready_count()}/{leaders} leaders ready"
@@ -141,6 +160,17 @@ def follow(job_id: str, run_dir, spec: LaunchSpec, deadline_s: float) -> Dict:
         return LaunchError((f"job {job_id}", f"not serving after {deadline_s:.0f}s (state {seen['state']})", f"raise serve.ready_timeout_s, or look at the rank logs in {run}; the job is still queued/running: llmlaunch-stop {job_id}"))
 
     return wait_for_endpoint(run, timeout_s=deadline_s, on_timeout=timeout, check=check, progress=progress, say=say)
+
+
+def slurm_ready_facts(job_id: str, run: RunDir, reasons: List[str]) -> Dict:
+    """What the launching side knows of a Slurm job's start: its Submit and Start times (Start: the allocation),
+    the reasons it was PENDING, its nodes. The record's own submission time (llmlaunch's) wins over Slurm's."""
+    from launcher.readiness import queue_reasons
+
+    submit, start = job_times(job_id)
+    job = run.read_job() or {}
+    return {"marks": {"submitted": submit or job.get("submitted"), "allocated": start}, "job_id": job_id,
+            "queue_reason": queue_reasons(reasons), "nodes": queue_state(job_id)[2]}
 
 
 class SlurmScheduler(Scheduler):
@@ -161,14 +191,16 @@ class SlurmScheduler(Scheduler):
 
         _slurm_env(request.spec.cluster.slurm_conf)
         spec = resolve_model(request.spec, say)
-        job, run = submit(spec, request.run_dir)
+        job, run = submit(spec, request.run_dir, request.record)
         say(f"submitted job {job.job_id} ({spec.world_size} ranks on {spec.nodes} node(s)); run dir {run}")
+        reasons: List[str] = []
         try:
-            ep = follow(job.job_id, run, spec, float(spec.serve.ready_timeout_s) + 600)
+            ep = follow(job.job_id, run, spec, float(spec.serve.ready_timeout_s) + 600, reasons)
         except BaseException:
             if not leave_running:
                 say(stop(job.job_id)[1])
             raise
+        ready_report(RunDir(run), say, **slurm_ready_facts(job.job_id, RunDir(run), reasons))
         return Endpoint(ep["url"], ep["model"], job.job_id, RunDir(run), spec, ep)
 
     def serve(self, request: Request) -> int:
@@ -182,6 +214,12 @@ class SlurmScheduler(Scheduler):
         print(f"logs: {ep.run}/{job_id}_<rank>_log.out")
         print(f"stream: {exe} -m launcher.client --url {url} --prompt \"The capital of France is\" --max-tokens 32")
         print(f"bench: {bench_command(url, ep.model)}")
+        rec = ep.run.read_record() or {}
+        if rec.get("time_to_ready"):
+            from launcher.readiness import format_breakdown
+
+            print(f"ready: {format_breakdown(rec['time_to_ready'])}")
+            print(f"record: {ep.run.record_path}")
         print(f"status: llmlaunch-status {job_id}")
         print(f"stop: llmlaunch-stop {job_id}")
         say(f"READY {time.monotonic() - t0:.1f}s after submission")
@@ -230,6 +268,20 @@ def job_state(slurm_state: str, reason: str, fails: List[Dict]) -> Tuple[str, st
     return slurm_state, "" if reason in ("None", "") else reason
 
 
+def ready_lines(run: RunDir, job: Dict) -> List[str]:
+    """llmlaunch-status's time to READY: from the run record, or, when nobody completed it (llmlaunch was gone
+    at READY), from what rank 0 wrote."""
+    from launcher.readiness import format_breakdown
+    from launcher.record import join_record
+
+    rec = run.read_record()
+    if (rec is None or "time_to_ready" not in rec) and run.read_startup() is not None:
+        rec = join_record(rec, run.read_startup(), marks={"submitted": job.get("submitted")})
+    if rec is None or "time_to_ready" not in rec:
+        return []
+    return [format_breakdown(rec["time_to_ready"]), f"record: {run.record_path}"]
+
+
 def status(job_id: str) -> Tuple[int, str]:
     rec = _record(job_id)
     run = RunDir(rec["run_dir"])
@@ -241,6 +293,7 @@ def status(job_id: str) -> Tuple[int, str]:
     if e is not None:
         lines += [f"endpoint: {e['url']}", f"model: {e['model']}"]
     lines.append(f"ready leaders: {run.ready_count()}")
+    lines += ready_lines(run, rec)
     lost = run.lost_replicas()
     try:
         replicas = int((run.read_launch() or {})["replicas"])

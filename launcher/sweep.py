@@ -284,7 +284,7 @@ def _run_point(cfg, config, overrides, axes, name, point: Path, number: str) -> 
     from launcher import scheduler
 
     if in_alloc:
-        server, why = _launch(spec, key, name, head, scheduler.get("allocation"))
+        server, why = _launch(spec, key, name, head, scheduler.get("allocation"), (config, overrides))
         if server is None:
             _record_failure(point, overrides, "serve", why)
             return 0
@@ -298,7 +298,7 @@ def _run_point(cfg, config, overrides, axes, name, point: Path, number: str) -> 
         stop_server()
     if d.server == "launch":
         _hook_exit()
-        STATE.server, why = _launch(spec, key, name, head, scheduler.for_spec(spec))
+        STATE.server, why = _launch(spec, key, name, head, scheduler.for_spec(spec), (config, overrides))
         if STATE.server is None:
             STATE.failed_servers[key] = why.replace("\n", " ")[:2000]
             _record_failure(point, overrides, "serve", why)
@@ -316,13 +316,19 @@ def _record_failure(point, overrides, stage, error, log=None, exit_code=None):
     _count("failed")
 
 
-def _launch(spec, key, name, head, backend) -> Tuple[Optional[Server], str]:
+def _launch(spec, key, name, head, backend, composed=None) -> Tuple[Optional[Server], str]:
     """Start a server for point `name` through `backend` (a launcher/scheduler.py entry): (server, "") or
-    (None, why it did not start). A server that does not get to serve is not left running."""
+    (None, why it did not start). A server that does not get to serve is not left running. `composed`: the
+    point's (config, overrides), for the server's run record."""
+    import dataclasses
+
     from launcher.cli import default_run_dir
     from launcher.errors import LaunchError
+    from launcher.record import base_record
 
     request = backend.dryrun(spec, default_run_dir(spec))
+    if composed is not None:
+        request = dataclasses.replace(request, record=base_record(composed[0], list(composed[1]), backend.name, request.run_dir))
     server = Server(key, backend, request.spec, first_point=name)
     say(f"{head}: launching {server.describe()}")
     t0 = time.monotonic()
@@ -354,7 +360,9 @@ def _prepare_point_dir(point: Path, overrides, axes, config, key, mkey, server: 
            "server": None, "config": config, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if server is not None:
         doc["server"] = {"kind": server.kind, "job_id": server.job_id, "run_dir": str(server.endpoint.run), "url": server.url,
-                         "launched_for": server.first_point}
+                         "launched_for": server.first_point,
+                         # its time to READY (launcher/readiness.py): summary.csv's ready_* columns
+                         "time_to_ready": (server.endpoint.run.read_record() or {}).get("time_to_ready")}
     (point / "point.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
 
@@ -393,6 +401,10 @@ def _measure(server: Server, bench, head, point: Path, overrides, axes, config, 
         say(f"{head}: done in {time.monotonic() - t0:.1f}s: {m.get('completed')}/{m.get('requests')} requests, "
             f"{m.get('output_throughput', 0):.1f} output tokens/s" + (f", {m.get('failed')} failed" if m.get("failed") else ""))
         _count("measured")
+        from launcher.record import add_bench
+
+        add_bench(server.endpoint.run, {"point": str(point), "result": str(result_path), **{
+            k: m.get(k) for k in ("completed", "requests", "failed", "request_throughput", "output_throughput")}})
         return
     if result is not None:  # a run with nothing measured is not a result: keep it aside for reading
         result_path.rename(point / "result.failed.json")

@@ -385,8 +385,12 @@ def wait_ready(
     progress: Optional[Callable[[str], None]] = None,
     probe: bool = True,
     what: str = "tritonserver",
+    marks: Optional[Dict[str, float]] = None,
 ) -> float:
-    """Block until `model` answers a real request. Returns seconds waited."""
+    """Block until `model` answers a real request. Returns seconds waited. `marks` gets the wall-clock times the
+    server first answered live ("server_live"), its model ready ("model_ready") and the probe's one token
+    ("first_token"): the time-to-READY breakdown (launcher/readiness.py)."""
+    marks = {} if marks is None else marks
     import tritonclient.grpc as grpcclient
 
     t0 = time.monotonic()
@@ -406,11 +410,15 @@ def wait_ready(
                 if not client.is_server_live():
                     stage = "starting"
                 elif not client.is_model_ready(model):
+                    marks.setdefault("server_live", time.time())
                     stage = f"loading model {model}"
                 else:
+                    marks.setdefault("server_live", time.time())
+                    marks.setdefault("model_ready", time.time())
                     stage = "answering a first request"
                     if probe:
                         probe_request(url, model, timeout_s=max(5.0, deadline_s - elapsed))
+                    marks["first_token"] = time.time()
                     return time.monotonic() - t0
             except Exception as e:  # not up yet (connection refused) or model error
                 if stage == "answering a first request":
@@ -461,6 +469,7 @@ class TritonServer:
         self.progress = progress
         self.proc: Optional[subprocess.Popen] = None
         self.ready_s: Optional[float] = None
+        self.marks: Dict[str, float] = {}  # wall-clock times of its start: "started", then wait_ready's
 
     def start(self) -> "TritonServer":
         argv = list(self.argv)
@@ -474,6 +483,7 @@ class TritonServer:
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             out = open(self.log_path, "ab")
         # Own process group: Ctrl-C in the terminal reaches us, and we decide how the server stops.
+        self.marks = {"started": time.time()}
         self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         if out is not None:
             out.close()
@@ -501,7 +511,8 @@ class TritonServer:
 
     def wait_ready(self) -> float:
         assert self.proc is not None
-        self.ready_s = wait_ready(self.proc, self.grpc_url, self.model, self.log_path, self.ready_timeout_s, self.progress, self.probe)
+        self.ready_s = wait_ready(self.proc, self.grpc_url, self.model, self.log_path, self.ready_timeout_s, self.progress, self.probe,
+                                  marks=self.marks)
         return self.ready_s
 
     def stop(self, grace_s: Optional[float] = None) -> Optional[int]:

@@ -30,15 +30,10 @@ from multi_gpu import start, stop  # benchmark/gpu (this script's folder): llmla
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-# What vLLM's start is made of, as its own log lines say (the ranks' logs in the run folder).
-STARTUP = {
-    "weights_s": r"Loading weights took ([0-9.]+) seconds",
-    "model_load_s": r"Model loading took .*? and ([0-9.]+) seconds",
-    "dynamo_s": r"Dynamo bytecode transform time: ([0-9.]+) s",
-    "compile_s": r"torch\.compile took ([0-9.]+) s in total",
-    "cuda_graphs_s": r"Graph capturing finished in ([0-9.]+) secs",
-    "engine_init_s": r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+)",
-}
+# What vLLM's start is made of, as its own log lines say (the ranks' logs in the run folder): the product's table,
+# which also puts these phases into the run record's time to READY (launcher/readiness.py)
+sys.path.insert(0, ROOT)
+from launcher.engines.registry import VLLM_LOAD_PHASES as STARTUP  # noqa: E402
 
 
 def startup_breakdown(run_dir: str) -> dict:

@@ -48,6 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from launcher.readiness import CSV_COLUMNS as READY_COLUMNS  # the time to READY of a point's server
+
 X_KEYS = ("concurrency", "request_rate")
 IGNORED_KEYS = ("seed",)
 
@@ -55,7 +57,7 @@ SUMMARY_FIELDS = (
     "point", "status", "config", "concurrency", "request_rate", "requests", "completed", "failed",
     "request_throughput", "output_throughput", "total_token_throughput", "goodput",
     "ttft_p50_ms", "ttft_p99_ms", "ttft_mean_ms", "ttft_engine_ms", "ttft_outside_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms", "tokens_per_response",
-    "e2el_p50_ms", "e2el_p99_ms", "engine_step_ms", "engine_gpu_idle_ms", "error", "overrides",
+    "e2el_p50_ms", "e2el_p99_ms", "engine_step_ms", "engine_gpu_idle_ms", *READY_COLUMNS, "error", "overrides",
 )
 
 
@@ -176,7 +178,16 @@ def _fmt(v):
     return v
 
 
+def _read_point(d: Path) -> Optional[dict]:
+    try:
+        return json.loads((d / "point.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def summary_rows(points: list[Point], sweep: Optional[Path] = None) -> list[dict]:
+    from launcher.readiness import csv_columns
+
     rows = []
     for pt in points:
         if pt.result is not None:
@@ -213,6 +224,9 @@ def summary_rows(points: list[Point], sweep: Optional[Path] = None) -> list[dict
         # ... and how its engine spent a step: the loop's time per step, and the GPU waiting for the host
         steps = (pt.result or {}).get("server_engine_steps") or {}
         row.update(engine_step_ms=steps.get("step_ms"), engine_gpu_idle_ms=steps.get("gpu_idle_ms"))
+        # the time to READY of the server the point was measured against (point.json, from its run record)
+        server = ((_read_point(pt.path) or {}).get("server") or {})
+        row.update(csv_columns(server.get("time_to_ready")))
         rows.append({k: _fmt(v) for k, v in row.items()})
     return rows
 

@@ -144,12 +144,26 @@ class Engine:
         self.model_path = str(args.model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or self.model_path)
         self._encode = PromptEncoder(self.tokenizer)  # prompts: the call's ids, without its Python (hf_encode)
+        t0 = time.perf_counter()
         self.runner = HFModelRunner(self.model_path, kv_cache_memory=kv_cache_memory, tp_group=tp_group,
                                     **args.runner_kwargs())
         self.max_prefill_tokens = args.prefill_tokens(self.runner.device.type)
+        loaded = time.perf_counter()
 
         # before serving: a compile or capture mid-run would stall every running request
         self.runner.warm_up(self.max_prefill_tokens)
+        # the load phases and the versions this engine runs on, for the time-to-READY breakdown and the run record
+        # (launcher/readiness.py reads them from the server's log)
+        import torch
+        import transformers
+
+        from launcher.readiness import report_phase, report_version
+
+        report_phase("weights", loaded - t0)  # read, shard, move to the device, allocate the KV cache
+        report_phase("compile", self.runner.compile_s)
+        report_phase("graphs", time.perf_counter() - loaded - self.runner.compile_s)  # CUDA graph capture
+        report_version("torch", torch.__version__)
+        report_version("transformers", transformers.__version__)
         # tp > 1: this engine is the leader (group rank 0) of a tensor-parallel group; see hf_tp
         self._tp = self.runner.tp_group
         if self._tp is not None and self._tp.rank != 0:

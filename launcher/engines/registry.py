@@ -38,6 +38,29 @@ def model_host_paths(c) -> List[Tuple[str, str, str]]:
     return [("model.path", m.path, "hf_weights" if m.tokenizer else "hf_model"), ("model.tokenizer", m.tokenizer, "tokenizer")]
 
 
+def _reported_phases(log_text: str) -> Dict[str, float]:
+    from launcher.readiness import reported_phases
+
+    return reported_phases(log_text)
+
+
+# What vLLM's start is made of, as its own log lines say: its load phases for the time-to-READY breakdown.
+VLLM_LOAD_PHASES = {
+    "weights_s": r"Loading weights took ([0-9.]+) seconds",
+    "model_load_s": r"Model loading took .*? and ([0-9.]+) seconds",
+    "dynamo_s": r"Dynamo bytecode transform time: ([0-9.]+) s",
+    "compile_s": r"torch\.compile took ([0-9.]+) s in total",
+    "cuda_graphs_s": r"Graph capturing finished in ([0-9.]+) secs",
+    "engine_init_s": r"init engine \(profile, create kv cache, warmup model\) took ([0-9.]+)",
+}
+
+
+def _vllm_load_phases(log_text: str) -> Dict[str, float]:
+    from launcher.readiness import phases_from_patterns, reported_phases
+
+    return {**reported_phases(log_text), **phases_from_patterns(VLLM_LOAD_PHASES, log_text)}
+
+
 @dataclass(frozen=True)
 class EngineDef:
     name: str
@@ -76,6 +99,9 @@ class EngineDef:
     # non-leader ranks load for its config, when they differ from default_model_name / worker_models.
     default_model_name_of: Callable[[Any], str] = lambda engine: ""
     worker_models_of: Callable[[Any], Optional[Tuple[str, ...]]] = lambda engine: None
+    # rank 0's log text -> the engine's load phases (name -> seconds: weights, compile, graph capture) for the
+    # time-to-READY breakdown; by default the `llmlaunch-phase:` lines an engine reports (launcher/readiness.py)
+    load_phases: Callable[[str], Dict[str, float]] = _reported_phases
     summary: str = ""
 
     def model_name(self, engine) -> str:
@@ -388,6 +414,7 @@ ENGINES: Dict[str, EngineDef] = {
         ray_across_nodes=lambda e: e.distributed_executor_backend in ("auto", "ray"),
         rank_env=_ray_rank_env,
         rank_command=_ray_rank_command,
+        load_phases=_vllm_load_phases,
         summary="vLLM AsyncLLMEngine; one tritonserver per model copy per node, vLLM owns the GPUs (Ray across nodes)",
     ),
     "sglang": EngineDef(

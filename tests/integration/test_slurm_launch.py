@@ -505,3 +505,39 @@ def test_trtllm_llmapi_mpi_world_serves_through_rank0_on_the_local_cluster(local
         assert any(r["event"] == "shutdown" for r in (json.loads(l) for l in calls.read_text().splitlines() if l.strip()))
     finally:
         subprocess.run(["scancel", job.job_id])
+
+
+def test_time_to_ready_is_broken_down_into_the_run_record_and_shown_by_status(local_slurm, tmp_path):
+    """The launch `llmlaunch cluster=local_slurm` makes (the scheduler's launch, with the record's launching part):
+    at READY the record holds Slurm's queue wait with its reason (the job may start 8 s after submission: BeginTime)
+    and every phase, measured from what rank 0 wrote, the nodes, the versions the ranks saw; llmlaunch-status shows
+    the breakdown."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from launcher import scheduler, slurm
+    from launcher.readiness import process_start_time
+    from launcher.record import base_record
+
+    overrides = ["cluster=local_slurm", "engine=hf", "model=tiny", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=240", "replicas=2", "nodes=2",
+                 "cluster.extra_sbatch=['--begin=now+8']"]
+    cfg, spec = plan(overrides)
+    backend = scheduler.get("slurm")
+    run_dir = str(tmp_path / "run")
+    record = base_record(OmegaConf.to_container(cfg, resolve=True), overrides, backend.name, run_dir, submitted=process_start_time())
+    ep = backend.launch(dataclasses.replace(backend.dryrun(spec, run_dir), record=record))
+    try:
+        rec = json.loads((Path(run_dir) / "record.json").read_text())
+        b = rec["time_to_ready"]
+        phases = ("queue_s", "ranks_s", "server_s", "load_s", "endpoint_s", "first_token_s", "frontend_s")
+        assert all(b[k] >= 0 for k in phases) and b["load_s"] > 0 and b["ranks_s"] > 0, b
+        assert abs(sum(b[k] for k in phases) - b["total_s"]) < 0.05, b
+        assert b["queue_s"] >= 6 and "BeginTime" in b["queue_reason"], b  # Slurm's Start is in whole seconds
+        assert [name for name, _ in b["load_phases"]] == ["weights", "compile", "graphs"], b
+        assert rec["job_id"] == ep.job_id and len(rec["nodes"]) == spec.world_size == 2 and len(set(rec["nodes"])) == 2
+        assert rec["versions"]["tritonserver"] and rec["versions"]["torch"] and rec["config"]["replicas"] == 2
+        code, st = slurm.status(ep.job_id)
+        assert code == 0 and "time to READY" in st and "(BeginTime" in st and f"record: {run_dir}/record.json" in st, st
+    finally:
+        stop(ep.job_id)

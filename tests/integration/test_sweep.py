@@ -96,6 +96,12 @@ def test_local_sweep_one_server_two_points(tmp_path):
     assert r.stderr.count(": launching local server") == 1 and "stopped local server" in r.stderr
     pid = int(_points(sweep_dir)["bench.concurrency=1"]["server"]["job_id"])
     assert not Path(f"/proc/{pid}").exists()
+    # the one server's time to READY in both rows, and both points in its run record
+    assert all(float(r["ready_total_s"]) > 0 and float(r["ready_load_s"]) > 0 and r["ready_queue_s"] == "0" for r in rows), rows
+    assert all(r["ready_load_phases"].startswith("weights=") for r in rows), rows
+    record = json.loads((Path(_points(sweep_dir)["bench.concurrency=1"]["server"]["run_dir"]) / "record.json").read_text())
+    assert [Path(b["point"]).name for b in record["bench"]] == ["bench.concurrency=1", "bench.concurrency=2"]
+    assert all(b["completed"] == b["requests"] > 0 for b in record["bench"]) and record["config"]["bench"]["concurrency"] == 1
 
 
 @requires_slurm
@@ -114,6 +120,7 @@ def test_submitit_launcher_runs_each_point_in_its_own_allocation(local_slurm, tm
     assert f["stage"] == "serve" and "set hydra.launcher.gpus_per_node=2" in f["error"]
     server = _points(sweep_dir)["replicas=1"]["server"]
     assert server["kind"] == "allocation" and (Path(server["run_dir"]) / "step.sh").exists()
+    assert float(rows["replicas=1"]["ready_load_s"]) > 0 and float(rows["replicas=1"]["ready_ranks_s"]) > 0, rows["replicas=1"]
 
 
 @requires_slurm
