@@ -142,6 +142,31 @@ class MPIComm:
         self.allgather(None)
 
 
+class RendezvousTimeout(TimeoutError):
+    """Some ranks never reached the rendezvous: `missing` names them (the job fails naming them)."""
+
+    def __init__(self, missing: List[int], timeout_s: float):
+        self.missing = missing
+        super().__init__(f"rendezvous: ranks {missing} did not arrive within {timeout_s:.0f}s "
+                         f"(serve.rendezvous_timeout_s); look at their logs for what held them")
+
+
+def arrival_barrier(directory: Path, rank: int, world: int, timeout_s: float, poll_s: float = 0.05) -> None:
+    """Every rank marks its arrival in the shared run dir and waits for all the others' marks, up to `timeout_s`.
+    Before MPI starts: MPI_Init itself waits for every rank with no deadline (its PMIx fence), so a rank that never
+    starts would hang the others silently; here the ones that arrived fail naming the ones that did not."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"arrived_{rank}").touch()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = [r for r in range(world) if not (directory / f"arrived_{r}").exists()]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise RendezvousTimeout(missing, timeout_s)
+        time.sleep(poll_s)
+
+
 class FileComm:
     """Rendezvous through files in the run dir, for launchers without MPI (local ranks) and for
     engines whose server is itself the MPI program (TensorRT-LLM leader mode), where the
@@ -166,24 +191,31 @@ class FileComm:
             if all(f.exists() for f in files):
                 return [json.loads(f.read_text()) for f in files]
             if time.monotonic() > deadline:
-                missing = [r for r, f in enumerate(files) if not f.exists()]
-                raise TimeoutError(f"rendezvous: ranks {missing} did not arrive within {self.timeout_s:.0f}s")
+                raise RendezvousTimeout([r for r, f in enumerate(files) if not f.exists()], self.timeout_s)
             time.sleep(0.05)
 
     def barrier(self):
         self.allgather(None)
 
 
-def make_comm(spec, topo: Topology, run_dir: Path):
-    """MPI where srun/mpirun wired it up, unless the engine's server is the MPI program itself (then files)."""
+def rendezvous_key(topo: Topology, attempt: str = "") -> str:
+    """The rendezvous folder's name: the job's id, and the allocation's number once a job was requeued."""
+    return f"{topo.job_id}.{attempt}" if attempt else topo.job_id
+
+
+def make_comm(spec, topo: Topology, run_dir: Path, attempt: str = ""):
+    """MPI where srun/mpirun wired it up, unless the engine's server is the MPI program itself (then files).
+    `attempt` tells a requeued job's allocations apart (same job id, files of the earlier one still there)."""
     from launcher.engines.registry import ENGINES
 
+    key = rendezvous_key(topo, attempt)
+    timeout_s = float(spec.serve.rendezvous_timeout_s)
     if topo.world_size == 1:
-        return FileComm(run_dir, topo.job_id, 0, 1)
+        return FileComm(run_dir, key, 0, 1, timeout_s)
     server_uses_mpi = ENGINES[spec.engine.name].server_uses_mpi
     if spec.cluster.mpi != "none" and topo.launcher in ("slurm", "openmpi") and not server_uses_mpi:
         return MPIComm()
-    return FileComm(run_dir, topo.job_id, topo.rank, topo.world_size)
+    return FileComm(run_dir, key, topo.rank, topo.world_size, timeout_s)
 
 
 def rendezvous(spec, topo: Topology, comm) -> RankContext:
@@ -378,8 +410,17 @@ def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path
     environ = dict(os.environ if environ is None else environ)
     spec = RunDir(run_dir).read_spec()
     topo = read_topology(environ)
-    say = lambda msg: print(f"[llmlaunch rank {topo.rank} {topo.hostname}] {msg}", flush=True)  # noqa: E731
+    def say(msg: str) -> None:
+        # the time on every line: llmlaunch-logs orders errors across ranks by it (launcher/triage.py reads it back)
+        print(f"[llmlaunch rank {topo.rank} {topo.hostname} {log_time()}] {msg}", flush=True)
+
     return _run_rank(RunDir(run_dir), spec, topo, environ, log_path, say)
+
+
+def log_time(t: Optional[float] = None) -> str:
+    """Local time to the millisecond, as rank log lines carry it (launcher/triage.py parses it)."""
+    t = time.time() if t is None else t
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}"
 
 
 def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Optional[str], say) -> int:
@@ -396,8 +437,20 @@ def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Opti
         # Records of an earlier run of this dir (a requeued job) must not stop this run's ranks. Nobody
         # writes one before the job serves, and every rank passes the rendezvous only after rank 0.
         run.clear_lost()
-    comm = make_comm(spec, topo, run.path)
-    ctx, infos = rendezvous(spec, topo, comm)
+    attempt = environ.get("SLURM_RESTART_COUNT", "")
+    try:
+        if topo.world_size > 1:  # every rank there before anything waits without a deadline (MPI_Init does)
+            arrival_barrier(run.rendezvous_dir(rendezvous_key(topo, attempt)), topo.rank, topo.world_size, float(spec.serve.rendezvous_timeout_s))
+        comm = make_comm(spec, topo, run.path, attempt)
+        ctx, infos = rendezvous(spec, topo, comm)
+    except RendezvousTimeout as e:
+        # Fail the job naming who never came (MPI has not started: the arrival barrier comes first)
+        log = Path(log_path) if log_path else _own_log(run, topo)
+        me = spec.ranks[topo.rank]
+        run.write_failure(topo.rank, {"rank": topo.rank, "node": me.node, "host": topo.hostname, "exit_code": 1, "log": str(log),
+                                      "log_tail": "", "time": time.time(), "reason": str(e), "missing_ranks": e.missing})
+        say(f"FAILED: {e}")
+        return 1
     me = ctx.rank
     install = resolve_tritonserver(spec.cluster.tritonserver)
     env = server_env(install, {**spec.cluster.env, **rank_environment(spec, topo, ctx, run.path, _visible_devices(environ)), **edef.rank_env(spec, ctx)})

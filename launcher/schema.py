@@ -52,6 +52,7 @@ class ClusterConfig:
     slurm_conf: str = ""  # SLURM_CONF for the submitting side (the local test cluster); empty = the site default
     python: str = ""  # python interpreter ranks run with; empty = the one running llmlaunch
     jobs_dir: str = "llmlaunch-jobs"  # where job folders go (relative = under the current directory); must be shared with the nodes
+    allows_requeue: bool = False  # the site lets a job requeue itself (slurm.conf JobRequeue, partition and QOS allow `scontrol requeue`): requeue=true needs it
 
 
 # --------------------------------------------------------------------------- model
@@ -153,6 +154,8 @@ class ServeConfig:
     ready_timeout_s: float = 900.0  # give up waiting for READY after this many seconds
     log_verbose: int = 0  # tritonserver --log-verbose level
     drain_timeout_s: float = 30.0  # on stop, how long in-flight requests may finish before the server is killed
+    rendezvous_timeout_s: float = 600.0  # how long started ranks wait for the others; then the job fails naming the ranks that never arrived
+    walltime_signal_s: int = 60  # Slurm signals the job (SIGUSR2, sbatch --signal) this many seconds before its time limit: the front ends refuse new requests, in-flight ones get up to serve.drain_timeout_s, every rank exits
 
 
 @dataclass
@@ -183,6 +186,7 @@ class LaunchConfig:
     nodes: int = 1  # nodes in the job
     replicas: int = 1  # data-parallel model copies behind the one endpoint
     dry_run: bool = False  # print the plan, write and submit nothing
+    requeue: bool = False  # Slurm: at the time limit the job drains, then requeues itself and serves again in a new allocation (needs cluster.allows_requeue)
     job_name: str = "llmlaunch"  # Slurm job name and job-folder prefix
     run_dir: str = ""  # job folder; "" = <cluster.jobs_dir>/<job_name>/<timestamp> (tests pin it)
 

@@ -81,6 +81,18 @@ def _rank_log_tails(run: RunDir, job_id: str, lines: int = 12) -> str:
     return "\n".join(parts) or "(no rank logs yet)"
 
 
+def triage_text(run: RunDir, settle_s: float = 2.0) -> str:
+    """llmlaunch-logs' report for a job that failed, after `settle_s` for the other ranks' last lines to reach
+    their logs; "" if it cannot be made (the failure itself is still reported)."""
+    from launcher.logs import report
+
+    time.sleep(settle_s)
+    try:
+        return "\n" + report(run)[0]
+    except Exception as e:  # a report that fails must not hide the failure it was for
+        return f"\n(llmlaunch-logs failed: {e})"
+
+
 def submit(spec: LaunchSpec, run_dir: str):
     """Write the run dir and submit. Nothing is left half-submitted: if sbatch refuses, the
     run dir is removed and Slurm's reason is raised as a LaunchError."""
@@ -122,14 +134,16 @@ def follow(job_id: str, run_dir, spec: LaunchSpec, deadline_s: float) -> Dict:
         fails = run.failures()
         if fails:
             _run(["scancel", job_id])
-            raise LaunchError((f"job {job_id}", "a rank failed: " + describe_failure(fails[0]), f"read the rank logs in {run}; `llmlaunch-status {job_id}` shows them"))
+            raise LaunchError((f"job {job_id}", "a rank failed: " + describe_failure(fails[0]) + triage_text(run),
+                               f"read the rank logs in {run}; `llmlaunch-status {job_id}` shows them, `llmlaunch-logs {job_id}` triages them"))
 
     def progress() -> str:
         state, reason, nodes = queue_state(job_id)
         if state in ("FAILED", "CANCELLED", "TIMEOUT", "COMPLETED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"):
             fails = run.failures()
-            detail = describe_failure(fails[0]) if fails else _rank_log_tails(run, job_id)
-            raise LaunchError((f"job {job_id}", f"ended {state} before serving{(' (' + reason + ')') if reason and reason != 'None' else ''}:\n{detail}", f"read the rank logs in {run}"))
+            detail = (describe_failure(fails[0]) if fails else _rank_log_tails(run, job_id)) + triage_text(run)
+            raise LaunchError((f"job {job_id}", f"ended {state} before serving{(' (' + reason + ')') if reason and reason != 'None' else ''}:\n{detail}",
+                               f"read the rank logs in {run}; `llmlaunch-logs {job_id}` triages them"))
         seen["state"] = state
         if state == "PENDING":
             return f"job {job_id} PENDING ({reason})"

@@ -74,6 +74,7 @@ class LaunchSpec:
     model_name: str  # Triton model name clients address
     host: str  # address rank 0 binds
     ranks: Tuple[RankSpec, ...] = field(default_factory=tuple)
+    requeue: bool = False  # at the time limit, drain and requeue into a new allocation (schema.LaunchConfig.requeue)
 
     @property
     def world_size(self) -> int:
@@ -218,6 +219,36 @@ def typed_config(c: Mapping[str, Any]) -> Tuple[LaunchConfig, List[Tuple[str, st
                      "check the spelling (`llmlaunch --cfg job` prints every key)") for k in unknown + more]
 
 
+def check_walltime(problems, cluster, serve, requeue: bool) -> None:
+    """The time limit against what must fit in it, and requeue against what the site allows. A job signalled
+    serve.walltime_signal_s before its limit has that much less to load in; when that is less than
+    serve.ready_timeout_s (how long loading may take) it can be drained before it ever serves."""
+    if cluster.scheduler != "slurm":
+        if requeue:
+            problems.append(("requeue=true", f"cluster={cluster.name} runs on this machine without a scheduler: there is no time limit and no queue to requeue into",
+                             "drop requeue, or use a Slurm cluster profile whose cluster.allows_requeue is true"))
+        return
+    lead = serve.walltime_signal_s
+    if not isinstance(lead, int) or isinstance(lead, bool) or lead < 0:
+        problems.append((f"serve.walltime_signal_s={lead!r}", "seconds before the time limit: a whole number >= 0", "set serve.walltime_signal_s=60"))
+        return
+    if lead and lead < serve.drain_timeout_s + 10:
+        problems.append((f"serve.walltime_signal_s={lead}", f"Slurm kills the job at its limit, and draining takes up to serve.drain_timeout_s={serve.drain_timeout_s:g} "
+                         "plus about 10 s for the ranks to end their servers", f"set serve.walltime_signal_s={int(serve.drain_timeout_s) + 10} or more, or lower serve.drain_timeout_s"))
+    if _TIME.match(str(cluster.time)):
+        from launcher.render import time_minutes
+
+        limit_s = time_minutes(cluster.time) * 60
+        if limit_s - lead < serve.ready_timeout_s:
+            need = -(-int(serve.ready_timeout_s + lead) // 60)
+            problems.append((f"cluster.time={cluster.time}", f"{limit_s}s minus the drain signal's serve.walltime_signal_s={lead} leaves {limit_s - lead}s, less than "
+                             f"serve.ready_timeout_s={serve.ready_timeout_s:g} the model may take to load: the job could be drained before it serves",
+                             f"set cluster.time={need // 60:02d}:{need % 60:02d}:00 or more, or lower serve.ready_timeout_s to the model's load time"))
+    if requeue and not cluster.allows_requeue:
+        problems.append(("requeue=true", f"cluster={cluster.name} does not allow a job to requeue itself (cluster.allows_requeue=false: the site's JobRequeue, "
+                         "partition or QOS forbid `scontrol requeue`)", "drop requeue, or set cluster.allows_requeue=true in the profile once the site allows it"))
+
+
 def check_counts(problems, counts):
     """Counts where 0 picks a value for the machine: (name, value, what it counts, what 0 means, the fix)."""
     for name, v, what, zero, fix in counts:
@@ -304,6 +335,9 @@ def build_spec(cfg) -> LaunchSpec:
         seen.setdefault(p, k)
     if serve.ready_timeout_s <= 0:
         problems.append((f"serve.ready_timeout_s={serve.ready_timeout_s}", "must be positive", "set a deadline in seconds, e.g. serve.ready_timeout_s=900"))
+    if serve.rendezvous_timeout_s <= 0:
+        problems.append((f"serve.rendezvous_timeout_s={serve.rendezvous_timeout_s}", "must be positive", "set a deadline in seconds, e.g. serve.rendezvous_timeout_s=600"))
+    check_walltime(problems, cluster, serve, bool(c.requeue))
 
     edef = registry.ENGINES.get(ename)
     lay = None
@@ -342,6 +376,7 @@ def build_spec(cfg) -> LaunchSpec:
         model_name=engine.model_name or edef.default_model_name,
         host=host,
         ranks=ranks,
+        requeue=bool(c.requeue),
     )
 
 
