@@ -11,7 +11,9 @@ its status. Rank 0 waits for its server to answer a real request and writes
 `endpoint.json`; a rank whose child dies writes `failure_rank<N>.json` and
 exits non-zero, which `srun --kill-on-bad-exit=1` turns into the whole job
 stopping (fail fast). SIGTERM / SIGINT / SIGUSR2 (time limit, preemption) are
-forwarded to the child as SIGTERM so Triton drains before it exits.
+forwarded to the child as SIGTERM so Triton drains before it exits; SIGUSR2 (Slurm's time-limit signal)
+also tells rank 0's front ends to refuse new requests and records the drain, on which the batch script of a
+requeue=true job requeues it (launcher/serving/drain.py).
 
 Replicas (replicas > 1) are the exception, once the job serves: losing one
 data-parallel copy loses capacity, not the service, so the ranks of that copy
@@ -491,8 +493,26 @@ def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Opti
     frontend = None  # frontend: rank 0's front end process when replicas > 1
     api = None  # rank 0's OpenAI API process (launcher/openai_api), in front of the public gRPC endpoint
 
+    from launcher.serving.drain import DRAIN_SIGNAL, REASON_ENV, walltime_reason
+
+    os.environ[REASON_ENV] = walltime_reason(ctx.job_id, spec.requeue)  # what rank 0's front ends will say
+
     def on_signal(signum, _frame):
+        first = stopping["signal"] is None
         stopping["signal"] = signum
+        if signum == DRAIN_SIGNAL:
+            # Slurm's time-limit signal: the server finishes what runs (up to serve.drain_timeout_s), the front
+            # ends refuse new requests naming why, every rank then exits 0 (launcher/serving/drain.py)
+            if first and me.rank == 0:
+                run.clear_endpoint()  # nothing new is served there; a requeued job's rank 0 writes the next one
+                run.write_walltime(attempt, {"attempt": int(attempt or 0), "job_id": ctx.job_id, "time": time.time(), "requeue": spec.requeue,
+                                             "drain_timeout_s": float(spec.serve.drain_timeout_s), "host": topo.hostname})
+                say(f"draining at the time limit: {os.environ[REASON_ENV]}")
+            server.terminate()
+            for child in (frontend, api):
+                if child is not None:
+                    child.drain_notice()
+            return
         server.terminate()
         if frontend is not None:
             frontend.terminate()

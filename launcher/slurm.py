@@ -72,6 +72,13 @@ def describe_lost(r: Dict) -> str:
     return f"replica {r['replica']} lost at {at} on {r['host']}: {r['reason']} (ranks {', '.join(map(str, r['ranks']))}; log {r['log']})"
 
 
+def describe_walltime(w: Dict, serving_again: bool) -> str:
+    """One allocation's drain at its time limit, and what came of it."""
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(w["time"]))
+    then = ("requeued; serving again at the endpoint above" if serving_again else "requeued; the endpoint follows once it serves again") if w.get("requeue") else "ended"
+    return f"allocation {w.get('attempt', 0)} drained at its time limit at {at} on {w.get('host', '?')}: {then}"
+
+
 def _rank_log_tails(run: RunDir, job_id: str, lines: int = 12) -> str:
     from launcher.triton import log_excerpt
 
@@ -255,6 +262,8 @@ def status(job_id: str) -> Tuple[int, str]:
     if e is not None:
         lines += [f"endpoint: {e['url']}", f"model: {e['model']}"]
     lines.append(f"ready leaders: {run.ready_count()}")
+    for w in run.walltime_records():
+        lines.append(describe_walltime(w, e is not None))
     lost = run.lost_replicas()
     try:
         replicas = int((run.read_launch() or {})["replicas"])
@@ -269,6 +278,8 @@ def status(job_id: str) -> Tuple[int, str]:
         lines.append(describe_lost(r))
     for f in fails:
         lines.append("FAILED " + describe_failure(f))
+    if fails:
+        lines.append(f"triage: llmlaunch-logs {job_id} (every rank's logs in one archive, the root cause first)")
     # 0 only while the job serves: a failed job (and one that ended or has not started) exits 1
     ok = state == "RUNNING" and e is not None
     return (0 if ok else 1), "\n".join(lines)

@@ -116,7 +116,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     params = {"final_counts_only": True} if "final_counts_only" in honoured_parameters(args.grpc_url, args.model) else {}
     template = ChatTemplate(args.tokenizer, args.model)
     template.load()
-    app = make_app(GrpcBackend(args.grpc_url, args.model, params), (args.model, *args.alias), template)
+    import signal
+
+    from launcher.serving.drain import DRAIN_SIGNAL, reason
+
+    draining = {"reason": ""}
+
+    def drain(_signum, _frame) -> None:  # the drain notice: refuse new requests, let running ones finish
+        draining["reason"] = reason()
+        log(f"draining: {draining['reason']}")
+
+    signal.signal(DRAIN_SIGNAL, drain)
+    app = make_app(GrpcBackend(args.grpc_url, args.model, params), (args.model, *args.alias), template, draining=draining)
     log(f"serving {args.model!r} from grpc://{args.grpc_url} on http://{args.host}:{args.port}/v1")
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", access_log=False,
                 timeout_graceful_shutdown=int(args.drain_timeout), loop="auto", http="auto")
