@@ -380,7 +380,8 @@ def stop(job_id: str, timeout_s: float = 90, drain_s: Optional[float] = None) ->
     why = ""
     if action == "drain":
         if drain_s is None:
-            drain_s = drain_window_s(run.read_launch(), serving=run.has_endpoint())
+            # a job draining at its time limit has withdrawn its endpoint but still has requests to finish
+            drain_s = drain_window_s(run.read_launch(), serving=run.has_endpoint() or bool(run.walltime_records()))
         rc, _, err = _run(drain_argv(job_id))
         left = _wait_gone(job_id, drain_s) if rc == 0 else _queued(job_id)
         if left == "COMPLETING":  # the batch script has ended the job: Slurm is cleaning up after it

@@ -68,8 +68,9 @@ async def _serve(cfg: FrontendConfig, reuse_port: bool, publish=None, on_bound=N
     from launcher.serving.drain import DRAIN_SIGNAL, reason
 
     def drain() -> None:  # the drain notice: refuse new requests, let running ones finish
-        fe.draining = reason()
-        log(f"draining: {fe.draining}")
+        if not fe.draining:  # Slurm's signal and the rank's notice both come
+            fe.draining = reason()
+            log(f"draining: {fe.draining}")
 
     loop.add_signal_handler(DRAIN_SIGNAL, drain)
     if on_bound is not None:

@@ -123,8 +123,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     draining = {"reason": ""}
 
     def drain(_signum, _frame) -> None:  # the drain notice: refuse new requests, let running ones finish
-        draining["reason"] = reason()
-        log(f"draining: {draining['reason']}")
+        if not draining["reason"]:  # Slurm's signal and the rank's notice both come
+            draining["reason"] = reason()
+            log(f"draining: {draining['reason']}")
 
     signal.signal(DRAIN_SIGNAL, drain)
     app = make_app(GrpcBackend(args.grpc_url, args.model, params), (args.model, *args.alias), template, draining=draining)

@@ -34,7 +34,7 @@ def openai_completion(url, model):
 
 def test_a_job_at_its_time_limit_drains_requeues_and_serves_again(local_slurm, tmp_path):
     from launcher import slurm
-    from launcher.client import Generation, StreamRecord, TritonStream, build_request, generate
+    from launcher.client import ClientError, Generation, StreamRecord, TritonStream, build_request, generate
     from launcher.models import resolve_model
 
     cfg, spec = plan(["cluster=local_slurm", "engine=hf", "model=tiny", f"cluster.jobs_dir={tmp_path}", "replicas=2", "nodes=2",
@@ -61,12 +61,13 @@ def test_a_job_at_its_time_limit_drains_requeues_and_serves_again(local_slurm, t
         # new requests are refused naming why: on the open stream, on a new stream (UNAVAILABLE), over HTTP (503)
         late = StreamRecord("late")
         stream.submit(build_request(ep["model"], Generation("Too late", max_tokens=4), "late"), late)
-        fresh = generate(ep["url"], ep["model"], Generation("Too late too", max_tokens=4), timeout=60)
+        with pytest.raises(ClientError) as fresh:  # a new stream is refused whole
+            generate(ep["url"], ep["model"], Generation("Too late too", max_tokens=4), timeout=60)
         status, body = openai_completion(ep["openai_url"], ep["model"])
         for rec, _ in [(late, 0)] + [(r, 0) for t, r in sent if t > drained_at + 1]:
             stream.wait(rec, timeout=120)
         assert REASON in (late.error or "") and job_id in late.error, late.error
-        assert REASON in (fresh.error or ""), fresh.error
+        assert REASON in str(fresh.value) and "UNAVAILABLE" in str(fresh.value), fresh.value
         assert status == 503 and REASON in body, (status, body)
         # the requests sent before the drain finished whole
         for t, rec in sent:
@@ -83,6 +84,8 @@ def test_a_job_at_its_time_limit_drains_requeues_and_serves_again(local_slurm, t
                 break
             assert time.monotonic() < deadline, f"not serving again; {slurm.status(job_id)[1]}"
             time.sleep(1)
+        for rank in (0, 1):  # every rank of the first allocation drained and exited 0 (the logs append across allocations)
+            assert "stopped (signal 12), status 0" in run.slurm_rank_log(job_id, rank).read_text(errors="replace"), rank
         code, st = slurm.status(job_id)
         assert code == 0 and "state: RUNNING" in st and f"endpoint: {again['url']}" in st, st
         assert "allocation 0 drained at its time limit at " in st and "requeued; serving again at the endpoint above" in st, st
