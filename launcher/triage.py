@@ -30,8 +30,8 @@ _ERROR = re.compile(
 )
 # a rank's own lines that are errors (the rest of its lines are progress)
 _RANK_ERROR = re.compile(r"^FAILED\b|: failing the job$|\bLOST\b|did not arrive|\bunasked\b")
-# errors every CPU-only tritonserver logs at start (no CUDA driver): not why anything failed
-_BENIGN = ("CudaDriverHelper has not been initialized",)
+# errors every CPU-only tritonserver logs at start (no CUDA driver, no NVML): not why anything failed
+_BENIGN = ("CudaDriverHelper has not been initialized", "Error: Failed to initialize NVML")
 CONTEXT = 6  # lines shown either side of the root cause
 
 
@@ -99,7 +99,7 @@ def error_text(line: str) -> Optional[str]:
             return None
         return msg.strip('"').replace('\\"', '"').replace("\\n", "\n    ")
     s = line.strip()
-    return s if s and _ERROR.search(s) else None
+    return s if s and _ERROR.search(s) and not s.startswith(_BENIGN) else None
 
 
 def rank_of_line(line: str) -> Optional[Tuple[int, str]]:

@@ -34,6 +34,7 @@ def test_the_earliest_error_across_ranks_is_the_root_cause():
         rank_line(0, "node1", 0, "leader of replica 0, gpus none: tritonserver ..."),
         glog("I", 1, "loading: hf_model:1"),
         glog("E", 1.5, "CudaDriverHelper has not been initialized."),
+        "Error: Failed to initialize NVML",
         rank_line(0, "node1", 9, "stopped (signal 15), status 0"),
         "srun: error: node2: task 1: Exited with exit code 1",
     ])
