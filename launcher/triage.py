@@ -194,6 +194,14 @@ def triage(events: Sequence[Event], sources: Sequence[str] = ()) -> Triage:
     return Triage(root, tuple(rest), tuple(sources))
 
 
+WIDTH = 300  # characters of a context line shown (the archive has them whole)
+
+
+def _clip(line: str) -> str:
+    line = line.rstrip()
+    return line if len(line) <= WIDTH else line[:WIDTH] + " ..."
+
+
 def render(t: Triage, *, archive: str = "", limit: int = 20) -> str:
     """The report: the root cause and the lines around it, then its consequences."""
     out: List[str] = []
@@ -205,12 +213,11 @@ def render(t: Triage, *, archive: str = "", limit: int = 20) -> str:
         out += [f"  {line}" for line in r.text.splitlines()]
         if r.context:
             out.append(f"  lines around it in {r.source}:" if r.line_no else "  its log ends:")
-            out += [f"    {'>' if i == r.at else ' '} {line}" for i, line in enumerate(r.context)]
+            out += [f"    {'>' if i == r.at else ' '} {_clip(line)}" for i, line in enumerate(r.context)]
         if t.consequences:
             out.append(f"consequences ({len(t.consequences)}, in time order):")
             for e in t.consequences[:limit]:
-                first = e.text.splitlines()[0]
-                out.append(f"  {e.when()}  {e.where()}: {first if len(first) <= 300 else first[:300] + ' ...'}  ({e.source}{f':{e.line_no}' if e.line_no else ''})")
+                out.append(f"  {e.when()}  {e.where()}: {_clip(e.text.splitlines()[0])}  ({e.source}{f':{e.line_no}' if e.line_no else ''})")
             if len(t.consequences) > limit:
                 out.append(f"  ... and {len(t.consequences) - limit} more (in the archive)")
     if archive:

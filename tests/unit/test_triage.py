@@ -90,3 +90,10 @@ def test_llmlaunch_logs_reads_a_run_dir_and_archives_it(tmp_path):
     with tarfile.open(archive) as tar:
         names = sorted(tar.getnames())
     assert names == ["run/9_0_log.out", "run/9_1_log.out", "run/failure_rank1.json", "run/launch.json", "run/rendezvous/9/arrived_1"]
+
+
+def test_long_context_lines_are_clipped_in_the_report():
+    wide = "| exit_timeout | 30 " + " " * 400 + "|"
+    t = triage(scan_log("\n".join([wide, rank_line(0, "node1", 1, "FAILED: x")]), source="a", rank=0, year=2026))
+    shown = render(t).splitlines()
+    assert max(len(l) for l in shown) < 320 and any(l.endswith(" ...") for l in shown)
