@@ -11,7 +11,9 @@ its status. Rank 0 waits for its server to answer a real request and writes
 `endpoint.json`; a rank whose child dies writes `failure_rank<N>.json` and
 exits non-zero, which `srun --kill-on-bad-exit=1` turns into the whole job
 stopping (fail fast). SIGTERM / SIGINT / SIGUSR2 (time limit, preemption) are
-forwarded to the child as SIGTERM so Triton drains before it exits.
+forwarded to the child as SIGTERM so Triton drains before it exits; SIGUSR2 (Slurm's time-limit signal)
+also tells rank 0's front ends to refuse new requests and records the drain, on which the batch script of a
+requeue=true job requeues it (launcher/serving/drain.py).
 
 Replicas (replicas > 1) are the exception, once the job serves: losing one
 data-parallel copy loses capacity, not the service, so the ranks of that copy
@@ -142,6 +144,31 @@ class MPIComm:
         self.allgather(None)
 
 
+class RendezvousTimeout(TimeoutError):
+    """Some ranks never reached the rendezvous: `missing` names them (the job fails naming them)."""
+
+    def __init__(self, missing: List[int], timeout_s: float):
+        self.missing = missing
+        super().__init__(f"rendezvous: ranks {missing} did not arrive within {timeout_s:.0f}s "
+                         f"(serve.rendezvous_timeout_s); look at their logs for what held them")
+
+
+def arrival_barrier(directory: Path, rank: int, world: int, timeout_s: float, poll_s: float = 0.05) -> None:
+    """Every rank marks its arrival in the shared run dir and waits for all the others' marks, up to `timeout_s`.
+    Before MPI starts: MPI_Init itself waits for every rank with no deadline (its PMIx fence), so a rank that never
+    starts would hang the others silently; here the ones that arrived fail naming the ones that did not."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"arrived_{rank}").touch()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        missing = [r for r in range(world) if not (directory / f"arrived_{r}").exists()]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise RendezvousTimeout(missing, timeout_s)
+        time.sleep(poll_s)
+
+
 class FileComm:
     """Rendezvous through files in the run dir, for launchers without MPI (local ranks) and for
     engines whose server is itself the MPI program (TensorRT-LLM leader mode), where the
@@ -166,24 +193,31 @@ class FileComm:
             if all(f.exists() for f in files):
                 return [json.loads(f.read_text()) for f in files]
             if time.monotonic() > deadline:
-                missing = [r for r, f in enumerate(files) if not f.exists()]
-                raise TimeoutError(f"rendezvous: ranks {missing} did not arrive within {self.timeout_s:.0f}s")
+                raise RendezvousTimeout([r for r, f in enumerate(files) if not f.exists()], self.timeout_s)
             time.sleep(0.05)
 
     def barrier(self):
         self.allgather(None)
 
 
-def make_comm(spec, topo: Topology, run_dir: Path):
-    """MPI where srun/mpirun wired it up, unless the engine's server is the MPI program itself (then files)."""
+def rendezvous_key(topo: Topology, attempt: str = "") -> str:
+    """The rendezvous folder's name: the job's id, and the allocation's number once a job was requeued."""
+    return f"{topo.job_id}.{attempt}" if attempt else topo.job_id
+
+
+def make_comm(spec, topo: Topology, run_dir: Path, attempt: str = ""):
+    """MPI where srun/mpirun wired it up, unless the engine's server is the MPI program itself (then files).
+    `attempt` tells a requeued job's allocations apart (same job id, files of the earlier one still there)."""
     from launcher.engines.registry import ENGINES
 
+    key = rendezvous_key(topo, attempt)
+    timeout_s = float(spec.serve.rendezvous_timeout_s)
     if topo.world_size == 1:
-        return FileComm(run_dir, topo.job_id, 0, 1)
+        return FileComm(run_dir, key, 0, 1, timeout_s)
     server_uses_mpi = ENGINES[spec.engine.name].server_uses_mpi
     if spec.cluster.mpi != "none" and topo.launcher in ("slurm", "openmpi") and not server_uses_mpi:
         return MPIComm()
-    return FileComm(run_dir, topo.job_id, topo.rank, topo.world_size)
+    return FileComm(run_dir, key, topo.rank, topo.world_size, timeout_s)
 
 
 def rendezvous(spec, topo: Topology, comm) -> RankContext:
@@ -381,7 +415,13 @@ def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path
     environ = dict(os.environ if environ is None else environ)
     spec = RunDir(run_dir).read_spec()
     topo = read_topology(environ)
-    say = lambda msg: print(f"[llmlaunch rank {topo.rank} {topo.hostname}] {msg}", flush=True)  # noqa: E731
+
+    def say(msg: str) -> None:
+        from launcher.triage import log_time
+
+        # the time on every line: llmlaunch-logs orders errors across ranks by it (launcher/triage.py reads it back)
+        print(f"[llmlaunch rank {topo.rank} {topo.hostname} {log_time()}] {msg}", flush=True)
+
     return _run_rank(RunDir(run_dir), spec, topo, environ, log_path, say)
 
 
@@ -399,8 +439,20 @@ def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Opti
         # Records of an earlier run of this dir (a requeued job) must not stop this run's ranks. Nobody
         # writes one before the job serves, and every rank passes the rendezvous only after rank 0.
         run.clear_lost()
-    comm = make_comm(spec, topo, run.path)
-    ctx, infos = rendezvous(spec, topo, comm)
+    attempt = environ.get("SLURM_RESTART_COUNT", "")
+    try:
+        if topo.world_size > 1:  # every rank there before anything waits without a deadline (MPI_Init does)
+            arrival_barrier(run.rendezvous_dir(rendezvous_key(topo, attempt)), topo.rank, topo.world_size, float(spec.serve.rendezvous_timeout_s))
+        comm = make_comm(spec, topo, run.path, attempt)
+        ctx, infos = rendezvous(spec, topo, comm)
+    except RendezvousTimeout as e:
+        # Fail the job naming who never came (MPI has not started: the arrival barrier comes first)
+        log = Path(log_path) if log_path else _own_log(run, topo)
+        me = spec.ranks[topo.rank]
+        run.write_failure(topo.rank, {"rank": topo.rank, "node": me.node, "host": topo.hostname, "exit_code": 1, "log": str(log),
+                                      "log_tail": "", "time": time.time(), "reason": str(e), "missing_ranks": e.missing})
+        say(f"FAILED: {e}")
+        return 1
     marks = {"ranks_started": time.time()}  # every rank has arrived: the time-to-READY breakdown's mark
     if environ.get("SLURM_JOB_START_TIME"):  # Slurm 23.02+: when the allocation began
         marks["allocated"] = float(environ["SLURM_JOB_START_TIME"])
@@ -444,8 +496,26 @@ def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Opti
     frontend = None  # frontend: rank 0's front end process when replicas > 1
     api = None  # rank 0's OpenAI API process (launcher/openai_api), in front of the public gRPC endpoint
 
+    from launcher.serving.drain import DRAIN_SIGNAL, REASON_ENV, walltime_reason
+
+    os.environ[REASON_ENV] = walltime_reason(ctx.job_id, spec.requeue)  # what rank 0's front ends will say
+
     def on_signal(signum, _frame):
+        first = stopping["signal"] is None
         stopping["signal"] = signum
+        if signum == DRAIN_SIGNAL:
+            # Slurm's time-limit signal: the server finishes what runs (up to serve.drain_timeout_s), the front
+            # ends refuse new requests naming why, every rank then exits 0 (launcher/serving/drain.py)
+            if first and me.rank == 0:
+                run.clear_endpoint()  # nothing new is served there; a requeued job's rank 0 writes the next one
+                run.write_walltime(attempt, {"attempt": int(attempt or 0), "job_id": ctx.job_id, "time": time.time(), "requeue": spec.requeue,
+                                             "drain_timeout_s": float(spec.serve.drain_timeout_s), "host": topo.hostname})
+                say(f"draining at the time limit: {os.environ[REASON_ENV]}")
+            server.terminate()
+            for child in (frontend, api):
+                if child is not None:
+                    child.drain_notice()
+            return
         server.terminate()
         if frontend is not None:
             frontend.terminate()

@@ -132,7 +132,15 @@ def setup_lines(spec: LaunchSpec, run_dir: str) -> List[str]:
 SERVING_STATUS = "llmlaunch_status"  # the batch-script variable holding the serving step's exit status
 
 
-def teardown_lines() -> List[str]:
+def walltime_record(run_dir: str) -> str:
+    """The file rank 0 writes when Slurm's time-limit signal drains the job, one per allocation of a requeued job
+    ($SLURM_RESTART_COUNT is unset in the first): with requeue=true the batch script requeues the job when it is
+    there, so only a drain at the time limit requeues (not llmlaunch-stop, not a failure).
+    launcher/rundir.py's RunDir.walltime_path spells the same name for the rank."""
+    return f"{run_dir}/walltime${{SLURM_RESTART_COUNT:-0}}.json"
+
+
+def teardown_lines(spec: Optional[LaunchSpec] = None, run_dir: str = "") -> List[str]:
     """Lines after the serving srun (submitit writes them right after it, so `$?` is that step's status).
 
     Ranks remove their own shm regions, but a rank killed outright (srun ending a failed step)
@@ -142,11 +150,14 @@ def teardown_lines() -> List[str]:
     is FAILED in sacct (and `--dependency=afterok` does not fire), while a step whose ranks all
     exit 0 (a drain at the time limit, a lost replica the job survived) leaves it COMPLETED.
     """
-    return [
+    lines = [
         f"{SERVING_STATUS}=$?  # the serving step's status: the job ends with it, after this teardown",
         f"srun --ntasks-per-node=1 --mpi=none --kill-on-bad-exit=0 rm -f /dev/shm/{shm_prefix('${SLURM_JOB_ID}', '')[:-1]}*",
-        f'exit "${SERVING_STATUS}"',
     ]
+    if spec is not None and spec.requeue:
+        # drained at the time limit (rank 0 wrote the record): back into the queue, the same script runs again
+        lines.append(f'if [ -e "{walltime_record(run_dir)}" ]; then scontrol requeue "$SLURM_JOB_ID"; fi')
+    return lines + [f'exit "${SERVING_STATUS}"']
 
 
 def submitit_parameters(spec: LaunchSpec, run_dir: str) -> Dict[str, object]:
@@ -160,8 +171,8 @@ def submitit_parameters(spec: LaunchSpec, run_dir: str) -> Dict[str, object]:
         "stderr_to_stdout": True,  # one log file per rank: <run_dir>/<job>_<rank>_log.out
         "srun_args": srun_args(spec),
         "setup": setup_lines(spec, run_dir),
-        "signal_delay_s": 60,  # SIGUSR2 a minute before the limit: ranks drain
-        "teardown": teardown_lines(),
+        "signal_delay_s": int(spec.serve.walltime_signal_s),  # SIGUSR2 this long before the limit: ranks drain
+        "teardown": teardown_lines(spec, run_dir),
     }
     for key in ("partition", "account", "qos", "constraint", "mem"):
         if getattr(c, key):
@@ -175,6 +186,8 @@ def submitit_parameters(spec: LaunchSpec, run_dir: str) -> Dict[str, object]:
     elif c.gpu_request == "gres" and spec.gpus_per_node_used:
         p["gres"] = f"gpu:{spec.gpus_per_node_used}"
     extra: Dict[str, object] = {}
+    if spec.requeue:
+        extra["requeue"] = True  # sbatch --requeue: the job may go back to the queue (the teardown requeues it)
     if c.reservation:
         extra["reservation"] = c.reservation
     for flag in c.extra_sbatch:

@@ -13,6 +13,9 @@
                                 (both carry the rendezvous's token: an earlier run's file never counts)
     <run>/failure_rank<N>.json  written by a rank whose server died unasked
     <run>/replica_lost<R>.json  written once per replica lost while the job serves (replicas > 1)
+    <run>/walltime<A>.json      written by rank 0 when Slurm's time-limit signal drains allocation A of the job
+                                (A: $SLURM_RESTART_COUNT, 0 in the first); the batch script requeues on it
+    <run>/logs-<time>.tar.gz    llmlaunch-logs: every rank's logs and the records, in one archive
     <run>/rendezvous/<job>/     the file rendezvous of ranks without MPI
     <run>/<job>_<rank>_log.out  one log per rank (Slurm); logs/rank<N>.log locally
     <run>/llmlaunch.log         a sweep's local server: the `llmlaunch` child's output
@@ -209,6 +212,24 @@ class RunDir:
         for stale in self.path.glob("replica_lost*.json"):
             stale.unlink(missing_ok=True)
 
+    # ------------------------------------------------------------------ the time limit
+    def walltime_path(self, attempt: str) -> Path:
+        """Spelled as launcher/render.py's walltime_record spells it for the batch script."""
+        return self.path / f"walltime{attempt or 0}.json"
+
+    def write_walltime(self, attempt: str, doc: Dict) -> None:
+        _write(self.walltime_path(attempt), doc)
+
+    def walltime_records(self) -> List[dict]:
+        """Each allocation's drain at its time limit, in allocation order."""
+        out = [r for r in (_read(p) for p in self.path.glob("walltime*.json")) if r is not None]
+        return sorted(out, key=lambda r: int(r.get("attempt") or 0))
+
+    def clear_endpoint(self) -> None:
+        """The job no longer serves at the endpoint it announced (drained at its time limit): tools must not send
+        requests there; a requeued job's rank 0 writes its new one."""
+        self.endpoint_path.unlink(missing_ok=True)
+
     # ------------------------------------------------------------------ the Slurm submission record
     def write_job(self, record: Dict) -> None:
         (self.path / JOB).write_text(json.dumps(record))
@@ -230,6 +251,26 @@ class RunDir:
 
     def slurm_rank_logs(self, job_id: str) -> List[Path]:
         return sorted(self.path.glob(f"{job_id}_*_log.out"))
+
+    def log_files(self) -> List[Tuple[Path, Optional[int]]]:
+        """Every log of the run with the rank that wrote it (None: the batch script's or the sweep's own):
+        Slurm's per-task logs (rank 0's also holds the batch script's output), local ranks' logs, a sweep's."""
+        out: List[Tuple[Path, Optional[int]]] = []
+        for p in sorted(self.path.glob("*_*_log.out")):
+            rank = p.name[: -len("_log.out")].rsplit("_", 1)[-1]
+            out.append((p, int(rank) if rank.isdigit() else None))
+        for p in sorted(self.logs.glob("rank*.log")) if self.logs.is_dir() else []:
+            rank = p.stem[len("rank"):]
+            out.append((p, int(rank) if rank.isdigit() else None))
+        out += [(p, None) for p in (self.server_log, self.step_log) if p.exists()]
+        return out
+
+    def record_files(self) -> List[Path]:
+        """The run's JSON records and scripts (not the model repository, not submitit's pickles)."""
+        return sorted(p for p in self.path.iterdir() if p.is_file() and p.suffix in (".json", ".sh"))
+
+    def archive_path(self, stamp: str) -> Path:
+        return self.path / f"logs-{stamp}.tar.gz"
 
     def rendezvous_dir(self, job_id: str) -> Path:
         return self.path / "rendezvous" / str(job_id)

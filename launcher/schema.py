@@ -83,6 +83,7 @@ class ClusterConfig:
     python: str = arg(Path("command"), "")  # python interpreter ranks run with; empty = the one running llmlaunch
     paths_on_host: bool = arg(Flag(), False)  # the nodes see this host's files at the same paths (the local Slurm cluster): a model path missing here is an error before submit, not a warning (scheduler=local: always)
     jobs_dir: str = arg(Path("dir", token=True), "llmlaunch-jobs")  # where job folders go (relative = under the current directory); must be shared with the nodes
+    allows_requeue: bool = arg(Flag(), False)  # the site lets a job requeue itself (slurm.conf JobRequeue, partition and QOS allow `scontrol requeue`): requeue=true needs it
 
 
 # --------------------------------------------------------------------------- model
@@ -206,6 +207,9 @@ class ServeConfig:
                                  900.0)  # give up waiting for READY after this many seconds
     log_verbose: int = arg(Int("tritonserver's log level", min=0), 0)  # tritonserver --log-verbose level
     drain_timeout_s: float = arg(Float("seconds in-flight requests may finish in"), 30.0)  # on stop, how long in-flight requests may finish before the server is killed
+    rendezvous_timeout_s: float = arg(Float("a deadline in seconds", 0.0, lo_open=True, fix="set a deadline in seconds, e.g. {key}=600"),
+                                      600.0)  # how long started ranks wait for the others; then the job fails naming the ranks that never arrived
+    walltime_signal_s: int = arg(Int("seconds before the time limit", zero="no signal: the job ends at its limit"), 60)  # Slurm signals the job (SIGUSR2, sbatch --signal) this many seconds before its time limit: the front ends refuse new requests, in-flight ones get up to serve.drain_timeout_s, every rank exits
 
 
 @dataclass
@@ -238,6 +242,7 @@ class LaunchConfig:
     nodes: int = arg(Int("nodes in the job"), 1)  # nodes in the job
     replicas: int = arg(Int("data-parallel model copies"), 1)  # data-parallel model copies behind the one endpoint
     dry_run: bool = arg(Flag(), False)  # print the plan, write and submit nothing
+    requeue: bool = arg(Flag(), False)  # Slurm: at the time limit the job drains, then requeues itself and serves again in a new allocation (needs cluster.allows_requeue)
     job_name: str = arg(Name("job names go into #SBATCH lines, file names and shm prefixes"), "llmlaunch")  # Slurm job name and job-folder prefix
     run_dir: str = arg(Path("dir"), "")  # job folder; "" = <cluster.jobs_dir>/<job_name>/<timestamp> (tests pin it)
 

@@ -86,6 +86,13 @@ def describe_lost(r: Dict) -> str:
     return f"replica {r['replica']} lost at {at} on {r['host']}: {r['reason']} (ranks {', '.join(map(str, r['ranks']))}; log {r['log']})"
 
 
+def describe_walltime(w: Dict, serving_again: bool) -> str:
+    """One allocation's drain at its time limit, and what came of it."""
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(w["time"]))
+    then = ("requeued; serving again at the endpoint above" if serving_again else "requeued; the endpoint follows once it serves again") if w.get("requeue") else "ended"
+    return f"allocation {w.get('attempt', 0)} drained at its time limit at {at} on {w.get('host', '?')}: {then}"
+
+
 def _rank_log_tails(run: RunDir, job_id: str, lines: int = 12) -> str:
     from launcher.triton import log_excerpt
 
@@ -93,6 +100,18 @@ def _rank_log_tails(run: RunDir, job_id: str, lines: int = 12) -> str:
     for log in run.slurm_rank_logs(job_id):
         parts.append(f"--- {log.name}\n{log_excerpt(log, lines)}")
     return "\n".join(parts) or "(no rank logs yet)"
+
+
+def triage_text(run: RunDir, settle_s: float = 2.0) -> str:
+    """llmlaunch-logs' report for a job that failed, after `settle_s` for the other ranks' last lines to reach
+    their logs; "" if it cannot be made (the failure itself is still reported)."""
+    from launcher.logs import report
+
+    time.sleep(settle_s)
+    try:
+        return "\n" + report(run)[0]
+    except Exception as e:  # a report that fails must not hide the failure it was for
+        return f"\n(llmlaunch-logs failed: {e})"
 
 
 def submit(spec: LaunchSpec, run_dir: str, record: Optional[Dict] = None):
@@ -140,14 +159,16 @@ def follow(job_id: str, run_dir, spec: LaunchSpec, deadline_s: float, reasons: O
         fails = run.failures()
         if fails:
             _run(["scancel", job_id])
-            raise LaunchError((f"job {job_id}", "a rank failed: " + describe_failure(fails[0]), f"read the rank logs in {run}; `llmlaunch-status {job_id}` shows them"))
+            raise LaunchError((f"job {job_id}", "a rank failed: " + describe_failure(fails[0]) + triage_text(run),
+                               f"read the rank logs in {run}; `llmlaunch-status {job_id}` shows them, `llmlaunch-logs {job_id}` triages them"))
 
     def progress() -> str:
         state, reason, nodes = queue_state(job_id)
         if state in ("FAILED", "CANCELLED", "TIMEOUT", "COMPLETED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"):
             fails = run.failures()
-            detail = describe_failure(fails[0]) if fails else _rank_log_tails(run, job_id)
-            raise LaunchError((f"job {job_id}", f"ended {state} before serving{(' (' + reason + ')') if reason and reason != 'None' else ''}:\n{detail}", f"read the rank logs in {run}"))
+            detail = (describe_failure(fails[0]) if fails else _rank_log_tails(run, job_id)) + triage_text(run)
+            raise LaunchError((f"job {job_id}", f"ended {state} before serving{(' (' + reason + ')') if reason and reason != 'None' else ''}:\n{detail}",
+                               f"read the rank logs in {run}; `llmlaunch-logs {job_id}` triages them"))
         seen["state"] = state
         if state == "PENDING":
             reasons.append(reason)
@@ -294,6 +315,8 @@ def status(job_id: str) -> Tuple[int, str]:
         lines += [f"endpoint: {e['url']}", f"model: {e['model']}"]
     lines.append(f"ready leaders: {run.ready_count()}")
     lines += ready_lines(run, rec)
+    for w in run.walltime_records():
+        lines.append(describe_walltime(w, e is not None))
     lost = run.lost_replicas()
     try:
         replicas = int((run.read_launch() or {})["replicas"])
@@ -308,6 +331,8 @@ def status(job_id: str) -> Tuple[int, str]:
         lines.append(describe_lost(r))
     for f in fails:
         lines.append("FAILED " + describe_failure(f))
+    if fails:
+        lines.append(f"triage: llmlaunch-logs {job_id} (every rank's logs in one archive, the root cause first)")
     # 0 only while the job serves: a failed job (and one that ended or has not started) exits 1
     ok = state == "RUNNING" and e is not None
     return (0 if ok else 1), "\n".join(lines)
@@ -408,7 +433,8 @@ def stop(job_id: str, timeout_s: float = 90, drain_s: Optional[float] = None) ->
     why = ""
     if action == "drain":
         if drain_s is None:
-            drain_s = drain_window_s(run.read_launch(), serving=run.has_endpoint())
+            # a job draining at its time limit has withdrawn its endpoint but still has requests to finish
+            drain_s = drain_window_s(run.read_launch(), serving=run.has_endpoint() or bool(run.walltime_records()))
         rc, _, err = _run(drain_argv(job_id))
         left = _wait_gone(job_id, drain_s) if rc == 0 else _queued(job_id)
         if left == "COMPLETING":  # the batch script has ended the job: Slurm is cleaning up after it

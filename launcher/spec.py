@@ -65,6 +65,7 @@ class LaunchSpec:
     model_name: str  # Triton model name clients address
     host: str  # address rank 0 binds
     ranks: Tuple[RankSpec, ...] = field(default_factory=tuple)
+    requeue: bool = False  # at the time limit, drain and requeue into a new allocation (schema.LaunchConfig.requeue)
 
     @property
     def world_size(self) -> int:
@@ -182,6 +183,37 @@ def typed_config(c: Mapping[str, Any]) -> Tuple[LaunchConfig, List[Tuple[str, st
                      "check the spelling (`llmlaunch --cfg job` prints every key)") for k in unknown + more]
 
 
+def check_walltime(problems, cluster, serve, requeue: bool) -> None:
+    """The time limit against what must fit in it, and requeue against what the site allows. A job signalled
+    serve.walltime_signal_s before its limit has that much less to load in; when that is less than
+    serve.ready_timeout_s (how long loading may take) it can be drained before it ever serves."""
+    if cluster.scheduler != "slurm":
+        if requeue:
+            problems.append(("requeue=true", f"cluster={cluster.name} runs on this machine without a scheduler: there is no time limit and no queue to requeue into",
+                             "drop requeue, or use a Slurm cluster profile whose cluster.allows_requeue is true"))
+        return
+    import re
+
+    from launcher.domains import SLURM_TIME
+
+    lead = serve.walltime_signal_s  # its domain (launcher/schema.py) is checked already
+    if lead and lead < serve.drain_timeout_s + 10:
+        problems.append((f"serve.walltime_signal_s={lead}", f"Slurm kills the job at its limit, and draining takes up to serve.drain_timeout_s={serve.drain_timeout_s:g} "
+                         "plus about 10 s for the ranks to end their servers", f"set serve.walltime_signal_s={int(serve.drain_timeout_s) + 10} or more, or lower serve.drain_timeout_s"))
+    if re.fullmatch(SLURM_TIME, str(cluster.time)):
+        from launcher.render import time_minutes
+
+        limit_s = time_minutes(cluster.time) * 60
+        if limit_s - lead < serve.ready_timeout_s:
+            need = -(-int(serve.ready_timeout_s + lead) // 60)
+            problems.append((f"cluster.time={cluster.time}", f"{limit_s}s minus the drain signal's serve.walltime_signal_s={lead} leaves {limit_s - lead}s, less than "
+                             f"serve.ready_timeout_s={serve.ready_timeout_s:g} the model may take to load: the job could be drained before it serves",
+                             f"set cluster.time={need // 60:02d}:{need % 60:02d}:00 or more, or lower serve.ready_timeout_s to the model's load time"))
+    if requeue and not cluster.allows_requeue:
+        problems.append(("requeue=true", f"cluster={cluster.name} does not allow a job to requeue itself (cluster.allows_requeue=false: the site's JobRequeue, "
+                         "partition or QOS forbid `scontrol requeue`)", "drop requeue, or set cluster.allows_requeue=true in the profile once the site allows it"))
+
+
 def build_spec(cfg) -> LaunchSpec:
     """Validate a composed config (OmegaConf or plain dict) and return the frozen spec."""
     from launcher import domains
@@ -210,6 +242,7 @@ def build_spec(cfg) -> LaunchSpec:
         if p in seen:
             problems.append((f"serve.{k}={p}", f"the same port as serve.{seen[p]}", f"give serve.{k} its own port"))
         seen.setdefault(p, k)
+    check_walltime(problems, cluster, serve, bool(c.requeue))
 
     edef = registry.ENGINES.get(ename)
     lay = None
@@ -248,6 +281,7 @@ def build_spec(cfg) -> LaunchSpec:
         model_name=edef.model_name(engine),
         host=host,
         ranks=ranks,
+        requeue=bool(c.requeue),
     )
 
 

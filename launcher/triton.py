@@ -484,7 +484,10 @@ class TritonServer:
             out = open(self.log_path, "ab")
         # Own process group: Ctrl-C in the terminal reaches us, and we decide how the server stops.
         self.marks = {"started": time.time()}
-        self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        from launcher.serving.drain import children_ignore_drain_signal
+
+        with children_ignore_drain_signal():  # Slurm's time-limit signal reaches the step's every process
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
         if out is not None:
             out.close()
         return self

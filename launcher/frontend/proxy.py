@@ -337,6 +337,10 @@ class _Session:
         client_id = req.id
         flag = req.parameters.get(_EMPTY_FINAL)
         wants_empty_final = flag is not None and flag.bool_param
+        if self.fe.draining and not retried:
+            self.fe.rejected += 1
+            await self.send(_error_response(self.fe.draining, client_id, req.model_name, req.model_version))
+            return
         rep = self.fe.pick()
         if rep is None:
             self.fe.rejected += 1
@@ -388,6 +392,7 @@ class Frontend:
         self.probe_interval_s = probe_interval_s
         self.streams_active = 0
         self.rejected = 0  # requests refused because no replica was up
+        self.draining = ""  # once set (the drain notice, launcher/serving/drain.py): why new requests are refused
         self._rr = 0
         self._probe_task: Optional[asyncio.Task] = None
 
@@ -499,6 +504,9 @@ class Frontend:
         return forward
 
     async def _infer(self, raw: bytes, context):
+        if self.draining:
+            self.rejected += 1
+            await context.abort(grpc.StatusCode.UNAVAILABLE, self.draining)
         rep = self.pick()
         if rep is None:
             self.rejected += 1
@@ -522,6 +530,9 @@ class Frontend:
             rep.track(-1)
 
     async def _stream_infer(self, request_iterator, context):
+        if self.draining:  # a new stream: refused whole (one already open gets an error per new request)
+            self.rejected += 1
+            await context.abort(grpc.StatusCode.UNAVAILABLE, self.draining)
         session = _Session(self, context)
         self.streams_active += 1
         try:

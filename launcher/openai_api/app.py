@@ -84,10 +84,13 @@ class ChatTemplate:
                               code="invalid_value") from None
 
 
-def make_app(backend, served: tuple, chat_template: Callable[[list], str], counters: Optional[Counters] = None):
+def make_app(backend, served: tuple, chat_template: Callable[[list], str], counters: Optional[Counters] = None,
+             draining: Optional[dict] = None):
     """The app.  `backend`: a GrpcBackend (generate, ready); `served`: the model names requests may use, the first
-    the one /v1/models lists; `chat_template(messages) -> prompt`."""
+    the one /v1/models lists; `chat_template(messages) -> prompt`; `draining["reason"]`, once set (the drain notice,
+    launcher/serving/drain.py), refuses new requests with 503 naming it while running ones finish."""
     counters = counters or Counters()
+    draining = {"reason": ""} if draining is None else draining
     created = int(time.time())
 
     async def models(request: Request) -> Response:
@@ -96,6 +99,8 @@ def make_app(backend, served: tuple, chat_template: Callable[[list], str], count
     async def health(request: Request) -> Response:
         if not counters.all_started:
             return PlainTextResponse("the API's worker processes are starting\n", status_code=503)
+        if draining["reason"]:
+            return PlainTextResponse(draining["reason"] + "\n", status_code=503)
         if await backend.ready():
             return PlainTextResponse("ok\n")
         return PlainTextResponse(f"model {backend.model} is not ready at {backend.url}\n", status_code=503)
@@ -111,6 +116,9 @@ def make_app(backend, served: tuple, chat_template: Callable[[list], str], count
 
     async def _generate(request: Request, chat: bool) -> Response:
         route = "chat" if chat else "completions"
+        if draining["reason"]:
+            counters.answered(route, 503)
+            return _error(tr.ApiError(503, draining["reason"], code="draining"))
         try:
             try:
                 body = await request.json()

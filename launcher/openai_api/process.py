@@ -99,6 +99,23 @@ def start_api(spec, grpc_url: str, bind_host: str, port: int, say=log, timeout_s
     return proc
 
 
+def _on_drain_notice() -> dict:
+    """The drain notice (launcher/serving/drain.py): from DRAIN_SIGNAL on, new requests are refused with 503 naming
+    the reason while running ones finish.  Installed in each process that serves (every worker gets the notice: the
+    rank signals the API's process group)."""
+    from launcher.serving.drain import DRAIN_SIGNAL, reason
+
+    draining = {"reason": ""}
+
+    def drain(_signum, _frame) -> None:
+        if not draining["reason"]:  # Slurm's signal and the rank's notice both come
+            draining["reason"] = reason()
+            log(f"draining: {draining['reason']}")
+
+    signal.signal(DRAIN_SIGNAL, drain)
+    return draining
+
+
 def _build_app(args, counters):
     from launcher.client import honoured_parameters
     from launcher.openai_api.app import ChatTemplate, make_app
@@ -108,7 +125,8 @@ def _build_app(args, counters):
     params = {"final_counts_only": True} if "final_counts_only" in honoured_parameters(args.grpc_url, args.model) else {}
     template = ChatTemplate(args.tokenizer, args.model)
     template.load()
-    return make_app(GrpcBackend(args.grpc_url, args.model, params), (args.model, *args.alias), template, counters)
+    return make_app(GrpcBackend(args.grpc_url, args.model, params), (args.model, *args.alias), template, counters,
+                    draining=_on_drain_notice())
 
 
 def _uvicorn_config(app, args):
@@ -147,6 +165,11 @@ def _supervise(args) -> int:
 
     if not port_free(args.host, args.port):
         raise SystemExit(f"OpenAI API: port {args.port} on {args.host} is already in use")
+    from launcher.serving.drain import DRAIN_SIGNAL
+
+    # The drain notice reaches the whole process group: the workers handle it, this process and multiprocessing's
+    # resource tracker (started with the shared array, inheriting this) ignore it
+    signal.signal(DRAIN_SIGNAL, signal.SIG_IGN)
     ctx = mp.get_context("spawn")  # gRPC does not survive fork
     shared = ctx.RawArray("q", shared_size(args.processes))
     workers = [ctx.Process(target=_worker_main, args=(args, w, shared), name=f"openai-worker{w}", daemon=True)

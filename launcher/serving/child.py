@@ -32,8 +32,21 @@ class ChildService:
 
         sys.stdout.flush()
         # Own session: a terminal's Ctrl-C reaches the parent, which decides how the service stops.
-        self.proc = subprocess.Popen(self.argv(), env=self.env, start_new_session=True)
+        from launcher.serving.drain import children_ignore_drain_signal
+
+        with children_ignore_drain_signal():  # it installs its own handler: a notice to drain, not death
+            self.proc = subprocess.Popen(self.argv(), env=self.env, start_new_session=True)
         return self
+
+    def drain_notice(self) -> None:
+        """Refuse new requests from now on, naming the reason (launcher/serving/drain.py); running ones go on."""
+        from launcher.serving.drain import DRAIN_SIGNAL
+
+        if self.poll() is None:
+            try:
+                os.killpg(self.proc.pid, DRAIN_SIGNAL)
+            except ProcessLookupError:
+                pass
 
     def poll(self) -> Optional[int]:
         return None if self.proc is None else self.proc.poll()

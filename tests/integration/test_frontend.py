@@ -458,6 +458,32 @@ def test_frontend_refuses_a_taken_port(backends):
         assert other.proc.wait(60) != 0
 
 
+@pytest.mark.parametrize("processes", [1, 2])
+def test_the_drain_notice_refuses_new_requests_naming_why_while_running_ones_finish(backends, processes, monkeypatch):
+    """What rank 0 does at the time limit (launcher/serving/drain.py): new requests on an open stream get an error
+    naming the reason, a new stream UNAVAILABLE with it, and the request already running completes."""
+    from launcher.client import ClientError, Generation, TritonStream, build_request, generate
+    from launcher.serving.drain import REASON_ENV
+
+    reason = "job 7 is draining at its Slurm time limit: requests in flight finish, new ones are refused"
+    monkeypatch.setenv(REASON_ENV, reason)
+    with Front(backends, processes=processes) as fe:
+        stream = TritonStream(fe.url)
+        running = stream.submit(build_request("frontend_marker", Generation("x", max_tokens=40), "run0", {"inter_token_delay_ms": 50}))
+        until(lambda: len(running.times) >= 1, 60, "the running request's first response")
+        fe.proc.drain_notice()
+        time.sleep(1)
+        late = stream.submit(build_request("timed", Generation("a b", max_tokens=4), "late"))
+        stream.wait(late, 60)
+        assert late.error == reason, late.error
+        with pytest.raises(ClientError) as refused:
+            generate(fe.url, "timed", Generation("a b", max_tokens=4), timeout=60)
+        assert reason in str(refused.value) and "UNAVAILABLE" in str(refused.value), refused.value
+        stream.wait(running, 60)
+        assert not running.error and running.output_tokens == 40, (running.error, running.output_tokens)
+        stream.close()
+
+
 # ----------------------------------------------------------------------------- llmlaunch replicas=2
 class LocalLaunch:
     """`llmlaunch replicas=2` (cluster=local, the tiny hf model) as a subprocess with free ports."""

@@ -361,3 +361,16 @@ def test_hf_engine_args_refuse_unknown_keys():
         HFEngineArgs.from_dict({"max_num_seqs": "many"})
     assert HFEngineArgs.from_dict({"cuda_graphs": "false", "max_num_seqs": "8", "torch_compile": True}) == \
         HFEngineArgs(cuda_graphs=False, max_num_seqs=8, torch_compile="true")
+
+
+def test_the_arrival_barrier_names_the_ranks_that_never_came(tmp_path):
+    from launcher.rank import RendezvousTimeout, arrival_barrier
+
+    (tmp_path / "arrived_2").parent.mkdir(exist_ok=True)
+    (tmp_path / "arrived_2").touch()
+    with pytest.raises(RendezvousTimeout) as e:
+        arrival_barrier(tmp_path, 0, 4, timeout_s=0.2)
+    assert e.value.missing == [1, 3] and "ranks [1, 3] did not arrive within 0s (serve.rendezvous_timeout_s)" in str(e.value)
+    for r in (1, 3):
+        (tmp_path / f"arrived_{r}").touch()
+    arrival_barrier(tmp_path, 0, 4, timeout_s=0.2)  # all there: returns

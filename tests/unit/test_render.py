@@ -5,6 +5,7 @@ import os
 import re
 import shlex
 import subprocess
+import tempfile
 import sys
 from pathlib import Path
 
@@ -211,3 +212,25 @@ def test_the_teardown_keeps_the_serving_steps_status(tmp_path):
         r = subprocess.run(["bash", "-c", stub + serving_then_teardown(script)], capture_output=True, text=True, env={**os.environ, "SLURM_JOB_ID": "42"})
         assert r.returncode == serving, (r.stdout, r.stderr)
         assert "teardown: --ntasks-per-node=1 --mpi=none --kill-on-bad-exit=0 rm -f /dev/shm/llm42r*" in r.stdout
+
+
+def test_the_walltime_signal_and_requeue_are_rendered():
+    """--signal takes serve.walltime_signal_s; requeue=true adds --requeue and a teardown line that requeues only
+    when rank 0 recorded a drain at the time limit in this allocation."""
+    _, spec = plan(["cluster=local_slurm", "engine=hf", "serve.walltime_signal_s=45", "serve.drain_timeout_s=20"])
+    script = sbatch_script(spec, RUN_DIR)
+    assert "#SBATCH --signal=USR2@45" in script and "--requeue" not in script and "scontrol" not in script
+    _, spec = plan(["cluster=local_slurm", "engine=hf", "requeue=true"])
+    script = sbatch_script(spec, RUN_DIR)
+    assert "#SBATCH --requeue" in script
+    line = f'if [ -e "{RUN_DIR}/walltime${{SLURM_RESTART_COUNT:-0}}.json" ]; then scontrol requeue "$SLURM_JOB_ID"; fi'
+    assert line in serving_then_teardown(script).splitlines()
+    for attempt, recorded, requeued in (("", "walltime0.json", True), ("1", "walltime0.json", False), ("1", "walltime1.json", True)):
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / recorded).write_text("{}")
+            stub = 'srun() { return 0; }\nscontrol() { echo "scontrol $*"; }\n'
+            env = {**os.environ, "SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": attempt}
+            if not attempt:
+                env.pop("SLURM_RESTART_COUNT")
+            r = subprocess.run(["bash", "-c", stub + serving_then_teardown(script.replace(RUN_DIR, d))], capture_output=True, text=True, env=env)
+            assert r.returncode == 0 and ("scontrol requeue 42" in r.stdout) == requeued, (attempt, recorded, r.stdout, r.stderr)

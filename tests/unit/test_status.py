@@ -73,3 +73,29 @@ def test_the_drain_window_is_the_specs_drain_timeout_plus_a_margin_or_short_whil
 )
 def test_only_a_running_serving_step_is_drained(state, steps, action):
     assert slurm.stop_action(state, steps) == action
+
+
+def test_status_follows_a_requeued_job_to_its_new_endpoint(tmp_path, monkeypatch):
+    """Allocation 0 drained at its time limit (no endpoint while the job waits in the queue again); once the new
+    allocation's rank 0 serves, its endpoint is the one shown."""
+    from launcher.rundir import RunDir
+
+    run = RunDir(tmp_path)
+    (tmp_path / "launch.json").write_text(json.dumps({"replicas": 1}))
+    run.write_walltime("", {"attempt": 0, "time": 1893553445.0, "requeue": True, "host": "node1"})
+    monkeypatch.setattr(slurm, "_record", lambda job_id: {"run_dir": str(tmp_path)})
+    monkeypatch.setattr(slurm, "queue_state", lambda job_id: ("PENDING", "BeginTime", ""))
+    code, text = slurm.status("7")
+    assert code == 1 and "endpoint:" not in text, text
+    assert "allocation 0 drained at its time limit at " in text and "requeued; the endpoint follows once it serves again" in text, text
+    run.write_endpoint({"url": "grpc://10.0.0.2:8001", "model": "hf_model"})
+    monkeypatch.setattr(slurm, "queue_state", lambda job_id: ("RUNNING", "None", "node2"))
+    code, text = slurm.status("7")
+    assert code == 0 and "endpoint: grpc://10.0.0.2:8001" in text and "requeued; serving again at the endpoint above" in text, text
+
+
+def test_the_drain_reason_names_the_job_and_what_follows():
+    from launcher.serving.drain import walltime_reason
+
+    assert walltime_reason("7", True).startswith("job 7 is draining at its Slurm time limit: requests in flight finish, new ones are refused; it is requeued")
+    assert walltime_reason("7", False).endswith("it then ends (launch it again for more time)")

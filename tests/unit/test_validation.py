@@ -45,6 +45,13 @@ CASES = [
     (["cluster=slurm", "cluster.time=forever"], "cluster.time='forever'", "HH:MM:SS"),
     (["cluster=slurm", "cluster.mpi=none"], "cluster.mpi='none'", "pmix"),
     (["nodes=2"], "nodes=2", "cluster=local runs on this one machine"),
+    # the time limit against the load time, the drain signal against the drain, requeue against the site
+    (["cluster=local_slurm", "cluster.time=00:02:00"], "cluster.time=00:02:00", "set cluster.time=00:16:00 or more, or lower serve.ready_timeout_s"),
+    (["cluster=slurm", "cluster.time=10", "serve.ready_timeout_s=600"], "less than serve.ready_timeout_s=600", "set cluster.time=00:11:00"),
+    (["cluster=local_slurm", "serve.walltime_signal_s=20"], "serve.walltime_signal_s=20", "set serve.walltime_signal_s=40 or more"),
+    (["cluster=slurm", "requeue=true"], "requeue=true", "cluster.allows_requeue=true"),
+    (["requeue=true"], "requeue=true", "a Slurm cluster profile whose cluster.allows_requeue is true"),
+    (["cluster=local_slurm", "serve.rendezvous_timeout_s=0"], "serve.rendezvous_timeout_s=0", "serve.rendezvous_timeout_s=600"),
     (["engine=hf", "model.make=", "model.path="], "model.path=''", "model=tiny"),
     (["cluster=luna", "cluster.container.image="], "cluster.container.image=''", "pyxis"),
     (["nosuchkey=1"], "nosuchkey", "+key=value"),

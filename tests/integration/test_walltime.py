@@ -1,0 +1,98 @@
+"""A job at its Slurm time limit on the local cluster (a two-minute limit): Slurm signals it ahead, the front ends
+refuse new requests naming why (gRPC UNAVAILABLE, HTTP 503) while those in flight finish, every rank exits 0, and
+with requeue=true the job serves again in a new allocation, where llmlaunch-status finds it."""
+
+import json
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from launcher.cli import plan
+from launcher.rundir import RunDir
+from tests.integration.test_slurm_launch import assert_shm_gone, greedy, sacct_end, stop
+from tests.slurm_fixture import NOT_ROOT_REASON
+
+pytestmark = [pytest.mark.slurm, pytest.mark.skipif(os.geteuid() != 0, reason=NOT_ROOT_REASON), pytest.mark.timeout(600)]
+
+REASON = "is draining at its Slurm time limit"
+
+
+def openai_completion(url, model):
+    """(HTTP status, body) of one small completion through the OpenAI API."""
+    body = json.dumps({"model": model, "prompt": "Hello", "max_tokens": 4}).encode()
+    req = urllib.request.Request(url + "/completions", body, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_a_job_at_its_time_limit_drains_requeues_and_serves_again(local_slurm, tmp_path):
+    from launcher import slurm
+    from launcher.client import ClientError, Generation, StreamRecord, TritonStream, build_request, generate
+    from launcher.models import resolve_model
+
+    cfg, spec = plan(["cluster=local_slurm", "engine=hf", "model=tiny", f"cluster.jobs_dir={tmp_path}", "replicas=2", "nodes=2",
+                      "cluster.time=00:02:00", "serve.walltime_signal_s=45", "serve.drain_timeout_s=30", "serve.ready_timeout_s=70", "requeue=true"])
+    spec = resolve_model(spec)
+    job, run = slurm.submit(spec, str(tmp_path / f"run{time.monotonic_ns()}"))
+    job_id, run = job.job_id, RunDir(run)
+    try:
+        ep = slurm.follow(job_id, run.path, spec, 300)
+        # requests all along, on one open stream through the front end, until the drain has begun
+        stream = TritonStream(ep["url"])
+        sent = []  # (time sent, record)
+        n = 0
+        deadline = time.monotonic() + 200
+        while not run.walltime_records():
+            assert time.monotonic() < deadline, "no drain record: Slurm's signal never came"
+            rec = StreamRecord(f"r{n}")
+            sent.append((time.time(), rec))
+            stream.submit(build_request(ep["model"], Generation(f"Tick {n}", max_tokens=48, ignore_eos=True), f"r{n}"), rec)
+            n += 1
+            time.sleep(0.5)
+        drained_at = run.walltime_records()[0]["time"]
+        assert not run.has_endpoint()  # nothing new goes to the old endpoint
+        # new requests are refused naming why: on the open stream, on a new stream (UNAVAILABLE), over HTTP (503)
+        late = StreamRecord("late")
+        stream.submit(build_request(ep["model"], Generation("Too late", max_tokens=4), "late"), late)
+        with pytest.raises(ClientError) as fresh:  # a new stream is refused whole
+            generate(ep["url"], ep["model"], Generation("Too late too", max_tokens=4), timeout=60)
+        status, body = openai_completion(ep["openai_url"], ep["model"])
+        for rec, _ in [(late, 0)] + [(r, 0) for t, r in sent if t > drained_at + 1]:
+            stream.wait(rec, timeout=120)
+        assert REASON in (late.error or "") and job_id in late.error, late.error
+        assert REASON in str(fresh.value) and "UNAVAILABLE" in str(fresh.value), fresh.value
+        assert status == 503 and REASON in body, (status, body)
+        # the requests sent before the drain finished whole
+        for t, rec in sent:
+            if t < drained_at - 2:
+                stream.wait(rec, timeout=120)
+                assert not rec.error and rec.output_tokens == 48, (rec.request_id, rec.error, rec.output_tokens)
+        stream.close()
+        # every rank of the first allocation exits 0, then the batch script requeues the job: a new endpoint
+        first_token = ep["token"]
+        deadline = time.monotonic() + 300
+        while True:
+            again = run.read_endpoint()
+            if again is not None and again["token"] != first_token:
+                break
+            assert time.monotonic() < deadline, f"not serving again; {slurm.status(job_id)[1]}"
+            time.sleep(1)
+        for rank in (0, 1):  # every rank of the first allocation drained and exited 0 (the logs append across allocations)
+            assert "stopped (signal 12), status 0" in run.slurm_rank_log(job_id, rank).read_text(errors="replace"), rank
+        code, st = slurm.status(job_id)
+        assert code == 0 and "state: RUNNING" in st and f"endpoint: {again['url']}" in st, st
+        assert "allocation 0 drained at its time limit at " in st and "requeued; serving again at the endpoint above" in st, st
+        assert greedy(again["url"], again["model"])[1] == 8
+        stop(job_id)  # drained by llmlaunch-stop: no walltime record for this allocation, so no requeue
+        assert sacct_end(job_id) == ("COMPLETED", "0:0")
+        assert [w["attempt"] for w in run.walltime_records()] == [0]
+    finally:
+        stop(job_id)
+    assert_shm_gone(job_id)
