@@ -46,8 +46,8 @@ def _makers():
 class ContainerConfig:
     runtime: str = arg(Choice(CONTAINER_RUNTIMES), "none")  # none | pyxis (srun --container-image ...)
     image: str = arg(Pattern(r"[A-Za-z0-9._+@%:=,/~#-]*", "an image reference: no spaces, quotes or shell characters",
-                             "give {key} as <registry#image:tag>, e.g. nvcr.io#nvidia/tritonserver:24.08-trtllm-python-py3"),
-                     "")  # container image for pyxis, e.g. nvcr.io#nvidia/tritonserver:24.08-trtllm-python-py3
+                             "give {key} as <registry#image:tag>, e.g. nvcr.io#nvidia/tritonserver:25.12-trtllm-python-py3"),
+                     "")  # container image for pyxis, e.g. nvcr.io#nvidia/tritonserver:25.12-trtllm-python-py3
     mounts: List[str] = arg(Items(SbatchToken()), factory=list)  # "host_path:container_path" pairs for --container-mounts
     workdir: str = arg(Path("", absolute=True), "")  # --container-workdir; empty = the image's default
 
