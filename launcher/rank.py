@@ -326,17 +326,17 @@ def decide_exit(
 
     ended: "server" (this rank's tritonserver or engine command exited), "replica" (another rank
     of this rank's replica recorded it lost, or, for rank 0 serving only the front end, the
-    others were lost too), "frontend" (rank 0's front end exited). Only for unasked ends: a
+    others were lost too), "frontend" / "api" (rank 0's front end / OpenAI API exited). Only for unasked ends: a
     signal (scancel, time limit) is a normal stop and never comes here.
     serving: the job had reached READY (rank 0 wrote endpoint.json for this run).
     lost: replicas already recorded lost. frontend: "none" (this rank has none), "running" or
     "exited" (rank 0 with replicas > 1 runs the front end).
     """
     status = code if code else 1
-    what = {"server": "server", "replica": "replica", "frontend": "front end"}[ended]
-    if ended == "frontend" or frontend == "exited":
+    what = {"server": "server", "replica": "replica", "frontend": "front end", "api": "OpenAI API"}[ended]
+    if ended in ("frontend", "api") or frontend == "exited":
         # The public endpoint itself is gone: nothing serves, whatever the replicas do.
-        return Outcome(False, True, True, status, f"front end exited{f' with status {code}' if ended == 'frontend' else ''} unasked")
+        return Outcome(False, True, True, status, f"{what if ended == 'api' else 'front end'} exited{f' with status {code}' if ended in ('frontend', 'api') else ''} unasked")
     if replicas <= 1:
         # One copy: it is the service. Fail fast, as always.
         return Outcome(False, True, True, status, f"{what} exited with status {code} unasked")
@@ -370,20 +370,20 @@ def _end_lost_server(server, grace_s: float = 5.0) -> Optional[int]:
     return server.returncode()
 
 
-def _supervise(server, frontend, stopping, lost) -> Tuple[str, Optional[int]]:
-    """replicas > 1: wait until something this rank supervises ends. Returns ("server", status) when
-    its server exited (asked or not), ("frontend", status) when rank 0's front end exited unasked,
-    ("replica", None) when another rank of this replica recorded it lost."""
+def _supervise(server, frontend, stopping, lost, api=None) -> Tuple[str, Optional[int]]:
+    """Wait until something this rank supervises ends. Returns ("server", status) when its server exited (asked
+    or not), ("frontend", status) / ("api", status) when rank 0's front end / OpenAI API exited unasked,
+    ("replica", None) when another rank of this replica recorded it lost (replicas > 1)."""
     checked = 0.0
     while True:
         code = server.returncode()
         if code is not None:
             return "server", code
         if stopping["signal"] is None:
-            if frontend is not None:
-                fe = frontend.poll()
-                if fe is not None:
-                    return "frontend", fe
+            for name, child in (("frontend", frontend), ("api", api)):
+                status = None if child is None else child.poll()
+                if status is not None:
+                    return name, status
             now = time.monotonic()
             if now - checked >= 1.0:  # a stat on the shared run dir, once a second per rank
                 checked = now
@@ -584,9 +584,9 @@ def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Opti
                     },
                 )
         if spec.replicas == 1:
-            code, ended = server.wait(), "server"
+            ended, code = _supervise(server, None, stopping, lambda: False, api)
         else:
-            ended, code = _supervise(server, frontend, stopping, lambda: run.replica_lost(me.replica))
+            ended, code = _supervise(server, frontend, stopping, lambda: run.replica_lost(me.replica), api)
             if ended == "replica":
                 code = _end_lost_server(server)
     except BaseException as e:  # died while loading, or timed out
@@ -660,7 +660,7 @@ def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Opti
         frontend.stop()
     if stopping["signal"] is None or code not in (0, -signal.SIGTERM):
         if stopping["signal"] is None:
-            what = "front end" if ended == "frontend" else "server"
+            what = {"frontend": "front end", "api": "OpenAI API"}.get(ended, "server")
             return fail(code if code else 1, f"{what} exited with status {code} unasked")
     server.stop()  # the server has exited; this ends stray stubs and removes the rank's shm regions
     say(f"stopped (signal {stopping['signal']}), status {code}")

@@ -641,6 +641,32 @@ def test_llmlaunch_fails_when_the_front_end_dies(tmp_path, tiny_model_dir):
     job.assert_nothing_left(ep)
 
 
+def _openai_api_pid(port: int) -> int:
+    for d in Path("/proc").iterdir():
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"launcher.openai_api" in argv and str(port).encode() in argv:
+            return int(d.name)
+    raise AssertionError(f"no OpenAI API process on port {port}")
+
+
+def test_llmlaunch_fails_when_the_openai_api_dies(tmp_path, tiny_model_dir):
+    """Rank 0 watches the API beside its server and front end: losing it fails the job naming it."""
+    job = LocalLaunch(tmp_path)
+    try:
+        ep = job.wait_endpoint()
+        os.kill(_openai_api_pid(ep["openai_port"]), signal.SIGKILL)
+        assert job.proc.wait(90) == 1, job.tail()
+        failure = json.loads((job.run / "failure_rank0.json").read_text())
+        assert failure["rank"] == 0 and failure["exit_code"] == -signal.SIGKILL
+        assert "OpenAI API exited with status -9 unasked: failing the job" in (job.run / "logs" / "rank0.log").read_text()
+    finally:
+        job.kill()
+    job.assert_nothing_left(ep)
+
+
 def test_llmlaunch_keeps_serving_when_replica_1_is_lost(tmp_path, tiny_model_dir):
     """cluster=local follows the Slurm rule: a replica lost while serving is reported, the rest serve on."""
     from launcher.client import Generation, generate

@@ -63,6 +63,13 @@ def test_the_front_end_dying_always_fails_the_job(replicas, serving):
     assert out.reason == "front end exited with status -9 unasked"
 
 
+@pytest.mark.parametrize("replicas,serving", [(1, True), (2, True), (2, False)])
+def test_the_openai_api_dying_fails_the_job_naming_it(replicas, serving):
+    out = outcome("api", replicas=replicas, replica=0, serving=serving, code=-9)
+    assert (out.replica_lost, out.failure, out.exits, out.status) == (False, True, True, -9)
+    assert out.reason == "OpenAI API exited with status -9 unasked"
+
+
 def test_record_once_writes_one_record_per_replica(tmp_path):
     path = tmp_path / "replica_lost1.json"
     assert record_once(path, {"rank": 1}) is True
