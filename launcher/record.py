@@ -256,13 +256,11 @@ _ABSENT = object()
 
 def log_text(path, size: int = 4 << 20) -> str:
     """The last `size` bytes of a log ("" when unreadable)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - size))
-            return f.read().decode(errors="replace")
-    except OSError:
-        return ""
+    from pathlib import Path
+
+    from launcher.triton import _read_end
+
+    return _read_end(Path(path), size) or ""
 
 
 def write_startup(run, spec, *, log_path, marks: Dict[str, float], server_url: str, nodes: List[str],
