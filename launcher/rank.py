@@ -506,15 +506,15 @@ def _run_rank(run, spec, topo: Topology, environ: Dict[str, str], log_path: Opti
         if signum == DRAIN_SIGNAL:
             # Slurm's time-limit signal: the server finishes what runs (up to serve.drain_timeout_s), the front
             # ends refuse new requests naming why, every rank then exits 0 (launcher/serving/drain.py)
+            for child in (frontend, api):  # first: new requests are refused from now on
+                if child is not None:
+                    child.drain_notice()
             if first and me.rank == 0:
                 run.clear_endpoint()  # nothing new is served there; a requeued job's rank 0 writes the next one
                 run.write_walltime(attempt, {"attempt": int(attempt or 0), "job_id": ctx.job_id, "time": time.time(), "requeue": spec.requeue,
                                              "drain_timeout_s": float(spec.serve.drain_timeout_s), "host": topo.hostname})
                 say(f"draining at the time limit: {os.environ[REASON_ENV]}")
             server.terminate()
-            for child in (frontend, api):
-                if child is not None:
-                    child.drain_notice()
             return
         server.terminate()
         if frontend is not None:
