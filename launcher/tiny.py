@@ -85,11 +85,16 @@ def ensure_tiny_model(cache_dir: str | os.PathLike | None = None, out: str | os.
         final = final / f"tiny-llama-{settings.digest()}"
     if (final / "config.json").exists():
         return final
+    return publish_folder(final, lambda tmp: _build(settings, tmp))
 
+
+def publish_folder(final: Path, build) -> Path:
+    """A model folder made by `build(tmp)` in a temporary sibling of `final`, then renamed into place: concurrent
+    callers build it once or reuse it, and a folder whose build failed is never left where it would be reused."""
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
     try:
-        _build(settings, tmp)
+        build(tmp)
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; the model folder is shared (ranks, other users)
         for f in tmp.iterdir():
             os.chmod(f, 0o644)

@@ -19,8 +19,6 @@ France is" with Paris.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 import zipfile
 from pathlib import Path
 
@@ -116,22 +114,13 @@ def build_folder(gguf_path: str, final: str | os.PathLike, dtype: str = "float32
     final = Path(final).expanduser()
     if (final / "config.json").exists():
         return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    try:
+    from launcher.tiny import publish_folder
+
+    def build(tmp: Path) -> None:
         convert(gguf_path, str(tmp), dtype, tokenizer_from)
         check(str(tmp))
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the model folder is shared (ranks, other users)
-        for f in tmp.iterdir():
-            os.chmod(f, 0o644)
-        try:
-            os.rename(tmp, final)  # atomic on one filesystem; fails if another process won the race
-        except OSError:
-            if not (final / "config.json").exists():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
+
+    return publish_folder(final, build)
 
 
 def ensure_smollm2_model(cache_dir: str | os.PathLike | None = None, dtype: str = "float32") -> Path:
