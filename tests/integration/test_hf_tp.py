@@ -35,7 +35,8 @@ from launcher.engines.hf_tp import TPGroup, run_worker
 role, tp, port, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 prompts = json.loads(sys.argv[5])
 kw = dict(device="cpu", max_num_seqs=4, max_model_len=int(os.environ.get("TEST_MAX_MODEL_LEN", "128")), threads=1)
-group = TPGroup(tp, rank=0 if role == "leader" else 1, addr="127.0.0.1", port=port, timeout=60) if tp > 1 else None
+rank = 0 if role == "leader" else int(os.environ.get("TEST_RANK", "1"))
+group = TPGroup(tp, rank=rank, addr="127.0.0.1", port=port, timeout=60) if tp > 1 else None
 if role == "worker":
     run_worker(path, tp=tp, group=group, **kw)
     print("worker done", flush=True)
@@ -56,8 +57,9 @@ os._exit(0)
 """
 
 
-def _rank(role: str, tp: int, port: int, model_dir, env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", _RANK, role, str(tp), str(port), str(model_dir), json.dumps(PROMPTS)],
+def _rank(role: str, tp: int, port: int, model_dir, env: dict | None = None, prompts=PROMPTS) -> subprocess.Popen:
+    """One rank as a process; a worker's rank in the group is env TEST_RANK (default 1)."""
+    return subprocess.Popen([sys.executable, "-c", _RANK, role, str(tp), str(port), str(model_dir), json.dumps(prompts)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, **(env or {})})
 
