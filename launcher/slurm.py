@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from launcher.errors import LaunchError
 from launcher.rundir import RunDir, wait_for_endpoint
@@ -278,15 +278,38 @@ def _record(job_id: str) -> Dict:
     return rec
 
 
-def job_state(slurm_state: str, reason: str, fails: List[Dict]) -> Tuple[str, str]:
+# Slurm states in which a task srun reported dead is not why the job ended: it was cancelled, preempted or timed
+# out (its ranks killed on purpose), or it is queued again
+_NOT_A_DEATH = ("CANCELLED", "PENDING", "REQUEUED", "PREEMPTED", "TIMEOUT")
+
+
+def job_state(slurm_state: str, reason: str, fails: List[Dict], deaths: Sequence[Tuple[int, str, str]] = ()) -> Tuple[str, str]:
     """The one (state, reason) llmlaunch-status reports. A rank's failure record wins over Slurm's
     word: Slurm says RUNNING while srun is still ending the other ranks, CANCELLED when `llmlaunch`
     cancelled a job that failed while loading, and a job's final state is its batch script's exit
-    status (COMPLETED whenever the script's last command succeeded), which no rank controls."""
+    status (COMPLETED whenever the script's last command succeeded), which no rank controls.
+    `deaths` (launcher.triage.task_deaths: rank, node, what srun said) name a rank whose own process died
+    without writing a record (SIGKILL, the OOM killer): srun ends the step for it and the job fails."""
     if fails:
         ranks = sorted({f["rank"] for f in fails})
         return "FAILED", f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))} failed"
+    if deaths and slurm_state.split()[0] not in _NOT_A_DEATH:
+        rank, node, what = deaths[0]
+        return "FAILED", f"rank {rank} on {node}: {what}, says srun"
     return slurm_state, "" if reason in ("None", "") else reason
+
+
+def rank_deaths(run: RunDir) -> List[Tuple[int, str, str]]:
+    """The ranks srun reported ended badly, from the run's logs (launcher.triage.task_deaths)."""
+    from launcher.triage import task_deaths
+
+    texts = []
+    for path, _rank in run.log_files():
+        try:
+            texts.append(path.read_text(errors="replace"))
+        except OSError:
+            continue
+    return task_deaths(texts)
 
 
 def ready_lines(run: RunDir, job: Dict) -> List[str]:
@@ -308,7 +331,8 @@ def status(job_id: str) -> Tuple[int, str]:
     run = RunDir(rec["run_dir"])
     slurm_state, slurm_reason, nodes = queue_state(job_id)
     fails = run.failures()
-    state, reason = job_state(slurm_state, slurm_reason, fails)
+    deaths = [] if fails else rank_deaths(run)
+    state, reason = job_state(slurm_state, slurm_reason, fails, deaths)
     lines = [f"job: {job_id}", f"state: {state}" + (f" ({reason})" if reason else ""), f"nodes: {nodes or '-'}", f"run dir: {run}"]
     e = run.read_endpoint()
     if e is not None:
@@ -331,7 +355,10 @@ def status(job_id: str) -> Tuple[int, str]:
         lines.append(describe_lost(r))
     for f in fails:
         lines.append("FAILED " + describe_failure(f))
-    if fails:
+    if not fails and state == "FAILED" and deaths:
+        r, node, what = deaths[0]  # the first srun reported; the others ended with the step
+        lines.append(f"FAILED rank {r} on node {node}: srun reports its task {what}; the rank's own process died, so it wrote no failure record")
+    if fails or (state == "FAILED" and deaths):
         lines.append(f"triage: llmlaunch-logs {job_id} (every rank's logs in one archive, the root cause first)")
     # 0 only while the job serves: a failed job (and one that ended or has not started) exits 1
     ok = state == "RUNNING" and e is not None

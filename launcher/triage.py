@@ -4,7 +4,9 @@ Pure: the caller reads the files (launcher/logs.py) and hands their text here. E
 an event with the time its line carries (a rank's own lines, `[llmlaunch rank N host YYYY-MM-DD HH:MM:SS.mmm]`;
 tritonserver's glog lines, `E1127 21:24:28.123456 ...`; Slurm's `... AT 2026-11-27T21:24:28 ***`); a line without
 a time of its own (a Python traceback, `srun: error: ...`) takes the time of the last timed line above it, and
-counts as a root cause only when no error carries a time of its own. The failure and lost-replica records are
+counts as a root cause only when no error carries a time of its own. srun's line about a task that ended badly
+(`srun: error: node2: task 1: Killed`) is about that task's rank and node, whichever log it is in: a rank whose
+own process was killed says nothing else. The failure and lost-replica records are
 events too, at the time the rank wrote them. The earliest error is the root cause; the later ones are listed as
 its consequences (one per rank and message).
 """
@@ -36,6 +38,10 @@ _ERROR = re.compile(
 )
 # a rank's own lines that are errors (the rest of its lines are progress)
 _RANK_ERROR = re.compile(r"^FAILED\b|: failing the job$|\bLOST\b|did not arrive|\bunasked\b")
+# srun's word on tasks that ended badly ("srun: error: node2: task 1: Killed", "... tasks 3-5: Exited with exit code
+# 1"): it lands in the batch script's log (which is rank 0's), but it is about the task it names, and srun's task N
+# is rank N. A rank whose own process was killed (SIGKILL, the OOM killer) says nothing else.
+_SRUN_TASK = re.compile(r"^srun: error: ([\w.-]+): tasks? (\d+)[\d,-]*: (.+)$")
 # errors every CPU-only tritonserver logs at start (no CUDA driver, no NVML): not why anything failed
 _BENIGN = ("CudaDriverHelper has not been initialized", "Error: Failed to initialize NVML")
 CONTEXT = 6  # lines shown either side of the root cause
@@ -108,6 +114,24 @@ def error_text(line: str) -> Optional[str]:
     return s if s and _ERROR.search(s) and not s.startswith(_BENIGN) else None
 
 
+def srun_task(line: str) -> Optional[Tuple[int, str, str]]:
+    """(rank, node, what) of srun's line about a task that ended badly, None for any other line."""
+    m = _SRUN_TASK.match(line.strip())
+    return (int(m.group(2)), m.group(1), m.group(3).strip()) if m else None
+
+
+def task_deaths(texts: Iterable[str]) -> List[Tuple[int, str, str]]:
+    """Every rank srun reported ended badly in these logs, once each, in the order reported: (rank, node, what)."""
+    out: Dict[int, Tuple[int, str, str]] = {}
+    for text in texts:
+        for line in text.splitlines():
+            if line.startswith("srun: error:"):
+                t = srun_task(line)
+                if t and t[0] not in out:
+                    out[t[0]] = t
+    return list(out.values())
+
+
 def rank_of_line(line: str) -> Optional[Tuple[int, str]]:
     """(rank, host) a rank's own line names."""
     m = _RANK_LINE.match(line)
@@ -139,7 +163,11 @@ def scan_log(text: str, *, source: str, rank: Optional[int], host: str = "", yea
             continue
         in_traceback = False
         lo, hi = max(0, i - context), min(len(lines), i + context + 1)
-        events.append(Event(t if t is not None else last_t, t is not None, rank, host, source, i + 1, msg, tuple(lines[lo:hi]), i - lo))
+        who, where = rank, host
+        task = srun_task(line)
+        if task:
+            who, where = task[0], task[1]
+        events.append(Event(t if t is not None else last_t, t is not None, who, where, source, i + 1, msg, tuple(lines[lo:hi]), i - lo))
     return events
 
 

@@ -222,6 +222,32 @@ def test_killing_a_nonzero_rank_fails_the_job_naming_it(local_slurm, tmp_path):
     assert_failed_in_sacct(job_id)
 
 
+def test_a_rank_whose_own_process_is_killed_fails_the_job_naming_it(local_slurm, tmp_path):
+    """replicas=2 serving, rank 1's own process (the parent of its tritonserver) SIGKILLed, as the OOM killer would:
+    it writes no failure record, yet srun ends the step, the job fails within 30 s, and llmlaunch-status and
+    llmlaunch-logs name rank 1 on node2 (from srun's line, which is in rank 0's log)."""
+    from launcher import slurm
+    from launcher.logs import report
+
+    spec, job_id, run, ep = launch(tmp_path, "replicas=2", "nodes=2")
+    try:
+        rank1 = int(subprocess.run(["ps", "-o", "ppid=", "-p", str(server_pid(job_id, 1))], capture_output=True, text=True).stdout)
+        os.kill(rank1, signal.SIGKILL)
+        t0 = time.monotonic()
+        while slurm.queue_state(job_id)[0] in ACTIVE and time.monotonic() - t0 < 30:
+            time.sleep(0.5)
+        assert slurm.queue_state(job_id)[0] == "FAILED", f"job still {slurm.queue_state(job_id)[0]} after 30 s"
+        assert not list(run.glob("failure_rank*.json"))  # the rank could not write one
+        wait_log(run / f"{job_id}_0_log.out", "srun: error: node2: task 1: Killed")
+        code, st = slurm.status(job_id)
+        assert code == 1 and "state: FAILED (rank 1 on node2: Killed, says srun)" in st, st
+        text = report(RunDir(run))[0]
+        assert text.startswith("root cause: rank 1 on node2 at "), text
+    finally:
+        stop(job_id)
+    assert_shm_gone(job_id)
+
+
 def metric(url, name, replica):
     import urllib.request
 

@@ -42,6 +42,25 @@ def test_status_of_a_failed_job_says_failed_once_and_exits_1(tmp_path, monkeypat
         assert "FAILED rank 1 on node node2 (node index 1) failed: server exited with status -9 unasked" in text
 
 
+@pytest.mark.parametrize("slurm_state,expect", [("FAILED", "FAILED"), ("RUNNING", "FAILED"), ("COMPLETING", "FAILED"), ("CANCELLED", "CANCELLED"),
+                                                  ("TIMEOUT", "TIMEOUT")])
+def test_a_rank_srun_reports_killed_fails_the_job_unless_it_was_ended_on_purpose(slurm_state, expect):
+    state, reason = job_state(slurm_state, "None", [], [(14, "node15", "Killed")])
+    assert state == expect and (reason == "rank 14 on node15: Killed, says srun") == (expect == "FAILED"), reason
+
+
+def test_status_names_a_rank_whose_own_process_was_killed(tmp_path, monkeypatch):
+    """No failure record (the rank's process died outright): the state and a FAILED line name it from srun's word."""
+    (tmp_path / "launch.json").write_text(json.dumps({"replicas": 16}))
+    (tmp_path / "7_0_log.out").write_text("[llmlaunch rank 0 node1 2026-11-27 21:00:00.000] READY\nsrun: error: node15: task 14: Killed\n"
+                                          "srun: error: node1: tasks 0-13,15: Terminated\n")
+    monkeypatch.setattr(slurm, "_record", lambda job_id: {"run_dir": str(tmp_path)})
+    monkeypatch.setattr(slurm, "queue_state", lambda job_id: ("FAILED", "NonZeroExitCode", "node[1-16]"))
+    code, text = slurm.status("7")
+    assert code == 1 and "state: FAILED (rank 14 on node15: Killed, says srun)" in text, text
+    assert "FAILED rank 14 on node node15: srun reports its task Killed" in text and "triage: llmlaunch-logs 7" in text, text
+
+
 def test_status_of_a_serving_job_exits_0(tmp_path, monkeypatch):
     (tmp_path / "launch.json").write_text(json.dumps({"replicas": 1}))
     (tmp_path / "endpoint.json").write_text(json.dumps({"url": "grpc://10.0.0.1:8001", "model": "hf_model"}))

@@ -97,3 +97,26 @@ def test_long_context_lines_are_clipped_in_the_report():
     t = triage(scan_log("\n".join([wide, rank_line(0, "node1", 1, "FAILED: x")]), source="a", rank=0, year=2026))
     shown = render(t).splitlines()
     assert max(len(l) for l in shown) < 320 and any(l.endswith(" ...") for l in shown)
+
+
+def test_a_rank_whose_own_process_was_killed_is_named_from_sruns_line():
+    """SIGKILL (or the OOM killer) on a rank's own process leaves no line of its own: srun's line about its task, in
+    the batch script's log (rank 0's), names it, and so does the root cause."""
+    rank0 = "\n".join([
+        rank_line(0, "node1", 1, "OpenAI API READY on http://127.0.0.1:8003/v1 (2.2s, 1 process(es))"),
+        "srun: error: node15: task 14: Killed",
+        "srun: launch/slurm: _step_signal: Terminating StepId=822.0",
+        "srun: error: node1: tasks 0-13,15: Terminated",
+    ])
+    t = triage(scan_log(rank0, source="822_0_log.out", rank=0, year=2026))
+    assert (t.root.rank, t.root.host, t.root.text) == (14, "node15", "srun: error: node15: task 14: Killed")
+    assert render(t).startswith("root cause: rank 14 on node15 at after 2026-11-27 21:00:01.000 (822_0_log.out line 2):")
+    assert [(e.rank, e.host) for e in t.consequences] == [(0, "node1")]  # the others' ends: srun's second line
+
+
+def test_task_deaths_name_each_rank_once_in_the_order_srun_reported_them():
+    from launcher.triage import task_deaths
+
+    logs = ["x\nsrun: error: node15: task 14: Killed\nsrun: error: node1: tasks 0-13,15: Terminated\n", "srun: error: node15: task 14: Killed"]
+    assert task_deaths(logs) == [(14, "node15", "Killed"), (0, "node1", "Terminated")]
+    assert task_deaths(["srun: error: Unable to allocate resources: Invalid partition name specified"]) == []
