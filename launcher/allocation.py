@@ -99,7 +99,8 @@ class AllocationScheduler(Scheduler):
         return endpoint
 
     def stop(self, endpoint: Endpoint) -> None:
-        """SIGTERM: srun forwards it to every rank, Triton drains."""
+        """SIGTERM to the step script's process group: srun ends the step on it (SIGKILL after Slurm's KillWait),
+        then the script removes the shm regions the ranks left (render.allocation_step)."""
         from launcher.triton import stop_group
 
         proc = endpoint.proc

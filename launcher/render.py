@@ -215,15 +215,30 @@ def sbatch_script(spec: LaunchSpec, run_dir: str) -> str:
 # ----------------------------------------------------------------------------- steps inside an allocation
 def allocation_step(spec: LaunchSpec, run_dir: str) -> str:
     """The script a sweep point that is its own Slurm allocation (hydra/launcher=submitit_slurm) runs to
-    start the ranks: what the sbatch script llmlaunch submits would run, as one `srun` step. The step
-    gives its own sizes: the Hydra task's SLURM_CPUS_PER_TASK / SLURM_NTASKS must not leak into it."""
+    start the ranks: what the sbatch script llmlaunch submits would run, as one `srun` step, then its shm
+    teardown. Steps give their own sizes: the Hydra task's SLURM_CPUS_PER_TASK / SLURM_NTASKS must not leak
+    into them.
+
+    The point's end stops the step with SIGTERM to this script's process group. srun ends the step on it
+    (SIGKILL after Slurm's KillWait), so a rank may not get to remove its shm regions; the script's own TERM
+    trap is a handler, not an ignore (an ignored signal would stay ignored in srun), so the script outlives
+    the step and removes what the job left on each node, as the sbatch script's teardown does."""
     cpus, gpus = allocation_sizes(spec)
     step = ["srun", *srun_args(spec), "--overlap", f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.tasks_per_node}",
             f"--ntasks={spec.world_size}", f"--cpus-per-task={cpus}"]
     if gpus:
         step.append(f"--gpus-per-node={gpus}")
     step += [python_for(spec), "-m", "launcher.rank", run_dir]
-    return "\n".join([*setup_lines(spec, run_dir), "exec " + shlex.join(step)]) + "\n"
+    teardown = ["srun", "--overlap", f"--nodes={spec.nodes}", "--ntasks-per-node=1", f"--ntasks={spec.nodes}",
+                "--cpus-per-task=1", "--mpi=none", "--kill-on-bad-exit=0", "rm", "-f"]
+    return "\n".join([
+        *setup_lines(spec, run_dir),
+        "trap true TERM INT  # the stop's signal ends the step (srun has it too); this script goes on to the teardown",
+        shlex.join(step),
+        f"{SERVING_STATUS}=$?",
+        f"{shlex.join(teardown)} /dev/shm/{shm_prefix('${SLURM_JOB_ID}', '')[:-1]}*",
+        f'exit "${SERVING_STATUS}"',
+    ]) + "\n"
 
 
 def allocation_sizes(spec: LaunchSpec) -> tuple:

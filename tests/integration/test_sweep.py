@@ -4,6 +4,7 @@ machine (cluster=local). The pure planning functions and the dry run: tests/unit
 from __future__ import annotations
 
 import csv
+import glob
 import json
 from pathlib import Path
 
@@ -121,6 +122,9 @@ def test_submitit_launcher_runs_each_point_in_its_own_allocation(local_slurm, tm
     server = _points(sweep_dir)["replicas=1"]["server"]
     assert server["kind"] == "allocation" and (Path(server["run_dir"]) / "step.sh").exists()
     assert float(rows["replicas=1"]["ready_load_s"]) > 0 and float(rows["replicas=1"]["ready_ranks_s"]) > 0, rows["replicas=1"]
+    # the point's step ended on the stop's signal; its script removed the shm regions the ranks may not have
+    job = json.loads((Path(server["run_dir"]) / "endpoint.json").read_text())["job_id"]
+    assert not glob.glob(f"/dev/shm/llm{job}r*"), glob.glob(f"/dev/shm/llm{job}r*")
 
 
 @requires_slurm
