@@ -32,9 +32,8 @@ def find_run(arg: str) -> RunDir:
 def analyse(run: RunDir) -> Triage:
     """Every log's errors and the run's records, triaged."""
     events, sources = [], []
-    for path, rank in run.log_files():
+    for path, rank, text in run.log_texts():
         try:
-            text = path.read_text(errors="replace")
             year = time.localtime(path.stat().st_mtime).tm_year
         except OSError:
             continue

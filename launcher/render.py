@@ -140,6 +140,13 @@ def walltime_record(run_dir: str) -> str:
     return f"{run_dir}/walltime${{SLURM_RESTART_COUNT:-0}}.json"
 
 
+def shm_teardown(*step_args: str) -> str:
+    """The step that removes, on each node of the job (one task a node), the python-backend shm regions its ranks
+    left (their names start with shm_prefix's job part); `step_args`: the step's own sizes where it needs them."""
+    argv = ["srun", *step_args, "--ntasks-per-node=1", "--mpi=none", "--kill-on-bad-exit=0", "rm", "-f"]
+    return f"{shlex.join(argv)} /dev/shm/{shm_prefix('${SLURM_JOB_ID}', '')[:-1]}*"
+
+
 def teardown_lines(spec: Optional[LaunchSpec] = None, run_dir: str = "") -> List[str]:
     """Lines after the serving srun (submitit writes them right after it, so `$?` is that step's status).
 
@@ -152,7 +159,7 @@ def teardown_lines(spec: Optional[LaunchSpec] = None, run_dir: str = "") -> List
     """
     lines = [
         f"{SERVING_STATUS}=$?  # the serving step's status: the job ends with it, after this teardown",
-        f"srun --ntasks-per-node=1 --mpi=none --kill-on-bad-exit=0 rm -f /dev/shm/{shm_prefix('${SLURM_JOB_ID}', '')[:-1]}*",
+        shm_teardown(),
     ]
     if spec is not None and spec.requeue:
         # drained at the time limit (rank 0 wrote the record): back into the queue, the same script runs again
@@ -229,14 +236,12 @@ def allocation_step(spec: LaunchSpec, run_dir: str) -> str:
     if gpus:
         step.append(f"--gpus-per-node={gpus}")
     step += [python_for(spec), "-m", "launcher.rank", run_dir]
-    teardown = ["srun", "--overlap", f"--nodes={spec.nodes}", "--ntasks-per-node=1", f"--ntasks={spec.nodes}",
-                "--cpus-per-task=1", "--mpi=none", "--kill-on-bad-exit=0", "rm", "-f"]
     return "\n".join([
         *setup_lines(spec, run_dir),
         "trap true TERM INT  # the stop's signal ends the step (srun has it too); this script goes on to the teardown",
         shlex.join(step),
         f"{SERVING_STATUS}=$?",
-        f"{shlex.join(teardown)} /dev/shm/{shm_prefix('${SLURM_JOB_ID}', '')[:-1]}*",
+        shm_teardown("--overlap", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--cpus-per-task=1"),
         f'exit "${SERVING_STATUS}"',
     ]) + "\n"
 

@@ -265,6 +265,16 @@ class RunDir:
         out += [(p, None) for p in (self.server_log, self.step_log) if p.exists()]
         return out
 
+    def log_texts(self) -> List[Tuple[Path, Optional[int], str]]:
+        """(path, rank, text) of every log of the run (log_files) that can be read now."""
+        out = []
+        for path, rank in self.log_files():
+            try:
+                out.append((path, rank, path.read_text(errors="replace")))
+            except OSError:  # a log removed or unreadable: triage goes on with the others
+                continue
+        return out
+
     def record_files(self) -> List[Path]:
         """The run's JSON records and scripts (not the model repository, not submitit's pickles)."""
         return sorted(p for p in self.path.iterdir() if p.is_file() and p.suffix in (".json", ".sh"))

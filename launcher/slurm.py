@@ -303,13 +303,7 @@ def rank_deaths(run: RunDir) -> List[Tuple[int, str, str]]:
     """The ranks srun reported ended badly, from the run's logs (launcher.triage.task_deaths)."""
     from launcher.triage import task_deaths
 
-    texts = []
-    for path, _rank in run.log_files():
-        try:
-            texts.append(path.read_text(errors="replace"))
-        except OSError:
-            continue
-    return task_deaths(texts)
+    return task_deaths(text for _path, _rank, text in run.log_texts())
 
 
 def ready_lines(run: RunDir, job: Dict) -> List[str]:
