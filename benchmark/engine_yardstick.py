@@ -160,7 +160,7 @@ def _frontend_main(k: int, n: int, engine_args: dict, info: dict, samples, loads
                    ready, go, results) -> None:
     """Front end k of n (a process of its own): an AsyncLLM client of the engine core; for each load, its share of
     the streams, taking requests from the counter all front ends share."""
-    from launcher.engines import vllm_core
+    from launcher.python_backend import vllm_core
 
     _, config = vllm_core.engine_config(engine_args, n, k)
 
@@ -198,11 +198,11 @@ def _frontend_main(k: int, n: int, engine_args: dict, info: dict, samples, loads
 
 def vllm_async_frontends(args, engine_args: dict, samples) -> list:
     """The served layout of engine.frontends=N without tritonserver: one engine core started for N clients
-    (launcher.engines.vllm_core, as the served model starts it), N processes each an AsyncLLM client driving its
+    (launcher.python_backend.vllm_core, as the served model starts it), N processes each an AsyncLLM client driving its
     share of the streams."""
     import multiprocessing
 
-    from launcher.engines import vllm_core
+    from launcher.python_backend import vllm_core
 
     n = args.frontends
     loads = parse_loads(args.concurrency)
@@ -299,7 +299,7 @@ async def lmdeploy_async(args, params: dict, samples) -> list:
     from lmdeploy import PytorchEngineConfig, TurbomindEngineConfig
     from lmdeploy.serve.core import AsyncEngine
 
-    from launcher.serving.triton_io import SamplingParams
+    from launcher.python_backend.triton_io import SamplingParams
 
     served = _lmdeploy_model()
     backend = params.get("backend", "turbomind")

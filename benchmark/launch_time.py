@@ -34,12 +34,12 @@ def one(nodes: int, jobs_dir: Path) -> dict:
     if r.returncode != 0:
         raise SystemExit(f"llmlaunch failed ({r.returncode}):\n{r.stderr}")
     job = next(l.split()[1] for l in r.stdout.splitlines() if l.startswith("job:"))
+    from launcher import jobindex
     from launcher.rundir import RunDir
-    from launcher.slurm import INDEX_DIR
 
-    run = RunDir(json.loads((INDEX_DIR / f"{job}.json").read_text())["run_dir"])
+    run = RunDir(jobindex.find(job)["run_dir"])
     server = max(r["ready_s"] for r in run.ready_records())
-    subprocess.run([sys.executable, "-c", f"from launcher.slurm import stop_main; stop_main(['{job}'])"], capture_output=True)
+    subprocess.run([sys.executable, "-c", f"from launcher.schedulers.cli import stop_main; stop_main(['{job}'])"], capture_output=True)
     return {"nodes": nodes, "total_s": total, "server_s": server, "overhead_s": total - server}
 
 
@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()
-    from launcher import localslurm
+    from launcher.localslurm import cluster as localslurm
 
     cluster = localslurm.up()
     os.environ.update(cluster.env())

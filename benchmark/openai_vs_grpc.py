@@ -3,7 +3,7 @@
 
 One tritonserver serves the hf engine on --model (default: the tiny random-weight Llama, built once into the cache);
 the OpenAI API runs in front of its gRPC endpoint as rank 0 runs it (its worker processes by
-launcher.serving.responders.api_processes).  At each --concurrency, llmlaunch-bench's load
+launcher.python_backend.responders.api_processes).  At each --concurrency, llmlaunch-bench's load
 (synthetic prompts of --input-len tokens, exactly --output-len new tokens) goes over triton-grpc and over
 openai-completions (or --openai-backend openai-chat), alternating over --rounds rounds; the medians of the rounds
 are compared.
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
         import os
 
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-        from launcher.serving.responders import api_processes
+        from launcher.python_backend.responders import api_processes
 
         processes = api_processes(len(os.sched_getaffinity(0)))  # as rank 0 starts it
         api = OpenAIProcess(OpenAIConfig(srv.grpc_url, "hf_model", "127.0.0.1", free_port(), model,

@@ -48,7 +48,7 @@ if str(ROOT) not in sys.path:
 
 from launcher.bench.loads import (Load, add_open_loop_args, check_open_loop_args,  # noqa: E402  (after ROOT)
                                   draw_output_lengths, make_loads)
-from launcher.serving.timings import PARTS, engine_step_split, settle  # noqa: E402
+from launcher.python_backend.timings import PARTS, engine_step_split, settle  # noqa: E402
 from launcher.testing.processes import SERVER_ROLES, server_cpu_by_role  # noqa: E402
 from launcher.testing.sigterm import stop_on_sigterm  # noqa: E402
 
@@ -140,7 +140,7 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | l
     """The closed loop in-process (an Engine or an EngineProcess): `concurrency` requests added at once, each
     finished one's successor added as soon as its last output is in.  With `arrivals` (s after the start; request i
     at arrivals[i]) an open loop instead: request i is added at its time whatever is in flight."""
-    from launcher.engines.hf_engine import SamplingParams
+    from launcher.hf.engine import SamplingParams
 
     params = [SamplingParams(max_tokens=m, ignore_eos=True) for m in output_lengths(max_tokens, len(prompts))]
     done_q: queue.SimpleQueue = queue.SimpleQueue()
@@ -206,7 +206,7 @@ def run_served(url: str, model: str, prompts: list[str], load: Load, max_tokens:
 
     from launcher.bench.runner import Job, LoadSpec, run_load
     from launcher.client import Generation
-    from launcher.serving.timings import engine_split_after, first_token_split, settled_server_metrics
+    from launcher.python_backend.timings import engine_split_after, first_token_split, settled_server_metrics
 
     gens = [Generation(prompt=p, max_tokens=m, stream=True, ignore_eos=True)
             for p, m in zip(prompts, output_lengths(max_tokens, len(prompts)))]
@@ -278,8 +278,8 @@ def vs_generate(model_dir: str, params: dict, args) -> list[dict]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from launcher.engines.hf_args import HFEngineArgs
-    from launcher.engines.hf_engine import Engine
+    from launcher.hf.args import HFEngineArgs
+    from launcher.hf.engine import Engine
 
     engine = Engine.from_args(HFEngineArgs(model_path=model_dir, prefill_chunk=args.prefill_chunk, **params)).start()
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=engine.runner.dtype).to(engine.runner.device).eval()
@@ -470,9 +470,9 @@ def main(argv=None) -> int:
     paths = [p for p in PATHS if p in args.paths or p == "direct"]
 
     from launcher.bench.cli import request_param  # KEY=VALUE read as `llmlaunch-bench --request-param` reads it
-    from launcher.engines.hf_args import HFEngineArgs
-    from launcher.engines.hf_engine import Engine, describe_features
-    from launcher.engines.hf_process import EngineProcess
+    from launcher.hf.args import HFEngineArgs
+    from launcher.hf.engine import Engine, describe_features
+    from launcher.hf.client import EngineProcess
     from launcher.tiny import ensure_tiny_model
 
     model_dir = args.model or str(ensure_tiny_model())

@@ -90,10 +90,10 @@ def launch_argv(nodes: int, tasks: int, jobs_dir: Path, extra=()) -> List[str]:
 
 
 def run_dir_of(job: str):
+    from launcher import jobindex
     from launcher.rundir import RunDir
-    from launcher.slurm import INDEX_DIR
 
-    return RunDir(json.loads((INDEX_DIR / f"{job}.json").read_text())["run_dir"])
+    return RunDir(jobindex.find(job)["run_dir"])
 
 
 def launch(nodes: int, tasks: int, jobs_dir: Path, floor_gib: float) -> Dict:
@@ -125,9 +125,9 @@ def launch(nodes: int, tasks: int, jobs_dir: Path, floor_gib: float) -> Dict:
 
 
 def stop(job: str) -> None:
-    from launcher import slurm
+    from launcher.schedulers import slurm, slurm_jobs
 
-    slurm.stop(job)
+    slurm_jobs.stop(job)
 
 
 def frontend_counts(metrics_url: str) -> Dict[int, float]:
@@ -170,9 +170,9 @@ def pids_of(job: str, rank: int):
 
 
 def queue_state(job: str) -> str:
-    from launcher import slurm
+    from launcher.schedulers import slurm, slurm_jobs
 
-    return slurm.queue_state(job)[0]
+    return slurm_jobs.queue_state(job)[0]
 
 
 def kill_server_serving(job: str, run, rank: int, node: str, replica: int, limit_s: float = 120) -> Dict:
@@ -197,11 +197,12 @@ def wait_gone(job: str, limit_s: float):
 
 def named(job: str, run, rank: int, node: str) -> Dict:
     """Whether `llmlaunch-logs`'s root cause and `llmlaunch-status` name the rank and its node."""
-    from launcher import logs, slurm
+    from launcher import logs
+    from launcher.schedulers import slurm, slurm_jobs
 
     text, _ = logs.report(run)
     root = text.splitlines()[0] if text else ""
-    _, status = slurm.status(job)
+    _, status = slurm_jobs.status(job)
     return {"root": root, "root_names": f"rank {rank} on {node}" in root,
             "status_names": f"rank {rank}" in status and node in status,
             "status": next((l for l in status.splitlines() if "FAILED" in l), "")}
@@ -276,7 +277,7 @@ def main() -> None:
     ap.add_argument("--min-free-gib", type=float, default=2.0, help="cancel a launch that takes MemAvailable below this")
     ap.add_argument("--project-ranks", type=int, default=128)
     args = ap.parse_args()
-    from launcher import localslurm
+    from launcher.localslurm import cluster as localslurm
 
     t = args.tasks_per_node
     cluster = localslurm.up(nodes=args.cluster_nodes or max(args.nodes), gpus_per_node=max(t, args.cluster_gpus))

@@ -1,4 +1,4 @@
-"""`llmlaunch`: compose (Hydra) -> validate (spec) -> render -> dry run or launch.
+"""`llmlaunch`: compose (Hydra, launcher/compose.py) -> validate (launcher/validate.py) -> dry run or launch.
 
 A single launch composes and validates once (`plan`) and hands that spec to `execute`; Hydra's own
 entry point runs only what needs it (multirun sweeps, where each point validates itself, and Hydra's
@@ -9,155 +9,21 @@ submitit) happen only on the paths that need them, so `--help` stays fast.
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import List, Optional
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
-GROUPS = ("cluster", "engine", "model", "bench")
-
-
-def available(group: str) -> List[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
-
-
-def check_group_choices(argv: List[str]) -> None:
-    """Hydra's own message for `engine=foo` is a traceback-ish exit 1; ours lists the choices, exit 2."""
-    from launcher.errors import LaunchError
-
-    problems = []
-    for arg in argv:
-        if arg.startswith("-") or "=" not in arg:
-            continue
-        key, _, value = arg.partition("=")
-        key = key.lstrip("+~")
-        if key in GROUPS:
-            for v in value.split(","):  # multirun sweeps list choices with commas
-                if v not in available(key):
-                    problems.append((f"{key}={v}", f"no such {key} profile in {CONF_DIR / key}", f"choose one of: {', '.join(available(key))}"))
-    if problems:
-        raise LaunchError(problems)
-
-
-def free_mapping_overrides(argv: List[str]) -> List[str]:
-    """`engine.engine_args.enforce_eager=true` as `++engine.engine_args.enforce_eager=true`: a key inside a free
-    mapping (launcher.schema.free_mappings) is the user's own, so it needs no `+` to be added, and `++` also sets
-    one the profile already gives. Every other argument is kept as it is: an unknown key elsewhere is still
-    refused by Hydra's struct mode (and reported by `_hydra_problem`)."""
-    from launcher.schema import free_mappings
-
-    mappings = free_mappings()
-    out = []
-    for arg in argv:
-        key = arg.partition("=")[0]
-        if "=" in arg and not arg.startswith(("-", "+", "~")) and any(key.startswith(m + ".") for m in mappings):
-            arg = "++" + arg
-        out.append(arg)
-    return out
-
-
-def compose(overrides: List[str]):
-    """Compose the config the way `llmlaunch` does (used by tests and tools)."""
-    from hydra import compose as hcompose, initialize_config_dir
-
-    from launcher.schema import register_configs
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return hcompose(config_name="config", overrides=free_mapping_overrides(list(overrides)))
-
-
-def composed(overrides: List[str]):
-    """Overrides -> the composed config, with a bad group choice or a value that does not compose as a LaunchError."""
-    from launcher.errors import LaunchError
-
-    check_words(overrides)
-    check_group_choices(overrides)
-    try:
-        return compose(overrides)
-    except LaunchError:
-        raise
-    except Exception as e:  # Hydra/OmegaConf type and key errors: make them ours
-        raise LaunchError(_hydra_problem(e)) from None
+from launcher.compose import (CONF_DIR, GROUPS, available, check_group_choices, check_words, composed,
+                              free_mapping_overrides, register)
+from launcher.errors import LaunchError
 
 
 def plan(overrides: List[str]):
     """Overrides -> (cfg, spec): the one path from a command line to a validated LaunchSpec. Raises LaunchError on any bad value."""
-    from launcher.spec import build_spec
+    from launcher.validate import build_spec
 
     cfg = composed(overrides)
     return cfg, build_spec(cfg)
-
-
-# How to quote, for both layers: the shell splits an argument at spaces, Hydra reads ; ( ) [ ] { } $ ` as syntax.
-QUOTING = ("quote the value, e.g. key='value with ; chars' (inside the shell: \"key='...'\"); a value with spaces: "
-           "quote the whole override for the shell, e.g. 'job_name=a b'")
-# Hydra's flags that take the next argument as their value (so that word is not a stray one)
-_FLAGS_WITH_VALUE = ("--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp", "--config-dir",
-                     "-cd", "--info", "--experimental-rerun")
-
-
-def check_words(argv: List[str]) -> None:
-    """A word without `=` (not a flag or a flag's value) is no override: mostly the rest of a value the shell split
-    at a space (`job_name=a b`). Hydra's own message for it is the bare word; ours says what it is and how to quote."""
-    from launcher.errors import LaunchError
-
-    problems = []
-    for i, arg in enumerate(argv):
-        before = argv[i - 1] if i else ""
-        if "=" in arg or arg.startswith("-") or (before in _FLAGS_WITH_VALUE):
-            continue
-        if "=" in before and not before.startswith("-"):
-            why = (f"a word without '=' is not an override (key=value, or a profile such as engine=vllm); the shell "
-                   f"split an unquoted space, so it is probably the rest of the value of {before!r}")
-            fix = f"quote the whole override for the shell: '{before} {arg}' (or drop the space)"
-        else:
-            why = "a word without '=' is not an override: overrides are key=value (tp=2) or a profile choice (engine=vllm)"
-            fix = f"write it as key=value; a value with spaces: quote the whole override for the shell, e.g. 'job_name=a b'"
-        problems.append((repr(arg), why, fix))
-    if problems:
-        raise LaunchError(problems)
-
-
-def _hydra_problem(e: Exception):
-    """Turn Hydra/OmegaConf composition errors into (value, why, fix)."""
-    cause = e.__cause__ or e
-    lines = [l.strip() for l in str(cause).strip().splitlines() if l.strip()]
-    key = next((l.split("full_key:")[1].strip() for l in lines if l.startswith("full_key:")), "")
-    why = lines[0] if lines else type(e).__name__
-    override = str(e).split("override", 1)[-1].strip() if "override" in str(e) else key
-    if type(cause).__name__ == "OverrideParseException" or type(e).__name__ == "OverrideParseException":
-        first = str(e).splitlines()[0]
-        if "override '" in first:  # "Error parsing override 'X'"
-            bad = first.split("override '", 1)[1].rsplit("'", 1)[0]
-        else:  # "LexerNoViableAltException: X"
-            bad = first.split(": ", 1)[-1]
-        raw = str(e).splitlines()
-        caret = next((l.index("^") for l in raw[1:] if l.strip() == "^"), -1)
-        if 0 <= caret < len(first):  # the lexer's message: the override with a caret under the first bad character
-            reason = f"it stops at {first[caret]!r}"
-        else:
-            reason = next((l for l in lines[1:] if not l.startswith(("See ", "^"))), "") or lines[0]
-        return (bad, f"Hydra cannot parse this override ({reason}): characters like ; ( ) [ ] {{ }} $ ` , = and quotes "
-                     "are its syntax", QUOTING)
-    if str(e).startswith("Could not override"):
-        k = str(e).split("'")[1] if "'" in str(e) else override
-        return (k, "no such key in the config", "check the spelling (`llmlaunch --cfg job` prints every key); to add a new key use +key=value")
-    from launcher.schema import field_domain
-
-    domain = field_domain(key) if key else None
-    fix = domain.fix_line(key) if domain is not None else f"give {key or 'it'} a value of the type launcher/schema.py declares for it"
-    return (override or key or "override", why, fix)
-
-
-def default_run_dir(spec) -> str:
-    import time
-    import uuid
-
-    root = Path(spec.cluster.jobs_dir or "llmlaunch-jobs")
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return str((root / spec.job_name / f"{stamp}-{uuid.uuid4().hex[:6]}").absolute())
 
 
 def _is_sweep_point(cfg) -> bool:
@@ -170,7 +36,7 @@ def _is_sweep_point(cfg) -> bool:
 
 def run(cfg) -> int:
     """The Hydra task (multirun points, or a launch given Hydra flags): validate, then `execute`."""
-    from launcher.spec import build_spec
+    from launcher.validate import build_spec
 
     # Multirun with a load profile (`llmlaunch -m ... bench=<profile>`): this job is one sweep point.
     # launcher/sweep.py validates it, launches or reuses a server, measures, and records result.json
@@ -192,11 +58,12 @@ def execute(cfg, spec, overrides: Optional[List[str]] = None, from_record: str =
 
     from omegaconf import OmegaConf
 
-    from launcher.scheduler import for_spec
+    from launcher.rundir import default_run_dir
+    from launcher.schedulers.registry import for_spec
 
     run_dir = cfg.get("run_dir") or default_run_dir(spec)
     if cfg.dry_run:
-        from launcher.render import plan_text
+        from launcher.plan import plan_text
 
         if from_record:
             sys.stdout.write(f"from record: {from_record}\noverrides: {' '.join(overrides or []) or '(none)'}\n")
@@ -207,7 +74,7 @@ def execute(cfg, spec, overrides: Optional[List[str]] = None, from_record: str =
     from launcher.record import base_record
 
     before_launch(cfg, lambda line: print(line, file=sys.stderr, flush=True))  # paths and GPUs, before anything starts
-    backend = for_spec(spec)  # cluster.scheduler's registry entry (launcher/scheduler.py)
+    backend = for_spec(spec)  # cluster.scheduler's registry entry (launcher/schedulers/registry.py)
     # submitted: when this command started, so its time to READY is the user's wait from the command on
     record = base_record(OmegaConf.to_container(cfg, resolve=True), list(overrides or []), backend.name, run_dir,
                          from_record=from_record, submitted=process_start_time())
@@ -222,8 +89,6 @@ def from_record_args(argv: List[str]):
         a = argv[i]
         if a == "--from-record":
             if i + 1 >= len(argv) or argv[i + 1].startswith("-"):
-                from launcher.errors import LaunchError
-
                 raise LaunchError(("--from-record", "needs the path of a run record", "llmlaunch --from-record RUN_DIR/record.json [key=value ...]"))
             path = argv[i + 1]
             i += 2
@@ -238,8 +103,9 @@ def from_record_args(argv: List[str]):
 
 def launch_from_record(path: str, overrides: List[str]) -> int:
     """`llmlaunch --from-record RUN_DIR/record.json [overrides]`: the recorded launch again, the overrides on top."""
-    from launcher.record import config_from_record, read_record
-    from launcher.spec import build_spec
+    from launcher.compose import config_from_record
+    from launcher.record import read_record
+    from launcher.validate import build_spec
 
     record = read_record(path)
     cfg, line, gone = config_from_record(record, overrides)
@@ -251,9 +117,7 @@ def launch_from_record(path: str, overrides: List[str]) -> int:
 def _hydra_entry():
     import hydra
 
-    from launcher.schema import register_configs
-
-    register_configs()
+    register()
 
     @hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
     def _main(cfg) -> None:
@@ -276,7 +140,7 @@ config groups (defaults first in conf/config.yaml):
 {groups}
 
 common keys:
-  tp=N pp=N nodes=N replicas=N     parallelism (tp a power of two)
+  tp=N pp=N nodes=N replicas=N     parallelism (tp dividing the model's heads; a power of two for some engines)
   dry_run=true                     print the plan (config, ranks, files, sbatch, commands); touch nothing
   --from-record RUN_DIR/record.json [key=value ...]
                                    launch a recorded run again (its composed config), overrides on top
@@ -291,8 +155,6 @@ related: llmlaunch-status JOB, llmlaunch-stop JOB, llmlaunch-bench, llmlaunch-re
 
 def _exit_on_launch_error(fn, *args) -> int:
     """fn(*args), with a LaunchError printed as value / why / fix and exit status 2."""
-    from launcher.errors import LaunchError
-
     try:
         return fn(*args)
     except LaunchError as e:
@@ -301,8 +163,6 @@ def _exit_on_launch_error(fn, *args) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    from launcher.errors import LaunchError
-
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
         sys.stdout.write(usage())

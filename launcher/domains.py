@@ -20,6 +20,16 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 
 Problem = Tuple[str, str, str]
 
+# The choices of the config's fixed-choice fields (launcher/schema.py declares which field takes which)
+SCHEDULERS = ("local", "slurm")  # cluster.scheduler: the registry launcher.schedulers holds one class for each
+GPU_REQUESTS = ("gpus-per-node", "gres", "none")  # cluster.gpu_request
+MPI_TYPES = ("pmix", "pmi2", "none")  # cluster.mpi (srun --mpi=)
+CONTAINER_RUNTIMES = ("none", "pyxis")  # cluster.container.runtime
+DEVICES = ("auto", "cpu", "cuda")  # engine.device
+DTYPES = ("auto", "float32", "bfloat16", "float16")  # model.dtype
+# serve.* ports rank 0 offers clients, each its own: tritonserver's three, and the OpenAI API's (launcher/openai_api)
+PUBLIC_PORTS = ("grpc_port", "http_port", "metrics_port", "openai_port")
+
 _KEY = "llmlaunch_domain"  # the field metadata key a domain is stored under
 _NO_DEFAULT = object()
 
@@ -126,20 +136,6 @@ class Int(Domain):
 
 
 @dataclass(frozen=True)
-class Pow2(Domain):
-    """A power of two (1, 2, 4, 8, ...)."""
-
-    what: str  # why it must be one, for the message
-    fix: str = ""
-
-    def why(self, v):
-        return None if _is_int(v) and v >= 1 and not v & (v - 1) else self.what
-
-    def default_fix(self, key):
-        return f"use {key}=1, 2, 4 or 8"
-
-
-@dataclass(frozen=True)
 class Float(Domain):
     """A number in [lo, hi] (an end excluded where `lo_open` / `hi_open`); with `zero`, 0 also, meaning that."""
 
@@ -229,6 +225,20 @@ SAFE_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}"
 ENV_KEY = r"[A-Za-z_][A-Za-z0-9_]*"
 IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 SLURM_TIME = r"(\d+-)?\d{1,2}:\d{2}:\d{2}|\d+"
+
+
+def time_minutes(t: str) -> int:
+    """A Slurm time limit (SLURM_TIME: minutes, HH:MM:SS or D-HH:MM:SS) in whole minutes, a started minute counted."""
+    t = str(t)
+    if t.isdigit():
+        return int(t)
+    days = 0
+    if "-" in t:
+        d, t = t.split("-", 1)
+        days = int(d)
+    h, m, s = (int(x) for x in t.split(":"))
+    return days * 1440 + h * 60 + m + (1 if s else 0)
+
 
 
 def Name(what: str = "names go into scripts, file names and Triton model names", empty: str = "") -> Pattern:

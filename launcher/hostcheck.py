@@ -1,7 +1,7 @@
-"""What the launch host sees, checked before a launch starts anything: the paths the job loads and a GPU for an
-engine that needs one.
+"""What the launch host sees, checked before a launch starts anything: the paths the job loads, tp and pp against the
+model's shape (its config.json, or a made model's own), and a GPU for an engine that needs one.
 
-launcher/spec.py validates values (pure); this module reads the host: each path field's kind (its declared
+launcher/validate.py validates values (pure); this module reads the host: each path field's kind (its declared
 `launcher.domains.Path`, or for the model's folders the engine's `EngineDef.host_paths`) is looked for where the
 path is visible. On this machine and the local Slurm cluster (`cluster.paths_on_host`) every path is; elsewhere
 (an HPC cluster submitted to from a login node, which usually mounts the shared filesystem) a path this host does
@@ -14,11 +14,21 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
+
+from launcher.domains import Nested, domain_of
+from launcher.domains import Path as PathDomain
+from launcher.engines.registry import ENGINES
+from launcher.errors import LaunchError
+from launcher.models import MAKERS
+from launcher.schedulers.registry import SCHEDULERS
+from launcher.spec import plain
+from launcher.validate import typed_config
 
 Problem = Tuple[str, str, str]
 
@@ -112,9 +122,6 @@ def _path_problem(key: str, value: str, kind: str, c) -> Tuple[Optional[Problem]
 def host_paths(c) -> List[Tuple[str, str, str]]:
     """(key, path, kind) of every non-empty path of the config to look for: the fields whose declared
     `launcher.domains.Path` names a kind, and the paths the engine loads (`EngineDef.host_paths`)."""
-    from launcher.domains import Nested, Path as PathDomain, domain_of
-    from launcher.engines.registry import ENGINES
-
     out: List[Tuple[str, str, str]] = []
 
     def walk(obj, prefix: str) -> None:
@@ -157,14 +164,68 @@ def probe_gpus() -> Tuple[bool, str]:
 GPU_PROBE: Callable[[], Tuple[bool, str]] = probe_gpus  # what `check` asks when given no probe
 
 
+def model_shape(c) -> Optional[Tuple[Dict[str, int], str]]:
+    """(the text model's shape: num_attention_heads, num_key_value_heads, num_hidden_layers, intermediate_size; where it
+    was read) for the model a launch loads: model.path's config.json where this host sees it, a made model's own
+    (launcher.models' Maker.shape) before it is made; None where neither is known here."""
+    m = c.model
+    if m.path:
+        f = Path(m.path).expanduser() / "config.json"
+        try:
+            cfg = json.loads(f.read_text())
+        except (OSError, ValueError):
+            return None
+        text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg  # a multimodal model's LM
+        return text, str(f)
+    if m.make in MAKERS:
+        return MAKERS[m.make].shape(), f"model={m.name}"
+    return None
+
+
+def _tp_fits(tp: int, shape: Dict[str, int], edef) -> List[str]:
+    """What `tp` does not divide in the model (empty: it fits): each rank takes an equal share of the attention heads,
+    of the KV heads (or, where the engine replicates KV heads, an equal number of ranks shares each) and of the MLP."""
+    heads = shape.get("num_attention_heads") or 0
+    kv = shape.get("num_key_value_heads") or heads
+    inter = shape.get("intermediate_size") or 0
+    bad = []
+    if heads and heads % tp:
+        bad.append(f"its {heads} attention heads")
+    if kv and kv % tp and not (edef.kv_heads_replicate and tp % kv == 0):
+        bad.append(f"its {kv} KV heads" + (f" (nor is tp a multiple of them)" if edef.kv_heads_replicate else ""))
+    if inter and inter % tp:
+        bad.append(f"its MLP's {inter} rows")
+    return bad
+
+
+def parallel_problems(c, edef) -> List[Problem]:
+    """tp and pp against the model's shape, where this host knows it: a tp that does not split the heads evenly, or
+    more pipeline stages than layers, would fail on the nodes after submission."""
+    found = model_shape(c)
+    if found is None:
+        return []
+    shape, where = found
+    problems: List[Problem] = []
+    bad = _tp_fits(c.tp, shape, edef) if c.tp > 1 else []
+    if bad:
+        heads = shape.get("num_attention_heads") or 0
+        ok = [t for t in range(1, max(heads, 1) + 1) if not _tp_fits(t, shape, edef) and (edef.tp_any_divisor or not t & (t - 1))]
+        problems.append((f"tp={c.tp}", f"tp does not divide {' or '.join(bad)} ({where}): every tensor-parallel rank takes an "
+                         f"equal share of them", f"use tp={', '.join(map(str, ok))} with engine={c.engine.name}"))
+    layers = shape.get("num_hidden_layers") or 0
+    if layers and c.pp > layers:
+        problems.append((f"pp={c.pp}", f"the model has {layers} layers ({where}): every pipeline stage needs at least one",
+                         f"use pp={layers} or fewer"))
+    return problems
+
+
 def check(c, probe: Optional[Callable[[], Tuple[bool, str]]] = None) -> Tuple[List[Problem], List[str]]:
     """(problems, warnings) for a typed config (launcher.schema.LaunchConfig) about to launch; `probe` answers
     whether a GPU is visible (default GPU_PROBE)."""
-    from launcher.engines.registry import ENGINES
-
     problems: List[Problem] = []
     warnings: List[str] = []
-    everywhere = c.cluster.scheduler == "local" or c.cluster.paths_on_host
+    scheduler = SCHEDULERS[c.cluster.scheduler]
+    everywhere = scheduler.on_this_machine or c.cluster.paths_on_host
     for key, value, kind in host_paths(c):
         problem, visible = _path_problem(key, value, kind, c)
         if problem is None:
@@ -175,7 +236,8 @@ def check(c, probe: Optional[Callable[[], Tuple[bool, str]]] = None) -> Tuple[Li
             warnings.append(f"{problem[0]}: {problem[1]} on this host; cluster={c.cluster.name}'s nodes may see it, "
                             "so the launch goes on")
     edef = ENGINES[c.engine.name]
-    if c.cluster.scheduler == "local" and edef.needs_gpu(c.engine):
+    problems += parallel_problems(c, edef)
+    if scheduler.on_this_machine and edef.needs_gpu(c.engine):
         found, looked = (probe or GPU_PROBE)()
         if not found:
             what = f"engine.device={c.engine.device!r}" if c.engine.device == "cuda" else f"engine={c.engine.name}"
@@ -187,9 +249,6 @@ def check(c, probe: Optional[Callable[[], Tuple[bool, str]]] = None) -> Tuple[Li
 
 def before_launch(cfg, say: Callable[[str], None]) -> None:
     """A composed, validated config about to launch: say each warning, raise LaunchError with every problem."""
-    from launcher.errors import LaunchError
-    from launcher.spec import plain, typed_config
-
     problems, warnings = check(typed_config(plain(cfg))[0])
     for w in warnings:
         say(f"warning: {w}")

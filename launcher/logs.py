@@ -1,7 +1,7 @@
 """llmlaunch-logs JOB_OR_RUN_DIR: every rank's logs and records in one archive, and the root cause first.
 
 The side effects of triage (reading the run dir, writing the archive); launcher/triage.py decides what the root
-cause is. `llmlaunch` runs the same when a job it follows fails (launcher/slurm.py: follow).
+cause is. `llmlaunch` runs the same when a job it follows fails (launcher/schedulers/slurm.py: follow).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from launcher import jobindex
 from launcher.errors import LaunchError
 from launcher.rundir import RunDir
 from launcher.triage import Triage, record_events, render, scan_log, triage
@@ -24,9 +25,7 @@ def find_run(arg: str) -> RunDir:
         return RunDir(p)
     if p.suffix or "/" in arg:
         raise LaunchError((arg, "no such run directory", "give a job id llmlaunch printed or its run dir (`run dir: ...` in llmlaunch-status)"))
-    from launcher.slurm import _record
-
-    return RunDir(_record(arg)["run_dir"])
+    return RunDir(jobindex.find(arg)["run_dir"])
 
 
 def analyse(run: RunDir) -> Triage:

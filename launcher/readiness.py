@@ -45,9 +45,9 @@ PACKAGES = ("torch", "transformers", "vllm", "tensorrt_llm", "sglang", "lmdeploy
 
 
 def _rank_tag() -> str:
-    """` rank N` (the rank's LLMLAUNCH_RANK, which its server and the engine inherit): ranks sharing one log (an
+    """` rank N` (the rank's _LLMLAUNCH_RANK, which its server and the engine inherit): ranks sharing one log (an
     srun step's output) tell their lines apart by it."""
-    rank = os.environ.get("LLMLAUNCH_RANK")
+    rank = os.environ.get("_LLMLAUNCH_RANK")
     return f" rank {rank}" if rank else ""
 
 

@@ -37,7 +37,7 @@ NOT_REPLAYED = ("run_dir", "dry_run")
 def llmlaunch_identity() -> Dict[str, Any]:
     """This llmlaunch's version and, from a git checkout, its commit (and whether files differ from it)."""
     from launcher import __version__
-    from launcher.render import PACKAGE_ROOT
+    from launcher.paths import PACKAGE_ROOT
 
     doc: Dict[str, Any] = {"version": __version__, "commit": "", "dirty": False}
     if shutil.which("git") and (PACKAGE_ROOT / ".git").exists():
@@ -226,32 +226,6 @@ def pinned_values(config: dict, overrides: List[str]) -> List[Tuple[str, Any]]:
             continue
         out.append((key, value))
     return out
-
-
-def config_from_record(record: Dict[str, Any], overrides: List[str]):
-    """The composed config of `llmlaunch --from-record R OVERRIDES`: R's overrides (less those given again) then
-    the new ones composed,
-    then R's composed values pinned wherever the new overrides do not reach. Returns (cfg, every override,
-    keys of R the current schema no longer has, which were left out)."""
-    from omegaconf import OmegaConf, open_dict
-
-    from launcher.cli import composed
-
-    new_keys = set(override_keys(overrides))
-    # a key given again replaces the record's (Hydra refuses one key twice on a command line)
-    line = [o for o in record.get("overrides") or [] if not set(override_keys([o])) & new_keys] + list(overrides)
-    cfg = composed(line)
-    gone = []
-    with open_dict(cfg):
-        for key, value in pinned_values(record["config"], overrides):
-            if OmegaConf.select(cfg, key, default=_ABSENT) is _ABSENT:
-                gone.append(key)
-                continue
-            OmegaConf.update(cfg, key, value, merge=False)
-    return cfg, line, gone
-
-
-_ABSENT = object()
 
 
 def log_text(path, size: int = 4 << 20) -> str:

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from launcher.engines.registry import ENGINES, REPO_SOURCES
+from launcher.domains import time_minutes
+from launcher.engines.registry import ENGINES
+from launcher.paths import PACKAGE_ROOT, REPO_SOURCES
 from launcher.spec import LaunchSpec, RankSpec
-
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the checkout: launcher/, conf/, model_repository/
 
 
 # ----------------------------------------------------------------------------- model repository
@@ -66,9 +66,7 @@ def tritonserver_argv(
         models = rank.models or (spec.model_name,)
         argv += [f"--load-model={m}" for m in models]
     else:
-        from launcher.scheduler import for_spec
-
-        host = spec.host if rank.serves == "public" else ("127.0.0.1" if for_spec(spec).loopback else "0.0.0.0")
+        host = spec.host if rank.serves == "public" else ("127.0.0.1" if spec.loopback else "0.0.0.0")
         argv += [
             f"--grpc-address={host}",
             f"--grpc-port={ports['grpc_port']}",
@@ -81,23 +79,11 @@ def tritonserver_argv(
 
 
 # ----------------------------------------------------------------------------- sbatch (through submitit)
-def time_minutes(t: str) -> int:
-    t = str(t)
-    if t.isdigit():
-        return int(t)
-    days = 0
-    if "-" in t:
-        d, t = t.split("-", 1)
-        days = int(d)
-    h, m, s = (int(x) for x in t.split(":"))
-    return days * 1440 + h * 60 + m + (1 if s else 0)
-
-
 def srun_args(spec: LaunchSpec) -> List[str]:
     c = spec.cluster
     args = [f"--mpi={c.mpi}", "--kill-on-bad-exit=1"]
     if spec.replicas > 1:
-        # The ranks of a replica lost while the job serves exit 0 (launcher/rank.py, decide_exit) and
+        # The ranks of a replica lost while the job serves exit 0 (launcher/rank/, decide_exit) and
         # the others go on serving; a site's WaitTime would end them that many seconds after the first
         # task exits. 0: no limit (a non-zero exit still ends the step at once: --kill-on-bad-exit).
         args.append("--wait=0")
@@ -205,17 +191,11 @@ def submitit_parameters(spec: LaunchSpec, run_dir: str) -> Dict[str, object]:
     return p
 
 
-def python_for(spec: LaunchSpec) -> str:
-    import sys
-
-    return spec.cluster.python or sys.executable
-
-
 def sbatch_script(spec: LaunchSpec, run_dir: str) -> str:
     """Exactly what submitit's SlurmExecutor writes for this job (its own renderer)."""
     from submitit.slurm.slurm import _make_sbatch_string
 
-    command = " ".join([shlex.quote(python_for(spec)), "-u -m submitit.core._submit", shlex.quote(run_dir)])
+    command = " ".join([shlex.quote(spec.python), "-u -m submitit.core._submit", shlex.quote(run_dir)])
     return _make_sbatch_string(command=command, folder=run_dir, **submitit_parameters(spec, run_dir))
 
 
@@ -235,7 +215,7 @@ def allocation_step(spec: LaunchSpec, run_dir: str) -> str:
             f"--ntasks={spec.world_size}", f"--cpus-per-task={cpus}"]
     if gpus:
         step.append(f"--gpus-per-node={gpus}")
-    step += [python_for(spec), "-m", "launcher.rank", run_dir]
+    step += [spec.python, "-m", "launcher.rank", run_dir]
     return "\n".join([
         *setup_lines(spec, run_dir),
         "trap true TERM INT  # the stop's signal ends the step (srun has it too); this script goes on to the teardown",
@@ -277,7 +257,7 @@ def plan_overrides(spec: LaunchSpec) -> str:
     )
 
 
-# ----------------------------------------------------------------------------- the plan (dry run)
+# ----------------------------------------------------------------------------- the plan's pieces (dry run)
 def layout_table(spec: LaunchSpec) -> str:
     rows = ["rank  node  local  replica  role    serves    gpus      loads"]
     for r in spec.ranks:
@@ -288,38 +268,6 @@ def layout_table(spec: LaunchSpec) -> str:
 
 
 RENDERED_TEXT = (".pbtxt", ".json", ".yaml")  # repository files the plan shows whole: configs and engine arguments
-
-
-def plan_text(spec: LaunchSpec, run_dir: str, composed_yaml: str = "") -> str:
-    """Everything that would be written and run, as one readable text."""
-    out: List[str] = []
-    sec = lambda title: out.append(f"\n===== {title} =====")  # noqa: E731
-    out.append(f"llmlaunch plan: {plan_overrides(spec)}")
-    out.append(f"run dir: {run_dir}")
-    if composed_yaml:
-        sec("composed config")
-        out.append(composed_yaml.rstrip())
-    sec("rank layout")
-    out.append(
-        f"nodes={spec.nodes} tasks_per_node={spec.tasks_per_node} gpus_per_rank={spec.gpus_per_task} "
-        f"world_size={spec.world_size} tp={spec.tp} pp={spec.pp} replicas={spec.replicas}"
-    )
-    out.append(f"gRPC endpoint: rank 0, {spec.host}:{spec.serve.grpc_port}, model {spec.model_name}")
-    out.append(f"OpenAI API: rank 0, http://{spec.host}:{spec.serve.openai_port}/v1 (completions, chat/completions, "
-               f"models), launcher/openai_api in front of that gRPC endpoint")
-    out.append(layout_table(spec))
-    for rel, text in repository_files(spec).items():
-        sec(f"file model_repository/{rel}")
-        out.append(text.rstrip() if rel.endswith(RENDERED_TEXT) else "(copied from the checkout's model_repository/)")
-    from launcher.scheduler import for_spec
-
-    request = for_spec(spec).dryrun(spec, run_dir)
-    if request.title:  # what is submitted (the local scheduler runs the per-rank commands below)
-        sec(request.title)
-        out.append(request.text.rstrip())
-    sec("per-rank commands (started by `python -m launcher.rank`, ports chosen at start when taken)")
-    out.append(rank_commands(spec, run_dir, for_spec(spec).job_placeholder))
-    return "\n".join(out) + "\n"
 
 
 def rank_command(spec: LaunchSpec, rank: RankSpec, **kw) -> List[str]:

@@ -27,6 +27,7 @@
 from __future__ import annotations
 
 import json
+import uuid
 import os
 import socket
 import time
@@ -298,6 +299,13 @@ class RunDir:
     @property
     def step_log(self) -> Path:
         return self.path / "ranks.log"
+
+
+def default_run_dir(spec) -> str:
+    """A new run dir for a launch of `spec`: <cluster.jobs_dir>/<job_name>/<time>-<random>, absolute."""
+    root = Path(spec.cluster.jobs_dir or "llmlaunch-jobs")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return str((root / spec.job_name / f"{stamp}-{uuid.uuid4().hex[:6]}").absolute())
 
 
 class Stopped(Exception):

@@ -16,11 +16,12 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from omegaconf import MISSING
 
-from launcher.domains import (ENV_KEY, IDENTIFIER, SLURM_TIME, Choice, Flag, Float, FreeMapping, Int, Items, Name, Nested, Path,
-                              Pattern, Pow2, SbatchToken, ShellLine, arg)
+from launcher.domains import (CONTAINER_RUNTIMES, DEVICES, DTYPES, GPU_REQUESTS, MPI_TYPES, SCHEDULERS, ENV_KEY, IDENTIFIER, SLURM_TIME, Choice, Flag, Float, FreeMapping, Int, Items, Name, Nested, Path,
+                              Pattern, SbatchToken, ShellLine, arg)
 from launcher.engines import trtllm
-from launcher.engines.hf_args import HFEngineArgs
-from launcher.spec import CONTAINER_RUNTIMES, CUDNN_ATTENTION, DEVICES, DTYPES, GPU_REQUESTS, MPI_TYPES, SCHEDULERS
+from launcher.engines.registry import ENGINES
+from launcher.hf.args import CUDNN_ATTENTION, HFEngineArgs
+from launcher.models import MAKERS
 
 
 # Each field: `name: type = arg(<its domain>, <default>)  # what it is`. The domain (launcher/domains.py) is
@@ -30,14 +31,10 @@ _ARG_NAME_WHAT = "an argument name (a Python identifier: letters, digits and _)"
 
 
 def _engines():
-    from launcher.engines.registry import ENGINES
-
     return sorted(ENGINES)
 
 
 def _makers():
-    from launcher.models import MAKERS
-
     return ("",) + tuple(sorted(MAKERS))
 
 
@@ -112,7 +109,7 @@ _HF = HFEngineArgs()  # the hf engine's defaults: each field below takes its own
 @dataclass
 class HFEngineConfig(EngineConfig):
     """The hf engine's settings a user chooses.  What each does, and its default, is HFEngineArgs' field of the same
-    name (launcher/engines/hf_args.py); the registry writes them to the model's model.json."""
+    name (launcher/hf/args.py); the registry writes them to the model's model.json."""
 
     name: str = arg(Choice(_engines), "hf")  # our own continuous-batching engine on HF transformers
     max_num_seqs: int = arg(Int("sequences batched at once"), _HF.max_num_seqs)  # sequences batched at once (also the config's max_batch_size)
@@ -127,11 +124,13 @@ class HFEngineConfig(EngineConfig):
                                   _HF.stream_interval_ms)  # least time between two streamed responses of a request (0: every step)
     response_processes: int = arg(Int("model instances sharing the engine",
                                       fix="set {key}=1, or 4 to send responses from four processes"),
-                                  1)  # Triton model instances (stub processes, each with its own GIL) that share the engine process and send its responses; tp=1 only. The one responder setting (launcher/serving/responders.py derives threads per stub, nice and front-end processes from it, the device and the CPUs): one stub sends a few thousand responses/s whatever its threads, so the streams served at once, which only the user knows, decide it (1 up to tens of streams, 2-4 for 128 on a GPU)
+                                  1)  # Triton model instances (stub processes, each with its own GIL) that share the engine process and send its responses; tp=1 only. The one responder setting (launcher/python_backend/responders.py derives threads per stub, nice and front-end processes from it, the device and the CPUs): one stub sends a few thousand responses/s whatever its threads, so the streams served at once, which only the user knows, decide it (1 up to tens of streams, 2-4 for 128 on a GPU)
     # a str field, so Hydra's engine.torch_compile=true arrives as 'True'
     torch_compile: str = arg(Choice(("auto", "true", "false"), normalize=lambda v: str(v).lower()),
                              _HF.torch_compile)  # auto | true | false: fuse the model's small kernels with torch.compile
     cudnn_attention: str = arg(Choice(CUDNN_ATTENTION), _HF.cudnn_attention)  # graphs | all | off: where attention may use cuDNN
+    tp_timeout_s: float = arg(Float("a deadline in seconds", 0.0, lo_open=True, fix="set a deadline in seconds, e.g. {key}=120"),
+                              _HF.tp_timeout_s)  # tp > 1: a collective waiting longer fails the engine (a hung or dead rank fails the job)
 
 
 @dataclass
@@ -237,7 +236,7 @@ class LaunchConfig:
     model: ModelConfig = arg(Nested(), MISSING)  # which weights: conf/model/<name>.yaml
     serve: ServeConfig = arg(Nested(), factory=ServeConfig)  # ports and timeouts
     bench: BenchConfig = arg(Nested(), factory=BenchConfig)  # load run after READY (sweeps)
-    tp: int = arg(Pow2("tp must be a power of two dividing the job's GPUs (attention heads split evenly)"), 1)  # tensor-parallel GPUs per model copy (a power of two)
+    tp: int = arg(Int("tensor-parallel GPUs per model copy"), 1)  # tensor-parallel GPUs per model copy: must divide the model's attention and KV heads (checked against its config.json before launch); a power of two except for engine=vllm and engine=hf
     pp: int = arg(Int("pipeline stages per model copy"), 1)  # pipeline-parallel stages per model copy
     nodes: int = arg(Int("nodes in the job"), 1)  # nodes in the job
     replicas: int = arg(Int("data-parallel model copies"), 1)  # data-parallel model copies behind the one endpoint

@@ -1,33 +1,20 @@
-"""Composed config -> frozen launch spec. Pure: reads nothing, writes nothing.
+"""The launch spec: who runs what where, as frozen data. Pure: reads nothing, writes nothing.
 
-`build_spec(cfg)` is the one validation step. It collects every problem it
-finds (value, why, fix) and raises them together as a `LaunchError`, so a user
-fixes a config in one go. The spec it returns carries the schema's dataclasses
-(launcher/schema.py: each default lives there only) and is JSON-able via
-`to_json` (launch.json, rebuilt typed by `from_json`); rendering, submission and
-the per-rank entry point all read it: one source of truth for who runs what where.
+`LaunchSpec` carries the schema's dataclasses (launcher/schema.py: each default lives there only) and is JSON-able via
+`to_json` (launch.json, rebuilt typed by `from_json`); rendering, submission and the per-rank entry point all read it:
+one source of truth. `layout` and `build_ranks` place the ranks; launcher/validate.py's `build_spec` makes a spec
+from a composed config.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Tuple
 
-from launcher.errors import LaunchError
-
-if TYPE_CHECKING:  # launcher.schema imports omegaconf; the engine processes import this module's constants only
-    from launcher.schema import BenchConfig, ClusterConfig, EngineConfig, LaunchConfig, ModelConfig, ServeConfig
-
-SCHEDULERS = ("local", "slurm")
-GPU_REQUESTS = ("gpus-per-node", "gres", "none")
-MPI_TYPES = ("pmix", "pmi2", "none")
-CONTAINER_RUNTIMES = ("none", "pyxis")
-DEVICES = ("auto", "cpu", "cuda")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-# serve.* ports rank 0 offers clients, each its own: tritonserver's three, and the OpenAI API's (launcher/openai_api)
-PUBLIC_PORTS = ("grpc_port", "http_port", "metrics_port", "openai_port")
-CUDNN_ATTENTION = ("graphs", "all", "off")  # hf engine.cudnn_attention (launcher.engines.hf_runner says what each means)
+if TYPE_CHECKING:  # launcher.schema imports omegaconf and every engine; processes that only read a spec need neither
+    from launcher.schema import BenchConfig, ClusterConfig, EngineConfig, ModelConfig, ServeConfig
 
 
 @dataclass(frozen=True)
@@ -66,6 +53,8 @@ class LaunchSpec:
     host: str  # address rank 0 binds
     ranks: Tuple[RankSpec, ...] = field(default_factory=tuple)
     requeue: bool = False  # at the time limit, drain and requeue into a new allocation (schema.LaunchConfig.requeue)
+    # every rank runs on this machine (the scheduler's on_this_machine): internal servers bind and are reached on 127.0.0.1
+    loopback: bool = False
 
     @property
     def world_size(self) -> int:
@@ -74,6 +63,11 @@ class LaunchSpec:
     @property
     def group_size(self) -> int:
         return self.tp * self.pp
+
+    @property
+    def python(self) -> str:
+        """The interpreter the ranks run with: cluster.python, else the one running llmlaunch."""
+        return self.cluster.python or sys.executable
 
     def to_json(self) -> str:
         """launch.json: every field as plain JSON (dataclasses.asdict); from_json rebuilds the same typed spec."""
@@ -165,124 +159,6 @@ def build_ranks(worker_models, tp, pp, replicas, nodes, tasks_per_node, gpus_per
         models = () if leader else tuple(worker_models)
         out.append(RankSpec(r, node, local, replica, group_rank, gpus, "leader" if leader else "worker", serves, models))
     return tuple(out)
-
-
-def typed_config(c: Mapping[str, Any]) -> Tuple[LaunchConfig, List[Tuple[str, str, str]]]:
-    """A composed config as plain data -> the schema's dataclasses (the engine's own, by engine.name), and a
-    problem for each key no dataclass has (an unknown engine is reported by build_spec)."""
-    from launcher.engines import registry
-    from launcher.schema import ENGINE_SCHEMAS, EngineConfig, LaunchConfig, build
-
-    ename = c["engine"].get("name")
-    known = ename in registry.ENGINES
-    engine, unknown = build(ENGINE_SCHEMAS[ename] if known else EngineConfig, c["engine"], "engine.")
-    if not known:
-        unknown = []
-    launch, more = build(LaunchConfig, {**c, "engine": engine})
-    return launch, [(k, "no such key in launcher/schema.py" + (f" for engine={ename}" if k.startswith("engine.") else ""),
-                     "check the spelling (`llmlaunch --cfg job` prints every key)") for k in unknown + more]
-
-
-def check_walltime(problems, cluster, serve, requeue: bool) -> None:
-    """The time limit against what must fit in it, and requeue against what the site allows. A job signalled
-    serve.walltime_signal_s before its limit has that much less to load in; when that is less than
-    serve.ready_timeout_s (how long loading may take) it can be drained before it ever serves."""
-    if cluster.scheduler != "slurm":
-        if requeue:
-            problems.append(("requeue=true", f"cluster={cluster.name} runs on this machine without a scheduler: there is no time limit and no queue to requeue into",
-                             "drop requeue, or use a Slurm cluster profile whose cluster.allows_requeue is true"))
-        return
-    import re
-
-    from launcher.domains import SLURM_TIME
-
-    lead = serve.walltime_signal_s  # its domain (launcher/schema.py) is checked already
-    if lead and lead < serve.drain_timeout_s + 10:
-        problems.append((f"serve.walltime_signal_s={lead}", f"Slurm kills the job at its limit, and draining takes up to serve.drain_timeout_s={serve.drain_timeout_s:g} "
-                         "plus about 10 s for the ranks to end their servers", f"set serve.walltime_signal_s={int(serve.drain_timeout_s) + 10} or more, or lower serve.drain_timeout_s"))
-    if re.fullmatch(SLURM_TIME, str(cluster.time)):
-        from launcher.render import time_minutes
-
-        limit_s = time_minutes(cluster.time) * 60
-        if limit_s - lead < serve.ready_timeout_s:
-            need = -(-int(serve.ready_timeout_s + lead) // 60)
-            problems.append((f"cluster.time={cluster.time}", f"{limit_s}s minus the drain signal's serve.walltime_signal_s={lead} leaves {limit_s - lead}s, less than "
-                             f"serve.ready_timeout_s={serve.ready_timeout_s:g} the model may take to load: the job could be drained before it serves",
-                             f"set cluster.time={need // 60:02d}:{need % 60:02d}:00 or more, or lower serve.ready_timeout_s to the model's load time"))
-    if requeue and not cluster.allows_requeue:
-        problems.append(("requeue=true", f"cluster={cluster.name} does not allow a job to requeue itself (cluster.allows_requeue=false: the site's JobRequeue, "
-                         "partition or QOS forbid `scontrol requeue`)", "drop requeue, or set cluster.allows_requeue=true in the profile once the site allows it"))
-
-
-def build_spec(cfg) -> LaunchSpec:
-    """Validate a composed config (OmegaConf or plain dict) and return the frozen spec."""
-    from launcher import domains
-    from launcher.engines import registry
-
-    c, problems = typed_config(plain(cfg))
-    cluster, engine, model, serve = c.cluster, c.engine, c.model, c.serve
-    container = cluster.container
-
-    # --- every field against the domain launcher/schema.py declares beside it (launcher/domains.py)
-    problems += domains.problems(c)
-    ename = engine.name
-
-    # --- rules across fields
-    if cluster.scheduler == "slurm" and cluster.mpi == "none":
-        problems.append(("cluster.mpi='none'", "ranks rendezvous through MPI (mpi4py); srun must start them with PMIx or PMI2", "set cluster.mpi=pmix (or pmi2)"))
-    if container.runtime == "pyxis" and not container.image:
-        problems.append(("cluster.container.image=''", "pyxis needs an image", "set cluster.container.image=<registry#image:tag> or cluster.container.runtime=none"))
-    tp, pp, nodes, replicas = c.tp, c.pp, c.nodes, c.replicas
-    gpn = cluster.gpus_per_node
-    if cluster.scheduler == "local" and nodes != 1:
-        problems.append((f"nodes={nodes}", "cluster=local runs on this one machine", "use nodes=1, or a Slurm cluster profile (cluster=local_slurm, cluster=slurm)"))
-    seen: Dict[int, str] = {}
-    for k in PUBLIC_PORTS:
-        p = getattr(serve, k)
-        if p in seen:
-            problems.append((f"serve.{k}={p}", f"the same port as serve.{seen[p]}", f"give serve.{k} its own port"))
-        seen.setdefault(p, k)
-    check_walltime(problems, cluster, serve, bool(c.requeue))
-
-    edef = registry.ENGINES.get(ename)
-    lay = None
-    if edef is not None and not any(p[0].startswith(("tp=", "pp=", "nodes=", "replicas=", "cluster.gpus_per_node")) for p in problems):
-        lay = layout(edef.layout, tp, pp, replicas, nodes, gpn, problems)
-        if lay is not None and lay[3] > 1 and not edef.spans_nodes(engine):
-            problems.append(
-                (
-                    f"engine={ename} with tp*pp={tp * pp} over {lay[3]} nodes",
-                    edef.why_single_node(engine),
-                    f"keep a model copy on one node: tp*pp <= {lay[2]} GPUs per node (use replicas for more nodes)",
-                )
-            )
-    if edef is not None:
-        problems.extend(edef.check(c))
-    if problems:
-        raise LaunchError(problems)
-
-    tasks_per_node, gpus_per_task, used, _ = lay
-    ranks = build_ranks(edef.workers_load(engine), tp, pp, replicas, nodes, tasks_per_node, gpus_per_task)
-    host = serve.host or ("0.0.0.0" if cluster.scheduler == "slurm" else "127.0.0.1")
-    return LaunchSpec(
-        job_name=c.job_name,
-        cluster=cluster,
-        engine=engine,
-        model=model,
-        serve=serve,
-        bench=c.bench,
-        tp=tp,
-        pp=pp,
-        nodes=nodes,
-        replicas=replicas,
-        tasks_per_node=tasks_per_node,
-        gpus_per_task=gpus_per_task,
-        gpus_per_node_used=used,
-        model_name=edef.model_name(engine),
-        host=host,
-        ranks=ranks,
-        requeue=bool(c.requeue),
-    )
 
 
 def plain(cfg) -> Dict[str, Any]:

@@ -24,7 +24,7 @@ the plots. `dry_run=true` prints every point's plan and what would be skipped,
 reused or launched, and writes nothing.
 Layout: the pure planning (server key, point names, skip/reuse decisions, the load generator's
 command line) is launcher/sweep_plan.py; this module is the part with side effects: `run_point` (the
-Hydra task of a point), the server it launches through the scheduler registry (launcher/scheduler.py:
+Hydra task of a point), the server it launches through the scheduler registry (launcher/schedulers/base.py:
 the cluster's scheduler, or "allocation" when the point is its own Slurm allocation), and `SweepCallback`.
 """
 
@@ -85,10 +85,10 @@ class Server:
     """A server this sweep launched: its key, the backend that launched it, the endpoint it serves."""
 
     key: str  # server_key of the points it serves
-    backend: Any  # launcher.scheduler.Scheduler: the registry entry that launched it
+    backend: Any  # launcher.schedulers.base.Scheduler: the registry entry that launched it
     spec: Any  # the LaunchSpec of its launch
     first_point: str = ""  # the point it was launched for
-    endpoint: Any = None  # launcher.scheduler.Endpoint, once it serves
+    endpoint: Any = None  # launcher.schedulers.base.Endpoint, once it serves
     metrics_url: str = ""  # where the bench reads the first-token split (first_token_metrics_url), if any
 
     @property
@@ -223,7 +223,7 @@ def run_point(cfg) -> int:
 
 def _validate(cfg, config) -> Tuple[Any, List[str]]:
     from launcher.errors import LaunchError
-    from launcher.spec import build_spec
+    from launcher.validate import build_spec
 
     problems = []
     spec = None
@@ -281,7 +281,7 @@ def _run_point(cfg, config, overrides, axes, name, point: Path, number: str) -> 
     if dry:
         return _dry_point(head, d, spec, bench, key, name, point)
     _prepare_point_dir(point, overrides, axes, config, key, mkey, None)
-    from launcher import scheduler
+    from launcher.schedulers import registry as scheduler
 
     if in_alloc:
         server, why = _launch(spec, key, name, head, scheduler.get("allocation"), (config, overrides))
@@ -317,12 +317,12 @@ def _record_failure(point, overrides, stage, error, log=None, exit_code=None):
 
 
 def _launch(spec, key, name, head, backend, composed=None) -> Tuple[Optional[Server], str]:
-    """Start a server for point `name` through `backend` (a launcher/scheduler.py entry): (server, "") or
+    """Start a server for point `name` through `backend` (a launcher/schedulers/base.py entry): (server, "") or
     (None, why it did not start). A server that does not get to serve is not left running. `composed`: the
     point's (config, overrides), for the server's run record."""
     import dataclasses
 
-    from launcher.cli import default_run_dir
+    from launcher.rundir import default_run_dir
     from launcher.errors import LaunchError
     from launcher.record import base_record
 
@@ -369,7 +369,7 @@ def _prepare_point_dir(point: Path, overrides, axes, config, key, mkey, server: 
 def _measure(server: Server, bench, head, point: Path, overrides, axes, config, key, mkey) -> None:
     import subprocess
 
-    from launcher.render import PACKAGE_ROOT
+    from launcher.paths import PACKAGE_ROOT
     from launcher.triton import log_tail
 
     _prepare_point_dir(point, overrides, axes, config, key, mkey, server)
@@ -426,10 +426,10 @@ def _compact_plan(text: str) -> str:
 
 
 def _dry_point(head, d: Decision, spec, bench, key, name, point: Path) -> int:
-    from launcher.cli import default_run_dir
-    from launcher.render import plan_text
-    from launcher.rundir import RunDir
-    from launcher.scheduler import Endpoint, for_spec
+    from launcher.plan import plan_text
+    from launcher.rundir import RunDir, default_run_dir
+    from launcher.schedulers.base import Endpoint
+    from launcher.schedulers.registry import for_spec
 
     lines = [f"\n######## {head}  ->  {point}"]
     if d.server == "reuse":

@@ -119,19 +119,19 @@ def check_sweep(overrides: Sequence[str]) -> None:
     """Before Hydra runs a multirun: raise LaunchError naming each swept value that does not compose.
     (Hydra composes every point first and stops the whole sweep on one bad value, with its own message;
     values that compose but are invalid, e.g. tp=3, become that point's failure.json instead.)"""
-    from launcher.cli import _hydra_problem, compose
+    from launcher.compose import compose, hydra_problem
     from launcher.errors import LaunchError
 
     try:
         lists = value_overrides(overrides)
     except Exception as e:
-        raise LaunchError(_hydra_problem(e)) from None
+        raise LaunchError(hydra_problem(e)) from None
     problems = []
     for ovs in lists:
         try:
             compose(ovs)
         except Exception as e:
-            problem = _hydra_problem(e)
+            problem = hydra_problem(e)
             if problem not in problems:
                 problems.append(problem)
     if problems:
@@ -221,7 +221,7 @@ def bench_problems(bench: Mapping[str, Any]) -> List[str]:
 
 def first_token_metrics_url(spec, endpoint: Mapping[str, Any]) -> str:
     """Metrics URL of the tritonserver holding a model that reports the first-token split the bench shows
-    (EngineDef.first_token_split; launcher/serving/timings.py): rank 0's with one replica.  "" otherwise: other
+    (EngineDef.first_token_split; launcher/python_backend/timings.py): rank 0's with one replica.  "" otherwise: other
     engines have no split, and with replicas the public metrics port is the front end's."""
     from launcher.engines.registry import ENGINES
 

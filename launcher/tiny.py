@@ -27,6 +27,8 @@ import tempfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from launcher.paths import cache_root
+
 # Bump when the way the folder is built changes, so old cached folders are not reused.
 _BUILD_VERSION = 1
 _CORPUS = Path(__file__).parent / "data" / "tiny_corpus.txt"
@@ -51,11 +53,6 @@ class TinySettings:
     def digest(self) -> str:
         payload = json.dumps({"v": _BUILD_VERSION, **asdict(self)}, sort_keys=True)
         return hashlib.sha256(payload.encode()).hexdigest()[:12]
-
-
-def cache_root() -> Path:
-    """`$LLMLAUNCH_CACHE`, else `~/.cache/llmlaunch`: made models, compiled kernels."""
-    return Path(os.environ.get("LLMLAUNCH_CACHE") or os.path.join("~", ".cache", "llmlaunch")).expanduser()
 
 
 def default_cache_dir() -> Path:

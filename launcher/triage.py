@@ -24,7 +24,7 @@ def log_time(t: Optional[float] = None) -> str:
     t = time.time() if t is None else t
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}"
 
-# a rank's own lines (launcher/rank.py: run_rank's say, with log_time)
+# a rank's own lines (launcher/rank/: run_rank's say, with log_time)
 _RANK_LINE = re.compile(r"^\[llmlaunch rank (\d+) (\S+) (\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?)\] (.*)$")
 # tritonserver (glog): severity, month, day, time
 _GLOG = re.compile(r"^([IWEF])(\d{2})(\d{2}) (\d{2}:\d{2}:\d{2}(?:\.\d+)?) +\d+ [^\]]*\] ?(.*)$")
@@ -257,3 +257,22 @@ def render(t: Triage, *, archive: str = "", limit: int = 20) -> str:
     if archive:
         out.append(f"every rank's logs and records: {archive}")
     return "\n".join(out)
+
+
+# ----------------------------------------------------------------------------- the run dir's records, in a line
+def describe_failure(f: Dict) -> str:
+    # "reason" (why the rank failed the job) is absent from records of older versions
+    what = f"failed: {f['reason']}" if f.get("reason") else f"exited with status {f['exit_code']}"
+    return f"rank {f['rank']} on node {f['host']} (node index {f['node']}) {what}; {f['log']}:\n{f['log_tail']}"
+
+
+def describe_lost(r: Dict) -> str:
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["time"]))
+    return f"replica {r['replica']} lost at {at} on {r['host']}: {r['reason']} (ranks {', '.join(map(str, r['ranks']))}; log {r['log']})"
+
+
+def describe_walltime(w: Dict, serving_again: bool) -> str:
+    """One allocation's drain at its time limit, and what came of it."""
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(w["time"]))
+    then = ("requeued; serving again at the endpoint above" if serving_again else "requeued; the endpoint follows once it serves again") if w.get("requeue") else "ended"
+    return f"allocation {w.get('attempt', 0)} drained at its time limit at {at} on {w.get('host', '?')}: {then}"

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from launcher.errors import LaunchError
+from launcher.paths import PACKAGE_ROOT
 from launcher.stage import latest as latest_stage
 
 NGC_PATH = "/opt/tritonserver/bin/tritonserver"
@@ -122,20 +123,20 @@ def server_env(install: TritonInstall, extra: Optional[Dict[str, str]] = None) -
         else:
             env[k] = v
     # model.py files import the llmlaunch package from this checkout.
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(PACKAGE_ROOT)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("PYTHONIOENCODING", "UTF-8")
     # Processes a python model starts (the hf engine) run this interpreter, with its environment's packages.
-    env.setdefault("LLMLAUNCH_PYTHON", sys.executable)
+    env.setdefault("_LLMLAUNCH_PYTHON", sys.executable)
     if extra:
         env.update(extra)
     env.setdefault(ENGINE_LD_LIBRARY_PATH, own_lib)
     # The stub ignores PYTHONPATH: each model.py appends its entries (this root first) to sys.path itself.
-    env["LLMLAUNCH_ROOT"] = root  # the checkout the server's models import llmlaunch from
+    env["_LLMLAUNCH_ROOT"] = root  # the checkout the server's models import llmlaunch from
     stub_python = env.get(STUB_PYTHON_ENV, "")
     if stub_python:
         # The stub takes its environment from the first python3 on PATH (it ignores PYTHONPATH), so this
-        # interpreter's bin dir goes first; the engine process keeps the launcher's interpreter (LLMLAUNCH_PYTHON).
+        # interpreter's bin dir goes first; the engine process keeps the launcher's interpreter (_LLMLAUNCH_PYTHON).
         env["PATH"] = str(Path(stub_python).parent) + os.pathsep + env.get("PATH", "")
     if install.source == WHEEL_SOURCE:
         check_stub_numpy(stub_python)
@@ -159,8 +160,8 @@ STUB_PYTHON_ENV = "LLMLAUNCH_STUB_PYTHON"
 # (Its cost, a per-shape plan built on the host for every new attention shape of an eager step, is gone since eager
 # steps keep off cuDNN's attention: HFModelRunner._init_attention_backends.)  An engine in the stub itself
 # (engine_process=false) cannot get a path of its own; it loads torch's cuDNN by full path first instead
-# (launcher.engines.torch_libs).
-ENGINE_LD_LIBRARY_PATH = "LLMLAUNCH_ENGINE_LD_LIBRARY_PATH"
+# (launcher.python_backend.torch_libs).
+ENGINE_LD_LIBRARY_PATH = "_LLMLAUNCH_ENGINE_LD_LIBRARY_PATH"
 
 _NUMPY_VERSION = "import importlib.metadata as m; print(m.version('numpy'))"
 
@@ -484,7 +485,7 @@ class TritonServer:
             out = open(self.log_path, "ab")
         # Own process group: Ctrl-C in the terminal reaches us, and we decide how the server stops.
         self.marks = {"started": time.time()}
-        from launcher.serving.drain import children_ignore_drain_signal
+        from launcher.rank.drain import children_ignore_drain_signal
 
         with children_ignore_drain_signal():  # Slurm's time-limit signal reaches the step's every process
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)

@@ -1,4 +1,4 @@
-"""Session fixture `local_slurm`: a real multi-node Slurm cluster (launcher.localslurm) for tests.
+"""Session fixture `local_slurm`: a real multi-node Slurm cluster (launcher.localslurm.cluster) for tests.
 
 conftest.py imports it (`from tests.slurm_fixture import local_slurm`). The cluster
 is brought up once per session with the CLI defaults (4 nodes x 4 fake GPUs, state
@@ -27,10 +27,10 @@ def requires_slurm(obj):
 
 @pytest.fixture(scope="session")
 def local_slurm():
-    """A running `launcher.localslurm.LocalSlurm` (node1..node4, partition `local`, 4 GPUs per node)."""
+    """A running `launcher.localslurm.cluster.LocalSlurm` (node1..node4, partition `local`, 4 GPUs per node)."""
     if os.geteuid() != 0:
         pytest.skip(NOT_ROOT_REASON)
-    from launcher import localslurm
+    from launcher.localslurm import cluster as localslurm
 
     cluster = localslurm.up()
     previous = os.environ.get("SLURM_CONF")

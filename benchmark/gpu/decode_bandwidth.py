@@ -8,7 +8,7 @@ process on one GPU:
 
 * copy bandwidth: `dst.copy_(src)` of a 2 GiB buffer, bytes read + written per
   second, best of 20;
-* the engine (launcher.engines.hf_engine.Engine, in-process) four ways (--ways):
+* the engine (launcher.hf.engine.Engine, in-process) four ways (--ways):
   eager, CUDA-graph decode, torch.compile'd, and compiled + CUDA graphs (the GPU
   default): one request, greedy, exactly --tokens new tokens;
   decode steps/s = (tokens - 1) / (time from first to last token); and how long
@@ -70,8 +70,8 @@ def engine_steps(model_dir: str, tokens: int, prompt_len: int, dtype: str, cuda_
                  torch_compile: bool) -> dict:
     import queue
 
-    from launcher.engines.hf_args import HFEngineArgs
-    from launcher.engines.hf_engine import Engine, SamplingParams
+    from launcher.hf.args import HFEngineArgs
+    from launcher.hf.engine import Engine, SamplingParams
 
     t0 = time.perf_counter()
     engine = Engine.from_args(HFEngineArgs(model_path=model_dir, device="cuda", dtype=dtype, max_num_seqs=8,
@@ -108,7 +108,7 @@ def engine_steps(model_dir: str, tokens: int, prompt_len: int, dtype: str, cuda_
 
 def batch1_graph(runner):
     """(the captured batch-1 decode graph, its step): slot 0 of the idle runner at position 199, run once."""
-    from launcher.engines.hf_runner import SamplingRows, StepInputs
+    from launcher.hf.runner import SamplingRows, StepInputs
 
     step = StepInputs([0], [5], [199], [], [], SamplingRows())
     runner.execute(step)
@@ -148,8 +148,8 @@ def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, arriv
     import queue
     import threading
 
-    from launcher.engines.hf_args import HFEngineArgs
-    from launcher.engines.hf_engine import Engine, SamplingParams
+    from launcher.hf.args import HFEngineArgs
+    from launcher.hf.engine import Engine, SamplingParams
 
     engine = Engine.from_args(HFEngineArgs(model_path=model_dir, device="cuda", dtype="float32",
                                            max_num_seqs=2 if arrive == "slots_full" else 8, cuda_graphs=cuda_graphs,

@@ -33,7 +33,7 @@ def profile_step(model: str, torch_compile: bool, replays: int) -> tuple[float, 
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from launcher.engines.hf_runner import HFModelRunner
+    from launcher.hf.runner import HFModelRunner
 
     runner = HFModelRunner(model, device="cuda", dtype="bfloat16", max_num_seqs=8, torch_compile=torch_compile)
     runner.warm_up()

@@ -23,8 +23,8 @@ import time
 
 
 def engine(model: str, device: str, dtype: str, prefill_graphs: int | None):
-    from launcher.engines.hf_args import HFEngineArgs
-    from launcher.engines.hf_engine import Engine
+    from launcher.hf.args import HFEngineArgs
+    from launcher.hf.engine import Engine
 
     t0 = time.perf_counter()
     args = HFEngineArgs(model_path=model, device=device, dtype=dtype, max_num_seqs=8)
@@ -37,7 +37,7 @@ def engine(model: str, device: str, dtype: str, prefill_graphs: int | None):
 
 
 def ttft(eng, prompt: list[int]) -> float:
-    from launcher.engines.hf_engine import SamplingParams
+    from launcher.hf.engine import SamplingParams
 
     first, done = [], threading.Event()
 

@@ -33,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 # What vLLM's start is made of, as its own log lines say (the ranks' logs in the run folder): the product's table,
 # which also puts these phases into the run record's time to READY (launcher/readiness.py)
 sys.path.insert(0, ROOT)
-from launcher.engines.registry import VLLM_LOAD_PHASES as STARTUP  # noqa: E402
+from launcher.engines.vllm import LOAD_PHASES as STARTUP  # noqa: E402
 
 
 def startup_breakdown(run_dir: str) -> dict:

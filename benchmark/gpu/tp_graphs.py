@@ -5,7 +5,7 @@
         tp2-graphs tp2 --concurrency 8 --tokens 32        # greedy check: float32, where tp=2 must equal tp=1
 
 Each config starts its ranks fresh: one process per GPU (CUDA_VISIBLE_DEVICES=<rank>), rank 0 an
-`Engine` (launcher.engines.hf_engine) and the others `hf_tp.run_worker`, NCCL between them, as a
+`Engine` (launcher.hf.engine) and the others `launcher.hf.worker.run_worker`, NCCL between them, as a
 served tp>1 model runs them minus tritonserver.  The leader then measures, after a warm-up round:
 
 * greedy: the token ids of 4 prompts of different lengths run together (--greedy-tokens new tokens);
@@ -53,7 +53,8 @@ def parse_config(name: str) -> dict:
 # ----------------------------------------------------------------------------------------------- one rank
 def rank_main(args) -> int:
     """One rank of one config (run by the parent with --rank): the leader measures and prints RESULT <json>."""
-    from launcher.engines.hf_tp import TPGroup, run_worker
+    from launcher.hf.tp import TPGroup
+    from launcher.hf.worker import run_worker
 
     cfg = args.configs[0]
     kw = dict(device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
@@ -64,8 +65,8 @@ def rank_main(args) -> int:
     if args.rank > 0:
         run_worker(args.model, tp=cfg["tp"], group=group, **kw)
         os._exit(0)  # gloo's threads can abort interpreter teardown (pytorch#179291)
-    from launcher.engines.hf_args import HFEngineArgs
-    from launcher.engines.hf_engine import Engine
+    from launcher.hf.args import HFEngineArgs
+    from launcher.hf.engine import Engine
 
     t0 = time.perf_counter()
     # unset graph and compile choices keep the engine's defaults
@@ -92,7 +93,7 @@ def rank_main(args) -> int:
 def greedy(engine, n: int) -> list[list[int]]:
     import threading
 
-    from launcher.engines.hf_engine import SamplingParams
+    from launcher.hf.engine import SamplingParams
 
     out: dict = {}
 

@@ -28,7 +28,7 @@ Result JSON:
                  "client_handoff_ms": {...} (the client's own queue -> gRPC send, outside TTFT), ...},
      "server_first_token_ms": None | {"parse", "add", "engine", "back", "respond", "send", "inside_server", "outside_server",
                                       "requests"}
-                              (--server-metrics: mean ms; launcher/serving/timings.py),
+                              (--server-metrics: mean ms; launcher/python_backend/timings.py),
      "server_engine_steps": None | {"steps", "step_ms", "launch_ms", "wait_ms", "host_ms", "gpu_ms",
                               "gpu_idle_ms", "decode_rows", "prefill_tokens", "ahead"} (--server-metrics:
                               the hf engine's steps during the run, warm-up included; timings.engine_step_split),
@@ -52,7 +52,7 @@ from launcher.bench import backends, datasets, metrics
 from launcher.bench.progress import Progress
 from launcher.bench.runner import Job, LoadSpec, generations, run_load
 from launcher.client import ClientError, honoured_parameters, served_tokenizer
-from launcher.serving import timings
+from launcher.python_backend import timings
 
 CSV_FIELDS = (
     "time", "label", "url", "model", "dataset", "num_requests", "concurrency", "request_rate", "burstiness",

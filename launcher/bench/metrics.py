@@ -257,7 +257,7 @@ def format_table(m: dict, title: str = "Serving Benchmark Result") -> str:
 
 
 def format_first_token_split(split: dict) -> str:
-    """--server-metrics: where the mean TTFT goes (launcher/serving/timings.py), as rows under the table."""
+    """--server-metrics: where the mean TTFT goes (launcher/python_backend/timings.py), as rows under the table."""
     w = 50
     lines = [" Mean TTFT, inside the model / outside ".center(w, "-")]
     for key, name in (("parse", "reading the request"), ("add", "to the engine process"),

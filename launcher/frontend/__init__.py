@@ -6,7 +6,7 @@
 
 With `replicas=N`, every replica leader runs its own tritonserver on an
 internal port; global rank 0 runs this front end on the public port
-(launcher/serving/rank0_frontend.py). Clients (tritonclient, launcher.client, launcher.bench)
+(launcher/rank/frontend.py). Clients (tritonclient, launcher.client, launcher.bench)
 talk to it exactly as to one tritonserver: it serves Triton's
 GRPCInferenceService (ServerLive, ServerReady, ModelReady, ServerMetadata,
 ModelMetadata, ModelConfig, RepositoryIndex, ModelInfer, ModelStreamInfer).

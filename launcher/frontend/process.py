@@ -11,7 +11,7 @@ import grpc
 from tritonclient.grpc import service_pb2
 
 from launcher.frontend.server import FrontendConfig
-from launcher.serving.child import ChildService, die_with_parent
+from launcher.rank.child import ChildService, die_with_parent
 from launcher.frontend.wire import SERVICE
 from launcher.frontend.workers import run_frontend
 

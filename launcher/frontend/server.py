@@ -65,7 +65,7 @@ async def _serve(cfg: FrontendConfig, reuse_port: bool, publish=None, on_bound=N
     loop = asyncio.get_running_loop()
     for s in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(s, stop.set)
-    from launcher.serving.drain import DRAIN_SIGNAL, reason
+    from launcher.rank.drain import DRAIN_SIGNAL, reason
 
     def drain() -> None:  # the drain notice: refuse new requests, let running ones finish
         if not fe.draining:  # Slurm's signal and the rank's notice both come

@@ -90,7 +90,7 @@ def _supervise(cfg: FrontendConfig) -> int:
         loop = asyncio.get_running_loop()
         for s in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(s, stop.set)
-        from launcher.serving.drain import DRAIN_SIGNAL
+        from launcher.rank.drain import DRAIN_SIGNAL
 
         # the drain notice reaches the workers too (one process group): they refuse new requests, this one waits
         loop.add_signal_handler(DRAIN_SIGNAL, lambda: None)

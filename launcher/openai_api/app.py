@@ -99,7 +99,7 @@ def make_app(backend, served: tuple, chat_template: Callable[[list], str], count
              draining: Optional[dict] = None):
     """The app.  `backend`: a GrpcBackend (generate, ready); `served`: the model names requests may use, the first
     the one /v1/models lists; `chat_template(messages) -> prompt`; `draining["reason"]`, once set (the drain notice,
-    launcher/serving/drain.py), refuses new requests with 503 naming it while running ones finish."""
+    launcher/rank/drain.py), refuses new requests with 503 naming it while running ones finish."""
     counters = counters or Counters()
     draining = {"reason": ""} if draining is None else draining
     created = int(time.time())

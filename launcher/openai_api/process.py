@@ -11,7 +11,8 @@ import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional
 
-from launcher.serving.child import ChildService, die_with_parent
+from launcher.paths import PACKAGE_ROOT
+from launcher.rank.child import ChildService, die_with_parent
 
 
 def log(msg: str) -> None:
@@ -27,7 +28,7 @@ class OpenAIConfig:
     tokenizer: str = ""  # folder with the model's tokenizer (its chat template); "" = chat refused
     aliases: tuple = ()  # more names a request's `model` may use (the model config's name)
     drain_timeout_s: float = 30.0  # on SIGTERM, how long running requests may finish
-    processes: int = 1  # worker processes sharing the port (SO_REUSEPORT); launcher.serving.responders picks it
+    processes: int = 1  # worker processes sharing the port (SO_REUSEPORT); launcher.python_backend.responders picks it
 
     def argv(self) -> List[str]:
         argv = [sys.executable, "-m", "launcher.openai_api", "--grpc-url", self.grpc_url, "--model", self.model,
@@ -76,9 +77,7 @@ class OpenAIProcess(ChildService):
 def start_api(spec, grpc_url: str, bind_host: str, port: int, say=log, timeout_s: float = 120.0) -> OpenAIProcess:
     """Start the OpenAI API for `spec`'s model in front of `grpc_url` on `bind_host:port`, and wait until it
     answers.  Rank 0 calls this once its gRPC side (its server, or the replicas front end) is ready."""
-    from pathlib import Path
-
-    from launcher.serving.responders import api_processes
+    from launcher.python_backend.responders import api_processes
 
     model = spec.model
     aliases = tuple(n for n in (model.name,) if n and n != spec.model_name)
@@ -87,7 +86,7 @@ def start_api(spec, grpc_url: str, bind_host: str, port: int, say=log, timeout_s
                        drain_timeout_s=float(spec.serve.drain_timeout_s),
                        processes=api_processes(len(os.sched_getaffinity(0))))
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parents[2])  # `python -m launcher.openai_api` from this checkout
+    root = str(PACKAGE_ROOT)  # `python -m launcher.openai_api` from this checkout
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     proc = OpenAIProcess(cfg, env=env).start()
     try:
@@ -100,10 +99,10 @@ def start_api(spec, grpc_url: str, bind_host: str, port: int, say=log, timeout_s
 
 
 def _on_drain_notice() -> dict:
-    """The drain notice (launcher/serving/drain.py): from DRAIN_SIGNAL on, new requests are refused with 503 naming
+    """The drain notice (launcher/rank/drain.py): from DRAIN_SIGNAL on, new requests are refused with 503 naming
     the reason while running ones finish.  Installed in each process that serves (every worker gets the notice: the
     rank signals the API's process group)."""
-    from launcher.serving.drain import DRAIN_SIGNAL, reason
+    from launcher.rank.drain import DRAIN_SIGNAL, reason
 
     draining = {"reason": ""}
 
@@ -165,7 +164,7 @@ def _supervise(args) -> int:
 
     if not port_free(args.host, args.port):
         raise SystemExit(f"OpenAI API: port {args.port} on {args.host} is already in use")
-    from launcher.serving.drain import DRAIN_SIGNAL
+    from launcher.rank.drain import DRAIN_SIGNAL
 
     # The drain notice reaches the whole process group: the workers handle it, this process and multiprocessing's
     # resource tracker (started with the shared array, inheriting this) ignore it

@@ -49,8 +49,8 @@ def _descendants_running(server_pid: int, matches, stats: dict | None = None) ->
 
 
 def engine_pids(server_pid: int, stats: dict | None = None) -> list[int]:
-    """The hf engine processes under a tritonserver (python -m launcher.engines.hf_process)."""
-    return _descendants_running(server_pid, lambda argv: b"launcher.engines.hf_process" in argv, stats)
+    """The hf engine processes under a tritonserver (python -m launcher.hf.multiplexer)."""
+    return _descendants_running(server_pid, lambda argv: b"launcher.hf.multiplexer" in argv, stats)
 
 
 def stub_pids(server_pid: int, stats: dict | None = None) -> list[int]:

@@ -97,14 +97,14 @@ def hf_server(model_dir: str, workdir: Path, params: dict, model: str = "hf_mode
               instances: int = 1, http: bool = False):
     """A launcher.triton.TritonServer (not started) serving the project's hf model (model_repository/hf; `params`:
     HFEngineArgs fields, written to its model.json) on free loopback ports, metrics on: `.metrics_url` is where the model's
-    first-token split is read (launcher/serving/timings.py).  `env`: extra server environment.  `instances`:
+    first-token split is read (launcher/python_backend/timings.py).  `env`: extra server environment.  `instances`:
     model instances sharing the engine process (engine.response_processes).  `http`: the HTTP endpoint too, on a free
     loopback port (`.http_url`: Triton's generate extension)."""
     import uuid
 
     from launcher import pbtxt
-    from launcher.engines.hf_args import ARGS_FILE, HFEngineArgs
-    from launcher.engines.registry import REPO_SOURCES
+    from launcher.hf.args import ARGS_FILE, HFEngineArgs
+    from launcher.paths import REPO_SOURCES
     from launcher.triton import TritonServer, resolve_tritonserver, server_env
 
     repo = Path(workdir) / "model_repository"

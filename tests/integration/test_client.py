@@ -183,7 +183,7 @@ def _emitter_request(url: str, n: int, pieces: int):
 
 @pytest.mark.triton
 def test_responder_resends_kept_tensors_with_their_own_text(tmp_path):
-    """launcher.serving.triton_io.Responder keeps the tensors that repeat (texts, counts) and sends them again.
+    """launcher.python_backend.triton_io.Responder keeps the tensors that repeat (texts, counts) and sends them again.
     In a real tritonserver, through the emitter fixture built on the real Responder: two requests, 7 distinct
     texts cycled, at most 5 kept (so the kept set is dropped and refilled mid-request); every response of both
     requests must carry its own text, and the final count must be right."""

@@ -81,7 +81,7 @@ def test_engine_started_with_the_launch_spec(engine):
     elif engine.name == "sglang":
         assert args["model_path"] == "/models/standin-llm" and args["tp_size"] == 1 and args["nnodes"] == 1 and args["max_running_requests"] == 8
         assert init[0]["thread"] == "sglang-loop"  # built on the runtime's loop thread, so it binds to that loop
-    elif engine.name == "trtllm":  # model.yaml rendered by launcher/engines/trtllm_llmapi.py
+    elif engine.name == "trtllm":  # model.yaml rendered by launcher/engines/trtllm/llmapi.py
         assert (args["model"], args["backend"], args["tensor_parallel_size"], args["pipeline_parallel_size"], args["max_batch_size"]) == \
             ("/models/standin-llm", "pytorch", 1, 1, 8)
         assert args["kv_cache_config"] == {"free_gpu_memory_fraction": 0.9} and "gpus_per_node" not in args
@@ -268,8 +268,8 @@ def test_sglang_worker_node_hosts_its_engine_share_and_takes_no_requests(tmp_pat
     _, spec = plan(["cluster=slurm", "engine=sglang", "tp=16", "nodes=2", "model.path=/models/standin-llm"])
     repo = write_repository(repository_files(spec), tmp_path / "repo")
     log = tmp_path / "calls.jsonl"
-    env = {"LLMLAUNCH_STANDIN_LOG": str(log), "LLMLAUNCH_GROUP_RANK": "1", "LLMLAUNCH_GROUP_SIZE": "2",
-           "LLMLAUNCH_LEADER_ADDR": "10.0.0.1", "LLMLAUNCH_DIST_PORT": "29555"}
+    env = {"LLMLAUNCH_STANDIN_LOG": str(log), "_LLMLAUNCH_GROUP_RANK": "1", "_LLMLAUNCH_GROUP_SIZE": "2",
+           "_LLMLAUNCH_LEADER_ADDR": "10.0.0.1", "_LLMLAUNCH_DIST_PORT": "29555"}
     with serve(repo, ["sglang_model"], tmp_path / "server.log", "sglang_model", extra_env=env, ready_timeout_s=60,
                pythonpath=[STANDINS]) as server:
         server.model, server.calls = "sglang_model", log

@@ -460,10 +460,10 @@ def test_frontend_refuses_a_taken_port(backends):
 
 @pytest.mark.parametrize("processes", [1, 2])
 def test_the_drain_notice_refuses_new_requests_naming_why_while_running_ones_finish(backends, processes, monkeypatch):
-    """What rank 0 does at the time limit (launcher/serving/drain.py): new requests on an open stream get an error
+    """What rank 0 does at the time limit (launcher/rank/drain.py): new requests on an open stream get an error
     naming the reason, a new stream UNAVAILABLE with it, and the request already running completes."""
     from launcher.client import ClientError, Generation, TritonStream, build_request, generate
-    from launcher.serving.drain import REASON_ENV
+    from launcher.rank.drain import REASON_ENV
 
     reason = "job 7 is draining at its Slurm time limit: requests in flight finish, new ones are refused"
     monkeypatch.setenv(REASON_ENV, reason)
@@ -706,7 +706,7 @@ def test_llmlaunch_keeps_serving_when_replica_1_is_lost(tmp_path, tiny_model_dir
 @pytest.mark.slurm
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (the local Slurm cluster)")
 def test_slurm_replicas_2_nodes_2_one_endpoint(local_slurm, tmp_path):
-    from launcher import slurm
+    from launcher.schedulers import slurm, slurm_jobs
     from launcher.cli import plan
     from launcher.client import Generation, generate
     from launcher.models import resolve_model
@@ -724,5 +724,5 @@ def test_slurm_replicas_2_nodes_2_one_endpoint(local_slurm, tmp_path):
         served = [float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith("llmlaunch_frontend_requests_total{")]
         assert served == [2, 2], text
     finally:
-        code, msg = slurm.stop(job.job_id)
+        code, msg = slurm_jobs.stop(job.job_id)
         assert code == 0, msg

@@ -15,9 +15,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from launcher.engines.hf_detok import ByteLevelDecoder, TokenTable, WindowDecoder  # noqa: E402
-from launcher.engines.hf_args import HFEngineArgs  # noqa: E402
-from launcher.engines.hf_engine import Engine, InvalidRequest, SamplingParams  # noqa: E402
+from launcher.hf.detok import ByteLevelDecoder, TokenTable, WindowDecoder  # noqa: E402
+from launcher.hf.args import HFEngineArgs  # noqa: E402
+from launcher.hf.engine import Engine, InvalidRequest, SamplingParams  # noqa: E402
 
 PROMPTS = [
     "The quick brown fox",
@@ -115,7 +115,7 @@ def test_chunked_prefill_equals_generate(tiny_model_dir, reference):
 
 
 def test_group_first_chunks():
-    from launcher.engines.hf_runner import group_first_chunks
+    from launcher.hf.runner import group_first_chunks
 
     assert group_first_chunks([7, 5, 6, 2]) == [[0, 2, 1, 3]]  # padding within half the padded tokens
     # one long prompt pads at most as many tokens as the group holds: 100+5 in one group, 4+3 in another
@@ -130,7 +130,7 @@ def test_prompt_graph_padding_equals_the_unpadded_step(tiny_model_dir):
     the spare slot, the last real token's logits kept) gives the logits and cache of the unpadded eager step.
     CUDA graphs need a GPU; the padded body runs here eagerly, as the capture records it (benchmark/gpu/
     decode_bandwidth.py checks greedy tokens through the captured graphs on one)."""
-    from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
+    from launcher.hf.runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_model_len=64)
     assert runner.prompt_graphs.limit == 0 and not runner.prompt_graphs.graphs  # no graphs off the GPU
@@ -157,7 +157,7 @@ def test_prompt_graph_padding_equals_the_unpadded_step(tiny_model_dir):
 def test_which_steps_replay_a_prompt_graph(tiny_model_dir):
     """One whole prompt, no decode rows, not longer than the limit -> the smallest bucket that holds it; anything
     else runs eagerly.  Buckets grow by at most 1.5x; the limit comes from the environment and is checked."""
-    from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
+    from launcher.hf.runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 
     assert HFModelRunner.prefill_buckets(2048) == [16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
                                                    2048]
@@ -191,7 +191,7 @@ def test_mixed_graph_body_equals_the_eager_step(tiny_model_dir):
     step, in the step's row order, also with the decode tokens handed over on the device (a step queued ahead).
     CUDA graphs need a GPU; the body runs here eagerly, as the capture records it (benchmark/gpu/decode_bandwidth.py
     checks greedy tokens through the captured graphs on one)."""
-    from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
+    from launcher.hf.runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_model_len=64)
     assert runner.mixed_graphs.limit == 0 and not runner.mixed_graphs.graphs  # no graphs off the GPU
@@ -234,7 +234,7 @@ def test_which_steps_replay_a_mixed_graph(tiny_model_dir):
     """Decode rows and whole sampled prompts, at most MIXED_PROMPTS of them and the mixed-graph limit of tokens in
     all -> the decode bucket and the smallest packed size that holds them; anything else does not.  A negative limit is
     refused."""
-    from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
+    from launcher.hf.runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 
     assert HFModelRunner.mixed_buckets(512) == [32, 64, 128, 256, 512]
     assert HFModelRunner.mixed_buckets(100) == [32, 64, 100] and HFModelRunner.mixed_buckets(0) == []
@@ -314,7 +314,7 @@ def record_steps(eng):
 def engine_with_waves(tiny_model_dir, monkeypatch):
     """A CPU engine, not started, whose runner is told that waves of up to 4 prompts of up to 64 tokens have a wave
     graph (CPU has no CUDA graphs: its steps then run eagerly)."""
-    from launcher.engines.hf_runner import HFModelRunner
+    from launcher.hf.runner import HFModelRunner
 
     eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=16, prefill_chunk=256)
     monkeypatch.setattr(HFModelRunner, "wave_rows", property(lambda self: (4,)))
@@ -374,7 +374,7 @@ def test_wave_graph_padding_equals_the_unpadded_step(tiny_model_dir):
     bucket, rows past them padding only, pads writing to the spare slot, each row's last real token kept) gives the
     logits and cache of the unpadded eager step.  The padded body runs here eagerly, as the capture records it
     (benchmark/gpu/decode_bandwidth.py checks greedy tokens through the captured graphs on a GPU)."""
-    from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
+    from launcher.hf.runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=8, max_model_len=64)
     runner._spare_slots = 1  # as with graphs on: the slot padded rows write to
@@ -406,7 +406,7 @@ def test_which_steps_replay_a_wave_graph(tiny_model_dir):
     """Two to 16 whole prompts and nothing else -> the smallest wave (2, 4, 8 or 16 rows) of the smallest bucket that
     holds the longest, if captured (rows x length within the prompt-graph limit); anything else runs eagerly.  The
     variable that turns waves off is checked."""
-    from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
+    from launcher.hf.runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 
     assert HFModelRunner.WAVE_ROWS == (2, 4, 8, 16)
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_model_len=64)
@@ -551,7 +551,7 @@ def test_a_failed_step_fails_its_requests_and_the_step_queued_behind_it_and_the_
 def test_grouped_prefill_equals_one_at_a_time(tiny_model_dir, attn):
     """Prompts prefilled together (one padded attention call per group, beside a decode token) give the same
     logits and the same cache as each prompt prefilled alone."""
-    from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
+    from launcher.hf.runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=8, max_model_len=64,
                            attn_implementation=attn)
@@ -563,8 +563,8 @@ def test_grouped_prefill_equals_one_at_a_time(tiny_model_dir, attn):
                           [t for _, p in chunks_of for t in p], SamplingRows())
 
     def logits_of(st):
-        from launcher.engines.hf_attention import tls
-        from launcher.engines.hf_step import prepare_step
+        from launcher.hf.attention import tls
+        from launcher.hf.step import prepare_step
 
         ctx, ids, pos, idx = prepare_step(st, runner.device, runner.num_kv_heads, runner.max_model_len, runner.dtype,
                                           runner.eager)
@@ -602,13 +602,13 @@ def test_compiled_model_equals_generate_and_compiles_only_at_start(tiny_model_di
     eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=4, prefill_chunk=7, torch_compile="true").start()
     try:
         assert eng.runner.use_compile, eng.runner.compile_error
-        from launcher.engines.hf_engine import describe_features
+        from launcher.hf.engine import describe_features
 
         assert describe_features(eng.features).startswith("torch_compile on (")
         # what Inductor compiled is kept in the llmlaunch cache (shared by a cluster's nodes), not in /tmp
         import os
 
-        from launcher.tiny import cache_root
+        from launcher.paths import cache_root
 
         assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache_root() / "inductor")
         assert any((cache_root() / "inductor").iterdir())
@@ -635,8 +635,8 @@ def test_prompts_are_encoded_by_the_backend_with_the_tokenizer_calls_ids_and_fal
     engine's log line says why.  The GIL's hand-over itself is measured, not asserted here."""
     from transformers import AutoTokenizer
 
-    from launcher.engines.hf_encode import PROBES, PromptEncoder
-    from launcher.engines.hf_engine import describe_features
+    from launcher.hf.encode import PROBES, PromptEncoder
+    from launcher.hf.engine import describe_features
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     enc = PromptEncoder(tok)
@@ -692,7 +692,7 @@ def test_a_model_that_cannot_be_compiled_still_serves(tiny_model_dir, reference,
     """torch.compile failing (no C compiler, an op Inductor cannot lower...) must not stop the engine: it
     says why (compile_error, the server's READY line) and serves uncompiled.  The failure is injected at
     torch.compile's boundary: a compiled function that raises when first called, as Inductor does."""
-    from launcher.engines.hf_engine import describe_features
+    from launcher.hf.engine import describe_features
 
     def failing_compile(fn, **kwargs):
         def compiled(*args, **kw):
@@ -873,7 +873,7 @@ def test_eager_steps_keep_off_cudnn_attention(tiny_model_dir, monkeypatch, mode,
     same flags are set (the kernel choice itself is a GPU matter)."""
     import torch.nn.functional as F
 
-    from launcher.engines.hf_runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
+    from launcher.hf.runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_model_len=64,
                            cudnn_attention=mode)
@@ -896,7 +896,7 @@ def test_eager_steps_keep_off_cudnn_attention(tiny_model_dir, monkeypatch, mode,
 
 
 def test_cudnn_attention_defaults_to_graphs_and_is_checked(tiny_model_dir):
-    from launcher.engines.hf_runner import HFModelRunner
+    from launcher.hf.runner import HFModelRunner
 
     assert HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64).cudnn_attention == "graphs"
     with pytest.raises(ValueError, match="cudnn_attention 'sometimes' is not one of graphs, all, off"):
@@ -1088,7 +1088,7 @@ def test_incremental_detokenizers_match_decode(engine):
 def test_step_statistics_split_the_loop_time(engine):
     """EngineStats time every step: launch + wait fit inside the loop's wall time, the split's host part is the
     rest, each decode token and prompt token is counted; off the GPU nothing is timed on a GPU."""
-    from launcher.serving.timings import engine_step_split
+    from launcher.python_backend.timings import engine_step_split
 
     before = engine.stats_dict()
     n = 6
@@ -1116,7 +1116,7 @@ def test_step_statistics_split_the_loop_time(engine):
 
 
 def test_engine_process_matches_engine(tiny_model_dir, engine):
-    from launcher.engines.hf_process import EngineProcess
+    from launcher.hf.client import EngineProcess
 
     ep = EngineProcess(HFEngineArgs(model_path=str(tiny_model_dir), device="cpu", max_num_seqs=4,
                                     stream_interval_ms=50)).start()
@@ -1194,7 +1194,7 @@ def test_engine_process_takes_a_burst_of_requests_together(tiny_model_dir, engin
     """Requests sent back to back are read by the engine process as they come, several at a time, and go to the
     engine through add_requests (one tokenizer call, checked in-process above): each still gets its own outputs,
     a refused one its error, and an abort that follows its add in the burst cancels it."""
-    from launcher.engines.hf_process import EngineProcess
+    from launcher.hf.client import EngineProcess
 
     ep = EngineProcess(HFEngineArgs(model_path=str(tiny_model_dir), device="cpu", max_num_seqs=8)).start()
     try:
@@ -1220,7 +1220,7 @@ def test_instances_share_one_engine_process(tiny_model_dir, engine, tmp_path):
     others attach.  Request ids may repeat across instances; each gets only its own outputs; an instance that
     detaches has its running requests aborted while the others go on; when the first stops, the attached ones
     see the engine gone."""
-    from launcher.engines.hf_process import EngineProcess
+    from launcher.hf.client import EngineProcess
 
     sock = str(tmp_path / "engine.sock")
     owner = EngineProcess(HFEngineArgs(model_path=str(tiny_model_dir), device="cpu", max_num_seqs=8),
@@ -1274,7 +1274,7 @@ def test_engine_process_hands_over_the_prompts_of_each_ready_instance(tiny_model
     hand-over an instance (one tokenizer call each), counted in the engine's intake statistics; each gets its own
     outputs.  The reader is kept busy by a real prompt of two million characters (~0.8 s to tokenize here; refused
     after, as too long for the model)."""
-    from launcher.engines.hf_process import EngineProcess
+    from launcher.hf.client import EngineProcess
 
     sock = str(tmp_path / "engine.sock")
     owner = EngineProcess(HFEngineArgs(model_path=str(tiny_model_dir), device="cpu", max_num_seqs=8),
@@ -1310,7 +1310,7 @@ def test_engine_process_sends_first_outputs_ahead():
     wait for the other instances' pickling and sending.  Real pipes; `Recorder` only notes the order of the sends."""
     from multiprocessing import Pipe
 
-    from launcher.engines.hf_process import _Peers
+    from launcher.hf.multiplexer import Peers as _Peers
 
     order = []
 
@@ -1338,7 +1338,7 @@ def test_engine_process_sends_first_outputs_ahead():
 def test_attaching_with_no_engine_process_fails_clearly(tmp_path):
     """No engine ever listens: a clear error after the timeout.  The starting instance failed and said why: that
     reason at once, not after the timeout."""
-    from launcher.engines.hf_process import EngineProcess
+    from launcher.hf.client import EngineProcess
 
     sock = str(tmp_path / "none.sock")
     with pytest.raises(RuntimeError, match="no hf engine process to attach to .* within 1 s"):

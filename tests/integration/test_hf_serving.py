@@ -29,7 +29,7 @@ PROMPT = "The quick brown fox"
 def server(tiny_model_dir, tmp_path_factory):
     workdir = tmp_path_factory.mktemp("hf_serving")
     # Two model instances sharing one engine process (engine.response_processes=2), each with the one responder
-    # thread launcher.serving.responders gives an engine on CPU: the tests with many streams open (32 at once, 5 at
+    # thread launcher.python_backend.responders gives an engine on CPU: the tests with many streams open (32 at once, 5 at
     # once) check that each stream's responses stay whole and in order, and metrics right, whichever instance has
     # it (several threads in one stub: tests/unit/test_hf_responders.py).  On CPU the response path keeps the
     # engine's priority: test_response_path_keeps_the_engine_priority_on_cpu.
@@ -322,7 +322,7 @@ def test_compiled_model_answers_as_the_uncompiled_one(server, tiny_model_dir, tm
 
 
 def _first_token_metrics(server):
-    from launcher.serving.timings import fetch_first_token_metrics
+    from launcher.python_backend.timings import fetch_first_token_metrics
 
     return fetch_first_token_metrics(server.metrics_url, MODEL)
 
@@ -343,10 +343,10 @@ def _children(pid: int) -> list[int]:
 
 
 def test_response_path_keeps_the_engine_priority_on_cpu(server):
-    """launcher.serving.responders lowers tritonserver and the stubs (nice 10) only for an engine process on a GPU:
+    """launcher.python_backend.responders lowers tritonserver and the stubs (nice 10) only for an engine process on a GPU:
     on CPU both stubs, tritonserver and the engine process they share keep the nice value the server started with
     (this test's), and no instance says it lowered them."""
-    from launcher.serving.priority import thread_nice, thread_nices
+    from launcher.python_backend.priority import thread_nice, thread_nices
 
     started = os.getpriority(os.PRIO_PROCESS, 0)
     server_pid = server.proc.pid
@@ -363,7 +363,7 @@ def test_response_path_keeps_the_engine_priority_on_cpu(server):
 def test_first_token_times_are_exposed_as_metrics(server):
     """Streamed requests' first tokens are split into parse / add / engine / back / respond / send on the metrics
     port; the six add up to less than the TTFT the client saw, and non-streamed requests are not counted."""
-    from launcher.serving.timings import mean_first_token_ms, settled_server_metrics
+    from launcher.python_backend.timings import mean_first_token_ms, settled_server_metrics
 
     # settled: an earlier test's last first tokens are pushed up to a second late
     before, _ = settled_server_metrics(server.metrics_url, MODEL)
@@ -400,7 +400,7 @@ def test_first_token_times_are_exposed_as_metrics(server):
 def test_engine_steps_are_exposed_as_metrics(server):
     """The engine's step totals reach the metrics port: every decode and prompt token of a run is counted,
     and the split of a step (launch, wait, host) is consistent."""
-    from launcher.serving.timings import engine_split_after, engine_step_split, fetch_engine_metrics, \
+    from launcher.python_backend.timings import engine_split_after, engine_step_split, fetch_engine_metrics, \
         settled_engine_metrics
 
     url = server.metrics_url

@@ -1,4 +1,4 @@
-"""Tensor parallelism of the hf engine (launcher/engines/hf_tp.py): leader + worker ranks over gloo on CPU.
+"""Tensor parallelism of the hf engine (launcher/hf/tp.py): leader + worker ranks over gloo on CPU.
 
 * engine level: a tp=2 leader Engine and a worker process give the same greedy tokens as tp=1;
 * a tp that does not divide the heads is refused with a clear error;
@@ -29,9 +29,10 @@ PROMPTS = ["Once upon a time", "The quick brown fox jumps over", "hello"]
 # prompt (three concurrent requests, small prefill chunks: decode and chunked prefill share steps).
 _RANK = r"""
 import json, os, sys, threading
-from launcher.engines.hf_args import HFEngineArgs
-from launcher.engines.hf_engine import Engine, SamplingParams
-from launcher.engines.hf_tp import TPGroup, run_worker
+from launcher.hf.args import HFEngineArgs
+from launcher.hf.engine import Engine, SamplingParams
+from launcher.hf.tp import TPGroup
+from launcher.hf.worker import run_worker
 role, tp, port, path = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 prompts = json.loads(sys.argv[5])
 kw = dict(device="cpu", max_num_seqs=4, max_model_len=int(os.environ.get("TEST_MAX_MODEL_LEN", "128")), threads=1)
@@ -40,7 +41,7 @@ group = TPGroup(tp, rank=rank, addr="127.0.0.1", port=port, timeout=60) if tp > 
 if role == "worker":
     run_worker(path, tp=tp, group=group, **kw)
     print("worker done", flush=True)
-    os._exit(0)  # like hf_process: gloo's threads can abort interpreter teardown (pytorch#179291)
+    os._exit(0)  # like the hf engine process: gloo's threads can abort interpreter teardown (pytorch#179291)
 args = HFEngineArgs(model_path=path, tp_size=tp, prefill_chunk=4, device=kw["device"], max_num_seqs=kw["max_num_seqs"],
                     max_model_len=kw["max_model_len"], torch_threads=kw["threads"])
 eng = Engine.from_args(args, tp_group=group).start()
@@ -120,7 +121,7 @@ def test_ranks_with_different_settings_fail_at_warm_up_on_both_sides(tiny_model_
 
 
 def test_tp_that_does_not_divide_heads_is_refused(tiny_model_dir):
-    from launcher.engines.hf_runner import HFModelRunner
+    from launcher.hf.runner import HFModelRunner
 
     with pytest.raises(ValueError, match=r"tp=3 does not divide the model's attention heads \(4\)"):
         HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64, tp=3)
@@ -261,13 +262,13 @@ def test_slurm_tp4_two_nodes_two_tasks_generate_greedy(local_slurm, tmp_path):
 
 _HEARTBEAT = r"""
 import os, sys, time
-os.environ["LLMLAUNCH_HF_TP_TIMEOUT_S"] = "2"
-from launcher.engines.hf_args import HFEngineArgs
-from launcher.engines.hf_engine import Engine, SamplingParams
-from launcher.engines.hf_tp import TPGroup, run_worker
+from launcher.hf.args import HFEngineArgs
+from launcher.hf.engine import Engine, SamplingParams
+from launcher.hf.tp import TPGroup
+from launcher.hf.worker import run_worker
 role, port, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 kw = dict(device="cpu", max_num_seqs=2, max_model_len=64, threads=1)
-g = TPGroup(2, rank=0 if role == "leader" else 1, addr="127.0.0.1", port=port)
+g = TPGroup(2, rank=0 if role == "leader" else 1, addr="127.0.0.1", port=port, timeout=2)
 if role == "worker":
     try:
         run_worker(path, tp=2, group=g, **kw)

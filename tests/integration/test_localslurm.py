@@ -1,4 +1,4 @@
-"""launcher.localslurm: the real cluster (root, `slurm` marker). The rendering without a cluster:
+"""launcher.localslurm.cluster: the real cluster (root, `slurm` marker). The rendering without a cluster:
 tests/unit/test_localslurm_render.py.
 
 The cluster tests share one session cluster (the `local_slurm` fixture of
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from launcher import localslurm as ls
+from launcher.localslurm import cluster as ls
 from tests.slurm_fixture import requires_slurm  # the `local_slurm` fixture comes from conftest.py
 
 

@@ -7,7 +7,7 @@ same tokens as one rank.
 A random-weight model would make this weaker: its logits are near-ties, so float32 summation order (tp's
 all-reduce) can flip a token; a trained model's greedy choices are clear.  The launcher takes tp as a power of two
 (GPUs per node), which this model's heads do not divide, so tp is compared at the engine's own boundary
-(launcher/engines/hf_tp.py, as tests/integration/test_hf_tp.py does on the tiny model).  vLLM against the hf
+(launcher/hf/tp.py, as tests/integration/test_hf_tp.py does on the tiny model).  vLLM against the hf
 engine on this model needs a GPU (benchmark/gpu/engines.sh identity compares served engines there)."""
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.skipif(os.geteuid() != 0, reason=NO
 
 
 def launch(tmp_path, *overrides):
-    from launcher import slurm
+    from launcher.schedulers import slurm, slurm_jobs
 
     cfg, spec = plan(["cluster=local_slurm", "engine=hf", "model=tiny", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=240", *overrides])
     from launcher.models import resolve_model
@@ -68,9 +68,9 @@ def greedy(url, model, prompt="The capital of France is", n=8):
 
 
 def stop(job_id):
-    from launcher import slurm
+    from launcher.schedulers import slurm, slurm_jobs
 
-    code, msg = slurm.stop(job_id)
+    code, msg = slurm_jobs.stop(job_id)
     assert code == 0, msg
     return msg
 
@@ -132,13 +132,13 @@ def assert_failed_in_sacct(job_id):
 
 def assert_serves_on(ep, job_id, run):
     """After a replica loss: new requests succeed through the front end and the job still runs, with no failure record."""
-    from launcher import slurm
+    from launcher.schedulers import slurm, slurm_jobs
     from launcher.client import Generation, generate
 
     for i in range(4):
         rec = generate(ep["url"], ep["model"], Generation(f"Still here {i}", max_tokens=5, ignore_eos=True))
         assert not rec.error and rec.output_tokens == 5, rec.error
-    assert slurm.queue_state(job_id)[0] == "RUNNING" and not list(run.glob("failure_rank*.json"))
+    assert slurm_jobs.queue_state(job_id)[0] == "RUNNING" and not list(run.glob("failure_rank*.json"))
 
 
 def test_tp1_serves_through_rank0_and_stops_clean(local_slurm, tmp_path):
@@ -146,9 +146,9 @@ def test_tp1_serves_through_rank0_and_stops_clean(local_slurm, tmp_path):
     assert ep["url"].startswith("grpc://10.") and ep["model"] == "hf_model"
     text, n = greedy(ep["url"], ep["model"])
     assert n == 8 and text
-    from launcher import slurm
+    from launcher.schedulers import slurm, slurm_jobs
 
-    code, st = slurm.status(job_id)
+    code, st = slurm_jobs.status(job_id)
     assert code == 0 and "state: RUNNING" in st and ep["url"] in st
     # the console script: SIGTERM to the serving step only, the batch script runs its teardown and ends the job
     cli = subprocess.run([str(Path(sys.executable).parent / "llmlaunch-stop"), job_id], capture_output=True, text=True, timeout=200)
@@ -197,20 +197,20 @@ def server_pid(job_id, rank):
 
 def test_killing_a_nonzero_rank_fails_the_job_naming_it(local_slurm, tmp_path):
     """One model copy (tp=2 over two nodes; rank 1 is its worker on node2): fail fast."""
-    from launcher import slurm
+    from launcher.schedulers import slurm, slurm_jobs
 
     spec, job_id, run, ep = launch(tmp_path, "tp=2", "nodes=2")
     assert spec.replicas == 1 and spec.ranks[1].node == 1
     os.kill(server_pid(job_id, 1), signal.SIGKILL)
     t0 = time.monotonic()
     while time.monotonic() - t0 < 30:
-        state, _, _ = slurm.queue_state(job_id)
+        state, _, _ = slurm_jobs.queue_state(job_id)
         if state not in ("RUNNING", "COMPLETING", "PENDING") and RunDir(run).failures():
             break
         time.sleep(0.5)
     took = time.monotonic() - t0
     assert took < 30, f"job still {state} after 30 s"
-    code, st = slurm.status(job_id)
+    code, st = slurm_jobs.status(job_id)
     assert code == 1 and "FAILED rank 1 on node node2" in st
     assert "state: FAILED (rank 1 failed)" in st and "COMPLETED" not in st and "RUNNING" not in st, st
     cli = subprocess.run([str(Path(sys.executable).parent / "llmlaunch-status"), job_id], capture_output=True, text=True)
@@ -226,7 +226,7 @@ def test_a_rank_whose_own_process_is_killed_fails_the_job_naming_it(local_slurm,
     """replicas=2 serving, rank 1's own process (the parent of its tritonserver) SIGKILLed, as the OOM killer would:
     it writes no failure record, yet srun ends the step, the job fails within 30 s, and llmlaunch-status and
     llmlaunch-logs name rank 1 on node2 (from srun's line, which is in rank 0's log)."""
-    from launcher import slurm
+    from launcher.schedulers import slurm, slurm_jobs
     from launcher.logs import report
 
     spec, job_id, run, ep = launch(tmp_path, "replicas=2", "nodes=2")
@@ -234,12 +234,12 @@ def test_a_rank_whose_own_process_is_killed_fails_the_job_naming_it(local_slurm,
         rank1 = int(subprocess.run(["ps", "-o", "ppid=", "-p", str(server_pid(job_id, 1))], capture_output=True, text=True).stdout)
         os.kill(rank1, signal.SIGKILL)
         t0 = time.monotonic()
-        while slurm.queue_state(job_id)[0] in ACTIVE and time.monotonic() - t0 < 30:
+        while slurm_jobs.queue_state(job_id)[0] in ACTIVE and time.monotonic() - t0 < 30:
             time.sleep(0.5)
-        assert slurm.queue_state(job_id)[0] == "FAILED", f"job still {slurm.queue_state(job_id)[0]} after 30 s"
+        assert slurm_jobs.queue_state(job_id)[0] == "FAILED", f"job still {slurm_jobs.queue_state(job_id)[0]} after 30 s"
         assert not list(run.glob("failure_rank*.json"))  # the rank could not write one
         wait_log(run / f"{job_id}_0_log.out", "srun: error: node2: task 1: Killed")
-        code, st = slurm.status(job_id)
+        code, st = slurm_jobs.status(job_id)
         assert code == 1 and "state: FAILED (rank 1 on node2: Killed, says srun)" in st, st
         text = report(RunDir(run))[0]
         assert text.startswith("root cause: rank 1 on node2 at "), text
@@ -259,7 +259,7 @@ def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_pa
     """replicas=2 over two nodes, 16 long streams through the front end, replica 1's tritonserver killed
     mid-run: its requests fail naming it, replica 0's complete, later requests all succeed, the job
     stays RUNNING with the loss recorded and shown; then it stops clean."""
-    from launcher import slurm
+    from launcher.schedulers import slurm, slurm_jobs
     from launcher.client import Generation, TritonStream, build_request
 
     spec, job_id, run, ep = launch(tmp_path, "replicas=2", "nodes=2")
@@ -301,10 +301,10 @@ def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_pa
         assert [r.error for r in recs if r.error] == [] and all(r.output_tokens == 8 for r in recs)
         assert metric(ep["metrics_url"], "llmlaunch_frontend_replica_up", 1) == 0
         time.sleep(2)  # rank 1 has exited by now (srun would have ended the step for a non-zero exit)
-        assert slurm.queue_state(job_id)[0] == "RUNNING"
+        assert slurm_jobs.queue_state(job_id)[0] == "RUNNING"
         assert not list(run.glob("failure_rank*.json"))
         assert prefixes_of(job_id) == [f"llm{job_id}r0_"]  # replica 1's server (and its stubs) is gone
-        code, st = slurm.status(job_id)
+        code, st = slurm_jobs.status(job_id)
         assert code == 0 and "state: RUNNING" in st and "replicas: 1 of 2 serving" in st, st
         cli = subprocess.run([str(Path(sys.executable).parent / "llmlaunch-status"), job_id], capture_output=True, text=True)  # the console script
         assert cli.returncode == 0, cli.stdout + cli.stderr
@@ -323,7 +323,7 @@ def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_pa
 def test_rank0_keeps_the_front_end_after_its_replica_and_the_job_fails_with_the_last(local_slurm, tmp_path):
     """replicas=2: rank 0's own tritonserver killed -> its front end serves on with replica 1; then replica
     1 killed -> no replica is left, and the job fails naming the rank that lost the last one."""
-    from launcher import slurm
+    from launcher.schedulers import slurm, slurm_jobs
 
     spec, job_id, run, ep = launch(tmp_path, "replicas=2", "nodes=2")
     try:
@@ -333,16 +333,16 @@ def test_rank0_keeps_the_front_end_after_its_replica_and_the_job_fails_with_the_
             assert time.monotonic() < deadline, "replica 0 not recorded lost / not marked down"
             time.sleep(0.5)
         assert_serves_on(ep, job_id, run)
-        code, st = slurm.status(job_id)
+        code, st = slurm_jobs.status(job_id)
         assert code == 0 and "replicas: 1 of 2 serving" in st and "replica 0 lost at " in st and " on node1: the server of rank 0 (leader)" in st, st
         wait_log(run / f"{job_id}_0_log.out", "rank 0 keeps the front end up")
         # the last replica: the job fails (fail fast), naming it
         os.kill(server_pid(job_id, 1), signal.SIGKILL)
         deadline = time.monotonic() + 60
-        while slurm.queue_state(job_id)[0] in ("RUNNING", "COMPLETING", "PENDING"):
+        while slurm_jobs.queue_state(job_id)[0] in ("RUNNING", "COMPLETING", "PENDING"):
             assert time.monotonic() < deadline, "the job still runs with no replica left"
             time.sleep(0.5)
-        code, st = slurm.status(job_id)
+        code, st = slurm_jobs.status(job_id)
         assert code == 1 and "FAILED rank 1 on node node2 (node index 1) failed: no replica is left (replicas [0, 1] lost)" in st, st
         assert (run / "replica_lost1.json").exists()
         assert_failed_in_sacct(job_id)
@@ -382,14 +382,13 @@ def test_a_dead_tp_rank_takes_its_replica_down_and_the_job_goes_on(local_slurm, 
 def plain_job(tmp_path, body, *sbatch_args):
     """A batch job running `body` (no model, seconds to start) with an llmlaunch record, so that
     llmlaunch-stop takes it; the job's steps and its batch script are what each stop path meets."""
-    from launcher import slurm
+    from launcher import jobindex
 
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\ntrap 'echo batch script got SIGTERM' TERM\n" + body)
     out = subprocess.run(["sbatch", "--parsable", "-N1", "-n1", "-D", str(tmp_path), "-o", "%j.out", *sbatch_args, str(script)], check=True, capture_output=True, text=True).stdout
     job_id = out.strip().split(";")[0]
-    slurm.INDEX_DIR.mkdir(parents=True, exist_ok=True)
-    (slurm.INDEX_DIR / f"{job_id}.json").write_text(json.dumps({"job_id": job_id, "run_dir": str(tmp_path), "slurm_conf": ""}))
+    jobindex.add({"job_id": job_id, "run_dir": str(tmp_path), "slurm_conf": ""})
     return job_id
 
 
@@ -419,14 +418,15 @@ SERVING_STEP = "srun bash -c '{trap}; touch step_ready; sleep 300 & wait'\nstatu
     ids=["drains", "ignores-sigterm", "no-step-yet", "pending"],
 )
 def test_stop_drains_the_serving_step_or_cancels(local_slurm, tmp_path, body, args, step, drain_s, said, ends):
-    from launcher import slurm
+    from launcher import jobindex
+    from launcher.schedulers import slurm_jobs
 
     job_id = plain_job(tmp_path, body, *args)
     try:
         if step:
             wait_steps(job_id, step, tmp_path / "step_ready" if step == "0" else None)
         t0 = time.monotonic()
-        code, msg = slurm.stop(job_id, drain_s=drain_s)
+        code, msg = slurm_jobs.stop(job_id, drain_s=drain_s)
         took = time.monotonic() - t0
         assert code == 0 and said in msg, msg
         assert took < 25, (took, msg)  # no 30 s window waited out where nothing drains
@@ -437,7 +437,7 @@ def test_stop_drains_the_serving_step_or_cancels(local_slurm, tmp_path, body, ar
             assert "step status 0" in text and "batch script got SIGTERM" not in text, text
     finally:
         subprocess.run(["scancel", job_id])
-        (slurm.INDEX_DIR / f"{job_id}.json").unlink(missing_ok=True)
+        (jobindex.index_dir() / f"{job_id}.json").unlink(missing_ok=True)
 
 
 @pytest.mark.parametrize("override,needle", [("cluster.partition=nope", "invalid partition"), ("replicas=8", "Requested node configuration is not available")])
@@ -506,7 +506,7 @@ def test_trtllm_llmapi_mpi_world_serves_through_rank0_on_the_local_cluster(local
     outside the task's MPI identity; rank 1 is the MPI worker and runs no tritonserver; the job stops drained."""
     import dataclasses
 
-    from launcher import slurm
+    from launcher.schedulers import slurm, slurm_jobs
     from tests.standins.server import STANDINS
 
     calls = tmp_path / "calls.jsonl"
@@ -542,7 +542,8 @@ def test_time_to_ready_is_broken_down_into_the_run_record_and_shown_by_status(lo
 
     from omegaconf import OmegaConf
 
-    from launcher import scheduler, slurm
+    from launcher.schedulers import registry as scheduler
+    from launcher.schedulers import slurm, slurm_jobs
     from launcher.readiness import process_start_time
     from launcher.record import base_record
 
@@ -563,7 +564,7 @@ def test_time_to_ready_is_broken_down_into_the_run_record_and_shown_by_status(lo
         assert [name for name, _ in b["load_phases"]] == ["weights", "compile", "graphs"], b
         assert rec["job_id"] == ep.job_id and len(rec["nodes"]) == spec.world_size == 2 and len(set(rec["nodes"])) == 2
         assert rec["versions"]["tritonserver"] and rec["versions"]["torch"] and rec["config"]["replicas"] == 2
-        code, st = slurm.status(ep.job_id)
+        code, st = slurm_jobs.status(ep.job_id)
         assert code == 0 and "time to READY" in st and "(BeginTime" in st and f"record: {run_dir}/record.json" in st, st
     finally:
         stop(ep.job_id)

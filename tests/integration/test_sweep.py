@@ -43,10 +43,10 @@ def test_slurm_2x2_sweep_reuses_servers_then_resumes(local_slurm, tmp_path):
     # the client ran inside the server's allocation, against its endpoint
     log = (sweep_dir / "bench.concurrency=4,replicas=2" / "bench.log").read_text()
     assert log.startswith(f"$ srun --jobid={jobs['bench.concurrency=4,replicas=2']} --overlap")
-    from launcher import slurm
+    from launcher.schedulers import slurm, slurm_jobs
 
     for job in set(jobs.values()):
-        assert slurm.queue_state(job)[0] not in ("RUNNING", "PENDING")  # torn down
+        assert slurm_jobs.queue_state(job)[0] not in ("RUNNING", "PENDING")  # torn down
     # resume: everything is skipped, nothing is launched, the report is written again
     (sweep_dir / "summary.csv").unlink()
     r = llmlaunch(tmp_path, *args)

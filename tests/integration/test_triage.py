@@ -14,7 +14,7 @@ import pytest
 
 from launcher.cli import plan
 from launcher.errors import LaunchError
-from launcher.localslurm_conf import Spec
+from launcher.localslurm.conf import Spec
 from launcher.rundir import RunDir
 from tests.integration.test_slurm_launch import launch, server_pid
 from tests.slurm_fixture import NOT_ROOT_REASON
@@ -37,7 +37,7 @@ def archived(text):
 
 def failed_launch(tmp_path, *overrides):
     """Submit and follow a job that fails while loading: the LaunchError's text (the triage included)."""
-    from launcher import slurm
+    from launcher.schedulers import slurm, slurm_jobs
     from launcher.models import resolve_model
 
     cfg, spec = plan(["cluster=local_slurm", "engine=hf", "model=tiny", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=240", *overrides])
@@ -49,12 +49,12 @@ def failed_launch(tmp_path, *overrides):
 
 
 def test_a_killed_rank_is_the_root_cause_and_the_rest_its_consequences(local_slurm, tmp_path):
-    from launcher import slurm
+    from launcher.schedulers import slurm, slurm_jobs
 
     spec, job_id, run, ep = launch(tmp_path, "tp=2", "nodes=2")
     os.kill(server_pid(job_id, 1), signal.SIGKILL)
     deadline = time.monotonic() + 60
-    while slurm.queue_state(job_id)[0] in ("RUNNING", "COMPLETING", "PENDING") and time.monotonic() < deadline:
+    while slurm_jobs.queue_state(job_id)[0] in ("RUNNING", "COMPLETING", "PENDING") and time.monotonic() < deadline:
         time.sleep(0.5)
     time.sleep(2)  # the last lines of the ranks reach their logs
     text = logs_cli(job_id)
@@ -88,7 +88,7 @@ def test_a_rank_that_never_reaches_the_rendezvous_is_named(local_slurm, tmp_path
 def test_a_port_taken_while_the_server_loads_is_the_root_cause(local_slurm, tmp_path):
     """Something on node1 takes each gRPC port rank 0 picked before its server binds it: after its retries the
     rank fails, and the root cause is the first bind that failed."""
-    from launcher import slurm
+    from launcher.schedulers import slurm, slurm_jobs
     from launcher.models import resolve_model
 
     cfg, spec = plan(["cluster=local_slurm", "engine=hf", "model=tiny", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=240",

@@ -33,7 +33,7 @@ def openai_completion(url, model):
 
 
 def test_a_job_at_its_time_limit_drains_requeues_and_serves_again(local_slurm, tmp_path):
-    from launcher import slurm
+    from launcher.schedulers import slurm, slurm_jobs
     from launcher.client import ClientError, Generation, StreamRecord, TritonStream, build_request, generate
     from launcher.models import resolve_model
 
@@ -93,11 +93,11 @@ def test_a_job_at_its_time_limit_drains_requeues_and_serves_again(local_slurm, t
             again = run.read_endpoint()
             if again is not None and again["token"] != first_token:
                 break
-            assert time.monotonic() < deadline, f"not serving again; {slurm.status(job_id)[1]}"
+            assert time.monotonic() < deadline, f"not serving again; {slurm_jobs.status(job_id)[1]}"
             time.sleep(1)
         for rank in (0, 1):  # every rank of the first allocation drained and exited 0 (the logs append across allocations)
             assert "stopped (signal 12), status 0" in run.slurm_rank_log(job_id, rank).read_text(errors="replace"), rank
-        code, st = slurm.status(job_id)
+        code, st = slurm_jobs.status(job_id)
         assert code == 0 and "state: RUNNING" in st and f"endpoint: {again['url']}" in st, st
         assert "allocation 0 drained at its time limit at " in st and "requeued; serving again at the endpoint above" in st, st
         assert greedy(again["url"], again["model"])[1] == 8

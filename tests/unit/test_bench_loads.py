@@ -186,7 +186,7 @@ import subprocess, sys, time
 py = sys.executable
 burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.2: pass\nprint('ok', flush=True)\ntime.sleep(120)"
 kids = [subprocess.Popen(["bash", "-c", 'exec -a triton_python_backend_stub "$1" -c "$0"', burn, py], stdout=subprocess.PIPE),
-        subprocess.Popen([py, "-c", burn, "-m", "launcher.engines.hf_process", "3"], stdout=subprocess.PIPE),
+        subprocess.Popen([py, "-c", burn, "-m", "launcher.hf.multiplexer", "3"], stdout=subprocess.PIPE),
         subprocess.Popen([py, "-c", burn], stdout=subprocess.PIPE)]
 t = time.process_time()
 while time.process_time() - t < 0.2:
@@ -200,7 +200,7 @@ time.sleep(120)
 
 def test_server_cpu_by_role_puts_each_process_of_a_real_tree_in_its_role():
     """launcher.testing.processes.server_cpu_by_role over a real process tree named as a tritonserver's is: the root
-    (the server), a process whose argv[0] is the python backend's stub, one running `-m launcher.engines.hf_process`
+    (the server), a process whose argv[0] is the python backend's stub, one running `-m launcher.hf.multiplexer`
     (the hf engine process) and one more.  Each burns 0.2 s of CPU and each lands in its own role, whatever the clock
     tick (a served test run is too short for that: a stub may use less than a tick)."""
     import os
@@ -331,7 +331,7 @@ def test_the_ready_bench_command_is_a_synthetic_run_of_the_bench(tmp_path, monke
     import sys
 
     from launcher.bench.cli import build_parser
-    from launcher.scheduler import bench_command
+    from launcher.schedulers.base import bench_command
 
     argv = shlex.split(bench_command("grpc://127.0.0.1:8001", "hf_model"))
     assert argv[:3] == [sys.executable, "-m", "launcher.bench"]

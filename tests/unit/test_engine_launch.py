@@ -22,8 +22,9 @@ from launcher.cli import plan
 from launcher.engines import registry
 from launcher.engines.registry import ENGINES
 from launcher.errors import LaunchError
-from launcher.rank import RankContext, Topology, rank_environment
-from launcher.render import python_for, repository_files, tritonserver_argv
+from launcher.rank.rendezvous import RankContext
+from launcher.rank.topology import Topology, rank_environment
+from launcher.render import repository_files, tritonserver_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 LEADER, DIST_PORT = "10.0.0.1", 29555
@@ -45,8 +46,7 @@ def contexts(spec):
 
 
 def env_of(spec, ctx):
-    topo = Topology("slurm", ctx.rank.rank, spec.world_size, ctx.rank.local_rank, ctx.rank.node, spec.nodes, "4242", f"node{ctx.rank.node + 1}")
-    env = rank_environment(spec, topo, ctx, Path("/jobs/run"), [str(i) for i in range(8)])
+    env = rank_environment(spec, ctx, Path("/jobs/run"), [str(i) for i in range(8)])
     env.update(ENGINES[spec.engine.name].rank_env(spec, ctx))
     return env
 
@@ -85,12 +85,12 @@ def test_vllm_two_nodes_leader_serves_and_the_other_node_joins_ray():
     argv = tritonserver_argv(spec, spec.ranks[0], job_id="4242")
     assert "--grpc-port=8001" in argv and "--allow-grpc=false" not in argv
     assert edef.rank_command(spec, worker) == [
-        python_for(spec), "-m", "launcher.engines.vllm_ray", "worker", f"--address={LEADER}:{DIST_PORT}", "--timeout=900",
+        spec.python, "-m", "launcher.engines.ray", "worker", f"--address={LEADER}:{DIST_PORT}", "--timeout=900",
         "--node-ip-address=10.0.0.2"]
     e0, e1 = env_of(spec, leader), env_of(spec, worker)
     assert (e0["VLLM_HOST_IP"], e1["VLLM_HOST_IP"]) == ("10.0.0.1", "10.0.0.2")
-    assert e0["LLMLAUNCH_LEADER_ADDR"] == e1["LLMLAUNCH_LEADER_ADDR"] == LEADER and e1["LLMLAUNCH_DIST_PORT"] == str(DIST_PORT)
-    assert e1["LLMLAUNCH_GROUP_RANK"] == "1" and e1["LLMLAUNCH_GROUP_SIZE"] == "2"
+    assert e0["_LLMLAUNCH_LEADER_ADDR"] == e1["_LLMLAUNCH_LEADER_ADDR"] == LEADER and e1["_LLMLAUNCH_DIST_PORT"] == str(DIST_PORT)
+    assert e1["_LLMLAUNCH_GROUP_RANK"] == "1" and e1["_LLMLAUNCH_GROUP_SIZE"] == "2"
     args = json.loads(repository_files(spec)["vllm_model/1/model.json"])
     assert (args["tensor_parallel_size"], args["distributed_executor_backend"]) == (16, "ray")
     assert config_params(spec)["nnodes"] == "2"
@@ -114,7 +114,7 @@ def test_vllm_engine_args_file_and_sampling_mapping():
     assert m.engine_kwargs({"model": "x", "disable_log_requests": True}, fields) == {"model": "x", "enable_log_requests": False}
     with pytest.raises(ValueError, match=r"no \['tensor_parallel'\]"):
         m.engine_kwargs({"tensor_parallel": 2}, fields)
-    from launcher.serving.triton_io import SamplingParams
+    from launcher.python_backend.triton_io import SamplingParams
 
     kw = m.sampling_kwargs(SamplingParams(max_tokens=9, top_k=0, seed=3, stop=("x",), bad_words=("y",), end_id=7, ignore_eos=True))
     assert (kw["max_tokens"], kw["top_k"], kw["seed"], kw["stop"], kw["bad_words"], kw["stop_token_ids"], kw["ignore_eos"]) == \
@@ -159,7 +159,7 @@ def test_lmdeploy_pytorch_two_nodes_uses_ray_like_vllm():
     leader, worker = contexts(spec)
     edef = ENGINES["lmdeploy"]
     assert edef.rank_command(spec, leader) is None
-    assert edef.rank_command(spec, worker)[2:5] == ["launcher.engines.vllm_ray", "worker", f"--address={LEADER}:{DIST_PORT}"]
+    assert edef.rank_command(spec, worker)[2:5] == ["launcher.engines.ray", "worker", f"--address={LEADER}:{DIST_PORT}"]
     assert edef.rank_env(spec, leader)["LMDEPLOY_EXECUTOR_BACKEND"] == "ray"
     m = load_model_module("lmdeploy")
     kw = m.backend_config_kwargs(config_params(spec), {"tp", "dtype", "cache_max_entry_count", "max_batch_size", "session_len", "distributed_executor_backend"})
@@ -221,7 +221,7 @@ def test_trtllm_llmapi_model_leaves_the_mpi_world_and_maps_the_contract():
         m.llm_kwargs({"model": "/m", "nope": 1}, {"model", "backend"})
     with pytest.raises(ValueError, match="at least `model`"):
         m.llm_kwargs({"backend": "pytorch"}, None)
-    from launcher.serving.triton_io import SamplingParams
+    from launcher.python_backend.triton_io import SamplingParams
 
     assert m.sampling_kwargs(SamplingParams(max_tokens=5)) == {"n": 1, "max_tokens": 5, "ignore_eos": False, "skip_special_tokens": True, "top_k": 1}
     kw = m.sampling_kwargs(SamplingParams(max_tokens=5, temperature=0.7, top_k=40, top_p=0.95, end_id=7, stop=("x",), bad_words=("y",)))
@@ -231,7 +231,7 @@ def test_trtllm_llmapi_model_leaves_the_mpi_world_and_maps_the_contract():
 # ----------------------------------------------------------------------------- engine facts the ranks act on
 def test_ranks_rendezvous_through_files_where_the_server_is_the_mpi_program(monkeypatch, tmp_path):
     """EngineDef.server_uses_mpi (TensorRT-LLM leader mode): the ranks leave the task's MPI wire-up to tritonserver."""
-    from launcher import rank as rank_mod
+    from launcher.rank import rendezvous as rank_mod
 
     monkeypatch.setattr(rank_mod, "MPIComm", lambda: "mpi")
 
@@ -252,11 +252,11 @@ def test_ranks_rendezvous_through_files_where_the_server_is_the_mpi_program(monk
     (("engine=trtllm",), False),
 ], ids=lambda v: " ".join(v) if isinstance(v, tuple) else str(v))
 def test_copies_over_nodes_run_their_other_nodes_on_ray_where_the_engine_says(overrides, ray):
-    """EngineDef.ray_across_nodes: the copy's other nodes run `ray start` instead of tritonserver."""
+    """EngineDef.ray (launcher.engines.ray.RayHooks): the copy's other nodes run `ray start` instead of tritonserver."""
     spec = spec_for(*overrides, "tp=16", "nodes=2")
     edef = ENGINES[spec.engine.name]
     *_, worker = contexts(spec)
-    assert registry.uses_ray(spec) is ray
+    assert (edef.ray is not None and edef.ray.uses_ray(spec)) is ray
     assert (edef.rank_command(spec, worker) is not None) is ray
     assert ("RAY_USAGE_STATS_ENABLED" in edef.rank_env(spec, worker)) is ray
 
@@ -289,7 +289,7 @@ def test_ray_worker_waits_for_the_head_then_becomes_ray_start(tmp_path):
         head.bind(("127.0.0.1", 0))
         head.listen()
         port = head.getsockname()[1]
-        proc = subprocess.run([sys.executable, "-m", "launcher.engines.vllm_ray", "worker", f"--address=127.0.0.1:{port}",
+        proc = subprocess.run([sys.executable, "-m", "launcher.engines.ray", "worker", f"--address=127.0.0.1:{port}",
                                "--node-ip-address=10.0.0.2", "--timeout=10", f"--ray={ray}"], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(record.read_text()) == ["start", f"--address=127.0.0.1:{port}", "--block", "--node-ip-address=10.0.0.2"]
@@ -299,13 +299,13 @@ def test_ray_worker_gives_up_when_the_head_never_answers(tmp_path):
     ray, record = _fake_ray(tmp_path)
     from launcher.triton import free_port
 
-    proc = subprocess.run([sys.executable, "-m", "launcher.engines.vllm_ray", "worker", f"--address=127.0.0.1:{free_port()}",
+    proc = subprocess.run([sys.executable, "-m", "launcher.engines.ray", "worker", f"--address=127.0.0.1:{free_port()}",
                            "--timeout=1", f"--ray={ray}"], cwd=ROOT, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1 and "did not answer" in proc.stderr and not record.exists()
 
 
 def test_head_argv():
-    from launcher.engines.vllm_ray import head_argv
+    from launcher.engines.ray import head_argv
 
     assert head_argv(6379, "10.0.0.1") == ["ray", "start", "--head", "--port=6379", "--block", "--include-dashboard=false",
                                            "--node-ip-address=10.0.0.1"]
@@ -313,7 +313,7 @@ def test_head_argv():
 
 # ----------------------------------------------------------------------------- worker ranks fail fast
 def test_runtime_stops_the_server_when_a_worker_engine_dies():
-    from launcher.engines.vllm_sglang_lmdeploy import AsyncEngineRuntime, EngineAdapter
+    from launcher.python_backend.async_runtime import AsyncEngineRuntime, EngineAdapter
 
     class Dead(EngineAdapter):
         serves = False
@@ -333,7 +333,7 @@ def test_runtime_stops_the_server_when_a_worker_engine_dies():
 def test_hf_model_json_carries_the_engine_config():
     """The hf engine's settings reach its model as 1/model.json (HFEngineArgs, every default from there);
     config.pbtxt names the file and holds only what Triton reads."""
-    from launcher.engines.hf_args import HFEngineArgs
+    from launcher.hf.args import HFEngineArgs
 
     spec = spec_for("engine=hf", "tp=2", "model.dtype=bfloat16", "engine.prefill_chunk=1024",
                     "engine.torch_compile=true", "engine.cuda_graphs=false", "engine.stream_interval_ms=8")
@@ -352,7 +352,7 @@ def test_hf_model_json_carries_the_engine_config():
 
 
 def test_hf_engine_args_refuse_unknown_keys():
-    from launcher.engines.hf_args import HFEngineArgs
+    from launcher.hf.args import HFEngineArgs
 
     with pytest.raises(ValueError) as exc:
         HFEngineArgs.from_dict({"model_path": "/m", "prefil_chunk": 1})
@@ -364,7 +364,7 @@ def test_hf_engine_args_refuse_unknown_keys():
 
 
 def test_the_arrival_barrier_names_the_ranks_that_never_came(tmp_path):
-    from launcher.rank import RendezvousTimeout, arrival_barrier
+    from launcher.rank.rendezvous import RendezvousTimeout, arrival_barrier
 
     (tmp_path / "arrived_2").parent.mkdir(exist_ok=True)
     (tmp_path / "arrived_2").touch()

@@ -121,7 +121,7 @@ BAD = {
     ("hf", "bench.seed"): ["bench.seed=-1"],
     ("hf", "bench.processes"): ["bench.processes=0"],
     ("hf", "bench.streams"): ["bench.streams=0"],
-    ("hf", "tp"): ["tp=3"],
+    ("hf", "tp"): ["tp=0"],
     ("hf", "pp"): ["pp=0"],
     ("hf", "nodes"): ["nodes=0"],
     ("hf", "replicas"): ["replicas=0"],
@@ -136,6 +136,7 @@ BAD = {
     ("hf", "engine.response_processes"): ["engine.response_processes=0"],
     ("hf", "engine.torch_compile"): ["engine.torch_compile=maybe"],
     ("hf", "engine.cudnn_attention"): ["engine.cudnn_attention=sometimes"],
+    ("hf", "engine.tp_timeout_s"): ["engine.tp_timeout_s=0"],
     ("trtllm", "engine.layout"): ["engine.layout=onnx"],
     ("trtllm", "engine.llm_args"): ["engine.llm_args.bad-key=1"],
     ("trtllm", "engine.engine_dir"): ["engine.layout=ensemble", "engine.engine_dir=/nonexistent-engine", LAUNCH],
@@ -202,7 +203,7 @@ def test_the_table_has_a_bad_value_for_every_field():
 
 @pytest.mark.parametrize("engine,field", sorted(BAD), ids=[f"{e}:{k}" for e, k in sorted(BAD)])
 def test_a_bad_value_of_every_field_exits_2_naming_it(engine, field, tmp_path, monkeypatch, capsys):
-    import launcher.scheduler
+    import launcher.schedulers.registry
 
     hf = str(make_hf_folder(tmp_path / "hf"))
     (tmp_path / "file").write_text("")
@@ -214,7 +215,7 @@ def test_a_bad_value_of_every_field_exits_2_naming_it(engine, field, tmp_path, m
     # a launch row must be refused before anything starts: a GPU "is there", the scheduler must not be reached
     monkeypatch.setattr(hostcheck, "GPU_PROBE", lambda: (True, "a GPU for this test"))
     if launch:
-        monkeypatch.setattr(launcher.scheduler, "for_spec", lambda spec: pytest.fail("a scheduler was reached"))
+        monkeypatch.setattr(launcher.schedulers.registry, "for_spec", lambda spec: pytest.fail("a scheduler was reached"))
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(SystemExit) as e:
         cli.main(args if launch else args + ["dry_run=true"])

@@ -1,4 +1,4 @@
-"""Fused q/k/v and gate/up projections (launcher/engines/hf_fuse.py): the same logits, one product per group.
+"""Fused q/k/v and gate/up projections (launcher/hf/fuse.py): the same logits, one product per group.
 
 Real transformers models with random weights, on CPU: the tiny Llama of launcher.tiny and tiny configs of other
 families whose layers differ where fusion could go wrong (Qwen2: q/k/v biases; Qwen3: q/k norms between the
@@ -14,9 +14,9 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from launcher.engines import hf_fuse  # noqa: E402
-from launcher.engines.hf_args import HFEngineArgs  # noqa: E402
-from launcher.engines.hf_engine import Engine, SamplingParams, describe_features  # noqa: E402
+from launcher.hf import fuse as hf_fuse  # noqa: E402
+from launcher.hf.args import HFEngineArgs  # noqa: E402
+from launcher.hf.engine import Engine, SamplingParams, describe_features  # noqa: E402
 
 
 def tiny_config(family: str, vocab: int = 512):
@@ -117,7 +117,7 @@ def test_a_part_called_on_another_input_computes_its_product_again(caplog):
         counts = hf_fuse.fuse_projections(m)
         assert counts == {"q_proj+k_proj+v_proj": 1, "gate_proj+up_proj": 0}
         assert isinstance(m.gate_proj, lin) and isinstance(m.up_proj, lin)
-        with caplog.at_level(logging.WARNING, logger="launcher.engines.hf_fuse"):
+        with caplog.at_level(logging.WARNING, logger="launcher.hf.fuse"):
             for _ in range(3):
                 torch.testing.assert_close(m(x), ref, rtol=1e-5, atol=1e-5)
     assert hf_fuse.recomputed(m) > 0

@@ -1,5 +1,5 @@
 """The hf model's pure parts (no engine, no model): the stop-word matcher, request parsing and response arrays
-(launcher.serving.triton_io), and the engine step split of the timing counters. The engine itself:
+(launcher.python_backend.triton_io), and the engine step split of the timing counters. The engine itself:
 tests/integration/test_hf_engine.py."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("numpy")
 
-from launcher.engines.hf_detok import StopMatcher  # noqa: E402
-from launcher.serving import triton_io  # noqa: E402
+from launcher.hf.detok import StopMatcher  # noqa: E402
+from launcher.python_backend import triton_io  # noqa: E402
 
 
 def test_stop_matcher_holds_back_partial_matches():
@@ -104,7 +104,7 @@ def test_output_arrays_shapes():
 
 
 def test_engine_step_split_of_gpu_totals():
-    from launcher.serving.timings import engine_step_split, format_engine_split
+    from launcher.python_backend.timings import engine_step_split, format_engine_split
 
     totals = {"steps": 4, "wall_s": 0.01, "launch_s": 0.002, "wait_s": 0.006, "gpu_s": 0.007, "gpu_idle_s": 0.0004,
               "gpu_steps": 4, "decode_tokens": 4, "prefill_tokens": 8, "ahead_steps": 3, "prompt_steps": 2,

@@ -1,5 +1,5 @@
 """The hf model's response threads (model_repository/hf/1/model.py) outside Triton, as many as
-launcher.serving.responders gives an engine process on a GPU.
+launcher.python_backend.responders gives an engine process on a GPU.
 
 Triton's `triton_python_backend_utils` exists only inside the python backend stub; here a module of the same name
 records responses, so the receive thread's routing (`_route`) and the responder threads run as they do in the
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("numpy")
-pytest.importorskip("torch")  # model.py imports the engine's describe_features (launcher.engines.hf_engine)
+pytest.importorskip("torch")  # model.py imports the engine's describe_features (launcher.hf.engine)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,9 +64,9 @@ def model(monkeypatch):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
 
-    from launcher.serving import triton_io
-    from launcher.serving.responders import responders
-    from launcher.serving.timings import FirstTokenTimes
+    from launcher.python_backend import triton_io
+    from launcher.python_backend.responders import responders
+    from launcher.python_backend.timings import FirstTokenTimes
 
     m = object.__new__(module.TritonPythonModel)
     m.engine_process = True
@@ -85,7 +85,7 @@ def model(monkeypatch):
 
 
 def test_streams_spread_over_the_response_threads_keep_their_responses_whole_and_in_order(model):
-    from launcher.engines.hf_outputs import Output
+    from launcher.hf.outputs import Output
 
     module, m = model
     assert len(m._queues) == 4 and m._queues[0] is None and len(m._threads) == 3  # shard 0: the receive thread

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from launcher import hostcheck
-from launcher.cli import compose
-from launcher.spec import build_spec, plain, typed_config
+from launcher.compose import compose
+from launcher.spec import plain
+from launcher.validate import build_spec, typed_config
 from tests.unit.test_field_domains import make_hf_folder
 
 GPU = lambda: (True, "a GPU for this test")  # noqa: E731
@@ -150,3 +151,71 @@ def test_a_sweep_point_that_launches_is_checked_and_a_dry_one_is_not(tmp_path):
     assert any("model.path='/nonexistent-model'" in p and "fix:" in p for p in problems), problems
     _, problems = _validate(compose(args + ["dry_run=true"]), plain(compose(args + ["dry_run=true"])))
     assert problems == []
+
+
+def shaped_folder(path: Path, **shape) -> Path:
+    """A Hugging Face folder whose config.json gives the model's shape (what tp and pp are checked against)."""
+    import json
+
+    make_hf_folder(path)
+    (path / "config.json").write_text(json.dumps(shape))
+    return path
+
+
+LLAMA_8B = dict(num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=32, intermediate_size=14336)
+
+
+@pytest.mark.parametrize("overrides,found", [
+    # the default model (SmolLM2: 9 heads, 3 KV heads) before it is made: tp=2 splits neither, tp=3 splits both
+    (["cluster=local_slurm", "tp=2", "nodes=2"], ("tp=2", "9 attention heads or its 3 KV heads", "use tp=1, 3 with engine=hf")),
+    (["tp=3"], None),
+    (["model=tiny", "tp=4"], ("tp=4", "2 KV heads", "use tp=1, 2 with engine=hf")),
+    (["model=tiny", "tp=2"], None),
+])
+def test_tp_is_checked_against_a_made_models_heads_before_launch(overrides, found):
+    problems, _ = check(overrides)
+    mine = [p for p in problems if p[0].startswith("tp=")]
+    if found is None:
+        assert mine == []
+    else:
+        assert len(mine) == 1 and mine[0][0] == found[0] and found[1] in mine[0][1] and mine[0][2] == found[2], mine
+
+
+def test_tp_against_a_folders_config_and_kv_heads_replicated_where_the_engine_does(tmp_path):
+    hf = shaped_folder(tmp_path / "llama", **LLAMA_8B)
+    base = ["cluster=luna", f"model.path={hf}"]
+    assert check(base + ["engine=vllm", "tp=16", "nodes=2"])[0] == []  # 8 KV heads, each on two ranks
+    problems, _ = check(base + ["engine=hf", "replicas=1", "tp=16", "nodes=2"])
+    assert [p[0] for p in problems] == ["tp=16"] and "8 KV heads" in problems[0][1] and "config.json" in problems[0][1]
+    assert problems[0][2] == "use tp=1, 2, 4, 8 with engine=hf"
+
+
+def test_a_tp_that_fits_the_heads_but_not_the_mlp_is_named(tmp_path):
+    hf = shaped_folder(tmp_path / "odd", num_attention_heads=12, num_key_value_heads=12, num_hidden_layers=4, intermediate_size=100)
+    problems, _ = check(["cluster=luna", "engine=vllm", f"model.path={hf}", "tp=3"])
+    assert [p[0] for p in problems] == ["tp=3"] and "MLP's 100 rows" in problems[0][1]
+
+
+def test_more_pipeline_stages_than_layers_is_refused(tmp_path):
+    hf = shaped_folder(tmp_path / "short", **{**LLAMA_8B, "num_hidden_layers": 2})
+    problems, _ = check(["cluster=luna", "engine=vllm", f"model.path={hf}", "pp=4"])
+    assert [p[0] for p in problems] == ["pp=4"] and "2 layers" in problems[0][1] and problems[0][2] == "use pp=2 or fewer"
+
+
+def test_a_multimodal_config_is_read_for_its_language_model(tmp_path):
+    hf = shaped_folder(tmp_path / "vl", text_config=dict(LLAMA_8B), vision_config={"num_attention_heads": 16})
+    assert check(["cluster=luna", "engine=vllm", f"model.path={hf}", "tp=8"])[0] == []
+    assert [p[0] for p in check(["cluster=luna", "engine=vllm", f"model.path={hf}", "tp=6"])[0]] == ["tp=6"]
+
+
+def test_a_tp_the_model_cannot_take_exits_2_before_submission(tmp_path):
+    """`llmlaunch cluster=local_slurm tp=2 nodes=2` with the default model: refused on the launch host, nothing written."""
+    import subprocess
+    import sys
+
+    jobs = tmp_path / "jobs"
+    r = subprocess.run([sys.executable, "-m", "launcher.cli", "cluster=local_slurm", "tp=2", "nodes=2", f"cluster.jobs_dir={jobs}"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "tp=2: tp does not divide its 9 attention heads or its 3 KV heads" in r.stderr and "use tp=1, 3 with engine=hf" in r.stderr
+    assert not jobs.exists()

@@ -1,4 +1,4 @@
-"""launcher.serving.instances: how the instances of one Triton model find the engine the first one starts."""
+"""launcher.python_backend.instances: how the instances of one Triton model find the engine the first one starts."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from launcher.serving.instances import InstanceShare, instance_index
+from launcher.python_backend.instances import InstanceShare, instance_index
 
 CONFIG = {"name": "vllm_model", "instance_group": [{"name": "vllm_model_0", "count": 3}]}
 

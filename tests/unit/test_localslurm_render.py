@@ -1,12 +1,12 @@
-"""launcher.localslurm without a cluster: the rendered configuration files and commands (launcher/localslurm_conf.py),
+"""launcher.localslurm.cluster without a cluster: the rendered configuration files and commands (launcher/localslurm/conf.py),
 and what is refused or reported before anything runs. The real cluster (root): tests/integration/test_localslurm.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from launcher import localslurm
-from launcher import localslurm_conf as ls
+from launcher.localslurm import cluster as localslurm
+from launcher.localslurm import conf as ls
 
 SPEC = ls.Spec(state_dir="/srv/ls", nodes=2, gpus_per_node=3, ctl_hostname="ctl", db_password="pw")
 

@@ -8,7 +8,7 @@ import pytest
 from launcher.openai_api import translate as tr
 from launcher.openai_api.app import TextChunks, _sse
 from launcher.openai_api.counters import WIDTH, Counters, shared_size
-from launcher.serving.responders import API_MAX_PROCESSES, api_processes
+from launcher.python_backend.responders import API_MAX_PROCESSES, api_processes
 
 
 def test_each_worker_writes_its_slot_and_every_worker_reads_the_sums():

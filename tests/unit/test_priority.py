@@ -1,4 +1,4 @@
-"""launcher.serving.priority: the response path's nice value, set on every thread of a real process."""
+"""launcher.python_backend.priority: the response path's nice value, set on every thread of a real process."""
 
 import os
 import subprocess
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from launcher.serving.priority import lower_priority, thread_ids, thread_nices
+from launcher.python_backend.priority import lower_priority, thread_ids, thread_nices
 
 # A child with three threads besides its main one, each told apart by its name; one of them has raised its own nice
 # to 15 before the test lowers the process to 5 (a higher value stays: lower_priority never raises a priority).

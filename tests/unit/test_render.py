@@ -13,7 +13,9 @@ import pytest
 
 from launcher import pbtxt
 from launcher.cli import plan
-from launcher.render import RENDERED_TEXT, PACKAGE_ROOT, allocation_step, plan_text, rank_command, repository_files, sbatch_script
+from launcher.paths import PACKAGE_ROOT
+from launcher.plan import plan_text
+from launcher.render import RENDERED_TEXT, allocation_step, rank_command, repository_files, sbatch_script
 
 EXPECTED = Path(__file__).resolve().parents[1] / "expected"
 REGEN = os.environ.get("LLMLAUNCH_REGEN") == "1"

@@ -1,4 +1,4 @@
-"""The rule for a rank whose child ends unasked (launcher/rank.py decide_exit), and how the loss of a
+"""The rule for a rank whose child ends unasked (launcher/rank/ decide_exit), and how the loss of a
 replica is recorded and shown, without Slurm. The real thing on the local Slurm cluster:
 tests/integration/test_slurm_launch.py::test_losing_replica_1_keeps_the_job_serving_on_replica_0."""
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from launcher.rank import Outcome, decide_exit
+from launcher.rank.supervise import Outcome, decide_exit
 from launcher.rundir import RunDir, record_once
 
 
@@ -94,7 +94,7 @@ def test_job_serving_only_for_this_runs_endpoint(tmp_path):
 
 
 def test_status_shows_the_lost_replica_and_the_job_still_serving(tmp_path, monkeypatch):
-    from launcher import slurm
+    from launcher.schedulers import slurm_jobs as slurm
 
     (tmp_path / "launch.json").write_text(json.dumps({"replicas": 2}))
     (tmp_path / "endpoint.json").write_text(json.dumps({"url": "grpc://10.0.0.1:8001", "model": "hf_model"}))
@@ -124,7 +124,7 @@ def test_srun_waits_for_every_task_only_with_replicas():
 
 
 def test_status_of_an_ended_job_does_not_claim_replicas_serve(tmp_path, monkeypatch):
-    from launcher import slurm
+    from launcher.schedulers import slurm_jobs as slurm
 
     (tmp_path / "launch.json").write_text(json.dumps({"replicas": 2}))
     (tmp_path / "endpoint.json").write_text(json.dumps({"url": "grpc://10.0.0.1:8001", "model": "hf_model"}))
@@ -139,13 +139,13 @@ def test_status_of_an_ended_job_does_not_claim_replicas_serve(tmp_path, monkeypa
 
 
 def test_rank_0_waits_for_each_leaders_ready_file_of_this_run_and_takes_the_ports_it_bound(tmp_path):
-    """launcher.serving.rank0_frontend.wait_leaders_ready: a leader counts once its ready file carries this rendezvous's token (an
+    """launcher.rank.frontend.wait_leaders_ready: a leader counts once its ready file carries this rendezvous's token (an
     earlier run's file, or one without a token, does not), and the ports the front end and endpoint.json get are the
     ones in that file: a leader whose port was taken between the rendezvous and its server's bind retried on others.
     A failure file or the deadline ends the wait with the rank named."""
     import threading
 
-    from launcher.serving.rank0_frontend import wait_leaders_ready
+    from launcher.rank.frontend import wait_leaders_ready
 
     (tmp_path / "ready_rank1.json").write_text(json.dumps({"ports": {"grpc_port": 40001}, "token": "old"}))
     (tmp_path / "ready_rank2.json").write_text(json.dumps({"ports": {"grpc_port": 40002}}))

@@ -1,7 +1,7 @@
-"""launcher.serving.responders: one rule sizes who sends a served engine's responses (hf stub threads, their nice
+"""launcher.python_backend.responders: one rule sizes who sends a served engine's responses (hf stub threads, their nice
 value, rank 0's front-end processes) from the device, the CPUs, the replicas and engine.response_processes."""
 
-from launcher.serving.responders import GPU_NICE, GPU_THREADS, Responders, responders
+from launcher.python_backend.responders import GPU_NICE, GPU_THREADS, Responders, responders
 
 
 def test_an_engine_process_on_a_gpu_gets_four_threads_and_a_lower_priority_response_path():

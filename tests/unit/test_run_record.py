@@ -17,7 +17,8 @@ import pytest
 from launcher.errors import LaunchError
 from launcher.readiness import (CSV_COLUMNS, breakdown, csv_columns, format_breakdown, process_start_time,
                                 queue_reasons, reported_phases, reported_versions, slurm_time, triton_log_marks)
-from launcher.record import (RECORD_SCHEMA, base_record, config_from_record, join_record, pinned_values, read_record)
+from launcher.compose import config_from_record
+from launcher.record import RECORD_SCHEMA, base_record, join_record, pinned_values, read_record
 from launcher.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -101,7 +102,7 @@ def test_the_record_joins_the_launching_sides_part_with_what_rank_0_saw(tmp_path
 
 
 def _record(tmp_path, **changes) -> Path:
-    from launcher.cli import composed
+    from launcher.compose import composed
     from omegaconf import OmegaConf
 
     overrides = ["model=tiny", "engine.max_num_seqs=16"]

@@ -1,6 +1,6 @@
 """The run directory (launcher/rundir.py): each file's writer and reader agree, records of an earlier run or
 half-written files are not taken for this run's, and wait_for_endpoint waits, reports and gives up as asked.
-The scheduler registry (launcher/scheduler.py): every cluster profile's scheduler renders the request the
+The scheduler registry (launcher/schedulers/base.py): every cluster profile's scheduler renders the request the
 dry run prints."""
 
 from __future__ import annotations
@@ -75,9 +75,9 @@ def test_wait_for_endpoint_gives_up_and_check_ends_it(tmp_path):
 
 @pytest.mark.parametrize("cluster", ["local", "local_slurm", "luna", "slurm"])
 def test_every_cluster_has_a_scheduler_whose_request_the_dry_run_prints(cluster):
-    from launcher import scheduler
+    from launcher.schedulers import registry as scheduler
     from launcher.cli import plan
-    from launcher.render import plan_text
+    from launcher.plan import plan_text
 
     _, spec = plan([f"cluster={cluster}", "engine=hf"])
     backend = scheduler.for_spec(spec)

@@ -1,4 +1,4 @@
-"""How the engines' shared runtime (launcher.engines.vllm_sglang_lmdeploy) sends a request's responses.
+"""How the engines' shared runtime (launcher.python_backend.async_runtime) sends a request's responses.
 
 Triton's `triton_python_backend_utils` exists only inside the python backend stub; here a module of the
 same name records responses, so the sender threads run as they do in the stub. What is checked: text that
@@ -55,8 +55,8 @@ class Sender:
 
 @pytest.fixture
 def runtime(pb_utils):
-    from launcher.engines.vllm_sglang_lmdeploy import AsyncEngineRuntime, EngineAdapter
-    from launcher.serving import triton_io
+    from launcher.python_backend.async_runtime import AsyncEngineRuntime, EngineAdapter
+    from launcher.python_backend import triton_io
 
     rt = AsyncEngineRuntime(EngineAdapter())
     rt._responder = triton_io.Responder()
@@ -71,7 +71,7 @@ def runtime(pb_utils):
 
 
 def test_text_made_during_a_send_goes_out_merged_in_order(runtime):
-    from launcher.engines.vllm_sglang_lmdeploy import _Outbox
+    from launcher.python_backend.async_runtime import _Outbox
 
     slow = Sender(block_first=True)
     out = _Outbox(slow, shard=0)
@@ -86,7 +86,7 @@ def test_text_made_during_a_send_goes_out_merged_in_order(runtime):
 
 
 def test_a_slow_request_does_not_hold_up_another_shard(runtime):
-    from launcher.engines.vllm_sglang_lmdeploy import _Outbox
+    from launcher.python_backend.async_runtime import _Outbox
 
     slow, fast = Sender(block_first=True), Sender()
     runtime._post(_Outbox(slow, shard=0), " s", 1, 1)
@@ -100,7 +100,7 @@ def test_a_slow_request_does_not_hold_up_another_shard(runtime):
 
 
 def test_an_engine_error_sends_the_text_made_before_it_then_the_error(runtime):
-    from launcher.engines.vllm_sglang_lmdeploy import _Outbox
+    from launcher.python_backend.async_runtime import _Outbox
 
     s = Sender(block_first=True)
     out = _Outbox(s, shard=2)
@@ -114,7 +114,7 @@ def test_an_engine_error_sends_the_text_made_before_it_then_the_error(runtime):
 
 
 def test_final_counts_only_streams_text_alone(runtime):
-    from launcher.engines.vllm_sglang_lmdeploy import _Outbox
+    from launcher.python_backend.async_runtime import _Outbox
 
     s = Sender()
     out = _Outbox(s, shard=3)

@@ -1,9 +1,9 @@
-"""launcher.serving.timings: the engine and first-token counters read back from a Prometheus metrics text (no
+"""launcher.python_backend.timings: the engine and first-token counters read back from a Prometheus metrics text (no
 server). The hf model exposing them under a real tritonserver: tests/integration/test_hf_serving.py."""
 
 
 def test_read_engine_metrics_maps_counters_to_engine_fields():
-    from launcher.serving.timings import read_engine_metrics
+    from launcher.python_backend.timings import read_engine_metrics
 
     text = """# TYPE llmlaunch_engine_seconds counter
 llmlaunch_engine_seconds{model="a",part="step"} 2.5
@@ -25,7 +25,7 @@ llmlaunch_first_tokens{model="a"} 10
 
 
 def test_read_first_token_metrics_sums_one_model_and_skips_the_rest():
-    from launcher.serving.timings import mean_first_token_ms, read_first_token_metrics
+    from launcher.python_backend.timings import mean_first_token_ms, read_first_token_metrics
 
     text = """# HELP llmlaunch_first_token_seconds seconds ...
 # TYPE llmlaunch_first_token_seconds counter

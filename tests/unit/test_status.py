@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from launcher import slurm
-from launcher.slurm import job_state
+from launcher.schedulers import slurm_jobs as slurm
+from launcher.schedulers.slurm_jobs import job_state
 
 FAIL1 = {"rank": 1, "node": 1, "host": "node2", "exit_code": -9, "log": "/run/7_1_log.out", "log_tail": "tail", "reason": "server exited with status -9 unasked"}
 
@@ -114,7 +114,7 @@ def test_status_follows_a_requeued_job_to_its_new_endpoint(tmp_path, monkeypatch
 
 
 def test_the_drain_reason_names_the_job_and_what_follows():
-    from launcher.serving.drain import walltime_reason
+    from launcher.rank.drain import walltime_reason
 
     assert walltime_reason("7", True).startswith("job 7 is draining at its Slurm time limit: requests in flight finish, new ones are refused; it is requeued")
     assert walltime_reason("7", False).endswith("it then ends (launch it again for more time)")

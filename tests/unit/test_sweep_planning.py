@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from launcher import sweep_plan as sweep
-from launcher.allocation import allocation_problems
+from launcher.schedulers.allocation import allocation_problems
 from launcher.render import client_argv
-from launcher.cli import compose, plan
+from launcher.cli import plan
+from launcher.compose import compose
 
 ROOT = Path(__file__).resolve().parents[2]
 # A tiny load: 4 measured requests of 4 tokens after one warm-up request.
@@ -202,11 +203,11 @@ def test_invalid_points_are_failure_records_not_a_crash(tmp_path):
     stale.mkdir(parents=True)
     (stale / "result.json").write_text("{}")
     (stale / "point.json").write_text(json.dumps({"measure_key": "old", "config": {"bench": {"concurrency": 8}}}))
-    r = llmlaunch(tmp_path, "cluster=local_slurm", "tp=3,1", "bench.concurrency=0", *TINY_LOAD, f"hydra.sweep.dir={sweep_dir}", "cluster.jobs_dir=" + str(tmp_path / "jobs"))
+    r = llmlaunch(tmp_path, "cluster=local_slurm", "tp=5,1", "bench.concurrency=0", *TINY_LOAD, f"hydra.sweep.dir={sweep_dir}", "cluster.jobs_dir=" + str(tmp_path / "jobs"))
     assert r.returncode == 0, r.stderr
     assert "result.json was measured with another config (bench.concurrency: 8 -> 0" in r.stderr
     assert (stale / "result.previous.json").exists() and not (stale / "result.json").exists()
-    for point, needle in (("tp=3", "tp must be a power of two"), ("tp=1", "bench.concurrency=0")):
+    for point, needle in (("tp=5", "needs 5 GPUs"), ("tp=1", "bench.concurrency=0")):
         f = json.loads((sweep_dir / point / "failure.json").read_text())
         assert f["stage"] == "validate" and needle in f["error"] and f"{point}" in f["overrides"]
     assert not (tmp_path / "jobs").exists()

@@ -49,8 +49,8 @@ def test_stub_python_goes_first_on_path_and_engine_keeps_this_interpreter(bare_v
     monkeypatch.setenv(lt.STUB_PYTHON_ENV, str(bare_venv))
     env = lt.server_env(_wheel())
     assert env["PATH"].split(os.pathsep)[0] == str(bare_venv.parent)
-    assert env["LLMLAUNCH_PYTHON"] == sys.executable
-    assert Path(env["LLMLAUNCH_ROOT"], "launcher", "triton.py").exists()
+    assert env["_LLMLAUNCH_PYTHON"] == sys.executable
+    assert Path(env["_LLMLAUNCH_ROOT"], "launcher", "triton.py").exists()
     assert lt.stub_numpy_version(str(bare_venv)) == "1.26.4"
 
 
@@ -247,7 +247,7 @@ def _shared_library(path: Path, needs=(), symbol="x"):
 
 @pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler to build the stand-in libraries")
 def test_torch_cudnn_is_preloaded_by_full_path_for_an_engine_in_the_stub(tmp_path):
-    """launcher.engines.torch_libs, which the hf model calls before it starts an engine in the stub (a mix seen on a GPU host:
+    """launcher.python_backend.torch_libs, which the hf model calls before it starts an engine in the stub (a mix seen on a GPU host:
     torch's libcudnn_adv, loaded before torch's libcudnn_ops, pulled in the system's ops through LD_LIBRARY_PATH).
     Stand-ins for torch's cuDNN wheel folder and a system folder, real ELF libraries built here with sonames and
     DT_NEEDED as cuDNN's (adv needs ops and graph, ops needs graph); real loading in fresh processes with the system
@@ -265,10 +265,10 @@ def test_torch_cudnn_is_preloaded_by_full_path_for_an_engine_in_the_stub(tmp_pat
         _shared_library(d / "libcudnn_ops.so.9", ["libcudnn_graph.so.9"], symbol="ops")
     _shared_library(lib / "libcudnn_adv.so.9", ["libcudnn_ops.so.9", "libcudnn_graph.so.9"], symbol="adv")
     (lib / "libcudnn_broken.so.9").write_text("not a shared library\n")
-    from launcher.engines.torch_libs import elf_needed
+    from launcher.python_backend.torch_libs import elf_needed
 
     assert elf_needed(str(lib / "libcudnn_adv.so.9"))[:2] == ["libcudnn_ops.so.9", "libcudnn_graph.so.9"]
-    probe = ("import ctypes, json, sys; from launcher.engines.torch_libs import torch_cudnn_dir, "
+    probe = ("import ctypes, json, sys; from launcher.python_backend.torch_libs import torch_cudnn_dir, "
              "preload_torch_cudnn, mapped_from\n"
              "d = torch_cudnn_dir()\n"
              "if sys.argv[1] == 'name-order':\n"

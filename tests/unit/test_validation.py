@@ -15,7 +15,8 @@ LLMLAUNCH = [sys.executable, "-m", "launcher.cli"]
 CASES = [
     (["engine=foo"], "engine=foo", "choose one of: hf, lmdeploy, sglang, trtllm, vllm"),
     (["cluster=nowhere"], "cluster=nowhere", "choose one of: local, local_slurm, luna, slurm"),
-    (["tp=3"], "tp=3", "power of two"),
+    (["engine=sglang", "model.path=/m", "tp=3"], "tp=3", "power of two"),
+    (["engine=trtllm", "model.path=/m", "tp=6"], "tp=6", "use tp=1, 2, 4 or 8"),
     (["engine.prefill_chunk=-1"], "engine.prefill_chunk=-1", "set engine.prefill_chunk=0"),
     (["engine.response_processes=0"], "engine.response_processes=0", "set engine.response_processes=1"),
     (["engine.stream_interval_ms=-4"], "engine.stream_interval_ms=-4", "set engine.stream_interval_ms=0"),
@@ -95,11 +96,11 @@ def test_trtllm_layout_says_which_model_path_it_needs(tmp_path):
 
 def test_several_problems_reported_together():
     with pytest.raises(LaunchError) as e:
-        plan(["tp=3", "serve.grpc_port=0", "job_name=x y"])
+        plan(["tp=0", "serve.grpc_port=0", "job_name=x y"])
     assert len(e.value.problems) == 3
 
 
-@pytest.mark.parametrize("args,needle", [(["tp=3", "dry_run=true"], "tp=3"), (["engine=foo", "dry_run=true"], "engine=foo"), (["tp=abc", "dry_run=true"], "tp=abc")])
+@pytest.mark.parametrize("args,needle", [(["engine=sglang", "model.path=/m", "tp=3", "dry_run=true"], "tp=3"), (["engine=foo", "dry_run=true"], "engine=foo"), (["tp=abc", "dry_run=true"], "tp=abc")])
 def test_cli_exit_2_no_traceback(args, needle, tmp_path):
     env = {**os.environ, "HOME": str(tmp_path)}
     r = subprocess.run(LLMLAUNCH + args, capture_output=True, text=True, cwd=tmp_path, env=env)
@@ -124,12 +125,12 @@ def test_dry_run_prints_plan_and_writes_nothing(tmp_path):
 
 def test_cli_validates_a_launch_once(monkeypatch, capsys):
     """`llmlaunch ... dry_run=true` composes and validates once and prints the plan of that spec."""
-    import launcher.spec
+    import launcher.validate
     from launcher import cli
 
     calls = []
-    real = launcher.spec.build_spec
-    monkeypatch.setattr(launcher.spec, "build_spec", lambda cfg: calls.append(1) or real(cfg))
+    real = launcher.validate.build_spec
+    monkeypatch.setattr(launcher.validate, "build_spec", lambda cfg: calls.append(1) or real(cfg))
     cli.main(["cluster=luna", "engine=trtllm", "tp=8", "engine.engine_dir=/e", "model.path=/m", "run_dir=/x", "dry_run=true"])
     assert len(calls) == 1
     assert "#SBATCH --ntasks-per-node=8" in capsys.readouterr().out
@@ -203,7 +204,7 @@ def test_a_word_that_is_no_override_says_what_and_how_to_quote(argv, what, fix):
 
 
 def test_a_flags_value_is_no_stray_word():
-    from launcher.cli import check_words
+    from launcher.compose import check_words
 
     check_words(["--cfg", "job", "tp=2"])  # Hydra's --cfg takes `job`: nothing to report
 

@@ -1,12 +1,12 @@
 """Triton python-backend model serving llmlaunch's `hf` engine (decoupled, streaming).
 
 Arguments: `1/model.json` (the file config.pbtxt's `engine_args_file` parameter names), read into
-launcher.engines.hf_args.HFEngineArgs, which says what each key does and holds its default; a key it does not
+launcher.hf.args.HFEngineArgs, which says what each key does and holds its default; a key it does not
 have fails the load, listing the valid ones.  The launcher writes the file from the engine config.  How this model
 uses some of them:
-  tp_size           > 1: one tritonserver runs per rank (launcher.rank sets LLMLAUNCH_GROUP_RANK/_SIZE,
-                    LLMLAUNCH_LEADER_ADDR, LLMLAUNCH_DIST_PORT): group rank 0 (the leader) runs the engine and
-                    takes requests; the other ranks run the worker loop of launcher.engines.hf_tp on their shard
+  tp_size           > 1: one tritonserver runs per rank (launcher.rank sets _LLMLAUNCH_GROUP_RANK/_SIZE,
+                    _LLMLAUNCH_LEADER_ADDR, _LLMLAUNCH_DIST_PORT): group rank 0 (the leader) runs the engine and
+                    takes requests; the other ranks run the worker loop of launcher.hf.tp on their shard
                     and take no requests.  tp_size must divide the model's attention and kv heads (checked at
                     load, clear error).  If a rank's engine process dies, this model stops its tritonserver, so
                     the rank supervisor fails the whole job (fail fast; with replicas > 1 on a serving job, only
@@ -19,12 +19,12 @@ uses some of them:
                     stream, but at 32 streams the engine and the responses share one GIL (worse TTFT and 0.93-0.95
                     of the tokens/s).
 
-Response threads and nice value: launcher.serving.responders' rule, from the engine's device (4 threads and nice
+Response threads and nice value: launcher.python_backend.responders' rule, from the engine's device (4 threads and nice
 10 for an engine process on a GPU, 1 thread and unchanged priority on CPU).  The engine process's receive thread
 is the first response thread.  While fewer streams are open than there are threads, a new stream stays with the
 receive thread: a hand-off to another thread would only add its wake-up to the stream's tokens.  The nice value
 goes to this model's stubs and (from the instance that started it) tritonserver; the engine process keeps the one
-it started with (launcher.serving.priority).  No privileges needed; where the system refuses (a container's
+it started with (launcher.python_backend.priority).  No privileges needed; where the system refuses (a container's
 seccomp policy, say), a warning is logged and the server serves as is.
 
 instance_group count N > 1 (llmlaunch's engine.response_processes): N stub processes share one engine
@@ -38,7 +38,7 @@ responses cost CPU beside the engine process, so the default is one.
 A reload of the model inside a running server must unload it first (the new instances would attach to
 the old engine).
 
-Responses keep and resend the tensors that repeat (launcher.serving.triton_io.Responder: texts, counts,
+Responses keep and resend the tensors that repeat (launcher.python_backend.triton_io.Responder: texts, counts,
 finish reasons; building a tensor in the stub costs 12-30 us and its first send a copy into shared memory).
 
 Inputs and outputs are launcher.contract's (the TensorRT-LLM ensemble interface),
@@ -46,7 +46,7 @@ with a leading batch dimension when max_batch_size > 0; batches > 1 are rejected
 
 Threads and processes: Triton calls `execute` on the stub's main thread; it
 validates and tokenizes requests, queues them with the engine and returns at
-once.  The engine runs in a child process (launcher.engines.hf_process) so that
+once.  The engine runs in a child process (launcher.hf.client) so that
 building and sending responses never competes with the engine loop for the
 GIL; its outputs arrive once per engine step on a receive thread, which turns
 them into responses (merging the pieces of a request from steps that queued up
@@ -55,7 +55,7 @@ cancellation; with several response threads it keeps one share of the streams an
 hands the others to as many more threads.  With engine_process=false the
 engine runs on a thread of this process and one responder thread does the same.
 
-Metrics (launcher.serving.timings; means logged at unload): with the engine process, where
+Metrics (launcher.python_backend.timings; means logged at unload): with the engine process, where
 each streamed request's first token spent its time in here (execute took it -> read and queued ->
 engine received -> first token made -> this stub had it -> response built -> response sent) goes to tritonserver's
 metrics port as llmlaunch_first_token_seconds{part=parse|add|engine|back|respond|send} and
@@ -82,12 +82,12 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
         sys.path.append(_p)
 
 from launcher.contract import INPUT_NAMES
-from launcher.engines.hf_args import ARGS_FILE, HFEngineArgs
-from launcher.engines.hf_engine import describe_features
-from launcher.serving import triton_io
-from launcher.serving.priority import lower_priority
-from launcher.serving.responders import GPU_NICE, responders
-from launcher.serving.timings import ENGINE_COUNTERS, FIRST_TOKEN_COUNTERS, Counters, FirstTokenTimes, engine_summary
+from launcher.hf.args import ARGS_FILE, HFEngineArgs
+from launcher.hf.engine import describe_features
+from launcher.python_backend import triton_io
+from launcher.python_backend.priority import lower_priority
+from launcher.python_backend.responders import GPU_NICE, responders
+from launcher.python_backend.timings import ENGINE_COUNTERS, FIRST_TOKEN_COUNTERS, Counters, FirstTokenTimes, engine_summary
 
 # Optional inputs this model honours.  exclude_input_in_output is honoured by construction (the prompt is never
 # echoed); pad_id and return_log_probs are accepted and ignored (a note is logged once).
@@ -190,7 +190,7 @@ class TritonPythonModel:
         if not a.model_path:
             raise pb_utils.TritonModelException(f"{path}: model_path is empty: point it at a HF model folder")
         self.tp = max(1, a.tp_size)
-        self.tp_rank = int(os.environ.get("LLMLAUNCH_GROUP_RANK", "0") or 0) if self.tp > 1 else 0
+        self.tp_rank = int(os.environ.get("_LLMLAUNCH_GROUP_RANK", "0") or 0) if self.tp > 1 else 0
         self.cancel_check_s = a.cancel_check_ms / 1000.0
         self.stream_interval_s = a.stream_interval_ms / 1000.0
         self.engine_process = a.engine_process
@@ -214,7 +214,7 @@ class TritonPythonModel:
         self._share_files = None  # the owner's (lock fd, lock path)
         self._engine_owner = True  # this instance started the engine (process)
         if self.engine_process:
-            from launcher.engines.hf_process import EngineProcess
+            from launcher.hf.client import EngineProcess
 
             # its receive thread hands over each engine step's outputs at once; `_route` passes them to the
             # responder threads.  The engine process itself merges outputs over stream_interval_ms, so
@@ -241,8 +241,8 @@ class TritonPythonModel:
             self._engine_callback = _ignore  # outputs arrive through on_batch
             self.stream_interval_s = 0.0
         else:
-            from launcher.engines.hf_engine import Engine
-            from launcher.engines.torch_libs import mapped_from, preload_torch_cudnn
+            from launcher.hf.engine import Engine
+            from launcher.python_backend.torch_libs import mapped_from, preload_torch_cudnn
 
             # the stub's library path would give torch's cuDNN the system's sub-libraries (torch_libs' docstring)
             preloaded = preload_torch_cudnn()
@@ -258,19 +258,19 @@ class TritonPythonModel:
             dirs = sorted({os.path.dirname(p) for p in mapped_from("libcudnn")})
             if preloaded or dirs:  # a GPU torch
                 source = os.path.dirname(os.path.realpath(preloaded[0])) if preloaded else ""
-                mixed = ": two cuDNNs mixed, decode runs slower (launcher.engines.torch_libs)" if len(dirs) > 1 else ""
+                mixed = ": two cuDNNs mixed, decode runs slower (launcher.python_backend.torch_libs)" if len(dirs) > 1 else ""
                 _log("warn" if mixed else "info",
                      f"engine in the stub: cuDNN {'preloaded from ' + source if source else 'not preloaded'}, "
                      f"mapped from {', '.join(dirs) or '(none yet)'}{mixed}")
             self._engine_callback = self._on_output
-        # response threads and nice value, once the engine's device is known (launcher.serving.responders)
+        # response threads and nice value, once the engine's device is known (launcher.python_backend.responders)
         self._responders = responders(str(self.engine.device).split(":")[0], len(os.sched_getaffinity(0)),
                                       self.instances, engine_process=self.engine_process)
 
     def _share_engine(self):
         """(this instance starts the shared engine process?, its unix socket path).  The first instance of this model
         in this tritonserver to take the lock starts it; the lock is held until that instance finalizes."""
-        from launcher.serving.instances import private_dir, share_key
+        from launcher.python_backend.instances import private_dir, share_key
 
         base, key = private_dir(), share_key(self.model_config.get("name", ""))
         lock_path, sock = os.path.join(base, f"hf-{key}.lock"), os.path.join(base, f"hf-{key}.sock")
@@ -295,9 +295,9 @@ class TritonPythonModel:
             t.start()
 
     def _lower_priority(self) -> str:
-        """The rule's nice value (launcher.serving.responders: GPU_NICE for an engine process on a GPU, else 0) for
+        """The rule's nice value (launcher.python_backend.responders: GPU_NICE for an engine process on a GPU, else 0) for
         this stub's threads, and tritonserver's if this instance started the engine process; the engine process,
-        started already, keeps its own (launcher.serving.priority says why).  -> the words for the ready line (""
+        started already, keeps its own (launcher.python_backend.priority says why).  -> the words for the ready line (""
         when 0).  Where the system refuses (a container's seccomp policy, say), it says so and goes on unchanged."""
         nice = self._responders.nice
         if not nice:
@@ -326,7 +326,7 @@ class TritonPythonModel:
         stream: a hand-off costs a first token ~0.1 ms, and with several response
         processes most streams belong to a responder thread.  The stream's later outputs go to its thread only in
         later calls, after this one has sent its first response, so its responses stay in order.  The engine
-        process sends a step's first outputs ahead of its others as well (hf_process._Peers.send_outputs)."""
+        process sends a step's first outputs ahead of its others as well (launcher.hf.multiplexer.Peers.send_outputs)."""
         got = time.monotonic()
         shares = [[] for _ in self._queues]
         first, new = [], []

@@ -46,8 +46,8 @@ Triton's vllm_backend; written for llmlaunch.
 * Backends: TurboMind (default) runs tensor parallelism inside one node. The PyTorch
   backend spans nodes through Ray (docs/en/advance/pytorch_multinodes.md): on a copy of
   several nodes this model (on the copy's leader) starts the Ray head on
-  LLMLAUNCH_DIST_PORT, waits for the other nodes' `ray start`, and builds the engine with
-  `distributed_executor_backend="ray"` (launcher.engines.vllm_ray).
+  _LLMLAUNCH_DIST_PORT, waits for the other nodes' `ray start`, and builds the engine with
+  `distributed_executor_backend="ray"` (launcher.engines.ray).
 
 Parameters (config.pbtxt, written by launcher/engines/registry.py): model_path, tp_size,
 pp_size, nnodes, max_num_seqs (-> max_batch_size), dtype, max_model_len / session_len,
@@ -68,7 +68,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
         sys.path.append(_p)
 
 from launcher.contract import INPUT_NAMES
-from launcher.engines.vllm_sglang_lmdeploy import EngineAdapter, Log, Piece, RuntimeModel
+from launcher.python_backend.async_runtime import EngineAdapter, Log, Piece, RuntimeModel
 
 DTYPES = ("auto", "float16", "bfloat16")
 
@@ -98,7 +98,7 @@ def backend_config_kwargs(params: dict, fields: set) -> dict:
 
 
 def generation_kwargs(p) -> dict:
-    """launcher.serving.triton_io.SamplingParams -> lmdeploy.GenerationConfig keyword arguments."""
+    """launcher.python_backend.triton_io.SamplingParams -> lmdeploy.GenerationConfig keyword arguments."""
     if p.temperature > 2:
         raise ValueError(f"LMDeploy accepts temperature in [0, 2] (0 = greedy), got {p.temperature}")
     greedy = p.temperature == 0
@@ -182,12 +182,12 @@ class LMDeployAdapter(EngineAdapter):
                              "(the PyTorch backend wants cache_max_entry_count in (0, 1))") from exc
         nnodes = int(self.params.get("nnodes", 1) or 1)
         if nnodes > 1:
-            from launcher.engines.vllm_ray import RayHead
+            from launcher.engines.ray import RayHead
 
-            port = int(os.environ.get("LLMLAUNCH_DIST_PORT", "0") or 0)
+            port = int(os.environ.get("_LLMLAUNCH_DIST_PORT", "0") or 0)
             if not port:
-                raise RuntimeError("lmdeploy: LLMLAUNCH_DIST_PORT is not set; multi-node copies are started by `python -m launcher.rank`")
-            self.ray_head = RayHead(port, os.environ.get("LLMLAUNCH_LEADER_ADDR", ""), nnodes, log=self.log.info)
+                raise RuntimeError("lmdeploy: _LLMLAUNCH_DIST_PORT is not set; multi-node copies are started by `python -m launcher.rank`")
+            self.ray_head = RayHead(port, os.environ.get("_LLMLAUNCH_LEADER_ADDR", ""), nnodes, log=self.log.info)
             self.ray_head.start()
         self.log.info(f"building AsyncEngine({self.params['model_path']}, backend={backend}, {config_cls.__name__}({cfg_kwargs}))")
         engine_kwargs = {"backend": backend, "backend_config": backend_config}

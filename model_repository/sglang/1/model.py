@@ -10,7 +10,7 @@ and `engine.shutdown()`. Learned from SGLang's Triton python backend and
 Triton's vllm_backend; written for llmlaunch.
 
 * The Engine is built on the runtime's event loop thread
-  (launcher.engines.vllm_sglang_lmdeploy), so its tokenizer manager binds to that loop;
+  (launcher.python_backend.async_runtime), so its tokenizer manager binds to that loop;
   SGLang registers its signal handlers only on the main thread, so it skips them here
   and Triton keeps control of the stub process's signals.
 * Streaming: unless `incremental_streaming_output` (older: `stream_output`) is set, each
@@ -24,7 +24,7 @@ Triton's vllm_backend; written for llmlaunch.
   logged as not honoured).
 * Multi-node: every node of a model copy runs a tritonserver with this model; node i
   builds the Engine with nnodes=<nodes of the copy>, node_rank=i,
-  dist_init_addr=<leader address>:<LLMLAUNCH_DIST_PORT> (SGLang also uses the next few
+  dist_init_addr=<leader address>:<_LLMLAUNCH_DIST_PORT> (SGLang also uses the next few
   ports above it). Node 0 serves requests. On the other nodes
   SGLANG_BLOCK_NONZERO_RANK_CHILDREN=0 makes `Engine()` return once its schedulers are
   up; their tritonserver has no network services, the model answers any request with
@@ -51,7 +51,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
         sys.path.append(_p)
 
 from launcher.contract import INPUT_NAMES
-from launcher.engines.vllm_sglang_lmdeploy import EngineAdapter, Log, Piece, RuntimeModel
+from launcher.python_backend.async_runtime import EngineAdapter, Log, Piece, RuntimeModel
 
 
 def server_args_kwargs(params: dict, environ) -> dict:
@@ -75,11 +75,11 @@ def server_args_kwargs(params: dict, environ) -> dict:
         kw["mem_fraction_static"] = float(params["mem_fraction_static"])
     nnodes = int(params.get("nnodes", 1) or 1)
     if nnodes > 1:
-        port = environ.get("LLMLAUNCH_DIST_PORT", "")
-        leader = environ.get("LLMLAUNCH_LEADER_ADDR", "")
+        port = environ.get("_LLMLAUNCH_DIST_PORT", "")
+        leader = environ.get("_LLMLAUNCH_LEADER_ADDR", "")
         if not port or not leader:
-            raise RuntimeError("sglang: a model copy over several nodes needs LLMLAUNCH_LEADER_ADDR and LLMLAUNCH_DIST_PORT (set by `python -m launcher.rank`)")
-        kw.update(nnodes=nnodes, node_rank=int(environ.get("LLMLAUNCH_GROUP_RANK", "0")), dist_init_addr=f"{leader}:{port}")
+            raise RuntimeError("sglang: a model copy over several nodes needs _LLMLAUNCH_LEADER_ADDR and _LLMLAUNCH_DIST_PORT (set by `python -m launcher.rank`)")
+        kw.update(nnodes=nnodes, node_rank=int(environ.get("_LLMLAUNCH_GROUP_RANK", "0")), dist_init_addr=f"{leader}:{port}")
     else:
         kw["nnodes"] = 1
     kw.update(json.loads(params.get("extra_args") or "{}"))
@@ -87,7 +87,7 @@ def server_args_kwargs(params: dict, environ) -> dict:
 
 
 def sampling_params(p) -> dict:
-    """launcher.serving.triton_io.SamplingParams -> SGLang's sampling_params dict."""
+    """launcher.python_backend.triton_io.SamplingParams -> SGLang's sampling_params dict."""
     sp = {
         "max_new_tokens": p.max_tokens,
         "min_new_tokens": p.min_tokens,

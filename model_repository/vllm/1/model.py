@@ -11,13 +11,13 @@ vllm/engine/arg_utils.py), with the pre-V1 `AsyncLLMEngine` import as a fallback
   `AsyncEngineArgs` does not have are refused with the list of the unknown ones
   (`disable_log_requests`, removed in vLLM 0.12, is translated to `enable_log_requests`).
 * One instance (`frontends` 1): `AsyncLLM.from_engine_args(...)` on the runtime's event loop
-  (launcher.engines.vllm_sglang_lmdeploy); vLLM starts its engine core in a process of its own and
+  (launcher.python_backend.async_runtime); vLLM starts its engine core in a process of its own and
   this stub is its front end: it tokenizes prompts, detokenizes outputs and sends the responses.
 * Several instances (`frontends` N, the config's instance_group count): N stubs are N front ends of
   one engine core, as `vllm serve --api-server-count N` runs N API servers. The first instance
-  (Triton's instance name ends in _0) starts the core for N clients (launcher.engines.vllm_core, with
+  (Triton's instance name ends in _0) starts the core for N clients (launcher.python_backend.vllm_core, with
   vLLM's own `launch_core_engines`) and publishes the clients' ZMQ addresses once it is up
-  (launcher.serving.instances); every instance (the first too) then builds an `AsyncLLM` client on
+  (launcher.python_backend.instances); every instance (the first too) then builds an `AsyncLLM` client on
   its own address pair. The engine core sends each request's outputs to the client that sent it, so
   each stub detokenizes and answers only its own requests, under its own GIL. If the engine core
   dies, the first instance stops its tritonserver, so the rank fails instead of a server that looks
@@ -33,9 +33,9 @@ vllm/engine/arg_utils.py), with the pre-V1 `AsyncLLMEngine` import as a fallback
   return_log_probs are accepted and ignored.
 * Multi-node (a model copy spanning nodes, `distributed_executor_backend: ray`): this
   model runs on the copy's leader only; it starts the copy's Ray head on
-  LLMLAUNCH_DIST_PORT, waits for the other nodes' `ray start` (the registry's
+  _LLMLAUNCH_DIST_PORT, waits for the other nodes' `ray start` (the registry's
   rank_command for vllm) and lets vLLM place its workers on that cluster
-  (launcher.engines.vllm_ray).
+  (launcher.engines.ray).
 """
 
 import dataclasses
@@ -54,7 +54,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
         sys.path.append(_p)
 
 from launcher.contract import INPUT_NAMES
-from launcher.engines.vllm_sglang_lmdeploy import EngineAdapter, Log, Piece, RuntimeModel
+from launcher.python_backend.async_runtime import EngineAdapter, Log, Piece, RuntimeModel
 
 ENGINE_ARGS_FILE = "model.json"
 RENAMED_ARGS = {"disable_log_requests": ("enable_log_requests", lambda v: not _truthy(v))}
@@ -81,7 +81,7 @@ def engine_kwargs(raw: dict, fields: set) -> dict:
 
 
 def sampling_kwargs(p) -> dict:
-    """launcher.serving.triton_io.SamplingParams -> vllm.SamplingParams keyword arguments."""
+    """launcher.python_backend.triton_io.SamplingParams -> vllm.SamplingParams keyword arguments."""
     kw = {
         "n": 1,
         "max_tokens": p.max_tokens,
@@ -123,7 +123,7 @@ class VLLMAdapter(EngineAdapter):
         self.frontends = int(params.get("frontends", "1") or 1)
         self.engine = None
         self.ray_head = None
-        self.share = None  # launcher.serving.instances.InstanceShare when several instances share the engine core
+        self.share = None  # launcher.python_backend.instances.InstanceShare when several instances share the engine core
         self.core = None  # the first instance of several: vLLM's engine-core process manager
         self._stopping = False
 
@@ -158,8 +158,8 @@ class VLLMAdapter(EngineAdapter):
     def _shared_engine_client(self, kwargs):
         """This instance's AsyncLLM client of the engine core the `frontends` instances share (the first one
         starts the core)."""
-        from launcher.engines import vllm_core
-        from launcher.serving.instances import InstanceShare
+        from launcher.python_backend import vllm_core
+        from launcher.python_backend.instances import InstanceShare
 
         n, index = self.frontends, int(self.params["frontend_index"])
         self.share = InstanceShare("vllm", self.model_name, index, n)
@@ -173,7 +173,8 @@ class VLLMAdapter(EngineAdapter):
                 raise
             threading.Thread(target=self._watch_core, name="vllm-core-watch", daemon=True).start()
         else:
-            info = self.share.wait(float(os.environ.get("VLLM_ENGINE_READY_TIMEOUT_S", "") or 3600))
+            # the first front end's engine core loads within the launch's serve.ready_timeout_s (config.pbtxt)
+            info = self.share.wait(float(self.params.get("ready_timeout_s", "") or 3600))
         self.log.info(f"front end {index} of {n} of one engine core ({'started here' if index == 0 else 'attached'})")
         # the engine's statistics are logged once, by the first front end
         return vllm_core.client(config, n, index, info, disable_log_stats=args.disable_log_stats or index > 0)
@@ -231,7 +232,7 @@ class VLLMAdapter(EngineAdapter):
     def _stop_core(self):
         self._stopping = True
         if self.core is not None:
-            from launcher.engines.vllm_core import stop_core
+            from launcher.python_backend.vllm_core import stop_core
 
             core, self.core = self.core, None
             stop_core(core)
@@ -240,12 +241,12 @@ class VLLMAdapter(EngineAdapter):
 
 
 def _start_ray_head(nnodes, log):
-    from launcher.engines.vllm_ray import RayHead
+    from launcher.engines.ray import RayHead
 
-    port = int(os.environ.get("LLMLAUNCH_DIST_PORT", "0") or 0)
+    port = int(os.environ.get("_LLMLAUNCH_DIST_PORT", "0") or 0)
     if not port:
-        raise RuntimeError("vllm: LLMLAUNCH_DIST_PORT is not set; multi-node copies are started by `python -m launcher.rank`")
-    head = RayHead(port, os.environ.get("LLMLAUNCH_LEADER_ADDR", ""), nnodes, log=log.info)
+        raise RuntimeError("vllm: _LLMLAUNCH_DIST_PORT is not set; multi-node copies are started by `python -m launcher.rank`")
+    head = RayHead(port, os.environ.get("_LLMLAUNCH_LEADER_ADDR", ""), nnodes, log=log.info)
     head.start()
     return head
 
@@ -258,7 +259,7 @@ class TritonPythonModel(RuntimeModel):
         # the instance_group count (llmlaunch: engine.frontends): this many stubs share one engine core
         params = dict(params, frontends=str(sum(int(g.get("count", 1)) for g in config.get("instance_group") or []) or 1))
         if int(params["frontends"]) > 1:
-            from launcher.serving.instances import instance_index
+            from launcher.python_backend.instances import instance_index
 
             params["frontend_index"] = str(instance_index(config, args.get("model_instance_name", "")))
         return VLLMAdapter(params, os.path.join(args["model_repository"], args["model_version"]), log, config.get("name", "vllm"))

@@ -9,9 +9,9 @@ keyword arguments), tensorrt_llm/sampling_params.py (`SamplingParams`), tensorrt
 `finish_reason`, `finished`, `prompt_token_ids`, `abort()`), and its Triton model
 (triton_backend/all_models/llmapi/tensorrt_llm/1/model.py); written for llmlaunch.
 
-* The LLM's arguments are `1/model.yaml`, written by launcher/engines/trtllm_llmapi.py from the launch and
+* The LLM's arguments are `1/model.yaml`, written by launcher/engines/trtllm/llmapi.py from the launch and
   `engine.llm_args`. A key the LLM's argument model does not have is refused, naming the valid ones.
-* The LLM is built on the runtime's loop thread (launcher.engines.vllm_sglang_lmdeploy), in an executor so
+* The LLM is built on the runtime's loop thread (launcher.python_backend.async_runtime), in an executor so
   the loop stays free; each request is `generate_async(prompt, SamplingParams(...), streaming=True)`, and
   its result is kept until it ends so a cancelled request is aborted in the engine (`result.abort()`).
 * Before tensorrt_llm is imported, the variables that make this stub look like one rank of the job's MPI
@@ -41,7 +41,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
         sys.path.append(_p)
 
 from launcher.contract import INPUT_NAMES
-from launcher.engines.vllm_sglang_lmdeploy import EngineAdapter, Log, Piece, RuntimeModel
+from launcher.python_backend.async_runtime import EngineAdapter, Log, Piece, RuntimeModel
 
 ARGS_FILE = "model.yaml"
 # What makes a process one rank of an MPI job: the rank's identity and its launcher's server. Configuration
@@ -83,7 +83,7 @@ def llm_kwargs(raw: dict, names) -> dict:
 
 
 def sampling_kwargs(p) -> dict:
-    """launcher.serving.triton_io.SamplingParams -> tensorrt_llm.SamplingParams keyword arguments."""
+    """launcher.python_backend.triton_io.SamplingParams -> tensorrt_llm.SamplingParams keyword arguments."""
     kw = {"n": 1, "max_tokens": p.max_tokens, "ignore_eos": p.ignore_eos, "skip_special_tokens": True}
     if p.temperature > 0:
         kw["temperature"] = p.temperature

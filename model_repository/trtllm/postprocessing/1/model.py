@@ -1,6 +1,6 @@
 """llmlaunch `postprocessing` for the TensorRT-LLM ensemble: token ids -> text and the contract's counts.
 
-Implements exactly the inputs/outputs `launcher/engines/trtllm.py` renders for this
+Implements exactly the inputs/outputs `launcher/engines/trtllm/ensemble.py` renders for this
 model, reading the tensors TensorRT-LLM's C++ `tensorrtllm` backend returns
 (tensorrtllm_backend v0.9+ / TensorRT-LLM `triton_backend`, inflight_batcher_llm):
 `output_ids` [B, beams, T] and `sequence_length` [B, beams], with
@@ -60,7 +60,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     if _p and _p not in sys.path:
         sys.path.append(_p)
 
-from launcher.serving.triton_io import model_parameters
+from launcher.python_backend.triton_io import model_parameters
 
 _TRUE = ("1", "true", "yes", "y", "t", "on")
 _BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
@@ -75,7 +75,7 @@ class TokenBytes:
     """token id -> the exact bytes it contributes to the text (stateless, cached per id)."""
 
     def __init__(self, tokenizer, skip_special_tokens=True):
-        from launcher.engines.hf_detok import TokenTable
+        from launcher.hf.detok import TokenTable
 
         self.tokenizer = tokenizer
         self.skip = frozenset(tokenizer.all_special_ids) if skip_special_tokens else frozenset()

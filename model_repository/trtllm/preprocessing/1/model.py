@@ -1,6 +1,6 @@
 """llmlaunch `preprocessing` for the TensorRT-LLM ensemble: text and words -> token ids.
 
-Implements exactly the inputs/outputs `launcher/engines/trtllm.py` renders for this
+Implements exactly the inputs/outputs `launcher/engines/trtllm/ensemble.py` renders for this
 model, in the tensor formats of TensorRT-LLM's C++ `tensorrtllm` backend
 (inflight_batcher_llm layout, tensorrtllm_backend v0.9 and later, i.e. the model
 that now lives in NVIDIA/TensorRT-LLM `triton_backend/all_models/inflight_batcher_llm`).
@@ -51,7 +51,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
     if _p and _p not in sys.path:
         sys.path.append(_p)
 
-from launcher.serving.triton_io import model_parameters
+from launcher.python_backend.triton_io import model_parameters
 
 _TRUE = ("1", "true", "yes", "y", "t", "on")
 

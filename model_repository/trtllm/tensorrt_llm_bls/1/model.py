@@ -7,7 +7,7 @@ the `tensorrt_llm` model through Triton's BLS API (`pb_utils.InferenceRequest(..
 and does what an ensemble step cannot because it keeps no state between responses:
 
 * incremental detokenization over the request's whole token stream
-  (launcher.engines.hf_detok: byte-level BPE through an incremental UTF-8 decoder, other
+  (launcher.hf.detok: byte-level BPE through an incremental UTF-8 decoder, other
   tokenizers through a sliding window), so every streamed piece is whole characters and
   the pieces concatenate to the completion's text;
 * cumulative `output_tokens`, the prompt's `input_tokens`, and `finish_reason` on the last
@@ -40,7 +40,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
         sys.path.append(_p)
 
 from launcher.contract import INPUT_NAMES
-from launcher.serving import triton_io
+from launcher.python_backend import triton_io
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 
@@ -83,7 +83,7 @@ class TritonPythonModel:
     def initialize(self, args):
         from transformers import AutoTokenizer
 
-        from launcher.engines.hf_detok import TokenTable
+        from launcher.hf.detok import TokenTable
 
         config = json.loads(args["model_config"])
         params = triton_io.model_parameters(config)
@@ -117,7 +117,7 @@ class TritonPythonModel:
             ids = pre["INPUT_ID"].reshape(-1)[: int(pre["REQUEST_INPUT_LEN"].reshape(-1)[0])].tolist()
             n_in = len(ids)
             decoder = self.tokens.decoder(ids)
-            from launcher.engines.hf_detok import StopMatcher
+            from launcher.hf.detok import StopMatcher
 
             stops = StopMatcher(p.stop)
             responses = await pb_utils.InferenceRequest(

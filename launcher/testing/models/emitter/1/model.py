@@ -11,7 +11,7 @@ intermediate responses (all four on the last one), which is cheaper for the
 server, so the client is the bottleneck sooner.
 
 Parameter `responder` ("" by default) builds every response with the hf
-model's launcher.serving.triton_io.Responder instead, all four outputs:
+model's launcher.python_backend.triton_io.Responder instead, all four outputs:
 "cached" as the hf model does (tensors that repeat are kept and resent),
 "fresh" with every tensor built afresh (what keeping them saves;
 `pythonpath` is where `launcher` imports from; `max_texts` sets the Responder's
@@ -71,7 +71,7 @@ class TritonPythonModel:
             path = params.get("pythonpath", "")
             if path and path not in sys.path:
                 sys.path.append(path)
-            from launcher.serving.triton_io import Responder
+            from launcher.python_backend.triton_io import Responder
 
             kw = {"max_texts": int(params["max_texts"])} if params.get("max_texts") else {}
             self.responder = Responder(batched=True, cache=kind == "cached", **kw)

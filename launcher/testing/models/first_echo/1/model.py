@@ -9,7 +9,7 @@ process (a socketpair) -> the engine -> back on the stub's receive thread -> a r
   thread   `execute` hands the request to a responder thread, which answers (a thread hand-off, as the hf
            model's responder threads)
   process  `execute` sends ("add", id, prompt) to a child process over a socketpair with
-           multiprocessing.connection framing, as launcher.engines.hf_process.EngineProcess does; the child
+           multiprocessing.connection framing, as launcher.hf.client.EngineProcess does; the child
            at once sends back a list with one one-token output tuple, the shape of the engine process's
            per-step message; the stub's receive thread answers (the hf model's default path, engine aside)
 
@@ -21,7 +21,7 @@ Parameter `spin` (default false): with via=process, the stub's receive thread an
 loop instead of blocking on it (a thread that blocks for milliseconds is slow to wake, above all on a virtual
 machine whose idle vCPU the host deschedules).
 
-Parameter `parse`: `once` reads the inputs with launcher.serving.triton_io.request_arrays, as the hf model
+Parameter `parse`: `once` reads the inputs with launcher.python_backend.triton_io.request_arrays, as the hf model
 does; `each` looks every contract input up by name with pb_utils.get_input_tensor_by_name (each
 lookup lists the request's inputs again: the cost request_arrays avoids).  parse_inputs then validates
 them, as in the hf model.  Parameter `pythonpath`: where `launcher` imports from.
@@ -73,7 +73,7 @@ class TritonPythonModel:
         path = params.get("pythonpath", "")
         if path and path not in sys.path:
             sys.path.append(path)
-        from launcher.serving import triton_io
+        from launcher.python_backend import triton_io
 
         self.io = triton_io
         self.via = params.get("via", "inline")
@@ -93,7 +93,7 @@ class TritonPythonModel:
         elif self.via == "process":
             from multiprocessing.connection import Connection
 
-            from launcher.engines.hf_process import _python
+            from launcher.hf.client import _python
 
             ours, theirs = socket.socketpair()
             env = dict(os.environ, PYTHONPATH=path)

@@ -2,7 +2,7 @@
 
 The real model is TensorRT-LLM's C++ `tensorrtllm` backend, which needs a GPU and a
 built engine. This python model has the same inputs and outputs as the config
-`launcher/engines/trtllm.py` renders (only `backend` is changed to "python"), and
+`launcher/engines/trtllm/ensemble.py` renders (only `backend` is changed to "python"), and
 follows the backend's response format (tensorrtllm_backend v0.9+ / TensorRT-LLM
 `triton_backend`): `output_ids` [1, beams, T] and `sequence_length` [1, beams] with
 only generated tokens; in streaming mode one response per new token, else one

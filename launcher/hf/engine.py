@@ -1,0 +1,464 @@
+"""The `hf` engine: continuous batching over a HF transformers causal LM, in pure Python (no Triton).
+
+    engine = Engine.from_args(HFEngineArgs(model_path="/path/to/hf/folder", device="cpu"))
+    engine.start()
+    engine.add_request("r1", "Once upon a time", SamplingParams(max_tokens=32), on_output)
+    ...
+    engine.abort("r1")
+    engine.shutdown()
+
+`on_output(Output)` is called from the engine thread once per generated token
+with the new text (possibly empty while a multi-byte character or a possible
+stop string is incomplete); the last call has `finish_reason` set ("length",
+"stop", "cancelled" or "error").  Callbacks must be quick: hand the output to
+another thread (queue.put) and return.
+
+Design
+------
+* One engine thread runs the loop (this module): take new requests and aborts
+  from a queue, let the scheduler (hf_scheduler) admit waiting requests into
+  free cache slots and build a `StepInputs`, let the `HFModelRunner` execute it,
+  then let output processing (hf_outputs) turn the sampled tokens into outputs.
+  Requests join and leave between steps (continuous batching).
+* Scheduler and executor are split: the scheduler only produces `StepInputs`
+  (plain lists) and consumes a list of token ids.  Tensor parallelism slots in
+  there: rank 0 broadcasts `StepInputs`, every rank executes it on its shard.
+* A step = one decode token for every running sequence + at most
+  `max_prefill_tokens` prompt tokens of new sequences (long prompts are
+  chunked over steps), so admitting a long prompt stalls running streams by one
+  bounded chunk, not a whole prefill.
+* Greedy decoding equals `model.generate` (tests check it); sampling is batched
+  (see hf_sampling); text is detokenized incrementally (see hf_detok).
+* `launcher.hf.client.EngineProcess` runs this engine in a child
+  process behind the same API; the Triton model uses it so that sending
+  responses never takes the GIL from the engine loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from launcher.hf.args import HFEngineArgs
+from launcher.hf.detok import TokenTable
+from launcher.hf.encode import PromptEncoder
+from launcher.hf.outputs import Output, OutputProcessor
+from launcher.hf.runner import HFModelRunner
+from launcher.hf.scheduler import Scheduler, Seq, bad_word_ids, prepare_prompt
+from launcher.hf.tp import AHEAD
+from launcher.python_backend.triton_io import InvalidRequest, SamplingParams
+
+log = logging.getLogger(__name__)
+
+__all__ = ["Engine", "Output", "SamplingParams", "InvalidRequest", "EngineStats", "describe_features",
+           "prepare_prompt"]
+
+
+
+@dataclass
+class EngineStats:
+    """Running totals of the engine loop (engine thread).  Per step, wall = launch + wait + host work, where the
+    host work is scheduling, detokenizing, stop checks and handing outputs on; on a GPU, gpu_idle says whether
+    that host work kept the GPU waiting (launcher.python_backend.timings.engine_step_split makes per-step means)."""
+    steps: int = 0
+    decode_tokens: int = 0
+    prefill_tokens: int = 0
+    finished: int = 0
+    busy_s: float = 0.0  # from a step's launch to its tokens on the host (the model call, with overlap its wait)
+    ahead_steps: int = 0  # steps launched before the tokens of the step before were known (overlap)
+    wall_s: float = 0.0  # the engine loop's time in iterations that ran a step (not idle waiting for requests)
+    launch_s: float = 0.0  # in HFModelRunner.launch: preparing inputs and queueing the step's GPU work
+    wait_s: float = 0.0  # blocked until a step's tokens reached the host (waiting for the GPU)
+    gpu_s: float = 0.0  # GPU: from each step's first work to its last (CUDA events)
+    gpu_idle_s: float = 0.0  # GPU idle between a step and the next one, because the host queued it late
+    gpu_steps: int = 0  # steps timed on the GPU (0 off the GPU)
+    prompt_steps: int = 0  # steps with prompt tokens
+    prompt_graph_steps: int = 0  # of those, steps of prompts replayed as a CUDA graph (one prompt or a wave)
+    mixed_steps: int = 0  # of those, steps of decode rows and whole prompts replayed as a mixed CUDA graph
+    # Per request, from add_request (its prompt tokenized) on: where a first token's time inside the engine goes
+    admitted: int = 0  # requests given a KV-cache slot
+    queued_s: float = 0.0  # summed: add_request to a slot (waiting for the loop's next schedule, or a free slot)
+    first_tokens: int = 0  # requests whose first token reached the host
+    to_first_token_s: float = 0.0  # summed: add_request to the first token on the host (queued + prompt steps)
+    # add_requests (the engine process's reader hands over what it read at once; their text prompts are tokenized in
+    # one call): requests / calls is how many prompts arrive together
+    intake_calls: int = 0
+    intake_requests: int = 0
+
+
+def describe_features(f: dict) -> str:
+    """'torch_compile on (12.3 s), 16 decode graphs, ..., cuDNN attention in graphs' from Engine.features
+    ('' for none)."""
+    if not f:
+        return ""
+    parts = [f"torch_compile failed ({f['compile_error']})" if f.get("compile_error") else
+             f"torch_compile on ({f.get('compile_s', 0):.1f} s)" if f.get("torch_compile") else "torch_compile off",
+             f"decode graphs failed ({f['graph_error']})" if f.get("graph_error") else
+             f"{f.get('decode_graphs', 0)} decode graphs",
+             f"prompt graphs failed ({f['prefill_graph_error']})" if f.get("prefill_graph_error") else
+             f"{f.get('prefill_graphs', 0)} prompt graphs, {f.get('wave_graphs', 0)} wave graphs",
+             f"mixed graphs failed ({f['mixed_graph_error']})" if f.get("mixed_graph_error") else
+             f"{f.get('mixed_graphs', 0)} mixed graphs"]
+    if "fused" in f:  # layers whose q/k/v (gate/up) projections run as one product (hf_fuse)
+        fused = {k: n for k, n in f["fused"].items() if n}
+        parts.append("projections fused (" + ", ".join(f"{k.replace('_proj', '')} x{n}" for k, n in fused.items())
+                     + ")" if fused else "projections unfused")
+    if f.get("prompt_encode"):  # hf_encode.PromptEncoder: the backend's encode, or why prompts go through the call
+        parts.append("prompts: backend encode" if f["prompt_encode"] == "backend" else
+                     f"prompts: tokenizer call ({f['prompt_encode']})")
+    where = {"graphs": "in graphs", "all": "everywhere", "off": "off"}.get(f.get("cudnn_attention", ""))
+    if where:  # GPU only: CPU attention has no cuDNN
+        parts.append(f"cuDNN attention {where}")
+    return ", ".join(parts)
+
+
+_STOP = object()
+
+
+class Engine:
+    """Continuous-batching text generation on one device.  Thread-safe API; the work runs on one engine thread."""
+
+    def __init__(self, args: HFEngineArgs, *, after_step: Callable[[], None] | None = None, tp_group=None,
+                 kv_cache_memory: float | None = None):
+        """args: what to load and how (hf_args.HFEngineArgs: each field says what it does and holds its default;
+        0 / "" / auto are decided once the device is known).  The keywords are what no launch sets:
+        after_step: called on the engine thread after each step's outputs were delivered (batching hook).
+        tp_group: with args.tp_size > 1, an hf_tp.TPGroup (default: one made from the LLMLAUNCH_* environment); this
+        engine is rank 0 and broadcasts each step to the workers.
+        kv_cache_memory: bytes the KV cache may use (default: half the RAM on CPU, 85% of free GPU memory).
+        While the GPU runs a step, the next one is queued behind it where it can be, and the host works on the last
+        meanwhile (overlap; see `Scheduler.schedule`).
+        """
+        from transformers import AutoTokenizer, GenerationConfig
+
+        # prompts taken one at a time through their graphs (Scheduler.PROMPTS_ALONE_MAX; 0: never), checked before
+        # loading and compiling the model (minutes on a GPU)
+        prompts_alone = int(args.prompts_alone)
+        if prompts_alone < 0:
+            raise ValueError(f"prompts_alone={prompts_alone} is negative: the most prompts to take alone, 0 for none")
+        self.args = args
+        self.model_path = str(args.model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or self.model_path)
+        self._encode = PromptEncoder(self.tokenizer)  # prompts: the call's ids, without its Python (hf_encode)
+        t0 = time.perf_counter()
+        self.runner = HFModelRunner(self.model_path, kv_cache_memory=kv_cache_memory, tp_group=tp_group,
+                                    **args.runner_kwargs())
+        self.max_prefill_tokens = args.prefill_tokens(self.runner.device.type)
+        loaded = time.perf_counter()
+
+        # before serving: a compile or capture mid-run would stall every running request
+        self.runner.warm_up(self.max_prefill_tokens)
+        # the load phases and the versions this engine runs on, for the time-to-READY breakdown and the run record
+        # (launcher/readiness.py reads them from the server's log)
+        import torch
+        import transformers
+
+        from launcher.readiness import report_phase, report_version
+
+        report_phase("weights", loaded - t0)  # read, shard, move to the device, allocate the KV cache
+        report_phase("compile", self.runner.compile_s)
+        report_phase("graphs", time.perf_counter() - loaded - self.runner.compile_s)  # CUDA graph capture
+        report_version("torch", torch.__version__)
+        report_version("transformers", transformers.__version__)
+        # tp > 1: this engine is the leader (group rank 0) of a tensor-parallel group; see hf_tp
+        self._tp = self.runner.tp_group
+        if self._tp is not None and self._tp.rank != 0:
+            raise ValueError(f"the Engine runs on group rank 0 only; rank {self._tp.rank} runs launcher.hf.worker.run_worker")
+        self._heartbeat_s = self._tp.timeout / 4 if self._tp is not None else None
+        self.max_model_len = self.runner.max_model_len
+        self.max_num_seqs = self.runner.max_num_seqs
+        self.device = str(self.runner.device)
+        self.dtype = str(self.runner.dtype).replace("torch.", "")
+        self.vocab_size = self.runner.vocab_size
+        # models often pad the embedding beyond the tokenizer (Qwen: 151936 vs 151665): never sample those ids
+        self.runner.sampler.valid_vocab = min(self.vocab_size, len(self.tokenizer))
+        eos: set[int] = set()
+        try:
+            gen_eos = GenerationConfig.from_pretrained(self.model_path).eos_token_id
+        except OSError:
+            gen_eos = None
+        for value in (gen_eos, self.runner.config.eos_token_id, self.tokenizer.eos_token_id):
+            if isinstance(value, int):
+                eos.add(value)
+            elif value:
+                eos.update(int(v) for v in value)
+        self.eos_token_ids = frozenset(eos)
+        self._table = TokenTable(self.tokenizer)
+
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._active: set[str] = set()  # request ids accepted and not finished (guarded by _lock)
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self.stats = EngineStats()
+        self._after_step = after_step
+        self._threads = args.torch_threads or None
+        self.scheduler = Scheduler(self.runner, self.max_prefill_tokens, prompts_alone, self.stats, self._inbox.empty)
+        self.outputs = OutputProcessor(self.scheduler, self.stats, self._active, self._lock)
+        # (step, rows, handle): a step launched before the tokens of the one before were known
+        self._ahead = None
+
+    # -- public API ----------------------------------------------------------------------------------------
+    @property
+    def features(self) -> dict:
+        """What speeds this engine up, as it started (for the server's log line): see describe_features."""
+        r = self.runner
+        return {"torch_compile": r.use_compile, "compile_s": round(r.compile_s, 1), "compile_error": r.compile_error,
+                "decode_graphs": len(r._graphs), "graph_error": r.graph_error,
+                "prefill_graphs": len(r._prefill_graphs), "wave_graphs": len(r._wave_graphs),
+                "prefill_graph_error": r.prefill_graph_error, "fused": dict(r.fused),
+                "mixed_graphs": len(r._mixed_graphs), "mixed_graph_error": r.mixed_graph_error,
+                "cudnn_attention": r.cudnn_attention if r.device.type == "cuda" else "",
+                "prompt_encode": self._encode.why_not or "backend"}
+
+    @classmethod
+    def from_args(cls, args: HFEngineArgs, **runtime) -> "Engine":
+        """The engine for `args` (an hf_args.HFEngineArgs); `runtime`: the keywords no launch sets (after_step,
+        tp_group, kv_cache_memory)."""
+        return cls(args, **runtime)
+
+    def start(self) -> "Engine":
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="hf-engine", daemon=True)
+            self._thread.start()
+        return self
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
+                    on_output: Callable[[Output], None]) -> int:
+        """Queue a request; returns its prompt token count.  Raises InvalidRequest for bad input (nothing queued)."""
+        if self._thread is None or not self._thread.is_alive():
+            raise RuntimeError(f"the hf engine is not running{f': {self._error}' if self._error else ''}")
+        prompt_ids = prepare_prompt(self._encode, prompt, params, self.max_model_len, self.vocab_size)
+        eos = frozenset() if params.ignore_eos else (
+            frozenset((params.end_id,)) if params.end_id is not None else self.eos_token_ids)
+        bad = bad_word_ids(self.tokenizer, params.bad_words) if params.bad_words else []
+        seq = Seq(request_id, prompt_ids, params, on_output, self._table.decoder(prompt_ids), eos, bad)
+        with self._lock:
+            if request_id in self._active:
+                raise InvalidRequest(f"request id {request_id!r} is already running")
+            self._active.add(request_id)
+        self._inbox.put(seq)
+        return len(prompt_ids)
+
+    def add_requests(self, requests: list[tuple[str, str | list[int], SamplingParams, Callable[[Output], None]]]
+                     ) -> list[Exception | None]:
+        """Queue several requests (request_id, prompt, params, on_output), their text prompts tokenized in one call.
+
+        A fast tokenizer encodes a batch on several threads with the GIL released (PromptEncoder.many).  One at a
+        time, the successors of 128 requests that ended in one step waited 15 ms on average to reach the engine (the
+        engine process's reader tokenizing those before them).
+
+        Returns, per request, None (queued) or the exception that refused it (InvalidRequest for bad input), as
+        `add_request` would raise it; a refused request does not keep the others out."""
+        self.stats.intake_calls += 1  # the caller's thread (the reader); ints under the GIL, read by stats_dict
+        self.stats.intake_requests += len(requests)
+        prompts = [r[1] for r in requests]
+        texts = [i for i, p in enumerate(prompts) if isinstance(p, str) and p]  # "" keeps add_request's error
+        if len(texts) > 1:
+            try:
+                encoded = self._encode.many([prompts[i] for i in texts])
+            except Exception:  # left to add_request, one at a time: each request gets its own error
+                encoded = [prompts[i] for i in texts]
+            for i, ids in zip(texts, encoded):
+                prompts[i] = ids
+        refused: list[Exception | None] = []
+        for (request_id, _, params, on_output), prompt in zip(requests, prompts):
+            try:
+                self.add_request(request_id, prompt, params, on_output)
+                refused.append(None)
+            except Exception as exc:
+                refused.append(exc)
+        return refused
+
+    def abort(self, request_id: str) -> None:
+        """Cancel a request: within one step it gets a final output with finish_reason 'cancelled'."""
+        self._inbox.put(("abort", request_id))
+
+    def shutdown(self, timeout: float = 30.0) -> None:
+        if self._thread is not None:
+            self._inbox.put(_STOP)
+            self._thread.join(timeout)
+            self._thread = None
+
+    def generate(self, prompt: str | list[int], params: SamplingParams, timeout: float | None = None) -> Output:
+        """Blocking convenience: the whole completion as one Output (text and token_ids accumulated)."""
+        done = threading.Event()
+        parts: list[Output] = []
+        request_id = f"generate-{id(done)}"
+
+        def collect(out: Output) -> None:
+            parts.append(out)
+            if out.finished:
+                done.set()
+
+        self.add_request(request_id, prompt, params, collect)
+        if not done.wait(timeout):
+            self.abort(request_id)
+            done.wait()
+        last = parts[-1]
+        return Output(request_id, "".join(p.text for p in parts), [t for p in parts for t in p.token_ids],
+                      last.input_tokens, last.output_tokens, last.finish_reason, last.error)
+
+    @property
+    def num_running(self) -> int:
+        with self._lock:
+            return len(self._active)
+
+    def stats_dict(self) -> dict:
+        """EngineStats as a dict (running totals; read from any thread, a step may be half counted)."""
+        return asdict(self.stats)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting, prefilling or decoding (engine thread: e.g. from after_step)."""
+        return self.scheduler.idle
+
+    # -- engine thread -------------------------------------------------------------------------------------
+    def _run(self) -> None:
+        if self._threads:
+            import torch
+
+            torch.set_num_threads(self._threads)
+        after_step = self._after_step or (lambda: None)
+        stats, sched = self.stats, self.scheduler
+        try:
+            while True:
+                idle = not (sched.waiting or sched.prefilling or sched.decoding)
+                if idle:
+                    self.runner.mark_idle()  # a gap before the next step is no request, not a late host
+                t0 = time.perf_counter()
+                if not self._drain(block=idle):
+                    break
+                if sched.waiting or sched.prefilling or sched.decoding:
+                    if idle:
+                        t0 = time.perf_counter()  # from the request's arrival
+                    self._step()
+                    after_step()
+                    stats.wall_s += time.perf_counter() - t0
+                else:
+                    after_step()  # also after aborts of waiting requests, which end without a step
+        except BaseException as exc:  # keep the reason for add_request's error message
+            self._error = exc
+            log.exception("hf engine loop died")
+            self.outputs.fail_all(f"engine failure: {exc!r}")
+            raise
+        finally:
+            self.outputs.fail_all("engine shut down", reason="cancelled")
+            after_step()
+            if self._tp is not None:
+                if self._error is None:
+                    try:
+                        self._tp.broadcast("stop")  # workers leave their loop
+                    except Exception as exc:
+                        log.warning("hf engine: telling the tp workers to stop failed: %r", exc)
+                self._tp.close()
+
+    def _drain(self, block: bool) -> bool:
+        """Apply queued requests/aborts; False when asked to stop."""
+        inbox = self._inbox
+        try:
+            if not block:
+                item = inbox.get_nowait()
+            elif self._heartbeat_s is None:
+                item = inbox.get()
+            else:
+                item = inbox.get(timeout=self._heartbeat_s)
+        except queue.Empty:
+            if block and self._tp is not None:
+                self._tp.broadcast("ping")  # idle: keep the workers' collective timeout from firing
+            return True
+        while True:
+            if item is _STOP:
+                return False
+            if isinstance(item, Seq):
+                self.scheduler.add(item)
+            else:
+                self._abort(item[1])
+            try:
+                item = inbox.get_nowait()
+            except queue.Empty:
+                return True
+
+    def _abort(self, request_id: str) -> None:
+        seq = self.scheduler.by_id.get(request_id)
+        if seq is None:
+            return
+        if seq.slot < 0:
+            self.scheduler.waiting.remove(seq)
+        self.outputs.finish(seq, "cancelled", "", [])
+
+    def _step(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:  # launched during the last step: only its tokens are left to take
+            (step, rows, handle), chunk_seqs = ahead, []
+        else:
+            scheduled = self.scheduler.schedule()
+            if scheduled is None:
+                return
+            step, rows, chunk_seqs, _ = scheduled
+            handle = None
+        t0 = time.perf_counter()
+        queued: list[Seq] = []  # the rows of the step scheduled behind this one
+        try:
+            if handle is None:
+                if self._tp is not None:
+                    self._tp.broadcast(step)  # every worker rank executes the same step on its shard
+                handle = self._launch(step)
+            nxt = self.scheduler.schedule(ahead_of=rows)
+            if nxt is not None:
+                nstep, queued, _, prev_rows = nxt
+                if prev_rows is None:  # prompts only: nothing of the running step's (see Scheduler.schedule)
+                    if self._tp is not None:
+                        self._tp.broadcast(nstep)
+                    nhandle = self._launch(nstep)
+                else:
+                    if self._tp is not None:  # its decode tokens follow on the device (hf_tp: AHEAD)
+                        self._tp.broadcast((AHEAD, nstep))
+                    nhandle = self._launch(nstep, prev=handle, prev_rows=prev_rows)
+                self._ahead = (nstep, queued, nhandle)
+                self.stats.ahead_steps += 1
+            tokens = self._wait(handle)
+        except Exception as exc:  # a failed step fails the requests in it, not the engine
+            if self._tp is not None:
+                raise  # with tp > 1 the ranks may be out of step: fatal (the loop fails every request)
+            log.exception("hf engine step failed")
+            # the step scheduled behind it (launched or not) is dropped too: its rows (some of this step's, rows that
+            # sat this step out, or prompts) were scheduled as if this one had run
+            self._ahead = None
+            for seq in rows + chunk_seqs + queued:
+                if seq.slot >= 0:
+                    self.outputs.finish(seq, "error", "", [], error=f"generation failed: {exc!r}")
+            return
+        self.stats.busy_s += time.perf_counter() - t0
+        self.stats.steps += 1
+        self.stats.decode_tokens += len(step.decode_tokens)
+        self.stats.prefill_tokens += len(step.prefill_tokens)
+        self.stats.prompt_steps += bool(step.prefill_tokens)
+        on_token = self.outputs.on_token
+        for seq, tok in zip(rows, tokens):
+            on_token(seq, tok)
+
+    def _launch(self, step, **kw):
+        t0 = time.perf_counter()
+        handle = self.runner.launch(step, **kw)
+        self.stats.launch_s += time.perf_counter() - t0
+        if self.runner.last_graph in ("prompt", "wave"):
+            self.stats.prompt_graph_steps += 1
+        elif self.runner.last_graph == "mixed":
+            self.stats.mixed_steps += 1
+        return handle
+
+    def _wait(self, handle) -> list[int]:
+        stats, t0 = self.stats, time.perf_counter()
+        tokens = self.runner.wait(handle)
+        stats.wait_s += time.perf_counter() - t0
+        timed = self.runner.gpu_times(handle)
+        if timed is not None:
+            stats.gpu_s += timed[0]
+            stats.gpu_idle_s += timed[1] or 0.0
+            stats.gpu_steps += 1
+        return tokens

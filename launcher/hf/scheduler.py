@@ -1,0 +1,375 @@
+"""The hf engine's scheduler: admission, batching and prompt-chunking decisions, in plain lists.
+
+`Scheduler` holds the requests the engine thread owns (waiting for a KV-cache slot, prefilling, decoding) and makes
+each step's `StepInputs`: every decoding sequence decodes one token, waiting requests take free slots, prompt chunks
+fill the step up to `max_prefill_tokens`, and where the runner has CUDA graphs for them, prompts go beside the decode
+rows (mixed), in waves, or alone (see `Scheduler.schedule`).  It only reads the runner's graph limits; the loop
+(hf_engine) launches the steps and output processing (hf_outputs) consumes their tokens.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import random
+import time
+from bisect import insort
+from collections import deque
+from typing import Callable
+
+from launcher.hf.args import DEFAULTS
+from launcher.hf.detok import StopMatcher
+from launcher.hf.runner import PrefillChunk, SamplingRows, StepInputs
+from launcher.python_backend.triton_io import InvalidRequest, SamplingParams
+
+
+class Seq:
+    """One request's state: the scheduler moves it through waiting, prefilling and decoding; output
+    processing (hf_outputs) turns its tokens into outputs."""
+
+    __slots__ = ("request_id", "prompt_ids", "out_ids", "params", "on_output", "slot", "num_computed",
+                 "decoder", "stopper", "rng", "eos", "max_tokens", "min_tokens", "bad", "penalties",
+                 "prefill_started", "added")
+
+    def __init__(self, request_id, prompt_ids, params: SamplingParams, on_output, decoder, eos, bad):
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.out_ids: list[int] = []
+        self.params = params
+        self.on_output = on_output
+        self.slot = -1
+        self.num_computed = 0  # tokens whose keys/values are in the cache
+        self.decoder = decoder
+        self.stopper = StopMatcher(params.stop) if params.stop else None
+        self.rng = random.Random(params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little"))
+        self.eos = eos  # frozenset of token ids that end the request (empty with ignore_eos)
+        self.max_tokens = params.max_tokens
+        self.min_tokens = params.min_tokens
+        self.bad = bad  # list of token-id sequences that must not be generated
+        self.penalties = (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
+                          or params.frequency_penalty != 0.0)
+        self.prefill_started = False
+        self.added = time.monotonic()  # when add_request queued it (EngineStats.queued_s, to_first_token_s)
+
+
+
+def prepare_prompt(encode: Callable[[str], list[int]], prompt: str | list[int], params: SamplingParams,
+                   max_model_len: int, vocab_size: int) -> list[int]:
+    """Validate a request and tokenize its prompt (`encode`: text -> ids, a PromptEncoder); raises InvalidRequest
+    naming the problem and the fix."""
+    params.validate(max_model_len)
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidRequest("the prompt is empty")
+        prompt_ids = encode(prompt)
+    else:
+        prompt_ids = [int(t) for t in prompt]
+        if any(not 0 <= t < vocab_size for t in prompt_ids):
+            raise InvalidRequest(f"prompt token ids must be in [0, {vocab_size})")
+    n = len(prompt_ids)
+    if n == 0:
+        raise InvalidRequest("the prompt is empty")
+    if n + params.max_tokens > max_model_len:
+        raise InvalidRequest(
+            f"the prompt ({n} tokens) plus max_tokens ({params.max_tokens}) exceeds the model context of "
+            f"{max_model_len} tokens; shorten the prompt or lower max_tokens")
+    if params.end_id is not None and not 0 <= params.end_id < vocab_size:
+        raise InvalidRequest(f"end_id {params.end_id} is outside the vocabulary [0, {vocab_size})")
+    return prompt_ids
+
+
+def bad_word_ids(tokenizer, words) -> list[list[int]]:
+    """The token-id sequences a request's bad words may appear as (each word alone and after a space)."""
+    out = []
+    for word in words:
+        for variant in (word, " " + word):
+            ids = tokenizer(variant, add_special_tokens=False).input_ids
+            if ids and ids not in out:
+                out.append(ids)
+    return out
+
+
+class Scheduler:
+    """The engine thread's requests and the choice of what each step runs (engine thread only)."""
+
+    def __init__(self, runner, max_prefill_tokens: int, prompts_alone: int, stats, inbox_empty: Callable[[], bool]):
+        """runner: the HFModelRunner whose graph limits shape the steps; stats: the engine's EngineStats (admitted,
+        queued_s); inbox_empty: whether no request or abort waits for the loop (a step is only queued ahead while
+        none does)."""
+        self.runner = runner
+        self.max_prefill_tokens = max_prefill_tokens
+        self.stats = stats
+        self._inbox_empty = inbox_empty
+        self.waiting: deque[Seq] = deque()
+        self.prefilling: list[Seq] = []
+        self.decoding: list[tuple[int, Seq]] = []  # (slot, seq), sorted by slot
+        self.by_id: dict[str, Seq] = {}
+        self._prompts_alone = prompts_alone  # checked by the Engine before the model loaded
+        self._waved = False  # the last step was a wave of prompts that decode rows waited for (_prompt_wave)
+        self.free = list(range(runner.max_num_seqs))
+        heapq.heapify(self.free)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting, prefilling or decoding."""
+        return not (self.waiting or self.prefilling or self.decoding)
+
+    def add(self, seq: Seq) -> None:
+        """A new request: it waits for a slot."""
+        self.by_id[seq.request_id] = seq
+        self.waiting.append(seq)
+
+    def started_decoding(self, seq: Seq) -> None:
+        """seq's first token came: it moves from prefill to decode."""
+        self.prefilling.remove(seq)
+        insort(self.decoding, (seq.slot, seq), key=lambda x: x[0])
+
+    def release(self, seq: Seq) -> bool:
+        """seq ends: forget it and free its slot; False where it had ended already."""
+        if self.by_id.pop(seq.request_id, None) is None:
+            return False
+        if seq.slot >= 0:
+            if seq.out_ids:
+                self.decoding.remove((seq.slot, seq))
+            elif seq in self.prefilling:
+                self.prefilling.remove(seq)
+            heapq.heappush(self.free, seq.slot)
+            seq.slot = -1
+        return True
+
+    def schedule(self, ahead_of: list[Seq] | None = None):
+        """The next step: (step, output rows, sequences with a prompt chunk that does not end their prompt,
+        prev_rows).  Every decoding sequence decodes one token, waiting requests take free slots, and prompt
+        chunks fill the step up to max_prefill_tokens.
+
+        ahead_of: the output rows of a step still running (overlap).  This step is made and launched before that
+        one's tokens are known, so that the host work of that step (detokenize, stop checks, send) runs while
+        the GPU runs this one.  It decodes those rows again, their tokens passed from the step before on the
+        device (`prev_rows`: each decode row's output row there).  Left out: a row that ends by length in the
+        running step.  A row that ends by EOS or a stop string there decodes one token too many, which is dropped
+        (OutputProcessor.on_token skips finished sequences) and whose cache entry the slot's next user overwrites.
+        Rows that sat the running step out (it was a step of prompts only) decode here too, with their last tokens
+        from the host (prev_rows -1).
+        Where prompts wait, the runner has mixed graphs and all of them fit one, they go beside the decode rows in one
+        step through it (_prompts_mixed), queued ahead too: their tokens come from the host, the decode rows' from the
+        device.  Otherwise, where prompts wait and the runner replays prompt graphs, two or more of them go in steps
+        of their own through wave graphs, taking turns with the decode rows (_prompt_wave), and one, or a few where
+        there are no wave graphs (PROMPTS_ALONE_MAX), one per step alone, while the decode rows wait that step
+        (_prompt_alone).  Such a step needs nothing of the running step's, so it is launched ahead too (prev_rows
+        None): the GPU goes from the running step to the prompts, and from them to the decode rows' turn, without
+        waiting for the host in between (on an H100 at 128 streams about one step in six carried or followed
+        prompts and each waited ~1.5 ms for the host).
+        Requests waiting for a slot (every slot taken) hold nothing back: the decode rows go ahead, and a request
+        takes the slot of a row that ended in the step scheduled after the host has that row's last token.
+        None (wait for the running step) where a row's sampling needs its last token on the host (bad words),
+        a request is in the inbox, a prompt is part-way through prefill, or waiting prompts would go in one step
+        beside the decode rows (no prompt graphs).  A step with prompt tokens beside decode rows cannot replay a
+        CUDA graph, and launched ahead one prompt at a time, as requests arrive, nearly every step under load
+        became such a step (measured on an H100 at 128 streams: 6.1 ms a step instead of 3.2); prompts that
+        arrive during a run of decode steps are taken together, in one step, once it ends.
+        """
+        prev_rows = None
+        prompts = []  # sequences whose prompt (or its next chunk) this step may take
+        if ahead_of is None:
+            decoding = [s for _, s in self.decoding]
+            self.admit()
+            prompts = self.prefilling
+            mixed = self._prompts_mixed(decoding)
+            if mixed:  # the prompts beside the decode rows, through a mixed graph
+                prompts = mixed
+            else:
+                only = self._prompts_only(decoding)
+                if only:  # the prompts through their graph; the decode rows wait this step
+                    decoding, prompts = [], only
+                elif only is not None:  # the decode rows' turn between two waves
+                    prompts = []
+        else:
+            prev_rows = [i for i, s in enumerate(ahead_of)
+                         if s.slot >= 0 and len(s.out_ids) + 1 < s.max_tokens]  # not finished, not ending now
+            decoding = [ahead_of[i] for i in prev_rows]
+            if any(s.bad for s in decoding) or not self._inbox_empty():
+                return None
+            ids = {id(s) for s in ahead_of}
+            if any(id(s) not in ids and s.num_computed for s in self.prefilling):  # a prompt part-way through
+                return None
+            # rows that sat the running step out (a step of prompts): their last tokens are on the host
+            waited = [s for _, s in self.decoding if id(s) not in ids]
+            prompts_waiting = bool(self.waiting) or any(id(s) not in ids for s in self.prefilling)
+            prev_rows += [-1] * len(waited)
+            decoding += waited
+            if prompts_waiting:
+                self.admit()
+                pending = [s for s in self.prefilling if id(s) not in ids]  # not those the running step prefills
+                # Every slot taken: the waiting requests wait for one whatever this step is, so the decode rows go
+                # ahead.  (Waiting for the running step instead lost the overlap exactly when the engine is full:
+                # on an H100 with Poisson arrivals past its capacity, 42-61% of steps queued ahead instead of 99%,
+                # each waiting for the host, and the queue grew faster.)
+                # A slot frees when the host has a row's last token, so a waiting request is admitted in the step
+                # scheduled after that.
+                mixed = self._prompts_mixed(decoding, pending)
+                if mixed:  # beside the decode rows (their tokens follow on the device), through a mixed graph
+                    only, prompts = [], mixed
+                elif pending:
+                    only = self._prompts_only(decoding, pending)
+                else:
+                    only, self._waved = [], False  # the decode rows' turn
+                if only:  # prompts only, through their graph: nothing of the running step's
+                    decoding, prompts, prev_rows = [], only, None
+                elif only is None:  # the prompts go beside the decode rows, in one step once the running one ends
+                    return None
+                # else (only == []): the decode rows' turn, the prompts wait for the next step
+            elif waited:
+                self._waved = False  # the rows that waited for a wave step have their turn
+        rows = list(decoding)
+        decode_slots = [s.slot for s in decoding]
+        # ahead: the tokens of the running step's rows follow on the device; rows that sat it out have theirs here
+        decode_tokens = ([s.out_ids[-1] for s in decoding] if ahead_of is None else
+                         [0 if r >= 0 else s.out_ids[-1] for s, r in zip(decoding, prev_rows or [])])
+        decode_positions = [s.num_computed for s in decoding]
+        for s in decoding:
+            s.num_computed += 1  # the fed token is cached by this step
+
+        chunks: list[PrefillChunk] = []
+        prefill_tokens: list[int] = []
+        penalty_resets = []
+        chunk_seqs = []  # sequences whose chunk here does not end their prompt
+        if prompts:  # queued ahead, a step carries prompts only through a prompt, wave or mixed graph (see above)
+            budget = self.max_prefill_tokens
+            for seq in prompts:
+                if budget <= 0:
+                    break
+                start = seq.num_computed
+                length = min(len(seq.prompt_ids) - start, budget)
+                budget -= length
+                last = start + length == len(seq.prompt_ids)
+                chunks.append(PrefillChunk(seq.slot, start, length, last))
+                prefill_tokens.extend(seq.prompt_ids[start:start + length])
+                seq.num_computed = start + length
+                if not seq.prefill_started:
+                    seq.prefill_started = True
+                    if seq.penalties:
+                        penalty_resets.append((seq.slot, seq.prompt_ids))
+                if last:
+                    rows.append(seq)
+                else:
+                    chunk_seqs.append(seq)
+        if not rows and not chunks:
+            return None
+        running = sum(r >= 0 for r in prev_rows) if prev_rows is not None else 0  # the running step's rows: first
+        step = StepInputs(decode_slots, decode_tokens, decode_positions, chunks, prefill_tokens,
+                          self._sampling_rows(rows, pending_rows=running), penalty_resets)
+        return step, rows, chunk_seqs, prev_rows
+
+    def admit(self) -> None:
+        """Waiting requests into free slots (lowest slot first keeps the decode batch rows compact)."""
+        now = time.monotonic()
+        while self.waiting and self.free:
+            seq = self.waiting.popleft()
+            seq.slot = heapq.heappop(self.free)
+            self.prefilling.append(seq)
+            self.stats.admitted += 1
+            self.stats.queued_s += now - seq.added
+
+    # At most this many prompts waiting to be prefilled are taken one at a time, each alone in a step that replays
+    # its prompt graph, instead of together in one eager step beside the decode rows.  Why: an eager step with
+    # prompt tokens is kernel launches from Python, ~10-11 ms on an H100 host for a 1 B model whatever it holds,
+    # while a prompt graph of up to 512 tokens replays in 2.2-3.8 ms and the decode rows' graph in ~1.7 ms.
+    # So k prompts alone cost ~2.5 k ms (+ one decode step for the rows
+    # that waited) against ~11 ms together: better for the prompts up to 4, and not worse for the decode rows.
+    # A wave (more prompts than that) still goes in together, where the eager step's cost is shared.  Where the
+    # runner has wave graphs, two or more prompts go through one of those instead (_prompt_wave).
+    PROMPTS_ALONE_MAX = DEFAULTS.prompts_alone
+
+    def _prompts_mixed(self, decoding: list[Seq], pending: list[Seq] | None = None) -> list[Seq] | None:
+        """The waiting prompts, where they all go beside the decode rows in one step through a mixed graph
+        (HFModelRunner.MIXED_PROMPTS): whole prompts, no more of them and no more tokens than one holds.  None
+        otherwise: more prompts than that go in waves (one step takes them all while the decode rows wait it, where
+        mixed steps would take several), and a prompt part-way through its chunks goes as before.
+        pending: as in _prompt_alone."""
+        pending = self.prefilling if pending is None else pending
+        if not decoding or not pending or any(s.num_computed for s in pending):
+            return None
+        lengths = [len(s.prompt_ids) for s in pending]
+        if sum(lengths) > self.max_prefill_tokens or not self.runner.mixed_prompts_fit(lengths):
+            return None
+        self._waved = False
+        return list(pending)
+
+    def _prompts_only(self, decoding: list[Seq], pending: list[Seq] | None = None) -> list[Seq] | None:
+        """The prompts of a step of prompts only, through a graph (a wave, `_prompt_wave`, or one alone,
+        `_prompt_alone`); [] for the decode rows' turn between two waves; None: no such step (the prompts, if any,
+        go beside the decode rows).  pending: as in _prompt_alone."""
+        wave = self._prompt_wave(decoding, pending)
+        if wave is not None:
+            return wave
+        alone = self._prompt_alone(decoding, pending)
+        return None if alone is None else [alone]
+
+    def _prompt_alone(self, decoding: list[Seq], pending: list[Seq] | None = None) -> Seq | None:
+        """The prompt to prefill alone in this step (its prompt graph), or None (one step for everything).
+        pending: the prompts to choose from (default: all admitted and not prefilled yet)."""
+        pending = self.prefilling if pending is None else pending
+        if not pending or len(pending) > self._prompts_alone or (len(pending) == 1 and not decoding):
+            return None  # nothing to prefill, a wave, or a prompt alone anyway
+        first = pending[0]  # graphed prompts fit the prefill chunk (capture_prefill_graphs caps them at it)
+        if first.num_computed or not self.runner.prompt_graphed(len(first.prompt_ids)):
+            return None
+        return first
+
+    def _prompt_wave(self, decoding: list[Seq], pending: list[Seq] | None = None) -> list[Seq] | None:
+        """Two or more prompts waiting, where the runner has wave graphs (HFModelRunner.WAVE_ROWS): the first of them
+        (as many as the largest wave graph that fits holds) for a step of their own through a wave graph; [] for a
+        decode-only step, so that decode rows sit out at most every other step while a long wave goes in; None: no
+        wave (one prompt goes alone, `_prompt_alone`, or everything in one eager step).
+
+        Why waves before prompts alone: k prompts alone take k steps, each with the decode rows waiting, and a wave
+        of them one.  pending: as in _prompt_alone."""
+        pending = self.prefilling if pending is None else pending
+        if not pending or not self.runner.wave_rows:
+            self._waved = False
+            return None
+        if decoding and self._waved:  # the decode rows waited for the last wave step: theirs now
+            self._waved = False
+            return []
+        take = []
+        for seq in pending[:max(self.runner.wave_rows)]:
+            if seq.num_computed:  # a prompt part-way through its chunks: not a whole prompt
+                break
+            take.append(seq)
+        while len(take) >= 2 and (sum(len(s.prompt_ids) for s in take) > self.max_prefill_tokens
+                                  or self.runner.wave_graph_key([len(s.prompt_ids) for s in take]) is None):
+            take.pop()  # the longest prompts may not fit a wave of that many: fewer, in a smaller one
+        if len(take) < 2:
+            self._waved = False
+            return None
+        self._waved = bool(decoding)
+        return take
+
+    def _sampling_rows(self, rows: list[Seq], pending_rows: int = 0) -> SamplingRows:
+        """pending_rows: the first rows each have a token sampled by a step still running (not yet in out_ids)."""
+        sr = SamplingRows()
+        sampled = [s for s in rows if s.params.temperature > 0]
+        penal = any(s.penalties for s in rows)
+        if sampled or penal:
+            sr.slots = [s.slot for s in rows]
+            sr.temperature = [s.params.temperature for s in rows]
+        if sampled:
+            sr.any_sampling = True
+            sr.any_top = any(s.params.top_k > 0 or s.params.top_p < 1.0 for s in sampled)
+            sr.top_k = [s.params.top_k for s in rows]
+            sr.top_p = [s.params.top_p for s in rows]
+            sr.uniform = [1.0 - s.rng.random() if s.params.temperature > 0 else 1.0 for s in rows]
+        if penal:
+            sr.any_penalty = True
+            sr.repetition_penalty = [s.params.repetition_penalty for s in rows]
+            sr.presence_penalty = [s.params.presence_penalty for s in rows]
+            sr.frequency_penalty = [s.params.frequency_penalty for s in rows]
+        for i, s in enumerate(rows):
+            n = len(s.out_ids) + (i < pending_rows)
+            if n < s.min_tokens and s.eos:
+                sr.banned.extend((i, t) for t in s.eos)
+            if s.bad:
+                for word in s.bad:
+                    if len(word) == 1 or s.out_ids[-(len(word) - 1):] == word[:-1]:
+                        sr.banned.append((i, word[-1]))
+        return sr

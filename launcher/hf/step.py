@@ -1,0 +1,161 @@
+"""What one step of the `hf` engine runs, as plain data, and how an eager step is laid out for the model.
+
+The scheduler (hf_engine.py) decides *what* runs in a step and describes it as a
+`StepInputs` of plain Python lists; `HFModelRunner.execute(step)` runs it and
+returns the sampled token per output row.  `StepInputs` holds no tensors and no
+references to requests, so a tensor-parallel leader can broadcast it to worker
+ranks that hold the same shard (`torch.distributed.broadcast_object_list`) and
+every rank calls `execute` on the same object.
+
+`prepare_step` turns a step into the model's inputs and the attention's `StepContext` (hf_attention): decode tokens
+first, then prompt chunks, with prompt-starting chunks grouped for one padded attention call per group
+(`group_first_chunks`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from launcher.hf.attention import StepContext, decode_mask
+
+
+@dataclass
+class PrefillChunk:
+    slot: int  # cache slot of the sequence
+    start: int  # position of the first token of the chunk (tokens before it are already cached)
+    length: int  # tokens in the chunk
+    sample: bool  # the chunk ends the prompt: compute logits of its last token and sample
+
+
+@dataclass
+class SamplingRows:
+    """Per output row sampling settings (rows are: decode sequences in order, then prefill chunks with sample=True)."""
+
+    slots: list[int] = field(default_factory=list)  # cache slot of each row (indexes per-slot penalty state)
+    temperature: list[float] = field(default_factory=list)  # 0 = greedy
+    top_k: list[int] = field(default_factory=list)  # 0 = off
+    top_p: list[float] = field(default_factory=list)  # 1.0 = off
+    uniform: list[float] = field(default_factory=list)  # one U(0,1] draw per row from the request's own RNG
+    repetition_penalty: list[float] = field(default_factory=list)  # 1.0 = off
+    presence_penalty: list[float] = field(default_factory=list)  # 0.0 = off
+    frequency_penalty: list[float] = field(default_factory=list)  # 0.0 = off
+    banned: list[tuple[int, int]] = field(default_factory=list)  # (row, token) pairs forced to -inf (min_length, bad words)
+    any_sampling: bool = False  # some row has temperature > 0
+    any_top: bool = False  # some row uses top_k or top_p
+    any_penalty: bool = False  # some row uses a penalty
+
+
+@dataclass
+class StepInputs:
+    """Everything one step needs, as plain data (broadcastable to tensor-parallel workers)."""
+
+    decode_slots: list[int]  # slot of each decode token (one per decoding sequence)
+    decode_tokens: list[int]  # the token fed for each decode sequence
+    decode_positions: list[int]  # its position (= tokens already cached for that slot)
+    prefill: list[PrefillChunk]  # prompt chunks, in token order after the decode tokens
+    prefill_tokens: list[int]  # the prompt tokens of all chunks, concatenated
+    sampling: SamplingRows
+    # Penalty bookkeeping: slots (re)starting a request that uses penalties, with the prompt tokens to count.
+    penalty_resets: list[tuple[int, list[int]]] = field(default_factory=list)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decode_tokens) + len(self.prefill_tokens)
+
+
+
+def group_first_chunks(lengths: list[int], waste: float = 0.5) -> list[list[int]]:
+    """Indices of prompt-starting chunks grouped for one padded attention call each.
+
+    Sorted by length, longest first; a group takes the next chunk while padding stays within `waste` of
+    the group's padded tokens (n * longest), so one long prompt does not pad a crowd of short ones.
+    Chunks left alone (groups of one) run unpadded."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        g = groups[-1] if groups else None
+        if g is not None:
+            longest = lengths[g[0]]
+            real = sum(lengths[j] for j in g) + lengths[i]
+            if real >= (1.0 - waste) * longest * (len(g) + 1):
+                g.append(i)
+                continue
+        groups.append([i])
+    return groups
+
+
+
+def prepare_step(step: StepInputs, device, num_kv_heads: int, max_model_len: int, dtype, eager: bool):
+    """(StepContext, input_ids [1, T], positions [1, T], the token rows whose logits to keep) of a step run eagerly:
+    its tokens packed in one row, decode tokens first (HFModelRunner._run; a graph's step is laid out by hf_graphs)."""
+    import torch
+
+    dev = device
+    n_dec = len(step.decode_tokens)
+    chunk_slots: list[int] = []
+    chunk_pos: list[int] = []
+    logits_idx: list[int] = list(range(n_dec))
+    offset = n_dec
+    for c in step.prefill:
+        chunk_slots.extend([c.slot] * c.length)
+        chunk_pos.extend(range(c.start, c.start + c.length))
+        offset += c.length
+        if c.sample:
+            logits_idx.append(offset - 1)
+    # one host->device copy for all per-token index data
+    host = torch.tensor([step.decode_tokens + step.prefill_tokens,
+                         step.decode_positions + chunk_pos,
+                         step.decode_slots + chunk_slots], dtype=torch.long)
+    meta = host.to(dev, non_blocking=True)
+    input_ids, positions, slots = meta[0:1], meta[1:2], meta[2]
+    ctx = StepContext()
+    # row of token t, kv head h in the cache viewed as [slots * kv_heads * max_model_len, head_dim]
+    heads = torch.arange(num_kv_heads, device=dev)
+    ctx.flat_idx = ((slots[:, None] * num_kv_heads + heads[None, :]) * max_model_len
+                    + meta[1][:, None]).reshape(-1)
+    ctx.n_dec = n_dec
+    ctx.eager = eager
+    ctx.dec_scatter = None
+    ctx.dec_mask = None
+    if n_dec:
+        rows = max(step.decode_slots) + 1
+        # attend over a multiple of 16 positions: fused kernels want aligned masks (the rest is masked out)
+        length = min(-(-(max(step.decode_positions) + 1) // 16) * 16, max_model_len)
+        lens = [1] * rows  # rows without a decode token attend to one (ignored) position: no NaN
+        for s, p in zip(step.decode_slots, step.decode_positions):
+            lens[s] = p + 1
+        lens_t = torch.tensor(lens, dtype=torch.long).to(dev, non_blocking=True)
+        ctx.dec_mask = decode_mask(lens_t, torch.arange(length, device=dev), dtype, device)
+        ctx.dec_rows, ctx.dec_len = rows, length
+        if rows != n_dec or step.decode_slots != list(range(n_dec)):
+            ctx.dec_scatter = meta[2, :n_dec]
+    chunks, firsts, offset = [], [], n_dec
+    for c in step.prefill:
+        if c.start == 0:
+            firsts.append((offset, c))
+        else:
+            q_pos = torch.arange(c.start, c.start + c.length, device=dev)
+            mask = torch.arange(c.start + c.length, device=dev)[None, :] <= q_pos[:, None]
+            chunks.append((offset, c.slot, c.start, c.length, mask))
+        offset += c.length
+    ctx.groups = []
+    for group in group_first_chunks([c.length for _, c in firsts]):
+        if len(group) == 1:
+            off, c = firsts[group[0]]
+            chunks.append((off, c.slot, 0, c.length, None))
+            continue
+        length = firsts[group[0]][1].length  # the longest: groups are sorted
+        pad, real, dst = [], [], []
+        for row, i in enumerate(group):
+            off, c = firsts[i]
+            # padded positions repeat the chunk's last token: any real row works, its output is dropped
+            pad.extend(range(off, off + c.length))
+            pad.extend([off + c.length - 1] * (length - c.length))
+            real.extend(range(row * length, row * length + c.length))
+            dst.extend(range(off, off + c.length))
+        idx = torch.tensor(pad + real + dst, dtype=torch.long).to(dev, non_blocking=True)
+        n_pad, n_real = len(pad), len(real)
+        ctx.groups.append((idx[:n_pad], len(group), length, idx[n_pad:n_pad + n_real], idx[n_pad + n_real:]))
+    ctx.chunks = chunks
+    logits_idx_t = torch.tensor(logits_idx, dtype=torch.long).to(dev, non_blocking=True)
+    return ctx, input_ids, positions, logits_idx_t

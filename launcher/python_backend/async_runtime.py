@@ -1,0 +1,433 @@
+"""The serving loop shared by the vLLM, SGLang and LMDeploy python models.
+
+Each of those `model.py` files is a thin adapter (`EngineAdapter`): how to build the
+engine, how to turn a contract request into the engine's async stream of new text, how
+to abort one request, how to shut down. Everything else is here, once:
+
+* an asyncio loop on its own thread drives the engine (the engines' async APIs need a
+  running loop; Triton's `execute` must return at once for a decoupled model);
+* `execute` parses each request with `launcher.python_backend.triton_io` and schedules it; a bad
+  request gets an error response naming the input and the fix;
+* the loop only posts a request's new text to its outbox; `SEND_THREADS` sender threads,
+  each owning a share of the requests, build and send the responses. A send is a round trip
+  to tritonserver (tens to hundreds of microseconds, the GIL free meanwhile), so one thread
+  would serialize every stream's responses behind each other; and text that arrives while
+  a request's previous response is being sent goes out merged in its next response, so a
+  busy stub sends fewer, larger responses instead of falling behind the engine;
+* a watchdog asks Triton every `cancel_poll_s` whether clients cancelled (stream closed,
+  client gone), aborts those requests in the engine and cancels their tasks, even when
+  the engine has produced nothing for them yet;
+* an exception from the engine becomes an error response for that request only; the
+  model keeps serving;
+* `stop()` (the model's `finalize`) cancels what is in flight, shuts the engine down and
+  ends both threads, in reverse order of `start()`.
+
+On ranks that only run a share of the engine (SGLang nodes other than 0), the adapter
+says `serves = False`: requests get a clear error, and if the adapter can watch its
+engine processes, the rank's tritonserver is stopped when they die, so the launcher
+sees the rank fail instead of a server that looks healthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import signal
+import threading
+import traceback
+import uuid
+from dataclasses import dataclass
+from typing import AsyncIterator, Callable, Dict, Optional
+
+
+@dataclass
+class Piece:
+    """What an engine produced for a request since the previous piece."""
+
+    text: str  # new text (a delta), whole characters only
+    output_tokens: int  # tokens generated so far (cumulative)
+    input_tokens: int  # tokens in the prompt (0 until the engine reports it)
+    finish_reason: Optional[str] = None  # "length" | "stop" on the engine's last piece
+
+
+class EngineAdapter:
+    """What an engine's model.py provides. Methods run on the runtime's event loop."""
+
+    name = "engine"
+    supported: frozenset = frozenset()  # contract inputs the engine honours (others are logged and ignored)
+    serves = True  # False on ranks whose engine share takes no requests
+    max_model_len: Optional[int] = None  # for triton_io's max_tokens check; None = let the engine decide
+
+    async def start(self) -> None:
+        raise NotImplementedError
+
+    def generate(self, request_id: str, request) -> AsyncIterator[Piece]:
+        """request: launcher.python_backend.triton_io.GenerationRequest."""
+        raise NotImplementedError
+
+    async def abort(self, request_id: str) -> None:
+        raise NotImplementedError
+
+    async def stop(self) -> None:
+        raise NotImplementedError
+
+    def wait_engine_exit(self) -> bool:
+        """Worker ranks: block until the engine's processes are gone and return True; return False at
+        once when this adapter cannot watch them."""
+        return False
+
+
+class Log:
+    """pb_utils.Logger inside Triton, print elsewhere."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        try:
+            import triton_python_backend_utils as pb_utils
+
+            self._logger = getattr(pb_utils, "Logger", None)
+        except ImportError:
+            self._logger = None
+
+    def _emit(self, level: str, msg: str) -> None:
+        text = f"[{self.prefix}] {msg}"
+        if self._logger is not None:
+            getattr(self._logger, f"log_{level}")(text)
+        else:
+            print(text, flush=True)
+
+    def info(self, msg):
+        self._emit("info", msg)
+
+    def warn(self, msg):
+        self._emit("warn", msg)
+
+    def error(self, msg):
+        self._emit("error", msg)
+
+
+# Sender threads of one model instance. Each owns a share of the requests (assigned in turn), so a request's
+# responses leave in order; four let four round trips to tritonserver overlap, which one stream per step at
+# 64-128 streams needs, and they sleep when there is nothing to send.
+SEND_THREADS = 4
+
+
+class _Outbox:
+    """What one request still has to send: streamed text not sent yet, and its final response once known.
+    The loop thread posts to it; the sender thread of its shard takes everything posted since its last send."""
+
+    __slots__ = ("sender", "shard", "lock", "parts", "n_in", "n_out", "counts", "final", "queued", "in_tensor", "in_n")
+
+    def __init__(self, sender, shard: int):
+        self.sender = sender
+        self.shard = shard
+        self.lock = threading.Lock()
+        self.parts: list = []  # streamed text not sent yet
+        self.n_in = self.n_out = 0  # the engine's counts as of the last post
+        self.counts = True  # streamed responses carry the counts too (False: final_counts_only)
+        self.final: Optional[tuple] = None  # ("done", text, finish_reason) | ("error", message), once posted
+        self.queued = False  # waiting in its sender's queue
+        self.in_tensor, self.in_n = None, None  # this request's input_tokens tensor (its sender thread's own)
+
+
+class _Active:
+    __slots__ = ("outbox", "task", "cancelled")
+
+    def __init__(self, outbox):
+        self.outbox = outbox
+        self.task: Optional[asyncio.Task] = None
+        self.cancelled = False
+
+
+class AsyncEngineRuntime:
+    def __init__(self, adapter: EngineAdapter, log: Optional[Log] = None, cancel_poll_s: float = 0.2, drain_timeout_s: float = 10.0):
+        self.adapter = adapter
+        self.log = log or Log(adapter.name)
+        self.cancel_poll_s = cancel_poll_s
+        self.drain_timeout_s = drain_timeout_s
+        self.loop: Optional[asyncio.AbstractEventLoop] = None
+        self._loop_thread: Optional[threading.Thread] = None
+        self._send_queues = [queue.SimpleQueue() for _ in range(SEND_THREADS)]
+        self._send_threads: list = []
+        self._next_shard = 0
+        self._watch_thread: Optional[threading.Thread] = None
+        self._watchdog: Optional[asyncio.Task] = None
+        self._active: Dict[str, _Active] = {}
+        self._stopping = False
+        self._ignored_noted: set = set()
+        self._responder = None  # triton_io.Responder (streamed responses; its tensors are kept per sender thread)
+        self._server_pid = os.getppid()  # the tritonserver that started this stub: the one to stop if the engine dies
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the loop thread, build the engine on it (errors propagate), start the helpers."""
+        from launcher.python_backend import triton_io
+
+        self._responder = triton_io.Responder()
+        self.loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self._run_loop, name=f"{self.adapter.name}-loop", daemon=True)
+        self._loop_thread.start()
+        try:
+            asyncio.run_coroutine_threadsafe(self.adapter.start(), self.loop).result()
+        except BaseException:
+            self._stop_loop()
+            raise
+        self._send_threads = [threading.Thread(target=self._send_loop, args=(q,), name=f"{self.adapter.name}-send-{i}",
+                                               daemon=True) for i, q in enumerate(self._send_queues)]
+        for t in self._send_threads:
+            t.start()
+        self._watchdog = asyncio.run_coroutine_threadsafe(self._start_watchdog(), self.loop).result()
+        if not self.adapter.serves:
+            self._watch_thread = threading.Thread(target=self._watch_engine, name=f"{self.adapter.name}-watch", daemon=True)
+            self._watch_thread.start()
+
+    def stop(self) -> None:
+        """Cancel in-flight requests (they are aborted in the engine), shut the engine down, end the threads."""
+        if self.loop is None:
+            return
+        self._stopping = True
+        try:
+            asyncio.run_coroutine_threadsafe(self._shutdown(), self.loop).result(timeout=self.drain_timeout_s + 120)
+        except Exception as exc:  # finalize must not raise: log and go on tearing down
+            self.log.error(f"engine shutdown failed: {exc!r}")
+        for q in self._send_queues:
+            q.put(None)
+        for t in self._send_threads:
+            t.join(timeout=30)
+        self._stop_loop()
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def _stop_loop(self) -> None:
+        if self.loop is not None and self.loop.is_running():
+            self.loop.call_soon_threadsafe(self.loop.stop)
+        if self._loop_thread is not None:
+            self._loop_thread.join(timeout=30)
+        if self.loop is not None and not self.loop.is_running():
+            self.loop.close()
+        self.loop = None
+
+    async def _start_watchdog(self) -> asyncio.Task:
+        return asyncio.get_running_loop().create_task(self._watch_cancellations())
+
+    async def _shutdown(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        tasks = [a.task for a in self._active.values() if a.task is not None]
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=self.drain_timeout_s)
+        await self.adapter.stop()
+        self.log.info("engine shut down")
+
+    # ------------------------------------------------------------------ requests
+    def submit(self, request) -> None:
+        """Called from execute(): schedule one request on the loop and return at once."""
+        import triton_python_backend_utils as pb_utils
+        from launcher.python_backend import triton_io
+
+        sender = request.get_response_sender()
+        if self._stopping or self.loop is None:
+            sender.send(triton_io.error_response(f"{self.adapter.name}: the model is shutting down; retry on another server"),
+                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
+        asyncio.run_coroutine_threadsafe(self._serve(request, sender), self.loop)
+
+    async def _serve(self, request, sender) -> None:
+        from launcher.python_backend import triton_io
+
+        name = self.adapter.name
+        out = _Outbox(sender, self._next_shard)
+        self._next_shard = (self._next_shard + 1) % len(self._send_queues)
+        if not self.adapter.serves:
+            self._post_final(out, ("error", f"{name}: this rank runs part of the engine and takes no requests; send them to the model copy's leader (rank 0)"))
+            return
+        try:
+            greq = triton_io.parse_request(request, self.adapter.supported, self.adapter.max_model_len)
+        except triton_io.InvalidRequest as exc:
+            self._post_final(out, ("error", f"{name}: {exc}"))
+            return
+        self._note_ignored(greq.ignored)
+        out.counts = not greq.final_counts_only  # else text alone: the counts come with the final response
+        rid = uuid.uuid4().hex
+        entry = _Active(out)
+        entry.task = asyncio.current_task()
+        self._active[rid] = entry
+        n_in = n_out = 0
+        parts = []  # a non-streamed request's text; a streamed one's last piece (sent with the final response)
+        finish = None
+        stream = self.adapter.generate(rid, greq)
+        try:
+            async for piece in stream:
+                n_in, n_out = piece.input_tokens or n_in, piece.output_tokens
+                if piece.finish_reason:
+                    finish = piece.finish_reason
+                    parts.append(piece.text)
+                    break
+                if not greq.stream:
+                    parts.append(piece.text)
+                elif piece.text:
+                    self._post(out, piece.text, n_in, n_out)
+            if finish is None:  # the engine ended the stream without saying why
+                finish = "length" if n_out >= greq.params.max_tokens else "stop"
+            self._active.pop(rid, None)
+            self._post_final(out, ("done", "".join(parts), finish), n_in, n_out)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and hasattr(task, "uncancel"):
+                task.uncancel()  # the cancellation is handled here; later awaits must not see it again
+            if not entry.cancelled:  # shutting down (a client cancel was aborted by the watchdog already)
+                await self._abort(rid)
+            self._active.pop(rid, None)
+            why = "cancelled by the client" if entry.cancelled else "the model is shutting down"
+            self.log.info(f"request {rid} {why} after {n_out} tokens; aborted in the engine")
+            if entry.cancelled:
+                self._post_final(out, ("done", "", "cancelled"), n_in, n_out)
+            else:
+                self._post_final(out, ("error", f"{name}: {why}; the request was aborted after {n_out} tokens"))
+        except Exception as exc:
+            self.log.error(f"request {rid} failed in the engine: {traceback.format_exc()}")
+            await self._abort(rid)
+            self._active.pop(rid, None)
+            self._post_final(out, ("error", f"{name} engine error: {type(exc).__name__}: {exc}"))
+        finally:
+            try:
+                await stream.aclose()
+            except BaseException:  # noqa: BLE001 - closing a failed stream must not mask the response already sent
+                pass
+
+    async def _abort(self, rid: str) -> None:
+        try:
+            await asyncio.wait_for(asyncio.shield(self.adapter.abort(rid)), timeout=10)
+        except BaseException as exc:  # noqa: BLE001 - best effort; the request is answered either way
+            self.log.warn(f"abort of request {rid} failed: {exc!r}")
+
+    def _note_ignored(self, ignored) -> None:
+        new = [n for n in ignored if n not in self._ignored_noted]
+        if new:
+            self._ignored_noted.update(new)
+            self.log.warn(f"{self.adapter.name} does not honour inputs {new}; they are ignored (noted once)")
+
+    # ------------------------------------------------------------------ cancellation
+    async def _watch_cancellations(self) -> None:
+        while True:
+            await asyncio.sleep(self.cancel_poll_s)
+            for rid, entry in list(self._active.items()):
+                if entry.cancelled or entry.task is None:
+                    continue
+                try:
+                    cancelled = entry.outbox.sender.is_cancelled()
+                except Exception:  # noqa: BLE001 - a sender whose request is gone counts as cancelled
+                    cancelled = True
+                if cancelled and rid in self._active:
+                    # Abort while the request is still live in the engine (some engines forget a
+                    # request once its stream is torn down), then stop serving it.
+                    entry.cancelled = True
+                    await self._abort(rid)
+                    entry.task.cancel()
+
+    # ------------------------------------------------------------------ sending
+    def _post(self, out: _Outbox, text: str, n_in: int, n_out: int) -> None:
+        """Loop thread: a streamed request's new text; its sender sends it, merged with whatever else is waiting."""
+        with out.lock:
+            out.parts.append(text)
+            out.n_in, out.n_out = n_in, n_out
+            wake = not out.queued
+            out.queued = True
+        if wake:
+            self._send_queues[out.shard].put(out)
+
+    def _post_final(self, out: _Outbox, final: tuple, n_in: int = 0, n_out: int = 0) -> None:
+        """Loop thread: the request's end; its sender sends what is left and then the final response."""
+        with out.lock:
+            out.final = final
+            out.n_in, out.n_out = n_in or out.n_in, n_out or out.n_out
+            wake = not out.queued
+            out.queued = True
+        if wake:
+            self._send_queues[out.shard].put(out)
+
+    def _send_loop(self, q: "queue.SimpleQueue") -> None:
+        from launcher.python_backend import triton_io
+
+        while True:
+            out = q.get()
+            if out is None:
+                return
+            with out.lock:
+                text = "".join(out.parts)
+                out.parts.clear()
+                final, n_in, n_out = out.final, out.n_in, out.n_out
+                out.queued = False
+            try:
+                if final is None:
+                    if out.counts and out.in_n != n_in:
+                        out.in_tensor, out.in_n = self._responder.input_tokens(n_in), n_in
+                    self._send(out.sender, self._responder.build(text, out.in_tensor, n_out, counts=out.counts))
+                elif final[0] == "done":
+                    self._send(out.sender, triton_io.response(text + final[1], n_in, n_out, final[2]), final=True)
+                else:
+                    if text:  # what was generated before the failure still reaches the client
+                        self._send(out.sender, self._responder.build(text, self._responder.input_tokens(n_in), n_out))
+                    self._send(out.sender, triton_io.error_response(final[1]), final=True)
+            except Exception:  # noqa: BLE001 - building a response must not end the sender thread
+                self.log.warn(f"building a response failed: {traceback.format_exc(limit=2)}")
+
+    def _send(self, sender, response, final: bool = False) -> None:
+        import triton_python_backend_utils as pb_utils
+
+        try:
+            if final:
+                sender.send(response, flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:
+                sender.send(response)
+        except Exception:  # noqa: BLE001 - e.g. the client went away; nothing else to do for it
+            self.log.warn(f"sending a response failed: {traceback.format_exc(limit=2)}")
+
+    # ------------------------------------------------------------------ worker ranks
+    def _watch_engine(self, kill: Callable[[int, int], None] = os.kill) -> None:
+        if not self.adapter.wait_engine_exit() or self._stopping:
+            return  # the adapter cannot watch, or this is a normal shutdown
+        if os.getppid() != self._server_pid:
+            # The server is gone already (we were re-parented): its pid may be someone else's by now.
+            self.log.error("the engine's processes on this worker rank exited, and so did this rank's tritonserver")
+            return
+        self.log.error("the engine's processes on this worker rank exited; stopping this rank's tritonserver so the job fails fast")
+        kill(self._server_pid, signal.SIGTERM)
+
+
+class RuntimeModel:
+    """The TritonPythonModel shell the vLLM, SGLang and LMDeploy models share: check decoupled
+    mode, build the engine's adapter, hand every request to the runtime, stop it on unload.
+    A model.py subclasses it as `TritonPythonModel` and defines `name` and `make_adapter`."""
+
+    name = ""  # engine name, used in the log and the error message
+
+    def make_adapter(self, params: Dict[str, str], args: Dict[str, str], log: Log) -> EngineAdapter:
+        raise NotImplementedError
+
+    def initialize(self, args):
+        import json
+
+        import triton_python_backend_utils as pb_utils
+
+        from launcher.python_backend.triton_io import model_parameters
+
+        config = json.loads(args["model_config"])
+        if not pb_utils.using_decoupled_model_transaction_policy(config):
+            raise ValueError(f"{config.get('name', self.name)} must be decoupled (model_transaction_policy {{ decoupled: true }}): it streams")
+        log = Log(self.name)
+        self.runtime = AsyncEngineRuntime(self.make_adapter(model_parameters(config), args, log), log)
+        self.runtime.start()
+
+    def execute(self, requests):
+        for request in requests:
+            self.runtime.submit(request)
+        return None
+
+    def finalize(self):
+        self.runtime.stop()

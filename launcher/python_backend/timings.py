@@ -1,0 +1,369 @@
+"""What the hf model measures inside the server, as Triton custom metrics on the metrics port.
+
+1. Where a streamed request's first token spends its time inside the model.  A client sees
+   time to first token (TTFT); this splits the part spent inside the model into six,
+   measured per streamed request on one clock (CLOCK_MONOTONIC is shared by every process
+   of the machine):
+
+  parse    the model's `execute` took the request -> read and checked it, queued it with the engine
+  add      queued -> the engine process received it (the socket, the engine process's reader thread)
+  engine   received -> first token made (tokenize, wait for a slot and the prefill budget,
+           prefill, sample, detokenize)
+  back     first token made -> the stub has it (the engine process's message, the socket back,
+           the stub's receive thread)
+  respond  the stub has it -> its response built, the send about to begin (a responder thread's
+           queue where the stream has one, merging outputs, building the response's tensors)
+  send     the response sender's send call: the response handed to tritonserver, a round trip
+           from the stub to the server process and back
+
+   Client TTFT minus the six is tritonserver, gRPC and the client.
+
+  llmlaunch_first_token_seconds{model="...",part="parse|add|engine|back|respond|send"}   seconds, summed
+  llmlaunch_first_tokens{model="..."}                                                requests counted
+
+2. How the engine loop spends a step (hf_engine.EngineStats): is the served engine bound by
+   the GPU or by its host work?  A step's wall time is launch + wait + host work; on a GPU,
+   `gpu` is each step's span on the stream and `gpu_idle` the GPU waiting for the host to
+   queue the next step.
+
+  llmlaunch_engine_seconds{model="...",part="step|launch|wait|gpu|gpu_idle"}  seconds, summed
+  llmlaunch_engine_steps{model="...",kind="all|ahead|gpu_timed"}             steps counted
+  llmlaunch_engine_tokens{model="...",kind="decode|prefill"}                 tokens counted
+
+Every metric is a counter, so a mean over any window is the difference of its sums divided by
+the difference of a count (`mean_first_token_ms`, `engine_step_split`).  Each update of a
+Triton metric is a round trip from the stub to the server, too dear for the response path, so
+sums are kept here and pushed once a second (`Counters`).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+
+PARTS = ("parse", "add", "engine", "back", "respond", "send")
+SPLIT_KEYS = PARTS + ("inside_server", "outside_server")  # a first_token_split's figures, in order
+SECONDS = "llmlaunch_first_token_seconds"
+COUNT = "llmlaunch_first_tokens"
+ENGINE_SECONDS = "llmlaunch_engine_seconds"
+ENGINE_STEPS = "llmlaunch_engine_steps"
+ENGINE_TOKENS = "llmlaunch_engine_tokens"
+ENGINE_REQUEST_SECONDS = "llmlaunch_engine_request_seconds"
+ENGINE_REQUESTS = "llmlaunch_engine_requests"
+ENGINE_INTAKES = "llmlaunch_engine_intakes"
+
+# One row per counter: (metric family, its label (None: none but the model's), label value, the key of its value in
+# the totals a `Counters` reads, description).  First-token keys are FirstTokenTimes.totals_map's; engine keys are
+# EngineStats' fields (hf_engine).
+FIRST_TOKEN_COUNTERS = tuple((SECONDS, "part", p, p, "seconds streamed requests spent before their first response, "
+                              "by part (launcher.python_backend.timings)") for p in PARTS) + (
+    (COUNT, None, None, "count", "streamed requests counted in llmlaunch_first_token_seconds"),)
+_ENGINE_SECONDS_DOC = "seconds of the engine loop by part: step (wall), launch, wait (for the GPU), gpu, gpu_idle"
+ENGINE_COUNTERS = tuple((ENGINE_SECONDS, "part", p, key, _ENGINE_SECONDS_DOC) for p, key in (
+    ("step", "wall_s"), ("launch", "launch_s"), ("wait", "wait_s"), ("gpu", "gpu_s"), ("gpu_idle", "gpu_idle_s"))) + tuple(
+    (ENGINE_STEPS, "kind", k, key, "engine steps: all, queued ahead (overlap), timed on the GPU, with prompt "
+                                   "tokens, prompts alone through a CUDA graph, prompts beside decode rows through a "
+                                   "mixed CUDA graph")
+    for k, key in (("all", "steps"), ("ahead", "ahead_steps"), ("gpu_timed", "gpu_steps"),
+                   ("prompt", "prompt_steps"), ("prompt_graph", "prompt_graph_steps"),
+                   ("mixed", "mixed_steps"))) + tuple(
+    (ENGINE_TOKENS, "kind", k, key, "tokens the engine ran, by kind")
+    for k, key in (("decode", "decode_tokens"), ("prefill", "prefill_tokens"))) + tuple(
+    (ENGINE_REQUEST_SECONDS, "part", p, key, "seconds requests spent in the engine from being added, summed: until "
+                                             "a KV-cache slot (queued), until their first token (first_token)")
+    for p, key in (("queued", "queued_s"), ("first_token", "to_first_token_s"))) + tuple(
+    (ENGINE_REQUESTS, "kind", k, key, "requests given a slot (admitted), requests with a first token (first_token), "
+                                      "requests handed to the engine (intake)")
+    for k, key in (("admitted", "admitted"), ("first_token", "first_tokens"), ("intake", "intake_requests"))) + (
+    (ENGINE_INTAKES, None, None, "intake_calls", "hand-overs of requests to the engine (add_requests calls), the "
+                                                 "text prompts of each tokenized in one call"),)
+ENGINE_FIELDS = tuple(row[3] for row in ENGINE_COUNTERS)  # the EngineStats fields the metrics carry
+
+
+class FirstTokenTimes:
+    """Sums of the six parts of streamed requests' first tokens (thread-safe); `totals_map` feeds `Counters`."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._sums = [0.0] * len(PARTS)
+        self._count = 0
+
+    def add(self, began: float, queued: float, received: float, made: float, got: float, sending: float,
+            sent: float) -> None:
+        """One streamed request's first response: time.monotonic() stamps of the seven moments (module docstring)."""
+        parts = (queued - began, received - queued, made - received, got - made, sending - got, sent - sending)
+        with self._lock:
+            for i, v in enumerate(parts):
+                self._sums[i] += max(0.0, v)  # a clock read on another core can be a few ns behind
+            self._count += 1
+
+    def totals(self) -> tuple[list[float], int]:
+        with self._lock:
+            return list(self._sums), self._count
+
+    def totals_map(self) -> dict:
+        sums, n = self.totals()
+        return {"count": n, **dict(zip(PARTS, sums))}
+
+    def summary(self) -> str:
+        sums, n = self.totals()
+        if not n:
+            return "no streamed requests"
+        return f"{n} streamed requests, first token inside the server (mean ms): " + ", ".join(
+            f"{p} {1000 * s / n:.2f}" for p, s in zip(PARTS, sums))
+
+
+def engine_summary(stats: dict) -> str:
+    """The whole run's `engine_step_split` of an engine's EngineStats dict, as one log line."""
+    split = engine_step_split({}, stats)
+    if split is None:
+        return "no engine steps"
+    return f"{split['steps']} engine steps, " + format_engine_split(split)
+
+
+class Counters:
+    """Cumulative totals pushed to Triton counters every interval_s by a thread.
+
+    `counters` are rows of FIRST_TOKEN_COUNTERS / ENGINE_COUNTERS; `read()` returns the running totals by their
+    keys, missing keys counting as unchanged.  Raises nothing: without custom metrics
+    (--allow-metrics=false, an old backend) nothing is pushed."""
+
+    def __init__(self, model: str, counters, read, interval_s: float = 1.0):
+        self.model = model
+        self.counters = tuple(counters)
+        self.read = read
+        self.interval_s = interval_s
+        self._pushed: dict = {}
+        self._metrics = None  # ([(key, metric)], families) once created
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "Counters":
+        try:
+            import triton_python_backend_utils as pb_utils
+
+            families, metrics = {}, []
+            for family, label, value, key, doc in self.counters:
+                if family not in families:
+                    families[family] = pb_utils.MetricFamily(name=family, kind=pb_utils.MetricFamily.COUNTER,
+                                                             description=doc)
+                labels = {"model": self.model, **({label: value} if label else {})}
+                metrics.append((key, families[family].Metric(labels=labels)))
+            self._metrics = (metrics, list(families.values()))  # metrics, then families
+        except Exception:  # no custom metrics here: the summaries are still logged at the end
+            self._metrics = None
+            return self
+        self._thread = threading.Thread(target=self._loop, name="llmlaunch-metrics", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.push()
+
+    def push(self) -> None:
+        if self._metrics is None:
+            return
+        try:
+            now = self.read()
+        except Exception:  # the engine is going away
+            return
+        try:
+            for key, metric in self._metrics[0]:
+                value = now.get(key)
+                if value is None:
+                    continue
+                delta = value - self._pushed.get(key, 0)
+                if delta > 0:
+                    metric.increment(delta)
+                    self._pushed[key] = value
+        except Exception:  # the server is going away
+            return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        self.push()
+        # Triton wants a family's metrics deleted before the family: the tuple drops its items in order
+        self._metrics = None
+
+
+# ------------------------------------------------------------------------------------- reading them back
+_SAMPLE = re.compile(r'^(\w+)\{([^}]*)\}\s+([0-9.eE+-]+)\s*$')
+_LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def read_counters(text: str, counters, model: str | None = None) -> dict:
+    """Prometheus text of tritonserver's /metrics -> {key: value} of `counters` (rows of FIRST_TOKEN_COUNTERS /
+    ENGINE_COUNTERS), summed over models unless `model` names one; zeros when absent."""
+    wanted = {(family, value): key for family, _, value, key, _ in counters}
+    label_of = {family: label for family, label, _, _, _ in counters}
+    out = {key: 0.0 for key in wanted.values()}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m or m.group(1) not in label_of:
+            continue
+        labels = dict(_LABEL.findall(m.group(2)))
+        if model is not None and labels.get("model") != model:
+            continue
+        label = label_of[m.group(1)]
+        key = wanted.get((m.group(1), labels.get(label) if label else None))
+        if key is not None:
+            out[key] += float(m.group(3))
+    return out
+
+
+def read_first_token_metrics(text: str, model: str | None = None) -> dict:
+    """Prometheus text of tritonserver's /metrics -> {"count": n, "parse": s, "add": s, ..., "send": s}
+    (summed over models unless `model` names one; zeros when absent)."""
+    return read_counters(text, FIRST_TOKEN_COUNTERS, model)
+
+
+def read_engine_metrics(text: str, model: str | None = None) -> dict:
+    """Prometheus text -> the engine's totals by EngineStats field (steps, wall_s, launch_s, ...)."""
+    return read_counters(text, ENGINE_COUNTERS, model)
+
+
+def mean_first_token_ms(before: dict, after: dict) -> dict | None:
+    """Mean milliseconds per part between two `read_first_token_metrics` readings (None: no requests between)."""
+    n = after["count"] - before["count"]
+    if n <= 0:
+        return None
+    means = {p: round(1000.0 * (after[p] - before[p]) / n, 3) for p in PARTS}
+    means["inside_server"] = round(sum(means[p] for p in PARTS), 3)
+    means["requests"] = int(n)
+    return means
+
+
+def fetch_metrics_text(url: str, timeout: float = 10.0) -> str:
+    """tritonserver's /metrics at `url` (http://HOST:PORT/metrics)."""
+    import urllib.request
+
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.read().decode("utf-8", "replace")
+
+
+def fetch_first_token_metrics(url: str, model: str | None = None, timeout: float = 10.0) -> dict:
+    """`read_first_token_metrics` of tritonserver's /metrics at `url` (http://HOST:PORT/metrics)."""
+    return read_first_token_metrics(fetch_metrics_text(url, timeout), model)
+
+
+def fetch_engine_metrics(url: str, model: str | None = None, timeout: float = 10.0) -> dict:
+    """`read_engine_metrics` of tritonserver's /metrics at `url`."""
+    return read_engine_metrics(fetch_metrics_text(url, timeout), model)
+
+
+def engine_step_split(before: dict, after: dict) -> dict | None:
+    """Per-step means (ms) between two readings of an engine's totals (EngineStats fields: `read_engine_metrics`,
+    or `Engine.stats_dict()`; {} = from the start); None when no step ran between.
+
+      step_ms     the engine loop's time per step (at one stream, about the inter-token latency)
+      launch_ms   preparing inputs and queueing the GPU work;  wait_ms: blocked until the tokens reached the host
+      host_ms     the rest: scheduling, detokenizing, stop checks, handing outputs on (step - launch - wait)
+      gpu_ms      the step's span on the GPU;  gpu_idle_ms: the GPU waiting for the host to queue the next step
+                  (both only on a GPU: they are absent without timed steps)
+      decode_rows, prefill_tokens: per step;  ahead: share of steps queued before the last one's tokens were known
+      prompt: share of steps with prompt tokens;  prompt_graph: share of steps that were prompts alone replayed as a
+      CUDA graph (one prompt or a wave);  mixed: share of steps of decode rows and prompts replayed as a mixed graph
+      (the rest of the prompt steps ran eagerly)
+      queue_ms, first_token_ms: per request, add_request to a slot and to its first token
+      per_intake: requests handed to the engine together (their text prompts tokenized in one call)"""
+    d = {k: after.get(k, 0) - before.get(k, 0) for k in ENGINE_FIELDS}
+    n = d["steps"]
+    if n <= 0:
+        return None
+    ms = lambda v, k=n: round(1000.0 * v / k, 4)  # noqa: E731
+    out = {"steps": int(n), "step_ms": ms(d["wall_s"]), "launch_ms": ms(d["launch_s"]), "wait_ms": ms(d["wait_s"]),
+           "host_ms": ms(d["wall_s"] - d["launch_s"] - d["wait_s"]),
+           "decode_rows": round(d["decode_tokens"] / n, 2), "prefill_tokens": round(d["prefill_tokens"] / n, 1),
+           "ahead": round(d["ahead_steps"] / n, 3), "prompt": round(d["prompt_steps"] / n, 3),
+           "prompt_graph": round(d["prompt_graph_steps"] / n, 3), "mixed": round(d["mixed_steps"] / n, 3)}
+    if d["gpu_steps"] > 0:
+        out["gpu_ms"] = ms(d["gpu_s"], d["gpu_steps"])
+        out["gpu_idle_ms"] = ms(d["gpu_idle_s"], d["gpu_steps"])
+    # per request (absent in totals from before these counters): the mean wait from add_request to a slot, and
+    # to the first token; their difference is the prompt's own steps and the decode steps it waited behind
+    if d["admitted"] > 0:
+        out["queue_ms"] = ms(d["queued_s"], d["admitted"])
+    if d["first_tokens"] > 0:
+        out["first_token_ms"] = ms(d["to_first_token_s"], d["first_tokens"])
+    if d["intake_calls"] > 0:  # how many requests arrived together: the prompts of one tokenizer call
+        out["per_intake"] = round(d["intake_requests"] / d["intake_calls"], 2)
+    return out
+
+
+def settle(read, quiet_s: float, wait_s: float, poll_s: float = 0.25) -> dict:
+    """`read()` once its value has not changed for quiet_s (totals that arrive late have come in); at most wait_s."""
+    deadline = time.monotonic() + wait_s
+    last, since = read(), time.monotonic()
+    while time.monotonic() - since < quiet_s and time.monotonic() < deadline:
+        time.sleep(min(poll_s, quiet_s))
+        now = read()
+        if now != last:
+            last, since = now, time.monotonic()
+    return last
+
+
+def settled_engine_metrics(url: str, model: str | None, wait_s: float = 5.0) -> dict:
+    """`fetch_engine_metrics` once the totals settle: unchanged for longer than the model's push interval (the engine
+    process sends its totals when it goes idle, and the model pushes them within a second); at most wait_s."""
+    return settle(lambda: fetch_engine_metrics(url, model), 1.25, wait_s)
+
+
+def settled_server_metrics(url: str, model: str | None, wait_s: float = 5.0) -> tuple[dict, dict]:
+    """(first-token totals, engine totals) of the model, read from one /metrics text each time, once neither has
+    changed for longer than the model's push interval; at most wait_s.  Read before a run: the first tokens and steps
+    of requests answered just before it are pushed up to a second late and would be counted in the run."""
+    def read():
+        text = fetch_metrics_text(url)
+        return read_first_token_metrics(text, model), read_engine_metrics(text, model)
+
+    return settle(read, 1.25, wait_s)
+
+
+def engine_split_after(url: str, model: str | None, before: dict, wait_s: float = 5.0) -> dict | None:
+    """After a run: `engine_step_split` from `before` to the engine's settled totals (`settled_engine_metrics`)."""
+    return engine_step_split(before, settled_engine_metrics(url, model, wait_s))
+
+
+def format_engine_split(split: dict) -> str:
+    """'step 1.780 ms = launch 0.210 + wait 1.400 + host 0.170; GPU 1.690 busy + 0.090 idle; ...' (one line)."""
+    line = (f"step {split['step_ms']:.3f} ms = launch {split['launch_ms']:.3f} + wait {split['wait_ms']:.3f} + "
+            f"host {split['host_ms']:.3f}")
+    if "gpu_ms" in split:
+        line += f"; GPU {split['gpu_ms']:.3f} busy + {split['gpu_idle_ms']:.3f} idle"
+    line += (f"; {split['decode_rows']:g} decode rows, {split['prefill_tokens']:g} prompt tokens a step, "
+             f"{100 * split['ahead']:.0f}% queued ahead")
+    if split.get("prompt"):  # absent in totals from before these counters
+        line += f", {100 * split['prompt']:.1f}% with prompts"
+        graphed = [f"{100 * split[k]:.1f}% {what}" for k, what in (("prompt_graph", "prompts alone through a graph"),
+                                                                     ("mixed", "beside decode rows, mixed graph"))
+                   if split.get(k)]
+        if graphed:
+            line += f" ({', '.join(graphed)})"
+    if "first_token_ms" in split:
+        line += (f"; a request: {split.get('queue_ms', 0):.3f} ms to a slot, {split['first_token_ms']:.3f} ms to its "
+                 "first token")
+    if "per_intake" in split:
+        line += f"; {split['per_intake']:g} requests a hand-over (one tokenizer call)"
+    return line
+
+
+def first_token_split(url: str, model: str | None, before: dict, expected: int, ttft_mean_ms: float | None,
+                      wait_s: float = 5.0) -> dict | None:
+    """After a run: wait (up to wait_s) for the model's once-a-second push to count `expected` more first tokens
+    than `before`, then the mean split (`mean_first_token_ms`) plus `outside_server` = the client's mean TTFT
+    minus the time inside the model (tritonserver, gRPC and the client).  None when nothing was counted."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        after = fetch_first_token_metrics(url, model)
+        if after["count"] - before["count"] >= expected or time.monotonic() > deadline:
+            break
+        time.sleep(0.25)
+    split = mean_first_token_ms(before, after)
+    if split is not None and ttft_mean_ms is not None:
+        split["outside_server"] = round(ttft_mean_ms - split["inside_server"], 3)
+    return split
