@@ -64,10 +64,12 @@ def fake_responses(n: int, requests: int):
             m = service_pb2.ModelStreamInferResponse()
             ir = m.infer_response
             ir.model_name, ir.id = "emitter", str(r)
-            for name, dtype, raw in (("text_output", "BYTES", struct.pack("<I", 2) + b" x"),
-                                     ("input_tokens", "INT32", struct.pack("<i", 3)),
-                                     ("output_tokens", "INT32", struct.pack("<i", i + 1)),
-                                     ("finish_reason", "BYTES", struct.pack("<I", 6) + b"length" if i == per - 1 else struct.pack("<I", 0))):
+            for name, dtype, raw in (
+                ("text_output", "BYTES", struct.pack("<I", 2) + b" x"),
+                ("input_tokens", "INT32", struct.pack("<i", 3)),
+                ("output_tokens", "INT32", struct.pack("<i", i + 1)),
+                ("finish_reason", "BYTES", struct.pack("<I", 6) + b"length" if i == per - 1 else struct.pack("<I", 0)),
+            ):
                 o = ir.outputs.add()
                 o.name, o.datatype = name, dtype
                 o.shape.extend([1, 1])
@@ -89,7 +91,7 @@ def replay(n: int = 200_000, requests: int = 100) -> dict:
     perf = time.perf_counter
     sink = []
     t = perf()
-    for m in msgs:  # the least a receive loop can do
+    for _ in msgs:  # the least a receive loop can do
         sink.append(perf())
     bare_us = (perf() - t) / n * 1e6
 
@@ -108,8 +110,13 @@ def replay(n: int = 200_000, requests: int = 100) -> dict:
     stream._receive()
     ours_us = (perf() - t) / n * 1e6
     assert len(done) == requests and all(rec.output_tokens == n // requests for rec in done)
-    return {"responses": n, "protobuf_parse_us": parse_us, "bare_loop_us": bare_us, "triton_stream_us": ours_us,
-            "added_us": ours_us - bare_us}
+    return {
+        "responses": n,
+        "protobuf_parse_us": parse_us,
+        "bare_loop_us": bare_us,
+        "triton_stream_us": ours_us,
+        "added_us": ours_us - bare_us,
+    }
 
 
 # --------------------------------------------------------------------------- 2. capacity
@@ -124,17 +131,29 @@ def capacity(url: str, model: str, processes: int, streams: int, concurrency: in
     out = run_load(Job(url=url, model=model, gens=gens, spec=spec))
     wall = time.perf_counter() - wall0
     child1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (time.process_time() - cpu0) if processes == 1 else (
-        child1.ru_utime + child1.ru_stime - child0.ru_utime - child0.ru_stime)
+    cpu = (
+        (time.process_time() - cpu0)
+        if processes == 1
+        else (child1.ru_utime + child1.ru_stime - child0.ru_utime - child0.ru_stime)
+    )
     recs = [rec for _, rec in out.records]
     errors = [rec.error for rec in recs if rec.error]
     n = sum(len(rec.times) for rec in recs)
     end = max(rec.times[-1] for rec in recs if rec.times)
     dur = end - out.t0
-    return {"processes": processes, "streams": streams, "concurrency": concurrency, "responses": n,
-            "seconds": dur, "responses_per_s": n / dur, "per_process_per_s": n / dur / processes,
-            "client_cpu_us_per_response": cpu / n * 1e6, "client_cpu_cores": cpu / wall, "errors": len(errors),
-            "first_error": errors[0] if errors else ""}
+    return {
+        "processes": processes,
+        "streams": streams,
+        "concurrency": concurrency,
+        "responses": n,
+        "seconds": dur,
+        "responses_per_s": n / dur,
+        "per_process_per_s": n / dur / processes,
+        "client_cpu_us_per_response": cpu / n * 1e6,
+        "client_cpu_cores": cpu / wall,
+        "errors": len(errors),
+        "first_error": errors[0] if errors else "",
+    }
 
 
 # --------------------------------------------------------------------------- 3. latency
@@ -167,10 +186,13 @@ def latency(url: str, model: str, rate: float, concurrent: int, tokens: int, rou
     params = {"stamp": True, "interval_us": interval_us}
 
     def reqs(tag):
-        return [build_request(model, Generation("latency", max_tokens=tokens), f"{tag}{i}", params) for i in range(concurrent)]
+        return [
+            build_request(model, Generation("latency", max_tokens=tokens), f"{tag}{i}", params)
+            for i in range(concurrent)
+        ]
 
     def tail(values):  # drop each run's start-up tenth
-        return values[len(values) // 10:]
+        return values[len(values) // 10 :]
 
     lag = {"bare_grpc_loop": [], "triton_stream": []}
     medians = {"bare_grpc_loop": [], "triton_stream": []}
@@ -188,8 +210,12 @@ def latency(url: str, model: str, rate: float, concurrent: int, tokens: int, rou
         medians["triton_stream"].append(statistics.median(v for _, v in values))
     out = {"paced_rate_per_s": rate, "concurrent_requests": concurrent, "rounds": rounds}
     for key, values in lag.items():
-        out[key] = {"median_us": statistics.median(values), "p90_us": _pct(values, 90), "p99_us": _pct(values, 99),
-                    "round_medians_us": [round(m) for m in medians[key]]}
+        out[key] = {
+            "median_us": statistics.median(values),
+            "p90_us": _pct(values, 90),
+            "p99_us": _pct(values, 99),
+            "round_medians_us": [round(m) for m in medians[key]],
+        }
     out["added_median_us"] = out["triton_stream"]["median_us"] - out["bare_grpc_loop"]["median_us"]
     out["added_p99_us"] = out["triton_stream"]["p99_us"] - out["bare_grpc_loop"]["p99_us"]
     return out
@@ -213,17 +239,25 @@ def main(argv=None) -> int:
     p.add_argument("--paced-requests", type=int, default=2, help="concurrent paced requests in the latency test")
     p.add_argument("--paced-tokens", type=int, default=4000)
     p.add_argument("--skip-replay", action="store_true")
-    p.add_argument("--full-outputs", default="true", help="emitter sends all four outputs on every response (true/false)")
+    p.add_argument(
+        "--full-outputs", default="true", help="emitter sends all four outputs on every response (true/false)"
+    )
     p.add_argument("--json", help="write the figures here")
     args = p.parse_args(argv)
 
-    report: dict = {"host_cpus": os.cpu_count(), "reference_rate": args.reference_rate,
-                    "target_rate": 10 * args.reference_rate}
+    report: dict = {
+        "host_cpus": os.cpu_count(),
+        "reference_rate": args.reference_rate,
+        "target_rate": 10 * args.reference_rate,
+    }
     if not args.skip_replay:
         report["replay"] = replay()
         r = report["replay"]
-        print(f"replay: protobuf parse {r['protobuf_parse_us']:.2f} us, bare loop {r['bare_loop_us']:.2f} us, "
-              f"TritonStream loop {r['triton_stream_us']:.2f} us per response (adds {r['added_us']:.2f} us)", flush=True)
+        print(
+            f"replay: protobuf parse {r['protobuf_parse_us']:.2f} us, bare loop {r['bare_loop_us']:.2f} us, "
+            f"TritonStream loop {r['triton_stream_us']:.2f} us per response (adds {r['added_us']:.2f} us)",
+            flush=True,
+        )
 
     def measure(url):
         report["capacity"] = []
@@ -231,18 +265,24 @@ def main(argv=None) -> int:
             conc = args.concurrency or args.instances
             c = capacity(url, args.model, n_proc, args.streams, max(conc, n_proc), args.requests, args.tokens)
             report["capacity"].append(c)
-            print(f"capacity: {n_proc} process(es) x {args.streams} stream(s), {c['concurrency']} in flight: "
-                  f"{c['responses_per_s']:,.0f} responses/s ({c['per_process_per_s']:,.0f} per process), client "
-                  f"{c['client_cpu_us_per_response']:.1f} CPU us/response, {c['client_cpu_cores']:.2f} cores busy, "
-                  f"errors {c['errors']}", flush=True)
+            print(
+                f"capacity: {n_proc} process(es) x {args.streams} stream(s), {c['concurrency']} in flight: "
+                f"{c['responses_per_s']:,.0f} responses/s ({c['per_process_per_s']:,.0f} per process), client "
+                f"{c['client_cpu_us_per_response']:.1f} CPU us/response, {c['client_cpu_cores']:.2f} cores busy, "
+                f"errors {c['errors']}",
+                flush=True,
+            )
         rate = args.paced_rate or args.reference_rate
         lat = latency(url, args.model, rate, args.paced_requests, args.paced_tokens)
         report["latency"] = lat
-        print(f"latency at {rate:,.0f} responses/s: send->record median {lat['triton_stream']['median_us']:.0f} us "
-              f"(p99 {lat['triton_stream']['p99_us']:.0f}) vs bare gRPC loop {lat['bare_grpc_loop']['median_us']:.0f} us "
-              f"(p99 {lat['bare_grpc_loop']['p99_us']:.0f}): client adds {lat['added_median_us']:.0f} us median, "
-              f"{lat['added_p99_us']:.0f} us p99; round medians bare {lat['bare_grpc_loop']['round_medians_us']}, "
-              f"TritonStream {lat['triton_stream']['round_medians_us']}", flush=True)
+        print(
+            f"latency at {rate:,.0f} responses/s: send->record median {lat['triton_stream']['median_us']:.0f} us "
+            f"(p99 {lat['triton_stream']['p99_us']:.0f}) vs bare gRPC loop {lat['bare_grpc_loop']['median_us']:.0f} us "
+            f"(p99 {lat['bare_grpc_loop']['p99_us']:.0f}): client adds {lat['added_median_us']:.0f} us median, "
+            f"{lat['added_p99_us']:.0f} us p99; round medians bare {lat['bare_grpc_loop']['round_medians_us']}, "
+            f"TritonStream {lat['triton_stream']['round_medians_us']}",
+            flush=True,
+        )
 
     if args.url:
         measure(args.url)
@@ -253,13 +293,17 @@ def main(argv=None) -> int:
 
         need = max(args.instances, args.paced_requests)
         with tempfile.TemporaryDirectory() as tmp:
-            repo = make_repository(Path(tmp) / "repo", {"emitter": {"full_outputs": args.full_outputs}}, instances={"emitter": need})
+            repo = make_repository(
+                Path(tmp) / "repo", {"emitter": {"full_outputs": args.full_outputs}}, instances={"emitter": need}
+            )
             with serve(repo, timeout=120) as url:
                 measure(url)
     best = max(c["responses_per_s"] for c in report["capacity"])
     report["best_responses_per_s"] = best
-    print(f"best: {best:,.0f} responses/s = {best / args.reference_rate:.1f}x the reference rate "
-          f"({args.reference_rate:,.0f}/s; target 10x)")
+    print(
+        f"best: {best:,.0f} responses/s = {best / args.reference_rate:.1f}x the reference rate "
+        f"({args.reference_rate:,.0f}/s; target 10x)"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     return 0

@@ -69,8 +69,9 @@ def rendered_engine_args(overrides: list) -> tuple:
 
 def samples_for(tokenizer: str, num: int, input_len: int, output_len: int, seed: int):
     """llmlaunch-bench's synthetic prompts (launcher.bench.datasets), the same for the same arguments."""
-    return datasets.load("synthetic", None, num, datasets.TokenCounter(tokenizer), seed=seed, input_len=input_len,
-                         output_len=output_len)
+    return datasets.load(
+        "synthetic", None, num, datasets.TokenCounter(tokenizer), seed=seed, input_len=input_len, output_len=output_len
+    )
 
 
 def parse_loads(items: list) -> list:
@@ -99,10 +100,20 @@ async def _closed_loop(stream_of, samples, streams: int, take, clock: dict) -> l
                 n_out += new
             n_in = prompt_tokens or n_in
             finish = reason or finish
-        results.append(metrics.RequestResult(index=index, prompt_len=sample.prompt_len, max_tokens=sample.output_len,
-                                             sent=sent, token_times=times, end=time.perf_counter() - t0,
-                                             input_tokens=n_in, output_tokens=n_out, responses=len(times),
-                                             finish_reason=finish))
+        results.append(
+            metrics.RequestResult(
+                index=index,
+                prompt_len=sample.prompt_len,
+                max_tokens=sample.output_len,
+                sent=sent,
+                token_times=times,
+                end=time.perf_counter() - t0,
+                input_tokens=n_in,
+                output_tokens=n_out,
+                responses=len(times),
+                finish_reason=finish,
+            )
+        )
 
     async def worker() -> None:
         while (index := take()) is not None:
@@ -156,8 +167,9 @@ async def vllm_async(args, engine_args: dict, samples) -> list:
     return rows
 
 
-def _frontend_main(k: int, n: int, engine_args: dict, info: dict, samples, loads: list, warmup: int, shared,
-                   ready, go, results) -> None:
+def _frontend_main(
+    k: int, n: int, engine_args: dict, info: dict, samples, loads: list, warmup: int, shared, ready, go, results
+) -> None:
     """Front end k of n (a process of its own): an AsyncLLM client of the engine core; for each load, its share of
     the streams, taking requests from the counter all front ends share."""
     from launcher.python_backend import vllm_core
@@ -171,6 +183,7 @@ def _frontend_main(k: int, n: int, engine_args: dict, info: dict, samples, loads
                     return None
                 shared.value += 1
                 return shared.value - 1
+
         return next_index
 
     async def run() -> None:
@@ -211,8 +224,13 @@ def vllm_async_frontends(args, engine_args: dict, samples) -> list:
     t_start = time.perf_counter()
     core, info = vllm_core.launch_core(*vllm_core.engine_config(engine_args, n, -1), n)
     load_s = time.perf_counter() - t_start
-    procs = [ctx.Process(target=_frontend_main, args=(k, n, engine_args, info, samples, loads, args.warmup, shared,
-                                                       ready, go, results)) for k in range(n)]
+    procs = [
+        ctx.Process(
+            target=_frontend_main,
+            args=(k, n, engine_args, info, samples, loads, args.warmup, shared, ready, go, results),
+        )
+        for k in range(n)
+    ]
     for p in procs:
         p.start()
     rows = []
@@ -226,8 +244,9 @@ def vllm_async_frontends(args, engine_args: dict, samples) -> list:
                 go.put(start)
             found = [metrics.RequestResult.from_json(d) for _ in range(n) for d in results.get(timeout=900)]
             m = metrics.compute(found, max(r.end for r in found))
-            rows.append({"path": f"in-process AsyncLLM x{n}", "concurrency": c, "requests": count, "load_s": load_s,
-                         **m})
+            rows.append(
+                {"path": f"in-process AsyncLLM x{n}", "concurrency": c, "requests": count, "load_s": load_s, **m}
+            )
             _print_row(rows[-1])
     finally:
         for p in procs:
@@ -255,11 +274,23 @@ def vllm_offline(args, engine_args: dict, samples) -> list:
             walls.append(time.perf_counter() - t)
             tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         best = sorted(walls)[len(walls) // 2]  # the median round
-        rows.append({"path": "offline LLM.generate", "batch": batch, "rounds": args.rounds, "load_s": load_s,
-                     "output_tokens": tokens, "wall_s_median": best, "output_throughput": tokens / best,
-                     "steps_per_s": tokens / best / batch})
-        print(f"offline  batch {batch:>4}: {tokens / best:>10.1f} tok/s  {tokens / best / batch:>8.1f} steps/s  "
-              f"(median of {args.rounds} rounds, {best:.2f} s)", flush=True)
+        rows.append(
+            {
+                "path": "offline LLM.generate",
+                "batch": batch,
+                "rounds": args.rounds,
+                "load_s": load_s,
+                "output_tokens": tokens,
+                "wall_s_median": best,
+                "output_throughput": tokens / best,
+                "steps_per_s": tokens / best / batch,
+            }
+        )
+        print(
+            f"offline  batch {batch:>4}: {tokens / best:>10.1f} tok/s  {tokens / best / batch:>8.1f} steps/s  "
+            f"(median of {args.rounds} rounds, {best:.2f} s)",
+            flush=True,
+        )
     return rows
 
 
@@ -268,7 +299,9 @@ def _lmdeploy_model():
     """The served LMDeploy model's module, for its config and sampling mappings (so both run one configuration)."""
     import importlib.util
 
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_repository", "lmdeploy", "1", "model.py")
+    path = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_repository", "lmdeploy", "1", "model.py"
+    )
     spec = importlib.util.spec_from_file_location("llmlaunch_lmdeploy_model", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -282,8 +315,9 @@ async def _drive_lmdeploy(engine, samples, gen_kwargs, streams: int, take, clock
 
     async def stream_of(sample):
         gen_config = GenerationConfig(**{**gen_kwargs, "max_new_tokens": sample.output_len})
-        request = await engine.preprocess(messages=sample.prompt, session_id=engine.session_mgr.get(), gen_config=gen_config,
-                                          do_preprocess=False)
+        request = await engine.preprocess(
+            messages=sample.prompt, session_id=engine.session_mgr.get(), gen_config=gen_config, do_preprocess=False
+        )
         seen = 0
         async for out in engine.generate(request, stream_response=True):
             new = max(out.generate_token_len - seen, 0)
@@ -306,7 +340,12 @@ async def lmdeploy_async(args, params: dict, samples) -> list:
     config_cls = TurbomindEngineConfig if backend == "turbomind" else PytorchEngineConfig
     cfg = config_cls(**served.backend_config_kwargs(params, {f.name for f in dataclasses.fields(config_cls)}))
     t_start = time.perf_counter()
-    engine = AsyncEngine(params["model_path"], backend=backend, backend_config=cfg, **({"model_name": params["model_name"]} if params.get("model_name") else {}))
+    engine = AsyncEngine(
+        params["model_path"],
+        backend=backend,
+        backend_config=cfg,
+        **({"model_name": params["model_name"]} if params.get("model_name") else {}),
+    )
     engine.start_loop(asyncio.get_running_loop(), use_async_api=True)
     load_s = time.perf_counter() - t_start
     gen_kwargs = served.generation_kwargs(SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True))
@@ -319,7 +358,9 @@ async def lmdeploy_async(args, params: dict, samples) -> list:
             clock["t0"] = time.perf_counter()
             results = await _drive_lmdeploy(engine, samples, gen_kwargs, c, _counter(warmup, warmup + n), clock)
             m = metrics.compute(results, max(r.end for r in results))
-            rows.append({"path": f"in-process LMDeploy {backend}", "concurrency": c, "requests": n, "load_s": load_s, **m})
+            rows.append(
+                {"path": f"in-process LMDeploy {backend}", "concurrency": c, "requests": n, "load_s": load_s, **m}
+            )
             _print_row(rows[-1])
     finally:
         engine.close()
@@ -327,23 +368,34 @@ async def lmdeploy_async(args, params: dict, samples) -> list:
 
 
 def _print_row(r: dict) -> None:
-    print(f"{r['path']:<22} C={r['concurrency']:>4} n={r['requests']:>5}: {r['output_throughput']:>10.1f} tok/s  "
-          f"TTFT p50 {r['ttft_ms']['p50']:.2f} ms  ITL p50 {r['itl_ms']['p50']:.2f} ms  "
-          f"failed {r['failed']}", flush=True)
+    print(
+        f"{r['path']:<22} C={r['concurrency']:>4} n={r['requests']:>5}: {r['output_throughput']:>10.1f} tok/s  "
+        f"TTFT p50 {r['ttft_ms']['p50']:.2f} ms  ITL p50 {r['itl_ms']['p50']:.2f} ms  "
+        f"failed {r['failed']}",
+        flush=True,
+    )
 
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
+    overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("mode", choices=("async", "offline", "lmdeploy"))
-    p.add_argument("--concurrency", nargs="+", default=["1:32", "64:1000", "128:1000"],
-                   help="async, lmdeploy: C:N, N requests counted at concurrency C (default 1:32 64:1000 128:1000)")
+    p.add_argument(
+        "--concurrency",
+        nargs="+",
+        default=["1:32", "64:1000", "128:1000"],
+        help="async, lmdeploy: C:N, N requests counted at concurrency C (default 1:32 64:1000 128:1000)",
+    )
     p.add_argument("--warmup", type=int, default=-1, help="async: warm-up requests before each loop (default: C)")
-    p.add_argument("--frontends", type=int, default=1,
-                   help="async: AsyncLLM clients of one engine core, each a process of its own, sharing the streams "
-                        "(the layout of the served model's engine.frontends; default 1: one AsyncLLM in this process)")
+    p.add_argument(
+        "--frontends",
+        type=int,
+        default=1,
+        help="async: AsyncLLM clients of one engine core, each a process of its own, sharing the streams "
+        "(the layout of the served model's engine.frontends; default 1: one AsyncLLM in this process)",
+    )
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64, 128], help="offline: batch sizes")
     p.add_argument("--rounds", type=int, default=3, help="offline: measured rounds per batch")
     p.add_argument("--input-len", type=int, default=128)
@@ -351,8 +403,11 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="prompt sampling seed (llmlaunch-bench --seed)")
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--label", default="", help="the row's name in engines_table.py (with --json)")
-    p.add_argument("--engine-args", metavar="FILE", help="vLLM's model.json from a rendered repository, instead of "
-                                                         "rendering the overrides")
+    p.add_argument(
+        "--engine-args",
+        metavar="FILE",
+        help="vLLM's model.json from a rendered repository, instead of rendering the overrides",
+    )
     args = p.parse_args(argv)
     if args.engine_args:
         with open(args.engine_args) as f:
@@ -374,7 +429,13 @@ def main(argv=None) -> int:
         rows = vllm_offline(args, engine_args, samples)
     if args.json:
         with open(args.json, "w") as f:
-            doc = {"engine": engine, "mode": args.mode, "overrides": overrides, "engine_args": engine_args, "rows": rows}
+            doc = {
+                "engine": engine,
+                "mode": args.mode,
+                "overrides": overrides,
+                "engine_args": engine_args,
+                "rows": rows,
+            }
             if args.label:
                 doc["yardstick_label"] = args.label
             json.dump(doc, f, indent=1)

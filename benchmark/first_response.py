@@ -74,8 +74,9 @@ def make_repo(dest: Path, variants: list[str]) -> Path:
     """One first_echo model per variant, named first_<variant>, one instance each."""
     from launcher.testing.serve import variants_repository
 
-    return variants_repository(dest, "first_echo", {f"first_{v}": dict(VARIANTS[v], pythonpath=str(ROOT))
-                                                    for v in variants})
+    return variants_repository(
+        dest, "first_echo", {f"first_{v}": dict(VARIANTS[v], pythonpath=str(ROOT)) for v in variants}
+    )
 
 
 def split(rec: StreamRecord, delay_ms: float = 0.0) -> dict:
@@ -83,10 +84,16 @@ def split(rec: StreamRecord, delay_ms: float = 0.0) -> dict:
     deliberate delay taken out of hop and TTFT."""
     began, parsed, had, start, done = (float(x) for x in rec.text.split()[1:])
     first = rec.times[0]
-    return {"ttft": (first - rec.sent) * 1e3 - delay_ms, "handoff": (rec.sent - rec.queued) * 1e3,
-            "request": (began - rec.sent) * 1e3,
-            "parse": (parsed - began) * 1e3, "hop": (had - parsed) * 1e3 - delay_ms, "build": (start - had) * 1e3,
-            "send": (done - start) * 1e3, "response": (first - start) * 1e3}
+    return {
+        "ttft": (first - rec.sent) * 1e3 - delay_ms,
+        "handoff": (rec.sent - rec.queued) * 1e3,
+        "request": (began - rec.sent) * 1e3,
+        "parse": (parsed - began) * 1e3,
+        "hop": (had - parsed) * 1e3 - delay_ms,
+        "build": (start - had) * 1e3,
+        "send": (done - start) * 1e3,
+        "response": (first - start) * 1e3,
+    }
 
 
 def _request(model: str, rid: str):
@@ -155,12 +162,17 @@ def run_variant_aio(url: str, model: str, n: int, tag: str, delay_ms: float = 0.
 def summarize(rows: list[dict]) -> dict:
     p50 = {k: round(statistics.median(r[k] for r in rows), 4) for k in ("ttft",) + PARTS}
     ttft = sorted(r["ttft"] for r in rows)
-    return {"n": len(rows), "p50": p50, "ttft_mean": round(statistics.fmean(ttft), 4),
-            "ttft_p90": round(ttft[int(0.9 * (len(ttft) - 1))], 4)}
+    return {
+        "n": len(rows),
+        "p50": p50,
+        "ttft_mean": round(statistics.fmean(ttft), 4),
+        "ttft_p90": round(ttft[int(0.9 * (len(ttft) - 1))], 4),
+    }
 
 
-def measure(url: str, variants: list[str], n: int, rounds: int, warmup: int, clients: tuple = ("sync",),
-            log=print) -> dict:
+def measure(
+    url: str, variants: list[str], n: int, rounds: int, warmup: int, clients: tuple = ("sync",), log=print
+) -> dict:
     """Per row (a variant, "<variant> aio" through the grpc.aio client): the split's medians, TTFT mean and p90,
     each round's median, and the median TTFT over inline's (of the same client)."""
 
@@ -176,8 +188,11 @@ def measure(url: str, variants: list[str], n: int, rounds: int, warmup: int, cli
             for c in clients:
                 for v in variants:
                     delay, tag = VARIANTS[v].get("delay_ms", 0), f"r{r}{c}{v}"
-                    got = (run_variant(stream, f"first_{v}", n, tag, delay) if c == "sync" else
-                           run_variant_aio(url, f"first_{v}", n, tag, delay, warmup))
+                    got = (
+                        run_variant(stream, f"first_{v}", n, tag, delay)
+                        if c == "sync"
+                        else run_variant_aio(url, f"first_{v}", n, tag, delay, warmup)
+                    )
                     key = name(v, c)
                     rows[key] += got
                     per_round[key].append(statistics.median(x["ttft"] for x in got))
@@ -196,9 +211,11 @@ def table(result: dict) -> str:
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for v, row in result.items():
         p = row["p50"]
-        lines.append(f"| {v} | {p['ttft']:.3f} | {' / '.join(f'{x:.3f}' for x in row['rounds'])} | "
-                     + " | ".join(f"{p[k]:.3f}" for k in PARTS)
-                     + f" | {row['ttft_mean']:.3f} / {row['ttft_p90']:.3f} | {row.get('vs_inline', float('nan')):.2f} |")
+        lines.append(
+            f"| {v} | {p['ttft']:.3f} | {' / '.join(f'{x:.3f}' for x in row['rounds'])} | "
+            + " | ".join(f"{p[k]:.3f}" for k in PARTS)
+            + f" | {row['ttft_mean']:.3f} / {row['ttft_p90']:.3f} | {row.get('vs_inline', float('nan')):.2f} |"
+        )
     return "\n".join(lines)
 
 
@@ -208,8 +225,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3, help="rounds; each takes every variant once")
     ap.add_argument("--warmup", type=int, default=50, help="unmeasured requests per variant first")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated: " + ", ".join(VARIANTS))
-    ap.add_argument("--clients", default="sync", help="comma-separated: sync (TritonStream, the benchmark's client), "
-                    "aio (a grpc.aio stream: no hand-off to a sending thread)")
+    ap.add_argument(
+        "--clients",
+        default="sync",
+        help="comma-separated: sync (TritonStream, the benchmark's client), "
+        "aio (a grpc.aio stream: no hand-off to a sending thread)",
+    )
     ap.add_argument("--json", default="", help="write the results here too")
     args = ap.parse_args(argv)
     from launcher.testing.serve import chosen_variants, measure_variants
@@ -220,11 +241,16 @@ def main(argv=None) -> int:
     clients = tuple(c.strip() for c in args.clients.split(",") if c.strip())
     if not clients or any(c not in CLIENTS for c in clients):
         ap.error(f"--clients {args.clients!r}: comma-separated, of {', '.join(CLIENTS)}")
-    measure_variants("llmlaunch-first-response-", lambda d: make_repo(d, variants),
-                     lambda url: measure(url, variants, args.requests, args.rounds, args.warmup, clients),
-                     table, args.json, {"requests": args.requests, "rounds": args.rounds,
-                                        "clients": list(clients)})
+    measure_variants(
+        "llmlaunch-first-response-",
+        lambda d: make_repo(d, variants),
+        lambda url: measure(url, variants, args.requests, args.rounds, args.warmup, clients),
+        table,
+        args.json,
+        {"requests": args.requests, "rounds": args.rounds, "clients": list(clients)},
+    )
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -95,7 +95,9 @@ def client_main(url: str, model: str, concurrency: int, t_a: float, t_b: float, 
             rpc = ch.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")  # bytes in, bytes out
             sendq: queue.SimpleQueue = queue.SimpleQueue()
             for i in range(concurrency):
-                sendq.put(build_request(model, Generation("capacity", max_tokens=2**31 - 1), f"{tag}-{i}").SerializeToString())
+                sendq.put(
+                    build_request(model, Generation("capacity", max_tokens=2**31 - 1), f"{tag}-{i}").SerializeToString()
+                )
             call = rpc(iter(sendq.get, None))
             perf = time.perf_counter
             try:
@@ -120,13 +122,18 @@ def run_load(urls: list, clients: int, concurrency: int, warmup: float, seconds:
     out = ctx.Queue()
     start = time.perf_counter() + 2.0 + 0.1 * clients  # time for the clients to start and connect
     t_a, t_b = start + warmup, start + warmup + seconds
-    procs = [ctx.Process(target=client_main, args=(urls[k % len(urls)], MODEL, concurrency, t_a, t_b, f"c{k}", out), daemon=True) for k in range(clients)]
+    procs = [
+        ctx.Process(
+            target=client_main, args=(urls[k % len(urls)], MODEL, concurrency, t_a, t_b, f"c{k}", out), daemon=True
+        )
+        for k in range(clients)
+    ]
     for p in procs:
         p.start()
     time.sleep(max(0.0, t_a - time.perf_counter()))
-    cpu_a, (busy_a, all_a) = group_cpu(fe_pgid) if fe_pgid else 0.0, machine_busy()
+    cpu_a, (busy_a, _) = group_cpu(fe_pgid) if fe_pgid else 0.0, machine_busy()
     time.sleep(max(0.0, t_b - time.perf_counter()))
-    cpu_b, (busy_b, all_b) = group_cpu(fe_pgid) if fe_pgid else 0.0, machine_busy()
+    cpu_b, (busy_b, _) = group_cpu(fe_pgid) if fe_pgid else 0.0, machine_busy()
     results = [out.get(timeout=seconds + warmup + 120) for _ in procs]
     for p in procs:
         p.join(30)
@@ -165,8 +172,23 @@ def frontend(addrs: list, processes: int, loop: str, model: str = MODEL):
     from launcher.testing.serve import free_port
 
     port, metrics_port = free_port(), free_port()
-    cfg = FrontendConfig([tuple(a.rsplit(":", 1)) for a in addrs], "127.0.0.1", port, metrics_port, model, processes, drain_timeout_s=5, loop=loop)
-    fe = FrontendProcess(cfg, env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}).start()
+    cfg = FrontendConfig(
+        [tuple(a.rsplit(":", 1)) for a in addrs],
+        "127.0.0.1",
+        port,
+        metrics_port,
+        model,
+        processes,
+        drain_timeout_s=5,
+        loop=loop,
+    )
+    fe = FrontendProcess(
+        cfg,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        },
+    ).start()
     try:
         fe.wait_ready(60)
         yield f"127.0.0.1:{port}", metrics_port, fe.proc.pid
@@ -188,9 +210,15 @@ def backends(n: int, instances: int, models: dict):
 
 
 def show(name: str, r: dict) -> None:
-    fe = "" if r["frontend_cores"] is None else f", front end {r['frontend_cores']:.2f} cores = {r['frontend_us_per_response']:.1f} us/response"
-    log(f"{name}: {r['responses_per_s']:,.0f} responses/s{fe}; machine {r['machine_busy_cores']:.2f}/{r['machine_cores']} cores busy"
-        + (f"; ERRORS {r['client_errors'][:2]}" if r["client_errors"] else ""))
+    fe = (
+        ""
+        if r["frontend_cores"] is None
+        else f", front end {r['frontend_cores']:.2f} cores = {r['frontend_us_per_response']:.1f} us/response"
+    )
+    log(
+        f"{name}: {r['responses_per_s']:,.0f} responses/s{fe}; machine {r['machine_busy_cores']:.2f}/{r['machine_cores']} cores busy"
+        + (f"; ERRORS {r['client_errors'][:2]}" if r["client_errors"] else "")
+    )
 
 
 def main(argv=None) -> int:
@@ -207,8 +235,16 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="also write the JSON document here")
     args = p.parse_args(argv)
 
-    report = {"machine_cores": os.cpu_count(), "replicas": args.replicas, "instances": args.instances, "clients": args.clients,
-              "concurrency_per_client": args.concurrency, "seconds": args.seconds, "model": MODEL, "runs": []}
+    report = {
+        "machine_cores": os.cpu_count(),
+        "replicas": args.replicas,
+        "instances": args.instances,
+        "clients": args.clients,
+        "concurrency_per_client": args.concurrency,
+        "seconds": args.seconds,
+        "model": MODEL,
+        "runs": [],
+    }
     with backends(args.replicas, args.instances, {MODEL: {"full_outputs": "false"}}) as urls:
         log(f"{args.replicas} tritonservers x {args.instances} {MODEL} instances: {', '.join(urls)}")
         if not args.skip_direct:

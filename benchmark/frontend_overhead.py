@@ -57,7 +57,14 @@ def measure(url: str, model: str, concurrency: int, requests: int, max_tokens: i
     from launcher.client import Generation
 
     gens = [Generation(f"overhead prompt {i} with a few words", max_tokens=max_tokens) for i in range(requests)]
-    out = run_load(Job(url=url, model=model, gens=gens, spec=LoadSpec(concurrency=concurrency, num_requests=requests, warmup=warmup, timeout=600)))
+    out = run_load(
+        Job(
+            url=url,
+            model=model,
+            gens=gens,
+            spec=LoadSpec(concurrency=concurrency, num_requests=requests, warmup=warmup, timeout=600),
+        )
+    )
     recs = [rec for _, rec in out.records]
     errors = [r.error for r in recs if r.error]
     ttft, itl, n, end = [], [], 0, out.t0
@@ -106,7 +113,21 @@ def main(argv=None) -> int:
     models = {"timed": {"first_token_delay_ms": args.first_token_ms, "inter_token_delay_ms": args.itl_ms}}
     if args.flat_out:
         models["emitter"] = {"full_outputs": "false"}
-    report = {"load": {k: getattr(args, k) for k in ("concurrency", "requests", "max_tokens", "first_token_ms", "itl_ms", "rounds", "loop", "processes")}}
+    report = {
+        "load": {
+            k: getattr(args, k)
+            for k in (
+                "concurrency",
+                "requests",
+                "max_tokens",
+                "first_token_ms",
+                "itl_ms",
+                "rounds",
+                "loop",
+                "processes",
+            )
+        }
+    }
     with backends(1, 1, models) as (url,):
         with frontend([url], args.processes, args.loop, model="timed") as (fe_url, _, _):
             paths = {"direct": url, "frontend": fe_url}
@@ -116,8 +137,10 @@ def main(argv=None) -> int:
                 for name in order:
                     r = measure(paths[name], "timed", args.concurrency, args.requests, args.max_tokens, args.warmup)
                     runs[name].append(r)
-                    log(f"round {rnd + 1} {name:8s}: TTFT p50 {r['ttft_p50_ms']:.2f} ms p99 {r['ttft_p99_ms']:.2f} ms, ITL p50 {r['itl_p50_ms']:.2f} ms "
-                        f"p99 {r['itl_p99_ms']:.2f} ms, {r['responses_per_s']:,.0f} responses/s, errors {r['errors']}")
+                    log(
+                        f"round {rnd + 1} {name:8s}: TTFT p50 {r['ttft_p50_ms']:.2f} ms p99 {r['ttft_p99_ms']:.2f} ms, ITL p50 {r['itl_p50_ms']:.2f} ms "
+                        f"p99 {r['itl_p99_ms']:.2f} ms, {r['responses_per_s']:,.0f} responses/s, errors {r['errors']}"
+                    )
             d, f = median_of(runs["direct"]), median_of(runs["frontend"])
             report["rounds"] = runs
             report["direct"], report["frontend"] = d, f
@@ -127,25 +150,40 @@ def main(argv=None) -> int:
             report["itl_p99_added_ms"] = f["itl_p99_ms"] - d["itl_p99_ms"]
             report["ttft_p50_ratio"] = f["ttft_p50_ms"] / d["ttft_p50_ms"]
             report["responses_per_s_ratio"] = f["responses_per_s"] / d["responses_per_s"]
-            report["targets_met"] = {"ttft_p50_added_le_1ms": report["ttft_p50_added_ms"] <= 1.0, "throughput_within_2pct": report["responses_per_s_ratio"] >= 0.98}
+            report["targets_met"] = {
+                "ttft_p50_added_le_1ms": report["ttft_p50_added_ms"] <= 1.0,
+                "throughput_within_2pct": report["responses_per_s_ratio"] >= 0.98,
+            }
         if args.flat_out:
             with frontend([url], args.processes, args.loop) as (fe_url, _, pgid):
                 direct = capacity_load([url], args.flat_out_clients, 1, 1.0, 4.0)
                 through = capacity_load([fe_url], args.flat_out_clients, 1, 1.0, 4.0, pgid)
-            report["flat_out"] = {"direct_responses_per_s": direct["responses_per_s"], "frontend_responses_per_s": through["responses_per_s"],
-                                  "ratio": through["responses_per_s"] / direct["responses_per_s"], "frontend_us_per_response": through["frontend_us_per_response"],
-                                  "machine_cores": direct["machine_cores"]}
-    log(f"median of {args.rounds} rounds, {args.concurrency} in flight, {args.max_tokens} tokens, model TTFT {args.first_token_ms} ms / ITL {args.itl_ms} ms:")
+            report["flat_out"] = {
+                "direct_responses_per_s": direct["responses_per_s"],
+                "frontend_responses_per_s": through["responses_per_s"],
+                "ratio": through["responses_per_s"] / direct["responses_per_s"],
+                "frontend_us_per_response": through["frontend_us_per_response"],
+                "machine_cores": direct["machine_cores"],
+            }
+    log(
+        f"median of {args.rounds} rounds, {args.concurrency} in flight, {args.max_tokens} tokens, model TTFT {args.first_token_ms} ms / ITL {args.itl_ms} ms:"
+    )
     for name in ("direct", "frontend"):
         r = report[name]
-        log(f"  {name:8s}: TTFT p50 {r['ttft_p50_ms']:.2f} ms, p99 {r['ttft_p99_ms']:.2f} ms; ITL p50 {r['itl_p50_ms']:.2f} ms, p99 {r['itl_p99_ms']:.2f} ms; "
-            f"{r['responses_per_s']:,.1f} responses/s")
-    log(f"  front end adds: TTFT p50 {report['ttft_p50_added_ms']:+.2f} ms (target <= 1 ms), p99 {report['ttft_p99_added_ms']:+.2f} ms; ITL p50 "
-        f"{report['itl_p50_added_ms']:+.2f} ms, p99 {report['itl_p99_added_ms']:+.2f} ms; responses/s ratio {report['responses_per_s_ratio']:.4f} (target >= 0.98)")
+        log(
+            f"  {name:8s}: TTFT p50 {r['ttft_p50_ms']:.2f} ms, p99 {r['ttft_p99_ms']:.2f} ms; ITL p50 {r['itl_p50_ms']:.2f} ms, p99 {r['itl_p99_ms']:.2f} ms; "
+            f"{r['responses_per_s']:,.1f} responses/s"
+        )
+    log(
+        f"  front end adds: TTFT p50 {report['ttft_p50_added_ms']:+.2f} ms (target <= 1 ms), p99 {report['ttft_p99_added_ms']:+.2f} ms; ITL p50 "
+        f"{report['itl_p50_added_ms']:+.2f} ms, p99 {report['itl_p99_added_ms']:+.2f} ms; responses/s ratio {report['responses_per_s_ratio']:.4f} (target >= 0.98)"
+    )
     if "flat_out" in report:
         fo = report["flat_out"]
-        log(f"  flat out ({fo['machine_cores']} cores): direct {fo['direct_responses_per_s']:,.0f}/s, through the front end {fo['frontend_responses_per_s']:,.0f}/s "
-            f"(ratio {fo['ratio']:.3f}; front end {fo['frontend_us_per_response']:.1f} us CPU/response)")
+        log(
+            f"  flat out ({fo['machine_cores']} cores): direct {fo['direct_responses_per_s']:,.0f}/s, through the front end {fo['frontend_responses_per_s']:,.0f}/s "
+            f"(ratio {fo['ratio']:.3f}; front end {fo['frontend_us_per_response']:.1f} us CPU/response)"
+        )
     text = json.dumps(report, indent=1)
     print(text)
     if args.json:

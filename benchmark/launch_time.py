@@ -14,7 +14,6 @@ start-up, rendezvous, following the job).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -26,20 +25,33 @@ from pathlib import Path
 def one(nodes: int, jobs_dir: Path) -> dict:
     t0 = time.monotonic()
     r = subprocess.run(
-        [sys.executable, "-m", "launcher.cli", "cluster=local_slurm", "engine=hf", "model=tiny", f"replicas={nodes}", f"nodes={nodes}", f"cluster.jobs_dir={jobs_dir}"],
+        [
+            sys.executable,
+            "-m",
+            "launcher.cli",
+            "cluster=local_slurm",
+            "engine=hf",
+            "model=tiny",
+            f"replicas={nodes}",
+            f"nodes={nodes}",
+            f"cluster.jobs_dir={jobs_dir}",
+        ],
         capture_output=True,
         text=True,
     )
     total = time.monotonic() - t0
     if r.returncode != 0:
         raise SystemExit(f"llmlaunch failed ({r.returncode}):\n{r.stderr}")
-    job = next(l.split()[1] for l in r.stdout.splitlines() if l.startswith("job:"))
+    job = next(ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("job:"))
     from launcher import jobindex
     from launcher.rundir import RunDir
 
     run = RunDir(jobindex.find(job)["run_dir"])
     server = max(r["ready_s"] for r in run.ready_records())
-    subprocess.run([sys.executable, "-c", f"from launcher.schedulers.cli import stop_main; stop_main(['{job}'])"], capture_output=True)
+    subprocess.run(
+        [sys.executable, "-c", f"from launcher.schedulers.cli import stop_main; stop_main(['{job}'])"],
+        capture_output=True,
+    )
     return {"nodes": nodes, "total_s": total, "server_s": server, "overhead_s": total - server}
 
 
@@ -61,7 +73,9 @@ def main() -> None:
             rows.append((n, best, runs))
     print(f"{'nodes':>5} {'total s':>8} {'server s':>9} {'overhead s':>11}  (best of {args.repeat}; all overheads)")
     for n, best, runs in rows:
-        print(f"{n:>5} {best['total_s']:>8.1f} {best['server_s']:>9.1f} {best['overhead_s']:>11.2f}  {', '.join('%.2f' % r['overhead_s'] for r in runs)}")
+        print(
+            f"{n:>5} {best['total_s']:>8.1f} {best['server_s']:>9.1f} {best['overhead_s']:>11.2f}  {', '.join('%.2f' % r['overhead_s'] for r in runs)}"
+        )
     print(f"growth 1 -> {rows[-1][0]} nodes: {rows[-1][1]['overhead_s'] - rows[0][1]['overhead_s']:+.2f} s")
 
 

@@ -90,8 +90,10 @@ def run_sse_load(url: str, clients: int, concurrency: int, warmup: float, second
     out = ctx.Queue()
     start = time.perf_counter() + 2.0 + 0.1 * clients
     t_a, t_b = start + warmup, start + warmup + seconds
-    procs = [ctx.Process(target=sse_client_main, args=(url, MODEL, concurrency, t_a, t_b, f"c{k}", out), daemon=True)
-             for k in range(clients)]
+    procs = [
+        ctx.Process(target=sse_client_main, args=(url, MODEL, concurrency, t_a, t_b, f"c{k}", out), daemon=True)
+        for k in range(clients)
+    ]
     for p in procs:
         p.start()
     time.sleep(max(0.0, t_a - time.perf_counter()))
@@ -103,11 +105,16 @@ def run_sse_load(url: str, clients: int, concurrency: int, warmup: float, second
         p.join(30)
     n = sum(r[1] for r in results)
     api_cpu = cpu_b - cpu_a
-    return {"chunks_per_s": n / seconds, "chunks": n,
-            "per_client_per_s": [round(r[1] / seconds) for r in sorted(results)],
-            "api_cores": api_cpu / seconds, "api_us_per_chunk": api_cpu / n * 1e6 if n else None,
-            "machine_busy_cores": (busy_b - busy_a) / seconds, "machine_cores": os.cpu_count(),
-            "client_errors": [r[2] for r in results if r[2]]}
+    return {
+        "chunks_per_s": n / seconds,
+        "chunks": n,
+        "per_client_per_s": [round(r[1] / seconds) for r in sorted(results)],
+        "api_cores": api_cpu / seconds,
+        "api_us_per_chunk": api_cpu / n * 1e6 if n else None,
+        "machine_busy_cores": (busy_b - busy_a) / seconds,
+        "machine_cores": os.cpu_count(),
+        "client_errors": [r[2] for r in results if r[2]],
+    }
 
 
 def main(argv=None) -> int:
@@ -124,20 +131,37 @@ def main(argv=None) -> int:
     from launcher.openai_api.process import OpenAIConfig, OpenAIProcess
     from launcher.testing.serve import free_port
 
-    report = {"machine_cores": os.cpu_count(), "instances": args.instances, "clients": args.clients,
-              "concurrency_per_client": args.concurrency, "seconds": args.seconds, "model": MODEL, "runs": []}
+    report = {
+        "machine_cores": os.cpu_count(),
+        "instances": args.instances,
+        "clients": args.clients,
+        "concurrency_per_client": args.concurrency,
+        "seconds": args.seconds,
+        "model": MODEL,
+        "runs": [],
+    }
     with fc.backends(1, args.instances, {MODEL: {"full_outputs": "false"}}) as (grpc_url,):
         log(f"tritonserver x {args.instances} {MODEL} instances: {grpc_url}")
         r = fc.run_load([grpc_url], args.clients, args.concurrency, args.warmup, args.seconds)
-        r = {"mode": "grpc-direct", "chunks_per_s": r["responses_per_s"], "machine_busy_cores": r["machine_busy_cores"],
-             "client_errors": r["client_errors"]}
+        r = {
+            "mode": "grpc-direct",
+            "chunks_per_s": r["responses_per_s"],
+            "machine_busy_cores": r["machine_busy_cores"],
+            "client_errors": r["client_errors"],
+        }
         report["runs"].append(r)
-        log(f"gRPC straight to tritonserver: {r['chunks_per_s']:,.0f} responses/s; machine {r['machine_busy_cores']:.2f} cores busy")
+        log(
+            f"gRPC straight to tritonserver: {r['chunks_per_s']:,.0f} responses/s; machine {r['machine_busy_cores']:.2f} cores busy"
+        )
         time.sleep(1.0)
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH", "")) if x)}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH", "")) if x),
+        }
         for n in [int(x) for x in args.processes.split(",")]:
-            cfg = OpenAIConfig(grpc_url=grpc_url, model=MODEL, host="127.0.0.1", port=free_port(), drain_timeout_s=2,
-                               processes=n)
+            cfg = OpenAIConfig(
+                grpc_url=grpc_url, model=MODEL, host="127.0.0.1", port=free_port(), drain_timeout_s=2, processes=n
+            )
             api = OpenAIProcess(cfg, env=env).start()
             try:
                 api.wait_ready(60)
@@ -146,11 +170,13 @@ def main(argv=None) -> int:
                 api.stop()
             r.update(mode="openai", processes=n, chunks_per_s_per_process=r["chunks_per_s"] / n)
             report["runs"].append(r)
-            log(f"OpenAI API ({n} process(es)): {r['chunks_per_s']:,.0f} chunks/s = {r['chunks_per_s'] / n:,.0f} a process, "
+            log(
+                f"OpenAI API ({n} process(es)): {r['chunks_per_s']:,.0f} chunks/s = {r['chunks_per_s'] / n:,.0f} a process, "
                 f"API {r['api_cores']:.2f} cores = {r['api_us_per_chunk'] or 0:.1f} us/chunk -> "
                 f"{1e6 / (r['api_us_per_chunk'] or 1e9):,.0f} chunks/s on a core; "
                 f"machine {r['machine_busy_cores']:.2f}/{r['machine_cores']} cores busy"
-                + (f"; ERRORS {r['client_errors'][:2]}" if r["client_errors"] else ""))
+                + (f"; ERRORS {r['client_errors'][:2]}" if r["client_errors"] else "")
+            )
             time.sleep(1.0)
     text = json.dumps(report, indent=1)
     print(text)

@@ -74,14 +74,23 @@ async def call_route(url: str, model: str, n: int, max_tokens: int) -> list:
 async def openai_route(url: str, model: str, n: int, max_tokens: int) -> list:
     import aiohttp
 
-    body = json.dumps({"model": model, "prompt": PROMPT, "max_tokens": max_tokens, "stream": True,
-                       "ignore_eos": True, "temperature": 0}).encode()
+    body = json.dumps(
+        {
+            "model": model,
+            "prompt": PROMPT,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "ignore_eos": True,
+            "temperature": 0,
+        }
+    ).encode()
     times = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         for _ in range(n):
             t0, first = time.perf_counter(), None
-            async with session.post(url + "/v1/completions", data=body,
-                                    headers={"Content-Type": "application/json"}) as resp:
+            async with session.post(
+                url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+            ) as resp:
                 if resp.status != 200:
                     raise SystemExit(f"openai route: HTTP {resp.status}: {await resp.text()}")
                 async for line in resp.content:
@@ -106,13 +115,16 @@ def main(argv=None) -> int:
     from launcher.tiny import ensure_tiny_model
 
     model = args.model or str(ensure_tiny_model())
-    srv = hf_server(model, Path(tempfile.mkdtemp(prefix="openai_first_token")), {"device": args.device, "max_num_seqs": 8})
+    srv = hf_server(
+        model, Path(tempfile.mkdtemp(prefix="openai_first_token")), {"device": args.device, "max_num_seqs": 8}
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     n = args.warmup + args.requests
     rounds = []
     with srv:
-        api = OpenAIProcess(OpenAIConfig(srv.grpc_url, "hf_model", "127.0.0.1", free_port(), model, processes=1),
-                            env=env).start()
+        api = OpenAIProcess(
+            OpenAIConfig(srv.grpc_url, "hf_model", "127.0.0.1", free_port(), model, processes=1), env=env
+        ).start()
         try:
             api.wait_ready(120)
             routes = {
@@ -122,7 +134,7 @@ def main(argv=None) -> int:
             }
             for r in range(args.rounds):
                 order = list(routes) if r % 2 == 0 else list(routes)[::-1]
-                rounds.append({name: [t * 1e3 for t in routes[name]()[args.warmup:]] for name in order})
+                rounds.append({name: [t * 1e3 for t in routes[name]()[args.warmup :]] for name in order})
         finally:
             api.stop()
     table = []
@@ -134,10 +146,22 @@ def main(argv=None) -> int:
             row = {"round": r, "route": name, "p50_ms": statistics.median(xs), "p10_ms": xs[len(xs) // 10]}
             row["p50_vs_stream_ms"] = row["p50_ms"] - base
             table.append(row)
-            print(f"{r:>5} {name:<8} {row['p50_ms']:>8.2f} {row['p10_ms']:>8.2f} {row['p50_vs_stream_ms']:>+15.2f}",
-                  file=sys.stderr)
-    print(json.dumps({"model": model, "device": args.device, "max_tokens": args.max_tokens, "requests": args.requests,
-                      "rows": table}, indent=1))
+            print(
+                f"{r:>5} {name:<8} {row['p50_ms']:>8.2f} {row['p10_ms']:>8.2f} {row['p50_vs_stream_ms']:>+15.2f}",
+                file=sys.stderr,
+            )
+    print(
+        json.dumps(
+            {
+                "model": model,
+                "device": args.device,
+                "max_tokens": args.max_tokens,
+                "requests": args.requests,
+                "rows": table,
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

@@ -33,10 +33,32 @@ def bench(backend: str, url: str, concurrency: int, args, workdir: Path) -> dict
     from launcher.bench import cli
 
     out = workdir / f"{backend}-{concurrency}.json"
-    code = cli.main(["--no-progress", "--result-json", str(out), "--backend", backend, "--url", url,
-                     "--dataset-name", "synthetic", "--input-len", args.input_len, "--output-len", args.output_len,
-                     "--num-prompts", max(args.requests, 2 * concurrency), "--concurrency", concurrency,
-                     "--ignore-eos", "--warmup", concurrency, "--temperature", 0])
+    code = cli.main(
+        [
+            "--no-progress",
+            "--result-json",
+            str(out),
+            "--backend",
+            backend,
+            "--url",
+            url,
+            "--dataset-name",
+            "synthetic",
+            "--input-len",
+            args.input_len,
+            "--output-len",
+            args.output_len,
+            "--num-prompts",
+            max(args.requests, 2 * concurrency),
+            "--concurrency",
+            concurrency,
+            "--ignore-eos",
+            "--warmup",
+            concurrency,
+            "--temperature",
+            0,
+        ]
+    )
     m = json.loads(out.read_text())["metrics"]
     if code != 0:
         raise SystemExit(f"{backend} at C={concurrency} failed: {m.get('errors')}")
@@ -66,12 +88,16 @@ def main(argv=None) -> int:
     with srv:
         import os
 
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        }
         from launcher.python_backend.responders import api_processes
 
         processes = api_processes(len(os.sched_getaffinity(0)))  # as rank 0 starts it
-        api = OpenAIProcess(OpenAIConfig(srv.grpc_url, "hf_model", "127.0.0.1", free_port(), model,
-                                         processes=processes), env=env).start()
+        api = OpenAIProcess(
+            OpenAIConfig(srv.grpc_url, "hf_model", "127.0.0.1", free_port(), model, processes=processes), env=env
+        ).start()
         try:
             api.wait_ready(120)
             urls = {"triton-grpc": srv.grpc_url, args.openai_backend: api.cfg.url + "/v1"}
@@ -88,14 +114,32 @@ def main(argv=None) -> int:
         row = {}
         for backend, runs in per.items():
             row[backend] = {k: statistics.median(run[k] for run in runs) for k in ("tok_s", "ttft_p50_ms")}
-            print(f"{c:>4} {backend:<20} {row[backend]['tok_s']:>9.1f} {row[backend]['ttft_p50_ms']:>12.2f}", file=sys.stderr)
+            print(
+                f"{c:>4} {backend:<20} {row[backend]['tok_s']:>9.1f} {row[backend]['ttft_p50_ms']:>12.2f}",
+                file=sys.stderr,
+            )
         g, o = row["triton-grpc"], row[args.openai_backend]
         row["tok_s_ratio"] = o["tok_s"] / g["tok_s"]
         row["ttft_p50_delta_ms"] = o["ttft_p50_ms"] - g["ttft_p50_ms"]
-        print(f"{c:>4} {'OpenAI / gRPC':<20} {row['tok_s_ratio']:>9.3f} {row['ttft_p50_delta_ms']:>+12.2f}", file=sys.stderr)
+        print(
+            f"{c:>4} {'OpenAI / gRPC':<20} {row['tok_s_ratio']:>9.3f} {row['ttft_p50_delta_ms']:>+12.2f}",
+            file=sys.stderr,
+        )
         summary[c] = row
-    print(json.dumps({"model": model, "device": args.device, "api_processes": processes, "rounds": args.rounds, "input_len": args.input_len,
-                      "output_len": args.output_len, "results": summary}, indent=1))
+    print(
+        json.dumps(
+            {
+                "model": model,
+                "device": args.device,
+                "api_processes": processes,
+                "rounds": args.rounds,
+                "input_len": args.input_len,
+                "output_len": args.output_len,
+                "results": summary,
+            },
+            indent=1,
+        )
+    )
     return 0
 
 

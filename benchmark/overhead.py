@@ -46,8 +46,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from launcher.bench.loads import (Load, add_open_loop_args, check_open_loop_args,  # noqa: E402  (after ROOT)
-                                  draw_output_lengths, make_loads)
+from launcher.bench.loads import (  # noqa: E402  (after ROOT)
+    Load,
+    add_open_loop_args,
+    check_open_loop_args,
+    draw_output_lengths,
+    make_loads,
+)
 from launcher.python_backend.timings import PARTS, engine_step_split, settle  # noqa: E402
 from launcher.testing.processes import SERVER_ROLES, server_cpu_by_role  # noqa: E402
 from launcher.testing.sigterm import stop_on_sigterm  # noqa: E402
@@ -99,7 +104,7 @@ def make_prompts(tokenizer, n: int, prompt_tokens: int, seed: int = 0) -> list[s
     prompts = []
     for _ in range(n):
         start = rng.randrange(0, len(ids) - prompt_tokens - 1)
-        prompts.append(tokenizer.decode(ids[start:start + prompt_tokens - 1]).strip() or "Hello")
+        prompts.append(tokenizer.decode(ids[start : start + prompt_tokens - 1]).strip() or "Hello")
     return prompts
 
 
@@ -116,9 +121,13 @@ def latency_stats(per_request: list[tuple[float, list[float], int]], wall: float
     requests in flight (Little's law: what concurrency an open loop's rate made)."""
     ttft = sorted(t for t, _, _ in per_request)
     itl = sorted((ts[-1] - ts[0]) / (n - 1) for _, ts, n in per_request if n > 1 and len(ts) > 1)
-    return {"ttft_ms_p50": pct_ms(ttft, 0.5), "ttft_ms_p99": pct_ms(ttft, 0.99),
-            "ttft_ms_mean": round(1000 * sum(ttft) / len(ttft), 3) if ttft else None, "itl_ms_p50": pct_ms(itl, 0.5),
-            "in_flight_mean": round(sum(t + ts[-1] - ts[0] for t, ts, _ in per_request) / wall, 2) if wall > 0 else None}
+    return {
+        "ttft_ms_p50": pct_ms(ttft, 0.5),
+        "ttft_ms_p99": pct_ms(ttft, 0.99),
+        "ttft_ms_mean": round(1000 * sum(ttft) / len(ttft), 3) if ttft else None,
+        "itl_ms_p50": pct_ms(itl, 0.5),
+        "in_flight_mean": round(sum(t + ts[-1] - ts[0] for t, ts, _ in per_request) / wall, 2) if wall > 0 else None,
+    }
 
 
 LATENCY_KEYS = ("ttft_ms_p50", "ttft_ms_p99", "ttft_ms_mean", "itl_ms_p50", "in_flight_mean")
@@ -135,8 +144,9 @@ def settled_stats(engine) -> dict:
     return settle(engine.stats_dict, 0.1, 3.0)
 
 
-def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | list[int],
-               arrivals: list[float] | None = None) -> dict:
+def run_direct(
+    engine, prompts: list[str], concurrency: int, max_tokens: int | list[int], arrivals: list[float] | None = None
+) -> dict:
     """The closed loop in-process (an Engine or an EngineProcess): `concurrency` requests added at once, each
     finished one's successor added as soon as its last output is in.  With `arrivals` (s after the start; request i
     at arrivals[i]) an open loop instead: request i is added at its time whatever is in flight."""
@@ -187,18 +197,35 @@ def run_direct(engine, prompts: list[str], concurrency: int, max_tokens: int | l
             submit(sent)
             sent += 1
     wall = time.perf_counter() - t0
-    result = {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "errors": errors,
-              "cpu_s": time.process_time() - cpu0, **latency_stats(per_request, wall)}
+    result = {
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "errors": errors,
+        "cpu_s": time.process_time() - cpu0,
+        **latency_stats(per_request, wall),
+    }
     after = settled_stats(engine)
     if after.get("steps", 0) > before.get("steps", 0):
         # the model call of a step (forward + sampling), and how the engine's loop spent its steps
-        result["step_ms"] = 1000 * (after["busy_s"] - before.get("busy_s", 0)) / (after["steps"] - before.get("steps", 0))
+        result["step_ms"] = (
+            1000 * (after["busy_s"] - before.get("busy_s", 0)) / (after["steps"] - before.get("steps", 0))
+        )
         result["engine_steps"] = engine_step_split(before, after)
     return result
 
 
-def run_served(url: str, model: str, prompts: list[str], load: Load, max_tokens: int | list[int], server_pid: int,
-               metrics_url: str, streams: int, parameters: dict) -> dict:
+def run_served(
+    url: str,
+    model: str,
+    prompts: list[str],
+    load: Load,
+    max_tokens: int | list[int],
+    server_pid: int,
+    metrics_url: str,
+    streams: int,
+    parameters: dict,
+) -> dict:
     """The load through tritonserver with llmlaunch-bench's load generator (launcher.bench.runner): load.processes
     client processes, each spreading its requests over `streams` gRPC streams.  Also the server's CPU by role, the
     client's CPU, and from the hf model's metrics where its first tokens' time went and how its engine ran."""
@@ -208,11 +235,20 @@ def run_served(url: str, model: str, prompts: list[str], load: Load, max_tokens:
     from launcher.client import Generation
     from launcher.python_backend.timings import engine_split_after, first_token_split, settled_server_metrics
 
-    gens = [Generation(prompt=p, max_tokens=m, stream=True, ignore_eos=True)
-            for p, m in zip(prompts, output_lengths(max_tokens, len(prompts)))]
-    spec = load.open_spec(streams) if load.rate else LoadSpec(
-        concurrency=load.concurrency, num_requests=len(gens), processes=max(1, min(load.processes, load.concurrency)),
-        streams=streams)
+    gens = [
+        Generation(prompt=p, max_tokens=m, stream=True, ignore_eos=True)
+        for p, m in zip(prompts, output_lengths(max_tokens, len(prompts)))
+    ]
+    spec = (
+        load.open_spec(streams)
+        if load.rate
+        else LoadSpec(
+            concurrency=load.concurrency,
+            num_requests=len(gens),
+            processes=max(1, min(load.processes, load.concurrency)),
+            streams=streams,
+        )
+    )
     server_cpu0 = server_cpu_by_role(server_pid)
     before, engine_before = settled_server_metrics(metrics_url, model)
 
@@ -244,11 +280,19 @@ def run_served(url: str, model: str, prompts: list[str], load: Load, max_tokens:
     if errors:
         log(f"served errors: {errors[:3]}")
     stats = latency_stats(per_request, wall)
-    return {"tokens": tokens, "wall_s": wall, "tokens_per_s": tokens / wall, "errors": len(errors),
-            "responses_per_request": responses / max(1, len(gens)), "client_cpu_s": client_cpu_s,
-            "server_cpu_s": sum(by_role.values()), "server_cpu_by_role_s": by_role,
-            "first_token_ms": first_token_split(metrics_url, model, before, len(gens), stats["ttft_ms_mean"]),
-            "engine_steps": engine_split_after(metrics_url, model, engine_before), **stats}
+    return {
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "errors": len(errors),
+        "responses_per_request": responses / max(1, len(gens)),
+        "client_cpu_s": client_cpu_s,
+        "server_cpu_s": sum(by_role.values()),
+        "server_cpu_by_role_s": by_role,
+        "first_token_ms": first_token_split(metrics_url, model, before, len(gens), stats["ttft_ms_mean"]),
+        "engine_steps": engine_split_after(metrics_url, model, engine_before),
+        **stats,
+    }
 
 
 def run_generate(model, prompt_ids: list[list[int]], max_tokens: int) -> float:
@@ -260,8 +304,13 @@ def run_generate(model, prompt_ids: list[list[int]], max_tokens: int) -> float:
     with torch.inference_mode():
         sync()
         t0 = time.perf_counter()
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                             min_new_tokens=max_tokens, do_sample=False)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+        )
         sync()
     return (out.shape[1] - ids.shape[1]) * ids.shape[0] / (time.perf_counter() - t0)
 
@@ -294,9 +343,14 @@ def vs_generate(model_dir: str, params: dict, args) -> list[dict]:
                 gen.append(run_generate(model, prompts, args.max_tokens))
                 eng.append(run_direct(engine, prompts, c, args.max_tokens)["tokens_per_s"])
                 log(f"C={c} round {r + 1}: generate {gen[-1]:.0f} tok/s, engine {eng[-1]:.0f} tok/s")
-            rows.append({"concurrency": c, "generate_tokens_per_s": round(statistics.median(gen), 1),
-                         "engine_tokens_per_s": round(statistics.median(eng), 1),
-                         "ratio": round(statistics.median(eng) / statistics.median(gen), 4)})
+            rows.append(
+                {
+                    "concurrency": c,
+                    "generate_tokens_per_s": round(statistics.median(gen), 1),
+                    "engine_tokens_per_s": round(statistics.median(eng), 1),
+                    "ratio": round(statistics.median(eng) / statistics.median(gen), 4),
+                }
+            )
     finally:
         engine.shutdown()
         del model
@@ -316,20 +370,26 @@ def compare(run: dict, tokenizer, load: Load, args, generate: dict) -> dict:
         lengths = draw_output_lengths(n, args.max_tokens_min, args.max_tokens, seed=load.seed)
     warm = load.warmup(args.max_num_seqs)  # one wave at full length
     for fn in run.values():
-        fn(prompts[:warm.requests], warm, args.warmup_tokens or args.max_tokens)
+        fn(prompts[: warm.requests], warm, args.warmup_tokens or args.max_tokens)
     runs: dict = {path: [] for path in run}
     for r in range(args.rounds):
         for path, fn in run.items():
             runs[path].append(fn(prompts, load, lengths))
-        log(f"{label} round {r + 1}: " + ", ".join(f"{path} {rs[-1]['tokens_per_s']:.0f} tok/s"
-                                                   for path, rs in runs.items()))
+        log(
+            f"{label} round {r + 1}: "
+            + ", ".join(f"{path} {rs[-1]['tokens_per_s']:.0f} tok/s" for path, rs in runs.items())
+        )
         if any(rs[-1]["errors"] for rs in runs.values()):
             log("errors: " + ", ".join(f"{path} {rs[-1]['errors']}" for path, rs in runs.items()))
 
     tps = {path: [x["tokens_per_s"] for x in rs] for path, rs in runs.items()}
     med = {path: statistics.median(v) for path, v in tps.items()}
-    row = {"concurrency": c or None, "request_rate": load.rate or None, "requests": n,
-           "client_processes": load.processes}
+    row = {
+        "concurrency": c or None,
+        "request_rate": load.rate or None,
+        "requests": n,
+        "client_processes": load.processes,
+    }
     for path, rs in runs.items():
         row[f"{path}_tokens_per_s"] = round(med[path], 1)
         row[f"{path}_rounds"] = [round(x, 1) for x in tps[path]]
@@ -339,8 +399,9 @@ def compare(run: dict, tokenizer, load: Load, args, generate: dict) -> dict:
             row[f"{path}_{key}"] = round(statistics.median(vals), 3) if vals else None
         splits = [x["engine_steps"] for x in rs if x.get("engine_steps")]
         if splits:  # how the path's engine spent a step (medians over rounds of the keys every round has)
-            row[f"{path}_engine_steps"] = {k: round(statistics.median(x[k] for x in splits), 4)
-                                           for k in splits[0] if all(k in x for x in splits)}
+            row[f"{path}_engine_steps"] = {
+                k: round(statistics.median(x[k] for x in splits), 4) for k in splits[0] if all(k in x for x in splits)
+            }
         if path != "direct":
             # the ratio of the medians, and the median of the rounds' ratios (a round's runs are back to back)
             prefix = "" if path == "served" else f"{path}_"
@@ -348,8 +409,9 @@ def compare(run: dict, tokenizer, load: Load, args, generate: dict) -> dict:
             row[f"{prefix}paired_ratio"] = round(statistics.median(x / y for x, y in zip(tps[path], tps["direct"])), 4)
     step_ms = [x["step_ms"] for x in runs["direct"] if "step_ms" in x]
     row["direct_step_ms"] = round(statistics.median(step_ms), 3) if step_ms else None
-    row["cpu_us_per_token"] = {"in_process": round(statistics.median(x["cpu_s"] / x["tokens"] * 1e6
-                                                                     for x in runs["direct"]), 1)}
+    row["cpu_us_per_token"] = {
+        "in_process": round(statistics.median(x["cpu_s"] / x["tokens"] * 1e6 for x in runs["direct"]), 1)
+    }
     if "served" in run:
         served = runs["served"]
         if None not in (row["served_ttft_ms_p50"], row["direct_ttft_ms_p50"]):
@@ -358,16 +420,23 @@ def compare(run: dict, tokenizer, load: Load, args, generate: dict) -> dict:
         row["cpu_us_per_token"].update(
             server=round(statistics.median(x["server_cpu_s"] / x["tokens"] * 1e6 for x in served), 1),
             client=round(statistics.median(x["client_cpu_s"] / x["tokens"] * 1e6 for x in served), 1),
-            server_by_role={role: round(statistics.median(x["server_cpu_by_role_s"][role] / x["tokens"] * 1e6
-                                                          for x in served), 1) for role in SERVER_ROLES})
+            server_by_role={
+                role: round(statistics.median(x["server_cpu_by_role_s"][role] / x["tokens"] * 1e6 for x in served), 1)
+                for role in SERVER_ROLES
+            },
+        )
         row["served_responses_per_request"] = round(statistics.median(x["responses_per_request"] for x in served), 2)
         split = [x["first_token_ms"] for x in served if x.get("first_token_ms")]
         if split:  # where the served first token's time went (means): inside the hf model, and outside it
             row["served_first_token_ms"] = {k: round(statistics.median(x[k] for x in split), 3) for k in split[0]}
         if c and c in generate:  # streamed through the serving path against static-batch generate, batch = C
             row["served_vs_generate"] = round(med["served"] / generate[c]["generate_tokens_per_s"], 4)
-    log(f"{label}: " + ", ".join(f"{path} {row[f'{path}_tokens_per_s']} tok/s, TTFT p50 {row[f'{path}_ttft_ms_p50']} ms"
-                                 for path in run))
+    log(
+        f"{label}: "
+        + ", ".join(
+            f"{path} {row[f'{path}_tokens_per_s']} tok/s, TTFT p50 {row[f'{path}_ttft_ms_p50']} ms" for path in run
+        )
+    )
     return row
 
 
@@ -393,15 +462,21 @@ def table(doc: dict) -> str:
         cells += [f"{r['ratio' if p == 'served' else f'{p}_ratio']:>10.3f}" for p in paths[1:]]
         if served:
             ft = r.get("served_first_token_ms") or {}
-            cells += [f"{_num(r['direct_ttft_ms_p50'], 2):>8} / {_num(r['served_ttft_ms_p50'], 2):<8}",
-                      f"{_num(r.get('ttft_added_ms_p50'), 2):>6}"]
+            cells += [
+                f"{_num(r['direct_ttft_ms_p50'], 2):>8} / {_num(r['served_ttft_ms_p50'], 2):<8}",
+                f"{_num(r.get('ttft_added_ms_p50'), 2):>6}",
+            ]
             cells += [f"{_num(ft.get(k), 2):>7}" for k in (*PARTS, "outside_server")]
-        cells += [f"{_num(r['direct_itl_ms_p50'], 3):>9} / {_num(r[f'{last}_itl_ms_p50'], 3):<8}",
-                  f"{_num(r['direct_in_flight_mean'], 1):>10} / {_num(r[f'{last}_in_flight_mean'], 1):<9}"]
+        cells += [
+            f"{_num(r['direct_itl_ms_p50'], 3):>9} / {_num(r[f'{last}_itl_ms_p50'], 3):<8}",
+            f"{_num(r['direct_in_flight_mean'], 1):>10} / {_num(r[f'{last}_in_flight_mean'], 1):<9}",
+        ]
         if served:
             roles = r["cpu_us_per_token"]["server_by_role"]
-            cells += [f"{_num(r.get('served_vs_generate'), 3):>10}",
-                      f"{'+'.join(f'{roles[k]:.0f}' for k in ('tritonserver', 'stubs', 'engine')):>30}"]
+            cells += [
+                f"{_num(r.get('served_vs_generate'), 3):>10}",
+                f"{'+'.join(f'{roles[k]:.0f}' for k in ('tritonserver', 'stubs', 'engine')):>30}",
+            ]
         lines.append(" ".join(cells))
     return "\n".join(lines)
 
@@ -416,40 +491,83 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--max-num-seqs", type=int, default=64)
-    ap.add_argument("--paths", nargs="+", default=["direct", "served"], choices=PATHS,
-                    help="paths to compare, back to back in the order direct, process, served (direct always runs)")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=None,
-                    help="closed loops: requests in flight (default 1 32; none with --request-rate alone)")
+    ap.add_argument(
+        "--paths",
+        nargs="+",
+        default=["direct", "served"],
+        choices=PATHS,
+        help="paths to compare, back to back in the order direct, process, served (direct always runs)",
+    )
+    ap.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="+",
+        default=None,
+        help="closed loops: requests in flight (default 1 32; none with --request-rate alone)",
+    )
     add_open_loop_args(ap, "every path at the same times (the served path's client processes' arrivals)")
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request (ignore_eos)")
-    ap.add_argument("--max-tokens-min", type=int, default=0, metavar="N",
-                    help="each request generates a length drawn from [N, --max-tokens] instead (seeded, the same "
-                         "for every path and round): requests end apart, as in real traffic, not in waves")
+    ap.add_argument(
+        "--max-tokens-min",
+        type=int,
+        default=0,
+        metavar="N",
+        help="each request generates a length drawn from [N, --max-tokens] instead (seeded, the same "
+        "for every path and round): requests end apart, as in real traffic, not in waves",
+    )
     ap.add_argument("--requests-per-stream", type=int, default=4, help="closed loops: requests per stream a round")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--warmup-tokens", type=int, default=0,
-                    help="tokens per request of the warm-up wave before each load's rounds (default --max-tokens)")
-    ap.add_argument("--prefill-chunk", type=int, default=0,
-                    help="engine max_prefill_tokens (0: the engine's default)")
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch intra-op threads of every path's engine (0: torch's default; default 1 on CPU, "
-                         "where the other core serves, else 0)")
-    ap.add_argument("--stream-interval-ms", type=int, default=0,
-                    help="the served model's stream_interval_ms and the process path's output interval: least time "
-                         "between two responses of a stream (0: one response per engine step)")
-    ap.add_argument("--server-param", action="append", default=[], metavar="KEY=VALUE",
-                    help="another engine argument of the served hf model (model.json), e.g. engine_process=false")
-    ap.add_argument("--request-param", action="append", default=[], metavar="KEY=VALUE",
-                    help="a Triton request parameter the served path's clients send with every request, as "
-                         "llmlaunch-bench --request-param (e.g. final_counts_only=true)")
-    ap.add_argument("--client-processes", type=int, default=1, metavar="N",
-                    help="served path: client processes sharing the requests (a closed loop: at most C)")
-    ap.add_argument("--client-streams", type=int, default=1,
-                    help="served path: gRPC streams per client process")
-    ap.add_argument("--split-cpus", action="store_true",
-                    help="served path: tritonserver and its engine on one half of the physical cores, its client "
-                         "processes on the other, as with remote clients")
+    ap.add_argument(
+        "--warmup-tokens",
+        type=int,
+        default=0,
+        help="tokens per request of the warm-up wave before each load's rounds (default --max-tokens)",
+    )
+    ap.add_argument("--prefill-chunk", type=int, default=0, help="engine max_prefill_tokens (0: the engine's default)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads of every path's engine (0: torch's default; default 1 on CPU, "
+        "where the other core serves, else 0)",
+    )
+    ap.add_argument(
+        "--stream-interval-ms",
+        type=int,
+        default=0,
+        help="the served model's stream_interval_ms and the process path's output interval: least time "
+        "between two responses of a stream (0: one response per engine step)",
+    )
+    ap.add_argument(
+        "--server-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="another engine argument of the served hf model (model.json), e.g. engine_process=false",
+    )
+    ap.add_argument(
+        "--request-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a Triton request parameter the served path's clients send with every request, as "
+        "llmlaunch-bench --request-param (e.g. final_counts_only=true)",
+    )
+    ap.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="served path: client processes sharing the requests (a closed loop: at most C)",
+    )
+    ap.add_argument("--client-streams", type=int, default=1, help="served path: gRPC streams per client process")
+    ap.add_argument(
+        "--split-cpus",
+        action="store_true",
+        help="served path: tritonserver and its engine on one half of the physical cores, its client "
+        "processes on the other, as with remote clients",
+    )
     ap.add_argument("--vs-generate", action="store_true", help="also compare the engine with static-batch generate")
     ap.add_argument("--no-served", action="store_true", help="skip the paths (with --vs-generate: that alone)")
     ap.add_argument("--workdir", default="", help="server files and log (default: a temp dir, removed)")
@@ -471,23 +589,36 @@ def main(argv=None) -> int:
 
     from launcher.bench.cli import request_param  # KEY=VALUE read as `llmlaunch-bench --request-param` reads it
     from launcher.hf.args import HFEngineArgs
-    from launcher.hf.engine import Engine, describe_features
     from launcher.hf.client import EngineProcess
+    from launcher.hf.engine import Engine, describe_features
     from launcher.tiny import ensure_tiny_model
 
     model_dir = args.model or str(ensure_tiny_model())
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="llmlaunch-overhead-"))
     params = {"device": args.device, "dtype": args.dtype, "max_num_seqs": args.max_num_seqs}
-    server_params = dict(params, prefill_chunk=args.prefill_chunk, torch_threads=args.threads,
-                         stream_interval_ms=args.stream_interval_ms,
-                         **dict(kv.split("=", 1) for kv in args.server_param))
+    server_params = dict(
+        params,
+        prefill_chunk=args.prefill_chunk,
+        torch_threads=args.threads,
+        stream_interval_ms=args.stream_interval_ms,
+        **dict(kv.split("=", 1) for kv in args.server_param),
+    )
     params["torch_threads"] = args.threads
     request_params = dict(request_param(kv) for kv in args.request_param)
     log(f"model {model_dir}; paths {' '.join(paths)}")
-    results = {"model": model_dir, "device": args.device, "server_params": server_params,
-               "request_params": request_params, "max_tokens": args.max_tokens,
-               "max_tokens_min": args.max_tokens_min or args.max_tokens, "prompt_tokens": args.prompt_tokens,
-               "rounds": args.rounds, "paths": paths, "cpus": os.cpu_count(), "runs": []}
+    results = {
+        "model": model_dir,
+        "device": args.device,
+        "server_params": server_params,
+        "request_params": request_params,
+        "max_tokens": args.max_tokens,
+        "max_tokens_min": args.max_tokens_min or args.max_tokens,
+        "prompt_tokens": args.prompt_tokens,
+        "rounds": args.rounds,
+        "paths": paths,
+        "cpus": os.cpu_count(),
+        "runs": [],
+    }
     if args.vs_generate:
         results["vs_generate"] = vs_generate(model_dir, params, args)
     if args.no_served:
@@ -508,25 +639,46 @@ def main(argv=None) -> int:
             with on_cpus(server_cpus):  # the server compiles while the in-process engine loads
                 server = hf_server(model_dir, workdir, server_params).start()
             stack.callback(server.stop)
-        engine = Engine.from_args(HFEngineArgs(model_path=model_dir, prefill_chunk=args.prefill_chunk, **params)).start()
+        engine = Engine.from_args(
+            HFEngineArgs(model_path=model_dir, prefill_chunk=args.prefill_chunk, **params)
+        ).start()
         stack.callback(engine.shutdown)
         results["features"] = describe_features(engine.features)  # decode graphs, torch.compile, cuDNN attention
         log(f"in-process engine: {results['features']}")
-        run = {"direct": lambda prompts, load, tokens: run_direct(engine, prompts, load.concurrency, tokens,
-                                                                  load.arrivals())}
+        run = {
+            "direct": lambda prompts, load, tokens: run_direct(
+                engine, prompts, load.concurrency, tokens, load.arrivals()
+            )
+        }
         if "process" in paths:  # the engine process as the served model starts it, without the stub and tritonserver
-            process = EngineProcess(HFEngineArgs(model_path=model_dir, prefill_chunk=args.prefill_chunk,
-                                                 stream_interval_ms=args.stream_interval_ms, **params)).start()
+            process = EngineProcess(
+                HFEngineArgs(
+                    model_path=model_dir,
+                    prefill_chunk=args.prefill_chunk,
+                    stream_interval_ms=args.stream_interval_ms,
+                    **params,
+                )
+            ).start()
             stack.callback(process.shutdown)
-            run["process"] = lambda prompts, load, tokens: run_direct(process, prompts, load.concurrency, tokens,
-                                                                      load.arrivals())
+            run["process"] = lambda prompts, load, tokens: run_direct(
+                process, prompts, load.concurrency, tokens, load.arrivals()
+            )
         if "served" in paths:
             server.wait_ready()
 
             def served(prompts, load, tokens):
                 with on_cpus(client_cpus):
-                    return run_served(server.grpc_url, server.model, prompts, load, tokens, server.proc.pid,
-                                      server.metrics_url, args.client_streams, request_params)
+                    return run_served(
+                        server.grpc_url,
+                        server.model,
+                        prompts,
+                        load,
+                        tokens,
+                        server.proc.pid,
+                        server.metrics_url,
+                        args.client_streams,
+                        request_params,
+                    )
 
             run["served"] = served
         generate = {g["concurrency"]: g for g in results.get("vs_generate", [])}

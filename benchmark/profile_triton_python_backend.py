@@ -30,8 +30,9 @@ from launcher.bench import cli  # noqa: E402
 
 def translate(argv: list[str]) -> list[str]:
     """The seeds' command line -> llmlaunch-bench arguments."""
-    p = argparse.ArgumentParser(prog="profile_triton_python_backend.py", add_help=True,
-                                description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="profile_triton_python_backend.py", add_help=True, description=__doc__.split("\n\n")[0]
+    )
     p.add_argument("addr")
     p.add_argument("model_or_tokenizer")
     p.add_argument("dataset")
@@ -40,13 +41,24 @@ def translate(argv: list[str]) -> list[str]:
     p.add_argument("--top_k", "--top-k", dest="top_k", type=int)
     p.add_argument("--top_p", "--top-p", dest="top_p", type=float)
     p.add_argument("--temperature", type=float)
-    p.add_argument("--stream_output", "--stream-output", dest="stream_output", default="true",
-                   help="true/false (default true)")
+    p.add_argument(
+        "--stream_output", "--stream-output", dest="stream_output", default="true", help="true/false (default true)"
+    )
     p.add_argument("--csv", help="append the summary line to this CSV file")
     p.add_argument("--seed", type=int, default=0)
     args, rest = p.parse_known_args(argv)
-    out = ["--url", args.addr, "--dataset", args.dataset, "--num-prompts", str(args.num_prompts),
-           "--concurrency", str(args.concurrency), "--seed", str(args.seed)]
+    out = [
+        "--url",
+        args.addr,
+        "--dataset",
+        args.dataset,
+        "--num-prompts",
+        str(args.num_prompts),
+        "--concurrency",
+        str(args.concurrency),
+        "--seed",
+        str(args.seed),
+    ]
     if os.path.isdir(args.model_or_tokenizer):
         out += ["--tokenizer", args.model_or_tokenizer]
     else:

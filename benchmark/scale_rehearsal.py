@@ -31,7 +31,6 @@ What it measures, and where from:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import signal
@@ -53,7 +52,7 @@ ACTIVE = ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING")
 
 def mem_available_gib() -> float:
     with open("/proc/meminfo") as f:
-        kb = next(int(l.split()[1]) for l in f if l.startswith("MemAvailable:"))
+        kb = next(int(ln.split()[1]) for ln in f if ln.startswith("MemAvailable:"))
     return kb / 2**20
 
 
@@ -84,9 +83,22 @@ class MemWatch:
 
 
 def launch_argv(nodes: int, tasks: int, jobs_dir: Path, extra=()) -> List[str]:
-    return [sys.executable, "-m", "launcher.cli", "cluster=local_slurm", "engine=hf", "model=tiny", f"cluster.gpus_per_node={tasks}",
-            f"nodes={nodes}", f"replicas={nodes * tasks}", f"cluster.jobs_dir={jobs_dir}", f"job_name={JOB_NAME}",
-            "serve.ready_timeout_s=900", "cluster.time=00:40:00", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "launcher.cli",
+        "cluster=local_slurm",
+        "engine=hf",
+        "model=tiny",
+        f"cluster.gpus_per_node={tasks}",
+        f"nodes={nodes}",
+        f"replicas={nodes * tasks}",
+        f"cluster.jobs_dir={jobs_dir}",
+        f"job_name={JOB_NAME}",
+        "serve.ready_timeout_s=900",
+        "cluster.time=00:40:00",
+        *extra,
+    ]
 
 
 def run_dir_of(job: str):
@@ -103,8 +115,10 @@ def launch(nodes: int, tasks: int, jobs_dir: Path, floor_gib: float) -> Dict:
         r = subprocess.run(launch_argv(nodes, tasks, jobs_dir), capture_output=True, text=True)
     total = time.monotonic() - t0
     if r.returncode != 0:
-        raise SystemExit(f"llmlaunch with {nodes} nodes x {tasks} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-    job = next(l.split()[1] for l in r.stdout.splitlines() if l.startswith("job:"))
+        raise SystemExit(
+            f"llmlaunch with {nodes} nodes x {tasks} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+        )
+    job = next(ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("job:"))
     run = run_dir_of(job)
     ready = run.ready_records()
     server = max(x["ready_s"] for x in ready)
@@ -117,15 +131,32 @@ def launch(nodes: int, tasks: int, jobs_dir: Path, floor_gib: float) -> Dict:
     # every rank met -> the slowest replica's tritonserver started (its rank's set-up before its server)
     slowest = max(ready, key=lambda x: x["ready_s"])
     late = slowest["time"] - slowest["ready_s"] - marks["ranks_started"] if marks.get("ranks_started") else None
-    follow = total - (marks["serving"] - marks["submitted"]) if marks.get("serving") and marks.get("submitted") else None
-    return {"nodes": nodes, "ranks": nodes * tasks, "job": job, "run": run, "total_s": total, "server_s": server,
-            "overhead_s": total - server, "ranks_phase_s": b.get("ranks_s"), "frontend_s": b.get("frontend_s"),
-            "queue_s": b.get("queue_s"), "load_s": b.get("load_s"), "tail_s": tail, "follow_s": follow, "late_s": late, "mem_gib": before - mem.low,
-            "per_rank_mib": (before - mem.low) * 1024 / (nodes * tasks), "endpoint": run.read_endpoint()}
+    follow = (
+        total - (marks["serving"] - marks["submitted"]) if marks.get("serving") and marks.get("submitted") else None
+    )
+    return {
+        "nodes": nodes,
+        "ranks": nodes * tasks,
+        "job": job,
+        "run": run,
+        "total_s": total,
+        "server_s": server,
+        "overhead_s": total - server,
+        "ranks_phase_s": b.get("ranks_s"),
+        "frontend_s": b.get("frontend_s"),
+        "queue_s": b.get("queue_s"),
+        "load_s": b.get("load_s"),
+        "tail_s": tail,
+        "follow_s": follow,
+        "late_s": late,
+        "mem_gib": before - mem.low,
+        "per_rank_mib": (before - mem.low) * 1024 / (nodes * tasks),
+        "endpoint": run.read_endpoint(),
+    }
 
 
 def stop(job: str) -> None:
-    from launcher.schedulers import slurm, slurm_jobs
+    from launcher.schedulers import slurm_jobs
 
     slurm_jobs.stop(job)
 
@@ -133,10 +164,10 @@ def stop(job: str) -> None:
 def frontend_counts(metrics_url: str) -> Dict[int, float]:
     text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
     out = {}
-    for l in text.splitlines():
-        m = re.match(r'llmlaunch_frontend_requests_total\{replica="(\d+)"', l)
+    for ln in text.splitlines():
+        m = re.match(r'llmlaunch_frontend_requests_total\{replica="(\d+)"', ln)
         if m:
-            out[int(m.group(1))] = float(l.rsplit(" ", 1)[1])
+            out[int(m.group(1))] = float(ln.rsplit(" ", 1)[1])
     return out
 
 
@@ -148,29 +179,43 @@ def route(ep: Dict, per_replica: int, max_tokens: int) -> Dict:
     before = frontend_counts(ep["metrics_url"])
     t0 = time.monotonic()
     with TritonStream(ep["url"]) as s:
-        recs = [s.submit(build_request(ep["model"], Generation(f"Request {i}: once upon a time", max_tokens=max_tokens, ignore_eos=True), f"r{i}"))
-                for i in range(n)]
+        recs = [
+            s.submit(
+                build_request(
+                    ep["model"],
+                    Generation(f"Request {i}: once upon a time", max_tokens=max_tokens, ignore_eos=True),
+                    f"r{i}",
+                )
+            )
+            for i in range(n)
+        ]
         for rec in recs:
             s.wait(rec, timeout=600)
     took = time.monotonic() - t0
     after = frontend_counts(ep["metrics_url"])
     per = {k: after[k] - before.get(k, 0) for k in after}
-    return {"requests": n, "errors": sum(1 for r in recs if r.error), "seconds": took, "per_replica": per,
-            "replicas_reached": sum(1 for v in per.values() if v > 0), "replicas": len(ep["replicas"])}
+    return {
+        "requests": n,
+        "errors": sum(1 for r in recs if r.error),
+        "seconds": took,
+        "per_replica": per,
+        "replicas_reached": sum(1 for v in per.values() if v > 0),
+        "replicas": len(ep["replicas"]),
+    }
 
 
 def pids_of(job: str, rank: int):
     """(tritonserver pid, its parent: the rank's process) of one rank: its server's argv names job and rank."""
     out = subprocess.run(["ps", "-ww", "-eo", "pid,ppid,args"], capture_output=True, text=True).stdout
-    for l in out.splitlines():
-        if f"shm-region-prefix-name=llm{job}r{rank}_" in l and "bin/tritonserver" in l:
-            pid, ppid = l.split()[:2]
+    for ln in out.splitlines():
+        if f"shm-region-prefix-name=llm{job}r{rank}_" in ln and "bin/tritonserver" in ln:
+            pid, ppid = ln.split()[:2]
             return int(pid), int(ppid)
     raise SystemExit(f"no tritonserver of rank {rank} of job {job}")
 
 
 def queue_state(job: str) -> str:
-    from launcher.schedulers import slurm, slurm_jobs
+    from launcher.schedulers import slurm_jobs
 
     return slurm_jobs.queue_state(job)[0]
 
@@ -183,9 +228,13 @@ def kill_server_serving(job: str, run, rank: int, node: str, replica: int, limit
         time.sleep(0.1)
     took = time.monotonic() - t0
     lost = run.read_lost(replica) or {}
-    return {"what": f"tritonserver of rank {rank} (replica {replica}, {node}) while serving", "seconds": took,
-            "outcome": f"replica {replica} lost, job {queue_state(job)}", "names": rank in lost.get("ranks", []) and lost.get("host") == node,
-            "said": lost.get("reason", "")}
+    return {
+        "what": f"tritonserver of rank {rank} (replica {replica}, {node}) while serving",
+        "seconds": took,
+        "outcome": f"replica {replica} lost, job {queue_state(job)}",
+        "names": rank in lost.get("ranks", []) and lost.get("host") == node,
+        "said": lost.get("reason", ""),
+    }
 
 
 def wait_gone(job: str, limit_s: float):
@@ -198,14 +247,17 @@ def wait_gone(job: str, limit_s: float):
 def named(job: str, run, rank: int, node: str) -> Dict:
     """Whether `llmlaunch-logs`'s root cause and `llmlaunch-status` name the rank and its node."""
     from launcher import logs
-    from launcher.schedulers import slurm, slurm_jobs
+    from launcher.schedulers import slurm_jobs
 
     text, _ = logs.report(run)
     root = text.splitlines()[0] if text else ""
     _, status = slurm_jobs.status(job)
-    return {"root": root, "root_names": f"rank {rank} on {node}" in root,
-            "status_names": f"rank {rank}" in status and node in status,
-            "status": next((l for l in status.splitlines() if "FAILED" in l), "")}
+    return {
+        "root": root,
+        "root_names": f"rank {rank} on {node}" in root,
+        "status_names": f"rank {rank}" in status and node in status,
+        "status": next((ln for ln in status.splitlines() if "FAILED" in ln), ""),
+    }
 
 
 def kill_rank_process(job: str, run, rank: int, node: str, limit_s: float = 120) -> Dict:
@@ -213,8 +265,12 @@ def kill_rank_process(job: str, run, rank: int, node: str, limit_s: float = 120)
     os.kill(ppid, signal.SIGKILL)
     took, state = wait_gone(job, limit_s)
     time.sleep(3)  # srun's and the other ranks' last lines reach their logs
-    return {"what": f"rank {rank}'s process ({node}) while serving", "seconds": took, "outcome": f"job {state}",
-            **named(job, run, rank, node)}
+    return {
+        "what": f"rank {rank}'s process ({node}) while serving",
+        "seconds": took,
+        "outcome": f"job {state}",
+        **named(job, run, rank, node),
+    }
 
 
 def kill_while_starting(nodes: int, tasks: int, jobs_dir: Path, floor_gib: float, limit_s: float = 120) -> Dict:
@@ -222,7 +278,9 @@ def kill_while_starting(nodes: int, tasks: int, jobs_dir: Path, floor_gib: float
     rank's tritonserver: the job fails fast."""
     rank, node = nodes * tasks - 1, f"node{nodes}"
     with MemWatch(floor_gib):
-        p = subprocess.Popen(launch_argv(nodes, tasks, jobs_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        p = subprocess.Popen(
+            launch_argv(nodes, tasks, jobs_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         job = None
         for line in p.stdout:
             m = re.search(r"submitted job (\d+)", line)
@@ -235,7 +293,13 @@ def kill_while_starting(nodes: int, tasks: int, jobs_dir: Path, floor_gib: float
             if run.has_endpoint():
                 p.kill()
                 stop(job)
-                return {"what": "while starting", "seconds": float("nan"), "outcome": "job served before a kill", "root_names": False, "status_names": False}
+                return {
+                    "what": "while starting",
+                    "seconds": float("nan"),
+                    "outcome": "job served before a kill",
+                    "root_names": False,
+                    "status_names": False,
+                }
             try:
                 if run.ready_count() >= 1:
                     pid, _ = pids_of(job, rank)
@@ -247,8 +311,12 @@ def kill_while_starting(nodes: int, tasks: int, jobs_dir: Path, floor_gib: float
         took, state = wait_gone(job, limit_s)
         p.communicate(timeout=120)
     time.sleep(3)
-    return {"what": f"tritonserver of rank {rank} ({node}) while starting ({run.ready_count()} ranks ready)", "seconds": took,
-            "outcome": f"job {state}", **named(job, run, rank, node)}
+    return {
+        "what": f"tritonserver of rank {rank} ({node}) while starting ({run.ready_count()} ranks ready)",
+        "seconds": took,
+        "outcome": f"job {state}",
+        **named(job, run, rank, node),
+    }
 
 
 def fit(xs, ys):
@@ -264,17 +332,30 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     ap.add_argument("--tasks-per-node", type=int, default=8, help="tritonservers per node (one replica each)")
-    ap.add_argument("--cluster-nodes", type=int, default=0, help="nodes to bring the cluster up with (default: max of --nodes)")
-    ap.add_argument("--cluster-gpus", type=int, default=0, help="fake GPUs per node to bring it up with (default: --tasks-per-node)")
+    ap.add_argument(
+        "--cluster-nodes", type=int, default=0, help="nodes to bring the cluster up with (default: max of --nodes)"
+    )
+    ap.add_argument(
+        "--cluster-gpus", type=int, default=0, help="fake GPUs per node to bring it up with (default: --tasks-per-node)"
+    )
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--jobs-dir", default="", help="where the run dirs go (kept; default: a new folder under $TMPDIR)")
-    ap.add_argument("--route-nodes", type=int, default=0, help="node count to check routing at (default: the largest measured)")
+    ap.add_argument(
+        "--route-nodes", type=int, default=0, help="node count to check routing at (default: the largest measured)"
+    )
     ap.add_argument("--route-per-replica", type=int, default=2)
     ap.add_argument("--route-tokens", type=int, default=16)
-    ap.add_argument("--kill-nodes", type=int, default=0, help="node count to kill a rank at (default: the largest measured); 0 with --no-kill")
+    ap.add_argument(
+        "--kill-nodes",
+        type=int,
+        default=0,
+        help="node count to kill a rank at (default: the largest measured); 0 with --no-kill",
+    )
     ap.add_argument("--no-kill", action="store_true")
     ap.add_argument("--kill-while-starting", action="store_true")
-    ap.add_argument("--min-free-gib", type=float, default=2.0, help="cancel a launch that takes MemAvailable below this")
+    ap.add_argument(
+        "--min-free-gib", type=float, default=2.0, help="cancel a launch that takes MemAvailable below this"
+    )
     ap.add_argument("--project-ranks", type=int, default=128)
     args = ap.parse_args()
     from launcher.localslurm import cluster as localslurm
@@ -282,7 +363,10 @@ def main() -> None:
     t = args.tasks_per_node
     cluster = localslurm.up(nodes=args.cluster_nodes or max(args.nodes), gpus_per_node=max(t, args.cluster_gpus))
     os.environ.update(cluster.env())
-    print(f"machine: {os.cpu_count()} cores, MemAvailable {mem_available_gib():.1f} GiB; cluster: {len(cluster.nodes)} nodes", flush=True)
+    print(
+        f"machine: {os.cpu_count()} cores, MemAvailable {mem_available_gib():.1f} GiB; cluster: {len(cluster.nodes)} nodes",
+        flush=True,
+    )
     rows, kills, routing = [], [], None
     route_at = args.route_nodes or max(args.nodes)
     kill_at = 0 if args.no_kill else (args.kill_nodes or max(args.nodes))
@@ -294,9 +378,12 @@ def main() -> None:
         runs = []
         for i in range(args.repeat):
             r = launch(n, t, jobs, args.min_free_gib)
-            print(f"  {n} nodes x {t}: total {r['total_s']:.1f}s server {r['server_s']:.1f}s overhead {r['overhead_s']:.2f}s "
-                  f"(ranks {r['ranks_phase_s']}s, front end {r['frontend_s']}s) memory {r['mem_gib']:.1f} GiB "
-                  f"({r['per_rank_mib']:.0f} MiB/rank)", flush=True)
+            print(
+                f"  {n} nodes x {t}: total {r['total_s']:.1f}s server {r['server_s']:.1f}s overhead {r['overhead_s']:.2f}s "
+                f"(ranks {r['ranks_phase_s']}s, front end {r['frontend_s']}s) memory {r['mem_gib']:.1f} GiB "
+                f"({r['per_rank_mib']:.0f} MiB/rank)",
+                flush=True,
+            )
             last = i == args.repeat - 1
             if last and n == route_at:
                 routing = route(r["endpoint"], args.route_per_replica, args.route_tokens)
@@ -321,31 +408,47 @@ def main() -> None:
     if kill_at and args.kill_while_starting:
         kills.append(kill_while_starting(kill_at, t, jobs, args.min_free_gib))
         print(f"  kill: {kills[-1]}", flush=True)
-    print(f"\nbest of {args.repeat} by overhead; median overhead, and median less the queue wait, over the {args.repeat}")
-    print("overhead = total - server; of it: queue = llmlaunch started -> Slurm allocated, ranks met = allocated -> every rank "
-          "started and met, to server = -> the slowest replica's tritonserver started, after last = slowest replica answered -> front end and API up, follow = -> llmlaunch printed READY")
-    print(f"{'nodes':>5} {'ranks':>5} {'total s':>8} {'server s':>9} {'overhead s':>11} {'queue s':>8} {'ranks met s':>12} {'to server s':>12} {'after last s':>13} "
-          f"{'follow s':>9} {'GiB':>5} {'MiB/rank':>9} {'median s':>9} {'less queue s':>13}")
+    print(
+        f"\nbest of {args.repeat} by overhead; median overhead, and median less the queue wait, over the {args.repeat}"
+    )
+    print(
+        "overhead = total - server; of it: queue = llmlaunch started -> Slurm allocated, ranks met = allocated -> every rank "
+        "started and met, to server = -> the slowest replica's tritonserver started, after last = slowest replica answered -> front end and API up, follow = -> llmlaunch printed READY"
+    )
+    print(
+        f"{'nodes':>5} {'ranks':>5} {'total s':>8} {'server s':>9} {'overhead s':>11} {'queue s':>8} {'ranks met s':>12} {'to server s':>12} {'after last s':>13} "
+        f"{'follow s':>9} {'GiB':>5} {'MiB/rank':>9} {'median s':>9} {'less queue s':>13}"
+    )
     for r in rows:
-        print(f"{r['nodes']:>5} {r['ranks']:>5} {r['total_s']:>8.1f} {r['server_s']:>9.1f} {r['overhead_s']:>11.2f} {r['queue_s'] or 0:>8.2f} "
-              f"{r['ranks_phase_s'] or 0:>12.2f} {r['late_s'] or 0:>12.2f} {r['tail_s'] or 0:>13.2f} {r['follow_s'] or 0:>9.2f} {r['mem_gib']:>5.1f} {r['per_rank_mib']:>9.0f} "
-              f"{r['median_overhead_s']:>9.2f} {r['median_net_s']:>13.2f}")
+        print(
+            f"{r['nodes']:>5} {r['ranks']:>5} {r['total_s']:>8.1f} {r['server_s']:>9.1f} {r['overhead_s']:>11.2f} {r['queue_s'] or 0:>8.2f} "
+            f"{r['ranks_phase_s'] or 0:>12.2f} {r['late_s'] or 0:>12.2f} {r['tail_s'] or 0:>13.2f} {r['follow_s'] or 0:>9.2f} {r['mem_gib']:>5.1f} {r['per_rank_mib']:>9.0f} "
+            f"{r['median_overhead_s']:>9.2f} {r['median_net_s']:>13.2f}"
+        )
     growth = rows[-1]["median_overhead_s"] - rows[0]["median_overhead_s"]
     net = rows[-1]["median_net_s"] - rows[0]["median_net_s"]
-    print(f"overhead growth {rows[0]['nodes']} -> {rows[-1]['nodes']} nodes ({rows[0]['ranks']} -> {rows[-1]['ranks']} ranks), medians: "
-          f"{growth:+.2f} s ({net:+.2f} s less the queue wait)")
+    print(
+        f"overhead growth {rows[0]['nodes']} -> {rows[-1]['nodes']} nodes ({rows[0]['ranks']} -> {rows[-1]['ranks']} ranks), medians: "
+        f"{growth:+.2f} s ({net:+.2f} s less the queue wait)"
+    )
     if len(rows) >= 2 and rows[-1]["ranks"] < args.project_ranks:
         a, b = fit([r["ranks"] for r in rows], [r["median_overhead_s"] for r in rows])
         m = sum(r["per_rank_mib"] for r in rows[1:]) / len(rows[1:])
-        print(f"projection (least squares, overhead = {a:.2f} + {b * 1000:.1f} ms x ranks): {args.project_ranks} ranks -> "
-              f"{a + b * args.project_ranks:.2f} s, growth from {rows[0]['ranks']} ranks {b * (args.project_ranks - rows[0]['ranks']):+.2f} s; "
-              f"memory {m:.0f} MiB/rank x {args.project_ranks} = {m * args.project_ranks / 1024:.1f} GiB")
+        print(
+            f"projection (least squares, overhead = {a:.2f} + {b * 1000:.1f} ms x ranks): {args.project_ranks} ranks -> "
+            f"{a + b * args.project_ranks:.2f} s, growth from {rows[0]['ranks']} ranks {b * (args.project_ranks - rows[0]['ranks']):+.2f} s; "
+            f"memory {m:.0f} MiB/rank x {args.project_ranks} = {m * args.project_ranks / 1024:.1f} GiB"
+        )
     if routing:
-        print(f"routing at {routing['replicas']} replicas: {routing['requests']} requests, {routing['errors']} errors, "
-              f"{routing['replicas_reached']} of {routing['replicas']} replicas reached; per replica {sorted(routing['per_replica'].items())}")
+        print(
+            f"routing at {routing['replicas']} replicas: {routing['requests']} requests, {routing['errors']} errors, "
+            f"{routing['replicas_reached']} of {routing['replicas']} replicas reached; per replica {sorted(routing['per_replica'].items())}"
+        )
     for k in kills:
-        print(f"kill {k['what']}: {k['outcome']} after {k['seconds']:.1f} s; names rank and node: "
-              f"{k.get('names', k.get('root_names'))} / status {k.get('status_names', '-')}; {k.get('root') or k.get('said')}")
+        print(
+            f"kill {k['what']}: {k['outcome']} after {k['seconds']:.1f} s; names rank and node: "
+            f"{k.get('names', k.get('root_names'))} / status {k.get('status_names', '-')}; {k.get('root') or k.get('said')}"
+        )
 
 
 if __name__ == "__main__":

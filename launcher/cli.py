@@ -13,8 +13,16 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from launcher.compose import (CONF_DIR, GROUPS, available, check_group_choices, check_words, composed,
-                              free_mapping_overrides, register)
+from launcher.compose import (
+    CONF_DIR,
+    GROUPS,
+    available,
+    check_group_choices,
+    check_words,
+    composed,
+    free_mapping_overrides,
+    register,
+)
 from launcher.errors import LaunchError
 
 
@@ -76,8 +84,14 @@ def execute(cfg, spec, overrides: Optional[List[str]] = None, from_record: str =
     before_launch(cfg, lambda line: print(line, file=sys.stderr, flush=True))  # paths and GPUs, before anything starts
     backend = for_spec(spec)  # cluster.scheduler's registry entry (launcher/schedulers/registry.py)
     # submitted: when this command started, so its time to READY is the user's wait from the command on
-    record = base_record(OmegaConf.to_container(cfg, resolve=True), list(overrides or []), backend.name, run_dir,
-                         from_record=from_record, submitted=process_start_time())
+    record = base_record(
+        OmegaConf.to_container(cfg, resolve=True),
+        list(overrides or []),
+        backend.name,
+        run_dir,
+        from_record=from_record,
+        submitted=process_start_time(),
+    )
     return backend.serve(dataclasses.replace(backend.dryrun(spec, run_dir), record=record))
 
 
@@ -89,7 +103,13 @@ def from_record_args(argv: List[str]):
         a = argv[i]
         if a == "--from-record":
             if i + 1 >= len(argv) or argv[i + 1].startswith("-"):
-                raise LaunchError(("--from-record", "needs the path of a run record", "llmlaunch --from-record RUN_DIR/record.json [key=value ...]"))
+                raise LaunchError(
+                    (
+                        "--from-record",
+                        "needs the path of a run record",
+                        "llmlaunch --from-record RUN_DIR/record.json [key=value ...]",
+                    )
+                )
             path = argv[i + 1]
             i += 2
             continue
@@ -171,8 +191,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     argv = free_mapping_overrides(argv)  # also what Hydra's entry point is given (multirun, Hydra flags)
     if record_path:
         if any(a.startswith("-") for a in argv):
-            print(f"error: --from-record {record_path}: only key=value overrides can go with it (got {' '.join(a for a in argv if a.startswith('-'))})\n"
-                  "  fix: launch one run from a record, without -m or Hydra flags", file=sys.stderr)
+            print(
+                f"error: --from-record {record_path}: only key=value overrides can go with it (got {' '.join(a for a in argv if a.startswith('-'))})\n"
+                "  fix: launch one run from a record, without -m or Hydra flags",
+                file=sys.stderr,
+            )
             sys.exit(2)
         code = _exit_on_launch_error(launch_from_record, record_path, argv)
         if code:

@@ -299,7 +299,9 @@ class TritonStream:
             self._stub.ServerLive(service_pb2.ServerLiveRequest(), timeout=connect_timeout)
         except grpc.RpcError as exc:
             self._channel.close()
-            raise ClientError(f"cannot connect to {self.url}: {_rpc_message(exc)}; is tritonserver running there?") from None
+            raise ClientError(
+                f"cannot connect to {self.url}: {_rpc_message(exc)}; is tritonserver running there?"
+            ) from None
         self._on_done = on_done
         self._pending: dict = {}
         self._outbox: queue.Queue = queue.Queue()
@@ -492,7 +494,9 @@ def served_tokenizer(url: str, model: str, timeout: float = 10.0) -> str:
 
     client = grpcclient.InferenceServerClient(parse_url(url))
     try:
-        params = client.get_model_config(model, as_json=True, client_timeout=timeout).get("config", {}).get("parameters", {})
+        params = (
+            client.get_model_config(model, as_json=True, client_timeout=timeout).get("config", {}).get("parameters", {})
+        )
     except Exception:
         return ""
     finally:
@@ -528,12 +532,21 @@ def default_model(url: str) -> str:
     candidates = speaking or ready
     choice = "ensemble" if "ensemble" in candidates else candidates[0]
     if len(candidates) > 1:
-        print(f"note: several models are ready ({', '.join(candidates)}); using {choice!r} (pass --model)", file=sys.stderr)
+        print(
+            f"note: several models are ready ({', '.join(candidates)}); using {choice!r} (pass --model)",
+            file=sys.stderr,
+        )
     return choice
 
 
-def generate(url: str, model: str, gen: Generation, on_response: Optional[Callable] = None,
-             parameters: Optional[dict] = None, timeout: Optional[float] = None) -> StreamRecord:
+def generate(
+    url: str,
+    model: str,
+    gen: Generation,
+    on_response: Optional[Callable] = None,
+    parameters: Optional[dict] = None,
+    timeout: Optional[float] = None,
+) -> StreamRecord:
     """Send one request and wait for it; the record has per-response receive times."""
     with TritonStream(url) as stream:
         rec = StreamRecord("0", on_response=on_response)
@@ -542,8 +555,9 @@ def generate(url: str, model: str, gen: Generation, on_response: Optional[Callab
     return rec
 
 
-def generate_many(url: str, model: str, gens: list, concurrency: int = 8,
-                  parameters: Optional[dict] = None) -> list[StreamRecord]:
+def generate_many(
+    url: str, model: str, gens: list, concurrency: int = 8, parameters: Optional[dict] = None
+) -> list[StreamRecord]:
     """Send every generation over one stream, at most `concurrency` at a time; records in order."""
     slots = threading.Semaphore(max(1, concurrency))
     records = [StreamRecord(str(i)) for i in range(len(gens))]
@@ -615,14 +629,20 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m launcher.client",
         description="Send prompts to an llmlaunch model over Triton gRPC and print the answers.",
     )
-    p.add_argument("--url", "-u", default="localhost:8001", help="grpc://HOST:PORT or HOST:PORT (default localhost:8001)")
+    p.add_argument(
+        "--url", "-u", default="localhost:8001", help="grpc://HOST:PORT or HOST:PORT (default localhost:8001)"
+    )
     p.add_argument("--model", "-m", help="model name (default: the one the server serves)")
     p.add_argument("--prompt", "-p", help="prompt text (default: 'I am going to' unless --prompts-file)")
     p.add_argument("--max-tokens", type=int, default=128, help="tokens to generate (default 128)")
     p.add_argument("--no-stream", action="store_true", help="ask for one response with the whole answer")
     p.add_argument("--prompts-file", help="file with one prompt per line")
-    p.add_argument("--output", "-o", default="results.txt", help="where --prompts-file answers go (default results.txt)")
-    p.add_argument("--concurrency", "-c", type=int, default=8, help="requests in flight with --prompts-file (default 8)")
+    p.add_argument(
+        "--output", "-o", default="results.txt", help="where --prompts-file answers go (default results.txt)"
+    )
+    p.add_argument(
+        "--concurrency", "-c", type=int, default=8, help="requests in flight with --prompts-file (default 8)"
+    )
     p.add_argument("--iterations", type=int, default=1, help="send the prompts file this many times")
     p.add_argument("--verbose", "-v", action="store_true", help="print timing details on stderr")
     add_sampling_args(p)

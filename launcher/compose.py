@@ -30,7 +30,13 @@ def check_group_choices(argv: List[str]) -> None:
         if key in GROUPS:
             for v in value.split(","):  # multirun sweeps list choices with commas
                 if v not in available(key):
-                    problems.append((f"{key}={v}", f"no such {key} profile in {CONF_DIR / key}", f"choose one of: {', '.join(available(key))}"))
+                    problems.append(
+                        (
+                            f"{key}={v}",
+                            f"no such {key} profile in {CONF_DIR / key}",
+                            f"choose one of: {', '.join(available(key))}",
+                        )
+                    )
     if problems:
         raise LaunchError(problems)
 
@@ -81,11 +87,25 @@ def composed(overrides: List[str]):
 
 
 # How to quote, for both layers: the shell splits an argument at spaces, Hydra reads ; ( ) [ ] { } $ ` as syntax.
-QUOTING = ("quote the value, e.g. key='value with ; chars' (inside the shell: \"key='...'\"); a value with spaces: "
-           "quote the whole override for the shell, e.g. 'job_name=a b'")
+QUOTING = (
+    "quote the value, e.g. key='value with ; chars' (inside the shell: \"key='...'\"); a value with spaces: "
+    "quote the whole override for the shell, e.g. 'job_name=a b'"
+)
 # Hydra's flags that take the next argument as their value (so that word is not a stray one)
-_FLAGS_WITH_VALUE = ("--cfg", "-c", "--package", "-p", "--config-name", "-cn", "--config-path", "-cp", "--config-dir",
-                     "-cd", "--info", "--experimental-rerun")
+_FLAGS_WITH_VALUE = (
+    "--cfg",
+    "-c",
+    "--package",
+    "-p",
+    "--config-name",
+    "-cn",
+    "--config-path",
+    "-cp",
+    "--config-dir",
+    "-cd",
+    "--info",
+    "--experimental-rerun",
+)
 
 
 def check_words(argv: List[str]) -> None:
@@ -97,12 +117,14 @@ def check_words(argv: List[str]) -> None:
         if "=" in arg or arg.startswith("-") or (before in _FLAGS_WITH_VALUE):
             continue
         if "=" in before and not before.startswith("-"):
-            why = (f"a word without '=' is not an override (key=value, or a profile such as engine=vllm); the shell "
-                   f"split an unquoted space, so it is probably the rest of the value of {before!r}")
+            why = (
+                f"a word without '=' is not an override (key=value, or a profile such as engine=vllm); the shell "
+                f"split an unquoted space, so it is probably the rest of the value of {before!r}"
+            )
             fix = f"quote the whole override for the shell: '{before} {arg}' (or drop the space)"
         else:
             why = "a word without '=' is not an override: overrides are key=value (tp=2) or a profile choice (engine=vllm)"
-            fix = f"write it as key=value; a value with spaces: quote the whole override for the shell, e.g. 'job_name=a b'"
+            fix = "write it as key=value; a value with spaces: quote the whole override for the shell, e.g. 'job_name=a b'"
         problems.append((repr(arg), why, fix))
     if problems:
         raise LaunchError(problems)
@@ -111,8 +133,8 @@ def check_words(argv: List[str]) -> None:
 def hydra_problem(e: Exception):
     """Turn Hydra/OmegaConf composition errors into (value, why, fix)."""
     cause = e.__cause__ or e
-    lines = [l.strip() for l in str(cause).strip().splitlines() if l.strip()]
-    key = next((l.split("full_key:")[1].strip() for l in lines if l.startswith("full_key:")), "")
+    lines = [ln.strip() for ln in str(cause).strip().splitlines() if ln.strip()]
+    key = next((ln.split("full_key:")[1].strip() for ln in lines if ln.startswith("full_key:")), "")
     why = lines[0] if lines else type(e).__name__
     override = str(e).split("override", 1)[-1].strip() if "override" in str(e) else key
     if type(cause).__name__ == "OverrideParseException" or type(e).__name__ == "OverrideParseException":
@@ -122,18 +144,30 @@ def hydra_problem(e: Exception):
         else:  # "LexerNoViableAltException: X"
             bad = first.split(": ", 1)[-1]
         raw = str(e).splitlines()
-        caret = next((l.index("^") for l in raw[1:] if l.strip() == "^"), -1)
+        caret = next((ln.index("^") for ln in raw[1:] if ln.strip() == "^"), -1)
         if 0 <= caret < len(first):  # the lexer's message: the override with a caret under the first bad character
             reason = f"it stops at {first[caret]!r}"
         else:
-            reason = next((l for l in lines[1:] if not l.startswith(("See ", "^"))), "") or lines[0]
-        return (bad, f"Hydra cannot parse this override ({reason}): characters like ; ( ) [ ] {{ }} $ ` , = and quotes "
-                     "are its syntax", QUOTING)
+            reason = next((ln for ln in lines[1:] if not ln.startswith(("See ", "^"))), "") or lines[0]
+        return (
+            bad,
+            f"Hydra cannot parse this override ({reason}): characters like ; ( ) [ ] {{ }} $ ` , = and quotes "
+            "are its syntax",
+            QUOTING,
+        )
     if str(e).startswith("Could not override"):
         k = str(e).split("'")[1] if "'" in str(e) else override
-        return (k, "no such key in the config", "check the spelling (`llmlaunch --cfg job` prints every key); to add a new key use +key=value")
+        return (
+            k,
+            "no such key in the config",
+            "check the spelling (`llmlaunch --cfg job` prints every key); to add a new key use +key=value",
+        )
     domain = field_domain(key) if key else None
-    fix = domain.fix_line(key) if domain is not None else f"give {key or 'it'} a value of the type launcher/schema.py declares for it"
+    fix = (
+        domain.fix_line(key)
+        if domain is not None
+        else f"give {key or 'it'} a value of the type launcher/schema.py declares for it"
+    )
     return (override or key or "override", why, fix)
 
 

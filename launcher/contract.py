@@ -27,7 +27,13 @@ INPUTS: tuple[Tensor, ...] = (
     Tensor("text_input", "BYTES", (1,), False, "the prompt, UTF-8"),
     Tensor("max_tokens", "INT32", (1,), False, "number of tokens to generate (>= 1)"),
     Tensor("stream", "BOOL", (1,), True, "stream one response per new piece of text; default false"),
-    Tensor("exclude_input_in_output", "BOOL", (1,), True, "never echo the prompt (llmlaunch never does; accepted for compatibility)"),
+    Tensor(
+        "exclude_input_in_output",
+        "BOOL",
+        (1,),
+        True,
+        "never echo the prompt (llmlaunch never does; accepted for compatibility)",
+    ),
     Tensor("min_length", "INT32", (1,), True, "minimum new tokens before EOS / stop words may end the request"),
     Tensor("ignore_eos", "BOOL", (1,), True, "generate exactly max_tokens (benchmarks)"),
     Tensor("end_id", "INT32", (1,), True, "token id that ends generation; default the tokenizer's EOS"),
@@ -50,7 +56,13 @@ OUTPUTS: tuple[Tensor, ...] = (
     Tensor("text_output", "BYTES", (-1,), False, "new text: the delta when streaming, the whole completion otherwise"),
     Tensor("input_tokens", "INT32", (1,), False, "tokens in the prompt"),
     Tensor("output_tokens", "INT32", (1,), False, "tokens generated so far (cumulative)"),
-    Tensor("finish_reason", "BYTES", (1,), False, "empty while streaming; 'length', 'stop' or 'cancelled' on the last response"),
+    Tensor(
+        "finish_reason",
+        "BYTES",
+        (1,),
+        False,
+        "empty while streaming; 'length', 'stop' or 'cancelled' on the last response",
+    ),
 )
 
 
@@ -68,10 +80,14 @@ class Parameter:
 # request whose parameter it does not know.  So the models that honour these say so in their config
 # (HONOURED_PARAMETERS_KEY), and llmlaunch-bench sends them only where a model does, unless asked.
 PARAMETERS: tuple[Parameter, ...] = (
-    Parameter("final_counts_only", "bool", False,
-              "streaming: send input_tokens, output_tokens and finish_reason on the final response only, "
-              "text_output alone before it (a quarter of the tensors per token to send and parse; "
-              "the TensorRT-LLM ensemble sends them on every response)"),
+    Parameter(
+        "final_counts_only",
+        "bool",
+        False,
+        "streaming: send input_tokens, output_tokens and finish_reason on the final response only, "
+        "text_output alone before it (a quarter of the tensors per token to send and parse; "
+        "the TensorRT-LLM ensemble sends them on every response)",
+    ),
 )
 
 # The config parameter (config.pbtxt `parameters`) naming, comma-separated, the PARAMETERS a model honours: written by

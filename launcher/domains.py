@@ -54,8 +54,10 @@ def problems(config: Any, prefix: str = "") -> List[Problem]:
     for f in dataclasses.fields(config):
         domain = domain_of(f)
         if domain is None:
-            raise TypeError(f"{type(config).__name__}.{f.name} declares no domain: declare it with "
-                            "launcher.domains.arg(<domain>, <default>) in launcher/schema.py")
+            raise TypeError(
+                f"{type(config).__name__}.{f.name} declares no domain: declare it with "
+                "launcher.domains.arg(<domain>, <default>) in launcher/schema.py"
+            )
         value = getattr(config, f.name)
         if isinstance(domain, Nested):
             if dataclasses.is_dataclass(value):
@@ -240,15 +242,20 @@ def time_minutes(t: str) -> int:
     return days * 1440 + h * 60 + m + (1 if s else 0)
 
 
-
 def Name(what: str = "names go into scripts, file names and Triton model names", empty: str = "") -> Pattern:
     """A name: 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit."""
-    return Pattern(SAFE_NAME, what, "give {key} 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", empty)
+    return Pattern(
+        SAFE_NAME, what, "give {key} 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit", empty
+    )
 
 
 def SbatchToken() -> Pattern:
-    return Pattern(SBATCH_TOKEN, "it goes into an #SBATCH line, which no shell parses, so spaces, quotes, $, `, ; and "
-                   "newlines cannot be escaped there", "use only letters, digits and . _ + @ % : = , / ~ - in {key}")
+    return Pattern(
+        SBATCH_TOKEN,
+        "it goes into an #SBATCH line, which no shell parses, so spaces, quotes, $, `, ; and "
+        "newlines cannot be escaped there",
+        "use only letters, digits and . _ + @ % : = , / ~ - in {key}",
+    )
 
 
 @dataclass(frozen=True)
@@ -277,7 +284,11 @@ class Path(Domain):
     def default_fix(self, key):
         if self.token:
             return f"give {key} a path of letters, digits and . _ + @ % : = , / ~ - only"
-        return f"give {key} an absolute path, e.g. /workspace" if self.absolute else f"give {key} a path without control characters"
+        return (
+            f"give {key} an absolute path, e.g. /workspace"
+            if self.absolute
+            else f"give {key} a path without control characters"
+        )
 
 
 @dataclass(frozen=True)

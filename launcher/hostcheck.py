@@ -21,8 +21,7 @@ import subprocess
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-from launcher.domains import Nested, domain_of
-from launcher.domains import Path as PathDomain
+from launcher.domains import Nested, Path as PathDomain, domain_of
 from launcher.engines.registry import ENGINES
 from launcher.errors import LaunchError
 from launcher.models import MAKERS
@@ -33,7 +32,14 @@ from launcher.validate import typed_config
 Problem = Tuple[str, str, str]
 
 WEIGHTS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.gguf")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json", "vocab.txt", "spiece.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
 
 
 def _has_any(folder: Path, patterns) -> bool:
@@ -48,7 +54,11 @@ def _weights_missing(folder: Path, c) -> List[str]:
 
 
 def _tokenizer_missing(folder: Path, c) -> List[str]:
-    return [] if _has_any(folder, TOKENIZER_FILES + ("*.tiktoken",)) else [f"tokenizer files ({', '.join(TOKENIZER_FILES)})"]
+    return (
+        []
+        if _has_any(folder, TOKENIZER_FILES + ("*.tiktoken",))
+        else [f"tokenizer files ({', '.join(TOKENIZER_FILES)})"]
+    )
 
 
 def _hf_model_missing(folder: Path, c) -> List[str]:
@@ -71,19 +81,34 @@ def _trtllm_engine_missing(folder: Path, c) -> List[str]:
 
 # Folder kinds: (what it is, what is missing from `folder` (empty: it is one), the fix). {key} is the field.
 FOLDERS = {
-    "hf_model": ("a Hugging Face model folder", _hf_model_missing,
-                 "point {key} at a folder with config.json, the weights and the tokenizer (a `save_pretrained` or "
-                 "`huggingface-cli download` folder), or use model=smollm2 / model=tiny, which llmlaunch makes"),
-    "hf_weights": ("a Hugging Face model folder", _weights_missing,
-                   "point {key} at a folder with config.json and the weights (a `save_pretrained` folder)"),
-    "tokenizer": ("a tokenizer folder", _tokenizer_missing,
-                  "point {key} at the model's Hugging Face folder (or one with its tokenizer files)"),
-    "hf_or_turbomind": ("a Hugging Face model folder or a TurboMind workspace", _hf_or_turbomind_missing,
-                        "point {key} at a folder with config.json, the weights and the tokenizer, or at the output "
-                        "of `lmdeploy convert`"),
-    "trtllm_engine": ("a built TensorRT-LLM engine folder", _trtllm_engine_missing,
-                      "point {key} at the output folder of `trtllm-build` (built with tp_size*pp_size = tp*pp), or "
-                      "set tp and pp to what the engine was built for"),
+    "hf_model": (
+        "a Hugging Face model folder",
+        _hf_model_missing,
+        "point {key} at a folder with config.json, the weights and the tokenizer (a `save_pretrained` or "
+        "`huggingface-cli download` folder), or use model=smollm2 / model=tiny, which llmlaunch makes",
+    ),
+    "hf_weights": (
+        "a Hugging Face model folder",
+        _weights_missing,
+        "point {key} at a folder with config.json and the weights (a `save_pretrained` folder)",
+    ),
+    "tokenizer": (
+        "a tokenizer folder",
+        _tokenizer_missing,
+        "point {key} at the model's Hugging Face folder (or one with its tokenizer files)",
+    ),
+    "hf_or_turbomind": (
+        "a Hugging Face model folder or a TurboMind workspace",
+        _hf_or_turbomind_missing,
+        "point {key} at a folder with config.json, the weights and the tokenizer, or at the output "
+        "of `lmdeploy convert`",
+    ),
+    "trtllm_engine": (
+        "a built TensorRT-LLM engine folder",
+        _trtllm_engine_missing,
+        "point {key} at the output folder of `trtllm-build` (built with tp_size*pp_size = tp*pp), or "
+        "set tp and pp to what the engine was built for",
+    ),
 }
 # Every kind a `launcher.domains.Path` may name ("engine": the engine's hook says; "": nothing is looked for).
 KINDS = tuple(FOLDERS) + ("file", "executable", "command", "dir", "engine", "")
@@ -95,7 +120,11 @@ def _path_problem(key: str, value: str, kind: str, c) -> Tuple[Optional[Problem]
     if kind == "command" and "/" not in value:
         if shutil.which(value):
             return None, True
-        return (what, f"no command {value!r} on this host's PATH", f"give {key} the program's full path, or install it"), False
+        return (
+            what,
+            f"no command {value!r} on this host's PATH",
+            f"give {key} the program's full path, or install it",
+        ), False
     p = Path(value).expanduser()
     if kind == "dir":  # made when the job starts; only a file in its place is in the way
         if p.exists() and not p.is_dir():
@@ -192,7 +221,7 @@ def _tp_fits(tp: int, shape: Dict[str, int], edef) -> List[str]:
     if heads and heads % tp:
         bad.append(f"its {heads} attention heads")
     if kv and kv % tp and not (edef.kv_heads_replicate and tp % kv == 0):
-        bad.append(f"its {kv} KV heads" + (f" (nor is tp a multiple of them)" if edef.kv_heads_replicate else ""))
+        bad.append(f"its {kv} KV heads" + (" (nor is tp a multiple of them)" if edef.kv_heads_replicate else ""))
     if inter and inter % tp:
         bad.append(f"its MLP's {inter} rows")
     return bad
@@ -209,13 +238,28 @@ def parallel_problems(c, edef) -> List[Problem]:
     bad = _tp_fits(c.tp, shape, edef) if c.tp > 1 else []
     if bad:
         heads = shape.get("num_attention_heads") or 0
-        ok = [t for t in range(1, max(heads, 1) + 1) if not _tp_fits(t, shape, edef) and (edef.tp_any_divisor or not t & (t - 1))]
-        problems.append((f"tp={c.tp}", f"tp does not divide {' or '.join(bad)} ({where}): every tensor-parallel rank takes an "
-                         f"equal share of them", f"use tp={', '.join(map(str, ok))} with engine={c.engine.name}"))
+        ok = [
+            t
+            for t in range(1, max(heads, 1) + 1)
+            if not _tp_fits(t, shape, edef) and (edef.tp_any_divisor or not t & (t - 1))
+        ]
+        problems.append(
+            (
+                f"tp={c.tp}",
+                f"tp does not divide {' or '.join(bad)} ({where}): every tensor-parallel rank takes an "
+                f"equal share of them",
+                f"use tp={', '.join(map(str, ok))} with engine={c.engine.name}",
+            )
+        )
     layers = shape.get("num_hidden_layers") or 0
     if layers and c.pp > layers:
-        problems.append((f"pp={c.pp}", f"the model has {layers} layers ({where}): every pipeline stage needs at least one",
-                         f"use pp={layers} or fewer"))
+        problems.append(
+            (
+                f"pp={c.pp}",
+                f"the model has {layers} layers ({where}): every pipeline stage needs at least one",
+                f"use pp={layers} or fewer",
+            )
+        )
     return problems
 
 
@@ -233,17 +277,24 @@ def check(c, probe: Optional[Callable[[], Tuple[bool, str]]] = None) -> Tuple[Li
         if visible or everywhere:
             problems.append(problem)
         else:
-            warnings.append(f"{problem[0]}: {problem[1]} on this host; cluster={c.cluster.name}'s nodes may see it, "
-                            "so the launch goes on")
+            warnings.append(
+                f"{problem[0]}: {problem[1]} on this host; cluster={c.cluster.name}'s nodes may see it, "
+                "so the launch goes on"
+            )
     edef = ENGINES[c.engine.name]
     problems += parallel_problems(c, edef)
     if scheduler.on_this_machine and edef.needs_gpu(c.engine):
         found, looked = (probe or GPU_PROBE)()
         if not found:
             what = f"engine.device={c.engine.device!r}" if c.engine.device == "cuda" else f"engine={c.engine.name}"
-            problems.append((what, f"needs a GPU and this machine shows none ({looked})",
-                             "run on a machine with an NVIDIA GPU and its driver, or use engine=hf with "
-                             "engine.device=cpu (or auto)"))
+            problems.append(
+                (
+                    what,
+                    f"needs a GPU and this machine shows none ({looked})",
+                    "run on a machine with an NVIDIA GPU and its driver, or use engine=hf with "
+                    "engine.device=cpu (or auto)",
+                )
+            )
     return problems, warnings
 
 

@@ -26,5 +26,11 @@ def find(job_id: str) -> Dict:
     """The entry of `job_id`; LaunchError when llmlaunch did not launch it from this account."""
     f = index_dir() / f"{job_id}.json"
     if not f.exists():
-        raise LaunchError((f"job {job_id}", f"not launched by llmlaunch from this account (no {f})", "give a job id that llmlaunch printed"))
+        raise LaunchError(
+            (
+                f"job {job_id}",
+                f"not launched by llmlaunch from this account (no {f})",
+                "give a job id that llmlaunch printed",
+            )
+        )
     return json.loads(f.read_text())

@@ -24,7 +24,13 @@ def find_run(arg: str) -> RunDir:
     if p.is_dir():
         return RunDir(p)
     if p.suffix or "/" in arg:
-        raise LaunchError((arg, "no such run directory", "give a job id llmlaunch printed or its run dir (`run dir: ...` in llmlaunch-status)"))
+        raise LaunchError(
+            (
+                arg,
+                "no such run directory",
+                "give a job id llmlaunch printed or its run dir (`run dir: ...` in llmlaunch-status)",
+            )
+        )
     return RunDir(jobindex.find(arg)["run_dir"])
 
 
@@ -76,7 +82,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         text, _ = report(run)
     except LaunchError as e:
         print(e.render(), file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(2) from None
     print(text)
     raise SystemExit(0)
 

@@ -6,7 +6,7 @@ format from a message, so it parses by construction (tests parse each one back).
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from launcher import contract
 
@@ -24,7 +24,14 @@ def dtype(name: str) -> int:
     return pb.DataType.Value("TYPE_STRING" if name == "BYTES" else f"TYPE_{name}")
 
 
-def tensor_input(name: str, dt: str, dims: Sequence[int], optional: bool = False, reshape: Optional[Sequence[int]] = None, ragged: bool = False):
+def tensor_input(
+    name: str,
+    dt: str,
+    dims: Sequence[int],
+    optional: bool = False,
+    reshape: Optional[Sequence[int]] = None,
+    ragged: bool = False,
+):
     pb = _pb()
     t = pb.ModelInput(name=name, data_type=dtype(dt), dims=list(dims), optional=optional)
     if reshape is not None:
@@ -62,7 +69,14 @@ def set_parameters(cfg, params: Mapping[str, object]) -> None:
         cfg.parameters[k].string_value = s
 
 
-def python_model(name: str, max_batch_size: int, params: Mapping[str, object], decoupled: bool = True, instances: int = 1, kind: str = "KIND_CPU"):
+def python_model(
+    name: str,
+    max_batch_size: int,
+    params: Mapping[str, object],
+    decoupled: bool = True,
+    instances: int = 1,
+    kind: str = "KIND_CPU",
+):
     """A python-backend model serving the common contract (hf, vllm, sglang, lmdeploy)."""
     pb = _pb()
     cfg = pb.ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)

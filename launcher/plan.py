@@ -28,8 +28,10 @@ def plan_text(spec: LaunchSpec, run_dir: str, composed_yaml: str = "") -> str:
         f"world_size={spec.world_size} tp={spec.tp} pp={spec.pp} replicas={spec.replicas}"
     )
     out.append(f"gRPC endpoint: rank 0, {spec.host}:{spec.serve.grpc_port}, model {spec.model_name}")
-    out.append(f"OpenAI API: rank 0, http://{spec.host}:{spec.serve.openai_port}/v1 (completions, chat/completions, "
-               f"models), launcher/openai_api in front of that gRPC endpoint")
+    out.append(
+        f"OpenAI API: rank 0, http://{spec.host}:{spec.serve.openai_port}/v1 (completions, chat/completions, "
+        f"models), launcher/openai_api in front of that gRPC endpoint"
+    )
     out.append(layout_table(spec))
     for rel, text in repository_files(spec).items():
         sec(f"file model_repository/{rel}")

@@ -36,7 +36,16 @@ PHASES: Tuple[Tuple[str, str, str, str], ...] = (
     ("first_token_s", "server_live", "first_token", "first real token"),
     ("frontend_s", "first_token", "serving", "front end and OpenAI API up"),
 )
-MARKS = ("submitted", "allocated", "ranks_started", "load_start", "model_ready", "server_live", "first_token", "serving")
+MARKS = (
+    "submitted",
+    "allocated",
+    "ranks_started",
+    "load_start",
+    "model_ready",
+    "server_live",
+    "first_token",
+    "serving",
+)
 
 PHASE_PREFIX = "llmlaunch-phase: "
 VERSION_PREFIX = "llmlaunch-version: "
@@ -116,8 +125,11 @@ def triton_log_marks(log_text: str, model: str, since: float) -> Dict[str, float
 
     year = time.gmtime(since).tm_year
     out: Dict[str, float] = {}
-    wanted = (("load_start", f"loading: {model}:"), ("model_ready", f"successfully loaded '{model}'"),
-              ("server_live", "Started GRPCInferenceService"))
+    wanted = (
+        ("load_start", f"loading: {model}:"),
+        ("model_ready", f"successfully loaded '{model}'"),
+        ("server_live", "Started GRPCInferenceService"),
+    )
     for m in re.finditer(_TRITON_TIME + r"(.*)$", log_text, re.M):
         mo, d, h, mi, sec, frac, rest = m.groups()
         for key, needle in wanted:
@@ -171,7 +183,9 @@ def format_breakdown(b: dict) -> str:
 
 
 # summary.csv's time-to-READY columns (launcher/bench/report.py), in order
-CSV_COLUMNS = ("ready_total_s",) + tuple(f"ready_{key}" for key, *_ in PHASES) + ("ready_queue_reason", "ready_load_phases")
+CSV_COLUMNS = (
+    ("ready_total_s",) + tuple(f"ready_{key}" for key, *_ in PHASES) + ("ready_queue_reason", "ready_load_phases")
+)
 
 
 def csv_columns(b: Optional[dict]) -> Dict[str, object]:

@@ -42,10 +42,16 @@ def llmlaunch_identity() -> Dict[str, Any]:
     doc: Dict[str, Any] = {"version": __version__, "commit": "", "dirty": False}
     if shutil.which("git") and (PACKAGE_ROOT / ".git").exists():
         try:
-            rev = subprocess.run(["git", "-C", str(PACKAGE_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+            rev = subprocess.run(
+                ["git", "-C", str(PACKAGE_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10
+            )
             doc["commit"] = rev.stdout.strip() if rev.returncode == 0 else ""
-            st = subprocess.run(["git", "-C", str(PACKAGE_ROOT), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, timeout=10)
+            st = subprocess.run(
+                ["git", "-C", str(PACKAGE_ROOT), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
             doc["dirty"] = bool(st.stdout.strip()) if st.returncode == 0 else False
         except (OSError, subprocess.TimeoutExpired):
             pass
@@ -70,8 +76,13 @@ def environment_fingerprint() -> Dict[str, Any]:
     from importlib import metadata
 
     dists = sorted({f"{(d.metadata['Name'] or '').lower()}=={d.version}" for d in metadata.distributions()})
-    return {"python": platform.python_version(), "executable": sys.executable, "platform": platform.platform(),
-            "packages": len(dists), "packages_sha256": hashlib.sha256("\n".join(dists).encode()).hexdigest()}
+    return {
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "platform": platform.platform(),
+        "packages": len(dists),
+        "packages_sha256": hashlib.sha256("\n".join(dists).encode()).hexdigest(),
+    }
 
 
 def gpu_inventory(timeout_s: float = 10.0) -> List[str]:
@@ -80,11 +91,20 @@ def gpu_inventory(timeout_s: float = 10.0) -> List[str]:
     import os
 
     if shutil.which("nvidia-smi") is None:
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES") or os.environ.get("SLURM_STEP_GPUS") or os.environ.get("SLURM_JOB_GPUS") or ""
+        visible = (
+            os.environ.get("CUDA_VISIBLE_DEVICES")
+            or os.environ.get("SLURM_STEP_GPUS")
+            or os.environ.get("SLURM_JOB_GPUS")
+            or ""
+        )
         return [f"visible device {d}" for d in visible.split(",") if d]
     try:
-        p = subprocess.run(["nvidia-smi", "--query-gpu=index,name,uuid,memory.total", "--format=csv,noheader"],
-                           capture_output=True, text=True, timeout=timeout_s)
+        p = subprocess.run(
+            ["nvidia-smi", "--query-gpu=index,name,uuid,memory.total", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return []
     return [line.strip() for line in p.stdout.splitlines() if line.strip()] if p.returncode == 0 else []
@@ -104,8 +124,16 @@ def server_version(url: str) -> str:
         return ""
 
 
-def startup_doc(*, marks: Dict[str, float], log_text: str, load_phases: Dict[str, float], server_url: str,
-                nodes: List[str], gpus: Dict[str, List[str]], token: str = "") -> Dict[str, Any]:
+def startup_doc(
+    *,
+    marks: Dict[str, float],
+    log_text: str,
+    load_phases: Dict[str, float],
+    server_url: str,
+    nodes: List[str],
+    gpus: Dict[str, List[str]],
+    token: str = "",
+) -> Dict[str, Any]:
     """What rank 0 (or the one-rank local server) writes to startup.json: its marks, the engine's load phases and
     the versions it reported, tritonserver's version, the nodes and their GPUs, its interpreter."""
     versions = installed_versions()
@@ -113,25 +141,53 @@ def startup_doc(*, marks: Dict[str, float], log_text: str, load_phases: Dict[str
     tv = server_version(server_url)
     if tv:
         versions["tritonserver"] = tv
-    return {"marks": {k: round(float(v), 3) for k, v in marks.items() if v is not None}, "load_phases": phase_pairs(load_phases),
-            "versions": versions, "nodes": nodes, "gpus": gpus, "environment": environment_fingerprint(), "token": token}
+    return {
+        "marks": {k: round(float(v), 3) for k, v in marks.items() if v is not None},
+        "load_phases": phase_pairs(load_phases),
+        "versions": versions,
+        "nodes": nodes,
+        "gpus": gpus,
+        "environment": environment_fingerprint(),
+        "token": token,
+    }
 
 
 # ----------------------------------------------------------------------------- the record
-def base_record(config: Optional[dict], overrides: List[str], scheduler: str, run_dir: str, *,
-                identity: Optional[dict] = None, submitted: Optional[float] = None, from_record: str = "") -> Dict[str, Any]:
+def base_record(
+    config: Optional[dict],
+    overrides: List[str],
+    scheduler: str,
+    run_dir: str,
+    *,
+    identity: Optional[dict] = None,
+    submitted: Optional[float] = None,
+    from_record: str = "",
+) -> Dict[str, Any]:
     """The launching side's part, written before the job starts."""
-    doc = {"schema": RECORD_SCHEMA, "llmlaunch": identity if identity is not None else llmlaunch_identity(),
-           "overrides": list(overrides), "config": config, "scheduler": scheduler, "run_dir": str(run_dir),
-           "submitted": round(time.time() if submitted is None else submitted, 3)}
+    doc = {
+        "schema": RECORD_SCHEMA,
+        "llmlaunch": identity if identity is not None else llmlaunch_identity(),
+        "overrides": list(overrides),
+        "config": config,
+        "scheduler": scheduler,
+        "run_dir": str(run_dir),
+        "submitted": round(time.time() if submitted is None else submitted, 3),
+    }
     if from_record:
         doc["from_record"] = from_record
     return doc
 
 
-def join_record(record: Optional[dict], startup: Optional[dict], *, endpoint: Optional[dict] = None,
-                marks: Optional[Dict[str, float]] = None, queue_reason: str = "", job_id: str = "",
-                nodes: str = "") -> Dict[str, Any]:
+def join_record(
+    record: Optional[dict],
+    startup: Optional[dict],
+    *,
+    endpoint: Optional[dict] = None,
+    marks: Optional[Dict[str, float]] = None,
+    queue_reason: str = "",
+    job_id: str = "",
+    nodes: str = "",
+) -> Dict[str, Any]:
     """Pure: the base record (or a bare one) with what the ranks saw and the time-to-READY breakdown. `marks`
     are the launching side's (submitted, allocated), which win over rank 0's."""
     rec = dict(record or {"schema": RECORD_SCHEMA})
@@ -183,20 +239,44 @@ def read_record(path: str) -> Dict[str, Any]:
     try:
         rec = json.loads(p.read_text())
     except OSError as e:
-        raise LaunchError((f"--from-record {path}", f"cannot read it ({e.strerror or e})", "give RUN_DIR/record.json of a run llmlaunch started"))
+        raise LaunchError(
+            (
+                f"--from-record {path}",
+                f"cannot read it ({e.strerror or e})",
+                "give RUN_DIR/record.json of a run llmlaunch started",
+            )
+        ) from None
     except ValueError as e:
-        raise LaunchError((f"--from-record {path}", f"not a JSON record ({e})", "give RUN_DIR/record.json of a run llmlaunch started"))
+        raise LaunchError(
+            (f"--from-record {path}", f"not a JSON record ({e})", "give RUN_DIR/record.json of a run llmlaunch started")
+        ) from None
     schema = rec.get("schema") if isinstance(rec, dict) else None
     if not isinstance(schema, int):
-        raise LaunchError((f"--from-record {path}", "it has no record schema version: not a run record", "give RUN_DIR/record.json of a run llmlaunch started"))
+        raise LaunchError(
+            (
+                f"--from-record {path}",
+                "it has no record schema version: not a run record",
+                "give RUN_DIR/record.json of a run llmlaunch started",
+            )
+        )
     if schema > RECORD_SCHEMA:
         by = (rec.get("llmlaunch") or {}).get("version", "?")
-        raise LaunchError((f"--from-record {path}", f"it was written by a newer llmlaunch ({by}, record schema {schema}); "
-                           f"this llmlaunch ({llmlaunch_identity()['version']}) reads record schema {RECORD_SCHEMA} and older",
-                           f"launch it with that llmlaunch, or give its overrides on the command line: {' '.join(rec.get('overrides') or []) or '(none)'}"))
+        raise LaunchError(
+            (
+                f"--from-record {path}",
+                f"it was written by a newer llmlaunch ({by}, record schema {schema}); "
+                f"this llmlaunch ({llmlaunch_identity()['version']}) reads record schema {RECORD_SCHEMA} and older",
+                f"launch it with that llmlaunch, or give its overrides on the command line: {' '.join(rec.get('overrides') or []) or '(none)'}",
+            )
+        )
     if not isinstance(rec.get("config"), dict):
-        raise LaunchError((f"--from-record {path}", "it holds no composed config (written by a launch that did not start from `llmlaunch`)",
-                           f"launch with its overrides instead: {' '.join(rec.get('overrides') or []) or '(none)'}"))
+        raise LaunchError(
+            (
+                f"--from-record {path}",
+                "it holds no composed config (written by a launch that did not start from `llmlaunch`)",
+                f"launch with its overrides instead: {' '.join(rec.get('overrides') or []) or '(none)'}",
+            )
+        )
     return rec
 
 
@@ -237,8 +317,18 @@ def log_text(path, size: int = 4 << 20) -> str:
     return _read_end(Path(path), size) or ""
 
 
-def write_startup(run, spec, *, log_path, marks: Dict[str, float], server_url: str, nodes: List[str],
-                  gpus: Dict[str, List[str]], token: str = "", server_pid: int = 0) -> None:
+def write_startup(
+    run,
+    spec,
+    *,
+    log_path,
+    marks: Dict[str, float],
+    server_url: str,
+    nodes: List[str],
+    gpus: Dict[str, List[str]],
+    token: str = "",
+    server_pid: int = 0,
+) -> None:
     """Rank 0 (or the one-rank local server), just before endpoint.json: startup.json with its marks, tritonserver's
     load times from its log, the engine's load phases (`EngineDef.load_phases`), versions, nodes and GPUs. Without
     its own log file (a sweep point's srun step writes every rank's output to one), the step's log, of which only
@@ -257,9 +347,21 @@ def write_startup(run, spec, *, log_path, marks: Dict[str, float], server_url: s
         since = all_marks.get("started") or all_marks.get("ranks_started") or time.time() - 3600
         all_marks.update(triton_log_marks(text, spec.model_name, since))  # the server's own times win over polling's
         phases = ENGINES[spec.engine.name].load_phases(text)
-        doc = startup_doc(marks=all_marks, log_text=text, load_phases=phases, server_url=server_url, nodes=nodes,
-                          gpus=gpus, token=token)
+        doc = startup_doc(
+            marks=all_marks,
+            log_text=text,
+            load_phases=phases,
+            server_url=server_url,
+            nodes=nodes,
+            gpus=gpus,
+            token=token,
+        )
     except Exception as e:  # a fact that cannot be read must not keep a serving job from READY
-        doc = {"marks": {k: v for k, v in marks.items() if v is not None}, "nodes": nodes, "gpus": gpus, "token": token,
-               "error": f"{type(e).__name__}: {e}"}
+        doc = {
+            "marks": {k: v for k, v in marks.items() if v is not None},
+            "nodes": nodes,
+            "gpus": gpus,
+            "token": token,
+            "error": f"{type(e).__name__}: {e}",
+        }
     run.write_startup(doc)

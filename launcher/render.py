@@ -7,7 +7,6 @@ run prints what these return; submission writes exactly the same text.
 from __future__ import annotations
 
 import shlex
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -211,19 +210,31 @@ def allocation_step(spec: LaunchSpec, run_dir: str) -> str:
     trap is a handler, not an ignore (an ignored signal would stay ignored in srun), so the script outlives
     the step and removes what the job left on each node, as the sbatch script's teardown does."""
     cpus, gpus = allocation_sizes(spec)
-    step = ["srun", *srun_args(spec), "--overlap", f"--nodes={spec.nodes}", f"--ntasks-per-node={spec.tasks_per_node}",
-            f"--ntasks={spec.world_size}", f"--cpus-per-task={cpus}"]
+    step = [
+        "srun",
+        *srun_args(spec),
+        "--overlap",
+        f"--nodes={spec.nodes}",
+        f"--ntasks-per-node={spec.tasks_per_node}",
+        f"--ntasks={spec.world_size}",
+        f"--cpus-per-task={cpus}",
+    ]
     if gpus:
         step.append(f"--gpus-per-node={gpus}")
     step += [spec.python, "-m", "launcher.rank", run_dir]
-    return "\n".join([
-        *setup_lines(spec, run_dir),
-        "trap true TERM INT  # the stop's signal ends the step (srun has it too); this script goes on to the teardown",
-        shlex.join(step),
-        f"{SERVING_STATUS}=$?",
-        shm_teardown("--overlap", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--cpus-per-task=1"),
-        f'exit "${SERVING_STATUS}"',
-    ]) + "\n"
+    return (
+        "\n".join(
+            [
+                *setup_lines(spec, run_dir),
+                "trap true TERM INT  # the stop's signal ends the step (srun has it too); this script goes on to the teardown",
+                shlex.join(step),
+                f"{SERVING_STATUS}=$?",
+                shm_teardown("--overlap", f"--nodes={spec.nodes}", f"--ntasks={spec.nodes}", "--cpus-per-task=1"),
+                f'exit "${SERVING_STATUS}"',
+            ]
+        )
+        + "\n"
+    )
 
 
 def allocation_sizes(spec: LaunchSpec) -> tuple:
@@ -233,8 +244,9 @@ def allocation_sizes(spec: LaunchSpec) -> tuple:
     return cpus, gpus
 
 
-def client_argv(python: str, bench_args: Sequence[str], job_id: Optional[str] = None,
-                container_args: Sequence[str] = ()) -> List[str]:
+def client_argv(
+    python: str, bench_args: Sequence[str], job_id: Optional[str] = None, container_args: Sequence[str] = ()
+) -> List[str]:
     """A sweep's load generator: inside the server's Slurm allocation (one task on the job's first
     node, the one rank 0 serves from, sharing its resources) when job_id is given, else here."""
     prefix: List[str] = []
@@ -262,8 +274,16 @@ def layout_table(spec: LaunchSpec) -> str:
     rows = ["rank  node  local  replica  role    serves    gpus      loads"]
     for r in spec.ranks:
         gpus = ",".join(map(str, r.gpus)) or "-"
-        loads = ",".join(r.models) if r.models else "all" if ENGINES[spec.engine.name].runs_server(spec, r) else "- (no tritonserver)"
-        rows.append(f"{r.rank:<5} {r.node:<5} {r.local_rank:<6} {r.replica:<8} {r.role:<7} {r.serves:<9} {gpus:<9} {loads}")
+        loads = (
+            ",".join(r.models)
+            if r.models
+            else "all"
+            if ENGINES[spec.engine.name].runs_server(spec, r)
+            else "- (no tritonserver)"
+        )
+        rows.append(
+            f"{r.rank:<5} {r.node:<5} {r.local_rank:<6} {r.replica:<8} {r.role:<7} {r.serves:<9} {gpus:<9} {loads}"
+        )
     return "\n".join(rows)
 
 
@@ -277,5 +297,7 @@ def rank_command(spec: LaunchSpec, rank: RankSpec, **kw) -> List[str]:
 
 def rank_commands(spec: LaunchSpec, run_dir: str, job_id: str) -> str:
     """Each rank's command line, one line per rank."""
-    return "\n".join(f"rank {r.rank}: " + shlex.join(rank_command(spec, r, repository=f"{run_dir}/model_repository", job_id=job_id))
-                     for r in spec.ranks)
+    return "\n".join(
+        f"rank {r.rank}: " + shlex.join(rank_command(spec, r, repository=f"{run_dir}/model_repository", job_id=job_id))
+        for r in spec.ranks
+    )

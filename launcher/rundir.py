@@ -27,10 +27,10 @@
 from __future__ import annotations
 
 import json
-import uuid
 import os
 import socket
 import time
+import uuid
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple, Union
 
@@ -261,7 +261,7 @@ class RunDir:
             rank = p.name[: -len("_log.out")].rsplit("_", 1)[-1]
             out.append((p, int(rank) if rank.isdigit() else None))
         for p in sorted(self.logs.glob("rank*.log")) if self.logs.is_dir() else []:
-            rank = p.stem[len("rank"):]
+            rank = p.stem[len("rank") :]
             out.append((p, int(rank) if rank.isdigit() else None))
         out += [(p, None) for p in (self.server_log, self.step_log) if p.exists()]
         return out

@@ -12,17 +12,38 @@ from __future__ import annotations
 import collections.abc
 import typing
 from dataclasses import dataclass, fields, is_dataclass
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Tuple
 
 from omegaconf import MISSING
 
-from launcher.domains import (CONTAINER_RUNTIMES, DEVICES, DTYPES, GPU_REQUESTS, MPI_TYPES, SCHEDULERS, ENV_KEY, IDENTIFIER, SLURM_TIME, Choice, Flag, Float, FreeMapping, Int, Items, Name, Nested, Path,
-                              Pattern, SbatchToken, ShellLine, arg)
+from launcher.domains import (
+    CONTAINER_RUNTIMES,
+    DEVICES,
+    DTYPES,
+    ENV_KEY,
+    GPU_REQUESTS,
+    IDENTIFIER,
+    MPI_TYPES,
+    SCHEDULERS,
+    SLURM_TIME,
+    Choice,
+    Flag,
+    Float,
+    FreeMapping,
+    Int,
+    Items,
+    Name,
+    Nested,
+    Path,
+    Pattern,
+    SbatchToken,
+    ShellLine,
+    arg,
+)
 from launcher.engines import trtllm
 from launcher.engines.registry import ENGINES
 from launcher.hf.args import CUDNN_ATTENTION, HFEngineArgs
 from launcher.models import MAKERS
-
 
 # Each field: `name: type = arg(<its domain>, <default>)  # what it is`. The domain (launcher/domains.py) is
 # what the one validator checks the value against; the comment says what the field does.
@@ -42,10 +63,17 @@ def _makers():
 @dataclass
 class ContainerConfig:
     runtime: str = arg(Choice(CONTAINER_RUNTIMES), "none")  # none | pyxis (srun --container-image ...)
-    image: str = arg(Pattern(r"[A-Za-z0-9._+@%:=,/~#-]*", "an image reference: no spaces, quotes or shell characters",
-                             "give {key} as <registry#image:tag>, e.g. nvcr.io#nvidia/tritonserver:25.12-trtllm-python-py3"),
-                     "")  # container image for pyxis, e.g. nvcr.io#nvidia/tritonserver:25.12-trtllm-python-py3
-    mounts: List[str] = arg(Items(SbatchToken()), factory=list)  # "host_path:container_path" pairs for --container-mounts
+    image: str = arg(
+        Pattern(
+            r"[A-Za-z0-9._+@%:=,/~#-]*",
+            "an image reference: no spaces, quotes or shell characters",
+            "give {key} as <registry#image:tag>, e.g. nvcr.io#nvidia/tritonserver:25.12-trtllm-python-py3",
+        ),
+        "",
+    )  # container image for pyxis, e.g. nvcr.io#nvidia/tritonserver:25.12-trtllm-python-py3
+    mounts: List[str] = arg(
+        Items(SbatchToken()), factory=list
+    )  # "host_path:container_path" pairs for --container-mounts
     workdir: str = arg(Path("", absolute=True), "")  # --container-workdir; empty = the image's default
 
 
@@ -59,47 +87,98 @@ class ClusterConfig:
     reservation: str = arg(SbatchToken(), "")  # sbatch --reservation
     constraint: str = arg(SbatchToken(), "")  # sbatch --constraint (node features)
     exclusive: bool = arg(Flag(), False)  # sbatch --exclusive: whole nodes, nothing else on them
-    gpus_per_node: int = arg(Int("GPUs (or CPU ranks) on one node"), 8)  # GPUs on one node (on a CPU-only machine: how many ranks one node may run)
+    gpus_per_node: int = arg(
+        Int("GPUs (or CPU ranks) on one node"), 8
+    )  # GPUs on one node (on a CPU-only machine: how many ranks one node may run)
     gpu_request: str = arg(Choice(GPU_REQUESTS), "gpus-per-node")  # how GPUs are asked for: gpus-per-node | gres | none
     mpi: str = arg(Choice(MPI_TYPES), "pmix")  # srun --mpi= type: pmix | pmi2 | none
-    time: str = arg(Pattern(SLURM_TIME, "not a Slurm time limit",
-                            "use HH:MM:SS, D-HH:MM:SS or minutes, e.g. {key}=01:00:00"), "00:30:00")  # sbatch --time, HH:MM:SS or D-HH:MM:SS
-    cpus_per_task: int = arg(Int("CPUs per task", zero="the site default"), 0)  # sbatch --cpus-per-task; 0 = site default
-    mem: str = arg(Pattern(r"\d+[KMGT]?", "not a Slurm memory size", "use a size like {key}=200G, or {key}=0 for all of a node's memory",
-                           empty="the site default"), "")  # sbatch --mem per node, e.g. 200G or 0 (all); empty = site default
+    time: str = arg(
+        Pattern(SLURM_TIME, "not a Slurm time limit", "use HH:MM:SS, D-HH:MM:SS or minutes, e.g. {key}=01:00:00"),
+        "00:30:00",
+    )  # sbatch --time, HH:MM:SS or D-HH:MM:SS
+    cpus_per_task: int = arg(
+        Int("CPUs per task", zero="the site default"), 0
+    )  # sbatch --cpus-per-task; 0 = site default
+    mem: str = arg(
+        Pattern(
+            r"\d+[KMGT]?",
+            "not a Slurm memory size",
+            "use a size like {key}=200G, or {key}=0 for all of a node's memory",
+            empty="the site default",
+        ),
+        "",
+    )  # sbatch --mem per node, e.g. 200G or 0 (all); empty = site default
     container: ContainerConfig = arg(Nested(), factory=ContainerConfig)  # pyxis container settings
-    setup: List[str] = arg(Items(ShellLine()), factory=list)  # shell lines run in the job before srun (module load, venv activate)
-    lock_clocks: str = arg(Pattern(r"\d+(,\d+)?", "not a clock pair in MHz", "use {key}=<min>,<max> in MHz, e.g. 1410,1410, or empty",
-                                   empty="clocks left alone"), "")  # e.g. "1410,1410": adds `sudo nvidia-smi -lgc <value>` before srun
-    env: Dict[str, str] = arg(FreeMapping(ENV_KEY, _ENV_KEY_WHAT), factory=dict)  # environment variables exported in the job
-    extra_sbatch: List[str] = arg(Items(Pattern(r"--[a-z][a-z0-9-]*(=[A-Za-z0-9._+@%:=,/~-]+)?", "not a plain --flag or --flag=value",
-                                                "write it as --name=value with no spaces or quotes")),
-                                  factory=list)  # extra sbatch flags, e.g. ["--gpu-bind=none"]
-    tritonserver: str = arg(Path("executable"), "")  # explicit path to the tritonserver binary; empty = resolve (PATH, /opt/tritonserver, wheel)
-    slurm_conf: str = arg(Path("file"), "")  # SLURM_CONF for the submitting side (the local test cluster); empty = the site default
+    setup: List[str] = arg(
+        Items(ShellLine()), factory=list
+    )  # shell lines run in the job before srun (module load, venv activate)
+    lock_clocks: str = arg(
+        Pattern(
+            r"\d+(,\d+)?",
+            "not a clock pair in MHz",
+            "use {key}=<min>,<max> in MHz, e.g. 1410,1410, or empty",
+            empty="clocks left alone",
+        ),
+        "",
+    )  # e.g. "1410,1410": adds `sudo nvidia-smi -lgc <value>` before srun
+    env: Dict[str, str] = arg(
+        FreeMapping(ENV_KEY, _ENV_KEY_WHAT), factory=dict
+    )  # environment variables exported in the job
+    extra_sbatch: List[str] = arg(
+        Items(
+            Pattern(
+                r"--[a-z][a-z0-9-]*(=[A-Za-z0-9._+@%:=,/~-]+)?",
+                "not a plain --flag or --flag=value",
+                "write it as --name=value with no spaces or quotes",
+            )
+        ),
+        factory=list,
+    )  # extra sbatch flags, e.g. ["--gpu-bind=none"]
+    tritonserver: str = arg(
+        Path("executable"), ""
+    )  # explicit path to the tritonserver binary; empty = resolve (PATH, /opt/tritonserver, wheel)
+    slurm_conf: str = arg(
+        Path("file"), ""
+    )  # SLURM_CONF for the submitting side (the local test cluster); empty = the site default
     python: str = arg(Path("command"), "")  # python interpreter ranks run with; empty = the one running llmlaunch
-    paths_on_host: bool = arg(Flag(), False)  # the nodes see this host's files at the same paths (the local Slurm cluster): a model path missing here is an error before submit, not a warning (scheduler=local: always)
-    jobs_dir: str = arg(Path("dir", token=True), "llmlaunch-jobs")  # where job folders go (relative = under the current directory); must be shared with the nodes
-    allows_requeue: bool = arg(Flag(), False)  # the site lets a job requeue itself (slurm.conf JobRequeue, partition and QOS allow `scontrol requeue`): requeue=true needs it
+    paths_on_host: bool = arg(
+        Flag(), False
+    )  # the nodes see this host's files at the same paths (the local Slurm cluster): a model path missing here is an error before submit, not a warning (scheduler=local: always)
+    jobs_dir: str = arg(
+        Path("dir", token=True), "llmlaunch-jobs"
+    )  # where job folders go (relative = under the current directory); must be shared with the nodes
+    allows_requeue: bool = arg(
+        Flag(), False
+    )  # the site lets a job requeue itself (slurm.conf JobRequeue, partition and QOS allow `scontrol requeue`): requeue=true needs it
 
 
 # --------------------------------------------------------------------------- model
 @dataclass
 class ModelConfig:
     name: str = arg(Name(), MISSING)  # short name used in job names and tables
-    path: str = arg(Path("engine"), "")  # HF-format folder with weights (trtllm engine.layout=ensemble reads a built engine dir through engine.engine_dir); empty = made on the spot (make)
+    path: str = arg(
+        Path("engine"), ""
+    )  # HF-format folder with weights (trtllm engine.layout=ensemble reads a built engine dir through engine.engine_dir); empty = made on the spot (make)
     tokenizer: str = arg(Path("engine"), "")  # tokenizer folder; empty = path
-    make: str = arg(Choice(_makers), "")  # a model llmlaunch makes into its cache when path is empty (launcher/models MAKERS): smollm2 | tiny
+    make: str = arg(
+        Choice(_makers), ""
+    )  # a model llmlaunch makes into its cache when path is empty (launcher/models MAKERS): smollm2 | tiny
     dtype: str = arg(Choice(DTYPES), "auto")  # auto | float32 | bfloat16 | float16
-    max_model_len: int = arg(Int("context length in tokens", zero="the model's own"), 0)  # context length limit; 0 = the model's own
+    max_model_len: int = arg(
+        Int("context length in tokens", zero="the model's own"), 0
+    )  # context length limit; 0 = the model's own
 
 
 # --------------------------------------------------------------------------- engines
 @dataclass
 class EngineConfig:
     name: str = arg(Choice(_engines), MISSING)  # registry key: hf | trtllm | vllm | sglang | lmdeploy
-    model_name: str = arg(Name(empty="the engine's default"), "")  # Triton model name clients address; empty = the engine's default
-    max_num_seqs: int = arg(Int("sequences batched at once"), 64)  # sequences batched at once (also the config's max_batch_size)
+    model_name: str = arg(
+        Name(empty="the engine's default"), ""
+    )  # Triton model name clients address; empty = the engine's default
+    max_num_seqs: int = arg(
+        Int("sequences batched at once"), 64
+    )  # sequences batched at once (also the config's max_batch_size)
     device: str = arg(Choice(DEVICES), "auto")  # auto (cuda when the cluster has GPUs, else cpu) | cpu | cuda
 
 
@@ -112,81 +191,152 @@ class HFEngineConfig(EngineConfig):
     name (launcher/hf/args.py); the registry writes them to the model's model.json."""
 
     name: str = arg(Choice(_engines), "hf")  # our own continuous-batching engine on HF transformers
-    max_num_seqs: int = arg(Int("sequences batched at once"), _HF.max_num_seqs)  # sequences batched at once (also the config's max_batch_size)
+    max_num_seqs: int = arg(
+        Int("sequences batched at once"), _HF.max_num_seqs
+    )  # sequences batched at once (also the config's max_batch_size)
     device: str = arg(Choice(DEVICES), _HF.device)  # auto (cuda when the cluster has GPUs, else cpu) | cpu | cuda
-    attn_implementation: str = arg(Choice(("sdpa", "eager")), _HF.attn_implementation)  # transformers attention kernel: sdpa | eager
-    prefill_chunk: int = arg(Int("prompt tokens per engine step", zero="the engine's default",
-                                 fix="set {key}=0 (512 on CPU, 2048 on a GPU) or a positive number like 1024"),
-                             _HF.prefill_chunk)  # prompt tokens prefilled per engine step (0: by device)
-    cuda_graphs: bool = arg(Flag(), _HF.cuda_graphs)  # replay decode steps and prompt steps as captured CUDA graphs (GPU)
-    stream_interval_ms: int = arg(Int("least ms between two responses of a stream", zero="a response per engine step",
-                                      fix="set {key}=0, or 8 to merge a stream's tokens into fewer responses under load"),
-                                  _HF.stream_interval_ms)  # least time between two streamed responses of a request (0: every step)
-    response_processes: int = arg(Int("model instances sharing the engine",
-                                      fix="set {key}=1, or 4 to send responses from four processes"),
-                                  1)  # Triton model instances (stub processes, each with its own GIL) that share the engine process and send its responses; tp=1 only. The one responder setting (launcher/python_backend/responders.py derives threads per stub, nice and front-end processes from it, the device and the CPUs): one stub sends a few thousand responses/s whatever its threads, so the streams served at once, which only the user knows, decide it (1 up to tens of streams, 2-4 for 128 on a GPU)
+    attn_implementation: str = arg(
+        Choice(("sdpa", "eager")), _HF.attn_implementation
+    )  # transformers attention kernel: sdpa | eager
+    prefill_chunk: int = arg(
+        Int(
+            "prompt tokens per engine step",
+            zero="the engine's default",
+            fix="set {key}=0 (512 on CPU, 2048 on a GPU) or a positive number like 1024",
+        ),
+        _HF.prefill_chunk,
+    )  # prompt tokens prefilled per engine step (0: by device)
+    cuda_graphs: bool = arg(
+        Flag(), _HF.cuda_graphs
+    )  # replay decode steps and prompt steps as captured CUDA graphs (GPU)
+    stream_interval_ms: int = arg(
+        Int(
+            "least ms between two responses of a stream",
+            zero="a response per engine step",
+            fix="set {key}=0, or 8 to merge a stream's tokens into fewer responses under load",
+        ),
+        _HF.stream_interval_ms,
+    )  # least time between two streamed responses of a request (0: every step)
+    response_processes: int = arg(
+        Int("model instances sharing the engine", fix="set {key}=1, or 4 to send responses from four processes"), 1
+    )  # Triton model instances (stub processes, each with its own GIL) that share the engine process and send its responses; tp=1 only. The one responder setting (launcher/python_backend/responders.py derives threads per stub, nice and front-end processes from it, the device and the CPUs): one stub sends a few thousand responses/s whatever its threads, so the streams served at once, which only the user knows, decide it (1 up to tens of streams, 2-4 for 128 on a GPU)
     # a str field, so Hydra's engine.torch_compile=true arrives as 'True'
-    torch_compile: str = arg(Choice(("auto", "true", "false"), normalize=lambda v: str(v).lower()),
-                             _HF.torch_compile)  # auto | true | false: fuse the model's small kernels with torch.compile
-    cudnn_attention: str = arg(Choice(CUDNN_ATTENTION), _HF.cudnn_attention)  # graphs | all | off: where attention may use cuDNN
-    tp_timeout_s: float = arg(Float("a deadline in seconds", 0.0, lo_open=True, fix="set a deadline in seconds, e.g. {key}=120"),
-                              _HF.tp_timeout_s)  # tp > 1: a collective waiting longer fails the engine (a hung or dead rank fails the job)
+    torch_compile: str = arg(
+        Choice(("auto", "true", "false"), normalize=lambda v: str(v).lower()), _HF.torch_compile
+    )  # auto | true | false: fuse the model's small kernels with torch.compile
+    cudnn_attention: str = arg(
+        Choice(CUDNN_ATTENTION), _HF.cudnn_attention
+    )  # graphs | all | off: where attention may use cuDNN
+    tp_timeout_s: float = arg(
+        Float("a deadline in seconds", 0.0, lo_open=True, fix="set a deadline in seconds, e.g. {key}=120"),
+        _HF.tp_timeout_s,
+    )  # tp > 1: a collective waiting longer fails the engine (a hung or dead rank fails the job)
 
 
 @dataclass
 class TRTLLMEngineConfig(EngineConfig):
-    name: str = arg(Choice(_engines), "trtllm")  # TensorRT-LLM: its LLM API in our python model (llmapi), or the C++ backend's ensemble
-    layout: str = arg(Choice(trtllm.LAYOUTS), "llmapi")  # llmapi (tensorrt_llm.LLM on a HF checkpoint, no engine build; TensorRT-LLM >= 0.18) | ensemble (prebuilt engine on the C++ tensorrtllm backend, for releases that still ship it); docs/engines.md
-    llm_args: Dict[str, Any] = arg(FreeMapping(IDENTIFIER, _ARG_NAME_WHAT), factory=dict)  # llmapi: more tensorrt_llm.LLM arguments for model.yaml; they win over the ones llmlaunch derives (model, tp, pp, max_batch_size, ...); a key LLM does not take fails the model's load, naming the valid ones
+    name: str = arg(
+        Choice(_engines), "trtllm"
+    )  # TensorRT-LLM: its LLM API in our python model (llmapi), or the C++ backend's ensemble
+    layout: str = arg(
+        Choice(trtllm.LAYOUTS), "llmapi"
+    )  # llmapi (tensorrt_llm.LLM on a HF checkpoint, no engine build; TensorRT-LLM >= 0.18) | ensemble (prebuilt engine on the C++ tensorrtllm backend, for releases that still ship it); docs/engines.md
+    llm_args: Dict[str, Any] = arg(
+        FreeMapping(IDENTIFIER, _ARG_NAME_WHAT), factory=dict
+    )  # llmapi: more tensorrt_llm.LLM arguments for model.yaml; they win over the ones llmlaunch derives (model, tp, pp, max_batch_size, ...); a key LLM does not take fails the model's load, naming the valid ones
     # The fields below are the ensemble's (layout=ensemble); llmapi reads max_num_seqs and kv_cache_free_gpu_mem_fraction only.
-    engine_dir: str = arg(Path("engine"), "")  # built TensorRT-LLM engine folder (gpt_model_path); required for the ensemble
-    tokenizer_dir: str = arg(Path("engine"), "")  # tokenizer for pre/postprocessing; empty = model.tokenizer or model.path
-    tokenizer_type: str = arg(Choice(trtllm.TOKENIZER_TYPES), "auto")  # auto | llama | t5 (older backends' names; we load with AutoTokenizer)
-    batching_strategy: str = arg(Choice(trtllm.BATCHING), "inflight_fused_batching")  # gpt_model_type: inflight_fused_batching | V1
-    batch_scheduler_policy: str = arg(Choice(trtllm.POLICIES), "guaranteed_no_evict")  # guaranteed_no_evict | max_utilization
-    kv_cache_free_gpu_mem_fraction: float = arg(Float("a fraction of free GPU memory", 0.0, 1.0, lo_open=True,
-                                                      fix="use a value in (0, 1] for {key}, e.g. 0.9"),
-                                                0.9)  # fraction of free GPU memory for the paged KV cache
-    max_tokens_in_paged_kv_cache: int = arg(Int("KV-cache tokens", zero="unset (the fraction decides)"), 0)  # cap on KV-cache tokens; 0 = unset (use the fraction)
-    max_attention_window_size: int = arg(Int("attention window in tokens", zero="unset (full)"), 0)  # sliding attention window; 0 = unset (full)
+    engine_dir: str = arg(
+        Path("engine"), ""
+    )  # built TensorRT-LLM engine folder (gpt_model_path); required for the ensemble
+    tokenizer_dir: str = arg(
+        Path("engine"), ""
+    )  # tokenizer for pre/postprocessing; empty = model.tokenizer or model.path
+    tokenizer_type: str = arg(
+        Choice(trtllm.TOKENIZER_TYPES), "auto"
+    )  # auto | llama | t5 (older backends' names; we load with AutoTokenizer)
+    batching_strategy: str = arg(
+        Choice(trtllm.BATCHING), "inflight_fused_batching"
+    )  # gpt_model_type: inflight_fused_batching | V1
+    batch_scheduler_policy: str = arg(
+        Choice(trtllm.POLICIES), "guaranteed_no_evict"
+    )  # guaranteed_no_evict | max_utilization
+    kv_cache_free_gpu_mem_fraction: float = arg(
+        Float("a fraction of free GPU memory", 0.0, 1.0, lo_open=True, fix="use a value in (0, 1] for {key}, e.g. 0.9"),
+        0.9,
+    )  # fraction of free GPU memory for the paged KV cache
+    max_tokens_in_paged_kv_cache: int = arg(
+        Int("KV-cache tokens", zero="unset (the fraction decides)"), 0
+    )  # cap on KV-cache tokens; 0 = unset (use the fraction)
+    max_attention_window_size: int = arg(
+        Int("attention window in tokens", zero="unset (full)"), 0
+    )  # sliding attention window; 0 = unset (full)
     enable_kv_cache_reuse: bool = arg(Flag(), False)  # reuse KV blocks across requests with a shared prefix
     enable_chunked_context: bool = arg(Flag(), False)  # chunked prefill in the C++ batcher
     decoupled: bool = arg(Flag(), True)  # decoupled (streaming) mode of the tensorrt_llm model
     max_beam_width: int = arg(Int("beams the engine was built for"), 1)  # beams the engine was built for
     exclude_input_in_output: bool = arg(Flag(), True)  # tensorrt_llm returns only new tokens
-    max_queue_delay_microseconds: int = arg(Int("dynamic batcher delay in microseconds", zero="no delay"), 0)  # dynamic batcher delay for tensorrt_llm
-    preprocessing_instances: int = arg(Int("pre/postprocessing instances", zero="match max_num_seqs up to 8"), 0)  # pre/postprocessing instances; 0 = match max_num_seqs up to 8
-    postprocessing_instances: int = arg(Int("pre/postprocessing instances", zero="match max_num_seqs up to 8"), 0)  # see preprocessing_instances
+    max_queue_delay_microseconds: int = arg(
+        Int("dynamic batcher delay in microseconds", zero="no delay"), 0
+    )  # dynamic batcher delay for tensorrt_llm
+    preprocessing_instances: int = arg(
+        Int("pre/postprocessing instances", zero="match max_num_seqs up to 8"), 0
+    )  # pre/postprocessing instances; 0 = match max_num_seqs up to 8
+    postprocessing_instances: int = arg(
+        Int("pre/postprocessing instances", zero="match max_num_seqs up to 8"), 0
+    )  # see preprocessing_instances
     bls: bool = arg(Flag(), False)  # add the tensorrt_llm_bls model (streaming with stop words in Python)
-    backend: str = arg(Choice(trtllm.BACKENDS), "tensorrtllm")  # tensorrtllm (C++ backend, >= v0.9 layout) | python (LLM-API model.py, >= v0.17)
+    backend: str = arg(
+        Choice(trtllm.BACKENDS), "tensorrtllm"
+    )  # tensorrtllm (C++ backend, >= v0.9 layout) | python (LLM-API model.py, >= v0.17)
 
 
 @dataclass
 class VLLMEngineConfig(EngineConfig):
     name: str = arg(Choice(_engines), "vllm")  # vLLM AsyncLLMEngine in a python model
-    engine_args: Dict[str, Any] = arg(FreeMapping(IDENTIFIER, _ARG_NAME_WHAT), factory=dict)  # passed through to vLLM's AsyncEngineArgs as model.json
-    gpu_memory_utilization: float = arg(Float("vLLM's share of each GPU", 0.0, 1.0, lo_open=True), 0.9)  # vLLM's share of each GPU
-    distributed_executor_backend: str = arg(Choice(("auto", "mp", "ray")), "auto")  # auto (mp on one node, ray across nodes) | mp | ray
-    frontends: int = arg(Int("the front ends of one vLLM engine core (model instances, each a stub process)",
-                             fix="set {key}=1, or 4 on a GPU node"),
-                         4)  # stub processes (model instances) that are front ends of one vLLM engine core, as vllm serve --api-server-count: each tokenizes, detokenizes and sends the responses of its share of the requests under its own GIL. One H100, 128 closed streams: 1 kept up only by merging 17 tokens a response (first token +170 ms over vLLM in-process), 4 added none (docs/performance.md); 1 costs least at one stream
+    engine_args: Dict[str, Any] = arg(
+        FreeMapping(IDENTIFIER, _ARG_NAME_WHAT), factory=dict
+    )  # passed through to vLLM's AsyncEngineArgs as model.json
+    gpu_memory_utilization: float = arg(
+        Float("vLLM's share of each GPU", 0.0, 1.0, lo_open=True), 0.9
+    )  # vLLM's share of each GPU
+    distributed_executor_backend: str = arg(
+        Choice(("auto", "mp", "ray")), "auto"
+    )  # auto (mp on one node, ray across nodes) | mp | ray
+    frontends: int = arg(
+        Int(
+            "the front ends of one vLLM engine core (model instances, each a stub process)",
+            fix="set {key}=1, or 4 on a GPU node",
+        ),
+        4,
+    )  # stub processes (model instances) that are front ends of one vLLM engine core, as vllm serve --api-server-count: each tokenizes, detokenizes and sends the responses of its share of the requests under its own GIL. One H100, 128 closed streams: 1 kept up only by merging 17 tokens a response (first token +170 ms over vLLM in-process), 4 added none (docs/performance.md); 1 costs least at one stream
 
 
 @dataclass
 class SGLangEngineConfig(EngineConfig):
     name: str = arg(Choice(_engines), "sglang")  # SGLang offline Engine in a python model
-    mem_fraction_static: float = arg(Float("SGLang's static share of GPU memory", 0.0, 1.0, lo_open=True, hi_open=True,
-                                           zero="SGLang's default"), 0.0)  # SGLang's static memory fraction; 0 = its default
-    extra_args: Dict[str, Any] = arg(FreeMapping(IDENTIFIER, _ARG_NAME_WHAT), factory=dict)  # more sglang ServerArgs fields, passed through
+    mem_fraction_static: float = arg(
+        Float("SGLang's static share of GPU memory", 0.0, 1.0, lo_open=True, hi_open=True, zero="SGLang's default"), 0.0
+    )  # SGLang's static memory fraction; 0 = its default
+    extra_args: Dict[str, Any] = arg(
+        FreeMapping(IDENTIFIER, _ARG_NAME_WHAT), factory=dict
+    )  # more sglang ServerArgs fields, passed through
 
 
 @dataclass
 class LMDeployEngineConfig(EngineConfig):
     name: str = arg(Choice(_engines), "lmdeploy")  # LMDeploy pipeline in a python model
-    backend: str = arg(Choice(("turbomind", "pytorch")), "turbomind")  # turbomind (HF weights or a converted workspace) | pytorch
-    session_len: int = arg(Int("session length in tokens", zero="the model's"), 0)  # LMDeploy session length; 0 = the model's
-    cache_max_entry_count: float = arg(Float("KV-cache share of free GPU memory", 0.0, 1.0, lo_open=True), 0.8)  # KV-cache share of free GPU memory
-    extra_args: Dict[str, Any] = arg(FreeMapping(IDENTIFIER, _ARG_NAME_WHAT), factory=dict)  # more backend-config fields, passed through
+    backend: str = arg(
+        Choice(("turbomind", "pytorch")), "turbomind"
+    )  # turbomind (HF weights or a converted workspace) | pytorch
+    session_len: int = arg(
+        Int("session length in tokens", zero="the model's"), 0
+    )  # LMDeploy session length; 0 = the model's
+    cache_max_entry_count: float = arg(
+        Float("KV-cache share of free GPU memory", 0.0, 1.0, lo_open=True), 0.8
+    )  # KV-cache share of free GPU memory
+    extra_args: Dict[str, Any] = arg(
+        FreeMapping(IDENTIFIER, _ARG_NAME_WHAT), factory=dict
+    )  # more backend-config fields, passed through
 
 
 # --------------------------------------------------------------------------- serving, bench, top level
@@ -196,36 +346,62 @@ def _port(default: int):
 
 @dataclass
 class ServeConfig:
-    host: str = arg(Pattern(r"[A-Za-z0-9._:-]+", "not a host name or address", "give {key} an address such as 0.0.0.0 or 127.0.0.1",
-                            empty="127.0.0.1 locally, 0.0.0.0 on Slurm"), "")  # address rank 0 binds gRPC/HTTP/metrics to; "" = 127.0.0.1 locally, 0.0.0.0 on Slurm
+    host: str = arg(
+        Pattern(
+            r"[A-Za-z0-9._:-]+",
+            "not a host name or address",
+            "give {key} an address such as 0.0.0.0 or 127.0.0.1",
+            empty="127.0.0.1 locally, 0.0.0.0 on Slurm",
+        ),
+        "",
+    )  # address rank 0 binds gRPC/HTTP/metrics to; "" = 127.0.0.1 locally, 0.0.0.0 on Slurm
     grpc_port: int = _port(8001)  # gRPC endpoint of rank 0 (the one clients use)
     http_port: int = _port(8000)  # HTTP endpoint of rank 0
     metrics_port: int = _port(8002)  # Prometheus metrics of rank 0
-    openai_port: int = _port(8003)  # OpenAI-compatible HTTP API of rank 0 (/v1/completions, /v1/chat/completions, /v1/models; launcher/openai_api)
-    ready_timeout_s: float = arg(Float("a deadline in seconds", 0.0, lo_open=True, fix="set a deadline in seconds, e.g. {key}=900"),
-                                 900.0)  # give up waiting for READY after this many seconds
+    openai_port: int = _port(
+        8003
+    )  # OpenAI-compatible HTTP API of rank 0 (/v1/completions, /v1/chat/completions, /v1/models; launcher/openai_api)
+    ready_timeout_s: float = arg(
+        Float("a deadline in seconds", 0.0, lo_open=True, fix="set a deadline in seconds, e.g. {key}=900"), 900.0
+    )  # give up waiting for READY after this many seconds
     log_verbose: int = arg(Int("tritonserver's log level", min=0), 0)  # tritonserver --log-verbose level
-    drain_timeout_s: float = arg(Float("seconds in-flight requests may finish in"), 30.0)  # on stop, how long in-flight requests may finish before the server is killed
-    rendezvous_timeout_s: float = arg(Float("a deadline in seconds", 0.0, lo_open=True, fix="set a deadline in seconds, e.g. {key}=600"),
-                                      600.0)  # how long started ranks wait for the others; then the job fails naming the ranks that never arrived
-    walltime_signal_s: int = arg(Int("seconds before the time limit", zero="no signal: the job ends at its limit"), 60)  # Slurm signals the job (SIGUSR2, sbatch --signal) this many seconds before its time limit: the front ends refuse new requests, in-flight ones get up to serve.drain_timeout_s, every rank exits
+    drain_timeout_s: float = arg(
+        Float("seconds in-flight requests may finish in"), 30.0
+    )  # on stop, how long in-flight requests may finish before the server is killed
+    rendezvous_timeout_s: float = arg(
+        Float("a deadline in seconds", 0.0, lo_open=True, fix="set a deadline in seconds, e.g. {key}=600"), 600.0
+    )  # how long started ranks wait for the others; then the job fails naming the ranks that never arrived
+    walltime_signal_s: int = arg(
+        Int("seconds before the time limit", zero="no signal: the job ends at its limit"), 60
+    )  # Slurm signals the job (SIGUSR2, sbatch --signal) this many seconds before its time limit: the front ends refuse new requests, in-flight ones get up to serve.drain_timeout_s, every rank exits
 
 
 @dataclass
 class BenchConfig:
     name: str = arg(Name(), "none")  # profile name; "none" = serve only, no load run
-    dataset: str = arg(Pattern(r"synthetic|(sharegpt|cnn|prompts):.+", "not a dataset llmlaunch-bench reads",
-                               "use {key}=synthetic, sharegpt:<path>, cnn:<path> or prompts:<path>"),
-                       "synthetic")  # synthetic | sharegpt:<path> | cnn:<path> | prompts:<path>
+    dataset: str = arg(
+        Pattern(
+            r"synthetic|(sharegpt|cnn|prompts):.+",
+            "not a dataset llmlaunch-bench reads",
+            "use {key}=synthetic, sharegpt:<path>, cnn:<path> or prompts:<path>",
+        ),
+        "synthetic",
+    )  # synthetic | sharegpt:<path> | cnn:<path> | prompts:<path>
     num_prompts: int = arg(Int("requests counted in the run"), 100)  # requests counted in the run
-    concurrency: int = arg(Int("requests in flight", zero="none: the open loop of bench.request_rate"), 8)  # requests in flight (fixed-concurrency mode)
-    request_rate: float = arg(Float("requests/s", 0.0, lo_open=True, zero="fixed concurrency"), 0.0)  # requests/s (Poisson); 0 = fixed concurrency
+    concurrency: int = arg(
+        Int("requests in flight", zero="none: the open loop of bench.request_rate"), 8
+    )  # requests in flight (fixed-concurrency mode)
+    request_rate: float = arg(
+        Float("requests/s", 0.0, lo_open=True, zero="fixed concurrency"), 0.0
+    )  # requests/s (Poisson); 0 = fixed concurrency
     input_len: int = arg(Int("prompt tokens"), 128)  # synthetic prompt tokens
     output_len: int = arg(Int("new tokens"), 64)  # requested new tokens
     ignore_eos: bool = arg(Flag(), True)  # enforce output length for fair comparisons
     warmup: int = arg(Int("warm-up requests", min=0), 2)  # requests sent first and not counted
     seed: int = arg(Int("a sampling seed", min=0), 0)  # dataset sampling seed
-    processes: int = arg(Int("client processes"), 1)  # client processes sharing the load: one Python gRPC client saturates a core long before 128 streams
+    processes: int = arg(
+        Int("client processes"), 1
+    )  # client processes sharing the load: one Python gRPC client saturates a core long before 128 streams
     streams: int = arg(Int("gRPC streams per client process"), 1)  # gRPC streams per client process
 
 
@@ -236,13 +412,19 @@ class LaunchConfig:
     model: ModelConfig = arg(Nested(), MISSING)  # which weights: conf/model/<name>.yaml
     serve: ServeConfig = arg(Nested(), factory=ServeConfig)  # ports and timeouts
     bench: BenchConfig = arg(Nested(), factory=BenchConfig)  # load run after READY (sweeps)
-    tp: int = arg(Int("tensor-parallel GPUs per model copy"), 1)  # tensor-parallel GPUs per model copy: must divide the model's attention and KV heads (checked against its config.json before launch); a power of two except for engine=vllm and engine=hf
+    tp: int = arg(
+        Int("tensor-parallel GPUs per model copy"), 1
+    )  # tensor-parallel GPUs per model copy: must divide the model's attention and KV heads (checked against its config.json before launch); a power of two except for engine=vllm and engine=hf
     pp: int = arg(Int("pipeline stages per model copy"), 1)  # pipeline-parallel stages per model copy
     nodes: int = arg(Int("nodes in the job"), 1)  # nodes in the job
     replicas: int = arg(Int("data-parallel model copies"), 1)  # data-parallel model copies behind the one endpoint
     dry_run: bool = arg(Flag(), False)  # print the plan, write and submit nothing
-    requeue: bool = arg(Flag(), False)  # Slurm: at the time limit the job drains, then requeues itself and serves again in a new allocation (needs cluster.allows_requeue)
-    job_name: str = arg(Name("job names go into #SBATCH lines, file names and shm prefixes"), "llmlaunch")  # Slurm job name and job-folder prefix
+    requeue: bool = arg(
+        Flag(), False
+    )  # Slurm: at the time limit the job drains, then requeues itself and serves again in a new allocation (needs cluster.allows_requeue)
+    job_name: str = arg(
+        Name("job names go into #SBATCH lines, file names and shm prefixes"), "llmlaunch"
+    )  # Slurm job name and job-folder prefix
     run_dir: str = arg(Path("dir"), "")  # job folder; "" = <cluster.jobs_dir>/<job_name>/<timestamp> (tests pin it)
 
 

@@ -78,14 +78,23 @@ class LaunchSpec:
         from launcher.schema import ENGINE_SCHEMAS, BenchConfig, ClusterConfig, ModelConfig, ServeConfig, build
 
         d = json.loads(text)
-        parts = {"cluster": ClusterConfig, "engine": ENGINE_SCHEMAS[d["engine"]["name"]], "model": ModelConfig,
-                 "serve": ServeConfig, "bench": BenchConfig}
+        parts = {
+            "cluster": ClusterConfig,
+            "engine": ENGINE_SCHEMAS[d["engine"]["name"]],
+            "model": ModelConfig,
+            "serve": ServeConfig,
+            "bench": BenchConfig,
+        }
         for key, cls in parts.items():
             d[key], unknown = build(cls, d[key], f"{key}.")
             if unknown:
-                raise ValueError(f"launch.json: {', '.join(unknown)} not in launcher/schema.py's {cls.__name__}: "
-                                 "written by another llmlaunch version; launch the job again with this one")
-        d["ranks"] = tuple(RankSpec(**{**r, "gpus": tuple(r["gpus"]), "models": tuple(r["models"])}) for r in d["ranks"])
+                raise ValueError(
+                    f"launch.json: {', '.join(unknown)} not in launcher/schema.py's {cls.__name__}: "
+                    "written by another llmlaunch version; launch the job again with this one"
+                )
+        d["ranks"] = tuple(
+            RankSpec(**{**r, "gpus": tuple(r["gpus"]), "models": tuple(r["models"])}) for r in d["ranks"]
+        )
         return LaunchSpec(**d)
 
 
@@ -122,14 +131,22 @@ def layout(engine_layout: str, tp: int, pp: int, replicas: int, nodes: int, gpus
     if group <= per_node:
         if per_node % group:
             problems.append(
-                (f"tp*pp={group}", f"model copies of {group} GPUs do not tile the {per_node} GPUs used per node", "make tp*pp divide the GPUs per node")
+                (
+                    f"tp*pp={group}",
+                    f"model copies of {group} GPUs do not tile the {per_node} GPUs used per node",
+                    "make tp*pp divide the GPUs per node",
+                )
             )
             return None
         nodes_per_group = 1
     else:
         if group % per_node:
             problems.append(
-                (f"tp*pp={group}", f"a model copy spanning nodes must use whole nodes' worth ({per_node} GPUs each)", "make tp*pp a multiple of the GPUs used per node")
+                (
+                    f"tp*pp={group}",
+                    f"a model copy spanning nodes must use whole nodes' worth ({per_node} GPUs each)",
+                    "make tp*pp a multiple of the GPUs used per node",
+                )
             )
             return None
         nodes_per_group = group // per_node
@@ -157,7 +174,9 @@ def build_ranks(worker_models, tp, pp, replicas, nodes, tasks_per_node, gpus_per
             serves = "none"
         gpus = tuple(range(local * gpus_per_task, (local + 1) * gpus_per_task))
         models = () if leader else tuple(worker_models)
-        out.append(RankSpec(r, node, local, replica, group_rank, gpus, "leader" if leader else "worker", serves, models))
+        out.append(
+            RankSpec(r, node, local, replica, group_rank, gpus, "leader" if leader else "worker", serves, models)
+        )
     return tuple(out)
 
 

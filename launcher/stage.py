@@ -21,4 +21,4 @@ def latest(log_text: str) -> str:
     i = log_text.rfind(PREFIX)
     if i < 0:
         return ""
-    return (log_text[i + len(PREFIX):].splitlines() or [""])[0].strip()
+    return (log_text[i + len(PREFIX) :].splitlines() or [""])[0].strip()

@@ -76,8 +76,19 @@ class SweepInfo:
     multirun_yaml: Optional[bytes] = None  # its multirun.yaml before Hydra rewrote it (dry run puts it back)
 
     def to_json(self) -> str:
-        return json.dumps({"format": "llmlaunch-sweep/1", "overrides": self.overrides, "axes": self.axes,
-                           "points": self.total, "argv": sys.argv}, indent=1) + "\n"
+        return (
+            json.dumps(
+                {
+                    "format": "llmlaunch-sweep/1",
+                    "overrides": self.overrides,
+                    "axes": self.axes,
+                    "points": self.total,
+                    "argv": sys.argv,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
 
 
 @dataclass
@@ -248,8 +259,15 @@ def _run_point(cfg, config, overrides, axes, name, point: Path, number: str) -> 
     in_alloc = _in_allocation()  # submitit: this allocation is the point's own, nothing carries over
 
     def plan(current):
-        return decide(has_result=has_result, stored_measure_key=stored.get("measure_key"), measure_key=mkey,
-                      problems=problems, current_key=current, key=key, failed_server=STATE.failed_servers.get(key))
+        return decide(
+            has_result=has_result,
+            stored_measure_key=stored.get("measure_key"),
+            measure_key=mkey,
+            problems=problems,
+            current_key=current,
+            key=key,
+            failed_server=STATE.failed_servers.get(key),
+        )
 
     d = plan(None if in_alloc else (STATE.dry_key if dry else (STATE.server.key if STATE.server else None)))
     if d.server == "reuse" and not dry and not STATE.server.alive():
@@ -322,13 +340,15 @@ def _launch(spec, key, name, head, backend, composed=None) -> Tuple[Optional[Ser
     point's (config, overrides), for the server's run record."""
     import dataclasses
 
-    from launcher.rundir import default_run_dir
     from launcher.errors import LaunchError
     from launcher.record import base_record
+    from launcher.rundir import default_run_dir
 
     request = backend.dryrun(spec, default_run_dir(spec))
     if composed is not None:
-        request = dataclasses.replace(request, record=base_record(composed[0], list(composed[1]), backend.name, request.run_dir))
+        request = dataclasses.replace(
+            request, record=base_record(composed[0], list(composed[1]), backend.name, request.run_dir)
+        )
     server = Server(key, backend, request.spec, first_point=name)
     say(f"{head}: launching {server.describe()}")
     t0 = time.monotonic()
@@ -356,13 +376,25 @@ def _prepare_point_dir(point: Path, overrides, axes, config, key, mkey, server: 
     for stale in ("failure.json", "result.failed.json"):
         (point / stale).unlink(missing_ok=True)
     (point / "overrides.yaml").write_text(yaml.safe_dump(axis_overrides(overrides, axes), default_flow_style=False))
-    doc = {"format": "llmlaunch-sweep-point/1", "overrides": overrides, "server_key": key, "measure_key": mkey,
-           "server": None, "config": config, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    doc = {
+        "format": "llmlaunch-sweep-point/1",
+        "overrides": overrides,
+        "server_key": key,
+        "measure_key": mkey,
+        "server": None,
+        "config": config,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     if server is not None:
-        doc["server"] = {"kind": server.kind, "job_id": server.job_id, "run_dir": str(server.endpoint.run), "url": server.url,
-                         "launched_for": server.first_point,
-                         # its time to READY (launcher/readiness.py): summary.csv's ready_* columns
-                         "time_to_ready": (server.endpoint.run.read_record() or {}).get("time_to_ready")}
+        doc["server"] = {
+            "kind": server.kind,
+            "job_id": server.job_id,
+            "run_dir": str(server.endpoint.run),
+            "url": server.url,
+            "launched_for": server.first_point,
+            # its time to READY (launcher/readiness.py): summary.csv's ready_* columns
+            "time_to_ready": (server.endpoint.run.read_record() or {}).get("time_to_ready"),
+        }
     (point / "point.json").write_text(json.dumps(doc, indent=1, default=str) + "\n")
 
 
@@ -374,8 +406,15 @@ def _measure(server: Server, bench, head, point: Path, overrides, axes, config, 
 
     _prepare_point_dir(point, overrides, axes, config, key, mkey, server)
     result_path = point / "result.json"
-    args = bench_argv(bench, server.url, server.endpoint.model, str(result_path), _tokenizer_for(server.spec), label=point.name,
-                      server_metrics=server.metrics_url)
+    args = bench_argv(
+        bench,
+        server.url,
+        server.endpoint.model,
+        str(result_path),
+        _tokenizer_for(server.spec),
+        label=point.name,
+        server_metrics=server.metrics_url,
+    )
     argv = server.backend.client_argv(server.endpoint, args)
     env = dict(os.environ)  # the client imports launcher.bench from this checkout (shared with the nodes)
     env["PYTHONPATH"] = str(PACKAGE_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -398,13 +437,22 @@ def _measure(server: Server, bench, head, point: Path, overrides, axes, config, 
     why = judge_bench(rc, result)
     if why is None:
         m = result["metrics"]
-        say(f"{head}: done in {time.monotonic() - t0:.1f}s: {m.get('completed')}/{m.get('requests')} requests, "
-            f"{m.get('output_throughput', 0):.1f} output tokens/s" + (f", {m.get('failed')} failed" if m.get("failed") else ""))
+        say(
+            f"{head}: done in {time.monotonic() - t0:.1f}s: {m.get('completed')}/{m.get('requests')} requests, "
+            f"{m.get('output_throughput', 0):.1f} output tokens/s"
+            + (f", {m.get('failed')} failed" if m.get("failed") else "")
+        )
         _count("measured")
         from launcher.record import add_bench
 
-        add_bench(server.endpoint.run, {"point": str(point), "result": str(result_path), **{
-            k: m.get(k) for k in ("completed", "requests", "failed", "request_throughput", "output_throughput")}})
+        add_bench(
+            server.endpoint.run,
+            {
+                "point": str(point),
+                "result": str(result_path),
+                **{k: m.get(k) for k in ("completed", "requests", "failed", "request_throughput", "output_throughput")},
+            },
+        )
         return
     if result is not None:  # a run with nothing measured is not a result: keep it aside for reading
         result_path.rename(point / "result.failed.json")
@@ -444,7 +492,9 @@ def _dry_point(head, d: Decision, spec, bench, key, name, point: Path) -> int:
         _count("launches")
     tok = _tokenizer_for(spec) or ("<model tokenizer>" if spec.model.make else "")
     args = bench_argv(bench, "<endpoint url>", spec.model_name, str(point / "result.json"), tok, label=name)
-    argv = for_spec(spec).client_argv(Endpoint("<endpoint url>", spec.model_name, "<job id>", RunDir("<run dir>"), spec), args)
+    argv = for_spec(spec).client_argv(
+        Endpoint("<endpoint url>", spec.model_name, "<job id>", RunDir("<run dir>"), spec), args
+    )
     lines.append(f"load: {shlex.join(argv)}")
     print("\n".join(lines), flush=True)
     _count("measured")
@@ -471,17 +521,23 @@ class SweepCallback(Callback):
         dry = str(OmegaConf.select(config, "dry_run", default=False)).lower() == "true"
         existed = next((p for p in [sweep_dir, *sweep_dir.parents] if p.exists()), None)
         before = sweep_dir / "multirun.yaml"
-        STATE.info = SweepInfo(sweep_dir, overrides, axes, total, dry, existed, before.read_bytes() if before.exists() else None)
+        STATE.info = SweepInfo(
+            sweep_dir, overrides, axes, total, dry, existed, before.read_bytes() if before.exists() else None
+        )
         launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
         if "submitit" in launcher:
             if dry:
-                say("dry_run=true with hydra/launcher=submitit_slurm would submit a job per point to print its plan; "
-                    "run the dry run with the default launcher (drop hydra/launcher=...)")
+                say(
+                    "dry_run=true with hydra/launcher=submitit_slurm would submit a job per point to print its plan; "
+                    "run the dry run with the default launcher (drop hydra/launcher=...)"
+                )
                 raise SystemExit(2)
         say(f"{total or '?'} points in {sweep_dir}" + (" (dry run: nothing is written or started)" if dry else ""))
         if "submitit" in launcher:
-            say(f"hydra/launcher=submitit_slurm: each point runs in its own allocation (no server reuse); "
-                f"their logs: {sweep_dir}/.submitit/<job>_<n>/")
+            say(
+                f"hydra/launcher=submitit_slurm: each point runs in its own allocation (no server reuse); "
+                f"their logs: {sweep_dir}/.submitit/<job>_<n>/"
+            )
         advice = order_advice(overrides, axes)
         if advice and "submitit" not in launcher:
             say(f"note: {advice}")
@@ -497,8 +553,10 @@ class SweepCallback(Callback):
         c = STATE.counts
         if info.dry_run:
             _undo_hydra_dirs(info)
-            say(f"dry run: {c.get('measured', 0)} points to measure on {c.get('launches', 0)} server launches, "
-                f"{c.get('skipped', 0)} skipped (result.json exists), {c.get('failed', 0)} invalid; nothing was written")
+            say(
+                f"dry run: {c.get('measured', 0)} points to measure on {c.get('launches', 0)} server launches, "
+                f"{c.get('skipped', 0)} skipped (result.json exists), {c.get('failed', 0)} invalid; nothing was written"
+            )
             return
         from launcher.bench import report
 
@@ -506,13 +564,17 @@ class SweepCallback(Callback):
         if not points:
             return
         if c:
-            say(f"{c.get('measured', 0)} points measured, {c.get('skipped', 0)} skipped (done before), "
-                f"{c.get('failed', 0)} failed (failure.json); {c.get('launches', 0)} server launches")
+            say(
+                f"{c.get('measured', 0)} points measured, {c.get('skipped', 0)} skipped (done before), "
+                f"{c.get('failed', 0)} failed (failure.json); {c.get('launches', 0)} server launches"
+            )
         say(f"report: llmlaunch-report {info.sweep_dir}")
         code = report.main([str(info.sweep_dir)])
         if code == 0:
             say(f"summary: {info.sweep_dir / 'summary.csv'}")
-            say(f"plots: {info.sweep_dir / 'throughput_vs_concurrency.png'}, {info.sweep_dir / 'latency_throughput.png'}")
+            say(
+                f"plots: {info.sweep_dir / 'throughput_vs_concurrency.png'}, {info.sweep_dir / 'latency_throughput.png'}"
+            )
 
 
 def _undo_hydra_dirs(info: SweepInfo) -> None:

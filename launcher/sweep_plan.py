@@ -145,8 +145,10 @@ def order_advice(overrides: Sequence[str], axes: Sequence[str]) -> Optional[str]
     kinds = [is_client_override(o) for o in swept]
     if any(kinds[i] and not kinds[j] for i in range(len(kinds)) for j in range(i + 1, len(kinds))):
         better = [o for o in swept if not is_client_override(o)] + [o for o in swept if is_client_override(o)]
-        return ("a client-side axis comes before a server-side one, so consecutive points would change servers "
-                f"and each server would be launched several times; list server-side axes first: {' '.join(better)}")
+        return (
+            "a client-side axis comes before a server-side one, so consecutive points would change servers "
+            f"and each server would be launched several times; list server-side axes first: {' '.join(better)}"
+        )
     return None
 
 
@@ -163,7 +165,7 @@ def point_name(overrides: Sequence[str], axes: Optional[Sequence[str]] = None) -
         return "default"
     name = ",".join(_clean(o.lstrip("+")) for o in sorted(chosen, key=lambda o: (override_key(o), o)))
     if len(name) > MAX_NAME:
-        name = f"{name[:MAX_NAME - 13]}-{hashlib.sha1(name.encode()).hexdigest()[:12]}"
+        name = f"{name[: MAX_NAME - 13]}-{hashlib.sha1(name.encode()).hexdigest()[:12]}"
     return name
 
 
@@ -183,8 +185,16 @@ class Decision:
     stage: str = ""  # fail: where it failed, for failure.json (validate | serve)
 
 
-def decide(*, has_result: bool, stored_measure_key: Optional[str], measure_key: str, problems: Sequence[str],
-           current_key: Optional[str], key: str, failed_server: Optional[str] = None) -> Decision:
+def decide(
+    *,
+    has_result: bool,
+    stored_measure_key: Optional[str],
+    measure_key: str,
+    problems: Sequence[str],
+    current_key: Optional[str],
+    key: str,
+    failed_server: Optional[str] = None,
+) -> Decision:
     """Skip / fail / measure, and which server. Pure: the caller reads the point dir and tracks the server.
 
     has_result: the point dir has a result.json; stored_measure_key: the measure key in its point.json
@@ -198,7 +208,9 @@ def decide(*, has_result: bool, stored_measure_key: Optional[str], measure_key: 
     if key == current_key:
         return Decision("measure", "reuse", False, "same server-side config as the running server")
     if failed_server is not None:
-        return Decision("fail", reason=f"its server failed to start for an earlier point: {failed_server}", stage="serve")
+        return Decision(
+            "fail", reason=f"its server failed to start for an earlier point: {failed_server}", stage="serve"
+        )
     why = "measured with a different config" if has_result else "not measured yet"
     return Decision("measure", "launch", current_key is not None, why)
 
@@ -214,8 +226,10 @@ def bench_problems(bench: Mapping[str, Any]) -> List[str]:
         out.append(f"bench.concurrency={bench.get('concurrency')}: must be >= 1 (requests in flight)")
     processes = int(bench.get("processes", 1))
     if rate == 0 and processes > int(bench.get("concurrency") or 0) >= 1:
-        out.append(f"bench.processes={processes}: more client processes than bench.concurrency={bench.get('concurrency')} "
-                   f"requests in flight; set bench.processes <= bench.concurrency")
+        out.append(
+            f"bench.processes={processes}: more client processes than bench.concurrency={bench.get('concurrency')} "
+            f"requests in flight; set bench.processes <= bench.concurrency"
+        )
     return out
 
 
@@ -231,16 +245,32 @@ def first_token_metrics_url(spec, endpoint: Mapping[str, Any]) -> str:
     return f"http://{f'[{host}]' if ':' in host else host}:{int(endpoint['metrics_port'])}/metrics"
 
 
-def bench_argv(bench: Mapping[str, Any], url: str, model: str, result_json: str, tokenizer: str = "",
-               label: str = "", server_metrics: str = "") -> List[str]:
+def bench_argv(
+    bench: Mapping[str, Any],
+    url: str,
+    model: str,
+    result_json: str,
+    tokenizer: str = "",
+    label: str = "",
+    server_metrics: str = "",
+) -> List[str]:
     """`llmlaunch-bench` arguments for a BenchConfig (launcher/schema.py) against one endpoint."""
     kind, _, path = str(bench.get("dataset", "synthetic")).partition(":")
     argv = ["--url", url, "--model", model, "--dataset-name", kind]
     if path:
         argv += ["--dataset", path]
-    argv += ["--num-prompts", str(int(bench["num_prompts"])), "--input-len", str(int(bench["input_len"])),
-             "--output-len", str(int(bench["output_len"])), "--seed", str(int(bench.get("seed", 0))),
-             "--warmup", str(int(bench.get("warmup", 0)))]
+    argv += [
+        "--num-prompts",
+        str(int(bench["num_prompts"])),
+        "--input-len",
+        str(int(bench["input_len"])),
+        "--output-len",
+        str(int(bench["output_len"])),
+        "--seed",
+        str(int(bench.get("seed", 0))),
+        "--warmup",
+        str(int(bench.get("warmup", 0))),
+    ]
     rate = float(bench.get("request_rate") or 0)
     if rate > 0:
         argv += ["--request-rate", f"{rate:g}"]  # open loop: arrivals paced, no concurrency cap

@@ -60,8 +60,9 @@ def default_cache_dir() -> Path:
     return cache_root() / "models"
 
 
-def ensure_tiny_model(cache_dir: str | os.PathLike | None = None, out: str | os.PathLike | None = None,
-                      **overrides) -> Path:
+def ensure_tiny_model(
+    cache_dir: str | os.PathLike | None = None, out: str | os.PathLike | None = None, **overrides
+) -> Path:
     """Return the folder of a random-weight Llama built from `TinySettings(**overrides)`; build it if absent.
 
     `cache_dir` is the parent folder (default `default_cache_dir()`); the model lands in
@@ -73,8 +74,10 @@ def ensure_tiny_model(cache_dir: str | os.PathLike | None = None, out: str | os.
         raise TypeError(f"unknown tiny-model settings {unknown}; valid: {sorted(valid)}")
     settings = TinySettings(**overrides)
     if settings.heads % settings.kv_heads or settings.hidden % settings.heads:
-        raise ValueError(f"hidden ({settings.hidden}) must divide by heads ({settings.heads}) "
-                         f"and heads by kv_heads ({settings.kv_heads})")
+        raise ValueError(
+            f"hidden ({settings.hidden}) must divide by heads ({settings.heads}) "
+            f"and heads by kv_heads ({settings.kv_heads})"
+        )
     if out is not None:
         final = Path(out).expanduser()
     else:
@@ -133,12 +136,19 @@ def _build(s: TinySettings, folder: Path) -> None:
         torch.manual_seed(s.seed)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.generation_config = GenerationConfig(
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id, do_sample=False)
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        do_sample=False,
+    )
     model.save_pretrained(folder)
-    (folder / "llmlaunch-tiny.json").write_text(json.dumps(
-        {"build_version": _BUILD_VERSION, **asdict(s), "parameters": sum(p.numel() for p in model.parameters())},
-        indent=2) + "\n")
+    (folder / "llmlaunch-tiny.json").write_text(
+        json.dumps(
+            {"build_version": _BUILD_VERSION, **asdict(s), "parameters": sum(p.numel() for p in model.parameters())},
+            indent=2,
+        )
+        + "\n"
+    )
 
 
 def build_tokenizer(vocab_size: int, model_max_length: int = 2048):
@@ -158,17 +168,28 @@ def build_tokenizer(vocab_size: int, model_max_length: int = 2048):
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=2, special_tokens=specials, show_progress=False,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=specials,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     text = _CORPUS.read_text(encoding="utf-8")
     tok.train_from_iterator(text.splitlines(), trainer=trainer)
     if tok.get_vocab_size() < vocab_size:
         tok = _extend_merges(tok, vocab_size)
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.token_to_id(BOS))])
+        single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B", special_tokens=[(BOS, tok.token_to_id(BOS))]
+    )
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD,
-        model_max_length=model_max_length, clean_up_tokenization_spaces=False, padding_side="left")
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        model_max_length=model_max_length,
+        clean_up_tokenization_spaces=False,
+        padding_side="left",
+    )
 
 
 def _extend_merges(tok, vocab_size: int):

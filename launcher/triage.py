@@ -24,6 +24,7 @@ def log_time(t: Optional[float] = None) -> str:
     t = time.time() if t is None else t
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) + f".{int(t * 1000) % 1000:03d}"
 
+
 # a rank's own lines (launcher/rank/: run_rank's say, with log_time)
 _RANK_LINE = re.compile(r"^\[llmlaunch rank (\d+) (\S+) (\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}(?:\.\d+)?)\] (.*)$")
 # tritonserver (glog): severity, month, day, time
@@ -138,8 +139,9 @@ def rank_of_line(line: str) -> Optional[Tuple[int, str]]:
     return (int(m.group(1)), m.group(2)) if m else None
 
 
-def scan_log(text: str, *, source: str, rank: Optional[int], host: str = "", year: Optional[int] = None,
-             context: int = CONTEXT) -> List[Event]:
+def scan_log(
+    text: str, *, source: str, rank: Optional[int], host: str = "", year: Optional[int] = None, context: int = CONTEXT
+) -> List[Event]:
     """Every error line of one log. `rank`: the log's rank (None for the batch script's); `host` is learned from
     the rank's own lines when not given. A traceback is one error: its exception line, with the frames as context."""
     year = year or time.localtime().tm_year
@@ -167,7 +169,19 @@ def scan_log(text: str, *, source: str, rank: Optional[int], host: str = "", yea
         task = srun_task(line)
         if task:
             who, where = task[0], task[1]
-        events.append(Event(t if t is not None else last_t, t is not None, who, where, source, i + 1, msg, tuple(lines[lo:hi]), i - lo))
+        events.append(
+            Event(
+                t if t is not None else last_t,
+                t is not None,
+                who,
+                where,
+                source,
+                i + 1,
+                msg,
+                tuple(lines[lo:hi]),
+                i - lo,
+            )
+        )
     return events
 
 
@@ -176,11 +190,31 @@ def record_events(failures: Iterable[Dict], lost: Iterable[Dict], source: str = 
     out = []
     for f in failures:
         what = f.get("reason") or f"exited with status {f.get('exit_code')}"
-        out.append(Event(f.get("time"), f.get("time") is not None, f.get("rank"), f.get("host", ""), source or f"failure_rank{f.get('rank')}.json", 0,
-                         f"rank failed: {what}", tuple((f.get("log_tail") or "").splitlines()[-2 * CONTEXT:])))
+        out.append(
+            Event(
+                f.get("time"),
+                f.get("time") is not None,
+                f.get("rank"),
+                f.get("host", ""),
+                source or f"failure_rank{f.get('rank')}.json",
+                0,
+                f"rank failed: {what}",
+                tuple((f.get("log_tail") or "").splitlines()[-2 * CONTEXT :]),
+            )
+        )
     for r in lost:
-        out.append(Event(r.get("time"), r.get("time") is not None, r.get("rank"), r.get("host", ""), source or f"replica_lost{r.get('replica')}.json", 0,
-                         f"replica {r.get('replica')} lost: {r.get('reason')}", tuple((r.get("log_tail") or "").splitlines()[-2 * CONTEXT:])))
+        out.append(
+            Event(
+                r.get("time"),
+                r.get("time") is not None,
+                r.get("rank"),
+                r.get("host", ""),
+                source or f"replica_lost{r.get('replica')}.json",
+                0,
+                f"replica {r.get('replica')} lost: {r.get('reason')}",
+                tuple((r.get("log_tail") or "").splitlines()[-2 * CONTEXT :]),
+            )
+        )
     return out
 
 
@@ -206,7 +240,10 @@ SAME_S = 2.0  # a record within this many seconds of an error line of its rank's
 
 
 def _said_in_log(rec: Event, events: Sequence[Event]) -> bool:
-    return any(e.line_no and e.rank == rec.rank and e.timed and rec.time is not None and abs(e.time - rec.time) <= SAME_S for e in events)
+    return any(
+        e.line_no and e.rank == rec.rank and e.timed and rec.time is not None and abs(e.time - rec.time) <= SAME_S
+        for e in events
+    )
 
 
 def triage(events: Sequence[Event], sources: Sequence[str] = ()) -> Triage:
@@ -251,7 +288,9 @@ def render(t: Triage, *, archive: str = "", limit: int = 20) -> str:
         if t.consequences:
             out.append(f"consequences ({len(t.consequences)}, in time order):")
             for e in t.consequences[:limit]:
-                out.append(f"  {e.when()}  {e.where()}: {_clip(e.text.splitlines()[0])}  ({e.source}{f':{e.line_no}' if e.line_no else ''})")
+                out.append(
+                    f"  {e.when()}  {e.where()}: {_clip(e.text.splitlines()[0])}  ({e.source}{f':{e.line_no}' if e.line_no else ''})"
+                )
             if len(t.consequences) > limit:
                 out.append(f"  ... and {len(t.consequences) - limit} more (in the archive)")
     if archive:
@@ -274,5 +313,13 @@ def describe_lost(r: Dict) -> str:
 def describe_walltime(w: Dict, serving_again: bool) -> str:
     """One allocation's drain at its time limit, and what came of it."""
     at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(w["time"]))
-    then = ("requeued; serving again at the endpoint above" if serving_again else "requeued; the endpoint follows once it serves again") if w.get("requeue") else "ended"
+    then = (
+        (
+            "requeued; serving again at the endpoint above"
+            if serving_again
+            else "requeued; the endpoint follows once it serves again"
+        )
+        if w.get("requeue")
+        else "ended"
+    )
     return f"allocation {w.get('attempt', 0)} drained at its time limit at {at} on {w.get('host', '?')}: {then}"

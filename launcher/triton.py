@@ -78,12 +78,22 @@ def _wheel_install() -> Optional[TritonInstall]:
     if not stub_dst.exists():
         if not stub_src.exists():
             raise LaunchError(
-                (f"nvidia-pytriton at {root}", f"ships no python backend stub for Python {ver}", "run llmlaunch with Python 3.8-3.13, or install a tritonserver (cluster.tritonserver=/path)")
+                (
+                    f"nvidia-pytriton at {root}",
+                    f"ships no python backend stub for Python {ver}",
+                    "run llmlaunch with Python 3.8-3.13, or install a tritonserver (cluster.tritonserver=/path)",
+                )
             )
         try:
             shutil.copy2(stub_src, stub_dst)
         except OSError as e:
-            raise LaunchError((str(stub_dst), f"cannot install the python backend stub there ({e})", f"copy {stub_src} to {stub_dst} once, with write access to the environment")) from None
+            raise LaunchError(
+                (
+                    str(stub_dst),
+                    f"cannot install the python backend stub there ({e})",
+                    f"copy {stub_src} to {stub_dst} once, with write access to the environment",
+                )
+            ) from None
     libs = root.parent.parent / "nvidia_pytriton.libs"
     env = _python_env()
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (env.get("LD_LIBRARY_PATH", ""), str(libs)) if p)
@@ -93,7 +103,13 @@ def _wheel_install() -> Optional[TritonInstall]:
 def resolve_tritonserver(explicit: str = "") -> TritonInstall:
     if explicit:
         if not os.access(explicit, os.X_OK):
-            raise LaunchError((f"cluster.tritonserver={explicit!r}", "not an executable file", "point it at a tritonserver binary, or leave it empty to search"))
+            raise LaunchError(
+                (
+                    f"cluster.tritonserver={explicit!r}",
+                    "not an executable file",
+                    "point it at a tritonserver binary, or leave it empty to search",
+                )
+            )
         return TritonInstall(explicit, "", _python_env(), "cluster.tritonserver")
     on_path = shutil.which("tritonserver")
     if on_path:
@@ -178,13 +194,21 @@ def stub_numpy_version(stub_python: str = "") -> Optional[str]:
     try:
         out = subprocess.run([stub_python, "-I", "-c", _NUMPY_VERSION], capture_output=True, text=True, timeout=60)
     except OSError as e:
-        raise LaunchError((f"{STUB_PYTHON_ENV}={stub_python}", f"cannot run it ({e})", "point it at the python3 of a virtual environment that has numpy<2")) from None
+        raise LaunchError(
+            (
+                f"{STUB_PYTHON_ENV}={stub_python}",
+                f"cannot run it ({e})",
+                "point it at the python3 of a virtual environment that has numpy<2",
+            )
+        ) from None
     return out.stdout.strip() or None if out.returncode == 0 else None
 
 
-STUB_ENV_FIX = (f"python3 -m venv ~/.cache/llmlaunch/stub-env && ~/.cache/llmlaunch/stub-env/bin/pip install 'numpy<2', "
-                f"then export {STUB_PYTHON_ENV}=~/.cache/llmlaunch/stub-env/bin/python3 (only the stub runs there; "
-                "the engine keeps this environment and its numpy)")
+STUB_ENV_FIX = (
+    f"python3 -m venv ~/.cache/llmlaunch/stub-env && ~/.cache/llmlaunch/stub-env/bin/pip install 'numpy<2', "
+    f"then export {STUB_PYTHON_ENV}=~/.cache/llmlaunch/stub-env/bin/python3 (only the stub runs there; "
+    "the engine keeps this environment and its numpy)"
+)
 
 
 def check_stub_numpy(stub_python: str = "") -> None:
@@ -193,9 +217,13 @@ def check_stub_numpy(stub_python: str = "") -> None:
     if found is None:
         raise LaunchError((where, "the python backend stub needs numpy, and that environment has none", STUB_ENV_FIX))
     if int(found.split(".")[0]) >= 2:
-        raise LaunchError((where if stub_python else f"numpy {found}",
-                           f"the nvidia-pytriton tritonserver's stub is built against numpy 1.x and aborts on the first text request under numpy {found}",
-                           STUB_ENV_FIX))
+        raise LaunchError(
+            (
+                where if stub_python else f"numpy {found}",
+                f"the nvidia-pytriton tritonserver's stub is built against numpy 1.x and aborts on the first text request under numpy {found}",
+                STUB_ENV_FIX,
+            )
+        )
 
 
 # ----------------------------------------------------------------------------- ports
@@ -220,7 +248,13 @@ def check_ports(host: str, ports: Dict[str, int]) -> None:
     problems = []
     for key, p in ports.items():
         if not port_free(host, p):
-            problems.append((f"serve.{key}={p}", f"port {p} on {host} is already in use", f"stop what uses it, or pick another port: serve.{key}={free_port(host)}"))
+            problems.append(
+                (
+                    f"serve.{key}={p}",
+                    f"port {p} on {host} is already in use",
+                    f"stop what uses it, or pick another port: serve.{key}={free_port(host)}",
+                )
+            )
     if problems:
         raise LaunchError(problems)
 
@@ -356,7 +390,9 @@ def probe_request(url: str, model: str, timeout_s: float = 60.0) -> str:
         mt.set_data_from_numpy(np.array([[1]], dtype=np.int32))
         st = grpcclient.InferInput("stream", [1, 1], "BOOL")
         st.set_data_from_numpy(np.array([[False]], dtype=bool))
-        client.start_stream(callback=lambda result=None, error=None: results.put((result, error)), stream_timeout=timeout_s)
+        client.start_stream(
+            callback=lambda result=None, error=None: results.put((result, error)), stream_timeout=timeout_s
+        )
         client.async_stream_infer(model, [text, mt, st], enable_empty_final_response=True)
         out = ""
         deadline = time.monotonic() + timeout_s
@@ -367,7 +403,9 @@ def probe_request(url: str, model: str, timeout_s: float = 60.0) -> str:
             resp = result.get_response()
             arr = result.as_numpy("text_output")
             if arr is not None:
-                out += b"".join(x if isinstance(x, bytes) else str(x).encode() for x in arr.reshape(-1)).decode(errors="replace")
+                out += b"".join(x if isinstance(x, bytes) else str(x).encode() for x in arr.reshape(-1)).decode(
+                    errors="replace"
+                )
             if resp.parameters.get("triton_final_response") and resp.parameters["triton_final_response"].bool_param:
                 return out
     finally:
@@ -402,9 +440,13 @@ def wait_ready(
         while True:
             elapsed = time.monotonic() - t0
             if proc.poll() is not None:
-                raise ServerDied(f"{what} exited with status {proc.returncode} while {stage} ({elapsed:.1f}s); {log_path}:\n{log_excerpt(log_path)}")
+                raise ServerDied(
+                    f"{what} exited with status {proc.returncode} while {stage} ({elapsed:.1f}s); {log_path}:\n{log_excerpt(log_path)}"
+                )
             if elapsed > deadline_s:
-                raise TimeoutError(f"{what} not ready after {deadline_s:.0f}s (stage: {stage}); raise serve.ready_timeout_s if loading is slow. {log_path}:\n{log_excerpt(log_path, 15)}")
+                raise TimeoutError(
+                    f"{what} not ready after {deadline_s:.0f}s (stage: {stage}); raise serve.ready_timeout_s if loading is slow. {log_path}:\n{log_excerpt(log_path, 15)}"
+                )
             try:
                 if client is None:
                     client = grpcclient.InferenceServerClient(url)
@@ -423,7 +465,9 @@ def wait_ready(
                     return time.monotonic() - t0
             except Exception as e:  # not up yet (connection refused) or model error
                 if stage == "answering a first request":
-                    raise ServerDied(f"{what} is up but {model} failed its first request: {e}\nlast lines of {log_path}:\n{log_tail(log_path, 15)}") from None
+                    raise ServerDied(
+                        f"{what} is up but {model} failed its first request: {e}\nlast lines of {log_path}:\n{log_tail(log_path, 15)}"
+                    ) from None
             if progress and elapsed - last_note >= 2.0:
                 last_note = elapsed
                 inside = latest_stage(log_tail(log_path, 400))  # what the model says it is doing
@@ -488,7 +532,9 @@ class TritonServer:
         from launcher.rank.drain import children_ignore_drain_signal
 
         with children_ignore_drain_signal():  # Slurm's time-limit signal reaches the step's every process
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+            self.proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+            )
         if out is not None:
             out.close()
         return self
@@ -515,8 +561,16 @@ class TritonServer:
 
     def wait_ready(self) -> float:
         assert self.proc is not None
-        self.ready_s = wait_ready(self.proc, self.grpc_url, self.model, self.log_path, self.ready_timeout_s, self.progress, self.probe,
-                                  marks=self.marks)
+        self.ready_s = wait_ready(
+            self.proc,
+            self.grpc_url,
+            self.model,
+            self.log_path,
+            self.ready_timeout_s,
+            self.progress,
+            self.probe,
+            marks=self.marks,
+        )
         return self.ready_s
 
     def stop(self, grace_s: Optional[float] = None) -> Optional[int]:

@@ -30,8 +30,14 @@ def typed_config(c: Mapping[str, Any]) -> Tuple[LaunchConfig, List[Tuple[str, st
     if not known:
         unknown = []
     launch, more = build(LaunchConfig, {**c, "engine": engine})
-    return launch, [(k, "no such key in launcher/schema.py" + (f" for engine={ename}" if k.startswith("engine.") else ""),
-                     "check the spelling (`llmlaunch --cfg job` prints every key)") for k in unknown + more]
+    return launch, [
+        (
+            k,
+            "no such key in launcher/schema.py" + (f" for engine={ename}" if k.startswith("engine.") else ""),
+            "check the spelling (`llmlaunch --cfg job` prints every key)",
+        )
+        for k in unknown + more
+    ]
 
 
 def check_walltime(problems, cluster, serve, requeue: bool, scheduler) -> None:
@@ -40,23 +46,45 @@ def check_walltime(problems, cluster, serve, requeue: bool, scheduler) -> None:
     serve.ready_timeout_s (how long loading may take) it can be drained before it ever serves."""
     if not scheduler.time_limit:
         if requeue:
-            problems.append(("requeue=true", f"cluster={cluster.name} runs without a scheduler's time limit: there is no limit to drain at and no queue to requeue into",
-                             "drop requeue, or use a Slurm cluster profile whose cluster.allows_requeue is true"))
+            problems.append(
+                (
+                    "requeue=true",
+                    f"cluster={cluster.name} runs without a scheduler's time limit: there is no limit to drain at and no queue to requeue into",
+                    "drop requeue, or use a Slurm cluster profile whose cluster.allows_requeue is true",
+                )
+            )
         return
     lead = serve.walltime_signal_s  # its domain (launcher/schema.py) is checked already
     if lead and lead < serve.drain_timeout_s + 10:
-        problems.append((f"serve.walltime_signal_s={lead}", f"Slurm kills the job at its limit, and draining takes up to serve.drain_timeout_s={serve.drain_timeout_s:g} "
-                         "plus about 10 s for the ranks to end their servers", f"set serve.walltime_signal_s={int(serve.drain_timeout_s) + 10} or more, or lower serve.drain_timeout_s"))
+        problems.append(
+            (
+                f"serve.walltime_signal_s={lead}",
+                f"Slurm kills the job at its limit, and draining takes up to serve.drain_timeout_s={serve.drain_timeout_s:g} "
+                "plus about 10 s for the ranks to end their servers",
+                f"set serve.walltime_signal_s={int(serve.drain_timeout_s) + 10} or more, or lower serve.drain_timeout_s",
+            )
+        )
     if re.fullmatch(SLURM_TIME, str(cluster.time)):
         limit_s = time_minutes(cluster.time) * 60
         if limit_s - lead < serve.ready_timeout_s:
             need = -(-int(serve.ready_timeout_s + lead) // 60)
-            problems.append((f"cluster.time={cluster.time}", f"{limit_s}s minus the drain signal's serve.walltime_signal_s={lead} leaves {limit_s - lead}s, less than "
-                             f"serve.ready_timeout_s={serve.ready_timeout_s:g} the model may take to load: the job could be drained before it serves",
-                             f"set cluster.time={need // 60:02d}:{need % 60:02d}:00 or more, or lower serve.ready_timeout_s to the model's load time"))
+            problems.append(
+                (
+                    f"cluster.time={cluster.time}",
+                    f"{limit_s}s minus the drain signal's serve.walltime_signal_s={lead} leaves {limit_s - lead}s, less than "
+                    f"serve.ready_timeout_s={serve.ready_timeout_s:g} the model may take to load: the job could be drained before it serves",
+                    f"set cluster.time={need // 60:02d}:{need % 60:02d}:00 or more, or lower serve.ready_timeout_s to the model's load time",
+                )
+            )
     if requeue and not cluster.allows_requeue:
-        problems.append(("requeue=true", f"cluster={cluster.name} does not allow a job to requeue itself (cluster.allows_requeue=false: the site's JobRequeue, "
-                         "partition or QOS forbid `scontrol requeue`)", "drop requeue, or set cluster.allows_requeue=true in the profile once the site allows it"))
+        problems.append(
+            (
+                "requeue=true",
+                f"cluster={cluster.name} does not allow a job to requeue itself (cluster.allows_requeue=false: the site's JobRequeue, "
+                "partition or QOS forbid `scontrol requeue`)",
+                "drop requeue, or set cluster.allows_requeue=true in the profile once the site allows it",
+            )
+        )
 
 
 def build_spec(cfg) -> LaunchSpec:
@@ -74,13 +102,31 @@ def build_spec(cfg) -> LaunchSpec:
     if scheduler is None:
         raise LaunchError(problems)
     if scheduler.starts_mpi_world and cluster.mpi == "none":
-        problems.append(("cluster.mpi='none'", "ranks rendezvous through MPI (mpi4py); srun must start them with PMIx or PMI2", "set cluster.mpi=pmix (or pmi2)"))
+        problems.append(
+            (
+                "cluster.mpi='none'",
+                "ranks rendezvous through MPI (mpi4py); srun must start them with PMIx or PMI2",
+                "set cluster.mpi=pmix (or pmi2)",
+            )
+        )
     if container.runtime == "pyxis" and not container.image:
-        problems.append(("cluster.container.image=''", "pyxis needs an image", "set cluster.container.image=<registry#image:tag> or cluster.container.runtime=none"))
+        problems.append(
+            (
+                "cluster.container.image=''",
+                "pyxis needs an image",
+                "set cluster.container.image=<registry#image:tag> or cluster.container.runtime=none",
+            )
+        )
     tp, pp, nodes, replicas = c.tp, c.pp, c.nodes, c.replicas
     gpn = cluster.gpus_per_node
     if scheduler.on_this_machine and nodes != 1:
-        problems.append((f"nodes={nodes}", f"cluster={cluster.name} runs on this one machine", "use nodes=1, or a Slurm cluster profile (cluster=local_slurm, cluster=slurm)"))
+        problems.append(
+            (
+                f"nodes={nodes}",
+                f"cluster={cluster.name} runs on this one machine",
+                "use nodes=1, or a Slurm cluster profile (cluster=local_slurm, cluster=slurm)",
+            )
+        )
     seen: Dict[int, str] = {}
     for k in PUBLIC_PORTS:
         p = getattr(serve, k)
@@ -91,11 +137,18 @@ def build_spec(cfg) -> LaunchSpec:
 
     edef = ENGINES.get(ename)
     if edef is not None and not edef.tp_any_divisor and isinstance(tp, int) and tp >= 1 and tp & (tp - 1):
-        problems.append((f"tp={tp}", f"engine={ename} takes tp as a power of two: the GPU counts its tensor-parallel "
-                         "kernels and all-reduce are built for (vLLM and the hf engine take any tp that divides the model's heads)",
-                         "use tp=1, 2, 4 or 8"))
+        problems.append(
+            (
+                f"tp={tp}",
+                f"engine={ename} takes tp as a power of two: the GPU counts its tensor-parallel "
+                "kernels and all-reduce are built for (vLLM and the hf engine take any tp that divides the model's heads)",
+                "use tp=1, 2, 4 or 8",
+            )
+        )
     lay = None
-    if edef is not None and not any(p[0].startswith(("tp=", "pp=", "nodes=", "replicas=", "cluster.gpus_per_node")) for p in problems):
+    if edef is not None and not any(
+        p[0].startswith(("tp=", "pp=", "nodes=", "replicas=", "cluster.gpus_per_node")) for p in problems
+    ):
         lay = layout(edef.layout, tp, pp, replicas, nodes, gpn, problems)
         if lay is not None and lay[3] > 1 and not edef.spans_nodes(engine):
             problems.append(

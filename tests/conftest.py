@@ -8,7 +8,9 @@ from tests.slurm_fixture import local_slurm  # noqa: F401  (session fixture)
 
 # Keep the model cache and job index inside the test run's own folder unless told otherwise,
 # so tests never depend on (or litter) the user's ~/.cache.
-os.environ.setdefault("LLMLAUNCH_CACHE", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".llmlaunch", "cache")))
+os.environ.setdefault(
+    "LLMLAUNCH_CACHE", os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".llmlaunch", "cache"))
+)
 
 
 @pytest.fixture(scope="session")

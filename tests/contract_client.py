@@ -14,17 +14,37 @@ import numpy as np
 def _inputs(prompt, max_tokens, stream, extra):
     import tritonclient.grpc as grpcclient
 
-    kinds = {"text_input": "BYTES", "max_tokens": "INT32", "stream": "BOOL", "ignore_eos": "BOOL", "min_length": "INT32",
-             "temperature": "FP32", "top_k": "INT32", "top_p": "FP32", "random_seed": "UINT64", "seed": "UINT64",
-             "stop_words": "BYTES", "bad_words": "BYTES", "end_id": "INT32", "repetition_penalty": "FP32",
-             "presence_penalty": "FP32", "frequency_penalty": "FP32", "beam_width": "INT32"}
-    values = {"text_input": np.array([[prompt.encode()]], dtype=object), "max_tokens": np.array([[max_tokens]], np.int32),
-              "stream": np.array([[stream]], bool)}
+    kinds = {
+        "text_input": "BYTES",
+        "max_tokens": "INT32",
+        "stream": "BOOL",
+        "ignore_eos": "BOOL",
+        "min_length": "INT32",
+        "temperature": "FP32",
+        "top_k": "INT32",
+        "top_p": "FP32",
+        "random_seed": "UINT64",
+        "seed": "UINT64",
+        "stop_words": "BYTES",
+        "bad_words": "BYTES",
+        "end_id": "INT32",
+        "repetition_penalty": "FP32",
+        "presence_penalty": "FP32",
+        "frequency_penalty": "FP32",
+        "beam_width": "INT32",
+    }
+    values = {
+        "text_input": np.array([[prompt.encode()]], dtype=object),
+        "max_tokens": np.array([[max_tokens]], np.int32),
+        "stream": np.array([[stream]], bool),
+    }
     for k, v in extra.items():
         if isinstance(v, (list, tuple)):
             values[k] = np.array([[w.encode() for w in v]], dtype=object)
         else:
-            values[k] = np.array([[v]], dtype={"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": bool}[kinds[k]])
+            values[k] = np.array(
+                [[v]], dtype={"INT32": np.int32, "UINT64": np.uint64, "FP32": np.float32, "BOOL": bool}[kinds[k]]
+            )
     out = []
     for k, v in values.items():
         t = grpcclient.InferInput(k, list(v.shape), kinds[k])
@@ -45,8 +65,12 @@ class Stream:
         self.client.start_stream(callback=lambda result=None, error=None: self.q.put((result, error)))
 
     def send(self, prompt, max_tokens, stream=True, parameters=None, **extra):
-        self.client.async_stream_infer(self.model, _inputs(prompt, max_tokens, stream, extra), enable_empty_final_response=True,
-                                       parameters=parameters)
+        self.client.async_stream_infer(
+            self.model,
+            _inputs(prompt, max_tokens, stream, extra),
+            enable_empty_final_response=True,
+            parameters=parameters,
+        )
 
     def next(self, timeout=30):
         """(dict of outputs or None, error or None, final?)"""

@@ -66,16 +66,25 @@ def copy_bandwidth(device, gib: float = 2.0, iters: int = 20) -> float:
 WAYS = {"eager": (False, False), "graphs": (True, False), "compiled": (False, True), "compiled_graphs": (True, True)}
 
 
-def engine_steps(model_dir: str, tokens: int, prompt_len: int, dtype: str, cuda_graphs: bool,
-                 torch_compile: bool) -> dict:
+def engine_steps(
+    model_dir: str, tokens: int, prompt_len: int, dtype: str, cuda_graphs: bool, torch_compile: bool
+) -> dict:
     import queue
 
     from launcher.hf.args import HFEngineArgs
     from launcher.hf.engine import Engine, SamplingParams
 
     t0 = time.perf_counter()
-    engine = Engine.from_args(HFEngineArgs(model_path=model_dir, device="cuda", dtype=dtype, max_num_seqs=8,
-                                           cuda_graphs=cuda_graphs, torch_compile=str(torch_compile).lower())).start()
+    engine = Engine.from_args(
+        HFEngineArgs(
+            model_path=model_dir,
+            device="cuda",
+            dtype=dtype,
+            max_num_seqs=8,
+            cuda_graphs=cuda_graphs,
+            torch_compile=str(torch_compile).lower(),
+        )
+    ).start()
     start_s = time.perf_counter() - t0
     try:
         prompt = list(range(10, 10 + prompt_len))
@@ -90,15 +99,20 @@ def engine_steps(model_dir: str, tokens: int, prompt_len: int, dtype: str, cuda_
                 if out.finish_reason is not None:
                     done.put(out)
 
-            engine.add_request(f"bw{time.monotonic_ns()}", prompt, SamplingParams(max_tokens=tokens, ignore_eos=True),
-                               on_output)
+            engine.add_request(
+                f"bw{time.monotonic_ns()}", prompt, SamplingParams(max_tokens=tokens, ignore_eos=True), on_output
+            )
             out = done.get(timeout=600)
             assert out.finish_reason == "length", out
             (t_first, n_first), (t_last, n_last) = times[0], times[-1]
             rate = (n_last - n_first) / (t_last - t_first)
             best = rate if best is None else max(best, rate)
-        res = {"steps_per_s": round(best, 1), "graph_error": engine.runner.graph_error,
-               "compile_error": engine.runner.compile_error, "engine_start_s": round(start_s, 1)}
+        res = {
+            "steps_per_s": round(best, 1),
+            "graph_error": engine.runner.graph_error,
+            "compile_error": engine.runner.compile_error,
+            "engine_start_s": round(start_s, 1),
+        }
         if cuda_graphs and engine.runner.use_graphs:
             res.update(step_parts(engine.runner))
         return res
@@ -151,9 +165,16 @@ def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, arriv
     from launcher.hf.args import HFEngineArgs
     from launcher.hf.engine import Engine, SamplingParams
 
-    engine = Engine.from_args(HFEngineArgs(model_path=model_dir, device="cuda", dtype="float32",
-                                           max_num_seqs=2 if arrive == "slots_full" else 8, cuda_graphs=cuda_graphs,
-                                           torch_compile=str(torch_compile).lower())).start()
+    engine = Engine.from_args(
+        HFEngineArgs(
+            model_path=model_dir,
+            device="cuda",
+            dtype="float32",
+            max_num_seqs=2 if arrive == "slots_full" else 8,
+            cuda_graphs=cuda_graphs,
+            torch_compile=str(torch_compile).lower(),
+        )
+    ).start()
     try:
         done: queue.SimpleQueue = queue.SimpleQueue()
         outs: dict = {i: [] for i in range(4)}
@@ -167,8 +188,12 @@ def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, arriv
                 done.put(i)
 
         def add(i, length):
-            engine.add_request(f"g{i}", list(range(20 + i, 20 + i + length)), SamplingParams(max_tokens=n, ignore_eos=True),
-                               lambda out, i=i: on_output(out, i))
+            engine.add_request(
+                f"g{i}",
+                list(range(20 + i, 20 + i + length)),
+                SamplingParams(max_tokens=n, ignore_eos=True),
+                lambda out, i=i: on_output(out, i),
+            )
 
         def tokens_of(i, k):
             with progress:
@@ -177,9 +202,17 @@ def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, arriv
         lengths = (5, 17, 40, 9)
         one_call = arrive in ("together", "slots_full")
         if one_call:  # in one call, so that the engine finds them waiting together: with graphs, a wave
-            engine.add_requests([(f"g{i}", list(range(20 + i, 20 + i + length)),
-                                  SamplingParams(max_tokens=n, ignore_eos=True), lambda out, i=i: on_output(out, i))
-                                 for i, length in enumerate(lengths)])
+            engine.add_requests(
+                [
+                    (
+                        f"g{i}",
+                        list(range(20 + i, 20 + i + length)),
+                        SamplingParams(max_tokens=n, ignore_eos=True),
+                        lambda out, i=i: on_output(out, i),
+                    )
+                    for i, length in enumerate(lengths)
+                ]
+            )
         for i, length in enumerate(() if one_call else lengths):
             if arrive == "while_decoding" and i in (1, 3):
                 tokens_of(i - 1, 8)
@@ -190,10 +223,14 @@ def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, arriv
             done.get(timeout=600)
         if cuda_graphs:
             s = engine.stats
-            print(f"[greedy] {arrive}: {engine.features}; {s.prompt_steps} steps with prompts, "
-                  f"{s.prompt_graph_steps} of them through a prompt or wave graph, {s.mixed_steps} beside decode rows "
-                  f"through a mixed graph; {s.ahead_steps} of {s.steps} steps "
-                  f"queued ahead", file=sys.stderr, flush=True)
+            print(
+                f"[greedy] {arrive}: {engine.features}; {s.prompt_steps} steps with prompts, "
+                f"{s.prompt_graph_steps} of them through a prompt or wave graph, {s.mixed_steps} beside decode rows "
+                f"through a mixed graph; {s.ahead_steps} of {s.steps} steps "
+                f"queued ahead",
+                file=sys.stderr,
+                flush=True,
+            )
         return [outs[i] for i in sorted(outs)]
     finally:
         engine.shutdown()
@@ -208,7 +245,9 @@ def generate_tokens(model_dir: str, n: int = 64) -> list:
     with torch.inference_mode():
         for i, length in enumerate((5, 17, 40, 9)):
             ids = torch.arange(20 + i, 20 + i + length, device="cuda")[None]
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False
+            )
             res.append(out[0, length:].tolist())
     del model
     torch.cuda.empty_cache()
@@ -228,11 +267,14 @@ def generate_steps(model_dir: str, tokens: int, prompt_len: int, dtype: str) -> 
         for _ in range(3):
             torch.cuda.synchronize()
             t0 = time.perf_counter()
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, min_new_tokens=1, do_sample=False)
+            model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, min_new_tokens=1, do_sample=False
+            )
             torch.cuda.synchronize()
             t1 = time.perf_counter()
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens,
-                           do_sample=False)
+            model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False
+            )
             torch.cuda.synchronize()
             t2 = time.perf_counter()
             # time of the decode steps alone: the full call minus a one-token call (prefill + set-up)
@@ -251,10 +293,16 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--no-greedy-check", action="store_true", help="skip the float32 greedy comparison")
     ap.add_argument("--greedy-only", action="store_true", help="only the float32 greedy comparison")
-    ap.add_argument("--greedy-cases", nargs="+", choices=GREEDY_CASES, default=list(GREEDY_CASES),
-                    help="the greedy comparisons to run (default: all)")
-    ap.add_argument("--ways", nargs="+", choices=list(WAYS), default=list(WAYS),
-                    help="the engine ways to time (default: all)")
+    ap.add_argument(
+        "--greedy-cases",
+        nargs="+",
+        choices=GREEDY_CASES,
+        default=list(GREEDY_CASES),
+        help="the greedy comparisons to run (default: all)",
+    )
+    ap.add_argument(
+        "--ways", nargs="+", choices=list(WAYS), default=list(WAYS), help="the engine ways to time (default: all)"
+    )
     args = ap.parse_args(argv)
     import torch
 
@@ -266,9 +314,15 @@ def main(argv=None) -> int:
         bw = copy_bandwidth("cuda")
         gen = generate_steps(args.model, args.tokens, args.prompt_tokens, args.dtype)
         limit = bw * 1e9 / gen["weight_bytes"]
-        out.update({"copy_bandwidth_GBps": round(bw, 1), "weight_GB": round(gen["weight_bytes"] / 1e9, 3),
-                    "limit_steps_per_s": round(limit, 1), "generate_steps_per_s": gen["generate_steps_per_s"],
-                    "generate_fraction_of_limit": round(gen["generate_steps_per_s"] / limit, 4)})
+        out.update(
+            {
+                "copy_bandwidth_GBps": round(bw, 1),
+                "weight_GB": round(gen["weight_bytes"] / 1e9, 3),
+                "limit_steps_per_s": round(limit, 1),
+                "generate_steps_per_s": gen["generate_steps_per_s"],
+                "generate_fraction_of_limit": round(gen["generate_steps_per_s"] / limit, 4),
+            }
+        )
     # the ways, named as in the output: engine_<name>_steps_per_s, ..._fraction_of_limit, ...
     for name in () if args.greedy_only else args.ways:
         r = engine_steps(args.model, args.tokens, args.prompt_tokens, args.dtype, *WAYS[name])
@@ -297,8 +351,9 @@ def main(argv=None) -> int:
             # others decode: prompt graphs between decode steps queued ahead; two slots for four: decode steps queued
             # ahead while two requests wait for a slot
             if arrive in cases:
-                out[f"greedy_compiled_graphs_{arrive}_equal_generate"] = greedy_tokens(args.model, True, True,
-                                                                                      arrive=arrive) == ref
+                out[f"greedy_compiled_graphs_{arrive}_equal_generate"] = (
+                    greedy_tokens(args.model, True, True, arrive=arrive) == ref
+                )
     print(json.dumps(out, indent=2))
     return 0
 

@@ -23,7 +23,6 @@ for _p in (ROOT, Path(__file__).resolve().parent):  # launcher; decode_bandwidth
 
 from decode_bandwidth import batch1_graph  # noqa: E402
 
-
 # variant -> torch_compile
 VARIANTS = {"uncompiled": False, "compiled": True}
 
@@ -56,8 +55,7 @@ def profile_step(model: str, torch_compile: bool, replays: int) -> tuple[float, 
     torch.cuda.empty_cache()
     kernels = sum(n for n, _ in per_kernel.values()) / replays
     busy_ms = sum(t for _, t in per_kernel.values()) / replays / 1000
-    rows = sorted(((n / replays, t / n, t / replays, name) for name, (n, t) in per_kernel.items()),
-                  key=lambda r: -r[2])
+    rows = sorted(((n / replays, t / n, t / replays, name) for name, (n, t) in per_kernel.items()), key=lambda r: -r[2])
     return kernels, busy_ms, rows
 
 
@@ -77,9 +75,11 @@ def main(argv=None) -> int:
     for name in args.variants:
         compiled = VARIANTS[name]
         kernels, busy_ms, rows = profile_step(args.model, compiled, args.replays)
-        print(f"== {name} (torch_compile={compiled}): {kernels:.0f} kernels per step, "
-              f"{busy_ms:.3f} ms of GPU time per step")
-        for n, mean, per_step, name in rows[:args.top]:
+        print(
+            f"== {name} (torch_compile={compiled}): {kernels:.0f} kernels per step, "
+            f"{busy_ms:.3f} ms of GPU time per step"
+        )
+        for n, mean, per_step, name in rows[: args.top]:
             print(f"{n:6.1f} x {mean:8.2f} us = {per_step:8.1f} us  {name[:100]}")
     return 0
 

@@ -21,23 +21,40 @@ def in_process(path: str) -> dict:
     rows = {}
     if os.path.exists(path):
         for r in json.load(open(path))["rows"]:
-            rows[r["concurrency"]] = {"tok_s": r["output_throughput"], "ttft": r["ttft_ms"]["p50"],
-                                      "itl": r["itl_ms"]["p50"], "failed": r["failed"], "load_s": r.get("load_s")}
+            rows[r["concurrency"]] = {
+                "tok_s": r["output_throughput"],
+                "ttft": r["ttft_ms"]["p50"],
+                "itl": r["itl_ms"]["p50"],
+                "failed": r["failed"],
+                "load_s": r.get("load_s"),
+            }
     return rows
 
 
 def yardstick_as_row(doc: dict, label: str) -> dict:
     """An engine_yardstick.py document in the shape of a served configuration's, to sit in its rows."""
-    return {"label": label, "ready_s": 0,
-            "rows": [{"concurrency": r["concurrency"], "output_throughput": r["output_throughput"],
-                      "ttft_ms_p50": r["ttft_ms"]["p50"], "itl_ms_p50": r["itl_ms"]["p50"], "failed": r["failed"]}
-                     for r in doc["rows"]]}
+    return {
+        "label": label,
+        "ready_s": 0,
+        "rows": [
+            {
+                "concurrency": r["concurrency"],
+                "output_throughput": r["output_throughput"],
+                "ttft_ms_p50": r["ttft_ms"]["p50"],
+                "itl_ms_p50": r["itl_ms"]["p50"],
+                "failed": r["failed"],
+            }
+            for r in doc["rows"]
+        ],
+    }
 
 
 def load(out: str):
     served, offline = [], []
-    inproc = {"vllm": in_process(os.path.join(out, "inprocess.json")),
-              "lmdeploy": in_process(os.path.join(out, "lmdeploy_inprocess.json"))}
+    inproc = {
+        "vllm": in_process(os.path.join(out, "inprocess.json")),
+        "lmdeploy": in_process(os.path.join(out, "lmdeploy_inprocess.json")),
+    }
     path = os.path.join(out, "inprocess_frontends.json")
     if os.path.exists(path):
         doc = json.load(open(path))
@@ -67,18 +84,50 @@ def main(argv=None) -> int:
     rows = []
     for engine, path in (("vllm", "vLLM AsyncLLM in-process"), ("lmdeploy", "LMDeploy AsyncEngine in-process")):
         for c, r in sorted(inproc[engine].items()):
-            rows.append([path, f"{r['load_s']:.0f}" if r.get("load_s") else "", c, f"{r['tok_s']:.0f}",
-                         "1.000", f"{r['ttft']:.2f}", "", f"{r['itl']:.2f}", r["failed"]])
+            rows.append(
+                [
+                    path,
+                    f"{r['load_s']:.0f}" if r.get("load_s") else "",
+                    c,
+                    f"{r['tok_s']:.0f}",
+                    "1.000",
+                    f"{r['ttft']:.2f}",
+                    "",
+                    f"{r['itl']:.2f}",
+                    r["failed"],
+                ]
+            )
     for doc in served:
         # a served LMDeploy configuration (its label names it) is measured against LMDeploy in-process
         for r in doc["rows"]:
             base = inproc["lmdeploy" if "lmdeploy" in doc["label"] else "vllm"].get(r["concurrency"])
-            rows.append([doc["label"], f"{doc['ready_s']:.0f}", r["concurrency"], f"{r['output_throughput']:.0f}",
-                         f"{r['output_throughput'] / base['tok_s']:.3f}" if base else "", f"{r['ttft_ms_p50']:.2f}",
-                         f"{r['ttft_ms_p50'] - base['ttft']:+.2f}" if base else "", f"{r['itl_ms_p50']:.2f}", r["failed"]])
+            rows.append(
+                [
+                    doc["label"],
+                    f"{doc['ready_s']:.0f}",
+                    r["concurrency"],
+                    f"{r['output_throughput']:.0f}",
+                    f"{r['output_throughput'] / base['tok_s']:.3f}" if base else "",
+                    f"{r['ttft_ms_p50']:.2f}",
+                    f"{r['ttft_ms_p50'] - base['ttft']:+.2f}" if base else "",
+                    f"{r['itl_ms_p50']:.2f}",
+                    r["failed"],
+                ]
+            )
     for r in offline:
-        rows.append(["vLLM offline LLM.generate", f"{r['load_s']:.0f}", f"batch {r['batch']}", f"{r['output_throughput']:.0f}",
-                     "", "", "", f"{1000 / r['steps_per_s']:.2f}", ""])
+        rows.append(
+            [
+                "vLLM offline LLM.generate",
+                f"{r['load_s']:.0f}",
+                f"batch {r['batch']}",
+                f"{r['output_throughput']:.0f}",
+                "",
+                "",
+                "",
+                f"{1000 / r['steps_per_s']:.2f}",
+                "",
+            ]
+        )
     if args.markdown:
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
@@ -90,8 +139,10 @@ def main(argv=None) -> int:
             print("  ".join(str(x).rjust(w) if i else str(x).ljust(w) for i, (x, w) in enumerate(zip(row, widths))))
     for doc in served:
         if doc.get("check"):
-            print(f"{doc['label']}: real-engine contract tests exit {doc['check']['returncode']}: "
-                  f"{doc['check']['output'].strip().splitlines()[-1] if doc['check']['output'].strip() else ''}")
+            print(
+                f"{doc['label']}: real-engine contract tests exit {doc['check']['returncode']}: "
+                f"{doc['check']['output'].strip().splitlines()[-1] if doc['check']['output'].strip() else ''}"
+            )
     return 0
 
 

@@ -39,13 +39,23 @@ def collect(url: str, n: int, max_tokens: int, concurrency: int) -> dict:
     url = parse_url(url)
     model = default_model(url)
     texts = prompts(n)
-    records = generate_many(url, model, [Generation(prompt=p, max_tokens=max_tokens, stream=False, temperature=0.0)
-                                         for p in texts], concurrency)
+    records = generate_many(
+        url,
+        model,
+        [Generation(prompt=p, max_tokens=max_tokens, stream=False, temperature=0.0) for p in texts],
+        concurrency,
+    )
     failed = [r.error for r in records if r.error]
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(records)} requests failed; first: {failed[0]}")
-    return {"url": url, "model": model, "max_tokens": max_tokens, "prompts": texts,
-            "answers": [r.text for r in records], "output_tokens": [r.output_tokens for r in records]}
+    return {
+        "url": url,
+        "model": model,
+        "max_tokens": max_tokens,
+        "prompts": texts,
+        "answers": [r.text for r in records],
+        "output_tokens": [r.output_tokens for r in records],
+    }
 
 
 def compare(a: dict, b: dict, tokenizer) -> dict:
@@ -63,11 +73,20 @@ def compare(a: dict, b: dict, tokenizer) -> dict:
             whole += 1
             continue
         at = next((k for k, (p, q) in enumerate(zip(tx, ty)) if p != q), min(len(tx), len(ty)))
-        firsts.append({"prompt": i, "position": at,
-                       "a": tokenizer.decode(tx[at:at + 1]) if at < len(tx) else "<end>",
-                       "b": tokenizer.decode(ty[at:at + 1]) if at < len(ty) else "<end>"})
-    return {"answers": len(a["answers"]), "identical_answers": whole, "token_share": same / total if total else 1.0,
-            "first_divergence": sorted(firsts, key=lambda d: d["position"])}
+        firsts.append(
+            {
+                "prompt": i,
+                "position": at,
+                "a": tokenizer.decode(tx[at : at + 1]) if at < len(tx) else "<end>",
+                "b": tokenizer.decode(ty[at : at + 1]) if at < len(ty) else "<end>",
+            }
+        )
+    return {
+        "answers": len(a["answers"]),
+        "identical_answers": whole,
+        "token_share": same / total if total else 1.0,
+        "first_divergence": sorted(firsts, key=lambda d: d["position"]),
+    }
 
 
 def main(argv=None) -> int:
@@ -97,8 +116,10 @@ def main(argv=None) -> int:
         a, b = json.load(f), json.load(g)
     report = compare(a, b, AutoTokenizer.from_pretrained(args.tokenizer))
     report.update(a=args.a, b=args.b)
-    print(f"{os.path.basename(args.a)} vs {os.path.basename(args.b)}: {report['token_share']:.4f} of tokens identical, "
-          f"{report['identical_answers']}/{report['answers']} answers identical")
+    print(
+        f"{os.path.basename(args.a)} vs {os.path.basename(args.b)}: {report['token_share']:.4f} of tokens identical, "
+        f"{report['identical_answers']}/{report['answers']} answers identical"
+    )
     for d in report["first_divergence"][:8]:
         print(f"  prompt {d['prompt']:>3}: first differs at token {d['position']:>3}: {d['a']!r} vs {d['b']!r}")
     if args.json:

@@ -55,16 +55,24 @@ def log(msg: str) -> None:
 def start(overrides: list[str], logfile: Path, timeout_s: float) -> tuple[subprocess.Popen, str, str]:
     """`llmlaunch <overrides>` in its own session; returns (process, url, model) once it prints the endpoint."""
     out = open(logfile, "w")
-    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", *overrides], stdout=subprocess.PIPE,
-                            stderr=out, text=True, start_new_session=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "launcher.cli", *overrides],
+        stdout=subprocess.PIPE,
+        stderr=out,
+        text=True,
+        start_new_session=True,
+        cwd=ROOT,
+    )
     url = model = ""
     t0 = time.monotonic()
     while not (url and model):
         line = proc.stdout.readline()
         if not line:
             proc.wait()
-            raise RuntimeError(f"llmlaunch exited ({proc.returncode}) before serving; see {logfile}:\n"
-                               + "\n".join(logfile.read_text().splitlines()[-30:]))
+            raise RuntimeError(
+                f"llmlaunch exited ({proc.returncode}) before serving; see {logfile}:\n"
+                + "\n".join(logfile.read_text().splitlines()[-30:])
+            )
         if line.startswith("endpoint: "):
             url = line.split(None, 1)[1].strip()
         elif line.startswith("model: "):
@@ -108,10 +116,35 @@ def bench_argv(url: str, model: str, args, concurrency: int, out_json: Path) -> 
     takes seconds, not minutes)."""
     num_prompts = max(args.num_prompts, 2 * concurrency) if args.num_prompts else max(16, 4 * concurrency)
     processes = client_processes(args.client_processes, concurrency, os.cpu_count() or 1)
-    cmd = [sys.executable, "-m", "launcher.bench.cli", "--url", url, "--model", model, "--dataset-name", "synthetic",
-           "--input-len", str(args.input_len), "--output-len", str(args.output_len), "--ignore-eos",
-           "--num-prompts", str(num_prompts), "--concurrency", str(concurrency), "--processes", str(processes),
-           "--streams", "1", "--warmup", str(concurrency), "--no-progress", "--result-json", str(out_json)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "launcher.bench.cli",
+        "--url",
+        url,
+        "--model",
+        model,
+        "--dataset-name",
+        "synthetic",
+        "--input-len",
+        str(args.input_len),
+        "--output-len",
+        str(args.output_len),
+        "--ignore-eos",
+        "--num-prompts",
+        str(num_prompts),
+        "--concurrency",
+        str(concurrency),
+        "--processes",
+        str(processes),
+        "--streams",
+        "1",
+        "--warmup",
+        str(concurrency),
+        "--no-progress",
+        "--result-json",
+        str(out_json),
+    ]
     if args.tokenizer:
         cmd += ["--tokenizer", args.tokenizer]
     return cmd, num_prompts, processes
@@ -121,10 +154,17 @@ def bench(url: str, model: str, args, concurrency: int, out_json: Path) -> dict:
     cmd, num_prompts, processes = bench_argv(url, model, args, concurrency, out_json)
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
     m = json.loads(out_json.read_text())["metrics"]
-    return {"concurrency": concurrency, "num_prompts": num_prompts, "client_processes": processes,
-            "output_tokens_per_s": round(m["output_throughput"], 1), "completed": m["completed"],
-            "failed": m["failed"], "ttft_ms_p50": round(m["ttft_ms"]["p50"], 2),
-            "ttft_ms_p99": round(m["ttft_ms"]["p99"], 2), "itl_ms_p50": round(m["itl_ms"]["p50"], 3)}
+    return {
+        "concurrency": concurrency,
+        "num_prompts": num_prompts,
+        "client_processes": processes,
+        "output_tokens_per_s": round(m["output_throughput"], 1),
+        "completed": m["completed"],
+        "failed": m["failed"],
+        "ttft_ms_p50": round(m["ttft_ms"]["p50"], 2),
+        "ttft_ms_p99": round(m["ttft_ms"]["p99"], 2),
+        "itl_ms_p50": round(m["itl_ms"]["p50"], 3),
+    }
 
 
 def tp_of(layout: str) -> int:
@@ -148,8 +188,9 @@ def verdict(texts: dict[str, str], rows: list[dict], failed: list[dict], dtype: 
         if texts[name] != texts[same_tp]:
             wrong.append(f"{name} differs from {same_tp}'s (the same tp size)")
         elif texts[name] != texts[names[0]]:
-            (wrong if strict else allowed).append(f"{name} differs from {names[0]}'s ({dtype}, tp={tp_of(name)} "
-                                                  f"against tp={tp_of(names[0])})")
+            (wrong if strict else allowed).append(
+                f"{name} differs from {names[0]}'s ({dtype}, tp={tp_of(name)} against tp={tp_of(names[0])})"
+            )
     notes = [f"greedy text of {w}: it must not" for w in wrong]
     notes += [f"greedy text of {a}: expected in {dtype}; --dtype float32 checks equality" for a in allowed]
     code = 0 if not failed and not any(r["failed"] for r in rows) and not wrong else 1
@@ -159,17 +200,37 @@ def verdict(texts: dict[str, str], rows: list[dict], failed: list[dict], dtype: 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="HF model folder")
-    ap.add_argument("--tokenizer", default="", help="tokenizer folder for the bench's token counts (default: the model)")
+    ap.add_argument(
+        "--tokenizer", default="", help="tokenizer folder for the bench's token counts (default: the model)"
+    )
     ap.add_argument("--gpus", type=int, default=2, help="GPUs of this host the layouts may use")
-    ap.add_argument("--layouts", nargs="+", default=None, choices=sorted(LAYOUTS),
-                    help="default: tp1 and every tp/replica layout that fits --gpus")
-    ap.add_argument("--concurrency", type=int, nargs="+", default=[64],
-                    help="requests in flight; one bench per value while a layout's server is up")
-    ap.add_argument("--num-prompts", type=int, default=0,
-                    help="prompts per bench (at least 2 x concurrency; default: 4 x concurrency, at least 16)")
-    ap.add_argument("--client-processes", type=int, default=0, metavar="N",
-                    help="llmlaunch-bench client processes, one stream each (default 0: a quarter of this host's "
-                         "CPUs, at most C)")
+    ap.add_argument(
+        "--layouts",
+        nargs="+",
+        default=None,
+        choices=sorted(LAYOUTS),
+        help="default: tp1 and every tp/replica layout that fits --gpus",
+    )
+    ap.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="+",
+        default=[64],
+        help="requests in flight; one bench per value while a layout's server is up",
+    )
+    ap.add_argument(
+        "--num-prompts",
+        type=int,
+        default=0,
+        help="prompts per bench (at least 2 x concurrency; default: 4 x concurrency, at least 16)",
+    )
+    ap.add_argument(
+        "--client-processes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="llmlaunch-bench client processes, one stream each (default 0: a quarter of this host's CPUs, at most C)",
+    )
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=128)
     ap.add_argument("--max-num-seqs", type=int, default=128, help="engine.max_num_seqs of every replica")
@@ -186,9 +247,16 @@ def main(argv=None) -> int:
     layouts = args.layouts or [n for n in LAYOUTS if GPUS_NEEDED[n] <= args.gpus]
     work = Path(args.workdir or tempfile.mkdtemp(prefix="llmlaunch-multigpu-"))
     work.mkdir(parents=True, exist_ok=True)
-    common = [f"model.path={args.model}", "model.make=", f"model.dtype={args.dtype}", f"engine.device={args.device}",
-              f"engine.max_num_seqs={args.max_num_seqs}", f"cluster.gpus_per_node={args.gpus}",
-              f"cluster.jobs_dir={work / 'runs'}", *args.extra]
+    common = [
+        f"model.path={args.model}",
+        "model.make=",
+        f"model.dtype={args.dtype}",
+        f"engine.device={args.device}",
+        f"engine.max_num_seqs={args.max_num_seqs}",
+        f"cluster.gpus_per_node={args.gpus}",
+        f"cluster.jobs_dir={work / 'runs'}",
+        *args.extra,
+    ]
     rows, texts, failed = [], {}, []
     for name in layouts:
         log(f"{name}: starting llmlaunch {' '.join(LAYOUTS[name])}")
@@ -203,9 +271,13 @@ def main(argv=None) -> int:
             ready_s = time.monotonic() - t0
             text = texts[name] = greedy_text(url, model)
             for c in args.concurrency:
-                row = {"layout": name, "overrides": " ".join(LAYOUTS[name]), "ready_s": round(ready_s, 1),
-                       "greedy_equals_first": text == next(iter(texts.values())),
-                       **bench(url, model, args, c, work / f"{name}_c{c}.json")}
+                row = {
+                    "layout": name,
+                    "overrides": " ".join(LAYOUTS[name]),
+                    "ready_s": round(ready_s, 1),
+                    "greedy_equals_first": text == next(iter(texts.values())),
+                    **bench(url, model, args, c, work / f"{name}_c{c}.json"),
+                }
                 rows.append(row)
                 log(f"{name}: {row}")
         finally:
@@ -216,22 +288,36 @@ def main(argv=None) -> int:
     for r in rows:
         r["ratio_to_first"] = round(r["output_tokens_per_s"] / base[r["concurrency"]], 3) if base else None
     rows.sort(key=lambda r: r["concurrency"])  # the layouts a ratio compares stand together (stable: run order)
-    print(f"{'layout':8} {'overrides':20} {'C':>4} {'clients':>7} {'tok/s':>9} {'ratio':>6} {'TTFT p50':>9} {'TTFT p99':>9} "
-          f"{'ITL p50':>8} greedy=first")
+    print(
+        f"{'layout':8} {'overrides':20} {'C':>4} {'clients':>7} {'tok/s':>9} {'ratio':>6} {'TTFT p50':>9} {'TTFT p99':>9} "
+        f"{'ITL p50':>8} greedy=first"
+    )
     for r in rows:
-        print(f"{r['layout']:8} {r['overrides']:20} {r['concurrency']:4d} {r['client_processes']:7d} "
-              f"{r['output_tokens_per_s']:9.1f} "
-              f"{r['ratio_to_first']:6.3f} {r['ttft_ms_p50']:9.2f} {r['ttft_ms_p99']:9.2f} {r['itl_ms_p50']:8.3f} "
-              f"{r['greedy_equals_first']}")
+        print(
+            f"{r['layout']:8} {r['overrides']:20} {r['concurrency']:4d} {r['client_processes']:7d} "
+            f"{r['output_tokens_per_s']:9.1f} "
+            f"{r['ratio_to_first']:6.3f} {r['ttft_ms_p50']:9.2f} {r['ttft_ms_p99']:9.2f} {r['itl_ms_p50']:8.3f} "
+            f"{r['greedy_equals_first']}"
+        )
     for f in failed:
         # the whole error: its first line names the log, the lines after it say what failed and the fix
         print(f"{f['layout']:8} did not start: " + "\n    ".join((f["error"] or "").splitlines()))
     for note in notes:
         print(note)
     if args.json:
-        Path(args.json).write_text(json.dumps({"concurrency": args.concurrency, "input_len": args.input_len,
-                                               "output_len": args.output_len, "rows": rows, "failed": failed, "notes": notes},
-                                              indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "concurrency": args.concurrency,
+                    "input_len": args.input_len,
+                    "output_len": args.output_len,
+                    "rows": rows,
+                    "failed": failed,
+                    "notes": notes,
+                },
+                indent=1,
+            )
+        )
     return code
 
 

@@ -31,8 +31,12 @@ def engine(model: str, device: str, dtype: str, prefill_graphs: int | None):
     if prefill_graphs is not None:
         args.prefill_graphs = prefill_graphs
     eng = Engine.from_args(args).start()
-    print(f"[prefill_ttft] engine prefill_graphs={prefill_graphs} ready in {time.perf_counter() - t0:.1f} s: "
-          f"{eng.features}", file=sys.stderr, flush=True)
+    print(
+        f"[prefill_ttft] engine prefill_graphs={prefill_graphs} ready in {time.perf_counter() - t0:.1f} s: "
+        f"{eng.features}",
+        file=sys.stderr,
+        flush=True,
+    )
     return eng
 
 
@@ -73,21 +77,29 @@ def main(argv=None) -> int:
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         print("prefill_ttft.py measures a GPU; none is visible", file=sys.stderr)
         return 2
-    engines = {"graphs": engine(args.model, args.device, args.dtype, None),
-               "eager": engine(args.model, args.device, args.dtype, 0)}
-    out = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device, "dtype": args.dtype,
-           "features": {name: e.features for name, e in engines.items()}, "lengths": []}
+    engines = {
+        "graphs": engine(args.model, args.device, args.dtype, None),
+        "eager": engine(args.model, args.device, args.dtype, 0),
+    }
+    out = {
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
+        "dtype": args.dtype,
+        "features": {name: e.features for name, e in engines.items()},
+        "lengths": [],
+    }
     rng = random.Random(0)
     vocab = min(e.vocab_size for e in engines.values())
     try:
         for length in args.lengths:
-            prompts = [[rng.randrange(vocab // 8, vocab - vocab // 8) for _ in range(length)] for _ in range(args.requests + 3)]
+            prompts = [
+                [rng.randrange(vocab // 8, vocab - vocab // 8) for _ in range(length)] for _ in range(args.requests + 3)
+            ]
             times = {name: [] for name in engines}
             stats = {}
             for i, prompt in enumerate(prompts):
                 if i == 3:  # warm-up done: count from here
                     stats = {name: e.stats_dict() for name, e in engines.items()}
-                for name, e in (engines.items() if i % 2 else reversed(engines.items())):  # take turns going first
+                for name, e in engines.items() if i % 2 else reversed(engines.items()):  # take turns going first
                     t = ttft(e, prompt)
                     if i >= 3:
                         times[name].append(1000 * t)

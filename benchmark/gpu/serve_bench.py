@@ -50,10 +50,33 @@ def startup_breakdown(run_dir: str) -> dict:
 
 def bench(url: str, c: int, n: int, args, out_json: str) -> dict:
     processes = 1 if c == 1 else min(c, args.processes)
-    argv = [sys.executable, "-m", "launcher.bench.cli", "--url", url, "--concurrency", str(c), "--num-prompts",
-            str(n), "--warmup", str(c), "--input-len", str(args.input_len), "--output-len", str(args.output_len),
-            "--ignore-eos", "--tokenizer", args.tokenizer, "--processes", str(processes), "--no-progress",
-            "--result-json", out_json, "--label", f"{args.label} C={c}"]
+    argv = [
+        sys.executable,
+        "-m",
+        "launcher.bench.cli",
+        "--url",
+        url,
+        "--concurrency",
+        str(c),
+        "--num-prompts",
+        str(n),
+        "--warmup",
+        str(c),
+        "--input-len",
+        str(args.input_len),
+        "--output-len",
+        str(args.output_len),
+        "--ignore-eos",
+        "--tokenizer",
+        args.tokenizer,
+        "--processes",
+        str(processes),
+        "--no-progress",
+        "--result-json",
+        out_json,
+        "--label",
+        f"{args.label} C={c}",
+    ]
     done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
     if done.returncode != 0 or not os.path.exists(out_json):
         raise RuntimeError(f"llmlaunch-bench C={c} failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -63,13 +86,15 @@ def bench(url: str, c: int, n: int, args, out_json: str) -> dict:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    overrides = argv[argv.index("--") + 1:] if "--" in argv else []
+    overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--label", required=True, help="name of this configuration in the tables")
     p.add_argument("--out", required=True, help="folder for the results and logs")
     p.add_argument("--tokenizer", required=True, help="tokenizer folder for the prompts (the model's)")
-    p.add_argument("--concurrency", nargs="*", default=["1:32", "64:1000", "128:1000"], help="C:N pairs (none: no load)")
+    p.add_argument(
+        "--concurrency", nargs="*", default=["1:32", "64:1000", "128:1000"], help="C:N pairs (none: no load)"
+    )
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--processes", type=int, default=8, help="llmlaunch-bench client processes at C > 1")
@@ -85,14 +110,38 @@ def main(argv=None) -> int:
     proc, url, _ = start([*overrides, f"run_dir={run_dir}"], Path(args.out) / f"{args.label}.log", args.ready_timeout)
     ready_s = time.monotonic() - t0
     startup = startup_breakdown(run_dir)
-    print(f"{args.label}: READY in {ready_s:.1f} s at {url} ({' '.join(overrides)}); "
-          + ", ".join(f"{k} {v:.1f}" for k, v in startup.items()), flush=True)
-    doc = {"label": args.label, "overrides": overrides, "ready_s": ready_s, "startup": startup, "rows": [], "check": None}
+    print(
+        f"{args.label}: READY in {ready_s:.1f} s at {url} ({' '.join(overrides)}); "
+        + ", ".join(f"{k} {v:.1f}" for k, v in startup.items()),
+        flush=True,
+    )
+    doc = {
+        "label": args.label,
+        "overrides": overrides,
+        "ready_s": ready_s,
+        "startup": startup,
+        "rows": [],
+        "check": None,
+    }
     try:
         if args.check:
             env = dict(os.environ, LLMLAUNCH_TEST_URL=url, LLMLAUNCH_TEST_TOKENIZER=args.tokenizer)
-            check = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
-                                    "tests/gpu/test_served_engine.py"], cwd=ROOT, env=env, capture_output=True, text=True)
+            check = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "pytest",
+                    "-q",
+                    "-p",
+                    "no:cacheprovider",
+                    "-rA",
+                    "tests/gpu/test_served_engine.py",
+                ],
+                cwd=ROOT,
+                env=env,
+                capture_output=True,
+                text=True,
+            )
             doc["check"] = {"returncode": check.returncode, "output": check.stdout[-6000:]}
             print(check.stdout[-4000:], flush=True)
         if args.identity:
@@ -110,14 +159,25 @@ def main(argv=None) -> int:
             except RuntimeError as exc:
                 print(f"{args.label} C={c}: {exc}", flush=True)
                 continue
-            row = {"concurrency": c, "requests": n, "output_throughput": m["output_throughput"],
-                   "ttft_ms_p50": m["ttft_ms"]["p50"], "ttft_ms_p99": m["ttft_ms"]["p99"],
-                   "itl_ms_p50": m["itl_ms"]["p50"], "tpot_ms_p50": m["tpot_ms"]["p50"],
-                   "tokens_per_response": m.get("tokens_per_response"), "failed": m["failed"], "json": out_json}
+            row = {
+                "concurrency": c,
+                "requests": n,
+                "output_throughput": m["output_throughput"],
+                "ttft_ms_p50": m["ttft_ms"]["p50"],
+                "ttft_ms_p99": m["ttft_ms"]["p99"],
+                "itl_ms_p50": m["itl_ms"]["p50"],
+                "tpot_ms_p50": m["tpot_ms"]["p50"],
+                "tokens_per_response": m.get("tokens_per_response"),
+                "failed": m["failed"],
+                "json": out_json,
+            }
             doc["rows"].append(row)
-            print(f"{args.label:<16} C={c:>4} n={n:>5}: {row['output_throughput']:>10.1f} tok/s  TTFT p50 "
-                  f"{row['ttft_ms_p50']:.2f} ms  ITL p50 {row['itl_ms_p50']:.2f} ms  tok/resp "
-                  f"{row['tokens_per_response'] or 0:.2f}  failed {row['failed']}", flush=True)
+            print(
+                f"{args.label:<16} C={c:>4} n={n:>5}: {row['output_throughput']:>10.1f} tok/s  TTFT p50 "
+                f"{row['ttft_ms_p50']:.2f} ms  ITL p50 {row['itl_ms_p50']:.2f} ms  tok/resp "
+                f"{row['tokens_per_response'] or 0:.2f}  failed {row['failed']}",
+                flush=True,
+            )
     finally:
         doc["exit"] = stop(proc)
         with open(os.path.join(args.out, f"{args.label}.json"), "w") as f:

@@ -22,6 +22,7 @@ What is left out, in three steps:
 Each step also leaves out every distribution that requires one left out, so none is found half there.
 Prints what it left out and why; exits 1 if STATEMENT still fails.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -144,11 +145,17 @@ def main(argv=None) -> int:
     ap.add_argument("site", help="the host's site-packages (where torch is)")
     ap.add_argument("dest", help="the folder of links to make (replaced)")
     ap.add_argument("--python", required=True, help="the stub environment's python3 (numpy<2)")
-    ap.add_argument("--check", default="from transformers import AutoModelForCausalLM, AutoTokenizer",
-                    help="what must import in the stub environment")
+    ap.add_argument(
+        "--check",
+        default="from transformers import AutoModelForCausalLM, AutoTokenizer",
+        help="what must import in the stub environment",
+    )
     ap.add_argument("--tries", type=int, default=12, help="at most this many distributions left out for failing")
-    ap.add_argument("--pth", default="zz_llmlaunch_host_site.pth",
-                    help="the .pth file's name in the stub environment's site-packages")
+    ap.add_argument(
+        "--pth",
+        default="zz_llmlaunch_host_site.pth",
+        help="the .pth file's name in the stub environment's site-packages",
+    )
     a = ap.parse_args(argv)
     where = "import numpy, sysconfig; print(numpy.__version__); print(sysconfig.get_paths()['purelib'])"
     numpy_version, purelib = subprocess.check_output([a.python, "-I", "-c", where], text=True).split()
@@ -161,8 +168,11 @@ def main(argv=None) -> int:
     dropped = {"numpy": "the stub environment has its own"} if "numpy" in dists else {}
     for name, (dist, _) in dists.items():
         for req in requirements(dist):
-            if canonicalize_name(req.name) == "numpy" and req.specifier and \
-                    not req.specifier.contains(numpy_version, prereleases=True):
+            if (
+                canonicalize_name(req.name) == "numpy"
+                and req.specifier
+                and not req.specifier.contains(numpy_version, prereleases=True)
+            ):
                 dropped.setdefault(name, f"requires numpy{req.specifier}, the stub has {numpy_version}")
     close(dropped, dists)
     failure = None
@@ -181,11 +191,14 @@ def main(argv=None) -> int:
         print(f"stub_site: left out {name}: {dropped[name]}")
     if failure is not None:
         os.remove(pth)
-        print(f"stub_site: `{a.check}` still fails in {a.python}: " + " <- ".join(failure["error"])[:1500],
-              file=sys.stderr)
+        print(
+            f"stub_site: `{a.check}` still fails in {a.python}: " + " <- ".join(failure["error"])[:1500],
+            file=sys.stderr,
+        )
         return 1
-    print(f"stub_site: {pth} -> {a.dest}: {len(dists) - len(dropped)} of {len(dists)} distributions; "
-          f"`{a.check}` imports")
+    print(
+        f"stub_site: {pth} -> {a.dest}: {len(dists) - len(dropped)} of {len(dists)} distributions; `{a.check}` imports"
+    )
     return 0
 
 

@@ -34,8 +34,12 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-GREEDY_PROMPTS = ["The capital of France is", "Once upon a time, in a land far away, there lived",
-                  "1, 2, 3, 4,", "In computer science, a hash table is a data structure that"]
+GREEDY_PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a land far away, there lived",
+    "1, 2, 3, 4,",
+    "In computer science, a hash table is a data structure that",
+]
 
 
 def parse_config(name: str) -> dict:
@@ -57,8 +61,14 @@ def rank_main(args) -> int:
     from launcher.hf.worker import run_worker
 
     cfg = args.configs[0]
-    kw = dict(device=args.device, dtype=args.dtype, max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-              cuda_graphs=cfg["cuda_graphs"], torch_compile=cfg["torch_compile"])
+    kw = dict(
+        device=args.device,
+        dtype=args.dtype,
+        max_num_seqs=args.max_num_seqs,
+        max_model_len=args.max_model_len,
+        cuda_graphs=cfg["cuda_graphs"],
+        torch_compile=cfg["torch_compile"],
+    )
     group = None
     if cfg["tp"] > 1:
         group = TPGroup(cfg["tp"], rank=args.rank, addr="127.0.0.1", port=args.port, device_type=args.device)
@@ -70,11 +80,23 @@ def rank_main(args) -> int:
 
     t0 = time.perf_counter()
     # unset graph and compile choices keep the engine's defaults
-    chosen = {k: (str(v).lower() if k == "torch_compile" else v) for k, v in kw.items()
-              if k in ("cuda_graphs", "torch_compile") and v is not None}
-    engine = Engine.from_args(HFEngineArgs(model_path=args.model, tp_size=cfg["tp"], max_num_seqs=kw["max_num_seqs"],
-                                           device=kw["device"], dtype=kw["dtype"], max_model_len=kw["max_model_len"] or 0,
-                                           **chosen), tp_group=group).start()
+    chosen = {
+        k: (str(v).lower() if k == "torch_compile" else v)
+        for k, v in kw.items()
+        if k in ("cuda_graphs", "torch_compile") and v is not None
+    }
+    engine = Engine.from_args(
+        HFEngineArgs(
+            model_path=args.model,
+            tp_size=cfg["tp"],
+            max_num_seqs=kw["max_num_seqs"],
+            device=kw["device"],
+            dtype=kw["dtype"],
+            max_model_len=kw["max_model_len"] or 0,
+            **chosen,
+        ),
+        tp_group=group,
+    ).start()
     res = {**cfg, "dtype": args.dtype, "ready_s": round(time.perf_counter() - t0, 1), "features": engine.features}
     try:
         res["greedy"] = greedy(engine, args.greedy_tokens)
@@ -98,7 +120,9 @@ def greedy(engine, n: int) -> list[list[int]]:
     out: dict = {}
 
     def go(i, p):
-        out[i] = engine.generate(p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True), timeout=600).token_ids
+        out[i] = engine.generate(
+            p, SamplingParams(max_tokens=n, temperature=0.0, ignore_eos=True), timeout=600
+        ).token_ids
 
     threads = [threading.Thread(target=go, args=(i, p)) for i, p in enumerate(GREEDY_PROMPTS)]
     [t.start() for t in threads]
@@ -116,8 +140,13 @@ def rounds(engine, c: int, tokens: int, prompt_tokens: int, seed: int) -> dict:
         raise RuntimeError(f"{r['errors']} of {c} requests failed")
     split = r.get("engine_steps") or {}
     steps = split.get("steps", 0)
-    row = {"output_tokens_per_s": round(r["tokens_per_s"], 1), "wall_s": round(r["wall_s"], 3), "steps": steps,
-           "ms_per_step": round(1000 * r["wall_s"] / max(1, steps), 3), "gpu_ms_per_step": split.get("gpu_ms", 0.0)}
+    row = {
+        "output_tokens_per_s": round(r["tokens_per_s"], 1),
+        "wall_s": round(r["wall_s"], 3),
+        "steps": steps,
+        "ms_per_step": round(1000 * r["wall_s"] / max(1, steps), 3),
+        "gpu_ms_per_step": split.get("gpu_ms", 0.0),
+    }
     if c == 1:
         row["decode_steps_per_s"] = round(1000 / r["itl_ms_p50"], 1)  # (tokens - 1) / (last - first token time)
     return row
@@ -135,19 +164,49 @@ def run_config(args, cfg: dict) -> dict:
     for r in range(cfg["tp"]):
         log_path = Path(args.workdir) / f"{cfg['name']}_{args.dtype}_rank{r}.log"
         logs.append(log_path)
-        cmd = [sys.executable, __file__, "--rank", str(r), "--port", str(port), "--configs", cfg["name"],
-               "--model", args.model, "--dtype", args.dtype, "--device", args.device, "--max-num-seqs", str(args.max_num_seqs),
-               "--max-model-len", str(args.max_model_len), "--tokens", str(args.tokens),
-               "--prompt-tokens", str(args.prompt_tokens), "--greedy-tokens", str(args.greedy_tokens),
-               "--concurrency", *map(str, args.concurrency)]
-        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=dict(env, CUDA_VISIBLE_DEVICES=str(r)),
-                                      stdout=subprocess.PIPE if r == 0 else open(log_path, "w"),
-                                      stderr=open(log_path if r else log_path.with_suffix(".err"), "w"), text=True))
+        cmd = [
+            sys.executable,
+            __file__,
+            "--rank",
+            str(r),
+            "--port",
+            str(port),
+            "--configs",
+            cfg["name"],
+            "--model",
+            args.model,
+            "--dtype",
+            args.dtype,
+            "--device",
+            args.device,
+            "--max-num-seqs",
+            str(args.max_num_seqs),
+            "--max-model-len",
+            str(args.max_model_len),
+            "--tokens",
+            str(args.tokens),
+            "--prompt-tokens",
+            str(args.prompt_tokens),
+            "--greedy-tokens",
+            str(args.greedy_tokens),
+            "--concurrency",
+            *map(str, args.concurrency),
+        ]
+        procs.append(
+            subprocess.Popen(
+                cmd,
+                cwd=ROOT,
+                env=dict(env, CUDA_VISIBLE_DEVICES=str(r)),
+                stdout=subprocess.PIPE if r == 0 else open(log_path, "w"),
+                stderr=open(log_path if r else log_path.with_suffix(".err"), "w"),
+                text=True,
+            )
+        )
     try:
         out, _ = procs[0].communicate(timeout=args.timeout)
         line = [ln for ln in out.splitlines() if ln.startswith("RESULT ")]
         if procs[0].returncode == 0 and line:
-            return json.loads(line[-1][len("RESULT "):])
+            return json.loads(line[-1][len("RESULT ") :])
         why = f"leader exited {procs[0].returncode}"
     except subprocess.TimeoutExpired:
         why = f"no result within {args.timeout:.0f} s"
@@ -166,9 +225,14 @@ def run_config(args, cfg: dict) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="HF model folder")
-    ap.add_argument("--configs", nargs="+", type=parse_config, default=None,
-                    help="tpN, tpN-graphs, tpN-eager, tpN-compile (ratios are to the first; default: tp1 tp1-graphs "
-                         "tp2-eager tp2-graphs tp2)")
+    ap.add_argument(
+        "--configs",
+        nargs="+",
+        type=parse_config,
+        default=None,
+        help="tpN, tpN-graphs, tpN-eager, tpN-compile (ratios are to the first; default: tp1 tp1-graphs "
+        "tp2-eager tp2-graphs tp2)",
+    )
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 128])
     ap.add_argument("--tokens", type=int, default=128, help="new tokens per request")
     ap.add_argument("--prompt-tokens", type=int, default=128)
@@ -193,23 +257,31 @@ def main(argv=None) -> int:
         print(f"[tp_graphs] {cfg['name']}: starting {cfg['tp']} rank(s), {args.dtype}", file=sys.stderr, flush=True)
         res = run_config(args, cfg)
         results.append(res)
-        print(f"[tp_graphs] {cfg['name']}: " + (res.get("error") or f"ready in {res['ready_s']} s, "
-                                                  f"{res['features']}"), file=sys.stderr, flush=True)
+        print(
+            f"[tp_graphs] {cfg['name']}: " + (res.get("error") or f"ready in {res['ready_s']} s, {res['features']}"),
+            file=sys.stderr,
+            flush=True,
+        )
     first = next((r for r in results if "rows" in r), None)
     base = {row["concurrency"]: row["output_tokens_per_s"] for row in first["rows"]} if first else {}
-    print(f"{'config':14} {'C':>4} {'tok/s':>9} {'ratio':>6} {'ms/step':>8} {'GPU ms/step':>11} {'steps/s C=1':>11} "
-          f"greedy=first")
+    print(
+        f"{'config':14} {'C':>4} {'tok/s':>9} {'ratio':>6} {'ms/step':>8} {'GPU ms/step':>11} {'steps/s C=1':>11} "
+        f"greedy=first"
+    )
     for r in results:
         if "rows" not in r:
             print(f"{r['name']:14} failed: {r['error'].splitlines()[0]}")
             continue
         r["greedy_equals_first"] = r["greedy"] == first["greedy"]
         for row in r["rows"]:
-            row["ratio_to_first"] = round(row["output_tokens_per_s"] / base[row["concurrency"]], 3) \
-                if row["concurrency"] in base else None
-            print(f"{r['name']:14} {row['concurrency']:4d} {row['output_tokens_per_s']:9.1f} "
-                  f"{row['ratio_to_first'] or 0:6.3f} {row['ms_per_step']:8.3f} {row['gpu_ms_per_step']:11.3f} "
-                  f"{row.get('decode_steps_per_s', ''):>11} {r['greedy_equals_first']}")
+            row["ratio_to_first"] = (
+                round(row["output_tokens_per_s"] / base[row["concurrency"]], 3) if row["concurrency"] in base else None
+            )
+            print(
+                f"{r['name']:14} {row['concurrency']:4d} {row['output_tokens_per_s']:9.1f} "
+                f"{row['ratio_to_first'] or 0:6.3f} {row['ms_per_step']:8.3f} {row['gpu_ms_per_step']:11.3f} "
+                f"{row.get('decode_steps_per_s', ''):>11} {r['greedy_equals_first']}"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps({"dtype": args.dtype, "results": results}, indent=1))
     return 0 if all("rows" in r for r in results) else 1

@@ -21,17 +21,30 @@ class Backend:
 def _triton():
     from launcher.client import TritonStream, build_request, default_model, parse_url
 
-    return Backend("triton-grpc", TritonStream, build_request, parse_url, default_model, True,
-                   "KServe v2 gRPC streaming (ModelStreamInfer), the request contract of launcher/contract.py")
+    return Backend(
+        "triton-grpc",
+        TritonStream,
+        build_request,
+        parse_url,
+        default_model,
+        True,
+        "KServe v2 gRPC streaming (ModelStreamInfer), the request contract of launcher/contract.py",
+    )
 
 
 def _openai(chat: bool):
     from launcher.bench.openai_stream import OpenAIStream, base_url, request_builder, served_model
 
-    return Backend("openai-chat" if chat else "openai-completions", OpenAIStream, request_builder(chat), base_url,
-                   served_model, False,
-                   f"OpenAI HTTP, POST /v1/{'chat/completions' if chat else 'completions'} with SSE streaming and "
-                   "stream_options.include_usage (any OpenAI-compatible server: llmlaunch's, vLLM's, SGLang's)")
+    return Backend(
+        "openai-chat" if chat else "openai-completions",
+        OpenAIStream,
+        request_builder(chat),
+        base_url,
+        served_model,
+        False,
+        f"OpenAI HTTP, POST /v1/{'chat/completions' if chat else 'completions'} with SSE streaming and "
+        "stream_options.include_usage (any OpenAI-compatible server: llmlaunch's, vLLM's, SGLang's)",
+    )
 
 
 _MAKERS = {"triton-grpc": _triton, "openai-chat": lambda: _openai(True), "openai-completions": lambda: _openai(False)}

@@ -55,38 +55,78 @@ from launcher.client import ClientError, honoured_parameters, served_tokenizer
 from launcher.python_backend import timings
 
 CSV_FIELDS = (
-    "time", "label", "url", "model", "dataset", "num_requests", "concurrency", "request_rate", "burstiness",
-    "processes", "completed", "failed", "errors", "zero_token", "duration_s", "request_throughput",
-    "output_throughput", "total_token_throughput", "goodput",
+    "time",
+    "label",
+    "url",
+    "model",
+    "dataset",
+    "num_requests",
+    "concurrency",
+    "request_rate",
+    "burstiness",
+    "processes",
+    "completed",
+    "failed",
+    "errors",
+    "zero_token",
+    "duration_s",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "goodput",
     *[f"{k}_{s}_ms" for k in metrics.LATENCIES for s in ("mean", "p50", "p90", "p99")],
-    "total_input_tokens", "total_output_tokens",
+    "total_input_tokens",
+    "total_output_tokens",
 )
 
 
 def build_parser(prog: str = "llmlaunch-bench") -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", "-u", default="localhost:8001",
-                   help="grpc://HOST:PORT or HOST:PORT (default localhost:8001); with an openai backend "
-                        "http://HOST:PORT[/v1]")
-    p.add_argument("--backend", default=backends.DEFAULT, choices=backends.NAMES,
-                   help="the protocol requests go over (default triton-grpc): triton-grpc = KServe v2 gRPC streaming; "
-                        "openai-completions / openai-chat = OpenAI HTTP /v1/completions or /v1/chat/completions with "
-                        "SSE, against llmlaunch's OpenAI API or any OpenAI-compatible server (vLLM's, SGLang's)")
+    p = argparse.ArgumentParser(
+        prog=prog, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--url",
+        "-u",
+        default="localhost:8001",
+        help="grpc://HOST:PORT or HOST:PORT (default localhost:8001); with an openai backend http://HOST:PORT[/v1]",
+    )
+    p.add_argument(
+        "--backend",
+        default=backends.DEFAULT,
+        choices=backends.NAMES,
+        help="the protocol requests go over (default triton-grpc): triton-grpc = KServe v2 gRPC streaming; "
+        "openai-completions / openai-chat = OpenAI HTTP /v1/completions or /v1/chat/completions with "
+        "SSE, against llmlaunch's OpenAI API or any OpenAI-compatible server (vLLM's, SGLang's)",
+    )
     p.add_argument("--model", "-m", help="model name (default: the one the server serves)")
 
     d = p.add_argument_group("dataset")
     d.add_argument("--dataset", help="dataset file: ShareGPT .json, CNN/DailyMail .json, or prompts .txt")
-    d.add_argument("--dataset-name", default="auto", choices=("auto",) + datasets.KINDS,
-                   help="format of --dataset (auto: detect); 'synthetic' needs no file")
-    d.add_argument("--num-prompts", type=int, help="measured requests (default: 1000 for sharegpt/synthetic, "
-                   "the whole file otherwise; unlimited with --duration)")
-    d.add_argument("--tokenizer", help="Hugging Face tokenizer directory for token lengths and synthetic prompts "
-                   "(default: the one the served model's config names, when that folder is readable here; else an "
-                   "estimate, whitespace words or chars/4)")
+    d.add_argument(
+        "--dataset-name",
+        default="auto",
+        choices=("auto",) + datasets.KINDS,
+        help="format of --dataset (auto: detect); 'synthetic' needs no file",
+    )
+    d.add_argument(
+        "--num-prompts",
+        type=int,
+        help="measured requests (default: 1000 for sharegpt/synthetic, "
+        "the whole file otherwise; unlimited with --duration)",
+    )
+    d.add_argument(
+        "--tokenizer",
+        help="Hugging Face tokenizer directory for token lengths and synthetic prompts "
+        "(default: the one the served model's config names, when that folder is readable here; else an "
+        "estimate, whitespace words or chars/4)",
+    )
     d.add_argument("--input-len", type=int, default=128, help="synthetic prompt length in tokens (default 128)")
-    d.add_argument("--output-len", type=int, help="requested output tokens for every request (default: the "
-                   "dataset's completion length; 128 for prompts/synthetic)")
+    d.add_argument(
+        "--output-len",
+        type=int,
+        help="requested output tokens for every request (default: the "
+        "dataset's completion length; 128 for prompts/synthetic)",
+    )
     d.add_argument("--range-ratio", type=float, default=0.0, help="synthetic lengths uniform in [L(1-r), L(1+r)]")
     d.add_argument("--max-input-len", type=int, help="skip prompts longer than this (sharegpt default 1024)")
     d.add_argument("--max-total-len", type=int, default=2048, help="sharegpt: skip prompt+output longer than this")
@@ -94,34 +134,61 @@ def build_parser(prog: str = "llmlaunch-bench") -> argparse.ArgumentParser:
 
     ld = p.add_argument_group("load")
     ld.add_argument("--concurrency", "-c", type=int, help="max requests in flight (fixed-concurrency mode)")
-    ld.add_argument("--request-rate", type=float, default=math.inf,
-                    help="mean requests/s with random arrivals (default inf: no pacing)")
-    ld.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps: 1 = Poisson, <1 burstier")
+    ld.add_argument(
+        "--request-rate",
+        type=float,
+        default=math.inf,
+        help="mean requests/s with random arrivals (default inf: no pacing)",
+    )
+    ld.add_argument(
+        "--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps: 1 = Poisson, <1 burstier"
+    )
     ld.add_argument("--duration", type=float, help="stop sending after this many seconds (dataset cycled)")
     ld.add_argument("--warmup", type=int, default=0, help="requests sent first and not counted")
-    ld.add_argument("--processes", type=int, default=1, help="client processes sharing the load (at a --concurrency "
-                    "alone they take requests from one queue, a process whose request ended sending the next; at a "
-                    "--request-rate request i is sent by process i %% N, at the same arrival times for any N)")
+    ld.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        help="client processes sharing the load (at a --concurrency "
+        "alone they take requests from one queue, a process whose request ended sending the next; at a "
+        "--request-rate request i is sent by process i %% N, at the same arrival times for any N)",
+    )
     ld.add_argument("--streams", type=int, default=1, help="gRPC streams per client process")
-    ld.add_argument("--timeout", type=float, default=600.0,
-                    help="fail requests still running this long after the last send (default 600 s)")
+    ld.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        help="fail requests still running this long after the last send (default 600 s)",
+    )
 
     r = p.add_argument_group("requests")
-    r.add_argument("--ignore-eos", action="store_true",
-                   help="enforce the requested output length (ignore_eos and min_length = max_tokens)")
+    r.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="enforce the requested output length (ignore_eos and min_length = max_tokens)",
+    )
     r.add_argument("--no-stream", action="store_true", help="ask for one response per request")
     r.add_argument("--temperature", type=float, help="temperature (unset: server default)")
     r.add_argument("--top-p", type=float)
     r.add_argument("--top-k", type=int)
     r.add_argument("--sampling-seed", type=int, help="random_seed sent with every request")
     r.add_argument("--stop", action="append", default=[], metavar="WORD", help="stop word (repeatable)")
-    r.add_argument("--request-param", action="append", default=[], metavar="KEY=VALUE",
-                   help="Triton request parameter passed to the model (repeatable)")
-    r.add_argument("--final-counts-only", action=argparse.BooleanOptionalAction, default=None,
-                   help="ask for the token counts on each streamed request's final response only (text_output alone "
-                        "before it: less for the server to send a token, the figures the same).  Default: asked of a "
-                        "model whose config says it honours it (llmlaunch's models; not the TensorRT-LLM ensemble "
-                        "or a model made elsewhere, some of which fail a request on a parameter they do not know)")
+    r.add_argument(
+        "--request-param",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="Triton request parameter passed to the model (repeatable)",
+    )
+    r.add_argument(
+        "--final-counts-only",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="ask for the token counts on each streamed request's final response only (text_output alone "
+        "before it: less for the server to send a token, the figures the same).  Default: asked of a "
+        "model whose config says it honours it (llmlaunch's models; not the TensorRT-LLM ensemble "
+        "or a model made elsewhere, some of which fail a request on a parameter they do not know)",
+    )
 
     o = p.add_argument_group("results")
     o.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs for goodput: ttft:MS tpot:MS e2el:MS")
@@ -130,12 +197,18 @@ def build_parser(prog: str = "llmlaunch-bench") -> argparse.ArgumentParser:
     o.add_argument("--label", default="", help="free text stored with the results")
     o.add_argument("--save-text", action="store_true", help="keep generated text in the JSON")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
-    o.add_argument("--server-metrics", metavar="URL",
-                   help="tritonserver metrics URL (http://HOST:PORT/metrics) of an llmlaunch hf model: report where "
-                        "the mean TTFT goes, inside the model (parse / add / engine / back / respond) and outside it, and how the engine "
-                        "spent its steps (launch / wait for the GPU / host work; GPU busy and idle) (first run only)")
-    o.add_argument("--compare", metavar="URL2[,MODEL2]",
-                   help="identity test: run the same load against a second model and print the speedup of it over the first")
+    o.add_argument(
+        "--server-metrics",
+        metavar="URL",
+        help="tritonserver metrics URL (http://HOST:PORT/metrics) of an llmlaunch hf model: report where "
+        "the mean TTFT goes, inside the model (parse / add / engine / back / respond) and outside it, and how the engine "
+        "spent its steps (launch / wait for the GPU / host work; GPU busy and idle) (first run only)",
+    )
+    o.add_argument(
+        "--compare",
+        metavar="URL2[,MODEL2]",
+        help="identity test: run the same load against a second model and print the speedup of it over the first",
+    )
     return p
 
 
@@ -177,18 +250,41 @@ def prepare(args):
     num = args.num_prompts
     if num is None and kind in ("sharegpt", "synthetic"):
         num = 1000
-    samples = datasets.load(kind, args.dataset, num, tokens, seed=args.seed, output_len=args.output_len,
-                            input_len=args.input_len, range_ratio=args.range_ratio,
-                            max_input_len=args.max_input_len, max_total_len=args.max_total_len)
+    samples = datasets.load(
+        kind,
+        args.dataset,
+        num,
+        tokens,
+        seed=args.seed,
+        output_len=args.output_len,
+        input_len=args.input_len,
+        range_ratio=args.range_ratio,
+        max_input_len=args.max_input_len,
+        max_total_len=args.max_total_len,
+    )
     return samples, kind, tokens
 
 
-def bench_one(args, url: str, model: str, samples, kind: str, tokens, label: str = "", progress_label: str = "",
-              server_metrics: str | None = None) -> dict:
+def bench_one(
+    args,
+    url: str,
+    model: str,
+    samples,
+    kind: str,
+    tokens,
+    label: str = "",
+    progress_label: str = "",
+    server_metrics: str | None = None,
+) -> dict:
     """Run the benchmark once; returns the result document (see module docstring).  `server_metrics`: the
     served model's metrics URL, read before and after for the first-token split."""
-    sampling = {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k,
-                "seed": args.sampling_seed, "stop": tuple(args.stop)}
+    sampling = {
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": args.top_k,
+        "seed": args.sampling_seed,
+        "stop": tuple(args.stop),
+    }
     gens = generations(samples, sampling, stream=not args.no_stream, ignore_eos=args.ignore_eos)
     num_requests = args.num_prompts if args.num_prompts is not None else (None if args.duration else len(samples))
     spec = spec_from_args(args, num_requests)
@@ -214,25 +310,33 @@ def bench_one(args, url: str, model: str, samples, kind: str, tokens, label: str
             # the totals once the last requests' first tokens and steps are in (they come up to a second late)
             before, engine_before = timings.settled_server_metrics(server_metrics, model)
         except OSError as exc:
-            raise ValueError(f"--server-metrics {server_metrics}: cannot read it ({getattr(exc, 'reason', exc)}); "
-                             "give the served model's tritonserver metrics URL, http://HOST:PORT/metrics "
-                             "(llmlaunch: serve.metrics_port)") from None
+            raise ValueError(
+                f"--server-metrics {server_metrics}: cannot read it ({getattr(exc, 'reason', exc)}); "
+                "give the served model's tritonserver metrics URL, http://HOST:PORT/metrics "
+                "(llmlaunch: serve.metrics_port)"
+            ) from None
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     shape = (f"concurrency {spec.concurrency}" if spec.concurrency else "") + (
-        f"{', ' if spec.concurrency else ''}rate {spec.request_rate:g}/s" if math.isfinite(spec.request_rate) else "")
-    print(f"llmlaunch-bench: {num_requests if num_requests is not None else 'unlimited'} requests"
-          f"{f' for {spec.duration:g} s' if spec.duration else ''} to {model!r} at {url} ({shape}, {kind} dataset)",
-          file=sys.stderr)
+        f"{', ' if spec.concurrency else ''}rate {spec.request_rate:g}/s" if math.isfinite(spec.request_rate) else ""
+    )
+    print(
+        f"llmlaunch-bench: {num_requests if num_requests is not None else 'unlimited'} requests"
+        f"{f' for {spec.duration:g} s' if spec.duration else ''} to {model!r} at {url} ({shape}, {kind} dataset)",
+        file=sys.stderr,
+    )
     out = run_load(job, make_bar)
-    results = [metrics.from_record(idx, samples[idx % len(samples)], rec, out.t0, tokens, args.save_text)
-               for idx, rec in out.records]
+    results = [
+        metrics.from_record(idx, samples[idx % len(samples)], rec, out.t0, tokens, args.save_text)
+        for idx, rec in out.records
+    ]
     ends = [r.end for r in results if r.end is not None] + [r.sent for r in results]
     duration = max(ends) if ends else 0.0
     m = metrics.compute(results, duration, slos)
     split = steps = None
     if before is not None and not args.no_stream:  # warm-up requests are counted too: they are first tokens as well
-        split = timings.first_token_split(server_metrics, model, before, len(results) + spec.warmup,
-                                          m["ttft_ms"]["mean"])
+        split = timings.first_token_split(
+            server_metrics, model, before, len(results) + spec.warmup, m["ttft_ms"]["mean"]
+        )
     if engine_before is not None:
         steps = timings.engine_split_after(server_metrics, model, engine_before)
     load = asdict(spec)
@@ -246,15 +350,24 @@ def bench_one(args, url: str, model: str, samples, kind: str, tokens, label: str
             "url": url,
             "backend": args.backend,
             "model": model,
-            "dataset": {"name": kind, "path": args.dataset, "samples": len(samples), "seed": args.seed,
-                        "tokenizer": args.tokenizer,
-                        "token_lengths": "tokenizer" if tokens.exact else "estimate (whitespace words or chars/4)",
-                        "input_len": args.input_len if kind == "synthetic" else None,
-                        "output_len": args.output_len, "range_ratio": args.range_ratio},
+            "dataset": {
+                "name": kind,
+                "path": args.dataset,
+                "samples": len(samples),
+                "seed": args.seed,
+                "tokenizer": args.tokenizer,
+                "token_lengths": "tokenizer" if tokens.exact else "estimate (whitespace words or chars/4)",
+                "input_len": args.input_len if kind == "synthetic" else None,
+                "output_len": args.output_len,
+                "range_ratio": args.range_ratio,
+            },
             "load": load,
-            "request": {"stream": not args.no_stream, "ignore_eos": args.ignore_eos,
-                        "sampling": {k: v for k, v in sampling.items() if v not in (None, ())},
-                        "parameters": params},
+            "request": {
+                "stream": not args.no_stream,
+                "ignore_eos": args.ignore_eos,
+                "sampling": {k: v for k, v in sampling.items() if v not in (None, ())},
+                "parameters": params,
+            },
             "goodput_slos_ms": slos,
         },
         "metrics": m,
@@ -279,13 +392,30 @@ def write_json(doc: dict, path) -> None:
 def csv_row(doc: dict) -> dict:
     m, c = doc["metrics"], doc["config"]
     row = {
-        "time": doc["started_at"], "label": doc["label"], "url": c["url"], "model": c["model"],
-        "dataset": c["dataset"]["path"] or c["dataset"]["name"], "num_requests": m["requests"],
-        "concurrency": c["load"]["concurrency"], "request_rate": c["load"]["request_rate"],
-        "burstiness": c["load"]["burstiness"], "processes": c["load"]["processes"],
+        "time": doc["started_at"],
+        "label": doc["label"],
+        "url": c["url"],
+        "model": c["model"],
+        "dataset": c["dataset"]["path"] or c["dataset"]["name"],
+        "num_requests": m["requests"],
+        "concurrency": c["load"]["concurrency"],
+        "request_rate": c["load"]["request_rate"],
+        "burstiness": c["load"]["burstiness"],
+        "processes": c["load"]["processes"],
     }
-    for k in ("completed", "failed", "errors", "zero_token", "duration_s", "request_throughput", "output_throughput",
-              "total_token_throughput", "goodput", "total_input_tokens", "total_output_tokens"):
+    for k in (
+        "completed",
+        "failed",
+        "errors",
+        "zero_token",
+        "duration_s",
+        "request_throughput",
+        "output_throughput",
+        "total_token_throughput",
+        "goodput",
+        "total_input_tokens",
+        "total_output_tokens",
+    ):
         row[k] = m.get(k)
     for k in metrics.LATENCIES:
         for s in ("mean", "p50", "p90", "p99"):
@@ -331,23 +461,52 @@ def run(args) -> int:
     spec_from_args(args, args.num_prompts).check()  # fail on bad load arguments before loading data
     metrics.parse_slos(args.goodput)
     model = args.model or backend.default_model(url)
-    if args.tokenizer is None and backend.name == "triton-grpc":  # prompts in the served model's tokens: --input-len 128 sends 128 of them
+    if (
+        args.tokenizer is None and backend.name == "triton-grpc"
+    ):  # prompts in the served model's tokens: --input-len 128 sends 128 of them
         args.tokenizer = served_tokenizer(url, model) or None
-        print(f"llmlaunch-bench: token lengths with {args.tokenizer or 'an estimate (no --tokenizer; the served model names none readable here)'}",
-              file=sys.stderr)
+        print(
+            f"llmlaunch-bench: token lengths with {args.tokenizer or 'an estimate (no --tokenizer; the served model names none readable here)'}",
+            file=sys.stderr,
+        )
     samples, kind, tokens = prepare(args)
-    docs = [bench_one(args, url, model, samples, kind, tokens, label=args.label or "",
-                      progress_label="A " if args.compare else "", server_metrics=args.server_metrics)]
+    docs = [
+        bench_one(
+            args,
+            url,
+            model,
+            samples,
+            kind,
+            tokens,
+            label=args.label or "",
+            progress_label="A " if args.compare else "",
+            server_metrics=args.server_metrics,
+        )
+    ]
     if args.compare:
         url_b, _, model_b = args.compare.partition(",")
         url_b = backend.url(url_b) if url_b.strip() else url
         model_b = model_b.strip() or args.model or backend.default_model(url_b)
-        docs.append(bench_one(args, url_b, model_b, samples, kind, tokens,
-                              label=(args.label + " " if args.label else "") + "B", progress_label="B "))
+        docs.append(
+            bench_one(
+                args,
+                url_b,
+                model_b,
+                samples,
+                kind,
+                tokens,
+                label=(args.label + " " if args.label else "") + "B",
+                progress_label="B ",
+            )
+        )
         if not args.label:
             docs[0]["label"] = "A"
     for i, doc in enumerate(docs):
-        title = "Serving Benchmark Result" if len(docs) == 1 else f"{'AB'[i]}: {doc['config']['model']} @ {doc['config']['url']}"
+        title = (
+            "Serving Benchmark Result"
+            if len(docs) == 1
+            else f"{'AB'[i]}: {doc['config']['model']} @ {doc['config']['url']}"
+        )
         print(metrics.format_table(doc["metrics"], title))
         if doc.get("server_first_token_ms"):
             print(metrics.format_first_token_split(doc["server_first_token_ms"]))

@@ -171,8 +171,16 @@ def take(samples: list[Sample], n: Optional[int], what: str) -> list[Sample]:
     return [samples[i % len(samples)] for i in range(n)]
 
 
-def load_sharegpt(path, num: Optional[int], tokens: TokenCounter, seed: int = 0, output_len: Optional[int] = None,
-                  max_input_len: int = 1024, max_total_len: int = 2048, min_len: int = 4) -> list[Sample]:
+def load_sharegpt(
+    path,
+    num: Optional[int],
+    tokens: TokenCounter,
+    seed: int = 0,
+    output_len: Optional[int] = None,
+    max_input_len: int = 1024,
+    max_total_len: int = 2048,
+    min_len: int = 4,
+) -> list[Sample]:
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
     pairs = [
@@ -198,8 +206,14 @@ def load_sharegpt(path, num: Optional[int], tokens: TokenCounter, seed: int = 0,
     return take(out, num, f"ShareGPT file {path}")
 
 
-def load_cnn(path, num: Optional[int], tokens: TokenCounter, seed: int = 0, output_len: Optional[int] = None,
-             max_input_len: Optional[int] = None) -> list[Sample]:
+def load_cnn(
+    path,
+    num: Optional[int],
+    tokens: TokenCounter,
+    seed: int = 0,
+    output_len: Optional[int] = None,
+    max_input_len: Optional[int] = None,
+) -> list[Sample]:
     with open(path, encoding="utf-8") as f:
         data = json.load(f)
     rows = [d for d in data if isinstance(d, dict) and "input" in d]
@@ -229,8 +243,14 @@ def load_prompts(path, num: Optional[int], tokens: TokenCounter, output_len: Opt
     return take(out, num, f"prompts file {path}")
 
 
-def load_synthetic(num: Optional[int], tokens: TokenCounter, seed: int = 0, input_len: int = 128,
-                   output_len: Optional[int] = None, range_ratio: float = 0.0) -> list[Sample]:
+def load_synthetic(
+    num: Optional[int],
+    tokens: TokenCounter,
+    seed: int = 0,
+    input_len: int = 128,
+    output_len: Optional[int] = None,
+    range_ratio: float = 0.0,
+) -> list[Sample]:
     if not 0.0 <= range_ratio < 1.0:
         raise ValueError(f"--range-ratio must be in [0, 1), got {range_ratio}")
     output_len = output_len or 128
@@ -247,9 +267,18 @@ def load_synthetic(num: Optional[int], tokens: TokenCounter, seed: int = 0, inpu
     return out
 
 
-def load(kind: str, path: Optional[str], num: Optional[int], tokens: TokenCounter, seed: int = 0,
-         output_len: Optional[int] = None, input_len: int = 128, range_ratio: float = 0.0,
-         max_input_len: Optional[int] = None, max_total_len: int = 2048) -> list[Sample]:
+def load(
+    kind: str,
+    path: Optional[str],
+    num: Optional[int],
+    tokens: TokenCounter,
+    seed: int = 0,
+    output_len: Optional[int] = None,
+    input_len: int = 128,
+    range_ratio: float = 0.0,
+    max_input_len: Optional[int] = None,
+    max_total_len: int = 2048,
+) -> list[Sample]:
     """Dispatch on kind ('auto' detects it from the file)."""
     if kind == "auto":
         kind = detect_kind(path)

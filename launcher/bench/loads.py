@@ -38,8 +38,14 @@ class Load:
         slot for, on every path alike)."""
         from launcher.bench.runner import LoadSpec
 
-        return LoadSpec(concurrency=None, request_rate=self.rate, num_requests=self.requests,
-                        processes=self.processes, streams=streams, seed=self.seed)
+        return LoadSpec(
+            concurrency=None,
+            request_rate=self.rate,
+            num_requests=self.requests,
+            processes=self.processes,
+            streams=streams,
+            seed=self.seed,
+        )
 
     def warmup(self, max_num_seqs: int) -> "Load":
         """The warm-up before the rounds (allocator, first-call costs): this closed loop itself, or for an open loop a
@@ -60,18 +66,31 @@ class Load:
 def add_open_loop_args(ap: argparse.ArgumentParser, same: str) -> None:
     """--request-rate / --open-seconds: open loops after the closed ones (`same`: who gets the same arrival times);
     check them with `check_open_loop_args`, make the loads with `make_loads`."""
-    ap.add_argument("--request-rate", type=float, nargs="+", default=[], metavar="R",
-                    help=f"open loops after the closed ones: requests sent at R/s (Poisson), {same}, whatever is in "
-                         f"flight")
-    ap.add_argument("--open-seconds", type=float, default=4.0, metavar="S",
-                    help="an open loop sends R x S requests a round (at least 16)")
+    ap.add_argument(
+        "--request-rate",
+        type=float,
+        nargs="+",
+        default=[],
+        metavar="R",
+        help=f"open loops after the closed ones: requests sent at R/s (Poisson), {same}, whatever is in flight",
+    )
+    ap.add_argument(
+        "--open-seconds",
+        type=float,
+        default=4.0,
+        metavar="S",
+        help="an open loop sends R x S requests a round (at least 16)",
+    )
 
 
 def check_open_loop_args(ap: argparse.ArgumentParser, args) -> None:
     bad_rate = [r for r in args.request_rate if not 0 < r < float("inf")]
     if bad_rate or not args.open_seconds > 0:
-        ap.error(f"--request-rate {bad_rate[0]:g}: a rate is a number of requests/s above 0" if bad_rate else
-                 f"--open-seconds {args.open_seconds:g}: an open loop needs a length above 0 s")
+        ap.error(
+            f"--request-rate {bad_rate[0]:g}: a rate is a number of requests/s above 0"
+            if bad_rate
+            else f"--open-seconds {args.open_seconds:g}: an open loop needs a length above 0 s"
+        )
 
 
 def make_loads(args, processes: list[int] = (1,)) -> list[Load]:
@@ -79,11 +98,16 @@ def make_loads(args, processes: list[int] = (1,)) -> list[Load]:
     (R x --open-seconds, at least 16); each once per count of `processes` (the served path's client processes), side
     by side: a load's rows for 8 and 16 clients follow each other, on the same prompts and arrivals."""
     several = len(processes) > 1
-    loads = [Load(requests=c * args.requests_per_stream, concurrency=c, processes=p, seed=c, name_processes=several)
-             for c in args.concurrency
-             for p in dict.fromkeys(max(1, min(p, c)) for p in processes)]  # a closed loop has at most C clients
-    return loads + [Load(requests=max(16, round(r * args.open_seconds)), rate=r, processes=p, seed=round(r),
-                         name_processes=several) for r in args.request_rate for p in processes]
+    loads = [
+        Load(requests=c * args.requests_per_stream, concurrency=c, processes=p, seed=c, name_processes=several)
+        for c in args.concurrency
+        for p in dict.fromkeys(max(1, min(p, c)) for p in processes)
+    ]  # a closed loop has at most C clients
+    return loads + [
+        Load(requests=max(16, round(r * args.open_seconds)), rate=r, processes=p, seed=round(r), name_processes=several)
+        for r in args.request_rate
+        for p in processes
+    ]
 
 
 def draw_output_lengths(n: int, low: int, high: int, seed: int) -> list[int]:

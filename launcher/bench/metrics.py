@@ -240,8 +240,12 @@ def format_table(m: dict, title: str = "Serving Benchmark Result") -> str:
         row("Request goodput (req/s):", _fmt(m["goodput"]))
     row("Output token throughput (tok/s):", _fmt(m["output_throughput"]))
     row("Total token throughput (tok/s):", _fmt(m["total_token_throughput"]))
-    names = {"ttft": "Time to First Token", "tpot": "Time per Output Token (excl. 1st token)",
-             "itl": "Inter-token Latency", "e2el": "End-to-end Latency"}
+    names = {
+        "ttft": "Time to First Token",
+        "tpot": "Time per Output Token (excl. 1st token)",
+        "itl": "Inter-token Latency",
+        "e2el": "End-to-end Latency",
+    }
     for key in LATENCIES:
         s = m[f"{key}_ms"]
         lines.append(f" {names[key]} ".center(w, "-"))
@@ -260,10 +264,15 @@ def format_first_token_split(split: dict) -> str:
     """--server-metrics: where the mean TTFT goes (launcher/python_backend/timings.py), as rows under the table."""
     w = 50
     lines = [" Mean TTFT, inside the model / outside ".center(w, "-")]
-    for key, name in (("parse", "reading the request"), ("add", "to the engine process"),
-                      ("engine", "engine: queue, prefill"), ("back", "first token back to the stub"),
-                      ("respond", "response built"), ("send", "response sent to tritonserver"),
-                      ("outside_server", "tritonserver, gRPC, client")):
+    for key, name in (
+        ("parse", "reading the request"),
+        ("add", "to the engine process"),
+        ("engine", "engine: queue, prefill"),
+        ("back", "first token back to the stub"),
+        ("respond", "response built"),
+        ("send", "response sent to tritonserver"),
+        ("outside_server", "tritonserver, gRPC, client"),
+    ):
         if split.get(key) is not None:
             lines.append(f"{name + ' (ms):':<34}{_fmt(split[key]):>16}")
     lines.append(f"{'requests counted by the model:':<34}{_fmt(split['requests']):>16}")
@@ -315,7 +324,9 @@ def format_speedup(a: dict, b: dict, name_a: str, name_b: str) -> str:
     lines.append(f"{'metric':<34}{'A':>{wa}}{'B':>{wb}}{'speedup':>10}")
     for key, label, _ in COMPARED:
         s = sp[key]
-        lines.append(f"{label:<34}{_fmt(_get(a, key)):>{wa}}{_fmt(_get(b, key)):>{wb}}{(f'{s:.2f}x' if s else 'n/a'):>10}")
+        lines.append(
+            f"{label:<34}{_fmt(_get(a, key)):>{wa}}{_fmt(_get(b, key)):>{wb}}{(f'{s:.2f}x' if s else 'n/a'):>10}"
+        )
     return "\n".join(lines)
 
 

@@ -90,8 +90,9 @@ class OpenAIStream:
         import aiohttp
 
         # no connection cap: the load generator decides the concurrency; no total timeout: long generations
-        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=30))
+        return aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=None, sock_connect=30)
+        )
 
     def submit(self, request: OpenAIRequest, record: Optional[StreamRecord] = None) -> StreamRecord:
         if self._dead:
@@ -111,8 +112,9 @@ class OpenAIStream:
         perf, loads = time.perf_counter, json.loads
         try:
             rec.sent = perf()
-            async with self._session.post(self.url + request.path, data=request.body,
-                                          headers={"Content-Type": "application/json"}) as resp:
+            async with self._session.post(
+                self.url + request.path, data=request.body, headers={"Content-Type": "application/json"}
+            ) as resp:
                 if resp.status != 200:
                     text = await resp.text()
                     try:
@@ -143,7 +145,11 @@ class OpenAIStream:
                         break
                     doc = loads(data)
                     if "error" in doc:
-                        rec.error = doc["error"].get("message", str(doc["error"])) if isinstance(doc["error"], dict) else str(doc["error"])
+                        rec.error = (
+                            doc["error"].get("message", str(doc["error"]))
+                            if isinstance(doc["error"], dict)
+                            else str(doc["error"])
+                        )
                         break
                     if doc.get("usage"):
                         self._usage(rec, doc["usage"])

@@ -14,8 +14,15 @@ from typing import Callable, Optional
 
 
 class Progress:
-    def __init__(self, read: Callable[[], tuple], total: Optional[int], label: str = "",
-                 interval: float = 0.25, stream=None, enabled: bool = True):
+    def __init__(
+        self,
+        read: Callable[[], tuple],
+        total: Optional[int],
+        label: str = "",
+        interval: float = 0.25,
+        stream=None,
+        enabled: bool = True,
+    ):
         """read() -> (requests done, output tokens so far, failed requests)."""
         self.read = read
         self.total = total

@@ -54,10 +54,35 @@ X_KEYS = ("concurrency", "request_rate")
 IGNORED_KEYS = ("seed",)
 
 SUMMARY_FIELDS = (
-    "point", "status", "config", "concurrency", "request_rate", "requests", "completed", "failed",
-    "request_throughput", "output_throughput", "total_token_throughput", "goodput",
-    "ttft_p50_ms", "ttft_p99_ms", "ttft_mean_ms", "ttft_engine_ms", "ttft_outside_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p50_ms", "itl_p99_ms", "tokens_per_response",
-    "e2el_p50_ms", "e2el_p99_ms", "engine_step_ms", "engine_gpu_idle_ms", *READY_COLUMNS, "error", "overrides",
+    "point",
+    "status",
+    "config",
+    "concurrency",
+    "request_rate",
+    "requests",
+    "completed",
+    "failed",
+    "request_throughput",
+    "output_throughput",
+    "total_token_throughput",
+    "goodput",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "ttft_mean_ms",
+    "ttft_engine_ms",
+    "ttft_outside_ms",
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+    "tokens_per_response",
+    "e2el_p50_ms",
+    "e2el_p99_ms",
+    "engine_step_ms",
+    "engine_gpu_idle_ms",
+    *READY_COLUMNS,
+    "error",
+    "overrides",
 )
 
 
@@ -84,15 +109,23 @@ class Point:
         return m
 
 
-def write_failure(point_dir, overrides, stage: str, error: str, exit_code: Optional[int] = None,
-                  log: Optional[str] = None) -> Path:
+def write_failure(
+    point_dir, overrides, stage: str, error: str, exit_code: Optional[int] = None, log: Optional[str] = None
+) -> Path:
     """Record that a sweep point could not be measured (see the module docstring)."""
     import datetime as _dt
 
     point_dir = Path(point_dir)
     point_dir.mkdir(parents=True, exist_ok=True)
-    doc = {"format": "llmlaunch-failure/1", "overrides": list(overrides or []), "stage": stage, "error": error,
-           "exit_code": exit_code, "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), "log": log}
+    doc = {
+        "format": "llmlaunch-failure/1",
+        "overrides": list(overrides or []),
+        "stage": stage,
+        "error": error,
+        "exit_code": exit_code,
+        "time": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "log": log,
+    }
     path = point_dir / "failure.json"
     path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     return path
@@ -159,8 +192,16 @@ def load_points(sweep: Path) -> list[Point]:
         pt = Point(path=d, result=result, failure=failure)
         pt.overrides = _read_overrides(d, failure)
         load = (result or {}).get("config", {}).get("load", {})
-        pt.concurrency = _number(load.get("concurrency")) if load.get("concurrency") is not None else _from_overrides(pt.overrides, "concurrency")
-        pt.request_rate = _number(load.get("request_rate")) if load.get("request_rate") is not None else _from_overrides(pt.overrides, "request_rate")
+        pt.concurrency = (
+            _number(load.get("concurrency"))
+            if load.get("concurrency") is not None
+            else _from_overrides(pt.overrides, "concurrency")
+        )
+        pt.request_rate = (
+            _number(load.get("request_rate"))
+            if load.get("request_rate") is not None
+            else _from_overrides(pt.overrides, "request_rate")
+        )
         rest = {k: v for k, v in pt.overrides.items() if k.rsplit(".", 1)[-1] not in X_KEYS + IGNORED_KEYS}
         if rest:
             pt.config = ", ".join(f"{k}={v}" for k, v in sorted(rest.items()))
@@ -219,13 +260,16 @@ def summary_rows(points: list[Point], sweep: Optional[Path] = None) -> list[dict
         # the hf model's split of the mean TTFT (llmlaunch-bench --server-metrics): its engine part (queue +
         # prefill) and what lies outside the model (tritonserver, gRPC, client); empty for other servers
         split = (pt.result or {}).get("server_first_token_ms") or {}
-        row.update(ttft_mean_ms=pt.metric("ttft_ms.mean"), ttft_engine_ms=split.get("engine"),
-                   ttft_outside_ms=split.get("outside_server"))
+        row.update(
+            ttft_mean_ms=pt.metric("ttft_ms.mean"),
+            ttft_engine_ms=split.get("engine"),
+            ttft_outside_ms=split.get("outside_server"),
+        )
         # ... and how its engine spent a step: the loop's time per step, and the GPU waiting for the host
         steps = (pt.result or {}).get("server_engine_steps") or {}
         row.update(engine_step_ms=steps.get("step_ms"), engine_gpu_idle_ms=steps.get("gpu_idle_ms"))
         # the time to READY of the server the point was measured against (point.json, from its run record)
-        server = ((_read_point(pt.path) or {}).get("server") or {})
+        server = (_read_point(pt.path) or {}).get("server") or {}
         row.update(csv_columns(server.get("time_to_ready")))
         rows.append({k: _fmt(v) for k, v in row.items()})
     return rows
@@ -264,22 +308,47 @@ def plot(points: list[Point], out: Path) -> list[Path]:
     xs_all = []
     for i, (config, pts) in enumerate(sorted(groups.items())):
         color = colors[i % len(colors)]
-        good = sorted((xval(p), p.metric("output_throughput"), p) for p in pts
-                      if p.result is not None and xval(p) is not None and p.metric("output_throughput") is not None)
+        good = sorted(
+            (xval(p), p.metric("output_throughput"), p)
+            for p in pts
+            if p.result is not None and xval(p) is not None and p.metric("output_throughput") is not None
+        )
         if good:
             ax.plot([g[0] for g in good], [g[1] for g in good], "o-", color=color, label=config)
             for x, y, p in good:
                 if p.status == "errors":
-                    ax.annotate(f"{p.metric('failed')} requests failed", (x, y), textcoords="offset points", xytext=(4, 6),
-                                fontsize=7, color="tab:red")
+                    ax.annotate(
+                        f"{p.metric('failed')} requests failed",
+                        (x, y),
+                        textcoords="offset points",
+                        xytext=(4, 6),
+                        fontsize=7,
+                        color="tab:red",
+                    )
             xs_all += [g[0] for g in good]
         bad = [xval(p) for p in pts if p.result is None and xval(p) is not None]
         if bad:
-            ax.plot(bad, [0] * len(bad), "x", color="tab:red", markersize=10, mew=2, clip_on=False, zorder=5,
-                    label="failed point (see summary.csv)" if failed_label else None)
+            ax.plot(
+                bad,
+                [0] * len(bad),
+                "x",
+                color="tab:red",
+                markersize=10,
+                mew=2,
+                clip_on=False,
+                zorder=5,
+                label="failed point (see summary.csv)" if failed_label else None,
+            )
             for x in bad:
-                ax.annotate(f"{config}: failed", (x, 0), textcoords="offset points", xytext=(0, 8), ha="center",
-                            fontsize=7, color="tab:red")
+                ax.annotate(
+                    f"{config}: failed",
+                    (x, 0),
+                    textcoords="offset points",
+                    xytext=(0, 8),
+                    ha="center",
+                    fontsize=7,
+                    color="tab:red",
+                )
             failed_label = False
             xs_all += bad
     if xs_all and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 8:
@@ -307,7 +376,9 @@ def plot(points: list[Point], out: Path) -> list[Path]:
         good = sorted(
             (p.metric("output_throughput"), p.metric("ttft_ms.p50"), p.metric("ttft_ms.p99"), xval(p))
             for p in pts
-            if p.result is not None and p.metric("output_throughput") is not None and p.metric("ttft_ms.p50") is not None
+            if p.result is not None
+            and p.metric("output_throughput") is not None
+            and p.metric("ttft_ms.p50") is not None
         )
         if not good:
             continue
@@ -316,8 +387,14 @@ def plot(points: list[Point], out: Path) -> list[Path]:
         ax.plot(tput, [g[2] for g in good], "^--", color=color, label=f"{config}: p99 TTFT")
         for t, p50, _, x in good:
             if x is not None:
-                ax.annotate(f"{'c' if use_conc else 'r'}={x:g}", (t, p50), textcoords="offset points", xytext=(4, -10),
-                            fontsize=7, color=color)
+                ax.annotate(
+                    f"{'c' if use_conc else 'r'}={x:g}",
+                    (t, p50),
+                    textcoords="offset points",
+                    xytext=(4, -10),
+                    fontsize=7,
+                    color=color,
+                )
     ax.set_xlabel("output tokens/s")
     ax.set_ylabel("time to first token (ms)")
     ax.set_title("Latency against throughput")
@@ -348,7 +425,9 @@ def format_summary(points: list[Point]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="llmlaunch-report", description="summary.csv and plots from a benchmark sweep directory")
+    p = argparse.ArgumentParser(
+        prog="llmlaunch-report", description="summary.csv and plots from a benchmark sweep directory"
+    )
     p.add_argument("sweep", help="sweep directory (points are the dirs holding result.json or failure.json)")
     p.add_argument("--out", help="where to write summary.csv and the plots (default: the sweep directory)")
     p.add_argument("--no-plots", action="store_true", help="only summary.csv")

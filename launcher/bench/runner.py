@@ -60,7 +60,9 @@ class LoadSpec:
         if not (self.request_rate > 0):
             raise ValueError(f"--request-rate must be > 0 (or inf), got {self.request_rate}")
         if self.concurrency is None and math.isinf(self.request_rate):
-            raise ValueError("give --concurrency N, or --request-rate R (use --request-rate inf to send everything at once)")
+            raise ValueError(
+                "give --concurrency N, or --request-rate R (use --request-rate inf to send everything at once)"
+            )
         if self.burstiness <= 0:
             raise ValueError(f"--burstiness must be > 0, got {self.burstiness}")
         if self.processes < 1 or self.streams < 1:
@@ -343,9 +345,12 @@ def _run_processes(job: Job, progress) -> RunOutput:
     queue = ctx.Value("q", 0) if math.isinf(job.spec.request_rate) else None
     procs = []
     for rank in range(world):
-        p = ctx.Process(target=_worker, args=(replace(job, rank=rank, world=world), events, go, start_value, counters,
-                                              queue),
-                        name=f"llmlaunch-bench-{rank}", daemon=True)
+        p = ctx.Process(
+            target=_worker,
+            args=(replace(job, rank=rank, world=world), events, go, start_value, counters, queue),
+            name=f"llmlaunch-bench-{rank}",
+            daemon=True,
+        )
         p.start()
         procs.append(p)
 
@@ -376,7 +381,11 @@ def _run_processes(job: Job, progress) -> RunOutput:
             ready += 1
         start_value.value = time.perf_counter() + 0.05  # everyone starts at the same instant
         go.set()
-        bar = progress(lambda: tuple(sum(counters[3 * r + k] for r in range(world)) for k in range(3))) if progress else None
+        bar = (
+            progress(lambda: tuple(sum(counters[3 * r + k] for r in range(world)) for k in range(3)))
+            if progress
+            else None
+        )
         if bar:
             bar.start()
         while results < world:

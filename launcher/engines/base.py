@@ -23,15 +23,22 @@ class RenderedModel:
 
     name: str
     config: Any  # model_config_pb2.ModelConfig
-    files: Dict[str, str] = field(default_factory=dict)  # path inside the model folder -> source path under model_repository/
-    extra_text: Dict[str, str] = field(default_factory=dict)  # path inside the model folder -> generated text (engine JSON files)
+    files: Dict[str, str] = field(
+        default_factory=dict
+    )  # path inside the model folder -> source path under model_repository/
+    extra_text: Dict[str, str] = field(
+        default_factory=dict
+    )  # path inside the model folder -> generated text (engine JSON files)
 
 
 def model_host_paths(c) -> List[Tuple[str, str, str]]:
     """(key, path, kind) of what an engine loading a Hugging Face folder reads (launcher/hostcheck.py's kinds):
     model.path (config, weights and, without model.tokenizer, the tokenizer) and model.tokenizer."""
     m = c.model
-    return [("model.path", m.path, "hf_weights" if m.tokenizer else "hf_model"), ("model.tokenizer", m.tokenizer, "tokenizer")]
+    return [
+        ("model.path", m.path, "hf_weights" if m.tokenizer else "hf_model"),
+        ("model.tokenizer", m.tokenizer, "tokenizer"),
+    ]
 
 
 @dataclass(frozen=True)
@@ -109,14 +116,22 @@ def copy_nodes(spec) -> int:
 
 def require_path(c, engine: str, what: str = "model.path") -> List[Problem]:
     if not c.model.path:
-        return [(f"{what}=''", f"the {engine} engine loads real weights and cannot make a model",
-                 f"set {what}=/path/to/hf_model (a HF-format folder on a filesystem the nodes share)")]
+        return [
+            (
+                f"{what}=''",
+                f"the {engine} engine loads real weights and cannot make a model",
+                f"set {what}=/path/to/hf_model (a HF-format folder on a filesystem the nodes share)",
+            )
+        ]
     return []
 
 
-def python_engine_models(source_dir: str, extra_params: Callable[[Any], Dict[str, object]],
-                         extra_text: Callable[[Any], Dict[str, str]] = lambda s: {},
-                         instances: Callable[[Any], int] = lambda s: 1):
+def python_engine_models(
+    source_dir: str,
+    extra_params: Callable[[Any], Dict[str, object]],
+    extra_text: Callable[[Any], Dict[str, str]] = lambda s: {},
+    instances: Callable[[Any], int] = lambda s: 1,
+):
     """The repository of an engine served by one python model (vLLM, SGLang, LMDeploy): model_repository/<source_dir>/
     1/model.py, its config's parameters the launch's common ones plus `extra_params(spec)`."""
 

@@ -41,13 +41,25 @@ def _check(c, scheduler) -> List[Problem]:
     """Rules across fields; each field's own domain is declared in launcher/schema.py."""
     m, e = c.model, c.engine
     if not m.path and not m.make:
-        return [("model.path=''", "the hf engine needs a HF-format model folder", "set model.path=/path/to/hf_model, or model=smollm2 (a real small model) or model=tiny (random weights) for one llmlaunch makes")]
+        return [
+            (
+                "model.path=''",
+                "the hf engine needs a HF-format model folder",
+                "set model.path=/path/to/hf_model, or model=smollm2 (a real small model) or model=tiny (random weights) for one llmlaunch makes",
+            )
+        ]
     if c.pp != 1:
         return [(f"pp={c.pp}", "the hf engine has no pipeline parallelism", "use pp=1; scale out with replicas")]
     n = e.response_processes  # its domain (launcher/schema.py) is checked with every field's
     if isinstance(n, int) and n > 1 and c.tp != 1:
-        return [(f"engine.response_processes={n}", f"with tp={c.tp} each rank runs one model instance (the "
-                 "tensor-parallel leader's engine process is not shared)", "set engine.response_processes=1")]
+        return [
+            (
+                f"engine.response_processes={n}",
+                f"with tp={c.tp} each rank runs one model instance (the "
+                "tensor-parallel leader's engine process is not shared)",
+                "set engine.response_processes=1",
+            )
+        ]
     # tp > 1: one tritonserver per rank, rank 0 leads (launcher/hf/tp.py); whether tp divides the model's heads and
     # kv heads is checked against its config.json before launch (launcher/hostcheck.py)
     return []

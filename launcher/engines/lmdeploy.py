@@ -11,7 +11,11 @@ from launcher.engines.ray import RayHooks
 
 def _params(spec) -> Dict[str, object]:
     e = spec.engine
-    p: Dict[str, object] = {"model_name": spec.model.name, "backend": e.backend, "cache_max_entry_count": e.cache_max_entry_count}
+    p: Dict[str, object] = {
+        "model_name": spec.model.name,
+        "backend": e.backend,
+        "cache_max_entry_count": e.cache_max_entry_count,
+    }
     if e.session_len:
         p["session_len"] = e.session_len
     if e.extra_args:
@@ -28,10 +32,14 @@ ENGINE = EngineDef(
     models=python_engine_models("lmdeploy", _params),
     worker_models=(),
     spans_nodes=lambda e: e.backend == "pytorch",
-    why_single_node=lambda e: "LMDeploy's TurboMind backend runs tensor parallelism inside one node only (its PyTorch backend spans nodes through Ray)",
+    why_single_node=lambda e: (
+        "LMDeploy's TurboMind backend runs tensor parallelism inside one node only (its PyTorch backend spans nodes through Ray)"
+    ),
     check=lambda c, scheduler: require_path(c, engine="lmdeploy"),
     # an HF folder or a TurboMind workspace (lmdeploy convert)
-    host_paths=lambda c: [(k, p, "hf_or_turbomind" if kind == "hf_model" else kind) for k, p, kind in model_host_paths(c)],
+    host_paths=lambda c: [
+        (k, p, "hf_or_turbomind" if kind == "hf_model" else kind) for k, p, kind in model_host_paths(c)
+    ],
     needs_gpu=lambda e: True,  # TurboMind and LMDeploy's PyTorch backend serve on GPUs
     ray=RAY,
     rank_env=RAY.rank_env,

@@ -88,8 +88,9 @@ class RayHooks:
         head with `ray start --block` instead of running a tritonserver."""
         if not self.uses_ray(spec) or ctx.rank.group_rank == 0:
             return None
-        return worker_command(spec.python, f"{ctx.leader_addr}:{ctx.dist_port}", _own_addr(ctx),
-                              float(spec.serve.ready_timeout_s))
+        return worker_command(
+            spec.python, f"{ctx.leader_addr}:{ctx.dist_port}", _own_addr(ctx), float(spec.serve.ready_timeout_s)
+        )
 
 
 def _own_addr(ctx) -> str:
@@ -104,7 +105,9 @@ def port_open(host: str, port: int, timeout_s: float = 1.0) -> bool:
         return False
 
 
-def wait_for_port(host: str, port: int, timeout_s: float, interval_s: float = 1.0, sleep: Callable[[float], None] = time.sleep) -> bool:
+def wait_for_port(
+    host: str, port: int, timeout_s: float, interval_s: float = 1.0, sleep: Callable[[float], None] = time.sleep
+) -> bool:
     deadline = time.monotonic() + timeout_s
     while True:
         if port_open(host, port):
@@ -117,8 +120,21 @@ def wait_for_port(host: str, port: int, timeout_s: float, interval_s: float = 1.
 class RayHead:
     """The head of one copy's Ray cluster, owned by the leader's python model."""
 
-    def __init__(self, port: int, node_ip: str, expected_nodes: int, timeout_s: float = 900.0, ray: str = "", log: Callable[[str], None] = print):
-        self.port, self.node_ip, self.expected_nodes, self.timeout_s = int(port), node_ip, int(expected_nodes), timeout_s
+    def __init__(
+        self,
+        port: int,
+        node_ip: str,
+        expected_nodes: int,
+        timeout_s: float = 900.0,
+        ray: str = "",
+        log: Callable[[str], None] = print,
+    ):
+        self.port, self.node_ip, self.expected_nodes, self.timeout_s = (
+            int(port),
+            node_ip,
+            int(expected_nodes),
+            timeout_s,
+        )
         self.ray = ray or shutil.which("ray") or "ray"
         self.log = log
         self.proc: Optional[subprocess.Popen] = None
@@ -135,7 +151,9 @@ class RayHead:
         self.proc = subprocess.Popen(argv, env=env, start_new_session=True)
         if not wait_for_port(self.node_ip or "127.0.0.1", self.port, self.timeout_s):
             self.stop()
-            raise RuntimeError(f"the Ray head did not open port {self.port} within {self.timeout_s:.0f}s (is `ray` installed in the job's environment?)")
+            raise RuntimeError(
+                f"the Ray head did not open port {self.port} within {self.timeout_s:.0f}s (is `ray` installed in the job's environment?)"
+            )
         self.wait_for_nodes()
         os.environ["RAY_ADDRESS"] = self.address
         return self.address
@@ -154,7 +172,9 @@ class RayHead:
                 if self.proc is not None and self.proc.poll() is not None:
                     raise RuntimeError(f"the Ray head exited with status {self.proc.returncode}")
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"only {alive} of {self.expected_nodes} nodes joined the Ray cluster at {self.address} within {self.timeout_s:.0f}s; check the other ranks' logs")
+                    raise RuntimeError(
+                        f"only {alive} of {self.expected_nodes} nodes joined the Ray cluster at {self.address} within {self.timeout_s:.0f}s; check the other ranks' logs"
+                    )
                 time.sleep(2.0)
         finally:
             ray.shutdown()
@@ -176,7 +196,11 @@ def _worker_main(args) -> int:
     host, _, port = args.address.rpartition(":")
     print(f"[llmlaunch ray worker] waiting for the Ray head at {args.address}", flush=True)
     if not wait_for_port(host, int(port), args.timeout):
-        print(f"[llmlaunch ray worker] the Ray head at {args.address} did not answer within {args.timeout:.0f}s", file=sys.stderr, flush=True)
+        print(
+            f"[llmlaunch ray worker] the Ray head at {args.address} did not answer within {args.timeout:.0f}s",
+            file=sys.stderr,
+            flush=True,
+        )
         return 1
     argv = worker_argv(args.address, args.node_ip_address, args.ray)
     print(f"[llmlaunch ray worker] {' '.join(argv)}", flush=True)

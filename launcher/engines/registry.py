@@ -11,4 +11,6 @@ from typing import Dict
 from launcher.engines import hf, lmdeploy, sglang, trtllm, vllm
 from launcher.engines.base import EngineDef
 
-ENGINES: Dict[str, EngineDef] = {e.name: e for e in (hf.ENGINE, trtllm.ENGINE, vllm.ENGINE, sglang.ENGINE, lmdeploy.ENGINE)}
+ENGINES: Dict[str, EngineDef] = {
+    e.name: e for e in (hf.ENGINE, trtllm.ENGINE, vllm.ENGINE, sglang.ENGINE, lmdeploy.ENGINE)
+}

@@ -6,7 +6,15 @@ from __future__ import annotations
 import json
 from typing import Dict, List
 
-from launcher.engines.base import EngineDef, Problem, copy_nodes, model_path, python_engine_models, require_path, tokenizer_path
+from launcher.engines.base import (
+    EngineDef,
+    Problem,
+    copy_nodes,
+    model_path,
+    python_engine_models,
+    require_path,
+    tokenizer_path,
+)
 from launcher.engines.ray import RayHooks
 from launcher.readiness import phases_from_patterns, reported_phases
 
@@ -74,9 +82,12 @@ ENGINE = EngineDef(
     layout="per_group",
     # engine.frontends instances: the front ends of one engine core (vllm model.py)
     # ready_timeout_s: how long the other front ends wait for the first one's engine core
-    models=python_engine_models("vllm", lambda s: {"engine_args_file": "model.json", "ready_timeout_s": s.serve.ready_timeout_s},
-                                engine_args,
-                                instances=lambda s: s.engine.frontends),
+    models=python_engine_models(
+        "vllm",
+        lambda s: {"engine_args_file": "model.json", "ready_timeout_s": s.serve.ready_timeout_s},
+        engine_args,
+        instances=lambda s: s.engine.frontends,
+    ),
     worker_models=(),
     check=_check,
     tp_any_divisor=True,  # vLLM shards heads over any tp dividing them

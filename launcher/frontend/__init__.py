@@ -64,4 +64,13 @@ from launcher.frontend.proxy import Frontend, Replica
 from launcher.frontend.server import FrontendConfig
 from launcher.frontend.workers import run_frontend
 
-__all__ = ["Frontend", "FrontendConfig", "FrontendProcess", "Replica", "connect_host", "main", "metrics_text", "run_frontend"]
+__all__ = [
+    "Frontend",
+    "FrontendConfig",
+    "FrontendProcess",
+    "Replica",
+    "connect_host",
+    "main",
+    "metrics_text",
+    "run_frontend",
+]

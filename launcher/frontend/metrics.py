@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 from typing import Sequence
 
-
 _METRICS = (
     # (key, name, type, help)
     ("up", "llmlaunch_frontend_replica_up", "gauge", "1 when the front end routes requests to the replica"),
@@ -14,7 +13,12 @@ _METRICS = (
     ("responses", "llmlaunch_frontend_responses_total", "counter", "responses passed back from the replica"),
     ("errors", "llmlaunch_frontend_errors_total", "counter", "requests on the replica that ended in an error"),
     ("failures", "llmlaunch_frontend_replica_failures_total", "counter", "times the replica was marked down"),
-    ("retried", "llmlaunch_frontend_retried_total", "counter", "requests moved to another replica after this one failed before answering them"),
+    (
+        "retried",
+        "llmlaunch_frontend_retried_total",
+        "counter",
+        "requests moved to another replica after this one failed before answering them",
+    ),
 )
 _PER_REPLICA = len(_METRICS)
 

@@ -11,9 +11,9 @@ import grpc
 from tritonclient.grpc import service_pb2
 
 from launcher.frontend.server import FrontendConfig
-from launcher.rank.child import ChildService, die_with_parent
 from launcher.frontend.wire import SERVICE
 from launcher.frontend.workers import run_frontend
+from launcher.rank.child import ChildService, die_with_parent
 
 
 def connect_host(host: str) -> str:
@@ -36,10 +36,29 @@ class FrontendProcess(ChildService):
 
     def argv(self) -> List[str]:
         c = self.cfg
-        argv = [sys.executable, "-m", "launcher.frontend", "--host", c.host, "--port", str(c.port), "--metrics-port", str(c.metrics_port)]
+        argv = [
+            sys.executable,
+            "-m",
+            "launcher.frontend",
+            "--host",
+            c.host,
+            "--port",
+            str(c.port),
+            "--metrics-port",
+            str(c.metrics_port),
+        ]
         for a in c.addrs:
             argv += ["--replica", a]
-        argv += ["--model", c.model_name, "--processes", str(c.processes), "--drain-timeout", str(c.drain_timeout_s), "--probe-interval", str(c.probe_interval_s)]
+        argv += [
+            "--model",
+            c.model_name,
+            "--processes",
+            str(c.processes),
+            "--drain-timeout",
+            str(c.drain_timeout_s),
+            "--probe-interval",
+            str(c.probe_interval_s),
+        ]
         argv += ["--loop", c.loop, "--die-with-parent"]
         return argv
 
@@ -47,8 +66,14 @@ class FrontendProcess(ChildService):
         """Until ServerReady through the front end is true (every replica ready); raises if it exits."""
         channel_addr = f"{connect_host(self.cfg.host)}:{self.cfg.port}"
         with grpc.insecure_channel(channel_addr) as ch:
-            ready = ch.unary_unary(f"/{SERVICE}/ServerReady", service_pb2.ServerReadyRequest.SerializeToString, service_pb2.ServerReadyResponse.FromString)
-            return self.wait_until(lambda: ready(service_pb2.ServerReadyRequest(), timeout=5).ready, timeout_s, channel_addr)
+            ready = ch.unary_unary(
+                f"/{SERVICE}/ServerReady",
+                service_pb2.ServerReadyRequest.SerializeToString,
+                service_pb2.ServerReadyResponse.FromString,
+            )
+            return self.wait_until(
+                lambda: ready(service_pb2.ServerReadyRequest(), timeout=5).ready, timeout_s, channel_addr
+            )
 
 
 def _hostport(text: str) -> Tuple[str, int]:
@@ -59,20 +84,43 @@ def _hostport(text: str) -> Tuple[str, int]:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launcher.frontend", description="One Triton gRPC endpoint in front of several tritonserver replicas.")
-    p.add_argument("--replica", action="append", type=_hostport, required=True, help="HOST:PORT of a replica's tritonserver gRPC endpoint (repeat)")
+    p = argparse.ArgumentParser(
+        prog="python -m launcher.frontend",
+        description="One Triton gRPC endpoint in front of several tritonserver replicas.",
+    )
+    p.add_argument(
+        "--replica",
+        action="append",
+        type=_hostport,
+        required=True,
+        help="HOST:PORT of a replica's tritonserver gRPC endpoint (repeat)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, required=True, help="public gRPC port")
     p.add_argument("--metrics-port", type=int, default=0, help="Prometheus metrics HTTP port (0 = none)")
     p.add_argument("--model", default="", help="model the health probe checks (default: ServerReady only)")
     p.add_argument("--processes", type=int, default=1, help="worker processes sharing the port (SO_REUSEPORT)")
     p.add_argument("--probe-interval", type=float, default=2.0, help="seconds between health probes (0 = none)")
-    p.add_argument("--drain-timeout", type=float, default=30.0, help="on SIGTERM, seconds running requests may take to finish")
-    p.add_argument("--loop", choices=("auto", "asyncio", "uvloop"), default="auto", help="event loop; auto = uvloop when installed")
+    p.add_argument(
+        "--drain-timeout", type=float, default=30.0, help="on SIGTERM, seconds running requests may take to finish"
+    )
+    p.add_argument(
+        "--loop", choices=("auto", "asyncio", "uvloop"), default="auto", help="event loop; auto = uvloop when installed"
+    )
     p.add_argument("--die-with-parent", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.processes < 1:
         p.error("--processes must be >= 1")
     if args.die_with_parent:
         die_with_parent("front end")
-    return run_frontend(args.replica, args.host, args.port, args.metrics_port, args.model, args.processes, args.probe_interval, args.drain_timeout, args.loop)
+    return run_frontend(
+        args.replica,
+        args.host,
+        args.port,
+        args.metrics_port,
+        args.model,
+        args.processes,
+        args.probe_interval,
+        args.drain_timeout,
+        args.loop,
+    )

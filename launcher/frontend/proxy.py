@@ -86,9 +86,21 @@ class Replica:
         # No (de)serializers: requests and responses stay the bytes the peers sent.
         self.stream = ch.stream_stream(f"/{SERVICE}/ModelStreamInfer")
         self.raw = {name: ch.unary_unary(f"/{SERVICE}/{name}") for name in ("ModelInfer", "ModelReady", *_FORWARDED)}
-        self._live = ch.unary_unary(f"/{SERVICE}/ServerLive", service_pb2.ServerLiveRequest.SerializeToString, service_pb2.ServerLiveResponse.FromString)
-        self._ready = ch.unary_unary(f"/{SERVICE}/ServerReady", service_pb2.ServerReadyRequest.SerializeToString, service_pb2.ServerReadyResponse.FromString)
-        self._model_ready = ch.unary_unary(f"/{SERVICE}/ModelReady", service_pb2.ModelReadyRequest.SerializeToString, service_pb2.ModelReadyResponse.FromString)
+        self._live = ch.unary_unary(
+            f"/{SERVICE}/ServerLive",
+            service_pb2.ServerLiveRequest.SerializeToString,
+            service_pb2.ServerLiveResponse.FromString,
+        )
+        self._ready = ch.unary_unary(
+            f"/{SERVICE}/ServerReady",
+            service_pb2.ServerReadyRequest.SerializeToString,
+            service_pb2.ServerReadyResponse.FromString,
+        )
+        self._model_ready = ch.unary_unary(
+            f"/{SERVICE}/ModelReady",
+            service_pb2.ModelReadyRequest.SerializeToString,
+            service_pb2.ModelReadyResponse.FromString,
+        )
 
     def mark_down(self, reason: str) -> None:
         if self.up:
@@ -112,7 +124,10 @@ class Replica:
         try:
             if not (await self._ready(service_pb2.ServerReadyRequest(), timeout=timeout)).ready:
                 return False, "ServerReady is false"
-            if model and not (await self._model_ready(service_pb2.ModelReadyRequest(name=model), timeout=timeout)).ready:
+            if (
+                model
+                and not (await self._model_ready(service_pb2.ModelReadyRequest(name=model), timeout=timeout)).ready
+            ):
                 return False, f"model {model} is not ready"
             return True, ""
         except aio.AioRpcError as e:
@@ -130,8 +145,16 @@ class _ClientGone(Exception):
 class _Pending:
     __slots__ = ("client_id", "wants_empty_final", "model", "version", "renamed", "raw", "started", "retried")
 
-    def __init__(self, client_id: str, wants_empty_final: bool, model: str, version: str, renamed: bool,
-                 raw: bytes = b"", retried: bool = False):
+    def __init__(
+        self,
+        client_id: str,
+        wants_empty_final: bool,
+        model: str,
+        version: str,
+        renamed: bool,
+        raw: bytes = b"",
+        retried: bool = False,
+    ):
         self.client_id = client_id
         self.wants_empty_final = wants_empty_final
         self.model = model
@@ -364,8 +387,9 @@ class _Session:
             patch = _request_id_patch(wire_id)
         if not wants_empty_final:
             patch += _ASK_EMPTY_FINAL
-        link.pending[wire_id] = _Pending(client_id, wants_empty_final, req.model_name, req.model_version,
-                                         wire_id != client_id, raw, retried)
+        link.pending[wire_id] = _Pending(
+            client_id, wants_empty_final, req.model_name, req.model_version, wire_id != client_id, raw, retried
+        )
         rep.track(1)
         rep.requests += 1
         link.send(raw + patch if patch else raw)
@@ -412,7 +436,11 @@ class Frontend:
         return best
 
     def no_replica_message(self, tried: Sequence[Replica] = ()) -> str:
-        down = "; ".join(f"{r.label} failed: {r.reason}" if r.reason else f"{r.label} refused the request" for r in self.replicas if not r.up or r in tried)
+        down = "; ".join(
+            f"{r.label} failed: {r.reason}" if r.reason else f"{r.label} refused the request"
+            for r in self.replicas
+            if not r.up or r in tried
+        )
         return f"no replica is up ({down})"
 
     # -- lifetime
@@ -450,8 +478,12 @@ class Frontend:
         pb = service_pb2
         unary = grpc.unary_unary_rpc_method_handler
         methods = {
-            "ServerLive": unary(self._server_live, pb.ServerLiveRequest.FromString, pb.ServerLiveResponse.SerializeToString),
-            "ServerReady": unary(self._server_ready, pb.ServerReadyRequest.FromString, pb.ServerReadyResponse.SerializeToString),
+            "ServerLive": unary(
+                self._server_live, pb.ServerLiveRequest.FromString, pb.ServerLiveResponse.SerializeToString
+            ),
+            "ServerReady": unary(
+                self._server_ready, pb.ServerReadyRequest.FromString, pb.ServerReadyResponse.SerializeToString
+            ),
             "ModelReady": unary(self._model_ready),
             "ModelInfer": unary(self._infer),
             "ModelStreamInfer": grpc.stream_stream_rpc_method_handler(self._stream_infer),
@@ -481,7 +513,10 @@ class Frontend:
         """A unary error is the replica's failure only if it no longer answers ServerLive
         (tritonserver answers request errors with these codes too: UNAVAILABLE for a model
         that is not ready, INTERNAL for a model's own error)."""
-        if exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN) and not await rep.alive():
+        if (
+            exc.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+            and not await rep.alive()
+        ):
             rep.mark_down(_details(exc))
             return True
         return False
@@ -550,8 +585,15 @@ class Frontend:
             "streams_active": self.streams_active,
             "rejected": self.rejected,
             "replicas": [
-                {"up": int(r.up), "in_flight": r.in_flight, "requests": r.requests, "responses": r.responses, "errors": r.errors, "failures": r.failures,
-                 "retried": r.retried}
+                {
+                    "up": int(r.up),
+                    "in_flight": r.in_flight,
+                    "requests": r.requests,
+                    "responses": r.responses,
+                    "errors": r.errors,
+                    "failures": r.failures,
+                    "retried": r.retried,
+                }
                 for r in self.replicas
             ],
         }

@@ -76,7 +76,10 @@ async def _serve(cfg: FrontendConfig, reuse_port: bool, publish=None, on_bound=N
     if on_bound is not None:
         on_bound()
     ups = sum(r.up for r in fe.replicas)
-    log(f"serving {cfg.host}:{cfg.port} -> {', '.join(cfg.addrs)} ({ups}/{len(fe.replicas)} up, {type(loop).__module__.split('.')[0]} loop)" + (f"; metrics http://{cfg.host}:{cfg.metrics_port}/metrics" if metrics else ""))
+    log(
+        f"serving {cfg.host}:{cfg.port} -> {', '.join(cfg.addrs)} ({ups}/{len(fe.replicas)} up, {type(loop).__module__.split('.')[0]} loop)"
+        + (f"; metrics http://{cfg.host}:{cfg.metrics_port}/metrics" if metrics else "")
+    )
     publisher = None
     if publish is not None:
 

@@ -78,14 +78,21 @@ def _supervise(cfg: FrontendConfig) -> int:
         for r in range(len(cfg.replicas)):
             shared[_slot_index(w, r, "up", len(cfg.replicas))] = 1  # "up" until the worker publishes
     events = [ctx.Event() for _ in range(cfg.processes)]
-    workers = [ctx.Process(target=_worker_main, args=(cfg, w, shared, events[w]), name=f"frontend-worker{w}", daemon=True) for w in range(cfg.processes)]
+    workers = [
+        ctx.Process(target=_worker_main, args=(cfg, w, shared, events[w]), name=f"frontend-worker{w}", daemon=True)
+        for w in range(cfg.processes)
+    ]
     for p in workers:
         p.start()
 
     async def main() -> int:
         metrics = None
         if cfg.metrics_port:
-            metrics = await _serve_metrics(cfg.host, cfg.metrics_port, lambda: metrics_text(_sum_shared(shared, cfg.processes, len(cfg.replicas)), cfg.addrs, cfg.processes))
+            metrics = await _serve_metrics(
+                cfg.host,
+                cfg.metrics_port,
+                lambda: metrics_text(_sum_shared(shared, cfg.processes, len(cfg.replicas)), cfg.addrs, cfg.processes),
+            )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for s in (signal.SIGTERM, signal.SIGINT):
@@ -94,7 +101,10 @@ def _supervise(cfg: FrontendConfig) -> int:
 
         # the drain notice reaches the workers too (one process group): they refuse new requests, this one waits
         loop.add_signal_handler(DRAIN_SIGNAL, lambda: None)
-        log(f"{cfg.processes} worker processes share {cfg.host}:{cfg.port}" + (f"; metrics http://{cfg.host}:{cfg.metrics_port}/metrics" if metrics else ""))
+        log(
+            f"{cfg.processes} worker processes share {cfg.host}:{cfg.port}"
+            + (f"; metrics http://{cfg.host}:{cfg.metrics_port}/metrics" if metrics else "")
+        )
         code = 0
         while not stop.is_set():
             dead = [p for p in workers if not p.is_alive()]
@@ -134,7 +144,9 @@ def run_frontend(
     loop: str = "auto",
 ) -> int:
     """Serve until SIGTERM/SIGINT (then drain running requests); returns the exit status."""
-    cfg = FrontendConfig(list(replicas), host, port, metrics_port, model_name, processes, probe_interval_s, drain_timeout_s, loop)
+    cfg = FrontendConfig(
+        list(replicas), host, port, metrics_port, model_name, processes, probe_interval_s, drain_timeout_s, loop
+    )
     if processes > 1:
         return _supervise(cfg)
     _run_loop(_serve(cfg, reuse_port=False), loop)

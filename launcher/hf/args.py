@@ -28,7 +28,9 @@ class HFEngineArgs:
     dtype: str = "auto"  # auto (float32 on CPU, where bf16 matmuls are slow; the model's half type on a GPU) | float32 | bfloat16 | float16
     # -- batching
     max_num_seqs: int = 64  # sequences decoded together = KV cache slots (also the config's max_batch_size)
-    max_model_len: int = 0  # context limit in tokens (prompt + generated); 0 = the model's own, capped at 4096 so the KV cache fits
+    max_model_len: int = (
+        0  # context limit in tokens (prompt + generated); 0 = the model's own, capped at 4096 so the KV cache fits
+    )
     prefill_chunk: int = 0  # prompt tokens prefilled per engine step, so running streams keep flowing; 0 = 512 on CPU, 2048 on a GPU (an eager mixed step costs ~15 ms of launches there whatever its size, so bigger chunks get a wave of prompts its first tokens in fewer steps)
     # -- kernels
     attn_implementation: str = "sdpa"  # sdpa (torch's fused kernels) | eager (matmul + softmax): the engine's attention
@@ -37,7 +39,9 @@ class HFEngineArgs:
     cudnn_attention: str = "graphs"  # graphs | all | off: where attention may use cuDNN (graphs: captured decode graphs only, whose plan cuDNN builds once at capture, so prompt steps build no per-shape cuDNN plans on the host)
     torch_threads: int = 0  # intra-op threads of the engine; 0 = torch's default (one per core). On small CPU machines 1 leaves the other cores to tritonserver and the clients
     # -- graph limits (each trades capture time and memory at start-up for launch overhead while serving)
-    prefill_graphs: int = 2048  # the longest prompt (tokens) whose prompt-only step replays a CUDA graph; 0 = none (needs cuda_graphs)
+    prefill_graphs: int = (
+        2048  # the longest prompt (tokens) whose prompt-only step replays a CUDA graph; 0 = none (needs cuda_graphs)
+    )
     mixed_graphs: int = 512  # the most prompt tokens that go beside decode rows in one step through a mixed CUDA graph; 0 = none (needs cuda_graphs and tp_size 1)
     prompts_alone: int = 4  # at most this many waiting prompts go one per step through their prompt graphs while others decode (more go as one wave); 0 = never
     # -- tensor parallelism
@@ -56,8 +60,10 @@ class HFEngineArgs:
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(raw) - set(fields))
         if unknown:
-            raise ValueError(f"{source}: the hf engine has no argument {', '.join(unknown)}; valid keys are "
-                             f"{', '.join(sorted(fields))}")
+            raise ValueError(
+                f"{source}: the hf engine has no argument {', '.join(unknown)}; valid keys are "
+                f"{', '.join(sorted(fields))}"
+            )
         defaults = cls()
         values = {k: _coerce(k, v, type(getattr(defaults, k)), source) for k, v in raw.items()}
         if "torch_compile" in values:
@@ -93,7 +99,9 @@ class HFEngineArgs:
             "tp": self.tp_size,
             "tp_timeout_s": self.tp_timeout_s,
             "cuda_graphs": self.cuda_graphs,
-            "torch_compile": {"auto": None, "true": True, "false": False}[_auto_flag("torch_compile", self.torch_compile)],
+            "torch_compile": {"auto": None, "true": True, "false": False}[
+                _auto_flag("torch_compile", self.torch_compile)
+            ],
             "cudnn_attention": self.cudnn_attention,
             "prefill_graphs": self.prefill_graphs,
             "mixed_graphs": self.mixed_graphs,

@@ -36,8 +36,18 @@ ATTN_NAME = "llmlaunch_slots"  # name of our attention function in transformers'
 class StepContext:
     """Per-step tensors shared by every layer's attention call."""
 
-    __slots__ = ("flat_idx", "n_dec", "dec_rows", "dec_len", "dec_mask", "dec_scatter", "chunks", "groups", "eager",
-                 "packed")
+    __slots__ = (
+        "flat_idx",
+        "n_dec",
+        "dec_rows",
+        "dec_len",
+        "dec_mask",
+        "dec_scatter",
+        "chunks",
+        "groups",
+        "eager",
+        "packed",
+    )
 
     def __init__(self):
         # (offset, tokens, additive mask [tokens, tokens]): whole prompts packed one after another from `offset`,
@@ -56,8 +66,9 @@ def _sdpa(q, k, v, mask=None, causal=False, scale=None, eager=False, gqa=False):
 
     if not eager:
         if gqa:
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale,
-                                                  enable_gqa=True)
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True
+            )
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
     if gqa:
         rep = q.shape[1] // k.shape[1]
@@ -102,10 +113,12 @@ def register_attention() -> None:
     import torch
 
     op = torch.library.custom_op("llmlaunch::slot_attention", mutates_args=(), schema=_OP_SCHEMA)(
-        lambda query, key, value, layer_idx, scaling: _slot_attention(layer_idx, query, key, value, scaling))
+        lambda query, key, value, layer_idx, scaling: _slot_attention(layer_idx, query, key, value, scaling)
+    )
     # the output's shape, for tracing: [1, T, H, D] from the query's [1, H, T, D]
-    op.register_fake(lambda query, key, value, layer_idx, scaling: query.new_empty(
-        1, query.shape[2], query.shape[1], query.shape[3]))
+    op.register_fake(
+        lambda query, key, value, layer_idx, scaling: query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])
+    )
     _op_registered = True
 
 
@@ -130,8 +143,7 @@ def _slot_attention(layer_idx, query, key, value, scaling):
             q_rows = q.new_zeros(rows, n_kv, rep, head_dim)
             q_rows[ctx.dec_scatter] = q
             q = q_rows
-        o = _sdpa(q, k_cache[:rows, :, :length], v_cache[:rows, :, :length], ctx.dec_mask, scale=scaling,
-                  eager=eager)
+        o = _sdpa(q, k_cache[:rows, :, :length], v_cache[:rows, :, :length], ctx.dec_mask, scale=scaling, eager=eager)
         if ctx.dec_scatter is not None:
             o = o[ctx.dec_scatter]
         dec_out = o.reshape(n_dec, n_heads, head_dim)
@@ -148,20 +160,20 @@ def _slot_attention(layer_idx, query, key, value, scaling):
     # 4. whole prompts packed after the decode rows (a mixed graph): one attention, each prompt causal over itself
     if ctx.packed is not None:
         offset, length, mask = ctx.packed
-        q, k, v = (t[:, :, offset:offset + length] for t in (query, key, value))
+        q, k, v = (t[:, :, offset : offset + length] for t in (query, key, value))
         o = _sdpa(q, k, v, mask, scale=scaling, eager=eager, gqa=rep > 1)
-        out[offset:offset + length] = o[0].transpose(0, 1)
+        out[offset : offset + length] = o[0].transpose(0, 1)
     # 5. the other chunks, one attention each
     for offset, slot, start, length, mask in ctx.chunks:
-        q = query[:, :, offset:offset + length]
+        q = query[:, :, offset : offset + length]
         if mask is None:  # first chunk of a prompt: attend to its own keys, plain causal
-            k = key[:, :, offset:offset + length]
-            v = value[:, :, offset:offset + length]
+            k = key[:, :, offset : offset + length]
+            v = value[:, :, offset : offset + length]
         else:  # continuation chunk: attend to the cached prefix and itself
-            k = k_cache[slot:slot + 1, :, :start + length]
-            v = v_cache[slot:slot + 1, :, :start + length]
+            k = k_cache[slot : slot + 1, :, : start + length]
+            v = v_cache[slot : slot + 1, :, : start + length]
         o = _sdpa(q, k, v, mask, causal=mask is None, scale=scaling, eager=eager, gqa=rep > 1)
-        out[offset:offset + length] = o[0].transpose(0, 1)
+        out[offset : offset + length] = o[0].transpose(0, 1)
     return out.unsqueeze(0)
 
 
@@ -172,4 +184,5 @@ def decode_mask(lens, span, dtype, device):
 
     valid = span[None, :] < lens[:, None]
     return torch.zeros(lens.shape[0], 1, 1, span.shape[0], dtype=dtype, device=device).masked_fill_(
-        ~valid[:, None, None, :], float("-inf"))
+        ~valid[:, None, None, :], float("-inf")
+    )

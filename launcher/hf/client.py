@@ -80,9 +80,16 @@ def _python() -> str:
 class EngineProcess:
     """`Engine` API (start, add_request, abort, shutdown, max_model_len) with the engine in a child process."""
 
-    def __init__(self, args: HFEngineArgs | None, *, worker: bool = False, listen: str = "",
-                 startup_timeout: float = 900.0, on_batch: Callable | None = None,
-                 on_exit: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        args: HFEngineArgs | None,
+        *,
+        worker: bool = False,
+        listen: str = "",
+        startup_timeout: float = 900.0,
+        on_batch: Callable | None = None,
+        on_exit: Callable[[str], None] | None = None,
+    ):
         """args (an hf_args.HFEngineArgs) build the `Engine` in the child (Engine.from_args); its streamed outputs
         are merged over args.stream_interval_ms.  `listen`: a unix socket path where other model instances attach.
         `on_batch(list[Output])`, if given, receives the outputs of each engine step (and of any steps that queued
@@ -93,8 +100,10 @@ class EngineProcess:
         worker=True (with tp > 1) runs a tensor-parallel worker rank (launcher.hf.worker) instead of the
         Engine: it takes no requests; the process exits when the leader stops, or fails when it dies."""
         self.model_path = args.model_path if args is not None else ""
-        self._init = (dataclasses.asdict(args) if args is not None else {},
-                      {"role": "worker" if worker else "leader", "listen": listen})
+        self._init = (
+            dataclasses.asdict(args) if args is not None else {},
+            {"role": "worker" if worker else "leader", "listen": listen},
+        )
         self._attach = ""  # set by `attach`: the socket of an engine process another instance started
         self._timeout = startup_timeout
         self._on_batch = on_batch
@@ -109,15 +118,28 @@ class EngineProcess:
         self.stats: dict = {}  # the engine's EngineStats, as the engine process last sent them
 
     @classmethod
-    def from_args(cls, args: HFEngineArgs, worker: bool = False, listen: str = "", startup_timeout: float = 900.0,
-                  on_batch: Callable | None = None, on_exit: Callable[[str], None] | None = None) -> "EngineProcess":
+    def from_args(
+        cls,
+        args: HFEngineArgs,
+        worker: bool = False,
+        listen: str = "",
+        startup_timeout: float = 900.0,
+        on_batch: Callable | None = None,
+        on_exit: Callable[[str], None] | None = None,
+    ) -> "EngineProcess":
         """An engine process (not started) for `args`, as Engine.from_args makes an engine: see __init__."""
-        return cls(args, worker=worker, listen=listen, startup_timeout=startup_timeout, on_batch=on_batch,
-                   on_exit=on_exit)
+        return cls(
+            args, worker=worker, listen=listen, startup_timeout=startup_timeout, on_batch=on_batch, on_exit=on_exit
+        )
 
     @classmethod
-    def attach(cls, path: str, startup_timeout: float = 900.0, on_batch: Callable | None = None,
-               on_exit: Callable[[str], None] | None = None) -> "EngineProcess":
+    def attach(
+        cls,
+        path: str,
+        startup_timeout: float = 900.0,
+        on_batch: Callable | None = None,
+        on_exit: Callable[[str], None] | None = None,
+    ) -> "EngineProcess":
         """An `EngineProcess` (not started) that, on `start`, connects to the engine process another model instance
         started with `listen=path` instead of starting one; it waits up to startup_timeout for that engine."""
         self = cls(None, startup_timeout=startup_timeout, on_batch=on_batch, on_exit=on_exit)
@@ -140,7 +162,10 @@ class EngineProcess:
                 env.pop("LD_LIBRARY_PATH", None)
         self._proc = subprocess.Popen(
             [_python(), "-m", "launcher.hf.multiplexer", str(child.fileno())],
-            pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL)
+            pass_fds=(child.fileno(),),
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
         child.close()
         self._conn = Connection(parent.detach())
         self._conn.send(("init", *self._init))
@@ -151,8 +176,9 @@ class EngineProcess:
             kind, payload = self._conn.recv()
         except EOFError:
             code = self._proc.wait()
-            raise RuntimeError(f"the hf engine process exited with status {code} while starting "
-                               f"(its error is in the server log)") from None
+            raise RuntimeError(
+                f"the hf engine process exited with status {code} while starting (its error is in the server log)"
+            ) from None
         if kind != "ready":
             self._kill()
             raise RuntimeError(f"the hf engine process failed to start: {payload}")
@@ -176,12 +202,15 @@ class EngineProcess:
                 except OSError:
                     why = None
                 if why is not None:
-                    raise RuntimeError(f"the model instance that starts the shared hf engine process failed: "
-                                       f"{why}") from None
+                    raise RuntimeError(
+                        f"the model instance that starts the shared hf engine process failed: {why}"
+                    ) from None
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"no hf engine process to attach to at {self._attach} within "
-                                       f"{self._timeout:.0f} s (the model instance that starts it failed or is "
-                                       f"still loading; see its lines in the server log)") from None
+                    raise RuntimeError(
+                        f"no hf engine process to attach to at {self._attach} within "
+                        f"{self._timeout:.0f} s (the model instance that starts it failed or is "
+                        f"still loading; see its lines in the server log)"
+                    ) from None
                 if time.monotonic() - said > 30:
                     said = time.monotonic()
                     log.info("hf engine: waiting for the shared engine process at %s", self._attach)
@@ -250,8 +279,9 @@ class EngineProcess:
             self._proc.wait()
 
     # -- requests ------------------------------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    on_output: Callable) -> None:
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, on_output: Callable
+    ) -> None:
         """Check the parameters here (InvalidRequest at once), then queue in the engine process.
 
         Problems only the tokenizer can see (prompt longer than the context) come back as an output with

@@ -59,8 +59,10 @@ class TokenTable:
         vocab = tokenizer.get_vocab()
         size = max(max(vocab.values()) + 1, len(tokenizer))
         table = [b""] * size
-        added = {t.content if hasattr(t, "content") else str(t)
-                 for t in getattr(tokenizer, "added_tokens_decoder", {}).values()}
+        added = {
+            t.content if hasattr(t, "content") else str(t)
+            for t in getattr(tokenizer, "added_tokens_decoder", {}).values()
+        }
         for piece, idx in vocab.items():
             if idx in self.special_ids:
                 continue  # skip_special_tokens=True
@@ -113,11 +115,12 @@ class WindowDecoder:
             return ""
         self._ids.append(token_id)
         decode = self._tok.decode
-        prefix_text = decode(self._ids[self._prefix:self._read], skip_special_tokens=True,
-                             clean_up_tokenization_spaces=False)
-        new_text = decode(self._ids[self._prefix:], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        prefix_text = decode(
+            self._ids[self._prefix : self._read], skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
+        new_text = decode(self._ids[self._prefix :], skip_special_tokens=True, clean_up_tokenization_spaces=False)
         if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
-            delta = new_text[len(prefix_text):]
+            delta = new_text[len(prefix_text) :]
             self._prefix = self._read
             self._read = len(self._ids)
             return delta
@@ -127,11 +130,12 @@ class WindowDecoder:
         if self._read >= len(self._ids):
             return ""
         decode = self._tok.decode
-        prefix_text = decode(self._ids[self._prefix:self._read], skip_special_tokens=True,
-                             clean_up_tokenization_spaces=False)
-        new_text = decode(self._ids[self._prefix:], skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        prefix_text = decode(
+            self._ids[self._prefix : self._read], skip_special_tokens=True, clean_up_tokenization_spaces=False
+        )
+        new_text = decode(self._ids[self._prefix :], skip_special_tokens=True, clean_up_tokenization_spaces=False)
         self._read = len(self._ids)
-        return new_text[len(prefix_text):]
+        return new_text[len(prefix_text) :]
 
 
 class StopMatcher:

@@ -19,8 +19,16 @@ from __future__ import annotations
 
 # Texts the backend's ids must match the tokenizer call's on before it is used: spaces at either end, new lines,
 # digits, punctuation, accents, CJK, an emoji and (added at start) the tokenizer's own special tokens inside text.
-PROBES = ("Hello, world!", " leading space", "trailing space ", "two\nlines\n\n  indented", "12345 67.89",
-          "Ünïcödé àccents, 中文字符, and an emoji 🙂", "a", "   ")
+PROBES = (
+    "Hello, world!",
+    " leading space",
+    "trailing space ",
+    "two\nlines\n\n  indented",
+    "12345 67.89",
+    "Ünïcödé àccents, 中文字符, and an emoji 🙂",
+    "a",
+    "   ",
+)
 
 
 class PromptEncoder:
@@ -34,8 +42,12 @@ class PromptEncoder:
     def _usable(self):
         """The backend, if nothing set on it since the check makes the call differ (another caller's truncation)."""
         b = self.backend
-        if b is None or b.truncation is not None or b.padding is not None or \
-                b.encode_special_tokens != bool(getattr(self.tokenizer, "split_special_tokens", False)):
+        if (
+            b is None
+            or b.truncation is not None
+            or b.padding is not None
+            or b.encode_special_tokens != bool(getattr(self.tokenizer, "split_special_tokens", False))
+        ):
             return None
         return b
 
@@ -60,7 +72,9 @@ def _checked_backend(tokenizer):
     specials = [t for t in getattr(tokenizer, "all_special_tokens", []) or [] if isinstance(t, str) and t]
     probes = list(PROBES) + [f"before {t} after" for t in specials[:8]]
     try:
-        called = tokenizer(probes, verbose=False).input_ids  # also sets the backend's truncation / padding as a call does
+        called = tokenizer(
+            probes, verbose=False
+        ).input_ids  # also sets the backend's truncation / padding as a call does
         if backend.truncation is not None or backend.padding is not None:
             return None, "the tokenizer truncates or pads"
         for text, ids, enc in zip(probes, called, backend.encode_batch(probes)):

@@ -54,9 +54,7 @@ from launcher.python_backend.triton_io import InvalidRequest, SamplingParams
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Engine", "Output", "SamplingParams", "InvalidRequest", "EngineStats", "describe_features",
-           "prepare_prompt"]
-
+__all__ = ["Engine", "Output", "SamplingParams", "InvalidRequest", "EngineStats", "describe_features", "prepare_prompt"]
 
 
 @dataclass
@@ -64,6 +62,7 @@ class EngineStats:
     """Running totals of the engine loop (engine thread).  Per step, wall = launch + wait + host work, where the
     host work is scheduling, detokenizing, stop checks and handing outputs on; on a GPU, gpu_idle says whether
     that host work kept the GPU waiting (launcher.python_backend.timings.engine_step_split makes per-step means)."""
+
     steps: int = 0
     decode_tokens: int = 0
     prefill_tokens: int = 0
@@ -95,21 +94,35 @@ def describe_features(f: dict) -> str:
     ('' for none)."""
     if not f:
         return ""
-    parts = [f"torch_compile failed ({f['compile_error']})" if f.get("compile_error") else
-             f"torch_compile on ({f.get('compile_s', 0):.1f} s)" if f.get("torch_compile") else "torch_compile off",
-             f"decode graphs failed ({f['graph_error']})" if f.get("graph_error") else
-             f"{f.get('decode_graphs', 0)} decode graphs",
-             f"prompt graphs failed ({f['prefill_graph_error']})" if f.get("prefill_graph_error") else
-             f"{f.get('prefill_graphs', 0)} prompt graphs, {f.get('wave_graphs', 0)} wave graphs",
-             f"mixed graphs failed ({f['mixed_graph_error']})" if f.get("mixed_graph_error") else
-             f"{f.get('mixed_graphs', 0)} mixed graphs"]
+    parts = [
+        f"torch_compile failed ({f['compile_error']})"
+        if f.get("compile_error")
+        else f"torch_compile on ({f.get('compile_s', 0):.1f} s)"
+        if f.get("torch_compile")
+        else "torch_compile off",
+        f"decode graphs failed ({f['graph_error']})"
+        if f.get("graph_error")
+        else f"{f.get('decode_graphs', 0)} decode graphs",
+        f"prompt graphs failed ({f['prefill_graph_error']})"
+        if f.get("prefill_graph_error")
+        else f"{f.get('prefill_graphs', 0)} prompt graphs, {f.get('wave_graphs', 0)} wave graphs",
+        f"mixed graphs failed ({f['mixed_graph_error']})"
+        if f.get("mixed_graph_error")
+        else f"{f.get('mixed_graphs', 0)} mixed graphs",
+    ]
     if "fused" in f:  # layers whose q/k/v (gate/up) projections run as one product (hf_fuse)
         fused = {k: n for k, n in f["fused"].items() if n}
-        parts.append("projections fused (" + ", ".join(f"{k.replace('_proj', '')} x{n}" for k, n in fused.items())
-                     + ")" if fused else "projections unfused")
+        parts.append(
+            "projections fused (" + ", ".join(f"{k.replace('_proj', '')} x{n}" for k, n in fused.items()) + ")"
+            if fused
+            else "projections unfused"
+        )
     if f.get("prompt_encode"):  # hf_encode.PromptEncoder: the backend's encode, or why prompts go through the call
-        parts.append("prompts: backend encode" if f["prompt_encode"] == "backend" else
-                     f"prompts: tokenizer call ({f['prompt_encode']})")
+        parts.append(
+            "prompts: backend encode"
+            if f["prompt_encode"] == "backend"
+            else f"prompts: tokenizer call ({f['prompt_encode']})"
+        )
     where = {"graphs": "in graphs", "all": "everywhere", "off": "off"}.get(f.get("cudnn_attention", ""))
     if where:  # GPU only: CPU attention has no cuDNN
         parts.append(f"cuDNN attention {where}")
@@ -122,8 +135,14 @@ _STOP = object()
 class Engine:
     """Continuous-batching text generation on one device.  Thread-safe API; the work runs on one engine thread."""
 
-    def __init__(self, args: HFEngineArgs, *, after_step: Callable[[], None] | None = None, tp_group=None,
-                 kv_cache_memory: float | None = None):
+    def __init__(
+        self,
+        args: HFEngineArgs,
+        *,
+        after_step: Callable[[], None] | None = None,
+        tp_group=None,
+        kv_cache_memory: float | None = None,
+    ):
         """args: what to load and how (hf_args.HFEngineArgs: each field says what it does and holds its default;
         0 / "" / auto are decided once the device is known).  The keywords are what no launch sets:
         after_step: called on the engine thread after each step's outputs were delivered (batching hook).
@@ -145,8 +164,9 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or self.model_path)
         self._encode = PromptEncoder(self.tokenizer)  # prompts: the call's ids, without its Python (hf_encode)
         t0 = time.perf_counter()
-        self.runner = HFModelRunner(self.model_path, kv_cache_memory=kv_cache_memory, tp_group=tp_group,
-                                    **args.runner_kwargs())
+        self.runner = HFModelRunner(
+            self.model_path, kv_cache_memory=kv_cache_memory, tp_group=tp_group, **args.runner_kwargs()
+        )
         self.max_prefill_tokens = args.prefill_tokens(self.runner.device.type)
         loaded = time.perf_counter()
 
@@ -167,7 +187,9 @@ class Engine:
         # tp > 1: this engine is the leader (group rank 0) of a tensor-parallel group; see hf_tp
         self._tp = self.runner.tp_group
         if self._tp is not None and self._tp.rank != 0:
-            raise ValueError(f"the Engine runs on group rank 0 only; rank {self._tp.rank} runs launcher.hf.worker.run_worker")
+            raise ValueError(
+                f"the Engine runs on group rank 0 only; rank {self._tp.rank} runs launcher.hf.worker.run_worker"
+            )
         self._heartbeat_s = self._tp.timeout / 4 if self._tp is not None else None
         self.max_model_len = self.runner.max_model_len
         self.max_num_seqs = self.runner.max_num_seqs
@@ -207,13 +229,21 @@ class Engine:
     def features(self) -> dict:
         """What speeds this engine up, as it started (for the server's log line): see describe_features."""
         r = self.runner
-        return {"torch_compile": r.use_compile, "compile_s": round(r.compile_s, 1), "compile_error": r.compile_error,
-                "decode_graphs": len(r._graphs), "graph_error": r.graph_error,
-                "prefill_graphs": len(r._prefill_graphs), "wave_graphs": len(r._wave_graphs),
-                "prefill_graph_error": r.prefill_graph_error, "fused": dict(r.fused),
-                "mixed_graphs": len(r._mixed_graphs), "mixed_graph_error": r.mixed_graph_error,
-                "cudnn_attention": r.cudnn_attention if r.device.type == "cuda" else "",
-                "prompt_encode": self._encode.why_not or "backend"}
+        return {
+            "torch_compile": r.use_compile,
+            "compile_s": round(r.compile_s, 1),
+            "compile_error": r.compile_error,
+            "decode_graphs": len(r._graphs),
+            "graph_error": r.graph_error,
+            "prefill_graphs": len(r._prefill_graphs),
+            "wave_graphs": len(r._wave_graphs),
+            "prefill_graph_error": r.prefill_graph_error,
+            "fused": dict(r.fused),
+            "mixed_graphs": len(r._mixed_graphs),
+            "mixed_graph_error": r.mixed_graph_error,
+            "cudnn_attention": r.cudnn_attention if r.device.type == "cuda" else "",
+            "prompt_encode": self._encode.why_not or "backend",
+        }
 
     @classmethod
     def from_args(cls, args: HFEngineArgs, **runtime) -> "Engine":
@@ -227,14 +257,18 @@ class Engine:
             self._thread.start()
         return self
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    on_output: Callable[[Output], None]) -> int:
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, on_output: Callable[[Output], None]
+    ) -> int:
         """Queue a request; returns its prompt token count.  Raises InvalidRequest for bad input (nothing queued)."""
         if self._thread is None or not self._thread.is_alive():
             raise RuntimeError(f"the hf engine is not running{f': {self._error}' if self._error else ''}")
         prompt_ids = prepare_prompt(self._encode, prompt, params, self.max_model_len, self.vocab_size)
-        eos = frozenset() if params.ignore_eos else (
-            frozenset((params.end_id,)) if params.end_id is not None else self.eos_token_ids)
+        eos = (
+            frozenset()
+            if params.ignore_eos
+            else (frozenset((params.end_id,)) if params.end_id is not None else self.eos_token_ids)
+        )
         bad = bad_word_ids(self.tokenizer, params.bad_words) if params.bad_words else []
         seq = Seq(request_id, prompt_ids, params, on_output, self._table.decoder(prompt_ids), eos, bad)
         with self._lock:
@@ -244,8 +278,9 @@ class Engine:
         self._inbox.put(seq)
         return len(prompt_ids)
 
-    def add_requests(self, requests: list[tuple[str, str | list[int], SamplingParams, Callable[[Output], None]]]
-                     ) -> list[Exception | None]:
+    def add_requests(
+        self, requests: list[tuple[str, str | list[int], SamplingParams, Callable[[Output], None]]]
+    ) -> list[Exception | None]:
         """Queue several requests (request_id, prompt, params, on_output), their text prompts tokenized in one call.
 
         A fast tokenizer encodes a batch on several threads with the GIL released (PromptEncoder.many).  One at a
@@ -300,8 +335,15 @@ class Engine:
             self.abort(request_id)
             done.wait()
         last = parts[-1]
-        return Output(request_id, "".join(p.text for p in parts), [t for p in parts for t in p.token_ids],
-                      last.input_tokens, last.output_tokens, last.finish_reason, last.error)
+        return Output(
+            request_id,
+            "".join(p.text for p in parts),
+            [t for p in parts for t in p.token_ids],
+            last.input_tokens,
+            last.output_tokens,
+            last.finish_reason,
+            last.error,
+        )
 
     @property
     def num_running(self) -> int:

@@ -45,8 +45,9 @@ def _make_classes():
             super().__init__()
             self.weight = torch.nn.Parameter(torch.cat([m.weight.data for m in linears]), requires_grad=False)
             has_bias = linears[0].bias is not None
-            self.bias = (torch.nn.Parameter(torch.cat([m.bias.data for m in linears]), requires_grad=False)
-                         if has_bias else None)
+            self.bias = (
+                torch.nn.Parameter(torch.cat([m.bias.data for m in linears]), requires_grad=False) if has_bias else None
+            )
             self.names = tuple(names)
             self.in_features = linears[0].in_features
             self.out_features = int(self.weight.shape[0])
@@ -75,13 +76,17 @@ def _make_classes():
                 if pending is not None and not torch.compiler.is_compiling():
                     state[1] += 1
                     if state[1] == 1:
-                        log.warning("hf engine: fused %s: %s was called on another input than its siblings; its "
-                                    "product is computed again (correct, slower)", "+".join(g.names), g.names[self.index])
+                        log.warning(
+                            "hf engine: fused %s: %s was called on another input than its siblings; its "
+                            "product is computed again (correct, slower)",
+                            "+".join(g.names),
+                            g.names[self.index],
+                        )
                 pending = (x, F.linear(x, g.weight, g.bias), ())
             taken = pending[2] + (self.index,)
             # the last part drops the kept product: nothing outlives the layer (nor leaves a compiled graph)
             state[0] = None if len(taken) == len(g.names) else (pending[0], pending[1], taken)
-            return pending[1][..., self.lo:self.hi]
+            return pending[1][..., self.lo : self.hi]
 
         def extra_repr(self) -> str:
             return f"{self.group.names[self.index]} = columns [{self.lo}, {self.hi}) of the fused product"
@@ -96,10 +101,12 @@ def _fusable(linears) -> bool:
     import torch
 
     first = linears[0]
-    return (all(type(m) is torch.nn.Linear for m in linears)  # not quantized or tensor-parallel replacements
-            and len({(m.in_features, m.weight.dtype, m.weight.device) for m in linears}) == 1
-            and len({m.bias is None for m in linears}) == 1
-            and first.weight.dim() == 2)
+    return (
+        all(type(m) is torch.nn.Linear for m in linears)  # not quantized or tensor-parallel replacements
+        and len({(m.in_features, m.weight.dtype, m.weight.device) for m in linears}) == 1
+        and len({m.bias is None for m in linears}) == 1
+        and first.weight.dim() == 2
+    )
 
 
 def fuse_projections(model) -> dict:

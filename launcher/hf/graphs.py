@@ -163,9 +163,11 @@ class GraphFamily:
         """A capture raised `exc`: fatal with tp > 1 (see the module's doc), else the family turns off."""
         r, label = self.runner, self.label or self.kind
         if r.tp > 1:
-            raise RuntimeError(f"tp={r.tp}, rank {r.tp_group.rank}: capturing a {label} CUDA graph failed "
-                               f"({type(exc).__name__}: {exc}); the ranks cannot fall back to eager steps one by "
-                               f"one, so set engine.cuda_graphs=false") from exc
+            raise RuntimeError(
+                f"tp={r.tp}, rank {r.tp_group.rank}: capturing a {label} CUDA graph failed "
+                f"({type(exc).__name__}: {exc}); the ranks cannot fall back to eager steps one by "
+                f"one, so set engine.cuda_graphs=false"
+            ) from exc
         self.error = f"{type(exc).__name__}: {exc}"
         self.turn_off()
         log.warning("hf engine: %s CUDA graph capture failed (%s); %s", label, self.error, self.fallback)
@@ -204,8 +206,9 @@ class GraphFamily:
 
         r = self.runner
         heads = torch.arange(r.num_kv_heads, device=r.device)
-        ctx.flat_idx = ((meta[2][:, None] * r.num_kv_heads + heads[None, :]) * r.max_model_len
-                        + meta[1][:, None]).reshape(-1)
+        ctx.flat_idx = (
+            (meta[2][:, None] * r.num_kv_heads + heads[None, :]) * r.max_model_len + meta[1][:, None]
+        ).reshape(-1)
         tls.ctx, tls.cache = ctx, r.cache
         try:
             return r.model_forward(meta[0:1], meta[1:2], keep)
@@ -251,8 +254,13 @@ class DecodeGraphs(GraphFamily):
         with torch.inference_mode():
             if not self.capture_each([(n, length) for length in lengths for n in rows]):
                 return 0
-        log.info("hf engine: %d decode graphs (rows %s x lengths %s) captured in %.1f s", len(self.graphs), rows,
-                 lengths, time.perf_counter() - t0)
+        log.info(
+            "hf engine: %d decode graphs (rows %s x lengths %s) captured in %.1f s",
+            len(self.graphs),
+            rows,
+            lengths,
+            time.perf_counter() - t0,
+        )
         return len(self.graphs)
 
     def key_for(self, step: StepInputs):
@@ -289,8 +297,9 @@ class DecodeGraphs(GraphFamily):
         ctx.n_dec, ctx.dec_rows, ctx.dec_len = rows, rows, length
         ctx.eager, ctx.dec_scatter, ctx.chunks, ctx.groups = r.eager, None, [], []
         # index tensors are computed inside the graph, from `meta`, so a replay sees the new step
-        ctx.flat_idx = ((meta[2][:, None] * r.num_kv_heads + heads[None, :]) * r.max_model_len
-                        + meta[1][:, None]).reshape(-1)
+        ctx.flat_idx = (
+            (meta[2][:, None] * r.num_kv_heads + heads[None, :]) * r.max_model_len + meta[1][:, None]
+        ).reshape(-1)
         ctx.dec_mask = decode_mask(meta[3], span, r.dtype, r.device)
         tls.ctx, tls.cache = ctx, r.cache
         try:
@@ -373,15 +382,23 @@ class PromptGraphs(_PromptRows):
             return 0
         buckets = prefill_buckets(limit)
         waves = self.waves.keys(limit)
-        announce(f"hf engine: capturing {len(buckets)} prompt CUDA graphs (prompts up to {limit} tokens)"
-                 + (f" and {len(waves)} wave graphs (2 to {max(n for n, _ in waves)} prompts)" if waves else ""))
+        announce(
+            f"hf engine: capturing {len(buckets)} prompt CUDA graphs (prompts up to {limit} tokens)"
+            + (f" and {len(waves)} wave graphs (2 to {max(n for n, _ in waves)} prompts)" if waves else "")
+        )
         t0 = time.perf_counter()
         with torch.inference_mode():
             if not self.capture_each(buckets) or not self.waves.capture_each(waves):
                 return 0
         self.limit = limit
-        log.info("hf engine: %d prompt graphs (lengths %s) and %d wave graphs (prompts x length %s) captured in "
-                 "%.1f s", len(self.graphs), buckets, len(self.waves.graphs), waves, time.perf_counter() - t0)
+        log.info(
+            "hf engine: %d prompt graphs (lengths %s) and %d wave graphs (prompts x length %s) captured in %.1f s",
+            len(self.graphs),
+            buckets,
+            len(self.waves.graphs),
+            waves,
+            time.perf_counter() - t0,
+        )
         return len(self.graphs) + len(self.waves.graphs)
 
     def graphed(self, length: int) -> bool:
@@ -402,8 +419,14 @@ class PromptGraphs(_PromptRows):
         padded tokens (id 0) continue the positions and write to the spare slot; the kept row is the last real."""
         c = step.prefill[0]
         pad = length - c.length
-        return ([list(step.prefill_tokens) + [0] * pad, list(range(length)),
-                 [c.slot] * c.length + [self.runner.max_num_seqs] * pad], c.length - 1)
+        return (
+            [
+                list(step.prefill_tokens) + [0] * pad,
+                list(range(length)),
+                [c.slot] * c.length + [self.runner.max_num_seqs] * pad,
+            ],
+            c.length - 1,
+        )
 
     def body(self, key, meta, keep):
         """The padded one-prompt step: logits [1, vocab] of row keep[0]."""
@@ -452,8 +475,13 @@ class WaveGraphs(_PromptRows):
     def keys(self, limit: int) -> list[tuple[int, int]]:
         """(prompts, length) of every wave graph for a prompt-graph limit of `limit` tokens (no more prompts than
         there are cache slots)."""
-        return [(n, length) for n in self.ROWS if n <= self.runner.max_num_seqs
-                for length in prefill_buckets(limit) if n * length <= limit]
+        return [
+            (n, length)
+            for n in self.ROWS
+            if n <= self.runner.max_num_seqs
+            for length in prefill_buckets(limit)
+            if n * length <= limit
+        ]
 
     def key_of(self, lengths: list[int]) -> tuple[int, int] | None:
         """The wave graph that runs whole prompts of these lengths together, or None (none captured fits)."""
@@ -483,7 +511,7 @@ class WaveGraphs(_PromptRows):
         ids, slots, keep, offset = [], [], [], 0
         for i, c in enumerate(step.prefill):
             pad = length - c.length
-            ids.extend(step.prefill_tokens[offset:offset + c.length])
+            ids.extend(step.prefill_tokens[offset : offset + c.length])
             ids.extend([0] * pad)
             slots.extend([c.slot] * c.length + [spare] * pad)
             keep.append(i * length + c.length - 1)
@@ -512,10 +540,10 @@ class WaveGraphs(_PromptRows):
         rows, kept = self.inputs(step, *key)
         host = torch.tensor(rows + [kept + [0] * (len(rows[0]) - len(kept))], dtype=torch.long)
         meta.copy_(host[:3], non_blocking=True)
-        keep.copy_(host[3, :len(kept)], non_blocking=True)
+        keep.copy_(host[3, : len(kept)], non_blocking=True)
 
     def outputs(self, logits, step: StepInputs, picked):
-        return logits[:len(step.prefill)]
+        return logits[: len(step.prefill)]
 
 
 class MixedGraphs(GraphFamily):
@@ -547,22 +575,30 @@ class MixedGraphs(GraphFamily):
         if not self.runner.use_graphs or self.limit <= 0 or not self.decode.graphs:
             self.limit = 0
             return 0
-        keys = [(rows, length, tokens) for rows, length in sorted(self.decode.graphs)
-                for tokens in mixed_buckets(self.limit)]
-        announce(f"hf engine: capturing {len(keys)} mixed CUDA graphs (decode rows with up to {self.PROMPTS} "
-                 f"prompts of {self.limit} tokens in all)")
+        keys = [
+            (rows, length, tokens)
+            for rows, length in sorted(self.decode.graphs)
+            for tokens in mixed_buckets(self.limit)
+        ]
+        announce(
+            f"hf engine: capturing {len(keys)} mixed CUDA graphs (decode rows with up to {self.PROMPTS} "
+            f"prompts of {self.limit} tokens in all)"
+        )
         t0 = time.perf_counter()
         with torch.inference_mode():
             if not self.capture_each(keys):
                 return 0
-        log.info("hf engine: %d mixed graphs (packed prompt tokens %s) captured in %.1f s", len(self.graphs),
-                 mixed_buckets(self.limit), time.perf_counter() - t0)
+        log.info(
+            "hf engine: %d mixed graphs (packed prompt tokens %s) captured in %.1f s",
+            len(self.graphs),
+            mixed_buckets(self.limit),
+            time.perf_counter() - t0,
+        )
         return len(self.graphs)
 
     def fits(self, lengths: list[int]) -> bool:
         """Would whole prompts of these lengths go beside decode rows through a mixed graph?"""
-        return (bool(self.graphs) or self.stand_in) and 0 < len(lengths) <= self.PROMPTS and \
-            sum(lengths) <= self.limit
+        return (bool(self.graphs) or self.stand_in) and 0 < len(lengths) <= self.PROMPTS and sum(lengths) <= self.limit
 
     def key_for(self, step: StepInputs):
         """The mixed graph (rows, length, tokens) that runs `step`, or None: decode rows and whole prompts, each
@@ -614,8 +650,7 @@ class MixedGraphs(GraphFamily):
         meta[3, :rows].fill_(1)
         meta[3, rows:].fill_(-1)
         meta[1, rows:].copy_(torch.arange(tokens, device=dev))
-        keep = torch.cat([torch.arange(rows, device=dev),
-                          torch.full((self.PROMPTS,), rows + tokens - 1, device=dev)])
+        keep = torch.cat([torch.arange(rows, device=dev), torch.full((self.PROMPTS,), rows + tokens - 1, device=dev)])
         return meta, keep
 
     def body(self, key, meta, keep):
@@ -631,8 +666,11 @@ class MixedGraphs(GraphFamily):
         seg = meta[3, rows:]
         idx = torch.arange(tokens, device=dev)
         allowed = (seg[:, None] == seg[None, :]) & (idx[None, :] <= idx[:, None])
-        ctx.packed = (rows, tokens, torch.zeros(tokens, tokens, dtype=r.dtype, device=dev).masked_fill_(
-            ~allowed, float("-inf")))
+        ctx.packed = (
+            rows,
+            tokens,
+            torch.zeros(tokens, tokens, dtype=r.dtype, device=dev).masked_fill_(~allowed, float("-inf")),
+        )
         ctx.eager, ctx.chunks, ctx.groups = r.eager, [], []
         return self._forward_meta(ctx, meta, keep)
 
@@ -643,14 +681,15 @@ class MixedGraphs(GraphFamily):
         rows, _, tokens = key
         values, kept, out = self.inputs(step, rows, tokens)
         width = rows + tokens
-        host = torch.tensor(values + [kept + [0] * (width - len(kept)), out + [0] * (width - len(out))],
-                            dtype=torch.long)
+        host = torch.tensor(
+            values + [kept + [0] * (width - len(kept)), out + [0] * (width - len(out))], dtype=torch.long
+        )
         dev = host.to(self.runner.device, non_blocking=True)
         meta.copy_(dev[:4])
-        keep.copy_(dev[4, :len(kept)])
+        keep.copy_(dev[4, : len(kept)])
         if ids is not None:
-            meta[0].index_copy_(0, dev[5, :len(step.decode_tokens)], ids.to(torch.long))
-        return dev[5, :len(out)]
+            meta[0].index_copy_(0, dev[5, : len(step.decode_tokens)], ids.to(torch.long))
+        return dev[5, : len(out)]
 
     def turn_off(self) -> None:
         self.limit = 0

@@ -88,8 +88,9 @@ class Peers:
                     if item[5] is not None and k in self.running:
                         self.running[k].discard(rid)
                     shares.setdefault(k, []).append((local,) + tuple(item[1:]))
-                sends = [(k, self.conns[k], self.send_locks[k], share) for k, share in shares.items()
-                         if k in self.conns]
+                sends = [
+                    (k, self.conns[k], self.send_locks[k], share) for k, share in shares.items() if k in self.conns
+                ]
                 if len(sends) > 1:
                     # A first token (its TTFT) should not wait for the pickling and sending of the other instances'
                     # outputs (~10-20 us each; eight response processes are eight connections).
@@ -129,8 +130,17 @@ def serve(fd: int) -> int:
             times = None if t0 is None else (t0, time.monotonic())
             prev = pending.get(out.request_id)
             if prev is None:
-                pending[out.request_id] = [out.request_id, out.text, list(out.token_ids), out.input_tokens,
-                                           out.output_tokens, out.finish_reason, out.error, times, urgent]
+                pending[out.request_id] = [
+                    out.request_id,
+                    out.text,
+                    list(out.token_ids),
+                    out.input_tokens,
+                    out.output_tokens,
+                    out.finish_reason,
+                    out.error,
+                    times,
+                    urgent,
+                ]
             else:
                 prev[1] += out.text
                 prev[2].extend(out.token_ids)
@@ -170,6 +180,7 @@ def serve(fd: int) -> int:
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return 1
     if engine._tp is not None:
+
         def watch() -> None:  # tp > 1: a dead engine loop (a failed collective) ends the process: fail fast
             engine._thread.join()
             if engine._error is not None:
@@ -178,10 +189,15 @@ def serve(fd: int) -> int:
                 os._exit(3)
 
         threading.Thread(target=watch, name="hf-tp-watch", daemon=True).start()
-    info = {"max_model_len": engine.max_model_len, "max_num_seqs": engine.max_num_seqs,
-            "vocab_size": engine.vocab_size, "device": str(engine.runner.device),
-            "dtype": str(engine.runner.dtype).replace("torch.", ""), "pid": os.getpid(),
-            "features": engine.features}
+    info = {
+        "max_model_len": engine.max_model_len,
+        "max_num_seqs": engine.max_num_seqs,
+        "vocab_size": engine.vocab_size,
+        "device": str(engine.runner.device),
+        "dtype": str(engine.runner.dtype).replace("torch.", ""),
+        "pid": os.getpid(),
+        "features": engine.features,
+    }
 
     def add_all(adds: list) -> None:
         """("add" messages, as (k, message, when received)) -> the engine, text prompts tokenized together."""

@@ -101,8 +101,7 @@ class OutputProcessor:
         with self._lock:
             self._active.discard(seq.request_id)
         self.stats.finished += 1
-        self.emit(seq, Output(seq.request_id, text, token_ids, len(seq.prompt_ids), len(seq.out_ids), reason,
-                               error))
+        self.emit(seq, Output(seq.request_id, text, token_ids, len(seq.prompt_ids), len(seq.out_ids), reason, error))
 
     def fail_all(self, message: str, reason: str = "error") -> None:
         """End every request the engine holds (the loop died, or the engine shuts down)."""

@@ -20,15 +20,30 @@ import logging
 
 from launcher.hf.args import CUDNN_ATTENTION, DEFAULTS
 from launcher.hf.attention import ATTN_NAME, register_attention, tls
-from launcher.hf.graphs import (DecodeGraphs, MixedGraphs, PromptGraphs, WaveGraphs, mixed_buckets,
-                                        prefill_buckets, token_limit)
+from launcher.hf.graphs import (
+    DecodeGraphs,
+    MixedGraphs,
+    PromptGraphs,
+    WaveGraphs,
+    mixed_buckets,
+    prefill_buckets,
+    token_limit,
+)
+
 # PrefillChunk, SamplingRows, StepInputs and group_first_chunks are imported from this module by the engine, the
 # benchmarks and the tests
 from launcher.hf.step import PrefillChunk, SamplingRows, StepInputs, group_first_chunks, prepare_step
 from launcher.stage import announce
 
-__all__ = ["HFModelRunner", "PrefillChunk", "SamplingRows", "StepInputs", "group_first_chunks", "resolve_dtype",
-           "use_llmlaunch_inductor_cache"]
+__all__ = [
+    "HFModelRunner",
+    "PrefillChunk",
+    "SamplingRows",
+    "StepInputs",
+    "group_first_chunks",
+    "resolve_dtype",
+    "use_llmlaunch_inductor_cache",
+]
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +91,24 @@ def resolve_dtype(dtype: str, device_type: str, config):
 class HFModelRunner:
     """Owns the model and the slot KV cache; `execute(StepInputs)` -> sampled token per output row."""
 
-    def __init__(self, model_path: str, device: str = DEFAULTS.device, dtype: str = DEFAULTS.dtype,
-                 max_num_seqs: int = DEFAULTS.max_num_seqs,
-                 max_model_len: int | None = None, attn_implementation: str = DEFAULTS.attn_implementation,
-                 kv_cache_memory: float | None = None, tp: int = 1, tp_group=None, cuda_graphs: bool | None = None,
-                 torch_compile: bool | None = None, cudnn_attention: str | None = None,
-                 prefill_graphs: int | None = None, mixed_graphs: int | None = None,
-                 tp_timeout_s: float = DEFAULTS.tp_timeout_s):
+    def __init__(
+        self,
+        model_path: str,
+        device: str = DEFAULTS.device,
+        dtype: str = DEFAULTS.dtype,
+        max_num_seqs: int = DEFAULTS.max_num_seqs,
+        max_model_len: int | None = None,
+        attn_implementation: str = DEFAULTS.attn_implementation,
+        kv_cache_memory: float | None = None,
+        tp: int = 1,
+        tp_group=None,
+        cuda_graphs: bool | None = None,
+        torch_compile: bool | None = None,
+        cudnn_attention: str | None = None,
+        prefill_graphs: int | None = None,
+        mixed_graphs: int | None = None,
+        tp_timeout_s: float = DEFAULTS.tp_timeout_s,
+    ):
         """tp > 1: this process is one rank of a tensor-parallel group (launcher.hf.tp): `tp_group` (a TPGroup) or one
         made from the rank's environment (its collectives time out after `tp_timeout_s`); the model is sharded after
         loading.
@@ -182,24 +208,36 @@ class HFModelRunner:
                 budget = 0.85 * free
             else:
                 import os
+
                 budget = 0.5 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
         if total > budget:
             raise ValueError(
                 f"the KV cache for max_num_seqs={self.max_num_seqs} x max_model_len={self.max_model_len} needs "
                 f"{total / 2**30:.1f} GiB but {budget / 2**30:.1f} GiB are available; lower max_num_seqs or "
-                f"max_model_len")
+                f"max_model_len"
+            )
         shape = (slots, self.num_kv_heads, self.max_model_len, self.head_dim)
-        self.cache = [(torch.zeros(shape, dtype=self.dtype, device=self.device),
-                       torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(self.num_layers)]
-        log.info("hf engine: KV cache %d slots x %d tokens, %.2f GiB", self.max_num_seqs, self.max_model_len,
-                 total / 2**30)
+        self.cache = [
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
+            for _ in range(self.num_layers)
+        ]
+        log.info(
+            "hf engine: KV cache %d slots x %d tokens, %.2f GiB", self.max_num_seqs, self.max_model_len, total / 2**30
+        )
 
     def _layer_idx_check(self) -> None:
-        idx = sorted(getattr(m, "layer_idx", -1) for m in self.model.modules()
-                     if hasattr(m, "layer_idx") and hasattr(m, "num_key_value_groups"))
+        idx = sorted(
+            getattr(m, "layer_idx", -1)
+            for m in self.model.modules()
+            if hasattr(m, "layer_idx") and hasattr(m, "num_key_value_groups")
+        )
         if idx and idx != list(range(self.num_layers)):
-            raise ValueError(f"unsupported architecture: attention layer indices {idx[:8]}... do not match "
-                             f"{self.num_layers} layers")
+            raise ValueError(
+                f"unsupported architecture: attention layer indices {idx[:8]}... do not match {self.num_layers} layers"
+            )
 
     # -- which attention kernels SDPA may pick -------------------------------------------------------------
     # Why: on a GPU torch's SDPA prefers cuDNN's attention for our shapes.  cuDNN builds an execution plan on the
@@ -273,15 +311,19 @@ class HFModelRunner:
                 self.tp_group.broadcast((WARM_UP, plan))
             self._tp_agree("plans", plan)
         if self.use_compile:
-            announce("hf engine: compiling the model with torch.compile (1-2 minutes for a 1 B model with a cold "
-                     "Inductor cache)")
+            announce(
+                "hf engine: compiling the model with torch.compile (1-2 minutes for a 1 B model with a cold "
+                "Inductor cache)"
+            )
             t0 = time.perf_counter()
             two = self.max_num_seqs > 1
             # general form first (several tokens, several output rows), then one output row, then one token
             shapes = ([[PrefillChunk(0, 0, 4, True), PrefillChunk(1, 0, 3, True)]] if two else []) + [
-                [PrefillChunk(0, 0, 4, True)]]
-            steps = [StepInputs([], [], [], chunks, [1] * sum(c.length for c in chunks), SamplingRows())
-                     for chunks in shapes]
+                [PrefillChunk(0, 0, 4, True)]
+            ]
+            steps = [
+                StepInputs([], [], [], chunks, [1] * sum(c.length for c in chunks), SamplingRows()) for chunks in shapes
+            ]
             steps.append(StepInputs([0], [1], [4], [], [], SamplingRows()))
             try:
                 with torch.inference_mode():
@@ -296,32 +338,48 @@ class HFModelRunner:
                 log.warning("hf engine: torch.compile failed (%s); the model runs uncompiled", self.compile_error)
             else:
                 self.compile_s = time.perf_counter() - t0
-                log.info("hf engine: model compiled (torch.compile, %d step shapes) in %.1f s", len(steps),
-                         self.compile_s)
+                log.info(
+                    "hf engine: model compiled (torch.compile, %d step shapes) in %.1f s", len(steps), self.compile_s
+                )
         self.capture_graphs()
         self.capture_prefill_graphs(max_prefill_tokens)
         self.capture_mixed_graphs()
         if self.tp_group is not None:
-            self._tp_agree("results", {"compiled": self.use_compile, "decode graphs": len(self.decode_graphs.graphs),
-                                       "prompt graphs": len(self.prompt_graphs.graphs),
-                                       "wave graphs": len(self.wave_graphs.graphs)})
+            self._tp_agree(
+                "results",
+                {
+                    "compiled": self.use_compile,
+                    "decode graphs": len(self.decode_graphs.graphs),
+                    "prompt graphs": len(self.prompt_graphs.graphs),
+                    "wave graphs": len(self.wave_graphs.graphs),
+                },
+            )
 
     def _tp_plan(self, max_prefill_tokens) -> dict:
-        return {"max_prefill_tokens": max_prefill_tokens, "torch_compile": self.use_compile,
-                "cuda_graphs": self.use_graphs, "prefill_graphs": self.prompt_graphs.limit, "fused": self.fused,
-                "cudnn_attention": self.cudnn_attention, "max_num_seqs": self.max_num_seqs,
-                "max_model_len": self.max_model_len}
+        return {
+            "max_prefill_tokens": max_prefill_tokens,
+            "torch_compile": self.use_compile,
+            "cuda_graphs": self.use_graphs,
+            "prefill_graphs": self.prompt_graphs.limit,
+            "fused": self.fused,
+            "cudnn_attention": self.cudnn_attention,
+            "max_num_seqs": self.max_num_seqs,
+            "max_model_len": self.max_model_len,
+        }
 
     def _tp_agree(self, what: str, mine: dict) -> None:
         """Raise on every rank unless all ranks' `mine` are equal (host side, over the gloo group)."""
         everyone = self.tp_group.all_gather(mine)
         differ = sorted({k for other in everyone for k in mine if other.get(k) != mine[k]})
         if differ:
-            each = "; ".join(f"rank {r}: " + ", ".join(f"{k}={o.get(k)!r}" for k in differ)
-                             for r, o in enumerate(everyone))
-            raise RuntimeError(f"the tensor-parallel ranks' warm-up {what} differ ({each}): every rank must compile "
-                               f"and capture the same steps; give all ranks the same engine settings, or set "
-                               f"engine.cuda_graphs=false")
+            each = "; ".join(
+                f"rank {r}: " + ", ".join(f"{k}={o.get(k)!r}" for k in differ) for r, o in enumerate(everyone)
+            )
+            raise RuntimeError(
+                f"the tensor-parallel ranks' warm-up {what} differ ({each}): every rank must compile "
+                f"and capture the same steps; give all ranks the same engine settings, or set "
+                f"engine.cuda_graphs=false"
+            )
 
     # -- CUDA graphs (hf_graphs): decode-only steps, steps of one or several whole prompts, mixed steps -------------
     WAVE_ROWS = WaveGraphs.ROWS  # prompts per wave graph
@@ -336,15 +394,21 @@ class HFModelRunner:
         self._spare_slots = 1 if self.use_graphs else 0  # the slot padded rows write to
         self.graph_pool = None  # the memory pool every graph shares (they replay one at a time)
         self.decode_graphs = DecodeGraphs(self)
-        limit = token_limit(prefill_graphs, "prefill_graphs", DEFAULTS.prefill_graphs,
-                            "the longest prompt to graph, 0 for none")
+        limit = token_limit(
+            prefill_graphs, "prefill_graphs", DEFAULTS.prefill_graphs, "the longest prompt to graph, 0 for none"
+        )
         self.prompt_graphs = PromptGraphs(self, limit if self.use_graphs else 0)
         self.wave_graphs = self.prompt_graphs.waves
-        limit = token_limit(mixed_graphs, "mixed_graphs", DEFAULTS.mixed_graphs,
-                            "the most prompt tokens beside decode rows in a graph, 0 for none")
+        limit = token_limit(
+            mixed_graphs,
+            "mixed_graphs",
+            DEFAULTS.mixed_graphs,
+            "the most prompt tokens beside decode rows in a graph, 0 for none",
+        )
         # tp > 1 would need every rank to capture and pick the same mixed graphs: not built, so they run as before
-        self.mixed_graphs = MixedGraphs(self, self.decode_graphs,
-                                        min(limit, self.max_model_len) if self.use_graphs and self.tp == 1 else 0)
+        self.mixed_graphs = MixedGraphs(
+            self, self.decode_graphs, min(limit, self.max_model_len) if self.use_graphs and self.tp == 1 else 0
+        )
         # the families a step is offered to, in this order (_replay)
         self._graph_families = (self.decode_graphs, self.mixed_graphs, self.prompt_graphs, self.wave_graphs)
 
@@ -469,8 +533,12 @@ class HFModelRunner:
                 n = ids.shape[0]
                 if prev_rows is not None and prev_rows != list(range(n)):
                     if min(prev_rows, default=0) < 0:  # rows with their token on the host: after prev's rows
-                        ids = torch.cat([ids.to(torch.long), torch.tensor(step.decode_tokens, dtype=torch.long).to(
-                            self.device, non_blocking=True)])
+                        ids = torch.cat(
+                            [
+                                ids.to(torch.long),
+                                torch.tensor(step.decode_tokens, dtype=torch.long).to(self.device, non_blocking=True),
+                            ]
+                        )
                         prev_rows = [r if r >= 0 else n + j for j, r in enumerate(prev_rows)]
                     rows = torch.tensor(prev_rows, dtype=torch.long).to(self.device, non_blocking=True)
                     ids = ids.index_select(0, rows)
@@ -518,10 +586,11 @@ class HFModelRunner:
         ids: the decode tokens as a device tensor, in place of step.decode_tokens (see `launch`)."""
         import torch
 
-        ctx, input_ids, positions, logits_idx = prepare_step(step, self.device, self.num_kv_heads, self.max_model_len,
-                                                             self.dtype, self.eager)
+        ctx, input_ids, positions, logits_idx = prepare_step(
+            step, self.device, self.num_kv_heads, self.max_model_len, self.dtype, self.eager
+        )
         if ids is not None:
-            input_ids[0, :len(step.decode_tokens)] = ids
+            input_ids[0, : len(step.decode_tokens)] = ids
         if not sample:
             logits_idx = logits_idx[:0]
         keep = logits_idx
@@ -535,7 +604,7 @@ class HFModelRunner:
                 logits = self.model_forward(input_ids, positions, keep)
         finally:
             tls.ctx = None
-        return logits[:len(logits_idx)]
+        return logits[: len(logits_idx)]
 
     def _forward(self, input_ids, positions, keep):
         """Logits [len(keep), vocab] of the model on one packed row of tokens (our attention reads hf_attention.tls)."""

@@ -26,8 +26,7 @@ class Sampler:
 
         if self._counts is None:
             self._counts = torch.zeros(self.max_num_seqs, self.vocab_size, dtype=torch.int32, device=self.device)
-            self._prompt_seen = torch.zeros(self.max_num_seqs, self.vocab_size, dtype=torch.bool,
-                                            device=self.device)
+            self._prompt_seen = torch.zeros(self.max_num_seqs, self.vocab_size, dtype=torch.bool, device=self.device)
         return self._counts, self._prompt_seen
 
     def sample(self, logits, rows, penalty_resets=()):
@@ -45,7 +44,7 @@ class Sampler:
         logits = logits.float()
         n, vocab = logits.shape
         if vocab > self.valid_vocab:  # padded embeddings: never sample ids the tokenizer does not know
-            logits[:, self.valid_vocab:] = float("-inf")
+            logits[:, self.valid_vocab :] = float("-inf")
         if rows.any_penalty:
             logits = self._apply_penalties(logits, rows)
         if rows.banned:
@@ -53,8 +52,9 @@ class Sampler:
             logits[torch.tensor(r, device=dev), torch.tensor(t, device=dev)] = float("-inf")
         greedy = logits.argmax(dim=-1)
         if rows.any_sampling:
-            tokens = torch.where(torch.tensor([t > 0 for t in rows.temperature], device=dev),
-                                 self._draw(logits, rows), greedy)
+            tokens = torch.where(
+                torch.tensor([t > 0 for t in rows.temperature], device=dev), self._draw(logits, rows), greedy
+            )
         else:
             tokens = greedy
         if rows.any_penalty:
@@ -92,8 +92,7 @@ class Sampler:
             vocab = scaled.shape[-1]
             sorted_logits, order = scaled.sort(dim=-1, descending=True)
             top_k = torch.tensor([k if 0 < k < vocab else vocab for k in rows.top_k], device=dev)[:, None]
-            sorted_logits = sorted_logits.masked_fill(torch.arange(vocab, device=dev)[None, :] >= top_k,
-                                                      float("-inf"))
+            sorted_logits = sorted_logits.masked_fill(torch.arange(vocab, device=dev)[None, :] >= top_k, float("-inf"))
             probs = sorted_logits.softmax(dim=-1)
             top_p = torch.tensor(rows.top_p, device=dev)[:, None]
             cum = probs.cumsum(dim=-1)

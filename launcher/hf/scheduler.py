@@ -27,9 +27,25 @@ class Seq:
     """One request's state: the scheduler moves it through waiting, prefilling and decoding; output
     processing (hf_outputs) turns its tokens into outputs."""
 
-    __slots__ = ("request_id", "prompt_ids", "out_ids", "params", "on_output", "slot", "num_computed",
-                 "decoder", "stopper", "rng", "eos", "max_tokens", "min_tokens", "bad", "penalties",
-                 "prefill_started", "added")
+    __slots__ = (
+        "request_id",
+        "prompt_ids",
+        "out_ids",
+        "params",
+        "on_output",
+        "slot",
+        "num_computed",
+        "decoder",
+        "stopper",
+        "rng",
+        "eos",
+        "max_tokens",
+        "min_tokens",
+        "bad",
+        "penalties",
+        "prefill_started",
+        "added",
+    )
 
     def __init__(self, request_id, prompt_ids, params: SamplingParams, on_output, decoder, eos, bad):
         self.request_id = request_id
@@ -46,15 +62,20 @@ class Seq:
         self.max_tokens = params.max_tokens
         self.min_tokens = params.min_tokens
         self.bad = bad  # list of token-id sequences that must not be generated
-        self.penalties = (params.repetition_penalty != 1.0 or params.presence_penalty != 0.0
-                          or params.frequency_penalty != 0.0)
+        self.penalties = (
+            params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+        )
         self.prefill_started = False
         self.added = time.monotonic()  # when add_request queued it (EngineStats.queued_s, to_first_token_s)
 
 
-
-def prepare_prompt(encode: Callable[[str], list[int]], prompt: str | list[int], params: SamplingParams,
-                   max_model_len: int, vocab_size: int) -> list[int]:
+def prepare_prompt(
+    encode: Callable[[str], list[int]],
+    prompt: str | list[int],
+    params: SamplingParams,
+    max_model_len: int,
+    vocab_size: int,
+) -> list[int]:
     """Validate a request and tokenize its prompt (`encode`: text -> ids, a PromptEncoder); raises InvalidRequest
     naming the problem and the fix."""
     params.validate(max_model_len)
@@ -72,7 +93,8 @@ def prepare_prompt(encode: Callable[[str], list[int]], prompt: str | list[int], 
     if n + params.max_tokens > max_model_len:
         raise InvalidRequest(
             f"the prompt ({n} tokens) plus max_tokens ({params.max_tokens}) exceeds the model context of "
-            f"{max_model_len} tokens; shorten the prompt or lower max_tokens")
+            f"{max_model_len} tokens; shorten the prompt or lower max_tokens"
+        )
     if params.end_id is not None and not 0 <= params.end_id < vocab_size:
         raise InvalidRequest(f"end_id {params.end_id} is outside the vocabulary [0, {vocab_size})")
     return prompt_ids
@@ -184,8 +206,9 @@ class Scheduler:
                 elif only is not None:  # the decode rows' turn between two waves
                     prompts = []
         else:
-            prev_rows = [i for i, s in enumerate(ahead_of)
-                         if s.slot >= 0 and len(s.out_ids) + 1 < s.max_tokens]  # not finished, not ending now
+            prev_rows = [
+                i for i, s in enumerate(ahead_of) if s.slot >= 0 and len(s.out_ids) + 1 < s.max_tokens
+            ]  # not finished, not ending now
             decoding = [ahead_of[i] for i in prev_rows]
             if any(s.bad for s in decoding) or not self._inbox_empty():
                 return None
@@ -223,8 +246,11 @@ class Scheduler:
         rows = list(decoding)
         decode_slots = [s.slot for s in decoding]
         # ahead: the tokens of the running step's rows follow on the device; rows that sat it out have theirs here
-        decode_tokens = ([s.out_ids[-1] for s in decoding] if ahead_of is None else
-                         [0 if r >= 0 else s.out_ids[-1] for s, r in zip(decoding, prev_rows or [])])
+        decode_tokens = (
+            [s.out_ids[-1] for s in decoding]
+            if ahead_of is None
+            else [0 if r >= 0 else s.out_ids[-1] for s, r in zip(decoding, prev_rows or [])]
+        )
         decode_positions = [s.num_computed for s in decoding]
         for s in decoding:
             s.num_computed += 1  # the fed token is cached by this step
@@ -243,7 +269,7 @@ class Scheduler:
                 budget -= length
                 last = start + length == len(seq.prompt_ids)
                 chunks.append(PrefillChunk(seq.slot, start, length, last))
-                prefill_tokens.extend(seq.prompt_ids[start:start + length])
+                prefill_tokens.extend(seq.prompt_ids[start : start + length])
                 seq.num_computed = start + length
                 if not seq.prefill_started:
                     seq.prefill_started = True
@@ -256,8 +282,15 @@ class Scheduler:
         if not rows and not chunks:
             return None
         running = sum(r >= 0 for r in prev_rows) if prev_rows is not None else 0  # the running step's rows: first
-        step = StepInputs(decode_slots, decode_tokens, decode_positions, chunks, prefill_tokens,
-                          self._sampling_rows(rows, pending_rows=running), penalty_resets)
+        step = StepInputs(
+            decode_slots,
+            decode_tokens,
+            decode_positions,
+            chunks,
+            prefill_tokens,
+            self._sampling_rows(rows, pending_rows=running),
+            penalty_resets,
+        )
         return step, rows, chunk_seqs, prev_rows
 
     def admit(self) -> None:
@@ -332,12 +365,14 @@ class Scheduler:
             self._waved = False
             return []
         take = []
-        for seq in pending[:max(self.runner.wave_rows)]:
+        for seq in pending[: max(self.runner.wave_rows)]:
             if seq.num_computed:  # a prompt part-way through its chunks: not a whole prompt
                 break
             take.append(seq)
-        while len(take) >= 2 and (sum(len(s.prompt_ids) for s in take) > self.max_prefill_tokens
-                                  or self.runner.wave_graph_key([len(s.prompt_ids) for s in take]) is None):
+        while len(take) >= 2 and (
+            sum(len(s.prompt_ids) for s in take) > self.max_prefill_tokens
+            or self.runner.wave_graph_key([len(s.prompt_ids) for s in take]) is None
+        ):
             take.pop()  # the longest prompts may not fit a wave of that many: fewer, in a smaller one
         if len(take) < 2:
             self._waved = False
@@ -370,6 +405,6 @@ class Scheduler:
                 sr.banned.extend((i, t) for t in s.eos)
             if s.bad:
                 for word in s.bad:
-                    if len(word) == 1 or s.out_ids[-(len(word) - 1):] == word[:-1]:
+                    if len(word) == 1 or s.out_ids[-(len(word) - 1) :] == word[:-1]:
                         sr.banned.append((i, word[-1]))
         return sr

@@ -39,7 +39,9 @@ class SamplingRows:
     repetition_penalty: list[float] = field(default_factory=list)  # 1.0 = off
     presence_penalty: list[float] = field(default_factory=list)  # 0.0 = off
     frequency_penalty: list[float] = field(default_factory=list)  # 0.0 = off
-    banned: list[tuple[int, int]] = field(default_factory=list)  # (row, token) pairs forced to -inf (min_length, bad words)
+    banned: list[tuple[int, int]] = field(
+        default_factory=list
+    )  # (row, token) pairs forced to -inf (min_length, bad words)
     any_sampling: bool = False  # some row has temperature > 0
     any_top: bool = False  # some row uses top_k or top_p
     any_penalty: bool = False  # some row uses a penalty
@@ -63,7 +65,6 @@ class StepInputs:
         return len(self.decode_tokens) + len(self.prefill_tokens)
 
 
-
 def group_first_chunks(lengths: list[int], waste: float = 0.5) -> list[list[int]]:
     """Indices of prompt-starting chunks grouped for one padded attention call each.
 
@@ -84,7 +85,6 @@ def group_first_chunks(lengths: list[int], waste: float = 0.5) -> list[list[int]
     return groups
 
 
-
 def prepare_step(step: StepInputs, device, num_kv_heads: int, max_model_len: int, dtype, eager: bool):
     """(StepContext, input_ids [1, T], positions [1, T], the token rows whose logits to keep) of a step run eagerly:
     its tokens packed in one row, decode tokens first (HFModelRunner._run; a graph's step is laid out by hf_graphs)."""
@@ -103,16 +103,16 @@ def prepare_step(step: StepInputs, device, num_kv_heads: int, max_model_len: int
         if c.sample:
             logits_idx.append(offset - 1)
     # one host->device copy for all per-token index data
-    host = torch.tensor([step.decode_tokens + step.prefill_tokens,
-                         step.decode_positions + chunk_pos,
-                         step.decode_slots + chunk_slots], dtype=torch.long)
+    host = torch.tensor(
+        [step.decode_tokens + step.prefill_tokens, step.decode_positions + chunk_pos, step.decode_slots + chunk_slots],
+        dtype=torch.long,
+    )
     meta = host.to(dev, non_blocking=True)
     input_ids, positions, slots = meta[0:1], meta[1:2], meta[2]
     ctx = StepContext()
     # row of token t, kv head h in the cache viewed as [slots * kv_heads * max_model_len, head_dim]
     heads = torch.arange(num_kv_heads, device=dev)
-    ctx.flat_idx = ((slots[:, None] * num_kv_heads + heads[None, :]) * max_model_len
-                    + meta[1][:, None]).reshape(-1)
+    ctx.flat_idx = ((slots[:, None] * num_kv_heads + heads[None, :]) * max_model_len + meta[1][:, None]).reshape(-1)
     ctx.n_dec = n_dec
     ctx.eager = eager
     ctx.dec_scatter = None
@@ -155,7 +155,7 @@ def prepare_step(step: StepInputs, device, num_kv_heads: int, max_model_len: int
             dst.extend(range(off, off + c.length))
         idx = torch.tensor(pad + real + dst, dtype=torch.long).to(dev, non_blocking=True)
         n_pad, n_real = len(pad), len(real)
-        ctx.groups.append((idx[:n_pad], len(group), length, idx[n_pad:n_pad + n_real], idx[n_pad + n_real:]))
+        ctx.groups.append((idx[:n_pad], len(group), length, idx[n_pad : n_pad + n_real], idx[n_pad + n_real :]))
     ctx.chunks = chunks
     logits_idx_t = torch.tensor(logits_idx, dtype=torch.long).to(dev, non_blocking=True)
     return ctx, input_ids, positions, logits_idx_t

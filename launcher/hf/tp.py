@@ -65,8 +65,15 @@ AHEAD = "ahead"  # (AHEAD, StepInputs): a step launched ahead; its decode tokens
 class TPGroup:
     """This process's place in a tensor-parallel group; `all_reduce` and the StepInputs broadcast."""
 
-    def __init__(self, size: int, rank: int | None = None, addr: str | None = None, port: int | None = None,
-                 device_type: str = "cpu", timeout: float | None = None):
+    def __init__(
+        self,
+        size: int,
+        rank: int | None = None,
+        addr: str | None = None,
+        port: int | None = None,
+        device_type: str = "cpu",
+        timeout: float | None = None,
+    ):
         import torch
         import torch.distributed as dist
 
@@ -79,15 +86,25 @@ class TPGroup:
         addr = addr or env.get("_LLMLAUNCH_LEADER_ADDR") or "127.0.0.1"
         port = int(port or env.get("_LLMLAUNCH_DIST_PORT") or 0)
         if not port:
-            raise ValueError("tensor parallelism needs the leader's port: set _LLMLAUNCH_DIST_PORT "
-                             "(launcher.rank does) or pass port=")
+            raise ValueError(
+                "tensor parallelism needs the leader's port: set _LLMLAUNCH_DIST_PORT "
+                "(launcher.rank does) or pass port="
+            )
         self.timeout = float(timeout if timeout is not None else DEFAULTS.tp_timeout_s)
         td = datetime.timedelta(seconds=self.timeout)
         backend = "nccl" if device_type == "cuda" else "gloo"
-        log.info("hf tp: rank %d/%d joining tcp://%s:%d (%s, timeout %.0f s)", self.rank, self.size, addr, port,
-                 backend, self.timeout)
-        dist.init_process_group(backend, init_method=f"tcp://{addr}:{port}", world_size=self.size,
-                                rank=self.rank, timeout=td)
+        log.info(
+            "hf tp: rank %d/%d joining tcp://%s:%d (%s, timeout %.0f s)",
+            self.rank,
+            self.size,
+            addr,
+            port,
+            backend,
+            self.timeout,
+        )
+        dist.init_process_group(
+            backend, init_method=f"tcp://{addr}:{port}", world_size=self.size, rank=self.rank, timeout=td
+        )
         self.group = None  # default group for all_reduce
         self.ctrl = dist.new_group(backend="gloo", timeout=td) if backend != "gloo" else None
         self._dist = dist
@@ -140,8 +157,9 @@ class _RowParallelLinear:
             def __init__(self):
                 super().__init__()
                 n = linear.in_features // size
-                self.weight = torch.nn.Parameter(linear.weight.data[:, rank * n:(rank + 1) * n].contiguous(),
-                                                 requires_grad=False)
+                self.weight = torch.nn.Parameter(
+                    linear.weight.data[:, rank * n : (rank + 1) * n].contiguous(), requires_grad=False
+                )
                 self.bias = linear.bias
                 self.in_features, self.out_features = n, linear.out_features
 
@@ -158,9 +176,9 @@ def _column(linear, rank: int, size: int) -> None:
     import torch
 
     n = linear.out_features // size
-    linear.weight = torch.nn.Parameter(linear.weight.data[rank * n:(rank + 1) * n].contiguous(), requires_grad=False)
+    linear.weight = torch.nn.Parameter(linear.weight.data[rank * n : (rank + 1) * n].contiguous(), requires_grad=False)
     if linear.bias is not None:
-        linear.bias = torch.nn.Parameter(linear.bias.data[rank * n:(rank + 1) * n].contiguous(), requires_grad=False)
+        linear.bias = torch.nn.Parameter(linear.bias.data[rank * n : (rank + 1) * n].contiguous(), requires_grad=False)
     linear.out_features = n
 
 
@@ -168,11 +186,16 @@ def check_divisible(text_cfg, size: int) -> None:
     heads = text_cfg.num_attention_heads
     kv = getattr(text_cfg, "num_key_value_heads", None) or heads
     inter = getattr(text_cfg, "intermediate_size", None)
-    bad = [f"{what} ({n})" for what, n in (("attention heads", heads), ("kv heads", kv), ("MLP intermediate size", inter))
-           if n and n % size]
+    bad = [
+        f"{what} ({n})"
+        for what, n in (("attention heads", heads), ("kv heads", kv), ("MLP intermediate size", inter))
+        if n and n % size
+    ]
     if bad:
-        raise ValueError(f"tp={size} does not divide the model's {', '.join(bad)}; "
-                         f"use a tp that divides {heads} attention heads and {kv} kv heads")
+        raise ValueError(
+            f"tp={size} does not divide the model's {', '.join(bad)}; "
+            f"use a tp that divides {heads} attention heads and {kv} kv heads"
+        )
 
 
 def shard_model(model, text_cfg, tp: TPGroup) -> None:
@@ -182,12 +205,16 @@ def shard_model(model, text_cfg, tp: TPGroup) -> None:
     attns = [m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "num_key_value_groups")]
     mlps = [m for m in model.modules() if hasattr(m, "down_proj") and hasattr(m, "up_proj")]
     if not attns or len(mlps) != len(attns):
-        raise ValueError(f"unsupported architecture for tensor parallelism ({type(model).__name__}): the hf engine "
-                         f"shards decoder layers with q/k/v/o_proj attention and gate/up/down_proj MLPs; use tp=1")
+        raise ValueError(
+            f"unsupported architecture for tensor parallelism ({type(model).__name__}): the hf engine "
+            f"shards decoder layers with q/k/v/o_proj attention and gate/up/down_proj MLPs; use tp=1"
+        )
     for a in attns:
         if not all(hasattr(a, n) for n in ("q_proj", "k_proj", "v_proj", "o_proj")):
-            raise ValueError(f"unsupported attention {type(a).__name__} for tensor parallelism "
-                             f"(needs separate q/k/v/o_proj); use tp=1")
+            raise ValueError(
+                f"unsupported attention {type(a).__name__} for tensor parallelism "
+                f"(needs separate q/k/v/o_proj); use tp=1"
+            )
         for n in ("q_proj", "k_proj", "v_proj"):
             _column(getattr(a, n), rank, size)
         a.o_proj = _RowParallelLinear.make(a.o_proj, rank, size, tp)

@@ -16,12 +16,25 @@ from launcher.hf.tp import AHEAD, STOP, WARM_UP, TPGroup
 log = logging.getLogger(__name__)
 
 
-def run_worker(model_path: str, tp: int, device: str = "auto", dtype: str = "auto", max_num_seqs: int = 64,
-               max_model_len: int | None = None, attn_implementation: str = "sdpa",
-               kv_cache_memory: float | None = None, threads: int | None = None, on_ready=None,
-               group: TPGroup | None = None, cudnn_attention: str | None = None, cuda_graphs: bool | None = None,
-               torch_compile: bool | None = None, prefill_graphs: int | None = None,
-               tp_timeout_s: float | None = None, **_ignored) -> None:
+def run_worker(
+    model_path: str,
+    tp: int,
+    device: str = "auto",
+    dtype: str = "auto",
+    max_num_seqs: int = 64,
+    max_model_len: int | None = None,
+    attn_implementation: str = "sdpa",
+    kv_cache_memory: float | None = None,
+    threads: int | None = None,
+    on_ready=None,
+    group: TPGroup | None = None,
+    cudnn_attention: str | None = None,
+    cuda_graphs: bool | None = None,
+    torch_compile: bool | None = None,
+    prefill_graphs: int | None = None,
+    tp_timeout_s: float | None = None,
+    **_ignored,
+) -> None:
     """A worker rank: build the runner on this rank's shard, then execute every StepInputs the leader
     broadcasts until it says stop; when the leader warms up (compiles, captures CUDA graphs) the worker does the
     same steps with it.  Raises (after the collective timeout at the latest) when the leader dies."""
@@ -29,11 +42,22 @@ def run_worker(model_path: str, tp: int, device: str = "auto", dtype: str = "aut
 
     if threads:
         torch.set_num_threads(int(threads))
-    runner = HFModelRunner(model_path, device=device, dtype=dtype, max_num_seqs=max_num_seqs,
-                           max_model_len=max_model_len, attn_implementation=attn_implementation,
-                           kv_cache_memory=kv_cache_memory, tp=tp, tp_group=group, cudnn_attention=cudnn_attention,
-                           cuda_graphs=cuda_graphs, torch_compile=torch_compile, prefill_graphs=prefill_graphs,
-                           **({} if tp_timeout_s is None else {"tp_timeout_s": tp_timeout_s}))
+    runner = HFModelRunner(
+        model_path,
+        device=device,
+        dtype=dtype,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        attn_implementation=attn_implementation,
+        kv_cache_memory=kv_cache_memory,
+        tp=tp,
+        tp_group=group,
+        cudnn_attention=cudnn_attention,
+        cuda_graphs=cuda_graphs,
+        torch_compile=torch_compile,
+        prefill_graphs=prefill_graphs,
+        **({} if tp_timeout_s is None else {"tp_timeout_s": tp_timeout_s}),
+    )
     if runner.tp_group.rank == 0:
         raise ValueError("run_worker runs the worker ranks (group rank > 0); rank 0 runs the Engine")
     if on_ready is not None:
@@ -69,16 +93,26 @@ def serve(conn, args: HFEngineArgs) -> int:
     def on_ready(runner) -> None:
         ready.set()
         with lock:
-            conn.send(("ready", {"max_model_len": runner.max_model_len, "max_num_seqs": runner.max_num_seqs,
-                                 "vocab_size": runner.vocab_size, "device": str(runner.device),
-                                 "dtype": str(runner.dtype).replace("torch.", ""), "pid": os.getpid(),
-                                 "role": "worker", "tp_rank": runner.tp_group.rank}))
+            conn.send(
+                (
+                    "ready",
+                    {
+                        "max_model_len": runner.max_model_len,
+                        "max_num_seqs": runner.max_num_seqs,
+                        "vocab_size": runner.vocab_size,
+                        "device": str(runner.device),
+                        "dtype": str(runner.dtype).replace("torch.", ""),
+                        "pid": os.getpid(),
+                        "role": "worker",
+                        "tp_rank": runner.tp_group.rank,
+                    },
+                )
+            )
 
     def work() -> None:
         code = 0
         try:
-            run_worker(args.model_path, on_ready=on_ready, threads=args.torch_threads or None,
-                             **args.runner_kwargs())
+            run_worker(args.model_path, on_ready=on_ready, threads=args.torch_threads or None, **args.runner_kwargs())
         except BaseException as exc:
             code = 3
             log.error("hf tp worker failed: %r", exc)

@@ -48,13 +48,10 @@ from pathlib import Path
 from launcher.localslurm.conf import (
     BRIDGE,
     CLUSTER_NAME,
-    DBD_PORT,
     DB_PORT,
+    DBD_PORT,
     DEFAULT_DIR,
     DIR_ENV,
-    DaemonStatus,
-    LocalSlurm,
-    LocalSlurmError,
     MAX_NODES,
     NETNS_PREFIX,
     PACKAGES,
@@ -63,6 +60,9 @@ from launcher.localslurm.conf import (
     READY_STATES,
     STARTUP_TIMEOUT_S,
     STOP_TIMEOUT_S,
+    DaemonStatus,
+    LocalSlurm,
+    LocalSlurmError,
     Spec,
     Status,
     gpu_files,
@@ -85,8 +85,9 @@ def resolve_dir(state_dir: str | os.PathLike | None) -> str:
     return os.path.abspath(os.fspath(state_dir or os.environ.get(DIR_ENV) or DEFAULT_DIR))
 
 
-def _run(argv: list[str], check: bool = True, env: dict | None = None, timeout: float = 60.0,
-         input: str | None = None) -> subprocess.CompletedProcess:
+def _run(
+    argv: list[str], check: bool = True, env: dict | None = None, timeout: float = 60.0, input: str | None = None
+) -> subprocess.CompletedProcess:
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=timeout, input=input)
     except subprocess.TimeoutExpired:
@@ -190,8 +191,13 @@ def _start(spec: Spec, name: str, argv: list[str]) -> int:
     log = open(spec.path("log", f"{name}.out"), "ab")
     try:
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            start_new_session=True, cwd=spec.state_dir, env=_daemon_env(spec),
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=spec.state_dir,
+            env=_daemon_env(spec),
         )
     except FileNotFoundError as e:
         raise LocalSlurmError(f"cannot start {name}: {e}; run `llmlaunch-localslurm up` (it installs packages)") from e
@@ -207,6 +213,7 @@ def _start(spec: Spec, name: str, argv: list[str]) -> int:
 
 def _stop_pids(pids: dict[str, tuple[int, str]], timeout: float = STOP_TIMEOUT_S) -> None:
     """SIGTERM every process, SIGKILL those still there after `timeout` (all-or-nothing)."""
+
     def alive():
         return {k: v for k, v in pids.items() if _start_time(v[0]) == v[1]}
 
@@ -285,8 +292,9 @@ def _node_network_ok(spec: Spec, node: str) -> bool:
     links = _run(["ip", "-n", ns, "-o", "link", "show"], check=False).stdout  # eth0 and lo
     veth = _run(["ip", "-o", "link", "show", "dev", spec.veth(node)], check=False).stdout
     up = {line.split(":")[1].strip().split("@")[0] for line in links.splitlines() if ",UP" in line}
-    return f" {spec.node_addr(node)}/24 " in addr and {"eth0", "lo"} <= up \
-        and f"master {BRIDGE}" in veth and ",UP" in veth
+    return (
+        f" {spec.node_addr(node)}/24 " in addr and {"eth0", "lo"} <= up and f"master {BRIDGE}" in veth and ",UP" in veth
+    )
 
 
 def _remove_node_network(node: str) -> None:
@@ -379,8 +387,17 @@ def _ensure_files(spec: Spec) -> None:
             _run(["mknod", "-m", "666", f, "c", "1", "3"])
     if not os.path.isdir(spec.path("mariadb", "mysql")):
         _log("initialising the accounting database")
-        _run(["mariadb-install-db", "--no-defaults", f"--datadir={spec.path('mariadb')}", "--user=root",
-              "--auth-root-authentication-method=socket", "--skip-test-db"], timeout=120)
+        _run(
+            [
+                "mariadb-install-db",
+                "--no-defaults",
+                f"--datadir={spec.path('mariadb')}",
+                "--user=root",
+                "--auth-root-authentication-method=socket",
+                "--skip-test-db",
+            ],
+            timeout=120,
+        )
 
 
 def _ensure_etc_hosts(block: str | None) -> None:
@@ -478,15 +495,21 @@ def _register_cluster(spec: Spec) -> None:
 
 def _spec(nodes: int, gpus_per_node: int, state_dir: str) -> Spec:
     return Spec(
-        state_dir=state_dir, nodes=nodes, gpus_per_node=gpus_per_node,
-        ctl_hostname=socket.gethostname().split(".")[0], db_password=_db_password(state_dir),
+        state_dir=state_dir,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        ctl_hostname=socket.gethostname().split(".")[0],
+        db_password=_db_password(state_dir),
     )
 
 
 def _handle(spec: Spec) -> LocalSlurm:
     return LocalSlurm(
-        state_dir=spec.state_dir, slurm_conf=spec.slurm_conf, nodes=spec.node_names,
-        node_addrs=spec.node_addrs, gpus_per_node=spec.gpus_per_node,
+        state_dir=spec.state_dir,
+        slurm_conf=spec.slurm_conf,
+        nodes=spec.node_names,
+        node_addrs=spec.node_addrs,
+        gpus_per_node=spec.gpus_per_node,
     )
 
 
@@ -558,8 +581,10 @@ def up(nodes: int = 4, gpus_per_node: int = 4, state_dir: str | os.PathLike | No
         dead = [d for d in spec.daemons() if not _alive_pid(_pidfile(spec, d))]
         if dead:
             raise LocalSlurmError(f"{', '.join(dead)} died during start; see the logs in {spec.path('log')}")
-        _log(f"up: {', '.join(f'{n}={a}' for n, a in spec.node_addrs.items())}, partition {PARTITION}, "
-             f"{gpus_per_node} GPUs per node (started {len(started)} daemons)")
+        _log(
+            f"up: {', '.join(f'{n}={a}' for n, a in spec.node_addrs.items())}, partition {PARTITION}, "
+            f"{gpus_per_node} GPUs per node (started {len(started)} daemons)"
+        )
         return _handle(spec)
 
 
@@ -584,8 +609,10 @@ def _down(state_dir: str) -> None:
     names = _pidfile_names(state_dir)
     if "slurmctld" in names and _alive_pid(_pidfile(spec, "slurmctld")):
         _cancel_all_jobs(spec.slurm_conf)
-    nodes = sorted({n.split(".", 1)[1] for n in names if n.startswith("slurmd.")}
-                   | {ns[len(NETNS_PREFIX):] for ns in _netns_list() if ns.startswith(NETNS_PREFIX + "node")})
+    nodes = sorted(
+        {n.split(".", 1)[1] for n in names if n.startswith("slurmd.")}
+        | {ns[len(NETNS_PREFIX) :] for ns in _netns_list() if ns.startswith(NETNS_PREFIX + "node")}
+    )
     slurmds = [n for n in names if n.startswith("slurmd.")]
     # Job steps (slurmstepd and tasks) outlive slurmd, and slurmd waits for them
     # before it exits; whatever runs in a node namespace is ours by construction.
@@ -638,8 +665,12 @@ def status(state_dir: str | os.PathLike | None = None) -> Status:
         daemons.append(DaemonStatus(name, rec[0] if rec else None, _alive_pid(_pidfile(spec, name)) is not None))
     alive = {d.name for d in daemons if d.alive}
     nodes = _node_states(spec.slurm_conf) if {"munged", "slurmctld"} <= alive else {}
-    is_up = bool(st) and all(d.alive for d in daemons) and set(nodes) == set(spec.node_names) \
+    is_up = (
+        bool(st)
+        and all(d.alive for d in daemons)
+        and set(nodes) == set(spec.node_names)
         and all(s in READY_STATES for s in nodes.values())
+    )
     return Status(up=is_up, daemons=tuple(daemons), nodes=nodes, slurm_conf=spec.slurm_conf)
 
 
@@ -677,8 +708,17 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         st = status(args.dir)
         if args.json:
-            print(json.dumps({"up": st.up, "slurm_conf": st.slurm_conf, "nodes": st.nodes,
-                              "daemons": [d.__dict__ for d in st.daemons]}, indent=2))
+            print(
+                json.dumps(
+                    {
+                        "up": st.up,
+                        "slurm_conf": st.slurm_conf,
+                        "nodes": st.nodes,
+                        "daemons": [d.__dict__ for d in st.daemons],
+                    },
+                    indent=2,
+                )
+            )
         else:
             sys.stdout.write(st.render())
         return 0 if st.up else 1

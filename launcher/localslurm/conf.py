@@ -32,8 +32,18 @@ HOSTS_END = "# llmlaunch-localslurm end"
 # pmix, but every pmix step fails with "pmi/pmix: can not load PMIx library"
 # because the plugin opens the unversioned libpmix.so.
 PACKAGES = (
-    "slurmctld", "slurmd", "slurm-client", "slurmdbd", "mariadb-server", "munge",
-    "libpmix2", "libpmix-dev", "openmpi-bin", "libopenmpi-dev", "iproute2", "util-linux",
+    "slurmctld",
+    "slurmd",
+    "slurm-client",
+    "slurmdbd",
+    "mariadb-server",
+    "munge",
+    "libpmix2",
+    "libpmix-dev",
+    "openmpi-bin",
+    "libopenmpi-dev",
+    "iproute2",
+    "util-linux",
 )
 # Node states (sinfo %t) that mean "registered and usable".
 READY_STATES = frozenset({"idle", "mix", "alloc", "comp"})
@@ -71,7 +81,7 @@ class Spec:
         return f"{SUBNET}.1"
 
     def node_addr(self, node: str) -> str:
-        return f"{SUBNET}.{NODE_ADDR_OFFSET + int(node[len('node'):])}"
+        return f"{SUBNET}.{NODE_ADDR_OFFSET + int(node[len('node') :])}"
 
     @property
     def node_addrs(self) -> dict[str, str]:
@@ -83,7 +93,7 @@ class Spec:
 
     @staticmethod
     def veth(node: str) -> str:
-        return f"{NETNS_PREFIX}v{node[len('node'):]}"
+        return f"{NETNS_PREFIX}v{node[len('node') :]}"
 
     @property
     def slurm_conf(self) -> str:
@@ -337,18 +347,30 @@ def render_daemon_argv(spec: Spec) -> dict[str, list[str]]:
     argv = {
         # Pitfall: the socket's directory must be mode 755 (made in _make_dirs).
         "munged": [
-            "munged", "-F", f"--socket={spec.munge_socket}", f"--key-file={p('munge', 'munge.key')}",
-            f"--pid-file={p('run', 'munged.pid')}", f"--log-file={p('log', 'munged.log')}",
+            "munged",
+            "-F",
+            f"--socket={spec.munge_socket}",
+            f"--key-file={p('munge', 'munge.key')}",
+            f"--pid-file={p('run', 'munged.pid')}",
+            f"--log-file={p('log', 'munged.log')}",
             f"--seed-file={p('munge', 'munged.seed')}",
         ],
         # --no-defaults must come first: never read /etc/mysql (a system MariaDB may run).
         "mariadbd": [
-            "mariadbd", "--no-defaults", f"--datadir={p('mariadb')}", f"--socket={p('run', 'mariadb.sock')}",
-            f"--port={DB_PORT}", "--bind-address=127.0.0.1", f"--pid-file={p('run', 'mariadb.pid')}",
-            "--user=root", "--skip-name-resolve", f"--init-file={p('etc', 'mariadb-init.sql')}",
+            "mariadbd",
+            "--no-defaults",
+            f"--datadir={p('mariadb')}",
+            f"--socket={p('run', 'mariadb.sock')}",
+            f"--port={DB_PORT}",
+            "--bind-address=127.0.0.1",
+            f"--pid-file={p('run', 'mariadb.pid')}",
+            "--user=root",
+            "--skip-name-resolve",
+            f"--init-file={p('etc', 'mariadb-init.sql')}",
             f"--log-error={p('log', 'mariadb.log')}",
             # What slurmdbd asks for (else it logs "Database settings not recommended values").
-            "--innodb-buffer-pool-size=128M", "--innodb-lock-wait-timeout=900",
+            "--innodb-buffer-pool-size=128M",
+            "--innodb-lock-wait-timeout=900",
         ],
         # slurmdbd finds slurmdbd.conf beside $SLURM_CONF.
         "slurmdbd": ["slurmdbd", "-D"],
@@ -363,6 +385,13 @@ def render_daemon_argv(spec: Spec) -> dict[str, list[str]]:
             f" && exec slurmd -D -N {node} -f {shlex.quote(spec.slurm_conf)}"
         )
         argv[f"slurmd.{node}"] = [
-            "nsenter", f"--net=/run/netns/{spec.netns(node)}", "unshare", "--uts", "--mount", "sh", "-c", script,
+            "nsenter",
+            f"--net=/run/netns/{spec.netns(node)}",
+            "unshare",
+            "--uts",
+            "--mount",
+            "sh",
+            "-c",
+            script,
         ]
     return argv

@@ -32,8 +32,12 @@ def _tiny_shape() -> Dict[str, int]:
     from launcher.tiny import TinySettings
 
     s = TinySettings()
-    return {"num_attention_heads": s.heads, "num_key_value_heads": s.kv_heads, "num_hidden_layers": s.layers,
-            "intermediate_size": s.intermediate}
+    return {
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+        "num_hidden_layers": s.layers,
+        "intermediate_size": s.intermediate,
+    }
 
 
 def _smollm2_shape() -> Dict[str, int]:
@@ -60,4 +64,6 @@ def resolve_model(spec, say=lambda m: print(m, file=sys.stderr, flush=True)):
     maker = MAKERS[make]  # spec validation has refused unknown names
     say(f"model: {maker.describe}, cache {default_cache_dir()}")
     path = str(maker.ensure())
-    return dataclasses.replace(spec, model=dataclasses.replace(spec.model, path=path, tokenizer=spec.model.tokenizer or path))
+    return dataclasses.replace(
+        spec, model=dataclasses.replace(spec.model, path=path, tokenizer=spec.model.tokenizer or path)
+    )

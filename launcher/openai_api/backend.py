@@ -14,7 +14,7 @@ from typing import AsyncIterator, Optional
 from grpc import aio
 from tritonclient.grpc import service_pb2
 
-from launcher.client import _CHANNEL_OPTIONS, _finish, _raw_bytes, _text_index, StreamRecord, build_request, parse_url
+from launcher.client import _CHANNEL_OPTIONS, StreamRecord, _finish, _raw_bytes, _text_index, build_request, parse_url
 from launcher.frontend.wire import SERVICE
 
 
@@ -50,11 +50,15 @@ class GrpcBackend:
         if self._channel is None:  # made on the serving loop: a grpc.aio channel belongs to its event loop
             self._channel = aio.insecure_channel(self.url, options=_CHANNEL_OPTIONS)
             self._stream = self._channel.stream_stream(
-                f"/{SERVICE}/ModelStreamInfer", request_serializer=service_pb2.ModelInferRequest.SerializeToString,
-                response_deserializer=service_pb2.ModelStreamInferResponse.FromString)
+                f"/{SERVICE}/ModelStreamInfer",
+                request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+                response_deserializer=service_pb2.ModelStreamInferResponse.FromString,
+            )
             self._ready = self._channel.unary_unary(
-                f"/{SERVICE}/ModelReady", request_serializer=service_pb2.ModelReadyRequest.SerializeToString,
-                response_deserializer=service_pb2.ModelReadyResponse.FromString)
+                f"/{SERVICE}/ModelReady",
+                request_serializer=service_pb2.ModelReadyRequest.SerializeToString,
+                response_deserializer=service_pb2.ModelReadyResponse.FromString,
+            )
 
     async def ready(self, timeout: float = 5.0) -> bool:
         """The model answers ModelReady through the endpoint."""
@@ -88,7 +92,9 @@ class GrpcBackend:
                 raw = ir.raw_output_contents
                 final = ir.parameters["triton_final_response"].bool_param
                 if raw:
-                    if at is None or (final and not (0 <= at < len(ir.outputs) and ir.outputs[at].name == "text_output")):
+                    if at is None or (
+                        final and not (0 <= at < len(ir.outputs) and ir.outputs[at].name == "text_output")
+                    ):
                         at = _text_index(ir)  # final_counts_only: the last response has all outputs
                     piece = _raw_bytes(raw[at]) if 0 <= at < len(raw) else b""
                     if piece:
@@ -137,4 +143,3 @@ class Utf8Pieces:
 
     def flush(self) -> str:
         return self._dec.decode(b"", final=True)
-

@@ -78,15 +78,26 @@ class Counters:
         return out
 
     def text(self) -> str:
-        lines = ["# HELP llmlaunch_openai_requests_total OpenAI API requests answered, by route and HTTP status",
-                 "# TYPE llmlaunch_openai_requests_total counter"]
+        lines = [
+            "# HELP llmlaunch_openai_requests_total OpenAI API requests answered, by route and HTTP status",
+            "# TYPE llmlaunch_openai_requests_total counter",
+        ]
         for (route, status), n in sorted(self.requests().items()):
             lines.append(f'llmlaunch_openai_requests_total{{route="{route}",status="{status}"}} {n}')
         for name, kind, help_, value in (
             ("llmlaunch_openai_requests_running", "gauge", "requests being generated", self.running),
-            ("llmlaunch_openai_prompt_tokens_total", "counter", "prompt tokens of finished requests", self.prompt_tokens),
-            ("llmlaunch_openai_completion_tokens_total", "counter", "tokens generated for finished requests",
-             self.completion_tokens),
+            (
+                "llmlaunch_openai_prompt_tokens_total",
+                "counter",
+                "prompt tokens of finished requests",
+                self.prompt_tokens,
+            ),
+            (
+                "llmlaunch_openai_completion_tokens_total",
+                "counter",
+                "tokens generated for finished requests",
+                self.completion_tokens,
+            ),
             ("llmlaunch_openai_processes", "gauge", "API worker processes sharing the port", self.workers),
         ):
             lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}", f"{name} {value}"]

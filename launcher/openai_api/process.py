@@ -31,9 +31,23 @@ class OpenAIConfig:
     processes: int = 1  # worker processes sharing the port (SO_REUSEPORT); launcher.python_backend.responders picks it
 
     def argv(self) -> List[str]:
-        argv = [sys.executable, "-m", "launcher.openai_api", "--grpc-url", self.grpc_url, "--model", self.model,
-                "--host", self.host, "--port", str(self.port), "--drain-timeout", str(self.drain_timeout_s),
-                "--processes", str(self.processes)]
+        argv = [
+            sys.executable,
+            "-m",
+            "launcher.openai_api",
+            "--grpc-url",
+            self.grpc_url,
+            "--model",
+            self.model,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--drain-timeout",
+            str(self.drain_timeout_s),
+            "--processes",
+            str(self.processes),
+        ]
         if self.tokenizer:
             argv += ["--tokenizer", self.tokenizer]
         for a in self.aliases:
@@ -81,10 +95,16 @@ def start_api(spec, grpc_url: str, bind_host: str, port: int, say=log, timeout_s
 
     model = spec.model
     aliases = tuple(n for n in (model.name,) if n and n != spec.model_name)
-    cfg = OpenAIConfig(grpc_url=grpc_url, model=spec.model_name, host=bind_host, port=int(port),
-                       tokenizer=str(model.tokenizer or model.path or ""), aliases=aliases,
-                       drain_timeout_s=float(spec.serve.drain_timeout_s),
-                       processes=api_processes(len(os.sched_getaffinity(0))))
+    cfg = OpenAIConfig(
+        grpc_url=grpc_url,
+        model=spec.model_name,
+        host=bind_host,
+        port=int(port),
+        tokenizer=str(model.tokenizer or model.path or ""),
+        aliases=aliases,
+        drain_timeout_s=float(spec.serve.drain_timeout_s),
+        processes=api_processes(len(os.sched_getaffinity(0))),
+    )
     env = dict(os.environ)
     root = str(PACKAGE_ROOT)  # `python -m launcher.openai_api` from this checkout
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -121,19 +141,34 @@ def _build_app(args, counters):
     from launcher.openai_api.backend import GrpcBackend
 
     # final_counts_only where the model takes it: a quarter of the tensors per streamed token to parse
-    params = {"final_counts_only": True} if "final_counts_only" in honoured_parameters(args.grpc_url, args.model) else {}
+    params = (
+        {"final_counts_only": True} if "final_counts_only" in honoured_parameters(args.grpc_url, args.model) else {}
+    )
     template = ChatTemplate(args.tokenizer, args.model)
     template.load()
-    return make_app(GrpcBackend(args.grpc_url, args.model, params), (args.model, *args.alias), template, counters,
-                    draining=_on_drain_notice())
+    return make_app(
+        GrpcBackend(args.grpc_url, args.model, params),
+        (args.model, *args.alias),
+        template,
+        counters,
+        draining=_on_drain_notice(),
+    )
 
 
 def _uvicorn_config(app, args):
     import uvicorn
 
     # loop "auto": uvloop where installed (the `frontend` extra)
-    return uvicorn.Config(app, host=args.host, port=args.port, log_level="warning", access_log=False,
-                          timeout_graceful_shutdown=int(args.drain_timeout), loop="auto", http="auto")
+    return uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=int(args.drain_timeout),
+        loop="auto",
+        http="auto",
+    )
 
 
 def _worker_main(args, slot: int, shared) -> None:
@@ -171,8 +206,10 @@ def _supervise(args) -> int:
     signal.signal(DRAIN_SIGNAL, signal.SIG_IGN)
     ctx = mp.get_context("spawn")  # gRPC does not survive fork
     shared = ctx.RawArray("q", shared_size(args.processes))
-    workers = [ctx.Process(target=_worker_main, args=(args, w, shared), name=f"openai-worker{w}", daemon=True)
-               for w in range(args.processes)]
+    workers = [
+        ctx.Process(target=_worker_main, args=(args, w, shared), name=f"openai-worker{w}", daemon=True)
+        for w in range(args.processes)
+    ]
     for w in workers:
         w.start()
     stop = []
@@ -200,8 +237,10 @@ def _supervise(args) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m launcher.openai_api",
-                                description="An OpenAI-compatible HTTP API in front of an llmlaunch gRPC endpoint.")
+    p = argparse.ArgumentParser(
+        prog="python -m launcher.openai_api",
+        description="An OpenAI-compatible HTTP API in front of an llmlaunch gRPC endpoint.",
+    )
     p.add_argument("--grpc-url", required=True, help="HOST:PORT of the Triton gRPC endpoint serving the model")
     p.add_argument("--model", required=True, help="the Triton model name (the name /v1/models lists)")
     p.add_argument("--alias", action="append", default=[], help="another name requests may use for the model (repeat)")

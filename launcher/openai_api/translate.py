@@ -25,8 +25,9 @@ CHAT_DEFAULT_MAX_TOKENS = 512
 class ApiError(Exception):
     """A request the API answers with an error: `status` and OpenAI's error object."""
 
-    def __init__(self, status: int, message: str, param: Optional[str] = None, code: Optional[str] = None,
-                 type: str = ""):
+    def __init__(
+        self, status: int, message: str, param: Optional[str] = None, code: Optional[str] = None, type: str = ""
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -38,8 +39,13 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
-_TYPES = {400: "invalid_request_error", 404: "invalid_request_error", 429: "rate_limit_error",
-          500: "server_error", 503: "service_unavailable"}
+_TYPES = {
+    400: "invalid_request_error",
+    404: "invalid_request_error",
+    429: "rate_limit_error",
+    500: "server_error",
+    503: "service_unavailable",
+}
 
 
 def bad(param: str, why: str) -> ApiError:
@@ -97,8 +103,12 @@ def check_model(body: dict, served: tuple) -> str:
     if not isinstance(model, str) or not model:
         raise bad("model", f"must name the served model ({served[0]!r}; GET /v1/models lists it)")
     if model not in served:
-        raise ApiError(404, f"The model {model!r} does not exist: this server serves {served[0]!r}", param="model",
-                       code="model_not_found")
+        raise ApiError(
+            404,
+            f"The model {model!r} does not exist: this server serves {served[0]!r}",
+            param="model",
+            code="model_not_found",
+        )
     return model
 
 
@@ -109,7 +119,7 @@ def _common(body: dict, served: tuple, prompt: str, default_max: int, chat: bool
     stream = bool(_flag(body, "stream"))
     so = body.get("stream_options")
     if so is not None and not isinstance(so, dict):
-        raise bad("stream_options", f"must be an object like {{\"include_usage\": true}}, got {so!r}")
+        raise bad("stream_options", f'must be an object like {{"include_usage": true}}, got {so!r}')
     include_usage = bool((so or {}).get("include_usage")) and stream
     _refuse(body, "n", lambda v: v == 1, "this server returns one choice per request; send n=1 or leave it out")
     _refuse(body, "best_of", lambda v: v == 1, "beam search is not served; leave best_of out")
@@ -121,8 +131,12 @@ def _common(body: dict, served: tuple, prompt: str, default_max: int, chat: bool
         _refuse(body, "logprobs", lambda v: v is False, "the engines do not return log probabilities")
         _refuse(body, "top_logprobs", lambda v: False, "the engines do not return log probabilities")
         _refuse(body, "tools", lambda v: v == [], "tool calls are not served")
-        _refuse(body, "response_format", lambda v: isinstance(v, dict) and v.get("type") == "text",
-                "only {\"type\": \"text\"} is served")
+        _refuse(
+            body,
+            "response_format",
+            lambda v: isinstance(v, dict) and v.get("type") == "text",
+            'only {"type": "text"} is served',
+        )
     else:
         _refuse(body, "logprobs", lambda v: False, "the engines do not return log probabilities")
     mt = _integer(body, "max_completion_tokens", 1) if chat else None
@@ -162,8 +176,12 @@ def completion_generation(body: dict, served: tuple) -> tuple:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
     if isinstance(prompt, list):
-        raise ApiError(400, "prompt: send one prompt as a string (batches and token-id prompts are not served)",
-                       param="prompt", code="unsupported_value")
+        raise ApiError(
+            400,
+            "prompt: send one prompt as a string (batches and token-id prompts are not served)",
+            param="prompt",
+            code="unsupported_value",
+        )
     if not isinstance(prompt, str) or not prompt:
         raise bad("prompt", "must be a non-empty string")
     return _common(body, served, prompt, COMPLETIONS_DEFAULT_MAX_TOKENS, chat=False)
@@ -173,12 +191,12 @@ def chat_messages(body: dict) -> list:
     """The request's messages as [{"role", "content": str}] (text parts joined), checked."""
     messages = body.get("messages") if isinstance(body, dict) else None
     if not isinstance(messages, list) or not messages:
-        raise bad("messages", "must be a non-empty list of {\"role\", \"content\"} objects")
+        raise bad("messages", 'must be a non-empty list of {"role", "content"} objects')
     out = []
     for i, m in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise bad(where, "must be an object with a string \"role\"")
+            raise bad(where, 'must be an object with a string "role"')
         content = m.get("content")
         if content is None:
             content = ""
@@ -186,8 +204,12 @@ def chat_messages(body: dict) -> list:
             parts = []
             for j, p in enumerate(content):
                 if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
-                    raise ApiError(400, f"{where}.content[{j}]: only text parts ({{\"type\": \"text\", \"text\": ...}}) "
-                                   "are served", param=f"{where}.content", code="unsupported_value")
+                    raise ApiError(
+                        400,
+                        f'{where}.content[{j}]: only text parts ({{"type": "text", "text": ...}}) are served',
+                        param=f"{where}.content",
+                        code="unsupported_value",
+                    )
                 parts.append(p["text"])
             content = "".join(parts)
         elif not isinstance(content, str):
@@ -222,16 +244,26 @@ def new_id(chat: bool) -> str:
 
 
 def completion_chunk(rid: str, created: int, model: str, text: str, reason: Optional[str], with_usage: bool) -> dict:
-    out = {"id": rid, "object": "text_completion", "created": created, "model": model,
-           "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}]}
+    out = {
+        "id": rid,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}],
+    }
     if with_usage:
         out["usage"] = None
     return out
 
 
 def chat_chunk(rid: str, created: int, model: str, delta: dict, reason: Optional[str], with_usage: bool) -> dict:
-    out = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-           "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}]}
+    out = {
+        "id": rid,
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}],
+    }
     if with_usage:
         out["usage"] = None
     return out
@@ -239,19 +271,38 @@ def chat_chunk(rid: str, created: int, model: str, delta: dict, reason: Optional
 
 def usage_chunk(rid: str, created: int, model: str, chat: bool, counts: dict) -> dict:
     """The last chunk of a stream with stream_options.include_usage: no choices, the usage."""
-    return {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-            "model": model, "choices": [], "usage": counts}
+    return {
+        "id": rid,
+        "object": "chat.completion.chunk" if chat else "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [],
+        "usage": counts,
+    }
 
 
 def completion_body(rid: str, model: str, text: str, reason: str, counts: dict) -> dict:
-    return {"id": rid, "object": "text_completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}], "usage": counts}
+    return {
+        "id": rid,
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}],
+        "usage": counts,
+    }
 
 
 def chat_body(rid: str, model: str, text: str, reason: str, counts: dict) -> dict:
-    return {"id": rid, "object": "chat.completion", "created": int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                         "finish_reason": reason}], "usage": counts}
+    return {
+        "id": rid,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None, "finish_reason": reason}
+        ],
+        "usage": counts,
+    }
 
 
 def models_body(served: str, created: int) -> dict:
@@ -261,8 +312,15 @@ def models_body(served: str, created: int) -> dict:
 # ----------------------------------------------------------------------------- engine errors
 # Words of the contract models' request checks (model_repository/*/1/model.py, launcher/python_backend/triton_io.py): an
 # error carrying one is the request's fault, not the engine's.
-_REQUEST_FAULTS = ("must be", "exceeds the model", "is empty", "is not supported", "missing required input",
-                   "unexpected inference input", "too long")
+_REQUEST_FAULTS = (
+    "must be",
+    "exceeds the model",
+    "is empty",
+    "is not supported",
+    "missing required input",
+    "unexpected inference input",
+    "too long",
+)
 # Triton's words when a model's queue is full or the server will not take more work.
 _OVERLOAD = ("exceeds maximum queue size", "queue is full", "resource_exhausted", "too many requests")
 
@@ -283,10 +341,17 @@ def engine_error(message: str, grpc_code: str = "") -> ApiError:
 
 # ----------------------------------------------------------------------------- the other way (clients)
 # Generation fields sent as OpenAI fields (same name on both sides but for seed/min_tokens, which vLLM names so too).
-_BODY_FIELDS = (("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k"), ("seed", "seed"),
-                ("min_tokens", "min_tokens"), ("ignore_eos", "ignore_eos"),
-                ("repetition_penalty", "repetition_penalty"), ("presence_penalty", "presence_penalty"),
-                ("frequency_penalty", "frequency_penalty"))
+_BODY_FIELDS = (
+    ("temperature", "temperature"),
+    ("top_p", "top_p"),
+    ("top_k", "top_k"),
+    ("seed", "seed"),
+    ("min_tokens", "min_tokens"),
+    ("ignore_eos", "ignore_eos"),
+    ("repetition_penalty", "repetition_penalty"),
+    ("presence_penalty", "presence_penalty"),
+    ("frequency_penalty", "frequency_penalty"),
+)
 
 
 def request_body(gen: Generation, model: str, chat: bool) -> dict:

@@ -141,7 +141,13 @@ class _Active:
 
 
 class AsyncEngineRuntime:
-    def __init__(self, adapter: EngineAdapter, log: Optional[Log] = None, cancel_poll_s: float = 0.2, drain_timeout_s: float = 10.0):
+    def __init__(
+        self,
+        adapter: EngineAdapter,
+        log: Optional[Log] = None,
+        cancel_poll_s: float = 0.2,
+        drain_timeout_s: float = 10.0,
+    ):
         self.adapter = adapter
         self.log = log or Log(adapter.name)
         self.cancel_poll_s = cancel_poll_s
@@ -173,13 +179,17 @@ class AsyncEngineRuntime:
         except BaseException:
             self._stop_loop()
             raise
-        self._send_threads = [threading.Thread(target=self._send_loop, args=(q,), name=f"{self.adapter.name}-send-{i}",
-                                               daemon=True) for i, q in enumerate(self._send_queues)]
+        self._send_threads = [
+            threading.Thread(target=self._send_loop, args=(q,), name=f"{self.adapter.name}-send-{i}", daemon=True)
+            for i, q in enumerate(self._send_queues)
+        ]
         for t in self._send_threads:
             t.start()
         self._watchdog = asyncio.run_coroutine_threadsafe(self._start_watchdog(), self.loop).result()
         if not self.adapter.serves:
-            self._watch_thread = threading.Thread(target=self._watch_engine, name=f"{self.adapter.name}-watch", daemon=True)
+            self._watch_thread = threading.Thread(
+                target=self._watch_engine, name=f"{self.adapter.name}-watch", daemon=True
+            )
             self._watch_thread.start()
 
     def stop(self) -> None:
@@ -228,12 +238,15 @@ class AsyncEngineRuntime:
     def submit(self, request) -> None:
         """Called from execute(): schedule one request on the loop and return at once."""
         import triton_python_backend_utils as pb_utils
+
         from launcher.python_backend import triton_io
 
         sender = request.get_response_sender()
         if self._stopping or self.loop is None:
-            sender.send(triton_io.error_response(f"{self.adapter.name}: the model is shutting down; retry on another server"),
-                        flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            sender.send(
+                triton_io.error_response(f"{self.adapter.name}: the model is shutting down; retry on another server"),
+                flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
+            )
             return
         asyncio.run_coroutine_threadsafe(self._serve(request, sender), self.loop)
 
@@ -244,7 +257,13 @@ class AsyncEngineRuntime:
         out = _Outbox(sender, self._next_shard)
         self._next_shard = (self._next_shard + 1) % len(self._send_queues)
         if not self.adapter.serves:
-            self._post_final(out, ("error", f"{name}: this rank runs part of the engine and takes no requests; send them to the model copy's leader (rank 0)"))
+            self._post_final(
+                out,
+                (
+                    "error",
+                    f"{name}: this rank runs part of the engine and takes no requests; send them to the model copy's leader (rank 0)",
+                ),
+            )
             return
         try:
             greq = triton_io.parse_request(request, self.adapter.supported, self.adapter.max_model_len)
@@ -396,7 +415,9 @@ class AsyncEngineRuntime:
             # The server is gone already (we were re-parented): its pid may be someone else's by now.
             self.log.error("the engine's processes on this worker rank exited, and so did this rank's tritonserver")
             return
-        self.log.error("the engine's processes on this worker rank exited; stopping this rank's tritonserver so the job fails fast")
+        self.log.error(
+            "the engine's processes on this worker rank exited; stopping this rank's tritonserver so the job fails fast"
+        )
         kill(self._server_pid, signal.SIGTERM)
 
 
@@ -419,7 +440,9 @@ class RuntimeModel:
 
         config = json.loads(args["model_config"])
         if not pb_utils.using_decoupled_model_transaction_policy(config):
-            raise ValueError(f"{config.get('name', self.name)} must be decoupled (model_transaction_policy {{ decoupled: true }}): it streams")
+            raise ValueError(
+                f"{config.get('name', self.name)} must be decoupled (model_transaction_policy {{ decoupled: true }}): it streams"
+            )
         log = Log(self.name)
         self.runtime = AsyncEngineRuntime(self.make_adapter(model_parameters(config), args, log), log)
         self.runtime.start()

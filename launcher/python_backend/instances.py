@@ -21,13 +21,17 @@ def private_dir() -> str:
     """$TMPDIR/llmlaunch-<uid>, created mode 0700; refused if someone else owns it or others may read it."""
     base = os.path.join(tempfile.gettempdir(), f"llmlaunch-{os.getuid()}")
     if len(base) > 80:  # unix socket paths under it have at most 107 bytes
-        raise RuntimeError(f"the model instances' shared files would live under {base}, too long a path for a unix "
-                           f"socket; set TMPDIR to a shorter directory (e.g. /tmp)")
+        raise RuntimeError(
+            f"the model instances' shared files would live under {base}, too long a path for a unix "
+            f"socket; set TMPDIR to a shorter directory (e.g. /tmp)"
+        )
     os.makedirs(base, mode=0o700, exist_ok=True)
     st = os.stat(base)
     if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise RuntimeError(f"{base} is not a private directory of this user (mode {oct(st.st_mode & 0o777)}): remove "
-                           f"it, or set TMPDIR to a directory of your own")
+        raise RuntimeError(
+            f"{base} is not a private directory of this user (mode {oct(st.st_mode & 0o777)}): remove "
+            f"it, or set TMPDIR to a directory of your own"
+        )
     return base
 
 
@@ -41,12 +45,14 @@ def instance_index(model_config: dict, instance_name: str) -> int:
     before = 0
     for group in model_config.get("instance_group") or []:
         prefix = f"{group.get('name', '')}_"
-        k = instance_name[len(prefix):] if instance_name.startswith(prefix) else ""
+        k = instance_name[len(prefix) :] if instance_name.startswith(prefix) else ""
         if group.get("name") and k.isdigit():
             return before + int(k)
         before += int(group.get("count", 1))
-    raise RuntimeError(f"instance {instance_name!r} is not named after one of the model's instance groups "
-                       f"{[g.get('name') for g in model_config.get('instance_group') or []]}")
+    raise RuntimeError(
+        f"instance {instance_name!r} is not named after one of the model's instance groups "
+        f"{[g.get('name') for g in model_config.get('instance_group') or []]}"
+    )
 
 
 class InstanceShare:
@@ -103,8 +109,10 @@ class InstanceShare:
             if info is not None:
                 return info
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the shared engine was not up after {timeout_s:.0f} s (waiting for "
-                                   f"{self._path('info')}); see the first instance's log")
+                raise RuntimeError(
+                    f"the shared engine was not up after {timeout_s:.0f} s (waiting for "
+                    f"{self._path('info')}); see the first instance's log"
+                )
             time.sleep(poll_s)
 
     def release(self) -> None:

@@ -25,8 +25,9 @@ class Responders:
     frontend_processes: int  # rank 0's front-end processes sharing the public gRPC port (replicas > 1)
 
 
-def responders(device_type: str, cpus: int, processes: int = 1, replicas: int = 1,
-               engine_process: bool = True) -> Responders:
+def responders(
+    device_type: str, cpus: int, processes: int = 1, replicas: int = 1, engine_process: bool = True
+) -> Responders:
     """The responders of one rank: `device_type` of its engine ("cpu", "cuda"), `cpus` it may use, `processes` hf
     model instances sharing each engine process (engine.response_processes; 1 for the other engines), `replicas`
     behind rank 0's front end, `engine_process`: the hf engine runs in its own process (false: on a stub thread).

@@ -56,28 +56,83 @@ ENGINE_INTAKES = "llmlaunch_engine_intakes"
 # One row per counter: (metric family, its label (None: none but the model's), label value, the key of its value in
 # the totals a `Counters` reads, description).  First-token keys are FirstTokenTimes.totals_map's; engine keys are
 # EngineStats' fields (hf_engine).
-FIRST_TOKEN_COUNTERS = tuple((SECONDS, "part", p, p, "seconds streamed requests spent before their first response, "
-                              "by part (launcher.python_backend.timings)") for p in PARTS) + (
-    (COUNT, None, None, "count", "streamed requests counted in llmlaunch_first_token_seconds"),)
+FIRST_TOKEN_COUNTERS = tuple(
+    (
+        SECONDS,
+        "part",
+        p,
+        p,
+        "seconds streamed requests spent before their first response, by part (launcher.python_backend.timings)",
+    )
+    for p in PARTS
+) + ((COUNT, None, None, "count", "streamed requests counted in llmlaunch_first_token_seconds"),)
 _ENGINE_SECONDS_DOC = "seconds of the engine loop by part: step (wall), launch, wait (for the GPU), gpu, gpu_idle"
-ENGINE_COUNTERS = tuple((ENGINE_SECONDS, "part", p, key, _ENGINE_SECONDS_DOC) for p, key in (
-    ("step", "wall_s"), ("launch", "launch_s"), ("wait", "wait_s"), ("gpu", "gpu_s"), ("gpu_idle", "gpu_idle_s"))) + tuple(
-    (ENGINE_STEPS, "kind", k, key, "engine steps: all, queued ahead (overlap), timed on the GPU, with prompt "
-                                   "tokens, prompts alone through a CUDA graph, prompts beside decode rows through a "
-                                   "mixed CUDA graph")
-    for k, key in (("all", "steps"), ("ahead", "ahead_steps"), ("gpu_timed", "gpu_steps"),
-                   ("prompt", "prompt_steps"), ("prompt_graph", "prompt_graph_steps"),
-                   ("mixed", "mixed_steps"))) + tuple(
-    (ENGINE_TOKENS, "kind", k, key, "tokens the engine ran, by kind")
-    for k, key in (("decode", "decode_tokens"), ("prefill", "prefill_tokens"))) + tuple(
-    (ENGINE_REQUEST_SECONDS, "part", p, key, "seconds requests spent in the engine from being added, summed: until "
-                                             "a KV-cache slot (queued), until their first token (first_token)")
-    for p, key in (("queued", "queued_s"), ("first_token", "to_first_token_s"))) + tuple(
-    (ENGINE_REQUESTS, "kind", k, key, "requests given a slot (admitted), requests with a first token (first_token), "
-                                      "requests handed to the engine (intake)")
-    for k, key in (("admitted", "admitted"), ("first_token", "first_tokens"), ("intake", "intake_requests"))) + (
-    (ENGINE_INTAKES, None, None, "intake_calls", "hand-overs of requests to the engine (add_requests calls), the "
-                                                 "text prompts of each tokenized in one call"),)
+ENGINE_COUNTERS = (
+    tuple(
+        (ENGINE_SECONDS, "part", p, key, _ENGINE_SECONDS_DOC)
+        for p, key in (
+            ("step", "wall_s"),
+            ("launch", "launch_s"),
+            ("wait", "wait_s"),
+            ("gpu", "gpu_s"),
+            ("gpu_idle", "gpu_idle_s"),
+        )
+    )
+    + tuple(
+        (
+            ENGINE_STEPS,
+            "kind",
+            k,
+            key,
+            "engine steps: all, queued ahead (overlap), timed on the GPU, with prompt "
+            "tokens, prompts alone through a CUDA graph, prompts beside decode rows through a "
+            "mixed CUDA graph",
+        )
+        for k, key in (
+            ("all", "steps"),
+            ("ahead", "ahead_steps"),
+            ("gpu_timed", "gpu_steps"),
+            ("prompt", "prompt_steps"),
+            ("prompt_graph", "prompt_graph_steps"),
+            ("mixed", "mixed_steps"),
+        )
+    )
+    + tuple(
+        (ENGINE_TOKENS, "kind", k, key, "tokens the engine ran, by kind")
+        for k, key in (("decode", "decode_tokens"), ("prefill", "prefill_tokens"))
+    )
+    + tuple(
+        (
+            ENGINE_REQUEST_SECONDS,
+            "part",
+            p,
+            key,
+            "seconds requests spent in the engine from being added, summed: until "
+            "a KV-cache slot (queued), until their first token (first_token)",
+        )
+        for p, key in (("queued", "queued_s"), ("first_token", "to_first_token_s"))
+    )
+    + tuple(
+        (
+            ENGINE_REQUESTS,
+            "kind",
+            k,
+            key,
+            "requests given a slot (admitted), requests with a first token (first_token), "
+            "requests handed to the engine (intake)",
+        )
+        for k, key in (("admitted", "admitted"), ("first_token", "first_tokens"), ("intake", "intake_requests"))
+    )
+    + (
+        (
+            ENGINE_INTAKES,
+            None,
+            None,
+            "intake_calls",
+            "hand-overs of requests to the engine (add_requests calls), the text prompts of each tokenized in one call",
+        ),
+    )
+)
 ENGINE_FIELDS = tuple(row[3] for row in ENGINE_COUNTERS)  # the EngineStats fields the metrics carry
 
 
@@ -89,8 +144,9 @@ class FirstTokenTimes:
         self._sums = [0.0] * len(PARTS)
         self._count = 0
 
-    def add(self, began: float, queued: float, received: float, made: float, got: float, sending: float,
-            sent: float) -> None:
+    def add(
+        self, began: float, queued: float, received: float, made: float, got: float, sending: float, sent: float
+    ) -> None:
         """One streamed request's first response: time.monotonic() stamps of the seven moments (module docstring)."""
         parts = (queued - began, received - queued, made - received, got - made, sending - got, sent - sending)
         with self._lock:
@@ -111,7 +167,8 @@ class FirstTokenTimes:
         if not n:
             return "no streamed requests"
         return f"{n} streamed requests, first token inside the server (mean ms): " + ", ".join(
-            f"{p} {1000 * s / n:.2f}" for p, s in zip(PARTS, sums))
+            f"{p} {1000 * s / n:.2f}" for p, s in zip(PARTS, sums)
+        )
 
 
 def engine_summary(stats: dict) -> str:
@@ -146,8 +203,9 @@ class Counters:
             families, metrics = {}, []
             for family, label, value, key, doc in self.counters:
                 if family not in families:
-                    families[family] = pb_utils.MetricFamily(name=family, kind=pb_utils.MetricFamily.COUNTER,
-                                                             description=doc)
+                    families[family] = pb_utils.MetricFamily(
+                        name=family, kind=pb_utils.MetricFamily.COUNTER, description=doc
+                    )
                 labels = {"model": self.model, **({label: value} if label else {})}
                 metrics.append((key, families[family].Metric(labels=labels)))
             self._metrics = (metrics, list(families.values()))  # metrics, then families
@@ -192,7 +250,7 @@ class Counters:
 
 
 # ------------------------------------------------------------------------------------- reading them back
-_SAMPLE = re.compile(r'^(\w+)\{([^}]*)\}\s+([0-9.eE+-]+)\s*$')
+_SAMPLE = re.compile(r"^(\w+)\{([^}]*)\}\s+([0-9.eE+-]+)\s*$")
 _LABEL = re.compile(r'(\w+)="([^"]*)"')
 
 
@@ -276,11 +334,19 @@ def engine_step_split(before: dict, after: dict) -> dict | None:
     if n <= 0:
         return None
     ms = lambda v, k=n: round(1000.0 * v / k, 4)  # noqa: E731
-    out = {"steps": int(n), "step_ms": ms(d["wall_s"]), "launch_ms": ms(d["launch_s"]), "wait_ms": ms(d["wait_s"]),
-           "host_ms": ms(d["wall_s"] - d["launch_s"] - d["wait_s"]),
-           "decode_rows": round(d["decode_tokens"] / n, 2), "prefill_tokens": round(d["prefill_tokens"] / n, 1),
-           "ahead": round(d["ahead_steps"] / n, 3), "prompt": round(d["prompt_steps"] / n, 3),
-           "prompt_graph": round(d["prompt_graph_steps"] / n, 3), "mixed": round(d["mixed_steps"] / n, 3)}
+    out = {
+        "steps": int(n),
+        "step_ms": ms(d["wall_s"]),
+        "launch_ms": ms(d["launch_s"]),
+        "wait_ms": ms(d["wait_s"]),
+        "host_ms": ms(d["wall_s"] - d["launch_s"] - d["wait_s"]),
+        "decode_rows": round(d["decode_tokens"] / n, 2),
+        "prefill_tokens": round(d["prefill_tokens"] / n, 1),
+        "ahead": round(d["ahead_steps"] / n, 3),
+        "prompt": round(d["prompt_steps"] / n, 3),
+        "prompt_graph": round(d["prompt_graph_steps"] / n, 3),
+        "mixed": round(d["mixed_steps"] / n, 3),
+    }
     if d["gpu_steps"] > 0:
         out["gpu_ms"] = ms(d["gpu_s"], d["gpu_steps"])
         out["gpu_idle_ms"] = ms(d["gpu_idle_s"], d["gpu_steps"])
@@ -317,6 +383,7 @@ def settled_server_metrics(url: str, model: str | None, wait_s: float = 5.0) -> 
     """(first-token totals, engine totals) of the model, read from one /metrics text each time, once neither has
     changed for longer than the model's push interval; at most wait_s.  Read before a run: the first tokens and steps
     of requests answered just before it are pushed up to a second late and would be counted in the run."""
+
     def read():
         text = fetch_metrics_text(url)
         return read_first_token_metrics(text, model), read_engine_metrics(text, model)
@@ -331,29 +398,41 @@ def engine_split_after(url: str, model: str | None, before: dict, wait_s: float 
 
 def format_engine_split(split: dict) -> str:
     """'step 1.780 ms = launch 0.210 + wait 1.400 + host 0.170; GPU 1.690 busy + 0.090 idle; ...' (one line)."""
-    line = (f"step {split['step_ms']:.3f} ms = launch {split['launch_ms']:.3f} + wait {split['wait_ms']:.3f} + "
-            f"host {split['host_ms']:.3f}")
+    line = (
+        f"step {split['step_ms']:.3f} ms = launch {split['launch_ms']:.3f} + wait {split['wait_ms']:.3f} + "
+        f"host {split['host_ms']:.3f}"
+    )
     if "gpu_ms" in split:
         line += f"; GPU {split['gpu_ms']:.3f} busy + {split['gpu_idle_ms']:.3f} idle"
-    line += (f"; {split['decode_rows']:g} decode rows, {split['prefill_tokens']:g} prompt tokens a step, "
-             f"{100 * split['ahead']:.0f}% queued ahead")
+    line += (
+        f"; {split['decode_rows']:g} decode rows, {split['prefill_tokens']:g} prompt tokens a step, "
+        f"{100 * split['ahead']:.0f}% queued ahead"
+    )
     if split.get("prompt"):  # absent in totals from before these counters
         line += f", {100 * split['prompt']:.1f}% with prompts"
-        graphed = [f"{100 * split[k]:.1f}% {what}" for k, what in (("prompt_graph", "prompts alone through a graph"),
-                                                                     ("mixed", "beside decode rows, mixed graph"))
-                   if split.get(k)]
+        graphed = [
+            f"{100 * split[k]:.1f}% {what}"
+            for k, what in (
+                ("prompt_graph", "prompts alone through a graph"),
+                ("mixed", "beside decode rows, mixed graph"),
+            )
+            if split.get(k)
+        ]
         if graphed:
             line += f" ({', '.join(graphed)})"
     if "first_token_ms" in split:
-        line += (f"; a request: {split.get('queue_ms', 0):.3f} ms to a slot, {split['first_token_ms']:.3f} ms to its "
-                 "first token")
+        line += (
+            f"; a request: {split.get('queue_ms', 0):.3f} ms to a slot, {split['first_token_ms']:.3f} ms to its "
+            "first token"
+        )
     if "per_intake" in split:
         line += f"; {split['per_intake']:g} requests a hand-over (one tokenizer call)"
     return line
 
 
-def first_token_split(url: str, model: str | None, before: dict, expected: int, ttft_mean_ms: float | None,
-                      wait_s: float = 5.0) -> dict | None:
+def first_token_split(
+    url: str, model: str | None, before: dict, expected: int, ttft_mean_ms: float | None, wait_s: float = 5.0
+) -> dict | None:
     """After a run: wait (up to wait_s) for the model's once-a-second push to count `expected` more first tokens
     than `before`, then the mean split (`mean_first_token_ms`) plus `outside_server` = the client's mean TTFT
     minus the time inside the model (tritonserver, gRPC and the client).  None when nothing was counted."""

@@ -10,6 +10,7 @@ a library path of its own; a process already running cannot change its path, but
 first is the one a later open by its soname gets (glibc matches loaded objects by soname), so loading torch's
 cuDNN libraries up front keeps the set whole.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -71,7 +72,7 @@ def elf_needed(path: str) -> list[str]:
         with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
             if m[:6] != b"\x7fELF\x02\x01":  # ELF, 64-bit, little-endian
                 return []
-            phoff, = struct.unpack_from("<Q", m, 0x20)
+            (phoff,) = struct.unpack_from("<Q", m, 0x20)
             phentsize, phnum = struct.unpack_from("<HH", m, 0x36)
             loads, dynamic = [], None
             for i in range(phnum):
@@ -95,7 +96,7 @@ def elf_needed(path: str) -> list[str]:
                     break
                 if tag == 1:  # DT_NEEDED: an offset into the string table
                     start = base + v
-                    names.append(m[start:m.find(b"\0", start)].decode())
+                    names.append(m[start : m.find(b"\0", start)].decode())
             return names
     except (OSError, ValueError, struct.error):
         return []

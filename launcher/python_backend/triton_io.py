@@ -59,8 +59,10 @@ class SamplingParams:
         if self.max_tokens < 1:
             raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
         if max_model_len is not None and self.max_tokens > max_model_len:
-            raise InvalidRequest(f"max_tokens {self.max_tokens} exceeds the model limit of {max_model_len} tokens "
-                                 f"(max_model_len); ask for fewer tokens")
+            raise InvalidRequest(
+                f"max_tokens {self.max_tokens} exceeds the model limit of {max_model_len} tokens "
+                f"(max_model_len); ask for fewer tokens"
+            )
         _num("temperature", self.temperature)
         if self.temperature < 0:
             raise InvalidRequest(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
@@ -127,8 +129,10 @@ def _check_batch(name: str, arr):
 
     arr = np.asarray(arr)
     if arr.ndim >= 2 and arr.shape[0] != 1:
-        raise InvalidRequest(f"batch size {arr.shape[0]} is not supported (input {name!r} has shape "
-                             f"{list(arr.shape)}); send one prompt per request and use concurrent requests")
+        raise InvalidRequest(
+            f"batch size {arr.shape[0]} is not supported (input {name!r} has shape "
+            f"{list(arr.shape)}); send one prompt per request and use concurrent requests"
+        )
     return arr.reshape(-1)
 
 
@@ -173,8 +177,9 @@ def _words(name: str, arr) -> tuple[str, ...]:
     return tuple(words)
 
 
-def parse_inputs(arrays: dict, supported: frozenset[str] | set[str] = frozenset(INPUT_NAMES),
-                 max_model_len: int | None = None) -> GenerationRequest:
+def parse_inputs(
+    arrays: dict, supported: frozenset[str] | set[str] = frozenset(INPUT_NAMES), max_model_len: int | None = None
+) -> GenerationRequest:
     """Numpy arrays by contract input name (absent inputs omitted or None) -> GenerationRequest.
 
     `supported`: the optional inputs this engine honours; others that are present are listed in
@@ -194,8 +199,9 @@ def parse_inputs(arrays: dict, supported: frozenset[str] | set[str] = frozenset(
 
     beam = _scalar("beam_width", arrays["beam_width"]) if "beam_width" in arrays else 1
     if beam != 1:
-        raise InvalidRequest(f"beam_width {beam} is not supported: streaming engines generate one beam; "
-                             f"send beam_width 1 or omit it")
+        raise InvalidRequest(
+            f"beam_width {beam} is not supported: streaming engines generate one beam; send beam_width 1 or omit it"
+        )
 
     def opt(name, default):
         return _scalar(name, arrays[name]) if name in arrays else default
@@ -265,8 +271,10 @@ def parse_parameters(raw) -> dict:
             if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
                 value = value.lower() in ("true", "1")
             if not isinstance(value, bool):
-                raise InvalidRequest(f"request parameter {p.name}={value!r} must be true or false; send true, "
-                                     f"false, 1 or 0, or leave it out (default {str(p.default).lower()})")
+                raise InvalidRequest(
+                    f"request parameter {p.name}={value!r} must be true or false; send true, "
+                    f"false, 1 or 0, or leave it out (default {str(p.default).lower()})"
+                )
         else:  # a new kind in contract.PARAMETERS needs its check here first
             raise TypeError(f"contract parameter {p.name}: kind {p.kind!r} has no check")
         values[p.name] = value
@@ -281,8 +289,9 @@ def parse_request(request, supported=frozenset(INPUT_NAMES), max_model_len: int 
     return req
 
 
-def output_arrays(text: str, input_tokens: int, output_tokens: int, finish_reason: str | None,
-                  batched: bool = True) -> dict:
+def output_arrays(
+    text: str, input_tokens: int, output_tokens: int, finish_reason: str | None, batched: bool = True
+) -> dict:
     """Contract outputs as numpy arrays: shape [1, 1] with a batch dimension, [1] without."""
     import numpy as np
 
@@ -295,8 +304,14 @@ def output_arrays(text: str, input_tokens: int, output_tokens: int, finish_reaso
     }
 
 
-def response(text: str, input_tokens: int, output_tokens: int, finish_reason: str | None = None,
-             batched: bool = True, counts: bool = True):
+def response(
+    text: str,
+    input_tokens: int,
+    output_tokens: int,
+    finish_reason: str | None = None,
+    batched: bool = True,
+    counts: bool = True,
+):
     """One contract response (see `Responder` for the streaming hot path).  `counts=False`: text_output alone
     (a streamed response before the final one of a request that asked for `final_counts_only`)."""
     import triton_python_backend_utils as pb_utils
@@ -348,7 +363,9 @@ class Responder:
         return kept
 
     def _bytes(self, name: str, text: str):
-        return self._pb.Tensor(name, self._np.array([text.encode("utf-8")], dtype=self._np.object_).reshape(self._shape))
+        return self._pb.Tensor(
+            name, self._np.array([text.encode("utf-8")], dtype=self._np.object_).reshape(self._shape)
+        )
 
     def _int(self, name: str, n: int):
         return self._pb.Tensor(name, self._np.array([n], dtype=self._np.int32).reshape(self._shape))
@@ -357,17 +374,21 @@ class Responder:
         """The per-request input_tokens tensor (pass it to `build`)."""
         return self._int("input_tokens", n)
 
-    def build(self, text: str, input_tokens, output_tokens: int, finish_reason: str | None = None,
-              counts: bool = True):
+    def build(self, text: str, input_tokens, output_tokens: int, finish_reason: str | None = None, counts: bool = True):
         """A response with all four outputs, or with text_output alone when `counts` is false (a streamed
         response before the final one, for a request that asked for `final_counts_only`)."""
         reason = finish_reason or ""
         if not self._cache:
             if not counts:
                 return self._pb.InferenceResponse(output_tensors=[self._bytes("text_output", text)])
-            return self._pb.InferenceResponse(output_tensors=[
-                self._bytes("text_output", text), input_tokens, self._int("output_tokens", output_tokens),
-                self._bytes("finish_reason", reason)])
+            return self._pb.InferenceResponse(
+                output_tensors=[
+                    self._bytes("text_output", text),
+                    input_tokens,
+                    self._int("output_tokens", output_tokens),
+                    self._bytes("finish_reason", reason),
+                ]
+            )
         texts, kept_counts, reasons = self._kept()
         t = texts.get(text)
         if t is None:

@@ -28,11 +28,18 @@ def launch_core(args, config, count: int) -> tuple:
     from vllm.v1.executor import Executor
 
     addresses = get_engine_zmq_addresses(config, count)
-    with launch_core_engines(config, Executor.get_class(config), not args.disable_log_stats, addresses,
-                             count) as (manager, coordinator, addresses, _):
+    with launch_core_engines(config, Executor.get_class(config), not args.disable_log_stats, addresses, count) as (
+        manager,
+        coordinator,
+        addresses,
+        _,
+    ):
         pass
-    info = {"inputs": list(addresses.inputs), "outputs": list(addresses.outputs),
-            "stats": addresses.frontend_stats_publish_address}
+    info = {
+        "inputs": list(addresses.inputs),
+        "outputs": list(addresses.outputs),
+        "stats": addresses.frontend_stats_publish_address,
+    }
     return (manager, coordinator), info
 
 
@@ -43,8 +50,9 @@ def client(config, count: int, index: int, info: dict, disable_log_stats: bool):
     addresses = {"input_address": info["inputs"][index], "output_address": info["outputs"][index]}
     if info.get("stats"):
         addresses["stats_update_address"] = info["stats"]
-    return AsyncLLM.from_vllm_config(config, client_addresses=addresses, client_count=count, client_index=index,
-                                     disable_log_stats=disable_log_stats)
+    return AsyncLLM.from_vllm_config(
+        config, client_addresses=addresses, client_count=count, client_index=index, disable_log_stats=disable_log_stats
+    )
 
 
 def stop_core(core) -> None:

@@ -1,11 +1,11 @@
 """One rank of a job: what each Slurm task (or local rank process) runs.
 
-    topology.py    where this rank stands (the launcher's variables) and what its server is told
-    rendezvous.py  every rank learns every rank's address; leaders reserve their ports
-    rank.py        `Rank`: start, wait until ready, publish (rank 0), supervise, and the exit status
-    supervise.py   the fail-fast / lose-a-replica rule and the waits that notice an end
-    frontend.py    rank 0 with replicas > 1: the front end over every replica leader
-    drain.py       the time limit's drain, as the rank and its child services agree on it
-    child.py       a supervised child service of a rank (the front end, the OpenAI API)
-    main.py        the entry points: `python -m launcher.rank RUN_DIR`, submitit's `RankMain`
+topology.py    where this rank stands (the launcher's variables) and what its server is told
+rendezvous.py  every rank learns every rank's address; leaders reserve their ports
+rank.py        `Rank`: start, wait until ready, publish (rank 0), supervise, and the exit status
+supervise.py   the fail-fast / lose-a-replica rule and the waits that notice an end
+frontend.py    rank 0 with replicas > 1: the front end over every replica leader
+drain.py       the time limit's drain, as the rank and its child services agree on it
+child.py       a supervised child service of a rank (the front end, the OpenAI API)
+main.py        the entry points: `python -m launcher.rank RUN_DIR`, submitit's `RankMain`
 """

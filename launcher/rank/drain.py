@@ -17,14 +17,19 @@ import signal
 import threading
 from typing import Iterator
 
-DRAIN_SIGNAL = signal.SIGUSR2  # Slurm's time-limit signal (submitit renders --signal=USR2@N), and the front ends' notice
+DRAIN_SIGNAL = (
+    signal.SIGUSR2
+)  # Slurm's time-limit signal (submitit renders --signal=USR2@N), and the front ends' notice
 REASON_ENV = "_LLMLAUNCH_DRAIN_REASON"  # the reason the front ends give for refusing requests, set by the rank
 
 
 def walltime_reason(job_id: str, requeue: bool) -> str:
     """What a client refused during the drain reads."""
-    then = (f"it is requeued and serves again at a new endpoint (llmlaunch-status {job_id} shows it)" if requeue
-            else "it then ends (launch it again for more time)")
+    then = (
+        f"it is requeued and serves again at a new endpoint (llmlaunch-status {job_id} shows it)"
+        if requeue
+        else "it then ends (launch it again for more time)"
+    )
     return f"job {job_id} is draining at its Slurm time limit: requests in flight finish, new ones are refused; {then}"
 
 

@@ -38,36 +38,56 @@ def wait_leaders_ready(run_dir, ranks, token: str, deadline_s: float, alive=lamb
             return time.monotonic() - t0, bound
         fails = run.failure_files()
         if fails:
-            raise RuntimeError(f"{fails[0].stem.replace('failure_', '')} failed before every replica was ready ({fails[0]})")
+            raise RuntimeError(
+                f"{fails[0].stem.replace('failure_', '')} failed before every replica was ready ({fails[0]})"
+            )
         if not alive():
             raise RuntimeError("this rank's own server exited while waiting for the other replicas")
         elapsed = time.monotonic() - t0
         if elapsed > deadline_s:
-            raise TimeoutError(f"replica leaders (ranks {missing}) not ready after {deadline_s:.0f}s; raise serve.ready_timeout_s if loading is slow")
+            raise TimeoutError(
+                f"replica leaders (ranks {missing}) not ready after {deadline_s:.0f}s; raise serve.ready_timeout_s if loading is slow"
+            )
         if progress and elapsed - last >= 5:
             last = elapsed
             progress(f"waiting for replica leaders {missing} ({elapsed:.0f}s)")
         time.sleep(0.2)
 
 
-def start_for_rank0(spec, run_dir, infos: List[dict], leaders: List[dict], host: str, own_ports: Dict[str, int],
-                    token: str, alive=lambda: True, say=log):
+def start_for_rank0(
+    spec,
+    run_dir,
+    infos: List[dict],
+    leaders: List[dict],
+    host: str,
+    own_ports: Dict[str, int],
+    token: str,
+    alive=lambda: True,
+    say=log,
+):
     """What global rank 0 does when replicas > 1, once its own server (on `own_ports`) is ready: wait for every
     other replica leader, start the front end on the public ports rank 0 reserved at the rendezvous, wait until it
     answers ServerReady. Returns (FrontendProcess, the endpoint.json fields it serves, {rank: the ports each
     leader's server bound})."""
     deadline_s = float(spec.serve.ready_timeout_s)
     t0 = time.monotonic()
-    waited, bound = wait_leaders_ready(run_dir, [i["rank"] for i in leaders if i["rank"] != 0], token, deadline_s,
-                                       alive, say)
+    waited, bound = wait_leaders_ready(
+        run_dir, [i["rank"] for i in leaders if i["rank"] != 0], token, deadline_s, alive, say
+    )
     bound[0] = dict(own_ports)
     ports = infos[0]["frontend_ports"]
     # launcher.python_backend.responders' rule: engines other than hf have no response_processes (one instance each); the
     # CPUs are those this rank may use
-    processes = responders(str(getattr(spec.engine, "device", "cuda")), len(os.sched_getaffinity(0)),
-                           int(getattr(spec.engine, "response_processes", 1)), len(leaders)).frontend_processes
-    say(f"all {len(leaders)} replica leaders ready ({waited:.1f}s); starting the front end, {processes} process(es) "
-        f"(replicas x engine.response_processes, at most half this rank's CPUs)")
+    processes = responders(
+        str(getattr(spec.engine, "device", "cuda")),
+        len(os.sched_getaffinity(0)),
+        int(getattr(spec.engine, "response_processes", 1)),
+        len(leaders),
+    ).frontend_processes
+    say(
+        f"all {len(leaders)} replica leaders ready ({waited:.1f}s); starting the front end, {processes} process(es) "
+        f"(replicas x engine.response_processes, at most half this rank's CPUs)"
+    )
     cfg = FrontendConfig(
         [(i["addr"], bound[i["rank"]]["grpc_port"]) for i in leaders],
         host=spec.host,
@@ -86,12 +106,18 @@ def start_for_rank0(spec, run_dir, infos: List[dict], leaders: List[dict], host:
     except BaseException:
         proc.stop()
         raise
-    say(f"front end READY on {host}:{cfg.port} for {len(leaders)} replicas; metrics http://{host}:{cfg.metrics_port}/metrics")
-    return proc, {
-        "url": f"grpc://{host}:{cfg.port}",
-        "grpc_port": cfg.port,
-        "http_port": None,  # the front end speaks gRPC only
-        "metrics_port": cfg.metrics_port,
-        "metrics_url": f"http://{host}:{cfg.metrics_port}/metrics",
-        "frontend": {"pid": proc.proc.pid, "processes": processes},
-    }, bound
+    say(
+        f"front end READY on {host}:{cfg.port} for {len(leaders)} replicas; metrics http://{host}:{cfg.metrics_port}/metrics"
+    )
+    return (
+        proc,
+        {
+            "url": f"grpc://{host}:{cfg.port}",
+            "grpc_port": cfg.port,
+            "http_port": None,  # the front end speaks gRPC only
+            "metrics_port": cfg.metrics_port,
+            "metrics_url": f"http://{host}:{cfg.metrics_port}/metrics",
+            "frontend": {"pid": proc.proc.pid, "processes": processes},
+        },
+        bound,
+    )

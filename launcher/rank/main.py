@@ -1,7 +1,7 @@
 """The per-rank entry points: one of these per Slurm task (or per local rank).
 
-    python -m launcher.rank <run_dir>          # what srun / the local launcher starts
-    RankMain(run_dir)()                        # what submitit pickles and runs in each task
+python -m launcher.rank <run_dir>          # what srun / the local launcher starts
+RankMain(run_dir)()                        # what submitit pickles and runs in each task
 """
 
 from __future__ import annotations

@@ -24,8 +24,15 @@ from launcher.engines.registry import ENGINES
 from launcher.openai_api.process import start_api
 from launcher.rank.drain import DRAIN_SIGNAL, REASON_ENV, walltime_reason
 from launcher.rank.frontend import start_for_rank0
-from launcher.rank.rendezvous import (RankContext, RendezvousTimeout, arrival_barrier, bind_address, make_comm, rendezvous,
-                                      rendezvous_key)
+from launcher.rank.rendezvous import (
+    RankContext,
+    RendezvousTimeout,
+    arrival_barrier,
+    bind_address,
+    make_comm,
+    rendezvous,
+    rendezvous_key,
+)
 from launcher.rank.supervise import decide_exit, end_lost_server, frontend_only, signal_text, supervise
 from launcher.rank.topology import Topology, rank_environment, visible_devices
 from launcher.record import write_startup
@@ -41,8 +48,16 @@ class Rank:
     rendezvous), the allocation it runs in (`attempt`), the children it supervises (`server`, and on rank 0
     `frontend` and `api`), and the signal that stops it (`stop_signal`, None while nobody asked)."""
 
-    def __init__(self, run: RunDir, spec, topo: Topology, environ: Dict[str, str], log: Path, say: Callable[[str], None],
-                 inherit_output: bool = False):
+    def __init__(
+        self,
+        run: RunDir,
+        spec,
+        topo: Topology,
+        environ: Dict[str, str],
+        log: Path,
+        say: Callable[[str], None],
+        inherit_output: bool = False,
+    ):
         self.run, self.spec, self.topo, self.environ, self.log, self.say = run, spec, topo, environ, log, say
         self.inherit_output = inherit_output  # the server's output goes to this process's (srun's per-task log)
         self.me = spec.ranks[topo.rank]
@@ -62,8 +77,10 @@ class Rank:
     def run(self) -> int:
         """Run the rank to the end; its exit status."""
         if self.topo.world_size != self.spec.world_size:
-            raise SystemExit(f"rank {self.topo.rank}: the launcher started {self.topo.world_size} ranks but the plan has "
-                             f"{self.spec.world_size}")
+            raise SystemExit(
+                f"rank {self.topo.rank}: the launcher started {self.topo.world_size} ranks but the plan has "
+                f"{self.spec.world_size}"
+            )
         if self.topo.rank == 0:
             # Records of an earlier run of this dir (a requeued job) must not stop this run's ranks. Nobody
             # writes one before the job serves, and every rank passes the rendezvous only after rank 0.
@@ -93,13 +110,28 @@ class Rank:
         topo, spec = self.topo, self.spec
         try:
             if topo.world_size > 1:  # every rank there before anything waits without a deadline (MPI_Init does)
-                arrival_barrier(self.run.rendezvous_dir(rendezvous_key(topo, self.attempt)), topo.rank, topo.world_size,
-                                float(spec.serve.rendezvous_timeout_s))
+                arrival_barrier(
+                    self.run.rendezvous_dir(rendezvous_key(topo, self.attempt)),
+                    topo.rank,
+                    topo.world_size,
+                    float(spec.serve.rendezvous_timeout_s),
+                )
             self.ctx, self.infos = rendezvous(spec, topo, make_comm(spec, topo, self.run.path, self.attempt))
         except RendezvousTimeout as e:  # MPI has not started: the arrival barrier comes first
-            self.run.write_failure(topo.rank, {"rank": topo.rank, "node": self.me.node, "host": topo.hostname, "exit_code": 1,
-                                               "log": str(self.log), "log_tail": "", "time": time.time(), "reason": str(e),
-                                               "missing_ranks": e.missing})
+            self.run.write_failure(
+                topo.rank,
+                {
+                    "rank": topo.rank,
+                    "node": self.me.node,
+                    "host": topo.hostname,
+                    "exit_code": 1,
+                    "log": str(self.log),
+                    "log_tail": "",
+                    "time": time.time(),
+                    "reason": str(e),
+                    "missing_ranks": e.missing,
+                },
+            )
             self.say(f"FAILED: {e}")
             return False
         self.marks["ranks_started"] = time.time()  # every rank has arrived: the time-to-READY breakdown's mark
@@ -124,13 +156,30 @@ class Rank:
         spec, ctx, me = self.spec, self.ctx, self.me
         argv = self.edef.rank_command(spec, ctx)
         if argv is None:
-            argv = rank_command(spec, me, tritonserver=self.install.binary, repository=str(self.run.repository), job_id=ctx.job_id,
-                                ports=ctx.ports or None, backend_directory=self.install.backend_directory)
-        self.say(f"{me.role} of replica {me.replica}, gpus {list(me.gpus) or 'none'}, leader {ctx.leader_addr}: {' '.join(argv)}")
-        return TritonServer(argv, env=self.env, log_path=self.log, grpc_url=f"{self.host}:{ctx.ports.get('grpc_port', 0)}",
-                            model=spec.model_name, ready_timeout_s=float(spec.serve.ready_timeout_s),
-                            drain_timeout_s=float(spec.serve.drain_timeout_s), shm_prefix=shm_prefix(ctx.job_id, me.rank),
-                            progress=self.say, inherit_output=self.inherit_output)
+            argv = rank_command(
+                spec,
+                me,
+                tritonserver=self.install.binary,
+                repository=str(self.run.repository),
+                job_id=ctx.job_id,
+                ports=ctx.ports or None,
+                backend_directory=self.install.backend_directory,
+            )
+        self.say(
+            f"{me.role} of replica {me.replica}, gpus {list(me.gpus) or 'none'}, leader {ctx.leader_addr}: {' '.join(argv)}"
+        )
+        return TritonServer(
+            argv,
+            env=self.env,
+            log_path=self.log,
+            grpc_url=f"{self.host}:{ctx.ports.get('grpc_port', 0)}",
+            model=spec.model_name,
+            ready_timeout_s=float(spec.serve.ready_timeout_s),
+            drain_timeout_s=float(spec.serve.drain_timeout_s),
+            shm_prefix=shm_prefix(ctx.job_id, me.rank),
+            progress=self.say,
+            inherit_output=self.inherit_output,
+        )
 
     def on_signal(self, signum, _frame) -> None:
         first = self.stop_signal is None
@@ -154,9 +203,17 @@ class Rank:
         """Rank 0 at the time limit: nothing new is served at this endpoint (a requeued job's rank 0 writes the next
         one), and this allocation's drain record, on which the batch script requeues a requeue=true job."""
         self.run.clear_endpoint()
-        self.run.write_walltime(self.attempt, {"attempt": int(self.attempt or 0), "job_id": self.ctx.job_id, "time": time.time(),
-                                               "requeue": self.spec.requeue, "drain_timeout_s": float(self.spec.serve.drain_timeout_s),
-                                               "host": self.topo.hostname})
+        self.run.write_walltime(
+            self.attempt,
+            {
+                "attempt": int(self.attempt or 0),
+                "job_id": self.ctx.job_id,
+                "time": time.time(),
+                "requeue": self.spec.requeue,
+                "drain_timeout_s": float(self.spec.serve.drain_timeout_s),
+                "host": self.topo.hostname,
+            },
+        )
         self.say(f"draining at the time limit: {os.environ[REASON_ENV]}")
 
     def wait_ready(self) -> None:
@@ -172,51 +229,99 @@ class Rank:
             except ServerDied as e:
                 if tries == 2 or "already in use" not in str(e):
                     raise
-                front = [*self.infos[me.rank]["frontend_ports"].values(), self.infos[me.rank]["openai_port"]]  # rank 0's
+                front = [
+                    *self.infos[me.rank]["frontend_ports"].values(),
+                    self.infos[me.rank]["openai_port"],
+                ]  # rank 0's
                 ctx.ports.update(pick_ports(bind_address(self.spec), {k: 0 for k in ctx.ports}, avoid=front))
                 self.say(f"a port was taken while starting; retrying on {ctx.ports}")
                 self.server.stop()
                 self.server = self.make_server()
                 self.server.start()
         self.say(f"READY in {self.waited:.1f}s: {self.spec.model_name} at {self.server.grpc_url}")
-        self.run.write_ready(me.rank, {"rank": me.rank, "replica": me.replica, "addr": self.host, "ports": ctx.ports,
-                                       "ready_s": round(self.waited, 2), "time": time.time(), "token": ctx.token})
+        self.run.write_ready(
+            me.rank,
+            {
+                "rank": me.rank,
+                "replica": me.replica,
+                "addr": self.host,
+                "ports": ctx.ports,
+                "ready_s": round(self.waited, 2),
+                "time": time.time(),
+                "token": ctx.token,
+            },
+        )
 
     def publish(self) -> None:
         """Rank 0, its server ready: the replicas' front end (replicas > 1), the OpenAI API, the run record's start
         and endpoint.json, which tells the launching side the job serves."""
         spec, ctx, run = self.spec, self.ctx, self.run
         leaders = [i for i in self.infos if spec.ranks[i["rank"]].role == "leader"]
-        public = {"url": f"grpc://{self.host}:{ctx.ports['grpc_port']}", **{k: ctx.ports[k] for k in ("grpc_port", "http_port", "metrics_port")}}
+        public = {
+            "url": f"grpc://{self.host}:{ctx.ports['grpc_port']}",
+            **{k: ctx.ports[k] for k in ("grpc_port", "http_port", "metrics_port")},
+        }
         bound = {0: ctx.ports}  # rank -> the ports its server bound (a retry may have changed them)
         if spec.replicas > 1:  # wait for every replica leader, then serve them all on the public port
-            self.frontend, public, bound = start_for_rank0(spec, run.path, self.infos, leaders, self.host, ctx.ports, ctx.token,
-                                                           alive=lambda: self.server.returncode() is None, say=self.say)
-        self.api = start_api(spec, public["url"].replace("grpc://", ""), spec.host, self.infos[0]["openai_port"], self.say,
-                             float(spec.serve.ready_timeout_s))
-        write_startup(run, spec, log_path=self.log, marks={**self.marks, **self.server.marks, "serving": time.time()},
-                      server_url=self.server.grpc_url, nodes=[i.get("host", i["addr"]) for i in self.infos],
-                      gpus={i["host"]: i["gpus"] for i in self.infos if i.get("gpus")}, token=ctx.token,
-                      server_pid=self.server.proc.pid)
-        run.write_endpoint({
-            **public,
-            "openai_port": self.api.cfg.port,
-            "openai_url": f"http://{self.host}:{self.api.cfg.port}/v1",
-            "host": self.host,
-            "model": spec.model_name,
-            "job_id": ctx.job_id,
-            "ranks": [{"rank": i["rank"], "addr": i["addr"]} for i in self.infos],
-            "replicas": [{"replica": spec.ranks[i["rank"]].replica, "addr": i["addr"], "grpc_port": bound[i["rank"]].get("grpc_port")}
-                         for i in leaders],
-            "token": ctx.token,
-            "ready_s": round(self.waited, 2),
-        })
+            self.frontend, public, bound = start_for_rank0(
+                spec,
+                run.path,
+                self.infos,
+                leaders,
+                self.host,
+                ctx.ports,
+                ctx.token,
+                alive=lambda: self.server.returncode() is None,
+                say=self.say,
+            )
+        self.api = start_api(
+            spec,
+            public["url"].replace("grpc://", ""),
+            spec.host,
+            self.infos[0]["openai_port"],
+            self.say,
+            float(spec.serve.ready_timeout_s),
+        )
+        write_startup(
+            run,
+            spec,
+            log_path=self.log,
+            marks={**self.marks, **self.server.marks, "serving": time.time()},
+            server_url=self.server.grpc_url,
+            nodes=[i.get("host", i["addr"]) for i in self.infos],
+            gpus={i["host"]: i["gpus"] for i in self.infos if i.get("gpus")},
+            token=ctx.token,
+            server_pid=self.server.proc.pid,
+        )
+        run.write_endpoint(
+            {
+                **public,
+                "openai_port": self.api.cfg.port,
+                "openai_url": f"http://{self.host}:{self.api.cfg.port}/v1",
+                "host": self.host,
+                "model": spec.model_name,
+                "job_id": ctx.job_id,
+                "ranks": [{"rank": i["rank"], "addr": i["addr"]} for i in self.infos],
+                "replicas": [
+                    {
+                        "replica": spec.ranks[i["rank"]].replica,
+                        "addr": i["addr"],
+                        "grpc_port": bound[i["rank"]].get("grpc_port"),
+                    }
+                    for i in leaders
+                ],
+                "token": ctx.token,
+                "ready_s": round(self.waited, 2),
+            }
+        )
 
     def supervise(self) -> Tuple[str, Optional[int]]:
         """Until something this rank supervises ends (launcher/rank/supervise.py says what each answer means)."""
         if self.spec.replicas == 1:
             return supervise(self.server, None, self.stopped, lambda: False, self.api)
-        ended, code = supervise(self.server, self.frontend, self.stopped, lambda: self.run.replica_lost(self.me.replica), self.api)
+        ended, code = supervise(
+            self.server, self.frontend, self.stopped, lambda: self.run.replica_lost(self.me.replica), self.api
+        )
         if ended == "replica":
             code = end_lost_server(self.server)
         return ended, code
@@ -239,8 +344,15 @@ class Rank:
         """Data-parallel replicas: a replica lost while the job serves is not the end of the job."""
         spec, me, run = self.spec, self.me, self.run
         frontend = "none" if self.frontend is None else "running" if self.frontend.poll() is None else "exited"
-        out = decide_exit(ended, replicas=spec.replicas, replica=me.replica, serving=run.serving(self.ctx.token), code=code,
-                          lost=run.lost_replica_ids(spec.replicas), frontend=frontend)
+        out = decide_exit(
+            ended,
+            replicas=spec.replicas,
+            replica=me.replica,
+            serving=run.serving(self.ctx.token),
+            code=code,
+            lost=run.lost_replica_ids(spec.replicas),
+            frontend=frontend,
+        )
         if out.replica_lost:
             self.record_lost(ended, code)
         if not out.exits:
@@ -248,7 +360,9 @@ class Rank:
             # marked this one down: its requests in flight got an error naming it).
             self.server.stop()
             self.say(f"{out.reason}; rank 0 keeps the front end up")
-            ended, fe_code = frontend_only(self.frontend, self.stopped, lambda: len(run.lost_replica_ids(spec.replicas)) >= spec.replicas)
+            ended, fe_code = frontend_only(
+                self.frontend, self.stopped, lambda: len(run.lost_replica_ids(spec.replicas)) >= spec.replicas
+            )
             if self.stopped():
                 if self.api is not None:
                     self.api.stop()
@@ -257,8 +371,14 @@ class Rank:
                 return 0 if fe_code in STOPPED_OK else fe_code
             if ended == "frontend":
                 code = fe_code
-            out = decide_exit(ended, replicas=spec.replicas, replica=me.replica, serving=True, code=code,
-                              lost=run.lost_replica_ids(spec.replicas))
+            out = decide_exit(
+                ended,
+                replicas=spec.replicas,
+                replica=me.replica,
+                serving=True,
+                code=code,
+                lost=run.lost_replica_ids(spec.replicas),
+            )
         if out.failure:
             return self.fail(out.status, out.reason, code)
         if self.api is not None:
@@ -275,18 +395,40 @@ class Rank:
         else:
             why = f"the server of rank {me.rank} ({me.role}) exited with status {signal_text(code)} unasked"
         ranks = [r.rank for r in self.spec.ranks if r.replica == me.replica]
-        wrote = self.run.record_lost(me.replica, {"replica": me.replica, "ranks": ranks, "rank": me.rank, "node": me.node,
-                                                  "host": self.topo.hostname, "exit_code": code, "reason": why, "log": str(self.log),
-                                                  "log_tail": log_excerpt(self.log, 25), "time": time.time()})
+        wrote = self.run.record_lost(
+            me.replica,
+            {
+                "replica": me.replica,
+                "ranks": ranks,
+                "rank": me.rank,
+                "node": me.node,
+                "host": self.topo.hostname,
+                "exit_code": code,
+                "reason": why,
+                "log": str(self.log),
+                "log_tail": log_excerpt(self.log, 25),
+                "time": time.time(),
+            },
+        )
         self.say(f"replica {me.replica} LOST: {why}" + ("" if wrote else " (already recorded by another of its ranks)"))
 
     def fail(self, status: int, what: str, code: Optional[int]) -> int:
         """Nobody asked it to stop: fail the job, and say who failed and why."""
         self.stop_children()
         me = self.me
-        self.run.write_failure(me.rank, {"rank": me.rank, "node": me.node, "host": self.topo.hostname, "exit_code": code,
-                                         "log": str(self.log), "log_tail": log_excerpt(self.log, 25), "time": time.time(),
-                                         "reason": what})
+        self.run.write_failure(
+            me.rank,
+            {
+                "rank": me.rank,
+                "node": me.node,
+                "host": self.topo.hostname,
+                "exit_code": code,
+                "log": str(self.log),
+                "log_tail": log_excerpt(self.log, 25),
+                "time": time.time(),
+                "reason": what,
+            },
+        )
         self.say(f"{what}: failing the job")
         self.server.stop()
         return status

@@ -61,8 +61,10 @@ class RendezvousTimeout(TimeoutError):
 
     def __init__(self, missing: List[int], timeout_s: float):
         self.missing = missing
-        super().__init__(f"rendezvous: ranks {missing} did not arrive within {timeout_s:.0f}s "
-                         f"(serve.rendezvous_timeout_s); look at their logs for what held them")
+        super().__init__(
+            f"rendezvous: ranks {missing} did not arrive within {timeout_s:.0f}s "
+            f"(serve.rendezvous_timeout_s); look at their logs for what held them"
+        )
 
 
 def arrival_barrier(directory: Path, rank: int, world: int, timeout_s: float, poll_s: float = 0.05) -> None:
@@ -143,7 +145,9 @@ def reserve_ports(spec, me) -> Dict[str, object]:
     wanted = {k: int(getattr(spec.serve, k)) for k in ("grpc_port", "http_port", "metrics_port")}
     fronted = me.serves == "public" and spec.replicas > 1
     if fronted:
-        out["frontend_ports"] = pick_ports(bind, {"grpc_port": wanted["grpc_port"], "metrics_port": wanted["metrics_port"]})
+        out["frontend_ports"] = pick_ports(
+            bind, {"grpc_port": wanted["grpc_port"], "metrics_port": wanted["metrics_port"]}
+        )
     if me.serves != "public" or fronted:
         wanted = {k: 0 for k in wanted}
     taken = list(out["frontend_ports"].values())
@@ -162,8 +166,16 @@ def rendezvous(spec, topo: Topology, comm) -> Tuple[RankContext, List[dict]]:
     addr = "127.0.0.1" if spec.loopback else host_address(topo.hostname)
     token = secrets.token_hex(8) if topo.rank == 0 else ""
     gpus = gpu_inventory() if topo.local_rank == 0 else []  # one rank per node lists the node's GPUs for the run record
-    infos = comm.allgather({"rank": topo.rank, "addr": addr, **reserve_ports(spec, me), "token": token,
-                            "host": topo.hostname, "gpus": gpus})
+    infos = comm.allgather(
+        {
+            "rank": topo.rank,
+            "addr": addr,
+            **reserve_ports(spec, me),
+            "token": token,
+            "host": topo.hostname,
+            "gpus": gpus,
+        }
+    )
     leader = infos[topo.rank - me.group_rank]
     ports = infos[topo.rank]["ports"]
     return RankContext(

@@ -50,22 +50,34 @@ def decide_exit(
     what = {"server": "server", "replica": "replica", "frontend": "front end", "api": "OpenAI API"}[ended]
     if ended in ("frontend", "api") or frontend == "exited":
         # The public endpoint itself is gone: nothing serves, whatever the replicas do.
-        return Outcome(False, True, True, status, f"{what if ended == 'api' else 'front end'} exited{f' with status {code}' if ended in ('frontend', 'api') else ''} unasked")
+        return Outcome(
+            False,
+            True,
+            True,
+            status,
+            f"{what if ended == 'api' else 'front end'} exited{f' with status {code}' if ended in ('frontend', 'api') else ''} unasked",
+        )
     if replicas <= 1:
         # One copy: it is the service. Fail fast, as always.
         return Outcome(False, True, True, status, f"{what} exited with status {code} unasked")
     if not serving:
         # A job that never fully started should not pretend to serve with part of its replicas.
-        return Outcome(False, True, True, status, f"{what} exited with status {code} unasked before the job was serving")
+        return Outcome(
+            False, True, True, status, f"{what} exited with status {code} unasked before the job was serving"
+        )
     gone = set(lost) | {replica}
     if len(gone) >= replicas:
         return Outcome(True, True, True, status, f"no replica is left (replicas {sorted(gone)} lost)")
     if frontend == "running":
         # Rank 0: the front end already routes around a failed replica (its own included) and its
         # clients keep the endpoint they know, so it stays up for the replicas left.
-        return Outcome(True, False, False, 0, f"replica {replica} lost; the front end serves the {replicas - len(gone)} left")
+        return Outcome(
+            True, False, False, 0, f"replica {replica} lost; the front end serves the {replicas - len(gone)} left"
+        )
     # Exit 0: srun --kill-on-bad-exit ends the step only for a non-zero task exit.
-    return Outcome(True, False, True, 0, f"replica {replica} lost; {replicas - len(gone)} of {replicas} replicas still serve")
+    return Outcome(
+        True, False, True, 0, f"replica {replica} lost; {replicas - len(gone)} of {replicas} replicas still serve"
+    )
 
 
 def signal_text(code: Optional[int]) -> str:
@@ -84,7 +96,9 @@ def end_lost_server(server, grace_s: float = 5.0) -> Optional[int]:
     return server.returncode()
 
 
-def supervise(server, frontend, stopped: Callable[[], bool], lost: Callable[[], bool], api=None) -> Tuple[str, Optional[int]]:
+def supervise(
+    server, frontend, stopped: Callable[[], bool], lost: Callable[[], bool], api=None
+) -> Tuple[str, Optional[int]]:
     """Wait until something this rank supervises ends. Returns ("server", status) when its server exited (asked
     or not), ("frontend", status) / ("api", status) when rank 0's front end / OpenAI API exited unasked,
     ("replica", None) when another rank of this replica recorded it lost (replicas > 1)."""

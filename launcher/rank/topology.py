@@ -70,7 +70,7 @@ def read_topology(environ: Mapping[str, str]) -> Topology:
     for name in ("slurm", "openmpi", "local"):
         t = ENV_TABLES[name]
         if t["rank"] in environ and t["world_size"] in environ:
-            get = lambda k, d="0": environ.get(t[k], d) if t[k] else d  # noqa: E731
+            get = lambda k, d="0", t=t: environ.get(t[k], d) if t[k] else d  # noqa: E731
             return Topology(
                 launcher=name,
                 rank=int(get("rank")),
@@ -86,8 +86,14 @@ def read_topology(environ: Mapping[str, str]) -> Topology:
 
 def local_rank_env(rank: int, world_size: int, local_rank: int, job_id: str) -> Dict[str, str]:
     """The local launcher's table for one rank on this machine (what srun's SLURM_* are on Slurm)."""
-    return {private("RANK"): str(rank), private("WORLD_SIZE"): str(world_size), private("LOCAL_RANK"): str(local_rank),
-            private("NODE_RANK"): "0", private("NNODES"): "1", private("JOB_ID"): job_id}
+    return {
+        private("RANK"): str(rank),
+        private("WORLD_SIZE"): str(world_size),
+        private("LOCAL_RANK"): str(local_rank),
+        private("NODE_RANK"): "0",
+        private("NNODES"): "1",
+        private("JOB_ID"): job_id,
+    }
 
 
 def host_address(hostname: str) -> str:

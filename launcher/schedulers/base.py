@@ -25,6 +25,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from launcher.rundir import RunDir
 
+
 @dataclass(frozen=True)
 class Request:
     """One launch, rendered before anything happens."""
@@ -96,8 +97,18 @@ class Scheduler:
 
 # The load of the `bench:` line printed at READY: short, and in the served model's tokens (the bench reads the
 # tokenizer from the model's config), so it can be pasted as it is.
-READY_BENCH_ARGS = ("--dataset-name", "synthetic", "--input-len", "128", "--output-len", "128",
-                    "--num-prompts", "64", "--concurrency", "8")
+READY_BENCH_ARGS = (
+    "--dataset-name",
+    "synthetic",
+    "--input-len",
+    "128",
+    "--output-len",
+    "128",
+    "--num-prompts",
+    "64",
+    "--concurrency",
+    "8",
+)
 
 
 def bench_command(url: str, model: str) -> str:

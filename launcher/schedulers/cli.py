@@ -28,7 +28,7 @@ def _cli(action: str, argv: Optional[List[str]]) -> None:
         code, text = getattr(backend, action)(argv[0])
     except LaunchError as e:
         print(e.render(), file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(2) from None
     print(text)
     raise SystemExit(code)
 

@@ -22,10 +22,10 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from launcher.rundir import RunDir, Stopped, wait_for_endpoint
-from launcher.schedulers.base import Endpoint, Request, Scheduler, bench_command, ready_report
 from launcher.domains import PUBLIC_PORTS
 from launcher.rank.topology import local_rank_env, private
+from launcher.rundir import RunDir, Stopped, wait_for_endpoint
+from launcher.schedulers.base import Endpoint, Request, Scheduler, bench_command, ready_report
 from launcher.spec import LaunchSpec
 
 
@@ -37,15 +37,14 @@ def endpoint_banner(url: str, model: str, openai_url: str = "", ready: str = "")
     openai = ""
     if openai_url:
         body = shlex.quote(f'{{"model": "{model}", "prompt": "The capital of France is", "max_tokens": 32}}')
-        openai = (f"openai: {openai_url}\n"
-                  f"try: curl {openai_url}/completions -H 'Content-Type: application/json' -d {body}\n")
+        openai = (
+            f"openai: {openai_url}\ntry: curl {openai_url}/completions -H 'Content-Type: application/json' -d {body}\n"
+        )
     return (
         f"endpoint: {url}\n"
         f"model: {model}\n"
-        f"try: {shlex.quote(sys.executable)} -m launcher.client --url {url} --prompt \"The capital of France is\" --max-tokens 32\n"
-        f"{openai}"
-        + (f"ready: {ready}\n" if ready else "")
-        + f"bench: {bench_command(url, model)}\n"
+        f'try: {shlex.quote(sys.executable)} -m launcher.client --url {url} --prompt "The capital of France is" --max-tokens 32\n'
+        f"{openai}" + (f"ready: {ready}\n" if ready else "") + f"bench: {bench_command(url, model)}\n"
     )
 
 
@@ -95,8 +94,17 @@ def _serve_one(spec: LaunchSpec, run: RunDir, install, stop: _Stop) -> int:
 
     job_id = str(os.getpid())
     rank = spec.ranks[0]
-    argv = tritonserver_argv(spec, rank, tritonserver=install.binary, repository=str(run.repository), job_id=job_id, backend_directory=install.backend_directory)
-    env = server_env(install, {**spec.cluster.env, private("RANK"): "0", private("WORLD_SIZE"): "1", "LLMLAUNCH_RUN_DIR": str(run)})
+    argv = tritonserver_argv(
+        spec,
+        rank,
+        tritonserver=install.binary,
+        repository=str(run.repository),
+        job_id=job_id,
+        backend_directory=install.backend_directory,
+    )
+    env = server_env(
+        install, {**spec.cluster.env, private("RANK"): "0", private("WORLD_SIZE"): "1", "LLMLAUNCH_RUN_DIR": str(run)}
+    )
     host = spec.host if spec.host not in ("0.0.0.0", "") else "127.0.0.1"
     url = f"{host}:{spec.serve.grpc_port}"
     log = run.local_rank_log(0)
@@ -129,10 +137,25 @@ def _serve_one(spec: LaunchSpec, run: RunDir, install, stop: _Stop) -> int:
         # one rank, no rendezvous: its ranks are started once its server is
         marks = {**server.marks, "ranks_started": server.marks["started"], "serving": time.time()}
         gpus = gpu_inventory()
-        write_startup(run, spec, log_path=log, marks=marks, server_url=url, nodes=[socket.gethostname()],
-                      gpus={socket.gethostname(): gpus} if gpus else {}, server_pid=server.proc.pid)
-        run.write_endpoint({"url": f"grpc://{url}", "model": spec.model_name, **ports, "openai_url": f"{api.cfg.url}/v1",
-                            "job_id": job_id})
+        write_startup(
+            run,
+            spec,
+            log_path=log,
+            marks=marks,
+            server_url=url,
+            nodes=[socket.gethostname()],
+            gpus={socket.gethostname(): gpus} if gpus else {},
+            server_pid=server.proc.pid,
+        )
+        run.write_endpoint(
+            {
+                "url": f"grpc://{url}",
+                "model": spec.model_name,
+                **ports,
+                "openai_url": f"{api.cfg.url}/v1",
+                "job_id": job_id,
+            }
+        )
         rec = ready_report(run, say, job_id=job_id)
         sys.stdout.write(endpoint_banner(f"grpc://{url}", spec.model_name, f"{api.cfg.url}/v1", _ready_line(rec, run)))
         sys.stdout.flush()
@@ -180,7 +203,9 @@ def _wait_or_stop(server, stop: _Stop):
         from launcher.errors import LaunchError
 
         server.stop()
-        raise LaunchError(("tritonserver", str(result["error"]), "read the log above; fix the model or raise serve.ready_timeout_s"))
+        raise LaunchError(
+            ("tritonserver", str(result["error"]), "read the log above; fix the model or raise serve.ready_timeout_s")
+        )
     return result["waited"]
 
 
@@ -204,7 +229,15 @@ def _serve_ranks(spec: LaunchSpec, run: RunDir, stop: _Stop) -> int:
         env = dict(base_env)
         env.update(local_rank_env(r.rank, spec.world_size, r.local_rank, job_id))
         with open(run.local_rank_log(r.rank), "ab") as out:
-            procs.append(subprocess.Popen([sys.executable, "-m", "launcher.rank", str(run)], env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "launcher.rank", str(run)],
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            )
     say(f"started {len(procs)} ranks; logs in {run.logs}")
 
     class _RankDied(Exception):
@@ -224,7 +257,9 @@ def _serve_ranks(spec: LaunchSpec, run: RunDir, stop: _Stop) -> int:
         fatal = [(i, rc) for i, rc in dead if rc != 0 or spec.ranks[i].replica not in lost]
         if fatal:
             i, rc = fatal[0]
-            say(f"rank {i} exited with status {rc}; stopping the others. Its log:\n{log_excerpt(run.local_rank_log(i))}")
+            say(
+                f"rank {i} exited with status {rc}; stopping the others. Its log:\n{log_excerpt(run.local_rank_log(i))}"
+            )
             raise _RankDied()
 
     def not_ready(_elapsed: float) -> Exception:
@@ -234,9 +269,17 @@ def _serve_ranks(spec: LaunchSpec, run: RunDir, stop: _Stop) -> int:
     t0 = time.monotonic()
     code = 0
     try:
-        ep = wait_for_endpoint(run, timeout_s=float(spec.serve.ready_timeout_s), on_timeout=not_ready, check=check,
-                               progress=lambda: f"waiting for {len(procs)} ranks: {run.ready_count()} leaders ready",
-                               say=say, repeat_s=2.0, on_change=False, interval_s=0.2)
+        ep = wait_for_endpoint(
+            run,
+            timeout_s=float(spec.serve.ready_timeout_s),
+            on_timeout=not_ready,
+            check=check,
+            progress=lambda: f"waiting for {len(procs)} ranks: {run.ready_count()} leaders ready",
+            say=say,
+            repeat_s=2.0,
+            on_change=False,
+            interval_s=0.2,
+        )
         say(f"READY in {time.monotonic() - t0:.1f}s ({len(procs)} ranks)")
         rec = ready_report(run, say, job_id=job_id)
         sys.stdout.write(endpoint_banner(ep["url"], ep["model"], ep.get("openai_url", ""), _ready_line(rec, run)))
@@ -299,13 +342,23 @@ class LocalScheduler(Scheduler):
 
         def check() -> None:
             if proc.poll() is not None:
-                raise LaunchError(("server", f"exited with status {proc.returncode} before serving; {log}:\n{log_excerpt(log, 15)}", f"read {log}"))
+                raise LaunchError(
+                    (
+                        "server",
+                        f"exited with status {proc.returncode} before serving; {log}:\n{log_excerpt(log, 15)}",
+                        f"read {log}",
+                    )
+                )
 
         def timeout(_elapsed: float) -> Exception:
             self.stop(endpoint)
-            return LaunchError(("server", f"not serving after serve.ready_timeout_s={spec.serve.ready_timeout_s}", f"read {log}"))
+            return LaunchError(
+                ("server", f"not serving after serve.ready_timeout_s={spec.serve.ready_timeout_s}", f"read {log}")
+            )
 
-        ep = wait_for_endpoint(run, timeout_s=float(spec.serve.ready_timeout_s) + 60, on_timeout=timeout, check=check, interval_s=0.2)
+        ep = wait_for_endpoint(
+            run, timeout_s=float(spec.serve.ready_timeout_s) + 60, on_timeout=timeout, check=check, interval_s=0.2
+        )
         endpoint.url, endpoint.model, endpoint.doc = ep["url"], ep["model"], ep
         return endpoint
 
@@ -332,7 +385,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         code = serve_foreground(RunDir(argv[0]).read_spec(), argv[0])
     except LaunchError as e:
         print(e.render(), file=sys.stderr)
-        raise SystemExit(2)
+        raise SystemExit(2) from None
     raise SystemExit(code)
 
 

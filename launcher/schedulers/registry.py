@@ -12,7 +12,9 @@ from launcher.schedulers.base import Scheduler
 from launcher.schedulers.local import LocalScheduler
 from launcher.schedulers.slurm import SlurmScheduler
 
-SCHEDULERS: Dict[str, Type[Scheduler]] = {cls.name: cls for cls in (LocalScheduler, SlurmScheduler, AllocationScheduler)}
+SCHEDULERS: Dict[str, Type[Scheduler]] = {
+    cls.name: cls for cls in (LocalScheduler, SlurmScheduler, AllocationScheduler)
+}
 _INSTANCES: Dict[str, Scheduler] = {}
 
 

@@ -10,14 +10,10 @@ serves, leaving the job running; `llmlaunch-status` / `llmlaunch-stop` take over
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
 import sys
 import time
-from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from launcher import jobindex
 from launcher.errors import LaunchError
@@ -26,6 +22,7 @@ from launcher.schedulers.base import Endpoint, Request, Scheduler, bench_command
 from launcher.schedulers.slurm_jobs import job_times, queue_state, run_quiet, slurm_env, status, stop
 from launcher.spec import LaunchSpec
 from launcher.triage import describe_failure
+
 
 def say(msg: str) -> None:
     print(f"llmlaunch: {msg}", file=sys.stderr, flush=True)
@@ -61,7 +58,13 @@ def submit(spec: LaunchSpec, run_dir: str, record: Optional[Dict] = None):
     from launcher.render import submitit_parameters
 
     if shutil.which("sbatch") is None:
-        raise LaunchError((f"cluster={spec.cluster.name}", "sbatch is not on PATH: this is not a Slurm login node", "run on the cluster's login node, or use cluster=local (or cluster=local_slurm after `llmlaunch-localslurm up`)"))
+        raise LaunchError(
+            (
+                f"cluster={spec.cluster.name}",
+                "sbatch is not on PATH: this is not a Slurm login node",
+                "run on the cluster's login node, or use cluster=local (or cluster=local_slurm after `llmlaunch-localslurm up`)",
+            )
+        )
     run = RunDir(run_dir).write_spec(spec).path
     if record is not None:
         RunDir(run).write_record(record)
@@ -75,10 +78,21 @@ def submit(spec: LaunchSpec, run_dir: str, record: Optional[Dict] = None):
             reason = reason.decode(errors="replace")
         shutil.rmtree(run, ignore_errors=True)
         raise LaunchError(
-            (f"cluster={spec.cluster.name} (partition={spec.cluster.partition or 'default'}, gpus_per_node={spec.gpus_per_node_used})", f"Slurm refused the job: {str(reason).strip()}", "fix the profile value Slurm names (sinfo shows partitions and GRES); nothing was submitted")
+            (
+                f"cluster={spec.cluster.name} (partition={spec.cluster.partition or 'default'}, gpus_per_node={spec.gpus_per_node_used})",
+                f"Slurm refused the job: {str(reason).strip()}",
+                "fix the profile value Slurm names (sinfo shows partitions and GRES); nothing was submitted",
+            )
         ) from None
-    record = {"job_id": job.job_id, "run_dir": str(run), "slurm_conf": spec.cluster.slurm_conf, "model": spec.model_name, "world_size": spec.world_size,
-              "submitted": time.time(), "scheduler": "slurm"}
+    record = {
+        "job_id": job.job_id,
+        "run_dir": str(run),
+        "slurm_conf": spec.cluster.slurm_conf,
+        "model": spec.model_name,
+        "world_size": spec.world_size,
+        "submitted": time.time(),
+        "scheduler": "slurm",
+    }
     jobindex.add(record)
     RunDir(run).write_job(record)
     return job, run
@@ -96,16 +110,36 @@ def follow(job_id: str, run_dir, spec: LaunchSpec, deadline_s: float, reasons: O
         fails = run.failures()
         if fails:
             run_quiet(["scancel", job_id])
-            raise LaunchError((f"job {job_id}", "a rank failed: " + describe_failure(fails[0]) + triage_text(run),
-                               f"read the rank logs in {run}; `llmlaunch-status {job_id}` shows them, `llmlaunch-logs {job_id}` triages them"))
+            raise LaunchError(
+                (
+                    f"job {job_id}",
+                    "a rank failed: " + describe_failure(fails[0]) + triage_text(run),
+                    f"read the rank logs in {run}; `llmlaunch-status {job_id}` shows them, `llmlaunch-logs {job_id}` triages them",
+                )
+            )
 
     def progress() -> str:
         state, reason, nodes = queue_state(job_id)
-        if state in ("FAILED", "CANCELLED", "TIMEOUT", "COMPLETED", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"):
+        if state in (
+            "FAILED",
+            "CANCELLED",
+            "TIMEOUT",
+            "COMPLETED",
+            "NODE_FAIL",
+            "OUT_OF_MEMORY",
+            "BOOT_FAIL",
+            "DEADLINE",
+            "PREEMPTED",
+        ):
             fails = run.failures()
             detail = (describe_failure(fails[0]) if fails else _rank_log_tails(run, job_id)) + triage_text(run)
-            raise LaunchError((f"job {job_id}", f"ended {state} before serving{(' (' + reason + ')') if reason and reason != 'None' else ''}:\n{detail}",
-                               f"read the rank logs in {run}; `llmlaunch-logs {job_id}` triages them"))
+            raise LaunchError(
+                (
+                    f"job {job_id}",
+                    f"ended {state} before serving{(' (' + reason + ')') if reason and reason != 'None' else ''}:\n{detail}",
+                    f"read the rank logs in {run}; `llmlaunch-logs {job_id}` triages them",
+                )
+            )
         seen["state"] = state
         if state == "PENDING":
             reasons.append(reason)
@@ -115,7 +149,13 @@ def follow(job_id: str, run_dir, spec: LaunchSpec, deadline_s: float, reasons: O
         return f"job {job_id} {state}"
 
     def timeout(_elapsed: float) -> LaunchError:
-        return LaunchError((f"job {job_id}", f"not serving after {deadline_s:.0f}s (state {seen['state']})", f"raise serve.ready_timeout_s, or look at the rank logs in {run}; the job is still queued/running: llmlaunch-stop {job_id}"))
+        return LaunchError(
+            (
+                f"job {job_id}",
+                f"not serving after {deadline_s:.0f}s (state {seen['state']})",
+                f"raise serve.ready_timeout_s, or look at the rank logs in {run}; the job is still queued/running: llmlaunch-stop {job_id}",
+            )
+        )
 
     return wait_for_endpoint(run, timeout_s=deadline_s, on_timeout=timeout, check=check, progress=progress, say=say)
 
@@ -127,8 +167,12 @@ def slurm_ready_facts(job_id: str, run: RunDir, reasons: List[str]) -> Dict:
 
     submit, start = job_times(job_id)
     job = run.read_job() or {}
-    return {"marks": {"submitted": submit or job.get("submitted"), "allocated": start}, "job_id": job_id,
-            "queue_reason": queue_reasons(reasons), "nodes": queue_state(job_id)[2]}
+    return {
+        "marks": {"submitted": submit or job.get("submitted"), "allocated": start},
+        "job_id": job_id,
+        "queue_reason": queue_reasons(reasons),
+        "nodes": queue_state(job_id)[2],
+    }
 
 
 class SlurmScheduler(Scheduler):
@@ -142,7 +186,13 @@ class SlurmScheduler(Scheduler):
     def dryrun(self, spec: LaunchSpec, run_dir: str) -> Request:
         from launcher.render import sbatch_script
 
-        return Request(self.name, spec, run_dir, sbatch_script(spec, run_dir), title=f"sbatch script ({run_dir}/submission.sh, submitted through submitit)")
+        return Request(
+            self.name,
+            spec,
+            run_dir,
+            sbatch_script(spec, run_dir),
+            title=f"sbatch script ({run_dir}/submission.sh, submitted through submitit)",
+        )
 
     def launch(self, request: Request, leave_running: bool = False) -> Endpoint:
         """Submit and follow the job until rank 0 serves. A job that does not get there is stopped, unless
@@ -172,7 +222,7 @@ class SlurmScheduler(Scheduler):
         print(f"endpoint: {url}")
         print(f"model: {ep.model}")
         print(f"logs: {ep.run}/{job_id}_<rank>_log.out")
-        print(f"stream: {exe} -m launcher.client --url {url} --prompt \"The capital of France is\" --max-tokens 32")
+        print(f'stream: {exe} -m launcher.client --url {url} --prompt "The capital of France is" --max-tokens 32')
         print(f"bench: {bench_command(url, ep.model)}")
         rec = ep.run.read_record() or {}
         if rec.get("time_to_ready"):
@@ -205,5 +255,3 @@ class SlurmScheduler(Scheduler):
 
     def stop_job(self, job_id: str) -> Tuple[int, str]:
         return stop(job_id)
-
-

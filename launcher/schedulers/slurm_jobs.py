@@ -72,7 +72,9 @@ def _record(job_id: str) -> Dict:
 _NOT_A_DEATH = ("CANCELLED", "PENDING", "REQUEUED", "PREEMPTED", "TIMEOUT")
 
 
-def job_state(slurm_state: str, reason: str, fails: List[Dict], deaths: Sequence[Tuple[int, str, str]] = ()) -> Tuple[str, str]:
+def job_state(
+    slurm_state: str, reason: str, fails: List[Dict], deaths: Sequence[Tuple[int, str, str]] = ()
+) -> Tuple[str, str]:
     """The one (state, reason) llmlaunch-status reports. A rank's failure record wins over Slurm's
     word: Slurm says RUNNING while srun is still ending the other ranks, CANCELLED when `llmlaunch`
     cancelled a job that failed while loading, and a job's final state is its batch script's exit
@@ -111,7 +113,12 @@ def status(job_id: str) -> Tuple[int, str]:
     fails = run.failures()
     deaths = [] if fails else rank_deaths(run)
     state, reason = job_state(slurm_state, slurm_reason, fails, deaths)
-    lines = [f"job: {job_id}", f"state: {state}" + (f" ({reason})" if reason else ""), f"nodes: {nodes or '-'}", f"run dir: {run}"]
+    lines = [
+        f"job: {job_id}",
+        f"state: {state}" + (f" ({reason})" if reason else ""),
+        f"nodes: {nodes or '-'}",
+        f"run dir: {run}",
+    ]
     e = run.read_endpoint()
     if e is not None:
         lines += [f"endpoint: {e['url']}", f"model: {e['model']}"]
@@ -135,7 +142,9 @@ def status(job_id: str) -> Tuple[int, str]:
         lines.append("FAILED " + describe_failure(f))
     if not fails and state == "FAILED" and deaths:
         r, node, what = deaths[0]  # the first srun reported; the others ended with the step
-        lines.append(f"FAILED rank {r} on node {node}: srun reports its task {what}; the rank's own process died, so it wrote no failure record")
+        lines.append(
+            f"FAILED rank {r} on node {node}: srun reports its task {what}; the rank's own process died, so it wrote no failure record"
+        )
     if fails or (state == "FAILED" and deaths):
         lines.append(f"triage: llmlaunch-logs {job_id} (every rank's logs in one archive, the root cause first)")
     # 0 only while the job serves: a failed job (and one that ended or has not started) exits 1
@@ -146,8 +155,12 @@ def status(job_id: str) -> Tuple[int, str]:
 # The steps a batch job always has; any other is a step its batch script started (the serving srun).
 BOOKKEEPING_STEPS = ("batch", "extern", "interactive")
 DRAIN_MARGIN_S = 30.0  # after serve.drain_timeout_s: a rank's grace to end its server (drain + 15 s), the teardown step
-LOADING_WINDOW_S = 20.0  # a job not serving yet has nothing to drain: its ranks end their servers in seconds, or ignore SIGTERM
-DEFAULT_DRAIN_TIMEOUT_S = 30.0  # launcher/schema.py's serve.drain_timeout_s, for a run dir without a readable launch.json
+LOADING_WINDOW_S = (
+    20.0  # a job not serving yet has nothing to drain: its ranks end their servers in seconds, or ignore SIGTERM
+)
+DEFAULT_DRAIN_TIMEOUT_S = (
+    30.0  # launcher/schema.py's serve.drain_timeout_s, for a run dir without a readable launch.json
+)
 
 
 def drain_argv(job_id: str) -> List[str]:
@@ -245,13 +258,23 @@ def stop(job_id: str, timeout_s: float = 90, drain_s: Optional[float] = None) ->
         if left == "COMPLETING":  # the batch script has ended the job: Slurm is cleaning up after it
             left = _wait_gone(job_id, timeout_s)
         if not left:
-            return 0, f"job {job_id} stopped: its ranks drained and exited, the batch script ended it ({time.monotonic() - t0:.1f}s); {where}"
+            return (
+                0,
+                f"job {job_id} stopped: its ranks drained and exited, the batch script ended it ({time.monotonic() - t0:.1f}s); {where}",
+            )
         if left == "COMPLETING":
             return 1, f"job {job_id} drained, still COMPLETING after {time.monotonic() - t0:.0f}s"
-        why = (f"still {left} {drain_s:.0f}s after SIGTERM to its steps (a rank still starting ignores it)" if rc == 0
-               else f"`{' '.join(drain_argv(job_id))}` failed: {err.strip()}")
+        why = (
+            f"still {left} {drain_s:.0f}s after SIGTERM to its steps (a rank still starting ignores it)"
+            if rc == 0
+            else f"`{' '.join(drain_argv(job_id))}` failed: {err.strip()}"
+        )
     elif action == "cancel":
-        why = "its batch script had not started the serving step yet" if state == "RUNNING" else f"it was {state}, nothing to drain"
+        why = (
+            "its batch script had not started the serving step yet"
+            if state == "RUNNING"
+            else f"it was {state}, nothing to drain"
+        )
     if action != "wait":
         rc, _, err = run_quiet(cancel_argv(job_id))
         if rc != 0 and _queued(job_id):

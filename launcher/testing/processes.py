@@ -55,8 +55,9 @@ def engine_pids(server_pid: int, stats: dict | None = None) -> list[int]:
 
 def stub_pids(server_pid: int, stats: dict | None = None) -> list[int]:
     """The python-backend stubs under a tritonserver (where the hf engine runs with engine_process=false)."""
-    return _descendants_running(server_pid, lambda argv: os.path.basename(argv[0]) == b"triton_python_backend_stub",
-                                stats)
+    return _descendants_running(
+        server_pid, lambda argv: os.path.basename(argv[0]) == b"triton_python_backend_stub", stats
+    )
 
 
 SERVER_ROLES = ("tritonserver", "stubs", "engine", "other")
@@ -73,7 +74,8 @@ def server_cpu_by_role(server_pid: int) -> dict[str, float]:
     out = dict.fromkeys(SERVER_ROLES, 0.0)
     for p in descendants(server_pid, stats):
         if p in stats:
-            role = ("tritonserver" if p == server_pid else "stubs" if p in stubs else
-                    "engine" if p in engines else "other")
+            role = (
+                "tritonserver" if p == server_pid else "stubs" if p in stubs else "engine" if p in engines else "other"
+            )
             out[role] += stats[p][1]
     return out

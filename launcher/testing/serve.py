@@ -93,8 +93,15 @@ def measure_variants(prefix: str, make_repo, measure, table, json_path: str = ""
     return result
 
 
-def hf_server(model_dir: str, workdir: Path, params: dict, model: str = "hf_model", env: dict | None = None,
-              instances: int = 1, http: bool = False):
+def hf_server(
+    model_dir: str,
+    workdir: Path,
+    params: dict,
+    model: str = "hf_model",
+    env: dict | None = None,
+    instances: int = 1,
+    http: bool = False,
+):
     """A launcher.triton.TritonServer (not started) serving the project's hf model (model_repository/hf; `params`:
     HFEngineArgs fields, written to its model.json) on free loopback ports, metrics on: `.metrics_url` is where the model's
     first-token split is read (launcher/python_backend/timings.py).  `env`: extra server environment.  `instances`:
@@ -119,16 +126,34 @@ def hf_server(model_dir: str, workdir: Path, params: dict, model: str = "hf_mode
     port, metrics_port = free_port(), free_port()
     prefix = f"llmt{os.getpid()}{uuid.uuid4().hex[:6]}_"
     http_port = free_port() if http else None
-    argv = [install.binary, f"--model-repository={repo}", "--allow-metrics=true",
-            *(["--allow-http=true", "--http-address=127.0.0.1", f"--http-port={http_port}"] if http else
-              ["--allow-http=false"]),
-            f"--metrics-port={metrics_port}", "--metrics-address=127.0.0.1", "--allow-gpu-metrics=false",
-            "--allow-cpu-metrics=false", "--grpc-address=127.0.0.1", f"--grpc-port={port}",
-            f"--backend-config=python,shm-region-prefix-name={prefix}"]
+    argv = [
+        install.binary,
+        f"--model-repository={repo}",
+        "--allow-metrics=true",
+        *(
+            ["--allow-http=true", "--http-address=127.0.0.1", f"--http-port={http_port}"]
+            if http
+            else ["--allow-http=false"]
+        ),
+        f"--metrics-port={metrics_port}",
+        "--metrics-address=127.0.0.1",
+        "--allow-gpu-metrics=false",
+        "--allow-cpu-metrics=false",
+        "--grpc-address=127.0.0.1",
+        f"--grpc-port={port}",
+        f"--backend-config=python,shm-region-prefix-name={prefix}",
+    ]
     if install.backend_directory:
         argv.append(f"--backend-directory={install.backend_directory}")
-    server = TritonServer(argv, env=server_env(install, env), log_path=Path(workdir) / "tritonserver.log",
-                          grpc_url=f"127.0.0.1:{port}", model=model, ready_timeout_s=300, shm_prefix=prefix)
+    server = TritonServer(
+        argv,
+        env=server_env(install, env),
+        log_path=Path(workdir) / "tritonserver.log",
+        grpc_url=f"127.0.0.1:{port}",
+        model=model,
+        ready_timeout_s=300,
+        shm_prefix=prefix,
+    )
     server.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     server.http_url = f"http://127.0.0.1:{http_port}" if http else None
     return server
@@ -156,7 +181,12 @@ def _backend_dir(workdir: Path) -> Path:
     for item in (root / "backends" / "python").iterdir():
         if item.is_file() and not (python_dir / item.name).exists():
             (python_dir / item.name).symlink_to(item)
-    stub = root / "python_backend_stubs" / f"{sys.version_info.major}.{sys.version_info.minor}" / "triton_python_backend_stub"
+    stub = (
+        root
+        / "python_backend_stubs"
+        / f"{sys.version_info.major}.{sys.version_info.minor}"
+        / "triton_python_backend_stub"
+    )
     if not (python_dir / stub.name).exists():
         shutil.copy2(stub, python_dir / stub.name)
     return workdir / "backends"
@@ -226,16 +256,34 @@ def serve(repo: Path, timeout: float = 60.0, log_verbose: int = 0):
         argv = [install.binary, *common]
         if install.backend_directory:
             argv.append(f"--backend-directory={install.backend_directory}")
-        with lt.TritonServer(argv, env=lt.server_env(install), log_path=log, grpc_url=url, model=models[0],
-                             ready_timeout_s=timeout, drain_timeout_s=5, shm_prefix=prefix) as server:
+        with lt.TritonServer(
+            argv,
+            env=lt.server_env(install),
+            log_path=log,
+            grpc_url=url,
+            model=models[0],
+            ready_timeout_s=timeout,
+            drain_timeout_s=5,
+            shm_prefix=prefix,
+        ) as server:
             wait_ready(url, models, server.proc, timeout, log)
             yield url
         return
-    argv = [str(_pytriton_root() / "bin" / "tritonserver"), *common, f"--backend-directory={_backend_dir(workdir)}",
-            "--exit-timeout-secs=5"]
+    argv = [
+        str(_pytriton_root() / "bin" / "tritonserver"),
+        *common,
+        f"--backend-directory={_backend_dir(workdir)}",
+        "--exit-timeout-secs=5",
+    ]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, env=server_env(), stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                preexec_fn=_die_with_parent)
+        proc = subprocess.Popen(
+            argv,
+            env=server_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
     try:
         wait_ready(url, models, proc, timeout, log)
         yield url

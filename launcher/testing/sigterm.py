@@ -1,6 +1,6 @@
 """SIGTERM handling for a benchmark's process: the first SIGTERM unwinds like Ctrl-C.
 
-    signal.signal(signal.SIGTERM, stop_on_sigterm)
+signal.signal(signal.SIGTERM, stop_on_sigterm)
 """
 
 from __future__ import annotations
@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-
 
 SIGTERM_GRACE_S = 2.0  # later SIGTERMs within this long of the first are the same stop (see stop_on_sigterm)
 _first_sigterm = [0.0]

@@ -22,8 +22,9 @@ import pytest
 from tests.contract_client import Stream, generate
 
 URL = os.environ.get("LLMLAUNCH_TEST_URL", "")
-pytestmark = pytest.mark.skipif(not URL, reason="needs a served engine: LLMLAUNCH_TEST_URL (GPU machine; "
-                                "benchmark/gpu/serve_bench.py --check)")
+pytestmark = pytest.mark.skipif(
+    not URL, reason="needs a served engine: LLMLAUNCH_TEST_URL (GPU machine; benchmark/gpu/serve_bench.py --check)"
+)
 
 PROMPT = "The history of the city begins with a small harbour where fishermen traded"
 
@@ -143,13 +144,16 @@ def test_final_counts_only_sends_the_counts_once(server, greedy):
     assert "".join(r["text_output"] for r in responses) == greedy["text_output"]
 
 
-@pytest.mark.parametrize("extra, message", [
-    ({"max_tokens": 0}, "max_tokens must be >= 1"),
-    ({"top_p": 2.0}, "top_p must be in (0, 1]"),
-    ({"temperature": -1.0}, "temperature must be >= 0"),
-    ({"beam_width": 2}, "beam_width 2 is not supported"),
-    ({"max_tokens": 10_000_000}, "exceeds the model limit"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"max_tokens": 0}, "max_tokens must be >= 1"),
+        ({"top_p": 2.0}, "top_p must be in (0, 1]"),
+        ({"temperature": -1.0}, "temperature must be >= 0"),
+        ({"beam_width": 2}, "beam_width 2 is not supported"),
+        ({"max_tokens": 10_000_000}, "exceeds the model limit"),
+    ],
+)
 def test_a_bad_request_gets_a_clear_error_and_others_go_on(server, greedy, extra, message):
     s = Stream(server)  # a long request in flight meanwhile must not notice
     try:

@@ -14,7 +14,9 @@ import pytest
 from launcher.bench import cli
 from tests.unit.test_bench_loads import _text, make_cnn, make_prompts, make_sharegpt
 
-needs_server = pytest.mark.skipif(importlib.util.find_spec("pytriton") is None, reason="needs nvidia-pytriton (tritonserver)")
+needs_server = pytest.mark.skipif(
+    importlib.util.find_spec("pytriton") is None, reason="needs nvidia-pytriton (tritonserver)"
+)
 
 FAST = ["--request-param", "first_token_delay_ms=0", "--request-param", "inter_token_delay_ms=1"]
 
@@ -50,7 +52,12 @@ def test_50_prompts_each_dataset_format(url, tmp_path, kind):
     elif kind == "cnn":
         data = ["--dataset", make_cnn(tmp_path / "mini_cnn_eval.json"), "--max-input-len", "80"]
     elif kind == "prompts":
-        data = ["--dataset", make_prompts(tmp_path / "prompts.txt", [_text(rng, 2, 12) for _ in range(30)]), "--output-len", "6"]
+        data = [
+            "--dataset",
+            make_prompts(tmp_path / "prompts.txt", [_text(rng, 2, 12) for _ in range(30)]),
+            "--output-len",
+            "6",
+        ]
     else:
         data = ["--dataset-name", "synthetic", "--input-len", "24", "--output-len", "6", "--range-ratio", "0.25"]
     code, doc = run_bench(tmp_path, "--url", url, "--num-prompts", 50, "--concurrency", 8, *FAST, *data)
@@ -108,10 +115,31 @@ def test_ttft_and_itl_match_the_model_schedule(url, tmp_path):
     the run gets up to three tries; every try checks everything."""
     tries = []
     for attempt in range(3):
-        code, doc = run_bench(tmp_path, "--url", url, "--dataset-name", "synthetic", "--num-prompts", 12, "--input-len", 8,
-                              "--output-len", 10, "--concurrency", 2, "--warmup", 2, "--save-text",
-                              "--request-param", "first_token_delay_ms=100", "--request-param", "inter_token_delay_ms=20",
-                              "--request-param", "stamp=true", name=f"timing{attempt}.json")
+        code, doc = run_bench(
+            tmp_path,
+            "--url",
+            url,
+            "--dataset-name",
+            "synthetic",
+            "--num-prompts",
+            12,
+            "--input-len",
+            8,
+            "--output-len",
+            10,
+            "--concurrency",
+            2,
+            "--warmup",
+            2,
+            "--save-text",
+            "--request-param",
+            "first_token_delay_ms=100",
+            "--request-param",
+            "inter_token_delay_ms=20",
+            "--request-param",
+            "stamp=true",
+            name=f"timing{attempt}.json",
+        )
         assert code == 0
         tries.append(_check_schedule(doc))
         if not tries[-1]:
@@ -126,8 +154,20 @@ def test_failed_requests_make_the_run_fail_with_counts(url, tmp_path, capsys):
     lines[3] = lines[11] = lines[17] = "this one has ERROR in it"
     lines[5] = "EMPTY answer please"
     path = make_prompts(tmp_path / "prompts.txt", lines)
-    code, doc = run_bench(tmp_path, "--url", url, "--dataset", path, "--output-len", 5, "--concurrency", 4, *FAST,
-                          "--request-param", "error_after_tokens=2")
+    code, doc = run_bench(
+        tmp_path,
+        "--url",
+        url,
+        "--dataset",
+        path,
+        "--output-len",
+        5,
+        "--concurrency",
+        4,
+        *FAST,
+        "--request-param",
+        "error_after_tokens=2",
+    )
     assert code == 1
     m = doc["metrics"]
     assert (m["requests"], m["completed"], m["errors"], m["zero_token"]) == (20, 16, 3, 1)
@@ -143,8 +183,24 @@ def test_failed_requests_make_the_run_fail_with_counts(url, tmp_path, capsys):
 @needs_server
 @pytest.mark.triton
 def test_request_rate_mode_spaces_arrivals(url, tmp_path):
-    code, doc = run_bench(tmp_path, "--url", url, "--dataset-name", "synthetic", "--num-prompts", 40, "--input-len", 4,
-                          "--output-len", 3, "--request-rate", 40, "--seed", 7, *FAST)
+    code, doc = run_bench(
+        tmp_path,
+        "--url",
+        url,
+        "--dataset-name",
+        "synthetic",
+        "--num-prompts",
+        40,
+        "--input-len",
+        4,
+        "--output-len",
+        3,
+        "--request-rate",
+        40,
+        "--seed",
+        7,
+        *FAST,
+    )
     assert code == 0
     sent = [r["sent"] for r in doc["requests"]]
     gaps = [b - a for a, b in zip(sent, sent[1:])]
@@ -164,9 +220,23 @@ def test_request_rate_mode_spaces_arrivals(url, tmp_path):
 @pytest.mark.triton
 def test_duration_limit_and_concurrency_cap(url, tmp_path):
     path = make_prompts(tmp_path / "prompts.txt", ["one", "two words", "three more words", "four", "five"])
-    code, doc = run_bench(tmp_path, "--url", url, "--dataset", path, "--duration", 1.0,
-                          "--concurrency", 3, "--output-len", 4, "--request-param", "first_token_delay_ms=20",
-                          "--request-param", "inter_token_delay_ms=10")
+    code, doc = run_bench(
+        tmp_path,
+        "--url",
+        url,
+        "--dataset",
+        path,
+        "--duration",
+        1.0,
+        "--concurrency",
+        3,
+        "--output-len",
+        4,
+        "--request-param",
+        "first_token_delay_ms=20",
+        "--request-param",
+        "inter_token_delay_ms=10",
+    )
     assert code == 0
     reqs = doc["requests"]
     # 5 samples cycled: ~1 s / (20 + 3*10 ms) * 3 in flight ~ 60 requests
@@ -183,8 +253,21 @@ def test_duration_limit_and_concurrency_cap(url, tmp_path):
 @pytest.mark.triton
 def test_processes_warmup_csv_goodput_and_retokenizing(url, tmp_path):
     csv_path = tmp_path / "summary.csv"
-    common = ["--url", url, "--dataset-name", "synthetic", "--num-prompts", 24, "--output-len", 6, "--concurrency", 4,
-              *FAST, "--result-csv", csv_path]
+    common = [
+        "--url",
+        url,
+        "--dataset-name",
+        "synthetic",
+        "--num-prompts",
+        24,
+        "--output-len",
+        6,
+        "--concurrency",
+        4,
+        *FAST,
+        "--result-csv",
+        csv_path,
+    ]
     code, doc = run_bench(tmp_path, *common, "--processes", 2, "--warmup", 4, "--goodput", "ttft:2000", "e2el:5000")
     assert code == 0
     m = doc["metrics"]
@@ -202,8 +285,21 @@ def test_processes_warmup_csv_goodput_and_retokenizing(url, tmp_path):
 @needs_server
 @pytest.mark.triton
 def test_ignore_eos_enforces_output_length(url, tmp_path):
-    base = ["--url", url, "--dataset-name", "synthetic", "--num-prompts", 6, "--output-len", 8, "--concurrency", 3, *FAST,
-            "--request-param", "natural_length=3"]
+    base = [
+        "--url",
+        url,
+        "--dataset-name",
+        "synthetic",
+        "--num-prompts",
+        6,
+        "--output-len",
+        8,
+        "--concurrency",
+        3,
+        *FAST,
+        "--request-param",
+        "natural_length=3",
+    ]
     _, free = run_bench(tmp_path, *base, name="free.json")
     code, forced = run_bench(tmp_path, *base, "--ignore-eos", name="forced.json")
     assert code == 0
@@ -214,6 +310,7 @@ def test_ignore_eos_enforces_output_length(url, tmp_path):
     # default does not send it: some models fail a request on a parameter they do not know
     assert "final_counts_only" not in forced["config"]["request"]["parameters"], forced["config"]["request"]
     from launcher.client import honoured_parameters
+
     assert honoured_parameters(url, "timed") == frozenset() == honoured_parameters(url, "no_such_model")
 
 
@@ -238,16 +335,33 @@ def test_closed_loop_client_processes_share_one_queue_of_requests(url):
     assert {r.client for r in recs.values()} == {0, 1}
     assert recs[2].client == recs[1].client != recs[0].client, {i: r.client for i, r in recs.items()}
     # a paced run still deals request i to process i % 2 (each sends its share of one arrival schedule)
-    paced = run_load(Job(url, "timed", gens, LoadSpec(request_rate=200.0, num_requests=8, processes=2),
-                         parameters=params))
+    paced = run_load(
+        Job(url, "timed", gens, LoadSpec(request_rate=200.0, num_requests=8, processes=2), parameters=params)
+    )
     assert [(i, r.client) for i, r in paced.records] == [(i, i % 2) for i in range(8)]
 
 
 @needs_server
 @pytest.mark.triton
 def test_compare_prints_speedup_table(url, tmp_path, capsys):
-    code, doc = run_bench(tmp_path, "--url", url, "--model", "timed", "--dataset-name", "synthetic", "--num-prompts", 10,
-                          "--output-len", 4, "--concurrency", 5, *FAST, "--compare", f"grpc://{url},timed")
+    code, doc = run_bench(
+        tmp_path,
+        "--url",
+        url,
+        "--model",
+        "timed",
+        "--dataset-name",
+        "synthetic",
+        "--num-prompts",
+        10,
+        "--output-len",
+        4,
+        "--concurrency",
+        5,
+        *FAST,
+        "--compare",
+        f"grpc://{url},timed",
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "Identity test: speedup of B over A" in out and "Output throughput (tok/s)" in out
@@ -259,7 +373,18 @@ def test_compare_prints_speedup_table(url, tmp_path, capsys):
 def test_unreachable_server_is_a_setup_error(tmp_path, capsys):
     from launcher.testing.serve import free_port
 
-    code, doc = run_bench(tmp_path, "--url", f"127.0.0.1:{free_port()}", "--model", "x", "--dataset-name", "synthetic",
-                          "--num-prompts", 2, "--concurrency", 1)
+    code, doc = run_bench(
+        tmp_path,
+        "--url",
+        f"127.0.0.1:{free_port()}",
+        "--model",
+        "x",
+        "--dataset-name",
+        "synthetic",
+        "--num-prompts",
+        2,
+        "--concurrency",
+        1,
+    )
     assert code == 2 and doc is None
     assert "cannot connect" in capsys.readouterr().err

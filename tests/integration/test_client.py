@@ -26,15 +26,23 @@ def url(tmp_path_factory):
     from launcher.testing.serve import make_repository, serve
 
     # inter-token gap long enough to see the CLI print tokens one at a time
-    repo = make_repository(tmp_path_factory.mktemp("client") / "repo", {"timed": {"first_token_delay_ms": 5, "inter_token_delay_ms": 60}})
+    repo = make_repository(
+        tmp_path_factory.mktemp("client") / "repo", {"timed": {"first_token_delay_ms": 5, "inter_token_delay_ms": 60}}
+    )
     with serve(repo) as address:
         yield address
 
 
 def client(*args, timeout=60, **kw):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "launcher.client", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=kw.get("cwd", ROOT))
+    return subprocess.run(
+        [sys.executable, "-m", "launcher.client", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=kw.get("cwd", ROOT),
+    )
 
 
 # --------------------------------------------------------------------------- CLI against tritonserver
@@ -66,11 +74,17 @@ def test_stream_reads_text_wherever_the_final_response_puts_it():
     def text(t):
         return ("text_output", "BYTES", struct.pack("<I", len(t)) + t)
 
-    counts = [("finish_reason", "BYTES", struct.pack("<I", 6) + b"length"),
-              ("input_tokens", "INT32", struct.pack("<i", 5)), ("output_tokens", "INT32", struct.pack("<i", 3))]
+    counts = [
+        ("finish_reason", "BYTES", struct.pack("<I", 6) + b"length"),
+        ("input_tokens", "INT32", struct.pack("<i", 5)),
+        ("output_tokens", "INT32", struct.pack("<i", 3)),
+    ]
     stream = object.__new__(TritonStream)  # the receive loop alone: no channel
-    stream._responses = [response([text(b"a")], False), response([text(b"b")], False),
-                         response(counts + [text(b"c")], True)]
+    stream._responses = [
+        response([text(b"a")], False),
+        response([text(b"b")], False),
+        response(counts + [text(b"c")], True),
+    ]
     stream._pending, stream._on_done, stream._dead = {}, None, ""
     stream._outbox, stream._cond, stream.url = queue.Queue(), threading.Condition(), "test"
     rec = stream._pending["r1"] = StreamRecord("r1")
@@ -82,9 +96,35 @@ def test_stream_reads_text_wherever_the_final_response_puts_it():
 
 def test_cli_streams_tokens_as_they_arrive(url):
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-m", "launcher.client", "--url", f"grpc://{url}", "--prompt", "I am going to",
-                             "--max-tokens", "8", "--temperature", "0.7", "--top-p", "0.9", "--top-k", "5", "--seed", "1",
-                             "--stop", "END", "--min-tokens", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=ROOT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "launcher.client",
+            "--url",
+            f"grpc://{url}",
+            "--prompt",
+            "I am going to",
+            "--max-tokens",
+            "8",
+            "--temperature",
+            "0.7",
+            "--top-p",
+            "0.9",
+            "--top-k",
+            "5",
+            "--seed",
+            "1",
+            "--stop",
+            "END",
+            "--min-tokens",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+    )
     arrivals = []
     out = b""
     while True:
@@ -120,8 +160,19 @@ def test_cli_server_error_exits_1(url):
 def test_cli_prompts_file_writes_results_in_order(url, tmp_path):
     prompts = [f"prompt {i} " + "word " * (i % 4) for i in range(12)]
     (tmp_path / "prompts.txt").write_text("\n".join(prompts) + "\n\n")
-    r = client("--url", url, "--prompts-file", "prompts.txt", "--output", "results.txt", "--concurrency", "6",
-               "--max-tokens", "2", cwd=tmp_path)
+    r = client(
+        "--url",
+        url,
+        "--prompts-file",
+        "prompts.txt",
+        "--output",
+        "results.txt",
+        "--concurrency",
+        "6",
+        "--max-tokens",
+        "2",
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert "Loading inputs from `prompts.txt`" in r.stderr and "PASS" in r.stderr
     blocks = (tmp_path / "results.txt").read_text().split("\n\n=========\n\n")
@@ -132,7 +183,9 @@ def test_cli_prompts_file_writes_results_in_order(url, tmp_path):
 @pytest.mark.triton
 def test_cli_prompts_file_with_failures_exits_1(url, tmp_path):
     (tmp_path / "prompts.txt").write_text("fine\nan ERROR here\nalso fine\n")
-    r = client("--url", url, "--prompts-file", tmp_path / "prompts.txt", "--output", tmp_path / "out.txt", "--max-tokens", "1")
+    r = client(
+        "--url", url, "--prompts-file", tmp_path / "prompts.txt", "--output", tmp_path / "out.txt", "--max-tokens", "1"
+    )
     assert r.returncode == 1 and "1 of 3 requests failed" in r.stderr
     assert "[error: timed: injected failure" in (tmp_path / "out.txt").read_text()
 
@@ -142,16 +195,29 @@ def test_library_records_every_response_and_empty_final(url):
     from launcher.client import generate, generate_many
 
     rec = generate(url, "timed", Generation("a b c d", max_tokens=4), parameters={"inter_token_delay_ms": 1})
-    assert (rec.text, rec.input_tokens, rec.output_tokens, rec.finish_reason, rec.error) == (" w0 w1 w2 w3", 4, 4, "length", "")
+    assert (rec.text, rec.input_tokens, rec.output_tokens, rec.finish_reason, rec.error) == (
+        " w0 w1 w2 w3",
+        4,
+        4,
+        "length",
+        "",
+    )
     assert len(rec.times) == 4 and rec.times == sorted(rec.times) and rec.times[0] > rec.sent
     # sent: stamped again by gRPC's sending thread as it took the request, after submit() queued it
     assert 0 < rec.queued < rec.sent
     # the final flag alone: one more (empty) response; counts come from the last token's response
-    rec = generate(url, "timed", Generation("a b", max_tokens=3), parameters={"inter_token_delay_ms": 1, "separate_final": True})
+    rec = generate(
+        url, "timed", Generation("a b", max_tokens=3), parameters={"inter_token_delay_ms": 1, "separate_final": True}
+    )
     assert len(rec.times) == 4 and rec.chunks[-1] == b"" and len(rec.token_times) == 3
     assert (rec.output_tokens, rec.finish_reason) == (3, "length")
-    recs = generate_many(url, "timed", [Generation(f"p {i}", max_tokens=2) for i in range(10)] + [Generation("ERROR", 2)],
-                         concurrency=4, parameters={"inter_token_delay_ms": 1})
+    recs = generate_many(
+        url,
+        "timed",
+        [Generation(f"p {i}", max_tokens=2) for i in range(10)] + [Generation("ERROR", 2)],
+        concurrency=4,
+        parameters={"inter_token_delay_ms": 1},
+    )
     assert [r.request_id for r in recs] == [str(i) for i in range(11)]
     assert all(r.output_tokens == 2 for r in recs[:10]) and "injected failure" in recs[10].error
 
@@ -191,8 +257,9 @@ def test_responder_resends_kept_tensors_with_their_own_text(tmp_path):
         pytest.skip("needs nvidia-pytriton (tritonserver)")
     from launcher.testing.serve import make_repository, serve
 
-    repo = make_repository(tmp_path / "repo", {"emitter": {"responder": "cached", "pieces": 7, "max_texts": 5,
-                                                           "pythonpath": str(ROOT)}})
+    repo = make_repository(
+        tmp_path / "repo", {"emitter": {"responder": "cached", "pieces": 7, "max_texts": 5, "pythonpath": str(ROOT)}}
+    )
     with serve(repo) as address:
         for n in (40, 61):  # the second request resends tensors the first one kept
             _emitter_request(address, n, 7)
@@ -239,14 +306,32 @@ def test_first_response_splits_the_serving_path(tmp_path):
                 assert r["handoff"] > 0, r  # TritonStream: gRPC's sending thread stamps `sent` after submit()
             if v == "inline":
                 assert all(r["hop"] < 1.0 for r in rows), rows  # nothing between parse and answer
-        rec = stream.submit(build_request("first_process", Generation("a b c", 1, temperature=-1.0), "bad"),
-                            StreamRecord("bad"))
+        rec = stream.submit(
+            build_request("first_process", Generation("a b c", 1, temperature=-1.0), "bad"), StreamRecord("bad")
+        )
         stream.wait(rec, timeout=30)
         assert "temperature" in rec.error, rec.error
 
     out = tmp_path / "first.json"
-    assert first_response.main(["--requests", "20", "--warmup", "2", "--rounds", "2", "--variants", "inline,process",
-                                "--clients", "sync,aio", "--json", str(out)]) == 0
+    assert (
+        first_response.main(
+            [
+                "--requests",
+                "20",
+                "--warmup",
+                "2",
+                "--rounds",
+                "2",
+                "--variants",
+                "inline,process",
+                "--clients",
+                "sync,aio",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     doc = json.loads(out.read_text())["variants"]
     assert set(doc) == {"inline", "process", "inline aio", "process aio"}
     assert doc["inline"]["vs_inline"] == 1.0 and doc["inline aio"]["vs_inline"] == 1.0

@@ -28,11 +28,28 @@ class Served:
 
     def __init__(self, tmp_path: Path, *overrides: str):
         ports = [f"serve.{k}={free_port()}" for k in ("grpc_port", "http_port", "metrics_port")]
-        argv = [sys.executable, "-m", "launcher.cli", *ports, f"cluster.jobs_dir={tmp_path}", "serve.drain_timeout_s=10",
-                *overrides]
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-        self.proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, start_new_session=True)
+        argv = [
+            sys.executable,
+            "-m",
+            "launcher.cli",
+            *ports,
+            f"cluster.jobs_dir={tmp_path}",
+            "serve.drain_timeout_s=10",
+            *overrides,
+        ]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        }
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         self.lines: queue.Queue = queue.Queue()
         self.err: list = []
         threading.Thread(target=lambda: [self.lines.put(x) for x in self.proc.stdout], daemon=True).start()
@@ -75,11 +92,19 @@ def test_llmlaunch_with_no_arguments_serves_smollm2_and_it_knows_the_capital_of_
     try:
         said = server.ready(timeout=840)
         folder = next(Path(os.environ["LLMLAUNCH_CACHE"], "models").glob("smollm2-135m-instruct-*"))
-        assert (folder / "chat_template.jinja").exists() or "chat_template" in (folder / "tokenizer_config.json").read_text()
+        assert (folder / "chat_template.jinja").exists() or "chat_template" in (
+            folder / "tokenizer_config.json"
+        ).read_text()
         assert any("SmolLM2-135M-Instruct" in line for line in server.err), "".join(server.err[-10:])
+        # the shape tp and pp are checked against before the model is made (launcher/models/smollm2.py SHAPE)
+        from launcher.models.smollm2 import SHAPE
+
+        cfg = json.loads((folder / "config.json").read_text())
+        assert {k: cfg[k] for k in SHAPE} == SHAPE
         tok = AutoTokenizer.from_pretrained(folder)
-        prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                         add_generation_prompt=True, tokenize=False)
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True, tokenize=False
+        )
         rec = generate(said["endpoint"], said["model"], Generation(prompt=prompt, max_tokens=24, stream=True))
         assert not rec.error, rec.error
         assert "Paris" in rec.text, rec.text
@@ -98,9 +123,18 @@ def test_the_printed_bench_command_runs_and_sends_prompts_of_the_served_tokens(t
         said = server.ready(timeout=360)
         argv = shlex.split(said["bench"])
         out = tmp_path / "bench.json"
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
-        run = subprocess.run([*argv, "--no-progress", "--result-json", str(out)], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=400)
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        }
+        run = subprocess.run(
+            [*argv, "--no-progress", "--result-json", str(out)],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=400,
+        )
         assert run.returncode == 0, run.stderr[-3000:]
         assert "Serving Benchmark Result" in run.stdout
         assert f"token lengths with {tiny_model_dir}" in run.stderr  # found from the served model's config

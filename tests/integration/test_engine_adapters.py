@@ -43,8 +43,14 @@ def engine(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(name)
     repo = write_repository(repository_files(spec), tmp / "repo")
     log = tmp / "calls.jsonl"
-    env = {"LLMLAUNCH_STANDIN_LOG": str(log), "LLMLAUNCH_STANDIN_DELAY_S": "0.01", **(MPI_RANK_ENV if name == "trtllm" else {})}
-    with serve(repo, [spec.model_name], tmp / "server.log", spec.model_name, extra_env=env, pythonpath=[STANDINS]) as server:
+    env = {
+        "LLMLAUNCH_STANDIN_LOG": str(log),
+        "LLMLAUNCH_STANDIN_DELAY_S": "0.01",
+        **(MPI_RANK_ENV if name == "trtllm" else {}),
+    }
+    with serve(
+        repo, [spec.model_name], tmp / "server.log", spec.model_name, extra_env=env, pythonpath=[STANDINS]
+    ) as server:
         server.name, server.model, server.calls, server.spec = name, spec.model_name, log, spec
         yield server
 
@@ -76,14 +82,26 @@ def test_engine_started_with_the_launch_spec(engine):
     assert len(init) == 1
     args = init[0]["args"]
     if engine.name == "vllm":  # model.json rendered by the registry
-        assert args["model"] == "/models/standin-llm" and args["tensor_parallel_size"] == 1 and args["max_num_seqs"] == 8
+        assert (
+            args["model"] == "/models/standin-llm" and args["tensor_parallel_size"] == 1 and args["max_num_seqs"] == 8
+        )
         assert args["distributed_executor_backend"] == "mp" and args["enable_log_requests"] is False
     elif engine.name == "sglang":
-        assert args["model_path"] == "/models/standin-llm" and args["tp_size"] == 1 and args["nnodes"] == 1 and args["max_running_requests"] == 8
+        assert (
+            args["model_path"] == "/models/standin-llm"
+            and args["tp_size"] == 1
+            and args["nnodes"] == 1
+            and args["max_running_requests"] == 8
+        )
         assert init[0]["thread"] == "sglang-loop"  # built on the runtime's loop thread, so it binds to that loop
     elif engine.name == "trtllm":  # model.yaml rendered by launcher/engines/trtllm/llmapi.py
-        assert (args["model"], args["backend"], args["tensor_parallel_size"], args["pipeline_parallel_size"], args["max_batch_size"]) == \
-            ("/models/standin-llm", "pytorch", 1, 1, 8)
+        assert (
+            args["model"],
+            args["backend"],
+            args["tensor_parallel_size"],
+            args["pipeline_parallel_size"],
+            args["max_batch_size"],
+        ) == ("/models/standin-llm", "pytorch", 1, 1, 8)
         assert args["kv_cache_config"] == {"free_gpu_memory_fraction": 0.9} and "gpus_per_node" not in args
         assert init[0]["mpi_env"] == []  # left the job's MPI world before TensorRT-LLM loaded
     else:
@@ -101,9 +119,13 @@ def test_streaming_sends_pieces_in_order(engine):
     assert "".join(r["text_output"] for r in responses) == " t0 t1 t2 t3 t4"
     counts = [r["output_tokens"] for r in responses]
     assert counts == sorted(counts) and counts[0] >= 1 and counts[-1] == 5
-    assert all(r["output_tokens"] == r["text_output"].count(" t") + sum(p["text_output"].count(" t") for p in responses[:i])
-               for i, r in enumerate(responses))
-    assert [r["finish_reason"] for r in responses[:-1]] == [""] * (len(responses) - 1) and responses[-1]["finish_reason"] == "length"
+    assert all(
+        r["output_tokens"] == r["text_output"].count(" t") + sum(p["text_output"].count(" t") for p in responses[:i])
+        for i, r in enumerate(responses)
+    )
+    assert [r["finish_reason"] for r in responses[:-1]] == [""] * (len(responses) - 1) and responses[-1][
+        "finish_reason"
+    ] == "length"
     assert all(r["input_tokens"] == 10 for r in responses[1:])
 
 
@@ -135,25 +157,71 @@ def test_ignore_eos_and_stop_words(engine):
 
 def test_contract_sampling_inputs_reach_the_engine(engine):
     prompt = "sampling check prompt"
-    generate(engine, prompt, max_tokens=4, stream=False, temperature=0.5, top_k=0, top_p=0.9, random_seed=7, min_length=2,
-             repetition_penalty=1.1, stop_words=["zz"], end_id=5)
+    generate(
+        engine,
+        prompt,
+        max_tokens=4,
+        stream=False,
+        temperature=0.5,
+        top_k=0,
+        top_p=0.9,
+        random_seed=7,
+        min_length=2,
+        repetition_penalty=1.1,
+        stop_words=["zz"],
+        end_id=5,
+    )
     s = last_generate(engine, prompt)["sampling"]
     if engine.name == "vllm":
-        assert (s["max_tokens"], s["min_tokens"], s["temperature"], s["top_k"], s["seed"], s["stop"], s["stop_token_ids"], s["output_kind"]) == \
-            (4, 2, 0.5, -1, 7, ["zz"], [5], "DELTA")
+        assert (
+            s["max_tokens"],
+            s["min_tokens"],
+            s["temperature"],
+            s["top_k"],
+            s["seed"],
+            s["stop"],
+            s["stop_token_ids"],
+            s["output_kind"],
+        ) == (4, 2, 0.5, -1, 7, ["zz"], [5], "DELTA")
         assert s["top_p"] == pytest.approx(0.9) and s["repetition_penalty"] == pytest.approx(1.1)
     elif engine.name == "trtllm":
-        assert (s["max_tokens"], s["min_tokens"], s["temperature"], s["top_k"], s["seed"], s["stop"], s["stop_token_ids"], s["n"]) == \
-            (4, 2, 0.5, None, 7, ["zz"], [5], 1)
-        assert s["top_p"] == pytest.approx(0.9) and s["repetition_penalty"] == pytest.approx(1.1) and s["ignore_eos"] is False
+        assert (
+            s["max_tokens"],
+            s["min_tokens"],
+            s["temperature"],
+            s["top_k"],
+            s["seed"],
+            s["stop"],
+            s["stop_token_ids"],
+            s["n"],
+        ) == (4, 2, 0.5, None, 7, ["zz"], [5], 1)
+        assert (
+            s["top_p"] == pytest.approx(0.9)
+            and s["repetition_penalty"] == pytest.approx(1.1)
+            and s["ignore_eos"] is False
+        )
     elif engine.name == "sglang":
-        assert (s["max_new_tokens"], s["min_new_tokens"], s["temperature"], s["top_k"], s["sampling_seed"], s["stop"], s["stop_token_ids"]) == \
-            (4, 2, 0.5, -1, 7, ["zz"], [5])
+        assert (
+            s["max_new_tokens"],
+            s["min_new_tokens"],
+            s["temperature"],
+            s["top_k"],
+            s["sampling_seed"],
+            s["stop"],
+            s["stop_token_ids"],
+        ) == (4, 2, 0.5, -1, 7, ["zz"], [5])
         assert s["top_p"] == pytest.approx(0.9)
     else:
         # stop strings are matched by the adapter, in the text (LMDeploy's own stop_words match tokens)
-        assert (s["max_new_tokens"], s["min_new_tokens"], s["do_sample"], s["temperature"], s["random_seed"], s["stop_words"], s["stop_token_ids"]) == \
-            (4, 2, True, 0.5, 7, None, [5])
+        assert (
+            s["max_new_tokens"],
+            s["min_new_tokens"],
+            s["do_sample"],
+            s["temperature"],
+            s["random_seed"],
+            s["stop_words"],
+            s["stop_token_ids"],
+        ) == (4, 2, True, 0.5, 7, None, [5])
         assert s["top_p"] == pytest.approx(0.9) and s["repetition_penalty"] == pytest.approx(1.1)
 
 
@@ -170,11 +238,28 @@ def test_trtllm_greedy_bad_words_and_penalties_map_to_sampling_params(engine):
     if engine.name != "trtllm":
         pytest.skip("TensorRT-LLM's SamplingParams")
     prompt = "greedy trtllm"
-    responses, error = generate(engine, prompt, max_tokens=3, stream=False, ignore_eos=True, bad_words=["nope"],
-                                presence_penalty=0.5, frequency_penalty=0.25, seed=11, top_k=5)
+    responses, error = generate(
+        engine,
+        prompt,
+        max_tokens=3,
+        stream=False,
+        ignore_eos=True,
+        bad_words=["nope"],
+        presence_penalty=0.5,
+        frequency_penalty=0.25,
+        seed=11,
+        top_k=5,
+    )
     assert error is None and responses[0]["output_tokens"] == 3
     s = last_generate(engine, prompt)["sampling"]
-    assert (s["top_k"], s["temperature"], s["top_p"], s["bad"], s["ignore_eos"], s["seed"]) == (1, None, None, ["nope"], True, 11)
+    assert (s["top_k"], s["temperature"], s["top_p"], s["bad"], s["ignore_eos"], s["seed"]) == (
+        1,
+        None,
+        None,
+        ["nope"],
+        True,
+        11,
+    )
     assert (s["presence_penalty"], s["frequency_penalty"], s["repetition_penalty"]) == (0.5, 0.25, None)
 
 
@@ -187,7 +272,9 @@ def test_lmdeploy_greedy_keeps_the_repetition_penalty_and_refusals_are_clear(eng
     responses, error = generate(engine, prompt, max_tokens=3, stream=False, repetition_penalty=1.3)
     assert error is None and responses[0]["output_tokens"] == 3
     s = last_generate(engine, prompt)["sampling"]
-    assert (s["do_sample"], s["top_k"], s["temperature"]) == (True, 1, 1.0) and s["repetition_penalty"] == pytest.approx(1.3)
+    assert (s["do_sample"], s["top_k"], s["temperature"]) == (True, 1, 1.0) and s[
+        "repetition_penalty"
+    ] == pytest.approx(1.3)
     prompt = "plain greedy"
     generate(engine, prompt, max_tokens=2, stream=False)
     s = last_generate(engine, prompt)["sampling"]
@@ -256,7 +343,9 @@ def test_unload_calls_finalize_which_shuts_the_engine_down(engine):
         c.unload_model(engine.model)
     finally:
         c.close()
-    assert wait_for(lambda: events(engine, "shutdown"), timeout=30), f"{engine.name}: finalize did not shut the engine down"
+    assert wait_for(lambda: events(engine, "shutdown"), timeout=30), (
+        f"{engine.name}: finalize did not shut the engine down"
+    )
 
 
 def test_sglang_worker_node_hosts_its_engine_share_and_takes_no_requests(tmp_path):
@@ -268,14 +357,30 @@ def test_sglang_worker_node_hosts_its_engine_share_and_takes_no_requests(tmp_pat
     _, spec = plan(["cluster=slurm", "engine=sglang", "tp=16", "nodes=2", "model.path=/models/standin-llm"])
     repo = write_repository(repository_files(spec), tmp_path / "repo")
     log = tmp_path / "calls.jsonl"
-    env = {"LLMLAUNCH_STANDIN_LOG": str(log), "_LLMLAUNCH_GROUP_RANK": "1", "_LLMLAUNCH_GROUP_SIZE": "2",
-           "_LLMLAUNCH_LEADER_ADDR": "10.0.0.1", "_LLMLAUNCH_DIST_PORT": "29555"}
-    with serve(repo, ["sglang_model"], tmp_path / "server.log", "sglang_model", extra_env=env, ready_timeout_s=60,
-               pythonpath=[STANDINS]) as server:
+    env = {
+        "LLMLAUNCH_STANDIN_LOG": str(log),
+        "_LLMLAUNCH_GROUP_RANK": "1",
+        "_LLMLAUNCH_GROUP_SIZE": "2",
+        "_LLMLAUNCH_LEADER_ADDR": "10.0.0.1",
+        "_LLMLAUNCH_DIST_PORT": "29555",
+    }
+    with serve(
+        repo,
+        ["sglang_model"],
+        tmp_path / "server.log",
+        "sglang_model",
+        extra_env=env,
+        ready_timeout_s=60,
+        pythonpath=[STANDINS],
+    ) as server:
         server.model, server.calls = "sglang_model", log
         (init,) = events(server, "init")
-        assert (init["args"]["nnodes"], init["args"]["node_rank"], init["args"]["dist_init_addr"], init["args"]["tp_size"]) == \
-            (2, 1, "10.0.0.1:29555", 16)
+        assert (
+            init["args"]["nnodes"],
+            init["args"]["node_rank"],
+            init["args"]["dist_init_addr"],
+            init["args"]["tp_size"],
+        ) == (2, 1, "10.0.0.1:29555", 16)
         _, error = generate(server, "hello", max_tokens=3)
         assert error is not None and "takes no requests" in str(error)
     assert events(server, "shutdown")
@@ -288,17 +393,38 @@ def test_trtllm_llm_args_reach_model_yaml_and_unknown_keys_are_refused(tmp_path)
     from launcher.render import repository_files
     from tests.standins.server import STANDINS, serve, write_repository
 
-    _, spec = plan(["engine=trtllm", "model.path=/models/standin-llm", "+engine.llm_args.enable_chunked_prefill=true",
-                    "+engine.llm_args.max_batch_size=4", "+engine.llm_args.no_such_arg=1"])
+    _, spec = plan(
+        [
+            "engine=trtllm",
+            "model.path=/models/standin-llm",
+            "+engine.llm_args.enable_chunked_prefill=true",
+            "+engine.llm_args.max_batch_size=4",
+            "+engine.llm_args.no_such_arg=1",
+        ]
+    )
     files = repository_files(spec)
-    assert "enable_chunked_prefill: true" in files["tensorrt_llm/1/model.yaml"] and "max_batch_size: 4" in files["tensorrt_llm/1/model.yaml"]
+    assert (
+        "enable_chunked_prefill: true" in files["tensorrt_llm/1/model.yaml"]
+        and "max_batch_size: 4" in files["tensorrt_llm/1/model.yaml"]
+    )
     repo = write_repository(files, tmp_path / "repo")
-    with pytest.raises(Exception):
-        with serve(repo, [spec.model_name], tmp_path / "server.log", spec.model_name, ready_timeout_s=60,
-                   extra_env={"LLMLAUNCH_STANDIN_LOG": str(tmp_path / "calls.jsonl")}, pythonpath=[STANDINS]):
+    with pytest.raises((RuntimeError, TimeoutError)):  # the model's load fails: the server never gets READY
+        with serve(
+            repo,
+            [spec.model_name],
+            tmp_path / "server.log",
+            spec.model_name,
+            ready_timeout_s=60,
+            extra_env={"LLMLAUNCH_STANDIN_LOG": str(tmp_path / "calls.jsonl")},
+            pythonpath=[STANDINS],
+        ):
             pass
     text = (tmp_path / "server.log").read_text()
-    assert "tensorrt_llm.LLM takes no ['no_such_arg']" in text and "enable_chunked_prefill" in text and "valid keys:" in text, text[-2000:]
+    assert (
+        "tensorrt_llm.LLM takes no ['no_such_arg']" in text
+        and "enable_chunked_prefill" in text
+        and "valid keys:" in text
+    ), text[-2000:]
 
 
 def test_vllm_front_ends_share_one_engine_core(tmp_path):
@@ -314,8 +440,9 @@ def test_vllm_front_ends_share_one_engine_core(tmp_path):
     log = tmp_path / "calls.jsonl"
     # the core takes a second to load: the other front ends wait for it
     env = {"LLMLAUNCH_STANDIN_LOG": str(log), "LLMLAUNCH_STANDIN_DELAY_S": "0.01", "LLMLAUNCH_STANDIN_CORE_LOAD_S": "1"}
-    with serve(repo, [spec.model_name], tmp_path / "server.log", spec.model_name, extra_env=env,
-               pythonpath=[STANDINS]) as server:
+    with serve(
+        repo, [spec.model_name], tmp_path / "server.log", spec.model_name, extra_env=env, pythonpath=[STANDINS]
+    ) as server:
         server.model, server.calls = spec.model_name, log
         (launch,) = events(server, "launch_core")
         assert launch["clients"] == 3 and launch["api_process_rank"] == 0
@@ -335,7 +462,10 @@ def test_vllm_front_ends_share_one_engine_core(tmp_path):
     assert "vLLM's engine core stopped" in text or events(server, "core_shutdown"), text[-2000:]
     assert "stopping this tritonserver so the launcher sees the rank fail" not in text
     (started,) = events(server, "core_started")
-    assert not os.path.exists(f"/proc/{started['core_pid']}") or open(f"/proc/{started['core_pid']}/stat").read().split()[2] == "Z"
+    assert (
+        not os.path.exists(f"/proc/{started['core_pid']}")
+        or open(f"/proc/{started['core_pid']}/stat").read().split()[2] == "Z"
+    )
 
 
 def test_vllm_front_ends_fail_together_when_the_engine_core_fails(tmp_path):
@@ -346,11 +476,17 @@ def test_vllm_front_ends_fail_together_when_the_engine_core_fails(tmp_path):
     _, spec = plan(["engine=vllm", "model.path=/models/standin-llm", "engine.frontends=2"])
     repo = write_repository(repository_files(spec), tmp_path / "repo")
     env = {"LLMLAUNCH_STANDIN_CORE_FAIL": "CUDA out of memory (stand-in)"}
-    with pytest.raises(Exception):
-        with serve(repo, [spec.model_name], tmp_path / "server.log", spec.model_name, extra_env=env,
-                   ready_timeout_s=60, pythonpath=[STANDINS]):
+    with pytest.raises((RuntimeError, TimeoutError)):  # the model's load fails: the server never gets READY
+        with serve(
+            repo,
+            [spec.model_name],
+            tmp_path / "server.log",
+            spec.model_name,
+            extra_env=env,
+            ready_timeout_s=60,
+            pythonpath=[STANDINS],
+        ):
             pass
     text = (tmp_path / "server.log").read_text()
     assert "CUDA out of memory (stand-in)" in text
     assert "the instance that starts the shared engine failed: RuntimeError: CUDA out of memory (stand-in)" in text
-

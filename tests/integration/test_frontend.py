@@ -43,7 +43,11 @@ class Backend:
         self.markers.mkdir(parents=True, exist_ok=True)
         self.repo = make_repository(
             tmp / f"repo_{name}",
-            {"timed": {"inter_token_delay_ms": 2}, "frontend_echo": {"tag": name}, "frontend_marker": {"tag": name, "marker_dir": str(self.markers)}},
+            {
+                "timed": {"inter_token_delay_ms": 2},
+                "frontend_echo": {"tag": name},
+                "frontend_marker": {"tag": name, "marker_dir": str(self.markers)},
+            },
         )
         self.port = port or free_port()
         self.server = None
@@ -53,12 +57,29 @@ class Backend:
 
         install = lt.resolve_tritonserver()
         prefix = f"llfe{os.getpid()}{self.name}{self.port}_"
-        argv = [install.binary, f"--model-repository={self.repo}", f"--backend-config=python,shm-region-prefix-name={prefix}", f"--grpc-port={self.port}", "--allow-http=false", "--allow-metrics=false"]
+        argv = [
+            install.binary,
+            f"--model-repository={self.repo}",
+            f"--backend-config=python,shm-region-prefix-name={prefix}",
+            f"--grpc-port={self.port}",
+            "--allow-http=false",
+            "--allow-metrics=false",
+        ]
         if install.backend_directory:
             argv.append(f"--backend-directory={install.backend_directory}")
         url = f"127.0.0.1:{self.port}"
         log = self.tmp / f"{self.name}.{time.monotonic_ns()}.log"
-        self.server = lt.TritonServer(argv, env=lt.server_env(install), log_path=log, grpc_url=url, model="frontend_echo", ready_timeout_s=180, drain_timeout_s=5, shm_prefix=prefix, probe=False).start()
+        self.server = lt.TritonServer(
+            argv,
+            env=lt.server_env(install),
+            log_path=log,
+            grpc_url=url,
+            model="frontend_echo",
+            ready_timeout_s=180,
+            drain_timeout_s=5,
+            shm_prefix=prefix,
+            probe=False,
+        ).start()
         wait_ready(url, MODELS, self.server.proc, 180, log)
         return self
 
@@ -92,7 +113,16 @@ class Front:
 
         self.backends = list(backends)
         self.port, self.metrics_port = free_port(), free_port()
-        cfg = FrontendConfig([("127.0.0.1", b.port) for b in backends], "127.0.0.1", self.port, self.metrics_port, "frontend_echo", processes, probe_interval, drain_timeout_s=5)
+        cfg = FrontendConfig(
+            [("127.0.0.1", b.port) for b in backends],
+            "127.0.0.1",
+            self.port,
+            self.metrics_port,
+            "frontend_echo",
+            processes,
+            probe_interval,
+            drain_timeout_s=5,
+        )
         self.proc = FrontendProcess(cfg, env=_env())
         self.url = f"127.0.0.1:{self.port}"
 
@@ -159,9 +189,19 @@ def mixed_stream(c, prefix: str, empty_final: bool) -> list:
     got: queue.Queue = queue.Queue()
     c.start_stream(callback=lambda result=None, error=None: got.put((result, error)))
     for i in range(3):
-        c.async_stream_infer("frontend_marker", contract_inputs(f"p {i}", 5), request_id=f"{prefix}{i}", enable_empty_final_response=empty_final,
-                             parameters={"final_apart": True, "inter_token_delay_ms": 1})
-    c.async_stream_infer("frontend_echo", contract_inputs("plain", 1)[:1], request_id=f"{prefix}plain", enable_empty_final_response=empty_final)
+        c.async_stream_infer(
+            "frontend_marker",
+            contract_inputs(f"p {i}", 5),
+            request_id=f"{prefix}{i}",
+            enable_empty_final_response=empty_final,
+            parameters={"final_apart": True, "inter_token_delay_ms": 1},
+        )
+    c.async_stream_infer(
+        "frontend_echo",
+        contract_inputs("plain", 1)[:1],
+        request_id=f"{prefix}plain",
+        enable_empty_final_response=empty_final,
+    )
     c.stop_stream()  # waits for every response
     return [got.get() for _ in range(got.qsize())]
 
@@ -171,7 +211,10 @@ def submit_all(url: str, model: str, ids, max_tokens: int, parameters=None):
     from launcher.client import Generation, TritonStream, build_request
 
     stream = TritonStream(url)
-    recs = [stream.submit(build_request(model, Generation(f"prompt {i}", max_tokens=max_tokens), i, parameters)) for i in ids]
+    recs = [
+        stream.submit(build_request(model, Generation(f"prompt {i}", max_tokens=max_tokens), i, parameters))
+        for i in ids
+    ]
     return stream, recs
 
 
@@ -198,7 +241,7 @@ def backends(backend_pool):
         if code is not None:
             import warnings
 
-            warnings.warn(f"restarting a test replica that exited between tests: {b.describe()}")
+            warnings.warn(f"restarting a test replica that exited between tests: {b.describe()}", stacklevel=2)
             b.stop()
             b.start()
     return backend_pool
@@ -218,7 +261,10 @@ def test_tritonclient_control_and_infer_calls_work_through_it(backends):
             assert not c.is_model_ready("no_such_model")
             meta = c.get_model_metadata("timed", as_json=True)
             assert {i["name"] for i in meta["inputs"]} >= {"text_input", "max_tokens"}
-            assert c.get_model_config("frontend_marker", as_json=True)["config"]["model_transaction_policy"]["decoupled"] is True
+            assert (
+                c.get_model_config("frontend_marker", as_json=True)["config"]["model_transaction_policy"]["decoupled"]
+                is True
+            )
             assert {m["name"] for m in c.get_model_repository_index(as_json=True)["models"]} >= set(MODELS)
             assert c.get_server_metadata(as_json=True)["name"] == "triton"
             # ModelInfer (unary), several times: ties go round robin, so both replicas answer
@@ -261,7 +307,13 @@ def test_64_concurrent_streams_complete_and_replicas_share_the_load(backends):
         # of a busy 2-core machine holds its requests longer and rightly gets fewer (157 / 99 seen in one CI
         # rehearsal), so the bound only rules out a replica left idle or starved
         gens = [Generation(f"prompt number {i}", max_tokens=8) for i in range(64)]
-        job = Job(url=fe.url, model="frontend_marker", gens=gens, spec=LoadSpec(concurrency=64, streams=64, num_requests=256, timeout=300), parameters={"inter_token_delay_ms": 25})
+        job = Job(
+            url=fe.url,
+            model="frontend_marker",
+            gens=gens,
+            spec=LoadSpec(concurrency=64, streams=64, num_requests=256, timeout=300),
+            parameters={"inter_token_delay_ms": 25},
+        )
         recs = [rec for _, rec in run_load(job).records]
         assert len(recs) == 256
         assert [r.error for r in recs if r.error] == []
@@ -270,7 +322,9 @@ def test_64_concurrent_streams_complete_and_replicas_share_the_load(backends):
         per = [m[("llmlaunch_frontend_requests_total", i)] for i in (0, 1)]
         assert sum(per) == 256
         assert min(per) >= 0.3 * 256, f"unfair split {per}"
-        assert m[("llmlaunch_frontend_responses_total", 0)] + m[("llmlaunch_frontend_responses_total", 1)] == 256 * 8  # the last token carries the final flag
+        assert (
+            m[("llmlaunch_frontend_responses_total", 0)] + m[("llmlaunch_frontend_responses_total", 1)] == 256 * 8
+        )  # the last token carries the final flag
         assert [m[("llmlaunch_frontend_in_flight", i)] for i in (0, 1)] == [0, 0]
         assert [m[("llmlaunch_frontend_errors_total", i)] for i in (0, 1)] == [0, 0]
         assert [m[("llmlaunch_frontend_replica_up", i)] for i in (0, 1)] == [1, 1]
@@ -286,8 +340,10 @@ def test_requests_sharing_an_id_on_one_stream_keep_their_responses_apart(backend
         c = grpcclient.InferenceServerClient(fe.url)
         got: queue.Queue = queue.Queue()
         c.start_stream(callback=lambda result=None, error=None: got.put((result, error)))
-        for i in range(6):
-            c.async_stream_infer("frontend_marker", contract_inputs("same id", 5), parameters={"inter_token_delay_ms": 20})
+        for _ in range(6):
+            c.async_stream_infer(
+                "frontend_marker", contract_inputs("same id", 5), parameters={"inter_token_delay_ms": 20}
+            )
         c.stop_stream()
         c.close()
         ids, texts = [], []
@@ -299,7 +355,9 @@ def test_requests_sharing_an_id_on_one_stream_keep_their_responses_apart(backend
         assert len(texts) == 30 and set(ids) == {""}
         # each replica ran 3 whole requests: 3 x tokens 0..4 with its tag
         for tag in ("r0", "r1"):
-            assert sorted(t for t in texts if t.startswith(f" {tag}")) == sorted(f" {tag}{i}" for i in range(5) for _ in range(3))
+            assert sorted(t for t in texts if t.startswith(f" {tag}")) == sorted(
+                f" {tag}{i}" for i in range(5) for _ in range(3)
+            )
         m = fe.metrics()
         assert [m[("llmlaunch_frontend_in_flight", i)] for i in (0, 1)] == [0, 0]
 
@@ -333,12 +391,18 @@ def test_a_stream_mixing_decoupled_and_plain_models_leaves_the_replicas_running(
 def test_cancelling_or_dropping_the_client_stream_cancels_the_backend_requests(backends):
     with Front(backends) as fe:
         # 1. the client cancels its stream: both requests (one per replica) see is_cancelled()
-        stream, recs = submit_all(fe.url, "frontend_marker", ["cancel-a", "cancel-b"], 1000, {"inter_token_delay_ms": 20})
+        stream, recs = submit_all(
+            fe.url, "frontend_marker", ["cancel-a", "cancel-b"], 1000, {"inter_token_delay_ms": 20}
+        )
         until(lambda: all(len(r.times) >= 2 for r in recs), 60, "first responses")
         started = {b.name: b.marked("start") & {"cancel-a", "cancel-b"} for b in backends}
         assert all(len(s) == 1 for s in started.values()), started  # one on each replica
         stream.close(cancel=True)
-        until(lambda: set().union(*(b.marked("cancelled") for b in backends)) >= {"cancel-a", "cancel-b"}, 30, "the models to see the cancellation")
+        until(
+            lambda: set().union(*(b.marked("cancelled") for b in backends)) >= {"cancel-a", "cancel-b"},
+            30,
+            "the models to see the cancellation",
+        )
         # 2. the client process dies without a word: same
         code = (
             "import sys, time; sys.path.insert(0, %r)\n"
@@ -354,7 +418,9 @@ def test_cancelling_or_dropping_the_client_stream_cancels_the_backend_requests(b
         finally:
             client.kill()
             client.wait()
-        until(lambda: any("dropped" in b.marked("cancelled") for b in backends), 30, "the model to see the dropped client")
+        until(
+            lambda: any("dropped" in b.marked("cancelled") for b in backends), 30, "the model to see the dropped client"
+        )
         until(lambda: fe.metrics()[("llmlaunch_frontend_streams_active", None)] == 0, 10, "streams to close")
         m = fe.metrics()
         assert [m[("llmlaunch_frontend_in_flight", i)] for i in (0, 1)] == [0, 0]
@@ -386,18 +452,29 @@ def test_a_replica_dying_fails_its_requests_clearly_and_the_rest_go_to_the_other
             c = grpcclient.InferenceServerClient(fe.url)
             assert c.is_server_live() and not c.is_server_ready()  # not every replica is ready
             # every later request succeeds, on the replica that is left
-            stream, recs = submit_all(fe.url, "frontend_marker", [f"after{i}" for i in range(8)], 5, {"inter_token_delay_ms": 1})
+            stream, recs = submit_all(
+                fe.url, "frontend_marker", [f"after{i}" for i in range(8)], 5, {"inter_token_delay_ms": 1}
+            )
             for r in recs:
                 stream.wait(r, timeout=60)
             stream.close()
             assert [r.error for r in recs if r.error] == []
             assert all(r.text.startswith(" r0") for r in recs)
-            assert all(c.infer("frontend_echo", contract_inputs("u", 1)[:1]).as_numpy("text_output").reshape(-1)[0].startswith(b"r0:") for _ in range(3))
+            assert all(
+                c.infer("frontend_echo", contract_inputs("u", 1)[:1])
+                .as_numpy("text_output")
+                .reshape(-1)[0]
+                .startswith(b"r0:")
+                for _ in range(3)
+            )
             # the replica comes back on its port: the health probe routes to it again
             bs[1].start()
             until(lambda: fe.metrics()[("llmlaunch_frontend_replica_up", 1)] == 1, 30, "replica 1 to be probed up")
             assert c.is_server_ready()
-            tags = {c.infer("frontend_echo", contract_inputs("u", 1)[:1]).as_numpy("text_output").reshape(-1)[0][:2] for _ in range(4)}
+            tags = {
+                c.infer("frontend_echo", contract_inputs("u", 1)[:1]).as_numpy("text_output").reshape(-1)[0][:2]
+                for _ in range(4)
+            }
             assert tags == {b"r0", b"r1"}
             c.close()
     finally:
@@ -435,17 +512,34 @@ def test_worker_processes_share_the_port_and_sum_their_counters(backends):
             "assert not any(r.error for r in recs), [r.error for r in recs]\n"
         ) % (str(ROOT), fe.url)
         first = subprocess.Popen([sys.executable, "-c", code, "wa"])
-        until(lambda: len(set().union(*(b.marked("start") for b in backends)) & {"wa0", "wa1", "wa2"}) == 3, 60, "the first client's requests")
+        until(
+            lambda: len(set().union(*(b.marked("start") for b in backends)) & {"wa0", "wa1", "wa2"}) == 3,
+            60,
+            "the first client's requests",
+        )
         second = subprocess.Popen([sys.executable, "-c", code, "wb"])
         assert [first.wait(120), second.wait(120)] == [0, 0]
         on = [b.marked("start") & {f"w{c}{i}" for c in "ab" for i in range(3)} for b in backends]
         assert [len(x) for x in on] == [3, 3], on
         # separate client processes: separate connections, which the kernel spreads over the workers
-        code = "import sys; sys.path.insert(0, %r)\nfrom launcher.client import Generation, generate\nassert generate(%r, 'timed', Generation('a b', max_tokens=4)).output_tokens == 4\n" % (str(ROOT), fe.url)
+        code = (
+            "import sys; sys.path.insert(0, %r)\nfrom launcher.client import Generation, generate\nassert generate(%r, 'timed', Generation('a b', max_tokens=4)).output_tokens == 4\n"
+            % (str(ROOT), fe.url)
+        )
         clients = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(6)]
         assert [p.wait(120) for p in clients] == [0] * 6
         assert generate(fe.url, "timed", Generation("a b", max_tokens=4)).output_tokens == 4
-        m = until(lambda: (lambda m: m if m[("llmlaunch_frontend_requests_total", 0)] + m[("llmlaunch_frontend_requests_total", 1)] == 13 else None)(fe.metrics()), 10, "the workers' counters")
+        m = until(
+            lambda: (
+                lambda m: (
+                    m
+                    if m[("llmlaunch_frontend_requests_total", 0)] + m[("llmlaunch_frontend_requests_total", 1)] == 13
+                    else None
+                )
+            )(fe.metrics()),
+            10,
+            "the workers' counters",
+        )
         assert m[("llmlaunch_frontend_processes", None)] == 2
 
 
@@ -469,7 +563,9 @@ def test_the_drain_notice_refuses_new_requests_naming_why_while_running_ones_fin
     monkeypatch.setenv(REASON_ENV, reason)
     with Front(backends, processes=processes) as fe:
         stream = TritonStream(fe.url)
-        running = stream.submit(build_request("frontend_marker", Generation("x", max_tokens=40), "run0", {"inter_token_delay_ms": 50}))
+        running = stream.submit(
+            build_request("frontend_marker", Generation("x", max_tokens=40), "run0", {"inter_token_delay_ms": 50})
+        )
         until(lambda: len(running.times) >= 1, 60, "the running request's first response")
         fe.proc.drain_notice()
         time.sleep(1)
@@ -502,13 +598,28 @@ class LocalLaunch:
 
         self.tmp_path = tmp_path
         self.grpc_port, http_port, self.metrics_port = free_port(), free_port(), free_port()
-        argv = [sys.executable, "-c", "from launcher.cli import main; main()", "model=tiny", "replicas=2", f"serve.grpc_port={self.grpc_port}", f"serve.http_port={http_port}",
-                f"serve.metrics_port={self.metrics_port}", f"serve.openai_port={free_port()}", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=300", "serve.drain_timeout_s=10", *overrides]
-        self.proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        argv = [
+            sys.executable,
+            "-c",
+            "from launcher.cli import main; main()",
+            "model=tiny",
+            "replicas=2",
+            f"serve.grpc_port={self.grpc_port}",
+            f"serve.http_port={http_port}",
+            f"serve.metrics_port={self.metrics_port}",
+            f"serve.openai_port={free_port()}",
+            f"cluster.jobs_dir={tmp_path}",
+            "serve.ready_timeout_s=300",
+            "serve.drain_timeout_s=10",
+            *overrides,
+        ]
+        self.proc = subprocess.Popen(
+            argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
         self.lines: queue.Queue = queue.Queue()
         self.err: list = []
-        threading.Thread(target=lambda: [self.lines.put(l) for l in self.proc.stdout], daemon=True).start()
-        threading.Thread(target=lambda: [self.err.append(l) for l in self.proc.stderr], daemon=True).start()
+        threading.Thread(target=lambda: [self.lines.put(ln) for ln in self.proc.stdout], daemon=True).start()
+        threading.Thread(target=lambda: [self.err.append(ln) for ln in self.proc.stderr], daemon=True).start()
 
     def tail(self) -> str:
         return "".join(self.err[-30:])
@@ -572,9 +683,15 @@ def test_a_replica_whose_port_is_taken_before_its_server_binds_it_retries_on_fre
         pytest.skip("needs the nvidia-pytriton wheel's tritonserver")
     taken = tmp_path / "taken"
     wrapper = tmp_path / "tritonserver"
-    wrapper.write_text(_TAKES_A_PORT.format(libs=shlex.quote(inst.env["LD_LIBRARY_PATH"]), taken=shlex.quote(str(taken)),
-                                            python=shlex.quote(sys.executable), binary=shlex.quote(inst.binary),
-                                            backends=shlex.quote(inst.backend_directory)))
+    wrapper.write_text(
+        _TAKES_A_PORT.format(
+            libs=shlex.quote(inst.env["LD_LIBRARY_PATH"]),
+            taken=shlex.quote(str(taken)),
+            python=shlex.quote(sys.executable),
+            binary=shlex.quote(inst.binary),
+            backends=shlex.quote(inst.backend_directory),
+        )
+    )
     wrapper.chmod(0o755)
     job = LocalLaunch(tmp_path, f"cluster.tritonserver={wrapper}")
     try:
@@ -586,7 +703,9 @@ def test_a_replica_whose_port_is_taken_before_its_server_binds_it_retries_on_fre
         assert [r["grpc_port"] for r in ep["replicas"]] == [r["ports"]["grpc_port"] for r in ready]
         assert blocked not in [r["grpc_port"] for r in ep["replicas"]]
         for i in range(4):  # the front end spreads them over both replicas, the one that retried too
-            rec = generate(job.url, ep["model"], Generation(f"The capital of France is {i}", max_tokens=4, ignore_eos=True))
+            rec = generate(
+                job.url, ep["model"], Generation(f"The capital of France is {i}", max_tokens=4, ignore_eos=True)
+            )
             assert not rec.error and rec.output_tokens == 4, rec.error
         job.proc.send_signal(signal.SIGINT)
         assert job.proc.wait(90) == 0, job.tail()
@@ -617,16 +736,24 @@ def test_llmlaunch_replicas_2_on_this_machine_serves_through_the_front_end(tmp_p
         assert [r["grpc_port"] for r in ep["replicas"]] == [r["ports"]["grpc_port"] for r in ready]
         assert ep["metrics_url"] == f"http://127.0.0.1:{job.metrics_port}/metrics"
         for i in range(4):
-            rec = generate(job.url, ep["model"], Generation(f"The capital of France is {i}", max_tokens=6, ignore_eos=True))
+            rec = generate(
+                job.url, ep["model"], Generation(f"The capital of France is {i}", max_tokens=6, ignore_eos=True)
+            )
             assert not rec.error and rec.output_tokens == 6, rec.error
         streamed = generate(job.url, ep["model"], Generation("Merged pieces", max_tokens=48, ignore_eos=True))
-        whole = generate(job.url, ep["model"], Generation("Merged pieces", max_tokens=48, ignore_eos=True, stream=False))
+        whole = generate(
+            job.url, ep["model"], Generation("Merged pieces", max_tokens=48, ignore_eos=True, stream=False)
+        )
         assert not streamed.error and streamed.output_tokens == 48 and streamed.text == whole.text, streamed.error
         # one response a token would be 48; ~0.2 s of generating on this machine makes a few 100 ms pieces
         assert 2 <= len(streamed.token_times) < 24, len(streamed.token_times)
         assert len(whole.token_times) == 1
         text = urllib.request.urlopen(ep["metrics_url"], timeout=10).read().decode()
-        served = [float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith("llmlaunch_frontend_requests_total{")]
+        served = [
+            float(ln.rsplit(" ", 1)[1])
+            for ln in text.splitlines()
+            if ln.startswith("llmlaunch_frontend_requests_total{")
+        ]
         assert served == [3, 3], text
         job.proc.send_signal(signal.SIGINT)
         assert job.proc.wait(90) == 0, job.tail()
@@ -644,7 +771,9 @@ def test_llmlaunch_fails_when_the_front_end_dies(tmp_path, tiny_model_dir):
         assert "rank 0 exited with status" in "".join(job.err), job.tail()
         failure = json.loads((job.run / "failure_rank0.json").read_text())
         assert failure["rank"] == 0 and failure["exit_code"] == -signal.SIGKILL
-        assert "front end exited with status -9 unasked: failing the job" in (job.run / "logs" / "rank0.log").read_text()
+        assert (
+            "front end exited with status -9 unasked: failing the job" in (job.run / "logs" / "rank0.log").read_text()
+        )
     finally:
         job.kill()
     job.assert_nothing_left(ep)
@@ -670,7 +799,9 @@ def test_llmlaunch_fails_when_the_openai_api_dies(tmp_path, tiny_model_dir):
         assert job.proc.wait(90) == 1, job.tail()
         failure = json.loads((job.run / "failure_rank0.json").read_text())
         assert failure["rank"] == 0 and failure["exit_code"] == -signal.SIGKILL
-        assert "OpenAI API exited with status -9 unasked: failing the job" in (job.run / "logs" / "rank0.log").read_text()
+        assert (
+            "OpenAI API exited with status -9 unasked: failing the job" in (job.run / "logs" / "rank0.log").read_text()
+        )
     finally:
         job.kill()
     job.assert_nothing_left(ep)
@@ -687,7 +818,7 @@ def test_llmlaunch_keeps_serving_when_replica_1_is_lost(tmp_path, tiny_model_dir
         os.kill(server_pid(ep["job_id"], 1), signal.SIGKILL)
         lost = job.run / "replica_lost1.json"
         deadline = time.monotonic() + 60
-        while not lost.exists() or not any("replica 1 lost at" in l for l in job.err):
+        while not lost.exists() or not any("replica 1 lost at" in ln for ln in job.err):
             assert job.proc.poll() is None, "llmlaunch ended after losing one replica:\n" + job.tail()
             assert time.monotonic() < deadline, "no replica-lost record or message:\n" + job.tail()
             time.sleep(0.5)
@@ -706,12 +837,22 @@ def test_llmlaunch_keeps_serving_when_replica_1_is_lost(tmp_path, tiny_model_dir
 @pytest.mark.slurm
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (the local Slurm cluster)")
 def test_slurm_replicas_2_nodes_2_one_endpoint(local_slurm, tmp_path):
-    from launcher.schedulers import slurm, slurm_jobs
     from launcher.cli import plan
     from launcher.client import Generation, generate
     from launcher.models import resolve_model
+    from launcher.schedulers import slurm, slurm_jobs
 
-    cfg, spec = plan(["cluster=local_slurm", "engine=hf", "model=tiny", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=240", "replicas=2", "nodes=2"])
+    cfg, spec = plan(
+        [
+            "cluster=local_slurm",
+            "engine=hf",
+            "model=tiny",
+            f"cluster.jobs_dir={tmp_path}",
+            "serve.ready_timeout_s=240",
+            "replicas=2",
+            "nodes=2",
+        ]
+    )
     spec = resolve_model(spec)
     job, run = slurm.submit(spec, str(tmp_path / f"run{time.monotonic_ns()}"))
     try:
@@ -721,7 +862,11 @@ def test_slurm_replicas_2_nodes_2_one_endpoint(local_slurm, tmp_path):
             rec = generate(ep["url"], ep["model"], Generation(f"Hello {i}", max_tokens=5, ignore_eos=True))
             assert not rec.error and rec.output_tokens == 5, rec.error
         text = urllib.request.urlopen(ep["metrics_url"], timeout=10).read().decode()
-        served = [float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith("llmlaunch_frontend_requests_total{")]
+        served = [
+            float(ln.rsplit(" ", 1)[1])
+            for ln in text.splitlines()
+            if ln.startswith("llmlaunch_frontend_requests_total{")
+        ]
         assert served == [2, 2], text
     finally:
         code, msg = slurm_jobs.stop(job.job_id)

@@ -15,8 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from launcher.hf.detok import ByteLevelDecoder, TokenTable, WindowDecoder  # noqa: E402
 from launcher.hf.args import HFEngineArgs  # noqa: E402
+from launcher.hf.detok import ByteLevelDecoder, TokenTable, WindowDecoder  # noqa: E402
 from launcher.hf.engine import Engine, InvalidRequest, SamplingParams  # noqa: E402
 
 PROMPTS = [
@@ -51,7 +51,7 @@ def reference(tiny_model_dir):
         ids = tok(prompt, return_tensors="pt").input_ids
         with torch.inference_mode():
             out = model.generate(ids, max_new_tokens=n, do_sample=False)
-        new = out[0, ids.shape[1]:].tolist()
+        new = out[0, ids.shape[1] :].tolist()
         return new, tok.decode(new, skip_special_tokens=True)
 
     return generate
@@ -159,8 +159,23 @@ def test_which_steps_replay_a_prompt_graph(tiny_model_dir):
     else runs eagerly.  Buckets grow by at most 1.5x; the limit comes from the environment and is checked."""
     from launcher.hf.runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 
-    assert HFModelRunner.prefill_buckets(2048) == [16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536,
-                                                   2048]
+    assert HFModelRunner.prefill_buckets(2048) == [
+        16,
+        24,
+        32,
+        48,
+        64,
+        96,
+        128,
+        192,
+        256,
+        384,
+        512,
+        768,
+        1024,
+        1536,
+        2048,
+    ]
     assert HFModelRunner.prefill_buckets(100) == [16, 24, 32, 48, 64, 96, 100]
     assert HFModelRunner.prefill_buckets(10) == [10] and HFModelRunner.prefill_buckets(0) == []
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_model_len=64)
@@ -168,18 +183,26 @@ def test_which_steps_replay_a_prompt_graph(tiny_model_dir):
     runner.prompt_graphs.limit = 30
 
     def step(*chunks, decode=()):
-        return StepInputs([d for d in decode], [1] * len(decode), [3] * len(decode), list(chunks),
-                          [1] * sum(c.length for c in chunks), SamplingRows())
+        return StepInputs(
+            [d for d in decode],
+            [1] * len(decode),
+            [3] * len(decode),
+            list(chunks),
+            [1] * sum(c.length for c in chunks),
+            SamplingRows(),
+        )
 
     assert runner.prompt_graphs.key_for(step(PrefillChunk(0, 0, 7, True))) == 16
     assert runner.prompt_graphs.key_for(step(PrefillChunk(1, 0, 17, True))) == 24
     assert runner.prompt_graphs.key_for(step(PrefillChunk(1, 0, 30, True))) == 32
-    for eager in (step(PrefillChunk(0, 0, 31, True)),  # past the limit
-                  step(PrefillChunk(0, 0, 7, True), decode=[1]),  # beside a decode row
-                  step(PrefillChunk(0, 0, 7, True), PrefillChunk(1, 0, 5, True)),  # two prompts
-                  step(PrefillChunk(0, 8, 7, True)),  # a later chunk (attends to the cache)
-                  step(PrefillChunk(0, 0, 7, False)),  # a chunk that does not end its prompt
-                  step(decode=[0])):
+    for eager in (
+        step(PrefillChunk(0, 0, 31, True)),  # past the limit
+        step(PrefillChunk(0, 0, 7, True), decode=[1]),  # beside a decode row
+        step(PrefillChunk(0, 0, 7, True), PrefillChunk(1, 0, 5, True)),  # two prompts
+        step(PrefillChunk(0, 8, 7, True)),  # a later chunk (attends to the cache)
+        step(PrefillChunk(0, 0, 7, False)),  # a chunk that does not end its prompt
+        step(decode=[0]),
+    ):
         assert runner.prompt_graphs.key_for(eager) is None
     with pytest.raises(ValueError, match="prefill_graphs=-1 is negative"):
         HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64, prefill_graphs=-1)
@@ -201,8 +224,14 @@ def test_mixed_graph_body_equals_the_eager_step(tiny_model_dir):
         for slot, prompt in ((2, list(range(60, 69))), (0, list(range(30, 34)))):
             runner._run(StepInputs([], [], [], [PrefillChunk(slot, 0, len(prompt), True)], prompt, SamplingRows()))
     prompts = {1: list(range(40, 47)), 3: list(range(80, 85))}
-    step = StepInputs([0, 2], [7, 11], [4, 9], [PrefillChunk(s, 0, len(p), True) for s, p in prompts.items()],
-                      [t for p in prompts.values() for t in p], SamplingRows())
+    step = StepInputs(
+        [0, 2],
+        [7, 11],
+        [4, 9],
+        [PrefillChunk(s, 0, len(p), True) for s, p in prompts.items()],
+        [t for p in prompts.values() for t in p],
+        SamplingRows(),
+    )
     before = [(k.clone(), v.clone()) for k, v in runner.cache]
     with torch.inference_mode():
         eager = runner._run(step)
@@ -214,13 +243,18 @@ def test_mixed_graph_body_equals_the_eager_step(tiny_model_dir):
     assert key == (4, 64, 32)  # rows by slot up to 4 (a power of two), the cache length bucket, 12 tokens in 32
     values, kept, out = runner.mixed_graphs.inputs(step, 4, 32)
     assert values[2][:4] == [0, 4, 2, 4] and values[3][:4] == [5, 1, 10, 1]  # slot rows: padding to the spare slot
-    assert values[3][4:] == [0] * 7 + [1] * 5 + [-1] * 20 and values[2][4 + 12:] == [4] * 20
+    assert values[3][4:] == [0] * 7 + [1] * 5 + [-1] * 20 and values[2][4 + 12 :] == [4] * 20
     assert kept == [0, 1, 2, 3, 10, 15] + [35] * 6 and out == [0, 2, 4, 5]
     for ids in (None, torch.tensor([7, 11])):  # decode tokens from the host, then from the device
         for (k, v), (k0, v0) in zip(runner.cache, before):
             k.copy_(k0), v.copy_(v0)
-        ahead = step if ids is None else StepInputs(step.decode_slots, [0, 0], step.decode_positions, step.prefill,
-                                                    step.prefill_tokens, step.sampling)
+        ahead = (
+            step
+            if ids is None
+            else StepInputs(
+                step.decode_slots, [0, 0], step.decode_positions, step.prefill, step.prefill_tokens, step.sampling
+            )
+        )
         with torch.inference_mode():
             mixed = runner.mixed_graphs.replay(ahead, key, ids)
         torch.testing.assert_close(mixed, eager, rtol=1e-5, atol=1e-5)
@@ -243,8 +277,14 @@ def test_which_steps_replay_a_mixed_graph(tiny_model_dir):
     runner.mixed_graphs.graphs = {(r, 64, t): None for r in (1, 2, 4, 8, 16) for t in (32, 48)}  # as if captured
 
     def step(*chunks, decode=(0,)):
-        return StepInputs(list(decode), [1] * len(decode), [3] * len(decode), list(chunks),
-                          [1] * sum(c.length for c in chunks), SamplingRows())
+        return StepInputs(
+            list(decode),
+            [1] * len(decode),
+            [3] * len(decode),
+            list(chunks),
+            [1] * sum(c.length for c in chunks),
+            SamplingRows(),
+        )
 
     def whole(*lengths):
         return [PrefillChunk(8 + i, 0, n, True) for i, n in enumerate(lengths)]
@@ -253,12 +293,14 @@ def test_which_steps_replay_a_mixed_graph(tiny_model_dir):
     assert runner.mixed_graphs.key_for(step(*whole(7, 30), decode=(2, 5))) == (8, 64, 48)
     assert runner.mixed_graphs.key_for(step(*whole(*[2] * 8), decode=(9,))) == (16, 64, 32)
     assert runner.mixed_prompts_fit([20, 28]) and not runner.mixed_prompts_fit([20, 29])
-    for other in (step(*whole(7), decode=()),  # no decode rows: a prompt or wave graph
-                  step(decode=(0,)),  # no prompt: a decode graph
-                  step(*whole(20, 29)),  # past the limit
-                  step(*whole(*[2] * 9)),  # more prompts than a mixed graph keeps logits for
-                  step(PrefillChunk(8, 4, 7, True)),  # a later chunk (attends to the cache)
-                  step(PrefillChunk(8, 0, 7, False))):  # a chunk that does not end its prompt
+    for other in (
+        step(*whole(7), decode=()),  # no decode rows: a prompt or wave graph
+        step(decode=(0,)),  # no prompt: a decode graph
+        step(*whole(20, 29)),  # past the limit
+        step(*whole(*[2] * 9)),  # more prompts than a mixed graph keeps logits for
+        step(PrefillChunk(8, 4, 7, True)),  # a later chunk (attends to the cache)
+        step(PrefillChunk(8, 0, 7, False)),
+    ):  # a chunk that does not end its prompt
         assert runner.mixed_graphs.key_for(other) is None
     runner.mixed_graphs.graphs.clear()
     assert runner.mixed_graphs.key_for(step(*whole(7))) is None and not runner.mixed_prompts_fit([7])  # none captured
@@ -351,9 +393,10 @@ def test_a_few_prompts_go_alone_through_their_graphs_a_wave_goes_together(tiny_m
         lengths = sorted(len(eng.tokenizer(p).input_ids) for p in PROMPTS[:2])
         if alone:  # each prompt alone, no decode row beside it, queued behind the step running (it needs none of its
             # tokens), then the decode rows' turn queued behind that
-            assert sorted(st[1][0] for st in prompt_steps) == lengths and all(st[0] == 0 and len(st[1]) == 1
-                                                                              for st in prompt_steps)
-            assert steps.ahead[mark:mark + 3] == [True] * 3 and steps[mark + 2] == (3, []), steps[mark:mark + 3]
+            assert sorted(st[1][0] for st in prompt_steps) == lengths and all(
+                st[0] == 0 and len(st[1]) == 1 for st in prompt_steps
+            )
+            assert steps.ahead[mark : mark + 3] == [True] * 3 and steps[mark + 2] == (3, []), steps[mark : mark + 3]
         else:  # both beside the decode row
             assert prompt_steps[0][0] == 1 and sorted(prompt_steps[0][1]) == lengths
         mark, wave = arrive_together(PROMPTS[:2] + PROMPTS[:2] + [PROMPTS[4]], 8)  # 5 > PROMPTS_ALONE_MAX
@@ -380,8 +423,14 @@ def test_wave_graph_padding_equals_the_unpadded_step(tiny_model_dir):
     runner._spare_slots = 1  # as with graphs on: the slot padded rows write to
     runner._allocate_cache(None)
     prompts = {0: list(range(40, 47)), 5: list(range(60, 76)), 2: [90, 91, 92]}  # slot -> prompt (7, 16, 3 tokens)
-    step = StepInputs([], [], [], [PrefillChunk(slot, 0, len(p), True) for slot, p in prompts.items()],
-                      [t for p in prompts.values() for t in p], SamplingRows())
+    step = StepInputs(
+        [],
+        [],
+        [],
+        [PrefillChunk(slot, 0, len(p), True) for slot, p in prompts.items()],
+        [t for p in prompts.values() for t in p],
+        SamplingRows(),
+    )
     with torch.inference_mode():
         unpadded = runner._run(step)
     cache = [(k.clone(), v.clone()) for k, v in runner.cache]
@@ -410,8 +459,17 @@ def test_which_steps_replay_a_wave_graph(tiny_model_dir):
 
     assert HFModelRunner.WAVE_ROWS == (2, 4, 8, 16)
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=16, max_model_len=64)
-    assert runner.wave_graphs.keys(128) == [(2, 16), (2, 24), (2, 32), (2, 48), (2, 64), (4, 16), (4, 24), (4, 32),
-                                        (8, 16)]
+    assert runner.wave_graphs.keys(128) == [
+        (2, 16),
+        (2, 24),
+        (2, 32),
+        (2, 48),
+        (2, 64),
+        (4, 16),
+        (4, 24),
+        (4, 32),
+        (8, 16),
+    ]
     assert runner.wave_rows == ()  # nothing captured off the GPU
     runner.prompt_graphs.graphs = {b: None for b in (16, 24, 32)}  # as if captured
     runner.wave_graphs.graphs = {key: None for key in runner.wave_graphs.keys(128)}
@@ -419,8 +477,14 @@ def test_which_steps_replay_a_wave_graph(tiny_model_dir):
     assert runner.wave_rows == (2, 4, 8)
 
     def step(*chunks, decode=()):
-        return StepInputs([d for d in decode], [1] * len(decode), [3] * len(decode), list(chunks),
-                          [1] * sum(c.length for c in chunks), SamplingRows())
+        return StepInputs(
+            [d for d in decode],
+            [1] * len(decode),
+            [3] * len(decode),
+            list(chunks),
+            [1] * sum(c.length for c in chunks),
+            SamplingRows(),
+        )
 
     def whole(*lengths):
         return [PrefillChunk(i, 0, n, True) for i, n in enumerate(lengths)]
@@ -430,19 +494,22 @@ def test_which_steps_replay_a_wave_graph(tiny_model_dir):
     assert runner.wave_graphs.key_for(step(*whole(7, 5, 20, 3))) == (4, 24)
     assert runner.wave_graphs.key_for(step(*whole(*[9] * 5))) == (8, 16)
     assert runner.wave_graph_key([30, 2]) == (2, 32)
-    for eager in (step(*whole(7)),  # one prompt: its own prompt graph
-                  step(*whole(7, 5), decode=[9]),  # beside a decode row
-                  step(*whole(*[9] * 9)),  # more prompts than the largest wave captured
-                  step(*whole(*[20] * 5)),  # 8 rows of 24 tokens: past the limit of 128, not captured
-                  step(*whole(33, 2)),  # longer than any prompt graph
-                  step(*whole(40, 40)),  # 2 rows of 48 tokens: captured, but longer than the limit of 32
-                  step(PrefillChunk(0, 0, 7, True), PrefillChunk(1, 8, 7, True)),  # a later chunk
-                  step(PrefillChunk(0, 0, 7, True), PrefillChunk(1, 0, 5, False))):  # a chunk that is not the end
+    for eager in (
+        step(*whole(7)),  # one prompt: its own prompt graph
+        step(*whole(7, 5), decode=[9]),  # beside a decode row
+        step(*whole(*[9] * 9)),  # more prompts than the largest wave captured
+        step(*whole(*[20] * 5)),  # 8 rows of 24 tokens: past the limit of 128, not captured
+        step(*whole(33, 2)),  # longer than any prompt graph
+        step(*whole(40, 40)),  # 2 rows of 48 tokens: captured, but longer than the limit of 32
+        step(PrefillChunk(0, 0, 7, True), PrefillChunk(1, 8, 7, True)),  # a later chunk
+        step(PrefillChunk(0, 0, 7, True), PrefillChunk(1, 0, 5, False)),
+    ):  # a chunk that is not the end
         assert runner.wave_graphs.key_for(eager) is None
 
 
-def test_a_wave_of_prompts_goes_in_steps_of_its_own_taking_turns_with_the_decode_rows(tiny_model_dir, reference,
-                                                                                      monkeypatch):
+def test_a_wave_of_prompts_goes_in_steps_of_its_own_taking_turns_with_the_decode_rows(
+    tiny_model_dir, reference, monkeypatch
+):
     """Where wave graphs exist (a GPU), two or more waiting prompts go in steps of prompts only, as many as the
     largest wave graph that fits holds; decode rows sit out such a step, then get one of their own before the next
     wave step.  All of them are queued ahead, behind the step running.  Outputs stay those of generate.  CPU has no
@@ -466,7 +533,7 @@ def test_a_wave_of_prompts_goes_in_steps_of_its_own_taking_turns_with_the_decode
         assert after[2] == (0, lengths[4:]), after[:4]
         # each queued behind the step before, without waiting for its tokens: the waves need none of them, and the
         # decode rows' turn takes the wave's first tokens on the device and the waiting row's last from the host
-        assert steps.ahead[mark:mark + 4] == [True] * 4, steps.ahead[mark:mark + 4]
+        assert steps.ahead[mark : mark + 4] == [True] * 4, steps.ahead[mark : mark + 4]
         expected = [(PROMPTS[3], 40)] + [(p, 8) for p in wave_prompts]
         for (_, outs), (p, n) in zip([first] + wave, expected, strict=True):
             assert [t for o in outs for t in o.token_ids] == reference(p, n)[0]
@@ -512,9 +579,9 @@ def test_prompts_that_fit_a_mixed_graph_go_beside_the_decode_rows(tiny_model_dir
         eng.shutdown()
 
 
-def test_a_failed_step_fails_its_requests_and_the_step_queued_behind_it_and_the_engine_serves_on(tiny_model_dir,
-                                                                                                 reference,
-                                                                                                 monkeypatch):
+def test_a_failed_step_fails_its_requests_and_the_step_queued_behind_it_and_the_engine_serves_on(
+    tiny_model_dir, reference, monkeypatch
+):
     """A wave step launched behind a decode step fails to launch: the decode step's request and the wave's prompts
     end with an error (their steps were scheduled as if both ran); the prompts that were still waiting, and requests
     after, are served as generate serves them.  CPU: the runner is told that waves have graphs, as above."""
@@ -534,10 +601,10 @@ def test_a_failed_step_fails_its_requests_and_the_step_queued_behind_it_and_the_
         first = decoding_request(eng)
         wave_prompts = PROMPTS[:4] + PROMPTS[:3] + [PROMPTS[4]]
         _, wave = arrive_together(wave_prompts, 8)
-        for done, _ in [first] + wave:
-            assert done.wait(60)
+        for finished, _ in [first] + wave:
+            assert finished.wait(60)
         assert len(failed) == 1
-        for done, outs in [first] + wave[:4]:
+        for _, outs in [first] + wave[:4]:
             assert outs[-1].finish_reason == "error" and "device fault" in outs[-1].error
         for (_, outs), p in zip(wave[4:], wave_prompts[4:], strict=True):
             assert [t for o in outs for t in o.token_ids] == reference(p, 8)[0]
@@ -553,21 +620,29 @@ def test_grouped_prefill_equals_one_at_a_time(tiny_model_dir, attn):
     logits and the same cache as each prompt prefilled alone."""
     from launcher.hf.runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 
-    runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=8, max_model_len=64,
-                           attn_implementation=attn)
+    runner = HFModelRunner(
+        str(tiny_model_dir), device="cpu", max_num_seqs=8, max_model_len=64, attn_implementation=attn
+    )
     prompts = [list(range(10, 17)), list(range(30, 35)), list(range(50, 56)), [70, 71], list(range(80, 120))]
 
     def step(chunks_of, decode=()):
         chunks = [PrefillChunk(slot, 0, len(p), True) for slot, p in chunks_of]
-        return StepInputs([d[0] for d in decode], [d[1] for d in decode], [d[2] for d in decode], chunks,
-                          [t for _, p in chunks_of for t in p], SamplingRows())
+        return StepInputs(
+            [d[0] for d in decode],
+            [d[1] for d in decode],
+            [d[2] for d in decode],
+            chunks,
+            [t for _, p in chunks_of for t in p],
+            SamplingRows(),
+        )
 
     def logits_of(st):
         from launcher.hf.attention import tls
         from launcher.hf.step import prepare_step
 
-        ctx, ids, pos, idx = prepare_step(st, runner.device, runner.num_kv_heads, runner.max_model_len, runner.dtype,
-                                          runner.eager)
+        ctx, ids, pos, idx = prepare_step(
+            st, runner.device, runner.num_kv_heads, runner.max_model_len, runner.dtype, runner.eager
+        )
         tls.ctx, tls.cache = ctx, runner.cache
         try:
             with torch.inference_mode():
@@ -627,7 +702,8 @@ def test_compiled_model_equals_generate_and_compiles_only_at_start(tiny_model_di
 
 
 def test_prompts_are_encoded_by_the_backend_with_the_tokenizer_calls_ids_and_fall_back_where_they_could_differ(
-        engine, tiny_model_dir):
+    engine, tiny_model_dir
+):
     """hf_encode.PromptEncoder: a fast tokenizer's prompts go straight to the tokenizers backend's `encode_batch`
     (which gives the GIL up while it encodes, as the tokenizer's call does, without the call's Python around it), and
     the ids are the tokenizer call's.  Where they could differ (truncation set on the backend by
@@ -654,9 +730,11 @@ def test_prompts_are_encoded_by_the_backend_with_the_tokenizer_calls_ids_and_fal
         def __getattr__(self, name):
             attr = getattr(tok._tokenizer, name)
             if name in ("encode", "encode_batch"):
+
                 def call(*a, **kw):
                     used.append(name)
                     return attr(*a, **kw)
+
                 return call
             return attr
 
@@ -684,7 +762,8 @@ def test_prompts_are_encoded_by_the_backend_with_the_tokenizer_calls_ids_and_fal
 
     # the engine's log line names the way prompts take, and why not the backend
     assert f"prompts: tokenizer call ({enc2.why_not})" in describe_features(
-        dict(engine.features, prompt_encode=enc2.why_not))
+        dict(engine.features, prompt_encode=enc2.why_not)
+    )
     assert "prompts: backend encode" in describe_features(engine.features)
 
 
@@ -697,6 +776,7 @@ def test_a_model_that_cannot_be_compiled_still_serves(tiny_model_dir, reference,
     def failing_compile(fn, **kwargs):
         def compiled(*args, **kw):
             raise RuntimeError("InductorError: no working C compiler")
+
         return compiled
 
     monkeypatch.setattr(torch, "compile", failing_compile)
@@ -704,7 +784,8 @@ def test_a_model_that_cannot_be_compiled_still_serves(tiny_model_dir, reference,
     try:
         assert not eng.runner.use_compile
         assert describe_features(eng.features).startswith(
-            "torch_compile failed (RuntimeError: InductorError: no working C compiler), ")
+            "torch_compile failed (RuntimeError: InductorError: no working C compiler), "
+        )
         out = eng.generate(PROMPTS[0], SamplingParams(max_tokens=16), timeout=60)
         assert (out.token_ids, out.text) == reference(PROMPTS[0], 16)
     finally:
@@ -725,8 +806,9 @@ def test_overlapped_steps_give_the_same_outputs(tiny_model_dir):
     the same outputs: greedy, seeded sampling, penalties, a stop string, end_id with min_tokens (where a row
     ends a step early and its extra token must be dropped), and max_tokens of 1, 2 and 3 and one filling the
     context to max_model_len (where a row must not be run past its end)."""
-    engines = {flag: make_engine(tiny_model_dir, device="cpu", max_num_seqs=16, max_model_len=128)
-               for flag in (False, True)}
+    engines = {
+        flag: make_engine(tiny_model_dir, device="cpu", max_num_seqs=16, max_model_len=128) for flag in (False, True)
+    }
     one_at_a_time(engines[False])
     for eng in engines.values():
         eng.start()
@@ -737,16 +819,20 @@ def test_overlapped_steps_give_the_same_outputs(tiny_model_dir):
         first = next(i for i, t in enumerate(ids) if i >= 3 and t not in ids[:i])  # a token new at place >= 3
         end = ids[first]
         requests = [(p, SamplingParams(max_tokens=30)) for p in PROMPTS]
-        requests += [(p, SamplingParams(max_tokens=25, temperature=0.9, top_p=0.9, seed=7 + i))
-                     for i, p in enumerate(PROMPTS[:2])]
-        requests += [(PROMPTS[2], SamplingParams(max_tokens=30, presence_penalty=1.5, frequency_penalty=0.5,
-                                                 ignore_eos=True)),
-                     (PROMPTS[0], SamplingParams(max_tokens=30, ignore_eos=True, stop=(full.text[8:12],))),
-                     # EOS banned for exactly the tokens before `end`'s first place: ends there
-                     (PROMPTS[1], SamplingParams(max_tokens=30, end_id=end, min_tokens=first))]
+        requests += [
+            (p, SamplingParams(max_tokens=25, temperature=0.9, top_p=0.9, seed=7 + i))
+            for i, p in enumerate(PROMPTS[:2])
+        ]
+        requests += [
+            (PROMPTS[2], SamplingParams(max_tokens=30, presence_penalty=1.5, frequency_penalty=0.5, ignore_eos=True)),
+            (PROMPTS[0], SamplingParams(max_tokens=30, ignore_eos=True, stop=(full.text[8:12],))),
+            # EOS banned for exactly the tokens before `end`'s first place: ends there
+            (PROMPTS[1], SamplingParams(max_tokens=30, end_id=end, min_tokens=first)),
+        ]
         requests += [(PROMPTS[3], SamplingParams(max_tokens=n, ignore_eos=True)) for n in (1, 2, 3)]
-        requests += [(PROMPTS[2], SamplingParams(max_tokens=128 - len(ref.tokenizer(PROMPTS[2]).input_ids),
-                                                 ignore_eos=True))]
+        requests += [
+            (PROMPTS[2], SamplingParams(max_tokens=128 - len(ref.tokenizer(PROMPTS[2]).input_ids), ignore_eos=True))
+        ]
         results = {}
         for flag, eng in engines.items():
             runs = [collect(eng, p, params) for p, params in requests]
@@ -755,7 +841,7 @@ def test_overlapped_steps_give_the_same_outputs(tiny_model_dir):
             results[flag] = [(joined(outs), outs[-1].finish_reason) for _, outs in runs]
         assert results[True] == results[False]
         (_, got), reason = results[True][-5]  # the end_id request: ended by its end id, at its first place
-        assert reason == "stop" and got == ids[:first + 1]
+        assert reason == "stop" and got == ids[: first + 1]
         assert all(reason == "length" for _, reason in results[True][-4:])
         assert engines[True].stats.ahead_steps > 0 and engines[False].stats.ahead_steps == 0
     finally:
@@ -770,8 +856,9 @@ def test_overlap_with_arrivals_waiting_requests_and_prompt_chunks(tiny_model_dir
     and the engine stepping one at a time."""
     requests = [(PROMPTS[i % len(PROMPTS)], 4 + (3 * i) % 11) for i in range(12)]
     results = {}
-    engines = {flag: make_engine(tiny_model_dir, device="cpu", max_num_seqs=3, prefill_chunk=6)
-               for flag in (False, True)}
+    engines = {
+        flag: make_engine(tiny_model_dir, device="cpu", max_num_seqs=3, prefill_chunk=6) for flag in (False, True)
+    }
     one_at_a_time(engines[False])
     for eng in engines.values():
         eng.start()
@@ -781,13 +868,14 @@ def test_overlap_with_arrivals_waiting_requests_and_prompt_chunks(tiny_model_dir
             done = threading.Event()
             sent = [0]
 
-            def send():
+            def send(eng=eng, sent=sent):
                 i = sent[0]
                 sent[0] += 1
-                eng.add_request(f"r{i}", requests[i][0], SamplingParams(max_tokens=requests[i][1]),
-                                lambda o, i=i: on_output(i, o))
+                eng.add_request(
+                    f"r{i}", requests[i][0], SamplingParams(max_tokens=requests[i][1]), lambda o, i=i: on_output(i, o)
+                )
 
-            def on_output(i, o):
+            def on_output(i, o, outs=outs, sent=sent, send=send, done=done):
                 outs[i].append(o)
                 if o.finished:
                     if sent[0] < len(requests):
@@ -822,8 +910,7 @@ def test_a_row_ending_by_length_leaves_the_overlapped_steps_without_stopping_the
 
     eng.runner.launch = recording_launch
     try:
-        runs = [collect(eng, PROMPTS[i], SamplingParams(max_tokens=n, ignore_eos=True))
-                for i, n in ((0, 3), (1, 12))]
+        runs = [collect(eng, PROMPTS[i], SamplingParams(max_tokens=n, ignore_eos=True)) for i, n in ((0, 3), (1, 12))]
         for done, _ in runs:
             assert done.wait(60)
         decode_steps = [ahead for prefill, ahead in launches if not prefill]
@@ -858,7 +945,7 @@ def test_requests_waiting_for_a_slot_leave_the_decode_steps_queued_ahead(tiny_mo
         waiting = [ahead for prefill, ahead, waited in launches if waited and not prefill]
         assert len(waiting) >= 3 and all(waiting), launches
         last_prefill = max(i for i, (prefill, _, _) in enumerate(launches) if prefill)
-        assert all(ahead for prefill, ahead, _ in launches[last_prefill + 1:] if not prefill), launches
+        assert all(ahead for prefill, ahead, _ in launches[last_prefill + 1 :] if not prefill), launches
         for (i, n), (_, outs) in zip(wanted, runs):
             assert joined(outs)[1] == reference(PROMPTS[i], n)[0]
     finally:
@@ -875,13 +962,18 @@ def test_eager_steps_keep_off_cudnn_attention(tiny_model_dir, monkeypatch, mode,
 
     from launcher.hf.runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 
-    runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_model_len=64,
-                           cudnn_attention=mode)
+    runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_model_len=64, cudnn_attention=mode)
     seen, sdpa = [], F.scaled_dot_product_attention
 
     def spy(*args, **kw):
-        seen.append((torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled(),
-                     torch.backends.cuda.mem_efficient_sdp_enabled(), torch.backends.cuda.math_sdp_enabled()))
+        seen.append(
+            (
+                torch.backends.cuda.cudnn_sdp_enabled(),
+                torch.backends.cuda.flash_sdp_enabled(),
+                torch.backends.cuda.mem_efficient_sdp_enabled(),
+                torch.backends.cuda.math_sdp_enabled(),
+            )
+        )
         return sdpa(*args, **kw)
 
     monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
@@ -898,14 +990,17 @@ def test_eager_steps_keep_off_cudnn_attention(tiny_model_dir, monkeypatch, mode,
 def test_cudnn_attention_defaults_to_graphs_and_is_checked(tiny_model_dir):
     from launcher.hf.runner import HFModelRunner
 
-    assert HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64).cudnn_attention == "graphs"
+    assert (
+        HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64).cudnn_attention == "graphs"
+    )
     with pytest.raises(ValueError, match="cudnn_attention 'sometimes' is not one of graphs, all, off"):
         HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64, cudnn_attention="sometimes")
 
 
 def test_eager_attention_equals_generate(tiny_model_dir, reference):
-    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=4, attn_implementation="eager",
-                      prefill_chunk=5).start()
+    eng = make_engine(
+        tiny_model_dir, device="cpu", max_num_seqs=4, attn_implementation="eager", prefill_chunk=5
+    ).start()
     try:
         runs = [(reference(p, 16), collect(eng, p, SamplingParams(max_tokens=16))) for p in PROMPTS[:3]]
         for (ids, text), (done, outs) in runs:
@@ -919,8 +1014,9 @@ def test_32_concurrent_requests_get_their_token_counts(engine):
     runs = []
     for i in range(32):
         n = 8 + (i * 7) % 41
-        runs.append((n, *collect(engine, PROMPTS[i % len(PROMPTS)] + f" {i}",
-                                 SamplingParams(max_tokens=n, ignore_eos=True))))
+        runs.append(
+            (n, *collect(engine, PROMPTS[i % len(PROMPTS)] + f" {i}", SamplingParams(max_tokens=n, ignore_eos=True)))
+        )
     for n, done, outs in runs:
         assert done.wait(120)
         assert outs[-1].finish_reason == "length"
@@ -966,15 +1062,18 @@ def test_abort_of_a_waiting_request(tiny_model_dir):
         eng.shutdown()
 
 
-@pytest.mark.parametrize("params, prompt, message", [
-    (SamplingParams(max_tokens=0), "Hi", "max_tokens must be >= 1"),
-    (SamplingParams(max_tokens=100000), "Hi", "exceeds the model limit"),
-    (SamplingParams(max_tokens=10), "word " * 2100, "exceeds the model context"),
-    (SamplingParams(max_tokens=10, temperature=-1), "Hi", "temperature must be >= 0"),
-    (SamplingParams(max_tokens=10, top_p=0), "Hi", "top_p must be in (0, 1]"),
-    (SamplingParams(max_tokens=10, end_id=10 ** 6), "Hi", "end_id"),
-    (SamplingParams(max_tokens=10), "", "empty"),
-])
+@pytest.mark.parametrize(
+    "params, prompt, message",
+    [
+        (SamplingParams(max_tokens=0), "Hi", "max_tokens must be >= 1"),
+        (SamplingParams(max_tokens=100000), "Hi", "exceeds the model limit"),
+        (SamplingParams(max_tokens=10), "word " * 2100, "exceeds the model context"),
+        (SamplingParams(max_tokens=10, temperature=-1), "Hi", "temperature must be >= 0"),
+        (SamplingParams(max_tokens=10, top_p=0), "Hi", "top_p must be in (0, 1]"),
+        (SamplingParams(max_tokens=10, end_id=10**6), "Hi", "end_id"),
+        (SamplingParams(max_tokens=10), "", "empty"),
+    ],
+)
 def test_bad_requests_fail_alone(engine, params, prompt, message):
     with pytest.raises(InvalidRequest, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
         engine.add_request(f"bad-{message}", prompt, params, lambda o: None)
@@ -1005,8 +1104,7 @@ def test_stop_words(engine):
 
 def test_min_tokens_delays_stop_words(engine):
     full = engine.generate(PROMPTS[0], SamplingParams(max_tokens=40, ignore_eos=True)).text
-    out = engine.generate(PROMPTS[0], SamplingParams(max_tokens=40, ignore_eos=True, stop=(full[:3],),
-                                                     min_tokens=40))
+    out = engine.generate(PROMPTS[0], SamplingParams(max_tokens=40, ignore_eos=True, stop=(full[:3],), min_tokens=40))
     assert out.finish_reason == "length" and out.text == full
 
 
@@ -1015,10 +1113,10 @@ def test_end_id_and_min_tokens(engine):
     end = ids[5]
     first = ids.index(end)
     out = engine.generate(PROMPTS[1], SamplingParams(max_tokens=30, end_id=end))
-    assert out.finish_reason == "stop" and out.output_tokens == first + 1 and out.token_ids == ids[:first + 1]
+    assert out.finish_reason == "stop" and out.output_tokens == first + 1 and out.token_ids == ids[: first + 1]
     out = engine.generate(PROMPTS[1], SamplingParams(max_tokens=30, end_id=end, min_tokens=first + 3))
     assert out.output_tokens >= first + 3
-    assert end not in out.token_ids[:first + 3]
+    assert end not in out.token_ids[: first + 3]
 
 
 def test_seeded_sampling_is_repeatable(engine):
@@ -1034,15 +1132,18 @@ def test_seeded_sampling_is_repeatable(engine):
 
 def test_top_k_1_is_greedy(engine):
     greedy = engine.generate(PROMPTS[2], SamplingParams(max_tokens=16, ignore_eos=True))
-    k1 = engine.generate(PROMPTS[2], SamplingParams(max_tokens=16, ignore_eos=True, temperature=1.5, top_k=1,
-                                                    seed=5))
+    k1 = engine.generate(PROMPTS[2], SamplingParams(max_tokens=16, ignore_eos=True, temperature=1.5, top_k=1, seed=5))
     assert k1.token_ids == greedy.token_ids
 
 
 def test_penalties_reduce_repetition(engine):
     base = engine.generate(PROMPTS[2], SamplingParams(max_tokens=40, ignore_eos=True)).token_ids
-    pen = engine.generate(PROMPTS[2], SamplingParams(max_tokens=40, ignore_eos=True, presence_penalty=2.0,
-                                                     frequency_penalty=2.0, repetition_penalty=3.0)).token_ids
+    pen = engine.generate(
+        PROMPTS[2],
+        SamplingParams(
+            max_tokens=40, ignore_eos=True, presence_penalty=2.0, frequency_penalty=2.0, repetition_penalty=3.0
+        ),
+    ).token_ids
     assert len(set(pen)) > len(set(base))
 
 
@@ -1051,8 +1152,7 @@ def test_bad_words(engine):
     ids = engine.generate(PROMPTS[1], SamplingParams(max_tokens=30, ignore_eos=True)).token_ids
     # a generated token that is a word on its own (decodes and re-encodes to itself)
     banned = next(t for t in ids if tok(tok.decode([t]), add_special_tokens=False).input_ids == [t])
-    out = engine.generate(PROMPTS[1], SamplingParams(max_tokens=30, ignore_eos=True,
-                                                     bad_words=(tok.decode([banned]),)))
+    out = engine.generate(PROMPTS[1], SamplingParams(max_tokens=30, ignore_eos=True, bad_words=(tok.decode([banned]),)))
     assert banned not in out.token_ids
 
 
@@ -1118,8 +1218,9 @@ def test_step_statistics_split_the_loop_time(engine):
 def test_engine_process_matches_engine(tiny_model_dir, engine):
     from launcher.hf.client import EngineProcess
 
-    ep = EngineProcess(HFEngineArgs(model_path=str(tiny_model_dir), device="cpu", max_num_seqs=4,
-                                    stream_interval_ms=50)).start()
+    ep = EngineProcess(
+        HFEngineArgs(model_path=str(tiny_model_dir), device="cpu", max_num_seqs=4, stream_interval_ms=50)
+    ).start()
     try:
         want = engine.generate(PROMPTS[0], SamplingParams(max_tokens=60, ignore_eos=True))
         done, outs = collect(ep, PROMPTS[0], SamplingParams(max_tokens=60, ignore_eos=True))
@@ -1172,17 +1273,30 @@ def test_add_requests_tokenizes_text_prompts_in_one_call(engine, reference, monk
             results[i][1].append(out)
             if out.finished:
                 results[i][0].set()
+
         return cb
 
     ids = tokenizer(PROMPTS[2]).input_ids
-    requests = [("t0", PROMPTS[0], SamplingParams(max_tokens=8)), ("t1", "", SamplingParams(max_tokens=8)),
-                ("t2", ids, SamplingParams(max_tokens=8)), ("t3", "word " * 3000, SamplingParams(max_tokens=8)),
-                ("t4", PROMPTS[1], SamplingParams(max_tokens=0)), ("t5", PROMPTS[4], SamplingParams(max_tokens=8))]
-    refused = engine.add_requests([(rid, prompt, params, on_output(i))
-                                   for i, (rid, prompt, params) in enumerate(requests)])
+    requests = [
+        ("t0", PROMPTS[0], SamplingParams(max_tokens=8)),
+        ("t1", "", SamplingParams(max_tokens=8)),
+        ("t2", ids, SamplingParams(max_tokens=8)),
+        ("t3", "word " * 3000, SamplingParams(max_tokens=8)),
+        ("t4", PROMPTS[1], SamplingParams(max_tokens=0)),
+        ("t5", PROMPTS[4], SamplingParams(max_tokens=8)),
+    ]
+    refused = engine.add_requests(
+        [(rid, prompt, params, on_output(i)) for i, (rid, prompt, params) in enumerate(requests)]
+    )
     assert calls == [[PROMPTS[0], "word " * 3000, PROMPTS[1], PROMPTS[4]]]  # one call, the non-empty texts
-    assert [type(r).__name__ if r else None for r in refused] == [None, "InvalidRequest", None, "InvalidRequest",
-                                                                 "InvalidRequest", None]
+    assert [type(r).__name__ if r else None for r in refused] == [
+        None,
+        "InvalidRequest",
+        None,
+        "InvalidRequest",
+        "InvalidRequest",
+        None,
+    ]
     assert "the prompt is empty" in str(refused[1]) and "exceeds the model context" in str(refused[3])
     assert "max_tokens must be >= 1" in str(refused[4])
     for i, prompt in ((0, PROMPTS[0]), (2, PROMPTS[2]), (5, PROMPTS[4])):
@@ -1223,8 +1337,9 @@ def test_instances_share_one_engine_process(tiny_model_dir, engine, tmp_path):
     from launcher.hf.client import EngineProcess
 
     sock = str(tmp_path / "engine.sock")
-    owner = EngineProcess(HFEngineArgs(model_path=str(tiny_model_dir), device="cpu", max_num_seqs=8),
-                          listen=sock).start()
+    owner = EngineProcess(
+        HFEngineArgs(model_path=str(tiny_model_dir), device="cpu", max_num_seqs=8), listen=sock
+    ).start()
     a = b = None
     try:
         a = EngineProcess.attach(sock, startup_timeout=30).start()
@@ -1277,8 +1392,9 @@ def test_engine_process_hands_over_the_prompts_of_each_ready_instance(tiny_model
     from launcher.hf.client import EngineProcess
 
     sock = str(tmp_path / "engine.sock")
-    owner = EngineProcess(HFEngineArgs(model_path=str(tiny_model_dir), device="cpu", max_num_seqs=8),
-                          listen=sock).start()
+    owner = EngineProcess(
+        HFEngineArgs(model_path=str(tiny_model_dir), device="cpu", max_num_seqs=8), listen=sock
+    ).start()
     a = b = None
     try:
         a = EngineProcess.attach(sock, startup_timeout=30).start()
@@ -1377,8 +1493,22 @@ def test_overhead_benchmark_with_output_lengths_of_their_own(tiny_model_dir):
     import subprocess
     import sys
 
-    args = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct",
-            "--concurrency", "3", "--rounds", "2", "--requests-per-stream", "2", "--max-tokens", "12"]
+    args = [
+        sys.executable,
+        "benchmark/overhead.py",
+        "--model",
+        str(tiny_model_dir),
+        "--paths",
+        "direct",
+        "--concurrency",
+        "3",
+        "--rounds",
+        "2",
+        "--requests-per-stream",
+        "2",
+        "--max-tokens",
+        "12",
+    ]
     proc = subprocess.run(args + ["--max-tokens-min", "2"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
@@ -1403,9 +1533,25 @@ def test_overhead_benchmark_stopped_by_sigterm_prints_the_loads_it_finished(tiny
     import subprocess
     import sys
 
-    args = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct",
-            "--concurrency", "1", "2", "--rounds", "2", "--requests-per-stream", "2", "--max-tokens", "300",
-            "--warmup-tokens", "2"]
+    args = [
+        sys.executable,
+        "benchmark/overhead.py",
+        "--model",
+        str(tiny_model_dir),
+        "--paths",
+        "direct",
+        "--concurrency",
+        "1",
+        "2",
+        "--rounds",
+        "2",
+        "--requests-per-stream",
+        "2",
+        "--max-tokens",
+        "300",
+        "--warmup-tokens",
+        "2",
+    ]
     import os
     import time
 
@@ -1462,7 +1608,6 @@ def test_a_second_sigterm_soon_after_the_first_does_not_kill_the_overhead_benchm
     import signal
     import subprocess
     import sys
-
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
@@ -1488,12 +1633,43 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
 
     if importlib.util.find_spec("pytriton") is None:
         pytest.skip("needs nvidia-pytriton (tritonserver)")
-    args = [sys.executable, "benchmark/overhead.py", "--model", str(tiny_model_dir), "--paths", "direct", "served",
-            "--rounds", "1", "--max-tokens", "4", "--warmup-tokens", "2", "--client-processes", "2"]
-    proc = subprocess.run(args + ["--paths", "direct", "process", "served", "--request-rate", "12",
-                                  "--open-seconds", "1", "--request-param", "final_counts_only=true",
-                                  "--json", str(tmp_path / "out.json")],
-                          capture_output=True, text=True, timeout=600)
+    args = [
+        sys.executable,
+        "benchmark/overhead.py",
+        "--model",
+        str(tiny_model_dir),
+        "--paths",
+        "direct",
+        "served",
+        "--rounds",
+        "1",
+        "--max-tokens",
+        "4",
+        "--warmup-tokens",
+        "2",
+        "--client-processes",
+        "2",
+    ]
+    proc = subprocess.run(
+        args
+        + [
+            "--paths",
+            "direct",
+            "process",
+            "served",
+            "--request-rate",
+            "12",
+            "--open-seconds",
+            "1",
+            "--request-param",
+            "final_counts_only=true",
+            "--json",
+            str(tmp_path / "out.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout)
     assert json.loads((tmp_path / "out.json").read_text()) == out
@@ -1522,11 +1698,15 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
     line = lines[head + 1].split()
     assert line[0] == "12/s" and f"{row['ttft_added_ms_p50']:.2f}" in line
     assert line[-1] == "+".join(f"{roles[k]:.0f}" for k in ("tritonserver", "stubs", "engine"))
-    for extra, message in ((["--request-rate", "0"], "--request-rate 0: a rate is a number of requests/s above 0"),
-                           (["--server-param", "cuda_graphs"], "'cuda_graphs': write KEY=VALUE"),
-                           (["--client-processes", "0"], "--client-processes 0: a count of processes is 1 or more")):
+    for extra, message in (
+        (["--request-rate", "0"], "--request-rate 0: a rate is a number of requests/s above 0"),
+        (["--server-param", "cuda_graphs"], "'cuda_graphs': write KEY=VALUE"),
+        (["--client-processes", "0"], "--client-processes 0: a count of processes is 1 or more"),
+    ):
         bad = subprocess.run(args + extra, capture_output=True, text=True, timeout=120)
-        assert bad.returncode == 2 and message in bad.stderr and "starting tritonserver" not in bad.stderr, bad.stderr[-1000:]
+        assert bad.returncode == 2 and message in bad.stderr and "starting tritonserver" not in bad.stderr, bad.stderr[
+            -1000:
+        ]
 
 
 def test_prompts_alone_zero_is_kept_and_a_negative_one_refused_before_the_model_loads(tiny_model_dir, tmp_path):

@@ -33,8 +33,14 @@ def server(tiny_model_dir, tmp_path_factory):
     # once) check that each stream's responses stay whole and in order, and metrics right, whichever instance has
     # it (several threads in one stub: tests/unit/test_hf_responders.py).  On CPU the response path keeps the
     # engine's priority: test_response_path_keeps_the_engine_priority_on_cpu.
-    srv = hf_server(str(tiny_model_dir), workdir, {"device": "cpu", "max_num_seqs": 40, "cancel_check_ms": 20},
-                    model=MODEL, instances=2, http=True)
+    srv = hf_server(
+        str(tiny_model_dir),
+        workdir,
+        {"device": "cpu", "max_num_seqs": 40, "cancel_check_ms": 20},
+        model=MODEL,
+        instances=2,
+        http=True,
+    )
     with srv:
         log = srv.log_path.read_text()
         assert log.count("response_threads=1") == 2, "the two instances did not each start one responder thread"
@@ -79,9 +85,14 @@ class Stream:
                 return parts, value
             text = value.as_numpy("text_output")
             if text is not None:
-                parts.append((text.reshape(-1)[0].decode(), int(value.as_numpy("output_tokens").reshape(-1)[0]),
-                              value.as_numpy("finish_reason").reshape(-1)[0].decode(),
-                              int(value.as_numpy("input_tokens").reshape(-1)[0])))
+                parts.append(
+                    (
+                        text.reshape(-1)[0].decode(),
+                        int(value.as_numpy("output_tokens").reshape(-1)[0]),
+                        value.as_numpy("finish_reason").reshape(-1)[0].decode(),
+                        int(value.as_numpy("input_tokens").reshape(-1)[0]),
+                    )
+                )
             if value.get_response().parameters["triton_final_response"].bool_param:
                 del self.results[rid]
                 return parts, None
@@ -102,8 +113,9 @@ def stream(server):
 
 
 def _input(name, dtype, value):
-    arr = np.array(value, dtype=object if dtype == "BYTES" else {"INT32": np.int32, "BOOL": bool,
-                                                                  "FP32": np.float32}[dtype])
+    arr = np.array(
+        value, dtype=object if dtype == "BYTES" else {"INT32": np.int32, "BOOL": bool, "FP32": np.float32}[dtype]
+    )
     t = grpcclient.InferInput(name, list(arr.shape), dtype)
     t.set_data_from_numpy(arr)
     return t
@@ -119,8 +131,9 @@ def test_stream_equals_nonstream_equals_generate(stream, tiny_model_dir):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     ids = tok(PROMPT, return_tensors="pt").input_ids
-    ref = tok.decode(model.generate(ids, max_new_tokens=32, do_sample=False)[0, ids.shape[1]:],
-                     skip_special_tokens=True)
+    ref = tok.decode(
+        model.generate(ids, max_new_tokens=32, do_sample=False)[0, ids.shape[1] :], skip_special_tokens=True
+    )
 
     streamed, err = stream.run(Generation(PROMPT, max_tokens=32, stream=True))
     assert err is None, err
@@ -175,11 +188,15 @@ BAD = [
     (lambda: build_inputs(Generation("", max_tokens=4)), "text_input is empty"),
     (lambda: build_inputs(Generation("Hello", max_tokens=100000)), "exceeds the model limit"),
     (lambda: build_inputs(Generation("word " * 2100, max_tokens=4)), "exceeds the model context"),
-    (lambda: build_inputs(Generation("Hello", max_tokens=4)) + [_input("beam_width", "INT32", [[2]])],
-     "beam_width 2 is not supported"),
+    (
+        lambda: build_inputs(Generation("Hello", max_tokens=4)) + [_input("beam_width", "INT32", [[2]])],
+        "beam_width 2 is not supported",
+    ),
     (lambda: [_input("max_tokens", "INT32", [[4]])], "missing required input"),  # Triton checks this one itself
-    (lambda: [_input("text_input", "BYTES", [[b"a"], [b"b"]]), _input("max_tokens", "INT32", [[4], [4]])],
-     "batch size 2 is not supported"),
+    (
+        lambda: [_input("text_input", "BYTES", [[b"a"], [b"b"]]), _input("max_tokens", "INT32", [[4], [4]])],
+        "batch size 2 is not supported",
+    ),
     (lambda: build_inputs(Generation("Hello", max_tokens=4, top_p=2.0)), "top_p must be in"),
 ]
 
@@ -198,7 +215,7 @@ def test_stop_words(stream):
     stop = text[12:15]
     parts, err = stream.run(Generation(PROMPT, max_tokens=40, stream=True, ignore_eos=True, stop=(stop, "zzz")))
     assert err is None
-    assert _text(parts) == text[:text.index(stop)]
+    assert _text(parts) == text[: text.index(stop)]
     assert parts[-1][2] == "stop"
 
 
@@ -206,16 +223,19 @@ def test_seeded_sampling_is_repeatable(stream):
     gen = Generation(PROMPT, max_tokens=24, stream=True, temperature=1.0, top_p=0.95, seed=42, ignore_eos=True)
     a, _ = stream.run(gen)
     b, _ = stream.run(gen)
-    c, _ = stream.run(Generation(PROMPT, max_tokens=24, stream=True, temperature=1.0, top_p=0.95, seed=7,
-                                 ignore_eos=True))
+    c, _ = stream.run(
+        Generation(PROMPT, max_tokens=24, stream=True, temperature=1.0, top_p=0.95, seed=7, ignore_eos=True)
+    )
     assert _text(a) == _text(b) != _text(c)
 
 
 def test_optional_inputs_are_accepted(stream):
-    extra = [_input("pad_id", "INT32", [[2]]), _input("return_log_probs", "BOOL", [[True]]),
-             _input("exclude_input_in_output", "BOOL", [[True]])]
-    parts, err = stream.run(Generation(PROMPT, max_tokens=6, stream=False, min_tokens=6,
-                                       repetition_penalty=1.2), extra)
+    extra = [
+        _input("pad_id", "INT32", [[2]]),
+        _input("return_log_probs", "BOOL", [[True]]),
+        _input("exclude_input_in_output", "BOOL", [[True]]),
+    ]
+    parts, err = stream.run(Generation(PROMPT, max_tokens=6, stream=False, min_tokens=6, repetition_penalty=1.2), extra)
     assert err is None and parts[-1][1] == 6 and not parts[-1][0].startswith(PROMPT)
 
 
@@ -230,8 +250,13 @@ def test_final_counts_only_sends_text_alone_until_the_last_response(server, stre
     assert err is None, err
     rid = uuid.uuid4().hex
     stream.results[rid] = queue.Queue()
-    stream.client.async_stream_infer(MODEL, build_inputs(gen), request_id=rid, enable_empty_final_response=True,
-                                     parameters={"final_counts_only": True})
+    stream.client.async_stream_infer(
+        MODEL,
+        build_inputs(gen),
+        request_id=rid,
+        enable_empty_final_response=True,
+        parameters={"final_counts_only": True},
+    )
     outputs, texts = [], []
     while True:
         kind, value = stream.results[rid].get(timeout=120)
@@ -254,13 +279,19 @@ def test_final_counts_only_sends_text_alone_until_the_last_response(server, stre
 
     ts = TritonStream(server.grpc_url)
     try:
-        recs = [ts.submit(build_request(MODEL, gen, str(i), parameters={"final_counts_only": flag}))
-                for i, flag in enumerate((True, False, True))]
+        recs = [
+            ts.submit(build_request(MODEL, gen, str(i), parameters={"final_counts_only": flag}))
+            for i, flag in enumerate((True, False, True))
+        ]
         for rec in recs:
             ts.wait(rec, timeout=120)
             assert not rec.error, rec.error
-            assert (rec.text, rec.output_tokens, rec.input_tokens, rec.finish_reason) == \
-                (_text(plain), 24, plain[-1][3], "length")
+            assert (rec.text, rec.output_tokens, rec.input_tokens, rec.finish_reason) == (
+                _text(plain),
+                24,
+                plain[-1][3],
+                "length",
+            )
             assert len(rec.token_times) == len(rec.times) > 1
         bad = ts.wait(ts.submit(build_request(MODEL, gen, "bad", parameters={"final_counts_only": "maybe"})), 60)
         assert "final_counts_only='maybe' must be true or false" in bad.error, bad.error
@@ -270,8 +301,11 @@ def test_final_counts_only_sends_text_alone_until_the_last_response(server, stre
 
 def test_in_thread_engine_variant(tiny_model_dir, tmp_path):
     """engine_process=false: the engine runs on a thread of the stub; same answers, errors and streaming."""
-    srv = hf_server(str(tiny_model_dir), tmp_path, {"device": "cpu", "max_num_seqs": 8, "engine_process": "false",
-                                                  "stream_interval_ms": 30})
+    srv = hf_server(
+        str(tiny_model_dir),
+        tmp_path,
+        {"device": "cpu", "max_num_seqs": 8, "engine_process": "false", "stream_interval_ms": 30},
+    )
     with srv:
         s = Stream(srv.grpc_url)
         try:
@@ -282,8 +316,7 @@ def test_in_thread_engine_variant(tiny_model_dir, tmp_path):
             assert streamed[0][1] == 1 and len(streamed) < 64  # stream_interval_ms merged tokens
             _, err = s.run(Generation("Hello", max_tokens=0))
             assert "max_tokens must be >= 1" in err
-            rids = [s.send(build_inputs(Generation(f"{PROMPT} {i}", max_tokens=12, ignore_eos=True)))
-                    for i in range(8)]
+            rids = [s.send(build_inputs(Generation(f"{PROMPT} {i}", max_tokens=12, ignore_eos=True))) for i in range(8)]
             assert all(s.collect(r)[0][-1][1] == 12 for r in rids)
             # engine_process=false: the engine runs in the stub, with no engine process of its own
             from launcher.testing.processes import engine_pids, stub_pids
@@ -350,7 +383,9 @@ def test_response_path_keeps_the_engine_priority_on_cpu(server):
 
     started = os.getpriority(os.PRIO_PROCESS, 0)
     server_pid = server.proc.pid
-    stubs = [p for p in _children(server_pid) if b"triton_python_backend_stub" in open(f"/proc/{p}/cmdline", "rb").read()]
+    stubs = [
+        p for p in _children(server_pid) if b"triton_python_backend_stub" in open(f"/proc/{p}/cmdline", "rb").read()
+    ]
     assert len(stubs) == 2, stubs
     assert [thread_nice(stub) for stub in stubs] == [started, started]
     engines = [p for stub in stubs for p in _children(stub)]
@@ -371,8 +406,9 @@ def test_first_token_times_are_exposed_as_metrics(server):
     try:
         sent, ttft = {}, []
         for i in range(5):
-            sent[s.send(build_inputs(Generation(f"{PROMPT} {i}", max_tokens=8, stream=True, ignore_eos=True)))] = \
+            sent[s.send(build_inputs(Generation(f"{PROMPT} {i}", max_tokens=8, stream=True, ignore_eos=True)))] = (
                 time.monotonic()
+            )
         for rid, t0 in sent.items():
             kind, _ = s.results[rid].get(timeout=120)  # the first response
             assert kind == "ok"
@@ -400,8 +436,12 @@ def test_first_token_times_are_exposed_as_metrics(server):
 def test_engine_steps_are_exposed_as_metrics(server):
     """The engine's step totals reach the metrics port: every decode and prompt token of a run is counted,
     and the split of a step (launch, wait, host) is consistent."""
-    from launcher.python_backend.timings import engine_split_after, engine_step_split, fetch_engine_metrics, \
-        settled_engine_metrics
+    from launcher.python_backend.timings import (
+        engine_split_after,
+        engine_step_split,
+        fetch_engine_metrics,
+        settled_engine_metrics,
+    )
 
     url = server.metrics_url
     before = settled_engine_metrics(url, MODEL, wait_s=10)  # earlier tests' last steps in
@@ -435,9 +475,30 @@ def test_bench_reports_where_the_ttft_goes(server, tmp_path, capsys):
 
     out = tmp_path / "r.json"
     url = server.metrics_url
-    rc = main(["--url", server.grpc_url, "--dataset-name", "synthetic", "--input-len", "8", "--output-len", "6",
-               "--num-prompts", "6", "--concurrency", "3", "--ignore-eos", "--no-progress", "--warmup", "1",
-               "--server-metrics", url, "--result-json", str(out)])
+    rc = main(
+        [
+            "--url",
+            server.grpc_url,
+            "--dataset-name",
+            "synthetic",
+            "--input-len",
+            "8",
+            "--output-len",
+            "6",
+            "--num-prompts",
+            "6",
+            "--concurrency",
+            "3",
+            "--ignore-eos",
+            "--no-progress",
+            "--warmup",
+            "1",
+            "--server-metrics",
+            url,
+            "--result-json",
+            str(out),
+        ]
+    )
     assert rc == 0
     printed = capsys.readouterr().out
     assert "engine: queue, prefill (ms):" in printed and "tritonserver, gRPC, client (ms):" in printed, printed
@@ -450,8 +511,24 @@ def test_bench_reports_where_the_ttft_goes(server, tmp_path, capsys):
     assert "engine steps: step " in printed, printed
     steps = doc["server_engine_steps"]
     assert steps["steps"] >= 6 and steps["step_ms"] > 0 and steps["decode_rows"] > 0, steps
-    assert main(["--url", server.grpc_url, "--num-prompts", "1", "--concurrency", "1", "--dataset-name",
-                 "synthetic", "--no-progress", "--server-metrics", "http://127.0.0.1:9/metrics"]) == 2
+    assert (
+        main(
+            [
+                "--url",
+                server.grpc_url,
+                "--num-prompts",
+                "1",
+                "--concurrency",
+                "1",
+                "--dataset-name",
+                "synthetic",
+                "--no-progress",
+                "--server-metrics",
+                "http://127.0.0.1:9/metrics",
+            ]
+        )
+        == 2
+    )
     assert "--server-metrics http://127.0.0.1:9/metrics: cannot read it" in capsys.readouterr().err
 
 
@@ -463,8 +540,11 @@ def test_generate_endpoint_passes_final_counts_only(server):
     import urllib.request
 
     def events(body):
-        req = urllib.request.Request(f"{server.http_url}/v2/models/{MODEL}/generate_stream", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"{server.http_url}/v2/models/{MODEL}/generate_stream",
+            json.dumps(body).encode(),
+            {"Content-Type": "application/json"},
+        )
         try:
             resp = urllib.request.urlopen(req, timeout=120)
         except urllib.error.HTTPError as exc:  # (a request the model rejects: status 400, the error as an event)
@@ -478,8 +558,16 @@ def test_generate_endpoint_passes_final_counts_only(server):
     assert status == 200 and all("output_tokens" in e for e in plain) and plain[-1]["output_tokens"] == 8, plain
     for body in (dict(base, final_counts_only=True), dict(base, parameters={"final_counts_only": True})):
         status, got = events(body)
-        assert status == 200 and len(got) > 1 and all(set(e) == {"model_name", "model_version", "text_output"} for e in got[:-1]), got
-        assert (got[-1]["output_tokens"], got[-1]["input_tokens"], got[-1]["finish_reason"]) == (8, plain[-1]["input_tokens"], "length")
+        assert (
+            status == 200
+            and len(got) > 1
+            and all(set(e) == {"model_name", "model_version", "text_output"} for e in got[:-1])
+        ), got
+        assert (got[-1]["output_tokens"], got[-1]["input_tokens"], got[-1]["finish_reason"]) == (
+            8,
+            plain[-1]["input_tokens"],
+            "length",
+        )
         assert "".join(e["text_output"] for e in got) == "".join(e["text_output"] for e in plain)
     status, (bad,) = events(dict(base, parameters={"final_counts_only": "maybe"}))
     assert status == 400 and "final_counts_only='maybe' must be true or false" in bad["error"], bad
@@ -497,13 +585,39 @@ def test_bench_final_counts_only_measures_the_same_tokens(server, tmp_path):
 
     assert honoured_parameters(server.grpc_url, MODEL) == frozenset({"final_counts_only"})
     docs = []
-    flags = ((), ("--no-final-counts-only",), ("--final-counts-only",), ("--no-stream",),
-             ("--request-param", "final_counts_only=false"))
+    flags = (
+        (),
+        ("--no-final-counts-only",),
+        ("--final-counts-only",),
+        ("--no-stream",),
+        ("--request-param", "final_counts_only=false"),
+    )
     for flag in flags:
         out = tmp_path / f"r{len(docs)}.json"
-        assert main(["--url", server.grpc_url, "--dataset-name", "synthetic", "--input-len", "8", "--output-len", "6",
-                     "--num-prompts", "6", "--concurrency", "3", "--ignore-eos", "--no-progress",
-                     "--result-json", str(out), *flag]) == 0
+        assert (
+            main(
+                [
+                    "--url",
+                    server.grpc_url,
+                    "--dataset-name",
+                    "synthetic",
+                    "--input-len",
+                    "8",
+                    "--output-len",
+                    "6",
+                    "--num-prompts",
+                    "6",
+                    "--concurrency",
+                    "3",
+                    "--ignore-eos",
+                    "--no-progress",
+                    "--result-json",
+                    str(out),
+                    *flag,
+                ]
+            )
+            == 0
+        )
         docs.append(json.loads(out.read_text()))
     sent = [doc["config"]["request"]["parameters"].get("final_counts_only") for doc in docs]
     assert sent == [True, None, True, None, False], sent
@@ -521,8 +635,13 @@ def test_shared_engine_that_fails_to_start_fails_the_load_at_once(tiny_model_dir
     error lines), not only the log's last lines."""
     from launcher.triton import ServerDied
 
-    srv = hf_server(str(tiny_model_dir), tmp_path, {"device": "cpu", "max_num_seqs": 4, "max_model_len": 999999},
-                    model=MODEL, instances=2)
+    srv = hf_server(
+        str(tiny_model_dir),
+        tmp_path,
+        {"device": "cpu", "max_num_seqs": 4, "max_model_len": 999999},
+        model=MODEL,
+        instances=2,
+    )
     t0 = time.monotonic()
     with pytest.raises(ServerDied) as died:
         with srv:

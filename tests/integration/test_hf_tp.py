@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 
-
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
@@ -60,9 +59,14 @@ os._exit(0)
 
 def _rank(role: str, tp: int, port: int, model_dir, env: dict | None = None, prompts=PROMPTS) -> subprocess.Popen:
     """One rank as a process; a worker's rank in the group is env TEST_RANK (default 1)."""
-    return subprocess.Popen([sys.executable, "-c", _RANK, role, str(tp), str(port), str(model_dir), json.dumps(prompts)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, **(env or {})})
+    return subprocess.Popen(
+        [sys.executable, "-c", _RANK, role, str(tp), str(port), str(model_dir), json.dumps(prompts)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _result(proc: subprocess.Popen, timeout: float = 180, ahead: list | None = None) -> dict:
@@ -72,7 +76,7 @@ def _result(proc: subprocess.Popen, timeout: float = 180, ahead: list | None = N
     assert line, out
     if ahead is not None:
         ahead.extend(int(ln.split()[1]) for ln in out.splitlines() if ln.startswith("AHEAD "))
-    return json.loads(line[-1][len("RESULT "):])
+    return json.loads(line[-1][len("RESULT ") :])
 
 
 def test_tp2_engine_equals_tp1_greedy(tiny_model_dir):
@@ -165,17 +169,37 @@ def test_llmlaunch_tp2_local_serves_generate_greedy_and_sigint_cleans_up(tiny_mo
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     ids = tok(prompt, return_tensors="pt").input_ids
-    ref = tok.decode(model.generate(ids, max_new_tokens=n, do_sample=False)[0, ids.shape[1]:],
-                     skip_special_tokens=True)
+    ref = tok.decode(
+        model.generate(ids, max_new_tokens=n, do_sample=False)[0, ids.shape[1] :], skip_special_tokens=True
+    )
 
     grpc, http, metrics = free_port(), free_port(), free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher.cli", "engine=hf", "model=tiny", "cluster=local", "tp=2", "engine.device=cpu",
-         f"model.path={tiny_model_dir}", "engine.max_num_seqs=8", "model.max_model_len=256",
-         f"serve.grpc_port={grpc}", f"serve.http_port={http}", f"serve.metrics_port={metrics}",
-         f"serve.openai_port={free_port()}", f"cluster.jobs_dir={tmp_path}"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        [
+            sys.executable,
+            "-m",
+            "launcher.cli",
+            "engine=hf",
+            "model=tiny",
+            "cluster=local",
+            "tp=2",
+            "engine.device=cpu",
+            f"model.path={tiny_model_dir}",
+            "engine.max_num_seqs=8",
+            "model.max_model_len=256",
+            f"serve.grpc_port={grpc}",
+            f"serve.http_port={http}",
+            f"serve.metrics_port={metrics}",
+            f"serve.openai_port={free_port()}",
+            f"cluster.jobs_dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     lines: list[str] = []
     try:
         url = None
@@ -226,8 +250,9 @@ def test_slurm_tp2_two_nodes_leader_serves_generate_greedy(local_slurm, tmp_path
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path)
         ids = tok("The capital of France is", return_tensors="pt").input_ids
-        ref = tok.decode(model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1]:],
-                         skip_special_tokens=True)
+        ref = tok.decode(
+            model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1] :], skip_special_tokens=True
+        )
         assert text == ref and n == 8, (text, ref, n)
     finally:
         stop(job_id)
@@ -251,7 +276,9 @@ def test_slurm_tp4_two_nodes_two_tasks_generate_greedy(local_slurm, tmp_path):
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path)
         ids = tok("The capital of France is", return_tensors="pt").input_ids
-        ref = tok.decode(model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1]:], skip_special_tokens=True)
+        ref = tok.decode(
+            model.generate(ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1] :], skip_special_tokens=True
+        )
         assert text == ref and n == 8, (text, ref, n)
         assert prefixes_of(job_id) == [f"llm{job_id}r{i}_" for i in range(4)]
     finally:
@@ -290,9 +317,16 @@ def test_idle_leader_keeps_workers_alive_and_a_hung_leader_fails_them(tiny_model
     from launcher.triton import free_port
 
     port = free_port()
-    procs = [subprocess.Popen([sys.executable, "-c", _HEARTBEAT, role, str(port), str(tiny_model_dir)], cwd=ROOT,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for role in ("worker", "leader")]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _HEARTBEAT, role, str(port), str(tiny_model_dir)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for role in ("worker", "leader")
+    ]
     try:
         wout, _ = procs[0].communicate(timeout=120)
         assert "worker failed" in wout and "Timed out" in wout, wout
@@ -308,11 +342,44 @@ def test_tp_graphs_benchmark_runs_its_ranks_and_reports(tiny_model_dir, tmp_path
     """benchmark/gpu/tp_graphs.py on CPU (gloo, so no graphs): it starts each config's ranks fresh, measures every
     concurrency, and the float32 greedy tokens of tp=2 equal tp=1's; the GPU figures come from the same code."""
     out = tmp_path / "tp.json"
-    proc = subprocess.run([sys.executable, "benchmark/gpu/tp_graphs.py", "--model", str(tiny_model_dir), "--device",
-                           "cpu", "--dtype", "float32", "--configs", "tp1-eager", "tp2-eager", "--concurrency", "1", "3",
-                           "--tokens", "8", "--prompt-tokens", "12", "--greedy-tokens", "12", "--max-num-seqs", "4",
-                           "--max-model-len", "128", "--timeout", "240", "--workdir", str(tmp_path / "w"),
-                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "benchmark/gpu/tp_graphs.py",
+            "--model",
+            str(tiny_model_dir),
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--configs",
+            "tp1-eager",
+            "tp2-eager",
+            "--concurrency",
+            "1",
+            "3",
+            "--tokens",
+            "8",
+            "--prompt-tokens",
+            "12",
+            "--greedy-tokens",
+            "12",
+            "--max-num-seqs",
+            "4",
+            "--max-model-len",
+            "128",
+            "--timeout",
+            "240",
+            "--workdir",
+            str(tmp_path / "w"),
+            "--json",
+            str(out),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = {r["name"]: r for r in json.loads(out.read_text())["results"]}
     assert results["tp2-eager"]["tp"] == 2 and not results["tp2-eager"]["cuda_graphs"]
@@ -326,6 +393,11 @@ def test_tp_graphs_benchmark_runs_its_ranks_and_reports(tiny_model_dir, tmp_path
 
 
 def test_tp_graphs_benchmark_names_a_bad_config():
-    proc = subprocess.run([sys.executable, "benchmark/gpu/tp_graphs.py", "--model", "x", "--configs", "tp2-fast"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "benchmark/gpu/tp_graphs.py", "--model", "x", "--configs", "tp2-fast"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and "config 'tp2-fast' is not tpN, tpN-graphs, tpN-eager or tpN-compile" in proc.stderr

@@ -17,7 +17,6 @@ import pytest
 from launcher.localslurm import cluster as ls
 from tests.slurm_fixture import requires_slurm  # the `local_slurm` fixture comes from conftest.py
 
-
 # ------------------------------------------------------------ the real cluster
 
 
@@ -50,8 +49,10 @@ class TestCluster:
         assert local_slurm.node_addrs["node1"] == "10.213.7.11" and local_slurm.partition == "local"
 
     def test_pmix_mpi4py_bcast_across_two_nodes(self, local_slurm):
-        code = ("from mpi4py import MPI; import socket; c = MPI.COMM_WORLD; "
-                "print(c.Get_rank(), c.Get_size(), c.bcast('x' if c.Get_rank() == 0 else None), socket.gethostname())")
+        code = (
+            "from mpi4py import MPI; import socket; c = MPI.COMM_WORLD; "
+            "print(c.Get_rank(), c.Get_size(), c.bcast('x' if c.Get_rank() == 0 else None), socket.gethostname())"
+        )
         out = _srun("--mpi=pmix", "-N2", "-n4", sys.executable, "-c", code).stdout.split("\n")
         rows = sorted(line.split() for line in out if line)
         assert [r[:3] for r in rows] == [[str(i), "4", "x"] for i in range(4)]
@@ -78,8 +79,9 @@ class TestCluster:
             "for _ in range(2):\n"
             "    c, a = s.accept(); c.sendall(socket.gethostname().encode()); c.close()"
         )
-        proc = subprocess.Popen(["srun", "-u", "-N1", "-n1", "-w", "node1", sys.executable, "-c", server],
-                                stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            ["srun", "-u", "-N1", "-n1", "-w", "node1", sys.executable, "-c", server], stdout=subprocess.PIPE, text=True
+        )
         try:
             port = int(proc.stdout.readline())
             with socket.create_connection(("node1", port), timeout=10) as c:  # host namespace -> node1
@@ -124,6 +126,7 @@ class TestCluster:
         _wait_for("the cancel to reach accounting", lambda: job.done(force_check=True))
         with pytest.raises(submitit.core.utils.UncompletedJobError, match="CANCELLED"):
             job.result()
-        sacct = subprocess.run(["sacct", "-j", job.job_id, "-X", "-n", "-P", "-o", "State"],
-                               capture_output=True, text=True, check=True).stdout
+        sacct = subprocess.run(
+            ["sacct", "-j", job.job_id, "-X", "-n", "-P", "-o", "State"], capture_output=True, text=True, check=True
+        ).stdout
         assert sacct.startswith("CANCELLED"), sacct  # "CANCELLED by 0"

@@ -28,8 +28,10 @@ MODEL = "hf_model"
 PROMPT = "The capital of France is"
 EOS = {"ignore_eos": True}  # vLLM's extension, which the SDK sends in extra_body
 # A Llama-style template, enough to show the messages go through the tokenizer's own chat template.
-TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
-            "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 def _env() -> dict:
@@ -47,8 +49,9 @@ def templated_tokenizer(model_dir: Path, dest: Path) -> Path:
 
 
 def api(grpc_url: str, tokenizer: str = "", aliases=("tiny",), processes: int = 1) -> OpenAIProcess:
-    proc = OpenAIProcess(OpenAIConfig(grpc_url, MODEL, "127.0.0.1", free_port(), tokenizer, tuple(aliases), 5.0,
-                                      processes), env=_env()).start()
+    proc = OpenAIProcess(
+        OpenAIConfig(grpc_url, MODEL, "127.0.0.1", free_port(), tokenizer, tuple(aliases), 5.0, processes), env=_env()
+    ).start()
     return proc
 
 
@@ -82,7 +85,7 @@ def oa(chat_api):
 
 def _metric(proc: OpenAIProcess, name: str) -> float:
     text = urllib.request.urlopen(proc.cfg.url + "/metrics", timeout=10).read().decode()
-    return sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(name))
+    return sum(float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(name))
 
 
 # ----------------------------------------------------------------------------- answers
@@ -95,8 +98,17 @@ def test_completion_streamed_and_not_give_the_same_text_and_usage(oa):
     whole = oa.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, extra_body=EOS)
     assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 12
     assert whole.usage.prompt_tokens > 0 and whole.usage.total_tokens == whole.usage.prompt_tokens + 12
-    chunks = list(oa.completions.create(model="tiny", prompt=PROMPT, max_tokens=12, temperature=0, extra_body=EOS,
-                                        stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        oa.completions.create(
+            model="tiny",
+            prompt=PROMPT,
+            max_tokens=12,
+            temperature=0,
+            extra_body=EOS,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks if c.choices) == whole.choices[0].text
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
@@ -106,29 +118,57 @@ def test_completion_streamed_and_not_give_the_same_text_and_usage(oa):
 
 
 def test_chat_uses_the_template_streamed_and_not(oa):
-    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is the capital of France?"}]
-    whole = oa.chat.completions.create(model=MODEL, messages=messages, max_completion_tokens=10, temperature=0,
-                                       extra_body=EOS)
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
+    whole = oa.chat.completions.create(
+        model=MODEL, messages=messages, max_completion_tokens=10, temperature=0, extra_body=EOS
+    )
     msg = whole.choices[0].message
-    assert msg.role == "assistant" and whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 10
+    assert (
+        msg.role == "assistant" and whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 10
+    )
     # the template's tags are counted in the prompt: more tokens than the two contents alone
     plain = oa.completions.create(model=MODEL, prompt="Be brief.What is the capital of France?", max_tokens=1)
     assert whole.usage.prompt_tokens > plain.usage.prompt_tokens
-    chunks = list(oa.chat.completions.create(model=MODEL, messages=messages, max_tokens=10, temperature=0,
-                                             extra_body=EOS, stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        oa.chat.completions.create(
+            model=MODEL,
+            messages=messages,
+            max_tokens=10,
+            temperature=0,
+            extra_body=EOS,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == msg.content
     assert chunks[-1].usage.completion_tokens == 10 and chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
 
 
 def test_stop_seed_and_extensions_reach_the_engine(oa):
-    base = oa.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, extra_body=EOS).choices[0].text
+    base = (
+        oa.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, extra_body=EOS).choices[0].text
+    )
     word = base.split()[2] if len(base.split()) > 2 else base.split()[-1]
     stopped = oa.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, stop=[word])
     assert word not in stopped.choices[0].text and stopped.choices[0].finish_reason == "stop"
-    a, b = (oa.completions.create(model=MODEL, prompt=PROMPT, max_tokens=8, temperature=1.0, top_p=0.9, seed=7,
-                                  extra_body={"top_k": 20, "repetition_penalty": 1.1, "min_tokens": 8}).choices[0].text
-            for _ in range(2))
+    a, b = (
+        oa.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=8,
+            temperature=1.0,
+            top_p=0.9,
+            seed=7,
+            extra_body={"top_k": 20, "repetition_penalty": 1.1, "min_tokens": 8},
+        )
+        .choices[0]
+        .text
+        for _ in range(2)
+    )
     assert a == b
 
 
@@ -145,16 +185,27 @@ def _error(fn):
 def test_each_error_class_has_its_status_and_openais_shape(oa, chat_api, server, tiny_model_dir):
     status, err = _error(lambda: oa.completions.create(model="gpt-4o", prompt=PROMPT, max_tokens=4))
     assert status == 404 and err["code"] == "model_not_found"
-    for kwargs, param in (({"temperature": 3.0}, "temperature"), ({"n": 2}, "n"), ({"logprobs": 2}, "logprobs"),
-                          ({"max_tokens": 0}, "max_tokens"), ({"extra_body": {"top_k": "many"}}, "top_k")):
-        status, err = _error(lambda: oa.completions.create(model=MODEL, prompt=PROMPT, **{"max_tokens": 4, **kwargs}))
+    for kwargs, param in (
+        ({"temperature": 3.0}, "temperature"),
+        ({"n": 2}, "n"),
+        ({"logprobs": 2}, "logprobs"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"extra_body": {"top_k": "many"}}, "top_k"),
+    ):
+        status, err = _error(
+            lambda kw=kwargs: oa.completions.create(model=MODEL, prompt=PROMPT, **{"max_tokens": 4, **kw})
+        )
         assert status == 400 and err["param"] == param and param in err["message"], err
-    status, err = _error(lambda: oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], logprobs=True))
+    status, err = _error(
+        lambda: oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], logprobs=True)
+    )
     assert status == 400 and err["param"] == "logprobs"
     # the engine's own check (the model's context) is the request's fault too
     status, err = _error(lambda: oa.completions.create(model=MODEL, prompt=PROMPT, max_tokens=100000))
     assert status == 400 and "exceeds the model limit" in err["message"]
-    req = urllib.request.Request(chat_api.cfg.url + "/v1/completions", data=b"{not json", headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        chat_api.cfg.url + "/v1/completions", data=b"{not json", headers={"Content-Type": "application/json"}
+    )
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=10)
     assert e.value.code == 400 and json.loads(e.value.read())["error"]["code"] == "invalid_json"
@@ -162,7 +213,9 @@ def test_each_error_class_has_its_status_and_openais_shape(oa, chat_api, server,
     plain = api(server.grpc_url, str(tiny_model_dir))
     try:
         plain.wait_ready(120)
-        status, err = _error(lambda: client(plain).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}]))
+        status, err = _error(
+            lambda: client(plain).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hi"}])
+        )
         assert status == 400 and "no chat template" in err["message"] and err["code"] == "no_chat_template"
         assert client(plain).completions.create(model=MODEL, prompt=PROMPT, max_tokens=2).usage.completion_tokens >= 1
     finally:
@@ -191,8 +244,17 @@ def test_a_bad_request_beside_a_running_stream_leaves_it_whole(oa):
     got: dict = {}
 
     def long_stream():
-        chunks = list(oa.completions.create(model=MODEL, prompt=PROMPT, max_tokens=300, extra_body=EOS, temperature=0,
-                                            stream=True, stream_options={"include_usage": True}))
+        chunks = list(
+            oa.completions.create(
+                model=MODEL,
+                prompt=PROMPT,
+                max_tokens=300,
+                extra_body=EOS,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         got["usage"] = chunks[-1].usage
         got["reason"] = [c.choices[0].finish_reason for c in chunks if c.choices][-1]
 
@@ -267,12 +329,23 @@ def test_llmlaunch_replicas_2_serves_the_openai_api_through_the_front_end(tmp_pa
         for i in range(4):
             r = oa.completions.create(model=ep["model"], prompt=f"{PROMPT} {i}", max_tokens=5, extra_body=EOS)
             assert r.usage.completion_tokens == 5
-        chunks = list(oa.chat.completions.create(model=ep["model"], messages=[{"role": "user", "content": "Hi"}],
-                                                 max_tokens=6, extra_body=EOS, stream=True,
-                                                 stream_options={"include_usage": True}))
+        chunks = list(
+            oa.chat.completions.create(
+                model=ep["model"],
+                messages=[{"role": "user", "content": "Hi"}],
+                max_tokens=6,
+                extra_body=EOS,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         assert chunks[-1].usage.completion_tokens == 6
         text = urllib.request.urlopen(ep["metrics_url"], timeout=10).read().decode()
-        served = [float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith("llmlaunch_frontend_requests_total{")]
+        served = [
+            float(ln.rsplit(" ", 1)[1])
+            for ln in text.splitlines()
+            if ln.startswith("llmlaunch_frontend_requests_total{")
+        ]
         assert sum(served) >= 5 and all(n >= 1 for n in served), text  # both replicas answered
         job.proc.send_signal(signal.SIGINT)
         assert job.proc.wait(90) == 0, job.tail()
@@ -294,10 +367,23 @@ def test_a_slurm_launch_serves_the_openai_api_on_rank_0_and_stops_it(local_slurm
         assert ep["openai_url"] == f"http://{host}:{ep['openai_port']}/v1", ep
         oa = openai.OpenAI(base_url=ep["openai_url"], api_key="none", max_retries=0, timeout=120)
         assert [m.id for m in oa.models.list().data] == [ep["model"]]
-        chunks = list(oa.completions.create(model=ep["model"], prompt=PROMPT, max_tokens=6, extra_body=EOS, stream=True,
-                                            stream_options={"include_usage": True}))
+        chunks = list(
+            oa.completions.create(
+                model=ep["model"],
+                prompt=PROMPT,
+                max_tokens=6,
+                extra_body=EOS,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         assert chunks[-1].usage.completion_tokens == 6
-        assert oa.completions.create(model=ep["model"], prompt=PROMPT, max_tokens=3, extra_body=EOS).usage.completion_tokens == 3
+        assert (
+            oa.completions.create(
+                model=ep["model"], prompt=PROMPT, max_tokens=3, extra_body=EOS
+            ).usage.completion_tokens
+            == 3
+        )
     finally:
         sl.stop_drained(job_id)
     with pytest.raises(urllib.error.URLError):
@@ -311,9 +397,30 @@ def test_bench_measures_the_same_load_over_either_protocol(server, chat_api, tmp
 
     url = server.grpc_url if backend == "triton-grpc" else chat_api.cfg.url + "/v1"
     out = tmp_path / "result.json"
-    code = cli.main(["--no-progress", "--result-json", str(out), "--backend", backend, "--url", url,
-                     "--dataset-name", "synthetic", "--input-len", 16, "--output-len", 8, "--num-prompts", 12,
-                     "--concurrency", 4, "--ignore-eos", "--warmup", 1])
+    code = cli.main(
+        [
+            "--no-progress",
+            "--result-json",
+            str(out),
+            "--backend",
+            backend,
+            "--url",
+            url,
+            "--dataset-name",
+            "synthetic",
+            "--input-len",
+            16,
+            "--output-len",
+            8,
+            "--num-prompts",
+            12,
+            "--concurrency",
+            4,
+            "--ignore-eos",
+            "--warmup",
+            1,
+        ]
+    )
     doc = json.loads(out.read_text())
     assert code == 0, doc["metrics"].get("errors")
     m = doc["metrics"]

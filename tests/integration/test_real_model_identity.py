@@ -35,13 +35,17 @@ def reference(smollm2_dir):
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
     prompts = {p: p for p in COMPLETIONS}
-    prompts.update({q: tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                               tokenize=False) for q in CHATS})
+    prompts.update(
+        {
+            q: tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+            for q in CHATS
+        }
+    )
     out = {}
     with torch.no_grad():
         for key, prompt in prompts.items():
             ids = tok(prompt, return_tensors="pt").input_ids
-            new = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False)[0, ids.shape[1]:]
+            new = model.generate(ids, max_new_tokens=MAX_TOKENS, do_sample=False)[0, ids.shape[1] :]
             out[key] = (prompt, tok.decode(new, skip_special_tokens=True), ids.shape[1])
     return out
 
@@ -63,19 +67,30 @@ def test_every_protocol_answers_as_transformers_generate_does(tmp_path, smollm2_
             assert rec.text == want, (key, rec.text, want)
             assert rec.input_tokens == prompt_tokens, key
             if key in CHATS:
-                r = oa.chat.completions.create(model=model, messages=[{"role": "user", "content": key}],
-                                               max_tokens=MAX_TOKENS, temperature=0)
+                r = oa.chat.completions.create(
+                    model=model, messages=[{"role": "user", "content": key}], max_tokens=MAX_TOKENS, temperature=0
+                )
                 assert r.choices[0].message.content == want, (key, r.choices[0].message.content, want)
                 assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (prompt_tokens, rec.output_tokens), key
                 continue
             whole = oa.completions.create(model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0)
             assert whole.choices[0].text == want, (key, whole.choices[0].text, want)
             assert (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (prompt_tokens, rec.output_tokens)
-            chunks = list(oa.completions.create(model=model, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
-                                                stream=True, stream_options={"include_usage": True}))
+            chunks = list(
+                oa.completions.create(
+                    model=model,
+                    prompt=prompt,
+                    max_tokens=MAX_TOKENS,
+                    temperature=0,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+            )
             assert "".join(c.choices[0].text for c in chunks if c.choices) == want, key
-            assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (prompt_tokens,
-                                                                                            rec.output_tokens)
+            assert (chunks[-1].usage.prompt_tokens, chunks[-1].usage.completion_tokens) == (
+                prompt_tokens,
+                rec.output_tokens,
+            )
         assert "Paris" in reference["What is the capital of France?"][1]  # a real answer, not a degenerate one
     finally:
         assert server.stop() == 0, "".join(server.err[-20:])

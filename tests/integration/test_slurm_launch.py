@@ -17,13 +17,26 @@ from launcher.errors import LaunchError
 from launcher.rundir import RunDir
 from tests.slurm_fixture import NOT_ROOT_REASON
 
-pytestmark = [pytest.mark.slurm, pytest.mark.skipif(os.geteuid() != 0, reason=NOT_ROOT_REASON), pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(os.geteuid() != 0, reason=NOT_ROOT_REASON),
+    pytest.mark.timeout(600),
+]
 
 
 def launch(tmp_path, *overrides):
-    from launcher.schedulers import slurm, slurm_jobs
+    from launcher.schedulers import slurm
 
-    cfg, spec = plan(["cluster=local_slurm", "engine=hf", "model=tiny", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=240", *overrides])
+    cfg, spec = plan(
+        [
+            "cluster=local_slurm",
+            "engine=hf",
+            "model=tiny",
+            f"cluster.jobs_dir={tmp_path}",
+            "serve.ready_timeout_s=240",
+            *overrides,
+        ]
+    )
     from launcher.models import resolve_model
 
     spec = resolve_model(spec)
@@ -33,7 +46,6 @@ def launch(tmp_path, *overrides):
 
 
 def greedy(url, model, prompt="The capital of France is", n=8):
-    from launcher.triton import probe_request  # one streaming request through the real client path
 
     import numpy as np
     import tritonclient.grpc as grpcclient
@@ -41,7 +53,10 @@ def greedy(url, model, prompt="The capital of France is", n=8):
     c = grpcclient.InferenceServerClient(url.replace("grpc://", ""))
     try:
         inputs = []
-        for name, dt, val in (("text_input", "BYTES", np.array([[prompt.encode()]], dtype=object)), ("max_tokens", "INT32", np.array([[n]], dtype=np.int32))):
+        for name, dt, val in (
+            ("text_input", "BYTES", np.array([[prompt.encode()]], dtype=object)),
+            ("max_tokens", "INT32", np.array([[n]], dtype=np.int32)),
+        ):
             t = grpcclient.InferInput(name, [1, 1], dt)
             t.set_data_from_numpy(val)
             inputs.append(t)
@@ -68,7 +83,7 @@ def greedy(url, model, prompt="The capital of France is", n=8):
 
 
 def stop(job_id):
-    from launcher.schedulers import slurm, slurm_jobs
+    from launcher.schedulers import slurm_jobs
 
     code, msg = slurm_jobs.stop(job_id)
     assert code == 0, msg
@@ -84,7 +99,13 @@ def stop_drained(job_id):
 
 def prefixes_of(job_id):
     out = subprocess.run(["ps", "-ww", "-eo", "args"], capture_output=True, text=True).stdout
-    return sorted({l.split("shm-region-prefix-name=")[1].split()[0] for l in out.splitlines() if f"shm-region-prefix-name=llm{job_id}r" in l and "bin/tritonserver" in l})
+    return sorted(
+        {
+            ln.split("shm-region-prefix-name=")[1].split()[0]
+            for ln in out.splitlines()
+            if f"shm-region-prefix-name=llm{job_id}r" in ln and "bin/tritonserver" in ln
+        }
+    )
 
 
 def assert_shm_gone(job_id, timeout=30):
@@ -104,7 +125,9 @@ def wait_log(path, *needles, timeout=30):
         text = path.read_text(errors="replace") if path.exists() else ""
         if all(n in text for n in needles):
             return text
-        assert time.monotonic() < deadline, f"{path} lacks {[n for n in needles if n not in text]} after {timeout} s; it ends:\n{text[-3000:]}"
+        assert time.monotonic() < deadline, (
+            f"{path} lacks {[n for n in needles if n not in text]} after {timeout} s; it ends:\n{text[-3000:]}"
+        )
         time.sleep(0.5)
 
 
@@ -116,7 +139,9 @@ def sacct_end(job_id, timeout=60):
     record a few seconds after the job left the queue."""
     deadline = time.monotonic() + timeout
     while True:
-        out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"], capture_output=True, text=True).stdout.strip()
+        out = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State,ExitCode"], capture_output=True, text=True
+        ).stdout.strip()
         state, _, code = (out.splitlines() or [""])[0].partition("|")
         state = state.split(" ")[0]  # "CANCELLED by 0"
         if state and state not in ACTIVE:
@@ -132,8 +157,8 @@ def assert_failed_in_sacct(job_id):
 
 def assert_serves_on(ep, job_id, run):
     """After a replica loss: new requests succeed through the front end and the job still runs, with no failure record."""
-    from launcher.schedulers import slurm, slurm_jobs
     from launcher.client import Generation, generate
+    from launcher.schedulers import slurm_jobs
 
     for i in range(4):
         rec = generate(ep["url"], ep["model"], Generation(f"Still here {i}", max_tokens=5, ignore_eos=True))
@@ -146,13 +171,17 @@ def test_tp1_serves_through_rank0_and_stops_clean(local_slurm, tmp_path):
     assert ep["url"].startswith("grpc://10.") and ep["model"] == "hf_model"
     text, n = greedy(ep["url"], ep["model"])
     assert n == 8 and text
-    from launcher.schedulers import slurm, slurm_jobs
+    from launcher.schedulers import slurm_jobs
 
     code, st = slurm_jobs.status(job_id)
     assert code == 0 and "state: RUNNING" in st and ep["url"] in st
     # the console script: SIGTERM to the serving step only, the batch script runs its teardown and ends the job
-    cli = subprocess.run([str(Path(sys.executable).parent / "llmlaunch-stop"), job_id], capture_output=True, text=True, timeout=200)
-    assert cli.returncode == 0 and f"job {job_id} stopped: its ranks drained and exited" in cli.stdout, cli.stdout + cli.stderr
+    cli = subprocess.run(
+        [str(Path(sys.executable).parent / "llmlaunch-stop"), job_id], capture_output=True, text=True, timeout=200
+    )
+    assert cli.returncode == 0 and f"job {job_id} stopped: its ranks drained and exited" in cli.stdout, (
+        cli.stdout + cli.stderr
+    )
     assert prefixes_of(job_id) == []
     assert glob.glob(f"/dev/shm/llm{job_id}r*") == []
     assert sacct_end(job_id) == ("COMPLETED", "0:0")
@@ -182,7 +211,7 @@ def test_two_jobs_on_one_node_both_serve(local_slurm, tmp_path):
     try:
         assert a[3]["host"] == b[3]["host"]
         assert a[3]["grpc_port"] != b[3]["grpc_port"]  # the second found 8001 taken and picked another
-        for _, job_id, _, ep in (a, b):
+        for _, _, _, ep in (a, b):
             assert greedy(ep["url"], ep["model"])[1] == 8
     finally:
         stop(a[1])
@@ -192,12 +221,16 @@ def test_two_jobs_on_one_node_both_serve(local_slurm, tmp_path):
 def server_pid(job_id, rank):
     """The pid of one rank's tritonserver: its argv names the job's and rank's shm prefix."""
     out = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return next(int(l.split()[0]) for l in out.splitlines() if f"shm-region-prefix-name=llm{job_id}r{rank}_" in l and "bin/tritonserver" in l)
+    return next(
+        int(ln.split()[0])
+        for ln in out.splitlines()
+        if f"shm-region-prefix-name=llm{job_id}r{rank}_" in ln and "bin/tritonserver" in ln
+    )
 
 
 def test_killing_a_nonzero_rank_fails_the_job_naming_it(local_slurm, tmp_path):
     """One model copy (tp=2 over two nodes; rank 1 is its worker on node2): fail fast."""
-    from launcher.schedulers import slurm, slurm_jobs
+    from launcher.schedulers import slurm_jobs
 
     spec, job_id, run, ep = launch(tmp_path, "tp=2", "nodes=2")
     assert spec.replicas == 1 and spec.ranks[1].node == 1
@@ -213,7 +246,9 @@ def test_killing_a_nonzero_rank_fails_the_job_naming_it(local_slurm, tmp_path):
     code, st = slurm_jobs.status(job_id)
     assert code == 1 and "FAILED rank 1 on node node2" in st
     assert "state: FAILED (rank 1 failed)" in st and "COMPLETED" not in st and "RUNNING" not in st, st
-    cli = subprocess.run([str(Path(sys.executable).parent / "llmlaunch-status"), job_id], capture_output=True, text=True)
+    cli = subprocess.run(
+        [str(Path(sys.executable).parent / "llmlaunch-status"), job_id], capture_output=True, text=True
+    )
     assert cli.returncode == 1 and "state: FAILED" in cli.stdout, cli.stdout + cli.stderr
     assert prefixes_of(job_id) == []
     # the sbatch teardown step removes what killed ranks could not (nodes share /dev/shm here)
@@ -226,17 +261,23 @@ def test_a_rank_whose_own_process_is_killed_fails_the_job_naming_it(local_slurm,
     """replicas=2 serving, rank 1's own process (the parent of its tritonserver) SIGKILLed, as the OOM killer would:
     it writes no failure record, yet srun ends the step, the job fails within 30 s, and llmlaunch-status and
     llmlaunch-logs name rank 1 on node2 (from srun's line, which is in rank 0's log)."""
-    from launcher.schedulers import slurm, slurm_jobs
     from launcher.logs import report
+    from launcher.schedulers import slurm_jobs
 
     spec, job_id, run, ep = launch(tmp_path, "replicas=2", "nodes=2")
     try:
-        rank1 = int(subprocess.run(["ps", "-o", "ppid=", "-p", str(server_pid(job_id, 1))], capture_output=True, text=True).stdout)
+        rank1 = int(
+            subprocess.run(
+                ["ps", "-o", "ppid=", "-p", str(server_pid(job_id, 1))], capture_output=True, text=True
+            ).stdout
+        )
         os.kill(rank1, signal.SIGKILL)
         t0 = time.monotonic()
         while slurm_jobs.queue_state(job_id)[0] in ACTIVE and time.monotonic() - t0 < 30:
             time.sleep(0.5)
-        assert slurm_jobs.queue_state(job_id)[0] == "FAILED", f"job still {slurm_jobs.queue_state(job_id)[0]} after 30 s"
+        assert slurm_jobs.queue_state(job_id)[0] == "FAILED", (
+            f"job still {slurm_jobs.queue_state(job_id)[0]} after 30 s"
+        )
         assert not list(run.glob("failure_rank*.json"))  # the rank could not write one
         wait_log(run / f"{job_id}_0_log.out", "srun: error: node2: task 1: Killed")
         code, st = slurm_jobs.status(job_id)
@@ -252,25 +293,38 @@ def metric(url, name, replica):
     import urllib.request
 
     text = urllib.request.urlopen(url, timeout=10).read().decode()
-    return next(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(f'{name}{{replica="{replica}"'))
+    return next(
+        float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(f'{name}{{replica="{replica}"')
+    )
 
 
 def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_path):
     """replicas=2 over two nodes, 16 long streams through the front end, replica 1's tritonserver killed
     mid-run: its requests fail naming it, replica 0's complete, later requests all succeed, the job
     stays RUNNING with the loss recorded and shown; then it stops clean."""
-    from launcher.schedulers import slurm, slurm_jobs
     from launcher.client import Generation, TritonStream, build_request
+    from launcher.schedulers import slurm_jobs
 
     spec, job_id, run, ep = launch(tmp_path, "replicas=2", "nodes=2")
     try:
         rep1 = next(r for r in ep["replicas"] if r["replica"] == 1)
         long_tokens = 600
         stream = TritonStream(ep["url"])
-        recs = [stream.submit(build_request(ep["model"], Generation(f"Once upon a time {i}", max_tokens=long_tokens, ignore_eos=True), f"long{i}")) for i in range(16)]
+        recs = [
+            stream.submit(
+                build_request(
+                    ep["model"],
+                    Generation(f"Once upon a time {i}", max_tokens=long_tokens, ignore_eos=True),
+                    f"long{i}",
+                )
+            )
+            for i in range(16)
+        ]
         deadline = time.monotonic() + 120
         while not all(len(r.times) >= 2 for r in recs):
-            assert time.monotonic() < deadline and not any(r.done for r in recs), [(r.request_id, len(r.times), r.error) for r in recs]
+            assert time.monotonic() < deadline and not any(r.done for r in recs), [
+                (r.request_id, len(r.times), r.error) for r in recs
+            ]
             time.sleep(0.05)
         on_replica1 = metric(ep["metrics_url"], "llmlaunch_frontend_requests_total", 1)
         assert on_replica1 == 8  # least outstanding: 8 each
@@ -283,7 +337,9 @@ def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_pa
         for err in failed.values():
             assert err.startswith(f"replica 1 ({rep1['addr']}:{rep1['grpc_port']}) failed: "), err
         done = [r for r in recs if not r.error]
-        assert len(done) == 8 and all(r.output_tokens == long_tokens for r in done), [(r.request_id, r.output_tokens) for r in done]
+        assert len(done) == 8 and all(r.output_tokens == long_tokens for r in done), [
+            (r.request_id, r.output_tokens) for r in done
+        ]
         # the ranks of replica 1 record the loss and exit 0; the job goes on
         deadline = time.monotonic() + 60
         while not (run / "replica_lost1.json").exists():
@@ -294,7 +350,12 @@ def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_pa
         assert "exited with status -9 (SIGKILL) unasked" in lost["reason"], lost
         # every later request succeeds, on replica 0
         stream = TritonStream(ep["url"])
-        recs = [stream.submit(build_request(ep["model"], Generation(f"Afterwards {i}", max_tokens=8, ignore_eos=True), f"after{i}")) for i in range(16)]
+        recs = [
+            stream.submit(
+                build_request(ep["model"], Generation(f"Afterwards {i}", max_tokens=8, ignore_eos=True), f"after{i}")
+            )
+            for i in range(16)
+        ]
         for r in recs:
             stream.wait(r, timeout=120)
         stream.close()
@@ -306,9 +367,11 @@ def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_pa
         assert prefixes_of(job_id) == [f"llm{job_id}r0_"]  # replica 1's server (and its stubs) is gone
         code, st = slurm_jobs.status(job_id)
         assert code == 0 and "state: RUNNING" in st and "replicas: 1 of 2 serving" in st, st
-        cli = subprocess.run([str(Path(sys.executable).parent / "llmlaunch-status"), job_id], capture_output=True, text=True)  # the console script
+        cli = subprocess.run(
+            [str(Path(sys.executable).parent / "llmlaunch-status"), job_id], capture_output=True, text=True
+        )  # the console script
         assert cli.returncode == 0, cli.stdout + cli.stderr
-        line = next(l for l in cli.stdout.splitlines() if l.startswith("replica 1 lost at "))
+        line = next(ln for ln in cli.stdout.splitlines() if ln.startswith("replica 1 lost at "))
         assert " on node2: the server of rank 1 (leader) exited with status -9 (SIGKILL) unasked" in line, cli.stdout
         # llmlaunch-stop: replica 0 drains and exits 0; replica 1's rank exited 0 when it was lost, so the
         # serving step and the job end with status 0
@@ -323,18 +386,25 @@ def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_pa
 def test_rank0_keeps_the_front_end_after_its_replica_and_the_job_fails_with_the_last(local_slurm, tmp_path):
     """replicas=2: rank 0's own tritonserver killed -> its front end serves on with replica 1; then replica
     1 killed -> no replica is left, and the job fails naming the rank that lost the last one."""
-    from launcher.schedulers import slurm, slurm_jobs
+    from launcher.schedulers import slurm_jobs
 
     spec, job_id, run, ep = launch(tmp_path, "replicas=2", "nodes=2")
     try:
         os.kill(server_pid(job_id, 0), signal.SIGKILL)
         deadline = time.monotonic() + 60
-        while not ((run / "replica_lost0.json").exists() and metric(ep["metrics_url"], "llmlaunch_frontend_replica_up", 0) == 0):
+        while not (
+            (run / "replica_lost0.json").exists() and metric(ep["metrics_url"], "llmlaunch_frontend_replica_up", 0) == 0
+        ):
             assert time.monotonic() < deadline, "replica 0 not recorded lost / not marked down"
             time.sleep(0.5)
         assert_serves_on(ep, job_id, run)
         code, st = slurm_jobs.status(job_id)
-        assert code == 0 and "replicas: 1 of 2 serving" in st and "replica 0 lost at " in st and " on node1: the server of rank 0 (leader)" in st, st
+        assert (
+            code == 0
+            and "replicas: 1 of 2 serving" in st
+            and "replica 0 lost at " in st
+            and " on node1: the server of rank 0 (leader)" in st
+        ), st
         wait_log(run / f"{job_id}_0_log.out", "rank 0 keeps the front end up")
         # the last replica: the job fails (fail fast), naming it
         os.kill(server_pid(job_id, 1), signal.SIGKILL)
@@ -343,7 +413,10 @@ def test_rank0_keeps_the_front_end_after_its_replica_and_the_job_fails_with_the_
             assert time.monotonic() < deadline, "the job still runs with no replica left"
             time.sleep(0.5)
         code, st = slurm_jobs.status(job_id)
-        assert code == 1 and "FAILED rank 1 on node node2 (node index 1) failed: no replica is left (replicas [0, 1] lost)" in st, st
+        assert (
+            code == 1
+            and "FAILED rank 1 on node node2 (node index 1) failed: no replica is left (replicas [0, 1] lost)" in st
+        ), st
         assert (run / "replica_lost1.json").exists()
         assert_failed_in_sacct(job_id)
     finally:
@@ -359,15 +432,27 @@ def test_a_dead_tp_rank_takes_its_replica_down_and_the_job_goes_on(local_slurm, 
     exits 0 (a worker must not wait out its collective timeout); replica 0 serves on."""
     spec, job_id, run, ep = launch(tmp_path, "replicas=2", "tp=2", "nodes=2")
     try:
-        assert [(r.replica, r.role, r.node) for r in spec.ranks] == [(0, "leader", 0), (0, "worker", 0), (1, "leader", 1), (1, "worker", 1)]
+        assert [(r.replica, r.role, r.node) for r in spec.ranks] == [
+            (0, "leader", 0),
+            (0, "worker", 0),
+            (1, "leader", 1),
+            (1, "worker", 1),
+        ]
         os.kill(server_pid(job_id, killed), signal.SIGKILL)
         deadline = time.monotonic() + 60
-        while prefixes_of(job_id) != [f"llm{job_id}r0_", f"llm{job_id}r1_"]:  # the other's server goes too, well before its tp timeout
+        while prefixes_of(job_id) != [
+            f"llm{job_id}r0_",
+            f"llm{job_id}r1_",
+        ]:  # the other's server goes too, well before its tp timeout
             assert time.monotonic() < deadline, prefixes_of(job_id)
             time.sleep(0.5)
         lost = json.loads((run / "replica_lost1.json").read_text())
         assert (lost["replica"], lost["ranks"], lost["rank"]) == (1, [2, 3], killed), lost
-        wait_log(run / f"{job_id}_{other}_log.out", f"replica 1 LOST: rank {other} stopped its server", "this rank exits 0 so the job goes on")
+        wait_log(
+            run / f"{job_id}_{other}_log.out",
+            f"replica 1 LOST: rank {other} stopped its server",
+            "this rank exits 0 so the job goes on",
+        )
         deadline = time.monotonic() + 30
         while metric(ep["metrics_url"], "llmlaunch_frontend_replica_up", 1) != 0:
             assert time.monotonic() < deadline, "replica 1 not marked down"
@@ -386,7 +471,12 @@ def plain_job(tmp_path, body, *sbatch_args):
 
     script = tmp_path / "job.sh"
     script.write_text("#!/bin/bash\ntrap 'echo batch script got SIGTERM' TERM\n" + body)
-    out = subprocess.run(["sbatch", "--parsable", "-N1", "-n1", "-D", str(tmp_path), "-o", "%j.out", *sbatch_args, str(script)], check=True, capture_output=True, text=True).stdout
+    out = subprocess.run(
+        ["sbatch", "--parsable", "-N1", "-n1", "-D", str(tmp_path), "-o", "%j.out", *sbatch_args, str(script)],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
     job_id = out.strip().split(";")[0]
     jobindex.add({"job_id": job_id, "run_dir": str(tmp_path), "slurm_conf": ""})
     return job_id
@@ -396,12 +486,16 @@ def wait_steps(job_id, want, ready=None, timeout=60):
     """Until `squeue -s` lists the job's step `want` ("0": the srun, "batch": the script) and the file
     `ready` exists (the step's task has set its trap: a signal before it kills the task, or is lost)."""
     deadline = time.monotonic() + timeout
-    while f"{job_id}.{want}" not in subprocess.run(["squeue", "-h", "-s", "-j", job_id, "-o", "%i"], capture_output=True, text=True).stdout.split() or (ready and not ready.exists()):
+    while f"{job_id}.{want}" not in subprocess.run(
+        ["squeue", "-h", "-s", "-j", job_id, "-o", "%i"], capture_output=True, text=True
+    ).stdout.split() or (ready and not ready.exists()):
         assert time.monotonic() < deadline, f"job {job_id}: no step {want} (or no {ready}) after {timeout} s"
         time.sleep(0.3)
 
 
-SERVING_STEP = "srun bash -c '{trap}; touch step_ready; sleep 300 & wait'\nstatus=$?\necho \"step status $status\"\nexit $status\n"
+SERVING_STEP = (
+    "srun bash -c '{trap}; touch step_ready; sleep 300 & wait'\nstatus=$?\necho \"step status $status\"\nexit $status\n"
+)
 
 
 @pytest.mark.parametrize(
@@ -410,10 +504,31 @@ SERVING_STEP = "srun bash -c '{trap}; touch step_ready; sleep 300 & wait'\nstatu
         # a step that drains on SIGTERM: only it is signalled (the batch script's trap never fires), the script exits 0
         (SERVING_STEP.format(trap='trap "exit 0" TERM'), [], "0", 30, "its ranks drained and exited", "COMPLETED"),
         # a step that ignores SIGTERM (a rank before its handlers): a plain scancel once the drain window is over
-        (SERVING_STEP.format(trap='trap "" TERM'), [], "0", 2, "still RUNNING 2s after SIGTERM to its steps", "CANCELLED"),
+        (
+            SERVING_STEP.format(trap='trap "" TERM'),
+            [],
+            "0",
+            2,
+            "still RUNNING 2s after SIGTERM to its steps",
+            "CANCELLED",
+        ),
         # no serving step yet (the batch script's setup) or not started at all: nothing to drain, cancelled at once
-        ("sleep 300\n", [], "batch", 30, "its batch script had not started the serving step yet: cancelled (scancel)", "CANCELLED"),
-        ("sleep 300\n", ["--begin=now+600"], None, 30, "it was PENDING, nothing to drain: cancelled (scancel)", "CANCELLED"),
+        (
+            "sleep 300\n",
+            [],
+            "batch",
+            30,
+            "its batch script had not started the serving step yet: cancelled (scancel)",
+            "CANCELLED",
+        ),
+        (
+            "sleep 300\n",
+            ["--begin=now+600"],
+            None,
+            30,
+            "it was PENDING, nothing to drain: cancelled (scancel)",
+            "CANCELLED",
+        ),
     ],
     ids=["drains", "ignores-sigterm", "no-step-yet", "pending"],
 )
@@ -432,7 +547,9 @@ def test_stop_drains_the_serving_step_or_cancels(local_slurm, tmp_path, body, ar
         assert took < 25, (took, msg)  # no 30 s window waited out where nothing drains
         state, exit_code = sacct_end(job_id)
         assert state == ends and (ends != "COMPLETED" or exit_code == "0:0"), (state, exit_code)
-        if ends == "COMPLETED":  # the batch script was not signalled: it went on after the step and exited with its status
+        if (
+            ends == "COMPLETED"
+        ):  # the batch script was not signalled: it went on after the step and exited with its status
             text = (tmp_path / f"{job_id}.out").read_text()
             assert "step status 0" in text and "batch script got SIGTERM" not in text, text
     finally:
@@ -440,7 +557,10 @@ def test_stop_drains_the_serving_step_or_cancels(local_slurm, tmp_path, body, ar
         (jobindex.index_dir() / f"{job_id}.json").unlink(missing_ok=True)
 
 
-@pytest.mark.parametrize("override,needle", [("cluster.partition=nope", "invalid partition"), ("replicas=8", "Requested node configuration is not available")])
+@pytest.mark.parametrize(
+    "override,needle",
+    [("cluster.partition=nope", "invalid partition"), ("replicas=8", "Requested node configuration is not available")],
+)
 def test_bad_profile_fails_at_submission_with_slurms_reason(local_slurm, tmp_path, override, needle):
     extra = [override] + (["cluster.gpus_per_node=8"] if override == "replicas=8" else [])
     with pytest.raises(LaunchError) as e:
@@ -452,8 +572,8 @@ def test_bad_profile_fails_at_submission_with_slurms_reason(local_slurm, tmp_pat
 def test_static_sbatch_pair_serves_hf_on_the_local_cluster(local_slurm, tmp_path):
     """`sbatch sbatch/tensorrt_llm_triton.sub` as people submit it by hand; environment variables select
     the engine (hf) and the paths; #SBATCH lines overridden on the command line for this cluster."""
-    from launcher.render import PACKAGE_ROOT
     from launcher.models import resolve_model
+    from launcher.render import PACKAGE_ROOT
     from launcher.triton import free_port, probe_request, resolve_tritonserver, server_env
 
     cfg, spec = plan(["cluster=local_slurm", "engine=hf", "model=tiny"])
@@ -476,7 +596,23 @@ def test_static_sbatch_pair_serves_hf_on_the_local_cluster(local_slurm, tmp_path
         }
     )
     sub = str(PACKAGE_ROOT / "sbatch" / "tensorrt_llm_triton.sub")
-    r = subprocess.run(["sbatch", "--parsable", "-p", "local", "--ntasks-per-node=1", "--nodelist=node4", "-o", str(tmp_path / "job_%j.out"), sub], env=env, capture_output=True, text=True, cwd=tmp_path)
+    r = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            "-p",
+            "local",
+            "--ntasks-per-node=1",
+            "--nodelist=node4",
+            "-o",
+            str(tmp_path / "job_%j.out"),
+            sub,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     job_id = r.stdout.strip().split(";")[0]
     try:
@@ -484,7 +620,7 @@ def test_static_sbatch_pair_serves_hf_on_the_local_cluster(local_slurm, tmp_path
         deadline = time.monotonic() + 180
         while True:
             try:
-                text = probe_request(url, "hf_model", timeout_s=20)
+                probe_request(url, "hf_model", timeout_s=20)
                 break
             except Exception:
                 assert time.monotonic() < deadline, (tmp_path / "logs").glob("*")
@@ -506,14 +642,25 @@ def test_trtllm_llmapi_mpi_world_serves_through_rank0_on_the_local_cluster(local
     outside the task's MPI identity; rank 1 is the MPI worker and runs no tritonserver; the job stops drained."""
     import dataclasses
 
-    from launcher.schedulers import slurm, slurm_jobs
+    from launcher.schedulers import slurm
     from tests.standins.server import STANDINS
 
     calls = tmp_path / "calls.jsonl"
-    _, spec = plan(["cluster=local_slurm", "engine=trtllm", "tp=2", "model.path=/models/standin-llm", f"cluster.jobs_dir={tmp_path}",
-                    "serve.ready_timeout_s=240"])
-    cluster = dataclasses.replace(spec.cluster, env={**spec.cluster.env, "LLMLAUNCH_STANDIN_LOG": str(calls)},
-                                  setup=[f"export PATH={STANDINS / 'bin'}:$PATH", f"export PYTHONPATH=$PYTHONPATH:{STANDINS}"])
+    _, spec = plan(
+        [
+            "cluster=local_slurm",
+            "engine=trtllm",
+            "tp=2",
+            "model.path=/models/standin-llm",
+            f"cluster.jobs_dir={tmp_path}",
+            "serve.ready_timeout_s=240",
+        ]
+    )
+    cluster = dataclasses.replace(
+        spec.cluster,
+        env={**spec.cluster.env, "LLMLAUNCH_STANDIN_LOG": str(calls)},
+        setup=[f"export PATH={STANDINS / 'bin'}:$PATH", f"export PYTHONPATH=$PYTHONPATH:{STANDINS}"],
+    )
     spec = dataclasses.replace(spec, cluster=cluster)
     job, run = slurm.submit(spec, str(tmp_path / "run"))
     try:
@@ -525,10 +672,17 @@ def test_trtllm_llmapi_mpi_world_serves_through_rank0_on_the_local_cluster(local
         launched = sorted((r["event"], r["rank"], r["world"]) for r in rows if r["event"].startswith("launch_"))
         assert launched == [("launch_leader", 0, 2), ("launch_worker", 1, 2)]
         (init,) = [r for r in rows if r["event"] == "init"]
-        assert (init["args"]["tensor_parallel_size"], init["args"]["gpus_per_node"], init["mpi_env"], init["proxy"]) == (2, 2, [], "1")
+        assert (
+            init["args"]["tensor_parallel_size"],
+            init["args"]["gpus_per_node"],
+            init["mpi_env"],
+            init["proxy"],
+        ) == (2, 2, [], "1")
         assert prefixes_of(job.job_id) == [f"llm{job.job_id}r0_"]  # one tritonserver, rank 0's
         stop_drained(job.job_id)
-        assert any(r["event"] == "shutdown" for r in (json.loads(l) for l in calls.read_text().splitlines() if l.strip()))
+        assert any(
+            r["event"] == "shutdown" for r in (json.loads(ln) for ln in calls.read_text().splitlines() if ln.strip())
+        )
     finally:
         subprocess.run(["scancel", job.job_id])
 
@@ -542,17 +696,26 @@ def test_time_to_ready_is_broken_down_into_the_run_record_and_shown_by_status(lo
 
     from omegaconf import OmegaConf
 
-    from launcher.schedulers import registry as scheduler
-    from launcher.schedulers import slurm, slurm_jobs
     from launcher.readiness import process_start_time
     from launcher.record import base_record
+    from launcher.schedulers import registry as scheduler, slurm_jobs
 
-    overrides = ["cluster=local_slurm", "engine=hf", "model=tiny", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=240", "replicas=2", "nodes=2",
-                 "cluster.extra_sbatch=['--begin=now+8']"]
+    overrides = [
+        "cluster=local_slurm",
+        "engine=hf",
+        "model=tiny",
+        f"cluster.jobs_dir={tmp_path}",
+        "serve.ready_timeout_s=240",
+        "replicas=2",
+        "nodes=2",
+        "cluster.extra_sbatch=['--begin=now+8']",
+    ]
     cfg, spec = plan(overrides)
     backend = scheduler.get("slurm")
     run_dir = str(tmp_path / "run")
-    record = base_record(OmegaConf.to_container(cfg, resolve=True), overrides, backend.name, run_dir, submitted=process_start_time())
+    record = base_record(
+        OmegaConf.to_container(cfg, resolve=True), overrides, backend.name, run_dir, submitted=process_start_time()
+    )
     ep = backend.launch(dataclasses.replace(backend.dryrun(spec, run_dir), record=record))
     try:
         rec = json.loads((Path(run_dir) / "record.json").read_text())

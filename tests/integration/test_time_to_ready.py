@@ -32,7 +32,9 @@ def _check_record(rec: dict, run_dir: Path) -> dict:
     assert abs(sum(b[k] for k in PHASES) - b["total_s"]) < 0.05, b
     assert rec["marks"]["serving"] - rec["marks"]["submitted"] == pytest.approx(b["total_s"], abs=0.01)
     v = rec["versions"]
-    assert v["tritonserver"] and v["torch"] and v["transformers"], v  # torch and transformers: as the engine imported them
+    assert v["tritonserver"] and v["torch"] and v["transformers"], (
+        v
+    )  # torch and transformers: as the engine imported them
     assert rec["llmlaunch"]["version"] and len(rec["llmlaunch"]["commit"]) == 40
     assert rec["environment"]["packages_sha256"] and rec["nodes"] and rec["run_dir"] == str(run_dir)
     assert rec["config"]["model"]["name"] == "tiny" and rec["scheduler"] == "local"
@@ -48,17 +50,30 @@ def test_local_launch_prints_its_time_to_ready_and_relaunches_from_its_record(tm
         assert first.stop() == 0, "".join(first.err[-20:])
     line, _, where = said["ready"].rpartition(" (record ")
     record_path = Path(where.rstrip(")"))
-    assert line.startswith("time to READY ") and "model/engine load" in line and "(weights " in line and "first real token" in line
-    assert any(l.startswith("llmlaunch: time to READY") for l in first.err)
+    assert (
+        line.startswith("time to READY ")
+        and "model/engine load" in line
+        and "(weights " in line
+        and "first real token" in line
+    )
+    assert any(ln.startswith("llmlaunch: time to READY") for ln in first.err)
     rec = json.loads(record_path.read_text())
     _check_record(rec, record_path.parent)
     assert "engine.max_num_seqs=8" in rec["overrides"] and rec["config"]["engine"]["max_num_seqs"] == 8
 
     # the same launch again, with replicas=2 and new ports on top: every other value is the record's
     env = {"PYTHONPATH": str(ROOT)}
-    dry = subprocess.run([sys.executable, "-m", "launcher.cli", "--from-record", str(record_path), "replicas=2", "dry_run=true"],
-                         capture_output=True, text=True, cwd=tmp_path, env={**__import__("os").environ, **env}, timeout=120)
-    assert dry.returncode == 0 and "replicas=2" in dry.stdout.splitlines()[2] and "max_num_seqs: 8" in dry.stdout, dry.stderr
+    dry = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "--from-record", str(record_path), "replicas=2", "dry_run=true"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**__import__("os").environ, **env},
+        timeout=120,
+    )
+    assert dry.returncode == 0 and "replicas=2" in dry.stdout.splitlines()[2] and "max_num_seqs: 8" in dry.stdout, (
+        dry.stderr
+    )
     again = Served(tmp_path, "--from-record", str(record_path), "replicas=2", *_ports())
     try:
         said = again.ready(timeout=360)

@@ -19,7 +19,11 @@ from launcher.rundir import RunDir
 from tests.integration.test_slurm_launch import launch, server_pid
 from tests.slurm_fixture import NOT_ROOT_REASON
 
-pytestmark = [pytest.mark.slurm, pytest.mark.skipif(os.geteuid() != 0, reason=NOT_ROOT_REASON), pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(os.geteuid() != 0, reason=NOT_ROOT_REASON),
+    pytest.mark.timeout(600),
+]
 
 
 def logs_cli(arg):
@@ -37,10 +41,19 @@ def archived(text):
 
 def failed_launch(tmp_path, *overrides):
     """Submit and follow a job that fails while loading: the LaunchError's text (the triage included)."""
-    from launcher.schedulers import slurm, slurm_jobs
     from launcher.models import resolve_model
+    from launcher.schedulers import slurm
 
-    cfg, spec = plan(["cluster=local_slurm", "engine=hf", "model=tiny", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=240", *overrides])
+    cfg, spec = plan(
+        [
+            "cluster=local_slurm",
+            "engine=hf",
+            "model=tiny",
+            f"cluster.jobs_dir={tmp_path}",
+            "serve.ready_timeout_s=240",
+            *overrides,
+        ]
+    )
     spec = resolve_model(spec)
     job, run = slurm.submit(spec, str(tmp_path / f"run{time.monotonic_ns()}"))
     with pytest.raises(LaunchError) as e:
@@ -49,7 +62,7 @@ def failed_launch(tmp_path, *overrides):
 
 
 def test_a_killed_rank_is_the_root_cause_and_the_rest_its_consequences(local_slurm, tmp_path):
-    from launcher.schedulers import slurm, slurm_jobs
+    from launcher.schedulers import slurm_jobs
 
     spec, job_id, run, ep = launch(tmp_path, "tp=2", "nodes=2")
     os.kill(server_pid(job_id, 1), signal.SIGKILL)
@@ -62,12 +75,17 @@ def test_a_killed_rank_is_the_root_cause_and_the_rest_its_consequences(local_slu
     assert first.startswith("root cause: rank 1 on node2 at ") and f"{job_id}_1_log.out line" in first, text
     assert "server exited with status -9 unasked: failing the job" in text.split("consequences")[0], text
     assert "consequences" in text and "srun: error:" in text.split("consequences")[1], text
-    assert {f"{job_id}_0_log.out", f"{job_id}_1_log.out", "failure_rank1.json", "launch.json", "job.json"} <= set(archived(text))
+    assert {f"{job_id}_0_log.out", f"{job_id}_1_log.out", "failure_rank1.json", "launch.json", "job.json"} <= set(
+        archived(text)
+    )
 
 
 def test_a_bad_engine_path_names_the_leader_and_the_load_error(local_slurm, tmp_path):
     job_id, run, text = failed_launch(tmp_path, "model.path=/nonexistent/tiny-model")
-    assert "root cause: rank 0 on node1 at " in text and "/nonexistent/tiny-model" in text.split("root cause:")[1].split("consequences")[0], text
+    assert (
+        "root cause: rank 0 on node1 at " in text
+        and "/nonexistent/tiny-model" in text.split("root cause:")[1].split("consequences")[0]
+    ), text
     assert "lines around it in" in text and f"llmlaunch-logs {job_id}" in text
     assert logs_cli(run.path).startswith("root cause: rank 0 on node1 at ")
 
@@ -79,20 +97,32 @@ def test_a_rank_that_never_reaches_the_rendezvous_is_named(local_slurm, tmp_path
     wrapper.write_text(f'#!/bin/sh\nif [ "$SLURM_PROCID" = 1 ]; then sleep 300; fi\nexec {sys.executable} "$@"\n')
     wrapper.chmod(0o755)
     t0 = time.monotonic()
-    job_id, run, text = failed_launch(tmp_path, "replicas=2", "nodes=2", f"cluster.python={wrapper}", "serve.rendezvous_timeout_s=20")
+    job_id, run, text = failed_launch(
+        tmp_path, "replicas=2", "nodes=2", f"cluster.python={wrapper}", "serve.rendezvous_timeout_s=20"
+    )
     assert time.monotonic() - t0 < 120, text
-    assert re.search(r"root cause: rank 0 on node1 at .*\n.*FAILED: rendezvous: ranks \[1\] did not arrive within 20s", text), text
+    assert re.search(
+        r"root cause: rank 0 on node1 at .*\n.*FAILED: rendezvous: ranks \[1\] did not arrive within 20s", text
+    ), text
     assert run.failures()[0]["missing_ranks"] == [1]
 
 
 def test_a_port_taken_while_the_server_loads_is_the_root_cause(local_slurm, tmp_path):
     """Something on node1 takes each gRPC port rank 0 picked before its server binds it: after its retries the
     rank fails, and the root cause is the first bind that failed."""
-    from launcher.schedulers import slurm, slurm_jobs
     from launcher.models import resolve_model
+    from launcher.schedulers import slurm
 
-    cfg, spec = plan(["cluster=local_slurm", "engine=hf", "model=tiny", f"cluster.jobs_dir={tmp_path}", "serve.ready_timeout_s=240",
-                      "cluster.extra_sbatch=['--nodelist=node1']"])
+    cfg, spec = plan(
+        [
+            "cluster=local_slurm",
+            "engine=hf",
+            "model=tiny",
+            f"cluster.jobs_dir={tmp_path}",
+            "serve.ready_timeout_s=240",
+            "cluster.extra_sbatch=['--nodelist=node1']",
+        ]
+    )
     spec = resolve_model(spec)
     job, run = slurm.submit(spec, str(tmp_path / f"run{time.monotonic_ns()}"))
     log = RunDir(run).slurm_rank_log(job.job_id, 0)
@@ -104,8 +134,19 @@ def test_a_port_taken_while_the_server_loads_is_the_root_cause(local_slurm, tmp_
             for port in re.findall(r"--grpc-port=(\d+)", text):
                 if port not in taken:
                     taken.add(port)
-                    holders.append(subprocess.Popen(["ip", "netns", "exec", Spec.netns("node1"), sys.executable, "-c",
-                                                     f"import socket,time; s=socket.socket(); s.bind(('0.0.0.0', {port})); s.listen(); time.sleep(600)"]))
+                    holders.append(
+                        subprocess.Popen(
+                            [
+                                "ip",
+                                "netns",
+                                "exec",
+                                Spec.netns("node1"),
+                                sys.executable,
+                                "-c",
+                                f"import socket,time; s=socket.socket(); s.bind(('0.0.0.0', {port})); s.listen(); time.sleep(600)",
+                            ]
+                        )
+                    )
             time.sleep(0.1)
         assert RunDir(run).failures(), f"rank 0 never failed; its log ends:\n{log.read_text()[-3000:]}"
     finally:

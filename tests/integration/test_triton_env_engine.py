@@ -21,8 +21,9 @@ def test_engine_process_library_path_can_be_set(tiny_model_dir, monkeypatch):
     def child_env(**env):
         for k, v in env.items():
             monkeypatch.setenv(k, v)
-        proc = EngineProcess(HFEngineArgs(model_path=str(tiny_model_dir), device="cpu", max_num_seqs=2,
-                                          max_model_len=64)).start()
+        proc = EngineProcess(
+            HFEngineArgs(model_path=str(tiny_model_dir), device="cpu", max_num_seqs=2, max_model_len=64)
+        ).start()
         try:
             text = Path(f"/proc/{proc.info['pid']}/environ").read_text()
         finally:
@@ -37,15 +38,24 @@ def test_engine_process_library_path_can_be_set(tiny_model_dir, monkeypatch):
 
 
 @pytest.mark.triton
-@pytest.mark.parametrize("blocked, says", [
-    ("torch", ["ModuleNotFoundError", "torch"]),
-    # transformers' lazy import wraps the real failure ("Could not import module 'AutoTokenizer'" over a
-    # scipy built for numpy 2); the message goes down the chain to it
-    ("tokenizers.decoders", ["needs: ModuleNotFoundError: import of tokenizers.decoders halted",
-                             "(raised inside ModuleNotFoundError: Could not import module 'AutoTokenizer'"]),
-])
-def test_an_engine_in_a_stub_that_cannot_import_it_fails_its_load_saying_why(tiny_model_dir, tmp_path, monkeypatch,
-                                                                              blocked, says):
+@pytest.mark.parametrize(
+    "blocked, says",
+    [
+        ("torch", ["ModuleNotFoundError", "torch"]),
+        # transformers' lazy import wraps the real failure ("Could not import module 'AutoTokenizer'" over a
+        # scipy built for numpy 2); the message goes down the chain to it
+        (
+            "tokenizers.decoders",
+            [
+                "needs: ModuleNotFoundError: import of tokenizers.decoders halted",
+                "(raised inside ModuleNotFoundError: Could not import module 'AutoTokenizer'",
+            ],
+        ),
+    ],
+)
+def test_an_engine_in_a_stub_that_cannot_import_it_fails_its_load_saying_why(
+    tiny_model_dir, tmp_path, monkeypatch, blocked, says
+):
     """engine_process=false runs the hf engine in the python stub's interpreter.  A stub environment without torch
     (as the numpy<2 one of docs/engines.md, "GPU machines", makes), or whose transformers cannot import a module of its own: the
     model's load fails, and the server's error (ServerDied, led by the log's error lines) names the parameter, the
@@ -55,21 +65,24 @@ def test_an_engine_in_a_stub_that_cannot_import_it_fails_its_load_saying_why(tin
     import importlib.util
     import sysconfig
 
-    from launcher.triton import ServerDied
     from launcher.testing.serve import hf_server
+    from launcher.triton import ServerDied
 
     if importlib.util.find_spec("pytriton") is None:
         pytest.skip("needs nvidia-pytriton (tritonserver)")
     env_dir = tmp_path / "stub-env"
     venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python3"
-    site = subprocess.check_output([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                   text=True).strip()
-    (Path(site) / "zz_blocked.pth").write_text(f"{sysconfig.get_paths()['purelib']}\n"
-                                               f"import sys; sys.modules['{blocked}'] = None\n")
+    site = subprocess.check_output(
+        [str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+    ).strip()
+    (Path(site) / "zz_blocked.pth").write_text(
+        f"{sysconfig.get_paths()['purelib']}\nimport sys; sys.modules['{blocked}'] = None\n"
+    )
     monkeypatch.setenv(lt.STUB_PYTHON_ENV, str(python))
-    srv = hf_server(str(tiny_model_dir), tmp_path / "server", {"device": "cpu", "max_num_seqs": 2,
-                                                                "engine_process": "false"})
+    srv = hf_server(
+        str(tiny_model_dir), tmp_path / "server", {"device": "cpu", "max_num_seqs": 2, "engine_process": "false"}
+    )
     with pytest.raises(ServerDied) as died:
         with srv:
             pass
@@ -77,5 +90,5 @@ def test_an_engine_in_a_stub_that_cannot_import_it_fails_its_load_saying_why(tin
     assert "engine_process=false runs the engine in the python stub's interpreter" in errors, errors
     assert all(s in errors for s in says), errors
     assert "Leave engine_process=true" in errors
-    assert "LLMLAUNCH_STUB_PYTHON; docs/engines.md, \"GPU machines\")" in errors  # the log's escaped quotes undone
+    assert 'LLMLAUNCH_STUB_PYTHON; docs/engines.md, "GPU machines")' in errors  # the log's escaped quotes undone
     assert "CudaDriverHelper" not in errors

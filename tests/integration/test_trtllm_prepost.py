@@ -42,18 +42,35 @@ def server(tiny_dir, tmp_path_factory):
     from launcher.render import repository_files
     from tests.standins.server import STANDINS, serve, write_repository
 
-    _, spec = plan(["engine=trtllm", "engine.layout=ensemble", f"model.path={tiny_dir}", "engine.engine_dir=/engines/standin", "engine.max_num_seqs=8", "engine.bls=true",
-                    "engine.preprocessing_instances=1", "engine.postprocessing_instances=1"])
+    _, spec = plan(
+        [
+            "engine=trtllm",
+            "engine.layout=ensemble",
+            f"model.path={tiny_dir}",
+            "engine.engine_dir=/engines/standin",
+            "engine.max_num_seqs=8",
+            "engine.bls=true",
+            "engine.preprocessing_instances=1",
+            "engine.postprocessing_instances=1",
+        ]
+    )
     tmp = tmp_path_factory.mktemp("trtllm")
     repo = write_repository(repository_files(spec), tmp / "repo")
     # Keep the rendered tensorrt_llm config (inputs, outputs, batching); swap only its backend.
     cfg = pbtxt.parse((repo / "tensorrt_llm" / "config.pbtxt").read_text())
     cfg.backend = "python"
     (repo / "tensorrt_llm" / "config.pbtxt").write_text(pbtxt.to_text(cfg))
-    shutil.copy(STANDINS / "triton_models" / "tensorrt_llm" / "1" / "model.py", repo / "tensorrt_llm" / "1" / "model.py")
+    shutil.copy(
+        STANDINS / "triton_models" / "tensorrt_llm" / "1" / "model.py", repo / "tensorrt_llm" / "1" / "model.py"
+    )
     log = tmp / "standin_calls.jsonl"
-    with serve(repo, ["preprocessing", "postprocessing", "tensorrt_llm", "ensemble", "tensorrt_llm_bls"], tmp / "server.log", "ensemble",
-               extra_env={"LLMLAUNCH_STANDIN_LOG": str(log)}) as s:
+    with serve(
+        repo,
+        ["preprocessing", "postprocessing", "tensorrt_llm", "ensemble", "tensorrt_llm_bls"],
+        tmp / "server.log",
+        "ensemble",
+        extra_env={"LLMLAUNCH_STANDIN_LOG": str(log)},
+    ) as s:
         s.calls = log
         yield s
 
@@ -64,13 +81,24 @@ def test_rendered_ensemble_loads_as_rendered(tiny_dir, tmp_path):
     from launcher.triton import ServerDied
     from tests.standins.server import serve, write_repository
 
-    _, spec = plan(["engine=trtllm", "engine.layout=ensemble", f"model.path={tiny_dir}", "engine.engine_dir=/engines/standin", "engine.max_num_seqs=8",
-                    "engine.preprocessing_instances=1", "engine.postprocessing_instances=1"])
+    _, spec = plan(
+        [
+            "engine=trtllm",
+            "engine.layout=ensemble",
+            f"model.path={tiny_dir}",
+            "engine.engine_dir=/engines/standin",
+            "engine.max_num_seqs=8",
+            "engine.preprocessing_instances=1",
+            "engine.postprocessing_instances=1",
+        ]
+    )
     files = {k: v for k, v in repository_files(spec).items() if not k.startswith("tensorrt_llm/")}
     repo = write_repository(files, tmp_path / "repo")
     # a model with tensorrt_llm's config but nothing to run: enough for Triton to validate the ensemble
     (repo / "tensorrt_llm" / "1").mkdir(parents=True)
-    (repo / "tensorrt_llm" / "config.pbtxt").write_text(repository_files(spec)["tensorrt_llm/config.pbtxt"].replace('backend: "tensorrtllm"', 'backend: "python"'))
+    (repo / "tensorrt_llm" / "config.pbtxt").write_text(
+        repository_files(spec)["tensorrt_llm/config.pbtxt"].replace('backend: "tensorrtllm"', 'backend: "python"')
+    )
     idle = "class TritonPythonModel:\n    def execute(self, requests):\n        return None\n"
     for model in ("tensorrt_llm", "preprocessing", "postprocessing"):  # only the configs matter here
         (repo / model / "1" / "model.py").write_text(idle)
@@ -100,9 +128,20 @@ def _text(s):
 
 
 def preprocess(server, query, max_tokens=8, **extra):
-    inputs = [_input("QUERY", _text(query), "BYTES"), _input("REQUEST_OUTPUT_LEN", np.array([[max_tokens]], np.int32), "INT32")]
-    kinds = {"BAD_WORDS_DICT": "BYTES", "STOP_WORDS_DICT": "BYTES", "END_ID": "INT32", "PAD_ID": "INT32", "IGNORE_EOS": "BOOL",
-             "RANDOM_SEED": "UINT64", "SEED": "UINT64", "EXCLUDE_INPUT_IN_OUTPUT": "BOOL"}
+    inputs = [
+        _input("QUERY", _text(query), "BYTES"),
+        _input("REQUEST_OUTPUT_LEN", np.array([[max_tokens]], np.int32), "INT32"),
+    ]
+    kinds = {
+        "BAD_WORDS_DICT": "BYTES",
+        "STOP_WORDS_DICT": "BYTES",
+        "END_ID": "INT32",
+        "PAD_ID": "INT32",
+        "IGNORE_EOS": "BOOL",
+        "RANDOM_SEED": "UINT64",
+        "SEED": "UINT64",
+        "EXCLUDE_INPUT_IN_OUTPUT": "BOOL",
+    }
     for name, value in extra.items():
         inputs.append(_input(name, value, kinds[name]))
     c = _client(server)
@@ -127,7 +166,12 @@ def postprocess(server, ids, stream=False, max_tokens=None, input_len=3):
         r = c.infer("postprocessing", inputs)
     finally:
         c.close()
-    return r.as_numpy("OUTPUT")[0, 0], int(r.as_numpy("OUTPUT_TOKENS")[0, 0]), r.as_numpy("FINISH_REASON")[0, 0].decode(), int(r.as_numpy("INPUT_TOKENS")[0, 0])
+    return (
+        r.as_numpy("OUTPUT")[0, 0],
+        int(r.as_numpy("OUTPUT_TOKENS")[0, 0]),
+        r.as_numpy("FINISH_REASON")[0, 0].decode(),
+        int(r.as_numpy("INPUT_TOKENS")[0, 0]),
+    )
 
 
 # ----------------------------------------------------------------------------- preprocessing
@@ -148,8 +192,12 @@ def test_preprocessing_tokenizes_like_the_tokenizer(server, tokenizer):
 def test_word_lists_use_tensorrt_llm_ids_and_offsets_format(server, tokenizer):
     stop = ["the end", "東京", "x"]
     bad = ["ugly"]
-    r = preprocess(server, "hello", STOP_WORDS_DICT=np.array([[w.encode() for w in stop]], dtype=object),
-                   BAD_WORDS_DICT=np.array([[w.encode() for w in bad]], dtype=object))
+    r = preprocess(
+        server,
+        "hello",
+        STOP_WORDS_DICT=np.array([[w.encode() for w in stop]], dtype=object),
+        BAD_WORDS_DICT=np.array([[w.encode() for w in bad]], dtype=object),
+    )
     enc = [tokenizer.encode(w, add_special_tokens=False) for w in stop]
     flat = [t for e in enc for t in e]
     offsets = list(np.cumsum([len(e) for e in enc]))
@@ -163,12 +211,25 @@ def test_word_lists_use_tensorrt_llm_ids_and_offsets_format(server, tokenizer):
 
 
 def test_ignore_eos_end_id_and_seed(server):
-    r = preprocess(server, "hi", IGNORE_EOS=np.array([[True]]), END_ID=np.array([[7]], np.int32), PAD_ID=np.array([[9]], np.int32),
-                   SEED=np.array([[1234]], np.uint64), EXCLUDE_INPUT_IN_OUTPUT=np.array([[True]]))
+    r = preprocess(
+        server,
+        "hi",
+        IGNORE_EOS=np.array([[True]]),
+        END_ID=np.array([[7]], np.int32),
+        PAD_ID=np.array([[9]], np.int32),
+        SEED=np.array([[1234]], np.uint64),
+        EXCLUDE_INPUT_IN_OUTPUT=np.array([[True]]),
+    )
     assert r.as_numpy("OUT_END_ID").tolist() == [[-1]]  # never sampled: exactly max_tokens tokens
     assert r.as_numpy("OUT_PAD_ID").tolist() == [[9]]
     assert r.as_numpy("OUT_RANDOM_SEED").tolist() == [[1234]]
-    r = preprocess(server, "hi", END_ID=np.array([[7]], np.int32), RANDOM_SEED=np.array([[5]], np.uint64), SEED=np.array([[5]], np.uint64))
+    r = preprocess(
+        server,
+        "hi",
+        END_ID=np.array([[7]], np.int32),
+        RANDOM_SEED=np.array([[5]], np.uint64),
+        SEED=np.array([[5]], np.uint64),
+    )
     assert r.as_numpy("OUT_END_ID").tolist() == [[7]] and r.as_numpy("OUT_RANDOM_SEED").tolist() == [[5]]
 
 
@@ -212,8 +273,13 @@ def test_postprocessing_without_optional_inputs_sends_exact_bytes(server, tokeni
     try:
         chunks = []
         for t in ids:
-            r = c.infer("postprocessing", [_input("TOKENS_BATCH", np.array([[[t]]], np.int32), "INT32"),
-                                           _input("SEQUENCE_LENGTH", np.array([[1]], np.int32), "INT32")])
+            r = c.infer(
+                "postprocessing",
+                [
+                    _input("TOKENS_BATCH", np.array([[[t]]], np.int32), "INT32"),
+                    _input("SEQUENCE_LENGTH", np.array([[1]], np.int32), "INT32"),
+                ],
+            )
             chunks.append(r.as_numpy("OUTPUT")[0, 0])
             assert r.as_numpy("FINISH_REASON")[0, 0] == b"" and int(r.as_numpy("INPUT_TOKENS")[0, 0]) == 0
     finally:
@@ -227,8 +293,11 @@ def generate(server, prompt, max_tokens, stream, model="ensemble", parameters=No
     has besides text_output)."""
     import tritonclient.grpc as grpcclient
 
-    inputs = [_input("text_input", _text(prompt), "BYTES"), _input("max_tokens", np.array([[max_tokens]], np.int32), "INT32"),
-              _input("stream", np.array([[stream]], bool), "BOOL")]
+    inputs = [
+        _input("text_input", _text(prompt), "BYTES"),
+        _input("max_tokens", np.array([[max_tokens]], np.int32), "INT32"),
+        _input("stream", np.array([[stream]], bool), "BOOL"),
+    ]
     kinds = {"ignore_eos": "BOOL", "stop_words": "BYTES", "random_seed": "UINT64", "min_length": "INT32"}
     for name, value in extra.items():
         inputs.append(_input(name, value, kinds[name]))
@@ -245,8 +314,9 @@ def generate(server, prompt, max_tokens, stream, model="ensemble", parameters=No
             out = result.as_numpy("text_output")
             if out is not None:
                 chunks.append(b"".join(out.reshape(-1)))
-                responses.append({o.name: result.as_numpy(o.name).reshape(-1)[0] for o in resp.outputs
-                                  if o.name != "text_output"})
+                responses.append(
+                    {o.name: result.as_numpy(o.name).reshape(-1)[0] for o in resp.outputs if o.name != "text_output"}
+                )
             if resp.parameters.get("triton_final_response") and resp.parameters["triton_final_response"].bool_param:
                 return b"".join(chunks), responses
     finally:
@@ -268,7 +338,11 @@ def test_ensemble_non_streaming(server, tokenizer):
     # a decoupled ensemble cannot pass the prompt length or max_tokens to postprocessing (see its docstring)
     assert (int(r["input_tokens"]), int(r["output_tokens"]), r["finish_reason"]) == (0, n, b"")
     call = _calls(server)[-1]
-    assert call["input_ids"] == tokenizer.encode(prompt) and call["end_id"] == tokenizer.eos_token_id and not call["streaming"]
+    assert (
+        call["input_ids"] == tokenizer.encode(prompt)
+        and call["end_id"] == tokenizer.eos_token_id
+        and not call["streaming"]
+    )
 
 
 def test_ensemble_streaming_multibyte(server):
@@ -287,7 +361,10 @@ def test_ensemble_stop_words_reach_the_engine(server, tokenizer):
     prompt = "one two three four five"
     generate(server, prompt, max_tokens=50, stream=False, stop_words=np.array([[b" three", b"zzz"]], dtype=object))
     call = _calls(server)[-1]
-    assert call["stop_words"] == [tokenizer.encode(" three", add_special_tokens=False), tokenizer.encode("zzz", add_special_tokens=False)]
+    assert call["stop_words"] == [
+        tokenizer.encode(" three", add_special_tokens=False),
+        tokenizer.encode("zzz", add_special_tokens=False),
+    ]
 
 
 # ----------------------------------------------------------------------------- the BLS model (engine.bls=true)
@@ -298,15 +375,18 @@ def test_bls_streams_whole_characters_with_cumulative_counts(server, tokenizer):
     counts = [int(r["output_tokens"]) for r in responses]
     assert counts == sorted(counts) and counts[-1] == n
     assert all(int(r["input_tokens"]) == n + 1 for r in responses)
-    assert [r["finish_reason"] for r in responses][-1] == b"stop" and all(r["finish_reason"] == b"" for r in responses[:-1])
+    assert [r["finish_reason"] for r in responses][-1] == b"stop" and all(
+        r["finish_reason"] == b"" for r in responses[:-1]
+    )
 
 
 def test_final_counts_only_bls_honours_it_and_the_ensemble_ignores_it(server, tokenizer):
     """Request parameter final_counts_only: the BLS model sends text_output alone until its final response; the
     ensemble's steps are fixed by config.pbtxt, so it sends its counts on every response (as the contract says)."""
     n = len(tokenizer.encode(MULTIBYTE, add_special_tokens=False))
-    text, responses = generate(server, MULTIBYTE, max_tokens=200, stream=True, model="tensorrt_llm_bls",
-                               parameters={"final_counts_only": True})
+    text, responses = generate(
+        server, MULTIBYTE, max_tokens=200, stream=True, model="tensorrt_llm_bls", parameters={"final_counts_only": True}
+    )
     assert text.decode() == MULTIBYTE and len(responses) > 1
     assert all(r == {} for r in responses[:-1]), responses
     last = responses[-1]
@@ -324,9 +404,15 @@ def test_bls_chunks_are_valid_utf8(server):
     c = grpcclient.InferenceServerClient(server.grpc_url)
     c.start_stream(callback=lambda result=None, error=None: q.put((result, error)))
     try:
-        c.async_stream_infer("tensorrt_llm_bls", [_input("text_input", _text(MULTIBYTE), "BYTES"),
-                                                  _input("max_tokens", np.array([[200]], np.int32), "INT32"),
-                                                  _input("stream", np.array([[True]], bool), "BOOL")], enable_empty_final_response=True)
+        c.async_stream_infer(
+            "tensorrt_llm_bls",
+            [
+                _input("text_input", _text(MULTIBYTE), "BYTES"),
+                _input("max_tokens", np.array([[200]], np.int32), "INT32"),
+                _input("stream", np.array([[True]], bool), "BOOL"),
+            ],
+            enable_empty_final_response=True,
+        )
         while True:
             result, error = q.get(timeout=60)
             assert error is None
@@ -345,8 +431,18 @@ def test_bls_non_streaming_stop_words_and_ignore_eos(server, tokenizer):
     prompt = "one two three four five"
     text, responses = generate(server, prompt, max_tokens=50, stream=False, model="tensorrt_llm_bls")
     assert text.decode() == prompt and responses[-1]["finish_reason"] == b"stop"
-    text, responses = generate(server, prompt, max_tokens=50, stream=False, model="tensorrt_llm_bls",
-                               stop_words=np.array([[b" three"]], dtype=object))
-    assert text.decode() == "one two" and responses[-1]["finish_reason"] == b"stop"  # the engine returned " three"; removed
-    text, responses = generate(server, prompt, max_tokens=12, stream=True, model="tensorrt_llm_bls", ignore_eos=np.array([[True]]))
+    text, responses = generate(
+        server,
+        prompt,
+        max_tokens=50,
+        stream=False,
+        model="tensorrt_llm_bls",
+        stop_words=np.array([[b" three"]], dtype=object),
+    )
+    assert (
+        text.decode() == "one two" and responses[-1]["finish_reason"] == b"stop"
+    )  # the engine returned " three"; removed
+    text, responses = generate(
+        server, prompt, max_tokens=12, stream=True, model="tensorrt_llm_bls", ignore_eos=np.array([[True]])
+    )
     assert int(responses[-1]["output_tokens"]) == 12 and responses[-1]["finish_reason"] == b"length"

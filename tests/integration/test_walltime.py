@@ -4,7 +4,6 @@ with requeue=true the job serves again in a new allocation, where llmlaunch-stat
 
 import json
 import os
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -16,7 +15,11 @@ from launcher.rundir import RunDir
 from tests.integration.test_slurm_launch import assert_shm_gone, greedy, sacct_end, stop
 from tests.slurm_fixture import NOT_ROOT_REASON
 
-pytestmark = [pytest.mark.slurm, pytest.mark.skipif(os.geteuid() != 0, reason=NOT_ROOT_REASON), pytest.mark.timeout(600)]
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(os.geteuid() != 0, reason=NOT_ROOT_REASON),
+    pytest.mark.timeout(600),
+]
 
 REASON = "is draining at its Slurm time limit"
 
@@ -33,12 +36,25 @@ def openai_completion(url, model):
 
 
 def test_a_job_at_its_time_limit_drains_requeues_and_serves_again(local_slurm, tmp_path):
-    from launcher.schedulers import slurm, slurm_jobs
     from launcher.client import ClientError, Generation, StreamRecord, TritonStream, build_request, generate
     from launcher.models import resolve_model
+    from launcher.schedulers import slurm, slurm_jobs
 
-    cfg, spec = plan(["cluster=local_slurm", "engine=hf", "model=tiny", f"cluster.jobs_dir={tmp_path}", "replicas=2", "nodes=2",
-                      "cluster.time=00:02:00", "serve.walltime_signal_s=45", "serve.drain_timeout_s=30", "serve.ready_timeout_s=70", "requeue=true"])
+    cfg, spec = plan(
+        [
+            "cluster=local_slurm",
+            "engine=hf",
+            "model=tiny",
+            f"cluster.jobs_dir={tmp_path}",
+            "replicas=2",
+            "nodes=2",
+            "cluster.time=00:02:00",
+            "serve.walltime_signal_s=45",
+            "serve.drain_timeout_s=30",
+            "serve.ready_timeout_s=70",
+            "requeue=true",
+        ]
+    )
     spec = resolve_model(spec)
     job, run = slurm.submit(spec, str(tmp_path / f"run{time.monotonic_ns()}"))
     job_id, run = job.job_id, RunDir(run)
@@ -53,7 +69,9 @@ def test_a_job_at_its_time_limit_drains_requeues_and_serves_again(local_slurm, t
             assert time.monotonic() < deadline, "no drain record: Slurm's signal never came"
             rec = StreamRecord(f"r{n}")
             sent.append((time.time(), rec))
-            stream.submit(build_request(ep["model"], Generation(f"Tick {n}", max_tokens=48, ignore_eos=True), f"r{n}"), rec)
+            stream.submit(
+                build_request(ep["model"], Generation(f"Tick {n}", max_tokens=48, ignore_eos=True), f"r{n}"), rec
+            )
             n += 1
             time.sleep(0.5)
         drained_at = run.walltime_records()[0]["time"]
@@ -95,11 +113,16 @@ def test_a_job_at_its_time_limit_drains_requeues_and_serves_again(local_slurm, t
                 break
             assert time.monotonic() < deadline, f"not serving again; {slurm_jobs.status(job_id)[1]}"
             time.sleep(1)
-        for rank in (0, 1):  # every rank of the first allocation drained and exited 0 (the logs append across allocations)
+        for rank in (
+            0,
+            1,
+        ):  # every rank of the first allocation drained and exited 0 (the logs append across allocations)
             assert "stopped (signal 12), status 0" in run.slurm_rank_log(job_id, rank).read_text(errors="replace"), rank
         code, st = slurm_jobs.status(job_id)
         assert code == 0 and "state: RUNNING" in st and f"endpoint: {again['url']}" in st, st
-        assert "allocation 0 drained at its time limit at " in st and "requeued; serving again at the endpoint above" in st, st
+        assert (
+            "allocation 0 drained at its time limit at " in st and "requeued; serving again at the endpoint above" in st
+        ), st
         assert greedy(again["url"], again["model"])[1] == 8
         stop(job_id)  # drained by llmlaunch-stop: no walltime record for this allocation, so no requeue
         assert sacct_end(job_id) == ("COMPLETED", "0:0")

@@ -33,7 +33,9 @@ def record(engine: str, event: str, **data) -> None:
     path = os.environ.get("LLMLAUNCH_STANDIN_LOG")
     if not path:
         return
-    line = json.dumps({"engine": engine, "event": event, "pid": os.getpid(), "time": time.time(), **data}, default=str, sort_keys=True)
+    line = json.dumps(
+        {"engine": engine, "event": event, "pid": os.getpid(), "time": time.time(), **data}, default=str, sort_keys=True
+    )
     with open(path, "a") as f:
         f.write(line + "\n")
 
@@ -46,8 +48,14 @@ def prompt_ids(prompt: str):
     return [10 + i for i, _ in enumerate(prompt.split())]
 
 
-async def script(prompt: str, max_tokens: int, min_tokens: int = 0, ignore_eos: bool = False,
-                 stop: Iterable[str] = (), cancelled=lambda: False) -> AsyncIterator[Tuple[str, int, Optional[str]]]:
+async def script(
+    prompt: str,
+    max_tokens: int,
+    min_tokens: int = 0,
+    ignore_eos: bool = False,
+    stop: Iterable[str] = (),
+    cancelled=lambda: False,
+) -> AsyncIterator[Tuple[str, int, Optional[str]]]:
     """Yield (new text, new token id or None, finish reason or None), one token at a time."""
     words = max(1, len(prompt.split()))
     fail = re.search(r"FAIL_AT_(\d+)", prompt)
@@ -66,7 +74,7 @@ async def script(prompt: str, max_tokens: int, min_tokens: int = 0, ignore_eos: 
         new_text = text + piece
         hit = min((new_text.find(s) for s in stops if s in new_text), default=-1)
         if hit >= 0:
-            yield new_text[len(text):hit] if hit > len(text) else "", 100 + i, "stop"
+            yield new_text[len(text) : hit] if hit > len(text) else "", 100 + i, "stop"
             return
         text = new_text
         last = i == max_tokens - 1

@@ -31,8 +31,15 @@ def write_repository(files: Dict[str, str], dest: Path) -> Path:
 
 
 @contextlib.contextmanager
-def serve(repo: Path, models: Iterable[str], log_path: Path, ready_model: str, extra_env: Optional[Dict[str, str]] = None,
-          ready_timeout_s: float = 120.0, pythonpath: Iterable[str] = ()):
+def serve(
+    repo: Path,
+    models: Iterable[str],
+    log_path: Path,
+    ready_model: str,
+    extra_env: Optional[Dict[str, str]] = None,
+    ready_timeout_s: float = 120.0,
+    pythonpath: Iterable[str] = (),
+):
     """Yield the gRPC url of a tritonserver that loaded `models` from `repo` (explicit model control)."""
     from launcher.triton import TritonServer, free_port, resolve_tritonserver, server_env
 
@@ -57,7 +64,16 @@ def serve(repo: Path, models: Iterable[str], log_path: Path, ready_model: str, e
         argv.append(f"--backend-directory={install.backend_directory}")
     env = server_env(install, extra_env)
     env["PYTHONPATH"] = os.pathsep.join([*map(str, pythonpath), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    server = TritonServer(argv, env=env, log_path=log_path, grpc_url=f"127.0.0.1:{ports[0]}", model=ready_model,
-                          ready_timeout_s=ready_timeout_s, drain_timeout_s=10, shm_prefix=prefix, probe=False)
+    server = TritonServer(
+        argv,
+        env=env,
+        log_path=log_path,
+        grpc_url=f"127.0.0.1:{ports[0]}",
+        model=ready_model,
+        ready_timeout_s=ready_timeout_s,
+        drain_timeout_s=10,
+        shm_prefix=prefix,
+        probe=False,
+    )
     with server:
         yield server

@@ -17,8 +17,10 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(autouse=True)
 def no_servers(monkeypatch):
     def refuse(self, *args, **kwargs):
-        raise RuntimeError("a unit test started a tritonserver (launcher.triton.TritonServer.start); "
-                           "move the test to tests/integration")
+        raise RuntimeError(
+            "a unit test started a tritonserver (launcher.triton.TritonServer.start); "
+            "move the test to tests/integration"
+        )
 
     monkeypatch.setattr(triton.TritonServer, "start", refuse)
 

@@ -39,8 +39,14 @@ def make_sharegpt(path: Path, n: int = 70, seed: int = 1) -> Path:
 
 def make_cnn(path: Path, n: int = 55, seed: int = 2) -> Path:
     rng = random.Random(seed)
-    rows = [{"instruction": "Summarize the following news article:", "input": _text(rng, 10, 60),
-             "output": _text(rng, 3, 9)} for _ in range(n)]
+    rows = [
+        {
+            "instruction": "Summarize the following news article:",
+            "input": _text(rng, 10, 60),
+            "output": _text(rng, 3, 9),
+        }
+        for _ in range(n)
+    ]
     path.write_text(json.dumps(rows))
     return path
 
@@ -83,8 +89,17 @@ def test_cnn_and_synthetic_loaders(tmp_path):
 
 
 def test_metrics_from_known_times():
-    r = metrics.RequestResult(index=0, prompt_len=3, max_tokens=4, sent=1.0, token_times=[1.05, 1.07, 1.09, 1.11],
-                              end=1.11, input_tokens=3, output_tokens=4, queued=0.9996)
+    r = metrics.RequestResult(
+        index=0,
+        prompt_len=3,
+        max_tokens=4,
+        sent=1.0,
+        token_times=[1.05, 1.07, 1.09, 1.11],
+        end=1.11,
+        input_tokens=3,
+        output_tokens=4,
+        queued=0.9996,
+    )
     assert r.ttft == pytest.approx(0.05) and r.e2el == pytest.approx(0.11)
     assert r.itl == pytest.approx([0.02, 0.02, 0.02]) and r.tpot == pytest.approx(0.02)
     bad = metrics.RequestResult(index=1, prompt_len=3, max_tokens=4, sent=1.0, error="boom")
@@ -95,10 +110,20 @@ def test_metrics_from_known_times():
     assert metrics.compute([r], 1.0, {"ttft": 10})["goodput"] == 0
     assert m["tokens_per_response"] == 1.0 and "Tokens per response (mean):" in metrics.format_table(m)
     # the client's hand-off (queued -> sent) is outside TTFT, reported apart; unknown (None) for old results
-    assert m["client_handoff_ms"]["p50"] == pytest.approx(0.4) and "Client hand-off P99 (ms):" in metrics.format_table(m)
+    assert m["client_handoff_ms"]["p50"] == pytest.approx(0.4) and "Client hand-off P99 (ms):" in metrics.format_table(
+        m
+    )
     # a server that merges a stream's tokens (stream_interval_ms): ITL is the gap between pieces of 3 and 4 tokens
-    merged = metrics.RequestResult(index=2, prompt_len=3, max_tokens=8, sent=1.0, token_times=[1.05, 1.07, 1.09],
-                                   end=1.09, input_tokens=3, output_tokens=8)
+    merged = metrics.RequestResult(
+        index=2,
+        prompt_len=3,
+        max_tokens=8,
+        sent=1.0,
+        token_times=[1.05, 1.07, 1.09],
+        end=1.09,
+        input_tokens=3,
+        output_tokens=8,
+    )
     assert metrics.compute([r, merged], 2.0)["tokens_per_response"] == pytest.approx(12 / 7)
     no_queue = metrics.compute([merged], 2.0)  # results saved before `queued` existed: no hand-off row
     assert no_queue["client_handoff_ms"]["p50"] is None and "Client hand-off" not in metrics.format_table(no_queue)
@@ -142,17 +167,27 @@ def test_multi_gpu_verdict_allows_greedy_differences_only_across_tp_sizes_in_bf1
     rows = [{"layout": n, "failed": 0} for n in ("tp1", "tp2", "rep2")]
 
     texts = {"tp1": "a b c", "tp2": "a b d", "rep2": "a b c"}
-    assert mod.verdict(texts, rows, [], "bfloat16") == (0, [
-        "greedy text of tp2 differs from tp1's (bfloat16, tp=2 against tp=1): expected in bfloat16; "
-        "--dtype float32 checks equality"])
+    assert mod.verdict(texts, rows, [], "bfloat16") == (
+        0,
+        [
+            "greedy text of tp2 differs from tp1's (bfloat16, tp=2 against tp=1): expected in bfloat16; "
+            "--dtype float32 checks equality"
+        ],
+    )
     assert mod.verdict(texts, rows, [], "float32") == (
-        1, ["greedy text of tp2 differs from tp1's (float32, tp=2 against tp=1): it must not"])
+        1,
+        ["greedy text of tp2 differs from tp1's (float32, tp=2 against tp=1): it must not"],
+    )
     # a replica compares with the first layout of its tp size, wherever that ran
     texts = {"tp2": "x", "tp1": "y", "rep2": "z", "rep2tp2": "x"}
-    assert mod.verdict(texts, rows, [], "bfloat16") == (1, [
-        "greedy text of rep2 differs from tp1's (the same tp size): it must not",
-        "greedy text of tp1 differs from tp2's (bfloat16, tp=1 against tp=2): expected in bfloat16; "
-        "--dtype float32 checks equality"])
+    assert mod.verdict(texts, rows, [], "bfloat16") == (
+        1,
+        [
+            "greedy text of rep2 differs from tp1's (the same tp size): it must not",
+            "greedy text of tp1 differs from tp2's (bfloat16, tp=1 against tp=2): expected in bfloat16; "
+            "--dtype float32 checks equality",
+        ],
+    )
     assert mod.verdict({"tp2": "x", "tp1": "y", "rep2": "y"}, rows, [], "bfloat16")[0] == 0
     assert mod.verdict({"tp1": "x", "tp2": "x"}, rows, [], "float32") == (0, [])
     assert mod.verdict({"tp1": "x"}, rows[:1] + [{"layout": "tp1", "failed": 3}], [], "bfloat16")[0] == 1
@@ -177,7 +212,12 @@ def test_multi_gpu_bench_spreads_the_load_over_client_processes():
         return argv[argv.index(flag) + 1]
 
     assert [value(f) for f in ("--concurrency", "--processes", "--streams", "--num-prompts", "--warmup")] == [
-        "64", "3", "1", "256", "64"]
+        "64",
+        "3",
+        "1",
+        "256",
+        "64",
+    ]
     assert value("--tokenizer") == "/m" and value("--output-len") == "64" and "--ignore-eos" in argv
 
 
@@ -210,8 +250,9 @@ def test_server_cpu_by_role_puts_each_process_of_a_real_tree_in_its_role():
 
     from launcher.testing.processes import SERVER_ROLES, server_cpu_by_role
 
-    root = subprocess.Popen([sys.executable, "-c", _ROLE_TREE], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    root = subprocess.Popen(
+        [sys.executable, "-c", _ROLE_TREE], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         assert root.stdout.readline().strip() == "ready"
         roles = server_cpu_by_role(root.pid)
@@ -236,12 +277,18 @@ def test_overhead_loads_repeat_each_load_per_client_process_count():
     args = argparse.Namespace(concurrency=[1, 32], requests_per_stream=2, request_rate=[250.0], open_seconds=4.0)
     loads = make_loads(args, [8, 16])
     assert [(x.concurrency, x.rate, x.processes, x.requests) for x in loads] == [
-        (1, 0.0, 1, 2), (32, 0.0, 8, 64), (32, 0.0, 16, 64), (0, 250.0, 8, 1000), (0, 250.0, 16, 1000)]
+        (1, 0.0, 1, 2),
+        (32, 0.0, 8, 64),
+        (32, 0.0, 16, 64),
+        (0, 250.0, 8, 1000),
+        (0, 250.0, 16, 1000),
+    ]
     assert [x.label() for x in loads[2:4]] == ["C=32, 16 client processes", "rate=250/s, 8 client processes"]
     eight, sixteen = loads[3].arrivals(), loads[4].arrivals()
     assert eight == arrival_times(loads[3].open_spec(), 1000) == sixteen and len(set(eight)) == 1000
-    (one,) = make_loads(argparse.Namespace(concurrency=[], requests_per_stream=2, request_rate=[250.0],
-                                           open_seconds=4.0), [8])
+    (one,) = make_loads(
+        argparse.Namespace(concurrency=[], requests_per_stream=2, request_rate=[250.0], open_seconds=4.0), [8]
+    )
     assert one.label() == "rate=250/s" and one.arrivals() == eight  # one count: labels as before
 
 
@@ -253,16 +300,36 @@ def test_overhead_table_has_a_line_per_load():
     mod = _script("overhead.py")
 
     def path(prefix, tps, p50, itl, in_flight):
-        return {f"{prefix}_tokens_per_s": tps, f"{prefix}_ttft_ms_p50": p50, f"{prefix}_itl_ms_p50": itl,
-                f"{prefix}_in_flight_mean": in_flight}
+        return {
+            f"{prefix}_tokens_per_s": tps,
+            f"{prefix}_ttft_ms_p50": p50,
+            f"{prefix}_itl_ms_p50": itl,
+            f"{prefix}_in_flight_mean": in_flight,
+        }
 
-    split = {"parse": 0.11, "add": 0.43, "engine": 5.26, "back": 0.25, "respond": 0.34, "send": 0.27,
-             "inside_server": 6.66, "outside_server": 1.0}
+    split = {
+        "parse": 0.11,
+        "add": 0.43,
+        "engine": 5.26,
+        "back": 0.25,
+        "respond": 0.34,
+        "send": 0.27,
+        "inside_server": 6.66,
+        "outside_server": 1.0,
+    }
     roles = {"tritonserver": 61.2, "stubs": 29.0, "engine": 198.4, "other": 0.0}
-    rate = {"request_rate": 240.0, "concurrency": None, **path("direct", 30000.0, 5.014, 2.984, 77.13),
-            **path("process", 29900.0, 5.5, 2.99, 77.5), **path("served", 29988.0, 7.077, 3.012, 77.955),
-            "process_ratio": 0.9967, "ratio": 0.9996, "ttft_added_ms_p50": 2.063, "served_first_token_ms": split,
-            "cpu_us_per_token": {"server_by_role": roles}}
+    rate = {
+        "request_rate": 240.0,
+        "concurrency": None,
+        **path("direct", 30000.0, 5.014, 2.984, 77.13),
+        **path("process", 29900.0, 5.5, 2.99, 77.5),
+        **path("served", 29988.0, 7.077, 3.012, 77.955),
+        "process_ratio": 0.9967,
+        "ratio": 0.9996,
+        "ttft_added_ms_p50": 2.063,
+        "served_first_token_ms": split,
+        "cpu_us_per_token": {"server_by_role": roles},
+    }
     closed = dict(rate, request_rate=None, concurrency=8, served_vs_generate=2.5013, served_first_token_ms=None)
     doc = {"paths": ["direct", "process", "served"], "runs": [closed, rate]}
     head, c8, r240 = mod.table(doc).splitlines()
@@ -364,4 +431,8 @@ def test_reported_tokens_are_the_servers_counts_where_it_sends_them():
     assert (r.input_tokens, r.output_tokens, r.output_tokens_source) == (129, 4, "server")
     silent = StreamRecord("r1", sent=0.0, times=[0.1, 0.2], chunks=chunks)
     r = metrics.from_record(0, sample, silent, 0.0, datasets.TokenCounter())
-    assert (r.input_tokens, r.output_tokens, r.output_tokens_source) == (3, datasets.estimate_tokens("hello world"), "estimate")
+    assert (r.input_tokens, r.output_tokens, r.output_tokens_source) == (
+        3,
+        datasets.estimate_tokens("hello world"),
+        "estimate",
+    )

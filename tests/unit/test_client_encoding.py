@@ -11,12 +11,15 @@ from launcher import contract
 from launcher.client import Generation, build_inputs, build_request, encode_inputs, parse_url
 
 
-@pytest.mark.parametrize("given, expected", [
-    ("grpc://localhost:8001", "localhost:8001"),
-    ("10.0.0.5:33337", "10.0.0.5:33337"),
-    ("node12", "node12:8001"),
-    ("grpc://[::1]:9001/", "[::1]:9001"),
-])
+@pytest.mark.parametrize(
+    "given, expected",
+    [
+        ("grpc://localhost:8001", "localhost:8001"),
+        ("10.0.0.5:33337", "10.0.0.5:33337"),
+        ("node12", "node12:8001"),
+        ("grpc://[::1]:9001/", "[::1]:9001"),
+    ],
+)
 def test_parse_url(given, expected):
     assert parse_url(given) == expected
 
@@ -27,8 +30,17 @@ def test_parse_url_rejects_http():
 
 
 def test_inputs_follow_the_contract():
-    gen = Generation("Hello", max_tokens=7, temperature=0.5, top_p=0.9, top_k=40, seed=3, stop=("\n\n", "END"),
-                     min_tokens=2, ignore_eos=True)
+    gen = Generation(
+        "Hello",
+        max_tokens=7,
+        temperature=0.5,
+        top_p=0.9,
+        top_k=40,
+        seed=3,
+        stop=("\n\n", "END"),
+        min_tokens=2,
+        ignore_eos=True,
+    )
     tensors = {name: (dtype, shape, raw) for name, dtype, shape, raw in encode_inputs(gen)}
     declared = {t.name: t.dtype for t in contract.INPUTS}
     assert all(declared[name] == dtype for name, (dtype, _, _) in tensors.items())

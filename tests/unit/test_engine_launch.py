@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from launcher.cli import plan
-from launcher.engines import registry
 from launcher.engines.registry import ENGINES
 from launcher.errors import LaunchError
 from launcher.rank.rendezvous import RankContext
@@ -40,8 +39,16 @@ def contexts(spec):
     out = []
     for r in spec.ranks:
         leader = spec.ranks[r.rank - r.group_rank]
-        out.append(RankContext(rank=r, job_id="4242", leader_addr=hosts[leader.rank], dist_port=DIST_PORT, hosts=hosts,
-                               ports={"grpc_port": 8001, "http_port": 8000, "metrics_port": 8002} if r.role == "leader" else {}))
+        out.append(
+            RankContext(
+                rank=r,
+                job_id="4242",
+                leader_addr=hosts[leader.rank],
+                dist_port=DIST_PORT,
+                hosts=hosts,
+                ports={"grpc_port": 8001, "http_port": 8000, "metrics_port": 8002} if r.role == "leader" else {},
+            )
+        )
     return out
 
 
@@ -78,18 +85,28 @@ def config_params(spec):
 def test_vllm_two_nodes_leader_serves_and_the_other_node_joins_ray():
     spec = spec_for("engine=vllm", "tp=16", "nodes=2")
     assert [(r.rank, r.node, r.role, r.serves, r.gpus) for r in spec.ranks] == [
-        (0, 0, "leader", "public", tuple(range(8))), (1, 1, "worker", "none", tuple(range(8)))]
+        (0, 0, "leader", "public", tuple(range(8))),
+        (1, 1, "worker", "none", tuple(range(8))),
+    ]
     leader, worker = contexts(spec)
     edef = ENGINES["vllm"]
     assert edef.rank_command(spec, leader) is None  # tritonserver; its model starts the Ray head
     argv = tritonserver_argv(spec, spec.ranks[0], job_id="4242")
     assert "--grpc-port=8001" in argv and "--allow-grpc=false" not in argv
     assert edef.rank_command(spec, worker) == [
-        spec.python, "-m", "launcher.engines.ray", "worker", f"--address={LEADER}:{DIST_PORT}", "--timeout=900",
-        "--node-ip-address=10.0.0.2"]
+        spec.python,
+        "-m",
+        "launcher.engines.ray",
+        "worker",
+        f"--address={LEADER}:{DIST_PORT}",
+        "--timeout=900",
+        "--node-ip-address=10.0.0.2",
+    ]
     e0, e1 = env_of(spec, leader), env_of(spec, worker)
     assert (e0["VLLM_HOST_IP"], e1["VLLM_HOST_IP"]) == ("10.0.0.1", "10.0.0.2")
-    assert e0["_LLMLAUNCH_LEADER_ADDR"] == e1["_LLMLAUNCH_LEADER_ADDR"] == LEADER and e1["_LLMLAUNCH_DIST_PORT"] == str(DIST_PORT)
+    assert e0["_LLMLAUNCH_LEADER_ADDR"] == e1["_LLMLAUNCH_LEADER_ADDR"] == LEADER and e1["_LLMLAUNCH_DIST_PORT"] == str(
+        DIST_PORT
+    )
     assert e1["_LLMLAUNCH_GROUP_RANK"] == "1" and e1["_LLMLAUNCH_GROUP_SIZE"] == "2"
     args = json.loads(repository_files(spec)["vllm_model/1/model.json"])
     assert (args["tensor_parallel_size"], args["distributed_executor_backend"]) == (16, "ray")
@@ -111,14 +128,26 @@ def test_vllm_mp_executor_cannot_span_nodes():
 def test_vllm_engine_args_file_and_sampling_mapping():
     m = load_model_module("vllm")
     fields = {"model", "tensor_parallel_size", "enable_log_requests"}
-    assert m.engine_kwargs({"model": "x", "disable_log_requests": True}, fields) == {"model": "x", "enable_log_requests": False}
+    assert m.engine_kwargs({"model": "x", "disable_log_requests": True}, fields) == {
+        "model": "x",
+        "enable_log_requests": False,
+    }
     with pytest.raises(ValueError, match=r"no \['tensor_parallel'\]"):
         m.engine_kwargs({"tensor_parallel": 2}, fields)
     from launcher.python_backend.triton_io import SamplingParams
 
-    kw = m.sampling_kwargs(SamplingParams(max_tokens=9, top_k=0, seed=3, stop=("x",), bad_words=("y",), end_id=7, ignore_eos=True))
-    assert (kw["max_tokens"], kw["top_k"], kw["seed"], kw["stop"], kw["bad_words"], kw["stop_token_ids"], kw["ignore_eos"]) == \
-        (9, -1, 3, ["x"], ["y"], [7], True)
+    kw = m.sampling_kwargs(
+        SamplingParams(max_tokens=9, top_k=0, seed=3, stop=("x",), bad_words=("y",), end_id=7, ignore_eos=True)
+    )
+    assert (
+        kw["max_tokens"],
+        kw["top_k"],
+        kw["seed"],
+        kw["stop"],
+        kw["bad_words"],
+        kw["stop_token_ids"],
+        kw["ignore_eos"],
+    ) == (9, -1, 3, ["x"], ["y"], [7], True)
 
 
 # ----------------------------------------------------------------------------- SGLang
@@ -128,13 +157,25 @@ def test_sglang_two_nodes_every_node_runs_the_engine_node0_serves():
     edef = ENGINES["sglang"]
     assert edef.rank_command(spec, leader) is None and edef.rank_command(spec, worker) is None
     argv1 = tritonserver_argv(spec, spec.ranks[1], job_id="4242")
-    assert {"--allow-grpc=false", "--allow-http=false", "--model-control-mode=explicit", "--load-model=sglang_model"} <= set(argv1)
-    assert edef.rank_env(spec, leader) == {} and edef.rank_env(spec, worker) == {"SGLANG_BLOCK_NONZERO_RANK_CHILDREN": "0"}
+    assert {
+        "--allow-grpc=false",
+        "--allow-http=false",
+        "--model-control-mode=explicit",
+        "--load-model=sglang_model",
+    } <= set(argv1)
+    assert edef.rank_env(spec, leader) == {} and edef.rank_env(spec, worker) == {
+        "SGLANG_BLOCK_NONZERO_RANK_CHILDREN": "0"
+    }
     m = load_model_module("sglang")
     params = config_params(spec)
     kw0 = m.server_args_kwargs(params, env_of(spec, leader))
     kw1 = m.server_args_kwargs(params, env_of(spec, worker))
-    assert (kw0["nnodes"], kw0["node_rank"], kw0["dist_init_addr"], kw0["tp_size"]) == (2, 0, f"{LEADER}:{DIST_PORT}", 16)
+    assert (kw0["nnodes"], kw0["node_rank"], kw0["dist_init_addr"], kw0["tp_size"]) == (
+        2,
+        0,
+        f"{LEADER}:{DIST_PORT}",
+        16,
+    )
     assert (kw1["nnodes"], kw1["node_rank"], kw1["dist_init_addr"]) == (2, 1, f"{LEADER}:{DIST_PORT}")
     assert kw0["model_path"] == "/models/llama-70b" and kw0["max_running_requests"] == 256
 
@@ -162,7 +203,10 @@ def test_lmdeploy_pytorch_two_nodes_uses_ray_like_vllm():
     assert edef.rank_command(spec, worker)[2:5] == ["launcher.engines.ray", "worker", f"--address={LEADER}:{DIST_PORT}"]
     assert edef.rank_env(spec, leader)["LMDEPLOY_EXECUTOR_BACKEND"] == "ray"
     m = load_model_module("lmdeploy")
-    kw = m.backend_config_kwargs(config_params(spec), {"tp", "dtype", "cache_max_entry_count", "max_batch_size", "session_len", "distributed_executor_backend"})
+    kw = m.backend_config_kwargs(
+        config_params(spec),
+        {"tp", "dtype", "cache_max_entry_count", "max_batch_size", "session_len", "distributed_executor_backend"},
+    )
     assert (kw["tp"], kw["distributed_executor_backend"], kw["max_batch_size"]) == (16, "ray", 128)
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         m.backend_config_kwargs({"dtype": "float32"}, set())
@@ -212,20 +256,54 @@ def test_trtllm_llmapi_ranks_are_one_mpi_world_under_trtllm_llmapi_launch(monkey
 
 def test_trtllm_llmapi_model_leaves_the_mpi_world_and_maps_the_contract():
     m = load_model_module("trtllm/llmapi")
-    env = {"PMIX_RANK": "1", "PMIX_NAMESPACE": "x", "PMI_FD": "3", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_UNIVERSE_SIZE": "8",
-           "PMIX_MCA_gds": "hash", "OMPI_MCA_btl": "self", "UCX_TLS": "rc", "SLURM_PROCID": "1", "TLLM_SPAWN_PROXY_PROCESS": "1"}
-    assert sorted(m.leave_mpi_world(env)) == ["OMPI_COMM_WORLD_SIZE", "OMPI_UNIVERSE_SIZE", "PMIX_NAMESPACE", "PMIX_RANK", "PMI_FD"]
+    env = {
+        "PMIX_RANK": "1",
+        "PMIX_NAMESPACE": "x",
+        "PMI_FD": "3",
+        "OMPI_COMM_WORLD_SIZE": "8",
+        "OMPI_UNIVERSE_SIZE": "8",
+        "PMIX_MCA_gds": "hash",
+        "OMPI_MCA_btl": "self",
+        "UCX_TLS": "rc",
+        "SLURM_PROCID": "1",
+        "TLLM_SPAWN_PROXY_PROCESS": "1",
+    }
+    assert sorted(m.leave_mpi_world(env)) == [
+        "OMPI_COMM_WORLD_SIZE",
+        "OMPI_UNIVERSE_SIZE",
+        "PMIX_NAMESPACE",
+        "PMIX_RANK",
+        "PMI_FD",
+    ]
     assert sorted(env) == ["OMPI_MCA_btl", "PMIX_MCA_gds", "SLURM_PROCID", "TLLM_SPAWN_PROXY_PROCESS", "UCX_TLS"]
-    assert m.llm_kwargs({"model": "/m", "backend": "pytorch"}, {"model", "backend"}) == {"model": "/m", "backend": "pytorch"}
+    assert m.llm_kwargs({"model": "/m", "backend": "pytorch"}, {"model", "backend"}) == {
+        "model": "/m",
+        "backend": "pytorch",
+    }
     with pytest.raises(ValueError, match=r"takes no \['nope'\].*valid keys: backend, model"):
         m.llm_kwargs({"model": "/m", "nope": 1}, {"model", "backend"})
     with pytest.raises(ValueError, match="at least `model`"):
         m.llm_kwargs({"backend": "pytorch"}, None)
     from launcher.python_backend.triton_io import SamplingParams
 
-    assert m.sampling_kwargs(SamplingParams(max_tokens=5)) == {"n": 1, "max_tokens": 5, "ignore_eos": False, "skip_special_tokens": True, "top_k": 1}
-    kw = m.sampling_kwargs(SamplingParams(max_tokens=5, temperature=0.7, top_k=40, top_p=0.95, end_id=7, stop=("x",), bad_words=("y",)))
-    assert (kw["temperature"], kw["top_k"], kw["top_p"], kw["stop_token_ids"], kw["stop"], kw["bad"]) == (0.7, 40, 0.95, [7], ["x"], ["y"])
+    assert m.sampling_kwargs(SamplingParams(max_tokens=5)) == {
+        "n": 1,
+        "max_tokens": 5,
+        "ignore_eos": False,
+        "skip_special_tokens": True,
+        "top_k": 1,
+    }
+    kw = m.sampling_kwargs(
+        SamplingParams(max_tokens=5, temperature=0.7, top_k=40, top_p=0.95, end_id=7, stop=("x",), bad_words=("y",))
+    )
+    assert (kw["temperature"], kw["top_k"], kw["top_p"], kw["stop_token_ids"], kw["stop"], kw["bad"]) == (
+        0.7,
+        40,
+        0.95,
+        [7],
+        ["x"],
+        ["y"],
+    )
 
 
 # ----------------------------------------------------------------------------- engine facts the ranks act on
@@ -236,21 +314,29 @@ def test_ranks_rendezvous_through_files_where_the_server_is_the_mpi_program(monk
     monkeypatch.setattr(rank_mod, "MPIComm", lambda: "mpi")
 
     def comm(spec):
-        return rank_mod.make_comm(spec, Topology("slurm", 0, spec.world_size, 0, 0, spec.nodes, "4242", "node1"), tmp_path)
+        return rank_mod.make_comm(
+            spec, Topology("slurm", 0, spec.world_size, 0, 0, spec.nodes, "4242", "node1"), tmp_path
+        )
 
     assert ENGINES["trtllm"].server_uses_mpi and not ENGINES["vllm"].server_uses_mpi
     assert isinstance(comm(spec_for("engine=trtllm", "engine.layout=ensemble", "tp=16", "nodes=2")), rank_mod.FileComm)
-    assert isinstance(comm(spec_for("engine=trtllm", "tp=16", "nodes=2")), rank_mod.FileComm)  # llmapi: trtllm-llmapi-launch's world
+    assert isinstance(
+        comm(spec_for("engine=trtllm", "tp=16", "nodes=2")), rank_mod.FileComm
+    )  # llmapi: trtllm-llmapi-launch's world
     assert comm(spec_for("engine=vllm", "tp=16", "nodes=2")) == "mpi"
 
 
-@pytest.mark.parametrize("overrides,ray", [
-    (("engine=vllm",), True),  # auto: ray across nodes
-    (("engine=vllm", "engine.distributed_executor_backend=ray"), True),
-    (("engine=lmdeploy", "engine.backend=pytorch"), True),
-    (("engine=sglang",), False),
-    (("engine=trtllm",), False),
-], ids=lambda v: " ".join(v) if isinstance(v, tuple) else str(v))
+@pytest.mark.parametrize(
+    "overrides,ray",
+    [
+        (("engine=vllm",), True),  # auto: ray across nodes
+        (("engine=vllm", "engine.distributed_executor_backend=ray"), True),
+        (("engine=lmdeploy", "engine.backend=pytorch"), True),
+        (("engine=sglang",), False),
+        (("engine=trtllm",), False),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, tuple) else str(v),
+)
 def test_copies_over_nodes_run_their_other_nodes_on_ray_where_the_engine_says(overrides, ray):
     """EngineDef.ray (launcher.engines.ray.RayHooks): the copy's other nodes run `ray start` instead of tritonserver."""
     spec = spec_for(*overrides, "tp=16", "nodes=2")
@@ -267,10 +353,14 @@ def test_no_engine_is_branched_on_by_name_outside_the_registry():
 
     names = "|".join(sorted(ENGINES))
     compare = re.compile(rf"""(==|!=|\bin)\s*\(?\s*["']({names})["']""")
-    found = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
-             for top in ("launcher", "model_repository") for p in sorted((ROOT / top).rglob("*.py"))
-             if p.name not in ("registry.py", "schema.py")
-             for i, line in enumerate(p.read_text().splitlines(), 1) if compare.search(line)]
+    found = [
+        f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
+        for top in ("launcher", "model_repository")
+        for p in sorted((ROOT / top).rglob("*.py"))
+        if p.name not in ("registry.py", "schema.py")
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if compare.search(line)
+    ]
     assert found == []
 
 
@@ -289,26 +379,65 @@ def test_ray_worker_waits_for_the_head_then_becomes_ray_start(tmp_path):
         head.bind(("127.0.0.1", 0))
         head.listen()
         port = head.getsockname()[1]
-        proc = subprocess.run([sys.executable, "-m", "launcher.engines.ray", "worker", f"--address=127.0.0.1:{port}",
-                               "--node-ip-address=10.0.0.2", "--timeout=10", f"--ray={ray}"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "launcher.engines.ray",
+                "worker",
+                f"--address=127.0.0.1:{port}",
+                "--node-ip-address=10.0.0.2",
+                "--timeout=10",
+                f"--ray={ray}",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
     assert proc.returncode == 0, proc.stderr
-    assert json.loads(record.read_text()) == ["start", f"--address=127.0.0.1:{port}", "--block", "--node-ip-address=10.0.0.2"]
+    assert json.loads(record.read_text()) == [
+        "start",
+        f"--address=127.0.0.1:{port}",
+        "--block",
+        "--node-ip-address=10.0.0.2",
+    ]
 
 
 def test_ray_worker_gives_up_when_the_head_never_answers(tmp_path):
     ray, record = _fake_ray(tmp_path)
     from launcher.triton import free_port
 
-    proc = subprocess.run([sys.executable, "-m", "launcher.engines.ray", "worker", f"--address=127.0.0.1:{free_port()}",
-                           "--timeout=1", f"--ray={ray}"], cwd=ROOT, capture_output=True, text=True, timeout=30)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launcher.engines.ray",
+            "worker",
+            f"--address=127.0.0.1:{free_port()}",
+            "--timeout=1",
+            f"--ray={ray}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert proc.returncode == 1 and "did not answer" in proc.stderr and not record.exists()
 
 
 def test_head_argv():
     from launcher.engines.ray import head_argv
 
-    assert head_argv(6379, "10.0.0.1") == ["ray", "start", "--head", "--port=6379", "--block", "--include-dashboard=false",
-                                           "--node-ip-address=10.0.0.1"]
+    assert head_argv(6379, "10.0.0.1") == [
+        "ray",
+        "start",
+        "--head",
+        "--port=6379",
+        "--block",
+        "--include-dashboard=false",
+        "--node-ip-address=10.0.0.1",
+    ]
 
 
 # ----------------------------------------------------------------------------- worker ranks fail fast
@@ -335,8 +464,15 @@ def test_hf_model_json_carries_the_engine_config():
     config.pbtxt names the file and holds only what Triton reads."""
     from launcher.hf.args import HFEngineArgs
 
-    spec = spec_for("engine=hf", "tp=2", "model.dtype=bfloat16", "engine.prefill_chunk=1024",
-                    "engine.torch_compile=true", "engine.cuda_graphs=false", "engine.stream_interval_ms=8")
+    spec = spec_for(
+        "engine=hf",
+        "tp=2",
+        "model.dtype=bfloat16",
+        "engine.prefill_chunk=1024",
+        "engine.torch_compile=true",
+        "engine.cuda_graphs=false",
+        "engine.stream_interval_ms=8",
+    )
     files = repository_files(spec)
     args = HFEngineArgs.from_dict(json.loads(files["hf_model/1/model.json"]))
     assert (args.model_path, args.tp_size, args.dtype, args.prefill_chunk) == ("/models/llama-70b", 2, "bfloat16", 1024)
@@ -345,7 +481,10 @@ def test_hf_model_json_carries_the_engine_config():
     from launcher.contract import HONOURED_PARAMETERS_KEY
 
     params = config_params(spec)
-    assert set(params) == {"engine_args_file", HONOURED_PARAMETERS_KEY, "tokenizer_path"} and params["engine_args_file"] == "model.json"
+    assert (
+        set(params) == {"engine_args_file", HONOURED_PARAMETERS_KEY, "tokenizer_path"}
+        and params["engine_args_file"] == "model.json"
+    )
     assert params["tokenizer_path"] == "/models/llama-70b"  # for clients: llmlaunch-bench counts in these tokens
     kwargs = args.runner_kwargs()
     assert (args.prefill_tokens("cuda"), kwargs["torch_compile"], kwargs["max_model_len"]) == (1024, True, None)
@@ -359,8 +498,9 @@ def test_hf_engine_args_refuse_unknown_keys():
     assert "prefil_chunk" in str(exc.value) and "prefill_chunk" in str(exc.value)  # the valid keys are listed
     with pytest.raises(ValueError, match="max_num_seqs='many' is not an integer"):
         HFEngineArgs.from_dict({"max_num_seqs": "many"})
-    assert HFEngineArgs.from_dict({"cuda_graphs": "false", "max_num_seqs": "8", "torch_compile": True}) == \
-        HFEngineArgs(cuda_graphs=False, max_num_seqs=8, torch_compile="true")
+    assert HFEngineArgs.from_dict({"cuda_graphs": "false", "max_num_seqs": "8", "torch_compile": True}) == HFEngineArgs(
+        cuda_graphs=False, max_num_seqs=8, torch_compile="true"
+    )
 
 
 def test_the_arrival_barrier_names_the_ranks_that_never_came(tmp_path):
@@ -370,7 +510,9 @@ def test_the_arrival_barrier_names_the_ranks_that_never_came(tmp_path):
     (tmp_path / "arrived_2").touch()
     with pytest.raises(RendezvousTimeout) as e:
         arrival_barrier(tmp_path, 0, 4, timeout_s=0.2)
-    assert e.value.missing == [1, 3] and "ranks [1, 3] did not arrive within 0s (serve.rendezvous_timeout_s)" in str(e.value)
+    assert e.value.missing == [1, 3] and "ranks [1, 3] did not arrive within 0s (serve.rendezvous_timeout_s)" in str(
+        e.value
+    )
     for r in (1, 3):
         (tmp_path / f"arrived_{r}").touch()
     arrival_barrier(tmp_path, 0, 4, timeout_s=0.2)  # all there: returns

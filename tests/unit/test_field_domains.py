@@ -83,7 +83,7 @@ BAD = {
     ("hf", "cluster.container.image"): ["cluster.container.image=my image"],
     ("hf", "cluster.container.mounts"): ["cluster.container.mounts=['/a b:/c']"],
     ("hf", "cluster.container.workdir"): ["cluster.container.workdir=relative/dir"],
-    ("hf", "cluster.setup"): ["cluster.setup=[\"echo 'unclosed\"]"],
+    ("hf", "cluster.setup"): ['cluster.setup=["echo \'unclosed"]'],
     ("hf", "cluster.lock_clocks"): ["cluster.lock_clocks=fast"],
     ("hf", "cluster.env"): ["+cluster.env.bad-key=1"],
     ("hf", "cluster.extra_sbatch"): ["cluster.extra_sbatch=['--gpu bind']"],
@@ -140,7 +140,12 @@ BAD = {
     ("trtllm", "engine.layout"): ["engine.layout=onnx"],
     ("trtllm", "engine.llm_args"): ["engine.llm_args.bad-key=1"],
     ("trtllm", "engine.engine_dir"): ["engine.layout=ensemble", "engine.engine_dir=/nonexistent-engine", LAUNCH],
-    ("trtllm", "engine.tokenizer_dir"): ["engine.layout=ensemble", "engine.engine_dir=/nonexistent-engine", "engine.tokenizer_dir=/nonexistent-tok", LAUNCH],
+    ("trtllm", "engine.tokenizer_dir"): [
+        "engine.layout=ensemble",
+        "engine.engine_dir=/nonexistent-engine",
+        "engine.tokenizer_dir=/nonexistent-tok",
+        LAUNCH,
+    ],
     ("trtllm", "engine.tokenizer_type"): ["engine.tokenizer_type=gpt"],
     ("trtllm", "engine.batching_strategy"): ["engine.batching_strategy=V2"],
     ("trtllm", "engine.batch_scheduler_policy"): ["engine.batch_scheduler_policy=fifo"],
@@ -215,7 +220,9 @@ def test_a_bad_value_of_every_field_exits_2_naming_it(engine, field, tmp_path, m
     # a launch row must be refused before anything starts: a GPU "is there", the scheduler must not be reached
     monkeypatch.setattr(hostcheck, "GPU_PROBE", lambda: (True, "a GPU for this test"))
     if launch:
-        monkeypatch.setattr(launcher.schedulers.registry, "for_spec", lambda spec: pytest.fail("a scheduler was reached"))
+        monkeypatch.setattr(
+            launcher.schedulers.registry, "for_spec", lambda spec: pytest.fail("a scheduler was reached")
+        )
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(SystemExit) as e:
         cli.main(args if launch else args + ["dry_run=true"])

@@ -13,7 +13,9 @@ def test_wire_patches_decode_as_protobuf_says():
     t = req.inputs.add()
     t.name = "text_input"
     req.raw_input_contents.append(b"\x01\x00\x00\x00x")
-    patched = service_pb2.ModelInferRequest.FromString(req.SerializeToString() + _request_id_patch("a~fe1") + _ASK_EMPTY_FINAL)
+    patched = service_pb2.ModelInferRequest.FromString(
+        req.SerializeToString() + _request_id_patch("a~fe1") + _ASK_EMPTY_FINAL
+    )
     assert patched.id == "a~fe1" and patched.parameters["triton_enable_empty_final_response"].bool_param
     assert patched.raw_input_contents == req.raw_input_contents and patched.inputs == req.inputs
     resp = service_pb2.ModelStreamInferResponse()

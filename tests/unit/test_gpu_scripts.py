@@ -45,8 +45,10 @@ def test_identity_counts_equal_positions_and_names_the_first_divergence():
     report = identity.compare(a, b, Words())
     assert report["identical_answers"] == 1
     assert report["token_share"] == (4 + 2 + 2) / (4 + 4 + 3)
-    assert report["first_divergence"] == [{"prompt": 1, "position": 2, "a": "z", "b": "k"},
-                                          {"prompt": 2, "position": 2, "a": "<end>", "b": "r"}]
+    assert report["first_divergence"] == [
+        {"prompt": 1, "position": 2, "a": "z", "b": "k"},
+        {"prompt": 2, "position": 2, "a": "<end>", "b": "r"},
+    ]
 
 
 def test_identity_refuses_answers_to_different_prompts():
@@ -65,9 +67,15 @@ def test_startup_breakdown_reads_vllms_log_lines(tmp_path):
         "(Worker pid=1) INFO [backends.py:1149] Dynamo bytecode transform time: 3.78 s\n"
         "(Worker pid=1) INFO [monitor.py:53] torch.compile took 11.55 s in total\n"
         "(Worker pid=1) INFO [model_runner.py:722] Graph capturing finished in 2 secs, took 0.37 GiB\n"
-        "(EngineCore pid=2) INFO [core.py:337] init engine (profile, create kv cache, warmup model) took 105.57 s\n")
+        "(EngineCore pid=2) INFO [core.py:337] init engine (profile, create kv cache, warmup model) took 105.57 s\n"
+    )
     (logs / "rank1.log").write_text("(Worker pid=3) INFO Loading weights took 9.00 seconds\n")
     assert serve_bench.startup_breakdown(str(tmp_path)) == {
-        "weights_s": 0.37, "model_load_s": 2.798511, "dynamo_s": 3.78, "compile_s": 11.55, "cuda_graphs_s": 2.0,
-        "engine_init_s": 105.57}
+        "weights_s": 0.37,
+        "model_load_s": 2.798511,
+        "dynamo_s": 3.78,
+        "compile_s": 11.55,
+        "cuda_graphs_s": 2.0,
+        "engine_init_s": 105.57,
+    }
     assert serve_bench.startup_breakdown(str(tmp_path / "absent")) == {}

@@ -22,8 +22,15 @@ from launcher.hf.engine import Engine, SamplingParams, describe_features  # noqa
 def tiny_config(family: str, vocab: int = 512):
     import transformers
 
-    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    common = dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
     if family == "llama":
         return transformers.LlamaConfig(**common, attention_bias=True, mlp_bias=True)
     if family == "qwen2":  # q/k/v with biases, o without
@@ -62,19 +69,26 @@ def test_fused_projections_give_the_same_logits(family):
     attn = model.model.layers[0].self_attn
     assert attn.fused_qkv.weight.shape[0] == attn.q_proj.out_features + 2 * attn.k_proj.out_features
     # one copy of each weight: the fused ones replace the separate ones
-    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in random_model(
-        tiny_config(family)).parameters())
+    assert sum(p.numel() for p in model.parameters()) == sum(
+        p.numel() for p in random_model(tiny_config(family)).parameters()
+    )
 
 
 def test_traced_forward_has_one_product_per_group():
     """What torch.compile sees (Dynamo's graph, fullgraph): per layer one product for q/k/v, o, one for gate/up,
     down, then the LM head: 4 per layer + 1 instead of 7 per layer + 1."""
+
     def linears(model) -> int:
         seen = []
 
         def backend(gm, example_inputs):
-            seen.append(sum(1 for n in gm.graph.nodes if n.op == "call_function"
-                            and n.target in (torch.nn.functional.linear, torch._C._nn.linear)))
+            seen.append(
+                sum(
+                    1
+                    for n in gm.graph.nodes
+                    if n.op == "call_function" and n.target in (torch.nn.functional.linear, torch._C._nn.linear)
+                )
+            )
             return gm.forward
 
         torch._dynamo.reset()
@@ -106,8 +120,12 @@ def test_a_part_called_on_another_input_computes_its_product_again(caplog):
             self.gate_proj, self.up_proj = lin(8, 6), lin(6, 6)  # different inputs: not fusable
 
         def forward(self, x):
-            return (self.q_proj(x).sum(-1) + self.k_proj(x * 2).sum(-1) + self.v_proj(x).sum(-1)
-                    + self.up_proj(self.gate_proj(x)).sum(-1))
+            return (
+                self.q_proj(x).sum(-1)
+                + self.k_proj(x * 2).sum(-1)
+                + self.v_proj(x).sum(-1)
+                + self.up_proj(self.gate_proj(x)).sum(-1)
+            )
 
     torch.manual_seed(0)
     m = Odd().eval()
@@ -123,7 +141,8 @@ def test_a_part_called_on_another_input_computes_its_product_again(caplog):
     assert hf_fuse.recomputed(m) > 0
     assert [r.message for r in caplog.records if "computed again" in r.message] == [
         "hf engine: fused q_proj+k_proj+v_proj: k_proj was called on another input than its siblings; its product is "
-        "computed again (correct, slower)"]
+        "computed again (correct, slower)"
+    ]
 
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
@@ -143,14 +162,14 @@ def test_engine_of_another_family_fused_equals_generate(tiny_model_dir, tmp_path
     with torch.inference_mode():
         for p in prompts:
             ids = tok(p, return_tensors="pt").input_ids
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, min_new_tokens=12,
-                                 do_sample=False)
-            refs.append(out[0, ids.shape[1]:].tolist())
+            out = model.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=12, min_new_tokens=12, do_sample=False
+            )
+            refs.append(out[0, ids.shape[1] :].tolist())
     args = HFEngineArgs(model_path=str(tmp_path), device="cpu", dtype="float32", max_num_seqs=4)
     eng = Engine.from_args(args).start()
     try:
-        got = [eng.generate(p, SamplingParams(max_tokens=12, ignore_eos=True), timeout=60).token_ids
-               for p in prompts]
+        got = [eng.generate(p, SamplingParams(max_tokens=12, ignore_eos=True), timeout=60).token_ids for p in prompts]
         features = eng.features
     finally:
         eng.shutdown()

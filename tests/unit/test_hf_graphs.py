@@ -55,8 +55,14 @@ def _steps(runner):
     pos = {}
 
     def step(decode=(), chunks=()):
-        return StepInputs([s for s, _ in decode], [t for _, t in decode], [pos[s] for s, _ in decode],
-                          [c for c, _ in chunks], [t for _, ts in chunks for t in ts], SamplingRows())
+        return StepInputs(
+            [s for s, _ in decode],
+            [t for _, t in decode],
+            [pos[s] for s, _ in decode],
+            [c for c, _ in chunks],
+            [t for _, ts in chunks for t in ts],
+            SamplingRows(),
+        )
 
     def whole(slot, tokens, start=0, sample=True):
         pos[slot] = start + len(tokens)
@@ -75,8 +81,11 @@ def _steps(runner):
     h = go(step(decode=[(0, 5), (1, 6), (2, 7)]))  # decode rows: a decode graph
     h = go(step(decode=[(0, 0), (1, 0), (2, 0)]), prev=h)  # their tokens from the step before, on the device
     h = go(step(decode=[(2, 9), (0, 8)], chunks=[whole(3, list(range(50, 58))), whole(5, [60, 61, 62])]))  # mixed
-    go(step(decode=[(0, 0), (2, 0), (3, 0), (1, 4)], chunks=[whole(6, list(range(70, 75)))]), prev=h,
-       rows=[1, 0, 2, -1])  # mixed, decode tokens from the device, one from the host
+    go(
+        step(decode=[(0, 0), (2, 0), (3, 0), (1, 4)], chunks=[whole(6, list(range(70, 75)))]),
+        prev=h,
+        rows=[1, 0, 2, -1],
+    )  # mixed, decode tokens from the device, one from the host
     go(step(decode=[(5, 3), (6, 2)]))  # decode rows on slots 5 and 6 only: padded rows between
     go(step(decode=[(0, 1)], chunks=[whole(7, list(range(80, 120)), sample=False)]))  # past the mixed limit: eager
     go(step(chunks=[whole(7, list(range(120, 130)), start=40)]))  # a later chunk: eager
@@ -104,21 +113,27 @@ def test_every_family_replays_the_eager_steps(tiny_model_dir, monkeypatch):
         torch.testing.assert_close(v[:8], v0, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("fail_at, kind, counts, left", [
-    (2, "decode", (0, 0, 0), {"decode": 1, "prompt": 0, "wave": 0, "mixed": 0}),
-    (6, "prompt", (4, 0, 4), {"decode": 4, "prompt": 0, "wave": 0, "mixed": 4}),
-    (8, "wave", (4, 0, 4), {"decode": 4, "prompt": 0, "wave": 0, "mixed": 4}),
-    (10, "mixed", (4, 4, 0), {"decode": 4, "prompt": 3, "wave": 1, "mixed": 0}),
-])
-def test_a_failed_capture_turns_off_its_family_and_those_that_need_it(tiny_model_dir, monkeypatch, fail_at, kind,
-                                                                      counts, left):
+@pytest.mark.parametrize(
+    "fail_at, kind, counts, left",
+    [
+        (2, "decode", (0, 0, 0), {"decode": 1, "prompt": 0, "wave": 0, "mixed": 0}),
+        (6, "prompt", (4, 0, 4), {"decode": 4, "prompt": 0, "wave": 0, "mixed": 4}),
+        (8, "wave", (4, 0, 4), {"decode": 4, "prompt": 0, "wave": 0, "mixed": 4}),
+        (10, "mixed", (4, 4, 0), {"decode": 4, "prompt": 3, "wave": 1, "mixed": 0}),
+    ],
+)
+def test_a_failed_capture_turns_off_its_family_and_those_that_need_it(
+    tiny_model_dir, monkeypatch, fail_at, kind, counts, left
+):
     """A decode capture that fails turns graphs off (mixed graphs, captured per decode bucket, then none); a prompt
     or wave capture drops both (they share the prompt-graph limit), decode and mixed graphs stay; a mixed one drops
     the mixed graphs only.  The error is kept where the engine reports it, and steps run eagerly instead."""
     runner, got, captures = _graphed_runner(tiny_model_dir, monkeypatch, fail_at)
     assert captures[fail_at - 1] == kind and got == counts
-    assert {f.kind: len(f.graphs) for f in (runner.decode_graphs, runner.prompt_graphs, runner.wave_graphs,
-                                            runner.mixed_graphs)} == left
+    assert {
+        f.kind: len(f.graphs)
+        for f in (runner.decode_graphs, runner.prompt_graphs, runner.wave_graphs, runner.mixed_graphs)
+    } == left
     errors = {"decode": runner.graph_error, "prompt": runner.prefill_graph_error, "mixed": runner.mixed_graph_error}
     failed = "prompt" if kind == "wave" else kind  # prompt and wave graphs report one error
     assert errors == {k: "RuntimeError: no capture here" if k == failed else "" for k in errors}

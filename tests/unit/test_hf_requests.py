@@ -41,40 +41,58 @@ def test_parse_inputs_defaults_and_values():
 
     req = triton_io.parse_inputs(_arrays())
     assert req.prompt == "Hello" and req.params.max_tokens == 8 and not req.stream and req.params.greedy
-    req = triton_io.parse_inputs(_arrays(
-        stream=np.array([[True]]), temperature=np.array([[0.5]], dtype=np.float32),
-        stop_words=np.array([[b"a", b"bc"]], dtype=object), random_seed=np.array([[7]], dtype=np.uint64),
-        pad_id=np.array([[0]], dtype=np.int32), beam_width=np.array([[1]], dtype=np.int32)),
-        supported=frozenset(triton_io.INPUT_NAMES) - {"pad_id"})
+    req = triton_io.parse_inputs(
+        _arrays(
+            stream=np.array([[True]]),
+            temperature=np.array([[0.5]], dtype=np.float32),
+            stop_words=np.array([[b"a", b"bc"]], dtype=object),
+            random_seed=np.array([[7]], dtype=np.uint64),
+            pad_id=np.array([[0]], dtype=np.int32),
+            beam_width=np.array([[1]], dtype=np.int32),
+        ),
+        supported=frozenset(triton_io.INPUT_NAMES) - {"pad_id"},
+    )
     assert req.stream and req.params.temperature == 0.5 and req.params.stop == ("a", "bc")
     assert req.params.seed == 7 and req.ignored == ("pad_id",)
     # max_batch_size 0 layout (no batch dimension) works too
-    assert triton_io.parse_inputs({"text_input": np.array([b"Hi"], dtype=object),
-                                   "max_tokens": np.array([3], dtype=np.int32)}).params.max_tokens == 3
+    assert (
+        triton_io.parse_inputs(
+            {"text_input": np.array([b"Hi"], dtype=object), "max_tokens": np.array([3], dtype=np.int32)}
+        ).params.max_tokens
+        == 3
+    )
 
 
-@pytest.mark.parametrize("change, message", [
-    ({"text_input": None}, "missing required input 'text_input'"),
-    ({"max_tokens": None}, "missing required input 'max_tokens'"),
-    ({"text_input": "EMPTY"}, "text_input is empty"),
-    ({"text_input": "BATCH"}, "batch size 2 is not supported"),
-    ({"max_tokens": "ZERO"}, "max_tokens must be >= 1"),
-    ({"max_tokens": "FLOAT"}, "must be INT32"),
-    ({"beam_width": "FOUR"}, "beam_width 4 is not supported"),
-    ({"top_p": "BIG"}, "top_p must be in"),
-    ({"seed": "OTHER"}, "disagree"),
-    ({"text_input": "NOTUTF8"}, "not valid UTF-8"),
-    ({"bogus": "X"}, "unknown inputs"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"text_input": None}, "missing required input 'text_input'"),
+        ({"max_tokens": None}, "missing required input 'max_tokens'"),
+        ({"text_input": "EMPTY"}, "text_input is empty"),
+        ({"text_input": "BATCH"}, "batch size 2 is not supported"),
+        ({"max_tokens": "ZERO"}, "max_tokens must be >= 1"),
+        ({"max_tokens": "FLOAT"}, "must be INT32"),
+        ({"beam_width": "FOUR"}, "beam_width 4 is not supported"),
+        ({"top_p": "BIG"}, "top_p must be in"),
+        ({"seed": "OTHER"}, "disagree"),
+        ({"text_input": "NOTUTF8"}, "not valid UTF-8"),
+        ({"bogus": "X"}, "unknown inputs"),
+    ],
+)
 def test_parse_inputs_rejects(change, message):
     import numpy as np
 
     values = {
-        "EMPTY": np.array([[b""]], dtype=object), "BATCH": np.array([[b"a"], [b"b"]], dtype=object),
-        "ZERO": np.array([[0]], dtype=np.int32), "FLOAT": np.array([[1.5]], dtype=np.float32),
-        "FOUR": np.array([[4]], dtype=np.int32), "BIG": np.array([[1.5]], dtype=np.float32),
-        "OTHER": np.array([[2]], dtype=np.uint64), "NOTUTF8": np.array([[b"\xff\xfe"]], dtype=object),
-        "X": np.array([[1]]), None: None,
+        "EMPTY": np.array([[b""]], dtype=object),
+        "BATCH": np.array([[b"a"], [b"b"]], dtype=object),
+        "ZERO": np.array([[0]], dtype=np.int32),
+        "FLOAT": np.array([[1.5]], dtype=np.float32),
+        "FOUR": np.array([[4]], dtype=np.int32),
+        "BIG": np.array([[1.5]], dtype=np.float32),
+        "OTHER": np.array([[2]], dtype=np.uint64),
+        "NOTUTF8": np.array([[b"\xff\xfe"]], dtype=object),
+        "X": np.array([[1]]),
+        None: None,
     }
     arrays = _arrays(random_seed=np.array([[1]], dtype=np.uint64))
     for k, v in change.items():
@@ -106,22 +124,48 @@ def test_output_arrays_shapes():
 def test_engine_step_split_of_gpu_totals():
     from launcher.python_backend.timings import engine_step_split, format_engine_split
 
-    totals = {"steps": 4, "wall_s": 0.01, "launch_s": 0.002, "wait_s": 0.006, "gpu_s": 0.007, "gpu_idle_s": 0.0004,
-              "gpu_steps": 4, "decode_tokens": 4, "prefill_tokens": 8, "ahead_steps": 3, "prompt_steps": 2,
-              "prompt_graph_steps": 1}
+    totals = {
+        "steps": 4,
+        "wall_s": 0.01,
+        "launch_s": 0.002,
+        "wait_s": 0.006,
+        "gpu_s": 0.007,
+        "gpu_idle_s": 0.0004,
+        "gpu_steps": 4,
+        "decode_tokens": 4,
+        "prefill_tokens": 8,
+        "ahead_steps": 3,
+        "prompt_steps": 2,
+        "prompt_graph_steps": 1,
+    }
     split = engine_step_split({}, totals)
-    assert split == {"steps": 4, "step_ms": 2.5, "launch_ms": 0.5, "wait_ms": 1.5, "host_ms": 0.5, "decode_rows": 1.0,
-                     "prefill_tokens": 2.0, "ahead": 0.75, "prompt": 0.5, "prompt_graph": 0.25, "mixed": 0.0,
-                     "gpu_ms": 1.75, "gpu_idle_ms": 0.1}
-    assert format_engine_split(split) == ("step 2.500 ms = launch 0.500 + wait 1.500 + host 0.500; GPU 1.750 busy + "
-                                          "0.100 idle; 1 decode rows, 2 prompt tokens a step, 75% queued ahead, "
-                                          "50.0% with prompts (25.0% prompts alone through a graph)")
+    assert split == {
+        "steps": 4,
+        "step_ms": 2.5,
+        "launch_ms": 0.5,
+        "wait_ms": 1.5,
+        "host_ms": 0.5,
+        "decode_rows": 1.0,
+        "prefill_tokens": 2.0,
+        "ahead": 0.75,
+        "prompt": 0.5,
+        "prompt_graph": 0.25,
+        "mixed": 0.0,
+        "gpu_ms": 1.75,
+        "gpu_idle_ms": 0.1,
+    }
+    assert format_engine_split(split) == (
+        "step 2.500 ms = launch 0.500 + wait 1.500 + host 0.500; GPU 1.750 busy + "
+        "0.100 idle; 1 decode rows, 2 prompt tokens a step, 75% queued ahead, "
+        "50.0% with prompts (25.0% prompts alone through a graph)"
+    )
     eager = format_engine_split(engine_step_split({}, dict(totals, prompt_graph_steps=0)))
     assert eager.endswith("50.0% with prompts") and "graph" not in eager
     mixed = engine_step_split({}, dict(totals, mixed_steps=1))
     assert mixed["mixed"] == 0.25
-    assert format_engine_split(mixed).endswith("50.0% with prompts (25.0% prompts alone through a graph, 25.0% beside "
-                                               "decode rows, mixed graph)")
+    assert format_engine_split(mixed).endswith(
+        "50.0% with prompts (25.0% prompts alone through a graph, 25.0% beside decode rows, mixed graph)"
+    )
     assert "prompts" not in format_engine_split(engine_step_split({}, dict(totals, prompt_steps=0)))
     timed = engine_step_split({}, dict(totals, admitted=2, queued_s=0.003, first_tokens=2, to_first_token_s=0.02))
     assert timed["queue_ms"] == 1.5 and timed["first_token_ms"] == 10.0

@@ -31,7 +31,9 @@ class _Tensor:
 
 class _Response:
     def __init__(self, output_tensors, error=None):
-        self.outputs = {t.name: (t.value.decode() if isinstance(t.value, bytes) else int(t.value)) for t in output_tensors}
+        self.outputs = {
+            t.name: (t.value.decode() if isinstance(t.value, bytes) else int(t.value)) for t in output_tensors
+        }
         self.error = error
 
 

@@ -26,8 +26,11 @@ def check(overrides, probe=NO_GPU):
 def test_a_hf_folder_passes_and_each_missing_part_is_named(tmp_path):
     hf = make_hf_folder(tmp_path / "hf")
     assert check([f"model.path={hf}"]) == ([], [])
-    for gone, needle in (("config.json", "no config.json"), ("model.safetensors", "no weights"),
-                         ("tokenizer.json", "no tokenizer files")):
+    for gone, needle in (
+        ("config.json", "no config.json"),
+        ("model.safetensors", "no weights"),
+        ("tokenizer.json", "no tokenizer files"),
+    ):
         (hf / gone).rename(tmp_path / gone)
         problems, _ = check([f"model.path={hf}"])
         assert len(problems) == 1 and problems[0][0] == f"model.path={str(hf)!r}" and needle in problems[0][1], problems
@@ -74,7 +77,13 @@ def test_trtllm_looks_for_the_engine_files_of_every_rank_and_the_tokenizer(tmp_p
     eng.mkdir()
     (eng / "config.json").write_text("{}")
     (eng / "rank0.engine").write_text("")
-    base = ["cluster=local_slurm", "engine=trtllm", "engine.layout=ensemble", f"model.path={eng}", f"engine.tokenizer_dir={hf}"]
+    base = [
+        "cluster=local_slurm",
+        "engine=trtllm",
+        "engine.layout=ensemble",
+        f"model.path={eng}",
+        f"engine.tokenizer_dir={hf}",
+    ]
     assert check(base) == ([], [])
     problems, _ = check(base + ["tp=2"])
     assert [p[0] for p in problems] == [f"engine.engine_dir={str(eng)!r}"]
@@ -92,14 +101,17 @@ def test_lmdeploy_takes_a_turbomind_workspace(tmp_path):
     assert "TurboMind workspace" in problems[0][1]
 
 
-@pytest.mark.parametrize("overrides,needs", [
-    (["engine.device=cuda"], True),
-    (["engine.device=auto"], False),
-    (["engine.device=cpu"], False),
-    (["engine=vllm", "model.path=<hf>"], True),
-    (["engine=vllm", "model.path=<hf>", "engine.device=cpu"], False),
-    (["engine=trtllm", "engine.layout=ensemble", "model.path=<engine>", "engine.tokenizer_dir=<hf>"], True),
-])
+@pytest.mark.parametrize(
+    "overrides,needs",
+    [
+        (["engine.device=cuda"], True),
+        (["engine.device=auto"], False),
+        (["engine.device=cpu"], False),
+        (["engine=vllm", "model.path=<hf>"], True),
+        (["engine=vllm", "model.path=<hf>", "engine.device=cpu"], False),
+        (["engine=trtllm", "engine.layout=ensemble", "model.path=<engine>", "engine.tokenizer_dir=<hf>"], True),
+    ],
+)
 def test_an_engine_that_needs_a_gpu_is_refused_without_one_on_a_local_launch(overrides, needs, tmp_path):
     hf = make_hf_folder(tmp_path / "hf")
     eng = tmp_path / "engine"
@@ -165,13 +177,19 @@ def shaped_folder(path: Path, **shape) -> Path:
 LLAMA_8B = dict(num_attention_heads=32, num_key_value_heads=8, num_hidden_layers=32, intermediate_size=14336)
 
 
-@pytest.mark.parametrize("overrides,found", [
-    # the default model (SmolLM2: 9 heads, 3 KV heads) before it is made: tp=2 splits neither, tp=3 splits both
-    (["cluster=local_slurm", "tp=2", "nodes=2"], ("tp=2", "9 attention heads or its 3 KV heads", "use tp=1, 3 with engine=hf")),
-    (["tp=3"], None),
-    (["model=tiny", "tp=4"], ("tp=4", "2 KV heads", "use tp=1, 2 with engine=hf")),
-    (["model=tiny", "tp=2"], None),
-])
+@pytest.mark.parametrize(
+    "overrides,found",
+    [
+        # the default model (SmolLM2: 9 heads, 3 KV heads) before it is made: tp=2 splits neither, tp=3 splits both
+        (
+            ["cluster=local_slurm", "tp=2", "nodes=2"],
+            ("tp=2", "9 attention heads or its 3 KV heads", "use tp=1, 3 with engine=hf"),
+        ),
+        (["tp=3"], None),
+        (["model=tiny", "tp=4"], ("tp=4", "2 KV heads", "use tp=1, 2 with engine=hf")),
+        (["model=tiny", "tp=2"], None),
+    ],
+)
 def test_tp_is_checked_against_a_made_models_heads_before_launch(overrides, found):
     problems, _ = check(overrides)
     mine = [p for p in problems if p[0].startswith("tp=")]
@@ -191,7 +209,9 @@ def test_tp_against_a_folders_config_and_kv_heads_replicated_where_the_engine_do
 
 
 def test_a_tp_that_fits_the_heads_but_not_the_mlp_is_named(tmp_path):
-    hf = shaped_folder(tmp_path / "odd", num_attention_heads=12, num_key_value_heads=12, num_hidden_layers=4, intermediate_size=100)
+    hf = shaped_folder(
+        tmp_path / "odd", num_attention_heads=12, num_key_value_heads=12, num_hidden_layers=4, intermediate_size=100
+    )
     problems, _ = check(["cluster=luna", "engine=vllm", f"model.path={hf}", "tp=3"])
     assert [p[0] for p in problems] == ["tp=3"] and "MLP's 100 rows" in problems[0][1]
 
@@ -199,7 +219,9 @@ def test_a_tp_that_fits_the_heads_but_not_the_mlp_is_named(tmp_path):
 def test_more_pipeline_stages_than_layers_is_refused(tmp_path):
     hf = shaped_folder(tmp_path / "short", **{**LLAMA_8B, "num_hidden_layers": 2})
     problems, _ = check(["cluster=luna", "engine=vllm", f"model.path={hf}", "pp=4"])
-    assert [p[0] for p in problems] == ["pp=4"] and "2 layers" in problems[0][1] and problems[0][2] == "use pp=2 or fewer"
+    assert (
+        [p[0] for p in problems] == ["pp=4"] and "2 layers" in problems[0][1] and problems[0][2] == "use pp=2 or fewer"
+    )
 
 
 def test_a_multimodal_config_is_read_for_its_language_model(tmp_path):
@@ -214,8 +236,15 @@ def test_a_tp_the_model_cannot_take_exits_2_before_submission(tmp_path):
     import sys
 
     jobs = tmp_path / "jobs"
-    r = subprocess.run([sys.executable, "-m", "launcher.cli", "cluster=local_slurm", "tp=2", "nodes=2", f"cluster.jobs_dir={jobs}"],
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "launcher.cli", "cluster=local_slurm", "tp=2", "nodes=2", f"cluster.jobs_dir={jobs}"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stderr
-    assert "tp=2: tp does not divide its 9 attention heads or its 3 KV heads" in r.stderr and "use tp=1, 3 with engine=hf" in r.stderr
+    assert (
+        "tp=2: tp does not divide its 9 attention heads or its 3 KV heads" in r.stderr
+        and "use tp=1, 3 with engine=hf" in r.stderr
+    )
     assert not jobs.exists()

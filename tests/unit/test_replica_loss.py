@@ -13,7 +13,9 @@ from launcher.rundir import RunDir, record_once
 
 
 def outcome(ended, replicas=2, replica=1, serving=True, code=-9, lost=(), frontend="none"):
-    return decide_exit(ended, replicas=replicas, replica=replica, serving=serving, code=code, lost=lost, frontend=frontend)
+    return decide_exit(
+        ended, replicas=replicas, replica=replica, serving=serving, code=code, lost=lost, frontend=frontend
+    )
 
 
 FAIL, LOSE_AND_EXIT, LOSE_KEEP_FRONTEND = (False, True, True), (True, False, True), (True, False, False)
@@ -31,8 +33,18 @@ FAIL, LOSE_AND_EXIT, LOSE_KEEP_FRONTEND = (False, True, True), (True, False, Tru
         ("replicas=2, rank 0 before READY", dict(replica=0, serving=False, frontend="running"), FAIL, -9),
         # serving: the replica is lost, the job goes on
         ("replicas=2, leader of replica 1", dict(), LOSE_AND_EXIT, 0),
-        ("replicas=4, a worker of replica 2 after replica 1 was lost", dict(replicas=4, replica=2, lost=(1,)), LOSE_AND_EXIT, 0),
-        ("replicas=2, rank 0's own server: the front end stays", dict(replica=0, frontend="running"), LOSE_KEEP_FRONTEND, 0),
+        (
+            "replicas=4, a worker of replica 2 after replica 1 was lost",
+            dict(replicas=4, replica=2, lost=(1,)),
+            LOSE_AND_EXIT,
+            0,
+        ),
+        (
+            "replicas=2, rank 0's own server: the front end stays",
+            dict(replica=0, frontend="running"),
+            LOSE_KEEP_FRONTEND,
+            0,
+        ),
         # rank 0 whose front end is gone too: nothing serves the endpoint, the job fails
         ("replicas=2, rank 0 whose front end exited as well", dict(replica=0, frontend="exited"), FAIL, -9),
         # the last replica: the job fails (and the replica is recorded lost too)
@@ -100,15 +112,28 @@ def test_status_shows_the_lost_replica_and_the_job_still_serving(tmp_path, monke
     (tmp_path / "endpoint.json").write_text(json.dumps({"url": "grpc://10.0.0.1:8001", "model": "hf_model"}))
     t = time.mktime((2030, 1, 2, 3, 4, 5, 0, 0, -1))
     (tmp_path / "replica_lost1.json").write_text(
-        json.dumps({"replica": 1, "ranks": [1], "rank": 1, "host": "node2", "node": 1, "time": t, "log": "/run/7_1_log.out",
-                    "reason": "the server of rank 1 (leader) exited with status -9 (SIGKILL) unasked"})
+        json.dumps(
+            {
+                "replica": 1,
+                "ranks": [1],
+                "rank": 1,
+                "host": "node2",
+                "node": 1,
+                "time": t,
+                "log": "/run/7_1_log.out",
+                "reason": "the server of rank 1 (leader) exited with status -9 (SIGKILL) unasked",
+            }
+        )
     )
     monkeypatch.setattr(slurm, "_record", lambda job_id: {"run_dir": str(tmp_path)})
     monkeypatch.setattr(slurm, "queue_state", lambda job_id: ("RUNNING", "None", "node[1-2]"))
     code, text = slurm.status("7")
     assert code == 0, text
     assert "state: RUNNING" in text and "replicas: 1 of 2 serving" in text
-    assert "replica 1 lost at 2030-01-02 03:04:05 on node2: the server of rank 1 (leader) exited with status -9 (SIGKILL) unasked" in text
+    assert (
+        "replica 1 lost at 2030-01-02 03:04:05 on node2: the server of rank 1 (leader) exited with status -9 (SIGKILL) unasked"
+        in text
+    )
 
 
 def test_srun_waits_for_every_task_only_with_replicas():
@@ -129,8 +154,22 @@ def test_status_of_an_ended_job_does_not_claim_replicas_serve(tmp_path, monkeypa
     (tmp_path / "launch.json").write_text(json.dumps({"replicas": 2}))
     (tmp_path / "endpoint.json").write_text(json.dumps({"url": "grpc://10.0.0.1:8001", "model": "hf_model"}))
     for r in (0, 1):
-        (tmp_path / f"replica_lost{r}.json").write_text(json.dumps({"replica": r, "ranks": [r], "host": f"node{r + 1}", "time": 0, "log": "l", "reason": "killed"}))
-    (tmp_path / "failure_rank1.json").write_text(json.dumps({"rank": 1, "node": 1, "host": "node2", "exit_code": -9, "log": "l", "log_tail": "", "reason": "no replica is left (replicas [0, 1] lost)"}))
+        (tmp_path / f"replica_lost{r}.json").write_text(
+            json.dumps({"replica": r, "ranks": [r], "host": f"node{r + 1}", "time": 0, "log": "l", "reason": "killed"})
+        )
+    (tmp_path / "failure_rank1.json").write_text(
+        json.dumps(
+            {
+                "rank": 1,
+                "node": 1,
+                "host": "node2",
+                "exit_code": -9,
+                "log": "l",
+                "log_tail": "",
+                "reason": "no replica is left (replicas [0, 1] lost)",
+            }
+        )
+    )
     monkeypatch.setattr(slurm, "_record", lambda job_id: {"run_dir": str(tmp_path)})
     monkeypatch.setattr(slurm, "queue_state", lambda job_id: ("FAILED", "NonZeroExitCode", "node[1-2]"))
     code, text = slurm.status("7")

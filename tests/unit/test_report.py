@@ -15,8 +15,9 @@ def _result(concurrency: int, tput_per_req: float, ttft_s: float, failed: int = 
     results = []
     for i in range(n):
         t = [ttft_s + 0.01 * k + 0.001 * i for k in range(10)]
-        r = metrics.RequestResult(index=i, prompt_len=16, max_tokens=10, sent=0.0, token_times=t, end=t[-1],
-                                  input_tokens=16, output_tokens=10)
+        r = metrics.RequestResult(
+            index=i, prompt_len=16, max_tokens=10, sent=0.0, token_times=t, end=t[-1], input_tokens=16, output_tokens=10
+        )
         if i < failed:
             r.error = "injected failure"
         results.append(r)
@@ -49,13 +50,22 @@ def sweep(tmp_path):
         for c in (1, 4, 16, 64):
             overrides = [f"engine={engine}", f"bench.concurrency={c}", "bench.seed=0"]
             if engine == "hf" and c == 64:  # failure.json written by the helper, overrides only in it
-                report.write_failure(root / str(i), overrides, "serve",
-                                     "tritonserver exited with status 1 while loading model hf", exit_code=1)
+                report.write_failure(
+                    root / str(i),
+                    overrides,
+                    "serve",
+                    "tritonserver exited with status 1 while loading model hf",
+                    exit_code=1,
+                )
             else:
                 ttft = 0.02 * (1 + c / 8) if engine == "hf" else 0.01 * (1 + c / 16)
-                _point(root, str(i), overrides, result=_result(c, speed / (1 + c / 32), ttft,
-                                                                 failed=2 if (engine, c) == ("hf_batched", 16) else 0),
-                       hydra=engine == "hf_batched")
+                _point(
+                    root,
+                    str(i),
+                    overrides,
+                    result=_result(c, speed / (1 + c / 32), ttft, failed=2 if (engine, c) == ("hf_batched", 16) else 0),
+                    hydra=engine == "hf_batched",
+                )
             i += 1
     return root
 

@@ -54,8 +54,14 @@ def test_wait_for_endpoint_reports_progress_and_returns_the_endpoint(tmp_path):
 
     t = threading.Thread(target=later)
     t.start()
-    ep = wait_for_endpoint(run, timeout_s=30, on_timeout=lambda s: AssertionError("timed out"), progress=lambda: "loading",
-                           say=said.append, interval_s=0.05)
+    ep = wait_for_endpoint(
+        run,
+        timeout_s=30,
+        on_timeout=lambda s: AssertionError("timed out"),
+        progress=lambda: "loading",
+        say=said.append,
+        interval_s=0.05,
+    )
     t.join()
     assert ep == {"url": "grpc://h:1", "model": "m"}
     assert said and said[0].startswith("loading (") and len(said) == 1  # unchanged: said once within repeat_s
@@ -75,9 +81,9 @@ def test_wait_for_endpoint_gives_up_and_check_ends_it(tmp_path):
 
 @pytest.mark.parametrize("cluster", ["local", "local_slurm", "luna", "slurm"])
 def test_every_cluster_has_a_scheduler_whose_request_the_dry_run_prints(cluster):
-    from launcher.schedulers import registry as scheduler
     from launcher.cli import plan
     from launcher.plan import plan_text
+    from launcher.schedulers import registry as scheduler
 
     _, spec = plan([f"cluster={cluster}", "engine=hf"])
     backend = scheduler.for_spec(spec)

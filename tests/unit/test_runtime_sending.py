@@ -22,7 +22,9 @@ class _Tensor:
 
 class _Response:
     def __init__(self, output_tensors, error=None):
-        self.outputs = {t.name: (t.value.decode() if isinstance(t.value, bytes) else int(t.value)) for t in output_tensors}
+        self.outputs = {
+            t.name: (t.value.decode() if isinstance(t.value, bytes) else int(t.value)) for t in output_tensors
+        }
         self.error = error
 
 
@@ -48,15 +50,17 @@ class Sender:
         if self.block_first and not self.sent:
             self.entered.set()
             assert self.release.wait(10)
-        self.sent.append((response.outputs.get("text_output"), response.outputs.get("output_tokens"), flags, response.error))
+        self.sent.append(
+            (response.outputs.get("text_output"), response.outputs.get("output_tokens"), flags, response.error)
+        )
         if flags:
             self.done.set()
 
 
 @pytest.fixture
 def runtime(pb_utils):
-    from launcher.python_backend.async_runtime import AsyncEngineRuntime, EngineAdapter
     from launcher.python_backend import triton_io
+    from launcher.python_backend.async_runtime import AsyncEngineRuntime, EngineAdapter
 
     rt = AsyncEngineRuntime(EngineAdapter())
     rt._responder = triton_io.Responder()

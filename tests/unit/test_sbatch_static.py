@@ -22,7 +22,9 @@ def sbatch_flags(text):
 
 
 def spec():
-    return plan(["cluster=luna", "engine=trtllm", "engine.layout=ensemble", "tp=8", "engine.engine_dir=/e", "model.path=/m"])[1]
+    return plan(
+        ["cluster=luna", "engine=trtllm", "engine.layout=ensemble", "tp=8", "engine.engine_dir=/e", "model.path=/m"]
+    )[1]
 
 
 def test_pair_passes_bash_n():
@@ -41,7 +43,7 @@ def test_same_slurm_request():
 
 def test_same_srun_and_rank_flags():
     s = spec()
-    assert f"--mpi=\"${{LLMLAUNCH_MPI:-{s.cluster.mpi}}}\"" in SUB
+    assert f'--mpi="${{LLMLAUNCH_MPI:-{s.cluster.mpi}}}"' in SUB
     assert "--kill-on-bad-exit=1" in SUB and "--kill-on-bad-exit=1" in srun_args(s)
     leader = tritonserver_argv(s, s.ranks[0], job_id="J")
     worker = tritonserver_argv(s, s.ranks[1], job_id="J")
@@ -59,7 +61,7 @@ def test_same_srun_and_rank_flags():
 def test_the_job_ends_with_the_serving_steps_status(tmp_path):
     """The teardown step runs after the serving step whatever it returned, and the script exits with the
     serving step's status (the job's state in sacct), not the teardown's."""
-    tail = SUB[SUB.index("\nsrun --mpi=") + 1:]
+    tail = SUB[SUB.index("\nsrun --mpi=") + 1 :]
     for serving in (0, 1, 137):
         stub = (
             "set -euo pipefail\nCONTAINER=()\nSCRIPT_DIR=/s\nLOG_DIR=/l\nSLURM_JOB_ID=42\n"
@@ -80,9 +82,19 @@ def run_rank_script(tmp_path, rank, engine, ntasks=8):
     for link in (launcher, server):
         if not link.exists():
             link.symlink_to(echo)
-    env = {"PATH": "/usr/bin:/bin", "LLMLAUNCH_MODEL_REPO": "/repo", "LLMLAUNCH_ENGINE": engine, "TRITONSERVER": str(server),
-           "TRTLLM_LLMAPI_LAUNCH": str(launcher), "SLURM_PROCID": str(rank), "SLURM_NTASKS": str(ntasks), "SLURM_JOB_ID": "J"}
-    r = subprocess.run(["bash", str(ROOT / "sbatch" / "tensorrt_llm_triton.sh")], env=env, capture_output=True, text=True)
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "LLMLAUNCH_MODEL_REPO": "/repo",
+        "LLMLAUNCH_ENGINE": engine,
+        "TRITONSERVER": str(server),
+        "TRTLLM_LLMAPI_LAUNCH": str(launcher),
+        "SLURM_PROCID": str(rank),
+        "SLURM_NTASKS": str(ntasks),
+        "SLURM_JOB_ID": "J",
+    }
+    r = subprocess.run(
+        ["bash", str(ROOT / "sbatch" / "tensorrt_llm_triton.sh")], env=env, capture_output=True, text=True
+    )
     assert r.returncode == 0, r.stderr
     return r.stdout.split("\n")[:-1]
 
@@ -96,8 +108,13 @@ def test_llmapi_variant_runs_the_rendered_rank_commands(tmp_path):
     leader, worker = rank_command(s, s.ranks[0], job_id="J"), rank_command(s, s.ranks[1], job_id="J")
     got0, got1 = run_rank_script(tmp_path, 0, "trtllm"), run_rank_script(tmp_path, 1, "trtllm")
     assert [got0[0], Path(got0[1]).name] == leader[:2] == ["trtllm-llmapi-launch", "tritonserver"]
-    for flag in ("--disable-auto-complete-config", "--backend-config=python,shm-region-prefix-name=llmJr0_", "--grpc-port=8001",
-                 "--http-port=8000", "--metrics-port=8002"):
+    for flag in (
+        "--disable-auto-complete-config",
+        "--backend-config=python,shm-region-prefix-name=llmJr0_",
+        "--grpc-port=8001",
+        "--http-port=8000",
+        "--metrics-port=8002",
+    ):
         assert flag in got0 and flag in leader, flag
     assert got1 == worker == ["trtllm-llmapi-launch"]
     # a one-task job (tp=1) is a plain tritonserver, as rendered

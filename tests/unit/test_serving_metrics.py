@@ -41,10 +41,25 @@ llmlaunch_first_tokens{model="b"} 3
 nv_inference_count{model="a",version="1"} 77
 """
     a = read_first_token_metrics(text, "a")
-    assert a == {"count": 10, "parse": 0.001, "add": 0.002, "engine": 0.5, "back": 0.003, "respond": 0.01,
-                 "send": 0.004}
+    assert a == {
+        "count": 10,
+        "parse": 0.001,
+        "add": 0.002,
+        "engine": 0.5,
+        "back": 0.003,
+        "respond": 0.01,
+        "send": 0.004,
+    }
     assert read_first_token_metrics(text)["count"] == 13
     zero = read_first_token_metrics("", "a")
-    assert mean_first_token_ms(zero, a) == {"parse": 0.1, "add": 0.2, "engine": 50.0, "back": 0.3, "respond": 1.0,
-                                            "send": 0.4, "inside_server": 52.0, "requests": 10}
+    assert mean_first_token_ms(zero, a) == {
+        "parse": 0.1,
+        "add": 0.2,
+        "engine": 50.0,
+        "back": 0.3,
+        "respond": 1.0,
+        "send": 0.4,
+        "inside_server": 52.0,
+        "requests": 10,
+    }
     assert mean_first_token_ms(a, a) is None

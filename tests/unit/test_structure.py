@@ -44,7 +44,9 @@ def imported_modules(path: Path, modules: Set[str]) -> Set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                base = ".".join(
+                    package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
+                )
             if base.split(".")[0] != "launcher":
                 continue
             for a in node.names:
@@ -100,17 +102,27 @@ def test_the_import_graph_finds_a_cycle_where_there_is_one():
 
 def test_no_import_cycle_in_launcher():
     found = cycles(import_graph())
-    assert found == [], "import cycles (each a set of modules that import each other, late imports included): " + "; ".join(
-        " <-> ".join(c) for c in found)
+    assert found == [], (
+        "import cycles (each a set of modules that import each other, late imports included): "
+        + "; ".join(" <-> ".join(c) for c in found)
+    )
 
 
 def product_files() -> List[Path]:
-    return sorted(p for top in PRODUCT for p in (ROOT / top).rglob("*") if p.is_file() and p.suffix in (".py", ".sh", ".sub")
-                  and "__pycache__" not in p.parts)
+    return sorted(
+        p
+        for top in PRODUCT
+        for p in (ROOT / top).rglob("*")
+        if p.is_file() and p.suffix in (".py", ".sh", ".sub") and "__pycache__" not in p.parts
+    )
 
 
 def test_no_product_file_is_over_500_lines():
-    long = [f"{p.relative_to(ROOT)}: {n}" for p in product_files() if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES]
+    long = [
+        f"{p.relative_to(ROOT)}: {n}"
+        for p in product_files()
+        if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES
+    ]
     assert long == [], f"files over {MAX_FILE_LINES} lines (split them where their parts do different jobs): {long}"
 
 
@@ -118,16 +130,28 @@ def test_no_function_in_launcher_rank_is_over_80_lines():
     long = []
     for p in sorted((PACKAGE / "rank").glob("*.py")):
         for node in ast.walk(ast.parse(p.read_text())):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > MAX_RANK_FUNCTION_LINES:
-                long.append(f"{p.relative_to(ROOT)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines")
+            if (
+                isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+                and node.end_lineno - node.lineno + 1 > MAX_RANK_FUNCTION_LINES
+            ):
+                long.append(
+                    f"{p.relative_to(ROOT)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines"
+                )
     assert long == []
 
 
 def test_scheduler_facts_come_from_the_scheduler_classes():
     """`cluster.scheduler == "slurm"` and the like appear nowhere: each fact is a class attribute of the scheduler
     (launcher/schedulers/base.py) that the registry (launcher/schedulers/registry.py) names."""
-    compare = re.compile(r"""scheduler\s*(==|!=)\s*["']|["'](local|slurm|allocation)["']\s*(==|!=)\s*\w*\.?scheduler\b""")
-    found = [f"{p.relative_to(ROOT)}:{i}: {line.strip()}" for top in ("launcher", "model_repository")
-             for p in sorted((ROOT / top).rglob("*.py")) if p.name != "registry.py"
-             for i, line in enumerate(p.read_text().splitlines(), 1) if compare.search(line)]
+    compare = re.compile(
+        r"""scheduler\s*(==|!=)\s*["']|["'](local|slurm|allocation)["']\s*(==|!=)\s*\w*\.?scheduler\b"""
+    )
+    found = [
+        f"{p.relative_to(ROOT)}:{i}: {line.strip()}"
+        for top in ("launcher", "model_repository")
+        for p in sorted((ROOT / top).rglob("*.py"))
+        if p.name != "registry.py"
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if compare.search(line)
+    ]
     assert found == []

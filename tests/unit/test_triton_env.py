@@ -33,8 +33,9 @@ def bare_venv(tmp_path_factory):
 
 def _fake_numpy(python: Path, version: str) -> None:
     """Make `python`'s environment report numpy `version` (a dist-info folder is what importlib.metadata reads)."""
-    site = subprocess.check_output([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                   text=True).strip()
+    site = subprocess.check_output(
+        [str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+    ).strip()
     for old in Path(site).glob("numpy-*.dist-info"):
         for f in old.iterdir():
             f.unlink()
@@ -107,12 +108,18 @@ def test_waiting_for_a_server_shows_what_its_model_says_it_is_doing(tmp_path):
     import subprocess
 
     from launcher import stage
-    from launcher.triton import wait_ready
     from launcher.testing.serve import free_port
+    from launcher.triton import wait_ready
 
     log = tmp_path / "server.log"
-    log.write_text("I1122 loading\n" + stage.PREFIX + "hf engine: loading /m (bfloat16) on cuda\n"
-                   + "W1122 some warning\n" + stage.PREFIX + "hf engine: compiling the model\nmore output\n")
+    log.write_text(
+        "I1122 loading\n"
+        + stage.PREFIX
+        + "hf engine: loading /m (bfloat16) on cuda\n"
+        + "W1122 some warning\n"
+        + stage.PREFIX
+        + "hf engine: compiling the model\nmore output\n"
+    )
     notes: list = []
     proc = subprocess.Popen(["sleep", "30"])
     try:
@@ -121,8 +128,9 @@ def test_waiting_for_a_server_shows_what_its_model_says_it_is_doing(tmp_path):
     finally:
         proc.kill()
         proc.wait()
-    assert notes and all(n.startswith("waiting for tritonserver: starting (hf engine: compiling the model) (")
-                         for n in notes), notes
+    assert notes and all(
+        n.startswith("waiting for tritonserver: starting (hf engine: compiling the model) (") for n in notes
+    ), notes
     assert stage.latest("nothing announced\n") == ""
 
 
@@ -131,16 +139,20 @@ def test_a_failed_servers_log_is_shown_from_its_errors(tmp_path):
     instance and as the model, shown once; the stub's escaped traceback unfolded; the last three, each cut; not the
     CUDA driver's on a CPU-only host), then the last lines; a log without errors is its last lines alone.  The lines
     are those of a real failed load (a stub whose transformers could not import AutoTokenizer), shortened."""
-    failure = ("ModuleNotFoundError: Could not import module 'AutoTokenizer'. Are this object's requirements defined "
-               "correctly?\\n\\nAt:\\n  /opt/torch/site-packages/transformers/utils/import_utils.py(2648): __getattr__\\n")
-    lines = ['E1126 04:38:29.000001 2040 cuda_driver.cc:1] "CudaDriverHelper has not been initialized."',
-             f'I1126 04:38:30.796025 2040 pb_stub.cc:366] "Failed to initialize Python stub: {failure}"',
-             f'E1126 04:38:31.638021 2040 backend_model.cc:692] "ERROR: Failed to create instance: {failure}"',
-             f'E1126 04:38:31.638149 2040 model_lifecycle.cc:642] "failed to load \'hf_model\' version 1: Internal: '
-             f'{failure}"',
-             "I1126 04:38:31.638179 2040 model_lifecycle.cc:777] \"failed to load 'hf_model'\"",
-             *[f"| model_repository_path[{i}] | /tmp/repo |" for i in range(40)],
-             "error: creating server: Internal - failed to load all models"]
+    failure = (
+        "ModuleNotFoundError: Could not import module 'AutoTokenizer'. Are this object's requirements defined "
+        "correctly?\\n\\nAt:\\n  /opt/torch/site-packages/transformers/utils/import_utils.py(2648): __getattr__\\n"
+    )
+    lines = [
+        'E1126 04:38:29.000001 2040 cuda_driver.cc:1] "CudaDriverHelper has not been initialized."',
+        f'I1126 04:38:30.796025 2040 pb_stub.cc:366] "Failed to initialize Python stub: {failure}"',
+        f'E1126 04:38:31.638021 2040 backend_model.cc:692] "ERROR: Failed to create instance: {failure}"',
+        f"E1126 04:38:31.638149 2040 model_lifecycle.cc:642] \"failed to load 'hf_model' version 1: Internal: "
+        f'{failure}"',
+        "I1126 04:38:31.638179 2040 model_lifecycle.cc:777] \"failed to load 'hf_model'\"",
+        *[f"| model_repository_path[{i}] | /tmp/repo |" for i in range(40)],
+        "error: creating server: Internal - failed to load all models",
+    ]
     log = tmp_path / "tritonserver.log"
     log.write_text("\n".join(lines) + "\n")
     text = lt.log_excerpt(log, 5)
@@ -150,10 +162,11 @@ def test_a_failed_servers_log_is_shown_from_its_errors(tmp_path):
         "  ERROR: Failed to create instance: ModuleNotFoundError: Could not import module 'AutoTokenizer'. Are this "
         "object's requirements defined correctly?",
         "    At:",
-        "      /opt/torch/site-packages/transformers/utils/import_utils.py(2648): __getattr__"]
+        "      /opt/torch/site-packages/transformers/utils/import_utils.py(2648): __getattr__",
+    ]
     assert tail.splitlines()[-1] == "error: creating server: Internal - failed to load all models"
     assert len(tail.splitlines()) == 5 and "AutoTokenizer" not in tail  # the tail alone would not say why
-    many = [f"E1126 04:38:31.{i:06d} 1 m.cc:1] \"error number {i}: " + "x" * 900 + '"' for i in range(5)]
+    many = [f'E1126 04:38:31.{i:06d} 1 m.cc:1] "error number {i}: ' + "x" * 900 + '"' for i in range(5)]
     log.write_text("\n".join(many) + "\n")
     shown = lt.log_errors(log)
     assert [e[:16] for e in shown] == ["error number 2: ", "error number 3: ", "error number 4: "]  # the latest
@@ -167,8 +180,9 @@ def _dist(site: Path, name: str, files: dict, requires=()):
     """A distribution installed the way pip leaves one: its files and a .dist-info with METADATA and RECORD."""
     info = site / f"{name}-1.0.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: " + name + "\nVersion: 1.0\n"
-                                   + "".join(f"Requires-Dist: {r}\n" for r in requires))
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: " + name + "\nVersion: 1.0\n" + "".join(f"Requires-Dist: {r}\n" for r in requires)
+    )
     for rel, text in files.items():
         (site / rel).parent.mkdir(parents=True, exist_ok=True)
         (site / rel).write_text(text)
@@ -186,27 +200,48 @@ def test_stub_site_links_a_host_site_leaving_out_what_cannot_import_under_the_st
     host = tmp_path / "host-site"
     host.mkdir()
     _dist(host, "numpy", {"numpy/__init__.py": "__version__ = '2.5.2'\n"})
-    _dist(host, "modern", {"modern.py": "import numpy; assert numpy.__version__ >= '2', numpy.__version__\n"},
-          ["numpy>=2"])
-    _dist(host, "brokenlib", {"brokenlib/__init__.py": "from . import _util\n",
-                              "brokenlib/_util.py": "import numpy\nlong = numpy.long\n"}, ["numpy>=1.25"])
+    _dist(
+        host,
+        "modern",
+        {"modern.py": "import numpy; assert numpy.__version__ >= '2', numpy.__version__\n"},
+        ["numpy>=2"],
+    )
+    _dist(
+        host,
+        "brokenlib",
+        {"brokenlib/__init__.py": "from . import _util\n", "brokenlib/_util.py": "import numpy\nlong = numpy.long\n"},
+        ["numpy>=1.25"],
+    )
     _dist(host, "needsbroken", {"needsbroken.py": "X = 1\n"}, ["brokenlib", "good; extra == 'never'"])
     _dist(host, "good", {"good.py": "OK = True\n"})
-    _dist(host, "app", {"app.py": "import importlib.util, good\nfor m in ('modern', 'needsbroken', 'brokenlib'):\n"
-                                  "    if importlib.util.find_spec(m):\n        __import__(m)\n"})
+    _dist(
+        host,
+        "app",
+        {
+            "app.py": "import importlib.util, good\nfor m in ('modern', 'needsbroken', 'brokenlib'):\n"
+            "    if importlib.util.find_spec(m):\n        __import__(m)\n"
+        },
+    )
     stub = tmp_path / "stub-env"
     venv.create(stub, with_pip=False)
     python = stub / "bin" / "python3"
-    purelib = Path(subprocess.check_output([str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                           text=True).strip())
+    purelib = Path(
+        subprocess.check_output(
+            [str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True
+        ).strip()
+    )
     (purelib / "numpy").mkdir()
     (purelib / "numpy" / "__init__.py").write_text("__version__ = '1.26.4'\n")  # no `long`, as numpy 1.26
     script = Path(__file__).resolve().parents[2] / "benchmark" / "gpu" / "stub_site.py"
     dest = tmp_path / "linked"
 
     def run(check):
-        return subprocess.run([sys.executable, str(script), str(host), str(dest), "--python", str(python),
-                               "--check", check], capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, str(script), str(host), str(dest), "--python", str(python), "--check", check],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     done = run("import app, numpy, good; assert numpy.__version__ == '1.26.4', numpy.__version__")
     assert done.returncode == 0, done.stdout + done.stderr
@@ -220,8 +255,11 @@ def test_stub_site_links_a_host_site_leaving_out_what_cannot_import_under_the_st
     pth = purelib / "zz_llmlaunch_host_site.pth"
     assert pth.read_text().strip() == str(dest)
     # the stub's interpreter, run plainly, now finds the host's packages through the .pth and its own numpy first
-    seen = subprocess.check_output([str(python), "-c", "import app, numpy; print(numpy.__version__)"], text=True,
-                                   env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    seen = subprocess.check_output(
+        [str(python), "-c", "import app, numpy; print(numpy.__version__)"],
+        text=True,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
     assert seen.strip() == "1.26.4"
 
     failed = run("import app, not_anywhere")
@@ -240,8 +278,21 @@ def _shared_library(path: Path, needs=(), symbol="x"):
     """A real shared library (cc) with its file name as soname and DT_NEEDED entries for `needs` (found beside it)."""
     src = path.with_suffix(".c")
     src.write_text(f"int {symbol}(void) {{ return 1; }}\n")
-    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(path), str(src), f"-Wl,-soname,{path.name}",
-                    f"-L{path.parent}", "-Wl,--no-as-needed", *[f"-l:{n}" for n in needs]], check=True)
+    subprocess.run(
+        [
+            "cc",
+            "-shared",
+            "-fPIC",
+            "-o",
+            str(path),
+            str(src),
+            f"-Wl,-soname,{path.name}",
+            f"-L{path.parent}",
+            "-Wl,--no-as-needed",
+            *[f"-l:{n}" for n in needs],
+        ],
+        check=True,
+    )
     src.unlink()
 
 
@@ -268,20 +319,25 @@ def test_torch_cudnn_is_preloaded_by_full_path_for_an_engine_in_the_stub(tmp_pat
     from launcher.python_backend.torch_libs import elf_needed
 
     assert elf_needed(str(lib / "libcudnn_adv.so.9"))[:2] == ["libcudnn_ops.so.9", "libcudnn_graph.so.9"]
-    probe = ("import ctypes, json, sys; from launcher.python_backend.torch_libs import torch_cudnn_dir, "
-             "preload_torch_cudnn, mapped_from\n"
-             "d = torch_cudnn_dir()\n"
-             "if sys.argv[1] == 'name-order':\n"
-             "    loaded = [p for n in ('adv', 'graph', 'ops') if ctypes.CDLL(p := f'{d}/libcudnn_{n}.so.9', ctypes.RTLD_GLOBAL)]\n"
-             "else:\n"
-             "    loaded = preload_torch_cudnn()\n"
-             "print(json.dumps([d, loaded, mapped_from('libcudnn')]))")
+    probe = (
+        "import ctypes, json, sys; from launcher.python_backend.torch_libs import torch_cudnn_dir, "
+        "preload_torch_cudnn, mapped_from\n"
+        "d = torch_cudnn_dir()\n"
+        "if sys.argv[1] == 'name-order':\n"
+        "    loaded = [p for n in ('adv', 'graph', 'ops') if ctypes.CDLL(p := f'{d}/libcudnn_{n}.so.9', ctypes.RTLD_GLOBAL)]\n"
+        "else:\n"
+        "    loaded = preload_torch_cudnn()\n"
+        "print(json.dumps([d, loaded, mapped_from('libcudnn')]))"
+    )
     root = Path(__file__).resolve().parents[2]
 
     def run(how="preload"):
-        out = subprocess.check_output([sys.executable, "-c", probe, how], text=True, cwd=root,
-                                      env=dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{root}",
-                                               LD_LIBRARY_PATH=str(system)))
+        out = subprocess.check_output(
+            [sys.executable, "-c", probe, how],
+            text=True,
+            cwd=root,
+            env=dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{root}", LD_LIBRARY_PATH=str(system)),
+        )
         return json.loads(out)
 
     _, _, mixed = run("name-order")

@@ -3,7 +3,6 @@
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -20,17 +19,41 @@ CASES = [
     (["engine.prefill_chunk=-1"], "engine.prefill_chunk=-1", "set engine.prefill_chunk=0"),
     (["engine.response_processes=0"], "engine.response_processes=0", "set engine.response_processes=1"),
     (["engine.stream_interval_ms=-4"], "engine.stream_interval_ms=-4", "set engine.stream_interval_ms=0"),
-    (["cluster=local_slurm", "tp=2", "engine.response_processes=2"], "engine.response_processes=2", "set engine.response_processes=1"),
+    (
+        ["cluster=local_slurm", "tp=2", "engine.response_processes=2"],
+        "engine.response_processes=2",
+        "set engine.response_processes=1",
+    ),
     (["engine.torch_compile=maybe"], "engine.torch_compile='maybe'", "one of: auto, true, false"),
     (["engine.cudnn_attention=sometimes"], "engine.cudnn_attention='sometimes'", "one of: graphs, all, off"),
     (["tp=abc"], "tp=abc", "Integer"),
     (["cluster=local_slurm", "tp=4", "replicas=2"], "tp*pp*replicas=4*1*2=8", "set nodes=2"),
-    (["cluster=luna", "tp=8", "nodes=3", "engine.engine_dir=/e", "engine=trtllm", "engine.layout=ensemble", "model.path=/m"], "nodes=3", "cannot be spread evenly"),
+    (
+        [
+            "cluster=luna",
+            "tp=8",
+            "nodes=3",
+            "engine.engine_dir=/e",
+            "engine=trtllm",
+            "engine.layout=ensemble",
+            "model.path=/m",
+        ],
+        "nodes=3",
+        "cannot be spread evenly",
+    ),
     (["cluster=luna", "engine=lmdeploy", "model.path=/m", "tp=16", "nodes=2"], "engine=lmdeploy", "TurboMind"),
     (["cluster=luna", "engine=trtllm", "engine.layout=ensemble"], "engine.engine_dir=''", "engine.engine_dir="),
     (["cluster=luna", "engine=trtllm"], "model.path=''", "Hugging Face checkpoint"),
-    (["cluster=luna", "engine=trtllm", "model.path=/m", "engine.layout=engine"], "engine.layout='engine'", "set engine.layout to one of: llmapi, ensemble"),
-    (["cluster=luna", "engine=trtllm", "model.path=/m", "tp=8", "replicas=2", "nodes=2"], "replicas=2 with tp*pp=8", "set replicas=1"),
+    (
+        ["cluster=luna", "engine=trtllm", "model.path=/m", "engine.layout=engine"],
+        "engine.layout='engine'",
+        "set engine.layout to one of: llmapi, ensemble",
+    ),
+    (
+        ["cluster=luna", "engine=trtllm", "model.path=/m", "tp=8", "replicas=2", "nodes=2"],
+        "replicas=2 with tp*pp=8",
+        "set replicas=1",
+    ),
     (["engine=trtllm", "model.path=/m", "tp=2"], "tp*pp=2 with cluster.scheduler='local'", "cluster=local_slurm"),
     (["cluster=luna", "engine=vllm"], "model.path=''", "model.path="),
     (["engine=vllm", "model.path=/m", "engine.frontends=0"], "engine.frontends=0", "set engine.frontends=1, or 4"),
@@ -47,20 +70,44 @@ CASES = [
     (["cluster=slurm", "cluster.mpi=none"], "cluster.mpi='none'", "pmix"),
     (["nodes=2"], "nodes=2", "cluster=local runs on this one machine"),
     # the time limit against the load time, the drain signal against the drain, requeue against the site
-    (["cluster=local_slurm", "cluster.time=00:02:00"], "cluster.time=00:02:00", "set cluster.time=00:16:00 or more, or lower serve.ready_timeout_s"),
-    (["cluster=slurm", "cluster.time=10", "serve.ready_timeout_s=600"], "less than serve.ready_timeout_s=600", "set cluster.time=00:11:00"),
-    (["cluster=local_slurm", "serve.walltime_signal_s=20"], "serve.walltime_signal_s=20", "set serve.walltime_signal_s=40 or more"),
+    (
+        ["cluster=local_slurm", "cluster.time=00:02:00"],
+        "cluster.time=00:02:00",
+        "set cluster.time=00:16:00 or more, or lower serve.ready_timeout_s",
+    ),
+    (
+        ["cluster=slurm", "cluster.time=10", "serve.ready_timeout_s=600"],
+        "less than serve.ready_timeout_s=600",
+        "set cluster.time=00:11:00",
+    ),
+    (
+        ["cluster=local_slurm", "serve.walltime_signal_s=20"],
+        "serve.walltime_signal_s=20",
+        "set serve.walltime_signal_s=40 or more",
+    ),
     (["cluster=slurm", "requeue=true"], "requeue=true", "cluster.allows_requeue=true"),
     (["requeue=true"], "requeue=true", "a Slurm cluster profile whose cluster.allows_requeue is true"),
-    (["cluster=local_slurm", "serve.rendezvous_timeout_s=0"], "serve.rendezvous_timeout_s=0", "serve.rendezvous_timeout_s=600"),
+    (
+        ["cluster=local_slurm", "serve.rendezvous_timeout_s=0"],
+        "serve.rendezvous_timeout_s=0",
+        "serve.rendezvous_timeout_s=600",
+    ),
     (["engine=hf", "model.make=", "model.path="], "model.path=''", "model=tiny"),
     (["cluster=luna", "cluster.container.image="], "cluster.container.image=''", "pyxis"),
     (["nosuchkey=1"], "nosuchkey", "+key=value"),
-    (["engine=vllm", "model.path=/m", "+engine.gpu_mem=0.5"], "engine.gpu_mem", "no such key in launcher/schema.py for engine=vllm"),
+    (
+        ["engine=vllm", "model.path=/m", "+engine.gpu_mem=0.5"],
+        "engine.gpu_mem",
+        "no such key in launcher/schema.py for engine=vllm",
+    ),
     # a free mapping's keys need no `+`; a key beside it still does, and another engine's mapping is refused
     (["engine=vllm", "model.path=/m", "engine.gpu_mem=0.5"], "engine.gpu_mem", "+key=value"),
     (["cluster.envs.X=1"], "cluster.envs.X", "+key=value"),
-    (["engine=hf", "engine.engine_args.enforce_eager=true"], "engine.engine_args", "no such key in launcher/schema.py for engine=hf"),
+    (
+        ["engine=hf", "engine.engine_args.enforce_eager=true"],
+        "engine.engine_args",
+        "no such key in launcher/schema.py for engine=hf",
+    ),
 ]
 
 
@@ -84,7 +131,11 @@ def test_trtllm_layout_says_which_model_path_it_needs(tmp_path):
     cases = [
         (["engine=trtllm", f"model.path={engine_dir}"], "holds a built TensorRT engine", "engine.layout=ensemble"),
         (["engine=trtllm", f"model.path={other}"], "has no config.json", "a folder with config.json"),
-        (["engine=trtllm", "engine.layout=ensemble", f"model.path={hf_dir}"], "holds no rank<N>.engine file", "engine.layout=llmapi"),
+        (
+            ["engine=trtllm", "engine.layout=ensemble", f"model.path={hf_dir}"],
+            "holds no rank<N>.engine file",
+            "engine.layout=llmapi",
+        ),
     ]
     for overrides, why, fix in cases:
         with pytest.raises(LaunchError) as e:
@@ -100,7 +151,14 @@ def test_several_problems_reported_together():
     assert len(e.value.problems) == 3
 
 
-@pytest.mark.parametrize("args,needle", [(["engine=sglang", "model.path=/m", "tp=3", "dry_run=true"], "tp=3"), (["engine=foo", "dry_run=true"], "engine=foo"), (["tp=abc", "dry_run=true"], "tp=abc")])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["engine=sglang", "model.path=/m", "tp=3", "dry_run=true"], "tp=3"),
+        (["engine=foo", "dry_run=true"], "engine=foo"),
+        (["tp=abc", "dry_run=true"], "tp=abc"),
+    ],
+)
 def test_cli_exit_2_no_traceback(args, needle, tmp_path):
     env = {**os.environ, "HOME": str(tmp_path)}
     r = subprocess.run(LLMLAUNCH + args, capture_output=True, text=True, cwd=tmp_path, env=env)
@@ -115,10 +173,24 @@ def test_dry_run_prints_plan_and_writes_nothing(tmp_path):
     (tmp_path / "home").mkdir()
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    r = subprocess.run(LLMLAUNCH + ["cluster=luna", "engine=trtllm", "tp=8", "model.path=/m", "dry_run=true"], capture_output=True, text=True, cwd=cwd, env=env)
+    r = subprocess.run(
+        LLMLAUNCH + ["cluster=luna", "engine=trtllm", "tp=8", "model.path=/m", "dry_run=true"],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
-    for needle in ("===== composed config", "===== rank layout", "model_repository/tensorrt_llm/1/model.yaml", "tensor_parallel_size: 8",
-                   "#SBATCH --ntasks-per-node=8", "--mpi=pmix", "rank 0: trtllm-llmapi-launch tritonserver ", "rank 7: trtllm-llmapi-launch\n"):
+    for needle in (
+        "===== composed config",
+        "===== rank layout",
+        "model_repository/tensorrt_llm/1/model.yaml",
+        "tensor_parallel_size: 8",
+        "#SBATCH --ntasks-per-node=8",
+        "--mpi=pmix",
+        "rank 0: trtllm-llmapi-launch tritonserver ",
+        "rank 7: trtllm-llmapi-launch\n",
+    ):
         assert needle in r.stdout
     assert list(cwd.iterdir()) == [] and list((tmp_path / "home").iterdir()) == []
 
@@ -131,7 +203,9 @@ def test_cli_validates_a_launch_once(monkeypatch, capsys):
     calls = []
     real = launcher.validate.build_spec
     monkeypatch.setattr(launcher.validate, "build_spec", lambda cfg: calls.append(1) or real(cfg))
-    cli.main(["cluster=luna", "engine=trtllm", "tp=8", "engine.engine_dir=/e", "model.path=/m", "run_dir=/x", "dry_run=true"])
+    cli.main(
+        ["cluster=luna", "engine=trtllm", "tp=8", "engine.engine_dir=/e", "model.path=/m", "run_dir=/x", "dry_run=true"]
+    )
     assert len(calls) == 1
     assert "#SBATCH --ntasks-per-node=8" in capsys.readouterr().out
 
@@ -143,7 +217,14 @@ def test_keys_of_a_free_mapping_take_either_spelling(prefix):
     from launcher.schema import free_mappings
 
     assert {"engine.engine_args", "engine.extra_args", "cluster.env"} <= set(free_mappings())
-    _, spec = plan(["engine=vllm", "model.path=/m", f"{prefix}engine.engine_args.enforce_eager=true", f"{prefix}cluster.env.NCCL_DEBUG=WARN"])
+    _, spec = plan(
+        [
+            "engine=vllm",
+            "model.path=/m",
+            f"{prefix}engine.engine_args.enforce_eager=true",
+            f"{prefix}cluster.env.NCCL_DEBUG=WARN",
+        ]
+    )
     assert spec.engine.engine_args["enforce_eager"] is True and spec.cluster.env["NCCL_DEBUG"] == "WARN"
     _, spec = plan(["engine=sglang", "model.path=/m", f"{prefix}engine.extra_args.chunked_prefill_size=512"])
     assert spec.engine.extra_args == {"chunked_prefill_size": 512}
@@ -152,8 +233,13 @@ def test_keys_of_a_free_mapping_take_either_spelling(prefix):
 def test_cli_takes_a_free_mapping_key_without_plus(tmp_path):
     """The command line as a user types it: the plan's model.json carries the engine argument."""
     env = {**os.environ, "HOME": str(tmp_path)}
-    r = subprocess.run(LLMLAUNCH + ["engine=vllm", "engine.engine_args.enforce_eager=true", "model.path=/tmp", "dry_run=true"],
-                       capture_output=True, text=True, cwd=tmp_path, env=env)
+    r = subprocess.run(
+        LLMLAUNCH + ["engine=vllm", "engine.engine_args.enforce_eager=true", "model.path=/tmp", "dry_run=true"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+    )
     assert r.returncode == 0, r.stderr
     assert '"enforce_eager": true' in r.stdout
 
@@ -163,8 +249,16 @@ def test_cli_takes_a_free_mapping_key_without_plus(tmp_path):
 # (CUDA_VISIBLE_DEVICES=''), so the device row is the same on a machine with one.
 FIRST_TRIES = [
     (["model.make=", "model.path=/nonexistent"], "model.path='/nonexistent'", "no such file or folder"),
-    (["model.path=<hf>", "model.tokenizer=/nonexistent-tok"], "model.tokenizer='/nonexistent-tok'", "no such file or folder"),
-    (["cluster=local_slurm", "model.make=", "model.path=/nonexistent"], "model.path='/nonexistent'", "no such file or folder"),
+    (
+        ["model.path=<hf>", "model.tokenizer=/nonexistent-tok"],
+        "model.tokenizer='/nonexistent-tok'",
+        "no such file or folder",
+    ),
+    (
+        ["cluster=local_slurm", "model.make=", "model.path=/nonexistent"],
+        "model.path='/nonexistent'",
+        "no such file or folder",
+    ),
     (["engine.device=cuda"], "engine.device='cuda'", "CUDA_VISIBLE_DEVICES=''"),
     (["model.max_model_len=-3", "dry_run=true"], "model.max_model_len=-3", "0 = the model's own"),
     (["engine.prefill_chunk=-1", "dry_run=true"], "engine.prefill_chunk=-1", "0 = the engine's default"),
@@ -181,21 +275,30 @@ def test_first_tries_fail_before_anything_starts(args, what, why, tmp_path):
     home.mkdir()
     env = {**os.environ, "HOME": str(home), "CUDA_VISIBLE_DEVICES": ""}
     args = [a.replace("<hf>", str(hf)) for a in args]
-    r = subprocess.run(LLMLAUNCH + args + [f"run_dir={tmp_path / 'run'}"], capture_output=True, text=True, cwd=home,
-                       env=env, timeout=120)
+    r = subprocess.run(
+        LLMLAUNCH + args + [f"run_dir={tmp_path / 'run'}"],
+        capture_output=True,
+        text=True,
+        cwd=home,
+        env=env,
+        timeout=120,
+    )
     assert r.returncode == 2, r.stderr
     assert what in r.stderr and why in r.stderr and "fix:" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "run").exists() and list(home.iterdir()) == []
 
 
-@pytest.mark.parametrize("argv,what,fix", [
-    (["job_name=a", "b"], "'b'", "quote the whole override for the shell: 'job_name=a b'"),
-    (["tp=2", "stray"], "'stray'", "'tp=2 stray'"),
-    (["stray"], "'stray'", "write it as key=value"),
-    (["job_name=a;b"], "job_name=a;b", "it stops at ';'"),
-    (["tp=("], "tp=(", "Hydra cannot parse this override"),
-])
+@pytest.mark.parametrize(
+    "argv,what,fix",
+    [
+        (["job_name=a", "b"], "'b'", "quote the whole override for the shell: 'job_name=a b'"),
+        (["tp=2", "stray"], "'stray'", "'tp=2 stray'"),
+        (["stray"], "'stray'", "write it as key=value"),
+        (["job_name=a;b"], "job_name=a;b", "it stops at ';'"),
+        (["tp=("], "tp=(", "Hydra cannot parse this override"),
+    ],
+)
 def test_a_word_that_is_no_override_says_what_and_how_to_quote(argv, what, fix):
     with pytest.raises(LaunchError) as e:
         plan(argv)

@@ -41,7 +41,9 @@ def _rank_env(spec, ctx) -> Dict[str, str]:
     all-reduce (peer-to-peer between the node's GPUs) is slower. So every rank keeps all the GPUs the
     job holds on its node visible (read from the task's environment, as Slurm set it). Only for one
     model copy per job (replicas=1); separate copies keep one GPU per rank."""
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES") or os.environ.get("SLURM_STEP_GPUS") or os.environ.get("SLURM_JOB_GPUS")
+    visible = (
+        os.environ.get("CUDA_VISIBLE_DEVICES") or os.environ.get("SLURM_STEP_GPUS") or os.environ.get("SLURM_JOB_GPUS")
+    )
     if not visible or spec.tp * spec.pp == 1 or spec.replicas != 1:
         return {}
     ids = [x for x in visible.split(",") if x]
@@ -67,5 +69,5 @@ ENGINE = EngineDef(
     default_model_name_of=lambda e: llmapi.DEFAULT_MODEL_NAME if e.layout == "llmapi" else "",
     worker_models_of=lambda e: () if e.layout == "llmapi" else None,  # llmapi workers run TensorRT-LLM's MPI worker
     summary="TensorRT-LLM: its LLM API in our python model (llmapi, default; one MPI world under trtllm-llmapi-launch "
-            "for several GPUs), or the C++ backend's ensemble (one tritonserver per GPU, leader mode)",
+    "for several GPUs), or the C++ backend's ensemble (one tritonserver per GPU, leader mode)",
 )

@@ -31,11 +31,29 @@ def check(c) -> List[Tuple[str, str, str]]:
 def _fields_check(c) -> List[Tuple[str, str, str]]:
     e, problems = c.engine, []
     if not e.engine_dir:
-        problems.append(("engine.engine_dir=''", "the tensorrt_llm model needs a built TensorRT-LLM engine folder (gpt_model_path)", "set engine.engine_dir=/path/to/trt_engines/<model>/<tp>-gpu (or model.path)"))
+        problems.append(
+            (
+                "engine.engine_dir=''",
+                "the tensorrt_llm model needs a built TensorRT-LLM engine folder (gpt_model_path)",
+                "set engine.engine_dir=/path/to/trt_engines/<model>/<tp>-gpu (or model.path)",
+            )
+        )
     if not (e.tokenizer_dir or c.model.tokenizer or c.model.path):
-        problems.append(("engine.tokenizer_dir=''", "pre/postprocessing need the model's tokenizer", "set engine.tokenizer_dir=/path/to/hf_model or model.tokenizer"))
+        problems.append(
+            (
+                "engine.tokenizer_dir=''",
+                "pre/postprocessing need the model's tokenizer",
+                "set engine.tokenizer_dir=/path/to/hf_model or model.tokenizer",
+            )
+        )
     if e.batching_strategy == "V1" and e.decoupled:
-        problems.append(("engine.batching_strategy='V1' with engine.decoupled=true", "V1 (no in-flight batching) cannot stream", "set engine.decoupled=false, or batching_strategy=inflight_fused_batching"))
+        problems.append(
+            (
+                "engine.batching_strategy='V1' with engine.decoupled=true",
+                "V1 (no in-flight batching) cannot stream",
+                "set engine.decoupled=false, or batching_strategy=inflight_fused_batching",
+            )
+        )
     return problems
 
 
@@ -43,9 +61,15 @@ def _path_problems(c) -> List[Tuple[str, str, str]]:
     """engine.engine_dir, where it exists here, must be a built engine, not a checkpoint."""
     d = c.engine.engine_dir
     if d and os.path.isdir(d) and not looks_like_engine_dir(d) and os.path.isfile(os.path.join(d, "config.json")):
-        return [(f"engine.engine_dir={d!r}", "holds no rank<N>.engine file: a Hugging Face checkpoint, not a built "
-                 "TensorRT-LLM engine, which engine.layout=ensemble serves", "set engine.layout=llmapi to serve the "
-                 "checkpoint as it is, or engine.engine_dir=<the folder trtllm-build wrote>")]
+        return [
+            (
+                f"engine.engine_dir={d!r}",
+                "holds no rank<N>.engine file: a Hugging Face checkpoint, not a built "
+                "TensorRT-LLM engine, which engine.layout=ensemble serves",
+                "set engine.layout=llmapi to serve the "
+                "checkpoint as it is, or engine.engine_dir=<the folder trtllm-build wrote>",
+            )
+        ]
     return []
 
 
@@ -53,8 +77,18 @@ def host_paths(c) -> List[Tuple[str, str, str]]:
     """The engine folder, and the tokenizer pre/postprocessing load (the first of engine.tokenizer_dir,
     model.tokenizer, model.path given: the key named is the one it came from)."""
     e, m = c.engine, c.model
-    tok = next(((k, v) for k, v in (("engine.tokenizer_dir", e.tokenizer_dir), ("model.tokenizer", m.tokenizer),
-                                     ("model.path", m.path)) if v), ("engine.tokenizer_dir", ""))
+    tok = next(
+        (
+            (k, v)
+            for k, v in (
+                ("engine.tokenizer_dir", e.tokenizer_dir),
+                ("model.tokenizer", m.tokenizer),
+                ("model.path", m.path),
+            )
+            if v
+        ),
+        ("engine.tokenizer_dir", ""),
+    )
     return [("engine.engine_dir", e.engine_dir, "trtllm_engine"), (tok[0], tok[1], "tokenizer")]
 
 
@@ -172,7 +206,14 @@ def render_models(spec) -> List[RenderedModel]:
             inp("STREAM", "BOOL", [1], optional=True),
         ]
     )
-    post.output.extend([out("OUTPUT", "BYTES", [-1]), out("INPUT_TOKENS", "INT32", [1]), out("OUTPUT_TOKENS", "INT32", [1]), out("FINISH_REASON", "BYTES", [1])])
+    post.output.extend(
+        [
+            out("OUTPUT", "BYTES", [-1]),
+            out("INPUT_TOKENS", "INT32", [1]),
+            out("OUTPUT_TOKENS", "INT32", [1]),
+            out("FINISH_REASON", "BYTES", [1]),
+        ]
+    )
     post.instance_group.add(count=e.postprocessing_instances or _instances(e), kind=pb.ModelInstanceGroup.KIND_CPU)
     pbtxt.set_parameters(post, {"tokenizer_dir": tok, "tokenizer_type": e.tokenizer_type, "skip_special_tokens": True})
     models.append(RenderedModel("postprocessing", post, {"1/model.py": "trtllm/postprocessing/1/model.py"}))
@@ -192,8 +233,28 @@ def render_models(spec) -> List[RenderedModel]:
 
     step(
         "preprocessing",
-        {"QUERY": "text_input", "REQUEST_OUTPUT_LEN": "max_tokens", "BAD_WORDS_DICT": "bad_words", "STOP_WORDS_DICT": "stop_words", "END_ID": "end_id", "PAD_ID": "pad_id", "IGNORE_EOS": "ignore_eos", "RANDOM_SEED": "random_seed", "SEED": "seed", "EXCLUDE_INPUT_IN_OUTPUT": "exclude_input_in_output"},
-        {"INPUT_ID": "_INPUT_ID", "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "BAD_WORDS_IDS": "_BAD_WORDS_IDS", "STOP_WORDS_IDS": "_STOP_WORDS_IDS", "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "OUT_END_ID": "_END_ID", "OUT_PAD_ID": "_PAD_ID", "OUT_RANDOM_SEED": "_RANDOM_SEED"},
+        {
+            "QUERY": "text_input",
+            "REQUEST_OUTPUT_LEN": "max_tokens",
+            "BAD_WORDS_DICT": "bad_words",
+            "STOP_WORDS_DICT": "stop_words",
+            "END_ID": "end_id",
+            "PAD_ID": "pad_id",
+            "IGNORE_EOS": "ignore_eos",
+            "RANDOM_SEED": "random_seed",
+            "SEED": "seed",
+            "EXCLUDE_INPUT_IN_OUTPUT": "exclude_input_in_output",
+        },
+        {
+            "INPUT_ID": "_INPUT_ID",
+            "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN",
+            "BAD_WORDS_IDS": "_BAD_WORDS_IDS",
+            "STOP_WORDS_IDS": "_STOP_WORDS_IDS",
+            "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN",
+            "OUT_END_ID": "_END_ID",
+            "OUT_PAD_ID": "_PAD_ID",
+            "OUT_RANDOM_SEED": "_RANDOM_SEED",
+        },
     )
     step(
         "tensorrt_llm",
@@ -225,15 +286,24 @@ def render_models(spec) -> List[RenderedModel]:
         # ("receives inputs originated from different decoupled models"), so with streaming the
         # postprocessing step sees only tensorrt_llm's outputs: token counts per response, no
         # finish reason. `engine.bls=true` (model tensorrt_llm_bls) serves the full contract.
-        post_inputs.update({"REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "STREAM": "stream"})
+        post_inputs.update(
+            {"REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "STREAM": "stream"}
+        )
     step(
         "postprocessing",
         post_inputs,
-        {"OUTPUT": "text_output", "INPUT_TOKENS": "input_tokens", "OUTPUT_TOKENS": "output_tokens", "FINISH_REASON": "finish_reason"},
+        {
+            "OUTPUT": "text_output",
+            "INPUT_TOKENS": "input_tokens",
+            "OUTPUT_TOKENS": "output_tokens",
+            "FINISH_REASON": "finish_reason",
+        },
     )
     models.append(RenderedModel(spec.model_name, ens, {}, {"1/.keep": ""}))
 
     if e.bls:
-        bls = pbtxt.python_model("tensorrt_llm_bls", mbs, {"tensorrt_llm_model_name": "tensorrt_llm", "tokenizer_dir": tok})
+        bls = pbtxt.python_model(
+            "tensorrt_llm_bls", mbs, {"tensorrt_llm_model_name": "tensorrt_llm", "tokenizer_dir": tok}
+        )
         models.append(RenderedModel("tensorrt_llm_bls", bls, {"1/model.py": "trtllm/tensorrt_llm_bls/1/model.py"}))
     return models

@@ -64,15 +64,21 @@ def llm_args(spec) -> Dict[str, Any]:
 def model_yaml(spec) -> str:
     import yaml
 
-    head = ("# tensorrt_llm.LLM(**this) for llmlaunch's TensorRT-LLM model (model_repository/trtllm/llmapi);\n"
-            "# written from the launch and engine.llm_args, which wins over the rest\n")
+    head = (
+        "# tensorrt_llm.LLM(**this) for llmlaunch's TensorRT-LLM model (model_repository/trtllm/llmapi);\n"
+        "# written from the launch and engine.llm_args, which wins over the rest\n"
+    )
     return head + yaml.safe_dump(llm_args(spec), sort_keys=True, default_flow_style=False)
 
 
 def render_models(spec) -> List[RenderedModel]:
     params = {"llm_args_file": ARGS_FILE, "tokenizer_path": spec.model.tokenizer or model_path(spec)}
     cfg = pbtxt.python_model(spec.model_name, spec.engine.max_num_seqs, params)
-    return [RenderedModel(spec.model_name, cfg, {"1/model.py": "trtllm/llmapi/1/model.py"}, {f"1/{ARGS_FILE}": model_yaml(spec)})]
+    return [
+        RenderedModel(
+            spec.model_name, cfg, {"1/model.py": "trtllm/llmapi/1/model.py"}, {f"1/{ARGS_FILE}": model_yaml(spec)}
+        )
+    ]
 
 
 def rank_argv(spec, rank, argv: List[str]) -> List[str]:
@@ -97,37 +103,75 @@ def check(c, scheduler) -> List[Tuple[str, str, str]]:
     e, m, problems = c.engine, c.model, []
     path = m.path
     if not path:
-        problems.append(("model.path=''", "engine.layout=llmapi serves a Hugging Face checkpoint (tensorrt_llm.LLM builds no engine)",
-                         "set model.path=/path/to/hf_model (a folder with config.json and the weights), or "
-                         "engine.layout=ensemble with engine.engine_dir=<built engine folder>"))
+        problems.append(
+            (
+                "model.path=''",
+                "engine.layout=llmapi serves a Hugging Face checkpoint (tensorrt_llm.LLM builds no engine)",
+                "set model.path=/path/to/hf_model (a folder with config.json and the weights), or "
+                "engine.layout=ensemble with engine.engine_dir=<built engine folder>",
+            )
+        )
     elif os.path.isdir(path):
         if looks_like_engine_dir(path):
-            problems.append((f"model.path={path!r}", "holds a built TensorRT engine (rank<N>.engine); engine.layout=llmapi "
-                             "loads a Hugging Face checkpoint", "set model.path to the model's Hugging Face folder, or "
-                             "engine.layout=ensemble to serve this engine on the C++ backend"))
+            problems.append(
+                (
+                    f"model.path={path!r}",
+                    "holds a built TensorRT engine (rank<N>.engine); engine.layout=llmapi "
+                    "loads a Hugging Face checkpoint",
+                    "set model.path to the model's Hugging Face folder, or "
+                    "engine.layout=ensemble to serve this engine on the C++ backend",
+                )
+            )
         elif not os.path.isfile(os.path.join(path, "config.json")):
-            problems.append((f"model.path={path!r}", "has no config.json: not a Hugging Face model folder, which "
-                             "engine.layout=llmapi loads", "set model.path to a folder with config.json and the weights"))
+            problems.append(
+                (
+                    f"model.path={path!r}",
+                    "has no config.json: not a Hugging Face model folder, which engine.layout=llmapi loads",
+                    "set model.path to a folder with config.json and the weights",
+                )
+            )
     frac = e.kv_cache_free_gpu_mem_fraction
     if not 0 < frac <= 1:
-        problems.append((f"engine.kv_cache_free_gpu_mem_fraction={frac}", "a fraction of free GPU memory", "use a value in (0, 1], e.g. 0.9"))
+        problems.append(
+            (
+                f"engine.kv_cache_free_gpu_mem_fraction={frac}",
+                "a fraction of free GPU memory",
+                "use a value in (0, 1], e.g. 0.9",
+            )
+        )
     bad = [k for k in e.llm_args if not isinstance(k, str) or not k.isidentifier()]
     if bad:
-        problems.append((f"engine.llm_args keys {bad}", "tensorrt_llm.LLM takes keyword arguments", "use argument names such as enable_chunked_prefill"))
+        problems.append(
+            (
+                f"engine.llm_args keys {bad}",
+                "tensorrt_llm.LLM takes keyword arguments",
+                "use argument names such as enable_chunked_prefill",
+            )
+        )
     group = c.tp * c.pp
     if group > 1 and c.replicas != 1:
-        problems.append((f"replicas={c.replicas} with tp*pp={group}", f"{MPI_LAUNCHER} makes one MPI world of the job's "
-                         "tasks (SLURM_NTASKS), so a job holds one model copy of several GPUs",
-                         "set replicas=1 (another job for another copy), or tp=1 pp=1 for data-parallel copies"))
+        problems.append(
+            (
+                f"replicas={c.replicas} with tp*pp={group}",
+                f"{MPI_LAUNCHER} makes one MPI world of the job's "
+                "tasks (SLURM_NTASKS), so a job holds one model copy of several GPUs",
+                "set replicas=1 (another job for another copy), or tp=1 pp=1 for data-parallel copies",
+            )
+        )
     if group > 1 and not scheduler.starts_mpi_world:
-        problems.append((f"tp*pp={group} with cluster.scheduler={c.cluster.scheduler!r}", f"the MPI world {MPI_LAUNCHER} "
-                         "joins is the one srun starts (--mpi=pmix)", "use a Slurm cluster profile (cluster=local_slurm on "
-                         "this machine), or tp=1 pp=1"))
+        problems.append(
+            (
+                f"tp*pp={group} with cluster.scheduler={c.cluster.scheduler!r}",
+                f"the MPI world {MPI_LAUNCHER} joins is the one srun starts (--mpi=pmix)",
+                "use a Slurm cluster profile (cluster=local_slurm on this machine), or tp=1 pp=1",
+            )
+        )
     return problems
-
 
 
 def host_paths(c) -> List[Tuple[str, str, str]]:
     """The Hugging Face checkpoint tensorrt_llm.LLM loads (and its tokenizer where given apart)."""
     m = c.model
-    return [("model.path", m.path, "hf_model")] + ([("model.tokenizer", m.tokenizer, "tokenizer")] if m.tokenizer else [])
+    return [("model.path", m.path, "hf_model")] + (
+        [("model.tokenizer", m.tokenizer, "tokenizer")] if m.tokenizer else []
+    )

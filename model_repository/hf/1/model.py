@@ -87,7 +87,13 @@ from launcher.hf.engine import describe_features
 from launcher.python_backend import triton_io
 from launcher.python_backend.priority import lower_priority
 from launcher.python_backend.responders import GPU_NICE, responders
-from launcher.python_backend.timings import ENGINE_COUNTERS, FIRST_TOKEN_COUNTERS, Counters, FirstTokenTimes, engine_summary
+from launcher.python_backend.timings import (
+    ENGINE_COUNTERS,
+    FIRST_TOKEN_COUNTERS,
+    Counters,
+    FirstTokenTimes,
+    engine_summary,
+)
 
 # Optional inputs this model honours.  exclude_input_in_output is honoured by construction (the prompt is never
 # echoed); pad_id and return_log_probs are accepted and ignored (a note is logged once).
@@ -123,8 +129,21 @@ def _cause_chain(exc: BaseException) -> str:
 class _Stream:
     """Per-request state of the sender side."""
 
-    __slots__ = ("sender", "stream", "parts", "input_tokens", "last_check", "cancelled", "last_sent", "shard",
-                 "began", "queued", "times", "routed", "counts")
+    __slots__ = (
+        "sender",
+        "stream",
+        "parts",
+        "input_tokens",
+        "last_check",
+        "cancelled",
+        "last_sent",
+        "shard",
+        "began",
+        "queued",
+        "times",
+        "routed",
+        "counts",
+    )
 
     def __init__(self, sender, stream: bool, shard: int, counts: bool = True):
         self.sender = sender  # pb_utils response sender
@@ -156,34 +175,49 @@ class TritonPythonModel:
         # where streamed requests' first tokens spend their time in here, and how the engine spends a step:
         # Triton metrics (pushed once a second) + summaries at the end
         self._first_token = FirstTokenTimes()
-        self._metrics = Counters(self.model_config.get("name", "hf"), FIRST_TOKEN_COUNTERS + ENGINE_COUNTERS,
-                                 lambda: {**self._first_token.totals_map(), **self.engine.stats_dict()}).start()
-        role = f", tp rank {self.tp_rank}/{self.tp}" + (" (worker)" if self.tp_rank else " (leader)") if self.tp > 1 else ""
-        _log("info", f"ready: {self.args.model_path} on {self.engine.device} ({self.engine.dtype}){role}, "
-                     f"max_num_seqs={self.engine.max_num_seqs}, max_model_len={self.engine.max_model_len}, "
-                     + (f"{self._share_text}, " if self._share_text else "")
-                     + (f"{self._nice_text}, " if self._nice_text else "")
-                     + f"engine_process={self.engine_process}, response_threads={len(self._queues)}"
-                     + (f", {describe_features(self.engine.features)}" if self.engine.features else ""))
+        self._metrics = Counters(
+            self.model_config.get("name", "hf"),
+            FIRST_TOKEN_COUNTERS + ENGINE_COUNTERS,
+            lambda: {**self._first_token.totals_map(), **self.engine.stats_dict()},
+        ).start()
+        role = (
+            f", tp rank {self.tp_rank}/{self.tp}" + (" (worker)" if self.tp_rank else " (leader)")
+            if self.tp > 1
+            else ""
+        )
+        _log(
+            "info",
+            f"ready: {self.args.model_path} on {self.engine.device} ({self.engine.dtype}){role}, "
+            f"max_num_seqs={self.engine.max_num_seqs}, max_model_len={self.engine.max_model_len}, "
+            + (f"{self._share_text}, " if self._share_text else "")
+            + (f"{self._nice_text}, " if self._nice_text else "")
+            + f"engine_process={self.engine_process}, response_threads={len(self._queues)}"
+            + (f", {describe_features(self.engine.features)}" if self.engine.features else ""),
+        )
 
     # -- initialize steps ----------------------------------------------------------------------------------
     def _check_decoupled(self):
         if not pb_utils.using_decoupled_model_transaction_policy(self.model_config):
             raise pb_utils.TritonModelException(
-                "the hf model streams: set `model_transaction_policy { decoupled: true }` in config.pbtxt")
+                "the hf model streams: set `model_transaction_policy { decoupled: true }` in config.pbtxt"
+            )
         self._batched = int(self.model_config.get("max_batch_size", 0)) > 0
 
     def _read_parameters(self, args):
         """The engine's arguments: HFEngineArgs from the file config.pbtxt names (1/model.json); every default is
         HFEngineArgs'.  The checks here are the ones that need this model's own config (its instance count)."""
         p = triton_io.model_parameters(self.model_config)
-        path = os.path.join(args.get("model_repository", ""), str(args.get("model_version", "1")),
-                            p.get("engine_args_file") or ARGS_FILE)
+        path = os.path.join(
+            args.get("model_repository", ""),
+            str(args.get("model_version", "1")),
+            p.get("engine_args_file") or ARGS_FILE,
+        )
         try:
             self.args = HFEngineArgs.read(path)
         except FileNotFoundError:
-            raise pb_utils.TritonModelException(f"{path} is missing: llmlaunch writes the hf engine's arguments "
-                                                f"there (render the repository again)") from None
+            raise pb_utils.TritonModelException(
+                f"{path} is missing: llmlaunch writes the hf engine's arguments there (render the repository again)"
+            ) from None
         except (ValueError, TypeError) as exc:
             raise pb_utils.TritonModelException(str(exc)) from None
         a = self.args
@@ -198,7 +232,8 @@ class TritonPythonModel:
         if self.instances > 1 and (self.tp > 1 or not self.engine_process):
             raise pb_utils.TritonModelException(
                 f"instance_group count {self.instances}: several instances share one engine process, which needs "
-                f"engine_process=true and tp_size=1; set the count to 1 (engine.response_processes=1)")
+                f"engine_process=true and tp_size=1; set the count to 1 (engine.response_processes=1)"
+            )
         if self.tp > 1 and not self.engine_process:
             raise pb_utils.TritonModelException("tp_size > 1 needs engine_process=true")
 
@@ -226,8 +261,12 @@ class TritonPythonModel:
                     EngineProcess.write_attach_failure(sock, None)
                 try:
                     self.engine = EngineProcess.from_args(
-                        self.args, on_batch=self._route, on_exit=self._engine_exited if self.tp > 1 else None,
-                        listen=sock, worker=bool(self.tp_rank)).start()
+                        self.args,
+                        on_batch=self._route,
+                        on_exit=self._engine_exited if self.tp > 1 else None,
+                        listen=sock,
+                        worker=bool(self.tp_rank),
+                    ).start()
                 except Exception as exc:  # the instances waiting to attach fail with this at once
                     if sock:
                         EngineProcess.write_attach_failure(sock, str(exc))
@@ -235,9 +274,11 @@ class TritonPythonModel:
             else:
                 self.engine = EngineProcess.attach(sock, on_batch=self._route).start()
             if self.instances > 1:
-                self._share_text = (f"instance {self.instance_name} {'started' if owner else 'attached to'} the "
-                                    f"engine process (pid {self.engine.info.get('pid')}) that {self.instances} "
-                                    f"instances share")
+                self._share_text = (
+                    f"instance {self.instance_name} {'started' if owner else 'attached to'} the "
+                    f"engine process (pid {self.engine.info.get('pid')}) that {self.instances} "
+                    f"instances share"
+                )
             self._engine_callback = _ignore  # outputs arrive through on_batch
             self.stream_interval_s = 0.0
         else:
@@ -253,19 +294,29 @@ class TritonPythonModel:
                     f"engine_process=false runs the engine in the python stub's interpreter ({sys.executable}), "
                     f"which cannot import what it needs: {_cause_chain(exc)}. Leave engine_process=true "
                     f"(the engine then runs on llmlaunch's own interpreter), or give the stub an environment with "
-                    f"torch and transformers besides numpy<2 (LLMLAUNCH_STUB_PYTHON; docs/engines.md, \"GPU machines\")"
+                    f'torch and transformers besides numpy<2 (LLMLAUNCH_STUB_PYTHON; docs/engines.md, "GPU machines")'
                 ) from None
             dirs = sorted({os.path.dirname(p) for p in mapped_from("libcudnn")})
             if preloaded or dirs:  # a GPU torch
                 source = os.path.dirname(os.path.realpath(preloaded[0])) if preloaded else ""
-                mixed = ": two cuDNNs mixed, decode runs slower (launcher.python_backend.torch_libs)" if len(dirs) > 1 else ""
-                _log("warn" if mixed else "info",
-                     f"engine in the stub: cuDNN {'preloaded from ' + source if source else 'not preloaded'}, "
-                     f"mapped from {', '.join(dirs) or '(none yet)'}{mixed}")
+                mixed = (
+                    ": two cuDNNs mixed, decode runs slower (launcher.python_backend.torch_libs)"
+                    if len(dirs) > 1
+                    else ""
+                )
+                _log(
+                    "warn" if mixed else "info",
+                    f"engine in the stub: cuDNN {'preloaded from ' + source if source else 'not preloaded'}, "
+                    f"mapped from {', '.join(dirs) or '(none yet)'}{mixed}",
+                )
             self._engine_callback = self._on_output
         # response threads and nice value, once the engine's device is known (launcher.python_backend.responders)
-        self._responders = responders(str(self.engine.device).split(":")[0], len(os.sched_getaffinity(0)),
-                                      self.instances, engine_process=self.engine_process)
+        self._responders = responders(
+            str(self.engine.device).split(":")[0],
+            len(os.sched_getaffinity(0)),
+            self.instances,
+            engine_process=self.engine_process,
+        )
 
     def _share_engine(self):
         """(this instance starts the shared engine process?, its unix socket path).  The first instance of this model
@@ -289,8 +340,11 @@ class TritonPythonModel:
         # token goes out with no thread hand-off.  The in-thread engine's callback runs on the engine's own
         # thread, which must not send, so there shard 0 has a thread too.
         self._queues = [None if i == 0 and self.engine_process else queue.SimpleQueue() for i in range(n)]
-        self._threads = [threading.Thread(target=self._respond_loop, args=(q,), name=f"hf-respond-{i}", daemon=True)
-                         for i, q in enumerate(self._queues) if q is not None]
+        self._threads = [
+            threading.Thread(target=self._respond_loop, args=(q,), name=f"hf-respond-{i}", daemon=True)
+            for i, q in enumerate(self._queues)
+            if q is not None
+        ]
         for t in self._threads:
             t.start()
 
@@ -303,16 +357,23 @@ class TritonPythonModel:
         if not nice:
             return ""
         counts = []
-        for who, pid in [("this stub", os.getpid())] + ([("tritonserver", self._server_pid)] if self._engine_owner else []):
+        for who, pid in [("this stub", os.getpid())] + (
+            [("tritonserver", self._server_pid)] if self._engine_owner else []
+        ):
             try:
                 counts.append(f"{who} {lower_priority(pid, nice)} threads")
             except PermissionError as exc:
-                _log("warn", f"nice {nice}: cannot lower the priority of {who} (pid {pid}): {exc.strerror}; the "
-                             f"response path keeps the engine's priority (nice {GPU_NICE} is not needed to serve)")
+                _log(
+                    "warn",
+                    f"nice {nice}: cannot lower the priority of {who} (pid {pid}): {exc.strerror}; the "
+                    f"response path keeps the engine's priority (nice {GPU_NICE} is not needed to serve)",
+                )
                 return f"response path not lowered ({exc.strerror})"
         # (nice > 0 implies engine_process=true: the rule gives 0 for an engine in the stub)
-        return (f"response path at nice {nice} ({', '.join(counts)} changed; engine process "
-                f"{self.engine.info.get('pid')} as started)")
+        return (
+            f"response path at nice {nice} ({', '.join(counts)} changed; engine process "
+            f"{self.engine.info.get('pid')} as started)"
+        )
 
     def _on_output(self, out):
         """In-thread engine: one output, on the engine's thread; the responder sends it."""
@@ -371,8 +432,13 @@ class TritonPythonModel:
             began = time.monotonic()
             sender = request.get_response_sender()
             if self.tp_rank:
-                self._send(sender, triton_io.error_response(
-                    f"this server is tensor-parallel worker rank {self.tp_rank}; send requests to rank 0"), final=True)
+                self._send(
+                    sender,
+                    triton_io.error_response(
+                        f"this server is tensor-parallel worker rank {self.tp_rank}; send requests to rank 0"
+                    ),
+                    final=True,
+                )
                 continue
             try:
                 req = triton_io.parse_request(request, SUPPORTED, self.engine.max_model_len)
@@ -438,6 +504,7 @@ class TritonPythonModel:
                 prev[0] += out.text
                 prev[1] = out
                 prev[2] = prev[2] or out.times  # the first output's stamps (engine process only)
+
         # First responses and final ones go first: under load one batch holds a response for every running
         # stream (~100 us each), and a stream's first token (its TTFT) or its end (the client's next request
         # waits for it) should not queue behind 127 middle-of-stream tokens.
@@ -464,8 +531,9 @@ class TritonPythonModel:
         if out.finish_reason is not None:
             del self._streams[rid]
             if st.cancelled:
-                err = pb_utils.TritonError("request cancelled by the client",
-                                           getattr(pb_utils.TritonError, "CANCELLED", 0))
+                err = pb_utils.TritonError(
+                    "request cancelled by the client", getattr(pb_utils.TritonError, "CANCELLED", 0)
+                )
                 self._send(st.sender, pb_utils.InferenceResponse(output_tensors=[], error=err), final=True)
             elif out.finish_reason == "error":
                 self._send(st.sender, triton_io.error_response(out.error or "generation failed"), final=True)
@@ -473,8 +541,9 @@ class TritonPythonModel:
                 if st.parts:  # held-back pieces (stream_interval_ms) or the whole text (stream=false)
                     st.parts.append(text)
                     text = "".join(st.parts)
-                self._send_text(st, self._responder.build(text, st.input_tokens, out.output_tokens,
-                                                          out.finish_reason), final=True)
+                self._send_text(
+                    st, self._responder.build(text, st.input_tokens, out.output_tokens, out.finish_reason), final=True
+                )
             if out.finish_reason == "cancelled" and st.cancelled:
                 _log("info", f"request {rid} cancelled by the client after {out.output_tokens} tokens")
             return
@@ -490,8 +559,7 @@ class TritonPythonModel:
                     text = "".join(st.parts)
                     st.parts.clear()
                 st.last_sent = now
-                self._send_text(st, self._responder.build(text, st.input_tokens, out.output_tokens,
-                                                          counts=st.counts))
+                self._send_text(st, self._responder.build(text, st.input_tokens, out.output_tokens, counts=st.counts))
         # Client cancellation: each check is a round trip to the server process, so it is rate-limited per request.
         if not st.cancelled and now - st.last_check >= self.cancel_check_s:
             st.last_check = now

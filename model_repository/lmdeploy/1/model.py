@@ -77,8 +77,14 @@ def backend_config_kwargs(params: dict, fields: set) -> dict:
     """config.pbtxt parameters -> TurbomindEngineConfig / PytorchEngineConfig keyword arguments."""
     dtype = params.get("dtype", "auto")
     if dtype not in DTYPES:
-        raise ValueError(f"lmdeploy: dtype {dtype!r} is not supported by LMDeploy; use model.dtype=auto, float16 or bfloat16")
-    kw = {"tp": int(params.get("tp_size", 1)), "dtype": dtype, "cache_max_entry_count": float(params.get("cache_max_entry_count", 0.8))}
+        raise ValueError(
+            f"lmdeploy: dtype {dtype!r} is not supported by LMDeploy; use model.dtype=auto, float16 or bfloat16"
+        )
+    kw = {
+        "tp": int(params.get("tp_size", 1)),
+        "dtype": dtype,
+        "cache_max_entry_count": float(params.get("cache_max_entry_count", 0.8)),
+    }
     if params.get("max_num_seqs"):
         kw["max_batch_size"] = int(params["max_num_seqs"])
     session_len = int(params.get("session_len", 0) or 0) or int(params.get("max_model_len", 0) or 0)
@@ -93,7 +99,9 @@ def backend_config_kwargs(params: dict, fields: set) -> dict:
     kw.update(json.loads(params.get("extra_args") or "{}"))
     unknown = sorted(set(kw) - fields)
     if unknown:
-        raise ValueError(f"lmdeploy: the {params.get('backend', 'turbomind')} backend config has no {unknown}; fix engine.extra_args")
+        raise ValueError(
+            f"lmdeploy: the {params.get('backend', 'turbomind')} backend config has no {unknown}; fix engine.extra_args"
+        )
     return kw
 
 
@@ -178,18 +186,24 @@ class LMDeployAdapter(EngineAdapter):
         try:
             backend_config = config_cls(**cfg_kwargs)
         except AssertionError as exc:  # LMDeploy checks its config fields with asserts, some without a message
-            raise ValueError(f"lmdeploy: {config_cls.__name__} refused {cfg_kwargs}: {exc or 'a value out of range'} "
-                             "(the PyTorch backend wants cache_max_entry_count in (0, 1))") from exc
+            raise ValueError(
+                f"lmdeploy: {config_cls.__name__} refused {cfg_kwargs}: {exc or 'a value out of range'} "
+                "(the PyTorch backend wants cache_max_entry_count in (0, 1))"
+            ) from exc
         nnodes = int(self.params.get("nnodes", 1) or 1)
         if nnodes > 1:
             from launcher.engines.ray import RayHead
 
             port = int(os.environ.get("_LLMLAUNCH_DIST_PORT", "0") or 0)
             if not port:
-                raise RuntimeError("lmdeploy: _LLMLAUNCH_DIST_PORT is not set; multi-node copies are started by `python -m launcher.rank`")
+                raise RuntimeError(
+                    "lmdeploy: _LLMLAUNCH_DIST_PORT is not set; multi-node copies are started by `python -m launcher.rank`"
+                )
             self.ray_head = RayHead(port, os.environ.get("_LLMLAUNCH_LEADER_ADDR", ""), nnodes, log=self.log.info)
             self.ray_head.start()
-        self.log.info(f"building AsyncEngine({self.params['model_path']}, backend={backend}, {config_cls.__name__}({cfg_kwargs}))")
+        self.log.info(
+            f"building AsyncEngine({self.params['model_path']}, backend={backend}, {config_cls.__name__}({cfg_kwargs}))"
+        )
         engine_kwargs = {"backend": backend, "backend_config": backend_config}
         if self.params.get("model_name"):
             engine_kwargs["model_name"] = self.params["model_name"]
@@ -214,8 +228,9 @@ class LMDeployAdapter(EngineAdapter):
             session = self.engine.session_mgr.get()
             self.sessions[request_id] = session
             try:
-                prepared = await self.engine.preprocess(messages=request.prompt, session_id=session, gen_config=gen_config,
-                                                        do_preprocess=False)
+                prepared = await self.engine.preprocess(
+                    messages=request.prompt, session_id=session, gen_config=gen_config, do_preprocess=False
+                )
             except request_errors as exc:  # a request LMDeploy refuses: context length, max_new_tokens, ...
                 self.sessions.pop(request_id, None)
                 raise RuntimeError(describe_request_error(exc, refused=True)) from exc
@@ -223,8 +238,15 @@ class LMDeployAdapter(EngineAdapter):
         else:
             session_id = next(self._ids)
             self.sessions[request_id] = session_id
-            outputs = self.engine.generate(request.prompt, session_id, gen_config=gen_config, stream_response=True,
-                                           sequence_start=True, sequence_end=True, do_preprocess=False)
+            outputs = self.engine.generate(
+                request.prompt,
+                session_id,
+                gen_config=gen_config,
+                stream_response=True,
+                sequence_start=True,
+                sequence_end=True,
+                do_preprocess=False,
+            )
         try:
             stops = [w for w in request.params.stop if w]
             hold = max((len(w) for w in stops), default=1) - 1  # characters that may begin a stop string

@@ -42,8 +42,6 @@ import json
 import os
 import sys
 
-import triton_python_backend_utils as pb_utils
-
 # The python backend stub does not read PYTHONPATH (Triton 2.51); honour it here, after the stub's own
 # paths, so `launcher` and the engine packages resolve as they do for the rank that started the server.
 for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
@@ -78,8 +76,12 @@ def server_args_kwargs(params: dict, environ) -> dict:
         port = environ.get("_LLMLAUNCH_DIST_PORT", "")
         leader = environ.get("_LLMLAUNCH_LEADER_ADDR", "")
         if not port or not leader:
-            raise RuntimeError("sglang: a model copy over several nodes needs _LLMLAUNCH_LEADER_ADDR and _LLMLAUNCH_DIST_PORT (set by `python -m launcher.rank`)")
-        kw.update(nnodes=nnodes, node_rank=int(environ.get("_LLMLAUNCH_GROUP_RANK", "0")), dist_init_addr=f"{leader}:{port}")
+            raise RuntimeError(
+                "sglang: a model copy over several nodes needs _LLMLAUNCH_LEADER_ADDR and _LLMLAUNCH_DIST_PORT (set by `python -m launcher.rank`)"
+            )
+        kw.update(
+            nnodes=nnodes, node_rank=int(environ.get("_LLMLAUNCH_GROUP_RANK", "0")), dist_init_addr=f"{leader}:{port}"
+        )
     else:
         kw["nnodes"] = 1
     kw.update(json.loads(params.get("extra_args") or "{}"))
@@ -133,16 +135,24 @@ class SGLangAdapter(EngineAdapter):
         fields = {f.name for f in dataclasses.fields(ServerArgs)}
         unknown = sorted(set(kwargs) - fields)
         if unknown:
-            raise ValueError(f"sglang: ServerArgs has no {unknown}; fix engine.extra_args (valid names are ServerArgs fields)")
-        self.log.info(f"building sglang.Engine (node {self.node_rank}) with {json.dumps(kwargs, sort_keys=True, default=str)}")
+            raise ValueError(
+                f"sglang: ServerArgs has no {unknown}; fix engine.extra_args (valid names are ServerArgs fields)"
+            )
+        self.log.info(
+            f"building sglang.Engine (node {self.node_rank}) with {json.dumps(kwargs, sort_keys=True, default=str)}"
+        )
         self.engine = sglang.Engine(**kwargs)
         args = getattr(self.engine, "server_args", None)
-        self.incremental = bool(getattr(args, "incremental_streaming_output", False) or getattr(args, "stream_output", False))
+        self.incremental = bool(
+            getattr(args, "incremental_streaming_output", False) or getattr(args, "stream_output", False)
+        )
         context = getattr(args, "context_length", None)
         self.max_model_len = int(context) if context else None
 
     async def generate(self, request_id, request):
-        stream = await self.engine.async_generate(prompt=request.prompt, sampling_params=sampling_params(request.params), stream=True, rid=request_id)
+        stream = await self.engine.async_generate(
+            prompt=request.prompt, sampling_params=sampling_params(request.params), stream=True, rid=request_id
+        )
         text_so_far = ""
         async for chunk in stream:
             meta = chunk.get("meta_info") or {}
@@ -150,7 +160,7 @@ class SGLangAdapter(EngineAdapter):
             if self.incremental:
                 delta = text
             else:
-                delta, text_so_far = text[len(text_so_far):], (text if len(text) >= len(text_so_far) else text_so_far)
+                delta, text_so_far = text[len(text_so_far) :], (text if len(text) >= len(text_so_far) else text_so_far)
             reason = meta.get("finish_reason")
             finish = None
             if reason:

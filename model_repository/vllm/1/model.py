@@ -45,8 +45,6 @@ import signal
 import sys
 import threading
 
-import triton_python_backend_utils as pb_utils
-
 # The python backend stub does not read PYTHONPATH (Triton 2.51); honour it here, after the stub's own
 # paths, so `launcher` and the engine packages resolve as they do for the rank that started the server.
 for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
@@ -75,8 +73,10 @@ def engine_kwargs(raw: dict, fields: set) -> dict:
             kwargs[key] = value
     unknown = sorted(set(kwargs) - fields)
     if unknown:
-        raise ValueError(f"{ENGINE_ARGS_FILE}: vLLM's AsyncEngineArgs has no {unknown}; remove them from engine.engine_args "
-                         f"(valid keys are AsyncEngineArgs fields, e.g. {sorted(fields)[:12]} ...)")
+        raise ValueError(
+            f"{ENGINE_ARGS_FILE}: vLLM's AsyncEngineArgs has no {unknown}; remove them from engine.engine_args "
+            f"(valid keys are AsyncEngineArgs fields, e.g. {sorted(fields)[:12]} ...)"
+        )
     return kwargs
 
 
@@ -119,11 +119,15 @@ class VLLMAdapter(EngineAdapter):
             with open(path) as f:
                 self.raw_args = json.load(f)
         except FileNotFoundError:
-            raise FileNotFoundError(f"vllm: {path} is missing; llmlaunch writes it from engine.engine_args (render the repository again)") from None
+            raise FileNotFoundError(
+                f"vllm: {path} is missing; llmlaunch writes it from engine.engine_args (render the repository again)"
+            ) from None
         self.frontends = int(params.get("frontends", "1") or 1)
         self.engine = None
         self.ray_head = None
-        self.share = None  # launcher.python_backend.instances.InstanceShare when several instances share the engine core
+        self.share = (
+            None  # launcher.python_backend.instances.InstanceShare when several instances share the engine core
+        )
         self.core = None  # the first instance of several: vLLM's engine-core process manager
         self._stopping = False
 
@@ -139,7 +143,9 @@ class VLLMAdapter(EngineAdapter):
         nnodes = int(self.params.get("nnodes", "1") or 1)
         if nnodes > 1:
             if kwargs.get("distributed_executor_backend") != "ray":
-                raise ValueError(f"vllm: a model copy over {nnodes} nodes needs distributed_executor_backend=ray (got {kwargs.get('distributed_executor_backend')!r})")
+                raise ValueError(
+                    f"vllm: a model copy over {nnodes} nodes needs distributed_executor_backend=ray (got {kwargs.get('distributed_executor_backend')!r})"
+                )
             self.ray_head = _start_ray_head(nnodes, self.log)
         self.log.info(f"building AsyncLLM with {json.dumps(kwargs, sort_keys=True, default=str)}")
         try:
@@ -195,8 +201,9 @@ class VLLMAdapter(EngineAdapter):
             # the server's process group was signalled (a stop): the core went with it, and so does the server
             self.log.info(f"vLLM's engine core stopped ({codes}); this tritonserver is stopping too")
         else:
-            self.log.error(f"vLLM's engine core exited ({codes}); stopping this tritonserver so the launcher sees "
-                           f"the rank fail")
+            self.log.error(
+                f"vLLM's engine core exited ({codes}); stopping this tritonserver so the launcher sees the rank fail"
+            )
         os.kill(os.getppid(), signal.SIGTERM)
 
     async def generate(self, request_id, request):
@@ -245,7 +252,9 @@ def _start_ray_head(nnodes, log):
 
     port = int(os.environ.get("_LLMLAUNCH_DIST_PORT", "0") or 0)
     if not port:
-        raise RuntimeError("vllm: _LLMLAUNCH_DIST_PORT is not set; multi-node copies are started by `python -m launcher.rank`")
+        raise RuntimeError(
+            "vllm: _LLMLAUNCH_DIST_PORT is not set; multi-node copies are started by `python -m launcher.rank`"
+        )
     head = RayHead(port, os.environ.get("_LLMLAUNCH_LEADER_ADDR", ""), nnodes, log=log.info)
     head.start()
     return head
@@ -257,9 +266,13 @@ class TritonPythonModel(RuntimeModel):
     def make_adapter(self, params, args, log):
         config = json.loads(args["model_config"])
         # the instance_group count (llmlaunch: engine.frontends): this many stubs share one engine core
-        params = dict(params, frontends=str(sum(int(g.get("count", 1)) for g in config.get("instance_group") or []) or 1))
+        params = dict(
+            params, frontends=str(sum(int(g.get("count", 1)) for g in config.get("instance_group") or []) or 1)
+        )
         if int(params["frontends"]) > 1:
             from launcher.python_backend.instances import instance_index
 
             params["frontend_index"] = str(instance_index(config, args.get("model_instance_name", "")))
-        return VLLMAdapter(params, os.path.join(args["model_repository"], args["model_version"]), log, config.get("name", "vllm"))
+        return VLLMAdapter(
+            params, os.path.join(args["model_repository"], args["model_version"]), log, config.get("name", "vllm")
+        )

@@ -14,4 +14,12 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 AsyncLLMEngine = AsyncLLM  # vLLM >= 0.10 exports the V1 engine under the old name too
 
-__all__ = ["AsyncEngineArgs", "AsyncLLM", "AsyncLLMEngine", "CompletionOutput", "RequestOutput", "RequestOutputKind", "SamplingParams"]
+__all__ = [
+    "AsyncEngineArgs",
+    "AsyncLLM",
+    "AsyncLLMEngine",
+    "CompletionOutput",
+    "RequestOutput",
+    "RequestOutputKind",
+    "SamplingParams",
+]

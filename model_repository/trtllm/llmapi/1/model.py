@@ -53,7 +53,11 @@ MPI_KEEP_PREFIXES = ("PMIX_MCA_",)
 
 def leave_mpi_world(environ) -> list:
     """Remove the MPI rank variables from `environ`; returns the names removed."""
-    gone = [k for k in list(environ) if (k.startswith(MPI_RANK_PREFIXES) or k in MPI_RANK_NAMES) and not k.startswith(MPI_KEEP_PREFIXES)]
+    gone = [
+        k
+        for k in list(environ)
+        if (k.startswith(MPI_RANK_PREFIXES) or k in MPI_RANK_NAMES) and not k.startswith(MPI_KEEP_PREFIXES)
+    ]
     for k in gone:
         del environ[k]
     return gone
@@ -74,11 +78,15 @@ def llm_arg_names(backend: str):
 def llm_kwargs(raw: dict, names) -> dict:
     """model.yaml -> LLM keyword arguments: refuse keys the LLM does not take, listing the valid ones."""
     if not isinstance(raw, dict) or not raw.get("model"):
-        raise ValueError(f"{ARGS_FILE}: a mapping with at least `model` (a Hugging Face folder); render the repository again")
+        raise ValueError(
+            f"{ARGS_FILE}: a mapping with at least `model` (a Hugging Face folder); render the repository again"
+        )
     unknown = sorted(set(raw) - names) if names is not None else []
     if unknown:
-        raise ValueError(f"{ARGS_FILE}: tensorrt_llm.LLM takes no {unknown}; remove them from engine.llm_args "
-                         f"(valid keys: {', '.join(sorted(names))})")
+        raise ValueError(
+            f"{ARGS_FILE}: tensorrt_llm.LLM takes no {unknown}; remove them from engine.llm_args "
+            f"(valid keys: {', '.join(sorted(names))})"
+        )
     return dict(raw)
 
 
@@ -130,8 +138,10 @@ class LLMAPIAdapter(EngineAdapter):
             with open(self.path) as f:
                 return yaml.safe_load(f)
         except FileNotFoundError:
-            raise FileNotFoundError(f"trtllm: {self.path} is missing; llmlaunch writes it from engine.llm_args "
-                                    "(render the repository again)") from None
+            raise FileNotFoundError(
+                f"trtllm: {self.path} is missing; llmlaunch writes it from engine.llm_args "
+                "(render the repository again)"
+            ) from None
 
     async def start(self):
         raw = self._read_args()
@@ -167,7 +177,9 @@ class LLMAPIAdapter(EngineAdapter):
                     finish = "length" if c.finish_reason == "length" else "stop"
                 yield Piece(delta, len(c.token_ids or ()), len(out.prompt_token_ids or ()), finish)
         finally:
-            if getattr(result, "finished", False):  # else it is still running: abort() (which the runtime calls next) ends it
+            if getattr(
+                result, "finished", False
+            ):  # else it is still running: abort() (which the runtime calls next) ends it
                 self.results.pop(request_id, None)
 
     async def abort(self, request_id):

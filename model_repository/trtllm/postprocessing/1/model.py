@@ -108,7 +108,9 @@ class TokenBytes:
         if "\u2581" in piece:  # SentencePiece word boundary
             return piece.replace("\u2581", " ").encode("utf-8")
         # Anything else (WordPiece, added tokens): what decode gives for the token alone
-        return self.tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False).encode("utf-8")
+        return self.tokenizer.decode([token_id], skip_special_tokens=False, clean_up_tokenization_spaces=False).encode(
+            "utf-8"
+        )
 
 
 class TritonPythonModel:
@@ -119,11 +121,17 @@ class TritonPythonModel:
         params = model_parameters(config)
         tokenizer_dir = params.get("tokenizer_dir")
         if not tokenizer_dir:
-            raise ValueError("postprocessing: parameter tokenizer_dir is empty; set engine.tokenizer_dir (or model.tokenizer / model.path)")
+            raise ValueError(
+                "postprocessing: parameter tokenizer_dir is empty; set engine.tokenizer_dir (or model.tokenizer / model.path)"
+            )
         self.skip_special_tokens = _flag(params, "skip_special_tokens", True)
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, trust_remote_code=_flag(params, "trust_remote_code", False))
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            tokenizer_dir, trust_remote_code=_flag(params, "trust_remote_code", False)
+        )
         self.token_bytes = TokenBytes(self.tokenizer, self.skip_special_tokens)
-        pb_utils.Logger.log_info(f"postprocessing: tokenizer {tokenizer_dir}, streamed text as {self.token_bytes.kind} token bytes")
+        pb_utils.Logger.log_info(
+            f"postprocessing: tokenizer {tokenizer_dir}, streamed text as {self.token_bytes.kind} token bytes"
+        )
 
     def execute(self, requests):
         responses = []
@@ -131,7 +139,9 @@ class TritonPythonModel:
             try:
                 responses.append(pb_utils.InferenceResponse(output_tensors=self._one(request)))
             except ValueError as exc:
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"postprocessing: {exc}")))
+                responses.append(
+                    pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"postprocessing: {exc}"))
+                )
         return responses
 
     def _one(self, request):
@@ -154,7 +164,9 @@ class TritonPythonModel:
                 n = int(lengths[b, k]) if k < lengths.shape[1] else 0
                 ids = [int(t) for t in tokens[b, k, : max(0, n)]]
                 if stream is not None and not stream[b]:
-                    texts[b, k] = self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens).encode("utf-8")
+                    texts[b, k] = self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens).encode(
+                        "utf-8"
+                    )
                 else:
                     texts[b, k] = b"".join(self.token_bytes(t) for t in ids)
             produced = int(lengths[b, 0])

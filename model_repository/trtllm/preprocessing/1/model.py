@@ -125,14 +125,18 @@ class TritonPythonModel:
         params = model_parameters(config)
         tokenizer_dir = params.get("tokenizer_dir")
         if not tokenizer_dir:
-            raise ValueError("preprocessing: parameter tokenizer_dir is empty; set engine.tokenizer_dir (or model.tokenizer / model.path)")
+            raise ValueError(
+                "preprocessing: parameter tokenizer_dir is empty; set engine.tokenizer_dir (or model.tokenizer / model.path)"
+            )
         self.add_special_tokens = _flag(params, "add_special_tokens", True)
         self.tokenizer = AutoTokenizer.from_pretrained(
             tokenizer_dir, padding_side="left", trust_remote_code=_flag(params, "trust_remote_code", False)
         )
         tok = self.tokenizer
         if tok.eos_token_id is None:
-            raise ValueError(f"preprocessing: the tokenizer in {tokenizer_dir} has no EOS token; send end_id with every request or fix the tokenizer")
+            raise ValueError(
+                f"preprocessing: the tokenizer in {tokenizer_dir} has no EOS token; send end_id with every request or fix the tokenizer"
+            )
         self.end_id = int(tok.eos_token_id)
         self.pad_id = int(tok.pad_token_id) if tok.pad_token_id is not None else self.end_id
         self.extra_eos = [[i] for i in _generation_eos_ids(tokenizer_dir) if i != self.end_id]
@@ -147,7 +151,9 @@ class TritonPythonModel:
             try:
                 responses.append(pb_utils.InferenceResponse(output_tensors=self._one(request)))
             except ValueError as exc:
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"preprocessing: {exc}")))
+                responses.append(
+                    pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(f"preprocessing: {exc}"))
+                )
         return responses
 
     def _one(self, request):
@@ -162,7 +168,12 @@ class TritonPythonModel:
         for i, x in enumerate(ids):
             input_id[i, : len(x)] = x
 
-        out_len = pb_utils.get_input_tensor_by_name(request, "REQUEST_OUTPUT_LEN").as_numpy().astype(np.int32).reshape(batch, -1)
+        out_len = (
+            pb_utils.get_input_tensor_by_name(request, "REQUEST_OUTPUT_LEN")
+            .as_numpy()
+            .astype(np.int32)
+            .reshape(batch, -1)
+        )
         if (out_len < 1).any():
             raise ValueError(f"max_tokens must be >= 1, got {int(out_len.min())}")
 

@@ -91,7 +91,9 @@ class TritonPythonModel:
             raise ValueError("tensorrt_llm_bls must be decoupled: it streams")
         tokenizer_dir = params.get("tokenizer_dir")
         if not tokenizer_dir:
-            raise ValueError("tensorrt_llm_bls: parameter tokenizer_dir is empty; set engine.tokenizer_dir (or model.tokenizer / model.path)")
+            raise ValueError(
+                "tensorrt_llm_bls: parameter tokenizer_dir is empty; set engine.tokenizer_dir (or model.tokenizer / model.path)"
+            )
         self.engine_model = params.get("tensorrt_llm_model_name", "tensorrt_llm")
         self.pre_model = params.get("preprocessing_model_name", "preprocessing")
         self.tokens = TokenTable(AutoTokenizer.from_pretrained(tokenizer_dir))
@@ -176,8 +178,19 @@ class TritonPythonModel:
             inputs.append(_tensor("END_ID", p.end_id, np.int32))
         if p.seed is not None:
             inputs.append(_tensor("RANDOM_SEED", p.seed, np.uint64))
-        names = ["INPUT_ID", "REQUEST_INPUT_LEN", "BAD_WORDS_IDS", "STOP_WORDS_IDS", "REQUEST_OUTPUT_LEN", "OUT_END_ID", "OUT_PAD_ID", "OUT_RANDOM_SEED"]
-        resp = await pb_utils.InferenceRequest(model_name=self.pre_model, inputs=inputs, requested_output_names=names).async_exec()
+        names = [
+            "INPUT_ID",
+            "REQUEST_INPUT_LEN",
+            "BAD_WORDS_IDS",
+            "STOP_WORDS_IDS",
+            "REQUEST_OUTPUT_LEN",
+            "OUT_END_ID",
+            "OUT_PAD_ID",
+            "OUT_RANDOM_SEED",
+        ]
+        resp = await pb_utils.InferenceRequest(
+            model_name=self.pre_model, inputs=inputs, requested_output_names=names
+        ).async_exec()
         if resp.has_error():
             raise ValueError(resp.error().message())
         return {n: pb_utils.get_output_tensor_by_name(resp, n).as_numpy() for n in names}
@@ -194,7 +207,11 @@ class TritonPythonModel:
         ]
         for key in ("STOP_WORDS_IDS", "BAD_WORDS_IDS"):
             if pre[key].size:
-                inputs.append(pb_utils.Tensor("stop_words_list" if key == "STOP_WORDS_IDS" else "bad_words_list", pre[key].astype(np.int32)))
+                inputs.append(
+                    pb_utils.Tensor(
+                        "stop_words_list" if key == "STOP_WORDS_IDS" else "bad_words_list", pre[key].astype(np.int32)
+                    )
+                )
         for name, (engine_name, dtype) in ENGINE_INPUTS.items():
             tensor = pb_utils.get_input_tensor_by_name(request, name)
             if tensor is not None:

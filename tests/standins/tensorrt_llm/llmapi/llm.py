@@ -52,8 +52,9 @@ class RequestOutput:
         sp = self._sp
         stop = [sp.stop] if isinstance(sp.stop, str) else (sp.stop or [])
         out = self.outputs[0]
-        async for text, tok, finish in _standin.script(self.prompt, sp.max_tokens, sp.min_tokens or 0, sp.ignore_eos, stop,
-                                                        cancelled=lambda: self._aborted):
+        async for text, tok, finish in _standin.script(
+            self.prompt, sp.max_tokens, sp.min_tokens or 0, sp.ignore_eos, stop, cancelled=lambda: self._aborted
+        ):
             out.text += text
             if tok is not None:
                 out.token_ids.append(tok)
@@ -74,26 +75,59 @@ class RequestOutput:
 
 
 class LLM:
-    def __init__(self, model, tokenizer=None, tokenizer_mode="auto", skip_tokenizer_init=False, trust_remote_code=False,
-                 tensor_parallel_size=1, dtype="auto", revision=None, tokenizer_revision=None, **kwargs):
+    def __init__(
+        self,
+        model,
+        tokenizer=None,
+        tokenizer_mode="auto",
+        skip_tokenizer_init=False,
+        trust_remote_code=False,
+        tensor_parallel_size=1,
+        dtype="auto",
+        revision=None,
+        tokenizer_revision=None,
+        **kwargs,
+    ):
         backend = kwargs.pop("backend", "pytorch")
         names = (TrtLlmArgs if backend == "tensorrt" else TorchLlmArgs).model_fields
         unknown = sorted(set(kwargs) - set(names))
         if unknown:  # the real argument model (a strict pydantic model) refuses them too
             raise ValueError(f"unexpected LLM arguments {unknown}")
-        args = dict(model=model, tokenizer=tokenizer, tensor_parallel_size=tensor_parallel_size, dtype=dtype,
-                    backend=backend, **kwargs)
+        args = dict(
+            model=model,
+            tokenizer=tokenizer,
+            tensor_parallel_size=tensor_parallel_size,
+            dtype=dtype,
+            backend=backend,
+            **kwargs,
+        )
         self.args = SimpleNamespace(**args, max_seq_len=kwargs.get("max_seq_len") or 4096)
         mpi = sorted(k for k in os.environ if k.startswith(("PMIX_RANK", "PMI_RANK", "OMPI_COMM_WORLD_")))
         _standin.record(ENGINE, "init", args=args, mpi_env=mpi, proxy=os.environ.get("TLLM_SPAWN_PROXY_PROCESS", ""))
 
-    def generate_async(self, inputs, sampling_params: Optional[SamplingParams] = None, lora_request=None,
-                       prompt_adapter_request=None, streaming: bool = False, kv_cache_retention_config=None,
-                       disaggregated_params=None, scheduling_params=None, cache_salt=None, trace_headers=None):
+    def generate_async(
+        self,
+        inputs,
+        sampling_params: Optional[SamplingParams] = None,
+        lora_request=None,
+        prompt_adapter_request=None,
+        streaming: bool = False,
+        kv_cache_retention_config=None,
+        disaggregated_params=None,
+        scheduling_params=None,
+        cache_salt=None,
+        trace_headers=None,
+    ):
         sp = sampling_params or SamplingParams()
         result = RequestOutput(self, inputs, sp, streaming)
-        _standin.record(ENGINE, "generate", request_id=result.request_id, prompt=inputs, streaming=streaming,
-                        sampling=dataclasses.asdict(sp))
+        _standin.record(
+            ENGINE,
+            "generate",
+            request_id=result.request_id,
+            prompt=inputs,
+            streaming=streaming,
+            sampling=dataclasses.asdict(sp),
+        )
         return result
 
     def shutdown(self) -> None:

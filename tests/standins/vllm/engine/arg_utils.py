@@ -31,5 +31,6 @@ class AsyncEngineArgs:
         """vLLM's VllmConfig, reduced to what the stand-in's engine-core launch and clients read."""
         if not -1 <= self._api_process_rank < self._api_process_count:  # -1: the launcher (vLLM allows it)
             raise ValueError(f"Invalid value of `_api_process_rank`: {self._api_process_rank}")
-        return SimpleNamespace(engine_args=self, api_process_count=self._api_process_count,
-                               api_process_rank=self._api_process_rank)
+        return SimpleNamespace(
+            engine_args=self, api_process_count=self._api_process_count, api_process_rank=self._api_process_rank
+        )

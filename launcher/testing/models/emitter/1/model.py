@@ -108,7 +108,9 @@ class TritonPythonModel:
                     continue
                 piece = self.piece
                 if self.pieces > 1:
-                    piece = pb_utils.Tensor("text_output", np.array([[f" t{i % self.pieces}".encode()]], dtype=np.object_))
+                    piece = pb_utils.Tensor(
+                        "text_output", np.array([[f" t{i % self.pieces}".encode()]], dtype=np.object_)
+                    )
                 if stamp:
                     piece = pb_utils.Tensor("text_output", np.array([[f" {clock():.7f}".encode()]], dtype=np.object_))
                 tensors = [piece]
@@ -120,7 +122,9 @@ class TritonPythonModel:
                     t_next += interval
                     _wait_until(t_next)
             last = [
-                pb_utils.Tensor("text_output", np.array([[f" {clock():.7f}".encode()]], dtype=np.object_)) if stamp else self.piece,
+                pb_utils.Tensor("text_output", np.array([[f" {clock():.7f}".encode()]], dtype=np.object_))
+                if stamp
+                else self.piece,
                 n_in,
                 pb_utils.Tensor("output_tokens", np.array([[n]], dtype=np.int32)),
                 pb_utils.Tensor("finish_reason", np.array([[b"length"]], dtype=np.object_)),

@@ -82,7 +82,8 @@ class TritonPythonModel:
         self.spin = params.get("spin", "false") == "true"
         if self.via not in ("inline", "thread", "process") or self.parse not in ("once", "each"):
             raise pb_utils.TritonModelException(
-                f"via={self.via!r} parse={self.parse!r}: use via inline | thread | process, parse once | each")
+                f"via={self.via!r} parse={self.parse!r}: use via inline | thread | process, parse once | each"
+            )
         self.responder = triton_io.Responder(batched=True)
         self.requests = {}  # id -> [sender, input_tokens tensor, execute began, parsed]
         self.next_id = 0
@@ -97,9 +98,11 @@ class TritonPythonModel:
 
             ours, theirs = socket.socketpair()
             env = dict(os.environ, PYTHONPATH=path)
-            self.child = subprocess.Popen([_python(), "-c", CHILD, str(theirs.fileno()), str(self.delay),
-                                           "1" if self.spin else "0"], pass_fds=[theirs.fileno()],
-                                          env=env)
+            self.child = subprocess.Popen(
+                [_python(), "-c", CHILD, str(theirs.fileno()), str(self.delay), "1" if self.spin else "0"],
+                pass_fds=[theirs.fileno()],
+                env=env,
+            )
             theirs.close()
             self.conn = Connection(ours.detach())
             threading.Thread(target=self._receive_loop, daemon=True).start()

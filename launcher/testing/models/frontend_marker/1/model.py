@@ -57,7 +57,10 @@ class TritonPythonModel:
                 sender.send(self._response("", i, "cancelled"), flags=FINAL)
                 return
             last = i == n - 1
-            sender.send(self._response(f" {self.tag}{i}", i + 1, "length" if last else ""), flags=FINAL if last and not final_apart else 0)
+            sender.send(
+                self._response(f" {self.tag}{i}", i + 1, "length" if last else ""),
+                flags=FINAL if last and not final_apart else 0,
+            )
         if final_apart:  # the final flag alone, no response (clients see it only if they ask for empty finals)
             sender.send(flags=FINAL)
         self._mark(rid, "done")

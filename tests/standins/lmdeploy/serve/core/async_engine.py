@@ -34,13 +34,23 @@ class PreprocessedRequest:
 
 
 class AsyncEngine:
-    def __init__(self, model_path, model_name=None, backend="turbomind", backend_config=None, chat_template_config=None, **kwargs):
+    def __init__(
+        self, model_path, model_name=None, backend="turbomind", backend_config=None, chat_template_config=None, **kwargs
+    ):
         self.backend_config = backend_config or TurbomindEngineConfig()
         self.session_len = self.backend_config.session_len or 4096
         self.session_mgr = SessionManager()
         self.loop = None
-        _standin.record(ENGINE, "init", args={"model_path": model_path, "model_name": model_name, "backend": backend,
-                                              "backend_config": dataclasses.asdict(self.backend_config)})
+        _standin.record(
+            ENGINE,
+            "init",
+            args={
+                "model_path": model_path,
+                "model_name": model_name,
+                "backend": backend,
+                "backend_config": dataclasses.asdict(self.backend_config),
+            },
+        )
 
     def start_loop(self, loop, use_async_api=False):
         self.loop = loop
@@ -63,14 +73,20 @@ class AsyncEngine:
         session = session_id if isinstance(session_id, Session) else self.session_mgr.get(session_id)
         try:
             if session._handle is not None:
-                raise RequestError(ErrorCode.REQUEST_CONFLICT, f"Session {session.session_id} already has an active request.")
+                raise RequestError(
+                    ErrorCode.REQUEST_CONFLICT, f"Session {session.session_id} already has an active request."
+                )
             ids = _standin.prompt_ids(messages)
             if len(ids) >= self.session_len:
-                raise RequestError(ErrorCode.CONTEXT_LENGTH_EXCEEDED,
-                                   f"Input length ({len(ids)}) must be smaller than the model context length ({self.session_len}).")
+                raise RequestError(
+                    ErrorCode.CONTEXT_LENGTH_EXCEEDED,
+                    f"Input length ({len(ids)}) must be smaller than the model context length ({self.session_len}).",
+                )
             gen_config = self._determine_gen_config(ids, gen_config)
             if gen_config.max_new_tokens < 1:
-                raise RequestError(ErrorCode.INVALID_REQUEST, f"max_new_tokens must be at least 1, got {gen_config.max_new_tokens}.")
+                raise RequestError(
+                    ErrorCode.INVALID_REQUEST, f"max_new_tokens must be at least 1, got {gen_config.max_new_tokens}."
+                )
         except RequestError:
             self.session_mgr.remove(session)
             raise
@@ -83,14 +99,22 @@ class AsyncEngine:
             raise RequestError(ErrorCode.REQUEST_CONFLICT, "The preprocessed request has already been consumed.")
         request.consumed = True
         session, gc, prompt = request.session, request.gen_config, request.inputs["prompt"]
-        _standin.record(ENGINE, "generate", request_id=session.session_id, prompt=prompt, sampling=dataclasses.asdict(gc))
+        _standin.record(
+            ENGINE, "generate", request_id=session.session_id, prompt=prompt, sampling=dataclasses.asdict(gc)
+        )
         handle = session._handle = SimpleNamespace(cancelled=False)
         n_in, n_out = request.input_token_len, 0
         # ignore_eos: LMDeploy bans the stop tokens (stop words' included), so a stop word never ends the request
         stops = [] if gc.ignore_eos else (gc.stop_words or [])
         try:
-            script = _standin.script(prompt, gc.max_new_tokens, gc.min_new_tokens or 0, gc.ignore_eos, stops,
-                                     cancelled=lambda: handle.cancelled)
+            script = _standin.script(
+                prompt,
+                gc.max_new_tokens,
+                gc.min_new_tokens or 0,
+                gc.ignore_eos,
+                stops,
+                cancelled=lambda: handle.cancelled,
+            )
             try:
                 async for piece, tok, finish in script:
                     if tok is not None:

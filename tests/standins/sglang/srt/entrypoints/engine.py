@@ -16,7 +16,9 @@ ENGINE = "sglang"
 class Engine:
     def __init__(self, **kwargs):
         self.server_args = ServerArgs(**kwargs)  # unknown names raise TypeError, as in SGLang
-        _standin.record(ENGINE, "init", args=dataclasses.asdict(self.server_args), thread=threading.current_thread().name)
+        _standin.record(
+            ENGINE, "init", args=dataclasses.asdict(self.server_args), thread=threading.current_thread().name
+        )
         try:
             self.loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -37,8 +39,8 @@ class Engine:
         if stream:
             return gen
         last = None
-        async for last in gen:
-            pass
+        async for piece in gen:
+            last = piece
         return last
 
     async def _stream(self, prompt, sp, rid):
@@ -49,18 +51,39 @@ class Engine:
         n_in = len(_standin.prompt_ids(prompt))
         text, ids = "", []
         try:
-            async for piece, tok, finish in _standin.script(prompt, sp.get("max_new_tokens", 128), sp.get("min_new_tokens", 0),
-                                                            sp.get("ignore_eos", False), stop, cancelled=lambda: rid in tm.aborted):
+            async for piece, tok, finish in _standin.script(
+                prompt,
+                sp.get("max_new_tokens", 128),
+                sp.get("min_new_tokens", 0),
+                sp.get("ignore_eos", False),
+                stop,
+                cancelled=lambda: rid in tm.aborted,
+            ):
                 text += piece
                 if tok is not None:
                     ids.append(tok)
                 chunk_text = piece if self.server_args.incremental_streaming_output else text
-                yield {"text": chunk_text, "output_ids": list(ids),
-                       "meta_info": {"id": rid, "prompt_tokens": n_in, "completion_tokens": len(ids),
-                                     "finish_reason": None if finish is None else {"type": finish}}}
+                yield {
+                    "text": chunk_text,
+                    "output_ids": list(ids),
+                    "meta_info": {
+                        "id": rid,
+                        "prompt_tokens": n_in,
+                        "completion_tokens": len(ids),
+                        "finish_reason": None if finish is None else {"type": finish},
+                    },
+                }
             if rid in tm.aborted:
-                yield {"text": text, "output_ids": ids, "meta_info": {"id": rid, "prompt_tokens": n_in, "completion_tokens": len(ids),
-                                                                     "finish_reason": {"type": "abort", "message": "Abort request"}}}
+                yield {
+                    "text": text,
+                    "output_ids": ids,
+                    "meta_info": {
+                        "id": rid,
+                        "prompt_tokens": n_in,
+                        "completion_tokens": len(ids),
+                        "finish_reason": {"type": "abort", "message": "Abort request"},
+                    },
+                }
         finally:
             tm.rid_to_state.pop(rid, None)  # SGLang does not abort on close: the caller must
 

@@ -66,10 +66,21 @@ class TritonPythonModel:
             stream = bool(stream.reshape(-1)[0]) if stream is not None else False
             if self.log:
                 with open(self.log, "a") as f:
-                    f.write(json.dumps({"input_ids": ids[:n_in], "request_output_len": max_out, "end_id": end_id,
-                                        "pad_id": None if pad is None else int(pad.reshape(-1)[0]),
-                                        "stop_words": stop, "bad_words": bad, "streaming": stream,
-                                        "random_seed": None if seed is None else int(seed.reshape(-1)[0])}) + "\n")
+                    f.write(
+                        json.dumps(
+                            {
+                                "input_ids": ids[:n_in],
+                                "request_output_len": max_out,
+                                "end_id": end_id,
+                                "pad_id": None if pad is None else int(pad.reshape(-1)[0]),
+                                "stop_words": stop,
+                                "bad_words": bad,
+                                "streaming": stream,
+                                "random_seed": None if seed is None else int(seed.reshape(-1)[0]),
+                            }
+                        )
+                        + "\n"
+                    )
             source = ids[1:n_in] or ids[:n_in]
             out = []
             while len(out) < max_out:
@@ -79,7 +90,7 @@ class TritonPythonModel:
                 if tok == end_id:
                     break
                 out.append(tok)
-                if any(w and out[-len(w):] == w for w in stop):
+                if any(w and out[-len(w) :] == w for w in stop):
                     break
             if not stream:
                 sender.send(self._response(out), flags=FINAL)
@@ -92,7 +103,9 @@ class TritonPythonModel:
 
     @staticmethod
     def _response(tokens):
-        return pb_utils.InferenceResponse(output_tensors=[
-            pb_utils.Tensor("output_ids", np.array(tokens, dtype=np.int32).reshape(1, 1, -1)),
-            pb_utils.Tensor("sequence_length", np.array([[len(tokens)]], dtype=np.int32)),
-        ])
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                pb_utils.Tensor("output_ids", np.array(tokens, dtype=np.int32).reshape(1, 1, -1)),
+                pb_utils.Tensor("sequence_length", np.array([[len(tokens)]], dtype=np.int32)),
+            ]
+        )

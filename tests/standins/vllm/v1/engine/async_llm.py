@@ -31,32 +31,61 @@ class AsyncLLM:
         return cls(engine_args)
 
     @classmethod
-    def from_vllm_config(cls, vllm_config, start_engine_loop=True, usage_context=None, stat_loggers=None,
-                         enable_log_requests=False, aggregate_engine_logging=False, disable_log_stats=False,
-                         client_addresses=None, client_count=1, client_index=0):
+    def from_vllm_config(
+        cls,
+        vllm_config,
+        start_engine_loop=True,
+        usage_context=None,
+        stat_loggers=None,
+        enable_log_requests=False,
+        aggregate_engine_logging=False,
+        disable_log_stats=False,
+        client_addresses=None,
+        client_count=1,
+        client_index=0,
+    ):
         """A client of an engine core started elsewhere (launch_core_engines), as vLLM's API servers build it."""
         asyncio.get_running_loop()
         if client_addresses is not None and not {"input_address", "output_address"} <= set(client_addresses):
             raise ValueError(f"client_addresses needs input_address and output_address, got {sorted(client_addresses)}")
-        _standin.record(ENGINE, "client", client_index=client_index, client_count=client_count,
-                        addresses=client_addresses, disable_log_stats=disable_log_stats,
-                        api_process_rank=vllm_config.api_process_rank)
+        _standin.record(
+            ENGINE,
+            "client",
+            client_index=client_index,
+            client_count=client_count,
+            addresses=client_addresses,
+            disable_log_stats=disable_log_stats,
+            api_process_rank=vllm_config.api_process_rank,
+        )
         return cls(vllm_config.engine_args)
 
     async def generate(self, prompt, sampling_params, request_id, **kwargs):
         sp = sampling_params
-        _standin.record(ENGINE, "generate", request_id=request_id, prompt=prompt,
-                        sampling={k: (v.name if isinstance(v, RequestOutputKind) else v) for k, v in dataclasses.asdict(sp).items()})
+        _standin.record(
+            ENGINE,
+            "generate",
+            request_id=request_id,
+            prompt=prompt,
+            sampling={
+                k: (v.name if isinstance(v, RequestOutputKind) else v) for k, v in dataclasses.asdict(sp).items()
+            },
+        )
         if sp.output_kind != RequestOutputKind.DELTA:
             raise ValueError("stand-in supports output_kind=DELTA only (what llmlaunch uses)")
         stop = [sp.stop] if isinstance(sp.stop, str) else (sp.stop or [])
         ids = _standin.prompt_ids(prompt)
         try:
-            async for text, tok, finish in _standin.script(prompt, sp.max_tokens, sp.min_tokens, sp.ignore_eos, stop,
-                                                            cancelled=lambda: request_id in self.aborted):
-                yield RequestOutput(request_id, prompt, ids, None,
-                                    [CompletionOutput(0, text, [tok] if tok is not None else [], finish_reason=finish)],
-                                    finished=finish is not None)
+            async for text, tok, finish in _standin.script(
+                prompt, sp.max_tokens, sp.min_tokens, sp.ignore_eos, stop, cancelled=lambda: request_id in self.aborted
+            ):
+                yield RequestOutput(
+                    request_id,
+                    prompt,
+                    ids,
+                    None,
+                    [CompletionOutput(0, text, [tok] if tok is not None else [], finish_reason=finish)],
+                    finished=finish is not None,
+                )
         except (asyncio.CancelledError, GeneratorExit):
             await self.abort(request_id)
             raise

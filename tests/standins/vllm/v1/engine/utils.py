@@ -32,8 +32,9 @@ def get_engine_zmq_addresses(vllm_config, num_api_servers=1, *, defer_api_server
     def ipc():
         return f"ipc://{tempfile.gettempdir()}/{uuid.uuid4()}"
 
-    return EngineZmqAddresses(inputs=[ipc() for _ in range(num_api_servers)],
-                              outputs=[ipc() for _ in range(num_api_servers)])
+    return EngineZmqAddresses(
+        inputs=[ipc() for _ in range(num_api_servers)], outputs=[ipc() for _ in range(num_api_servers)]
+    )
 
 
 class CoreEngineProcManager:
@@ -64,5 +65,11 @@ def launch_core_engines(vllm_config, executor_class, log_stats, addresses, num_a
     manager = CoreEngineProcManager()
     time.sleep(float(os.environ.get("LLMLAUNCH_STANDIN_CORE_LOAD_S", "0")))  # the core loading its model
     yield manager, None, addresses, None
-    _standin.record("vllm", "launch_core", clients=num_api_servers, inputs=list(addresses.inputs),
-                    outputs=list(addresses.outputs), api_process_rank=vllm_config.api_process_rank)
+    _standin.record(
+        "vllm",
+        "launch_core",
+        clients=num_api_servers,
+        inputs=list(addresses.inputs),
+        outputs=list(addresses.outputs),
+        api_process_rank=vllm_config.api_process_rank,
+    )
