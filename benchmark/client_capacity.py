@@ -16,9 +16,9 @@ Three measurements:
    rate; receive minus stamp, for TritonStream and for a bare gRPC loop that
    only takes the time. The difference is what the client adds per response.
 
-    python benchmark/client_capacity.py                      # starts its own tritonserver with the emitter
-    python benchmark/client_capacity.py --url HOST:PORT      # an already running one serving `emitter`
-    python benchmark/client_capacity.py --processes 1,2,4 --instances 8 --json capacity.json
+    python -m benchmark.client_capacity                      # starts its own tritonserver with the emitter
+    python -m benchmark.client_capacity --url HOST:PORT      # an already running one serving `emitter`
+    python -m benchmark.client_capacity --processes 1,2,4 --instances 8 --json capacity.json
 
 --reference-rate defaults to 6,877 responses/s: the hf engine's static-batch
 generate at batch 128 on one H100 (tokens/s), taken as one response per token.
@@ -37,10 +37,10 @@ import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from launcher.client import Generation, StreamRecord, TritonStream, build_request  # noqa: E402
+from benchmark.servers import fixture_servers
+from launcher.client.request import Generation, build_request
+from launcher.client.response import StreamRecord
+from launcher.client.stream import TritonStream
 
 
 def _pct(values, p):
@@ -287,17 +287,9 @@ def main(argv=None) -> int:
     if args.url:
         measure(args.url)
     else:
-        import tempfile
-
-        from launcher.testing.serve import make_repository, serve
-
         need = max(args.instances, args.paced_requests)
-        with tempfile.TemporaryDirectory() as tmp:
-            repo = make_repository(
-                Path(tmp) / "repo", {"emitter": {"full_outputs": args.full_outputs}}, instances={"emitter": need}
-            )
-            with serve(repo, timeout=120) as url:
-                measure(url)
+        with fixture_servers(1, need, {"emitter": {"full_outputs": args.full_outputs}}) as (url,):
+            measure(url)
     best = max(c["responses_per_s"] for c in report["capacity"])
     report["best_responses_per_s"] = best
     print(

@@ -1,9 +1,9 @@
 """The yardsticks a served engine is measured against: the same engine, configured as llmlaunch configures
 it, driven in-process without tritonserver, gRPC or the python backend.
 
-    python benchmark/engine_yardstick.py async   --concurrency 1:32 64:1000 128:1000 -- engine=vllm model.path=M
-    python benchmark/engine_yardstick.py offline --batch 1 64 128 -- engine=vllm model.path=M model.dtype=bfloat16
-    python benchmark/engine_yardstick.py lmdeploy --concurrency 1:32 64:1000 128:1000 -- engine=lmdeploy \
+    python -m benchmark.engine_yardstick async   --concurrency 1:32 64:1000 128:1000 -- engine=vllm model.path=M
+    python -m benchmark.engine_yardstick offline --batch 1 64 128 -- engine=vllm model.path=M model.dtype=bfloat16
+    python -m benchmark.engine_yardstick lmdeploy --concurrency 1:32 64:1000 128:1000 -- engine=lmdeploy \
         engine.backend=pytorch model.path=M model.dtype=bfloat16
 
 The llmlaunch overrides after `--` are rendered exactly as `llmlaunch` renders them, and the engine is built
@@ -37,14 +37,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 import uuid
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from launcher.bench import datasets, metrics  # noqa: E402
+from launcher.bench import datasets, metrics
 
 
 def rendered_engine_args(overrides: list) -> tuple:
@@ -299,10 +296,11 @@ def _lmdeploy_model():
     """The served LMDeploy model's module, for its config and sampling mappings (so both run one configuration)."""
     import importlib.util
 
-    path = os.path.join(
-        os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "model_repository", "lmdeploy", "1", "model.py"
+    from launcher.paths import REPO_SOURCES
+
+    spec = importlib.util.spec_from_file_location(
+        "llmlaunch_lmdeploy_model", REPO_SOURCES / "lmdeploy" / "1" / "model.py"
     )
-    spec = importlib.util.spec_from_file_location("llmlaunch_lmdeploy_model", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

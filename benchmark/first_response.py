@@ -21,7 +21,7 @@ tritonserver:
                 the polling thread holds the GIL that the stub's other threads need)
 
 One stream, one request at a time (concurrency 1), through the benchmark's own client
-(launcher.client.TritonStream); rounds take the variants in turn.  The final response carries the model's
+(launcher.client.stream.TritonStream); rounds take the variants in turn.  The final response carries the model's
 CLOCK_MONOTONIC stamps, so each first token splits into:
 
   handoff   submit() -> gRPC's sending thread has the request (the client's own; outside TTFT, which counts from
@@ -39,8 +39,8 @@ each variant's median TTFT over inline's.
 --clients sync,aio also runs every variant through a grpc.aio client (rows " aio"), which sends from the thread
 that asks (an asyncio loop): no hand-off, so its `request` part is what TritonStream's is from gRPC's send on.
 
-    python benchmark/first_response.py                       # 1,000 requests x 3 rounds a variant
-    python benchmark/first_response.py --requests 3000 --rounds 5 --json first_response.json
+    python -m benchmark.first_response                       # 1,000 requests x 3 rounds a variant
+    python -m benchmark.first_response --requests 3000 --rounds 5 --json first_response.json
 """
 
 from __future__ import annotations
@@ -50,10 +50,10 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from launcher.client import Generation, StreamRecord, TritonStream, build_request  # noqa: E402
+from benchmark.servers import CHECKOUT
+from launcher.client.request import Generation, build_request
+from launcher.client.response import StreamRecord
+from launcher.client.stream import TritonStream
 
 # variant -> the fixture's parameters
 VARIANTS = {
@@ -71,11 +71,12 @@ PROMPT = " ".join(["word"] * 100)  # the text is parsed, never tokenized
 
 
 def make_repo(dest: Path, variants: list[str]) -> Path:
-    """One first_echo model per variant, named first_<variant>, one instance each."""
+    """One first_echo model per variant, named first_<variant>, one instance each (its stub imports this checkout's
+    launcher: the hf model's parsing and Responder)."""
     from launcher.testing.serve import variants_repository
 
     return variants_repository(
-        dest, "first_echo", {f"first_{v}": dict(VARIANTS[v], pythonpath=str(ROOT)) for v in variants}
+        dest, "first_echo", {f"first_{v}": dict(VARIANTS[v], pythonpath=str(CHECKOUT)) for v in variants}
     )
 
 
@@ -128,7 +129,8 @@ def run_variant_aio(url: str, model: str, n: int, tag: str, delay_ms: float = 0.
     import grpc
     from tritonclient.grpc import service_pb2_grpc
 
-    from launcher.client import _text_index, parse_url
+    from launcher.client.connection import parse_url
+    from launcher.client.response import text_output_index
 
     async def go() -> list[dict]:
         async with grpc.aio.insecure_channel(parse_url(url)) as channel:
@@ -148,7 +150,7 @@ def run_variant_aio(url: str, model: str, n: int, tag: str, delay_ms: float = 0.
                     if resp.error_message:
                         rec.error, rec.done = resp.error_message, True
                         break
-                    at = _text_index(ir)
+                    at = text_output_index(ir)
                     rec.chunks.append(ir.raw_output_contents[at] if 0 <= at < len(ir.raw_output_contents) else b"")
                     rec.done = ir.parameters["triton_final_response"].bool_param
                 if i >= warmup:

@@ -2,9 +2,9 @@
 """How many streamed responses/s the data-parallel front end (launcher/frontend) passes on (re-run on a new host),
 by number of front-end worker processes.
 
-    python benchmark/frontend_capacity.py                                  # 2 replicas x 2 instances, processes 1,2
-    python benchmark/frontend_capacity.py --replicas 4 --instances 2 --processes 1,2,4 --clients 6
-    python benchmark/frontend_capacity.py --loops asyncio,uvloop           # compare event loops
+    python -m benchmark.frontend_capacity                                  # 2 replicas x 2 instances, processes 1,2
+    python -m benchmark.frontend_capacity --replicas 4 --instances 2 --processes 1,2,4 --clients 6
+    python -m benchmark.frontend_capacity --loops asyncio,uvloop           # compare event loops
 
 Backends: --replicas tritonservers serving `emitter` (launcher/testing/models/emitter: the
 emitter fixture, one-token responses as fast as the python backend sends them, stopping when
@@ -33,19 +33,15 @@ Prints a table on stderr and one JSON document on stdout (--json FILE also write
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import queue
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from benchmark.servers import fixture_servers, frontend
 
 MODEL = "emitter"
 
@@ -86,7 +82,7 @@ def client_main(url: str, model: str, concurrency: int, t_a: float, t_b: float, 
     responses received in [t_a, t_b) (perf_counter, CLOCK_MONOTONIC: shared by the processes)."""
     import grpc
 
-    from launcher.client import Generation, build_request
+    from launcher.client.request import Generation, build_request
 
     options = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", 2**31 - 1)]
     n, error = 0, ""
@@ -165,50 +161,6 @@ def frontend_errors(metrics_port: int) -> dict:
     return out
 
 
-@contextlib.contextmanager
-def frontend(addrs: list, processes: int, loop: str, model: str = MODEL):
-    """`python -m launcher.frontend` over `addrs`; yields (url, metrics port, process group id)."""
-    from launcher.frontend import FrontendConfig, FrontendProcess
-    from launcher.testing.serve import free_port
-
-    port, metrics_port = free_port(), free_port()
-    cfg = FrontendConfig(
-        [tuple(a.rsplit(":", 1)) for a in addrs],
-        "127.0.0.1",
-        port,
-        metrics_port,
-        model,
-        processes,
-        drain_timeout_s=5,
-        loop=loop,
-    )
-    fe = FrontendProcess(
-        cfg,
-        env={
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
-        },
-    ).start()
-    try:
-        fe.wait_ready(60)
-        yield f"127.0.0.1:{port}", metrics_port, fe.proc.pid
-    finally:
-        fe.stop()
-
-
-@contextlib.contextmanager
-def backends(n: int, instances: int, models: dict):
-    """n tritonservers on the fixture models; yields their gRPC addresses."""
-    from launcher.testing.serve import make_repository, serve
-
-    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        urls = []
-        for i in range(n):
-            repo = make_repository(Path(tmp) / f"repo{i}", models, instances={m: instances for m in models})
-            urls.append(stack.enter_context(serve(repo, timeout=180)))
-        yield urls
-
-
 def show(name: str, r: dict) -> None:
     fe = (
         ""
@@ -245,7 +197,7 @@ def main(argv=None) -> int:
         "model": MODEL,
         "runs": [],
     }
-    with backends(args.replicas, args.instances, {MODEL: {"full_outputs": "false"}}) as urls:
+    with fixture_servers(args.replicas, args.instances, {MODEL: {"full_outputs": "false"}}) as urls:
         log(f"{args.replicas} tritonservers x {args.instances} {MODEL} instances: {', '.join(urls)}")
         if not args.skip_direct:
             r = run_load(urls, args.clients, args.concurrency, args.warmup, args.seconds)
@@ -255,7 +207,7 @@ def main(argv=None) -> int:
             time.sleep(1.0)
         for loop in args.loops.split(","):
             for n in [int(x) for x in args.processes.split(",")]:
-                with frontend(urls, n, loop) as (url, metrics_port, pgid):
+                with frontend(urls, n, loop, MODEL) as (url, metrics_port, pgid):
                     r = run_load([url], args.clients, args.concurrency, args.warmup, args.seconds, pgid)
                     r.update(mode="frontend", processes=n, loop=loop, frontend_counters=frontend_errors(metrics_port))
                 report["runs"].append(r)

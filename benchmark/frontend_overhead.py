@@ -4,9 +4,9 @@
 The same load sent straight to one replica's tritonserver and through a front end in front of that same server,
 in one run.
 
-    python benchmark/frontend_overhead.py                               # LLM-paced load, 3 rounds
-    python benchmark/frontend_overhead.py --concurrency 64 --itl-ms 10 --rounds 5
-    python benchmark/frontend_overhead.py --flat-out                    # also: emitter flat out
+    python -m benchmark.frontend_overhead                               # LLM-paced load, 3 rounds
+    python -m benchmark.frontend_overhead --concurrency 64 --itl-ms 10 --rounds 5
+    python -m benchmark.frontend_overhead --flat-out                    # also: emitter flat out
 
 The load (default): launcher.bench's load generator (the benchmark clients use, unchanged) keeps
 --concurrency requests in flight on the `timed` fixture model (launcher/testing/models/timed), which streams
@@ -35,12 +35,8 @@ import statistics
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from frontend_capacity import backends, frontend, run_load as capacity_load  # noqa: E402
+from benchmark.frontend_capacity import MODEL as EMITTER, run_load as capacity_load
+from benchmark.servers import fixture_servers, frontend
 
 
 def log(msg: str) -> None:
@@ -54,7 +50,7 @@ def pct(values, p):
 
 def measure(url: str, model: str, concurrency: int, requests: int, max_tokens: int, warmup: int) -> dict:
     from launcher.bench.runner import Job, LoadSpec, run_load
-    from launcher.client import Generation
+    from launcher.client.request import Generation
 
     gens = [Generation(f"overhead prompt {i} with a few words", max_tokens=max_tokens) for i in range(requests)]
     out = run_load(
@@ -128,7 +124,7 @@ def main(argv=None) -> int:
             )
         }
     }
-    with backends(1, 1, models) as (url,):
+    with fixture_servers(1, 1, models) as (url,):
         with frontend([url], args.processes, args.loop, model="timed") as (fe_url, _, _):
             paths = {"direct": url, "frontend": fe_url}
             runs = {"direct": [], "frontend": []}
@@ -155,7 +151,7 @@ def main(argv=None) -> int:
                 "throughput_within_2pct": report["responses_per_s_ratio"] >= 0.98,
             }
         if args.flat_out:
-            with frontend([url], args.processes, args.loop) as (fe_url, _, pgid):
+            with frontend([url], args.processes, args.loop, EMITTER) as (fe_url, _, pgid):
                 direct = capacity_load([url], args.flat_out_clients, 1, 1.0, 4.0)
                 through = capacity_load([fe_url], args.flat_out_clients, 1, 1.0, 4.0, pgid)
             report["flat_out"] = {

@@ -3,7 +3,7 @@
 Seconds from `llmlaunch` to READY, minus the server's own start+load time, for 1, 2 and 4 nodes (one hf replica
 per node, the tiny model), on the local Slurm cluster.
 
-    python benchmark/launch_time.py [--nodes 1 2 4] [--repeat 2]
+    python -m benchmark.launch_time [--nodes 1 2 4] [--repeat 2]
 
 Needs root and `llmlaunch-localslurm up` (it brings the cluster up if it is down). Prints a table:
 total = llmlaunch start -> READY printed; server = slowest leader's tritonserver start -> first request
@@ -15,43 +15,27 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
+
+from benchmark.servers import launch_to_ready, stop_job
 
 
 def one(nodes: int, jobs_dir: Path) -> dict:
-    t0 = time.monotonic()
-    r = subprocess.run(
+    """One launch of `nodes` nodes to READY, then stopped: its total time, its slowest server's own, the rest."""
+    launched = launch_to_ready(
         [
-            sys.executable,
-            "-m",
-            "launcher.cli",
             "cluster=local_slurm",
             "engine=hf",
             "model=tiny",
             f"replicas={nodes}",
             f"nodes={nodes}",
             f"cluster.jobs_dir={jobs_dir}",
-        ],
-        capture_output=True,
-        text=True,
+        ]
     )
-    total = time.monotonic() - t0
-    if r.returncode != 0:
-        raise SystemExit(f"llmlaunch failed ({r.returncode}):\n{r.stderr}")
-    job = next(ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("job:"))
-    from launcher import jobindex
-    from launcher.rundir import RunDir
-
-    run = RunDir(jobindex.find(job)["run_dir"])
-    server = max(r["ready_s"] for r in run.ready_records())
-    subprocess.run(
-        [sys.executable, "-c", f"from launcher.schedulers.cli import stop_main; stop_main(['{job}'])"],
-        capture_output=True,
-    )
+    server = max(r["ready_s"] for r in launched.run.ready_records())
+    stop_job(launched.job)
+    total = launched.seconds
     return {"nodes": nodes, "total_s": total, "server_s": server, "overhead_s": total - server}
 
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """How many streamed chunks/s one OpenAI API process (launcher/openai_api) passes on, with a no-op model behind it.
 
-    python benchmark/openai_capacity.py                                   # 1 tritonserver x 4 emitter instances
-    python benchmark/openai_capacity.py --instances 8 --clients 8 --processes 1,2,4
+    python -m benchmark.openai_capacity                                   # 1 tritonserver x 4 emitter instances
+    python -m benchmark.openai_capacity --instances 8 --clients 8 --processes 1,2,4
 
 Backend: one tritonserver serving `emitter` (launcher/testing/models/emitter: one-token responses as fast as the
 python backend sends them, until cancelled) with --instances instances; intermediate responses carry text_output
@@ -28,12 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-for p in (str(ROOT), str(ROOT / "benchmark")):
-    if p not in sys.path:
-        sys.path.insert(0, p)
-
-import frontend_capacity as fc  # noqa: E402  (the backends, the gRPC load and the CPU accounting)
+from benchmark import frontend_capacity as fc  # the gRPC load and the CPU accounting
+from benchmark.servers import fixture_servers, openai_api
 
 MODEL = fc.MODEL
 
@@ -128,9 +124,6 @@ def main(argv=None) -> int:
     p.add_argument("--json", help="also write the JSON document here")
     args = p.parse_args(argv)
 
-    from launcher.openai_api.process import OpenAIConfig, OpenAIProcess
-    from launcher.testing.serve import free_port
-
     report = {
         "machine_cores": os.cpu_count(),
         "instances": args.instances,
@@ -140,7 +133,7 @@ def main(argv=None) -> int:
         "model": MODEL,
         "runs": [],
     }
-    with fc.backends(1, args.instances, {MODEL: {"full_outputs": "false"}}) as (grpc_url,):
+    with fixture_servers(1, args.instances, {MODEL: {"full_outputs": "false"}}) as (grpc_url,):
         log(f"tritonserver x {args.instances} {MODEL} instances: {grpc_url}")
         r = fc.run_load([grpc_url], args.clients, args.concurrency, args.warmup, args.seconds)
         r = {
@@ -154,20 +147,9 @@ def main(argv=None) -> int:
             f"gRPC straight to tritonserver: {r['chunks_per_s']:,.0f} responses/s; machine {r['machine_busy_cores']:.2f} cores busy"
         )
         time.sleep(1.0)
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(x for x in (str(ROOT), os.environ.get("PYTHONPATH", "")) if x),
-        }
         for n in [int(x) for x in args.processes.split(",")]:
-            cfg = OpenAIConfig(
-                grpc_url=grpc_url, model=MODEL, host="127.0.0.1", port=free_port(), drain_timeout_s=2, processes=n
-            )
-            api = OpenAIProcess(cfg, env=env).start()
-            try:
-                api.wait_ready(60)
-                r = run_sse_load(cfg.url, args.clients, args.concurrency, args.warmup, args.seconds, api.proc.pid)
-            finally:
-                api.stop()
+            with openai_api(grpc_url, MODEL, processes=n, timeout_s=60) as api:
+                r = run_sse_load(api.cfg.url, args.clients, args.concurrency, args.warmup, args.seconds, api.proc.pid)
             r.update(mode="openai", processes=n, chunks_per_s_per_process=r["chunks_per_s"] / n)
             report["runs"].append(r)
             log(

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Where the OpenAI API's first-token time goes at one stream: the same requests one after another over three routes.
 
-    python benchmark/openai_first_token.py                                     # tiny model, CPU
-    python benchmark/openai_first_token.py --device cuda --model /path/to/hf/model --requests 100
+    python -m benchmark.openai_first_token                                     # tiny model, CPU
+    python -m benchmark.openai_first_token --device cuda --model /path/to/hf/model --requests 100
 
 One tritonserver serves the hf engine on --model; the OpenAI API (one worker process) runs in front of its gRPC port
 as rank 0 runs it.  Each request asks for --max-tokens tokens of a fixed prompt, so the first response is the engine's
@@ -23,28 +23,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from benchmark.servers import openai_api
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 12
 
 
 def _gen(max_tokens: int):
-    from launcher.client import Generation
+    from launcher.client.request import Generation
 
     return Generation(prompt=PROMPT, max_tokens=max_tokens, ignore_eos=True, temperature=0.0)
 
 
 def stream_route(url: str, model: str, n: int, max_tokens: int) -> list:
-    from launcher.client import TritonStream, build_request
+    from launcher.client.request import build_request
+    from launcher.client.stream import TritonStream
 
     times = []
     with TritonStream(url) as ts:
@@ -110,33 +108,24 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=2)
     args = ap.parse_args(argv)
 
-    from launcher.openai_api.process import OpenAIConfig, OpenAIProcess
-    from launcher.testing.serve import free_port, hf_server
+    from launcher.testing.serve import hf_server
     from launcher.tiny import ensure_tiny_model
 
     model = args.model or str(ensure_tiny_model())
     srv = hf_server(
         model, Path(tempfile.mkdtemp(prefix="openai_first_token")), {"device": args.device, "max_num_seqs": 8}
     )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)}
     n = args.warmup + args.requests
     rounds = []
-    with srv:
-        api = OpenAIProcess(
-            OpenAIConfig(srv.grpc_url, "hf_model", "127.0.0.1", free_port(), model, processes=1), env=env
-        ).start()
-        try:
-            api.wait_ready(120)
-            routes = {
-                "stream": lambda: stream_route(srv.grpc_url, "hf_model", n, args.max_tokens),
-                "call": lambda: asyncio.run(call_route(srv.grpc_url, "hf_model", n, args.max_tokens)),
-                "openai": lambda: asyncio.run(openai_route(api.cfg.url, "hf_model", n, args.max_tokens)),
-            }
-            for r in range(args.rounds):
-                order = list(routes) if r % 2 == 0 else list(routes)[::-1]
-                rounds.append({name: [t * 1e3 for t in routes[name]()[args.warmup :]] for name in order})
-        finally:
-            api.stop()
+    with srv, openai_api(srv.grpc_url, "hf_model", processes=1, tokenizer=model) as api:
+        routes = {
+            "stream": lambda: stream_route(srv.grpc_url, "hf_model", n, args.max_tokens),
+            "call": lambda: asyncio.run(call_route(srv.grpc_url, "hf_model", n, args.max_tokens)),
+            "openai": lambda: asyncio.run(openai_route(api.cfg.url, "hf_model", n, args.max_tokens)),
+        }
+        for r in range(args.rounds):
+            order = list(routes) if r % 2 == 0 else list(routes)[::-1]
+            rounds.append({name: [t * 1e3 for t in routes[name]()[args.warmup :]] for name in order})
     table = []
     print(f"{'round':>5} {'route':<8} {'p50 ms':>8} {'p10 ms':>8} {'+p50 vs stream':>15}", file=sys.stderr)
     for r, per in enumerate(rounds):

@@ -8,8 +8,8 @@ launcher.python_backend.responders.api_processes).  At each --concurrency, llmla
 openai-completions (or --openai-backend openai-chat), alternating over --rounds rounds; the medians of the rounds
 are compared.
 
-    python benchmark/openai_vs_grpc.py                        # C=1 and C=8, tiny model, CPU
-    python benchmark/openai_vs_grpc.py --concurrency 1 64 128 --device cuda --model /path/to/hf/model
+    python -m benchmark.openai_vs_grpc                        # C=1 and C=8, tiny model, CPU
+    python -m benchmark.openai_vs_grpc --concurrency 1 64 128 --device cuda --model /path/to/hf/model
 
 Per protocol and concurrency: output tokens/s and median TTFT; then OpenAI / gRPC tokens/s (target >= 0.95) and
 the TTFT difference in ms (target <= +1 ms).  One JSON document on stdout; the table on stderr.
@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from benchmark.servers import openai_api
 
 
 def bench(backend: str, url: str, concurrency: int, args, workdir: Path) -> dict:
@@ -77,37 +76,22 @@ def main(argv=None) -> int:
     ap.add_argument("--openai-backend", default="openai-completions", choices=("openai-completions", "openai-chat"))
     args = ap.parse_args(argv)
 
-    from launcher.openai_api.process import OpenAIConfig, OpenAIProcess
-    from launcher.testing.serve import free_port, hf_server
+    from launcher.python_backend.responders import api_processes
+    from launcher.testing.serve import hf_server
     from launcher.tiny import ensure_tiny_model
 
     model = args.model or str(ensure_tiny_model())
     workdir = Path(tempfile.mkdtemp(prefix="openai_vs_grpc"))
     srv = hf_server(model, workdir, {"device": args.device, "max_num_seqs": max(64, max(args.concurrency))})
     results = {c: {"triton-grpc": [], args.openai_backend: []} for c in args.concurrency}
-    with srv:
-        import os
-
-        env = {
-            **os.environ,
-            "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
-        }
-        from launcher.python_backend.responders import api_processes
-
-        processes = api_processes(len(os.sched_getaffinity(0)))  # as rank 0 starts it
-        api = OpenAIProcess(
-            OpenAIConfig(srv.grpc_url, "hf_model", "127.0.0.1", free_port(), model, processes=processes), env=env
-        ).start()
-        try:
-            api.wait_ready(120)
-            urls = {"triton-grpc": srv.grpc_url, args.openai_backend: api.cfg.url + "/v1"}
-            for r in range(args.rounds):
-                for c in args.concurrency:
-                    order = list(urls) if r % 2 == 0 else list(urls)[::-1]
-                    for backend in order:
-                        results[c][backend].append(bench(backend, urls[backend], c, args, workdir))
-        finally:
-            api.stop()
+    processes = api_processes(len(os.sched_getaffinity(0)))  # as rank 0 starts it
+    with srv, openai_api(srv.grpc_url, "hf_model", processes=processes, tokenizer=model) as api:
+        urls = {"triton-grpc": srv.grpc_url, args.openai_backend: api.cfg.url + "/v1"}
+        for r in range(args.rounds):
+            for c in args.concurrency:
+                order = list(urls) if r % 2 == 0 else list(urls)[::-1]
+                for backend in order:
+                    results[c][backend].append(bench(backend, urls[backend], c, args, workdir))
     summary = {}
     print(f"{'C':>4} {'protocol':<20} {'tok/s':>9} {'TTFT p50 ms':>12}", file=sys.stderr)
     for c, per in results.items():

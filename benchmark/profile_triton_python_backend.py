@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Profile a served LLM with the seeds' command line, through llmlaunch-bench (a user's profiling entry point).
 
-    python3 benchmark/profile_triton_python_backend.py 0.0.0.0:33337 /path/to/model \\
+    python3 -m benchmark.profile_triton_python_backend 0.0.0.0:33337 /path/to/model \\
         /path/to/ShareGPT_V3_unfiltered_cleaned_split.json --num_prompts 1000 --concurrency=128
 
 Positional arguments (as in the SGLang / lmdeploy scripts):
@@ -23,15 +23,13 @@ import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from launcher.bench import cli  # noqa: E402
+from launcher.bench import cli
 
 
 def translate(argv: list[str]) -> list[str]:
     """The seeds' command line -> llmlaunch-bench arguments."""
     p = argparse.ArgumentParser(
-        prog="profile_triton_python_backend.py", add_help=True, description=__doc__.split("\n\n")[0]
+        prog="python -m benchmark.profile_triton_python_backend", add_help=True, description=__doc__.split("\n\n")[0]
     )
     p.add_argument("addr")
     p.add_argument("model_or_tokenizer")

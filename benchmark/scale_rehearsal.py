@@ -1,7 +1,7 @@
 """Scale rehearsal on the local Slurm cluster: time to READY by node count, a rank killed at the largest count,
 and rank 0's front end routing across every replica.
 
-    flock /tmp/llmlaunch-pytest.lock python benchmark/scale_rehearsal.py [--nodes 1 2 4 8 16] [--tasks-per-node 8]
+    flock /tmp/llmlaunch-pytest.lock python -m benchmark.scale_rehearsal [--nodes 1 2 4 8 16] [--tasks-per-node 8]
 
 Every launch is `llmlaunch cluster=local_slurm engine=hf model=tiny nodes=N replicas=N*T` with T tasks (one
 tritonserver each, `cluster.gpus_per_node=T` fake GPUs) per node: the lightest real launch there is (a 4-layer
@@ -36,7 +36,6 @@ import re
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -44,7 +43,7 @@ import urllib.request
 from pathlib import Path
 from typing import Dict, List
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmark.servers import launch_to_ready, run_dir_of, stop_job, submit
 
 JOB_NAME = "scale-rehearsal"
 ACTIVE = ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING")
@@ -82,11 +81,8 @@ class MemWatch:
         self._t.join()
 
 
-def launch_argv(nodes: int, tasks: int, jobs_dir: Path, extra=()) -> List[str]:
+def launch_overrides(nodes: int, tasks: int, jobs_dir: Path, extra=()) -> List[str]:
     return [
-        sys.executable,
-        "-m",
-        "launcher.cli",
         "cluster=local_slurm",
         "engine=hf",
         "model=tiny",
@@ -101,25 +97,11 @@ def launch_argv(nodes: int, tasks: int, jobs_dir: Path, extra=()) -> List[str]:
     ]
 
 
-def run_dir_of(job: str):
-    from launcher import jobindex
-    from launcher.rundir import RunDir
-
-    return RunDir(jobindex.find(job)["run_dir"])
-
-
 def launch(nodes: int, tasks: int, jobs_dir: Path, floor_gib: float) -> Dict:
     before = mem_available_gib()
-    t0 = time.monotonic()
     with MemWatch(floor_gib) as mem:
-        r = subprocess.run(launch_argv(nodes, tasks, jobs_dir), capture_output=True, text=True)
-    total = time.monotonic() - t0
-    if r.returncode != 0:
-        raise SystemExit(
-            f"llmlaunch with {nodes} nodes x {tasks} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
-        )
-    job = next(ln.split()[1] for ln in r.stdout.splitlines() if ln.startswith("job:"))
-    run = run_dir_of(job)
+        launched = launch_to_ready(launch_overrides(nodes, tasks, jobs_dir))
+    job, run, total = launched.job, launched.run, launched.seconds
     ready = run.ready_records()
     server = max(x["ready_s"] for x in ready)
     rec = run.read_record() or {}
@@ -155,12 +137,6 @@ def launch(nodes: int, tasks: int, jobs_dir: Path, floor_gib: float) -> Dict:
     }
 
 
-def stop(job: str) -> None:
-    from launcher.schedulers import slurm_jobs
-
-    slurm_jobs.stop(job)
-
-
 def frontend_counts(metrics_url: str) -> Dict[int, float]:
     text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
     out = {}
@@ -173,7 +149,8 @@ def frontend_counts(metrics_url: str) -> Dict[int, float]:
 
 def route(ep: Dict, per_replica: int, max_tokens: int) -> Dict:
     """replicas x per_replica streams at once through rank 0's front end; requests per replica after."""
-    from launcher.client import Generation, TritonStream, build_request
+    from launcher.client.request import Generation, build_request
+    from launcher.client.stream import TritonStream
 
     n = len(ep["replicas"]) * per_replica
     before = frontend_counts(ep["metrics_url"])
@@ -278,21 +255,12 @@ def kill_while_starting(nodes: int, tasks: int, jobs_dir: Path, floor_gib: float
     rank's tritonserver: the job fails fast."""
     rank, node = nodes * tasks - 1, f"node{nodes}"
     with MemWatch(floor_gib):
-        p = subprocess.Popen(
-            launch_argv(nodes, tasks, jobs_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        job = None
-        for line in p.stdout:
-            m = re.search(r"submitted job (\d+)", line)
-            if m:
-                job = m.group(1)
-                break
-        assert job, "llmlaunch printed no job id"
+        p, job = submit(launch_overrides(nodes, tasks, jobs_dir))
         run = run_dir_of(job)
         while True:
             if run.has_endpoint():
                 p.kill()
-                stop(job)
+                stop_job(job)
                 return {
                     "what": "while starting",
                     "seconds": float("nan"),
@@ -373,7 +341,7 @@ def main() -> None:
     jobs = Path(args.jobs_dir or tempfile.mkdtemp(prefix="llmlaunch-scale-"))
     print(f"run dirs under {jobs}", flush=True)
     w = launch(1, 1, jobs, args.min_free_gib)  # warm-up: slurmctld's first scheduling pass, the tiny model's cache
-    stop(w["job"])
+    stop_job(w["job"])
     for n in args.nodes:
         runs = []
         for i in range(args.repeat):
@@ -392,14 +360,14 @@ def main() -> None:
                 k = n * t - 1  # the last rank: the last node
                 kills.append(kill_server_serving(r["job"], r["run"], k, f"node{n}", k))
                 print(f"  kill: {kills[-1]}", flush=True)
-            stop(r["job"])
+            stop_job(r["job"])
             if last and n == kill_at and n * t > 1:
                 # a job of its own: the replica lost above would be the earliest error of this one
                 again = launch(n, t, jobs, args.min_free_gib)
                 k = (n - 1) * t - 1 if n > 1 else 1  # the last rank of the node before the last
                 kills.append(kill_rank_process(again["job"], again["run"], k, f"node{k // t + 1}"))
                 print(f"  kill: {kills[-1]}", flush=True)
-                stop(again["job"])
+                stop_job(again["job"])
             runs.append(r)
         best = dict(min(runs, key=lambda x: x["overhead_s"]))
         best["median_overhead_s"] = statistics.median(x["overhead_s"] for x in runs)

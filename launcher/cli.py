@@ -47,10 +47,10 @@ def run(cfg) -> int:
     from launcher.validate import build_spec
 
     # Multirun with a load profile (`llmlaunch -m ... bench=<profile>`): this job is one sweep point.
-    # launcher/sweep.py validates it, launches or reuses a server, measures, and records result.json
+    # launcher/sweep/point.py validates it, launches or reuses a server, measures, and records result.json
     # or failure.json; it never raises, so one bad point does not end the sweep.
     if _is_sweep_point(cfg):
-        from launcher.sweep import run_point
+        from launcher.sweep.point import run_point
 
         return run_point(cfg)
     from hydra.core.hydra_config import HydraConfig
@@ -222,8 +222,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                 composed(overrides)
             else:
                 # Multirun: only check that each swept value composes (same message, exit 2, nothing run).
-                # Validation is per point (launcher/sweep.py): an invalid point becomes its failure.json.
-                from launcher.sweep import check_sweep
+                # Validation is per point (launcher/sweep/point.py): an invalid point becomes its failure.json.
+                from launcher.sweep.plan import check_sweep
 
                 check_sweep(overrides)
         except LaunchError as e:

@@ -5,12 +5,15 @@ value / why / fix. Nothing here validates values (launcher/validate.py) or launc
 
 from __future__ import annotations
 
-from typing import Any, Dict, List
+import collections.abc
+import typing
+from dataclasses import is_dataclass
+from typing import Any, Dict, List, Tuple
 
 from launcher.errors import LaunchError
 from launcher.paths import CONF_DIR, cache_root
 from launcher.record import override_keys, pinned_values
-from launcher.schema import field_domain, free_mappings, register_configs
+from launcher.schema import ENGINE_SCHEMAS, BenchConfig, ClusterConfig, LaunchConfig, ModelConfig, field_domain
 
 GROUPS = ("cluster", "engine", "model", "bench")
 
@@ -41,9 +44,32 @@ def check_group_choices(argv: List[str]) -> None:
         raise LaunchError(problems)
 
 
+def free_mappings() -> Tuple[str, ...]:
+    """Dotted names of the fields that are free mappings (a `Dict` field: engine.engine_args, cluster.env, ...):
+    their keys are the user's (an engine's own arguments, environment variables), not the schema's. The
+    engine's are those of every engine's dataclass; a key under one of another engine is refused by
+    launcher/validate.py as a field that engine does not have."""
+    out: List[str] = []
+
+    def walk(cls, prefix: str) -> None:
+        for name, hint in typing.get_type_hints(cls).items():
+            if typing.get_origin(hint) in (dict, collections.abc.Mapping):
+                out.append(prefix + name)
+            elif is_dataclass(hint):
+                walk(hint, f"{prefix}{name}.")
+
+    for name, hint in typing.get_type_hints(LaunchConfig).items():
+        if name == "engine":
+            for schema in ENGINE_SCHEMAS.values():
+                walk(schema, "engine.")
+        elif is_dataclass(hint):
+            walk(hint, f"{name}.")
+    return tuple(sorted(set(out)))
+
+
 def free_mapping_overrides(argv: List[str]) -> List[str]:
     """`engine.engine_args.enforce_eager=true` as `++engine.engine_args.enforce_eager=true`: a key inside a free
-    mapping (launcher.schema.free_mappings) is the user's own, so it needs no `+` to be added, and `++` also sets
+    mapping (`free_mappings`) is the user's own, so it needs no `+` to be added, and `++` also sets
     one the profile already gives. Every other argument is kept as it is: an unknown key elsewhere is still
     refused by Hydra's struct mode (and reported by `hydra_problem`)."""
     mappings = free_mappings()
@@ -54,6 +80,20 @@ def free_mapping_overrides(argv: List[str]) -> List[str]:
             arg = "++" + arg
         out.append(arg)
     return out
+
+
+def register_configs() -> None:
+    """Register launcher/schema.py's dataclasses with Hydra's ConfigStore (idempotent): `conf/<group>/<name>.yaml`
+    extends `base_<group>` (an engine's, `base_<engine>`)."""
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="launch_schema", node=LaunchConfig)
+    cs.store(group="cluster", name="base_cluster", node=ClusterConfig)
+    cs.store(group="model", name="base_model", node=ModelConfig)
+    cs.store(group="bench", name="base_bench", node=BenchConfig)
+    for name, schema in ENGINE_SCHEMAS.items():
+        cs.store(group="engine", name=f"base_{name}", node=schema)
 
 
 def register() -> None:

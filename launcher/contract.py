@@ -92,11 +92,11 @@ PARAMETERS: tuple[Parameter, ...] = (
 
 # The config parameter (config.pbtxt `parameters`) naming, comma-separated, the PARAMETERS a model honours: written by
 # launcher.pbtxt.python_model for the hf, vLLM, SGLang, LMDeploy and TensorRT-LLM BLS models, read by
-# launcher.client.honoured_parameters.
+# launcher.client.control.honoured_parameters.
 HONOURED_PARAMETERS_KEY = "llmlaunch_request_parameters"
 
 # The config parameters naming the served model's tokenizer folder (the hf, vLLM, SGLang and LMDeploy models:
-# tokenizer_path; the TensorRT-LLM BLS model: tokenizer_dir), read by launcher.client.served_tokenizer so
+# tokenizer_path; the TensorRT-LLM BLS model: tokenizer_dir), read by launcher.client.control.served_tokenizer so
 # llmlaunch-bench counts and builds prompts in the served model's tokens.
 TOKENIZER_KEYS = ("tokenizer_path", "tokenizer_dir")
 

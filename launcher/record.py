@@ -24,8 +24,10 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from launcher.logtext import read_end
 from launcher.readiness import PACKAGES, breakdown, phase_pairs, reported_versions
 
 RECORD_SCHEMA = 1
@@ -310,11 +312,7 @@ def pinned_values(config: dict, overrides: List[str]) -> List[Tuple[str, Any]]:
 
 def log_text(path, size: int = 4 << 20) -> str:
     """The last `size` bytes of a log ("" when unreadable)."""
-    from pathlib import Path
-
-    from launcher.triton import _read_end
-
-    return _read_end(Path(path), size) or ""
+    return read_end(Path(path), size) or ""
 
 
 def write_startup(

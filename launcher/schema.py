@@ -1,15 +1,14 @@
-"""Config schema: dataclasses with one comment per field, registered in Hydra's ConfigStore.
+"""Config schema: dataclasses with one comment per field (launcher/compose.py registers them in Hydra's ConfigStore).
 
 YAML files under `conf/<group>/` fill these in; `MISSING` marks what a profile
 must give. Each field declares its domain beside it (launcher/domains.py: range, choices, path kind, 0 = auto),
 which the one validator, `launcher.domains.problems`, reads. Engine-specific fields live in one dataclass per
 engine, each registered as `engine/base_<name>` so `conf/engine/<name>.yaml` extends it.
-Nothing here touches a cluster; rules across fields are in `launcher.spec` and the engines' checks.
+Nothing here touches a cluster; rules across fields are in launcher/validate.py and the engines' checks.
 """
 
 from __future__ import annotations
 
-import collections.abc
 import typing
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, Dict, List, Mapping, Tuple
@@ -455,29 +454,6 @@ def build(cls, data: Mapping[str, Any], where: str = "") -> Tuple[Any, List[str]
     return cls(**given), unknown
 
 
-def free_mappings() -> Tuple[str, ...]:
-    """Dotted names of the fields that are free mappings (a `Dict` field: engine.engine_args, cluster.env, ...):
-    their keys are the user's (an engine's own arguments, environment variables), not the schema's. The
-    engine's are those of every engine's dataclass; a key under one of another engine is refused by
-    launcher/spec.py as a field that engine does not have."""
-    out: List[str] = []
-
-    def walk(cls, prefix: str) -> None:
-        for name, hint in typing.get_type_hints(cls).items():
-            if typing.get_origin(hint) in (dict, collections.abc.Mapping):
-                out.append(prefix + name)
-            elif is_dataclass(hint):
-                walk(hint, f"{prefix}{name}.")
-
-    for name, hint in typing.get_type_hints(LaunchConfig).items():
-        if name == "engine":
-            for schema in ENGINE_SCHEMAS.values():
-                walk(schema, "engine.")
-        elif is_dataclass(hint):
-            walk(hint, f"{name}.")
-    return tuple(sorted(set(out)))
-
-
 def field_domain(key: str):
     """The declared domain (launcher/domains.py) of a dotted key, e.g. "serve.grpc_port"; an engine key is looked up
     in every engine's dataclass, the first that has it. None for a key no dataclass has."""
@@ -501,16 +477,3 @@ def field_domain(key: str):
         if found is not None:
             return found
     return None
-
-
-def register_configs() -> None:
-    """Register the schemas with Hydra's ConfigStore (idempotent)."""
-    from hydra.core.config_store import ConfigStore
-
-    cs = ConfigStore.instance()
-    cs.store(name="launch_schema", node=LaunchConfig)
-    cs.store(group="cluster", name="base_cluster", node=ClusterConfig)
-    cs.store(group="model", name="base_model", node=ModelConfig)
-    cs.store(group="bench", name="base_bench", node=BenchConfig)
-    for name, schema in ENGINE_SCHEMAS.items():
-        cs.store(group="engine", name=f"base_{name}", node=schema)

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# The test command: installs everything (venv, the local Slurm cluster's Debian packages), brings
-# the local Slurm cluster up, runs the whole suite, and takes the cluster down again.
+# The test command: installs everything (venv, the local Slurm cluster's Debian packages), checks the lint and the
+# formatting (ruff, configured in pyproject.toml), brings the local Slurm cluster up, runs the whole suite, and takes
+# the cluster down again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
 if [ "$(id -u)" = 0 ]; then
   .venv/bin/llmlaunch-localslurm up --nodes 4 --gpus-per-node 4
   trap '.venv/bin/llmlaunch-localslurm down || true' EXIT

@@ -1,6 +1,6 @@
 """How far the hf engine's batch-1 decode is from the memory-bandwidth limit (docs/performance.md, one_gpu.sh).
 
-    python benchmark/gpu/decode_bandwidth.py --model /tmp/llama-1b [--tokens 512]
+    python -m benchmark.gpu.decode_bandwidth --model /tmp/llama-1b [--tokens 512]
 
 A decode step at batch 1 must read every weight once, so the step rate can be
 at most (device copy bandwidth) / (weight bytes).  Measured here, in one
@@ -37,11 +37,6 @@ import argparse
 import json
 import sys
 import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 
 def copy_bandwidth(device, gib: float = 2.0, iters: int = 20) -> float:

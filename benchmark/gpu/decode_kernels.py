@@ -1,6 +1,6 @@
 """The kernels of one batch-1 decode step of the hf engine, with and without torch.compile (one_gpu.sh step 2b).
 
-    python benchmark/gpu/decode_kernels.py --model /tmp/llama-1b [--replays 20] [--top 25] [--variants ...]
+    python -m benchmark.gpu.decode_kernels --model /tmp/llama-1b [--replays 20] [--top 25] [--variants ...]
 
 Builds the engine's model runner (bf16, CUDA graphs) once per variant (--variants; default both:
 uncompiled and compiled), captures the decode graphs, and profiles --replays replays of the batch-1 graph (one sequence at position 199)
@@ -14,14 +14,8 @@ from __future__ import annotations
 import argparse
 import collections
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-for _p in (ROOT, Path(__file__).resolve().parent):  # launcher; decode_bandwidth beside this file
-    if str(_p) not in sys.path:
-        sys.path.insert(0, str(_p))
-
-from decode_bandwidth import batch1_graph  # noqa: E402
+from benchmark.gpu.decode_bandwidth import batch1_graph
 
 # variant -> torch_compile
 VARIANTS = {"uncompiled": False, "compiled": True}

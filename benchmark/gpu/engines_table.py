@@ -1,6 +1,6 @@
 """One table from benchmark/gpu/engines.sh's results: every served configuration against its engine in-process.
 
-    python benchmark/gpu/engines_table.py OUT [--markdown]
+    python -m benchmark.gpu.engines_table OUT [--markdown]
 
 Rows: each served configuration (OUT/<label>.json from serve_bench.py) and the in-process yardstick
 (OUT/inprocess.json: vLLM; OUT/lmdeploy_inprocess.json for labels naming lmdeploy) at each concurrency,

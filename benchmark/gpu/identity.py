@@ -1,7 +1,7 @@
 """Do two servings compute the same model? Greedy answers to the same prompts, compared token by token.
 
-    python benchmark/gpu/identity.py collect --url grpc://HOST:8001 --out A.json      # one serving's answers
-    python benchmark/gpu/identity.py compare A.json B.json --tokenizer M [--json R.json]
+    python -m benchmark.gpu.identity collect --url grpc://HOST:8001 --out A.json      # one serving's answers
+    python -m benchmark.gpu.identity compare A.json B.json --tokenizer M [--json R.json]
 
 `collect` sends --prompts prompts (windows of four sentences of launcher/data/tiny_corpus.txt, the same on
 every call) greedily (temperature 0), --max-tokens new tokens each, not streamed, --concurrency at a time,
@@ -20,11 +20,9 @@ import json
 import os
 import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
+from launcher.paths import PACKAGE_ROOT
 
-CORPUS = os.path.join(ROOT, "launcher", "data", "tiny_corpus.txt")
+CORPUS = os.path.join(PACKAGE_ROOT, "launcher", "data", "tiny_corpus.txt")
 
 
 def prompts(n: int) -> list[str]:
@@ -34,7 +32,10 @@ def prompts(n: int) -> list[str]:
 
 
 def collect(url: str, n: int, max_tokens: int, concurrency: int) -> dict:
-    from launcher.client import Generation, default_model, generate_many, parse_url
+    from launcher.client.connection import parse_url
+    from launcher.client.control import default_model
+    from launcher.client.request import Generation
+    from launcher.client.stream import generate_many
 
     url = parse_url(url)
     model = default_model(url)

@@ -1,7 +1,7 @@
 """tp and replicas of the hf engine on one multi-GPU host, through `llmlaunch` (docs/performance.md, multi_gpu.sh).
 
-    python benchmark/gpu/multi_gpu.py --model /tmp/llama-1b --gpus 2 --concurrency 1 64 128
-    python benchmark/gpu/multi_gpu.py --model /tmp/llama-1b --gpus 4 --layouts tp1 tp2 tp4 rep2 rep2tp2
+    python -m benchmark.gpu.multi_gpu --model /tmp/llama-1b --gpus 2 --concurrency 1 64 128
+    python -m benchmark.gpu.multi_gpu --model /tmp/llama-1b --gpus 4 --layouts tp1 tp2 tp4 rep2 rep2tp2
 
 Each layout is a real `llmlaunch` run (one tritonserver per GPU started as
 `python -m launcher.rank`, the same per-rank path as a Slurm task; NCCL between
@@ -25,16 +25,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from benchmark.servers import CHECKOUT, start_llmlaunch, stop_llmlaunch
 
 LAYOUTS = {  # name -> llmlaunch overrides
     "tp1": ["tp=1", "replicas=1"],
@@ -52,49 +49,9 @@ def log(msg: str) -> None:
     print(f"[multi_gpu] {msg}", file=sys.stderr, flush=True)
 
 
-def start(overrides: list[str], logfile: Path, timeout_s: float) -> tuple[subprocess.Popen, str, str]:
-    """`llmlaunch <overrides>` in its own session; returns (process, url, model) once it prints the endpoint."""
-    out = open(logfile, "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "launcher.cli", *overrides],
-        stdout=subprocess.PIPE,
-        stderr=out,
-        text=True,
-        start_new_session=True,
-        cwd=ROOT,
-    )
-    url = model = ""
-    t0 = time.monotonic()
-    while not (url and model):
-        line = proc.stdout.readline()
-        if not line:
-            proc.wait()
-            raise RuntimeError(
-                f"llmlaunch exited ({proc.returncode}) before serving; see {logfile}:\n"
-                + "\n".join(logfile.read_text().splitlines()[-30:])
-            )
-        if line.startswith("endpoint: "):
-            url = line.split(None, 1)[1].strip()
-        elif line.startswith("model: "):
-            model = line.split(None, 1)[1].strip()
-        if time.monotonic() - t0 > timeout_s:
-            stop(proc)
-            raise TimeoutError(f"no endpoint after {timeout_s:.0f} s; see {logfile}")
-    return proc, url, model
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def greedy_text(url: str, model: str, max_tokens: int = 48) -> str:
-    from launcher.client import Generation, generate
+    from launcher.client.request import Generation
+    from launcher.client.stream import generate
 
     rec = generate(url, model, Generation(prompt=PROMPT, max_tokens=max_tokens, stream=True, ignore_eos=True))
     if rec.error:
@@ -152,7 +109,7 @@ def bench_argv(url: str, model: str, args, concurrency: int, out_json: Path) -> 
 
 def bench(url: str, model: str, args, concurrency: int, out_json: Path) -> dict:
     cmd, num_prompts, processes = bench_argv(url, model, args, concurrency, out_json)
-    subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
+    subprocess.run(cmd, check=True, cwd=CHECKOUT, stdout=subprocess.DEVNULL)
     m = json.loads(out_json.read_text())["metrics"]
     return {
         "concurrency": concurrency,
@@ -262,11 +219,12 @@ def main(argv=None) -> int:
         log(f"{name}: starting llmlaunch {' '.join(LAYOUTS[name])}")
         t0 = time.monotonic()
         try:
-            proc, url, model = start(common + LAYOUTS[name], work / f"{name}.log", args.ready_timeout)
+            served = start_llmlaunch(common + LAYOUTS[name], work / f"{name}.log", args.ready_timeout)
         except (RuntimeError, TimeoutError) as exc:  # one layout that does not come up: report it, go on
             log(f"{name}: {exc}")
             failed.append({"layout": name, "error": str(exc)[-3000:]})
             continue
+        url, model = served.url, served.model
         try:
             ready_s = time.monotonic() - t0
             text = texts[name] = greedy_text(url, model)
@@ -281,7 +239,7 @@ def main(argv=None) -> int:
                 rows.append(row)
                 log(f"{name}: {row}")
         finally:
-            stop(proc)
+            stop_llmlaunch(served.proc)
     code, notes = verdict(texts, rows, failed, args.dtype)
     first = rows[0]["layout"] if rows else ""
     base = {r["concurrency"]: r["output_tokens_per_s"] for r in rows if r["layout"] == first}

@@ -28,7 +28,7 @@ LAYOUTS="tp1 tp2 rep2"
 echo "== throughput, bf16, concurrency $CONCURRENCY: $LAYOUTS${EXTRA:+ ($EXTRA)}"
 # LAYOUTS, CONCURRENCY and EXTRA are lists: unquoted, so that they split into arguments
 # shellcheck disable=SC2086
-$PY benchmark/gpu/multi_gpu.py --model "$MODEL" --gpus "$GPUS" --layouts $LAYOUTS --concurrency $CONCURRENCY \
+$PY -m benchmark.gpu.multi_gpu --model "$MODEL" --gpus "$GPUS" --layouts $LAYOUTS --concurrency $CONCURRENCY \
     --num-prompts "${NUM_PROMPTS:-0}" --client-processes "${CLIENT_PROCESSES:-0}" --json "$OUT_DIR/multi_gpu_bf16.json" --workdir "${WORK:-/tmp/llmlaunch-multigpu}/bf16" \
     ${EXTRA:+--extra $EXTRA}
 }
@@ -37,6 +37,6 @@ FP32_LAYOUTS="tp1 tp2"
 [ -n "${SKIP_FP32:-}" ] && exit 0
 echo "== greedy tp=1 vs $FP32_LAYOUTS, float32"
 # shellcheck disable=SC2086
-$PY benchmark/gpu/multi_gpu.py --model "$MODEL" --gpus "$GPUS" --layouts $FP32_LAYOUTS --dtype float32 --concurrency 8 \
+$PY -m benchmark.gpu.multi_gpu --model "$MODEL" --gpus "$GPUS" --layouts $FP32_LAYOUTS --dtype float32 --concurrency 8 \
     --num-prompts 16 --client-processes "${CLIENT_PROCESSES:-0}" --json "$OUT_DIR/multi_gpu_fp32.json" --workdir "${WORK:-/tmp/llmlaunch-multigpu}/fp32" \
     ${EXTRA:+--extra $EXTRA}

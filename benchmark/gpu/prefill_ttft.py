@@ -1,6 +1,6 @@
 """Time to first token of the hf engine on one GPU, with and without prompt CUDA graphs (docs/performance.md).
 
-    python benchmark/gpu/prefill_ttft.py --model /tmp/llama-1b [--lengths 16 128 512 2000] [--requests 20]
+    python -m benchmark.gpu.prefill_ttft --model /tmp/llama-1b [--lengths 16 128 512 2000] [--requests 20]
 
 Two engines in this process on the same GPU (the GPU defaults: torch.compile, decode graphs), one capturing
 the prompt graphs (HFModelRunner, prompt-only steps of one prompt, the default) and one not (prefill_graphs=0).

@@ -1,6 +1,6 @@
 """Serve one configuration with `llmlaunch` and measure it with `llmlaunch-bench`, as a user would.
 
-    python benchmark/gpu/serve_bench.py --label vllm --out DIR --tokenizer M -- engine=vllm model.path=M
+    python -m benchmark.gpu.serve_bench --label vllm --out DIR --tokenizer M -- engine=vllm model.path=M
 
 Starts `llmlaunch <overrides>` (cluster=local), waits for its endpoint (time to READY is recorded), then
 for each --concurrency C:N runs `llmlaunch-bench` over gRPC: C requests in flight, C warm-up requests,
@@ -25,19 +25,15 @@ import sys
 import time
 from pathlib import Path
 
-from multi_gpu import start, stop  # benchmark/gpu (this script's folder): llmlaunch started and stopped as there
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-# What vLLM's start is made of, as its own log lines say (the ranks' logs in the run folder): the product's table,
-# which also puts these phases into the run record's time to READY (launcher/readiness.py)
-sys.path.insert(0, ROOT)
-from launcher.engines.vllm import LOAD_PHASES as STARTUP  # noqa: E402
+from benchmark.gpu.identity import collect
+from benchmark.servers import CHECKOUT, start_llmlaunch, stop_llmlaunch
+from launcher.engines.vllm import LOAD_PHASES as STARTUP
 
 
 def startup_breakdown(run_dir: str) -> dict:
-    """The first of each STARTUP figure found in the run's rank logs (rank 0's first)."""
+    """The first of each STARTUP figure found in the run's rank logs (rank 0's first): what vLLM's start is made of,
+    as its own log lines say, read with the product's table (which also puts these phases into the run record's
+    time to READY: launcher/readiness.py)."""
     found: dict = {}
     for log in sorted(glob.glob(os.path.join(run_dir, "logs", "*.log"))):
         text = open(log, errors="replace").read()
@@ -77,7 +73,7 @@ def bench(url: str, c: int, n: int, args, out_json: str) -> dict:
         "--label",
         f"{args.label} C={c}",
     ]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(argv, cwd=CHECKOUT, capture_output=True, text=True)
     if done.returncode != 0 or not os.path.exists(out_json):
         raise RuntimeError(f"llmlaunch-bench C={c} failed ({done.returncode}): {done.stderr[-2000:]}")
     with open(out_json) as f:
@@ -107,7 +103,10 @@ def main(argv=None) -> int:
     os.makedirs(args.out, exist_ok=True)
     t0 = time.monotonic()
     run_dir = os.path.abspath(os.path.join(args.out, f"{args.label}.run"))
-    proc, url, _ = start([*overrides, f"run_dir={run_dir}"], Path(args.out) / f"{args.label}.log", args.ready_timeout)
+    served = start_llmlaunch(
+        [*overrides, f"run_dir={run_dir}"], Path(args.out) / f"{args.label}.log", args.ready_timeout
+    )
+    url = served.url
     ready_s = time.monotonic() - t0
     startup = startup_breakdown(run_dir)
     print(
@@ -137,7 +136,7 @@ def main(argv=None) -> int:
                     "-rA",
                     "tests/gpu/test_served_engine.py",
                 ],
-                cwd=ROOT,
+                cwd=CHECKOUT,
                 env=env,
                 capture_output=True,
                 text=True,
@@ -145,8 +144,6 @@ def main(argv=None) -> int:
             doc["check"] = {"returncode": check.returncode, "output": check.stdout[-6000:]}
             print(check.stdout[-4000:], flush=True)
         if args.identity:
-            from identity import collect  # benchmark/gpu, beside this script
-
             with open(args.identity, "w") as f:
                 json.dump(collect(url, 32, 64, 8), f, indent=1)
             print(f"{args.label}: greedy answers in {args.identity}", flush=True)
@@ -179,7 +176,7 @@ def main(argv=None) -> int:
                 flush=True,
             )
     finally:
-        doc["exit"] = stop(proc)
+        doc["exit"] = stop_llmlaunch(served.proc)
         with open(os.path.join(args.out, f"{args.label}.json"), "w") as f:
             json.dump(doc, f, indent=1)
     return 0

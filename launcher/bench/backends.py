@@ -19,7 +19,10 @@ class Backend:
 
 
 def _triton():
-    from launcher.client import TritonStream, build_request, default_model, parse_url
+    from launcher.client.connection import parse_url
+    from launcher.client.control import default_model
+    from launcher.client.request import build_request
+    from launcher.client.stream import TritonStream
 
     return Backend(
         "triton-grpc",

@@ -39,45 +39,18 @@ Times in "requests" are seconds since the start of the measured phase.
 from __future__ import annotations
 
 import argparse
-import csv
 import datetime as _dt
-import json
 import math
-import os
 import sys
 from dataclasses import asdict
-from pathlib import Path
 
 from launcher.bench import backends, datasets, metrics
 from launcher.bench.progress import Progress
+from launcher.bench.results import append_csv, b_path, csv_row, write_json
 from launcher.bench.runner import Job, LoadSpec, generations, run_load
-from launcher.client import ClientError, honoured_parameters, served_tokenizer
+from launcher.client.connection import ClientError
+from launcher.client.control import honoured_parameters, served_tokenizer
 from launcher.python_backend import timings
-
-CSV_FIELDS = (
-    "time",
-    "label",
-    "url",
-    "model",
-    "dataset",
-    "num_requests",
-    "concurrency",
-    "request_rate",
-    "burstiness",
-    "processes",
-    "completed",
-    "failed",
-    "errors",
-    "zero_token",
-    "duration_s",
-    "request_throughput",
-    "output_throughput",
-    "total_token_throughput",
-    "goodput",
-    *[f"{k}_{s}_ms" for k in metrics.LATENCIES for s in ("mean", "p50", "p90", "p99")],
-    "total_input_tokens",
-    "total_output_tokens",
-)
 
 
 def build_parser(prog: str = "llmlaunch-bench") -> argparse.ArgumentParser:
@@ -379,67 +352,6 @@ def bench_one(
     }
 
 
-def write_json(doc: dict, path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1, allow_nan=False, default=metrics.finite)
-        f.write("\n")
-    os.replace(tmp, path)
-
-
-def csv_row(doc: dict) -> dict:
-    m, c = doc["metrics"], doc["config"]
-    row = {
-        "time": doc["started_at"],
-        "label": doc["label"],
-        "url": c["url"],
-        "model": c["model"],
-        "dataset": c["dataset"]["path"] or c["dataset"]["name"],
-        "num_requests": m["requests"],
-        "concurrency": c["load"]["concurrency"],
-        "request_rate": c["load"]["request_rate"],
-        "burstiness": c["load"]["burstiness"],
-        "processes": c["load"]["processes"],
-    }
-    for k in (
-        "completed",
-        "failed",
-        "errors",
-        "zero_token",
-        "duration_s",
-        "request_throughput",
-        "output_throughput",
-        "total_token_throughput",
-        "goodput",
-        "total_input_tokens",
-        "total_output_tokens",
-    ):
-        row[k] = m.get(k)
-    for k in metrics.LATENCIES:
-        for s in ("mean", "p50", "p90", "p99"):
-            row[f"{k}_{s}_ms"] = m[f"{k}_ms"][s]
-    return {k: (f"{v:.4f}" if isinstance(v, float) else ("" if v is None else v)) for k, v in row.items()}
-
-
-def append_csv(rows: list, path) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    new = not path.exists() or path.stat().st_size == 0
-    with open(path, "a", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        if new:
-            w.writeheader()
-        for row in rows:
-            w.writerow(row)
-
-
-def _b_path(path: str) -> Path:
-    p = Path(path)
-    return p.with_name(f"{p.stem}.B{p.suffix or '.json'}")
-
-
 def main(argv=None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
@@ -520,7 +432,7 @@ def run(args) -> int:
     if args.result_json:
         write_json(docs[0], args.result_json)
         if len(docs) == 2:
-            write_json(docs[1], _b_path(args.result_json))
+            write_json(docs[1], b_path(args.result_json))
     if args.result_csv:
         append_csv([csv_row(d) for d in docs], args.result_csv)
     status = 0

@@ -1,7 +1,7 @@
 """llmlaunch-bench's OpenAI backends: requests over HTTP to /v1/completions or /v1/chat/completions of any
 OpenAI-compatible server (llmlaunch's launcher/openai_api, vLLM's, SGLang's), with the interface of
-launcher.client.TritonStream (submit, wait, cancel, close, on_done), so the load generator (launcher/bench/runner.py)
-and the metrics are the same whichever protocol carries the requests.
+launcher.client.stream.TritonStream (submit, wait, cancel, close, on_done), so the load generator
+(launcher/bench/runner.py) and the metrics are the same whichever protocol carries the requests.
 
 Requests run as tasks of one asyncio loop on a thread of its own, with one aiohttp session (aiohttp is what vLLM's
 and SGLang's benchmark clients use).  Per streamed chunk: take the time, parse the SSE event's JSON, keep the text
@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from launcher.client import ClientError, StreamRecord
+from launcher.client.connection import ClientError
+from launcher.client.response import StreamRecord
 
 
 @dataclass
@@ -55,8 +56,8 @@ def served_model(url: str, timeout: float = 10.0) -> str:
 
 
 def request_builder(chat: bool) -> Callable:
-    """build(model, gen, request_id, parameters) -> OpenAIRequest: launcher.client.build_request's counterpart
-    (Triton request parameters have no OpenAI form and are not sent)."""
+    """build(model, gen, request_id, parameters) -> OpenAIRequest: launcher.client.request.build_request's
+    counterpart (Triton request parameters have no OpenAI form and are not sent)."""
     from launcher.openai_api.translate import request_body
 
     path = "/v1/chat/completions" if chat else "/v1/completions"

@@ -38,7 +38,9 @@ import traceback
 from dataclasses import dataclass, field, replace
 from typing import Optional
 
-from launcher.client import ClientError, Generation, StreamRecord
+from launcher.client.connection import ClientError
+from launcher.client.request import Generation
+from launcher.client.response import StreamRecord
 
 
 @dataclass

@@ -15,7 +15,7 @@ What it does:
 * routes each request, including each request inside one ModelStreamInfer
   stream, to the replica with the fewest requests in flight (ties: round
   robin). A client stream gets one backend stream per replica and model it
-  uses (see _Session.dispatch for why per model); responses are passed back as
+  uses (see Session.dispatch for why per model); responses are passed back as
   they arrive, looked up by request id.
 * forwards the client's serialized messages byte for byte. Only when it must
   does it append a protobuf field (the wire format lets a later field override
@@ -51,7 +51,9 @@ metrics, summing the workers' counters, and fails if a worker dies.
 
 The package, one module a job:
     wire.py     the protobuf fields appended to forwarded messages, in-band errors
-    proxy.py    Frontend: replicas, client streams, routing, health, the gRPC handlers
+    replica.py  Replica: one replica's channel, up/down state, health probes, load and counters
+    session.py  Session: one client stream, its requests spread over the replicas and their responses passed back
+    proxy.py    Frontend: routing, the health probe, the gRPC handlers, the counters
     metrics.py  the Prometheus text and its HTTP server
     server.py   FrontendConfig and one serving process
     workers.py  several processes sharing the port; run_frontend picks one or several
@@ -60,7 +62,8 @@ The package, one module a job:
 
 from launcher.frontend.metrics import metrics_text
 from launcher.frontend.process import FrontendProcess, connect_host, main
-from launcher.frontend.proxy import Frontend, Replica
+from launcher.frontend.proxy import Frontend
+from launcher.frontend.replica import Replica
 from launcher.frontend.server import FrontendConfig
 from launcher.frontend.workers import run_frontend
 

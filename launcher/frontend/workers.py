@@ -67,7 +67,7 @@ def _sum_shared(shared, processes: int, n_replicas: int) -> dict:
 def _supervise(cfg: FrontendConfig) -> int:
     import multiprocessing as mp
 
-    from launcher.triton import port_free
+    from launcher.ports import port_free
 
     if not port_free(cfg.host, cfg.port):
         raise SystemExit(f"front end: port {cfg.port} on {cfg.host} is already in use")

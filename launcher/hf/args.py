@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 ARGS_FILE = "model.json"  # the file beside model.py that holds the arguments (config.pbtxt names it)
-CUDNN_ATTENTION = ("graphs", "all", "off")  # cudnn_attention's choices (launcher.hf.runner says what each means)
+CUDNN_ATTENTION = ("graphs", "all", "off")  # cudnn_attention's choices (launcher.hf.warmup says what each means)
 
 _TRUE, _FALSE = ("true", "1", "yes"), ("false", "0", "no")
 

@@ -11,10 +11,10 @@ with one `index_copy_`, then runs
   strided view, no copy) with a per-row additive length mask, GQA handled by
   folding query heads onto their kv head (no `repeat_kv` copy);
 * prompt chunks that start a prompt (nothing cached yet) in one causal SDPA
-  per group of similar lengths (hf_step.group_first_chunks): the group's chunks are gathered into a padded
+  per group of similar lengths (launcher.hf.step.group_first_chunks): the group's chunks are gathered into a padded
   batch [n, H, L, D] (right padding: a causal mask already hides the padded
   keys from every real query, and padded queries are dropped);
-* whole prompts packed after the decode rows (a mixed CUDA graph, hf_graphs) in one SDPA with a block-diagonal mask;
+* whole prompts packed after the decode rows (a mixed CUDA graph, launcher.hf.graphs) in one SDPA with a block-diagonal mask;
 * one SDPA per continuation chunk (against the cache: the prefix and itself).
 
 Why groups: a step that admits a wave of requests (64 prompts at once, say)
@@ -51,7 +51,7 @@ class StepContext:
 
     def __init__(self):
         # (offset, tokens, additive mask [tokens, tokens]): whole prompts packed one after another from `offset`,
-        # each causal over its own tokens (a mixed graph's prompt part, hf_graphs.MixedGraphs); None: none
+        # each causal over its own tokens (a mixed graph's prompt part, launcher.hf.graphs.mixed.MixedGraphs); None: none
         self.packed = None
 
 

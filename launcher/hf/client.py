@@ -33,8 +33,8 @@ engine stops with the first.  If the first instance fails to start the engine it
 The engine process is launcher/hf/multiplexer.py (a tensor-parallel worker rank's: launcher/hf/worker.py).
 
 Environment: the child inherits the parent's, except that `_LLMLAUNCH_ENGINE_LD_LIBRARY_PATH`, unless it
-is unset or "inherit", replaces LD_LIBRARY_PATH ("" removes it).  launcher.triton.server_env sets it to the
-launcher's own path (launcher.triton.ENGINE_LD_LIBRARY_PATH says why).  Triton's python stub (2.51) needs
+is unset or "inherit", replaces LD_LIBRARY_PATH ("" removes it).  launcher.triton_install.server_env sets it to the
+launcher's own path (launcher.triton_install.ENGINE_LD_LIBRARY_PATH says why).  Triton's python stub (2.51) needs
 numpy < 2 while current CUDA builds of torch ship with numpy 2: the stub's
 environment can then put numpy 1.x first on PYTHONPATH and the engine keep its own.
 """
@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 def _python() -> str:
     """An interpreter of this environment (inside the Triton stub, sys.executable is the stub binary).
 
-    `_LLMLAUNCH_PYTHON` (set by launcher.triton.server_env to the launcher's own interpreter) comes first:
+    `_LLMLAUNCH_PYTHON` (set by launcher.triton_install.server_env to the launcher's own interpreter) comes first:
     an embedded stub does not know the virtual environment it was started from, and its sys.prefix
     may be the system Python's, which lacks torch."""
     forced = os.environ.get("_LLMLAUNCH_PYTHON", "")
@@ -90,7 +90,7 @@ class EngineProcess:
         on_batch: Callable | None = None,
         on_exit: Callable[[str], None] | None = None,
     ):
-        """args (an hf_args.HFEngineArgs) build the `Engine` in the child (Engine.from_args); its streamed outputs
+        """args (an launcher.hf.args.HFEngineArgs) build the `Engine` in the child (Engine.from_args); its streamed outputs
         are merged over args.stream_interval_ms.  `listen`: a unix socket path where other model instances attach.
         `on_batch(list[Output])`, if given, receives the outputs of each engine step (and of any steps that queued
         up meanwhile) in one call on the receive thread, instead of one `on_output` call per output.
@@ -154,7 +154,9 @@ class EngineProcess:
             return self._start_attached()
         parent, child = socket.socketpair()
         env = dict(os.environ)
-        lib = env.get("_LLMLAUNCH_ENGINE_LD_LIBRARY_PATH", "inherit")  # see launcher.triton.ENGINE_LD_LIBRARY_PATH
+        lib = env.get(
+            "_LLMLAUNCH_ENGINE_LD_LIBRARY_PATH", "inherit"
+        )  # see launcher.triton_install.ENGINE_LD_LIBRARY_PATH
         if lib != "inherit":
             if lib:
                 env["LD_LIBRARY_PATH"] = lib

@@ -16,9 +16,9 @@ another thread (queue.put) and return.
 Design
 ------
 * One engine thread runs the loop (this module): take new requests and aborts
-  from a queue, let the scheduler (hf_scheduler) admit waiting requests into
+  from a queue, let the scheduler (launcher.hf.scheduler) admit waiting requests into
   free cache slots and build a `StepInputs`, let the `HFModelRunner` execute it,
-  then let output processing (hf_outputs) turn the sampled tokens into outputs.
+  then let output processing (launcher.hf.outputs) turn the sampled tokens into outputs.
   Requests join and leave between steps (continuous batching).
 * Scheduler and executor are split: the scheduler only produces `StepInputs`
   (plain lists) and consumes a list of token ids.  Tensor parallelism slots in
@@ -28,7 +28,7 @@ Design
   chunked over steps), so admitting a long prompt stalls running streams by one
   bounded chunk, not a whole prefill.
 * Greedy decoding equals `model.generate` (tests check it); sampling is batched
-  (see hf_sampling); text is detokenized incrementally (see hf_detok).
+  (see launcher.hf.sampling); text is detokenized incrementally (see launcher.hf.detok).
 * `launcher.hf.client.EngineProcess` runs this engine in a child
   process behind the same API; the Triton model uses it so that sending
   responses never takes the GIL from the engine loop.
@@ -40,13 +40,14 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Callable
 
 from launcher.hf.args import HFEngineArgs
 from launcher.hf.detok import TokenTable
 from launcher.hf.encode import PromptEncoder
 from launcher.hf.outputs import Output, OutputProcessor
+from launcher.hf.reporting import EngineStats
 from launcher.hf.runner import HFModelRunner
 from launcher.hf.scheduler import Scheduler, Seq, bad_word_ids, prepare_prompt
 from launcher.hf.tp import AHEAD
@@ -54,79 +55,7 @@ from launcher.python_backend.triton_io import InvalidRequest, SamplingParams
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Engine", "Output", "SamplingParams", "InvalidRequest", "EngineStats", "describe_features", "prepare_prompt"]
-
-
-@dataclass
-class EngineStats:
-    """Running totals of the engine loop (engine thread).  Per step, wall = launch + wait + host work, where the
-    host work is scheduling, detokenizing, stop checks and handing outputs on; on a GPU, gpu_idle says whether
-    that host work kept the GPU waiting (launcher.python_backend.timings.engine_step_split makes per-step means)."""
-
-    steps: int = 0
-    decode_tokens: int = 0
-    prefill_tokens: int = 0
-    finished: int = 0
-    busy_s: float = 0.0  # from a step's launch to its tokens on the host (the model call, with overlap its wait)
-    ahead_steps: int = 0  # steps launched before the tokens of the step before were known (overlap)
-    wall_s: float = 0.0  # the engine loop's time in iterations that ran a step (not idle waiting for requests)
-    launch_s: float = 0.0  # in HFModelRunner.launch: preparing inputs and queueing the step's GPU work
-    wait_s: float = 0.0  # blocked until a step's tokens reached the host (waiting for the GPU)
-    gpu_s: float = 0.0  # GPU: from each step's first work to its last (CUDA events)
-    gpu_idle_s: float = 0.0  # GPU idle between a step and the next one, because the host queued it late
-    gpu_steps: int = 0  # steps timed on the GPU (0 off the GPU)
-    prompt_steps: int = 0  # steps with prompt tokens
-    prompt_graph_steps: int = 0  # of those, steps of prompts replayed as a CUDA graph (one prompt or a wave)
-    mixed_steps: int = 0  # of those, steps of decode rows and whole prompts replayed as a mixed CUDA graph
-    # Per request, from add_request (its prompt tokenized) on: where a first token's time inside the engine goes
-    admitted: int = 0  # requests given a KV-cache slot
-    queued_s: float = 0.0  # summed: add_request to a slot (waiting for the loop's next schedule, or a free slot)
-    first_tokens: int = 0  # requests whose first token reached the host
-    to_first_token_s: float = 0.0  # summed: add_request to the first token on the host (queued + prompt steps)
-    # add_requests (the engine process's reader hands over what it read at once; their text prompts are tokenized in
-    # one call): requests / calls is how many prompts arrive together
-    intake_calls: int = 0
-    intake_requests: int = 0
-
-
-def describe_features(f: dict) -> str:
-    """'torch_compile on (12.3 s), 16 decode graphs, ..., cuDNN attention in graphs' from Engine.features
-    ('' for none)."""
-    if not f:
-        return ""
-    parts = [
-        f"torch_compile failed ({f['compile_error']})"
-        if f.get("compile_error")
-        else f"torch_compile on ({f.get('compile_s', 0):.1f} s)"
-        if f.get("torch_compile")
-        else "torch_compile off",
-        f"decode graphs failed ({f['graph_error']})"
-        if f.get("graph_error")
-        else f"{f.get('decode_graphs', 0)} decode graphs",
-        f"prompt graphs failed ({f['prefill_graph_error']})"
-        if f.get("prefill_graph_error")
-        else f"{f.get('prefill_graphs', 0)} prompt graphs, {f.get('wave_graphs', 0)} wave graphs",
-        f"mixed graphs failed ({f['mixed_graph_error']})"
-        if f.get("mixed_graph_error")
-        else f"{f.get('mixed_graphs', 0)} mixed graphs",
-    ]
-    if "fused" in f:  # layers whose q/k/v (gate/up) projections run as one product (hf_fuse)
-        fused = {k: n for k, n in f["fused"].items() if n}
-        parts.append(
-            "projections fused (" + ", ".join(f"{k.replace('_proj', '')} x{n}" for k, n in fused.items()) + ")"
-            if fused
-            else "projections unfused"
-        )
-    if f.get("prompt_encode"):  # hf_encode.PromptEncoder: the backend's encode, or why prompts go through the call
-        parts.append(
-            "prompts: backend encode"
-            if f["prompt_encode"] == "backend"
-            else f"prompts: tokenizer call ({f['prompt_encode']})"
-        )
-    where = {"graphs": "in graphs", "all": "everywhere", "off": "off"}.get(f.get("cudnn_attention", ""))
-    if where:  # GPU only: CPU attention has no cuDNN
-        parts.append(f"cuDNN attention {where}")
-    return ", ".join(parts)
+__all__ = ["Engine", "Output", "SamplingParams", "InvalidRequest", "prepare_prompt"]
 
 
 _STOP = object()
@@ -143,10 +72,10 @@ class Engine:
         tp_group=None,
         kv_cache_memory: float | None = None,
     ):
-        """args: what to load and how (hf_args.HFEngineArgs: each field says what it does and holds its default;
+        """args: what to load and how (launcher.hf.args.HFEngineArgs: each field says what it does and holds its default;
         0 / "" / auto are decided once the device is known).  The keywords are what no launch sets:
         after_step: called on the engine thread after each step's outputs were delivered (batching hook).
-        tp_group: with args.tp_size > 1, an hf_tp.TPGroup (default: one made from the LLMLAUNCH_* environment); this
+        tp_group: with args.tp_size > 1, an launcher.hf.tp.TPGroup (default: one made from the LLMLAUNCH_* environment); this
         engine is rank 0 and broadcasts each step to the workers.
         kv_cache_memory: bytes the KV cache may use (default: half the RAM on CPU, 85% of free GPU memory).
         While the GPU runs a step, the next one is queued behind it where it can be, and the host works on the last
@@ -162,7 +91,7 @@ class Engine:
         self.args = args
         self.model_path = str(args.model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or self.model_path)
-        self._encode = PromptEncoder(self.tokenizer)  # prompts: the call's ids, without its Python (hf_encode)
+        self._encode = PromptEncoder(self.tokenizer)  # prompts: the call's ids, without its Python (launcher.hf.encode)
         t0 = time.perf_counter()
         self.runner = HFModelRunner(
             self.model_path, kv_cache_memory=kv_cache_memory, tp_group=tp_group, **args.runner_kwargs()
@@ -184,7 +113,7 @@ class Engine:
         report_phase("graphs", time.perf_counter() - loaded - self.runner.compile_s)  # CUDA graph capture
         report_version("torch", torch.__version__)
         report_version("transformers", transformers.__version__)
-        # tp > 1: this engine is the leader (group rank 0) of a tensor-parallel group; see hf_tp
+        # tp > 1: this engine is the leader (group rank 0) of a tensor-parallel group; see launcher.hf.tp
         self._tp = self.runner.tp_group
         if self._tp is not None and self._tp.rank != 0:
             raise ValueError(
@@ -227,7 +156,7 @@ class Engine:
     # -- public API ----------------------------------------------------------------------------------------
     @property
     def features(self) -> dict:
-        """What speeds this engine up, as it started (for the server's log line): see describe_features."""
+        """What speeds this engine up, as it started (for the server's log line): see reporting.describe_features."""
         r = self.runner
         return {
             "torch_compile": r.use_compile,
@@ -247,7 +176,7 @@ class Engine:
 
     @classmethod
     def from_args(cls, args: HFEngineArgs, **runtime) -> "Engine":
-        """The engine for `args` (an hf_args.HFEngineArgs); `runtime`: the keywords no launch sets (after_step,
+        """The engine for `args` (an launcher.hf.args.HFEngineArgs); `runtime`: the keywords no launch sets (after_step,
         tp_group, kv_cache_memory)."""
         return cls(args, **runtime)
 
@@ -458,7 +387,7 @@ class Engine:
                         self._tp.broadcast(nstep)
                     nhandle = self._launch(nstep)
                 else:
-                    if self._tp is not None:  # its decode tokens follow on the device (hf_tp: AHEAD)
+                    if self._tp is not None:  # its decode tokens follow on the device (launcher.hf.tp: AHEAD)
                         self._tp.broadcast((AHEAD, nstep))
                     nhandle = self._launch(nstep, prev=handle, prev_rows=prev_rows)
                 self._ahead = (nstep, queued, nhandle)

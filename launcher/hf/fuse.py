@@ -19,7 +19,7 @@ with another input computes the product again: always correct, only slower, and 
 torch.compile traces the keeping and the identity checks (plain Python state), so the
 compiled graph holds one product and the slices, nothing else.
 
-Tensor parallelism: `fuse_projections` runs after `hf_tp.shard_model`, so a rank fuses its own
+Tensor parallelism: `fuse_projections` runs after `launcher.hf.tp.shard_model`, so a rank fuses its own
 column shards of q, k, v (and gate, up); the row-parallel o/down projections are untouched.
 """
 

@@ -1,7 +1,7 @@
 """The hf engine's output processing: sampled tokens -> per-request outputs.
 
-Per token of a request: incremental detokenization (hf_detok), EOS / stop-string / length checks, and the
-request's callback with its new text; a request that ends frees its slot in the scheduler (hf_scheduler) and is
+Per token of a request: incremental detokenization (launcher.hf.detok), EOS / stop-string / length checks, and the
+request's callback with its new text; a request that ends frees its slot in the scheduler (launcher.hf.scheduler) and is
 dropped from the engine's running set.  Runs on the engine thread, once per token: keep it lean.
 """
 

@@ -1,94 +1,40 @@
 """The model side of the `hf` engine: run one scheduled step of a HF transformers model.
 
-The scheduler (hf_engine.py) decides *what* runs in a step and describes it as a `StepInputs` of plain Python lists
-(hf_step); `HFModelRunner.execute(step)` runs it and returns the sampled token per output row.  The runner owns the
+The scheduler (scheduler.py) decides *what* runs in a step and describes it as a `StepInputs` of plain Python lists
+(step.py); `HFModelRunner.execute(step)` runs it and returns the sampled token per output row.  The runner owns the
 model and the slot KV cache (one slot per running sequence) and puts the pieces together:
 
-* hf_step: the step as plain data (broadcastable to tensor-parallel workers), and its layout for an eager run;
-* hf_attention: our attention, registered with transformers, which writes the cache and attends over it;
-* hf_graphs: the CUDA graphs that replay decode-only, whole-prompt and mixed steps;
-* hf_sampling: the batched sampler; hf_fuse: fused projections; hf_tp: tensor parallelism.
+* loading: the model onto the device (sharded with tp > 1), its shape, the KV cache (ModelLoading);
+* warmup: attention kernels, torch.compile, and the warm-up that compiles and captures before serving (WarmUp);
+* step: the step as plain data (broadcastable to tensor-parallel workers), and its layout for an eager run;
+* attention: our attention, registered with transformers, which writes the cache and attends over it;
+* graphs: the CUDA graphs that replay decode-only, whole-prompt and mixed steps;
+* sampling: the batched sampler; fuse: fused projections; tp: tensor parallelism.
 
-A step runs as one captured graph where one fits (`_replay`), else eagerly (`_run`), then samples.  The only
-device->host sync is reading the sampled tokens at the end (`wait`).  Sliding-window models are served with
-max_model_len capped at the window, where full attention is the same thing.
+This module is the step itself: a step runs as one captured graph where one fits (`_replay`), else eagerly (`_run`),
+then samples.  The only device->host sync is reading the sampled tokens at the end (`wait`).  Sliding-window models
+are served with max_model_len capped at the window, where full attention is the same thing.
 """
 
 from __future__ import annotations
 
-import logging
-
-from launcher.hf.args import CUDNN_ATTENTION, DEFAULTS
-from launcher.hf.attention import ATTN_NAME, register_attention, tls
-from launcher.hf.graphs import (
-    DecodeGraphs,
-    MixedGraphs,
-    PromptGraphs,
-    WaveGraphs,
-    mixed_buckets,
-    prefill_buckets,
-    token_limit,
-)
+from launcher.hf.args import DEFAULTS
+from launcher.hf.attention import register_attention, tls
+from launcher.hf.graphs.buckets import mixed_buckets, prefill_buckets, token_limit
+from launcher.hf.graphs.decode import DecodeGraphs
+from launcher.hf.graphs.mixed import MixedGraphs
+from launcher.hf.graphs.prompt import PromptGraphs, WaveGraphs
+from launcher.hf.loading import ModelLoading
 
 # PrefillChunk, SamplingRows, StepInputs and group_first_chunks are imported from this module by the engine, the
 # benchmarks and the tests
 from launcher.hf.step import PrefillChunk, SamplingRows, StepInputs, group_first_chunks, prepare_step
-from launcher.stage import announce
+from launcher.hf.warmup import WarmUp
 
-__all__ = [
-    "HFModelRunner",
-    "PrefillChunk",
-    "SamplingRows",
-    "StepInputs",
-    "group_first_chunks",
-    "resolve_dtype",
-    "use_llmlaunch_inductor_cache",
-]
-
-log = logging.getLogger(__name__)
+__all__ = ["HFModelRunner", "PrefillChunk", "SamplingRows", "StepInputs", "group_first_chunks"]
 
 
-def use_llmlaunch_inductor_cache() -> None:
-    """Inductor keeps what it compiled in /tmp by default, which a cluster node forgets between jobs; under the
-    llmlaunch cache (in the home directory, which the nodes share) the next start of the same model and settings
-    loads it instead of compiling again.  A directory the user chose stays.  (Importing Inductor, which loading a
-    model does, writes its default into the environment; that one is replaced.)"""
-    import os
-
-    from launcher.paths import cache_root
-
-    key, ours = "TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor")
-    current = os.environ.get(key)
-    if current is None:
-        os.environ[key] = ours
-        return
-    try:
-        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
-    except ImportError:  # older torch
-        from torch._inductor.runtime.runtime_utils import default_cache_dir
-    if os.path.abspath(current) == os.path.abspath(default_cache_dir()):
-        os.environ[key] = ours
-
-
-def resolve_dtype(dtype: str, device_type: str, config):
-    """auto: float32 on CPU, else the checkpoint's half type (bfloat16 when it says float32)."""
-    import torch
-
-    if dtype in (None, "", "auto"):
-        if device_type == "cpu":
-            return torch.float32  # bf16 matmuls are slow on most CPUs
-        cfg = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-        if isinstance(cfg, str):
-            cfg = getattr(torch, cfg, None)
-        return cfg if cfg in (torch.float16, torch.bfloat16) else torch.bfloat16
-    names = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
-    value = getattr(torch, names.get(dtype, dtype), None)
-    if not isinstance(value, torch.dtype):
-        raise ValueError(f"dtype {dtype!r} is not one of auto, float32, float16, bfloat16")
-    return value
-
-
-class HFModelRunner:
+class HFModelRunner(ModelLoading, WarmUp):
     """Owns the model and the slot KV cache; `execute(StepInputs)` -> sampled token per output row."""
 
     def __init__(
@@ -118,70 +64,17 @@ class HFModelRunner:
         torch_compile: run the model's forward through torch.compile (None: on for cuda; with tp > 1 the
         all-reduces are traced as functional collectives); `warm_up()` compiles before serving.
         prefill_graphs: the longest prompt (tokens) whose prompt-only step replays a CUDA graph (None: HFEngineArgs.prefill_graphs; 0:
-        none; needs cuda_graphs); see hf_graphs.PromptGraphs.
+        none; needs cuda_graphs); see graphs.prompt.PromptGraphs.
         mixed_graphs: the most prompt tokens a step of decode rows and whole prompts together replays a CUDA graph
-        for (None: HFEngineArgs.mixed_graphs; 0: none; needs cuda_graphs and tp=1); see hf_graphs.MixedGraphs.
-        Each layer's q/k/v and gate/up projections run as one product each (hf_fuse)."""
-        import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
-
-        from launcher.hf import fuse as hf_fuse
+        for (None: HFEngineArgs.mixed_graphs; 0: none; needs cuda_graphs and tp=1); see graphs.mixed.MixedGraphs.
+        Each layer's q/k/v and gate/up projections run as one product each (fuse.py)."""
         from launcher.hf.sampling import Sampler
 
         register_attention()
         if attn_implementation not in ("sdpa", "eager"):
             raise ValueError(f"attn_implementation {attn_implementation!r} is not one of sdpa, eager")
         self.eager = attn_implementation == "eager"
-        if device in (None, "", "auto"):
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(device)
-        if torch_compile is not False:
-            use_llmlaunch_inductor_cache()
-        config = AutoConfig.from_pretrained(model_path)
-        self.dtype = resolve_dtype(dtype, self.device.type, config)
-        announce(f"hf engine: loading {model_path} ({str(self.dtype).replace('torch.', '')}) on {self.device}")
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype, attn_implementation="sdpa")
-        # switch every (sub)config to our attention after loading: loading validates the name against the
-        # built-in list in some transformers versions, the forward only looks it up in AttentionInterface.
-        for cfg in (model.config, getattr(model.config, "text_config", None)):
-            if cfg is not None:
-                cfg._attn_implementation = ATTN_NAME
-        text_cfg = getattr(model.config, "text_config", None) or model.config
-        self.tp = int(tp or 1)
-        self.tp_group = None
-        if self.tp > 1:
-            from launcher.hf import tp as hf_tp
-
-            hf_tp.check_divisible(text_cfg, self.tp)  # before joining the group: a clear error, no hang
-            if self.device.type == "cuda" and self.device.index is None:
-                # set_device needs an index.  Ranks that see several GPUs (no per-rank CUDA_VISIBLE_DEVICES)
-                # take one per local rank; a rank given its own GPU sees it as cuda:0.
-                import os
-
-                local = int(os.environ.get("_LLMLAUNCH_LOCAL_RANK", "0") or 0)
-                self.device = torch.device("cuda", local % max(1, torch.cuda.device_count()))
-            if self.device.type == "cuda":
-                torch.cuda.set_device(self.device)  # before the process group: NCCL uses the current device
-            self.tp_group = tp_group or hf_tp.TPGroup(self.tp, device_type=self.device.type, timeout=tp_timeout_s)
-            hf_tp.shard_model(model, text_cfg, self.tp_group)  # on the host, before moving the shard
-        self.model = model.to(self.device).eval()
-        # after sharding: a rank fuses its own shards; on the device: the concatenation is a device copy
-        self.fused = hf_fuse.fuse_projections(self.model)
-        self.config = model.config
-        self.num_layers = text_cfg.num_hidden_layers
-        # kv heads of this rank (all of them with tp=1): the cache and our attention only see these
-        self.num_kv_heads = (getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads) // self.tp
-        self.head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
-        self.vocab_size = text_cfg.vocab_size
-        limit = getattr(text_cfg, "max_position_embeddings", None) or 2048
-        # Sliding-window layers attend to the last `window` tokens only; our attention is full, which is the same
-        # thing as long as no sequence is longer than the window.
-        window = getattr(text_cfg, "sliding_window", None)
-        if window and (getattr(text_cfg, "use_sliding_window", True) or getattr(text_cfg, "layer_types", None)):
-            limit = min(limit, int(window))
-        self.max_model_len = int(max_model_len) if max_model_len else min(limit, 4096)
-        if self.max_model_len > limit:
-            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's context of {limit} tokens")
+        self._load_model(model_path, device, dtype, max_model_len, tp, tp_group, tp_timeout_s, torch_compile)
         self.max_num_seqs = int(max_num_seqs)
         if self.max_num_seqs < 1:
             raise ValueError("max_num_seqs must be >= 1")
@@ -194,194 +87,7 @@ class HFModelRunner:
         self.last_graph = None  # the graph the last launch replayed: "decode", "prompt", "wave", "mixed" or None
         self._layer_idx_check()
 
-    # -- setup ---------------------------------------------------------------------------------------------
-    def _allocate_cache(self, budget: float | None) -> None:
-        import torch
-
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        slots = self.max_num_seqs + self._spare_slots
-        per_layer = slots * self.num_kv_heads * self.max_model_len * self.head_dim * itemsize * 2
-        total = per_layer * self.num_layers
-        if budget is None:
-            if self.device.type == "cuda":
-                free, _ = torch.cuda.mem_get_info(self.device)
-                budget = 0.85 * free
-            else:
-                import os
-
-                budget = 0.5 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        if total > budget:
-            raise ValueError(
-                f"the KV cache for max_num_seqs={self.max_num_seqs} x max_model_len={self.max_model_len} needs "
-                f"{total / 2**30:.1f} GiB but {budget / 2**30:.1f} GiB are available; lower max_num_seqs or "
-                f"max_model_len"
-            )
-        shape = (slots, self.num_kv_heads, self.max_model_len, self.head_dim)
-        self.cache = [
-            (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-            )
-            for _ in range(self.num_layers)
-        ]
-        log.info(
-            "hf engine: KV cache %d slots x %d tokens, %.2f GiB", self.max_num_seqs, self.max_model_len, total / 2**30
-        )
-
-    def _layer_idx_check(self) -> None:
-        idx = sorted(
-            getattr(m, "layer_idx", -1)
-            for m in self.model.modules()
-            if hasattr(m, "layer_idx") and hasattr(m, "num_key_value_groups")
-        )
-        if idx and idx != list(range(self.num_layers)):
-            raise ValueError(
-                f"unsupported architecture: attention layer indices {idx[:8]}... do not match {self.num_layers} layers"
-            )
-
-    # -- which attention kernels SDPA may pick -------------------------------------------------------------
-    # Why: on a GPU torch's SDPA prefers cuDNN's attention for our shapes.  cuDNN builds an execution plan on the
-    # host for every new shape it sees (milliseconds each), and eager steps (prompt groups, mixed steps) bring new
-    # shapes all the time: on an H100 at 128 streams that held launch at 5.4 ms a step until the plan cache filled,
-    # 0.74 of the engine at a warm cache.  A captured decode graph builds
-    # its plan once, at capture, and replays it for free.  So by default ("graphs") captures (their warm-up
-    # included: warm-up and capture must pick the same kernels, or the capture builds a plan inside itself and
-    # fails, as tried) keep torch's choice and eager steps use flash / memory-efficient / math.  Measured on an H100
-    # the in-process engine steady from its first round at 128 streams (27-31k tokens/s, where
-    # "all" climbed 15k -> 22k over three rounds), decode graphs as fast as with cuDNN everywhere.
-    # (the modes, launcher.hf.args.CUDNN_ATTENTION) graphs: captured decode graphs only; all: torch's choice; off: never
-
-    def _init_attention_backends(self, mode) -> None:
-        import contextlib
-
-        if mode in (None, ""):
-            mode = DEFAULTS.cudnn_attention
-        if mode not in CUDNN_ATTENTION:
-            raise ValueError(f"cudnn_attention {mode!r} is not one of {', '.join(CUDNN_ATTENTION)}")
-        self.cudnn_attention = mode
-        self._eager_backends = self.capture_backends = contextlib.nullcontext
-        if mode == "all":
-            return
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        others = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-        self._eager_backends = lambda: sdpa_kernel(others)
-        if mode == "off":
-            self.capture_backends = self._eager_backends
-
-    # -- torch.compile ----------------------------------------------------------------------------------------
-    # Why: HF's Llama runs ~40 kernels per layer, most of them tiny (the norm alone is 7: cast, pow, mean, add,
-    # rsqrt, mul, mul), so even replayed as a CUDA graph a batch-1 decode step spent 2.4 ms where its weight
-    # reads need 0.8.  Inductor fuses them (a norm becomes one kernel; rotary, residual
-    # adds and SiLU*up join their neighbours); the matrix products stay cuBLAS; our attention stays one opaque
-    # op.  One compiled form covers every step: token count and kept logits are dynamic, so besides the general
-    # form only the size-1 specializations (one output row; one token) are compiled, all in `warm_up`.
-    def _init_compile(self, torch_compile) -> None:
-        if torch_compile is None:
-            torch_compile = self.device.type == "cuda"
-        # tp > 1: each layer's all-reduce is traced as a functional collective (hf_tp.TPGroup.all_reduce); with
-        # graphs, tp=2 on two H200s ran 1.24-1.30x faster compiled
-        self.use_compile = bool(torch_compile)
-        self.compile_error = ""
-        self.compile_s = 0.0  # how long warm_up compiled
-        self.model_forward = self._forward  # what every step runs: the model's forward, compiled or not
-        if self.use_compile:
-            import torch
-
-            self.model_forward = torch.compile(self._forward, dynamic=True, fullgraph=True)
-
-    def warm_up(self, max_prefill_tokens: int | None = None) -> None:
-        """Before serving: compile (each shape class a step can have) and capture the decode graphs and the
-        prompt graphs (prompts up to max_prefill_tokens, the engine's chunk), so that no request waits on
-        either.  A model that cannot be compiled still serves, uncompiled (compile_error).
-
-        tp > 1: every step of the warm-up and every capture runs the layers' all-reduces, so all ranks must do the
-        same ones in the same order.  The leader (group rank 0) calls this from the Engine and first sends its plan
-        to the workers, whose loop (launcher.hf.worker.run_worker) then calls it too; the ranks compare plans before and
-        results after (a rank that would replay a graph its peer does not have would hang both)."""
-        import time
-
-        import torch
-
-        if self.tp_group is not None:
-            plan = self._tp_plan(max_prefill_tokens)
-            if self.tp_group.rank == 0:
-                from launcher.hf.tp import WARM_UP
-
-                self.tp_group.broadcast((WARM_UP, plan))
-            self._tp_agree("plans", plan)
-        if self.use_compile:
-            announce(
-                "hf engine: compiling the model with torch.compile (1-2 minutes for a 1 B model with a cold "
-                "Inductor cache)"
-            )
-            t0 = time.perf_counter()
-            two = self.max_num_seqs > 1
-            # general form first (several tokens, several output rows), then one output row, then one token
-            shapes = ([[PrefillChunk(0, 0, 4, True), PrefillChunk(1, 0, 3, True)]] if two else []) + [
-                [PrefillChunk(0, 0, 4, True)]
-            ]
-            steps = [
-                StepInputs([], [], [], chunks, [1] * sum(c.length for c in chunks), SamplingRows()) for chunks in shapes
-            ]
-            steps.append(StepInputs([0], [1], [4], [], [], SamplingRows()))
-            try:
-                with torch.inference_mode():
-                    for step in steps:
-                        self._run(step)
-                if self.device.type == "cuda":
-                    torch.cuda.synchronize(self.device)
-            except Exception as e:
-                self.use_compile = False
-                self.model_forward = self._forward
-                self.compile_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                log.warning("hf engine: torch.compile failed (%s); the model runs uncompiled", self.compile_error)
-            else:
-                self.compile_s = time.perf_counter() - t0
-                log.info(
-                    "hf engine: model compiled (torch.compile, %d step shapes) in %.1f s", len(steps), self.compile_s
-                )
-        self.capture_graphs()
-        self.capture_prefill_graphs(max_prefill_tokens)
-        self.capture_mixed_graphs()
-        if self.tp_group is not None:
-            self._tp_agree(
-                "results",
-                {
-                    "compiled": self.use_compile,
-                    "decode graphs": len(self.decode_graphs.graphs),
-                    "prompt graphs": len(self.prompt_graphs.graphs),
-                    "wave graphs": len(self.wave_graphs.graphs),
-                },
-            )
-
-    def _tp_plan(self, max_prefill_tokens) -> dict:
-        return {
-            "max_prefill_tokens": max_prefill_tokens,
-            "torch_compile": self.use_compile,
-            "cuda_graphs": self.use_graphs,
-            "prefill_graphs": self.prompt_graphs.limit,
-            "fused": self.fused,
-            "cudnn_attention": self.cudnn_attention,
-            "max_num_seqs": self.max_num_seqs,
-            "max_model_len": self.max_model_len,
-        }
-
-    def _tp_agree(self, what: str, mine: dict) -> None:
-        """Raise on every rank unless all ranks' `mine` are equal (host side, over the gloo group)."""
-        everyone = self.tp_group.all_gather(mine)
-        differ = sorted({k for other in everyone for k in mine if other.get(k) != mine[k]})
-        if differ:
-            each = "; ".join(
-                f"rank {r}: " + ", ".join(f"{k}={o.get(k)!r}" for k in differ) for r, o in enumerate(everyone)
-            )
-            raise RuntimeError(
-                f"the tensor-parallel ranks' warm-up {what} differ ({each}): every rank must compile "
-                f"and capture the same steps; give all ranks the same engine settings, or set "
-                f"engine.cuda_graphs=false"
-            )
-
-    # -- CUDA graphs (hf_graphs): decode-only steps, steps of one or several whole prompts, mixed steps -------------
+    # -- CUDA graphs (launcher.hf.graphs): decode-only steps, steps of one or several whole prompts, mixed steps ----
     WAVE_ROWS = WaveGraphs.ROWS  # prompts per wave graph
     MIXED_PROMPTS = MixedGraphs.PROMPTS  # the most prompts beside decode rows in a mixed graph
     prefill_buckets = staticmethod(prefill_buckets)
@@ -607,5 +313,5 @@ class HFModelRunner:
         return logits[: len(logits_idx)]
 
     def _forward(self, input_ids, positions, keep):
-        """Logits [len(keep), vocab] of the model on one packed row of tokens (our attention reads hf_attention.tls)."""
+        """Logits [len(keep), vocab] of the model on one packed row of tokens (our attention reads launcher.hf.attention.tls)."""
         return self.model(input_ids=input_ids, position_ids=positions, use_cache=False, logits_to_keep=keep).logits[0]

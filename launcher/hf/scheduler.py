@@ -4,7 +4,7 @@
 each step's `StepInputs`: every decoding sequence decodes one token, waiting requests take free slots, prompt chunks
 fill the step up to `max_prefill_tokens`, and where the runner has CUDA graphs for them, prompts go beside the decode
 rows (mixed), in waves, or alone (see `Scheduler.schedule`).  It only reads the runner's graph limits; the loop
-(hf_engine) launches the steps and output processing (hf_outputs) consumes their tokens.
+(launcher.hf.engine) launches the steps and output processing (launcher.hf.outputs) consumes their tokens.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from launcher.python_backend.triton_io import InvalidRequest, SamplingParams
 
 class Seq:
     """One request's state: the scheduler moves it through waiting, prefilling and decoding; output
-    processing (hf_outputs) turns its tokens into outputs."""
+    processing (launcher.hf.outputs) turns its tokens into outputs."""
 
     __slots__ = (
         "request_id",

@@ -1,13 +1,13 @@
 """What one step of the `hf` engine runs, as plain data, and how an eager step is laid out for the model.
 
-The scheduler (hf_engine.py) decides *what* runs in a step and describes it as a
+The scheduler (launcher/hf/engine.py) decides *what* runs in a step and describes it as a
 `StepInputs` of plain Python lists; `HFModelRunner.execute(step)` runs it and
 returns the sampled token per output row.  `StepInputs` holds no tensors and no
 references to requests, so a tensor-parallel leader can broadcast it to worker
 ranks that hold the same shard (`torch.distributed.broadcast_object_list`) and
 every rank calls `execute` on the same object.
 
-`prepare_step` turns a step into the model's inputs and the attention's `StepContext` (hf_attention): decode tokens
+`prepare_step` turns a step into the model's inputs and the attention's `StepContext` (launcher.hf.attention): decode tokens
 first, then prompt chunks, with prompt-starting chunks grouped for one padded attention call per group
 (`group_first_chunks`).
 """
@@ -87,7 +87,7 @@ def group_first_chunks(lengths: list[int], waste: float = 0.5) -> list[list[int]
 
 def prepare_step(step: StepInputs, device, num_kv_heads: int, max_model_len: int, dtype, eager: bool):
     """(StepContext, input_ids [1, T], positions [1, T], the token rows whose logits to keep) of a step run eagerly:
-    its tokens packed in one row, decode tokens first (HFModelRunner._run; a graph's step is laid out by hf_graphs)."""
+    its tokens packed in one row, decode tokens first (HFModelRunner._run; a graph's step is laid out by launcher.hf.graphs)."""
     import torch
 
     dev = device

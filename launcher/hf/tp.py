@@ -9,7 +9,7 @@ a loop that receives `StepInputs` and executes them; they never see requests.
 Sharding (Megatron style, done here on the loaded HF model, no transformers tp_plan):
 * q/k/v and gate/up projections are column-parallel: each rank keeps heads
   [r*H/tp, (r+1)*H/tp) and kv heads [r*KVH/tp, ...), and 1/tp of the MLP's
-  intermediate features.  Our attention (hf_attention) and the slot KV cache then
+  intermediate features.  Our attention (launcher.hf.attention) and the slot KV cache then
   simply see H/tp query heads and KVH/tp kv heads: the cache per rank is 1/tp.
 * o and down projections are row-parallel: each rank multiplies its slice of
   the input features, then an `all_reduce(SUM)` gives every rank the full output

@@ -1,7 +1,7 @@
 """The local Slurm cluster's configuration: its constants, the `Spec` every file depends on, and the pure
 `render_*` functions that build every file and argv from it (no I/O). `llmlaunch-localslurm`
-(launcher/localslurm/cluster.py) writes what these return and runs the daemons; tests/unit/test_localslurm_render.py
-checks them without root.
+(launcher/localslurm/cluster.py) writes what these return (launcher/localslurm/host.py) and runs the daemons
+(launcher/localslurm/daemons.py); tests/unit/test_localslurm_render.py checks them without root.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 
 A call per request, not one shared stream: cancelling it (the HTTP client went away) cancels exactly that request
 on the server, as the front end and tritonserver do for a cancelled stream.  Requests are built by
-launcher.client.build_request (the contract's encoding, one place); responses are read as the client reads them.
+launcher.client.request.build_request (the contract's encoding, one place); responses are read as the client reads
+them (launcher/client/response.py).
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from typing import AsyncIterator, Optional
 from grpc import aio
 from tritonclient.grpc import service_pb2
 
-from launcher.client import _CHANNEL_OPTIONS, StreamRecord, _finish, _raw_bytes, _text_index, build_request, parse_url
+from launcher.client.connection import CHANNEL_OPTIONS, parse_url
+from launcher.client.request import build_request
+from launcher.client.response import StreamRecord, bytes_content, read_final_counts, text_output_index
 from launcher.frontend.wire import SERVICE
 
 
@@ -48,7 +51,7 @@ class GrpcBackend:
 
     def _connect(self) -> None:
         if self._channel is None:  # made on the serving loop: a grpc.aio channel belongs to its event loop
-            self._channel = aio.insecure_channel(self.url, options=_CHANNEL_OPTIONS)
+            self._channel = aio.insecure_channel(self.url, options=CHANNEL_OPTIONS)
             self._stream = self._channel.stream_stream(
                 f"/{SERVICE}/ModelStreamInfer",
                 request_serializer=service_pb2.ModelInferRequest.SerializeToString,
@@ -95,12 +98,13 @@ class GrpcBackend:
                     if at is None or (
                         final and not (0 <= at < len(ir.outputs) and ir.outputs[at].name == "text_output")
                     ):
-                        at = _text_index(ir)  # final_counts_only: the last response has all outputs
-                    piece = _raw_bytes(raw[at]) if 0 <= at < len(raw) else b""
+                        at = text_output_index(ir)  # final_counts_only: the last response has all outputs
+                    piece = bytes_content(raw[at]) if 0 <= at < len(raw) else b""
                     if piece:
                         yield piece
                 if final:
-                    _finish(rec, ir if raw or prev is None else prev)  # an empty final: counts are in the one before
+                    # an empty final: counts are in the one before
+                    read_final_counts(rec, ir if raw or prev is None else prev)
                     done = True
                     yield Final(rec.finish_reason, rec.input_tokens, rec.output_tokens)
                     return

@@ -136,7 +136,7 @@ def _on_drain_notice() -> dict:
 
 
 def _build_app(args, counters):
-    from launcher.client import honoured_parameters
+    from launcher.client.control import honoured_parameters
     from launcher.openai_api.app import ChatTemplate, make_app
     from launcher.openai_api.backend import GrpcBackend
 
@@ -195,7 +195,7 @@ def _supervise(args) -> int:
     import multiprocessing as mp
 
     from launcher.openai_api.counters import shared_size
-    from launcher.triton import port_free
+    from launcher.ports import port_free
 
     if not port_free(args.host, args.port):
         raise SystemExit(f"OpenAI API: port {args.port} on {args.host} is already in use")

@@ -1,9 +1,9 @@
 """OpenAI's request and response bodies <-> llmlaunch's request contract (launcher/contract.py), as pure functions.
 
 `completion_generation` and `chat_generation` turn a /v1/completions or /v1/chat/completions body into a
-launcher.client.Generation (the contract's inputs) or raise ApiError naming the field; the `*_chunk` and `*_body`
-functions build what goes back.  No I/O here: launcher/openai_api/app.py serves these, and tests/unit checks them
-without a server.
+launcher.client.request.Generation (the contract's inputs) or raise ApiError naming the field; the `*_chunk` and
+`*_body` functions build what goes back.  No I/O here: launcher/openai_api/app.py serves these, and tests/unit checks
+them without a server.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from launcher.client import Generation
+from launcher.client.request import Generation
 
 # /v1/completions without max_tokens: OpenAI's documented default for that endpoint.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16

@@ -21,7 +21,7 @@
   llmlaunch_first_token_seconds{model="...",part="parse|add|engine|back|respond|send"}   seconds, summed
   llmlaunch_first_tokens{model="..."}                                                requests counted
 
-2. How the engine loop spends a step (hf_engine.EngineStats): is the served engine bound by
+2. How the engine loop spends a step (launcher.hf.reporting.EngineStats): is the served engine bound by
    the GPU or by its host work?  A step's wall time is launch + wait + host work; on a GPU,
    `gpu` is each step's span on the stream and `gpu_idle` the GPU waiting for the host to
    queue the next step.
@@ -55,7 +55,7 @@ ENGINE_INTAKES = "llmlaunch_engine_intakes"
 
 # One row per counter: (metric family, its label (None: none but the model's), label value, the key of its value in
 # the totals a `Counters` reads, description).  First-token keys are FirstTokenTimes.totals_map's; engine keys are
-# EngineStats' fields (hf_engine).
+# EngineStats' fields (launcher.hf.reporting).
 FIRST_TOKEN_COUNTERS = tuple(
     (
         SECONDS,

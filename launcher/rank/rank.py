@@ -21,7 +21,9 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 from launcher.engines.registry import ENGINES
+from launcher.logtext import log_excerpt
 from launcher.openai_api.process import start_api
+from launcher.ports import pick_ports
 from launcher.rank.drain import DRAIN_SIGNAL, REASON_ENV, walltime_reason
 from launcher.rank.frontend import start_for_rank0
 from launcher.rank.rendezvous import (
@@ -38,7 +40,8 @@ from launcher.rank.topology import Topology, rank_environment, visible_devices
 from launcher.record import write_startup
 from launcher.render import rank_command, shm_prefix
 from launcher.rundir import RunDir
-from launcher.triton import ServerDied, TritonServer, log_excerpt, pick_ports, resolve_tritonserver, server_env
+from launcher.triton import ServerDied, TritonServer
+from launcher.triton_install import resolve_tritonserver, server_env
 
 STOPPED_OK = (0, -signal.SIGTERM)  # a server's status after a stop asked for: it drained and exited
 
@@ -58,7 +61,7 @@ class Rank:
         say: Callable[[str], None],
         inherit_output: bool = False,
     ):
-        self.run, self.spec, self.topo, self.environ, self.log, self.say = run, spec, topo, environ, log, say
+        self.rundir, self.spec, self.topo, self.environ, self.log, self.say = run, spec, topo, environ, log, say
         self.inherit_output = inherit_output  # the server's output goes to this process's (srun's per-task log)
         self.me = spec.ranks[topo.rank]
         self.edef = ENGINES[spec.engine.name]
@@ -84,7 +87,7 @@ class Rank:
         if self.topo.rank == 0:
             # Records of an earlier run of this dir (a requeued job) must not stop this run's ranks. Nobody
             # writes one before the job serves, and every rank passes the rendezvous only after rank 0.
-            self.run.clear_lost()
+            self.rundir.clear_lost()
         if not self.meet():
             return 1
         self.start()
@@ -111,14 +114,14 @@ class Rank:
         try:
             if topo.world_size > 1:  # every rank there before anything waits without a deadline (MPI_Init does)
                 arrival_barrier(
-                    self.run.rendezvous_dir(rendezvous_key(topo, self.attempt)),
+                    self.rundir.rendezvous_dir(rendezvous_key(topo, self.attempt)),
                     topo.rank,
                     topo.world_size,
                     float(spec.serve.rendezvous_timeout_s),
                 )
-            self.ctx, self.infos = rendezvous(spec, topo, make_comm(spec, topo, self.run.path, self.attempt))
+            self.ctx, self.infos = rendezvous(spec, topo, make_comm(spec, topo, self.rundir.path, self.attempt))
         except RendezvousTimeout as e:  # MPI has not started: the arrival barrier comes first
-            self.run.write_failure(
+            self.rundir.write_failure(
                 topo.rank,
                 {
                     "rank": topo.rank,
@@ -143,7 +146,7 @@ class Rank:
         """Start this rank's server, with the signals that stop it forwarded."""
         spec, ctx = self.spec, self.ctx
         self.install = resolve_tritonserver(spec.cluster.tritonserver)
-        rank_env = rank_environment(spec, ctx, self.run.path, visible_devices(self.environ))
+        rank_env = rank_environment(spec, ctx, self.rundir.path, visible_devices(self.environ))
         self.env = server_env(self.install, {**spec.cluster.env, **rank_env, **self.edef.rank_env(spec, ctx)})
         self.host = "127.0.0.1" if spec.loopback else ctx.hosts[self.me.rank]  # where this rank's server is reached
         self.server = self.make_server()
@@ -160,7 +163,7 @@ class Rank:
                 spec,
                 me,
                 tritonserver=self.install.binary,
-                repository=str(self.run.repository),
+                repository=str(self.rundir.repository),
                 job_id=ctx.job_id,
                 ports=ctx.ports or None,
                 backend_directory=self.install.backend_directory,
@@ -202,8 +205,8 @@ class Rank:
     def record_drain(self) -> None:
         """Rank 0 at the time limit: nothing new is served at this endpoint (a requeued job's rank 0 writes the next
         one), and this allocation's drain record, on which the batch script requeues a requeue=true job."""
-        self.run.clear_endpoint()
-        self.run.write_walltime(
+        self.rundir.clear_endpoint()
+        self.rundir.write_walltime(
             self.attempt,
             {
                 "attempt": int(self.attempt or 0),
@@ -239,7 +242,7 @@ class Rank:
                 self.server = self.make_server()
                 self.server.start()
         self.say(f"READY in {self.waited:.1f}s: {self.spec.model_name} at {self.server.grpc_url}")
-        self.run.write_ready(
+        self.rundir.write_ready(
             me.rank,
             {
                 "rank": me.rank,
@@ -255,7 +258,7 @@ class Rank:
     def publish(self) -> None:
         """Rank 0, its server ready: the replicas' front end (replicas > 1), the OpenAI API, the run record's start
         and endpoint.json, which tells the launching side the job serves."""
-        spec, ctx, run = self.spec, self.ctx, self.run
+        spec, ctx, run = self.spec, self.ctx, self.rundir
         leaders = [i for i in self.infos if spec.ranks[i["rank"]].role == "leader"]
         public = {
             "url": f"grpc://{self.host}:{ctx.ports['grpc_port']}",
@@ -320,7 +323,7 @@ class Rank:
         if self.spec.replicas == 1:
             return supervise(self.server, None, self.stopped, lambda: False, self.api)
         ended, code = supervise(
-            self.server, self.frontend, self.stopped, lambda: self.run.replica_lost(self.me.replica), self.api
+            self.server, self.frontend, self.stopped, lambda: self.rundir.replica_lost(self.me.replica), self.api
         )
         if ended == "replica":
             code = end_lost_server(self.server)
@@ -342,7 +345,7 @@ class Rank:
 
     def replica_ended(self, ended: str, code: Optional[int]) -> int:
         """Data-parallel replicas: a replica lost while the job serves is not the end of the job."""
-        spec, me, run = self.spec, self.me, self.run
+        spec, me, run = self.spec, self.me, self.rundir
         frontend = "none" if self.frontend is None else "running" if self.frontend.poll() is None else "exited"
         out = decide_exit(
             ended,
@@ -395,7 +398,7 @@ class Rank:
         else:
             why = f"the server of rank {me.rank} ({me.role}) exited with status {signal_text(code)} unasked"
         ranks = [r.rank for r in self.spec.ranks if r.replica == me.replica]
-        wrote = self.run.record_lost(
+        wrote = self.rundir.record_lost(
             me.replica,
             {
                 "replica": me.replica,
@@ -416,7 +419,7 @@ class Rank:
         """Nobody asked it to stop: fail the job, and say who failed and why."""
         self.stop_children()
         me = self.me
-        self.run.write_failure(
+        self.rundir.write_failure(
             me.rank,
             {
                 "rank": me.rank,

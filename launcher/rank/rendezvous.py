@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 from launcher.engines.registry import ENGINES
+from launcher.ports import free_port, pick_ports
 from launcher.rank.topology import Topology, host_address
 from launcher.record import gpu_inventory
 from launcher.rundir import RunDir
-from launcher.triton import free_port, pick_ports
 
 
 @dataclass(frozen=True)

@@ -89,9 +89,9 @@ class AllocationScheduler(Scheduler):
 
     def launch(self, request: Request) -> Endpoint:
         from launcher.errors import LaunchError
+        from launcher.logtext import log_excerpt
         from launcher.models import resolve_model
         from launcher.render import allocation_sizes
-        from launcher.triton import log_excerpt
 
         cpus, gpus = allocation_sizes(request.spec)
         problems = allocation_problems(request.spec.nodes, request.spec.tasks_per_node, cpus, gpus, os.environ)

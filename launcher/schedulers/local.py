@@ -71,7 +71,8 @@ class _Stop:
 
 def serve_foreground(spec: LaunchSpec, run_dir: str, record: Optional[dict] = None) -> int:
     from launcher.models import resolve_model
-    from launcher.triton import check_ports, resolve_tritonserver
+    from launcher.ports import check_ports
+    from launcher.triton_install import resolve_tritonserver
 
     ports = {k: int(getattr(spec.serve, k)) for k in PUBLIC_PORTS}
     check_ports(spec.host, ports)  # before any work: a taken port is a config problem
@@ -90,7 +91,8 @@ def serve_foreground(spec: LaunchSpec, run_dir: str, record: Optional[dict] = No
 
 def _serve_one(spec: LaunchSpec, run: RunDir, install, stop: _Stop) -> int:
     from launcher.render import shm_prefix, tritonserver_argv
-    from launcher.triton import TritonServer, server_env
+    from launcher.triton import TritonServer
+    from launcher.triton_install import server_env
 
     job_id = str(os.getpid())
     rank = spec.ranks[0]
@@ -161,7 +163,7 @@ def _serve_one(spec: LaunchSpec, run: RunDir, install, stop: _Stop) -> int:
         sys.stdout.flush()
         while stop.signum is None:
             if server.returncode() is not None or api.poll() is not None:
-                from launcher.triton import log_excerpt
+                from launcher.logtext import log_excerpt
 
                 what = "tritonserver" if server.returncode() is not None else "the OpenAI API server"
                 code = server.returncode() if server.returncode() is not None else api.poll()
@@ -213,8 +215,8 @@ def _serve_ranks(spec: LaunchSpec, run: RunDir, stop: _Stop) -> int:
     """Several ranks on this machine, each through `python -m launcher.rank` like a Slurm task.
 
     A replica lost while serving (replicas > 1) is reported and the rest go on serving, as on Slurm."""
+    from launcher.logtext import log_excerpt
     from launcher.triage import describe_lost
-    from launcher.triton import log_excerpt
 
     reported_lost: set = set()
 
@@ -326,8 +328,8 @@ class LocalScheduler(Scheduler):
         """The foreground server as a child process group (a sweep's server): `python -m launcher.schedulers.local
         RUN_DIR` serves the spec written there; returns once it serves, its output in llmlaunch.log."""
         from launcher.errors import LaunchError
+        from launcher.logtext import log_excerpt
         from launcher.models import resolve_model
-        from launcher.triton import log_excerpt
 
         spec = resolve_model(request.spec, say)  # the child finds the same cached model; we learn its tokenizer
         run = RunDir(request.run_dir).write_spec(spec)

@@ -29,7 +29,7 @@ def say(msg: str) -> None:
 
 
 def _rank_log_tails(run: RunDir, job_id: str, lines: int = 12) -> str:
-    from launcher.triton import log_excerpt
+    from launcher.logtext import log_excerpt
 
     parts = []
     for log in run.slurm_rank_logs(job_id):

@@ -112,7 +112,8 @@ def hf_server(
     from launcher import pbtxt
     from launcher.hf.args import ARGS_FILE, HFEngineArgs
     from launcher.paths import REPO_SOURCES
-    from launcher.triton import TritonServer, resolve_tritonserver, server_env
+    from launcher.triton import TritonServer
+    from launcher.triton_install import resolve_tritonserver, server_env
 
     repo = Path(workdir) / "model_repository"
     (repo / model / "1").mkdir(parents=True, exist_ok=True)
@@ -248,17 +249,17 @@ def serve(repo: Path, timeout: float = 60.0, log_verbose: int = 0):
     lt = None
     if not os.environ.get("LLMLAUNCH_TEST_OWN_SERVER"):
         try:
-            from launcher import triton as lt
+            from launcher import triton as lt, triton_install
         except ImportError:
             lt = None
     if lt is not None:  # the project's own server handling
-        install = lt.resolve_tritonserver()
+        install = triton_install.resolve_tritonserver()
         argv = [install.binary, *common]
         if install.backend_directory:
             argv.append(f"--backend-directory={install.backend_directory}")
         with lt.TritonServer(
             argv,
-            env=lt.server_env(install),
+            env=triton_install.server_env(install),
             log_path=log,
             grpc_url=url,
             model=models[0],

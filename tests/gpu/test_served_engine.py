@@ -31,7 +31,8 @@ PROMPT = "The history of the city begins with a small harbour where fishermen tr
 
 @pytest.fixture(scope="module")
 def server():
-    from launcher.client import default_model, parse_url
+    from launcher.client.connection import parse_url
+    from launcher.client.control import default_model
 
     url = parse_url(URL)
     return SimpleNamespace(grpc_url=url, model=default_model(url))

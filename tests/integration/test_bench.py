@@ -309,7 +309,7 @@ def test_ignore_eos_enforces_output_length(url, tmp_path):
     # this fixture model's config does not say it honours final_counts_only (contract.HONOURED_PARAMETERS_KEY), so the
     # default does not send it: some models fail a request on a parameter they do not know
     assert "final_counts_only" not in forced["config"]["request"]["parameters"], forced["config"]["request"]
-    from launcher.client import honoured_parameters
+    from launcher.client.control import honoured_parameters
 
     assert honoured_parameters(url, "timed") == frozenset() == honoured_parameters(url, "no_such_model")
 
@@ -323,7 +323,7 @@ def test_closed_loop_client_processes_share_one_queue_of_requests(url):
     1, 3, 5, 7 short (2): the process that sent request 1 is free long before the one that sent request 0, so it sends
     request 2 too (dealt i % 2, request 2 would wait for request 0's process).  Each request is sent exactly once."""
     from launcher.bench.runner import Job, LoadSpec, run_load, share
-    from launcher.client import Generation
+    from launcher.client.request import Generation
 
     assert [share(8, r, 3) for r in range(3)] == [3, 3, 2] and share(None, 0, 2) is None
     gens = [Generation(prompt=f"request {i}", max_tokens=30 if i % 2 == 0 else 2, ignore_eos=True) for i in range(8)]

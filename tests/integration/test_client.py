@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.client import Generation
+from launcher.client.request import Generation
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -58,7 +58,8 @@ def test_stream_reads_text_wherever_the_final_response_puts_it():
 
     from tritonclient.grpc import service_pb2
 
-    from launcher.client import StreamRecord, TritonStream
+    from launcher.client.response import StreamRecord
+    from launcher.client.stream import TritonStream
 
     def response(outputs, final):
         r = service_pb2.ModelStreamInferResponse()
@@ -192,7 +193,7 @@ def test_cli_prompts_file_with_failures_exits_1(url, tmp_path):
 
 @pytest.mark.triton
 def test_library_records_every_response_and_empty_final(url):
-    from launcher.client import generate, generate_many
+    from launcher.client.stream import generate, generate_many
 
     rec = generate(url, "timed", Generation("a b c d", max_tokens=4), parameters={"inter_token_delay_ms": 1})
     assert (rec.text, rec.input_tokens, rec.output_tokens, rec.finish_reason, rec.error) == (
@@ -235,7 +236,9 @@ def test_cli_unreachable_server_exits_1():
 def _emitter_request(url: str, n: int, pieces: int):
     """One streamed request of n responses to the emitter fixture; checks the text of every response but the last
     (piece i is " t<i % pieces>"; RuntimeError names the first that carries another) and the final count."""
-    from launcher.client import Generation, StreamRecord, TritonStream, build_request
+    from launcher.client.request import Generation, build_request
+    from launcher.client.response import StreamRecord
+    from launcher.client.stream import TritonStream
 
     with TritonStream(url) as stream:
         rec = stream.submit(build_request("emitter", Generation("a b c", n, stream=True), "r0"), StreamRecord("r0"))
@@ -275,11 +278,7 @@ def _triton_benchmark(name: str):
     """benchmark/<name>.py as a module, for a test that runs it in a real tritonserver (skipped without one)."""
     if importlib.util.find_spec("pytriton") is None:
         pytest.skip("needs nvidia-pytriton (tritonserver)")
-    sys.path.insert(0, str(ROOT / "benchmark"))
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(ROOT / "benchmark"))
+    return importlib.import_module(f"benchmark.{name}")
 
 
 @pytest.mark.triton
@@ -292,7 +291,9 @@ def test_first_response_splits_the_serving_path(tmp_path):
     import json
 
     first_response = _triton_benchmark("first_response")
-    from launcher.client import Generation, StreamRecord, TritonStream, build_request
+    from launcher.client.request import Generation, build_request
+    from launcher.client.response import StreamRecord
+    from launcher.client.stream import TritonStream
     from launcher.testing.serve import serve
 
     variants = list(first_response.VARIANTS)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.triton import free_port
+from launcher.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -86,7 +86,8 @@ def test_llmlaunch_with_no_arguments_serves_smollm2_and_it_knows_the_capital_of_
     answers "What is the capital of France?" sent through its chat template over KServe gRPC."""
     from transformers import AutoTokenizer
 
-    from launcher.client import Generation, generate
+    from launcher.client.request import Generation
+    from launcher.client.stream import generate
 
     server = Served(tmp_path, "serve.ready_timeout_s=600")
     try:

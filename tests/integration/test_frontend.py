@@ -53,9 +53,9 @@ class Backend:
         self.server = None
 
     def start(self) -> "Backend":
-        from launcher import triton as lt
+        from launcher import triton as lt, triton_install
 
-        install = lt.resolve_tritonserver()
+        install = triton_install.resolve_tritonserver()
         prefix = f"llfe{os.getpid()}{self.name}{self.port}_"
         argv = [
             install.binary,
@@ -71,7 +71,7 @@ class Backend:
         log = self.tmp / f"{self.name}.{time.monotonic_ns()}.log"
         self.server = lt.TritonServer(
             argv,
-            env=lt.server_env(install),
+            env=triton_install.server_env(install),
             log_path=log,
             grpc_url=url,
             model="frontend_echo",
@@ -208,7 +208,8 @@ def mixed_stream(c, prefix: str, empty_final: bool) -> list:
 
 def submit_all(url: str, model: str, ids, max_tokens: int, parameters=None):
     """One launcher.client stream carrying every request; returns (stream, records)."""
-    from launcher.client import Generation, TritonStream, build_request
+    from launcher.client.request import Generation, build_request
+    from launcher.client.stream import TritonStream
 
     stream = TritonStream(url)
     recs = [
@@ -251,7 +252,9 @@ def backends(backend_pool):
 def test_tritonclient_control_and_infer_calls_work_through_it(backends):
     import tritonclient.grpc as grpcclient
 
-    from launcher.client import Generation, default_model, generate, list_models
+    from launcher.client.control import default_model, list_models
+    from launcher.client.request import Generation
+    from launcher.client.stream import generate
 
     with Front(backends) as fe:
         c = grpcclient.InferenceServerClient(fe.url)
@@ -299,7 +302,7 @@ def test_tritonclient_control_and_infer_calls_work_through_it(backends):
 
 def test_64_concurrent_streams_complete_and_replicas_share_the_load(backends):
     from launcher.bench.runner import Job, LoadSpec, run_load
-    from launcher.client import Generation
+    from launcher.client.request import Generation
 
     with Front(backends) as fe:
         # paced tokens (the model sleeps between them), so both replicas run at about the same speed and
@@ -406,7 +409,8 @@ def test_cancelling_or_dropping_the_client_stream_cancels_the_backend_requests(b
         # 2. the client process dies without a word: same
         code = (
             "import sys, time; sys.path.insert(0, %r)\n"
-            "from launcher.client import Generation, TritonStream, build_request\n"
+            "from launcher.client.request import Generation, build_request\n"
+            "from launcher.client.stream import TritonStream\n"
             "s = TritonStream(%r)\n"
             "s.submit(build_request('frontend_marker', Generation('x', max_tokens=1000), 'dropped', {'inter_token_delay_ms': 20}))\n"
             "time.sleep(120)\n"
@@ -498,14 +502,16 @@ def test_no_replica_up_is_an_error_per_request_not_a_hang(tmp_path):
 
 
 def test_worker_processes_share_the_port_and_sum_their_counters(backends):
-    from launcher.client import Generation, generate
+    from launcher.client.request import Generation
+    from launcher.client.stream import generate
 
     with Front(backends, processes=2) as fe:
         # two client connections with 3 long requests each: whichever workers get them, the replicas
         # get 3 each (the workers share their in-flight counts)
         code = (
             "import sys, time; sys.path.insert(0, %r)\n"
-            "from launcher.client import Generation, TritonStream, build_request\n"
+            "from launcher.client.request import Generation, build_request\n"
+            "from launcher.client.stream import TritonStream\n"
             "s = TritonStream(%r)\n"
             "recs = [s.submit(build_request('frontend_marker', Generation('x', max_tokens=60), sys.argv[1] + str(i), {'inter_token_delay_ms': 50})) for i in range(3)]\n"
             "[s.wait(r) for r in recs]\n"
@@ -523,7 +529,7 @@ def test_worker_processes_share_the_port_and_sum_their_counters(backends):
         assert [len(x) for x in on] == [3, 3], on
         # separate client processes: separate connections, which the kernel spreads over the workers
         code = (
-            "import sys; sys.path.insert(0, %r)\nfrom launcher.client import Generation, generate\nassert generate(%r, 'timed', Generation('a b', max_tokens=4)).output_tokens == 4\n"
+            "import sys; sys.path.insert(0, %r)\nfrom launcher.client.request import Generation\nfrom launcher.client.stream import generate\nassert generate(%r, 'timed', Generation('a b', max_tokens=4)).output_tokens == 4\n"
             % (str(ROOT), fe.url)
         )
         clients = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(6)]
@@ -556,7 +562,9 @@ def test_frontend_refuses_a_taken_port(backends):
 def test_the_drain_notice_refuses_new_requests_naming_why_while_running_ones_finish(backends, processes, monkeypatch):
     """What rank 0 does at the time limit (launcher/rank/drain.py): new requests on an open stream get an error
     naming the reason, a new stream UNAVAILABLE with it, and the request already running completes."""
-    from launcher.client import ClientError, Generation, TritonStream, build_request, generate
+    from launcher.client.connection import ClientError
+    from launcher.client.request import Generation, build_request
+    from launcher.client.stream import TritonStream, generate
     from launcher.rank.drain import REASON_ENV
 
     reason = "job 7 is draining at its Slurm time limit: requests in flight finish, new ones are refused"
@@ -675,8 +683,9 @@ def test_a_replica_whose_port_is_taken_before_its_server_binds_it_retries_on_fre
     process listen on that server's gRPC port first: the condition is staged, the server is real."""
     import shlex
 
-    from launcher.client import Generation, generate
-    from launcher.triton import _wheel_install
+    from launcher.client.request import Generation
+    from launcher.client.stream import generate
+    from launcher.triton_install import _wheel_install
 
     inst = _wheel_install()
     if inst is None:
@@ -722,7 +731,8 @@ def test_llmlaunch_replicas_2_on_this_machine_serves_through_the_front_end(tmp_p
     """Also engine.stream_interval_ms from the command line to the engine process: a stream's tokens come merged into
     fewer responses (one a token without it), and the text is the one a whole answer has (that its first token never
     waits: tests/integration/test_hf_engine.py::test_engine_process_matches_engine)."""
-    from launcher.client import Generation, generate
+    from launcher.client.request import Generation
+    from launcher.client.stream import generate
 
     job = LocalLaunch(tmp_path, "engine.stream_interval_ms=100")
     try:
@@ -809,7 +819,8 @@ def test_llmlaunch_fails_when_the_openai_api_dies(tmp_path, tiny_model_dir):
 
 def test_llmlaunch_keeps_serving_when_replica_1_is_lost(tmp_path, tiny_model_dir):
     """cluster=local follows the Slurm rule: a replica lost while serving is reported, the rest serve on."""
-    from launcher.client import Generation, generate
+    from launcher.client.request import Generation
+    from launcher.client.stream import generate
     from tests.integration.test_slurm_launch import server_pid
 
     job = LocalLaunch(tmp_path)
@@ -838,7 +849,8 @@ def test_llmlaunch_keeps_serving_when_replica_1_is_lost(tmp_path, tiny_model_dir
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root (the local Slurm cluster)")
 def test_slurm_replicas_2_nodes_2_one_endpoint(local_slurm, tmp_path):
     from launcher.cli import plan
-    from launcher.client import Generation, generate
+    from launcher.client.request import Generation
+    from launcher.client.stream import generate
     from launcher.models import resolve_model
     from launcher.schedulers import slurm, slurm_jobs
 

@@ -126,7 +126,7 @@ def test_group_first_chunks():
 
 
 def test_prompt_graph_padding_equals_the_unpadded_step(tiny_model_dir):
-    """What a prompt graph replays (hf_graphs.PromptGraphs.body: one prompt padded to its bucket, pads writing to
+    """What a prompt graph replays (launcher.hf.graphs.prompt.PromptGraphs.body: one prompt padded to its bucket, pads writing to
     the spare slot, the last real token's logits kept) gives the logits and cache of the unpadded eager step.
     CUDA graphs need a GPU; the padded body runs here eagerly, as the capture records it (benchmark/gpu/
     decode_bandwidth.py checks greedy tokens through the captured graphs on one)."""
@@ -209,7 +209,7 @@ def test_which_steps_replay_a_prompt_graph(tiny_model_dir):
 
 
 def test_mixed_graph_body_equals_the_eager_step(tiny_model_dir):
-    """What a mixed graph replays (hf_graphs.MixedGraphs.body: decode rows padded to their bucket by slot, then whole
+    """What a mixed graph replays (launcher.hf.graphs.mixed.MixedGraphs.body: decode rows padded to their bucket by slot, then whole
     prompts packed and padded, each causal over its own tokens) gives the logits and cache of the unpadded eager
     step, in the step's row order, also with the decode tokens handed over on the device (a step queued ahead).
     CUDA graphs need a GPU; the body runs here eagerly, as the capture records it (benchmark/gpu/decode_bandwidth.py
@@ -413,7 +413,7 @@ def test_a_few_prompts_go_alone_through_their_graphs_a_wave_goes_together(tiny_m
 
 
 def test_wave_graph_padding_equals_the_unpadded_step(tiny_model_dir):
-    """What a wave graph replays (hf_graphs.WaveGraphs.body: several whole prompts, each in a row padded to the
+    """What a wave graph replays (launcher.hf.graphs.prompt.WaveGraphs.body: several whole prompts, each in a row padded to the
     bucket, rows past them padding only, pads writing to the spare slot, each row's last real token kept) gives the
     logits and cache of the unpadded eager step.  The padded body runs here eagerly, as the capture records it
     (benchmark/gpu/decode_bandwidth.py checks greedy tokens through the captured graphs on a GPU)."""
@@ -677,7 +677,7 @@ def test_compiled_model_equals_generate_and_compiles_only_at_start(tiny_model_di
     eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=4, prefill_chunk=7, torch_compile="true").start()
     try:
         assert eng.runner.use_compile, eng.runner.compile_error
-        from launcher.hf.engine import describe_features
+        from launcher.hf.reporting import describe_features
 
         assert describe_features(eng.features).startswith("torch_compile on (")
         # what Inductor compiled is kept in the llmlaunch cache (shared by a cluster's nodes), not in /tmp
@@ -704,7 +704,7 @@ def test_compiled_model_equals_generate_and_compiles_only_at_start(tiny_model_di
 def test_prompts_are_encoded_by_the_backend_with_the_tokenizer_calls_ids_and_fall_back_where_they_could_differ(
     engine, tiny_model_dir
 ):
-    """hf_encode.PromptEncoder: a fast tokenizer's prompts go straight to the tokenizers backend's `encode_batch`
+    """launcher.hf.encode.PromptEncoder: a fast tokenizer's prompts go straight to the tokenizers backend's `encode_batch`
     (which gives the GIL up while it encodes, as the tokenizer's call does, without the call's Python around it), and
     the ids are the tokenizer call's.  Where they could differ (truncation set on the backend by
     another caller, a tokenizer class whose call does more than the backend) prompts go through the call, and the
@@ -712,7 +712,7 @@ def test_prompts_are_encoded_by_the_backend_with_the_tokenizer_calls_ids_and_fal
     from transformers import AutoTokenizer
 
     from launcher.hf.encode import PROBES, PromptEncoder
-    from launcher.hf.engine import describe_features
+    from launcher.hf.reporting import describe_features
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     enc = PromptEncoder(tok)
@@ -771,7 +771,7 @@ def test_a_model_that_cannot_be_compiled_still_serves(tiny_model_dir, reference,
     """torch.compile failing (no C compiler, an op Inductor cannot lower...) must not stop the engine: it
     says why (compile_error, the server's READY line) and serves uncompiled.  The failure is injected at
     torch.compile's boundary: a compiled function that raises when first called, as Inductor does."""
-    from launcher.hf.engine import describe_features
+    from launcher.hf.reporting import describe_features
 
     def failing_compile(fn, **kwargs):
         def compiled(*args, **kw):
@@ -1495,7 +1495,8 @@ def test_overhead_benchmark_with_output_lengths_of_their_own(tiny_model_dir):
 
     args = [
         sys.executable,
-        "benchmark/overhead.py",
+        "-m",
+        "benchmark.overhead",
         "--model",
         str(tiny_model_dir),
         "--paths",
@@ -1535,7 +1536,8 @@ def test_overhead_benchmark_stopped_by_sigterm_prints_the_loads_it_finished(tiny
 
     args = [
         sys.executable,
-        "benchmark/overhead.py",
+        "-m",
+        "benchmark.overhead",
         "--model",
         str(tiny_model_dir),
         "--paths",
@@ -1635,7 +1637,8 @@ def test_overhead_benchmark_open_loop_gives_every_path_the_same_arrivals(tiny_mo
         pytest.skip("needs nvidia-pytriton (tritonserver)")
     args = [
         sys.executable,
-        "benchmark/overhead.py",
+        "-m",
+        "benchmark.overhead",
         "--model",
         str(tiny_model_dir),
         "--paths",

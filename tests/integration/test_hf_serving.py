@@ -18,7 +18,7 @@ np = pytest.importorskip("numpy")
 grpcclient = pytest.importorskip("tritonclient.grpc")
 pytest.importorskip("torch")
 
-from launcher.client import Generation, build_inputs  # noqa: E402
+from launcher.client.request import Generation, build_inputs  # noqa: E402
 from launcher.testing.serve import hf_server  # noqa: E402
 
 MODEL = "hf_model"
@@ -242,8 +242,9 @@ def test_optional_inputs_are_accepted(stream):
 def test_final_counts_only_sends_text_alone_until_the_last_response(server, stream):
     """Request parameter final_counts_only: every streamed response but the last carries text_output alone, the
     last all four outputs; the text and the counts are those of a request without it.  The benchmark's client
-    (launcher.client.TritonStream, what `llmlaunch-bench --final-counts-only` uses) reads it the same way."""
-    from launcher.client import TritonStream, build_request
+    (launcher.client.stream.TritonStream, what `llmlaunch-bench --final-counts-only` uses) reads it the same way."""
+    from launcher.client.request import build_request
+    from launcher.client.stream import TritonStream
 
     gen = Generation(PROMPT, max_tokens=24, stream=True, ignore_eos=True)
     plain, err = stream.run(gen)
@@ -575,13 +576,13 @@ def test_generate_endpoint_passes_final_counts_only(server):
 
 def test_bench_final_counts_only_measures_the_same_tokens(server, tmp_path):
     """llmlaunch-bench and final_counts_only: the hf model's config says it honours the parameter
-    (launcher.client.honoured_parameters), so by default a streamed run asks for it; --no-final-counts-only and
-    --no-stream do not, --final-counts-only does, and --request-param final_counts_only=... wins.  The server's counts
+    (launcher.client.control.honoured_parameters), so by default a streamed run asks for it; --no-final-counts-only
+    and --no-stream do not, --final-counts-only does, and --request-param final_counts_only=... wins.  The server's counts
     still reach every request's figures (from its final response), and every token's time is measured either way."""
     import json
 
     from launcher.bench.cli import main
-    from launcher.client import honoured_parameters
+    from launcher.client.control import honoured_parameters
 
     assert honoured_parameters(server.grpc_url, MODEL) == frozenset({"final_counts_only"})
     docs = []

@@ -82,7 +82,7 @@ def _result(proc: subprocess.Popen, timeout: float = 180, ahead: list | None = N
 def test_tp2_engine_equals_tp1_greedy(tiny_model_dir):
     """The leader launches decode steps ahead and sends their tokens to the worker as a tensor (gloo here, NCCL on
     GPUs); other steps' tokens come in their broadcast StepInputs."""
-    from launcher.triton import free_port
+    from launcher.ports import free_port
 
     ref = _result(_rank("leader", 1, 0, tiny_model_dir))
     port = free_port()
@@ -106,7 +106,7 @@ def test_tp2_engine_equals_tp1_greedy(tiny_model_dir):
 def test_ranks_with_different_settings_fail_at_warm_up_on_both_sides(tiny_model_dir):
     """Ranks compare their warm-up plans (compile, graphs, cache shape) before any collective step: a worker started
     with another max_model_len would otherwise run steps whose shapes, or on a GPU whose graphs, its peer lacks."""
-    from launcher.triton import free_port
+    from launcher.ports import free_port
 
     port = free_port()
     worker = _rank("worker", 2, port, tiny_model_dir, env={"TEST_MAX_MODEL_LEN": "64"})
@@ -158,8 +158,10 @@ def test_llmlaunch_tp2_local_serves_generate_greedy_and_sigint_cleans_up(tiny_mo
     pytest.importorskip("tritonclient.grpc")
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from launcher.client import Generation, generate
-    from launcher.triton import free_port, resolve_tritonserver
+    from launcher.client.request import Generation
+    from launcher.client.stream import generate
+    from launcher.ports import free_port
+    from launcher.triton_install import resolve_tritonserver
 
     try:
         resolve_tritonserver()
@@ -314,7 +316,7 @@ os.kill(os.getpid(), 19)  # SIGSTOP: a hung leader
 
 def test_idle_leader_keeps_workers_alive_and_a_hung_leader_fails_them(tiny_model_dir):
     """Heartbeats cover idle time; a leader that stops answering fails the worker within the timeout."""
-    from launcher.triton import free_port
+    from launcher.ports import free_port
 
     port = free_port()
     procs = [
@@ -345,7 +347,8 @@ def test_tp_graphs_benchmark_runs_its_ranks_and_reports(tiny_model_dir, tmp_path
     proc = subprocess.run(
         [
             sys.executable,
-            "benchmark/gpu/tp_graphs.py",
+            "-m",
+            "benchmark.gpu.tp_graphs",
             "--model",
             str(tiny_model_dir),
             "--device",
@@ -394,7 +397,7 @@ def test_tp_graphs_benchmark_runs_its_ranks_and_reports(tiny_model_dir, tmp_path
 
 def test_tp_graphs_benchmark_names_a_bad_config():
     proc = subprocess.run(
-        [sys.executable, "benchmark/gpu/tp_graphs.py", "--model", "x", "--configs", "tp2-fast"],
+        [sys.executable, "-m", "benchmark.gpu.tp_graphs", "--model", "x", "--configs", "tp2-fast"],
         cwd=ROOT,
         capture_output=True,
         text=True,

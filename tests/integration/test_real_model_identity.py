@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.triton import free_port
+from launcher.ports import free_port
 from tests.integration.test_default_model import Served
 
 openai = pytest.importorskip("openai")
@@ -52,7 +52,8 @@ def reference(smollm2_dir):
 
 @pytest.mark.timeout(900)
 def test_every_protocol_answers_as_transformers_generate_does(tmp_path, smollm2_dir, reference):
-    from launcher.client import Generation, generate
+    from launcher.client.request import Generation
+    from launcher.client.stream import generate
 
     port = free_port()
     server = Served(tmp_path, f"serve.openai_port={port}", "serve.ready_timeout_s=600")

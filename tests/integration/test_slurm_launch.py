@@ -157,7 +157,8 @@ def assert_failed_in_sacct(job_id):
 
 def assert_serves_on(ep, job_id, run):
     """After a replica loss: new requests succeed through the front end and the job still runs, with no failure record."""
-    from launcher.client import Generation, generate
+    from launcher.client.request import Generation
+    from launcher.client.stream import generate
     from launcher.schedulers import slurm_jobs
 
     for i in range(4):
@@ -302,7 +303,8 @@ def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_pa
     """replicas=2 over two nodes, 16 long streams through the front end, replica 1's tritonserver killed
     mid-run: its requests fail naming it, replica 0's complete, later requests all succeed, the job
     stays RUNNING with the loss recorded and shown; then it stops clean."""
-    from launcher.client import Generation, TritonStream, build_request
+    from launcher.client.request import Generation, build_request
+    from launcher.client.stream import TritonStream
     from launcher.schedulers import slurm_jobs
 
     spec, job_id, run, ep = launch(tmp_path, "replicas=2", "nodes=2")
@@ -573,8 +575,10 @@ def test_static_sbatch_pair_serves_hf_on_the_local_cluster(local_slurm, tmp_path
     """`sbatch sbatch/tensorrt_llm_triton.sub` as people submit it by hand; environment variables select
     the engine (hf) and the paths; #SBATCH lines overridden on the command line for this cluster."""
     from launcher.models import resolve_model
+    from launcher.ports import free_port
     from launcher.render import PACKAGE_ROOT
-    from launcher.triton import free_port, probe_request, resolve_tritonserver, server_env
+    from launcher.triton import probe_request
+    from launcher.triton_install import resolve_tritonserver, server_env
 
     cfg, spec = plan(["cluster=local_slurm", "engine=hf", "model=tiny"])
     spec = resolve_model(spec)

@@ -1,4 +1,4 @@
-"""Real sweeps (`llmlaunch -m ... bench=<profile>`, launcher/sweep.py) on the local Slurm cluster and on this
+"""Real sweeps (`llmlaunch -m ... bench=<profile>`, launcher/sweep/) on the local Slurm cluster and on this
 machine (cluster=local). The pure planning functions and the dry run: tests/unit/test_sweep_planning.py."""
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def test_slurm_failed_points_leave_failure_json_and_the_others_complete(local_sl
 @pytest.mark.triton
 @pytest.mark.timeout(600)
 def test_local_sweep_one_server_two_points(tmp_path):
-    from launcher.triton import free_port
+    from launcher.ports import free_port
 
     sweep_dir = tmp_path / "sweep"
     ports = [

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.triton import free_port
+from launcher.ports import free_port
 from tests.integration.test_default_model import ROOT, Served
 
 PHASES = ("queue_s", "ranks_s", "server_s", "load_s", "endpoint_s", "first_token_s", "frontend_s")
@@ -77,7 +77,8 @@ def test_local_launch_prints_its_time_to_ready_and_relaunches_from_its_record(tm
     again = Served(tmp_path, "--from-record", str(record_path), "replicas=2", *_ports())
     try:
         said = again.ready(timeout=360)
-        from launcher.client import Generation, generate
+        from launcher.client.request import Generation
+        from launcher.client.stream import generate
 
         out = generate(said["endpoint"], said["model"], Generation("Hello", max_tokens=4, ignore_eos=True))
         assert not out.error and out.output_tokens == 4

@@ -1,6 +1,6 @@
 """A job at its Slurm time limit on the local cluster (a two-minute limit): Slurm signals it ahead, the front ends
 refuse new requests naming why (gRPC UNAVAILABLE, HTTP 503) while those in flight finish, every rank exits 0, and
-with requeue=true the job serves again in a new allocation, where llmlaunch-status finds it."""
+with requeue=true the job serves again in a new allocation, where llmlaunch-status finds it; and again at the next limit."""
 
 import json
 import os
@@ -12,13 +12,14 @@ import pytest
 
 from launcher.cli import plan
 from launcher.rundir import RunDir
+from launcher.schedulers import slurm_jobs
 from tests.integration.test_slurm_launch import assert_shm_gone, greedy, sacct_end, stop
 from tests.slurm_fixture import NOT_ROOT_REASON
 
 pytestmark = [
     pytest.mark.slurm,
     pytest.mark.skipif(os.geteuid() != 0, reason=NOT_ROOT_REASON),
-    pytest.mark.timeout(600),
+    pytest.mark.timeout(900),
 ]
 
 REASON = "is draining at its Slurm time limit"
@@ -35,10 +36,24 @@ def openai_completion(url, model):
         return e.code, e.read().decode()
 
 
+def serving_again(run, job_id, token, timeout_s=300):
+    """The endpoint a requeued job's next allocation serves at (its rendezvous token is a new one)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        again = run.read_endpoint()
+        if again is not None and again["token"] != token:
+            return again
+        assert time.monotonic() < deadline, f"not serving again; {slurm_jobs.status(job_id)[1]}"
+        time.sleep(1)
+
+
 def test_a_job_at_its_time_limit_drains_requeues_and_serves_again(local_slurm, tmp_path):
-    from launcher.client import ClientError, Generation, StreamRecord, TritonStream, build_request, generate
+    from launcher.client.connection import ClientError
+    from launcher.client.request import Generation, build_request
+    from launcher.client.response import StreamRecord
+    from launcher.client.stream import TritonStream, generate
     from launcher.models import resolve_model
-    from launcher.schedulers import slurm, slurm_jobs
+    from launcher.schedulers import slurm
 
     cfg, spec = plan(
         [
@@ -105,14 +120,7 @@ def test_a_job_at_its_time_limit_drains_requeues_and_serves_again(local_slurm, t
                 assert not rec.error and rec.output_tokens == 48, (rec.request_id, rec.error, rec.output_tokens)
         stream.close()
         # every rank of the first allocation exits 0, then the batch script requeues the job: a new endpoint
-        first_token = ep["token"]
-        deadline = time.monotonic() + 300
-        while True:
-            again = run.read_endpoint()
-            if again is not None and again["token"] != first_token:
-                break
-            assert time.monotonic() < deadline, f"not serving again; {slurm_jobs.status(job_id)[1]}"
-            time.sleep(1)
+        again = serving_again(run, job_id, ep["token"])
         for rank in (
             0,
             1,
@@ -120,13 +128,20 @@ def test_a_job_at_its_time_limit_drains_requeues_and_serves_again(local_slurm, t
             assert "stopped (signal 12), status 0" in run.slurm_rank_log(job_id, rank).read_text(errors="replace"), rank
         code, st = slurm_jobs.status(job_id)
         assert code == 0 and "state: RUNNING" in st and f"endpoint: {again['url']}" in st, st
-        assert (
-            "allocation 0 drained at its time limit at " in st and "requeued; serving again at the endpoint above" in st
-        ), st
+        assert "allocation 0 drained at its time limit at " in st, st
+        assert "requeued; serving again at the endpoint above" in st, st
         assert greedy(again["url"], again["model"])[1] == 8
+        # the second allocation reaches its time limit too: it drains under its own record and is requeued again
+        third = serving_again(run, job_id, again["token"])
+        assert [w["attempt"] for w in run.walltime_records()] == [0, 1]
+        code, st = slurm_jobs.status(job_id)
+        assert code == 0 and f"endpoint: {third['url']}" in st and "allocation 1 drained at its time limit at " in st, (
+            st
+        )
+        assert greedy(third["url"], third["model"])[1] == 8
         stop(job_id)  # drained by llmlaunch-stop: no walltime record for this allocation, so no requeue
         assert sacct_end(job_id) == ("COMPLETED", "0:0")
-        assert [w["attempt"] for w in run.walltime_records()] == [0]
+        assert [w["attempt"] for w in run.walltime_records()] == [0, 1]
     finally:
         stop(job_id)
     assert_shm_gone(job_id)

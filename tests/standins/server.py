@@ -41,7 +41,9 @@ def serve(
     pythonpath: Iterable[str] = (),
 ):
     """Yield the gRPC url of a tritonserver that loaded `models` from `repo` (explicit model control)."""
-    from launcher.triton import TritonServer, free_port, resolve_tritonserver, server_env
+    from launcher.ports import free_port
+    from launcher.triton import TritonServer
+    from launcher.triton_install import resolve_tritonserver, server_env
 
     install = resolve_tritonserver()
     prefix = f"llmt{os.getpid()}{uuid.uuid4().hex[:6]}_"

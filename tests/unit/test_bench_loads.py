@@ -3,7 +3,7 @@ benchmark scripts. llmlaunch-bench against a real tritonserver: tests/integratio
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import random
 import statistics
@@ -139,17 +139,13 @@ def test_load_spec_rejects_nonsense():
         LoadSpec(concurrency=1, burstiness=0).check()
 
 
-def _script(*parts: str):
-    """A script under benchmark/ (not a package), loaded as a module to test its pure functions."""
-    path = Path(__file__).parents[2] / "benchmark" / Path(*parts)
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _script(name: str):
+    """A benchmark script's module (benchmark.<name>), imported to test its pure functions."""
+    return importlib.import_module(f"benchmark.{name}")
 
 
 def test_profile_wrapper_translates_seed_command_line(tmp_path):
-    mod = _script("profile_triton_python_backend.py")
+    mod = _script("profile_triton_python_backend")
     argv = mod.translate(["0.0.0.0:33337", "sglang_model", "sg.json", "--num_prompts", "1000", "--concurrency=128"])
     assert argv[:4] == ["--url", "0.0.0.0:33337", "--dataset", "sg.json"]
     assert "--model" in argv and argv[argv.index("--model") + 1] == "sglang_model"
@@ -163,7 +159,7 @@ def test_multi_gpu_verdict_allows_greedy_differences_only_across_tp_sizes_in_bf1
     """benchmark/gpu/multi_gpu.py's exit status: a bf16 tp=2 that picks another near-tie than tp=1 is a note; the same
     difference in float32, or a layout that differs from the first of its tp size (replicas of tp=1 against tp=1) in
     any dtype, fails the run, as do failed requests and layouts that did not start."""
-    mod = _script("gpu", "multi_gpu.py")
+    mod = _script("gpu.multi_gpu")
     rows = [{"layout": n, "failed": 0} for n in ("tp1", "tp2", "rep2")]
 
     texts = {"tp1": "a b c", "tp2": "a b d", "rep2": "a b c"}
@@ -200,7 +196,7 @@ def test_multi_gpu_bench_spreads_the_load_over_client_processes():
     processes (one cannot keep up with 128 streams), never more than the requests in flight, one stream each."""
     import argparse
 
-    mod = _script("gpu", "multi_gpu.py")
+    mod = _script("gpu.multi_gpu")
     assert mod.client_processes(0, 128, 32) == 8 and mod.client_processes(0, 1, 32) == 1
     assert mod.client_processes(0, 128, 2) == 1 and mod.client_processes(12, 128, 2) == 12
     assert mod.client_processes(12, 4, 32) == 4
@@ -293,11 +289,11 @@ def test_overhead_loads_repeat_each_load_per_client_process_count():
 
 
 def test_overhead_table_has_a_line_per_load():
-    """benchmark/overhead.py's table: a line per load (an open loop labelled by its rate, a closed one C=N) with each
+    """benchmark/overhead.py's table (benchmark/overhead_report.py): a line per load (an open loop labelled by its rate, a closed one C=N) with each
     path's tokens/s and ratio to in-process, the TTFT serving adds as the JSON has it, the served first token's
     parts, ITL and requests in flight in-process / served, and the server's CPU a token by role; "-" where a run has
     no figure.  Without the served path the served columns are left out."""
-    mod = _script("overhead.py")
+    mod = _script("overhead_report")
 
     def path(prefix, tps, p50, itl, in_flight):
         return {
@@ -419,7 +415,7 @@ def test_dataset_synthetic_names_the_synthetic_kind_unless_such_a_file_is_there(
 
 
 def test_reported_tokens_are_the_servers_counts_where_it_sends_them():
-    from launcher.client import StreamRecord
+    from launcher.client.response import StreamRecord
 
     def payload(text: str) -> bytes:  # a raw BYTES tensor of one element, as the client receives text_output
         return len(text.encode()).to_bytes(4, "little") + text.encode()

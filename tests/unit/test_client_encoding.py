@@ -8,7 +8,8 @@ import struct
 import pytest
 
 from launcher import contract
-from launcher.client import Generation, build_inputs, build_request, encode_inputs, parse_url
+from launcher.client.connection import parse_url
+from launcher.client.request import Generation, build_inputs, build_request, encode_inputs
 
 
 @pytest.mark.parametrize(

@@ -406,7 +406,7 @@ def test_ray_worker_waits_for_the_head_then_becomes_ray_start(tmp_path):
 
 def test_ray_worker_gives_up_when_the_head_never_answers(tmp_path):
     ray, record = _fake_ray(tmp_path)
-    from launcher.triton import free_port
+    from launcher.ports import free_port
 
     proc = subprocess.run(
         [

@@ -1,25 +1,21 @@
 """The pure parts of the GPU measurement scripts (benchmark/gpu): they run only on the lent GPU machine, so what
-can be checked without a GPU is checked here: the token-by-token comparison of two servings' greedy answers and
-the startup breakdown read from vLLM's log lines."""
+can be checked without a GPU is checked here: the token-by-token comparison of two servings' greedy answers, the
+startup breakdown read from vLLM's log lines, and that every benchmark script or module the scripts and the docs
+name exists (a stale name in a GPU script would fail only there)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
+import importlib
+import re
 from pathlib import Path
 
 import pytest
 
-GPU = Path(__file__).resolve().parents[2] / "benchmark" / "gpu"
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load(name: str):
-    if str(GPU) not in sys.path:  # serve_bench imports its neighbours (multi_gpu, identity) by name
-        sys.path.insert(0, str(GPU))
-    spec = importlib.util.spec_from_file_location(f"gpu_{name}", GPU / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(f"benchmark.gpu.{name}")
 
 
 class Words:
@@ -79,3 +75,22 @@ def test_startup_breakdown_reads_vllms_log_lines(tmp_path):
         "engine_init_s": 105.57,
     }
     assert serve_bench.startup_breakdown(str(tmp_path / "absent")) == {}
+
+
+# `benchmark/x/y.py` / `.sh` paths and `-m benchmark.x.y` modules, as the shell scripts and docs write them
+_PATH = re.compile(r"benchmark/[\w/]+\.(?:py|sh)")
+_MODULE = re.compile(r"-m (benchmark(?:\.\w+)+)")
+
+
+def test_every_benchmark_path_and_module_named_exists():
+    scripts = [f for f in sorted((ROOT / "benchmark").rglob("*")) if f.suffix in (".py", ".sh")]
+    texts = [*scripts, *sorted((ROOT / "docs").glob("*.md"))]
+    texts += [ROOT / "README.md", ROOT / "benchmark" / "README.md"]
+    missing = []
+    for f in texts:
+        text = f.read_text()
+        missing += [f"{f.relative_to(ROOT)}: {p}" for p in _PATH.findall(text) if not (ROOT / p).is_file()]
+        for m in _MODULE.findall(text):
+            if not (ROOT / (m.replace(".", "/") + ".py")).is_file():
+                missing.append(f"{f.relative_to(ROOT)}: -m {m}")
+    assert missing == []

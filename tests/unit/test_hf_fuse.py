@@ -16,7 +16,8 @@ pytest.importorskip("transformers")
 
 from launcher.hf import fuse as hf_fuse  # noqa: E402
 from launcher.hf.args import HFEngineArgs  # noqa: E402
-from launcher.hf.engine import Engine, SamplingParams, describe_features  # noqa: E402
+from launcher.hf.engine import Engine, SamplingParams  # noqa: E402
+from launcher.hf.reporting import describe_features  # noqa: E402
 
 
 def tiny_config(family: str, vocab: int = 512):

@@ -1,4 +1,4 @@
-"""The CUDA graph families of the hf engine (launcher/hf/graphs.py) through their shared capture and replay.
+"""The CUDA graph families of the hf engine (launcher/hf/graphs/) through their shared capture and replay.
 
 CUDA graphs need a GPU.  Here a stand-in records what a capture records (the body, with the buffers it was captured
 with) and a replay runs that body again into the captured output tensor, which is what a replay computes.  So the
@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from launcher.hf.graphs import GraphFamily  # noqa: E402
+from launcher.hf.graphs.family import GraphFamily  # noqa: E402
 from launcher.hf.runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs  # noqa: E402
 
 

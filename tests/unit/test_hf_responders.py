@@ -1,5 +1,5 @@
-"""The hf model's response threads (model_repository/hf/1/model.py) outside Triton, as many as
-launcher.python_backend.responders gives an engine process on a GPU.
+"""The hf model's response threads (launcher/python_backend/hf_streams.py, in model_repository/hf/1/model.py) outside
+Triton, as many as launcher.python_backend.responders gives an engine process on a GPU.
 
 Triton's `triton_python_backend_utils` exists only inside the python backend stub; here a module of the same name
 records responses, so the receive thread's routing (`_route`) and the responder threads run as they do in the
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("numpy")
-pytest.importorskip("torch")  # model.py imports the engine's describe_features (launcher.hf.engine)
+pytest.importorskip("torch")  # model.py imports the engine's describe_features (launcher.hf.reporting)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,15 +88,16 @@ def model(monkeypatch):
 
 def test_streams_spread_over_the_response_threads_keep_their_responses_whole_and_in_order(model):
     from launcher.hf.outputs import Output
+    from launcher.python_backend.hf_streams import Stream
 
-    module, m = model
+    _, m = model
     assert len(m._queues) == 4 and m._queues[0] is None and len(m._threads) == 3  # shard 0: the receive thread
     senders, shards = {}, {}
     for _ in range(10):  # as execute registers a request: more streams than threads
         m._next_id += 1
         rid = str(m._next_id)
         senders[rid] = _Sender()
-        m._streams[rid] = module._Stream(senders[rid], True, m._shard())
+        m._streams[rid] = Stream(senders[rid], True, m._shard())
         shards[rid] = m._streams[rid].shard
     assert set(shards.values()) == {0, 1, 2, 3}, shards
     steps = 12

@@ -156,7 +156,7 @@ def test_a_command_is_looked_for_on_path(tmp_path):
 
 
 def test_a_sweep_point_that_launches_is_checked_and_a_dry_one_is_not(tmp_path):
-    from launcher.sweep import _validate
+    from launcher.sweep.point import _validate
 
     args = ["bench=sharegpt_small", "model.make=", "model.path=/nonexistent-model"]
     _, problems = _validate(compose(args), plain(compose(args)))

@@ -165,7 +165,7 @@ def test_response_shapes():
 
 @pytest.mark.parametrize("chat", [False, True])
 def test_a_generation_sent_as_a_body_comes_back_the_same(chat):
-    from launcher.client import Generation
+    from launcher.client.request import Generation
 
     gen = Generation(
         "Hello there",

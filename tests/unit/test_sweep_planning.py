@@ -1,4 +1,4 @@
-"""Sweeps (`llmlaunch -m ... bench=<profile>`, launcher/sweep.py): the pure planning functions (launcher/sweep_plan.py)
+"""Sweeps (`llmlaunch -m ... bench=<profile>`, launcher/sweep/): the pure planning functions (launcher/sweep/plan.py)
 and the dry
 run (no cluster, nothing started). The real sweeps on the local Slurm cluster and on this machine:
 tests/integration/test_sweep.py."""
@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher import sweep_plan as sweep
 from launcher.cli import plan
 from launcher.compose import compose
 from launcher.render import client_argv
 from launcher.schedulers.allocation import allocation_problems
+from launcher.sweep import plan as sweep
 
 ROOT = Path(__file__).resolve().parents[2]
 # A tiny load: 4 measured requests of 4 tokens after one warm-up request.
@@ -152,7 +152,7 @@ def test_bench_problems_are_found_before_any_server_starts():
 )
 def test_a_point_with_a_bad_bench_field_fails_validation(override, needle):
     """Each bench field's own domain (launcher/schema.py) is checked with the point's config, beside bench_problems."""
-    from launcher.sweep import _validate
+    from launcher.sweep.point import _validate
 
     cfg = compose(["bench=sharegpt_small", override])
     _, problems = _validate(cfg, plain("bench=sharegpt_small", override))

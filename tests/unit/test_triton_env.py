@@ -1,4 +1,4 @@
-"""The environment tritonserver and its python stub get (launcher.triton.server_env): no server started (what an
+"""The environment tritonserver and its python stub get (launcher.triton_install.server_env): no server started (what an
 engine or a server that really runs gets: tests/integration/test_triton_env_engine.py).
 
 The stub of the nvidia-pytriton wheel ignores PYTHONPATH and takes its packages from the environment of the
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import triton as lt
+from launcher import logtext, triton_install as lt
 from launcher.errors import LaunchError
 
 
@@ -155,7 +155,7 @@ def test_a_failed_servers_log_is_shown_from_its_errors(tmp_path):
     ]
     log = tmp_path / "tritonserver.log"
     log.write_text("\n".join(lines) + "\n")
-    text = lt.log_excerpt(log, 5)
+    text = logtext.log_excerpt(log, 5)
     errors, tail = text.split("\nlast lines:\n")
     assert errors.splitlines() == [
         "errors:",
@@ -168,12 +168,12 @@ def test_a_failed_servers_log_is_shown_from_its_errors(tmp_path):
     assert len(tail.splitlines()) == 5 and "AutoTokenizer" not in tail  # the tail alone would not say why
     many = [f'E1126 04:38:31.{i:06d} 1 m.cc:1] "error number {i}: ' + "x" * 900 + '"' for i in range(5)]
     log.write_text("\n".join(many) + "\n")
-    shown = lt.log_errors(log)
+    shown = logtext.log_errors(log)
     assert [e[:16] for e in shown] == ["error number 2: ", "error number 3: ", "error number 4: "]  # the latest
     assert all(len(e) == 704 and e.endswith(" ...") for e in shown)
     log.write_text("I1126 starting\nI1126 still starting\n")
-    assert lt.log_excerpt(log) == "I1126 starting\nI1126 still starting"
-    assert lt.log_excerpt(tmp_path / "missing.log") == "(no log)"
+    assert logtext.log_excerpt(log) == "I1126 starting\nI1126 still starting"
+    assert logtext.log_excerpt(tmp_path / "missing.log") == "(no log)"
 
 
 def _dist(site: Path, name: str, files: dict, requires=()):
@@ -190,7 +190,7 @@ def _dist(site: Path, name: str, files: dict, requires=()):
 
 
 def test_stub_site_links_a_host_site_leaving_out_what_cannot_import_under_the_stubs_numpy(tmp_path):
-    """benchmark/gpu/stub_site.py (a failure seen on a GPU host: transformers -> scikit-learn -> a scipy built for numpy 2).  A real
+    """benchmark/gpu/carry/stub_site.py (a failure seen on a GPU host: transformers -> scikit-learn -> a scipy built for numpy 2).  A real
     stub virtual environment with its own numpy 1.26 (a stand-in package: only its version is read) and a host
     site-packages of hand-made distributions: numpy 2; `modern`, which requires numpy>=2 (left out from metadata);
     `brokenlib`, which fails to import as that scipy did (left out for the failure's innermost frame); `needsbroken`,
@@ -232,7 +232,7 @@ def test_stub_site_links_a_host_site_leaving_out_what_cannot_import_under_the_st
     )
     (purelib / "numpy").mkdir()
     (purelib / "numpy" / "__init__.py").write_text("__version__ = '1.26.4'\n")  # no `long`, as numpy 1.26
-    script = Path(__file__).resolve().parents[2] / "benchmark" / "gpu" / "stub_site.py"
+    script = Path(__file__).resolve().parents[2] / "benchmark" / "gpu" / "carry" / "stub_site.py"
     dest = tmp_path / "linked"
 
     def run(check):

@@ -214,7 +214,7 @@ def test_cli_validates_a_launch_once(monkeypatch, capsys):
 def test_keys_of_a_free_mapping_take_either_spelling(prefix):
     """engine.engine_args (vLLM's AsyncEngineArgs), engine.extra_args and cluster.env hold the user's own keys:
     `engine.engine_args.enforce_eager=true` adds one as `+engine.engine_args.enforce_eager=true` does."""
-    from launcher.schema import free_mappings
+    from launcher.compose import free_mappings
 
     assert {"engine.engine_args", "engine.extra_args", "cluster.env"} <= set(free_mappings())
     _, spec = plan(

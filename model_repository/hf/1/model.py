@@ -54,6 +54,8 @@ while it was sending, so a slow client never slows the engine down) and polls
 cancellation; with several response threads it keeps one share of the streams and
 hands the others to as many more threads.  With engine_process=false the
 engine runs on a thread of this process and one responder thread does the same.
+That response side is launcher.python_backend.hf_streams (HFStreams, whose methods this model has); this file
+reads the arguments, starts or attaches to the engine and takes the requests.
 
 Metrics (launcher.python_backend.timings; means logged at unload): with the engine process, where
 each streamed request's first token spent its time in here (execute took it -> read and queued ->
@@ -67,10 +69,8 @@ idle) as llmlaunch_engine_seconds / _steps / _tokens.
 import fcntl
 import json
 import os
-import queue
 import signal
 import sys
-import threading
 import time
 
 import triton_python_backend_utils as pb_utils
@@ -83,8 +83,9 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
 
 from launcher.contract import INPUT_NAMES
 from launcher.hf.args import ARGS_FILE, HFEngineArgs
-from launcher.hf.engine import describe_features
+from launcher.hf.reporting import describe_features
 from launcher.python_backend import triton_io
+from launcher.python_backend.hf_streams import HFStreams, Stream, stub_log
 from launcher.python_backend.priority import lower_priority
 from launcher.python_backend.responders import GPU_NICE, responders
 from launcher.python_backend.timings import (
@@ -98,14 +99,6 @@ from launcher.python_backend.timings import (
 # Optional inputs this model honours.  exclude_input_in_output is honoured by construction (the prompt is never
 # echoed); pad_id and return_log_probs are accepted and ignored (a note is logged once).
 SUPPORTED = frozenset(INPUT_NAMES) - {"pad_id", "return_log_probs"}
-
-
-def _log(level: str, message: str) -> None:
-    logger = getattr(pb_utils, "Logger", None)
-    if logger is not None:
-        getattr(logger, f"log_{level}")(f"[hf] {message}")
-    else:  # older python backends
-        print(f"[hf] {level}: {message}", file=sys.stderr, flush=True)
 
 
 def _ignore(_output):
@@ -126,43 +119,7 @@ def _cause_chain(exc: BaseException) -> str:
     return text + (f" (raised inside {'; inside '.join(outer)})" if outer else "")
 
 
-class _Stream:
-    """Per-request state of the sender side."""
-
-    __slots__ = (
-        "sender",
-        "stream",
-        "parts",
-        "input_tokens",
-        "last_check",
-        "cancelled",
-        "last_sent",
-        "shard",
-        "began",
-        "queued",
-        "times",
-        "routed",
-        "counts",
-    )
-
-    def __init__(self, sender, stream: bool, shard: int, counts: bool = True):
-        self.sender = sender  # pb_utils response sender
-        self.stream = stream  # stream=true: a response per piece of text
-        self.counts = counts  # counts on every streamed response (false: final_counts_only, text alone before the end)
-        self.parts = []  # text not sent yet (stream=false: all of it; stream_interval_ms: held-back pieces)
-        self.input_tokens = None  # the input_tokens tensor, built once (for the first response with counts)
-        self.last_check = time.monotonic()  # last is_cancelled() poll
-        self.cancelled = False  # the client cancelled; the engine was asked to abort
-        self.last_sent = None  # time of the last streamed response
-        self.shard = shard  # the responder thread that owns this stream (its responses stay in order)
-        self.began = 0.0  # time.monotonic() when execute took the request (FirstTokenTimes)
-        self.queued = 0.0  # ... when execute had read it and queued it with the engine
-        self.times = None  # (received, first output made) in the engine process, + when this stub had it (the receive
-        # thread's stamp); until the first response
-        self.routed = False  # engine process: outputs of this stream reached the receive thread before (see _route)
-
-
-class TritonPythonModel:
+class TritonPythonModel(HFStreams):
     def initialize(self, args):
         self.model_config = json.loads(args["model_config"])
         self._server_pid = os.getppid()  # the tritonserver that started this stub (tp > 1 stops it if the engine dies)
@@ -185,7 +142,7 @@ class TritonPythonModel:
             if self.tp > 1
             else ""
         )
-        _log(
+        stub_log(
             "info",
             f"ready: {self.args.model_path} on {self.engine.device} ({self.engine.dtype}){role}, "
             f"max_num_seqs={self.engine.max_num_seqs}, max_model_len={self.engine.max_model_len}, "
@@ -239,7 +196,7 @@ class TritonPythonModel:
 
     def _start_engine(self):
         self._responder = triton_io.Responder(self._batched)
-        self._streams = {}  # request id -> _Stream (its responder thread owns it after registration)
+        self._streams = {}  # request id -> Stream (its responder thread owns it after registration)
         self._queues = []  # one per share of the streams: lists of engine outputs to respond to (None: inline)
         self._threads = []  # the responder threads
         self._next_id = 0
@@ -304,7 +261,7 @@ class TritonPythonModel:
                     if len(dirs) > 1
                     else ""
                 )
-                _log(
+                stub_log(
                     "warn" if mixed else "info",
                     f"engine in the stub: cuDNN {'preloaded from ' + source if source else 'not preloaded'}, "
                     f"mapped from {', '.join(dirs) or '(none yet)'}{mixed}",
@@ -334,20 +291,6 @@ class TritonPythonModel:
         self._share_files = (fd, lock_path)
         return True, sock
 
-    def _start_responders(self):
-        n = self._responders.threads
-        # Shard 0 is answered where the outputs arrive, on the engine process's receive thread: one stream's
-        # token goes out with no thread hand-off.  The in-thread engine's callback runs on the engine's own
-        # thread, which must not send, so there shard 0 has a thread too.
-        self._queues = [None if i == 0 and self.engine_process else queue.SimpleQueue() for i in range(n)]
-        self._threads = [
-            threading.Thread(target=self._respond_loop, args=(q,), name=f"hf-respond-{i}", daemon=True)
-            for i, q in enumerate(self._queues)
-            if q is not None
-        ]
-        for t in self._threads:
-            t.start()
-
     def _lower_priority(self) -> str:
         """The rule's nice value (launcher.python_backend.responders: GPU_NICE for an engine process on a GPU, else 0) for
         this stub's threads, and tritonserver's if this instance started the engine process; the engine process,
@@ -363,7 +306,7 @@ class TritonPythonModel:
             try:
                 counts.append(f"{who} {lower_priority(pid, nice)} threads")
             except PermissionError as exc:
-                _log(
+                stub_log(
                     "warn",
                     f"nice {nice}: cannot lower the priority of {who} (pid {pid}): {exc.strerror}; the "
                     f"response path keeps the engine's priority (nice {GPU_NICE} is not needed to serve)",
@@ -375,42 +318,6 @@ class TritonPythonModel:
             f"{self.engine.info.get('pid')} as started)"
         )
 
-    def _on_output(self, out):
-        """In-thread engine: one output, on the engine's thread; the responder sends it."""
-        self._queues[0].put([out])
-
-    def _route(self, outputs):
-        """Engine process: the outputs of one or more engine steps, on its receive thread -> each stream's
-        responder (one put per thread, so a thread takes a whole step at once; shard 0 last, here).
-
-        A stream's first outputs are answered here, before anything is handed over, whichever thread owns the
-        stream: a hand-off costs a first token ~0.1 ms, and with several response
-        processes most streams belong to a responder thread.  The stream's later outputs go to its thread only in
-        later calls, after this one has sent its first response, so its responses stay in order.  The engine
-        process sends a step's first outputs ahead of its others as well (launcher.hf.multiplexer.Peers.send_outputs)."""
-        got = time.monotonic()
-        shares = [[] for _ in self._queues]
-        first, new = [], []
-        for out in outputs:
-            st = self._streams.get(out.request_id)
-            if st is not None:
-                if out.times is not None:  # a first output: when this stub had it (FirstTokenTimes' "back")
-                    out.times = (*out.times, got)
-                if st.routed:
-                    shares[st.shard].append(out)
-                else:  # every output of the stream in this call (steps that queued up) stays here
-                    first.append(out)
-                    new.append(st)
-        for st in new:
-            st.routed = True
-        if first:
-            self._respond_batch(first)
-        for q, share in zip(self._queues, shares):
-            if share and q is not None:
-                q.put(share)
-        if shares and shares[0]:
-            self._respond_batch(shares[0])
-
     def _engine_exited(self, message):
         """tp > 1: a rank's engine died (a rank failed or a collective timed out): stop this tritonserver (our
         stub's parent) so the rank supervisor fails the job instead of serving from a broken group."""
@@ -418,13 +325,13 @@ class TritonPythonModel:
             return
         if os.getppid() != self._server_pid:
             # the server is gone already (this stub was re-parented): its pid may be someone else's by now
-            _log("error", f"tensor-parallel rank {self.tp_rank}: {message}; the server has exited already")
+            stub_log("error", f"tensor-parallel rank {self.tp_rank}: {message}; the server has exited already")
             return
-        _log("error", f"tensor-parallel rank {self.tp_rank}: {message}; stopping this server")
+        stub_log("error", f"tensor-parallel rank {self.tp_rank}: {message}; stopping this server")
         try:
             os.kill(self._server_pid, signal.SIGTERM)
         except OSError as exc:
-            _log("error", f"could not stop tritonserver: {exc}")
+            stub_log("error", f"could not stop tritonserver: {exc}")
 
     # -- requests ------------------------------------------------------------------------------------------
     def execute(self, requests):
@@ -446,7 +353,7 @@ class TritonPythonModel:
                 self._next_id += 1
                 rid = str(self._next_id)
                 # register before the engine can produce output for it
-                stream = _Stream(sender, req.stream, self._shard(), counts=not req.final_counts_only)
+                stream = Stream(sender, req.stream, self._shard(), counts=not req.final_counts_only)
                 self._streams[rid] = stream
                 stream.began, stream.queued = began, time.monotonic()
                 try:
@@ -457,147 +364,26 @@ class TritonPythonModel:
             except triton_io.InvalidRequest as exc:
                 self._send(sender, triton_io.error_response(str(exc)), final=True)
             except Exception as exc:  # anything unexpected is still this request's problem only
-                _log("error", f"request rejected: {exc!r}")
+                stub_log("error", f"request rejected: {exc!r}")
                 self._send(sender, triton_io.error_response(f"request failed: {exc}"), final=True)
         return None
-
-    def _shard(self):
-        """The responder thread of a new stream: the receive thread's (0, no hand-off) while fewer streams are open
-        than there are threads, else the next in turn.  A stream keeps its thread, so its responses stay in order."""
-        n = len(self._queues)
-        return 0 if len(self._streams) < n else self._next_id % n
 
     def _note_ignored(self, names):
         for name in names:
             if name not in self._noted:
                 self._noted.add(name)
-                _log("info", f"input {name!r} is accepted and ignored by the hf engine (noted once)")
-
-    # -- responses (responder threads) ---------------------------------------------------------------------
-    def _respond_loop(self, outputs):
-        while True:
-            batch = outputs.get()
-            if batch is None:
-                return
-            stop = False
-            while True:  # take everything queued: pieces of one request merge into one response
-                try:
-                    more = outputs.get_nowait()
-                except queue.Empty:
-                    break
-                if more is None:
-                    stop = True
-                    break
-                batch.extend(more)
-            self._respond_batch(batch)
-            if stop:
-                return
-
-    def _respond_batch(self, outputs):
-        """Outputs of one or more engine steps -> at most one response per request."""
-        merged = {}
-        for out in outputs:
-            prev = merged.get(out.request_id)
-            if prev is None:
-                merged[out.request_id] = [out.text, out, out.times]
-            else:
-                prev[0] += out.text
-                prev[1] = out
-                prev[2] = prev[2] or out.times  # the first output's stamps (engine process only)
-
-        # First responses and final ones go first: under load one batch holds a response for every running
-        # stream (~100 us each), and a stream's first token (its TTFT) or its end (the client's next request
-        # waits for it) should not queue behind 127 middle-of-stream tokens.
-        def urgency(item):
-            st = self._streams.get(item[0])
-            return 0 if st is not None and (st.last_sent is None or item[1][1].finish_reason is not None) else 1
-
-        for rid, (text, out, times) in sorted(merged.items(), key=urgency):
-            try:
-                self._respond(rid, text, out, times)
-            except Exception as exc:  # never let one request stop the others
-                _log("error", f"request {rid}: sending a response failed: {exc!r}")
-
-    def _respond(self, rid, text, out, times=None):
-        st = self._streams.get(rid)
-        if st is None:
-            return
-        if times is not None:
-            st.times = times
-        if st.input_tokens is None and (st.counts or out.finish_reason is not None):
-            # built for the first response that carries counts: a final_counts_only stream's first response (its
-            # TTFT) does not wait for a tensor it does not send
-            st.input_tokens = self._responder.input_tokens(out.input_tokens)
-        if out.finish_reason is not None:
-            del self._streams[rid]
-            if st.cancelled:
-                err = pb_utils.TritonError(
-                    "request cancelled by the client", getattr(pb_utils.TritonError, "CANCELLED", 0)
-                )
-                self._send(st.sender, pb_utils.InferenceResponse(output_tensors=[], error=err), final=True)
-            elif out.finish_reason == "error":
-                self._send(st.sender, triton_io.error_response(out.error or "generation failed"), final=True)
-            else:
-                if st.parts:  # held-back pieces (stream_interval_ms) or the whole text (stream=false)
-                    st.parts.append(text)
-                    text = "".join(st.parts)
-                self._send_text(
-                    st, self._responder.build(text, st.input_tokens, out.output_tokens, out.finish_reason), final=True
-                )
-            if out.finish_reason == "cancelled" and st.cancelled:
-                _log("info", f"request {rid} cancelled by the client after {out.output_tokens} tokens")
-            return
-        now = time.monotonic()
-        if not st.stream:
-            st.parts.append(text)
-        elif text or st.parts:
-            if st.last_sent is not None and now - st.last_sent < self.stream_interval_s:
-                st.parts.append(text)  # too soon after the previous response: merged into the next one
-            else:
-                if st.parts:
-                    st.parts.append(text)
-                    text = "".join(st.parts)
-                    st.parts.clear()
-                st.last_sent = now
-                self._send_text(st, self._responder.build(text, st.input_tokens, out.output_tokens, counts=st.counts))
-        # Client cancellation: each check is a round trip to the server process, so it is rate-limited per request.
-        if not st.cancelled and now - st.last_check >= self.cancel_check_s:
-            st.last_check = now
-            if st.sender.is_cancelled():
-                st.cancelled = True
-                self.engine.abort(rid)
-
-    def _send_text(self, st, response, final=False):
-        """Send a response of `st` that carries text; if it was a stream's first, count where its first token's time
-        went (FirstTokenTimes: `respond` ends as the send begins, `send` as it returns)."""
-        sending = time.monotonic()
-        self._send(st.sender, response, final)
-        if st.stream and st.times is not None:
-            self._first_token.add(st.began, st.queued, *st.times, sending, time.monotonic())
-            st.times = None
-
-    @staticmethod
-    def _send(sender, response, final=False):
-        flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
-        try:
-            sender.send(response, flags=flags)
-        except Exception as exc:  # the client is gone; nothing else to do for this request
-            _log("warn", f"could not send a response: {exc}")
+                stub_log("info", f"input {name!r} is accepted and ignored by the hf engine (noted once)")
 
     def finalize(self):
         # reverse of initialize: stop the engine (running requests end 'cancelled'), then the responders
         self._finalizing = True
         self.engine.shutdown()
-        for q in self._queues:
-            if q is not None:
-                q.put(None)
-        for t in self._threads:
-            t.join(timeout=10)
+        self._stop_responders()
         self._metrics.stop()
-        _log("info", self._first_token.summary())
+        stub_log("info", self._first_token.summary())
         stats = self.engine.stats_dict()
         if not self.tp_rank and stats:  # (an instance attached to a shared engine gets no engine statistics)
-            _log("info", engine_summary(stats))
+            stub_log("info", engine_summary(stats))
         if self._share_files is not None:  # the engine process is gone: let the next server's instances start
             fd, lock_path = self._share_files
             try:

@@ -1,32 +1,6 @@
-"""Sweeps: `llmlaunch -m ... bench=<profile>` measures every point of a Hydra multirun.
-
-    llmlaunch -m cluster=local_slurm engine=hf replicas=1,2 bench=sharegpt_small bench.concurrency=1,8,32
-
-Each point is one Hydra job. It gets a stable directory under `hydra.sweep.dir`
-named from the overrides that vary across the sweep (`bench.concurrency=8,replicas=2`),
-launches a server or REUSES the one the previous point left running when only
-client-side values (`bench.*`) changed, runs the load generator in the same
-allocation (on Slurm `srun --jobid=<job> --overlap ...`, so the client sits on the
-cluster next to the server; locally a subprocess against 127.0.0.1), and leaves
-
-    <sweep_dir>/sweep.json                the sweep's overrides and axes (written before the first point)
-    <sweep_dir>/<point>/overrides.yaml    what this point changed (the axes), read by llmlaunch-report
-    <sweep_dir>/<point>/point.json        every override, the composed config, the server it ran against
-    <sweep_dir>/<point>/bench.log         the load generator's output
-    <sweep_dir>/<point>/result.json       llmlaunch-bench's result ("llmlaunch-bench/1"), or
-    <sweep_dir>/<point>/failure.json      why the point could not be measured (report.write_failure)
-
-A re-run with the same `hydra.sweep.dir` skips points whose result.json was
-measured with the same config, and retries failed ones. At the end (Hydra's
-`on_multirun_end`, `SweepCallback` below, registered in conf/config.yaml) the
-last server is stopped and `llmlaunch-report <sweep_dir>` writes summary.csv and
-the plots. `dry_run=true` prints every point's plan and what would be skipped,
-reused or launched, and writes nothing.
-Layout: the pure planning (server key, point names, skip/reuse decisions, the load generator's
-command line) is launcher/sweep_plan.py; this module is the part with side effects: `run_point` (the
-Hydra task of a point), the server it launches through the scheduler registry (launcher/schedulers/base.py:
-the cluster's scheduler, or "allocation" when the point is its own Slurm allocation), and `SweepCallback`.
-"""
+"""One sweep point, the Hydra task of `llmlaunch -m ... bench=<profile>`: validate it, launch or reuse a server, run
+the load generator next to it, and leave result.json or failure.json in the point's folder (the layout:
+launcher/sweep/__init__.py). Never raises: a point that cannot be measured is recorded and the sweep goes on."""
 
 from __future__ import annotations
 
@@ -35,171 +9,34 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
-from hydra.experimental.callback import Callback  # Hydra instantiates SweepCallback on every run: imports stay light
-
-from launcher.sweep_plan import (  # noqa: F401  check_sweep: launcher/cli.py validates a multirun through it
+from launcher.sweep.plan import (
     Decision,
     axis_overrides,
     bench_argv,
     bench_problems,
-    check_sweep,
     config_changes,
     decide,
     first_token_metrics_url,
     judge_bench,
     measure_key,
-    order_advice,
-    parse_sweep,
     point_name,
     server_key,
 )
-
-
-def say(msg: str) -> None:
-    print(f"llmlaunch sweep: {msg}", file=sys.stderr, flush=True)
-
-
-@dataclass
-class SweepInfo:
-    """What on_multirun_start learnt from the command line."""
-
-    sweep_dir: Path
-    overrides: List[str]
-    axes: List[str]
-    total: int
-    dry_run: bool = False
-    existed: Optional[Path] = None  # the deepest part of sweep_dir that existed before the sweep (dry-run cleanup)
-    multirun_yaml: Optional[bytes] = None  # its multirun.yaml before Hydra rewrote it (dry run puts it back)
-
-    def to_json(self) -> str:
-        return (
-            json.dumps(
-                {
-                    "format": "llmlaunch-sweep/1",
-                    "overrides": self.overrides,
-                    "axes": self.axes,
-                    "points": self.total,
-                    "argv": sys.argv,
-                },
-                indent=1,
-            )
-            + "\n"
-        )
-
-
-@dataclass
-class Server:
-    """A server this sweep launched: its key, the backend that launched it, the endpoint it serves."""
-
-    key: str  # server_key of the points it serves
-    backend: Any  # launcher.schedulers.base.Scheduler: the registry entry that launched it
-    spec: Any  # the LaunchSpec of its launch
-    first_point: str = ""  # the point it was launched for
-    endpoint: Any = None  # launcher.schedulers.base.Endpoint, once it serves
-    metrics_url: str = ""  # where the bench reads the first-token split (first_token_metrics_url), if any
-
-    @property
-    def kind(self) -> str:
-        return self.backend.name
-
-    @property
-    def url(self) -> str:
-        return self.endpoint.url if self.endpoint else ""
-
-    @property
-    def job_id(self) -> str:
-        return self.endpoint.job_id if self.endpoint else ""
-
-    def describe(self) -> str:
-        s = self.spec
-        return f"{self.kind} server {self.key} (engine={s.engine.name} tp={s.tp} pp={s.pp} nodes={s.nodes} replicas={s.replicas})"
-
-    def alive(self) -> bool:
-        return self.endpoint is not None and self.backend.alive(self.endpoint)
-
-    def stop(self) -> None:
-        if self.endpoint is not None:
-            self.backend.stop(self.endpoint)
-
-
-@dataclass
-class _State:
-    """What lives across the points of one sequential sweep (Hydra's basic launcher: one process)."""
-
-    info: Optional[SweepInfo] = None
-    server: Optional[Server] = None
-    failed_servers: Dict[str, str] = field(default_factory=dict)  # server key -> why it did not start
-    counts: Dict[str, int] = field(default_factory=dict)  # skipped / measured / failed / launches
-    dry_key: Optional[str] = None  # dry run: the server a real run would have running now
-    dry_first: str = ""  # dry run: the point that would have launched it
-    exit_hooked: bool = False
-
-
-STATE = _State()
-
-
-def _count(what: str) -> None:
-    STATE.counts[what] = STATE.counts.get(what, 0) + 1
-
-
-def _sweep_info(sweep_dir: Path) -> Tuple[Optional[List[str]], int]:
-    """(axes, number of points) of the sweep this job belongs to: from on_multirun_start in this
-    process, else from <sweep_dir>/sweep.json (submitit jobs), else unknown (None, 0)."""
-    if STATE.info is not None and STATE.info.sweep_dir == sweep_dir:
-        return STATE.info.axes, STATE.info.total
-    try:
-        doc = json.loads((sweep_dir / "sweep.json").read_text())
-        return list(doc["axes"]), int(doc.get("points", 0))
-    except (OSError, ValueError, KeyError):
-        return None, 0
-
-
-def _read_json(path: Path) -> Optional[dict]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _tokenizer_for(spec) -> str:
-    """The model's tokenizer folder when it is readable here (exact token counts), else '' (estimates)."""
-    for p in (spec.model.tokenizer, spec.model.path, getattr(spec.engine, "tokenizer_dir", "")):
-        if p and any((Path(p) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
-            return str(p)
-    return ""
-
-
-def _in_allocation() -> bool:
-    """True inside a job hydra-submitit-launcher submitted (submitit's job script exports
-    SUBMITIT_EXECUTOR=slurm): the point is its own allocation. A sweep started inside salloc is not."""
-    return os.environ.get("SUBMITIT_EXECUTOR") == "slurm" and bool(os.environ.get("SLURM_JOB_ID"))
-
-
-def _hook_exit() -> None:
-    """Stop the running server however this process ends (Ctrl-C, an exception, SIGTERM)."""
-    if STATE.exit_hooked:
-        return
-    import atexit
-    import signal
-
-    atexit.register(stop_server)
-    if signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGTERM, lambda s, f: sys.exit(128 + s))
-    STATE.exit_hooked = True
-
-
-def stop_server() -> None:
-    server, STATE.server = STATE.server, None
-    if server is not None:
-        say(f"stopping {server.describe()}")
-        try:
-            server.stop()
-        except Exception as e:  # never let teardown hide the sweep's own outcome
-            say(f"could not stop {server.describe()}: {e}")
+from launcher.sweep.state import (
+    STATE,
+    Server,
+    count,
+    hook_exit,
+    in_allocation,
+    read_json,
+    say,
+    stop_server,
+    sweep_info,
+    tokenizer_for,
+)
 
 
 def run_point(cfg) -> int:
@@ -211,7 +48,7 @@ def run_point(cfg) -> int:
     hc = HydraConfig.get()
     sweep_dir = Path(str(hc.sweep.dir)).absolute()
     overrides = [str(o) for o in hc.overrides.task]
-    axes, total = _sweep_info(sweep_dir)
+    axes, total = sweep_info(sweep_dir)
     name = point_name(overrides, axes)
     point = sweep_dir / name
     number = f"{int(hc.job.num) + 1}/{total}" if total else f"#{int(hc.job.num) + 1}"
@@ -228,7 +65,7 @@ def run_point(cfg) -> int:
         say(f"point {number} {name}: FAILED (unexpected): {e!r}")
         if not bool(cfg.get("dry_run")):
             write_failure(point, overrides, "sweep", f"{type(e).__name__}: {e}\n{traceback.format_exc()}")
-        _count("failed")
+        count("failed")
         return 0
 
 
@@ -252,11 +89,11 @@ def _validate(cfg, config) -> Tuple[Any, List[str]]:
 
 def _run_point(cfg, config, overrides, axes, name, point: Path, number: str) -> int:
     dry = bool(config.get("dry_run"))
-    stored = _read_json(point / "point.json") or {}
+    stored = read_json(point / "point.json") or {}
     has_result = (point / "result.json").exists()
     spec, problems = _validate(cfg, config)
     key, mkey = server_key(config), measure_key(config)
-    in_alloc = _in_allocation()  # submitit: this allocation is the point's own, nothing carries over
+    in_alloc = in_allocation()  # submitit: this allocation is the point's own, nothing carries over
 
     def plan(current):
         return decide(
@@ -277,19 +114,19 @@ def _run_point(cfg, config, overrides, axes, name, point: Path, number: str) -> 
     head = f"point {number} {name}"
 
     if d.action == "skip":
-        when = (_read_json(point / "result.json") or {}).get("started_at", "?")
+        when = (read_json(point / "result.json") or {}).get("started_at", "?")
         say(f"{head}: skipped, result.json exists (measured {when}); delete it to measure again")
-        _count("skipped")
+        count("skipped")
         return 0
     if has_result:
         changes = "; ".join(config_changes(stored.get("config", {}), config)) or "unknown change"
         say(f"{head}: result.json was measured with another config ({changes}); measuring again")
     elif (point / "failure.json").exists():
-        say(f"{head}: failed before ({(_read_json(point / 'failure.json') or {}).get('stage', '?')}); trying again")
+        say(f"{head}: failed before ({(read_json(point / 'failure.json') or {}).get('stage', '?')}); trying again")
     if d.action == "fail":
         say(f"{head}: {'would fail' if dry else 'FAILED'} before starting anything: {d.reason}")
         if dry:
-            _count("failed")
+            count("failed")
         else:
             _prepare_point_dir(point, overrides, axes, config, key, mkey, None)
             _record_failure(point, overrides, d.stage, d.reason)
@@ -315,7 +152,7 @@ def _run_point(cfg, config, overrides, axes, name, point: Path, number: str) -> 
         say(f"{head}: needs a different server; stopping {STATE.server.describe()}")
         stop_server()
     if d.server == "launch":
-        _hook_exit()
+        hook_exit()
         STATE.server, why = _launch(spec, key, name, head, scheduler.for_spec(spec), (config, overrides))
         if STATE.server is None:
             STATE.failed_servers[key] = why.replace("\n", " ")[:2000]
@@ -331,7 +168,7 @@ def _record_failure(point, overrides, stage, error, log=None, exit_code=None):
     from launcher.bench.report import write_failure
 
     write_failure(point, overrides, stage, error, exit_code=exit_code, log=log)
-    _count("failed")
+    count("failed")
 
 
 def _launch(spec, key, name, head, backend, composed=None) -> Tuple[Optional[Server], str]:
@@ -360,7 +197,7 @@ def _launch(spec, key, name, head, backend, composed=None) -> Tuple[Optional[Ser
         return None, why
     server.spec = server.endpoint.spec  # its model path resolved: the bench reads its tokenizer
     server.metrics_url = first_token_metrics_url(server.spec, server.endpoint.doc)
-    _count("launches")
+    count("launches")
     say(f"{server.describe()} READY at {server.url} in {time.monotonic() - t0:.1f}s (job {server.job_id})")
     return server, ""
 
@@ -401,8 +238,8 @@ def _prepare_point_dir(point: Path, overrides, axes, config, key, mkey, server: 
 def _measure(server: Server, bench, head, point: Path, overrides, axes, config, key, mkey) -> None:
     import subprocess
 
+    from launcher.logtext import log_tail
     from launcher.paths import PACKAGE_ROOT
-    from launcher.triton import log_tail
 
     _prepare_point_dir(point, overrides, axes, config, key, mkey, server)
     result_path = point / "result.json"
@@ -411,7 +248,7 @@ def _measure(server: Server, bench, head, point: Path, overrides, axes, config, 
         server.url,
         server.endpoint.model,
         str(result_path),
-        _tokenizer_for(server.spec),
+        tokenizer_for(server.spec),
         label=point.name,
         server_metrics=server.metrics_url,
     )
@@ -433,7 +270,7 @@ def _measure(server: Server, bench, head, point: Path, overrides, axes, config, 
         finally:  # interrupted (Ctrl-C, SIGTERM): the client does not outlive the sweep
             if p.poll() is None:
                 p.terminate()
-    result = _read_json(result_path)
+    result = read_json(result_path)
     why = judge_bench(rc, result)
     if why is None:
         m = result["metrics"]
@@ -442,7 +279,7 @@ def _measure(server: Server, bench, head, point: Path, overrides, axes, config, 
             f"{m.get('output_throughput', 0):.1f} output tokens/s"
             + (f", {m.get('failed')} failed" if m.get("failed") else "")
         )
-        _count("measured")
+        count("measured")
         from launcher.record import add_bench
 
         add_bench(
@@ -489,104 +326,13 @@ def _dry_point(head, d: Decision, spec, bench, key, name, point: Path) -> int:
             lines.append(f"server: launch (key {key}):")
         lines.append(_compact_plan(plan_text(spec, default_run_dir(spec))))
         STATE.dry_key, STATE.dry_first = key, name
-        _count("launches")
-    tok = _tokenizer_for(spec) or ("<model tokenizer>" if spec.model.make else "")
+        count("launches")
+    tok = tokenizer_for(spec) or ("<model tokenizer>" if spec.model.make else "")
     args = bench_argv(bench, "<endpoint url>", spec.model_name, str(point / "result.json"), tok, label=name)
     argv = for_spec(spec).client_argv(
         Endpoint("<endpoint url>", spec.model_name, "<job id>", RunDir("<run dir>"), spec), args
     )
     lines.append(f"load: {shlex.join(argv)}")
     print("\n".join(lines), flush=True)
-    _count("measured")
+    count("measured")
     return 0
-
-
-# =============================================================================== Hydra callback
-class SweepCallback(Callback):
-    """conf/config.yaml `hydra.callbacks.llmlaunch_sweep`: set-up before the first point, teardown and
-    the report after the last. Does nothing for single runs or for multiruns without a load (bench=none)."""
-
-    def on_multirun_start(self, config, **kwargs) -> None:
-        from omegaconf import OmegaConf
-
-        overrides = [str(o) for o in config.hydra.overrides.task]
-        sweep_dir = Path(str(config.hydra.sweep.dir)).absolute()
-        try:
-            axes, total = parse_sweep(overrides)
-        except Exception:  # Hydra reports bad overrides itself, with its own message
-            return
-        STATE.__init__()
-        if OmegaConf.select(config, "bench.name", default="none") == "none" and "bench" not in axes:
-            return  # -m without a load: each point is launched as before (launcher/cli.py), not a sweep
-        dry = str(OmegaConf.select(config, "dry_run", default=False)).lower() == "true"
-        existed = next((p for p in [sweep_dir, *sweep_dir.parents] if p.exists()), None)
-        before = sweep_dir / "multirun.yaml"
-        STATE.info = SweepInfo(
-            sweep_dir, overrides, axes, total, dry, existed, before.read_bytes() if before.exists() else None
-        )
-        launcher = str(OmegaConf.select(config, "hydra.launcher._target_", default=""))
-        if "submitit" in launcher:
-            if dry:
-                say(
-                    "dry_run=true with hydra/launcher=submitit_slurm would submit a job per point to print its plan; "
-                    "run the dry run with the default launcher (drop hydra/launcher=...)"
-                )
-                raise SystemExit(2)
-        say(f"{total or '?'} points in {sweep_dir}" + (" (dry run: nothing is written or started)" if dry else ""))
-        if "submitit" in launcher:
-            say(
-                f"hydra/launcher=submitit_slurm: each point runs in its own allocation (no server reuse); "
-                f"their logs: {sweep_dir}/.submitit/<job>_<n>/"
-            )
-        advice = order_advice(overrides, axes)
-        if advice and "submitit" not in launcher:
-            say(f"note: {advice}")
-        if not dry:
-            sweep_dir.mkdir(parents=True, exist_ok=True)
-            (sweep_dir / "sweep.json").write_text(STATE.info.to_json())
-
-    def on_multirun_end(self, config, **kwargs) -> None:
-        info = STATE.info
-        stop_server()
-        if info is None:
-            return
-        c = STATE.counts
-        if info.dry_run:
-            _undo_hydra_dirs(info)
-            say(
-                f"dry run: {c.get('measured', 0)} points to measure on {c.get('launches', 0)} server launches, "
-                f"{c.get('skipped', 0)} skipped (result.json exists), {c.get('failed', 0)} invalid; nothing was written"
-            )
-            return
-        from launcher.bench import report
-
-        points = report.load_points(info.sweep_dir)
-        if not points:
-            return
-        if c:
-            say(
-                f"{c.get('measured', 0)} points measured, {c.get('skipped', 0)} skipped (done before), "
-                f"{c.get('failed', 0)} failed (failure.json); {c.get('launches', 0)} server launches"
-            )
-        say(f"report: llmlaunch-report {info.sweep_dir}")
-        code = report.main([str(info.sweep_dir)])
-        if code == 0:
-            say(f"summary: {info.sweep_dir / 'summary.csv'}")
-            say(
-                f"plots: {info.sweep_dir / 'throughput_vs_concurrency.png'}, {info.sweep_dir / 'latency_throughput.png'}"
-            )
-
-
-def _undo_hydra_dirs(info: SweepInfo) -> None:
-    """Dry run: Hydra's sweeper made the sweep dir and (re)wrote multirun.yaml; undo both."""
-    d = info.sweep_dir
-    if info.multirun_yaml is not None:
-        (d / "multirun.yaml").write_bytes(info.multirun_yaml)
-    else:
-        (d / "multirun.yaml").unlink(missing_ok=True)
-    while d != info.existed and d.exists():
-        try:
-            d.rmdir()
-        except OSError:  # not empty: something else is there, leave it
-            return
-        d = d.parent

@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # For a GPU host that cannot download (the lent accelerator machine): fetch here, on a machine with the
 # package registries, the wheels the GPU benchmarks need beside the host's own torch / transformers, and
-# carry the folder over.  Then, on the GPU host, `source benchmark/gpu/offline_env.sh WHEELS` installs them
+# carry the folder over.  Then, on the GPU host, `source benchmark/gpu/carry/offline_env.sh WHEELS` installs them
 # and sets the environment one_gpu.sh / overhead.py / multi_gpu.sh need.
 #
-#   benchmark/gpu/offline_wheels.sh [WHEELS]      # default WHEELS: .whl (git-ignored)
+#   benchmark/gpu/carry/offline_wheels.sh [WHEELS]      # default WHEELS: .whl (git-ignored)
 #
 # starlette and uvicorn serve the OpenAI API (the host has their own dependencies: anyio, h11, click).
 # PYVER (3.12: the GPU host's Python) picks the binary wheels.  nvidia-pytriton's wheel (55 MB) is
 # slimmed to 39 MB: the libpython 3.13 it bundles and the python-backend stubs of other Pythons are
 # dropped (and from its RECORD), so that the folder fits a 64 MiB carry with numpy.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 WHEELS=${1:-.whl}
 PYVER=${PYVER:-3.12}
 mkdir -p "$WHEELS"

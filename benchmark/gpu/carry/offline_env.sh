@@ -1,7 +1,7 @@
 # Source on the GPU host, from the checkout's root, with the folder offline_wheels.sh filled:
 #
-#   source benchmark/gpu/offline_env.sh [WHEELS]      # default WHEELS: .whl
-#   STUB_HOST_SITE=1 source benchmark/gpu/offline_env.sh   # also the host's torch stack for the stub (below)
+#   source benchmark/gpu/carry/offline_env.sh [WHEELS]      # default WHEELS: .whl
+#   STUB_HOST_SITE=1 source benchmark/gpu/carry/offline_env.sh   # also the host's torch stack for the stub (below)
 #
 # Installs the wheels into /tmp/llmlaunch-site beside the host's torch (PYTHONPATH; no network, no
 # dependency resolution: grpcio and protobuf come from the host), and gives the python-backend stub an
@@ -19,7 +19,7 @@ mkdir -p /tmp/llmlaunch-site
 if [ "${STUB_HOST_SITE:-0}" = 1 ]; then
     # the hf model's engine_process=false runs the engine in the stub: link the host's torch stack into the stub
     # environment, without what cannot import under its numpy<2 (stub_site.py says what it left out)
-    "$PYTHON" benchmark/gpu/stub_site.py \
+    "$PYTHON" benchmark/gpu/carry/stub_site.py \
         "$("$PYTHON" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))')" \
         /tmp/llmlaunch-host-site --python /tmp/llmlaunch-stub-env/bin/python3 \
         --check "import torch, transformers; from transformers import AutoModelForCausalLM, AutoTokenizer" \

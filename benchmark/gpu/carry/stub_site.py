@@ -1,7 +1,7 @@
 """Give the python stub's numpy<2 environment a host's torch stack: link the host's site-packages into a folder,
 leaving out numpy and every distribution that cannot import under the stub's numpy.
 
-    python benchmark/gpu/stub_site.py HOST_SITE DEST --python STUB_PYTHON [--check STATEMENT]
+    python benchmark/gpu/carry/stub_site.py HOST_SITE DEST --python STUB_PYTHON [--check STATEMENT]
 
 DEST reaches the stub through a `.pth` file this writes into the stub environment's site-packages (the stub reads
 no PYTHONPATH, but its interpreter's `site` reads `.pth` files); it removes that file again if STATEMENT cannot be

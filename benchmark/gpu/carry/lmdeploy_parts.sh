@@ -2,9 +2,9 @@
 # Carry LMDeploy 0.18.0 (its PyTorch engine: it allows the GPU machine's torch 2.11 + CUDA 13) to a GPU host that
 # cannot download.
 #
-#   benchmark/gpu/lmdeploy_parts.sh make [DIR]     # here, with the package registries (DIR default .lmdeploy, git-ignored)
-#   benchmark/gpu/lmdeploy_parts.sh stash PART     # on the GPU host, once per carried part: copy it to /tmp/lparts
-#   benchmark/gpu/lmdeploy_parts.sh install        # on the GPU host, all parts stashed: unpack into /tmp/lmdeploy-site
+#   benchmark/gpu/carry/lmdeploy_parts.sh make [DIR]     # here, with the package registries (DIR default .lmdeploy, git-ignored)
+#   benchmark/gpu/carry/lmdeploy_parts.sh stash PART     # on the GPU host, once per carried part: copy it to /tmp/lparts
+#   benchmark/gpu/carry/lmdeploy_parts.sh install        # on the GPU host, all parts stashed: unpack into /tmp/lmdeploy-site
 #
 # `make` downloads LMDeploy and the packages its PyTorch engine imports (AsyncEngine, the engine, its model agent and
 # `uni` executor, the Llama model, the CUDA backend and kernels) that the host lacks, drops TurboMind's binaries
@@ -21,7 +21,7 @@
 # `install` leaves /tmp/lmdeploy-site to prepend to PYTHONPATH (benchmark/gpu/engines.sh does); the host's own
 # torch 2.11 stays.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 VERSION=0.18.0
 WHEEL=lmdeploy-$VERSION-cp312-cp312-manylinux_2_28_x86_64.whl
 cmd=${1:?usage: lmdeploy_parts.sh make [DIR] | stash PART | install}

@@ -2,9 +2,9 @@
 # Carry vLLM 0.25.0 (the release built for torch 2.11 + CUDA 13, the GPU machine's stack) to a GPU host that
 # cannot download.
 #
-#   benchmark/gpu/vllm_parts.sh make [DIR]        # here, with the package registries (DIR default .vllm, git-ignored)
-#   benchmark/gpu/vllm_parts.sh stash PART        # on the GPU host, once per carried part: copy it to /tmp/vparts
-#   benchmark/gpu/vllm_parts.sh install           # on the GPU host, all parts stashed: unpack into /tmp/vllm-site
+#   benchmark/gpu/carry/vllm_parts.sh make [DIR]        # here, with the package registries (DIR default .vllm, git-ignored)
+#   benchmark/gpu/carry/vllm_parts.sh stash PART        # on the GPU host, once per carried part: copy it to /tmp/vparts
+#   benchmark/gpu/carry/vllm_parts.sh install           # on the GPU host, all parts stashed: unpack into /tmp/vllm-site
 #
 # `make` downloads vLLM and the packages it imports that the host lacks, drops what an H100/H200 does not use
 # (FlashAttention-2 kernels: Hopper runs FA3; the vllm-rs binary; deep_gemm builds for other Pythons), and splits
@@ -13,7 +13,7 @@
 # (benchmark/gpu/engines.sh says the order), then use the same warm machine.
 # `install` leaves /tmp/vllm-site to prepend to PYTHONPATH; the host's own torch 2.11 stays.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 cmd=${1:?usage: vllm_parts.sh make [DIR] | stash PART | install}
 case $cmd in
 make)

@@ -3,7 +3,7 @@
 Which overrides shape the server and which only the load generator (`bench.*`); the keys that say
 whether two points can share a server or a stored result is current; point names; the skip / reuse /
 launch decision of a point; the load generator's arguments and the judgement of its run.
-launcher/sweep.py runs the points with these; tests/unit/test_sweep_planning.py checks them.
+launcher/sweep/point.py runs the points with these; tests/unit/test_sweep_planning.py checks them.
 """
 
 from __future__ import annotations

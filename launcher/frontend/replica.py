@@ -1,0 +1,116 @@
+"""One replica leader's tritonserver as the front end sees it: its backend channel and calls, its up/down state and
+health probes, and its load (requests in flight, shared between worker processes) and counters."""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+from grpc import aio
+from tritonclient.grpc import service_pb2
+
+from launcher.frontend.wire import _MAX_MESSAGE, SERVICE, _details, log
+
+# Backend channels: large messages like tritonclient; reconnect soon after a replica comes back
+# (gRPC's default backoff grows to 2 minutes). No keepalive pings: tritonserver's default policy
+# answers frequent pings with GOAWAY; the health probe finds silent replicas instead.
+_BACKEND_OPTIONS = [
+    ("grpc.max_send_message_length", _MAX_MESSAGE),
+    ("grpc.max_receive_message_length", _MAX_MESSAGE),
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
+FORWARDED = ("ServerMetadata", "ModelMetadata", "ModelConfig", "RepositoryIndex")  # answered by one replica
+
+
+class Replica:
+    """One replica leader's tritonserver, as the front end sees it."""
+
+    def __init__(self, index: int, host: str, port: int):
+        self.index = index
+        self.addr = f"{host}:{int(port)}"
+        self.label = f"replica {index} ({self.addr})"
+        self.up = True  # requests are routed here
+        self.reason = ""  # why it is down
+        self.in_flight = 0
+        self.requests = 0  # requests routed here (stream and unary)
+        self.responses = 0  # responses passed back from here
+        self.errors = 0  # requests that ended in an error (model errors and failures)
+        self.failures = 0  # times it was marked down
+        self.retried = 0  # requests moved to another replica because this one failed before answering them
+        self.channel: Optional[aio.Channel] = None
+        # Several worker processes: each keeps its in-flight count in shared memory as it changes,
+        # so every worker routes by the whole front end's load (see share_load).
+        self.shared = None
+        self.shared_at = 0
+        self.peers_at: Tuple[int, ...] = ()
+
+    def track(self, delta: int) -> None:
+        self.in_flight += delta
+        if self.shared is not None:
+            self.shared[self.shared_at] = self.in_flight
+
+    def load(self) -> int:
+        """Requests in flight on this replica, through every worker process."""
+        n = self.in_flight
+        if self.shared is not None:
+            shared = self.shared
+            for at in self.peers_at:
+                n += shared[at]
+        return n
+
+    def connect(self) -> None:
+        ch = self.channel = aio.insecure_channel(self.addr, options=_BACKEND_OPTIONS)
+        # No (de)serializers: requests and responses stay the bytes the peers sent.
+        self.stream = ch.stream_stream(f"/{SERVICE}/ModelStreamInfer")
+        self.raw = {name: ch.unary_unary(f"/{SERVICE}/{name}") for name in ("ModelInfer", "ModelReady", *FORWARDED)}
+        self._live = ch.unary_unary(
+            f"/{SERVICE}/ServerLive",
+            service_pb2.ServerLiveRequest.SerializeToString,
+            service_pb2.ServerLiveResponse.FromString,
+        )
+        self._ready = ch.unary_unary(
+            f"/{SERVICE}/ServerReady",
+            service_pb2.ServerReadyRequest.SerializeToString,
+            service_pb2.ServerReadyResponse.FromString,
+        )
+        self._model_ready = ch.unary_unary(
+            f"/{SERVICE}/ModelReady",
+            service_pb2.ModelReadyRequest.SerializeToString,
+            service_pb2.ModelReadyResponse.FromString,
+        )
+
+    def mark_down(self, reason: str) -> None:
+        if self.up:
+            self.up, self.reason = False, reason
+            self.failures += 1
+            log(f"{self.label} DOWN: {reason}")
+
+    def mark_up(self) -> None:
+        if not self.up:
+            log(f"{self.label} UP again")
+            self.up, self.reason = True, ""
+
+    async def alive(self, timeout: float = 2.0) -> bool:
+        try:
+            return (await self._live(service_pb2.ServerLiveRequest(), timeout=timeout)).live
+        except aio.AioRpcError:
+            return False
+
+    async def check(self, model: str, timeout: float = 5.0) -> Tuple[bool, str]:
+        """(ready, why not): ServerReady, and ModelReady(model) when a model is named."""
+        try:
+            if not (await self._ready(service_pb2.ServerReadyRequest(), timeout=timeout)).ready:
+                return False, "ServerReady is false"
+            if (
+                model
+                and not (await self._model_ready(service_pb2.ModelReadyRequest(name=model), timeout=timeout)).ready
+            ):
+                return False, f"model {model} is not ready"
+            return True, ""
+        except aio.AioRpcError as e:
+            return False, f"health probe failed: {_details(e)}"
+
+    async def close(self) -> None:
+        if self.channel is not None:
+            await self.channel.close()

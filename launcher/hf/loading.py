@@ -1,0 +1,166 @@
+"""Loading the `hf` engine's model: the weights onto the device (sharded first with tp > 1), the model's shape as the
+runner sees it, and the slot KV cache sized from it.
+
+Its own module: everything here runs once, before the first step, and decides what the rest of the runner works
+with (device, dtype, this rank's kv heads, max_model_len, the cache); the step path (runner.py) only reads it.
+HFModelRunner takes these methods from `ModelLoading`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from launcher.hf.attention import ATTN_NAME
+from launcher.stage import announce
+
+log = logging.getLogger("launcher.hf.runner")  # the runner's one logger, whichever of its modules logs
+
+
+def use_llmlaunch_inductor_cache() -> None:
+    """Inductor keeps what it compiled in /tmp by default, which a cluster node forgets between jobs; under the
+    llmlaunch cache (in the home directory, which the nodes share) the next start of the same model and settings
+    loads it instead of compiling again.  A directory the user chose stays.  (Importing Inductor, which loading a
+    model does, writes its default into the environment; that one is replaced.)"""
+    import os
+
+    from launcher.paths import cache_root
+
+    key, ours = "TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor")
+    current = os.environ.get(key)
+    if current is None:
+        os.environ[key] = ours
+        return
+    try:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    except ImportError:  # older torch
+        from torch._inductor.runtime.runtime_utils import default_cache_dir
+    if os.path.abspath(current) == os.path.abspath(default_cache_dir()):
+        os.environ[key] = ours
+
+
+def resolve_dtype(dtype: str, device_type: str, config):
+    """auto: float32 on CPU, else the checkpoint's half type (bfloat16 when it says float32)."""
+    import torch
+
+    if dtype in (None, "", "auto"):
+        if device_type == "cpu":
+            return torch.float32  # bf16 matmuls are slow on most CPUs
+        cfg = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        if isinstance(cfg, str):
+            cfg = getattr(torch, cfg, None)
+        return cfg if cfg in (torch.float16, torch.bfloat16) else torch.bfloat16
+    names = {"fp32": "float32", "float": "float32", "fp16": "float16", "half": "float16", "bf16": "bfloat16"}
+    value = getattr(torch, names.get(dtype, dtype), None)
+    if not isinstance(value, torch.dtype):
+        raise ValueError(f"dtype {dtype!r} is not one of auto, float32, float16, bfloat16")
+    return value
+
+
+class ModelLoading:
+    """The loading part of HFModelRunner: `_load_model` sets device, dtype, tp, tp_group, model, fused, config and
+    the model's shape (num_layers, num_kv_heads, head_dim, vocab_size, max_model_len); `_allocate_cache` the cache."""
+
+    def _load_model(self, model_path, device, dtype, max_model_len, tp, tp_group, tp_timeout_s, torch_compile) -> None:
+        """Load `model_path` onto `device` (auto: cuda where there is one) in `dtype` (resolve_dtype); tp > 1: join
+        the tensor-parallel group (`tp_group`, or one from the rank's environment timing out after `tp_timeout_s`)
+        and shard the model on the host before moving it.  max_model_len: None for the model's context (at most
+        4096), capped at a sliding window.  torch_compile=False leaves the Inductor cache directory alone."""
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        from launcher.hf import fuse as hf_fuse
+
+        if device in (None, "", "auto"):
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        if torch_compile is not False:
+            use_llmlaunch_inductor_cache()
+        config = AutoConfig.from_pretrained(model_path)
+        self.dtype = resolve_dtype(dtype, self.device.type, config)
+        announce(f"hf engine: loading {model_path} ({str(self.dtype).replace('torch.', '')}) on {self.device}")
+        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=self.dtype, attn_implementation="sdpa")
+        # switch every (sub)config to our attention after loading: loading validates the name against the
+        # built-in list in some transformers versions, the forward only looks it up in AttentionInterface.
+        for cfg in (model.config, getattr(model.config, "text_config", None)):
+            if cfg is not None:
+                cfg._attn_implementation = ATTN_NAME
+        text_cfg = getattr(model.config, "text_config", None) or model.config
+        self.tp = int(tp or 1)
+        self.tp_group = None
+        if self.tp > 1:
+            from launcher.hf import tp as hf_tp
+
+            hf_tp.check_divisible(text_cfg, self.tp)  # before joining the group: a clear error, no hang
+            if self.device.type == "cuda" and self.device.index is None:
+                # set_device needs an index.  Ranks that see several GPUs (no per-rank CUDA_VISIBLE_DEVICES)
+                # take one per local rank; a rank given its own GPU sees it as cuda:0.
+                import os
+
+                local = int(os.environ.get("_LLMLAUNCH_LOCAL_RANK", "0") or 0)
+                self.device = torch.device("cuda", local % max(1, torch.cuda.device_count()))
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)  # before the process group: NCCL uses the current device
+            self.tp_group = tp_group or hf_tp.TPGroup(self.tp, device_type=self.device.type, timeout=tp_timeout_s)
+            hf_tp.shard_model(model, text_cfg, self.tp_group)  # on the host, before moving the shard
+        self.model = model.to(self.device).eval()
+        # after sharding: a rank fuses its own shards; on the device: the concatenation is a device copy
+        self.fused = hf_fuse.fuse_projections(self.model)
+        self.config = model.config
+        self.num_layers = text_cfg.num_hidden_layers
+        # kv heads of this rank (all of them with tp=1): the cache and our attention only see these
+        self.num_kv_heads = (getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads) // self.tp
+        self.head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
+        self.vocab_size = text_cfg.vocab_size
+        limit = getattr(text_cfg, "max_position_embeddings", None) or 2048
+        # Sliding-window layers attend to the last `window` tokens only; our attention is full, which is the same
+        # thing as long as no sequence is longer than the window.
+        window = getattr(text_cfg, "sliding_window", None)
+        if window and (getattr(text_cfg, "use_sliding_window", True) or getattr(text_cfg, "layer_types", None)):
+            limit = min(limit, int(window))
+        self.max_model_len = int(max_model_len) if max_model_len else min(limit, 4096)
+        if self.max_model_len > limit:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's context of {limit} tokens")
+
+    def _allocate_cache(self, budget: float | None) -> None:
+        import torch
+
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        slots = self.max_num_seqs + self._spare_slots
+        per_layer = slots * self.num_kv_heads * self.max_model_len * self.head_dim * itemsize * 2
+        total = per_layer * self.num_layers
+        if budget is None:
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                budget = 0.85 * free
+            else:
+                import os
+
+                budget = 0.5 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        if total > budget:
+            raise ValueError(
+                f"the KV cache for max_num_seqs={self.max_num_seqs} x max_model_len={self.max_model_len} needs "
+                f"{total / 2**30:.1f} GiB but {budget / 2**30:.1f} GiB are available; lower max_num_seqs or "
+                f"max_model_len"
+            )
+        shape = (slots, self.num_kv_heads, self.max_model_len, self.head_dim)
+        self.cache = [
+            (
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+                torch.zeros(shape, dtype=self.dtype, device=self.device),
+            )
+            for _ in range(self.num_layers)
+        ]
+        log.info(
+            "hf engine: KV cache %d slots x %d tokens, %.2f GiB", self.max_num_seqs, self.max_model_len, total / 2**30
+        )
+
+    def _layer_idx_check(self) -> None:
+        idx = sorted(
+            getattr(m, "layer_idx", -1)
+            for m in self.model.modules()
+            if hasattr(m, "layer_idx") and hasattr(m, "num_key_value_groups")
+        )
+        if idx and idx != list(range(self.num_layers)):
+            raise ValueError(
+                f"unsupported architecture: attention layer indices {idx[:8]}... do not match {self.num_layers} layers"
+            )
