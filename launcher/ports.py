@@ -3,8 +3,9 @@ fixed ports are taken."""
 
 from __future__ import annotations
 
+import os
 import socket
-from typing import Dict
+from typing import Dict, List
 
 from launcher.errors import LaunchError
 
@@ -17,6 +18,64 @@ def port_free(host: str, port: int) -> bool:
         except OSError:
             return False
     return True
+
+
+def _listening_inodes(port: int) -> set:
+    """The socket inodes that listen on TCP `port` in this network namespace (any user's)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:  # 0A: LISTEN
+                inodes.add(f[9])
+    return inodes
+
+
+def listening_pids(port: int, inodes=None) -> Dict[int, str]:
+    """The processes that listen on TCP `port` in this network namespace, with their command lines (from /proc: no
+    `ss` or `lsof` needed on a compute node; only this user's processes can be seen)."""
+    inodes = _listening_inodes(port) if inodes is None else inodes
+    found: Dict[int, str] = {}
+    if not inodes:
+        return found
+    for pid in (d for d in os.listdir("/proc") if d.isdigit()):
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:[") and link[8:-1] in inodes:
+                try:
+                    cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode(errors="replace")
+                except OSError:
+                    cmd = "?"
+                found[int(pid)] = cmd.strip()
+                break
+    return found
+
+
+def port_holders(port: int) -> List[str]:
+    """Who listens on TCP `port` here, as "pid N (command line)"; a listener this user cannot see shows as "a process
+    of another user"."""
+    inodes = _listening_inodes(port)
+    listeners = listening_pids(port, inodes)
+    if listeners:
+        return [f"pid {pid} ({cmd[:160]})" for pid, cmd in listeners.items()]
+    return ["a process of another user"] if inodes else []
+
+
+def in_use_text(host: str, port: int) -> str:
+    """ "port P on H is already in use", naming who holds it where this user can see."""
+    who = port_holders(port)
+    return f"port {port} on {host} is already in use" + (f" by {'; '.join(who)}" if who else "")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -33,7 +92,7 @@ def check_ports(host: str, ports: Dict[str, int]) -> None:
             problems.append(
                 (
                     f"serve.{key}={p}",
-                    f"port {p} on {host} is already in use",
+                    in_use_text(host, p),
                     f"stop what uses it, or pick another port: serve.{key}={free_port(host)}",
                 )
             )

@@ -72,8 +72,25 @@ class FrontendProcess(ChildService):
                 service_pb2.ServerReadyResponse.FromString,
             )
             return self.wait_until(
-                lambda: ready(service_pb2.ServerReadyRequest(), timeout=5).ready, timeout_s, channel_addr
+                lambda: ready(service_pb2.ServerReadyRequest(), timeout=5).ready and self.listens(),
+                timeout_s,
+                channel_addr,
             )
+
+    def listens(self) -> bool:
+        """Whether this front end (its process or one of its workers) holds the port: another server that took the
+        port first would answer ServerReady too."""
+        import os
+
+        from launcher.ports import listening_pids
+
+        for pid in listening_pids(self.cfg.port):
+            try:
+                if os.getpgid(pid) == self.proc.pid:
+                    return True
+            except ProcessLookupError:
+                pass
+        return False
 
 
 def _hostport(text: str) -> Tuple[str, int]:

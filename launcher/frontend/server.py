@@ -53,7 +53,12 @@ async def _serve(cfg: FrontendConfig, reuse_port: bool, publish=None, on_bound=N
     try:
         server.add_insecure_port(f"{cfg.host}:{cfg.port}")
     except RuntimeError as e:
-        raise SystemExit(f"front end: cannot bind gRPC {cfg.host}:{cfg.port}: {e}") from None
+        from launcher.ports import port_holders
+
+        who = "; ".join(port_holders(cfg.port))
+        raise SystemExit(
+            f"front end: cannot bind gRPC {cfg.host}:{cfg.port}: {e}" + (f"; held by {who}" if who else "")
+        ) from None
     await server.start()
     metrics = None
     if cfg.metrics_port and publish is None:

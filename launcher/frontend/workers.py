@@ -67,10 +67,10 @@ def _sum_shared(shared, processes: int, n_replicas: int) -> dict:
 def _supervise(cfg: FrontendConfig) -> int:
     import multiprocessing as mp
 
-    from launcher.ports import port_free
+    from launcher.ports import in_use_text, port_free
 
     if not port_free(cfg.host, cfg.port):
-        raise SystemExit(f"front end: port {cfg.port} on {cfg.host} is already in use")
+        raise SystemExit(f"front end: {in_use_text(cfg.host, cfg.port)}")
     ctx = mp.get_context("spawn")  # gRPC does not survive fork
     width = 2 + _PER_REPLICA * len(cfg.replicas)
     shared = ctx.RawArray("q", width * cfg.processes)

@@ -195,10 +195,10 @@ def _supervise(args) -> int:
     import multiprocessing as mp
 
     from launcher.openai_api.counters import shared_size
-    from launcher.ports import port_free
+    from launcher.ports import in_use_text, port_free
 
     if not port_free(args.host, args.port):
-        raise SystemExit(f"OpenAI API: port {args.port} on {args.host} is already in use")
+        raise SystemExit(f"OpenAI API: {in_use_text(args.host, args.port)}")
     from launcher.rank.drain import DRAIN_SIGNAL
 
     # The drain notice reaches the whole process group: the workers handle it, this process and multiprocessing's

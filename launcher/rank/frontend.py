@@ -62,12 +62,14 @@ def start_for_rank0(
     host: str,
     own_ports: Dict[str, int],
     token: str,
+    avoid=(),
     alive=lambda: True,
     say=log,
 ):
     """What global rank 0 does when replicas > 1, once its own server (on `own_ports`) is ready: wait for every
     other replica leader, start the front end on the public ports rank 0 reserved at the rendezvous, wait until it
-    answers ServerReady. Returns (FrontendProcess, the endpoint.json fields it serves, {rank: the ports each
+    answers ServerReady (on fresh ports, none of `avoid`, where another process took them since the rendezvous).
+    Returns (FrontendProcess, the endpoint.json fields it serves, {rank: the ports each
     leader's server bound})."""
     deadline_s = float(spec.serve.ready_timeout_s)
     t0 = time.monotonic()
@@ -100,12 +102,7 @@ def start_for_rank0(
     env = dict(os.environ)
     root = str(PACKAGE_ROOT)  # `python -m launcher.frontend` from this checkout
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    proc = FrontendProcess(cfg, env=env).start()
-    try:
-        proc.wait_ready(max(30.0, deadline_s - (time.monotonic() - t0)))
-    except BaseException:
-        proc.stop()
-        raise
+    proc = start_on_free_ports(cfg, env, avoid, lambda: max(30.0, deadline_s - (time.monotonic() - t0)), say)
     say(
         f"front end READY on {host}:{cfg.port} for {len(leaders)} replicas; metrics http://{host}:{cfg.metrics_port}/metrics"
     )
@@ -121,3 +118,31 @@ def start_for_rank0(
         },
         bound,
     )
+
+
+def start_on_free_ports(cfg: FrontendConfig, env, avoid, timeout_s, say=log, tries: int = 3) -> FrontendProcess:
+    """The front end started and ready. Something else on the node can take a public port between the rendezvous
+    (which checked it free) and the front end's bind; the front end then exits, and it starts again on fresh ports
+    (endpoint.json names the ones it serves on), as leaders do for their servers' ports."""
+    from launcher.ports import pick_ports, port_holders
+
+    for attempt in range(tries):
+        proc = FrontendProcess(cfg, env=env).start()
+        try:
+            proc.wait_ready(timeout_s())
+            return proc
+        except RuntimeError:
+            proc.stop()
+            held = {p: port_holders(p) for p in (cfg.port, cfg.metrics_port) if p and port_holders(p)}
+            if not held or attempt == tries - 1:
+                raise
+            fresh = pick_ports(
+                cfg.host, {"grpc_port": 0, "metrics_port": 0}, avoid=[*avoid, cfg.port, cfg.metrics_port]
+            )
+            taken = "; ".join(f"port {p} is held by {', '.join(who)}" for p, who in held.items())
+            say(f"the front end could not bind ({taken}); starting it again on {fresh}")
+            cfg.port, cfg.metrics_port = fresh["grpc_port"], fresh["metrics_port"]
+        except BaseException:
+            proc.stop()
+            raise
+    raise AssertionError("unreachable")

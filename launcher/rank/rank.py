@@ -274,6 +274,7 @@ class Rank:
                 self.host,
                 ctx.ports,
                 ctx.token,
+                avoid=[*ctx.ports.values(), self.infos[0]["openai_port"]],
                 alive=lambda: self.server.returncode() is None,
                 say=self.say,
             )

@@ -555,7 +555,33 @@ def test_frontend_refuses_a_taken_port(backends):
     with Front(backends) as fe:
         cfg = FrontendConfig([("127.0.0.1", backends[0].port)], "127.0.0.1", fe.port, 0, "")
         other = FrontendProcess(cfg, env=_env()).start()
+        # the front end already there answers ServerReady on that port: that is not this one being ready
+        with pytest.raises(RuntimeError, match="exited with status 1 before it was ready"):
+            other.wait_ready(60)
         assert other.proc.wait(60) != 0
+
+
+def test_a_front_end_whose_port_was_taken_since_the_rendezvous_starts_again_on_fresh_ports(backends):
+    """Rank 0 reserved its public ports at the rendezvous; another server bound one of them before the front end
+    did. The front end starts again on fresh ports (none of those rank 0 keeps for its own server), says who held
+    the port, and serves there."""
+    from launcher.frontend import FrontendConfig
+    from launcher.rank.frontend import start_on_free_ports
+
+    said = []
+    with Front(backends) as fe:
+        keep = free_port()
+        cfg = FrontendConfig([("127.0.0.1", backends[0].port)], "127.0.0.1", fe.port, free_port(), "frontend_echo")
+        proc = start_on_free_ports(cfg, _env(), [keep], lambda: 60.0, said.append)
+        try:
+            assert cfg.port not in (fe.port, keep) and proc.listens(), cfg
+            assert len(said) == 1 and f"port {fe.port} is held by pid {fe.proc.proc.pid} (" in said[0], said
+            stream, (rec,) = submit_all(f"127.0.0.1:{cfg.port}", "frontend_marker", ["fresh"], 4)
+            stream.wait(rec, 60)
+            stream.close()
+            assert not rec.error and rec.output_tokens == 4, rec.error
+        finally:
+            assert proc.stop() == 0
 
 
 @pytest.mark.parametrize("processes", [1, 2])

@@ -245,6 +245,9 @@ class TritonPythonModel(HFStreams):
             # the stub's library path would give torch's cuDNN the system's sub-libraries (torch_libs' docstring)
             preloaded = preload_torch_cudnn()
             try:
+                # torch first: transformers would report a missing torch as its own "requires PyTorch" error
+                import torch  # noqa: F401
+
                 self.engine = Engine.from_args(self.args).start()
             except ImportError as exc:  # torch / transformers, imported by the engine, not by anything above
                 raise pb_utils.TritonModelException(
