@@ -16,6 +16,9 @@ class LaunchError(Exception):
         self.problems = list(problems)
         super().__init__(self.render())
 
+    def __reduce__(self):  # pickled as its problems (a child process's error: launcher.models._in_a_child)
+        return (type(self), (self.problems,))
+
     def render(self) -> str:
         if len(self.problems) == 1:
             what, why, fix = self.problems[0]

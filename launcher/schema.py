@@ -230,6 +230,17 @@ class HFEngineConfig(EngineConfig):
         Float("a deadline in seconds", 0.0, lo_open=True, fix="set a deadline in seconds, e.g. {key}=120"),
         _HF.tp_timeout_s,
     )  # tp > 1: a collective waiting longer fails the engine (a hung or dead rank fails the job)
+    kv_cache_memory: float = arg(
+        Float("GiB of KV cache", 0.0, zero="0.5 GiB on CPU, 85% of the GPU memory free after the weights"),
+        _HF.kv_cache_memory,
+    )  # GiB the KV-cache pool takes (0: 0.5 GiB on CPU, 85% of the free GPU memory after the weights)
+    block_size: int = arg(
+        Choice(tuple(str(2**i) for i in range(9)), normalize=str, fix="set {key}=16 (a power of two up to 256)"),
+        _HF.block_size,
+    )  # tokens a KV-cache block holds (prefix caching shares whole blocks)
+    prefix_caching: bool = arg(
+        Flag(), _HF.prefix_caching
+    )  # reuse the KV-cache blocks of a prompt's longest prefix another request computed
 
 
 @dataclass

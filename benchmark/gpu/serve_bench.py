@@ -19,6 +19,7 @@ import glob
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -68,16 +69,27 @@ def bench(url: str, c: int, n: int, args, out_json: str) -> dict:
         "--processes",
         str(processes),
         "--no-progress",
+        # each load's prompts new to the server (and its warm-up's, the next seed): a prefix cache serves none of
+        # them from an earlier load
+        "--seed",
+        str(2 * c),
         "--result-json",
         out_json,
         "--label",
         f"{args.label} C={c}",
+        *shlex.split(args.bench_args),
     ]
     done = subprocess.run(argv, cwd=CHECKOUT, capture_output=True, text=True)
     if done.returncode != 0 or not os.path.exists(out_json):
         raise RuntimeError(f"llmlaunch-bench C={c} failed ({done.returncode}): {done.stderr[-2000:]}")
     with open(out_json) as f:
         return json.load(f)["metrics"]
+
+
+def engine_split(out_json: str) -> dict | None:
+    """The served engine's step split of a bench run (with --server-metrics), where it has one."""
+    with open(out_json) as f:
+        return json.load(f).get("server_engine_steps")
 
 
 def main(argv=None) -> int:
@@ -97,6 +109,12 @@ def main(argv=None) -> int:
     p.add_argument("--ready-timeout", type=float, default=900.0)
     p.add_argument("--check", action="store_true", help="run tests/gpu/test_served_engine.py against the server first")
     p.add_argument("--identity", metavar="FILE", help="write the server's greedy answers (identity.py collect) here")
+    p.add_argument(
+        "--bench-args",
+        default="",
+        help="more llmlaunch-bench arguments, e.g. '--dataset-name prefix --prefix-groups 8 --prefix-len 1024 "
+        "--server-metrics http://127.0.0.1:8002/metrics' (--input-len is then each request's own suffix)",
+    )
     args = p.parse_args(argv)
     # `timeout` (engines.sh) ends this with SIGTERM: leave through `finally`, which stops llmlaunch and its server
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
@@ -165,6 +183,7 @@ def main(argv=None) -> int:
                 "itl_ms_p50": m["itl_ms"]["p50"],
                 "tpot_ms_p50": m["tpot_ms"]["p50"],
                 "tokens_per_response": m.get("tokens_per_response"),
+                "prefix_hit_rate": (engine_split(out_json) or {}).get("prefix_hit_rate"),
                 "failed": m["failed"],
                 "json": out_json,
             }
@@ -172,7 +191,8 @@ def main(argv=None) -> int:
             print(
                 f"{args.label:<16} C={c:>4} n={n:>5}: {row['output_throughput']:>10.1f} tok/s  TTFT p50 "
                 f"{row['ttft_ms_p50']:.2f} ms  ITL p50 {row['itl_ms_p50']:.2f} ms  tok/resp "
-                f"{row['tokens_per_response'] or 0:.2f}  failed {row['failed']}",
+                f"{row['tokens_per_response'] or 0:.2f}  failed {row['failed']}"
+                + (f"  prefix hits {100 * row['prefix_hit_rate']:.1f}%" if row["prefix_hit_rate"] is not None else ""),
                 flush=True,
             )
     finally:

@@ -101,6 +101,20 @@ def build_parser(prog: str = "llmlaunch-bench") -> argparse.ArgumentParser:
         "dataset's completion length; 128 for prompts/synthetic)",
     )
     d.add_argument("--range-ratio", type=float, default=0.0, help="synthetic lengths uniform in [L(1-r), L(1+r)]")
+    d.add_argument("--prefix-groups", type=int, default=8, help="prefix: groups sharing one prefix each (default 8)")
+    d.add_argument(
+        "--prefix-len",
+        type=int,
+        default=1024,
+        help="prefix: tokens of each group's shared prefix (default 1024); --input-len is each request's own suffix",
+    )
+    d.add_argument(
+        "--turns",
+        type=int,
+        default=4,
+        help="multiturn: turns a conversation (default 4); each turn sends the whole history; with --dataset, "
+        "a ShareGPT file's conversations, else synthetic (--input-len user messages, --output-len answers)",
+    )
     d.add_argument("--max-input-len", type=int, help="skip prompts longer than this (sharegpt default 1024)")
     d.add_argument("--max-total-len", type=int, default=2048, help="sharegpt: skip prompt+output longer than this")
     d.add_argument("--seed", type=int, default=0, help="seed of dataset sampling and arrival times (default 0)")
@@ -117,7 +131,12 @@ def build_parser(prog: str = "llmlaunch-bench") -> argparse.ArgumentParser:
         "--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps: 1 = Poisson, <1 burstier"
     )
     ld.add_argument("--duration", type=float, help="stop sending after this many seconds (dataset cycled)")
-    ld.add_argument("--warmup", type=int, default=0, help="requests sent first and not counted")
+    ld.add_argument(
+        "--warmup",
+        type=int,
+        default=0,
+        help="requests sent first and not counted; their prompts drawn with --seed + 1, apart from the measured ones",
+    )
     ld.add_argument(
         "--processes",
         type=int,
@@ -221,21 +240,33 @@ def prepare(args):
     kind = datasets.detect_kind(args.dataset) if args.dataset_name == "auto" else args.dataset_name
     tokens = datasets.TokenCounter(args.tokenizer)
     num = args.num_prompts
-    if num is None and kind in ("sharegpt", "synthetic"):
+    if num is None and kind in ("sharegpt", "synthetic", "prefix", "multiturn"):
         num = 1000
-    samples = datasets.load(
+    return _load(args, kind, tokens, num, args.seed), kind, tokens
+
+
+def warmup_samples(args, kind: str, tokens) -> list:
+    """The warm-up requests' samples: drawn with the next seed, so that a server's prefix cache does not serve the
+    measured requests from what the warm-up computed (a generated dataset then shares nothing with them)."""
+    return _load(args, kind, tokens, args.warmup, args.seed + 1) if args.warmup else []
+
+
+def _load(args, kind: str, tokens, num, seed: int):
+    return datasets.load(
         kind,
         args.dataset,
         num,
         tokens,
-        seed=args.seed,
+        seed=seed,
         output_len=args.output_len,
         input_len=args.input_len,
         range_ratio=args.range_ratio,
         max_input_len=args.max_input_len,
         max_total_len=args.max_total_len,
+        prefix_groups=args.prefix_groups,
+        prefix_len=args.prefix_len,
+        turns=args.turns,
     )
-    return samples, kind, tokens
 
 
 def bench_one(
@@ -272,7 +303,10 @@ def bench_one(
         if asked:
             params["final_counts_only"] = True
     slos = metrics.parse_slos(args.goodput)
-    job = Job(url=url, model=model, gens=gens, spec=spec, parameters=params, backend=args.backend)
+    warm = generations(
+        warmup_samples(args, kind, tokens), sampling, stream=not args.no_stream, ignore_eos=args.ignore_eos
+    )
+    job = Job(url=url, model=model, gens=gens, spec=spec, parameters=params, backend=args.backend, warm_gens=warm)
     total = num_requests
     make_bar = None
     if not args.no_progress:

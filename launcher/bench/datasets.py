@@ -23,6 +23,15 @@ Formats (the project never downloads datasets; point `--dataset` at a file):
   uniformly from [L*(1-r), L*(1+r)]. Without a tokenizer the prompt is made of
   short words (one estimated token each); with one, of random token ids whose
   text encodes back to exactly that many (`TokenCounter.random_text`).
+* ``prefix``: shared prefixes, as vLLM's and AIPerf's prefix benchmarks: ``prefix_groups`` groups, each with a
+  random prefix of ``prefix_len`` tokens (a system prompt, the shots of a few-shot prompt); each request is its
+  group's prefix and a unique random suffix of ``input_len`` tokens, the groups taken in turn.  Where the server
+  caches prefixes, all but the first request of a group prefill only their suffix.
+* ``multiturn``: conversations of ``turns`` turns, each turn a request that sends the whole history (every earlier
+  user message and answer) and the new user message.  From a ShareGPT file (``--dataset``: its conversations, the
+  recorded answers as the history, each answer's length the turn's output length unless ``output_len`` fixes it),
+  or synthetic (user messages of ``input_len`` random tokens, answers of ``output_len``).  Requests are ordered turn
+  by turn across the conversations, so a turn goes out after the earlier turns of its conversation did.
 
 Token lengths: with a tokenizer (``--tokenizer``, a local Hugging Face
 tokenizer directory, loaded through transformers; by default the one the
@@ -45,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-KINDS = ("sharegpt", "cnn", "prompts", "synthetic")
+KINDS = ("sharegpt", "cnn", "prompts", "synthetic", "prefix", "multiturn")
 
 
 @dataclass
@@ -267,6 +276,75 @@ def load_synthetic(
     return out
 
 
+def load_prefix(
+    num: Optional[int],
+    tokens: TokenCounter,
+    seed: int = 0,
+    groups: int = 8,
+    prefix_len: int = 1024,
+    input_len: int = 128,
+    output_len: Optional[int] = None,
+) -> list[Sample]:
+    if groups < 1 or prefix_len < 1:
+        raise ValueError(f"--prefix-groups and --prefix-len must be >= 1, got {groups} and {prefix_len}")
+    rng = random.Random(seed)
+    prefixes = [tokens.random_text(prefix_len, rng)[0] for _ in range(groups)]
+    texts = [prefixes[i % groups] + " " + tokens.random_text(input_len, rng)[0] for i in range(num or 1000)]
+    return [Sample(text, n, output_len or 128) for text, n in zip(texts, tokens.count_many(texts))]
+
+
+def _conversation_turns(
+    messages: list[str], answers: list[str], out_lens: list[int]
+) -> list[tuple[str, int, Optional[str]]]:
+    """(prompt, output length, the recorded answer) of each turn: the history so far, then the turn's user message."""
+    history, out = "", []
+    for user, answer, n in zip(messages, answers, out_lens):
+        prompt = f"{history}User: {user}\nAssistant:"
+        out.append((prompt, n, answer))
+        history = f"{prompt} {answer}\n"
+    return out
+
+
+def load_multiturn(
+    path,
+    num: Optional[int],
+    tokens: TokenCounter,
+    seed: int = 0,
+    turns: int = 4,
+    input_len: int = 128,
+    output_len: Optional[int] = None,
+    max_total_len: int = 8192,
+) -> list[Sample]:
+    if turns < 1:
+        raise ValueError(f"--turns must be >= 1, got {turns}")
+    rng = random.Random(seed)
+    conversations = []  # per conversation: [(prompt, output length, answer) per turn]
+    wanted = -(-(num or 1000) // turns)
+    if path:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        rows = [d["conversations"] for d in data if isinstance(d, dict) and len(d.get("conversations") or []) >= 2]
+        rng.shuffle(rows)
+        for conv in rows:
+            users = [m["value"] for m in conv[0::2]][:turns]
+            answers = [m["value"] for m in conv[1::2]][: len(users)]
+            users = users[: len(answers)]
+            lens = [output_len] * len(answers) if output_len else [max(1, n) for n in tokens.count_many(answers)]
+            conversations.append(_conversation_turns(users, answers, lens))
+            if len(conversations) >= wanted:
+                break
+    else:
+        n_out = output_len or 128
+        for _ in range(wanted):
+            users = [tokens.random_text(input_len, rng)[0] for _ in range(turns)]
+            answers = [tokens.random_text(n_out, rng)[0] for _ in range(turns)]
+            conversations.append(_conversation_turns(users, answers, [n_out] * turns))
+    ordered = [conv[t] for t in range(turns) for conv in conversations if t < len(conv)]  # turn by turn
+    lens = tokens.count_many([p for p, _, _ in ordered])
+    out = [Sample(p, n, o, a) for (p, o, a), n in zip(ordered, lens) if n + o <= max_total_len]
+    return take(out, num, f"multi-turn conversations{' of ' + str(path) if path else ''}")
+
+
 def load(
     kind: str,
     path: Optional[str],
@@ -278,10 +356,17 @@ def load(
     range_ratio: float = 0.0,
     max_input_len: Optional[int] = None,
     max_total_len: int = 2048,
+    prefix_groups: int = 8,
+    prefix_len: int = 1024,
+    turns: int = 4,
 ) -> list[Sample]:
     """Dispatch on kind ('auto' detects it from the file)."""
     if kind == "auto":
         kind = detect_kind(path)
+    if kind == "prefix":
+        return load_prefix(num, tokens, seed, prefix_groups, prefix_len, input_len, output_len)
+    if kind == "multiturn":
+        return load_multiturn(path, num, tokens, seed, turns, input_len, output_len, max_total_len)
     if kind != "synthetic" and not path:
         raise ValueError(f"dataset {kind!r} needs --dataset PATH")
     if kind == "sharegpt":

@@ -113,6 +113,8 @@ class Job:
     rank: int = 0  # this process's number
     world: int = 1  # number of processes
     backend: str = "triton-grpc"  # the protocol requests go over: a name of launcher.bench.backends
+    # the warm-up requests' Generations (warm-up request i uses warm_gens[i % len]); empty: the measured ones'
+    warm_gens: list = field(default_factory=list)
 
 
 @dataclass
@@ -173,9 +175,12 @@ class _Driver:
         state[0] = n
         return n, state[1], state[2]
 
-    def _send_all(self, indices, prefix: str, start_at: float, pace: bool, duration: Optional[float]) -> list:
+    def _send_all(
+        self, indices, prefix: str, start_at: float, pace: bool, duration: Optional[float], gens=None
+    ) -> list:
         job, spec = self.job, self.job.spec
-        gens, n_gens, model, params, build = job.gens, len(job.gens), job.model, job.parameters, self.build
+        gens = gens or job.gens
+        n_gens, model, params, build = len(gens), job.model, job.parameters, self.build
         perf, sleep = time.perf_counter, time.sleep
         due = None  # paced: the times of this process's requests (indices rank, rank + world, ...) in the schedule
         if pace and math.isfinite(self.rate):
@@ -240,7 +245,7 @@ class _Driver:
         if not spec.warmup:
             return []
         indices = range(job.rank, spec.warmup, job.world)
-        records = self._send_all(indices, "warmup-", time.perf_counter(), pace=False, duration=None)
+        records = self._send_all(indices, "warmup-", time.perf_counter(), pace=False, duration=None, gens=job.warm_gens)
         self._wait(records)
         return [rec.error for _, rec in records if rec.error]
 

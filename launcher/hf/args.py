@@ -27,10 +27,14 @@ class HFEngineArgs:
     device: str = "auto"  # auto (cuda when available) | cpu | cuda | cuda:N
     dtype: str = "auto"  # auto (float32 on CPU, where bf16 matmuls are slow; the model's half type on a GPU) | float32 | bfloat16 | float16
     # -- batching
-    max_num_seqs: int = 64  # sequences decoded together = KV cache slots (also the config's max_batch_size)
-    max_model_len: int = (
-        0  # context limit in tokens (prompt + generated); 0 = the model's own, capped at 4096 so the KV cache fits
+    max_num_seqs: int = 64  # sequences decoded together (also the config's max_batch_size)
+    max_model_len: int = 0  # context limit in tokens (prompt + generated); 0 = the model's own, or what one sequence can hold in the KV-cache pool where that is less
+    # -- the KV cache (launcher.hf.blocks): a pool of blocks sized to the machine, shared by every sequence
+    kv_cache_memory: float = (
+        0.0  # GiB the KV-cache pool takes; 0 = 0.5 GiB on CPU, 85% of the GPU memory free once the weights are loaded
     )
+    block_size: int = 16  # tokens a KV-cache block holds: a sequence takes its memory a block at a time, and prefix caching shares whole blocks
+    prefix_caching: bool = True  # a request whose prompt starts with tokens another request computed (a system prompt, a conversation's history) reuses their KV-cache blocks and prefills only the rest
     prefill_chunk: int = 0  # prompt tokens prefilled per engine step, so running streams keep flowing; 0 = 512 on CPU, 2048 on a GPU (an eager mixed step costs ~15 ms of launches there whatever its size, so bigger chunks get a wave of prompts its first tokens in fewer steps)
     # -- kernels
     attn_implementation: str = "sdpa"  # sdpa (torch's fused kernels) | eager (matmul + softmax): the engine's attention
@@ -95,6 +99,8 @@ class HFEngineArgs:
             "dtype": self.dtype,
             "max_num_seqs": self.max_num_seqs,
             "max_model_len": self.max_model_len or None,
+            "kv_cache_memory": self.kv_cache_memory * 2**30 if self.kv_cache_memory else None,
+            "block_size": self.block_size,
             "attn_implementation": self.attn_implementation,
             "tp": self.tp_size,
             "tp_timeout_s": self.tp_timeout_s,

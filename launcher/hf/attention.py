@@ -1,21 +1,24 @@
-"""The attention of the `hf` engine: the new keys/values written into the slot KV cache, then attention over it.
+"""The attention of the `hf` engine: the new keys/values written into the paged KV cache, then attention over it.
 
 Registered with transformers' `AttentionInterface` (so any decoder whose attention modules call the attention
 interface works, not only Llama), and as a custom torch op for torch.compile.  A step packs all its tokens into one
 row (`input_ids` of shape [1, T]): first one token per decoding sequence, then prompt chunks of sequences in
-prefill, so the model's linear layers never see padding.  Per layer our attention writes the new keys/values into a
-preallocated cache `[slots, kv_heads, max_model_len, head_dim]` (one slot per running sequence, per-slot lengths)
-with one `index_copy_`, then runs
+prefill, so the model's linear layers never see padding.  Per layer our attention writes the new keys/values into
+the pool of blocks `[blocks, block_size, kv_heads, head_dim]` (launcher.hf.blocks; a token's row is its sequence's
+block for its position, through the runner's block tables) with one `index_copy_`, then runs
 
-* one batched SDPA for all decode tokens over `cache[:rows, :, :len]` (a
-  strided view, no copy) with a per-row additive length mask, GQA handled by
-  folding query heads onto their kv head (no `repeat_kv` copy);
+* one batched attention for all decode tokens over their sequences' blocks, query heads folded onto their kv head
+  (no `repeat_kv` copy): on a GPU a Triton kernel that reads the blocks where they lie (launcher.hf.paged_decode),
+  elsewhere SDPA over the blocks gathered through the block tables (`[rows, kv_heads, len, head_dim]`) with a
+  per-row additive length mask;
 * prompt chunks that start a prompt (nothing cached yet) in one causal SDPA
   per group of similar lengths (launcher.hf.step.group_first_chunks): the group's chunks are gathered into a padded
   batch [n, H, L, D] (right padding: a causal mask already hides the padded
   keys from every real query, and padded queries are dropped);
 * whole prompts packed after the decode rows (a mixed CUDA graph, launcher.hf.graphs) in one SDPA with a block-diagonal mask;
-* one SDPA per continuation chunk (against the cache: the prefix and itself).
+* continuation chunks (against the cache: the prefix and itself; a prompt whose prefix came from the prefix cache
+  starts this way) in one SDPA per group of similar lengths, their sequences' blocks gathered through the block
+  tables; a chunk alone in its group, one SDPA of its own.
 
 Why groups: a step that admits a wave of requests (64 prompts at once, say)
 would otherwise call attention 64 times per layer, and on a GPU each call is
@@ -42,20 +45,31 @@ class StepContext:
         "dec_rows",
         "dec_len",
         "dec_mask",
+        "dec_lens",
+        "dec_kernel",
         "dec_scatter",
         "chunks",
         "groups",
+        "conts",
         "eager",
         "packed",
+        "table",
+        "block_size",
     )
 
     def __init__(self):
         # (offset, tokens, additive mask [tokens, tokens]): whole prompts packed one after another from `offset`,
         # each causal over its own tokens (a mixed graph's prompt part, launcher.hf.graphs.mixed.MixedGraphs); None: none
         self.packed = None
+        # decode attention straight from the pool (launcher.hf.paged_decode, the runner's `decode_kernel`), reading
+        # `dec_lens` ([rows] positions attended); None: gather the blocks and run SDPA with `dec_mask`
+        self.dec_kernel = None
+        # continuation chunks (a prompt part-way: its prefix in the cache) batched, one padded attention per group:
+        # (pad_idx, n, length, real, dst, slots, span, mask), launcher.hf.step.prepare_step; the graphs take none
+        self.conts = []
 
 
-# the step's StepContext (`ctx`) and the KV cache (`cache`: per layer (keys, values)) while the model runs
+# the step's StepContext (`ctx`) and the KV cache (`cache`: per layer the pool's (keys, values)) while the model runs
 tls = threading.local()
 
 
@@ -133,7 +147,11 @@ def _slot_attention(layer_idx, query, key, value, scaling):
     k_cache.view(-1, head_dim).index_copy_(0, ctx.flat_idx, key[0].transpose(0, 1).reshape(-1, head_dim))
     v_cache.view(-1, head_dim).index_copy_(0, ctx.flat_idx, value[0].transpose(0, 1).reshape(-1, head_dim))
 
-    out = query.new_empty(n_tok, n_heads, head_dim) if ctx.chunks or ctx.groups or ctx.packed is not None else None
+    out = (
+        query.new_empty(n_tok, n_heads, head_dim)
+        if ctx.chunks or ctx.groups or ctx.conts or ctx.packed is not None
+        else None
+    )
     n_dec = ctx.n_dec
     if n_dec:
         # 2. decode tokens, batched: [n_dec, H, D] -> [n_dec, KVH, rep, D], query heads grouped on their kv head
@@ -143,7 +161,12 @@ def _slot_attention(layer_idx, query, key, value, scaling):
             q_rows = q.new_zeros(rows, n_kv, rep, head_dim)
             q_rows[ctx.dec_scatter] = q
             q = q_rows
-        o = _sdpa(q, k_cache[:rows, :, :length], v_cache[:rows, :, :length], ctx.dec_mask, scale=scaling, eager=eager)
+        if ctx.dec_kernel is not None:
+            o = ctx.dec_kernel(q, k_cache, v_cache, ctx.table, ctx.dec_lens, length, scaling or head_dim**-0.5)
+        else:
+            blocks = ctx.table[:rows, : -(-length // ctx.block_size)]
+            k, v = gather(k_cache, blocks, length), gather(v_cache, blocks, length)
+            o = _sdpa(q, k, v, ctx.dec_mask, scale=scaling, eager=eager)
         if ctx.dec_scatter is not None:
             o = o[ctx.dec_scatter]
         dec_out = o.reshape(n_dec, n_heads, head_dim)
@@ -163,18 +186,43 @@ def _slot_attention(layer_idx, query, key, value, scaling):
         q, k, v = (t[:, :, offset : offset + length] for t in (query, key, value))
         o = _sdpa(q, k, v, mask, scale=scaling, eager=eager, gqa=rep > 1)
         out[offset : offset + length] = o[0].transpose(0, 1)
-    # 5. the other chunks, one attention each
+    # 5. continuation chunks, a padded batch per group: their queries over their sequences' blocks (the prefix and
+    # themselves, written in 1.), each query row masked to the positions up to its own
+    for pad_idx, n, length, real, dst, slots, span, mask in ctx.conts:
+        q = query[0].index_select(1, pad_idx).view(n_heads, n, length, head_dim).transpose(0, 1)
+        blocks = ctx.table[slots, : -(-span // ctx.block_size)]
+        k, v = gather(k_cache, blocks, span), gather(v_cache, blocks, span)
+        o = _sdpa(q, k, v, mask, scale=scaling, eager=eager, gqa=rep > 1)
+        out.index_copy_(0, dst, o.transpose(1, 2).reshape(n * length, n_heads, head_dim).index_select(0, real))
+    # 6. the other chunks, one attention each
     for offset, slot, start, length, mask in ctx.chunks:
         q = query[:, :, offset : offset + length]
         if mask is None:  # first chunk of a prompt: attend to its own keys, plain causal
             k = key[:, :, offset : offset + length]
             v = value[:, :, offset : offset + length]
         else:  # continuation chunk: attend to the cached prefix and itself
-            k = k_cache[slot : slot + 1, :, : start + length]
-            v = v_cache[slot : slot + 1, :, : start + length]
+            blocks = ctx.table[slot : slot + 1, : -(-(start + length) // ctx.block_size)]
+            k, v = gather(k_cache, blocks, start + length), gather(v_cache, blocks, start + length)
         o = _sdpa(q, k, v, mask, causal=mask is None, scale=scaling, eager=eager, gqa=rep > 1)
         out[offset : offset + length] = o[0].transpose(0, 1)
     return out.unsqueeze(0)
+
+
+def gather(cache, blocks, length: int):
+    """The keys (or values) of `blocks` ([rows, n] block ids) as [rows, kv_heads, length, head_dim]: the blocks' rows
+    of the pool `cache` ([blocks, block_size, kv_heads, head_dim]) one after another, cut at `length` tokens."""
+    rows, n = blocks.shape
+    _, block_size, kv_heads, head_dim = cache.shape
+    return cache[blocks].view(rows, n * block_size, kv_heads, head_dim)[:, :length].transpose(1, 2)
+
+
+def set_decode_lengths(ctx: StepContext, lens, length: int, kernel, dtype, device) -> None:
+    """The decode rows' lengths on `ctx`: `lens` ([rows] device tensor) for the paged kernel `kernel`, or, without
+    one, as the additive mask the gather path's SDPA takes (over `length` positions)."""
+    import torch
+
+    ctx.dec_lens, ctx.dec_kernel = lens, kernel
+    ctx.dec_mask = None if kernel is not None else decode_mask(lens, torch.arange(length, device=device), dtype, device)
 
 
 def decode_mask(lens, span, dtype, device):

@@ -49,7 +49,8 @@ from launcher.hf.encode import PromptEncoder
 from launcher.hf.outputs import Output, OutputProcessor
 from launcher.hf.reporting import EngineStats
 from launcher.hf.runner import HFModelRunner
-from launcher.hf.scheduler import Scheduler, Seq, bad_word_ids, prepare_prompt
+from launcher.hf.scheduler import Scheduler
+from launcher.hf.sequence import Seq, bad_word_ids, prepare_prompt
 from launcher.hf.tp import AHEAD
 from launcher.python_backend.triton_io import InvalidRequest, SamplingParams
 
@@ -70,14 +71,12 @@ class Engine:
         *,
         after_step: Callable[[], None] | None = None,
         tp_group=None,
-        kv_cache_memory: float | None = None,
     ):
         """args: what to load and how (launcher.hf.args.HFEngineArgs: each field says what it does and holds its default;
         0 / "" / auto are decided once the device is known).  The keywords are what no launch sets:
         after_step: called on the engine thread after each step's outputs were delivered (batching hook).
         tp_group: with args.tp_size > 1, an launcher.hf.tp.TPGroup (default: one made from the LLMLAUNCH_* environment); this
         engine is rank 0 and broadcasts each step to the workers.
-        kv_cache_memory: bytes the KV cache may use (default: half the RAM on CPU, 85% of free GPU memory).
         While the GPU runs a step, the next one is queued behind it where it can be, and the host works on the last
         meanwhile (overlap; see `Scheduler.schedule`).
         """
@@ -93,9 +92,7 @@ class Engine:
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or self.model_path)
         self._encode = PromptEncoder(self.tokenizer)  # prompts: the call's ids, without its Python (launcher.hf.encode)
         t0 = time.perf_counter()
-        self.runner = HFModelRunner(
-            self.model_path, kv_cache_memory=kv_cache_memory, tp_group=tp_group, **args.runner_kwargs()
-        )
+        self.runner = HFModelRunner(self.model_path, tp_group=tp_group, **args.runner_kwargs())
         self.max_prefill_tokens = args.prefill_tokens(self.runner.device.type)
         loaded = time.perf_counter()
 
@@ -148,7 +145,10 @@ class Engine:
         self.stats = EngineStats()
         self._after_step = after_step
         self._threads = args.torch_threads or None
-        self.scheduler = Scheduler(self.runner, self.max_prefill_tokens, prompts_alone, self.stats, self._inbox.empty)
+        self.scheduler = Scheduler(
+            self.runner, self.max_prefill_tokens, prompts_alone, self.stats, self._inbox.empty, args.prefix_caching
+        )
+        self.stats.kv_blocks = self.scheduler.pool.capacity
         self.outputs = OutputProcessor(self.scheduler, self.stats, self._active, self._lock)
         # (step, rows, handle): a step launched before the tokens of the one before were known
         self._ahead = None
@@ -171,13 +171,18 @@ class Engine:
             "mixed_graphs": len(r._mixed_graphs),
             "mixed_graph_error": r.mixed_graph_error,
             "cudnn_attention": r.cudnn_attention if r.device.type == "cuda" else "",
+            "decode_attention": r.decode_kernel_note,
             "prompt_encode": self._encode.why_not or "backend",
+            "kv_blocks": r.num_blocks - 1,
+            "block_size": r.block_size,
+            "kv_gib": round(r.kv_cache_bytes / 2**30, 2),
+            "prefix_caching": self.scheduler.pool.prefix_caching,
         }
 
     @classmethod
     def from_args(cls, args: HFEngineArgs, **runtime) -> "Engine":
         """The engine for `args` (an launcher.hf.args.HFEngineArgs); `runtime`: the keywords no launch sets (after_step,
-        tp_group, kv_cache_memory)."""
+        tp_group)."""
         return cls(args, **runtime)
 
     def start(self) -> "Engine":
@@ -403,6 +408,7 @@ class Engine:
             for seq in rows + chunk_seqs + queued:
                 if seq.slot >= 0:
                     self.outputs.finish(seq, "error", "", [], error=f"generation failed: {exc!r}")
+            self.scheduler.resend_block_table()  # the requests admitted meanwhile: their rows never reached it
             return
         self.stats.busy_s += time.perf_counter() - t0
         self.stats.steps += 1

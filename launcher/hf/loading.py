@@ -63,8 +63,8 @@ class ModelLoading:
     def _load_model(self, model_path, device, dtype, max_model_len, tp, tp_group, tp_timeout_s, torch_compile) -> None:
         """Load `model_path` onto `device` (auto: cuda where there is one) in `dtype` (resolve_dtype); tp > 1: join
         the tensor-parallel group (`tp_group`, or one from the rank's environment timing out after `tp_timeout_s`)
-        and shard the model on the host before moving it.  max_model_len: None for the model's context (at most
-        4096), capped at a sliding window.  torch_compile=False leaves the Inductor cache directory alone."""
+        and shard the model on the host before moving it.  max_model_len: None for the model's context, capped at a
+        sliding window (and, once the pool is sized, at what one sequence can hold: `_allocate_cache`).  torch_compile=False leaves the Inductor cache directory alone."""
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -108,6 +108,7 @@ class ModelLoading:
         self.config = model.config
         self.num_layers = text_cfg.num_hidden_layers
         # kv heads of this rank (all of them with tp=1): the cache and our attention only see these
+        self.num_heads = text_cfg.num_attention_heads // self.tp  # query heads of this rank
         self.num_kv_heads = (getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads) // self.tp
         self.head_dim = getattr(text_cfg, "head_dim", None) or text_cfg.hidden_size // text_cfg.num_attention_heads
         self.vocab_size = text_cfg.vocab_size
@@ -117,42 +118,101 @@ class ModelLoading:
         window = getattr(text_cfg, "sliding_window", None)
         if window and (getattr(text_cfg, "use_sliding_window", True) or getattr(text_cfg, "layer_types", None)):
             limit = min(limit, int(window))
-        self.max_model_len = int(max_model_len) if max_model_len else min(limit, 4096)
+        self.model_len = limit  # the model's own context
+        self.max_model_len_asked = int(max_model_len or 0)  # the user's limit; 0: none
+        self.max_model_len = int(max_model_len) if max_model_len else limit
         if self.max_model_len > limit:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's context of {limit} tokens")
 
-    def _allocate_cache(self, budget: float | None) -> None:
+    # bytes of the pool on CPU unless kv_cache_memory says: a laptop's share, 11,000 of the default model's tokens
+    CPU_KV_CACHE = 2**29
+    GPU_KV_SHARE = 0.85  # of the GPU memory free once the weights are loaded, unless kv_cache_memory says
+
+    def _allocate_cache(self, budget: float | None, block_size: int) -> None:
+        """The KV-cache pool (launcher.hf.blocks): `budget` bytes (None: CPU_KV_CACHE on CPU, GPU_KV_SHARE of the free
+        GPU memory) in blocks of `block_size` tokens, per layer keys and values [blocks, block_size, kv_heads,
+        head_dim]; the block tables [max_num_seqs + spare rows, blocks a sequence may hold], all null (block 0).
+        max_model_len is capped at what one sequence can hold in the pool.  With tp > 1 every rank takes the
+        smallest pool of the group, so that the leader's block ids are valid on every rank."""
         import torch
 
+        if block_size < 1 or 256 % block_size:
+            raise ValueError(f"block_size {block_size} must divide 256 (1, 2, 4, ..., 256); 16 is the usual choice")
         itemsize = torch.empty((), dtype=self.dtype).element_size()
-        slots = self.max_num_seqs + self._spare_slots
-        per_layer = slots * self.num_kv_heads * self.max_model_len * self.head_dim * itemsize * 2
-        total = per_layer * self.num_layers
+        per_token = self.num_layers * self.num_kv_heads * self.head_dim * itemsize * 2
         if budget is None:
             if self.device.type == "cuda":
                 free, _ = torch.cuda.mem_get_info(self.device)
-                budget = 0.85 * free
+                budget = self.GPU_KV_SHARE * free
             else:
-                import os
-
-                budget = 0.5 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        if total > budget:
+                budget = self.CPU_KV_CACHE
+        num_blocks = int(budget // (per_token * block_size))
+        if self.tp_group is not None:
+            num_blocks = min(self.tp_group.all_gather(num_blocks))
+        if num_blocks < 2:
             raise ValueError(
-                f"the KV cache for max_num_seqs={self.max_num_seqs} x max_model_len={self.max_model_len} needs "
-                f"{total / 2**30:.1f} GiB but {budget / 2**30:.1f} GiB are available; lower max_num_seqs or "
-                f"max_model_len"
+                f"the KV-cache pool of {budget / 2**30:.2f} GiB holds {num_blocks} blocks of {block_size} tokens "
+                f"({per_token * block_size / 2**20:.1f} MiB each for this model): give the engine more "
+                f"(kv_cache_memory, in GiB)"
             )
-        shape = (slots, self.num_kv_heads, self.max_model_len, self.head_dim)
-        self.cache = [
-            (
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-                torch.zeros(shape, dtype=self.dtype, device=self.device),
-            )
-            for _ in range(self.num_layers)
-        ]
+        pool_tokens = (num_blocks - 1) * block_size  # block 0 is the null block
+        if self.max_model_len > pool_tokens:
+            if self.max_model_len_asked:
+                raise ValueError(
+                    f"max_model_len {self.max_model_len} is more than the KV-cache pool holds ({pool_tokens} tokens "
+                    f"in {budget / 2**30:.2f} GiB): lower max_model_len or raise kv_cache_memory"
+                )
+            self.max_model_len = pool_tokens
+        self.block_size, self.num_blocks = block_size, num_blocks
+        self.kv_cache_bytes = num_blocks * block_size * per_token
+        self.max_blocks = -(-self.max_model_len // block_size)  # blocks one sequence may hold
+        shape = (num_blocks, block_size, self.num_kv_heads, self.head_dim)
+        self._pool_maps = []  # CPU: the anonymous mappings under the pool (kept alive with it)
+        self.cache = [(self._zeros(shape), self._zeros(shape)) for _ in range(self.num_layers)]
+        # one row per slot, and the spare row padded rows of a graph use: its blocks are the null block
+        self.block_table = torch.zeros(self.max_num_seqs + 1, self.max_blocks, dtype=torch.long, device=self.device)
+        full = pool_tokens // self.max_model_len
         log.info(
-            "hf engine: KV cache %d slots x %d tokens, %.2f GiB", self.max_num_seqs, self.max_model_len, total / 2**30
+            "hf engine: KV cache %d blocks x %d tokens = %d tokens, %.2f GiB; max_model_len %d (%d sequences of "
+            "that length fit)",
+            num_blocks - 1,
+            block_size,
+            pool_tokens,
+            num_blocks * block_size * per_token / 2**30,
+            self.max_model_len,
+            full,
         )
+
+    def _zeros(self, shape):
+        """A zeroed pool tensor.  On CPU over an anonymous mapping: its pages are zeros the OS hands out only when
+        first written, so the pool costs the memory of the blocks used so far, not its size from the start (a
+        masked-out position must still read as a number, which a zero page is).  Blocks freed stay cached (prefix
+        caching) while untouched ones are taken first, so under a long load the whole pool becomes resident."""
+        import math
+        import mmap
+
+        import torch
+
+        if self.device.type != "cpu":
+            return torch.zeros(shape, dtype=self.dtype, device=self.device)
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        buf = mmap.mmap(-1, math.prod(shape) * itemsize)
+        self._pool_maps.append(buf)
+        return torch.frombuffer(buf, dtype=self.dtype).view(shape)
+
+    def apply_block_updates(self, updates) -> None:
+        """A step's block-table changes ((slot, from block index, block ids)), in one host->device copy."""
+        import torch
+
+        if not updates:
+            return
+        rows, cols, vals = [], [], []
+        for slot, start, blocks in updates:
+            rows.extend([slot] * len(blocks))
+            cols.extend(range(start, start + len(blocks)))
+            vals.extend(blocks)
+        idx = torch.tensor([rows, cols, vals], dtype=torch.long).to(self.device, non_blocking=True)
+        self.block_table[idx[0], idx[1]] = idx[2]
 
     def _layer_idx_check(self) -> None:
         idx = sorted(

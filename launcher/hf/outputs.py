@@ -12,7 +12,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from launcher.hf.scheduler import Scheduler, Seq
+from launcher.hf.scheduler import Scheduler
+from launcher.hf.sequence import Seq
 
 log = logging.getLogger("launcher.hf.engine")  # the engine's one logger, as its log lines always named it
 
@@ -53,11 +54,11 @@ class OutputProcessor:
         starting), whether it ends (EOS past min_tokens, a stop string, max_tokens), and its output."""
         if seq.slot < 0:  # finished during this step (cannot happen today; defensive)
             return
-        if not seq.out_ids:
-            # first token: the sequence moves from prefill to decode
+        if not seq.decoding:  # its prefill sampled this token: the sequence moves from prefill to decode
             self._started_decoding(seq)
-            self.stats.first_tokens += 1
-            self.stats.to_first_token_s += time.monotonic() - seq.added
+            if not seq.out_ids:  # a first token (not a preempted request's token after it was computed again)
+                self.stats.first_tokens += 1
+                self.stats.to_first_token_s += time.monotonic() - seq.added
         seq.out_ids.append(tok)
         n = len(seq.out_ids)
         finish = None

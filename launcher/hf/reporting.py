@@ -41,6 +41,18 @@ class EngineStats:
     # one call): requests / calls is how many prompts arrive together
     intake_calls: int = 0
     intake_requests: int = 0
+    # The KV-cache pool (launcher.hf.blocks): prompt tokens admitted, of those found in the prefix cache (not
+    # prefilled), requests preempted because the pool ran out (computed again later), the pool's blocks in use
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    preempted: int = 0
+    kv_blocks_used: int = 0
+    kv_blocks: int = 0
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        """Prompt tokens served from the prefix cache over prompt tokens admitted."""
+        return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
 def describe_features(f: dict) -> str:
@@ -64,6 +76,11 @@ def describe_features(f: dict) -> str:
         if f.get("mixed_graph_error")
         else f"{f.get('mixed_graphs', 0)} mixed graphs",
     ]
+    if f.get("kv_blocks"):  # the KV-cache pool
+        parts.append(
+            f"KV cache {f['kv_blocks']} blocks x {f['block_size']} tokens ({f.get('kv_gib', 0):.2f} GiB), "
+            f"prefix caching {'on' if f.get('prefix_caching') else 'off'}"
+        )
     if "fused" in f:  # layers whose q/k/v (gate/up) projections run as one product (launcher.hf.fuse)
         fused = {k: n for k, n in f["fused"].items() if n}
         parts.append(
@@ -78,6 +95,8 @@ def describe_features(f: dict) -> str:
             if f["prompt_encode"] == "backend"
             else f"prompts: tokenizer call ({f['prompt_encode']})"
         )
+    if f.get("decode_attention"):  # GPU only: the paged decode kernel or why not (launcher.hf.paged_decode)
+        parts.append(f"decode attention: {f['decode_attention']}")
     where = {"graphs": "in graphs", "all": "everywhere", "off": "off"}.get(f.get("cudnn_attention", ""))
     if where:  # GPU only: CPU attention has no cuDNN
         parts.append(f"cuDNN attention {where}")

@@ -2,9 +2,11 @@
 
 The scheduler (scheduler.py) decides *what* runs in a step and describes it as a `StepInputs` of plain Python lists
 (step.py); `HFModelRunner.execute(step)` runs it and returns the sampled token per output row.  The runner owns the
-model and the slot KV cache (one slot per running sequence) and puts the pieces together:
+model and the KV-cache pool (launcher.hf.blocks: blocks of tokens, a block table per slot, a slot per running
+sequence) and puts the pieces together:
 
-* loading: the model onto the device (sharded with tp > 1), its shape, the KV cache (ModelLoading);
+* loading: the model onto the device (sharded with tp > 1), its shape, the KV-cache pool and the block tables
+  (ModelLoading);
 * warmup: attention kernels, torch.compile, and the warm-up that compiles and captures before serving (WarmUp);
 * step: the step as plain data (broadcastable to tensor-parallel workers), and its layout for an eager run;
 * attention: our attention, registered with transformers, which writes the cache and attends over it;
@@ -35,7 +37,7 @@ __all__ = ["HFModelRunner", "PrefillChunk", "SamplingRows", "StepInputs", "group
 
 
 class HFModelRunner(ModelLoading, WarmUp):
-    """Owns the model and the slot KV cache; `execute(StepInputs)` -> sampled token per output row."""
+    """Owns the model and the KV-cache pool; `execute(StepInputs)` -> sampled token per output row."""
 
     def __init__(
         self,
@@ -46,6 +48,7 @@ class HFModelRunner(ModelLoading, WarmUp):
         max_model_len: int | None = None,
         attn_implementation: str = DEFAULTS.attn_implementation,
         kv_cache_memory: float | None = None,
+        block_size: int = DEFAULTS.block_size,
         tp: int = 1,
         tp_group=None,
         cuda_graphs: bool | None = None,
@@ -58,6 +61,8 @@ class HFModelRunner(ModelLoading, WarmUp):
         """tp > 1: this process is one rank of a tensor-parallel group (launcher.hf.tp): `tp_group` (a TPGroup) or one
         made from the rank's environment (its collectives time out after `tp_timeout_s`); the model is sharded after
         loading.
+        kv_cache_memory: bytes of the KV-cache pool (None: ModelLoading.CPU_KV_CACHE on CPU, GPU_KV_SHARE of the free
+        GPU memory); block_size: tokens a block holds.
         cuda_graphs: replay decode-only steps as CUDA graphs (None: on for cuda; with tp > 1 the graphs hold the
         NCCL all-reduces, and every rank captures the same ones, see `warm_up`).  With them, steps of one whole
         prompt and of several (WAVE_ROWS) replay graphs too.
@@ -81,7 +86,8 @@ class HFModelRunner(ModelLoading, WarmUp):
         self._init_graphs(cuda_graphs, prefill_graphs, mixed_graphs)
         self._init_attention_backends(cudnn_attention)
         self._init_compile(torch_compile)
-        self._allocate_cache(kv_cache_memory)
+        self._allocate_cache(kv_cache_memory, block_size)
+        self._init_decode_kernel()
         self.sampler = Sampler(self.max_num_seqs, self.vocab_size, self.device)
         self._last_done = None  # the completion event of the step launched last, until the engine idles (gpu_times)
         self.last_graph = None  # the graph the last launch replayed: "decode", "prompt", "wave", "mixed" or None
@@ -97,7 +103,6 @@ class HFModelRunner(ModelLoading, WarmUp):
         if cuda_graphs is None:
             cuda_graphs = DEFAULTS.cuda_graphs
         self.use_graphs = bool(cuda_graphs) and self.device.type == "cuda"
-        self._spare_slots = 1 if self.use_graphs else 0  # the slot padded rows write to
         self.graph_pool = None  # the memory pool every graph shares (they replay one at a time)
         self.decode_graphs = DecodeGraphs(self)
         limit = token_limit(
@@ -187,6 +192,7 @@ class HFModelRunner(ModelLoading, WarmUp):
 
         if not sample:
             with torch.inference_mode():
+                self.apply_block_updates(step.block_updates)
                 ids = None
                 if ahead:
                     ids = torch.empty(len(step.decode_tokens), dtype=torch.long, device=self.device)
@@ -227,6 +233,7 @@ class HFModelRunner(ModelLoading, WarmUp):
             # the cache write would land in the next head's or slot's row: refuse instead of corrupting it
             raise ValueError(f"decode position {max(step.decode_positions)} is past max_model_len {self.max_model_len}")
         with torch.inference_mode():
+            self.apply_block_updates(step.block_updates)
             start = after = None
             if self.device.type == "cuda":
                 # GPU timing (gpu_times): this step's span on the stream, and the gap since the step launched before
@@ -293,7 +300,14 @@ class HFModelRunner(ModelLoading, WarmUp):
         import torch
 
         ctx, input_ids, positions, logits_idx = prepare_step(
-            step, self.device, self.num_kv_heads, self.max_model_len, self.dtype, self.eager
+            step,
+            self.device,
+            self.num_kv_heads,
+            self.block_table,
+            self.block_size,
+            self.dtype,
+            self.eager,
+            self.decode_kernel,
         )
         if ids is not None:
             input_ids[0, : len(step.decode_tokens)] = ids

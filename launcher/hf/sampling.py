@@ -36,11 +36,17 @@ class Sampler:
         dev = logits.device
         if penalty_resets:
             counts, seen = self._penalty_state()
-            for slot, prompt in penalty_resets:
+            for slot, prompt, generated in penalty_resets:
                 counts[slot].zero_()
                 seen[slot].zero_()
                 if prompt:
                     seen[slot, torch.tensor(prompt, dtype=torch.long, device=dev)] = True
+                if generated:  # a request computed again after preemption keeps the counts of what it generated
+                    counts[slot].index_add_(
+                        0,
+                        torch.tensor(generated, dtype=torch.long, device=dev),
+                        torch.ones(len(generated), dtype=counts.dtype, device=dev),
+                    )
         logits = logits.float()
         n, vocab = logits.shape
         if vocab > self.valid_vocab:  # padded embeddings: never sample ids the tokenizer does not know

@@ -1,123 +1,46 @@
 """The hf engine's scheduler: admission, batching and prompt-chunking decisions, in plain lists.
 
-`Scheduler` holds the requests the engine thread owns (waiting for a KV-cache slot, prefilling, decoding) and makes
-each step's `StepInputs`: every decoding sequence decodes one token, waiting requests take free slots, prompt chunks
-fill the step up to `max_prefill_tokens`, and where the runner has CUDA graphs for them, prompts go beside the decode
+`Scheduler` holds the requests the engine thread owns (waiting, prefilling, decoding) and makes each step's
+`StepInputs`: every decoding sequence decodes one token, waiting requests take a free slot and the KV-cache blocks
+their prompt needs (launcher.hf.blocks: after the blocks of their longest cached prefix, which they prefill no
+more), prompt chunks fill the step up to `max_prefill_tokens`, and where the runner has CUDA graphs for them, prompts go beside the decode
 rows (mixed), in waves, or alone (see `Scheduler.schedule`).  It only reads the runner's graph limits; the loop
 (launcher.hf.engine) launches the steps and output processing (launcher.hf.outputs) consumes their tokens.
+
+A sequence takes a block as it grows; when the pool has none left for a decoding sequence, the request admitted
+last is preempted: its blocks go back (its full ones stay in the prefix cache), and it waits first in line to be
+computed again, its generated tokens part of the prompt it prefills then (recompute, as vLLM does).
 """
 
 from __future__ import annotations
 
 import heapq
-import os
-import random
 import time
 from bisect import insort
 from collections import deque
 from typing import Callable
 
 from launcher.hf.args import DEFAULTS
-from launcher.hf.detok import StopMatcher
+from launcher.hf.blocks import BlockPool, block_hashes
 from launcher.hf.runner import PrefillChunk, SamplingRows, StepInputs
-from launcher.python_backend.triton_io import InvalidRequest, SamplingParams
-
-
-class Seq:
-    """One request's state: the scheduler moves it through waiting, prefilling and decoding; output
-    processing (launcher.hf.outputs) turns its tokens into outputs."""
-
-    __slots__ = (
-        "request_id",
-        "prompt_ids",
-        "out_ids",
-        "params",
-        "on_output",
-        "slot",
-        "num_computed",
-        "decoder",
-        "stopper",
-        "rng",
-        "eos",
-        "max_tokens",
-        "min_tokens",
-        "bad",
-        "penalties",
-        "prefill_started",
-        "added",
-    )
-
-    def __init__(self, request_id, prompt_ids, params: SamplingParams, on_output, decoder, eos, bad):
-        self.request_id = request_id
-        self.prompt_ids = prompt_ids
-        self.out_ids: list[int] = []
-        self.params = params
-        self.on_output = on_output
-        self.slot = -1
-        self.num_computed = 0  # tokens whose keys/values are in the cache
-        self.decoder = decoder
-        self.stopper = StopMatcher(params.stop) if params.stop else None
-        self.rng = random.Random(params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little"))
-        self.eos = eos  # frozenset of token ids that end the request (empty with ignore_eos)
-        self.max_tokens = params.max_tokens
-        self.min_tokens = params.min_tokens
-        self.bad = bad  # list of token-id sequences that must not be generated
-        self.penalties = (
-            params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
-        )
-        self.prefill_started = False
-        self.added = time.monotonic()  # when add_request queued it (EngineStats.queued_s, to_first_token_s)
-
-
-def prepare_prompt(
-    encode: Callable[[str], list[int]],
-    prompt: str | list[int],
-    params: SamplingParams,
-    max_model_len: int,
-    vocab_size: int,
-) -> list[int]:
-    """Validate a request and tokenize its prompt (`encode`: text -> ids, a PromptEncoder); raises InvalidRequest
-    naming the problem and the fix."""
-    params.validate(max_model_len)
-    if isinstance(prompt, str):
-        if not prompt:
-            raise InvalidRequest("the prompt is empty")
-        prompt_ids = encode(prompt)
-    else:
-        prompt_ids = [int(t) for t in prompt]
-        if any(not 0 <= t < vocab_size for t in prompt_ids):
-            raise InvalidRequest(f"prompt token ids must be in [0, {vocab_size})")
-    n = len(prompt_ids)
-    if n == 0:
-        raise InvalidRequest("the prompt is empty")
-    if n + params.max_tokens > max_model_len:
-        raise InvalidRequest(
-            f"the prompt ({n} tokens) plus max_tokens ({params.max_tokens}) exceeds the model context of "
-            f"{max_model_len} tokens; shorten the prompt or lower max_tokens"
-        )
-    if params.end_id is not None and not 0 <= params.end_id < vocab_size:
-        raise InvalidRequest(f"end_id {params.end_id} is outside the vocabulary [0, {vocab_size})")
-    return prompt_ids
-
-
-def bad_word_ids(tokenizer, words) -> list[list[int]]:
-    """The token-id sequences a request's bad words may appear as (each word alone and after a space)."""
-    out = []
-    for word in words:
-        for variant in (word, " " + word):
-            ids = tokenizer(variant, add_special_tokens=False).input_ids
-            if ids and ids not in out:
-                out.append(ids)
-    return out
+from launcher.hf.sequence import Seq
 
 
 class Scheduler:
     """The engine thread's requests and the choice of what each step runs (engine thread only)."""
 
-    def __init__(self, runner, max_prefill_tokens: int, prompts_alone: int, stats, inbox_empty: Callable[[], bool]):
-        """runner: the HFModelRunner whose graph limits shape the steps; stats: the engine's EngineStats (admitted,
-        queued_s); inbox_empty: whether no request or abort waits for the loop (a step is only queued ahead while
-        none does)."""
+    def __init__(
+        self,
+        runner,
+        max_prefill_tokens: int,
+        prompts_alone: int,
+        stats,
+        inbox_empty: Callable[[], bool],
+        prefix_caching: bool = DEFAULTS.prefix_caching,
+    ):
+        """runner: the HFModelRunner whose graph limits shape the steps and whose pool (num_blocks, block_size) the
+        blocks are of; stats: the engine's EngineStats (admitted, queued_s, preempted); inbox_empty: whether no
+        request or abort waits for the loop (a step is only queued ahead while none does)."""
         self.runner = runner
         self.max_prefill_tokens = max_prefill_tokens
         self.stats = stats
@@ -130,6 +53,10 @@ class Scheduler:
         self._waved = False  # the last step was a wave of prompts that decode rows waited for (_prompt_wave)
         self.free = list(range(runner.max_num_seqs))
         heapq.heapify(self.free)
+        self.pool = BlockPool(runner.num_blocks, runner.block_size, prefix_caching)
+        self.block_size = runner.block_size
+        self._admissions = 0
+        self._updates: list[tuple[int, int, list[int]]] = []  # block-table changes the next step carries
 
     @property
     def idle(self) -> bool:
@@ -142,8 +69,9 @@ class Scheduler:
         self.waiting.append(seq)
 
     def started_decoding(self, seq: Seq) -> None:
-        """seq's first token came: it moves from prefill to decode."""
+        """seq's prefill sampled its token: it moves from prefill to decode."""
         self.prefilling.remove(seq)
+        seq.decoding = True
         insort(self.decoding, (seq.slot, seq), key=lambda x: x[0])
 
     def release(self, seq: Seq) -> bool:
@@ -151,13 +79,28 @@ class Scheduler:
         if self.by_id.pop(seq.request_id, None) is None:
             return False
         if seq.slot >= 0:
-            if seq.out_ids:
-                self.decoding.remove((seq.slot, seq))
-            elif seq in self.prefilling:
-                self.prefilling.remove(seq)
-            heapq.heappush(self.free, seq.slot)
-            seq.slot = -1
+            self._vacate(seq)
         return True
+
+    def _vacate(self, seq: Seq) -> None:
+        """seq leaves the running set: its slot and its blocks go back (its full blocks stay findable)."""
+        if seq.decoding:
+            self.decoding.remove((seq.slot, seq))
+        elif seq in self.prefilling:
+            self.prefilling.remove(seq)
+        heapq.heappush(self.free, seq.slot)
+        self.pool.free(seq.blocks)
+        seq.slot, seq.blocks, seq.keys, seq.decoding = -1, [], [], False
+
+    def preempt(self, seq: Seq) -> None:
+        """The pool ran out: seq gives its slot and blocks back and waits first in line; it will prefill its prompt and
+        what it generated (its full blocks are likely still cached) and go on from there."""
+        self._vacate(seq)
+        seq.prefill_ids = seq.prompt_ids + seq.out_ids
+        seq.num_computed = 0
+        seq.prefill_started = False
+        self.waiting.appendleft(seq)
+        self.stats.preempted += 1
 
     def schedule(self, ahead_of: list[Seq] | None = None):
         """The next step: (step, output rows, sequences with a prompt chunk that does not end their prompt,
@@ -193,6 +136,7 @@ class Scheduler:
         prev_rows = None
         prompts = []  # sequences whose prompt (or its next chunk) this step may take
         if ahead_of is None:
+            self._grow_or_preempt()
             decoding = [s for _, s in self.decoding]
             self.admit()
             prompts = self.prefilling
@@ -220,6 +164,8 @@ class Scheduler:
             prompts_waiting = bool(self.waiting) or any(id(s) not in ids for s in self.prefilling)
             prev_rows += [-1] * len(waited)
             decoding += waited
+            if not self._grow(decoding):  # the pool is out of blocks: the step waits, and may preempt then
+                return None
             if prompts_waiting:
                 self.admit()
                 pending = [s for s in self.prefilling if id(s) not in ids]  # not those the running step prefills
@@ -265,22 +211,28 @@ class Scheduler:
                 if budget <= 0:
                     break
                 start = seq.num_computed
-                length = min(len(seq.prompt_ids) - start, budget)
+                length = min(len(seq.prefill_ids) - start, budget)
                 budget -= length
-                last = start + length == len(seq.prompt_ids)
+                last = start + length == len(seq.prefill_ids)
                 chunks.append(PrefillChunk(seq.slot, start, length, last))
-                prefill_tokens.extend(seq.prompt_ids[start : start + length])
+                prefill_tokens.extend(seq.prefill_ids[start : start + length])
                 seq.num_computed = start + length
                 if not seq.prefill_started:
                     seq.prefill_started = True
                     if seq.penalties:
-                        penalty_resets.append((seq.slot, seq.prompt_ids))
+                        penalty_resets.append((seq.slot, seq.prompt_ids, list(seq.out_ids)))
                 if last:
                     rows.append(seq)
                 else:
                     chunk_seqs.append(seq)
         if not rows and not chunks:
             return None
+        for seq in decoding:
+            self._publish(seq)
+        for seq in rows[len(decoding) :] + chunk_seqs:
+            self._publish(seq)
+        updates, self._updates = self._updates, []
+        self.stats.kv_blocks_used = self.pool.capacity - self.pool.num_free
         running = sum(r >= 0 for r in prev_rows) if prev_rows is not None else 0  # the running step's rows: first
         step = StepInputs(
             decode_slots,
@@ -290,18 +242,79 @@ class Scheduler:
             prefill_tokens,
             self._sampling_rows(rows, pending_rows=running),
             penalty_resets,
+            updates,
         )
         return step, rows, chunk_seqs, prev_rows
 
     def admit(self) -> None:
-        """Waiting requests into free slots (lowest slot first keeps the decode batch rows compact)."""
+        """Waiting requests, first come first served, into free slots (lowest slot first keeps the decode batch rows
+        compact), each with the blocks of its longest cached prefix and new ones for the rest of its prompt.  A
+        request waits while the pool, less a reserve for the decoding sequences' next blocks, cannot hold it."""
         now = time.monotonic()
+        bs, pool = self.block_size, self.pool
+        reserve = max(1, pool.capacity // 100)  # decoding sequences grow into it before anyone is preempted
         while self.waiting and self.free:
-            seq = self.waiting.popleft()
+            seq = self.waiting[0]
+            tokens = seq.prefill_ids
+            # at least one token is prefilled: its logits give the first token
+            cached, keys = pool.match(tokens, (len(tokens) - 1) // bs)
+            need = -(-len(tokens) // bs) - len(cached)
+            new = pool.allocate(need) if need <= pool.num_free - (reserve if self.decoding else 0) else None
+            if new is None:
+                pool.free(cached)
+                return
+            self.waiting.popleft()
             seq.slot = heapq.heappop(self.free)
+            seq.blocks, seq.keys = cached + new, keys
+            seq.num_computed = seq.cached_tokens = len(cached) * bs
+            self._admissions += 1
+            seq.admitted = self._admissions
+            self._updates.append((seq.slot, 0, list(seq.blocks)))
             self.prefilling.append(seq)
             self.stats.admitted += 1
             self.stats.queued_s += now - seq.added
+            self.stats.prompt_tokens += len(tokens)
+            self.stats.cached_prompt_tokens += seq.cached_tokens
+
+    def resend_block_table(self) -> None:
+        """The next step carries every running sequence's whole block-table row: after a step that failed to run,
+        whose changes (and those of the step behind it) never reached the device."""
+        running = [s for _, s in self.decoding] + self.prefilling
+        self._updates = [(s.slot, 0, list(s.blocks)) for s in running if s.slot >= 0]
+
+    def _grow(self, seqs: list[Seq]) -> bool:
+        """Each of `seqs` feeds the token at its position num_computed this step: a new block where that position
+        starts one.  False where the pool has none left (the blocks taken so far stay with their sequences)."""
+        bs = self.block_size
+        for seq in seqs:
+            if seq.num_computed // bs < len(seq.blocks):
+                continue
+            new = self.pool.allocate(1)
+            if new is None:
+                return False
+            self._updates.append((seq.slot, len(seq.blocks), new))
+            seq.blocks += new
+        return True
+
+    def _grow_or_preempt(self) -> None:
+        """Every decoding sequence gets the block its next token needs; where the pool has none, the request
+        admitted last (decoding or prefilling) is preempted, until the others fit."""
+        for _, seq in list(self.decoding):
+            while seq.slot >= 0 and not self._grow([seq]):
+                running = [s for _, s in self.decoding] + self.prefilling
+                self.preempt(max(running, key=lambda s: s.admitted))
+
+    def _publish(self, seq: Seq) -> None:
+        """seq's blocks that are full of tokens the host knows become findable in the prefix cache."""
+        bs = self.block_size
+        full = min(seq.num_computed, len(seq.prompt_ids) + len(seq.out_ids)) // bs
+        done = len(seq.keys)
+        if full <= done:
+            return
+        tokens = [seq.token_at(p) for p in range(done * bs, full * bs)]
+        keys = block_hashes(tokens, bs, 0, seq.keys[-1] if seq.keys else None)
+        self.pool.publish(seq.blocks[done:full], keys)
+        seq.keys += keys
 
     # At most this many prompts waiting to be prefilled are taken one at a time, each alone in a step that replays
     # its prompt graph, instead of together in one eager step beside the decode rows.  Why: an eager step with
@@ -322,7 +335,7 @@ class Scheduler:
         pending = self.prefilling if pending is None else pending
         if not decoding or not pending or any(s.num_computed for s in pending):
             return None
-        lengths = [len(s.prompt_ids) for s in pending]
+        lengths = [len(s.prefill_ids) for s in pending]
         if sum(lengths) > self.max_prefill_tokens or not self.runner.mixed_prompts_fit(lengths):
             return None
         self._waved = False
@@ -345,7 +358,7 @@ class Scheduler:
         if not pending or len(pending) > self._prompts_alone or (len(pending) == 1 and not decoding):
             return None  # nothing to prefill, a wave, or a prompt alone anyway
         first = pending[0]  # graphed prompts fit the prefill chunk (capture_prefill_graphs caps them at it)
-        if first.num_computed or not self.runner.prompt_graphed(len(first.prompt_ids)):
+        if first.num_computed or not self.runner.prompt_graphed(len(first.prefill_ids)):
             return None
         return first
 
@@ -370,8 +383,8 @@ class Scheduler:
                 break
             take.append(seq)
         while len(take) >= 2 and (
-            sum(len(s.prompt_ids) for s in take) > self.max_prefill_tokens
-            or self.runner.wave_graph_key([len(s.prompt_ids) for s in take]) is None
+            sum(len(s.prefill_ids) for s in take) > self.max_prefill_tokens
+            or self.runner.wave_graph_key([len(s.prefill_ids) for s in take]) is None
         ):
             take.pop()  # the longest prompts may not fit a wave of that many: fewer, in a smaller one
         if len(take) < 2:

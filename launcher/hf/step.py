@@ -14,9 +14,10 @@ first, then prompt chunks, with prompt-starting chunks grouped for one padded at
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
-from launcher.hf.attention import StepContext, decode_mask
+from launcher.hf.attention import StepContext, set_decode_lengths
 
 
 @dataclass
@@ -57,8 +58,12 @@ class StepInputs:
     prefill: list[PrefillChunk]  # prompt chunks, in token order after the decode tokens
     prefill_tokens: list[int]  # the prompt tokens of all chunks, concatenated
     sampling: SamplingRows
-    # Penalty bookkeeping: slots (re)starting a request that uses penalties, with the prompt tokens to count.
-    penalty_resets: list[tuple[int, list[int]]] = field(default_factory=list)
+    # Penalty bookkeeping: slots (re)starting a request that uses penalties, with the prompt tokens to count and the
+    # tokens it generated before (a request preempted and computed again).
+    penalty_resets: list[tuple[int, list[int], list[int]]] = field(default_factory=list)
+    # Block tables (launcher.hf.blocks): (slot, from block index, the block ids from there on) for the slots whose
+    # table changed, applied before the step runs (every rank applies the same, so their tables stay one)
+    block_updates: list[tuple[int, int, list[int]]] = field(default_factory=list)
 
     @property
     def num_tokens(self) -> int:
@@ -85,9 +90,54 @@ def group_first_chunks(lengths: list[int], waste: float = 0.5) -> list[list[int]
     return groups
 
 
-def prepare_step(step: StepInputs, device, num_kv_heads: int, max_model_len: int, dtype, eager: bool):
+def _continuations(members, dev) -> tuple:
+    """One padded attention for continuation chunks [(offset, PrefillChunk)]: (pad_idx, n, length, real, dst,
+    slots, span, mask) as launcher.hf.attention reads them.  Query row i of a chunk starting at `start` is its
+    position start + i and sees the cache up to it; a padded row repeats the chunk's last (its output is dropped)."""
+    import torch
+
+    length = max(c.length for _, c in members)
+    span = max(c.start + c.length for _, c in members)
+    pad, real, dst, q_pos = [], [], [], []
+    for row, (off, c) in enumerate(members):
+        pad.extend(range(off, off + c.length))
+        pad.extend([off + c.length - 1] * (length - c.length))
+        real.extend(range(row * length, row * length + c.length))
+        dst.extend(range(off, off + c.length))
+        q_pos.append([c.start + min(i, c.length - 1) for i in range(length)])
+    n, n_pad, n_real = len(members), len(pad), len(real)
+    idx = torch.tensor(pad + real + dst + [c.slot for _, c in members], dtype=torch.long).to(dev, non_blocking=True)
+    q = torch.tensor(q_pos, dtype=torch.long).to(dev, non_blocking=True)
+    mask = (torch.arange(span, device=dev)[None, None, :] <= q[:, :, None]).unsqueeze(1)  # [n, 1, length, span]
+    pieces = (
+        idx[:n_pad],
+        idx[n_pad : n_pad + n_real],
+        idx[n_pad + n_real : n_pad + 2 * n_real],
+        idx[n_pad + 2 * n_real :],
+    )
+    return pieces[0], n, length, pieces[1], pieces[2], pieces[3], span, mask
+
+
+def decode_span(max_position: int, block_size: int, limit: int) -> int:
+    """The positions a decode step attends over: past the longest row's, rounded up to whole blocks and to a multiple
+    of 16 (fused kernels want aligned masks; the rest is masked out), at most `limit`."""
+    m = block_size * 16 // math.gcd(block_size, 16)
+    return min(-(-(max_position + 1) // m) * m, limit)
+
+
+def cache_rows(table, slots, positions, block_size: int):
+    """The KV-cache row (block * block_size + offset) of each token: `slots` and `positions` device tensors, `table`
+    the runner's block tables [slots, blocks]."""
+    return table[slots, positions // block_size] * block_size + positions % block_size
+
+
+def prepare_step(
+    step: StepInputs, device, num_kv_heads: int, table, block_size: int, dtype, eager: bool, decode_kernel=None
+):
     """(StepContext, input_ids [1, T], positions [1, T], the token rows whose logits to keep) of a step run eagerly:
-    its tokens packed in one row, decode tokens first (HFModelRunner._run; a graph's step is laid out by launcher.hf.graphs)."""
+    its tokens packed in one row, decode tokens first (HFModelRunner._run; a graph's step is laid out by
+    launcher.hf.graphs).  `table`: the runner's block tables (device), with this step's updates applied;
+    `decode_kernel`: the runner's paged decode attention, or None (launcher.hf.attention.set_decode_lengths)."""
     import torch
 
     dev = device
@@ -110,34 +160,39 @@ def prepare_step(step: StepInputs, device, num_kv_heads: int, max_model_len: int
     meta = host.to(dev, non_blocking=True)
     input_ids, positions, slots = meta[0:1], meta[1:2], meta[2]
     ctx = StepContext()
-    # row of token t, kv head h in the cache viewed as [slots * kv_heads * max_model_len, head_dim]
+    ctx.table, ctx.block_size = table, block_size
+    # row of token t, kv head h in the cache viewed as [blocks * block_size * kv_heads, head_dim]
     heads = torch.arange(num_kv_heads, device=dev)
-    ctx.flat_idx = ((slots[:, None] * num_kv_heads + heads[None, :]) * max_model_len + meta[1][:, None]).reshape(-1)
+    rows = cache_rows(table, slots, meta[1], block_size)
+    ctx.flat_idx = (rows[:, None] * num_kv_heads + heads[None, :]).reshape(-1)
     ctx.n_dec = n_dec
     ctx.eager = eager
     ctx.dec_scatter = None
     ctx.dec_mask = None
     if n_dec:
         rows = max(step.decode_slots) + 1
-        # attend over a multiple of 16 positions: fused kernels want aligned masks (the rest is masked out)
-        length = min(-(-(max(step.decode_positions) + 1) // 16) * 16, max_model_len)
+        length = decode_span(max(step.decode_positions), block_size, table.shape[1] * block_size)
         lens = [1] * rows  # rows without a decode token attend to one (ignored) position: no NaN
         for s, p in zip(step.decode_slots, step.decode_positions):
             lens[s] = p + 1
         lens_t = torch.tensor(lens, dtype=torch.long).to(dev, non_blocking=True)
-        ctx.dec_mask = decode_mask(lens_t, torch.arange(length, device=dev), dtype, device)
+        set_decode_lengths(ctx, lens_t, length, None if eager else decode_kernel, dtype, dev)
         ctx.dec_rows, ctx.dec_len = rows, length
         if rows != n_dec or step.decode_slots != list(range(n_dec)):
             ctx.dec_scatter = meta[2, :n_dec]
-    chunks, firsts, offset = [], [], n_dec
+    chunks, firsts, conts, offset = [], [], [], n_dec
     for c in step.prefill:
-        if c.start == 0:
-            firsts.append((offset, c))
-        else:
+        (firsts if c.start == 0 else conts).append((offset, c))
+        offset += c.length
+    ctx.conts = []
+    for group in group_first_chunks([c.length for _, c in conts]):
+        if len(group) == 1:
+            off, c = conts[group[0]]
             q_pos = torch.arange(c.start, c.start + c.length, device=dev)
             mask = torch.arange(c.start + c.length, device=dev)[None, :] <= q_pos[:, None]
-            chunks.append((offset, c.slot, c.start, c.length, mask))
-        offset += c.length
+            chunks.append((off, c.slot, c.start, c.length, mask))
+            continue
+        ctx.conts.append(_continuations([conts[i] for i in group], dev))
     ctx.groups = []
     for group in group_first_chunks([c.length for _, c in firsts]):
         if len(group) == 1:

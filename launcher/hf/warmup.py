@@ -52,6 +52,43 @@ class WarmUp:
         if mode == "off":
             self.capture_backends = self._eager_backends
 
+    # -- decode attention over the paged cache ---------------------------------------------------------------
+    # Why a kernel of our own: the gather path copies every live key and value of a decode batch per layer and step
+    # (launcher.hf.paged_decode says what it cost).  It is checked on the device against the gather path before
+    # any step uses it, so a Triton that miscompiles it or is missing costs speed, never answers.
+    def _init_decode_kernel(self) -> None:
+        self.decode_kernel = None
+        self.decode_kernel_note = "gather + SDPA" if self.device.type == "cuda" else ""
+        if self.device.type != "cuda" or self.eager:
+            return
+        import os
+
+        if os.environ.get("TRITON_INTERPRET") == "1":  # Triton's interpreter runs kernels on the host, step by step
+            self.decode_kernel_note = "gather + SDPA (TRITON_INTERPRET=1 would run the paged kernel on the host)"
+            log.warning("hf engine: %s", self.decode_kernel_note)
+            return
+        try:
+            import functools
+
+            import torch
+
+            from launcher.hf.paged_decode import check, paged_decode
+
+            sms = torch.cuda.get_device_properties(self.device).multi_processor_count
+            kernel = functools.partial(paged_decode, programs=2 * sms)
+            rep = self.num_heads // self.num_kv_heads
+            err = check(kernel, self.num_kv_heads, rep, self.head_dim, self.block_size, self.dtype, self.device)
+        except Exception as exc:  # noqa: BLE001 - Triton missing or failing to compile: the gather path serves
+            self.decode_kernel_note = f"gather + SDPA (paged kernel unusable: {type(exc).__name__}: {exc})"[:300]
+            log.warning("hf engine: %s", self.decode_kernel_note)
+            return
+        if err is not None:
+            self.decode_kernel_note = f"gather + SDPA (paged kernel off: {err})"
+            log.warning("hf engine: %s", self.decode_kernel_note)
+            return
+        self.decode_kernel = kernel
+        self.decode_kernel_note = "paged kernel"
+
     # -- torch.compile ----------------------------------------------------------------------------------------
     # Why: HF's Llama runs ~40 kernels per layer, most of them tiny (the norm alone is 7: cast, pow, mean, add,
     # rsqrt, mul, mul), so even replayed as a CUDA graph a batch-1 decode step spent 2.4 ms where its weight

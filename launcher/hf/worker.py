@@ -9,7 +9,7 @@ import os
 import sys
 import threading
 
-from launcher.hf.args import HFEngineArgs
+from launcher.hf.args import DEFAULTS, HFEngineArgs
 from launcher.hf.runner import HFModelRunner
 from launcher.hf.tp import AHEAD, STOP, WARM_UP, TPGroup
 
@@ -25,6 +25,7 @@ def run_worker(
     max_model_len: int | None = None,
     attn_implementation: str = "sdpa",
     kv_cache_memory: float | None = None,
+    block_size: int = DEFAULTS.block_size,
     threads: int | None = None,
     on_ready=None,
     group: TPGroup | None = None,
@@ -50,6 +51,7 @@ def run_worker(
         max_model_len=max_model_len,
         attn_implementation=attn_implementation,
         kv_cache_memory=kv_cache_memory,
+        block_size=block_size,
         tp=tp,
         tp_group=group,
         cudnn_attention=cudnn_attention,

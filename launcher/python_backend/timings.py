@@ -52,6 +52,8 @@ ENGINE_TOKENS = "llmlaunch_engine_tokens"
 ENGINE_REQUEST_SECONDS = "llmlaunch_engine_request_seconds"
 ENGINE_REQUESTS = "llmlaunch_engine_requests"
 ENGINE_INTAKES = "llmlaunch_engine_intakes"
+ENGINE_PROMPT_TOKENS = "llmlaunch_engine_prompt_tokens"
+ENGINE_PREEMPTED = "llmlaunch_engine_preempted"
 
 # One row per counter: (metric family, its label (None: none but the model's), label value, the key of its value in
 # the totals a `Counters` reads, description).  First-token keys are FirstTokenTimes.totals_map's; engine keys are
@@ -130,6 +132,26 @@ ENGINE_COUNTERS = (
             None,
             "intake_calls",
             "hand-overs of requests to the engine (add_requests calls), the text prompts of each tokenized in one call",
+        ),
+    )
+    + tuple(
+        (
+            ENGINE_PROMPT_TOKENS,
+            "kind",
+            k,
+            key,
+            "prompt tokens of the requests admitted (admitted), of those found in the prefix cache, not prefilled "
+            "(cached)",
+        )
+        for k, key in (("admitted", "prompt_tokens"), ("cached", "cached_prompt_tokens"))
+    )
+    + (
+        (
+            ENGINE_PREEMPTED,
+            None,
+            None,
+            "preempted",
+            "requests preempted because the KV-cache pool ran out (computed again once there is room)",
         ),
     )
 )
@@ -356,6 +378,11 @@ def engine_step_split(before: dict, after: dict) -> dict | None:
         out["queue_ms"] = ms(d["queued_s"], d["admitted"])
     if d["first_tokens"] > 0:
         out["first_token_ms"] = ms(d["to_first_token_s"], d["first_tokens"])
+    if d["prompt_tokens"] > 0:  # the prefix cache: prompt tokens not prefilled because a request computed them before
+        out["prefix_hit_rate"] = round(d["cached_prompt_tokens"] / d["prompt_tokens"], 4)
+        out["cached_prompt_tokens"] = int(d["cached_prompt_tokens"])
+    if d["preempted"] > 0:
+        out["preempted"] = int(d["preempted"])
     if d["intake_calls"] > 0:  # how many requests arrived together: the prompts of one tokenizer call
         out["per_intake"] = round(d["intake_requests"] / d["intake_calls"], 2)
     return out
@@ -427,6 +454,13 @@ def format_engine_split(split: dict) -> str:
         )
     if "per_intake" in split:
         line += f"; {split['per_intake']:g} requests a hand-over (one tokenizer call)"
+    if "prefix_hit_rate" in split:
+        line += (
+            f"; prefix cache: {100 * split['prefix_hit_rate']:.1f}% of prompt tokens "
+            f"({split['cached_prompt_tokens']} cached, not prefilled)"
+        )
+    if split.get("preempted"):
+        line += f"; {split['preempted']} requests preempted (KV cache full)"
     return line
 
 

@@ -28,6 +28,18 @@ PROMPTS = [
 ]
 
 
+def own_blocks(runner):
+    """Each slot its own blocks, one after another (slot s: blocks 1 + s * W on), as block tables the scheduler would
+    send: for tests that drive the runner with steps of their own."""
+    w = runner.max_blocks
+    runner.apply_block_updates([(s, 0, list(range(1 + s * w, 1 + (s + 1) * w))) for s in range(runner.max_num_seqs)])
+
+
+def slot_view(runner, pool, slots):
+    """A layer's keys (or values) of `slots` as [len(slots), tokens, kv_heads, head_dim]: their blocks, in order."""
+    return pool[runner.block_table[list(slots)]].flatten(1, 2)
+
+
 def make_engine(path, **args) -> Engine:
     """The engine (not started) for HFEngineArgs(model_path=path, **args), built as the Triton model builds it."""
     return Engine.from_args(HFEngineArgs(model_path=str(path), **args))
@@ -38,23 +50,6 @@ def engine(tiny_model_dir):
     eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=40, prefill_chunk=64).start()
     yield eng
     eng.shutdown()
-
-
-@pytest.fixture(scope="module")
-def reference(tiny_model_dir):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-
-    def generate(prompt: str, n: int) -> tuple[list[int], str]:
-        ids = tok(prompt, return_tensors="pt").input_ids
-        with torch.inference_mode():
-            out = model.generate(ids, max_new_tokens=n, do_sample=False)
-        new = out[0, ids.shape[1] :].tolist()
-        return new, tok.decode(new, skip_special_tokens=True)
-
-    return generate
 
 
 def collect(engine, prompt, params, request_id=None):
@@ -134,8 +129,7 @@ def test_prompt_graph_padding_equals_the_unpadded_step(tiny_model_dir):
 
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_model_len=64)
     assert runner.prompt_graphs.limit == 0 and not runner.prompt_graphs.graphs  # no graphs off the GPU
-    runner._spare_slots = 1  # as with graphs on: the slot padded rows write to
-    runner._allocate_cache(None)
+    own_blocks(runner)
     prompt = list(range(40, 47))
     step = StepInputs([], [], [], [PrefillChunk(2, 0, len(prompt), True)], prompt, SamplingRows())
     with torch.inference_mode():
@@ -149,9 +143,9 @@ def test_prompt_graph_padding_equals_the_unpadded_step(tiny_model_dir):
         padded = runner.prompt_graphs.body(16, torch.tensor(rows), torch.tensor([last]))
     torch.testing.assert_close(padded, unpadded, rtol=1e-5, atol=1e-5)
     for (k, v), (k0, v0) in zip(runner.cache, cache):
-        torch.testing.assert_close(k[:4], k0[:4], rtol=1e-6, atol=1e-6)  # real slots: the same, nothing else written
-        torch.testing.assert_close(v[:4], v0[:4], rtol=1e-6, atol=1e-6)
-        assert k[4, :, 7:16].abs().sum() > 0 and k[4, :, 16:].abs().sum() == 0  # the pads went to the spare slot
+        torch.testing.assert_close(k[1:], k0[1:], rtol=1e-6, atol=1e-6)  # the slots' blocks: the same, nothing else
+        torch.testing.assert_close(v[1:], v0[1:], rtol=1e-6, atol=1e-6)
+        assert k[0].abs().sum() > 0  # the pads went to the null block, through the spare slot's table
 
 
 def test_which_steps_replay_a_prompt_graph(tiny_model_dir):
@@ -218,8 +212,7 @@ def test_mixed_graph_body_equals_the_eager_step(tiny_model_dir):
 
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_model_len=64)
     assert runner.mixed_graphs.limit == 0 and not runner.mixed_graphs.graphs  # no graphs off the GPU
-    runner._spare_slots = 1  # as with graphs on: the slot padded rows write to
-    runner._allocate_cache(None)
+    own_blocks(runner)
     with torch.inference_mode():  # two sequences decoding, in slots 2 and 0
         for slot, prompt in ((2, list(range(60, 69))), (0, list(range(30, 34)))):
             runner._run(StepInputs([], [], [], [PrefillChunk(slot, 0, len(prompt), True)], prompt, SamplingRows()))
@@ -259,9 +252,9 @@ def test_mixed_graph_body_equals_the_eager_step(tiny_model_dir):
             mixed = runner.mixed_graphs.replay(ahead, key, ids)
         torch.testing.assert_close(mixed, eager, rtol=1e-5, atol=1e-5)
         for (k, v), (k1, v1) in zip(runner.cache, after):
-            torch.testing.assert_close(k[:4], k1[:4], rtol=1e-6, atol=1e-6)  # real slots: the same, nothing else
-            torch.testing.assert_close(v[:4], v1[:4], rtol=1e-6, atol=1e-6)
-            assert k[4, :, 12:32].abs().sum() > 0  # the pads went to the spare slot
+            torch.testing.assert_close(k[1:], k1[1:], rtol=1e-6, atol=1e-6)  # the slots' blocks: the same, nothing else
+            torch.testing.assert_close(v[1:], v1[1:], rtol=1e-6, atol=1e-6)
+            assert k[0].abs().sum() > 0  # the pads went to the null block
 
 
 def test_which_steps_replay_a_mixed_graph(tiny_model_dir):
@@ -355,10 +348,11 @@ def record_steps(eng):
 
 def engine_with_waves(tiny_model_dir, monkeypatch):
     """A CPU engine, not started, whose runner is told that waves of up to 4 prompts of up to 64 tokens have a wave
-    graph (CPU has no CUDA graphs: its steps then run eagerly)."""
+    graph (CPU has no CUDA graphs: its steps then run eagerly).  Prefix caching off: a prompt whose prefix is
+    cached is no whole prompt for a graph, and these tests send the same prompts again."""
     from launcher.hf.runner import HFModelRunner
 
-    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=16, prefill_chunk=256)
+    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=16, prefill_chunk=256, prefix_caching=False)
     monkeypatch.setattr(HFModelRunner, "wave_rows", property(lambda self: (4,)))
     eng.runner.wave_graph_key = lambda lengths: (4, 64) if len(lengths) <= 4 and max(lengths) <= 64 else None
     return eng
@@ -420,8 +414,7 @@ def test_wave_graph_padding_equals_the_unpadded_step(tiny_model_dir):
     from launcher.hf.runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=8, max_model_len=64)
-    runner._spare_slots = 1  # as with graphs on: the slot padded rows write to
-    runner._allocate_cache(None)
+    own_blocks(runner)
     prompts = {0: list(range(40, 47)), 5: list(range(60, 76)), 2: [90, 91, 92]}  # slot -> prompt (7, 16, 3 tokens)
     step = StepInputs(
         [],
@@ -446,9 +439,9 @@ def test_wave_graph_padding_equals_the_unpadded_step(tiny_model_dir):
     assert padded.shape[0] == 4
     torch.testing.assert_close(padded[:3], unpadded, rtol=1e-5, atol=1e-5)
     for (k, v), (k0, v0) in zip(runner.cache, cache):
-        torch.testing.assert_close(k[:8], k0[:8], rtol=1e-6, atol=1e-6)  # real slots: the same, nothing else written
-        torch.testing.assert_close(v[:8], v0[:8], rtol=1e-6, atol=1e-6)
-        assert k[8, :, 3:16].abs().sum() > 0 and k[8, :, 16:].abs().sum() == 0  # the pads went to the spare slot
+        torch.testing.assert_close(k[1:], k0[1:], rtol=1e-6, atol=1e-6)  # the slots' blocks: the same, nothing else
+        torch.testing.assert_close(v[1:], v0[1:], rtol=1e-6, atol=1e-6)
+        assert k[0].abs().sum() > 0  # the pads went to the null block
 
 
 def test_which_steps_replay_a_wave_graph(tiny_model_dir):
@@ -548,10 +541,9 @@ def test_prompts_that_fit_a_mixed_graph_go_beside_the_decode_rows(tiny_model_dir
     beside the decode rows).  Outputs stay those of generate, and the engine counts its mixed steps.  CPU has no CUDA graphs: the
     runner is told that it has mixed graphs for up to 64 prompt tokens (their body then runs eagerly here); the
     engine is held inside a step while requests arrive, so the scheduler sees them together."""
-    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=16, prefill_chunk=256)
+    # prefix caching off: the prompts are sent again, and a prompt whose prefix is cached is no whole prompt for a graph
+    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=16, prefill_chunk=256, prefix_caching=False)
     eng.runner.mixed_graphs.limit, eng.runner.mixed_graphs.stand_in = 64, True
-    eng.runner._spare_slots = 1  # as with graphs on: the slot padded rows write to
-    eng.runner._allocate_cache(None)
     steps, arrive_together = record_steps(eng)
     eng.start()
     try:
@@ -623,6 +615,7 @@ def test_grouped_prefill_equals_one_at_a_time(tiny_model_dir, attn):
     runner = HFModelRunner(
         str(tiny_model_dir), device="cpu", max_num_seqs=8, max_model_len=64, attn_implementation=attn
     )
+    own_blocks(runner)
     prompts = [list(range(10, 17)), list(range(30, 35)), list(range(50, 56)), [70, 71], list(range(80, 120))]
 
     def step(chunks_of, decode=()):
@@ -641,7 +634,7 @@ def test_grouped_prefill_equals_one_at_a_time(tiny_model_dir, attn):
         from launcher.hf.step import prepare_step
 
         ctx, ids, pos, idx = prepare_step(
-            st, runner.device, runner.num_kv_heads, runner.max_model_len, runner.dtype, runner.eager
+            st, runner.device, runner.num_kv_heads, runner.block_table, runner.block_size, runner.dtype, runner.eager
         )
         tls.ctx, tls.cache = ctx, runner.cache
         try:
@@ -655,7 +648,7 @@ def test_grouped_prefill_equals_one_at_a_time(tiny_model_dir, attn):
         lg, ctx = logits_of(step([(slot, p)]))
         assert not ctx.groups
         alone.append(lg[-1])
-    cache_alone = [(k[:5].clone(), v[:5].clone()) for k, v in runner.cache]
+    cache_alone = [(slot_view(runner, k, range(5)), slot_view(runner, v, range(5))) for k, v in runner.cache]
     for k, v in runner.cache:
         k.zero_(), v.zero_()
     # slot 7 decodes beside the group (its prompt token sits at position 0)
@@ -664,8 +657,8 @@ def test_grouped_prefill_equals_one_at_a_time(tiny_model_dir, attn):
     for i, lg in enumerate(alone):
         torch.testing.assert_close(together[1 + i], lg, rtol=1e-4, atol=1e-4)
     for (k, v), (k0, v0) in zip(runner.cache, cache_alone):
-        torch.testing.assert_close(k[:5], k0, rtol=1e-5, atol=1e-5)
-        torch.testing.assert_close(v[:5], v0, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(slot_view(runner, k, range(5)), k0, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(slot_view(runner, v, range(5)), v0, rtol=1e-5, atol=1e-5)
 
 
 def test_compiled_model_equals_generate_and_compiles_only_at_start(tiny_model_dir, reference):
@@ -963,6 +956,7 @@ def test_eager_steps_keep_off_cudnn_attention(tiny_model_dir, monkeypatch, mode,
     from launcher.hf.runner import HFModelRunner, PrefillChunk, SamplingRows, StepInputs
 
     runner = HFModelRunner(str(tiny_model_dir), device="cpu", max_num_seqs=4, max_model_len=64, cudnn_attention=mode)
+    own_blocks(runner)
     seen, sdpa = [], F.scaled_dot_product_attention
 
     def spy(*args, **kw):

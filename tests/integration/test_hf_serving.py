@@ -654,3 +654,38 @@ def test_shared_engine_that_fails_to_start_fails_the_load_at_once(tiny_model_dir
     log = srv.log_path.read_text()
     assert "exceeds the model's context" in log
     assert "the model instance that starts the shared hf engine process failed" in log, log[-3000:]
+
+
+def test_the_second_of_two_requests_sharing_a_prefix_prefills_only_its_suffix(server, tiny_model_dir, reference):
+    """The prefix cache through the server: a request whose prompt starts with another's (a shared system prompt)
+    finds those blocks cached; the engine's own counters (llmlaunch_engine_prompt_tokens on the metrics port) say
+    that every full block of the shared part was not prefilled again, and both answers are transformers'
+    `generate`."""
+    from transformers import AutoTokenizer
+
+    from launcher.python_backend.timings import fetch_engine_metrics, settled_engine_metrics
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    shared = "You are a careful assistant. Answer in one short sentence. " * 6
+    prompts = [shared + "What colour is the sky?", shared + "Name a prime number."]
+    ids = [tok(p).input_ids for p in prompts]
+    common = next(i for i, (a, b) in enumerate(zip(*ids)) if a != b)  # tokens the two prompts start with
+    assert common >= 48  # three full blocks of 16 at least
+    url = server.metrics_url
+    s = Stream(server.grpc_url)
+    try:
+        counted = []
+        for prompt in prompts:
+            before = settled_engine_metrics(url, MODEL, wait_s=10)
+            parts, err = s.run(Generation(prompt, max_tokens=6, stream=True))
+            assert err is None
+            assert _text(parts) == reference(prompt, 6)[1], prompt
+            after = settled_engine_metrics(url, MODEL, wait_s=10)
+            admitted = after["prompt_tokens"] - before["prompt_tokens"]
+            assert admitted == parts[-1][3], (admitted, parts[-1])  # the prompt's tokens, as the engine counted them
+            counted.append(after["cached_prompt_tokens"] - before["cached_prompt_tokens"])
+    finally:
+        s.close()
+    # the second prompt: every full block of the shared part from the cache, only the rest prefilled
+    assert counted == [0, common // 16 * 16], (counted, common)
+    assert fetch_engine_metrics(url, MODEL)["preempted"] == 0

@@ -432,3 +432,37 @@ def test_reported_tokens_are_the_servers_counts_where_it_sends_them():
         datasets.estimate_tokens("hello world"),
         "estimate",
     )
+
+
+def test_the_prefix_dataset_shares_each_groups_prefix_and_takes_the_groups_in_turn(tiny_model_dir):
+    from launcher.bench import datasets
+
+    tokens = datasets.TokenCounter(str(tiny_model_dir))
+    samples = datasets.load("prefix", None, 12, tokens, seed=1, input_len=10, prefix_groups=3, prefix_len=40)
+    assert len(samples) == 12 and all(s.output_len == 128 for s in samples)
+    heads = [s.prompt[:60] for s in samples]
+    assert heads[0] == heads[3] == heads[6] == heads[9] and len({heads[0], heads[1], heads[2]}) == 3
+    assert len({s.prompt for s in samples}) == 12  # every request its own suffix
+    assert all(45 <= s.prompt_len <= 55 for s in samples), [
+        s.prompt_len for s in samples
+    ]  # 40 + 10, give or take a join
+
+
+def test_a_multi_turn_conversation_sends_its_whole_history_turn_by_turn(tmp_path):
+    import json
+
+    from launcher.bench import datasets
+
+    tokens = datasets.TokenCounter()
+    synthetic = datasets.load("multiturn", None, 6, tokens, seed=0, input_len=5, output_len=7, turns=3)
+    assert len(synthetic) == 6  # two conversations of three turns, turn by turn
+    first, second = synthetic[0], synthetic[2]  # conversation 0, turns 1 and 2
+    assert second.prompt.startswith(first.prompt) and first.prompt.endswith("Assistant:")
+    assert second.prompt_len > first.prompt_len and all(s.output_len == 7 for s in synthetic)
+    sharegpt = tmp_path / "chat.json"
+    conv = [{"from": "human" if i % 2 == 0 else "gpt", "value": f"message {i} " * (i + 1)} for i in range(6)]
+    sharegpt.write_text(json.dumps([{"conversations": conv}, {"conversations": conv[:2]}]))
+    turns = datasets.load("multiturn", str(sharegpt), None, tokens, turns=3, max_total_len=10_000)
+    assert len(turns) == 4  # 3 turns of the first conversation, 1 of the second, turn by turn
+    assert turns[0].reference == "message 1 " * 2 and turns[2].prompt.startswith(turns[0].prompt)
+    assert "message 3" in turns[3].prompt and turns[3].output_len == tokens.count("message 5 " * 6)

@@ -3,7 +3,9 @@
 Why graphs: a step run eagerly is kernel launches from Python (a decode step of a 1 B model launches ~20 kernels
 per layer; on the H100 host that cost ~15 ms per step whatever the batch, the GPU idle).  Replaying a captured graph
 launches them all at once.  A graph has static shapes, so a step is padded to a bucket; padded tokens write their
-keys/values to a spare cache slot nobody reads (slot max_num_seqs) and their logits are dropped.
+keys/values through the spare slot (slot max_num_seqs), whose block table is all the null block nobody reads, and
+their logits are dropped.  A graph reads the runner's block tables (one device tensor, updated in place before each
+step), so the blocks a sequence holds need no graph of their own.
 
 A `GraphFamily` (family.py) is one kind of step with its graphs: which shapes it captures (its `capture_all`), the
 static input buffers of one shape (`buffers`: `meta`, the per-token rows a replay fills in, and `keep`, the token rows

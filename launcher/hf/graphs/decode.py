@@ -9,23 +9,30 @@ from __future__ import annotations
 import logging
 import time
 
-from launcher.hf.attention import StepContext, decode_mask, tls
+from launcher.hf.attention import StepContext, set_decode_lengths, tls
 from launcher.hf.graphs.family import GraphFamily
-from launcher.hf.step import StepInputs
+from launcher.hf.step import StepInputs, cache_rows
 from launcher.stage import announce
 
 log = logging.getLogger("launcher.hf.graphs")  # one logger for every family, the package's
 
 
 class DecodeGraphs(GraphFamily):
-    """Decode-only steps.  A step is padded to a bucket (rows, length): R rows (one per cache slot 0..R-1, R = the
+    """Decode-only steps.  A step is padded to a bucket (rows, length): R rows (one per slot 0..R-1, R = the
     power of two >= the highest decoding slot + 1) attending over L positions (a power of two from 256, >= the
-    longest sequence).  Row r carries the token of the sequence in slot r; rows of idle slots carry a dummy token
+    longest sequence, at most MAX_LEN).  Row r carries the token of the sequence in slot r; rows of idle slots carry a dummy token
     that writes its keys/values to the spare slot and attends to one position, and their logits are dropped.  A
     bucket not captured at start is captured when a step first needs it; a failed capture turns graphs off."""
 
     kind, fallback = "decode", "decode steps run eagerly"
     MIN_LEN = 256  # the shortest length bucket
+    # the longest: a step attending further runs eagerly (each bucket is a graph per row count, and a longer one
+    # costs the attention more than its launches)
+    MAX_LEN = 16384
+
+    @property
+    def longest(self) -> int:
+        return min(self.MAX_LEN, self.runner.max_model_len)
 
     def bucket(self, rows: int, length: int) -> tuple[int, int]:
         r = 1
@@ -34,7 +41,7 @@ class DecodeGraphs(GraphFamily):
         n = self.MIN_LEN
         while n < length:
             n *= 2
-        return min(r, self.runner.max_num_seqs), min(n, self.runner.max_model_len)
+        return min(r, self.runner.max_num_seqs), min(n, self.longest)
 
     def capture_all(self) -> int:
         """Capture every decode bucket now; returns the number of graphs."""
@@ -46,8 +53,8 @@ class DecodeGraphs(GraphFamily):
         rows = sorted({self.bucket(n, 1)[0] for n in range(1, r.max_num_seqs + 1)})
         lengths, n = [], self.MIN_LEN
         while True:
-            lengths.append(min(n, r.max_model_len))
-            if n >= r.max_model_len:
+            lengths.append(min(n, self.longest))
+            if n >= self.longest:
                 break
             n *= 2
         announce(f"hf engine: capturing {len(rows) * len(lengths)} decode CUDA graphs")
@@ -67,6 +74,8 @@ class DecodeGraphs(GraphFamily):
     def key_for(self, step: StepInputs):
         if not self.runner.use_graphs or not step.decode_tokens or step.prefill:
             return None
+        if max(step.decode_positions) >= self.longest:
+            return None
         return self.bucket(max(step.decode_slots) + 1, max(step.decode_positions) + 1)
 
     def layout(self, step: StepInputs, rows: int) -> list[list[int]]:
@@ -81,17 +90,16 @@ class DecodeGraphs(GraphFamily):
     def buffers(self, key) -> tuple:
         import torch
 
-        rows, length = key
+        rows, _ = key
         dev = self.runner.device
         meta = torch.zeros(4, rows, dtype=torch.long, device=dev)  # ids, positions, slots, lengths
         meta[2].fill_(self.runner.max_num_seqs)
         meta[3].fill_(1)
         heads = torch.arange(self.runner.num_kv_heads, device=dev)
-        span = torch.arange(length, device=dev)
         keep = torch.arange(rows, device=dev)  # every row's logits (a tensor, as in mixed steps: one compiled form)
-        return meta, keep, heads, span
+        return meta, keep, heads
 
-    def body(self, key, meta, keep, heads, span):
+    def body(self, key, meta, keep, heads):
         r = self.runner
         rows, length = key
         ctx = StepContext()
@@ -99,9 +107,10 @@ class DecodeGraphs(GraphFamily):
         ctx.eager, ctx.dec_scatter, ctx.chunks, ctx.groups = r.eager, None, [], []
         # index tensors are computed inside the graph, from `meta`, so a replay sees the new step
         ctx.flat_idx = (
-            (meta[2][:, None] * r.num_kv_heads + heads[None, :]) * r.max_model_len + meta[1][:, None]
+            cache_rows(r.block_table, meta[2], meta[1], r.block_size)[:, None] * r.num_kv_heads + heads[None, :]
         ).reshape(-1)
-        ctx.dec_mask = decode_mask(meta[3], span, r.dtype, r.device)
+        set_decode_lengths(ctx, meta[3], length, r.decode_kernel, r.dtype, r.device)
+        ctx.table, ctx.block_size = r.block_table, r.block_size
         tls.ctx, tls.cache = ctx, r.cache
         try:
             return r.model_forward(meta[0:1], meta[1:2], keep)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from launcher.hf.attention import StepContext, tls
-from launcher.hf.step import StepInputs
+from launcher.hf.step import StepInputs, cache_rows
 
 log = logging.getLogger("launcher.hf.graphs")  # one logger for every family, the package's
 
@@ -145,15 +145,16 @@ class GraphFamily:
         return graph, out
 
     def _forward_meta(self, ctx: StepContext, meta, keep):
-        """Logits of `keep` for a graph's inputs: `meta` rows ids, positions, slots (each token's cache row, set in
-        ctx.flat_idx here), `ctx` the rest of the step's attention context."""
+        """Logits of `keep` for a graph's inputs: `meta` rows ids, positions, slots (each token's cache row, through the
+        slot's block table, set in ctx.flat_idx here), `ctx` the rest of the step's attention context."""
         import torch
 
         r = self.runner
         heads = torch.arange(r.num_kv_heads, device=r.device)
         ctx.flat_idx = (
-            (meta[2][:, None] * r.num_kv_heads + heads[None, :]) * r.max_model_len + meta[1][:, None]
+            cache_rows(r.block_table, meta[2], meta[1], r.block_size)[:, None] * r.num_kv_heads + heads[None, :]
         ).reshape(-1)
+        ctx.table, ctx.block_size = r.block_table, r.block_size
         tls.ctx, tls.cache = ctx, r.cache
         try:
             return r.model_forward(meta[0:1], meta[1:2], keep)

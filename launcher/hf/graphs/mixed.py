@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 
-from launcher.hf.attention import StepContext, decode_mask
+from launcher.hf.attention import StepContext, set_decode_lengths
 from launcher.hf.graphs.buckets import mixed_buckets
 from launcher.hf.graphs.decode import DecodeGraphs
 from launcher.hf.graphs.family import GraphFamily
@@ -82,6 +82,8 @@ class MixedGraphs(GraphFamily):
             return None
         if not self.fits([c.length for c in step.prefill]):
             return None
+        if max(step.decode_positions) >= self.decode.longest:
+            return None
         rows, length = self.decode.bucket(max(step.decode_slots) + 1, max(step.decode_positions) + 1)
         total = sum(c.length for c in step.prefill)
         tokens = next(b for b in mixed_buckets(self.limit) if b >= total)
@@ -135,7 +137,7 @@ class MixedGraphs(GraphFamily):
         dev = r.device
         ctx = StepContext()
         ctx.n_dec, ctx.dec_rows, ctx.dec_len, ctx.dec_scatter = rows, rows, length, None
-        ctx.dec_mask = decode_mask(meta[3, :rows], torch.arange(length, device=dev), r.dtype, r.device)
+        set_decode_lengths(ctx, meta[3, :rows], length, r.decode_kernel, r.dtype, dev)
         seg = meta[3, rows:]
         idx = torch.arange(tokens, device=dev)
         allowed = (seg[:, None] == seg[None, :]) & (idx[None, :] <= idx[:, None])

@@ -1,0 +1,128 @@
+"""The hf engine's KV cache as a pool of fixed-size blocks, and the prefix cache over them: plain Python, engine
+thread only.
+
+The runner holds the pool's memory (per layer, keys and values `[num_blocks, block_size, kv_heads, head_dim]`);
+this module decides which block holds which tokens.  A sequence owns a block table, one block id per
+`block_size` tokens, taken as it grows and given back when it ends, so memory goes to the tokens that exist
+instead of `max_num_seqs x max_model_len` reserved up front, and a long context and many short ones share it.
+
+Prefix caching, as vLLM's block manager does it: a block that is full is keyed by a hash of its tokens and of every
+token before it (a chain: the hash of block i covers block i-1's), so two requests that share a prefix (a system
+prompt, the history of a conversation, the shots of a few-shot prompt) find the same blocks.  A new request takes the
+cached blocks of its longest cached prefix (their reference count goes up) and prefills only the rest.  A block
+nobody references any more keeps its tokens and its key, findable, until the pool needs it: the free blocks are
+taken first, then the cached ones least recently freed first (LRU).  Only full blocks are shared, so a sequence
+only ever writes into blocks it owns alone.
+
+Block 0 is the null block: never handed out, it is where padded rows of a CUDA graph write and what an unused
+block-table entry points at.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from typing import Iterable, Sequence
+
+NULL_BLOCK = 0
+
+
+def block_hashes(tokens: Sequence[int], block_size: int, start: int = 0, parent: int | None = None) -> list[int]:
+    """The chained keys of the full blocks of `tokens` from block `start` on (`parent`: the key of block start-1)."""
+    out = []
+    for b in range(start, len(tokens) // block_size):
+        parent = hash((parent, tuple(tokens[b * block_size : (b + 1) * block_size])))
+        out.append(parent)
+    return out
+
+
+class BlockPool:
+    """Blocks 1..num_blocks-1 for sequences, with reference counts and, with `prefix_caching`, the cache of full
+    blocks by key."""
+
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True):
+        if num_blocks < 2:
+            raise ValueError(f"a KV-cache pool needs at least 2 blocks (got {num_blocks})")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.prefix_caching = prefix_caching
+        self._free: deque[int] = deque(range(1, num_blocks))  # referenced by nobody, holding nothing worth keeping
+        self._evictable: OrderedDict[int, None] = OrderedDict()  # referenced by nobody, still cached: LRU first
+        self._refs = [0] * num_blocks
+        self._key_of: dict[int, int] = {}  # block -> its key, for cached blocks
+        self._block_of: dict[int, int] = {}  # key -> block
+
+    # ------------------------------------------------------------------------------------------ capacity
+    @property
+    def capacity(self) -> int:
+        """Blocks a sequence may ever hold: all but the null block."""
+        return self.num_blocks - 1
+
+    @property
+    def num_free(self) -> int:
+        """Blocks that can be handed out now (free, or cached and referenced by nobody)."""
+        return len(self._free) + len(self._evictable)
+
+    @property
+    def num_cached(self) -> int:
+        return len(self._block_of)
+
+    def usage(self) -> float:
+        """The share of the pool held by running sequences."""
+        return 1.0 - self.num_free / self.capacity
+
+    # ------------------------------------------------------------------------------------------ taking and giving
+    def allocate(self, n: int) -> list[int] | None:
+        """`n` blocks for one sequence (reference count 1 each), or None, taking nothing, where the pool has fewer."""
+        if n > self.num_free:
+            return None
+        out = []
+        for _ in range(n):
+            if self._free:
+                b = self._free.popleft()
+            else:  # the least recently freed cached block: its tokens are forgotten
+                b, _ = self._evictable.popitem(last=False)
+                del self._block_of[self._key_of.pop(b)]
+            self._refs[b] = 1
+            out.append(b)
+        return out
+
+    def free(self, blocks: Iterable[int]) -> None:
+        """A sequence lets go of its blocks (in order: its last blocks are evicted first among those it frees)."""
+        for b in reversed(list(blocks)):
+            self._refs[b] -= 1
+            if self._refs[b] > 0:
+                continue
+            if b in self._key_of:
+                self._evictable[b] = None
+            else:
+                self._free.append(b)
+
+    # ------------------------------------------------------------------------------------------ the prefix cache
+    def match(self, tokens: Sequence[int], limit: int) -> tuple[list[int], list[int]]:
+        """(the cached blocks of the longest cached prefix of `tokens`, at most `limit` blocks, each now referenced
+        once more (`free` them to give them back); their keys)."""
+        if not self.prefix_caching:
+            return [], []
+        blocks, keys = [], []
+        for key in block_hashes(tokens[: limit * self.block_size], self.block_size):
+            b = self._block_of.get(key)
+            if b is None:
+                break
+            blocks.append(b)
+            keys.append(key)
+        for b in blocks:
+            if self._refs[b] == 0:
+                del self._evictable[b]
+            self._refs[b] += 1
+        return blocks, keys
+
+    def publish(self, blocks: Sequence[int], keys: Sequence[int]) -> None:
+        """Full blocks of a sequence (its blocks `blocks`, keyed `keys`, in order) become findable.  A key another
+        block already holds (two requests computed the same prefix at once) stays with that block."""
+        if not self.prefix_caching:
+            return
+        for b, key in zip(blocks, keys):
+            if key in self._block_of or b in self._key_of:
+                continue
+            self._block_of[key] = b
+            self._key_of[b] = key

@@ -1,0 +1,118 @@
+"""One request inside the hf engine (`Seq`: its tokens, sampling state, slot and KV-cache blocks), and what a
+request goes through before it becomes one: validation and tokenization (`prepare_prompt`), bad words as token ids
+(`bad_word_ids`)."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from typing import Callable
+
+from launcher.hf.detok import StopMatcher
+from launcher.python_backend.triton_io import InvalidRequest, SamplingParams
+
+
+class Seq:
+    """One request's state: the scheduler moves it through waiting, prefilling and decoding; output
+    processing (launcher.hf.outputs) turns its tokens into outputs."""
+
+    __slots__ = (
+        "request_id",
+        "prompt_ids",
+        "out_ids",
+        "params",
+        "on_output",
+        "slot",
+        "num_computed",
+        "decoder",
+        "stopper",
+        "rng",
+        "eos",
+        "max_tokens",
+        "min_tokens",
+        "bad",
+        "penalties",
+        "prefill_started",
+        "added",
+        "prefill_ids",
+        "blocks",
+        "keys",
+        "decoding",
+        "admitted",
+        "cached_tokens",
+    )
+
+    def __init__(self, request_id, prompt_ids, params: SamplingParams, on_output, decoder, eos, bad):
+        self.request_id = request_id
+        self.prompt_ids = prompt_ids
+        self.out_ids: list[int] = []
+        self.params = params
+        self.on_output = on_output
+        self.slot = -1
+        self.num_computed = 0  # tokens whose keys/values are in the cache
+        self.decoder = decoder
+        self.stopper = StopMatcher(params.stop) if params.stop else None
+        self.rng = random.Random(params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little"))
+        self.eos = eos  # frozenset of token ids that end the request (empty with ignore_eos)
+        self.max_tokens = params.max_tokens
+        self.min_tokens = params.min_tokens
+        self.bad = bad  # list of token-id sequences that must not be generated
+        self.penalties = (
+            params.repetition_penalty != 1.0 or params.presence_penalty != 0.0 or params.frequency_penalty != 0.0
+        )
+        self.prefill_started = False
+        self.added = time.monotonic()  # when add_request queued it (EngineStats.queued_s, to_first_token_s)
+        self.prefill_ids = prompt_ids  # what it prefills: the prompt, and after a preemption what it generated too
+        self.blocks: list[int] = []  # its KV-cache blocks, in order (its block table)
+        self.keys: list[int] = []  # the prefix-cache keys of its full blocks so far (launcher.hf.blocks)
+        self.decoding = False  # its prefill is done: it decodes a token a step
+        self.admitted = 0  # the order it was admitted in (the last admitted is preempted first)
+        self.cached_tokens = 0  # prompt tokens its admission found in the prefix cache
+
+    def token_at(self, position: int) -> int:
+        """The token at `position` of its prompt and what it generated."""
+        n = len(self.prompt_ids)
+        return self.prompt_ids[position] if position < n else self.out_ids[position - n]
+
+
+def prepare_prompt(
+    encode: Callable[[str], list[int]],
+    prompt: str | list[int],
+    params: SamplingParams,
+    max_model_len: int,
+    vocab_size: int,
+) -> list[int]:
+    """Validate a request and tokenize its prompt (`encode`: text -> ids, a PromptEncoder); raises InvalidRequest
+    naming the problem and the fix."""
+    params.validate(max_model_len)
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidRequest("the prompt is empty")
+        prompt_ids = encode(prompt)
+    else:
+        prompt_ids = [int(t) for t in prompt]
+        if any(not 0 <= t < vocab_size for t in prompt_ids):
+            raise InvalidRequest(f"prompt token ids must be in [0, {vocab_size})")
+    n = len(prompt_ids)
+    if n == 0:
+        raise InvalidRequest("the prompt is empty")
+    if n + params.max_tokens > max_model_len:
+        raise InvalidRequest(
+            f"the prompt ({n} tokens) plus max_tokens ({params.max_tokens}) exceeds the model context of "
+            f"{max_model_len} tokens; shorten the prompt or lower max_tokens"
+        )
+    if params.end_id is not None and not 0 <= params.end_id < vocab_size:
+        raise InvalidRequest(f"end_id {params.end_id} is outside the vocabulary [0, {vocab_size})")
+    return prompt_ids
+
+
+def bad_word_ids(tokenizer, words) -> list[list[int]]:
+    """The token-id sequences a request's bad words may appear as (each word alone and after a space)."""
+    out = []
+    for word in words:
+        for variant in (word, " " + word):
+            ids = tokenizer(variant, add_special_tokens=False).input_ids
+            if ids and ids not in out:
+                out.append(ids)
+    return out
