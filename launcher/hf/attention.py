@@ -18,7 +18,7 @@ block for its position, through the runner's block tables) with one `index_copy_
 * whole prompts packed after the decode rows (a mixed CUDA graph, launcher.hf.graphs) in one SDPA with a block-diagonal mask;
 * continuation chunks (against the cache: the prefix and itself; a prompt whose prefix came from the prefix cache
   starts this way) in one SDPA per group of similar lengths, their sequences' blocks gathered through the block
-  tables; a chunk alone in its group, one SDPA of its own.
+  tables.
 
 Why groups: a step that admits a wave of requests (64 prompts at once, say)
 would otherwise call attention 64 times per layer, and on a GPU each call is
@@ -194,16 +194,10 @@ def _slot_attention(layer_idx, query, key, value, scaling):
         k, v = gather(k_cache, blocks, span), gather(v_cache, blocks, span)
         o = _sdpa(q, k, v, mask, scale=scaling, eager=eager, gqa=rep > 1)
         out.index_copy_(0, dst, o.transpose(1, 2).reshape(n * length, n_heads, head_dim).index_select(0, real))
-    # 6. the other chunks, one attention each
-    for offset, slot, start, length, mask in ctx.chunks:
-        q = query[:, :, offset : offset + length]
-        if mask is None:  # first chunk of a prompt: attend to its own keys, plain causal
-            k = key[:, :, offset : offset + length]
-            v = value[:, :, offset : offset + length]
-        else:  # continuation chunk: attend to the cached prefix and itself
-            blocks = ctx.table[slot : slot + 1, : -(-(start + length) // ctx.block_size)]
-            k, v = gather(k_cache, blocks, start + length), gather(v_cache, blocks, start + length)
-        o = _sdpa(q, k, v, mask, causal=mask is None, scale=scaling, eager=eager, gqa=rep > 1)
+    # 6. prompt-starting chunks alone in their group: plain causal attention over their own keys
+    for offset, length in ctx.chunks:
+        q, k, v = (t[:, :, offset : offset + length] for t in (query, key, value))
+        o = _sdpa(q, k, v, None, causal=True, scale=scaling, eager=eager, gqa=rep > 1)
         out[offset : offset + length] = o[0].transpose(0, 1)
     return out.unsqueeze(0)
 

@@ -90,32 +90,38 @@ def group_first_chunks(lengths: list[int], waste: float = 0.5) -> list[list[int]
     return groups
 
 
-def _continuations(members, dev) -> tuple:
-    """One padded attention for continuation chunks [(offset, PrefillChunk)]: (pad_idx, n, length, real, dst,
-    slots, span, mask) as launcher.hf.attention reads them.  Query row i of a chunk starting at `start` is its
-    position start + i and sees the cache up to it; a padded row repeats the chunk's last (its output is dropped)."""
+def _padded(members, dev, extra: list[int] = ()) -> tuple:
+    """The index tensors of one padded attention over chunks [(offset, PrefillChunk)] of the packed step:
+    (pad_idx, n, length, real, dst, extra): pad_idx picks [n * length] token rows (a chunk shorter than the
+    longest repeats its last token: any real row works, its output is dropped), real the real rows of the padded
+    output, dst where they go in the step; `extra` rides the same host->device copy."""
     import torch
 
     length = max(c.length for _, c in members)
-    span = max(c.start + c.length for _, c in members)
-    pad, real, dst, q_pos = [], [], [], []
+    pad, real, dst = [], [], []
     for row, (off, c) in enumerate(members):
         pad.extend(range(off, off + c.length))
         pad.extend([off + c.length - 1] * (length - c.length))
         real.extend(range(row * length, row * length + c.length))
         dst.extend(range(off, off + c.length))
-        q_pos.append([c.start + min(i, c.length - 1) for i in range(length)])
-    n, n_pad, n_real = len(members), len(pad), len(real)
-    idx = torch.tensor(pad + real + dst + [c.slot for _, c in members], dtype=torch.long).to(dev, non_blocking=True)
+    idx = torch.tensor(pad + real + dst + list(extra), dtype=torch.long).to(dev, non_blocking=True)
+    n_pad, n_real = len(pad), len(real)
+    edges = (n_pad, n_pad + n_real, n_pad + 2 * n_real)
+    return idx[: edges[0]], len(members), length, idx[edges[0] : edges[1]], idx[edges[1] : edges[2]], idx[edges[2] :]
+
+
+def _continuations(members, dev) -> tuple:
+    """One padded attention for continuation chunks [(offset, PrefillChunk)]: (pad_idx, n, length, real, dst,
+    slots, span, mask) as launcher.hf.attention reads them.  Query row i of a chunk starting at `start` is its
+    position start + i and sees the cache up to it."""
+    import torch
+
+    pad_idx, n, length, real, dst, slots = _padded(members, dev, [c.slot for _, c in members])
+    span = max(c.start + c.length for _, c in members)
+    q_pos = [[c.start + min(i, c.length - 1) for i in range(length)] for _, c in members]
     q = torch.tensor(q_pos, dtype=torch.long).to(dev, non_blocking=True)
     mask = (torch.arange(span, device=dev)[None, None, :] <= q[:, :, None]).unsqueeze(1)  # [n, 1, length, span]
-    pieces = (
-        idx[:n_pad],
-        idx[n_pad : n_pad + n_real],
-        idx[n_pad + n_real : n_pad + 2 * n_real],
-        idx[n_pad + 2 * n_real :],
-    )
-    return pieces[0], n, length, pieces[1], pieces[2], pieces[3], span, mask
+    return pad_idx, n, length, real, dst, slots, span, mask
 
 
 def decode_span(max_position: int, block_size: int, limit: int) -> int:
@@ -184,33 +190,15 @@ def prepare_step(
     for c in step.prefill:
         (firsts if c.start == 0 else conts).append((offset, c))
         offset += c.length
-    ctx.conts = []
-    for group in group_first_chunks([c.length for _, c in conts]):
-        if len(group) == 1:
-            off, c = conts[group[0]]
-            q_pos = torch.arange(c.start, c.start + c.length, device=dev)
-            mask = torch.arange(c.start + c.length, device=dev)[None, :] <= q_pos[:, None]
-            chunks.append((off, c.slot, c.start, c.length, mask))
-            continue
-        ctx.conts.append(_continuations([conts[i] for i in group], dev))
+    # continuation chunks attend to the cache, through their block tables: a group of one too
+    ctx.conts = [_continuations([conts[i] for i in g], dev) for g in group_first_chunks([c.length for _, c in conts])]
     ctx.groups = []
     for group in group_first_chunks([c.length for _, c in firsts]):
         if len(group) == 1:
             off, c = firsts[group[0]]
-            chunks.append((off, c.slot, 0, c.length, None))
+            chunks.append((off, c.length))
             continue
-        length = firsts[group[0]][1].length  # the longest: groups are sorted
-        pad, real, dst = [], [], []
-        for row, i in enumerate(group):
-            off, c = firsts[i]
-            # padded positions repeat the chunk's last token: any real row works, its output is dropped
-            pad.extend(range(off, off + c.length))
-            pad.extend([off + c.length - 1] * (length - c.length))
-            real.extend(range(row * length, row * length + c.length))
-            dst.extend(range(off, off + c.length))
-        idx = torch.tensor(pad + real + dst, dtype=torch.long).to(dev, non_blocking=True)
-        n_pad, n_real = len(pad), len(real)
-        ctx.groups.append((idx[:n_pad], len(group), length, idx[n_pad : n_pad + n_real], idx[n_pad + n_real :]))
+        ctx.groups.append(_padded([firsts[i] for i in group], dev)[:5])
     ctx.chunks = chunks
     logits_idx_t = torch.tensor(logits_idx, dtype=torch.long).to(dev, non_blocking=True)
     return ctx, input_ids, positions, logits_idx_t

@@ -131,7 +131,7 @@ class PromptGraphs(_PromptRows):
         ctx = StepContext()
         ctx.n_dec, ctx.dec_rows, ctx.dec_len, ctx.dec_mask, ctx.dec_scatter = 0, 0, 0, None, None
         ctx.eager, ctx.groups = self.runner.eager, []
-        ctx.chunks = [(0, 0, 0, key, None)]  # one first chunk: causal attention over its own tokens
+        ctx.chunks = [(0, key)]  # one first chunk: causal attention over its own tokens
         return self._forward_meta(ctx, meta, keep)
 
     def load(self, step: StepInputs, key, ids, meta, keep):
