@@ -49,57 +49,6 @@ class TextChunks:
 _DONE = b"data: [DONE]\n\n"
 
 
-class ChatTemplate:
-    """The model's chat template, from its tokenizer folder (transformers' apply_chat_template)."""
-
-    def __init__(self, tokenizer_path: str, model_name: str):
-        self.path, self.model_name = tokenizer_path, model_name
-        self._tok = None
-        self._why = ""
-        self._bos = ""  # the BOS text a rendered prompt starts with that the engine's tokenizer adds again
-
-    def load(self) -> None:
-        """Load the tokenizer now (at start-up, so the first chat request does not wait for it)."""
-        if not self.path:
-            self._why = "no tokenizer folder was given to the server"
-            return
-        try:
-            from transformers import AutoTokenizer
-
-            self._tok = AutoTokenizer.from_pretrained(self.path)
-        except Exception as e:  # the API still serves /v1/completions
-            self._why = f"its tokenizer at {self.path} did not load ({e})"
-            return
-        if not getattr(self._tok, "chat_template", None):
-            self._why = f"its tokenizer ({self.path}) has no chat template"
-            return
-        # Templates that write the BOS token (Llama 3's `<|begin_of_text|>`) meet engines that tokenize the prompt
-        # text with the tokenizer's defaults, which add BOS too: the model would see it twice, as vLLM's server
-        # avoids by tokenizing chat prompts without special tokens.  Where the tokenizer adds it, the text's goes.
-        bos, bos_id = getattr(self._tok, "bos_token", None), getattr(self._tok, "bos_token_id", None)
-        if bos and bos_id is not None:
-            ids = self._tok("x")["input_ids"]
-            if ids and ids[0] == bos_id:
-                self._bos = bos
-
-    def __call__(self, messages: list) -> str:
-        if self._why:
-            raise tr.ApiError(
-                400,
-                f"model {self.model_name!r} cannot serve chat: {self._why}; use /v1/completions "
-                "with a plain prompt, or serve a model whose tokenizer has a chat template",
-                param="messages",
-                code="no_chat_template",
-            )
-        try:
-            prompt = self._tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception as e:  # the template refused these messages (roles out of order, ...)
-            raise tr.ApiError(
-                400, f"messages: the model's chat template refused them: {e}", param="messages", code="invalid_value"
-            ) from None
-        return prompt[len(self._bos) :] if self._bos and prompt.startswith(self._bos) else prompt
-
-
 def make_app(
     backend,
     served: tuple,

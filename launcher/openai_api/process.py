@@ -137,8 +137,9 @@ def _on_drain_notice() -> dict:
 
 def _build_app(args, counters):
     from launcher.client.control import honoured_parameters
-    from launcher.openai_api.app import ChatTemplate, make_app
+    from launcher.openai_api.app import make_app
     from launcher.openai_api.backend import GrpcBackend
+    from launcher.openai_api.chat import ChatTemplate
 
     # final_counts_only where the model takes it: a quarter of the tensors per streamed token to parse
     params = (

@@ -110,6 +110,16 @@ def test_llmlaunch_with_no_arguments_serves_smollm2_and_it_knows_the_capital_of_
         assert not rec.error, rec.error
         assert "Paris" in rec.text, rec.text
         assert rec.input_tokens == len(tok(prompt).input_ids)  # the served tokenizer is the converted one
+        # the OpenAI API renders the model's own template without transformers, to the same text
+        from launcher.openai_api.chat import ChatTemplate
+
+        ours = ChatTemplate(str(folder), said["model"])
+        ours.load()
+        for messages in (
+            [{"role": "user", "content": "What is the capital of France?"}],
+            [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        ):
+            assert ours(messages) == tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     finally:
         assert server.stop() == 0, "".join(server.err[-20:])
 

@@ -1,5 +1,5 @@
 """The OpenAI API's counters over worker slots, its spliced SSE text events, how many API processes rank 0
-starts, and its chat prompts' BOS."""
+starts."""
 
 from __future__ import annotations
 
@@ -59,37 +59,3 @@ def test_spliced_text_events_are_the_bytes_of_the_whole_event(chat, with_usage, 
 
 def test_api_processes_one_per_four_cpus_within_bounds():
     assert [api_processes(n) for n in (1, 2, 4, 8, 12, 16, 64)] == [1, 1, 1, 2, 3, 4, API_MAX_PROCESSES]
-
-
-def _tokenizer_folder(tmp_path, template: str):
-    from launcher.tiny import build_tokenizer
-
-    tok = build_tokenizer(512)
-    tok.chat_template = template
-    tok.save_pretrained(tmp_path)
-    return str(tmp_path)
-
-
-def test_a_template_that_writes_bos_does_not_give_the_engine_a_second_one(tmp_path):
-    """The engines tokenize the prompt with the tokenizer's defaults, which add BOS: the text's own goes."""
-    from launcher.openai_api.app import ChatTemplate
-
-    folder = _tokenizer_folder(
-        tmp_path, "{{ bos_token }}{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
-    )
-    t = ChatTemplate(folder, "m")
-    t.load()
-    prompt = t([{"role": "user", "content": "hi"}])
-    assert prompt == "[user] hi\n"
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(folder)
-    assert tok(prompt)["input_ids"].count(tok.bos_token_id) == 1
-
-
-def test_a_template_without_bos_is_left_as_it_renders(tmp_path):
-    from launcher.openai_api.app import ChatTemplate
-
-    t = ChatTemplate(_tokenizer_folder(tmp_path, "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"), "m")
-    t.load()
-    assert t([{"role": "user", "content": "hi"}]) == "<hi>"
