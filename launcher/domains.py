@@ -22,6 +22,10 @@ Problem = Tuple[str, str, str]
 
 # The choices of the config's fixed-choice fields (launcher/schema.py declares which field takes which)
 SCHEDULERS = ("local", "slurm")  # cluster.scheduler: the registry launcher.schedulers holds one class for each
+ROUTINGS = (
+    "least_outstanding",
+    "prefix",
+)  # serve.routing: the registry launcher.frontend.routing holds one class for each
 GPU_REQUESTS = ("gpus-per-node", "gres", "none")  # cluster.gpu_request
 MPI_TYPES = ("pmix", "pmi2", "none")  # cluster.mpi (srun --mpi=)
 CONTAINER_RUNTIMES = ("none", "pyxis")  # cluster.container.runtime

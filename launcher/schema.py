@@ -23,6 +23,7 @@ from launcher.domains import (
     GPU_REQUESTS,
     IDENTIFIER,
     MPI_TYPES,
+    ROUTINGS,
     SCHEDULERS,
     SLURM_TIME,
     Choice,
@@ -384,6 +385,9 @@ class ServeConfig:
     walltime_signal_s: int = arg(
         Int("seconds before the time limit", zero="no signal: the job ends at its limit"), 60
     )  # Slurm signals the job (SIGUSR2, sbatch --signal) this many seconds before its time limit: the front ends refuse new requests, in-flight ones get up to serve.drain_timeout_s, every rank exits
+    routing: str = arg(
+        Choice(ROUTINGS), "least_outstanding"
+    )  # with replicas > 1, which replica a request goes to: least_outstanding (fewest in flight) | prefix (the one sent the longest run of its prompt's prefix, within a load bound; launcher/frontend/routing.py)
 
 
 @dataclass

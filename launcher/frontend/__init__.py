@@ -13,8 +13,10 @@ ModelMetadata, ModelConfig, RepositoryIndex, ModelInfer, ModelStreamInfer).
 
 What it does:
 * routes each request, including each request inside one ModelStreamInfer
-  stream, to the replica with the fewest requests in flight (ties: round
-  robin). A client stream gets one backend stream per replica and model it
+  stream, by `--routing` (launcher/frontend/routing.py): to the replica with
+  the fewest requests in flight (`least_outstanding`, ties in turn), or to the
+  one that was sent the longest run of the prompt's prefix, within a load
+  bound (`prefix`). A client stream gets one backend stream per replica and model it
   uses (see Session.dispatch for why per model); responses are passed back as
   they arrive, looked up by request id.
 * forwards the client's serialized messages byte for byte. Only when it must

@@ -19,6 +19,18 @@ _METRICS = (
         "counter",
         "requests moved to another replica after this one failed before answering them",
     ),
+    (
+        "prompt_blocks",
+        "llmlaunch_frontend_prompt_blocks_total",
+        "counter",
+        "prompt blocks (256 bytes of text) of the requests routed to the replica by prefix (serve.routing=prefix)",
+    ),
+    (
+        "predicted_blocks",
+        "llmlaunch_frontend_predicted_cached_blocks_total",
+        "counter",
+        "of those, the leading blocks the front end had sent the replica before (its prefix cache may hold them)",
+    ),
 )
 _PER_REPLICA = len(_METRICS)
 

@@ -10,6 +10,7 @@ from typing import Dict, List, Optional, Tuple
 import grpc
 from tritonclient.grpc import service_pb2
 
+from launcher.domains import ROUTINGS
 from launcher.frontend.server import FrontendConfig
 from launcher.frontend.wire import SERVICE
 from launcher.frontend.workers import run_frontend
@@ -59,7 +60,7 @@ class FrontendProcess(ChildService):
             "--probe-interval",
             str(c.probe_interval_s),
         ]
-        argv += ["--loop", c.loop, "--die-with-parent"]
+        argv += ["--loop", c.loop, "--routing", c.routing, "--die-with-parent"]
         return argv
 
     def wait_ready(self, timeout_s: float) -> float:
@@ -124,6 +125,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument(
         "--loop", choices=("auto", "asyncio", "uvloop"), default="auto", help="event loop; auto = uvloop when installed"
     )
+    p.add_argument(
+        "--routing",
+        choices=ROUTINGS,
+        default="least_outstanding",
+        help="which replica a request goes to: least_outstanding (fewest in flight) or prefix (where its prompt's "
+        "prefix was sent, within a load bound)",
+    )
     p.add_argument("--die-with-parent", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.processes < 1:
@@ -140,4 +148,5 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.probe_interval,
         args.drain_timeout,
         args.loop,
+        args.routing,
     )

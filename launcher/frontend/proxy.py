@@ -1,5 +1,5 @@
-"""The routing core of the front end (one `Frontend` per process): the replicas, routing (the up replica with the
-fewest requests in flight), the health probe, the gRPC handlers of Triton's GRPCInferenceService and the counters.
+"""The routing core of the front end (one `Frontend` per process): the replicas, routing (serve.routing's policy,
+launcher/frontend/routing.py), the health probe, the gRPC handlers of Triton's GRPCInferenceService and the counters.
 
 A client stream is a Session (launcher/frontend/session.py); a replica's channel, state and load are its Replica
 (launcher/frontend/replica.py).
@@ -15,6 +15,7 @@ from grpc import aio
 from tritonclient.grpc import service_pb2
 
 from launcher.frontend.replica import FORWARDED, Replica
+from launcher.frontend.routing import make_routing, prompt_of
 from launcher.frontend.session import ClientGone, Session
 from launcher.frontend.wire import SERVICE, _details, log
 
@@ -22,32 +23,29 @@ from launcher.frontend.wire import SERVICE, _details, log
 class Frontend:
     """The routing core: replicas, request handlers, health probe, counters (one per process)."""
 
-    def __init__(self, replicas: Sequence[Tuple[str, int]], model_name: str = "", probe_interval_s: float = 2.0):
+    def __init__(
+        self,
+        replicas: Sequence[Tuple[str, int]],
+        model_name: str = "",
+        probe_interval_s: float = 2.0,
+        routing: str = "least_outstanding",
+    ):
         if not replicas:
             raise ValueError("the front end needs at least one replica")
         self.replicas = [Replica(i, h, p) for i, (h, p) in enumerate(replicas)]
+        self.routing = make_routing(routing)
         self.model_name = model_name
         self.probe_interval_s = probe_interval_s
         self.streams_active = 0
         self.rejected = 0  # requests refused because no replica was up
         self.draining = ""  # once set (the drain notice, launcher/rank/drain.py): why new requests are refused
-        self._rr = 0
         self._probe_task: Optional[asyncio.Task] = None
 
     # -- routing
-    def pick(self, exclude: Sequence[Replica] = ()) -> Optional[Replica]:
-        """The up replica with the fewest requests in flight (in every worker process); ties go round robin."""
-        reps = self.replicas
-        n = len(reps)
-        start = self._rr = (self._rr + 1) % n
-        best, best_load = None, 0
-        for k in range(n):
-            r = reps[(start + k) % n]
-            if r.up and r not in exclude:
-                load = r.load()
-                if best is None or load < best_load:
-                    best, best_load = r, load
-        return best
+    def pick(self, exclude: Sequence[Replica] = (), prompt: bytes = b"") -> Optional[Replica]:
+        """The replica for a request (serve.routing, launcher/frontend/routing.py), not one of `exclude`; None where
+        none is up.  prompt: the request's text, read by policies that route by it."""
+        return self.routing.pick(self.replicas, exclude, prompt)
 
     def no_replica_message(self, tried: Sequence[Replica] = ()) -> str:
         down = "; ".join(
@@ -156,7 +154,8 @@ class Frontend:
         if self.draining:
             self.rejected += 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, self.draining)
-        rep = self.pick()
+        prompt = prompt_of(service_pb2.ModelInferRequest.FromString(raw)) if self.routing.needs_prompt else b""
+        rep = self.pick(prompt=prompt)
         if rep is None:
             self.rejected += 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, self.no_replica_message())
@@ -207,6 +206,8 @@ class Frontend:
                     "errors": r.errors,
                     "failures": r.failures,
                     "retried": r.retried,
+                    "prompt_blocks": r.prompt_blocks,
+                    "predicted_blocks": r.predicted_blocks,
                 }
                 for r in self.replicas
             ],

@@ -38,6 +38,8 @@ class Replica:
         self.errors = 0  # requests that ended in an error (model errors and failures)
         self.failures = 0  # times it was marked down
         self.retried = 0  # requests moved to another replica because this one failed before answering them
+        self.prompt_blocks = 0  # prompt blocks of the requests prefix routing sent here (launcher/frontend/routing.py)
+        self.predicted_blocks = 0  # of those, the leading ones it had sent here before
         self.channel: Optional[aio.Channel] = None
         # Several worker processes: each keeps its in-flight count in shared memory as it changes,
         # so every worker routes by the whole front end's load (see share_load).

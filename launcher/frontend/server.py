@@ -25,6 +25,7 @@ class FrontendConfig:
     probe_interval_s: float = 2.0  # health probe period; 0 = no periodic probe
     drain_timeout_s: float = 30.0  # on SIGTERM, how long running requests may finish
     loop: str = "auto"  # auto (uvloop when installed) | asyncio | uvloop
+    routing: str = "least_outstanding"  # which replica a request goes to (launcher/frontend/routing.py)
     addrs: List[str] = field(default_factory=list)
 
     def __post_init__(self):
@@ -44,7 +45,7 @@ def _server_options(reuse_port: bool) -> list:
 
 async def _serve(cfg: FrontendConfig, reuse_port: bool, publish=None, on_bound=None, setup=None) -> None:
     """Run one front-end process until SIGTERM/SIGINT; `publish(snapshot)` is called periodically."""
-    fe = Frontend(cfg.replicas, cfg.model_name, cfg.probe_interval_s)
+    fe = Frontend(cfg.replicas, cfg.model_name, cfg.probe_interval_s, cfg.routing)
     if setup is not None:
         setup(fe)
     await fe.start()

@@ -14,6 +14,7 @@ from grpc import aio
 from tritonclient.grpc import service_pb2
 
 from launcher.frontend.replica import Replica
+from launcher.frontend.routing import prompt_of
 from launcher.frontend.wire import (
     _ASK_EMPTY_FINAL,
     _EMPTY_FINAL,
@@ -256,7 +257,8 @@ class Session:
             self.fe.rejected += 1
             await self.send(_error_response(self.fe.draining, client_id, req.model_name, req.model_version))
             return
-        rep = self.fe.pick()
+        fe = self.fe
+        rep = fe.pick(prompt=prompt_of(req) if fe.routing.needs_prompt else b"")
         if rep is None:
             self.fe.rejected += 1
             await self.send(_error_response(self.fe.no_replica_message(), client_id, req.model_name, req.model_version))

@@ -142,10 +142,20 @@ def run_frontend(
     probe_interval_s: float = 2.0,
     drain_timeout_s: float = 30.0,
     loop: str = "auto",
+    routing: str = "least_outstanding",
 ) -> int:
     """Serve until SIGTERM/SIGINT (then drain running requests); returns the exit status."""
     cfg = FrontendConfig(
-        list(replicas), host, port, metrics_port, model_name, processes, probe_interval_s, drain_timeout_s, loop
+        list(replicas),
+        host,
+        port,
+        metrics_port,
+        model_name,
+        processes,
+        probe_interval_s,
+        drain_timeout_s,
+        loop,
+        routing,
     )
     if processes > 1:
         return _supervise(cfg)

@@ -98,6 +98,7 @@ def start_for_rank0(
         model_name=spec.model_name,
         processes=processes,
         drain_timeout_s=float(spec.serve.drain_timeout_s),
+        routing=str(spec.serve.routing),
     )
     env = dict(os.environ)
     root = str(PACKAGE_ROOT)  # `python -m launcher.frontend` from this checkout

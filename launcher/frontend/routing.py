@@ -1,0 +1,169 @@
+"""Which replica a request goes to (`serve.routing`): a registry of policies, one class each.
+
+- `least_outstanding`: the up replica with the fewest requests in flight (in every worker process); ties in turn.
+- `prefix`: the replica most likely to hold the request's prompt prefix in its KV cache, within a load bound.  The
+  prompt's text is cut into blocks of BLOCK_BYTES and chained (each block's key hashes the key before it, as the
+  engines' prefix caches key their token blocks), and an index remembers, for each key, which replicas were sent a
+  prompt containing that block (bounded, least recently used first out).  A request goes to the replica that holds
+  the longest run of its blocks, among the replicas whose load is within LOAD_BOUND of the mean (consistent hashing
+  with bounded loads): a hot prefix stays on one replica until that replica carries more than its share, then the
+  next request of it goes to the least loaded one, which then holds it too.  A prefix no replica holds goes where
+  its first block's rendezvous hash ranks highest among the least loaded, so every worker process of the front end
+  (each with its own index) sends a new prefix to the same replica.
+
+Why text blocks and not token blocks: the front end forwards the request bytes as they came and has no tokenizer;
+hashing text is cheap (benchmark/routing.py: a pick takes 30 us for 8 KiB of prompt, 310 us for 64 KiB), and a
+shared prefix of text is a shared prefix of tokens up to the last token it cuts.  The index is what the front end sent, not what the
+engines still hold: an engine that evicted a prefix is still credited with it until the index ages it out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from typing import Dict, List, Optional, Sequence, Type
+
+from launcher.domains import ROUTINGS
+
+BLOCK_BYTES = 256  # text bytes a block: ~64 tokens of English, a few of the engines' 16-token blocks
+MAX_BLOCKS = 256  # blocks of a prompt that are keyed (64 KiB of text); prompts that share them share the rest's fate
+INDEX_BLOCKS = 1 << 18  # keys the index remembers, least recently used out first (~30 MiB at most)
+LOAD_BOUND = 1.25  # a replica takes a request while its load <= LOAD_BOUND x (mean load + 1)
+
+
+class Routing:
+    """A policy: `pick(replicas, exclude, prompt)` -> the replica for a request, or None where none is up."""
+
+    name = ""
+    needs_prompt = False  # whether pick() reads the prompt (the front end takes it out of the request only then)
+
+    def __init__(self) -> None:
+        self._turn = 0
+
+    def pick(self, replicas: Sequence, exclude: Sequence = (), prompt: bytes = b""):
+        raise NotImplementedError
+
+    def _least_loaded(self, candidates: List) -> Optional[object]:
+        """The candidate with the fewest requests in flight; ties in turn."""
+        n = len(candidates)
+        if not n:
+            return None
+        start = self._turn = (self._turn + 1) % n
+        best, best_load = None, 0
+        for k in range(n):
+            r = candidates[(start + k) % n]
+            load = r.load()
+            if best is None or load < best_load:
+                best, best_load = r, load
+        return best
+
+
+class LeastOutstanding(Routing):
+    name = "least_outstanding"
+
+    def pick(self, replicas, exclude=(), prompt=b""):
+        return self._least_loaded([r for r in replicas if r.up and r not in exclude])
+
+
+def block_keys(text: bytes, block: int = BLOCK_BYTES, limit: int = MAX_BLOCKS) -> List[int]:
+    """The chained keys of text's full blocks: key i hashes key i-1 and block i, so equal keys mean equal prefixes.
+    Python's own hash: a key only has to mean the same within one process (each worker keeps its own index)."""
+    keys: List[int] = []
+    key = 0
+    for at in range(0, min(len(text) // block, limit) * block, block):
+        key = hash((key, text[at : at + block]))
+        keys.append(key)
+    return keys
+
+
+class PrefixRouting(Routing):
+    name = "prefix"
+    needs_prompt = True
+
+    def __init__(self, index_blocks: int = INDEX_BLOCKS, load_bound: float = LOAD_BOUND):
+        super().__init__()
+        self.index: "OrderedDict[int, int]" = OrderedDict()  # block key -> bit mask of the replicas sent it
+        self.index_blocks = index_blocks
+        self.load_bound = load_bound
+
+    def matched(self, keys: List[int], candidates: List) -> Dict[int, int]:
+        """Replica index -> how many of keys' leading blocks the index credits it with (only those with one or more)."""
+        alive = 0
+        for r in candidates:
+            alive |= 1 << r.index
+        found: Dict[int, int] = {}
+        index = self.index
+        for depth, key in enumerate(keys):
+            has = index.get(key, 0) & alive
+            dropped = alive & ~has
+            if dropped and depth:
+                for r in candidates:
+                    if dropped >> r.index & 1:
+                        found[r.index] = depth
+            alive = has
+            if not alive:
+                break
+        else:
+            for r in candidates:
+                if alive >> r.index & 1:
+                    found[r.index] = len(keys)
+        return found
+
+    def pick(self, replicas, exclude=(), prompt=b""):
+        up = [r for r in replicas if r.up and r not in exclude]
+        if not up:
+            return None
+        keys = block_keys(prompt)
+        loads = {r.index: r.load() for r in up}
+        bound = self.load_bound * (sum(loads.values()) / len(up) + 1)
+        within = [r for r in up if loads[r.index] <= bound] or up
+        if not keys:  # shorter than a block: nothing to share
+            return self._least_loaded(within)
+        found = self.matched(keys, within)
+        if found:
+            # the longest cached run; of equals, the least loaded
+            rep = max(within, key=lambda r: (found.get(r.index, 0), -loads[r.index]))
+        else:
+            # rendezvous hash of the first block's text (the same in every process: blake2b, not hash())
+            least = min(loads[r.index] for r in within)
+            first = prompt[:BLOCK_BYTES]
+            rep = max(
+                (r for r in within if loads[r.index] == least),
+                key=lambda r: hashlib.blake2b(first + r.index.to_bytes(4, "little"), digest_size=8).digest(),
+            )
+        rep.prompt_blocks += len(keys)
+        rep.predicted_blocks += found.get(rep.index, 0)
+        self._remember(keys, rep.index)
+        return rep
+
+    def _remember(self, keys: List[int], index: int) -> None:
+        bit, table = 1 << index, self.index
+        for key in keys:
+            table[key] = table.pop(key, 0) | bit  # re-inserted: most recently used
+        while len(table) > self.index_blocks:
+            table.popitem(last=False)
+
+
+REGISTRY: Dict[str, Type[Routing]] = {cls.name: cls for cls in (LeastOutstanding, PrefixRouting)}
+assert tuple(sorted(REGISTRY)) == tuple(sorted(ROUTINGS)), "launcher.domains.ROUTINGS names every policy here"
+
+
+def make_routing(name: str) -> Routing:
+    try:
+        return REGISTRY[name]()
+    except KeyError:
+        raise ValueError(f"routing {name!r}: not a policy; use one of {', '.join(REGISTRY)}") from None
+
+
+def prompt_of(request) -> bytes:
+    """The text of a ModelInferRequest's `text_input` (a BYTES tensor: a 4-byte length, then the bytes), b"" where
+    it has none (a model without it, or inputs sent as typed contents)."""
+    for i, inp in enumerate(request.inputs):
+        if inp.name == "text_input":
+            if i < len(request.raw_input_contents):
+                raw = request.raw_input_contents[i]
+                return raw[4 : 4 + int.from_bytes(raw[:4], "little")]
+            if inp.contents.bytes_contents:
+                return inp.contents.bytes_contents[0]
+            return b""
+    return b""

@@ -1,0 +1,144 @@
+"""The front end's routing policies (launcher/frontend/routing.py) over real Replica objects (their loads set as the
+front end sets them, no server behind them): prefix routing keeps a conversation and a shared prefix on one replica,
+spreads new prefixes, lets a hot prefix spill past its load bound, and agrees across worker processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.domains import ROUTINGS
+from launcher.frontend.replica import Replica
+from launcher.frontend.routing import (
+    BLOCK_BYTES,
+    REGISTRY,
+    LeastOutstanding,
+    PrefixRouting,
+    block_keys,
+    make_routing,
+    prompt_of,
+)
+
+SYSTEM = ("You are a careful assistant. Answer in one short sentence, and name your sources. " * 12).encode()
+
+
+def _replicas(n: int = 4):
+    return [Replica(i, "127.0.0.1", 9000 + i) for i in range(n)]
+
+
+def _send(routing, reps, prompt: bytes, hold: bool = False):
+    """Route one request; `hold` keeps it in flight (its replica's load stays one higher)."""
+    rep = routing.pick(reps, (), prompt)
+    if hold:
+        rep.track(1)
+    return rep
+
+
+def test_every_policy_is_named_where_the_config_checks_it():
+    assert sorted(REGISTRY) == sorted(ROUTINGS)
+    assert isinstance(make_routing("prefix"), PrefixRouting)
+    with pytest.raises(ValueError, match="routing 'radix': not a policy; use one of"):
+        make_routing("radix")
+
+
+def test_block_keys_are_equal_exactly_as_far_as_two_texts_agree():
+    a = block_keys(SYSTEM + b"What colour is the sky?")
+    b = block_keys(SYSTEM + b"Name a prime number, please, and say why it is one.")
+    shared = len(SYSTEM) // BLOCK_BYTES
+    assert a[:shared] == b[:shared] and len(a) >= shared
+    assert block_keys(b"x" + SYSTEM)[:shared] != a[:shared]  # a key covers every byte before it
+    assert block_keys(b"short") == []
+
+
+def test_least_outstanding_takes_the_fewest_in_flight_and_skips_down_and_excluded():
+    reps = _replicas(3)
+    reps[0].track(2)
+    reps[1].track(1)
+    policy = LeastOutstanding()
+    assert policy.pick(reps) is reps[2]
+    reps[2].mark_down("gone")
+    assert policy.pick(reps) is reps[1]
+    assert policy.pick(reps, exclude=[reps[1]]) is reps[0]
+    reps[0].mark_down("gone")
+    reps[1].mark_down("gone")
+    assert policy.pick(reps) is None
+
+
+def test_a_conversations_turns_and_a_shared_system_prompt_stay_on_one_replica():
+    reps, policy = _replicas(), PrefixRouting()
+    history = SYSTEM + b"User: what is the capital of France?\n"
+    first = _send(policy, reps, history)
+    for turn in range(5):  # each turn sends the whole history once the last was answered; others keep running
+        _send(policy, reps, f"unrelated request {turn} ".encode() * 20, hold=True)
+        history += f"Assistant: Paris.\nUser: and number {turn}?\n".encode() * 3
+        assert _send(policy, reps, history) is first
+    # the front end's counters: every turn after the first was predicted to find the history before it
+    assert 0 < first.predicted_blocks < first.prompt_blocks
+
+
+def test_new_prefixes_spread_and_two_front_end_processes_agree_where_each_goes():
+    """Each worker process has its own index; a prefix neither has seen goes where its first block's rendezvous
+    hash ranks highest, so both send it to the same replica."""
+    reps = _replicas()
+    one, two = PrefixRouting(), PrefixRouting()
+    chosen = []
+    for g in range(32):
+        prompt = f"group {g}: ".encode() + SYSTEM
+        a, b = one.pick(reps, (), prompt), two.pick(reps, (), prompt)
+        assert a is b
+        chosen.append(a.index)
+    assert set(chosen) == {0, 1, 2, 3}  # 32 prefixes over 4 replicas: every one gets some
+
+
+def test_a_hot_prefix_spills_to_another_replica_past_its_load_bound_which_then_holds_it_too():
+    reps, policy = _replicas(2), PrefixRouting()
+    home = _send(policy, reps, SYSTEM + b"q0", hold=True)
+    other = reps[1 - home.index]
+    placed = [home]
+    for q in range(1, 6):  # every request of the hot prefix stays in flight
+        placed.append(_send(policy, reps, SYSTEM + f"q{q}".encode(), hold=True))
+    assert other in placed  # the bound: at most 1.25 x (mean + 1) in flight on one
+    loads = [home.load(), other.load()]
+    assert max(loads) - min(loads) <= 2, loads
+    # the replica it spilled to holds the prefix now: with both equally free, either may take it, by its match
+    spilled = policy.matched(block_keys(SYSTEM + b"q9"), reps)
+    assert spilled.get(other.index, 0) >= len(SYSTEM) // BLOCK_BYTES
+
+
+def test_excluded_and_down_replicas_are_never_picked_by_prefix():
+    reps, policy = _replicas(2), PrefixRouting()
+    home = _send(policy, reps, SYSTEM)
+    assert _send(policy, reps, SYSTEM, hold=False) is home
+    assert policy.pick(reps, exclude=[home], prompt=SYSTEM) is not home
+    home.mark_down("its stream failed")
+    assert policy.pick(reps, (), SYSTEM) is not home
+    for r in reps:
+        r.mark_down("gone")
+    assert policy.pick(reps, (), SYSTEM) is None
+
+
+def test_a_prompt_shorter_than_a_block_goes_to_the_least_loaded():
+    reps, policy = _replicas(3), PrefixRouting()
+    reps[0].track(3)
+    reps[2].track(1)
+    assert policy.pick(reps, (), b"Hi") is reps[1]
+
+
+def test_the_index_forgets_the_least_recently_used_keys_past_its_bound():
+    reps, policy = _replicas(2), PrefixRouting(index_blocks=20)
+    for g in range(10):
+        _send(policy, reps, f"group {g} ".encode() + SYSTEM)
+    assert len(policy.index) == 20
+    recent = block_keys(b"group 9 " + SYSTEM)
+    assert all(k in policy.index for k in recent[-10:])
+
+
+def test_the_prompt_is_read_from_a_request_as_clients_send_it():
+    from tritonclient.grpc import service_pb2
+
+    from launcher.client.request import Generation, build_request
+
+    req = build_request("m", Generation("The capital of France é", max_tokens=4), "r1")
+    assert prompt_of(service_pb2.ModelInferRequest.FromString(req.SerializeToString())) == (
+        "The capital of France é".encode()
+    )
+    assert prompt_of(service_pb2.ModelInferRequest()) == b""
