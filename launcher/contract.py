@@ -90,6 +90,12 @@ PARAMETERS: tuple[Parameter, ...] = (
     ),
 )
 
+# A request parameter (string) naming the client's session: the front end of `replicas=N` with serve.routing=prefix
+# keeps a session's requests on one replica while it is within its load bound (launcher/frontend/routing.py); the
+# OpenAI API sets it from the `X-Session-ID` header.  The models ignore it, as they ignore any parameter they do not
+# know.
+SESSION_PARAMETER = "session_id"
+
 # The config parameter (config.pbtxt `parameters`) naming, comma-separated, the PARAMETERS a model honours: written by
 # launcher.pbtxt.python_model for the hf, vLLM, SGLang, LMDeploy and TensorRT-LLM BLS models, read by
 # launcher.client.control.honoured_parameters.

@@ -15,7 +15,7 @@ from grpc import aio
 from tritonclient.grpc import service_pb2
 
 from launcher.frontend.replica import FORWARDED, Replica
-from launcher.frontend.routing import make_routing, prompt_of
+from launcher.frontend.routing import make_routing, routing_keys
 from launcher.frontend.session import ClientGone, Session
 from launcher.frontend.wire import SERVICE, _details, log
 
@@ -42,10 +42,10 @@ class Frontend:
         self._probe_task: Optional[asyncio.Task] = None
 
     # -- routing
-    def pick(self, exclude: Sequence[Replica] = (), prompt: bytes = b"") -> Optional[Replica]:
+    def pick(self, exclude: Sequence[Replica] = (), prompt: bytes = b"", session: str = "") -> Optional[Replica]:
         """The replica for a request (serve.routing, launcher/frontend/routing.py), not one of `exclude`; None where
-        none is up.  prompt: the request's text, read by policies that route by it."""
-        return self.routing.pick(self.replicas, exclude, prompt)
+        none is up.  prompt, session: the request's text and session id, read by policies that route by them."""
+        return self.routing.pick(self.replicas, exclude, prompt, session)
 
     def no_replica_message(self, tried: Sequence[Replica] = ()) -> str:
         down = "; ".join(
@@ -154,8 +154,10 @@ class Frontend:
         if self.draining:
             self.rejected += 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, self.draining)
-        prompt = prompt_of(service_pb2.ModelInferRequest.FromString(raw)) if self.routing.needs_prompt else b""
-        rep = self.pick(prompt=prompt)
+        if self.routing.needs_prompt:
+            rep = self.pick((), *routing_keys(service_pb2.ModelInferRequest.FromString(raw)))
+        else:
+            rep = self.pick()
         if rep is None:
             self.rejected += 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, self.no_replica_message())

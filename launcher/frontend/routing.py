@@ -9,7 +9,10 @@
   with bounded loads): a hot prefix stays on one replica until that replica carries more than its share, then the
   next request of it goes to the least loaded one, which then holds it too.  A prefix no replica holds goes where
   its first block's rendezvous hash ranks highest among the least loaded, so every worker process of the front end
-  (each with its own index) sends a new prefix to the same replica.
+  (each with its own index) sends a new prefix to the same replica.  A request that names its session (the
+  `session_id` parameter; the OpenAI API's `X-Session-ID` header) goes where the session's last request went, while
+  that replica is within the bound; a session new to this process goes where its prefix is, else where the session
+  id's rendezvous hash ranks highest, so the API's processes, each reaching its own front-end process, agree.
 
 Why text blocks and not token blocks: the front end forwards the request bytes as they came and has no tokenizer;
 hashing text is cheap (benchmark/routing.py: a pick takes 30 us for 8 KiB of prompt, 310 us for 64 KiB), and a
@@ -23,24 +26,26 @@ import hashlib
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence, Type
 
+from launcher.contract import SESSION_PARAMETER
 from launcher.domains import ROUTINGS
 
 BLOCK_BYTES = 256  # text bytes a block: ~64 tokens of English, a few of the engines' 16-token blocks
 MAX_BLOCKS = 256  # blocks of a prompt that are keyed (64 KiB of text); prompts that share them share the rest's fate
 INDEX_BLOCKS = 1 << 18  # keys the index remembers, least recently used out first (~30 MiB at most)
 LOAD_BOUND = 1.25  # a replica takes a request while its load <= LOAD_BOUND x (mean load + 1)
+SESSIONS = 1 << 16  # session ids remembered, least recently used out first
 
 
 class Routing:
-    """A policy: `pick(replicas, exclude, prompt)` -> the replica for a request, or None where none is up."""
+    """A policy: `pick(replicas, exclude, prompt, session)` -> the replica for a request, or None where none is up."""
 
     name = ""
-    needs_prompt = False  # whether pick() reads the prompt (the front end takes it out of the request only then)
+    needs_prompt = False  # whether pick() reads prompt and session (the front end reads them out of the request then)
 
     def __init__(self) -> None:
         self._turn = 0
 
-    def pick(self, replicas: Sequence, exclude: Sequence = (), prompt: bytes = b""):
+    def pick(self, replicas: Sequence, exclude: Sequence = (), prompt: bytes = b"", session: str = ""):
         raise NotImplementedError
 
     def _least_loaded(self, candidates: List) -> Optional[object]:
@@ -61,7 +66,7 @@ class Routing:
 class LeastOutstanding(Routing):
     name = "least_outstanding"
 
-    def pick(self, replicas, exclude=(), prompt=b""):
+    def pick(self, replicas, exclude=(), prompt=b"", session=""):
         return self._least_loaded([r for r in replicas if r.up and r not in exclude])
 
 
@@ -80,10 +85,12 @@ class PrefixRouting(Routing):
     name = "prefix"
     needs_prompt = True
 
-    def __init__(self, index_blocks: int = INDEX_BLOCKS, load_bound: float = LOAD_BOUND):
+    def __init__(self, index_blocks: int = INDEX_BLOCKS, load_bound: float = LOAD_BOUND, sessions: int = SESSIONS):
         super().__init__()
         self.index: "OrderedDict[int, int]" = OrderedDict()  # block key -> bit mask of the replicas sent it
         self.index_blocks = index_blocks
+        self.sessions: "OrderedDict[str, int]" = OrderedDict()  # session id -> the replica its last request went to
+        self.max_sessions = sessions
         self.load_bound = load_bound
 
     def matched(self, keys: List[int], candidates: List) -> Dict[int, int]:
@@ -109,7 +116,7 @@ class PrefixRouting(Routing):
                     found[r.index] = len(keys)
         return found
 
-    def pick(self, replicas, exclude=(), prompt=b""):
+    def pick(self, replicas, exclude=(), prompt=b"", session=""):
         up = [r for r in replicas if r.up and r not in exclude]
         if not up:
             return None
@@ -117,16 +124,20 @@ class PrefixRouting(Routing):
         loads = {r.index: r.load() for r in up}
         bound = self.load_bound * (sum(loads.values()) / len(up) + 1)
         within = [r for r in up if loads[r.index] <= bound] or up
-        if not keys:  # shorter than a block: nothing to share
-            return self._least_loaded(within)
-        found = self.matched(keys, within)
-        if found:
+        found = self.matched(keys, within) if keys else {}
+        last = self.sessions.get(session, -1) if session else -1
+        if last >= 0 and any(r.index == last for r in within):  # the session's replica, while within its bound
+            rep = next(r for r in within if r.index == last)
+        elif not keys and not session:  # shorter than a block: nothing to share
+            rep = self._least_loaded(within)
+        elif found:
             # the longest cached run; of equals, the least loaded
             rep = max(within, key=lambda r: (found.get(r.index, 0), -loads[r.index]))
         else:
-            # rendezvous hash of the first block's text (the same in every process: blake2b, not hash())
+            # rendezvous hash of the session id, else of the first block's text: the same in every front-end
+            # process (blake2b, not hash()), so each sends a new session or prefix to the same replica
             least = min(loads[r.index] for r in within)
-            first = prompt[:BLOCK_BYTES]
+            first = session.encode() if session else prompt[:BLOCK_BYTES]
             rep = max(
                 (r for r in within if loads[r.index] == least),
                 key=lambda r: hashlib.blake2b(first + r.index.to_bytes(4, "little"), digest_size=8).digest(),
@@ -134,6 +145,11 @@ class PrefixRouting(Routing):
         rep.prompt_blocks += len(keys)
         rep.predicted_blocks += found.get(rep.index, 0)
         self._remember(keys, rep.index)
+        if session:
+            self.sessions.pop(session, None)
+            self.sessions[session] = rep.index
+            if len(self.sessions) > self.max_sessions:
+                self.sessions.popitem(last=False)
         return rep
 
     def _remember(self, keys: List[int], index: int) -> None:
@@ -153,6 +169,12 @@ def make_routing(name: str) -> Routing:
         return REGISTRY[name]()
     except KeyError:
         raise ValueError(f"routing {name!r}: not a policy; use one of {', '.join(REGISTRY)}") from None
+
+
+def routing_keys(request) -> tuple:
+    """(prompt text, session id) of a ModelInferRequest, what prefix routing reads."""
+    session = request.parameters.get(SESSION_PARAMETER)
+    return prompt_of(request), session.string_param if session is not None else ""
 
 
 def prompt_of(request) -> bytes:

@@ -102,7 +102,8 @@ def make_app(
             counters.answered(route, e.status)
             return _error(e)
         rid = tr.new_id(chat)
-        it = backend.generate(gen).__aiter__()
+        # X-Session-ID: with replicas and serve.routing=prefix, the session's requests stay on one replica
+        it = backend.generate(gen, request.headers.get("x-session-id", "")[:256]).__aiter__()
         counters.begin()
         try:
             first = await it.__anext__()  # errors before the first piece get their HTTP status

@@ -18,6 +18,7 @@ from tritonclient.grpc import service_pb2
 from launcher.client.connection import CHANNEL_OPTIONS, parse_url
 from launcher.client.request import build_request
 from launcher.client.response import StreamRecord, bytes_content, read_final_counts, text_output_index
+from launcher.contract import SESSION_PARAMETER
 from launcher.frontend.wire import SERVICE
 
 
@@ -71,12 +72,14 @@ class GrpcBackend:
         except aio.AioRpcError:
             return False
 
-    async def generate(self, gen) -> AsyncIterator:
+    async def generate(self, gen, session: str = "") -> AsyncIterator:
         """Yields each response's text delta (str), then one Final.  Raises BackendError.  Closing the iterator
-        early (the HTTP client went away) cancels the request on the server."""
+        early (the HTTP client went away) cancels the request on the server.  session: the client's session id,
+        sent as the request parameter the front end routes by (launcher.contract.SESSION_PARAMETER)."""
         self._connect()
         self._ids += 1
-        request = build_request(self.model, gen, str(self._ids), self.parameters)
+        params = {**self.parameters, SESSION_PARAMETER: session} if session else self.parameters
+        request = build_request(self.model, gen, str(self._ids), params)
         call = self._stream()
         rec = StreamRecord(str(self._ids))
         done = False

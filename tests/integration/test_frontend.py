@@ -808,7 +808,8 @@ def test_with_prefix_routing_a_conversations_turns_reach_one_replica_which_prefi
 ):
     """`serve.routing=prefix`, replicas=2: each turn of a conversation sends the whole history; every turn goes to
     the replica the first went to, whose prefix cache holds the history (its engine's own counters say the second
-    turn prefilled only what is new), while requests of another prefix still reach the other replica."""
+    turn prefilled only what is new), while requests of another prefix still reach the other replica; and requests
+    of one session (X-Session-ID on the OpenAI API) reach one replica whatever their prompts."""
     from transformers import AutoTokenizer
 
     from launcher.client.request import Generation
@@ -854,6 +855,19 @@ def test_with_prefix_routing_a_conversations_turns_reach_one_replica_which_prefi
             rec = generate(job.url, ep["model"], Generation(f"Group {g}. " * 40, max_tokens=2, ignore_eos=True))
             assert not rec.error, rec.error
         assert routed()[1 - home] > 0, routed()
+        # a session named by the OpenAI API's X-Session-ID header: its requests, sharing no prefix, reach one replica
+        start = routed()
+        for q in range(4):
+            body = json.dumps({"model": ep["model"], "prompt": f"Unrelated question {q}. " * 30, "max_tokens": 2})
+            req = urllib.request.Request(
+                f"{ep['openai_url']}/completions",
+                body.encode(),
+                {"Content-Type": "application/json", "X-Session-ID": "chat-7"},
+            )
+            with urllib.request.urlopen(req, timeout=60) as r:
+                assert r.status == 200
+        added = [b - a for a, b in zip(start, routed())]
+        assert sorted(added) == [0, 4], added
         job.proc.send_signal(signal.SIGINT)
         assert job.proc.wait(90) == 0, job.tail()
     finally:

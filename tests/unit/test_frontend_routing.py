@@ -16,6 +16,7 @@ from launcher.frontend.routing import (
     block_keys,
     make_routing,
     prompt_of,
+    routing_keys,
 )
 
 SYSTEM = ("You are a careful assistant. Answer in one short sentence, and name your sources. " * 12).encode()
@@ -132,6 +133,37 @@ def test_the_index_forgets_the_least_recently_used_keys_past_its_bound():
     assert all(k in policy.index for k in recent[-10:])
 
 
+def test_a_sessions_requests_stay_on_its_replica_until_it_passes_its_bound():
+    """Prompts that share nothing, one session id: the replica of the session's last request, while that replica
+    carries no more than its bound; past it the session moves, and stays where it moved."""
+    reps, policy = _replicas(2), PrefixRouting()
+    home = policy.pick(reps, (), b"first question " * 30, "chat-7")
+    for q in range(6):
+        assert policy.pick(reps, (), f"unrelated {q} ".encode() * 40, "chat-7") is home
+    home.track(5)  # others' requests load it past 1.25 x (mean + 1)
+    moved = policy.pick(reps, (), b"next question " * 30, "chat-7")
+    assert moved is not home
+    home.track(-5)
+    assert policy.pick(reps, (), b"and the next " * 30, "chat-7") is moved
+
+
+def test_a_new_session_goes_to_the_same_replica_from_every_front_end_process():
+    reps, one, two = _replicas(), PrefixRouting(), PrefixRouting()
+    chosen = set()
+    for n in range(16):
+        a = one.pick(reps, (), b"Hi", f"session-{n}")
+        assert two.pick(reps, (), b"Hi", f"session-{n}") is a
+        chosen.add(a.index)
+    assert chosen == {0, 1, 2, 3}
+
+
+def test_sessions_are_remembered_up_to_a_bound_oldest_out_first():
+    reps, policy = _replicas(2), PrefixRouting(sessions=3)
+    for n in range(5):
+        policy.pick(reps, (), b"hello " * 50, f"s{n}")
+    assert list(policy.sessions) == ["s2", "s3", "s4"]
+
+
 def test_the_prompt_is_read_from_a_request_as_clients_send_it():
     from tritonclient.grpc import service_pb2
 
@@ -142,3 +174,7 @@ def test_the_prompt_is_read_from_a_request_as_clients_send_it():
         "The capital of France é".encode()
     )
     assert prompt_of(service_pb2.ModelInferRequest()) == b""
+    with_session = build_request("m", Generation("Hi there", max_tokens=4), "r2", {"session_id": "chat-7"})
+    parsed = service_pb2.ModelInferRequest.FromString(with_session.SerializeToString())
+    assert routing_keys(parsed) == (b"Hi there", "chat-7")
+    assert routing_keys(service_pb2.ModelInferRequest.FromString(req.SerializeToString()))[1] == ""
