@@ -806,68 +806,14 @@ def test_llmlaunch_replicas_2_on_this_machine_serves_through_the_front_end(tmp_p
 def test_with_prefix_routing_a_conversations_turns_reach_one_replica_which_prefills_only_the_new_tokens(
     tmp_path, tiny_model_dir
 ):
-    """`serve.routing=prefix`, replicas=2: each turn of a conversation sends the whole history; every turn goes to
-    the replica the first went to, whose prefix cache holds the history (its engine's own counters say the second
-    turn prefilled only what is new), while requests of another prefix still reach the other replica; and requests
-    of one session (X-Session-ID on the OpenAI API) reach one replica whatever their prompts."""
-    from transformers import AutoTokenizer
+    """`llmlaunch replicas=2 serve.routing=prefix` on this machine: tests/prefix_routing.py says what is checked."""
+    from tests.prefix_routing import check_prefix_routing
 
-    from launcher.client.request import Generation
-    from launcher.client.stream import generate
-    from launcher.python_backend.timings import settled_engine_metrics
-
-    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     job = LocalLaunch(tmp_path, "serve.routing=prefix")
     try:
         ep = job.wait_endpoint()
         ready = sorted((json.loads(p.read_text()) for p in job.run.glob("ready_rank*.json")), key=lambda r: r["rank"])
-        engines = [f"http://127.0.0.1:{r['ports']['metrics_port']}/metrics" for r in ready]
-
-        def routed() -> list:
-            text = urllib.request.urlopen(ep["metrics_url"], timeout=10).read().decode()
-            return [
-                int(float(ln.rsplit(" ", 1)[1]))
-                for ln in text.splitlines()
-                if ln.startswith("llmlaunch_frontend_requests_total{")
-            ]
-
-        history = "You are a careful assistant who answers in one short sentence. " * 8 + "User: the sky?\nAssistant:"
-        prompts, cached = [], []
-        for turn in range(3):
-            before = [settled_engine_metrics(u, ep["model"], wait_s=10)["cached_prompt_tokens"] for u in engines]
-            rec = generate(job.url, ep["model"], Generation(history, max_tokens=8, ignore_eos=True))
-            assert not rec.error, rec.error
-            after = [settled_engine_metrics(u, ep["model"], wait_s=10)["cached_prompt_tokens"] for u in engines]
-            cached.append([a - b for a, b in zip(after, before)])
-            prompts.append(history)
-            history += rec.text + f"\nUser: and question {turn}?\nAssistant:"
-        counts = routed()
-        home = counts.index(3)
-        assert counts == [3 if i == home else 0 for i in range(2)], counts
-        ids = [tok(p).input_ids for p in prompts]
-        for turn in (1, 2):  # every full block of the turn before came from the cache, on the home replica only
-            same = [a == b for a, b in zip(ids[turn - 1], ids[turn])]
-            common = same.index(False) if False in same else len(same)
-            assert cached[turn][home] >= common // 16 * 16 > 0, (cached, common)
-            assert cached[turn][1 - home] == 0, cached
-        # other prefixes: a new one goes where its hash says, so some of a few reach the other replica
-        for g in range(6):
-            rec = generate(job.url, ep["model"], Generation(f"Group {g}. " * 40, max_tokens=2, ignore_eos=True))
-            assert not rec.error, rec.error
-        assert routed()[1 - home] > 0, routed()
-        # a session named by the OpenAI API's X-Session-ID header: its requests, sharing no prefix, reach one replica
-        start = routed()
-        for q in range(4):
-            body = json.dumps({"model": ep["model"], "prompt": f"Unrelated question {q}. " * 30, "max_tokens": 2})
-            req = urllib.request.Request(
-                f"{ep['openai_url']}/completions",
-                body.encode(),
-                {"Content-Type": "application/json", "X-Session-ID": "chat-7"},
-            )
-            with urllib.request.urlopen(req, timeout=60) as r:
-                assert r.status == 200
-        added = [b - a for a, b in zip(start, routed())]
-        assert sorted(added) == [0, 4], added
+        check_prefix_routing(ep, ready, tiny_model_dir)
         job.proc.send_signal(signal.SIGINT)
         assert job.proc.wait(90) == 0, job.tail()
     finally:

@@ -385,6 +385,20 @@ def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_pa
     assert_shm_gone(job_id)
 
 
+def test_prefix_routing_over_two_nodes_keeps_a_conversation_on_one_replica(local_slurm, tmp_path, tiny_model_dir):
+    """`replicas=2 nodes=2 serve.routing=prefix` on the Slurm cluster, one replica a node: tests/prefix_routing.py
+    says what is checked (a conversation on one replica that prefills only its new tokens, sessions)."""
+    from tests.prefix_routing import check_prefix_routing
+
+    spec, job_id, run, ep = launch(tmp_path, "replicas=2", "nodes=2", "serve.routing=prefix")
+    try:
+        ready = sorted(RunDir(run).ready_records(), key=lambda r: r["rank"])
+        check_prefix_routing(ep, ready, tiny_model_dir)
+        stop_drained(job_id)
+    finally:
+        stop(job_id)
+
+
 def test_rank0_keeps_the_front_end_after_its_replica_and_the_job_fails_with_the_last(local_slurm, tmp_path):
     """replicas=2: rank 0's own tritonserver killed -> its front end serves on with replica 1; then replica
     1 killed -> no replica is left, and the job fails naming the rank that lost the last one."""

@@ -1,0 +1,69 @@
+"""The checks of `serve.routing=prefix` on a serving `replicas=2` job, shared by the local launch
+(tests/integration/test_frontend.py) and the two-node Slurm launch (tests/integration/test_slurm_launch.py)."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+
+
+def routed(metrics_url: str) -> list:
+    """Requests the front end routed to each replica (its /metrics)."""
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    return [
+        int(float(ln.rsplit(" ", 1)[1]))
+        for ln in text.splitlines()
+        if ln.startswith("llmlaunch_frontend_requests_total{")
+    ]
+
+
+def check_prefix_routing(ep: dict, ready: list, tokenizer_dir) -> None:
+    """Each turn of a conversation sends the whole history: every turn goes to the replica the first went to, whose
+    prefix cache holds the history (its engine's own counters say each later turn prefilled only what is new), while
+    requests of other prefixes still reach the other replica; and requests of one session (X-Session-ID on the
+    OpenAI API) reach one replica whatever their prompts.  ready: the replica leaders' ready records, rank order."""
+    from transformers import AutoTokenizer
+
+    from launcher.client.request import Generation
+    from launcher.client.stream import generate
+    from launcher.python_backend.timings import settled_engine_metrics
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    engines = [f"http://{r.get('addr', '127.0.0.1')}:{r['ports']['metrics_port']}/metrics" for r in ready]
+    assert len(engines) == 2, ready
+    history = "You are a careful assistant who answers in one short sentence. " * 8 + "User: the sky?\nAssistant:"
+    prompts, cached = [], []
+    for turn in range(3):
+        before = [settled_engine_metrics(u, ep["model"], wait_s=10)["cached_prompt_tokens"] for u in engines]
+        rec = generate(ep["url"], ep["model"], Generation(history, max_tokens=8, ignore_eos=True))
+        assert not rec.error, rec.error
+        after = [settled_engine_metrics(u, ep["model"], wait_s=10)["cached_prompt_tokens"] for u in engines]
+        cached.append([a - b for a, b in zip(after, before)])
+        prompts.append(history)
+        history += rec.text + f"\nUser: and question {turn}?\nAssistant:"
+    counts = routed(ep["metrics_url"])
+    home = counts.index(3)
+    assert counts == [3 if i == home else 0 for i in range(2)], counts
+    ids = [tok(p).input_ids for p in prompts]
+    for turn in (1, 2):  # every full block of the turn before came from the cache, on the home replica only
+        same = [a == b for a, b in zip(ids[turn - 1], ids[turn])]
+        common = same.index(False) if False in same else len(same)
+        assert cached[turn][home] >= common // 16 * 16 > 0, (cached, common)
+        assert cached[turn][1 - home] == 0, cached
+    # other prefixes: a new one goes where its hash says, so some of a few reach the other replica
+    for g in range(6):
+        rec = generate(ep["url"], ep["model"], Generation(f"Group {g}. " * 40, max_tokens=2, ignore_eos=True))
+        assert not rec.error, rec.error
+    assert routed(ep["metrics_url"])[1 - home] > 0, routed(ep["metrics_url"])
+    start = routed(ep["metrics_url"])
+    for q in range(4):
+        body = json.dumps({"model": ep["model"], "prompt": f"Unrelated question {q}. " * 30, "max_tokens": 2})
+        req = urllib.request.Request(
+            f"{ep['openai_url']}/completions",
+            body.encode(),
+            {"Content-Type": "application/json", "X-Session-ID": "chat-7"},
+        )
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert r.status == 200
+    added = [b - a for a, b in zip(start, routed(ep["metrics_url"]))]
+    assert sorted(added) == [0, 4], added
