@@ -111,7 +111,7 @@ FOLDERS = {
     ),
 }
 # Every kind a `launcher.domains.Path` may name ("engine": the engine's hook says; "": nothing is looked for).
-KINDS = tuple(FOLDERS) + ("file", "executable", "command", "dir", "engine", "")
+KINDS = tuple(FOLDERS) + ("file", "key_file", "executable", "command", "dir", "engine", "")
 
 
 def _path_problem(key: str, value: str, kind: str, c) -> Tuple[Optional[Problem], bool]:
@@ -133,6 +133,14 @@ def _path_problem(key: str, value: str, kind: str, c) -> Tuple[Optional[Problem]
     if not p.exists():
         fix = FOLDERS[kind][2].format(key=key) if kind in FOLDERS else f"fix the path in {key}"
         return (what, "no such file or folder", fix), False
+    if kind == "key_file":  # the OpenAI API's key (launcher/openai_api/auth.py): read as the API will read it
+        from launcher.openai_api.auth import read_key
+
+        try:
+            read_key(str(p))
+        except ValueError as e:
+            return (what, str(e), f"write the key on the first line of {value}, or set {key}='' for no key"), True
+        return None, True
     if kind in ("file", "executable", "command"):
         if not p.is_file():
             return (what, "not a file", f"give {key} a file's path"), True

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import struct
 import threading
 import time
@@ -41,12 +42,20 @@ def base_url(url: str) -> str:
     return url
 
 
+def auth_headers() -> dict:
+    """The server's key, where it requires one (serve.api_key_file): OPENAI_API_KEY, as the openai SDK reads it."""
+    key = os.environ.get("OPENAI_API_KEY", "")
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def served_model(url: str, timeout: float = 10.0) -> str:
     """The first model GET /v1/models lists."""
     import urllib.request
 
     try:
-        with urllib.request.urlopen(base_url(url) + "/v1/models", timeout=timeout) as r:
+        with urllib.request.urlopen(
+            urllib.request.Request(base_url(url) + "/v1/models", headers=auth_headers()), timeout=timeout
+        ) as r:
             data = json.loads(r.read())["data"]
     except Exception as e:
         raise ClientError(f"cannot list models at {base_url(url)}/v1/models: {e}") from None
@@ -78,6 +87,7 @@ class OpenAIStream:
 
     def __init__(self, url: str, on_done: Optional[Callable] = None, connect_timeout: float = 30.0):
         self.url = base_url(url)
+        self._headers = {"Content-Type": "application/json", **auth_headers()}
         self._on_done = on_done
         self._cond = threading.Condition()
         self._dead = ""
@@ -113,9 +123,7 @@ class OpenAIStream:
         perf, loads = time.perf_counter, json.loads
         try:
             rec.sent = perf()
-            async with self._session.post(
-                self.url + request.path, data=request.body, headers={"Content-Type": "application/json"}
-            ) as resp:
+            async with self._session.post(self.url + request.path, data=request.body, headers=self._headers) as resp:
                 if resp.status != 200:
                     text = await resp.text()
                     try:

@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from launcher.openai_api import translate as tr
+from launcher.openai_api.auth import BearerAuth
 from launcher.openai_api.backend import BackendError, Final, Utf8Pieces
 from launcher.openai_api.counters import Counters
 
@@ -55,10 +56,12 @@ def make_app(
     chat_template: Callable[[list], str],
     counters: Optional[Counters] = None,
     draining: Optional[dict] = None,
+    api_key: str = "",
 ):
     """The app.  `backend`: a GrpcBackend (generate, ready); `served`: the model names requests may use, the first
     the one /v1/models lists; `chat_template(messages) -> prompt`; `draining["reason"]`, once set (the drain notice,
-    launcher/rank/drain.py), refuses new requests with 503 naming it while running ones finish."""
+    launcher/rank/drain.py), refuses new requests with 503 naming it while running ones finish; `api_key`: required as
+    `Authorization: Bearer` on every route but /health (launcher/openai_api/auth.py)."""
     counters = counters or Counters()
     draining = {"reason": ""} if draining is None else draining
     created = int(time.time())
@@ -199,9 +202,10 @@ def make_app(
         counters.started()
         yield
 
-    return Starlette(
+    app = Starlette(
         routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: server_error}, lifespan=lifespan
     )
+    return BearerAuth(app, api_key) if api_key else app
 
 
 async def _join(it, first) -> tuple:

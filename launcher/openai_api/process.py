@@ -29,6 +29,7 @@ class OpenAIConfig:
     aliases: tuple = ()  # more names a request's `model` may use (the model config's name)
     drain_timeout_s: float = 30.0  # on SIGTERM, how long running requests may finish
     processes: int = 1  # worker processes sharing the port (SO_REUSEPORT); launcher.python_backend.responders picks it
+    api_key_file: str = ""  # file whose first line is the key every route but /health requires; "" = no key
 
     def argv(self) -> List[str]:
         argv = [
@@ -52,6 +53,8 @@ class OpenAIConfig:
             argv += ["--tokenizer", self.tokenizer]
         for a in self.aliases:
             argv += ["--alias", a]
+        if self.api_key_file:  # the file's path: the key itself never goes on a command line
+            argv += ["--api-key-file", self.api_key_file]
         return argv + ["--die-with-parent"]
 
     @property
@@ -104,6 +107,7 @@ def start_api(spec, grpc_url: str, bind_host: str, port: int, say=log, timeout_s
         aliases=aliases,
         drain_timeout_s=float(spec.serve.drain_timeout_s),
         processes=api_processes(len(os.sched_getaffinity(0))),
+        api_key_file=str(spec.serve.api_key_file or ""),
     )
     env = dict(os.environ)
     root = str(PACKAGE_ROOT)  # `python -m launcher.openai_api` from this checkout
@@ -138,6 +142,7 @@ def _on_drain_notice() -> dict:
 def _build_app(args, counters):
     from launcher.client.control import honoured_parameters
     from launcher.openai_api.app import make_app
+    from launcher.openai_api.auth import read_key
     from launcher.openai_api.backend import GrpcBackend
     from launcher.openai_api.chat import ChatTemplate
 
@@ -147,12 +152,19 @@ def _build_app(args, counters):
     )
     template = ChatTemplate(args.tokenizer, args.model)
     template.load()
+    api_key = ""
+    if args.api_key_file:
+        try:
+            api_key = read_key(args.api_key_file)
+        except ValueError as e:
+            raise SystemExit(f"OpenAI API: {e}; fix serve.api_key_file") from None
     return make_app(
         GrpcBackend(args.grpc_url, args.model, params),
         (args.model, *args.alias),
         template,
         counters,
         draining=_on_drain_notice(),
+        api_key=api_key,
     )
 
 
@@ -250,6 +262,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--tokenizer", default="", help="tokenizer folder whose chat template /v1/chat/completions applies")
     p.add_argument("--drain-timeout", type=float, default=30.0, help="on SIGTERM, seconds running requests may take")
     p.add_argument("--processes", type=int, default=1, help="worker processes sharing the port (default 1)")
+    p.add_argument(
+        "--api-key-file", default="", help="file whose first line is the key every route but /health requires"
+    )
     p.add_argument("--die-with-parent", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.processes < 1:

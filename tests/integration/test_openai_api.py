@@ -287,6 +287,62 @@ def test_a_client_that_goes_away_cancels_its_request_on_the_engine(oa, chat_api,
     assert oa.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4, extra_body=EOS).usage.completion_tokens == 4
 
 
+def test_with_an_api_key_every_route_but_health_needs_it_and_the_key_is_on_no_command_line(server, tmp_path):
+    """serve.api_key_file: the API reads the key from the file; without `Authorization: Bearer <key>`, or with
+    another key, a route answers 401 in OpenAI's shape (the openai SDK raises AuthenticationError); /health answers
+    without it (rank 0 and load balancers poll it); llmlaunch-bench's OpenAI client sends OPENAI_API_KEY."""
+    from launcher.bench.openai_stream import served_model
+
+    key = "k-" + os.urandom(12).hex()
+    key_file = tmp_path / "api.key"
+    key_file.write_text(key + "\n")
+    proc = OpenAIProcess(
+        OpenAIConfig(server.grpc_url, MODEL, "127.0.0.1", free_port(), "", ("tiny",), 5.0, 2, str(key_file)),
+        env=_env(),
+    ).start()
+    try:
+        proc.wait_ready(120)  # through /health, with no key
+        for route in ("/v1/models", "/metrics"):
+            for given, why in ((None, "no API key was given"), ("Bearer wrong", "the API key is not valid")):
+                headers = {"Authorization": given} if given else {}
+                with pytest.raises(urllib.error.HTTPError) as e:
+                    urllib.request.urlopen(urllib.request.Request(proc.cfg.url + route, headers=headers), timeout=10)
+                body = json.loads(e.value.read())
+                assert e.value.code == 401 and body["error"]["code"] == "invalid_api_key", body
+                assert why in body["error"]["message"]
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=proc.cfg.url + "/v1", api_key="wrong", max_retries=0).completions.create(
+                model=MODEL, prompt="The capital of France is", max_tokens=4
+            )
+        ok = openai.OpenAI(base_url=proc.cfg.url + "/v1", api_key=key, max_retries=0, timeout=120)
+        done = ok.completions.create(model=MODEL, prompt="The capital of France is", max_tokens=4)
+        assert done.usage.completion_tokens == 4
+        os.environ["OPENAI_API_KEY"] = key
+        try:
+            assert served_model(proc.cfg.url) == MODEL
+        finally:
+            del os.environ["OPENAI_API_KEY"]
+        # neither the supervisor nor its worker processes carry the key in their command lines
+        pids = [proc.proc.pid, *_children(proc.proc.pid)]
+        assert len(pids) >= 3, pids  # the supervisor and its two workers
+        assert str(key_file).encode() in Path(f"/proc/{proc.proc.pid}/cmdline").read_bytes()
+        for pid in pids:
+            assert key.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes(), pid
+    finally:
+        proc.stop()
+
+
+def _children(pid: int) -> list:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(stat.parent.name))
+        except (OSError, ValueError):
+            pass
+    return out
+
+
 def test_two_worker_processes_share_the_port_sum_their_metrics_and_stop_together(server):
     proc = api(server.grpc_url, processes=2)
     try:

@@ -108,6 +108,7 @@ BAD = {
     ("hf", "serve.log_verbose"): ["serve.log_verbose=-1"],
     ("hf", "serve.drain_timeout_s"): ["serve.drain_timeout_s=-1"],
     ("hf", "serve.routing"): ["serve.routing=round_robin"],
+    ("hf", "serve.api_key_file"): ["serve.api_key_file=/nonexistent-key", LAUNCH],
     ("hf", "serve.rendezvous_timeout_s"): ["serve.rendezvous_timeout_s=0"],
     ("hf", "serve.walltime_signal_s"): ["serve.walltime_signal_s=-5"],
     ("hf", "bench.name"): ["bench.name=a b"],

@@ -248,3 +248,19 @@ def test_a_tp_the_model_cannot_take_exits_2_before_submission(tmp_path):
         and "use tp=1, 3 with engine=hf" in r.stderr
     )
     assert not jobs.exists()
+
+
+def test_the_api_key_file_is_read_as_the_api_will_read_it_before_anything_starts(tmp_path):
+    from launcher.openai_api.auth import read_key
+
+    key = tmp_path / "key"
+    key.write_text("  s3cret-key  \nsecond line ignored\n")
+    assert read_key(str(key)) == "s3cret-key"
+    assert check([f"serve.api_key_file={key}"]) == ([], [])
+    for text, needle in (("", "is empty"), ("\n  \n", "is empty")):
+        key.write_text(text)
+        problems, _ = check([f"serve.api_key_file={key}"])
+        assert len(problems) == 1 and needle in problems[0][1], problems
+        assert problems[0][0] == f"serve.api_key_file={str(key)!r}" and "first line" in problems[0][2]
+    problems, _ = check([f"serve.api_key_file={tmp_path / 'none'}"])
+    assert len(problems) == 1 and "no such file" in problems[0][1], problems
