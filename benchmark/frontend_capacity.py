@@ -184,6 +184,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of load before the window")
     p.add_argument("--seconds", type=float, default=5.0, help="measuring window")
     p.add_argument("--skip-direct", action="store_true")
+    p.add_argument("--routing", default="least_outstanding", help="the front end's serve.routing policy")
     p.add_argument("--json", help="also write the JSON document here")
     args = p.parse_args(argv)
 
@@ -207,7 +208,7 @@ def main(argv=None) -> int:
             time.sleep(1.0)
         for loop in args.loops.split(","):
             for n in [int(x) for x in args.processes.split(",")]:
-                with frontend(urls, n, loop, MODEL) as (url, metrics_port, pgid):
+                with frontend(urls, n, loop, MODEL, args.routing) as (url, metrics_port, pgid):
                     r = run_load([url], args.clients, args.concurrency, args.warmup, args.seconds, pgid)
                     r.update(mode="frontend", processes=n, loop=loop, frontend_counters=frontend_errors(metrics_port))
                 report["runs"].append(r)

@@ -101,6 +101,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=8, help="warm-up requests per run, not counted")
     p.add_argument("--loop", default="auto", help="front-end event loop: auto, asyncio, uvloop")
     p.add_argument("--processes", type=int, default=1, help="front-end worker processes (default 1)")
+    p.add_argument("--routing", default="least_outstanding", help="the front end's serve.routing policy")
     p.add_argument("--flat-out", action="store_true", help="also compare responses/s with the emitter flat out")
     p.add_argument("--flat-out-clients", type=int, default=2)
     p.add_argument("--json", help="also write the JSON document here")
@@ -121,11 +122,12 @@ def main(argv=None) -> int:
                 "rounds",
                 "loop",
                 "processes",
+                "routing",
             )
         }
     }
     with fixture_servers(1, 1, models) as (url,):
-        with frontend([url], args.processes, args.loop, model="timed") as (fe_url, _, _):
+        with frontend([url], args.processes, args.loop, model="timed", routing=args.routing) as (fe_url, _, _):
             paths = {"direct": url, "frontend": fe_url}
             runs = {"direct": [], "frontend": []}
             for rnd in range(args.rounds):

@@ -172,7 +172,9 @@ def fixture_servers(n: int, instances: int, models: dict, timeout_s: float = 180
 
 # ----------------------------------------------------------------------------- in front of a server
 @contextlib.contextmanager
-def frontend(addrs: list[str], processes: int = 1, loop: str = "auto", model: str = ""):
+def frontend(
+    addrs: list[str], processes: int = 1, loop: str = "auto", model: str = "", routing: str = "least_outstanding"
+):
     """The data-parallel front end (`python -m launcher.frontend`) over the gRPC addresses `addrs`, on free loopback
     ports; yields (its gRPC address, its metrics port, its process group id) once every replica answers through it."""
     from launcher.frontend import FrontendConfig, FrontendProcess
@@ -188,6 +190,7 @@ def frontend(addrs: list[str], processes: int = 1, loop: str = "auto", model: st
         processes,
         drain_timeout_s=5,
         loop=loop,
+        routing=routing,
     )
     fe = FrontendProcess(cfg, env=checkout_env()).start()
     try:
