@@ -389,11 +389,7 @@ class ServeConfig:
         Choice(ROUTINGS), "least_outstanding"
     )  # with replicas > 1, which replica a request goes to: least_outstanding (fewest in flight) | prefix (the one sent the longest run of its prompt's prefix, within a load bound; launcher/frontend/routing.py)
     api_key_file: str = arg(
-        Path(
-            "key_file",
-            fix="give {key} a readable file whose first line is the key, e.g. made with `openssl rand -hex 24`",
-        ),
-        "",
+        Path("key_file", fix="give {key} a file whose first line is the key (openssl rand -hex 24 > FILE)"), ""
     )  # a file whose first line is the key the OpenAI API requires as `Authorization: Bearer` on every route but /health; "" = no key (anyone who reaches serve.openai_port may use the model). The file's path travels, never the key
 
 
