@@ -47,6 +47,13 @@ class Frontend:
         none is up.  prompt, session: the request's text and session id, read by policies that route by them."""
         return self.routing.pick(self.replicas, exclude, prompt, session)
 
+    def pick_for(self, request) -> Optional[Replica]:
+        """The replica for a ModelInferRequest: its prompt and session are read only by a policy that routes by them
+        (`request` may be None where the policy does not: the request need not be parsed then)."""
+        if request is not None and self.routing.needs_prompt:
+            return self.pick((), *routing_keys(request))
+        return self.pick()
+
     def no_replica_message(self, tried: Sequence[Replica] = ()) -> str:
         down = "; ".join(
             f"{r.label} failed: {r.reason}" if r.reason else f"{r.label} refused the request"
@@ -154,10 +161,7 @@ class Frontend:
         if self.draining:
             self.rejected += 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, self.draining)
-        if self.routing.needs_prompt:
-            rep = self.pick((), *routing_keys(service_pb2.ModelInferRequest.FromString(raw)))
-        else:
-            rep = self.pick()
+        rep = self.pick_for(service_pb2.ModelInferRequest.FromString(raw) if self.routing.needs_prompt else None)
         if rep is None:
             self.rejected += 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, self.no_replica_message())

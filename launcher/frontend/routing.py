@@ -16,8 +16,9 @@
 
 Why text blocks and not token blocks: the front end forwards the request bytes as they came and has no tokenizer;
 hashing text is cheap (benchmark/routing.py: a pick takes 30 us for 8 KiB of prompt, 310 us for 64 KiB), and a
-shared prefix of text is a shared prefix of tokens up to the last token it cuts.  The index is what the front end sent, not what the
-engines still hold: an engine that evicted a prefix is still credited with it until the index ages it out.
+shared prefix of text is a shared prefix of tokens up to the last token it cuts.  The index is what the front end
+sent, not what the engines still hold: an engine that evicted a prefix is still credited with it until the index
+ages it out.
 """
 
 from __future__ import annotations

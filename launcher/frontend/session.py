@@ -14,7 +14,6 @@ from grpc import aio
 from tritonclient.grpc import service_pb2
 
 from launcher.frontend.replica import Replica
-from launcher.frontend.routing import routing_keys
 from launcher.frontend.wire import (
     _ASK_EMPTY_FINAL,
     _EMPTY_FINAL,
@@ -257,8 +256,7 @@ class Session:
             self.fe.rejected += 1
             await self.send(_error_response(self.fe.draining, client_id, req.model_name, req.model_version))
             return
-        fe = self.fe
-        rep = fe.pick((), *routing_keys(req)) if fe.routing.needs_prompt else fe.pick()
+        rep = self.fe.pick_for(req)
         if rep is None:
             self.fe.rejected += 1
             await self.send(_error_response(self.fe.no_replica_message(), client_id, req.model_name, req.model_version))
