@@ -61,13 +61,20 @@ def default_cache_dir() -> Path:
 
 
 def ensure_tiny_model(
-    cache_dir: str | os.PathLike | None = None, out: str | os.PathLike | None = None, **overrides
+    cache_dir: str | os.PathLike | None = None,
+    out: str | os.PathLike | None = None,
+    init_device: str = "cpu",
+    **overrides,
 ) -> Path:
     """Return the folder of a random-weight Llama built from `TinySettings(**overrides)`; build it if absent.
 
     `cache_dir` is the parent folder (default `default_cache_dir()`); the model lands in
     `<cache_dir>/tiny-llama-<hash of settings>`.  `out` names the folder exactly instead.
+    `init_device` draws the random weights there: "cuda" makes an 8 B model in seconds where the CPU takes minutes,
+    but another generator draws other weights, so it needs `out` (the cache's names promise CPU-drawn weights).
     """
+    if init_device != "cpu" and out is None:
+        raise ValueError(f"init_device={init_device!r} needs an explicit out folder: cached models are drawn on cpu")
     valid = {f.name for f in fields(TinySettings)}
     unknown = sorted(set(overrides) - valid)
     if unknown:
@@ -85,7 +92,7 @@ def ensure_tiny_model(
         final = final / f"tiny-llama-{settings.digest()}"
     if (final / "config.json").exists():
         return final
-    return publish_folder(final, lambda tmp: _build(settings, tmp))
+    return publish_folder(final, lambda tmp: _build(settings, tmp, init_device))
 
 
 def publish_folder(final: Path, build) -> Path:
@@ -108,7 +115,7 @@ def publish_folder(final: Path, build) -> Path:
     return final
 
 
-def _build(s: TinySettings, folder: Path) -> None:
+def _build(s: TinySettings, folder: Path, init_device: str = "cpu") -> None:
     tokenizer = build_tokenizer(s.vocab, s.max_position_embeddings)
     tokenizer.save_pretrained(folder)
 
@@ -132,7 +139,8 @@ def _build(s: TinySettings, folder: Path) -> None:
     )
     dtype = getattr(torch, s.dtype)
     # Seed the global generator only for the duration of the build.
-    with torch.random.fork_rng(devices=[]):
+    device = torch.device(init_device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), device:
         torch.manual_seed(s.seed)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     model.generation_config = GenerationConfig(
@@ -222,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.tiny", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="exact output folder (default: <cache>/tiny-llama-<hash>)")
     parser.add_argument("--cache-dir", help="parent folder when --out is not given")
+    parser.add_argument("--init-device", default="cpu", help="draw the weights there, e.g. cuda (needs --out)")
     for f in fields(TinySettings):
         flag = "--" + f.name.replace("_", "-")
         if f.type == "bool" or isinstance(f.default, bool):
@@ -229,8 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             parser.add_argument(flag, type=type(f.default), default=f.default)
     args = vars(parser.parse_args(argv))
-    out, cache_dir = args.pop("out"), args.pop("cache_dir")
-    path = ensure_tiny_model(cache_dir=cache_dir, out=out, **args)
+    out, cache_dir, init_device = args.pop("out"), args.pop("cache_dir"), args.pop("init_device")
+    path = ensure_tiny_model(cache_dir=cache_dir, out=out, init_device=init_device, **args)
     print(path)  # machine-readable: the folder on stdout
     return 0
 

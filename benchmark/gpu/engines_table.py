@@ -4,8 +4,9 @@
 
 Rows: each served configuration (OUT/<label>.json from serve_bench.py) and the in-process yardstick
 (OUT/inprocess.json: vLLM; OUT/lmdeploy_inprocess.json for labels naming lmdeploy) at each concurrency,
-with tokens/s as a share of in-process and the median first token's difference to it; then vLLM's offline
-generate (OUT/offline.json) per batch.
+with tokens/s as a share of in-process and the median first token's difference to it, and as a share of the
+better `vllm serve` row at the same load and workload (labels starting vllm_serve: engines.sh vllm_serve), the
+server a vLLM user would otherwise start; then vLLM's offline generate (OUT/offline.json) per batch.
 """
 
 from __future__ import annotations
@@ -80,7 +81,13 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", action="store_true", help="a Markdown table")
     args = p.parse_args(argv)
     inproc, served, offline = load(args.out)
-    head = ["path", "READY s", "C", "tok/s", "of in-process", "TTFT p50 ms", "+ms", "ITL p50 ms", "failed"]
+    head = ["path", "READY s", "C", "tok/s", "of in-process", "of vllm serve", "TTFT p50 ms", "+ms", "ITL p50 ms"]
+    head.append("failed")
+    yard: dict = {}  # (workload, C) -> the better vllm serve row's tokens/s
+    for doc in served:
+        for r in doc["rows"] if doc["label"].startswith("vllm_serve") else ():
+            key = (r.get("workload", ""), r["concurrency"])
+            yard[key] = max(yard.get(key, 0.0), r["output_throughput"])
     rows = []
     for engine, path in (("vllm", "vLLM AsyncLLM in-process"), ("lmdeploy", "LMDeploy AsyncEngine in-process")):
         for c, r in sorted(inproc[engine].items()):
@@ -91,6 +98,7 @@ def main(argv=None) -> int:
                     c,
                     f"{r['tok_s']:.0f}",
                     "1.000",
+                    f"{r['tok_s'] / yard[('', c)]:.3f}" if yard.get(("", c)) else "",
                     f"{r['ttft']:.2f}",
                     "",
                     f"{r['itl']:.2f}",
@@ -100,14 +108,19 @@ def main(argv=None) -> int:
     for doc in served:
         # a served LMDeploy configuration (its label names it) is measured against LMDeploy in-process
         for r in doc["rows"]:
-            base = inproc["lmdeploy" if "lmdeploy" in doc["label"] else "vllm"].get(r["concurrency"])
+            workload = r.get("workload", "")
+            base = (
+                None if workload else inproc["lmdeploy" if "lmdeploy" in doc["label"] else "vllm"].get(r["concurrency"])
+            )
+            serve = yard.get((workload, r["concurrency"]))
             rows.append(
                 [
-                    doc["label"],
+                    doc["label"] + (f" [{workload}]" if workload else ""),
                     f"{doc['ready_s']:.0f}",
                     r["concurrency"],
                     f"{r['output_throughput']:.0f}",
                     f"{r['output_throughput'] / base['tok_s']:.3f}" if base else "",
+                    f"{r['output_throughput'] / serve:.3f}" if serve else "",
                     f"{r['ttft_ms_p50']:.2f}",
                     f"{r['ttft_ms_p50'] - base['ttft']:+.2f}" if base else "",
                     f"{r['itl_ms_p50']:.2f}",
@@ -121,6 +134,7 @@ def main(argv=None) -> int:
                 f"{r['load_s']:.0f}",
                 f"batch {r['batch']}",
                 f"{r['output_throughput']:.0f}",
+                "",
                 "",
                 "",
                 "",

@@ -9,7 +9,14 @@ then N counted, --input-len-token synthetic prompts (the tokenizer's, the same o
 (tests/gpu/test_served_engine.py) against the same server; --identity FILE collects its greedy answers
 (benchmark/gpu/identity.py) for comparison with another serving. Stops llmlaunch with Ctrl-C's signal.
 Prints one row per concurrency and writes DIR/<label>.json (the rows, READY time, each bench's JSON
-path).
+path).  --workload NAME=ARGS (repeatable) runs each load again with more llmlaunch-bench arguments while the same
+server is up (a shared-prefix dataset beside the synthetic one); its rows carry the workload's name.
+
+--server-command CMD serves with another program instead of llmlaunch: the yardstick a user would otherwise
+start, e.g. vLLM's own OpenAI server (`vllm serve`), measured by the same client over OpenAI completions:
+
+    python -m benchmark.gpu.serve_bench --label vllm_serve --out DIR --tokenizer M --server-url http://127.0.0.1:8100 \
+        --server-command "python -m vllm.entrypoints.openai.api_server --model M --port 8100 --api-server-count 4"
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 from benchmark.gpu.identity import collect
@@ -45,7 +53,27 @@ def startup_breakdown(run_dir: str) -> dict:
     return found
 
 
-def bench(url: str, c: int, n: int, args, out_json: str) -> dict:
+def start_command(command: str, health_url: str, log_path: str, timeout_s: float) -> subprocess.Popen:
+    """`command` (split as a shell would, run without one) in a session of its own, returned once `health_url`
+    answers 200; one that exits first or is not healthy after `timeout_s` raises with its log's last lines."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(shlex.split(command), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    t0 = time.monotonic()
+    while True:
+        try:
+            with urllib.request.urlopen(health_url, timeout=5) as r:
+                if r.status == 200:
+                    return proc
+        except OSError:
+            pass
+        if proc.poll() is not None or time.monotonic() - t0 > timeout_s:
+            stop_llmlaunch(proc)
+            tail = "\n".join(Path(log_path).read_text(errors="replace").splitlines()[-30:])
+            raise RuntimeError(f"{command!r} did not answer {health_url} (exit {proc.returncode}):\n{tail}")
+        time.sleep(1)
+
+
+def bench(url: str, c: int, n: int, args, out_json: str, extra: str = "") -> dict:
     processes = 1 if c == 1 else min(c, args.processes)
     argv = [
         sys.executable,
@@ -77,7 +105,9 @@ def bench(url: str, c: int, n: int, args, out_json: str) -> dict:
         out_json,
         "--label",
         f"{args.label} C={c}",
+        *(["--backend", "openai-completions"] if args.server_command else []),
         *shlex.split(args.bench_args),
+        *shlex.split(extra),
     ]
     done = subprocess.run(argv, cwd=CHECKOUT, capture_output=True, text=True)
     if done.returncode != 0 or not os.path.exists(out_json):
@@ -115,18 +145,33 @@ def main(argv=None) -> int:
         help="more llmlaunch-bench arguments, e.g. '--dataset-name prefix --prefix-groups 8 --prefix-len 1024 "
         "--server-metrics http://127.0.0.1:8002/metrics' (--input-len is then each request's own suffix)",
     )
+    p.add_argument(
+        "--workload",
+        action="append",
+        default=[],
+        metavar="NAME=ARGS",
+        help="after the loads, each load again with these llmlaunch-bench arguments added (repeatable)",
+    )
+    p.add_argument("--server-command", default="", help="serve with this command instead of llmlaunch")
+    p.add_argument("--server-url", default="", help="with --server-command: its OpenAI base URL (/health is polled)")
     args = p.parse_args(argv)
+    if args.server_command and not args.server_url:
+        p.error("--server-command needs --server-url, the base URL it serves (e.g. http://127.0.0.1:8100)")
+    workloads = [("", "")] + [tuple(w.split("=", 1)) if "=" in w else (w, "") for w in args.workload]
     # `timeout` (engines.sh) ends this with SIGTERM: leave through `finally`, which stops llmlaunch and its server
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(124))
     os.makedirs(args.out, exist_ok=True)
     t0 = time.monotonic()
     run_dir = os.path.abspath(os.path.join(args.out, f"{args.label}.run"))
-    served = start_llmlaunch(
-        [*overrides, f"run_dir={run_dir}"], Path(args.out) / f"{args.label}.log", args.ready_timeout
-    )
-    url = served.url
+    log_path = os.path.join(args.out, f"{args.label}.log")
+    if args.server_command:
+        proc = start_command(args.server_command, args.server_url + "/health", log_path, args.ready_timeout)
+        url, overrides = args.server_url, [args.server_command]
+    else:
+        served = start_llmlaunch([*overrides, f"run_dir={run_dir}"], Path(log_path), args.ready_timeout)
+        proc, url = served.proc, served.url
     ready_s = time.monotonic() - t0
-    startup = startup_breakdown(run_dir)
+    startup = {} if args.server_command else startup_breakdown(run_dir)
     print(
         f"{args.label}: READY in {ready_s:.1f} s at {url} ({' '.join(overrides)}); "
         + ", ".join(f"{k} {v:.1f}" for k, v in startup.items()),
@@ -165,16 +210,17 @@ def main(argv=None) -> int:
             with open(args.identity, "w") as f:
                 json.dump(collect(url, 32, 64, 8), f, indent=1)
             print(f"{args.label}: greedy answers in {args.identity}", flush=True)
-        for item in args.concurrency:
+        for (workload, extra), item in ((w, i) for w in workloads for i in args.concurrency):
             c, _, n = item.partition(":")
             c, n = int(c), int(n or 10 * int(c))
-            out_json = os.path.join(args.out, f"{args.label}_c{c}.json")
+            out_json = os.path.join(args.out, f"{args.label}{'_' + workload if workload else ''}_c{c}.json")
             try:
-                m = bench(url, c, n, args, out_json)
+                m = bench(url, c, n, args, out_json, extra)
             except RuntimeError as exc:
-                print(f"{args.label} C={c}: {exc}", flush=True)
+                print(f"{args.label} {workload} C={c}: {exc}", flush=True)
                 continue
             row = {
+                "workload": workload,
                 "concurrency": c,
                 "requests": n,
                 "output_throughput": m["output_throughput"],
@@ -189,14 +235,14 @@ def main(argv=None) -> int:
             }
             doc["rows"].append(row)
             print(
-                f"{args.label:<16} C={c:>4} n={n:>5}: {row['output_throughput']:>10.1f} tok/s  TTFT p50 "
+                f"{args.label + (' ' + workload if workload else ''):<16} C={c:>4} n={n:>5}: {row['output_throughput']:>10.1f} tok/s  TTFT p50 "
                 f"{row['ttft_ms_p50']:.2f} ms  ITL p50 {row['itl_ms_p50']:.2f} ms  tok/resp "
                 f"{row['tokens_per_response'] or 0:.2f}  failed {row['failed']}"
                 + (f"  prefix hits {100 * row['prefix_hit_rate']:.1f}%" if row["prefix_hit_rate"] is not None else ""),
                 flush=True,
             )
     finally:
-        doc["exit"] = stop_llmlaunch(served.proc)
+        doc["exit"] = stop_llmlaunch(proc)
         with open(os.path.join(args.out, f"{args.label}.json"), "w") as f:
             json.dump(doc, f, indent=1)
     return 0

@@ -1,6 +1,7 @@
 """The pure parts of the GPU measurement scripts (benchmark/gpu): they run only on the lent GPU machine, so what
 can be checked without a GPU is checked here: the token-by-token comparison of two servings' greedy answers, the
-startup breakdown read from vLLM's log lines, and that every benchmark script or module the scripts and the docs
+startup breakdown read from vLLM's log lines, the engines table's ratio to `vllm serve`, a yardstick server started
+from a command, and that every benchmark script or module the scripts and the docs
 name exists (a stale name in a GPU script would fail only there)."""
 
 from __future__ import annotations
@@ -75,6 +76,45 @@ def test_startup_breakdown_reads_vllms_log_lines(tmp_path):
         "engine_init_s": 105.57,
     }
     assert serve_bench.startup_breakdown(str(tmp_path / "absent")) == {}
+
+
+def _served(path: Path, label: str, rows: list[tuple]) -> None:
+    """A serve_bench.py document: rows of (workload, C, tokens/s)."""
+    keys = ("workload", "concurrency", "output_throughput")
+    doc = {"label": label, "ready_s": 1.0, "rows": [dict(zip(keys, r)) for r in rows]}
+    for r in doc["rows"]:
+        r.update(ttft_ms_p50=10.0, itl_ms_p50=1.0, failed=0)
+    (path / f"{label}.json").write_text(__import__("json").dumps(doc))
+
+
+def test_engines_table_puts_each_served_row_against_the_better_vllm_serve_row_of_its_load(tmp_path, capsys):
+    _served(tmp_path, "vllm_serve1", [("", 64, 800.0), ("", 128, 900.0)])
+    _served(tmp_path, "vllm_serve4", [("", 64, 1000.0), ("", 128, 600.0)])
+    _served(tmp_path, "v8", [("", 64, 1100.0), ("", 128, 450.0), ("prefix", 64, 500.0)])
+    _load("engines_table").main([str(tmp_path), "--markdown"])
+    lines = capsys.readouterr().out.splitlines()
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = [dict(zip(head, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
+    ratio = {(r["path"], r["C"]): r["of vllm serve"] for r in rows}
+    assert ratio[("v8", "64")] == "1.100"  # against vllm_serve4's 1,000, the better row at C=64
+    assert ratio[("v8", "128")] == "0.500"  # against vllm_serve1's 900, the better row at C=128
+    assert ratio[("v8 [prefix]", "64")] == ""  # no vllm serve row of that workload: no ratio
+    assert ratio[("vllm_serve1", "64")] == "0.800"
+
+
+def test_a_yardstick_server_that_exits_before_it_is_healthy_is_reported_with_its_log(tmp_path):
+    serve_bench = _load("serve_bench")
+    cmd = f"{__import__('sys').executable} -c \"print('bad flag --api-server-count'); raise SystemExit(3)\""
+    with pytest.raises(RuntimeError, match="bad flag --api-server-count") as err:
+        serve_bench.start_command(cmd, "http://127.0.0.1:9/health", str(tmp_path / "log"), 30)
+    assert "exit 3" in str(err.value)
+
+
+def test_weights_drawn_off_the_cpu_need_an_explicit_folder():
+    from launcher.tiny import ensure_tiny_model
+
+    with pytest.raises(ValueError, match="needs an explicit out folder"):
+        ensure_tiny_model(init_device="cuda")
 
 
 # `benchmark/x/y.py` / `.sh` paths and `-m benchmark.x.y` modules, as the shell scripts and docs write them
