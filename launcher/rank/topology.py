@@ -84,9 +84,15 @@ def read_topology(environ: Mapping[str, str]) -> Topology:
     return Topology("single", 0, 1, 0, 0, 1, str(os.getpid()), socket.gethostname())
 
 
+# Set by the local launcher: the rank goes (drains and stops its servers) when llmlaunch dies, even by SIGKILL.
+# On Slurm, slurmstepd ends a step's tasks itself.
+DIE_WITH_LAUNCHER = private("DIE_WITH_LAUNCHER")
+
+
 def local_rank_env(rank: int, world_size: int, local_rank: int, job_id: str) -> Dict[str, str]:
     """The local launcher's table for one rank on this machine (what srun's SLURM_* are on Slurm)."""
     return {
+        DIE_WITH_LAUNCHER: "1",
         private("RANK"): str(rank),
         private("WORLD_SIZE"): str(world_size),
         private("LOCAL_RANK"): str(local_rank),

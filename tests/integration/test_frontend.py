@@ -8,6 +8,7 @@ machine (cluster=local, the tiny hf model), and on the local Slurm cluster over 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -818,6 +819,27 @@ def test_with_prefix_routing_a_conversations_turns_reach_one_replica_which_prefi
         assert job.proc.wait(90) == 0, job.tail()
     finally:
         job.kill()
+
+
+def test_nothing_outlives_a_killed_llmlaunch(tmp_path, tiny_model_dir):
+    """SIGKILL to llmlaunch alone (its ranks run in sessions of their own, so Ctrl-C's signal does not reach them):
+    every rank, tritonserver, the front end and the OpenAI API still go, within the drain deadline."""
+    job = LocalLaunch(tmp_path)
+    ps = lambda: subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout  # noqa: E731
+    try:
+        ep = job.wait_endpoint()
+        os.kill(job.proc.pid, signal.SIGKILL)
+        job.proc.wait()
+        deadline = time.monotonic() + 60  # serve.drain_timeout_s=10, then each server's SIGKILL
+        while str(job.run) in ps() and time.monotonic() < deadline:  # ranks and servers name the run dir
+            time.sleep(0.5)
+        job.assert_nothing_left(ep)
+    finally:
+        job.kill()
+        for line in ps().splitlines() if hasattr(job, "run") else ():  # what a failure left: its argv names the run
+            if str(job.run) in line:
+                with contextlib.suppress(OSError, ValueError):
+                    os.kill(int(line.split()[0]), signal.SIGKILL)
 
 
 def test_llmlaunch_fails_when_the_front_end_dies(tmp_path, tiny_model_dir):
