@@ -1,7 +1,7 @@
 """Start a tritonserver, know when it really serves, stop it cleanly (launcher/triton_install.py finds it).
 
 `TritonServer` is the one place a server process is started and stopped:
-its own process group, readiness = live + ready + model ready + one real
+its own process group (and SIGTERM from the kernel if the process that started it dies), readiness = live + ready + model ready + one real
 one-token request answered, within a deadline, failing at once with the log's
 tail if the process dies; stop = SIGTERM (Triton drains in-flight requests),
 then SIGKILL after a deadline, then removal of the job's leftover shm regions.
@@ -20,6 +20,23 @@ from typing import Callable, Dict, List, Optional
 
 from launcher.logtext import log_excerpt, log_tail
 from launcher.stage import latest as latest_stage
+
+
+def _term_with_parent() -> Optional[Callable[[], None]]:
+    """A preexec_fn that asks the kernel for SIGTERM when the starting process dies, even by SIGKILL (Linux
+    PR_SET_PDEATHSIG): a server must not outlive llmlaunch or its rank holding ports, GPU memory and shm. Resolved
+    here, not in the forked child, so the child calls one C function and imports nothing; None where there is no
+    prctl. The signal follows the thread that started the server: every caller starts it from its main thread."""
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    return lambda: prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+_TERM_WITH_PARENT = _term_with_parent()
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float) -> int:
@@ -220,7 +237,12 @@ class TritonServer:
 
         with children_ignore_drain_signal():  # Slurm's time-limit signal reaches the step's every process
             self.proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env=self.env, start_new_session=True
+                argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+                preexec_fn=_TERM_WITH_PARENT,
             )
         if out is not None:
             out.close()

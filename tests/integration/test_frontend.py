@@ -687,7 +687,11 @@ class LocalLaunch:
         time.sleep(0.5)
         ps = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
         assert str(self.run) not in ps  # no tritonserver (their argv names the run dir's repository), no rank
-        assert not Path(f"/proc/{ep['frontend']['pid']}").exists()  # the front end is gone too
+        if "frontend" in ep:  # rank 0's front end (replicas > 1) is gone too
+            assert not Path(f"/proc/{ep['frontend']['pid']}").exists()
+        if "openai_url" in ep:  # and the OpenAI API: nothing answers on its port
+            with pytest.raises(OSError):
+                urllib.request.urlopen(ep["openai_url"].removesuffix("/v1") + "/health", timeout=5)
         assert list(Path("/dev/shm").glob(f"llm{ep['job_id']}r*")) == []
 
 
@@ -821,10 +825,12 @@ def test_with_prefix_routing_a_conversations_turns_reach_one_replica_which_prefi
         job.kill()
 
 
-def test_nothing_outlives_a_killed_llmlaunch(tmp_path, tiny_model_dir):
-    """SIGKILL to llmlaunch alone (its ranks run in sessions of their own, so Ctrl-C's signal does not reach them):
-    every rank, tritonserver, the front end and the OpenAI API still go, within the drain deadline."""
-    job = LocalLaunch(tmp_path)
+@pytest.mark.parametrize("replicas", [2, 1])
+def test_nothing_outlives_a_killed_llmlaunch(tmp_path, tiny_model_dir, replicas):
+    """SIGKILL to llmlaunch alone (its ranks and servers run in sessions of their own, so Ctrl-C's signal does not
+    reach them): every rank, tritonserver, the front end and the OpenAI API still go, within the drain deadline; with
+    one replica llmlaunch runs the tritonserver itself."""
+    job = LocalLaunch(tmp_path, f"replicas={replicas}")
     ps = lambda: subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout  # noqa: E731
     try:
         ep = job.wait_endpoint()
