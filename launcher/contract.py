@@ -95,6 +95,7 @@ PARAMETERS: tuple[Parameter, ...] = (
 # OpenAI API sets it from the `X-Session-ID` header.  The models ignore it, as they ignore any parameter they do not
 # know.
 SESSION_PARAMETER = "session_id"
+SESSION_HEADER = "X-Session-ID"  # the OpenAI API's header that becomes SESSION_PARAMETER
 
 # The config parameter (config.pbtxt `parameters`) naming, comma-separated, the PARAMETERS a model honours: written by
 # launcher.pbtxt.python_model for the hf, vLLM, SGLang, LMDeploy and TensorRT-LLM BLS models, read by

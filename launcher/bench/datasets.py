@@ -63,6 +63,7 @@ class Sample:
     prompt_len: int  # prompt length in tokens (tokenizer) or estimated tokens
     output_len: int  # requested output length: max_tokens
     reference: Optional[str] = None  # the dataset's own answer, when it has one
+    session: Optional[str] = None  # multiturn: the conversation's id, sent so a front end keeps it on one replica
 
 
 def estimate_tokens(text: str) -> int:
@@ -339,9 +340,12 @@ def load_multiturn(
             users = [tokens.random_text(input_len, rng)[0] for _ in range(turns)]
             answers = [tokens.random_text(n_out, rng)[0] for _ in range(turns)]
             conversations.append(_conversation_turns(users, answers, [n_out] * turns))
-    ordered = [conv[t] for t in range(turns) for conv in conversations if t < len(conv)]  # turn by turn
-    lens = tokens.count_many([p for p, _, _ in ordered])
-    out = [Sample(p, n, o, a) for (p, o, a), n in zip(ordered, lens) if n + o <= max_total_len]
+    # turn by turn; each turn with its conversation's id (the seed in it: ids of two runs' conversations differ)
+    ordered = [
+        (*conv[t], f"s{seed}-c{i}") for t in range(turns) for i, conv in enumerate(conversations) if t < len(conv)
+    ]
+    lens = tokens.count_many([p for p, _, _, _ in ordered])
+    out = [Sample(p, n, o, a, s) for (p, o, a, s), n in zip(ordered, lens) if n + o <= max_total_len]
     return take(out, num, f"multi-turn conversations{' of ' + str(path) if path else ''}")
 
 

@@ -21,6 +21,7 @@ from typing import Callable, Optional
 
 from launcher.client.connection import ClientError
 from launcher.client.response import StreamRecord
+from launcher.contract import SESSION_HEADER
 
 
 @dataclass
@@ -30,6 +31,7 @@ class OpenAIRequest:
     id: str  # the StreamRecord's request id
     path: str  # /v1/completions or /v1/chat/completions
     body: bytes  # the JSON body
+    headers: Optional[dict] = None  # more request headers (X-Session-ID)
 
 
 def base_url(url: str) -> str:
@@ -66,13 +68,14 @@ def served_model(url: str, timeout: float = 10.0) -> str:
 
 def request_builder(chat: bool) -> Callable:
     """build(model, gen, request_id, parameters) -> OpenAIRequest: launcher.client.request.build_request's
-    counterpart (Triton request parameters have no OpenAI form and are not sent)."""
+    counterpart (Triton request parameters have no OpenAI form and are not sent; a session goes as X-Session-ID)."""
     from launcher.openai_api.translate import request_body
 
     path = "/v1/chat/completions" if chat else "/v1/completions"
 
     def build(model: str, gen, request_id: str, parameters: Optional[dict] = None) -> OpenAIRequest:
-        return OpenAIRequest(request_id, path, json.dumps(request_body(gen, model, chat)).encode())
+        body = json.dumps(request_body(gen, model, chat)).encode()
+        return OpenAIRequest(request_id, path, body, {SESSION_HEADER: gen.session} if gen.session else None)
 
     return build
 
@@ -123,7 +126,8 @@ class OpenAIStream:
         perf, loads = time.perf_counter, json.loads
         try:
             rec.sent = perf()
-            async with self._session.post(self.url + request.path, data=request.body, headers=self._headers) as resp:
+            headers = {**self._headers, **request.headers} if request.headers else self._headers
+            async with self._session.post(self.url + request.path, data=request.body, headers=headers) as resp:
                 if resp.status != 200:
                     text = await resp.text()
                     try:

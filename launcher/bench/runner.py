@@ -422,7 +422,7 @@ def generations(samples, sampling: dict, stream: bool = True, ignore_eos: bool =
     `ignore_eos` enforces it (ignore_eos and min_length = max_tokens)."""
     out = []
     for s in samples:
-        g = Generation(prompt=s.prompt, max_tokens=s.output_len, stream=stream, **sampling)
+        g = Generation(prompt=s.prompt, max_tokens=s.output_len, stream=stream, session=s.session, **sampling)
         if ignore_eos:
             g.ignore_eos = True
             g.min_tokens = s.output_len

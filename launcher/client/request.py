@@ -7,6 +7,8 @@ import struct
 from dataclasses import dataclass
 from typing import Optional
 
+from launcher.contract import SESSION_PARAMETER
+
 
 @dataclass
 class Generation:
@@ -27,6 +29,7 @@ class Generation:
     presence_penalty: Optional[float] = None  # presence_penalty
     frequency_penalty: Optional[float] = None  # frequency_penalty
     end_id: Optional[int] = None  # end_id
+    session: Optional[str] = None  # not a model input: the session_id request parameter the front end routes by
 
 
 # (contract input, Triton dtype, struct format) for the scalar fields of Generation.
@@ -112,6 +115,8 @@ def build_request(model: str, gen: Generation, request_id: str, parameters: Opti
     # Make decoupled models that send the final flag without a response still
     # end the request on the client (an empty response carrying the flag).
     req.parameters["triton_enable_empty_final_response"].bool_param = True
+    if gen.session:
+        parameters = {**(parameters or {}), SESSION_PARAMETER: gen.session}
     for key, value in (parameters or {}).items():
         p = req.parameters[key]
         if isinstance(value, bool):

@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
+from launcher.contract import SESSION_HEADER
 from launcher.openai_api import translate as tr
 from launcher.openai_api.auth import BearerAuth
 from launcher.openai_api.backend import BackendError, Final, Utf8Pieces
@@ -106,7 +107,7 @@ def make_app(
             return _error(e)
         rid = tr.new_id(chat)
         # X-Session-ID: with replicas and serve.routing=prefix, the session's requests stay on one replica
-        it = backend.generate(gen, request.headers.get("x-session-id", "")[:256]).__aiter__()
+        it = backend.generate(gen, request.headers.get(SESSION_HEADER, "")[:256]).__aiter__()
         counters.begin()
         try:
             first = await it.__anext__()  # errors before the first piece get their HTTP status

@@ -459,6 +459,10 @@ def test_a_multi_turn_conversation_sends_its_whole_history_turn_by_turn(tmp_path
     first, second = synthetic[0], synthetic[2]  # conversation 0, turns 1 and 2
     assert second.prompt.startswith(first.prompt) and first.prompt.endswith("Assistant:")
     assert second.prompt_len > first.prompt_len and all(s.output_len == 7 for s in synthetic)
+    # each turn carries its conversation's id, which the clients send (the session_id parameter, X-Session-ID)
+    assert [s.session for s in synthetic] == ["s0-c0", "s0-c1"] * 3
+    assert datasets.load("multiturn", None, 2, tokens, seed=5, turns=1)[0].session == "s5-c0"
+    assert datasets.load("synthetic", None, 2, tokens, input_len=5)[0].session is None
     sharegpt = tmp_path / "chat.json"
     conv = [{"from": "human" if i % 2 == 0 else "gpt", "value": f"message {i} " * (i + 1)} for i in range(6)]
     sharegpt.write_text(json.dumps([{"conversations": conv}, {"conversations": conv[:2]}]))

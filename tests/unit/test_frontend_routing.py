@@ -178,3 +178,19 @@ def test_the_prompt_is_read_from_a_request_as_clients_send_it():
     parsed = service_pb2.ModelInferRequest.FromString(with_session.SerializeToString())
     assert routing_keys(parsed) == (b"Hi there", "chat-7")
     assert routing_keys(service_pb2.ModelInferRequest.FromString(req.SerializeToString()))[1] == ""
+    # llmlaunch-bench's multi-turn conversations: the session travels with the Generation
+    own = build_request("m", Generation("Hi", max_tokens=4, session="s0-c3"), "r3", {"final_counts_only": True})
+    parsed = service_pb2.ModelInferRequest.FromString(own.SerializeToString())
+    assert routing_keys(parsed) == (b"Hi", "s0-c3") and parsed.parameters["final_counts_only"].bool_param
+
+
+def test_the_bench_sends_a_conversations_session_to_the_openai_api_as_its_header():
+    import json
+
+    from launcher.bench.openai_stream import request_builder
+    from launcher.client.request import Generation
+
+    build = request_builder(chat=False)
+    req = build("m", Generation("Hi", max_tokens=4, session="s0-c3"), "r1", None)
+    assert req.headers == {"X-Session-ID": "s0-c3"} and "session" not in json.loads(req.body)
+    assert build("m", Generation("Hi", max_tokens=4), "r2", None).headers is None
