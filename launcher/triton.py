@@ -23,10 +23,10 @@ from launcher.stage import latest as latest_stage
 
 
 def _term_with_parent() -> Optional[Callable[[], None]]:
-    """A preexec_fn that asks the kernel for SIGTERM when the starting process dies, even by SIGKILL (Linux
-    PR_SET_PDEATHSIG): a server must not outlive llmlaunch or its rank holding ports, GPU memory and shm. Resolved
-    here, not in the forked child, so the child calls one C function and imports nothing; None where there is no
-    prctl. The signal follows the thread that started the server: every caller starts it from its main thread."""
+    """A function that asks the kernel for SIGTERM when the calling process's parent dies, even by SIGKILL (Linux
+    PR_SET_PDEATHSIG), or None where there is no prctl.  Resolved once, here: as a Popen preexec_fn the forked child
+    then calls one C function and imports nothing.  The signal follows the thread that started the child: every
+    caller starts its children from its main thread."""
     try:
         import ctypes
 
@@ -36,7 +36,9 @@ def _term_with_parent() -> Optional[Callable[[], None]]:
     return lambda: prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-_TERM_WITH_PARENT = _term_with_parent()
+# preexec_fn of a child that must not outlive the process that starts it (a tritonserver holds ports, GPU memory and
+# shm); None where the kernel has no such request
+term_with_parent = _term_with_parent()
 
 
 def stop_group(proc: subprocess.Popen, grace_s: float) -> int:
@@ -242,7 +244,7 @@ class TritonServer:
                 stderr=subprocess.STDOUT,
                 env=self.env,
                 start_new_session=True,
-                preexec_fn=_TERM_WITH_PARENT,
+                preexec_fn=term_with_parent,
             )
         if out is not None:
             out.close()

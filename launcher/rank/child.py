@@ -88,11 +88,9 @@ class ChildService:
 def die_with_parent(what: str) -> None:
     """In the child: SIGTERM when the parent dies (even by SIGKILL), so no service outlives the process that
     started it."""
-    try:
-        import ctypes
+    from launcher.triton import term_with_parent
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+    if term_with_parent is not None:
+        term_with_parent()
     if os.getppid() == 1:
         raise SystemExit(f"{what}: the parent is already gone")

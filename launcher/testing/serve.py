@@ -29,6 +29,8 @@ import sysconfig
 import time
 from pathlib import Path
 
+from launcher.triton import term_with_parent
+
 MODELS = Path(__file__).resolve().parent / "models"  # the fixture models, shipped as package data
 _counter = itertools.count()
 
@@ -283,23 +285,13 @@ def serve(repo: Path, timeout: float = 60.0, log_verbose: int = 0):
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=term_with_parent,
         )
     try:
         wait_ready(url, models, proc, timeout, log)
         yield url
     finally:
         _stop(proc)
-
-
-def _die_with_parent() -> None:
-    """In the child: get SIGTERM when the test process dies, so no server outlives it."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
 
 
 def _stop(proc: subprocess.Popen, grace: float = 10.0) -> None:
