@@ -24,7 +24,8 @@ class Tensor:
 
 
 INPUTS: tuple[Tensor, ...] = (
-    Tensor("text_input", "BYTES", (1,), False, "the prompt, UTF-8"),
+    Tensor("text_input", "BYTES", (1,), True, "the prompt, UTF-8 (this or input_ids is required)"),
+    Tensor("input_ids", "INT32", (-1,), True, "the prompt as token ids of the served model, in place of text_input"),
     Tensor("max_tokens", "INT32", (1,), False, "number of tokens to generate (>= 1)"),
     Tensor("stream", "BOOL", (1,), True, "stream one response per new piece of text; default false"),
     Tensor(
@@ -48,7 +49,23 @@ INPUTS: tuple[Tensor, ...] = (
     Tensor("frequency_penalty", "FP32", (1,), True, "0.0 = off"),
     Tensor("random_seed", "UINT64", (1,), True, "sampling seed for this request"),
     Tensor("seed", "UINT64", (1,), True, "alias of random_seed (Triton generate endpoint name)"),
-    Tensor("return_log_probs", "BOOL", (1,), True, "accepted; engines without log probs ignore it"),
+    Tensor(
+        "return_log_probs",
+        "BOOL",
+        (1,),
+        True,
+        "each new token's id and log probability (the log_prob_ids and log_probs outputs); engines that cannot "
+        "return them refuse the request",
+    ),
+    Tensor("top_log_probs", "INT32", (1,), True, "with return_log_probs: the k most likely tokens too (0-20)"),
+    Tensor(
+        "return_prompt_log_probs",
+        "BOOL",
+        (1,),
+        True,
+        "each prompt token's log probability, and top_log_probs of them (prompt_log_prob_ids, prompt_log_probs "
+        "on the first response)",
+    ),
     Tensor("beam_width", "INT32", (1,), True, "only 1 is supported by streaming engines; others are rejected"),
 )
 
@@ -63,7 +80,17 @@ OUTPUTS: tuple[Tensor, ...] = (
         False,
         "empty while streaming; 'length', 'stop' or 'cancelled' on the last response",
     ),
+    # Log probabilities, sent only to a request that asked (return_log_probs, return_prompt_log_probs): a row per
+    # token, its own id (log prob) first, then its top_log_probs most likely ids (log probs), most likely first.
+    # They are the model's own distribution: before temperature, penalties and top-k/top-p (vLLM's default too).
+    Tensor("log_prob_ids", "INT32", (-1, -1), True, "per new token of this response: its id, then the top ids"),
+    Tensor("log_probs", "FP32", (-1, -1), True, "the log probabilities of log_prob_ids"),
+    Tensor("prompt_log_prob_ids", "INT32", (-1, -1), True, "per prompt token, from the first: its id, then the top"),
+    Tensor("prompt_log_probs", "FP32", (-1, -1), True, "their log probabilities; the first token's row is NaN"),
 )
+
+# The most likely tokens a request may ask log probabilities of (top_log_probs), as OpenAI's API allows.
+MAX_TOP_LOG_PROBS = 20
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from launcher.contract import SESSION_PARAMETER
 class Generation:
     """One generation request in contract terms; None / empty = not sent (server default)."""
 
-    prompt: str  # text_input
+    prompt: str | list[int]  # text_input, or token ids of the served model (input_ids)
     max_tokens: int = 128  # max_tokens
     stream: bool = True  # stream: one response per new piece of text
     temperature: Optional[float] = None  # temperature; 0 = greedy
@@ -30,6 +30,8 @@ class Generation:
     frequency_penalty: Optional[float] = None  # frequency_penalty
     end_id: Optional[int] = None  # end_id
     session: Optional[str] = None  # not a model input: the session_id request parameter the front end routes by
+    logprobs: Optional[int] = None  # return_log_probs, top_log_probs: each new token's log prob and the top k
+    prompt_logprobs: Optional[int] = None  # return_prompt_log_probs, top_log_probs (one k for both: the larger)
 
 
 # (contract input, Triton dtype, struct format) for the scalar fields of Generation.
@@ -65,11 +67,22 @@ def encode_inputs(gen: Generation) -> list[tuple[str, str, list[int], bytes]]:
     for scalars, [1, n] for stop_words / bad_words."""
     if gen.max_tokens is None or gen.max_tokens < 0:
         raise ValueError(f"max_tokens must be >= 0, got {gen.max_tokens}")
-    tensors = [("text_input", "BYTES", [1, 1], _bytes_payload([gen.prompt]))]
+    if isinstance(gen.prompt, str):
+        tensors = [("text_input", "BYTES", [1, 1], _bytes_payload([gen.prompt]))]
+    else:
+        ids = [int(t) for t in gen.prompt]
+        tensors = [("input_ids", "INT32", [1, len(ids)], struct.pack(f"<{len(ids)}i", *ids))]
     for attr, name, dtype, fmt in _SCALARS:
         value = getattr(gen, attr)
         if value is not None:
             tensors.append((name, dtype, [1, 1], struct.pack(fmt, value)))
+    asked = [k for k in (gen.logprobs, gen.prompt_logprobs) if k is not None]
+    if asked:
+        for flag, k in (("return_log_probs", gen.logprobs), ("return_prompt_log_probs", gen.prompt_logprobs)):
+            if k is not None:
+                tensors.append((flag, "BOOL", [1, 1], struct.pack("?", True)))
+        if max(asked):
+            tensors.append(("top_log_probs", "INT32", [1, 1], struct.pack("<i", max(asked))))
     for attr, name in (("stop", "stop_words"), ("bad_words", "bad_words")):
         words = list(getattr(gen, attr) or ())
         if words:

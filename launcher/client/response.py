@@ -79,3 +79,22 @@ def read_final_counts(rec: StreamRecord, ir) -> None:
 def text_output_index(ir) -> int:
     """Where text_output is among a ModelInferResponse's outputs (-1: not there)."""
     return next((i for i, o in enumerate(ir.outputs) if o.name == "text_output"), -1)
+
+
+_NUMPY = {"INT32": "<i4", "FP32": "<f4", "INT64": "<i8", "FP16": "<f2"}
+
+
+def read_log_probs(ir):
+    """(new tokens' LogProbRows, prompt's LogProbRows) a ModelInferResponse carries, each None when absent
+    (launcher.python_backend.logprob_io)."""
+    import numpy as np
+
+    from launcher.python_backend.logprob_io import read
+
+    arrays = {}
+    for out, raw in zip(ir.outputs, ir.raw_output_contents):
+        if out.name.endswith("log_probs") or out.name.endswith("log_prob_ids"):
+            arrays[out.name] = np.frombuffer(raw, dtype=_NUMPY[out.datatype]).reshape(list(out.shape))
+    if not arrays:
+        return None, None
+    return read(arrays), read(arrays, prompt=True)

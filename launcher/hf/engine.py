@@ -52,6 +52,7 @@ from launcher.hf.runner import HFModelRunner
 from launcher.hf.scheduler import Scheduler
 from launcher.hf.sequence import Seq, bad_word_ids, prepare_prompt
 from launcher.hf.tp import AHEAD
+from launcher.python_backend.logprob_io import merged
 from launcher.python_backend.triton_io import InvalidRequest, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -269,7 +270,7 @@ class Engine:
             self.abort(request_id)
             done.wait()
         last = parts[-1]
-        return Output(
+        out = Output(
             request_id,
             "".join(p.text for p in parts),
             [t for p in parts for t in p.token_ids],
@@ -278,6 +279,10 @@ class Engine:
             last.finish_reason,
             last.error,
         )
+        for p in parts:
+            out.logprobs = merged(out.logprobs, p.logprobs)
+            out.prompt_logprobs = out.prompt_logprobs or p.prompt_logprobs
+        return out
 
     @property
     def num_running(self) -> int:
@@ -370,7 +375,7 @@ class Engine:
     def _step(self) -> None:
         ahead, self._ahead = self._ahead, None
         if ahead is not None:  # launched during the last step: only its tokens are left to take
-            (step, rows, handle), chunk_seqs = ahead, []
+            step, rows, handle, chunk_seqs = ahead
         else:
             scheduled = self.scheduler.schedule()
             if scheduled is None:
@@ -386,7 +391,7 @@ class Engine:
                 handle = self._launch(step)
             nxt = self.scheduler.schedule(ahead_of=rows)
             if nxt is not None:
-                nstep, queued, _, prev_rows = nxt
+                nstep, queued, nchunks, prev_rows = nxt
                 if prev_rows is None:  # prompts only: nothing of the running step's (see Scheduler.schedule)
                     if self._tp is not None:
                         self._tp.broadcast(nstep)
@@ -395,7 +400,7 @@ class Engine:
                     if self._tp is not None:  # its decode tokens follow on the device (launcher.hf.tp: AHEAD)
                         self._tp.broadcast((AHEAD, nstep))
                     nhandle = self._launch(nstep, prev=handle, prev_rows=prev_rows)
-                self._ahead = (nstep, queued, nhandle)
+                self._ahead = (nstep, queued, nhandle, nchunks)
                 self.stats.ahead_steps += 1
             tokens = self._wait(handle)
         except Exception as exc:  # a failed step fails the requests in it, not the engine
@@ -416,8 +421,19 @@ class Engine:
         self.stats.prefill_tokens += len(step.prefill_tokens)
         self.stats.prompt_steps += bool(step.prefill_tokens)
         on_token = self.outputs.on_token
-        for seq, tok in zip(rows, tokens):
-            on_token(seq, tok)
+        lps = self.runner.logprobs(handle)
+        if lps is None:
+            for seq, tok in zip(rows, tokens):
+                on_token(seq, tok)
+            return
+        per_row, per_chunk = lps
+        by_slot = {seq.slot: seq for seq in rows + chunk_seqs}
+        for chunk, got in zip(step.prefill, per_chunk):
+            seq = by_slot.get(chunk.slot)
+            if got is not None and seq is not None and seq.prompt_lp is not None:
+                seq.prompt_lp.extend(got)
+        for seq, tok, lp in zip(rows, tokens, per_row):
+            on_token(seq, tok, lp)
 
     def _launch(self, step, **kw):
         t0 = time.perf_counter()

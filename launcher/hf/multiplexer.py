@@ -18,6 +18,7 @@ import time
 from launcher.hf import worker
 from launcher.hf.args import HFEngineArgs
 from launcher.hf.engine import Engine
+from launcher.python_backend.logprob_io import merged
 
 log = logging.getLogger(__name__)
 
@@ -139,13 +140,17 @@ def serve(fd: int) -> int:
                     out.finish_reason,
                     out.error,
                     times,
+                    out.logprobs,
+                    out.prompt_logprobs,
                     urgent,
                 ]
             else:
                 prev[1] += out.text
                 prev[2].extend(out.token_ids)
                 prev[3:7] = out.input_tokens, out.output_tokens, out.finish_reason, out.error
-                prev[8] = prev[8] or urgent
+                prev[8] = merged(prev[8], out.logprobs)
+                prev[9] = prev[9] or out.prompt_logprobs
+                prev[10] = prev[10] or urgent
 
         stats_sent = [0.0]
 
@@ -157,14 +162,14 @@ def serve(fd: int) -> int:
             if not pending:
                 return
             if interval <= 0:
-                batch = [tuple(v[:8]) for v in pending.values()]
+                batch = [tuple(v[:10]) for v in pending.values()]
                 pending.clear()
             else:
                 now = time.monotonic()
                 batch = []
                 for rid, v in list(pending.items()):
-                    if v[8] or now - last_sent.get(rid, 0.0) >= interval:
-                        batch.append(tuple(v[:8]))
+                    if v[10] or now - last_sent.get(rid, 0.0) >= interval:
+                        batch.append(tuple(v[:10]))
                         del pending[rid]
                         if v[5] is None:
                             last_sent[rid] = now

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from launcher.hf.scheduler import Scheduler
 from launcher.hf.sequence import Seq
+from launcher.python_backend.logprob_io import LogProbRows
 
 log = logging.getLogger("launcher.hf.engine")  # the engine's one logger, as its log lines always named it
 
@@ -30,6 +31,8 @@ class Output:
     # engine process only, on a request's first output: (request received, first output made), time.monotonic()
     # of that process; CLOCK_MONOTONIC is one clock for the whole machine, so the parent can set its own against it
     times: tuple[float, float] | None = None
+    logprobs: LogProbRows | None = None  # the new tokens' log probabilities, for a request that asked
+    prompt_logprobs: LogProbRows | None = None  # its prompt's, on the first output of a request that asked
 
     @property
     def finished(self) -> bool:
@@ -49,11 +52,15 @@ class OutputProcessor:
         self._active = active
         self._lock = lock
 
-    def on_token(self, seq: Seq, tok: int) -> None:
-        """seq's next token: its new text (incremental detokenization, held back while a stop string may be
-        starting), whether it ends (EOS past min_tokens, a stop string, max_tokens), and its output."""
+    def on_token(self, seq: Seq, tok: int, lp: LogProbRows | None = None) -> None:
+        """seq's next token (and its log probabilities, `lp`, if it asked): its new text (incremental
+        detokenization, held back while a stop string may be starting), whether it ends (EOS past min_tokens, a stop
+        string, max_tokens), and its output."""
         if seq.slot < 0:  # finished during this step (cannot happen today; defensive)
             return
+        prompt_lp = None
+        if seq.prompt_lp is not None:  # the first output carries the prompt's log probabilities
+            prompt_lp, seq.prompt_lp = seq.prompt_lp, None
         if not seq.decoding:  # its prefill sampled this token: the sequence moves from prefill to decode
             self._started_decoding(seq)
             if not seq.out_ids:  # a first token (not a preempted request's token after it was computed again)
@@ -71,7 +78,7 @@ class OutputProcessor:
             text, hit = seq.stopper.push(text, can_stop=n >= seq.min_tokens)
             if hit:
                 finish = "stop"
-                self.finish(seq, finish, text, [tok])
+                self.finish(seq, finish, text, [tok], lp=lp, prompt_lp=prompt_lp)
                 return
         if finish is None and n >= seq.max_tokens:
             finish = "length"
@@ -82,9 +89,12 @@ class OutputProcessor:
                 text += more if hit else more + seq.stopper.flush()
             else:
                 text += tail
-            self.finish(seq, finish, text, [tok])
+            self.finish(seq, finish, text, [tok], lp=lp, prompt_lp=prompt_lp)
             return
-        self.emit(seq, Output(seq.request_id, text, [tok], len(seq.prompt_ids), n))
+        out = Output(seq.request_id, text, [tok], len(seq.prompt_ids), n)
+        if lp is not None or prompt_lp is not None:
+            out.logprobs, out.prompt_logprobs = lp, prompt_lp
+        self.emit(seq, out)
 
     def emit(self, seq: Seq, out: Output) -> None:
         """Hand `out` to the request's callback; a callback that raises cancels its request."""
@@ -95,14 +105,26 @@ class OutputProcessor:
             if not out.finished:
                 self.finish(seq, "cancelled", "", [])
 
-    def finish(self, seq: Seq, reason: str, text: str, token_ids: list[int], error: str | None = None) -> None:
-        """End seq (once): free its slot, and send its last output with the reason."""
+    def finish(
+        self,
+        seq: Seq,
+        reason: str,
+        text: str,
+        token_ids: list[int],
+        error: str | None = None,
+        lp: LogProbRows | None = None,
+        prompt_lp: LogProbRows | None = None,
+    ) -> None:
+        """End seq (once): free its slot, and send its last output with the reason (and the log probabilities of
+        its last token, and of its prompt if this is its first output, for a request that asked)."""
         if not self._release(seq):
             return
         with self._lock:
             self._active.discard(seq.request_id)
         self.stats.finished += 1
-        self.emit(seq, Output(seq.request_id, text, token_ids, len(seq.prompt_ids), len(seq.out_ids), reason, error))
+        out = Output(seq.request_id, text, token_ids, len(seq.prompt_ids), len(seq.out_ids), reason, error)
+        out.logprobs, out.prompt_logprobs = lp, prompt_lp
+        self.emit(seq, out)
 
     def fail_all(self, message: str, reason: str = "error") -> None:
         """End every request the engine holds (the loop died, or the engine shuts down)."""

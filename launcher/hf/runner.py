@@ -27,6 +27,7 @@ from launcher.hf.graphs.decode import DecodeGraphs
 from launcher.hf.graphs.mixed import MixedGraphs
 from launcher.hf.graphs.prompt import PromptGraphs, WaveGraphs
 from launcher.hf.loading import ModelLoading
+from launcher.hf.logprobs import StepLogProbs
 
 # PrefillChunk, SamplingRows, StepInputs and group_first_chunks are imported from this module by the engine, the
 # benchmarks and the tests
@@ -208,6 +209,8 @@ class HFModelRunner(ModelLoading, WarmUp):
         the host.  Tensor-parallel ranks make this choice from the StepInputs alone, so all of them make the same
         one."""
         self.last_graph = None
+        if any(c.logprobs >= 0 for c in step.prefill):  # prompt log probabilities: every prompt row's logits, eagerly
+            return None
         for family in self._graph_families:
             if family.reads_host_tokens and not prompt_graph:
                 continue
@@ -261,15 +264,23 @@ class HFModelRunner(ModelLoading, WarmUp):
             logits = self._replay(step, ids, prompt_graph=prev is None)
             if logits is None:
                 logits = self._run(step, ids=ids)
+            n_sampled = len(step.decode_tokens) + sum(c.sample for c in step.prefill)
+            lp = None
+            if step.sampling.logprobs or logits.shape[0] > n_sampled:
+                lp = StepLogProbs(step, n_sampled)
+                lp.start(logits, self.sampler.valid_vocab, self.device)  # before the sampler masks logits in place
+                logits = logits[:n_sampled]
             tokens = self.sampler.sample(logits, step.sampling, step.penalty_resets)
+            if lp is not None:
+                lp.finish(tokens)
             if self.device.type != "cuda":
-                return tokens, tokens, None, None, None
+                return tokens, tokens, None, None, None, lp
             host = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
             host.copy_(tokens, non_blocking=True)
             done = torch.cuda.Event(enable_timing=True)
             done.record()
             self._last_done = done
-            return tokens, host, done, start, after
+            return tokens, host, done, start, after, lp
 
     def mark_idle(self) -> None:
         """The engine has nothing to run: the next step's gap since the last one is not the host being late."""
@@ -282,6 +293,12 @@ class HFModelRunner(ModelLoading, WarmUp):
         if done is not None:
             done.synchronize()
         return host.tolist()
+
+    @staticmethod
+    def logprobs(handle) -> tuple[list, list] | None:
+        """After `wait(handle)`: the step's log probabilities (StepLogProbs.read), or None when nothing asked."""
+        lp = handle[5]
+        return None if lp is None else lp.read()
 
     @staticmethod
     def gpu_times(handle) -> tuple[float, float | None] | None:

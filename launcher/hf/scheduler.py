@@ -96,6 +96,8 @@ class Scheduler:
         """The pool ran out: seq gives its slot and blocks back and waits first in line; it will prefill its prompt and
         what it generated (its full blocks are likely still cached) and go on from there."""
         self._vacate(seq)
+        if seq.prompt_lp is not None:  # preempted before its first token: its prompt's log probabilities start over
+            seq.prompt_lp = seq.fresh_prompt_lp()
         seq.prefill_ids = seq.prompt_ids + seq.out_ids
         seq.num_computed = 0
         seq.prefill_started = False
@@ -214,7 +216,11 @@ class Scheduler:
                 length = min(len(seq.prefill_ids) - start, budget)
                 budget -= length
                 last = start + length == len(seq.prefill_ids)
-                chunks.append(PrefillChunk(seq.slot, start, length, last))
+                chunk = PrefillChunk(seq.slot, start, length, last)
+                if seq.prompt_lp is not None:  # its prompt's log probabilities, not sent yet: from these logits
+                    chunk.logprobs = seq.params.prompt_logprobs
+                    chunk.next_token = -1 if last else seq.prefill_ids[start + length]
+                chunks.append(chunk)
                 prefill_tokens.extend(seq.prefill_ids[start : start + length])
                 seq.num_computed = start + length
                 if not seq.prefill_started:
@@ -256,8 +262,10 @@ class Scheduler:
         while self.waiting and self.free:
             seq = self.waiting[0]
             tokens = seq.prefill_ids
-            # at least one token is prefilled: its logits give the first token
-            cached, keys = pool.match(tokens, (len(tokens) - 1) // bs)
+            # at least one token is prefilled: its logits give the first token; a request that asks for its prompt's
+            # log probabilities computes the whole prompt (the cache keeps keys and values, not logits)
+            wants_prompt = seq.prompt_lp is not None
+            cached, keys = pool.match(tokens, 0 if wants_prompt else (len(tokens) - 1) // bs)
             need = -(-len(tokens) // bs) - len(cached)
             new = pool.allocate(need) if need <= pool.num_free - (reserve if self.decoding else 0) else None
             if new is None:
@@ -412,6 +420,8 @@ class Scheduler:
             sr.repetition_penalty = [s.params.repetition_penalty for s in rows]
             sr.presence_penalty = [s.params.presence_penalty for s in rows]
             sr.frequency_penalty = [s.params.frequency_penalty for s in rows]
+        if any(s.params.logprobs is not None for s in rows):
+            sr.logprobs = [-1 if s.params.logprobs is None else s.params.logprobs for s in rows]
         for i, s in enumerate(rows):
             n = len(s.out_ids) + (i < pending_rows)
             if n < s.min_tokens and s.eos:

@@ -10,6 +10,7 @@ import time
 from typing import Callable
 
 from launcher.hf.detok import StopMatcher
+from launcher.python_backend.logprob_io import LogProbRows
 from launcher.python_backend.triton_io import InvalidRequest, SamplingParams
 
 
@@ -41,6 +42,7 @@ class Seq:
         "decoding",
         "admitted",
         "cached_tokens",
+        "prompt_lp",
     )
 
     def __init__(self, request_id, prompt_ids, params: SamplingParams, on_output, decoder, eos, bad):
@@ -69,6 +71,12 @@ class Seq:
         self.decoding = False  # its prefill is done: it decodes a token a step
         self.admitted = 0  # the order it was admitted in (the last admitted is preempted first)
         self.cached_tokens = 0  # prompt tokens its admission found in the prefix cache
+        # its prompt's log probabilities as its prefill computes them, until its first output carries them (then None)
+        self.prompt_lp = self.fresh_prompt_lp() if params.prompt_logprobs is not None else None
+
+    def fresh_prompt_lp(self) -> LogProbRows:
+        """The prompt's first token has no log probability (nothing comes before it): its row is its id and NaN."""
+        return LogProbRows([[self.prompt_ids[0]]], [[float("nan")]])
 
     def token_at(self, position: int) -> int:
         """The token at `position` of its prompt and what it generated."""

@@ -26,6 +26,8 @@ class PrefillChunk:
     start: int  # position of the first token of the chunk (tokens before it are already cached)
     length: int  # tokens in the chunk
     sample: bool  # the chunk ends the prompt: compute logits of its last token and sample
+    logprobs: int = -1  # >= 0: the log probability of each prompt token after its positions, and the top this many
+    next_token: int = -1  # with logprobs, a chunk that does not end its prompt: the prompt's token after its last
 
 
 @dataclass
@@ -46,6 +48,7 @@ class SamplingRows:
     any_sampling: bool = False  # some row has temperature > 0
     any_top: bool = False  # some row uses top_k or top_p
     any_penalty: bool = False  # some row uses a penalty
+    logprobs: list[int] = field(default_factory=list)  # per row: -1, or its token's log prob and the top this many
 
 
 @dataclass
@@ -137,10 +140,22 @@ def cache_rows(table, slots, positions, block_size: int):
     return table[slots, positions // block_size] * block_size + positions % block_size
 
 
+def prompt_logit_rows(step: StepInputs) -> list[int]:
+    """The packed rows whose logits give prompt log probabilities (chunks with logprobs >= 0), in chunk order: every
+    position of such a chunk but the one that ends its prompt (that one's logits sample the first new token)."""
+    rows, offset = [], len(step.decode_tokens)
+    for c in step.prefill:
+        if c.logprobs >= 0:
+            rows.extend(range(offset, offset + c.length - c.sample))
+        offset += c.length
+    return rows
+
+
 def prepare_step(
     step: StepInputs, device, num_kv_heads: int, table, block_size: int, dtype, eager: bool, decode_kernel=None
 ):
-    """(StepContext, input_ids [1, T], positions [1, T], the token rows whose logits to keep) of a step run eagerly:
+    """(StepContext, input_ids [1, T], positions [1, T], the token rows whose logits to keep: the sampled rows, then
+    `prompt_logit_rows`) of a step run eagerly:
     its tokens packed in one row, decode tokens first (HFModelRunner._run; a graph's step is laid out by
     launcher.hf.graphs).  `table`: the runner's block tables (device), with this step's updates applied;
     `decode_kernel`: the runner's paged decode attention, or None (launcher.hf.attention.set_decode_lengths)."""
@@ -158,6 +173,7 @@ def prepare_step(
         offset += c.length
         if c.sample:
             logits_idx.append(offset - 1)
+    logits_idx += prompt_logit_rows(step)
     # one host->device copy for all per-token index data
     host = torch.tensor(
         [step.decode_tokens + step.prefill_tokens, step.decode_positions + chunk_pos, step.decode_slots + chunk_slots],

@@ -20,10 +20,11 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from launcher.contract import SESSION_HEADER
-from launcher.openai_api import translate as tr
+from launcher.openai_api import answers, translate as tr
 from launcher.openai_api.auth import BearerAuth
 from launcher.openai_api.backend import BackendError, Final, Utf8Pieces
 from launcher.openai_api.counters import Counters
+from launcher.openai_api.tokens import TokenText
 
 
 def _error(e: tr.ApiError) -> JSONResponse:
@@ -58,12 +59,15 @@ def make_app(
     counters: Optional[Counters] = None,
     draining: Optional[dict] = None,
     api_key: str = "",
+    token_text: Optional[TokenText] = None,
 ):
     """The app.  `backend`: a GrpcBackend (generate, ready); `served`: the model names requests may use, the first
     the one /v1/models lists; `chat_template(messages) -> prompt`; `draining["reason"]`, once set (the drain notice,
     launcher/rank/drain.py), refuses new requests with 503 naming it while running ones finish; `api_key`: required as
-    `Authorization: Bearer` on every route but /health (launcher/openai_api/auth.py)."""
+    `Authorization: Bearer` on every route but /health (launcher/openai_api/auth.py); `token_text`: token ids as text
+    (log probabilities, echo of token-id prompts), from the model's tokenizer."""
     counters = counters or Counters()
+    token_text = token_text or TokenText("")
     draining = {"reason": ""} if draining is None else draining
     created = int(time.time())
 
@@ -107,7 +111,10 @@ def make_app(
             return _error(e)
         rid = tr.new_id(chat)
         # X-Session-ID: with replicas and serve.routing=prefix, the session's requests stay on one replica
-        it = backend.generate(gen, request.headers.get(SESSION_HEADER, "")[:256]).__aiter__()
+        session = request.headers.get(SESSION_HEADER, "")[:256]
+        if not opts.plain:
+            return await _choices(request, route, rid, tr.choice_generations(gen, opts), opts, chat, session)
+        it = backend.generate(gen, session).__aiter__()
         counters.begin()
         try:
             first = await it.__anext__()  # errors before the first piece get their HTTP status
@@ -139,6 +146,57 @@ def make_app(
         reason = tr.finish_reason(final.finish_reason)
         make = tr.chat_body if chat else tr.completion_body
         return JSONResponse(make(rid, opts.model, text, reason, counts))
+
+    async def _choices(request, route, rid, gens, opts, chat, session) -> Response:
+        """Several choices, log probabilities or echo (launcher/openai_api/answers.py)."""
+        its = [backend.generate(g, session).__aiter__() for g in gens]
+        counters.begin()
+        try:
+            first = await its[0].__anext__()  # errors before the first piece get their HTTP status
+        except BackendError as e:
+            counters.end()
+            for it in its:
+                await it.aclose()
+            err = tr.engine_error(e.message, e.code)
+            counters.answered(route, err.status)
+            return _error(err)
+        except BaseException:
+            counters.end()
+            raise
+        if opts.stream:
+            counters.answered(route, 200)
+            return StreamingResponse(
+                _choice_events(answers.events(rid, gens, its, first, opts, chat, token_text, _sse)),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        try:
+            got = await _until_disconnect(request, answers.answers(its, first))
+            out, counts = await _in_thread(answers.body, rid, gens, got, opts, chat, token_text)
+        except BackendError as e:
+            err = tr.engine_error(e.message, e.code)
+            counters.answered(route, err.status)
+            return _error(err)
+        finally:
+            counters.end()
+        counters.answered(route, 200)
+        counters.tokens(counts["prompt_tokens"], counts["completion_tokens"])
+        return JSONResponse(out)
+
+    async def _choice_events(events):
+        try:
+            async for event in events:
+                if isinstance(event, dict):  # the usage, last
+                    counters.tokens(event["prompt_tokens"], event["completion_tokens"])
+                    yield _DONE
+                    return
+                yield event
+        except BackendError as e:  # mid-stream: the status is sent already; the error goes as an event
+            yield _sse(tr.engine_error(e.message, e.code).body())
+            yield _DONE
+        finally:
+            counters.end()
+            await events.aclose()
 
     def _count(final: Final) -> dict:
         counters.tokens(final.input_tokens or 0, final.output_tokens or 0)

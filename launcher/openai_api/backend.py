@@ -17,9 +17,16 @@ from tritonclient.grpc import service_pb2
 
 from launcher.client.connection import CHANNEL_OPTIONS, parse_url
 from launcher.client.request import build_request
-from launcher.client.response import StreamRecord, bytes_content, read_final_counts, text_output_index
+from launcher.client.response import (
+    StreamRecord,
+    bytes_content,
+    read_final_counts,
+    read_log_probs,
+    text_output_index,
+)
 from launcher.contract import SESSION_PARAMETER
 from launcher.frontend.wire import SERVICE
+from launcher.python_backend.logprob_io import LogProbRows
 
 
 class BackendError(Exception):
@@ -29,6 +36,14 @@ class BackendError(Exception):
         super().__init__(message)
         self.message = message
         self.code = code
+
+
+@dataclass
+class LogProbs:
+    """The log probabilities one response carried (a request that asked), yielded before its text."""
+
+    rows: Optional[LogProbRows] = None  # the new tokens'
+    prompt: Optional[LogProbRows] = None  # the prompt's (on the first response)
 
 
 @dataclass
@@ -80,6 +95,7 @@ class GrpcBackend:
         self._ids += 1
         params = {**self.parameters, SESSION_PARAMETER: session} if session else self.parameters
         request = build_request(self.model, gen, str(self._ids), params)
+        wants = gen.logprobs is not None or gen.prompt_logprobs is not None
         call = self._stream()
         rec = StreamRecord(str(self._ids))
         done = False
@@ -97,6 +113,10 @@ class GrpcBackend:
                 ir = resp.infer_response
                 raw = ir.raw_output_contents
                 final = ir.parameters["triton_final_response"].bool_param
+                if raw and wants:
+                    lp, plp = read_log_probs(ir)
+                    if lp is not None or plp is not None:
+                        yield LogProbs(lp, plp)
                 if raw:
                     if at is None or (
                         final and not (0 <= at < len(ir.outputs) and ir.outputs[at].name == "text_output")
@@ -131,7 +151,7 @@ async def collect(gen_iter) -> tuple:
     async for item in gen_iter:
         if isinstance(item, Final):
             final = item
-        else:
+        elif not isinstance(item, LogProbs):
             pieces.append(item)
     return b"".join(pieces).decode("utf-8", errors="replace"), final
 

@@ -145,6 +145,7 @@ def _build_app(args, counters):
     from launcher.openai_api.auth import read_key
     from launcher.openai_api.backend import GrpcBackend
     from launcher.openai_api.chat import ChatTemplate
+    from launcher.openai_api.tokens import TokenText
 
     # final_counts_only where the model takes it: a quarter of the tensors per streamed token to parse
     params = (
@@ -165,6 +166,7 @@ def _build_app(args, counters):
         counters,
         draining=_on_drain_notice(),
         api_key=api_key,
+        token_text=TokenText(args.tokenizer),
     )
 
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 from launcher.client.request import Generation
+from launcher.contract import MAX_TOP_LOG_PROBS
 
 # /v1/completions without max_tokens: OpenAI's documented default for that endpoint.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -95,6 +96,20 @@ class Options:
     model: str  # the model name the request used (echoed back)
     stream: bool  # SSE chunks, else one JSON body
     include_usage: bool  # streaming: a last chunk carrying `usage`
+    n: int = 1  # choices per prompt
+    best_of: int = 1  # completions: candidates per prompt, of which the n most likely are answered
+    echo: bool = False  # completions: the prompt before each choice's text (and its log probabilities)
+    logprobs: Optional[int] = None  # log probabilities of the answer's tokens, with this many top tokens each
+    prompts: tuple = ()  # completions: every prompt (text, or a tuple of token ids); choice i*n+j answers prompt i
+
+    @property
+    def plain(self) -> bool:
+        """One choice of one prompt, nothing but text: the stream's fast path (launcher/openai_api/app.py)."""
+        return self.n == 1 and self.best_of == 1 and len(self.prompts) <= 1 and not self.echo and self.logprobs is None
+
+
+# The most choices one request may ask for (prompts x best_of): each is a request to the engine.
+MAX_CHOICES = 256
 
 
 def check_model(body: dict, served: tuple) -> str:
@@ -121,15 +136,28 @@ def _common(body: dict, served: tuple, prompt: str, default_max: int, chat: bool
     if so is not None and not isinstance(so, dict):
         raise bad("stream_options", f'must be an object like {{"include_usage": true}}, got {so!r}')
     include_usage = bool((so or {}).get("include_usage")) and stream
-    _refuse(body, "n", lambda v: v == 1, "this server returns one choice per request; send n=1 or leave it out")
-    _refuse(body, "best_of", lambda v: v == 1, "beam search is not served; leave best_of out")
-    _refuse(body, "echo", lambda v: v is False, "the prompt is never echoed; leave echo out")
+    n = _integer(body, "n", 1, MAX_CHOICES) or 1
+    best_of = n
+    echo = False
+    if chat:
+        _refuse(body, "best_of", lambda v: v == 1, "best_of is a /v1/completions field; send n")
+        logprobs = _flag(body, "logprobs")
+        top = _integer(body, "top_logprobs", 0, MAX_TOP_LOG_PROBS)
+        if top is not None and not logprobs:
+            raise bad("top_logprobs", "needs logprobs: true")
+        logprobs = (top or 0) if logprobs else None
+    else:
+        best_of = _integer(body, "best_of", 1, MAX_CHOICES) or n
+        if best_of < n:
+            raise bad("best_of", f"must be >= n ({n}), got {best_of}")
+        if best_of > n and stream:
+            raise bad("best_of", "cannot stream: the best candidates are known only when all have ended")
+        echo = bool(_flag(body, "echo"))
+        logprobs = _integer(body, "logprobs", 0, MAX_TOP_LOG_PROBS)
     _refuse(body, "suffix", lambda v: v == "", "insertion (suffix) is not served")
     _refuse(body, "logit_bias", lambda v: v == {}, "the engines take no per-token bias")
     _refuse(body, "use_beam_search", lambda v: v is False, "beam search is not served")
     if chat:
-        _refuse(body, "logprobs", lambda v: v is False, "the engines do not return log probabilities")
-        _refuse(body, "top_logprobs", lambda v: False, "the engines do not return log probabilities")
         _refuse(body, "tools", lambda v: v == [], "tool calls are not served")
         _refuse(
             body,
@@ -137,8 +165,6 @@ def _common(body: dict, served: tuple, prompt: str, default_max: int, chat: bool
             lambda v: isinstance(v, dict) and v.get("type") == "text",
             'only {"type": "text"} is served',
         )
-    else:
-        _refuse(body, "logprobs", lambda v: False, "the engines do not return log probabilities")
     mt = _integer(body, "max_completion_tokens", 1) if chat else None
     if mt is None:
         mt = _integer(body, "max_tokens", 1)
@@ -167,24 +193,57 @@ def _common(body: dict, served: tuple, prompt: str, default_max: int, chat: bool
         presence_penalty=_number(body, "presence_penalty", -2.0, 2.0),
         frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0),
     )
-    return gen, Options(model, stream, include_usage)
+    if best_of > n and logprobs is None:
+        gen.logprobs = 0  # the candidates are ranked by their tokens' log probabilities
+    elif logprobs is not None:
+        gen.logprobs = logprobs
+    if echo and logprobs is not None:
+        gen.prompt_logprobs = logprobs
+    return gen, Options(model, stream, include_usage, n, best_of, echo, logprobs)
+
+
+def _prompts(prompt) -> tuple:
+    """/v1/completions' prompt: a string, a list of strings, token ids, or a list of token-id lists."""
+    if isinstance(prompt, str):
+        return (prompt,)
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            return (tuple(prompt),)
+        if all(isinstance(p, str) for p in prompt):
+            return tuple(prompt)
+        if all(isinstance(p, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in p) for p in prompt):
+            return tuple(tuple(p) for p in prompt)
+    raise bad("prompt", "must be a string, a list of strings, a list of token ids, or a list of token-id lists")
 
 
 def completion_generation(body: dict, served: tuple) -> tuple:
-    """A /v1/completions body -> (Generation, Options); ApiError naming the field otherwise."""
-    prompt = body.get("prompt") if isinstance(body, dict) else None
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        prompt = prompt[0]
-    if isinstance(prompt, list):
-        raise ApiError(
-            400,
-            "prompt: send one prompt as a string (batches and token-id prompts are not served)",
-            param="prompt",
-            code="unsupported_value",
+    """A /v1/completions body -> (Generation of its first prompt, Options with every prompt); ApiError naming the
+    field otherwise.  `choice_generations` makes the request of every choice."""
+    prompts = _prompts(body.get("prompt") if isinstance(body, dict) else None)
+    for p in prompts:
+        if not p:
+            raise bad("prompt", "must not be empty")
+        if not isinstance(p, str) and min(p) < 0:
+            raise bad("prompt", f"token ids are >= 0, got {min(p)}")
+    first = prompts[0] if isinstance(prompts[0], str) else list(prompts[0])
+    gen, opts = _common(body, served, first, COMPLETIONS_DEFAULT_MAX_TOKENS, chat=False)
+    if len(prompts) * opts.best_of > MAX_CHOICES:
+        raise bad(
+            "prompt", f"{len(prompts)} prompts x best_of/n {opts.best_of} exceeds {MAX_CHOICES} choices a request"
         )
-    if not isinstance(prompt, str) or not prompt:
-        raise bad("prompt", "must be a non-empty string")
-    return _common(body, served, prompt, COMPLETIONS_DEFAULT_MAX_TOKENS, chat=False)
+    return gen, replace(opts, prompts=prompts)
+
+
+def choice_generations(gen: Generation, opts: Options) -> list:
+    """The contract request of every candidate, prompt by prompt (best_of of each, n where best_of is not asked).  A
+    seeded request's candidates take seed, seed + 1, ...: the same seed would sample the same answer best_of times."""
+    out = []
+    for prompt in opts.prompts or (gen.prompt,):
+        for j in range(opts.best_of):
+            seed = None if gen.seed is None else (gen.seed + j) % 2**64
+            p = prompt if isinstance(prompt, str) else list(prompt)
+            out.append(replace(gen, prompt=p, seed=seed))
+    return out
 
 
 def chat_messages(body: dict) -> list:

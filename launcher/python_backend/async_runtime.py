@@ -40,6 +40,8 @@ import uuid
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Dict, Optional
 
+from launcher.python_backend.logprob_io import LogProbRows, merged
+
 
 @dataclass
 class Piece:
@@ -49,6 +51,8 @@ class Piece:
     output_tokens: int  # tokens generated so far (cumulative)
     input_tokens: int  # tokens in the prompt (0 until the engine reports it)
     finish_reason: Optional[str] = None  # "length" | "stop" on the engine's last piece
+    logprobs: Optional[LogProbRows] = None  # the new tokens' log probabilities, for a request that asked
+    prompt_logprobs: Optional[LogProbRows] = None  # its prompt's, on a piece (the first) of a request that asked
 
 
 class EngineAdapter:
@@ -117,7 +121,21 @@ class _Outbox:
     """What one request still has to send: streamed text not sent yet, and its final response once known.
     The loop thread posts to it; the sender thread of its shard takes everything posted since its last send."""
 
-    __slots__ = ("sender", "shard", "lock", "parts", "n_in", "n_out", "counts", "final", "queued", "in_tensor", "in_n")
+    __slots__ = (
+        "sender",
+        "shard",
+        "lock",
+        "parts",
+        "n_in",
+        "n_out",
+        "counts",
+        "final",
+        "queued",
+        "in_tensor",
+        "in_n",
+        "lp",
+        "prompt_lp",
+    )
 
     def __init__(self, sender, shard: int):
         self.sender = sender
@@ -128,6 +146,7 @@ class _Outbox:
         self.counts = True  # streamed responses carry the counts too (False: final_counts_only)
         self.final: Optional[tuple] = None  # ("done", text, finish_reason) | ("error", message), once posted
         self.queued = False  # waiting in its sender's queue
+        self.lp = self.prompt_lp = None  # log probabilities not sent yet (LogProbRows), for a request that asked
         self.in_tensor, self.in_n = None, None  # this request's input_tokens tensor (its sender thread's own)
 
 
@@ -266,7 +285,9 @@ class AsyncEngineRuntime:
             )
             return
         try:
-            greq = triton_io.parse_request(request, self.adapter.supported, self.adapter.max_model_len)
+            greq = triton_io.parse_request(
+                request, self.adapter.supported, self.adapter.max_model_len, f"engine={name}"
+            )
         except triton_io.InvalidRequest as exc:
             self._post_final(out, ("error", f"{name}: {exc}"))
             return
@@ -283,6 +304,10 @@ class AsyncEngineRuntime:
         try:
             async for piece in stream:
                 n_in, n_out = piece.input_tokens or n_in, piece.output_tokens
+                if piece.logprobs is not None or piece.prompt_logprobs is not None:
+                    with out.lock:  # sent with the next response that goes
+                        out.lp = merged(out.lp, piece.logprobs)
+                        out.prompt_lp = out.prompt_lp or piece.prompt_logprobs
                 if piece.finish_reason:
                     finish = piece.finish_reason
                     parts.append(piece.text)
@@ -371,7 +396,7 @@ class AsyncEngineRuntime:
             self._send_queues[out.shard].put(out)
 
     def _send_loop(self, q: "queue.SimpleQueue") -> None:
-        from launcher.python_backend import triton_io
+        from launcher.python_backend import logprob_io, triton_io
 
         while True:
             out = q.get()
@@ -382,13 +407,17 @@ class AsyncEngineRuntime:
                 out.parts.clear()
                 final, n_in, n_out = out.final, out.n_in, out.n_out
                 out.queued = False
+                lp, prompt_lp, out.lp, out.prompt_lp = out.lp, out.prompt_lp, None, None
             try:
+                extra = logprob_io.tensors(lp, prompt_lp)
                 if final is None:
                     if out.counts and out.in_n != n_in:
                         out.in_tensor, out.in_n = self._responder.input_tokens(n_in), n_in
-                    self._send(out.sender, self._responder.build(text, out.in_tensor, n_out, counts=out.counts))
+                    response = self._responder.build(text, out.in_tensor, n_out, counts=out.counts, extra=extra)
+                    self._send(out.sender, response)
                 elif final[0] == "done":
-                    self._send(out.sender, triton_io.response(text + final[1], n_in, n_out, final[2]), final=True)
+                    response = triton_io.response(text + final[1], n_in, n_out, final[2], extra=extra)
+                    self._send(out.sender, response, final=True)
                 else:
                     if text:  # what was generated before the failure still reaches the client
                         self._send(out.sender, self._responder.build(text, self._responder.input_tokens(n_in), n_out))

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 
-from launcher.python_backend import triton_io
+from launcher.python_backend import logprob_io, triton_io
 
 
 def _pb():
@@ -51,6 +51,8 @@ class Stream:
         "times",
         "routed",
         "counts",
+        "lp",
+        "prompt_lp",
     )
 
     def __init__(self, sender, stream: bool, shard: int, counts: bool = True):
@@ -68,6 +70,8 @@ class Stream:
         self.times = None  # (received, first output made) in the engine process, + when this stub had it (the receive
         # thread's stamp); until the first response
         self.routed = False  # engine process: outputs of this stream reached the receive thread before (see _route)
+        self.lp = None  # log probabilities of tokens not sent yet (LogProbRows), for a request that asked
+        self.prompt_lp = None  # its prompt's, until its first response
 
 
 class HFStreams:
@@ -165,11 +169,13 @@ class HFStreams:
         for out in outputs:
             prev = merged.get(out.request_id)
             if prev is None:
-                merged[out.request_id] = [out.text, out, out.times]
+                merged[out.request_id] = [out.text, out, out.times, out.logprobs, out.prompt_logprobs]
             else:
                 prev[0] += out.text
                 prev[1] = out
                 prev[2] = prev[2] or out.times  # the first output's stamps (engine process only)
+                prev[3] = logprob_io.merged(prev[3], out.logprobs)
+                prev[4] = prev[4] or out.prompt_logprobs
 
         # First responses and final ones go first: under load one batch holds a response for every running
         # stream (~100 us each), and a stream's first token (its TTFT) or its end (the client's next request
@@ -178,8 +184,13 @@ class HFStreams:
             st = self._streams.get(item[0])
             return 0 if st is not None and (st.last_sent is None or item[1][1].finish_reason is not None) else 1
 
-        for rid, (text, out, times) in sorted(merged.items(), key=urgency):
+        for rid, (text, out, times, lp, prompt_lp) in sorted(merged.items(), key=urgency):
             try:
+                if lp is not None or prompt_lp is not None:
+                    st = self._streams.get(rid)
+                    if st is not None:  # held with the text until a response carries them
+                        st.lp = logprob_io.merged(st.lp, lp)
+                        st.prompt_lp = st.prompt_lp or prompt_lp
                 self._respond(rid, text, out, times)
             except Exception as exc:  # never let one request stop the others
                 stub_log("error", f"request {rid}: sending a response failed: {exc!r}")
@@ -206,9 +217,10 @@ class HFStreams:
                 if st.parts:  # held-back pieces (stream_interval_ms) or the whole text (stream=false)
                     st.parts.append(text)
                     text = "".join(st.parts)
-                self._send_text(
-                    st, self._responder.build(text, st.input_tokens, out.output_tokens, out.finish_reason), final=True
+                response = self._responder.build(
+                    text, st.input_tokens, out.output_tokens, out.finish_reason, extra=self._log_probs(st)
                 )
+                self._send_text(st, response, final=True)
             if out.finish_reason == "cancelled" and st.cancelled:
                 stub_log("info", f"request {rid} cancelled by the client after {out.output_tokens} tokens")
             return
@@ -224,13 +236,25 @@ class HFStreams:
                     text = "".join(st.parts)
                     st.parts.clear()
                 st.last_sent = now
-                self._send_text(st, self._responder.build(text, st.input_tokens, out.output_tokens, counts=st.counts))
+                response = self._responder.build(
+                    text, st.input_tokens, out.output_tokens, counts=st.counts, extra=self._log_probs(st)
+                )
+                self._send_text(st, response)
         # Client cancellation: each check is a round trip to the server process, so it is rate-limited per request.
         if not st.cancelled and now - st.last_check >= self.cancel_check_s:
             st.last_check = now
             if st.sender.is_cancelled():
                 st.cancelled = True
                 self.engine.abort(rid)
+
+    @staticmethod
+    def _log_probs(st) -> list:
+        """The log-probability tensors of what `st` holds (sent with the response being built), or []."""
+        if st.lp is None and st.prompt_lp is None:
+            return []
+        tensors = logprob_io.tensors(st.lp, st.prompt_lp)
+        st.lp = st.prompt_lp = None
+        return tensors
 
     def _send_text(self, st, response, final=False):
         """Send a response of `st` that carries text; if it was a stream's first, count where its first token's time

@@ -24,10 +24,13 @@ import math
 import threading
 from dataclasses import dataclass, field
 
-from launcher.contract import INPUT_NAMES, INPUTS, PARAMETERS, REQUIRED_INPUTS
+from launcher.contract import INPUT_NAMES, INPUTS, MAX_TOP_LOG_PROBS, PARAMETERS, REQUIRED_INPUTS
 
 _INPUT_DOC = {t.name: t.doc for t in INPUTS}
 _INPUT_DTYPE = {t.name: t.dtype for t in INPUTS}
+# Optional inputs an engine must honour or refuse: ignoring them would answer something else than what was asked (a
+# text prompt of nothing, a response without the log probabilities the client reads).
+MUST_HONOUR = ("input_ids", "return_log_probs", "top_log_probs", "return_prompt_log_probs")
 FINISH_REASONS = ("length", "stop", "cancelled")
 
 
@@ -52,6 +55,8 @@ class SamplingParams:
     min_tokens: int = 0  # EOS / stop strings cannot end the request before this many tokens
     ignore_eos: bool = False  # generate exactly max_tokens
     end_id: int | None = None  # token that ends generation (default: the model's EOS tokens)
+    logprobs: int | None = None  # None = off; k: each new token's log probability and the k most likely tokens'
+    prompt_logprobs: int | None = None  # None = off; k: each prompt token's log probability and the top k
 
     def validate(self, max_model_len: int | None = None) -> None:
         """Raise InvalidRequest naming the first bad value."""
@@ -92,6 +97,11 @@ class SamplingParams:
         for name, words in (("stop_words", self.stop), ("bad_words", self.bad_words)):
             if not all(isinstance(w, str) for w in words):
                 raise InvalidRequest(f"{name} must be strings")
+        for k in (self.logprobs, self.prompt_logprobs):
+            if k is not None:
+                _int("top_log_probs", k)
+                if not 0 <= k <= MAX_TOP_LOG_PROBS:
+                    raise InvalidRequest(f"top_log_probs must be in [0, {MAX_TOP_LOG_PROBS}], got {k}")
 
     @property
     def greedy(self) -> bool:
@@ -100,7 +110,7 @@ class SamplingParams:
 
 @dataclass
 class GenerationRequest:
-    prompt: str  # the decoded text_input
+    prompt: str | list[int]  # the decoded text_input, or input_ids
     params: SamplingParams
     stream: bool = False  # one response per new piece of text, else one response with the whole completion
     ignored: tuple[str, ...] = field(default_factory=tuple)  # optional inputs that were sent but are not honoured
@@ -177,13 +187,28 @@ def _words(name: str, arr) -> tuple[str, ...]:
     return tuple(words)
 
 
+def _token_ids(arr) -> list[int]:
+    flat = _check_batch("input_ids", arr)
+    if flat.dtype.kind not in "iu":
+        raise InvalidRequest(f"input 'input_ids' must be INT32 token ids, got numpy dtype {flat.dtype}")
+    if not flat.size:
+        raise InvalidRequest("input_ids is empty; send at least one token id")
+    if int(flat.min()) < 0:
+        raise InvalidRequest(f"input_ids holds a negative token id ({int(flat.min())}); token ids are >= 0")
+    return [int(t) for t in flat]
+
+
 def parse_inputs(
-    arrays: dict, supported: frozenset[str] | set[str] = frozenset(INPUT_NAMES), max_model_len: int | None = None
+    arrays: dict,
+    supported: frozenset[str] | set[str] = frozenset(INPUT_NAMES),
+    max_model_len: int | None = None,
+    engine: str = "this engine",
 ) -> GenerationRequest:
     """Numpy arrays by contract input name (absent inputs omitted or None) -> GenerationRequest.
 
     `supported`: the optional inputs this engine honours; others that are present are listed in
-    `GenerationRequest.ignored` (callers log a note).  Raises InvalidRequest with a clear message.
+    `GenerationRequest.ignored` (callers log a note), but those of MUST_HONOUR refuse the request naming `engine`.
+    Raises InvalidRequest with a clear message.
     """
     arrays = {k: v for k, v in arrays.items() if v is not None}
     unknown = sorted(set(arrays) - set(INPUT_NAMES))
@@ -193,9 +218,22 @@ def parse_inputs(
         if name not in arrays:
             raise InvalidRequest(f"missing required input {name!r} ({_INPUT_DOC[name]})")
 
-    prompt = _text("text_input", _scalar("text_input", arrays["text_input"]))
-    if not prompt.strip():
-        raise InvalidRequest("text_input is empty; send a non-empty prompt")
+    for name in MUST_HONOUR:
+        if name in arrays and name not in supported and (name == "input_ids" or _check_batch(name, arrays[name]).any()):
+            raise InvalidRequest(
+                f"{name} is not supported by {engine}; leave it out, or serve the model with an engine that "
+                "supports it (docs/openai.md lists which do)"
+            )
+    if "input_ids" in arrays:
+        if "text_input" in arrays and _text("text_input", _scalar("text_input", arrays["text_input"])):
+            raise InvalidRequest("send the prompt as text_input or as input_ids, not both")
+        prompt = _token_ids(arrays["input_ids"])
+    elif "text_input" in arrays:
+        prompt = _text("text_input", _scalar("text_input", arrays["text_input"]))
+        if not prompt.strip():
+            raise InvalidRequest("text_input is empty; send a non-empty prompt")
+    else:
+        raise InvalidRequest(f"missing required input 'text_input' ({_INPUT_DOC['text_input']})")
 
     beam = _scalar("beam_width", arrays["beam_width"]) if "beam_width" in arrays else 1
     if beam != 1:
@@ -225,8 +263,17 @@ def parse_inputs(
         ignore_eos=opt("ignore_eos", False),
         end_id=opt("end_id", None),
     )
-    # pad_id / exclude_input_in_output / return_log_probs are read for their type only
-    for name in ("pad_id", "exclude_input_in_output", "return_log_probs"):
+    top = opt("top_log_probs", None)
+    if opt("return_log_probs", False):
+        params.logprobs = top or 0
+    if opt("return_prompt_log_probs", False):
+        params.prompt_logprobs = top or 0
+    if top and params.logprobs is None and params.prompt_logprobs is None:
+        raise InvalidRequest(
+            f"top_log_probs {top} asks for nothing without return_log_probs or return_prompt_log_probs; send one"
+        )
+    # pad_id / exclude_input_in_output are read for their type only
+    for name in ("pad_id", "exclude_input_in_output"):
         if name in arrays:
             opt(name, None)
     params.validate(max_model_len)
@@ -281,8 +328,10 @@ def parse_parameters(raw) -> dict:
     return values
 
 
-def parse_request(request, supported=frozenset(INPUT_NAMES), max_model_len: int | None = None) -> GenerationRequest:
-    req = parse_inputs(request_arrays(request), supported, max_model_len)
+def parse_request(
+    request, supported=frozenset(INPUT_NAMES), max_model_len: int | None = None, engine: str = "this engine"
+) -> GenerationRequest:
+    req = parse_inputs(request_arrays(request), supported, max_model_len, engine)
     params = getattr(request, "parameters", None)
     if params is not None:  # (an older python backend without InferenceRequest.parameters(): the defaults)
         req.final_counts_only = parse_parameters(params())["final_counts_only"]
@@ -311,15 +360,17 @@ def response(
     finish_reason: str | None = None,
     batched: bool = True,
     counts: bool = True,
+    extra: list = (),
 ):
     """One contract response (see `Responder` for the streaming hot path).  `counts=False`: text_output alone
-    (a streamed response before the final one of a request that asked for `final_counts_only`)."""
+    (a streamed response before the final one of a request that asked for `final_counts_only`); `extra`: more
+    tensors (log probabilities)."""
     import triton_python_backend_utils as pb_utils
 
     arrays = output_arrays(text, input_tokens, output_tokens, finish_reason, batched)
     if not counts:
         arrays = {"text_output": arrays["text_output"]}
-    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(k, v) for k, v in arrays.items()])
+    return pb_utils.InferenceResponse(output_tensors=[*(pb_utils.Tensor(k, v) for k, v in arrays.items()), *extra])
 
 
 class Responder:
@@ -374,19 +425,30 @@ class Responder:
         """The per-request input_tokens tensor (pass it to `build`)."""
         return self._int("input_tokens", n)
 
-    def build(self, text: str, input_tokens, output_tokens: int, finish_reason: str | None = None, counts: bool = True):
+    def build(
+        self,
+        text: str,
+        input_tokens,
+        output_tokens: int,
+        finish_reason: str | None = None,
+        counts: bool = True,
+        extra: list = (),
+    ):
         """A response with all four outputs, or with text_output alone when `counts` is false (a streamed
-        response before the final one, for a request that asked for `final_counts_only`)."""
+        response before the final one, for a request that asked for `final_counts_only`); `extra`: more tensors
+        of this response (its log probabilities, launcher.python_backend.logprob_io), never kept."""
         reason = finish_reason or ""
+        extra = list(extra)
         if not self._cache:
             if not counts:
-                return self._pb.InferenceResponse(output_tensors=[self._bytes("text_output", text)])
+                return self._pb.InferenceResponse(output_tensors=[self._bytes("text_output", text), *extra])
             return self._pb.InferenceResponse(
                 output_tensors=[
                     self._bytes("text_output", text),
                     input_tokens,
                     self._int("output_tokens", output_tokens),
                     self._bytes("finish_reason", reason),
+                    *extra,
                 ]
             )
         texts, kept_counts, reasons = self._kept()
@@ -396,7 +458,7 @@ class Responder:
                 texts.clear()
             t = texts[text] = self._bytes("text_output", text)
         if not counts:
-            return self._pb.InferenceResponse(output_tensors=[t])
+            return self._pb.InferenceResponse(output_tensors=[t, *extra])
         n = kept_counts.get(output_tokens)
         if n is None:
             n = self._int("output_tokens", output_tokens)
@@ -405,7 +467,7 @@ class Responder:
         r = reasons.get(reason)
         if r is None:
             r = reasons[reason] = self._bytes("finish_reason", reason)
-        return self._pb.InferenceResponse(output_tensors=[t, input_tokens, n, r])
+        return self._pb.InferenceResponse(output_tensors=[t, input_tokens, n, r, *extra])
 
 
 def error_response(message: str):

@@ -1714,3 +1714,46 @@ def test_prompts_alone_zero_is_kept_and_a_negative_one_refused_before_the_model_
     nothing = tmp_path / "no-model"  # refused before loading: a model that is not there is never looked at
     with pytest.raises(ValueError, match="prompts_alone=-1 is negative"):
         make_engine(nothing, device="cpu", max_num_seqs=2, prompts_alone=-1)
+
+
+# ------------------------------------------------------------------------------------------ log probabilities
+def test_log_probabilities_equal_the_models_own(tiny_model_dir):
+    """Each new token's and each prompt token's log probability and top k are transformers' log_softmax of the same
+    positions (float32), with the prompt prefilled in chunks and its prefix cached by a request before it (a request
+    that asks for its prompt's log probabilities computes the whole prompt)."""
+    from transformers import AutoModelForCausalLM
+
+    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=4, prefill_chunk=7).start()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    try:
+        prompt = " ".join(PROMPTS[:2])
+        eng.generate(prompt, SamplingParams(max_tokens=2), timeout=60)  # caches the prompt's full blocks
+        out = eng.generate(prompt, SamplingParams(max_tokens=6, logprobs=3, prompt_logprobs=2), timeout=60)
+        ids = eng.tokenizer(prompt).input_ids
+        full = torch.tensor([ids + out.token_ids])
+        with torch.inference_mode():
+            ref = model(full).logits[0].float().log_softmax(-1)
+        rows = out.prompt_logprobs
+        assert len(rows) == len(ids) and rows.ids[0] == [ids[0]] and rows.lps[0][0] != rows.lps[0][0]  # NaN
+        assert len(out.logprobs) == len(out.token_ids) == 6
+        for p in range(1, full.shape[1]):
+            part, at, k = (rows, p, 2) if p < len(ids) else (out.logprobs, p - len(ids), 3)
+            got_ids, got_lps = part.ids[at], part.lps[at]
+            assert got_ids[0] == full[0, p].item()
+            assert abs(got_lps[0] - ref[p - 1, full[0, p]].item()) < 1e-4
+            top = ref[p - 1].topk(k)
+            assert got_ids[1:] == top.indices.tolist()
+            assert max(abs(a - b) for a, b in zip(got_lps[1:], top.values.tolist())) < 1e-4
+        # the same tokens as without log probabilities: asking changes nothing of the answer
+        assert eng.generate(prompt, SamplingParams(max_tokens=6), timeout=60).token_ids == out.token_ids
+    finally:
+        eng.shutdown()
+
+
+def test_a_token_id_prompt_answers_as_its_text_does(engine):
+    ids = engine.tokenizer(PROMPTS[1]).input_ids
+    by_text = engine.generate(PROMPTS[1], SamplingParams(max_tokens=8), timeout=60)
+    by_ids = engine.generate(ids, SamplingParams(max_tokens=8), timeout=60)
+    assert by_ids.token_ids == by_text.token_ids and by_ids.input_tokens == len(ids)
+    with pytest.raises(InvalidRequest, match="prompt token ids must be in"):
+        engine.generate([engine.vocab_size + 5], SamplingParams(max_tokens=2), timeout=60)

@@ -516,3 +516,26 @@ def test_the_arrival_barrier_names_the_ranks_that_never_came(tmp_path):
     for r in (1, 3):
         (tmp_path / f"arrived_{r}").touch()
     arrival_barrier(tmp_path, 0, 4, timeout_s=0.2)  # all there: returns
+
+
+def test_vllm_log_probabilities_map_both_ways():
+    """At vLLM's API boundary (vLLM does not run here): SamplingParams' logprobs / prompt_logprobs, and its per-token
+    dicts of token id -> Logprob(logprob, rank) (the top k by rank and the sampled token, wherever it ranks) as the
+    contract's rows, the token first; a prompt's first token (None) is its id and NaN."""
+    from collections import namedtuple
+
+    from launcher.python_backend.triton_io import SamplingParams
+
+    m = load_model_module("vllm")
+    kw = m.sampling_kwargs(SamplingParams(max_tokens=2, logprobs=2, prompt_logprobs=0))
+    assert (kw["logprobs"], kw["prompt_logprobs"]) == (2, 0)
+    assert "logprobs" not in m.sampling_kwargs(SamplingParams(max_tokens=2))
+    Logprob = namedtuple("Logprob", "logprob rank decoded_token")
+    per_token = [
+        {9: Logprob(-3.0, 5, "a"), 4: Logprob(-0.1, 1, "b"), 6: Logprob(-2.0, 2, "c")},
+        {4: Logprob(-0.2, 1, "b"), 6: Logprob(-2.5, 2, "c")},
+    ]
+    rows = m.logprob_rows([9, 4], per_token, 2)
+    assert rows.ids == [[9, 4, 6], [4, 4, 6]] and rows.lps == [[-3.0, -0.1, -2.0], [-0.2, -0.2, -2.5]]
+    prompt = m.logprob_rows([1, 4], [None, {4: Logprob(-0.3, 1, "b")}], 0)
+    assert prompt.ids == [[1], [4]] and prompt.lps[0][0] != prompt.lps[0][0] and prompt.lps[1] == [-0.3]

@@ -45,7 +45,7 @@ def test_a_completion_body_maps_every_sampling_field_onto_the_contract():
     )
     assert (gen.top_k, gen.min_tokens, gen.ignore_eos, gen.repetition_penalty) == (0, 2, True, pytest.approx(1.1))
     assert (gen.presence_penalty, gen.frequency_penalty, gen.stream) == (0.5, -0.5, True)
-    assert opts == tr.Options("tiny", True, True)
+    assert opts == tr.Options("tiny", True, True, prompts=("Hello",))
 
 
 def test_defaults_leave_sampling_to_the_server_and_usage_chunks_only_when_streaming():
@@ -53,7 +53,7 @@ def test_defaults_leave_sampling_to_the_server_and_usage_chunks_only_when_stream
         {"model": "hf_model", "prompt": "Hi", "stream_options": {"include_usage": True}}, SERVED
     )
     assert gen.max_tokens == tr.COMPLETIONS_DEFAULT_MAX_TOKENS and gen.temperature is None and gen.stop == ()
-    assert opts == tr.Options("hf_model", False, False)
+    assert opts == tr.Options("hf_model", False, False, prompts=("Hi",)) and opts.plain
     gen, _ = tr.chat_generation(
         {"model": "hf_model", "messages": [{"role": "user", "content": "Hi"}]}, SERVED, _template
     )
@@ -78,8 +78,10 @@ BAD = [
     ({"prompt": "x"}, 400, "model"),
     ({"model": "gpt-4", "prompt": "x"}, 404, "model"),
     ({"model": "tiny"}, 400, "prompt"),
-    ({"model": "tiny", "prompt": ["a", "b"]}, 400, "prompt"),
-    ({"model": "tiny", "prompt": [1, 2, 3]}, 400, "prompt"),
+    ({"model": "tiny", "prompt": ["a", 2]}, 400, "prompt"),
+    ({"model": "tiny", "prompt": [[1, 2], []]}, 400, "prompt"),
+    ({"model": "tiny", "prompt": [1, -2]}, 400, "prompt"),
+    ({"model": "tiny", "prompt": [True]}, 400, "prompt"),
     ({"model": "tiny", "prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
     ({"model": "tiny", "prompt": "x", "max_tokens": "8"}, 400, "max_tokens"),
     ({"model": "tiny", "prompt": "x", "temperature": 2.5}, 400, "temperature"),
@@ -87,10 +89,13 @@ BAD = [
     ({"model": "tiny", "prompt": "x", "seed": -1}, 400, "seed"),
     ({"model": "tiny", "prompt": "x", "stop": [""]}, 400, "stop"),
     ({"model": "tiny", "prompt": "x", "stop": 5}, 400, "stop"),
-    ({"model": "tiny", "prompt": "x", "n": 2}, 400, "n"),
-    ({"model": "tiny", "prompt": "x", "best_of": 3}, 400, "best_of"),
-    ({"model": "tiny", "prompt": "x", "logprobs": 1}, 400, "logprobs"),
-    ({"model": "tiny", "prompt": "x", "echo": True}, 400, "echo"),
+    ({"model": "tiny", "prompt": "x", "n": 0}, 400, "n"),
+    ({"model": "tiny", "prompt": "x", "n": 3, "best_of": 2}, 400, "best_of"),
+    ({"model": "tiny", "prompt": "x", "best_of": 3, "stream": True}, 400, "best_of"),
+    ({"model": "tiny", "prompt": ["x"] * 200, "n": 2}, 400, "prompt"),
+    ({"model": "tiny", "prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    ({"model": "tiny", "prompt": "x", "logprobs": True}, 400, "logprobs"),
+    ({"model": "tiny", "prompt": "x", "echo": "yes"}, 400, "echo"),
     ({"model": "tiny", "prompt": "x", "ignore_eos": "yes"}, 400, "ignore_eos"),
     ({"model": "tiny", "prompt": "x", "stream_options": 1, "stream": True}, 400, "stream_options"),
 ]
@@ -111,11 +116,13 @@ def test_a_bad_completion_body_is_refused_naming_the_field(body, status, param):
         ({"messages": []}, "messages"),
         ({"messages": [{"content": "no role"}]}, "messages[0]"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}, "messages[0].content"),
-        ({"logprobs": True}, "logprobs"),
+        ({"logprobs": 1}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+        ({"best_of": 2}, "best_of"),
         ({"tools": [{"type": "function"}]}, "tools"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"n": 3}, "n"),
+        ({"n": 0}, "n"),
     ],
 )
 def test_a_bad_chat_body_is_refused_naming_the_field(extra, param):
@@ -185,4 +192,30 @@ def test_a_generation_sent_as_a_body_comes_back_the_same(chat):
     back, opts = (
         tr.chat_generation(body, SERVED, lambda m: m[0]["content"]) if chat else tr.completion_generation(body, SERVED)
     )
-    assert back == gen and opts == tr.Options("hf_model", True, True)
+    assert back == gen and opts.plain and (opts.model, opts.stream, opts.include_usage) == ("hf_model", True, True)
+
+
+def test_choices_are_a_request_each_with_seeds_apart():
+    """n samples of each prompt of a list (token ids too), choice i*n+j answering prompt i; seed + j per sample."""
+    gen, opts = tr.completion_generation(
+        {"model": "tiny", "prompt": [[5, 6], [7]], "n": 2, "seed": 10, "max_tokens": 3}, SERVED
+    )
+    gens = tr.choice_generations(gen, opts)
+    assert [(g.prompt, g.seed) for g in gens] == [([5, 6], 10), ([5, 6], 11), ([7], 10), ([7], 11)]
+    assert not opts.plain and opts.n == opts.best_of == 2 and gen.logprobs is None
+    # best_of ranks candidates by their tokens' log probabilities: asked of the engine even when the client did not
+    gen, opts = tr.completion_generation({"model": "tiny", "prompt": "x", "n": 2, "best_of": 4}, SERVED)
+    assert len(tr.choice_generations(gen, opts)) == 4 and gen.logprobs == 0 and opts.logprobs is None
+
+
+def test_log_probability_fields_map_onto_the_contract():
+    gen, opts = tr.completion_generation({"model": "tiny", "prompt": "x", "logprobs": 3, "echo": True}, SERVED)
+    assert (gen.logprobs, gen.prompt_logprobs, opts.logprobs, opts.echo) == (3, 3, 3, True)
+    gen, opts = tr.completion_generation({"model": "tiny", "prompt": "x", "echo": True}, SERVED)
+    assert (gen.logprobs, gen.prompt_logprobs, opts.echo, opts.plain) == (None, None, True, False)
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "Hi"}], "logprobs": True, "top_logprobs": 5}
+    gen, opts = tr.chat_generation(body, SERVED, _template)
+    assert (gen.logprobs, gen.prompt_logprobs, opts.logprobs) == (5, None, 5)
+    body["logprobs"], body["top_logprobs"] = False, None
+    gen, opts = tr.chat_generation(body, SERVED, _template)
+    assert gen.logprobs is None and opts.plain

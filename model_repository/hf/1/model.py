@@ -97,8 +97,8 @@ from launcher.python_backend.timings import (
 )
 
 # Optional inputs this model honours.  exclude_input_in_output is honoured by construction (the prompt is never
-# echoed); pad_id and return_log_probs are accepted and ignored (a note is logged once).
-SUPPORTED = frozenset(INPUT_NAMES) - {"pad_id", "return_log_probs"}
+# echoed); pad_id is accepted and ignored (a note is logged once).
+SUPPORTED = frozenset(INPUT_NAMES) - {"pad_id"}
 
 
 def _ignore(_output):
@@ -351,7 +351,7 @@ class TritonPythonModel(HFStreams):
                 )
                 continue
             try:
-                req = triton_io.parse_request(request, SUPPORTED, self.engine.max_model_len)
+                req = triton_io.parse_request(request, SUPPORTED, self.engine.max_model_len, "engine=hf")
                 self._note_ignored(req.ignored)
                 self._next_id += 1
                 rid = str(self._next_id)

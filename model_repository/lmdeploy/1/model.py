@@ -69,6 +69,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
 
 from launcher.contract import INPUT_NAMES
 from launcher.python_backend.async_runtime import EngineAdapter, Log, Piece, RuntimeModel
+from launcher.python_backend.triton_io import MUST_HONOUR
 
 DTYPES = ("auto", "float16", "bfloat16")
 
@@ -157,7 +158,7 @@ def describe_request_error(exc: BaseException, refused: bool) -> str:
 
 class LMDeployAdapter(EngineAdapter):
     name = "lmdeploy"
-    supported = frozenset(INPUT_NAMES) - {"presence_penalty", "frequency_penalty", "return_log_probs"}
+    supported = frozenset(INPUT_NAMES) - {"presence_penalty", "frequency_penalty", *MUST_HONOUR}
 
     def __init__(self, params: dict, log: Log):
         self.params = params

@@ -50,6 +50,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
 
 from launcher.contract import INPUT_NAMES
 from launcher.python_backend.async_runtime import EngineAdapter, Log, Piece, RuntimeModel
+from launcher.python_backend.triton_io import MUST_HONOUR
 
 
 def server_args_kwargs(params: dict, environ) -> dict:
@@ -113,7 +114,7 @@ def sampling_params(p) -> dict:
 
 class SGLangAdapter(EngineAdapter):
     name = "sglang"
-    supported = frozenset(INPUT_NAMES) - {"bad_words", "return_log_probs"}
+    supported = frozenset(INPUT_NAMES) - {"bad_words", *MUST_HONOUR}
 
     def __init__(self, params: dict, log: Log):
         self.params = params

@@ -53,6 +53,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
 
 from launcher.contract import INPUT_NAMES
 from launcher.python_backend.async_runtime import EngineAdapter, Log, Piece, RuntimeModel
+from launcher.python_backend.logprob_io import LogProbRows
 
 ENGINE_ARGS_FILE = "model.json"
 RENAMED_ARGS = {"disable_log_requests": ("enable_log_requests", lambda v: not _truthy(v))}
@@ -103,12 +104,33 @@ def sampling_kwargs(p) -> dict:
         kw["bad_words"] = list(p.bad_words)
     if p.end_id is not None:
         kw["stop_token_ids"] = [p.end_id]
+    if p.logprobs is not None:
+        kw["logprobs"] = p.logprobs
+    if p.prompt_logprobs is not None:
+        kw["prompt_logprobs"] = p.prompt_logprobs
     return kw
+
+
+def logprob_rows(token_ids, per_token, k: int) -> LogProbRows:
+    """vLLM's log probabilities (per token a dict of token id -> Logprob(logprob, rank, ...): the top k by rank and
+    the token itself) as the contract's rows: the token's id and log probability, then the top k, most likely
+    first.  A None entry (a prompt's first token) becomes its id and NaN."""
+    rows = LogProbRows()
+    for tid, d in zip(token_ids, per_token):
+        if d is None:
+            rows.ids.append([tid])
+            rows.lps.append([float("nan")])
+            continue
+        top = sorted((lp.rank, i, lp.logprob) for i, lp in d.items() if lp.rank is not None and lp.rank <= k)
+        own = d.get(tid)
+        rows.ids.append([tid, *(i for _, i, _ in top)])
+        rows.lps.append([own.logprob if own is not None else float("nan"), *(v for _, _, v in top)])
+    return rows
 
 
 class VLLMAdapter(EngineAdapter):
     name = "vllm"
-    supported = frozenset(INPUT_NAMES) - {"return_log_probs"}
+    supported = frozenset(INPUT_NAMES)
 
     def __init__(self, params: dict, version_dir: str, log: Log, model_name: str = "vllm"):
         self.params = params
@@ -209,9 +231,12 @@ class VLLMAdapter(EngineAdapter):
     async def generate(self, request_id, request):
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
-        sp = SamplingParams(output_kind=RequestOutputKind.DELTA, **sampling_kwargs(request.params))
+        p = request.params
+        sp = SamplingParams(output_kind=RequestOutputKind.DELTA, **sampling_kwargs(p))
+        prompt = request.prompt if isinstance(request.prompt, str) else {"prompt_token_ids": list(request.prompt)}
         n_in = n_out = 0
-        async for out in self.engine.generate(request.prompt, sp, request_id):
+        prompt_lp = p.prompt_logprobs is not None
+        async for out in self.engine.generate(prompt, sp, request_id):
             if out.prompt_token_ids:
                 n_in = len(out.prompt_token_ids)
             c = out.outputs[0]
@@ -219,7 +244,13 @@ class VLLMAdapter(EngineAdapter):
             finish = None
             if out.finished:
                 finish = "length" if c.finish_reason == "length" else "stop"
-            yield Piece(c.text, n_out, n_in, finish)
+            piece = Piece(c.text, n_out, n_in, finish)
+            if p.logprobs is not None and c.logprobs:
+                piece.logprobs = logprob_rows(c.token_ids, c.logprobs, p.logprobs)
+            if prompt_lp and out.prompt_logprobs:
+                piece.prompt_logprobs = logprob_rows(out.prompt_token_ids, out.prompt_logprobs, p.prompt_logprobs)
+                prompt_lp = False
+            yield piece
 
     async def abort(self, request_id):
         if self.engine is not None:

@@ -42,6 +42,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
 
 from launcher.contract import INPUT_NAMES
 from launcher.python_backend.async_runtime import EngineAdapter, Log, Piece, RuntimeModel
+from launcher.python_backend.triton_io import MUST_HONOUR
 
 ARGS_FILE = "model.yaml"
 # What makes a process one rank of an MPI job: the rank's identity and its launcher's server. Configuration
@@ -122,7 +123,7 @@ def sampling_kwargs(p) -> dict:
 
 class LLMAPIAdapter(EngineAdapter):
     name = "trtllm"
-    supported = frozenset(INPUT_NAMES) - {"return_log_probs"}
+    supported = frozenset(INPUT_NAMES) - set(MUST_HONOUR)
 
     def __init__(self, params: dict, version_dir: str, log: Log):
         self.params = params

@@ -97,7 +97,7 @@ class TritonPythonModel:
         self.engine_model = params.get("tensorrt_llm_model_name", "tensorrt_llm")
         self.pre_model = params.get("preprocessing_model_name", "preprocessing")
         self.tokens = TokenTable(AutoTokenizer.from_pretrained(tokenizer_dir))
-        self.supported = frozenset(INPUT_NAMES) - {"return_log_probs"}
+        self.supported = frozenset(INPUT_NAMES) - set(triton_io.MUST_HONOUR)
 
     async def execute(self, requests):
         import asyncio

@@ -1,0 +1,183 @@
+"""Requests that are more than one stream of text: several choices (n, best_of, a list of prompts), log
+probabilities, echo.  Each choice is one contract request (translate.choice_generations); this runs them together
+and answers in OpenAI's shapes (launcher/openai_api/choices.py), as one JSON body or as SSE chunks that carry each
+choice's index.  The one-choice text stream keeps its own faster path in launcher/openai_api/app.py."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from launcher.openai_api import choices as ch, translate as tr
+from launcher.openai_api.backend import Final, LogProbs, Utf8Pieces
+from launcher.python_backend.logprob_io import merged
+
+
+def _prompt_text(text_of, gen) -> str:
+    return gen.prompt if isinstance(gen.prompt, str) else text_of.decode(gen.prompt)
+
+
+async def _answer(it, first=None) -> ch.Answer:
+    """Read one choice's generate() iterator to its end."""
+    ans, pieces = ch.Answer(), []
+    item = first if first is not None else await it.__anext__()
+    while True:
+        if isinstance(item, Final):
+            ans.finish_reason = item.finish_reason
+            ans.input_tokens, ans.output_tokens = item.input_tokens or 0, item.output_tokens or 0
+            break
+        if isinstance(item, LogProbs):
+            ans.logprobs = merged(ans.logprobs, item.rows)
+            ans.prompt_logprobs = ans.prompt_logprobs or item.prompt
+        else:
+            pieces.append(item)
+        item = await it.__anext__()
+    ans.text = b"".join(pieces).decode("utf-8", errors="replace")
+    return ans
+
+
+async def answers(its: list, first) -> list:
+    """Every choice's Answer (its iterator, the first one's first item read already); the first failure cancels the
+    others and is raised."""
+    tasks = [asyncio.ensure_future(_answer(it, first if i == 0 else None)) for i, it in enumerate(its)]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()
+        for it in its:
+            await it.aclose()
+
+
+def _usage(answers: list, opts: tr.Options) -> dict:
+    """Prompt tokens once per prompt (as OpenAI counts them), every candidate's completion tokens."""
+    per = max(opts.best_of, 1)
+    prompt = sum(a.input_tokens for a in answers[::per])
+    return tr.usage(prompt, sum(a.output_tokens for a in answers))
+
+
+def body(rid: str, gens: list, answers: list, opts: tr.Options, chat: bool, text_of) -> tuple:
+    """(the response body, its usage) of a request whose choices have all ended."""
+    per = opts.best_of
+    chosen = []
+    for i in range(0, len(answers), per):
+        group = answers[i : i + per]
+        for a in group:
+            a.prompt_text = _prompt_text(text_of, gens[i]) if opts.echo else ""
+        chosen.extend(ch.best(group, opts.n) if per > opts.n else group)
+    out = []
+    for index, a in enumerate(chosen):
+        reason = tr.finish_reason(a.finish_reason)
+        if chat:
+            lp = ch.chat_logprobs(text_of.piece, a.logprobs) if opts.logprobs is not None else None
+            out.append(
+                {
+                    "index": index,
+                    "message": {"role": "assistant", "content": a.text},
+                    "logprobs": lp,
+                    "finish_reason": reason,
+                }
+            )
+        else:
+            lp = None
+            if opts.logprobs is not None:
+                lp = ch.completion_logprobs(text_of.piece, a.logprobs, a.prompt_logprobs if opts.echo else None)
+            out.append({"index": index, "text": a.prompt_text + a.text, "logprobs": lp, "finish_reason": reason})
+    counts = _usage(answers, opts)
+    return {
+        "id": rid,
+        "object": "chat.completion" if chat else "text_completion",
+        "created": int(time.time()),
+        "model": opts.model,
+        "choices": out,
+        "usage": counts,
+    }, counts
+
+
+async def events(rid: str, gens: list, its: list, first, opts: tr.Options, chat: bool, text_of, sse):
+    """SSE events of several streams (or one with log probabilities or echo): each response of a choice becomes a
+    chunk with its index, in the order they arrive; each choice ends with its finish_reason; then the usage chunk
+    (stream_options.include_usage) and [DONE].  The last item yielded is the usage dict (not an event)."""
+    created = int(time.time())
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i, it, item):
+        try:
+            while True:
+                if item is None:
+                    item = await it.__anext__()
+                await queue.put((i, item))
+                if isinstance(item, Final):
+                    return
+                item = None
+        except Exception as exc:  # noqa: BLE001 - handed to the writer, which answers it
+            await queue.put((i, exc))
+
+    def chunk(i, delta, lp=None, reason=None):
+        c = {"index": i, "logprobs": lp, "finish_reason": reason}
+        c["delta" if chat else "text"] = delta
+        out = {"id": rid, "object": kind, "created": created, "model": opts.model, "choices": [c]}
+        if opts.include_usage:
+            out["usage"] = None
+        return sse(out)
+
+    def logprobs(rows, prompt_rows=None, start=0):
+        if opts.logprobs is None or (rows is None and prompt_rows is None):
+            return None
+        if chat:
+            return ch.chat_logprobs(text_of.piece, rows)
+        return ch.completion_logprobs(text_of.piece, rows, prompt_rows, start)
+
+    tasks = [asyncio.ensure_future(pump(i, it, first if i == 0 else None)) for i, it in enumerate(its)]
+    utf8 = [Utf8Pieces() for _ in its]
+    held = [None] * len(its)  # LogProbs of a response, until its text goes
+    offset = [0] * len(its)  # text_offset of each choice's next token
+    done, finals = 0, [None] * len(its)
+    try:
+        for i, gen in enumerate(gens):
+            if chat:
+                yield chunk(i, {"role": "assistant", "content": ""})
+            elif opts.echo:
+                text = _prompt_text(text_of, gen)
+                offset[i] = len(text)
+                held[i] = "echo", text
+        while done < len(its):
+            i, item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            if isinstance(item, LogProbs):
+                if isinstance(held[i], tuple):  # echo: the prompt and its log probabilities go first
+                    yield chunk(i, held[i][1], logprobs(None, item.prompt, 0))
+                    held[i] = None
+                held[i] = merged(held[i], item.rows)
+                continue
+            if isinstance(held[i], tuple):
+                yield chunk(i, held[i][1])
+                held[i] = None
+            if isinstance(item, Final):
+                rest, lp = utf8[i].flush(), logprobs(held[i], start=offset[i])
+                reason = tr.finish_reason(item.finish_reason)
+                yield chunk(i, ({"content": rest} if rest else {}) if chat else rest, lp, reason)
+                finals[i], done = item, done + 1
+                continue
+            text = utf8[i].feed(item)
+            if text or held[i] is not None:
+                lp = logprobs(held[i], start=offset[i])
+                if lp is not None and not chat:
+                    offset[i] += sum(len(t) for t in lp["tokens"])
+                held[i] = None
+                yield chunk(i, {"content": text} if chat else text, lp)
+        counts = _usage(
+            [ch.Answer(input_tokens=f.input_tokens or 0, output_tokens=f.output_tokens or 0) for f in finals], opts
+        )
+        if opts.include_usage:
+            yield sse(
+                {"id": rid, "object": kind, "created": created, "model": opts.model, "choices": [], "usage": counts}
+            )
+        yield counts
+    finally:
+        for t in tasks:
+            t.cancel()
+        for it in its:
+            await it.aclose()
