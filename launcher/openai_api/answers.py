@@ -17,6 +17,16 @@ def _prompt_text(text_of, gen) -> str:
     return gen.prompt if isinstance(gen.prompt, str) else text_of.decode(gen.prompt)
 
 
+def none_returned(opts: tr.Options) -> tr.ApiError:
+    return tr.ApiError(
+        400,
+        "logprobs: this model returned no log probabilities (the TensorRT-LLM ensemble computes them but does not "
+        "return them); serve it with engine.bls=true, or leave logprobs out",
+        param="logprobs",
+        code="unsupported_value",
+    )
+
+
 async def _answer(it, first=None) -> ch.Answer:
     """Read one choice's generate() iterator to its end."""
     ans, pieces = ch.Answer(), []
@@ -59,6 +69,9 @@ def _usage(answers: list, opts: tr.Options) -> dict:
 def body(rid: str, gens: list, answers: list, opts: tr.Options, chat: bool, text_of) -> tuple:
     """(the response body, its usage) of a request whose choices have all ended."""
     per = opts.best_of
+    wanted = opts.logprobs is not None or per > opts.n  # best_of ranks by them
+    if wanted and any(a.output_tokens and a.logprobs is None for a in answers):
+        raise none_returned(opts)
     chosen = []
     for i in range(0, len(answers), per):
         group = answers[i : i + per]
@@ -69,7 +82,7 @@ def body(rid: str, gens: list, answers: list, opts: tr.Options, chat: bool, text
     for index, a in enumerate(chosen):
         reason = tr.finish_reason(a.finish_reason)
         if chat:
-            lp = ch.chat_logprobs(text_of.piece, a.logprobs) if opts.logprobs is not None else None
+            lp = ch.chat_logprobs(text_of.in_context, a.logprobs) if opts.logprobs is not None else None
             out.append(
                 {
                     "index": index,
@@ -81,7 +94,7 @@ def body(rid: str, gens: list, answers: list, opts: tr.Options, chat: bool, text
         else:
             lp = None
             if opts.logprobs is not None:
-                lp = ch.completion_logprobs(text_of.piece, a.logprobs, a.prompt_logprobs if opts.echo else None)
+                lp = ch.completion_logprobs(text_of.in_context, a.logprobs, a.prompt_logprobs if opts.echo else None)
             out.append({"index": index, "text": a.prompt_text + a.text, "logprobs": lp, "finish_reason": reason})
     counts = _usage(answers, opts)
     return {
@@ -122,48 +135,56 @@ async def events(rid: str, gens: list, its: list, first, opts: tr.Options, chat:
             out["usage"] = None
         return sse(out)
 
-    def logprobs(rows, prompt_rows=None, start=0):
+    contexts = [[] for _ in its]  # each choice's tokens so far (how a token split over bytes shows)
+
+    def logprobs(i, rows, prompt_rows=None, start=0):
         if opts.logprobs is None or (rows is None and prompt_rows is None):
             return None
         if chat:
-            return ch.chat_logprobs(text_of.piece, rows)
-        return ch.completion_logprobs(text_of.piece, rows, prompt_rows, start)
+            return ch.chat_logprobs(text_of.in_context, rows, contexts[i])
+        return ch.completion_logprobs(text_of.in_context, rows, prompt_rows, start, contexts[i])
 
     tasks = [asyncio.ensure_future(pump(i, it, first if i == 0 else None)) for i, it in enumerate(its)]
     utf8 = [Utf8Pieces() for _ in its]
-    held = [None] * len(its)  # LogProbs of a response, until its text goes
+    held = [None] * len(its)  # each choice's log probabilities (LogProbRows) until its text goes
     offset = [0] * len(its)  # text_offset of each choice's next token
+    echo = [None] * len(its)  # each choice's prompt, until its first chunk carries it (echo)
+    seen = [False] * len(its)  # log probabilities came for the choice
     done, finals = 0, [None] * len(its)
     try:
         for i, gen in enumerate(gens):
             if chat:
                 yield chunk(i, {"role": "assistant", "content": ""})
             elif opts.echo:
-                text = _prompt_text(text_of, gen)
-                offset[i] = len(text)
-                held[i] = "echo", text
+                echo[i] = _prompt_text(text_of, gen)
+                offset[i] = len(echo[i])
         while done < len(its):
             i, item = await queue.get()
             if isinstance(item, Exception):
                 raise item
+            if echo[i] is not None:  # the prompt first, with its log probabilities when they were asked
+                prompt_rows = item.prompt if isinstance(item, LogProbs) else None
+                lp = logprobs(i, None, prompt_rows, 0)
+                if lp is not None:  # offsets run over the tokens' texts, as in a body that is not streamed
+                    offset[i] = sum(len(t) for t in lp["tokens"])
+                yield chunk(i, echo[i], lp)
+                echo[i] = None
             if isinstance(item, LogProbs):
-                if isinstance(held[i], tuple):  # echo: the prompt and its log probabilities go first
-                    yield chunk(i, held[i][1], logprobs(None, item.prompt, 0))
-                    held[i] = None
                 held[i] = merged(held[i], item.rows)
+                seen[i] = seen[i] or item.rows is not None
                 continue
-            if isinstance(held[i], tuple):
-                yield chunk(i, held[i][1])
-                held[i] = None
             if isinstance(item, Final):
-                rest, lp = utf8[i].flush(), logprobs(held[i], start=offset[i])
+                if opts.logprobs is not None and item.output_tokens and not seen[i]:
+                    yield sse(none_returned(opts).body())
+                    return
+                rest, lp = utf8[i].flush(), logprobs(i, held[i], start=offset[i])
                 reason = tr.finish_reason(item.finish_reason)
                 yield chunk(i, ({"content": rest} if rest else {}) if chat else rest, lp, reason)
                 finals[i], done = item, done + 1
                 continue
             text = utf8[i].feed(item)
             if text or held[i] is not None:
-                lp = logprobs(held[i], start=offset[i])
+                lp = logprobs(i, held[i], start=offset[i])
                 if lp is not None and not chat:
                     offset[i] += sum(len(t) for t in lp["tokens"])
                 held[i] = None

@@ -177,6 +177,9 @@ def make_app(
             err = tr.engine_error(e.message, e.code)
             counters.answered(route, err.status)
             return _error(err)
+        except tr.ApiError as e:
+            counters.answered(route, e.status)
+            return _error(e)
         finally:
             counters.end()
         counters.answered(route, 200)
@@ -188,9 +191,9 @@ def make_app(
             async for event in events:
                 if isinstance(event, dict):  # the usage, last
                     counters.tokens(event["prompt_tokens"], event["completion_tokens"])
-                    yield _DONE
-                    return
+                    break
                 yield event
+            yield _DONE  # after the usage, or after an error event
         except BackendError as e:  # mid-stream: the status is sent already; the error goes as an event
             yield _sse(tr.engine_error(e.message, e.code).body())
             yield _DONE

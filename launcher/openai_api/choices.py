@@ -50,42 +50,52 @@ def best(answers: list[Answer], n: int) -> list[Answer]:
 
 
 def completion_logprobs(
-    text_of, rows: Optional[LogProbRows], prompt_rows: Optional[LogProbRows] = None, start: int = 0
+    text_of,
+    rows: Optional[LogProbRows],
+    prompt_rows: Optional[LogProbRows] = None,
+    start: int = 0,
+    context: Optional[list] = None,
 ) -> dict:
     """/v1/completions' `logprobs`: a list per field, the prompt's tokens first with `echo` (its first token has no
     log probability: null, as vLLM's server answers); `top_logprobs` maps each of the top tokens, and the token
-    itself, to its log probability.  `text_of(id)`: a token's text; `start`: the text offset of the first token."""
+    itself, to its log probability.  `text_of(id, context)`: a token's text after the answer's tokens before it
+    (TokenText.in_context); `start`: the text offset of the first token; `context`: the answer's tokens so far, which
+    this extends (a stream's chunks keep one list)."""
+    context = [] if context is None else context
     tokens, token_lps, tops, offsets = [], [], [], []
     at = start
     for part in (prompt_rows, rows):
         if part is None:
             continue
         for ids, lps in zip(part.ids, part.lps):
-            piece = text_of(ids[0])
+            piece = text_of(ids[0], context)
             tokens.append(piece)
             own = _lp(lps[0])
             token_lps.append(own)
             if own is None:
                 tops.append(None)
             else:
-                top = {text_of(i): _lp(v) for i, v in zip(ids[1:], lps[1:])}
+                top = {text_of(i, context): _lp(v) for i, v in zip(ids[1:], lps[1:])}
                 top.setdefault(piece, own)
                 tops.append(top)
             offsets.append(at)
             at += len(piece)
+            context.append(ids[0])
     return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
 
-def _entry(text_of, token_id: int, lp: float) -> dict:
-    piece = text_of(token_id)
+def _entry(text_of, token_id: int, lp: float, context: list) -> dict:
+    piece = text_of(token_id, context)
     return {"token": piece, "logprob": _lp(lp), "bytes": list(piece.encode("utf-8"))}
 
 
-def chat_logprobs(text_of, rows: Optional[LogProbRows]) -> dict:
+def chat_logprobs(text_of, rows: Optional[LogProbRows], context: Optional[list] = None) -> dict:
     """/v1/chat/completions' `logprobs`: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}."""
+    context = [] if context is None else context
     content = []
     for ids, lps in zip(rows.ids, rows.lps) if rows is not None else ():
-        item = _entry(text_of, ids[0], lps[0])
-        item["top_logprobs"] = [_entry(text_of, i, v) for i, v in zip(ids[1:], lps[1:])]
+        item = _entry(text_of, ids[0], lps[0], context)
+        item["top_logprobs"] = [_entry(text_of, i, v, context) for i, v in zip(ids[1:], lps[1:])]
         content.append(item)
+        context.append(ids[0])
     return {"content": content}

@@ -7,6 +7,8 @@ from __future__ import annotations
 import os
 import threading
 
+REPLACEMENT = "\ufffd"  # what decoding bytes that are not whole UTF-8 gives
+
 
 class TokenText:
     """`piece(id)`: one token as text (what vLLM's server shows for it: its bytes decoded, special tokens kept);
@@ -47,6 +49,30 @@ class TokenText:
                 self._pieces.clear()
             text = self._pieces[token_id] = self._decode_many([token_id])
         return text
+
+    def in_context(self, token_id: int, context: list[int]) -> str:
+        """The token's text after the tokens before it (`context`, the answer's own tokens, oldest first), as vLLM's
+        server shows it: a token that is not whole UTF-8 alone (a byte of a character split over tokens) shows as ""
+        until the token that completes the character, which shows the whole character."""
+        text = self.piece(token_id)
+        if not text.endswith(REPLACEMENT):
+            return text
+        for k in range(1, min(len(context), 4) + 1):
+            ctx = list(context[-k:])
+            whole = self.decode(ctx + [token_id])
+            if whole.endswith(REPLACEMENT):
+                continue
+            clean = len(ctx)  # the context tokens before those that are pieces of the same character
+            while clean > 0 and self.piece(ctx[clean - 1]).endswith(REPLACEMENT):
+                clean -= 1
+            prefix = self.decode(ctx[:clean]) if clean else ""
+            if whole.startswith(prefix):
+                return whole[len(prefix) :]
+            common = 0
+            while common < min(len(prefix), len(whole)) and prefix[common] == whole[common]:
+                common += 1
+            return whole[common:]
+        return ""
 
     def decode(self, ids: list[int]) -> str:
         if self._tok is None:

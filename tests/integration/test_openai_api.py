@@ -187,8 +187,8 @@ def test_each_error_class_has_its_status_and_openais_shape(oa, chat_api, server,
     assert status == 404 and err["code"] == "model_not_found"
     for kwargs, param in (
         ({"temperature": 3.0}, "temperature"),
-        ({"n": 2}, "n"),
-        ({"logprobs": 2}, "logprobs"),
+        ({"n": 0}, "n"),
+        ({"logprobs": 21}, "logprobs"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"extra_body": {"top_k": "many"}}, "top_k"),
     ):
@@ -197,9 +197,9 @@ def test_each_error_class_has_its_status_and_openais_shape(oa, chat_api, server,
         )
         assert status == 400 and err["param"] == param and param in err["message"], err
     status, err = _error(
-        lambda: oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], logprobs=True)
+        lambda: oa.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}], top_logprobs=2)
     )
-    assert status == 400 and err["param"] == "logprobs"
+    assert status == 400 and err["param"] == "top_logprobs"
     # the engine's own check (the model's context) is the request's fault too
     status, err = _error(lambda: oa.completions.create(model=MODEL, prompt=PROMPT, max_tokens=100000))
     assert status == 400 and "exceeds the model limit" in err["message"]
@@ -261,7 +261,7 @@ def test_a_bad_request_beside_a_running_stream_leaves_it_whole(oa):
     t = threading.Thread(target=long_stream)
     t.start()
     time.sleep(0.3)
-    for bad in ({"max_tokens": 100000}, {"temperature": -1}, {"model": "nope"}, {"prompt": [1, 2]}):
+    for bad in ({"max_tokens": 100000}, {"temperature": -1}, {"model": "nope"}, {"prompt": [[]]}):
         with pytest.raises(openai.APIStatusError):
             oa.completions.create(**{"model": MODEL, "prompt": PROMPT, "max_tokens": 4, **bad})
     assert t.is_alive(), "the long stream ended before the bad requests were sent: make it longer"

@@ -108,7 +108,11 @@ def test_rows_go_on_the_wire_and_come_back():
 
 
 def test_openai_logprobs_shapes():
-    text = {1: "<s>", 5: " the", 2: " a", 7: " cat", 9: " dog"}.get
+    names = {1: "<s>", 5: " the", 2: " a", 7: " cat", 9: " dog"}
+
+    def text(i, context):
+        return names[i]
+
     rows = LogProbRows([[5, 2], [7, 9]], [[-0.2, -1.9], [-1.0, -0.9]])
     prompt = LogProbRows([[1], [5, 2]], [[float("nan")], [-0.3, -1.2]])
     out = ch.completion_logprobs(text, rows, prompt)
@@ -128,3 +132,18 @@ def test_best_of_keeps_the_most_likely_answers():
     b = ch.Answer(text="b", logprobs=LogProbRows([[1], [2]], [[-0.5], [-0.2]]))
     c = ch.Answer(text="c", logprobs=LogProbRows([[3]], [[-3.0]]))
     assert [x.text for x in ch.best([a, b, c], 2)] == ["b", "a"]
+
+
+def test_a_character_split_over_tokens_shows_whole_on_the_token_that_completes_it(tiny_model_dir):
+    """As vLLM's server shows it: the byte pieces before show as "", the completing token as the whole character."""
+    from tokenizers import Tokenizer
+
+    from launcher.openai_api.tokens import REPLACEMENT, TokenText
+
+    ids = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json")).encode("a 🙂", add_special_tokens=False).ids
+    text = TokenText(str(tiny_model_dir))
+    pieces = [text.in_context(t, ids[:i]) for i, t in enumerate(ids)]
+    assert "".join(pieces) == "a 🙂" and not any(REPLACEMENT in p for p in pieces)
+    split = [i for i, t in enumerate(ids) if text.piece(t).endswith(REPLACEMENT)]
+    # the tokenizer splits the emoji into bytes: the pieces before its last show "", the last the emoji
+    assert len(split) > 1 and all(pieces[i] == "" for i in split[:-1]) and pieces[split[-1]] == "🙂"

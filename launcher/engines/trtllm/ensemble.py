@@ -220,8 +220,6 @@ def render_models(spec) -> List[RenderedModel]:
 
     # --- ensemble: the contract's names on the outside
     ens = pb.ModelConfig(name=spec.model_name, platform="ensemble", max_batch_size=mbs)
-    ens.input.extend(pbtxt.contract_inputs())
-    ens.output.extend(pbtxt.contract_outputs())
     steps = ens.ensemble_scheduling.step
 
     def step(model, inputs, outputs):
@@ -275,7 +273,7 @@ def render_models(spec) -> List[RenderedModel]:
             "frequency_penalty": "frequency_penalty",
             "min_length": "min_length",
             "random_seed": "_RANDOM_SEED",
-            "return_log_probs": "return_log_probs",
+            "return_log_probs": "return_log_probs",  # accepted as TensorRT-LLM clients send it; none come back
             "streaming": "stream",
         },
         {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"},
@@ -299,6 +297,15 @@ def render_models(spec) -> List[RenderedModel]:
             "FINISH_REASON": "finish_reason",
         },
     )
+    # The contract's inputs and outputs that the steps use: Triton refuses an ensemble input no step reads, and a
+    # request that sends another (a token-id prompt, top_log_probs) is refused by name.  No step returns log
+    # probabilities: the OpenAI API answers a request for them that gets none with a 400 (engine.bls=true refuses it).
+    used = {v for st in steps for v in st.input_map.values()} | {v for st in steps for v in st.output_map.values()}
+    ens.input.extend(t for t in pbtxt.contract_inputs() if t.name in used)
+    for t in ens.input:
+        if t.name == "text_input":  # the one prompt the ensemble takes
+            t.optional = False
+    ens.output.extend(t for t in pbtxt.contract_outputs() if t.name in used)
     models.append(RenderedModel(spec.model_name, ens, {}, {"1/.keep": ""}))
 
     if e.bls:
