@@ -115,24 +115,11 @@ def make_app(
         if not opts.plain:
             return await _choices(request, route, rid, tr.choice_generations(gen, opts), opts, chat, session)
         it = backend.generate(gen, session).__aiter__()
-        counters.begin()
-        try:
-            first = await it.__anext__()  # errors before the first piece get their HTTP status
-        except BackendError as e:
-            counters.end()
-            err = tr.engine_error(e.message, e.code)
-            counters.answered(route, err.status)
-            return _error(err)
-        except BaseException:
-            counters.end()
-            raise
+        first, refused = await _start([it], route)
+        if refused is not None:
+            return refused
         if opts.stream:
-            counters.answered(route, 200)
-            return StreamingResponse(
-                _stream(it, first, rid, opts, chat),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
-            )
+            return _events(route, _stream(it, first, rid, opts, chat))
         try:
             text, final = await _until_disconnect(request, _join(it, first))
         except BackendError as e:
@@ -147,29 +134,35 @@ def make_app(
         make = tr.chat_body if chat else tr.completion_body
         return JSONResponse(make(rid, opts.model, text, reason, counts))
 
-    async def _choices(request, route, rid, gens, opts, chat, session) -> Response:
-        """Several choices, log probabilities or echo (launcher/openai_api/answers.py)."""
-        its = [backend.generate(g, session).__aiter__() for g in gens]
+    async def _start(its: list, route: str) -> tuple:
+        """(the first item of its[0], None), or (None, the error response): errors before the first piece get their
+        HTTP status.  From here the request counts as running until it ends (counters.end)."""
         counters.begin()
         try:
-            first = await its[0].__anext__()  # errors before the first piece get their HTTP status
+            return await its[0].__anext__(), None
         except BackendError as e:
             counters.end()
             for it in its:
                 await it.aclose()
             err = tr.engine_error(e.message, e.code)
             counters.answered(route, err.status)
-            return _error(err)
+            return None, _error(err)
         except BaseException:
             counters.end()
             raise
+
+    def _events(route: str, events) -> Response:
+        counters.answered(route, 200)
+        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    async def _choices(request, route, rid, gens, opts, chat, session) -> Response:
+        """Several choices, log probabilities or echo (launcher/openai_api/answers.py)."""
+        its = [backend.generate(g, session).__aiter__() for g in gens]
+        first, refused = await _start(its, route)
+        if refused is not None:
+            return refused
         if opts.stream:
-            counters.answered(route, 200)
-            return StreamingResponse(
-                _choice_events(answers.events(rid, gens, its, first, opts, chat, token_text, _sse)),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
-            )
+            return _events(route, _choice_events(answers.events(rid, gens, its, first, opts, chat, token_text, _sse)))
         try:
             got = await _until_disconnect(request, answers.answers(its, first))
             out, counts = await _in_thread(answers.body, rid, gens, got, opts, chat, token_text)
