@@ -17,7 +17,7 @@ def _prompt_text(text_of, gen) -> str:
     return gen.prompt if isinstance(gen.prompt, str) else text_of.decode(gen.prompt)
 
 
-def none_returned(opts: tr.Options) -> tr.ApiError:
+def none_returned() -> tr.ApiError:
     return tr.ApiError(
         400,
         "logprobs: this model returned no log probabilities (the TensorRT-LLM ensemble computes them but does not "
@@ -27,21 +27,25 @@ def none_returned(opts: tr.Options) -> tr.ApiError:
     )
 
 
-async def _answer(it, first=None) -> ch.Answer:
-    """Read one choice's generate() iterator to its end."""
+async def read(it, first=None) -> ch.Answer:
+    """One request's generate() iterator (its first item read already, if `first`) to its end, then closed: its
+    text (decoded once from the joined bytes), counts, finish reason and log probabilities."""
     ans, pieces = ch.Answer(), []
-    item = first if first is not None else await it.__anext__()
-    while True:
-        if isinstance(item, Final):
-            ans.finish_reason = item.finish_reason
-            ans.input_tokens, ans.output_tokens = item.input_tokens or 0, item.output_tokens or 0
-            break
-        if isinstance(item, LogProbs):
-            ans.logprobs = merged(ans.logprobs, item.rows)
-            ans.prompt_logprobs = ans.prompt_logprobs or item.prompt
-        else:
-            pieces.append(item)
-        item = await it.__anext__()
+    try:
+        item = first if first is not None else await it.__anext__()
+        while True:
+            if isinstance(item, Final):
+                ans.finish_reason = item.finish_reason
+                ans.input_tokens, ans.output_tokens = item.input_tokens or 0, item.output_tokens or 0
+                break
+            if isinstance(item, LogProbs):
+                ans.logprobs = merged(ans.logprobs, item.rows)
+                ans.prompt_logprobs = ans.prompt_logprobs or item.prompt
+            else:
+                pieces.append(item)
+            item = await it.__anext__()
+    finally:
+        await it.aclose()
     ans.text = b"".join(pieces).decode("utf-8", errors="replace")
     return ans
 
@@ -49,7 +53,7 @@ async def _answer(it, first=None) -> ch.Answer:
 async def answers(its: list, first) -> list:
     """Every choice's Answer (its iterator, the first one's first item read already); the first failure cancels the
     others and is raised."""
-    tasks = [asyncio.ensure_future(_answer(it, first if i == 0 else None)) for i, it in enumerate(its)]
+    tasks = [asyncio.ensure_future(read(it, first if i == 0 else None)) for i, it in enumerate(its)]
     try:
         return await asyncio.gather(*tasks)
     finally:
@@ -71,7 +75,7 @@ def body(rid: str, gens: list, answers: list, opts: tr.Options, chat: bool, text
     per = opts.best_of
     wanted = opts.logprobs is not None or per > opts.n  # best_of ranks by them
     if wanted and any(a.output_tokens and a.logprobs is None for a in answers):
-        raise none_returned(opts)
+        raise none_returned()
     chosen = []
     for i in range(0, len(answers), per):
         group = answers[i : i + per]
@@ -175,7 +179,7 @@ async def events(rid: str, gens: list, its: list, first, opts: tr.Options, chat:
                 continue
             if isinstance(item, Final):
                 if opts.logprobs is not None and item.output_tokens and not seen[i]:
-                    yield sse(none_returned(opts).body())
+                    yield sse(none_returned().body())
                     return
                 rest, lp = utf8[i].flush(), logprobs(i, held[i], start=offset[i])
                 reason = tr.finish_reason(item.finish_reason)

@@ -121,7 +121,7 @@ def make_app(
         if opts.stream:
             return _events(route, _stream(it, first, rid, opts, chat))
         try:
-            text, final = await _until_disconnect(request, _join(it, first))
+            ans = await _until_disconnect(request, answers.read(it, first))
         except BackendError as e:
             err = tr.engine_error(e.message, e.code)
             counters.answered(route, err.status)
@@ -129,10 +129,10 @@ def make_app(
         finally:
             counters.end()
         counters.answered(route, 200)
-        counts = _count(final)
-        reason = tr.finish_reason(final.finish_reason)
+        counts = _count(ans.input_tokens, ans.output_tokens)
+        reason = tr.finish_reason(ans.finish_reason)
         make = tr.chat_body if chat else tr.completion_body
-        return JSONResponse(make(rid, opts.model, text, reason, counts))
+        return JSONResponse(make(rid, opts.model, ans.text, reason, counts))
 
     async def _start(its: list, route: str) -> tuple:
         """(the first item of its[0], None), or (None, the error response): errors before the first piece get their
@@ -194,9 +194,9 @@ def make_app(
             counters.end()
             await events.aclose()
 
-    def _count(final: Final) -> dict:
-        counters.tokens(final.input_tokens or 0, final.output_tokens or 0)
-        return tr.usage(final.input_tokens, final.output_tokens)
+    def _count(input_tokens, output_tokens) -> dict:
+        counters.tokens(input_tokens or 0, output_tokens or 0)
+        return tr.usage(input_tokens, output_tokens)
 
     async def _stream(it, first, rid: str, opts: tr.Options, chat: bool):
         created_at = int(time.time())
@@ -217,7 +217,7 @@ def make_app(
                     reason = tr.finish_reason(item.finish_reason)
                     delta = ({"content": rest} if rest else {}) if chat else rest
                     yield _sse(chunk(rid, created_at, opts.model, delta, reason, wu))
-                    counts = _count(item)
+                    counts = _count(item.input_tokens, item.output_tokens)
                     if wu:
                         yield _sse(tr.usage_chunk(rid, created_at, opts.model, chat, counts))
                     yield _DONE
@@ -261,15 +261,6 @@ def make_app(
         routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: server_error}, lifespan=lifespan
     )
     return BearerAuth(app, api_key) if api_key else app
-
-
-async def _join(it, first) -> tuple:
-    pieces, item = [], first
-    while not isinstance(item, Final):
-        pieces.append(item)
-        item = await it.__anext__()
-    await it.aclose()
-    return b"".join(pieces).decode("utf-8", errors="replace"), item
 
 
 async def _until_disconnect(request: Request, work):

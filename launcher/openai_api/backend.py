@@ -145,17 +145,6 @@ class GrpcBackend:
             self._channel = None
 
 
-async def collect(gen_iter) -> tuple:
-    """(the whole text, Final) of a generate() iterator; text decoded once from the joined bytes."""
-    pieces, final = [], Final()
-    async for item in gen_iter:
-        if isinstance(item, Final):
-            final = item
-        elif not isinstance(item, LogProbs):
-            pieces.append(item)
-    return b"".join(pieces).decode("utf-8", errors="replace"), final
-
-
 class Utf8Pieces:
     """Bytes deltas -> text deltas that never split a multi-byte character (an engine may send a token's bytes
     that end inside one)."""

@@ -11,7 +11,7 @@ bytes, top_logprobs) answer them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 from launcher.python_backend.logprob_io import LogProbRows
@@ -37,7 +37,6 @@ class Answer:
     logprobs: Optional[LogProbRows] = None  # the new tokens' (when asked)
     prompt_logprobs: Optional[LogProbRows] = None  # the prompt's (echo with logprobs)
     prompt_text: str = ""  # echo: the prompt as text
-    token_ids: list = field(default_factory=list)  # the new tokens' ids (from logprobs rows)
 
     @property
     def cumulative_logprob(self) -> float:
