@@ -66,6 +66,21 @@ INPUTS: tuple[Tensor, ...] = (
         "each prompt token's log probability, and top_log_probs of them (prompt_log_prob_ids, prompt_log_probs "
         "on the first response)",
     ),
+    Tensor(
+        "guided_decoding_guide_type",
+        "BYTES",
+        (1,),
+        True,
+        "constrain the output (structured output): 'json' (any JSON object), 'json_schema', 'regex' or "
+        "'ebnf_grammar' (GUIDE_KINDS); engines that cannot constrain refuse the request",
+    ),
+    Tensor(
+        "guided_decoding_guide",
+        "BYTES",
+        (1,),
+        True,
+        "the JSON schema, regular expression or EBNF grammar the output follows (none for 'json')",
+    ),
     Tensor("beam_width", "INT32", (1,), True, "only 1 is supported by streaming engines; others are rejected"),
 )
 
@@ -91,6 +106,15 @@ OUTPUTS: tuple[Tensor, ...] = (
 
 # The most likely tokens a request may ask log probabilities of (top_log_probs), as OpenAI's API allows.
 MAX_TOP_LOG_PROBS = 20
+
+# guided_decoding_guide_type's values (TensorRT-LLM's names for them): what each guide is.  The EBNF dialect is
+# xgrammar's (GBNF-like: `root ::= "yes" | "no"`), which vLLM, SGLang and TensorRT-LLM all compile.
+GUIDE_KINDS = {
+    "json": "any JSON object (no guide)",
+    "json_schema": "a JSON value that validates against the guide, a JSON schema",
+    "regex": "text that matches the guide, a regular expression",
+    "ebnf_grammar": "text the guide, an EBNF grammar whose start rule is `root`, derives",
+}
 
 
 @dataclass(frozen=True)

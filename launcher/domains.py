@@ -233,6 +233,13 @@ IDENTIFIER = r"[A-Za-z_][A-Za-z0-9_]*"
 SLURM_TIME = r"(\d+-)?\d{1,2}:\d{2}:\d{2}|\d+"
 
 
+def eval_tasks() -> Tuple[str, ...]:
+    """bench.eval's choices: llmlaunch-bench --eval's tasks (launcher/bench/evaluate.py TASKS)."""
+    from launcher.bench.evaluate import TASKS
+
+    return tuple(TASKS)
+
+
 def time_minutes(t: str) -> int:
     """A Slurm time limit (SLURM_TIME: minutes, HH:MM:SS or D-HH:MM:SS) in whole minutes, a started minute counted."""
     t = str(t)

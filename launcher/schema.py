@@ -39,6 +39,7 @@ from launcher.domains import (
     SbatchToken,
     ShellLine,
     arg,
+    eval_tasks,
 )
 from launcher.engines import trtllm
 from launcher.engines.registry import ENGINES
@@ -420,6 +421,8 @@ class BenchConfig:
         Int("client processes"), 1
     )  # client processes sharing the load: one Python gRPC client saturates a core long before 128 streams
     streams: int = arg(Int("gRPC streams per client process"), 1)  # gRPC streams per client process
+    eval: List[str] = arg(Items(Choice(eval_tasks)), factory=list)  # llmlaunch-bench --eval's tasks after the load
+    eval_limit: int = arg(Int("items a task", zero="all 200"), 0)  # items of each eval task
 
 
 @dataclass

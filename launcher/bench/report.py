@@ -24,7 +24,8 @@ failure.json (written by whoever runs the point):
      "log": "tritonserver.log"} # optional, relative to the point dir
 `write_failure(...)` writes one. A point with a result.json whose run had
 failed requests is reported with status "errors" and its counts; a
-failure.json point has status "failed"; when both files exist, result.json wins.
+failure.json point has status "failed"; when both files exist, result.json wins, but
+a failure of stage "eval" (bench.eval: the model answered nothing) makes its status "no answers".
 
 Grouping: a point's x value is its concurrency (result config, else an
 override whose last dotted part is `concurrency`), or its request rate when
@@ -80,6 +81,7 @@ SUMMARY_FIELDS = (
     "e2el_p99_ms",
     "engine_step_ms",
     "engine_gpu_idle_ms",
+    "eval",
     *READY_COLUMNS,
     "error",
     "overrides",
@@ -100,6 +102,8 @@ class Point:
     def status(self) -> str:
         if self.result is None:
             return "failed"
+        if (self.failure or {}).get("stage") == "eval":  # measured, but the model answered nothing (bench.eval)
+            return "no answers"
         return "errors" if self.result.get("metrics", {}).get("failed") else "ok"
 
     def metric(self, key: str):
@@ -174,6 +178,13 @@ def _from_overrides(overrides: dict, name: str) -> Optional[float]:
     return None
 
 
+def _json_file(path: Path) -> Optional[dict]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
 def load_points(sweep: Path) -> list[Point]:
     points = []
     dirs = sorted({p.parent for pattern in ("result.json", "failure.json") for p in Path(sweep).rglob(pattern)})
@@ -184,7 +195,7 @@ def load_points(sweep: Path) -> list[Point]:
                 result = json.loads((d / "result.json").read_text(encoding="utf-8"))
             except (OSError, json.JSONDecodeError) as exc:
                 failure = {"stage": "report", "error": f"unreadable result.json: {exc}"}
-        if result is None and (d / "failure.json").exists():
+        if (d / "failure.json").exists() and failure is None:  # beside a result: bench.eval's failure
             try:
                 failure = json.loads((d / "failure.json").read_text(encoding="utf-8"))
             except (OSError, json.JSONDecodeError) as exc:
@@ -233,7 +244,7 @@ def summary_rows(points: list[Point], sweep: Optional[Path] = None) -> list[dict
     for pt in points:
         if pt.result is not None:
             first_error = next((r.get("error") for r in pt.result.get("requests", []) if r.get("error")), "")
-            error = first_error
+            error = (pt.failure or {}).get("error") or first_error
         else:
             f = pt.failure or {}
             error = f"{f.get('stage', '?')}: {f.get('error', 'no result.json')}"
@@ -268,6 +279,11 @@ def summary_rows(points: list[Point], sweep: Optional[Path] = None) -> list[dict
         # ... and how its engine spent a step: the loop's time per step, and the GPU waiting for the host
         steps = (pt.result or {}).get("server_engine_steps") or {}
         row.update(engine_step_ms=steps.get("step_ms"), engine_gpu_idle_ms=steps.get("gpu_idle_ms"))
+        # bench.eval's scores (llmlaunch-bench --eval after the load): "task metric=value answered/items; ..."
+        tasks = (_json_file(pt.path / "eval.json") or {}).get("tasks") or {}
+        row["eval"] = "; ".join(
+            f"{t} {s['metric']}={s['value']:.3f} {s['answered']}/{s['items']}" for t, s in tasks.items()
+        )
         # the time to READY of the server the point was measured against (point.json, from its run record)
         server = (_read_point(pt.path) or {}).get("server") or {}
         row.update(csv_columns(server.get("time_to_ready")))

@@ -32,6 +32,7 @@ class Generation:
     session: Optional[str] = None  # not a model input: the session_id request parameter the front end routes by
     logprobs: Optional[int] = None  # return_log_probs, top_log_probs: each new token's log prob and the top k
     prompt_logprobs: Optional[int] = None  # return_prompt_log_probs, top_log_probs (one k for both: the larger)
+    guide: Optional[tuple] = None  # (guided_decoding_guide_type, guided_decoding_guide): structured output
 
 
 # (contract input, Triton dtype, struct format) for the scalar fields of Generation.
@@ -83,6 +84,11 @@ def encode_inputs(gen: Generation) -> list[tuple[str, str, list[int], bytes]]:
                 tensors.append((flag, "BOOL", [1, 1], struct.pack("?", True)))
         if max(asked):
             tensors.append(("top_log_probs", "INT32", [1, 1], struct.pack("<i", max(asked))))
+    if gen.guide is not None:
+        kind, guide = gen.guide
+        tensors.append(("guided_decoding_guide_type", "BYTES", [1, 1], _bytes_payload([kind])))
+        if guide:
+            tensors.append(("guided_decoding_guide", "BYTES", [1, 1], _bytes_payload([guide])))
     for attr, name in (("stop", "stop_words"), ("bad_words", "bad_words")):
         words = list(getattr(gen, attr) or ())
         if words:

@@ -54,7 +54,7 @@ from typing import Callable
 
 from launcher.hf.args import HFEngineArgs
 from launcher.hf.outputs import Output
-from launcher.python_backend.triton_io import InvalidRequest, SamplingParams  # pure Python: no torch in the parent
+from launcher.python_backend.generation import InvalidRequest, SamplingParams  # pure Python: no torch in the parent
 
 log = logging.getLogger(__name__)
 

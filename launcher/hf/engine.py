@@ -46,14 +46,15 @@ from typing import Callable
 from launcher.hf.args import HFEngineArgs
 from launcher.hf.detok import TokenTable
 from launcher.hf.encode import PromptEncoder
+from launcher.hf.guided import Guides
 from launcher.hf.outputs import Output, OutputProcessor
 from launcher.hf.reporting import EngineStats
 from launcher.hf.runner import HFModelRunner
 from launcher.hf.scheduler import Scheduler
 from launcher.hf.sequence import Seq, bad_word_ids, prepare_prompt
 from launcher.hf.tp import AHEAD
+from launcher.python_backend.generation import InvalidRequest, SamplingParams
 from launcher.python_backend.logprob_io import merged
-from launcher.python_backend.triton_io import InvalidRequest, SamplingParams
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +138,7 @@ class Engine:
                 eos.update(int(v) for v in value)
         self.eos_token_ids = frozenset(eos)
         self._table = TokenTable(self.tokenizer)
+        self.guides = Guides(self.tokenizer, self.vocab_size, self.eos_token_ids)
 
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._active: set[str] = set()  # request ids accepted and not finished (guarded by _lock)
@@ -205,7 +207,12 @@ class Engine:
             else (frozenset((params.end_id,)) if params.end_id is not None else self.eos_token_ids)
         )
         bad = bad_word_ids(self.tokenizer, params.bad_words) if params.bad_words else []
-        seq = Seq(request_id, prompt_ids, params, on_output, self._table.decoder(prompt_ids), eos, bad)
+        matcher = None
+        if params.guide is not None:  # compiled here, on the caller's thread: not on the engine loop
+            matcher = self.guides.matcher(
+                *params.guide, stop_ids=(params.end_id,) if params.end_id is not None else None
+            )
+        seq = Seq(request_id, prompt_ids, params, on_output, self._table.decoder(prompt_ids), eos, bad, matcher)
         with self._lock:
             if request_id in self._active:
                 raise InvalidRequest(f"request id {request_id!r} is already running")

@@ -69,8 +69,11 @@ class OutputProcessor:
         seq.out_ids.append(tok)
         n = len(seq.out_ids)
         finish = None
-        if tok in seq.eos and n > seq.min_tokens - 1:
-            finish = "stop"
+        if seq.matcher is not None and not seq.matcher.accept_token(tok):  # the mask allowed it: never expected
+            self.finish(seq, "error", "", [tok], error=f"token {tok} left the request's guide")
+            return
+        if (tok in seq.eos and n > seq.min_tokens - 1) or (seq.matcher is not None and seq.matcher.is_terminated()):
+            finish = "stop"  # EOS, or the stop token that ends a complete guided output
             text = ""
         else:
             text = seq.decoder.push(tok)

@@ -53,6 +53,10 @@ class Sampler:
             logits[:, self.valid_vocab :] = float("-inf")
         if rows.any_penalty:
             logits = self._apply_penalties(logits, rows)
+        if rows.guided:
+            from launcher.hf.guided import apply_masks
+
+            apply_masks(logits, rows.guided, rows.guide_masks)
         if rows.banned:
             r, t = zip(*rows.banned)
             logits[torch.tensor(r, device=dev), torch.tensor(t, device=dev)] = float("-inf")

@@ -22,6 +22,7 @@ from typing import Callable
 
 from launcher.hf.args import DEFAULTS
 from launcher.hf.blocks import BlockPool, block_hashes
+from launcher.hf.guided import masks
 from launcher.hf.runner import PrefillChunk, SamplingRows, StepInputs
 from launcher.hf.sequence import Seq
 
@@ -156,7 +157,7 @@ class Scheduler:
                 i for i, s in enumerate(ahead_of) if s.slot >= 0 and len(s.out_ids) + 1 < s.max_tokens
             ]  # not finished, not ending now
             decoding = [ahead_of[i] for i in prev_rows]
-            if any(s.bad for s in decoding) or not self._inbox_empty():
+            if any(s.needs_last_token for s in decoding) or not self._inbox_empty():
                 return None
             ids = {id(s) for s in ahead_of}
             if any(id(s) not in ids and s.num_computed for s in self.prefilling):  # a prompt part-way through
@@ -422,9 +423,13 @@ class Scheduler:
             sr.frequency_penalty = [s.params.frequency_penalty for s in rows]
         if any(s.params.logprobs is not None for s in rows):
             sr.logprobs = [-1 if s.params.logprobs is None else s.params.logprobs for s in rows]
+        guided = [i for i, s in enumerate(rows) if s.matcher is not None]
+        if guided:  # their masks now: their last tokens are on the host (Seq.needs_last_token)
+            sr.guided = guided
+            sr.guide_masks = masks([rows[i].matcher for i in guided], self.runner.vocab_size)
         for i, s in enumerate(rows):
             n = len(s.out_ids) + (i < pending_rows)
-            if n < s.min_tokens and s.eos:
+            if n < s.min_tokens and s.eos and s.matcher is None:  # a guide says itself when its output may end
                 sr.banned.extend((i, t) for t in s.eos)
             if s.bad:
                 for word in s.bad:

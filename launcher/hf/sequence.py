@@ -10,8 +10,8 @@ import time
 from typing import Callable
 
 from launcher.hf.detok import StopMatcher
+from launcher.python_backend.generation import InvalidRequest, SamplingParams
 from launcher.python_backend.logprob_io import LogProbRows
-from launcher.python_backend.triton_io import InvalidRequest, SamplingParams
 
 
 class Seq:
@@ -43,9 +43,10 @@ class Seq:
         "admitted",
         "cached_tokens",
         "prompt_lp",
+        "matcher",
     )
 
-    def __init__(self, request_id, prompt_ids, params: SamplingParams, on_output, decoder, eos, bad):
+    def __init__(self, request_id, prompt_ids, params: SamplingParams, on_output, decoder, eos, bad, matcher=None):
         self.request_id = request_id
         self.prompt_ids = prompt_ids
         self.out_ids: list[int] = []
@@ -73,10 +74,17 @@ class Seq:
         self.cached_tokens = 0  # prompt tokens its admission found in the prefix cache
         # its prompt's log probabilities as its prefill computes them, until its first output carries them (then None)
         self.prompt_lp = self.fresh_prompt_lp() if params.prompt_logprobs is not None else None
+        self.matcher = matcher  # a guided request's xgrammar matcher (launcher.hf.guided), None for free text
 
     def fresh_prompt_lp(self) -> LogProbRows:
         """The prompt's first token has no log probability (nothing comes before it): its row is its id and NaN."""
         return LogProbRows([[self.prompt_ids[0]]], [[float("nan")]])
+
+    @property
+    def needs_last_token(self) -> bool:
+        """Its next token's sampling depends on its last token on the host (bad words, a guide): its next step
+        cannot be queued before the last one's token is known."""
+        return bool(self.bad) or self.matcher is not None
 
     def token_at(self, position: int) -> int:
         """The token at `position` of its prompt and what it generated."""

@@ -49,6 +49,8 @@ class SamplingRows:
     any_top: bool = False  # some row uses top_k or top_p
     any_penalty: bool = False  # some row uses a penalty
     logprobs: list[int] = field(default_factory=list)  # per row: -1, or its token's log prob and the top this many
+    guided: list[int] = field(default_factory=list)  # rows whose tokens keep to a guide (launcher.hf.guided)
+    guide_masks: bytes = b""  # their allowed-token bitmasks, one row of int32 words each, in `guided` order
 
 
 @dataclass

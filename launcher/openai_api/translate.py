@@ -15,42 +15,14 @@ from typing import Callable, Optional
 
 from launcher.client.request import Generation
 from launcher.contract import MAX_TOP_LOG_PROBS
+from launcher.openai_api.errors import ApiError, bad
+from launcher.openai_api.structured import guide_of
 
 # /v1/completions without max_tokens: OpenAI's documented default for that endpoint.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
 # /v1/chat/completions without max_tokens/max_completion_tokens: OpenAI generates to the context's end; the contract
 # needs a number, and an answer of this many tokens fits every model llmlaunch serves.
 CHAT_DEFAULT_MAX_TOKENS = 512
-
-
-class ApiError(Exception):
-    """A request the API answers with an error: `status` and OpenAI's error object."""
-
-    def __init__(
-        self, status: int, message: str, param: Optional[str] = None, code: Optional[str] = None, type: str = ""
-    ):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.type = type or _TYPES.get(status, "server_error")
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-_TYPES = {
-    400: "invalid_request_error",
-    404: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "server_error",
-    503: "service_unavailable",
-}
-
-
-def bad(param: str, why: str) -> ApiError:
-    return ApiError(400, f"{param}: {why}", param=param, code="invalid_value")
 
 
 # ----------------------------------------------------------------------------- reading fields
@@ -159,12 +131,6 @@ def _common(body: dict, served: tuple, prompt: str, default_max: int, chat: bool
     _refuse(body, "use_beam_search", lambda v: v is False, "beam search is not served")
     if chat:
         _refuse(body, "tools", lambda v: v == [], "tool calls are not served")
-        _refuse(
-            body,
-            "response_format",
-            lambda v: isinstance(v, dict) and v.get("type") == "text",
-            'only {"type": "text"} is served',
-        )
     mt = _integer(body, "max_completion_tokens", 1) if chat else None
     if mt is None:
         mt = _integer(body, "max_tokens", 1)
@@ -193,6 +159,7 @@ def _common(body: dict, served: tuple, prompt: str, default_max: int, chat: bool
         presence_penalty=_number(body, "presence_penalty", -2.0, 2.0),
         frequency_penalty=_number(body, "frequency_penalty", -2.0, 2.0),
     )
+    gen.guide = guide_of(body)
     if best_of > n and logprobs is None:
         gen.logprobs = 0  # the candidates are ranked by their tokens' log probabilities
     elif logprobs is not None:
@@ -379,6 +346,7 @@ _REQUEST_FAULTS = (
     "missing required input",
     "unexpected inference input",
     "too long",
+    "guided_decoding_guide",  # a guide the engine cannot compile (launcher/python_backend/triton_io.py: check_guide)
 )
 # Triton's words when a model's queue is full or the server will not take more work.
 _OVERLOAD = ("exceeds maximum queue size", "queue is full", "resource_exhausted", "too many requests")

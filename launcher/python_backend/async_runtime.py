@@ -333,6 +333,10 @@ class AsyncEngineRuntime:
                 self._post_final(out, ("done", "", "cancelled"), n_in, n_out)
             else:
                 self._post_final(out, ("error", f"{name}: {why}; the request was aborted after {n_out} tokens"))
+        except triton_io.InvalidRequest as exc:  # the engine refused what it was asked (a guide it cannot compile)
+            await self._abort(rid)
+            self._active.pop(rid, None)
+            self._post_final(out, ("error", f"{name}: {exc}"))
         except Exception as exc:
             self.log.error(f"request {rid} failed in the engine: {traceback.format_exc()}")
             await self._abort(rid)

@@ -2,8 +2,9 @@
 
 The contract is `launcher.contract` (TensorRT-LLM ensemble inputs/outputs).  This
 module turns a Triton request into a plain `GenerationRequest` (prompt + engine-
-neutral `SamplingParams`) and builds responses; engine adapters (hf, vLLM,
-SGLang, LMDeploy) map `SamplingParams` onto their own types.
+neutral `SamplingParams`, both in launcher.python_backend.generation) and builds
+responses; engine adapters (hf, vLLM, SGLang, LMDeploy) map `SamplingParams` onto
+their own types.
 
 Layers, so that the validation is testable without Triton:
 
@@ -20,111 +21,24 @@ is imported inside the functions that need it.
 from __future__ import annotations
 
 import json
-import math
 import threading
-from dataclasses import dataclass, field
 
-from launcher.contract import INPUT_NAMES, INPUTS, MAX_TOP_LOG_PROBS, PARAMETERS, REQUIRED_INPUTS
+from launcher.contract import GUIDE_KINDS, INPUT_NAMES, INPUTS, PARAMETERS, REQUIRED_INPUTS
+from launcher.python_backend.generation import GenerationRequest, InvalidRequest, SamplingParams
 
 _INPUT_DOC = {t.name: t.doc for t in INPUTS}
 _INPUT_DTYPE = {t.name: t.dtype for t in INPUTS}
 # Optional inputs an engine must honour or refuse: ignoring them would answer something else than what was asked (a
 # text prompt of nothing, a response without the log probabilities the client reads).
-MUST_HONOUR = ("input_ids", "return_log_probs", "top_log_probs", "return_prompt_log_probs")
+MUST_HONOUR = (
+    "input_ids",
+    "return_log_probs",
+    "top_log_probs",
+    "return_prompt_log_probs",
+    "guided_decoding_guide_type",
+    "guided_decoding_guide",
+)
 FINISH_REASONS = ("length", "stop", "cancelled")
-
-
-class InvalidRequest(ValueError):
-    """A request the model rejects; the message goes back to the client as is."""
-
-
-@dataclass
-class SamplingParams:
-    """Engine-neutral generation settings (the contract's optional inputs, with their 'off' defaults)."""
-
-    max_tokens: int = 16  # tokens to generate (>= 1)
-    temperature: float = 0.0  # 0 = greedy
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1.0 = off
-    repetition_penalty: float = 1.0  # 1.0 = off; over prompt and output tokens (HF/vLLM semantics)
-    presence_penalty: float = 0.0  # 0.0 = off; over output tokens (OpenAI semantics)
-    frequency_penalty: float = 0.0  # 0.0 = off; over output tokens (OpenAI semantics)
-    seed: int | None = None  # per-request sampling seed; None = nondeterministic
-    stop: tuple[str, ...] = ()  # stop strings: generation ends after one, which is not returned
-    bad_words: tuple[str, ...] = ()  # words that must not be generated
-    min_tokens: int = 0  # EOS / stop strings cannot end the request before this many tokens
-    ignore_eos: bool = False  # generate exactly max_tokens
-    end_id: int | None = None  # token that ends generation (default: the model's EOS tokens)
-    logprobs: int | None = None  # None = off; k: each new token's log probability and the k most likely tokens'
-    prompt_logprobs: int | None = None  # None = off; k: each prompt token's log probability and the top k
-
-    def validate(self, max_model_len: int | None = None) -> None:
-        """Raise InvalidRequest naming the first bad value."""
-        _int("max_tokens", self.max_tokens)
-        if self.max_tokens < 1:
-            raise InvalidRequest(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if max_model_len is not None and self.max_tokens > max_model_len:
-            raise InvalidRequest(
-                f"max_tokens {self.max_tokens} exceeds the model limit of {max_model_len} tokens "
-                f"(max_model_len); ask for fewer tokens"
-            )
-        _num("temperature", self.temperature)
-        if self.temperature < 0:
-            raise InvalidRequest(f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
-        _int("top_k", self.top_k)
-        if self.top_k < 0:
-            raise InvalidRequest(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        _num("top_p", self.top_p)
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidRequest(f"top_p must be in (0, 1] (1 = off), got {self.top_p}")
-        _num("repetition_penalty", self.repetition_penalty)
-        if self.repetition_penalty <= 0:
-            raise InvalidRequest(f"repetition_penalty must be > 0 (1 = off), got {self.repetition_penalty}")
-        _num("presence_penalty", self.presence_penalty)
-        _num("frequency_penalty", self.frequency_penalty)
-        for name in ("presence_penalty", "frequency_penalty"):
-            if not -2.0 <= getattr(self, name) <= 2.0:
-                raise InvalidRequest(f"{name} must be in [-2, 2] (0 = off), got {getattr(self, name)}")
-        if self.seed is not None:
-            _int("random_seed", self.seed)
-            if self.seed < 0:
-                raise InvalidRequest(f"random_seed must be >= 0, got {self.seed}")
-        _int("min_length", self.min_tokens)
-        if self.min_tokens < 0:
-            raise InvalidRequest(f"min_length must be >= 0, got {self.min_tokens}")
-        if self.end_id is not None:
-            _int("end_id", self.end_id)
-        for name, words in (("stop_words", self.stop), ("bad_words", self.bad_words)):
-            if not all(isinstance(w, str) for w in words):
-                raise InvalidRequest(f"{name} must be strings")
-        for k in (self.logprobs, self.prompt_logprobs):
-            if k is not None:
-                _int("top_log_probs", k)
-                if not 0 <= k <= MAX_TOP_LOG_PROBS:
-                    raise InvalidRequest(f"top_log_probs must be in [0, {MAX_TOP_LOG_PROBS}], got {k}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-
-@dataclass
-class GenerationRequest:
-    prompt: str | list[int]  # the decoded text_input, or input_ids
-    params: SamplingParams
-    stream: bool = False  # one response per new piece of text, else one response with the whole completion
-    ignored: tuple[str, ...] = field(default_factory=tuple)  # optional inputs that were sent but are not honoured
-    final_counts_only: bool = False  # request parameter: counts and finish_reason on the final response only
-
-
-def _int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise InvalidRequest(f"{name} must be an integer, got {value!r}")
-
-
-def _num(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise InvalidRequest(f"{name} must be a finite number, got {value!r}")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -263,6 +177,14 @@ def parse_inputs(
         ignore_eos=opt("ignore_eos", False),
         end_id=opt("end_id", None),
     )
+    kind = _text("guided_decoding_guide_type", opt("guided_decoding_guide_type", b""))
+    guide = _text("guided_decoding_guide", opt("guided_decoding_guide", b""))
+    if kind:
+        params.guide = (kind, guide)
+    elif guide:
+        raise InvalidRequest(
+            f"guided_decoding_guide needs guided_decoding_guide_type, one of {sorted(GUIDE_KINDS)}, to say what it is"
+        )
     top = opt("top_log_probs", None)
     if opt("return_log_probs", False):
         params.logprobs = top or 0

@@ -290,6 +290,17 @@ def bench_argv(
     return argv + ["--no-progress", "--result-json", result_json]
 
 
+def eval_argv(bench: Mapping[str, Any], openai_url: str, tokenizer: str, result_json: str) -> List[str]:
+    """`llmlaunch-bench --eval` arguments for bench.eval's tasks against a server's OpenAI API; [] when not asked."""
+    tasks = ",".join(bench.get("eval") or ())
+    if not tasks:
+        return []
+    argv = ["--eval", "--url", openai_url, "--tokenizer", tokenizer, "--tasks", tasks, "--result-json", result_json]
+    if int(bench.get("eval_limit") or 0):
+        argv += ["--limit", str(int(bench["eval_limit"]))]
+    return argv
+
+
 def judge_bench(returncode: int, result: Optional[Mapping[str, Any]]) -> Optional[str]:
     """None when the run is a measurement (result.json kept; some failed requests are data), else why not."""
     if result is None:

@@ -19,6 +19,7 @@ from launcher.sweep.plan import (
     bench_problems,
     config_changes,
     decide,
+    eval_argv,
     first_token_metrics_url,
     judge_bench,
     measure_key,
@@ -210,7 +211,7 @@ def _prepare_point_dir(point: Path, overrides, axes, config, key, mkey, server: 
     point.mkdir(parents=True, exist_ok=True)
     if (point / "result.json").exists():
         os.replace(point / "result.json", point / "result.previous.json")
-    for stale in ("failure.json", "result.failed.json"):
+    for stale in ("failure.json", "result.failed.json", "eval.json"):
         (point / stale).unlink(missing_ok=True)
     (point / "overrides.yaml").write_text(yaml.safe_dump(axis_overrides(overrides, axes), default_flow_style=False))
     doc = {
@@ -236,10 +237,7 @@ def _prepare_point_dir(point: Path, overrides, axes, config, key, mkey, server: 
 
 
 def _measure(server: Server, bench, head, point: Path, overrides, axes, config, key, mkey) -> None:
-    import subprocess
-
     from launcher.logtext import log_tail
-    from launcher.paths import PACKAGE_ROOT
 
     _prepare_point_dir(point, overrides, axes, config, key, mkey, server)
     result_path = point / "result.json"
@@ -253,23 +251,9 @@ def _measure(server: Server, bench, head, point: Path, overrides, axes, config, 
         server_metrics=server.metrics_url,
     )
     argv = server.backend.client_argv(server.endpoint, args)
-    env = dict(os.environ)  # the client imports launcher.bench from this checkout (shared with the nodes)
-    env["PYTHONPATH"] = str(PACKAGE_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     log = point / "bench.log"
-    say(f"{head}: measuring: {shlex.join(argv)}")
     t0 = time.monotonic()
-    with open(log, "w", encoding="utf-8") as out:
-        out.write(f"$ {shlex.join(argv)}\n")
-        out.flush()
-        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
-        try:
-            for line in p.stdout:  # the table and errors go to the log and to our stderr
-                out.write(line)
-                sys.stderr.write(f"  | {line}")
-            rc = p.wait()
-        finally:  # interrupted (Ctrl-C, SIGTERM): the client does not outlive the sweep
-            if p.poll() is None:
-                p.terminate()
+    rc = _client(argv, log, head)
     result = read_json(result_path)
     why = judge_bench(rc, result)
     if why is None:
@@ -282,14 +266,20 @@ def _measure(server: Server, bench, head, point: Path, overrides, axes, config, 
         count("measured")
         from launcher.record import add_bench
 
+        scores, why = _evaluate(server, bench, head, point)
         add_bench(
             server.endpoint.run,
             {
                 "point": str(point),
                 "result": str(result_path),
                 **{k: m.get(k) for k in ("completed", "requests", "failed", "request_throughput", "output_throughput")},
+                **({"eval": scores} if scores else {}),
             },
         )
+        if why is None:
+            return
+        say(f"{head}: FAILED: {why}")  # the load's result stays: what failed is the answers
+        _record_failure(point, overrides, "eval", why, log="eval.log")
         return
     if result is not None:  # a run with nothing measured is not a result: keep it aside for reading
         result_path.rename(point / "result.failed.json")
@@ -300,6 +290,48 @@ def _measure(server: Server, bench, head, point: Path, overrides, axes, config, 
         say(f"{server.describe()} is gone")
         if server is STATE.server:
             STATE.server = None
+
+
+def _client(argv: List[str], log: Path, head: str) -> int:
+    """Run a llmlaunch-bench command of the point (its output to `log` and to our stderr); its exit status."""
+    import subprocess
+
+    from launcher.paths import PACKAGE_ROOT
+
+    env = dict(os.environ)  # the client imports launcher.bench from this checkout (shared with the nodes)
+    env["PYTHONPATH"] = str(PACKAGE_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    say(f"{head}: measuring: {shlex.join(argv)}")
+    with open(log, "w", encoding="utf-8") as out:
+        out.write(f"$ {shlex.join(argv)}\n")
+        out.flush()
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        try:
+            for line in p.stdout:  # the table and errors go to the log and to our stderr
+                out.write(line)
+                sys.stderr.write(f"  | {line}")
+            return p.wait()
+        finally:  # interrupted (Ctrl-C, SIGTERM): the client does not outlive the sweep
+            if p.poll() is None:
+                p.terminate()
+
+
+def _evaluate(server: Server, bench, head, point: Path) -> Tuple[Optional[dict], Optional[str]]:
+    """bench.eval: llmlaunch-bench --eval against the server's OpenAI API after the load; (its scores by task, why
+    the point fails: the model answered nothing, or the check did not run).  (None, None) when not asked."""
+    url = server.endpoint.doc.get("openai_url", "")
+    args = eval_argv(bench, url, tokenizer_for(server.spec), str(point / "eval.json"))
+    if not args:
+        return None, None
+    if not url:
+        return None, "bench.eval needs the OpenAI API, which this server does not run"
+    rc = _client(server.backend.client_argv(server.endpoint, args), point / "eval.log", head)
+    scores = (read_json(point / "eval.json") or {}).get("tasks")
+    if rc == 0 and scores:
+        say(f"{head}: answers: " + ", ".join(f"{t} {s['metric']} {s['value']:.3f}" for t, s in scores.items()))
+        return scores, None
+    if rc == 1 and scores:
+        return scores, "the model answered none of the generation items (llmlaunch-bench --eval; see eval.log)"
+    return scores, f"llmlaunch-bench --eval exited with status {rc} (see eval.log)"
 
 
 def _compact_plan(text: str) -> str:

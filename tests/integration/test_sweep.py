@@ -120,6 +120,8 @@ def test_local_sweep_one_server_two_points(tmp_path):
         "engine=hf",
         "bench.concurrency=1,2",
         *TINY_LOAD,
+        "bench.eval=[arithmetic,arithmetic_choice]",  # then the answers: lm-eval through the OpenAI API
+        "bench.eval_limit=4",
         *ports,
         f"cluster.jobs_dir={tmp_path / 'jobs'}",
         f"hydra.sweep.dir={sweep_dir}",
@@ -127,6 +129,10 @@ def test_local_sweep_one_server_two_points(tmp_path):
     assert r.returncode == 0, r.stderr[-4000:]
     rows = list(csv.DictReader(open(sweep_dir / "summary.csv")))
     assert [(r["concurrency"], r["status"]) for r in rows] == [("1", "ok"), ("2", "ok")]
+    # the default model answers every item (wrongly: it restates the sum) and scores its choices
+    assert all(
+        r["eval"].startswith("arithmetic exact_match=") and "4/4; arithmetic_choice acc=" in r["eval"] for r in rows
+    ), rows
     # the hf model's first-token split came from rank 0's metrics port (llmlaunch-bench --server-metrics)
     assert all(float(r["ttft_engine_ms"]) > 0 and r["ttft_outside_ms"] for r in rows), rows
     assert all(float(r["engine_step_ms"]) > 0 for r in rows), rows  # ... and its engine's time per step
@@ -143,7 +149,10 @@ def test_local_sweep_one_server_two_points(tmp_path):
     )
     assert [Path(b["point"]).name for b in record["bench"]] == ["bench.concurrency=1", "bench.concurrency=2"]
     assert (
-        all(b["completed"] == b["requests"] > 0 for b in record["bench"])
+        all(
+            b["completed"] == b["requests"] > 0 and set(b["eval"]) == {"arithmetic", "arithmetic_choice"}
+            for b in record["bench"]
+        )
         and record["config"]["bench"]["concurrency"] == 1
     )
 

@@ -72,7 +72,12 @@ def test_bad_token_id_and_log_probability_inputs_are_refused(change, message):
 def test_an_engine_refuses_what_it_cannot_honour_naming_itself(name):
     """Ignoring these would answer something else than was asked: refused before the engine sees the request."""
     arrays = _arrays(text_input=np.array([[b"a"]], dtype=object))
-    arrays[name] = np.array([[3]], dtype=np.int32) if name in ("input_ids", "top_log_probs") else np.array([[True]])
+    if name in ("input_ids", "top_log_probs"):
+        arrays[name] = np.array([[3]], dtype=np.int32)
+    elif name.startswith("guided_"):
+        arrays[name] = np.array([[b"regex"]], dtype=object)
+    else:
+        arrays[name] = np.array([[True]])
     if name == "input_ids":
         del arrays["text_input"]
     supported = frozenset(triton_io.INPUT_NAMES) - {name}

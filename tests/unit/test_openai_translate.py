@@ -121,7 +121,7 @@ def test_a_bad_completion_body_is_refused_naming_the_field(body, status, param):
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ({"best_of": 2}, "best_of"),
         ({"tools": [{"type": "function"}]}, "tools"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
         ({"n": 0}, "n"),
     ],
 )

@@ -116,3 +116,21 @@ def test_parse_overrides():
     assert report.parse_overrides(["a.b=1", "+c=x", "~d"]) == {"a.b": "1", "c": "x", "d": ""}
     assert report.parse_overrides({"k": 2}) == {"k": "2"}
     assert report.parse_overrides(None) == {}
+
+
+def test_a_point_whose_model_answered_nothing_keeps_its_load_and_says_so(tmp_path):
+    """bench.eval: the load's result stays; a failure of stage eval makes the status "no answers"; scores are a
+    column."""
+    root = tmp_path / "sweep"
+    tasks = {"arithmetic": {"metric": "exact_match", "value": 0.0, "answered": 0, "items": 4}}
+    failure = {"stage": "eval", "error": "the model answered none of the generation items"}
+    d = _point(root, "a", ["bench.concurrency=1"], result=_result(1, 50.0, 0.02), failure=failure)
+    (d / "eval.json").write_text(json.dumps({"tasks": tasks}))
+    ok = _point(root, "b", ["bench.concurrency=2"], result=_result(2, 50.0, 0.02))
+    (ok / "eval.json").write_text(
+        json.dumps({"tasks": {**tasks, "arithmetic": {**tasks["arithmetic"], "answered": 4}}})
+    )
+    rows = {r["point"]: r for r in report.summary_rows(report.load_points(root), root)}
+    assert rows["a"]["status"] == "no answers" and "answered none" in rows["a"]["error"]
+    assert rows["a"]["output_throughput"] and rows["a"]["eval"] == "arithmetic exact_match=0.000 0/4"
+    assert rows["b"]["status"] == "ok" and rows["b"]["eval"] == "arithmetic exact_match=0.000 4/4"

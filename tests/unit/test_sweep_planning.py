@@ -300,3 +300,30 @@ def test_invalid_points_are_failure_records_not_a_crash(tmp_path):
     assert not (tmp_path / "jobs").exists()
     rows = list(csv.DictReader(open(sweep_dir / "summary.csv")))
     assert [r["status"] for r in rows] == ["failed", "failed"]
+
+
+def test_an_accuracy_check_after_the_load_only_where_asked():
+    """bench.eval: llmlaunch-bench --eval's command against the OpenAI API; its tasks checked with the config."""
+    from launcher.sweep.point import _validate
+
+    b = plain("bench=sharegpt_small")["bench"]
+    assert b["eval"] == [] and sweep.eval_argv(b, "http://h:8003/v1", "/tok", "/p/eval.json") == []
+    two = plain("bench=sharegpt_small", "bench.eval=[arithmetic,arithmetic_choice]")["bench"]
+    assert sweep.eval_argv(two, "u", "/tok", "/e.json")[5:7] == ["--tasks", "arithmetic,arithmetic_choice"]
+    args = sweep.eval_argv({**b, "eval": ["arithmetic"], "eval_limit": 20}, "http://h:8003/v1", "/tok", "/p/eval.json")
+    assert args == [
+        "--eval",
+        "--url",
+        "http://h:8003/v1",
+        "--tokenizer",
+        "/tok",
+        "--tasks",
+        "arithmetic",
+        "--result-json",
+        "/p/eval.json",
+        "--limit",
+        "20",
+    ]
+    bad = ["bench=sharegpt_small", "bench.eval=[gsm8k]"]
+    _, problems = _validate(compose(bad), plain(*bad))
+    assert any("bench.eval[0]='gsm8k'" in p and "arithmetic, arithmetic_choice" in p for p in problems), problems

@@ -19,9 +19,9 @@ Triton's vllm_backend; written for llmlaunch.
 * Contract -> sampling params: max_tokens -> max_new_tokens, min_length ->
   min_new_tokens, temperature (0 = greedy), top_k (0 -> -1 = off), top_p,
   repetition/presence/frequency penalties, random_seed/seed -> sampling_seed,
-  stop_words -> stop, end_id -> stop_token_ids, ignore_eos. bad_words, pad_id,
-  exclude_input_in_output and return_log_probs are accepted and ignored (bad_words is
-  logged as not honoured).
+  stop_words -> stop, end_id -> stop_token_ids, ignore_eos, the guide (guided_decoding_guide_type / _guide) ->
+  json_schema / regex / ebnf. bad_words, pad_id and exclude_input_in_output are accepted and ignored
+  (bad_words is logged as not honoured); log probabilities and token-id prompts are refused naming the engine.
 * Multi-node: every node of a model copy runs a tritonserver with this model; node i
   builds the Engine with nnodes=<nodes of the copy>, node_rank=i,
   dist_init_addr=<leader address>:<_LLMLAUNCH_DIST_PORT> (SGLang also uses the next few
@@ -109,12 +109,23 @@ def sampling_params(p) -> dict:
         sp["stop_token_ids"] = [p.end_id]
     if p.seed is not None:
         sp["sampling_seed"] = p.seed
+    if p.guide is not None:  # SGLang's grammar backend (xgrammar by default) compiles it
+        kind, guide = p.guide
+        sp[_STRUCTURED[kind]] = '{"type": "object"}' if kind == "json" else guide
     return sp
+
+
+# the contract's guide kinds -> SGLang's sampling_params keys (any JSON object: the schema of every object)
+_STRUCTURED = {"json": "json_schema", "json_schema": "json_schema", "regex": "regex", "ebnf_grammar": "ebnf"}
 
 
 class SGLangAdapter(EngineAdapter):
     name = "sglang"
-    supported = frozenset(INPUT_NAMES) - {"bad_words", *MUST_HONOUR}
+    # structured output it maps (sampling_params); log probabilities and token-id prompts it is refused
+    supported = frozenset(INPUT_NAMES) - {"bad_words", *MUST_HONOUR} | {
+        "guided_decoding_guide_type",
+        "guided_decoding_guide",
+    }
 
     def __init__(self, params: dict, log: Log):
         self.params = params

@@ -54,6 +54,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
 from launcher.contract import INPUT_NAMES
 from launcher.python_backend.async_runtime import EngineAdapter, Log, Piece, RuntimeModel
 from launcher.python_backend.logprob_io import LogProbRows
+from launcher.python_backend.triton_io import InvalidRequest
 
 ENGINE_ARGS_FILE = "model.json"
 RENAMED_ARGS = {"disable_log_requests": ("enable_log_requests", lambda v: not _truthy(v))}
@@ -108,7 +109,33 @@ def sampling_kwargs(p) -> dict:
         kw["logprobs"] = p.logprobs
     if p.prompt_logprobs is not None:
         kw["prompt_logprobs"] = p.prompt_logprobs
+    if p.guide is not None:
+        kw["structured_outputs"] = structured_outputs(*p.guide)
     return kw
+
+
+# the contract's guide kinds -> vLLM's StructuredOutputsParams field (json_object: any JSON object)
+_STRUCTURED = {"json": "json_object", "json_schema": "json", "regex": "regex", "ebnf_grammar": "grammar"}
+
+
+def structured_outputs(kind: str, guide: str) -> dict:
+    """A contract guide as vllm.sampling_params.StructuredOutputsParams keyword arguments (vLLM compiles it with
+    its structured-outputs backend, xgrammar by default)."""
+    return {_STRUCTURED[kind]: True if kind == "json" else guide}
+
+
+async def _guide_refused(outputs):
+    """A guided request's outputs, with vLLM's refusal of its guide (a ValueError while it checks and compiles the
+    request, before any output) as an InvalidRequest that names the guide: the client's fault, not the engine's."""
+    first = True
+    try:
+        async for out in outputs:
+            first = False
+            yield out
+    except ValueError as exc:
+        if not first:
+            raise
+        raise InvalidRequest(f"guided_decoding_guide: vLLM cannot compile it: {exc}") from None
 
 
 def logprob_rows(token_ids, per_token, k: int) -> LogProbRows:
@@ -232,11 +259,19 @@ class VLLMAdapter(EngineAdapter):
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
         p = request.params
-        sp = SamplingParams(output_kind=RequestOutputKind.DELTA, **sampling_kwargs(p))
+        kw = sampling_kwargs(p)
+        if "structured_outputs" in kw:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            kw["structured_outputs"] = StructuredOutputsParams(**kw["structured_outputs"])
+        sp = SamplingParams(output_kind=RequestOutputKind.DELTA, **kw)
         prompt = request.prompt if isinstance(request.prompt, str) else {"prompt_token_ids": list(request.prompt)}
         n_in = n_out = 0
         prompt_lp = p.prompt_logprobs is not None
-        async for out in self.engine.generate(prompt, sp, request_id):
+        outputs = self.engine.generate(prompt, sp, request_id)
+        if p.guide is not None:
+            outputs = _guide_refused(outputs)
+        async for out in outputs:
             if out.prompt_token_ids:
                 n_in = len(out.prompt_token_ids)
             c = out.outputs[0]
