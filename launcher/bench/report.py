@@ -179,6 +179,7 @@ def _from_overrides(overrides: dict, name: str) -> Optional[float]:
 
 
 def _json_file(path: Path) -> Optional[dict]:
+    """A point's JSON file (point.json, eval.json), None when it is missing or unreadable."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -230,13 +231,6 @@ def _fmt(v):
     return v
 
 
-def _read_point(d: Path) -> Optional[dict]:
-    try:
-        return json.loads((d / "point.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
 def summary_rows(points: list[Point], sweep: Optional[Path] = None) -> list[dict]:
     from launcher.readiness import csv_columns
 
@@ -285,7 +279,7 @@ def summary_rows(points: list[Point], sweep: Optional[Path] = None) -> list[dict
             f"{t} {s['metric']}={s['value']:.3f} {s['answered']}/{s['items']}" for t, s in tasks.items()
         )
         # the time to READY of the server the point was measured against (point.json, from its run record)
-        server = (_read_point(pt.path) or {}).get("server") or {}
+        server = (_json_file(pt.path / "point.json") or {}).get("server") or {}
         row.update(csv_columns(server.get("time_to_ready")))
         rows.append({k: _fmt(v) for k, v in row.items()})
     return rows
