@@ -5,6 +5,7 @@ it, driven in-process without tritonserver, gRPC or the python backend.
     python -m benchmark.engine_yardstick offline --batch 1 64 128 -- engine=vllm model.path=M model.dtype=bfloat16
     python -m benchmark.engine_yardstick lmdeploy --concurrency 1:32 64:1000 128:1000 -- engine=lmdeploy \
         engine.backend=pytorch model.path=M model.dtype=bfloat16
+    python -m benchmark.engine_yardstick sglang --concurrency 1:32 64:1000 128:1000 -- engine=sglang model.path=M
 
 The llmlaunch overrides after `--` are rendered exactly as `llmlaunch` renders them, and the engine is built
 from the rendered files (vLLM: `1/model.json`, its AsyncEngineArgs), so the yardstick and the served model
@@ -24,7 +25,9 @@ async    vLLM's `AsyncLLM` in this process, a closed loop per concurrency C: C r
 lmdeploy LMDeploy's `AsyncEngine` in this process, built from the rendered config.pbtxt parameters by the
          served model's own functions (model_repository/lmdeploy/1/model.py), driven like `async`: closed
          loops, llmlaunch-bench's prompts, raw prompts (no chat template), greedy, ignore_eos, exactly
-         --output-len tokens, the same metrics code.
+         --output-len tokens, the same metrics code (benchmark/served_model_yardsticks.py).
+sglang   SGLang's `Engine` in this process, the same way (model_repository/sglang/1/model.py's ServerArgs and
+         sampling parameters, streamed through `async_generate`).
 offline  vLLM's `LLM.generate` with B prompts at once (batch B), --rounds times after one warm-up
          round: output tokens / wall time, and decode steps/s (tokens/s / B).
 
@@ -52,14 +55,14 @@ def rendered_engine_args(overrides: list) -> tuple:
     _, spec = plan(list(overrides))
     name = spec.engine.name
     files = repository_files(spec)
-    if name == "lmdeploy":
+    if name in ("lmdeploy", "sglang"):  # their served model builds the engine from config.pbtxt's parameters
         from launcher import pbtxt
 
         cfg = pbtxt.parse(files[f"{spec.model_name}/config.pbtxt"])
         params = {k: v.string_value for k, v in cfg.parameters.items()}
         return name, params, params["model_path"]
     if name != "vllm":
-        raise SystemExit(f"engine_yardstick: engine={name} has no yardstick here yet (vllm and lmdeploy have)")
+        raise SystemExit(f"engine_yardstick: engine={name} has no yardstick here yet (vllm, lmdeploy and sglang have)")
     args = json.loads(files[f"{spec.model_name}/1/model.json"])
     return name, args, args["model"]
 
@@ -291,80 +294,6 @@ def vllm_offline(args, engine_args: dict, samples) -> list:
     return rows
 
 
-# ----------------------------------------------------------------------------- LMDeploy
-def _lmdeploy_model():
-    """The served LMDeploy model's module, for its config and sampling mappings (so both run one configuration)."""
-    import importlib.util
-
-    from launcher.paths import REPO_SOURCES
-
-    spec = importlib.util.spec_from_file_location(
-        "llmlaunch_lmdeploy_model", REPO_SOURCES / "lmdeploy" / "1" / "model.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-async def _drive_lmdeploy(engine, samples, gen_kwargs, streams: int, take, clock: dict) -> list:
-    """_closed_loop on an LMDeploy AsyncEngine: preprocess + generate per request; its outputs count tokens
-    cumulatively."""
-    from lmdeploy import GenerationConfig
-
-    async def stream_of(sample):
-        gen_config = GenerationConfig(**{**gen_kwargs, "max_new_tokens": sample.output_len})
-        request = await engine.preprocess(
-            messages=sample.prompt, session_id=engine.session_mgr.get(), gen_config=gen_config, do_preprocess=False
-        )
-        seen = 0
-        async for out in engine.generate(request, stream_response=True):
-            new = max(out.generate_token_len - seen, 0)
-            seen += new
-            yield new, out.input_token_len, out.finish_reason or ""
-
-    return await _closed_loop(stream_of, samples, streams, take, clock)
-
-
-async def lmdeploy_async(args, params: dict, samples) -> list:
-    import dataclasses
-
-    from lmdeploy import PytorchEngineConfig, TurbomindEngineConfig
-    from lmdeploy.serve.core import AsyncEngine
-
-    from launcher.python_backend.triton_io import SamplingParams
-
-    served = _lmdeploy_model()
-    backend = params.get("backend", "turbomind")
-    config_cls = TurbomindEngineConfig if backend == "turbomind" else PytorchEngineConfig
-    cfg = config_cls(**served.backend_config_kwargs(params, {f.name for f in dataclasses.fields(config_cls)}))
-    t_start = time.perf_counter()
-    engine = AsyncEngine(
-        params["model_path"],
-        backend=backend,
-        backend_config=cfg,
-        **({"model_name": params["model_name"]} if params.get("model_name") else {}),
-    )
-    engine.start_loop(asyncio.get_running_loop(), use_async_api=True)
-    load_s = time.perf_counter() - t_start
-    gen_kwargs = served.generation_kwargs(SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True))
-    rows = []
-    try:
-        for c, n in parse_loads(args.concurrency):
-            warmup = c if args.warmup < 0 else args.warmup
-            clock = {"t0": time.perf_counter()}
-            await _drive_lmdeploy(engine, samples, gen_kwargs, warmup, _counter(0, warmup), clock)
-            clock["t0"] = time.perf_counter()
-            results = await _drive_lmdeploy(engine, samples, gen_kwargs, c, _counter(warmup, warmup + n), clock)
-            m = metrics.compute(results, max(r.end for r in results))
-            rows.append(
-                {"path": f"in-process LMDeploy {backend}", "concurrency": c, "requests": n, "load_s": load_s, **m}
-            )
-            _print_row(rows[-1])
-    finally:
-        engine.close()
-    return rows
-
-
 def _print_row(r: dict) -> None:
     print(
         f"{r['path']:<22} C={r['concurrency']:>4} n={r['requests']:>5}: {r['output_throughput']:>10.1f} tok/s  "
@@ -379,12 +308,12 @@ def main(argv=None) -> int:
     overrides = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("mode", choices=("async", "offline", "lmdeploy"))
+    p.add_argument("mode", choices=("async", "offline", "lmdeploy", "sglang"))
     p.add_argument(
         "--concurrency",
         nargs="+",
         default=["1:32", "64:1000", "128:1000"],
-        help="async, lmdeploy: C:N, N requests counted at concurrency C (default 1:32 64:1000 128:1000)",
+        help="async, lmdeploy, sglang: C:N, N requests counted at concurrency C (default 1:32 64:1000 128:1000)",
     )
     p.add_argument("--warmup", type=int, default=-1, help="async: warm-up requests before each loop (default: C)")
     p.add_argument(
@@ -415,10 +344,13 @@ def main(argv=None) -> int:
         engine, engine_args, model = rendered_engine_args(overrides)
     need = max([n + c for c, n in parse_loads(args.concurrency)] + args.batch)
     samples = samples_for(model, max(need, 1000), args.input_len, args.output_len, args.seed)
-    if (args.mode == "lmdeploy") != (engine == "lmdeploy"):
-        raise SystemExit(f"engine_yardstick: mode {args.mode} does not drive engine={engine}")
-    if args.mode == "lmdeploy":
-        rows = asyncio.run(lmdeploy_async(args, engine_args, samples))
+    if args.mode in ("lmdeploy", "sglang") or engine in ("lmdeploy", "sglang"):
+        if args.mode != engine:
+            raise SystemExit(f"engine_yardstick: mode {args.mode} does not drive engine={engine}")
+        from benchmark import served_model_yardsticks
+
+        drive = getattr(served_model_yardsticks, f"{engine}_async")
+        rows = asyncio.run(drive(args, engine_args, samples))
     elif args.mode == "async" and args.frontends > 1:
         rows = vllm_async_frontends(args, engine_args, samples)
     elif args.mode == "async":

@@ -9,6 +9,9 @@
 #   benchmark/gpu/engines.sh vllm_serve OUT LABEL ARGS...    # (e) vLLM's own OpenAI server (`vllm serve` ARGS, e.g.
 #                                                # --api-server-count 4), the same client over OpenAI completions
 #   benchmark/gpu/engines.sh lmdeploy OUT        # LMDeploy's PyTorch engine in-process (its AsyncEngine, closed loops)
+#   benchmark/gpu/engines.sh sglang OUT          # SGLang in-process (its Engine's async_generate, closed loops)
+#   benchmark/gpu/engines.sh sglang_serve OUT LABEL ARGS...  # SGLang's own server (`python -m sglang.launch_server`
+#                                                # ARGS), the same client over OpenAI completions
 #   benchmark/gpu/engines.sh split OUT LABEL     # served LABEL's own engine arguments in-process, under the host's
 #                                                # python and under the stub's: the environment's share of the cost
 #   benchmark/gpu/engines.sh identity OUT A B     # greedy answers of served labels A and B (IDENTITY=1), compared
@@ -38,6 +41,20 @@
 #           model.path=/tmp/llama-1b model.dtype=bfloat16; benchmark/gpu/engines.sh pack $R $OUT
 # Every command whose overrides name engine=lmdeploy (and `lmdeploy`) puts /tmp/lmdeploy-site first on PYTHONPATH.
 # LMDeploy computes in float16 or bfloat16 only: no float32 identity run for it.
+# SGLang 0.5.15, its trimmed kernels and its pinned transformers, in two carries (sglang_parts.sh says what they hold):
+#   here:   benchmark/gpu/carry/sglang_parts.sh make
+#   call S0, carry .whl: llmlaunch's environment and the model (any command, e.g. benchmark/gpu/engines.sh table $R)
+#   call S1, carry .sglang/p1: benchmark/gpu/carry/sglang_parts.sh stash .sglang/p1
+#   call S2, carry .sglang/p2: benchmark/gpu/carry/sglang_parts.sh stash .sglang/p2 && benchmark/gpu/carry/sglang_parts.sh
+#           install && benchmark/gpu/engines.sh sglang $R
+#   call S3: benchmark/gpu/engines.sh served $R sglang engine=sglang model.path=/tmp/llama-1b model.dtype=bfloat16;
+#           benchmark/gpu/engines.sh sglang_serve $R sglang_serve --attention-backend triton
+# The contract checks (CHECK=1) want repeatable greedy answers: on SmolLM2 (MODEL=/tmp/smollm2, bfloat16: SGLang
+# refuses float32) with engine.extra_args.enable_deterministic_inference=true, so seeded sampling is honoured.
+# Every command whose overrides name engine=sglang (and `sglang`, `sglang_serve`) puts /tmp/sglang-site first on
+# PYTHONPATH, and the stub's environment gets SGLang's transformers (the host's, linked into it, would come first).
+# Without FlashAttention-3 in the carried kernels, llmlaunch runs SGLang's triton attention (docs/engines.md): give
+# sglang_serve the same (--attention-backend triton).
 # Several GPUs (nvidia-h100-x2), after the same carries: LOADS="64:1000 128:1000 256:1000" `served` as vllm_tp1,
 # then with tp=2 (vllm_tp2) and replicas=2 (vllm_rep2); greedy tp=1 against tp=2 in float32:
 # MODEL=/tmp/llama-1b-f32 MODEL_DTYPE=float32 IDENTITY=1 LOADS= `served` v32_tp1 / v32_tp2 (model.path=$MODEL
@@ -65,7 +82,7 @@
 # first served configuration SERVED_TIMEOUT to match.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-cmd=${1:?usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | vllm_serve OUT LABEL ARGS... | lmdeploy OUT | openai OUT | split OUT LABEL | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST}
+cmd=${1:?usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | vllm_serve OUT LABEL ARGS... | lmdeploy OUT | sglang OUT | sglang_serve OUT LABEL ARGS... | openai OUT | split OUT LABEL | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST}
 OUT=${2:?the results folder}
 MODEL=${MODEL:-/tmp/llama-1b}
 LOADS=${LOADS-1:32 64:1000 128:1000}
@@ -86,8 +103,15 @@ else
     export PYTHONPATH=/tmp/llmlaunch-site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=/tmp/vllm-site:$PYTHONPATH
-case "$cmd $* " in  # LMDeploy's own packages (lmdeploy_parts.sh) only where LMDeploy runs
+case "$cmd $* " in  # LMDeploy's and SGLang's own packages (lmdeploy_parts.sh, sglang_parts.sh) only where they run
 lmdeploy*|*" engine=lmdeploy "*) export PYTHONPATH=/tmp/lmdeploy-site:$PYTHONPATH ;;
+sglang*|*" engine=sglang "*)
+    export PYTHONPATH=/tmp/sglang-site:$PYTHONPATH
+    # the stub reads PYTHONPATH after its environment, where the host's transformers is linked (stub_site.py); pip
+    # runs without PYTHONPATH, or it finds SGLang's transformers there and installs nothing
+    ls -d /tmp/llmlaunch-stub-env/lib/python3*/site-packages/transformers-5.12.1.dist-info > /dev/null 2>&1 \
+        || PYTHONPATH='' /tmp/llmlaunch-stub-env/bin/python3 -m pip install -q --no-index --no-deps \
+            /tmp/sparts/transformers-*.whl /tmp/sparts/tokenizers-*.whl ;;
 esac
 PY=${PYTHON:-python3}
 [ -f "$MODEL/config.json" ] || $PY -m launcher.tiny --out "$MODEL" --hidden 2048 --layers 16 --heads 32 --kv-heads 8 \
@@ -127,6 +151,21 @@ vllm_serve)  # what a vLLM user starts instead of llmlaunch: the yardstick of ev
         --concurrency $LOADS ${BENCH_ARGS:+--bench-args "$BENCH_ARGS"} ${WORKLOAD:+--workload "$WORKLOAD"} \
         ${LOGPROBS:+--logprobs "$OUT/$LABEL.logprobs.json"} ${STRUCTURED:+--structured "$OUT/$LABEL.structured.json"} --server-url "http://127.0.0.1:$PORT" --server-command "$PY -m vllm.entrypoints.openai.api_server \
         --model $MODEL --dtype ${MODEL_DTYPE:-bfloat16} --port $PORT $*" ;;
+sglang_serve)  # what an SGLang user starts instead of llmlaunch: the yardstick of every served SGLang row
+    LABEL=${3:?a label}
+    shift 3
+    PORT=${SGLANG_SERVE_PORT:-8200}
+    echo "== $LABEL: sglang.launch_server $MODEL $*"
+    # shellcheck disable=SC2086
+    timeout "${SERVED_TIMEOUT:-560}" $PY -m benchmark.gpu.serve_bench --label "$LABEL" --out "$OUT" --tokenizer "$MODEL" \
+        --concurrency $LOADS ${BENCH_ARGS:+--bench-args "$BENCH_ARGS"} --server-url "http://127.0.0.1:$PORT" \
+        --server-command "$PY -m sglang.launch_server --model-path $MODEL --dtype ${MODEL_DTYPE:-bfloat16} --port $PORT $*" ;;
+sglang)
+    echo "== SGLang Engine in-process, closed loops $LOADS"
+    # shellcheck disable=SC2086  # LOADS: one argument per load
+    timeout 500 $PY -m benchmark.engine_yardstick sglang --concurrency $LOADS --json "$OUT/sglang_inprocess.json" \
+        -- engine=sglang "model.path=$MODEL" model.dtype=bfloat16 \
+        2> "$OUT/sglang_inprocess.log" || tail -20 "$OUT/sglang_inprocess.log" ;;
 lmdeploy)
     echo "== LMDeploy pytorch AsyncEngine in-process, closed loops $LOADS"
     # shellcheck disable=SC2086  # LOADS: one argument per load
@@ -175,5 +214,5 @@ pack)  # the table and every result in one archive, into DEST (the device tool's
     tar czf "$DEST/results.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
     cat "$DEST/table.txt" ;;
 *)
-    echo "usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | vllm_serve OUT LABEL ARGS... | lmdeploy OUT | openai OUT | split OUT LABEL | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST" >&2; exit 2 ;;
+    echo "usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | vllm_serve OUT LABEL ARGS... | lmdeploy OUT | sglang OUT | sglang_serve OUT LABEL ARGS... | openai OUT | split OUT LABEL | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST" >&2; exit 2 ;;
 esac

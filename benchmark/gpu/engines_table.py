@@ -2,11 +2,12 @@
 
     python -m benchmark.gpu.engines_table OUT [--markdown]
 
-Rows: each served configuration (OUT/<label>.json from serve_bench.py) and the in-process yardstick
-(OUT/inprocess.json: vLLM; OUT/lmdeploy_inprocess.json for labels naming lmdeploy) at each concurrency,
-with tokens/s as a share of in-process and the median first token's difference to it, and as a share of the
-better `vllm serve` row at the same load and workload (labels starting vllm_serve: engines.sh vllm_serve), the
-server a vLLM user would otherwise start; then vLLM's offline generate (OUT/offline.json) per batch.
+Rows: each served configuration (OUT/<label>.json from serve_bench.py) and its engine's in-process yardstick
+(ENGINES: the engine a label names, vLLM when it names none) at each concurrency, with tokens/s as a share of
+in-process and the median first token's difference to it, and as a share of the better row of the engine's own
+server at the same load and workload (labels starting vllm_serve or sglang_serve: engines.sh vllm_serve,
+sglang_serve), the server a user of that engine would otherwise start; then vLLM's offline generate
+(OUT/offline.json) per batch.
 """
 
 from __future__ import annotations
@@ -15,6 +16,17 @@ import argparse
 import glob
 import json
 import os
+
+# engine -> (its in-process yardstick's file, that row's name, the label prefix of its own server's rows)
+ENGINES = {
+    "vllm": ("inprocess.json", "vLLM AsyncLLM in-process", "vllm_serve"),
+    "lmdeploy": ("lmdeploy_inprocess.json", "LMDeploy AsyncEngine in-process", None),
+    "sglang": ("sglang_inprocess.json", "SGLang Engine in-process", "sglang_serve"),
+}
+
+
+def engine_of(label: str) -> str:
+    return next((name for name in ENGINES if name != "vllm" and name in label), "vllm")
 
 
 def in_process(path: str) -> dict:
@@ -52,10 +64,7 @@ def yardstick_as_row(doc: dict, label: str) -> dict:
 
 def load(out: str):
     served, offline = [], []
-    inproc = {
-        "vllm": in_process(os.path.join(out, "inprocess.json")),
-        "lmdeploy": in_process(os.path.join(out, "lmdeploy_inprocess.json")),
-    }
+    inproc = {name: in_process(os.path.join(out, file)) for name, (file, _, _) in ENGINES.items()}
     path = os.path.join(out, "inprocess_frontends.json")
     if os.path.exists(path):
         doc = json.load(open(path))
@@ -65,7 +74,7 @@ def load(out: str):
         offline = json.load(open(path))["rows"]
     for path in sorted(glob.glob(os.path.join(out, "*.json"))):
         name = os.path.basename(path)
-        if name in ("inprocess.json", "inprocess_frontends.json", "offline.json") or "_c" in name:
+        if name in ("inprocess_frontends.json", "offline.json", *(f for f, _, _ in ENGINES.values())) or "_c" in name:
             continue
         doc = json.load(open(path))
         if "rows" in doc and "label" in doc:
@@ -81,15 +90,16 @@ def main(argv=None) -> int:
     p.add_argument("--markdown", action="store_true", help="a Markdown table")
     args = p.parse_args(argv)
     inproc, served, offline = load(args.out)
-    head = ["path", "READY s", "C", "tok/s", "of in-process", "of vllm serve", "TTFT p50 ms", "+ms", "ITL p50 ms"]
+    head = ["path", "READY s", "C", "tok/s", "of in-process", "of own server", "TTFT p50 ms", "+ms", "ITL p50 ms"]
     head.append("failed")
-    yard: dict = {}  # (workload, C) -> the better vllm serve row's tokens/s
+    yard: dict = {}  # (engine, workload, C) -> the better row of the engine's own server: tokens/s
     for doc in served:
-        for r in doc["rows"] if doc["label"].startswith("vllm_serve") else ():
-            key = (r.get("workload", ""), r["concurrency"])
+        engine = engine_of(doc["label"])
+        for r in doc["rows"] if ENGINES[engine][2] and doc["label"].startswith(ENGINES[engine][2]) else ():
+            key = (engine, r.get("workload", ""), r["concurrency"])
             yard[key] = max(yard.get(key, 0.0), r["output_throughput"])
     rows = []
-    for engine, path in (("vllm", "vLLM AsyncLLM in-process"), ("lmdeploy", "LMDeploy AsyncEngine in-process")):
+    for engine, (_, path, _) in ENGINES.items():
         for c, r in sorted(inproc[engine].items()):
             rows.append(
                 [
@@ -98,7 +108,7 @@ def main(argv=None) -> int:
                     c,
                     f"{r['tok_s']:.0f}",
                     "1.000",
-                    f"{r['tok_s'] / yard[('', c)]:.3f}" if yard.get(("", c)) else "",
+                    f"{r['tok_s'] / yard[(engine, '', c)]:.3f}" if yard.get((engine, "", c)) else "",
                     f"{r['ttft']:.2f}",
                     "",
                     f"{r['itl']:.2f}",
@@ -106,13 +116,11 @@ def main(argv=None) -> int:
                 ]
             )
     for doc in served:
-        # a served LMDeploy configuration (its label names it) is measured against LMDeploy in-process
+        engine = engine_of(doc["label"])  # a served configuration is measured against its own engine
         for r in doc["rows"]:
             workload = r.get("workload", "")
-            base = (
-                None if workload else inproc["lmdeploy" if "lmdeploy" in doc["label"] else "vllm"].get(r["concurrency"])
-            )
-            serve = yard.get((workload, r["concurrency"]))
+            base = None if workload else inproc[engine].get(r["concurrency"])
+            serve = yard.get((engine, workload, r["concurrency"]))
             rows.append(
                 [
                     doc["label"] + (f" [{workload}]" if workload else ""),

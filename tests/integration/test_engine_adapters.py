@@ -39,6 +39,8 @@ def engine(request, tmp_path_factory):
     name = request.param
     # vLLM with one front end here (AsyncLLM.from_engine_args); several: test_vllm_front_ends_share_one_engine_core
     one = ["engine.frontends=1"] if name == "vllm" else []
+    # SGLang uses a request's seed only under deterministic inference: serve with it, so seeds reach the engine
+    one += ["engine.extra_args.enable_deterministic_inference=true"] if name == "sglang" else []
     _, spec = plan([f"engine={name}", "model.path=/models/standin-llm", "engine.max_num_seqs=8", *one])
     tmp = tmp_path_factory.mktemp(name)
     repo = write_repository(repository_files(spec), tmp / "repo")
@@ -230,6 +232,39 @@ def test_bad_request_gets_a_clear_error(engine):
     assert error is not None and "max_tokens must be >= 1" in str(error)
     _, error = generate(engine, "hello", max_tokens=3, beam_width=2)
     assert error is not None and "beam_width 2 is not supported" in str(error)
+    if engine.name == "sglang":  # the context SGLang resolved (its tokenizer manager's), not ServerArgs' setting
+        _, error = generate(engine, "hello", max_tokens=10_000_000)
+        assert error is not None and "exceeds the model limit of 32768 tokens" in str(error)
+
+
+def test_sglang_refuses_a_seeded_sampled_request_unless_it_runs_deterministic_inference(tmp_path, monkeypatch):
+    """SGLang ignores sampling_seed outside enable_deterministic_inference; the model says so instead of sampling
+    unseeded. The adapter runs in this process against the SGLang stand-in (SGLang needs a GPU)."""
+    import asyncio
+
+    from launcher.python_backend.triton_io import InvalidRequest, SamplingParams
+    from tests.standins.server import STANDINS
+    from tests.unit.test_engine_launch import load_model_module
+
+    monkeypatch.syspath_prepend(str(STANDINS))
+    monkeypatch.setenv("LLMLAUNCH_STANDIN_DELAY_S", "0")
+    model = load_model_module("sglang")
+    log = type("Log", (), {"info": lambda self, m: None, "warn": lambda self, m: None})()
+
+    async def answer(extra_args: str, **params) -> str:
+        adapter = model.SGLangAdapter({"model_path": str(tmp_path), "extra_args": extra_args}, log)
+        await adapter.start()
+        try:
+            request = type("Request", (), {"prompt": "a b c", "params": SamplingParams(max_tokens=3, **params)})()
+            return "".join([piece.text async for piece in adapter.generate("r1", request)])
+        finally:
+            await adapter.stop()
+
+    with pytest.raises(InvalidRequest, match="enable_deterministic_inference=true"):
+        asyncio.run(answer("{}", temperature=1.0, seed=7))
+    assert asyncio.run(answer("{}", temperature=0.0, seed=7))  # greedy: the seed changes nothing, so it may stay
+    assert asyncio.run(answer("{}", temperature=1.0))
+    assert asyncio.run(answer('{"enable_deterministic_inference": true}', temperature=1.0, seed=7))
 
 
 def test_trtllm_greedy_bad_words_and_penalties_map_to_sampling_params(engine):

@@ -189,6 +189,34 @@ def test_sglang_one_node_has_no_distributed_init():
         assert env_of(spec, ctx)["CUDA_VISIBLE_DEVICES"] == ",".join(str(g) for g in ctx.rank.gpus)
 
 
+@pytest.mark.parametrize(
+    "kernel_files, extra_args, backend",
+    [
+        (["common_ops.abi3.so"], {}, "triton"),  # a kernel package without FlashAttention-3: triton attention
+        (["common_ops.abi3.so", "flash_ops.abi3.so"], {}, None),  # the whole package: SGLang's own default
+        (None, {}, None),  # no sgl_kernel: SGLang says so itself
+        (["common_ops.abi3.so"], {"decode_attention_backend": "flashinfer"}, None),  # the user's choice stays
+        (["common_ops.abi3.so"], {"attention_backend": "flashinfer"}, "flashinfer"),
+    ],
+)
+def test_sglang_attention_backend_follows_the_installed_kernels(
+    tmp_path, monkeypatch, kernel_files, extra_args, backend
+):
+    """SGLang's Hopper default is FlashAttention-3, which a trimmed sgl_kernel lacks; the model reads the installed
+    package's files (a package folder made here: sgl_kernel's CUDA ops cannot load on this machine)."""
+    if kernel_files is not None:
+        (tmp_path / "sgl_kernel").mkdir()
+        (tmp_path / "sgl_kernel" / "__init__.py").write_text("raise ImportError('never imported')\n")
+        for name in kernel_files:
+            (tmp_path / "sgl_kernel" / name).write_bytes(b"")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    overrides = [f"engine.extra_args.{k}={v}" for k, v in extra_args.items()]
+    spec = spec_for("engine=sglang", *overrides)
+    m = load_model_module("sglang")
+    kw = m.server_args_kwargs(config_params(spec), env_of(spec, contexts(spec)[0]))
+    assert kw.get("attention_backend") == backend
+
+
 # ----------------------------------------------------------------------------- LMDeploy
 def test_lmdeploy_turbomind_stays_on_one_node():
     with pytest.raises(LaunchError, match="TurboMind"):

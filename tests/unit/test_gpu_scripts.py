@@ -95,11 +95,32 @@ def test_engines_table_puts_each_served_row_against_the_better_vllm_serve_row_of
     lines = capsys.readouterr().out.splitlines()
     head = [c.strip() for c in lines[0].strip("|").split("|")]
     rows = [dict(zip(head, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
-    ratio = {(r["path"], r["C"]): r["of vllm serve"] for r in rows}
+    ratio = {(r["path"], r["C"]): r["of own server"] for r in rows}
     assert ratio[("v8", "64")] == "1.100"  # against vllm_serve4's 1,000, the better row at C=64
     assert ratio[("v8", "128")] == "0.500"  # against vllm_serve1's 900, the better row at C=128
     assert ratio[("v8 [prefix]", "64")] == ""  # no vllm serve row of that workload: no ratio
     assert ratio[("vllm_serve1", "64")] == "0.800"
+
+
+def test_engines_table_measures_a_served_sglang_row_against_sglang_in_process_and_its_own_server(tmp_path, capsys):
+    import json
+
+    _served(tmp_path, "vllm_serve4", [("", 64, 5000.0)])
+    _served(tmp_path, "sglang_serve", [("", 64, 800.0)])
+    _served(tmp_path, "sglang", [("", 64, 1000.0)])
+    inproc = {"rows": [{"concurrency": 64, "output_throughput": 1250.0, "ttft_ms": {"p50": 8.0}}]}
+    inproc["rows"][0].update(itl_ms={"p50": 1.0}, failed=0)
+    (tmp_path / "sglang_inprocess.json").write_text(json.dumps(inproc))
+    _load("engines_table").main([str(tmp_path), "--markdown"])
+    lines = capsys.readouterr().out.splitlines()
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = {
+        (r["path"], r["C"]): r
+        for r in (dict(zip(head, (c.strip() for c in x.strip("|").split("|")))) for x in lines[2:])
+    }
+    assert rows[("sglang", "64")]["of own server"] == "1.250"  # SGLang's own server, not vllm serve
+    assert rows[("sglang", "64")]["of in-process"] == "0.800" and rows[("sglang", "64")]["+ms"] == "+2.00"
+    assert rows[("SGLang Engine in-process", "64")]["of own server"] == "1.562"
 
 
 def test_a_yardstick_server_that_exits_before_it_is_healthy_is_reported_with_its_log(tmp_path):
@@ -134,3 +155,37 @@ def test_every_benchmark_path_and_module_named_exists():
             if not (ROOT / (m.replace(".", "/") + ".py")).is_file():
                 missing.append(f"{f.relative_to(ROOT)}: -m {m}")
     assert missing == []
+
+
+def test_the_sglang_yardstick_builds_the_served_models_engine_and_counts_its_streamed_tokens(tmp_path, tiny_model_dir):
+    """engine_yardstick's sglang mode against the SGLang stand-in (tests/standins: SGLang needs a GPU): the Engine gets
+    the served model's ServerArgs, every request streams exactly --output-len tokens, greedy, ignore_eos."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.standins.server import STANDINS
+
+    log = tmp_path / "standin.jsonl"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(STANDINS), str(ROOT)]), LLMLAUNCH_STANDIN_LOG=str(log))
+    env["LLMLAUNCH_STANDIN_DELAY_S"] = "0"
+    out = tmp_path / "sglang_inprocess.json"
+    cmd = [sys.executable, "-m", "benchmark.engine_yardstick", "sglang", "--concurrency", "1:3", "4:8"]
+    cmd += ["--input-len", "16", "--output-len", "5", "--json", str(out), "--", "engine=sglang"]
+    cmd += [f"model.path={tiny_model_dir}", "engine.max_num_seqs=8"]
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["concurrency"], r["requests"], r["completed"], r["failed"]) for r in rows] == [
+        (1, 3, 3, 0),
+        (4, 8, 8, 0),
+    ]
+    assert all(r["total_output_tokens"] == 5 * r["requests"] for r in rows)
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    init = [e for e in events if e["event"] == "init"]
+    assert len(init) == 1 and init[0]["args"]["model_path"] == str(tiny_model_dir)
+    assert init[0]["args"]["max_running_requests"] == 8
+    sampling = [e["sampling"] for e in events if e["event"] == "generate"]
+    assert len(sampling) == 1 + 3 + 4 + 8 and all(s["temperature"] == 0.0 and s["ignore_eos"] for s in sampling)
+    assert {s["max_new_tokens"] for s in sampling} == {5}

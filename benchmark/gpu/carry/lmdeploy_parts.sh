@@ -22,6 +22,8 @@
 # torch 2.11 stays.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
+# shellcheck source=benchmark/gpu/carry/parts_site.sh
+source benchmark/gpu/carry/parts_site.sh
 VERSION=0.18.0
 WHEEL=lmdeploy-$VERSION-cp312-cp312-manylinux_2_28_x86_64.whl
 cmd=${1:?usage: lmdeploy_parts.sh make [DIR] | stash PART | install}
@@ -49,15 +51,9 @@ make)
     tar -C "$DIR"/work/x -cf - . | nice -n 19 xz -T2 -6 > "$DIR"/p1/lmdeploy.tar.xz
     du -sh "$DIR"/p1 ;;
 stash)
-    PART=${2:?usage: lmdeploy_parts.sh stash PART}
-    mkdir -p /tmp/lparts && cp -r "$PART"/* /tmp/lparts/
-    du -sh /tmp/lparts ;;
+    parts_stash "${2:?usage: lmdeploy_parts.sh stash PART}" /tmp/lparts ;;
 install)
-    mkdir -p /tmp/lmdeploy-site
-    [ -d /tmp/lmdeploy-site/lmdeploy ] || xz -d -T0 < /tmp/lparts/lmdeploy.tar.xz | tar -C /tmp/lmdeploy-site -xf -
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/lmdeploy-site --upgrade \
-        /tmp/lparts/*.whl
-    echo "lmdeploy_parts: /tmp/lmdeploy-site ready ($(du -sh /tmp/lmdeploy-site | cut -f1))" ;;
+    parts_install /tmp/lparts /tmp/lmdeploy-site lmdeploy ;;
 *)
     echo "usage: lmdeploy_parts.sh make [DIR] | stash PART | install" >&2; exit 2 ;;
 esac

@@ -14,6 +14,8 @@
 # `install` leaves /tmp/vllm-site to prepend to PYTHONPATH; the host's own torch 2.11 stays.
 set -euo pipefail
 cd "$(dirname "$0")/../../.."
+# shellcheck source=benchmark/gpu/carry/parts_site.sh
+source benchmark/gpu/carry/parts_site.sh
 cmd=${1:?usage: vllm_parts.sh make [DIR] | stash PART | install}
 case $cmd in
 make)
@@ -46,15 +48,9 @@ make)
     [ ! -e "$DIR"/work/vllm.tar.xz.02 ] || { echo "vllm_parts: the trimmed vLLM needs a third part" >&2; exit 1; }
     du -sh "$DIR"/p1 "$DIR"/p2 "$DIR"/p3 ;;
 stash)
-    PART=${2:?usage: vllm_parts.sh stash PART}
-    mkdir -p /tmp/vparts && cp -r "$PART"/* /tmp/vparts/
-    du -sh /tmp/vparts ;;
+    parts_stash "${2:?usage: vllm_parts.sh stash PART}" /tmp/vparts ;;
 install)
-    mkdir -p /tmp/vllm-site
-    [ -d /tmp/vllm-site/vllm ] || cat /tmp/vparts/vllm.tar.xz.* | xz -d -T0 | tar -C /tmp/vllm-site -xf -
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/vllm-site --upgrade \
-        /tmp/vparts/*.whl
-    echo "vllm_parts: /tmp/vllm-site ready ($(du -sh /tmp/vllm-site | cut -f1))" ;;
+    parts_install /tmp/vparts /tmp/vllm-site vllm ;;
 *)
     echo "usage: vllm_parts.sh make [DIR] | stash PART | install" >&2; exit 2 ;;
 esac

@@ -18,7 +18,8 @@ Triton's vllm_backend; written for llmlaunch.
   detokenizer only releases whole characters, and stop strings are trimmed from the text.
 * Contract -> sampling params: max_tokens -> max_new_tokens, min_length ->
   min_new_tokens, temperature (0 = greedy), top_k (0 -> -1 = off), top_p,
-  repetition/presence/frequency penalties, random_seed/seed -> sampling_seed,
+  repetition/presence/frequency penalties, random_seed/seed -> sampling_seed (a sampled request with a seed
+  is refused unless the engine runs enable_deterministic_inference, the only mode in which SGLang uses it),
   stop_words -> stop, end_id -> stop_token_ids, ignore_eos, the guide (guided_decoding_guide_type / _guide) ->
   json_schema / regex / ebnf. bad_words, pad_id and exclude_input_in_output are accepted and ignored
   (bad_words is logged as not honoured); log probabilities and token-id prompts are refused naming the engine.
@@ -33,10 +34,14 @@ Triton's vllm_backend; written for llmlaunch.
 Parameters (config.pbtxt, written by launcher/engines/registry.py): model_path,
 tokenizer_path, tp_size, pp_size, nnodes, max_num_seqs (-> max_running_requests), dtype,
 max_model_len (-> context_length), mem_fraction_static, extra_args (a JSON object of more
-ServerArgs fields; unknown names are refused).
+ServerArgs fields; unknown names are refused). Where sgl_kernel was installed without FlashAttention-3 (its
+flash_ops, 1.76 GB of the kernel wheel) and no attention backend is set, the engine runs SGLang's triton
+attention instead of failing on SGLang's Hopper default.
 """
 
 import dataclasses
+import glob
+import importlib.util
 import inspect
 import json
 import os
@@ -50,7 +55,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
 
 from launcher.contract import INPUT_NAMES
 from launcher.python_backend.async_runtime import EngineAdapter, Log, Piece, RuntimeModel
-from launcher.python_backend.triton_io import MUST_HONOUR
+from launcher.python_backend.triton_io import MUST_HONOUR, InvalidRequest
 
 
 def server_args_kwargs(params: dict, environ) -> dict:
@@ -86,7 +91,24 @@ def server_args_kwargs(params: dict, environ) -> dict:
     else:
         kw["nnodes"] = 1
     kw.update(json.loads(params.get("extra_args") or "{}"))
+    if not any(kw.get(k) for k in _ATTENTION_KEYS) and kernels_lack_flash_attention_3():
+        # SGLang picks FlashAttention-3 on Hopper and fails at its first forward when sgl_kernel was installed
+        # without it (flash_ops is most of the kernel wheel); triton attention needs no prebuilt kernel.
+        kw["attention_backend"] = "triton"
     return kw
+
+
+# ServerArgs fields that choose attention kernels; any of them set in engine.extra_args is the user's choice
+_ATTENTION_KEYS = ("attention_backend", "prefill_attention_backend", "decode_attention_backend")
+
+
+def kernels_lack_flash_attention_3() -> bool:
+    """Whether sgl_kernel is installed without FlashAttention-3 (its flash_ops), found without importing sgl_kernel
+    (that loads its CUDA ops). No sgl_kernel at all: False, SGLang then fails with its own message."""
+    spec = importlib.util.find_spec("sgl_kernel")
+    if spec is None:
+        return False
+    return not any(glob.glob(os.path.join(d, "flash_ops*.so")) for d in spec.submodule_search_locations or ())
 
 
 def sampling_params(p) -> dict:
@@ -133,6 +155,7 @@ class SGLangAdapter(EngineAdapter):
         self.engine = None
         self.node_rank = 0
         self.incremental = False
+        self.seeded = False
 
     async def start(self):
         kwargs = server_args_kwargs(self.params, os.environ)
@@ -158,10 +181,20 @@ class SGLangAdapter(EngineAdapter):
         self.incremental = bool(
             getattr(args, "incremental_streaming_output", False) or getattr(args, "stream_output", False)
         )
-        context = getattr(args, "context_length", None)
+        # SGLang draws with a request's sampling_seed only under deterministic inference (it ignores it otherwise)
+        self.seeded = bool(getattr(args, "enable_deterministic_inference", False))
+        # the context SGLang resolved (the model's, or context_length where set): ServerArgs keeps only the setting
+        context = getattr(getattr(self.engine, "tokenizer_manager", None), "context_len", None)
+        context = context or getattr(args, "context_length", None)
         self.max_model_len = int(context) if context else None
 
     async def generate(self, request_id, request):
+        p = request.params
+        if p.seed is not None and p.temperature > 0 and not self.seeded:
+            raise InvalidRequest(
+                "random_seed: SGLang samples with a seed only under deterministic inference; serve with "
+                "engine.extra_args.enable_deterministic_inference=true, or leave the seed out"
+            )
         stream = await self.engine.async_generate(
             prompt=request.prompt, sampling_params=sampling_params(request.params), stream=True, rid=request_id
         )

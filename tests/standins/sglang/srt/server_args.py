@@ -21,6 +21,10 @@ class ServerArgs:
     node_rank: int = 0
     dist_init_addr: Optional[str] = None
     incremental_streaming_output: bool = False
+    enable_deterministic_inference: bool = False  # SGLang samples with a request's sampling_seed only with it
+    attention_backend: Optional[str] = None
+    prefill_attention_backend: Optional[str] = None
+    decode_attention_backend: Optional[str] = None
     enable_metrics: bool = False
     host: str = "127.0.0.1"
     port: int = 30000

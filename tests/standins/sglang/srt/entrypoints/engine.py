@@ -13,6 +13,17 @@ from sglang.srt.server_args import ServerArgs
 ENGINE = "sglang"
 
 
+def _model_context(kwargs) -> int:
+    """The model folder's max_position_embeddings (32768 where it has no config.json), as SGLang's ModelConfig reads it."""
+    import json
+
+    path = os.path.join(kwargs.get("model_path", ""), "config.json")
+    if not os.path.exists(path):
+        return 32768
+    with open(path) as f:
+        return int(json.load(f).get("max_position_embeddings", 32768))
+
+
 class Engine:
     def __init__(self, **kwargs):
         self.server_args = ServerArgs(**kwargs)  # unknown names raise TypeError, as in SGLang
@@ -30,7 +41,7 @@ class Engine:
                 self._exited.wait()  # what SGLang does in server mode: never returns while the schedulers live
             self.tokenizer_manager = None
         else:
-            self.tokenizer_manager = TokenizerManager()
+            self.tokenizer_manager = TokenizerManager(self.server_args.context_length or _model_context(kwargs))
 
     async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, stream=False, rid=None, **kwargs):
         sp = dict(sampling_params or {})

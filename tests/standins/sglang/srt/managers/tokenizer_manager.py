@@ -1,10 +1,12 @@
-"""Stand-in: sglang.srt.managers.tokenizer_manager.TokenizerManager (abort_request only)."""
+"""Stand-in: sglang.srt.managers.tokenizer_manager.TokenizerManager (abort_request, and context_len: the context SGLang
+resolved, the model's max_position_embeddings unless ServerArgs.context_length is set)."""
 
 import _standin
 
 
 class TokenizerManager:
-    def __init__(self):
+    def __init__(self, context_len: int = 32768):
+        self.context_len = context_len
         self.rid_to_state = {}
         self.aborted = set()
 

@@ -1,0 +1,126 @@
+"""In-process yardsticks for the engines whose served model builds the engine itself from config.pbtxt's
+parameters (LMDeploy, SGLang): the served model's own module configures the engine here, so the yardstick and
+the served model run one configuration. Driven by benchmark/engine_yardstick.py (`lmdeploy`, `sglang` modes):
+closed loops, llmlaunch-bench's prompts, raw prompts (no chat template), greedy, ignore_eos, exactly --output-len
+tokens, llmlaunch-bench's metrics code.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import time
+
+from benchmark.engine_yardstick import _closed_loop, _counter, _print_row, parse_loads
+from launcher.bench import metrics
+from launcher.paths import REPO_SOURCES
+from launcher.python_backend.triton_io import SamplingParams
+
+
+def served_model(engine: str):
+    """model_repository/<engine>/1/model.py as a module, for its configuration and sampling mappings."""
+    spec = importlib.util.spec_from_file_location(f"llmlaunch_{engine}_model", REPO_SOURCES / engine / "1" / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def greedy(args) -> SamplingParams:
+    return SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
+
+
+async def _loads(args, stream_of, samples, path: str, load_s: float) -> list:
+    """Each --concurrency C:N: C warm-up requests, then N counted in closed loops of C (_closed_loop over
+    `stream_of`); one row each."""
+    rows = []
+    for c, n in parse_loads(args.concurrency):
+        warmup = c if args.warmup < 0 else args.warmup
+        clock = {"t0": time.perf_counter()}
+        await _closed_loop(stream_of, samples, warmup, _counter(0, warmup), clock)
+        clock["t0"] = time.perf_counter()
+        results = await _closed_loop(stream_of, samples, c, _counter(warmup, warmup + n), clock)
+        m = metrics.compute(results, max(r.end for r in results))
+        rows.append({"path": path, "concurrency": c, "requests": n, "load_s": load_s, **m})
+        _print_row(rows[-1])
+    return rows
+
+
+# ----------------------------------------------------------------------------- LMDeploy
+async def lmdeploy_async(args, params: dict, samples) -> list:
+    import dataclasses
+
+    from lmdeploy import GenerationConfig, PytorchEngineConfig, TurbomindEngineConfig
+    from lmdeploy.serve.core import AsyncEngine
+
+    served = served_model("lmdeploy")
+    backend = params.get("backend", "turbomind")
+    config_cls = TurbomindEngineConfig if backend == "turbomind" else PytorchEngineConfig
+    cfg = config_cls(**served.backend_config_kwargs(params, {f.name for f in dataclasses.fields(config_cls)}))
+    t_start = time.perf_counter()
+    engine = AsyncEngine(
+        params["model_path"],
+        backend=backend,
+        backend_config=cfg,
+        **({"model_name": params["model_name"]} if params.get("model_name") else {}),
+    )
+    engine.start_loop(asyncio.get_running_loop(), use_async_api=True)
+    load_s = time.perf_counter() - t_start
+    gen_kwargs = served.generation_kwargs(greedy(args))
+
+    async def stream_of(sample):  # preprocess + generate per request; outputs count tokens cumulatively
+        gen_config = GenerationConfig(**{**gen_kwargs, "max_new_tokens": sample.output_len})
+        request = await engine.preprocess(
+            messages=sample.prompt, session_id=engine.session_mgr.get(), gen_config=gen_config, do_preprocess=False
+        )
+        seen = 0
+        async for out in engine.generate(request, stream_response=True):
+            new = max(out.generate_token_len - seen, 0)
+            seen += new
+            yield new, out.input_token_len, out.finish_reason or ""
+
+    try:
+        return await _loads(args, stream_of, samples, f"in-process LMDeploy {backend}", load_s)
+    finally:
+        engine.close()
+
+
+# ----------------------------------------------------------------------------- SGLang
+async def sglang_async(args, params: dict, samples) -> list:
+    """SGLang's `Engine` built on this loop (as the served model builds it on its runtime's loop) with the served
+    model's ServerArgs, streamed through `async_generate`; its chunks count completion tokens cumulatively."""
+    import sglang
+
+    served = served_model("sglang")
+    kwargs = served.server_args_kwargs(params, os.environ)
+    t_start = time.perf_counter()
+    engine = sglang.Engine(**kwargs)
+    load_s = time.perf_counter() - t_start
+    sampling = served.sampling_params(greedy(args))
+
+    async def stream_of(sample):
+        stream = await engine.async_generate(
+            prompt=sample.prompt, sampling_params={**sampling, "max_new_tokens": sample.output_len}, stream=True
+        )
+        seen = 0
+        async for chunk in stream:
+            meta = chunk.get("meta_info") or {}
+            done = int(meta.get("completion_tokens", 0))
+            reason = meta.get("finish_reason") or ""
+            yield (
+                max(done - seen, 0),
+                int(meta.get("prompt_tokens", 0)),
+                (reason.get("type", "") if isinstance(reason, dict) else str(reason)),
+            )
+            seen = max(seen, done)
+
+    try:
+        return await _loads(
+            args,
+            stream_of,
+            samples,
+            f"in-process SGLang ({kwargs.get('attention_backend') or 'default'} attention)",
+            load_s,
+        )
+    finally:
+        engine.shutdown()
