@@ -143,6 +143,22 @@ def _counter(start: int, stop: int):
     return lambda: next(it, None)
 
 
+async def load_rows(args, drive, path: str, load_s: float) -> list:
+    """Each --concurrency C:N on one engine: C warm-up requests, then N counted in closed loops of C, one row each.
+    `drive(streams, take, clock)` runs closed loops on the engine (_closed_loop over its stream_of)."""
+    rows = []
+    for c, n in parse_loads(args.concurrency):
+        warmup = c if args.warmup < 0 else args.warmup
+        clock = {"t0": time.perf_counter()}
+        await drive(warmup, _counter(0, warmup), clock)
+        clock["t0"] = time.perf_counter()
+        results = await drive(c, _counter(warmup, warmup + n), clock)
+        m = metrics.compute(results, max(r.end for r in results))
+        rows.append({"path": path, "concurrency": c, "requests": n, "load_s": load_s, **m})
+        _print_row(rows[-1])
+    return rows
+
+
 async def vllm_async(args, engine_args: dict, samples) -> list:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -150,21 +166,16 @@ async def vllm_async(args, engine_args: dict, samples) -> list:
     t_start = time.perf_counter()
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
     load_s = time.perf_counter() - t_start
-    rows = []
     sampling = {"ignore_eos": True, "temperature": 0.0}
     try:
-        for c, n in parse_loads(args.concurrency):
-            warmup = c if args.warmup < 0 else args.warmup
-            clock = {"t0": time.perf_counter()}
-            await _drive(engine, samples, sampling, warmup, _counter(0, warmup), clock)
-            clock["t0"] = time.perf_counter()
-            results = await _drive(engine, samples, sampling, c, _counter(warmup, warmup + n), clock)
-            m = metrics.compute(results, max(r.end for r in results))
-            rows.append({"path": "in-process AsyncLLM", "concurrency": c, "requests": n, "load_s": load_s, **m})
-            _print_row(rows[-1])
+        return await load_rows(
+            args,
+            lambda streams, take, clock: _drive(engine, samples, sampling, streams, take, clock),
+            "in-process AsyncLLM",
+            load_s,
+        )
     finally:
         engine.shutdown()
-    return rows
 
 
 def _frontend_main(

@@ -12,8 +12,7 @@ import importlib.util
 import os
 import time
 
-from benchmark.engine_yardstick import _closed_loop, _counter, _print_row, parse_loads
-from launcher.bench import metrics
+from benchmark.engine_yardstick import _closed_loop, load_rows
 from launcher.paths import REPO_SOURCES
 from launcher.python_backend.triton_io import SamplingParams
 
@@ -28,22 +27,6 @@ def served_model(engine: str):
 
 def greedy(args) -> SamplingParams:
     return SamplingParams(max_tokens=args.output_len, temperature=0.0, ignore_eos=True)
-
-
-async def _loads(args, stream_of, samples, path: str, load_s: float) -> list:
-    """Each --concurrency C:N: C warm-up requests, then N counted in closed loops of C (_closed_loop over
-    `stream_of`); one row each."""
-    rows = []
-    for c, n in parse_loads(args.concurrency):
-        warmup = c if args.warmup < 0 else args.warmup
-        clock = {"t0": time.perf_counter()}
-        await _closed_loop(stream_of, samples, warmup, _counter(0, warmup), clock)
-        clock["t0"] = time.perf_counter()
-        results = await _closed_loop(stream_of, samples, c, _counter(warmup, warmup + n), clock)
-        m = metrics.compute(results, max(r.end for r in results))
-        rows.append({"path": path, "concurrency": c, "requests": n, "load_s": load_s, **m})
-        _print_row(rows[-1])
-    return rows
 
 
 # ----------------------------------------------------------------------------- LMDeploy
@@ -80,7 +63,12 @@ async def lmdeploy_async(args, params: dict, samples) -> list:
             yield new, out.input_token_len, out.finish_reason or ""
 
     try:
-        return await _loads(args, stream_of, samples, f"in-process LMDeploy {backend}", load_s)
+        return await load_rows(
+            args,
+            lambda streams, take, clock: _closed_loop(stream_of, samples, streams, take, clock),
+            f"in-process LMDeploy {backend}",
+            load_s,
+        )
     finally:
         engine.close()
 
@@ -115,10 +103,9 @@ async def sglang_async(args, params: dict, samples) -> list:
             seen = max(seen, done)
 
     try:
-        return await _loads(
+        return await load_rows(
             args,
-            stream_of,
-            samples,
+            lambda streams, take, clock: _closed_loop(stream_of, samples, streams, take, clock),
             f"in-process SGLang ({kwargs.get('attention_backend') or 'default'} attention)",
             load_s,
         )
