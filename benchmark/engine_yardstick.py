@@ -198,7 +198,7 @@ def _frontend_main(
         return next_index
 
     async def run() -> None:
-        engine = vllm_core.client(config, n, k, info, disable_log_stats=True)
+        engine = vllm_core.client(config, n, k, info, stats=True, log_stats=k == 0)  # as the served front ends
         sampling = {"ignore_eos": True, "temperature": 0.0}
         try:
             for c, count in loads:

@@ -273,7 +273,8 @@ def format_first_token_split(split: dict) -> str:
         ("send", "response sent to tritonserver"),
         ("outside_server", "tritonserver, gRPC, client"),
     ):
-        if split.get(key) is not None:
+        # add and back are the hf engine process's hops; the other engines' models count them in `engine`
+        if split.get(key) is not None and (split[key] or key not in ("add", "back")):
             lines.append(f"{name + ' (ms):':<34}{_fmt(split[key]):>16}")
     lines.append(f"{'requests counted by the model:':<34}{_fmt(split['requests']):>16}")
     lines.append("=" * w)

@@ -45,4 +45,5 @@ ENGINE = EngineDef(
     rank_env=RAY.rank_env,
     rank_command=RAY.rank_command,
     summary="LMDeploy pipeline (TurboMind or PyTorch backend); one tritonserver per model copy per node",
+    first_token_split=True,  # launcher.python_backend.async_runtime
 )

@@ -39,4 +39,5 @@ ENGINE = EngineDef(
     kv_heads_replicate=True,  # as vLLM's layers, which SGLang's are built on
     rank_env=_rank_env,
     summary="SGLang Engine; one tritonserver per model copy per node, nnodes/node_rank from the rendezvous",
+    first_token_split=True,  # launcher.python_backend.async_runtime
 )

@@ -98,4 +98,5 @@ ENGINE = EngineDef(
     rank_command=RAY.rank_command,
     load_phases=load_phases,
     summary="vLLM AsyncLLMEngine; one tritonserver per model copy per node, vLLM owns the GPUs (Ray across nodes)",
+    first_token_split=True,  # launcher.python_backend.async_runtime
 )

@@ -19,6 +19,13 @@ to abort one request, how to shut down. Everything else is here, once:
   the engine has produced nothing for them yet;
 * an exception from the engine becomes an error response for that request only; the
   model keeps serving;
+* where a streamed request's first token spends its time in the stub goes to Triton metrics, the hf model's
+  split (launcher.python_backend.timings): `parse` (execute took the request -> the loop read and checked it: the
+  hop onto the loop, whose wait grows when the loop is busy), the engine's share (handed to the engine -> its first
+  piece reached the loop), `respond` (the loop had it -> a sender thread built the response) and `send`.  Where the
+  engine stamps the request itself (`Piece.engine_times`: vLLM), its share splits as the hf engine's does: `add`
+  (to its scheduler's queue: its front end's tokenizing and hand-over), `engine` (queued -> first token made: the
+  queue and the prefill), `back` (made -> the piece on the loop: its output path); otherwise it is all `engine`;
 * `stop()` (the model's `finalize`) cancels what is in flight, shuts the engine down and
   ends both threads, in reverse order of `start()`.
 
@@ -35,12 +42,15 @@ import os
 import queue
 import signal
 import threading
+import time
 import traceback
 import uuid
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Dict, Optional
 
 from launcher.python_backend.logprob_io import LogProbRows, merged
+from launcher.python_backend.outbox import SEND_THREADS, Outbox
+from launcher.python_backend.timings import FIRST_TOKEN_COUNTERS, Counters, FirstTokenTimes
 
 
 @dataclass
@@ -53,6 +63,9 @@ class Piece:
     finish_reason: Optional[str] = None  # "length" | "stop" on the engine's last piece
     logprobs: Optional[LogProbRows] = None  # the new tokens' log probabilities, for a request that asked
     prompt_logprobs: Optional[LogProbRows] = None  # its prompt's, on a piece (the first) of a request that asked
+    # the engine's own time.monotonic() stamps of the request, where it reports them (vLLM with its statistics on):
+    # (queued in its scheduler, first token made), on the first piece; they split the first token's `engine` part
+    engine_times: Optional[tuple] = None
 
 
 class EngineAdapter:
@@ -111,45 +124,6 @@ class Log:
         self._emit("error", msg)
 
 
-# Sender threads of one model instance. Each owns a share of the requests (assigned in turn), so a request's
-# responses leave in order; four let four round trips to tritonserver overlap, which one stream per step at
-# 64-128 streams needs, and they sleep when there is nothing to send.
-SEND_THREADS = 4
-
-
-class _Outbox:
-    """What one request still has to send: streamed text not sent yet, and its final response once known.
-    The loop thread posts to it; the sender thread of its shard takes everything posted since its last send."""
-
-    __slots__ = (
-        "sender",
-        "shard",
-        "lock",
-        "parts",
-        "n_in",
-        "n_out",
-        "counts",
-        "final",
-        "queued",
-        "in_tensor",
-        "in_n",
-        "lp",
-        "prompt_lp",
-    )
-
-    def __init__(self, sender, shard: int):
-        self.sender = sender
-        self.shard = shard
-        self.lock = threading.Lock()
-        self.parts: list = []  # streamed text not sent yet
-        self.n_in = self.n_out = 0  # the engine's counts as of the last post
-        self.counts = True  # streamed responses carry the counts too (False: final_counts_only)
-        self.final: Optional[tuple] = None  # ("done", text, finish_reason) | ("error", message), once posted
-        self.queued = False  # waiting in its sender's queue
-        self.lp = self.prompt_lp = None  # log probabilities not sent yet (LogProbRows), for a request that asked
-        self.in_tensor, self.in_n = None, None  # this request's input_tokens tensor (its sender thread's own)
-
-
 class _Active:
     __slots__ = ("outbox", "task", "cancelled")
 
@@ -166,6 +140,7 @@ class AsyncEngineRuntime:
         log: Optional[Log] = None,
         cancel_poll_s: float = 0.2,
         drain_timeout_s: float = 10.0,
+        model_name: str = "",
     ):
         self.adapter = adapter
         self.log = log or Log(adapter.name)
@@ -183,6 +158,9 @@ class AsyncEngineRuntime:
         self._ignored_noted: set = set()
         self._responder = None  # triton_io.Responder (streamed responses; its tensors are kept per sender thread)
         self._server_pid = os.getppid()  # the tritonserver that started this stub: the one to stop if the engine dies
+        self.model_name = model_name or adapter.name  # the metrics' model label
+        self.first_token = FirstTokenTimes()
+        self._metrics: Optional[Counters] = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -204,6 +182,7 @@ class AsyncEngineRuntime:
         ]
         for t in self._send_threads:
             t.start()
+        self._metrics = Counters(self.model_name, FIRST_TOKEN_COUNTERS, self.first_token.totals_map).start()
         self._watchdog = asyncio.run_coroutine_threadsafe(self._start_watchdog(), self.loop).result()
         if not self.adapter.serves:
             self._watch_thread = threading.Thread(
@@ -224,6 +203,9 @@ class AsyncEngineRuntime:
             q.put(None)
         for t in self._send_threads:
             t.join(timeout=30)
+        if self._metrics is not None:
+            self._metrics.stop()
+            self.log.info(self.first_token.summary())
         self._stop_loop()
 
     def _run_loop(self) -> None:
@@ -260,6 +242,7 @@ class AsyncEngineRuntime:
 
         from launcher.python_backend import triton_io
 
+        began = time.monotonic()
         sender = request.get_response_sender()
         if self._stopping or self.loop is None:
             sender.send(
@@ -267,13 +250,13 @@ class AsyncEngineRuntime:
                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
             )
             return
-        asyncio.run_coroutine_threadsafe(self._serve(request, sender), self.loop)
+        asyncio.run_coroutine_threadsafe(self._serve(request, sender, began), self.loop)
 
-    async def _serve(self, request, sender) -> None:
+    async def _serve(self, request, sender, began: float = 0.0) -> None:
         from launcher.python_backend import triton_io
 
         name = self.adapter.name
-        out = _Outbox(sender, self._next_shard)
+        out = Outbox(sender, self._next_shard)
         self._next_shard = (self._next_shard + 1) % len(self._send_queues)
         if not self.adapter.serves:
             self._post_final(
@@ -300,9 +283,13 @@ class AsyncEngineRuntime:
         n_in = n_out = 0
         parts = []  # a non-streamed request's text; a streamed one's last piece (sent with the final response)
         finish = None
+        if greq.stream and began:
+            out.times = (began, time.monotonic())
         stream = self.adapter.generate(rid, greq)
         try:
             async for piece in stream:
+                if out.times is not None and len(out.times) == 2:  # the first piece is on the loop
+                    out.times = (*out.times, time.monotonic(), *(piece.engine_times or ()))
                 n_in, n_out = piece.input_tokens or n_in, piece.output_tokens
                 if piece.logprobs is not None or piece.prompt_logprobs is not None:
                     with out.lock:  # sent with the next response that goes
@@ -379,7 +366,7 @@ class AsyncEngineRuntime:
                     entry.task.cancel()
 
     # ------------------------------------------------------------------ sending
-    def _post(self, out: _Outbox, text: str, n_in: int, n_out: int) -> None:
+    def _post(self, out: Outbox, text: str, n_in: int, n_out: int) -> None:
         """Loop thread: a streamed request's new text; its sender sends it, merged with whatever else is waiting."""
         with out.lock:
             out.parts.append(text)
@@ -389,7 +376,7 @@ class AsyncEngineRuntime:
         if wake:
             self._send_queues[out.shard].put(out)
 
-    def _post_final(self, out: _Outbox, final: tuple, n_in: int = 0, n_out: int = 0) -> None:
+    def _post_final(self, out: Outbox, final: tuple, n_in: int = 0, n_out: int = 0) -> None:
         """Loop thread: the request's end; its sender sends what is left and then the final response."""
         with out.lock:
             out.final = final
@@ -412,22 +399,35 @@ class AsyncEngineRuntime:
                 final, n_in, n_out = out.final, out.n_in, out.n_out
                 out.queued = False
                 lp, prompt_lp, out.lp, out.prompt_lp = out.lp, out.prompt_lp, None, None
+                times = out.times if out.times is not None and len(out.times) >= 3 else None
             try:
                 extra = logprob_io.tensors(lp, prompt_lp)
                 if final is None:
                     if out.counts and out.in_n != n_in:
                         out.in_tensor, out.in_n = self._responder.input_tokens(n_in), n_in
                     response = self._responder.build(text, out.in_tensor, n_out, counts=out.counts, extra=extra)
-                    self._send(out.sender, response)
+                    self._send_first(out, response, times if text else None)
                 elif final[0] == "done":
                     response = triton_io.response(text + final[1], n_in, n_out, final[2], extra=extra)
-                    self._send(out.sender, response, final=True)
+                    self._send_first(out, response, times if text or final[1] else None, final=True)
                 else:
                     if text:  # what was generated before the failure still reaches the client
                         self._send(out.sender, self._responder.build(text, self._responder.input_tokens(n_in), n_out))
                     self._send(out.sender, triton_io.error_response(final[1]), final=True)
             except Exception:  # noqa: BLE001 - building a response must not end the sender thread
                 self.log.warn(f"building a response failed: {traceback.format_exc(limit=2)}")
+
+    def _send_first(self, out: Outbox, response, times: Optional[tuple], final: bool = False) -> None:
+        """Send a streamed response; if `times` (the request's stamps) is given it is the request's first text, and
+        where its first token spent its time is counted (`respond` ends as the send begins, `send` as it returns)."""
+        sending = time.monotonic()
+        self._send(out.sender, response, final)
+        if times is not None:
+            began, handed, got, *engine = times
+            # without the engine's stamps, its whole share is `engine` (add and back 0)
+            queued, made = engine if len(engine) == 2 else (handed, got)
+            self.first_token.add(began, handed, queued, made, got, sending, time.monotonic())
+            out.times = None
 
     def _send(self, sender, response, final: bool = False) -> None:
         import triton_python_backend_utils as pb_utils
@@ -477,7 +477,9 @@ class RuntimeModel:
                 f"{config.get('name', self.name)} must be decoupled (model_transaction_policy {{ decoupled: true }}): it streams"
             )
         log = Log(self.name)
-        self.runtime = AsyncEngineRuntime(self.make_adapter(model_parameters(config), args, log), log)
+        self.runtime = AsyncEngineRuntime(
+            self.make_adapter(model_parameters(config), args, log), log, model_name=config.get("name", self.name)
+        )
         self.runtime.start()
 
     def execute(self, requests):

@@ -43,16 +43,44 @@ def launch_core(args, config, count: int) -> tuple:
     return (manager, coordinator), info
 
 
-def client(config, count: int, index: int, info: dict, disable_log_stats: bool):
-    """Front end `index`'s AsyncLLM (on the running event loop) of the core `info` describes."""
+def client(config, count: int, index: int, info: dict, stats: bool, log_stats: bool):
+    """Front end `index`'s AsyncLLM (on the running event loop) of the core `info` describes.  `stats`: keep the
+    requests' statistics (each RequestOutput's metrics: its queue and first-token stamps, which the served model's
+    first-token split reads); `log_stats`: also log the engine's and publish its Prometheus figures (one front end
+    does, or each would log its own share)."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
     addresses = {"input_address": info["inputs"][index], "output_address": info["outputs"][index]}
     if info.get("stats"):
         addresses["stats_update_address"] = info["stats"]
+    # vLLM keeps request statistics where it logs them, or where it has a logger of its own to give them to: a
+    # logger that drops them keeps the statistics without a second log
+    quiet = [_quiet_stat_logger()] if stats and not log_stats else None
     return AsyncLLM.from_vllm_config(
-        config, client_addresses=addresses, client_count=count, client_index=index, disable_log_stats=disable_log_stats
+        config,
+        client_addresses=addresses,
+        client_count=count,
+        client_index=index,
+        disable_log_stats=not (stats and log_stats),
+        stat_loggers=quiet,
     )
+
+
+def _quiet_stat_logger():
+    """A vLLM stat logger class that records nothing (StatLoggerBase, as vLLM 0.25 defines it)."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class QuietStatLogger(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            pass
+
+        def record(self, *args, **kwargs):
+            pass
+
+        def log_engine_initialized(self):
+            pass
+
+    return QuietStatLogger
 
 
 def stop_core(core) -> None:

@@ -51,7 +51,7 @@ def engine(request, tmp_path_factory):
         **(MPI_RANK_ENV if name == "trtllm" else {}),
     }
     with serve(
-        repo, [spec.model_name], tmp / "server.log", spec.model_name, extra_env=env, pythonpath=[STANDINS]
+        repo, [spec.model_name], tmp / "server.log", spec.model_name, extra_env=env, pythonpath=[STANDINS], metrics=True
     ) as server:
         server.name, server.model, server.calls, server.spec = name, spec.model_name, log, spec
         yield server
@@ -129,6 +129,41 @@ def test_streaming_sends_pieces_in_order(engine):
         "finish_reason"
     ] == "length"
     assert all(r["input_tokens"] == 10 for r in responses[1:])
+
+
+def test_first_token_split_reaches_the_metrics_port(engine):
+    """Streamed requests' first tokens are split into parse / add / engine / back / respond / send on the metrics
+    port; they add up to less than the TTFT the client saw, the engine's share holds the stand-in's delay before its
+    first piece, and non-streamed requests are not counted.  vLLM's share splits by its own request stamps
+    (RequestOutput.metrics: queued, first token made); the engines without such stamps report it all as `engine`."""
+    from launcher.python_backend.timings import mean_first_token_ms, settled_server_metrics
+
+    before, _ = settled_server_metrics(engine.metrics_url, engine.model)
+    ttft = []
+    for i in range(4):
+        s = Stream(engine)
+        try:
+            t0 = time.monotonic()
+            s.send(f"first token {i}", 3)
+            first, error, _ = s.next(timeout=60)
+            assert error is None and first is not None
+            ttft.append(1000 * (time.monotonic() - t0))
+            assert s.collect()[1] is None
+        finally:
+            s.close()
+    assert generate(engine, "not streamed", 3, stream=False)[1] is None
+    after = wait_for(
+        lambda: (m := settled_server_metrics(engine.metrics_url, engine.model)[0])["count"] - before["count"] >= 4 and m
+    )
+    means = mean_first_token_ms(before, after)
+    assert means is not None and means["requests"] == 4, (before, after)
+    # the stand-in waits LLMLAUNCH_STANDIN_DELAY_S (10 ms) before each piece
+    assert means["engine"] >= 9 and means["parse"] > 0 and means["respond"] > 0 and means["send"] > 0, means
+    assert means["inside_server"] < sum(ttft) / len(ttft), (means, ttft)
+    if engine.name == "vllm":  # the hand-over to its scheduler, and its output path back to the stub's loop
+        assert means["add"] > 0 and means["back"] > 0 and means["add"] + means["back"] < means["engine"], means
+    else:
+        assert means["add"] == 0 and means["back"] == 0, means
 
 
 def test_final_counts_only_sends_text_alone_until_the_last_response(engine):
@@ -488,7 +523,10 @@ def test_vllm_front_ends_share_one_engine_core(tmp_path):
             i = c["client_index"]
             assert c["addresses"] == {"input_address": launch["inputs"][i], "output_address": launch["outputs"][i]}
         assert len({c["pid"] for c in clients}) == 3  # three stub processes
-        assert [c["disable_log_stats"] for c in sorted(clients, key=lambda c: c["client_index"])] == [False, True, True]
+        # the first front end logs vLLM's statistics; the others keep their requests' (for the first-token split)
+        # through a logger that records nothing
+        stats = [(c["disable_log_stats"], c["stat_loggers"]) for c in sorted(clients, key=lambda c: c["client_index"])]
+        assert stats == [(False, []), (True, ["QuietStatLogger"]), (True, ["QuietStatLogger"])], stats
         check_concurrent_streams(server, 9, 4)
         served_by = {e["pid"] for e in events(server, "generate")}
         assert served_by <= {c["pid"] for c in clients} and len(served_by) >= 2, served_by

@@ -39,8 +39,10 @@ def serve(
     extra_env: Optional[Dict[str, str]] = None,
     ready_timeout_s: float = 120.0,
     pythonpath: Iterable[str] = (),
+    metrics: bool = False,
 ):
-    """Yield the gRPC url of a tritonserver that loaded `models` from `repo` (explicit model control)."""
+    """Yield a tritonserver that loaded `models` from `repo` (explicit model control); with `metrics`, its metrics
+    port is on and `server.metrics_url` names it."""
     from launcher.ports import free_port
     from launcher.triton import TritonServer
     from launcher.triton_install import resolve_tritonserver, server_env
@@ -59,7 +61,7 @@ def serve(
         f"--grpc-port={ports[0]}",
         "--http-address=127.0.0.1",
         f"--http-port={ports[1]}",
-        "--allow-metrics=false",
+        *(["--metrics-address=127.0.0.1", f"--metrics-port={ports[2]}"] if metrics else ["--allow-metrics=false"]),
         "--log-verbose=0",
     ]
     if install.backend_directory:
@@ -77,5 +79,6 @@ def serve(
         shm_prefix=prefix,
         probe=False,
     )
+    server.metrics_url = f"http://127.0.0.1:{ports[2]}/metrics" if metrics else ""
     with server:
         yield server

@@ -134,3 +134,15 @@ def test_a_point_whose_model_answered_nothing_keeps_its_load_and_says_so(tmp_pat
     assert rows["a"]["status"] == "no answers" and "answered none" in rows["a"]["error"]
     assert rows["a"]["output_throughput"] and rows["a"]["eval"] == "arithmetic exact_match=0.000 0/4"
     assert rows["b"]["status"] == "ok" and rows["b"]["eval"] == "arithmetic exact_match=0.000 4/4"
+
+
+def test_first_token_split_rows_leave_out_the_hops_a_model_does_not_have():
+    """The vLLM, SGLang and LMDeploy models report no `add` or `back` (the hf engine process's hops): no rows."""
+    from launcher.bench.metrics import format_first_token_split
+
+    split = {"parse": 0.2, "add": 0.0, "engine": 9.5, "back": 0.0, "respond": 0.1, "send": 0.05}
+    text = format_first_token_split({**split, "outside_server": 1.5, "requests": 7})
+    assert "engine: queue, prefill (ms):" in text and "tritonserver, gRPC, client (ms):" in text
+    assert "to the engine process" not in text and "first token back to the stub" not in text
+    hf = format_first_token_split({**split, "add": 0.3, "back": 0.2, "outside_server": 1.5, "requests": 7})
+    assert "to the engine process (ms):" in hf and "first token back to the stub (ms):" in hf

@@ -75,10 +75,10 @@ def runtime(pb_utils):
 
 
 def test_text_made_during_a_send_goes_out_merged_in_order(runtime):
-    from launcher.python_backend.async_runtime import _Outbox
+    from launcher.python_backend.outbox import Outbox
 
     slow = Sender(block_first=True)
-    out = _Outbox(slow, shard=0)
+    out = Outbox(slow, shard=0)
     runtime._post(out, " a", 5, 1)
     assert slow.entered.wait(5)  # " a" is on its way; the next pieces wait for it
     runtime._post(out, " b", 5, 2)
@@ -90,12 +90,12 @@ def test_text_made_during_a_send_goes_out_merged_in_order(runtime):
 
 
 def test_a_slow_request_does_not_hold_up_another_shard(runtime):
-    from launcher.python_backend.async_runtime import _Outbox
+    from launcher.python_backend.outbox import Outbox
 
     slow, fast = Sender(block_first=True), Sender()
-    runtime._post(_Outbox(slow, shard=0), " s", 1, 1)
+    runtime._post(Outbox(slow, shard=0), " s", 1, 1)
     assert slow.entered.wait(5)
-    quick = _Outbox(fast, shard=1)
+    quick = Outbox(fast, shard=1)
     runtime._post(quick, " x", 1, 1)
     runtime._post_final(quick, ("done", "", "stop"), 1, 1)
     assert fast.done.wait(5), "a request on another sender waited for the slow one"
@@ -104,10 +104,10 @@ def test_a_slow_request_does_not_hold_up_another_shard(runtime):
 
 
 def test_an_engine_error_sends_the_text_made_before_it_then_the_error(runtime):
-    from launcher.python_backend.async_runtime import _Outbox
+    from launcher.python_backend.outbox import Outbox
 
     s = Sender(block_first=True)
-    out = _Outbox(s, shard=2)
+    out = Outbox(s, shard=2)
     runtime._post(out, " a", 3, 1)
     assert s.entered.wait(5)
     runtime._post(out, " b", 3, 2)
@@ -118,10 +118,10 @@ def test_an_engine_error_sends_the_text_made_before_it_then_the_error(runtime):
 
 
 def test_final_counts_only_streams_text_alone(runtime):
-    from launcher.python_backend.async_runtime import _Outbox
+    from launcher.python_backend.outbox import Outbox
 
     s = Sender()
-    out = _Outbox(s, shard=3)
+    out = Outbox(s, shard=3)
     out.counts = False
     runtime._post(out, " a", 3, 1)
     runtime._post_final(out, ("done", " b", "length"), 3, 2)

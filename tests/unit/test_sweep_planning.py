@@ -191,13 +191,15 @@ def test_bench_and_client_command_lines():
     assert with_split[with_split.index("--server-metrics") + 1] == "http://10.0.0.1:8002/metrics"
 
 
-def test_first_token_metrics_url_only_where_the_hf_model_serves_it():
+def test_first_token_metrics_url_only_where_the_served_model_reports_it():
     hf = plan(["engine=hf"])[1]
     spec = lambda s, replicas=1: dataclasses.replace(s, replicas=replicas)  # noqa: E731
     ep = {"url": "grpc://10.0.0.1:8001", "model": "hf_model", "metrics_port": 8002}
     assert sweep.first_token_metrics_url(spec(hf), ep) == "http://10.0.0.1:8002/metrics"
     assert sweep.first_token_metrics_url(spec(hf, replicas=2), ep) == ""  # the front end's port
-    assert sweep.first_token_metrics_url(spec(plan(["engine=vllm", "model.path=/m"])[1]), ep) == ""
+    vllm = spec(plan(["engine=vllm", "model.path=/m"])[1])
+    assert sweep.first_token_metrics_url(vllm, ep) == "http://10.0.0.1:8002/metrics"  # the async runtime's split
+    assert sweep.first_token_metrics_url(spec(plan(["engine=trtllm", "model.path=/m"])[1]), ep) == ""
     assert sweep.first_token_metrics_url(spec(hf), {**ep, "url": "grpc://[::1]:8001"}) == "http://[::1]:8002/metrics"
 
 

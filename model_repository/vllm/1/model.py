@@ -44,6 +44,7 @@ import os
 import signal
 import sys
 import threading
+from typing import Optional
 
 # The python backend stub does not read PYTHONPATH (Triton 2.51); honour it here, after the stub's own
 # paths, so `launcher` and the engine packages resolve as they do for the rank that started the server.
@@ -155,6 +156,14 @@ def logprob_rows(token_ids, per_token, k: int) -> LogProbRows:
     return rows
 
 
+def engine_times(metrics) -> Optional[tuple]:
+    """(queued, first token made) of a request, time.monotonic() stamps of vLLM's engine core (RequestOutput.metrics:
+    RequestStateStats' queued_ts and first_token_ts, read against vLLM 0.25), or None where it kept none (statistics
+    off) or they are not both set yet."""
+    queued, made = getattr(metrics, "queued_ts", 0.0), getattr(metrics, "first_token_ts", 0.0)
+    return (queued, made) if queued and made else None
+
+
 class VLLMAdapter(EngineAdapter):
     name = "vllm"
     supported = frozenset(INPUT_NAMES)
@@ -231,8 +240,8 @@ class VLLMAdapter(EngineAdapter):
             # the first front end's engine core loads within the launch's serve.ready_timeout_s (config.pbtxt)
             info = self.share.wait(float(self.params.get("ready_timeout_s", "") or 3600))
         self.log.info(f"front end {index} of {n} of one engine core ({'started here' if index == 0 else 'attached'})")
-        # the engine's statistics are logged once, by the first front end
-        return vllm_core.client(config, n, index, info, disable_log_stats=args.disable_log_stats or index > 0)
+        # the engine's statistics are logged once, by the first front end; every front end keeps its requests' own
+        return vllm_core.client(config, n, index, info, stats=not args.disable_log_stats, log_stats=index == 0)
 
     def _watch_core(self):
         """First instance of several: when the engine core dies, stop this tritonserver so the rank fails."""
@@ -271,6 +280,7 @@ class VLLMAdapter(EngineAdapter):
         outputs = self.engine.generate(prompt, sp, request_id)
         if p.guide is not None:
             outputs = _guide_refused(outputs)
+        stamps = True  # the first output's: vLLM's own request statistics, where it keeps them (log stats on)
         async for out in outputs:
             if out.prompt_token_ids:
                 n_in = len(out.prompt_token_ids)
@@ -280,6 +290,9 @@ class VLLMAdapter(EngineAdapter):
             if out.finished:
                 finish = "length" if c.finish_reason == "length" else "stop"
             piece = Piece(c.text, n_out, n_in, finish)
+            if stamps:
+                stamps = False
+                piece.engine_times = engine_times(getattr(out, "metrics", None))
             if p.logprobs is not None and c.logprobs:
                 piece.logprobs = logprob_rows(c.token_ids, c.logprobs, p.logprobs)
             if prompt_lp and out.prompt_logprobs:

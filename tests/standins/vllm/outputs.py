@@ -5,6 +5,17 @@ from typing import List, Optional
 
 
 @dataclass
+class RequestStateStats:
+    """vllm.v1.metrics.stats.RequestStateStats: engine-core time.monotonic() stamps (0.0 until they happen)."""
+
+    arrival_time: float = 0.0  # wall clock
+    queued_ts: float = 0.0
+    scheduled_ts: float = 0.0
+    first_token_ts: float = 0.0
+    last_token_ts: float = 0.0
+
+
+@dataclass
 class CompletionOutput:
     index: int
     text: str
@@ -23,3 +34,4 @@ class RequestOutput:
     prompt_logprobs: Optional[list]
     outputs: List[CompletionOutput] = field(default_factory=list)
     finished: bool = False
+    metrics: Optional[object] = None  # RequestStateStats where the AsyncLLM keeps statistics, else None

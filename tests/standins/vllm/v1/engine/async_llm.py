@@ -8,18 +8,20 @@ which aborts the request when the consumer closes it (GeneratorExit/CancelledErr
 
 import asyncio
 import dataclasses
+import time
 from types import SimpleNamespace
 
 import _standin
-from vllm.outputs import CompletionOutput, RequestOutput
+from vllm.outputs import CompletionOutput, RequestOutput, RequestStateStats
 from vllm.sampling_params import RequestOutputKind
 
 ENGINE = "vllm"
 
 
 class AsyncLLM:
-    def __init__(self, engine_args):
+    def __init__(self, engine_args, log_stats: bool = True):
         self.engine_args = engine_args
+        self.log_stats = log_stats  # keeps request statistics (RequestOutput.metrics), as vLLM's
         self.model_config = SimpleNamespace(max_model_len=engine_args.max_model_len or 4096)
         self.aborted = set()
         self.errored = False
@@ -28,7 +30,7 @@ class AsyncLLM:
     @classmethod
     def from_engine_args(cls, engine_args, start_engine_loop=True, usage_context=None, stat_loggers=None):
         asyncio.get_running_loop()  # the real one starts its output handler on the running loop
-        return cls(engine_args)
+        return cls(engine_args, log_stats=not engine_args.disable_log_stats or bool(stat_loggers))
 
     @classmethod
     def from_vllm_config(
@@ -55,9 +57,13 @@ class AsyncLLM:
             client_count=client_count,
             addresses=client_addresses,
             disable_log_stats=disable_log_stats,
+            stat_loggers=[c.__name__ for c in stat_loggers or ()],
             api_process_rank=vllm_config.api_process_rank,
         )
-        return cls(vllm_config.engine_args)
+        for factory in stat_loggers or ():  # vLLM builds each per engine; an incomplete logger fails here as there
+            factory(vllm_config, 0)
+        # vLLM keeps request statistics where it logs them, or where custom stat loggers were given
+        return cls(vllm_config.engine_args, log_stats=not disable_log_stats or bool(stat_loggers))
 
     async def generate(self, prompt, sampling_params, request_id, **kwargs):
         sp = sampling_params
@@ -74,10 +80,15 @@ class AsyncLLM:
             raise ValueError("stand-in supports output_kind=DELTA only (what llmlaunch uses)")
         stop = [sp.stop] if isinstance(sp.stop, str) else (sp.stop or [])
         ids = _standin.prompt_ids(prompt)
+        # the engine core's stamps: queued as the request arrives, its first token when the script makes it
+        stats = RequestStateStats(arrival_time=time.time(), queued_ts=time.monotonic()) if self.log_stats else None
         try:
             async for text, tok, finish in _standin.script(
                 prompt, sp.max_tokens, sp.min_tokens, sp.ignore_eos, stop, cancelled=lambda: request_id in self.aborted
             ):
+                if stats is not None:
+                    stats.last_token_ts = time.monotonic()
+                    stats.first_token_ts = stats.first_token_ts or stats.last_token_ts
                 yield RequestOutput(
                     request_id,
                     prompt,
@@ -85,6 +96,7 @@ class AsyncLLM:
                     None,
                     [CompletionOutput(0, text, [tok] if tok is not None else [], finish_reason=finish)],
                     finished=finish is not None,
+                    metrics=stats,
                 )
         except (asyncio.CancelledError, GeneratorExit):
             await self.abort(request_id)
