@@ -272,6 +272,20 @@ def test_bad_request_gets_a_clear_error(engine):
         assert error is not None and "exceeds the model limit of 32768 tokens" in str(error)
 
 
+def test_sglang_bans_bad_words_through_logit_bias(engine):
+    """SGLang has no bad-words parameter: each word's single-token spellings (bare and after a space) get a -inf
+    logit bias; a word that is several tokens however spelled is refused, naming it, and the model serves on."""
+    if engine.name != "sglang":
+        pytest.skip("SGLang's mapping (the other engines take bad_words as such)")
+    responses, error = generate(engine, "ban check prompt", max_tokens=3, stream=False, bad_words=["t1", " t2 "])
+    assert error is None and responses[0]["output_tokens"] == 3
+    bias = last_generate(engine, "ban check prompt")["sampling"]["logit_bias"]
+    assert bias == {"101": float("-inf"), "102": float("-inf")}, bias
+    _, error = generate(engine, "ban refused", max_tokens=3, stream=False, bad_words=["two words"])
+    assert "bad_words: 'two words' is more than one token" in str(error) and "engine=vllm" in str(error), error
+    assert generate(engine, "after a refusal", max_tokens=2, stream=False)[1] is None
+
+
 def test_sglang_refuses_a_seeded_sampled_request_unless_it_runs_deterministic_inference(tmp_path, monkeypatch):
     """SGLang ignores sampling_seed outside enable_deterministic_inference; the model says so instead of sampling
     unseeded. The adapter runs in this process against the SGLang stand-in (SGLang needs a GPU)."""

@@ -21,8 +21,10 @@ Triton's vllm_backend; written for llmlaunch.
   repetition/presence/frequency penalties, random_seed/seed -> sampling_seed (a sampled request with a seed
   is refused unless the engine runs enable_deterministic_inference, the only mode in which SGLang uses it),
   stop_words -> stop, end_id -> stop_token_ids, ignore_eos, the guide (guided_decoding_guide_type / _guide) ->
-  json_schema / regex / ebnf. bad_words, pad_id and exclude_input_in_output are accepted and ignored
-  (bad_words is logged as not honoured); log probabilities and token-id prompts are refused naming the engine.
+  json_schema / regex / ebnf, bad_words -> logit_bias (-inf on each spelling of a word, with and without a leading
+  space, that is one token: SGLang has no ban on a sequence of tokens, so a word no spelling of which is one token
+  is refused, naming it). pad_id and exclude_input_in_output are accepted and ignored; log probabilities and
+  token-id prompts are refused naming the engine.
 * Multi-node: every node of a model copy runs a tritonserver with this model; node i
   builds the Engine with nnodes=<nodes of the copy>, node_rank=i,
   dist_init_addr=<leader address>:<_LLMLAUNCH_DIST_PORT> (SGLang also uses the next few
@@ -111,8 +113,31 @@ def kernels_lack_flash_attention_3() -> bool:
     return not any(glob.glob(os.path.join(d, "flash_ops*.so")) for d in spec.submodule_search_locations or ())
 
 
-def sampling_params(p) -> dict:
-    """launcher.python_backend.triton_io.SamplingParams -> SGLang's sampling_params dict."""
+def banned_tokens(tokenizer, words) -> dict:
+    """bad_words -> SGLang's logit_bias ({token id as text: -inf}) for each spelling of each word (as given, stripped,
+    and after a space, as vLLM spells them) that the tokenizer makes one token.  A word with no single-token spelling
+    cannot be banned by a bias (SGLang has no sequence ban): InvalidRequest naming it."""
+    if tokenizer is None:
+        raise InvalidRequest(
+            "bad_words: this SGLang engine runs without a tokenizer (skip_tokenizer_init), which banning words needs"
+        )
+    bias = {}
+    for word in words:
+        bare = word.strip()
+        spellings = dict.fromkeys((bare, " " + bare))
+        single = [ids[0] for ids in (tokenizer.encode(s, add_special_tokens=False) for s in spellings) if len(ids) == 1]
+        if not bare or not single:
+            raise InvalidRequest(
+                f"bad_words: {word!r} is more than one token however it is spelled, and SGLang bans single tokens "
+                "only (logit_bias); ban one of its tokens instead, or serve with engine=vllm, which bans sequences"
+            )
+        bias.update({str(i): float("-inf") for i in single})
+    return bias
+
+
+def sampling_params(p, tokenizer=None) -> dict:
+    """launcher.python_backend.triton_io.SamplingParams -> SGLang's sampling_params dict (`tokenizer`: the engine's,
+    for bad_words)."""
     sp = {
         "max_new_tokens": p.max_tokens,
         "min_new_tokens": p.min_tokens,
@@ -131,6 +156,8 @@ def sampling_params(p) -> dict:
         sp["stop_token_ids"] = [p.end_id]
     if p.seed is not None:
         sp["sampling_seed"] = p.seed
+    if p.bad_words:
+        sp["logit_bias"] = banned_tokens(tokenizer, p.bad_words)
     if p.guide is not None:  # SGLang's grammar backend (xgrammar by default) compiles it
         kind, guide = p.guide
         sp[_STRUCTURED[kind]] = '{"type": "object"}' if kind == "json" else guide
@@ -144,7 +171,7 @@ _STRUCTURED = {"json": "json_schema", "json_schema": "json_schema", "regex": "re
 class SGLangAdapter(EngineAdapter):
     name = "sglang"
     # structured output it maps (sampling_params); log probabilities and token-id prompts it is refused
-    supported = frozenset(INPUT_NAMES) - {"bad_words", *MUST_HONOUR} | {
+    supported = frozenset(INPUT_NAMES) - set(MUST_HONOUR) | {
         "guided_decoding_guide_type",
         "guided_decoding_guide",
     }
@@ -195,8 +222,9 @@ class SGLangAdapter(EngineAdapter):
                 "random_seed: SGLang samples with a seed only under deterministic inference; serve with "
                 "engine.extra_args.enable_deterministic_inference=true, or leave the seed out"
             )
+        tokenizer = getattr(self.engine.tokenizer_manager, "tokenizer", None)
         stream = await self.engine.async_generate(
-            prompt=request.prompt, sampling_params=sampling_params(request.params), stream=True, rid=request_id
+            prompt=request.prompt, sampling_params=sampling_params(p, tokenizer), stream=True, rid=request_id
         )
         text_so_far = ""
         async for chunk in stream:
