@@ -111,3 +111,10 @@ def pick_ports(host: str, wanted: Dict[str, int], avoid=()) -> Dict[str, int]:
             p = free_port(bind)  # the configured port (if any) is taken: any free one outside `avoid`
         chosen[key] = p
     return chosen
+
+
+def metrics_url(host: str, port) -> str:
+    """tritonserver's Prometheus URL on `host`:`port` (an IPv6 address in brackets); "" without a port."""
+    if not port:
+        return ""
+    return f"http://{f'[{host}]' if ':' in host else host}:{int(port)}/metrics"

@@ -194,10 +194,12 @@ def build_parser(prog: str = "llmlaunch-bench") -> argparse.ArgumentParser:
     )
     o.add_argument(
         "--server-metrics",
-        metavar="URL",
-        help="tritonserver metrics URL (http://HOST:PORT/metrics) of an llmlaunch hf model: report where "
-        "the mean TTFT goes, inside the model (parse / add / engine / back / respond) and outside it, and how the engine "
-        "spent its steps (launch / wait for the GPU / host work; GPU busy and idle) (first run only)",
+        metavar="URL[,URL...]",
+        help="tritonserver metrics URL (http://HOST:PORT/metrics) of the served llmlaunch model: report where "
+        "the mean TTFT goes, inside the model (parse / add / engine / back / respond / send) and outside it, and how "
+        "the hf engine spent its steps (launch / wait for the GPU / host work; GPU busy and idle; its prefix cache's "
+        "hit rate) (first run only).  With replicas, the replica leaders' URLs (endpoint.json's replicas' "
+        "metrics_url), comma-separated: their totals are summed",
     )
     o.add_argument(
         "--compare",

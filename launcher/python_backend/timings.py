@@ -319,11 +319,17 @@ def mean_first_token_ms(before: dict, after: dict) -> dict | None:
 
 
 def fetch_metrics_text(url: str, timeout: float = 10.0) -> str:
-    """tritonserver's /metrics at `url` (http://HOST:PORT/metrics)."""
+    """tritonserver's /metrics at `url` (http://HOST:PORT/metrics); several servers' (the replicas' leaders), one
+    after the other, where `url` lists them with commas: the readers below sum every server's counters, so their
+    totals are the job's."""
     import urllib.request
 
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return r.read().decode("utf-8", "replace")
+    texts = []
+    for one in (u.strip() for u in url.split(",")):
+        if one:
+            with urllib.request.urlopen(one, timeout=timeout) as r:
+                texts.append(r.read().decode("utf-8", "replace"))
+    return "\n".join(texts)
 
 
 def fetch_first_token_metrics(url: str, model: str | None = None, timeout: float = 10.0) -> dict:

@@ -23,7 +23,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from launcher.engines.registry import ENGINES
 from launcher.logtext import log_excerpt
 from launcher.openai_api.process import start_api
-from launcher.ports import pick_ports
+from launcher.ports import metrics_url, pick_ports
 from launcher.rank.drain import DRAIN_SIGNAL, REASON_ENV, walltime_reason
 from launcher.rank.frontend import start_for_rank0
 from launcher.rank.rendezvous import (
@@ -311,6 +311,9 @@ class Rank:
                         "replica": spec.ranks[i["rank"]].replica,
                         "addr": i["addr"],
                         "grpc_port": bound[i["rank"]].get("grpc_port"),
+                        # the leader's own tritonserver metrics (its model's first-token split and engine totals):
+                        # the public metrics port is the front end's
+                        "metrics_url": metrics_url(i["addr"], bound[i["rank"]].get("metrics_port")),
                     }
                     for i in leaders
                 ],

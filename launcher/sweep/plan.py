@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
+from launcher.ports import metrics_url
+
 # Config keys that never change what is measured (where files go, how long to wait).
 NOT_MEASURED = ("dry_run", "run_dir", "serve.ready_timeout_s", "serve.drain_timeout_s", "cluster.jobs_dir")
 # Config keys the load generator owns: changing only these keeps the server.
@@ -235,14 +237,17 @@ def bench_problems(bench: Mapping[str, Any]) -> List[str]:
 
 def first_token_metrics_url(spec, endpoint: Mapping[str, Any]) -> str:
     """Metrics URL of the tritonserver holding a model that reports the first-token split the bench shows
-    (EngineDef.first_token_split; launcher/python_backend/timings.py): rank 0's with one replica.  "" otherwise: other
-    engines have no split, and with replicas the public metrics port is the front end's."""
+    (EngineDef.first_token_split; launcher/python_backend/timings.py): rank 0's with one replica; with replicas, every
+    replica leader's (endpoint.json's replicas, comma-separated: the bench sums them; the public metrics port is the
+    front end's).  "" for engines with no split, or where a replica's URL is unknown."""
     from launcher.engines.registry import ENGINES
 
-    if not ENGINES[spec.engine.name].first_token_split or spec.replicas != 1 or not endpoint.get("metrics_port"):
+    if not ENGINES[spec.engine.name].first_token_split:
         return ""
-    host = urlsplit(endpoint["url"]).hostname or ""
-    return f"http://{f'[{host}]' if ':' in host else host}:{int(endpoint['metrics_port'])}/metrics"
+    if spec.replicas > 1:
+        urls = [r.get("metrics_url") or "" for r in endpoint.get("replicas") or []]
+        return ",".join(urls) if urls and all(urls) else ""
+    return metrics_url(urlsplit(endpoint["url"]).hostname or "", endpoint.get("metrics_port"))
 
 
 def bench_argv(

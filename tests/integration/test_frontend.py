@@ -721,6 +721,8 @@ def test_a_replica_whose_port_is_taken_before_its_server_binds_it_retries_on_fre
 
     from launcher.client.request import Generation
     from launcher.client.stream import generate
+    from launcher.ports import metrics_url
+    from launcher.python_backend.timings import fetch_first_token_metrics, settle
     from launcher.triton_install import _wheel_install
 
     inst = _wheel_install()
@@ -747,11 +749,17 @@ def test_a_replica_whose_port_is_taken_before_its_server_binds_it_retries_on_fre
         ready = sorted((json.loads(p.read_text()) for p in job.run.glob("ready_rank*.json")), key=lambda r: r["rank"])
         assert [r["grpc_port"] for r in ep["replicas"]] == [r["ports"]["grpc_port"] for r in ready]
         assert blocked not in [r["grpc_port"] for r in ep["replicas"]]
+        # each leader's own metrics too (the public port is the front end's): where the bench reads the model's
+        # first-token split and engine totals, summed over the replicas
+        urls = [r["metrics_url"] for r in ep["replicas"]]
+        assert urls == [metrics_url(r["addr"], p["ports"]["metrics_port"]) for r, p in zip(ep["replicas"], ready)]
         for i in range(4):  # the front end spreads them over both replicas, the one that retried too
             rec = generate(
                 job.url, ep["model"], Generation(f"The capital of France is {i}", max_tokens=4, ignore_eos=True)
             )
             assert not rec.error and rec.output_tokens == 4, rec.error
+        counted = settle(lambda: fetch_first_token_metrics(",".join(urls), ep["model"])["count"], 1.25, 10)
+        assert counted >= 4, counted
         job.proc.send_signal(signal.SIGINT)
         assert job.proc.wait(90) == 0, job.tail()
     finally:

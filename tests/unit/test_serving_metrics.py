@@ -63,3 +63,46 @@ nv_inference_count{model="a",version="1"} 77
         "requests": 10,
     }
     assert mean_first_token_ms(a, a) is None
+
+
+def test_several_servers_metrics_are_summed():
+    """With replicas the bench reads every replica leader's server (comma-separated URLs): the totals are the job's."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from launcher.python_backend.timings import fetch_engine_metrics, fetch_first_token_metrics
+
+    def server(text):
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                body = text.encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        return srv, f"http://127.0.0.1:{srv.server_address[1]}/metrics"
+
+    a, url_a = server(
+        'llmlaunch_first_tokens{model="m"} 4\nllmlaunch_first_token_seconds{model="m",part="engine"} 0.4\n'
+        'llmlaunch_engine_prompt_tokens{model="m",kind="admitted"} 1000\n'
+        'llmlaunch_engine_prompt_tokens{model="m",kind="cached"} 600\n'
+    )
+    b, url_b = server(
+        'llmlaunch_first_tokens{model="m"} 6\nllmlaunch_first_token_seconds{model="m",part="engine"} 0.2\n'
+        'llmlaunch_engine_prompt_tokens{model="m",kind="admitted"} 1000\n'
+    )
+    try:
+        first = fetch_first_token_metrics(f"{url_a}, {url_b}", "m")
+        assert first["count"] == 10 and abs(first["engine"] - 0.6) < 1e-9
+        engine = fetch_engine_metrics(f"{url_a},{url_b}", "m")
+        assert engine["prompt_tokens"] == 2000 and engine["cached_prompt_tokens"] == 600
+        assert fetch_first_token_metrics(url_a, "m")["count"] == 4
+    finally:
+        a.shutdown()
+        b.shutdown()

@@ -196,11 +196,18 @@ def test_first_token_metrics_url_only_where_the_served_model_reports_it():
     spec = lambda s, replicas=1: dataclasses.replace(s, replicas=replicas)  # noqa: E731
     ep = {"url": "grpc://10.0.0.1:8001", "model": "hf_model", "metrics_port": 8002}
     assert sweep.first_token_metrics_url(spec(hf), ep) == "http://10.0.0.1:8002/metrics"
-    assert sweep.first_token_metrics_url(spec(hf, replicas=2), ep) == ""  # the front end's port
+    assert sweep.first_token_metrics_url(spec(hf, replicas=2), ep) == ""  # the front end's port, no replicas' own
     vllm = spec(plan(["engine=vllm", "model.path=/m"])[1])
     assert sweep.first_token_metrics_url(vllm, ep) == "http://10.0.0.1:8002/metrics"  # the async runtime's split
     assert sweep.first_token_metrics_url(spec(plan(["engine=trtllm", "model.path=/m"])[1]), ep) == ""
     assert sweep.first_token_metrics_url(spec(hf), {**ep, "url": "grpc://[::1]:8001"}) == "http://[::1]:8002/metrics"
+    # with replicas: every replica leader's own server (endpoint.json's replicas), which the bench sums
+    leaders = [{"addr": "10.0.0.2", "metrics_url": "http://10.0.0.2:8102/metrics"}, {"addr": "10.0.0.3"}]
+    assert sweep.first_token_metrics_url(spec(hf, replicas=2), {**ep, "replicas": leaders}) == ""  # one unknown
+    leaders[1]["metrics_url"] = "http://10.0.0.3:8102/metrics"
+    assert sweep.first_token_metrics_url(spec(hf, replicas=2), {**ep, "replicas": leaders}) == (
+        "http://10.0.0.2:8102/metrics,http://10.0.0.3:8102/metrics"
+    )
 
 
 def test_judge_bench():
