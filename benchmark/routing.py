@@ -55,17 +55,14 @@ def pick_cost(repeats: int = 2000) -> list[dict]:
 
 
 def engine_counts(jobs_dir: Path, model: str) -> dict:
-    """Prompt tokens admitted and served from cache, summed over the replicas' engines (their metrics ports, from
-    the ready files of the one run under jobs_dir)."""
+    """Prompt tokens admitted and served from cache, summed over the replicas' engines (the replica leaders' metrics
+    URLs in the endpoint.json of the one run under jobs_dir)."""
     from launcher.python_backend.timings import settled_engine_metrics
 
-    totals = {"prompt_tokens": 0, "cached_prompt_tokens": 0}
-    for ready in jobs_dir.rglob("ready_rank*.json"):
-        port = json.loads(ready.read_text())["ports"]["metrics_port"]
-        m = settled_engine_metrics(f"http://127.0.0.1:{port}/metrics", model, wait_s=10)
-        for k in totals:
-            totals[k] += m[k]
-    return totals
+    (endpoint,) = jobs_dir.rglob("endpoint.json")
+    urls = ",".join(r["metrics_url"] for r in json.loads(endpoint.read_text())["replicas"])
+    m = settled_engine_metrics(urls, model, wait_s=10)
+    return {k: m[k] for k in ("prompt_tokens", "cached_prompt_tokens")}
 
 
 def served_run(policy: str, workload: list[str], args, overrides: list[str], tmp: Path, tag: str) -> dict:

@@ -39,6 +39,7 @@ from benchmark.openai_logprobs import collect as logprobs_collect
 from benchmark.openai_structured import main as structured_main
 from benchmark.servers import CHECKOUT, start_llmlaunch, stop_llmlaunch
 from launcher.engines.vllm import LOAD_PHASES as STARTUP
+from launcher.python_backend.timings import PARTS
 
 
 def startup_breakdown(run_dir: str) -> dict:
@@ -139,7 +140,7 @@ def split_text(split: dict | None) -> str:
     """'  first token: parse 0.21 engine 9.80 respond 0.12 send 0.08 outside 2.10 ms' (mean ms; '' without)."""
     if not split:
         return ""
-    parts = [(k, split.get(k)) for k in ("parse", "add", "engine", "back", "respond", "send", "outside_server")]
+    parts = [(k, split.get(k)) for k in (*PARTS, "outside_server")]
     return "  first token: " + " ".join(f"{k.split('_')[0]} {v:.2f}" for k, v in parts if v) + " ms"
 
 

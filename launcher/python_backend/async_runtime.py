@@ -406,10 +406,10 @@ class AsyncEngineRuntime:
                     if out.counts and out.in_n != n_in:
                         out.in_tensor, out.in_n = self._responder.input_tokens(n_in), n_in
                     response = self._responder.build(text, out.in_tensor, n_out, counts=out.counts, extra=extra)
-                    self._send_first(out, response, times if text else None)
+                    self._send_streamed(out, response, times if text else None)
                 elif final[0] == "done":
                     response = triton_io.response(text + final[1], n_in, n_out, final[2], extra=extra)
-                    self._send_first(out, response, times if text or final[1] else None, final=True)
+                    self._send_streamed(out, response, times if text or final[1] else None, final=True)
                 else:
                     if text:  # what was generated before the failure still reaches the client
                         self._send(out.sender, self._responder.build(text, self._responder.input_tokens(n_in), n_out))
@@ -417,7 +417,7 @@ class AsyncEngineRuntime:
             except Exception:  # noqa: BLE001 - building a response must not end the sender thread
                 self.log.warn(f"building a response failed: {traceback.format_exc(limit=2)}")
 
-    def _send_first(self, out: Outbox, response, times: Optional[tuple], final: bool = False) -> None:
+    def _send_streamed(self, out: Outbox, response, times: Optional[tuple], final: bool = False) -> None:
         """Send a streamed response; if `times` (the request's stamps) is given it is the request's first text, and
         where its first token spent its time is counted (`respond` ends as the send begins, `send` as it returns)."""
         sending = time.monotonic()

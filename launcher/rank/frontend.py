@@ -13,6 +13,7 @@ from typing import Dict, List
 from launcher.frontend import FrontendConfig, FrontendProcess
 from launcher.frontend.wire import log
 from launcher.paths import PACKAGE_ROOT
+from launcher.ports import metrics_url
 from launcher.python_backend.responders import responders
 
 
@@ -114,7 +115,7 @@ def start_for_rank0(
             "grpc_port": cfg.port,
             "http_port": None,  # the front end speaks gRPC only
             "metrics_port": cfg.metrics_port,
-            "metrics_url": f"http://{host}:{cfg.metrics_port}/metrics",
+            "metrics_url": metrics_url(host, cfg.metrics_port),
             "frontend": {"pid": proc.proc.pid, "processes": processes},
         },
         bound,
