@@ -11,6 +11,8 @@ from launcher.engines.base import EngineDef, copy_nodes, model_path, python_engi
 def _params(spec) -> Dict[str, object]:
     e = spec.engine
     p: Dict[str, object] = {"model_name": model_path(spec)}  # informational; sglang_model reads model_path
+    if e.frontends > 1:
+        p["ready_timeout_s"] = spec.serve.ready_timeout_s
     if e.mem_fraction_static:
         p["mem_fraction_static"] = e.mem_fraction_static
     if e.extra_args:
@@ -32,7 +34,9 @@ ENGINE = EngineDef(
     name="sglang",
     default_model_name="sglang_model",
     layout="per_group",
-    models=python_engine_models("sglang", _params),
+    # engine.frontends instances: the front ends of one engine (sglang model.py); ready_timeout_s: how long the
+    # other front ends wait for the first one's engine
+    models=python_engine_models("sglang", _params, instances=lambda s: s.engine.frontends),
     worker_models=(),
     check=lambda c, scheduler: require_path(c, engine="sglang"),
     needs_gpu=lambda e: True,  # SGLang serves on GPUs

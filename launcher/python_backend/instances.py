@@ -55,6 +55,16 @@ def instance_index(model_config: dict, instance_name: str) -> int:
     )
 
 
+def frontend_params(params: dict, model_config: dict, instance_name: str) -> dict:
+    """`params` with `frontends` (the model's instance count: the stubs that are front ends of one engine) and,
+    where there are several, this instance's `frontend_index`."""
+    count = sum(int(g.get("count", 1)) for g in model_config.get("instance_group") or []) or 1
+    params = dict(params, frontends=str(count))
+    if count > 1:
+        params["frontend_index"] = str(instance_index(model_config, instance_name))
+    return params
+
+
 class InstanceShare:
     """One model's instances in one tritonserver, each at its place (`instance_index`). Place 0 starts the
     engine and `publish()`es what the others need once it is up, or `fail()`s with the reason; the others

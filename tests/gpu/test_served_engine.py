@@ -110,7 +110,7 @@ def test_a_banned_word_changes_the_answer(server, greedy, tok):
     tried = []
     for i in dict.fromkeys(ids[:8]):
         word = tok.decode([i]).strip()
-        if not word or word in tried:
+        if not word or "\ufffd" in word or word in tried:  # a piece of a character is no word anyone bans
             continue
         tried.append(word)
         r = whole(server, max_tokens=8, ignore_eos=True, bad_words=[word])

@@ -15,7 +15,6 @@ only: its stand-in has the real `LLM` / `SamplingParams` / `generate_async` sign
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import pytest
@@ -37,8 +36,8 @@ def engine(request, tmp_path_factory):
     from tests.standins.server import STANDINS, serve, write_repository
 
     name = request.param
-    # vLLM with one front end here (AsyncLLM.from_engine_args); several: test_vllm_front_ends_share_one_engine_core
-    one = ["engine.frontends=1"] if name == "vllm" else []
+    # vLLM and SGLang with one front end here; several: tests/integration/test_shared_engine.py
+    one = ["engine.frontends=1"] if name in ("vllm", "sglang") else []
     # SGLang uses a request's seed only under deterministic inference: serve with it, so seeds reach the engine
     one += ["engine.extra_args.enable_deterministic_inference=true"] if name == "sglang" else []
     _, spec = plan([f"engine={name}", "model.path=/models/standin-llm", "engine.max_num_seqs=8", *one])
@@ -509,71 +508,3 @@ def test_trtllm_llm_args_reach_model_yaml_and_unknown_keys_are_refused(tmp_path)
         and "enable_chunked_prefill" in text
         and "valid keys:" in text
     ), text[-2000:]
-
-
-def test_vllm_front_ends_share_one_engine_core(tmp_path):
-    """engine.frontends=3: three stubs, one engine core started by the first (vLLM's launch_core_engines for three
-    clients), each stub a client on its own address pair; requests spread over them and none mix."""
-    from launcher.cli import plan
-    from launcher.render import repository_files
-    from tests.standins.server import STANDINS, serve, write_repository
-
-    _, spec = plan(["engine=vllm", "model.path=/models/standin-llm", "engine.frontends=3"])
-    assert "count: 3" in repository_files(spec)[f"{spec.model_name}/config.pbtxt"]
-    repo = write_repository(repository_files(spec), tmp_path / "repo")
-    log = tmp_path / "calls.jsonl"
-    # the core takes a second to load: the other front ends wait for it
-    env = {"LLMLAUNCH_STANDIN_LOG": str(log), "LLMLAUNCH_STANDIN_DELAY_S": "0.01", "LLMLAUNCH_STANDIN_CORE_LOAD_S": "1"}
-    with serve(
-        repo, [spec.model_name], tmp_path / "server.log", spec.model_name, extra_env=env, pythonpath=[STANDINS]
-    ) as server:
-        server.model, server.calls = spec.model_name, log
-        (launch,) = events(server, "launch_core")
-        assert launch["clients"] == 3 and launch["api_process_rank"] == 0
-        clients = wait_for(lambda: len(events(server, "client")) == 3 and events(server, "client"))
-        assert sorted(c["client_index"] for c in clients) == [0, 1, 2] and {c["client_count"] for c in clients} == {3}
-        assert sorted(c["api_process_rank"] for c in clients) == [0, 1, 2]  # each config knows its front end
-        for c in clients:  # each client binds the address pair the core was launched for, at its index
-            i = c["client_index"]
-            assert c["addresses"] == {"input_address": launch["inputs"][i], "output_address": launch["outputs"][i]}
-        assert len({c["pid"] for c in clients}) == 3  # three stub processes
-        # the first front end logs vLLM's statistics; the others keep their requests' (for the first-token split)
-        # through a logger that records nothing
-        stats = [(c["disable_log_stats"], c["stat_loggers"]) for c in sorted(clients, key=lambda c: c["client_index"])]
-        assert stats == [(False, []), (True, ["QuietStatLogger"]), (True, ["QuietStatLogger"])], stats
-        check_concurrent_streams(server, 9, 4)
-        served_by = {e["pid"] for e in events(server, "generate")}
-        assert served_by <= {c["pid"] for c in clients} and len(served_by) >= 2, served_by
-    # the core went with the server's process group (a stop, not a failure) and is not left running
-    text = (tmp_path / "server.log").read_text()
-    assert "vLLM's engine core stopped" in text or events(server, "core_shutdown"), text[-2000:]
-    assert "stopping this tritonserver so the launcher sees the rank fail" not in text
-    (started,) = events(server, "core_started")
-    assert (
-        not os.path.exists(f"/proc/{started['core_pid']}")
-        or open(f"/proc/{started['core_pid']}/stat").read().split()[2] == "Z"
-    )
-
-
-def test_vllm_front_ends_fail_together_when_the_engine_core_fails(tmp_path):
-    from launcher.cli import plan
-    from launcher.render import repository_files
-    from tests.standins.server import STANDINS, serve, write_repository
-
-    _, spec = plan(["engine=vllm", "model.path=/models/standin-llm", "engine.frontends=2"])
-    repo = write_repository(repository_files(spec), tmp_path / "repo")
-    env = {"LLMLAUNCH_STANDIN_CORE_FAIL": "CUDA out of memory (stand-in)"}
-    with pytest.raises((RuntimeError, TimeoutError)):  # the model's load fails: the server never gets READY
-        with serve(
-            repo,
-            [spec.model_name],
-            tmp_path / "server.log",
-            spec.model_name,
-            extra_env=env,
-            ready_timeout_s=60,
-            pythonpath=[STANDINS],
-        ):
-            pass
-    text = (tmp_path / "server.log").read_text()
-    assert "CUDA out of memory (stand-in)" in text
-    assert "the instance that starts the shared engine failed: RuntimeError: CUDA out of memory (stand-in)" in text

@@ -175,6 +175,7 @@ BAD = {
     ("vllm", "engine.frontends"): ["engine.frontends=0"],
     ("sglang", "engine.mem_fraction_static"): ["engine.mem_fraction_static=1.0"],
     ("sglang", "engine.extra_args"): ["engine.extra_args.bad-key=1"],
+    ("sglang", "engine.frontends"): ["engine.frontends=0"],
     ("lmdeploy", "engine.backend"): ["engine.backend=onnx"],
     ("lmdeploy", "engine.session_len"): ["engine.session_len=-1"],
     ("lmdeploy", "engine.cache_max_entry_count"): ["engine.cache_max_entry_count=0"],

@@ -33,6 +33,15 @@ Triton's vllm_backend; written for llmlaunch.
   up; their tritonserver has no network services, the model answers any request with
   an error, and if the schedulers die it stops its tritonserver so the job fails fast.
 
+* Several instances (`frontends` N, the config's instance_group count): N stubs are N front ends of one engine,
+  as SGLang's own server runs `tokenizer_worker_num` HTTP workers. The first instance (Triton's instance name
+  ends in _0) builds the Engine with tokenizer_worker_num=N, so SGLang starts its MultiTokenizerRouter in place of
+  a tokenizer manager, and publishes the engine's ServerArgs and PortArgs once it is up
+  (launcher.python_backend.instances); every instance (the first too) then builds a `TokenizerWorker` on its own
+  IPC address and generates through it (`generate_request(GenerateReqInput(...))`, what `async_generate` calls).
+  SGLang's detokenizer sends each request's outputs to the worker that sent it, so each stub tokenizes,
+  detokenizes and answers only its own requests, under its own GIL.
+
 Parameters (config.pbtxt, written by launcher/engines/registry.py): model_path,
 tokenizer_path, tp_size, pp_size, nnodes, max_num_seqs (-> max_running_requests), dtype,
 max_model_len (-> context_length), mem_fraction_static, extra_args (a JSON object of more
@@ -41,12 +50,14 @@ flash_ops, 1.76 GB of the kernel wheel) and no attention backend is set, the eng
 attention instead of failing on SGLang's Hopper default.
 """
 
+import base64
 import dataclasses
 import glob
 import importlib.util
 import inspect
 import json
 import os
+import pickle
 import sys
 
 # The python backend stub does not read PYTHONPATH (Triton 2.51); honour it here, after the stub's own
@@ -176,10 +187,13 @@ class SGLangAdapter(EngineAdapter):
         "guided_decoding_guide",
     }
 
-    def __init__(self, params: dict, log: Log):
+    def __init__(self, params: dict, log: Log, model_name: str = "sglang"):
         self.params = params
         self.log = log
-        self.engine = None
+        self.model_name = model_name
+        self.engine = None  # sglang.Engine, where this stub started it
+        self.manager = None  # what generates: the engine's tokenizer manager, or this front end's TokenizerWorker
+        self.share = None  # launcher.python_backend.instances.InstanceShare when several instances share the engine
         self.node_rank = 0
         self.incremental = False
         self.seeded = False
@@ -188,9 +202,14 @@ class SGLangAdapter(EngineAdapter):
         kwargs = server_args_kwargs(self.params, os.environ)
         self.node_rank = int(kwargs.get("node_rank", 0))
         self.serves = self.node_rank == 0
+        frontends, index = int(self.params.get("frontends", 1)), int(self.params.get("frontend_index", 0))
         if not self.serves:
+            if index > 0:
+                return  # a node > 0 hosts one engine share, started by its first instance
             # Without it, Engine() on nodes > 0 blocks until its schedulers exit (SGLang's server mode).
             os.environ["SGLANG_BLOCK_NONZERO_RANK_CHILDREN"] = "0"
+        elif frontends > 1:
+            kwargs["tokenizer_worker_num"] = frontends
         import sglang
         from sglang.srt.server_args import ServerArgs
 
@@ -200,20 +219,70 @@ class SGLangAdapter(EngineAdapter):
             raise ValueError(
                 f"sglang: ServerArgs has no {unknown}; fix engine.extra_args (valid names are ServerArgs fields)"
             )
-        self.log.info(
-            f"building sglang.Engine (node {self.node_rank}) with {json.dumps(kwargs, sort_keys=True, default=str)}"
-        )
-        self.engine = sglang.Engine(**kwargs)
-        args = getattr(self.engine, "server_args", None)
+        if self.serves and frontends > 1:
+            args = self._front_end(kwargs, frontends, index, sglang)
+        else:
+            self.log.info(
+                f"building sglang.Engine (node {self.node_rank}) with {json.dumps(kwargs, sort_keys=True, default=str)}"
+            )
+            self.engine = sglang.Engine(**kwargs)
+            self.manager = self.engine.tokenizer_manager
+            args = getattr(self.engine, "server_args", None)
         self.incremental = bool(
             getattr(args, "incremental_streaming_output", False) or getattr(args, "stream_output", False)
         )
         # SGLang draws with a request's sampling_seed only under deterministic inference (it ignores it otherwise)
         self.seeded = bool(getattr(args, "enable_deterministic_inference", False))
         # the context SGLang resolved (the model's, or context_length where set): ServerArgs keeps only the setting
-        context = getattr(getattr(self.engine, "tokenizer_manager", None), "context_len", None)
-        context = context or getattr(args, "context_length", None)
+        context = getattr(self.manager, "context_len", None) or getattr(args, "context_length", None)
         self.max_model_len = int(context) if context else None
+
+    def _front_end(self, kwargs, count, index, sglang):
+        """Front end `index` of `count` of one Engine (the first instance starts it): this stub's TokenizerWorker on
+        an IPC address of its own; the engine's resolved ServerArgs."""
+        from launcher.python_backend.instances import InstanceShare, private_dir, share_key
+
+        self.share = InstanceShare("sglang", self.model_name, index, count)
+        if index == 0:
+            self.log.info(
+                f"building sglang.Engine for {count} front ends with {json.dumps(kwargs, sort_keys=True, default=str)}"
+            )
+            try:
+                self.engine = sglang.Engine(**kwargs)
+                # what a TokenizerWorker needs, as SGLang's server hands it to its HTTP workers (pickled); the
+                # share's files are in a directory only this user can read
+                shared = (self.engine.server_args, self.engine.port_args)
+                info = {
+                    "args": base64.b64encode(pickle.dumps(shared)).decode(),
+                    "max_req_input_len": getattr(self.engine.tokenizer_manager, "max_req_input_len", None),
+                }
+                self.share.publish(info)
+            except BaseException as exc:
+                self.share.fail(f"{type(exc).__name__}: {exc}")
+                raise
+        else:
+            # the first front end's engine loads within the launch's serve.ready_timeout_s (config.pbtxt)
+            info = self.share.wait(float(self.params.get("ready_timeout_s", "") or 3600))
+        server_args, port_args = pickle.loads(base64.b64decode(info["args"]))
+        from sglang.srt.managers.multi_tokenizer_mixin import TokenizerWorker
+
+        # the detokenizer sends a request's outputs to the address of the worker that sent it
+        address = os.path.join(private_dir(), f"sglang-{share_key(self.model_name)}-{index}.ipc")
+        port_args = dataclasses.replace(port_args, tokenizer_ipc_name=f"ipc://{address}")
+        self.manager = TokenizerWorker(server_args, port_args)
+        self.manager.max_req_input_len = info["max_req_input_len"]
+        started = "started here" if index == 0 else "attached"
+        self.log.info(f"front end {index} of {count} of one SGLang engine ({started})")
+        return server_args
+
+    async def _generate_stream(self, request_id, prompt, sp):
+        if self.engine is not None and self.manager is self.engine.tokenizer_manager:
+            return await self.engine.async_generate(prompt=prompt, sampling_params=sp, stream=True, rid=request_id)
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        # what Engine.async_generate hands its tokenizer manager
+        request = GenerateReqInput(text=prompt, sampling_params=sp, stream=True, rid=request_id)
+        return self.manager.generate_request(request, None)
 
     async def generate(self, request_id, request):
         p = request.params
@@ -222,10 +291,8 @@ class SGLangAdapter(EngineAdapter):
                 "random_seed: SGLang samples with a seed only under deterministic inference; serve with "
                 "engine.extra_args.enable_deterministic_inference=true, or leave the seed out"
             )
-        tokenizer = getattr(self.engine.tokenizer_manager, "tokenizer", None)
-        stream = await self.engine.async_generate(
-            prompt=request.prompt, sampling_params=sampling_params(p, tokenizer), stream=True, rid=request_id
-        )
+        sp = sampling_params(p, getattr(self.manager, "tokenizer", None))
+        stream = await self._generate_stream(request_id, request.prompt, sp)
         text_so_far = ""
         async for chunk in stream:
             meta = chunk.get("meta_info") or {}
@@ -245,17 +312,21 @@ class SGLangAdapter(EngineAdapter):
             yield Piece(delta, int(meta.get("completion_tokens", 0)), int(meta.get("prompt_tokens", 0)), finish)
 
     async def abort(self, request_id):
-        manager = getattr(self.engine, "tokenizer_manager", None)
-        if manager is None:
+        if self.manager is None:
             return
-        result = manager.abort_request(rid=request_id)
+        result = self.manager.abort_request(rid=request_id)
         if inspect.isawaitable(result):
             await result
 
     async def stop(self):
-        if self.engine is not None:
-            self.engine.shutdown()
-            self.engine = None
+        self.manager = None
+        try:
+            if self.engine is not None:
+                self.engine.shutdown()
+                self.engine = None
+        finally:
+            if self.share is not None:
+                self.share.release()
 
     def wait_engine_exit(self) -> bool:
         init = getattr(self.engine, "_scheduler_init_result", None)
@@ -270,4 +341,9 @@ class TritonPythonModel(RuntimeModel):
     name = "sglang"
 
     def make_adapter(self, params, args, log):
-        return SGLangAdapter(params, log)
+        from launcher.python_backend.instances import frontend_params
+
+        config = json.loads(args["model_config"])
+        # the instance_group count (llmlaunch: engine.frontends): this many stubs are front ends of one engine
+        params = frontend_params(params, config, args.get("model_instance_name", ""))
+        return SGLangAdapter(params, log, config.get("name", "sglang"))

@@ -343,15 +343,11 @@ class TritonPythonModel(RuntimeModel):
     name = "vllm"
 
     def make_adapter(self, params, args, log):
+        from launcher.python_backend.instances import frontend_params
+
         config = json.loads(args["model_config"])
         # the instance_group count (llmlaunch: engine.frontends): this many stubs share one engine core
-        params = dict(
-            params, frontends=str(sum(int(g.get("count", 1)) for g in config.get("instance_group") or []) or 1)
-        )
-        if int(params["frontends"]) > 1:
-            from launcher.python_backend.instances import instance_index
-
-            params["frontend_index"] = str(instance_index(config, args.get("model_instance_name", "")))
+        params = frontend_params(params, config, args.get("model_instance_name", ""))
         return VLLMAdapter(
             params, os.path.join(args["model_repository"], args["model_version"]), log, config.get("name", "vllm")
         )

@@ -25,6 +25,17 @@ class ServerArgs:
     attention_backend: Optional[str] = None
     prefill_attention_backend: Optional[str] = None
     decode_attention_backend: Optional[str] = None
+    tokenizer_worker_num: int = 1  # > 1: SGLang's multi-tokenizer mode (a router and that many tokenizer workers)
     enable_metrics: bool = False
     host: str = "127.0.0.1"
     port: int = 30000
+
+
+@dataclass
+class PortArgs:
+    """The IPC addresses of one Engine's processes (a subset of SGLang's PortArgs, same names)."""
+
+    tokenizer_ipc_name: str
+    scheduler_input_ipc_name: str
+    detokenizer_ipc_name: str
+    tokenizer_worker_ipc_name: Optional[str] = None

@@ -3,25 +3,21 @@
 import asyncio
 import dataclasses
 import os
+import tempfile
 import threading
 from types import SimpleNamespace
 
 import _standin
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.multi_tokenizer_mixin import MultiTokenizerRouter
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
-from sglang.srt.server_args import ServerArgs
+from sglang.srt.server_args import PortArgs, ServerArgs
 
 ENGINE = "sglang"
 
 
-def _model_context(kwargs) -> int:
-    """The model folder's max_position_embeddings (32768 where it has no config.json), as SGLang's ModelConfig reads it."""
-    import json
-
-    path = os.path.join(kwargs.get("model_path", ""), "config.json")
-    if not os.path.exists(path):
-        return 32768
-    with open(path) as f:
-        return int(json.load(f).get("max_position_embeddings", 32768))
+def _ipc() -> str:
+    return f"ipc://{tempfile.NamedTemporaryFile(delete=False).name}"  # as SGLang's PortArgs.init_new names them
 
 
 class Engine:
@@ -30,6 +26,11 @@ class Engine:
         _standin.record(
             ENGINE, "init", args=dataclasses.asdict(self.server_args), thread=threading.current_thread().name
         )
+        fail = os.environ.get("LLMLAUNCH_STANDIN_CORE_FAIL")  # the schedulers failing to load the model
+        if fail:
+            raise RuntimeError(fail)
+        multi = self.server_args.tokenizer_worker_num > 1
+        self.port_args = PortArgs(_ipc(), _ipc(), _ipc(), _ipc() if multi else None)
         try:
             self.loop = asyncio.get_running_loop()
         except RuntimeError:
@@ -40,63 +41,21 @@ class Engine:
             if os.environ.get("SGLANG_BLOCK_NONZERO_RANK_CHILDREN") != "0":
                 self._exited.wait()  # what SGLang does in server mode: never returns while the schedulers live
             self.tokenizer_manager = None
+        elif multi:  # SGLang's multi-tokenizer mode: the workers generate, the router only forwards
+            self.tokenizer_manager = MultiTokenizerRouter(self.server_args, self.port_args)
+            self.tokenizer_manager.max_req_input_len = 4096
         else:
-            self.tokenizer_manager = TokenizerManager(self.server_args.context_length or _model_context(kwargs))
+            self.tokenizer_manager = TokenizerManager(self.server_args, self.port_args)
 
     async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, stream=False, rid=None, **kwargs):
-        sp = dict(sampling_params or {})
-        _standin.record(ENGINE, "generate", request_id=rid, prompt=prompt, sampling=sp, stream=stream)
-        gen = self._stream(prompt, sp, rid)
+        obj = GenerateReqInput(text=prompt, sampling_params=sampling_params, stream=stream, rid=rid)
+        gen = self.tokenizer_manager.generate_request(obj, None)
         if stream:
             return gen
         last = None
         async for piece in gen:
             last = piece
         return last
-
-    async def _stream(self, prompt, sp, rid):
-        tm = self.tokenizer_manager
-        tm.rid_to_state[rid] = True
-        stop = sp.get("stop") or []
-        stop = [stop] if isinstance(stop, str) else stop
-        n_in = len(_standin.prompt_ids(prompt))
-        text, ids = "", []
-        try:
-            async for piece, tok, finish in _standin.script(
-                prompt,
-                sp.get("max_new_tokens", 128),
-                sp.get("min_new_tokens", 0),
-                sp.get("ignore_eos", False),
-                stop,
-                cancelled=lambda: rid in tm.aborted,
-            ):
-                text += piece
-                if tok is not None:
-                    ids.append(tok)
-                chunk_text = piece if self.server_args.incremental_streaming_output else text
-                yield {
-                    "text": chunk_text,
-                    "output_ids": list(ids),
-                    "meta_info": {
-                        "id": rid,
-                        "prompt_tokens": n_in,
-                        "completion_tokens": len(ids),
-                        "finish_reason": None if finish is None else {"type": finish},
-                    },
-                }
-            if rid in tm.aborted:
-                yield {
-                    "text": text,
-                    "output_ids": ids,
-                    "meta_info": {
-                        "id": rid,
-                        "prompt_tokens": n_in,
-                        "completion_tokens": len(ids),
-                        "finish_reason": {"type": "abort", "message": "Abort request"},
-                    },
-                }
-        finally:
-            tm.rid_to_state.pop(rid, None)  # SGLang does not abort on close: the caller must
 
     def shutdown(self):
         _standin.record(ENGINE, "shutdown")

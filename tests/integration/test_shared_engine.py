@@ -1,0 +1,128 @@
+"""Several Triton stubs as the front ends of one engine (`engine.frontends`), each engine replaced by its stand-in
+(tests/standins, at the engines' API boundary as in test_engine_adapters.py): vLLM's engine core with one AsyncLLM
+client a stub, SGLang's Engine in multi-tokenizer mode with one TokenizerWorker a stub. Checked: the first stub
+starts the engine for all, every stub attaches on an address of its own, requests spread over the stubs without
+mixing, and a failed engine fails every stub's load with the reason."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.integration.test_engine_adapters import check_concurrent_streams, events, wait_for
+
+pytestmark = pytest.mark.triton
+
+
+def test_vllm_front_ends_share_one_engine_core(tmp_path):
+    """engine.frontends=3: three stubs, one engine core started by the first (vLLM's launch_core_engines for three
+    clients), each stub a client on its own address pair; requests spread over them and none mix."""
+    from launcher.cli import plan
+    from launcher.render import repository_files
+    from tests.standins.server import STANDINS, serve, write_repository
+
+    _, spec = plan(["engine=vllm", "model.path=/models/standin-llm", "engine.frontends=3"])
+    assert "count: 3" in repository_files(spec)[f"{spec.model_name}/config.pbtxt"]
+    repo = write_repository(repository_files(spec), tmp_path / "repo")
+    log = tmp_path / "calls.jsonl"
+    # the core takes a second to load: the other front ends wait for it
+    env = {"LLMLAUNCH_STANDIN_LOG": str(log), "LLMLAUNCH_STANDIN_DELAY_S": "0.01", "LLMLAUNCH_STANDIN_CORE_LOAD_S": "1"}
+    with serve(
+        repo, [spec.model_name], tmp_path / "server.log", spec.model_name, extra_env=env, pythonpath=[STANDINS]
+    ) as server:
+        server.model, server.calls = spec.model_name, log
+        (launch,) = events(server, "launch_core")
+        assert launch["clients"] == 3 and launch["api_process_rank"] == 0
+        clients = wait_for(lambda: len(events(server, "client")) == 3 and events(server, "client"))
+        assert sorted(c["client_index"] for c in clients) == [0, 1, 2] and {c["client_count"] for c in clients} == {3}
+        assert sorted(c["api_process_rank"] for c in clients) == [0, 1, 2]  # each config knows its front end
+        for c in clients:  # each client binds the address pair the core was launched for, at its index
+            i = c["client_index"]
+            assert c["addresses"] == {"input_address": launch["inputs"][i], "output_address": launch["outputs"][i]}
+        assert len({c["pid"] for c in clients}) == 3  # three stub processes
+        # the first front end logs vLLM's statistics; the others keep their requests' (for the first-token split)
+        # through a logger that records nothing
+        stats = [(c["disable_log_stats"], c["stat_loggers"]) for c in sorted(clients, key=lambda c: c["client_index"])]
+        assert stats == [(False, []), (True, ["QuietStatLogger"]), (True, ["QuietStatLogger"])], stats
+        check_concurrent_streams(server, 9, 4)
+        served_by = {e["pid"] for e in events(server, "generate")}
+        assert served_by <= {c["pid"] for c in clients} and len(served_by) >= 2, served_by
+    # the core went with the server's process group (a stop, not a failure) and is not left running
+    text = (tmp_path / "server.log").read_text()
+    assert "vLLM's engine core stopped" in text or events(server, "core_shutdown"), text[-2000:]
+    assert "stopping this tritonserver so the launcher sees the rank fail" not in text
+    (started,) = events(server, "core_started")
+    assert (
+        not os.path.exists(f"/proc/{started['core_pid']}")
+        or open(f"/proc/{started['core_pid']}/stat").read().split()[2] == "Z"
+    )
+
+
+@pytest.mark.parametrize("name", ["vllm", "sglang"])
+def test_front_ends_fail_together_when_the_engine_fails(tmp_path, name):
+    """The first stub's engine fails to load: every other stub fails its load with that reason, none waits."""
+    from launcher.cli import plan
+    from launcher.render import repository_files
+    from tests.standins.server import STANDINS, serve, write_repository
+
+    _, spec = plan([f"engine={name}", "model.path=/models/standin-llm", "engine.frontends=2"])
+    repo = write_repository(repository_files(spec), tmp_path / "repo")
+    env = {"LLMLAUNCH_STANDIN_CORE_FAIL": "CUDA out of memory (stand-in)"}
+    with pytest.raises((RuntimeError, TimeoutError)):  # the model's load fails: the server never gets READY
+        with serve(
+            repo,
+            [spec.model_name],
+            tmp_path / "server.log",
+            spec.model_name,
+            extra_env=env,
+            ready_timeout_s=60,
+            pythonpath=[STANDINS],
+        ):
+            pass
+    text = (tmp_path / "server.log").read_text()
+    assert "the instance that starts the shared engine failed: RuntimeError: CUDA out of memory (stand-in)" in text
+
+
+def test_sglang_front_ends_are_tokenizer_workers_of_one_engine(tmp_path):
+    """engine.frontends=3 for SGLang: the first stub builds the Engine in multi-tokenizer mode for three workers, every
+    stub (the first too) a TokenizerWorker on an IPC address of its own in the private directory; requests spread
+    over the stubs and none mix, an abort reaches the worker that runs the request."""
+    from launcher.cli import plan
+    from launcher.render import repository_files
+    from tests.contract_client import Stream
+    from tests.standins.server import STANDINS, serve, write_repository
+
+    _, spec = plan(["engine=sglang", "model.path=/models/standin-llm", "engine.frontends=3"])
+    files = repository_files(spec)
+    assert "count: 3" in files[f"{spec.model_name}/config.pbtxt"]
+    repo = write_repository(files, tmp_path / "repo")
+    log = tmp_path / "calls.jsonl"
+    env = {"LLMLAUNCH_STANDIN_LOG": str(log), "LLMLAUNCH_STANDIN_DELAY_S": "0.01"}
+    with serve(
+        repo, [spec.model_name], tmp_path / "server.log", spec.model_name, extra_env=env, pythonpath=[STANDINS]
+    ) as server:
+        server.model, server.calls = spec.model_name, log
+        (init,) = events(server, "init")
+        assert init["args"]["tokenizer_worker_num"] == 3
+        workers = wait_for(lambda: len(events(server, "tokenizer_worker")) == 3 and events(server, "tokenizer_worker"))
+        assert len({w["pid"] for w in workers}) == 3 and init["pid"] in {w["pid"] for w in workers}
+        addresses = {w["tokenizer_ipc_name"] for w in workers}
+        assert len(addresses) == 3 and all(a.startswith(f"ipc:///tmp/llmlaunch-{os.getuid()}/") for a in addresses)
+        assert {w["router"] for w in workers} == {workers[0]["router"]} and workers[0]["router"]
+        check_concurrent_streams(server, 9, 4)
+        served_by = {e["pid"] for e in events(server, "generate")}
+        assert served_by <= {w["pid"] for w in workers} and len(served_by) >= 2, served_by
+        prompt = "please cancel me " * 3
+        stream = Stream(server)
+        try:
+            stream.send(prompt, max_tokens=3000, ignore_eos=True)
+            for _ in range(3):
+                assert stream.next()[1] is None
+        finally:
+            stream.close(cancel=True)
+        (request,) = [e for e in events(server, "generate") if e.get("prompt") == prompt]
+        (abort,) = wait_for(lambda: [e for e in events(server, "abort") if e["request_id"] == request["request_id"]])
+        assert abort["pid"] == request["pid"]  # the worker that runs the request aborts it
+    (shutdown,) = events(server, "shutdown")  # the engine goes down once, with the stub that started it
+    assert shutdown["pid"] == init["pid"]
