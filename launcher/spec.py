@@ -38,7 +38,7 @@ class LaunchSpec:
 
     job_name: str
     cluster: ClusterConfig
-    engine: EngineConfig  # the engine's own dataclass (launcher.schema.ENGINE_SCHEMAS[engine.name])
+    engine: EngineConfig  # the engine's own dataclass (launcher.engine_schema.ENGINE_SCHEMAS[engine.name])
     model: ModelConfig
     serve: ServeConfig
     bench: BenchConfig

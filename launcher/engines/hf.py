@@ -38,7 +38,7 @@ def _models(spec) -> List[RenderedModel]:
 
 
 def _check(c, scheduler) -> List[Problem]:
-    """Rules across fields; each field's own domain is declared in launcher/schema.py."""
+    """Rules across fields; each field's own domain is declared in launcher/engine_schema.py."""
     m, e = c.model, c.engine
     if not m.path and not m.make:
         return [
@@ -50,7 +50,7 @@ def _check(c, scheduler) -> List[Problem]:
         ]
     if c.pp != 1:
         return [(f"pp={c.pp}", "the hf engine has no pipeline parallelism", "use pp=1; scale out with replicas")]
-    n = e.response_processes  # its domain (launcher/schema.py) is checked with every field's
+    n = e.response_processes  # its domain (launcher/engine_schema.py) is checked with every field's
     if isinstance(n, int) and n > 1 and c.tp != 1:
         return [
             (

@@ -1,6 +1,6 @@
 """The engines llmlaunch serves, by `engine.name`: one `EngineDef` (launcher/engines/base.py) per engine module.
 
-Adding an engine is one module here (its EngineDef), its config dataclass in launcher/schema.py, its
+Adding an engine is one module here (its EngineDef), its config dataclass in launcher/engine_schema.py, its
 conf/engine/<name>.yaml and its python model under model_repository/; nothing else branches on the engine's name.
 """
 

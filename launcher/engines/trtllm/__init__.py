@@ -31,7 +31,7 @@ def _models(spec) -> List[RenderedModel]:
 
 def _check(c, scheduler):
     """Rules across fields (each field's own domain, the layout's choices and the KV fraction, is declared in
-    launcher/schema.py), by layout."""
+    launcher/engine_schema.py), by layout."""
     return llmapi.check(c, scheduler) if _llmapi(c) else ensemble.check(c)
 
 

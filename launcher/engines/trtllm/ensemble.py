@@ -24,7 +24,7 @@ from launcher.engines.trtllm.llmapi import looks_like_engine_dir
 
 
 def check(c) -> List[Tuple[str, str, str]]:
-    """Rules across fields (each field's own domain is declared in launcher/schema.py)."""
+    """Rules across fields (each field's own domain is declared in launcher/engine_schema.py)."""
     return _fields_check(c) + _path_problems(c)
 
 
