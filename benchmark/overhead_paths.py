@@ -199,7 +199,7 @@ def run_served(
 
     from launcher.bench.runner import Job, LoadSpec, run_load
     from launcher.client.request import Generation
-    from launcher.python_backend.timings import engine_split_after, first_token_split, settled_server_metrics
+    from launcher.python_backend.timings import engine_splits_after, first_token_split, settled_server_metrics
 
     gens = [
         Generation(prompt=p, max_tokens=m, stream=True, ignore_eos=True)
@@ -256,7 +256,7 @@ def run_served(
         "server_cpu_s": sum(by_role.values()),
         "server_cpu_by_role_s": by_role,
         "first_token_ms": first_token_split(metrics_url, model, before, len(gens), stats["ttft_ms_mean"]),
-        "engine_steps": engine_split_after(metrics_url, model, engine_before),
+        "engine_steps": engine_splits_after(metrics_url, model, engine_before)[0],
         **stats,
     }
 

@@ -17,11 +17,25 @@ def routed(metrics_url: str) -> list:
     ]
 
 
+def engine_tokens(metrics_url: str) -> dict:
+    """The replicas' engines' prompt tokens the front end's /metrics shows: {(replica, kind): tokens}."""
+    import re
+
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    rows = re.findall(
+        r'^llmlaunch_frontend_replica_prompt_tokens_total\{replica="(\d+)",addr="[^"]*",kind="(\w+)"\} (\d+)$',
+        text,
+        re.M,
+    )
+    return {(int(r), kind): int(n) for r, kind, n in rows}
+
+
 def check_prefix_routing(ep: dict, ready: list, tokenizer_dir) -> None:
     """Each turn of a conversation sends the whole history: every turn goes to the replica the first went to, whose
     prefix cache holds the history (its engine's own counters say each later turn prefilled only what is new), while
     requests of other prefixes still reach the other replica; and requests of one session (X-Session-ID on the
-    OpenAI API) reach one replica whatever their prompts.  ready: the replica leaders' ready records, rank order."""
+    OpenAI API) reach one replica whatever their prompts; the front end's /metrics shows each replica's engine's own
+    prompt and cached prompt tokens.  ready: the replica leaders' ready records, rank order."""
     from transformers import AutoTokenizer
 
     from launcher.client.request import Generation
@@ -67,3 +81,9 @@ def check_prefix_routing(ep: dict, ready: list, tokenizer_dir) -> None:
             assert r.status == 200
     added = [b - a for a, b in zip(start, routed(ep["metrics_url"]))]
     assert sorted(added) == [0, 4], added
+    # the engines' own prefix-cache counters, as the front end's /metrics shows them beside its routing counters
+    own = [settled_engine_metrics(u, ep["model"], wait_s=10) for u in engines]
+    kinds = (("admitted", "prompt_tokens"), ("cached", "cached_prompt_tokens"))
+    expected = {(i, kind): int(o[key]) for i, o in enumerate(own) for kind, key in kinds}
+    assert engine_tokens(ep["metrics_url"]) == expected, (engine_tokens(ep["metrics_url"]), expected)
+    assert expected[(home, "cached")] > 0, expected

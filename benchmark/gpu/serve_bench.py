@@ -129,11 +129,11 @@ def openai_url(args, run_dir: str) -> str:
 
 
 def server_splits(out_json: str) -> tuple[dict | None, dict | None]:
-    """A bench run's (first-token split, engine step split) read from the served model's metrics (with
+    """A bench run's (first-token split, prefix cache) read from the served model's metrics (with
     --server-metrics), each None where the model has none."""
     with open(out_json) as f:
         doc = json.load(f)
-    return doc.get("server_first_token_ms"), doc.get("server_engine_steps")
+    return doc.get("server_first_token_ms"), doc.get("server_prefix_cache")
 
 
 def split_text(split: dict | None) -> str:
@@ -260,7 +260,7 @@ def main(argv=None) -> int:
             except RuntimeError as exc:
                 print(f"{args.label} {workload} C={c}: {exc}", flush=True)
                 continue
-            first_token, steps = server_splits(out_json)
+            first_token, prefix = server_splits(out_json)
             row = {
                 "workload": workload,
                 "concurrency": c,
@@ -271,7 +271,7 @@ def main(argv=None) -> int:
                 "itl_ms_p50": m["itl_ms"]["p50"],
                 "tpot_ms_p50": m["tpot_ms"]["p50"],
                 "tokens_per_response": m.get("tokens_per_response"),
-                "prefix_hit_rate": (steps or {}).get("prefix_hit_rate"),
+                "prefix_hit_rate": (prefix or {}).get("prefix_hit_rate"),
                 "first_token_ms": first_token,
                 "failed": m["failed"],
                 "json": out_json,

@@ -32,6 +32,7 @@ Result JSON:
      "server_engine_steps": None | {"steps", "step_ms", "launch_ms", "wait_ms", "host_ms", "gpu_ms",
                               "gpu_idle_ms", "decode_rows", "prefill_tokens", "ahead"} (--server-metrics:
                               the hf engine's steps during the run, warm-up included; timings.engine_step_split),
+     "server_prefix_cache": None | {"prompt_tokens", "cached_prompt_tokens", "prefix_hit_rate"} (--server-metrics),
      "warmup_errors", "requests": [RequestResult as JSON, ...]}
 Times in "requests" are seconds since the start of the measured phase.
 """
@@ -344,13 +345,13 @@ def bench_one(
     ends = [r.end for r in results if r.end is not None] + [r.sent for r in results]
     duration = max(ends) if ends else 0.0
     m = metrics.compute(results, duration, slos)
-    split = steps = None
+    split = steps = prefix = None
     if before is not None and not args.no_stream:  # warm-up requests are counted too: they are first tokens as well
         split = timings.first_token_split(
             server_metrics, model, before, len(results) + spec.warmup, m["ttft_ms"]["mean"]
         )
     if engine_before is not None:
-        steps = timings.engine_split_after(server_metrics, model, engine_before)
+        steps, prefix = timings.engine_splits_after(server_metrics, model, engine_before)
     load = asdict(spec)
     load["request_rate"] = metrics.finite(spec.request_rate)
     return {
@@ -385,6 +386,7 @@ def bench_one(
         "metrics": m,
         "server_first_token_ms": split,
         "server_engine_steps": steps,
+        "server_prefix_cache": prefix,
         "t0_perf_counter": out.t0,  # request times are relative to this time.perf_counter() (CLOCK_MONOTONIC)
         "warmup_errors": len(out.warmup_errors),
         "requests": [r.to_json() for r in results],
@@ -467,6 +469,8 @@ def run(args) -> int:
             print(metrics.format_first_token_split(doc["server_first_token_ms"]))
         if doc.get("server_engine_steps"):
             print("engine steps: " + timings.format_engine_split(doc["server_engine_steps"]))
+        if doc.get("server_prefix_cache"):
+            print("prefix cache: " + timings.format_prefix_cache(doc["server_prefix_cache"]))
     if len(docs) == 2:
         name = lambda d: f"{d['config']['model']} @ {d['config']['url']}"  # noqa: E731
         print(metrics.format_speedup(docs[0]["metrics"], docs[1]["metrics"], name(docs[0]), name(docs[1])))

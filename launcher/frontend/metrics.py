@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 from typing import Sequence
 
 _METRICS = (
@@ -55,8 +56,54 @@ def metrics_text(snap: dict, addrs: Sequence[str], processes: int = 1) -> str:
     return "\n".join(lines) + "\n"
 
 
+ENGINE_PROMPT_TOKENS = "llmlaunch_frontend_replica_prompt_tokens_total"
+
+
+async def engine_lines(addrs: Sequence[str], urls: Sequence[str], timeout_s: float = 2.0) -> list:
+    """The replicas' engines' prefix-cache counters (launcher/python_backend/timings.py: the prompt tokens admitted,
+    and those served from the cache), read from each replica leader's tritonserver metrics as this page is asked
+    for, one line per replica and kind; a replica whose metrics cannot be read (or whose engine counts none) has
+    none."""
+    from launcher.python_backend.timings import fetch_metrics_text, read_engine_metrics
+
+    async def read(url: str):
+        if not url:
+            return None
+        try:
+            return read_engine_metrics(await asyncio.to_thread(fetch_metrics_text, url, timeout_s))
+        except Exception:  # noqa: BLE001 - a replica that is down or busy: its lines are left out this time
+            return None
+
+    counts = await asyncio.gather(*(read(u) for u in urls))
+    lines = [
+        f"# HELP {ENGINE_PROMPT_TOKENS} prompt tokens the replica's engine admitted, and of those served from its "
+        "prefix cache, not prefilled (kind=cached), as its tritonserver's metrics report them",
+        f"# TYPE {ENGINE_PROMPT_TOKENS} counter",
+    ]
+    for i, (addr, c) in enumerate(zip(addrs, counts)):
+        if c is None or not c["prompt_tokens"]:
+            continue
+        for kind, key in (("admitted", "prompt_tokens"), ("cached", "cached_prompt_tokens")):
+            lines.append(f'{ENGINE_PROMPT_TOKENS}{{replica="{i}",addr="{addr}",kind="{kind}"}} {int(c[key])}')
+    return lines
+
+
+def with_engines(text, addrs: Sequence[str], urls: Sequence[str]):
+    """The /metrics page: `text()` (the front end's own counters) and, where `urls` name the replicas' metrics,
+    their engines' prompt tokens beside (`engine_lines`)."""
+
+    async def page() -> str:
+        own = text()
+        if not any(urls):
+            return own
+        return own + "\n".join(await engine_lines(addrs, urls)) + "\n"
+
+    return page
+
+
 async def _serve_metrics(host: str, port: int, text):
-    """A minimal HTTP/1.1 responder: GET /metrics (or /) -> the Prometheus text, anything else 404."""
+    """A minimal HTTP/1.1 responder: GET /metrics (or /) -> the Prometheus text (`text()`, a string or an awaitable
+    of one), anything else 404."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -68,7 +115,8 @@ async def _serve_metrics(host: str, port: int, text):
             parts = line.split()
             path = parts[1].split(b"?")[0] if len(parts) >= 2 else b""
             if parts[:1] in ([b"GET"], [b"HEAD"]) and path in (b"/metrics", b"/"):
-                status, body = "200 OK", text().encode()
+                page = text()
+                status, body = "200 OK", (await page if inspect.isawaitable(page) else page).encode()
             else:
                 status, body = "404 Not Found", b"try GET /metrics\n"
             head = f"HTTP/1.1 {status}\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"

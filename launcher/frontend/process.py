@@ -50,6 +50,8 @@ class FrontendProcess(ChildService):
         ]
         for a in c.addrs:
             argv += ["--replica", a]
+        for u in c.replica_metrics:
+            argv += ["--replica-metrics", u]
         argv += [
             "--model",
             c.model_name,
@@ -132,10 +134,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         help="which replica a request goes to: least_outstanding (fewest in flight) or prefix (where its prompt's "
         "prefix was sent, within a load bound)",
     )
+    p.add_argument(
+        "--replica-metrics",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a replica leader's tritonserver metrics URL, once per --replica in the same order: /metrics shows its "
+        "engine's prompt and cached prompt tokens beside the front end's counters",
+    )
     p.add_argument("--die-with-parent", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.processes < 1:
         p.error("--processes must be >= 1")
+    if args.replica_metrics and len(args.replica_metrics) != len(args.replica):
+        p.error(f"--replica-metrics given {len(args.replica_metrics)} times for {len(args.replica)} --replica")
     if args.die_with_parent:
         die_with_parent("front end")
     return run_frontend(
@@ -149,4 +161,5 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.drain_timeout,
         args.loop,
         args.routing,
+        args.replica_metrics,
     )

@@ -9,7 +9,7 @@ from typing import List, Tuple
 
 from grpc import aio
 
-from launcher.frontend.metrics import _serve_metrics, metrics_text
+from launcher.frontend.metrics import _serve_metrics, metrics_text, with_engines
 from launcher.frontend.proxy import Frontend
 from launcher.frontend.wire import _MAX_MESSAGE, log
 
@@ -26,6 +26,9 @@ class FrontendConfig:
     drain_timeout_s: float = 30.0  # on SIGTERM, how long running requests may finish
     loop: str = "auto"  # auto (uvloop when installed) | asyncio | uvloop
     routing: str = "least_outstanding"  # which replica a request goes to (launcher/frontend/routing.py)
+    # each replica leader's tritonserver metrics URL, in the replicas' order ("" = none): /metrics shows beside the
+    # front end's own counters the prompt tokens each replica's engine admitted and served from its prefix cache
+    replica_metrics: List[str] = field(default_factory=list)
     addrs: List[str] = field(default_factory=list)
 
     def __post_init__(self):
@@ -64,7 +67,8 @@ async def _serve(cfg: FrontendConfig, reuse_port: bool, publish=None, on_bound=N
     metrics = None
     if cfg.metrics_port and publish is None:
         try:
-            metrics = await _serve_metrics(cfg.host, cfg.metrics_port, lambda: metrics_text(fe.snapshot(), cfg.addrs))
+            page = with_engines(lambda: metrics_text(fe.snapshot(), cfg.addrs), cfg.addrs, cfg.replica_metrics)
+            metrics = await _serve_metrics(cfg.host, cfg.metrics_port, page)
         except OSError as e:
             raise SystemExit(f"front end: cannot bind metrics {cfg.host}:{cfg.metrics_port}: {e}") from None
     stop = asyncio.Event()

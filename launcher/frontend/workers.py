@@ -10,7 +10,7 @@ import signal
 import time
 from typing import Sequence, Tuple
 
-from launcher.frontend.metrics import _METRICS, _PER_REPLICA, _serve_metrics, metrics_text
+from launcher.frontend.metrics import _METRICS, _PER_REPLICA, _serve_metrics, metrics_text, with_engines
 from launcher.frontend.proxy import Frontend
 from launcher.frontend.server import FrontendConfig, _run_loop, _serve
 from launcher.frontend.wire import log
@@ -88,10 +88,12 @@ def _supervise(cfg: FrontendConfig) -> int:
     async def main() -> int:
         metrics = None
         if cfg.metrics_port:
+
+            def own() -> str:
+                return metrics_text(_sum_shared(shared, cfg.processes, len(cfg.replicas)), cfg.addrs, cfg.processes)
+
             metrics = await _serve_metrics(
-                cfg.host,
-                cfg.metrics_port,
-                lambda: metrics_text(_sum_shared(shared, cfg.processes, len(cfg.replicas)), cfg.addrs, cfg.processes),
+                cfg.host, cfg.metrics_port, with_engines(own, cfg.addrs, cfg.replica_metrics)
             )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -143,6 +145,7 @@ def run_frontend(
     drain_timeout_s: float = 30.0,
     loop: str = "auto",
     routing: str = "least_outstanding",
+    replica_metrics: Sequence[str] = (),
 ) -> int:
     """Serve until SIGTERM/SIGINT (then drain running requests); returns the exit status."""
     cfg = FrontendConfig(
@@ -156,6 +159,7 @@ def run_frontend(
         drain_timeout_s,
         loop,
         routing,
+        list(replica_metrics),
     )
     if processes > 1:
         return _supervise(cfg)

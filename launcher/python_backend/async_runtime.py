@@ -48,9 +48,9 @@ import uuid
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Dict, Optional
 
+from launcher.python_backend import counters, timings
 from launcher.python_backend.logprob_io import LogProbRows, merged
 from launcher.python_backend.outbox import SEND_THREADS, Outbox
-from launcher.python_backend.timings import FIRST_TOKEN_COUNTERS, Counters, FirstTokenTimes
 
 
 @dataclass
@@ -66,6 +66,7 @@ class Piece:
     # the engine's own time.monotonic() stamps of the request, where it reports them (vLLM with its statistics on):
     # (queued in its scheduler, first token made), on the first piece; they split the first token's `engine` part
     engine_times: Optional[tuple] = None
+    cached_tokens: Optional[int] = None  # prompt tokens the engine's prefix cache served, where it reports them
 
 
 class EngineAdapter:
@@ -159,8 +160,9 @@ class AsyncEngineRuntime:
         self._responder = None  # triton_io.Responder (streamed responses; its tensors are kept per sender thread)
         self._server_pid = os.getppid()  # the tritonserver that started this stub: the one to stop if the engine dies
         self.model_name = model_name or adapter.name  # the metrics' model label
-        self.first_token = FirstTokenTimes()
-        self._metrics: Optional[Counters] = None
+        self.first_token = counters.FirstTokenTimes()
+        self.prompt_tokens = counters.PromptTokens()  # the prefix cache's hits, where the engine reports them
+        self._metrics: Optional[counters.Counters] = None
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -182,7 +184,8 @@ class AsyncEngineRuntime:
         ]
         for t in self._send_threads:
             t.start()
-        self._metrics = Counters(self.model_name, FIRST_TOKEN_COUNTERS, self.first_token.totals_map).start()
+        totals = lambda: {**self.first_token.totals_map(), **self.prompt_tokens.totals_map()}  # noqa: E731
+        self._metrics = counters.Counters(self.model_name, timings.RUNTIME_COUNTERS, totals).start()
         self._watchdog = asyncio.run_coroutine_threadsafe(self._start_watchdog(), self.loop).result()
         if not self.adapter.serves:
             self._watch_thread = threading.Thread(
@@ -281,6 +284,7 @@ class AsyncEngineRuntime:
         entry.task = asyncio.current_task()
         self._active[rid] = entry
         n_in = n_out = 0
+        cached = None  # the prompt tokens the engine's prefix cache served, once it says
         parts = []  # a non-streamed request's text; a streamed one's last piece (sent with the final response)
         finish = None
         if greq.stream and began:
@@ -291,6 +295,7 @@ class AsyncEngineRuntime:
                 if out.times is not None and len(out.times) == 2:  # the first piece is on the loop
                     out.times = (*out.times, time.monotonic(), *(piece.engine_times or ()))
                 n_in, n_out = piece.input_tokens or n_in, piece.output_tokens
+                cached = piece.cached_tokens if piece.cached_tokens is not None else cached
                 if piece.logprobs is not None or piece.prompt_logprobs is not None:
                     with out.lock:  # sent with the next response that goes
                         out.lp = merged(out.lp, piece.logprobs)
@@ -306,6 +311,8 @@ class AsyncEngineRuntime:
             if finish is None:  # the engine ended the stream without saying why
                 finish = "length" if n_out >= greq.params.max_tokens else "stop"
             self._active.pop(rid, None)
+            if cached is not None:
+                self.prompt_tokens.add(n_in, cached)
             self._post_final(out, ("done", "".join(parts), finish), n_in, n_out)
         except asyncio.CancelledError:
             task = asyncio.current_task()

@@ -33,13 +33,18 @@
 Every metric is a counter, so a mean over any window is the difference of its sums divided by
 the difference of a count (`mean_first_token_ms`, `engine_step_split`).  Each update of a
 Triton metric is a round trip from the stub to the server, too dear for the response path, so
-sums are kept here and pushed once a second (`Counters`).
+sums are kept in the stub and pushed once a second (launcher/python_backend/counters.py).
+
+3. The prefix cache: prompt tokens of the requests admitted, and of those served from the cache, not prefilled
+   (`prefix_cache_split`). The hf engine counts them in its scheduler; the vLLM and SGLang models count what their
+   engine reports per request (RequestOutput.num_cached_tokens; meta_info's cached_tokens).
+
+  llmlaunch_engine_prompt_tokens{model="...",kind="admitted|cached"}          tokens counted
 """
 
 from __future__ import annotations
 
 import re
-import threading
 import time
 
 PARTS = ("parse", "add", "engine", "back", "respond", "send")
@@ -156,41 +161,32 @@ ENGINE_COUNTERS = (
     )
 )
 ENGINE_FIELDS = tuple(row[3] for row in ENGINE_COUNTERS)  # the EngineStats fields the metrics carry
+# the prefix cache's two counters, which the models of engines that report a request's cached prompt tokens (vLLM,
+# SGLang: launcher.python_backend.async_runtime) push under the same names as the hf engine
+PROMPT_TOKEN_COUNTERS = tuple(row for row in ENGINE_COUNTERS if row[0] == ENGINE_PROMPT_TOKENS)
+RUNTIME_COUNTERS = FIRST_TOKEN_COUNTERS + PROMPT_TOKEN_COUNTERS  # what those models push
 
 
-class FirstTokenTimes:
-    """Sums of the six parts of streamed requests' first tokens (thread-safe); `totals_map` feeds `Counters`."""
+def prefix_cache_split(before: dict, after: dict) -> dict | None:
+    """The prefix cache between two readings of an engine's totals (`read_engine_metrics`; {} = from the start):
+    prompt tokens, those served from the cache, and their share; None when no prompt was counted between."""
+    prompt = after.get("prompt_tokens", 0) - before.get("prompt_tokens", 0)
+    if prompt <= 0:
+        return None
+    cached = after.get("cached_prompt_tokens", 0) - before.get("cached_prompt_tokens", 0)
+    return {
+        "prompt_tokens": int(prompt),
+        "cached_prompt_tokens": int(cached),
+        "prefix_hit_rate": round(cached / prompt, 4),
+    }
 
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._sums = [0.0] * len(PARTS)
-        self._count = 0
 
-    def add(
-        self, began: float, queued: float, received: float, made: float, got: float, sending: float, sent: float
-    ) -> None:
-        """One streamed request's first response: time.monotonic() stamps of the seven moments (module docstring)."""
-        parts = (queued - began, received - queued, made - received, got - made, sending - got, sent - sending)
-        with self._lock:
-            for i, v in enumerate(parts):
-                self._sums[i] += max(0.0, v)  # a clock read on another core can be a few ns behind
-            self._count += 1
-
-    def totals(self) -> tuple[list[float], int]:
-        with self._lock:
-            return list(self._sums), self._count
-
-    def totals_map(self) -> dict:
-        sums, n = self.totals()
-        return {"count": n, **dict(zip(PARTS, sums))}
-
-    def summary(self) -> str:
-        sums, n = self.totals()
-        if not n:
-            return "no streamed requests"
-        return f"{n} streamed requests, first token inside the server (mean ms): " + ", ".join(
-            f"{p} {1000 * s / n:.2f}" for p, s in zip(PARTS, sums)
-        )
+def format_prefix_cache(split: dict) -> str:
+    """'76.3% of 12,345 prompt tokens served from the cache (9,419), not prefilled' (one line)."""
+    return (
+        f"{100 * split['prefix_hit_rate']:.1f}% of {split['prompt_tokens']:,} prompt tokens served from the cache "
+        f"({split['cached_prompt_tokens']:,}), not prefilled"
+    )
 
 
 def engine_summary(stats: dict) -> str:
@@ -199,76 +195,6 @@ def engine_summary(stats: dict) -> str:
     if split is None:
         return "no engine steps"
     return f"{split['steps']} engine steps, " + format_engine_split(split)
-
-
-class Counters:
-    """Cumulative totals pushed to Triton counters every interval_s by a thread.
-
-    `counters` are rows of FIRST_TOKEN_COUNTERS / ENGINE_COUNTERS; `read()` returns the running totals by their
-    keys, missing keys counting as unchanged.  Raises nothing: without custom metrics
-    (--allow-metrics=false, an old backend) nothing is pushed."""
-
-    def __init__(self, model: str, counters, read, interval_s: float = 1.0):
-        self.model = model
-        self.counters = tuple(counters)
-        self.read = read
-        self.interval_s = interval_s
-        self._pushed: dict = {}
-        self._metrics = None  # ([(key, metric)], families) once created
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> "Counters":
-        try:
-            import triton_python_backend_utils as pb_utils
-
-            families, metrics = {}, []
-            for family, label, value, key, doc in self.counters:
-                if family not in families:
-                    families[family] = pb_utils.MetricFamily(
-                        name=family, kind=pb_utils.MetricFamily.COUNTER, description=doc
-                    )
-                labels = {"model": self.model, **({label: value} if label else {})}
-                metrics.append((key, families[family].Metric(labels=labels)))
-            self._metrics = (metrics, list(families.values()))  # metrics, then families
-        except Exception:  # no custom metrics here: the summaries are still logged at the end
-            self._metrics = None
-            return self
-        self._thread = threading.Thread(target=self._loop, name="llmlaunch-metrics", daemon=True)
-        self._thread.start()
-        return self
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            self.push()
-
-    def push(self) -> None:
-        if self._metrics is None:
-            return
-        try:
-            now = self.read()
-        except Exception:  # the engine is going away
-            return
-        try:
-            for key, metric in self._metrics[0]:
-                value = now.get(key)
-                if value is None:
-                    continue
-                delta = value - self._pushed.get(key, 0)
-                if delta > 0:
-                    metric.increment(delta)
-                    self._pushed[key] = value
-        except Exception:  # the server is going away
-            return
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-        self.push()
-        # Triton wants a family's metrics deleted before the family: the tuple drops its items in order
-        self._metrics = None
 
 
 # ------------------------------------------------------------------------------------- reading them back
@@ -424,9 +350,11 @@ def settled_server_metrics(url: str, model: str | None, wait_s: float = 5.0) -> 
     return settle(read, 1.25, wait_s)
 
 
-def engine_split_after(url: str, model: str | None, before: dict, wait_s: float = 5.0) -> dict | None:
-    """After a run: `engine_step_split` from `before` to the engine's settled totals (`settled_engine_metrics`)."""
-    return engine_step_split(before, settled_engine_metrics(url, model, wait_s))
+def engine_splits_after(url: str, model: str | None, before: dict, wait_s: float = 5.0) -> tuple:
+    """After a run: (`engine_step_split`, `prefix_cache_split`) from `before` to the engine's settled totals
+    (`settled_engine_metrics`), each None where the model counted none."""
+    after = settled_engine_metrics(url, model, wait_s)
+    return engine_step_split(before, after), prefix_cache_split(before, after)
 
 
 def format_engine_split(split: dict) -> str:

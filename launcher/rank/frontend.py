@@ -100,6 +100,7 @@ def start_for_rank0(
         processes=processes,
         drain_timeout_s=float(spec.serve.drain_timeout_s),
         routing=str(spec.serve.routing),
+        replica_metrics=[metrics_url(i["addr"], bound[i["rank"]].get("metrics_port")) for i in leaders],
     )
     env = dict(os.environ)
     root = str(PACKAGE_ROOT)  # `python -m launcher.frontend` from this checkout

@@ -165,6 +165,28 @@ def test_first_token_split_reaches_the_metrics_port(engine):
         assert means["add"] == 0 and means["back"] == 0, means
 
 
+def test_prefix_cache_hits_reach_the_metrics_port(engine):
+    """The prompt tokens an engine's prefix cache served, as it reports them per request (vLLM's
+    RequestOutput.num_cached_tokens, SGLang's meta_info cached_tokens), are counted on the metrics port under the hf
+    engine's names, so llmlaunch-bench --server-metrics reads every engine's hit rate alike; engines that report none
+    count nothing.  The stand-ins cache whole blocks of 4 words of the prompts they prefilled."""
+    import uuid
+
+    from launcher.python_backend.timings import prefix_cache_split, settled_engine_metrics
+
+    before = settled_engine_metrics(engine.metrics_url, engine.model)
+    shared = " ".join(f"{uuid.uuid4().hex[:6]}{i}" for i in range(10))  # words no earlier prompt has
+    for prompt in (shared, shared + " and then more", "another prompt entirely here"):
+        assert generate(engine, prompt, 3, stream=True)[1] is None
+    read = lambda: prefix_cache_split(before, settled_engine_metrics(engine.metrics_url, engine.model))  # noqa: E731
+    if engine.name not in ("vllm", "sglang"):
+        assert read() is None
+        return
+    split = wait_for(read)
+    # 10 + 13 + 4 prompt words; the second prompt shares its first 10 words with the first: 8 in whole blocks
+    assert split == {"prompt_tokens": 27, "cached_prompt_tokens": 8, "prefix_hit_rate": round(8 / 27, 4)}, split
+
+
 def test_final_counts_only_sends_text_alone_until_the_last_response(engine):
     """Request parameter final_counts_only: the counts and finish_reason come once, on the final response."""
     responses, error = generate(engine, "a b c d e f g h i j", max_tokens=5, parameters={"final_counts_only": True})

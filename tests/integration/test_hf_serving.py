@@ -438,9 +438,10 @@ def test_engine_steps_are_exposed_as_metrics(server):
     """The engine's step totals reach the metrics port: every decode and prompt token of a run is counted,
     and the split of a step (launch, wait, host) is consistent."""
     from launcher.python_backend.timings import (
-        engine_split_after,
+        engine_splits_after,
         engine_step_split,
         fetch_engine_metrics,
+        prefix_cache_split,
         settled_engine_metrics,
     )
 
@@ -453,8 +454,9 @@ def test_engine_steps_are_exposed_as_metrics(server):
             assert err is None
     finally:
         s.close()
-    split = engine_split_after(url, MODEL, before, wait_s=10)
+    split, prefix = engine_splits_after(url, MODEL, before, wait_s=10)
     after = fetch_engine_metrics(url, MODEL)
+    assert prefix == prefix_cache_split(before, after) and prefix["prompt_tokens"] > 0, prefix
     assert after["decode_tokens"] - before["decode_tokens"] == 3 * 6, (before, after)
     assert after["prefill_tokens"] - before["prefill_tokens"] >= 3
     assert after["admitted"] - before["admitted"] == after["first_tokens"] - before["first_tokens"] == 3
@@ -512,6 +514,10 @@ def test_bench_reports_where_the_ttft_goes(server, tmp_path, capsys):
     assert "engine steps: step " in printed, printed
     steps = doc["server_engine_steps"]
     assert steps["steps"] >= 6 and steps["step_ms"] > 0 and steps["decode_rows"] > 0, steps
+    # and the prefix cache: the 7 prompts' tokens, the share of them served from it
+    cache = doc["server_prefix_cache"]
+    assert cache["prompt_tokens"] >= 7 * 8 and 0 <= cache["prefix_hit_rate"] <= 1, cache
+    assert f"prefix cache: {100 * cache['prefix_hit_rate']:.1f}% of {cache['prompt_tokens']:,} prompt tokens" in printed
     assert (
         main(
             [

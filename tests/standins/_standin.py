@@ -48,6 +48,24 @@ def prompt_ids(prompt: str):
     return [10 + i for i, _ in enumerate(prompt.split())]
 
 
+CACHE_BLOCK = 4  # words (the stand-ins' tokens) a block of the stand-in's prefix cache
+_prefilled: list = []  # the prompts this process's stand-in engine prefilled, as word lists (its cache: never evicted)
+
+
+def cached_tokens(prompt: str) -> int:
+    """The prompt tokens a prefix cache serves: the leading words it shares with a prompt prefilled before, in whole
+    blocks of CACHE_BLOCK, as the engines cache whole blocks; at least the last token is computed again."""
+    words = prompt.split()
+    best = 0
+    for seen in _prefilled:
+        n = 0
+        while n < min(len(words) - 1, len(seen)) and words[n] == seen[n]:
+            n += 1
+        best = max(best, n)
+    _prefilled.append(words)
+    return best // CACHE_BLOCK * CACHE_BLOCK
+
+
 async def script(
     prompt: str,
     max_tokens: int,

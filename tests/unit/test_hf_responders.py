@@ -67,8 +67,8 @@ def model(monkeypatch):
     spec.loader.exec_module(module)
 
     from launcher.python_backend import triton_io
+    from launcher.python_backend.counters import FirstTokenTimes
     from launcher.python_backend.responders import responders
-    from launcher.python_backend.timings import FirstTokenTimes
 
     m = object.__new__(module.TritonPythonModel)
     m.engine_process = True

@@ -65,29 +65,32 @@ nv_inference_count{model="a",version="1"} 77
     assert mean_first_token_ms(a, a) is None
 
 
-def test_several_servers_metrics_are_summed():
-    """With replicas the bench reads every replica leader's server (comma-separated URLs): the totals are the job's."""
+def metrics_server(text):
+    """A real HTTP server answering every GET with `text` (a tritonserver's /metrics); (server, its URL)."""
     import threading
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = text.encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}/metrics"
+
+
+def test_several_servers_metrics_are_summed():
+    """With replicas the bench reads every replica leader's server (comma-separated URLs): the totals are the job's."""
     from launcher.python_backend.timings import fetch_engine_metrics, fetch_first_token_metrics
 
-    def server(text):
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                body = text.encode()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=srv.serve_forever, daemon=True).start()
-        return srv, f"http://127.0.0.1:{srv.server_address[1]}/metrics"
-
+    server = metrics_server
     a, url_a = server(
         'llmlaunch_first_tokens{model="m"} 4\nllmlaunch_first_token_seconds{model="m",part="engine"} 0.4\n'
         'llmlaunch_engine_prompt_tokens{model="m",kind="admitted"} 1000\n'
@@ -106,3 +109,34 @@ def test_several_servers_metrics_are_summed():
     finally:
         a.shutdown()
         b.shutdown()
+
+
+def test_the_front_ends_page_shows_each_replicas_engine_prompt_tokens():
+    """The front end's /metrics page: its own counters, then per replica the prompt tokens its engine admitted and
+    served from its prefix cache, read from the replica leader's metrics as the page is asked for; a replica whose
+    metrics cannot be read, or that has none, or no URL, is left out (the page still answers)."""
+    import asyncio
+
+    from launcher.frontend.metrics import with_engines
+    from launcher.ports import free_port
+
+    a, url_a = metrics_server(
+        'llmlaunch_engine_prompt_tokens{model="m",kind="admitted"} 1000\n'
+        'llmlaunch_engine_prompt_tokens{model="m",kind="cached"} 600\n'
+    )
+    b, url_b = metrics_server('llmlaunch_first_tokens{model="m"} 6\n')  # an engine that counts no prompt tokens
+    down = f"http://127.0.0.1:{free_port()}/metrics"
+    addrs = ["h:1", "h:2", "h:3", "h:4"]
+    try:
+        page = with_engines(lambda: "own 1\n", addrs, [url_a, url_b, down, ""])
+        text = asyncio.run(page())
+    finally:
+        a.shutdown()
+        b.shutdown()
+    assert text.startswith("own 1\n"), text
+    rows = [ln for ln in text.splitlines() if ln.startswith("llmlaunch_frontend_replica_prompt_tokens_total{")]
+    assert rows == [
+        'llmlaunch_frontend_replica_prompt_tokens_total{replica="0",addr="h:1",kind="admitted"} 1000',
+        'llmlaunch_frontend_replica_prompt_tokens_total{replica="0",addr="h:1",kind="cached"} 600',
+    ], text
+    assert asyncio.run(with_engines(lambda: "own\n", addrs, ["", "", "", ""])()) == "own\n"

@@ -85,16 +85,11 @@ from launcher.contract import INPUT_NAMES
 from launcher.hf.args import ARGS_FILE, HFEngineArgs
 from launcher.hf.reporting import describe_features
 from launcher.python_backend import triton_io
+from launcher.python_backend.counters import Counters, FirstTokenTimes
 from launcher.python_backend.hf_streams import HFStreams, Stream, stub_log
 from launcher.python_backend.priority import lower_priority
 from launcher.python_backend.responders import GPU_NICE, responders
-from launcher.python_backend.timings import (
-    ENGINE_COUNTERS,
-    FIRST_TOKEN_COUNTERS,
-    Counters,
-    FirstTokenTimes,
-    engine_summary,
-)
+from launcher.python_backend.timings import ENGINE_COUNTERS, FIRST_TOKEN_COUNTERS, engine_summary
 
 # Optional inputs this model honours.  exclude_input_in_output is honoured by construction (the prompt is never
 # echoed); pad_id is accepted and ignored (a note is logged once).

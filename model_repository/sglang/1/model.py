@@ -309,7 +309,9 @@ class SGLangAdapter(EngineAdapter):
                     message = reason.get("message") if isinstance(reason, dict) else ""
                     raise RuntimeError(f"SGLang aborted the request: {message or reason}")
                 finish = "length" if kind == "length" else "stop"
-            yield Piece(delta, int(meta.get("completion_tokens", 0)), int(meta.get("prompt_tokens", 0)), finish)
+            piece = Piece(delta, int(meta.get("completion_tokens", 0)), int(meta.get("prompt_tokens", 0)), finish)
+            piece.cached_tokens = meta.get("cached_tokens")  # the prompt tokens its radix cache served
+            yield piece
 
     async def abort(self, request_id):
         if self.manager is None:

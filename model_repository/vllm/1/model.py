@@ -290,6 +290,8 @@ class VLLMAdapter(EngineAdapter):
             if out.finished:
                 finish = "length" if c.finish_reason == "length" else "stop"
             piece = Piece(c.text, n_out, n_in, finish)
+            # the prompt tokens its prefix cache served (vLLM V1 counts them at the first prefill; None before V1)
+            piece.cached_tokens = getattr(out, "num_cached_tokens", None)
             if stamps:
                 stamps = False
                 piece.engine_times = engine_times(getattr(out, "metrics", None))

@@ -35,3 +35,4 @@ class RequestOutput:
     outputs: List[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     metrics: Optional[object] = None  # RequestStateStats where the AsyncLLM keeps statistics, else None
+    num_cached_tokens: Optional[int] = None  # prompt tokens the prefix cache served

@@ -54,6 +54,7 @@ class TokenizerManager:
         stop = sp.get("stop") or []
         stop = [stop] if isinstance(stop, str) else stop
         n_in = len(_standin.prompt_ids(prompt))
+        cached = _standin.cached_tokens(prompt)
         text, ids = "", []
         try:
             async for piece, tok, finish in _standin.script(
@@ -74,6 +75,7 @@ class TokenizerManager:
                         "id": rid,
                         "prompt_tokens": n_in,
                         "completion_tokens": len(ids),
+                        "cached_tokens": cached,
                         "finish_reason": None if finish is None else {"type": finish},
                     },
                 }

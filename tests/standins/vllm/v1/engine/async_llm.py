@@ -80,6 +80,7 @@ class AsyncLLM:
             raise ValueError("stand-in supports output_kind=DELTA only (what llmlaunch uses)")
         stop = [sp.stop] if isinstance(sp.stop, str) else (sp.stop or [])
         ids = _standin.prompt_ids(prompt)
+        cached = _standin.cached_tokens(prompt)
         # the engine core's stamps: queued as the request arrives, its first token when the script makes it
         stats = RequestStateStats(arrival_time=time.time(), queued_ts=time.monotonic()) if self.log_stats else None
         try:
@@ -97,6 +98,7 @@ class AsyncLLM:
                     [CompletionOutput(0, text, [tok] if tok is not None else [], finish_reason=finish)],
                     finished=finish is not None,
                     metrics=stats,
+                    num_cached_tokens=cached,
                 )
         except (asyncio.CancelledError, GeneratorExit):
             await self.abort(request_id)

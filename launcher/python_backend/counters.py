@@ -1,0 +1,133 @@
+"""The sums a served model keeps in its stub and pushes to tritonserver's metrics port (the metric names, the
+readers and the formatting are launcher/python_backend/timings.py's): where streamed requests' first tokens spent
+their time, the prompt tokens the engine's prefix cache served, and the thread that pushes them once a second
+(each update of a Triton metric is a round trip from the stub to the server, too dear for the response path)."""
+
+from __future__ import annotations
+
+import threading
+
+from launcher.python_backend.timings import PARTS
+
+
+class FirstTokenTimes:
+    """Sums of the six parts of streamed requests' first tokens (thread-safe); `totals_map` feeds `Counters`."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._sums = [0.0] * len(PARTS)
+        self._count = 0
+
+    def add(
+        self, began: float, queued: float, received: float, made: float, got: float, sending: float, sent: float
+    ) -> None:
+        """One streamed request's first response: time.monotonic() stamps of the seven moments (module docstring)."""
+        parts = (queued - began, received - queued, made - received, got - made, sending - got, sent - sending)
+        with self._lock:
+            for i, v in enumerate(parts):
+                self._sums[i] += max(0.0, v)  # a clock read on another core can be a few ns behind
+            self._count += 1
+
+    def totals(self) -> tuple[list[float], int]:
+        with self._lock:
+            return list(self._sums), self._count
+
+    def totals_map(self) -> dict:
+        sums, n = self.totals()
+        return {"count": n, **dict(zip(PARTS, sums))}
+
+    def summary(self) -> str:
+        sums, n = self.totals()
+        if not n:
+            return "no streamed requests"
+        return f"{n} streamed requests, first token inside the server (mean ms): " + ", ".join(
+            f"{p} {1000 * s / n:.2f}" for p, s in zip(PARTS, sums)
+        )
+
+
+class PromptTokens:
+    """Prompt tokens of the requests an engine finished, and of those its prefix cache served, not prefilled, as the
+    engine reports them per request (thread-safe); `totals_map` feeds `Counters` (PROMPT_TOKEN_COUNTERS)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._prompt = self._cached = 0
+
+    def add(self, prompt: int, cached: int) -> None:
+        with self._lock:
+            self._prompt += prompt
+            self._cached += min(cached, prompt)
+
+    def totals_map(self) -> dict:
+        with self._lock:
+            return {"prompt_tokens": self._prompt, "cached_prompt_tokens": self._cached}
+
+
+class Counters:
+    """Cumulative totals pushed to Triton counters every interval_s by a thread.
+
+    `counters` are rows of FIRST_TOKEN_COUNTERS / ENGINE_COUNTERS; `read()` returns the running totals by their
+    keys, missing keys counting as unchanged.  Raises nothing: without custom metrics
+    (--allow-metrics=false, an old backend) nothing is pushed."""
+
+    def __init__(self, model: str, counters, read, interval_s: float = 1.0):
+        self.model = model
+        self.counters = tuple(counters)
+        self.read = read
+        self.interval_s = interval_s
+        self._pushed: dict = {}
+        self._metrics = None  # ([(key, metric)], families) once created
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "Counters":
+        try:
+            import triton_python_backend_utils as pb_utils
+
+            families, metrics = {}, []
+            for family, label, value, key, doc in self.counters:
+                if family not in families:
+                    families[family] = pb_utils.MetricFamily(
+                        name=family, kind=pb_utils.MetricFamily.COUNTER, description=doc
+                    )
+                labels = {"model": self.model, **({label: value} if label else {})}
+                metrics.append((key, families[family].Metric(labels=labels)))
+            self._metrics = (metrics, list(families.values()))  # metrics, then families
+        except Exception:  # no custom metrics here: the summaries are still logged at the end
+            self._metrics = None
+            return self
+        self._thread = threading.Thread(target=self._loop, name="llmlaunch-metrics", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.push()
+
+    def push(self) -> None:
+        if self._metrics is None:
+            return
+        try:
+            now = self.read()
+        except Exception:  # the engine is going away
+            return
+        try:
+            for key, metric in self._metrics[0]:
+                value = now.get(key)
+                if value is None:
+                    continue
+                delta = value - self._pushed.get(key, 0)
+                if delta > 0:
+                    metric.increment(delta)
+                    self._pushed[key] = value
+        except Exception:  # the server is going away
+            return
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        self.push()
+        # Triton wants a family's metrics deleted before the family: the tuple drops its items in order
+        self._metrics = None
