@@ -21,7 +21,8 @@ class FirstTokenTimes:
     def add(
         self, began: float, queued: float, received: float, made: float, got: float, sending: float, sent: float
     ) -> None:
-        """One streamed request's first response: time.monotonic() stamps of the seven moments (module docstring)."""
+        """One streamed request's first response: time.monotonic() stamps of the seven moments
+        (launcher/python_backend/timings.py's docstring names them)."""
         parts = (queued - began, received - queued, made - received, got - made, sending - got, sent - sending)
         with self._lock:
             for i, v in enumerate(parts):

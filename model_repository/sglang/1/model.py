@@ -45,7 +45,8 @@ Triton's vllm_backend; written for llmlaunch.
 Parameters (config.pbtxt, written by launcher/engines/registry.py): model_path,
 tokenizer_path, tp_size, pp_size, nnodes, max_num_seqs (-> max_running_requests), dtype,
 max_model_len (-> context_length), mem_fraction_static, extra_args (a JSON object of more
-ServerArgs fields; unknown names are refused). Where sgl_kernel was installed without FlashAttention-3 (its
+ServerArgs fields; unknown names are refused), ready_timeout_s (with several front ends: how long the others wait
+for the first one's Engine). Where sgl_kernel was installed without FlashAttention-3 (its
 flash_ops, 1.76 GB of the kernel wheel) and no attention backend is set, the engine runs SGLang's triton
 attention instead of failing on SGLang's Hopper default.
 """
