@@ -82,3 +82,13 @@ def serve(
     server.metrics_url = f"http://127.0.0.1:{ports[2]}/metrics" if metrics else ""
     with server:
         yield server
+
+
+def failed_load_log(repo: Path, model: str, log_path: Path, extra_env: Optional[Dict[str, str]] = None) -> str:
+    """Start a tritonserver on `repo` whose `model` must fail to load (it never gets READY); the server's log."""
+    import pytest
+
+    with pytest.raises((RuntimeError, TimeoutError)):
+        with serve(repo, [model], log_path, model, extra_env=extra_env, ready_timeout_s=60, pythonpath=[STANDINS]):
+            pass
+    return log_path.read_text()

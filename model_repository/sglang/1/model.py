@@ -3,8 +3,8 @@
 Targets the `sglang.Engine` API of SGLang 0.4.x - 0.5.x (read against sgl-project/sglang
 main, python/sglang/srt/entrypoints/engine.py, managers/tokenizer_manager.py,
 sampling/sampling_params.py, server_args.py; PyPI 0.5.23): `Engine(**ServerArgs fields)`,
-`await engine.async_generate(prompt=..., sampling_params={...}, stream=True, rid=...)`
-(an async generator of dicts: "text", "output_ids", "meta_info" with "finish_reason",
+`engine.tokenizer_manager.generate_request(GenerateReqInput(text=..., sampling_params={...}, stream=True, rid=...))`
+(what `Engine.async_generate` returns: an async generator of dicts: "text", "output_ids", "meta_info" with "finish_reason",
 "prompt_tokens", "completion_tokens"), `engine.tokenizer_manager.abort_request(rid=...)`
 and `engine.shutdown()`. Learned from SGLang's Triton python backend and
 Triton's vllm_backend; written for llmlaunch.
@@ -38,7 +38,7 @@ Triton's vllm_backend; written for llmlaunch.
   ends in _0) builds the Engine with tokenizer_worker_num=N, so SGLang starts its MultiTokenizerRouter in place of
   a tokenizer manager, and publishes the engine's ServerArgs and PortArgs once it is up
   (launcher.python_backend.instances); every instance (the first too) then builds a `TokenizerWorker` on its own
-  IPC address and generates through it (`generate_request(GenerateReqInput(...))`, what `async_generate` calls).
+  IPC address and generates through it.
   SGLang's detokenizer sends each request's outputs to the worker that sent it, so each stub tokenizes,
   detokenizes and answers only its own requests, under its own GIL.
 
@@ -276,12 +276,11 @@ class SGLangAdapter(EngineAdapter):
         self.log.info(f"front end {index} of {count} of one SGLang engine ({started})")
         return server_args
 
-    async def _generate_stream(self, request_id, prompt, sp):
-        if self.engine is not None and self.manager is self.engine.tokenizer_manager:
-            return await self.engine.async_generate(prompt=prompt, sampling_params=sp, stream=True, rid=request_id)
+    def _generate_stream(self, request_id, prompt, sp):
+        """The request's chunks from this stub's tokenizer manager (the Engine's, or its TokenizerWorker): what
+        Engine.async_generate(stream=True) returns, which it builds the same way."""
         from sglang.srt.managers.io_struct import GenerateReqInput
 
-        # what Engine.async_generate hands its tokenizer manager
         request = GenerateReqInput(text=prompt, sampling_params=sp, stream=True, rid=request_id)
         return self.manager.generate_request(request, None)
 
@@ -293,7 +292,7 @@ class SGLangAdapter(EngineAdapter):
                 "engine.extra_args.enable_deterministic_inference=true, or leave the seed out"
             )
         sp = sampling_params(p, getattr(self.manager, "tokenizer", None))
-        stream = await self._generate_stream(request_id, request.prompt, sp)
+        stream = self._generate_stream(request_id, request.prompt, sp)
         text_so_far = ""
         async for chunk in stream:
             meta = chunk.get("meta_info") or {}
