@@ -48,11 +48,15 @@ def pct(values, p):
     return s[min(len(s) - 1, int(p / 100 * len(s)))] if s else float("nan")
 
 
-def measure(url: str, model: str, concurrency: int, requests: int, max_tokens: int, warmup: int) -> dict:
+def measure(
+    url: str, model: str, concurrency: int, requests: int, max_tokens: int, warmup: int, prompt_bytes: int = 0
+) -> dict:
     from launcher.bench.runner import Job, LoadSpec, run_load
     from launcher.client.request import Generation
 
-    gens = [Generation(f"overhead prompt {i} with a few words", max_tokens=max_tokens) for i in range(requests)]
+    words = "You are a careful assistant who answers every question in one short sentence. "
+    shared = (words * (prompt_bytes // len(words) + 1))[:prompt_bytes]  # one system prompt, then a question each
+    gens = [Generation(f"{shared}overhead prompt {i} with a few words", max_tokens=max_tokens) for i in range(requests)]
     out = run_load(
         Job(
             url=url,
@@ -102,6 +106,8 @@ def main(argv=None) -> int:
     p.add_argument("--loop", default="auto", help="front-end event loop: auto, asyncio, uvloop")
     p.add_argument("--processes", type=int, default=1, help="front-end worker processes (default 1)")
     p.add_argument("--routing", default="least_outstanding", help="the front end's serve.routing policy")
+    p.add_argument("--prompt-bytes", type=int, default=0, help="a shared prompt this long before each question")
+    p.add_argument("--tokenizer", default="", help="--routing kv: the tokenizer folder (default: the tiny model's)")
     p.add_argument("--flat-out", action="store_true", help="also compare responses/s with the emitter flat out")
     p.add_argument("--flat-out-clients", type=int, default=2)
     p.add_argument("--json", help="also write the JSON document here")
@@ -123,17 +129,30 @@ def main(argv=None) -> int:
                 "loop",
                 "processes",
                 "routing",
+                "prompt_bytes",
             )
         }
     }
     with fixture_servers(1, 1, models) as (url,):
-        with frontend([url], args.processes, args.loop, model="timed", routing=args.routing) as (fe_url, _, _):
+        if args.routing == "kv" and not args.tokenizer:
+            from launcher.tiny import ensure_tiny_model
+
+            args.tokenizer = str(ensure_tiny_model())
+        with frontend([url], args.processes, args.loop, "timed", args.routing, args.tokenizer) as (fe_url, _, _):
             paths = {"direct": url, "frontend": fe_url}
             runs = {"direct": [], "frontend": []}
             for rnd in range(args.rounds):
                 order = ("direct", "frontend") if rnd % 2 == 0 else ("frontend", "direct")
                 for name in order:
-                    r = measure(paths[name], "timed", args.concurrency, args.requests, args.max_tokens, args.warmup)
+                    r = measure(
+                        paths[name],
+                        "timed",
+                        args.concurrency,
+                        args.requests,
+                        args.max_tokens,
+                        args.warmup,
+                        args.prompt_bytes,
+                    )
                     runs[name].append(r)
                     log(
                         f"round {rnd + 1} {name:8s}: TTFT p50 {r['ttft_p50_ms']:.2f} ms p99 {r['ttft_p99_ms']:.2f} ms, ITL p50 {r['itl_p50_ms']:.2f} ms "

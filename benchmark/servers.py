@@ -173,10 +173,17 @@ def fixture_servers(n: int, instances: int, models: dict, timeout_s: float = 180
 # ----------------------------------------------------------------------------- in front of a server
 @contextlib.contextmanager
 def frontend(
-    addrs: list[str], processes: int = 1, loop: str = "auto", model: str = "", routing: str = "least_outstanding"
+    addrs: list[str],
+    processes: int = 1,
+    loop: str = "auto",
+    model: str = "",
+    routing: str = "least_outstanding",
+    tokenizer: str = "",
 ):
     """The data-parallel front end (`python -m launcher.frontend`) over the gRPC addresses `addrs`, on free loopback
-    ports; yields (its gRPC address, its metrics port, its process group id) once every replica answers through it."""
+    ports; yields (its gRPC address, its metrics port, its process group id) once every replica answers through it.
+    `routing` kv: the replicas publish no KV-cache events (fixture models), so it routes as `prefix` does, paying for
+    tokenizing every prompt with `tokenizer`."""
     from launcher.frontend import FrontendConfig, FrontendProcess
     from launcher.ports import free_port
 
@@ -191,6 +198,8 @@ def frontend(
         drain_timeout_s=5,
         loop=loop,
         routing=routing,
+        kv_events=[""] * len(addrs) if routing == "kv" else [],
+        tokenizer=tokenizer,
     )
     fe = FrontendProcess(cfg, env=checkout_env()).start()
     try:

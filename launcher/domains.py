@@ -25,6 +25,7 @@ SCHEDULERS = ("local", "slurm")  # cluster.scheduler: the registry launcher.sche
 ROUTINGS = (
     "least_outstanding",
     "prefix",
+    "kv",
 )  # serve.routing: the registry launcher.frontend.routing holds one class for each
 GPU_REQUESTS = ("gpus-per-node", "gres", "none")  # cluster.gpu_request
 MPI_TYPES = ("pmix", "pmi2", "none")  # cluster.mpi (srun --mpi=)

@@ -271,6 +271,26 @@ def parallel_problems(c, edef) -> List[Problem]:
     return problems
 
 
+def kv_tokenizer_problem(c) -> Optional[Tuple[Problem, bool]]:
+    """serve.routing=kv: the front end cuts prompts into the engines' token blocks with the model's tokenizer.json
+    (the `tokenizers` library, no transformers), which a folder of tokenizer.model alone lacks.  (the problem, whether
+    this host sees the folder), or None."""
+    if c.serve.routing != "kv" or c.replicas <= 1:
+        return None
+    folder = str(c.model.tokenizer or c.model.path or "")
+    if not folder or (Path(folder) / "tokenizer.json").is_file():
+        return None
+    return (
+        (
+            "serve.routing=kv",
+            f"the front end tokenizes prompts with {Path(folder) / 'tokenizer.json'}, which does not exist",
+            "point model.tokenizer at a folder with tokenizer.json (transformers' save_pretrained writes it), or use "
+            "serve.routing=prefix",
+        ),
+        Path(folder).is_dir(),
+    )
+
+
 def check(c, probe: Optional[Callable[[], Tuple[bool, str]]] = None) -> Tuple[List[Problem], List[str]]:
     """(problems, warnings) for a typed config (launcher.schema.LaunchConfig) about to launch; `probe` answers
     whether a GPU is visible (default GPU_PROBE)."""
@@ -289,6 +309,11 @@ def check(c, probe: Optional[Callable[[], Tuple[bool, str]]] = None) -> Tuple[Li
                 f"{problem[0]}: {problem[1]} on this host; cluster={c.cluster.name}'s nodes may see it, "
                 "so the launch goes on"
             )
+    kv = kv_tokenizer_problem(c)
+    if kv is not None:
+        (problems if kv[1] or everywhere else warnings).append(
+            kv[0] if kv[1] else f"{kv[0][0]}: {kv[0][1]} on this host; cluster={c.cluster.name}'s nodes may see it"
+        )
     edef = ENGINES[c.engine.name]
     problems += parallel_problems(c, edef)
     if scheduler.on_this_machine and edef.needs_gpu(c.engine):

@@ -206,7 +206,7 @@ class ServeConfig:
     )  # Slurm signals the job (SIGUSR2, sbatch --signal) this many seconds before its time limit: the front ends refuse new requests, in-flight ones get up to serve.drain_timeout_s, every rank exits
     routing: str = arg(
         Choice(ROUTINGS), "least_outstanding"
-    )  # with replicas > 1, which replica a request goes to: least_outstanding (fewest in flight) | prefix (the one sent the longest run of its prompt's prefix, within a load bound; launcher/frontend/routing.py)
+    )  # with replicas > 1, which replica a request goes to: least_outstanding (fewest in flight) | prefix (the one sent the longest run of its prompt's prefix, within a load bound; launcher/frontend/routing.py) | kv (the one whose engine holds the longest run of its prompt's token blocks, from the engines' KV-cache events: engine=hf, vllm)
     api_key_file: str = arg(
         Path("key_file", fix="give {key} a file whose first line is the key (openssl rand -hex 24 > FILE)"), ""
     )  # a file whose first line is the key the OpenAI API requires as `Authorization: Bearer` on every route but /health; "" = no key (anyone who reaches serve.openai_port may use the model). The file's path travels, never the key

@@ -87,6 +87,29 @@ def check_walltime(problems, cluster, serve, requeue: bool, scheduler) -> None:
         )
 
 
+def kv_routing_problems(ename: str, edef, engine) -> List[Tuple[str, str, str]]:
+    """serve.routing=kv keeps its index from the engines' KV-cache events, of their prefix caches (the tokenizer.json
+    the front end cuts prompts with is launcher/hostcheck.py's to find)."""
+    publishing = sorted(n for n, d in ENGINES.items() if d.kv_events)
+    if not edef.kv_events:
+        return [
+            (
+                "serve.routing=kv",
+                f"engine={ename} publishes no KV-cache events (engines that do: {', '.join(publishing)})",
+                "use serve.routing=prefix, which routes by where prompts were sent",
+            )
+        ]
+    if not getattr(engine, "prefix_caching", True):
+        return [
+            (
+                "serve.routing=kv",
+                f"engine.prefix_caching=false: engine={ename} keeps no prefix cache to route to",
+                "set engine.prefix_caching=true, or use serve.routing=least_outstanding",
+            )
+        ]
+    return []
+
+
 def build_spec(cfg) -> LaunchSpec:
     """Validate a composed config (OmegaConf or plain dict) and return the frozen spec."""
     c, problems = typed_config(plain(cfg))
@@ -160,6 +183,8 @@ def build_spec(cfg) -> LaunchSpec:
             )
     if edef is not None:
         problems.extend(edef.check(c, scheduler))
+        if serve.routing == "kv":
+            problems.extend(kv_routing_problems(ename, edef, engine))
     if problems:
         raise LaunchError(problems)
 

@@ -87,3 +87,53 @@ def check_prefix_routing(ep: dict, ready: list, tokenizer_dir) -> None:
     expected = {(i, kind): int(o[key]) for i, o in enumerate(own) for kind, key in kinds}
     assert engine_tokens(ep["metrics_url"]) == expected, (engine_tokens(ep["metrics_url"]), expected)
     assert expected[(home, "cached")] > 0, expected
+
+
+def predicted_tokens(metrics_url: str, block_size: int = 16) -> list:
+    """The prompt tokens the front end predicted each replica's engine held (serve.routing=kv: whole token blocks)."""
+    text = urllib.request.urlopen(metrics_url, timeout=10).read().decode()
+    return [
+        int(float(ln.rsplit(" ", 1)[1])) * block_size
+        for ln in text.splitlines()
+        if ln.startswith("llmlaunch_frontend_predicted_cached_blocks_total{")
+    ]
+
+
+def check_kv_routing(ep: dict, ready: list, tokenizer_dir) -> None:
+    """`serve.routing=kv` on top of what check_prefix_routing checks: what the front end predicted each replica's
+    engine held, from the engines' KV-cache events, is what the engines found in their prefix caches, request for
+    request, and stays so once other prompts evicted a conversation's blocks (the replicas' pools hold ~1,000 tokens:
+    engine.kv_cache_memory): the front end then credits nobody with them, where routing by where prompts were sent
+    still would."""
+    import random
+
+    from launcher.client.request import Generation
+    from launcher.client.stream import generate
+
+    check_prefix_routing(ep, ready, tokenizer_dir)
+    actual = lambda: [engine_tokens(ep["metrics_url"])[(i, "cached")] for i in range(2)]  # noqa: E731
+    assert predicted_tokens(ep["metrics_url"]) == actual(), (predicted_tokens(ep["metrics_url"]), actual())
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    words = "river stone cloud lamp orbit maple quartz harbor violet engine meadow copper".split()
+    rng = random.Random(7)
+    history = "Notes on a long trip, kept day by day. " * 6
+    for turn in range(2):
+        rec = generate(ep["url"], ep["model"], Generation(history, max_tokens=4, ignore_eos=True))
+        assert not rec.error, rec.error
+        last, history = history, history + rec.text + f" Day {turn}: more."
+    for i in range(16):  # other prompts, new to both replicas, fill both pools (~1,000 tokens each)
+        flood = f"{i} " + " ".join(rng.choice(words) for _ in range(220))
+        rec = generate(ep["url"], ep["model"], Generation(flood, max_tokens=2, ignore_eos=True))
+        assert not rec.error, rec.error
+    assert all(n > 0 for n in routed(ep["metrics_url"])), routed(ep["metrics_url"])
+    before, seen = actual(), predicted_tokens(ep["metrics_url"])
+    rec = generate(ep["url"], ep["model"], Generation(history, max_tokens=4, ignore_eos=True))
+    assert not rec.error, rec.error
+    assert predicted_tokens(ep["metrics_url"]) == actual(), (predicted_tokens(ep["metrics_url"]), actual())
+    gained = [a - b for a, b in zip(actual(), before)]
+    assert gained == [p - s for p, s in zip(predicted_tokens(ep["metrics_url"]), seen)]
+    a, b = tok(last).input_ids, tok(history).input_ids
+    common = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    assert sum(gained) < common // 16 * 16, (gained, common)  # the flood evicted the conversation's blocks

@@ -14,6 +14,9 @@
 #                                                # ARGS), the same client over OpenAI completions
 #   benchmark/gpu/engines.sh split OUT LABEL     # served LABEL's own engine arguments in-process, under the host's
 #                                                # python and under the stub's: the environment's share of the cost
+#   benchmark/gpu/engines.sh routing OUT LABEL ARGS...  # serve.routing's policies, one llmlaunch replicas=N each
+#                                                # (benchmark/routing.py ARGS; e.g. two replicas sharing one GPU:
+#                                                # CUDA_VISIBLE_DEVICES=0,0 ... cluster.gpus_per_node=2)
 #   benchmark/gpu/engines.sh identity OUT A B     # greedy answers of served labels A and B (IDENTITY=1), compared
 #   benchmark/gpu/engines.sh openai OUT           # OpenAI streaming vs KServe gRPC on the hf engine (OPENAI_LOADS),
 #                                                # the API's chunks/s with a no-op model, first-token times by route
@@ -82,7 +85,7 @@
 # first served configuration SERVED_TIMEOUT to match.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-cmd=${1:?usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | vllm_serve OUT LABEL ARGS... | lmdeploy OUT | sglang OUT | sglang_serve OUT LABEL ARGS... | openai OUT | split OUT LABEL | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST}
+cmd=${1:?usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | vllm_serve OUT LABEL ARGS... | lmdeploy OUT | sglang OUT | sglang_serve OUT LABEL ARGS... | openai OUT | split OUT LABEL | routing OUT LABEL ARGS... | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST}
 OUT=${2:?the results folder}
 MODEL=${MODEL:-/tmp/llama-1b}
 LOADS=${LOADS-1:32 64:1000 128:1000}
@@ -200,6 +203,12 @@ openai)  # the OpenAI API against KServe gRPC on the hf engine (the same server)
     timeout 300 $PY -m benchmark.openai_first_token --device cuda --model "$MODEL" --requests 100 \
         > "$OUT/openai_first_token.json" 2> "$OUT/openai_first_token.log"
     grep -E '^ +[0-9]+ ' "$OUT/openai_first_token.log" ;;
+routing)  # the routing policies side by side (benchmark/routing.py): one llmlaunch replicas=N per policy
+    LABEL=${3:?a label}
+    shift 3
+    # shellcheck disable=SC2086
+    timeout "${SERVED_TIMEOUT:-560}" $PY -m benchmark.routing --json "$OUT/$LABEL.routing.json" --tokenizer "$MODEL" \
+        "$@" > /dev/null ;;
 identity)
     A=${3:?label A}; B=${4:?label B}
     $PY -m benchmark.gpu.identity compare "$OUT/$A.identity.json" "$OUT/$B.identity.json" --tokenizer "$MODEL" \
@@ -214,5 +223,5 @@ pack)  # the table and every result in one archive, into DEST (the device tool's
     tar czf "$DEST/results.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
     cat "$DEST/table.txt" ;;
 *)
-    echo "usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | vllm_serve OUT LABEL ARGS... | lmdeploy OUT | sglang OUT | sglang_serve OUT LABEL ARGS... | openai OUT | split OUT LABEL | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST" >&2; exit 2 ;;
+    echo "usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | vllm_serve OUT LABEL ARGS... | lmdeploy OUT | sglang OUT | sglang_serve OUT LABEL ARGS... | openai OUT | split OUT LABEL | routing OUT LABEL ARGS... | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST" >&2; exit 2 ;;
 esac

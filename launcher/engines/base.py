@@ -63,6 +63,9 @@ class EngineDef:
     # The served model reports the first-token split (queue, prefill, first response) in its Triton metrics
     # (launcher/python_backend/timings.py), which the bench reads from the serving tritonserver.
     first_token_split: bool = False
+    # publishes its prefix cache's changes as KV-cache events (launcher/kv_events.py) where launcher/rank asks, so
+    # serve.routing=kv may route by them
+    kv_events: bool = False
     # (launcher.schema.LaunchConfig, the scheduler class of cluster.scheduler) -> engine-specific problems
     check: Callable[[Any, Any], List[Problem]] = lambda c, scheduler: []
     # launcher.schema.LaunchConfig -> (key, path, kind) of the folders the engine loads, which launcher/hostcheck.py

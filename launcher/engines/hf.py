@@ -74,5 +74,6 @@ ENGINE = EngineDef(
     check=_check,
     tp_any_divisor=True,  # launcher/hf/tp.py shards heads, KV heads and MLP rows over any tp dividing them
     first_token_split=True,
+    kv_events=True,  # launcher.hf.blocks records them, launcher.hf.engine publishes them
     summary="our continuous-batching engine on HF transformers; one tritonserver per GPU, rank 0 leads",
 )

@@ -70,6 +70,14 @@ def _check(c, scheduler) -> List[Problem]:
                 "set engine.distributed_executor_backend=auto (or ray)",
             )
         )
+    if c.serve.routing == "kv" and c.replicas > 1 and "kv_events_config" in (c.engine.engine_args or {}):
+        problems.append(
+            (
+                "engine.engine_args.kv_events_config",
+                "serve.routing=kv publishes vLLM's KV-cache events where the front end reads them",
+                "remove engine.engine_args.kv_events_config, or use serve.routing=prefix to publish your own",
+            )
+        )
     return problems
 
 
@@ -99,4 +107,5 @@ ENGINE = EngineDef(
     load_phases=load_phases,
     summary="vLLM AsyncLLMEngine; one tritonserver per model copy per node, vLLM owns the GPUs (Ray across nodes)",
     first_token_split=True,  # launcher.python_backend.async_runtime
+    kv_events=True,  # vLLM's kv_events_config (model_repository/vllm sets it from the rank's endpoint)
 )

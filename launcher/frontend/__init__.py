@@ -16,7 +16,8 @@ What it does:
   stream, by `--routing` (launcher/frontend/routing.py): to the replica with
   the fewest requests in flight (`least_outstanding`, ties in turn), or to the
   one that was sent the longest run of the prompt's prefix, within a load
-  bound (`prefix`). A client stream gets one backend stream per replica and model it
+  bound (`prefix`), or to the one whose engine holds the longest run of its token
+  blocks, as the engines' KV-cache events say (`kv`). A client stream gets one backend stream per replica and model it
   uses (see Session.dispatch for why per model); responses are passed back as
   they arrive, looked up by request id.
 * forwards the client's serialized messages byte for byte. Only when it must
@@ -56,6 +57,10 @@ The package, one module a job:
     replica.py  Replica: one replica's channel, up/down state, health probes, load and counters
     session.py  Session: one client stream, its requests spread over the replicas and their responses passed back
     proxy.py    Frontend: routing, the health probe, the gRPC handlers, the counters
+    routing.py  the routing policies (serve.routing): least_outstanding, prefix, kv
+    text_blocks.py   a prompt's text blocks and their chained keys (prefix's index)
+    kv_index.py      kv's index of the blocks each replica's engine holds, fed by their KV-cache events
+    prompt_tokens.py kv's prompt token blocks, with the tokens of text seen before remembered
     metrics.py  the Prometheus text and its HTTP server
     server.py   FrontendConfig and one serving process
     workers.py  several processes sharing the port; run_frontend picks one or several

@@ -24,13 +24,15 @@ _METRICS = (
         "prompt_blocks",
         "llmlaunch_frontend_prompt_blocks_total",
         "counter",
-        "prompt blocks (256 bytes of text) of the requests routed to the replica by prefix (serve.routing=prefix)",
+        "prompt blocks of the requests routed to the replica by prefix: 256 bytes of text (serve.routing=prefix), "
+        "the engines' token blocks (serve.routing=kv)",
     ),
     (
         "predicted_blocks",
         "llmlaunch_frontend_predicted_cached_blocks_total",
         "counter",
-        "of those, the leading blocks the front end had sent the replica before (its prefix cache may hold them)",
+        "of those, the leading blocks the front end had sent the replica before (prefix: its prefix cache may hold "
+        "them), or its engine held as the request was routed (kv)",
     ),
 )
 _PER_REPLICA = len(_METRICS)

@@ -52,6 +52,10 @@ class FrontendProcess(ChildService):
             argv += ["--replica", a]
         for u in c.replica_metrics:
             argv += ["--replica-metrics", u]
+        for e in c.kv_events:
+            argv += ["--kv-events", e]
+        if c.tokenizer:
+            argv += ["--tokenizer", c.tokenizer]
         argv += [
             "--model",
             c.model_name,
@@ -131,8 +135,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         "--routing",
         choices=ROUTINGS,
         default="least_outstanding",
-        help="which replica a request goes to: least_outstanding (fewest in flight) or prefix (where its prompt's "
-        "prefix was sent, within a load bound)",
+        help="which replica a request goes to: least_outstanding (fewest in flight), prefix (where its prompt's "
+        "prefix was sent, within a load bound) or kv (where the engines' KV-cache events say its prefix is)",
     )
     p.add_argument(
         "--replica-metrics",
@@ -142,12 +146,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         help="a replica leader's tritonserver metrics URL, once per --replica in the same order: /metrics shows its "
         "engine's prompt and cached prompt tokens beside the front end's counters",
     )
+    p.add_argument(
+        "--kv-events",
+        action="append",
+        default=[],
+        metavar="ENDPOINT",
+        help="--routing kv: a replica leader's engine's KV-cache events endpoint (tcp://HOST:PORT or ipc://PATH), "
+        "once per --replica in the same order",
+    )
+    p.add_argument("--tokenizer", default="", help="--routing kv: the model's tokenizer folder (its tokenizer.json)")
     p.add_argument("--die-with-parent", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.processes < 1:
         p.error("--processes must be >= 1")
     if args.replica_metrics and len(args.replica_metrics) != len(args.replica):
         p.error(f"--replica-metrics given {len(args.replica_metrics)} times for {len(args.replica)} --replica")
+    if args.routing == "kv" and (len(args.kv_events) != len(args.replica) or not args.tokenizer):
+        p.error("--routing kv needs --kv-events once per --replica and --tokenizer")
     if args.die_with_parent:
         die_with_parent("front end")
     return run_frontend(
@@ -162,4 +177,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.loop,
         args.routing,
         args.replica_metrics,
+        args.kv_events,
+        args.tokenizer,
     )

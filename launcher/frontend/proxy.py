@@ -28,12 +28,13 @@ class Frontend:
         replicas: Sequence[Tuple[str, int]],
         model_name: str = "",
         probe_interval_s: float = 2.0,
-        routing: str = "least_outstanding",
+        routing="least_outstanding",
     ):
+        """routing: a policy's name, or the policy (launcher/frontend/routing.py)."""
         if not replicas:
             raise ValueError("the front end needs at least one replica")
         self.replicas = [Replica(i, h, p) for i, (h, p) in enumerate(replicas)]
-        self.routing = make_routing(routing)
+        self.routing = make_routing(routing) if isinstance(routing, str) else routing
         self.model_name = model_name
         self.probe_interval_s = probe_interval_s
         self.streams_active = 0
@@ -66,6 +67,7 @@ class Frontend:
     async def start(self) -> None:
         for r in self.replicas:
             r.connect()
+        self.routing.start()
         await self.probe_all()  # replicas not ready now start down, so no request goes there
         if self.probe_interval_s > 0:
             self._probe_task = asyncio.get_running_loop().create_task(self._probe_loop())
@@ -73,6 +75,7 @@ class Frontend:
     async def close(self) -> None:
         if self._probe_task is not None:
             self._probe_task.cancel()
+        self.routing.close()
         for r in self.replicas:
             await r.close()
 

@@ -14,11 +14,14 @@
   that replica is within the bound; a session new to this process goes where its prefix is, else where the session
   id's rendezvous hash ranks highest, so the API's processes, each reaching its own front-end process, agree.
 
-Why text blocks and not token blocks: the front end forwards the request bytes as they came and has no tokenizer;
-hashing text is cheap (benchmark/routing.py: a pick takes 30 us for 8 KiB of prompt, 310 us for 64 KiB), and a
+- `kv`: as `prefix`, with the index kept from what the engines hold (their KV-cache events, launcher/kv_events.py:
+  vLLM and the hf engine publish them) and the prompt cut into the engines' token blocks with the model's tokenizer.
+
+Why `prefix` keys text blocks and not token blocks: the front end forwards the request bytes as they came and needs
+no tokenizer then; hashing text is cheap (benchmark/routing.py: a pick takes 30 us for 8 KiB of prompt, 310 us for 64 KiB), and a
 shared prefix of text is a shared prefix of tokens up to the last token it cuts.  The index is what the front end
 sent, not what the engines still hold: an engine that evicted a prefix is still credited with it until the index
-ages it out.
+ages it out.  `kv` knows, at the price of tokenizing every prompt in the front end.
 """
 
 from __future__ import annotations
@@ -29,9 +32,8 @@ from typing import Dict, List, Optional, Sequence, Type
 
 from launcher.contract import SESSION_PARAMETER
 from launcher.domains import ROUTINGS
+from launcher.frontend.text_blocks import BLOCK_BYTES, block_keys
 
-BLOCK_BYTES = 256  # text bytes a block: ~64 tokens of English, a few of the engines' 16-token blocks
-MAX_BLOCKS = 256  # blocks of a prompt that are keyed (64 KiB of text); prompts that share them share the rest's fate
 INDEX_BLOCKS = 1 << 18  # keys the index remembers, least recently used out first (~30 MiB at most)
 LOAD_BOUND = 1.25  # a replica takes a request while its load <= LOAD_BOUND x (mean load + 1)
 SESSIONS = 1 << 16  # session ids remembered, least recently used out first
@@ -45,6 +47,17 @@ class Routing:
 
     def __init__(self) -> None:
         self._turn = 0
+
+    @classmethod
+    def from_options(cls, kv_events: Sequence[str] = (), tokenizer: str = "") -> "Routing":
+        """The policy for the front end's options (those a policy does not read are ignored)."""
+        return cls()
+
+    def start(self) -> None:
+        """Called as the front end starts."""
+
+    def close(self) -> None:
+        """Called as the front end stops."""
 
     def pick(self, replicas: Sequence, exclude: Sequence = (), prompt: bytes = b"", session: str = ""):
         raise NotImplementedError
@@ -71,17 +84,6 @@ class LeastOutstanding(Routing):
         return self._least_loaded([r for r in replicas if r.up and r not in exclude])
 
 
-def block_keys(text: bytes, block: int = BLOCK_BYTES, limit: int = MAX_BLOCKS) -> List[int]:
-    """The chained keys of text's full blocks: key i hashes key i-1 and block i, so equal keys mean equal prefixes.
-    Python's own hash: a key only has to mean the same within one process (each worker keeps its own index)."""
-    keys: List[int] = []
-    key = 0
-    for at in range(0, min(len(text) // block, limit) * block, block):
-        key = hash((key, text[at : at + block]))
-        keys.append(key)
-    return keys
-
-
 class PrefixRouting(Routing):
     name = "prefix"
     needs_prompt = True
@@ -94,13 +96,14 @@ class PrefixRouting(Routing):
         self.max_sessions = sessions
         self.load_bound = load_bound
 
-    def matched(self, keys: List[int], candidates: List) -> Dict[int, int]:
-        """Replica index -> how many of keys' leading blocks the index credits it with (only those with one or more)."""
+    def matched(self, keys: List[int], candidates: List, index=None) -> Dict[int, int]:
+        """Replica index -> how many of keys' leading blocks `index` (key -> bit mask of replicas; this policy's own
+        by default) credits it with (only those with one or more)."""
         alive = 0
         for r in candidates:
             alive |= 1 << r.index
         found: Dict[int, int] = {}
-        index = self.index
+        index = self.index if index is None else index
         for depth, key in enumerate(keys):
             has = index.get(key, 0) & alive
             dropped = alive & ~has
@@ -125,7 +128,7 @@ class PrefixRouting(Routing):
         loads = {r.index: r.load() for r in up}
         bound = self.load_bound * (sum(loads.values()) / len(up) + 1)
         within = [r for r in up if loads[r.index] <= bound] or up
-        found = self.matched(keys, within) if keys else {}
+        found, blocks, credited = self.credit(prompt, keys, within)
         last = self.sessions.get(session, -1) if session else -1
         if last >= 0 and any(r.index == last for r in within):  # the session's replica, while within its bound
             rep = next(r for r in within if r.index == last)
@@ -143,8 +146,8 @@ class PrefixRouting(Routing):
                 (r for r in within if loads[r.index] == least),
                 key=lambda r: hashlib.blake2b(first + r.index.to_bytes(4, "little"), digest_size=8).digest(),
             )
-        rep.prompt_blocks += len(keys)
-        rep.predicted_blocks += found.get(rep.index, 0)
+        rep.prompt_blocks += blocks
+        rep.predicted_blocks += credited.get(rep.index, 0)
         self._remember(keys, rep.index)
         if session:
             self.sessions.pop(session, None)
@@ -152,6 +155,12 @@ class PrefixRouting(Routing):
             if len(self.sessions) > self.max_sessions:
                 self.sessions.popitem(last=False)
         return rep
+
+    def credit(self, prompt: bytes, keys: List[int], within: List):
+        """(replica index -> the prompt's leading blocks to route by, the prompt's blocks, replica index -> the
+        blocks counted as predicted hits on /metrics): here both are where the prompt's text blocks were sent."""
+        found = self.matched(keys, within) if keys else {}
+        return found, len(keys), found
 
     def _remember(self, keys: List[int], index: int) -> None:
         bit, table = 1 << index, self.index
@@ -161,15 +170,56 @@ class PrefixRouting(Routing):
             table.popitem(last=False)
 
 
-REGISTRY: Dict[str, Type[Routing]] = {cls.name: cls for cls in (LeastOutstanding, PrefixRouting)}
+class KvRouting(PrefixRouting):
+    """`kv`: as `prefix`, but a replica is credited with the prompt's token blocks its engine holds now, as the
+    engines' KV-cache events say (launcher/frontend/kv_index.py), not with the text it was sent: an evicted prefix
+    stops drawing its requests, and a prefix one replica computed for a request routed by load draws the next ones.
+    A prompt no engine holds yet (its first requests are still prefilling) goes where its text was sent, as `prefix`
+    sends it, so a burst of a new prefix still meets on one replica."""
+
+    name = "kv"
+
+    def __init__(self, kv_events: Sequence[str] = (), tokenizer: str = "", **kw):
+        from launcher.frontend.kv_index import KvIndex, Subscriber
+        from launcher.frontend.prompt_tokens import PromptTokens
+
+        super().__init__(**kw)
+        if not tokenizer:
+            raise ValueError("routing kv: the front end needs the model's tokenizer folder (--tokenizer)")
+        self.kv = KvIndex(len(kv_events))
+        self.blocks = PromptTokens(tokenizer)
+        self.subscriber = Subscriber(self.kv, kv_events)
+
+    def credit(self, prompt, keys, within):
+        tokens = self.blocks.keys(prompt, self.kv.block_size)
+        held = self.matched(tokens, within, self.kv.holders) if tokens else {}
+        if held:
+            return held, len(tokens), held
+        return (self.matched(keys, within) if keys else {}), len(tokens), held
+
+    @classmethod
+    def from_options(cls, kv_events=(), tokenizer=""):
+        return cls(kv_events, tokenizer)
+
+    def start(self) -> None:
+        self.subscriber.start()
+
+    def close(self) -> None:
+        self.subscriber.stop()
+
+
+REGISTRY: Dict[str, Type[Routing]] = {cls.name: cls for cls in (LeastOutstanding, PrefixRouting, KvRouting)}
 assert tuple(sorted(REGISTRY)) == tuple(sorted(ROUTINGS)), "launcher.domains.ROUTINGS names every policy here"
 
 
-def make_routing(name: str) -> Routing:
+def make_routing(name: str, kv_events: Sequence[str] = (), tokenizer: str = "") -> Routing:
+    """The policy `name`; `kv` reads the engines' KV-cache events at `kv_events` (one endpoint per replica) and
+    tokenizes prompts with the tokenizer folder `tokenizer`."""
     try:
-        return REGISTRY[name]()
+        cls = REGISTRY[name]
     except KeyError:
         raise ValueError(f"routing {name!r}: not a policy; use one of {', '.join(REGISTRY)}") from None
+    return cls.from_options(kv_events, tokenizer)
 
 
 def routing_keys(request) -> tuple:

@@ -11,6 +11,7 @@ from grpc import aio
 
 from launcher.frontend.metrics import _serve_metrics, metrics_text, with_engines
 from launcher.frontend.proxy import Frontend
+from launcher.frontend.routing import make_routing
 from launcher.frontend.wire import _MAX_MESSAGE, log
 
 
@@ -29,6 +30,10 @@ class FrontendConfig:
     # each replica leader's tritonserver metrics URL, in the replicas' order ("" = none): /metrics shows beside the
     # front end's own counters the prompt tokens each replica's engine admitted and served from its prefix cache
     replica_metrics: List[str] = field(default_factory=list)
+    # routing kv: each replica leader's KV-cache events endpoint, in the replicas' order (launcher/kv_events.py), and
+    # the model's tokenizer folder the prompts are cut into token blocks with
+    kv_events: List[str] = field(default_factory=list)
+    tokenizer: str = ""
     addrs: List[str] = field(default_factory=list)
 
     def __post_init__(self):
@@ -48,7 +53,8 @@ def _server_options(reuse_port: bool) -> list:
 
 async def _serve(cfg: FrontendConfig, reuse_port: bool, publish=None, on_bound=None, setup=None) -> None:
     """Run one front-end process until SIGTERM/SIGINT; `publish(snapshot)` is called periodically."""
-    fe = Frontend(cfg.replicas, cfg.model_name, cfg.probe_interval_s, cfg.routing)
+    routing = make_routing(cfg.routing, cfg.kv_events, cfg.tokenizer)
+    fe = Frontend(cfg.replicas, cfg.model_name, cfg.probe_interval_s, routing)
     if setup is not None:
         setup(fe)
     await fe.start()

@@ -146,6 +146,8 @@ def run_frontend(
     loop: str = "auto",
     routing: str = "least_outstanding",
     replica_metrics: Sequence[str] = (),
+    kv_events: Sequence[str] = (),
+    tokenizer: str = "",
 ) -> int:
     """Serve until SIGTERM/SIGINT (then drain running requests); returns the exit status."""
     cfg = FrontendConfig(
@@ -160,6 +162,8 @@ def run_frontend(
         loop,
         routing,
         list(replica_metrics),
+        list(kv_events),
+        tokenizer,
     )
     if processes > 1:
         return _supervise(cfg)

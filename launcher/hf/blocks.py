@@ -14,6 +14,9 @@ nobody references any more keeps its tokens and its key, findable, until the poo
 taken first, then the cached ones least recently freed first (LRU).  Only full blocks are shared, so a sequence
 only ever writes into blocks it owns alone.
 
+With `events` (a list), the pool records what becomes findable and what is evicted, as KV-cache events
+(launcher.kv_events: BlockStored, BlockRemoved) the engine publishes for the front end's `kv` routing.
+
 Block 0 is the null block: never handed out, it is where padded rows of a CUDA graph write and what an unused
 block-table entry points at.
 """
@@ -23,23 +26,22 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from typing import Iterable, Sequence
 
+from launcher.kv_events import chain_keys, removed, stored
+
 NULL_BLOCK = 0
 
 
 def block_hashes(tokens: Sequence[int], block_size: int, start: int = 0, parent: int | None = None) -> list[int]:
-    """The chained keys of the full blocks of `tokens` from block `start` on (`parent`: the key of block start-1)."""
-    out = []
-    for b in range(start, len(tokens) // block_size):
-        parent = hash((parent, tuple(tokens[b * block_size : (b + 1) * block_size])))
-        out.append(parent)
-    return out
+    """The chained keys of the full blocks of `tokens` from block `start` on (`parent`: the key of block start-1):
+    launcher.kv_events.chain_keys, so the front end's `kv` routing keys a prompt's blocks as the engine does."""
+    return chain_keys(tokens, block_size, parent, start)
 
 
 class BlockPool:
     """Blocks 1..num_blocks-1 for sequences, with reference counts and, with `prefix_caching`, the cache of full
     blocks by key."""
 
-    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True):
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True, events: list | None = None):
         if num_blocks < 2:
             raise ValueError(f"a KV-cache pool needs at least 2 blocks (got {num_blocks})")
         self.num_blocks = num_blocks
@@ -50,6 +52,7 @@ class BlockPool:
         self._refs = [0] * num_blocks
         self._key_of: dict[int, int] = {}  # block -> its key, for cached blocks
         self._block_of: dict[int, int] = {}  # key -> block
+        self.events = events  # where KV-cache events go (None: not recorded); the engine takes them after each step
 
     # ------------------------------------------------------------------------------------------ capacity
     @property
@@ -81,7 +84,10 @@ class BlockPool:
                 b = self._free.popleft()
             else:  # the least recently freed cached block: its tokens are forgotten
                 b, _ = self._evictable.popitem(last=False)
-                del self._block_of[self._key_of.pop(b)]
+                key = self._key_of.pop(b)
+                del self._block_of[key]
+                if self.events is not None:
+                    self.events.append(removed([key]))
             self._refs[b] = 1
             out.append(b)
         return out
@@ -116,9 +122,12 @@ class BlockPool:
             self._refs[b] += 1
         return blocks, keys
 
-    def publish(self, blocks: Sequence[int], keys: Sequence[int]) -> None:
-        """Full blocks of a sequence (its blocks `blocks`, keyed `keys`, in order) become findable.  A key another
-        block already holds (two requests computed the same prefix at once) stays with that block."""
+    def publish(
+        self, blocks: Sequence[int], keys: Sequence[int], tokens: Sequence[int] = (), parent: int | None = None
+    ) -> None:
+        """Full blocks of a sequence (its blocks `blocks`, keyed `keys`, in order; `tokens`, theirs; `parent`, the
+        key of the block before them) become findable.  A key another block already holds (two requests computed the
+        same prefix at once) stays with that block."""
         if not self.prefix_caching:
             return
         for b, key in zip(blocks, keys):
@@ -126,3 +135,5 @@ class BlockPool:
                 continue
             self._block_of[key] = b
             self._key_of[b] = key
+        if self.events is not None and keys:
+            self.events.append(stored(keys, parent, tokens, self.block_size))

@@ -53,6 +53,7 @@ from launcher.hf.runner import HFModelRunner
 from launcher.hf.scheduler import Scheduler
 from launcher.hf.sequence import Seq, bad_word_ids, prepare_prompt
 from launcher.hf.tp import AHEAD
+from launcher.kv_events import publisher_from_env
 from launcher.python_backend.generation import InvalidRequest, SamplingParams
 from launcher.python_backend.logprob_io import merged
 
@@ -152,6 +153,10 @@ class Engine:
             self.runner, self.max_prefill_tokens, prompts_alone, self.stats, self._inbox.empty, args.prefix_caching
         )
         self.stats.kv_blocks = self.scheduler.pool.capacity
+        # serve.routing=kv: the prefix cache's changes go to the front end as KV-cache events after every step
+        self._kv_events = publisher_from_env() if args.prefix_caching else None
+        if self._kv_events is not None:
+            self.scheduler.pool.events = []
         self.outputs = OutputProcessor(self.scheduler, self.stats, self._active, self._lock)
         # (step, rows, handle): a step launched before the tokens of the one before were known
         self._ahead = None
@@ -325,6 +330,9 @@ class Engine:
                     if idle:
                         t0 = time.perf_counter()  # from the request's arrival
                     self._step()
+                    if self._kv_events is not None and sched.pool.events:
+                        self._kv_events.send(sched.pool.events)
+                        sched.pool.events = []
                     after_step()
                     stats.wall_s += time.perf_counter() - t0
                 else:
@@ -337,6 +345,8 @@ class Engine:
         finally:
             self.outputs.fail_all("engine shut down", reason="cancelled")
             after_step()
+            if self._kv_events is not None:
+                self._kv_events.close()
             if self._tp is not None:
                 if self._error is None:
                     try:

@@ -321,8 +321,9 @@ class Scheduler:
         if full <= done:
             return
         tokens = [seq.token_at(p) for p in range(done * bs, full * bs)]
-        keys = block_hashes(tokens, bs, 0, seq.keys[-1] if seq.keys else None)
-        self.pool.publish(seq.blocks[done:full], keys)
+        parent = seq.keys[-1] if seq.keys else None
+        keys = block_hashes(tokens, bs, 0, parent)
+        self.pool.publish(seq.blocks[done:full], keys, tokens, parent)
         seq.keys += keys
 
     # At most this many prompts waiting to be prefilled are taken one at a time, each alone in a step that replays

@@ -12,6 +12,7 @@ from typing import Dict, List
 
 from launcher.frontend import FrontendConfig, FrontendProcess
 from launcher.frontend.wire import log
+from launcher.kv_events import connect_to
 from launcher.paths import PACKAGE_ROOT
 from launcher.ports import metrics_url
 from launcher.python_backend.responders import responders
@@ -101,6 +102,8 @@ def start_for_rank0(
         drain_timeout_s=float(spec.serve.drain_timeout_s),
         routing=str(spec.serve.routing),
         replica_metrics=[metrics_url(i["addr"], bound[i["rank"]].get("metrics_port")) for i in leaders],
+        kv_events=[connect_to(i["kv_events"], i["addr"]) for i in leaders if i.get("kv_events")],
+        tokenizer=str(spec.model.tokenizer or spec.model.path or "") if spec.serve.routing == "kv" else "",
     )
     env = dict(os.environ)
     root = str(PACKAGE_ROOT)  # `python -m launcher.frontend` from this checkout

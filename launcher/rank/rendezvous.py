@@ -35,6 +35,8 @@ class RankContext:
     # this rendezvous's own (rank 0's random one): the ready files and endpoint.json of this run carry it, so a
     # file an earlier run of the same directory left (a requeued job) is never taken for this run's
     token: str = ""
+    # serve.routing=kv, a leader: where its engine publishes KV-cache events (launcher/kv_events.py); "" = nowhere
+    kv_events: str = ""
 
 
 class MPIComm:
@@ -138,7 +140,7 @@ def reserve_ports(spec, me) -> Dict[str, object]:
     share a node: endpoint.json lists them), and on rank 0 the public ones of its front end (replicas > 1: the
     public gRPC and metrics ports go to launcher/frontend, and rank 0's own server is one more internal replica)
     and of its OpenAI API; plus a port for the engine's distributed init. A worker offers none."""
-    out: Dict[str, object] = {"ports": {}, "frontend_ports": {}, "openai_port": 0, "dist_port": 0}
+    out: Dict[str, object] = {"ports": {}, "frontend_ports": {}, "openai_port": 0, "dist_port": 0, "kv_events": ""}
     if me.role != "leader":
         return out
     bind = bind_address(spec)
@@ -156,6 +158,11 @@ def reserve_ports(spec, me) -> Dict[str, object]:
         taken.append(out["openai_port"])
     out["ports"] = pick_ports(bind, wanted, avoid=taken)  # never the front end's or the API's ports
     out["dist_port"] = free_port(bind)
+    if spec.serve.routing == "kv" and spec.replicas > 1:  # the front end subscribes to every leader's engine
+        from launcher.kv_events import endpoint_for
+        from launcher.python_backend.instances import private_dir
+
+        out["kv_events"] = endpoint_for(spec.loopback, 0 if spec.loopback else free_port(bind), private_dir())
     return out
 
 
@@ -186,4 +193,5 @@ def rendezvous(spec, topo: Topology, comm) -> Tuple[RankContext, List[dict]]:
         hosts=tuple(i["addr"] for i in infos),
         ports={k: int(v) for k, v in ports.items()},
         token=infos[0]["token"],
+        kv_events=str(infos[topo.rank].get("kv_events", "")),
     ), infos

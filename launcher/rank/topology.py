@@ -138,6 +138,8 @@ def rank_environment(spec, ctx, run_dir, visible: Optional[List[str]]) -> Dict[s
         private("JOB_ID"): str(ctx.job_id),
         "LLMLAUNCH_RUN_DIR": str(run_dir),
     }
+    if ctx.kv_events:  # a leader whose engine publishes KV-cache events (serve.routing=kv)
+        env[private("KV_EVENTS")] = ctx.kv_events
     if me.gpus and visible is not None:
         # Slurm gives the task the node's GPUs (--gpus-per-node); each rank takes its own slice.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[g] for g in me.gpus if g < len(visible))

@@ -816,17 +816,20 @@ def test_llmlaunch_replicas_2_on_this_machine_serves_through_the_front_end(tmp_p
     job.assert_nothing_left(ep)
 
 
+@pytest.mark.parametrize("routing", ["prefix", "kv"])
 def test_with_prefix_routing_a_conversations_turns_reach_one_replica_which_prefills_only_the_new_tokens(
-    tmp_path, tiny_model_dir
+    tmp_path, tiny_model_dir, routing
 ):
-    """`llmlaunch replicas=2 serve.routing=prefix` on this machine: tests/prefix_routing.py says what is checked."""
-    from tests.prefix_routing import check_prefix_routing
+    """`llmlaunch replicas=2 serve.routing=prefix|kv` on this machine: tests/prefix_routing.py says what is checked
+    (kv: the engines' KV-cache events over unix sockets, the replicas' pools small enough to evict)."""
+    from tests.prefix_routing import check_kv_routing, check_prefix_routing
 
-    job = LocalLaunch(tmp_path, "serve.routing=prefix")
+    small = ["engine.kv_cache_memory=0.004"] if routing == "kv" else []
+    job = LocalLaunch(tmp_path, f"serve.routing={routing}", *small)
     try:
         ep = job.wait_endpoint()
         ready = sorted((json.loads(p.read_text()) for p in job.run.glob("ready_rank*.json")), key=lambda r: r["rank"])
-        check_prefix_routing(ep, ready, tiny_model_dir)
+        (check_kv_routing if routing == "kv" else check_prefix_routing)(ep, ready, tiny_model_dir)
         job.proc.send_signal(signal.SIGINT)
         assert job.proc.wait(90) == 0, job.tail()
     finally:

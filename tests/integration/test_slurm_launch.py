@@ -385,15 +385,20 @@ def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_pa
     assert_shm_gone(job_id)
 
 
-def test_prefix_routing_over_two_nodes_keeps_a_conversation_on_one_replica(local_slurm, tmp_path, tiny_model_dir):
-    """`replicas=2 nodes=2 serve.routing=prefix` on the Slurm cluster, one replica a node: tests/prefix_routing.py
-    says what is checked (a conversation on one replica that prefills only its new tokens, sessions)."""
-    from tests.prefix_routing import check_prefix_routing
+@pytest.mark.parametrize("routing", ["prefix", "kv"])
+def test_prefix_routing_over_two_nodes_keeps_a_conversation_on_one_replica(
+    local_slurm, tmp_path, tiny_model_dir, routing
+):
+    """`replicas=2 nodes=2 serve.routing=prefix|kv` on the Slurm cluster, one replica a node: tests/prefix_routing.py
+    says what is checked (a conversation on one replica that prefills only its new tokens, sessions; kv: the engines'
+    KV-cache events over TCP from the other node)."""
+    from tests.prefix_routing import check_kv_routing, check_prefix_routing
 
-    spec, job_id, run, ep = launch(tmp_path, "replicas=2", "nodes=2", "serve.routing=prefix")
+    small = ["engine.kv_cache_memory=0.004"] if routing == "kv" else []
+    spec, job_id, run, ep = launch(tmp_path, "replicas=2", "nodes=2", f"serve.routing={routing}", *small)
     try:
         ready = sorted(RunDir(run).ready_records(), key=lambda r: r["rank"])
-        check_prefix_routing(ep, ready, tiny_model_dir)
+        (check_kv_routing if routing == "kv" else check_prefix_routing)(ep, ready, tiny_model_dir)
         stop_drained(job_id)
     finally:
         stop(job_id)

@@ -93,3 +93,33 @@ def test_a_key_another_block_holds_stays_with_it():
     pool.publish(b, keys)
     pool.free(b)
     assert pool.match([1, 2, 3], limit=1)[0] == a
+
+
+def test_the_pool_records_what_becomes_findable_and_what_is_evicted_as_kv_cache_events():
+    """serve.routing=kv: the engine publishes these after each step (launcher.kv_events); the front end's index
+    (launcher.frontend.kv_index) keys them by their tokens, which chain to the same keys as block_hashes."""
+    from launcher.frontend.kv_index import KvIndex
+
+    pool = BlockPool(num_blocks=4, block_size=4, events=[])
+    a = pool.allocate(2)
+    tokens = list(range(8))
+    keys = block_hashes(tokens, 4)
+    pool.publish(a[:1], keys[:1], tokens[:4], None)
+    pool.publish(a[1:], keys[1:], tokens[4:], keys[0])  # a later step: the next block, its parent named
+    assert [e["type"] for e in pool.events] == ["BlockStored", "BlockStored"]
+    assert pool.events[1]["parent_block_hash"] == keys[0] and pool.events[1]["token_ids"] == tokens[4:]
+    index = KvIndex(1)
+    index.apply(0, 0, [0.0, pool.events, None])
+    assert index.holders == {keys[0]: 1, keys[1]: 1}
+    pool.events.clear()
+    pool.free(a)
+    pool.allocate(3)  # the free block, then both cached ones, least recently freed first
+    assert pool.events == [
+        {"type": "BlockRemoved", "block_hashes": [keys[1]], "medium": "GPU"},
+        {"type": "BlockRemoved", "block_hashes": [keys[0]], "medium": "GPU"},
+    ]
+    index.apply(0, 1, [0.0, pool.events, None])
+    assert index.holders == {}
+    off = BlockPool(num_blocks=4, block_size=4, prefix_caching=False, events=[])
+    off.publish(off.allocate(1), keys[:1], tokens[:4])
+    assert off.events == []  # no prefix cache: nothing findable, nothing to say

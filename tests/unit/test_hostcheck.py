@@ -48,6 +48,21 @@ def test_a_separate_tokenizer_is_looked_for_in_its_own_folder(tmp_path):
     assert problems[0][1] == "no such file or folder"
 
 
+def test_kv_routing_needs_a_tokenizer_json_for_the_front_end(tmp_path):
+    """The engines read a tokenizer.model alone; the front end's `kv` routing needs tokenizer.json."""
+    hf = make_hf_folder(tmp_path / "hf")
+    kv = [f"model.path={hf}", "replicas=2", "serve.routing=kv"]
+    assert check(kv) == ([], [])
+    (hf / "tokenizer.json").rename(hf / "tokenizer.model")
+    assert check([f"model.path={hf}", "replicas=2", "serve.routing=prefix"]) == ([], [])
+    problems, _ = check(kv)
+    assert [p[0] for p in problems] == ["serve.routing=kv"], problems
+    assert f"{hf}/tokenizer.json, which does not exist" in problems[0][1] and "model.tokenizer" in problems[0][2]
+    # a folder only the cluster's nodes see: a warning where they may, as for the model's own paths
+    problems, warnings = check(["cluster=slurm", "model.path=/nonexistent-model", "replicas=2", "serve.routing=kv"])
+    assert any("tokenizer.json" in w for w in warnings), (problems, warnings)
+
+
 def test_a_file_in_place_of_a_folder(tmp_path):
     (tmp_path / "f").write_text("")
     problems, _ = check([f"model.path={tmp_path / 'f'}"])

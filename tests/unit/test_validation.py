@@ -108,6 +108,28 @@ CASES = [
         "engine.engine_args",
         "no such key in launcher/schema.py for engine=hf",
     ),
+    # kv routing needs an engine that publishes KV-cache events, a prefix cache, and a tokenizer.json
+    (
+        ["engine=lmdeploy", "model.path=/m", "replicas=2", "serve.routing=kv"],
+        "publishes no KV-cache events (engines that do: hf, vllm)",
+        "use serve.routing=prefix",
+    ),
+    (
+        [
+            "engine=vllm",
+            "model.path=/m",
+            "replicas=2",
+            "serve.routing=kv",
+            "engine.engine_args.kv_events_config.topic=x",
+        ],
+        "engine.engine_args.kv_events_config",
+        "remove engine.engine_args.kv_events_config",
+    ),
+    (
+        ["model=tiny", "replicas=2", "serve.routing=kv", "engine.prefix_caching=false"],
+        "keeps no prefix cache to route to",
+        "set engine.prefix_caching=true",
+    ),
 ]
 
 

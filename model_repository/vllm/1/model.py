@@ -53,6 +53,7 @@ for _p in os.environ.get("PYTHONPATH", "").split(os.pathsep):
         sys.path.append(_p)
 
 from launcher.contract import INPUT_NAMES
+from launcher.kv_events import ENV as KV_EVENTS_ENV, remove_socket_file, vllm_config as vllm_kv_events
 from launcher.python_backend.async_runtime import EngineAdapter, Log, Piece, RuntimeModel
 from launcher.python_backend.logprob_io import LogProbRows
 from launcher.python_backend.triton_io import InvalidRequest
@@ -198,6 +199,12 @@ class VLLMAdapter(EngineAdapter):
             from vllm import AsyncLLMEngine as AsyncLLM
 
         kwargs = engine_kwargs(self.raw_args, {f.name for f in dataclasses.fields(AsyncEngineArgs)})
+        events = os.environ.get(KV_EVENTS_ENV, "")  # serve.routing=kv: the front end reads the events
+        wanted = vllm_kv_events(events) if events else kwargs.get("kv_events_config")
+        if isinstance(wanted, dict):  # engine.engine_args carries plain mappings; AsyncEngineArgs wants the config
+            from vllm.config.kv_events import KVEventsConfig
+
+            kwargs["kv_events_config"] = KVEventsConfig(**wanted)
         nnodes = int(self.params.get("nnodes", "1") or 1)
         if nnodes > 1:
             if kwargs.get("distributed_executor_backend") != "ray":
@@ -316,6 +323,7 @@ class VLLMAdapter(EngineAdapter):
             self._stop_core()
             if self.ray_head is not None:
                 self.ray_head.stop()
+            remove_socket_file(os.environ.get(KV_EVENTS_ENV, ""))  # vLLM's publisher leaves its ipc:// file
 
     def _stop_core(self):
         self._stopping = True
