@@ -182,12 +182,17 @@ def frontend(
 ):
     """The data-parallel front end (`python -m launcher.frontend`) over the gRPC addresses `addrs`, on free loopback
     ports; yields (its gRPC address, its metrics port, its process group id) once every replica answers through it.
-    `routing` kv: the replicas publish no KV-cache events (fixture models), so it routes as `prefix` does, paying for
-    tokenizing every prompt with `tokenizer`."""
+    `routing` kv: the fixture models keep no KV cache, so a publisher per replica stands in for their engines' events
+    and says only the block size (16 tokens, and one block no prompt has): the front end then cuts every prompt into
+    token blocks with `tokenizer` and looks them up, as against real engines, and finds no engine holding them."""
     from launcher.frontend import FrontendConfig, FrontendProcess
+    from launcher.kv_events import Publisher, stored
     from launcher.ports import free_port
 
     port, metrics_port = free_port(), free_port()
+    events = tempfile.TemporaryDirectory(prefix="llmlaunch-kv-") if routing == "kv" else None
+    endpoints = [f"ipc://{events.name}/{i}.ipc" for i in range(len(addrs))] if events else []
+    publishers = [Publisher(e) for e in endpoints]
     cfg = FrontendConfig(
         [tuple(a.rsplit(":", 1)) for a in addrs],
         "127.0.0.1",
@@ -198,15 +203,23 @@ def frontend(
         drain_timeout_s=5,
         loop=loop,
         routing=routing,
-        kv_events=[""] * len(addrs) if routing == "kv" else [],
+        kv_events=endpoints,
         tokenizer=tokenizer,
     )
     fe = FrontendProcess(cfg, env=checkout_env()).start()
     try:
         fe.wait_ready(60)
+        for _ in range(20 if publishers else 0):  # every process's subscriber joins by then (ZMQ drops what precedes)
+            for pub in publishers:
+                pub.send([stored([-1], None, [-1] * 16, 16)])
+            time.sleep(0.05)
         yield f"127.0.0.1:{port}", metrics_port, fe.proc.pid
     finally:
         fe.stop()
+        for pub in publishers:
+            pub.close()
+        if events is not None:
+            events.cleanup()
 
 
 @contextlib.contextmanager

@@ -28,10 +28,11 @@ ENV = "_LLMLAUNCH_KV_EVENTS"  # the endpoint a replica leader's engine binds (la
 
 
 def chain_keys(tokens: Sequence[int], block_size: int, parent: Optional[int] = None, start: int = 0) -> List[int]:
-    """The chained keys of the full blocks of `tokens` from block `start` on (`parent`: the key of block start-1):
-    key i hashes key i-1 and block i's tokens, so equal keys mean equal prefixes.  Python's hash of ints and tuples is
-    the same in every process (no hash seed), so an engine and a front end that cut the same tokens get the same
-    keys."""
+    """The chained keys of the full blocks of `tokens` from block `start` on (`parent`: the key of block start-1; None
+    for a prompt's first block): key i hashes key i-1 and block i's tokens, so equal keys mean equal prefixes.  The
+    chain starts from 0, not None (whose hash is its address before Python 3.12), and Python hashes ints and tuples of
+    them without a seed, so an engine and a front end that cut the same tokens get the same keys."""
+    parent = 0 if parent is None else parent
     out = []
     for b in range(start, len(tokens) // block_size):
         parent = hash((parent, tuple(tokens[b * block_size : (b + 1) * block_size])))

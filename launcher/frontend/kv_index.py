@@ -23,17 +23,25 @@ from typing import Dict, List, Optional, Sequence
 from launcher.frontend.wire import log
 from launcher.kv_events import TOPIC, chain_keys
 
+FULL = (None, "full_attention", "mla_attention")  # KV-cache kinds whose blocks a prompt's prefix finds whole
+
 
 class KvIndex:
-    """Token block key -> bit mask of the replicas whose engines hold it, from their events."""
+    """Token block key -> bit mask of the replicas whose engines hold it, from their events.  Only the engine's GPU
+    blocks of its first KV-cache group count, and only where that group keeps whole blocks of attention (a
+    sliding-window group drops blocks out of its window, and its events leave out their hashes)."""
 
     def __init__(self, replicas: int):
         self.holders: Dict[int, int] = {}  # chain key -> bit mask of replicas
-        self.keys: List[dict] = [{} for _ in range(replicas)]  # per replica: the engine's block hash -> chain key
+        # per replica: the engine's block hash -> [chain key, copies] (vLLM may cache two blocks under one hash, when
+        # two requests computed them at once, and removes each copy by itself)
+        self.keys: List[dict] = [{} for _ in range(replicas)]
         self.block_size = 0  # the engines' block size, from their first BlockStored (0: none seen yet)
         self.seq = [-1] * replicas  # the last batch's sequence number per replica
         self.gaps = [0] * replicas  # batches a replica's publisher dropped (each gap forgets the replica's blocks)
         self.unchained = [0] * replicas  # blocks left out: stored after a block the index never saw
+        self.said: set = set()  # (replica, problem) already logged: a problem is logged once
+        self._events = {"BlockStored": self.stored, "BlockRemoved": self.removed, "AllBlocksCleared": self.cleared}
 
     def apply(self, replica: int, seq: int, batch) -> None:
         """One decoded batch ([ts, events, dp_rank]) of `replica`'s publisher, numbered `seq`."""
@@ -41,56 +49,73 @@ class KvIndex:
         self.seq[replica] = seq
         if last >= 0 and seq != last + 1:
             self.gaps[replica] += 1
+            self.say(replica, "gap", f"its publisher dropped batches {last + 1}..{seq - 1}: what it holds is forgotten")
             self.clear(replica)
         for ev in batch[1]:
-            kind = ev.get("type")
-            if kind == "BlockStored":
-                self.stored(replica, ev)
-            elif kind == "BlockRemoved":
-                self.removed(replica, ev.get("block_hashes") or ())
-            elif kind == "AllBlocksCleared":
-                self.clear(replica)
+            handle = self._events.get(ev.get("type"))
+            if handle is not None and ev.get("medium") in (None, "GPU") and ev.get("group_idx") in (None, 0):
+                handle(replica, ev)
+
+    def say(self, replica: int, problem: str, text: str) -> None:
+        if (replica, problem) not in self.said:
+            self.said.add((replica, problem))
+            log(f"replica {replica}'s KV-cache events: {text} (said once)")
 
     def stored(self, replica: int, ev: dict) -> None:
-        if ev.get("group_idx") not in (None, 0) or any(ev.get("extra_keys") or ()):
-            return  # another KV-cache group's blocks, or blocks keyed by more than their tokens
+        if ev.get("kv_cache_spec_kind") not in FULL or any(ev.get("extra_keys") or ()):
+            return  # a window's blocks, or blocks keyed by more than their tokens (LoRA, a cache salt, images)
         bs = int(ev.get("block_size") or 0)
         if bs <= 0:
             return
         if self.block_size and bs != self.block_size:
-            log(f"replica {replica}'s engine stores blocks of {bs} tokens, the others {self.block_size}: ignored")
+            self.say(replica, "block size", f"blocks of {bs} tokens, the other engines' {self.block_size}: ignored")
             return
         self.block_size = bs
         mine, bit = self.keys[replica], 1 << replica
         parent_hash = ev.get("parent_block_hash")
         parent: Optional[int] = None
         if parent_hash is not None:
-            parent = mine.get(_hashable(parent_hash))
-            if parent is None:
+            held = mine.get(_hashable(parent_hash))
+            if held is None:
                 self.unchained[replica] += len(ev.get("block_hashes") or ())
                 return
-        hashes = ev.get("block_hashes") or ()
+            parent = held[0]
         keys = chain_keys(ev.get("token_ids") or (), bs, parent)
         holders = self.holders
-        for h, key in zip(hashes, keys):
-            mine[_hashable(h)] = key
+        for h, key in zip(ev.get("block_hashes") or (), keys):
+            held = mine.get(_hashable(h))
+            if held is not None and held[0] == key:
+                held[1] += 1
+                continue
+            mine[_hashable(h)] = [key, 1]
             holders[key] = holders.get(key, 0) | bit
 
-    def removed(self, replica: int, hashes: Sequence) -> None:
-        mine, keep = self.keys[replica], ~(1 << replica)
-        holders = self.holders
-        for h in hashes:
-            key = mine.pop(_hashable(h), None)
-            if key is None:
+    def removed(self, replica: int, ev: dict) -> None:
+        mine = self.keys[replica]
+        for h in ev.get("block_hashes") or ():
+            held = mine.get(_hashable(h))
+            if held is None:
                 continue
-            left = holders.get(key, 0) & keep
-            if left:
-                holders[key] = left
-            else:
-                holders.pop(key, None)
+            held[1] -= 1
+            if held[1] <= 0:
+                del mine[_hashable(h)]
+                self._drop(replica, held[0])
+
+    def cleared(self, replica: int, ev: dict) -> None:
+        self.clear(replica)
 
     def clear(self, replica: int) -> None:
-        self.removed(replica, list(self.keys[replica]))
+        """Forget every block `replica` holds."""
+        mine, self.keys[replica] = self.keys[replica], {}
+        for key, _ in mine.values():
+            self._drop(replica, key)
+
+    def _drop(self, replica: int, key: int) -> None:
+        left = self.holders.get(key, 0) & ~(1 << replica)
+        if left:
+            self.holders[key] = left
+        else:
+            self.holders.pop(key, None)
 
     def blocks(self, replica: int) -> int:
         """Blocks the index credits `replica` with."""
@@ -131,7 +156,12 @@ class Subscriber:
                 continue
             s = ctx.socket(zmq.SUB)
             s.setsockopt(zmq.SUBSCRIBE, TOPIC.encode())
-            s.connect(endpoint)
+            try:
+                s.connect(endpoint)
+            except zmq.ZMQError as e:  # a malformed endpoint: this replica is routed as `prefix` would route it
+                self.index.say(replica, "connect", f"cannot subscribe to {endpoint} ({e})")
+                s.close(linger=0)
+                continue
             poller.register(s, zmq.POLLIN)
             socks[s] = replica
         try:
@@ -139,16 +169,23 @@ class Subscriber:
                 self._stop.wait()
             while not self._stop.is_set():
                 for s, _ in poller.poll(200):
-                    while True:
-                        try:
-                            _, seq, payload = s.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        try:
-                            self.index.apply(socks[s], int.from_bytes(seq, "big"), decode(payload))
-                        except Exception as e:  # a batch this reader does not understand: say so, keep reading
-                            log(f"replica {socks[s]}'s KV-cache events: a batch not understood ({e!r}); skipped")
+                    self._drain(s, socks[s], decode, zmq)
         finally:
             for s in socks:
                 s.close(linger=0)
             ctx.term()
+
+    def _drain(self, sock, replica: int, decode, zmq) -> None:
+        """Every batch waiting on `replica`'s socket, into the index.  A batch not understood is skipped, and what the
+        replica holds forgotten (the batch may have evicted blocks)."""
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                _, seq, payload = frames
+                self.index.apply(replica, int.from_bytes(seq, "big"), decode(payload))
+            except Exception as e:
+                self.index.say(replica, "batch", f"a batch not understood ({e!r}): skipped, its blocks forgotten")
+                self.index.clear(replica)

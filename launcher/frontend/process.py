@@ -162,7 +162,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.replica_metrics and len(args.replica_metrics) != len(args.replica):
         p.error(f"--replica-metrics given {len(args.replica_metrics)} times for {len(args.replica)} --replica")
     if args.routing == "kv" and (len(args.kv_events) != len(args.replica) or not args.tokenizer):
-        p.error("--routing kv needs --kv-events once per --replica and --tokenizer")
+        p.error(
+            f"--routing kv needs --kv-events once per --replica (got {len(args.kv_events)} for {len(args.replica)}; "
+            f"'' for a replica that publishes none) and --tokenizer (got {args.tokenizer!r})"
+        )
     if args.die_with_parent:
         die_with_parent("front end")
     return run_frontend(

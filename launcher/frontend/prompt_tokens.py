@@ -18,14 +18,18 @@ tokenizer's thread pool, whose threads compete with the engines' for the host's 
 from __future__ import annotations
 
 import os
+from array import array
 from collections import OrderedDict
 from typing import List, Tuple
 
-from launcher.frontend.text_blocks import BLOCK_BYTES, block_keys
+from launcher.frontend.text_blocks import BLOCK_BYTES, MAX_BLOCKS, block_keys
 from launcher.kv_events import chain_keys
 
-MAX_PROMPT_BYTES = 256 * 1024  # text tokenized for routing: ~64 K tokens, the prefix that decides where a prompt goes
-MEMO_PIECES = 1 << 16  # pieces remembered (16 MiB of text), least recently used out first
+# the prefix routed by, as `prefix` keys it (64 KiB of text, ~16 K tokens): a new prompt that long costs ~10 ms of the
+# front end's loop on a 2-core machine to tokenize; prompts that share it share the rest's fate
+MAX_PROMPT_BYTES = MAX_BLOCKS * BLOCK_BYTES
+# pieces remembered, least recently used out first: 16 MiB of text, its tokens as 4-byte ints (~4 MiB for English)
+MEMO_PIECES = 1 << 16
 _CHECK = "The cat sat on the mat; then it ran 42 laps, humming a tune. Emile's cafe, 3.14!\n\nNew  line:\tend. "
 
 
@@ -58,7 +62,7 @@ class PromptTokens:
             raise SystemExit(
                 f"front end: serve.routing=kv tokenizes prompts with {path}, which did not load: {e}"
             ) from None
-        self.memo: "OrderedDict[int, Tuple[int, List[int]]]" = OrderedDict()  # block key -> (its cut, piece tokens)
+        self.memo: "OrderedDict[int, Tuple[int, array]]" = OrderedDict()  # block key -> (its cut, piece tokens)
         self.memo_pieces = memo_pieces
         # the pieces add up for this tokenizer: a text, then a longer one that starts with it (its pieces remembered)
         first, longer = _CHECK * 6, _CHECK * 6 + "And more words follow here, " * 12
@@ -69,10 +73,13 @@ class PromptTokens:
         return self.tokenizer.encode(text.decode("utf-8", "ignore")).ids
 
     def ids(self, prompt: bytes) -> List[int]:
-        """The prompt's tokens (of its first MAX_PROMPT_BYTES; cut there, less the last token, which may be a piece
-        of one the whole text tokenizes otherwise)."""
+        """The prompt's tokens; of a prompt over MAX_PROMPT_BYTES, those of its text up to the last place before
+        then where a piece may end (so the tokens are the whole prompt's), else of its first MAX_PROMPT_BYTES less the
+        last token, which may be a piece of one the whole text tokenizes otherwise."""
         cut = len(prompt) > MAX_PROMPT_BYTES
-        prompt = prompt[:MAX_PROMPT_BYTES]
+        if cut:
+            (end,) = cuts(prompt, 1, MAX_PROMPT_BYTES + 1)
+            prompt, cut = (prompt[:end], False) if end else (prompt[:MAX_PROMPT_BYTES], True)
         ids = self._remembered(prompt) if self.pieces_add_up else self.whole(prompt)
         return ids[:-1] if cut else ids
 
@@ -99,7 +106,7 @@ class PromptTokens:
             *(encode(p, add_special_tokens=False) for p in parts[1:]),
         ]
         for key, end, enc in zip(keys[depth:], ends, encs):
-            memo[key] = (end, enc.ids)
+            memo[key] = (end, array("i", enc.ids))
             ids += enc.ids
         ids += encs[-1].ids
         while len(memo) > self.memo_pieces:

@@ -8,14 +8,14 @@ A client stream is a Session (launcher/frontend/session.py); a replica's channel
 from __future__ import annotations
 
 import asyncio
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple, Union
 
 import grpc
 from grpc import aio
 from tritonclient.grpc import service_pb2
 
 from launcher.frontend.replica import FORWARDED, Replica
-from launcher.frontend.routing import make_routing, routing_keys
+from launcher.frontend.routing import Routing, make_routing, routing_keys
 from launcher.frontend.session import ClientGone, Session
 from launcher.frontend.wire import SERVICE, _details, log
 
@@ -28,7 +28,7 @@ class Frontend:
         replicas: Sequence[Tuple[str, int]],
         model_name: str = "",
         probe_interval_s: float = 2.0,
-        routing="least_outstanding",
+        routing: Union[str, Routing] = "least_outstanding",
     ):
         """routing: a policy's name, or the policy (launcher/frontend/routing.py)."""
         if not replicas:

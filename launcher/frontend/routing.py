@@ -132,7 +132,7 @@ class PrefixRouting(Routing):
         last = self.sessions.get(session, -1) if session else -1
         if last >= 0 and any(r.index == last for r in within):  # the session's replica, while within its bound
             rep = next(r for r in within if r.index == last)
-        elif not keys and not session:  # shorter than a block: nothing to share
+        elif not found and not keys and not session:  # shorter than a block, and held by no engine: nothing to share
             rep = self._least_loaded(within)
         elif found:
             # the longest cached run; of equals, the least loaded

@@ -33,7 +33,7 @@ NULL_BLOCK = 0
 
 def block_hashes(tokens: Sequence[int], block_size: int, start: int = 0, parent: int | None = None) -> list[int]:
     """The chained keys of the full blocks of `tokens` from block `start` on (`parent`: the key of block start-1):
-    launcher.kv_events.chain_keys, so the front end's `kv` routing keys a prompt's blocks as the engine does."""
+    launcher.kv_events.chain_keys, the keys the front end's `kv` routing gives the blocks of the engine's events."""
     return chain_keys(tokens, block_size, parent, start)
 
 
@@ -130,10 +130,19 @@ class BlockPool:
         same prefix at once) stays with that block."""
         if not self.prefix_caching:
             return
-        for b, key in zip(blocks, keys):
+        run = None  # the first of the blocks in a row that became findable here
+        for i, (b, key) in enumerate(zip(blocks, keys)):
             if key in self._block_of or b in self._key_of:
+                run = self._stored(run, i, keys, tokens, parent)
                 continue
             self._block_of[key] = b
             self._key_of[b] = key
-        if self.events is not None and keys:
-            self.events.append(stored(keys, parent, tokens, self.block_size))
+            run = i if run is None else run
+        self._stored(run, len(keys), keys, tokens, parent)
+
+    def _stored(self, run: int | None, end: int, keys: Sequence[int], tokens: Sequence[int], parent) -> None:
+        """Blocks run..end-1 of a publish became findable: one BlockStored event for them (a key another block already
+        holds was said when that block stored it, and goes once when it is evicted)."""
+        if self.events is not None and run is not None and end > run:
+            bs = self.block_size
+            self.events.append(stored(keys[run:end], keys[run - 1] if run else parent, tokens[run * bs : end * bs], bs))

@@ -102,7 +102,10 @@ def start_for_rank0(
         drain_timeout_s=float(spec.serve.drain_timeout_s),
         routing=str(spec.serve.routing),
         replica_metrics=[metrics_url(i["addr"], bound[i["rank"]].get("metrics_port")) for i in leaders],
-        kv_events=[connect_to(i["kv_events"], i["addr"]) for i in leaders if i.get("kv_events")],
+        # one a replica, in the replicas' order ("": its engine publishes none)
+        kv_events=[connect_to(i.get("kv_events", ""), i["addr"]) for i in leaders]
+        if spec.serve.routing == "kv"
+        else [],
         tokenizer=str(spec.model.tokenizer or spec.model.path or "") if spec.serve.routing == "kv" else "",
     )
     env = dict(os.environ)

@@ -162,7 +162,8 @@ def reserve_ports(spec, me) -> Dict[str, object]:
         from launcher.kv_events import endpoint_for
         from launcher.python_backend.instances import private_dir
 
-        out["kv_events"] = endpoint_for(spec.loopback, 0 if spec.loopback else free_port(bind), private_dir())
+        loop = spec.loopback  # one machine: a unix socket in the user's private directory; else a TCP port
+        out["kv_events"] = endpoint_for(loop, 0 if loop else free_port(bind), private_dir() if loop else "")
     return out
 
 

@@ -120,6 +120,18 @@ def test_the_pool_records_what_becomes_findable_and_what_is_evicted_as_kv_cache_
     ]
     index.apply(0, 1, [0.0, pool.events, None])
     assert index.holders == {}
+    # a block whose key another block holds is said once, when that block stored it: the events around it part
+    pool = BlockPool(num_blocks=8, block_size=4, events=[])
+    tokens = list(range(12))
+    keys = block_hashes(tokens, 4)
+    pool.publish(pool.allocate(1), keys[:1], tokens[:4])
+    other = pool.allocate(3)
+    pool.publish(other, keys, tokens)  # keys[0] is held already: only keys[1:] became findable here
+    assert [(e["block_hashes"], e["parent_block_hash"]) for e in pool.events] == [
+        (keys[:1], None),
+        (keys[1:], keys[0]),
+    ]
+    assert pool.events[1]["token_ids"] == tokens[4:]
     off = BlockPool(num_blocks=4, block_size=4, prefix_caching=False, events=[])
     off.publish(off.allocate(1), keys[:1], tokens[:4])
     assert off.events == []  # no prefix cache: nothing findable, nothing to say

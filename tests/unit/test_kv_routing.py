@@ -85,6 +85,30 @@ def test_blocks_the_index_cannot_key_by_tokens_alone_are_left_out():
     assert idx.holders == {} and idx.unchained == [2]
 
 
+def test_removals_count_copies_and_only_the_first_groups_gpu_blocks_count():
+    """vLLM may cache two blocks under one hash (two requests computed them at once) and removes each copy by
+    itself; blocks of another KV-cache group, of a sliding window or off the GPU (an offloading connector's) are not
+    the prefix cache a prompt finds whole."""
+    idx = KvIndex(1)
+    ev, hashes = _vllm_stored(list(range(8)))
+    idx.apply(0, 0, _batch(ev, ev))  # two copies
+    keys = chain_keys(list(range(8)), BS)
+    idx.apply(0, 1, _batch({"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU", "group_idx": 0}))
+    assert [idx.holders.get(k) for k in keys] == [1, 1]  # one copy left
+    for other in ({"group_idx": 1}, {"medium": "CPU"}):  # not this group's, not the GPU's: no change
+        idx.apply(0, idx.seq[0] + 1, _batch({"type": "BlockRemoved", "block_hashes": hashes, **other}))
+    assert [idx.holders.get(k) for k in keys] == [1, 1]
+    idx.apply(0, idx.seq[0] + 1, _batch({"type": "BlockRemoved", "block_hashes": hashes, "medium": "GPU"}))
+    assert idx.holders == {}
+    window, _ = _vllm_stored(list(range(8)), kv_cache_spec_kind="sliding_window")
+    offloaded, _ = _vllm_stored(list(range(8)), medium="CPU")
+    full, _ = _vllm_stored(list(range(8)), kv_cache_spec_kind="full_attention", group_idx=0)
+    idx.apply(0, idx.seq[0] + 1, _batch(window, offloaded))
+    assert idx.holders == {}
+    idx.apply(0, idx.seq[0] + 1, _batch(full))
+    assert [idx.holders.get(k) for k in keys] == [1, 1]
+
+
 def test_a_gap_in_a_replicas_sequence_numbers_forgets_what_it_holds():
     idx = KvIndex(2)
     ev, _ = _vllm_stored(list(range(8)))
@@ -124,6 +148,39 @@ def test_events_reach_the_index_over_zmq_from_vllms_framing_and_the_hf_engines_p
     assert not os.path.exists(f"{tmp_path}/hf.ipc")  # the hf engine's socket file goes with it
 
 
+def test_a_batch_not_understood_is_skipped_and_the_subscriber_reads_on(tmp_path):
+    """Two frames instead of three, then a payload that is no batch: each logged once, the replica's blocks forgotten
+    (the batch may have evicted some), and the next good batch still read."""
+    ep = f"ipc://{tmp_path}/e.ipc"
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    pub.bind(ep)
+    idx = KvIndex(1)
+    sub = Subscriber(idx, [ep]).start()
+    toks = list(range(8))
+    good = msgspec.msgpack.encode([time.time(), [stored(chain_keys(toks, BS), None, toks, BS)], None])
+    try:
+        deadline = time.monotonic() + 10
+        while not idx.blocks(0) and time.monotonic() < deadline:
+            pub.send_multipart([TOPIC.encode(), (0).to_bytes(8, "big"), good])
+            time.sleep(0.05)
+        for bad in ([TOPIC.encode(), b"x"], [TOPIC.encode(), (1).to_bytes(8, "big"), b"\xc1"]):
+            pub.send_multipart(bad)
+        deadline = time.monotonic() + 10
+        while idx.blocks(0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert idx.blocks(0) == 0 and {p for _, p in idx.said} == {"batch"}
+        pub.send_multipart([TOPIC.encode(), (2).to_bytes(8, "big"), good])
+        deadline = time.monotonic() + 10
+        while not idx.blocks(0) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert idx.blocks(0) == 2 and sub._thread.is_alive()
+    finally:
+        sub.stop()
+        pub.close(linger=0)
+        ctx.term()
+
+
 def test_the_prompt_is_cut_into_token_blocks_before_its_last_token(tiny_model_dir):
     from transformers import AutoTokenizer
 
@@ -157,6 +214,22 @@ def test_remembered_pieces_add_up_to_the_whole_prompts_tokens(model, tiny_model_
     texts += [s.prompt for s in load_prefix(24, TokenCounter(tokens_dir), seed=1, groups=4, prefix_len=512)]
     for text in texts:
         assert tokens.ids(text.encode()) == tokens.whole(text.encode())
+
+
+def test_a_long_prompt_is_cut_where_a_piece_may_end_and_a_small_memo_forgets_pieces_mid_chain(smollm2_dir):
+    from launcher.frontend.prompt_tokens import MAX_PROMPT_BYTES
+
+    tokens = PromptTokens(str(smollm2_dir), memo_pieces=8)
+    words = "alpha beta gamma, delta 42 epsilon; zeta eta theta iota kappa lambda mu. ".encode()
+    long = words * (MAX_PROMPT_BYTES // len(words) + 40)
+    ids = tokens.ids(long)
+    end = cuts(long, 1, MAX_PROMPT_BYTES + 1)[0]
+    assert MAX_PROMPT_BYTES - 100 < end <= MAX_PROMPT_BYTES
+    assert ids == tokens.whole(long[:end])  # the whole prompt's tokens up to the cut, none cut in two
+    assert len(tokens.memo) == 8  # the oldest pieces went: a later prompt takes the run left from its start
+    for extra in (b"", b" and more words here"):
+        text = words * 30 + extra
+        assert tokens.ids(text) == tokens.whole(text)
 
 
 def test_a_tokenizer_whose_pieces_do_not_add_up_tokenizes_every_prompt_whole(tmp_path):
@@ -199,11 +272,19 @@ def test_kv_routing_goes_where_the_engines_hold_the_prefix_not_where_it_was_sent
     assert routing.kv.block_size == 16
     rep = routing.pick(reps, (), conversation + b" one more question?")
     assert rep is other and rep.predicted_blocks == len(ids) // 16 and rep.prompt_blocks > rep.predicted_blocks
-    # evicted there: the prefix no longer draws requests to it (where it was sent decides again)
+    # evicted there: the prefix no longer draws requests to it (where its text was sent decides again)
     routing.kv.apply(other.index, 1, _batch(removed(chain_keys(ids, 16))))
     before = other.predicted_blocks
-    routing.pick(reps, (), conversation + b" one more question?")
-    assert other.predicted_blocks == before
+    assert routing.pick(reps, (), conversation + b" one more question?") is first
+    assert other.predicted_blocks == before and first.predicted_blocks == 0
+    # a prompt shorter than a text block that an engine holds goes there, not to the least loaded
+    short = "Hi there, what is new today? Tell me more."
+    sids = routing.blocks.tokenizer.encode(short).ids
+    assert len(short) < 256 and len(sids) > 17
+    routing.kv.apply(other.index, 2, _batch(stored(chain_keys(sids, 16)[:1], None, sids[:16], 16)))
+    first.track(-first.in_flight)
+    other.track(3)  # busier, within its bound
+    assert routing.pick(reps, (), short.encode()) is other
 
 
 def test_kv_routing_needs_the_tokenizer_and_says_where_its_events_come_from(tmp_path):
