@@ -5,9 +5,9 @@ The engines key their prefix caches by token blocks, so the front end tokenizes 
 Whole, that costs ~0.16 us a byte on a 2-core machine (1.3 ms for 8 KiB: benchmark/routing.py), on every request.
 But the prompts worth routing by prefix share most of their text with earlier ones (a system prompt, a conversation's
 history), so the tokens of their shared text are remembered: the text is cut into pieces at places where tokenizing
-the pieces apart gives the tokens of the whole (a space between an ASCII letter or digit and an ASCII letter: GPT-2's,
-Llama 3's and their kin's pre-tokenizers always start a new word there, and no token spans two words), one piece ending in each
-256-byte block of text, and each piece's tokens are remembered under the chained key of its block
+the pieces apart gives the tokens of the whole (a space between an ASCII letter or digit and an ASCII letter:
+GPT-2's, Llama 3's and their kin's pre-tokenizers always start a new word there, and no token spans two words), one
+piece ending in each 256-byte block of text, and each piece's tokens are remembered under the chained key of its block
 (launcher.frontend.text_blocks, the `prefix` policy's keys).  A prompt then takes the remembered pieces of its
 longest remembered run of blocks and tokenizes only the rest.  A tokenizer for which the pieces do not add up to the
 whole (one that normalizes each text as a whole, like Llama 2's, which puts "▁" before it) is checked once as it
@@ -28,7 +28,8 @@ from launcher.kv_events import chain_keys
 # the prefix routed by, as `prefix` keys it (64 KiB of text, ~16 K tokens): a new prompt that long costs ~10 ms of the
 # front end's loop on a 2-core machine to tokenize; prompts that share it share the rest's fate
 MAX_PROMPT_BYTES = MAX_BLOCKS * BLOCK_BYTES
-# pieces remembered, least recently used out first: 16 MiB of text, its tokens as 4-byte ints (~4 MiB for English)
+# pieces remembered, least recently used out first: 16 MiB of text's tokens as 4-byte ints (English has ~4 bytes a
+# token: ~16 MiB, and as much again for the memo's entries, in each front-end process)
 MEMO_PIECES = 1 << 16
 _CHECK = "The cat sat on the mat; then it ran 42 laps, humming a tune. Emile's cafe, 3.14!\n\nNew  line:\tend. "
 
