@@ -78,10 +78,10 @@ def engine_counts(jobs_dir: Path, model: str) -> dict:
 def frontend_counts(jobs_dir: Path) -> tuple:
     """(the prompt blocks the front end predicted its replicas' engines held, summed; the requests it routed to each
     replica), from its /metrics."""
-    import urllib.request
+    from launcher.python_backend.timings import fetch_metrics_text
 
     (endpoint,) = jobs_dir.rglob("endpoint.json")
-    text = urllib.request.urlopen(json.loads(endpoint.read_text())["metrics_url"], timeout=10).read().decode()
+    text = fetch_metrics_text(json.loads(endpoint.read_text())["metrics_url"])
 
     def values(name: str) -> list:
         return [float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(name + "{")]
