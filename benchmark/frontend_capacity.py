@@ -18,7 +18,9 @@ Runs, in order:
 1. direct: client k talks to replica k % R itself: what backends + clients do with no front end;
 2. through the front end, for each event loop in --loops and each P in --processes: P worker
    processes share the port (SO_REUSEPORT; the kernel spreads the clients' connections).
-For each: responses/s, the front end's CPU (all its processes) in cores and microseconds per
+With --routing kv, each replica's stand-in publisher stores and evicts --kv-blocks-per-s blocks a second
+while the load runs, so the front end's KV-event subscriber thread competes with its event loop as it does
+against real engines. For each: responses/s, the front end's CPU (all its processes) in cores and microseconds per
 response, the machine's busy cores, and the front end's error counters (must stay 0).
 
 A front end is a bottleneck when its responses/s falls below the direct figure while the machine
@@ -185,6 +187,14 @@ def main(argv=None) -> int:
     p.add_argument("--seconds", type=float, default=5.0, help="measuring window")
     p.add_argument("--skip-direct", action="store_true")
     p.add_argument("--routing", default="least_outstanding", help="the front end's serve.routing policy")
+    p.add_argument(
+        "--kv-blocks-per-s",
+        type=int,
+        default=1000,
+        help="with --routing kv: blocks each replica's stand-in publisher stores (and evicts a second later) a second "
+        "while the load runs, as an engine's cache does (default 1000; 0: publishers silent)",
+    )
+    p.add_argument("--tokenizer", default="", help="--routing kv: the tokenizer folder (default: the tiny model's)")
     p.add_argument("--json", help="also write the JSON document here")
     args = p.parse_args(argv)
 
@@ -198,6 +208,10 @@ def main(argv=None) -> int:
         "model": MODEL,
         "runs": [],
     }
+    if args.routing == "kv" and not args.tokenizer:
+        from launcher.tiny import ensure_tiny_model
+
+        args.tokenizer = str(ensure_tiny_model())
     with fixture_servers(args.replicas, args.instances, {MODEL: {"full_outputs": "false"}}) as urls:
         log(f"{args.replicas} tritonservers x {args.instances} {MODEL} instances: {', '.join(urls)}")
         if not args.skip_direct:
@@ -208,7 +222,11 @@ def main(argv=None) -> int:
             time.sleep(1.0)
         for loop in args.loops.split(","):
             for n in [int(x) for x in args.processes.split(",")]:
-                with frontend(urls, n, loop, MODEL, args.routing) as (url, metrics_port, pgid):
+                with frontend(urls, n, loop, MODEL, args.routing, args.tokenizer, args.kv_blocks_per_s) as (
+                    url,
+                    metrics_port,
+                    pgid,
+                ):
                     r = run_load([url], args.clients, args.concurrency, args.warmup, args.seconds, pgid)
                     r.update(mode="frontend", processes=n, loop=loop, frontend_counters=frontend_errors(metrics_port))
                 report["runs"].append(r)

@@ -9,7 +9,9 @@ load (`serve.routing`, launcher/frontend/routing.py), and what choosing costs.
 Two parts:
 1. The cost of one routing decision, in-process, on prompts of 512 B to 64 KiB of text (128 to 16 K tokens of
    English): `least_outstanding`, `prefix` and `kv` (which tokenizes the prompt with --tokenizer, the tiny model's by
-   default) picking among 4 replicas whose index already holds 64 prefixes.
+   default) picking among 4 replicas whose index already holds 64 prefixes; and with `kv`, what its subscriber
+   thread spends on an engine step's KV-cache events (decoding and applying them), the work it takes from the front
+   end's event loop.
 2. The same served load under each policy (--policies): one `llmlaunch replicas=N serve.routing=P` each (the hf
    engine with its prefix cache by default), then llmlaunch-bench on it at each --concurrency on a shared-prefix
    workload (`--dataset-name prefix`: G groups, a P-token shared prefix, an S-token suffix) and a multi-turn one
@@ -62,6 +64,27 @@ def pick_cost(policies, tokenizer: str, repeats: int = 2000) -> list[dict]:
                 policy.pick(reps, (), prompts[k % 64])
             rows.append({"policy": name, "prompt_bytes": size, "us": (time.perf_counter() - t0) / repeats * 1e6})
     return rows
+
+
+def event_cost(per_batch: int = 10, batches: int = 3000) -> dict:
+    """Microseconds `kv`'s subscriber spends on one engine step's batch of KV-cache events (msgpack decode and the
+    index update), the batches an engine under load sends (benchmark.servers.churn_batches: `per_batch` blocks
+    stored, as many evicted), in-process: the work that thread takes from the front end's event loop."""
+    import itertools
+
+    import msgspec
+
+    from benchmark.servers import churn_batches
+    from launcher.frontend.kv_index import KvIndex
+
+    encode, decode = msgspec.msgpack.Encoder().encode, msgspec.msgpack.Decoder().decode
+    payloads = [encode([0.0, ev, None]) for ev in itertools.islice(churn_batches(per_batch), batches)]
+    index = KvIndex(1)
+    t0 = time.perf_counter()
+    for seq, payload in enumerate(payloads):
+        index.apply(0, seq, decode(payload))
+    us = (time.perf_counter() - t0) / batches * 1e6
+    return {"blocks_per_batch": per_batch, "us_per_batch": us, "us_per_block": us / per_batch}
 
 
 def engine_counts(jobs_dir: Path, model: str) -> dict:
@@ -177,6 +200,14 @@ def main() -> None:
     print("one routing decision, 4 replicas, 64 prefixes indexed (microseconds):", file=sys.stderr)
     for row in doc["pick_cost"]:
         print(f"  {row['policy']:<18} {row['prompt_bytes']:>6} B prompt  {row['us']:8.1f} us", file=sys.stderr)
+    if "kv" in policies:
+        ev = doc["event_cost"] = event_cost()
+        print(
+            f"kv's subscriber: {ev['us_per_batch']:.1f} us a batch of {ev['blocks_per_batch']} blocks stored and as "
+            f"many evicted ({ev['us_per_block']:.2f} us a block stored and evicted): 1,000 blocks/s from each of 4 "
+            f"replicas take {4000 * ev['us_per_block'] / 1e4:.2f}% of a core",
+            file=sys.stderr,
+        )
     if not args.pick_only:
         common = ["--output-len", str(args.output_len), "--ignore-eos", "--num-prompts", str(args.num_prompts)]
         common += ["--input-len", str(args.input_len)]

@@ -179,12 +179,15 @@ def frontend(
     model: str = "",
     routing: str = "least_outstanding",
     tokenizer: str = "",
+    kv_blocks_per_s: int = 0,
 ):
     """The data-parallel front end (`python -m launcher.frontend`) over the gRPC addresses `addrs`, on free loopback
     ports; yields (its gRPC address, its metrics port, its process group id) once every replica answers through it.
     `routing` kv: the fixture models keep no KV cache, so a publisher per replica stands in for their engines' events
     and says only the block size (16 tokens, and one block no prompt has): the front end then cuts every prompt into
-    token blocks with `tokenizer` and looks them up, as against real engines, and finds no engine holding them."""
+    token blocks with `tokenizer` and looks them up, as against real engines, and finds no engine holding them.
+    `kv_blocks_per_s`: each publisher then goes on storing that many new blocks a second and evicting them a second
+    later, in a batch every 10 ms (an engine's steps), so the front end's subscriber thread works while it serves."""
     from launcher.frontend import FrontendConfig, FrontendProcess
     from launcher.kv_events import Publisher, stored
     from launcher.ports import free_port
@@ -213,13 +216,70 @@ def frontend(
             for pub in publishers:
                 pub.send([stored([-1], None, [-1] * 16, 16)])
             time.sleep(0.05)
-        yield f"127.0.0.1:{port}", metrics_port, fe.proc.pid
+        churn = _KvChurn(publishers, kv_blocks_per_s).start() if publishers and kv_blocks_per_s > 0 else None
+        try:
+            yield f"127.0.0.1:{port}", metrics_port, fe.proc.pid
+        finally:
+            if churn is not None:
+                churn.stop()
     finally:
         fe.stop()
         for pub in publishers:
             pub.close()
         if events is not None:
             events.cleanup()
+
+
+def churn_batches(per_batch: int, block_size: int = 16, held_batches: int = 100):
+    """Endless batches of KV-cache events as an engine's cache makes them under load: each stores `per_batch` new
+    blocks (one chain, tokens never seen before) and, once `held_batches` batches are held, evicts the oldest
+    batch's blocks, so whoever reads them holds per_batch x held_batches blocks."""
+    import collections
+
+    from launcher.kv_events import removed, stored
+
+    held: collections.deque = collections.deque()
+    token, next_hash = 1_000_000, 1
+    while True:
+        hashes = list(range(next_hash, next_hash + per_batch))
+        next_hash += per_batch
+        tokens = list(range(token, token + per_batch * block_size))
+        token += len(tokens)
+        events = [stored(hashes, None, tokens, block_size)]
+        held.append(hashes)
+        if len(held) > held_batches:
+            events.append(removed(held.popleft()))
+        yield events
+
+
+class _KvChurn:
+    """A thread that owns `publishers` (a ZMQ socket is one thread's) and has each publish what an engine's cache
+    does under load (`churn_batches`): a batch every 10 ms (an engine's steps), blocks_per_s new blocks a second,
+    each evicted a second after it was stored, so the index the front end keeps stays its size."""
+
+    def __init__(self, publishers: list, blocks_per_s: int):
+        import threading
+
+        self.publishers = publishers
+        self.batches = [churn_batches(max(1, blocks_per_s // 100)) for _ in publishers]
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kv-churn", daemon=True)
+
+    def start(self) -> "_KvChurn":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        tick = time.monotonic()
+        while not self._stop.is_set():
+            for pub, batches in zip(self.publishers, self.batches):
+                pub.send(next(batches))
+            tick += 0.01
+            self._stop.wait(max(0.0, tick - time.monotonic()))
 
 
 @contextlib.contextmanager

@@ -66,9 +66,18 @@ class TestCluster:
         assert proc.returncode != 0 and "MPI_Init" in proc.stdout + proc.stderr
 
     def test_gres_binds_fake_gpus(self, local_slurm):
-        out = _srun("-N2", "--gpus-per-node=3", "sh", "-c", "echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES").stdout
-        rows = [line.split() for line in out.splitlines()]
-        assert len({r[0] for r in rows}) == 2 and [r[1] for r in rows] == ["0,1,2", "0,1,2"], out
+        # Slurm binds whichever GPUs are free: another test's job still ending on a node may hold GPU 0 there, so
+        # the step's own GPU list (SLURM_STEP_GPUS) is what CUDA_VISIBLE_DEVICES must equal, not "0,1,2".
+        out = _srun(
+            "-N2", "--gpus-per-node=3", "sh", "-c", "echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES $SLURM_STEP_GPUS"
+        )
+        rows = [line.split() for line in out.stdout.splitlines()]
+        queue = subprocess.run(["squeue", "-h", "-o", "%i %T %N %b"], capture_output=True, text=True).stdout
+        assert len({r[0] for r in rows}) == 2, out.stdout
+        for _node, visible, step_gpus in rows:
+            ids = [int(i) for i in visible.split(",")]
+            assert visible == step_gpus and len(set(ids)) == 3, (out.stdout, queue)
+            assert set(ids) <= set(range(local_slurm.gpus_per_node)), (out.stdout, queue)
         node = subprocess.run(["scontrol", "show", "node", "node1"], capture_output=True, text=True, check=True).stdout
         assert f"Gres=gpu:{local_slurm.gpus_per_node}" in node
 
