@@ -216,12 +216,8 @@ def frontend(
             for pub in publishers:
                 pub.send([stored([-1], None, [-1] * 16, 16)])
             time.sleep(0.05)
-        churn = _KvChurn(publishers, kv_blocks_per_s).start() if publishers and kv_blocks_per_s > 0 else None
-        try:
+        with kv_churn(publishers, kv_blocks_per_s) if publishers and kv_blocks_per_s > 0 else contextlib.nullcontext():
             yield f"127.0.0.1:{port}", metrics_port, fe.proc.pid
-        finally:
-            if churn is not None:
-                churn.stop()
     finally:
         fe.stop()
         for pub in publishers:
@@ -252,34 +248,31 @@ def churn_batches(per_batch: int, block_size: int = 16, held_batches: int = 100)
         yield events
 
 
-class _KvChurn:
-    """A thread that owns `publishers` (a ZMQ socket is one thread's) and has each publish what an engine's cache
-    does under load (`churn_batches`): a batch every 10 ms (an engine's steps), blocks_per_s new blocks a second,
-    each evicted a second after it was stored, so the index the front end keeps stays its size."""
+@contextlib.contextmanager
+def kv_churn(publishers: list, blocks_per_s: int):
+    """While in the block, a thread that owns `publishers` (a ZMQ socket is one thread's) has each publish what an
+    engine's cache does under load (`churn_batches`): a batch every 10 ms (an engine's steps), blocks_per_s new
+    blocks a second, each evicted a second after it was stored, so the index the front end keeps stays its size."""
+    import threading
 
-    def __init__(self, publishers: list, blocks_per_s: int):
-        import threading
+    batches = [churn_batches(max(1, blocks_per_s // 100)) for _ in publishers]
+    stop = threading.Event()
 
-        self.publishers = publishers
-        self.batches = [churn_batches(max(1, blocks_per_s // 100)) for _ in publishers]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="kv-churn", daemon=True)
-
-    def start(self) -> "_KvChurn":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
+    def run() -> None:
         tick = time.monotonic()
-        while not self._stop.is_set():
-            for pub, batches in zip(self.publishers, self.batches):
-                pub.send(next(batches))
+        while not stop.is_set():
+            for pub, made in zip(publishers, batches):
+                pub.send(next(made))
             tick += 0.01
-            self._stop.wait(max(0.0, tick - time.monotonic()))
+            stop.wait(max(0.0, tick - time.monotonic()))
+
+    thread = threading.Thread(target=run, name="kv-churn", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=5)
 
 
 @contextlib.contextmanager

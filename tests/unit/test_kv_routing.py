@@ -314,18 +314,17 @@ def test_a_subscriber_with_no_publisher_to_read_sleeps():
 def test_the_capacity_benchmarks_stand_in_engines_churn_blocks_the_index_keeps_up_with(tmp_path):
     """benchmark/servers.py's publishers for `frontend_capacity --routing kv`: a second's worth of blocks held at any
     time, every batch read (no gap), so the measured front end's subscriber does an engine's work."""
-    from benchmark.servers import _KvChurn
+    from benchmark.servers import kv_churn
 
     ep = f"ipc://{tmp_path}/churn.ipc"
     pub = Publisher(ep)
     idx = KvIndex(1)
     sub = Subscriber(idx, [ep]).start()
     time.sleep(0.3)  # the SUB joins before the churn starts (PUB drops what precedes)
-    churn = _KvChurn([pub], 1000).start()
     try:
-        time.sleep(2.5)
-        assert 900 <= idx.blocks(0) <= 1100 and idx.gaps == [0] and idx.unchained == [0], (idx.blocks(0), idx.gaps)
+        with kv_churn([pub], 1000):
+            time.sleep(2.5)
+            assert 900 <= idx.blocks(0) <= 1100 and idx.gaps == [0] and idx.unchained == [0], (idx.blocks(0), idx.gaps)
     finally:
-        churn.stop()
         sub.stop()
         pub.close()
