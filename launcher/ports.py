@@ -4,6 +4,7 @@ fixed ports are taken."""
 from __future__ import annotations
 
 import os
+import random
 import socket
 from typing import Dict, List
 
@@ -78,8 +79,41 @@ def in_use_text(host: str, port: int) -> str:
     return f"port {port} on {host} is already in use" + (f" by {'; '.join(who)}" if who else "")
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+LISTEN_FLOOR = 10000  # below it lie the ports services and llmlaunch's own defaults (8000-8003) are configured on
+
+
+def ephemeral_range() -> tuple:
+    """(low, high) of the ports this network namespace's kernel gives outgoing connections (Linux's default where
+    /proc does not say)."""
+    try:
+        low, high = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port(host: str = "127.0.0.1", tries: int = 64) -> int:
+    """A port free on `host` now, for a server to bind later.  Taken outside the ephemeral range where there is room:
+    a port the kernel may give any outgoing connection (gloo's and NCCL's pairs, gRPC and ZMQ clients) can be taken
+    by one between this pick and the server's bind, which only another listener can do to a port outside it."""
+    low, high = ephemeral_range()
+    spans = [(a, b) for a, b in ((LISTEN_FLOOR, low - 1), (high + 1, 65535)) if a <= b]
+    width = sum(b - a + 1 for a, b in spans)
+    pick = random.Random()
+    for _ in range(tries if width else 0):
+        k = pick.randrange(width)
+        for a, b in spans:
+            if k <= b - a:
+                port = a + k
+                break
+            k -= b - a + 1
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # no room outside it, or all tried are taken
         s.bind((host, 0))
         return s.getsockname()[1]
 

@@ -220,10 +220,12 @@ class Rank:
         self.say(f"draining at the time limit: {os.environ[REASON_ENV]}")
 
     def wait_ready(self) -> None:
-        """A leader: until its server answers a real request, then its ready file. Something else on this node can
-        take a port between our pick and tritonserver's bind (another job, or an outgoing connection's ephemeral
-        port: a CI run lost a replica's gRPC port so); the leader then retries on fresh ports instead of failing the
-        job: its ready file says which it bound, and rank 0's front end and endpoint.json take them from there."""
+        """A leader: until its server answers a real request, then its ready file. Another listener on this node
+        (another job's server) can take a port between our pick and tritonserver's bind (ports are picked outside
+        the ephemeral range, launcher.ports.free_port, so no outgoing connection can); the leader then retries on
+        fresh ports instead of failing the job: its ready file says which it bound, and rank 0's front end and
+        endpoint.json take them from there.  A tp copy's workers cannot follow a restarted leader engine (their
+        collectives lose their peer), so there the retry ends in the copy's failure, named by its workers."""
         me, ctx = self.me, self.ctx
         for tries in range(3):
             try:

@@ -22,13 +22,13 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
 import time
 from pathlib import Path
 
+from launcher.ports import free_port
 from launcher.triton import term_with_parent
 
 MODELS = Path(__file__).resolve().parent / "models"  # the fixture models, shipped as package data
@@ -160,12 +160,6 @@ def hf_server(
     server.metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
     server.http_url = f"http://127.0.0.1:{http_port}" if http else None
     return server
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _pytriton_root() -> Path:

@@ -371,7 +371,7 @@ def test_compare_prints_speedup_table(url, tmp_path, capsys):
 @needs_server
 @pytest.mark.triton
 def test_unreachable_server_is_a_setup_error(tmp_path, capsys):
-    from launcher.testing.serve import free_port
+    from launcher.ports import free_port
 
     code, doc = run_bench(
         tmp_path,

@@ -224,7 +224,7 @@ def test_library_records_every_response_and_empty_final(url):
 
 
 def test_cli_unreachable_server_exits_1():
-    from launcher.testing.serve import free_port
+    from launcher.ports import free_port
 
     r = client("--url", f"127.0.0.1:{free_port()}", "--prompt", "x")
     assert r.returncode == 1 and r.stderr.startswith("error: cannot list models")

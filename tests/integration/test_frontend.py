@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.testing.serve import free_port, make_repository, wait_ready
+from launcher.ports import free_port
+from launcher.testing.serve import make_repository, wait_ready
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(600)]
 

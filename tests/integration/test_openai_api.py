@@ -19,7 +19,8 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from launcher.openai_api.process import OpenAIConfig, OpenAIProcess  # noqa: E402
-from launcher.testing.serve import free_port, hf_server  # noqa: E402
+from launcher.ports import free_port  # noqa: E402
+from launcher.testing.serve import hf_server  # noqa: E402
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(600)]
 

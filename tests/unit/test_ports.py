@@ -39,3 +39,20 @@ def test_a_port_nobody_listens_on_has_no_holder():
         s.bind(("127.0.0.1", 0))
         assert port_holders(s.getsockname()[1]) == []
     assert port_holders(free_port()) == []
+
+
+def test_a_free_port_is_picked_outside_the_kernels_ephemeral_range(monkeypatch):
+    """An outgoing connection can take a port of the ephemeral range between the pick and the server's bind; a port
+    outside it only another listener can take."""
+    from launcher import ports
+
+    low, high = ports.ephemeral_range()
+    picked = {ports.free_port() for _ in range(50)}
+    assert all(p >= ports.LISTEN_FLOOR and not low <= p <= high for p in picked), sorted(picked)
+    assert len(picked) > 40  # spread over the range, not one port for every caller
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", picked.pop()))  # free when returned
+
+    monkeypatch.setattr(ports, "ephemeral_range", lambda: (1024, 65535))  # no room outside: the kernel's pick
+    p = ports.free_port()
+    assert 1024 <= p <= 65535

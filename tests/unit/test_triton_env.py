@@ -108,7 +108,7 @@ def test_waiting_for_a_server_shows_what_its_model_says_it_is_doing(tmp_path):
     import subprocess
 
     from launcher import stage
-    from launcher.testing.serve import free_port
+    from launcher.ports import free_port
     from launcher.triton import wait_ready
 
     log = tmp_path / "server.log"
