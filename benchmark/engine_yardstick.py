@@ -23,10 +23,10 @@ async    vLLM's `AsyncLLM` in this process, a closed loop per concurrency C: C r
          TTFT, ITL and tokens/s are computed by llmlaunch-bench's own metrics code, so the rows compare
          with `llmlaunch-bench` run against the served model.
 lmdeploy LMDeploy's `AsyncEngine` in this process, built from the rendered config.pbtxt parameters by the
-         served model's own functions (model_repository/lmdeploy/1/model.py), driven like `async`: closed
+         served model's own functions (launcher/engines/lmdeploy/model.py), driven like `async`: closed
          loops, llmlaunch-bench's prompts, raw prompts (no chat template), greedy, ignore_eos, exactly
          --output-len tokens, the same metrics code (benchmark/served_model_yardsticks.py).
-sglang   SGLang's `Engine` in this process, the same way (model_repository/sglang/1/model.py's ServerArgs and
+sglang   SGLang's `Engine` in this process, the same way (launcher/engines/sglang/model.py's ServerArgs and
          sampling parameters, streamed through `async_generate`).
 offline  vLLM's `LLM.generate` with B prompts at once (batch B), --rounds times after one warm-up
          round: output tokens / wall time, and decode steps/s (tokens/s / B).
@@ -183,7 +183,7 @@ def _frontend_main(
 ) -> None:
     """Front end k of n (a process of its own): an AsyncLLM client of the engine core; for each load, its share of
     the streams, taking requests from the counter all front ends share."""
-    from launcher.python_backend import vllm_core
+    from launcher.engines.vllm import core as vllm_core
 
     _, config = vllm_core.engine_config(engine_args, n, k)
 
@@ -222,11 +222,11 @@ def _frontend_main(
 
 def vllm_async_frontends(args, engine_args: dict, samples) -> list:
     """The served layout of engine.frontends=N without tritonserver: one engine core started for N clients
-    (launcher.python_backend.vllm_core, as the served model starts it), N processes each an AsyncLLM client driving its
+    (launcher.engines.vllm.core, as the served model starts it), N processes each an AsyncLLM client driving its
     share of the streams."""
     import multiprocessing
 
-    from launcher.python_backend import vllm_core
+    from launcher.engines.vllm import core as vllm_core
 
     n = args.frontends
     loads = parse_loads(args.concurrency)

@@ -165,7 +165,7 @@ def start_paths(
     """Every path's engine, ready: the server first (it compiles while the in-process engine loads), the in-process
     engine, the engine process, each stopped when `stack` closes.  Returns (path -> run(prompts, load, max_tokens),
     the in-process engine, whose tokenizer makes the prompts)."""
-    from launcher.hf.args import HFEngineArgs
+    from launcher.engines.hf.config import HFEngineArgs
     from launcher.hf.client import EngineProcess
     from launcher.hf.engine import Engine
     from launcher.hf.reporting import describe_features

@@ -293,7 +293,7 @@ def vs_generate(model_dir: str, params: dict, args) -> list[dict]:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from launcher.hf.args import HFEngineArgs
+    from launcher.engines.hf.config import HFEngineArgs
     from launcher.hf.engine import Engine
 
     engine = Engine.from_args(HFEngineArgs(model_path=model_dir, prefill_chunk=args.prefill_chunk, **params)).start()

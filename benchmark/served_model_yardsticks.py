@@ -13,13 +13,13 @@ import os
 import time
 
 from benchmark.engine_yardstick import _closed_loop, load_rows
-from launcher.paths import REPO_SOURCES
 from launcher.python_backend.triton_io import SamplingParams
 
 
 def served_model(engine: str):
-    """model_repository/<engine>/1/model.py as a module, for its configuration and sampling mappings."""
-    spec = importlib.util.spec_from_file_location(f"llmlaunch_{engine}_model", REPO_SOURCES / engine / "1" / "model.py")
+    """A fresh copy of the engine's Triton model module (launcher/engines/<engine>/model.py), for its configuration and
+    sampling mappings."""
+    spec = importlib.util.find_spec(f"launcher.engines.{engine}.model")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

@@ -10,16 +10,21 @@ import typing
 from dataclasses import is_dataclass
 from typing import Any, Dict, List, Tuple
 
+from launcher.engines.registry import schemas as engine_schemas
 from launcher.errors import LaunchError
 from launcher.paths import CONF_DIR, cache_root
 from launcher.record import override_keys, pinned_values
-from launcher.schema import ENGINE_SCHEMAS, BenchConfig, ClusterConfig, LaunchConfig, ModelConfig, field_domain
+from launcher.schema import BenchConfig, ClusterConfig, LaunchConfig, ModelConfig, field_domain
 
 GROUPS = ("cluster", "engine", "model", "bench")
 
 
 def available(group: str) -> List[str]:
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+    """The choices of a config group: its conf/<group>/*.yaml, and for `engine` every registered engine."""
+    names = {p.stem for p in (CONF_DIR / group).glob("*.yaml")}
+    if group == "engine":
+        names |= set(engine_schemas())
+    return sorted(names)
 
 
 def check_group_choices(argv: List[str]) -> None:
@@ -60,7 +65,7 @@ def free_mappings() -> Tuple[str, ...]:
 
     for name, hint in typing.get_type_hints(LaunchConfig).items():
         if name == "engine":
-            for schema in ENGINE_SCHEMAS.values():
+            for schema in engine_schemas().values():
                 walk(schema, "engine.")
         elif is_dataclass(hint):
             walk(hint, f"{name}.")
@@ -92,8 +97,10 @@ def register_configs() -> None:
     cs.store(group="cluster", name="base_cluster", node=ClusterConfig)
     cs.store(group="model", name="base_model", node=ModelConfig)
     cs.store(group="bench", name="base_bench", node=BenchConfig)
-    for name, schema in ENGINE_SCHEMAS.items():
+    for name, schema in engine_schemas().items():
         cs.store(group="engine", name=f"base_{name}", node=schema)
+        if not (CONF_DIR / "engine" / f"{name}.yaml").exists():  # an engine kept elsewhere: its defaults are the choice
+            cs.store(group="engine", name=name, node=schema)
 
 
 def register() -> None:

@@ -187,7 +187,7 @@ class Choice(Domain):
         return tuple(self.values() if callable(self.values) else self.values)
 
     def _shown(self) -> str:
-        return ", ".join(v if v else "''" for v in self.allowed())
+        return ", ".join(str(v) if v != "" else "''" for v in self.allowed())
 
     def why(self, v):
         v = self.normalize(v) if self.normalize else v
@@ -274,7 +274,7 @@ def SbatchToken() -> Pattern:
 class Path(Domain):
     """A path: a string without newline or NUL (paths go into commands shell-quoted, but those break even quoted
     #SBATCH and log handling). `kind` is what launcher/hostcheck.py looks for where the path is visible from the
-    launch host: one of hostcheck.KINDS, or "engine" where the engine decides (EngineDef.host_paths), or "" for
+    launch host: one of hostcheck.KINDS, or "engine" where the engine decides (Engine.host_paths), or "" for
     a path only the job's nodes or its container see."""
 
     kind: str

@@ -2,7 +2,7 @@
 model's shape (its config.json, or a made model's own), and a GPU for an engine that needs one.
 
 launcher/validate.py validates values (pure); this module reads the host: each path field's kind (its declared
-`launcher.domains.Path`, or for the model's folders the engine's `EngineDef.host_paths`) is looked for where the
+`launcher.domains.Path`, or for the model's folders the engine's `Engine.host_paths`) is looked for where the
 path is visible. On this machine and the local Slurm cluster (`cluster.paths_on_host`) every path is; elsewhere
 (an HPC cluster submitted to from a login node, which usually mounts the shared filesystem) a path this host does
 not see is a warning and the launch goes on, since the nodes may see it. A GPU is looked for on a local launch
@@ -158,7 +158,7 @@ def _path_problem(key: str, value: str, kind: str, c) -> Tuple[Optional[Problem]
 
 def host_paths(c) -> List[Tuple[str, str, str]]:
     """(key, path, kind) of every non-empty path of the config to look for: the fields whose declared
-    `launcher.domains.Path` names a kind, and the paths the engine loads (`EngineDef.host_paths`)."""
+    `launcher.domains.Path` names a kind, and the paths the engine loads (`Engine.host_paths`)."""
     out: List[Tuple[str, str, str]] = []
 
     def walk(obj, prefix: str) -> None:

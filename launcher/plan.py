@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import List
 
-from launcher.render import RENDERED_TEXT, layout_table, plan_overrides, rank_commands, repository_files
+from launcher.render import copied_files, layout_table, plan_overrides, rank_commands, repository_files
 from launcher.schedulers.registry import for_spec
 from launcher.spec import LaunchSpec
 
@@ -33,9 +33,10 @@ def plan_text(spec: LaunchSpec, run_dir: str, composed_yaml: str = "") -> str:
         f"models), launcher/openai_api in front of that gRPC endpoint"
     )
     out.append(layout_table(spec))
+    copied = copied_files(spec)
     for rel, text in repository_files(spec).items():
         sec(f"file model_repository/{rel}")
-        out.append(text.rstrip() if rel.endswith(RENDERED_TEXT) else "(copied from the checkout's model_repository/)")
+        out.append("(copied from the checkout's model_repository/)" if rel in copied else text.rstrip() or "(empty)")
     scheduler = for_spec(spec)
     request = scheduler.dryrun(spec, run_dir)
     if request.title:  # what is submitted (the local scheduler runs the per-rank commands below)

@@ -13,7 +13,7 @@ Every mark is a `time.time()` taken where the thing happened (or tritonserver's 
     serving        endpoint.json written: front end (replicas > 1) and OpenAI API up, the job serves
 
 `breakdown` turns them into phases (seconds), with the engine's own load phases (weights, compile, graph
-capture, where the engine reports them: `EngineDef.load_phases`) and Slurm's queue reason. Engines inside
+capture, where the engine reports them: `Engine.load_phases`) and Slurm's queue reason. Engines inside
 the server report phases and versions with `report_phase` / `report_version`: a line on stderr, which
 tritonserver writes to the rank's log, parsed here.
 """

@@ -328,7 +328,7 @@ def write_startup(
     server_pid: int = 0,
 ) -> None:
     """Rank 0 (or the one-rank local server), just before endpoint.json: startup.json with its marks, tritonserver's
-    load times from its log, the engine's load phases (`EngineDef.load_phases`), versions, nodes and GPUs. Without
+    load times from its log, the engine's load phases (`Engine.load_phases`), versions, nodes and GPUs. Without
     its own log file (a sweep point's srun step writes every rank's output to one), the step's log, of which only
     rank 0's lines (`own_lines`, by the server's process id `server_pid`) count."""
     from pathlib import Path

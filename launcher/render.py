@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Set
 
 from launcher.domains import time_minutes
 from launcher.engines.registry import ENGINES
@@ -287,7 +287,10 @@ def layout_table(spec: LaunchSpec) -> str:
     return "\n".join(rows)
 
 
-RENDERED_TEXT = (".pbtxt", ".json", ".yaml")  # repository files the plan shows whole: configs and engine arguments
+def copied_files(spec: LaunchSpec) -> Set[str]:
+    """The repository's files copied from the checkout's model_repository/ (the Triton models' entries); the plan
+    shows every other file whole (configs, engine arguments: rendered text)."""
+    return {f"{m.name}/{rel}" for m in ENGINES[spec.engine.name].models(spec) for rel in m.files}
 
 
 def rank_command(spec: LaunchSpec, rank: RankSpec, **kw) -> List[str]:

@@ -3,7 +3,8 @@
 YAML files under `conf/<group>/` fill these in; `MISSING` marks what a profile
 must give. Each field declares its domain beside it (launcher/domains.py: range, choices, path kind, 0 = auto),
 which the one validator, `launcher.domains.problems`, reads. Engine-specific fields live in one dataclass per
-engine (launcher/engine_schema.py), each registered as `engine/base_<name>` so `conf/engine/<name>.yaml` extends it.
+engine (its package's config.py, launcher/engines/<name>/), each registered as `engine/base_<name>` so
+`conf/engine/<name>.yaml` extends it.
 Nothing here touches a cluster; rules across fields are in launcher/validate.py and the engines' checks.
 """
 
@@ -39,15 +40,8 @@ from launcher.domains import (
     arg,
     eval_tasks,
 )
-from launcher.engine_schema import (  # noqa: F401  (the engines' configs are part of the schema)
-    ENGINE_SCHEMAS,
-    EngineConfig,
-    HFEngineConfig,
-    LMDeployEngineConfig,
-    SGLangEngineConfig,
-    TRTLLMEngineConfig,
-    VLLMEngineConfig,
-)
+from launcher.engines.config import EngineConfig
+from launcher.engines.registry import schemas as engine_schemas
 from launcher.models import MAKERS
 
 # Each field: `name: type = arg(<its domain>, <default>)  # what it is`. The domain (launcher/domains.py) is
@@ -290,7 +284,7 @@ def field_domain(key: str):
     from launcher.domains import domain_of
 
     head, _, rest = key.partition(".")
-    classes = list(ENGINE_SCHEMAS.values()) if head == "engine" and rest else [LaunchConfig]
+    classes = list(engine_schemas().values()) if head == "engine" and rest else [LaunchConfig]
     for cls in classes:
         parts = rest.split(".") if head == "engine" and rest else key.split(".")
         found = None

@@ -38,7 +38,7 @@ class LaunchSpec:
 
     job_name: str
     cluster: ClusterConfig
-    engine: EngineConfig  # the engine's own dataclass (launcher.engine_schema.ENGINE_SCHEMAS[engine.name])
+    engine: EngineConfig  # the engine's own dataclass (its Engine's Config, launcher/engines/registry.py)
     model: ModelConfig
     serve: ServeConfig
     bench: BenchConfig
@@ -75,12 +75,13 @@ class LaunchSpec:
 
     @staticmethod
     def from_json(text: str) -> "LaunchSpec":
-        from launcher.schema import ENGINE_SCHEMAS, BenchConfig, ClusterConfig, ModelConfig, ServeConfig, build
+        from launcher.engines.registry import ENGINES
+        from launcher.schema import BenchConfig, ClusterConfig, ModelConfig, ServeConfig, build
 
         d = json.loads(text)
         parts = {
             "cluster": ClusterConfig,
-            "engine": ENGINE_SCHEMAS[d["engine"]["name"]],
+            "engine": ENGINES[d["engine"]["name"]].Config,
             "model": ModelConfig,
             "serve": ServeConfig,
             "bench": BenchConfig,

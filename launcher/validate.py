@@ -17,7 +17,7 @@ from launcher.domains import PUBLIC_PORTS, SLURM_TIME, time_minutes
 from launcher.engines.registry import ENGINES
 from launcher.errors import LaunchError
 from launcher.schedulers.registry import SCHEDULERS
-from launcher.schema import ENGINE_SCHEMAS, EngineConfig, LaunchConfig, build
+from launcher.schema import EngineConfig, LaunchConfig, build
 from launcher.spec import LaunchSpec, build_ranks, layout, plain
 
 
@@ -26,7 +26,7 @@ def typed_config(c: Mapping[str, Any]) -> Tuple[LaunchConfig, List[Tuple[str, st
     problem for each key no dataclass has (an unknown engine is reported by build_spec)."""
     ename = c["engine"].get("name")
     known = ename in ENGINES
-    engine, unknown = build(ENGINE_SCHEMAS[ename] if known else EngineConfig, c["engine"], "engine.")
+    engine, unknown = build(ENGINES[ename].Config if known else EngineConfig, c["engine"], "engine.")
     if not known:
         unknown = []
     launch, more = build(LaunchConfig, {**c, "engine": engine})
@@ -99,12 +99,13 @@ def kv_routing_problems(ename: str, edef, engine) -> List[Tuple[str, str, str]]:
                 "use serve.routing=prefix, which routes by where prompts were sent",
             )
         ]
-    if not getattr(engine, "prefix_caching", True):
+    switch = edef.prefix_cache_switch(engine)
+    if switch:
         return [
             (
                 "serve.routing=kv",
-                f"engine.prefix_caching=false: engine={ename} keeps no prefix cache to route to",
-                "set engine.prefix_caching=true, or use serve.routing=least_outstanding",
+                f"with its prefix cache off, engine={ename} keeps no prefix cache to route to",
+                f"set {switch}, or use serve.routing=least_outstanding",
             )
         ]
     return []
@@ -119,6 +120,8 @@ def build_spec(cfg) -> LaunchSpec:
     # --- every field against the domain launcher/schema.py declares beside it (launcher/domains.py)
     problems += domains.problems(c)
     ename = engine.name
+    if ename not in ENGINES:  # the registry is engine.name's domain
+        problems += domains.Choice(tuple(sorted(ENGINES))).problems("engine.name", ename)
 
     # --- rules across fields
     scheduler = SCHEDULERS[cluster.scheduler] if cluster.scheduler in SCHEDULERS else None  # None: its domain says why

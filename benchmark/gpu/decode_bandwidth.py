@@ -66,7 +66,7 @@ def engine_steps(
 ) -> dict:
     import queue
 
-    from launcher.hf.args import HFEngineArgs
+    from launcher.engines.hf.config import HFEngineArgs
     from launcher.hf.engine import Engine, SamplingParams
 
     t0 = time.perf_counter()
@@ -157,7 +157,7 @@ def greedy_tokens(model_dir: str, cuda_graphs, torch_compile, n: int = 64, arriv
     import queue
     import threading
 
-    from launcher.hf.args import HFEngineArgs
+    from launcher.engines.hf.config import HFEngineArgs
     from launcher.hf.engine import Engine, SamplingParams
 
     engine = Engine.from_args(

@@ -23,7 +23,7 @@ import time
 
 
 def engine(model: str, device: str, dtype: str, prefill_graphs: int | None):
-    from launcher.hf.args import HFEngineArgs
+    from launcher.engines.hf.config import HFEngineArgs
     from launcher.hf.engine import Engine
 
     t0 = time.perf_counter()

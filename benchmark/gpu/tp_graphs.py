@@ -73,7 +73,7 @@ def rank_main(args) -> int:
     if args.rank > 0:
         run_worker(args.model, tp=cfg["tp"], group=group, **kw)
         os._exit(0)  # gloo's threads can abort interpreter teardown (pytorch#179291)
-    from launcher.hf.args import HFEngineArgs
+    from launcher.engines.hf.config import HFEngineArgs
     from launcher.hf.engine import Engine
 
     t0 = time.perf_counter()

@@ -1,20 +1,25 @@
-"""What every engine definition is made of: `EngineDef` (an engine as data plus small functions), the model
-folders it renders (`RenderedModel`), and the helpers several engines share.
+"""What every engine is: the `Engine` base class each engine package subclasses, the model folders it renders
+(`RenderedModel`), and the helpers several engines share.
 
-One module per engine (launcher/engines/hf.py, vllm.py, sglang.py, lmdeploy.py, trtllm/) builds its `EngineDef`
-from these; launcher/engines/registry.py lists them. Nothing outside an engine's module and the registry
-branches on an engine's name.
+An engine is one package, launcher/engines/<name>/: `Engine` (its facts and hooks, in __init__.py), its `Config`
+dataclass (config.py: every setting a user chooses, with its domain and default) and the code Triton runs for it
+(model.py and what it imports); launcher/engines/registry.py names the packages, and conf/engine/<name>.yaml makes
+it a choice of `engine=`. Nothing outside an engine's package branches on its name or asks its config what it can do
+with getattr: the launcher asks the `Engine`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, ClassVar, Dict, List, Optional, Tuple, Type
 
 from launcher import pbtxt
+from launcher.engines.config import EngineConfig
 from launcher.readiness import reported_phases
 
 Problem = Tuple[str, str, str]  # (value, why, fix), as launcher.errors.LaunchError takes them
+HostPath = Tuple[str, str, str]  # (key, path, kind): a folder launcher/hostcheck.py looks for on the launch host
 
 
 @dataclass(frozen=True)
@@ -31,77 +36,121 @@ class RenderedModel:
     )  # path inside the model folder -> generated text (engine JSON files)
 
 
-def model_host_paths(c) -> List[Tuple[str, str, str]]:
-    """(key, path, kind) of what an engine loading a Hugging Face folder reads (launcher/hostcheck.py's kinds):
-    model.path (config, weights and, without model.tokenizer, the tokenizer) and model.tokenizer."""
-    m = c.model
-    return [
-        ("model.path", m.path, "hf_weights" if m.tokenizer else "hf_model"),
-        ("model.tokenizer", m.tokenizer, "tokenizer"),
-    ]
+class Engine:
+    """One engine llmlaunch serves. A subclass states the engine's facts as class attributes and answers the
+    questions that depend on a launch as methods: those taking `engine` get its config (an instance of `Config`),
+    `spec` the validated launch (launcher.spec.LaunchSpec), `c` the typed config before it is a spec
+    (launcher.schema.LaunchConfig), `ctx` a rank's place after the rendezvous (launcher.rank.rendezvous.RankContext).
+    The defaults below are what most engines do; a subclass overrides what its engine does differently."""
 
-
-@dataclass(frozen=True)
-class EngineDef:
-    name: str
-    default_model_name: str  # Triton model name when engine.model_name is empty
-    layout: str  # per_gpu (one tritonserver per GPU) | per_group (one per model copy per node)
-    models: Callable[[Any], List[RenderedModel]]  # spec -> the repository's models
-    worker_models: Tuple[str, ...] = ()  # models non-leader ranks load (explicit model control)
-    # The facts below that depend on settings take the engine's config (its launcher.schema dataclass).
-    spans_nodes: Callable[[Any], bool] = lambda engine: True  # can one model copy span nodes?
-    why_single_node: Callable[[Any], str] = lambda engine: ""
+    name: ClassVar[str] = ""  # engine=<name>, the registry key
+    Config: ClassVar[Type[EngineConfig]] = EngineConfig  # its settings: conf/engine/<name>.yaml fills one
+    # per_gpu: one tritonserver per GPU | per_group: one per model copy per node (the engine owns the copy's GPUs)
+    layout: ClassVar[str] = "per_gpu"
     # Does tp have to be a power of two? Engines that shard heads themselves (vLLM, the hf engine) take any tp that
     # divides the model's heads; the others keep to the powers of two their kernels and all-reduces are built for.
-    tp_any_divisor: bool = False
+    tp_any_divisor: ClassVar[bool] = False
     # With tp above the model's KV heads, does the engine replicate them (tp a multiple of the KV heads)? Otherwise tp
     # must divide the KV heads as it divides the attention heads (launcher/hostcheck.py checks both before launch).
-    kv_heads_replicate: bool = False
+    kv_heads_replicate: ClassVar[bool] = False
     # The server is itself the job's MPI program (TensorRT-LLM leader mode): the ranks then rendezvous through
     # files, so the rank's wrapper does not take the task's PMIx connection before the server does.
-    server_uses_mpi: bool = False
+    server_uses_mpi: ClassVar[bool] = False
     # The served model reports the first-token split (queue, prefill, first response) in its Triton metrics
     # (launcher/python_backend/timings.py), which the bench reads from the serving tritonserver.
-    first_token_split: bool = False
-    # publishes its prefix cache's changes as KV-cache events (launcher/kv_events.py) where launcher/rank asks, so
-    # serve.routing=kv may route by them
-    kv_events: bool = False
-    # (launcher.schema.LaunchConfig, the scheduler class of cluster.scheduler) -> engine-specific problems
-    check: Callable[[Any, Any], List[Problem]] = lambda c, scheduler: []
-    # launcher.schema.LaunchConfig -> (key, path, kind) of the folders the engine loads, which launcher/hostcheck.py
-    # looks for on the launch host before anything starts (an empty path is skipped)
-    host_paths: Callable[[Any], List[Tuple[str, str, str]]] = model_host_paths
-    # Does this engine config need a GPU? A local launch without one visible is refused (launcher/hostcheck.py).
-    needs_gpu: Callable[[Any], bool] = lambda engine: engine.device == "cuda"
-    # A model copy over several nodes runs its other nodes as workers of a per-copy Ray cluster (its leader's model
-    # starts the head) where the engine config says so: launcher.engines.ray.RayHooks, which rank_env and rank_command
-    # below then are. None: never on Ray.
-    ray: Any = None
-    # Per-rank hooks, given (spec, RankContext from launcher.rank.rendezvous): extra environment for the
-    # rank's process, and a command replacing tritonserver on that rank (e.g. a Ray worker), or None.
-    rank_env: Callable[[Any, Any], Dict[str, str]] = lambda spec, ctx: {}
-    rank_command: Callable[[Any, Any], Any] = lambda spec, ctx: None
-    # Pure, so the plan shows it too: given (spec, RankSpec, the rank's tritonserver argv), the command the rank
-    # runs (e.g. the server behind an MPI launcher); and whether that command is a tritonserver at all.
-    rank_argv: Callable[[Any, Any, List[str]], List[str]] = lambda spec, rank, argv: argv
-    runs_server: Callable[[Any, Any], bool] = lambda spec, rank: True
-    # An engine with several repository layouts (trtllm's engine.layout): the default model name and what
-    # non-leader ranks load for its config, when they differ from default_model_name / worker_models.
-    default_model_name_of: Callable[[Any], str] = lambda engine: ""
-    worker_models_of: Callable[[Any], Optional[Tuple[str, ...]]] = lambda engine: None
-    # rank 0's log text -> the engine's load phases (name -> seconds: weights, compile, graph capture) for the
-    # time-to-READY breakdown; by default the `llmlaunch-phase:` lines an engine reports (launcher/readiness.py)
-    load_phases: Callable[[str], Dict[str, float]] = reported_phases
-    summary: str = ""
+    first_token_split: ClassVar[bool] = False
+    # It publishes its prefix cache's changes as KV-cache events (launcher/kv_events.py) where launcher/rank asks, so
+    # serve.routing=kv may route by them.
+    kv_events: ClassVar[bool] = False
+    # Models the non-leader ranks' tritonservers load (explicit model control).
+    worker_models: ClassVar[Tuple[str, ...]] = ()
+    # A model copy over several nodes runs its other nodes as workers of a per-copy Ray cluster where the engine
+    # config says so: launcher.engines.ray.RayHooks (rank_env and rank_command then delegate to it). None: never.
+    ray: ClassVar[Optional[Any]] = None
+
+    # ------------------------------------------------------------------------------------------ the repository
+    def models(self, spec) -> List[RenderedModel]:
+        """The Triton repository's models for this launch."""
+        raise NotImplementedError(f"engine={self.name} renders no models")
 
     def model_name(self, engine) -> str:
-        """The Triton model name clients address: engine.model_name, else this engine's default for its config."""
-        return engine.model_name or self.default_model_name_of(engine) or self.default_model_name
+        """The Triton model name clients address: engine.model_name, else the default `Config` declares for it."""
+        return engine.model_name or field_default(self.Config, "model_name")
 
     def workers_load(self, engine) -> Tuple[str, ...]:
         """Models the non-leader ranks' tritonservers load, for this engine config."""
-        models = self.worker_models_of(engine)
-        return tuple(self.worker_models if models is None else models)
+        return tuple(self.worker_models)
+
+    # ------------------------------------------------------------------------------------------ what it takes
+    def check(self, c, scheduler) -> List[Problem]:
+        """Rules across fields, for this engine (each field's own domain is declared beside it in `Config`);
+        `scheduler` is the class of cluster.scheduler (launcher/schedulers/base.py), whose facts some rules read."""
+        return []
+
+    def spans_nodes(self, engine) -> bool:
+        """Can one model copy span nodes with this engine config?"""
+        return True
+
+    def why_single_node(self, engine) -> str:
+        """Why a copy cannot span nodes, where spans_nodes says so."""
+        return ""
+
+    def needs_gpu(self, engine) -> bool:
+        """Does this engine config need a GPU? A local launch without one visible is refused (launcher/hostcheck.py)."""
+        return engine.device == "cuda"
+
+    def host_paths(self, c) -> List[HostPath]:
+        """The folders the engine loads, which launcher/hostcheck.py looks for on the launch host before anything
+        starts (an empty path is skipped): by default model.path (config, weights and, without model.tokenizer, the
+        tokenizer) and model.tokenizer."""
+        m = c.model
+        return [
+            ("model.path", m.path, "hf_weights" if m.tokenizer else "hf_model"),
+            ("model.tokenizer", m.tokenizer, "tokenizer"),
+        ]
+
+    def tokenizer_folders(self, spec) -> List[str]:
+        """Where the served model's tokenizer may be, first choice first (clients count tokens with it)."""
+        return [spec.model.tokenizer, spec.model.path]
+
+    def prefix_cache_switch(self, engine) -> str:
+        """Where this config turns the engine's prefix cache off, the override that turns it on ("" where it keeps
+        one): serve.routing=kv routes to what the caches hold."""
+        return ""
+
+    def response_processes(self, engine) -> int:
+        """Model instances (stub processes) sending one engine's responses, which the front end's process count
+        follows (launcher/python_backend/responders.py)."""
+        return 1
+
+    # ------------------------------------------------------------------------------------------ per rank
+    def rank_env(self, spec, ctx) -> Dict[str, str]:
+        """More environment for a rank's process."""
+        return self.ray.rank_env(spec, ctx) if self.ray is not None else {}
+
+    def rank_command(self, spec, ctx) -> Optional[List[str]]:
+        """A command replacing tritonserver on this rank (e.g. a Ray worker), or None."""
+        return self.ray.rank_command(spec, ctx) if self.ray is not None else None
+
+    def rank_argv(self, spec, rank, argv: List[str]) -> List[str]:
+        """Pure, so the plan shows it too: given the rank's tritonserver argv, the command the rank runs (e.g. the
+        server behind an MPI launcher)."""
+        return argv
+
+    def runs_server(self, spec, rank) -> bool:
+        """Is the command of this rank (launcher.spec.RankSpec) a tritonserver at all?"""
+        return True
+
+    def load_phases(self, log_text: str) -> Dict[str, float]:
+        """rank 0's log text -> the engine's load phases (name -> seconds: weights, compile, graph capture) for the
+        time-to-READY breakdown; by default the `llmlaunch-phase:` lines an engine reports (launcher/readiness.py)."""
+        return reported_phases(log_text)
+
+
+def field_default(config: Type[Any], name: str) -> Any:
+    """The default of a config dataclass's field (the one place it is declared)."""
+    f = next(f for f in dataclasses.fields(config) if f.name == name)
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
 
 
 def model_path(spec) -> str:
@@ -129,29 +178,39 @@ def require_path(c, engine: str, what: str = "model.path") -> List[Problem]:
     return []
 
 
-def python_engine_models(
-    source_dir: str,
-    extra_params: Callable[[Any], Dict[str, object]],
-    extra_text: Callable[[Any], Dict[str, str]] = lambda s: {},
-    instances: Callable[[Any], int] = lambda s: 1,
-):
-    """The repository of an engine served by one python model (vLLM, SGLang, LMDeploy): model_repository/<source_dir>/
-    1/model.py, its config's parameters the launch's common ones plus `extra_params(spec)`."""
+def python_engine_model(
+    spec, source_dir: str, params: Dict[str, object], extra_text: Optional[Dict[str, str]] = None, instances: int = 1
+) -> RenderedModel:
+    """The one python model of an engine served that way (vLLM, SGLang, LMDeploy): model_repository/<source_dir>/
+    1/model.py, its config's parameters the launch's common ones, then `params`."""
+    e = spec.engine
+    common: Dict[str, object] = {
+        "model_path": model_path(spec),
+        "tokenizer_path": tokenizer_path(spec),
+        "tp_size": spec.tp,
+        "pp_size": spec.pp,
+        "nnodes": copy_nodes(spec),
+        "max_num_seqs": e.max_num_seqs,
+        "dtype": spec.model.dtype,
+        "max_model_len": spec.model.max_model_len,
+    }
+    common.update(params)
+    cfg = pbtxt.python_model(spec.model_name, e.max_num_seqs, common, kind="KIND_MODEL", instances=instances)
+    return RenderedModel(spec.model_name, cfg, {"1/model.py": f"{source_dir}/1/model.py"}, extra_text or {})
 
-    def render(spec) -> List[RenderedModel]:
-        e = spec.engine
-        params = {
-            "model_path": model_path(spec),
-            "tokenizer_path": tokenizer_path(spec),
-            "tp_size": spec.tp,
-            "pp_size": spec.pp,
-            "nnodes": copy_nodes(spec),
-            "max_num_seqs": e.max_num_seqs,
-            "dtype": spec.model.dtype,
-            "max_model_len": spec.model.max_model_len,
-        }
-        params.update(extra_params(spec))
-        cfg = pbtxt.python_model(spec.model_name, e.max_num_seqs, params, kind="KIND_MODEL", instances=instances(spec))
-        return [RenderedModel(spec.model_name, cfg, {"1/model.py": f"{source_dir}/1/model.py"}, extra_text(spec))]
 
-    return render
+def triton_entry(module: str) -> str:
+    """The text of a checked-in model_repository/<...>/1/model.py: what Triton's python backend loads, which takes the
+    model from `module` of an engine package. The stub runs it by path with its own sys.path, which does not read
+    PYTHONPATH (Triton 2.51), so it adds PYTHONPATH's entries after its own first: `launcher` and the engines'
+    packages then resolve as they do for the rank that started the server."""
+    return (
+        f'"""What Triton loads: the TritonPythonModel of {module}."""\n'
+        "\n"
+        "import os\n"
+        "import sys\n"
+        "\n"
+        'sys.path += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in sys.path]\n'
+        "\n"
+        f"from {module} import TritonPythonModel  # noqa: E402,F401\n"
+    )

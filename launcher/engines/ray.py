@@ -61,7 +61,7 @@ def worker_command(python: str, address: str, node_ip: str = "", timeout_s: floa
 
 class RayHooks:
     """The per-rank hooks of an engine whose model copy over several nodes runs on a per-copy Ray cluster
-    (EngineDef.rank_env / rank_command): `across(engine config)` says whether that engine config puts such a copy on
+    (Engine.rank_env / rank_command): `across(engine config)` says whether that engine config puts such a copy on
     Ray, `env` is more environment for the copy's ranks (the engine's own switches). `ctx` is the rank's
     launcher.rank.rendezvous.RankContext. For the per_group engines a copy that spans nodes has one rank per node;
     group_rank is its node index inside the copy, and group_rank 0 (the copy's leader) is the one that serves."""

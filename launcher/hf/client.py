@@ -52,7 +52,7 @@ import threading
 import time
 from typing import Callable
 
-from launcher.hf.args import HFEngineArgs
+from launcher.engines.hf.config import HFEngineArgs
 from launcher.hf.outputs import Output
 from launcher.python_backend.generation import InvalidRequest, SamplingParams  # pure Python: no torch in the parent
 
@@ -91,7 +91,7 @@ class EngineProcess:
         on_batch: Callable | None = None,
         on_exit: Callable[[str], None] | None = None,
     ):
-        """args (an launcher.hf.args.HFEngineArgs) build the `Engine` in the child (Engine.from_args); its streamed outputs
+        """args (an launcher.engines.hf.config.HFEngineArgs) build the `Engine` in the child (Engine.from_args); its streamed outputs
         are merged over args.stream_interval_ms.  `listen`: a unix socket path where other model instances attach.
         `on_batch(list[Output])`, if given, receives the outputs of each engine step (and of any steps that queued
         up meanwhile) in one call on the receive thread, instead of one `on_output` call per output.

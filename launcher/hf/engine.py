@@ -43,7 +43,7 @@ import time
 from dataclasses import asdict
 from typing import Callable
 
-from launcher.hf.args import HFEngineArgs
+from launcher.engines.hf.config import HFEngineArgs
 from launcher.hf.detok import TokenTable
 from launcher.hf.encode import PromptEncoder
 from launcher.hf.guided import Guides
@@ -75,7 +75,7 @@ class Engine:
         after_step: Callable[[], None] | None = None,
         tp_group=None,
     ):
-        """args: what to load and how (launcher.hf.args.HFEngineArgs: each field says what it does and holds its default;
+        """args: what to load and how (launcher.engines.hf.config.HFEngineArgs: each field says what it does and holds its default;
         0 / "" / auto are decided once the device is known).  The keywords are what no launch sets:
         after_step: called on the engine thread after each step's outputs were delivered (batching hook).
         tp_group: with args.tp_size > 1, an launcher.hf.tp.TPGroup (default: one made from the LLMLAUNCH_* environment); this
@@ -189,7 +189,7 @@ class Engine:
 
     @classmethod
     def from_args(cls, args: HFEngineArgs, **runtime) -> "Engine":
-        """The engine for `args` (an launcher.hf.args.HFEngineArgs); `runtime`: the keywords no launch sets (after_step,
+        """The engine for `args` (an launcher.engines.hf.config.HFEngineArgs); `runtime`: the keywords no launch sets (after_step,
         tp_group)."""
         return cls(args, **runtime)
 

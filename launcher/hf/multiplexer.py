@@ -15,8 +15,8 @@ import sys
 import threading
 import time
 
+from launcher.engines.hf.config import HFEngineArgs
 from launcher.hf import worker
-from launcher.hf.args import HFEngineArgs
 from launcher.hf.engine import Engine
 from launcher.python_backend.logprob_io import merged
 

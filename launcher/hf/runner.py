@@ -20,7 +20,7 @@ are served with max_model_len capped at the window, where full attention is the 
 
 from __future__ import annotations
 
-from launcher.hf.args import DEFAULTS
+from launcher.engines.hf.config import DEFAULTS
 from launcher.hf.attention import register_attention, tls
 from launcher.hf.graphs.buckets import mixed_buckets, prefill_buckets, token_limit
 from launcher.hf.graphs.decode import DecodeGraphs

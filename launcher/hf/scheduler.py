@@ -20,7 +20,7 @@ from bisect import insort
 from collections import deque
 from typing import Callable
 
-from launcher.hf.args import DEFAULTS
+from launcher.engines.hf.config import DEFAULTS
 from launcher.hf.blocks import BlockPool, block_hashes
 from launcher.hf.guided import masks
 from launcher.hf.runner import PrefillChunk, SamplingRows, StepInputs

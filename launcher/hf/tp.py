@@ -52,7 +52,7 @@ import datetime
 import logging
 import os
 
-from launcher.hf.args import DEFAULTS
+from launcher.engines.hf.config import DEFAULTS
 
 log = logging.getLogger(__name__)
 

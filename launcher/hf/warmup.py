@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from launcher.hf.args import CUDNN_ATTENTION, DEFAULTS
+from launcher.engines.hf.config import CUDNN_ATTENTION, DEFAULTS
 from launcher.hf.step import PrefillChunk, SamplingRows, StepInputs
 from launcher.stage import announce
 
@@ -32,7 +32,7 @@ class WarmUp:
     # fails, as tried) keep torch's choice and eager steps use flash / memory-efficient / math.  Measured on an H100
     # the in-process engine steady from its first round at 128 streams (27-31k tokens/s, where
     # "all" climbed 15k -> 22k over three rounds), decode graphs as fast as with cuDNN everywhere.
-    # (the modes, launcher.hf.args.CUDNN_ATTENTION) graphs: captured decode graphs only; all: torch's choice; off: never
+    # (the modes, launcher.engines.hf.config.CUDNN_ATTENTION) graphs: captured decode graphs only; all: torch's choice; off: never
 
     def _init_attention_backends(self, mode) -> None:
         import contextlib

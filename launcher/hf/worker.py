@@ -9,7 +9,7 @@ import os
 import sys
 import threading
 
-from launcher.hf.args import DEFAULTS, HFEngineArgs
+from launcher.engines.hf.config import DEFAULTS, HFEngineArgs
 from launcher.hf.runner import HFModelRunner
 from launcher.hf.tp import AHEAD, STOP, WARM_UP, TPGroup
 

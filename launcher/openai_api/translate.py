@@ -336,7 +336,7 @@ def models_body(served: str, created: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- engine errors
-# Words of the contract models' request checks (model_repository/*/1/model.py, launcher/python_backend/triton_io.py): an
+# Words of the contract models' request checks (launcher/engines/*/model.py, launcher/python_backend/triton_io.py): an
 # error carrying one is the request's fault, not the engine's.
 _REQUEST_FAULTS = (
     "must be",

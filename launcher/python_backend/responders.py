@@ -5,7 +5,7 @@ build and send them), tritonserver (gRPC out), and with replicas > 1 rank 0's fr
 event loops pass each one on.  How many of each, and the stubs' and tritonserver's nice value, follow from the
 device, the CPUs the rank may use, the replicas, and one setting, `engine.response_processes` (the hf model's
 instances sharing one engine process: launcher.schema.HFEngineConfig says why it is the one a user chooses).
-The hf model (model_repository/hf/1/model.py) asks for its threads and nice value once the engine's device is
+The hf model (launcher/engines/hf/model.py) asks for its threads and nice value once the engine's device is
 known; rank 0 asks for its front-end processes once every replica is ready (launcher/rank/frontend.py),
 and for its OpenAI API processes (`api_processes`) when it starts the API.
 """

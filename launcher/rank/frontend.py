@@ -10,6 +10,7 @@ import os
 import time
 from typing import Dict, List
 
+from launcher.engines.registry import ENGINES
 from launcher.frontend import FrontendConfig, FrontendProcess
 from launcher.frontend.wire import log
 from launcher.kv_events import connect_to
@@ -80,12 +81,12 @@ def start_for_rank0(
     )
     bound[0] = dict(own_ports)
     ports = infos[0]["frontend_ports"]
-    # launcher.python_backend.responders' rule: engines other than hf have no response_processes (one instance each); the
-    # CPUs are those this rank may use
+    # launcher.python_backend.responders' rule, from the processes sending each engine's responses; the CPUs are those
+    # this rank may use
     processes = responders(
-        str(getattr(spec.engine, "device", "cuda")),
+        spec.engine.device,
         len(os.sched_getaffinity(0)),
-        int(getattr(spec.engine, "response_processes", 1)),
+        ENGINES[spec.engine.name].response_processes(spec.engine),
         len(leaders),
     ).frontend_processes
     say(

@@ -237,7 +237,7 @@ def bench_problems(bench: Mapping[str, Any]) -> List[str]:
 
 def first_token_metrics_url(spec, endpoint: Mapping[str, Any]) -> str:
     """Metrics URL of the tritonserver holding a model that reports the first-token split the bench shows
-    (EngineDef.first_token_split; launcher/python_backend/timings.py): rank 0's with one replica; with replicas, every
+    (Engine.first_token_split; launcher/python_backend/timings.py): rank 0's with one replica; with replicas, every
     replica leader's (endpoint.json's replicas, comma-separated: the bench sums them; the public metrics port is the
     front end's).  "" for engines with no split, or where a replica's URL is unknown."""
     from launcher.engines.registry import ENGINES

@@ -120,7 +120,9 @@ def read_json(path: Path) -> Optional[dict]:
 
 def tokenizer_for(spec) -> str:
     """The model's tokenizer folder when it is readable here (exact token counts), else '' (estimates)."""
-    for p in (spec.model.tokenizer, spec.model.path, getattr(spec.engine, "tokenizer_dir", "")):
+    from launcher.engines.registry import ENGINES
+
+    for p in ENGINES[spec.engine.name].tokenizer_folders(spec):
         if p and any((Path(p) / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
             return str(p)
     return ""

@@ -104,7 +104,7 @@ def hf_server(
     instances: int = 1,
     http: bool = False,
 ):
-    """A launcher.triton.TritonServer (not started) serving the project's hf model (model_repository/hf; `params`:
+    """A launcher.triton.TritonServer (not started) serving the project's hf model (launcher/engines/hf/model.py; `params`:
     HFEngineArgs fields, written to its model.json) on free loopback ports, metrics on: `.metrics_url` is where the model's
     first-token split is read (launcher/python_backend/timings.py).  `env`: extra server environment.  `instances`:
     model instances sharing the engine process (engine.response_processes).  `http`: the HTTP endpoint too, on a free
@@ -112,7 +112,7 @@ def hf_server(
     import uuid
 
     from launcher import pbtxt
-    from launcher.hf.args import ARGS_FILE, HFEngineArgs
+    from launcher.engines.hf.config import ARGS_FILE, HFEngineArgs
     from launcher.paths import REPO_SOURCES
     from launcher.triton import TritonServer
     from launcher.triton_install import resolve_tritonserver, server_env

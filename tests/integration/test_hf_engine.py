@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from launcher.hf.args import HFEngineArgs  # noqa: E402
+from launcher.engines.hf.config import HFEngineArgs  # noqa: E402
 from launcher.hf.detok import ByteLevelDecoder, TokenTable, WindowDecoder  # noqa: E402
 from launcher.hf.engine import Engine, InvalidRequest, SamplingParams  # noqa: E402
 

@@ -28,7 +28,7 @@ PROMPTS = ["Once upon a time", "The quick brown fox jumps over", "hello"]
 # prompt (three concurrent requests, small prefill chunks: decode and chunked prefill share steps).
 _RANK = r"""
 import json, os, sys, threading
-from launcher.hf.args import HFEngineArgs
+from launcher.engines.hf.config import HFEngineArgs
 from launcher.hf.engine import Engine, SamplingParams
 from launcher.hf.tp import TPGroup
 from launcher.hf.worker import run_worker
@@ -291,7 +291,7 @@ def test_slurm_tp4_two_nodes_two_tasks_generate_greedy(local_slurm, tmp_path):
 
 _HEARTBEAT = r"""
 import os, sys, time
-from launcher.hf.args import HFEngineArgs
+from launcher.engines.hf.config import HFEngineArgs
 from launcher.hf.engine import Engine, SamplingParams
 from launcher.hf.tp import TPGroup
 from launcher.hf.worker import run_worker

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.timeout(900)]
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    from launcher.hf.args import HFEngineArgs
+    from launcher.engines.hf.config import HFEngineArgs
     from launcher.hf.engine import Engine
 
     e = Engine.from_args(HFEngineArgs(model_path=str(tiny_model_dir), device="cpu", max_num_seqs=8)).start()

@@ -15,7 +15,7 @@ def test_engine_process_library_path_can_be_set(tiny_model_dir, monkeypatch):
     """The hf engine process runs with _LLMLAUNCH_ENGINE_LD_LIBRARY_PATH when that is set, and inherits the stub's
     LD_LIBRARY_PATH when it is unset or "inherit" (launcher.triton_install.ENGINE_LD_LIBRARY_PATH: the choice decides which
     cuDNN the engine loads on the H100 host)."""
-    from launcher.hf.args import HFEngineArgs
+    from launcher.engines.hf.config import HFEngineArgs
     from launcher.hf.client import EngineProcess
 
     def child_env(**env):

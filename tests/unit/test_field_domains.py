@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 
 from launcher import cli, domains, hostcheck
-from launcher.schema import ENGINE_SCHEMAS, LaunchConfig
+from launcher.engines.registry import schemas
+from launcher.schema import LaunchConfig
+
+ENGINE_SCHEMAS = schemas()  # engine name -> its config dataclass
 
 
 def schema_fields():
@@ -144,6 +147,12 @@ BAD = {
     ("hf", "engine.kv_cache_memory"): ["engine.kv_cache_memory=-1"],
     ("hf", "engine.block_size"): ["engine.block_size=12"],
     ("hf", "engine.prefix_caching"): ["engine.prefix_caching=maybe"],
+    ("hf", "engine.torch_threads"): ["engine.torch_threads=-1"],
+    ("hf", "engine.prefill_graphs"): ["engine.prefill_graphs=-1"],
+    ("hf", "engine.mixed_graphs"): ["engine.mixed_graphs=-1"],
+    ("hf", "engine.prompts_alone"): ["engine.prompts_alone=-1"],
+    ("hf", "engine.engine_process"): ["engine.engine_process=maybe"],
+    ("hf", "engine.cancel_check_ms"): ["engine.cancel_check_ms=-1"],
     ("trtllm", "engine.layout"): ["engine.layout=onnx"],
     ("trtllm", "engine.llm_args"): ["engine.llm_args.bad-key=1"],
     ("trtllm", "engine.engine_dir"): ["engine.layout=ensemble", "engine.engine_dir=/nonexistent-engine", LAUNCH],

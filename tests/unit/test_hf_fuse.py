@@ -14,8 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from launcher.engines.hf.config import HFEngineArgs  # noqa: E402
 from launcher.hf import fuse as hf_fuse  # noqa: E402
-from launcher.hf.args import HFEngineArgs  # noqa: E402
 from launcher.hf.engine import Engine, SamplingParams  # noqa: E402
 from launcher.hf.reporting import describe_features  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The hf model's response threads (launcher/python_backend/hf_streams.py, in model_repository/hf/1/model.py) outside
+"""The hf model's response threads (launcher/engines/hf/streams.py, in launcher/engines/hf/model.py) outside
 Triton, as many as launcher.python_backend.responders gives an engine process on a GPU.
 
 Triton's `triton_python_backend_utils` exists only inside the python backend stub; here a module of the same name
@@ -61,8 +61,7 @@ def model(monkeypatch):
     pb.TritonError = lambda message, code=0: message
     pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
     monkeypatch.setitem(sys.modules, "triton_python_backend_utils", pb)
-    path = ROOT / "model_repository" / "hf" / "1" / "model.py"
-    spec = importlib.util.spec_from_file_location("llmlaunch_hf_model_responders", path)
+    spec = importlib.util.find_spec("launcher.engines.hf.model")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
 
@@ -87,8 +86,8 @@ def model(monkeypatch):
 
 
 def test_streams_spread_over_the_response_threads_keep_their_responses_whole_and_in_order(model):
+    from launcher.engines.hf.streams import Stream
     from launcher.hf.outputs import Output
-    from launcher.python_backend.hf_streams import Stream
 
     _, m = model
     assert len(m._queues) == 4 and m._queues[0] is None and len(m._threads) == 3  # shard 0: the receive thread

@@ -15,7 +15,7 @@ from launcher import pbtxt
 from launcher.cli import plan
 from launcher.paths import PACKAGE_ROOT
 from launcher.plan import plan_text
-from launcher.render import RENDERED_TEXT, allocation_step, rank_command, repository_files, sbatch_script
+from launcher.render import allocation_step, copied_files, rank_command, repository_files, sbatch_script
 
 EXPECTED = Path(__file__).resolve().parents[1] / "expected"
 REGEN = os.environ.get("LLMLAUNCH_REGEN") == "1"
@@ -68,14 +68,15 @@ def test_launch_json_round_trips_to_the_same_typed_spec(engine):
     import dataclasses
     import json
 
-    from launcher.schema import ENGINE_SCHEMAS, ClusterConfig, ServeConfig
+    from launcher.engines.registry import schemas
+    from launcher.schema import ClusterConfig, ServeConfig
     from launcher.spec import LaunchSpec
 
     _, spec = plan(overrides_for(engine, "slurm", ["replicas=2", "nodes=2"]))
     back = LaunchSpec.from_json(spec.to_json())
     assert back == spec and back.to_json() == spec.to_json()
     assert (
-        type(back.engine) is ENGINE_SCHEMAS[engine.split("_")[0]]
+        type(back.engine) is schemas()[engine.split("_")[0]]
         and type(back.cluster) is ClusterConfig
         and type(back.serve) is ServeConfig
     )
@@ -96,8 +97,8 @@ def test_engine_repositories_at_tp_and_nodes(engine, tp, nodes):
     if engine == "hf":  # same GPU counts as data-parallel copies (hf tp ranks: tests/integration/test_hf_tp.py)
         extra = [f"replicas={tp}", f"nodes={nodes}"]
     cfg, spec = plan(overrides_for(engine, "luna", extra))
-    files = repository_files(spec)
-    text = "".join(f"### {k}\n{v if k.endswith(RENDERED_TEXT) else '(source)'}\n" for k, v in files.items())
+    files, copied = repository_files(spec), copied_files(spec)
+    text = "".join(f"### {k}\n{'(source)' if k in copied else v}\n" for k, v in files.items())
     cmds = "\n".join(shlex.join(rank_command(spec, r, job_id="J")) for r in spec.ranks)
     check_expected(f"repo_{engine}_tp{tp}_nodes{nodes}.txt", normalise(text + "### commands\n" + cmds + "\n"))
 

@@ -8,7 +8,7 @@ LLM-API python model (`backend: "python"`, v0.17 and later), which reads the
 same parameter names. Every value the seeds fill in with sed is a field of
 `TRTLLMEngineConfig`; unset values are left out instead of left as `${...}`.
 
-Our own preprocessing/postprocessing models (model_repository/trtllm/) serve
+Our own preprocessing/postprocessing models (launcher/engines/trtllm/models/) serve
 the common contract on the ensemble: they also carry `ignore_eos`, the token
 counts and `finish_reason`, so every llmlaunch endpoint answers alike.
 """
@@ -24,7 +24,7 @@ from launcher.engines.trtllm.llmapi import looks_like_engine_dir
 
 
 def check(c) -> List[Tuple[str, str, str]]:
-    """Rules across fields (each field's own domain is declared in launcher/engine_schema.py)."""
+    """Rules across fields (each field's own domain is declared in launcher/engines/trtllm/config.py)."""
     return _fields_check(c) + _path_problems(c)
 
 
@@ -98,16 +98,27 @@ def _instances(e) -> int:
 
 
 def render_models(spec) -> List[RenderedModel]:
-    from tritonclient.grpc import model_config_pb2 as pb
-
     e = spec.engine
-    mbs = e.max_num_seqs
     tok = e.tokenizer_dir or tokenizer_path(spec)
-    inp, out = pbtxt.tensor_input, pbtxt.tensor_output
-    models: List[RenderedModel] = []
+    models = [_preprocessing(e, tok), _tensorrt_llm(e), _postprocessing(e, tok), _ensemble(spec)]
+    if e.bls:
+        bls = pbtxt.python_model(
+            "tensorrt_llm_bls", e.max_num_seqs, {"tensorrt_llm_model_name": "tensorrt_llm", "tokenizer_dir": tok}
+        )
+        models.append(RenderedModel("tensorrt_llm_bls", bls, {"1/model.py": "trtllm/tensorrt_llm_bls/1/model.py"}))
+    return models
 
-    # --- preprocessing: text -> ids, words -> id lists (python backend)
-    pre = pb.ModelConfig(name="preprocessing", backend="python", max_batch_size=mbs)
+
+def _pb():
+    from tritonclient.grpc import model_config_pb2
+
+    return model_config_pb2
+
+
+def _preprocessing(e, tok: str) -> RenderedModel:
+    """text -> ids, words -> id lists (python backend)."""
+    pb, inp, out = _pb(), pbtxt.tensor_input, pbtxt.tensor_output
+    pre = pb.ModelConfig(name="preprocessing", backend="python", max_batch_size=e.max_num_seqs)
     pre.input.extend(
         [
             inp("QUERY", "BYTES", [1]),
@@ -138,12 +149,15 @@ def render_models(spec) -> List[RenderedModel]:
     )
     pre.instance_group.add(count=_instances(e), kind=pb.ModelInstanceGroup.KIND_CPU)
     pbtxt.set_parameters(pre, {"tokenizer_dir": tok, "tokenizer_type": e.tokenizer_type, "add_special_tokens": True})
-    models.append(RenderedModel("preprocessing", pre, {"1/model.py": "trtllm/preprocessing/1/model.py"}))
+    return RenderedModel("preprocessing", pre, {"1/model.py": "trtllm/preprocessing/1/model.py"})
 
-    # --- tensorrt_llm: the engine itself (C++ backend or LLM-API python model)
-    trt = pb.ModelConfig(name="tensorrt_llm", backend=e.backend, max_batch_size=mbs)
+
+def _tensorrt_llm(e) -> RenderedModel:
+    """The engine itself (C++ backend or LLM-API python model)."""
+    pb, inp, out = _pb(), pbtxt.tensor_input, pbtxt.tensor_output
+    trt = pb.ModelConfig(name="tensorrt_llm", backend=e.backend, max_batch_size=e.max_num_seqs)
     trt.model_transaction_policy.decoupled = bool(e.decoupled)
-    trt.dynamic_batching.preferred_batch_size.append(mbs)
+    trt.dynamic_batching.preferred_batch_size.append(e.max_num_seqs)
     trt.dynamic_batching.max_queue_delay_microseconds = int(e.max_queue_delay_microseconds)
     trt.input.extend(
         [
@@ -193,10 +207,13 @@ def render_models(spec) -> List[RenderedModel]:
     if e.max_attention_window_size:
         params["max_attention_window_size"] = e.max_attention_window_size
     pbtxt.set_parameters(trt, params)
-    models.append(RenderedModel("tensorrt_llm", trt, {}, {"1/.keep": ""}))
+    return RenderedModel("tensorrt_llm", trt, {}, {"1/.keep": ""})
 
-    # --- postprocessing: ids -> text, plus the contract's counts and finish reason
-    post = pb.ModelConfig(name="postprocessing", backend="python", max_batch_size=mbs)
+
+def _postprocessing(e, tok: str) -> RenderedModel:
+    """ids -> text, plus the contract's counts and finish reason."""
+    pb, inp, out = _pb(), pbtxt.tensor_input, pbtxt.tensor_output
+    post = pb.ModelConfig(name="postprocessing", backend="python", max_batch_size=e.max_num_seqs)
     post.input.extend(
         [
             inp("TOKENS_BATCH", "INT32", [-1, -1]),
@@ -216,68 +233,73 @@ def render_models(spec) -> List[RenderedModel]:
     )
     post.instance_group.add(count=e.postprocessing_instances or _instances(e), kind=pb.ModelInstanceGroup.KIND_CPU)
     pbtxt.set_parameters(post, {"tokenizer_dir": tok, "tokenizer_type": e.tokenizer_type, "skip_special_tokens": True})
-    models.append(RenderedModel("postprocessing", post, {"1/model.py": "trtllm/postprocessing/1/model.py"}))
+    return RenderedModel("postprocessing", post, {"1/model.py": "trtllm/postprocessing/1/model.py"})
 
-    # --- ensemble: the contract's names on the outside
-    ens = pb.ModelConfig(name=spec.model_name, platform="ensemble", max_batch_size=mbs)
+
+# The ensemble's steps: (model, its inputs from the ensemble's tensors, its outputs to them). The contract's names
+# are on the outside; the tensors between steps start with _.
+PREPROCESSING_STEP = (
+    "preprocessing",
+    {
+        "QUERY": "text_input",
+        "REQUEST_OUTPUT_LEN": "max_tokens",
+        "BAD_WORDS_DICT": "bad_words",
+        "STOP_WORDS_DICT": "stop_words",
+        "END_ID": "end_id",
+        "PAD_ID": "pad_id",
+        "IGNORE_EOS": "ignore_eos",
+        "RANDOM_SEED": "random_seed",
+        "SEED": "seed",
+        "EXCLUDE_INPUT_IN_OUTPUT": "exclude_input_in_output",
+    },
+    {
+        "INPUT_ID": "_INPUT_ID",
+        "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN",
+        "BAD_WORDS_IDS": "_BAD_WORDS_IDS",
+        "STOP_WORDS_IDS": "_STOP_WORDS_IDS",
+        "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN",
+        "OUT_END_ID": "_END_ID",
+        "OUT_PAD_ID": "_PAD_ID",
+        "OUT_RANDOM_SEED": "_RANDOM_SEED",
+    },
+)
+TENSORRT_LLM_STEP = (
+    "tensorrt_llm",
+    {
+        "input_ids": "_INPUT_ID",
+        "input_lengths": "_REQUEST_INPUT_LEN",
+        "request_output_len": "_REQUEST_OUTPUT_LEN",
+        "end_id": "_END_ID",
+        "pad_id": "_PAD_ID",
+        "stop_words_list": "_STOP_WORDS_IDS",
+        "bad_words_list": "_BAD_WORDS_IDS",
+        "beam_width": "beam_width",
+        "temperature": "temperature",
+        "runtime_top_k": "top_k",
+        "runtime_top_p": "top_p",
+        "repetition_penalty": "repetition_penalty",
+        "presence_penalty": "presence_penalty",
+        "frequency_penalty": "frequency_penalty",
+        "min_length": "min_length",
+        "random_seed": "_RANDOM_SEED",
+        "return_log_probs": "return_log_probs",  # accepted as TensorRT-LLM clients send it; none come back
+        "streaming": "stream",
+    },
+    {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"},
+)
+POSTPROCESSING_OUTPUTS = {
+    "OUTPUT": "text_output",
+    "INPUT_TOKENS": "input_tokens",
+    "OUTPUT_TOKENS": "output_tokens",
+    "FINISH_REASON": "finish_reason",
+}
+
+
+def _ensemble(spec) -> RenderedModel:
+    """The contract's names on the outside, the three steps inside."""
+    e = spec.engine
+    ens = _pb().ModelConfig(name=spec.model_name, platform="ensemble", max_batch_size=e.max_num_seqs)
     steps = ens.ensemble_scheduling.step
-
-    def step(model, inputs, outputs):
-        s = steps.add(model_name=model, model_version=-1)
-        for k, v in inputs.items():
-            s.input_map[k] = v
-        for k, v in outputs.items():
-            s.output_map[k] = v
-
-    step(
-        "preprocessing",
-        {
-            "QUERY": "text_input",
-            "REQUEST_OUTPUT_LEN": "max_tokens",
-            "BAD_WORDS_DICT": "bad_words",
-            "STOP_WORDS_DICT": "stop_words",
-            "END_ID": "end_id",
-            "PAD_ID": "pad_id",
-            "IGNORE_EOS": "ignore_eos",
-            "RANDOM_SEED": "random_seed",
-            "SEED": "seed",
-            "EXCLUDE_INPUT_IN_OUTPUT": "exclude_input_in_output",
-        },
-        {
-            "INPUT_ID": "_INPUT_ID",
-            "REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN",
-            "BAD_WORDS_IDS": "_BAD_WORDS_IDS",
-            "STOP_WORDS_IDS": "_STOP_WORDS_IDS",
-            "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN",
-            "OUT_END_ID": "_END_ID",
-            "OUT_PAD_ID": "_PAD_ID",
-            "OUT_RANDOM_SEED": "_RANDOM_SEED",
-        },
-    )
-    step(
-        "tensorrt_llm",
-        {
-            "input_ids": "_INPUT_ID",
-            "input_lengths": "_REQUEST_INPUT_LEN",
-            "request_output_len": "_REQUEST_OUTPUT_LEN",
-            "end_id": "_END_ID",
-            "pad_id": "_PAD_ID",
-            "stop_words_list": "_STOP_WORDS_IDS",
-            "bad_words_list": "_BAD_WORDS_IDS",
-            "beam_width": "beam_width",
-            "temperature": "temperature",
-            "runtime_top_k": "top_k",
-            "runtime_top_p": "top_p",
-            "repetition_penalty": "repetition_penalty",
-            "presence_penalty": "presence_penalty",
-            "frequency_penalty": "frequency_penalty",
-            "min_length": "min_length",
-            "random_seed": "_RANDOM_SEED",
-            "return_log_probs": "return_log_probs",  # accepted as TensorRT-LLM clients send it; none come back
-            "streaming": "stream",
-        },
-        {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH"},
-    )
     post_inputs = {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"}
     if not e.decoupled:
         # Triton refuses an ensemble step mixing tensors of a decoupled model with others
@@ -287,16 +309,16 @@ def render_models(spec) -> List[RenderedModel]:
         post_inputs.update(
             {"REQUEST_INPUT_LEN": "_REQUEST_INPUT_LEN", "REQUEST_OUTPUT_LEN": "_REQUEST_OUTPUT_LEN", "STREAM": "stream"}
         )
-    step(
-        "postprocessing",
-        post_inputs,
-        {
-            "OUTPUT": "text_output",
-            "INPUT_TOKENS": "input_tokens",
-            "OUTPUT_TOKENS": "output_tokens",
-            "FINISH_REASON": "finish_reason",
-        },
-    )
+    for model, inputs, outputs in (
+        PREPROCESSING_STEP,
+        TENSORRT_LLM_STEP,
+        ("postprocessing", post_inputs, POSTPROCESSING_OUTPUTS),
+    ):
+        s = steps.add(model_name=model, model_version=-1)
+        for k, v in inputs.items():
+            s.input_map[k] = v
+        for k, v in outputs.items():
+            s.output_map[k] = v
     # The contract's inputs and outputs that the steps use: Triton refuses an ensemble input no step reads, and a
     # request that sends another (a token-id prompt, top_log_probs) is refused by name.  No step returns log
     # probabilities: the OpenAI API answers a request for them that gets none with a 400 (engine.bls=true refuses it).
@@ -306,11 +328,4 @@ def render_models(spec) -> List[RenderedModel]:
         if t.name == "text_input":  # the one prompt the ensemble takes
             t.optional = False
     ens.output.extend(t for t in pbtxt.contract_outputs() if t.name in used)
-    models.append(RenderedModel(spec.model_name, ens, {}, {"1/.keep": ""}))
-
-    if e.bls:
-        bls = pbtxt.python_model(
-            "tensorrt_llm_bls", mbs, {"tensorrt_llm_model_name": "tensorrt_llm", "tokenizer_dir": tok}
-        )
-        models.append(RenderedModel("tensorrt_llm_bls", bls, {"1/model.py": "trtllm/tensorrt_llm_bls/1/model.py"}))
-    return models
+    return RenderedModel(spec.model_name, ens, {}, {"1/.keep": ""})

@@ -4,7 +4,7 @@ Upstream's Triton layout for current releases is one python model (TensorRT-LLM'
 triton_backend/all_models/llmapi/tensorrt_llm: `1/model.py` builds `tensorrt_llm.LLM(**model.yaml)` on a
 Hugging Face checkpoint, no engine build) and, for several GPUs and nodes, one MPI world started with
 `trtllm-llmapi-launch` (scripts/launch_triton_server.py --trtllm_llmapi_launch puts it in front of every
-rank's tritonserver). Ours keeps that shape with our own model (model_repository/trtllm/llmapi/1/model.py,
+rank's tritonserver). Ours keeps that shape with our own model (launcher/engines/trtllm/models/llmapi.py,
 the common request contract):
 
 * the repository is one decoupled python model (default name `tensorrt_llm`, upstream's) whose

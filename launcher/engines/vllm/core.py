@@ -1,6 +1,6 @@
 """One vLLM engine core with several front ends (`AsyncLLM` clients), as `vllm serve --api-server-count N` runs it.
 
-The served vLLM model (model_repository/vllm, `engine.frontends`) and its in-process yardstick
+The served vLLM model (launcher/engines/vllm/model.py, `engine.frontends`) and its in-process yardstick
 (benchmark/engine_yardstick.py --frontends) build the same layout through these functions: whoever starts the
 core calls `launch_core` (vLLM's own `launch_core_engines` for N clients; it returns once the core has loaded and
 said it is ready), and every front end k builds `client(...)` on the address pair `info["inputs"][k]` /

@@ -1,6 +1,6 @@
 """The hf model's streams inside the Triton python-backend stub: each request's sender state (`Stream`) and the
 responder threads that turn the engine's outputs into Triton responses (`HFStreams`, which the model in
-model_repository/hf/1/model.py takes its response methods from).
+launcher/engines/hf/model.py takes its response methods from).
 
 Its own module: this is the stub's hot path, one response per running stream per engine step, with its own rules
 (a stream's first outputs answered where they arrive, pieces merged per response, first and final responses first,

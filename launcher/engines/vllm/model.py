@@ -1,0 +1,356 @@
+"""llmlaunch's vLLM model: the common contract served by vLLM's async engine.
+
+Targets vLLM's V1 `AsyncLLM` API (written and run against vLLM 0.25; read against
+vllm/v1/engine/async_llm.py, vllm/v1/engine/utils.py, vllm/sampling_params.py and
+vllm/engine/arg_utils.py), with the pre-V1 `AsyncLLMEngine` import as a fallback (same `generate` /
+`abort` shape). Learned from Triton's vllm_backend (src/model.py); written for llmlaunch.
+
+* Engine arguments come from `1/model.json`: the launcher writes model, tokenizer, tensor/pipeline
+  parallel sizes, max_num_seqs, gpu_memory_utilization, dtype, max_model_len and
+  distributed_executor_backend there, and `engine.engine_args` entries override them. Keys
+  `AsyncEngineArgs` does not have are refused with the list of the unknown ones
+  (`disable_log_requests`, removed in vLLM 0.12, is translated to `enable_log_requests`).
+* One instance (`frontends` 1): `AsyncLLM.from_engine_args(...)` on the runtime's event loop
+  (launcher.python_backend.async_runtime); vLLM starts its engine core in a process of its own and
+  this stub is its front end: it tokenizes prompts, detokenizes outputs and sends the responses.
+* Several instances (`frontends` N, the config's instance_group count): N stubs are N front ends of
+  one engine core, as `vllm serve --api-server-count N` runs N API servers. The first instance
+  (Triton's instance name ends in _0) starts the core for N clients (launcher.engines.vllm.core, with
+  vLLM's own `launch_core_engines`) and publishes the clients' ZMQ addresses once it is up
+  (launcher.python_backend.instances); every instance (the first too) then builds an `AsyncLLM` client on
+  its own address pair. The engine core sends each request's outputs to the client that sent it, so
+  each stub detokenizes and answers only its own requests, under its own GIL. If the engine core
+  dies, the first instance stops its tritonserver, so the rank fails instead of a server that looks
+  healthy.
+* Each request is `engine.generate(prompt, SamplingParams(..., output_kind=DELTA), request_id)`, so
+  every RequestOutput carries only new text and tokens (vLLM merges the outputs of several steps
+  when this stub reads them late); cancelled requests get `engine.abort(request_id)`; `finalize`
+  shuts the client and, on the first instance, the engine core down.
+* Contract -> SamplingParams: max_tokens, min_length -> min_tokens, temperature (0 = greedy),
+  top_k (0 -> -1 = off), top_p, repetition/presence/frequency penalties, random_seed/seed
+  -> seed, stop_words -> stop (not returned), bad_words, ignore_eos, end_id -> an extra
+  stop token id (EOS still stops unless ignore_eos). pad_id, exclude_input_in_output and
+  return_log_probs are accepted and ignored.
+* Multi-node (a model copy spanning nodes, `distributed_executor_backend: ray`): this
+  model runs on the copy's leader only; it starts the copy's Ray head on
+  _LLMLAUNCH_DIST_PORT, waits for the other nodes' `ray start` (the engine's
+  rank_command for vllm) and lets vLLM place its workers on that cluster
+  (launcher.engines.ray).
+"""
+
+import dataclasses
+import json
+import os
+import signal
+import threading
+from typing import Optional
+
+from launcher.contract import INPUT_NAMES
+from launcher.kv_events import ENV as KV_EVENTS_ENV, remove_socket_file, vllm_config as vllm_kv_events
+from launcher.python_backend.async_runtime import EngineAdapter, Log, Piece, RuntimeModel
+from launcher.python_backend.logprob_io import LogProbRows
+from launcher.python_backend.triton_io import InvalidRequest
+
+ENGINE_ARGS_FILE = "model.json"
+RENAMED_ARGS = {"disable_log_requests": ("enable_log_requests", lambda v: not _truthy(v))}
+
+
+def _truthy(value):
+    return value if isinstance(value, bool) else str(value).strip().lower() in ("1", "true", "yes", "on")
+
+
+def engine_kwargs(raw: dict, fields: set) -> dict:
+    """model.json -> AsyncEngineArgs kwargs: translate renamed keys, refuse unknown ones."""
+    kwargs = {}
+    for key, value in raw.items():
+        if key not in fields and key in RENAMED_ARGS and RENAMED_ARGS[key][0] in fields:
+            new, convert = RENAMED_ARGS[key]
+            kwargs[new] = convert(value)
+        else:
+            kwargs[key] = value
+    unknown = sorted(set(kwargs) - fields)
+    if unknown:
+        raise ValueError(
+            f"{ENGINE_ARGS_FILE}: vLLM's AsyncEngineArgs has no {unknown}; remove them from engine.engine_args "
+            f"(valid keys are AsyncEngineArgs fields, e.g. {sorted(fields)[:12]} ...)"
+        )
+    return kwargs
+
+
+def sampling_kwargs(p) -> dict:
+    """launcher.python_backend.triton_io.SamplingParams -> vllm.SamplingParams keyword arguments."""
+    kw = {
+        "n": 1,
+        "max_tokens": p.max_tokens,
+        "min_tokens": p.min_tokens,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
+        "top_k": p.top_k if p.top_k > 0 else -1,
+        "repetition_penalty": p.repetition_penalty,
+        "presence_penalty": p.presence_penalty,
+        "frequency_penalty": p.frequency_penalty,
+        "ignore_eos": p.ignore_eos,
+        "skip_special_tokens": True,
+    }
+    if p.seed is not None:
+        kw["seed"] = p.seed
+    if p.stop:
+        kw["stop"] = list(p.stop)
+    if p.bad_words:
+        kw["bad_words"] = list(p.bad_words)
+    if p.end_id is not None:
+        kw["stop_token_ids"] = [p.end_id]
+    if p.logprobs is not None:
+        kw["logprobs"] = p.logprobs
+    if p.prompt_logprobs is not None:
+        kw["prompt_logprobs"] = p.prompt_logprobs
+    if p.guide is not None:
+        kw["structured_outputs"] = structured_outputs(*p.guide)
+    return kw
+
+
+# the contract's guide kinds -> vLLM's StructuredOutputsParams field (json_object: any JSON object)
+_STRUCTURED = {"json": "json_object", "json_schema": "json", "regex": "regex", "ebnf_grammar": "grammar"}
+
+
+def structured_outputs(kind: str, guide: str) -> dict:
+    """A contract guide as vllm.sampling_params.StructuredOutputsParams keyword arguments (vLLM compiles it with
+    its structured-outputs backend, xgrammar by default)."""
+    return {_STRUCTURED[kind]: True if kind == "json" else guide}
+
+
+async def _guide_refused(outputs):
+    """A guided request's outputs, with vLLM's refusal of its guide (a ValueError while it checks and compiles the
+    request, before any output) as an InvalidRequest that names the guide: the client's fault, not the engine's."""
+    first = True
+    try:
+        async for out in outputs:
+            first = False
+            yield out
+    except ValueError as exc:
+        if not first:
+            raise
+        raise InvalidRequest(f"guided_decoding_guide: vLLM cannot compile it: {exc}") from None
+
+
+def logprob_rows(token_ids, per_token, k: int) -> LogProbRows:
+    """vLLM's log probabilities (per token a dict of token id -> Logprob(logprob, rank, ...): the top k by rank and
+    the token itself) as the contract's rows: the token's id and log probability, then the top k, most likely
+    first.  A None entry (a prompt's first token) becomes its id and NaN."""
+    rows = LogProbRows()
+    for tid, d in zip(token_ids, per_token):
+        if d is None:
+            rows.ids.append([tid])
+            rows.lps.append([float("nan")])
+            continue
+        top = sorted((lp.rank, i, lp.logprob) for i, lp in d.items() if lp.rank is not None and lp.rank <= k)
+        own = d.get(tid)
+        rows.ids.append([tid, *(i for _, i, _ in top)])
+        rows.lps.append([own.logprob if own is not None else float("nan"), *(v for _, _, v in top)])
+    return rows
+
+
+def engine_times(metrics) -> Optional[tuple]:
+    """(queued, first token made) of a request, time.monotonic() stamps of vLLM's engine core (RequestOutput.metrics:
+    RequestStateStats' queued_ts and first_token_ts, read against vLLM 0.25), or None where it kept none (statistics
+    off) or they are not both set yet."""
+    queued, made = getattr(metrics, "queued_ts", 0.0), getattr(metrics, "first_token_ts", 0.0)
+    return (queued, made) if queued and made else None
+
+
+class VLLMAdapter(EngineAdapter):
+    name = "vllm"
+    supported = frozenset(INPUT_NAMES)
+
+    def __init__(self, params: dict, version_dir: str, log: Log, model_name: str = "vllm"):
+        self.params = params
+        self.log = log
+        self.model_name = model_name
+        path = os.path.join(version_dir, params.get("engine_args_file", ENGINE_ARGS_FILE))
+        try:
+            with open(path) as f:
+                self.raw_args = json.load(f)
+        except FileNotFoundError:
+            raise FileNotFoundError(
+                f"vllm: {path} is missing; llmlaunch writes it from engine.engine_args (render the repository again)"
+            ) from None
+        self.frontends = int(params.get("frontends", "1") or 1)
+        self.engine = None
+        self.ray_head = None
+        self.share = (
+            None  # launcher.python_backend.instances.InstanceShare when several instances share the engine core
+        )
+        self.core = None  # the first instance of several: vLLM's engine-core process manager
+        self._stopping = False
+
+    async def start(self):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        try:
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError:  # vLLM before the V1 engine
+            from vllm import AsyncLLMEngine as AsyncLLM
+
+        kwargs = engine_kwargs(self.raw_args, {f.name for f in dataclasses.fields(AsyncEngineArgs)})
+        events = os.environ.get(KV_EVENTS_ENV, "")  # serve.routing=kv: the front end reads the events
+        wanted = vllm_kv_events(events) if events else kwargs.get("kv_events_config")
+        if isinstance(wanted, dict):  # engine.engine_args carries plain mappings; AsyncEngineArgs wants the config
+            from vllm.config.kv_events import KVEventsConfig
+
+            kwargs["kv_events_config"] = KVEventsConfig(**wanted)
+        nnodes = int(self.params.get("nnodes", "1") or 1)
+        if nnodes > 1:
+            if kwargs.get("distributed_executor_backend") != "ray":
+                raise ValueError(
+                    f"vllm: a model copy over {nnodes} nodes needs distributed_executor_backend=ray (got {kwargs.get('distributed_executor_backend')!r})"
+                )
+            self.ray_head = _start_ray_head(nnodes, self.log)
+        self.log.info(f"building AsyncLLM with {json.dumps(kwargs, sort_keys=True, default=str)}")
+        try:
+            if self.frontends > 1:
+                self.engine = self._shared_engine_client(kwargs)
+            else:
+                self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+        except BaseException:
+            if self.ray_head is not None:  # the load failed: leave no Ray head behind
+                self.ray_head.stop()
+            self._stop_core()
+            raise
+        model_config = getattr(self.engine, "model_config", None)
+        self.max_model_len = getattr(model_config, "max_model_len", None)
+
+    def _shared_engine_client(self, kwargs):
+        """This instance's AsyncLLM client of the engine core the `frontends` instances share (the first one
+        starts the core)."""
+        from launcher.engines.vllm import core as vllm_core
+        from launcher.python_backend.instances import InstanceShare
+
+        n, index = self.frontends, int(self.params["frontend_index"])
+        self.share = InstanceShare("vllm", self.model_name, index, n)
+        args, config = vllm_core.engine_config(kwargs, n, index)
+        if index == 0:
+            try:
+                self.core, info = vllm_core.launch_core(args, config, n)
+                self.share.publish(info)
+            except BaseException as exc:
+                self.share.fail(f"{type(exc).__name__}: {exc}")
+                raise
+            threading.Thread(target=self._watch_core, name="vllm-core-watch", daemon=True).start()
+        else:
+            # the first front end's engine core loads within the launch's serve.ready_timeout_s (config.pbtxt)
+            info = self.share.wait(float(self.params.get("ready_timeout_s", "") or 3600))
+        self.log.info(f"front end {index} of {n} of one engine core ({'started here' if index == 0 else 'attached'})")
+        # the engine's statistics are logged once, by the first front end; every front end keeps its requests' own
+        return vllm_core.client(config, n, index, info, stats=not args.disable_log_stats, log_stats=index == 0)
+
+    def _watch_core(self):
+        """First instance of several: when the engine core dies, stop this tritonserver so the rank fails."""
+        from multiprocessing.connection import wait
+
+        manager = self.core[0] if self.core else None
+        sentinels = list(manager.sentinels()) if manager is not None else []
+        if not sentinels:
+            return
+        wait(sentinels)
+        if self._stopping:
+            return
+        codes = manager.finished_procs()
+        if codes and all(c in (0, -signal.SIGTERM, -signal.SIGINT) for c in codes.values()):
+            # the server's process group was signalled (a stop): the core went with it, and so does the server
+            self.log.info(f"vLLM's engine core stopped ({codes}); this tritonserver is stopping too")
+        else:
+            self.log.error(
+                f"vLLM's engine core exited ({codes}); stopping this tritonserver so the launcher sees the rank fail"
+            )
+        os.kill(os.getppid(), signal.SIGTERM)
+
+    async def generate(self, request_id, request):
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        p = request.params
+        kw = sampling_kwargs(p)
+        if "structured_outputs" in kw:
+            from vllm.sampling_params import StructuredOutputsParams
+
+            kw["structured_outputs"] = StructuredOutputsParams(**kw["structured_outputs"])
+        sp = SamplingParams(output_kind=RequestOutputKind.DELTA, **kw)
+        prompt = request.prompt if isinstance(request.prompt, str) else {"prompt_token_ids": list(request.prompt)}
+        n_in = n_out = 0
+        prompt_lp = p.prompt_logprobs is not None
+        outputs = self.engine.generate(prompt, sp, request_id)
+        if p.guide is not None:
+            outputs = _guide_refused(outputs)
+        stamps = True  # the first output's: vLLM's own request statistics, where it keeps them (log stats on)
+        async for out in outputs:
+            if out.prompt_token_ids:
+                n_in = len(out.prompt_token_ids)
+            c = out.outputs[0]
+            n_out += len(c.token_ids)
+            finish = None
+            if out.finished:
+                finish = "length" if c.finish_reason == "length" else "stop"
+            piece = Piece(c.text, n_out, n_in, finish)
+            # the prompt tokens its prefix cache served (vLLM V1 counts them at the first prefill; None before V1)
+            piece.cached_tokens = getattr(out, "num_cached_tokens", None)
+            if stamps:
+                stamps = False
+                piece.engine_times = engine_times(getattr(out, "metrics", None))
+            if p.logprobs is not None and c.logprobs:
+                piece.logprobs = logprob_rows(c.token_ids, c.logprobs, p.logprobs)
+            if prompt_lp and out.prompt_logprobs:
+                piece.prompt_logprobs = logprob_rows(out.prompt_token_ids, out.prompt_logprobs, p.prompt_logprobs)
+                prompt_lp = False
+            yield piece
+
+    async def abort(self, request_id):
+        if self.engine is not None:
+            await self.engine.abort(request_id)
+
+    async def stop(self):
+        self._stopping = True
+        try:
+            if self.engine is not None:
+                self.engine.shutdown()
+                self.engine = None
+        finally:
+            self._stop_core()
+            if self.ray_head is not None:
+                self.ray_head.stop()
+            remove_socket_file(os.environ.get(KV_EVENTS_ENV, ""))  # vLLM's publisher leaves its ipc:// file
+
+    def _stop_core(self):
+        self._stopping = True
+        if self.core is not None:
+            from launcher.engines.vllm.core import stop_core
+
+            core, self.core = self.core, None
+            stop_core(core)
+        if self.share is not None:
+            self.share.release()
+
+
+def _start_ray_head(nnodes, log):
+    from launcher.engines.ray import RayHead
+
+    port = int(os.environ.get("_LLMLAUNCH_DIST_PORT", "0") or 0)
+    if not port:
+        raise RuntimeError(
+            "vllm: _LLMLAUNCH_DIST_PORT is not set; multi-node copies are started by `python -m launcher.rank`"
+        )
+    head = RayHead(port, os.environ.get("_LLMLAUNCH_LEADER_ADDR", ""), nnodes, log=log.info)
+    head.start()
+    return head
+
+
+class TritonPythonModel(RuntimeModel):
+    name = "vllm"
+
+    def make_adapter(self, params, args, log):
+        from launcher.python_backend.instances import frontend_params
+
+        config = json.loads(args["model_config"])
+        # the instance_group count (llmlaunch: engine.frontends): this many stubs share one engine core
+        params = frontend_params(params, config, args.get("model_instance_name", ""))
+        return VLLMAdapter(
+            params, os.path.join(args["model_repository"], args["model_version"]), log, config.get("name", "vllm")
+        )
