@@ -44,6 +44,7 @@ import sys
 import time
 import uuid
 
+from benchmark.yardstick_loop import closed_loop, counter, load_rows, parse_loads, print_row
 from launcher.bench import datasets, metrics
 
 
@@ -74,58 +75,9 @@ def samples_for(tokenizer: str, num: int, input_len: int, output_len: int, seed:
     )
 
 
-def parse_loads(items: list) -> list:
-    """["1:32", "64:1000"] -> [(1, 32), (64, 1000)]: concurrency and requests counted."""
-    loads = []
-    for item in items:
-        c, _, n = item.partition(":")
-        loads.append((int(c), int(n) if n else 10 * int(c)))
-    return loads
-
-
-async def _closed_loop(stream_of, samples, streams: int, take, clock: dict) -> list:
-    """`streams` closed-loop workers: each sends the request `take()` names (None: no more) as soon as its previous
-    one ended. `stream_of(sample)` is the engine's request as an async iterator of (new tokens, prompt tokens,
-    finish reason) per output; times are seconds since clock["t0"]."""
-    results = []
-
-    async def one(index: int) -> None:
-        sample = samples[index % len(samples)]
-        t0 = clock["t0"]
-        sent = time.perf_counter() - t0
-        times, n_out, n_in, finish = [], 0, 0, ""
-        async for new, prompt_tokens, reason in stream_of(sample):
-            if new:
-                times.append(time.perf_counter() - t0)
-                n_out += new
-            n_in = prompt_tokens or n_in
-            finish = reason or finish
-        results.append(
-            metrics.RequestResult(
-                index=index,
-                prompt_len=sample.prompt_len,
-                max_tokens=sample.output_len,
-                sent=sent,
-                token_times=times,
-                end=time.perf_counter() - t0,
-                input_tokens=n_in,
-                output_tokens=n_out,
-                responses=len(times),
-                finish_reason=finish,
-            )
-        )
-
-    async def worker() -> None:
-        while (index := take()) is not None:
-            await one(index)
-
-    await asyncio.gather(*(worker() for _ in range(streams)))
-    return results
-
-
 # ----------------------------------------------------------------------------- vLLM
 async def _drive(engine, samples, sampling: dict, streams: int, take, clock: dict) -> list:
-    """_closed_loop on one AsyncLLM: every request streams (output_kind DELTA)."""
+    """closed_loop on one AsyncLLM: every request streams (output_kind DELTA)."""
     from vllm.sampling_params import RequestOutputKind, SamplingParams
 
     async def stream_of(sample):
@@ -134,38 +86,16 @@ async def _drive(engine, samples, sampling: dict, streams: int, take, clock: dic
             c = out.outputs[0]
             yield len(c.token_ids), len(out.prompt_token_ids or ()), (c.finish_reason or "") if out.finished else ""
 
-    return await _closed_loop(stream_of, samples, streams, take, clock)
-
-
-def _counter(start: int, stop: int):
-    """take() for one process: start, start+1, ..., stop-1, then None."""
-    it = iter(range(start, stop))
-    return lambda: next(it, None)
-
-
-async def load_rows(args, drive, path: str, load_s: float) -> list:
-    """Each --concurrency C:N on one engine: C warm-up requests, then N counted in closed loops of C, one row each.
-    `drive(streams, take, clock)` runs closed loops on the engine (_closed_loop over its stream_of)."""
-    rows = []
-    for c, n in parse_loads(args.concurrency):
-        warmup = c if args.warmup < 0 else args.warmup
-        clock = {"t0": time.perf_counter()}
-        await drive(warmup, _counter(0, warmup), clock)
-        clock["t0"] = time.perf_counter()
-        results = await drive(c, _counter(warmup, warmup + n), clock)
-        m = metrics.compute(results, max(r.end for r in results))
-        rows.append({"path": path, "concurrency": c, "requests": n, "load_s": load_s, **m})
-        _print_row(rows[-1])
-    return rows
+    return await closed_loop(stream_of, samples, streams, take, clock)
 
 
 async def vllm_async(args, engine_args: dict, samples) -> list:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    t_start = time.perf_counter()
+    t_start = time.perfcounter()
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
-    load_s = time.perf_counter() - t_start
+    load_s = time.perfcounter() - t_start
     sampling = {"ignore_eos": True, "temperature": 0.0}
     try:
         return await load_rows(
@@ -204,12 +134,12 @@ def _frontend_main(
             for c, count in loads:
                 streams = c // n + (1 if k < c % n else 0)  # C streams spread over the front ends
                 w = streams if warmup < 0 else warmup // n  # each front end warms its own streams up
-                clock = {"t0": time.perf_counter()}
-                await _drive(engine, samples, sampling, w, _counter(0, w), clock)
+                clock = {"t0": time.perfcounter()}
+                await _drive(engine, samples, sampling, w, counter(0, w), clock)
                 ready.put(k)
                 start = go.get()  # the parent's perf_counter (one clock for every process) once all are warm
                 clock["t0"] = start
-                while time.perf_counter() < start:
+                while time.perfcounter() < start:
                     await asyncio.sleep(0.001)
                 stop = (c if warmup < 0 else warmup) + count
                 out = await _drive(engine, samples, sampling, streams, take(stop), clock) if streams else []
@@ -232,9 +162,9 @@ def vllm_async_frontends(args, engine_args: dict, samples) -> list:
     loads = parse_loads(args.concurrency)
     ctx = multiprocessing.get_context("spawn")
     shared, ready, go, results = ctx.Value("l", 0), ctx.Queue(), ctx.Queue(), ctx.Queue()
-    t_start = time.perf_counter()
+    t_start = time.perfcounter()
     core, info = vllm_core.launch_core(*vllm_core.engine_config(engine_args, n, -1), n)
-    load_s = time.perf_counter() - t_start
+    load_s = time.perfcounter() - t_start
     procs = [
         ctx.Process(
             target=_frontend_main,
@@ -250,7 +180,7 @@ def vllm_async_frontends(args, engine_args: dict, samples) -> list:
             for _ in range(n):
                 ready.get(timeout=900)
             shared.value = c if args.warmup < 0 else args.warmup
-            start = time.perf_counter() + 0.05
+            start = time.perfcounter() + 0.05
             for _ in range(n):
                 go.put(start)
             found = [metrics.RequestResult.from_json(d) for _ in range(n) for d in results.get(timeout=900)]
@@ -258,7 +188,7 @@ def vllm_async_frontends(args, engine_args: dict, samples) -> list:
             rows.append(
                 {"path": f"in-process AsyncLLM x{n}", "concurrency": c, "requests": count, "load_s": load_s, **m}
             )
-            _print_row(rows[-1])
+            print_row(rows[-1])
     finally:
         for p in procs:
             p.join(60)
@@ -270,9 +200,9 @@ def vllm_offline(args, engine_args: dict, samples) -> list:
     from vllm import LLM, SamplingParams
 
     kwargs = {k: v for k, v in engine_args.items() if k not in ("enable_log_requests", "disable_log_requests")}
-    t_start = time.perf_counter()
+    t_start = time.perfcounter()
     llm = LLM(**kwargs)
-    load_s = time.perf_counter() - t_start
+    load_s = time.perfcounter() - t_start
     sp = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0.0)
     rows = []
     for batch in args.batch:
@@ -280,9 +210,9 @@ def vllm_offline(args, engine_args: dict, samples) -> list:
         llm.generate(prompts, sp, use_tqdm=False)  # warm-up round
         walls, tokens = [], 0
         for _ in range(args.rounds):
-            t = time.perf_counter()
+            t = time.perfcounter()
             outs = llm.generate(prompts, sp, use_tqdm=False)
-            walls.append(time.perf_counter() - t)
+            walls.append(time.perfcounter() - t)
             tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         best = sorted(walls)[len(walls) // 2]  # the median round
         rows.append(
@@ -303,15 +233,6 @@ def vllm_offline(args, engine_args: dict, samples) -> list:
             flush=True,
         )
     return rows
-
-
-def _print_row(r: dict) -> None:
-    print(
-        f"{r['path']:<22} C={r['concurrency']:>4} n={r['requests']:>5}: {r['output_throughput']:>10.1f} tok/s  "
-        f"TTFT p50 {r['ttft_ms']['p50']:.2f} ms  ITL p50 {r['itl_ms']['p50']:.2f} ms  "
-        f"failed {r['failed']}",
-        flush=True,
-    )
 
 
 def main(argv=None) -> int:

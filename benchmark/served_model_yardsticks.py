@@ -12,7 +12,7 @@ import importlib.util
 import os
 import time
 
-from benchmark.engine_yardstick import _closed_loop, load_rows
+from benchmark.yardstick_loop import closed_loop, load_rows
 from launcher.python_backend.triton_io import SamplingParams
 
 
@@ -65,7 +65,7 @@ async def lmdeploy_async(args, params: dict, samples) -> list:
     try:
         return await load_rows(
             args,
-            lambda streams, take, clock: _closed_loop(stream_of, samples, streams, take, clock),
+            lambda streams, take, clock: closed_loop(stream_of, samples, streams, take, clock),
             f"in-process LMDeploy {backend}",
             load_s,
         )
@@ -105,7 +105,7 @@ async def sglang_async(args, params: dict, samples) -> list:
     try:
         return await load_rows(
             args,
-            lambda streams, take, clock: _closed_loop(stream_of, samples, streams, take, clock),
+            lambda streams, take, clock: closed_loop(stream_of, samples, streams, take, clock),
             f"in-process SGLang ({kwargs.get('attention_backend') or 'default'} attention)",
             load_s,
         )

@@ -235,10 +235,14 @@ SLURM_TIME = r"(\d+-)?\d{1,2}:\d{2}:\d{2}|\d+"
 
 
 def eval_tasks() -> Tuple[str, ...]:
-    """bench.eval's choices: llmlaunch-bench --eval's tasks (launcher/bench/evaluate.py TASKS)."""
-    from launcher.bench.evaluate import TASKS
+    """bench.eval's choices: llmlaunch-bench --eval's tasks (launcher/data/eval_tasks.json, which
+    launcher/bench/evaluate.py runs)."""
+    import json
 
-    return tuple(TASKS)
+    from launcher.paths import EVAL_TASKS
+
+    with open(EVAL_TASKS) as f:
+        return tuple(json.load(f)["tasks"])
 
 
 def time_minutes(t: str) -> int:

@@ -13,6 +13,7 @@ from pathlib import Path
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]  # the checkout: launcher/, conf/, model_repository/
 CONF_DIR = PACKAGE_ROOT / "conf"  # Hydra's config groups
 REPO_SOURCES = PACKAGE_ROOT / "model_repository"  # the python models a rendered repository copies
+EVAL_TASKS = PACKAGE_ROOT / "launcher" / "data" / "eval_tasks.json"  # llmlaunch-bench --eval's tasks (lm-eval fields)
 CACHE_ENV = "LLMLAUNCH_CACHE"
 
 

@@ -24,24 +24,14 @@ import sys
 import tempfile
 import urllib.request
 
-from launcher.paths import PACKAGE_ROOT
+from launcher.paths import EVAL_TASKS, PACKAGE_ROOT
 
 DATA = os.path.join(PACKAGE_ROOT, "launcher", "data", "arithmetic.jsonl")
 QUESTION = "Question: What is {{a}} plus {{b}}?\nAnswer:"
-TASKS = {
-    "arithmetic": {
-        "output_type": "generate_until",
-        "doc_to_target": " {{answer}}",
-        "generation_kwargs": {"until": ["\n", "."], "max_gen_toks": 8, "do_sample": False, "temperature": 0.0},
-        "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True}],
-    },
-    "arithmetic_choice": {
-        "output_type": "multiple_choice",
-        "doc_to_choice": "{{choices}}",
-        "doc_to_target": "{{label}}",
-        "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True}],
-    },
-}
+# lm-eval's task fields for each task over DATA: launcher/data/eval_tasks.json, which the config's bench.eval also
+# takes its choices from (launcher.domains.eval_tasks)
+with open(EVAL_TASKS) as _f:
+    TASKS = json.load(_f)["tasks"]
 PREFIX = "llmlaunch_"  # the tasks' names in lm-eval (apart from its own tasks of the same names)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-from typing import TYPE_CHECKING, Dict, List, Tuple
+from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 from grpc import aio
 from tritonclient.grpc import service_pb2
@@ -24,8 +24,18 @@ from launcher.frontend.wire import (
     _response_id_patch,
 )
 
-if TYPE_CHECKING:
-    from launcher.frontend.proxy import Frontend
+
+class Routes(Protocol):
+    """What a session asks of the front end (launcher.frontend.proxy.Frontend): where a request goes, and whether new
+    requests are refused."""
+
+    draining: str  # why new requests are refused ("" while they are taken)
+    rejected: int  # requests refused so far (the session counts its own)
+
+    def pick_for(self, request) -> Optional[Replica]: ...
+
+    def no_replica_message(self, tried: Sequence[Replica] = ()) -> str: ...
+
 
 _OUTBOX_HIGH, _OUTBOX_LOW = 256, 64  # responses queued for one client stream: pumps wait above HIGH until LOW
 
@@ -182,7 +192,7 @@ class _Link:
 class Session:
     """One client ModelStreamInfer stream; its requests spread over the replicas."""
 
-    def __init__(self, fe: "Frontend", context):
+    def __init__(self, fe: Routes, context):
         self.fe = fe
         self.context = context
         self.links: Dict[Tuple[int, str, str], _Link] = {}  # open backend streams, by (replica, model, version)

@@ -1,19 +1,21 @@
-"""The layout's rules, checked over the source: no import cycle in launcher/ (imports inside functions count: a cycle
-kept alive by a late import is still one), no product file over 500 lines, no function over 80 lines in
-launcher/rank, and scheduler facts read from the scheduler classes instead of `cluster.scheduler` comparisons."""
+"""The layout's rules, checked over the source: launcher/'s packages in layers that import only downwards, no import
+cycle in launcher/ or benchmark/ (imports inside functions and under `if TYPE_CHECKING:` count: a cycle kept alive by
+a late import or a type hint is still one), no product file over 500 lines, no function over 80 lines in launcher/,
+and scheduler facts read from the scheduler classes instead of `cluster.scheduler` comparisons."""
 
 from __future__ import annotations
 
 import ast
 import re
 from pathlib import Path
-from typing import Dict, List, Set
+from typing import Dict, List, Optional, Set
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "launcher"
+BENCHMARK = ROOT / "benchmark"
 PRODUCT = ("launcher", "model_repository", "benchmark", "sbatch", "scripts")
 MAX_FILE_LINES = 500
-MAX_RANK_FUNCTION_LINES = 80
+MAX_FUNCTION_LINES = 80
 
 
 def module_name(path: Path) -> str:
@@ -23,39 +25,31 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def _type_checking(node: ast.AST) -> bool:
-    test = getattr(node, "test", None)
-    return isinstance(node, ast.If) and isinstance(test, ast.Name) and test.id == "TYPE_CHECKING"
-
-
 def imported_modules(path: Path, modules: Set[str]) -> Set[str]:
-    """The launcher modules `path` imports anywhere in it (functions included; `if TYPE_CHECKING:` blocks, which never
-    run, left out). `from launcher.x import y` is launcher.x.y where that is a module, else launcher.x."""
+    """The modules of `modules` that `path` imports anywhere in it (functions and `if TYPE_CHECKING:` blocks included).
+    `from pkg.x import y` is pkg.x.y where that is a module, else pkg.x."""
     tree = ast.parse(path.read_text(), str(path))
-    skip = {id(n) for node in ast.walk(tree) if _type_checking(node) for n in ast.walk(node)}
     me = module_name(path)
     package = me if path.name == "__init__.py" else me.rpartition(".")[0]
     out: Set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name.split(".")[0] == "launcher"}
+            out |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 base = ".".join(
                     package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else [])
                 )
-            if base.split(".")[0] != "launcher":
-                continue
             for a in node.names:
                 out.add(f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base)
     return {m for m in out if m in modules and m != me}
 
 
-def import_graph() -> Dict[str, Set[str]]:
-    files = [p for p in PACKAGE.rglob("*.py") if "testing/models" not in p.as_posix()]
+def import_graph(top: Path = PACKAGE) -> Dict[str, Set[str]]:
+    """module -> the modules of the same top package it imports (launcher's fixture models, run by Triton alone,
+    left out)."""
+    files = [p for p in top.rglob("*.py") if "testing/models" not in p.as_posix()]
     modules = {module_name(p) for p in files}
     return {module_name(p): imported_modules(p, modules) for p in files}
 
@@ -100,11 +94,104 @@ def test_the_import_graph_finds_a_cycle_where_there_is_one():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-def test_no_import_cycle_in_launcher():
-    found = cycles(import_graph())
+def test_no_import_cycle_in_launcher_or_benchmark():
+    for top in (PACKAGE, BENCHMARK):
+        found = cycles(import_graph(top))
+        assert found == [], (
+            f"import cycles in {top.name}/ (each a set of modules that import each other, late imports and type "
+            "hints included): " + "; ".join(" <-> ".join(c) for c in found)
+        )
+
+
+# launcher/'s layers, lowest first: a module may import its own layer's and lower layers' modules only. A unit is a
+# top-level module or package of launcher/ (launcher.frontend, launcher.rundir), the engines' packages split by what
+# runs where (ENGINE_RUNTIME).
+LAYERS = {
+    # what every process may use: errors, paths, ports, log text, the request contract, the typed hand-offs between
+    # processes and the shared process helpers
+    "base": (
+        "launcher",
+        "errors",
+        "paths",
+        "ports",
+        "logtext",
+        "stage",
+        "contract",
+        "readiness",
+        "kv_events",
+        "jobindex",
+        "handoff",
+        "procs",
+    ),
+    # from a command line to a validated spec and the text of what would run: pure
+    "plan": ("domains", "schema", "spec", "pbtxt", "engines", "models", "tiny", "render", "compose", "validate"),
+    # the processes that serve and measure: they get their config as data and import nothing that launches
+    "serve": ("python_backend", "hf", "engine runtime", "frontend", "openai_api", "client", "bench"),
+    # starting, following and stopping jobs on this machine or Slurm, and what a launch records
+    "launch": (
+        "rundir",
+        "record",
+        "triton",
+        "triton_install",
+        "hostcheck",
+        "schedulers",
+        "localslurm",
+        "logs",
+        "triage",
+        "sweep",
+        "plan",
+        "cli",
+        "testing",
+    ),
+    # one rank of a job: starts its server and, on rank 0, the serving processes
+    "rank": ("rank",),
+}
+# The engines' code that Triton's python backend runs (their model modules and what those import of their own):
+# it serves, while each engine package's Engine and Config are part of the plan.
+ENGINE_RUNTIME = re.compile(r"launcher\.engines\.\w+\.(model|core|streams|models(\.\w+)?)$")
+
+
+def unit_of(module: str) -> str:
+    if ENGINE_RUNTIME.match(module):
+        return "engine runtime"
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def layer_of(module: str) -> Optional[int]:
+    unit = unit_of(module)
+    return next((i for i, units in enumerate(LAYERS.values()) if unit in units), None)
+
+
+def upward_imports(graph: Dict[str, Set[str]]) -> List[str]:
+    """Each import of a module in a higher layer than the importer's, as 'importer (layer) -> imported (layer)'."""
+    names = list(LAYERS)
+    return sorted(
+        f"{m} ({names[layer_of(m)]}) -> {d} ({names[layer_of(d)]})"
+        for m, deps in graph.items()
+        for d in deps
+        if layer_of(d) > layer_of(m)
+    )
+
+
+def test_every_unit_of_launcher_has_a_layer():
+    missing = sorted({unit_of(m) for m in import_graph() if layer_of(m) is None})
+    assert missing == [], f"give these units of launcher/ a layer in LAYERS: {missing}"
+
+
+def test_the_layer_check_finds_an_upward_import():
+    assert upward_imports({"launcher.frontend.server": {"launcher.rank.rank"}}) == [
+        "launcher.frontend.server (serve) -> launcher.rank.rank (rank)"
+    ]
+    assert upward_imports({"launcher.rank.rank": {"launcher.frontend.server"}}) == []
+    assert layer_of("launcher.engines.vllm.model") == layer_of("launcher.frontend") != layer_of("launcher.engines.vllm")
+
+
+def test_launcher_imports_only_downwards_through_its_layers():
+    found = upward_imports(import_graph())
     assert found == [], (
-        "import cycles (each a set of modules that import each other, late imports included): "
-        + "; ".join(" <-> ".join(c) for c in found)
+        "imports that reach up a layer (tests/unit/test_structure.py LAYERS says which unit is where; move the code "
+        "both need down, or hand the lower one data): " + "; ".join(found)
     )
 
 
@@ -126,18 +213,18 @@ def test_no_product_file_is_over_500_lines():
     assert long == [], f"files over {MAX_FILE_LINES} lines (split them where their parts do different jobs): {long}"
 
 
-def test_no_function_in_launcher_rank_is_over_80_lines():
+def test_no_function_in_launcher_is_over_80_lines():
     long = []
-    for p in sorted((PACKAGE / "rank").glob("*.py")):
+    for p in sorted(PACKAGE.rglob("*.py")):
         for node in ast.walk(ast.parse(p.read_text())):
             if (
                 isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
-                and node.end_lineno - node.lineno + 1 > MAX_RANK_FUNCTION_LINES
+                and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
             ):
                 long.append(
                     f"{p.relative_to(ROOT)}:{node.lineno} {node.name}: {node.end_lineno - node.lineno + 1} lines"
                 )
-    assert long == []
+    assert long == [], f"functions over {MAX_FUNCTION_LINES} lines (split them by what their parts do): {long}"
 
 
 def test_scheduler_facts_come_from_the_scheduler_classes():
