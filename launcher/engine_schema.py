@@ -180,7 +180,7 @@ class VLLMEngineConfig(EngineConfig):
             fix="set {key}=1, or 4 on a GPU node",
         ),
         4,
-    )  # stub processes (model instances) that are front ends of one vLLM engine core, as vllm serve --api-server-count: each tokenizes, detokenizes and sends the responses of its share of the requests under its own GIL. One H100, 128 closed streams: 1 kept up only by merging 17 tokens a response (first token +170 ms over vLLM in-process), 4 added none (docs/performance.md); 1 costs least at one stream
+    )  # stub processes (model instances) that are front ends of one vLLM engine core, as vllm serve --api-server-count: each tokenizes, detokenizes and sends the responses of its share of the requests under its own GIL. One H100, 128 closed streams: 1 kept up only by merging 17 tokens a response (first token +170 ms over vLLM in-process), 4 added none (docs/performance/vllm.md, host B); 1 costs least at one stream
 
 
 @dataclass
@@ -198,7 +198,7 @@ class SGLangEngineConfig(EngineConfig):
             fix="set {key}=1, or 4 on a GPU node",
         ),
         4,
-    )  # stub processes (model instances) that are front ends of one SGLang engine, as SGLang's server runs tokenizer_worker_num HTTP workers: each tokenizes, detokenizes and sends the responses of its share of the requests under its own GIL. One H200, 64 closed streams: 4 cut TTFT p50 from 94 to 41 ms and ITL p50 from 38 to 6 ms (1 sends ~14 tokens a response); 1 costs 1.5 ms less at one stream (docs/performance.md)
+    )  # stub processes (model instances) that are front ends of one SGLang engine, as SGLang's server runs tokenizer_worker_num HTTP workers: each tokenizes, detokenizes and sends the responses of its share of the requests under its own GIL. One H200, 64 closed streams: 4 cut TTFT p50 from 94 to 41 ms and ITL p50 from 38 to 6 ms (1 sends ~14 tokens a response); 1 costs 1.5 ms less at one stream (docs/performance/sglang.md)
 
 
 @dataclass
