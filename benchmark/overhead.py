@@ -1,4 +1,4 @@
-"""What serving costs the `hf` engine (the hf figures of docs/performance.md; benchmark/gpu/one_gpu.sh steps 3-4).
+"""What serving costs the `hf` engine (the hf figures of docs/performance/hf.md; benchmark/gpu/one_gpu.sh steps 3-4).
 
 The same engine in-process, in its own process, and served through tritonserver + gRPC, on the same requests.
 

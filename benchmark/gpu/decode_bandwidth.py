@@ -1,4 +1,4 @@
-"""How far the hf engine's batch-1 decode is from the memory-bandwidth limit (docs/performance.md, one_gpu.sh).
+"""How far the hf engine's batch-1 decode is from the memory-bandwidth limit (docs/performance/hf.md, one_gpu.sh).
 
     python -m benchmark.gpu.decode_bandwidth --model /tmp/llama-1b [--tokens 512]
 

@@ -1,4 +1,4 @@
-"""tp and replicas of the hf engine on one multi-GPU host, through `llmlaunch` (docs/performance.md, multi_gpu.sh).
+"""tp and replicas of the hf engine on one multi-GPU host, through `llmlaunch` (docs/performance/hf.md, multi_gpu.sh).
 
     python -m benchmark.gpu.multi_gpu --model /tmp/llama-1b --gpus 2 --concurrency 1 64 128
     python -m benchmark.gpu.multi_gpu --model /tmp/llama-1b --gpus 4 --layouts tp1 tp2 tp4 rep2 rep2tp2

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU: the serving path of the hf engine against the same engine in-process and in its own process
 # (the served path minus the stub, tritonserver and gRPC), static-batch generate as the yardstick, and
-# batch-1 decode against the memory-bandwidth limit: the figures of docs/performance.md's hf engine table.
+# batch-1 decode against the memory-bandwidth limit: the figures of docs/performance/hf.md's earlier-leases table.
 #
 #   benchmark/gpu/one_gpu.sh [OUT_DIR]        # default OUT_DIR: ./gpu-results
 #

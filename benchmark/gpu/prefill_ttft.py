@@ -1,4 +1,4 @@
-"""Time to first token of the hf engine on one GPU, with and without prompt CUDA graphs (docs/performance.md).
+"""Time to first token of the hf engine on one GPU, with and without prompt CUDA graphs (docs/performance/hf.md).
 
     python -m benchmark.gpu.prefill_ttft --model /tmp/llama-1b [--lengths 16 128 512 2000] [--requests 20]
 

@@ -1,4 +1,4 @@
-"""Tensor parallelism of the hf engine in-process on several GPUs, with and without CUDA graphs (docs/performance.md).
+"""The hf engine in-process, tensor parallel on several GPUs, with and without CUDA graphs (docs/performance/hf.md).
 
     python -m benchmark.gpu.tp_graphs --model /tmp/llama-1b --configs tp1 tp2-graphs tp2-eager tp1-graphs tp2
     python -m benchmark.gpu.tp_graphs --model /tmp/llama-1b --dtype float32 --configs tp1-eager tp2-eager \\

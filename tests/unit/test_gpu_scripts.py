@@ -145,7 +145,7 @@ _MODULE = re.compile(r"-m (benchmark(?:\.\w+)+)")
 
 def test_every_benchmark_path_and_module_named_exists():
     scripts = [f for f in sorted((ROOT / "benchmark").rglob("*")) if f.suffix in (".py", ".sh")]
-    texts = [*scripts, *sorted((ROOT / "docs").glob("*.md"))]
+    texts = [*scripts, *sorted((ROOT / "docs").rglob("*.md"))]
     texts += [ROOT / "README.md", ROOT / "benchmark" / "README.md"]
     missing = []
     for f in texts:

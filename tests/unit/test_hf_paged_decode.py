@@ -1,7 +1,7 @@
 """The hf engine's paged decode attention kernel (launcher/hf/paged_decode.py) against the gather path it replaces on
 GPUs, run here in Triton's interpreter on CPU (TRITON_INTERPRET=1, tests/unit/conftest.py): the same kernel source the GPU compiles, at its
 Python API boundary; its compiled speed and the on-device check are measured on the lent GPU
-(docs/performance.md, the paged KV cache rows)."""
+(docs/performance/hf.md, the paged KV cache rows)."""
 
 from __future__ import annotations
 

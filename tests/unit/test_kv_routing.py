@@ -2,7 +2,7 @@
 
 The events are built as vLLM 0.25 publishes them (vllm/distributed/kv_events.py: a KVEventBatch encoded with msgspec as
 the array [ts, events, dp_rank], each event a map tagged by "type", the engine's block hashes as 32-byte strings),
-which is vLLM's API boundary: vLLM itself needs a GPU and runs on the GPU machine (docs/performance.md).  The hf
+which is vLLM's API boundary: vLLM itself needs a GPU and runs on the GPU machine (docs/performance/routing.md).  The hf
 engine's own publisher (launcher.kv_events.Publisher) sends the same, and its events are tested from the real engine
 in tests/integration/test_frontend.py."""
 

@@ -28,4 +28,4 @@ class SGLangEngineConfig(EngineConfig):
             fix="set {key}=1, or 4 on a GPU node",
         ),
         4,
-    )  # stub processes (model instances) that are front ends of one SGLang engine, as SGLang's server runs tokenizer_worker_num HTTP workers: each tokenizes, detokenizes and sends the responses of its share of the requests under its own GIL. One H200, 64 closed streams: 4 cut TTFT p50 from 94 to 41 ms and ITL p50 from 38 to 6 ms (1 sends ~14 tokens a response); 1 costs 1.5 ms less at one stream (docs/performance.md)
+    )  # stub processes (model instances) that are front ends of one SGLang engine, as SGLang's server runs tokenizer_worker_num HTTP workers: each tokenizes, detokenizes and sends the responses of its share of the requests under its own GIL. One H200, 64 closed streams: 4 cut TTFT p50 from 94 to 41 ms and ITL p50 from 38 to 6 ms (1 sends ~14 tokens a response); 1 costs 1.5 ms less at one stream (docs/performance/sglang.md)
