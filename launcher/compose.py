@@ -13,7 +13,7 @@ from typing import Any, Dict, List, Tuple
 from launcher.engines.registry import schemas as engine_schemas
 from launcher.errors import LaunchError
 from launcher.paths import CONF_DIR, cache_root
-from launcher.record import override_keys, pinned_values
+from launcher.replay import override_keys, pinned_values
 from launcher.schema import BenchConfig, ClusterConfig, LaunchConfig, ModelConfig, field_domain
 
 GROUPS = ("cluster", "engine", "model", "bench")

@@ -7,5 +7,5 @@ supervise.py   the fail-fast / lose-a-replica rule and the waits that notice an 
 frontend.py    rank 0 with replicas > 1: the front end over every replica leader
 drain.py       the time limit's drain, as the rank and its child services agree on it
 child.py       a supervised child service of a rank (the front end, the OpenAI API)
-main.py        the entry points: `python -m launcher.rank RUN_DIR`, submitit's `RankMain`
+main.py        the entry point: `python -m launcher.rank RUN_DIR` (every Slurm task and local rank runs it)
 """

@@ -1,7 +1,7 @@
 """The per-rank entry points: one of these per Slurm task (or per local rank).
 
-python -m launcher.rank <run_dir>          # what srun / the local launcher starts
-RankMain(run_dir)()                        # what submitit pickles and runs in each task
+python -m launcher.rank <run_dir>    # what every Slurm task (launcher.schedulers.slurm.RankProgram) and every local
+                                     # rank runs
 """
 
 from __future__ import annotations
@@ -39,20 +39,6 @@ def run_rank(run_dir: str, environ: Optional[Mapping[str, str]] = None, log_path
 
     log = Path(log_path) if log_path else own_log(run, topo)
     return Rank(run, spec, topo, environ, log, say, inherit_output=log_path is None).run()
-
-
-class RankMain:
-    """The callable submitit pickles: every Slurm task runs it once."""
-
-    def __init__(self, run_dir: str):
-        self.run_dir = run_dir
-
-    def __call__(self) -> int:
-        code = run_rank(self.run_dir)
-        if code:
-            # A non-zero task exit makes srun (--kill-on-bad-exit) end every rank.
-            raise SystemExit(code)
-        return code
 
 
 def main(argv: Optional[List[str]] = None) -> None:

@@ -1,7 +1,7 @@
 """Slurm: submit through submitit, follow the job to READY, report, stop.
 
 `launch` is the only function here that submits. It writes the run dir,
-submits `RankMain(run_dir)` with the parameters `launcher.render` computed
+submits `RankProgram(run_dir)` with the parameters `launcher.render` computed
 (the dry run printed the same sbatch text), then follows the job: queue state
 and Slurm's reason while PENDING, each leader's readiness while RUNNING, and a
 failing rank's name, node and log tail if one dies. It returns once rank 0
@@ -49,12 +49,32 @@ def triage_text(run: RunDir, settle_s: float = 2.0) -> str:
         return f"\n(llmlaunch-logs failed: {e})"
 
 
+class RankProgram:
+    """What submitit pickles and every Slurm task runs: `python -m launcher.rank RUN_DIR`, inside the task's own
+    process. The launch layer starts a rank as a program, by its module and the run dir, as the local launcher does,
+    and imports nothing of it; a rank's non-zero exit raises SystemExit, which srun (--kill-on-bad-exit) turns into
+    the whole job stopping."""
+
+    def __init__(self, run_dir: str):
+        self.run_dir = run_dir
+
+    def __call__(self) -> int:
+        import runpy
+
+        sys.argv = ["python -m launcher.rank", self.run_dir]
+        try:
+            runpy.run_module("launcher.rank", run_name="__main__", alter_sys=True)
+        except SystemExit as e:
+            if e.code:
+                raise
+        return 0
+
+
 def submit(spec: LaunchSpec, run_dir: str, record: Optional[Dict] = None):
     """Write the run dir and submit. Nothing is left half-submitted: if sbatch refuses, the
     run dir is removed and Slurm's reason is raised as a LaunchError."""
     import submitit
 
-    from launcher.rank.main import RankMain
     from launcher.render import submitit_parameters
 
     if shutil.which("sbatch") is None:
@@ -71,7 +91,7 @@ def submit(spec: LaunchSpec, run_dir: str, record: Optional[Dict] = None):
     executor = submitit.SlurmExecutor(folder=str(run), python=spec.python)
     executor.update_parameters(**submitit_parameters(spec, str(run)))
     try:
-        job = executor.submit(RankMain(str(run)))
+        job = executor.submit(RankProgram(str(run)))
     except Exception as e:  # sbatch refused: bad partition, too many GPUs, ...
         reason = getattr(e, "stderr", None) or getattr(e, "output", None) or str(e)
         if isinstance(reason, bytes):

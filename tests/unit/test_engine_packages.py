@@ -51,9 +51,10 @@ def test_an_engine_kept_elsewhere_dry_runs_through_its_entry_point(tmp_path):
     plan = run.stdout
     assert "  name: echo\n  model_name: echo_model\n  max_num_seqs: 8\n" in plan  # its Config's defaults composed
     assert "  prefix: said\n" in plan
-    assert "===== file model_repository/echo_model/1/model.py =====\n" + triton_entry(
-        "tests.standins.echo_engine.model"
-    ) in plan + "\n"
+    assert (
+        "===== file model_repository/echo_model/1/model.py =====\n" + triton_entry("tests.standins.echo_engine.model")
+        in plan + "\n"
+    )
     assert 'key: "prefix"\n  value {\n    string_value: "said"' in plan  # its config.pbtxt, rendered by its Engine
     assert "gRPC endpoint: rank 0, 127.0.0.1:8001, model echo_model" in plan
     assert plan.count("--model-repository=") == 2  # one tritonserver per replica

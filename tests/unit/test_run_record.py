@@ -28,7 +28,8 @@ from launcher.readiness import (
     slurm_time,
     triton_log_marks,
 )
-from launcher.record import RECORD_SCHEMA, base_record, join_record, pinned_values, read_record
+from launcher.record import RECORD_SCHEMA, base_record, join_record, read_record
+from launcher.replay import pinned_values
 from launcher.rundir import RunDir
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -124,7 +124,19 @@ LAYERS = {
         "procs",
     ),
     # from a command line to a validated spec and the text of what would run: pure
-    "plan": ("domains", "schema", "spec", "pbtxt", "engines", "models", "tiny", "render", "compose", "validate"),
+    "plan": (
+        "domains",
+        "schema",
+        "spec",
+        "pbtxt",
+        "engines",
+        "models",
+        "tiny",
+        "render",
+        "replay",
+        "compose",
+        "validate",
+    ),
     # the processes that serve and measure: they get their config as data and import nothing that launches
     "serve": ("python_backend", "hf", "engine runtime", "frontend", "openai_api", "client", "bench"),
     # starting, following and stopping jobs on this machine or Slurm, and what a launch records

@@ -26,7 +26,9 @@ class TritonPythonModel:
             for i in range(n):
                 last = i == n - 1
                 out = [
-                    pb_utils.Tensor("text_output", np.array([[(" " + words[i] if words else "").encode()]], np.object_)),
+                    pb_utils.Tensor(
+                        "text_output", np.array([[(" " + words[i] if words else "").encode()]], np.object_)
+                    ),
                     pb_utils.Tensor("input_tokens", np.array([[len(words)]], np.int32)),
                     pb_utils.Tensor("output_tokens", np.array([[i + 1]], np.int32)),
                     pb_utils.Tensor("finish_reason", np.array([[b"length" if last else b""]], np.object_)),
