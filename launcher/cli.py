@@ -71,7 +71,10 @@ def execute(cfg, spec, overrides: Optional[List[str]] = None, from_record: str =
 
     run_dir = cfg.get("run_dir") or default_run_dir(spec)
     if cfg.dry_run:
+        from launcher.hostcheck import before_dry_run
         from launcher.plan import plan_text
+
+        before_dry_run(cfg)  # the model's shape where this host can read it; nothing about this host's GPUs or ports
 
         if from_record:
             sys.stdout.write(f"from record: {from_record}\noverrides: {' '.join(overrides or []) or '(none)'}\n")
@@ -213,24 +216,33 @@ def main(argv: Optional[List[str]] = None) -> None:
             sys.exit(code)
         return
     if not wants_help:
-        try:
-            check_words(argv)
-            check_group_choices(argv)
-            if not multirun:
-                # Hydra flags or hydra.* overrides: Hydra composes and `run` validates; a value that does not
-                # compose exits 2 with our message before Hydra prints its own.
-                composed(overrides)
-            else:
-                # Multirun: only check that each swept value composes (same message, exit 2, nothing run).
-                # Validation is per point (launcher/sweep/point.py): an invalid point becomes its failure.json.
-                from launcher.sweep.plan import check_sweep
-
-                check_sweep(overrides)
-        except LaunchError as e:
-            print(e.render(), file=sys.stderr)
-            sys.exit(2)
+        _exit_on_launch_error(check_composes, argv, overrides, multirun)
+    elif not any(a == "--hydra-help" or a.startswith(_OTHER_CONFIG) for a in argv):
+        # --cfg / --info compose the config too: a misspelled key or a bad value is ours to report, not Hydra's
+        _exit_on_launch_error(check_composes, argv, [a for a in overrides if "=" in a], multirun)
     sys.argv = [sys.argv[0]] + argv
     _hydra_entry()
+
+
+# Hydra's flags that compose another config than conf/config.yaml: what they compose is not ours to check
+_OTHER_CONFIG = ("-cn", "-cp", "-cd", "--config-name", "--config-path", "--config-dir")
+
+
+def check_composes(argv: List[str], overrides: List[str], multirun: bool) -> None:
+    """Before Hydra's entry point: every word is an override, every group choice exists, and the overrides compose
+    (a value that does not, or a key the config has no place for, raises LaunchError with our message, before
+    Hydra prints its own)."""
+    check_words(argv)
+    check_group_choices(argv)
+    if not multirun:
+        # Hydra flags or hydra.* overrides: Hydra composes and `run` validates.
+        composed(overrides)
+    else:
+        # Multirun: only check that each swept value composes (same message, exit 2, nothing run).
+        # Validation is per point (launcher/sweep/point.py): an invalid point becomes its failure.json.
+        from launcher.sweep.plan import check_sweep
+
+        check_sweep(overrides)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from launcher.errors import LaunchError
 from launcher.paths import CONF_DIR, cache_root
 from launcher.replay import override_keys, pinned_values
 from launcher.schema import BenchConfig, ClusterConfig, LaunchConfig, ModelConfig, field_domain
+from launcher.suggest import unknown_choice, unknown_key
 
 GROUPS = ("cluster", "engine", "model", "bench")
 
@@ -28,7 +29,8 @@ def available(group: str) -> List[str]:
 
 
 def check_group_choices(argv: List[str]) -> None:
-    """Hydra's own message for `engine=foo` is a traceback-ish exit 1; ours lists the choices, exit 2."""
+    """Hydra's own message for `engine=foo` is a traceback-ish exit 1; ours names the closest profile (`engine=vlm`:
+    vllm) and lists the choices, exit 2."""
     problems = []
     for arg in argv:
         if arg.startswith("-") or "=" not in arg:
@@ -42,7 +44,7 @@ def check_group_choices(argv: List[str]) -> None:
                         (
                             f"{key}={v}",
                             f"no such {key} profile in {CONF_DIR / key}",
-                            f"choose one of: {', '.join(available(key))}",
+                            unknown_choice(key, v, available(key)),
                         )
                     )
     if problems:
@@ -122,15 +124,28 @@ def compose(overrides: List[str]):
 
 
 def composed(overrides: List[str]):
-    """Overrides -> the composed config, with a bad group choice or a value that does not compose as a LaunchError."""
+    """Overrides -> the composed config, with a bad group choice or a value that does not compose as a LaunchError.
+    Hydra stops at the first key the config has no place for; each is left out and the rest composed again, so
+    every misspelled key is named at once (with the closest valid one, launcher/suggest.py)."""
     check_words(overrides)
     check_group_choices(overrides)
-    try:
-        return compose(overrides)
-    except LaunchError:
-        raise
-    except Exception as e:  # Hydra/OmegaConf type and key errors: make them ours
-        raise LaunchError(hydra_problem(e)) from None
+    problems: List[Tuple[str, str, str]] = []
+    rest = list(overrides)
+    while True:
+        try:
+            cfg = compose(rest)
+        except LaunchError:
+            raise
+        except Exception as e:  # Hydra/OmegaConf type and key errors: make them ours
+            problems.append(hydra_problem(e))
+            left = [o for o in rest if o.partition("=")[0] != problems[-1][0]]
+            if not str(e).startswith("Could not override") or len(left) == len(rest):
+                raise LaunchError(problems) from None
+            rest = left
+            continue
+        if problems:
+            raise LaunchError(problems)
+        return cfg
 
 
 # How to quote, for both layers: the shell splits an argument at spaces, Hydra reads ; ( ) [ ] { } $ ` as syntax.
@@ -202,13 +217,9 @@ def hydra_problem(e: Exception):
             "are its syntax",
             QUOTING,
         )
-    if str(e).startswith("Could not override"):
+    if str(e).startswith("Could not override"):  # a key the config has no place for (struct mode)
         k = str(e).split("'")[1] if "'" in str(e) else override
-        return (
-            k,
-            "no such key in the config",
-            "check the spelling (`llmlaunch --cfg job` prints every key); to add a new key use +key=value",
-        )
+        return unknown_key(k, _engine_named(lines))
     domain = field_domain(key) if key else None
     fix = (
         domain.fix_line(key)
@@ -216,6 +227,12 @@ def hydra_problem(e: Exception):
         else f"give {key or 'it'} a value of the type launcher/schema.py declares for it"
     )
     return (override or key or "override", why, fix)
+
+
+def _engine_named(lines: List[str]) -> str:
+    """The engine whose dataclass Hydra looked a key up in (its error's `object_type=VLLMEngineConfig`), or ""."""
+    kind = next((ln.split("=", 1)[1].strip() for ln in lines if ln.startswith("object_type=")), "")
+    return next((name for name, cls in engine_schemas().items() if cls.__name__ == kind), "")
 
 
 _ABSENT = object()  # a key the composed config does not have

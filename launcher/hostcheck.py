@@ -7,7 +7,9 @@ path is visible. On this machine and the local Slurm cluster (`cluster.paths_on_
 (an HPC cluster submitted to from a login node, which usually mounts the shared filesystem) a path this host does
 not see is a warning and the launch goes on, since the nodes may see it. A GPU is looked for on a local launch
 only. `check(config, probe)` returns (problems, warnings); the GPU probe is a parameter so tests can give either
-answer; `before_launch(cfg)` is the launch's one call. A dry run checks none of this: it prints the plan and touches nothing.
+answer; `before_launch(cfg)` is the launch's one call. A dry run (`before_dry_run(cfg)`) checks only the model's
+shape, which needs nothing but files read on this host: it must plan a site cluster's job from a laptop, whose GPUs,
+programs and paths are not the nodes'.
 """
 
 from __future__ import annotations
@@ -336,5 +338,16 @@ def before_launch(cfg, say: Callable[[str], None]) -> None:
     problems, warnings = check(typed_config(plain(cfg))[0])
     for w in warnings:
         say(f"warning: {w}")
+    if problems:
+        raise LaunchError(problems)
+
+
+def before_dry_run(cfg) -> None:
+    """A composed, validated config about to be planned, not launched: raise LaunchError with what the model's shape
+    refuses (tp and pp, `parallel_problems`, the error a launch gives). The shape is model.path's config.json where
+    this host has the folder (a site cluster's dry run may name a path only its nodes see: then nothing is checked)
+    or a made model's own; no path, GPU or program is looked for."""
+    c = typed_config(plain(cfg))[0]
+    problems = parallel_problems(c, ENGINES[c.engine.name])
     if problems:
         raise LaunchError(problems)

@@ -19,25 +19,20 @@ from launcher.errors import LaunchError
 from launcher.schedulers.registry import SCHEDULERS
 from launcher.schema import EngineConfig, LaunchConfig, build
 from launcher.spec import LaunchSpec, build_ranks, layout, plain
+from launcher.suggest import unknown_key
 
 
 def typed_config(c: Mapping[str, Any]) -> Tuple[LaunchConfig, List[Tuple[str, str, str]]]:
     """A composed config as plain data -> the schema's dataclasses (the engine's own, by engine.name), and a
-    problem for each key no dataclass has (an unknown engine is reported by build_spec)."""
+    problem for each key no dataclass has, naming the closest one it has (an unknown engine is reported by
+    build_spec)."""
     ename = c["engine"].get("name")
     known = ename in ENGINES
     engine, unknown = build(ENGINES[ename].Config if known else EngineConfig, c["engine"], "engine.")
     if not known:
         unknown = []
     launch, more = build(LaunchConfig, {**c, "engine": engine})
-    return launch, [
-        (
-            k,
-            "no such key in launcher/schema.py" + (f" for engine={ename}" if k.startswith("engine.") else ""),
-            "check the spelling (`llmlaunch --cfg job` prints every key)",
-        )
-        for k in unknown + more
-    ]
+    return launch, [unknown_key(k, ename) for k in unknown + more]
 
 
 def check_walltime(problems, cluster, serve, requeue: bool, scheduler) -> None:

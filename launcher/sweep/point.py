@@ -78,10 +78,12 @@ def _validate(cfg, config) -> Tuple[Any, List[str]]:
     spec = None
     try:
         spec = build_spec(cfg)
-        if not config.get("dry_run"):  # what this host sees (paths, a GPU), before a server is launched for it
-            from launcher.hostcheck import before_launch
+        from launcher.hostcheck import before_dry_run, before_launch
 
+        if not config.get("dry_run"):  # what this host sees (paths, a GPU), before a server is launched for it
             before_launch(cfg, say)
+        else:  # only the model's shape, as a dry run of one launch checks it
+            before_dry_run(cfg)
     except LaunchError as e:
         problems += [f"{w}: {why} (fix: {fix})" for w, why, fix in e.problems]
     problems += bench_problems(config.get("bench", {}))

@@ -170,7 +170,7 @@ def test_a_command_is_looked_for_on_path(tmp_path):
     assert problems[0][1] == "not executable"
 
 
-def test_a_sweep_point_that_launches_is_checked_and_a_dry_one_is_not(tmp_path):
+def test_a_sweep_point_that_launches_is_checked_and_a_dry_one_only_for_the_models_shape(tmp_path):
     from launcher.sweep.point import _validate
 
     args = ["bench=sharegpt_small", "model.make=", "model.path=/nonexistent-model"]
@@ -178,6 +178,9 @@ def test_a_sweep_point_that_launches_is_checked_and_a_dry_one_is_not(tmp_path):
     assert any("model.path='/nonexistent-model'" in p and "fix:" in p for p in problems), problems
     _, problems = _validate(compose(args + ["dry_run=true"]), plain(compose(args + ["dry_run=true"])))
     assert problems == []
+    dry = ["bench=sharegpt_small", "cluster=local_slurm", "tp=2", "nodes=2", "dry_run=true"]  # the made model's 9 heads
+    _, problems = _validate(compose(dry), plain(compose(dry)))
+    assert len(problems) == 1 and problems[0].startswith("tp=2: tp does not divide its 9 attention heads"), problems
 
 
 def shaped_folder(path: Path, **shape) -> Path:
@@ -279,3 +282,78 @@ def test_the_api_key_file_is_read_as_the_api_will_read_it_before_anything_starts
         assert problems[0][0] == f"serve.api_key_file={str(key)!r}" and "first line" in problems[0][2]
     problems, _ = check([f"serve.api_key_file={tmp_path / 'none'}"])
     assert len(problems) == 1 and "no such file" in problems[0][1], problems
+
+
+SMALL = dict(num_attention_heads=9, num_key_value_heads=3, num_hidden_layers=4)  # SmolLM2-135M's heads, few layers
+
+
+def dry_run(args, tmp_path, **env):
+    """`llmlaunch ARGS dry_run=true` as a user runs it, HOME and the working folder empty."""
+    import os
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    return subprocess.run(
+        [sys.executable, "-m", "launcher.cli", *args, "dry_run=true"],
+        capture_output=True,
+        text=True,
+        cwd=home,
+        env={**os.environ, "HOME": str(home), **env},
+        timeout=120,
+    )
+
+
+def test_a_dry_run_refuses_a_tp_the_model_folder_cannot_take_as_a_launch_does(tmp_path):
+    """model.path's config.json is read in a dry run too: the launch's error, exit 2, before the plan is printed."""
+    hf = shaped_folder(tmp_path / "nine", **SMALL)
+    r = dry_run([f"model.path={hf}", "tp=5"], tmp_path)
+    assert r.returncode == 2 and r.stdout == "", r
+    launch_problems, _ = check([f"model.path={hf}", "tp=5"], GPU)  # what before_launch raises on a launch
+    assert r.stderr.strip() == hostcheck.LaunchError(launch_problems).render(), r.stderr
+    assert "tp=5: tp does not divide its 9 attention heads" in r.stderr and "use tp=1, 3 with engine=hf" in r.stderr
+    assert dry_run([f"model.path={hf}", "tp=3"], tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize(
+    "args,found",
+    [
+        (["engine=vllm", "pp=5"], ("pp=5", "the model has 4 layers")),
+        (["cluster=slurm", "tp=5"], ("tp=5", "9 attention heads")),  # a site cluster's plan: the folder is here
+    ],
+)
+def test_a_dry_run_checks_the_shape_on_any_cluster(args, found, tmp_path):
+    from launcher.cli import plan
+
+    hf = shaped_folder(tmp_path / "nine", **SMALL)
+    cfg, _ = plan([f"model.path={hf}", *args, "dry_run=true"])
+    with pytest.raises(hostcheck.LaunchError) as e:
+        hostcheck.before_dry_run(cfg)
+    assert [p[0] for p in e.value.problems] == [found[0]] and found[1] in e.value.problems[0][1], e.value.problems
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        # the GPU, the programs, the ports and the paths are a launch's (the nodes' for a site cluster): not a plan's
+        ["engine.device=cuda"],
+        ["cluster.tritonserver=/nonexistent-tritonserver", "cluster.python=no-such-python-here"],
+        ["serve.api_key_file=/nonexistent-key"],
+        # a folder this host does not have: a site cluster's path, its shape unknown here, so nothing is checked
+        ["cluster=slurm", "model.path=/nonexistent-model", "tp=5"],
+        ["model.make=", "model.path=/nonexistent-model", "tp=5"],
+    ],
+)
+def test_a_dry_run_looks_for_nothing_else_on_this_host(args, tmp_path):
+    r = dry_run(args, tmp_path, CUDA_VISIBLE_DEVICES="")
+    assert r.returncode == 0 and "===== rank layout" in r.stdout, r.stderr
+    problems, warnings = check(args, NO_GPU)
+    assert problems or warnings, "each of these a launch's check refuses or warns about: a dry run leaves it out"
+
+
+def test_a_dry_run_checks_a_made_models_shape_before_it_is_made(tmp_path):
+    r = dry_run(["cluster=local_slurm", "tp=2", "nodes=2"], tmp_path)
+    assert r.returncode == 2 and r.stdout == "", r
+    assert "tp=2: tp does not divide its 9 attention heads or its 3 KV heads (model=smollm2)" in r.stderr
+    assert list((tmp_path / "home").iterdir()) == []  # a made model is not made for a plan

@@ -94,15 +94,15 @@ CASES = [
     ),
     (["engine=hf", "model.make=", "model.path="], "model.path=''", "model=tiny"),
     (["cluster=luna", "cluster.container.image="], "cluster.container.image=''", "pyxis"),
-    (["nosuchkey=1"], "nosuchkey", "+key=value"),
+    (["nosuchkey=1"], "nosuchkey", "check the spelling"),
     (
         ["engine=vllm", "model.path=/m", "+engine.gpu_mem=0.5"],
         "engine.gpu_mem",
         "no such key in launcher/schema.py for engine=vllm",
     ),
-    # a free mapping's keys need no `+`; a key beside it still does, and another engine's mapping is refused
-    (["engine=vllm", "model.path=/m", "engine.gpu_mem=0.5"], "engine.gpu_mem", "+key=value"),
-    (["cluster.envs.X=1"], "cluster.envs.X", "+key=value"),
+    # a free mapping's keys need no `+`; a key beside it is still refused, and another engine's mapping too
+    (["engine=vllm", "model.path=/m", "engine.gpu_mem=0.5"], "engine.gpu_mem", "no such key in launcher/schema.py"),
+    (["cluster.envs.X=1"], "cluster.envs.X", "did you mean cluster.env.X?"),
     (
         ["engine=hf", "engine.engine_args.enforce_eager=true"],
         "engine.engine_args",
