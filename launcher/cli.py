@@ -28,10 +28,10 @@ from launcher.errors import LaunchError
 
 def plan(overrides: List[str]):
     """Overrides -> (cfg, spec): the one path from a command line to a validated LaunchSpec. Raises LaunchError on any bad value."""
-    from launcher.validate import build_spec
+    from launcher.schedulers.registry import validated
 
     cfg = composed(overrides)
-    return cfg, build_spec(cfg)
+    return cfg, validated(cfg)
 
 
 def _is_sweep_point(cfg) -> bool:
@@ -44,7 +44,7 @@ def _is_sweep_point(cfg) -> bool:
 
 def run(cfg) -> int:
     """The Hydra task (multirun points, or a launch given Hydra flags): validate, then `execute`."""
-    from launcher.validate import build_spec
+    from launcher.schedulers.registry import validated
 
     # Multirun with a load profile (`llmlaunch -m ... bench=<profile>`): this job is one sweep point.
     # launcher/sweep/point.py validates it, launches or reuses a server, measures, and records result.json
@@ -56,11 +56,11 @@ def run(cfg) -> int:
     from hydra.core.hydra_config import HydraConfig
 
     overrides = [str(o) for o in HydraConfig.get().overrides.task] if HydraConfig.initialized() else []
-    return execute(cfg, build_spec(cfg), overrides)
+    return execute(cfg, validated(cfg), overrides)
 
 
 def execute(cfg, spec, overrides: Optional[List[str]] = None, from_record: str = "") -> int:
-    """Dry run, or the scheduler's launch (local serve / Slurm submit), of a validated spec (`build_spec(cfg)`).
+    """Dry run, or the scheduler's launch (local serve / Slurm submit), of a validated spec (`validated(cfg)`).
     `overrides` (the command line that composed `cfg`) and `from_record` go into the run record."""
     import dataclasses
 
@@ -128,13 +128,13 @@ def launch_from_record(path: str, overrides: List[str]) -> int:
     """`llmlaunch --from-record RUN_DIR/record.json [overrides]`: the recorded launch again, the overrides on top."""
     from launcher.compose import config_from_record
     from launcher.record import read_record
-    from launcher.validate import build_spec
+    from launcher.schedulers.registry import validated
 
     record = read_record(path)
     cfg, line, gone = config_from_record(record, overrides)
     for key in gone:
         print(f"llmlaunch: the record's {key} is not a setting of this llmlaunch; left out", file=sys.stderr)
-    return execute(cfg, build_spec(cfg), line, from_record=str(Path(path).absolute()))
+    return execute(cfg, validated(cfg), line, from_record=str(Path(path).absolute()))
 
 
 def _hydra_entry():

@@ -21,7 +21,6 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple, Union
 Problem = Tuple[str, str, str]
 
 # The choices of the config's fixed-choice fields (launcher/schema.py declares which field takes which)
-SCHEDULERS = ("local", "slurm")  # cluster.scheduler: the registry launcher.schedulers holds one class for each
 ROUTINGS = (
     "least_outstanding",
     "prefix",

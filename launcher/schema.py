@@ -23,7 +23,6 @@ from launcher.domains import (
     GPU_REQUESTS,
     MPI_TYPES,
     ROUTINGS,
-    SCHEDULERS,
     SLURM_TIME,
     Choice,
     Flag,
@@ -74,7 +73,9 @@ class ContainerConfig:
 @dataclass
 class ClusterConfig:
     name: str = arg(Name(), MISSING)  # profile name, shown in plans and job names
-    scheduler: str = arg(Choice(SCHEDULERS), "local")  # local (this machine, no Slurm) | slurm
+    scheduler: str = arg(
+        Name(), "local"
+    )  # local (this machine, no Slurm) | slurm: the registry launcher/schedulers/registry.py (launcher/validate.py checks it against its choices)
     partition: str = arg(SbatchToken(), "")  # sbatch --partition; empty = the site default
     account: str = arg(SbatchToken(), "")  # sbatch --account
     qos: str = arg(SbatchToken(), "")  # sbatch --qos

@@ -1,4 +1,4 @@
-"""Composed config -> validated, frozen launch spec: `build_spec(cfg)` is the one validation step. Pure: reads nothing,
+"""Composed config -> validated, frozen launch spec: `build_spec(cfg, schedulers)` is the one validation step. Pure: reads nothing,
 writes nothing.
 
 It collects every problem it finds (value, why, fix) and raises them together as a `LaunchError`, so a user fixes a
@@ -16,7 +16,6 @@ from launcher import domains
 from launcher.domains import PUBLIC_PORTS, SLURM_TIME, time_minutes
 from launcher.engines.registry import ENGINES
 from launcher.errors import LaunchError
-from launcher.schedulers.registry import SCHEDULERS
 from launcher.schema import EngineConfig, LaunchConfig, build
 from launcher.spec import LaunchSpec, build_ranks, layout, plain
 from launcher.suggest import unknown_key
@@ -106,22 +105,35 @@ def kv_routing_problems(ename: str, edef, engine) -> List[Tuple[str, str, str]]:
     return []
 
 
-def build_spec(cfg) -> LaunchSpec:
-    """Validate a composed config (OmegaConf or plain dict) and return the frozen spec."""
+def build_spec(cfg, schedulers: Mapping[str, Any]) -> LaunchSpec:
+    """Validate a composed config (OmegaConf or plain dict) and return the frozen spec. `schedulers`: the choices of
+    cluster.scheduler, name -> the scheduler's class, whose facts (launcher/schedulers/base.py) the rules read; the
+    launch layer hands them in (launcher.schedulers.registry.validated), so validating needs nothing that launches."""
     c, problems = typed_config(plain(cfg))
-    cluster, engine, model, serve = c.cluster, c.engine, c.model, c.serve
-    container = cluster.container
-
-    # --- every field against the domain launcher/schema.py declares beside it (launcher/domains.py)
+    # --- every field against the domain launcher/schema.py declares beside it (launcher/domains.py); the registries
+    # are engine.name's and cluster.scheduler's
     problems += domains.problems(c)
-    ename = engine.name
-    if ename not in ENGINES:  # the registry is engine.name's domain
-        problems += domains.Choice(tuple(sorted(ENGINES))).problems("engine.name", ename)
-
-    # --- rules across fields
-    scheduler = SCHEDULERS[cluster.scheduler] if cluster.scheduler in SCHEDULERS else None  # None: its domain says why
+    if c.engine.name not in ENGINES:
+        problems += domains.Choice(tuple(sorted(ENGINES))).problems("engine.name", c.engine.name)
+    scheduler = schedulers.get(c.cluster.scheduler)
     if scheduler is None:
+        problems += domains.Choice(tuple(sorted(schedulers))).problems("cluster.scheduler", c.cluster.scheduler)
         raise LaunchError(problems)
+    # --- rules across fields
+    problems += cluster_problems(c, scheduler)
+    lay = None
+    edef = ENGINES.get(c.engine.name)
+    if edef is not None:
+        lay = engine_problems(c, edef, scheduler, problems)
+    if problems:
+        raise LaunchError(problems)
+    return make_spec(c, edef, scheduler, lay)
+
+
+def cluster_problems(c: LaunchConfig, scheduler) -> List[Tuple[str, str, str]]:
+    """The cluster's rules: what its scheduler starts, its container, its nodes, the ports rank 0 offers, its time
+    limit."""
+    cluster, serve, problems = c.cluster, c.serve, []
     if scheduler.starts_mpi_world and cluster.mpi == "none":
         problems.append(
             (
@@ -130,7 +142,7 @@ def build_spec(cfg) -> LaunchSpec:
                 "set cluster.mpi=pmix (or pmi2)",
             )
         )
-    if container.runtime == "pyxis" and not container.image:
+    if cluster.container.runtime == "pyxis" and not cluster.container.image:
         problems.append(
             (
                 "cluster.container.image=''",
@@ -138,12 +150,10 @@ def build_spec(cfg) -> LaunchSpec:
                 "set cluster.container.image=<registry#image:tag> or cluster.container.runtime=none",
             )
         )
-    tp, pp, nodes, replicas = c.tp, c.pp, c.nodes, c.replicas
-    gpn = cluster.gpus_per_node
-    if scheduler.on_this_machine and nodes != 1:
+    if scheduler.on_this_machine and c.nodes != 1:
         problems.append(
             (
-                f"nodes={nodes}",
+                f"nodes={c.nodes}",
                 f"cluster={cluster.name} runs on this one machine",
                 "use nodes=1, or a Slurm cluster profile (cluster=local_slurm, cluster=slurm)",
             )
@@ -155,56 +165,59 @@ def build_spec(cfg) -> LaunchSpec:
             problems.append((f"serve.{k}={p}", f"the same port as serve.{seen[p]}", f"give serve.{k} its own port"))
         seen.setdefault(p, k)
     check_walltime(problems, cluster, serve, bool(c.requeue), scheduler)
+    return problems
 
-    edef = ENGINES.get(ename)
-    if edef is not None and not edef.tp_any_divisor and isinstance(tp, int) and tp >= 1 and tp & (tp - 1):
+
+def engine_problems(c: LaunchConfig, edef, scheduler, problems: List[Tuple[str, str, str]]):
+    """The engine's rules (appended to `problems`): tp as the engine takes it, the rank layout, a copy over nodes,
+    the engine's own check, kv routing. Returns the layout (launcher.spec.layout), None where it was not placed."""
+    engine, tp, pp = c.engine, c.tp, c.pp
+    if not edef.tp_any_divisor and isinstance(tp, int) and tp >= 1 and tp & (tp - 1):
         problems.append(
             (
                 f"tp={tp}",
-                f"engine={ename} takes tp as a power of two: the GPU counts its tensor-parallel "
+                f"engine={engine.name} takes tp as a power of two: the GPU counts its tensor-parallel "
                 "kernels and all-reduce are built for (vLLM and the hf engine take any tp that divides the model's heads)",
                 "use tp=1, 2, 4 or 8",
             )
         )
     lay = None
-    if edef is not None and not any(
-        p[0].startswith(("tp=", "pp=", "nodes=", "replicas=", "cluster.gpus_per_node")) for p in problems
-    ):
-        lay = layout(edef.layout, tp, pp, replicas, nodes, gpn, problems)
+    if not any(p[0].startswith(("tp=", "pp=", "nodes=", "replicas=", "cluster.gpus_per_node")) for p in problems):
+        lay = layout(edef.layout, tp, pp, c.replicas, c.nodes, c.cluster.gpus_per_node, problems)
         if lay is not None and lay[3] > 1 and not edef.spans_nodes(engine):
             problems.append(
                 (
-                    f"engine={ename} with tp*pp={tp * pp} over {lay[3]} nodes",
+                    f"engine={engine.name} with tp*pp={tp * pp} over {lay[3]} nodes",
                     edef.why_single_node(engine),
                     f"keep a model copy on one node: tp*pp <= {lay[2]} GPUs per node (use replicas for more nodes)",
                 )
             )
-    if edef is not None:
-        problems.extend(edef.check(c, scheduler))
-        if serve.routing == "kv":
-            problems.extend(kv_routing_problems(ename, edef, engine))
-    if problems:
-        raise LaunchError(problems)
+    problems.extend(edef.check(c, scheduler))
+    if c.serve.routing == "kv":
+        problems.extend(kv_routing_problems(engine.name, edef, engine))
+    return lay
 
+
+def make_spec(c: LaunchConfig, edef, scheduler, lay) -> LaunchSpec:
+    """The frozen spec of a config with no problems: its ranks placed by the layout."""
     tasks_per_node, gpus_per_task, used, _ = lay
-    ranks = build_ranks(edef.workers_load(engine), tp, pp, replicas, nodes, tasks_per_node, gpus_per_task)
-    host = serve.host or ("127.0.0.1" if scheduler.on_this_machine else "0.0.0.0")
+    ranks = build_ranks(edef.workers_load(c.engine), c.tp, c.pp, c.replicas, c.nodes, tasks_per_node, gpus_per_task)
     return LaunchSpec(
         job_name=c.job_name,
-        cluster=cluster,
-        engine=engine,
-        model=model,
-        serve=serve,
+        cluster=c.cluster,
+        engine=c.engine,
+        model=c.model,
+        serve=c.serve,
         bench=c.bench,
-        tp=tp,
-        pp=pp,
-        nodes=nodes,
-        replicas=replicas,
+        tp=c.tp,
+        pp=c.pp,
+        nodes=c.nodes,
+        replicas=c.replicas,
         tasks_per_node=tasks_per_node,
         gpus_per_task=gpus_per_task,
         gpus_per_node_used=used,
-        model_name=edef.model_name(engine),
-        host=host,
+        model_name=edef.model_name(c.engine),
+        host=c.serve.host or ("127.0.0.1" if scheduler.on_this_machine else "0.0.0.0"),
         ranks=ranks,
         requeue=bool(c.requeue),
         loopback=scheduler.on_this_machine,

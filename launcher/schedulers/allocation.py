@@ -71,6 +71,7 @@ class AllocationScheduler(Scheduler):
 
     name = "allocation"
     job_placeholder = "${SLURM_JOB_ID}"
+    profile_choice = False  # a sweep point's own allocation (launcher/sweep/point.py), which no profile names
     time_limit = True
     starts_mpi_world = True
 

@@ -66,6 +66,9 @@ class Scheduler:
     # The ranks are one MPI world that the scheduler's launcher starts (srun --mpi=...): cluster.mpi may not be
     # none, and an engine whose server is the MPI program (TensorRT-LLM's trtllm-llmapi-launch) can run on it.
     starts_mpi_world = False
+    # A cluster profile may name it as cluster.scheduler (a sweep point's own allocation is chosen by llmlaunch, not
+    # by a profile).
+    profile_choice = True
 
     def dryrun(self, spec, run_dir: str) -> Request:
         raise NotImplementedError

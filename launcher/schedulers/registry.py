@@ -1,7 +1,7 @@
-"""The schedulers llmlaunch launches with, by name: one class per `cluster.scheduler` value (launcher.domains.
-SCHEDULERS lists the names a profile may give), and "allocation" for a sweep point that is its own Slurm
-allocation. Adding a scheduler is one class (launcher/schedulers/base.py says what it answers and which facts it
-states) and its entry here."""
+"""The schedulers llmlaunch launches with, by name: one class per `cluster.scheduler` value (those whose
+`profile_choice` is true: the names a cluster profile may give), and "allocation" for a sweep point that is its own
+Slurm allocation. Adding a scheduler is one class (launcher/schedulers/base.py says what it answers and which facts
+it states) and its entry here."""
 
 from __future__ import annotations
 
@@ -26,8 +26,20 @@ def get(name: str) -> Scheduler:
 
 
 def for_spec(spec) -> Scheduler:
-    """The scheduler of a spec's (or a typed config's) cluster.scheduler, validated against launcher.domains.SCHEDULERS."""
+    """The scheduler of a spec's (or a typed config's) cluster.scheduler, validated against `choices()`."""
     return get(spec.cluster.scheduler)
+
+
+def choices() -> Dict[str, Type[Scheduler]]:
+    """cluster.scheduler's choices: the schedulers a cluster profile may name."""
+    return {name: cls for name, cls in SCHEDULERS.items() if cls.profile_choice}
+
+
+def validated(cfg):
+    """A composed config -> the validated spec (launcher.validate.build_spec), against these schedulers' facts."""
+    from launcher.validate import build_spec
+
+    return build_spec(cfg, choices())
 
 
 def names() -> List[str]:

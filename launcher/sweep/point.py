@@ -72,12 +72,12 @@ def run_point(cfg) -> int:
 
 def _validate(cfg, config) -> Tuple[Any, List[str]]:
     from launcher.errors import LaunchError
-    from launcher.validate import build_spec
+    from launcher.schedulers.registry import validated
 
     problems = []
     spec = None
     try:
-        spec = build_spec(cfg)
+        spec = validated(cfg)
         from launcher.hostcheck import before_dry_run, before_launch
 
         if not config.get("dry_run"):  # what this host sees (paths, a GPU), before a server is launched for it

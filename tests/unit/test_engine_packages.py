@@ -123,13 +123,13 @@ def test_the_engines_render_only_entries_that_exist():
     """Every python model file a built-in engine copies is one of those entries."""
     from launcher.compose import compose
     from launcher.render import copied_files
-    from launcher.validate import build_spec
+    from launcher.schedulers.registry import validated
 
     for name, layout in [(n, "") for n in ENGINES if n != "trtllm"] + [("trtllm", "llmapi"), ("trtllm", "ensemble")]:
         overrides = [f"engine={name}", "model.path=/models/m", "cluster=luna"]
         if layout:
             overrides += [f"engine.layout={layout}", "engine.engine_dir=/models/e", "engine.bls=true"]
-        spec = build_spec(compose(overrides))
+        spec = validated(compose(overrides))
         for m in ENGINES[name].models(spec):
             for rel, source in m.files.items():
                 assert (ROOT / "model_repository" / source).is_file(), (name, rel, source)

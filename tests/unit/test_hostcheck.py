@@ -9,8 +9,9 @@ import pytest
 
 from launcher import hostcheck
 from launcher.compose import compose
+from launcher.schedulers.registry import validated
 from launcher.spec import plain
-from launcher.validate import build_spec, typed_config
+from launcher.validate import typed_config
 from tests.unit.test_field_domains import make_hf_folder
 
 GPU = lambda: (True, "a GPU for this test")  # noqa: E731
@@ -19,7 +20,7 @@ NO_GPU = lambda: (False, "no /dev/nvidia[0-9]* device files; no nvidia-smi on PA
 
 def check(overrides, probe=NO_GPU):
     cfg = compose(overrides)
-    build_spec(cfg)  # the values are valid: what is left is what the host shows
+    validated(cfg)  # the values are valid: what is left is what the host shows
     return hostcheck.check(typed_config(plain(cfg))[0], probe)
 
 

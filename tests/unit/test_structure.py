@@ -134,6 +134,7 @@ LAYERS = {
         "tiny",
         "render",
         "replay",
+        "suggest",
         "compose",
         "validate",
     ),

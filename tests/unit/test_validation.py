@@ -224,7 +224,9 @@ def test_cli_validates_a_launch_once(monkeypatch, capsys):
 
     calls = []
     real = launcher.validate.build_spec
-    monkeypatch.setattr(launcher.validate, "build_spec", lambda cfg: calls.append(1) or real(cfg))
+    monkeypatch.setattr(
+        launcher.validate, "build_spec", lambda cfg, schedulers: calls.append(1) or real(cfg, schedulers)
+    )
     cli.main(
         ["cluster=luna", "engine=trtllm", "tp=8", "engine.engine_dir=/e", "model.path=/m", "run_dir=/x", "dry_run=true"]
     )
