@@ -1,5 +1,6 @@
 """The layout's rules, checked over the source: no import cycle in launcher/ (imports inside functions count: a cycle
-kept alive by a late import is still one), no product file over 500 lines, no function over 80 lines in
+kept alive by a late import is still one), launcher/procs below everything and launcher/rank above the children it
+starts, no product file over 500 lines, no function over 80 lines in
 launcher/rank, and scheduler facts read from the scheduler classes instead of `cluster.scheduler` comparisons."""
 
 from __future__ import annotations
@@ -106,6 +107,21 @@ def test_no_import_cycle_in_launcher():
         "import cycles (each a set of modules that import each other, late imports included): "
         + "; ".join(" <-> ".join(c) for c in found)
     )
+
+
+def test_the_process_helpers_are_below_what_uses_them():
+    """launcher/procs imports nothing of launcher/ outside itself, and the rank's children (the front end, the OpenAI
+    API, launcher/triton.py) import nothing of launcher/rank, which starts them: no package loop between them."""
+    graph = import_graph()
+    above = {m: sorted(i for i in graph[m] if not i.startswith("launcher.procs")) for m in graph}
+    assert {m: i for m, i in above.items() if m.startswith("launcher.procs") and i} == {}
+    children = ("launcher.frontend", "launcher.openai_api", "launcher.triton", "launcher.procs")
+    rank = {
+        m: sorted(i for i in graph[m] if i.startswith("launcher.rank"))
+        for m in graph
+        if m.startswith(children) and any(i.startswith("launcher.rank") for i in graph[m])
+    }
+    assert rank == {}, f"modules that import launcher/rank, which starts them: {rank}"
 
 
 def product_files() -> List[Path]:
