@@ -197,7 +197,7 @@ def frontend(
     endpoints = [f"ipc://{events.name}/{i}.ipc" for i in range(len(addrs))] if events else []
     publishers = [Publisher(e) for e in endpoints]
     cfg = FrontendConfig(
-        [tuple(a.rsplit(":", 1)) for a in addrs],
+        [(host, int(p)) for host, p in (a.rsplit(":", 1) for a in addrs)],
         "127.0.0.1",
         port,
         metrics_port,

@@ -11,6 +11,9 @@
                                 job starts, completed at READY, bench results added by a sweep
     <run>/ready_rank<N>.json    written by each leader once it serves, with the ports its server bound
                                 (both carry the rendezvous's token: an earlier run's file never counts)
+    <run>/frontend.json         rank 0's replicas front end's config (a FrontendConfig, launcher/frontend/server.py),
+                                written by rank 0 as it starts the front end, read by it (launcher/procs/child.py)
+    <run>/openai.json           the OpenAI API's config (an OpenAIConfig, launcher/openai_api/process.py), likewise
     <run>/failure_rank<N>.json  written by a rank whose server died unasked
     <run>/replica_lost<R>.json  written once per replica lost while the job serves (replicas > 1)
     <run>/walltime<A>.json      written by rank 0 when Slurm's time-limit signal drains allocation A of the job
@@ -39,6 +42,8 @@ SPEC = "launch.json"
 JOB = "job.json"
 RECORD = "record.json"
 STARTUP = "startup.json"
+FRONTEND_CONFIG = "frontend.json"
+OPENAI_CONFIG = "openai.json"
 REPOSITORY = "model_repository"
 LOGS = "logs"
 
@@ -155,6 +160,15 @@ class RunDir:
 
     def read_startup(self) -> Optional[dict]:
         return _read(self.path / STARTUP)
+
+    # ------------------------------------------------------------------ rank 0's child services' configs
+    @property
+    def frontend_config(self) -> Path:
+        return self.path / FRONTEND_CONFIG
+
+    @property
+    def openai_config(self) -> Path:
+        return self.path / OPENAI_CONFIG
 
     # ------------------------------------------------------------------ readiness of leaders
     def ready_path(self, rank: int) -> Path:

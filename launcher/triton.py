@@ -1,7 +1,7 @@
 """Start a tritonserver, know when it really serves, stop it cleanly (launcher/triton_install.py finds it).
 
 `TritonServer` is the one place a server process is started and stopped:
-its own process group (and SIGTERM from the kernel if the process that started it dies), readiness = live + ready + model ready + one real
+its own process group (and SIGTERM from the kernel if the process that started it dies: launcher/procs/group.py), readiness = live + ready + model ready + one real
 one-token request answered, within a deadline, failing at once with the log's
 tail if the process dies; stop = SIGTERM (Triton drains in-flight requests),
 then SIGKILL after a deadline, then removal of the job's leftover shm regions.
@@ -19,61 +19,9 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from launcher.logtext import log_excerpt, log_tail
+from launcher.procs.drain import children_ignore_drain_signal
+from launcher.procs.group import end_group, stop_group, term_with_parent
 from launcher.stage import latest as latest_stage
-
-
-def _term_with_parent() -> Optional[Callable[[], None]]:
-    """A function that asks the kernel for SIGTERM when the calling process's parent dies, even by SIGKILL (Linux
-    PR_SET_PDEATHSIG), or None where there is no prctl.  Resolved once, here: as a Popen preexec_fn the forked child
-    then calls one C function and imports nothing.  The signal follows the thread that started the child: every
-    caller starts its children from its main thread."""
-    try:
-        import ctypes
-
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    return lambda: prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-
-
-# preexec_fn of a child that must not outlive the process that starts it (a tritonserver holds ports, GPU memory and
-# shm); None where the kernel has no such request
-term_with_parent = _term_with_parent()
-
-
-def stop_group(proc: subprocess.Popen, grace_s: float) -> int:
-    """SIGTERM a child started in its own process group, SIGKILL the group after `grace_s`; its status."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            return proc.wait(timeout=grace_s if sig == signal.SIGTERM else None)
-        except subprocess.TimeoutExpired:
-            continue
-    return proc.wait()
-
-
-def end_group(proc: subprocess.Popen) -> None:
-    """SIGKILL what is left of the process group that `proc` led, once `proc` has exited and been
-    reaped (stray python-backend stubs), and nothing else.
-
-    The group is named by the leader's pid. The kernel keeps that number allocated while any member
-    of the group is left, so it cannot name a new process then. Once no member is left it is free,
-    and after the pid counter wraps (32,768 on many machines, threads included: minutes on a busy
-    node) a new process can get it and lead a group of its own under it, e.g. another rank's
-    tritonserver, which starts in its own session. So: a live process holding the number means the
-    group is gone and the number is someone else's; leave it alone. (Killing the group blindly in a
-    `stop()` long after the server exited is how an unrelated server can be killed.)"""
-    if proc.returncode is None:
-        raise ValueError("end_group is for a leader that has exited (use stop_group)")
-    if os.path.exists(f"/proc/{proc.pid}"):
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 class ServerDied(RuntimeError):
@@ -235,8 +183,6 @@ class TritonServer:
             out = open(self.log_path, "ab")
         # Own process group: Ctrl-C in the terminal reaches us, and we decide how the server stops.
         self.marks = {"started": time.time()}
-        from launcher.rank.drain import children_ignore_drain_signal
-
         with children_ignore_drain_signal():  # Slurm's time-limit signal reaches the step's every process
             self.proc = subprocess.Popen(
                 argv,

@@ -1,8 +1,10 @@
 """One endpoint for data-parallel replicas: a front end that speaks Triton's own gRPC protocol.
 
-    python -m launcher.frontend --replica 127.0.0.1:9001 --replica 127.0.0.1:9002 \\
-        --port 8001 --metrics-port 8002 --model hf_model [--processes 2]
-    run_frontend([("127.0.0.1", 9001), ("127.0.0.1", 9002)], "127.0.0.1", 8001, 8002, "hf_model")
+    cfg = FrontendConfig([("127.0.0.1", 9001), ("127.0.0.1", 9002)], port=8001, metrics_port=8002, model_name="hf_model")
+    FrontendProcess(cfg).start().wait_ready(60)     # python -m launcher.frontend --config <cfg as JSON>
+    run_frontend(cfg)                               # or serve it in this process
+
+    python -m launcher.frontend --config frontend.json  # by hand: FILE is a FrontendConfig as JSON (--help: its keys)
 
 With `replicas=N`, every replica leader runs its own tritonserver on an
 internal port; global rank 0 runs this front end on the public port
@@ -13,7 +15,7 @@ ModelMetadata, ModelConfig, RepositoryIndex, ModelInfer, ModelStreamInfer).
 
 What it does:
 * routes each request, including each request inside one ModelStreamInfer
-  stream, by `--routing` (launcher/frontend/routing.py): to the replica with
+  stream, by `routing` (launcher/frontend/routing.py): to the replica with
   the fewest requests in flight (`least_outstanding`, ties in turn), or to the
   one that was sent the longest run of the prompt's prefix, within a load
   bound (`prefix`), or to the one whose engine holds the longest run of its token
@@ -62,9 +64,9 @@ The package, one module a job:
     kv_index.py      kv's index of the blocks each replica's engine holds, fed by their KV-cache events
     prompt_tokens.py kv's prompt token blocks, with the tokens of text seen before remembered
     metrics.py  the Prometheus text and its HTTP server
-    server.py   FrontendConfig and one serving process
+    server.py   FrontendConfig (the one config, as JSON between processes) and one serving process
     workers.py  several processes sharing the port; run_frontend picks one or several
-    process.py  the command line (main) and FrontendProcess, the front end as a child process
+    process.py  the command line (main: --config FILE) and FrontendProcess, the front end as a child process
 """
 
 from launcher.frontend.metrics import metrics_text

@@ -39,7 +39,7 @@ class Frontend:
         self.probe_interval_s = probe_interval_s
         self.streams_active = 0
         self.rejected = 0  # requests refused because no replica was up
-        self.draining = ""  # once set (the drain notice, launcher/rank/drain.py): why new requests are refused
+        self.draining = ""  # once set (the drain notice, launcher/procs/drain.py): why new requests are refused
         self._probe_task: Optional[asyncio.Task] = None
 
     # -- routing

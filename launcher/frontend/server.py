@@ -9,14 +9,23 @@ from typing import List, Tuple
 
 from grpc import aio
 
+from launcher.domains import ROUTINGS
 from launcher.frontend.metrics import _serve_metrics, metrics_text, with_engines
 from launcher.frontend.proxy import Frontend
 from launcher.frontend.routing import make_routing
 from launcher.frontend.wire import _MAX_MESSAGE, log
+from launcher.procs.config import JsonConfig
+from launcher.procs.drain import DRAIN_SIGNAL, reason
+
+LOOPS = ("auto", "asyncio", "uvloop")  # FrontendConfig.loop
 
 
 @dataclass
-class FrontendConfig:
+class FrontendConfig(JsonConfig):
+    """Everything one front end serves by: the one place of its defaults.  Rank 0 (launcher/rank/frontend.py) fills
+    it in, FrontendProcess writes it as JSON, `python -m launcher.frontend --config FILE` reads it back, and each
+    worker process gets the same object."""
+
     replicas: List[Tuple[str, int]]  # (host, gRPC port) of each replica's tritonserver
     host: str = "127.0.0.1"  # address the front end binds
     port: int = 8001  # public gRPC port
@@ -26,19 +35,42 @@ class FrontendConfig:
     probe_interval_s: float = 2.0  # health probe period; 0 = no periodic probe
     drain_timeout_s: float = 30.0  # on SIGTERM, how long running requests may finish
     loop: str = "auto"  # auto (uvloop when installed) | asyncio | uvloop
-    routing: str = "least_outstanding"  # which replica a request goes to (launcher/frontend/routing.py)
+    # which replica a request goes to: least_outstanding | prefix | kv (launcher/frontend/routing.py)
+    routing: str = "least_outstanding"
     # each replica leader's tritonserver metrics URL, in the replicas' order ("" = none): /metrics shows beside the
     # front end's own counters the prompt tokens each replica's engine admitted and served from its prefix cache
     replica_metrics: List[str] = field(default_factory=list)
-    # routing kv: each replica leader's KV-cache events endpoint, in the replicas' order (launcher/kv_events.py), and
-    # the model's tokenizer folder the prompts are cut into token blocks with
+    # routing kv: each replica leader's KV-cache events endpoint, in the replicas' order (launcher/kv_events.py;
+    # "" = its engine publishes none)
     kv_events: List[str] = field(default_factory=list)
-    tokenizer: str = ""
-    addrs: List[str] = field(default_factory=list)
+    tokenizer: str = ""  # routing kv: the model's tokenizer folder the prompts are cut into token blocks with
 
     def __post_init__(self):
-        self.replicas = [(str(h), int(p)) for h, p in self.replicas]
-        self.addrs = [f"{h}:{p}" for h, p in self.replicas]
+        self.replicas = [tuple(r) for r in self.replicas]
+        n = len(self.replicas)
+        if not n:
+            raise ValueError("FrontendConfig.replicas is empty: give (host, gRPC port) of every replica")
+        if self.processes < 1:
+            raise ValueError(f"FrontendConfig.processes is {self.processes}: at least 1 process serves; give 1 or more")
+        if self.loop not in LOOPS:
+            raise ValueError(f"FrontendConfig.loop is {self.loop!r}: give one of {', '.join(LOOPS)}")
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"FrontendConfig.routing is {self.routing!r}: give one of {', '.join(ROUTINGS)}")
+        if self.replica_metrics and len(self.replica_metrics) != n:
+            raise ValueError(
+                f"FrontendConfig.replica_metrics has {len(self.replica_metrics)} URLs for {n} replicas: give one a "
+                f'replica, in their order ("" for one without), or none'
+            )
+        if self.routing == "kv" and (len(self.kv_events) != n or not self.tokenizer):
+            raise ValueError(
+                f'FrontendConfig.routing kv needs kv_events once a replica (got {len(self.kv_events)} for {n}; "" '
+                f"for a replica that publishes none) and the tokenizer (got {self.tokenizer!r})"
+            )
+
+    @property
+    def addrs(self) -> List[str]:
+        """HOST:PORT of each replica, in their order (what logs and the metrics' labels name)."""
+        return [f"{h}:{p}" for h, p in self.replicas]
 
 
 def _server_options(reuse_port: bool) -> list:
@@ -81,7 +113,6 @@ async def _serve(cfg: FrontendConfig, reuse_port: bool, publish=None, on_bound=N
     loop = asyncio.get_running_loop()
     for s in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(s, stop.set)
-    from launcher.rank.drain import DRAIN_SIGNAL, reason
 
     def drain() -> None:  # the drain notice: refuse new requests, let running ones finish
         if not fe.draining:  # Slurm's signal and the rank's notice both come
@@ -130,7 +161,7 @@ def _run_loop(coro, loop_kind: str) -> None:
     benchmark/frontend_capacity.py); "auto" takes uvloop when it is installed."""
     uv = _uvloop() if loop_kind in ("auto", "uvloop") else None
     if loop_kind == "uvloop" and uv is None:
-        raise SystemExit("front end: --loop uvloop, but uvloop is not installed (pip install uvloop)")
+        raise SystemExit("front end: loop uvloop, but uvloop is not installed (pip install uvloop, or loop auto)")
     if uv is not None:
         uv.run(coro)
     else:

@@ -8,12 +8,12 @@ import asyncio
 import os
 import signal
 import time
-from typing import Sequence, Tuple
 
 from launcher.frontend.metrics import _METRICS, _PER_REPLICA, _serve_metrics, metrics_text, with_engines
 from launcher.frontend.proxy import Frontend
 from launcher.frontend.server import FrontendConfig, _run_loop, _serve
 from launcher.frontend.wire import log
+from launcher.procs.drain import DRAIN_SIGNAL
 
 
 def _slot_index(slot: int, replica: int, key: str, n_replicas: int) -> int:
@@ -99,8 +99,6 @@ def _supervise(cfg: FrontendConfig) -> int:
         loop = asyncio.get_running_loop()
         for s in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(s, stop.set)
-        from launcher.rank.drain import DRAIN_SIGNAL
-
         # the drain notice reaches the workers too (one process group): they refuse new requests, this one waits
         loop.add_signal_handler(DRAIN_SIGNAL, lambda: None)
         log(
@@ -134,38 +132,10 @@ def _supervise(cfg: FrontendConfig) -> int:
     return asyncio.run(main())
 
 
-def run_frontend(
-    replicas: Sequence[Tuple[str, int]],
-    host: str,
-    port: int,
-    metrics_port: int,
-    model_name: str,
-    processes: int = 1,
-    probe_interval_s: float = 2.0,
-    drain_timeout_s: float = 30.0,
-    loop: str = "auto",
-    routing: str = "least_outstanding",
-    replica_metrics: Sequence[str] = (),
-    kv_events: Sequence[str] = (),
-    tokenizer: str = "",
-) -> int:
-    """Serve until SIGTERM/SIGINT (then drain running requests); returns the exit status."""
-    cfg = FrontendConfig(
-        list(replicas),
-        host,
-        port,
-        metrics_port,
-        model_name,
-        processes,
-        probe_interval_s,
-        drain_timeout_s,
-        loop,
-        routing,
-        list(replica_metrics),
-        list(kv_events),
-        tokenizer,
-    )
-    if processes > 1:
+def run_frontend(cfg: FrontendConfig) -> int:
+    """Serve `cfg` until SIGTERM/SIGINT (then drain running requests): one process, or cfg.processes workers
+    sharing the port; returns the exit status."""
+    if cfg.processes > 1:
         return _supervise(cfg)
-    _run_loop(_serve(cfg, reuse_port=False), loop)
+    _run_loop(_serve(cfg, reuse_port=False), cfg.loop)
     return 0

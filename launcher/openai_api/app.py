@@ -63,7 +63,7 @@ def make_app(
 ):
     """The app.  `backend`: a GrpcBackend (generate, ready); `served`: the model names requests may use, the first
     the one /v1/models lists; `chat_template(messages) -> prompt`; `draining["reason"]`, once set (the drain notice,
-    launcher/rank/drain.py), refuses new requests with 503 naming it while running ones finish; `api_key`: required as
+    launcher/procs/drain.py), refuses new requests with 503 naming it while running ones finish; `api_key`: required as
     `Authorization: Bearer` on every route but /health (launcher/openai_api/auth.py); `token_text`: token ids as text
     (log probabilities, echo of token-id prompts), from the model's tokenizer."""
     counters = counters or Counters()

@@ -5,7 +5,8 @@ rendezvous.py  every rank learns every rank's address; leaders reserve their por
 rank.py        `Rank`: start, wait until ready, publish (rank 0), supervise, and the exit status
 supervise.py   the fail-fast / lose-a-replica rule and the waits that notice an end
 frontend.py    rank 0 with replicas > 1: the front end over every replica leader
-drain.py       the time limit's drain, as the rank and its child services agree on it
-child.py       a supervised child service of a rank (the front end, the OpenAI API)
 main.py        the entry point: `python -m launcher.rank RUN_DIR` (every Slurm task and local rank runs it)
+
+The child services' handles (ChildService, die_with_parent) and the time limit's drain, which the front end, the
+OpenAI API and launcher/triton.py share with the rank, are in launcher/procs, below all of them.
 """

@@ -17,6 +17,7 @@ from launcher.kv_events import connect_to
 from launcher.paths import PACKAGE_ROOT
 from launcher.ports import metrics_url
 from launcher.python_backend.responders import responders
+from launcher.rundir import RunDir
 
 
 def wait_leaders_ready(run_dir, ranks, token: str, deadline_s: float, alive=lambda: True, progress=None):
@@ -24,8 +25,6 @@ def wait_leaders_ready(run_dir, ranks, token: str, deadline_s: float, alive=lamb
     carrying this rendezvous's `token` (no stale file from an earlier run); (seconds waited, {rank: the ports its
     server bound}: a leader whose port was taken meanwhile retried on others). Raises when a rank wrote a failure
     file, when `alive()` turns false, or at the deadline."""
-    from launcher.rundir import RunDir
-
     run = RunDir(run_dir)
     t0 = time.monotonic()
     last = 0.0
@@ -112,7 +111,14 @@ def start_for_rank0(
     env = dict(os.environ)
     root = str(PACKAGE_ROOT)  # `python -m launcher.frontend` from this checkout
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    proc = start_on_free_ports(cfg, env, avoid, lambda: max(30.0, deadline_s - (time.monotonic() - t0)), say)
+    proc = start_on_free_ports(
+        cfg,
+        env,
+        avoid,
+        lambda: max(30.0, deadline_s - (time.monotonic() - t0)),
+        say,
+        config_path=RunDir(run_dir).frontend_config,
+    )
     say(
         f"front end READY on {host}:{cfg.port} for {len(leaders)} replicas; metrics http://{host}:{cfg.metrics_port}/metrics"
     )
@@ -130,14 +136,17 @@ def start_for_rank0(
     )
 
 
-def start_on_free_ports(cfg: FrontendConfig, env, avoid, timeout_s, say=log, tries: int = 3) -> FrontendProcess:
+def start_on_free_ports(
+    cfg: FrontendConfig, env, avoid, timeout_s, say=log, tries: int = 3, config_path=None
+) -> FrontendProcess:
     """The front end started and ready. Something else on the node can take a public port between the rendezvous
     (which checked it free) and the front end's bind; the front end then exits, and it starts again on fresh ports
-    (endpoint.json names the ones it serves on), as leaders do for their servers' ports."""
+    (endpoint.json names the ones it serves on), as leaders do for their servers' ports.  `config_path`: where its
+    config is written, each start rewriting it (None: a temporary file)."""
     from launcher.ports import pick_ports, port_holders
 
     for attempt in range(tries):
-        proc = FrontendProcess(cfg, env=env).start()
+        proc = FrontendProcess(cfg, env=env, config_path=config_path).start()
         try:
             proc.wait_ready(timeout_s())
             return proc

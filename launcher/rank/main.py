@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import List, Mapping, Optional
 
-from launcher.rank.child import die_with_parent
+from launcher.procs.child import die_with_parent
 from launcher.rank.rank import Rank
 from launcher.rank.topology import DIE_WITH_LAUNCHER, Topology, read_topology
 from launcher.rundir import RunDir

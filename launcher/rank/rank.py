@@ -9,7 +9,7 @@ that replica instead (launcher/rank/supervise.py: `decide_exit` is the whole rul
 
 SIGTERM / SIGINT / SIGUSR2 (time limit, preemption) are forwarded to the child as SIGTERM so Triton drains before
 it exits; SIGUSR2 (Slurm's time-limit signal) also tells rank 0's front ends to refuse new requests and records the
-drain, on which the batch script of a requeue=true job requeues it (launcher/rank/drain.py).
+drain, on which the batch script of a requeue=true job requeues it (launcher/procs/drain.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from launcher.engines.registry import ENGINES
 from launcher.logtext import log_excerpt
 from launcher.openai_api.process import start_api
 from launcher.ports import metrics_url, pick_ports
-from launcher.rank.drain import DRAIN_SIGNAL, REASON_ENV, walltime_reason
+from launcher.procs.drain import DRAIN_SIGNAL, REASON_ENV, walltime_reason
 from launcher.rank.frontend import start_for_rank0
 from launcher.rank.rendezvous import (
     RankContext,
@@ -189,7 +189,7 @@ class Rank:
         self.stop_signal = signum
         if signum == DRAIN_SIGNAL:
             # Slurm's time-limit signal: the server finishes what runs (up to serve.drain_timeout_s), the front
-            # ends refuse new requests naming why, every rank then exits 0 (launcher/rank/drain.py)
+            # ends refuse new requests naming why, every rank then exits 0 (launcher/procs/drain.py)
             for child in (self.frontend, self.api):  # first: new requests are refused from now on
                 if child is not None:
                     child.drain_notice()
@@ -287,6 +287,7 @@ class Rank:
             self.infos[0]["openai_port"],
             self.say,
             float(spec.serve.ready_timeout_s),
+            config_path=run.openai_config,
         )
         write_startup(
             run,

@@ -134,7 +134,7 @@ class AllocationScheduler(Scheduler):
     def stop(self, endpoint: Endpoint) -> None:
         """SIGTERM to the step script's process group: srun ends the step on it (SIGKILL after Slurm's KillWait),
         then the script removes the shm regions the ranks left (render.allocation_step)."""
-        from launcher.triton import stop_group
+        from launcher.procs.group import stop_group
 
         proc = endpoint.proc
         if proc is None or proc.poll() is not None:

@@ -132,7 +132,15 @@ def _serve_one(spec: LaunchSpec, run: RunDir, install, stop: _Stop) -> int:
         say(f"READY in {waited:.1f}s")
         from launcher.openai_api.process import start_api
 
-        api = start_api(spec, url, spec.host, spec.serve.openai_port, say, float(spec.serve.ready_timeout_s))
+        api = start_api(
+            spec,
+            url,
+            spec.host,
+            spec.serve.openai_port,
+            say,
+            float(spec.serve.ready_timeout_s),
+            config_path=run.openai_config,
+        )
         ports = {k: getattr(spec.serve, k) for k in PUBLIC_PORTS}  # as rank 0 writes them
         from launcher.record import gpu_inventory, write_startup
 

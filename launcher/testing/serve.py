@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from launcher.ports import free_port
-from launcher.triton import term_with_parent
+from launcher.procs.group import term_with_parent
 
 MODELS = Path(__file__).resolve().parent / "models"  # the fixture models, shipped as package data
 _counter = itertools.count()

@@ -557,10 +557,14 @@ def test_frontend_refuses_a_taken_port(backends):
     with Front(backends) as fe:
         cfg = FrontendConfig([("127.0.0.1", backends[0].port)], "127.0.0.1", fe.port, 0, "")
         other = FrontendProcess(cfg, env=_env()).start()
-        # the front end already there answers ServerReady on that port: that is not this one being ready
-        with pytest.raises(RuntimeError, match="exited with status 1 before it was ready"):
-            other.wait_ready(60)
-        assert other.proc.wait(60) != 0
+        try:
+            # the front end already there answers ServerReady on that port: that is not this one being ready
+            with pytest.raises(RuntimeError, match="exited with status 1 before it was ready"):
+                other.wait_ready(60)
+            assert other.proc.wait(60) != 0
+        finally:
+            other.stop()  # its config file goes with it
+        assert not other.config_path.exists()
 
 
 def test_a_front_end_whose_port_was_taken_since_the_rendezvous_starts_again_on_fresh_ports(backends):
@@ -588,12 +592,12 @@ def test_a_front_end_whose_port_was_taken_since_the_rendezvous_starts_again_on_f
 
 @pytest.mark.parametrize("processes", [1, 2])
 def test_the_drain_notice_refuses_new_requests_naming_why_while_running_ones_finish(backends, processes, monkeypatch):
-    """What rank 0 does at the time limit (launcher/rank/drain.py): new requests on an open stream get an error
+    """What rank 0 does at the time limit (launcher/procs/drain.py): new requests on an open stream get an error
     naming the reason, a new stream UNAVAILABLE with it, and the request already running completes."""
     from launcher.client.connection import ClientError
     from launcher.client.request import Generation, build_request
     from launcher.client.stream import TritonStream, generate
-    from launcher.rank.drain import REASON_ENV
+    from launcher.procs.drain import REASON_ENV
 
     reason = "job 7 is draining at its Slurm time limit: requests in flight finish, new ones are refused"
     monkeypatch.setenv(REASON_ENV, reason)
@@ -790,6 +794,15 @@ def test_llmlaunch_replicas_2_on_this_machine_serves_through_the_front_end(tmp_p
         assert len(ep["token"]) == 16 and [r["token"] for r in ready] == [ep["token"]] * 2
         assert [r["grpc_port"] for r in ep["replicas"]] == [r["ports"]["grpc_port"] for r in ready]
         assert ep["metrics_url"] == f"http://127.0.0.1:{job.metrics_port}/metrics"
+        # rank 0 gave its front end and its OpenAI API their configs as files in the run dir, each the one they serve
+        from launcher.frontend import FrontendConfig
+        from launcher.openai_api.process import OpenAIConfig
+
+        served_by = FrontendConfig.read(job.run / "frontend.json")
+        assert served_by.port == job.grpc_port and served_by.metrics_port == job.metrics_port
+        assert [p for _, p in served_by.replicas] == [r["grpc_port"] for r in ep["replicas"]]
+        api = OpenAIConfig.read(job.run / "openai.json")
+        assert api.port == ep["openai_port"] and api.grpc_url == ep["url"].removeprefix("grpc://"), api
         for i in range(4):
             rec = generate(
                 job.url, ep["model"], Generation(f"The capital of France is {i}", max_tokens=6, ignore_eos=True)
@@ -877,15 +890,17 @@ def test_llmlaunch_fails_when_the_front_end_dies(tmp_path, tiny_model_dir):
     job.assert_nothing_left(ep)
 
 
-def _openai_api_pid(port: int) -> int:
+def _openai_api_pid(run: Path) -> int:
+    """The OpenAI API rank 0 started for the job in `run`: its command line names its config file there."""
+    config = str(run / "openai.json").encode()
     for d in Path("/proc").iterdir():
         try:
             argv = (d / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"launcher.openai_api" in argv and str(port).encode() in argv:
+        if b"launcher.openai_api" in argv and config in argv:
             return int(d.name)
-    raise AssertionError(f"no OpenAI API process on port {port}")
+    raise AssertionError(f"no OpenAI API process reads {config.decode()}")
 
 
 def test_llmlaunch_fails_when_the_openai_api_dies(tmp_path, tiny_model_dir):
@@ -893,7 +908,8 @@ def test_llmlaunch_fails_when_the_openai_api_dies(tmp_path, tiny_model_dir):
     job = LocalLaunch(tmp_path)
     try:
         ep = job.wait_endpoint()
-        os.kill(_openai_api_pid(ep["openai_port"]), signal.SIGKILL)
+        assert json.loads((job.run / "openai.json").read_text())["port"] == ep["openai_port"]
+        os.kill(_openai_api_pid(job.run), signal.SIGKILL)
         assert job.proc.wait(90) == 1, job.tail()
         failure = json.loads((job.run / "failure_rank0.json").read_text())
         assert failure["rank"] == 0 and failure["exit_code"] == -signal.SIGKILL

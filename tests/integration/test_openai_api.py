@@ -323,10 +323,13 @@ def test_with_an_api_key_every_route_but_health_needs_it_and_the_key_is_on_no_co
             assert served_model(proc.cfg.url) == MODEL
         finally:
             del os.environ["OPENAI_API_KEY"]
-        # neither the supervisor nor its worker processes carry the key in their command lines
+        # the config file names the key's file, never the key; neither the supervisor nor its worker processes carry
+        # the key in their command lines
+        given = proc.config_path.read_text()
+        assert json.loads(given)["api_key_file"] == str(key_file) and key not in given
         pids = [proc.proc.pid, *_children(proc.proc.pid)]
         assert len(pids) >= 3, pids  # the supervisor and its two workers
-        assert str(key_file).encode() in Path(f"/proc/{proc.proc.pid}/cmdline").read_bytes()
+        assert str(proc.config_path).encode() in Path(f"/proc/{proc.proc.pid}/cmdline").read_bytes()
         for pid in pids:
             assert key.encode() not in Path(f"/proc/{pid}/cmdline").read_bytes(), pid
     finally:

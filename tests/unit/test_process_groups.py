@@ -1,4 +1,4 @@
-"""Ending what is left of a tritonserver's process group (launcher.triton.end_group), with real processes.
+"""Ending what is left of a tritonserver's process group (launcher.procs.group.end_group), with real processes.
 
 The hazard: a group is named by its leader's pid, and once the leader is reaped and no member is left
 that number is free; after the pid counter wraps, a new group leader (another rank's tritonserver) can
@@ -13,7 +13,7 @@ import types
 
 import pytest
 
-from launcher.triton import end_group
+from launcher.procs.group import end_group
 
 
 def _alive(pid: int) -> bool:

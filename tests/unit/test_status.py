@@ -160,7 +160,7 @@ def test_status_follows_a_requeued_job_to_its_new_endpoint(tmp_path, monkeypatch
 
 
 def test_the_drain_reason_names_the_job_and_what_follows():
-    from launcher.rank.drain import walltime_reason
+    from launcher.procs.drain import walltime_reason
 
     assert walltime_reason("7", True).startswith(
         "job 7 is draining at its Slurm time limit: requests in flight finish, new ones are refused; it is requeued"

@@ -7,6 +7,9 @@ notice: from then on they refuse new requests, naming the reason (gRPC UNAVAILAB
 flight go on. Children are started with SIGUSR2 ignored (an ignored signal stays ignored across exec), so Slurm's
 own copy of the signal neither kills tritonserver and its stubs (SIGUSR2's default action) nor anything else; the
 front ends install their own handler for the notice.
+
+Both sides agree on it here, below them: the rank (launcher/rank/rank.py) sends the notice and sets the reason, the
+children (launcher/triton.py, launcher/frontend, launcher/openai_api) are started by and act on it.
 """
 
 from __future__ import annotations
