@@ -45,7 +45,7 @@ import math
 import sys
 from dataclasses import asdict
 
-from launcher.bench import backends, datasets, metrics
+from launcher.bench import arguments, backends, datasets, metrics
 from launcher.bench.progress import Progress
 from launcher.bench.results import append_csv, b_path, csv_row, write_json
 from launcher.bench.runner import Job, LoadSpec, generations, run_load
@@ -58,155 +58,11 @@ def build_parser(prog: str = "llmlaunch-bench") -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument(
-        "--url",
-        "-u",
-        default="localhost:8001",
-        help="grpc://HOST:PORT or HOST:PORT (default localhost:8001); with an openai backend http://HOST:PORT[/v1]",
-    )
-    p.add_argument(
-        "--backend",
-        default=backends.DEFAULT,
-        choices=backends.NAMES,
-        help="the protocol requests go over (default triton-grpc): triton-grpc = KServe v2 gRPC streaming; "
-        "openai-completions / openai-chat = OpenAI HTTP /v1/completions or /v1/chat/completions with "
-        "SSE, against llmlaunch's OpenAI API or any OpenAI-compatible server (vLLM's, SGLang's)",
-    )
-    p.add_argument("--model", "-m", help="model name (default: the one the server serves)")
-
-    d = p.add_argument_group("dataset")
-    d.add_argument("--dataset", help="dataset file: ShareGPT .json, CNN/DailyMail .json, or prompts .txt")
-    d.add_argument(
-        "--dataset-name",
-        default="auto",
-        choices=("auto",) + datasets.KINDS,
-        help="format of --dataset (auto: detect); 'synthetic' needs no file",
-    )
-    d.add_argument(
-        "--num-prompts",
-        type=int,
-        help="measured requests (default: 1000 for sharegpt/synthetic, "
-        "the whole file otherwise; unlimited with --duration)",
-    )
-    d.add_argument(
-        "--tokenizer",
-        help="Hugging Face tokenizer directory for token lengths and synthetic prompts "
-        "(default: the one the served model's config names, when that folder is readable here; else an "
-        "estimate, whitespace words or chars/4)",
-    )
-    d.add_argument("--input-len", type=int, default=128, help="synthetic prompt length in tokens (default 128)")
-    d.add_argument(
-        "--output-len",
-        type=int,
-        help="requested output tokens for every request (default: the "
-        "dataset's completion length; 128 for prompts/synthetic)",
-    )
-    d.add_argument("--range-ratio", type=float, default=0.0, help="synthetic lengths uniform in [L(1-r), L(1+r)]")
-    d.add_argument("--prefix-groups", type=int, default=8, help="prefix: groups sharing one prefix each (default 8)")
-    d.add_argument(
-        "--prefix-len",
-        type=int,
-        default=1024,
-        help="prefix: tokens of each group's shared prefix (default 1024); --input-len is each request's own suffix",
-    )
-    d.add_argument(
-        "--turns",
-        type=int,
-        default=4,
-        help="multiturn: turns a conversation (default 4); each turn sends the whole history; with --dataset, "
-        "a ShareGPT file's conversations, else synthetic (--input-len user messages, --output-len answers)",
-    )
-    d.add_argument("--max-input-len", type=int, help="skip prompts longer than this (sharegpt default 1024)")
-    d.add_argument("--max-total-len", type=int, default=2048, help="sharegpt: skip prompt+output longer than this")
-    d.add_argument("--seed", type=int, default=0, help="seed of dataset sampling and arrival times (default 0)")
-
-    ld = p.add_argument_group("load")
-    ld.add_argument("--concurrency", "-c", type=int, help="max requests in flight (fixed-concurrency mode)")
-    ld.add_argument(
-        "--request-rate",
-        type=float,
-        default=math.inf,
-        help="mean requests/s with random arrivals (default inf: no pacing)",
-    )
-    ld.add_argument(
-        "--burstiness", type=float, default=1.0, help="gamma shape of arrival gaps: 1 = Poisson, <1 burstier"
-    )
-    ld.add_argument("--duration", type=float, help="stop sending after this many seconds (dataset cycled)")
-    ld.add_argument(
-        "--warmup",
-        type=int,
-        default=0,
-        help="requests sent first and not counted; their prompts drawn with --seed + 1, apart from the measured ones",
-    )
-    ld.add_argument(
-        "--processes",
-        type=int,
-        default=1,
-        help="client processes sharing the load (at a --concurrency "
-        "alone they take requests from one queue, a process whose request ended sending the next; at a "
-        "--request-rate request i is sent by process i %% N, at the same arrival times for any N)",
-    )
-    ld.add_argument("--streams", type=int, default=1, help="gRPC streams per client process")
-    ld.add_argument(
-        "--timeout",
-        type=float,
-        default=600.0,
-        help="fail requests still running this long after the last send (default 600 s)",
-    )
-
-    r = p.add_argument_group("requests")
-    r.add_argument(
-        "--ignore-eos",
-        action="store_true",
-        help="enforce the requested output length (ignore_eos and min_length = max_tokens)",
-    )
-    r.add_argument("--no-stream", action="store_true", help="ask for one response per request")
-    r.add_argument("--temperature", type=float, help="temperature (unset: server default)")
-    r.add_argument("--top-p", type=float)
-    r.add_argument("--top-k", type=int)
-    r.add_argument("--sampling-seed", type=int, help="random_seed sent with every request")
-    r.add_argument("--stop", action="append", default=[], metavar="WORD", help="stop word (repeatable)")
-    r.add_argument(
-        "--request-param",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="Triton request parameter passed to the model (repeatable)",
-    )
-    r.add_argument(
-        "--final-counts-only",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="ask for the token counts on each streamed request's final response only (text_output alone "
-        "before it: less for the server to send a token, the figures the same).  Default: asked of a "
-        "model whose config says it honours it (llmlaunch's models; not the TensorRT-LLM ensemble "
-        "or a model made elsewhere, some of which fail a request on a parameter they do not know)",
-    )
-
-    o = p.add_argument_group("results")
-    o.add_argument("--goodput", nargs="+", metavar="KEY:MS", help="SLOs for goodput: ttft:MS tpot:MS e2el:MS")
-    o.add_argument("--result-json", help="write config, metrics and every request here")
-    o.add_argument("--result-csv", help="append a one-line summary here (header when new)")
-    o.add_argument("--label", default="", help="free text stored with the results")
-    o.add_argument("--save-text", action="store_true", help="keep generated text in the JSON")
-    o.add_argument("--no-progress", action="store_true", help="no progress bar")
-    o.add_argument(
-        "--eval", action="store_true", help="score the model instead (lm-eval; `llmlaunch-bench --eval --help`)"
-    )
-    o.add_argument(
-        "--server-metrics",
-        metavar="URL[,URL...]",
-        help="tritonserver metrics URL (http://HOST:PORT/metrics) of the served llmlaunch model: report where "
-        "the mean TTFT goes, inside the model (parse / add / engine / back / respond / send) and outside it, and how "
-        "the hf engine spent its steps (launch / wait for the GPU / host work; GPU busy and idle; its prefix cache's "
-        "hit rate) (first run only).  With replicas, the replica leaders' URLs (endpoint.json's replicas' "
-        "metrics_url), comma-separated: their totals are summed",
-    )
-    o.add_argument(
-        "--compare",
-        metavar="URL2[,MODEL2]",
-        help="identity test: run the same load against a second model and print the speedup of it over the first",
-    )
+    arguments.add_target(p)
+    arguments.add_dataset(p)
+    arguments.add_load(p)
+    arguments.add_requests(p)
+    arguments.add_results(p)
     return p
 
 
@@ -298,45 +154,18 @@ def bench_one(
     gens = generations(samples, sampling, stream=not args.no_stream, ignore_eos=args.ignore_eos)
     num_requests = args.num_prompts if args.num_prompts is not None else (None if args.duration else len(samples))
     spec = spec_from_args(args, num_requests)
-    params = dict(request_param(x) for x in args.request_param)
-    backend = backends.get(args.backend)
-    if params and not backend.triton_parameters:
-        raise ValueError(f"--request-param is a Triton request parameter; --backend {args.backend} cannot send it")
-    if "final_counts_only" not in params and backend.triton_parameters:  # --request-param final_counts_only=... wins
-        asked = args.final_counts_only
-        if asked is None:  # a streamed run: where the model says it honours it (one config read per model)
-            asked = not args.no_stream and "final_counts_only" in honoured_parameters(url, model)
-        if asked:
-            params["final_counts_only"] = True
+    params = _request_parameters(args, url, model)
     slos = metrics.parse_slos(args.goodput)
     warm = generations(
         warmup_samples(args, kind, tokens), sampling, stream=not args.no_stream, ignore_eos=args.ignore_eos
     )
     job = Job(url=url, model=model, gens=gens, spec=spec, parameters=params, backend=args.backend, warm_gens=warm)
-    total = num_requests
     make_bar = None
     if not args.no_progress:
-        make_bar = lambda read: Progress(read, total, label=progress_label)  # noqa: E731
-    before = engine_before = None
-    if server_metrics:
-        try:
-            # the totals once the last requests' first tokens and steps are in (they come up to a second late)
-            before, engine_before = timings.settled_server_metrics(server_metrics, model)
-        except OSError as exc:
-            raise ValueError(
-                f"--server-metrics {server_metrics}: cannot read it ({getattr(exc, 'reason', exc)}); "
-                "give the served model's tritonserver metrics URL, http://HOST:PORT/metrics "
-                "(llmlaunch: serve.metrics_port)"
-            ) from None
+        make_bar = lambda read: Progress(read, num_requests, label=progress_label)  # noqa: E731
+    before, engine_before = _server_totals(server_metrics, model) if server_metrics else (None, None)
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
-    shape = (f"concurrency {spec.concurrency}" if spec.concurrency else "") + (
-        f"{', ' if spec.concurrency else ''}rate {spec.request_rate:g}/s" if math.isfinite(spec.request_rate) else ""
-    )
-    print(
-        f"llmlaunch-bench: {num_requests if num_requests is not None else 'unlimited'} requests"
-        f"{f' for {spec.duration:g} s' if spec.duration else ''} to {model!r} at {url} ({shape}, {kind} dataset)",
-        file=sys.stderr,
-    )
+    _announce(spec, num_requests, model, url, kind)
     out = run_load(job, make_bar)
     results = [
         metrics.from_record(idx, samples[idx % len(samples)], rec, out.t0, tokens, args.save_text)
@@ -352,37 +181,12 @@ def bench_one(
         )
     if engine_before is not None:
         steps, prefix = timings.engine_splits_after(server_metrics, model, engine_before)
-    load = asdict(spec)
-    load["request_rate"] = metrics.finite(spec.request_rate)
     return {
         "format": "llmlaunch-bench/1",
         "label": label,
         "started_at": started,
         "argv": getattr(args, "argv", None),
-        "config": {
-            "url": url,
-            "backend": args.backend,
-            "model": model,
-            "dataset": {
-                "name": kind,
-                "path": args.dataset,
-                "samples": len(samples),
-                "seed": args.seed,
-                "tokenizer": args.tokenizer,
-                "token_lengths": "tokenizer" if tokens.exact else "estimate (whitespace words or chars/4)",
-                "input_len": args.input_len if kind == "synthetic" else None,
-                "output_len": args.output_len,
-                "range_ratio": args.range_ratio,
-            },
-            "load": load,
-            "request": {
-                "stream": not args.no_stream,
-                "ignore_eos": args.ignore_eos,
-                "sampling": {k: v for k, v in sampling.items() if v not in (None, ())},
-                "parameters": params,
-            },
-            "goodput_slos_ms": slos,
-        },
+        "config": _config(args, url, model, samples, kind, tokens, spec, sampling, params, slos),
         "metrics": m,
         "server_first_token_ms": split,
         "server_engine_steps": steps,
@@ -390,6 +194,77 @@ def bench_one(
         "t0_perf_counter": out.t0,  # request times are relative to this time.perf_counter() (CLOCK_MONOTONIC)
         "warmup_errors": len(out.warmup_errors),
         "requests": [r.to_json() for r in results],
+    }
+
+
+def _request_parameters(args, url: str, model: str) -> dict:
+    """The Triton request parameters every request carries: --request-param's, and final_counts_only where it is
+    asked for or, unasked, where a streamed run's model says it honours it (one config read per model)."""
+    params = dict(request_param(x) for x in args.request_param)
+    backend = backends.get(args.backend)
+    if params and not backend.triton_parameters:
+        raise ValueError(f"--request-param is a Triton request parameter; --backend {args.backend} cannot send it")
+    if "final_counts_only" not in params and backend.triton_parameters:  # --request-param final_counts_only=... wins
+        asked = args.final_counts_only
+        if asked is None:
+            asked = not args.no_stream and "final_counts_only" in honoured_parameters(url, model)
+        if asked:
+            params["final_counts_only"] = True
+    return params
+
+
+def _server_totals(server_metrics: str, model: str) -> tuple:
+    """(first-token totals, engine-step totals) of the served model before the run (--server-metrics)."""
+    try:
+        # the totals once the last requests' first tokens and steps are in (they come up to a second late)
+        return timings.settled_server_metrics(server_metrics, model)
+    except OSError as exc:
+        raise ValueError(
+            f"--server-metrics {server_metrics}: cannot read it ({getattr(exc, 'reason', exc)}); "
+            "give the served model's tritonserver metrics URL, http://HOST:PORT/metrics "
+            "(llmlaunch: serve.metrics_port)"
+        ) from None
+
+
+def _announce(spec: LoadSpec, num_requests, model: str, url: str, kind: str) -> None:
+    """The run's one line on stderr: how many requests, to what, in which shape of load."""
+    shape = (f"concurrency {spec.concurrency}" if spec.concurrency else "") + (
+        f"{', ' if spec.concurrency else ''}rate {spec.request_rate:g}/s" if math.isfinite(spec.request_rate) else ""
+    )
+    print(
+        f"llmlaunch-bench: {num_requests if num_requests is not None else 'unlimited'} requests"
+        f"{f' for {spec.duration:g} s' if spec.duration else ''} to {model!r} at {url} ({shape}, {kind} dataset)",
+        file=sys.stderr,
+    )
+
+
+def _config(args, url: str, model: str, samples, kind: str, tokens, spec: LoadSpec, sampling, params, slos) -> dict:
+    """The result document's "config": what was measured, with which data, load and requests."""
+    load = asdict(spec)
+    load["request_rate"] = metrics.finite(spec.request_rate)
+    return {
+        "url": url,
+        "backend": args.backend,
+        "model": model,
+        "dataset": {
+            "name": kind,
+            "path": args.dataset,
+            "samples": len(samples),
+            "seed": args.seed,
+            "tokenizer": args.tokenizer,
+            "token_lengths": "tokenizer" if tokens.exact else "estimate (whitespace words or chars/4)",
+            "input_len": args.input_len if kind == "synthetic" else None,
+            "output_len": args.output_len,
+            "range_ratio": args.range_ratio,
+        },
+        "load": load,
+        "request": {
+            "stream": not args.no_stream,
+            "ignore_eos": args.ignore_eos,
+            "sampling": {k: v for k, v in sampling.items() if v not in (None, ())},
+            "parameters": params,
+        },
+        "goodput_slos_ms": slos,
     }
 
 
@@ -418,9 +293,8 @@ def run(args) -> int:
     spec_from_args(args, args.num_prompts).check()  # fail on bad load arguments before loading data
     metrics.parse_slos(args.goodput)
     model = args.model or backend.default_model(url)
-    if (
-        args.tokenizer is None and backend.name == "triton-grpc"
-    ):  # prompts in the served model's tokens: --input-len 128 sends 128 of them
+    if args.tokenizer is None and backend.name == "triton-grpc":
+        # prompts in the served model's tokens: --input-len 128 sends 128 of them
         args.tokenizer = served_tokenizer(url, model) or None
         print(
             f"llmlaunch-bench: token lengths with {args.tokenizer or 'an estimate (no --tokenizer; the served model names none readable here)'}",
@@ -441,23 +315,35 @@ def run(args) -> int:
         )
     ]
     if args.compare:
-        url_b, _, model_b = args.compare.partition(",")
-        url_b = backend.url(url_b) if url_b.strip() else url
-        model_b = model_b.strip() or args.model or backend.default_model(url_b)
-        docs.append(
-            bench_one(
-                args,
-                url_b,
-                model_b,
-                samples,
-                kind,
-                tokens,
-                label=(args.label + " " if args.label else "") + "B",
-                progress_label="B ",
-            )
-        )
+        docs.append(_bench_b(args, backend, url, samples, kind, tokens))
         if not args.label:
             docs[0]["label"] = "A"
+    _print_results(docs)
+    sys.stdout.flush()
+    _write_results(args, docs)
+    return _exit_status(docs)
+
+
+def _bench_b(args, backend, url: str, samples, kind: str, tokens) -> dict:
+    """--compare URL2[,MODEL2]: the same load against the second model (URL2 empty: the first's server)."""
+    url_b, _, model_b = args.compare.partition(",")
+    url_b = backend.url(url_b) if url_b.strip() else url
+    model_b = model_b.strip() or args.model or backend.default_model(url_b)
+    return bench_one(
+        args,
+        url_b,
+        model_b,
+        samples,
+        kind,
+        tokens,
+        label=(args.label + " " if args.label else "") + "B",
+        progress_label="B ",
+    )
+
+
+def _print_results(docs: list) -> None:
+    """Each run's table (and the server's splits, where measured); with --compare, B's speedup over A, which A's
+    document keeps."""
     for i, doc in enumerate(docs):
         title = (
             "Serving Benchmark Result"
@@ -475,13 +361,19 @@ def run(args) -> int:
         name = lambda d: f"{d['config']['model']} @ {d['config']['url']}"  # noqa: E731
         print(metrics.format_speedup(docs[0]["metrics"], docs[1]["metrics"], name(docs[0]), name(docs[1])))
         docs[0]["compare"] = {"B": name(docs[1]), "speedup": metrics.speedups(docs[0]["metrics"], docs[1]["metrics"])}
-    sys.stdout.flush()
+
+
+def _write_results(args, docs: list) -> None:
     if args.result_json:
         write_json(docs[0], args.result_json)
         if len(docs) == 2:
             write_json(docs[1], b_path(args.result_json))
     if args.result_csv:
         append_csv([csv_row(d) for d in docs], args.result_csv)
+
+
+def _exit_status(docs: list) -> int:
+    """1 where a run had failed requests (each such run's first error is printed), else 0."""
     status = 0
     for i, doc in enumerate(docs):
         msg = metrics.failure_summary(doc["metrics"])

@@ -306,17 +306,24 @@ def plot(points: list[Point], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     use_conc = any(p.concurrency is not None for p in points)
-    xlabel = "concurrency (requests in flight)" if use_conc else "request rate (req/s)"
     xval = (lambda p: p.concurrency) if use_conc else (lambda p: p.request_rate)
-    groups = _by_config(points)
+    groups = sorted(_by_config(points).items())
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    written = []
+    return [
+        _plot_throughput(plt, groups, colors, xval, use_conc, out / "throughput_vs_concurrency.png"),
+        _plot_latency(plt, groups, colors, xval, use_conc, out / "latency_throughput.png"),
+    ]
 
-    # 1. output tokens/s against concurrency
+
+def _plot_throughput(plt, groups: list, colors: list, xval, use_conc: bool, path: Path) -> Path:
+    """Output tokens/s against concurrency (or request rate), a line per config; failed points as red crosses on the
+    x axis, and points whose run had failed requests say how many."""
+    from matplotlib import ticker
+
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
     failed_label = True
     xs_all = []
-    for i, (config, pts) in enumerate(sorted(groups.items())):
+    for i, (config, pts) in enumerate(groups):
         color = colors[i % len(colors)]
         good = sorted(
             (xval(p), p.metric("output_throughput"), p)
@@ -338,50 +345,49 @@ def plot(points: list[Point], out: Path) -> list[Path]:
             xs_all += [g[0] for g in good]
         bad = [xval(p) for p in pts if p.result is None and xval(p) is not None]
         if bad:
-            ax.plot(
-                bad,
-                [0] * len(bad),
-                "x",
-                color="tab:red",
-                markersize=10,
-                mew=2,
-                clip_on=False,
-                zorder=5,
-                label="failed point (see summary.csv)" if failed_label else None,
-            )
-            for x in bad:
-                ax.annotate(
-                    f"{config}: failed",
-                    (x, 0),
-                    textcoords="offset points",
-                    xytext=(0, 8),
-                    ha="center",
-                    fontsize=7,
-                    color="tab:red",
-                )
+            _plot_failed(ax, config, bad, failed_label)
             failed_label = False
             xs_all += bad
     if xs_all and min(xs_all) > 0 and max(xs_all) / min(xs_all) >= 8:
         ax.set_xscale("log", base=2)
         ax.set_xticks(sorted(set(xs_all)))
-        ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("output tokens/s")
-    ax.set_title("Output throughput against load")
-    ax.set_ylim(bottom=0)
-    ax.grid(True, alpha=0.3)
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "throughput_vs_concurrency.png"
-    fig.savefig(path)
-    plt.close(fig)
-    written.append(path)
+        ax.xaxis.set_minor_locator(ticker.NullLocator())
+    ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    xlabel = "concurrency (requests in flight)" if use_conc else "request rate (req/s)"
+    return _finish(plt, fig, ax, xlabel, "output tokens/s", "Output throughput against load", path)
 
-    # 2. latency against throughput
+
+def _plot_failed(ax, config: str, xs: list, legend: bool) -> None:
+    """The failed points of one config (x values `xs`): red crosses on the x axis, each saying so; `legend`: the
+    first config with any, whose crosses the legend explains."""
+    ax.plot(
+        xs,
+        [0] * len(xs),
+        "x",
+        color="tab:red",
+        markersize=10,
+        mew=2,
+        clip_on=False,
+        zorder=5,
+        label="failed point (see summary.csv)" if legend else None,
+    )
+    for x in xs:
+        ax.annotate(
+            f"{config}: failed",
+            (x, 0),
+            textcoords="offset points",
+            xytext=(0, 8),
+            ha="center",
+            fontsize=7,
+            color="tab:red",
+        )
+
+
+def _plot_latency(plt, groups: list, colors: list, xval, use_conc: bool, path: Path) -> Path:
+    """p50 (solid) and p99 (dashed) TTFT against output tokens/s, a pair of lines per config, each point labelled
+    with its concurrency (c=) or request rate (r=)."""
     fig, ax = plt.subplots(figsize=(8, 5), dpi=110)
-    for i, (config, pts) in enumerate(sorted(groups.items())):
+    for i, (config, pts) in enumerate(groups):
         color = colors[i % len(colors)]
         good = sorted(
             (p.metric("output_throughput"), p.metric("ttft_ms.p50"), p.metric("ttft_ms.p99"), xval(p))
@@ -405,19 +411,22 @@ def plot(points: list[Point], out: Path) -> list[Path]:
                     fontsize=7,
                     color=color,
                 )
-    ax.set_xlabel("output tokens/s")
-    ax.set_ylabel("time to first token (ms)")
-    ax.set_title("Latency against throughput")
+    return _finish(plt, fig, ax, "output tokens/s", "time to first token (ms)", "Latency against throughput", path)
+
+
+def _finish(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
+    """Label the plot, y from 0, grid and legend (where there are lines); write it to `path` and close it."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.set_ylim(bottom=0)
     ax.grid(True, alpha=0.3)
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    path = out / "latency_throughput.png"
     fig.savefig(path)
     plt.close(fig)
-    written.append(path)
-    return written
+    return path
 
 
 def format_summary(points: list[Point]) -> str:

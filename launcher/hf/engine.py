@@ -83,7 +83,7 @@ class Engine:
         While the GPU runs a step, the next one is queued behind it where it can be, and the host works on the last
         meanwhile (overlap; see `Scheduler.schedule`).
         """
-        from transformers import AutoTokenizer, GenerationConfig
+        from transformers import AutoTokenizer
 
         # prompts taken one at a time through their graphs (Scheduler.PROMPTS_ALONE_MAX; 0: never), checked before
         # loading and compiling the model (minutes on a GPU)
@@ -94,25 +94,7 @@ class Engine:
         self.model_path = str(args.model_path)
         self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_path or self.model_path)
         self._encode = PromptEncoder(self.tokenizer)  # prompts: the call's ids, without its Python (launcher.hf.encode)
-        t0 = time.perf_counter()
-        self.runner = HFModelRunner(self.model_path, tp_group=tp_group, **args.runner_kwargs())
-        self.max_prefill_tokens = args.prefill_tokens(self.runner.device.type)
-        loaded = time.perf_counter()
-
-        # before serving: a compile or capture mid-run would stall every running request
-        self.runner.warm_up(self.max_prefill_tokens)
-        # the load phases and the versions this engine runs on, for the time-to-READY breakdown and the run record
-        # (launcher/readiness.py reads them from the server's log)
-        import torch
-        import transformers
-
-        from launcher.readiness import report_phase, report_version
-
-        report_phase("weights", loaded - t0)  # read, shard, move to the device, allocate the KV cache
-        report_phase("compile", self.runner.compile_s)
-        report_phase("graphs", time.perf_counter() - loaded - self.runner.compile_s)  # CUDA graph capture
-        report_version("torch", torch.__version__)
-        report_version("transformers", transformers.__version__)
+        self._load_model(args, tp_group)
         # tp > 1: this engine is the leader (group rank 0) of a tensor-parallel group; see launcher.hf.tp
         self._tp = self.runner.tp_group
         if self._tp is not None and self._tp.rank != 0:
@@ -127,6 +109,35 @@ class Engine:
         self.vocab_size = self.runner.vocab_size
         # models often pad the embedding beyond the tokenizer (Qwen: 151936 vs 151665): never sample those ids
         self.runner.sampler.valid_vocab = min(self.vocab_size, len(self.tokenizer))
+        self.eos_token_ids = self._eos_token_ids()
+        self._table = TokenTable(self.tokenizer)
+        self.guides = Guides(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        self._init_loop(args, after_step, prompts_alone)
+
+    def _load_model(self, args: HFEngineArgs, tp_group) -> None:
+        """The runner (the model's weights and KV cache on the device), warmed up: a compile or capture mid-run
+        would stall every running request.  The load phases' times and the versions this engine runs on go to the
+        log, for the time-to-READY breakdown and the run record (launcher/readiness.py reads them)."""
+        t0 = time.perf_counter()
+        self.runner = HFModelRunner(self.model_path, tp_group=tp_group, **args.runner_kwargs())
+        self.max_prefill_tokens = args.prefill_tokens(self.runner.device.type)
+        loaded = time.perf_counter()
+        self.runner.warm_up(self.max_prefill_tokens)
+        import torch
+        import transformers
+
+        from launcher.readiness import report_phase, report_version
+
+        report_phase("weights", loaded - t0)  # read, shard, move to the device, allocate the KV cache
+        report_phase("compile", self.runner.compile_s)
+        report_phase("graphs", time.perf_counter() - loaded - self.runner.compile_s)  # CUDA graph capture
+        report_version("torch", torch.__version__)
+        report_version("transformers", transformers.__version__)
+
+    def _eos_token_ids(self) -> frozenset:
+        """The ids that end a generation: those the model's generation config, its config and its tokenizer name."""
+        from transformers import GenerationConfig
+
         eos: set[int] = set()
         try:
             gen_eos = GenerationConfig.from_pretrained(self.model_path).eos_token_id
@@ -137,10 +148,11 @@ class Engine:
                 eos.add(value)
             elif value:
                 eos.update(int(v) for v in value)
-        self.eos_token_ids = frozenset(eos)
-        self._table = TokenTable(self.tokenizer)
-        self.guides = Guides(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        return frozenset(eos)
 
+    def _init_loop(self, args: HFEngineArgs, after_step, prompts_alone: int) -> None:
+        """What the engine thread works with: its inbox, the scheduler and output processing over one set of stats,
+        and the KV-cache event publisher."""
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._active: set[str] = set()  # request ids accepted and not finished (guarded by _lock)
         self._lock = threading.Lock()

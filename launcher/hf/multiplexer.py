@@ -106,7 +106,7 @@ class Peers:
 
 
 def serve(fd: int) -> int:
-    from multiprocessing.connection import Connection, Pipe, wait
+    from multiprocessing.connection import Connection, Pipe
 
     conn = Connection(fd)
     _, raw, extra = conn.recv()
@@ -116,85 +116,120 @@ def serve(fd: int) -> int:
     listen = extra["listen"] or ""  # a unix socket path: other model instances attach there
     try:
         peers = Peers(conn)
-
-        # Outputs are sent in one message per engine step.  With `output_interval` (seconds) a request's new
-        # text is held and merged until that long after its previous output was sent; its first token and its
-        # end go at once.  Fewer messages and responses leave the CPU to the engine.
-        interval = args.stream_interval_ms / 1000.0
-        pending: dict = {}  # request id -> [output fields..., urgent]
-        last_sent: dict = {}  # request id -> time its last output was sent
-        received: dict = {}  # request id -> when its "add" arrived, until its first output (Output.times)
-
-        def on_output(out) -> None:
-            urgent = out.finish_reason is not None or out.output_tokens <= 1
-            t0 = received.pop(out.request_id, None)
-            times = None if t0 is None else (t0, time.monotonic())
-            prev = pending.get(out.request_id)
-            if prev is None:
-                pending[out.request_id] = [
-                    out.request_id,
-                    out.text,
-                    list(out.token_ids),
-                    out.input_tokens,
-                    out.output_tokens,
-                    out.finish_reason,
-                    out.error,
-                    times,
-                    out.logprobs,
-                    out.prompt_logprobs,
-                    urgent,
-                ]
-            else:
-                prev[1] += out.text
-                prev[2].extend(out.token_ids)
-                prev[3:7] = out.input_tokens, out.output_tokens, out.finish_reason, out.error
-                prev[8] = merged(prev[8], out.logprobs)
-                prev[9] = prev[9] or out.prompt_logprobs
-                prev[10] = prev[10] or urgent
-
-        stats_sent = [0.0]
-
-        def flush() -> None:  # called by the engine after each loop iteration
-            now = time.monotonic()
-            if now - stats_sent[0] >= 1.0 or engine.idle:  # `engine` is set before its thread starts
-                stats_sent[0] = now
-                peers.send(0, ("stats", engine.stats_dict()))
-            if not pending:
-                return
-            if interval <= 0:
-                batch = [tuple(v[:10]) for v in pending.values()]
-                pending.clear()
-            else:
-                now = time.monotonic()
-                batch = []
-                for rid, v in list(pending.items()):
-                    if v[10] or now - last_sent.get(rid, 0.0) >= interval:
-                        batch.append(tuple(v[:10]))
-                        del pending[rid]
-                        if v[5] is None:
-                            last_sent[rid] = now
-                        else:
-                            last_sent.pop(rid, None)
-                if not batch:
-                    return
-            peers.send_outputs(batch)
-
-        engine = Engine.from_args(args, after_step=flush)
-        engine.start()  # after `engine` is bound: flush runs on its thread
+        outputs = _Outputs(peers, args.stream_interval_ms / 1000.0)
+        engine = outputs.engine = Engine.from_args(args, after_step=outputs.flush)
+        engine.start()  # after `outputs.engine` is set: flush runs on its thread
     except Exception as exc:  # report, then exit: the parent raises with this message
         conn.send(("error", f"{type(exc).__name__}: {exc}"))
         return 1
     if engine._tp is not None:
+        _exit_when_engine_fails(engine)
+    info = _engine_info(engine)
+    # Attaching instances are accepted on a thread of `_listen`, which wakes the reading loop through `wake`.
+    wake_r, wake_w = Pipe(duplex=False)
+    close_listener = _listen(listen, info, peers, wake_w) if listen else None
+    peers.send(0, ("ready", info))
+    try:
+        _Reader(engine, peers, outputs).run(wake_r)
+    finally:
+        if close_listener is not None:
+            close_listener()
+        try:
+            engine.shutdown()  # running requests end 'cancelled'; the engine flushes them
+        except OSError:
+            pass
+    return 0
 
-        def watch() -> None:  # tp > 1: a dead engine loop (a failed collective) ends the process: fail fast
-            engine._thread.join()
-            if engine._error is not None:
-                log.error("hf engine (tp leader) failed: %r; exiting", engine._error)
-                time.sleep(0.2)  # let the final outputs go out
-                os._exit(3)
 
-        threading.Thread(target=watch, name="hf-tp-watch", daemon=True).start()
-    info = {
+class _Outputs:
+    """The engine's outputs on their way to the connections, sent in one message per engine step (`flush`).
+
+    With `interval` (seconds; the args' stream_interval_ms) a request's new text is held and merged until that long
+    after its previous output was sent; its first token and its end go at once.  Fewer messages and responses leave
+    the CPU to the engine."""
+
+    def __init__(self, peers: Peers, interval: float):
+        self.peers = peers
+        self.interval = interval
+        self.engine: Engine | None = None  # set before the engine's thread starts
+        self.pending: dict = {}  # request id -> [output fields..., urgent]
+        self.last_sent: dict = {}  # request id -> time its last output was sent
+        self.received: dict = {}  # request id -> when its "add" arrived, until its first output (Output.times)
+        self._stats_sent = 0.0
+
+    def on_output(self, out) -> None:
+        """The engine's output of one request (engine thread): merged into what waits to be sent."""
+        urgent = out.finish_reason is not None or out.output_tokens <= 1
+        t0 = self.received.pop(out.request_id, None)
+        times = None if t0 is None else (t0, time.monotonic())
+        prev = self.pending.get(out.request_id)
+        if prev is None:
+            self.pending[out.request_id] = [
+                out.request_id,
+                out.text,
+                list(out.token_ids),
+                out.input_tokens,
+                out.output_tokens,
+                out.finish_reason,
+                out.error,
+                times,
+                out.logprobs,
+                out.prompt_logprobs,
+                urgent,
+            ]
+        else:
+            prev[1] += out.text
+            prev[2].extend(out.token_ids)
+            prev[3:7] = out.input_tokens, out.output_tokens, out.finish_reason, out.error
+            prev[8] = merged(prev[8], out.logprobs)
+            prev[9] = prev[9] or out.prompt_logprobs
+            prev[10] = prev[10] or urgent
+
+    def flush(self) -> None:
+        """Called by the engine after each loop iteration: its statistics (each second, and once idle) and the
+        outputs that are due."""
+        engine, pending, last_sent = self.engine, self.pending, self.last_sent
+        now = time.monotonic()
+        if now - self._stats_sent >= 1.0 or engine.idle:
+            self._stats_sent = now
+            self.peers.send(0, ("stats", engine.stats_dict()))
+        if not pending:
+            return
+        if self.interval <= 0:
+            batch = [tuple(v[:10]) for v in pending.values()]
+            pending.clear()
+        else:
+            now = time.monotonic()
+            batch = []
+            for rid, v in list(pending.items()):
+                if v[10] or now - last_sent.get(rid, 0.0) >= self.interval:
+                    batch.append(tuple(v[:10]))
+                    del pending[rid]
+                    if v[5] is None:
+                        last_sent[rid] = now
+                    else:
+                        last_sent.pop(rid, None)
+            if not batch:
+                return
+        self.peers.send_outputs(batch)
+
+
+def _exit_when_engine_fails(engine: Engine) -> None:
+    """tp > 1: a dead engine loop (a failed collective) ends the process: fail fast."""
+
+    def watch() -> None:
+        engine._thread.join()
+        if engine._error is not None:
+            log.error("hf engine (tp leader) failed: %r; exiting", engine._error)
+            time.sleep(0.2)  # let the final outputs go out
+            os._exit(3)
+
+    threading.Thread(target=watch, name="hf-tp-watch", daemon=True).start()
+
+
+def _engine_info(engine: Engine) -> dict:
+    """What the "ready" message tells each model instance of the engine."""
+    return {
         "max_model_len": engine.max_model_len,
         "max_num_seqs": engine.max_num_seqs,
         "vocab_size": engine.vocab_size,
@@ -204,48 +239,46 @@ def serve(fd: int) -> int:
         "features": engine.features,
     }
 
-    def add_all(adds: list) -> None:
-        """("add" messages, as (k, message, when received)) -> the engine, text prompts tokenized together."""
-        if not adds:
-            return
-        requests = []
-        for k, (_, local, prompt, params), t in adds:
-            rid = f"{k}/{local}" if k else local
-            received[rid] = t
-            peers.started(k, rid)
-            requests.append((rid, prompt, params, on_output))
-        for (k, msg, _), (rid, *_), exc in zip(adds, requests, engine.add_requests(requests)):
-            if exc is not None:  # InvalidRequest (prompt too long, ...): that request's error
-                received.pop(rid, None)
-                peers.finished(k, rid)
-                try:
-                    peers.send(k, [(msg[1], "", [], 0, 0, "error", str(exc), None)])
-                except OSError:  # that instance is gone: the reading loop sees it at its next read
-                    pass
 
-    def handle(k: int, msg) -> str | None:
-        """One message of connection k; "stop" / "detach" when the connection is done."""
-        kind = msg[0]
-        if kind == "add":
-            add_all([(k, msg, time.monotonic())])
-        elif kind == "abort":
-            engine.abort(f"{k}/{msg[1]}" if k else msg[1])
-        elif kind == "stop" and not k:
-            return "stop"
-        elif kind == "detach" and k:
-            return "detach"
-        return None
+class _Reader:
+    """The one thread that reads every connection, as it read the one connection before: requests are tokenized with
+    no lock, and no more threads take turns at the GIL with the engine loop.  It reads all that a connection has sent
+    so far before tokenizing: the successors of requests that ended in one step arrive as a burst, and their prompts
+    go to the tokenizer in one call (`add_all`), one call a connection (eight model instances are eight
+    connections)."""
 
-    # One thread reads every connection, as it read the one connection before: requests are tokenized with no lock,
-    # and no more threads take turns at the GIL with the engine loop.  It reads all that a connection has sent so far
-    # before tokenizing: the successors of requests that ended in one step arrive as a burst, and their prompts go to
-    # the tokenizer in one call (`add_all`), one call a connection (eight model instances are eight connections).
-    # Attaching instances are accepted on a thread of `_listen`, which wakes this loop through `wake`.
-    wake_r, wake_w = Pipe(duplex=False)
-    close_listener = _listen(listen, info, peers, wake_w) if listen else None
-    peers.send(0, ("ready", info))
+    def __init__(self, engine: Engine, peers: Peers, outputs: _Outputs):
+        self.engine = engine
+        self.peers = peers
+        self.outputs = outputs
 
-    def read(c, k: int, adds: list) -> str | None:
+    def run(self, wake) -> None:
+        """Serve the connections until the instance that started us goes (or says "stop"); `wake`: readable when a
+        connection was attached."""
+        from multiprocessing.connection import wait
+
+        peers, engine = self.peers, self.engine
+        while True:
+            by_conn = peers.by_conn()
+            for c in wait(list(by_conn) + [wake]):
+                if c is wake:
+                    wake.recv_bytes()
+                    continue
+                k = by_conn[c]
+                adds: list = []
+                done = self.read(c, k, adds)
+                if done != "gone":  # nobody to answer a gone one: its requests read just now are not started
+                    self.add_all(adds)
+                if done is None:
+                    continue
+                if not k:  # the instance that started us: when it goes, the engine stops
+                    return
+                for rid in peers.drop(k):  # an attached instance left: its running requests end
+                    engine.abort(rid)
+                c.close()
+                log.info("hf engine process: model instance %d detached", k)
+
+    def read(self, c, k: int, adds: list) -> str | None:
         """Read the messages waiting on connection c (k; at most 1,024, then the others get a turn): "add"s join
         `adds` (tokenized later, together); any other message first hands `adds` to the engine (an abort may be
         for one of them).  Why the connection is done, if it is."""
@@ -255,9 +288,9 @@ def serve(fd: int) -> int:
                 if msg[0] == "add":
                     adds.append((k, msg, time.monotonic()))
                 else:
-                    add_all(adds)
+                    self.add_all(adds)
                     adds.clear()
-                    done = handle(k, msg)
+                    done = self.handle(k, msg)
                     if done is not None:
                         return done
                 if not c.poll():
@@ -266,36 +299,38 @@ def serve(fd: int) -> int:
             return "gone"
         return None
 
-    try:
-        first_open = True  # the instance that started us: when it goes, the engine stops
-        while first_open:
-            by_conn = peers.by_conn()
-            for c in wait(list(by_conn) + [wake_r]):
-                if c is wake_r:
-                    wake_r.recv_bytes()
-                    continue
-                k = by_conn[c]
-                adds: list = []
-                done = read(c, k, adds)
-                if done != "gone":  # nobody to answer a gone one: its requests read just now are not started
-                    add_all(adds)
-                if done is None:
-                    continue
-                if not k:
-                    first_open = False
-                    break
-                for rid in peers.drop(k):  # an attached instance left: its running requests end
-                    engine.abort(rid)
-                c.close()
-                log.info("hf engine process: model instance %d detached", k)
-    finally:
-        if close_listener is not None:
-            close_listener()
-        try:
-            engine.shutdown()  # running requests end 'cancelled'; the engine flushes them
-        except OSError:
-            pass
-    return 0
+    def add_all(self, adds: list) -> None:
+        """("add" messages, as (k, message, when received)) -> the engine, text prompts tokenized together."""
+        if not adds:
+            return
+        peers, received, on_output = self.peers, self.outputs.received, self.outputs.on_output
+        requests = []
+        for k, (_, local, prompt, params), t in adds:
+            rid = f"{k}/{local}" if k else local
+            received[rid] = t
+            peers.started(k, rid)
+            requests.append((rid, prompt, params, on_output))
+        for (k, msg, _), (rid, *_), exc in zip(adds, requests, self.engine.add_requests(requests)):
+            if exc is not None:  # InvalidRequest (prompt too long, ...): that request's error
+                received.pop(rid, None)
+                peers.finished(k, rid)
+                try:
+                    peers.send(k, [(msg[1], "", [], 0, 0, "error", str(exc), None)])
+                except OSError:  # that instance is gone: the reading loop sees it at its next read
+                    pass
+
+    def handle(self, k: int, msg) -> str | None:
+        """One message of connection k; "stop" / "detach" when the connection is done."""
+        kind = msg[0]
+        if kind == "add":
+            self.add_all([(k, msg, time.monotonic())])
+        elif kind == "abort":
+            self.engine.abort(f"{k}/{msg[1]}" if k else msg[1])
+        elif kind == "stop" and not k:
+            return "stop"
+        elif kind == "detach" and k:
+            return "detach"
+        return None
 
 
 def _listen(path: str, info: dict, peers: Peers, wake):

@@ -136,62 +136,14 @@ class Scheduler:
         became such a step (measured on an H100 at 128 streams: 6.1 ms a step instead of 3.2); prompts that
         arrive during a run of decode steps are taken together, in one step, once it ends.
         """
-        prev_rows = None
-        prompts = []  # sequences whose prompt (or its next chunk) this step may take
         if ahead_of is None:
-            self._grow_or_preempt()
-            decoding = [s for _, s in self.decoding]
-            self.admit()
-            prompts = self.prefilling
-            mixed = self._prompts_mixed(decoding)
-            if mixed:  # the prompts beside the decode rows, through a mixed graph
-                prompts = mixed
-            else:
-                only = self._prompts_only(decoding)
-                if only:  # the prompts through their graph; the decode rows wait this step
-                    decoding, prompts = [], only
-                elif only is not None:  # the decode rows' turn between two waves
-                    prompts = []
+            decoding, prompts = self._choose()
+            prev_rows = None
         else:
-            prev_rows = [
-                i for i, s in enumerate(ahead_of) if s.slot >= 0 and len(s.out_ids) + 1 < s.max_tokens
-            ]  # not finished, not ending now
-            decoding = [ahead_of[i] for i in prev_rows]
-            if any(s.needs_last_token for s in decoding) or not self._inbox_empty():
+            chosen = self._choose_ahead(ahead_of)
+            if chosen is None:
                 return None
-            ids = {id(s) for s in ahead_of}
-            if any(id(s) not in ids and s.num_computed for s in self.prefilling):  # a prompt part-way through
-                return None
-            # rows that sat the running step out (a step of prompts): their last tokens are on the host
-            waited = [s for _, s in self.decoding if id(s) not in ids]
-            prompts_waiting = bool(self.waiting) or any(id(s) not in ids for s in self.prefilling)
-            prev_rows += [-1] * len(waited)
-            decoding += waited
-            if not self._grow(decoding):  # the pool is out of blocks: the step waits, and may preempt then
-                return None
-            if prompts_waiting:
-                self.admit()
-                pending = [s for s in self.prefilling if id(s) not in ids]  # not those the running step prefills
-                # Every slot taken: the waiting requests wait for one whatever this step is, so the decode rows go
-                # ahead.  (Waiting for the running step instead lost the overlap exactly when the engine is full:
-                # on an H100 with Poisson arrivals past its capacity, 42-61% of steps queued ahead instead of 99%,
-                # each waiting for the host, and the queue grew faster.)
-                # A slot frees when the host has a row's last token, so a waiting request is admitted in the step
-                # scheduled after that.
-                mixed = self._prompts_mixed(decoding, pending)
-                if mixed:  # beside the decode rows (their tokens follow on the device), through a mixed graph
-                    only, prompts = [], mixed
-                elif pending:
-                    only = self._prompts_only(decoding, pending)
-                else:
-                    only, self._waved = [], False  # the decode rows' turn
-                if only:  # prompts only, through their graph: nothing of the running step's
-                    decoding, prompts, prev_rows = [], only, None
-                elif only is None:  # the prompts go beside the decode rows, in one step once the running one ends
-                    return None
-                # else (only == []): the decode rows' turn, the prompts wait for the next step
-            elif waited:
-                self._waved = False  # the rows that waited for a wave step have their turn
+            decoding, prompts, prev_rows = chosen
         rows = list(decoding)
         decode_slots = [s.slot for s in decoding]
         # ahead: the tokens of the running step's rows follow on the device; rows that sat it out have theirs here
@@ -203,35 +155,8 @@ class Scheduler:
         decode_positions = [s.num_computed for s in decoding]
         for s in decoding:
             s.num_computed += 1  # the fed token is cached by this step
-
-        chunks: list[PrefillChunk] = []
-        prefill_tokens: list[int] = []
-        penalty_resets = []
-        chunk_seqs = []  # sequences whose chunk here does not end their prompt
-        if prompts:  # queued ahead, a step carries prompts only through a prompt, wave or mixed graph (see above)
-            budget = self.max_prefill_tokens
-            for seq in prompts:
-                if budget <= 0:
-                    break
-                start = seq.num_computed
-                length = min(len(seq.prefill_ids) - start, budget)
-                budget -= length
-                last = start + length == len(seq.prefill_ids)
-                chunk = PrefillChunk(seq.slot, start, length, last)
-                if seq.prompt_lp is not None:  # its prompt's log probabilities, not sent yet: from these logits
-                    chunk.logprobs = seq.params.prompt_logprobs
-                    chunk.next_token = -1 if last else seq.prefill_ids[start + length]
-                chunks.append(chunk)
-                prefill_tokens.extend(seq.prefill_ids[start : start + length])
-                seq.num_computed = start + length
-                if not seq.prefill_started:
-                    seq.prefill_started = True
-                    if seq.penalties:
-                        penalty_resets.append((seq.slot, seq.prompt_ids, list(seq.out_ids)))
-                if last:
-                    rows.append(seq)
-                else:
-                    chunk_seqs.append(seq)
+        # queued ahead, a step carries prompts only through a prompt, wave or mixed graph (see above)
+        chunks, prefill_tokens, penalty_resets, chunk_seqs = self._prompt_chunks(prompts, rows)
         if not rows and not chunks:
             return None
         for seq in decoding:
@@ -252,6 +177,104 @@ class Scheduler:
             updates,
         )
         return step, rows, chunk_seqs, prev_rows
+
+    def _choose(self) -> tuple:
+        """What a step that waits for the running one runs (schedule without ahead_of): (its decode rows, the
+        sequences whose prompt or its next chunk it may take).  Decode rows that need a block and find none preempt
+        the request admitted last; waiting requests are admitted."""
+        self._grow_or_preempt()
+        decoding = [s for _, s in self.decoding]
+        self.admit()
+        prompts = self.prefilling
+        mixed = self._prompts_mixed(decoding)
+        if mixed:  # the prompts beside the decode rows, through a mixed graph
+            prompts = mixed
+        else:
+            only = self._prompts_only(decoding)
+            if only:  # the prompts through their graph; the decode rows wait this step
+                decoding, prompts = [], only
+            elif only is not None:  # the decode rows' turn between two waves
+                prompts = []
+        return decoding, prompts
+
+    def _choose_ahead(self, ahead_of: list[Seq]) -> tuple | None:
+        """What a step queued behind the running one (its output rows `ahead_of`) runs: (its decode rows, the
+        sequences whose prompt it may take, prev_rows), or None where it has to wait for the running step (see
+        schedule)."""
+        prev_rows = [
+            i for i, s in enumerate(ahead_of) if s.slot >= 0 and len(s.out_ids) + 1 < s.max_tokens
+        ]  # not finished, not ending now
+        decoding = [ahead_of[i] for i in prev_rows]
+        if any(s.needs_last_token for s in decoding) or not self._inbox_empty():
+            return None
+        ids = {id(s) for s in ahead_of}
+        if any(id(s) not in ids and s.num_computed for s in self.prefilling):  # a prompt part-way through
+            return None
+        # rows that sat the running step out (a step of prompts): their last tokens are on the host
+        waited = [s for _, s in self.decoding if id(s) not in ids]
+        prompts_waiting = bool(self.waiting) or any(id(s) not in ids for s in self.prefilling)
+        prev_rows += [-1] * len(waited)
+        decoding += waited
+        if not self._grow(decoding):  # the pool is out of blocks: the step waits, and may preempt then
+            return None
+        prompts = []
+        if prompts_waiting:
+            self.admit()
+            pending = [s for s in self.prefilling if id(s) not in ids]  # not those the running step prefills
+            # Every slot taken: the waiting requests wait for one whatever this step is, so the decode rows go
+            # ahead.  (Waiting for the running step instead lost the overlap exactly when the engine is full:
+            # on an H100 with Poisson arrivals past its capacity, 42-61% of steps queued ahead instead of 99%,
+            # each waiting for the host, and the queue grew faster.)
+            # A slot frees when the host has a row's last token, so a waiting request is admitted in the step
+            # scheduled after that.
+            mixed = self._prompts_mixed(decoding, pending)
+            if mixed:  # beside the decode rows (their tokens follow on the device), through a mixed graph
+                only, prompts = [], mixed
+            elif pending:
+                only = self._prompts_only(decoding, pending)
+            else:
+                only, self._waved = [], False  # the decode rows' turn
+            if only:  # prompts only, through their graph: nothing of the running step's
+                decoding, prompts, prev_rows = [], only, None
+            elif only is None:  # the prompts go beside the decode rows, in one step once the running one ends
+                return None
+            # else (only == []): the decode rows' turn, the prompts wait for the next step
+        elif waited:
+            self._waved = False  # the rows that waited for a wave step have their turn
+        return decoding, prompts, prev_rows
+
+    def _prompt_chunks(self, prompts: list[Seq], rows: list[Seq]) -> tuple:
+        """The prompt chunks of a step: `prompts` in order, each its next chunk, until max_prefill_tokens are taken.
+        (chunks, their tokens, penalty resets of the sequences that start their prefill, the sequences whose chunk
+        does not end their prompt); those whose chunk does join `rows`."""
+        chunks: list[PrefillChunk] = []
+        prefill_tokens: list[int] = []
+        penalty_resets = []
+        chunk_seqs = []  # sequences whose chunk here does not end their prompt
+        budget = self.max_prefill_tokens
+        for seq in prompts:
+            if budget <= 0:
+                break
+            start = seq.num_computed
+            length = min(len(seq.prefill_ids) - start, budget)
+            budget -= length
+            last = start + length == len(seq.prefill_ids)
+            chunk = PrefillChunk(seq.slot, start, length, last)
+            if seq.prompt_lp is not None:  # its prompt's log probabilities, not sent yet: from these logits
+                chunk.logprobs = seq.params.prompt_logprobs
+                chunk.next_token = -1 if last else seq.prefill_ids[start + length]
+            chunks.append(chunk)
+            prefill_tokens.extend(seq.prefill_ids[start : start + length])
+            seq.num_computed = start + length
+            if not seq.prefill_started:
+                seq.prefill_started = True
+                if seq.penalties:
+                    penalty_resets.append((seq.slot, seq.prompt_ids, list(seq.out_ids)))
+            if last:
+                rows.append(seq)
+            else:
+                chunk_seqs.append(seq)
+        return chunks, prefill_tokens, penalty_resets, chunk_seqs
 
     def admit(self) -> None:
         """Waiting requests, first come first served, into free slots (lowest slot first keeps the decode batch rows

@@ -115,94 +115,140 @@ async def events(rid: str, gens: list, its: list, first, opts: tr.Options, chat:
     """SSE events of several streams (or one with log probabilities or echo): each response of a choice becomes a
     chunk with its index, in the order they arrive; each choice ends with its finish_reason; then the usage chunk
     (stream_options.include_usage) and [DONE].  The last item yielded is the usage dict (not an event)."""
-    created = int(time.time())
-    kind = "chat.completion.chunk" if chat else "text_completion"
     queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i, it, item):
-        try:
-            while True:
-                if item is None:
-                    item = await it.__anext__()
-                await queue.put((i, item))
-                if isinstance(item, Final):
-                    return
-                item = None
-        except Exception as exc:  # noqa: BLE001 - handed to the writer, which answers it
-            await queue.put((i, exc))
-
-    def chunk(i, delta, lp=None, reason=None):
-        c = {"index": i, "logprobs": lp, "finish_reason": reason}
-        c["delta" if chat else "text"] = delta
-        out = {"id": rid, "object": kind, "created": created, "model": opts.model, "choices": [c]}
-        if opts.include_usage:
-            out["usage"] = None
-        return sse(out)
-
-    contexts = [[] for _ in its]  # each choice's tokens so far (how a token split over bytes shows)
-
-    def logprobs(i, rows, prompt_rows=None, start=0):
-        if opts.logprobs is None or (rows is None and prompt_rows is None):
-            return None
-        if chat:
-            return ch.chat_logprobs(text_of.in_context, rows, contexts[i])
-        return ch.completion_logprobs(text_of.in_context, rows, prompt_rows, start, contexts[i])
-
-    tasks = [asyncio.ensure_future(pump(i, it, first if i == 0 else None)) for i, it in enumerate(its)]
-    utf8 = [Utf8Pieces() for _ in its]
-    held = [None] * len(its)  # each choice's log probabilities (LogProbRows) until its text goes
-    offset = [0] * len(its)  # text_offset of each choice's next token
-    echo = [None] * len(its)  # each choice's prompt, until its first chunk carries it (echo)
-    seen = [False] * len(its)  # log probabilities came for the choice
+    tasks = [asyncio.ensure_future(_pump(queue, i, it, first if i == 0 else None)) for i, it in enumerate(its)]
+    stream = _ChoiceChunks(rid, len(its), opts, chat, text_of, sse)
     done, finals = 0, [None] * len(its)
     try:
-        for i, gen in enumerate(gens):
-            if chat:
-                yield chunk(i, {"role": "assistant", "content": ""})
-            elif opts.echo:
-                echo[i] = _prompt_text(text_of, gen)
-                offset[i] = len(echo[i])
+        for event in stream.opening(gens):
+            yield event
         while done < len(its):
             i, item = await queue.get()
             if isinstance(item, Exception):
                 raise item
-            if echo[i] is not None:  # the prompt first, with its log probabilities when they were asked
-                prompt_rows = item.prompt if isinstance(item, LogProbs) else None
-                lp = logprobs(i, None, prompt_rows, 0)
-                if lp is not None:  # offsets run over the tokens' texts, as in a body that is not streamed
-                    offset[i] = sum(len(t) for t in lp["tokens"])
-                yield chunk(i, echo[i], lp)
-                echo[i] = None
+            if stream.echo[i] is not None:  # the prompt first, with its log probabilities when they were asked
+                yield stream.echoed(i, item)
             if isinstance(item, LogProbs):
-                held[i] = merged(held[i], item.rows)
-                seen[i] = seen[i] or item.rows is not None
-                continue
-            if isinstance(item, Final):
-                if opts.logprobs is not None and item.output_tokens and not seen[i]:
+                stream.hold(i, item)
+            elif isinstance(item, Final):
+                if opts.logprobs is not None and item.output_tokens and not stream.seen[i]:
                     yield sse(none_returned().body())
                     return
-                rest, lp = utf8[i].flush(), logprobs(i, held[i], start=offset[i])
-                reason = tr.finish_reason(item.finish_reason)
-                yield chunk(i, ({"content": rest} if rest else {}) if chat else rest, lp, reason)
+                yield stream.final(i, item)
                 finals[i], done = item, done + 1
-                continue
-            text = utf8[i].feed(item)
-            if text or held[i] is not None:
-                lp = logprobs(i, held[i], start=offset[i])
-                if lp is not None and not chat:
-                    offset[i] += sum(len(t) for t in lp["tokens"])
-                held[i] = None
-                yield chunk(i, {"content": text} if chat else text, lp)
+            else:
+                event = stream.text(i, item)
+                if event is not None:
+                    yield event
         counts = _usage(
             [ch.Answer(input_tokens=f.input_tokens or 0, output_tokens=f.output_tokens or 0) for f in finals], opts
         )
         if opts.include_usage:
-            yield sse(
-                {"id": rid, "object": kind, "created": created, "model": opts.model, "choices": [], "usage": counts}
-            )
+            yield stream.usage(counts)
         yield counts
     finally:
         for t in tasks:
             t.cancel()
         for it in its:
             await it.aclose()
+
+
+async def _pump(queue: asyncio.Queue, i: int, it, item) -> None:
+    """Choice i's responses (`item`: its first, read already, or None) onto `queue` as (i, response), up to its Final;
+    an error instead as (i, exception), for the writer to answer."""
+    try:
+        while True:
+            if item is None:
+                item = await it.__anext__()
+            await queue.put((i, item))
+            if isinstance(item, Final):
+                return
+            item = None
+    except Exception as exc:  # noqa: BLE001 - handed to the writer, which answers it
+        await queue.put((i, exc))
+
+
+class _ChoiceChunks:
+    """The SSE chunks of a stream of `n` choices, and what each choice carries from one response to the next: its
+    text's incomplete UTF-8, its log probabilities until its text goes, its text offset and its prompt to echo."""
+
+    def __init__(self, rid: str, n: int, opts: tr.Options, chat: bool, text_of, sse):
+        self.rid, self.opts, self.chat, self.text_of, self.sse = rid, opts, chat, text_of, sse
+        self.created = int(time.time())
+        self.kind = "chat.completion.chunk" if chat else "text_completion"
+        self.contexts = [[] for _ in range(n)]  # each choice's tokens so far (how a token split over bytes shows)
+        self.utf8 = [Utf8Pieces() for _ in range(n)]
+        self.held = [None] * n  # each choice's log probabilities (LogProbRows) until its text goes
+        self.offset = [0] * n  # text_offset of each choice's next token
+        self.echo = [None] * n  # each choice's prompt, until its first chunk carries it (echo)
+        self.seen = [False] * n  # log probabilities came for the choice
+
+    def chunk(self, i, delta, lp=None, reason=None):
+        c = {"index": i, "logprobs": lp, "finish_reason": reason}
+        c["delta" if self.chat else "text"] = delta
+        out = {"id": self.rid, "object": self.kind, "created": self.created, "model": self.opts.model, "choices": [c]}
+        if self.opts.include_usage:
+            out["usage"] = None
+        return self.sse(out)
+
+    def logprobs(self, i, rows, prompt_rows=None, start=0):
+        if self.opts.logprobs is None or (rows is None and prompt_rows is None):
+            return None
+        if self.chat:
+            return ch.chat_logprobs(self.text_of.in_context, rows, self.contexts[i])
+        return ch.completion_logprobs(self.text_of.in_context, rows, prompt_rows, start, self.contexts[i])
+
+    def opening(self, gens: list) -> list:
+        """The chunks before any response: each chat choice's role; with echo, each prompt is kept for its choice's
+        first chunk."""
+        out = []
+        for i, gen in enumerate(gens):
+            if self.chat:
+                out.append(self.chunk(i, {"role": "assistant", "content": ""}))
+            elif self.opts.echo:
+                self.echo[i] = _prompt_text(self.text_of, gen)
+                self.offset[i] = len(self.echo[i])
+        return out
+
+    def echoed(self, i, item):
+        """Choice i's first chunk, its prompt (echo), with the prompt's log probabilities if `item` has them."""
+        prompt_rows = item.prompt if isinstance(item, LogProbs) else None
+        lp = self.logprobs(i, None, prompt_rows, 0)
+        if lp is not None:  # offsets run over the tokens' texts, as in a body that is not streamed
+            self.offset[i] = sum(len(t) for t in lp["tokens"])
+        prompt, self.echo[i] = self.echo[i], None
+        return self.chunk(i, prompt, lp)
+
+    def hold(self, i, item) -> None:
+        """Choice i's log probabilities, kept until its text goes."""
+        self.held[i] = merged(self.held[i], item.rows)
+        self.seen[i] = self.seen[i] or item.rows is not None
+
+    def final(self, i, item):
+        """Choice i's last chunk: what is left of its text, with its finish_reason."""
+        rest, lp = self.utf8[i].flush(), self.logprobs(i, self.held[i], start=self.offset[i])
+        reason = tr.finish_reason(item.finish_reason)
+        return self.chunk(i, ({"content": rest} if rest else {}) if self.chat else rest, lp, reason)
+
+    def text(self, i, item):
+        """Choice i's chunk of new text (and the log probabilities held for it); None while there is neither."""
+        text = self.utf8[i].feed(item)
+        if not text and self.held[i] is None:
+            return None
+        lp = self.logprobs(i, self.held[i], start=self.offset[i])
+        if lp is not None and not self.chat:
+            self.offset[i] += sum(len(t) for t in lp["tokens"])
+        self.held[i] = None
+        return self.chunk(i, {"content": text} if self.chat else text, lp)
+
+    def usage(self, counts: dict):
+        return self.sse(
+            {
+                "id": self.rid,
+                "object": self.kind,
+                "created": self.created,
+                "model": self.opts.model,
+                "choices": [],
+                "usage": counts,
+            }
+        )

@@ -67,45 +67,84 @@ def make_app(
     `Authorization: Bearer` on every route but /health (launcher/openai_api/auth.py); `token_text`: token ids as text
     (log probabilities, echo of token-id prompts), from the model's tokenizer."""
     counters = counters or Counters()
-    token_text = token_text or TokenText("")
     draining = {"reason": ""} if draining is None else draining
-    created = int(time.time())
+    api = _Api(backend, served, chat_template, counters, draining, token_text or TokenText(""))
+    routes = [
+        Route("/v1/models", api.models, methods=["GET"]),
+        Route("/v1/completions", api.completions, methods=["POST"]),
+        Route("/v1/chat/completions", api.chat, methods=["POST"]),
+        Route("/health", api.health, methods=["GET"]),
+        Route("/metrics", api.metrics, methods=["GET"]),
+    ]
 
-    async def models(request: Request) -> Response:
-        return JSONResponse(tr.models_body(served[0], created))
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        counters.started()
+        yield
 
-    async def health(request: Request) -> Response:
-        if not counters.all_started:
+    app = Starlette(
+        routes=routes,
+        exception_handlers={404: _not_found, 405: _not_found, Exception: _server_error},
+        lifespan=lifespan,
+    )
+    return BearerAuth(app, api_key) if api_key else app
+
+
+async def _not_found(request: Request, exc) -> Response:
+    status = getattr(exc, "status_code", 404)
+    msg = (
+        f"{request.method} {request.url.path} is not served here (routes: GET /v1/models, POST /v1/completions, "
+        "POST /v1/chat/completions, GET /health, GET /metrics)"
+    )
+    return JSONResponse(tr.ApiError(status, msg, code="unknown_route").body(), status_code=status)
+
+
+async def _server_error(request: Request, exc) -> Response:
+    return _error(tr.ApiError(500, f"internal error: {exc.__class__.__name__}: {exc}", code="internal_error"))
+
+
+class _Api:
+    """The routes' handlers (make_app's arguments say what each field is): every request is counted in `counters`
+    by route and status, and counts as running from its first piece to its end (counters.begin / end)."""
+
+    def __init__(self, backend, served: tuple, chat_template, counters: Counters, draining: dict, token_text):
+        self.backend = backend
+        self.served = served
+        self.chat_template = chat_template
+        self.counters = counters
+        self.draining = draining
+        self.token_text = token_text
+        self.created = int(time.time())  # /v1/models' "created": when the API started
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse(tr.models_body(self.served[0], self.created))
+
+    async def health(self, request: Request) -> Response:
+        if not self.counters.all_started:
             return PlainTextResponse("the API's worker processes are starting\n", status_code=503)
-        if draining["reason"]:
-            return PlainTextResponse(draining["reason"] + "\n", status_code=503)
-        if await backend.ready():
+        if self.draining["reason"]:
+            return PlainTextResponse(self.draining["reason"] + "\n", status_code=503)
+        if await self.backend.ready():
             return PlainTextResponse("ok\n")
-        return PlainTextResponse(f"model {backend.model} is not ready at {backend.url}\n", status_code=503)
+        return PlainTextResponse(f"model {self.backend.model} is not ready at {self.backend.url}\n", status_code=503)
 
-    async def metrics(request: Request) -> Response:
-        return PlainTextResponse(counters.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+    async def metrics(self, request: Request) -> Response:
+        return PlainTextResponse(self.counters.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    async def completions(request: Request) -> Response:
-        return await _generate(request, chat=False)
+    async def completions(self, request: Request) -> Response:
+        return await self._generate(request, chat=False)
 
-    async def chat(request: Request) -> Response:
-        return await _generate(request, chat=True)
+    async def chat(self, request: Request) -> Response:
+        return await self._generate(request, chat=True)
 
-    async def _generate(request: Request, chat: bool) -> Response:
+    async def _generate(self, request: Request, chat: bool) -> Response:
         route = "chat" if chat else "completions"
-        if draining["reason"]:
+        counters = self.counters
+        if self.draining["reason"]:
             counters.answered(route, 503)
-            return _error(tr.ApiError(503, draining["reason"], code="draining"))
+            return _error(tr.ApiError(503, self.draining["reason"], code="draining"))
         try:
-            try:
-                body = await request.json()
-            except (ValueError, UnicodeDecodeError):
-                raise tr.ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
-            if chat:
-                gen, opts = await _in_thread(tr.chat_generation, body, served, chat_template)
-            else:
-                gen, opts = tr.completion_generation(body, served)
+            gen, opts = await self._translate(request, chat)
         except tr.ApiError as e:
             counters.answered(route, e.status)
             return _error(e)
@@ -113,13 +152,13 @@ def make_app(
         # X-Session-ID: with replicas and serve.routing=prefix, the session's requests stay on one replica
         session = request.headers.get(SESSION_HEADER, "")[:256]
         if not opts.plain:
-            return await _choices(request, route, rid, tr.choice_generations(gen, opts), opts, chat, session)
-        it = backend.generate(gen, session).__aiter__()
-        first, refused = await _start([it], route)
+            return await self._choices(request, route, rid, tr.choice_generations(gen, opts), opts, chat, session)
+        it = self.backend.generate(gen, session).__aiter__()
+        first, refused = await self._start([it], route)
         if refused is not None:
             return refused
         if opts.stream:
-            return _events(route, _stream(it, first, rid, opts, chat))
+            return self._events(route, self._stream(it, first, rid, opts, chat))
         try:
             ans = await _until_disconnect(request, answers.read(it, first))
         except BackendError as e:
@@ -129,14 +168,25 @@ def make_app(
         finally:
             counters.end()
         counters.answered(route, 200)
-        counts = _count(ans.input_tokens, ans.output_tokens)
+        counts = self._count(ans.input_tokens, ans.output_tokens)
         reason = tr.finish_reason(ans.finish_reason)
         make = tr.chat_body if chat else tr.completion_body
         return JSONResponse(make(rid, opts.model, ans.text, reason, counts))
 
-    async def _start(its: list, route: str) -> tuple:
+    async def _translate(self, request: Request, chat: bool) -> tuple:
+        """The request's body -> (the contract's generation, its options); tr.ApiError for a bad request."""
+        try:
+            body = await request.json()
+        except (ValueError, UnicodeDecodeError):
+            raise tr.ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
+        if chat:
+            return await _in_thread(tr.chat_generation, body, self.served, self.chat_template)
+        return tr.completion_generation(body, self.served)
+
+    async def _start(self, its: list, route: str) -> tuple:
         """(the first item of its[0], None), or (None, the error response): errors before the first piece get their
         HTTP status.  From here the request counts as running until it ends (counters.end)."""
+        counters = self.counters
         counters.begin()
         try:
             return await its[0].__anext__(), None
@@ -151,18 +201,20 @@ def make_app(
             counters.end()
             raise
 
-    def _events(route: str, events) -> Response:
-        counters.answered(route, 200)
+    def _events(self, route: str, events) -> Response:
+        self.counters.answered(route, 200)
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
-    async def _choices(request, route, rid, gens, opts, chat, session) -> Response:
+    async def _choices(self, request, route, rid, gens, opts, chat, session) -> Response:
         """Several choices, log probabilities or echo (launcher/openai_api/answers.py)."""
-        its = [backend.generate(g, session).__aiter__() for g in gens]
-        first, refused = await _start(its, route)
+        counters, token_text = self.counters, self.token_text
+        its = [self.backend.generate(g, session).__aiter__() for g in gens]
+        first, refused = await self._start(its, route)
         if refused is not None:
             return refused
         if opts.stream:
-            return _events(route, _choice_events(answers.events(rid, gens, its, first, opts, chat, token_text, _sse)))
+            events = answers.events(rid, gens, its, first, opts, chat, token_text, _sse)
+            return self._events(route, self._choice_events(events))
         try:
             got = await _until_disconnect(request, answers.answers(its, first))
             out, counts = await _in_thread(answers.body, rid, gens, got, opts, chat, token_text)
@@ -179,11 +231,11 @@ def make_app(
         counters.tokens(counts["prompt_tokens"], counts["completion_tokens"])
         return JSONResponse(out)
 
-    async def _choice_events(events):
+    async def _choice_events(self, events):
         try:
             async for event in events:
                 if isinstance(event, dict):  # the usage, last
-                    counters.tokens(event["prompt_tokens"], event["completion_tokens"])
+                    self.counters.tokens(event["prompt_tokens"], event["completion_tokens"])
                     break
                 yield event
             yield _DONE  # after the usage, or after an error event
@@ -191,14 +243,14 @@ def make_app(
             yield _sse(tr.engine_error(e.message, e.code).body())
             yield _DONE
         finally:
-            counters.end()
+            self.counters.end()
             await events.aclose()
 
-    def _count(input_tokens, output_tokens) -> dict:
-        counters.tokens(input_tokens or 0, output_tokens or 0)
+    def _count(self, input_tokens, output_tokens) -> dict:
+        self.counters.tokens(input_tokens or 0, output_tokens or 0)
         return tr.usage(input_tokens, output_tokens)
 
-    async def _stream(it, first, rid: str, opts: tr.Options, chat: bool):
+    async def _stream(self, it, first, rid: str, opts: tr.Options, chat: bool):
         created_at = int(time.time())
         chunk = tr.chat_chunk if chat else tr.completion_chunk
         wu = opts.include_usage
@@ -217,7 +269,7 @@ def make_app(
                     reason = tr.finish_reason(item.finish_reason)
                     delta = ({"content": rest} if rest else {}) if chat else rest
                     yield _sse(chunk(rid, created_at, opts.model, delta, reason, wu))
-                    counts = _count(item.input_tokens, item.output_tokens)
+                    counts = self._count(item.input_tokens, item.output_tokens)
                     if wu:
                         yield _sse(tr.usage_chunk(rid, created_at, opts.model, chat, counts))
                     yield _DONE
@@ -230,37 +282,8 @@ def make_app(
             yield _sse(tr.engine_error(e.message, e.code).body())
             yield _DONE
         finally:
-            counters.end()
+            self.counters.end()
             await it.aclose()  # cancels the gRPC call when the client went away
-
-    routes = [
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
-    ]
-
-    async def not_found(request: Request, exc) -> Response:
-        status = getattr(exc, "status_code", 404)
-        msg = (
-            f"{request.method} {request.url.path} is not served here (routes: GET /v1/models, POST /v1/completions, "
-            "POST /v1/chat/completions, GET /health, GET /metrics)"
-        )
-        return JSONResponse(tr.ApiError(status, msg, code="unknown_route").body(), status_code=status)
-
-    async def server_error(request: Request, exc) -> Response:
-        return _error(tr.ApiError(500, f"internal error: {exc.__class__.__name__}: {exc}", code="internal_error"))
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        counters.started()
-        yield
-
-    app = Starlette(
-        routes=routes, exception_handlers={404: not_found, 405: not_found, Exception: server_error}, lifespan=lifespan
-    )
-    return BearerAuth(app, api_key) if api_key else app
 
 
 async def _until_disconnect(request: Request, work):

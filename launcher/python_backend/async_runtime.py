@@ -48,7 +48,7 @@ import uuid
 from dataclasses import dataclass
 from typing import AsyncIterator, Callable, Dict, Optional
 
-from launcher.python_backend import counters, timings
+from launcher.python_backend import counters, logprob_io, timings, triton_io
 from launcher.python_backend.logprob_io import LogProbRows, merged
 from launcher.python_backend.outbox import SEND_THREADS, Outbox
 
@@ -167,8 +167,6 @@ class AsyncEngineRuntime:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Start the loop thread, build the engine on it (errors propagate), start the helpers."""
-        from launcher.python_backend import triton_io
-
         self._responder = triton_io.Responder()
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self._run_loop, name=f"{self.adapter.name}-loop", daemon=True)
@@ -243,8 +241,6 @@ class AsyncEngineRuntime:
         """Called from execute(): schedule one request on the loop and return at once."""
         import triton_python_backend_utils as pb_utils
 
-        from launcher.python_backend import triton_io
-
         began = time.monotonic()
         sender = request.get_response_sender()
         if self._stopping or self.loop is None:
@@ -256,29 +252,12 @@ class AsyncEngineRuntime:
         asyncio.run_coroutine_threadsafe(self._serve(request, sender, began), self.loop)
 
     async def _serve(self, request, sender, began: float = 0.0) -> None:
-        from launcher.python_backend import triton_io
-
         name = self.adapter.name
         out = Outbox(sender, self._next_shard)
         self._next_shard = (self._next_shard + 1) % len(self._send_queues)
-        if not self.adapter.serves:
-            self._post_final(
-                out,
-                (
-                    "error",
-                    f"{name}: this rank runs part of the engine and takes no requests; send them to the model copy's leader (rank 0)",
-                ),
-            )
+        greq = self._accept(request, out)
+        if greq is None:
             return
-        try:
-            greq = triton_io.parse_request(
-                request, self.adapter.supported, self.adapter.max_model_len, f"engine={name}"
-            )
-        except triton_io.InvalidRequest as exc:
-            self._post_final(out, ("error", f"{name}: {exc}"))
-            return
-        self._note_ignored(greq.ignored)
-        out.counts = not greq.final_counts_only  # else text alone: the counts come with the final response
         rid = uuid.uuid4().hex
         entry = _Active(out)
         entry.task = asyncio.current_task()
@@ -315,18 +294,7 @@ class AsyncEngineRuntime:
                 self.prompt_tokens.add(n_in, cached)
             self._post_final(out, ("done", "".join(parts), finish), n_in, n_out)
         except asyncio.CancelledError:
-            task = asyncio.current_task()
-            if task is not None and hasattr(task, "uncancel"):
-                task.uncancel()  # the cancellation is handled here; later awaits must not see it again
-            if not entry.cancelled:  # shutting down (a client cancel was aborted by the watchdog already)
-                await self._abort(rid)
-            self._active.pop(rid, None)
-            why = "cancelled by the client" if entry.cancelled else "the model is shutting down"
-            self.log.info(f"request {rid} {why} after {n_out} tokens; aborted in the engine")
-            if entry.cancelled:
-                self._post_final(out, ("done", "", "cancelled"), n_in, n_out)
-            else:
-                self._post_final(out, ("error", f"{name}: {why}; the request was aborted after {n_out} tokens"))
+            await self._cancelled(rid, entry, n_in, n_out)
         except triton_io.InvalidRequest as exc:  # the engine refused what it was asked (a guide it cannot compile)
             await self._abort(rid)
             self._active.pop(rid, None)
@@ -341,6 +309,42 @@ class AsyncEngineRuntime:
                 await stream.aclose()
             except BaseException:  # noqa: BLE001 - closing a failed stream must not mask the response already sent
                 pass
+
+    def _accept(self, request, out: Outbox):
+        """The request's GenerationRequest, or None where it was answered with an error (this rank takes no requests,
+        or the request is bad)."""
+        name = self.adapter.name
+        if not self.adapter.serves:
+            why = "this rank runs part of the engine and takes no requests"
+            self._post_final(out, ("error", f"{name}: {why}; send them to the model copy's leader (rank 0)"))
+            return None
+        try:
+            greq = triton_io.parse_request(
+                request, self.adapter.supported, self.adapter.max_model_len, f"engine={name}"
+            )
+        except triton_io.InvalidRequest as exc:
+            self._post_final(out, ("error", f"{name}: {exc}"))
+            return None
+        self._note_ignored(greq.ignored)
+        out.counts = not greq.final_counts_only  # else text alone: the counts come with the final response
+        return greq
+
+    async def _cancelled(self, rid: str, entry: _Active, n_in: int, n_out: int) -> None:
+        """Request rid's task was cancelled: by the watchdog for its client (which aborted it in the engine
+        already), or by a shutdown.  Its final response says which."""
+        name = self.adapter.name
+        task = asyncio.current_task()
+        if task is not None and hasattr(task, "uncancel"):
+            task.uncancel()  # the cancellation is handled here; later awaits must not see it again
+        if not entry.cancelled:  # shutting down (a client cancel was aborted by the watchdog already)
+            await self._abort(rid)
+        self._active.pop(rid, None)
+        why = "cancelled by the client" if entry.cancelled else "the model is shutting down"
+        self.log.info(f"request {rid} {why} after {n_out} tokens; aborted in the engine")
+        if entry.cancelled:
+            self._post_final(entry.outbox, ("done", "", "cancelled"), n_in, n_out)
+        else:
+            self._post_final(entry.outbox, ("error", f"{name}: {why}; the request was aborted after {n_out} tokens"))
 
     async def _abort(self, rid: str) -> None:
         try:
@@ -394,8 +398,6 @@ class AsyncEngineRuntime:
             self._send_queues[out.shard].put(out)
 
     def _send_loop(self, q: "queue.SimpleQueue") -> None:
-        from launcher.python_backend import logprob_io, triton_io
-
         while True:
             out = q.get()
             if out is None:

@@ -125,82 +125,107 @@ def parse_inputs(
     Raises InvalidRequest with a clear message.
     """
     arrays = {k: v for k, v in arrays.items() if v is not None}
+    _check_names(arrays, supported, engine)
+    prompt = _prompt(arrays)
+    beam = _scalar("beam_width", arrays["beam_width"]) if "beam_width" in arrays else 1
+    if beam != 1:
+        raise InvalidRequest(
+            f"beam_width {beam} is not supported: streaming engines generate one beam; send beam_width 1 or omit it"
+        )
+    params = _sampling_params(arrays)
+    _guide(arrays, params)
+    _logprobs(arrays, params)
+    # pad_id / exclude_input_in_output are read for their type only
+    for name in ("pad_id", "exclude_input_in_output"):
+        if name in arrays:
+            _opt(arrays, name, None)
+    params.validate(max_model_len)
+    ignored = tuple(n for n in INPUT_NAMES if n in arrays and n not in supported and n not in REQUIRED_INPUTS)
+    return GenerationRequest(prompt=prompt, params=params, stream=_opt(arrays, "stream", False), ignored=ignored)
+
+
+def _opt(arrays: dict, name: str, default):
+    """An optional scalar input's value, `default` where it is absent."""
+    return _scalar(name, arrays[name]) if name in arrays else default
+
+
+def _check_names(arrays: dict, supported, engine: str) -> None:
+    """Only the contract's inputs, its required ones among them, and none of MUST_HONOUR that `engine` does not
+    support (an input_ids, or a non-zero flag or text)."""
     unknown = sorted(set(arrays) - set(INPUT_NAMES))
     if unknown:
         raise InvalidRequest(f"unknown inputs {unknown}; the contract's inputs are {list(INPUT_NAMES)}")
     for name in REQUIRED_INPUTS:
         if name not in arrays:
             raise InvalidRequest(f"missing required input {name!r} ({_INPUT_DOC[name]})")
-
     for name in MUST_HONOUR:
         if name in arrays and name not in supported and (name == "input_ids" or _check_batch(name, arrays[name]).any()):
             raise InvalidRequest(
                 f"{name} is not supported by {engine}; leave it out, or serve the model with an engine that "
                 "supports it (docs/openai.md lists which do)"
             )
+
+
+def _prompt(arrays: dict) -> str | list[int]:
+    """The prompt: input_ids' token ids, or text_input's text (one of them, not both)."""
     if "input_ids" in arrays:
         if "text_input" in arrays and _text("text_input", _scalar("text_input", arrays["text_input"])):
             raise InvalidRequest("send the prompt as text_input or as input_ids, not both")
-        prompt = _token_ids(arrays["input_ids"])
-    elif "text_input" in arrays:
+        return _token_ids(arrays["input_ids"])
+    if "text_input" in arrays:
         prompt = _text("text_input", _scalar("text_input", arrays["text_input"]))
         if not prompt.strip():
             raise InvalidRequest("text_input is empty; send a non-empty prompt")
-    else:
-        raise InvalidRequest(f"missing required input 'text_input' ({_INPUT_DOC['text_input']})")
+        return prompt
+    raise InvalidRequest(f"missing required input 'text_input' ({_INPUT_DOC['text_input']})")
 
-    beam = _scalar("beam_width", arrays["beam_width"]) if "beam_width" in arrays else 1
-    if beam != 1:
-        raise InvalidRequest(
-            f"beam_width {beam} is not supported: streaming engines generate one beam; send beam_width 1 or omit it"
-        )
 
-    def opt(name, default):
-        return _scalar(name, arrays[name]) if name in arrays else default
-
-    seed = opt("random_seed", None)
-    alias = opt("seed", None)
+def _sampling_params(arrays: dict) -> SamplingParams:
+    """The sampling inputs as SamplingParams (random_seed, or its alias seed: both only where they agree)."""
+    seed = _opt(arrays, "random_seed", None)
+    alias = _opt(arrays, "seed", None)
     if seed is not None and alias is not None and seed != alias:
         raise InvalidRequest(f"random_seed ({seed}) and seed ({alias}) disagree; send one of them")
-    params = SamplingParams(
+    return SamplingParams(
         max_tokens=_scalar("max_tokens", arrays["max_tokens"]),
-        temperature=opt("temperature", 0.0),
-        top_k=opt("top_k", 0),
-        top_p=opt("top_p", 1.0),
-        repetition_penalty=opt("repetition_penalty", 1.0),
-        presence_penalty=opt("presence_penalty", 0.0),
-        frequency_penalty=opt("frequency_penalty", 0.0),
+        temperature=_opt(arrays, "temperature", 0.0),
+        top_k=_opt(arrays, "top_k", 0),
+        top_p=_opt(arrays, "top_p", 1.0),
+        repetition_penalty=_opt(arrays, "repetition_penalty", 1.0),
+        presence_penalty=_opt(arrays, "presence_penalty", 0.0),
+        frequency_penalty=_opt(arrays, "frequency_penalty", 0.0),
         seed=seed if seed is not None else alias,
         stop=_words("stop_words", arrays["stop_words"]) if "stop_words" in arrays else (),
         bad_words=_words("bad_words", arrays["bad_words"]) if "bad_words" in arrays else (),
-        min_tokens=opt("min_length", 0),
-        ignore_eos=opt("ignore_eos", False),
-        end_id=opt("end_id", None),
+        min_tokens=_opt(arrays, "min_length", 0),
+        ignore_eos=_opt(arrays, "ignore_eos", False),
+        end_id=_opt(arrays, "end_id", None),
     )
-    kind = _text("guided_decoding_guide_type", opt("guided_decoding_guide_type", b""))
-    guide = _text("guided_decoding_guide", opt("guided_decoding_guide", b""))
+
+
+def _guide(arrays: dict, params: SamplingParams) -> None:
+    """params.guide: (kind, guide) of guided decoding, where the request names a kind."""
+    kind = _text("guided_decoding_guide_type", _opt(arrays, "guided_decoding_guide_type", b""))
+    guide = _text("guided_decoding_guide", _opt(arrays, "guided_decoding_guide", b""))
     if kind:
         params.guide = (kind, guide)
     elif guide:
         raise InvalidRequest(
             f"guided_decoding_guide needs guided_decoding_guide_type, one of {sorted(GUIDE_KINDS)}, to say what it is"
         )
-    top = opt("top_log_probs", None)
-    if opt("return_log_probs", False):
+
+
+def _logprobs(arrays: dict, params: SamplingParams) -> None:
+    """params.logprobs / prompt_logprobs: the top tokens' count, where the output's / the prompt's were asked."""
+    top = _opt(arrays, "top_log_probs", None)
+    if _opt(arrays, "return_log_probs", False):
         params.logprobs = top or 0
-    if opt("return_prompt_log_probs", False):
+    if _opt(arrays, "return_prompt_log_probs", False):
         params.prompt_logprobs = top or 0
     if top and params.logprobs is None and params.prompt_logprobs is None:
         raise InvalidRequest(
             f"top_log_probs {top} asks for nothing without return_log_probs or return_prompt_log_probs; send one"
         )
-    # pad_id / exclude_input_in_output are read for their type only
-    for name in ("pad_id", "exclude_input_in_output"):
-        if name in arrays:
-            opt(name, None)
-    params.validate(max_model_len)
-    ignored = tuple(n for n in INPUT_NAMES if n in arrays and n not in supported and n not in REQUIRED_INPUTS)
-    return GenerationRequest(prompt=prompt, params=params, stream=opt("stream", False), ignored=ignored)
 
 
 # ---------------------------------------------------------------------------------------------------------
