@@ -34,6 +34,8 @@ import time
 from pathlib import Path
 
 from benchmark.servers import CHECKOUT, llmlaunch
+from launcher.handoff.endpoint import EndpointRecord
+from launcher.rundir import RunDir
 
 POLICIES = ("least_outstanding", "prefix", "kv")
 
@@ -87,13 +89,18 @@ def event_cost(per_batch: int = 10, batches: int = 3000) -> dict:
     return {"blocks_per_batch": per_batch, "us_per_batch": us, "us_per_block": us / per_batch}
 
 
+def the_endpoint(jobs_dir: Path) -> EndpointRecord:
+    """The endpoint.json of the one run under jobs_dir."""
+    (endpoint,) = jobs_dir.rglob("endpoint.json")
+    return RunDir(endpoint.parent).read_endpoint()
+
+
 def engine_counts(jobs_dir: Path, model: str) -> dict:
     """Prompt tokens admitted and served from cache, summed over the replicas' engines (the replica leaders' metrics
     URLs in the endpoint.json of the one run under jobs_dir)."""
     from launcher.python_backend.timings import settled_engine_metrics
 
-    (endpoint,) = jobs_dir.rglob("endpoint.json")
-    urls = ",".join(r["metrics_url"] for r in json.loads(endpoint.read_text())["replicas"])
+    urls = ",".join(r.metrics_url for r in the_endpoint(jobs_dir).replicas)
     m = settled_engine_metrics(urls, model, wait_s=10)
     return {k: m[k] for k in ("prompt_tokens", "cached_prompt_tokens")}
 
@@ -103,8 +110,7 @@ def frontend_counts(jobs_dir: Path) -> tuple:
     replica), from its /metrics."""
     from launcher.python_backend.timings import fetch_metrics_text
 
-    (endpoint,) = jobs_dir.rglob("endpoint.json")
-    text = fetch_metrics_text(json.loads(endpoint.read_text())["metrics_url"])
+    text = fetch_metrics_text(the_endpoint(jobs_dir).metrics_url)
 
     def values(name: str) -> list:
         return [float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith(name + "{")]

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from benchmark.servers import launch_to_ready, run_dir_of, stop_job, submit
+from launcher.handoff.endpoint import EndpointRecord
 
 JOB_NAME = "scale-rehearsal"
 ACTIVE = ("PENDING", "RUNNING", "COMPLETING", "CONFIGURING")
@@ -147,19 +148,19 @@ def frontend_counts(metrics_url: str) -> Dict[int, float]:
     return out
 
 
-def route(ep: Dict, per_replica: int, max_tokens: int) -> Dict:
+def route(ep: EndpointRecord, per_replica: int, max_tokens: int) -> Dict:
     """replicas x per_replica streams at once through rank 0's front end; requests per replica after."""
     from launcher.client.request import Generation, build_request
     from launcher.client.stream import TritonStream
 
-    n = len(ep["replicas"]) * per_replica
-    before = frontend_counts(ep["metrics_url"])
+    n = len(ep.replicas) * per_replica
+    before = frontend_counts(ep.metrics_url)
     t0 = time.monotonic()
-    with TritonStream(ep["url"]) as s:
+    with TritonStream(ep.url) as s:
         recs = [
             s.submit(
                 build_request(
-                    ep["model"],
+                    ep.model,
                     Generation(f"Request {i}: once upon a time", max_tokens=max_tokens, ignore_eos=True),
                     f"r{i}",
                 )
@@ -169,7 +170,7 @@ def route(ep: Dict, per_replica: int, max_tokens: int) -> Dict:
         for rec in recs:
             s.wait(rec, timeout=600)
     took = time.monotonic() - t0
-    after = frontend_counts(ep["metrics_url"])
+    after = frontend_counts(ep.metrics_url)
     per = {k: after[k] - before.get(k, 0) for k in after}
     return {
         "requests": n,
@@ -177,7 +178,7 @@ def route(ep: Dict, per_replica: int, max_tokens: int) -> Dict:
         "seconds": took,
         "per_replica": per,
         "replicas_reached": sum(1 for v in per.values() if v > 0),
-        "replicas": len(ep["replicas"]),
+        "replicas": len(ep.replicas),
     }
 
 

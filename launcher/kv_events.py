@@ -23,8 +23,12 @@ import os
 import time
 from typing import Iterable, List, Optional, Sequence
 
+from launcher.handoff.rank_env import RankEnv
+
 TOPIC = "kv"  # the topic every publisher of a job sends on
-ENV = "_LLMLAUNCH_KV_EVENTS"  # the endpoint a replica leader's engine binds (launcher.rank.topology passes it)
+ENV = RankEnv.var(
+    "kv_events"
+)  # the endpoint a replica leader's engine binds (RankEnv.kv_events; launcher.rank passes it)
 
 
 def chain_keys(tokens: Sequence[int], block_size: int, parent: Optional[int] = None, start: int = 0) -> List[int]:
@@ -128,5 +132,5 @@ def remove_socket_file(endpoint: str) -> None:
 
 def publisher_from_env() -> Optional[Publisher]:
     """The publisher a replica leader's engine runs where launcher/rank asked for one (serve.routing=kv), else None."""
-    endpoint = os.environ.get(ENV, "")
+    endpoint = RankEnv.from_environ(os.environ).kv_events
     return Publisher(endpoint) if endpoint else None

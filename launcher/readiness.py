@@ -26,6 +26,8 @@ import sys
 import time
 from typing import Dict, Iterable, List, Optional, Tuple
 
+from launcher.handoff.rank_env import RankEnv
+
 # (phase key, from mark, to mark, label): in the order they happen
 PHASES: Tuple[Tuple[str, str, str, str], ...] = (
     ("queue_s", "submitted", "allocated", "queue wait"),
@@ -54,10 +56,10 @@ PACKAGES = ("torch", "transformers", "vllm", "tensorrt_llm", "sglang", "lmdeploy
 
 
 def _rank_tag() -> str:
-    """` rank N` (the rank's _LLMLAUNCH_RANK, which its server and the engine inherit): ranks sharing one log (an
+    """` rank N` (the rank's RankEnv.rank, which its server and the engine inherit): ranks sharing one log (an
     srun step's output) tell their lines apart by it."""
-    rank = os.environ.get("_LLMLAUNCH_RANK")
-    return f" rank {rank}" if rank else ""
+    rank = RankEnv.from_environ(os.environ).rank
+    return "" if rank is None else f" rank {rank}"
 
 
 def report_phase(name: str, seconds: float) -> None:

@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from launcher.handoff.endpoint import EndpointRecord
 from launcher.logtext import read_end
 from launcher.readiness import PACKAGES, breakdown, phase_pairs, reported_versions
 
@@ -134,7 +135,7 @@ def startup_doc(
     gpus: Dict[str, List[str]],
     token: str = "",
 ) -> Dict[str, Any]:
-    """What rank 0 (or the one-rank local server) writes to startup.json: its marks, the engine's load phases and
+    """What rank 0 writes to startup.json: its marks, the engine's load phases and
     the versions it reported, tritonserver's version, the nodes and their GPUs, its interpreter."""
     versions = installed_versions()
     versions.update(reported_versions(log_text))  # what the engine imported wins over what is installed
@@ -182,7 +183,7 @@ def join_record(
     record: Optional[dict],
     startup: Optional[dict],
     *,
-    endpoint: Optional[dict] = None,
+    endpoint: Optional[EndpointRecord] = None,
     marks: Optional[Dict[str, float]] = None,
     queue_reason: str = "",
     job_id: str = "",
@@ -205,8 +206,8 @@ def join_record(
     rec["nodes"] = st.get("nodes") or ([n for n in nodes.split(",") if n] if nodes else rec.get("nodes", []))
     if job_id:
         rec["job_id"] = str(job_id)
-    if endpoint:
-        rec["endpoint"] = {k: endpoint[k] for k in ("url", "model", "openai_url") if endpoint.get(k)}
+    if endpoint is not None:
+        rec["endpoint"] = {"url": endpoint.url, "model": endpoint.model, "openai_url": endpoint.openai_url}
     return rec
 
 
@@ -297,7 +298,7 @@ def write_startup(
     token: str = "",
     server_pid: int = 0,
 ) -> None:
-    """Rank 0 (or the one-rank local server), just before endpoint.json: startup.json with its marks, tritonserver's
+    """Rank 0, just before endpoint.json: startup.json with its marks, tritonserver's
     load times from its log, the engine's load phases (`Engine.load_phases`), versions, nodes and GPUs. Without
     its own log file (a sweep point's srun step writes every rank's output to one), the step's log, of which only
     rank 0's lines (`own_lines`, by the server's process id `server_pid`) count."""

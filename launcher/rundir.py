@@ -4,7 +4,7 @@
     <run>/model_repository/     the rendered Triton repository
     <run>/submission.sh         (Slurm) the sbatch text, as submitted through submitit (submitit writes it)
     <run>/job.json              (Slurm) the submission record: job id, run dir, slurm.conf, model
-    <run>/endpoint.json         written by rank 0 once it really serves (or the one-rank local server)
+    <run>/endpoint.json         written by rank 0 once it really serves (launcher/handoff/endpoint.py)
     <run>/startup.json          written by rank 0 just before endpoint.json: its time-to-READY marks, versions,
                                 nodes and GPUs (launcher/record.py)
     <run>/record.json           the run record (launcher/record.py): written by the launching side before the
@@ -36,6 +36,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple, Union
+
+from launcher.handoff.endpoint import EndpointRecord
 
 ENDPOINT = "endpoint.json"
 SPEC = "launch.json"
@@ -128,11 +130,13 @@ class RunDir:
     def endpoint_path(self) -> Path:
         return self.path / ENDPOINT
 
-    def write_endpoint(self, doc: Dict) -> None:
-        _write(self.endpoint_path, doc)
+    def write_endpoint(self, record: EndpointRecord) -> None:
+        _write(self.endpoint_path, record.to_dict())
 
-    def read_endpoint(self) -> Optional[dict]:
-        return _read(self.endpoint_path)
+    def read_endpoint(self) -> Optional[EndpointRecord]:
+        """The record rank 0 wrote; None while there is none (LaunchError where a file is not one)."""
+        doc = _read(self.endpoint_path)
+        return None if doc is None else EndpointRecord.from_dict(doc, str(self.endpoint_path))
 
     def has_endpoint(self) -> bool:
         return self.endpoint_path.exists()
@@ -141,7 +145,7 @@ class RunDir:
         """Whether rank 0 wrote endpoint.json for this run: it carries this rendezvous's token (a file left
         by an earlier run of the same dir does not count)."""
         ep = self.read_endpoint()
-        return ep is not None and bool(token) and ep.get("token") == token
+        return ep is not None and bool(token) and ep.token == token
 
     # ------------------------------------------------------------------ the run record and rank 0's startup facts
     @property
@@ -337,8 +341,8 @@ def wait_for_endpoint(
     repeat_s: float = 10.0,
     on_change: bool = True,
     interval_s: float = 0.25,
-) -> dict:
-    """Until endpoint.json is there: its content. Each round, `check()` first (it raises when the job failed
+) -> EndpointRecord:
+    """Until endpoint.json is there: its record. Each round, `check()` first (it raises when the job failed
     or its process ended), then the endpoint, then `progress()`: a line `say` prints with the seconds waited,
     when it changed (`on_change`) or `repeat_s` after the last one. After `timeout_s`, raises
     `on_timeout(seconds waited)`."""

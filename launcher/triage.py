@@ -139,6 +139,12 @@ def rank_of_line(line: str) -> Optional[Tuple[int, str]]:
     return (int(m.group(1)), m.group(2)) if m else None
 
 
+def rank_message(line: str) -> Optional[Tuple[int, str]]:
+    """(rank, what it says) of a rank's own line; None for any other line (its server's output)."""
+    m = _RANK_LINE.match(line)
+    return (int(m.group(1)), m.group(4)) if m else None
+
+
 def scan_log(
     text: str, *, source: str, rank: Optional[int], host: str = "", year: Optional[int] = None, context: int = CONTEXT
 ) -> List[Event]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 from launcher.errors import LaunchError
+from launcher.handoff.rank_env import RankEnv
 from launcher.paths import PACKAGE_ROOT
 
 NGC_PATH = "/opt/tritonserver/bin/tritonserver"
@@ -131,16 +132,16 @@ def server_env(install: TritonInstall, extra: Optional[Dict[str, str]] = None) -
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("PYTHONIOENCODING", "UTF-8")
     # Processes a python model starts (the hf engine) run this interpreter, with its environment's packages.
-    env.setdefault("_LLMLAUNCH_PYTHON", sys.executable)
+    env.setdefault(RankEnv.var("python"), sys.executable)
     if extra:
         env.update(extra)
-    env.setdefault(ENGINE_LD_LIBRARY_PATH, own_lib)
+    env.setdefault(ENGINE_LD_LIBRARY_PATH, own_lib)  # a value the user set stays
     # The stub ignores PYTHONPATH: each model.py appends its entries (this root first) to sys.path itself.
-    env["_LLMLAUNCH_ROOT"] = root  # the checkout the server's models import llmlaunch from
+    env.update(RankEnv(root=root).to_environ())  # the checkout the server's models import llmlaunch from
     stub_python = env.get(STUB_PYTHON_ENV, "")
     if stub_python:
         # The stub takes its environment from the first python3 on PATH (it ignores PYTHONPATH), so this
-        # interpreter's bin dir goes first; the engine process keeps the launcher's interpreter (_LLMLAUNCH_PYTHON).
+        # interpreter's bin dir goes first; the engine process keeps the launcher's interpreter (RankEnv.python).
         env["PATH"] = str(Path(stub_python).parent) + os.pathsep + env.get("PATH", "")
     if install.source == WHEEL_SOURCE:
         check_stub_numpy(stub_python)
@@ -165,7 +166,7 @@ STUB_PYTHON_ENV = "LLMLAUNCH_STUB_PYTHON"
 # steps keep off cuDNN's attention: HFModelRunner._init_attention_backends.)  An engine in the stub itself
 # (engine_process=false) cannot get a path of its own; it loads torch's cuDNN by full path first instead
 # (launcher.python_backend.torch_libs).
-ENGINE_LD_LIBRARY_PATH = "_LLMLAUNCH_ENGINE_LD_LIBRARY_PATH"
+ENGINE_LD_LIBRARY_PATH = RankEnv.var("engine_ld_library_path")
 
 _NUMPY_VERSION = "import importlib.metadata as m; print(m.version('numpy'))"
 

@@ -40,6 +40,7 @@ from benchmark.openai_structured import main as structured_main
 from benchmark.servers import CHECKOUT, start_llmlaunch, stop_llmlaunch
 from launcher.engines.vllm import LOAD_PHASES as STARTUP
 from launcher.python_backend.timings import PARTS
+from launcher.rundir import RunDir
 
 
 def startup_breakdown(run_dir: str) -> dict:
@@ -123,9 +124,7 @@ def openai_url(args, run_dir: str) -> str:
     """The served OpenAI base URL (…/v1): the yardstick's, or llmlaunch's from its endpoint.json."""
     if args.server_command:
         return args.server_url.rstrip("/") + "/v1"
-    with open(os.path.join(run_dir, "endpoint.json")) as f:
-        url = json.load(f)["openai_url"].rstrip("/")
-    return url if url.endswith("/v1") else url + "/v1"
+    return RunDir(run_dir).read_endpoint().openai_url
 
 
 def server_splits(out_json: str) -> tuple[dict | None, dict | None]:

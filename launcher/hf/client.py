@@ -53,6 +53,7 @@ import time
 from typing import Callable
 
 from launcher.engines.hf.config import HFEngineArgs
+from launcher.handoff.rank_env import RankEnv
 from launcher.hf.outputs import Output
 from launcher.python_backend.generation import InvalidRequest, SamplingParams  # pure Python: no torch in the parent
 
@@ -62,10 +63,10 @@ log = logging.getLogger(__name__)
 def _python() -> str:
     """An interpreter of this environment (inside the Triton stub, sys.executable is the stub binary).
 
-    `_LLMLAUNCH_PYTHON` (set by launcher.triton_install.server_env to the launcher's own interpreter) comes first:
+    RankEnv.python (set by launcher.triton_install.server_env to the launcher's own interpreter) comes first:
     an embedded stub does not know the virtual environment it was started from, and its sys.prefix
     may be the system Python's, which lacks torch."""
-    forced = os.environ.get("_LLMLAUNCH_PYTHON", "")
+    forced = RankEnv.from_environ(os.environ).python
     if forced and os.access(forced, os.X_OK):
         return forced
     exe = sys.executable or ""
@@ -155,9 +156,8 @@ class EngineProcess:
             return self._start_attached()
         parent, child = socket.socketpair()
         env = dict(os.environ)
-        lib = env.get(
-            "_LLMLAUNCH_ENGINE_LD_LIBRARY_PATH", "inherit"
-        )  # see launcher.triton_install.ENGINE_LD_LIBRARY_PATH
+        lib = RankEnv.from_environ(env).engine_ld_library_path  # see launcher.triton_install.ENGINE_LD_LIBRARY_PATH
+        lib = "inherit" if lib is None else lib  # not set: the stub's
         if lib != "inherit":
             if lib:
                 env["LD_LIBRARY_PATH"] = lib

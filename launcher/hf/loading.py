@@ -96,7 +96,9 @@ class ModelLoading:
                 # take one per local rank; a rank given its own GPU sees it as cuda:0.
                 import os
 
-                local = int(os.environ.get("_LLMLAUNCH_LOCAL_RANK", "0") or 0)
+                from launcher.handoff.rank_env import RankEnv
+
+                local = RankEnv.from_environ(os.environ).local_rank or 0
                 self.device = torch.device("cuda", local % max(1, torch.cuda.device_count()))
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)  # before the process group: NCCL uses the current device

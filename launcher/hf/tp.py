@@ -53,6 +53,7 @@ import logging
 import os
 
 from launcher.engines.hf.config import DEFAULTS
+from launcher.handoff.rank_env import RankEnv
 
 log = logging.getLogger(__name__)
 
@@ -77,17 +78,18 @@ class TPGroup:
         import torch
         import torch.distributed as dist
 
-        env = os.environ
+        env = RankEnv.from_environ(os.environ)  # what launcher.rank says of this rank's model copy
         self.size = int(size)
-        self.rank = int(rank if rank is not None else env.get("_LLMLAUNCH_GROUP_RANK", "0"))
-        env_size = env.get("_LLMLAUNCH_GROUP_SIZE")
-        if env_size and rank is None and int(env_size) != self.size:
-            raise ValueError(f"tp={self.size} but this model copy has {env_size} ranks (_LLMLAUNCH_GROUP_SIZE)")
-        addr = addr or env.get("_LLMLAUNCH_LEADER_ADDR") or "127.0.0.1"
-        port = int(port or env.get("_LLMLAUNCH_DIST_PORT") or 0)
+        self.rank = int(rank if rank is not None else env.group_rank or 0)
+        if env.group_size and rank is None and env.group_size != self.size:
+            raise ValueError(
+                f"tp={self.size} but this model copy has {env.group_size} ranks ({RankEnv.var('group_size')})"
+            )
+        addr = addr or env.leader_addr or "127.0.0.1"
+        port = int(port or env.dist_port or 0)
         if not port:
             raise ValueError(
-                "tensor parallelism needs the leader's port: set _LLMLAUNCH_DIST_PORT "
+                f"tensor parallelism needs the leader's port: set {RankEnv.var('dist_port')} "
                 "(launcher.rank does) or pass port="
             )
         self.timeout = float(timeout if timeout is not None else DEFAULTS.tp_timeout_s)

@@ -20,10 +20,12 @@ import signal
 import threading
 from typing import Iterator
 
+from launcher.handoff.rank_env import RankEnv
+
 DRAIN_SIGNAL = (
     signal.SIGUSR2
 )  # Slurm's time-limit signal (submitit renders --signal=USR2@N), and the front ends' notice
-REASON_ENV = "_LLMLAUNCH_DRAIN_REASON"  # the reason the front ends give for refusing requests, set by the rank
+REASON_ENV = RankEnv.var("drain_reason")  # the reason the front ends give for refusing requests, set by the rank
 
 
 def walltime_reason(job_id: str, requeue: bool) -> str:

@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 from typing import List, Mapping, Optional
 
+from launcher.handoff.rank_env import RankEnv
 from launcher.procs.child import die_with_parent
 from launcher.rank.rank import Rank
-from launcher.rank.topology import DIE_WITH_LAUNCHER, Topology, read_topology
+from launcher.rank.topology import Topology, read_topology
 from launcher.rundir import RunDir
 from launcher.triage import log_time
 
@@ -46,7 +47,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if len(argv) != 1:
         print("usage: python -m launcher.rank <run_dir>", file=sys.stderr)
         raise SystemExit(2)
-    if os.environ.get(DIE_WITH_LAUNCHER):
+    if RankEnv.from_environ(os.environ).die_with_launcher:
         # its own session keeps it from Ctrl-C's signal (llmlaunch stops it in order); this keeps it from outliving
         # an llmlaunch that is killed: the parent's death arrives as SIGTERM, which the rank turns into a drain
         die_with_parent(f"rank of {argv[0]}")

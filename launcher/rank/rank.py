@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 from launcher.engines.registry import ENGINES
+from launcher.frontend.process import connect_host
+from launcher.handoff.endpoint import EndpointRecord, FrontendEntry, RankEntry, ReplicaEntry
 from launcher.logtext import log_excerpt
 from launcher.openai_api.process import start_api
 from launcher.ports import metrics_url, pick_ports
@@ -97,8 +99,8 @@ class Rank:
                 if self.me.rank == 0:
                     self.publish()
             ended, code = self.supervise()
-        except BaseException as e:  # died while loading, or timed out
-            self.say(f"FAILED: {e}")
+        except BaseException as e:  # died while loading, or timed out, or stopped while loading
+            self.say(f"stopped while starting: {e}" if self.stopped() else f"FAILED: {e}")
             self.stop_children()
             self.server.stop()
             return self.finish("server", self.server.returncode() or 1, started=False)
@@ -148,12 +150,19 @@ class Rank:
         self.install = resolve_tritonserver(spec.cluster.tritonserver)
         rank_env = rank_environment(spec, ctx, self.rundir.path, visible_devices(self.environ))
         self.env = server_env(self.install, {**spec.cluster.env, **rank_env, **self.edef.rank_env(spec, ctx)})
-        self.host = "127.0.0.1" if spec.loopback else ctx.hosts[self.me.rank]  # where this rank's server is reached
+        self.host = self.reached_at()
         self.server = self.make_server()
         os.environ[REASON_ENV] = walltime_reason(ctx.job_id, spec.requeue)  # what rank 0's front ends will say
         for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2):
             signal.signal(s, self.on_signal)
         self.server.start()
+
+    def reached_at(self) -> str:
+        """Where this rank's server is reached: on one machine, at the address a public server binds (serve.host;
+        loopback for 0.0.0.0) or on loopback; across nodes, at the rendezvous's address."""
+        if not self.spec.loopback:
+            return self.ctx.hosts[self.me.rank]
+        return connect_host(self.spec.host) if self.me.serves == "public" else "127.0.0.1"
 
     def make_server(self) -> TritonServer:
         spec, ctx, me = self.spec, self.ctx, self.me
@@ -300,29 +309,35 @@ class Rank:
             token=ctx.token,
             server_pid=self.server.proc.pid,
         )
+        frontend = public.get("frontend")  # replicas > 1: the front end serves the public ports
         run.write_endpoint(
-            {
-                **public,
-                "openai_port": self.api.cfg.port,
-                "openai_url": f"http://{self.host}:{self.api.cfg.port}/v1",
-                "host": self.host,
-                "model": spec.model_name,
-                "job_id": ctx.job_id,
-                "ranks": [{"rank": i["rank"], "addr": i["addr"]} for i in self.infos],
-                "replicas": [
-                    {
-                        "replica": spec.ranks[i["rank"]].replica,
-                        "addr": i["addr"],
-                        "grpc_port": bound[i["rank"]].get("grpc_port"),
+            EndpointRecord(
+                url=public["url"],
+                model=spec.model_name,
+                job_id=ctx.job_id,
+                host=self.host,
+                grpc_port=public["grpc_port"],
+                http_port=public["http_port"],
+                metrics_port=public["metrics_port"],
+                metrics_url=public.get("metrics_url") or metrics_url(self.host, public["metrics_port"]),
+                openai_port=self.api.cfg.port,
+                openai_url=f"http://{self.host}:{self.api.cfg.port}/v1",
+                token=ctx.token,
+                ready_s=round(self.waited, 2),
+                ranks=tuple(RankEntry(i["rank"], i["addr"]) for i in self.infos),
+                replicas=tuple(
+                    ReplicaEntry(
+                        replica=spec.ranks[i["rank"]].replica,
+                        addr=i["addr"],
+                        grpc_port=bound[i["rank"]]["grpc_port"],
                         # the leader's own tritonserver metrics (its model's first-token split and engine totals):
                         # the public metrics port is the front end's
-                        "metrics_url": metrics_url(i["addr"], bound[i["rank"]].get("metrics_port")),
-                    }
+                        metrics_url=metrics_url(i["addr"], bound[i["rank"]].get("metrics_port")),
+                    )
                     for i in leaders
-                ],
-                "token": ctx.token,
-                "ready_s": round(self.waited, 2),
-            }
+                ),
+                frontend=FrontendEntry(frontend["pid"], frontend["processes"]) if frontend else None,
+            )
         )
 
     def supervise(self) -> Tuple[str, Optional[int]]:

@@ -1,8 +1,8 @@
 """Where this rank stands: its place in the job (read from the launcher's environment, one table per launcher, as
 submitit's JobEnvironment does), and the environment the rank gives the server it starts.
 
-The variables llmlaunch itself passes (the local launcher's table, and what `rank_environment` gives each server)
-carry the private prefix `_LLMLAUNCH_`: they are the launcher's wiring, not settings a user sets.
+The variables llmlaunch itself passes (the local launcher's, and what `rank_environment` gives each server) are
+launcher.handoff.rank_env.RankEnv's fields.
 """
 
 from __future__ import annotations
@@ -12,16 +12,10 @@ import socket
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional
 
-PRIVATE = "_LLMLAUNCH_"  # the prefix of the variables the launcher passes to ranks and their servers
+from launcher.handoff.rank_env import RankEnv
 
-
-def private(name: str) -> str:
-    """The variable the launcher passes as `name` (e.g. "GROUP_RANK" -> "_LLMLAUNCH_GROUP_RANK")."""
-    return PRIVATE + name
-
-
-# Where each launcher puts rank facts. One lookup table per launcher, read in one place: local emulation is just
-# another table.
+# Where each external launcher puts rank facts. One lookup table per launcher, read in one place; llmlaunch's own
+# local launcher passes them as RankEnv.
 ENV_TABLES: Dict[str, Dict[str, str]] = {
     "slurm": {
         "rank": "SLURM_PROCID",
@@ -41,15 +35,6 @@ ENV_TABLES: Dict[str, Dict[str, str]] = {
         "job_id": "OMPI_MCA_ess_base_jobid",
         "hostname": "",
     },
-    "local": {
-        "rank": private("RANK"),
-        "world_size": private("WORLD_SIZE"),
-        "local_rank": private("LOCAL_RANK"),
-        "node_rank": private("NODE_RANK"),
-        "nnodes": private("NNODES"),
-        "job_id": private("JOB_ID"),
-        "hostname": "",
-    },
 }
 
 
@@ -66,8 +51,21 @@ class Topology:
 
 
 def read_topology(environ: Mapping[str, str]) -> Topology:
-    """Slurm first (srun sets it), then Open MPI's mpirun, then our local launcher's variables."""
-    for name in ("slurm", "openmpi", "local"):
+    """Our local launcher's RankEnv first (it hands each rank its place explicitly; a Slurm task's variables may be
+    those of an allocation `llmlaunch cluster=local` itself runs in), then Slurm (srun sets it), then Open MPI."""
+    env = RankEnv.from_environ(environ)
+    if env.rank is not None and env.world_size is not None:
+        return Topology(
+            launcher="local",
+            rank=env.rank,
+            world_size=env.world_size,
+            local_rank=env.local_rank or 0,
+            node_rank=env.node_rank or 0,
+            nnodes=env.nnodes or 1,
+            job_id=env.job_id or str(os.getpid()),
+            hostname=socket.gethostname(),
+        )
+    for name in ("slurm", "openmpi"):
         t = ENV_TABLES[name]
         if t["rank"] in environ and t["world_size"] in environ:
             get = lambda k, d="0", t=t: environ.get(t[k], d) if t[k] else d  # noqa: E731
@@ -82,24 +80,6 @@ def read_topology(environ: Mapping[str, str]) -> Topology:
                 hostname=get("hostname", "") or socket.gethostname(),
             )
     return Topology("single", 0, 1, 0, 0, 1, str(os.getpid()), socket.gethostname())
-
-
-# Set by the local launcher: the rank goes (drains and stops its servers) when llmlaunch dies, even by SIGKILL.
-# On Slurm, slurmstepd ends a step's tasks itself.
-DIE_WITH_LAUNCHER = private("DIE_WITH_LAUNCHER")
-
-
-def local_rank_env(rank: int, world_size: int, local_rank: int, job_id: str) -> Dict[str, str]:
-    """The local launcher's table for one rank on this machine (what srun's SLURM_* are on Slurm)."""
-    return {
-        DIE_WITH_LAUNCHER: "1",
-        private("RANK"): str(rank),
-        private("WORLD_SIZE"): str(world_size),
-        private("LOCAL_RANK"): str(local_rank),
-        private("NODE_RANK"): "0",
-        private("NNODES"): "1",
-        private("JOB_ID"): job_id,
-    }
 
 
 def host_address(hostname: str) -> str:
@@ -120,26 +100,23 @@ def visible_devices(environ: Mapping[str, str]) -> Optional[List[str]]:
 
 def rank_environment(spec, ctx, run_dir, visible: Optional[List[str]]) -> Dict[str, str]:
     """What this rank's server (and its models and engine processes) learns of its place: launcher.rank.rendezvous.
-    RankContext `ctx` after the rendezvous. LLMLAUNCH_RUN_DIR is the one public name: the batch script exports it for
-    a profile's cluster.setup lines too."""
+    RankContext `ctx` after the rendezvous, as RankEnv's variables, and the GPUs it may use."""
     me = ctx.rank
-    group_ranks = [r for r in spec.ranks if r.replica == me.replica]
-    env = {
-        private("RANK"): str(me.rank),
-        private("WORLD_SIZE"): str(spec.world_size),
-        private("LOCAL_RANK"): str(me.local_rank),
-        private("NODE_RANK"): str(me.node),
-        private("NNODES"): str(spec.nodes),
-        private("REPLICA"): str(me.replica),
-        private("GROUP_RANK"): str(me.group_rank),
-        private("GROUP_SIZE"): str(len(group_ranks)),
-        private("LEADER_ADDR"): ctx.leader_addr,
-        private("DIST_PORT"): str(ctx.dist_port),
-        private("JOB_ID"): str(ctx.job_id),
-        "LLMLAUNCH_RUN_DIR": str(run_dir),
-    }
-    if ctx.kv_events:  # a leader whose engine publishes KV-cache events (serve.routing=kv)
-        env[private("KV_EVENTS")] = ctx.kv_events
+    env = RankEnv(
+        rank=me.rank,
+        world_size=spec.world_size,
+        local_rank=me.local_rank,
+        node_rank=me.node,
+        nnodes=spec.nodes,
+        replica=me.replica,
+        group_rank=me.group_rank,
+        group_size=sum(1 for r in spec.ranks if r.replica == me.replica),
+        leader_addr=ctx.leader_addr,
+        dist_port=ctx.dist_port,
+        job_id=str(ctx.job_id),
+        run_dir=str(run_dir),
+        kv_events=ctx.kv_events or None,  # a leader whose engine publishes KV-cache events (serve.routing=kv)
+    ).to_environ()
     if me.gpus and visible is not None:
         # Slurm gives the task the node's GPUs (--gpus-per-node); each rank takes its own slice.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(visible[g] for g in me.gpus if g < len(visible))

@@ -128,7 +128,7 @@ class AllocationScheduler(Scheduler):
         )
         # the allocation was there before the point began: no queue wait of its own
         ready_report(run, say, job_id=os.environ["SLURM_JOB_ID"])
-        endpoint.url, endpoint.model, endpoint.doc = ep["url"], ep["model"], ep
+        endpoint.url, endpoint.model, endpoint.doc = ep.url, ep.model, ep
         return endpoint
 
     def stop(self, endpoint: Endpoint) -> None:

@@ -20,9 +20,10 @@ scheduler's name (`Scheduler` below says what each means).
 from __future__ import annotations
 
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from launcher.handoff.endpoint import EndpointRecord
 from launcher.rundir import RunDir
 
 
@@ -49,7 +50,7 @@ class Endpoint:
     job_id: str  # Slurm job id, or the local server's pid
     run: RunDir  # its run directory
     spec: Any  # the LaunchSpec it serves (model path resolved)
-    doc: Dict[str, Any] = field(default_factory=dict)  # endpoint.json as rank 0 wrote it
+    doc: Optional[EndpointRecord] = None  # endpoint.json as rank 0 wrote it; None until it serves (or in a plan)
     proc: Optional[subprocess.Popen] = None  # the process group this machine started (local, allocation)
 
 

@@ -1,11 +1,13 @@
 """`cluster=local`: serve on this machine, in the foreground, until Ctrl-C or SIGTERM.
 
-One rank: a tritonserver child of this process. Several ranks (tp/replicas on
-one machine): one `python -m launcher.rank` process per rank, with the local
-rank table's variables, rendezvous through files in the run dir — the same
-per-rank path Slurm tasks take. Either way: wait until rank 0 answers a real
-request, print the endpoint, serve, and on a signal drain and stop everything
-(exit 0). A rank dying unasked stops the others and exits non-zero with its log.
+Every launch, of one rank or many (tp/replicas on one machine), runs each rank as a `python -m launcher.rank RUN_DIR`
+process with the local launcher's RankEnv (launcher/handoff/rank_env.py), rendezvousing through files in the run
+dir: the per-rank path Slurm tasks take (launcher/rank/rank.py), so the engine's rank hooks, the servers'
+environment and endpoint.json are the same everywhere. This side starts the ranks by module name (it imports nothing
+of launcher.rank: the launch layer stays below the rank layer), says what they say in their logs as they say it
+(their servers' own output stays there), waits until rank 0 publishes endpoint.json, prints the endpoint, serves,
+and on a signal drains and stops every rank (exit 0). A rank dying unasked stops the others and exits non-zero with
+its log.
 
 `LocalScheduler` is the registry entry (launcher/schedulers/base.py): `llmlaunch` serves in the foreground;
 a sweep launches the same foreground server as a child process (`python -m launcher.schedulers.local RUN_DIR`).
@@ -16,17 +18,19 @@ from __future__ import annotations
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional
+from pathlib import Path
+from typing import List, Optional
 
 from launcher.domains import PUBLIC_PORTS
-from launcher.rank.topology import local_rank_env, private
+from launcher.handoff.rank_env import local_launcher_env
 from launcher.rundir import RunDir, Stopped, wait_for_endpoint
 from launcher.schedulers.base import Endpoint, Request, Scheduler, bench_command, ready_report
 from launcher.spec import LaunchSpec
+
+RANK_MODULE = "launcher.rank"  # what each rank runs: `python -m launcher.rank RUN_DIR` (launcher/rank/main.py)
 
 
 def say(msg: str) -> None:
@@ -76,245 +80,156 @@ def serve_foreground(spec: LaunchSpec, run_dir: str, record: Optional[dict] = No
 
     ports = {k: int(getattr(spec.serve, k)) for k in PUBLIC_PORTS}
     check_ports(spec.host, ports)  # before any work: a taken port is a config problem
-    install = resolve_tritonserver(spec.cluster.tritonserver)
+    install = resolve_tritonserver(spec.cluster.tritonserver)  # the ranks find the same one
     say(f"tritonserver: {install.binary} ({install.source})")
     spec = resolve_model(spec, say)
     run = RunDir(run_dir).write_spec(spec)
     if record is not None:
         run.write_record(record)
     say(f"run dir: {run}")
-    stop = _Stop()
-    if spec.world_size == 1:
-        return _serve_one(spec, run, install, stop)
-    return _serve_ranks(spec, run, stop)
+    return _LocalRanks(spec, run).serve(_Stop())
 
 
-def _serve_one(spec: LaunchSpec, run: RunDir, install, stop: _Stop) -> int:
-    from launcher.render import shm_prefix, tritonserver_argv
-    from launcher.triton import TritonServer
-    from launcher.triton_install import server_env
-
-    job_id = str(os.getpid())
-    rank = spec.ranks[0]
-    argv = tritonserver_argv(
-        spec,
-        rank,
-        tritonserver=install.binary,
-        repository=str(run.repository),
-        job_id=job_id,
-        backend_directory=install.backend_directory,
-    )
-    env = server_env(
-        install, {**spec.cluster.env, private("RANK"): "0", private("WORLD_SIZE"): "1", "LLMLAUNCH_RUN_DIR": str(run)}
-    )
-    host = spec.host if spec.host not in ("0.0.0.0", "") else "127.0.0.1"
-    url = f"{host}:{spec.serve.grpc_port}"
-    log = run.local_rank_log(0)
-    say(f"starting: {shlex.join(argv)}")
-    say(f"log: {log}")
-    server = TritonServer(
-        argv,
-        env=env,
-        log_path=log,
-        grpc_url=url,
-        model=spec.model_name,
-        ready_timeout_s=float(spec.serve.ready_timeout_s),
-        drain_timeout_s=float(spec.serve.drain_timeout_s),
-        shm_prefix=shm_prefix(job_id, 0),
-        progress=say,
-    ).start()
-    api = None  # the OpenAI API (launcher/openai_api) once the server is ready
-    try:
-        waited = _wait_or_stop(server, stop)
-        if waited is None:
-            server.stop()
-            return 0
-        say(f"READY in {waited:.1f}s")
-        from launcher.openai_api.process import start_api
-
-        api = start_api(
-            spec,
-            url,
-            spec.host,
-            spec.serve.openai_port,
-            say,
-            float(spec.serve.ready_timeout_s),
-            config_path=run.openai_config,
-        )
-        ports = {k: getattr(spec.serve, k) for k in PUBLIC_PORTS}  # as rank 0 writes them
-        from launcher.record import gpu_inventory, write_startup
-
-        # one rank, no rendezvous: its ranks are started once its server is
-        marks = {**server.marks, "ranks_started": server.marks["started"], "serving": time.time()}
-        gpus = gpu_inventory()
-        write_startup(
-            run,
-            spec,
-            log_path=log,
-            marks=marks,
-            server_url=url,
-            nodes=[socket.gethostname()],
-            gpus={socket.gethostname(): gpus} if gpus else {},
-            server_pid=server.proc.pid,
-        )
-        run.write_endpoint(
-            {
-                "url": f"grpc://{url}",
-                "model": spec.model_name,
-                **ports,
-                "openai_url": f"{api.cfg.url}/v1",
-                "job_id": job_id,
-            }
-        )
-        rec = ready_report(run, say, job_id=job_id)
-        sys.stdout.write(endpoint_banner(f"grpc://{url}", spec.model_name, f"{api.cfg.url}/v1", _ready_line(rec, run)))
-        sys.stdout.flush()
-        while stop.signum is None:
-            if server.returncode() is not None or api.poll() is not None:
-                from launcher.logtext import log_excerpt
-
-                what = "tritonserver" if server.returncode() is not None else "the OpenAI API server"
-                code = server.returncode() if server.returncode() is not None else api.poll()
-                say(f"{what} exited unasked with status {code}; {log}:\n{log_excerpt(log)}")
-                api.stop()
-                server.stop()
-                return 1
-            time.sleep(0.2)
-        api.stop()  # first: its running requests finish while the server still serves them
-        code = server.stop()
-        say(f"stopped (tritonserver status {code})")
-        return 0
-    except BaseException:
-        if api is not None:
-            api.stop()
-        server.stop()
-        raise
+class _RankDied(Exception):
+    """A rank exited unasked (or never got ready): the launch ends non-zero."""
 
 
-def _wait_or_stop(server, stop: _Stop):
-    """wait_ready, but give up early (None) when the user presses Ctrl-C while loading."""
-    import threading
+class _Relay:
+    """What the ranks say (launcher/rank/main.py's lines in their logs), said here as they write it: the user's view
+    of the load, the serving and the stop. The servers' own output stays in the logs."""
 
-    result: Dict[str, object] = {}
+    def __init__(self, logs: List[Path], label: bool):
+        self.logs = logs
+        self.label = label  # several ranks: each line names its rank
+        self.offsets = [p.stat().st_size if p.exists() else 0 for p in logs]  # an earlier run's lines are not ours
+        self.partial = [b""] * len(logs)  # the end of each log that is not a whole line yet
 
-    def target():
-        try:
-            result["waited"] = server.wait_ready()
-        except BaseException as e:  # reported below, in the main thread
-            result["error"] = e
+    def pump(self) -> None:
+        from launcher.triage import rank_message
 
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    while t.is_alive():
-        if stop.signum is not None:
-            return None
-        t.join(0.1)
-    if "error" in result:
-        from launcher.errors import LaunchError
-
-        server.stop()
-        raise LaunchError(
-            ("tritonserver", str(result["error"]), "read the log above; fix the model or raise serve.ready_timeout_s")
-        )
-    return result["waited"]
+        for i, path in enumerate(self.logs):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(self.offsets[i])
+                    data = f.read()
+            except OSError:  # not created yet
+                continue
+            self.offsets[i] += len(data)
+            *lines, self.partial[i] = (self.partial[i] + data).split(b"\n")
+            for line in lines:
+                said = rank_message(line.decode(errors="replace"))
+                if said is not None:
+                    say(f"rank {said[0]}: {said[1]}" if self.label else said[1])
 
 
-def _serve_ranks(spec: LaunchSpec, run: RunDir, stop: _Stop) -> int:
-    """Several ranks on this machine, each through `python -m launcher.rank` like a Slurm task.
+class _LocalRanks:
+    """The ranks of one local launch, each a `python -m launcher.rank` process in its own session (Ctrl-C reaches
+    this process, which stops them in order)."""
 
-    A replica lost while serving (replicas > 1) is reported and the rest go on serving, as on Slurm."""
-    from launcher.logtext import log_excerpt
-    from launcher.triage import describe_lost
+    def __init__(self, spec: LaunchSpec, run: RunDir):
+        self.spec, self.run = spec, run
+        self.job_id = str(os.getpid())
+        self.procs: List[subprocess.Popen] = []
+        self.relay = _Relay([run.local_rank_log(r.rank) for r in spec.ranks], label=spec.world_size > 1)
+        self.reported_lost: set = set()  # replicas whose loss was said
 
-    reported_lost: set = set()
-
-    job_id = str(os.getpid())
-    procs: List[subprocess.Popen] = []
-    base_env = dict(os.environ)
-    if not base_env.get("CUDA_VISIBLE_DEVICES") and any(r.gpus for r in spec.ranks):
-        # Like a Slurm task given the node's GPUs: each rank then takes its own slice
-        # (rank.rank_environment); without this every rank would land on GPU 0.
-        base_env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(int(spec.cluster.gpus_per_node)))
-    for r in spec.ranks:
-        env = dict(base_env)
-        env.update(local_rank_env(r.rank, spec.world_size, r.local_rank, job_id))
-        with open(run.local_rank_log(r.rank), "ab") as out:
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "launcher.rank", str(run)],
-                    env=env,
-                    stdout=out,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
+    def start(self) -> None:
+        spec, run = self.spec, self.run
+        base_env = dict(os.environ)
+        if not base_env.get("CUDA_VISIBLE_DEVICES") and any(r.gpus for r in spec.ranks):
+            # Like a Slurm task given the node's GPUs: each rank then takes its own slice
+            # (rank.rank_environment); without this every rank would land on GPU 0.
+            base_env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in range(int(spec.cluster.gpus_per_node)))
+        argv = [sys.executable, "-m", RANK_MODULE, str(run)]
+        for r in spec.ranks:
+            env = {**base_env, **local_launcher_env(r.rank, spec.world_size, r.local_rank, self.job_id).to_environ()}
+            with open(run.local_rank_log(r.rank), "ab") as out:
+                self.procs.append(
+                    subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
                 )
+        n = len(self.procs)
+        logs = f"log: {run.local_rank_log(0)}" if n == 1 else f"logs in {run.logs}"
+        say(f"started {n} rank{'s' if n > 1 else ''} ({shlex.join(argv)}); {logs}")
+
+    def serve(self, stop: "_Stop") -> int:
+        """Start the ranks, wait until rank 0 serves, print the endpoint, serve until a signal or a rank's end."""
+        spec, run = self.spec, self.run
+        t0 = time.monotonic()
+        code = 0
+        try:
+            self.start()
+            ep = wait_for_endpoint(
+                run,
+                # the ranks' own deadline comes first, and says which stage it was in
+                timeout_s=float(spec.serve.ready_timeout_s) + 30,
+                on_timeout=self.not_ready,
+                check=lambda: self.check(stop),
+                interval_s=0.2,
             )
-    say(f"started {len(procs)} ranks; logs in {run.logs}")
+            n = len(self.procs)
+            say(f"READY in {time.monotonic() - t0:.1f}s ({n} rank{'s' if n > 1 else ''})")
+            rec = ready_report(run, say, job_id=self.job_id)
+            sys.stdout.write(endpoint_banner(ep.url, ep.model, ep.openai_url, _ready_line(rec, run)))
+            sys.stdout.flush()
+            if ep.frontend is not None:  # replicas > 1 serve through rank 0's front end
+                say(f"front end over {len(ep.replicas)} replicas; metrics {ep.metrics_url}")
+            while True:
+                self.check(stop)
+                time.sleep(0.2)
+        except Stopped:
+            pass
+        except _RankDied:
+            code = 1
+        finally:
+            self.stop_all()
+        return code
 
-    class _RankDied(Exception):
-        pass
+    def check(self, stop: "_Stop") -> None:
+        """Stopped on a signal; a rank that died unasked ends the job (a lost replica's ranks exit 0, as on Slurm:
+        the others go on serving)."""
+        from launcher.logtext import log_excerpt
+        from launcher.triage import describe_lost
 
-    def check() -> None:
-        """Stopped on a signal; a rank that died unasked ends the job (a lost replica's ranks exit 0)."""
+        self.relay.pump()
         if stop.signum is not None:
             raise Stopped()
-        dead = [(i, p.returncode) for i, p in enumerate(procs) if p.poll() is not None]
-        lost = set(run.lost_replica_ids(spec.replicas))
-        for r in sorted(lost - reported_lost):  # the ranks of a lost replica record it and exit 0 (rank.decide_exit)
-            reported_lost.add(r)
+        spec, run = self.spec, self.run
+        dead = [(i, p.returncode) for i, p in enumerate(self.procs) if p.poll() is not None]
+        lost = set(run.lost_replica_ids(spec.replicas))  # after `dead`: a lost replica's rank records it, then exits
+        for r in sorted(lost - self.reported_lost):
+            self.reported_lost.add(r)
             record = run.read_lost(r)
             if record is not None:  # written whole (a hard link), so readable once it exists
                 say(describe_lost(record))
         fatal = [(i, rc) for i, rc in dead if rc != 0 or spec.ranks[i].replica not in lost]
         if fatal:
             i, rc = fatal[0]
-            say(
-                f"rank {i} exited with status {rc}; stopping the others. Its log:\n{log_excerpt(run.local_rank_log(i))}"
-            )
+            self.relay.pump()  # its last words first
+            others = "; stopping the others" if len(self.procs) > 1 else ""
+            log = run.local_rank_log(i)
+            say(f"rank {i} exited with status {rc}{others}. Its log, {log}:\n{log_excerpt(log)}")
             raise _RankDied()
 
-    def not_ready(_elapsed: float) -> Exception:
-        say("not ready before serve.ready_timeout_s; stopping")
+    def not_ready(self, _elapsed: float) -> Exception:
+        say(f"not serving after serve.ready_timeout_s={self.spec.serve.ready_timeout_s}; stopping")
         return _RankDied()
 
-    t0 = time.monotonic()
-    code = 0
-    try:
-        ep = wait_for_endpoint(
-            run,
-            timeout_s=float(spec.serve.ready_timeout_s),
-            on_timeout=not_ready,
-            check=check,
-            progress=lambda: f"waiting for {len(procs)} ranks: {run.ready_count()} leaders ready",
-            say=say,
-            repeat_s=2.0,
-            on_change=False,
-            interval_s=0.2,
-        )
-        say(f"READY in {time.monotonic() - t0:.1f}s ({len(procs)} ranks)")
-        rec = ready_report(run, say, job_id=job_id)
-        sys.stdout.write(endpoint_banner(ep["url"], ep["model"], ep.get("openai_url", ""), _ready_line(rec, run)))
-        sys.stdout.flush()
-        if ep.get("metrics_url"):  # frontend: replicas > 1 serve through rank 0's front end
-            say(f"front end over {len(ep.get('replicas', []))} replicas; metrics {ep['metrics_url']}")
-        while True:
-            check()
+    def stop_all(self) -> None:
+        """SIGTERM to every rank still running (each drains its server), SIGKILL after serve.drain_timeout_s + 20 s;
+        what they say meanwhile is said here."""
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.monotonic() + float(self.spec.serve.drain_timeout_s) + 20
+        while any(p.poll() is None for p in self.procs) and time.monotonic() < deadline:
+            self.relay.pump()
             time.sleep(0.2)
-    except Stopped:
-        pass
-    except _RankDied:
-        code = 1
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
-    deadline = time.monotonic() + float(spec.serve.drain_timeout_s) + 20
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-    say("stopped")
-    return code
+        for p in self.procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        self.relay.pump()
+        say("stopped")
 
 
 class LocalScheduler(Scheduler):
@@ -369,7 +284,13 @@ class LocalScheduler(Scheduler):
         ep = wait_for_endpoint(
             run, timeout_s=float(spec.serve.ready_timeout_s) + 60, on_timeout=timeout, check=check, interval_s=0.2
         )
-        endpoint.url, endpoint.model, endpoint.doc = ep["url"], ep["model"], ep
+        # The child completes the run record (its time to READY, which a sweep's rows read) once it sees
+        # endpoint.json: it is done starting then. Bounded: a record that cannot be completed is no failure.
+        deadline = time.monotonic() + 30
+        while "time_to_ready" not in (run.read_record() or {}) and time.monotonic() < deadline:
+            check()
+            time.sleep(0.2)
+        endpoint.url, endpoint.model, endpoint.doc = ep.url, ep.model, ep
         return endpoint
 
     def stop(self, endpoint: Endpoint) -> None:

@@ -231,7 +231,7 @@ class SlurmScheduler(Scheduler):
                 say(stop(job.job_id)[1])
             raise
         ready_report(RunDir(run), say, **slurm_ready_facts(job.job_id, RunDir(run), reasons))
-        return Endpoint(ep["url"], ep["model"], job.job_id, RunDir(run), spec, ep)
+        return Endpoint(ep.url, ep.model, job.job_id, RunDir(run), spec, ep)
 
     def serve(self, request: Request) -> int:
         t0 = time.monotonic()

@@ -121,7 +121,7 @@ def status(job_id: str) -> Tuple[int, str]:
     ]
     e = run.read_endpoint()
     if e is not None:
-        lines += [f"endpoint: {e['url']}", f"model: {e['model']}"]
+        lines += [f"endpoint: {e.url}", f"model: {e.model}"]
     lines.append(f"ready leaders: {run.ready_count()}")
     lines += ready_lines(run, rec)
     for w in run.walltime_records():

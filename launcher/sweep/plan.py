@@ -12,9 +12,8 @@ import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
-from urllib.parse import urlsplit
 
-from launcher.ports import metrics_url
+from launcher.handoff.endpoint import EndpointRecord
 
 # Config keys that never change what is measured (where files go, how long to wait).
 NOT_MEASURED = ("dry_run", "run_dir", "serve.ready_timeout_s", "serve.drain_timeout_s", "cluster.jobs_dir")
@@ -235,7 +234,7 @@ def bench_problems(bench: Mapping[str, Any]) -> List[str]:
     return out
 
 
-def first_token_metrics_url(spec, endpoint: Mapping[str, Any]) -> str:
+def first_token_metrics_url(spec, endpoint: EndpointRecord) -> str:
     """Metrics URL of the tritonserver holding a model that reports the first-token split the bench shows
     (Engine.first_token_split; launcher/python_backend/timings.py): rank 0's with one replica; with replicas, every
     replica leader's (endpoint.json's replicas, comma-separated: the bench sums them; the public metrics port is the
@@ -245,9 +244,9 @@ def first_token_metrics_url(spec, endpoint: Mapping[str, Any]) -> str:
     if not ENGINES[spec.engine.name].first_token_split:
         return ""
     if spec.replicas > 1:
-        urls = [r.get("metrics_url") or "" for r in endpoint.get("replicas") or []]
+        urls = [r.metrics_url for r in endpoint.replicas]
         return ",".join(urls) if urls and all(urls) else ""
-    return metrics_url(urlsplit(endpoint["url"]).hostname or "", endpoint.get("metrics_port"))
+    return endpoint.metrics_url
 
 
 def bench_argv(

@@ -320,12 +320,10 @@ def _client(argv: List[str], log: Path, head: str) -> int:
 def _evaluate(server: Server, bench, head, point: Path) -> Tuple[Optional[dict], Optional[str]]:
     """bench.eval: llmlaunch-bench --eval against the server's OpenAI API after the load; (its scores by task, why
     the point fails: the model answered nothing, or the check did not run).  (None, None) when not asked."""
-    url = server.endpoint.doc.get("openai_url", "")
+    url = server.endpoint.doc.openai_url
     args = eval_argv(bench, url, tokenizer_for(server.spec), str(point / "eval.json"))
     if not args:
         return None, None
-    if not url:
-        return None, "bench.eval needs the OpenAI API, which this server does not run"
     rc = _client(server.backend.client_argv(server.endpoint, args), point / "eval.log", head)
     scores = (read_json(point / "eval.json") or {}).get("tasks")
     if rc == 0 and scores:

@@ -22,7 +22,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from launcher.handoff.endpoint import EndpointRecord
 from launcher.ports import free_port
+from launcher.rundir import RunDir
 from launcher.testing.serve import make_repository, wait_ready
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(600)]
@@ -669,7 +671,7 @@ class LocalLaunch:
     def tail(self) -> str:
         return "".join(self.err[-30:])
 
-    def wait_endpoint(self, timeout: float = 360) -> dict:
+    def wait_endpoint(self, timeout: float = 360) -> EndpointRecord:
         deadline = time.monotonic() + timeout
         while True:
             assert self.proc.poll() is None, "llmlaunch exited early:\n" + self.tail()
@@ -681,23 +683,22 @@ class LocalLaunch:
             if line.startswith("endpoint:"):
                 self.url = line.split()[1]
                 self.run = next(self.tmp_path.rglob("endpoint.json")).parent
-                return json.loads((self.run / "endpoint.json").read_text())
+                return RunDir(self.run).read_endpoint()
 
     def kill(self) -> None:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
 
-    def assert_nothing_left(self, ep: dict) -> None:
+    def assert_nothing_left(self, ep: EndpointRecord) -> None:
         time.sleep(0.5)
         ps = subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout
         assert str(self.run) not in ps  # no tritonserver (their argv names the run dir's repository), no rank
-        if "frontend" in ep:  # rank 0's front end (replicas > 1) is gone too
-            assert not Path(f"/proc/{ep['frontend']['pid']}").exists()
-        if "openai_url" in ep:  # and the OpenAI API: nothing answers on its port
-            with pytest.raises(OSError):
-                urllib.request.urlopen(ep["openai_url"].removesuffix("/v1") + "/health", timeout=5)
-        assert list(Path("/dev/shm").glob(f"llm{ep['job_id']}r*")) == []
+        if ep.frontend is not None:  # rank 0's front end (replicas > 1) is gone too
+            assert not Path(f"/proc/{ep.frontend.pid}").exists()
+        with pytest.raises(OSError):  # and the OpenAI API: nothing answers on its port
+            urllib.request.urlopen(ep.openai_url.removesuffix("/v1") + "/health", timeout=5)
+        assert list(Path("/dev/shm").glob(f"llm{ep.job_id}r*")) == []
 
 
 _TAKES_A_PORT = """#!/bin/bash
@@ -752,18 +753,18 @@ def test_a_replica_whose_port_is_taken_before_its_server_binds_it_retries_on_fre
         logs = "".join(p.read_text() for p in (job.run / "logs").glob("rank*.log"))
         assert "a port was taken while starting; retrying on" in logs, logs[-3000:]
         ready = sorted((json.loads(p.read_text()) for p in job.run.glob("ready_rank*.json")), key=lambda r: r["rank"])
-        assert [r["grpc_port"] for r in ep["replicas"]] == [r["ports"]["grpc_port"] for r in ready]
-        assert blocked not in [r["grpc_port"] for r in ep["replicas"]]
+        assert [r.grpc_port for r in ep.replicas] == [r["ports"]["grpc_port"] for r in ready]
+        assert blocked not in [r.grpc_port for r in ep.replicas]
         # each leader's own metrics too (the public port is the front end's): where the bench reads the model's
         # first-token split and engine totals, summed over the replicas
-        urls = [r["metrics_url"] for r in ep["replicas"]]
-        assert urls == [metrics_url(r["addr"], p["ports"]["metrics_port"]) for r, p in zip(ep["replicas"], ready)]
+        urls = [r.metrics_url for r in ep.replicas]
+        assert urls == [metrics_url(r.addr, p["ports"]["metrics_port"]) for r, p in zip(ep.replicas, ready)]
         for i in range(4):  # the front end spreads them over both replicas, the one that retried too
             rec = generate(
-                job.url, ep["model"], Generation(f"The capital of France is {i}", max_tokens=4, ignore_eos=True)
+                job.url, ep.model, Generation(f"The capital of France is {i}", max_tokens=4, ignore_eos=True)
             )
             assert not rec.error and rec.output_tokens == 4, rec.error
-        counted = settle(lambda: fetch_first_token_metrics(",".join(urls), ep["model"])["count"], 1.25, 10)
+        counted = settle(lambda: fetch_first_token_metrics(",".join(urls), ep.model)["count"], 1.25, 10)
         assert counted >= 4, counted
         job.proc.send_signal(signal.SIGINT)
         assert job.proc.wait(90) == 0, job.tail()
@@ -786,37 +787,35 @@ def test_llmlaunch_replicas_2_on_this_machine_serves_through_the_front_end(tmp_p
     job = LocalLaunch(tmp_path, "engine.stream_interval_ms=100")
     try:
         ep = job.wait_endpoint()
-        assert job.url == f"grpc://127.0.0.1:{job.grpc_port}" == ep["url"]
-        assert len(ep["replicas"]) == 2 and all(r["grpc_port"] != job.grpc_port for r in ep["replicas"])
+        assert job.url == f"grpc://127.0.0.1:{job.grpc_port}" == ep.url
+        assert len(ep.replicas) == 2 and all(r.grpc_port != job.grpc_port for r in ep.replicas)
         # endpoint.json and both leaders' ready files carry this run's rendezvous token, and the replicas' ports are
         # the ones the leaders' servers bound (their ready files)
         ready = sorted((json.loads(p.read_text()) for p in job.run.glob("ready_rank*.json")), key=lambda r: r["rank"])
-        assert len(ep["token"]) == 16 and [r["token"] for r in ready] == [ep["token"]] * 2
-        assert [r["grpc_port"] for r in ep["replicas"]] == [r["ports"]["grpc_port"] for r in ready]
-        assert ep["metrics_url"] == f"http://127.0.0.1:{job.metrics_port}/metrics"
+        assert len(ep.token) == 16 and [r["token"] for r in ready] == [ep.token] * 2
+        assert [r.grpc_port for r in ep.replicas] == [r["ports"]["grpc_port"] for r in ready]
+        assert ep.metrics_url == f"http://127.0.0.1:{job.metrics_port}/metrics"
         # rank 0 gave its front end and its OpenAI API their configs as files in the run dir, each the one they serve
         from launcher.frontend import FrontendConfig
         from launcher.openai_api.process import OpenAIConfig
 
         served_by = FrontendConfig.read(job.run / "frontend.json")
         assert served_by.port == job.grpc_port and served_by.metrics_port == job.metrics_port
-        assert [p for _, p in served_by.replicas] == [r["grpc_port"] for r in ep["replicas"]]
+        assert [p for _, p in served_by.replicas] == [r.grpc_port for r in ep.replicas]
         api = OpenAIConfig.read(job.run / "openai.json")
-        assert api.port == ep["openai_port"] and api.grpc_url == ep["url"].removeprefix("grpc://"), api
+        assert api.port == ep.openai_port and api.grpc_url == ep.url.removeprefix("grpc://"), api
         for i in range(4):
             rec = generate(
-                job.url, ep["model"], Generation(f"The capital of France is {i}", max_tokens=6, ignore_eos=True)
+                job.url, ep.model, Generation(f"The capital of France is {i}", max_tokens=6, ignore_eos=True)
             )
             assert not rec.error and rec.output_tokens == 6, rec.error
-        streamed = generate(job.url, ep["model"], Generation("Merged pieces", max_tokens=48, ignore_eos=True))
-        whole = generate(
-            job.url, ep["model"], Generation("Merged pieces", max_tokens=48, ignore_eos=True, stream=False)
-        )
+        streamed = generate(job.url, ep.model, Generation("Merged pieces", max_tokens=48, ignore_eos=True))
+        whole = generate(job.url, ep.model, Generation("Merged pieces", max_tokens=48, ignore_eos=True, stream=False))
         assert not streamed.error and streamed.output_tokens == 48 and streamed.text == whole.text, streamed.error
         # one response a token would be 48; ~0.2 s of generating on this machine makes a few 100 ms pieces
         assert 2 <= len(streamed.token_times) < 24, len(streamed.token_times)
         assert len(whole.token_times) == 1
-        text = urllib.request.urlopen(ep["metrics_url"], timeout=10).read().decode()
+        text = urllib.request.urlopen(ep.metrics_url, timeout=10).read().decode()
         served = [
             float(ln.rsplit(" ", 1)[1])
             for ln in text.splitlines()
@@ -853,8 +852,8 @@ def test_with_prefix_routing_a_conversations_turns_reach_one_replica_which_prefi
 @pytest.mark.parametrize("replicas", [2, 1])
 def test_nothing_outlives_a_killed_llmlaunch(tmp_path, tiny_model_dir, replicas):
     """SIGKILL to llmlaunch alone (its ranks and servers run in sessions of their own, so Ctrl-C's signal does not
-    reach them): every rank, tritonserver, the front end and the OpenAI API still go, within the drain deadline; with
-    one replica llmlaunch runs the tritonserver itself."""
+    reach them): every rank, tritonserver, the front end and the OpenAI API still go, within the drain deadline, with
+    one replica as with two (each rank goes when llmlaunch does: RankEnv.die_with_launcher)."""
     job = LocalLaunch(tmp_path, f"replicas={replicas}")
     ps = lambda: subprocess.run(["ps", "-ww", "-eo", "pid,args"], capture_output=True, text=True).stdout  # noqa: E731
     try:
@@ -877,7 +876,7 @@ def test_llmlaunch_fails_when_the_front_end_dies(tmp_path, tiny_model_dir):
     job = LocalLaunch(tmp_path)
     try:
         ep = job.wait_endpoint()
-        os.kill(ep["frontend"]["pid"], signal.SIGKILL)
+        os.kill(ep.frontend.pid, signal.SIGKILL)
         assert job.proc.wait(90) == 1, job.tail()
         assert "rank 0 exited with status" in "".join(job.err), job.tail()
         failure = json.loads((job.run / "failure_rank0.json").read_text())
@@ -908,7 +907,7 @@ def test_llmlaunch_fails_when_the_openai_api_dies(tmp_path, tiny_model_dir):
     job = LocalLaunch(tmp_path)
     try:
         ep = job.wait_endpoint()
-        assert json.loads((job.run / "openai.json").read_text())["port"] == ep["openai_port"]
+        assert json.loads((job.run / "openai.json").read_text())["port"] == ep.openai_port
         os.kill(_openai_api_pid(job.run), signal.SIGKILL)
         assert job.proc.wait(90) == 1, job.tail()
         failure = json.loads((job.run / "failure_rank0.json").read_text())
@@ -930,7 +929,7 @@ def test_llmlaunch_keeps_serving_when_replica_1_is_lost(tmp_path, tiny_model_dir
     job = LocalLaunch(tmp_path)
     try:
         ep = job.wait_endpoint()
-        os.kill(server_pid(ep["job_id"], 1), signal.SIGKILL)
+        os.kill(server_pid(ep.job_id, 1), signal.SIGKILL)
         lost = job.run / "replica_lost1.json"
         deadline = time.monotonic() + 60
         while not lost.exists() or not any("replica 1 lost at" in ln for ln in job.err):
@@ -938,7 +937,7 @@ def test_llmlaunch_keeps_serving_when_replica_1_is_lost(tmp_path, tiny_model_dir
             assert time.monotonic() < deadline, "no replica-lost record or message:\n" + job.tail()
             time.sleep(0.5)
         for i in range(4):  # every later request goes to replica 0
-            rec = generate(job.url, ep["model"], Generation(f"After the loss {i}", max_tokens=4, ignore_eos=True))
+            rec = generate(job.url, ep.model, Generation(f"After the loss {i}", max_tokens=4, ignore_eos=True))
             assert not rec.error and rec.output_tokens == 4, rec.error
         assert job.proc.poll() is None
         job.proc.send_signal(signal.SIGINT)
@@ -973,11 +972,11 @@ def test_slurm_replicas_2_nodes_2_one_endpoint(local_slurm, tmp_path):
     job, run = slurm.submit(spec, str(tmp_path / f"run{time.monotonic_ns()}"))
     try:
         ep = slurm.follow(job.job_id, run, spec, 300)
-        assert len({r["addr"] for r in ep["replicas"]}) == 2  # one replica per node
+        assert len({r.addr for r in ep.replicas}) == 2  # one replica per node
         for i in range(4):
-            rec = generate(ep["url"], ep["model"], Generation(f"Hello {i}", max_tokens=5, ignore_eos=True))
+            rec = generate(ep.url, ep.model, Generation(f"Hello {i}", max_tokens=5, ignore_eos=True))
             assert not rec.error and rec.output_tokens == 5, rec.error
-        text = urllib.request.urlopen(ep["metrics_url"], timeout=10).read().decode()
+        text = urllib.request.urlopen(ep.metrics_url, timeout=10).read().decode()
         served = [
             float(ln.rsplit(" ", 1)[1])
             for ln in text.splitlines()

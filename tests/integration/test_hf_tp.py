@@ -247,7 +247,7 @@ def test_slurm_tp2_two_nodes_leader_serves_generate_greedy(local_slurm, tmp_path
     spec, job_id, run, ep = launch(tmp_path, "tp=2", "nodes=2")
     try:
         assert [(r.node, r.role) for r in spec.ranks] == [(0, "leader"), (1, "worker")]
-        text, n = greedy(ep["url"], ep["model"])
+        text, n = greedy(ep.url, ep.model)
         path = spec.model.path
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path)
@@ -274,7 +274,7 @@ def test_slurm_tp4_two_nodes_two_tasks_generate_greedy(local_slurm, tmp_path):
     spec, job_id, run, ep = launch(tmp_path, "tp=4", "nodes=2", f"model.path={path}")
     try:
         assert [(r.node, r.role) for r in spec.ranks] == [(0, "leader"), (0, "worker"), (1, "worker"), (1, "worker")]
-        text, n = greedy(ep["url"], ep["model"])
+        text, n = greedy(ep.url, ep.model)
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path)
         ids = tok("The capital of France is", return_tensors="pt").input_ids

@@ -383,15 +383,15 @@ def test_llmlaunch_replicas_2_serves_the_openai_api_through_the_front_end(tmp_pa
     job = fe.LocalLaunch(tmp_path, f"serve.openai_port={port}", f"model.tokenizer={tok}")
     try:
         ep = job.wait_endpoint()
-        assert ep["openai_url"] == f"http://127.0.0.1:{port}/v1" and ep["openai_port"] == port
-        oa = openai.OpenAI(base_url=ep["openai_url"], api_key="none", max_retries=0, timeout=120)
-        assert [m.id for m in oa.models.list().data] == [ep["model"]]
+        assert ep.openai_url == f"http://127.0.0.1:{port}/v1" and ep.openai_port == port
+        oa = openai.OpenAI(base_url=ep.openai_url, api_key="none", max_retries=0, timeout=120)
+        assert [m.id for m in oa.models.list().data] == [ep.model]
         for i in range(4):
-            r = oa.completions.create(model=ep["model"], prompt=f"{PROMPT} {i}", max_tokens=5, extra_body=EOS)
+            r = oa.completions.create(model=ep.model, prompt=f"{PROMPT} {i}", max_tokens=5, extra_body=EOS)
             assert r.usage.completion_tokens == 5
         chunks = list(
             oa.chat.completions.create(
-                model=ep["model"],
+                model=ep.model,
                 messages=[{"role": "user", "content": "Hi"}],
                 max_tokens=6,
                 extra_body=EOS,
@@ -400,7 +400,7 @@ def test_llmlaunch_replicas_2_serves_the_openai_api_through_the_front_end(tmp_pa
             )
         )
         assert chunks[-1].usage.completion_tokens == 6
-        text = urllib.request.urlopen(ep["metrics_url"], timeout=10).read().decode()
+        text = urllib.request.urlopen(ep.metrics_url, timeout=10).read().decode()
         served = [
             float(ln.rsplit(" ", 1)[1])
             for ln in text.splitlines()
@@ -413,7 +413,7 @@ def test_llmlaunch_replicas_2_serves_the_openai_api_through_the_front_end(tmp_pa
         job.kill()
     job.assert_nothing_left(ep)
     with pytest.raises(urllib.error.URLError):
-        urllib.request.urlopen(ep["openai_url"] + "/models", timeout=5)  # it stopped with the rank
+        urllib.request.urlopen(ep.openai_url + "/models", timeout=5)  # it stopped with the rank
 
 
 @pytest.mark.slurm
@@ -423,13 +423,13 @@ def test_a_slurm_launch_serves_the_openai_api_on_rank_0_and_stops_it(local_slurm
 
     spec, job_id, run, ep = sl.launch(tmp_path)
     try:
-        host = ep["url"].split("//")[1].rsplit(":", 1)[0]
-        assert ep["openai_url"] == f"http://{host}:{ep['openai_port']}/v1", ep
-        oa = openai.OpenAI(base_url=ep["openai_url"], api_key="none", max_retries=0, timeout=120)
-        assert [m.id for m in oa.models.list().data] == [ep["model"]]
+        host = ep.url.split("//")[1].rsplit(":", 1)[0]
+        assert ep.openai_url == f"http://{host}:{ep.openai_port}/v1", ep
+        oa = openai.OpenAI(base_url=ep.openai_url, api_key="none", max_retries=0, timeout=120)
+        assert [m.id for m in oa.models.list().data] == [ep.model]
         chunks = list(
             oa.completions.create(
-                model=ep["model"],
+                model=ep.model,
                 prompt=PROMPT,
                 max_tokens=6,
                 extra_body=EOS,
@@ -439,15 +439,13 @@ def test_a_slurm_launch_serves_the_openai_api_on_rank_0_and_stops_it(local_slurm
         )
         assert chunks[-1].usage.completion_tokens == 6
         assert (
-            oa.completions.create(
-                model=ep["model"], prompt=PROMPT, max_tokens=3, extra_body=EOS
-            ).usage.completion_tokens
+            oa.completions.create(model=ep.model, prompt=PROMPT, max_tokens=3, extra_body=EOS).usage.completion_tokens
             == 3
         )
     finally:
         sl.stop_drained(job_id)
     with pytest.raises(urllib.error.URLError):
-        urllib.request.urlopen(ep["openai_url"] + "/models", timeout=5)  # it stopped with rank 0
+        urllib.request.urlopen(ep.openai_url + "/models", timeout=5)  # it stopped with rank 0
 
 
 # ----------------------------------------------------------------------------- llmlaunch-bench over either protocol

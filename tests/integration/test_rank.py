@@ -13,8 +13,8 @@ import time
 import pytest
 
 from launcher.cli import plan
+from launcher.handoff.rank_env import local_launcher_env
 from launcher.models import resolve_model
-from launcher.rank.topology import local_rank_env
 from launcher.rundir import RunDir
 
 pytestmark = pytest.mark.timeout(600)
@@ -31,7 +31,7 @@ def test_a_rank_drained_at_the_time_limit_records_its_own_allocation(tmp_path, t
     _, spec = plan(["model=tiny", *ports, "serve.ready_timeout_s=300", "serve.drain_timeout_s=10"])
     spec = resolve_model(spec, lambda m: None)
     run = RunDir(tmp_path / "run").write_spec(spec)
-    env = {**os.environ, **local_rank_env(0, 1, 0, "4242")}
+    env = {**os.environ, **local_launcher_env(0, 1, 0, "4242").to_environ()}
     env.pop("SLURM_RESTART_COUNT", None)
     if restart_count:
         env["SLURM_RESTART_COUNT"] = restart_count

@@ -162,20 +162,20 @@ def assert_serves_on(ep, job_id, run):
     from launcher.schedulers import slurm_jobs
 
     for i in range(4):
-        rec = generate(ep["url"], ep["model"], Generation(f"Still here {i}", max_tokens=5, ignore_eos=True))
+        rec = generate(ep.url, ep.model, Generation(f"Still here {i}", max_tokens=5, ignore_eos=True))
         assert not rec.error and rec.output_tokens == 5, rec.error
     assert slurm_jobs.queue_state(job_id)[0] == "RUNNING" and not list(run.glob("failure_rank*.json"))
 
 
 def test_tp1_serves_through_rank0_and_stops_clean(local_slurm, tmp_path):
     spec, job_id, run, ep = launch(tmp_path)
-    assert ep["url"].startswith("grpc://10.") and ep["model"] == "hf_model"
-    text, n = greedy(ep["url"], ep["model"])
+    assert ep.url.startswith("grpc://10.") and ep.model == "hf_model"
+    text, n = greedy(ep.url, ep.model)
     assert n == 8 and text
     from launcher.schedulers import slurm_jobs
 
     code, st = slurm_jobs.status(job_id)
-    assert code == 0 and "state: RUNNING" in st and ep["url"] in st
+    assert code == 0 and "state: RUNNING" in st and ep.url in st
     # the console script: SIGTERM to the serving step only, the batch script runs its teardown and ends the job
     cli = subprocess.run(
         [str(Path(sys.executable).parent / "llmlaunch-stop"), job_id], capture_output=True, text=True, timeout=200
@@ -198,8 +198,8 @@ def test_two_nodes_two_tasks_four_servers_distinct_prefixes(local_slurm, tmp_pat
         assert len(ready) == 4
         assert len({r["addr"] for r in ready}) == 2  # two nodes
         assert prefixes_of(job_id) == [f"llm{job_id}r{i}_" for i in range(4)]
-        for rep in ep["replicas"]:
-            text, n = greedy(f"{rep['addr']}:{rep['grpc_port']}", ep["model"])
+        for rep in ep.replicas:
+            text, n = greedy(f"{rep.addr}:{rep.grpc_port}", ep.model)
             assert n == 8
         stop_drained(job_id)
     finally:
@@ -213,7 +213,7 @@ def test_two_jobs_on_one_node_both_serve(local_slurm, tmp_path):
         assert a[3]["host"] == b[3]["host"]
         assert a[3]["grpc_port"] != b[3]["grpc_port"]  # the second found 8001 taken and picked another
         for _, _, _, ep in (a, b):
-            assert greedy(ep["url"], ep["model"])[1] == 8
+            assert greedy(ep.url, ep.model)[1] == 8
     finally:
         stop(a[1])
         stop(b[1])
@@ -309,13 +309,13 @@ def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_pa
 
     spec, job_id, run, ep = launch(tmp_path, "replicas=2", "nodes=2")
     try:
-        rep1 = next(r for r in ep["replicas"] if r["replica"] == 1)
+        rep1 = next(r for r in ep.replicas if r.replica == 1)
         long_tokens = 600
-        stream = TritonStream(ep["url"])
+        stream = TritonStream(ep.url)
         recs = [
             stream.submit(
                 build_request(
-                    ep["model"],
+                    ep.model,
                     Generation(f"Once upon a time {i}", max_tokens=long_tokens, ignore_eos=True),
                     f"long{i}",
                 )
@@ -328,7 +328,7 @@ def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_pa
                 (r.request_id, len(r.times), r.error) for r in recs
             ]
             time.sleep(0.05)
-        on_replica1 = metric(ep["metrics_url"], "llmlaunch_frontend_requests_total", 1)
+        on_replica1 = metric(ep.metrics_url, "llmlaunch_frontend_requests_total", 1)
         assert on_replica1 == 8  # least outstanding: 8 each
         os.kill(server_pid(job_id, 1), signal.SIGKILL)
         for r in recs:
@@ -337,7 +337,7 @@ def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_pa
         failed = {r.request_id: r.error for r in recs if r.error}
         assert len(failed) == on_replica1, failed
         for err in failed.values():
-            assert err.startswith(f"replica 1 ({rep1['addr']}:{rep1['grpc_port']}) failed: "), err
+            assert err.startswith(f"replica 1 ({rep1.addr}:{rep1.grpc_port}) failed: "), err
         done = [r for r in recs if not r.error]
         assert len(done) == 8 and all(r.output_tokens == long_tokens for r in done), [
             (r.request_id, r.output_tokens) for r in done
@@ -351,10 +351,10 @@ def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_pa
         assert (lost["replica"], lost["ranks"], lost["host"]) == (1, [1], "node2")
         assert "exited with status -9 (SIGKILL) unasked" in lost["reason"], lost
         # every later request succeeds, on replica 0
-        stream = TritonStream(ep["url"])
+        stream = TritonStream(ep.url)
         recs = [
             stream.submit(
-                build_request(ep["model"], Generation(f"Afterwards {i}", max_tokens=8, ignore_eos=True), f"after{i}")
+                build_request(ep.model, Generation(f"Afterwards {i}", max_tokens=8, ignore_eos=True), f"after{i}")
             )
             for i in range(16)
         ]
@@ -362,7 +362,7 @@ def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_pa
             stream.wait(r, timeout=120)
         stream.close()
         assert [r.error for r in recs if r.error] == [] and all(r.output_tokens == 8 for r in recs)
-        assert metric(ep["metrics_url"], "llmlaunch_frontend_replica_up", 1) == 0
+        assert metric(ep.metrics_url, "llmlaunch_frontend_replica_up", 1) == 0
         time.sleep(2)  # rank 1 has exited by now (srun would have ended the step for a non-zero exit)
         assert slurm_jobs.queue_state(job_id)[0] == "RUNNING"
         assert not list(run.glob("failure_rank*.json"))
@@ -414,7 +414,7 @@ def test_rank0_keeps_the_front_end_after_its_replica_and_the_job_fails_with_the_
         os.kill(server_pid(job_id, 0), signal.SIGKILL)
         deadline = time.monotonic() + 60
         while not (
-            (run / "replica_lost0.json").exists() and metric(ep["metrics_url"], "llmlaunch_frontend_replica_up", 0) == 0
+            (run / "replica_lost0.json").exists() and metric(ep.metrics_url, "llmlaunch_frontend_replica_up", 0) == 0
         ):
             assert time.monotonic() < deadline, "replica 0 not recorded lost / not marked down"
             time.sleep(0.5)
@@ -475,7 +475,7 @@ def test_a_dead_tp_rank_takes_its_replica_down_and_the_job_goes_on(local_slurm, 
             "this rank exits 0 so the job goes on",
         )
         deadline = time.monotonic() + 30
-        while metric(ep["metrics_url"], "llmlaunch_frontend_replica_up", 1) != 0:
+        while metric(ep.metrics_url, "llmlaunch_frontend_replica_up", 1) != 0:
             assert time.monotonic() < deadline, "replica 1 not marked down"
             time.sleep(0.5)
         assert_serves_on(ep, job_id, run)
@@ -688,8 +688,8 @@ def test_trtllm_llmapi_mpi_world_serves_through_rank0_on_the_local_cluster(local
     job, run = slurm.submit(spec, str(tmp_path / "run"))
     try:
         ep = slurm.follow(job.job_id, run, spec, 300)
-        assert ep["model"] == "tensorrt_llm"
-        text, n = greedy(ep["url"], ep["model"])
+        assert ep.model == "tensorrt_llm"
+        text, n = greedy(ep.url, ep.model)
         assert (text, n) == (" t0 t1 t2 t3 t4", 5)
         rows = [json.loads(line) for line in calls.read_text().splitlines() if line.strip()]
         launched = sorted((r["event"], r["rank"], r["world"]) for r in rows if r["event"].startswith("launch_"))

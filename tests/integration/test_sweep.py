@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.rundir import RunDir
 from tests.slurm_fixture import requires_slurm
 from tests.unit.test_sweep_planning import TINY_LOAD, llmlaunch
 
@@ -190,7 +191,7 @@ def test_submitit_launcher_runs_each_point_in_its_own_allocation(local_slurm, tm
         "replicas=1"
     ]
     # the point's step ended on the stop's signal; its script removed the shm regions the ranks may not have
-    job = json.loads((Path(server["run_dir"]) / "endpoint.json").read_text())["job_id"]
+    job = RunDir(server["run_dir"]).read_endpoint().job_id
     assert not glob.glob(f"/dev/shm/llm{job}r*"), glob.glob(f"/dev/shm/llm{job}r*")
 
 

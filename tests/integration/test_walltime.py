@@ -41,7 +41,7 @@ def serving_again(run, job_id, token, timeout_s=300):
     deadline = time.monotonic() + timeout_s
     while True:
         again = run.read_endpoint()
-        if again is not None and again["token"] != token:
+        if again is not None and again.token != token:
             return again
         assert time.monotonic() < deadline, f"not serving again; {slurm_jobs.status(job_id)[1]}"
         time.sleep(1)
@@ -76,7 +76,7 @@ def test_a_job_at_its_time_limit_drains_requeues_and_serves_again(local_slurm, t
     try:
         ep = slurm.follow(job_id, run.path, spec, 300)
         # requests all along, on one open stream through the front end, until the drain has begun
-        stream = TritonStream(ep["url"])
+        stream = TritonStream(ep.url)
         sent = []  # (time sent, record)
         n = 0
         deadline = time.monotonic() + 200
@@ -85,7 +85,7 @@ def test_a_job_at_its_time_limit_drains_requeues_and_serves_again(local_slurm, t
             rec = StreamRecord(f"r{n}")
             sent.append((time.time(), rec))
             stream.submit(
-                build_request(ep["model"], Generation(f"Tick {n}", max_tokens=48, ignore_eos=True), f"r{n}"), rec
+                build_request(ep.model, Generation(f"Tick {n}", max_tokens=48, ignore_eos=True), f"r{n}"), rec
             )
             n += 1
             time.sleep(0.5)
@@ -99,17 +99,17 @@ def test_a_job_at_its_time_limit_drains_requeues_and_serves_again(local_slurm, t
         while not fresh:
             assert time.monotonic() < deadline, "a new stream was still accepted 20 s into the drain"
             try:
-                fresh = generate(ep["url"], ep["model"], Generation("Too late too", max_tokens=4), timeout=60).error
+                fresh = generate(ep.url, ep.model, Generation("Too late too", max_tokens=4), timeout=60).error
             except ClientError as e:
                 fresh = str(e)
             if not fresh:
                 time.sleep(0.2)
         late = StreamRecord("late")  # the open stream, once the front end refuses: a new request gets the reason
-        stream.submit(build_request(ep["model"], Generation("Too late", max_tokens=4), "late"), late)
-        status, body = openai_completion(ep["openai_url"], ep["model"])
+        stream.submit(build_request(ep.model, Generation("Too late", max_tokens=4), "late"), late)
+        status, body = openai_completion(ep.openai_url, ep.model)
         while status != 503 and time.monotonic() < deadline:  # the API takes the notice on its own, too
             time.sleep(0.2)
-            status, body = openai_completion(ep["openai_url"], ep["model"])
+            status, body = openai_completion(ep.openai_url, ep.model)
         for rec, _ in [(late, 0)] + [(r, 0) for t, r in sent if t > drained_at + 1]:
             stream.wait(rec, timeout=120)
         assert REASON in (late.error or "") and job_id in late.error, late.error
@@ -122,7 +122,7 @@ def test_a_job_at_its_time_limit_drains_requeues_and_serves_again(local_slurm, t
                 assert not rec.error and rec.output_tokens == 48, (rec.request_id, rec.error, rec.output_tokens)
         stream.close()
         # every rank of the first allocation exits 0, then the batch script requeues the job: a new endpoint
-        again = serving_again(run, job_id, ep["token"])
+        again = serving_again(run, job_id, ep.token)
         for rank in (
             0,
             1,

@@ -10,6 +10,7 @@ import pytest
 
 from launcher.rank.supervise import Outcome, decide_exit
 from launcher.rundir import RunDir, record_once
+from tests.endpoints import endpoint_record
 
 
 def outcome(ended, replicas=2, replica=1, serving=True, code=-9, lost=(), frontend="none"):
@@ -91,25 +92,28 @@ def test_record_once_writes_one_record_per_replica(tmp_path):
 
 
 def test_job_serving_only_for_this_runs_endpoint(tmp_path):
-    job_serving = lambda run, token: RunDir(run).serving(token)  # noqa: E731
     """endpoint.json counts only when it carries this rendezvous's token: not an earlier run's (a requeued job's
-    directory), nor one without a token, nor for a rank that has none."""
-    assert not job_serving(tmp_path, "5f3a")  # no endpoint.json yet
-    ep = tmp_path / "endpoint.json"
-    replicas = [{"replica": 0, "grpc_port": 41001}, {"replica": 1, "grpc_port": 41002}]
-    ep.write_text(json.dumps({"replicas": replicas, "token": "77c1"}))
-    assert not job_serving(tmp_path, "5f3a")  # an earlier run's
-    ep.write_text(json.dumps({"replicas": replicas}))
-    assert not job_serving(tmp_path, "5f3a")
-    ep.write_text(json.dumps({"replicas": replicas, "token": "5f3a"}))
-    assert job_serving(tmp_path, "5f3a") and not job_serving(tmp_path, "")
+    directory), nor for a rank that has none; a file that is no record of this llmlaunch's is refused."""
+    from launcher.errors import LaunchError
+
+    run = RunDir(tmp_path)
+    assert not run.serving("5f3a")  # no endpoint.json yet
+    run.write_endpoint(endpoint_record(token="77c1"))
+    assert not run.serving("5f3a")  # an earlier run's
+    run.write_endpoint(endpoint_record(token="5f3a"))
+    assert run.serving("5f3a") and not run.serving("")
+    doc = json.loads(run.endpoint_path.read_text())
+    del doc["token"]
+    run.endpoint_path.write_text(json.dumps(doc))
+    with pytest.raises(LaunchError, match=r"missing fields \['token'\]"):
+        run.serving("5f3a")
 
 
 def test_status_shows_the_lost_replica_and_the_job_still_serving(tmp_path, monkeypatch):
     from launcher.schedulers import slurm_jobs as slurm
 
     (tmp_path / "launch.json").write_text(json.dumps({"replicas": 2}))
-    (tmp_path / "endpoint.json").write_text(json.dumps({"url": "grpc://10.0.0.1:8001", "model": "hf_model"}))
+    RunDir(tmp_path).write_endpoint(endpoint_record())
     t = time.mktime((2030, 1, 2, 3, 4, 5, 0, 0, -1))
     (tmp_path / "replica_lost1.json").write_text(
         json.dumps(
@@ -152,7 +156,7 @@ def test_status_of_an_ended_job_does_not_claim_replicas_serve(tmp_path, monkeypa
     from launcher.schedulers import slurm_jobs as slurm
 
     (tmp_path / "launch.json").write_text(json.dumps({"replicas": 2}))
-    (tmp_path / "endpoint.json").write_text(json.dumps({"url": "grpc://10.0.0.1:8001", "model": "hf_model"}))
+    RunDir(tmp_path).write_endpoint(endpoint_record())
     for r in (0, 1):
         (tmp_path / f"replica_lost{r}.json").write_text(
             json.dumps({"replica": r, "ranks": [r], "host": f"node{r + 1}", "time": 0, "log": "l", "reason": "killed"})

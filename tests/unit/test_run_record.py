@@ -31,6 +31,7 @@ from launcher.readiness import (
 from launcher.record import RECORD_SCHEMA, base_record, join_record, read_record
 from launcher.replay import pinned_values
 from launcher.rundir import RunDir
+from tests.endpoints import endpoint_record
 
 ROOT = Path(__file__).resolve().parents[2]
 MARKS = {
@@ -150,7 +151,7 @@ def test_the_record_joins_the_launching_sides_part_with_what_rank_0_saw(tmp_path
             "environment": {"python": "3.11"},
         }
     )
-    run.write_endpoint({"url": "grpc://n1:8001", "model": "m", "token": "t"})
+    run.write_endpoint(endpoint_record(url="grpc://n1:8001", model="m", openai_url="http://n1:8003/v1"))
     from launcher.record import complete_record
 
     # Slurm's Submit (whole seconds, after llmlaunch's own start) does not replace the command's time
@@ -165,7 +166,11 @@ def test_the_record_joins_the_launching_sides_part_with_what_rank_0_saw(tmp_path
         and rec["nodes"] == ["n1", "n2"]
         and rec["gpus"] == {"n1": ["0, H100"]}
     )
-    assert rec["job_id"] == "42" and rec["endpoint"] == {"url": "grpc://n1:8001", "model": "m"}
+    assert rec["job_id"] == "42" and rec["endpoint"] == {
+        "url": "grpc://n1:8001",
+        "model": "m",
+        "openai_url": "http://n1:8003/v1",
+    }
     # locally nothing queues: allocated is the submission
     bare = join_record(None, {"marks": {"ranks_started": 5.0}}, marks={"submitted": 4.0}, nodes="a,b")
     assert (

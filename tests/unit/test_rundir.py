@@ -11,13 +11,14 @@ import time
 import pytest
 
 from launcher.rundir import RunDir, Stopped, wait_for_endpoint
+from tests.endpoints import endpoint_record
 
 
 def test_each_record_reads_back_what_its_writer_wrote(tmp_path):
     run = RunDir(tmp_path)
     assert run.read_endpoint() is None and not run.has_endpoint() and run.failures() == [] and run.lost_replicas() == []
-    run.write_endpoint({"url": "grpc://h:1", "model": "m", "token": "t1"})
-    assert run.read_endpoint()["url"] == "grpc://h:1" and run.serving("t1") and not run.serving("t0")
+    run.write_endpoint(endpoint_record(token="t1"))
+    assert run.read_endpoint() == endpoint_record(token="t1") and run.serving("t1") and not run.serving("t0")
     run.write_ready(2, {"rank": 2, "ports": {"grpc_port": 5}, "ready_s": 1.5})
     run.write_ready(0, {"rank": 0, "ports": {"grpc_port": 4}, "ready_s": 2.5})
     assert run.ready_count() == 2 and run.read_ready(2)["ports"] == {"grpc_port": 5} and run.read_ready(1) is None
@@ -50,7 +51,7 @@ def test_wait_for_endpoint_reports_progress_and_returns_the_endpoint(tmp_path):
 
     def later():
         time.sleep(0.5)
-        run.write_endpoint({"url": "grpc://h:1", "model": "m"})
+        run.write_endpoint(endpoint_record(url="grpc://h:1"))
 
     t = threading.Thread(target=later)
     t.start()
@@ -63,7 +64,7 @@ def test_wait_for_endpoint_reports_progress_and_returns_the_endpoint(tmp_path):
         interval_s=0.05,
     )
     t.join()
-    assert ep == {"url": "grpc://h:1", "model": "m"}
+    assert ep == endpoint_record(url="grpc://h:1")
     assert said and said[0].startswith("loading (") and len(said) == 1  # unchanged: said once within repeat_s
 
 

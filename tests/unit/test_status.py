@@ -5,8 +5,10 @@ import json
 
 import pytest
 
+from launcher.rundir import RunDir
 from launcher.schedulers import slurm_jobs as slurm
 from launcher.schedulers.slurm_jobs import job_state
+from tests.endpoints import endpoint_record
 
 FAIL1 = {
     "rank": 1,
@@ -44,7 +46,7 @@ def test_without_a_failure_record_slurms_state_stands(slurm, expect):
 def test_status_of_a_failed_job_says_failed_once_and_exits_1(tmp_path, monkeypatch):
     """Slurm may still say RUNNING (srun ending the other ranks) or COMPLETED: the state line is FAILED."""
     (tmp_path / "launch.json").write_text(json.dumps({"replicas": 1}))
-    (tmp_path / "endpoint.json").write_text(json.dumps({"url": "grpc://10.0.0.1:8001", "model": "hf_model"}))
+    RunDir(tmp_path).write_endpoint(endpoint_record())
     (tmp_path / "failure_rank1.json").write_text(json.dumps(FAIL1))
     monkeypatch.setattr(slurm, "_record", lambda job_id: {"run_dir": str(tmp_path)})
     for slurm_state in ("RUNNING", "COMPLETED"):
@@ -88,7 +90,7 @@ def test_status_names_a_rank_whose_own_process_was_killed(tmp_path, monkeypatch)
 
 def test_status_of_a_serving_job_exits_0(tmp_path, monkeypatch):
     (tmp_path / "launch.json").write_text(json.dumps({"replicas": 1}))
-    (tmp_path / "endpoint.json").write_text(json.dumps({"url": "grpc://10.0.0.1:8001", "model": "hf_model"}))
+    RunDir(tmp_path).write_endpoint(endpoint_record())
     monkeypatch.setattr(slurm, "_record", lambda job_id: {"run_dir": str(tmp_path)})
     monkeypatch.setattr(slurm, "queue_state", lambda job_id: ("RUNNING", "None", "node1"))
     code, text = slurm.status("7")
@@ -136,8 +138,6 @@ def test_only_a_running_serving_step_is_drained(state, steps, action):
 def test_status_follows_a_requeued_job_to_its_new_endpoint(tmp_path, monkeypatch):
     """Allocation 0 drained at its time limit (no endpoint while the job waits in the queue again); once the new
     allocation's rank 0 serves, its endpoint is the one shown."""
-    from launcher.rundir import RunDir
-
     run = RunDir(tmp_path)
     (tmp_path / "launch.json").write_text(json.dumps({"replicas": 1}))
     run.write_walltime("", {"attempt": 0, "time": 1893553445.0, "requeue": True, "host": "node1"})
@@ -149,7 +149,7 @@ def test_status_follows_a_requeued_job_to_its_new_endpoint(tmp_path, monkeypatch
         "allocation 0 drained at its time limit at " in text
         and "requeued; the endpoint follows once it serves again" in text
     ), text
-    run.write_endpoint({"url": "grpc://10.0.0.2:8001", "model": "hf_model"})
+    run.write_endpoint(endpoint_record(url="grpc://10.0.0.2:8001"))
     monkeypatch.setattr(slurm, "queue_state", lambda job_id: ("RUNNING", "None", "node2"))
     code, text = slurm.status("7")
     assert (

@@ -20,6 +20,7 @@ from launcher.compose import compose
 from launcher.render import client_argv
 from launcher.schedulers.allocation import allocation_problems
 from launcher.sweep import plan as sweep
+from tests.endpoints import endpoint_record
 
 ROOT = Path(__file__).resolve().parents[2]
 # A tiny load: 4 measured requests of 4 tokens after one warm-up request.
@@ -194,20 +195,18 @@ def test_bench_and_client_command_lines():
 def test_first_token_metrics_url_only_where_the_served_model_reports_it():
     hf = plan(["engine=hf"])[1]
     spec = lambda s, replicas=1: dataclasses.replace(s, replicas=replicas)  # noqa: E731
-    ep = {"url": "grpc://10.0.0.1:8001", "model": "hf_model", "metrics_port": 8002}
-    assert sweep.first_token_metrics_url(spec(hf), ep) == "http://10.0.0.1:8002/metrics"
-    assert sweep.first_token_metrics_url(spec(hf, replicas=2), ep) == ""  # the front end's port, no replicas' own
+    ep = endpoint_record(metrics_url="http://10.0.0.1:8002/metrics")
+    assert sweep.first_token_metrics_url(spec(hf), ep) == "http://10.0.0.1:8002/metrics"  # rank 0's own server
     vllm = spec(plan(["engine=vllm", "model.path=/m"])[1])
     assert sweep.first_token_metrics_url(vllm, ep) == "http://10.0.0.1:8002/metrics"  # the async runtime's split
     assert sweep.first_token_metrics_url(spec(plan(["engine=trtllm", "model.path=/m"])[1]), ep) == ""
-    assert sweep.first_token_metrics_url(spec(hf), {**ep, "url": "grpc://[::1]:8001"}) == "http://[::1]:8002/metrics"
-    # with replicas: every replica leader's own server (endpoint.json's replicas), which the bench sums
-    leaders = [{"addr": "10.0.0.2", "metrics_url": "http://10.0.0.2:8102/metrics"}, {"addr": "10.0.0.3"}]
-    assert sweep.first_token_metrics_url(spec(hf, replicas=2), {**ep, "replicas": leaders}) == ""  # one unknown
-    leaders[1]["metrics_url"] = "http://10.0.0.3:8102/metrics"
-    assert sweep.first_token_metrics_url(spec(hf, replicas=2), {**ep, "replicas": leaders}) == (
-        "http://10.0.0.2:8102/metrics,http://10.0.0.3:8102/metrics"
+    # with replicas: every replica leader's own server (endpoint.json's replicas), which the bench sums; the public
+    # metrics port is the front end's
+    assert sweep.first_token_metrics_url(spec(hf, replicas=2), ep) == (
+        "http://10.0.0.1:41003/metrics,http://10.0.0.2:41004/metrics"
     )
+    one_unknown = (ep.replicas[0], dataclasses.replace(ep.replicas[1], metrics_url=""))
+    assert sweep.first_token_metrics_url(spec(hf, replicas=2), dataclasses.replace(ep, replicas=one_unknown)) == ""
 
 
 def test_judge_bench():
