@@ -26,9 +26,6 @@ from typing import Iterable, List, Optional, Sequence
 from launcher.handoff.rank_env import RankEnv
 
 TOPIC = "kv"  # the topic every publisher of a job sends on
-ENV = RankEnv.var(
-    "kv_events"
-)  # the endpoint a replica leader's engine binds (RankEnv.kv_events; launcher.rank passes it)
 
 
 def chain_keys(tokens: Sequence[int], block_size: int, parent: Optional[int] = None, start: int = 0) -> List[int]:

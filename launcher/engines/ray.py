@@ -192,6 +192,21 @@ class RayHead:
             self.proc.wait()
 
 
+def start_copy_head(engine: str, nnodes: int, log: Callable[[str], None]) -> "RayHead":
+    """A copy leader's model: the Ray head of its copy over `nnodes` nodes, started on the dist port and leader address
+    its rank handed the server (launcher.handoff.rank_env.RankEnv), once the other nodes have joined."""
+    from launcher.handoff.rank_env import RankEnv
+
+    env = RankEnv.from_environ(os.environ)
+    if not env.dist_port:
+        raise RuntimeError(
+            f"{engine}: {RankEnv.var('dist_port')} is not set; multi-node copies are started by `python -m launcher.rank`"
+        )
+    head = RayHead(env.dist_port, env.leader_addr or "", nnodes, log=log)
+    head.start()
+    return head
+
+
 def _worker_main(args) -> int:
     host, _, port = args.address.rpartition(":")
     print(f"[llmlaunch ray worker] waiting for the Ray head at {args.address}", flush=True)

@@ -5,7 +5,7 @@
                                         rank_environment), the run dir; inherited by the python models, the engine
                                         process and an engine's own worker command
     launcher.triton_install -> server   the interpreter and checkout the models use, the engine's library path
-    a rank -> its child services        why the front ends refuse requests while draining (launcher/rank/drain.py)
+    a rank -> its child services        why the front ends refuse requests while draining (launcher/procs/drain.py)
 
 Each variable's name is declared once, on its field. A field is None when its variable is not set: `to_environ`
 writes exactly the fields that are set and `from_environ` reads exactly the variables that are, so each hand-off

@@ -78,6 +78,7 @@ import triton_python_backend_utils as pb_utils
 from launcher.contract import INPUT_NAMES
 from launcher.engines.hf.config import ARGS_FILE, HFEngineArgs
 from launcher.engines.hf.streams import HFStreams, Stream, stub_log
+from launcher.handoff.rank_env import RankEnv
 from launcher.hf.reporting import describe_features
 from launcher.python_backend import triton_io
 from launcher.python_backend.counters import Counters, FirstTokenTimes
@@ -170,7 +171,7 @@ class TritonPythonModel(HFStreams):
         if not a.model_path:
             raise pb_utils.TritonModelException(f"{path}: model_path is empty: point it at a HF model folder")
         self.tp = max(1, a.tp_size)
-        self.tp_rank = int(os.environ.get("_LLMLAUNCH_GROUP_RANK", "0") or 0) if self.tp > 1 else 0
+        self.tp_rank = (RankEnv.from_environ(os.environ).group_rank or 0) if self.tp > 1 else 0
         self.cancel_check_s = a.cancel_check_ms / 1000.0
         self.stream_interval_s = a.stream_interval_ms / 1000.0
         self.engine_process = a.engine_process

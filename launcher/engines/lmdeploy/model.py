@@ -58,7 +58,6 @@ backend-config fields; unknown names are refused).
 import dataclasses
 import itertools
 import json
-import os
 
 from launcher.contract import INPUT_NAMES
 from launcher.python_backend.async_runtime import EngineAdapter, Log, Piece, RuntimeModel
@@ -186,15 +185,9 @@ class LMDeployAdapter(EngineAdapter):
             ) from exc
         nnodes = int(self.params.get("nnodes", 1) or 1)
         if nnodes > 1:
-            from launcher.engines.ray import RayHead
+            from launcher.engines.ray import start_copy_head
 
-            port = int(os.environ.get("_LLMLAUNCH_DIST_PORT", "0") or 0)
-            if not port:
-                raise RuntimeError(
-                    "lmdeploy: _LLMLAUNCH_DIST_PORT is not set; multi-node copies are started by `python -m launcher.rank`"
-                )
-            self.ray_head = RayHead(port, os.environ.get("_LLMLAUNCH_LEADER_ADDR", ""), nnodes, log=self.log.info)
-            self.ray_head.start()
+            self.ray_head = start_copy_head("lmdeploy", nnodes, self.log.info)
         self.log.info(
             f"building AsyncEngine({self.params['model_path']}, backend={backend}, {config_cls.__name__}({cfg_kwargs}))"
         )

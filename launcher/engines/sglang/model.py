@@ -61,6 +61,7 @@ import os
 import pickle
 
 from launcher.contract import INPUT_NAMES
+from launcher.handoff.rank_env import RankEnv
 from launcher.python_backend.async_runtime import EngineAdapter, Log, Piece, RuntimeModel
 from launcher.python_backend.triton_io import MUST_HONOUR, InvalidRequest
 
@@ -86,15 +87,13 @@ def server_args_kwargs(params: dict, environ) -> dict:
         kw["mem_fraction_static"] = float(params["mem_fraction_static"])
     nnodes = int(params.get("nnodes", 1) or 1)
     if nnodes > 1:
-        port = environ.get("_LLMLAUNCH_DIST_PORT", "")
-        leader = environ.get("_LLMLAUNCH_LEADER_ADDR", "")
-        if not port or not leader:
+        rank = RankEnv.from_environ(environ)
+        if not rank.dist_port or not rank.leader_addr:
             raise RuntimeError(
-                "sglang: a model copy over several nodes needs _LLMLAUNCH_LEADER_ADDR and _LLMLAUNCH_DIST_PORT (set by `python -m launcher.rank`)"
+                f"sglang: a model copy over several nodes needs {RankEnv.var('leader_addr')} and "
+                f"{RankEnv.var('dist_port')} (set by `python -m launcher.rank`)"
             )
-        kw.update(
-            nnodes=nnodes, node_rank=int(environ.get("_LLMLAUNCH_GROUP_RANK", "0")), dist_init_addr=f"{leader}:{port}"
-        )
+        kw.update(nnodes=nnodes, node_rank=rank.group_rank or 0, dist_init_addr=f"{rank.leader_addr}:{rank.dist_port}")
     else:
         kw["nnodes"] = 1
     kw.update(json.loads(params.get("extra_args") or "{}"))

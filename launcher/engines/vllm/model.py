@@ -46,7 +46,8 @@ import threading
 from typing import Optional
 
 from launcher.contract import INPUT_NAMES
-from launcher.kv_events import ENV as KV_EVENTS_ENV, remove_socket_file, vllm_config as vllm_kv_events
+from launcher.handoff.rank_env import RankEnv
+from launcher.kv_events import remove_socket_file, vllm_config as vllm_kv_events
 from launcher.python_backend.async_runtime import EngineAdapter, Log, Piece, RuntimeModel
 from launcher.python_backend.logprob_io import LogProbRows
 from launcher.python_backend.triton_io import InvalidRequest
@@ -192,7 +193,7 @@ class VLLMAdapter(EngineAdapter):
             from vllm import AsyncLLMEngine as AsyncLLM
 
         kwargs = engine_kwargs(self.raw_args, {f.name for f in dataclasses.fields(AsyncEngineArgs)})
-        events = os.environ.get(KV_EVENTS_ENV, "")  # serve.routing=kv: the front end reads the events
+        events = RankEnv.from_environ(os.environ).kv_events  # serve.routing=kv: the front end reads the events
         wanted = vllm_kv_events(events) if events else kwargs.get("kv_events_config")
         if isinstance(wanted, dict):  # engine.engine_args carries plain mappings; AsyncEngineArgs wants the config
             from vllm.config.kv_events import KVEventsConfig
@@ -316,7 +317,9 @@ class VLLMAdapter(EngineAdapter):
             self._stop_core()
             if self.ray_head is not None:
                 self.ray_head.stop()
-            remove_socket_file(os.environ.get(KV_EVENTS_ENV, ""))  # vLLM's publisher leaves its ipc:// file
+            remove_socket_file(
+                RankEnv.from_environ(os.environ).kv_events or ""
+            )  # vLLM's publisher leaves its ipc:// file
 
     def _stop_core(self):
         self._stopping = True
@@ -330,16 +333,9 @@ class VLLMAdapter(EngineAdapter):
 
 
 def _start_ray_head(nnodes, log):
-    from launcher.engines.ray import RayHead
+    from launcher.engines.ray import start_copy_head
 
-    port = int(os.environ.get("_LLMLAUNCH_DIST_PORT", "0") or 0)
-    if not port:
-        raise RuntimeError(
-            "vllm: _LLMLAUNCH_DIST_PORT is not set; multi-node copies are started by `python -m launcher.rank`"
-        )
-    head = RayHead(port, os.environ.get("_LLMLAUNCH_LEADER_ADDR", ""), nnodes, log=log.info)
-    head.start()
-    return head
+    return start_copy_head("vllm", nnodes, log.info)
 
 
 class TritonPythonModel(RuntimeModel):
