@@ -93,9 +93,9 @@ async def vllm_async(args, engine_args: dict, samples) -> list:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
-    t_start = time.perfcounter()
+    t_start = time.perf_counter()
     engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
-    load_s = time.perfcounter() - t_start
+    load_s = time.perf_counter() - t_start
     sampling = {"ignore_eos": True, "temperature": 0.0}
     try:
         return await load_rows(
@@ -134,12 +134,12 @@ def _frontend_main(
             for c, count in loads:
                 streams = c // n + (1 if k < c % n else 0)  # C streams spread over the front ends
                 w = streams if warmup < 0 else warmup // n  # each front end warms its own streams up
-                clock = {"t0": time.perfcounter()}
+                clock = {"t0": time.perf_counter()}
                 await _drive(engine, samples, sampling, w, counter(0, w), clock)
                 ready.put(k)
                 start = go.get()  # the parent's perf_counter (one clock for every process) once all are warm
                 clock["t0"] = start
-                while time.perfcounter() < start:
+                while time.perf_counter() < start:
                     await asyncio.sleep(0.001)
                 stop = (c if warmup < 0 else warmup) + count
                 out = await _drive(engine, samples, sampling, streams, take(stop), clock) if streams else []
@@ -162,9 +162,9 @@ def vllm_async_frontends(args, engine_args: dict, samples) -> list:
     loads = parse_loads(args.concurrency)
     ctx = multiprocessing.get_context("spawn")
     shared, ready, go, results = ctx.Value("l", 0), ctx.Queue(), ctx.Queue(), ctx.Queue()
-    t_start = time.perfcounter()
+    t_start = time.perf_counter()
     core, info = vllm_core.launch_core(*vllm_core.engine_config(engine_args, n, -1), n)
-    load_s = time.perfcounter() - t_start
+    load_s = time.perf_counter() - t_start
     procs = [
         ctx.Process(
             target=_frontend_main,
@@ -180,7 +180,7 @@ def vllm_async_frontends(args, engine_args: dict, samples) -> list:
             for _ in range(n):
                 ready.get(timeout=900)
             shared.value = c if args.warmup < 0 else args.warmup
-            start = time.perfcounter() + 0.05
+            start = time.perf_counter() + 0.05
             for _ in range(n):
                 go.put(start)
             found = [metrics.RequestResult.from_json(d) for _ in range(n) for d in results.get(timeout=900)]
@@ -200,9 +200,9 @@ def vllm_offline(args, engine_args: dict, samples) -> list:
     from vllm import LLM, SamplingParams
 
     kwargs = {k: v for k, v in engine_args.items() if k not in ("enable_log_requests", "disable_log_requests")}
-    t_start = time.perfcounter()
+    t_start = time.perf_counter()
     llm = LLM(**kwargs)
-    load_s = time.perfcounter() - t_start
+    load_s = time.perf_counter() - t_start
     sp = SamplingParams(max_tokens=args.output_len, ignore_eos=True, temperature=0.0)
     rows = []
     for batch in args.batch:
@@ -210,9 +210,9 @@ def vllm_offline(args, engine_args: dict, samples) -> list:
         llm.generate(prompts, sp, use_tqdm=False)  # warm-up round
         walls, tokens = [], 0
         for _ in range(args.rounds):
-            t = time.perfcounter()
+            t = time.perf_counter()
             outs = llm.generate(prompts, sp, use_tqdm=False)
-            walls.append(time.perfcounter() - t)
+            walls.append(time.perf_counter() - t)
             tokens = sum(len(o.outputs[0].token_ids) for o in outs)
         best = sorted(walls)[len(walls) // 2]  # the median round
         rows.append(

@@ -71,9 +71,9 @@ async def load_rows(args, drive, path: str, load_s: float) -> list:
     rows = []
     for c, n in parse_loads(args.concurrency):
         warmup = c if args.warmup < 0 else args.warmup
-        clock = {"t0": time.perfcounter()}
+        clock = {"t0": time.perf_counter()}
         await drive(warmup, counter(0, warmup), clock)
-        clock["t0"] = time.perfcounter()
+        clock["t0"] = time.perf_counter()
         results = await drive(c, counter(warmup, warmup + n), clock)
         m = metrics.compute(results, max(r.end for r in results))
         rows.append({"path": path, "concurrency": c, "requests": n, "load_s": load_s, **m})
