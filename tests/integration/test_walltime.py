@@ -137,9 +137,7 @@ def test_a_job_at_its_time_limit_drains_requeues_and_serves_again(local_slurm, t
         third = serving_again(run, job_id, again.token)
         assert [w["attempt"] for w in run.walltime_records()] == [0, 1]
         code, st = slurm_jobs.status(job_id)
-        assert code == 0 and f"endpoint: {third['url']}" in st and "allocation 1 drained at its time limit at " in st, (
-            st
-        )
+        assert code == 0 and f"endpoint: {third.url}" in st and "allocation 1 drained at its time limit at " in st, st
         assert greedy(third.url, third.model)[1] == 8
         stop(job_id)  # drained by llmlaunch-stop: no walltime record for this allocation, so no requeue
         assert sacct_end(job_id) == ("COMPLETED", "0:0")
