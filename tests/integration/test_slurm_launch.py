@@ -210,8 +210,8 @@ def test_two_jobs_on_one_node_both_serve(local_slurm, tmp_path):
     a = launch(tmp_path, "cluster.extra_sbatch=['--nodelist=node3']", "job_name=joba")
     b = launch(tmp_path, "cluster.extra_sbatch=['--nodelist=node3']", "job_name=jobb")
     try:
-        assert a[3]["host"] == b[3]["host"]
-        assert a[3]["grpc_port"] != b[3]["grpc_port"]  # the second found 8001 taken and picked another
+        assert a[3].host == b[3].host
+        assert a[3].grpc_port != b[3].grpc_port  # the second found 8001 taken and picked another
         for _, _, _, ep in (a, b):
             assert greedy(ep.url, ep.model)[1] == 8
     finally:

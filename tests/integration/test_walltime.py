@@ -129,18 +129,16 @@ def test_a_job_at_its_time_limit_drains_requeues_and_serves_again(local_slurm, t
         ):  # every rank of the first allocation drained and exited 0 (the logs append across allocations)
             assert "stopped (signal 12), status 0" in run.slurm_rank_log(job_id, rank).read_text(errors="replace"), rank
         code, st = slurm_jobs.status(job_id)
-        assert code == 0 and "state: RUNNING" in st and f"endpoint: {again['url']}" in st, st
+        assert code == 0 and "state: RUNNING" in st and f"endpoint: {again.url}" in st, st
         assert "allocation 0 drained at its time limit at " in st, st
         assert "requeued; serving again at the endpoint above" in st, st
-        assert greedy(again["url"], again["model"])[1] == 8
+        assert greedy(again.url, again.model)[1] == 8
         # the second allocation reaches its time limit too: it drains under its own record and is requeued again
-        third = serving_again(run, job_id, again["token"])
+        third = serving_again(run, job_id, again.token)
         assert [w["attempt"] for w in run.walltime_records()] == [0, 1]
         code, st = slurm_jobs.status(job_id)
-        assert code == 0 and f"endpoint: {third['url']}" in st and "allocation 1 drained at its time limit at " in st, (
-            st
-        )
-        assert greedy(third["url"], third["model"])[1] == 8
+        assert code == 0 and f"endpoint: {third.url}" in st and "allocation 1 drained at its time limit at " in st, st
+        assert greedy(third.url, third.model)[1] == 8
         stop(job_id)  # drained by llmlaunch-stop: no walltime record for this allocation, so no requeue
         assert sacct_end(job_id) == ("COMPLETED", "0:0")
         assert [w["attempt"] for w in run.walltime_records()] == [0, 1]
