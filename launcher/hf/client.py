@@ -42,7 +42,6 @@ environment can then put numpy 1.x first on PYTHONPATH and the engine keep its o
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import socket
@@ -103,7 +102,7 @@ class EngineProcess:
         Engine: it takes no requests; the process exits when the leader stops, or fails when it dies."""
         self.model_path = args.model_path if args is not None else ""
         self._init = (
-            dataclasses.asdict(args) if args is not None else {},
+            args.to_dict() if args is not None else {},
             {"role": "worker" if worker else "leader", "listen": listen},
         )
         self._attach = ""  # set by `attach`: the socket of an engine process another instance started

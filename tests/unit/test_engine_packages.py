@@ -134,3 +134,21 @@ def test_the_engines_render_only_entries_that_exist():
             for rel, source in m.files.items():
                 assert (ROOT / "model_repository" / source).is_file(), (name, rel, source)
         assert copied_files(spec)
+
+
+def test_the_hf_engine_process_reads_back_the_arguments_it_is_sent():
+    """The hf model hands its engine process the arguments (HFEngineArgs.to_dict), which reads them back with
+    from_dict: the launch's settings arrive whole, and the config's own fields (its name, Triton's instance count)
+    are not arguments."""
+    from launcher.compose import compose
+    from launcher.engines.hf import launch_args
+    from launcher.engines.hf.config import NOT_ARGUMENTS, HFEngineArgs
+    from launcher.schedulers.registry import validated
+
+    spec = validated(
+        compose(["model=tiny", "engine.response_processes=2", "engine.block_size=32", "engine.torch_threads=1"])
+    )
+    sent = launch_args(spec).to_dict()
+    assert not set(NOT_ARGUMENTS) & set(sent)
+    back = HFEngineArgs.from_dict(sent)
+    assert back.to_dict() == sent and (back.block_size, back.torch_threads) == (32, 1)

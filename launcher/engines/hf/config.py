@@ -150,10 +150,13 @@ class HFEngineArgs(HFEngineConfig):
             raise ValueError(f"{path}: expected a JSON object of hf engine arguments")
         return cls.from_dict(raw, source=path)
 
+    def to_dict(self) -> dict:
+        """Every argument (the fields but NOT_ARGUMENTS), as from_dict reads them back."""
+        return {k: getattr(self, k) for k in argument_names()}
+
     def to_json(self) -> str:
         """model.json's text: every argument, sorted keys (as the vLLM model's file)."""
-        values = dataclasses.asdict(self)
-        return json.dumps({k: values[k] for k in argument_names()}, indent=2, sort_keys=True) + "\n"
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n"
 
     # ------------------------------------------------------------------------------------------------ resolving
     def prefill_tokens(self, device_type: str) -> int:

@@ -1,5 +1,6 @@
-"""The echo engine's Triton python model (decoupled): the prompt's words, after the config's `prefix`, one a
-response, up to max_tokens, in the common contract's outputs."""
+"""The echo engine's Triton python model (decoupled): the prompt's words after the config's `prefix`, up to
+max_tokens, a word a token, in the common contract's outputs: one response a word when the request streams, else one
+response with the whole answer."""
 
 import json
 
@@ -12,27 +13,35 @@ def _scalar(request, name, default):
     return default if t is None else t.as_numpy().reshape(-1)[0]
 
 
+def _response(text: str, prompt_words: int, made: int, finish: str):
+    return pb_utils.InferenceResponse(
+        output_tensors=[
+            pb_utils.Tensor("text_output", np.array([[text.encode()]], np.object_)),
+            pb_utils.Tensor("input_tokens", np.array([[prompt_words]], np.int32)),
+            pb_utils.Tensor("output_tokens", np.array([[made]], np.int32)),
+            pb_utils.Tensor("finish_reason", np.array([[finish.encode()]], np.object_)),
+        ]
+    )
+
+
 class TritonPythonModel:
     def initialize(self, args):
         params = json.loads(args["model_config"]).get("parameters", {})
         self.prefix = params.get("prefix", {}).get("string_value", "").split()
 
     def execute(self, requests):
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
         for request in requests:
             sender = request.get_response_sender()
             text = _scalar(request, "text_input", b"")
-            words = self.prefix + (text.decode() if isinstance(text, bytes) else str(text)).split()
-            n = min(len(words), int(_scalar(request, "max_tokens", 1))) or 1
-            for i in range(n):
-                last = i == n - 1
-                out = [
-                    pb_utils.Tensor(
-                        "text_output", np.array([[(" " + words[i] if words else "").encode()]], np.object_)
-                    ),
-                    pb_utils.Tensor("input_tokens", np.array([[len(words)]], np.int32)),
-                    pb_utils.Tensor("output_tokens", np.array([[i + 1]], np.int32)),
-                    pb_utils.Tensor("finish_reason", np.array([[b"length" if last else b""]], np.object_)),
-                ]
-                flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if last else 0
-                sender.send(pb_utils.InferenceResponse(output_tensors=out), flags=flags)
+            prompt = (text.decode() if isinstance(text, bytes) else str(text)).split()
+            words = (self.prefix + prompt)[: max(1, int(_scalar(request, "max_tokens", 1)))]
+            if not bool(_scalar(request, "stream", False)):
+                sender.send(_response("".join(" " + w for w in words), len(prompt), len(words), "length"), flags=final)
+                continue
+            for i, word in enumerate(words):
+                last = i == len(words) - 1
+                sender.send(
+                    _response(" " + word, len(prompt), i + 1, "length" if last else ""), flags=final if last else 0
+                )
         return None
