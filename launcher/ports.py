@@ -152,3 +152,13 @@ def metrics_url(host: str, port) -> str:
     if not port:
         return ""
     return f"http://{f'[{host}]' if ':' in host else host}:{int(port)}/metrics"
+
+
+# gRPC channel options for a client that waits for a server to come up (or back): a connection refused puts a
+# channel into gRPC's reconnect backoff, which grows from 1 s by 1.6x (to 2 minutes), so a readiness poll would see a
+# server that came up only at the next attempt, seconds later; this retries every 200 ms, at most every 2 s.
+RECONNECT_SOON = [
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 from launcher.logtext import log_excerpt, log_tail
+from launcher.ports import RECONNECT_SOON
 from launcher.procs.drain import children_ignore_drain_signal
 from launcher.procs.group import end_group, stop_group, term_with_parent
 from launcher.stage import latest as latest_stage
@@ -103,7 +104,7 @@ def wait_ready(
                 )
             try:
                 if client is None:
-                    client = grpcclient.InferenceServerClient(url)
+                    client = grpcclient.InferenceServerClient(url, channel_args=RECONNECT_SOON)
                 if not client.is_server_live():
                     stage = "starting"
                 elif not client.is_model_ready(model):

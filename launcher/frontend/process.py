@@ -13,6 +13,7 @@ from tritonclient.grpc import service_pb2
 from launcher.frontend.server import FrontendConfig
 from launcher.frontend.wire import SERVICE
 from launcher.frontend.workers import run_frontend
+from launcher.ports import RECONNECT_SOON
 from launcher.procs.child import ChildService, child_config
 
 
@@ -35,7 +36,7 @@ class FrontendProcess(ChildService):
     def wait_ready(self, timeout_s: float) -> float:
         """Until ServerReady through the front end is true (every replica ready); raises if it exits."""
         channel_addr = f"{connect_host(self.cfg.host)}:{self.cfg.port}"
-        with grpc.insecure_channel(channel_addr) as ch:
+        with grpc.insecure_channel(channel_addr, options=RECONNECT_SOON) as ch:
             ready = ch.unary_unary(
                 f"/{SERVICE}/ServerReady",
                 service_pb2.ServerReadyRequest.SerializeToString,

@@ -9,16 +9,15 @@ from grpc import aio
 from tritonclient.grpc import service_pb2
 
 from launcher.frontend.wire import _MAX_MESSAGE, SERVICE, _details, log
+from launcher.ports import RECONNECT_SOON
 
 # Backend channels: large messages like tritonclient; reconnect soon after a replica comes back
-# (gRPC's default backoff grows to 2 minutes). No keepalive pings: tritonserver's default policy
+# (launcher.ports.RECONNECT_SOON). No keepalive pings: tritonserver's default policy
 # answers frequent pings with GOAWAY; the health probe finds silent replicas instead.
 _BACKEND_OPTIONS = [
     ("grpc.max_send_message_length", _MAX_MESSAGE),
     ("grpc.max_receive_message_length", _MAX_MESSAGE),
-    ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
-    ("grpc.max_reconnect_backoff_ms", 2000),
+    *RECONNECT_SOON,
 ]
 FORWARDED = ("ServerMetadata", "ModelMetadata", "ModelConfig", "RepositoryIndex")  # answered by one replica
 

@@ -28,7 +28,7 @@ import sysconfig
 import time
 from pathlib import Path
 
-from launcher.ports import free_port
+from launcher.ports import RECONNECT_SOON, free_port
 from launcher.procs.group import term_with_parent
 
 MODELS = Path(__file__).resolve().parent / "models"  # the fixture models, shipped as package data
@@ -203,7 +203,7 @@ def wait_ready(url: str, models, proc: subprocess.Popen | None, timeout: float, 
     import tritonclient.grpc as grpcclient
 
     deadline = time.monotonic() + timeout
-    client = grpcclient.InferenceServerClient(url)
+    client = grpcclient.InferenceServerClient(url, channel_args=RECONNECT_SOON)
     try:
         while True:
             if proc is not None and proc.poll() is not None:
