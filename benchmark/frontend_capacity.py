@@ -195,6 +195,14 @@ def main(argv=None) -> int:
         "while the load runs, as an engine's cache does (default 1000; 0: publishers silent)",
     )
     p.add_argument("--tokenizer", default="", help="--routing kv: the tokenizer folder (default: the tiny model's)")
+    p.add_argument(
+        "--migrations",
+        default="0",
+        help="the front end's max_migrations to try, alternated within each process count (default 0): above 0 it "
+        "asks the emitter for output_ids on every response and keeps them, as it does to move engine=hf streams; "
+        "--migrations 0,3 --rounds 3 says what that bookkeeping costs",
+    )
+    p.add_argument("--rounds", type=int, default=1, help="times each front-end run is repeated, alternated")
     p.add_argument("--json", help="also write the JSON document here")
     args = p.parse_args(argv)
 
@@ -220,18 +228,25 @@ def main(argv=None) -> int:
             report["runs"].append(r)
             show("direct to the replicas", r)
             time.sleep(1.0)
+        migrations = [int(x) for x in args.migrations.split(",")]
         for loop in args.loops.split(","):
             for n in [int(x) for x in args.processes.split(",")]:
-                with frontend(urls, n, loop, MODEL, args.routing, args.tokenizer, args.kv_blocks_per_s) as (
-                    url,
-                    metrics_port,
-                    pgid,
-                ):
-                    r = run_load([url], args.clients, args.concurrency, args.warmup, args.seconds, pgid)
-                    r.update(mode="frontend", processes=n, loop=loop, frontend_counters=frontend_errors(metrics_port))
-                report["runs"].append(r)
-                show(f"front end, {n} process(es), loop {loop}", r)
-                time.sleep(1.0)
+                for rnd, m in [(r, m) for r in range(args.rounds) for m in migrations]:
+                    with frontend(
+                        urls, n, loop, MODEL, args.routing, args.tokenizer, args.kv_blocks_per_s, max_migrations=m
+                    ) as (url, metrics_port, pgid):
+                        r = run_load([url], args.clients, args.concurrency, args.warmup, args.seconds, pgid)
+                        r.update(
+                            mode="frontend",
+                            processes=n,
+                            loop=loop,
+                            max_migrations=m,
+                            round=rnd,
+                            frontend_counters=frontend_errors(metrics_port),
+                        )
+                    report["runs"].append(r)
+                    show(f"front end, {n} process(es), loop {loop}, max_migrations {m}, round {rnd + 1}", r)
+                    time.sleep(1.0)
     direct = next((r["responses_per_s"] for r in report["runs"] if r["mode"] == "direct"), None)
     for r in report["runs"]:
         if direct and r["mode"] == "frontend":

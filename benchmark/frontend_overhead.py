@@ -106,6 +106,13 @@ def main(argv=None) -> int:
     p.add_argument("--loop", default="auto", help="front-end event loop: auto, asyncio, uvloop")
     p.add_argument("--processes", type=int, default=1, help="front-end worker processes (default 1)")
     p.add_argument("--routing", default="least_outstanding", help="the front end's serve.routing policy")
+    p.add_argument(
+        "--migrations",
+        type=int,
+        default=0,
+        help="the front end's max_migrations (default 0); above 0 it asks for and keeps each stream's output ids, "
+        "as it does to move engine=hf streams: run with 0 and 3 to see what that adds",
+    )
     p.add_argument("--prompt-bytes", type=int, default=0, help="a shared prompt this long before each question")
     p.add_argument("--tokenizer", default="", help="--routing kv: the tokenizer folder (default: the tiny model's)")
     p.add_argument("--flat-out", action="store_true", help="also compare responses/s with the emitter flat out")
@@ -130,6 +137,7 @@ def main(argv=None) -> int:
                 "processes",
                 "routing",
                 "prompt_bytes",
+                "migrations",
             )
         }
     }
@@ -138,7 +146,9 @@ def main(argv=None) -> int:
             from launcher.tiny import ensure_tiny_model
 
             args.tokenizer = str(ensure_tiny_model())
-        with frontend([url], args.processes, args.loop, "timed", args.routing, args.tokenizer) as (fe_url, _, _):
+        with frontend(
+            [url], args.processes, args.loop, "timed", args.routing, args.tokenizer, max_migrations=args.migrations
+        ) as (fe_url, _, _):
             paths = {"direct": url, "frontend": fe_url}
             runs = {"direct": [], "frontend": []}
             for rnd in range(args.rounds):

@@ -180,6 +180,7 @@ def frontend(
     routing: str = "least_outstanding",
     tokenizer: str = "",
     kv_blocks_per_s: int = 0,
+    max_migrations: int = 0,
 ):
     """The data-parallel front end (`python -m launcher.frontend`) over the gRPC addresses `addrs`, on free loopback
     ports; yields (its gRPC address, its metrics port, its process group id) once every replica answers through it.
@@ -187,7 +188,8 @@ def frontend(
     and says only the block size (16 tokens, and one block no prompt has): the front end then cuts every prompt into
     token blocks with `tokenizer` and looks them up, as against real engines, and finds no engine holding them.
     `kv_blocks_per_s`: each publisher then goes on storing that many new blocks a second and evicting them a second
-    later, in a batch every 10 ms (an engine's steps), so the front end's subscriber thread works while it serves."""
+    later, in a batch every 10 ms (an engine's steps), so the front end's subscriber thread works while it serves.
+    `max_migrations` > 0: it keeps the output ids of `model`'s streams to move them (launcher/frontend/migration.py)."""
     from launcher.frontend import FrontendConfig, FrontendProcess
     from launcher.kv_events import Publisher, stored
     from launcher.ports import free_port
@@ -208,6 +210,7 @@ def frontend(
         routing=routing,
         kv_events=endpoints,
         tokenizer=tokenizer,
+        max_migrations=max_migrations,
     )
     fe = FrontendProcess(cfg, env=checkout_env()).start()
     try:

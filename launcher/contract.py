@@ -26,6 +26,15 @@ class Tensor:
 INPUTS: tuple[Tensor, ...] = (
     Tensor("text_input", "BYTES", (1,), True, "the prompt, UTF-8 (this or input_ids is required)"),
     Tensor("input_ids", "INT32", (-1,), True, "the prompt as token ids of the served model, in place of text_input"),
+    Tensor(
+        "continue_ids",
+        "INT32",
+        (-1,),
+        True,
+        "token ids this request already generated on another server (a stream moved mid-generation by the front "
+        "end): the model continues after them as if it had generated them, counts them in output_tokens, "
+        "max_tokens and min_length, and sends none of their text",
+    ),
     Tensor("max_tokens", "INT32", (1,), False, "number of tokens to generate (>= 1)"),
     Tensor("stream", "BOOL", (1,), True, "stream one response per new piece of text; default false"),
     Tensor(
@@ -87,6 +96,14 @@ INPUTS: tuple[Tensor, ...] = (
 OUTPUTS: tuple[Tensor, ...] = (
     Tensor("text_output", "BYTES", (-1,), False, "new text: the delta when streaming, the whole completion otherwise"),
     Tensor("input_tokens", "INT32", (1,), False, "tokens in the prompt"),
+    Tensor(
+        "output_ids",
+        "INT32",
+        (-1,),
+        True,
+        "sent only to a request with the return_token_ids parameter: the ids of the new tokens whose text has been "
+        "sent (in this response or before it; ids whose text is held back come with the response that sends it)",
+    ),
     Tensor("output_tokens", "INT32", (1,), False, "tokens generated so far (cumulative)"),
     Tensor(
         "finish_reason",
@@ -138,6 +155,13 @@ PARAMETERS: tuple[Parameter, ...] = (
         "streaming: send input_tokens, output_tokens and finish_reason on the final response only, "
         "text_output alone before it (a quarter of the tensors per token to send and parse; "
         "the TensorRT-LLM ensemble sends them on every response)",
+    ),
+    Parameter(
+        "return_token_ids",
+        "bool",
+        False,
+        "each response carries output_ids: the front end keeps them to move a stream to another replica "
+        "mid-generation (launcher/frontend/migration.py); models that cannot continue a request ignore it",
     ),
 )
 

@@ -76,8 +76,10 @@ def python_model(
     decoupled: bool = True,
     instances: int = 1,
     kind: str = "KIND_CPU",
+    continues: bool = False,
 ):
-    """A python-backend model serving the common contract (hf, vllm, sglang, lmdeploy)."""
+    """A python-backend model serving the common contract (hf, vllm, sglang, lmdeploy); `continues`: it takes
+    continue_ids and honours return_token_ids (Engine.continues_requests)."""
     pb = _pb()
     cfg = pb.ModelConfig(name=name, backend="python", max_batch_size=max_batch_size)
     cfg.model_transaction_policy.decoupled = decoupled
@@ -85,7 +87,8 @@ def python_model(
     cfg.output.extend(contract_outputs())
     cfg.instance_group.add(count=instances, kind=pb.ModelInstanceGroup.Kind.Value(kind))
     # the request parameters these models honour, for a client to read before it sends them (contract.PARAMETERS)
-    set_parameters(cfg, {contract.HONOURED_PARAMETERS_KEY: ",".join(p.name for p in contract.PARAMETERS), **params})
+    honoured = [p.name for p in contract.PARAMETERS if continues or p.name != "return_token_ids"]
+    set_parameters(cfg, {contract.HONOURED_PARAMETERS_KEY: ",".join(honoured), **params})
     return cfg
 
 

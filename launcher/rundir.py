@@ -16,6 +16,7 @@
     <run>/openai.json           the OpenAI API's config (an OpenAIConfig, launcher/openai_api/process.py), likewise
     <run>/failure_rank<N>.json  written by a rank whose server died unasked
     <run>/replica_lost<R>.json  written once per replica lost while the job serves (replicas > 1)
+    <run>/replica_restart<R>_<K>.json  written by replica R's rank as it starts its dead server again (restart K)
     <run>/walltime<A>.json      written by rank 0 when Slurm's time-limit signal drains allocation A of the job
                                 (A: $SLURM_RESTART_COUNT, 0 in the first); the batch script requeues on it
     <run>/logs-<time>.tar.gz    llmlaunch-logs: every rank's logs and the records, in one archive
@@ -227,9 +228,21 @@ class RunDir:
         return sorted(out, key=lambda r: r.get("replica", 0))
 
     def clear_lost(self) -> None:
-        """Records of an earlier run of this dir (a requeued job) must not stop this run's ranks."""
-        for stale in self.path.glob("replica_lost*.json"):
+        """Records of an earlier run of this dir (a requeued job) must not stop this run's ranks, nor count as this
+        run's restarts."""
+        for stale in [*self.path.glob("replica_lost*.json"), *self.path.glob("replica_restart*.json")]:
             stale.unlink(missing_ok=True)
+
+    # ------------------------------------------------------------------ replicas restarted in place
+    def write_restart(self, replica: int, restart: int, doc: Dict) -> None:
+        """Replica `replica`'s restart number `restart` (its one rank writes it, at the restart and again once the
+        server serves or fails)."""
+        _write(self.path / f"replica_restart{replica}_{restart}.json", doc)
+
+    def restarts(self) -> List[dict]:
+        """The readable restart records, by replica and restart."""
+        out = [r for r in (_read(p) for p in self.path.glob("replica_restart*.json")) if r is not None]
+        return sorted(out, key=lambda r: (r.get("replica", 0), r.get("restart", 0)))
 
     # ------------------------------------------------------------------ the time limit
     def walltime_path(self, attempt: str) -> Path:

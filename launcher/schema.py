@@ -202,6 +202,18 @@ class ServeConfig:
     routing: str = arg(
         Choice(ROUTINGS), "least_outstanding"
     )  # with replicas > 1, which replica a request goes to: least_outstanding (fewest in flight) | prefix (the one sent the longest run of its prompt's prefix, within a load bound; launcher/frontend/routing.py) | kv (the one whose engine holds the longest run of its prompt's token blocks, from the engines' KV-cache events: engine=hf, vllm)
+    max_migrations: int = arg(
+        Int("times one request may move", min=0, zero="never: a stream whose replica fails ends in an error"), 3
+    )  # with replicas > 1, how often one running request may move to another replica when its replica fails mid-stream: it goes on there after the tokens its client has (engines that can continue a request: hf; launcher/frontend/migration.py)
+    max_restarts: int = arg(
+        Int("restarts of one replica", min=0, zero="never: a replica whose server dies is lost for the job"), 3
+    )  # with replicas > 1, how often a replica of one rank (tp=1) whose server dies while the job serves is started again in place (same node and ports; after 1, 2, 4, ... s), rejoining the front end once it answers a real request; a copy over several ranks, or one past its restarts, is lost for the job
+    stall_timeout_s: float = arg(
+        Float("seconds without a response", 0.0, zero="never: only a replica that dies is failed"), 60.0
+    )  # with replicas > 1, a replica that sends no response to any of its running requests for this long (a hung engine, whose server still answers the health probe) is failed like a dead one: its streams move to another replica, and it stays out of routing for as long again
+    max_request_bytes: int = arg(
+        Int("bytes of one request body", min=1024), 4 << 20
+    )  # the OpenAI API answers a larger request body with 413 before reading it whole (4 MiB: about a million tokens of English text)
     api_key_file: str = arg(
         Path("key_file", fix="give {key} a file whose first line is the key (openssl rand -hex 24 > FILE)"), ""
     )  # a file whose first line is the key the OpenAI API requires as `Authorization: Bearer` on every route but /health; "" = no key (anyone who reaches serve.openai_port may use the model). The file's path travels, never the key

@@ -316,6 +316,16 @@ def describe_lost(r: Dict) -> str:
     return f"replica {r['replica']} lost at {at} on {r['host']}: {r['reason']} (ranks {', '.join(map(str, r['ranks']))}; log {r['log']})"
 
 
+def describe_restart(r: Dict) -> str:
+    """One restart in place of a replica's server (launcher/rank/rank.py: Rank.restart_in_place)."""
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["time"]))
+    outcome = f"serving again after {r['ready_s']:.1f}s" if r.get("ready_s") is not None else "not serving (yet)"
+    return (
+        f"replica {r['replica']} restarted in place at {at} on {r['host']} (restart {r['restart']} of "
+        f"{r['max_restarts']}): {r['reason']}; {outcome}"
+    )
+
+
 def describe_walltime(w: Dict, serving_again: bool) -> str:
     """One allocation's drain at its time limit, and what came of it."""
     at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(w["time"]))

@@ -59,6 +59,10 @@ class Engine:
     # The served model reports the first-token split (queue, prefill, first response) in its Triton metrics
     # (launcher/python_backend/timings.py), which the bench reads from the serving tritonserver.
     first_token_split: ClassVar[bool] = False
+    # Its served model continues a request that moved from another replica mid-stream (the contract's continue_ids
+    # and output_ids), so the front end of replicas > 1 moves its streams when a replica fails
+    # (launcher/frontend/migration.py).
+    continues_requests: ClassVar[bool] = False
     # It publishes its prefix cache's changes as KV-cache events (launcher/kv_events.py) where launcher/rank asks, so
     # serve.routing=kv may route by them.
     kv_events: ClassVar[bool] = False

@@ -15,10 +15,23 @@ _METRICS = (
     ("errors", "llmlaunch_frontend_errors_total", "counter", "requests on the replica that ended in an error"),
     ("failures", "llmlaunch_frontend_replica_failures_total", "counter", "times the replica was marked down"),
     (
+        "recoveries",
+        "llmlaunch_frontend_replica_recoveries_total",
+        "counter",
+        "times the replica was marked up again after it was down (its server restarted in place, or answered again)",
+    ),
+    (
         "retried",
         "llmlaunch_frontend_retried_total",
         "counter",
         "requests moved to another replica after this one failed before answering them",
+    ),
+    (
+        "migrated",
+        "llmlaunch_frontend_migrated_total",
+        "counter",
+        "requests moved to another replica mid-stream after this one failed while generating them (they go on after "
+        "the tokens their clients had)",
     ),
     (
         "prompt_blocks",

@@ -8,6 +8,7 @@ A client stream is a Session (launcher/frontend/session.py); a replica's channel
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import List, Optional, Sequence, Tuple, Union
 
 import grpc
@@ -29,18 +30,25 @@ class Frontend:
         model_name: str = "",
         probe_interval_s: float = 2.0,
         routing: Union[str, Routing] = "least_outstanding",
+        max_migrations: int = 0,
+        stall_timeout_s: float = 0.0,
     ):
-        """routing: a policy's name, or the policy (launcher/frontend/routing.py)."""
+        """routing: a policy's name, or the policy (launcher/frontend/routing.py); max_migrations: times a request
+        of `model_name` may move to another replica mid-stream (0: never; launcher/frontend/migration.py);
+        stall_timeout_s: a replica that answers nothing for this long while it has requests is failed (0: never)."""
         if not replicas:
             raise ValueError("the front end needs at least one replica")
         self.replicas = [Replica(i, h, p) for i, (h, p) in enumerate(replicas)]
         self.routing = make_routing(routing) if isinstance(routing, str) else routing
         self.model_name = model_name
         self.probe_interval_s = probe_interval_s
+        self.max_migrations = max_migrations
+        self.stall_timeout_s = stall_timeout_s
         self.streams_active = 0
         self.rejected = 0  # requests refused because no replica was up
         self.draining = ""  # once set (the drain notice, launcher/procs/drain.py): why new requests are refused
         self._probe_task: Optional[asyncio.Task] = None
+        self._stall_task: Optional[asyncio.Task] = None
 
     # -- routing
     def pick(self, exclude: Sequence[Replica] = (), prompt: bytes = b"", session: str = "") -> Optional[Replica]:
@@ -71,10 +79,13 @@ class Frontend:
         await self.probe_all()  # replicas not ready now start down, so no request goes there
         if self.probe_interval_s > 0:
             self._probe_task = asyncio.get_running_loop().create_task(self._probe_loop())
+        if self.stall_timeout_s > 0:
+            self._stall_task = asyncio.get_running_loop().create_task(self._stall_loop())
 
     async def close(self) -> None:
-        if self._probe_task is not None:
-            self._probe_task.cancel()
+        for task in (self._probe_task, self._stall_task):
+            if task is not None:
+                task.cancel()
         self.routing.close()
         for r in self.replicas:
             await r.close()
@@ -86,6 +97,31 @@ class Frontend:
                 r.mark_up()
             else:
                 r.mark_down(why)
+
+    def check_stalls(self) -> None:
+        """A replica streaming requests of this process that has sent none of them a response for stall_timeout_s (a
+        hung engine: its server still answers the health probe) is failed like a dead one: marked down, kept out of
+        routing for as long again, its streams cancelled so their requests move or end naming the stall.  Only
+        requests that streamed before count: one that has not (queued, prefilling, or sent with stream=false) may
+        rightly say nothing for long."""
+        now = time.monotonic()
+        for r in self.replicas:
+            # down already (its health probe timed out first) or not: its streams wait on it all the same
+            if now - r.last_response > self.stall_timeout_s and r.streaming():
+                why = f"stalled: no response for {self.stall_timeout_s:g}s with {r.in_flight} requests running"
+                r.mark_down(why)
+                r.held_until = now + self.stall_timeout_s
+                for link in list(r.links):
+                    link.stall(why)
+
+    async def _stall_loop(self) -> None:
+        """check_stalls a few times a stall timeout: on its own, as a probe of a hung replica waits out its deadline."""
+        while True:
+            await asyncio.sleep(min(1.0, self.stall_timeout_s / 4))
+            try:
+                self.check_stalls()
+            except Exception as e:  # never let the check die
+                log(f"stall check error: {_details(e)}")
 
     async def _probe_loop(self) -> None:
         while True:
@@ -214,7 +250,9 @@ class Frontend:
                     "responses": r.responses,
                     "errors": r.errors,
                     "failures": r.failures,
+                    "recoveries": r.recoveries,
                     "retried": r.retried,
+                    "migrated": r.migrated,
                     "prompt_blocks": r.prompt_blocks,
                     "predicted_blocks": r.predicted_blocks,
                 }

@@ -3,6 +3,7 @@ health probes, and its load (requests in flight, shared between worker processes
 
 from __future__ import annotations
 
+import time
 from typing import Optional, Tuple
 
 from grpc import aio
@@ -36,7 +37,12 @@ class Replica:
         self.responses = 0  # responses passed back from here
         self.errors = 0  # requests that ended in an error (model errors and failures)
         self.failures = 0  # times it was marked down
+        self.recoveries = 0  # times it was marked up again after that (its server restarted in place, or answered)
+        self.last_response = 0.0  # when this process last had a response from it (Frontend.check_stalls)
+        self.held_until = 0.0  # a stalled replica stays out of routing until then, whatever its health probe says
+        self.links: set = set()  # this process's open backend streams to it (launcher/frontend/session.py: _Link)
         self.retried = 0  # requests moved to another replica because this one failed before answering them
+        self.migrated = 0  # requests moved to another replica mid-stream because this one failed generating them
         self.prompt_blocks = 0  # prompt blocks of the requests prefix routing sent here (launcher/frontend/routing.py)
         self.predicted_blocks = 0  # of those, the leading ones it had sent here before
         self.channel: Optional[aio.Channel] = None
@@ -50,6 +56,10 @@ class Replica:
         self.in_flight += delta
         if self.shared is not None:
             self.shared[self.shared_at] = self.in_flight
+
+    def streaming(self) -> bool:
+        """Requests of this process that had streamed from it run there."""
+        return any(p.started for link in self.links for p in link.pending.values())
 
     def load(self) -> int:
         """Requests in flight on this replica, through every worker process."""
@@ -88,9 +98,10 @@ class Replica:
             log(f"{self.label} DOWN: {reason}")
 
     def mark_up(self) -> None:
-        if not self.up:
+        if not self.up and time.monotonic() >= self.held_until:
             log(f"{self.label} UP again")
             self.up, self.reason = True, ""
+            self.recoveries += 1
 
     async def alive(self, timeout: float = 2.0) -> bool:
         try:

@@ -44,6 +44,12 @@ class FrontendConfig(JsonConfig):
     # "" = its engine publishes none)
     kv_events: List[str] = field(default_factory=list)
     tokenizer: str = ""  # routing kv: the model's tokenizer folder the prompts are cut into token blocks with
+    # times one running request of model_name may move to another replica mid-stream when its replica fails
+    # (launcher/frontend/migration.py); 0: never (its engine cannot continue a request: Engine.continues_requests)
+    max_migrations: int = 0
+    # a replica that answers none of its running requests for this long (a hung engine) is failed like a dead one:
+    # its streams move (or end naming the stall), it stays out of routing for as long again; 0: never
+    stall_timeout_s: float = 0.0
 
     def __post_init__(self):
         self.replicas = [tuple(r) for r in self.replicas]
@@ -86,7 +92,7 @@ def _server_options(reuse_port: bool) -> list:
 async def _serve(cfg: FrontendConfig, reuse_port: bool, publish=None, on_bound=None, setup=None) -> None:
     """Run one front-end process until SIGTERM/SIGINT; `publish(snapshot)` is called periodically."""
     routing = make_routing(cfg.routing, cfg.kv_events, cfg.tokenizer)
-    fe = Frontend(cfg.replicas, cfg.model_name, cfg.probe_interval_s, routing)
+    fe = Frontend(cfg.replicas, cfg.model_name, cfg.probe_interval_s, routing, cfg.max_migrations, cfg.stall_timeout_s)
     if setup is not None:
         setup(fe)
     await fe.start()

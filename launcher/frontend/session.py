@@ -1,18 +1,28 @@
 """One client ModelStreamInfer stream through the front end (Session): its requests spread over the replicas, one
 backend stream per replica and model it uses (see Session.dispatch for why per model), the responses passed back as
-they arrive, looked up by request id; a replica's failure retries what it had not answered, a client that leaves
-gets its backend streams cancelled."""
+they arrive, looked up by request id; a replica's failure retries what it had not answered and moves what it was
+generating mid-stream (launcher/frontend/migration.py), a client that leaves gets its backend streams cancelled."""
 
 from __future__ import annotations
 
 import asyncio
 import collections
 import itertools
+from array import array
+from time import monotonic
 from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 
 from grpc import aio
 from tritonclient.grpc import service_pb2
 
+from launcher.frontend.migration import (
+    ASK_OUTPUT_IDS,
+    ASK_TOKEN_IDS,
+    asks_token_ids,
+    continued_request,
+    names_outputs,
+    take_ids,
+)
 from launcher.frontend.replica import Replica
 from launcher.frontend.wire import (
     _ASK_EMPTY_FINAL,
@@ -31,6 +41,8 @@ class Routes(Protocol):
 
     draining: str  # why new requests are refused ("" while they are taken)
     rejected: int  # requests refused so far (the session counts its own)
+    max_migrations: int  # times one running request may move to another replica (0: never)
+    model_name: str  # the served model: the one whose requests can move (its engine continues them)
 
     def pick_for(self, request) -> Optional[Replica]: ...
 
@@ -45,7 +57,18 @@ class ClientGone(Exception):
 
 
 class _Pending:
-    __slots__ = ("client_id", "wants_empty_final", "model", "version", "renamed", "raw", "started", "retried")
+    __slots__ = (
+        "client_id",
+        "wants_empty_final",
+        "model",
+        "version",
+        "renamed",
+        "raw",
+        "started",
+        "retried",
+        "ids",
+        "migrations",
+    )
 
     def __init__(
         self,
@@ -56,15 +79,19 @@ class _Pending:
         renamed: bool,
         raw: bytes = b"",
         retried: bool = False,
+        ids: Optional[array] = None,
+        migrations: int = 0,
     ):
         self.client_id = client_id
         self.wants_empty_final = wants_empty_final
         self.model = model
         self.version = version
         self.renamed = renamed
-        self.raw = raw  # the client's request as it came, to send it elsewhere if this replica fails first
+        self.raw = raw  # the client's request as it came, to send it elsewhere if this replica fails
         self.started = False  # a response of it went back to the client
-        self.retried = retried  # already moved once
+        self.retried = retried  # already sent again whole once (it had no answer when its replica failed)
+        self.ids = ids  # a request that can move mid-stream: the ids of the tokens whose text the client has
+        self.migrations = migrations  # times it moved mid-stream
 
 
 class _Link:
@@ -75,6 +102,8 @@ class _Link:
         self.rep = rep
         self.key = key  # (replica, model, version): its place in session.links
         self.call = rep.stream()
+        self.stalled = ""  # why the front end cancelled this stream for its replica (Frontend.check_stalls)
+        rep.links.add(self)
         self.pending: Dict[str, _Pending] = {}  # by the id the replica sees
         # Requests go out through a writer task, so the client's next request is read while this
         # one is written (a burst of requests costs one loop turn each, not two).
@@ -124,6 +153,7 @@ class _Link:
                         failure = "it closed the stream with requests still running"
                     break
                 rep.responses += 1
+                rep.last_response = monotonic()
                 m = parse(raw)
                 ir = m.infer_response
                 wire_id = ir.id
@@ -137,6 +167,8 @@ class _Link:
                     final = flag is None or flag.bool_param
                 else:
                     final = flag is not None and flag.bool_param
+                if p.ids is not None and ir.outputs:
+                    take_ids(ir, p.ids)
                 if final:
                     del pending[wire_id]
                     rep.track(-1)
@@ -149,12 +181,19 @@ class _Link:
                     raw += _response_id_patch(p.client_id)
                 await send(raw)
         except aio.AioRpcError as e:
-            if not self.session.closing:  # not our own cancellation
+            if self.stalled:
+                failure = self.stalled
+            elif not self.session.closing:  # not our own cancellation
                 failure = _details(e)
+        except asyncio.CancelledError:
+            if not self.stalled:
+                raise
+            failure = self.stalled
         except ClientGone:
             # The client left: every backend stream of its session is cancelled, so the models see it.
             self.session.abort()
         finally:
+            rep.links.discard(self)
             if self.session.links.get(self.key) is self:
                 del self.session.links[self.key]
         if failure:
@@ -162,22 +201,40 @@ class _Link:
             await self.fail(f"{rep.label} failed: {failure}")
 
     async def fail(self, message: str) -> None:
-        """The replica failed: requests it had not answered yet go to another replica (once: the client saw
-        nothing of them, so nothing is repeated); the others end with `message`."""
+        """The replica failed: requests it had not answered yet go to another replica whole (once: the client saw
+        nothing of them, so nothing is repeated); those it was generating move there mid-stream and go on after the
+        tokens the client has (launcher/frontend/migration.py), up to max_migrations times each; the others end
+        with `message` and why they could not move."""
         items = list(self.pending.values())
         self.pending.clear()
         self.rep.track(-len(items))
-        moved = [p for p in items if not p.started and not p.retried]
-        self.rep.retried += len(moved)
-        self.rep.errors += len(items) - len(moved)
+        limit = self.session.fe.max_migrations
         try:
             for p in items:
                 if not p.started and not p.retried:
+                    self.rep.retried += 1
                     await self.session.dispatch(p.raw, retried=True)
+                elif p.started and p.ids is not None and p.migrations < limit:
+                    self.rep.migrated += 1
+                    await self.session.dispatch(continued_request(p.raw, p.ids), moved=p, failure=message)
                 else:
-                    await self.session.send(_error_response(message, p.client_id, p.model, p.version))
+                    self.rep.errors += 1
+                    why = (
+                        f"it had moved max_migrations={limit} times"
+                        if p.ids is not None
+                        else "moving a running request is off (serve.max_migrations=0, or an engine that cannot "
+                        "continue a request elsewhere: docs/operations.md)"
+                    )
+                    text = f"{message}; the request could not move to another replica: {why}"
+                    await self.session.send(_error_response(text, p.client_id, p.model, p.version))
         except ClientGone:
             return
+
+    def stall(self, why: str) -> None:
+        """Its replica answers nothing while it has work: cancel the backend stream; its pump then fails (moves) the
+        requests on it with `why`."""
+        self.stalled = why
+        self.call.cancel()
 
     def cancel(self) -> None:
         """The client is gone: cancel the backend stream (tritonserver cancels its requests)."""
@@ -257,19 +314,26 @@ class Session:
         self.wake.set()
         await self.writer
 
-    async def dispatch(self, raw: bytes, retried: bool = False) -> None:
+    async def dispatch(
+        self, raw: bytes, retried: bool = False, moved: Optional[_Pending] = None, failure: str = ""
+    ) -> None:
+        """Send a request to a replica: a client's, one sent again whole (`retried`), or one `moved` mid-stream
+        (its replica failed with `failure`; `raw` is its continued request)."""
         req = service_pb2.ModelInferRequest.FromString(raw)
         client_id = req.id
         flag = req.parameters.get(_EMPTY_FINAL)
         wants_empty_final = flag is not None and flag.bool_param
-        if self.fe.draining and not retried:
+        if self.fe.draining and not retried and moved is None:
             self.fe.rejected += 1
             await self.send(_error_response(self.fe.draining, client_id, req.model_name, req.model_version))
             return
         rep = self.fe.pick_for(req)
         if rep is None:
             self.fe.rejected += 1
-            await self.send(_error_response(self.fe.no_replica_message(), client_id, req.model_name, req.model_version))
+            text = self.fe.no_replica_message()
+            if moved is not None:
+                text = f"{failure}; the request could not move to another replica: {text}"
+            await self.send(_error_response(text, client_id, req.model_name, req.model_version))
             return
         # One backend stream per replica *and model*: tritonserver 2.51 aborts (gRPC's "ASSERTION FAILED:
         # !byte_buffer->Valid()", SIGABRT in TRITONBACKEND_ResponseSend) when one ModelStreamInfer stream
@@ -289,9 +353,28 @@ class Session:
             patch = _request_id_patch(wire_id)
         if not wants_empty_final:
             patch += _ASK_EMPTY_FINAL
-        link.pending[wire_id] = _Pending(
-            client_id, wants_empty_final, req.model_name, req.model_version, wire_id != client_id, raw, retried
+        if moved is not None:  # the same request, on: the ids so far, how often it moved, the client's request
+            ids, migrations, raw_kept = moved.ids, moved.migrations + 1, moved.raw
+        else:
+            ids, migrations, raw_kept = None, 0, raw
+            if self.fe.max_migrations and req.model_name == self.fe.model_name:
+                ids = array("i")
+                if not asks_token_ids(req):
+                    patch += ASK_TOKEN_IDS
+                if names_outputs(req):
+                    patch += ASK_OUTPUT_IDS
+        pending = link.pending[wire_id] = _Pending(
+            client_id,
+            wants_empty_final,
+            req.model_name,
+            req.model_version,
+            wire_id != client_id,
+            raw_kept,
+            retried,
+            ids,
+            migrations,
         )
+        pending.started = moved is not None
         rep.track(1)
         rep.requests += 1
         link.send(raw + patch if patch else raw)

@@ -15,8 +15,9 @@ Protocol (pickled tuples over one socketpair, `multiprocessing.connection` frami
   parent -> child: ("add", rid, prompt_ids, SamplingParams) | ("abort", rid) | ("stop",)
   child -> parent: ("ready", info dict) | ("error", message) once, then one list of
                    (rid, text, token_ids, input_tokens, output_tokens, finish_reason, error, times, logprobs,
-                   prompt_logprobs) per engine step; times = (request received, first output made) on a request's
-                   first output, else None; the log probabilities as launcher.hf.outputs.Output has them;
+                   prompt_logprobs, settled) per engine step; times = (request received, first output made) on a
+                   request's first output, else None; the log probabilities and `settled` as
+                   launcher.hf.outputs.Output has them;
                    and ("stats", EngineStats as a dict) at most once a second while busy and when it goes idle.
 The child exits when the parent's end closes (parent died), so no orphan
 keeps a GPU.

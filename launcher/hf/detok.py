@@ -95,6 +95,11 @@ class ByteLevelDecoder:
     def flush(self) -> str:
         return self._utf8.decode(b"", final=True)
 
+    @property
+    def holds(self) -> bool:
+        """Bytes of a character not complete yet are held back."""
+        return bool(self._utf8.getstate()[0])
+
 
 class WindowDecoder:
     """vLLM-style: keep `prefix_offset`/`read_offset` into the id list and decode only the tail window."""
@@ -136,6 +141,11 @@ class WindowDecoder:
         new_text = decode(self._ids[self._prefix :], skip_special_tokens=True, clean_up_tokenization_spaces=False)
         self._read = len(self._ids)
         return new_text[len(prefix_text) :]
+
+    @property
+    def holds(self) -> bool:
+        """Tokens whose text is not sent yet (an incomplete character) are held back."""
+        return self._read < len(self._ids)
 
 
 class StopMatcher:
@@ -182,3 +192,8 @@ class StopMatcher:
     def flush(self) -> str:
         text, self._pending = self._pending, ""
         return text
+
+    @property
+    def holds(self) -> bool:
+        """Text that may start a stop string is held back."""
+        return bool(self._pending)

@@ -229,7 +229,12 @@ class Engine:
             matcher = self.guides.matcher(
                 *params.guide, stop_ids=(params.end_id,) if params.end_id is not None else None
             )
-        seq = Seq(request_id, prompt_ids, params, on_output, self._table.decoder(prompt_ids), eos, bad, matcher)
+        if matcher is not None:  # a request that moved here: its guide has seen what it generated
+            for tok in params.continue_ids:
+                if not matcher.accept_token(tok):
+                    raise InvalidRequest(f"continue_ids: token {tok} leaves the request's guide")
+        decoder = self._table.decoder(prompt_ids + list(params.continue_ids))  # its context: what comes before
+        seq = Seq(request_id, prompt_ids, params, on_output, decoder, eos, bad, matcher)
         with self._lock:
             if request_id in self._active:
                 raise InvalidRequest(f"request id {request_id!r} is already running")

@@ -175,6 +175,7 @@ class _Outputs:
                 times,
                 out.logprobs,
                 out.prompt_logprobs,
+                out.settled,
                 urgent,
             ]
         else:
@@ -183,7 +184,8 @@ class _Outputs:
             prev[3:7] = out.input_tokens, out.output_tokens, out.finish_reason, out.error
             prev[8] = merged(prev[8], out.logprobs)
             prev[9] = prev[9] or out.prompt_logprobs
-            prev[10] = prev[10] or urgent
+            prev[10] = out.settled  # cumulative: the latest output's
+            prev[11] = prev[11] or urgent
 
     def flush(self) -> None:
         """Called by the engine after each loop iteration: its statistics (each second, and once idle) and the
@@ -196,14 +198,14 @@ class _Outputs:
         if not pending:
             return
         if self.interval <= 0:
-            batch = [tuple(v[:10]) for v in pending.values()]
+            batch = [tuple(v[:11]) for v in pending.values()]
             pending.clear()
         else:
             now = time.monotonic()
             batch = []
             for rid, v in list(pending.items()):
-                if v[10] or now - last_sent.get(rid, 0.0) >= self.interval:
-                    batch.append(tuple(v[:10]))
+                if v[11] or now - last_sent.get(rid, 0.0) >= self.interval:
+                    batch.append(tuple(v[:11]))
                     del pending[rid]
                     if v[5] is None:
                         last_sent[rid] = now

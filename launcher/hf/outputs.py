@@ -33,6 +33,11 @@ class Output:
     times: tuple[float, float] | None = None
     logprobs: LogProbRows | None = None  # the new tokens' log probabilities, for a request that asked
     prompt_logprobs: LogProbRows | None = None  # its prompt's, on the first output of a request that asked
+    # how many of the tokens this server generated for the request (continue_ids not counted) have their text out,
+    # in this output or before: all but those whose text the detokenizer or the stop strings' matcher holds back.
+    # The ids are sent (output_ids) only that far, so a request moved elsewhere continues (continue_ids) exactly
+    # after the text its client has
+    settled: int = 0
 
     @property
     def finished(self) -> bool:
@@ -94,7 +99,17 @@ class OutputProcessor:
                 text += tail
             self.finish(seq, finish, text, [tok], lp=lp, prompt_lp=prompt_lp)
             return
-        out = Output(seq.request_id, text, [tok], len(seq.prompt_ids), n)
+        # Text goes out only where no token's text is held back (a character's first bytes, a stop string's start):
+        # there the text sent is exactly that of the ids sent (Output.settled), so a request that moves to another
+        # server after it goes on with no piece of text twice. What comes before such a hold waits with it.
+        if seq.decoder.holds or (seq.stopper is not None and seq.stopper.holds):
+            seq.held_text += text
+            text = ""
+        else:
+            if seq.held_text:
+                text, seq.held_text = seq.held_text + text, ""
+            seq.settled = n - seq.continued
+        out = Output(seq.request_id, text, [tok], len(seq.prompt_ids), n, settled=seq.settled)
         if lp is not None or prompt_lp is not None:
             out.logprobs, out.prompt_logprobs = lp, prompt_lp
         self.emit(seq, out)
@@ -125,7 +140,10 @@ class OutputProcessor:
         with self._lock:
             self._active.discard(seq.request_id)
         self.stats.finished += 1
+        if seq.held_text:
+            text, seq.held_text = seq.held_text + text, ""
         out = Output(seq.request_id, text, token_ids, len(seq.prompt_ids), len(seq.out_ids), reason, error)
+        out.settled = len(seq.out_ids) - seq.continued  # the last output: every text is out
         out.logprobs, out.prompt_logprobs = lp, prompt_lp
         self.emit(seq, out)
 

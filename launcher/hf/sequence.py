@@ -44,12 +44,19 @@ class Seq:
         "cached_tokens",
         "prompt_lp",
         "matcher",
+        "continued",
+        "settled",
+        "held_text",
     )
 
     def __init__(self, request_id, prompt_ids, params: SamplingParams, on_output, decoder, eos, bad, matcher=None):
         self.request_id = request_id
         self.prompt_ids = prompt_ids
-        self.out_ids: list[int] = []
+        # a request moved here mid-generation (params.continue_ids) goes on after what it generated elsewhere
+        self.out_ids: list[int] = list(params.continue_ids)
+        self.continued = len(params.continue_ids)  # of out_ids, those generated elsewhere
+        self.settled = 0  # of the tokens generated here, those whose text is out (launcher.hf.outputs.Output)
+        self.held_text = ""  # text waiting for the tokens after it to settle (launcher.hf.outputs.OutputProcessor)
         self.params = params
         self.on_output = on_output
         self.slot = -1
@@ -57,6 +64,9 @@ class Seq:
         self.decoder = decoder
         self.stopper = StopMatcher(params.stop) if params.stop else None
         self.rng = random.Random(params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little"))
+        if params.temperature > 0:  # a sampled token takes one draw (launcher.hf.scheduler): skip the continued ones'
+            for _ in params.continue_ids:
+                self.rng.random()
         self.eos = eos  # frozenset of token ids that end the request (empty with ignore_eos)
         self.max_tokens = params.max_tokens
         self.min_tokens = params.min_tokens
@@ -66,7 +76,8 @@ class Seq:
         )
         self.prefill_started = False
         self.added = time.monotonic()  # when add_request queued it (EngineStats.queued_s, to_first_token_s)
-        self.prefill_ids = prompt_ids  # what it prefills: the prompt, and after a preemption what it generated too
+        # what it prefills: the prompt, and after a preemption or a move what it generated too
+        self.prefill_ids = prompt_ids + self.out_ids if self.out_ids else prompt_ids
         self.blocks: list[int] = []  # its KV-cache blocks, in order (its block table)
         self.keys: list[int] = []  # the prefix-cache keys of its full blocks so far (launcher.hf.blocks)
         self.decoding = False  # its prefill is done: it decodes a token a step
@@ -117,6 +128,13 @@ def prepare_prompt(
         raise InvalidRequest(
             f"the prompt ({n} tokens) plus max_tokens ({params.max_tokens}) exceeds the model context of "
             f"{max_model_len} tokens; shorten the prompt or lower max_tokens"
+        )
+    if any(not 0 <= t < vocab_size for t in params.continue_ids):
+        raise InvalidRequest(f"continue_ids must be in [0, {vocab_size})")
+    if params.continue_ids and params.prompt_logprobs is not None:
+        raise InvalidRequest(
+            "return_prompt_log_probs with continue_ids: the prompt's log probabilities came with the request's first "
+            "response, before it moved; leave return_prompt_log_probs out"
         )
     if params.end_id is not None and not 0 <= params.end_id < vocab_size:
         raise InvalidRequest(f"end_id {params.end_id} is outside the vocabulary [0, {vocab_size})")

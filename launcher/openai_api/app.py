@@ -60,15 +60,18 @@ def make_app(
     draining: Optional[dict] = None,
     api_key: str = "",
     token_text: Optional[TokenText] = None,
+    max_request_bytes: int = 4 << 20,
 ):
     """The app.  `backend`: a GrpcBackend (generate, ready); `served`: the model names requests may use, the first
     the one /v1/models lists; `chat_template(messages) -> prompt`; `draining["reason"]`, once set (the drain notice,
     launcher/procs/drain.py), refuses new requests with 503 naming it while running ones finish; `api_key`: required as
     `Authorization: Bearer` on every route but /health (launcher/openai_api/auth.py); `token_text`: token ids as text
-    (log probabilities, echo of token-id prompts), from the model's tokenizer."""
+    (log probabilities, echo of token-id prompts), from the model's tokenizer; `max_request_bytes`: a larger body gets
+    413 before it is read whole (serve.max_request_bytes)."""
     counters = counters or Counters()
     draining = {"reason": ""} if draining is None else draining
     api = _Api(backend, served, chat_template, counters, draining, token_text or TokenText(""))
+    api.max_request_bytes = max_request_bytes
     routes = [
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
@@ -99,6 +102,41 @@ async def _not_found(request: Request, exc) -> Response:
     return JSONResponse(tr.ApiError(status, msg, code="unknown_route").body(), status_code=status)
 
 
+async def _bounded_body(request: Request, limit: int) -> bytes:
+    """The request's body, or tr.ApiError 413 once it is known to be over `limit` bytes (from its Content-Length, or
+    as a chunked one arrives), never holding more than `limit` of it.  The rest is read and dropped, up to
+    _DRAIN_TIMES the limit, so the client, still sending, gets to read the 413 (a connection closed under a
+    sender's feet is a broken pipe to it); a body larger still is cut off there."""
+
+    def too_large(size: str) -> tr.ApiError:
+        return tr.ApiError(
+            413,
+            f"the request body is {size} bytes, over serve.max_request_bytes={limit}; send a shorter prompt, or "
+            "launch with a larger serve.max_request_bytes",
+            code="request_too_large",
+        )
+
+    declared = request.headers.get("content-length", "")
+    over = declared.isdigit() and int(declared) > limit
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            over = True
+        if over:
+            chunks.clear()
+            if size > _DRAIN_TIMES * limit:
+                break
+        else:
+            chunks.append(chunk)
+    if over:
+        raise too_large(declared if declared.isdigit() else f"over {limit}")
+    return b"".join(chunks)
+
+
+_DRAIN_TIMES = 16  # a body over serve.max_request_bytes is read and dropped up to this many times the limit
+
+
 async def _server_error(request: Request, exc) -> Response:
     return _error(tr.ApiError(500, f"internal error: {exc.__class__.__name__}: {exc}", code="internal_error"))
 
@@ -115,6 +153,7 @@ class _Api:
         self.draining = draining
         self.token_text = token_text
         self.created = int(time.time())  # /v1/models' "created": when the API started
+        self.max_request_bytes = 4 << 20  # a larger body is refused (413) before it is read whole
 
     async def models(self, request: Request) -> Response:
         return JSONResponse(tr.models_body(self.served[0], self.created))
@@ -175,8 +214,9 @@ class _Api:
 
     async def _translate(self, request: Request, chat: bool) -> tuple:
         """The request's body -> (the contract's generation, its options); tr.ApiError for a bad request."""
+        raw = await _bounded_body(request, self.max_request_bytes)
         try:
-            body = await request.json()
+            body = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
             raise tr.ApiError(400, "the request body is not valid JSON", code="invalid_json") from None
         if chat:

@@ -38,6 +38,7 @@ class OpenAIConfig(JsonConfig):
     # file whose first line is the key every route but /health requires; "" = no key.  The path only: the key never
     # leaves its file (no command line, no config file carries it)
     api_key_file: str = ""
+    max_request_bytes: int = 4 << 20  # a larger request body gets 413 before it is read whole (serve.max_request_bytes)
 
     def __post_init__(self):
         object.__setattr__(self, "aliases", tuple(self.aliases))
@@ -104,6 +105,7 @@ def start_api(
         drain_timeout_s=float(spec.serve.drain_timeout_s),
         processes=api_processes(len(os.sched_getaffinity(0))),
         api_key_file=str(spec.serve.api_key_file or ""),
+        max_request_bytes=int(spec.serve.max_request_bytes),
     )
     env = dict(os.environ)
     root = str(PACKAGE_ROOT)  # `python -m launcher.openai_api` from this checkout
@@ -159,6 +161,7 @@ def _build_app(cfg: OpenAIConfig, counters):
         draining=_on_drain_notice(),
         api_key=api_key,
         token_text=TokenText(cfg.tokenizer),
+        max_request_bytes=cfg.max_request_bytes,
     )
 
 

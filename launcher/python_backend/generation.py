@@ -37,6 +37,9 @@ class SamplingParams:
     logprobs: int | None = None  # None = off; k: each new token's log probability and the k most likely tokens'
     prompt_logprobs: int | None = None  # None = off; k: each prompt token's log probability and the top k
     guide: tuple[str, str] | None = None  # None = off; (kind of GUIDE_KINDS, guide text): the output follows it
+    # tokens generated for this request on another server before it moved here (contract input continue_ids): they
+    # count as generated (max_tokens, min_tokens, output_tokens), and a seeded request's draws skip past them
+    continue_ids: tuple[int, ...] = ()
 
     def validate(self, max_model_len: int | None = None) -> None:
         """Raise InvalidRequest naming the first bad value."""
@@ -84,6 +87,11 @@ class SamplingParams:
                     raise InvalidRequest(f"top_log_probs must be in [0, {MAX_TOP_LOG_PROBS}], got {k}")
         if self.guide is not None:
             check_guide(*self.guide)
+        if len(self.continue_ids) >= self.max_tokens:
+            raise InvalidRequest(
+                f"continue_ids holds {len(self.continue_ids)} tokens, max_tokens is {self.max_tokens}: the request "
+                "has nothing left to generate; send fewer continue_ids or a larger max_tokens"
+            )
 
     @property
     def greedy(self) -> bool:
@@ -120,6 +128,7 @@ class GenerationRequest:
     stream: bool = False  # one response per new piece of text, else one response with the whole completion
     ignored: tuple[str, ...] = field(default_factory=tuple)  # optional inputs that were sent but are not honoured
     final_counts_only: bool = False  # request parameter: counts and finish_reason on the final response only
+    return_token_ids: bool = False  # request parameter: output_ids on each response (the front end's migration)
 
 
 def _int(name: str, value) -> None:

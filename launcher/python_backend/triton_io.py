@@ -32,6 +32,7 @@ _INPUT_DTYPE = {t.name: t.dtype for t in INPUTS}
 # text prompt of nothing, a response without the log probabilities the client reads).
 MUST_HONOUR = (
     "input_ids",
+    "continue_ids",
     "return_log_probs",
     "top_log_probs",
     "return_prompt_log_probs",
@@ -101,14 +102,14 @@ def _words(name: str, arr) -> tuple[str, ...]:
     return tuple(words)
 
 
-def _token_ids(arr) -> list[int]:
-    flat = _check_batch("input_ids", arr)
+def _token_ids(arr, name: str = "input_ids") -> list[int]:
+    flat = _check_batch(name, arr)
     if flat.dtype.kind not in "iu":
-        raise InvalidRequest(f"input 'input_ids' must be INT32 token ids, got numpy dtype {flat.dtype}")
+        raise InvalidRequest(f"input {name!r} must be INT32 token ids, got numpy dtype {flat.dtype}")
     if not flat.size:
-        raise InvalidRequest("input_ids is empty; send at least one token id")
+        raise InvalidRequest(f"{name} is empty; send at least one token id")
     if int(flat.min()) < 0:
-        raise InvalidRequest(f"input_ids holds a negative token id ({int(flat.min())}); token ids are >= 0")
+        raise InvalidRequest(f"{name} holds a negative token id ({int(flat.min())}); token ids are >= 0")
     return [int(t) for t in flat]
 
 
@@ -133,6 +134,8 @@ def parse_inputs(
             f"beam_width {beam} is not supported: streaming engines generate one beam; send beam_width 1 or omit it"
         )
     params = _sampling_params(arrays)
+    if "continue_ids" in arrays:
+        params.continue_ids = tuple(_token_ids(arrays["continue_ids"], "continue_ids"))
     _guide(arrays, params)
     _logprobs(arrays, params)
     # pad_id / exclude_input_in_output are read for their type only
@@ -281,7 +284,9 @@ def parse_request(
     req = parse_inputs(request_arrays(request), supported, max_model_len, engine)
     params = getattr(request, "parameters", None)
     if params is not None:  # (an older python backend without InferenceRequest.parameters(): the defaults)
-        req.final_counts_only = parse_parameters(params())["final_counts_only"]
+        values = parse_parameters(params())
+        req.final_counts_only = values["final_counts_only"]
+        req.return_token_ids = values["return_token_ids"]
     return req
 
 
@@ -371,6 +376,20 @@ class Responder:
     def input_tokens(self, n: int):
         """The per-request input_tokens tensor (pass it to `build`)."""
         return self._int("input_tokens", n)
+
+    def output_ids(self, ids: list[int]):
+        """The output_ids tensor of a response (pass it in `extra`): one id, the streaming case, is kept per id and
+        thread like the texts (at most `max_texts` of them)."""
+        shape = (1, -1) if len(self._shape) == 2 else (-1,)
+        if len(ids) != 1 or not self._cache:
+            return self._pb.Tensor("output_ids", self._np.array(ids, dtype=self._np.int32).reshape(shape))
+        kept = getattr(self._local, "ids", None)
+        if kept is None or len(kept) >= self._max_texts:
+            kept = self._local.ids = {}
+        t = kept.get(ids[0])
+        if t is None:
+            t = kept[ids[0]] = self._pb.Tensor("output_ids", self._np.array(ids, dtype=self._np.int32).reshape(shape))
+        return t
 
     def build(
         self,

@@ -107,6 +107,8 @@ def start_for_rank0(
         if spec.serve.routing == "kv"
         else [],
         tokenizer=str(spec.model.tokenizer or spec.model.path or "") if spec.serve.routing == "kv" else "",
+        max_migrations=int(spec.serve.max_migrations) if ENGINES[spec.engine.name].continues_requests else 0,
+        stall_timeout_s=float(spec.serve.stall_timeout_s),
     )
     env = dict(os.environ)
     root = str(PACKAGE_ROOT)  # `python -m launcher.frontend` from this checkout

@@ -4,8 +4,9 @@ Steps, in order: rendezvous (rank 0 picks ports and a dist port, every rank lear
 this rank's command (tritonserver, or an engine's own worker command) as a supervised child, and on a leader wait
 until it answers a real request; rank 0 then publishes the job (the replicas' front end, the OpenAI API, the run
 record's start, `endpoint.json`). A rank whose child dies writes `failure_rank<N>.json` and exits non-zero, which
-`srun --kill-on-bad-exit=1` turns into the whole job stopping (fail fast); with replicas > 1 a serving job loses
-that replica instead (launcher/rank/supervise.py: `decide_exit` is the whole rule).
+`srun --kill-on-bad-exit=1` turns into the whole job stopping (fail fast); with replicas > 1 a serving job first
+starts a one-rank replica's server again in place (launcher/rank/restart.py, serve.max_restarts), then loses that
+replica instead (launcher/rank/supervise.py: `decide_exit` is the whole rule).
 
 SIGTERM / SIGINT / SIGUSR2 (time limit, preemption) are forwarded to the child as SIGTERM so Triton drains before
 it exits; SIGUSR2 (Slurm's time-limit signal) also tells rank 0's front ends to refuse new requests and records the
@@ -37,6 +38,7 @@ from launcher.rank.rendezvous import (
     rendezvous,
     rendezvous_key,
 )
+from launcher.rank.restart import restart_in_place
 from launcher.rank.supervise import decide_exit, end_lost_server, frontend_only, signal_text, supervise
 from launcher.rank.topology import Topology, rank_environment, visible_devices
 from launcher.record import write_startup
@@ -77,6 +79,7 @@ class Rank:
         self.api = None  # rank 0's OpenAI API (launcher/openai_api), in front of the public gRPC endpoint
         self.stop_signal: Optional[int] = None
         self.waited = 0.0  # seconds the server took to answer its first request
+        self.restarts = 0  # times this rank's server was started again in place (replicas > 1, serve.max_restarts)
 
     # ------------------------------------------------------------------------------------------ the whole life
     def run(self) -> int:
@@ -341,12 +344,16 @@ class Rank:
         )
 
     def supervise(self) -> Tuple[str, Optional[int]]:
-        """Until something this rank supervises ends (launcher/rank/supervise.py says what each answer means)."""
+        """Until something this rank supervises ends (launcher/rank/supervise.py says what each answer means); a
+        replica's server that dies while the job serves is first started again in place (launcher/rank/restart.py)."""
         if self.spec.replicas == 1:
             return supervise(self.server, None, self.stopped, lambda: False, self.api)
-        ended, code = supervise(
-            self.server, self.frontend, self.stopped, lambda: self.rundir.replica_lost(self.me.replica), self.api
-        )
+        while True:
+            ended, code = supervise(
+                self.server, self.frontend, self.stopped, lambda: self.rundir.replica_lost(self.me.replica), self.api
+            )
+            if ended != "server" or self.stopped() or not restart_in_place(self, code):
+                break
         if ended == "replica":
             code = end_lost_server(self.server)
         return ended, code

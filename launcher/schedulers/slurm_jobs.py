@@ -14,7 +14,7 @@ from launcher import jobindex
 from launcher.readiness import format_breakdown, slurm_time
 from launcher.record import join_record
 from launcher.rundir import RunDir
-from launcher.triage import describe_failure, describe_lost, describe_walltime, task_deaths
+from launcher.triage import describe_failure, describe_lost, describe_restart, describe_walltime, task_deaths
 
 
 def slurm_env(slurm_conf: str) -> None:
@@ -135,6 +135,8 @@ def status(job_id: str) -> Tuple[int, str]:
         lines.append(f"replicas: {replicas - len(lost)} of {replicas} serving")
     elif replicas > 1:
         lines.append(f"replicas: {replicas}" + (f", {len(lost)} lost" if lost else ""))
+    for r in run.restarts():
+        lines.append(describe_restart(r))
     for r in lost:
         # A lost replica is not a failed job: the front end serves with the others (status stays 0).
         lines.append(describe_lost(r))

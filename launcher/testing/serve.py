@@ -123,7 +123,9 @@ def hf_server(
     # the engine's arguments go to 1/model.json as the launcher writes them; None or "" keeps a default
     args = HFEngineArgs.from_dict({"model_path": model_dir, **{k: v for k, v in params.items() if v not in (None, "")}})
     (repo / model / "1" / ARGS_FILE).write_text(args.to_json())
-    cfg = pbtxt.python_model(model, args.max_num_seqs, {"engine_args_file": ARGS_FILE}, instances=instances)
+    cfg = pbtxt.python_model(
+        model, args.max_num_seqs, {"engine_args_file": ARGS_FILE}, instances=instances, continues=True
+    )
     (repo / model / "config.pbtxt").write_text(pbtxt.to_text(cfg))
     install = resolve_tritonserver()
     port, metrics_port = free_port(), free_port()

@@ -112,7 +112,7 @@ class Backend:
 class Front:
     """`python -m launcher.frontend` in front of the backends (what rank 0 runs)."""
 
-    def __init__(self, backends, processes: int = 1, probe_interval: float = 0.5):
+    def __init__(self, backends, processes: int = 1, probe_interval: float = 0.5, stall_timeout_s: float = 0.0):
         from launcher.frontend import FrontendConfig, FrontendProcess
 
         self.backends = list(backends)
@@ -126,6 +126,7 @@ class Front:
             processes,
             probe_interval,
             drain_timeout_s=5,
+            stall_timeout_s=stall_timeout_s,
         )
         self.proc = FrontendProcess(cfg, env=_env())
         self.url = f"127.0.0.1:{self.port}"
@@ -488,6 +489,42 @@ def test_a_replica_dying_fails_its_requests_clearly_and_the_rest_go_to_the_other
     finally:
         for b in bs:
             b.stop()
+
+
+def test_a_replica_that_stops_answering_is_failed_kept_out_and_taken_back(backends):
+    """A hung server (SIGSTOP: its process is there, its sockets open, nothing answers) with streams running: after
+    stall_timeout_s without a response the front end fails it like a dead one (its requests end naming the stall:
+    the fixture models cannot continue a request elsewhere), routes around it for as long again, and takes it back
+    once that has passed and it answers the health probe."""
+    hung = backends[1]
+    with Front(backends, probe_interval=0.3, stall_timeout_s=1.5) as fe:
+        ids = [f"s{i}" for i in range(8)]
+        stream, recs = submit_all(fe.url, "frontend_marker", ids, 400, {"inter_token_delay_ms": 20})
+        until(lambda: all(len(r.times) >= 3 for r in recs), 60, "every request to stream")
+        on = hung.marked("start") & set(ids)
+        assert len(on) == 4, on
+        os.kill(hung.server.proc.pid, signal.SIGSTOP)
+        try:
+            stopped = time.monotonic()
+            until(lambda: all(r.done for r in recs if r.request_id in on), 30, "the hung replica's requests to end")
+            waited = time.monotonic() - stopped
+            failed = {r.request_id: r.error for r in recs if r.error}
+            assert set(failed) == on and 1.5 <= waited < 10, (failed, waited)
+            assert all(
+                f"replica 1 (127.0.0.1:{hung.port}) failed: stalled: no response for 1.5s" in e for e in failed.values()
+            )
+            assert fe.metrics()[("llmlaunch_frontend_replica_up", 1)] == 0
+        finally:
+            os.kill(hung.server.proc.pid, signal.SIGCONT)
+        # it answers its health probe (every 0.3 s) again at once, but stays out for the 1.5 s it is held
+        time.sleep(0.6)
+        assert fe.metrics()[("llmlaunch_frontend_replica_up", 1)] == 0
+        for r in recs:
+            stream.wait(r, timeout=60)
+        stream.close()
+        assert all(r.output_tokens == 400 for r in recs if r.request_id not in on)
+        until(lambda: fe.metrics()[("llmlaunch_frontend_replica_up", 1)] == 1, 30, "replica 1 to be taken back")
+        assert fe.metrics()[("llmlaunch_frontend_replica_recoveries_total", 1)] == 1
 
 
 def test_no_replica_up_is_an_error_per_request_not_a_hang(tmp_path):
@@ -920,22 +957,115 @@ def test_llmlaunch_fails_when_the_openai_api_dies(tmp_path, tiny_model_dir):
     job.assert_nothing_left(ep)
 
 
-def test_llmlaunch_keeps_serving_when_replica_1_is_lost(tmp_path, tiny_model_dir):
-    """cluster=local follows the Slurm rule: a replica lost while serving is reported, the rest serve on."""
+def _openai_completion(url: str, model: str, prompt: str, max_tokens: int, stream: bool) -> dict:
+    """POST /v1/completions (greedy, ignore_eos); {"text", "usage", "error"}: a stream's deltas joined, its usage
+    from the final chunk."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True}
+    if stream:
+        body |= {"stream": True, "stream_options": {"include_usage": True}}
+    req = urllib.request.Request(f"{url}/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as resp:
+        if not stream:
+            doc = json.loads(resp.read())
+            return {"text": doc["choices"][0]["text"], "usage": doc["usage"], "error": ""}
+        out = {"text": "", "usage": None, "error": ""}
+        for line in resp:
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                out["error"] = str(chunk["error"])
+            for choice in chunk.get("choices") or []:
+                out["text"] += choice.get("text") or ""
+            out["usage"] = chunk.get("usage") or out["usage"]
+        return out
+
+
+def _frontend_counter(url: str, name: str, replica: int) -> float:
+    text = urllib.request.urlopen(url, timeout=10).read().decode()
+    return next(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(f'{name}{{replica="{replica}"'))
+
+
+def _kill_mid_stream(job: LocalLaunch, ep, prompt: str, n: int, want) -> None:
+    """Eight greedy requests of `prompt` (four KServe gRPC streams, two OpenAI API streams, two OpenAI API answers
+    whole), four on each replica; once replica 1 has streamed a while its tritonserver is SIGKILLed.  Each must end
+    with the text and the counts of `want`, a run that never moved."""
+    import threading
+
     from launcher.client.request import Generation
     from launcher.client.stream import generate
     from tests.integration.test_slurm_launch import server_pid
 
-    job = LocalLaunch(tmp_path)
+    gen = Generation(prompt, max_tokens=n, ignore_eos=True, temperature=0.0)
+    results: dict = {}
+
+    def run(key, call):
+        try:
+            results[key] = call()
+        except Exception as e:  # reported by the assertions below
+            results[key] = e
+
+    calls = {
+        **{f"grpc{i}": lambda: generate(job.url, ep.model, gen) for i in range(4)},
+        **{f"openai_stream{i}": lambda: _openai_completion(ep.openai_url, ep.model, prompt, n, True) for i in range(2)},
+        **{f"openai{i}": lambda: _openai_completion(ep.openai_url, ep.model, prompt, n, False) for i in range(2)},
+    }
+    threads = [threading.Thread(target=run, args=item, daemon=True) for item in calls.items()]
+    for t in threads:
+        t.start()
+    until(lambda: _frontend_counter(ep.metrics_url, "llmlaunch_frontend_in_flight", 1) >= 4, 60, "replica 1 busy")
+    time.sleep(1.0)  # it streams a while
+    os.kill(server_pid(ep.job_id, 1), signal.SIGKILL)
+    for t in threads:
+        t.join(300)
+    assert len(results) == 8
+    for key, got in sorted(results.items()):
+        assert not isinstance(got, Exception), f"{key}: {got!r}"
+        if key.startswith("grpc"):
+            assert not got.error, f"{key}: {got.error}"
+            assert (got.text, got.output_tokens, got.input_tokens) == (want.text, n, want.input_tokens), key
+        else:
+            assert not got["error"] and got["text"] == want.text, f"{key}: {got['error']}"
+            usage = got["usage"]
+            assert (usage["prompt_tokens"], usage["completion_tokens"]) == (want.input_tokens, n), (key, usage)
+
+
+def test_a_replica_killed_mid_stream_costs_no_request_restarts_in_place_and_is_lost_past_its_restarts(
+    tmp_path, tiny_model_dir
+):
+    """kill -9 of replica 1's tritonserver while it generates: every stream it was generating (KServe gRPC, the
+    OpenAI API streaming and not) moves to replica 0 and finishes with the text and the counts of a run that never
+    moved (greedy), and the front end counts them migrated.  Replica 1's rank starts its server again in place
+    (serve.max_restarts=1 here) and the front end routes to it again; killed again, its streams move again, and
+    with its restarts spent it is lost (reported; cluster=local follows the Slurm rule: the rest serve on)."""
+    from launcher.client.request import Generation
+    from launcher.client.stream import generate
+
+    prompt, n = "Once upon a time, in a kingdom by the sea,", 700
+    job = LocalLaunch(tmp_path, "serve.max_restarts=1")
     try:
         ep = job.wait_endpoint()
-        os.kill(server_pid(ep.job_id, 1), signal.SIGKILL)
+        want = generate(job.url, ep.model, Generation(prompt, max_tokens=n, ignore_eos=True, temperature=0.0))
+        assert not want.error and want.output_tokens == n, want.error
+        url = ep.metrics_url
+
+        _kill_mid_stream(job, ep, prompt, n, want)
+        assert _frontend_counter(url, "llmlaunch_frontend_migrated_total", 1) >= 1, "no stream moved"
+        # restarted in place, on the same port: the front end's probe finds it ready and routes to it again
+        until(
+            lambda: _frontend_counter(url, "llmlaunch_frontend_replica_recoveries_total", 1) == 1, 120, "replica 1 up"
+        )
+        restart = json.loads((job.run / "replica_restart1_1.json").read_text())
+        assert restart["ready_s"] is not None and "SIGKILL" in restart["reason"], restart
+        assert any("replica 1 serves again: restart 1 READY in" in ln for ln in job.err), job.tail()
+
+        moved = _frontend_counter(url, "llmlaunch_frontend_migrated_total", 1)
+        _kill_mid_stream(job, ep, prompt, n, want)  # replica 1 serves again: four of the eight run there
+        assert _frontend_counter(url, "llmlaunch_frontend_migrated_total", 1) > moved
         lost = job.run / "replica_lost1.json"
-        deadline = time.monotonic() + 60
-        while not lost.exists() or not any("replica 1 lost at" in ln for ln in job.err):
-            assert job.proc.poll() is None, "llmlaunch ended after losing one replica:\n" + job.tail()
-            assert time.monotonic() < deadline, "no replica-lost record or message:\n" + job.tail()
-            time.sleep(0.5)
+        until(lambda: lost.exists() and any("replica 1 lost at" in ln for ln in job.err), 60, "replica 1 reported lost")
+        assert any("serve.max_restarts=1 spent" in ln for ln in job.err), job.tail()
         for i in range(4):  # every later request goes to replica 0
             rec = generate(job.url, ep.model, Generation(f"After the loss {i}", max_tokens=4, ignore_eos=True))
             assert not rec.error and rec.output_tokens == 4, rec.error
@@ -983,6 +1113,34 @@ def test_slurm_replicas_2_nodes_2_one_endpoint(local_slurm, tmp_path):
             if ln.startswith("llmlaunch_frontend_requests_total{")
         ]
         assert served == [2, 2], text
+        # node2's replica killed mid-stream: its streams finish on node1's as if nothing happened, and its rank
+        # starts its server again in place, which llmlaunch-status lists
+        import threading
+
+        from tests.integration.test_slurm_launch import server_pid
+
+        gen = Generation("Once upon a time, in a kingdom by the sea,", max_tokens=400, ignore_eos=True, temperature=0.0)
+        want = generate(ep.url, ep.model, gen)
+        got: list = []
+        threads = [threading.Thread(target=lambda: got.append(generate(ep.url, ep.model, gen))) for _ in range(4)]
+        for t in threads:
+            t.start()
+        until(lambda: _frontend_counter(ep.metrics_url, "llmlaunch_frontend_in_flight", 1) >= 2, 60, "node2 busy")
+        time.sleep(1.0)
+        os.kill(server_pid(ep.job_id, 1), signal.SIGKILL)
+        for t in threads:
+            t.join(300)
+        assert [(r.error, r.text, r.output_tokens) for r in got] == [("", want.text, 400)] * 4
+        assert _frontend_counter(ep.metrics_url, "llmlaunch_frontend_migrated_total", 1) >= 1
+        until(
+            lambda: _frontend_counter(ep.metrics_url, "llmlaunch_frontend_replica_recoveries_total", 1) == 1,
+            120,
+            "node2's replica to serve again",
+        )
+        code, out = slurm_jobs.status(job.job_id)
+        assert (
+            "replica 1 restarted in place at" in out and "(restart 1 of 3)" in out and "serving again after" in out
+        ), out
     finally:
         code, msg = slurm_jobs.stop(job.job_id)
         assert code == 0, msg

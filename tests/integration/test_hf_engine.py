@@ -1124,6 +1124,69 @@ def test_seeded_sampling_is_repeatable(engine):
     assert a.token_ids != greedy.token_ids
 
 
+def continued(engine, prompt, p, upto):
+    """The request run whole, then again with its first `upto` settled tokens as continue_ids (a stream moved to
+    another server there): (whole, the continuation's outputs)."""
+    whole = engine.generate(prompt, p)
+    done, outs = collect(
+        engine, prompt, SamplingParams(**{**p.__dict__, "continue_ids": tuple(whole.token_ids[:upto])})
+    )
+    assert done.wait(60)
+    return whole, outs
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(max_tokens=40, ignore_eos=True),
+        dict(max_tokens=40, ignore_eos=True, temperature=1.0, top_p=0.9, seed=7),
+        dict(max_tokens=40, ignore_eos=True, repetition_penalty=1.3, presence_penalty=0.5),
+    ],
+    ids=["greedy", "seeded", "penalties"],
+)
+def test_a_continued_request_goes_on_as_if_it_had_not_moved(engine, params):
+    """continue_ids (the front end's migration): the tokens after them, their text and the counts are those of the
+    request run whole; a seeded request's draws skip the continued tokens', so it is reproduced too."""
+    for prompt in PROMPTS[:2]:
+        whole, outs = continued(engine, prompt, SamplingParams(**params), 15)
+        text, ids = joined(outs)
+        assert ids == whole.token_ids[15:], prompt
+        first = engine.generate(prompt, SamplingParams(**{**params, "max_tokens": 15}))
+        assert first.text + text == whole.text, prompt
+        assert [o.output_tokens for o in outs][-1] == 40 and outs[0].output_tokens == 16
+        assert {o.input_tokens for o in outs} == {whole.input_tokens}
+
+
+def test_ids_settle_only_with_the_text_that_completes_them(engine):
+    """Output.settled counts the tokens whose text is out: not those held back (a character's first bytes, a stop
+    string's start), so the ids sent up to it always match the text sent, and it reaches every token at the end."""
+    p = SamplingParams(max_tokens=60, ignore_eos=True, stop=("zzzz",))
+    held = 0
+    for prompt in PROMPTS:
+        done, outs = collect(engine, prompt, p)
+        assert done.wait(60)
+        text_so_far, ids_so_far = "", []
+        for o in outs:
+            text_so_far += o.text
+            ids_so_far += o.token_ids
+            held += o.settled < len(ids_so_far)
+            dec = engine._table.decoder(engine._encode(prompt))
+            assert "".join(dec.push(t) for t in ids_so_far[: o.settled]) + dec.flush() == text_so_far, prompt
+        assert outs[-1].settled == len(ids_so_far) == 60
+    assert held, "no output held text back: the check above saw only the easy case"
+
+
+def test_continue_ids_are_checked(engine):
+    with pytest.raises(InvalidRequest, match="nothing left to generate"):
+        engine.add_request("c1", "Hi", SamplingParams(max_tokens=2, continue_ids=(5, 6)), lambda o: None)
+    with pytest.raises(InvalidRequest, match=r"continue_ids must be in \[0, "):
+        engine.add_request("c2", "Hi", SamplingParams(max_tokens=8, continue_ids=(10**9,)), lambda o: None)
+    with pytest.raises(InvalidRequest, match="leave return_prompt_log_probs out"):
+        engine.add_request(
+            "c3", "Hi", SamplingParams(max_tokens=8, continue_ids=(5,), prompt_logprobs=0), lambda o: None
+        )
+
+
 def test_top_k_1_is_greedy(engine):
     greedy = engine.generate(PROMPTS[2], SamplingParams(max_tokens=16, ignore_eos=True))
     k1 = engine.generate(PROMPTS[2], SamplingParams(max_tokens=16, ignore_eos=True, temperature=1.5, top_k=1, seed=5))

@@ -210,6 +210,28 @@ def test_each_error_class_has_its_status_and_openais_shape(oa, chat_api, server,
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=10)
     assert e.value.code == 400 and json.loads(e.value.read())["error"]["code"] == "invalid_json"
+    # a body over serve.max_request_bytes (4 MiB) is refused before it is read whole: from its Content-Length, and
+    # a chunked one (no length) as its bytes pass the limit
+    import http.client
+    from urllib.parse import urlsplit
+
+    big = json.dumps({"model": MODEL, "prompt": "word " * (1 << 20), "max_tokens": 1}).encode()
+    req = urllib.request.Request(
+        chat_api.cfg.url + "/v1/completions", data=big, headers={"Content-Type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    err = json.loads(e.value.read())["error"]
+    assert e.value.code == 413 and err["code"] == "request_too_large" and "serve.max_request_bytes" in err["message"]
+    where = urlsplit(chat_api.cfg.url)
+    conn = http.client.HTTPConnection(where.hostname, where.port, timeout=30)
+    pieces = (big[i : i + 65536] for i in range(0, len(big), 65536))
+    conn.request(
+        "POST", "/v1/completions", body=pieces, headers={"Content-Type": "application/json"}, encode_chunked=True
+    )
+    resp = conn.getresponse()
+    assert resp.status == 413 and json.loads(resp.read())["error"]["code"] == "request_too_large"
+    conn.close()
     # a model without a chat template: chat is a clear 400, completions still serve
     plain = api(server.grpc_url, str(tiny_model_dir))
     try:

@@ -104,10 +104,12 @@ def test_parse_inputs_rejects(change, message):
 def test_parse_parameters_reads_the_contracts_request_parameters():
     """pb_utils gives a request's parameters as JSON text; gRPC sends booleans, the generate endpoint and
     `--request-param` may send text.  Keys that are not the contract's belong to someone else: left alone."""
-    assert triton_io.parse_parameters("") == {"final_counts_only": False}
-    assert triton_io.parse_parameters('{"final_counts_only": true, "triton_x": 1}') == {"final_counts_only": True}
-    assert triton_io.parse_parameters({"final_counts_only": "FALSE"}) == {"final_counts_only": False}
-    assert triton_io.parse_parameters({"final_counts_only": "1"}) == {"final_counts_only": True}
+    off = {"final_counts_only": False, "return_token_ids": False}
+    assert triton_io.parse_parameters("") == off
+    got = triton_io.parse_parameters('{"final_counts_only": true, "triton_x": 1, "return_token_ids": true}')
+    assert got == {"final_counts_only": True, "return_token_ids": True}
+    assert triton_io.parse_parameters({"final_counts_only": "FALSE"}) == off
+    assert triton_io.parse_parameters({"final_counts_only": "1"}) == {**off, "final_counts_only": True}
     with pytest.raises(triton_io.InvalidRequest, match="final_counts_only=2 must be true or false"):
         triton_io.parse_parameters({"final_counts_only": 2})
     with pytest.raises(triton_io.InvalidRequest, match="not a JSON object"):

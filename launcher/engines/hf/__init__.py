@@ -38,6 +38,7 @@ class HFEngine(Engine):
     worker_models = ("hf_model",)
     tp_any_divisor = True  # launcher/hf/tp.py shards heads, KV heads and MLP rows over any tp dividing them
     first_token_split = True
+    continues_requests = True
     kv_events = True  # launcher.hf.blocks records them, launcher.hf.engine publishes them
 
     def models(self, spec) -> List[RenderedModel]:
@@ -48,7 +49,9 @@ class HFEngine(Engine):
         params = {"engine_args_file": ARGS_FILE}
         if args.tokenizer_path or args.model_path:  # for clients: llmlaunch-bench counts prompts in the served tokens
             params["tokenizer_path"] = args.tokenizer_path or args.model_path
-        cfg = pbtxt.python_model(spec.model_name, args.max_num_seqs, params, instances=spec.engine.response_processes)
+        cfg = pbtxt.python_model(
+            spec.model_name, args.max_num_seqs, params, instances=spec.engine.response_processes, continues=True
+        )
         return [
             RenderedModel(spec.model_name, cfg, {"1/model.py": "hf/1/model.py"}, {f"1/{ARGS_FILE}": args.to_json()})
         ]

@@ -352,7 +352,13 @@ class TritonPythonModel(HFStreams):
                 self._next_id += 1
                 rid = str(self._next_id)
                 # register before the engine can produce output for it
-                stream = Stream(sender, req.stream, self._shard(), counts=not req.final_counts_only)
+                stream = Stream(
+                    sender,
+                    req.stream,
+                    self._shard(),
+                    counts=not req.final_counts_only,
+                    token_ids=req.return_token_ids,
+                )
                 self._streams[rid] = stream
                 stream.began, stream.queued = began, time.monotonic()
                 try:

@@ -53,9 +53,11 @@ class Stream:
         "counts",
         "lp",
         "prompt_lp",
+        "ids",
+        "ids_sent",
     )
 
-    def __init__(self, sender, stream: bool, shard: int, counts: bool = True):
+    def __init__(self, sender, stream: bool, shard: int, counts: bool = True, token_ids: bool = False):
         self.sender = sender  # pb_utils response sender
         self.stream = stream  # stream=true: a response per piece of text
         self.counts = counts  # counts on every streamed response (false: final_counts_only, text alone before the end)
@@ -72,6 +74,10 @@ class Stream:
         self.routed = False  # engine process: outputs of this stream reached the receive thread before (see _route)
         self.lp = None  # log probabilities of tokens not sent yet (LogProbRows), for a request that asked
         self.prompt_lp = None  # its prompt's, until its first response
+        # return_token_ids: the ids not sent yet (output_ids goes out with the response whose text settles them),
+        # and how many were sent
+        self.ids = [] if token_ids else None
+        self.ids_sent = 0
 
 
 class HFStreams:
@@ -169,10 +175,11 @@ class HFStreams:
         for out in outputs:
             prev = merged.get(out.request_id)
             if prev is None:
-                merged[out.request_id] = [out.text, out, out.times, out.logprobs, out.prompt_logprobs]
+                merged[out.request_id] = [out.text, out, out.times, out.logprobs, out.prompt_logprobs, out.token_ids]
             else:
                 prev[0] += out.text
                 prev[1] = out
+                prev[5] = prev[5] + out.token_ids
                 prev[2] = prev[2] or out.times  # the first output's stamps (engine process only)
                 prev[3] = logprob_io.merged(prev[3], out.logprobs)
                 prev[4] = prev[4] or out.prompt_logprobs
@@ -184,13 +191,15 @@ class HFStreams:
             st = self._streams.get(item[0])
             return 0 if st is not None and (st.last_sent is None or item[1][1].finish_reason is not None) else 1
 
-        for rid, (text, out, times, lp, prompt_lp) in sorted(merged.items(), key=urgency):
+        for rid, (text, out, times, lp, prompt_lp, ids) in sorted(merged.items(), key=urgency):
             try:
-                if lp is not None or prompt_lp is not None:
+                if lp is not None or prompt_lp is not None or ids:
                     st = self._streams.get(rid)
                     if st is not None:  # held with the text until a response carries them
                         st.lp = logprob_io.merged(st.lp, lp)
                         st.prompt_lp = st.prompt_lp or prompt_lp
+                        if st.ids is not None:
+                            st.ids.extend(ids)
                 self._respond(rid, text, out, times)
             except Exception as exc:  # never let one request stop the others
                 stub_log("error", f"request {rid}: sending a response failed: {exc!r}")
@@ -217,8 +226,9 @@ class HFStreams:
                 if st.parts:  # held-back pieces (stream_interval_ms) or the whole text (stream=false)
                     st.parts.append(text)
                     text = "".join(st.parts)
+                extra = self._log_probs(st) + self._output_ids(st, out.settled)
                 response = self._responder.build(
-                    text, st.input_tokens, out.output_tokens, out.finish_reason, extra=self._log_probs(st)
+                    text, st.input_tokens, out.output_tokens, out.finish_reason, extra=extra
                 )
                 self._send_text(st, response, final=True)
             if out.finish_reason == "cancelled" and st.cancelled:
@@ -236,8 +246,9 @@ class HFStreams:
                     text = "".join(st.parts)
                     st.parts.clear()
                 st.last_sent = now
+                extra = self._log_probs(st) + self._output_ids(st, out.settled)
                 response = self._responder.build(
-                    text, st.input_tokens, out.output_tokens, counts=st.counts, extra=self._log_probs(st)
+                    text, st.input_tokens, out.output_tokens, counts=st.counts, extra=extra
                 )
                 self._send_text(st, response)
         # Client cancellation: each check is a round trip to the server process, so it is rate-limited per request.
@@ -255,6 +266,16 @@ class HFStreams:
         tensors = logprob_io.tensors(st.lp, st.prompt_lp)
         st.lp = st.prompt_lp = None
         return tensors
+
+    def _output_ids(self, st, settled: int) -> list:
+        """The output_ids tensor of the ids `st` holds whose text is out with the response being built (the first
+        `settled` the engine generated for it: launcher.hf.outputs.Output), where it asked; else []."""
+        n = settled - st.ids_sent
+        if st.ids is None or n <= 0:
+            return []
+        ids, st.ids = st.ids[:n], st.ids[n:]
+        st.ids_sent += n
+        return [self._responder.output_ids(ids)]
 
     def _send_text(self, st, response, final=False):
         """Send a response of `st` that carries text; if it was a stream's first, count where its first token's time

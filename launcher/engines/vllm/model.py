@@ -161,7 +161,7 @@ def engine_times(metrics) -> Optional[tuple]:
 
 class VLLMAdapter(EngineAdapter):
     name = "vllm"
-    supported = frozenset(INPUT_NAMES)
+    supported = frozenset(INPUT_NAMES) - {"continue_ids"}  # not yet: its requests are refused (MUST_HONOUR)
 
     def __init__(self, params: dict, version_dir: str, log: Log, model_name: str = "vllm"):
         self.params = params

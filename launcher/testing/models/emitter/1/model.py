@@ -26,6 +26,8 @@ Request parameters (Triton request parameters, optional):
                same machine), to measure the response path's latency
   interval_us  pace the responses: one every interval_us microseconds
                (absolute schedule; sleeps, then spins the last 300 us); 0 = flat out
+  return_token_ids  true: every intermediate response carries an output_ids tensor too (one id), as the hf model's
+               do for the front end that moves streams (launcher/frontend/migration.py)
 """
 
 import json
@@ -76,6 +78,7 @@ class TritonPythonModel:
             kw = {"max_texts": int(params["max_texts"])} if params.get("max_texts") else {}
             self.responder = Responder(batched=True, cache=kind == "cached", **kw)
         self.empty = pb_utils.Tensor("finish_reason", np.array([[b""]], dtype=np.object_))
+        self.one_id = pb_utils.Tensor("output_ids", np.array([[7]], dtype=np.int32))
 
     def execute(self, requests):
         for request in requests:
@@ -91,6 +94,7 @@ class TritonPythonModel:
             params = json.loads(request.parameters() or "{}")
             stamp = bool(params.get("stamp", False))
             interval = float(params.get("interval_us", 0)) / 1e6
+            ids = [self.one_id] if params.get("return_token_ids") in (True, "true") else []
             n_in = pb_utils.Tensor("input_tokens", np.array([[len(prompt.split())]], dtype=np.int32))
             clock = time.monotonic
             t_next = clock()
@@ -104,7 +108,7 @@ class TritonPythonModel:
                     _wait_until(t_next)
                 if self.responder is not None:
                     text = " x" if self.pieces == 1 else f" t{i % self.pieces}"
-                    sender.send(self.responder.build(text, n_in, i))
+                    sender.send(self.responder.build(text, n_in, i, extra=ids))
                     continue
                 piece = self.piece
                 if self.pieces > 1:
@@ -116,7 +120,7 @@ class TritonPythonModel:
                 tensors = [piece]
                 if self.full:
                     tensors += [n_in, pb_utils.Tensor("output_tokens", np.array([[i]], dtype=np.int32)), self.empty]
-                sender.send(pb_utils.InferenceResponse(output_tensors=tensors))
+                sender.send(pb_utils.InferenceResponse(output_tensors=tensors + ids))
             else:
                 if interval:
                     t_next += interval
