@@ -120,9 +120,9 @@ def chaos_pass(served, ep, texts, args, undisturbed_s: float) -> dict:
         time.sleep(per_request_s / 2)
         recoveries = counter(url, "llmlaunch_frontend_replica_recoveries_total", 1)
         os.kill(server_pid(ep.job_id, 1), signal.SIGKILL)
-        killed = time.perf_counter()
+        killed, during = time.perf_counter(), load.is_alive()
         up = wait_up(url, recoveries, args.ready_timeout)
-        kills.append({"at": killed, "out_s": up - killed, "during_load": load.is_alive()})
+        kills.append({"at": killed, "out_s": up - killed, "during_load": during})
         print(f"  kill {k + 1}: replica 1 out of routing for {up - killed:.1f} s", file=sys.stderr, flush=True)
     load.join()
     out["kills"] = kills

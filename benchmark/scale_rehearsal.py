@@ -21,8 +21,9 @@ What it measures, and where from:
   launch that takes it below --min-free-gib is cancelled (`scancel --name`) before the machine runs out.
 - routing (at --route-nodes): as many concurrent streams as replicas x --route-per-replica through rank 0's
   front end, then `llmlaunch_frontend_requests_total` per replica from its metrics.
-- kills (at --kill-nodes): SIGKILL one tritonserver of a replica on the last node while the job serves (the
-  replica is lost, the job serves on: seconds to its replica_lost record, and whether it names rank and node);
+- kills (at --kill-nodes): SIGKILL one tritonserver of a replica on the last node while the job serves (with
+  serve.max_restarts=0 the replica is lost, the job serves on: seconds to its replica_lost record, and whether it
+  names rank and node);
   then, in a job of its own, SIGKILL the process of the last rank on the node before (seconds until the job has left the queue, and whether
   `llmlaunch-logs` names that rank and node as the root cause); with --kill-while-starting, also a tritonserver
   killed before the job serves (fail fast: seconds until the job has failed, and what names the rank).
@@ -94,6 +95,8 @@ def launch_overrides(nodes: int, tasks: int, jobs_dir: Path, extra=()) -> List[s
         f"job_name={JOB_NAME}",
         "serve.ready_timeout_s=900",
         "cluster.time=00:40:00",
+        # a killed server's replica is lost, not restarted in place: the rule the kills below rehearse at scale
+        "serve.max_restarts=0",
         *extra,
     ]
 

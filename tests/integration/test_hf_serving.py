@@ -590,7 +590,7 @@ def test_bench_final_counts_only_measures_the_same_tokens(server, tmp_path):
     from launcher.bench.cli import main
     from launcher.client.control import honoured_parameters
 
-    assert honoured_parameters(server.grpc_url, MODEL) == frozenset({"final_counts_only"})
+    assert honoured_parameters(server.grpc_url, MODEL) == frozenset({"final_counts_only", "return_token_ids"})
     docs = []
     flags = (
         (),

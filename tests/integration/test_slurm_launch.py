@@ -301,13 +301,14 @@ def metric(url, name, replica):
 
 def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_path):
     """replicas=2 over two nodes, 16 long streams through the front end, replica 1's tritonserver killed
-    mid-run: its requests fail naming it, replica 0's complete, later requests all succeed, the job
-    stays RUNNING with the loss recorded and shown; then it stops clean."""
+    mid-run, with moving streams and restarting servers off (serve.max_migrations=0, serve.max_restarts=0: the rule
+    underneath them; test_frontend.py has them on): its requests fail naming it, replica 0's complete, later
+    requests all succeed, the job stays RUNNING with the loss recorded and shown; then it stops clean."""
     from launcher.client.request import Generation, build_request
     from launcher.client.stream import TritonStream
     from launcher.schedulers import slurm_jobs
 
-    spec, job_id, run, ep = launch(tmp_path, "replicas=2", "nodes=2")
+    spec, job_id, run, ep = launch(tmp_path, "replicas=2", "nodes=2", "serve.max_migrations=0", "serve.max_restarts=0")
     try:
         rep1 = next(r for r in ep.replicas if r.replica == 1)
         long_tokens = 600
@@ -405,11 +406,12 @@ def test_prefix_routing_over_two_nodes_keeps_a_conversation_on_one_replica(
 
 
 def test_rank0_keeps_the_front_end_after_its_replica_and_the_job_fails_with_the_last(local_slurm, tmp_path):
-    """replicas=2: rank 0's own tritonserver killed -> its front end serves on with replica 1; then replica
-    1 killed -> no replica is left, and the job fails naming the rank that lost the last one."""
+    """replicas=2, restarting servers off (serve.max_restarts=0): rank 0's own tritonserver killed -> its front end
+    serves on with replica 1; then replica 1 killed -> no replica is left, and the job fails naming the rank that
+    lost the last one."""
     from launcher.schedulers import slurm_jobs
 
-    spec, job_id, run, ep = launch(tmp_path, "replicas=2", "nodes=2")
+    spec, job_id, run, ep = launch(tmp_path, "replicas=2", "nodes=2", "serve.max_restarts=0")
     try:
         os.kill(server_pid(job_id, 0), signal.SIGKILL)
         deadline = time.monotonic() + 60
