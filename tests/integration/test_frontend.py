@@ -26,6 +26,7 @@ from launcher.handoff.endpoint import EndpointRecord
 from launcher.ports import free_port
 from launcher.rundir import RunDir
 from launcher.testing.serve import make_repository, wait_ready
+from tests.integration.test_slurm_launch import metric, server_pid
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(600)]
 
@@ -982,11 +983,6 @@ def _openai_completion(url: str, model: str, prompt: str, max_tokens: int, strea
         return out
 
 
-def _frontend_counter(url: str, name: str, replica: int) -> float:
-    text = urllib.request.urlopen(url, timeout=10).read().decode()
-    return next(float(ln.split()[-1]) for ln in text.splitlines() if ln.startswith(f'{name}{{replica="{replica}"'))
-
-
 def _kill_mid_stream(job: LocalLaunch, ep, prompt: str, n: int, want) -> None:
     """Eight greedy requests of `prompt` (four KServe gRPC streams, two OpenAI API streams, two OpenAI API answers
     whole), four on each replica; once replica 1 has streamed a while its tritonserver is SIGKILLed.  Each must end
@@ -995,7 +991,6 @@ def _kill_mid_stream(job: LocalLaunch, ep, prompt: str, n: int, want) -> None:
 
     from launcher.client.request import Generation
     from launcher.client.stream import generate
-    from tests.integration.test_slurm_launch import server_pid
 
     gen = Generation(prompt, max_tokens=n, ignore_eos=True, temperature=0.0)
     results: dict = {}
@@ -1014,7 +1009,7 @@ def _kill_mid_stream(job: LocalLaunch, ep, prompt: str, n: int, want) -> None:
     threads = [threading.Thread(target=run, args=item, daemon=True) for item in calls.items()]
     for t in threads:
         t.start()
-    until(lambda: _frontend_counter(ep.metrics_url, "llmlaunch_frontend_in_flight", 1) >= 4, 60, "replica 1 busy")
+    until(lambda: metric(ep.metrics_url, "llmlaunch_frontend_in_flight", 1) >= 4, 60, "replica 1 busy")
     time.sleep(1.0)  # it streams a while
     os.kill(server_pid(ep.job_id, 1), signal.SIGKILL)
     for t in threads:
@@ -1051,18 +1046,16 @@ def test_a_replica_killed_mid_stream_costs_no_request_restarts_in_place_and_is_l
         url = ep.metrics_url
 
         _kill_mid_stream(job, ep, prompt, n, want)
-        assert _frontend_counter(url, "llmlaunch_frontend_migrated_total", 1) >= 1, "no stream moved"
+        assert metric(url, "llmlaunch_frontend_migrated_total", 1) >= 1, "no stream moved"
         # restarted in place, on the same port: the front end's probe finds it ready and routes to it again
-        until(
-            lambda: _frontend_counter(url, "llmlaunch_frontend_replica_recoveries_total", 1) == 1, 120, "replica 1 up"
-        )
+        until(lambda: metric(url, "llmlaunch_frontend_replica_recoveries_total", 1) == 1, 120, "replica 1 up")
         restart = json.loads((job.run / "replica_restart1_1.json").read_text())
         assert restart["ready_s"] is not None and "SIGKILL" in restart["reason"], restart
         assert any("replica 1 serves again: restart 1 READY in" in ln for ln in job.err), job.tail()
 
-        moved = _frontend_counter(url, "llmlaunch_frontend_migrated_total", 1)
+        moved = metric(url, "llmlaunch_frontend_migrated_total", 1)
         _kill_mid_stream(job, ep, prompt, n, want)  # replica 1 serves again: four of the eight run there
-        assert _frontend_counter(url, "llmlaunch_frontend_migrated_total", 1) > moved
+        assert metric(url, "llmlaunch_frontend_migrated_total", 1) > moved
         lost = job.run / "replica_lost1.json"
         until(lambda: lost.exists() and any("replica 1 lost at" in ln for ln in job.err), 60, "replica 1 reported lost")
         assert any("serve.max_restarts=1 spent" in ln for ln in job.err), job.tail()
@@ -1117,23 +1110,21 @@ def test_slurm_replicas_2_nodes_2_one_endpoint(local_slurm, tmp_path):
         # starts its server again in place, which llmlaunch-status lists
         import threading
 
-        from tests.integration.test_slurm_launch import server_pid
-
         gen = Generation("Once upon a time, in a kingdom by the sea,", max_tokens=400, ignore_eos=True, temperature=0.0)
         want = generate(ep.url, ep.model, gen)
         got: list = []
         threads = [threading.Thread(target=lambda: got.append(generate(ep.url, ep.model, gen))) for _ in range(4)]
         for t in threads:
             t.start()
-        until(lambda: _frontend_counter(ep.metrics_url, "llmlaunch_frontend_in_flight", 1) >= 2, 60, "node2 busy")
+        until(lambda: metric(ep.metrics_url, "llmlaunch_frontend_in_flight", 1) >= 2, 60, "node2 busy")
         time.sleep(1.0)
         os.kill(server_pid(ep.job_id, 1), signal.SIGKILL)
         for t in threads:
             t.join(300)
         assert [(r.error, r.text, r.output_tokens) for r in got] == [("", want.text, 400)] * 4
-        assert _frontend_counter(ep.metrics_url, "llmlaunch_frontend_migrated_total", 1) >= 1
+        assert metric(ep.metrics_url, "llmlaunch_frontend_migrated_total", 1) >= 1
         until(
-            lambda: _frontend_counter(ep.metrics_url, "llmlaunch_frontend_replica_recoveries_total", 1) == 1,
+            lambda: metric(ep.metrics_url, "llmlaunch_frontend_replica_recoveries_total", 1) == 1,
             120,
             "node2's replica to serve again",
         )
