@@ -211,6 +211,12 @@ class ServeConfig:
     stall_timeout_s: float = arg(
         Float("seconds without a response", 0.0, zero="never: only a replica that dies is failed"), 60.0
     )  # with replicas > 1, a replica that sends no response to any of its running requests for this long (a hung engine, whose server still answers the health probe) is failed like a dead one: its streams move to another replica, and it stays out of routing for as long again
+    breaker_errors: int = arg(
+        Int("server errors in a row", min=0, zero="never: a replica is taken out only when it dies or stalls"), 5
+    )  # with replicas > 1, a replica whose requests fail with the server's own errors this many times in a row (an engine that fails what it takes; a bad request, an overload or a cancellation never counts) is taken out of routing for serve.breaker_cooldown_s, then probed and taken back on trial: its next server error takes it out again, a request that succeeds closes the breaker
+    breaker_cooldown_s: float = arg(
+        Float("seconds out of routing", 0.0, lo_open=True, fix="give seconds, e.g. {key}=30"), 30.0
+    )  # how long the circuit breaker keeps a replica out of routing (doubled each time in a row, up to 8x)
     max_request_bytes: int = arg(
         Int("bytes of one request body", min=1024), 4 << 20
     )  # the OpenAI API answers a larger request body with 413 before reading it whole (4 MiB: about a million tokens of English text)

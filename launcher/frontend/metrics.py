@@ -34,6 +34,13 @@ _METRICS = (
         "the tokens their clients had)",
     ),
     (
+        "trips",
+        "llmlaunch_frontend_circuit_breaker_trips_total",
+        "counter",
+        "times the replica was taken out of routing because its requests failed with server errors in a row "
+        "(serve.breaker_errors)",
+    ),
+    (
         "prompt_blocks",
         "llmlaunch_frontend_prompt_blocks_total",
         "counter",

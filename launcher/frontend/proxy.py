@@ -15,6 +15,7 @@ import grpc
 from grpc import aio
 from tritonclient.grpc import service_pb2
 
+from launcher.error_kinds import SERVER, UNAVAILABLE, error_kind
 from launcher.frontend.replica import FORWARDED, Replica
 from launcher.frontend.routing import Routing, make_routing, routing_keys
 from launcher.frontend.session import ClientGone, Session
@@ -32,10 +33,13 @@ class Frontend:
         routing: Union[str, Routing] = "least_outstanding",
         max_migrations: int = 0,
         stall_timeout_s: float = 0.0,
+        breaker_errors: int = 0,
+        breaker_cooldown_s: float = 30.0,
     ):
         """routing: a policy's name, or the policy (launcher/frontend/routing.py); max_migrations: times a request
         of `model_name` may move to another replica mid-stream (0: never; launcher/frontend/migration.py);
-        stall_timeout_s: a replica that answers nothing for this long while it has requests is failed (0: never)."""
+        stall_timeout_s: a replica that answers nothing for this long while it has requests is failed (0: never);
+        breaker_errors, breaker_cooldown_s: the circuit breaker (server_error; 0 errors: never)."""
         if not replicas:
             raise ValueError("the front end needs at least one replica")
         self.replicas = [Replica(i, h, p) for i, (h, p) in enumerate(replicas)]
@@ -44,6 +48,8 @@ class Frontend:
         self.probe_interval_s = probe_interval_s
         self.max_migrations = max_migrations
         self.stall_timeout_s = stall_timeout_s
+        self.breaker_errors = breaker_errors
+        self.breaker_cooldown_s = breaker_cooldown_s
         self.streams_active = 0
         self.rejected = 0  # requests refused because no replica was up
         self.draining = ""  # once set (the drain notice, launcher/procs/drain.py): why new requests are refused
@@ -56,12 +62,13 @@ class Frontend:
         none is up.  prompt, session: the request's text and session id, read by policies that route by them."""
         return self.routing.pick(self.replicas, exclude, prompt, session)
 
-    def pick_for(self, request) -> Optional[Replica]:
-        """The replica for a ModelInferRequest: its prompt and session are read only by a policy that routes by them
-        (`request` may be None where the policy does not: the request need not be parsed then)."""
+    def pick_for(self, request, exclude: Sequence[Replica] = ()) -> Optional[Replica]:
+        """The replica for a ModelInferRequest, not one of `exclude`: its prompt and session are read only by a
+        policy that routes by them (`request` may be None where the policy does not: the request need not be parsed
+        then)."""
         if request is not None and self.routing.needs_prompt:
-            return self.pick((), *routing_keys(request))
-        return self.pick()
+            return self.pick(exclude, *routing_keys(request))
+        return self.pick(exclude)
 
     def no_replica_message(self, tried: Sequence[Replica] = ()) -> str:
         down = "; ".join(
@@ -113,6 +120,31 @@ class Frontend:
                 r.held_until = now + self.stall_timeout_s
                 for link in list(r.links):
                     link.stall(why)
+
+    def server_error(self, rep: Replica, message: str, grpc_code: str = "") -> bool:
+        """A request on `rep` ended in an error; True where it is the server's own (launcher/error_kinds.py: a bad
+        request, an overload, a cancellation are not).  The circuit breaker counts those in a row (a request that
+        succeeds resets the count, Replica.succeeded).  At breaker_errors of them the replica is taken out of routing for
+        breaker_cooldown_s (doubled each time in a row, up to 8x); then the health probe must find it ready before
+        it returns, on trial: one more server error takes it out again at once."""
+        if error_kind(message, grpc_code) not in (SERVER, UNAVAILABLE):
+            return False
+        if not rep.up:  # out of routing already: requests sent before it went out say nothing new
+            return True
+        rep.failing += 1
+        if not self.breaker_errors or (rep.failing < self.breaker_errors and not rep.on_trial):
+            return True
+        rep.tripped += 1
+        rep.trips += 1
+        cooldown = self.breaker_cooldown_s * min(2 ** (rep.tripped - 1), 8)
+        why = (
+            f"circuit breaker: {'a request on trial' if rep.on_trial else f'{rep.failing} requests in a row'} failed "
+            f"with server errors (the last: {message[:200]}); out of routing for {cooldown:g}s, then probed"
+        )
+        rep.failing, rep.on_trial = 0, False
+        rep.held_until = time.monotonic() + cooldown
+        rep.mark_down(why)
+        return True
 
     async def _stall_loop(self) -> None:
         """check_stalls a few times a stall timeout: on its own, as a probe of a hung replica waits out its deadline."""
@@ -210,12 +242,15 @@ class Frontend:
         try:
             out = await call
             rep.responses += 1
+            if rep.failing or rep.on_trial:
+                rep.succeeded()
             return out
         except asyncio.CancelledError:  # the client cancelled: so does the replica
             call.cancel()
             raise
         except aio.AioRpcError as e:
             rep.errors += 1
+            self.server_error(rep, e.details() or "", e.code().name)
             if await self._replica_failed(rep, e):
                 await context.abort(grpc.StatusCode.UNAVAILABLE, f"{rep.label} failed: {_details(e)}")
             await context.abort(e.code(), e.details() or "")
@@ -253,6 +288,7 @@ class Frontend:
                     "recoveries": r.recoveries,
                     "retried": r.retried,
                     "migrated": r.migrated,
+                    "trips": r.trips,
                     "prompt_blocks": r.prompt_blocks,
                     "predicted_blocks": r.predicted_blocks,
                 }

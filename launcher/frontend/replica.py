@@ -41,6 +41,13 @@ class Replica:
         self.last_response = 0.0  # when this process last had a response from it (Frontend.check_stalls)
         self.held_until = 0.0  # a stalled replica stays out of routing until then, whatever its health probe says
         self.links: set = set()  # this process's open backend streams to it (launcher/frontend/session.py: _Link)
+        # The circuit breaker (Frontend.server_error): requests in a row that failed with the server's own errors,
+        # times in a row it was taken out for them (its cool-down doubles each time), whether it is back on trial
+        # (one more such error takes it out again; a request that succeeds closes the breaker), times taken out.
+        self.failing = 0
+        self.tripped = 0
+        self.on_trial = False
+        self.trips = 0
         self.retried = 0  # requests moved to another replica because this one failed before answering them
         self.migrated = 0  # requests moved to another replica mid-stream because this one failed generating them
         self.prompt_blocks = 0  # prompt blocks of the requests prefix routing sent here (launcher/frontend/routing.py)
@@ -99,9 +106,16 @@ class Replica:
 
     def mark_up(self) -> None:
         if not self.up and time.monotonic() >= self.held_until:
-            log(f"{self.label} UP again")
+            log(f"{self.label} UP again" + (" (on trial: its circuit breaker is half open)" if self.tripped else ""))
             self.up, self.reason = True, ""
             self.recoveries += 1
+            self.on_trial = self.tripped > 0
+
+    def succeeded(self) -> None:
+        """A request of it ended without an error while its breaker counted errors or it was on trial: closed."""
+        if self.on_trial:
+            log(f"{self.label}: a request succeeded on trial; its circuit breaker is closed")
+        self.failing, self.tripped, self.on_trial = 0, 0, False
 
     async def alive(self, timeout: float = 2.0) -> bool:
         try:

@@ -50,6 +50,12 @@ class FrontendConfig(JsonConfig):
     # a replica that answers none of its running requests for this long (a hung engine) is failed like a dead one:
     # its streams move (or end naming the stall), it stays out of routing for as long again; 0: never
     stall_timeout_s: float = 0.0
+    # the circuit breaker: a replica whose requests fail with the server's own errors this many times in a row (a
+    # bad request never counts: launcher/error_kinds.py) is taken out of routing for breaker_cooldown_s (doubled each
+    # time in a row, up to 8x), then probed and taken back on trial; 0: never
+    breaker_errors: int = 0
+    # how long the circuit breaker keeps such a replica out of routing the first time in a row
+    breaker_cooldown_s: float = 30.0
 
     def __post_init__(self):
         self.replicas = [tuple(r) for r in self.replicas]
@@ -92,7 +98,16 @@ def _server_options(reuse_port: bool) -> list:
 async def _serve(cfg: FrontendConfig, reuse_port: bool, publish=None, on_bound=None, setup=None) -> None:
     """Run one front-end process until SIGTERM/SIGINT; `publish(snapshot)` is called periodically."""
     routing = make_routing(cfg.routing, cfg.kv_events, cfg.tokenizer)
-    fe = Frontend(cfg.replicas, cfg.model_name, cfg.probe_interval_s, routing, cfg.max_migrations, cfg.stall_timeout_s)
+    fe = Frontend(
+        cfg.replicas,
+        cfg.model_name,
+        cfg.probe_interval_s,
+        routing,
+        cfg.max_migrations,
+        cfg.stall_timeout_s,
+        cfg.breaker_errors,
+        cfg.breaker_cooldown_s,
+    )
     if setup is not None:
         setup(fe)
     await fe.start()

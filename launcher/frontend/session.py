@@ -44,9 +44,11 @@ class Routes(Protocol):
     max_migrations: int  # times one running request may move to another replica (0: never)
     model_name: str  # the served model: the one whose requests can move (its engine continues them)
 
-    def pick_for(self, request) -> Optional[Replica]: ...
+    def pick_for(self, request, exclude: Sequence[Replica] = ()) -> Optional[Replica]: ...
 
     def no_replica_message(self, tried: Sequence[Replica] = ()) -> str: ...
+
+    def server_error(self, rep: Replica, message: str, grpc_code: str = "") -> bool: ...
 
 
 _OUTBOX_HIGH, _OUTBOX_LOW = 256, 64  # responses queued for one client stream: pumps wait above HIGH until LOW
@@ -141,7 +143,7 @@ class _Link:
 
     async def _pump(self) -> None:
         """Pass the replica's responses back to the client, as they come."""
-        rep, pending, send, read = self.rep, self.pending, self.session.send, self.call.read
+        rep, pending, send, read, fe = self.rep, self.pending, self.session.send, self.call.read, self.session.fe
         parse = service_pb2.ModelStreamInferResponse.FromString
         eof = aio.EOF
         failure = ""
@@ -174,8 +176,18 @@ class _Link:
                     rep.track(-1)
                     if m.error_message:
                         rep.errors += 1
-                    elif not p.wants_empty_final and not ir.outputs:
-                        continue  # the empty final response the front end asked for on its own behalf
+                        # the model's error (tritonserver's own are the request's fault): one the server failed and
+                        # the client saw nothing of goes to another replica whole, once
+                        if flag is not None and fe.server_error(rep, m.error_message) and not p.started:
+                            if not p.retried:
+                                rep.retried += 1
+                                await self.session.dispatch(p.raw, retried=True, avoid=rep)
+                                continue
+                    else:
+                        if rep.failing or rep.on_trial:
+                            rep.succeeded()
+                        if not p.wants_empty_final and not ir.outputs:
+                            continue  # the empty final response the front end asked for on its own behalf
                 p.started = True
                 if p.renamed:
                     raw += _response_id_patch(p.client_id)
@@ -315,10 +327,15 @@ class Session:
         await self.writer
 
     async def dispatch(
-        self, raw: bytes, retried: bool = False, moved: Optional[_Pending] = None, failure: str = ""
+        self,
+        raw: bytes,
+        retried: bool = False,
+        moved: Optional[_Pending] = None,
+        failure: str = "",
+        avoid: Optional[Replica] = None,
     ) -> None:
         """Send a request to a replica: a client's, one sent again whole (`retried`), or one `moved` mid-stream
-        (its replica failed with `failure`; `raw` is its continued request)."""
+        (its replica failed with `failure`; `raw` is its continued request); not to `avoid` where another is up."""
         req = service_pb2.ModelInferRequest.FromString(raw)
         client_id = req.id
         flag = req.parameters.get(_EMPTY_FINAL)
@@ -327,7 +344,9 @@ class Session:
             self.fe.rejected += 1
             await self.send(_error_response(self.fe.draining, client_id, req.model_name, req.model_version))
             return
-        rep = self.fe.pick_for(req)
+        rep = self.fe.pick_for(req, (avoid,) if avoid is not None else ())
+        if rep is None and avoid is not None and avoid.up:
+            rep = avoid  # the only one up
         if rep is None:
             self.fe.rejected += 1
             text = self.fe.no_replica_message()

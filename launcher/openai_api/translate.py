@@ -15,6 +15,7 @@ from typing import Callable, Optional
 
 from launcher.client.request import Generation
 from launcher.contract import MAX_TOP_LOG_PROBS
+from launcher.error_kinds import OVERLOAD, REQUEST, UNAVAILABLE, error_kind
 from launcher.openai_api.errors import ApiError, bad
 from launcher.openai_api.structured import guide_of
 
@@ -336,32 +337,15 @@ def models_body(served: str, created: int) -> dict:
 
 
 # ----------------------------------------------------------------------------- engine errors
-# Words of the contract models' request checks (launcher/engines/*/model.py, launcher/python_backend/triton_io.py): an
-# error carrying one is the request's fault, not the engine's.
-_REQUEST_FAULTS = (
-    "must be",
-    "exceeds the model",
-    "is empty",
-    "is not supported",
-    "missing required input",
-    "unexpected inference input",
-    "too long",
-    "guided_decoding_guide",  # a guide the engine cannot compile (launcher/python_backend/triton_io.py: check_guide)
-)
-# Triton's words when a model's queue is full or the server will not take more work.
-_OVERLOAD = ("exceeds maximum queue size", "queue is full", "resource_exhausted", "too many requests")
-
-
 def engine_error(message: str, grpc_code: str = "") -> ApiError:
-    """An error from the gRPC side as the API answers it: the request's fault 400, overload 429, the backend not
-    reachable or not ready 503, anything else 500."""
-    low = message.lower()
-    if grpc_code in ("RESOURCE_EXHAUSTED",) or any(w in low for w in _OVERLOAD):
+    """An error from the gRPC side as the API answers it (launcher/error_kinds.py): the request's fault 400, overload
+    429, the backend not reachable or not ready 503, anything else 500."""
+    kind = error_kind(message, grpc_code)
+    if kind == OVERLOAD:
         return ApiError(429, f"the server is overloaded, retry later: {message}", code="overloaded")
-    # "no replica is up": the replicas front end (launcher/frontend/proxy.py) with every replica down
-    if grpc_code in ("UNAVAILABLE", "DEADLINE_EXCEEDED") or "not ready" in low or "no replica is up" in low:
+    if kind == UNAVAILABLE:
         return ApiError(503, f"the model server is not reachable or not ready: {message}", code="unavailable")
-    if grpc_code in ("INVALID_ARGUMENT",) or any(w in low for w in _REQUEST_FAULTS):
+    if kind == REQUEST:
         return ApiError(400, message, code="invalid_value")
     return ApiError(500, f"the engine failed this request: {message}", code="engine_error")
 

@@ -56,6 +56,31 @@ def wait_leaders_ready(run_dir, ranks, token: str, deadline_s: float, alive=lamb
         time.sleep(0.2)
 
 
+def frontend_config(spec, leaders: List[dict], bound: Dict[int, dict], ports: Dict[str, int], processes: int):
+    """The front end's configuration: the replica leaders' `bound` ports, rank 0's public `ports`, the serve
+    settings."""
+    return FrontendConfig(
+        [(i["addr"], bound[i["rank"]]["grpc_port"]) for i in leaders],
+        host=spec.host,
+        port=int(ports["grpc_port"]),
+        metrics_port=int(ports["metrics_port"]),
+        model_name=spec.model_name,
+        processes=processes,
+        drain_timeout_s=float(spec.serve.drain_timeout_s),
+        routing=str(spec.serve.routing),
+        replica_metrics=[metrics_url(i["addr"], bound[i["rank"]].get("metrics_port")) for i in leaders],
+        # one a replica, in the replicas' order ("": its engine publishes none)
+        kv_events=[connect_to(i.get("kv_events", ""), i["addr"]) for i in leaders]
+        if spec.serve.routing == "kv"
+        else [],
+        tokenizer=str(spec.model.tokenizer or spec.model.path or "") if spec.serve.routing == "kv" else "",
+        max_migrations=int(spec.serve.max_migrations) if ENGINES[spec.engine.name].continues_requests else 0,
+        stall_timeout_s=float(spec.serve.stall_timeout_s),
+        breaker_errors=int(spec.serve.breaker_errors),
+        breaker_cooldown_s=float(spec.serve.breaker_cooldown_s),
+    )
+
+
 def start_for_rank0(
     spec,
     run_dir,
@@ -92,24 +117,7 @@ def start_for_rank0(
         f"all {len(leaders)} replica leaders ready ({waited:.1f}s); starting the front end, {processes} process(es) "
         f"(replicas x engine.response_processes, at most half this rank's CPUs)"
     )
-    cfg = FrontendConfig(
-        [(i["addr"], bound[i["rank"]]["grpc_port"]) for i in leaders],
-        host=spec.host,
-        port=int(ports["grpc_port"]),
-        metrics_port=int(ports["metrics_port"]),
-        model_name=spec.model_name,
-        processes=processes,
-        drain_timeout_s=float(spec.serve.drain_timeout_s),
-        routing=str(spec.serve.routing),
-        replica_metrics=[metrics_url(i["addr"], bound[i["rank"]].get("metrics_port")) for i in leaders],
-        # one a replica, in the replicas' order ("": its engine publishes none)
-        kv_events=[connect_to(i.get("kv_events", ""), i["addr"]) for i in leaders]
-        if spec.serve.routing == "kv"
-        else [],
-        tokenizer=str(spec.model.tokenizer or spec.model.path or "") if spec.serve.routing == "kv" else "",
-        max_migrations=int(spec.serve.max_migrations) if ENGINES[spec.engine.name].continues_requests else 0,
-        stall_timeout_s=float(spec.serve.stall_timeout_s),
-    )
+    cfg = frontend_config(spec, leaders, bound, ports, processes)
     env = dict(os.environ)
     root = str(PACKAGE_ROOT)  # `python -m launcher.frontend` from this checkout
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -113,7 +113,7 @@ class Backend:
 class Front:
     """`python -m launcher.frontend` in front of the backends (what rank 0 runs)."""
 
-    def __init__(self, backends, processes: int = 1, probe_interval: float = 0.5, stall_timeout_s: float = 0.0):
+    def __init__(self, backends, processes: int = 1, probe_interval: float = 0.5, **options):
         from launcher.frontend import FrontendConfig, FrontendProcess
 
         self.backends = list(backends)
@@ -127,7 +127,7 @@ class Front:
             processes,
             probe_interval,
             drain_timeout_s=5,
-            stall_timeout_s=stall_timeout_s,
+            **options,
         )
         self.proc = FrontendProcess(cfg, env=_env())
         self.url = f"127.0.0.1:{self.port}"
@@ -526,6 +526,59 @@ def test_a_replica_that_stops_answering_is_failed_kept_out_and_taken_back(backen
         assert all(r.output_tokens == 400 for r in recs if r.request_id not in on)
         until(lambda: fe.metrics()[("llmlaunch_frontend_replica_up", 1)] == 1, 30, "replica 1 to be taken back")
         assert fe.metrics()[("llmlaunch_frontend_replica_recoveries_total", 1)] == 1
+
+
+def test_a_replica_failing_its_requests_is_taken_out_by_the_circuit_breaker_and_bad_requests_never_trip_it(backends):
+    """A replica whose engine fails every request while its server answers the health probe (frontend_marker with
+    BROKEN in its marker folder): each failed request the client saw nothing of goes to the other replica whole, so
+    no client gets an error; at breaker_errors server errors in a row it leaves routing for the cool-down, comes back
+    on trial, is taken out again at its next failure (cool-down doubled), and closes its breaker once a request
+    succeeds there.  Bad requests, however many, never take a replica out."""
+    broken = backends[1].markers / "BROKEN"
+
+    def run(n: int, max_tokens: int = 3):
+        stream, recs = submit_all(
+            fe.url,
+            "frontend_marker",
+            [f"b{time.monotonic_ns()}_{i}" for i in range(n)],
+            max_tokens,
+            {"inter_token_delay_ms": 5},
+        )
+        for r in recs:
+            stream.wait(r, timeout=60)
+        stream.close()
+        return recs
+
+    def metric(name: str, replica: int) -> float:
+        return fe.metrics()[(f"llmlaunch_frontend_{name}", replica)]
+
+    try:
+        with Front(backends, probe_interval=0.2, breaker_errors=3, breaker_cooldown_s=1.0) as fe:
+            bad = run(12, max_tokens=0)
+            assert all(r.error == "max_tokens must be >= 1" for r in bad), [r.error for r in bad]
+            assert metric("errors_total", 0) + metric("errors_total", 1) == 12
+            assert metric("replica_up", 1) == 1 and metric("circuit_breaker_trips_total", 1) == 0
+
+            broken.touch()
+            recs = run(12)
+            assert [r.error for r in recs if r.error] == [] and all(r.text.startswith(" r0") for r in recs)
+            assert metric("circuit_breaker_trips_total", 1) == 1 and metric("replica_up", 1) == 0
+            assert metric("retried_total", 1) >= 3 and metric("circuit_breaker_trips_total", 0) == 0
+
+            # back after its cool-down (1 s), on trial: its next failure takes it out again, for 2 s
+            until(lambda: metric("replica_up", 1) == 1, 30, "replica 1 back on trial")
+            recs = run(6)
+            assert [r.error for r in recs if r.error] == []
+            assert metric("circuit_breaker_trips_total", 1) == 2 and metric("replica_up", 1) == 0
+
+            broken.unlink()
+            until(lambda: metric("replica_up", 1) == 1, 30, "replica 1 back on trial again")
+            recs = run(8)
+            assert [r.error for r in recs if r.error] == []
+            assert any(r.text.startswith(" r1") for r in recs), [r.text for r in recs]
+            assert metric("circuit_breaker_trips_total", 1) == 2 and metric("replica_up", 1) == 1
+    finally:
+        broken.unlink(missing_ok=True)
 
 
 def test_no_replica_up_is_an_error_per_request_not_a_hang(tmp_path):

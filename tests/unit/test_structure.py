@@ -117,6 +117,7 @@ LAYERS = {
         "logtext",
         "stage",
         "contract",
+        "error_kinds",
         "readiness",
         "kv_events",
         "jobindex",

@@ -3,7 +3,8 @@ max_tokens responses " <tag><i>" one every inter_token_delay_ms (request paramet
 overrides), the last with finish_reason "length". Writes <marker_dir>/<request id>.start, then .done,
 or .cancelled as soon as request.is_cancelled() turns true (then it stops sending). Request
 parameter final_apart=true sends the final flag on its own after the last token, as engines that
-learn of the end late do."""
+learn of the end late do.  While <marker_dir>/BROKEN exists every request fails with an engine error (a broken
+engine whose server still answers its health probe); max_tokens < 1 is refused as the request's fault."""
 
 import asyncio
 import json
@@ -46,6 +47,11 @@ class TritonPythonModel:
         rid = request.request_id()
         self._mark(rid, "start")
         n = int(pb_utils.get_input_tensor_by_name(request, "max_tokens").as_numpy().reshape(-1)[0])
+        broken = self.marker_dir and os.path.exists(os.path.join(self.marker_dir, "BROKEN"))
+        if broken or n < 1:
+            why = f"frontend_marker {self.tag}: the engine failed (BROKEN)" if broken else "max_tokens must be >= 1"
+            sender.send(pb_utils.InferenceResponse(error=pb_utils.TritonError(why)), flags=FINAL)
+            return
         params = json.loads(request.parameters() or "{}")
         delay = float(params.get("inter_token_delay_ms", self.delay_ms)) / 1000
         final_apart = bool(params.get("final_apart", False))
