@@ -17,6 +17,7 @@ stream through the front end):
    that length alone (a prompt of --input-len plus half the output, one token);
 3. after: as many requests again, of new prompts (the first ones' are in the prefix caches now), output tokens/s
    against the undisturbed pass.
+With --repeat the undisturbed pass runs twice first: the texts the two share are the floor for the chaos pass's.
 
 Prints a table on stderr and one JSON document on stdout (--json FILE writes it too).
 """
@@ -172,6 +173,12 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--kill-at", type=float, default=0.2, help="the first kill, as a share of the undisturbed pass")
     ap.add_argument("--ready-timeout", type=float, default=300.0)
+    ap.add_argument(
+        "--repeat",
+        action="store_true",
+        help="run the undisturbed pass twice: the texts the two share are the floor the chaos pass's are judged by "
+        "(an engine whose greedy text depends on the batch, bf16 on random weights, differs with no kill at all)",
+    )
     ap.add_argument("--json", help="also write the JSON document here")
     ap.add_argument("overrides", nargs="*", help="more llmlaunch overrides")
     args = ap.parse_args()
@@ -190,6 +197,11 @@ def main() -> None:
         want = [r.text for r in base]
         before = tok_s(base, t0, t1)
         print(f"  undisturbed: {before:.0f} tok/s, {t1 - t0:.1f} s", file=sys.stderr, flush=True)
+        floor = None
+        if args.repeat:
+            again, _, _ = run_pass(served.url, served.model, texts, args.output_len, args.concurrency)
+            floor = sum(r.text == w for r, w in zip(again, want))
+            print(f"  undisturbed again: same text {floor} of {args.requests}", file=sys.stderr, flush=True)
         chaos = chaos_pass(served, ep, texts, args, t1 - t0)
         records = chaos["records"]
         failed = [r.error for r in records if r.error]
@@ -211,6 +223,7 @@ def main() -> None:
         "failed": len(failed),
         "errors": failed[:5],
         "same_text": same,
+        "same_text_undisturbed_again": floor,
         "migrated": chaos["migrated"],
         "retried": chaos["retried"],
         "out_of_routing_s": [round(k["out_s"], 2) for k in chaos["kills"]],
@@ -224,7 +237,9 @@ def main() -> None:
         "after_vs_before": round(after / before - 1, 4),
     }
     print(
-        f"failed {doc['failed']} of {args.requests}; same text {same} of {args.requests}; migrated {doc['migrated']:.0f}, "
+        f"failed {doc['failed']} of {args.requests}; same text {same} of {args.requests}"
+        + (f" (undisturbed twice: {floor})" if floor is not None else "")
+        + f"; migrated {doc['migrated']:.0f}, "
         f"sent again whole {doc['retried']:.0f}; replica 1 out of routing {doc['out_of_routing_s']} s (restarts READY "
         f"in {restarts} s; launch time to READY {ready_s:.1f} s); moved streams' longest wait p50 "
         f"{doc['moved_longest_gap_ms']['p50']} ms, max {doc['moved_longest_gap_ms']['max']} ms (streams in flight that "

@@ -102,7 +102,8 @@ OUTPUTS: tuple[Tensor, ...] = (
         (-1,),
         True,
         "sent only to a request with the return_token_ids parameter: the ids of the new tokens whose text has been "
-        "sent (in this response or before it; ids whose text is held back come with the response that sends it)",
+        "sent (in this response or before it; ids whose text is held back come with the response that sends it); "
+        "[-1] on the first response of a request the model cannot continue elsewhere (continue_ids)",
     ),
     Tensor("output_tokens", "INT32", (1,), False, "tokens generated so far (cumulative)"),
     Tensor(

@@ -204,7 +204,7 @@ class ServeConfig:
     )  # with replicas > 1, which replica a request goes to: least_outstanding (fewest in flight) | prefix (the one sent the longest run of its prompt's prefix, within a load bound; launcher/frontend/routing.py) | kv (the one whose engine holds the longest run of its prompt's token blocks, from the engines' KV-cache events: engine=hf, vllm)
     max_migrations: int = arg(
         Int("times one request may move", min=0, zero="never: a stream whose replica fails ends in an error"), 3
-    )  # with replicas > 1, how often one running request may move to another replica when its replica fails mid-stream: it goes on there after the tokens its client has (engines that can continue a request: hf; launcher/frontend/migration.py)
+    )  # with replicas > 1, how often one running request may move to another replica when its replica fails mid-stream: it goes on there after the tokens its client has (engines that can continue a request: hf, vllm but its requests with stop strings or a guide; launcher/frontend/migration.py)
     max_restarts: int = arg(
         Int("restarts of one replica", min=0, zero="never: a replica whose server dies is lost for the job"), 3
     )  # with replicas > 1, how often a replica of one rank (tp=1) whose server dies while the job serves is started again in place (same node and ports; after 1, 2, 4, ... s), rejoining the front end once it answers a real request; a copy over several ranks, or one past its restarts, is lost for the job

@@ -32,6 +32,7 @@ def _inputs(prompt, max_tokens, stream, extra):
         "presence_penalty": "FP32",
         "frequency_penalty": "FP32",
         "beam_width": "INT32",
+        "continue_ids": "INT32",
     }
     values = {
         "text_input": np.array([[prompt.encode()]], dtype=object),
@@ -39,7 +40,9 @@ def _inputs(prompt, max_tokens, stream, extra):
         "stream": np.array([[stream]], bool),
     }
     for k, v in extra.items():
-        if isinstance(v, (list, tuple)):
+        if k == "continue_ids":
+            values[k] = np.array([list(v)], np.int32)
+        elif isinstance(v, (list, tuple)):
             values[k] = np.array([[w.encode() for w in v]], dtype=object)
         else:
             values[k] = np.array(
@@ -88,6 +91,8 @@ class Stream:
             for k in ("input_tokens", "output_tokens"):
                 if k in out:
                     out[k] = int(out[k])
+            if "output_ids" in out:
+                out["output_ids"] = result.as_numpy("output_ids").reshape(-1).tolist()
         return out, error, final
 
     def collect(self, timeout=30):

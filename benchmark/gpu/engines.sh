@@ -17,6 +17,8 @@
 #   benchmark/gpu/engines.sh routing OUT LABEL ARGS...  # serve.routing's policies, one llmlaunch replicas=N each
 #                                                # (benchmark/routing.py ARGS; e.g. two replicas sharing one GPU:
 #                                                # CUDA_VISIBLE_DEVICES=0,0 ... cluster.gpus_per_node=2)
+#   benchmark/gpu/engines.sh chaos OUT LABEL ARGS...    # benchmark.chaos (ARGS: its flags, then overrides), both
+#                                                # replicas on the one GPU
 #   benchmark/gpu/engines.sh identity OUT A B     # greedy answers of served labels A and B (IDENTITY=1), compared
 #   benchmark/gpu/engines.sh openai OUT           # OpenAI streaming vs KServe gRPC on the hf engine (OPENAI_LOADS),
 #                                                # the API's chunks/s with a no-op model, first-token times by route
@@ -85,7 +87,7 @@
 # first served configuration SERVED_TIMEOUT to match.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-cmd=${1:?usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | vllm_serve OUT LABEL ARGS... | lmdeploy OUT | sglang OUT | sglang_serve OUT LABEL ARGS... | openai OUT | split OUT LABEL | routing OUT LABEL ARGS... | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST}
+cmd=${1:?usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | vllm_serve OUT LABEL ARGS... | lmdeploy OUT | sglang OUT | sglang_serve OUT LABEL ARGS... | openai OUT | split OUT LABEL | routing OUT LABEL ARGS... | chaos OUT LABEL ARGS... | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST}
 OUT=${2:?the results folder}
 MODEL=${MODEL:-/tmp/llama-1b}
 LOADS=${LOADS-1:32 64:1000 128:1000}
@@ -209,6 +211,12 @@ routing)  # the routing policies side by side (benchmark/routing.py): one llmlau
     # shellcheck disable=SC2086
     timeout "${SERVED_TIMEOUT:-560}" $PY -m benchmark.routing --json "$OUT/$LABEL.routing.json" --tokenizer "$MODEL" \
         "$@" > /dev/null ;;
+chaos)  # benchmark.chaos, both replicas on the one GPU (CUDA_VISIBLE_DEVICES=0,0): ARGS its flags, then overrides
+    LABEL=${3:?a label}
+    shift 3
+    CUDA_VISIBLE_DEVICES=0,0 timeout "${SERVED_TIMEOUT:-3000}" $PY -m benchmark.chaos --json "$OUT/$LABEL.chaos.json" \
+        "$@" cluster.gpus_per_node=2 > /dev/null 2> "$OUT/$LABEL.chaos.log"
+    tail -2 "$OUT/$LABEL.chaos.log" ;;
 identity)
     A=${3:?label A}; B=${4:?label B}
     $PY -m benchmark.gpu.identity compare "$OUT/$A.identity.json" "$OUT/$B.identity.json" --tokenizer "$MODEL" \
@@ -223,5 +231,5 @@ pack)  # the table and every result in one archive, into DEST (the device tool's
     tar czf "$DEST/results.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
     cat "$DEST/table.txt" ;;
 *)
-    echo "usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | vllm_serve OUT LABEL ARGS... | lmdeploy OUT | sglang OUT | sglang_serve OUT LABEL ARGS... | openai OUT | split OUT LABEL | routing OUT LABEL ARGS... | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST" >&2; exit 2 ;;
+    echo "usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | vllm_serve OUT LABEL ARGS... | lmdeploy OUT | sglang OUT | sglang_serve OUT LABEL ARGS... | openai OUT | split OUT LABEL | routing OUT LABEL ARGS... | chaos OUT LABEL ARGS... | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST" >&2; exit 2 ;;
 esac

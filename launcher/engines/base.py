@@ -183,10 +183,16 @@ def require_path(c, engine: str, what: str = "model.path") -> List[Problem]:
 
 
 def python_engine_model(
-    spec, source_dir: str, params: Dict[str, object], extra_text: Optional[Dict[str, str]] = None, instances: int = 1
+    spec,
+    source_dir: str,
+    params: Dict[str, object],
+    extra_text: Optional[Dict[str, str]] = None,
+    instances: int = 1,
+    continues: bool = False,
 ) -> RenderedModel:
     """The one python model of an engine served that way (vLLM, SGLang, LMDeploy): model_repository/<source_dir>/
-    1/model.py, its config's parameters the launch's common ones, then `params`."""
+    1/model.py, its config's parameters the launch's common ones, then `params`; `continues`: Engine.continues_requests
+    (its config says it honours return_token_ids)."""
     e = spec.engine
     common: Dict[str, object] = {
         "model_path": model_path(spec),
@@ -199,7 +205,9 @@ def python_engine_model(
         "max_model_len": spec.model.max_model_len,
     }
     common.update(params)
-    cfg = pbtxt.python_model(spec.model_name, e.max_num_seqs, common, kind="KIND_MODEL", instances=instances)
+    cfg = pbtxt.python_model(
+        spec.model_name, e.max_num_seqs, common, kind="KIND_MODEL", instances=instances, continues=continues
+    )
     return RenderedModel(spec.model_name, cfg, {"1/model.py": f"{source_dir}/1/model.py"}, extra_text or {})
 
 

@@ -9,7 +9,8 @@ to the client byte for byte, output_ids with them).  When the replica fails, the
 `continued_request`: the client's request as it came, plus `continue_ids`, those ids.  The model there prefills the
 prompt and the ids, counts them as generated (output_tokens, max_tokens, min_length), skips a seeded request's draws
 past them and sends only new text, so the client's stream goes on where it was: no token twice, the counts its own,
-a greedy request's text that of a run that never moved.
+a greedy request's text that of a run that never moved.  A model that cannot continue one request (vLLM: one with
+stop strings or a guide) answers its first response with output_ids [-1]: the front end never moves it.
 """
 
 from __future__ import annotations

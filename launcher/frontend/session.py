@@ -226,17 +226,20 @@ class _Link:
                 if not p.started and not p.retried:
                     self.rep.retried += 1
                     await self.session.dispatch(p.raw, retried=True)
-                elif p.started and p.ids is not None and p.migrations < limit:
+                elif p.started and p.ids is not None and p.migrations < limit and not (p.ids and p.ids[0] < 0):
                     self.rep.migrated += 1
                     await self.session.dispatch(continued_request(p.raw, p.ids), moved=p, failure=message)
                 else:
                     self.rep.errors += 1
-                    why = (
-                        f"it had moved max_migrations={limit} times"
-                        if p.ids is not None
-                        else "moving a running request is off (serve.max_migrations=0, or an engine that cannot "
-                        "continue a request elsewhere: docs/operations.md)"
-                    )
+                    if p.ids is None:
+                        why = (
+                            "moving a running request is off (serve.max_migrations=0, or an engine that cannot "
+                            "continue a request elsewhere: docs/operations.md)"
+                        )
+                    elif p.ids and p.ids[0] < 0:  # its model said so: output_ids [-1]
+                        why = "its engine cannot continue this request elsewhere (docs/operations.md says which)"
+                    else:
+                        why = f"it had moved max_migrations={limit} times"
                     text = f"{message}; the request could not move to another replica: {why}"
                     await self.session.send(_error_response(text, p.client_id, p.model, p.version))
         except ClientGone:

@@ -1,6 +1,6 @@
 """The serving loop shared by the vLLM, SGLang and LMDeploy python models.
 
-Each of those `model.py` files is a thin adapter (`EngineAdapter`): how to build the
+Each of those `model.py` files is a thin adapter (`EngineAdapter`, launcher/python_backend/adapter.py): how to build the
 engine, how to turn a contract request into the engine's async stream of new text, how
 to abort one request, how to shut down. Everything else is here, once:
 
@@ -45,84 +45,13 @@ import threading
 import time
 import traceback
 import uuid
-from dataclasses import dataclass
-from typing import AsyncIterator, Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Sequence
 
 from launcher.python_backend import counters, logprob_io, timings, triton_io
-from launcher.python_backend.logprob_io import LogProbRows, merged
+from launcher.python_backend.adapter import EngineAdapter, Log
+from launcher.python_backend.logprob_io import merged
 from launcher.python_backend.outbox import SEND_THREADS, Outbox
-
-
-@dataclass
-class Piece:
-    """What an engine produced for a request since the previous piece."""
-
-    text: str  # new text (a delta), whole characters only
-    output_tokens: int  # tokens generated so far (cumulative)
-    input_tokens: int  # tokens in the prompt (0 until the engine reports it)
-    finish_reason: Optional[str] = None  # "length" | "stop" on the engine's last piece
-    logprobs: Optional[LogProbRows] = None  # the new tokens' log probabilities, for a request that asked
-    prompt_logprobs: Optional[LogProbRows] = None  # its prompt's, on a piece (the first) of a request that asked
-    # the engine's own time.monotonic() stamps of the request, where it reports them (vLLM with its statistics on):
-    # (queued in its scheduler, first token made), on the first piece; they split the first token's `engine` part
-    engine_times: Optional[tuple] = None
-    cached_tokens: Optional[int] = None  # prompt tokens the engine's prefix cache served, where it reports them
-
-
-class EngineAdapter:
-    """What an engine's model.py provides. Methods run on the runtime's event loop."""
-
-    name = "engine"
-    supported: frozenset = frozenset()  # contract inputs the engine honours (others are logged and ignored)
-    serves = True  # False on ranks whose engine share takes no requests
-    max_model_len: Optional[int] = None  # for triton_io's max_tokens check; None = let the engine decide
-
-    async def start(self) -> None:
-        raise NotImplementedError
-
-    def generate(self, request_id: str, request) -> AsyncIterator[Piece]:
-        """request: launcher.python_backend.triton_io.GenerationRequest."""
-        raise NotImplementedError
-
-    async def abort(self, request_id: str) -> None:
-        raise NotImplementedError
-
-    async def stop(self) -> None:
-        raise NotImplementedError
-
-    def wait_engine_exit(self) -> bool:
-        """Worker ranks: block until the engine's processes are gone and return True; return False at
-        once when this adapter cannot watch them."""
-        return False
-
-
-class Log:
-    """pb_utils.Logger inside Triton, print elsewhere."""
-
-    def __init__(self, prefix: str):
-        self.prefix = prefix
-        try:
-            import triton_python_backend_utils as pb_utils
-
-            self._logger = getattr(pb_utils, "Logger", None)
-        except ImportError:
-            self._logger = None
-
-    def _emit(self, level: str, msg: str) -> None:
-        text = f"[{self.prefix}] {msg}"
-        if self._logger is not None:
-            getattr(self._logger, f"log_{level}")(text)
-        else:
-            print(text, flush=True)
-
-    def info(self, msg):
-        self._emit("info", msg)
-
-    def warn(self, msg):
-        self._emit("warn", msg)
-
-    def error(self, msg):
-        self._emit("error", msg)
+from launcher.python_backend.settle import Settle
 
 
 class _Active:
@@ -163,6 +92,7 @@ class AsyncEngineRuntime:
         self.first_token = counters.FirstTokenTimes()
         self.prompt_tokens = counters.PromptTokens()  # the prefix cache's hits, where the engine reports them
         self._metrics: Optional[counters.Counters] = None
+        self._whole: Dict[int, bool] = {}  # token id -> it decodes whole on its own (launcher.python_backend.settle)
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -268,9 +198,13 @@ class AsyncEngineRuntime:
         finish = None
         if greq.stream and began:
             out.times = (began, time.monotonic())
+        settle = self._settle(greq, out)
+        settled: list = []  # ids whose text is out, to go with the next text posted
         stream = self.adapter.generate(rid, greq)
         try:
             async for piece in stream:
+                if settle is not None and piece.token_ids:
+                    settled += settle.feed(piece.token_ids)
                 if out.times is not None and len(out.times) == 2:  # the first piece is on the loop
                     out.times = (*out.times, time.monotonic(), *(piece.engine_times or ()))
                 n_in, n_out = piece.input_tokens or n_in, piece.output_tokens
@@ -286,9 +220,14 @@ class AsyncEngineRuntime:
                 if not greq.stream:
                     parts.append(piece.text)
                 elif piece.text:
-                    self._post(out, piece.text, n_in, n_out)
+                    self._post(out, piece.text, n_in, n_out, settled)
+                    if settled:
+                        settled = []
             if finish is None:  # the engine ended the stream without saying why
                 finish = "length" if n_out >= greq.params.max_tokens else "stop"
+            if settled:  # the last piece's: they go with the final response, which sends its text
+                with out.lock:
+                    out.ids += settled
             self._active.pop(rid, None)
             if cached is not None:
                 self.prompt_tokens.add(n_in, cached)
@@ -309,6 +248,18 @@ class AsyncEngineRuntime:
                 await stream.aclose()
             except BaseException:  # noqa: BLE001 - closing a failed stream must not mask the response already sent
                 pass
+
+    def _settle(self, greq, out: Outbox) -> Optional[Settle]:
+        """A streamed request that asked for output_ids (return_token_ids): its Settle, or None where its engine
+        cannot continue it elsewhere (its first response then carries output_ids [-1], which the front end reads as
+        "never move it") or it did not ask."""
+        if not (greq.return_token_ids and greq.stream):
+            return None
+        if self.adapter.cannot_continue(greq.params):
+            out.ids = [-1]
+            return None
+        out.ids = []
+        return Settle(self.adapter.tokenizer, self._whole)
 
     def _accept(self, request, out: Outbox):
         """The request's GenerationRequest, or None where it was answered with an error (this rank takes no requests,
@@ -377,10 +328,13 @@ class AsyncEngineRuntime:
                     entry.task.cancel()
 
     # ------------------------------------------------------------------ sending
-    def _post(self, out: Outbox, text: str, n_in: int, n_out: int) -> None:
-        """Loop thread: a streamed request's new text; its sender sends it, merged with whatever else is waiting."""
+    def _post(self, out: Outbox, text: str, n_in: int, n_out: int, ids: Sequence[int] = ()) -> None:
+        """Loop thread: a streamed request's new text (and the ids of the tokens it completes, for a request that asked
+        for them); its sender sends it, merged with whatever else is waiting."""
         with out.lock:
             out.parts.append(text)
+            if ids:
+                out.ids += ids
             out.n_in, out.n_out = n_in, n_out
             wake = not out.queued
             out.queued = True
@@ -409,8 +363,13 @@ class AsyncEngineRuntime:
                 out.queued = False
                 lp, prompt_lp, out.lp, out.prompt_lp = out.lp, out.prompt_lp, None, None
                 times = out.times if out.times is not None and len(out.times) >= 3 else None
+                ids = out.ids
+                if ids:
+                    out.ids = []
             try:
                 extra = logprob_io.tensors(lp, prompt_lp)
+                if ids:  # last: the front end looks there first (launcher/frontend/migration.py: take_ids)
+                    extra.append(self._responder.output_ids(ids))
                 if final is None:
                     if out.counts and out.in_n != n_in:
                         out.in_tensor, out.in_n = self._responder.input_tokens(n_in), n_in

@@ -34,6 +34,7 @@ class Outbox:
         "lp",
         "prompt_lp",
         "times",
+        "ids",
     )
 
     def __init__(self, sender, shard: int):
@@ -51,3 +52,7 @@ class Outbox:
         # engine, the loop had its first piece, then the engine's own two (Piece.engine_times) where it gave them;
         # None once counted, and for a request that does not stream
         self.times: Optional[tuple] = None
+        # return_token_ids: the ids of the tokens whose text is posted and not sent yet (they go out as output_ids
+        # with it); [-1] on a request its engine cannot continue elsewhere (the front end then never moves it);
+        # None for a request that did not ask
+        self.ids: Optional[list] = None

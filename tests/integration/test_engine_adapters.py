@@ -293,6 +293,44 @@ def test_bad_request_gets_a_clear_error(engine):
         assert error is not None and "exceeds the model limit of 32768 tokens" in str(error)
 
 
+def test_vllm_continues_a_request_after_the_tokens_it_made_elsewhere(tmp_path, tiny_model_dir):
+    """A stream the front end moves (launcher/frontend/migration.py) reaches vLLM as the prompt's ids (tokenized as vLLM
+    does, with the model's tokenizer) then the tokens its client has, its max_tokens less those; the client's counts
+    stay its own.  A request vLLM cannot continue (stop strings) says so with output_ids [-1] on its first response,
+    and is refused with continue_ids.  At vLLM's API boundary: the stand-in engine (tests/standins/vllm)."""
+    from transformers import AutoTokenizer
+
+    from launcher.cli import plan
+    from launcher.render import repository_files
+    from tests.standins.server import STANDINS, serve, write_repository
+
+    args = ["engine=vllm", "model.path=/models/standin-llm", f"model.tokenizer={tiny_model_dir}", "engine.frontends=1"]
+    _, spec = plan(args)
+    repo = write_repository(repository_files(spec), tmp_path / "repo")
+    log = tmp_path / "calls.jsonl"
+    env = {"LLMLAUNCH_STANDIN_LOG": str(log), "LLMLAUNCH_STANDIN_DELAY_S": "0.01"}
+    with serve(
+        repo, [spec.model_name], tmp_path / "server.log", spec.model_name, extra_env=env, pythonpath=[STANDINS]
+    ) as server:
+        server.model, server.calls = spec.model_name, log
+        prompt = "the cat sat on a mat"
+        whole, error = generate(server, prompt, max_tokens=6, ignore_eos=True)
+        assert error is None and "".join(r["text_output"] for r in whole) == " t0 t1 t2 t3 t4 t5"
+        moved, error = generate(server, prompt, max_tokens=6, ignore_eos=True, continue_ids=[100, 101])
+        assert error is None and "".join(r["text_output"] for r in moved) == " t2 t3 t4 t5"
+        ids = AutoTokenizer.from_pretrained(tiny_model_dir).encode(prompt)
+        call = wait_for(lambda: [e for e in events(server, "generate") if isinstance(e["prompt"], dict)])[-1]
+        assert call["prompt"] == {"prompt_token_ids": [*ids, 100, 101]} and call["sampling"]["max_tokens"] == 4
+        # the client's prompt tokens (vLLM's count of the prompt it got, less the continued ones): the stand-in counts a text
+        # prompt in words, the tokenizer in tokens
+        assert moved[-1]["output_tokens"] == 6 and moved[-1]["input_tokens"] == len(ids)
+
+        held, error = generate(server, prompt, max_tokens=6, stop_words=["t4"], parameters={"return_token_ids": True})
+        assert error is None and held[0]["output_ids"] == [-1] and "output_ids" not in held[-1]
+        _, error = generate(server, prompt, max_tokens=6, stop_words=["t4"], continue_ids=[100])
+        assert error is not None and "continue_ids is not supported with stop strings" in str(error)
+
+
 def test_sglang_bans_bad_words_through_logit_bias(engine):
     """SGLang has no bad-words parameter: each word's single-token spellings (bare and after a space) get a -inf
     logit bias; a word that is several tokens however spelled is refused, naming it, and the model serves on."""

@@ -9,7 +9,9 @@ The script for a prompt of W words: token i (0-based) has id 100+i and text " t<
 after W tokens the model "samples" EOS (id 2) unless ignore_eos is set or fewer than
 min_tokens were generated; a stop string ends the request before it (not returned);
 max_tokens ends it with "length". A prompt containing FAIL_AT_<k> raises
-RuntimeError("stand-in engine failure at token k") when token k would be produced.
+RuntimeError("stand-in engine failure at token k") when token k would be produced.  A prompt of token ids that ends
+in 100, 101, ..., 100+k-1 (tokens of its own script, generated elsewhere) is a request that goes on after them: its
+words are the ids before those, and it makes token k next.
 Each token takes $LLMLAUNCH_STANDIN_DELAY_S seconds (default 0.01).
 
 Every call the tests care about is appended as one JSON line to the file named by
@@ -44,8 +46,20 @@ def delay() -> float:
     return float(os.environ.get("LLMLAUNCH_STANDIN_DELAY_S", "0.01"))
 
 
-def prompt_ids(prompt: str):
+def prompt_ids(prompt):
+    if isinstance(prompt, dict):
+        return list(prompt["prompt_token_ids"])
     return [10 + i for i, _ in enumerate(prompt.split())]
+
+
+def continued(prompt) -> Tuple[str, int]:
+    """(the prompt as words, the script's tokens it already holds): a prompt of token ids ending in 100, 101, ...,
+    100+k-1 goes on after those k."""
+    if not isinstance(prompt, dict):
+        return prompt, 0
+    ids = list(prompt["prompt_token_ids"])
+    k = next(k for k in range(len(ids), -1, -1) if ids[len(ids) - k :] == list(range(100, 100 + k)))
+    return " ".join(f"w{i}" for i in ids[: len(ids) - k]), k
 
 
 CACHE_BLOCK = 4  # words (the stand-ins' tokens) a block of the stand-in's prefix cache
@@ -73,19 +87,21 @@ async def script(
     ignore_eos: bool = False,
     stop: Iterable[str] = (),
     cancelled=lambda: False,
+    start: int = 0,
 ) -> AsyncIterator[Tuple[str, int, Optional[str]]]:
-    """Yield (new text, new token id or None, finish reason or None), one token at a time."""
+    """Yield (new text, new token id or None, finish reason or None), one token at a time, from token `start` on (a
+    request that holds the first `start` already: max_tokens and min_tokens count only those made here)."""
     words = max(1, len(prompt.split()))
     fail = re.search(r"FAIL_AT_(\d+)", prompt)
     stops = [s for s in stop if s]
     text = ""
-    for i in range(max_tokens):
+    for i in range(start, start + max_tokens):
         await asyncio.sleep(delay())
         if cancelled():
             return
         if fail and i == int(fail.group(1)):
             raise RuntimeError(f"stand-in engine failure at token {i}")
-        if i >= words and not ignore_eos and i >= min_tokens:
+        if i >= words and not ignore_eos and i - start >= min_tokens:
             yield "", None, "stop"  # EOS: not part of the text
             return
         piece = f" t{i}"
@@ -95,5 +111,5 @@ async def script(
             yield new_text[len(text) : hit] if hit > len(text) else "", 100 + i, "stop"
             return
         text = new_text
-        last = i == max_tokens - 1
+        last = i == start + max_tokens - 1
         yield piece, 100 + i, "length" if last else None

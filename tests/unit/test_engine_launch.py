@@ -474,7 +474,8 @@ def test_head_argv():
 
 # ----------------------------------------------------------------------------- worker ranks fail fast
 def test_runtime_stops_the_server_when_a_worker_engine_dies():
-    from launcher.python_backend.async_runtime import AsyncEngineRuntime, EngineAdapter
+    from launcher.python_backend.adapter import EngineAdapter
+    from launcher.python_backend.async_runtime import AsyncEngineRuntime
 
     class Dead(EngineAdapter):
         serves = False

@@ -18,6 +18,7 @@ import pytest
 class _Tensor:
     def __init__(self, name, array):
         self.name, self.value = name, array.reshape(-1)[0]
+        self.values = array.reshape(-1).tolist()
 
 
 class _Response:
@@ -25,6 +26,7 @@ class _Response:
         self.outputs = {
             t.name: (t.value.decode() if isinstance(t.value, bytes) else int(t.value)) for t in output_tensors
         }
+        self.ids = next((t.values for t in output_tensors if t.name == "output_ids"), None)
         self.error = error
 
 
@@ -43,6 +45,7 @@ class Sender:
 
     def __init__(self, block_first=False):
         self.sent, self.entered, self.release = [], threading.Event(), threading.Event()
+        self.ids = []  # each response's output_ids (None: it had none)
         self.block_first = block_first
         self.done = threading.Event()
 
@@ -53,6 +56,7 @@ class Sender:
         self.sent.append(
             (response.outputs.get("text_output"), response.outputs.get("output_tokens"), flags, response.error)
         )
+        self.ids.append(response.ids)
         if flags:
             self.done.set()
 
@@ -60,7 +64,8 @@ class Sender:
 @pytest.fixture
 def runtime(pb_utils):
     from launcher.python_backend import triton_io
-    from launcher.python_backend.async_runtime import AsyncEngineRuntime, EngineAdapter
+    from launcher.python_backend.adapter import EngineAdapter
+    from launcher.python_backend.async_runtime import AsyncEngineRuntime
 
     rt = AsyncEngineRuntime(EngineAdapter())
     rt._responder = triton_io.Responder()
@@ -127,3 +132,71 @@ def test_final_counts_only_streams_text_alone(runtime):
     runtime._post_final(out, ("done", " b", "length"), 3, 2)
     assert s.done.wait(5)
     assert s.sent[0][1] is None and s.sent[-1] == (" b", 2, 1, None) or s.sent == [(" a b", 2, 1, None)]
+
+
+TEXT = "naïve café: 日本語のテキスト 🙂🚀 ok — ∑ done"
+
+
+def _released(tok, ids) -> str:
+    """The text a detokenizer has released for ids: that of the longest prefix not ending in U+FFFD (vLLM's rule)."""
+    for j in range(len(ids), -1, -1):
+        text = tok.decode(ids[:j], skip_special_tokens=True)
+        if not text.endswith("\ufffd"):
+            return text
+    return ""
+
+
+def _replayed(runtime, tokenizer, ids, continues=True):
+    """Serve one streamed request that asked for output_ids (return_token_ids) through the runtime, its engine an
+    adapter that gives one token a piece with the text a detokenizer releases; return its sender."""
+    import asyncio
+
+    from launcher.python_backend.adapter import EngineAdapter, Piece
+    from launcher.python_backend.generation import GenerationRequest, SamplingParams
+
+    class Replay(EngineAdapter):
+        name = "replay"
+
+        async def generate(self, request_id, request):
+            sent = ""
+            for k in range(1, len(ids) + 1):
+                await asyncio.sleep(0.002)  # a step: the sender sends what came meanwhile
+                text = _released(tokenizer, ids[:k])
+                last = k == len(ids)
+                yield Piece(text[len(sent) :], k, 3, "length" if last else None, token_ids=ids[k - 1 : k])
+                sent = text
+
+    runtime.adapter = Replay()
+    runtime.adapter.continues, runtime.adapter.tokenizer = continues, tokenizer
+    req = GenerationRequest("p", SamplingParams(max_tokens=len(ids)), True, return_token_ids=True)
+    runtime._accept = lambda request, out: req
+    sender = Sender()
+    asyncio.run(runtime._serve(None, sender))
+    assert sender.done.wait(5)
+    return sender
+
+
+def test_output_ids_go_with_the_response_that_sends_their_text(runtime, tiny_model_dir):
+    """A request the front end may move: each response's output_ids are the tokens whose text is out by then, so the
+    ids so far always decode to the text so far, characters split over tokens included."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids = tok.encode(TEXT, add_special_tokens=False)
+    s = _replayed(runtime, tok, ids)
+    text, got = "", []
+    for (piece, _, _, error), sent_ids in zip(s.sent, s.ids):
+        assert error is None
+        text += piece or ""
+        got += sent_ids or []
+        assert tok.decode(got) == text, (got, text)
+    assert text == TEXT and got == ids and len(s.sent) > 10, s.sent
+
+
+def test_a_request_its_engine_cannot_continue_says_so_on_its_first_response(runtime, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    ids = tok.encode("plain words here", add_special_tokens=False)
+    s = _replayed(runtime, tok, ids, continues=False)
+    assert s.ids[0] == [-1] and all(i is None for i in s.ids[1:]), s.ids

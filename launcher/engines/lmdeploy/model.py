@@ -60,7 +60,8 @@ import itertools
 import json
 
 from launcher.contract import INPUT_NAMES
-from launcher.python_backend.async_runtime import EngineAdapter, Log, Piece, RuntimeModel
+from launcher.python_backend.adapter import EngineAdapter, Log, Piece
+from launcher.python_backend.async_runtime import RuntimeModel
 from launcher.python_backend.triton_io import MUST_HONOUR
 
 DTYPES = ("auto", "float16", "bfloat16")

@@ -62,7 +62,8 @@ import pickle
 
 from launcher.contract import INPUT_NAMES
 from launcher.handoff.rank_env import RankEnv
-from launcher.python_backend.async_runtime import EngineAdapter, Log, Piece, RuntimeModel
+from launcher.python_backend.adapter import EngineAdapter, Log, Piece
+from launcher.python_backend.async_runtime import RuntimeModel
 from launcher.python_backend.triton_io import MUST_HONOUR, InvalidRequest
 
 

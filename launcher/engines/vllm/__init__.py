@@ -75,13 +75,19 @@ class VLLMEngine(Engine):
     kv_heads_replicate = True  # and copies a KV head to several ranks where tp exceeds the KV heads
     first_token_split = True  # launcher.python_backend.async_runtime
     kv_events = True  # vLLM's kv_events_config (launcher/engines/vllm/model.py sets it from the rank's endpoint)
+    # takes continue_ids: a stream moves mid-generation (but one with stop strings or a guide: model.py says why)
+    continues_requests = True
     ray = RAY
 
     def models(self, spec) -> List[RenderedModel]:
         # engine.frontends instances: the front ends of one engine core (model.py); ready_timeout_s: how long the
         # other front ends wait for the first one's engine core
         params = {"engine_args_file": "model.json", "ready_timeout_s": spec.serve.ready_timeout_s}
-        return [python_engine_model(spec, "vllm", params, engine_args_file(spec), instances=spec.engine.frontends)]
+        return [
+            python_engine_model(
+                spec, "vllm", params, engine_args_file(spec), instances=spec.engine.frontends, continues=True
+            )
+        ]
 
     def check(self, c, scheduler) -> List[Problem]:
         problems = require_path(c, engine="vllm")

@@ -48,7 +48,8 @@ from typing import Optional
 from launcher.contract import INPUT_NAMES
 from launcher.handoff.rank_env import RankEnv
 from launcher.kv_events import remove_socket_file, vllm_config as vllm_kv_events
-from launcher.python_backend.async_runtime import EngineAdapter, Log, Piece, RuntimeModel
+from launcher.python_backend.adapter import EngineAdapter, Log, Piece
+from launcher.python_backend.async_runtime import RuntimeModel
 from launcher.python_backend.logprob_io import LogProbRows
 from launcher.python_backend.triton_io import InvalidRequest
 
@@ -159,9 +160,26 @@ def engine_times(metrics) -> Optional[tuple]:
     return (queued, made) if queued and made else None
 
 
+def continued(prompt, continue_ids, encode) -> dict:
+    """The prompt of a request that goes on after `continue_ids` (tokens it generated on another server): the
+    prompt's ids, as vLLM makes them from its text (`encode`: the tokenizer's, special tokens added) or as sent, then
+    those tokens."""
+    ids = encode(prompt) if isinstance(prompt, str) else list(prompt)
+    return {"prompt_token_ids": [*ids, *continue_ids]}
+
+
+def continued_kwargs(kw: dict, n: int) -> dict:
+    """vllm.SamplingParams keyword arguments of a request that goes on after `n` tokens it generated elsewhere: they
+    count against max_tokens and min_tokens.  A seed starts vLLM's generator again (it cannot skip draws), so a
+    seeded sampled request that moved is a valid sample, not the one an undisturbed run draws; presence and frequency
+    penalties see only the tokens made here (docs/operations.md)."""
+    return {**kw, "max_tokens": kw["max_tokens"] - n, "min_tokens": max(0, kw.get("min_tokens", 0) - n)}
+
+
 class VLLMAdapter(EngineAdapter):
     name = "vllm"
-    supported = frozenset(INPUT_NAMES) - {"continue_ids"}  # not yet: its requests are refused (MUST_HONOUR)
+    supported = frozenset(INPUT_NAMES)
+    continues = True
 
     def __init__(self, params: dict, version_dir: str, log: Log, model_name: str = "vllm"):
         self.params = params
@@ -219,6 +237,31 @@ class VLLMAdapter(EngineAdapter):
             raise
         model_config = getattr(self.engine, "model_config", None)
         self.max_model_len = getattr(model_config, "max_model_len", None)
+        self.tokenizer = self._tokenizer()
+
+    def _tokenizer(self):
+        """The model's tokenizer, as vLLM loads it (transformers' AutoTokenizer): a request that continues after
+        tokens made elsewhere is tokenized with it, and Settle decodes with it which tokens' text is out.  None where it
+        cannot load (those requests then never move)."""
+        path = self.params.get("tokenizer_path") or self.raw_args.get("tokenizer") or self.raw_args.get("model")
+        try:
+            from transformers import AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(path, trust_remote_code=bool(self.raw_args.get("trust_remote_code")))
+        except Exception as exc:  # noqa: BLE001 - serving goes on; its requests stay where they start
+            self.log.warn(f"no tokenizer from {path!r} ({exc}): requests will not move to another replica")
+            return None
+
+    def cannot_continue(self, params) -> str:
+        """vLLM checks stop strings and guides on the text it generates itself: after a move it would miss a stop
+        string begun before it, and start the guide's grammar again.  Requests with either stay where they are."""
+        if self.tokenizer is None:
+            return "no tokenizer (the stub log says why)"
+        if params.stop:
+            return "stop strings"
+        if params.guide is not None:
+            return "a guide (guided decoding)"
+        return ""
 
     def _shared_engine_client(self, kwargs):
         """This instance's AsyncLLM client of the engine core the `frontends` instances share (the first one
@@ -274,9 +317,17 @@ class VLLMAdapter(EngineAdapter):
             from vllm.sampling_params import StructuredOutputsParams
 
             kw["structured_outputs"] = StructuredOutputsParams(**kw["structured_outputs"])
+        cont = p.continue_ids
+        if cont:
+            why = self.cannot_continue(p)
+            if why:
+                raise InvalidRequest(f"continue_ids is not supported with {why}: send the request without it")
+            kw = continued_kwargs(kw, len(cont))
+            prompt = continued(request.prompt, cont, self.tokenizer.encode)
+        else:
+            prompt = request.prompt if isinstance(request.prompt, str) else {"prompt_token_ids": list(request.prompt)}
         sp = SamplingParams(output_kind=RequestOutputKind.DELTA, **kw)
-        prompt = request.prompt if isinstance(request.prompt, str) else {"prompt_token_ids": list(request.prompt)}
-        n_in = n_out = 0
+        n_in, n_out = 0, len(cont)  # the client's prompt tokens; the continued ones count as generated
         prompt_lp = p.prompt_logprobs is not None
         outputs = self.engine.generate(prompt, sp, request_id)
         if p.guide is not None:
@@ -284,13 +335,13 @@ class VLLMAdapter(EngineAdapter):
         stamps = True  # the first output's: vLLM's own request statistics, where it keeps them (log stats on)
         async for out in outputs:
             if out.prompt_token_ids:
-                n_in = len(out.prompt_token_ids)
+                n_in = len(out.prompt_token_ids) - len(cont)
             c = out.outputs[0]
             n_out += len(c.token_ids)
             finish = None
             if out.finished:
                 finish = "length" if c.finish_reason == "length" else "stop"
-            piece = Piece(c.text, n_out, n_in, finish)
+            piece = Piece(c.text, n_out, n_in, finish, token_ids=c.token_ids)
             # the prompt tokens its prefix cache served (vLLM V1 counts them at the first prefill; None before V1)
             piece.cached_tokens = getattr(out, "num_cached_tokens", None)
             if stamps:

@@ -34,7 +34,8 @@ import os
 import triton_python_backend_utils as pb_utils  # noqa: F401 - the stub's module; RuntimeModel uses it
 
 from launcher.contract import INPUT_NAMES
-from launcher.python_backend.async_runtime import EngineAdapter, Log, Piece, RuntimeModel
+from launcher.python_backend.adapter import EngineAdapter, Log, Piece
+from launcher.python_backend.async_runtime import RuntimeModel
 from launcher.python_backend.triton_io import MUST_HONOUR
 
 ARGS_FILE = "model.yaml"

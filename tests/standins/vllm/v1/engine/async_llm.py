@@ -80,12 +80,19 @@ class AsyncLLM:
             raise ValueError("stand-in supports output_kind=DELTA only (what llmlaunch uses)")
         stop = [sp.stop] if isinstance(sp.stop, str) else (sp.stop or [])
         ids = _standin.prompt_ids(prompt)
-        cached = _standin.cached_tokens(prompt)
+        words, start = _standin.continued(prompt)
+        cached = _standin.cached_tokens(words)
         # the engine core's stamps: queued as the request arrives, its first token when the script makes it
         stats = RequestStateStats(arrival_time=time.time(), queued_ts=time.monotonic()) if self.log_stats else None
         try:
             async for text, tok, finish in _standin.script(
-                prompt, sp.max_tokens, sp.min_tokens, sp.ignore_eos, stop, cancelled=lambda: request_id in self.aborted
+                words,
+                sp.max_tokens,
+                sp.min_tokens,
+                sp.ignore_eos,
+                stop,
+                cancelled=lambda: request_id in self.aborted,
+                start=start,
             ):
                 if stats is not None:
                     stats.last_token_ts = time.monotonic()
