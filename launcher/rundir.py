@@ -235,9 +235,22 @@ class RunDir:
 
     # ------------------------------------------------------------------ replicas restarted in place
     def write_restart(self, replica: int, restart: int, doc: Dict) -> None:
-        """Replica `replica`'s restart number `restart` (its one rank writes it, at the restart and again once the
-        server serves or fails)."""
+        """Replica `replica`'s restart number `restart` (its rank, or its leader for a copy of several ranks, writes
+        it at the restart and again once the server serves)."""
         _write(self.path / f"replica_restart{replica}_{restart}.json", doc)
+
+    def claim_restart(self, replica: int, restart: int, doc: Dict) -> bool:
+        """A copy of several ranks: the first of its ranks to find its server dead asks for the copy's restart number
+        `restart`; whether this call asked (the others join it)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        return record_once(self.path / f"replica_restart{replica}_{restart}.json", doc)
+
+    def read_restart(self, replica: int, restart: int) -> Optional[dict]:
+        return _read(self.path / f"replica_restart{replica}_{restart}.json")
+
+    def restart_asked(self, replica: int, restart: int) -> bool:
+        """Whether a rank of `replica` asked for its restart number `restart`."""
+        return (self.path / f"replica_restart{replica}_{restart}.json").exists()
 
     def restarts(self) -> List[dict]:
         """The readable restart records, by replica and restart."""

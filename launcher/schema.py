@@ -207,7 +207,7 @@ class ServeConfig:
     )  # with replicas > 1, how often one running request may move to another replica when its replica fails mid-stream: it goes on there after the tokens its client has (engines that can continue a request: hf, vllm but its requests with stop strings or a guide; launcher/frontend/migration.py)
     max_restarts: int = arg(
         Int("restarts of one replica", min=0, zero="never: a replica whose server dies is lost for the job"), 3
-    )  # with replicas > 1, how often a replica of one rank (tp=1) whose server dies while the job serves is started again in place (same node and ports; after 1, 2, 4, ... s), rejoining the front end once it answers a real request; a copy over several ranks, or one past its restarts, is lost for the job
+    )  # with replicas > 1, how often a replica whose server dies while the job serves is started again in place (same node and ports; after 1, 2, 4, ... s), rejoining the front end once it answers a real request; a copy over several ranks restarts as a whole where its engine's ranks can meet again (hf), else it is lost for the job, as is one past its restarts
     stall_timeout_s: float = arg(
         Float("seconds without a response", 0.0, zero="never: only a replica that dies is failed"), 60.0
     )  # with replicas > 1, a replica that sends no response to any of its running requests for this long (a hung engine, whose server still answers the health probe) is failed like a dead one: its streams move to another replica, and it stays out of routing for as long again

@@ -63,6 +63,10 @@ class Engine:
     # and output_ids), so the front end of replicas > 1 moves its streams when a replica fails
     # (launcher/frontend/migration.py).
     continues_requests: ClassVar[bool] = False
+    # A copy of several ranks (tp or pp over ranks) starts again as a whole when one of its servers dies: every rank
+    # of it restarts its server and the new servers form the copy's group again (launcher/rank/restart.py).  An
+    # engine whose ranks meet elsewhere (a Ray cluster, SGLang's nodes) loses such a copy for the job instead.
+    copy_restarts: ClassVar[bool] = False
     # It publishes its prefix cache's changes as KV-cache events (launcher/kv_events.py) where launcher/rank asks, so
     # serve.routing=kv may route by them.
     kv_events: ClassVar[bool] = False

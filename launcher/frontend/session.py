@@ -32,6 +32,7 @@ from launcher.frontend.wire import (
     _error_response,
     _request_id_patch,
     _response_id_patch,
+    log,
 )
 
 
@@ -176,12 +177,10 @@ class _Link:
                     rep.track(-1)
                     if m.error_message:
                         rep.errors += 1
-                        # the model's error (tritonserver's own are the request's fault): one the server failed and
-                        # the client saw nothing of goes to another replica whole, once
-                        if flag is not None and fe.server_error(rep, m.error_message) and not p.started:
-                            if not p.retried:
-                                rep.retried += 1
-                                await self.session.dispatch(p.raw, retried=True, avoid=rep)
+                        # the model's error (tritonserver's own are the request's fault): one the server failed goes
+                        # on elsewhere as if its replica had died (whole, or mid-stream), where it can
+                        if flag is not None and fe.server_error(rep, m.error_message):
+                            if await self.go_on(p, f"{rep.label} failed it: {m.error_message}", avoid=rep):
                                 continue
                     else:
                         if rep.failing or rep.on_trial:
@@ -223,13 +222,7 @@ class _Link:
         limit = self.session.fe.max_migrations
         try:
             for p in items:
-                if not p.started and not p.retried:
-                    self.rep.retried += 1
-                    await self.session.dispatch(p.raw, retried=True)
-                elif p.started and p.ids is not None and p.migrations < limit and not (p.ids and p.ids[0] < 0):
-                    self.rep.migrated += 1
-                    await self.session.dispatch(continued_request(p.raw, p.ids), moved=p, failure=message)
-                else:
+                if not await self.go_on(p, message):
                     self.rep.errors += 1
                     if p.ids is None:
                         why = (
@@ -244,6 +237,25 @@ class _Link:
                     await self.session.send(_error_response(text, p.client_id, p.model, p.version))
         except ClientGone:
             return
+
+    async def go_on(self, p: _Pending, message: str, avoid: Optional[Replica] = None) -> bool:
+        """Send request `p`, which this replica failed (`message`), to another one (not `avoid` where another is
+        up): whole if the client has nothing of it yet (once), mid-stream if it streamed and can move.  False where
+        it can do neither: then it ends in an error."""
+        limit = self.session.fe.max_migrations
+        if not p.started and not p.retried:
+            self.rep.retried += 1
+            await self.session.dispatch(p.raw, retried=True, avoid=avoid)
+            return True
+        if p.started and p.ids is not None and p.migrations < limit and not (p.ids and p.ids[0] < 0):
+            self.rep.migrated += 1
+            log(
+                f"moving request {p.client_id!r} off {self.rep.label} after {len(p.ids)} tokens (move "
+                f"{p.migrations + 1} of at most {limit})"
+            )
+            await self.session.dispatch(continued_request(p.raw, p.ids), moved=p, failure=message, avoid=avoid)
+            return True
+        return False
 
     def stall(self, why: str) -> None:
         """Its replica answers nothing while it has work: cancel the backend stream; its pump then fails (moves) the

@@ -348,15 +348,28 @@ class Rank:
         replica's server that dies while the job serves is first started again in place (launcher/rank/restart.py)."""
         if self.spec.replicas == 1:
             return supervise(self.server, None, self.stopped, lambda: False, self.api)
+        run, replica = self.rundir, self.me.replica
         while True:
-            ended, code = supervise(
-                self.server, self.frontend, self.stopped, lambda: self.rundir.replica_lost(self.me.replica), self.api
-            )
-            if ended != "server" or self.stopped() or not restart_in_place(self, code):
+            ended, code = supervise(self.server, self.frontend, self.stopped, self.copy_ended, self.api)
+            if self.stopped():
+                break
+            if ended == "replica" and not run.replica_lost(replica):  # the copy restarts as a whole: join it
+                code = end_lost_server(self.server, grace_s=1.0)  # its group is broken: nothing it runs can finish
+                if restart_in_place(self, code, asked=True):
+                    continue
+                ended = "server"  # this rank's part of the restart failed: its copy is lost
+                break
+            if ended != "server" or not restart_in_place(self, code):
                 break
         if ended == "replica":
             code = end_lost_server(self.server)
         return ended, code
+
+    def copy_ended(self) -> bool:
+        """Another rank of this replica recorded it lost, or asked for the copy's next restart (launcher/rank/
+        restart.py): either way this rank's server has lost its group."""
+        run, replica = self.rundir, self.me.replica
+        return run.replica_lost(replica) or run.restart_asked(replica, self.restarts + 1)
 
     # ------------------------------------------------------------------------------------------ the end
     def finish(self, ended: str, code: Optional[int], started: bool) -> int:

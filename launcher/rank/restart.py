@@ -1,6 +1,12 @@
-"""A replica's server started again in place: when a one-rank replica's tritonserver dies while the job serves, its
-rank (launcher/rank/rank.py) starts it again on the same node and ports instead of losing the replica, and rank 0's
-front end routes to it again once its health probe answers (launcher/frontend/proxy.py)."""
+"""A replica's servers started again in place: when a replica's tritonserver dies while the job serves, its rank
+(launcher/rank/rank.py) starts it again on the same node and ports instead of losing the replica, and rank 0's
+front end routes to it again once its health probe answers (launcher/frontend/proxy.py).
+
+A copy of several ranks (tp over ranks, with an engine whose ranks meet again: Engine.copy_restarts) restarts as a
+whole: the first of its ranks to find its server dead asks for the copy's restart in the run dir
+(replica_restart<R>_<K>.json, written once), every other rank of the copy sees the ask within a second, ends its own
+server (whose group lost a peer) and joins; each starts its server again after the same backoff, the new servers
+form the copy's group again, and the leader's READY is the copy's."""
 
 from __future__ import annotations
 
@@ -12,49 +18,78 @@ from launcher.rank.supervise import signal_text
 from launcher.triton import ServerDied
 
 
-def restart_in_place(rank, code: Optional[int]) -> bool:
+def copy_ranks(rank) -> list:
+    """The ranks of `rank`'s replica (its model copy)."""
+    return [r.rank for r in rank.spec.ranks if r.replica == rank.me.replica]
+
+
+def restartable(rank) -> bool:
+    """Whether `rank`'s replica may restart in place at all: the job serves, serve.max_restarts allows, and it is
+    one rank or a copy whose engine meets again (Engine.copy_restarts)."""
+    spec = rank.spec
+    if not int(spec.serve.max_restarts) or not rank.rundir.serving(rank.ctx.token):
+        return False
+    return len(copy_ranks(rank)) == 1 or rank.edef.copy_restarts
+
+
+def restart_in_place(rank, code: Optional[int], asked: bool = False) -> bool:
     """The server of `rank` (a launcher.rank.rank.Rank, whose attributes say where it stands) died unasked with
-    status `code` while the job serves: start it again on the same node and ports (the
-    front end's health probe routes to it again once it is ready), up to serve.max_restarts times over the
-    job, after 1, 2, 4, ... s.  True once it serves again; False where the replica is lost as before: a copy
-    of several ranks (its other ranks' engines cannot follow a new one), a job not serving yet, a stop, or
-    its restarts spent (the last failure's log tail goes into the lost record)."""
+    status `code` while the job serves, or (`asked`) another rank of its copy asked for the copy's restart and this
+    rank ended its server: start it again on the same node and ports (the front end's health probe routes to it
+    again once it is ready), up to serve.max_restarts times over the job, after 1, 2, 4, ... s.  True once it serves
+    again; False where the replica is lost as before: a copy whose engine cannot meet again, a job not serving yet, a
+    stop, or its restarts spent (the last failure's log tail goes into the lost record).  A one-rank replica tries
+    again while restarts are left; a copy tries once a failure (its ranks would have to agree on each try)."""
     spec, me, run = rank.spec, rank.me, rank.rundir
     limit = int(spec.serve.max_restarts)
-    one_rank = sum(1 for r in spec.ranks if r.replica == me.replica) == 1
-    if not one_rank or not run.serving(rank.ctx.token) or not limit:
+    if not restartable(rank):
         return False
+    ranks = copy_ranks(rank)
+    whole = len(ranks) > 1
     while rank.restarts < limit and not rank.stopped():
         rank.restarts += 1
         n, backoff = rank.restarts, min(2.0 ** (rank.restarts - 1), 30.0)
         doc = {
             "replica": me.replica,
             "rank": me.rank,
+            "ranks": ranks,
             "host": rank.topo.hostname,
             "restart": n,
             "max_restarts": limit,
             "exit_code": code,
-            "reason": f"its server exited with status {signal_text(code)} unasked",
+            "reason": f"the server of rank {me.rank} exited with status {signal_text(code)} unasked",
             "log_tail": log_excerpt(rank.log, 25),
             "time": time.time(),
             "ready_s": None,
         }
-        run.write_restart(me.replica, n, doc)
-        rank.say(f"replica {me.replica}: {doc['reason']}; restart {n} of {limit} in {backoff:.0f}s, same ports")
+        joins = ""
+        if whole:
+            if asked or not run.claim_restart(me.replica, n, doc):  # another rank of the copy asked first
+                doc = run.read_restart(me.replica, n) or doc
+                joins = f"; rank {me.rank} joins"
+        else:
+            run.write_restart(me.replica, n, doc)
+        what = f"replica {me.replica}" + (f" (ranks {ranks}, as a whole)" if whole else "")
+        rank.say(f"{what}: {doc['reason']}{joins}; restart {n} of {limit} in {backoff:.0f}s, same ports")
         deadline = time.monotonic() + backoff
         while time.monotonic() < deadline and not rank.stopped():
             time.sleep(0.1)
-        rank.server.stop()  # the dead server's stubs and shm regions
+        rank.server.stop()  # the dead server's stubs and shm regions (a joining rank's ended server's)
         if rank.stopped():
             return False
         t0 = time.monotonic()
         rank.server = rank.make_server()
         rank.server.start()
+        if me.role != "leader":  # a worker's server serves its leader; the leader's READY is the copy's
+            rank.say(f"replica {me.replica}: restart {n} started; its leader's READY says the copy serves")
+            return True
         try:
             rank.server.wait_ready()
         except (ServerDied, TimeoutError) as e:
             code = rank.server.returncode()
             rank.say(f"replica {me.replica}: restart {n} did not serve: {e}")
+            if whole:
+                return False
             continue
         doc["ready_s"] = round(time.monotonic() - t0, 2)
         run.write_restart(me.replica, n, doc)

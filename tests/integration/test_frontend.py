@@ -1167,10 +1167,19 @@ def test_slurm_replicas_2_nodes_2_one_endpoint(local_slurm, tmp_path):
         want = generate(ep.url, ep.model, gen)
         got: list = []
         threads = [threading.Thread(target=lambda: got.append(generate(ep.url, ep.model, gen))) for _ in range(4)]
+        sent = metric(ep.metrics_url, "llmlaunch_frontend_responses_total", 1)
         for t in threads:
             t.start()
-        until(lambda: metric(ep.metrics_url, "llmlaunch_frontend_in_flight", 1) >= 2, 60, "node2 busy")
-        time.sleep(1.0)
+        # killed as soon as node2's streams have started (a few tokens of their 400 each): not after a fixed wait,
+        # which a fast run outlasts
+        until(
+            lambda: (
+                metric(ep.metrics_url, "llmlaunch_frontend_in_flight", 1) >= 2
+                and metric(ep.metrics_url, "llmlaunch_frontend_responses_total", 1) >= sent + 10
+            ),
+            60,
+            "node2's streams to start",
+        )
         os.kill(server_pid(ep.job_id, 1), signal.SIGKILL)
         for t in threads:
             t.join(300)

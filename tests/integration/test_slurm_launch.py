@@ -448,12 +448,61 @@ def test_rank0_keeps_the_front_end_after_its_replica_and_the_job_fails_with_the_
     assert_shm_gone(job_id)
 
 
-@pytest.mark.parametrize("killed,other", [(3, 2), (2, 3)], ids=["worker", "leader"])
-def test_a_dead_tp_rank_takes_its_replica_down_and_the_job_goes_on(local_slurm, tmp_path, killed, other):
-    """replicas=2 tp=2 (one copy per node): one rank of replica 1 killed (its worker, rank 3, or its
-    leader, rank 2) -> that rank records the loss, the other sees the record, ends its server and
-    exits 0 (a worker must not wait out its collective timeout); replica 0 serves on."""
+def test_a_tp_copy_whose_worker_dies_restarts_as_a_whole_and_no_stream_fails(local_slurm, tmp_path):
+    """replicas=2 tp=2 (one copy per node), four greedy streams through the front end on both copies: replica 1's
+    worker (rank 3) killed -> its rank asks for the copy's restart, the leader (rank 2) ends its own server (its
+    group lost a peer) and joins, both start again on their ports and form the group again, the leader's READY brings
+    the copy back into routing; every stream finishes with the undisturbed text (those on replica 1 moved)."""
+    import threading
+
+    from launcher.client.request import Generation
+    from launcher.client.stream import generate
+
     spec, job_id, run, ep = launch(tmp_path, "replicas=2", "tp=2", "nodes=2")
+    try:
+        gen = Generation("Once upon a time, in a kingdom by the sea,", max_tokens=300, ignore_eos=True)
+        want = generate(ep.url, ep.model, gen)
+        got: list = []
+        threads = [threading.Thread(target=lambda: got.append(generate(ep.url, ep.model, gen))) for _ in range(4)]
+        sent = metric(ep.metrics_url, "llmlaunch_frontend_responses_total", 1)
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 60  # killed as soon as replica 1's streams have started (10 of 300 tokens)
+        while (
+            metric(ep.metrics_url, "llmlaunch_frontend_in_flight", 1) < 1
+            or metric(ep.metrics_url, "llmlaunch_frontend_responses_total", 1) < sent + 10
+        ):
+            assert time.monotonic() < deadline, "replica 1's streams never started"
+            time.sleep(0.05)
+        os.kill(server_pid(job_id, 3), signal.SIGKILL)
+        for t in threads:
+            t.join(300)
+        assert [(r.error, r.text, r.output_tokens) for r in got] == [("", want.text, 300)] * 4
+        # rank 3's rank asks for the restart; the leader's engine may find its peer gone and end its own server
+        # first, and then the leader asks: either way both restart once, together
+        asked = "replica 1 (ranks [2, 3], as a whole): the server of rank "
+        wait_log(run / f"{job_id}_3_log.out", asked, "restart 1 of 3 in 1s, same ports", timeout=60)
+        wait_log(run / f"{job_id}_2_log.out", asked, "replica 1 serves again: restart 1 READY in", timeout=240)
+        deadline = time.monotonic() + 60
+        while metric(ep.metrics_url, "llmlaunch_frontend_replica_recoveries_total", 1) < 1:
+            assert time.monotonic() < deadline, "replica 1 not taken back"
+            time.sleep(0.5)
+        doc = json.loads((run / "replica_restart1_1.json").read_text())
+        assert (doc["ranks"], doc["restart"]) == ([2, 3], 1) and doc["rank"] in (2, 3) and doc["ready_s"] > 0, doc
+        assert not (run / "replica_lost1.json").exists()
+        assert_serves_on(ep, job_id, run)
+        stop_drained(job_id)
+    finally:
+        stop(job_id)
+    assert prefixes_of(job_id) == []
+
+
+def test_a_dead_tp_rank_takes_its_replica_down_and_the_job_goes_on(local_slurm, tmp_path):
+    """replicas=2 tp=2 (one copy per node), restarts off (serve.max_restarts=0: the rule underneath them): replica
+    1's leader (rank 2) killed -> its rank records the loss, the worker sees the record, ends its server and exits 0
+    (a worker must not wait out its collective timeout); replica 0 serves on."""
+    killed, other = 2, 3
+    spec, job_id, run, ep = launch(tmp_path, "replicas=2", "tp=2", "nodes=2", "serve.max_restarts=0")
     try:
         assert [(r.replica, r.role, r.node) for r in spec.ranks] == [
             (0, "leader", 0),

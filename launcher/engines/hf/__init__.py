@@ -39,6 +39,7 @@ class HFEngine(Engine):
     tp_any_divisor = True  # launcher/hf/tp.py shards heads, KV heads and MLP rows over any tp dividing them
     first_token_split = True
     continues_requests = True
+    copy_restarts = True  # its tp ranks meet through torch.distributed at the leader's dist_port, again at a restart
     kv_events = True  # launcher.hf.blocks records them, launcher.hf.engine publishes them
 
     def models(self, spec) -> List[RenderedModel]:
