@@ -124,9 +124,9 @@ class Frontend:
     def server_error(self, rep: Replica, message: str, grpc_code: str = "") -> bool:
         """A request on `rep` ended in an error; True where it is the server's own (launcher/error_kinds.py: a bad
         request, an overload, a cancellation are not).  The circuit breaker counts those in a row (a request that
-        succeeds resets the count, Replica.succeeded).  At breaker_errors of them the replica is taken out of routing for
-        breaker_cooldown_s (doubled each time in a row, up to 8x); then the health probe must find it ready before
-        it returns, on trial: one more server error takes it out again at once."""
+        succeeds resets the count, Replica.succeeded).  At breaker_errors of them the replica is taken out of
+        routing for breaker_cooldown_s (doubled each time in a row, up to 8x); then the health probe must find it
+        ready before it returns, on trial: one more server error takes it out again at once."""
         if error_kind(message, grpc_code) not in (SERVER, UNAVAILABLE):
             return False
         if not rep.up:  # out of routing already: requests sent before it went out say nothing new
