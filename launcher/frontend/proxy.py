@@ -126,7 +126,8 @@ class Frontend:
         request, an overload, a cancellation are not).  The circuit breaker counts those in a row (a request that
         succeeds resets the count, Replica.succeeded).  At breaker_errors of them the replica is taken out of
         routing for breaker_cooldown_s (doubled each time in a row, up to 8x); then the health probe must find it
-        ready before it returns, on trial: one more server error takes it out again at once."""
+        ready before it returns, on trial: one more server error takes it out again at once.  The last replica up is
+        never taken out (its errors still reach the clients, but so do its successes)."""
         if error_kind(message, grpc_code) not in (SERVER, UNAVAILABLE):
             return False
         if not rep.up:  # out of routing already: requests sent before it went out say nothing new
@@ -134,6 +135,8 @@ class Frontend:
         rep.failing += 1
         if not self.breaker_errors or (rep.failing < self.breaker_errors and not rep.on_trial):
             return True
+        if not any(r.up for r in self.replicas if r is not rep):
+            return True  # the last one up stays: out of routing, it would turn every request into an error
         rep.tripped += 1
         rep.trips += 1
         cooldown = self.breaker_cooldown_s * min(2 ** (rep.tripped - 1), 8)

@@ -577,8 +577,17 @@ def test_a_replica_failing_its_requests_is_taken_out_by_the_circuit_breaker_and_
             assert [r.error for r in recs if r.error] == []
             assert any(r.text.startswith(" r1") for r in recs), [r.text for r in recs]
             assert metric("circuit_breaker_trips_total", 1) == 2 and metric("replica_up", 1) == 1
+
+            # both broken: the clients get the engines' errors, and the last replica up stays in routing
+            both = backends[0].markers / "BROKEN"
+            both.touch()
+            broken.touch()
+            recs = run(12)
+            assert all("the engine failed (BROKEN)" in r.error for r in recs), [r.error for r in recs]
+            assert metric("replica_up", 0) + metric("replica_up", 1) >= 1
     finally:
         broken.unlink(missing_ok=True)
+        (backends[0].markers / "BROKEN").unlink(missing_ok=True)
 
 
 def test_no_replica_up_is_an_error_per_request_not_a_hang(tmp_path):
