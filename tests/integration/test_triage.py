@@ -107,6 +107,22 @@ def test_a_rank_that_never_reaches_the_rendezvous_is_named(local_slurm, tmp_path
     assert run.failures()[0]["missing_ranks"] == [1]
 
 
+# Binds and listens on each port read from stdin (one a line), holding them until killed; says "ready" first.
+HOLDER = """
+import socket, sys
+held = []
+print("ready", flush=True)
+for line in sys.stdin:
+    s = socket.socket()
+    try:
+        s.bind(("0.0.0.0", int(line)))
+        s.listen()
+        held.append(s)
+    except OSError as e:
+        print(f"port {line.strip()}: {e}", file=sys.stderr, flush=True)
+"""
+
+
 def test_a_port_taken_while_the_server_loads_is_the_root_cause(local_slurm, tmp_path):
     """Something on node1 takes each gRPC port rank 0 picked before its server binds it: after its retries the
     rank fails, and the root cause is the first bind that failed."""
@@ -124,9 +140,19 @@ def test_a_port_taken_while_the_server_loads_is_the_root_cause(local_slurm, tmp_
         ]
     )
     spec = resolve_model(spec)
+    # One process in node1's network namespace, started before the job, binds each port it is sent at once: a Python
+    # started per port could come up after the server bound it (the server binds a few seconds after its command
+    # line is logged; a busy 2-core machine starts an interpreter in about as long).
+    holder = subprocess.Popen(
+        ["ip", "netns", "exec", Spec.netns("node1"), sys.executable, "-u", "-c", HOLDER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert holder.stdout.readline().strip() == "ready"
     job, run = slurm.submit(spec, str(tmp_path / f"run{time.monotonic_ns()}"))
     log = RunDir(run).slurm_rank_log(job.job_id, 0)
-    holders, taken = [], set()
+    taken = set()
     try:
         deadline = time.monotonic() + 240
         while not RunDir(run).failures() and time.monotonic() < deadline:
@@ -134,25 +160,13 @@ def test_a_port_taken_while_the_server_loads_is_the_root_cause(local_slurm, tmp_
             for port in re.findall(r"--grpc-port=(\d+)", text):
                 if port not in taken:
                     taken.add(port)
-                    holders.append(
-                        subprocess.Popen(
-                            [
-                                "ip",
-                                "netns",
-                                "exec",
-                                Spec.netns("node1"),
-                                sys.executable,
-                                "-c",
-                                f"import socket,time; s=socket.socket(); s.bind(('0.0.0.0', {port})); s.listen(); time.sleep(600)",
-                            ]
-                        )
-                    )
-            time.sleep(0.1)
+                    holder.stdin.write(f"{port}\n")
+                    holder.stdin.flush()
+            time.sleep(0.05)
         assert RunDir(run).failures(), f"rank 0 never failed; its log ends:\n{log.read_text()[-3000:]}"
     finally:
         subprocess.run(["scancel", job.job_id])
-        for h in holders:
-            h.kill()
+        holder.kill()
     time.sleep(2)
     text = logs_cli(run)
     root = text.split("consequences")[0]
