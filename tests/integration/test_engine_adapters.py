@@ -32,8 +32,7 @@ MPI_RANK_ENV = {"PMIX_RANK": "3", "OMPI_COMM_WORLD_RANK": "3", "PMI_SIZE": "8", 
 @pytest.fixture(scope="module", params=ENGINES)
 def engine(request, tmp_path_factory):
     from launcher.cli import plan
-    from launcher.render import repository_files
-    from tests.standins.server import STANDINS, serve, write_repository
+    from tests.standins.server import serve_standin
 
     name = request.param
     # vLLM and SGLang with one front end here; several: tests/integration/test_shared_engine.py
@@ -41,18 +40,9 @@ def engine(request, tmp_path_factory):
     # SGLang uses a request's seed only under deterministic inference: serve with it, so seeds reach the engine
     one += ["engine.extra_args.enable_deterministic_inference=true"] if name == "sglang" else []
     _, spec = plan([f"engine={name}", "model.path=/models/standin-llm", "engine.max_num_seqs=8", *one])
-    tmp = tmp_path_factory.mktemp(name)
-    repo = write_repository(repository_files(spec), tmp / "repo")
-    log = tmp / "calls.jsonl"
-    env = {
-        "LLMLAUNCH_STANDIN_LOG": str(log),
-        "LLMLAUNCH_STANDIN_DELAY_S": "0.01",
-        **(MPI_RANK_ENV if name == "trtllm" else {}),
-    }
-    with serve(
-        repo, [spec.model_name], tmp / "server.log", spec.model_name, extra_env=env, pythonpath=[STANDINS], metrics=True
-    ) as server:
-        server.name, server.model, server.calls, server.spec = name, spec.model_name, log, spec
+    env = MPI_RANK_ENV if name == "trtllm" else {}
+    with serve_standin(spec, tmp_path_factory.mktemp(name), extra_env=env, metrics=True) as server:
+        server.name = name
         yield server
 
 
@@ -301,18 +291,11 @@ def test_vllm_continues_a_request_after_the_tokens_it_made_elsewhere(tmp_path, t
     from transformers import AutoTokenizer
 
     from launcher.cli import plan
-    from launcher.render import repository_files
-    from tests.standins.server import STANDINS, serve, write_repository
+    from tests.standins.server import serve_standin
 
     args = ["engine=vllm", "model.path=/models/standin-llm", f"model.tokenizer={tiny_model_dir}", "engine.frontends=1"]
     _, spec = plan(args)
-    repo = write_repository(repository_files(spec), tmp_path / "repo")
-    log = tmp_path / "calls.jsonl"
-    env = {"LLMLAUNCH_STANDIN_LOG": str(log), "LLMLAUNCH_STANDIN_DELAY_S": "0.01"}
-    with serve(
-        repo, [spec.model_name], tmp_path / "server.log", spec.model_name, extra_env=env, pythonpath=[STANDINS]
-    ) as server:
-        server.model, server.calls = spec.model_name, log
+    with serve_standin(spec, tmp_path) as server:
         prompt = "the cat sat on a mat"
         whole, error = generate(server, prompt, max_tokens=6, ignore_eos=True)
         assert error is None and "".join(r["text_output"] for r in whole) == " t0 t1 t2 t3 t4 t5"

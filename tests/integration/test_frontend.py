@@ -26,7 +26,7 @@ from launcher.handoff.endpoint import EndpointRecord
 from launcher.ports import free_port
 from launcher.rundir import RunDir
 from launcher.testing.serve import make_repository, wait_ready
-from tests.integration.test_slurm_launch import metric, server_pid
+from tests.integration.test_slurm_launch import kill_once_streams_started, metric, server_pid
 
 pytestmark = [pytest.mark.triton, pytest.mark.timeout(600)]
 
@@ -1170,28 +1170,10 @@ def test_slurm_replicas_2_nodes_2_one_endpoint(local_slurm, tmp_path):
         assert served == [2, 2], text
         # node2's replica killed mid-stream: its streams finish on node1's as if nothing happened, and its rank
         # starts its server again in place, which llmlaunch-status lists
-        import threading
-
         gen = Generation("Once upon a time, in a kingdom by the sea,", max_tokens=400, ignore_eos=True, temperature=0.0)
         want = generate(ep.url, ep.model, gen)
-        got: list = []
-        threads = [threading.Thread(target=lambda: got.append(generate(ep.url, ep.model, gen))) for _ in range(4)]
-        sent = metric(ep.metrics_url, "llmlaunch_frontend_responses_total", 1)
-        for t in threads:
-            t.start()
-        # killed as soon as node2's streams have started (a few tokens of their 400 each): not after a fixed wait,
-        # which a fast run outlasts
-        until(
-            lambda: (
-                metric(ep.metrics_url, "llmlaunch_frontend_in_flight", 1) >= 2
-                and metric(ep.metrics_url, "llmlaunch_frontend_responses_total", 1) >= sent + 10
-            ),
-            60,
-            "node2's streams to start",
-        )
-        os.kill(server_pid(ep.job_id, 1), signal.SIGKILL)
-        for t in threads:
-            t.join(300)
+        # rank 1's server killed once two of node2's streams run (a few tokens of their 400 each)
+        got = kill_once_streams_started(ep, gen, ep.job_id, 1, 2, "node2's streams")
         assert [(r.error, r.text, r.output_tokens) for r in got] == [("", want.text, 400)] * 4
         assert metric(ep.metrics_url, "llmlaunch_frontend_migrated_total", 1) >= 1
         until(

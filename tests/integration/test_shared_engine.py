@@ -20,18 +20,12 @@ def test_vllm_front_ends_share_one_engine_core(tmp_path):
     clients), each stub a client on its own address pair; requests spread over them and none mix."""
     from launcher.cli import plan
     from launcher.render import repository_files
-    from tests.standins.server import STANDINS, serve, write_repository
+    from tests.standins.server import serve_standin
 
     _, spec = plan(["engine=vllm", "model.path=/models/standin-llm", "engine.frontends=3"])
     assert "count: 3" in repository_files(spec)[f"{spec.model_name}/config.pbtxt"]
-    repo = write_repository(repository_files(spec), tmp_path / "repo")
-    log = tmp_path / "calls.jsonl"
     # the core takes a second to load: the other front ends wait for it
-    env = {"LLMLAUNCH_STANDIN_LOG": str(log), "LLMLAUNCH_STANDIN_DELAY_S": "0.01", "LLMLAUNCH_STANDIN_CORE_LOAD_S": "1"}
-    with serve(
-        repo, [spec.model_name], tmp_path / "server.log", spec.model_name, extra_env=env, pythonpath=[STANDINS]
-    ) as server:
-        server.model, server.calls = spec.model_name, log
+    with serve_standin(spec, tmp_path, extra_env={"LLMLAUNCH_STANDIN_CORE_LOAD_S": "1"}) as server:
         (launch,) = events(server, "launch_core")
         assert launch["clients"] == 3 and launch["api_process_rank"] == 0
         clients = wait_for(lambda: len(events(server, "client")) == 3 and events(server, "client"))
@@ -80,18 +74,11 @@ def test_sglang_front_ends_are_tokenizer_workers_of_one_engine(tmp_path):
     from launcher.cli import plan
     from launcher.render import repository_files
     from tests.contract_client import Stream
-    from tests.standins.server import STANDINS, serve, write_repository
+    from tests.standins.server import serve_standin
 
     _, spec = plan(["engine=sglang", "model.path=/models/standin-llm", "engine.frontends=3"])
-    files = repository_files(spec)
-    assert "count: 3" in files[f"{spec.model_name}/config.pbtxt"]
-    repo = write_repository(files, tmp_path / "repo")
-    log = tmp_path / "calls.jsonl"
-    env = {"LLMLAUNCH_STANDIN_LOG": str(log), "LLMLAUNCH_STANDIN_DELAY_S": "0.01"}
-    with serve(
-        repo, [spec.model_name], tmp_path / "server.log", spec.model_name, extra_env=env, pythonpath=[STANDINS]
-    ) as server:
-        server.model, server.calls = spec.model_name, log
+    assert "count: 3" in repository_files(spec)[f"{spec.model_name}/config.pbtxt"]
+    with serve_standin(spec, tmp_path) as server:
         (init,) = events(server, "init")
         assert init["args"]["tokenizer_worker_num"] == 3
         workers = wait_for(lambda: len(events(server, "tokenizer_worker")) == 3 and events(server, "tokenizer_worker"))

@@ -299,6 +299,32 @@ def metric(url, name, replica):
     )
 
 
+def kill_once_streams_started(ep, gen, job_id, rank, in_flight, what, streams=4):
+    """Send `gen` through the front end at `ep` on `streams` threads at once, then SIGKILL the tritonserver of `rank`
+    as soon as replica 1 runs `in_flight` of them and has sent 10 responses since they began (a few tokens each): not
+    after a fixed wait, which a fast run outlasts.  Returns each stream's Generation result once all have ended."""
+    import threading
+
+    from launcher.client.stream import generate
+
+    got: list = []
+    threads = [threading.Thread(target=lambda: got.append(generate(ep.url, ep.model, gen))) for _ in range(streams)]
+    sent = metric(ep.metrics_url, "llmlaunch_frontend_responses_total", 1)
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while (
+        metric(ep.metrics_url, "llmlaunch_frontend_in_flight", 1) < in_flight
+        or metric(ep.metrics_url, "llmlaunch_frontend_responses_total", 1) < sent + 10
+    ):
+        assert time.monotonic() < deadline, f"{what} never started"
+        time.sleep(0.05)
+    os.kill(server_pid(job_id, rank), signal.SIGKILL)
+    for t in threads:
+        t.join(300)
+    return got
+
+
 def test_losing_replica_1_keeps_the_job_serving_on_replica_0(local_slurm, tmp_path):
     """replicas=2 over two nodes, 16 long streams through the front end, replica 1's tritonserver killed
     mid-run, with moving streams and restarting servers off (serve.max_migrations=0, serve.max_restarts=0: the rule
@@ -453,8 +479,6 @@ def test_a_tp_copy_whose_worker_dies_restarts_as_a_whole_and_no_stream_fails(loc
     worker (rank 3) killed -> its rank asks for the copy's restart, the leader (rank 2) ends its own server (its
     group lost a peer) and joins, both start again on their ports and form the group again, the leader's READY brings
     the copy back into routing; every stream finishes with the undisturbed text (those on replica 1 moved)."""
-    import threading
-
     from launcher.client.request import Generation
     from launcher.client.stream import generate
 
@@ -462,21 +486,8 @@ def test_a_tp_copy_whose_worker_dies_restarts_as_a_whole_and_no_stream_fails(loc
     try:
         gen = Generation("Once upon a time, in a kingdom by the sea,", max_tokens=300, ignore_eos=True)
         want = generate(ep.url, ep.model, gen)
-        got: list = []
-        threads = [threading.Thread(target=lambda: got.append(generate(ep.url, ep.model, gen))) for _ in range(4)]
-        sent = metric(ep.metrics_url, "llmlaunch_frontend_responses_total", 1)
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 60  # killed as soon as replica 1's streams have started (10 of 300 tokens)
-        while (
-            metric(ep.metrics_url, "llmlaunch_frontend_in_flight", 1) < 1
-            or metric(ep.metrics_url, "llmlaunch_frontend_responses_total", 1) < sent + 10
-        ):
-            assert time.monotonic() < deadline, "replica 1's streams never started"
-            time.sleep(0.05)
-        os.kill(server_pid(job_id, 3), signal.SIGKILL)
-        for t in threads:
-            t.join(300)
+        # replica 1's worker (rank 3) killed as soon as its streams have started (10 of 300 tokens)
+        got = kill_once_streams_started(ep, gen, job_id, 3, 1, "replica 1's streams")
         assert [(r.error, r.text, r.output_tokens) for r in got] == [("", want.text, 300)] * 4
         # rank 3's rank asks for the restart; the leader's engine may find its peer gone and end its own server
         # first, and then the leader asks: either way both restart once, together

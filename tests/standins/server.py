@@ -84,6 +84,30 @@ def serve(
         yield server
 
 
+@contextlib.contextmanager
+def serve_standin(spec, dest: Path, extra_env: Optional[Dict[str, str]] = None, metrics: bool = False):
+    """Yield a tritonserver on the repository `llmlaunch` renders for `spec` (written to dest/repo), its engine the
+    stand-in on the server's PYTHONPATH, logging to dest/server.log.  The stand-in records every call it gets in
+    dest/calls.jsonl (`server.calls`) and takes 0.01 s a token; `extra_env` adds to or overrides that environment.
+    `server.model` and `server.spec` name what it serves."""
+    from launcher.render import repository_files
+
+    repo = write_repository(repository_files(spec), dest / "repo")
+    calls = dest / "calls.jsonl"
+    env = {"LLMLAUNCH_STANDIN_LOG": str(calls), "LLMLAUNCH_STANDIN_DELAY_S": "0.01", **(extra_env or {})}
+    with serve(
+        repo,
+        [spec.model_name],
+        dest / "server.log",
+        spec.model_name,
+        extra_env=env,
+        pythonpath=[STANDINS],
+        metrics=metrics,
+    ) as server:
+        server.model, server.calls, server.spec = spec.model_name, calls, spec
+        yield server
+
+
 def failed_load_log(repo: Path, model: str, log_path: Path, extra_env: Optional[Dict[str, str]] = None) -> str:
     """Start a tritonserver on `repo` whose `model` must fail to load (it never gets READY); the server's log."""
     import pytest
