@@ -42,6 +42,16 @@ What it does:
   while the front end runs; ModelReady when the model is ready on every replica.
 * serves Prometheus counters over HTTP on the metrics port (GET /metrics):
   requests, responses, errors, in flight and up/down per replica.
+* follows a members file where `members` names one (launcher/frontend/members.py):
+  a long-lived service's replicas are separate jobs a controller adds (they
+  join: probed, routed to once ready), drains (no new request goes there, the
+  running ones finish) and removes (its running streams end as a failed
+  replica's do), all while the front end serves; every worker process polls
+  the file, and /metrics labels each slot with its member's name and address,
+  beside its draining gauge and the version of the file every worker applied.
+  The front end then starts with no replica, if need be (a request gets
+  UNAVAILABLE, none has registered), and ServerReady says whether one serves.
+  Routing kv is refused with it (its KV-cache event subscriptions are fixed).
 
 Cost and scale (benchmark/frontend_capacity.py, frontend_overhead.py): every
 forwarded response is one grpc.aio read and one write, about 50 us of the
@@ -57,6 +67,7 @@ metrics, summing the workers' counters, and fails if a worker dies.
 The package, one module a job:
     wire.py     the protobuf fields appended to forwarded messages, in-band errors
     replica.py  Replica: one replica's channel, up/down state, health probes, load and counters
+    members.py  the members file (Member, write_members, read_members) and MembersFile, a process following it
     session.py  Session: one client stream, its requests spread over the replicas and their responses passed back
     proxy.py    Frontend: routing, the health probe, the gRPC handlers, the counters
     routing.py  the routing policies (serve.routing): least_outstanding, prefix, kv
@@ -69,6 +80,7 @@ The package, one module a job:
     process.py  the command line (main: --config FILE) and FrontendProcess, the front end as a child process
 """
 
+from launcher.frontend.members import Member, read_members, write_members
 from launcher.frontend.metrics import metrics_text
 from launcher.frontend.process import FrontendProcess, connect_host, main
 from launcher.frontend.proxy import Frontend
@@ -80,9 +92,12 @@ __all__ = [
     "Frontend",
     "FrontendConfig",
     "FrontendProcess",
+    "Member",
     "Replica",
     "connect_host",
     "main",
     "metrics_text",
+    "read_members",
     "run_frontend",
+    "write_members",
 ]

@@ -55,16 +55,58 @@ _METRICS = (
         "them), or its engine held as the request was routed (kv)",
     ),
 )
-_PER_REPLICA = len(_METRICS)
+# a front end following a members file (launcher/frontend/members.py) only: shown for its members, by slot
+_DRAINING = (
+    "draining",
+    "llmlaunch_frontend_replica_draining",
+    "gauge",
+    "1 while the replica drains: no new request goes to it, those running there go on (its in_flight falls to 0)",
+)
+# what a snapshot (Frontend.snapshot) gives of each replica, and the shared memory of several workers keeps
+REPLICA_KEYS = tuple(k for k, *_ in _METRICS) + (_DRAINING[0],)
+MEMBERS_VERSION = "llmlaunch_frontend_members_version"
 
 
 def metrics_text(snap: dict, addrs: Sequence[str], processes: int = 1) -> str:
+    """The front end's own counters, for a fixed list of replicas (their addresses `addrs`, in its order)."""
     lines = []
     for key, name, kind, help_ in _METRICS:
         lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
         for i, (addr, r) in enumerate(zip(addrs, snap["replicas"])):
             lines.append(f'{name}{{replica="{i}",addr="{addr}"}} {r[key]}')
+    return "\n".join(lines + _totals(snap, processes)) + "\n"
+
+
+def members_text(snap: dict, members: Sequence, processes: int = 1) -> str:
+    """The front end's own counters where a members file names the replicas: a line per member (launcher/frontend/
+    members.py's Member) and counter, labelled with its slot, name and address (a slot no member holds is left
+    out), the draining gauge beside the others, and the version of the file applied (several workers: the lowest
+    any of them applied, so a change is everywhere once it shows)."""
+    rows = snap["replicas"]
+    held = [m for m in members if 0 <= m.slot < len(rows)]
+    lines = []
+    for key, name, kind, help_ in (*_METRICS, _DRAINING):
+        lines += [f"# HELP {name} {help_}", f"# TYPE {name} {kind}"]
+        for m in held:
+            lines.append(
+                f'{name}{{replica="{m.slot}",name="{_label(m.name)}",addr="{_label(m.addr)}"}} {rows[m.slot][key]}'
+            )
     lines += [
+        f"# HELP {MEMBERS_VERSION} the version of the members file the front end applied (the lowest of its workers)",
+        f"# TYPE {MEMBERS_VERSION} gauge",
+        f"{MEMBERS_VERSION} {snap['members_version']}",
+    ]
+    return "\n".join(lines + _totals(snap, processes)) + "\n"
+
+
+def _label(value: str) -> str:
+    """A Prometheus label value: backslash, double quote and newline escaped."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _totals(snap: dict, processes: int) -> list:
+    """The lines of the front end as a whole."""
+    return [
         "# HELP llmlaunch_frontend_streams_active client ModelStreamInfer streams open",
         "# TYPE llmlaunch_frontend_streams_active gauge",
         f"llmlaunch_frontend_streams_active {snap['streams_active']}",
@@ -75,17 +117,18 @@ def metrics_text(snap: dict, addrs: Sequence[str], processes: int = 1) -> str:
         "# TYPE llmlaunch_frontend_processes gauge",
         f"llmlaunch_frontend_processes {processes}",
     ]
-    return "\n".join(lines) + "\n"
 
 
 ENGINE_PROMPT_TOKENS = "llmlaunch_frontend_replica_prompt_tokens_total"
 
 
-async def engine_lines(addrs: Sequence[str], urls: Sequence[str], timeout_s: float = 2.0) -> list:
+async def engine_lines(
+    addrs: Sequence[str], urls: Sequence[str], timeout_s: float = 2.0, indexes: Sequence[int] = ()
+) -> list:
     """The replicas' engines' prefix-cache counters (launcher/python_backend/timings.py: the prompt tokens admitted,
     and those served from the cache), read from each replica leader's tritonserver metrics as this page is asked
     for, one line per replica and kind; a replica whose metrics cannot be read (or whose engine counts none) has
-    none."""
+    none.  indexes: each replica's `replica` label (a members file's slots; by default their order)."""
     from launcher.python_backend.timings import fetch_metrics_text, read_engine_metrics
 
     async def read(url: str):
@@ -102,7 +145,7 @@ async def engine_lines(addrs: Sequence[str], urls: Sequence[str], timeout_s: flo
         "prefix cache, not prefilled (kind=cached), as its tritonserver's metrics report them",
         f"# TYPE {ENGINE_PROMPT_TOKENS} counter",
     ]
-    for i, (addr, c) in enumerate(zip(addrs, counts)):
+    for i, addr, c in zip(indexes or range(len(addrs)), addrs, counts):
         if c is None or not c["prompt_tokens"]:
             continue
         for kind, key in (("admitted", "prompt_tokens"), ("cached", "cached_prompt_tokens")):
@@ -119,6 +162,22 @@ def with_engines(text, addrs: Sequence[str], urls: Sequence[str]):
         if not any(urls):
             return own
         return own + "\n".join(await engine_lines(addrs, urls)) + "\n"
+
+    return page
+
+
+def with_member_engines(text, members):
+    """with_engines for a members file's replicas: `members()` (the Members now) name their metrics URLs."""
+
+    async def page() -> str:
+        own = text()
+        held = [m for m in members() if m.metrics_url]
+        if not held:
+            return own
+        lines = await engine_lines(
+            [m.addr for m in held], [m.metrics_url for m in held], indexes=[m.slot for m in held]
+        )
+        return own + "\n".join(lines) + "\n"
 
     return page
 

@@ -34,16 +34,23 @@ class FrontendProcess(ChildService):
         return self.cfg.drain_timeout_s + 10
 
     def wait_ready(self, timeout_s: float) -> float:
-        """Until ServerReady through the front end is true (every replica ready); raises if it exits."""
+        """Until ServerReady through the front end is true (every replica ready); raises if it exits.  A front end
+        following a members file: until it answers ServerLive (it serves whichever replicas the file names, none at
+        first maybe; its ServerReady says whether one serves now)."""
         channel_addr = f"{connect_host(self.cfg.host)}:{self.cfg.port}"
+        name, request, response = (
+            ("ServerLive", service_pb2.ServerLiveRequest, service_pb2.ServerLiveResponse)
+            if self.cfg.members
+            else ("ServerReady", service_pb2.ServerReadyRequest, service_pb2.ServerReadyResponse)
+        )
         with grpc.insecure_channel(channel_addr, options=RECONNECT_SOON) as ch:
-            ready = ch.unary_unary(
-                f"/{SERVICE}/ServerReady",
-                service_pb2.ServerReadyRequest.SerializeToString,
-                service_pb2.ServerReadyResponse.FromString,
-            )
+            call = ch.unary_unary(f"/{SERVICE}/{name}", request.SerializeToString, response.FromString)
+
+            def answered(reply) -> bool:
+                return reply.live if self.cfg.members else reply.ready
+
             return self.wait_until(
-                lambda: ready(service_pb2.ServerReadyRequest(), timeout=5).ready and self.listens(),
+                lambda: answered(call(request(), timeout=5)) and self.listens(),
                 timeout_s,
                 channel_addr,
             )

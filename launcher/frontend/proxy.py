@@ -2,7 +2,8 @@
 launcher/frontend/routing.py), the health probe, the gRPC handlers of Triton's GRPCInferenceService and the counters.
 
 A client stream is a Session (launcher/frontend/session.py); a replica's channel, state and load are its Replica
-(launcher/frontend/replica.py).
+(launcher/frontend/replica.py).  The replicas are a fixed list, or follow a members file (launcher/frontend/members.py:
+add_replica, set_draining, remove_replica).
 """
 
 from __future__ import annotations
@@ -16,10 +17,15 @@ from grpc import aio
 from tritonclient.grpc import service_pb2
 
 from launcher.error_kinds import SERVER, UNAVAILABLE, error_kind
+from launcher.frontend.metrics import REPLICA_KEYS
 from launcher.frontend.replica import FORWARDED, Replica
 from launcher.frontend.routing import Routing, make_routing, routing_keys
 from launcher.frontend.session import ClientGone, Session
 from launcher.frontend.wire import SERVICE, _details, log
+
+# A replica that left the members file keeps its channel this long at most for its unary calls still running (its
+# streams end at once: remove_replica); then the channel closes, cancelling what is left.
+LEFT_GRACE_S = 10.0
 
 
 class Frontend:
@@ -35,14 +41,22 @@ class Frontend:
         stall_timeout_s: float = 0.0,
         breaker_errors: int = 0,
         breaker_cooldown_s: float = 30.0,
+        members=None,
     ):
         """routing: a policy's name, or the policy (launcher/frontend/routing.py); max_migrations: times a request
         of `model_name` may move to another replica mid-stream (0: never; launcher/frontend/migration.py);
         stall_timeout_s: a replica that answers nothing for this long while it has requests is failed (0: never);
-        breaker_errors, breaker_cooldown_s: the circuit breaker (server_error; 0 errors: never)."""
-        if not replicas:
+        breaker_errors, breaker_cooldown_s: the circuit breaker (server_error; 0 errors: never); members: a
+        MembersFile (launcher/frontend/members.py) the replica set follows from start() on (`replicas` unused: the
+        file names them, by slot), or None: `replicas`, replica i at index i, for good."""
+        if not replicas and members is None:
             raise ValueError("the front end needs at least one replica")
-        self.replicas = [Replica(i, h, p) for i, (h, p) in enumerate(replicas)]
+        self.members = members
+        self.replicas = [] if members is not None else [Replica(i, h, p) for i, (h, p) in enumerate(replicas)]
+        self.routed = self.replicas  # those routing picks from: all but the draining ones (a members file's)
+        self.attach = None  # called with each replica a members file adds (workers.py: shares its load)
+        self._left: set = set()  # replicas that left the members file, their channels still open (LEFT_GRACE_S)
+        self._tasks: set = set()  # the members file's probes of joined replicas and closes of left ones
         self.routing = make_routing(routing) if isinstance(routing, str) else routing
         self.model_name = model_name
         self.probe_interval_s = probe_interval_s
@@ -55,12 +69,13 @@ class Frontend:
         self.draining = ""  # once set (the drain notice, launcher/procs/drain.py): why new requests are refused
         self._probe_task: Optional[asyncio.Task] = None
         self._stall_task: Optional[asyncio.Task] = None
+        self._members_task: Optional[asyncio.Task] = None
 
     # -- routing
     def pick(self, exclude: Sequence[Replica] = (), prompt: bytes = b"", session: str = "") -> Optional[Replica]:
         """The replica for a request (serve.routing, launcher/frontend/routing.py), not one of `exclude`; None where
         none is up.  prompt, session: the request's text and session id, read by policies that route by them."""
-        return self.routing.pick(self.replicas, exclude, prompt, session)
+        return self.routing.pick(self.routed, exclude, prompt, session)
 
     def pick_for(self, request, exclude: Sequence[Replica] = ()) -> Optional[Replica]:
         """The replica for a ModelInferRequest, not one of `exclude`: its prompt and session are read only by a
@@ -71,35 +86,38 @@ class Frontend:
         return self.pick(exclude)
 
     def no_replica_message(self, tried: Sequence[Replica] = ()) -> str:
-        down = "; ".join(
-            f"{r.label} failed: {r.reason}" if r.reason else f"{r.label} refused the request"
-            for r in self.replicas
-            if not r.up or r in tried
-        )
+        if not self.replicas and self.members is not None:
+            return f"no replica is up (no replica has registered yet: the members file {self.members.path} names none)"
+        down = "; ".join(_why_not(r) for r in self.replicas if not r.up or r in tried or r.draining)
         return f"no replica is up ({down})"
 
     # -- lifetime
     async def start(self) -> None:
+        loop = asyncio.get_running_loop()
         for r in self.replicas:
             r.connect()
+        if self.members is not None:
+            self.members.follow(self)  # the replicas the file names now
+            self._members_task = loop.create_task(self._members_loop())
         self.routing.start()
         await self.probe_all()  # replicas not ready now start down, so no request goes there
         if self.probe_interval_s > 0:
-            self._probe_task = asyncio.get_running_loop().create_task(self._probe_loop())
+            self._probe_task = loop.create_task(self._probe_loop())
         if self.stall_timeout_s > 0:
-            self._stall_task = asyncio.get_running_loop().create_task(self._stall_loop())
+            self._stall_task = loop.create_task(self._stall_loop())
 
     async def close(self) -> None:
-        for task in (self._probe_task, self._stall_task):
+        for task in (self._probe_task, self._stall_task, self._members_task, *self._tasks):
             if task is not None:
                 task.cancel()
         self.routing.close()
-        for r in self.replicas:
+        for r in [*self.replicas, *self._left]:
             await r.close()
 
     async def probe_all(self) -> None:
-        results = await asyncio.gather(*(r.check(self.model_name) for r in self.replicas))
-        for r, (ok, why) in zip(self.replicas, results):
+        reps = self.replicas  # replaced whole, never changed in place, as a members file changes it
+        results = await asyncio.gather(*(r.check(self.model_name) for r in reps))
+        for r, (ok, why) in zip(reps, results):
             if ok:
                 r.mark_up()
             else:
@@ -135,7 +153,7 @@ class Frontend:
         rep.failing += 1
         if not self.breaker_errors or (rep.failing < self.breaker_errors and not rep.on_trial):
             return True
-        if not any(r.up for r in self.replicas if r is not rep):
+        if not any(r.up for r in self.routed if r is not rep):
             return True  # the last one up stays: out of routing, it would turn every request into an error
         rep.tripped += 1
         rep.trips += 1
@@ -166,6 +184,90 @@ class Frontend:
             except Exception as e:  # never let the probe die
                 log(f"health probe error: {_details(e)}")
 
+    # -- the replica set of a members file (launcher/frontend/members.py)
+    def add_replica(self, slot: int, name: str, host: str, port: int, draining: bool = False) -> Replica:
+        """A member joins at `slot`: connected, probed now and every members_poll_s until it is ready, routed to
+        from then on (unless it is `draining`)."""
+        rep = Replica(slot, host, port, name)
+        rep.up, rep.joining, rep.draining = False, True, draining
+        rep.reason = "it has not answered a ready probe yet"
+        rep.connect()
+        if self.attach is not None:
+            self.attach(rep)
+        self._set_replicas(sorted([*self.replicas, rep], key=lambda r: r.index))
+        log(f"{rep.label} joined" + (", draining" if draining else ""))
+        self._spawn(self._first_probe(rep))
+        return rep
+
+    def set_draining(self, rep: Replica, draining: bool) -> None:
+        """No new request goes to `rep` while it drains; those running there go on to their end (not a failure: its
+        up state, its counters and the health probe carry on as they were)."""
+        rep.draining = draining
+        self._set_replicas(self.replicas)
+        if draining:
+            log(f"{rep.label} draining: no new request goes to it, its {rep.in_flight} running here go on")
+        else:
+            log(f"{rep.label} serving again")
+
+    def remove_replica(self, rep: Replica, detail: str) -> None:
+        """A member left (`detail`: how): out of routing and forgotten by it; its running streams end as a failed
+        replica's do (_Link.stall: each request moves to another replica where it can, else ends with the error
+        naming it); its channel closes once its unary calls are over (LEFT_GRACE_S at most)."""
+        why = f"it left the service ({detail})"
+        rep.leave(why)
+        self._set_replicas([r for r in self.replicas if r is not rep])
+        self.routing.forget(rep.index)
+        links = list(rep.links)
+        log(
+            f"{rep.label} left: {detail}"
+            + (f"; its {rep.in_flight} running requests end as if it failed" if links else "")
+        )
+        for link in links:
+            link.stall(why)
+        self._left.add(rep)
+        self._spawn(self._close_left(rep))
+
+    def _set_replicas(self, reps: List[Replica]) -> None:
+        # replaced whole, so a loop over the old list (probe_all across its awaits) is not changed under it
+        self.replicas = reps
+        self.routed = [r for r in reps if not r.draining]
+
+    def _spawn(self, coro) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _first_probe(self, rep: Replica) -> None:
+        said = False
+        while rep.joining and not rep.left:
+            ok, why = await rep.check(self.model_name)
+            if ok:
+                rep.mark_up()
+                return
+            if not rep.left:
+                rep.reason = why
+                if not said:
+                    log(f"{rep.label} is not ready yet ({why}): probed every {self.members.poll_s:g}s until it is")
+                    said = True
+            await asyncio.sleep(self.members.poll_s)
+
+    async def _close_left(self, rep: Replica) -> None:
+        deadline = time.monotonic() + LEFT_GRACE_S
+        try:
+            while rep.in_flight > 0 and time.monotonic() < deadline:
+                await asyncio.sleep(0.1)
+        finally:
+            self._left.discard(rep)
+            await rep.close()
+
+    async def _members_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.members.poll_s)
+            try:
+                self.members.follow(self)
+            except Exception as e:  # never let the loop die: the set stays as it was
+                log(f"members file {self.members.path}: {_details(e)}")
+
     # -- handlers
     def handler(self) -> grpc.GenericRpcHandler:
         pb = service_pb2
@@ -188,7 +290,14 @@ class Frontend:
     async def _server_live(self, request, context):
         return service_pb2.ServerLiveResponse(live=True)
 
+    def _serving(self) -> List[Replica]:
+        """A members file's replicas that serve requests now (up, not draining)."""
+        return [r for r in self.routed if r.up]
+
     async def _server_ready(self, request, context):
+        if self.members is not None:  # replicas come and go: ready while one serves
+            results = await asyncio.gather(*(r.check("", timeout=2.0) for r in self._serving()))
+            return service_pb2.ServerReadyResponse(ready=any(ok for ok, _ in results))
         results = await asyncio.gather(*(r.check("", timeout=2.0) for r in self.replicas))
         return service_pb2.ServerReadyResponse(ready=all(r.up for r in self.replicas) and all(ok for ok, _ in results))
 
@@ -199,8 +308,12 @@ class Frontend:
             except aio.AioRpcError:
                 return False
 
-        ready = await asyncio.gather(*(ask(r) for r in self.replicas))
-        return service_pb2.ModelReadyResponse(ready=all(ready)).SerializeToString()
+        # a members file's: the model is ready on every replica that serves, and one does
+        reps = self.replicas if self.members is None else self._serving()
+        ready = await asyncio.gather(*(ask(r) for r in reps))
+        return service_pb2.ModelReadyResponse(
+            ready=all(ready) and (bool(ready) or self.members is None)
+        ).SerializeToString()
 
     async def _replica_failed(self, rep: Replica, exc: aio.AioRpcError) -> bool:
         """A unary error is the replica's failure only if it no longer answers ServerLive
@@ -277,24 +390,30 @@ class Frontend:
 
     # -- counters
     def snapshot(self) -> dict:
+        """The counters: per replica (REPLICA_KEYS), in the fixed list's order; a members file's, one per slot (a slot
+        not in use all 0) and the version applied."""
+        if self.members is None:
+            return {"streams_active": self.streams_active, "rejected": self.rejected, "replicas": _rows(self.replicas)}
+        at = {r.index: r for r in self.replicas}
         return {
             "streams_active": self.streams_active,
             "rejected": self.rejected,
             "replicas": [
-                {
-                    "up": int(r.up),
-                    "in_flight": r.in_flight,
-                    "requests": r.requests,
-                    "responses": r.responses,
-                    "errors": r.errors,
-                    "failures": r.failures,
-                    "recoveries": r.recoveries,
-                    "retried": r.retried,
-                    "migrated": r.migrated,
-                    "trips": r.trips,
-                    "prompt_blocks": r.prompt_blocks,
-                    "predicted_blocks": r.predicted_blocks,
-                }
-                for r in self.replicas
+                _rows([at[s]])[0] if s in at else dict.fromkeys(REPLICA_KEYS, 0) for s in range(self.members.slots)
             ],
+            "members_version": self.members.version,
         }
+
+
+def _rows(reps: Sequence[Replica]) -> List[dict]:
+    """Each replica's counters, by REPLICA_KEYS (its attributes of those names; up and draining as 0/1)."""
+    return [{k: int(getattr(r, k)) for k in REPLICA_KEYS} for r in reps]
+
+
+def _why_not(r: Replica) -> str:
+    """Why a request did not go to `r` (no_replica_message)."""
+    if r.joining and not r.left:
+        return f"{r.label} is not ready yet ({r.reason})"
+    if r.reason:
+        return f"{r.label} failed: {r.reason}"
+    return f"{r.label} is draining" if r.draining else f"{r.label} refused the request"

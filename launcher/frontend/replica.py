@@ -26,12 +26,18 @@ FORWARDED = ("ServerMetadata", "ModelMetadata", "ModelConfig", "RepositoryIndex"
 class Replica:
     """One replica leader's tritonserver, as the front end sees it."""
 
-    def __init__(self, index: int, host: str, port: int):
+    def __init__(self, index: int, host: str, port: int, name: str = ""):
+        """index: its place (a fixed list's position, a members file's slot); name: what a members file calls it."""
         self.index = index
         self.addr = f"{host}:{int(port)}"
-        self.label = f"replica {index} ({self.addr})"
+        self.rename(name)
         self.up = True  # requests are routed here
         self.reason = ""  # why it is down
+        # A members file's replica (launcher/frontend/members.py): draining, no new request goes to it (whether it is
+        # up or not); joining, it was never up yet (its first ready probe is no recovery); left, the file dropped it.
+        self.draining = False
+        self.joining = False
+        self.left = False
         self.in_flight = 0
         self.requests = 0  # requests routed here (stream and unary)
         self.responses = 0  # responses passed back from here
@@ -104,12 +110,27 @@ class Replica:
             self.failures += 1
             log(f"{self.label} DOWN: {reason}")
 
+    def rename(self, name: str) -> None:
+        self.name = name
+        self.label = f"replica {self.index} ({name} {self.addr})" if name else f"replica {self.index} ({self.addr})"
+
     def mark_up(self) -> None:
-        if not self.up and time.monotonic() >= self.held_until:
+        if self.joining and not self.up and not self.left:
+            log(f"{self.label} is ready" + ("" if self.draining else ": routed to"))
+            self.up, self.reason, self.joining = True, "", False
+        elif not self.up and not self.left and time.monotonic() >= self.held_until:
             log(f"{self.label} UP again" + (" (on trial: its circuit breaker is half open)" if self.tripped else ""))
             self.up, self.reason = True, ""
             self.recoveries += 1
             self.on_trial = self.tripped > 0
+
+    def leave(self, why: str) -> None:
+        """Its member left the members file: out of routing for good (no failure: it was let go), its load no longer
+        shared with the other worker processes (a replica that takes its slot shares it from 0)."""
+        self.up, self.draining, self.left, self.reason = False, True, True, why
+        if self.shared is not None:
+            self.shared[self.shared_at] = 0
+            self.shared = None
 
     def succeeded(self) -> None:
         """A request of it ended without an error while its breaker counted errors or it was on trial: closed."""

@@ -59,6 +59,10 @@ class Routing:
     def close(self) -> None:
         """Called as the front end stops."""
 
+    def forget(self, index: int) -> None:
+        """Replica `index` left (a members file's slot, which may go to another server next): what the policy
+        remembers of it goes."""
+
     def pick(self, replicas: Sequence, exclude: Sequence = (), prompt: bytes = b"", session: str = ""):
         raise NotImplementedError
 
@@ -161,6 +165,19 @@ class PrefixRouting(Routing):
         blocks counted as predicted hits on /metrics): here both are where the prompt's text blocks were sent."""
         found = self.matched(keys, within) if keys else {}
         return found, len(keys), found
+
+    def forget(self, index: int) -> None:
+        """Replica `index` left: its bit goes from every key of the index, its sessions are forgotten (a pass over
+        both: a replica leaves rarely)."""
+        bit, table = 1 << index, self.index
+        for key in [k for k, mask in table.items() if mask & bit]:
+            left = table[key] & ~bit
+            if left:
+                table[key] = left  # (assigning a key in place keeps its place in the LRU order)
+            else:
+                del table[key]
+        for session in [s for s, i in self.sessions.items() if i == index]:
+            del self.sessions[session]
 
     def _remember(self, keys: List[int], index: int) -> None:
         bit, table = 1 << index, self.index

@@ -10,7 +10,8 @@ from typing import List, Tuple
 from grpc import aio
 
 from launcher.domains import ROUTINGS
-from launcher.frontend.metrics import _serve_metrics, metrics_text, with_engines
+from launcher.frontend.members import DEFAULT_POLL_S, DEFAULT_SLOTS, MAX_SLOTS, MembersFile
+from launcher.frontend.metrics import _serve_metrics, members_text, metrics_text, with_engines, with_member_engines
 from launcher.frontend.proxy import Frontend
 from launcher.frontend.routing import make_routing
 from launcher.frontend.wire import _MAX_MESSAGE, log
@@ -26,7 +27,8 @@ class FrontendConfig(JsonConfig):
     it in, FrontendProcess writes it as JSON, `python -m launcher.frontend --config FILE` reads it back, and each
     worker process gets the same object."""
 
-    replicas: List[Tuple[str, int]]  # (host, gRPC port) of each replica's tritonserver
+    # (host, gRPC port) of each replica's tritonserver; [] (and ignored) where `members` names them
+    replicas: List[Tuple[str, int]]
     host: str = "127.0.0.1"  # address the front end binds
     port: int = 8001  # public gRPC port
     metrics_port: int = 0  # Prometheus metrics (HTTP); 0 = none
@@ -56,12 +58,21 @@ class FrontendConfig(JsonConfig):
     breaker_errors: int = 0
     # how long the circuit breaker keeps such a replica out of routing the first time in a row
     breaker_cooldown_s: float = 30.0
+    # the members file (launcher/frontend/members.py) a controller writes as replicas join, drain and leave: when
+    # set, the replica set follows it while the front end runs (`replicas`, `replica_metrics` and `kv_events` are
+    # ignored: the file names each replica with its slot, name, metrics URL); "" = the fixed `replicas`
+    members: str = ""
+    # with `members`: the most replicas at once, slots 0..slots-1 (the several worker processes' shared counters
+    # hold that many); 0 = 16
+    slots: int = 0
+    members_poll_s: float = DEFAULT_POLL_S  # with `members`: how often each process looks whether the file changed
 
     def __post_init__(self):
         self.replicas = [tuple(r) for r in self.replicas]
         n = len(self.replicas)
-        if not n:
+        if not n and not self.members:
             raise ValueError("FrontendConfig.replicas is empty: give (host, gRPC port) of every replica")
+        self._check_members()
         if self.processes < 1:
             raise ValueError(f"FrontendConfig.processes is {self.processes}: at least 1 process serves; give 1 or more")
         if self.loop not in LOOPS:
@@ -79,6 +90,40 @@ class FrontendConfig(JsonConfig):
                 f"for a replica that publishes none) and the tokenizer (got {self.tokenizer!r})"
             )
 
+    def _check_members(self) -> None:
+        if not self.members:
+            if self.slots:
+                raise ValueError(
+                    f"FrontendConfig.slots is {self.slots} without members: slots bounds a members file's replica "
+                    "set; give members (the file's path), or leave slots 0"
+                )
+            return
+        if not 0 <= self.slots <= MAX_SLOTS:
+            raise ValueError(
+                f"FrontendConfig.slots is {self.slots}: the members file's replicas take slots 0..slots-1, and the "
+                f"worker processes' shared counters hold every slot; give 1 to {MAX_SLOTS} (0 = {DEFAULT_SLOTS})"
+            )
+        if self.members_poll_s <= 0:
+            raise ValueError(
+                f"FrontendConfig.members_poll_s is {self.members_poll_s}: the front end looks at the members file "
+                f"this often; give a positive number of seconds (default {DEFAULT_POLL_S})"
+            )
+        if self.routing == "kv":
+            raise ValueError(
+                "FrontendConfig.routing is 'kv' with members: kv routing subscribes to a fixed list of replicas' "
+                "KV-cache events as it starts, and a members file's replicas come and go; give routing prefix (the "
+                "same prefix routing, by the text sent) or least_outstanding, or a fixed `replicas` list"
+            )
+
+    @property
+    def slot_count(self) -> int:
+        """The replica places counted and shared: a members file's slots, else one a fixed replica."""
+        return (self.slots or DEFAULT_SLOTS) if self.members else len(self.replicas)
+
+    def members_file(self) -> MembersFile:
+        """A process's follower of the members file (launcher/frontend/members.py)."""
+        return MembersFile(self.members, self.slot_count, self.members_poll_s)
+
     @property
     def addrs(self) -> List[str]:
         """HOST:PORT of each replica, in their order (what logs and the metrics' labels name)."""
@@ -95,19 +140,35 @@ def _server_options(reuse_port: bool) -> list:
     ]
 
 
-async def _serve(cfg: FrontendConfig, reuse_port: bool, publish=None, on_bound=None, setup=None) -> None:
-    """Run one front-end process until SIGTERM/SIGINT; `publish(snapshot)` is called periodically."""
-    routing = make_routing(cfg.routing, cfg.kv_events, cfg.tokenizer)
-    fe = Frontend(
+def _frontend(cfg: FrontendConfig) -> Frontend:
+    """The routing core `cfg` describes (not started)."""
+    return Frontend(
         cfg.replicas,
         cfg.model_name,
         cfg.probe_interval_s,
-        routing,
+        make_routing(cfg.routing, cfg.kv_events, cfg.tokenizer),
         cfg.max_migrations,
         cfg.stall_timeout_s,
         cfg.breaker_errors,
         cfg.breaker_cooldown_s,
+        cfg.members_file() if cfg.members else None,
     )
+
+
+def _metrics_page(cfg: FrontendConfig, fe: Frontend):
+    """One process's /metrics page: its counters, by the fixed replicas or by the members it applied."""
+    if not cfg.members:
+        return with_engines(lambda: metrics_text(fe.snapshot(), cfg.addrs), cfg.addrs, cfg.replica_metrics)
+
+    def applied():
+        return [fe.members.applied[s] for s in sorted(fe.members.applied)]
+
+    return with_member_engines(lambda: members_text(fe.snapshot(), applied()), applied)
+
+
+async def _serve(cfg: FrontendConfig, reuse_port: bool, publish=None, on_bound=None, setup=None) -> None:
+    """Run one front-end process until SIGTERM/SIGINT; `publish(snapshot)` is called periodically."""
+    fe = _frontend(cfg)
     if setup is not None:
         setup(fe)
     await fe.start()
@@ -126,8 +187,7 @@ async def _serve(cfg: FrontendConfig, reuse_port: bool, publish=None, on_bound=N
     metrics = None
     if cfg.metrics_port and publish is None:
         try:
-            page = with_engines(lambda: metrics_text(fe.snapshot(), cfg.addrs), cfg.addrs, cfg.replica_metrics)
-            metrics = await _serve_metrics(cfg.host, cfg.metrics_port, page)
+            metrics = await _serve_metrics(cfg.host, cfg.metrics_port, _metrics_page(cfg, fe))
         except OSError as e:
             raise SystemExit(f"front end: cannot bind metrics {cfg.host}:{cfg.metrics_port}: {e}") from None
     stop = asyncio.Event()
@@ -144,8 +204,9 @@ async def _serve(cfg: FrontendConfig, reuse_port: bool, publish=None, on_bound=N
     if on_bound is not None:
         on_bound()
     ups = sum(r.up for r in fe.replicas)
+    to = f"the members of {cfg.members}" if cfg.members else ", ".join(cfg.addrs)
     log(
-        f"serving {cfg.host}:{cfg.port} -> {', '.join(cfg.addrs)} ({ups}/{len(fe.replicas)} up, {type(loop).__module__.split('.')[0]} loop)"
+        f"serving {cfg.host}:{cfg.port} -> {to} ({ups}/{len(fe.replicas)} up, {type(loop).__module__.split('.')[0]} loop)"
         + (f"; metrics http://{cfg.host}:{cfg.metrics_port}/metrics" if metrics else "")
     )
     publisher = None

@@ -258,8 +258,9 @@ class _Link:
         return False
 
     def stall(self, why: str) -> None:
-        """Its replica answers nothing while it has work: cancel the backend stream; its pump then fails (moves) the
-        requests on it with `why`."""
+        """Its replica answers nothing while it has work (Frontend.check_stalls), or left the members file
+        (Frontend.remove_replica): cancel the backend stream; its pump then fails (moves) the requests on it with
+        `why`, as it fails those of a replica that died."""
         self.stalled = why
         self.call.cancel()
 
@@ -360,7 +361,7 @@ class Session:
             await self.send(_error_response(self.fe.draining, client_id, req.model_name, req.model_version))
             return
         rep = self.fe.pick_for(req, (avoid,) if avoid is not None else ())
-        if rep is None and avoid is not None and avoid.up:
+        if rep is None and avoid is not None and avoid.up and not avoid.draining:
             rep = avoid  # the only one up
         if rep is None:
             self.fe.rejected += 1
@@ -377,7 +378,9 @@ class Session:
         # tests/integration/test_frontend.py::test_a_stream_mixing_decoupled_and_plain_models_leaves_the_replicas_running
         key = (rep.index, req.model_name, req.model_version)
         link = self.links.get(key)
-        if link is None:  # (a link whose stream ended has left self.links: this opens a fresh one)
+        # a fresh backend stream where there is none (a link whose stream ended has left self.links), or where the
+        # key's link is to the server that held this members-file slot before (its stream is ending)
+        if link is None or link.rep is not rep:
             link = self.links[key] = _Link(self, rep, key)
             self.every_link.append(link)
         wire_id, patch = client_id, b""

@@ -1,6 +1,10 @@
 """Several front-end processes: workers share the gRPC port (SO_REUSEPORT), each routes by the
 in-flight counts of all of them (shared memory), and the parent serves the metrics, summing the
-workers' counters, and fails if a worker dies. `run_frontend` picks one process or several."""
+workers' counters, and fails if a worker dies. `run_frontend` picks one process or several.
+
+The shared array: per worker, its HEAD counters then REPLICA_KEYS of each replica place (a fixed replica, or a
+members file's slot: FrontendConfig.slot_count).  With a members file every worker follows the file itself; the
+parent reads it too, for the labels of each slot's counters."""
 
 from __future__ import annotations
 
@@ -9,36 +13,53 @@ import os
 import signal
 import time
 
-from launcher.frontend.metrics import _METRICS, _PER_REPLICA, _serve_metrics, metrics_text, with_engines
+from launcher.frontend.metrics import (
+    REPLICA_KEYS,
+    _serve_metrics,
+    members_text,
+    metrics_text,
+    with_engines,
+    with_member_engines,
+)
 from launcher.frontend.proxy import Frontend
 from launcher.frontend.server import FrontendConfig, _run_loop, _serve
 from launcher.frontend.wire import log
 from launcher.procs.drain import DRAIN_SIGNAL
 
-
-def _slot_index(slot: int, replica: int, key: str, n_replicas: int) -> int:
-    """Where worker `slot` keeps counter `key` of `replica` in the shared array."""
-    keys = [k for k, *_ in _METRICS]
-    return slot * (2 + _PER_REPLICA * n_replicas) + 2 + replica * _PER_REPLICA + keys.index(key)
+HEAD = ("streams_active", "rejected", "members_version")  # a worker's counters of its own, before its replicas'
+_LEAST = ("up", "draining")  # up (draining): only where every worker routes to it (none does); the others add up
 
 
-def _worker_main(cfg: FrontendConfig, slot: int, shared, bound) -> None:
-    base = slot * (2 + _PER_REPLICA * len(cfg.replicas))
-    keys = [k for k, *_ in _METRICS]
-    n = len(cfg.replicas)
+def _width(n_replicas: int) -> int:
+    """A worker's part of the shared array."""
+    return len(HEAD) + len(REPLICA_KEYS) * n_replicas
+
+
+def _slot_index(worker: int, replica: int, key: str, n_replicas: int) -> int:
+    """Where `worker` keeps counter `key` of `replica` (its index: a members file's slot) in the shared array."""
+    return worker * _width(n_replicas) + len(HEAD) + replica * len(REPLICA_KEYS) + REPLICA_KEYS.index(key)
+
+
+def _worker_main(cfg: FrontendConfig, worker: int, shared, bound) -> None:
+    n = cfg.slot_count
+    base = worker * _width(n)
+
+    def attach(r) -> None:  # its in-flight count, shared with the other workers
+        r.shared = shared
+        r.shared_at = _slot_index(worker, r.index, "in_flight", n)
+        r.peers_at = tuple(_slot_index(w, r.index, "in_flight", n) for w in range(cfg.processes) if w != worker)
 
     def share_load(fe: Frontend) -> None:
+        fe.attach = attach  # the replicas a members file adds
         for r in fe.replicas:
-            r.shared = shared
-            r.shared_at = _slot_index(slot, r.index, "in_flight", n)
-            r.peers_at = tuple(_slot_index(w, r.index, "in_flight", n) for w in range(cfg.processes) if w != slot)
+            attach(r)
 
     def publish(snap: dict) -> None:
-        shared[base] = snap["streams_active"]
-        shared[base + 1] = snap["rejected"]
-        at = base + 2
+        for i, k in enumerate(HEAD):
+            shared[base + i] = snap.get(k, 0)
+        at = base + len(HEAD)
         for r in snap["replicas"]:
-            for k in keys:
+            for k in REPLICA_KEYS:
                 shared[at] = r[k]
                 at += 1
 
@@ -46,20 +67,24 @@ def _worker_main(cfg: FrontendConfig, slot: int, shared, bound) -> None:
 
 
 def _sum_shared(shared, processes: int, n_replicas: int) -> dict:
-    width = 2 + _PER_REPLICA * n_replicas
-    keys = [k for k, *_ in _METRICS]
-    snap = {"streams_active": 0, "rejected": 0, "replicas": [dict.fromkeys(keys, 0) for _ in range(n_replicas)]}
+    width = _width(n_replicas)
+    snap = {k: 0 for k in HEAD}
+    snap["replicas"] = [dict.fromkeys(REPLICA_KEYS, 0) for _ in range(n_replicas)]
     for r in snap["replicas"]:
-        r["up"] = 1
+        for k in _LEAST:
+            r[k] = 1
     for w in range(processes):
         base = w * width
-        snap["streams_active"] += shared[base]
-        snap["rejected"] += shared[base + 1]
-        at = base + 2
+        for i, k in enumerate(HEAD):
+            # the members file's version: the lowest any worker applied
+            if k == "members_version":
+                snap[k] = shared[base + i] if w == 0 else min(snap[k], shared[base + i])
+            else:
+                snap[k] += shared[base + i]
+        at = base + len(HEAD)
         for r in snap["replicas"]:
-            for k in keys:
-                # up: the replica is up only if every worker routes to it
-                r[k] = min(r[k], shared[at]) if k == "up" else r[k] + shared[at]
+            for k in REPLICA_KEYS:
+                r[k] = min(r[k], shared[at]) if k in _LEAST else r[k] + shared[at]
                 at += 1
     return snap
 
@@ -72,11 +97,11 @@ def _supervise(cfg: FrontendConfig) -> int:
     if not port_free(cfg.host, cfg.port):
         raise SystemExit(f"front end: {in_use_text(cfg.host, cfg.port)}")
     ctx = mp.get_context("spawn")  # gRPC does not survive fork
-    width = 2 + _PER_REPLICA * len(cfg.replicas)
-    shared = ctx.RawArray("q", width * cfg.processes)
+    n = cfg.slot_count
+    shared = ctx.RawArray("q", _width(n) * cfg.processes)
     for w in range(cfg.processes):
-        for r in range(len(cfg.replicas)):
-            shared[_slot_index(w, r, "up", len(cfg.replicas))] = 1  # "up" until the worker publishes
+        for r in range(n):
+            shared[_slot_index(w, r, "up", n)] = 1  # "up" until the worker publishes
     events = [ctx.Event() for _ in range(cfg.processes)]
     workers = [
         ctx.Process(target=_worker_main, args=(cfg, w, shared, events[w]), name=f"frontend-worker{w}", daemon=True)
@@ -88,13 +113,7 @@ def _supervise(cfg: FrontendConfig) -> int:
     async def main() -> int:
         metrics = None
         if cfg.metrics_port:
-
-            def own() -> str:
-                return metrics_text(_sum_shared(shared, cfg.processes, len(cfg.replicas)), cfg.addrs, cfg.processes)
-
-            metrics = await _serve_metrics(
-                cfg.host, cfg.metrics_port, with_engines(own, cfg.addrs, cfg.replica_metrics)
-            )
+            metrics = await _serve_metrics(cfg.host, cfg.metrics_port, _metrics_page(cfg, shared))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for s in (signal.SIGTERM, signal.SIGINT):
@@ -130,6 +149,23 @@ def _supervise(cfg: FrontendConfig) -> int:
         return code
 
     return asyncio.run(main())
+
+
+def _metrics_page(cfg: FrontendConfig, shared):
+    """The parent's /metrics page: the workers' counters summed, labelled by the fixed replicas or by the members
+    file as the parent reads it."""
+    if not cfg.members:
+
+        def own() -> str:
+            return metrics_text(_sum_shared(shared, cfg.processes, cfg.slot_count), cfg.addrs, cfg.processes)
+
+        return with_engines(own, cfg.addrs, cfg.replica_metrics)
+    names = cfg.members_file()  # read, never applied: the parent routes nothing
+
+    def labelled() -> str:
+        return members_text(_sum_shared(shared, cfg.processes, cfg.slot_count), names.members(), cfg.processes)
+
+    return with_member_engines(labelled, names.members)
 
 
 def run_frontend(cfg: FrontendConfig) -> int:
