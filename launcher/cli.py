@@ -95,6 +95,10 @@ def execute(cfg, spec, overrides: Optional[List[str]] = None, from_record: str =
         from_record=from_record,
         submitted=process_start_time(),
     )
+    if spec.service_replicas:  # serve.router=host|job: a router apart from replica jobs (launcher/service/)
+        from launcher.service.launch import start
+
+        return start(spec, run_dir, record)
     return backend.serve(dataclasses.replace(backend.dryrun(spec, run_dir), record=record))
 
 

@@ -26,6 +26,10 @@ ROUTINGS = (
     "prefix",
     "kv",
 )  # serve.routing: the registry launcher.frontend.routing holds one class for each
+# serve.router: where the front end runs: in the job with the replicas, or apart from them (launcher/service/), as a
+# process on the launch host or a Slurm job of its own
+ROUTERS = ("in_job", "host", "job")
+SCALE_SIGNALS = ("in_flight",)  # serve.autoscale.signal: what the service scales by (launcher/service/policy.py)
 GPU_REQUESTS = ("gpus-per-node", "gres", "none")  # cluster.gpu_request
 MPI_TYPES = ("pmix", "pmi2", "none")  # cluster.mpi (srun --mpi=)
 CONTAINER_RUNTIMES = ("none", "pyxis")  # cluster.container.runtime

@@ -27,8 +27,15 @@ REQUEST_WORDS = (
 )
 # Triton's words when a model's queue is full or the server will not take more work.
 OVERLOAD_WORDS = ("exceeds maximum queue size", "queue is full", "resource_exhausted", "too many requests")
-# "no replica is up": the replicas' front end (launcher/frontend/proxy.py) with every replica down
-UNAVAILABLE_WORDS = ("not ready", "no replica is up")
+# "no replica is up": the replicas' front end (launcher/frontend/proxy.py) with every replica down; the rest:
+# tritonserver draining (its time limit, a stop), which refuses new requests and unloads its models
+UNAVAILABLE_WORDS = (
+    "not ready",
+    "no replica is up",
+    "server is stopping",
+    "has no available versions",
+    "server exiting",
+)
 CANCELLED_WORDS = ("request cancelled", "cancelled by the client")
 
 

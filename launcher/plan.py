@@ -22,7 +22,12 @@ def plan_text(spec: LaunchSpec, run_dir: str, composed_yaml: str = "") -> str:
     if composed_yaml:
         sec("composed config")
         out.append(composed_yaml.rstrip())
-    sec("rank layout")
+    if spec.service_replicas:
+        from launcher.service.launch import service_text
+
+        sec(f"service (serve.router={spec.serve.router}): a router apart from its replica jobs")
+        out.append(service_text(spec, run_dir))
+    sec("rank layout" + (" (of each replica job)" if spec.service_replicas else ""))
     out.append(
         f"nodes={spec.nodes} tasks_per_node={spec.tasks_per_node} gpus_per_rank={spec.gpus_per_task} "
         f"world_size={spec.world_size} tp={spec.tp} pp={spec.pp} replicas={spec.replicas}"
@@ -40,7 +45,10 @@ def plan_text(spec: LaunchSpec, run_dir: str, composed_yaml: str = "") -> str:
     scheduler = for_spec(spec)
     request = scheduler.dryrun(spec, run_dir)
     if request.title:  # what is submitted (the local scheduler runs the per-rank commands below)
-        sec(request.title)
+        sec(
+            request.title
+            + (" (one replica job's; the router submits each into replicas/r<K>/)" if spec.service_replicas else "")
+        )
         out.append(request.text.rstrip())
     sec("per-rank commands (started by `python -m launcher.rank`, ports chosen at start when taken)")
     out.append(rank_commands(spec, run_dir, scheduler.job_placeholder))

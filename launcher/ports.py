@@ -86,7 +86,8 @@ def ephemeral_range() -> tuple:
     """(low, high) of the ports this network namespace's kernel gives outgoing connections (Linux's default where
     /proc does not say)."""
     try:
-        low, high = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split())
         return low, high
     except (OSError, ValueError):
         return 32768, 60999

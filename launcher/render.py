@@ -256,6 +256,9 @@ def client_argv(
 
 
 def plan_overrides(spec: LaunchSpec) -> str:
+    """The launch's shape as overrides. A service's spec is one replica job's: its launch had service_replicas copies,
+    each on spec.nodes nodes, and its router."""
+    jobs = spec.service_replicas
     return " ".join(
         [
             f"cluster={spec.cluster.name}",
@@ -263,8 +266,9 @@ def plan_overrides(spec: LaunchSpec) -> str:
             f"model={spec.model.name}",
             f"tp={spec.tp}",
             f"pp={spec.pp}",
-            f"nodes={spec.nodes}",
-            f"replicas={spec.replicas}",
+            f"nodes={spec.nodes * jobs if jobs else spec.nodes}",
+            f"replicas={jobs or spec.replicas}",
+            *([f"serve.router={spec.serve.router}"] if jobs else []),
         ]
     )
 

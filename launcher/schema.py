@@ -22,7 +22,9 @@ from launcher.domains import (
     ENV_KEY,
     GPU_REQUESTS,
     MPI_TYPES,
+    ROUTERS,
     ROUTINGS,
+    SCALE_SIGNALS,
     SLURM_TIME,
     Choice,
     Flag,
@@ -142,6 +144,12 @@ class ClusterConfig:
     jobs_dir: str = arg(
         Path("dir", token=True), "llmlaunch-jobs"
     )  # where job folders go (relative = under the current directory); must be shared with the nodes
+    router_partition: str = arg(
+        SbatchToken(), ""
+    )  # serve.router=job: the router job's partition (CPUs only); empty = cluster.partition
+    router_time: str = arg(
+        Pattern(SLURM_TIME, "not a Slurm time", "use {key}=D-HH:MM:SS or HH:MM:SS", empty="the partition's default"), ""
+    )  # serve.router=job: the router job's time limit, which ends the service; empty = the partition's default
     allows_requeue: bool = arg(
         Flag(), False
     )  # the site lets a job requeue itself (slurm.conf JobRequeue, partition and QOS allow `scontrol requeue`): requeue=true needs it
@@ -167,6 +175,31 @@ class ModelConfig:
 # --------------------------------------------------------------------------- serving, bench, top level
 def _port(default: int):
     return arg(Int("a TCP port (1-65535)", max=65535, fix="set {key} to a free port in 1024-65535"), default)
+
+
+@dataclass
+class AutoscaleConfig:
+    max_replicas: int = arg(
+        Int("replicas at most", min=0, zero="no scaling: the service keeps `replicas` replica jobs"), 0
+    )  # with serve.router=host|job, the most replica jobs the service runs when load asks for them; 0 = it keeps `replicas` (llmlaunch-scale changes that by hand)
+    min_replicas: int = arg(Int("replicas at least", min=1), 1)  # the fewest replica jobs the service scales down to
+    signal: str = arg(
+        Choice(SCALE_SIGNALS), "in_flight"
+    )  # what it scales by: in_flight = requests running or queued per serving replica, as the front end counts them
+    up_at: float = arg(
+        Float("a signal value", 0.0, lo_open=True, fix="give the per-replica value to scale up at, e.g. {key}=8"), 8.0
+    )  # one more replica (or as many as the load divided by this asks for) when the signal stays above this for window_s
+    down_at: float = arg(
+        Float("a signal value", 0.0, fix="give the per-replica value to scale down at, e.g. {key}=2"), 2.0
+    )  # one replica fewer (the least loaded, drained first) when the signal stays below this for window_s
+    window_s: float = arg(
+        Float("seconds", 0.0, lo_open=True, fix="give seconds, e.g. {key}=20"), 20.0
+    )  # how long the signal must hold beyond a bound before the service acts
+    up_cooldown_s: float = arg(Float("seconds"), 30.0)  # after a scale-up, no other decision for this long
+    down_cooldown_s: float = arg(Float("seconds"), 60.0)  # after a scale-down, no other scale-down for this long
+    pending_deadline_s: float = arg(
+        Float("seconds", 0.0, lo_open=True, fix="give seconds, e.g. {key}=600"), 600.0
+    )  # a replica job Slurm has not started after this long is cancelled and reported (the service asks again later if the load still needs it)
 
 
 @dataclass
@@ -220,6 +253,19 @@ class ServeConfig:
     max_request_bytes: int = arg(
         Int("bytes of one request body", min=1024), 4 << 20
     )  # the OpenAI API answers a larger request body with 413 before reading it whole (4 MiB: about a million tokens of English text)
+    router: str = arg(
+        Choice(ROUTERS), "in_job"
+    )  # where the front end and the OpenAI API run: in_job (rank 0 of the one job, with every replica) | host (a process on the launch host, launcher/service/) | job (a CPU Slurm job of its own, cluster.router_partition); with host or job each replica is a Slurm job of its own that registers when it serves, is handed over before its time limit, replaced when it fails and scaled by serve.autoscale
+    handover_margin_s: float = arg(
+        Float("seconds"), 30.0
+    )  # serve.router=host|job: a replica job's successor is submitted so that it serves this long before the old job's time-limit signal (serve.walltime_signal_s), by the service's measured queue wait and time to READY
+    max_replacements: int = arg(
+        Int("replacement jobs", min=0, zero="never: a failed replica job is not replaced"), 3
+    )  # serve.router=host|job: replica jobs that fail (a rank died beyond its restarts, a node lost) are replaced by new jobs this many times in all
+    control_port: int = _port(
+        8004
+    )  # serve.router=host|job: the router's control API (replicas register, llmlaunch-scale) and its /metrics
+    autoscale: AutoscaleConfig = arg(Nested(), factory=AutoscaleConfig)  # serve.router=host|job: replicas by load
     api_key_file: str = arg(
         Path("key_file", fix="give {key} a file whose first line is the key (openssl rand -hex 24 > FILE)"), ""
     )  # a file whose first line is the key the OpenAI API requires as `Authorization: Bearer` on every route but /health; "" = no key (anyone who reaches serve.openai_port may use the model). The file's path travels, never the key

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Dict, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Tuple
 
 if TYPE_CHECKING:  # launcher.schema imports omegaconf and every engine; processes that only read a spec need neither
     from launcher.schema import BenchConfig, ClusterConfig, EngineConfig, ModelConfig, ServeConfig
@@ -30,6 +30,16 @@ class RankSpec:
     role: str  # leader (receives requests, schedules) | worker (runs the leader's steps)
     serves: str  # public (the job's endpoint) | internal (replica leader behind the front end) | none
     models: Tuple[str, ...]  # models its tritonserver loads; empty = every model in the repository
+
+
+@dataclass(frozen=True)
+class ServiceLink:
+    """What a replica job of a service (serve.router=host|job, launcher/service/) needs to join it: its rank 0 registers
+    at `url` with the token in `token_file` (readable only by the user) as `name`, and deregisters when it drains."""
+
+    url: str  # the router's control API, http://HOST:PORT
+    token_file: str  # the service's token: a replica job that does not present it is refused
+    name: str  # the replica job's name in the service (r<K>), with its Slurm job id what the router knows it by
 
 
 @dataclass(frozen=True)
@@ -55,6 +65,10 @@ class LaunchSpec:
     requeue: bool = False  # at the time limit, drain and requeue into a new allocation (schema.LaunchConfig.requeue)
     # every rank runs on this machine (the scheduler's on_this_machine): internal servers bind and are reached on 127.0.0.1
     loopback: bool = False
+    # serve.router=host|job: the replica jobs the service starts with (this spec is one replica job's); 0 = one job
+    service_replicas: int = 0
+    # a replica job of a service: where its rank 0 registers once it serves (set by the router as it submits the job)
+    service: Optional["ServiceLink"] = None
 
     @property
     def world_size(self) -> int:
@@ -93,6 +107,8 @@ class LaunchSpec:
                     f"launch.json: {', '.join(unknown)} not in launcher/schema.py's {cls.__name__}: "
                     "written by another llmlaunch version; launch the job again with this one"
                 )
+        if d.get("service"):
+            d["service"] = ServiceLink(**d["service"])
         d["ranks"] = tuple(
             RankSpec(**{**r, "gpus": tuple(r["gpus"]), "models": tuple(r["models"])}) for r in d["ranks"]
         )

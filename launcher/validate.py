@@ -9,6 +9,7 @@ the launch host can see (paths, GPUs, the model's shape) is launcher/hostcheck.p
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Any, Dict, List, Mapping, Tuple
 
@@ -121,13 +122,86 @@ def build_spec(cfg, schedulers: Mapping[str, Any]) -> LaunchSpec:
         raise LaunchError(problems)
     # --- rules across fields
     problems += cluster_problems(c, scheduler)
+    jobs = 1
+    if c.serve.router != "in_job":
+        problems += service_problems(c, scheduler)
+        if not problems:  # a service's spec is one replica job's: its layout is one copy on its share of the nodes
+            c, jobs = dataclasses.replace(c, replicas=1, nodes=c.nodes // c.replicas), c.replicas
     lay = None
     edef = ENGINES.get(c.engine.name)
     if edef is not None:
         lay = engine_problems(c, edef, scheduler, problems)
     if problems:
         raise LaunchError(problems)
-    return make_spec(c, edef, scheduler, lay)
+    spec = make_spec(c, edef, scheduler, lay)
+    return dataclasses.replace(spec, service_replicas=jobs) if c.serve.router != "in_job" else spec
+
+
+def service_problems(c: LaunchConfig, scheduler) -> List[Tuple[str, str, str]]:
+    """serve.router=host|job (launcher/service/): replicas are Slurm jobs of their own, each one copy on
+    nodes/replicas nodes, that the router hands over before their time limits and scales by load."""
+    serve, scale, problems = c.serve, c.serve.autoscale, []
+    router = f"serve.router={serve.router}"
+    if not scheduler.replica_jobs:
+        return [
+            (
+                f"{router} with cluster={c.cluster.name}",
+                f"its replicas are Slurm jobs of their own; cluster.scheduler={c.cluster.scheduler} runs one job",
+                "use a Slurm cluster profile (cluster=local_slurm, cluster=slurm), or serve.router=in_job",
+            )
+        ]
+    if c.nodes % c.replicas:
+        problems.append(
+            (
+                f"nodes={c.nodes} replicas={c.replicas}",
+                f"with {router} each replica job takes nodes/replicas nodes, and {c.replicas} does not divide {c.nodes}",
+                f"give nodes a multiple of replicas (nodes={c.replicas * max(1, c.nodes // c.replicas)})",
+            )
+        )
+    if c.requeue:
+        problems.append(
+            (
+                f"requeue=true with {router}",
+                "the router hands a replica job over to a successor before its time limit: nothing is requeued",
+                "drop requeue=true (or use serve.router=in_job)",
+            )
+        )
+    if scale.max_replicas and not scale.min_replicas <= c.replicas <= scale.max_replicas:
+        problems.append(
+            (
+                f"replicas={c.replicas} serve.autoscale.min_replicas={scale.min_replicas} "
+                f"serve.autoscale.max_replicas={scale.max_replicas}",
+                "the service starts with `replicas` replica jobs and scales between min_replicas and max_replicas",
+                "give min_replicas <= replicas <= max_replicas",
+            )
+        )
+    if scale.max_replicas and scale.down_at >= scale.up_at:
+        problems.append(
+            (
+                f"serve.autoscale.down_at={scale.down_at:g} serve.autoscale.up_at={scale.up_at:g}",
+                "a load between the bounds must hold the replicas as they are; with down_at >= up_at it would scale "
+                "up and down in turn",
+                "give down_at below up_at (e.g. down_at=2 up_at=8)",
+            )
+        )
+    if serve.routing == "kv":
+        problems.append(
+            (
+                f"serve.routing=kv with {router}",
+                "kv routing subscribes to a fixed set of replicas' KV-cache events; a service's replicas come and go",
+                "use serve.routing=prefix (routes by where prompts were sent) or least_outstanding",
+            )
+        )
+    taken = {getattr(serve, k): k for k in PUBLIC_PORTS}
+    if serve.control_port in taken:
+        problems.append(
+            (
+                f"serve.control_port={serve.control_port}",
+                f"the same port as serve.{taken[serve.control_port]}",
+                "give serve.control_port its own port",
+            )
+        )
+    return problems
 
 
 def cluster_problems(c: LaunchConfig, scheduler) -> List[Tuple[str, str, str]]:

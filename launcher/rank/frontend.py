@@ -12,6 +12,7 @@ from typing import Dict, List
 
 from launcher.engines.registry import ENGINES
 from launcher.frontend import FrontendConfig, FrontendProcess
+from launcher.frontend.settings import serve_settings
 from launcher.frontend.wire import log
 from launcher.kv_events import connect_to
 from launcher.paths import PACKAGE_ROOT
@@ -64,20 +65,18 @@ def frontend_config(spec, leaders: List[dict], bound: Dict[int, dict], ports: Di
         host=spec.host,
         port=int(ports["grpc_port"]),
         metrics_port=int(ports["metrics_port"]),
-        model_name=spec.model_name,
         processes=processes,
-        drain_timeout_s=float(spec.serve.drain_timeout_s),
-        routing=str(spec.serve.routing),
         replica_metrics=[metrics_url(i["addr"], bound[i["rank"]].get("metrics_port")) for i in leaders],
         # one a replica, in the replicas' order ("": its engine publishes none)
         kv_events=[connect_to(i.get("kv_events", ""), i["addr"]) for i in leaders]
         if spec.serve.routing == "kv"
         else [],
-        tokenizer=str(spec.model.tokenizer or spec.model.path or "") if spec.serve.routing == "kv" else "",
-        max_migrations=int(spec.serve.max_migrations) if ENGINES[spec.engine.name].continues_requests else 0,
-        stall_timeout_s=float(spec.serve.stall_timeout_s),
-        breaker_errors=int(spec.serve.breaker_errors),
-        breaker_cooldown_s=float(spec.serve.breaker_cooldown_s),
+        **serve_settings(
+            spec.serve,
+            ENGINES[spec.engine.name].continues_requests,
+            spec.model_name,
+            str(spec.model.tokenizer or spec.model.path or ""),
+        ),
     )
 
 

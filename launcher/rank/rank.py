@@ -29,6 +29,7 @@ from launcher.openai_api.process import start_api
 from launcher.ports import metrics_url, pick_ports
 from launcher.procs.drain import DRAIN_SIGNAL, REASON_ENV, walltime_reason
 from launcher.rank.frontend import start_for_rank0
+from launcher.rank.join import JoinRefused, ServiceDrain, join_service, leave_service
 from launcher.rank.rendezvous import (
     RankContext,
     RendezvousTimeout,
@@ -106,7 +107,8 @@ class Rank:
             self.say(f"stopped while starting: {e}" if self.stopped() else f"FAILED: {e}")
             self.stop_children()
             self.server.stop()
-            return self.finish("server", self.server.returncode() or 1, started=False)
+            why = str(e) if isinstance(e, JoinRefused) else ""  # the router's reason, not the server's status
+            return self.finish("server", self.server.returncode() or 1, started=False, why=why)
         return self.finish(ended, code, started=True)
 
     def stopped(self) -> bool:
@@ -197,8 +199,12 @@ class Rank:
         )
 
     def on_signal(self, signum, _frame) -> None:
+        if self.spec.service is not None and ServiceDrain.defers(self, signum):
+            return  # a replica job of a service serves on until its successor does (launcher/rank/join.py)
         first = self.stop_signal is None
         self.stop_signal = signum
+        if first and self.me.rank == 0 and self.spec.service is not None and self.api is not None:
+            leave_service(self, f"signal {signal.Signals(signum).name}")
         if signum == DRAIN_SIGNAL:
             # Slurm's time-limit signal: the server finishes what runs (up to serve.drain_timeout_s), the front
             # ends refuse new requests naming why, every rank then exits 0 (launcher/procs/drain.py)
@@ -342,6 +348,8 @@ class Rank:
                 frontend=FrontendEntry(frontend["pid"], frontend["processes"]) if frontend else None,
             )
         )
+        if spec.service is not None:  # a replica job of a service: the router routes to it from now on
+            join_service(self)
 
     def supervise(self) -> Tuple[str, Optional[int]]:
         """Until something this rank supervises ends (launcher/rank/supervise.py says what each answer means); a
@@ -372,7 +380,7 @@ class Rank:
         return run.replica_lost(replica) or run.restart_asked(replica, self.restarts + 1)
 
     # ------------------------------------------------------------------------------------------ the end
-    def finish(self, ended: str, code: Optional[int], started: bool) -> int:
+    def finish(self, ended: str, code: Optional[int], started: bool, why: str = "") -> int:
         """The exit status once `ended` ended with `code`: a stop asked for exits 0 after the drain; a lost replica
         is left behind (replicas > 1, a serving job); anything else unasked fails the job."""
         if not self.stopped() and self.spec.replicas > 1 and started:
@@ -380,7 +388,7 @@ class Rank:
         self.stop_children()  # they drain with the servers (or failed with them), then go
         if not self.stopped():
             what = {"frontend": "front end", "api": "OpenAI API"}.get(ended, "server")
-            return self.fail(code if code else 1, f"{what} exited with status {code} unasked", code)
+            return self.fail(code if code else 1, why or f"{what} exited with status {code} unasked", code)
         self.server.stop()  # the server has exited; this ends stray stubs and removes the rank's shm regions
         self.say(f"stopped (signal {self.stop_signal}), status {code}")
         return 0 if code in STOPPED_OK else code

@@ -67,6 +67,8 @@ class Scheduler:
     # The ranks are one MPI world that the scheduler's launcher starts (srun --mpi=...): cluster.mpi may not be
     # none, and an engine whose server is the MPI program (TensorRT-LLM's trtllm-llmapi-launch) can run on it.
     starts_mpi_world = False
+    # its jobs can be submitted one a replica by a router apart from them (serve.router=host|job, launcher/service/)
+    replica_jobs = False
     # A cluster profile may name it as cluster.scheduler (a sweep point's own allocation is chosen by llmlaunch, not
     # by a profile).
     profile_choice = True

@@ -24,8 +24,12 @@ def _cli(action: str, argv: Optional[List[str]]) -> None:
         print(f"usage: {Path(sys.argv[0]).name} <job id>", file=sys.stderr)
         raise SystemExit(2)
     try:
-        backend = job_scheduler(argv[0])
-        code, text = getattr(backend, action)(argv[0])
+        if jobindex.find(argv[0]).get("kind") == "service":  # serve.router=host|job: the router answers
+            from launcher.service import launch as service
+
+            code, text = {"status": service.status, "stop_job": service.stop}[action](argv[0])
+        else:
+            code, text = getattr(job_scheduler(argv[0]), action)(argv[0])
     except LaunchError as e:
         print(e.render(), file=sys.stderr)
         raise SystemExit(2) from None

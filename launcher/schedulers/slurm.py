@@ -202,6 +202,7 @@ class SlurmScheduler(Scheduler):
     job_placeholder = "${SLURM_JOB_ID}"
     time_limit = True
     starts_mpi_world = True
+    replica_jobs = True
 
     def dryrun(self, spec: LaunchSpec, run_dir: str) -> Request:
         from launcher.render import sbatch_script

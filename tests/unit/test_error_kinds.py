@@ -16,6 +16,12 @@ pytestmark = pytest.mark.unit
         ("anything at all", "INVALID_ARGUMENT", REQUEST),
         ("Exceeds maximum queue size", "", OVERLOAD),
         ("model 'hf_model' is not ready", "", UNAVAILABLE),
+        (
+            "[request id: 0] Server is stopping, scheduler for model has stopped accepting new inference requests",
+            "",
+            UNAVAILABLE,
+        ),
+        ("Request for unknown model: 'hf_model' has no available versions", "", UNAVAILABLE),
         ("failed to connect to all addresses", "UNAVAILABLE", UNAVAILABLE),
         ("request cancelled by the client", "", CANCELLED),
         ("request failed: CUDA error: an illegal memory access was encountered", "", SERVER),

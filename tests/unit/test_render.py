@@ -282,3 +282,19 @@ def test_the_walltime_signal_and_requeue_are_rendered():
                 r.stdout,
                 r.stderr,
             )
+
+
+@pytest.mark.parametrize("router", ["host", "job"])
+def test_a_service_plan_shows_the_router_one_replica_job_and_the_scaling_rule(router, tmp_path):
+    """serve.router=host|job: the dry run names where the router runs (its batch script for job), the replica job's
+    sbatch (one copy, on nodes/replicas nodes) and the scaling rule; the router's batch script passes bash -n."""
+    from launcher.service.launch import router_script
+
+    extra = [f"serve.router={router}", "replicas=2", "nodes=2", "serve.autoscale.max_replicas=4"]
+    extra += ["cluster.router_partition=cpu", "cluster.router_time=7-00:00:00"] if router == "job" else []
+    cfg, spec = plan(overrides_for("hf", "luna", extra))
+    check_expected(f"plan_service_{router}_luna.txt", normalise(plan_text(spec, RUN_DIR)))
+    script = tmp_path / "router.sh"
+    script.write_text(router_script(spec, RUN_DIR))
+    r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr

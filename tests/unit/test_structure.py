@@ -153,6 +153,7 @@ LAYERS = {
         "logs",
         "triage",
         "sweep",
+        "service",
         "plan",
         "cli",
         "testing",

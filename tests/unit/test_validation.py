@@ -130,7 +130,53 @@ CASES = [
         "keeps no prefix cache to route to",
         "set engine.prefix_caching=true",
     ),
+    # a service (serve.router=host|job): replica jobs need Slurm; each takes nodes/replicas nodes; no requeue
+    (["serve.router=host", "model=tiny"], "serve.router=host with cluster=local", "use a Slurm cluster profile"),
+    (
+        ["cluster=local_slurm", "serve.router=host", "model=tiny", "replicas=2", "nodes=3"],
+        "nodes=3 replicas=2",
+        "give nodes a multiple of replicas",
+    ),
+    (
+        ["cluster=local_slurm", "serve.router=job", "model=tiny", "requeue=true", "cluster.allows_requeue=true"],
+        "requeue=true with serve.router=job",
+        "drop requeue=true",
+    ),
+    (
+        ["cluster=local_slurm", "serve.router=host", "model=tiny", "replicas=5", "serve.autoscale.max_replicas=4"],
+        "replicas=5 serve.autoscale.min_replicas=1 serve.autoscale.max_replicas=4",
+        "min_replicas <= replicas <= max_replicas",
+    ),
+    (
+        [
+            "cluster=local_slurm",
+            "serve.router=host",
+            "model=tiny",
+            "serve.autoscale.max_replicas=4",
+            "serve.autoscale.down_at=8",
+            "serve.autoscale.up_at=4",
+        ],
+        "serve.autoscale.down_at=8 serve.autoscale.up_at=4",
+        "give down_at below up_at",
+    ),
+    (
+        ["cluster=local_slurm", "serve.router=host", "model=tiny", "serve.routing=kv"],
+        "serve.routing=kv with serve.router=host",
+        "use serve.routing=prefix",
+    ),
+    (
+        ["cluster=local_slurm", "serve.router=host", "model=tiny", "serve.control_port=8001"],
+        "serve.control_port=8001",
+        "give serve.control_port its own port",
+    ),
 ]
+
+
+def test_a_service_spec_is_one_replica_jobs_and_counts_the_jobs_it_starts_with():
+    _, spec = plan(["cluster=local_slurm", "serve.router=host", "model=tiny", "replicas=2", "nodes=4", "tp=2"])
+    assert (spec.replicas, spec.nodes, spec.world_size, spec.service_replicas) == (1, 2, 2, 2)
+    _, plain = plan(["cluster=local_slurm", "model=tiny", "replicas=2", "nodes=2"])
+    assert (plain.replicas, plain.service_replicas, plain.service) == (2, 0, None)
 
 
 @pytest.mark.parametrize("overrides,what,fix", CASES, ids=[" ".join(c[0]) for c in CASES])
