@@ -38,12 +38,12 @@ BIN = Path(sys.executable).parent
 
 
 def launch(overrides: list[str], log: Path) -> dict:
-    """`llmlaunch ... serve.router=host` until it prints the service's id and endpoint."""
+    """`llmlaunch ...` until it prints the service's id (or, --fixed, the job's) and endpoint."""
     argv = [str(BIN / "llmlaunch"), *overrides]
     out = subprocess.run(argv, capture_output=True, text=True, env=checkout_env(), timeout=900)
     log.write_text(out.stdout + out.stderr)
-    found = dict(re.findall(r"^(service|endpoint|openai): (\S+)$", out.stdout, re.M))
-    if out.returncode or "service" not in found:
+    found = dict(re.findall(r"^(service|job|endpoint|openai): (\S+)$", out.stdout, re.M))
+    if out.returncode or not {"service", "job"} & set(found):
         raise SystemExit(f"llmlaunch failed ({out.returncode}):\n{out.stderr[-3000:]}")
     return found
 
@@ -167,6 +167,7 @@ def run(args, overrides: list[str]) -> dict:
     threading.Thread(target=probe, args=(svc["openai"], model, stop, probes), daemon=True).start()
     t0 = time.time()
     marks = []
+    series: list = []  # (time, replica jobs serving), each second
     killed = None
     try:
         for c in steps:
@@ -177,14 +178,16 @@ def run(args, overrides: list[str]) -> dict:
                 if args.kill_at and killed is None and time.time() - t0 >= args.kill_at:
                     killed = kill_one(sdir)
                 time.sleep(1)
-                print(f"  {time.time() - t0:5.0f}s  C={c}  {sdir.status()['serving']} serving", file=sys.stderr)
+                serving = (sdir.status() or {}).get("serving", args.replicas)
+                series.append((time.time(), serving))
+                print(f"  {time.time() - t0:5.0f}s  C={c}  {serving} serving", file=sys.stderr)
     finally:
         stop.set()
         load.stop.set()
         t1 = time.time()
         time.sleep(2)
         subprocess.run([str(BIN / "llmlaunch-stop"), svc["service"]], env=checkout_env())
-    return report(args, load, probes, sdir, t0, t1, marks, killed)
+    return report(args, load, probes, sdir, t0, t1, marks, killed, series)
 
 
 def kill_one(sdir) -> dict:
@@ -200,7 +203,30 @@ def kill_one(sdir) -> dict:
     return {"job": job["name"], "job_id": job["job_id"], "time": time.time()}
 
 
-def report(args, load, probes, sdir, t0, t1, marks, killed) -> dict:
+def replacement(killed: dict, decisions: list[dict], jobs: list[dict]) -> dict:
+    """The kill, its job's end as the router saw it, and its replacement (or the successor that covered it): when it
+    was submitted, started and served, against the kill."""
+    out = dict(killed)
+    ended = next((d for d in decisions if d["action"] == "ended" and d["reason"].startswith(killed["job"])), None)
+    sub = next(
+        (d for d in decisions if d["action"] == "submit" and d["reason"].startswith(f"replacement of {killed['job']}")),
+        None,
+    )
+    if ended:
+        out["ended_seen_s"] = round(ended["time"] - killed["time"], 2)
+    job = next((j for j in jobs if sub and j["name"] == sub.get("job")), None)
+    if job and job.get("registered"):
+        out.update(
+            replacement=job["name"],
+            submitted_s=round(job["submitted"] - killed["time"], 2),
+            queue_s=round(job["started"] - job["submitted"], 2),
+            ready_s=round(job["registered"] - job["started"], 2),
+            serving_s=round(job["registered"] - killed["time"], 2),
+        )
+    return out
+
+
+def report(args, load, probes, sdir, t0, t1, marks, killed, series) -> dict:
     recs = load.records
     done = [r[1] for r in recs if r[2]] + [p[0] + p[1] for p in probes if p[1] is not None]
     tokens = [t for r in recs for t in r[5]]
@@ -214,12 +240,22 @@ def report(args, load, probes, sdir, t0, t1, marks, killed) -> dict:
     for i, (ts, c) in enumerate(marks):
         te = marks[i + 1][0] if i + 1 < len(marks) else t1
         ttft = [r[4] - r[0] for r in recs if r[2] and r[4] and ts + 30 <= r[0] < te]
+        done_in = [r for r in recs if r[2] and ts + 30 <= r[1] < te]  # completed after the step's first 30 s
+        counts = [(t, n) for t, n in series if ts <= t < te]
+        peak = max((n for _, n in counts), default=0)
+        scaled = next((t for t, n in counts if n == peak), ts)  # when the step's most replicas first served
+        after = [r[4] - r[0] for r in recs if r[2] and r[4] and scaled <= r[0] < te]
         steps.append(
             {
                 "concurrency": c,
                 "seconds": round(te - ts),
+                "ttft_p50_ms": round(pct(ttft, 50) * 1e3, 1) if ttft else None,
                 "ttft_p90_ms": round(pct(ttft, 90) * 1e3, 1) if ttft else None,
                 "requests": sum(1 for r in recs if ts <= r[0] < te),
+                "requests_per_s": round(len(done_in) / max(1.0, te - ts - 30), 2),
+                "replicas_at_most": peak,
+                "serving_all_after_s": round(scaled - ts, 1),
+                "ttft_p90_ms_once_scaled": round(pct(after, 90) * 1e3, 1) if after else None,
             }
         )
     doc = {
@@ -243,7 +279,7 @@ def report(args, load, probes, sdir, t0, t1, marks, killed) -> dict:
         "decisions": actions,
         "steps": steps,
         "scale_ups": scale_timings(decisions, (sdir.status() or {}).get("jobs", [])),
-        "killed": killed,
+        "killed": replacement(killed, decisions, (sdir.status() or {}).get("jobs", [])) if killed else None,
     }
     print(json.dumps(doc, indent=1), file=sys.stderr)
     return doc
@@ -259,6 +295,7 @@ def main() -> None:
     ap.add_argument("--steps", default="", help="concurrencies in turn, e.g. 2,32,2 (scaling)")
     ap.add_argument("--step-s", type=float, default=200.0, help="seconds of each step")
     ap.add_argument("--kill-at", type=float, default=0.0, help="kill -9 one replica's server this many s in")
+    ap.add_argument("--fixed", action="store_true", help="one job of --replicas (serve.router=in_job), to compare")
     ap.add_argument("--log", default="/tmp/llmlaunch-service-bench.log", help="llmlaunch's output")
     ap.add_argument("--json", default="", help="also write the JSON document here")
     args, overrides = ap.parse_known_args()

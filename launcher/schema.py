@@ -190,8 +190,8 @@ class AutoscaleConfig:
         Float("a signal value", 0.0, lo_open=True, fix="give the per-replica value to scale up at, e.g. {key}=8"), 8.0
     )  # one more replica (or as many as the load divided by this asks for) when the signal stays above this for window_s
     down_at: float = arg(
-        Float("a signal value", 0.0, fix="give the per-replica value to scale down at, e.g. {key}=2"), 2.0
-    )  # one replica fewer (the least loaded, drained first) when the signal stays below this for window_s
+        Float("a signal value", 0.0, fix="give the per-replica value to scale down at, e.g. {key}=4"), 4.0
+    )  # one replica fewer (the least loaded, drained first) when the signal, counted with one replica fewer, stays below this for window_s (below up_at: then a scale-down never brings a scale-up)
     window_s: float = arg(
         Float("seconds", 0.0, lo_open=True, fix="give seconds, e.g. {key}=20"), 20.0
     )  # how long the signal must hold beyond a bound before the service acts

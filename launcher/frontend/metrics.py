@@ -182,9 +182,10 @@ def with_member_engines(text, members):
     return page
 
 
-async def _serve_metrics(host: str, port: int, text):
+async def _serve_metrics(host: str, port: int, text, own=None):
     """A minimal HTTP/1.1 responder: GET /metrics (or /) -> the Prometheus text (`text()`, a string or an awaitable
-    of one), anything else 404."""
+    of one); GET /metrics/frontend -> `own()`, the front end's own counters without its replicas' engine lines (what a
+    service's router reads each second: it asks no replica anything); anything else 404."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -195,8 +196,8 @@ async def _serve_metrics(host: str, port: int, text):
                     break
             parts = line.split()
             path = parts[1].split(b"?")[0] if len(parts) >= 2 else b""
-            if parts[:1] in ([b"GET"], [b"HEAD"]) and path in (b"/metrics", b"/"):
-                page = text()
+            if parts[:1] in ([b"GET"], [b"HEAD"]) and path in (b"/metrics", b"/", b"/metrics/frontend"):
+                page = own() if own is not None and path == b"/metrics/frontend" else text()
                 status, body = "200 OK", (await page if inspect.isawaitable(page) else page).encode()
             else:
                 status, body = "404 Not Found", b"try GET /metrics\n"

@@ -156,14 +156,21 @@ def _frontend(cfg: FrontendConfig) -> Frontend:
 
 
 def _metrics_page(cfg: FrontendConfig, fe: Frontend):
-    """One process's /metrics page: its counters, by the fixed replicas or by the members it applied."""
+    """One process's /metrics page and its own counters alone: by the fixed replicas or by the members it applied."""
     if not cfg.members:
-        return with_engines(lambda: metrics_text(fe.snapshot(), cfg.addrs), cfg.addrs, cfg.replica_metrics)
+
+        def own() -> str:
+            return metrics_text(fe.snapshot(), cfg.addrs)
+
+        return with_engines(own, cfg.addrs, cfg.replica_metrics), own
 
     def applied():
         return [fe.members.applied[s] for s in sorted(fe.members.applied)]
 
-    return with_member_engines(lambda: members_text(fe.snapshot(), applied()), applied)
+    def counters() -> str:
+        return members_text(fe.snapshot(), applied())
+
+    return with_member_engines(counters, applied), counters
 
 
 async def _serve(cfg: FrontendConfig, reuse_port: bool, publish=None, on_bound=None, setup=None) -> None:
@@ -187,7 +194,7 @@ async def _serve(cfg: FrontendConfig, reuse_port: bool, publish=None, on_bound=N
     metrics = None
     if cfg.metrics_port and publish is None:
         try:
-            metrics = await _serve_metrics(cfg.host, cfg.metrics_port, _metrics_page(cfg, fe))
+            metrics = await _serve_metrics(cfg.host, cfg.metrics_port, *_metrics_page(cfg, fe))
         except OSError as e:
             raise SystemExit(f"front end: cannot bind metrics {cfg.host}:{cfg.metrics_port}: {e}") from None
     stop = asyncio.Event()

@@ -113,7 +113,7 @@ def _supervise(cfg: FrontendConfig) -> int:
     async def main() -> int:
         metrics = None
         if cfg.metrics_port:
-            metrics = await _serve_metrics(cfg.host, cfg.metrics_port, _metrics_page(cfg, shared))
+            metrics = await _serve_metrics(cfg.host, cfg.metrics_port, *_metrics_page(cfg, shared))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for s in (signal.SIGTERM, signal.SIGINT):
@@ -152,20 +152,20 @@ def _supervise(cfg: FrontendConfig) -> int:
 
 
 def _metrics_page(cfg: FrontendConfig, shared):
-    """The parent's /metrics page: the workers' counters summed, labelled by the fixed replicas or by the members
-    file as the parent reads it."""
+    """The parent's /metrics page and its own counters alone: the workers' counters summed, labelled by the fixed
+    replicas or by the members file as the parent reads it."""
     if not cfg.members:
 
         def own() -> str:
             return metrics_text(_sum_shared(shared, cfg.processes, cfg.slot_count), cfg.addrs, cfg.processes)
 
-        return with_engines(own, cfg.addrs, cfg.replica_metrics)
+        return with_engines(own, cfg.addrs, cfg.replica_metrics), own
     names = cfg.members_file()  # read, never applied: the parent routes nothing
 
     def labelled() -> str:
         return members_text(_sum_shared(shared, cfg.processes, cfg.slot_count), names.members(), cfg.processes)
 
-    return with_member_engines(labelled, names.members)
+    return with_member_engines(labelled, names.members), labelled
 
 
 def run_frontend(cfg: FrontendConfig) -> int:

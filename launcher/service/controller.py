@@ -315,7 +315,7 @@ class Controller:
         """The front end's counters: each replica's requests in flight, the members version every process applied."""
         if self.frontend is None:
             return
-        page = await scrape.fetch(f"http://127.0.0.1:{self.frontend.cfg.metrics_port}/metrics")
+        page = await scrape.fetch(f"http://127.0.0.1:{self.frontend.cfg.metrics_port}/metrics/frontend")
         if page is None:
             return
         seen = scrape.parse(page)

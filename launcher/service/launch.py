@@ -116,7 +116,9 @@ def start(spec: LaunchSpec, run_dir: str, record: Optional[dict]) -> int:
                     "fix cluster.router_partition / cluster.router_time; no replica job was submitted",
                 )
             )
-        where = f"router job {done.stdout.strip().split(';')[0]}"
+        router_job = done.stdout.strip().split(";")[0]
+        sdir.write_json(sdir.service_file, {**sdir.service(), "router_job": router_job})
+        where = f"router job {router_job}"
     jobindex.add(
         {
             "job_id": service_id,
@@ -178,10 +180,14 @@ def _check_ports(spec: LaunchSpec) -> None:
 def _check_router(sdir: ServiceDir, service_id: str) -> None:
     """The router is still there (a process here, or its job): else the launch failed, with its log's end."""
     from launcher.logtext import log_excerpt
+    from launcher.schedulers.slurm_jobs import queue_state
 
     router = sdir.router() or {}
-    pid = router.get("pid")
-    if pid and router.get("host") == os.uname().nodename and not _alive(pid):
+    pid, job = router.get("pid"), sdir.service().get("router_job")
+    gone = pid and router.get("host") == os.uname().nodename and not _alive(pid)
+    if job and queue_state(job)[0] not in ("PENDING", "RUNNING", "CONFIGURING"):
+        gone = f"its job {job} is {queue_state(job)[0]}"
+    if gone:
         raise LaunchError(
             (f"service {service_id}", f"its router exited:\n{log_excerpt(sdir.log, 20)}", f"read {sdir.log}")
         )

@@ -129,6 +129,12 @@ def test_a_second_member_takes_its_share_of_the_load(backends, tmp_path):
         text = urllib.request.urlopen(f"http://127.0.0.1:{fe.metrics_port}/metrics", timeout=10).read().decode()
         assert f'llmlaunch_frontend_in_flight{{replica="2",name="r1",addr="127.0.0.1:{backends[1].port}"}} 0' in text
         assert 'llmlaunch_frontend_replica_draining{replica="0",name="r0",' in text
+        # what a service's router reads each second: the same counters, no replica's engine asked
+        own = urllib.request.urlopen(f"http://127.0.0.1:{fe.metrics_port}/metrics/frontend", timeout=10).read()
+        assert f'llmlaunch_frontend_in_flight{{replica="2",name="r1",addr="127.0.0.1:{backends[1].port}"}} 0' in (
+            own.decode()
+        )
+        assert set(own.decode().splitlines()) <= set(text.splitlines())
 
 
 def test_a_draining_member_finishes_its_streams_and_gets_no_new_request(backends, tmp_path):
