@@ -46,13 +46,13 @@ def until(predicate, timeout: float, what: str, every: float = 0.5):
 class Service:
     """A service started with `llmlaunch ... serve.router=host` as a user starts one, stopped with llmlaunch-stop."""
 
-    def __init__(self, tmp: Path, *overrides: str):
+    def __init__(self, tmp: Path, *overrides: str, router: str = "host"):
         ports = {k: free_port() for k in ("grpc_port", "http_port", "metrics_port", "openai_port", "control_port")}
         argv = [
             str(BIN / "llmlaunch"),
             "cluster=local_slurm",
             "model=tiny",
-            "serve.router=host",
+            f"serve.router={router}",
             f"cluster.jobs_dir={tmp}",
             *(f"serve.{k}={p}" for k, p in ports.items()),
             *overrides,
@@ -252,3 +252,18 @@ def test_each_job_is_handed_over_before_its_time_limit_and_no_request_fails(serv
     assert failed == [] and len(done) > 10
     handed = [d for d in service.decisions("submit") if d["reason"].startswith("handover of")]
     assert handed and "its time limit is in" in handed[-1]["reason"]
+
+
+def test_a_router_of_its_own_slurm_job_serves_and_stops_with_its_replicas(local_slurm, tmp_path):
+    """serve.router=job: the router runs in a CPU job of its own and submits the replica jobs from there."""
+    svc = Service(tmp_path, "cluster.router_time=00:10:00", router="job")
+    router = svc.sdir.router()
+    try:
+        assert router["job_id"] and svc.url.startswith(f"grpc://{router['host']}:"), router
+        rec = svc.stream(6)
+        assert rec.error == "" and rec.output_tokens == 6
+        assert f"job {router['job_id']}" in svc.cli("llmlaunch-status")
+    finally:
+        print(svc.cli("llmlaunch-stop"))
+    gone = subprocess.run(["squeue", "-h", "-j", router["job_id"]], capture_output=True, text=True).stdout
+    assert gone.strip() == "" and not svc.jobs("serving")
