@@ -9,7 +9,7 @@ from typing import Dict, Iterable, Optional, Tuple
 
 from launcher.readiness import slurm_time
 from launcher.schedulers.slurm import submit
-from launcher.schedulers.slurm_jobs import run_quiet
+from launcher.schedulers.slurm_jobs import queue_state, run_quiet
 from launcher.spec import LaunchSpec, ServiceLink
 
 # Where a replica job stands, as the router sees it:
@@ -98,6 +98,5 @@ def queue(job_ids: Iterable[str]) -> Dict[str, Tuple[str, Optional[float], str]]
 
 def last_state(job_id: str) -> str:
     """Slurm's word on a job that left the queue (sacct), "" where it keeps none."""
-    rc, out, _ = run_quiet(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"])
-    line = out.strip().splitlines()[0] if rc == 0 and out.strip() else ""
-    return line.split()[0] if line else ""
+    state = queue_state(job_id)[0]
+    return "" if state == "UNKNOWN" else state

@@ -20,7 +20,7 @@ import secrets
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from launcher.rundir import RunDir
+from launcher.rundir import RunDir, _read, _write
 
 
 class ServiceDir:
@@ -74,15 +74,10 @@ class ServiceDir:
         return self.token_file.read_text().strip()
 
     def write_json(self, path: Path, doc: Dict) -> None:
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-        tmp.replace(path)
+        _write(path, doc)
 
     def read_json(self, path: Path) -> Optional[Dict]:
-        try:
-            return json.loads(path.read_text())
-        except (OSError, ValueError):
-            return None
+        return _read(path)
 
     def add_decision(self, doc: Dict) -> None:
         with open(self.decisions, "a") as f:
