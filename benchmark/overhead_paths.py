@@ -255,7 +255,8 @@ def run_served(
         "client_cpu_s": client_cpu_s,
         "server_cpu_s": sum(by_role.values()),
         "server_cpu_by_role_s": by_role,
-        "first_token_ms": first_token_split(metrics_url, model, before, len(gens), stats["ttft_ms_mean"]),
+        # over the requests the client has a TTFT of, as the model counts them
+        "first_token_ms": first_token_split(metrics_url, model, before, len(per_request), stats["ttft_ms_mean"]),
         "engine_steps": engine_splits_after(metrics_url, model, engine_before)[0],
         **stats,
     }

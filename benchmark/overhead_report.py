@@ -83,7 +83,12 @@ def compare(run: dict, tokenizer, load: Load, args, generate: dict) -> dict:
         row["served_responses_per_request"] = round(statistics.median(x["responses_per_request"] for x in served), 2)
         split = [x["first_token_ms"] for x in served if x.get("first_token_ms")]
         if split:  # where the served first token's time went (means): inside the hf model, and outside it
-            row["served_first_token_ms"] = {k: round(statistics.median(x[k] for x in split), 3) for k in split[0]}
+            # a part a round could not split (outside_server None: the model counted other requests) is left out
+            row["served_first_token_ms"] = {
+                k: round(statistics.median(vals), 3) if vals else None
+                for k in split[0]
+                for vals in [[x[k] for x in split if x.get(k) is not None]]
+            }
         if c and c in generate:  # streamed through the serving path against static-batch generate, batch = C
             row["served_vs_generate"] = round(med["served"] / generate[c]["generate_tokens_per_s"], 4)
     log(

@@ -164,7 +164,7 @@ def add_results(p: argparse.ArgumentParser) -> None:
         help="tritonserver metrics URL (http://HOST:PORT/metrics) of the served llmlaunch model: report where "
         "the mean TTFT goes, inside the model (parse / add / engine / back / respond / send) and outside it, and how "
         "the hf engine spent its steps (launch / wait for the GPU / host work; GPU busy and idle; its prefix cache's "
-        "hit rate) (first run only).  With replicas, the replica leaders' URLs (endpoint.json's replicas' "
+        "hit rate) (first run only), over the measured requests (read after the warm-up).  With replicas, the replica leaders' URLs (endpoint.json's replicas' "
         "metrics_url), comma-separated: their totals are summed",
     )
     o.add_argument(

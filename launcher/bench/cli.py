@@ -27,11 +27,13 @@ Result JSON:
                  "ttft_ms"|"tpot_ms"|"itl_ms"|"e2el_ms": {"mean", "p50", "p90", "p99", "max"},
                  "client_handoff_ms": {...} (the client's own queue -> gRPC send, outside TTFT), ...},
      "server_first_token_ms": None | {"parse", "add", "engine", "back", "respond", "send", "inside_server", "outside_server",
-                                      "requests"}
-                              (--server-metrics: mean ms; launcher/python_backend/timings.py),
+                                      "requests", "client_requests"}
+                              (--server-metrics: mean ms over the measured requests, the warm-up's left out, on
+                              both sides; outside_server None where the model counted other requests than the client
+                              took a first token of; launcher/python_backend/timings.py),
      "server_engine_steps": None | {"steps", "step_ms", "launch_ms", "wait_ms", "host_ms", "gpu_ms",
                               "gpu_idle_ms", "decode_rows", "prefill_tokens", "ahead"} (--server-metrics:
-                              the hf engine's steps during the run, warm-up included; timings.engine_step_split),
+                              the hf engine's steps during the measured requests; timings.engine_step_split),
      "server_prefix_cache": None | {"prompt_tokens", "cached_prompt_tokens", "prefix_hit_rate"} (--server-metrics),
      "warmup_errors", "requests": [RequestResult as JSON, ...]}
 Times in "requests" are seconds since the start of the measured phase.
@@ -163,10 +165,18 @@ def bench_one(
     make_bar = None
     if not args.no_progress:
         make_bar = lambda read: Progress(read, num_requests, label=progress_label)  # noqa: E731
-    before, engine_before = _server_totals(server_metrics, model) if server_metrics else (None, None)
+    totals = {}  # the server's counters once the warm-up has ended: the run's figures cover the measured requests
+    after_warmup = None
+    if server_metrics:
+        _server_totals(server_metrics, model, settled=False)  # an unreadable URL fails before any request is sent
+
+        def after_warmup():
+            totals["before"] = _server_totals(server_metrics, model)
+
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     _announce(spec, num_requests, model, url, kind)
-    out = run_load(job, make_bar)
+    out = run_load(job, make_bar, after_warmup=after_warmup)
+    before, engine_before = totals.get("before", (None, None))
     results = [
         metrics.from_record(idx, samples[idx % len(samples)], rec, out.t0, tokens, args.save_text)
         for idx, rec in out.records
@@ -175,10 +185,12 @@ def bench_one(
     duration = max(ends) if ends else 0.0
     m = metrics.compute(results, duration, slos)
     split = steps = prefix = None
-    if before is not None and not args.no_stream:  # warm-up requests are counted too: they are first tokens as well
-        split = timings.first_token_split(
-            server_metrics, model, before, len(results) + spec.warmup, m["ttft_ms"]["mean"]
-        )
+    if before is not None and not args.no_stream:
+        # the model counts every streamed request whose first token it sent, failed later or not: the client's mean
+        # is taken over the same measured requests, those it has a first token of
+        ttfts = [r.ttft for r in results if r.ttft is not None]
+        ttft_mean = 1000.0 * sum(ttfts) / len(ttfts) if ttfts else None
+        split = timings.first_token_split(server_metrics, model, before, len(ttfts), ttft_mean)
     if engine_before is not None:
         steps, prefix = timings.engine_splits_after(server_metrics, model, engine_before)
     return {
@@ -213,9 +225,13 @@ def _request_parameters(args, url: str, model: str) -> dict:
     return params
 
 
-def _server_totals(server_metrics: str, model: str) -> tuple:
-    """(first-token totals, engine-step totals) of the served model before the run (--server-metrics)."""
+def _server_totals(server_metrics: str, model: str, settled: bool = True) -> tuple | None:
+    """(first-token totals, engine-step totals) of the served model before the measured requests (--server-metrics);
+    `settled=False`: one reading, only to check that the URL answers."""
     try:
+        if not settled:
+            timings.fetch_metrics_text(server_metrics)
+            return None
         # the totals once the last requests' first tokens and steps are in (they come up to a second late)
         return timings.settled_server_metrics(server_metrics, model)
     except OSError as exc:

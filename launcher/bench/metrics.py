@@ -276,6 +276,10 @@ def format_first_token_split(split: dict) -> str:
         # add and back are the hf engine process's hops; the other engines' models count them in `engine`
         if split.get(key) is not None and (split[key] or key not in ("add", "back")):
             lines.append(f"{name + ' (ms):':<34}{_fmt(split[key]):>16}")
+    if split.get("outside_server") is None and split.get("client_requests") is not None:
+        # means over different requests do not subtract: say so rather than print a part that is not one
+        lines.append(f"{'tritonserver, gRPC, client (ms):':<34}{'not split':>16}")
+        lines.append(f"{'requests timed by the client:':<34}{_fmt(split['client_requests']):>16}")
     lines.append(f"{'requests counted by the model:':<34}{_fmt(split['requests']):>16}")
     lines.append("=" * w)
     return "\n".join(lines)

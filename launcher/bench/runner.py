@@ -273,15 +273,20 @@ class _Driver:
             s.close()
 
 
-def run_load(job: Job, progress=None) -> RunOutput:
+def run_load(job: Job, progress=None, after_warmup=None) -> RunOutput:
     """Run `job.spec` against the server. `progress(read)` builds a progress
-    reporter (see launcher.bench.progress.Progress) from a read() function."""
+    reporter (see launcher.bench.progress.Progress) from a read() function.
+    `after_warmup()` is called once every warm-up request has ended (with several
+    processes, every process's) and before the first measured one is sent: a
+    reading of the server's own counters there covers the measured requests alone."""
     job.spec.check()
     if job.spec.processes > 1:
-        return _run_processes(job, progress)
+        return _run_processes(job, progress, after_warmup)
     driver = _Driver(job)
     try:
         warm_errors = driver.warmup()
+        if after_warmup is not None:
+            after_warmup()
         state = [0, 0, 0]
         bar = progress(lambda: driver.counts(state)) if progress else None
         start_at = time.perf_counter()
@@ -338,7 +343,7 @@ def _worker(job: Job, events, go, start_value, counters, queue) -> None:
                 pass
 
 
-def _run_processes(job: Job, progress) -> RunOutput:
+def _run_processes(job: Job, progress, after_warmup=None) -> RunOutput:
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")  # never fork a process that has gRPC threads
@@ -386,6 +391,8 @@ def _run_processes(job: Job, progress) -> RunOutput:
             if kind == "error":
                 fail(f"client process {rank} failed: {payload}")
             ready += 1
+        if after_warmup is not None:  # every process's warm-up has ended; none has sent a measured request
+            after_warmup()
         start_value.value = time.perf_counter() + 0.05  # everyone starts at the same instant
         go.set()
         bar = (

@@ -403,7 +403,12 @@ def first_token_split(
 ) -> dict | None:
     """After a run: wait (up to wait_s) for the model's once-a-second push to count `expected` more first tokens
     than `before`, then the mean split (`mean_first_token_ms`) plus `outside_server` = the client's mean TTFT
-    minus the time inside the model (tritonserver, gRPC and the client).  None when nothing was counted."""
+    minus the time inside the model (tritonserver, gRPC and the client).  None when nothing was counted.
+
+    The two means must be over the same requests for their difference to mean anything: `before` is read once the
+    requests not measured (a warm-up) have been counted, `expected` is how many requests the client took a first
+    token of and `ttft_mean_ms` their mean TTFT.  Where the model counted another number (requests of another
+    client, a warm-up pushed late), `outside_server` is None and `client_requests` says how many the client had."""
     deadline = time.monotonic() + wait_s
     while True:
         after = fetch_first_token_metrics(url, model)
@@ -412,5 +417,7 @@ def first_token_split(
         time.sleep(0.25)
     split = mean_first_token_ms(before, after)
     if split is not None and ttft_mean_ms is not None:
-        split["outside_server"] = round(ttft_mean_ms - split["inside_server"], 3)
+        same = split["requests"] == expected
+        split["outside_server"] = round(ttft_mean_ms - split["inside_server"], 3) if same else None
+        split["client_requests"] = int(expected)
     return split

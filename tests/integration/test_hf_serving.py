@@ -507,16 +507,20 @@ def test_bench_reports_where_the_ttft_goes(server, tmp_path, capsys):
     assert "engine: queue, prefill (ms):" in printed and "tritonserver, gRPC, client (ms):" in printed, printed
     doc = json.loads(out.read_text())
     split = doc["server_first_token_ms"]
-    assert split["requests"] == 7  # 6 measured + 1 warm-up
+    # the measured requests alone, on the model's side as on the client's: the warm-up's first token is not counted
+    assert split["requests"] == split["client_requests"] == 6, split
     assert split["engine"] > 0 and split["outside_server"] > 0 and split["send"] > 0, split
+    assert split["inside_server"] + split["outside_server"] == pytest.approx(
+        doc["metrics"]["ttft_ms"]["mean"], abs=0.01
+    )
     assert "response sent to tritonserver (ms):" in printed, printed
-    # and how the engine spent its steps meanwhile: 7 requests of 6 tokens, 5 decoded after each first token
+    # and how the engine spent its steps meanwhile: 6 requests of 6 tokens, 5 decoded after each first token
     assert "engine steps: step " in printed, printed
     steps = doc["server_engine_steps"]
     assert steps["steps"] >= 6 and steps["step_ms"] > 0 and steps["decode_rows"] > 0, steps
-    # and the prefix cache: the 7 prompts' tokens, the share of them served from it
+    # and the prefix cache: the 6 prompts' tokens, the share of them served from it
     cache = doc["server_prefix_cache"]
-    assert cache["prompt_tokens"] >= 7 * 8 and 0 <= cache["prefix_hit_rate"] <= 1, cache
+    assert cache["prompt_tokens"] >= 6 * 8 and 0 <= cache["prefix_hit_rate"] <= 1, cache
     assert f"prefix cache: {100 * cache['prefix_hit_rate']:.1f}% of {cache['prompt_tokens']:,} prompt tokens" in printed
     assert (
         main(

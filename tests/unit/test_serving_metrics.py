@@ -1,6 +1,8 @@
 """launcher.python_backend.timings: the engine and first-token counters read back from a Prometheus metrics text (no
 server). The hf model exposing them under a real tritonserver: tests/integration/test_hf_serving.py."""
 
+import pytest
+
 
 def test_read_engine_metrics_maps_counters_to_engine_fields():
     from launcher.python_backend.timings import read_engine_metrics
@@ -140,3 +142,117 @@ def test_the_front_ends_page_shows_each_replicas_engine_prompt_tokens():
         'llmlaunch_frontend_replica_prompt_tokens_total{replica="0",addr="h:1",kind="cached"} 600',
     ], text
     assert asyncio.run(with_engines(lambda: "own\n", addrs, ["", "", "", ""])()) == "own\n"
+
+
+class _FakeModel:
+    """A served model's first-token counters as its /metrics text says them, moved by the requests a fake load
+    sends: `serve(n, engine_s)` counts n first tokens of engine_s each (the other parts 0)."""
+
+    def __init__(self):
+        self.count, self.engine = 0, 0.0
+
+    def serve(self, n: int, engine_s: float) -> None:
+        self.count += n
+        self.engine += n * engine_s
+
+    def text(self, url=None, timeout=None) -> str:
+        return (
+            f'llmlaunch_first_token_seconds{{model="m",part="engine"}} {self.engine}\n'
+            f'llmlaunch_first_tokens{{model="m"}} {self.count}\n'
+        )
+
+
+def test_the_first_token_split_is_taken_over_the_measured_requests_on_both_sides(monkeypatch):
+    """llmlaunch-bench --server-metrics: the model counts every streamed request's first token, the warm-up's too,
+    while the client's mean TTFT is over the measured requests alone.  The model's totals are read once the warm-up
+    has ended, so the two means are over the same requests and the parts add up to the client's mean: here a slow
+    warm-up (100 ms in the engine) before 32 requests of 5 ms in the engine and 7 ms at the client leaves 2 ms
+    outside the model, not a negative part."""
+    import launcher.bench.cli as cli
+    from launcher.bench import datasets
+    from launcher.bench.runner import RunOutput
+    from launcher.client.response import StreamRecord
+    from launcher.python_backend import timings
+
+    model = _FakeModel()
+    monkeypatch.setattr(timings, "fetch_metrics_text", model.text)
+    monkeypatch.setattr(timings, "settle", lambda read, *a, **k: read())  # the fake's totals are settled at once
+    monkeypatch.setattr(cli, "_request_parameters", lambda args, url, name: {})
+
+    def run_load(job, progress=None, after_warmup=None):
+        model.serve(job.spec.warmup, 0.100)  # the warm-up: a cold start, every prompt at once
+        if after_warmup is not None:
+            after_warmup()
+        model.serve(job.spec.num_requests, 0.005)
+        text = b"\x02\x00\x00\x00hi"
+        recs = [
+            (i, StreamRecord(f"r{i}", sent=i, times=[i + 0.007, i + 0.01], chunks=[text, b""], output_tokens=2))
+            for i in range(job.spec.num_requests)
+        ]
+        return RunOutput(recs, 0.0, [])
+
+    monkeypatch.setattr(cli, "run_load", run_load)
+    args = cli.build_parser().parse_args(
+        ["--url", "localhost:1", "--dataset-name", "synthetic", "--input-len", "8", "--output-len", "2"]
+        + ["--num-prompts", "32", "--concurrency", "1", "--warmup", "1", "--ignore-eos", "--no-progress"]
+        + ["--server-metrics", "http://127.0.0.1:1/metrics"]
+    )
+    args.argv = []
+    samples, kind, tokens = cli.prepare(args)
+    assert isinstance(tokens, datasets.TokenCounter)
+    doc = cli.bench_one(args, "localhost:1", "m", samples, kind, tokens, server_metrics=args.server_metrics)
+    split = doc["server_first_token_ms"]
+    client = doc["metrics"]["ttft_ms"]["mean"]
+    assert client == pytest.approx(7.0)
+    assert split["requests"] == split["client_requests"] == 32, split
+    assert split["engine"] == pytest.approx(5.0) and split["outside_server"] == pytest.approx(2.0), split
+    assert split["inside_server"] + split["outside_server"] == pytest.approx(client)
+
+
+def test_the_first_token_split_leaves_outside_unsplit_where_the_model_counted_other_requests(monkeypatch):
+    """Means over different requests do not subtract: where the model counted more first tokens than the client
+    timed (another client's, a warm-up counted late), `outside_server` is None, said so under the table."""
+    from launcher.bench.metrics import format_first_token_split
+    from launcher.python_backend import timings
+
+    model = _FakeModel()
+    monkeypatch.setattr(timings, "fetch_metrics_text", model.text)
+    before = timings.fetch_first_token_metrics("u", "m")
+    model.serve(33, 0.005)
+    split = timings.first_token_split("u", "m", before, 32, 7.0, wait_s=0)
+    assert split["requests"] == 33 and split["client_requests"] == 32 and split["outside_server"] is None
+    assert "not split" in format_first_token_split(split)
+    model.serve(0, 0)
+    exact = timings.first_token_split("u", "m", timings.fetch_first_token_metrics("u", "m"), 0, 7.0, wait_s=0)
+    assert exact is None  # nothing counted between
+
+
+def test_after_warmup_runs_between_the_warmup_and_the_first_measured_request(monkeypatch):
+    """launcher.bench.runner.run_load(after_warmup=): called once, after the warm-up's requests ended and before the
+    measured ones are sent (one client process; several: once every process is ready, before the start instant)."""
+    from launcher.bench import runner
+
+    calls = []
+
+    class Driver:
+        def __init__(self, job):
+            pass
+
+        def warmup(self):
+            calls.append("warmup")
+            return []
+
+        def counts(self, state):
+            return 0, 0, 0
+
+        def run(self, start_at, queue=None):
+            calls.append("run")
+            return []
+
+        def close(self):
+            calls.append("close")
+
+    monkeypatch.setattr(runner, "_Driver", Driver)
+    job = runner.Job("u", "m", [], runner.LoadSpec(concurrency=1, num_requests=1, warmup=1))
+    runner.run_load(job, after_warmup=lambda: calls.append("after_warmup"))
+    assert calls == ["warmup", "after_warmup", "run", "close"]
