@@ -29,7 +29,8 @@ ROUTINGS = (
 # serve.router: where the front end runs: in the job with the replicas, or apart from them (launcher/service/), as a
 # process on the launch host or a Slurm job of its own
 ROUTERS = ("in_job", "host", "job")
-SCALE_SIGNALS = ("in_flight",)  # serve.autoscale.signal: what the service scales by (launcher/service/policy.py)
+# serve.autoscale.signal: what the service scales by; the registry launcher/service/signals.py holds one entry for each
+SCALE_SIGNALS = ("in_flight", "kv_cache", "ttft_p90")
 GPU_REQUESTS = ("gpus-per-node", "gres", "none")  # cluster.gpu_request
 MPI_TYPES = ("pmix", "pmi2", "none")  # cluster.mpi (srun --mpi=)
 CONTAINER_RUNTIMES = ("none", "pyxis")  # cluster.container.runtime

@@ -185,13 +185,27 @@ class AutoscaleConfig:
     min_replicas: int = arg(Int("replicas at least", min=1), 1)  # the fewest replica jobs the service scales down to
     signal: str = arg(
         Choice(SCALE_SIGNALS), "in_flight"
-    )  # what it scales by: in_flight = requests running or queued per serving replica, as the front end counts them
+    )  # what it scales by (launcher/service/signals.py): in_flight = requests running or queued per serving replica, as the front end counts them | kv_cache = the share of each replica's KV cache in use, as its engine reports it (engine=hf, vllm) | ttft_p90 = the p90 of the last window's times to first token at the front end, in ms
     up_at: float = arg(
-        Float("a signal value", 0.0, lo_open=True, fix="give the per-replica value to scale up at, e.g. {key}=8"), 8.0
-    )  # one more replica (or as many as the load divided by this asks for) when the signal stays above this for window_s
+        Float(
+            "a signal value",
+            0.0,
+            lo_open=True,
+            zero="the signal's own: in_flight 8, kv_cache 0.8, ttft_p90 none (give one)",
+            fix="give the value to scale up at, e.g. {key}=8 (in_flight), 0.8 (kv_cache), 500 (ttft_p90, ms)",
+        ),
+        0.0,
+    )  # more replicas when the signal stays above this for window_s: as many as the load divided by this asks for (in_flight, kv_cache: per replica), or one more (ttft_p90)
     down_at: float = arg(
-        Float("a signal value", 0.0, fix="give the per-replica value to scale down at, e.g. {key}=4"), 4.0
-    )  # one replica fewer (the least loaded, drained first) when the signal, counted with one replica fewer, stays below this for window_s (below up_at: then a scale-down never brings a scale-up)
+        Float(
+            "a signal value",
+            0.0,
+            lo_open=True,
+            zero="half of up_at",
+            fix="give the value to scale down at, below up_at, e.g. {key}=4",
+        ),
+        0.0,
+    )  # one replica fewer (the least loaded, drained first) when the signal stays below this for window_s, counted with one replica fewer for in_flight and kv_cache (below up_at: then a scale-down never brings a scale-up)
     window_s: float = arg(
         Float("seconds", 0.0, lo_open=True, fix="give seconds, e.g. {key}=20"), 20.0
     )  # how long the signal must hold beyond a bound before the service acts

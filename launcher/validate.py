@@ -17,6 +17,7 @@ from launcher import domains
 from launcher.domains import PUBLIC_PORTS, SLURM_TIME, time_minutes
 from launcher.engines.registry import ENGINES
 from launcher.errors import LaunchError
+from launcher.scale_signals import SIGNALS, bounds
 from launcher.schema import EngineConfig, LaunchConfig, build
 from launcher.spec import LaunchSpec, build_ranks, layout, plain
 from launcher.suggest import unknown_key
@@ -175,15 +176,8 @@ def service_problems(c: LaunchConfig, scheduler) -> List[Tuple[str, str, str]]:
                 "give min_replicas <= replicas <= max_replicas",
             )
         )
-    if scale.max_replicas and scale.down_at >= scale.up_at:
-        problems.append(
-            (
-                f"serve.autoscale.down_at={scale.down_at:g} serve.autoscale.up_at={scale.up_at:g}",
-                "a load between the bounds must hold the replicas as they are; with down_at >= up_at it would scale "
-                "up and down in turn",
-                "give down_at below up_at (e.g. down_at=2 up_at=8)",
-            )
-        )
+    if scale.max_replicas:
+        problems += signal_problems(c)
     if serve.routing == "kv":
         problems.append(
             (
@@ -199,6 +193,52 @@ def service_problems(c: LaunchConfig, scheduler) -> List[Tuple[str, str, str]]:
                 f"serve.control_port={serve.control_port}",
                 f"the same port as serve.{taken[serve.control_port]}",
                 "give serve.control_port its own port",
+            )
+        )
+    return problems
+
+
+def signal_problems(c: LaunchConfig) -> List[Tuple[str, str, str]]:
+    """serve.autoscale's signal and its bounds (launcher/service/signals.py): one the engine reports, bounds in its
+    unit, down_at below up_at."""
+    scale = c.serve.autoscale
+    sig = SIGNALS[scale.signal]
+    key = f"serve.autoscale.signal={scale.signal}"
+    edef = ENGINES[c.engine.name]
+    if sig.engine_fact and not getattr(edef, sig.engine_fact):
+        able = ", ".join(sorted(n for n, d in ENGINES.items() if getattr(d, sig.engine_fact)))
+        return [
+            (
+                f"{key} with engine={c.engine.name}",
+                f"its served model does not report what {scale.signal} reads ({sig.unit})",
+                f"use an engine that does ({able}), or serve.autoscale.signal=in_flight",
+            )
+        ]
+    up, down = bounds(scale.signal, scale.up_at, scale.down_at)
+    if up is None:
+        return [
+            (
+                f"{key} serve.autoscale.up_at=0",
+                f"{scale.signal} has no bound of its own to scale up at: it is {sig.unit}",
+                "give serve.autoscale.up_at, your target (e.g. serve.autoscale.up_at=500; down_at is half unless given)",
+            )
+        ]
+    problems = []
+    if sig.most is not None and up > sig.most:
+        problems.append(
+            (
+                f"{key} serve.autoscale.up_at={up:g}",
+                f"{scale.signal} is {sig.unit}: a bound above {sig.most:g} is never reached",
+                f"give up_at and down_at in its unit (e.g. up_at={sig.up_at:g} down_at={sig.up_at * sig.down_share:g})",
+            )
+        )
+    if down >= up:
+        problems.append(
+            (
+                f"serve.autoscale.down_at={down:g} serve.autoscale.up_at={up:g}",
+                "a signal between the bounds must hold the replicas as they are; with down_at >= up_at it would scale "
+                "up and down in turn",
+                f"give down_at below up_at (e.g. down_at={up / 2:g}), or leave it 0 (half of up_at)",
             )
         )
     return problems

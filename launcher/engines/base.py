@@ -70,6 +70,10 @@ class Engine:
     # It publishes its prefix cache's changes as KV-cache events (launcher/kv_events.py) where launcher/rank asks, so
     # serve.routing=kv may route by them.
     kv_events: ClassVar[bool] = False
+    # Its served model reports the share of its KV cache that running requests hold, as the gauge
+    # llmlaunch_engine_kv_cache_usage on its tritonserver's metrics (launcher/python_backend/timings.py ENGINE_GAUGES),
+    # so a service may scale by it (serve.autoscale.signal=kv_cache, launcher/service/signals.py).
+    kv_usage: ClassVar[bool] = False
     # Models the non-leader ranks' tritonservers load (explicit model control).
     worker_models: ClassVar[Tuple[str, ...]] = ()
     # A model copy over several nodes runs its other nodes as workers of a per-copy Ray cluster where the engine

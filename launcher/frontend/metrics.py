@@ -6,6 +6,8 @@ import asyncio
 import inspect
 from typing import Sequence
 
+from launcher.frontend import first_tokens
+
 _METRICS = (
     # (key, name, type, help)
     ("up", "llmlaunch_frontend_replica_up", "gauge", "1 when the front end routes requests to the replica"),
@@ -116,6 +118,7 @@ def _totals(snap: dict, processes: int) -> list:
         "# HELP llmlaunch_frontend_processes front-end worker processes sharing the gRPC port",
         "# TYPE llmlaunch_frontend_processes gauge",
         f"llmlaunch_frontend_processes {processes}",
+        *first_tokens.lines(snap),
     ]
 
 

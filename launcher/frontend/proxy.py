@@ -17,6 +17,7 @@ from grpc import aio
 from tritonclient.grpc import service_pb2
 
 from launcher.error_kinds import SERVER, UNAVAILABLE, error_kind
+from launcher.frontend.first_tokens import FirstTokens
 from launcher.frontend.metrics import REPLICA_KEYS
 from launcher.frontend.replica import FORWARDED, Replica
 from launcher.frontend.routing import Routing, make_routing, routing_keys
@@ -66,6 +67,7 @@ class Frontend:
         self.breaker_cooldown_s = breaker_cooldown_s
         self.streams_active = 0
         self.rejected = 0  # requests refused because no replica was up
+        self.first_tokens = FirstTokens()  # streamed requests' time to their first response (Session's pumps)
         self.draining = ""  # once set (the drain notice, launcher/procs/drain.py): why new requests are refused
         self._probe_task: Optional[asyncio.Task] = None
         self._stall_task: Optional[asyncio.Task] = None
@@ -392,12 +394,12 @@ class Frontend:
     def snapshot(self) -> dict:
         """The counters: per replica (REPLICA_KEYS), in the fixed list's order; a members file's, one per slot (a slot
         not in use all 0) and the version applied."""
+        own = {"streams_active": self.streams_active, "rejected": self.rejected, **self.first_tokens.snapshot()}
         if self.members is None:
-            return {"streams_active": self.streams_active, "rejected": self.rejected, "replicas": _rows(self.replicas)}
+            return {**own, "replicas": _rows(self.replicas)}
         at = {r.index: r for r in self.replicas}
         return {
-            "streams_active": self.streams_active,
-            "rejected": self.rejected,
+            **own,
             "replicas": [
                 _rows([at[s]])[0] if s in at else dict.fromkeys(REPLICA_KEYS, 0) for s in range(self.members.slots)
             ],

@@ -71,6 +71,7 @@ class _Pending:
         "retried",
         "ids",
         "migrations",
+        "arrived",
     )
 
     def __init__(
@@ -84,6 +85,7 @@ class _Pending:
         retried: bool = False,
         ids: Optional[array] = None,
         migrations: int = 0,
+        arrived: float = 0.0,
     ):
         self.client_id = client_id
         self.wants_empty_final = wants_empty_final
@@ -95,6 +97,7 @@ class _Pending:
         self.retried = retried  # already sent again whole once (it had no answer when its replica failed)
         self.ids = ids  # a request that can move mid-stream: the ids of the tokens whose text the client has
         self.migrations = migrations  # times it moved mid-stream
+        self.arrived = arrived  # monotonic(): when the client's request reached the front end (first-token time)
 
 
 class _Link:
@@ -187,6 +190,8 @@ class _Link:
                             rep.succeeded()
                         if not p.wants_empty_final and not ir.outputs:
                             continue  # the empty final response the front end asked for on its own behalf
+                if not p.started and not m.error_message:
+                    fe.first_tokens.observe(monotonic() - p.arrived)
                 p.started = True
                 if p.renamed:
                     raw += _response_id_patch(p.client_id)
@@ -245,7 +250,7 @@ class _Link:
         limit = self.session.fe.max_migrations
         if not p.started and not p.retried:
             self.rep.retried += 1
-            await self.session.dispatch(p.raw, retried=True, avoid=avoid)
+            await self.session.dispatch(p.raw, retried=True, avoid=avoid, arrived=p.arrived)
             return True
         if p.started and p.ids is not None and p.migrations < limit and not (p.ids and p.ids[0] < 0):
             self.rep.migrated += 1
@@ -349,9 +354,11 @@ class Session:
         moved: Optional[_Pending] = None,
         failure: str = "",
         avoid: Optional[Replica] = None,
+        arrived: float = 0.0,
     ) -> None:
-        """Send a request to a replica: a client's, one sent again whole (`retried`), or one `moved` mid-stream
-        (its replica failed with `failure`; `raw` is its continued request); not to `avoid` where another is up."""
+        """Send a request to a replica: a client's, one sent again whole (`retried`, `arrived` when the client sent
+        it), or one `moved` mid-stream (its replica failed with `failure`; `raw` is its continued request); not to
+        `avoid` where another is up."""
         req = service_pb2.ModelInferRequest.FromString(raw)
         client_id = req.id
         flag = req.parameters.get(_EMPTY_FINAL)
@@ -410,6 +417,7 @@ class Session:
             retried,
             ids,
             migrations,
+            arrived or (moved.arrived if moved is not None else monotonic()),
         )
         pending.started = moved is not None
         rep.track(1)

@@ -13,6 +13,7 @@ import os
 import signal
 import time
 
+from launcher.frontend import first_tokens
 from launcher.frontend.metrics import (
     REPLICA_KEYS,
     _serve_metrics,
@@ -26,7 +27,9 @@ from launcher.frontend.server import FrontendConfig, _run_loop, _serve
 from launcher.frontend.wire import log
 from launcher.procs.drain import DRAIN_SIGNAL
 
-HEAD = ("streams_active", "rejected", "members_version")  # a worker's counters of its own, before its replicas'
+# a worker's counters of its own, before its replicas': its streams, refusals, the members version it applied and its
+# first-token histogram (launcher/frontend/first_tokens.py), which the parent adds up as it does the others
+HEAD = ("streams_active", "rejected", "members_version") + first_tokens.KEYS
 _LEAST = ("up", "draining")  # up (draining): only where every worker routes to it (none does); the others add up
 
 

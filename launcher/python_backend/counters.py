@@ -64,20 +64,40 @@ class PromptTokens:
             return {"prompt_tokens": self._prompt, "cached_prompt_tokens": self._cached}
 
 
+class Latest:
+    """A gauge's value as a thread last saw it (thread-safe): `take` gives it once, so a process whose value went stale
+    pushes nothing over another's newer one (several instances of a model share one gauge)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._value: float | None = None
+
+    def set(self, value: float) -> None:
+        with self._lock:
+            self._value = float(value)
+
+    def take(self) -> float | None:
+        with self._lock:
+            value, self._value = self._value, None
+            return value
+
+
 class Counters:
-    """Cumulative totals pushed to Triton counters every interval_s by a thread.
+    """Cumulative totals pushed to Triton counters, and gauges set, every interval_s by a thread.
 
-    `counters` are rows of FIRST_TOKEN_COUNTERS / ENGINE_COUNTERS; `read()` returns the running totals by their
-    keys, missing keys counting as unchanged.  Raises nothing: without custom metrics
-    (--allow-metrics=false, an old backend) nothing is pushed."""
+    `counters` are rows of FIRST_TOKEN_COUNTERS / ENGINE_COUNTERS, `gauges` of ENGINE_GAUGES; `read()` returns the
+    running totals and the gauges' values by their keys, missing keys (or None) counting as unchanged.  Raises
+    nothing: without custom metrics (--allow-metrics=false, an old backend) nothing is pushed."""
 
-    def __init__(self, model: str, counters, read, interval_s: float = 1.0):
+    def __init__(self, model: str, counters, read, interval_s: float = 1.0, gauges=()):
         self.model = model
         self.counters = tuple(counters)
+        self.gauges = tuple(gauges)
         self.read = read
         self.interval_s = interval_s
         self._pushed: dict = {}
         self._metrics = None  # ([(key, metric)], families) once created
+        self._gauge_keys: set = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -86,13 +106,14 @@ class Counters:
             import triton_python_backend_utils as pb_utils
 
             families, metrics = {}, []
-            for family, label, value, key, doc in self.counters:
+            kinds = [(row, pb_utils.MetricFamily.COUNTER) for row in self.counters]
+            kinds += [(row, pb_utils.MetricFamily.GAUGE) for row in self.gauges]
+            for (family, label, value, key, doc), kind in kinds:
                 if family not in families:
-                    families[family] = pb_utils.MetricFamily(
-                        name=family, kind=pb_utils.MetricFamily.COUNTER, description=doc
-                    )
+                    families[family] = pb_utils.MetricFamily(name=family, kind=kind, description=doc)
                 labels = {"model": self.model, **({label: value} if label else {})}
                 metrics.append((key, families[family].Metric(labels=labels)))
+            self._gauge_keys = {row[3] for row in self.gauges}
             self._metrics = (metrics, list(families.values()))  # metrics, then families
         except Exception:  # no custom metrics here: the summaries are still logged at the end
             self._metrics = None
@@ -116,6 +137,9 @@ class Counters:
             for key, metric in self._metrics[0]:
                 value = now.get(key)
                 if value is None:
+                    continue
+                if key in self._gauge_keys:
+                    metric.set(value)
                     continue
                 delta = value - self._pushed.get(key, 0)
                 if delta > 0:

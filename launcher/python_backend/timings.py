@@ -40,6 +40,11 @@ sums are kept in the stub and pushed once a second (launcher/python_backend/coun
    engine reports per request (RequestOutput.num_cached_tokens; meta_info's cached_tokens).
 
   llmlaunch_engine_prompt_tokens{model="...",kind="admitted|cached"}          tokens counted
+
+4. The KV cache in use, a gauge where the engine reports it (the hf engine's pool; vLLM's SchedulerStats): what a
+   service scales by with serve.autoscale.signal=kv_cache (launcher/service/signals.py).
+
+  llmlaunch_engine_kv_cache_usage{model="..."}                                 share, 0..1
 """
 
 from __future__ import annotations
@@ -165,6 +170,23 @@ ENGINE_FIELDS = tuple(row[3] for row in ENGINE_COUNTERS)  # the EngineStats fiel
 # SGLang: launcher.python_backend.async_runtime) push under the same names as the hf engine
 PROMPT_TOKEN_COUNTERS = tuple(row for row in ENGINE_COUNTERS if row[0] == ENGINE_PROMPT_TOKENS)
 RUNTIME_COUNTERS = FIRST_TOKEN_COUNTERS + PROMPT_TOKEN_COUNTERS  # what those models push
+# Gauges, set once a second where the engine reports them (Engine.kv_usage): the share of its KV cache that running
+# requests hold, which a service may scale by (serve.autoscale.signal=kv_cache)
+ENGINE_KV_USAGE = "llmlaunch_engine_kv_cache_usage"
+ENGINE_GAUGES = (
+    (
+        ENGINE_KV_USAGE,
+        None,
+        None,
+        "kv_cache_usage",
+        "the share of the engine's KV cache that running requests hold (0..1), as the engine last reported it",
+    ),
+)
+
+
+def kv_cache_usage(stats: dict) -> float | None:
+    """The hf engine's share of its KV-cache pool in use, from its EngineStats (None before it reported a pool)."""
+    return stats["kv_blocks_used"] / stats["kv_blocks"] if stats.get("kv_blocks") else None
 
 
 def prefix_cache_split(before: dict, after: dict) -> dict | None:

@@ -19,11 +19,15 @@ import sys
 import time
 from typing import Dict, List, Optional
 
+from launcher.frontend import first_tokens
 from launcher.frontend.members import Member, write_members
+from launcher.scale_signals import SIGNALS, bounds
 from launcher.service import scrape
 from launcher.service.api import serve_control
 from launcher.service.jobs import LIVE, ReplicaJob, last_state, queue, submit_replica
 from launcher.service.policy import DRAIN_SLACK_S, Scaling, expected, handover_at, scale
+from launcher.service.report import metrics_text, write_status
+from launcher.service.signals import READERS, Reading
 from launcher.service.state import ServiceDir
 from launcher.spec import ServiceLink
 
@@ -45,21 +49,28 @@ class Controller:
         self.token = self.sdir.make_token()
         serve = self.spec.serve
         self.auto = serve.autoscale
+        up_at, down_at = bounds(self.auto.signal, self.auto.up_at, self.auto.down_at)
+        self.signal = SIGNALS[self.auto.signal]
         self.rule = Scaling(
             self.auto.min_replicas,
             self.auto.max_replicas,
-            self.auto.up_at,
-            self.auto.down_at,
+            up_at or 0.0,  # validation refused a signal without one
+            down_at,
             self.auto.window_s,
             self.auto.up_cooldown_s,
             self.auto.down_cooldown_s,
+            self.auto.signal,
+            self.signal.shared,
         )
         self.target = self.spec.service_replicas
         self.slots = 2 * max(self.target, self.auto.max_replicas) + 2  # room for every successor beside its job
         self.jobs: Dict[str, ReplicaJob] = {}
         self.count = 0  # replica jobs submitted, the next one's name
         self.replacements = 0
-        self.samples: collections.deque = collections.deque(maxlen=4096)  # (time, in flight, serving)
+        self.samples: collections.deque = collections.deque(maxlen=4096)  # (time, the signal's value, serving)
+        self.first_tokens: collections.deque = collections.deque(maxlen=4096)  # (time, the front end's TTFT buckets)
+        self.in_flight = 0  # requests in flight through the front end, last read
+        self.signal_now: Optional[float] = None  # the signal as last measured (per replica where it is shared)
         self.last_up = self.last_down = float("-inf")
         self.version = 0  # of the members file
         self.applied = 0  # the members version every front-end process applied (its /metrics)
@@ -201,7 +212,7 @@ class Controller:
             self.autoscale(now)
             self.reconcile()
         await self.finish_drains(now)
-        self.write_status()
+        write_status(self)
 
     async def follow(self, job: ReplicaJob, queued, now: float) -> None:
         """What Slurm says of `job`: started, its end time, or gone (then replaced, unless the router ended it)."""
@@ -312,7 +323,8 @@ class Controller:
         asyncio.get_running_loop().create_task(self.stop_job(job))
 
     async def measure(self, now: float) -> None:
-        """The front end's counters: each replica's requests in flight, the members version every process applied."""
+        """The front end's counters (each replica's requests in flight, the members version every front-end process
+        applied, its first-token histogram) and the signal serve.autoscale scales by."""
         if self.frontend is None:
             return
         page = await scrape.fetch(f"http://127.0.0.1:{self.frontend.cfg.metrics_port}/metrics/frontend")
@@ -325,7 +337,22 @@ class Controller:
             if job.slot >= 0:
                 job.in_flight = int(seen.get(("llmlaunch_frontend_in_flight", str(job.slot)), 0))
                 total += job.in_flight
-        self.samples.append((now, float(total), sum(1 for j in self.jobs.values() if j.state == "serving")))
+        self.in_flight = total
+        serving = [j for j in self.jobs.values() if j.state == "serving"]
+        buckets = first_tokens.buckets(seen)
+        if buckets is not None:
+            self.first_tokens.append((now, buckets))
+        if not self.auto.max_replicas:
+            return
+        reading = Reading(
+            now, total, len(serving), [j.metrics_url for j in serving if j.metrics_url], self.first_tokens,
+            self.auto.window_s,
+        )  # fmt: skip
+        value = await READERS[self.auto.signal](reading)
+        if value is None:
+            return
+        self.signal_now = value / max(len(serving), 1) if self.signal.shared else value
+        self.samples.append((now, value, len(serving)))
 
     async def finish_drains(self, now: float) -> None:
         """A draining job leaves the members once every front-end process stopped sending it requests and none runs
@@ -350,53 +377,6 @@ class Controller:
         code, text = await asyncio.get_running_loop().run_in_executor(None, lambda: stop(job.job_id, drain_s=15.0))
         log(text)
 
-    # ------------------------------------------------------------------------------------------ status
-    def write_status(self) -> None:
-        self.sdir.write_json(
-            self.sdir.status_file,
-            {
-                "time": time.time(),
-                "target": self.target,
-                "serving": sum(1 for j in self.jobs.values() if j.state == "serving"),
-                "replacements": self.replacements,
-                "endpoint": bool(self.serving_since),
-                "stopping": self.stopping,
-                "autoscale": {
-                    "min": self.auto.min_replicas,
-                    "max": self.auto.max_replicas,
-                    "signal": self.auto.signal,
-                    "up_at": self.auto.up_at,
-                    "down_at": self.auto.down_at,
-                    "window_s": self.auto.window_s,
-                }
-                if self.auto.max_replicas
-                else None,
-                "jobs": [j.view() for j in self.jobs.values()],
-                "in_flight": self.samples[-1][1] if self.samples else 0,
-            },
-        )
-
-    def metrics(self) -> str:
-        states = collections.Counter(j.state for j in self.jobs.values())
-        lines = [
-            "# HELP llmlaunch_service_target_replicas replica jobs the service wants",
-            "# TYPE llmlaunch_service_target_replicas gauge",
-            f"llmlaunch_service_target_replicas {self.target}",
-            "# HELP llmlaunch_service_replica_jobs replica jobs by state",
-            "# TYPE llmlaunch_service_replica_jobs gauge",
-            *(
-                f'llmlaunch_service_replica_jobs{{state="{s}"}} {states.get(s, 0)}'
-                for s in ("pending", "starting", "serving", "draining", "ended")
-            ),
-            "# HELP llmlaunch_service_decisions_total the router's decisions by action (service/decisions.jsonl)",
-            "# TYPE llmlaunch_service_decisions_total counter",
-            *(f'llmlaunch_service_decisions_total{{action="{a}"}} {n}' for a, n in sorted(self.counts.items())),
-            "# HELP llmlaunch_service_replacements_total failed replica jobs replaced",
-            "# TYPE llmlaunch_service_replacements_total counter",
-            f"llmlaunch_service_replacements_total {self.replacements}",
-        ]
-        return "\n".join(lines) + "\n"
-
     # ------------------------------------------------------------------------------------------ lifetime
     async def main(self) -> int:
         from launcher.service.endpoint import Endpoint
@@ -420,7 +400,7 @@ class Controller:
                 "/ending": self.on_ending,
                 "/scale": self.on_scale,
             },
-            {"/metrics": self.metrics},
+            {"/metrics": lambda: metrics_text(self)},
         )
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -461,7 +441,7 @@ class Controller:
             await asyncio.sleep(TICK_S)
         live = [j for j in self.jobs.values() if j.state != "ended"]
         await asyncio.gather(*(self.stop_job(j) for j in live))
-        self.write_status()
+        write_status(self)
         log("stopped")
 
 

@@ -21,6 +21,7 @@ from launcher.errors import LaunchError
 from launcher.handoff.registration import Refused, call
 from launcher.render import setup_lines
 from launcher.rundir import wait_for_endpoint
+from launcher.scale_signals import SIGNALS, bounds
 from launcher.service.state import ServiceDir
 from launcher.spec import LaunchSpec
 
@@ -70,11 +71,18 @@ def service_text(spec: LaunchSpec, run_dir: str) -> str:
         f"replacement: a replica job that fails is replaced, serve.max_replacements={serve.max_replacements} in all",
     ]
     if auto.max_replicas:
+        sig = SIGNALS[auto.signal]
+        up, down = bounds(auto.signal, auto.up_at, auto.down_at)
+        rule = (
+            f"up above {up:g} for {auto.window_s:g}s (to load / {up:g}), down below {down:g} with one fewer for "
+            f"{auto.window_s:g}s"
+            if sig.shared
+            else f"one up when above {up:g}, one down when below {down:g}"
+        )
         out.append(
-            f"scaling: {auto.min_replicas}..{auto.max_replicas} replica jobs by {auto.signal} (requests in flight per "
-            f"serving replica): up above {auto.up_at:g} for {auto.window_s:g}s (to load / {auto.up_at:g}), down "
-            f"below {auto.down_at:g} with one fewer for {auto.window_s:g}s; cool-downs {auto.up_cooldown_s:g}s up, "
-            f"{auto.down_cooldown_s:g}s down; a job PENDING {auto.pending_deadline_s:g}s is cancelled"
+            f"scaling: {auto.min_replicas}..{auto.max_replicas} replica jobs by {auto.signal} ({sig.unit}): {rule}; "
+            f"cool-downs {auto.up_cooldown_s:g}s up, {auto.down_cooldown_s:g}s down; a job PENDING "
+            f"{auto.pending_deadline_s:g}s is cancelled"
         )
     else:
         out.append("scaling: by hand (llmlaunch-scale SERVICE replicas=N); serve.autoscale.max_replicas=0")
@@ -243,6 +251,7 @@ def status(service_id: str) -> Tuple[int, str]:
         lines.append(
             f"autoscale: {a['min']}..{a['max']} by {a['signal']}, up above {a['up_at']:g}, down below "
             f"{a['down_at']:g}, window {a['window_s']:g}s"
+            + (f"; now {a['value']:.2f}" if a.get("value") is not None else "")
         )
     lines.append("replica jobs:")
     for j in st["jobs"]:

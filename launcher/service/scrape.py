@@ -1,5 +1,6 @@
-"""The router reads the front end's /metrics (launcher/frontend/metrics.py) for what it decides by: each replica's
-requests in flight and the members version every front-end process applied."""
+"""The router reads Prometheus pages for what it decides by: the front end's own (launcher/frontend/metrics.py: each
+replica's requests in flight, the members version every front-end process applied, its first-token histogram) and,
+for serve.autoscale.signal=kv_cache, each replica's tritonserver metrics (its engine's KV-cache use)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,18 @@ import re
 from typing import Dict, Optional, Tuple
 
 _LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{([^}]*)\})?\s+(\S+)$")
-_REPLICA = re.compile(r'replica="([^"]*)"')
+_KEY_LABEL = re.compile(r'(?:replica|le)="([^"]*)"')
 
 
 def parse(text: str) -> Dict[Tuple[str, str], float]:
-    """(metric name, its replica label or "") -> value, for every sample line of a Prometheus text page."""
+    """(metric name, its replica label, or a histogram bucket's le, or "") -> value, for every sample line of a
+    Prometheus text page."""
     out: Dict[Tuple[str, str], float] = {}
     for line in text.splitlines():
         m = _LINE.match(line.strip())
         if not m or line.startswith("#"):
             continue
-        replica = _REPLICA.search(m.group(2) or "")
+        replica = _KEY_LABEL.search(m.group(2) or "")
         try:
             out[(m.group(1), replica.group(1) if replica else "")] = float(m.group(3))
         except ValueError:

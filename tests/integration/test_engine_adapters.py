@@ -177,6 +177,30 @@ def test_prefix_cache_hits_reach_the_metrics_port(engine):
     assert split == {"prompt_tokens": 27, "cached_prompt_tokens": 8, "prefix_hit_rate": round(8 / 27, 4)}, split
 
 
+def test_kv_cache_use_reaches_the_metrics_port_where_the_engine_reports_it(engine):
+    """An engine that reports its KV cache in use (vLLM's SchedulerStats.kv_cache_usage, given to the model's stat
+    logger) has it on the metrics port as llmlaunch_engine_kv_cache_usage while requests run, what a service scales
+    by (serve.autoscale.signal=kv_cache); an engine that reports none has no such gauge.  The vLLM stand-in holds 1/8
+    of its cache per running request."""
+    from launcher.engines.registry import ENGINES
+    from launcher.python_backend.timings import ENGINE_KV_USAGE, fetch_metrics_text
+    from launcher.service.scrape import parse
+
+    s = Stream(engine)
+    try:
+        s.send("one long generation", 300)
+        first, error, _ = s.next(timeout=60)
+        assert error is None and first is not None
+        page = lambda: parse(fetch_metrics_text(engine.metrics_url))  # noqa: E731
+        if not ENGINES[engine.name].kv_usage:
+            time.sleep(1.5)  # a push of the model's metrics
+            assert (ENGINE_KV_USAGE, "") not in page()
+            return
+        assert wait_for(lambda: page().get((ENGINE_KV_USAGE, "")) == 0.125), page()
+    finally:
+        s.close()
+
+
 def test_final_counts_only_sends_text_alone_until_the_last_response(engine):
     """Request parameter final_counts_only: the counts and finish_reason come once, on the final response."""
     responses, error = generate(engine, "a b c d e f g h i j", max_tokens=5, parameters={"final_counts_only": True})

@@ -147,7 +147,7 @@ class Front:
         assert code == 0, f"front end exited with status {code}"
 
     def metrics(self) -> dict:
-        """{(name, replica or None): value} from GET /metrics."""
+        """{(name, replica, or a histogram bucket's le, or None): value} from GET /metrics."""
         text = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10).read().decode()
         out = {}
         for line in text.splitlines():
@@ -157,7 +157,10 @@ class Front:
             replica = None
             if "{" in name:
                 name, labels = name.split("{", 1)
-                replica = int(labels.split('replica="')[1].split('"')[0])
+                if 'replica="' in labels:
+                    replica = int(labels.split('replica="')[1].split('"')[0])
+                else:
+                    replica = labels.split('le="')[1].split('"')[0]
             out[(name, replica)] = float(value)
         return out
 
@@ -651,6 +654,10 @@ def test_worker_processes_share_the_port_and_sum_their_counters(backends):
             "the workers' counters",
         )
         assert m[("llmlaunch_frontend_processes", None)] == 2
+        # every request streamed: each first response was timed, in whichever worker, and the buckets add up
+        ttft = "llmlaunch_frontend_first_token_seconds"
+        assert m[(f"{ttft}_count", None)] == m[(f"{ttft}_bucket", "+Inf")] == 13, m
+        assert 0 < m[(f"{ttft}_sum", None)] < 13 * 60, m
 
 
 def test_frontend_refuses_a_taken_port(backends):

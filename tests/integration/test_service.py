@@ -254,15 +254,54 @@ def test_each_job_is_handed_over_before_its_time_limit_and_no_request_fails(serv
     assert handed and "its time limit is in" in handed[-1]["reason"]
 
 
-def test_a_router_of_its_own_slurm_job_serves_and_stops_with_its_replicas(local_slurm, tmp_path):
-    """serve.router=job: the router runs in a CPU job of its own and submits the replica jobs from there."""
-    svc = Service(tmp_path, "cluster.router_time=00:10:00", router="job")
+def test_a_router_of_its_own_slurm_job_scales_by_time_to_first_token_and_stops_with_its_replicas(local_slurm, tmp_path):
+    """serve.router=job: the router runs in a CPU job of its own and submits the replica jobs from there. It scales
+    by the p90 of the front end's times to first token (serve.autoscale.signal=ttft_p90): above 30 ms under a load
+    one tiny-model replica on two cores answers slower than that, one more; idle (no first token in the window), one
+    fewer. The hf engine's KV cache in use (what signal=kv_cache reads) is on each replica's metrics meanwhile."""
+    from launcher.python_backend.timings import ENGINE_KV_USAGE, fetch_metrics_text
+    from launcher.service.scrape import parse
+
+    svc = Service(
+        tmp_path,
+        "cluster.router_time=00:10:00",
+        "serve.autoscale.max_replicas=2",
+        "serve.autoscale.signal=ttft_p90",
+        "serve.autoscale.up_at=30",
+        "serve.autoscale.window_s=6",
+        "serve.autoscale.up_cooldown_s=5",
+        "serve.autoscale.down_cooldown_s=10",
+        router="job",
+    )
     router = svc.sdir.router()
     try:
         assert router["job_id"] and svc.url.startswith(f"grpc://{router['host']}:"), router
         rec = svc.stream(6)
         assert rec.error == "" and rec.output_tokens == 6
         assert f"job {router['job_id']}" in svc.cli("llmlaunch-status")
+        stop, threads, got = svc.load(12, 64)
+        try:
+            (first,) = until(lambda: svc.jobs("serving"), 30, "the replica job serving")
+            shares = until(
+                lambda: parse(fetch_metrics_text(first["metrics_url"])).get((ENGINE_KV_USAGE, "")),
+                30,
+                "the replica's KV cache in use under load",
+            )
+            assert 0 < shares <= 1
+            until(lambda: svc.decisions("scale_up"), 90, "a scale-up by time to first token")
+            until(lambda: len(svc.jobs("serving")) == 2, 120, "a second replica job serving")
+        finally:
+            stop.set()
+            for t in threads:
+                t.join(300)
+        assert got and {(r.error, r.output_tokens) for r in got} == {("", 64)}
+        up = svc.decisions("scale_up")[0]
+        assert up["reason"].startswith("ttft_p90 ") and "above up_at=30" in up["reason"], up
+        metrics = urllib.request.urlopen(f"{svc.control}/metrics", timeout=10).read().decode()
+        assert 'llmlaunch_service_signal{signal="ttft_p90"}' in metrics, metrics
+        until(lambda: svc.decisions("scale_down"), 120, "a scale-down once idle")
+        assert "below down_at=15" in svc.decisions("scale_down")[0]["reason"]
+        until(lambda: len(svc.jobs("serving")) == 1, 120, "one replica job again")
     finally:
         print(svc.cli("llmlaunch-stop"))
     gone = subprocess.run(["squeue", "-h", "-j", router["job_id"]], capture_output=True, text=True).stdout

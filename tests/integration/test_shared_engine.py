@@ -36,9 +36,10 @@ def test_vllm_front_ends_share_one_engine_core(tmp_path):
             assert c["addresses"] == {"input_address": launch["inputs"][i], "output_address": launch["outputs"][i]}
         assert len({c["pid"] for c in clients}) == 3  # three stub processes
         # the first front end logs vLLM's statistics; the others keep their requests' (for the first-token split)
-        # through a logger that records nothing
+        # through a logger that logs nothing; each keeps the KV cache's use its scheduler statistics give
         stats = [(c["disable_log_stats"], c["stat_loggers"]) for c in sorted(clients, key=lambda c: c["client_index"])]
-        assert stats == [(False, []), (True, ["QuietStatLogger"]), (True, ["QuietStatLogger"])], stats
+        kv = ["KVUsageStatLogger"]
+        assert stats == [(False, kv), (True, kv), (True, kv)], stats
         check_concurrent_streams(server, 9, 4)
         served_by = {e["pid"] for e in events(server, "generate")}
         assert served_by <= {c["pid"] for c in clients} and len(served_by) >= 2, served_by

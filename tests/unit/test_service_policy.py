@@ -68,3 +68,23 @@ def test_scaling_down_waits_when_one_fewer_would_cross_the_bound_and_after_eithe
     assert scale(RULE, 3, steady(5, 3), now=100, last_up=NEVER, last_down=NEVER) is None  # 2.5 a replica with 2
     assert scale(RULE, 3, steady(2, 3), now=100, last_up=NEVER, last_down=50) is None  # down cool-down: 60 s
     assert scale(RULE, 3, steady(2, 3), now=100, last_up=80, last_down=NEVER) is None  # up cool-down: 30 s
+
+
+LATENCY = Scaling(1, 4, up_at=500, down_at=200, window_s=20, up_cooldown_s=30, down_cooldown_s=60, signal="ttft_p90",
+                  shared=False)  # fmt: skip
+
+
+def test_a_latency_above_its_target_adds_one_replica_at_a_time_and_below_down_at_gives_one_back():
+    d = scale(LATENCY, 1, steady(900, 1), now=100, last_up=NEVER, last_down=NEVER)
+    assert d is not None and d.target == 2 and "ttft_p90 900" in d.reason and "above up_at=500" in d.reason
+    d = scale(LATENCY, 3, steady(150, 3), now=100, last_up=NEVER, last_down=NEVER)
+    assert d is not None and d.target == 2 and "below down_at=200" in d.reason
+    assert scale(LATENCY, 2, steady(300, 2), now=100, last_up=NEVER, last_down=NEVER) is None  # between the bounds
+
+
+def test_a_latency_is_judged_by_its_latest_window_once_a_whole_window_was_read():
+    samples = steady(100, 2, until=99) + [(100.0, 700.0, 2)]  # the p90 over the last window: already a whole window
+    assert scale(LATENCY, 2, samples, now=100, last_up=NEVER, last_down=NEVER).target == 3
+    assert scale(LATENCY, 2, steady(900, 2, since=90), now=100, last_up=NEVER, last_down=NEVER) is None
+    assert scale(LATENCY, 4, steady(900, 4), now=100, last_up=NEVER, last_down=NEVER) is None  # at max
+    assert scale(LATENCY, 2, steady(900, 2), now=100, last_up=80, last_down=NEVER) is None  # its cool-down

@@ -138,6 +138,7 @@ LAYERS = {
         "suggest",
         "compose",
         "validate",
+        "scale_signals",
     ),
     # the processes that serve and measure: they get their config as data and import nothing that launches
     "serve": ("python_backend", "hf", "engine runtime", "frontend", "openai_api", "client", "bench"),

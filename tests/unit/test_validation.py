@@ -159,6 +159,42 @@ CASES = [
         "serve.autoscale.down_at=8 serve.autoscale.up_at=4",
         "give down_at below up_at",
     ),
+    # what it scales by: a signal the engine reports, a target where the signal has none, bounds in its unit
+    (
+        [
+            "cluster=local_slurm",
+            "serve.router=host",
+            "engine=sglang",
+            "model.path=/m",
+            "serve.autoscale.max_replicas=4",
+            "serve.autoscale.signal=kv_cache",
+        ],
+        "serve.autoscale.signal=kv_cache with engine=sglang",
+        "use an engine that does (hf, vllm)",
+    ),
+    (
+        [
+            "cluster=local_slurm",
+            "serve.router=host",
+            "model=tiny",
+            "serve.autoscale.max_replicas=4",
+            "serve.autoscale.signal=ttft_p90",
+        ],
+        "serve.autoscale.signal=ttft_p90 serve.autoscale.up_at=0",
+        "give serve.autoscale.up_at, your target",
+    ),
+    (
+        [
+            "cluster=local_slurm",
+            "serve.router=host",
+            "model=tiny",
+            "serve.autoscale.max_replicas=4",
+            "serve.autoscale.signal=kv_cache",
+            "serve.autoscale.up_at=8",
+        ],
+        "serve.autoscale.signal=kv_cache serve.autoscale.up_at=8",
+        "give up_at and down_at in its unit (e.g. up_at=0.8 down_at=0.4)",
+    ),
     (
         ["cluster=local_slurm", "serve.router=host", "model=tiny", "serve.routing=kv"],
         "serve.routing=kv with serve.router=host",

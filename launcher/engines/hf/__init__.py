@@ -41,6 +41,7 @@ class HFEngine(Engine):
     continues_requests = True
     copy_restarts = True  # its tp ranks meet through torch.distributed at the leader's dist_port, again at a restart
     kv_events = True  # launcher.hf.blocks records them, launcher.hf.engine publishes them
+    kv_usage = True  # its scheduler's pool blocks in use (EngineStats.kv_blocks_used), pushed by its model
 
     def models(self, spec) -> List[RenderedModel]:
         args = launch_args(spec)

@@ -84,7 +84,13 @@ from launcher.python_backend import triton_io
 from launcher.python_backend.counters import Counters, FirstTokenTimes
 from launcher.python_backend.priority import lower_priority
 from launcher.python_backend.responders import GPU_NICE, responders
-from launcher.python_backend.timings import ENGINE_COUNTERS, FIRST_TOKEN_COUNTERS, engine_summary
+from launcher.python_backend.timings import (
+    ENGINE_COUNTERS,
+    ENGINE_GAUGES,
+    FIRST_TOKEN_COUNTERS,
+    engine_summary,
+    kv_cache_usage,
+)
 
 # Optional inputs this model honours.  exclude_input_in_output is honoured by construction (the prompt is never
 # echoed); pad_id is accepted and ignored (a note is logged once).
@@ -125,7 +131,8 @@ class TritonPythonModel(HFStreams):
         self._metrics = Counters(
             self.model_config.get("name", "hf"),
             FIRST_TOKEN_COUNTERS + ENGINE_COUNTERS,
-            lambda: {**self._first_token.totals_map(), **self.engine.stats_dict()},
+            self._metric_values,
+            gauges=ENGINE_GAUGES,
         ).start()
         role = (
             f", tp rank {self.tp_rank}/{self.tp}" + (" (worker)" if self.tp_rank else " (leader)")
@@ -141,6 +148,11 @@ class TritonPythonModel(HFStreams):
             + f"engine_process={self.engine_process}, response_threads={len(self._queues)}"
             + (f", {describe_features(self.engine.features)}" if self.engine.features else ""),
         )
+
+    def _metric_values(self) -> dict:
+        """What the metrics thread pushes: first-token times, the engine's totals and its KV cache in use."""
+        stats = self.engine.stats_dict()
+        return {**self._first_token.totals_map(), **stats, "kv_cache_usage": kv_cache_usage(stats)}
 
     # -- initialize steps ----------------------------------------------------------------------------------
     def _check_decoupled(self):

@@ -75,6 +75,7 @@ class VLLMEngine(Engine):
     kv_heads_replicate = True  # and copies a KV head to several ranks where tp exceeds the KV heads
     first_token_split = True  # launcher.python_backend.async_runtime
     kv_events = True  # vLLM's kv_events_config (launcher/engines/vllm/model.py sets it from the rank's endpoint)
+    kv_usage = True  # SchedulerStats.kv_cache_usage, from a stat logger of the front end that logs the engine's stats
     # takes continue_ids: a stream moves mid-generation (but one with stop strings or a guide: model.py says why)
     continues_requests = True
     ray = RAY

@@ -43,44 +43,50 @@ def launch_core(args, config, count: int) -> tuple:
     return (manager, coordinator), info
 
 
-def client(config, count: int, index: int, info: dict, stats: bool, log_stats: bool):
+def client(config, count: int, index: int, info: dict, stats: bool, log_stats: bool, kv_usage=None):
     """Front end `index`'s AsyncLLM (on the running event loop) of the core `info` describes.  `stats`: keep the
     requests' statistics (each RequestOutput's metrics: its queue and first-token stamps, which the served model's
     first-token split reads); `log_stats`: also log the engine's and publish its Prometheus figures (one front end
-    does, or each would log its own share)."""
+    does, or each would log its own share); kv_usage: a counters.Latest given the engine's KV-cache use as its
+    scheduler statistics come (kv_usage_logger)."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
     addresses = {"input_address": info["inputs"][index], "output_address": info["outputs"][index]}
     if info.get("stats"):
         addresses["stats_update_address"] = info["stats"]
     # vLLM keeps request statistics where it logs them, or where it has a logger of its own to give them to: a
-    # logger that drops them keeps the statistics without a second log
-    quiet = [_quiet_stat_logger()] if stats and not log_stats else None
+    # logger that only keeps the KV-cache use keeps the statistics without a second log
+    loggers = [kv_usage_logger(kv_usage)] if kv_usage is not None and stats else None
     return AsyncLLM.from_vllm_config(
         config,
         client_addresses=addresses,
         client_count=count,
         client_index=index,
         disable_log_stats=not (stats and log_stats),
-        stat_loggers=quiet,
+        stat_loggers=loggers,
     )
 
 
-def _quiet_stat_logger():
-    """A vLLM stat logger class that records nothing (StatLoggerBase, as vLLM 0.25 defines it)."""
+def kv_usage_logger(latest):
+    """A vLLM stat logger class (StatLoggerBase, as vLLM 0.25 defines it) that logs nothing and gives `latest` (a
+    counters.Latest) the share of the KV cache in use each time scheduler statistics come (SchedulerStats
+    .kv_cache_usage; gpu_cache_usage in older releases), which the served model sets as llmlaunch_engine_kv_cache_usage
+    (serve.autoscale.signal=kv_cache)."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
-    class QuietStatLogger(StatLoggerBase):
+    class KVUsageStatLogger(StatLoggerBase):
         def __init__(self, vllm_config, engine_index: int = 0):
             pass
 
-        def record(self, *args, **kwargs):
-            pass
+        def record(self, scheduler_stats, iteration_stats, *args, **kwargs):
+            usage = getattr(scheduler_stats, "kv_cache_usage", getattr(scheduler_stats, "gpu_cache_usage", None))
+            if usage is not None:
+                latest.set(usage)
 
         def log_engine_initialized(self):
             pass
 
-    return QuietStatLogger
+    return KVUsageStatLogger
 
 
 def stop_core(core) -> None:

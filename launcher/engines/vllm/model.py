@@ -48,6 +48,7 @@ from typing import Optional
 from launcher.contract import INPUT_NAMES
 from launcher.handoff.rank_env import RankEnv
 from launcher.kv_events import remove_socket_file, vllm_config as vllm_kv_events
+from launcher.python_backend import counters
 from launcher.python_backend.adapter import EngineAdapter, Log, Piece
 from launcher.python_backend.async_runtime import RuntimeModel
 from launcher.python_backend.logprob_io import LogProbRows
@@ -200,6 +201,7 @@ class VLLMAdapter(EngineAdapter):
             None  # launcher.python_backend.instances.InstanceShare when several instances share the engine core
         )
         self.core = None  # the first instance of several: vLLM's engine-core process manager
+        self.kv_usage = counters.Latest()  # the engine's KV-cache use, as its scheduler statistics last said
         self._stopping = False
 
     async def start(self):
@@ -229,7 +231,11 @@ class VLLMAdapter(EngineAdapter):
             if self.frontends > 1:
                 self.engine = self._shared_engine_client(kwargs)
             else:
-                self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs))
+                from launcher.engines.vllm import core as vllm_core
+
+                # the engine's KV-cache use where it keeps statistics (serve.autoscale.signal=kv_cache reads it)
+                loggers = None if kwargs.get("disable_log_stats") else [vllm_core.kv_usage_logger(self.kv_usage)]
+                self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=loggers)
         except BaseException:
             if self.ray_head is not None:  # the load failed: leave no Ray head behind
                 self.ray_head.stop()
@@ -285,7 +291,9 @@ class VLLMAdapter(EngineAdapter):
             info = self.share.wait(float(self.params.get("ready_timeout_s", "") or 3600))
         self.log.info(f"front end {index} of {n} of one engine core ({'started here' if index == 0 else 'attached'})")
         # the engine's statistics are logged once, by the first front end; every front end keeps its requests' own
-        return vllm_core.client(config, n, index, info, stats=not args.disable_log_stats, log_stats=index == 0)
+        return vllm_core.client(
+            config, n, index, info, stats=not args.disable_log_stats, log_stats=index == 0, kv_usage=self.kv_usage
+        )
 
     def _watch_core(self):
         """First instance of several: when the engine core dies, stop this tritonserver so the rank fails."""

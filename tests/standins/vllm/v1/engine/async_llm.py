@@ -18,9 +18,16 @@ from vllm.sampling_params import RequestOutputKind
 ENGINE = "vllm"
 
 
+# the stand-in's KV cache: a running request holds this share of it (vLLM reports SchedulerStats.kv_cache_usage)
+KV_SHARE_PER_REQUEST = 0.125
+
+
 class AsyncLLM:
-    def __init__(self, engine_args, log_stats: bool = True):
+    def __init__(self, engine_args, log_stats: bool = True, stat_loggers=None, vllm_config=None):
         self.engine_args = engine_args
+        # vLLM builds each custom stat logger per engine and gives it scheduler statistics as the engine core steps
+        self.loggers = [factory(vllm_config, 0) for factory in stat_loggers or ()]
+        self.running = 0
         self.log_stats = log_stats  # keeps request statistics (RequestOutput.metrics), as vLLM's
         self.model_config = SimpleNamespace(max_model_len=engine_args.max_model_len or 4096)
         self.aborted = set()
@@ -30,7 +37,7 @@ class AsyncLLM:
     @classmethod
     def from_engine_args(cls, engine_args, start_engine_loop=True, usage_context=None, stat_loggers=None):
         asyncio.get_running_loop()  # the real one starts its output handler on the running loop
-        return cls(engine_args, log_stats=not engine_args.disable_log_stats or bool(stat_loggers))
+        return cls(engine_args, not engine_args.disable_log_stats or bool(stat_loggers), stat_loggers)
 
     @classmethod
     def from_vllm_config(
@@ -60,10 +67,9 @@ class AsyncLLM:
             stat_loggers=[c.__name__ for c in stat_loggers or ()],
             api_process_rank=vllm_config.api_process_rank,
         )
-        for factory in stat_loggers or ():  # vLLM builds each per engine; an incomplete logger fails here as there
-            factory(vllm_config, 0)
-        # vLLM keeps request statistics where it logs them, or where custom stat loggers were given
-        return cls(vllm_config.engine_args, log_stats=not disable_log_stats or bool(stat_loggers))
+        # vLLM keeps request statistics where it logs them, or where custom stat loggers were given; it builds each
+        # logger per engine (an incomplete logger fails there as here)
+        return cls(vllm_config.engine_args, not disable_log_stats or bool(stat_loggers), stat_loggers, vllm_config)
 
     async def generate(self, prompt, sampling_params, request_id, **kwargs):
         sp = sampling_params
@@ -84,6 +90,7 @@ class AsyncLLM:
         cached = _standin.cached_tokens(words)
         # the engine core's stamps: queued as the request arrives, its first token when the script makes it
         stats = RequestStateStats(arrival_time=time.time(), queued_ts=time.monotonic()) if self.log_stats else None
+        self.running += 1
         try:
             async for text, tok, finish in _standin.script(
                 words,
@@ -97,6 +104,7 @@ class AsyncLLM:
                 if stats is not None:
                     stats.last_token_ts = time.monotonic()
                     stats.first_token_ts = stats.first_token_ts or stats.last_token_ts
+                    self._record()
                 yield RequestOutput(
                     request_id,
                     prompt,
@@ -110,6 +118,14 @@ class AsyncLLM:
         except (asyncio.CancelledError, GeneratorExit):
             await self.abort(request_id)
             raise
+        finally:
+            self.running -= 1
+
+    def _record(self):
+        """A step's scheduler statistics to the stat loggers, as vLLM's output handler gives them."""
+        usage = min(1.0, self.running * KV_SHARE_PER_REQUEST)
+        for logger in self.loggers:
+            logger.record(SimpleNamespace(kv_cache_usage=usage, num_running_reqs=self.running), None)
 
     async def abort(self, request_id, internal=False):
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
