@@ -21,7 +21,11 @@ async    vLLM's `AsyncLLM` in this process, a closed loop per concurrency C: C r
          prompts are llmlaunch-bench's synthetic ones (same seed, input length and tokenizer), every
          request streams (output_kind DELTA) and generates exactly --output-len tokens (ignore_eos).
          TTFT, ITL and tokens/s are computed by llmlaunch-bench's own metrics code, so the rows compare
-         with `llmlaunch-bench` run against the served model.
+         with `llmlaunch-bench` run against the served model. By default every load draws from one prompt list
+         (--prompts shared), so a load resends prompts an earlier load sent and vLLM's prefix cache serves most of
+         their prefill; --prompts per-load sends each load the prompts llmlaunch-bench sends the served model under
+         serve_bench (new to the engine). --through-adapter drives the same engine through llmlaunch's vLLM
+         adapter too, taking turns with the plain AsyncLLM calls; --repeat R passes over the loads.
 lmdeploy LMDeploy's `AsyncEngine` in this process, built from the rendered config.pbtxt parameters by the
          served model's own functions (launcher/engines/lmdeploy/model.py), driven like `async`: closed
          loops, llmlaunch-bench's prompts, raw prompts (no chat template), greedy, ignore_eos, exactly
@@ -44,7 +48,7 @@ import sys
 import time
 import uuid
 
-from benchmark.yardstick_loop import closed_loop, counter, load_rows, parse_loads, print_row
+from benchmark.yardstick_loop import closed_loop, counter, parse_loads, print_row
 from launcher.bench import datasets, metrics
 
 
@@ -89,23 +93,99 @@ async def _drive(engine, samples, sampling: dict, streams: int, take, clock: dic
     return await closed_loop(stream_of, samples, streams, take, clock)
 
 
+def _adapter_stream(adapter):
+    """stream_of for closed_loop through llmlaunch's vLLM adapter (launcher.engines.vllm.model.VLLMAdapter.generate):
+    the served path's own per-request parameters (its SamplingParams from the contract's defaults, output kind,
+    request ids, the pieces it makes of each output, vLLM's request stamps read), minus the stub's runtime,
+    tritonserver and gRPC.  The request is what llmlaunch-bench sends: the prompt's text, max_tokens, ignore_eos."""
+    from launcher.python_backend.generation import GenerationRequest, SamplingParams as Params
+
+    async def stream_of(sample):
+        req = GenerationRequest(
+            prompt=sample.prompt, params=Params(max_tokens=sample.output_len, ignore_eos=True), stream=True
+        )
+        async for piece in adapter.generate(uuid.uuid4().hex, req):
+            yield len(piece.token_ids or ()), piece.input_tokens, piece.finish_reason or ""
+
+    return stream_of
+
+
+async def _served_adapter(engine_args: dict):
+    """llmlaunch's vLLM adapter for one front end, started on `engine_args` as the served model starts it (its
+    `1/model.json`, written to a folder of its own); its AsyncLLM is the engine every path of the run drives."""
+    import os
+    import tempfile
+
+    from launcher.engines.vllm.model import ENGINE_ARGS_FILE, VLLMAdapter
+    from launcher.python_backend.adapter import Log
+
+    folder = tempfile.mkdtemp(prefix="yardstick-vllm-")
+    with open(os.path.join(folder, ENGINE_ARGS_FILE), "w") as f:
+        json.dump(engine_args, f)
+    adapter = VLLMAdapter({"frontends": "1"}, folder, Log("yardstick"), "vllm_model")
+    await adapter.start()
+    return adapter
+
+
+def load_samples(args, model: str, c: int, n: int, warmup: int, run: int, shared):
+    """(warm-up samples, their take, measured samples, their take) of load C in the run-th pass.  --prompts shared:
+    one list for every load (the warm-up's first, the measured after it), so later loads send prompts earlier loads
+    sent and vLLM's prefix cache holds; per-load: llmlaunch-bench's prompts under serve_bench, new to the engine at
+    every load (measured seed 2C, warm-up 2C + 1), a pass's own (+ 10000 a pass: serve_bench --rounds)."""
+    if args.prompts == "shared":
+        return shared, counter(0, warmup), shared, counter(warmup, warmup + n)
+    seed = 2 * c + 10000 * run
+    warm = samples_for(model, warmup, args.input_len, args.output_len, seed + 1) if warmup else []
+    measured = samples_for(model, n, args.input_len, args.output_len, seed)
+    return warm, counter(0, warmup), measured, counter(0, n)
+
+
 async def vllm_async(args, engine_args: dict, samples) -> list:
+    """Closed loops on one AsyncLLM in this process; --through-adapter adds the same loads through llmlaunch's vLLM
+    adapter on the same engine, the two paths taking turns, each --repeat times (the spread of one path beside the
+    other's, in one process and one lease)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.sampling_params import RequestOutputKind, SamplingParams
     from vllm.v1.engine.async_llm import AsyncLLM
 
     t_start = time.perf_counter()
-    engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
+    adapter = await _served_adapter(engine_args) if args.through_adapter else None
+    engine = adapter.engine if adapter else AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
     load_s = time.perf_counter() - t_start
+
+    async def raw(sample):  # as _drive's: every request streams (output_kind DELTA)
+        sp = SamplingParams(output_kind=RequestOutputKind.DELTA, max_tokens=sample.output_len, **sampling)
+        async for out in engine.generate(sample.prompt, sp, uuid.uuid4().hex):
+            c = out.outputs[0]
+            yield len(c.token_ids), len(out.prompt_token_ids or ()), (c.finish_reason or "") if out.finished else ""
+
     sampling = {"ignore_eos": True, "temperature": 0.0}
+    paths = [("in-process AsyncLLM", raw)]
+    if adapter:
+        paths.append(("in-process, via adapter", _adapter_stream(adapter)))
+    model = engine_args.get("tokenizer") or engine_args["model"]
+    rows, run = [], 0
     try:
-        return await load_rows(
-            args,
-            lambda streams, take, clock: _drive(engine, samples, sampling, streams, take, clock),
-            "in-process AsyncLLM",
-            load_s,
-        )
+        for r in range(args.repeat):
+            for label, stream_of in paths:
+                for c, n in parse_loads(args.concurrency):
+                    warmup = c if args.warmup < 0 else args.warmup
+                    warm, w_take, measured, m_take = load_samples(args, model, c, n, warmup, run, samples)
+                    clock = {"t0": time.perf_counter()}
+                    await closed_loop(stream_of, warm, warmup, w_take, clock)
+                    clock["t0"] = time.perf_counter()
+                    results = await closed_loop(stream_of, measured, c, m_take, clock)
+                    m = metrics.compute(results, max(x.end for x in results))
+                    row = {"path": label, "pass": r + 1, "prompts": args.prompts, "concurrency": c, "requests": n}
+                    rows.append({**row, "load_s": load_s, **m})
+                    print_row(rows[-1])
+                run += 1
+        return rows
     finally:
-        engine.shutdown()
+        if adapter:
+            await adapter.stop()
+        else:
+            engine.shutdown()
 
 
 def _frontend_main(
@@ -254,6 +334,22 @@ def main(argv=None) -> int:
         default=1,
         help="async: AsyncLLM clients of one engine core, each a process of its own, sharing the streams "
         "(the layout of the served model's engine.frontends; default 1: one AsyncLLM in this process)",
+    )
+    p.add_argument(
+        "--prompts",
+        choices=("shared", "per-load"),
+        default="shared",
+        help="async, one front end: shared (one prompt list for every load: a later load sends prompts an earlier "
+        "one sent, which vLLM's prefix cache still holds) or per-load (llmlaunch-bench's prompts under serve_bench: "
+        "seed 2C for the measured requests, 2C + 1 for the warm-up, new to the engine at every load and pass)",
+    )
+    p.add_argument("--repeat", type=int, default=1, help="async, one front end: passes over the loads, in turn")
+    p.add_argument(
+        "--through-adapter",
+        action="store_true",
+        help="async, one front end: also drive the engine through llmlaunch's vLLM adapter (the served path's "
+        "per-request parameters and output handling, without the stub's runtime, tritonserver or gRPC), the two "
+        "paths taking turns on one engine",
     )
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64, 128], help="offline: batch sizes")
     p.add_argument("--rounds", type=int, default=3, help="offline: measured rounds per batch")

@@ -69,7 +69,8 @@
 # Knobs: MODEL (/tmp/llama-1b, made here when missing, in MODEL_DTYPE: bfloat16), LOADS ("1:32 64:1000 128:1000";
 # "" for none), BENCH_ARGS (served: more llmlaunch-bench arguments, e.g. a shared-prefix dataset), WORKLOAD
 # (NAME=ARGS: every load again with these bench arguments on the same server, e.g. "prefix=--dataset-name prefix"),
-# CHECK=1 (served: the real-engine contract tests first, tests/gpu), IDENTITY=1 (served: its greedy
+# ROUNDS (served, vllm_serve: passes over the loads on the same server, each with prompts of its own), CHECK=1
+# (served: the real-engine contract tests first, tests/gpu), IDENTITY=1 (served: its greedy
 # answers, identity.py), LOGPROBS=1 (served, vllm_serve: log probabilities of fixed prompts, compared with
 # `python -m benchmark.openai_logprobs compare A B`), STRUCTURED=1 (served, vllm_serve: structured outputs checked and
 # n=4 timed through the OpenAI API, benchmark/openai_structured.py), SERVED_TIMEOUT (560 s a configuration), SKIP_OFFLINE=1 (yardsticks: (b) and (b') only).
@@ -145,7 +146,7 @@ served)
     timeout "${SERVED_TIMEOUT:-560}" $PY -m benchmark.gpu.serve_bench --label "$LABEL" --out "$OUT" --tokenizer "$MODEL" \
         --concurrency $LOADS ${CHECK:+--check} ${IDENTITY:+--identity "$OUT/$LABEL.identity.json"} \
         ${LOGPROBS:+--logprobs "$OUT/$LABEL.logprobs.json"} ${STRUCTURED:+--structured "$OUT/$LABEL.structured.json"} \
-        ${BENCH_ARGS:+--bench-args "$BENCH_ARGS"} ${WORKLOAD:+--workload "$WORKLOAD"} -- "$@" ;;
+        ${BENCH_ARGS:+--bench-args "$BENCH_ARGS"} ${WORKLOAD:+--workload "$WORKLOAD"} ${ROUNDS:+--rounds "$ROUNDS"} -- "$@" ;;
 vllm_serve)  # what a vLLM user starts instead of llmlaunch: the yardstick of every served vLLM row (engines_table.py)
     LABEL=${3:?a label}
     shift 3
@@ -154,7 +155,7 @@ vllm_serve)  # what a vLLM user starts instead of llmlaunch: the yardstick of ev
     # shellcheck disable=SC2086
     timeout "${SERVED_TIMEOUT:-560}" $PY -m benchmark.gpu.serve_bench --label "$LABEL" --out "$OUT" --tokenizer "$MODEL" \
         --concurrency $LOADS ${BENCH_ARGS:+--bench-args "$BENCH_ARGS"} ${WORKLOAD:+--workload "$WORKLOAD"} \
-        ${LOGPROBS:+--logprobs "$OUT/$LABEL.logprobs.json"} ${STRUCTURED:+--structured "$OUT/$LABEL.structured.json"} --server-url "http://127.0.0.1:$PORT" --server-command "$PY -m vllm.entrypoints.openai.api_server \
+        ${ROUNDS:+--rounds "$ROUNDS"} ${LOGPROBS:+--logprobs "$OUT/$LABEL.logprobs.json"} ${STRUCTURED:+--structured "$OUT/$LABEL.structured.json"} --server-url "http://127.0.0.1:$PORT" --server-command "$PY -m vllm.entrypoints.openai.api_server \
         --model $MODEL --dtype ${MODEL_DTYPE:-bfloat16} --port $PORT $*" ;;
 sglang_serve)  # what an SGLang user starts instead of llmlaunch: the yardstick of every served SGLang row
     LABEL=${3:?a label}

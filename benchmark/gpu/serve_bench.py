@@ -77,7 +77,9 @@ def start_command(command: str, health_url: str, log_path: str, timeout_s: float
         time.sleep(1)
 
 
-def bench(url: str, c: int, n: int, args, out_json: str, extra: str = "") -> dict:
+def bench(url: str, c: int, n: int, args, out_json: str, extra: str = "", run: int = 0) -> dict:
+    """llmlaunch-bench at concurrency C, N requests counted, its metrics.  The prompts are new to the server at every
+    load and pass: seed 2C (+ 1 for the warm-up), + 10000 a pass (`run`, --rounds)."""
     processes = 1 if c == 1 else min(c, args.processes)
     argv = [
         sys.executable,
@@ -104,7 +106,7 @@ def bench(url: str, c: int, n: int, args, out_json: str, extra: str = "") -> dic
         # each load's prompts new to the server (and its warm-up's, the next seed): a prefix cache serves none of
         # them from an earlier load
         "--seed",
-        str(2 * c),
+        str(2 * c + 10000 * run),
         "--result-json",
         out_json,
         "--label",
@@ -183,6 +185,13 @@ def main(argv=None) -> int:
         metavar="NAME=ARGS",
         help="after the loads, each load again with these llmlaunch-bench arguments added (repeatable)",
     )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="passes over the loads (and workloads) on the same server, each with prompts of its own: two runs of a "
+        "configuration in one lease show their spread",
+    )
     p.add_argument("--server-command", default="", help="serve with this command instead of llmlaunch")
     p.add_argument("--server-url", default="", help="with --server-command: its OpenAI base URL (/health is polled)")
     args = p.parse_args(argv)
@@ -250,17 +259,20 @@ def main(argv=None) -> int:
             print(
                 f"{args.label}: structured output {'kept' if code == 0 else 'NOT kept'}: {args.structured}", flush=True
             )
-        for (workload, extra), item in ((w, i) for w in workloads for i in args.concurrency):
+        loads = ((r, w, i) for r in range(args.rounds) for w in workloads for i in args.concurrency)
+        for run, (workload, extra), item in loads:
             c, _, n = item.partition(":")
             c, n = int(c), int(n or 10 * int(c))
-            out_json = os.path.join(args.out, f"{args.label}{'_' + workload if workload else ''}_c{c}.json")
+            name = f"{args.label}{'_' + workload if workload else ''}_c{c}{f'_r{run + 1}' if run else ''}"
+            out_json = os.path.join(args.out, f"{name}.json")
             try:
-                m = bench(url, c, n, args, out_json, extra)
+                m = bench(url, c, n, args, out_json, extra, run)
             except RuntimeError as exc:
                 print(f"{args.label} {workload} C={c}: {exc}", flush=True)
                 continue
             first_token, prefix = server_splits(out_json)
             row = {
+                "round": run + 1,
                 "workload": workload,
                 "concurrency": c,
                 "requests": n,
@@ -277,7 +289,7 @@ def main(argv=None) -> int:
             }
             doc["rows"].append(row)
             print(
-                f"{args.label + (' ' + workload if workload else ''):<16} C={c:>4} n={n:>5}: {row['output_throughput']:>10.1f} tok/s  TTFT p50 "
+                f"{args.label + (' ' + workload if workload else '') + (f' r{run + 1}' if run else ''):<16} C={c:>4} n={n:>5}: {row['output_throughput']:>10.1f} tok/s  TTFT p50 "
                 f"{row['ttft_ms_p50']:.2f} ms  ITL p50 {row['itl_ms_p50']:.2f} ms  tok/resp "
                 f"{row['tokens_per_response'] or 0:.2f}  failed {row['failed']}"
                 + (f"  prefix hits {100 * row['prefix_hit_rate']:.1f}%" if row["prefix_hit_rate"] is not None else "")

@@ -189,3 +189,46 @@ def test_the_sglang_yardstick_builds_the_served_models_engine_and_counts_its_str
     sampling = [e["sampling"] for e in events if e["event"] == "generate"]
     assert len(sampling) == 1 + 3 + 4 + 8 and all(s["temperature"] == 0.0 and s["ignore_eos"] for s in sampling)
     assert {s["max_new_tokens"] for s in sampling} == {5}
+
+
+def test_the_vllm_yardstick_sends_per_load_prompts_and_takes_turns_with_the_served_adapter(tmp_path, tiny_model_dir):
+    """engine_yardstick async against the vLLM stand-in: --prompts per-load sends each load, and each pass, prompts of
+    its own (llmlaunch-bench's under serve_bench: seed 2C, the warm-up 2C + 1), so vLLM's prefix cache holds none of
+    them from an earlier load, where --prompts shared resends the earlier loads' prompts; --through-adapter drives the
+    same engine (one init) through llmlaunch's vLLM adapter too, the two paths taking turns --repeat times."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from benchmark.engine_yardstick import samples_for
+    from tests.standins.server import STANDINS
+
+    def run(*flags):
+        log, out = tmp_path / f"standin{len(flags)}.jsonl", tmp_path / f"rows{len(flags)}.json"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(STANDINS), str(ROOT)]), LLMLAUNCH_STANDIN_LOG=str(log))
+        env["LLMLAUNCH_STANDIN_DELAY_S"] = "0"
+        cmd = [sys.executable, "-m", "benchmark.engine_yardstick", "async", "--concurrency", "1:3", "2:4", *flags]
+        cmd += ["--input-len", "16", "--output-len", "3", "--json", str(out), "--", "engine=vllm"]
+        cmd += [f"model.path={tiny_model_dir}"]
+        done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        events = [json.loads(line) for line in log.read_text().splitlines()]
+        return json.loads(out.read_text())["rows"], events
+
+    rows, events = run("--prompts", "per-load", "--through-adapter", "--repeat", "2")
+    assert [(r["pass"], r["path"], r["concurrency"], r["completed"]) for r in rows] == [
+        (p, path, c, n)
+        for p in (1, 2)
+        for path in ("in-process AsyncLLM", "in-process, via adapter")
+        for c, n in ((1, 3), (2, 4))
+    ]
+    assert len([e for e in events if e["event"] == "init"]) == 1  # one engine, both paths
+    prompts = [e["prompt"] for e in events if e["event"] == "generate"]
+    assert len(prompts) == 4 * (1 + 3 + 2 + 4) and len(set(prompts)) == len(prompts)  # none sent twice
+    first = [s.prompt for s in samples_for(str(tiny_model_dir), 3, 16, 3, 2 * 1)]
+    assert prompts[1:4] == first  # C=1's measured requests: llmlaunch-bench's --seed 2 prompts
+
+    rows, events = run("--prompts", "shared")
+    prompts = [e["prompt"] for e in events if e["event"] == "generate"]
+    assert len(set(prompts)) < len(prompts)  # C=2's warm-up resends C=1's prompts

@@ -28,14 +28,15 @@ make)
             --platform manylinux1_x86_64 --platform any -d "$@"; }
     [ -f "$DIR"/work/vllm-0.25.0-cp38-abi3-manylinux_2_28_x86_64.whl ] || dl "$DIR"/work vllm==0.25.0
     # Versions that import together on the GPU host: openai 3.x needs httpx2 (absent there); xgrammar 0.2.8
-    # needs apache-tvm-ffi >= 0.1.11 (vLLM pins 0.1.9, which breaks it).
+    # needs apache-tvm-ffi >= 0.1.11 (vLLM pins 0.1.9, which breaks it).  model-hosting-container-standards,
+    # jmespath and supervisor are what `vllm serve` (vllm.entrypoints.openai.api_server) imports beyond the engine.
     dl "$DIR"/p3 blake3 cachetools "fastapi<0.137" "starlette>=1.0.1" openai==2.54.0 distro jiter sniffio \
        "pydantic>=2.12" pydantic-core==2.50.5 annotated-types typing-inspection "prometheus-fastapi-instrumentator>=8.0.0" \
        lm-format-enforcer==0.11.3 interegular "llguidance<1.8.0,>=1.7.0" outlines_core==0.2.14 diskcache==5.6.3 lark==1.2.2 \
        xgrammar==0.2.8 apache-tvm-ffi==0.1.11 partial-json-parser jsonschema jsonschema-specifications referencing rpds-py \
        pyzmq msgspec mistral_common pycountry compressed-tensors==0.17.0 depyf==0.20.0 astor dill watchfiles \
        python-json-logger pybase64 cbor2 ijson setproctitle openai-harmony gguf flashinfer-python==0.6.13 nvtx==0.2.15 \
-       typing_extensions
+       typing_extensions model-hosting-container-standards==0.1.16 jmespath==1.1.0 supervisor==4.3.0
     rm -rf "$DIR"/work/x && mkdir -p "$DIR"/work/x
     (cd "$DIR"/work/x && python3 -m zipfile -e ../vllm-0.25.0-cp38-abi3-manylinux_2_28_x86_64.whl .)
     rm -f "$DIR"/work/x/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so "$DIR"/work/x/vllm/vllm-rs \
