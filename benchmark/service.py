@@ -12,8 +12,9 @@ default; the overrides given go to llmlaunch after ours. Two clients run the who
 - the probe: one OpenAI completion (4 tokens) a second.
 Reported: requests and failures of each, the probe's latency p50/p99/max, the longest time without a completed
 request (either client) and without a token (the load), the router's decisions by action (handovers, scaling,
-replacements) and, with --steps, TTFT p90 of each step and the time from each scale-up decision to its replica
-serving, split into the decision's wait, the job's queue wait and its time to READY.
+replacements) and, with --steps, TTFT p90 of each step, the router's scaling signal over it (serve.autoscale.signal,
+as status.json shows it each second) and the time from each scale-up decision to its replica serving, split into the
+decision's wait, the job's queue wait and its time to READY.
 Prints a table on stderr and one JSON document on stdout (--json FILE writes it too).
 """
 
@@ -167,7 +168,7 @@ def run(args, overrides: list[str]) -> dict:
     threading.Thread(target=probe, args=(svc["openai"], model, stop, probes), daemon=True).start()
     t0 = time.time()
     marks = []
-    series: list = []  # (time, replica jobs serving), each second
+    series: list = []  # (time, replica jobs serving, serve.autoscale's signal as the router measured it), each second
     killed = None
     try:
         for c in steps:
@@ -178,9 +179,13 @@ def run(args, overrides: list[str]) -> dict:
                 if args.kill_at and killed is None and time.time() - t0 >= args.kill_at:
                     killed = kill_one(sdir)
                 time.sleep(1)
-                serving = (sdir.status() or {}).get("serving", args.replicas)
-                series.append((time.time(), serving))
-                print(f"  {time.time() - t0:5.0f}s  C={c}  {serving} serving", file=sys.stderr)
+                st = sdir.status() or {}
+                serving, signal_now = st.get("serving", args.replicas), (st.get("autoscale") or {}).get("value")
+                series.append((time.time(), serving, signal_now))
+                seen = (
+                    f"  {(st.get('autoscale') or {}).get('signal')} {signal_now:.2f}" if signal_now is not None else ""
+                )
+                print(f"  {time.time() - t0:5.0f}s  C={c}  {serving} serving{seen}", file=sys.stderr)
     finally:
         stop.set()
         load.stop.set()
@@ -241,7 +246,8 @@ def report(args, load, probes, sdir, t0, t1, marks, killed, series) -> dict:
         te = marks[i + 1][0] if i + 1 < len(marks) else t1
         ttft = [r[4] - r[0] for r in recs if r[2] and r[4] and ts + 30 <= r[0] < te]
         done_in = [r for r in recs if r[2] and ts + 30 <= r[1] < te]  # completed after the step's first 30 s
-        counts = [(t, n) for t, n in series if ts <= t < te]
+        counts = [(t, n) for t, n, _ in series if ts <= t < te]
+        signal = [v for t, _, v in series if ts + 30 <= t < te and v is not None]
         peak = max((n for _, n in counts), default=0)
         scaled = next((t for t, n in counts if n == peak), ts)  # when the step's most replicas first served
         after = [r[4] - r[0] for r in recs if r[2] and r[4] and scaled <= r[0] < te]
@@ -256,6 +262,10 @@ def report(args, load, probes, sdir, t0, t1, marks, killed, series) -> dict:
                 "replicas_at_most": peak,
                 "serving_all_after_s": round(scaled - ts, 1),
                 "ttft_p90_ms_once_scaled": round(pct(after, 90) * 1e3, 1) if after else None,
+                # the router's signal from the step's first 30 s on (ttft_p90: the front end's, from each request's
+                # arrival there; the client's TTFT above adds its own connection and queue)
+                "signal_p50": round(pct(signal, 50), 2) if signal else None,
+                "signal_max": round(max(signal), 2) if signal else None,
             }
         )
     doc = {
