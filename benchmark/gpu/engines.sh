@@ -131,7 +131,9 @@ yardsticks)
         || tail -20 "$OUT/offline.log"
     echo "== (b) vLLM AsyncLLM in-process, closed loops $LOADS"
     # shellcheck disable=SC2086  # LOADS: one argument per load
-    timeout 400 $PY -m benchmark.engine_yardstick async --concurrency $LOADS --json "$OUT/inprocess.json" \
+    # each load's prompts new to the engine, as llmlaunch-bench sends the served runs (one shared list would let vLLM's
+    # prefix cache serve a later load's prefill)
+    timeout 400 $PY -m benchmark.engine_yardstick async --prompts per-load --concurrency $LOADS --json "$OUT/inprocess.json" \
         -- "${VLLM[@]}" 2> "$OUT/inprocess.log" || tail -20 "$OUT/inprocess.log"
     echo "== (b') the served default's layout without tritonserver: ${FRONTENDS:-4} AsyncLLM clients of one engine core"
     # shellcheck disable=SC2086
