@@ -6,7 +6,8 @@ dir from $LLMLAUNCH_LOCALSLURM_DIR or /var/lib/llmlaunch-localslurm), so it is t
 same cluster `llmlaunch-localslurm up` makes and a kept cluster is reused at once.
 
 - Not root: every test using it is skipped (network namespaces, mknod and daemons need root).
-- LLMLAUNCH_KEEP_SLURM=1: the cluster is left running at session end (next runs start in ~0.1 s).
+- LLMLAUNCH_KEEP_SLURM=1: the cluster is left running at session end (next runs start in ~0.1 s); a session starts
+  by cancelling whatever jobs an earlier one left on it.
 - While the session runs, os.environ["SLURM_CONF"] points at the cluster, so
   srun/sbatch/sacct and submitit (which calls them) find it without arguments.
 """
@@ -33,6 +34,9 @@ def local_slurm():
     from launcher.localslurm import cluster as localslurm
 
     cluster = localslurm.up()
+    # A kept cluster may still run jobs of a session killed before its teardown (a requeued job comes back on its
+    # own): they would hold the nodes and ports these tests count on
+    localslurm.cancel_all_jobs(cluster.slurm_conf)
     previous = os.environ.get("SLURM_CONF")
     os.environ.update(cluster.env())
     try:

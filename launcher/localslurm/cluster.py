@@ -199,7 +199,7 @@ def up(nodes: int = 4, gpus_per_node: int = 4, state_dir: str | os.PathLike | No
         return _handle(spec)
 
 
-def _cancel_all_jobs(conf: str) -> None:
+def cancel_all_jobs(conf: str) -> None:
     """Cancel every job, so accounting records CANCELLED rather than a job lost with its node."""
     env = slurm_env(conf)
     live = ["squeue", "-h", "-o", "%A", "-t", "PENDING,RUNNING,SUSPENDED,CONFIGURING,REQUEUED,RESIZING"]
@@ -219,7 +219,7 @@ def _down(state_dir: str) -> None:
     spec = Spec(state_dir=state_dir)
     names = pid_file_names(state_dir)
     if "slurmctld" in names and alive_pid(pid_file(spec, "slurmctld")):
-        _cancel_all_jobs(spec.slurm_conf)
+        cancel_all_jobs(spec.slurm_conf)
     nodes = sorted(
         {n.split(".", 1)[1] for n in names if n.startswith("slurmd.")}
         | {ns[len(NETNS_PREFIX) :] for ns in netns_list() if ns.startswith(NETNS_PREFIX + "node")}

@@ -61,17 +61,20 @@ def make_app(
     api_key: str = "",
     token_text: Optional[TokenText] = None,
     max_request_bytes: int = 4 << 20,
+    instance: str = "",
 ):
     """The app.  `backend`: a GrpcBackend (generate, ready); `served`: the model names requests may use, the first
     the one /v1/models lists; `chat_template(messages) -> prompt`; `draining["reason"]`, once set (the drain notice,
     launcher/procs/drain.py), refuses new requests with 503 naming it while running ones finish; `api_key`: required as
     `Authorization: Bearer` on every route but /health (launcher/openai_api/auth.py); `token_text`: token ids as text
     (log probabilities, echo of token-id prompts), from the model's tokenizer; `max_request_bytes`: a larger body gets
-    413 before it is read whole (serve.max_request_bytes)."""
+    413 before it is read whole (serve.max_request_bytes); `instance`: sent back by /health in the
+    x-llmlaunch-instance header, so the process that started this API knows the answer is its own."""
     counters = counters or Counters()
     draining = {"reason": ""} if draining is None else draining
     api = _Api(backend, served, chat_template, counters, draining, token_text or TokenText(""))
     api.max_request_bytes = max_request_bytes
+    api.instance = instance
     routes = [
         Route("/v1/models", api.models, methods=["GET"]),
         Route("/v1/completions", api.completions, methods=["POST"]),
@@ -154,18 +157,21 @@ class _Api:
         self.token_text = token_text
         self.created = int(time.time())  # /v1/models' "created": when the API started
         self.max_request_bytes = 4 << 20  # a larger body is refused (413) before it is read whole
+        self.instance = ""  # /health's x-llmlaunch-instance header (OpenAIConfig.instance)
 
     async def models(self, request: Request) -> Response:
         return JSONResponse(tr.models_body(self.served[0], self.created))
 
     async def health(self, request: Request) -> Response:
+        headers = {"x-llmlaunch-instance": self.instance} if self.instance else None
         if not self.counters.all_started:
-            return PlainTextResponse("the API's worker processes are starting\n", status_code=503)
+            return PlainTextResponse("the API's worker processes are starting\n", status_code=503, headers=headers)
         if self.draining["reason"]:
-            return PlainTextResponse(self.draining["reason"] + "\n", status_code=503)
+            return PlainTextResponse(self.draining["reason"] + "\n", status_code=503, headers=headers)
         if await self.backend.ready():
-            return PlainTextResponse("ok\n")
-        return PlainTextResponse(f"model {self.backend.model} is not ready at {self.backend.url}\n", status_code=503)
+            return PlainTextResponse("ok\n", headers=headers)
+        text = f"model {self.backend.model} is not ready at {self.backend.url}\n"
+        return PlainTextResponse(text, status_code=503, headers=headers)
 
     async def metrics(self, request: Request) -> Response:
         return PlainTextResponse(self.counters.text(), media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -4,7 +4,10 @@ stops it (`OpenAIProcess`)."""
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import os
+import secrets
 import signal
 import sys
 import time
@@ -15,6 +18,11 @@ from launcher.paths import PACKAGE_ROOT
 from launcher.procs.child import ChildService, child_config, die_with_parent
 from launcher.procs.config import JsonConfig
 from launcher.procs.drain import DRAIN_SIGNAL, reason
+
+# The API's exit status when its port was taken between the pick and the bind: start_api then retries on a fresh port
+PORT_TAKEN = 98
+# The /health answer's header that names the OpenAIConfig.instance that answered
+INSTANCE_HEADER = "x-llmlaunch-instance"
 
 
 def log(msg: str) -> None:
@@ -39,6 +47,9 @@ class OpenAIConfig(JsonConfig):
     # leaves its file (no command line, no config file carries it)
     api_key_file: str = ""
     max_request_bytes: int = 4 << 20  # a larger request body gets 413 before it is read whole (serve.max_request_bytes)
+    # a token the handle makes for each start, sent back by /health: the handle counts only its own child's answer
+    # as ready, never another job's API that took the port between the pick and the bind; "" = any answer counts
+    instance: str = ""
 
     def __post_init__(self):
         object.__setattr__(self, "aliases", tuple(self.aliases))
@@ -74,7 +85,7 @@ class OpenAIProcess(ChildService):
 
         def healthy() -> bool:
             with urllib.request.urlopen(self.cfg.url + "/health", timeout=5) as r:
-                return r.status == 200
+                return r.status == 200 and r.headers.get(INSTANCE_HEADER, "") == self.cfg.instance
 
         return self.wait_until(healthy, timeout_s, self.cfg.url)
 
@@ -87,10 +98,17 @@ def start_api(
     say=log,
     timeout_s: float = 120.0,
     config_path: Union[str, os.PathLike, None] = None,
+    avoid=(),
 ) -> OpenAIProcess:
     """Start the OpenAI API for `spec`'s model in front of `grpc_url` on `bind_host:port`, and wait until it
     answers.  Rank 0 calls this once its gRPC side (its server, or the replicas front end) is ready; `config_path`:
-    where its OpenAIConfig is written (the run dir's, RunDir.openai_config; None: a temporary file)."""
+    where its OpenAIConfig is written (the run dir's, RunDir.openai_config; None: a temporary file).
+
+    Another job on the node can take `port` between the rendezvous' pick and the API's bind (two jobs starting on
+    one node at once pick the same free port): the API then exits with PORT_TAKEN and starts again on a fresh port
+    (never one of `avoid`, the ports the caller keeps for something else), up to three times.  The handle's
+    `cfg.port` is the port it serves on."""
+    from launcher.ports import pick_ports
     from launcher.python_backend.responders import api_processes
 
     model = spec.model
@@ -106,16 +124,23 @@ def start_api(
         processes=api_processes(len(os.sched_getaffinity(0))),
         api_key_file=str(spec.serve.api_key_file or ""),
         max_request_bytes=int(spec.serve.max_request_bytes),
+        instance=secrets.token_hex(8),
     )
     env = dict(os.environ)
     root = str(PACKAGE_ROOT)  # `python -m launcher.openai_api` from this checkout
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    proc = OpenAIProcess(cfg, env=env, config_path=config_path).start()
-    try:
-        waited = proc.wait_ready(timeout_s)
-    except BaseException:
-        proc.stop()
-        raise
+    for tries in range(3):
+        proc = OpenAIProcess(cfg, env=env, config_path=config_path).start()
+        try:
+            waited = proc.wait_ready(timeout_s)
+            break
+        except BaseException:
+            proc.stop()
+            if tries == 2 or proc.poll() != PORT_TAKEN:
+                raise
+        fresh = pick_ports(bind_host, {"openai_port": 0}, avoid=[*avoid, cfg.port])["openai_port"]
+        say(f"port {cfg.port} was taken while the OpenAI API started; retrying on {fresh}")
+        cfg = dataclasses.replace(cfg, port=fresh, instance=secrets.token_hex(8))
     say(f"OpenAI API READY on {cfg.url}/v1 ({waited:.1f}s, {cfg.processes} process(es))")
     return proc
 
@@ -162,6 +187,7 @@ def _build_app(cfg: OpenAIConfig, counters):
         api_key=api_key,
         token_text=TokenText(cfg.tokenizer),
         max_request_bytes=cfg.max_request_bytes,
+        instance=cfg.instance,
     )
 
 
@@ -181,23 +207,40 @@ def _uvicorn_config(app, cfg: OpenAIConfig):
     )
 
 
+def _bound(cfg: OpenAIConfig, shared_port: bool):
+    """The API's socket, bound to cfg.host:cfg.port by this process (not by uvicorn, so a port taken since the pick
+    ends the process with PORT_TAKEN, which start_api answers with a fresh port).  `shared_port`: SO_REUSEPORT, for
+    workers that share the port (the supervisor checked it free first)."""
+    import socket
+
+    from launcher.ports import in_use_text
+
+    family = socket.getaddrinfo(cfg.host, cfg.port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if shared_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    try:
+        sock.bind((cfg.host, cfg.port))
+    except OSError as e:
+        sock.close()
+        if e.errno != errno.EADDRINUSE:
+            raise
+        log(f"port taken: {in_use_text(cfg.host, cfg.port)}")
+        raise SystemExit(PORT_TAKEN) from None
+    return sock
+
+
 def _worker_main(cfg: OpenAIConfig, slot: int, shared) -> None:
     """One of several workers: its own socket on the shared port (SO_REUSEPORT: the kernel spreads connections over
     the workers), its counters in slot `slot` of `shared`."""
-    import socket
-
     import uvicorn
 
     from launcher.openai_api.counters import Counters
 
     die_with_parent("OpenAI API worker")
     app = _build_app(cfg, Counters(shared, slot, cfg.processes))
-    family = socket.getaddrinfo(cfg.host, cfg.port, type=socket.SOCK_STREAM)[0][0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((cfg.host, cfg.port))
-    uvicorn.Server(_uvicorn_config(app, cfg)).run(sockets=[sock])
+    uvicorn.Server(_uvicorn_config(app, cfg)).run(sockets=[_bound(cfg, shared_port=True)])
 
 
 def _supervise(cfg: OpenAIConfig) -> int:
@@ -207,8 +250,9 @@ def _supervise(cfg: OpenAIConfig) -> int:
     from launcher.openai_api.counters import shared_size
     from launcher.ports import in_use_text, port_free
 
-    if not port_free(cfg.host, cfg.port):
-        raise SystemExit(f"OpenAI API: {in_use_text(cfg.host, cfg.port)}")
+    if not port_free(cfg.host, cfg.port):  # the workers' SO_REUSEPORT would share it with whoever has it
+        log(f"port taken: {in_use_text(cfg.host, cfg.port)}")
+        return PORT_TAKEN
     # The drain notice reaches the whole process group: the workers handle it, this process and multiprocessing's
     # resource tracker (started with the shared array, inheriting this) ignore it
     signal.signal(DRAIN_SIGNAL, signal.SIG_IGN)
@@ -259,5 +303,6 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     from launcher.openai_api.counters import Counters
 
-    uvicorn.Server(_uvicorn_config(_build_app(cfg, Counters()), cfg)).run()
+    sock = _bound(cfg, shared_port=False)
+    uvicorn.Server(_uvicorn_config(_build_app(cfg, Counters()), cfg)).run(sockets=[sock])
     return 0

@@ -306,6 +306,7 @@ class Rank:
             self.say,
             float(spec.serve.ready_timeout_s),
             config_path=run.openai_config,
+            avoid=[*ctx.ports.values(), *self.infos[0]["frontend_ports"].values()],
         )
         write_startup(
             run,

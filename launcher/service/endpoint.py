@@ -67,6 +67,7 @@ class Endpoint:
                 say=lambda m: print(m, flush=True),
                 timeout_s=float(spec.serve.ready_timeout_s),
                 config_path=c.sdir.dir / "openai.json",
+                avoid=(int(spec.serve.grpc_port), int(spec.serve.metrics_port)),
             ),
         )
         serving = [j for j in c.jobs.values() if j.state == "serving"]

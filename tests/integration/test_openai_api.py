@@ -4,6 +4,7 @@ stream, a client that goes away; then `llmlaunch replicas=2` on this machine and
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import shutil
@@ -394,6 +395,49 @@ def test_two_worker_processes_share_the_port_sum_their_metrics_and_stop_together
         assert not Path(f"/proc/{workers[1]}").exists() or "zombie" in Path(f"/proc/{workers[1]}/status").read_text()
     finally:
         proc.stop()
+
+
+class _AnotherJobsApi(http.server.BaseHTTPRequestHandler):
+    """Another job's server on the port: /health answers 200, without this start's instance header."""
+
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"ok\n")
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_port_another_job_took_after_the_pick_is_not_mistaken_for_the_api_which_starts_on_a_fresh_one(server):
+    """Two jobs starting on one node at once can pick the same free port for their OpenAI APIs.  The one that binds
+    second must not take the other's /health answer for its own (it would say READY and then fail the job when its
+    bind fails): it starts again on a fresh port, says so, and its handle names the port it serves on."""
+    from launcher.compose import compose
+    from launcher.openai_api.process import start_api
+    from launcher.schedulers.registry import validated
+
+    spec = validated(compose(["model=tiny"]))
+    taken = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), _AnotherJobsApi)
+    threading.Thread(target=taken.serve_forever, daemon=True).start()
+    said = []
+    try:
+        proc = start_api(spec, server.grpc_url, "127.0.0.1", taken.server_port, said.append, 120.0)
+        try:
+            assert proc.cfg.port != taken.server_port
+            assert any(f"port {taken.server_port} was taken" in m for m in said), said
+            assert said[-1].startswith(f"OpenAI API READY on {proc.cfg.url}/v1")
+            with urllib.request.urlopen(proc.cfg.url + "/health", timeout=10) as r:
+                assert r.headers["x-llmlaunch-instance"] == proc.cfg.instance != ""
+            body = json.dumps({"model": MODEL, "prompt": PROMPT, "max_tokens": 2, "ignore_eos": True}).encode()
+            req = urllib.request.Request(proc.cfg.url + "/v1/completions", body, {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=60) as r:
+                assert json.loads(r.read())["usage"]["completion_tokens"] == 2
+        finally:
+            proc.stop()
+    finally:
+        taken.shutdown()
+        taken.server_close()
 
 
 # ----------------------------------------------------------------------------- launched by llmlaunch
