@@ -35,6 +35,15 @@ INPUTS: tuple[Tensor, ...] = (
         "end): the model continues after them as if it had generated them, counts them in output_tokens, "
         "max_tokens and min_length, and sends none of their text",
     ),
+    Tensor(
+        "kv_from",
+        "BYTES",
+        (1,),
+        True,
+        "host:port of a prefill engine that computed this prompt (disaggregated serving): the model takes the keys "
+        "and values of its cached blocks from there and computes only the rest of the prompt; where they cannot be "
+        "had (unreachable, evicted), it computes the whole prompt",
+    ),
     Tensor("max_tokens", "INT32", (1,), False, "number of tokens to generate (>= 1)"),
     Tensor("stream", "BOOL", (1,), True, "stream one response per new piece of text; default false"),
     Tensor(

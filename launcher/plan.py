@@ -38,6 +38,16 @@ def plan_text(spec: LaunchSpec, run_dir: str, composed_yaml: str = "") -> str:
         f"models), launcher/openai_api in front of that gRPC endpoint"
     )
     out.append(layout_table(spec))
+    if spec.prefill_replicas:
+        roles = [(r, spec.role(r)) for r in range(spec.replicas)]
+        out.append(
+            "disaggregated: "
+            + ", ".join(f"replica {r} {role}" for r, role in roles)
+            + ". Rank 0's front end sends each request's prompt to a prefill replica (one token; serve.routing picks "
+            "which), then the request to a decode replica (serve.routing over those) with kv_from: the prefill leader's engine "
+            "serves the prompt's keys and values on a port it picks at start (launcher/hf/kv_transfer.py), and the "
+            "decode replica computes only the rest"
+        )
     copied = copied_files(spec)
     for rel, text in repository_files(spec).items():
         sec(f"file model_repository/{rel}")

@@ -269,6 +269,11 @@ def plan_overrides(spec: LaunchSpec) -> str:
             f"nodes={spec.nodes * jobs if jobs else spec.nodes}",
             f"replicas={jobs or spec.replicas}",
             *([f"serve.router={spec.serve.router}"] if jobs else []),
+            *(
+                [f"disagg.prefill={spec.prefill_replicas}", f"disagg.decode={spec.replicas - spec.prefill_replicas}"]
+                if spec.prefill_replicas
+                else []
+            ),
         ]
     )
 

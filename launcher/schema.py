@@ -317,6 +317,16 @@ class BenchConfig:
 
 
 @dataclass
+class DisaggConfig:
+    prefill: int = arg(
+        Int("prefill replicas", min=0, zero="aggregated: every replica serves whole requests"), 0
+    )  # replicas that compute prompts only (disaggregated serving, launcher/frontend/disagg.py): rank 0's front end sends each request's prompt to one of them first (serve.routing picks which), then to a decode replica, which takes the prompt's keys and values from it; 0 = aggregated. The replicas are prefill + decode
+    decode: int = arg(
+        Int("decode replicas", min=0, zero="aggregated"), 0
+    )  # replicas that generate, starting from the keys and values a prefill replica computed (the least loaded one takes each request); where none can be had, a decode replica computes the prompt itself
+
+
+@dataclass
 class LaunchConfig:
     cluster: ClusterConfig = arg(Nested(), MISSING)  # where: conf/cluster/<name>.yaml
     engine: EngineConfig = arg(Nested(), MISSING)  # what serves: conf/engine/<name>.yaml
@@ -329,6 +339,7 @@ class LaunchConfig:
     pp: int = arg(Int("pipeline stages per model copy"), 1)  # pipeline-parallel stages per model copy
     nodes: int = arg(Int("nodes in the job"), 1)  # nodes in the job
     replicas: int = arg(Int("data-parallel model copies"), 1)  # data-parallel model copies behind the one endpoint
+    disagg: DisaggConfig = arg(Nested(), factory=DisaggConfig)  # prefill and decode as separate replicas
     dry_run: bool = arg(Flag(), False)  # print the plan, write and submit nothing
     requeue: bool = arg(
         Flag(), False

@@ -69,6 +69,14 @@ class LaunchSpec:
     service_replicas: int = 0
     # a replica job of a service: where its rank 0 registers once it serves (set by the router as it submits the job)
     service: Optional["ServiceLink"] = None
+    # disagg.prefill: replicas 0..prefill_replicas-1 compute prompts only, the others decode; 0 = aggregated
+    prefill_replicas: int = 0
+
+    def role(self, replica: int) -> str:
+        """What replica `replica` serves: prefill | decode (disagg), or whole requests ("")."""
+        if not self.prefill_replicas:
+            return ""
+        return "prefill" if replica < self.prefill_replicas else "decode"
 
     @property
     def world_size(self) -> int:

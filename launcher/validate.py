@@ -122,6 +122,10 @@ def build_spec(cfg, schedulers: Mapping[str, Any]) -> LaunchSpec:
         problems += domains.Choice(tuple(sorted(schedulers))).problems("cluster.scheduler", c.cluster.scheduler)
         raise LaunchError(problems)
     # --- rules across fields
+    if c.disagg.prefill or c.disagg.decode:
+        problems += disagg_problems(c)
+        if not problems:  # the replicas are the prefill ones, then the decode ones
+            c = dataclasses.replace(c, replicas=c.disagg.prefill + c.disagg.decode)
     problems += cluster_problems(c, scheduler)
     jobs = 1
     if c.serve.router != "in_job":
@@ -193,6 +197,58 @@ def service_problems(c: LaunchConfig, scheduler) -> List[Tuple[str, str, str]]:
                 f"serve.control_port={serve.control_port}",
                 f"the same port as serve.{taken[serve.control_port]}",
                 "give serve.control_port its own port",
+            )
+        )
+    return problems
+
+
+def disagg_problems(c: LaunchConfig) -> List[Tuple[str, str, str]]:
+    """disagg.prefill/decode (launcher/frontend/disagg.py): both roles, the replicas they make, an engine that moves
+    a prompt's keys and values, one GPU a replica, one job."""
+    p, d = c.disagg.prefill, c.disagg.decode
+    key = f"disagg.prefill={p} disagg.decode={d}"
+    if not p or not d:
+        return [
+            (
+                key,
+                "disaggregated serving needs both roles: prefill replicas compute the prompts, decode replicas "
+                "generate from what those computed",
+                "give both at least 1 (e.g. disagg.prefill=1 disagg.decode=1), or both 0 to serve whole requests",
+            )
+        ]
+    problems = []
+    if c.replicas not in (1, p + d):
+        problems.append(
+            (
+                f"replicas={c.replicas} {key}",
+                f"the replicas are the prefill and the decode ones: {p + d}",
+                f"leave replicas out (it becomes {p + d}), or give replicas={p + d}",
+            )
+        )
+    edef = ENGINES.get(c.engine.name)
+    if edef is not None and not edef.kv_transfer:
+        able = ", ".join(sorted(n for n, e in ENGINES.items() if e.kv_transfer))
+        problems.append(
+            (
+                f"{key} with engine={c.engine.name}",
+                f"engine={c.engine.name} cannot move a prompt's keys and values from one replica to another",
+                f"use an engine that does ({able}), or serve whole requests (disagg.prefill=0 disagg.decode=0)",
+            )
+        )
+    if c.tp != 1 or c.pp != 1:
+        problems.append(
+            (
+                f"tp={c.tp} pp={c.pp} {key}",
+                "keys and values move between engines of one rank each",
+                "use tp=1 pp=1 (add prefill or decode replicas for more GPUs)",
+            )
+        )
+    if c.serve.router != "in_job":
+        problems.append(
+            (
+                f"serve.router={c.serve.router} {key}",
+                "a service's replica jobs come and go, while prefill and decode roles are fixed in one job",
+                "use serve.router=in_job (the default) with disagg",
             )
         )
     return problems
@@ -327,6 +383,7 @@ def make_spec(c: LaunchConfig, edef, scheduler, lay) -> LaunchSpec:
         pp=c.pp,
         nodes=c.nodes,
         replicas=c.replicas,
+        prefill_replicas=c.disagg.prefill,
         tasks_per_node=tasks_per_node,
         gpus_per_task=gpus_per_task,
         gpus_per_node_used=used,

@@ -33,6 +33,7 @@ class Generation:
     logprobs: Optional[int] = None  # return_log_probs, top_log_probs: each new token's log prob and the top k
     prompt_logprobs: Optional[int] = None  # return_prompt_log_probs, top_log_probs (one k for both: the larger)
     guide: Optional[tuple] = None  # (guided_decoding_guide_type, guided_decoding_guide): structured output
+    kv_from: Optional[str] = None  # kv_from: host:port of the prefill engine whose keys and values of the prompt to use
 
 
 # (contract input, Triton dtype, struct format) for the scalar fields of Generation.
@@ -89,6 +90,8 @@ def encode_inputs(gen: Generation) -> list[tuple[str, str, list[int], bytes]]:
         tensors.append(("guided_decoding_guide_type", "BYTES", [1, 1], _bytes_payload([kind])))
         if guide:
             tensors.append(("guided_decoding_guide", "BYTES", [1, 1], _bytes_payload([guide])))
+    if gen.kv_from:
+        tensors.append(("kv_from", "BYTES", [1, 1], _bytes_payload([gen.kv_from])))
     for attr, name in (("stop", "stop_words"), ("bad_words", "bad_words")):
         words = list(getattr(gen, attr) or ())
         if words:

@@ -43,18 +43,26 @@ class Frontend:
         breaker_errors: int = 0,
         breaker_cooldown_s: float = 30.0,
         members=None,
+        kv_transfer: Sequence[str] = (),
     ):
         """routing: a policy's name, or the policy (launcher/frontend/routing.py); max_migrations: times a request
         of `model_name` may move to another replica mid-stream (0: never; launcher/frontend/migration.py);
         stall_timeout_s: a replica that answers nothing for this long while it has requests is failed (0: never);
         breaker_errors, breaker_cooldown_s: the circuit breaker (server_error; 0 errors: never); members: a
         MembersFile (launcher/frontend/members.py) the replica set follows from start() on (`replicas` unused: the
-        file names them, by slot), or None: `replicas`, replica i at index i, for good."""
+        file names them, by slot), or None: `replicas`, replica i at index i, for good.  kv_transfer: disaggregated
+        prefill and decode (launcher/frontend/disagg.py), one address a replica: where a prefill replica's engine
+        serves the keys and values it computed, "" for a decode replica; () = every replica serves whole requests."""
         if not replicas and members is None:
             raise ValueError("the front end needs at least one replica")
         self.members = members
         self.replicas = [] if members is not None else [Replica(i, h, p) for i, (h, p) in enumerate(replicas)]
         self.routed = self.replicas  # those routing picks from: all but the draining ones (a members file's)
+        self.kv_transfer = list(kv_transfer)
+        self.prefill: List[Replica] = []  # the prefill replicas (kv_transfer): a request's prompt goes there first
+        if self.kv_transfer:
+            self.prefill = [r for r in self.replicas if self.kv_transfer[r.index]]
+            self.routed = [r for r in self.replicas if not self.kv_transfer[r.index]]
         self.attach = None  # called with each replica a members file adds (workers.py: shares its load)
         self._left: set = set()  # replicas that left the members file, their channels still open (LEFT_GRACE_S)
         self._tasks: set = set()  # the members file's probes of joined replicas and closes of left ones
@@ -83,9 +91,17 @@ class Frontend:
         """The replica for a ModelInferRequest, not one of `exclude`: its prompt and session are read only by a
         policy that routes by them (`request` may be None where the policy does not: the request need not be parsed
         then)."""
-        if request is not None and self.routing.needs_prompt:
-            return self.pick(exclude, *routing_keys(request))
-        return self.pick(exclude)
+        keys = routing_keys(request) if request is not None and self.routing.needs_prompt else ()
+        rep = self.pick(exclude, *keys)
+        if rep is None and self.prefill:  # no decode replica up: a prefill replica serves the request whole
+            rep = self.routing.pick(self.prefill, exclude, *keys)
+        return rep
+
+    def pick_prefill(self, request) -> Optional[Replica]:
+        """The prefill replica for a ModelInferRequest (serve.routing over the prefill replicas: prefix and kv
+        routing find the one that has its prompt cached); None where none is up."""
+        keys = routing_keys(request) if self.routing.needs_prompt else ()
+        return self.routing.pick(self.prefill, (), *keys)
 
     def no_replica_message(self, tried: Sequence[Replica] = ()) -> str:
         if not self.replicas and self.members is not None:

@@ -66,6 +66,9 @@ class FrontendConfig(JsonConfig):
     # hold that many); 0 = 16
     slots: int = 0
     members_poll_s: float = DEFAULT_POLL_S  # with `members`: how often each process looks whether the file changed
+    # disaggregated prefill and decode (launcher/frontend/disagg.py), in the replicas' order: a prefill replica's
+    # host:port where its engine serves the keys and values it computed, "" for a decode replica; [] = none
+    kv_transfer: List[str] = field(default_factory=list)
 
     def __post_init__(self):
         self.replicas = [tuple(r) for r in self.replicas]
@@ -73,6 +76,7 @@ class FrontendConfig(JsonConfig):
         if not n and not self.members:
             raise ValueError("FrontendConfig.replicas is empty: give (host, gRPC port) of every replica")
         self._check_members()
+        self._check_disagg()
         if self.processes < 1:
             raise ValueError(f"FrontendConfig.processes is {self.processes}: at least 1 process serves; give 1 or more")
         if self.loop not in LOOPS:
@@ -88,6 +92,17 @@ class FrontendConfig(JsonConfig):
             raise ValueError(
                 f'FrontendConfig.routing kv needs kv_events once a replica (got {len(self.kv_events)} for {n}; "" '
                 f"for a replica that publishes none) and the tokenizer (got {self.tokenizer!r})"
+            )
+
+    def _check_disagg(self) -> None:
+        if not self.kv_transfer:
+            return
+        n, prefill = len(self.replicas), sum(1 for a in self.kv_transfer if a)
+        if self.members or len(self.kv_transfer) != n or not 0 < prefill < n:
+            raise ValueError(
+                f"FrontendConfig.kv_transfer has {len(self.kv_transfer)} entries ({prefill} prefill) for {n} fixed "
+                'replicas: give one a replica, host:port for a prefill replica and "" for a decode one, at least one '
+                "of each, and no members file"
             )
 
     def _check_members(self) -> None:
@@ -152,6 +167,7 @@ def _frontend(cfg: FrontendConfig) -> Frontend:
         cfg.breaker_errors,
         cfg.breaker_cooldown_s,
         cfg.members_file() if cfg.members else None,
+        cfg.kv_transfer,
     )
 
 

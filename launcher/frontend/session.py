@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Protocol, Sequence, Tuple
 from grpc import aio
 from tritonclient.grpc import service_pb2
 
+from launcher.frontend.disagg import KV_FROM, PREFILL_TIMEOUT_S, has_input, prefill, prefill_request, with_kv_from
 from launcher.frontend.migration import (
     ASK_OUTPUT_IDS,
     ASK_TOKEN_IDS,
@@ -297,6 +298,7 @@ class Session:
         self.room.set()
         self.finishing = False
         self.gone = ""
+        self.prefilling: set = set()  # requests whose prompt a prefill replica computes first (disagg.py)
         self.writer = asyncio.get_running_loop().create_task(self._write_loop())
 
     async def _write_loop(self) -> None:
@@ -334,8 +336,11 @@ class Session:
             if raw is eof:
                 break
             await self.dispatch(raw)
-        # The client has sent everything: the backends get the half-close and finish what runs.  Repeat
-        # while links appear: a replica failing now moves its unanswered requests onto a fresh link.
+        # The client has sent everything: the requests still at their prefill reach their decode replica first,
+        # then the backends get the half-close and finish what runs.  Repeat while links appear: a replica failing
+        # now moves its unanswered requests onto a fresh link.
+        while self.prefilling:
+            await asyncio.gather(*list(self.prefilling), return_exceptions=True)
         while True:
             links = [link for link in self.every_link if not link.task.done()]
             if not links:
@@ -355,17 +360,21 @@ class Session:
         failure: str = "",
         avoid: Optional[Replica] = None,
         arrived: float = 0.0,
+        prefilled: bool = False,
     ) -> None:
-        """Send a request to a replica: a client's, one sent again whole (`retried`, `arrived` when the client sent
-        it), or one `moved` mid-stream (its replica failed with `failure`; `raw` is its continued request); not to
-        `avoid` where another is up."""
+        """Send a request to a replica: a client's (to a prefill replica first where there are: `prefilled` after),
+        one sent again whole (`retried`, `arrived` when the client sent it), or one `moved` mid-stream (its replica
+        failed with `failure`; `raw` is its continued request); not to `avoid` where another is up."""
         req = service_pb2.ModelInferRequest.FromString(raw)
         client_id = req.id
         flag = req.parameters.get(_EMPTY_FINAL)
         wants_empty_final = flag is not None and flag.bool_param
-        if self.fe.draining and not retried and moved is None:
+        if self.fe.draining and not retried and moved is None and not prefilled:
             self.fe.rejected += 1
             await self.send(_error_response(self.fe.draining, client_id, req.model_name, req.model_version))
+            return
+        if not (prefilled or retried or moved is not None) and self._prefills(req):
+            self._start_prefill(req, raw, arrived or monotonic())
             return
         rep = self.fe.pick_for(req, (avoid,) if avoid is not None else ())
         if rep is None and avoid is not None and avoid.up and not avoid.draining:
@@ -424,11 +433,42 @@ class Session:
         rep.requests += 1
         link.send(raw + patch if patch else raw)
 
+    def _prefills(self, req) -> bool:
+        """A client's request goes to a prefill replica first: there are some, it is of the served model and names
+        no kv_from of its own."""
+        return bool(self.fe.prefill) and req.model_name == self.fe.model_name and not has_input(req, KV_FROM)
+
+    def _start_prefill(self, req, raw: bytes, arrived: float) -> None:
+        task = asyncio.get_running_loop().create_task(self._prefill_first(req, raw, arrived))
+        self.prefilling.add(task)
+        task.add_done_callback(self.prefilling.discard)
+
+    async def _prefill_first(self, req, raw: bytes, arrived: float) -> None:
+        """A prefill replica computes the prompt (one token), then the request goes to a decode replica with
+        `kv_from` naming where that engine serves the keys and values; no prefill replica up, or a failed prefill:
+        to a decode replica as it came, which computes it whole."""
+        rep = self.fe.pick_prefill(req)
+        if rep is not None:
+            try:
+                await prefill(rep, prefill_request(req), PREFILL_TIMEOUT_S)
+                raw = with_kv_from(req, self.fe.kv_transfer[rep.index])
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:
+                rep.errors += 1
+                log(f"the prefill of {req.id!r} on {rep.label} failed ({e}): its decode replica computes the prompt")
+        try:
+            await self.dispatch(raw, arrived=arrived, prefilled=True)
+        except ClientGone:
+            self.abort()
+
     def abort(self) -> None:
         """The client is gone (cancelled, disconnected, deadline) or the stream is over: cancel
         whatever still runs for it. Idempotent."""
         self.closing = True
         self.writer.cancel()
+        for task in list(self.prefilling):
+            task.cancel()
         for link in self.every_link:
             link.cancel()
         self.links.clear()

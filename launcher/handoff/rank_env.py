@@ -50,6 +50,9 @@ class RankEnv:
     dist_port: Optional[int] = _var(PRIVATE + "DIST_PORT")  # the port the leader reserved for distributed init
     # serve.routing=kv, a replica leader: the endpoint its engine publishes KV-cache events on (launcher/kv_events.py)
     kv_events: Optional[str] = _var(PRIVATE + "KV_EVENTS")
+    # a prefill replica's leader: host:port its engine serves the keys and values of the prompts it computed on
+    # (launcher/hf/kv_transfer.py); a decode replica takes them from there
+    kv_transfer: Optional[str] = _var(PRIVATE + "KV_TRANSFER")
     run_dir: Optional[str] = _var("LLMLAUNCH_RUN_DIR")  # the job's run directory (launcher/rundir.py)
     # ------------------------------------------------------------ rank -> its child services (front ends)
     drain_reason: Optional[str] = _var(PRIVATE + "DRAIN_REASON")  # what a request refused while draining reads

@@ -122,6 +122,20 @@ class BlockPool:
             self._refs[b] += 1
         return blocks, keys
 
+    def take(self, keys: Sequence[int]) -> list[int | None]:
+        """Per key, the cached block holding it, referenced once more (`free` it to give it back), or None where no
+        block holds it; unlike `match`, a key missing here does not end the lookup (a prefix moved to this pool can
+        find part of itself already cached)."""
+        out: list[int | None] = []
+        for key in keys:
+            b = self._block_of.get(key) if self.prefix_caching else None
+            if b is not None:
+                if self._refs[b] == 0:
+                    del self._evictable[b]
+                self._refs[b] += 1
+            out.append(b)
+        return out
+
     def publish(
         self, blocks: Sequence[int], keys: Sequence[int], tokens: Sequence[int] = (), parent: int | None = None
     ) -> None:

@@ -40,22 +40,26 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import asdict
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from launcher.engines.hf.config import HFEngineArgs
 from launcher.hf.detok import TokenTable
 from launcher.hf.encode import PromptEncoder
 from launcher.hf.guided import Guides
 from launcher.hf.outputs import Output, OutputProcessor
-from launcher.hf.reporting import EngineStats
+from launcher.hf.reporting import EngineStats, engine_features
 from launcher.hf.runner import HFModelRunner
 from launcher.hf.scheduler import Scheduler
-from launcher.hf.sequence import Seq, bad_word_ids, prepare_prompt
+from launcher.hf.sequence import Seq, bad_word_ids, eos_token_ids, prepare_prompt
 from launcher.hf.tp import AHEAD
 from launcher.kv_events import publisher_from_env
 from launcher.python_backend.generation import InvalidRequest, SamplingParams
 from launcher.python_backend.logprob_io import merged
+
+if TYPE_CHECKING:
+    from launcher.hf.kv_transfer import KVPrefix
 
 log = logging.getLogger(__name__)
 
@@ -109,7 +113,7 @@ class Engine:
         self.vocab_size = self.runner.vocab_size
         # models often pad the embedding beyond the tokenizer (Qwen: 151936 vs 151665): never sample those ids
         self.runner.sampler.valid_vocab = min(self.vocab_size, len(self.tokenizer))
-        self.eos_token_ids = self._eos_token_ids()
+        self.eos_token_ids = eos_token_ids(self.model_path, self.runner.config, self.tokenizer)
         self._table = TokenTable(self.tokenizer)
         self.guides = Guides(self.tokenizer, self.vocab_size, self.eos_token_ids)
         self._init_loop(args, after_step, prompts_alone)
@@ -133,22 +137,6 @@ class Engine:
         report_phase("graphs", time.perf_counter() - loaded - self.runner.compile_s)  # CUDA graph capture
         report_version("torch", torch.__version__)
         report_version("transformers", transformers.__version__)
-
-    def _eos_token_ids(self) -> frozenset:
-        """The ids that end a generation: those the model's generation config, its config and its tokenizer name."""
-        from transformers import GenerationConfig
-
-        eos: set[int] = set()
-        try:
-            gen_eos = GenerationConfig.from_pretrained(self.model_path).eos_token_id
-        except OSError:
-            gen_eos = None
-        for value in (gen_eos, self.runner.config.eos_token_id, self.tokenizer.eos_token_id):
-            if isinstance(value, int):
-                eos.add(value)
-            elif value:
-                eos.update(int(v) for v in value)
-        return frozenset(eos)
 
     def _init_loop(self, args: HFEngineArgs, after_step, prompts_alone: int) -> None:
         """What the engine thread works with: its inbox, the scheduler and output processing over one set of stats,
@@ -177,27 +165,7 @@ class Engine:
     @property
     def features(self) -> dict:
         """What speeds this engine up, as it started (for the server's log line): see reporting.describe_features."""
-        r = self.runner
-        return {
-            "torch_compile": r.use_compile,
-            "compile_s": round(r.compile_s, 1),
-            "compile_error": r.compile_error,
-            "decode_graphs": len(r._graphs),
-            "graph_error": r.graph_error,
-            "prefill_graphs": len(r._prefill_graphs),
-            "wave_graphs": len(r._wave_graphs),
-            "prefill_graph_error": r.prefill_graph_error,
-            "fused": dict(r.fused),
-            "mixed_graphs": len(r._mixed_graphs),
-            "mixed_graph_error": r.mixed_graph_error,
-            "cudnn_attention": r.cudnn_attention if r.device.type == "cuda" else "",
-            "decode_attention": r.decode_kernel_note,
-            "prompt_encode": self._encode.why_not or "backend",
-            "kv_blocks": r.num_blocks - 1,
-            "block_size": r.block_size,
-            "kv_gib": round(r.kv_cache_bytes / 2**30, 2),
-            "prefix_caching": self.scheduler.pool.prefix_caching,
-        }
+        return engine_features(self.runner, self._encode.why_not, self.scheduler.pool.prefix_caching)
 
     @classmethod
     def from_args(cls, args: HFEngineArgs, **runtime) -> "Engine":
@@ -212,12 +180,20 @@ class Engine:
         return self
 
     def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams, on_output: Callable[[Output], None]
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        on_output: Callable[[Output], None],
+        kv_prefix: KVPrefix | None = None,
     ) -> int:
-        """Queue a request; returns its prompt token count.  Raises InvalidRequest for bad input (nothing queued)."""
+        """Queue a request; returns its prompt token count.  Raises InvalidRequest for bad input (nothing queued).
+        `kv_prefix`: the prompt's first blocks from another engine (its export_prefix), cached here before admission."""
         if self._thread is None or not self._thread.is_alive():
             raise RuntimeError(f"the hf engine is not running{f': {self._error}' if self._error else ''}")
         prompt_ids = prepare_prompt(self._encode, prompt, params, self.max_model_len, self.vocab_size)
+        if kv_prefix is not None:
+            self._check_prefix(kv_prefix, prompt_ids)
         eos = (
             frozenset()
             if params.ignore_eos
@@ -239,8 +215,24 @@ class Engine:
             if request_id in self._active:
                 raise InvalidRequest(f"request id {request_id!r} is already running")
             self._active.add(request_id)
-        self._inbox.put(seq)
+        self._inbox.put(seq if kv_prefix is None else ("import", kv_prefix, seq))
         return len(prompt_ids)
+
+    def export_prefix(self, prompt: list[int], timeout: float | None = 60.0) -> KVPrefix:
+        """The keys and values of `prompt`'s longest prefix of whole blocks cached here (a prefill ran it), all but
+        its last token, on the host (launcher.hf.kv_transfer.read_prefix); empty where none is cached."""
+        if self._thread is None or not self._thread.is_alive():
+            raise RuntimeError(f"the hf engine is not running{f': {self._error}' if self._error else ''}")
+        self._check_prefix(None, prompt)
+        done: Future = Future()
+        self._inbox.put(("export", list(prompt), done))
+        return done.result(timeout)
+
+    def _check_prefix(self, prefix: KVPrefix | None, prompt_ids: list[int]) -> None:
+        from launcher.hf.kv_transfer import prefix_problem
+
+        if why := prefix_problem(self.runner, prefix, prompt_ids):
+            raise InvalidRequest(why)
 
     def add_requests(
         self, requests: list[tuple[str, str | list[int], SamplingParams, Callable[[Output], None]]]
@@ -391,6 +383,18 @@ class Engine:
                 return False
             if isinstance(item, Seq):
                 self.scheduler.add(item)
+            elif item[0] == "import":
+                from launcher.hf.kv_transfer import store_prefix
+
+                self.stats.imported_prompt_tokens += store_prefix(self.runner, self.scheduler.pool, item[1])
+                self.scheduler.add(item[2])
+            elif item[0] == "export":
+                from launcher.hf.kv_transfer import read_prefix
+
+                try:
+                    item[2].set_result(read_prefix(self.runner, self.scheduler.pool, item[1]))
+                except Exception as exc:  # the caller's error, not the loop's
+                    item[2].set_exception(exc)
             else:
                 self._abort(item[1])
             try:

@@ -202,6 +202,25 @@ class ModelLoading:
         self._pool_maps.append(buf)
         return torch.frombuffer(buf, dtype=self.dtype).view(shape)
 
+    def read_blocks(self, blocks: list[int]):
+        """Keys and values of pool blocks `blocks`, [layers, 2, blocks, block_size, kv_heads, head_dim], copied to
+        the host (launcher.hf.kv_transfer.KVPrefix.data)."""
+        import torch
+
+        idx = torch.tensor(blocks, dtype=torch.long, device=self.device)
+        return torch.stack([torch.stack((k.index_select(0, idx), v.index_select(0, idx))) for k, v in self.cache]).cpu()
+
+    def write_blocks(self, blocks: list[int], data) -> None:
+        """Pool blocks `blocks` take keys and values `data` (as read_blocks gives them), in stream order: a step
+        launched after this reads them written."""
+        import torch
+
+        idx = torch.tensor(blocks, dtype=torch.long, device=self.device)
+        data = data.to(self.device, non_blocking=True)
+        for layer, (k, v) in enumerate(self.cache):
+            k.index_copy_(0, idx, data[layer, 0])
+            v.index_copy_(0, idx, data[layer, 1])
+
     def apply_block_updates(self, updates) -> None:
         """A step's block-table changes ((slot, from block index, block ids)), in one host->device copy."""
         import torch

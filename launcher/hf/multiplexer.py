@@ -128,17 +128,44 @@ def serve(fd: int) -> int:
     # Attaching instances are accepted on a thread of `_listen`, which wakes the reading loop through `wake`.
     wake_r, wake_w = Pipe(duplex=False)
     close_listener = _listen(listen, info, peers, wake_w) if listen else None
+    kv_server = _serve_prefixes(engine, conn)
+    if kv_server is False:
+        return 1
     peers.send(0, ("ready", info))
+    reader = _Reader(engine, peers, outputs)
     try:
-        _Reader(engine, peers, outputs).run(wake_r)
+        reader.run(wake_r)
     finally:
         if close_listener is not None:
             close_listener()
+        if kv_server is not None:
+            kv_server.shutdown()
+        reader.fetcher.shutdown()
         try:
             engine.shutdown()  # running requests end 'cancelled'; the engine flushes them
         except OSError:
             pass
     return 0
+
+
+def _serve_prefixes(engine: Engine, conn):
+    """A prefill replica's engine (RankEnv.kv_transfer set: host:port) serves its computed prompts' keys and values
+    there (launcher/hf/kv_transfer.py); None where it serves none, False where it cannot (reported to the parent)."""
+    from launcher.handoff.rank_env import RankEnv
+
+    address = RankEnv.from_environ(os.environ).kv_transfer
+    if not address:
+        return None
+    from launcher.hf.kv_transfer import serve_prefixes
+
+    try:
+        server = serve_prefixes(engine, address)
+    except (OSError, ValueError) as exc:
+        conn.send(("error", f"serving keys and values on {address}: {exc}"))
+        engine.shutdown()
+        return False
+    log.info("hf engine process: keys and values of computed prompts served on %s", address)
+    return server
 
 
 class _Outputs:
@@ -250,9 +277,12 @@ class _Reader:
     connections)."""
 
     def __init__(self, engine: Engine, peers: Peers, outputs: _Outputs):
+        from launcher.hf.kv_transfer import PrefixFetcher
+
         self.engine = engine
         self.peers = peers
         self.outputs = outputs
+        self.fetcher = PrefixFetcher(engine, log)  # requests with a kv_from wait for their prefix there
 
     def run(self, wake) -> None:
         """Serve the connections until the instance that started us goes (or says "stop"); `wake`: readable when a
@@ -306,20 +336,34 @@ class _Reader:
         if not adds:
             return
         peers, received, on_output = self.peers, self.outputs.received, self.outputs.on_output
-        requests = []
+        requests, here = [], []
         for k, (_, local, prompt, params), t in adds:
             rid = f"{k}/{local}" if k else local
             received[rid] = t
             peers.started(k, rid)
-            requests.append((rid, prompt, params, on_output))
-        for (k, msg, _), (rid, *_), exc in zip(adds, requests, self.engine.add_requests(requests)):
+            if params.kv_from:  # its prompt's keys and values come from a prefill engine first
+                self.fetcher.add(
+                    rid,
+                    prompt,
+                    params,
+                    on_output,
+                    lambda exc, k=k, local=local, rid=rid: self.refused(k, local, rid, exc),
+                )
+            else:
+                requests.append((rid, prompt, params, on_output))
+                here.append((k, local))
+        for (k, local), (rid, *_), exc in zip(here, requests, self.engine.add_requests(requests)):
             if exc is not None:  # InvalidRequest (prompt too long, ...): that request's error
-                received.pop(rid, None)
-                peers.finished(k, rid)
-                try:
-                    peers.send(k, [(msg[1], "", [], 0, 0, "error", str(exc), None)])
-                except OSError:  # that instance is gone: the reading loop sees it at its next read
-                    pass
+                self.refused(k, local, rid, exc)
+
+    def refused(self, k: int, local: str, rid: str, exc: Exception) -> None:
+        """Request `rid` (connection k's `local`) was refused by the engine: its error is its one output."""
+        self.outputs.received.pop(rid, None)
+        self.peers.finished(k, rid)
+        try:
+            self.peers.send(k, [(local, "", [], 0, 0, "error", str(exc), None)])
+        except OSError:  # that instance is gone: the reading loop sees it at its next read
+            pass
 
     def handle(self, k: int, msg) -> str | None:
         """One message of connection k; "stop" / "detach" when the connection is done."""
@@ -327,7 +371,9 @@ class _Reader:
         if kind == "add":
             self.add_all([(k, msg, time.monotonic())])
         elif kind == "abort":
-            self.engine.abort(f"{k}/{msg[1]}" if k else msg[1])
+            rid = f"{k}/{msg[1]}" if k else msg[1]
+            if not self.fetcher.abort(rid):
+                self.engine.abort(rid)
         elif kind == "stop" and not k:
             return "stop"
         elif kind == "detach" and k:

@@ -48,11 +48,37 @@ class EngineStats:
     preempted: int = 0
     kv_blocks_used: int = 0
     kv_blocks: int = 0
+    # prompt tokens whose keys and values came from another engine (add_request's kv_prefix) into the prefix cache
+    imported_prompt_tokens: int = 0
 
     @property
     def prefix_hit_rate(self) -> float:
         """Prompt tokens served from the prefix cache over prompt tokens admitted."""
         return self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+
+def engine_features(r, prompt_encode_why_not: str, prefix_caching: bool) -> dict:
+    """Engine.features: what speeds the engine on runner `r` up, as it started (describe_features words it)."""
+    return {
+        "torch_compile": r.use_compile,
+        "compile_s": round(r.compile_s, 1),
+        "compile_error": r.compile_error,
+        "decode_graphs": len(r._graphs),
+        "graph_error": r.graph_error,
+        "prefill_graphs": len(r._prefill_graphs),
+        "wave_graphs": len(r._wave_graphs),
+        "prefill_graph_error": r.prefill_graph_error,
+        "fused": dict(r.fused),
+        "mixed_graphs": len(r._mixed_graphs),
+        "mixed_graph_error": r.mixed_graph_error,
+        "cudnn_attention": r.cudnn_attention if r.device.type == "cuda" else "",
+        "decode_attention": r.decode_kernel_note,
+        "prompt_encode": prompt_encode_why_not or "backend",
+        "kv_blocks": r.num_blocks - 1,
+        "block_size": r.block_size,
+        "kv_gib": round(r.kv_cache_bytes / 2**30, 2),
+        "prefix_caching": prefix_caching,
+    }
 
 
 def describe_features(f: dict) -> str:

@@ -150,3 +150,20 @@ def bad_word_ids(tokenizer, words) -> list[list[int]]:
             if ids and ids not in out:
                 out.append(ids)
     return out
+
+
+def eos_token_ids(model_path: str, config, tokenizer) -> frozenset:
+    """The ids that end a generation: those the model's generation config, its config and its tokenizer name."""
+    from transformers import GenerationConfig
+
+    eos: set[int] = set()
+    try:
+        gen_eos = GenerationConfig.from_pretrained(model_path).eos_token_id
+    except OSError:
+        gen_eos = None
+    for value in (gen_eos, config.eos_token_id, tokenizer.eos_token_id):
+        if isinstance(value, int):
+            eos.add(value)
+        elif value:
+            eos.update(int(v) for v in value)
+    return frozenset(eos)

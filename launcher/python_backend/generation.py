@@ -40,6 +40,9 @@ class SamplingParams:
     # tokens generated for this request on another server before it moved here (contract input continue_ids): they
     # count as generated (max_tokens, min_tokens, output_tokens), and a seeded request's draws skip past them
     continue_ids: tuple[int, ...] = ()
+    # host:port of a prefill engine that computed this prompt (contract input kv_from): the engine takes the keys and
+    # values of its cached blocks from there and computes only the rest; unreachable or evicted: the whole prompt
+    kv_from: str = ""
 
     def validate(self, max_model_len: int | None = None) -> None:
         """Raise InvalidRequest naming the first bad value."""

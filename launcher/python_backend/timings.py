@@ -151,9 +151,14 @@ ENGINE_COUNTERS = (
             k,
             key,
             "prompt tokens of the requests admitted (admitted), of those found in the prefix cache, not prefilled "
-            "(cached)",
+            "(cached); prompt tokens whose keys and values came from a prefill engine into the prefix cache "
+            "(imported)",
         )
-        for k, key in (("admitted", "prompt_tokens"), ("cached", "cached_prompt_tokens"))
+        for k, key in (
+            ("admitted", "prompt_tokens"),
+            ("cached", "cached_prompt_tokens"),
+            ("imported", "imported_prompt_tokens"),
+        )
     )
     + (
         (

@@ -136,6 +136,8 @@ def parse_inputs(
     params = _sampling_params(arrays)
     if "continue_ids" in arrays:
         params.continue_ids = tuple(_token_ids(arrays["continue_ids"], "continue_ids"))
+    if "kv_from" in arrays:
+        params.kv_from = _address("kv_from", _text("kv_from", _scalar("kv_from", arrays["kv_from"])))
     _guide(arrays, params)
     _logprobs(arrays, params)
     # pad_id / exclude_input_in_output are read for their type only
@@ -145,6 +147,14 @@ def parse_inputs(
     params.validate(max_model_len)
     ignored = tuple(n for n in INPUT_NAMES if n in arrays and n not in supported and n not in REQUIRED_INPUTS)
     return GenerationRequest(prompt=prompt, params=params, stream=_opt(arrays, "stream", False), ignored=ignored)
+
+
+def _address(name: str, text: str) -> str:
+    """A host:port input (an IPv6 host in brackets), or InvalidRequest naming it."""
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidRequest(f"{name} {text!r} is not host:port (e.g. 10.0.0.5:8005)")
+    return text
 
 
 def _opt(arrays: dict, name: str, default):

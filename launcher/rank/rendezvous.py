@@ -37,6 +37,9 @@ class RankContext:
     token: str = ""
     # serve.routing=kv, a leader: where its engine publishes KV-cache events (launcher/kv_events.py); "" = nowhere
     kv_events: str = ""
+    # disagg, a prefill replica's leader: host:port its engine serves computed prompts' keys and values on
+    # (launcher/hf/kv_transfer.py); "" = none
+    kv_transfer: str = ""
 
 
 class MPIComm:
@@ -140,7 +143,14 @@ def reserve_ports(spec, me) -> Dict[str, object]:
     share a node: endpoint.json lists them), and on rank 0 the public ones of its front end (replicas > 1: the
     public gRPC and metrics ports go to launcher/frontend, and rank 0's own server is one more internal replica)
     and of its OpenAI API; plus a port for the engine's distributed init. A worker offers none."""
-    out: Dict[str, object] = {"ports": {}, "frontend_ports": {}, "openai_port": 0, "dist_port": 0, "kv_events": ""}
+    out: Dict[str, object] = {
+        "ports": {},
+        "frontend_ports": {},
+        "openai_port": 0,
+        "dist_port": 0,
+        "kv_events": "",
+        "kv_transfer": "",
+    }
     if me.role != "leader":
         return out
     bind = bind_address(spec)
@@ -164,6 +174,8 @@ def reserve_ports(spec, me) -> Dict[str, object]:
 
         loop = spec.loopback  # one machine: a unix socket in the user's private directory; else a TCP port
         out["kv_events"] = endpoint_for(loop, 0 if loop else free_port(bind), private_dir() if loop else "")
+    if spec.role(me.replica) == "prefill":  # the front end names it to the decode replicas (kv_from)
+        out["kv_transfer"] = f"{bind}:{free_port(bind)}"
     return out
 
 
@@ -195,4 +207,5 @@ def rendezvous(spec, topo: Topology, comm) -> Tuple[RankContext, List[dict]]:
         ports={k: int(v) for k, v in ports.items()},
         token=infos[0]["token"],
         kv_events=str(infos[topo.rank].get("kv_events", "")),
+        kv_transfer=str(infos[topo.rank].get("kv_transfer", "")),
     ), infos

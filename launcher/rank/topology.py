@@ -116,6 +116,7 @@ def rank_environment(spec, ctx, run_dir, visible: Optional[List[str]]) -> Dict[s
         job_id=str(ctx.job_id),
         run_dir=str(run_dir),
         kv_events=ctx.kv_events or None,  # a leader whose engine publishes KV-cache events (serve.routing=kv)
+        kv_transfer=ctx.kv_transfer or None,  # a prefill replica's leader (disagg)
     ).to_environ()
     if me.gpus and visible is not None:
         # Slurm gives the task the node's GPUs (--gpus-per-node); each rank takes its own slice.

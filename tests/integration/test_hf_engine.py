@@ -52,8 +52,8 @@ def engine(tiny_model_dir):
     eng.shutdown()
 
 
-def collect(engine, prompt, params, request_id=None):
-    """Start a request; returns (event, list of outputs)."""
+def collect(engine, prompt, params, request_id=None, **kw):
+    """Start a request (`kw`: add_request's keywords); returns (event, list of outputs)."""
     done = threading.Event()
     outs = []
 
@@ -62,7 +62,7 @@ def collect(engine, prompt, params, request_id=None):
         if o.finished:
             done.set()
 
-    engine.add_request(request_id or f"req-{random.random()}", prompt, params, cb)
+    engine.add_request(request_id or f"req-{random.random()}", prompt, params, cb, **kw)
     return done, outs
 
 

@@ -135,3 +135,20 @@ def test_the_pool_records_what_becomes_findable_and_what_is_evicted_as_kv_cache_
     off = BlockPool(num_blocks=4, block_size=4, prefix_caching=False, events=[])
     off.publish(off.allocate(1), keys[:1], tokens[:4])
     assert off.events == []  # no prefix cache: nothing findable, nothing to say
+
+
+def test_take_holds_each_cached_key_it_finds_past_a_missing_one():
+    """A prefix moved here from another engine may find some of its blocks cached already, not only a leading run:
+    take holds every one it finds (so storing the rest cannot evict them) and says None for the others."""
+    pool = BlockPool(num_blocks=8, block_size=2)
+    keys = block_hashes([1, 2, 3, 4, 5, 6], 2)
+    blocks = pool.allocate(3)
+    pool.publish(blocks, keys)
+    pool.free(blocks)
+    b0, _, b2 = blocks
+    pool.allocate(4)  # the free blocks first: the cached ones stay
+    assert pool.take([keys[0], 12345, keys[2]]) == [b0, None, b2]
+    assert pool.allocate(1) == [blocks[1]]  # the one not held is evicted
+    assert pool.allocate(1) is None  # the held ones are not
+    pool.free([b0, b2])
+    assert pool.num_free == 2 and pool.take([keys[0]]) == [b0]  # let go, still cached and findable

@@ -298,3 +298,12 @@ def test_a_service_plan_shows_the_router_one_replica_job_and_the_scaling_rule(ro
     script.write_text(router_script(spec, RUN_DIR))
     r = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_disaggregated_plan_names_each_replicas_role_over_two_nodes():
+    """disagg.prefill=1 disagg.decode=1 over two nodes: the plan says which replica prefills and which decodes, and how
+    a request goes through them; the job is the replicas' job (two leaders, the front end on rank 0)."""
+    cfg, spec = plan(overrides_for("hf", "luna", ["nodes=2", "disagg.prefill=1", "disagg.decode=1"]))
+    text = normalise(plan_text(spec, RUN_DIR))
+    assert "disaggregated: replica 0 prefill, replica 1 decode." in text
+    check_expected("plan_hf_disagg_luna.txt", text)

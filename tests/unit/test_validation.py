@@ -205,7 +205,38 @@ CASES = [
         "serve.control_port=8001",
         "give serve.control_port its own port",
     ),
+    # prefill and decode replicas: both roles, the replicas they make, an engine that moves keys and values
+    (["model=tiny", "disagg.prefill=2"], "disagg.prefill=2 disagg.decode=0", "give both at least 1"),
+    (
+        ["model=tiny", "disagg.prefill=1", "disagg.decode=2", "replicas=2"],
+        "replicas=2 disagg.prefill=1 disagg.decode=2",
+        "leave replicas out (it becomes 3), or give replicas=3",
+    ),
+    (
+        ["engine=vllm", "model.path=/m", "disagg.prefill=1", "disagg.decode=1"],
+        "disagg.prefill=1 disagg.decode=1 with engine=vllm",
+        "use an engine that does (hf)",
+    ),
+    (["model=tiny", "disagg.prefill=1", "disagg.decode=1", "tp=2"], "tp=2 pp=1 disagg.prefill=1", "use tp=1 pp=1"),
+    (
+        ["cluster=local_slurm", "serve.router=host", "model=tiny", "disagg.prefill=1", "disagg.decode=1"],
+        "serve.router=host disagg.prefill=1 disagg.decode=1",
+        "use serve.router=in_job",
+    ),
+    (
+        ["model=tiny", "disagg.prefill=1", "disagg.decode=1", "engine.prefix_caching=false"],
+        "disagg.prefill=1 with engine.prefix_caching=false",
+        "leave engine.prefix_caching at true",
+    ),
 ]
+
+
+def test_prefill_and_decode_replicas_are_the_replicas_first_the_prefill_ones():
+    _, spec = plan(["model=tiny", "disagg.prefill=2", "disagg.decode=1"])
+    assert (spec.replicas, spec.prefill_replicas) == (3, 2)
+    assert [spec.role(r) for r in range(3)] == ["prefill", "prefill", "decode"]
+    _, plain = plan(["model=tiny", "replicas=2"])
+    assert plain.prefill_replicas == 0 and plain.role(1) == ""
 
 
 def test_a_service_spec_is_one_replica_jobs_and_counts_the_jobs_it_starts_with():

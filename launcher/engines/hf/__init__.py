@@ -42,6 +42,7 @@ class HFEngine(Engine):
     copy_restarts = True  # its tp ranks meet through torch.distributed at the leader's dist_port, again at a restart
     kv_events = True  # launcher.hf.blocks records them, launcher.hf.engine publishes them
     kv_usage = True  # its scheduler's pool blocks in use (EngineStats.kv_blocks_used), pushed by its model
+    kv_transfer = True  # launcher/hf/kv_transfer.py: blocks from its prefix cache to another engine's, over TCP
 
     def models(self, spec) -> List[RenderedModel]:
         args = launch_args(spec)
@@ -82,6 +83,16 @@ class HFEngine(Engine):
             ]
         # tp > 1: one tritonserver per rank, rank 0 leads (launcher/hf/tp.py); whether tp divides the model's heads and
         # kv heads is checked against its config.json before launch (launcher/hostcheck.py)
+        if c.disagg.prefill and (not e.prefix_caching or not e.engine_process):
+            off = "engine.prefix_caching=false" if not e.prefix_caching else "engine.engine_process=false"
+            return [
+                (
+                    f"disagg.prefill={c.disagg.prefill} with {off}",
+                    "a prefill replica's engine process serves a prompt's keys and values from its prefix cache, and "
+                    "a decode replica's engine process takes them into its own",
+                    f"leave {off.split('=')[0]} at true",
+                )
+            ]
         return []
 
     def prefix_cache_switch(self, engine) -> str:

@@ -1,0 +1,113 @@
+"""Disaggregated prefill and decode through the front end: a request of the served model goes first to a prefill
+replica (its prompt, one token), then to a decode replica with `kv_from`, the address where the prefill replica's
+engine serves the keys and values it computed (launcher/hf/kv_transfer.py), so the decode replica computes only
+what the prefill did not.  The client sees one stream: the decode replica's.
+
+Where no prefill replica is up, or the prefill fails (an error, a replica that died mid-request), the request goes to
+a decode replica without `kv_from` and is computed there whole: slower, never an error.  A request already carrying
+`kv_from`, one sent again after its replica failed, and one moved mid-stream go straight to a decode replica."""
+
+from __future__ import annotations
+
+import struct
+
+from grpc import aio
+from tritonclient.grpc import service_pb2
+
+from launcher.frontend.wire import _ASK_EMPTY_FINAL, _FINAL
+
+KV_FROM = "kv_from"
+PREFILL_TIMEOUT_S = 120.0  # a prefill that takes longer is given up on: its decode replica computes the prompt
+# inputs a one-token prefill does without: it streams nothing back, and what they ask for comes from the decode
+DROPPED = (
+    "stream",
+    "min_length",
+    "return_log_probs",
+    "return_prompt_log_probs",
+    "top_log_probs",
+    "guided_decoding_guide_type",
+    "guided_decoding_guide",
+    "continue_ids",
+    KV_FROM,
+)
+
+
+def has_input(req: service_pb2.ModelInferRequest, name: str) -> bool:
+    return any(t.name == name for t in req.inputs)
+
+
+def _copy_without(req: service_pb2.ModelInferRequest, drop) -> service_pb2.ModelInferRequest:
+    """`req` without the inputs named in `drop` (raw contents kept in step with the inputs)."""
+    out = service_pb2.ModelInferRequest()
+    out.CopyFrom(req)
+    del out.inputs[:]
+    del out.raw_input_contents[:]
+    raw = len(req.raw_input_contents) > 0
+    for i, t in enumerate(req.inputs):
+        if t.name in drop:
+            continue
+        out.inputs.add().CopyFrom(t)
+        if raw:
+            out.raw_input_contents.append(req.raw_input_contents[i])
+    return out
+
+
+def prefill_request(req: service_pb2.ModelInferRequest) -> bytes:
+    """The prefill's request for the client's `req`: its prompt and settings, one token, not streamed (a final
+    response comes back, empty where the model sends none)."""
+    out = _copy_without(req, DROPPED)
+    out.id = f"{req.id}~prefill"
+    for i, t in enumerate(out.inputs):
+        if t.name == "max_tokens":
+            if out.raw_input_contents:
+                out.raw_input_contents[i] = struct.pack("<i", 1)
+            else:
+                t.contents.ClearField("int_contents")
+                t.contents.int_contents.append(1)
+    return out.SerializeToString() + _ASK_EMPTY_FINAL
+
+
+def with_kv_from(req: service_pb2.ModelInferRequest, address: str) -> bytes:
+    """The client's request `req` for the decode replica: `kv_from` added, shaped like its other inputs ([1, 1]
+    where they have a batch dimension)."""
+    out = _copy_without(req, (KV_FROM,))
+    batched = any(t.name == "max_tokens" and len(t.shape) == 2 for t in req.inputs)
+    t = out.inputs.add(name=KV_FROM, datatype="BYTES", shape=[1, 1] if batched else [1])
+    data = address.encode()
+    if out.raw_input_contents:
+        out.raw_input_contents.append(struct.pack("<I", len(data)) + data)
+    else:
+        t.contents.bytes_contents.append(data)
+    return out.SerializeToString()
+
+
+async def prefill(rep, raw: bytes, timeout_s: float) -> None:
+    """Run the prefill request `raw` on replica `rep` (its own backend stream) until its final response; raises
+    on the model's error, a failed stream or `timeout_s`."""
+    import asyncio
+
+    call = rep.stream()
+    parse = service_pb2.ModelStreamInferResponse.FromString
+    rep.track(1)
+    rep.requests += 1
+    try:
+
+        async def answered() -> None:
+            await call.write(raw)
+            await call.done_writing()
+            while True:
+                got = await call.read()
+                if got is aio.EOF:
+                    raise ConnectionError("the replica closed the stream before its final response")
+                m = parse(got)
+                rep.responses += 1
+                if m.error_message:
+                    raise RuntimeError(m.error_message)
+                flag = m.infer_response.parameters.get(_FINAL)
+                if flag is not None and flag.bool_param:
+                    return
+
+        await asyncio.wait_for(answered(), timeout_s)
+    finally:
+        rep.track(-1)
+        call.cancel()
