@@ -14,7 +14,7 @@ import struct
 from grpc import aio
 from tritonclient.grpc import service_pb2
 
-from launcher.frontend.wire import _ASK_EMPTY_FINAL, _FINAL
+from launcher.frontend.wire import _ASK_EMPTY_FINAL, _FINAL, add_input, without_inputs
 
 KV_FROM = "kv_from"
 PREFILL_TIMEOUT_S = 120.0  # a prefill that takes longer is given up on: its decode replica computes the prompt
@@ -36,26 +36,10 @@ def has_input(req: service_pb2.ModelInferRequest, name: str) -> bool:
     return any(t.name == name for t in req.inputs)
 
 
-def _copy_without(req: service_pb2.ModelInferRequest, drop) -> service_pb2.ModelInferRequest:
-    """`req` without the inputs named in `drop` (raw contents kept in step with the inputs)."""
-    out = service_pb2.ModelInferRequest()
-    out.CopyFrom(req)
-    del out.inputs[:]
-    del out.raw_input_contents[:]
-    raw = len(req.raw_input_contents) > 0
-    for i, t in enumerate(req.inputs):
-        if t.name in drop:
-            continue
-        out.inputs.add().CopyFrom(t)
-        if raw:
-            out.raw_input_contents.append(req.raw_input_contents[i])
-    return out
-
-
 def prefill_request(req: service_pb2.ModelInferRequest) -> bytes:
     """The prefill's request for the client's `req`: its prompt and settings, one token, not streamed (a final
     response comes back, empty where the model sends none)."""
-    out = _copy_without(req, DROPPED)
+    out = without_inputs(req, DROPPED)
     out.id = f"{req.id}~prefill"
     for i, t in enumerate(out.inputs):
         if t.name == "max_tokens":
@@ -70,14 +54,9 @@ def prefill_request(req: service_pb2.ModelInferRequest) -> bytes:
 def with_kv_from(req: service_pb2.ModelInferRequest, address: str) -> bytes:
     """The client's request `req` for the decode replica: `kv_from` added, shaped like its other inputs ([1, 1]
     where they have a batch dimension)."""
-    out = _copy_without(req, (KV_FROM,))
-    batched = any(t.name == "max_tokens" and len(t.shape) == 2 for t in req.inputs)
-    t = out.inputs.add(name=KV_FROM, datatype="BYTES", shape=[1, 1] if batched else [1])
+    out = without_inputs(req, (KV_FROM,))
     data = address.encode()
-    if out.raw_input_contents:
-        out.raw_input_contents.append(struct.pack("<I", len(data)) + data)
-    else:
-        t.contents.bytes_contents.append(data)
+    add_input(out, KV_FROM, "BYTES", [data], struct.pack("<I", len(data)) + data)
     return out.SerializeToString()
 
 

@@ -20,7 +20,7 @@ from array import array
 
 from tritonclient.grpc import service_pb2
 
-from launcher.frontend.wire import _field
+from launcher.frontend.wire import _field, add_input, without_inputs
 
 TOKEN_IDS_PARAMETER = "return_token_ids"  # contract.PARAMETERS: asks the model for output_ids
 OUTPUT_IDS = "output_ids"
@@ -66,26 +66,7 @@ def continued_request(raw: bytes, ids: array) -> bytes:
     """The client's request `raw` (a serialized ModelInferRequest) to run elsewhere after `ids`, the tokens it
     generated so far: `continue_ids` added (shaped like its other inputs: [1, n] where they have a batch dimension),
     the inputs answered before it moved left out."""
-    old = service_pb2.ModelInferRequest.FromString(raw)
-    req = service_pb2.ModelInferRequest()
-    req.CopyFrom(old)
-    del req.inputs[:]
-    del req.raw_input_contents[:]
-    raw_contents = len(old.raw_input_contents) > 0
-    batched = False
-    for i, t in enumerate(old.inputs):
-        if t.name in DROPPED_ON_MOVE:
-            continue
-        batched = batched or (t.name == "max_tokens" and len(t.shape) == 2)
-        req.inputs.add().CopyFrom(t)
-        if raw_contents:
-            req.raw_input_contents.append(old.raw_input_contents[i])
-    n = len(ids)
-    if not n:  # nothing settled yet: it starts again (the client has no text of it)
-        return req.SerializeToString()
-    cont = req.inputs.add(name=CONTINUE_IDS, datatype="INT32", shape=[1, n] if batched else [n])
-    if raw_contents:
-        req.raw_input_contents.append(struct.pack(f"<{n}i", *ids))
-    else:
-        cont.contents.int_contents.extend(ids)
+    req = without_inputs(service_pb2.ModelInferRequest.FromString(raw), DROPPED_ON_MOVE)
+    if len(ids):  # nothing settled yet: it starts again (the client has no text of it)
+        add_input(req, CONTINUE_IDS, "INT32", list(ids), struct.pack(f"<{len(ids)}i", *ids))
     return req.SerializeToString()

@@ -3,7 +3,9 @@ response, and the few protobuf fields it appends to a message it otherwise forwa
 
 The wire format lets a later field override an earlier one (and repeated embedded messages merge),
 so renaming a request, restoring its id on the responses and asking for an empty final response
-are each a field appended to the serialized message; tensors are never re-encoded.
+are each a field appended to the serialized message; tensors are never re-encoded.  The requests the front end
+makes of a client's (one moved mid-stream, a prefill, a decode with kv_from) are the client's with inputs left out
+or added (`without_inputs`, `add_input`), its other tensors' bytes as they came.
 """
 
 from __future__ import annotations
@@ -68,3 +70,34 @@ def _details(exc: BaseException) -> str:
     if isinstance(exc, aio.AioRpcError):
         return f"{exc.details() or 'no details'} ({exc.code().name})"
     return f"{exc.__class__.__name__}: {exc}"
+
+
+def without_inputs(req: service_pb2.ModelInferRequest, names) -> service_pb2.ModelInferRequest:
+    """A copy of `req` without the inputs named in `names` (raw contents kept in step with the inputs)."""
+    out = service_pb2.ModelInferRequest()
+    out.CopyFrom(req)
+    del out.inputs[:]
+    del out.raw_input_contents[:]
+    raw = len(req.raw_input_contents) > 0
+    for i, t in enumerate(req.inputs):
+        if t.name in names:
+            continue
+        out.inputs.add().CopyFrom(t)
+        if raw:
+            out.raw_input_contents.append(req.raw_input_contents[i])
+    return out
+
+
+def add_input(req: service_pb2.ModelInferRequest, name: str, datatype: str, values: list, raw: bytes) -> None:
+    """Append input `name` (INT32 or BYTES `values`; `raw`: their little-endian wire bytes) to `req`, shaped like
+    its other inputs ([1, n] where max_tokens has a batch dimension, else [n]) and carried as they are (raw contents,
+    or typed ones)."""
+    batched = any(t.name == "max_tokens" and len(t.shape) == 2 for t in req.inputs)
+    n = len(values)
+    t = req.inputs.add(name=name, datatype=datatype, shape=[1, n] if batched else [n])
+    if req.raw_input_contents:
+        req.raw_input_contents.append(raw)
+    elif datatype == "BYTES":
+        t.contents.bytes_contents.extend(values)
+    else:
+        t.contents.int_contents.extend(values)

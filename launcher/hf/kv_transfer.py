@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import torch
 
 from launcher.hf.blocks import block_hashes
-from launcher.kv_events import chain_keys
 
 _HEADER = struct.Struct("<I")  # the JSON header's length in bytes
 
@@ -41,8 +40,8 @@ class KVPrefix:
 
     @property
     def keys(self) -> list[int]:
-        """The blocks' chained keys: the prefix cache's (launcher.hf.blocks.block_hashes)."""
-        return chain_keys(list(self.tokens), self.block_size, None, 0)
+        """The blocks' chained keys: the prefix cache's."""
+        return block_hashes(list(self.tokens), self.block_size)
 
     @property
     def nbytes(self) -> int:

@@ -1118,7 +1118,11 @@ def test_a_replica_killed_mid_stream_costs_no_request_restarts_in_place_and_is_l
         assert metric(url, "llmlaunch_frontend_migrated_total", 1) >= 1, "no stream moved"
         # restarted in place, on the same port: the front end's probe finds it ready and routes to it again
         until(lambda: metric(url, "llmlaunch_frontend_replica_recoveries_total", 1) == 1, 120, "replica 1 up")
-        restart = json.loads((job.run / "replica_restart1_1.json").read_text())
+        # the front end's probe may find the server up before its rank's own first request has answered and the
+        # rank has written READY into the restart record
+        record = job.run / "replica_restart1_1.json"
+        until(lambda: json.loads(record.read_text())["ready_s"] is not None, 60, "the restart record's READY")
+        restart = json.loads(record.read_text())
         assert restart["ready_s"] is not None and "SIGKILL" in restart["reason"], restart
         assert any("replica 1 serves again: restart 1 READY in" in ln for ln in job.err), job.tail()
 
