@@ -27,6 +27,10 @@ from launcher.frontend.wire import SERVICE, _details, log
 # A replica that left the members file keeps its channel this long at most for its unary calls still running (its
 # streams end at once: remove_replica); then the channel closes, cancelling what is left.
 LEFT_GRACE_S = 10.0
+# A request that finds no replica up while one that joined the members file awaits its first ready probe waits this
+# long at most for it (a successor registers once READY, so its probe passes within a poll or two): a handover or a
+# replacement that overlaps another replica's failure is a short wait, not an error.
+JOIN_WAIT_S = 5.0
 
 
 class Frontend:
@@ -84,8 +88,14 @@ class Frontend:
     # -- routing
     def pick(self, exclude: Sequence[Replica] = (), prompt: bytes = b"", session: str = "") -> Optional[Replica]:
         """The replica for a request (serve.routing, launcher/frontend/routing.py), not one of `exclude`; None where
-        none is up.  prompt, session: the request's text and session id, read by policies that route by them."""
-        return self.routing.pick(self.routed, exclude, prompt, session)
+        none is up.  prompt, session: the request's text and session id, read by policies that route by them.  A
+        draining replica (a members file's: handed over, scaled down) takes new requests only where no other is up:
+        its drain is a preference, and an error is worse (what it then runs moves when it leaves)."""
+        rep = self.routing.pick(self.routed, exclude, prompt, session)
+        draining = [r for r in self.replicas if r.draining] if rep is None else ()
+        if draining:
+            rep = self.routing.pick(draining, exclude, prompt, session)
+        return rep
 
     def pick_for(self, request, exclude: Sequence[Replica] = ()) -> Optional[Replica]:
         """The replica for a ModelInferRequest, not one of `exclude`: its prompt and session are read only by a
@@ -95,6 +105,16 @@ class Frontend:
         rep = self.pick(exclude, *keys)
         if rep is None and self.prefill:  # no decode replica up: a prefill replica serves the request whole
             rep = self.routing.pick(self.prefill, exclude, *keys)
+        return rep
+
+    async def pick_waiting(self, request, exclude: Sequence[Replica] = ()) -> Optional[Replica]:
+        """pick_for, waiting up to JOIN_WAIT_S where none is up but a replica that joined awaits its first ready
+        probe; None where none is up then."""
+        rep = self.pick_for(request, exclude)
+        deadline = time.monotonic() + JOIN_WAIT_S
+        while rep is None and time.monotonic() < deadline and any(r.joining and not r.left for r in self.replicas):
+            await asyncio.sleep(self.members.poll_s if self.members is not None else 0.1)
+            rep = self.pick_for(request, exclude)
         return rep
 
     def pick_prefill(self, request) -> Optional[Replica]:
@@ -366,7 +386,8 @@ class Frontend:
         if self.draining:
             self.rejected += 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, self.draining)
-        rep = self.pick_for(service_pb2.ModelInferRequest.FromString(raw) if self.routing.needs_prompt else None)
+        req = service_pb2.ModelInferRequest.FromString(raw) if self.routing.needs_prompt else None
+        rep = self.pick_for(req) or await self.pick_waiting(req)
         if rep is None:
             self.rejected += 1
             await context.abort(grpc.StatusCode.UNAVAILABLE, self.no_replica_message())

@@ -376,7 +376,8 @@ class Session:
         if not (prefilled or retried or moved is not None) and self._prefills(req):
             self._start_prefill(req, raw, arrived or monotonic())
             return
-        rep = self.fe.pick_for(req, (avoid,) if avoid is not None else ())
+        exclude = (avoid,) if avoid is not None else ()
+        rep = self.fe.pick_for(req, exclude) or await self.fe.pick_waiting(req, exclude)
         if rep is None and avoid is not None and avoid.up and not avoid.draining:
             rep = avoid  # the only one up
         if rep is None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 
 import pytest
 
@@ -123,10 +124,38 @@ def test_the_front_end_applies_joins_drains_and_leaves_by_slot(tmp_path):
             fe.members.follow(fe)  # slot 2 to another server: b leaves, c joins there
             assert b.left and not b.up and b.failures == 0 and "s" not in fe.routing.sessions
             c = fe.replicas[1]
-            assert (c.index, c.addr, c.joining) == (2, f"127.0.0.1:{ports[2]}", True) and fe.pick() is None
+            assert (c.index, c.addr, c.joining) == (2, f"127.0.0.1:{ports[2]}", True)
+            assert fe.pick() is a  # none else up: the draining one rather than an error
+            a.mark_down("gone")
+            assert fe.pick() is None
             snap = fe.snapshot()
             assert snap["members_version"] == 3 and len(snap["replicas"]) == 4
             assert snap["replicas"][1]["draining"] == 1 and snap["replicas"][0] == dict.fromkeys(REPLICA_KEYS, 0)
+        finally:
+            await fe.close()
+
+    asyncio.run(main())
+
+
+def test_a_request_with_no_replica_up_waits_for_one_that_joined_and_not_for_none(tmp_path):
+    """A successor registers once READY: its first ready probe is a poll away, so a request that finds no replica up
+    then waits for it (JOIN_WAIT_S at most) rather than failing; with none joining it is refused at once."""
+    path = tmp_path / "members.json"
+
+    async def main():
+        fe = Frontend([], probe_interval_s=0, members=MembersFile(str(path), 2, 0.05))
+        await fe.start()
+        try:
+            t0 = time.monotonic()
+            assert await fe.pick_waiting(None) is None and time.monotonic() - t0 < 0.5  # none joining: at once
+            write_members(path, [Member(0, "a", "127.0.0.1", free_port())], 1)
+            fe.members.follow(fe)
+            (a,) = fe.replicas
+            waiting = asyncio.ensure_future(fe.pick_waiting(None))
+            await asyncio.sleep(0.3)
+            assert not waiting.done() and a.joining
+            a.up, a.joining, a.reason = True, False, ""  # as if it answered its probe now (nothing listens there)
+            assert await asyncio.wait_for(waiting, 2) is a
         finally:
             await fe.close()
 
