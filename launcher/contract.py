@@ -40,9 +40,18 @@ INPUTS: tuple[Tensor, ...] = (
         "BYTES",
         (1,),
         True,
-        "host:port of a prefill engine that computed this prompt (disaggregated serving): the model takes the keys "
-        "and values of its cached blocks from there and computes only the rest of the prompt; where they cannot be "
-        "had (unreachable, evicted), it computes the whole prompt",
+        "where the keys and values of this prompt wait, computed by a prefill engine (disaggregated serving): the "
+        "kv_handle that prefill returned, or for the hf engine host:port of the prefill engine; the model takes "
+        "them and computes only the rest of the prompt; where they cannot be had (unreachable, evicted), it computes "
+        "the whole prompt",
+    ),
+    Tensor(
+        "kv_export",
+        "BOOL",
+        (1,),
+        True,
+        "this request is the prefill of a request another engine decodes (disaggregated serving): the engine keeps "
+        "the prompt's keys and values for it and, where it has a handle for them, returns it as kv_handle",
     ),
     Tensor("max_tokens", "INT32", (1,), False, "number of tokens to generate (>= 1)"),
     Tensor("stream", "BOOL", (1,), True, "stream one response per new piece of text; default false"),
@@ -115,6 +124,14 @@ OUTPUTS: tuple[Tensor, ...] = (
         "[-1] on the first response of a request the model cannot continue elsewhere (continue_ids)",
     ),
     Tensor("output_tokens", "INT32", (1,), False, "tokens generated so far (cumulative)"),
+    Tensor(
+        "kv_handle",
+        "BYTES",
+        (1,),
+        True,
+        "on the final response of a kv_export request, where the engine has one: the handle of the prompt's keys "
+        "and values, to send as kv_from with the request to the decode engine (vLLM: its kv_transfer_params, JSON)",
+    ),
     Tensor(
         "finish_reason",
         "BYTES",

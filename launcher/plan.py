@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import List
 
+from launcher.engines.registry import ENGINES
 from launcher.render import copied_files, layout_table, plan_overrides, rank_commands, repository_files
 from launcher.schedulers.registry import for_spec
 from launcher.spec import LaunchSpec
@@ -43,10 +44,10 @@ def plan_text(spec: LaunchSpec, run_dir: str, composed_yaml: str = "") -> str:
         out.append(
             "disaggregated: "
             + ", ".join(f"replica {r} {role}" for r, role in roles)
-            + ". Rank 0's front end sends each request's prompt to a prefill replica (one token; serve.routing picks "
-            "which), then the request to a decode replica (serve.routing over those) with kv_from: the prefill leader's engine "
-            "serves the prompt's keys and values on a port it picks at start (launcher/hf/kv_transfer.py), and the "
-            "decode replica computes only the rest"
+            + ". Rank 0's front end sends each request's prompt to a prefill replica (one token, kv_export; "
+            "serve.routing picks which), then the request to a decode replica (serve.routing over those) with kv_from: "
+            + ENGINES[spec.engine.name].kv_transfer
+            + "; the decode replica computes only the rest of the prompt (all of it where the blocks cannot be had)"
         )
     copied = copied_files(spec)
     for rel, text in repository_files(spec).items():

@@ -204,7 +204,7 @@ def service_problems(c: LaunchConfig, scheduler) -> List[Tuple[str, str, str]]:
 
 def disagg_problems(c: LaunchConfig) -> List[Tuple[str, str, str]]:
     """disagg.prefill/decode (launcher/frontend/disagg.py): both roles, the replicas they make, an engine that moves
-    a prompt's keys and values, one GPU a replica, one job."""
+    a prompt's keys and values, one pipeline stage, one job (the engine's own rules: its check)."""
     p, d = c.disagg.prefill, c.disagg.decode
     key = f"disagg.prefill={p} disagg.decode={d}"
     if not p or not d:
@@ -235,12 +235,12 @@ def disagg_problems(c: LaunchConfig) -> List[Tuple[str, str, str]]:
                 f"use an engine that does ({able}), or serve whole requests (disagg.prefill=0 disagg.decode=0)",
             )
         )
-    if c.tp != 1 or c.pp != 1:
+    if c.pp != 1:
         problems.append(
             (
-                f"tp={c.tp} pp={c.pp} {key}",
-                "keys and values move between engines of one rank each",
-                "use tp=1 pp=1 (add prefill or decode replicas for more GPUs)",
+                f"pp={c.pp} {key}",
+                "keys and values move between replicas of one pipeline stage",
+                "use pp=1 (tp, where the engine allows it, or more prefill or decode replicas for more GPUs)",
             )
         )
     if c.serve.router != "in_job":

@@ -33,6 +33,8 @@ def _inputs(prompt, max_tokens, stream, extra):
         "frequency_penalty": "FP32",
         "beam_width": "INT32",
         "continue_ids": "INT32",
+        "kv_from": "BYTES",
+        "kv_export": "BOOL",
     }
     values = {
         "text_input": np.array([[prompt.encode()]], dtype=object),
@@ -42,6 +44,8 @@ def _inputs(prompt, max_tokens, stream, extra):
     for k, v in extra.items():
         if k == "continue_ids":
             values[k] = np.array([list(v)], np.int32)
+        elif isinstance(v, str):
+            values[k] = np.array([[v.encode()]], dtype=object)
         elif isinstance(v, (list, tuple)):
             values[k] = np.array([[w.encode() for w in v]], dtype=object)
         else:
@@ -85,7 +89,7 @@ class Stream:
         if result.as_numpy("text_output") is not None:
             # (a request with final_counts_only gets text_output alone before its final response)
             out = {o.name: result.as_numpy(o.name).reshape(-1)[0] for o in result.get_response().outputs}
-            for k in ("text_output", "finish_reason"):
+            for k in ("text_output", "finish_reason", "kv_handle"):
                 if k in out:
                     out[k] = out[k].decode()
             for k in ("input_tokens", "output_tokens"):

@@ -74,10 +74,14 @@ class Engine:
     # llmlaunch_engine_kv_cache_usage on its tritonserver's metrics (launcher/python_backend/timings.py ENGINE_GAUGES),
     # so a service may scale by it (serve.autoscale.signal=kv_cache, launcher/service/signals.py).
     kv_usage: ClassVar[bool] = False
-    # Its served model moves a prompt's keys and values between replicas (disagg: a prefill replica's engine serves
-    # them at RankEnv.kv_transfer, a decode replica's takes them for the contract input kv_from), so a launch may split
-    # prefill and decode (launcher/frontend/disagg.py).
-    kv_transfer: ClassVar[bool] = False
+    # How its served model moves a prompt's keys and values between replicas, as the dry run says it ("": it cannot):
+    # a prefill replica's engine keeps them for a request with the contract input kv_export, a decode replica's takes
+    # them for kv_from, so a launch may split prefill and decode (launcher/frontend/disagg.py).
+    kv_transfer: ClassVar[str] = ""
+    # The roles (prefill, decode) whose leaders get a port of their own for the transfer (RankEnv.kv_transfer, host:port
+    # as the other replicas reach it): the hf engine's prefill serves its blocks there; every vLLM instance runs NIXL's
+    # side channel there.
+    kv_port_roles: ClassVar[Tuple[str, ...]] = ("prefill",)
     # Models the non-leader ranks' tritonservers load (explicit model control).
     worker_models: ClassVar[Tuple[str, ...]] = ()
     # A model copy over several nodes runs its other nodes as workers of a per-copy Ray cluster where the engine

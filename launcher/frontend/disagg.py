@@ -1,7 +1,8 @@
 """Disaggregated prefill and decode through the front end: a request of the served model goes first to a prefill
-replica (its prompt, one token), then to a decode replica with `kv_from`, the address where the prefill replica's
-engine serves the keys and values it computed (launcher/hf/kv_transfer.py), so the decode replica computes only
-what the prefill did not.  The client sees one stream: the decode replica's.
+replica (its prompt, one token, `kv_export`), then to a decode replica with `kv_from`: the `kv_handle` the prefill
+returned (vLLM: its kv_transfer_params, the blocks read over NIXL), or where it returned none the address where the
+prefill replica's engine serves the keys and values it computed (the hf engine, launcher/hf/kv_transfer.py), so the
+decode replica computes only what the prefill did not.  The client sees one stream: the decode replica's.
 
 Where no prefill replica is up, or the prefill fails (an error, a replica that died mid-request), the request goes to
 a decode replica without `kv_from` and is computed there whole: slower, never an error.  A request already carrying
@@ -17,6 +18,8 @@ from tritonclient.grpc import service_pb2
 from launcher.frontend.wire import _ASK_EMPTY_FINAL, _FINAL, add_input, without_inputs
 
 KV_FROM = "kv_from"
+KV_EXPORT = "kv_export"
+KV_HANDLE = "kv_handle"
 PREFILL_TIMEOUT_S = 120.0  # a prefill that takes longer is given up on: its decode replica computes the prompt
 # inputs a one-token prefill does without: it streams nothing back, and what they ask for comes from the decode
 DROPPED = (
@@ -29,6 +32,7 @@ DROPPED = (
     "guided_decoding_guide",
     "continue_ids",
     KV_FROM,
+    KV_EXPORT,
 )
 
 
@@ -38,8 +42,9 @@ def has_input(req: service_pb2.ModelInferRequest, name: str) -> bool:
 
 def prefill_request(req: service_pb2.ModelInferRequest) -> bytes:
     """The prefill's request for the client's `req`: its prompt and settings, one token, not streamed (a final
-    response comes back, empty where the model sends none)."""
+    response comes back, empty where the model sends none), its keys and values kept for a decode (kv_export)."""
     out = without_inputs(req, DROPPED)
+    add_input(out, KV_EXPORT, "BOOL", [True], b"\x01")
     out.id = f"{req.id}~prefill"
     for i, t in enumerate(out.inputs):
         if t.name == "max_tokens":
@@ -60,9 +65,22 @@ def with_kv_from(req: service_pb2.ModelInferRequest, address: str) -> bytes:
     return out.SerializeToString()
 
 
-async def prefill(rep, raw: bytes, timeout_s: float) -> None:
-    """Run the prefill request `raw` on replica `rep` (its own backend stream) until its final response; raises
-    on the model's error, a failed stream or `timeout_s`."""
+def output_text(resp: service_pb2.ModelInferResponse, name: str) -> str:
+    """The one string of BYTES output `name` of `resp` ("" where it has none)."""
+    for i, t in enumerate(resp.outputs):
+        if t.name != name:
+            continue
+        if i < len(resp.raw_output_contents):
+            raw = resp.raw_output_contents[i]
+            (n,) = struct.unpack_from("<I", raw) if len(raw) >= 4 else (0,)
+            return raw[4 : 4 + n].decode()
+        return t.contents.bytes_contents[0].decode() if t.contents.bytes_contents else ""
+    return ""
+
+
+async def prefill(rep, raw: bytes, timeout_s: float) -> str:
+    """Run the prefill request `raw` on replica `rep` (its own backend stream) until its final response; its
+    kv_handle ("" where the model returned none).  Raises on the model's error, a failed stream or `timeout_s`."""
     import asyncio
 
     call = rep.stream()
@@ -71,7 +89,8 @@ async def prefill(rep, raw: bytes, timeout_s: float) -> None:
     rep.requests += 1
     try:
 
-        async def answered() -> None:
+        async def answered() -> str:
+            handle = ""
             await call.write(raw)
             await call.done_writing()
             while True:
@@ -82,11 +101,12 @@ async def prefill(rep, raw: bytes, timeout_s: float) -> None:
                 rep.responses += 1
                 if m.error_message:
                     raise RuntimeError(m.error_message)
+                handle = output_text(m.infer_response, KV_HANDLE) or handle
                 flag = m.infer_response.parameters.get(_FINAL)
                 if flag is not None and flag.bool_param:
-                    return
+                    return handle
 
-        await asyncio.wait_for(answered(), timeout_s)
+        return await asyncio.wait_for(answered(), timeout_s)
     finally:
         rep.track(-1)
         call.cancel()

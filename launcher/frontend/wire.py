@@ -89,7 +89,7 @@ def without_inputs(req: service_pb2.ModelInferRequest, names) -> service_pb2.Mod
 
 
 def add_input(req: service_pb2.ModelInferRequest, name: str, datatype: str, values: list, raw: bytes) -> None:
-    """Append input `name` (INT32 or BYTES `values`; `raw`: their little-endian wire bytes) to `req`, shaped like
+    """Append input `name` (INT32, BOOL or BYTES `values`; `raw`: their little-endian wire bytes) to `req`, shaped like
     its other inputs ([1, n] where max_tokens has a batch dimension, else [n]) and carried as they are (raw contents,
     or typed ones)."""
     batched = any(t.name == "max_tokens" and len(t.shape) == 2 for t in req.inputs)
@@ -99,5 +99,7 @@ def add_input(req: service_pb2.ModelInferRequest, name: str, datatype: str, valu
         req.raw_input_contents.append(raw)
     elif datatype == "BYTES":
         t.contents.bytes_contents.extend(values)
+    elif datatype == "BOOL":
+        t.contents.bool_contents.extend(values)
     else:
         t.contents.int_contents.extend(values)

@@ -392,7 +392,10 @@ class Engine:
                 from launcher.hf.kv_transfer import read_prefix
 
                 try:
-                    item[2].set_result(read_prefix(self.runner, self.scheduler.pool, item[1]))
+                    prefix = read_prefix(self.runner, self.scheduler.pool, item[1])
+                    if prefix.num_blocks:  # fetched: a kv_export prefill's hold of these blocks ends
+                        self.scheduler.pins.drop(prefix.keys[-1])
+                    item[2].set_result(prefix)
                 except Exception as exc:  # the caller's error, not the loop's
                     item[2].set_exception(exc)
             else:

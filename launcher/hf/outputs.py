@@ -135,7 +135,8 @@ class OutputProcessor:
     ) -> None:
         """End seq (once): free its slot, and send its last output with the reason (and the log probabilities of
         its last token, and of its prompt if this is its first output, for a request that asked)."""
-        if not self._release(seq):
+        # a kv_export prefill that ended as asked keeps its prompt's blocks for the decode engine that fetches them
+        if not self._release(seq, seq.params.kv_export and reason in ("length", "stop")):
             return
         with self._lock:
             self._active.discard(seq.request_id)

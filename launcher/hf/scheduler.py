@@ -23,6 +23,7 @@ from typing import Callable
 from launcher.engines.hf.config import DEFAULTS
 from launcher.hf.blocks import BlockPool, block_hashes
 from launcher.hf.guided import masks
+from launcher.hf.kv_transfer import ExportPins
 from launcher.hf.runner import PrefillChunk, SamplingRows, StepInputs
 from launcher.hf.sequence import Seq
 
@@ -55,6 +56,7 @@ class Scheduler:
         self.free = list(range(runner.max_num_seqs))
         heapq.heapify(self.free)
         self.pool = BlockPool(runner.num_blocks, runner.block_size, prefix_caching)
+        self.pins = ExportPins(self.pool)  # kv_export prompts' blocks, held for the decode engine that fetches them
         self.block_size = runner.block_size
         self._admissions = 0
         self._updates: list[tuple[int, int, list[int]]] = []  # block-table changes the next step carries
@@ -75,11 +77,14 @@ class Scheduler:
         seq.decoding = True
         insort(self.decoding, (seq.slot, seq), key=lambda x: x[0])
 
-    def release(self, seq: Seq) -> bool:
-        """seq ends: forget it and free its slot; False where it had ended already."""
+    def release(self, seq: Seq, keep: bool = False) -> bool:
+        """seq ends: forget it and free its slot; False where it had ended already.  keep: its prompt's blocks stay
+        held for another engine to fetch (a kv_export prefill that finished)."""
         if self.by_id.pop(seq.request_id, None) is None:
             return False
         if seq.slot >= 0:
+            if keep:
+                self.pins.hold(seq.prompt_ids)
             self._vacate(seq)
         return True
 
@@ -108,7 +113,7 @@ class Scheduler:
     def schedule(self, ahead_of: list[Seq] | None = None):
         """The next step: (step, output rows, sequences with a prompt chunk that does not end their prompt,
         prev_rows).  Every decoding sequence decodes one token, waiting requests take free slots, and prompt
-        chunks fill the step up to max_prefill_tokens.
+        chunks fill the step up to max_prefill_tokens.  Blocks held for a fetch that did not come in time go back first.
 
         ahead_of: the output rows of a step still running (overlap).  This step is made and launched before that
         one's tokens are known, so that the host work of that step (detokenize, stop checks, send) runs while
@@ -136,6 +141,8 @@ class Scheduler:
         became such a step (measured on an H100 at 128 streams: 6.1 ms a step instead of 3.2); prompts that
         arrive during a run of decode steps are taken together, in one step, once it ends.
         """
+        if self.pins:
+            self.pins.expire(time.monotonic())
         if ahead_of is None:
             decoding, prompts = self._choose()
             prev_rows = None
@@ -279,7 +286,8 @@ class Scheduler:
     def admit(self) -> None:
         """Waiting requests, first come first served, into free slots (lowest slot first keeps the decode batch rows
         compact), each with the blocks of its longest cached prefix and new ones for the rest of its prompt.  A
-        request waits while the pool, less a reserve for the decoding sequences' next blocks, cannot hold it."""
+        request waits while the pool, less a reserve for the decoding sequences' next blocks, cannot hold it (blocks
+        held for a decode engine's fetch are given up first, oldest first)."""
         now = time.monotonic()
         bs, pool = self.block_size, self.pool
         reserve = max(1, pool.capacity // 100)  # decoding sequences grow into it before anyone is preempted
@@ -294,6 +302,8 @@ class Scheduler:
             new = pool.allocate(need) if need <= pool.num_free - (reserve if self.decoding else 0) else None
             if new is None:
                 pool.free(cached)
+                if self.pins.give_up_oldest():  # a held prefill's blocks yield to a request that cannot run without
+                    continue
                 return
             self.waiting.popleft()
             seq.slot = heapq.heappop(self.free)
@@ -333,6 +343,8 @@ class Scheduler:
         admitted last (decoding or prefilling) is preempted, until the others fit."""
         for _, seq in list(self.decoding):
             while seq.slot >= 0 and not self._grow([seq]):
+                if self.pins.give_up_oldest():  # held prefills yield before a running request is preempted
+                    continue
                 running = [s for _, s in self.decoding] + self.prefilling
                 self.preempt(max(running, key=lambda s: s.admitted))
 

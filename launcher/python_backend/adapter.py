@@ -26,6 +26,8 @@ class Piece:
     cached_tokens: Optional[int] = None  # prompt tokens the engine's prefix cache served, where it reports them
     # the new tokens' ids, from an adapter that `continues` requests (sent as output_ids once their text is out)
     token_ids: Optional[Sequence[int]] = None
+    # on the last piece of a kv_export request: the handle of the prompt's keys and values the engine keeps (kv_handle)
+    kv_handle: Optional[str] = None
 
 
 class EngineAdapter:

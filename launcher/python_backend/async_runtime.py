@@ -203,7 +203,7 @@ class AsyncEngineRuntime:
         n_in = n_out = 0
         cached = None  # the prompt tokens the engine's prefix cache served, once it says
         parts = []  # a non-streamed request's text; a streamed one's last piece (sent with the final response)
-        finish = None
+        finish = handle = None
         if greq.stream and began:
             out.times = (began, time.monotonic())
         settle = self._settle(greq, out)
@@ -224,6 +224,7 @@ class AsyncEngineRuntime:
                 if piece.finish_reason:
                     finish = piece.finish_reason
                     parts.append(piece.text)
+                    handle = piece.kv_handle
                     break
                 if not greq.stream:
                     parts.append(piece.text)
@@ -239,7 +240,7 @@ class AsyncEngineRuntime:
             self._active.pop(rid, None)
             if cached is not None:
                 self.prompt_tokens.add(n_in, cached)
-            self._post_final(out, ("done", "".join(parts), finish), n_in, n_out)
+            self._post_final(out, ("done", "".join(parts), finish, handle), n_in, n_out)
         except asyncio.CancelledError:
             await self._cancelled(rid, entry, n_in, n_out)
         except triton_io.InvalidRequest as exc:  # the engine refused what it was asked (a guide it cannot compile)
@@ -301,7 +302,7 @@ class AsyncEngineRuntime:
         why = "cancelled by the client" if entry.cancelled else "the model is shutting down"
         self.log.info(f"request {rid} {why} after {n_out} tokens; aborted in the engine")
         if entry.cancelled:
-            self._post_final(entry.outbox, ("done", "", "cancelled"), n_in, n_out)
+            self._post_final(entry.outbox, ("done", "", "cancelled", None), n_in, n_out)
         else:
             self._post_final(entry.outbox, ("error", f"{name}: {why}; the request was aborted after {n_out} tokens"))
 
@@ -384,6 +385,8 @@ class AsyncEngineRuntime:
                     response = self._responder.build(text, out.in_tensor, n_out, counts=out.counts, extra=extra)
                     self._send_streamed(out, response, times if text else None)
                 elif final[0] == "done":
+                    if final[3]:  # a kv_export request's handle (the front end sends it on as kv_from)
+                        extra.append(self._responder.text_tensor("kv_handle", final[3]))
                     response = triton_io.response(text + final[1], n_in, n_out, final[2], extra=extra)
                     self._send_streamed(out, response, times if text or final[1] else None, final=True)
                 else:

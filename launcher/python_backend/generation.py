@@ -40,9 +40,12 @@ class SamplingParams:
     # tokens generated for this request on another server before it moved here (contract input continue_ids): they
     # count as generated (max_tokens, min_tokens, output_tokens), and a seeded request's draws skip past them
     continue_ids: tuple[int, ...] = ()
-    # host:port of a prefill engine that computed this prompt (contract input kv_from): the engine takes the keys and
-    # values of its cached blocks from there and computes only the rest; unreachable or evicted: the whole prompt
+    # the handle of this prompt's keys and values a prefill engine computed (contract input kv_from; the hf engine's:
+    # host:port of that engine, vLLM's: kv_transfer_params JSON): the engine takes them and computes only the rest;
+    # where they cannot be had: the whole prompt
     kv_from: str = ""
+    # the prefill of a request another engine decodes (contract input kv_export): keep the prompt's keys and values
+    kv_export: bool = False
 
     def validate(self, max_model_len: int | None = None) -> None:
         """Raise InvalidRequest naming the first bad value."""

@@ -44,7 +44,7 @@ class Outbox:
         self.parts: list = []  # streamed text not sent yet
         self.n_in = self.n_out = 0  # the engine's counts as of the last post
         self.counts = True  # streamed responses carry the counts too (False: final_counts_only)
-        self.final: Optional[tuple] = None  # ("done", text, finish_reason) | ("error", message), once posted
+        self.final: Optional[tuple] = None  # ("done", text, finish_reason, kv_handle) | ("error", message), once posted
         self.queued = False  # waiting in its sender's queue
         self.lp = self.prompt_lp = None  # log probabilities not sent yet (LogProbRows), for a request that asked
         self.in_tensor, self.in_n = None, None  # this request's input_tokens tensor (its sender thread's own)

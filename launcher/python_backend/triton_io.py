@@ -137,7 +137,10 @@ def parse_inputs(
     if "continue_ids" in arrays:
         params.continue_ids = tuple(_token_ids(arrays["continue_ids"], "continue_ids"))
     if "kv_from" in arrays:
-        params.kv_from = _address("kv_from", _text("kv_from", _scalar("kv_from", arrays["kv_from"])))
+        params.kv_from = _text("kv_from", _scalar("kv_from", arrays["kv_from"]))  # the engine reads its handle
+        if not params.kv_from:
+            raise InvalidRequest("kv_from is empty: send the kv_handle a prefill returned, or leave kv_from out")
+    params.kv_export = bool(_opt(arrays, "kv_export", False))
     _guide(arrays, params)
     _logprobs(arrays, params)
     # pad_id / exclude_input_in_output are read for their type only
@@ -149,7 +152,7 @@ def parse_inputs(
     return GenerationRequest(prompt=prompt, params=params, stream=_opt(arrays, "stream", False), ignored=ignored)
 
 
-def _address(name: str, text: str) -> str:
+def host_port(name: str, text: str) -> str:
     """A host:port input (an IPv6 host in brackets), or InvalidRequest naming it."""
     host, _, port = text.rpartition(":")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
@@ -382,6 +385,10 @@ class Responder:
 
     def _int(self, name: str, n: int):
         return self._pb.Tensor(name, self._np.array([n], dtype=self._np.int32).reshape(self._shape))
+
+    def text_tensor(self, name: str, text: str):
+        """A BYTES output of one string (a kv_export request's kv_handle), never kept."""
+        return self._bytes(name, text)
 
     def input_tokens(self, n: int):
         """The per-request input_tokens tensor (pass it to `build`)."""

@@ -18,6 +18,7 @@ from launcher.kv_events import connect_to
 from launcher.paths import PACKAGE_ROOT
 from launcher.ports import metrics_url
 from launcher.python_backend.responders import responders
+from launcher.rank.rendezvous import kv_address
 from launcher.rundir import RunDir
 
 
@@ -71,8 +72,14 @@ def frontend_config(spec, leaders: List[dict], bound: Dict[int, dict], ports: Di
         kv_events=[connect_to(i.get("kv_events", ""), i["addr"]) for i in leaders]
         if spec.serve.routing == "kv"
         else [],
-        # disagg: where each prefill replica's engine serves keys and values, as the decode replicas reach it
-        kv_transfer=[kv_address(i.get("kv_transfer", ""), i["addr"]) for i in leaders] if spec.prefill_replicas else [],
+        # disagg: where each prefill replica's engine serves keys and values, as the decode replicas reach it ("" for
+        # a decode replica)
+        kv_transfer=[
+            kv_address(i.get("kv_transfer", ""), i["addr"]) if spec.role(r) == "prefill" else ""
+            for r, i in enumerate(leaders)
+        ]
+        if spec.prefill_replicas
+        else [],
         **serve_settings(
             spec.serve,
             ENGINES[spec.engine.name].continues_requests,
@@ -80,12 +87,6 @@ def frontend_config(spec, leaders: List[dict], bound: Dict[int, dict], ports: Di
             str(spec.model.tokenizer or spec.model.path or ""),
         ),
     )
-
-
-def kv_address(bound: str, addr: str) -> str:
-    """host:port a prefill leader's engine bound (its `bound`, maybe on every address) as others reach it, at
-    `addr`; "" for a leader that serves none."""
-    return f"{addr}:{bound.rpartition(':')[2]}" if bound else ""
 
 
 def start_for_rank0(

@@ -138,6 +138,12 @@ def bind_address(spec) -> str:
     return "127.0.0.1" if spec.loopback else "0.0.0.0"
 
 
+def kv_address(bound: str, addr: str) -> str:
+    """host:port a leader's engine bound for the transfer (its `bound`, maybe on every address) as others reach it, at
+    `addr`; "" for a leader with none."""
+    return f"{addr}:{bound.rpartition(':')[2]}" if bound else ""
+
+
 def reserve_ports(spec, me) -> Dict[str, object]:
     """The ports a leader offers at the rendezvous: its server's three (any free ones for internal servers, which
     share a node: endpoint.json lists them), and on rank 0 the public ones of its front end (replicas > 1: the
@@ -174,7 +180,7 @@ def reserve_ports(spec, me) -> Dict[str, object]:
 
         loop = spec.loopback  # one machine: a unix socket in the user's private directory; else a TCP port
         out["kv_events"] = endpoint_for(loop, 0 if loop else free_port(bind), private_dir() if loop else "")
-    if spec.role(me.replica) == "prefill":  # the front end names it to the decode replicas (kv_from)
+    if spec.role(me.replica) in ENGINES[spec.engine.name].kv_port_roles:  # disagg: its engine's transfer port
         out["kv_transfer"] = f"{bind}:{free_port(bind)}"
     return out
 
@@ -207,5 +213,6 @@ def rendezvous(spec, topo: Topology, comm) -> Tuple[RankContext, List[dict]]:
         ports={k: int(v) for k, v in ports.items()},
         token=infos[0]["token"],
         kv_events=str(infos[topo.rank].get("kv_events", "")),
-        kv_transfer=str(infos[topo.rank].get("kv_transfer", "")),
+        # as the other replicas reach it: the engine serves (hf) or advertises (vLLM's NIXL) that address
+        kv_transfer=kv_address(str(infos[topo.rank].get("kv_transfer", "")), addr),
     ), infos

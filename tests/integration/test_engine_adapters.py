@@ -338,6 +338,75 @@ def test_vllm_continues_a_request_after_the_tokens_it_made_elsewhere(tmp_path, t
         assert error is not None and "continue_ids is not supported with stop strings" in str(error)
 
 
+def test_vllm_disagg_prefills_on_one_instance_and_the_decode_reads_its_blocks_through_the_handle(tmp_path):
+    """`engine=vllm disagg.prefill=1 disagg.decode=1`: each instance's model.json carries NIXL's kv_transfer_config
+    (recompute where a load fails) and its engine starts with its own side channel (RankEnv.kv_transfer); through the
+    front end a request is prefilled on one instance (one token, kv_transfer_params do_remote_decode), whose
+    kv_transfer_params come back as kv_handle and go with the request to the other instance as its kv_from, reaching
+    vLLM as that request's kv_transfer_params.  A kv_from that is not such a handle is refused naming it.  At vLLM's
+    API boundary: the stand-in engine (tests/standins/vllm) answers as vLLM 0.25's NixlConnector does; NIXL itself
+    (the blocks' read) runs only on a GPU."""
+    from launcher.cli import plan
+    from launcher.frontend import FrontendConfig, FrontendProcess
+    from launcher.handoff.rank_env import PRIVATE
+    from launcher.ports import free_port
+    from tests.integration.test_frontend import _env
+    from tests.standins.server import serve_standin
+
+    _, spec = plan(
+        ["engine=vllm", "model.path=/models/standin-llm", "engine.frontends=1", "disagg.prefill=1", "disagg.decode=1"]
+    )
+    sides = [free_port(), free_port()]
+    with (
+        serve_standin(spec, tmp_path / "p", {f"{PRIVATE}KV_TRANSFER": f"127.0.0.1:{sides[0]}"}) as p,
+        serve_standin(spec, tmp_path / "d", {f"{PRIVATE}KV_TRANSFER": f"127.0.0.1:{sides[1]}"}) as d,
+    ):
+        for server, side in zip((p, d), sides):
+            init = events(server, "init")[0]
+            assert init["side_channel"] == ["127.0.0.1", side]
+            config = init["args"]["kv_transfer_config"]
+            assert (config["kv_connector"], config["kv_role"], config["kv_load_failure_policy"]) == (
+                "NixlConnector",
+                "kv_both",
+                "recompute",
+            )
+        cfg = FrontendConfig(
+            [tuple([h, int(port)]) for h, port in (s.grpc_url.rsplit(":", 1) for s in (p, d))],
+            "127.0.0.1",
+            free_port(),
+            0,
+            spec.model_name,
+            probe_interval_s=0.5,
+            kv_transfer=[f"127.0.0.1:{sides[0]}", ""],
+        )
+        fe = FrontendProcess(cfg, env=_env()).start()
+        try:
+            fe.wait_ready(60)
+            endpoint = type("Endpoint", (), {"grpc_url": f"127.0.0.1:{cfg.port}", "model": spec.model_name})
+            prompt = "the prompt of a request served in two parts"
+            got, error = generate(endpoint, prompt, max_tokens=5, ignore_eos=True)
+            assert error is None and "".join(r["text_output"] for r in got) == " t0 t1 t2 t3 t4"
+        finally:
+            fe.stop()
+        first = last_generate(p, prompt)
+        asked = first["sampling"]["extra_args"]["kv_transfer_params"]
+        assert first["sampling"]["max_tokens"] == 1 and asked["do_remote_decode"] and not asked["do_remote_prefill"]
+        second = last_generate(d, prompt)
+        handle = second["sampling"]["extra_args"]["kv_transfer_params"]
+        assert handle["do_remote_prefill"] and handle["remote_request_id"] == first["request_id"]
+        assert (handle["remote_host"], handle["remote_port"]) == ("127.0.0.1", sides[0])
+        assert second["sampling"]["max_tokens"] == 5
+
+        # the handle straight from the prefill instance, and a kv_from that is not one
+        done, error = generate(p, "another prompt", max_tokens=1, stream=False, kv_export=True)
+        assert error is None and json.loads(done[-1]["kv_handle"])["remote_port"] == sides[0]
+        _, error = generate(d, "another prompt", max_tokens=3, kv_from="10.0.0.5:8005")
+        assert error is not None and "is not the kv_handle a vLLM prefill returns" in str(error)
+        plain, error = generate(d, "a whole request", max_tokens=2)
+        assert error is None and "kv_handle" not in plain[-1]
+        assert last_generate(d, "a whole request")["sampling"]["extra_args"] is None
+
+
 def test_sglang_bans_bad_words_through_logit_bias(engine):
     """SGLang has no bad-words parameter: each word's single-token spellings (bare and after a space) get a -inf
     logit bias; a word that is several tokens however spelled is refused, naming it, and the model serves on."""

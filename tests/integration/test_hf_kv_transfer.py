@@ -96,6 +96,60 @@ def test_a_prefix_no_longer_cached_exports_empty_and_decode_computes_the_whole_p
         decode.shutdown()
 
 
+def test_a_kv_export_prefill_holds_its_blocks_until_fetched_its_time_is_up_or_the_engine_needs_them(tiny_model_dir):
+    """A small pool (23 blocks of 4 tokens), a 64-token prompt (15 whole blocks to move) and short prompts of 6 blocks:
+    after a plain prefill the short ones evict its blocks and its export comes back short; a kv_export prefill's
+    blocks are held (ExportPins) through the same pressure and leave whole, once: the fetch ends the hold.  A hold
+    whose decode never comes ends after pin_s; and a request that cannot run beside a hold takes its blocks at once
+    (the engine's own requests come first) instead of waiting pin_s."""
+    import time
+
+    from tests.integration.test_hf_kv_cache import TINY_TOKEN_BYTES
+
+    engine = make_engine(
+        tiny_model_dir, device="cpu", max_num_seqs=2, block_size=BS, kv_cache_memory=24 * BS * TINY_TOKEN_BYTES / 2**30
+    ).start()
+    try:
+        pins = engine.scheduler.pins
+        assert engine.scheduler.pool.capacity == 23
+        tok = engine.tokenizer
+        ids = tok(LONG).input_ids
+        whole = (len(ids) - 1) // BS
+        note = "snow melts in the hills and the streams run down to the valley floor"
+        short = [tok(f"Note {k}: {note}").input_ids[:22] for k in range(6)]  # 6 blocks with their 2 new tokens
+        assert len(ids) == 64 and all(len(s) == 22 for s in short)
+
+        def pressure(batch):
+            for other in batch:
+                engine.generate(other, SamplingParams(max_tokens=2), timeout=60)
+
+        engine.generate(ids, SamplingParams(max_tokens=1), timeout=60)
+        pressure(short[:3])
+        assert engine.export_prefix(ids).num_blocks < whole  # evicted: a decode would compute most of it
+
+        engine.generate(ids, SamplingParams(max_tokens=1, kv_export=True), timeout=60)
+        assert len(pins) == 1
+        pressure(short[3:])
+        assert engine.export_prefix(ids).num_blocks == whole  # held through the pressure
+        assert len(pins) == 0  # fetched: held no more
+
+        pins.pin_s = 0.2
+        engine.generate(ids, SamplingParams(max_tokens=1, kv_export=True), timeout=60)
+        assert len(pins) == 1
+        time.sleep(0.3)
+        pressure(short[:3])  # the next step lets the hold go; the pressure evicts the blocks
+        assert len(pins) == 0 and engine.export_prefix(ids).num_blocks < whole
+
+        pins.pin_s = 600.0
+        engine.generate(ids, SamplingParams(max_tokens=1, kv_export=True), timeout=60)
+        big = tok("Story: " + LONG.replace("river", "valley")).input_ids  # 21 blocks: not beside the 15 held
+        began = time.monotonic()
+        engine.generate(big, SamplingParams(max_tokens=2), timeout=60)
+        assert time.monotonic() - began < 30 and len(pins) == 0
+    finally:
+        engine.shutdown()
+
+
 # ------------------------------------------------------------------------------------------ between two servers
 @pytest.fixture(scope="module")
 def servers(tiny_model_dir, tmp_path_factory):

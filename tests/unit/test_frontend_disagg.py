@@ -9,7 +9,7 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from launcher.frontend import FrontendConfig
-from launcher.frontend.disagg import prefill_request, with_kv_from
+from launcher.frontend.disagg import output_text, prefill_request, with_kv_from
 from launcher.frontend.wire import _ASK_EMPTY_FINAL
 from tests.unit.test_frontend_migration import client_request
 
@@ -33,8 +33,9 @@ def test_the_prefill_asks_one_token_of_the_prompt_and_nothing_streamed_or_logged
     assert sent.endswith(_ASK_EMPTY_FINAL)
     req = service_pb2.ModelInferRequest.FromString(sent)
     got = inputs(req)
-    assert set(got) == {"text_input", "max_tokens"}  # stream and return_prompt_log_probs are the decode's
+    assert set(got) == {"text_input", "max_tokens", "kv_export"}  # stream, return_prompt_log_probs: the decode's
     assert got["max_tokens"][1] == (struct.pack("<i", 1) if raw else [1])
+    assert got["kv_export"] == ([1, 1], b"\x01" if raw else [True])  # keep the blocks for the decode
     assert req.id == "r7~prefill" and req.model_name == "hf_model"
     assert req.parameters["session_id"].string_param == "s1"  # routing by session still sees it
 
@@ -60,3 +61,18 @@ def test_the_prefill_replicas_are_named_once_a_replica_with_one_of_each_role():
     for bad in (["10.0.0.1:8006"], ["10.0.0.1:8006", "10.0.0.2:8006"], ["", ""]):
         with pytest.raises(ValueError, match="at least one of each, and no members file"):
             FrontendConfig(replicas, kv_transfer=bad)
+
+
+@pytest.mark.parametrize("raw", [True, False])
+def test_the_prefills_handle_is_read_from_its_final_response_raw_or_typed(raw):
+    handle = '{"do_remote_prefill": true, "remote_block_ids": [[3, 4]]}'
+    resp = service_pb2.ModelInferResponse()
+    resp.outputs.add(name="text_output", datatype="BYTES", shape=[1, 1])
+    t = resp.outputs.add(name="kv_handle", datatype="BYTES", shape=[1, 1])
+    if raw:
+        resp.raw_output_contents.extend([struct.pack("<I", 1) + b"x", struct.pack("<I", len(handle)) + handle.encode()])
+    else:
+        resp.outputs[0].contents.bytes_contents.append(b"x")
+        t.contents.bytes_contents.append(handle.encode())
+    assert output_text(resp, "kv_handle") == handle
+    assert output_text(resp, "kv_from") == ""  # none: the front end sends the replica's configured address

@@ -307,3 +307,13 @@ def test_a_disaggregated_plan_names_each_replicas_role_over_two_nodes():
     text = normalise(plan_text(spec, RUN_DIR))
     assert "disaggregated: replica 0 prefill, replica 1 decode." in text
     check_expected("plan_hf_disagg_luna.txt", text)
+
+
+def test_a_disaggregated_vllm_plan_puts_nixl_in_each_instances_engine_args():
+    """engine=vllm with disagg: the plan names NIXL as the path, and each instance's model.json carries vLLM's
+    kv_transfer_config (NixlConnector, kv_both, recompute where the blocks cannot be read)."""
+    cfg, spec = plan(overrides_for("vllm", "luna", ["disagg.prefill=1", "disagg.decode=1"]))
+    text = normalise(plan_text(spec, RUN_DIR))
+    assert "replica 0 prefill, replica 1 decode" in text and "NixlConnector" in text
+    assert '"kv_load_failure_policy": "recompute"' in text
+    check_expected("plan_vllm_disagg_luna.txt", text)

@@ -88,7 +88,7 @@ def test_text_made_during_a_send_goes_out_merged_in_order(runtime):
     assert slow.entered.wait(5)  # " a" is on its way; the next pieces wait for it
     runtime._post(out, " b", 5, 2)
     runtime._post(out, " c", 5, 3)
-    runtime._post_final(out, ("done", " d", "length"), 5, 4)
+    runtime._post_final(out, ("done", " d", "length", None), 5, 4)
     slow.release.set()
     assert slow.done.wait(5)
     assert slow.sent == [(" a", 1, 0, None), (" b c d", 4, 1, None)]
@@ -102,7 +102,7 @@ def test_a_slow_request_does_not_hold_up_another_shard(runtime):
     assert slow.entered.wait(5)
     quick = Outbox(fast, shard=1)
     runtime._post(quick, " x", 1, 1)
-    runtime._post_final(quick, ("done", "", "stop"), 1, 1)
+    runtime._post_final(quick, ("done", "", "stop", None), 1, 1)
     assert fast.done.wait(5), "a request on another sender waited for the slow one"
     assert fast.sent[-1][2] == 1
     slow.release.set()
@@ -129,7 +129,7 @@ def test_final_counts_only_streams_text_alone(runtime):
     out = Outbox(s, shard=3)
     out.counts = False
     runtime._post(out, " a", 3, 1)
-    runtime._post_final(out, ("done", " b", "length"), 3, 2)
+    runtime._post_final(out, ("done", " b", "length", None), 3, 2)
     assert s.done.wait(5)
     assert s.sent[0][1] is None and s.sent[-1] == (" b", 2, 1, None) or s.sent == [(" a b", 2, 1, None)]
 

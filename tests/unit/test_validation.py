@@ -213,11 +213,16 @@ CASES = [
         "leave replicas out (it becomes 3), or give replicas=3",
     ),
     (
-        ["engine=vllm", "model.path=/m", "disagg.prefill=1", "disagg.decode=1"],
-        "disagg.prefill=1 disagg.decode=1 with engine=vllm",
-        "use an engine that does (hf)",
+        ["engine=sglang", "model.path=/m", "disagg.prefill=1", "disagg.decode=1"],
+        "disagg.prefill=1 disagg.decode=1 with engine=sglang",
+        "use an engine that does (hf, vllm)",
     ),
-    (["model=tiny", "disagg.prefill=1", "disagg.decode=1", "tp=2"], "tp=2 pp=1 disagg.prefill=1", "use tp=1 pp=1"),
+    (["model=tiny", "disagg.prefill=1", "disagg.decode=1", "tp=2"], "tp=2 disagg.prefill=1", "use tp=1"),
+    (
+        ["engine=vllm", "model.path=/m", "disagg.prefill=1", "disagg.decode=1", "pp=2", "nodes=1"],
+        "pp=2 disagg.prefill=1",
+        "use pp=1",
+    ),
     (
         ["cluster=local_slurm", "serve.router=host", "model=tiny", "disagg.prefill=1", "disagg.decode=1"],
         "serve.router=host disagg.prefill=1 disagg.decode=1",

@@ -42,7 +42,10 @@ class HFEngine(Engine):
     copy_restarts = True  # its tp ranks meet through torch.distributed at the leader's dist_port, again at a restart
     kv_events = True  # launcher.hf.blocks records them, launcher.hf.engine publishes them
     kv_usage = True  # its scheduler's pool blocks in use (EngineStats.kv_blocks_used), pushed by its model
-    kv_transfer = True  # launcher/hf/kv_transfer.py: blocks from its prefix cache to another engine's, over TCP
+    kv_transfer = (
+        "the prefill leader's engine serves the prompt's cached blocks on a port it picks at start and the decode "
+        "replica's engine fetches them over TCP (launcher/hf/kv_transfer.py)"
+    )
 
     def models(self, spec) -> List[RenderedModel]:
         args = launch_args(spec)
@@ -83,6 +86,14 @@ class HFEngine(Engine):
             ]
         # tp > 1: one tritonserver per rank, rank 0 leads (launcher/hf/tp.py); whether tp divides the model's heads and
         # kv heads is checked against its config.json before launch (launcher/hostcheck.py)
+        if c.disagg.prefill and c.tp != 1:
+            return [
+                (
+                    f"tp={c.tp} disagg.prefill={c.disagg.prefill}",
+                    "the hf engine moves keys and values between engines of one rank each",
+                    "use tp=1 (add prefill or decode replicas for more GPUs)",
+                )
+            ]
         if c.disagg.prefill and (not e.prefix_caching or not e.engine_process):
             off = "engine.prefix_caching=false" if not e.prefix_caching else "engine.engine_process=false"
             return [

@@ -360,6 +360,8 @@ class TritonPythonModel(HFStreams):
                 continue
             try:
                 req = triton_io.parse_request(request, SUPPORTED, self.engine.max_model_len, "engine=hf")
+                if req.params.kv_from:  # the hf engine's handle: where the prefill engine serves its blocks
+                    triton_io.host_port("kv_from", req.params.kv_from)
                 self._note_ignored(req.ignored)
                 self._next_id += 1
                 rid = str(self._next_id)

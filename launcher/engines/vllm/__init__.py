@@ -57,8 +57,15 @@ def engine_args_file(spec) -> Dict[str, str]:
     if spec.model.max_model_len:
         args["max_model_len"] = spec.model.max_model_len
     args["distributed_executor_backend"] = executor_backend(spec)
+    if spec.prefill_replicas:  # disagg: blocks move from prefill to decode instances over NIXL (model.py)
+        args["kv_transfer_config"] = dict(KV_TRANSFER_CONFIG)
     args.update(e.engine_args)
     return {"1/model.json": json.dumps(args, indent=2, sort_keys=True) + "\n"}
+
+
+# vLLM's kv_transfer_config of a disaggregated launch's instances: NIXL, each instance both sends and receives, and a
+# decode whose blocks cannot be read computes the prompt itself (vLLM's default policy fails the request)
+KV_TRANSFER_CONFIG = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_load_failure_policy": "recompute"}
 
 
 # auto is ray across nodes; mp cannot span nodes (check)
@@ -78,6 +85,12 @@ class VLLMEngine(Engine):
     kv_usage = True  # SchedulerStats.kv_cache_usage, from a stat logger of the front end that logs the engine's stats
     # takes continue_ids: a stream moves mid-generation (but one with stop strings or a guide: model.py says why)
     continues_requests = True
+    kv_transfer = (
+        "vLLM's NixlConnector (kv_transfer_config in model.json): the prefill instance keeps the prompt's blocks and "
+        "returns their kv_transfer_params, which the decode instance uses to read them over NIXL (each instance's "
+        "side channel on a port it picks at start)"
+    )
+    kv_port_roles = ("prefill", "decode")  # every instance runs NIXL's side channel on a port of its own
     ray = RAY
 
     def models(self, spec) -> List[RenderedModel]:

@@ -36,6 +36,13 @@ vllm/engine/arg_utils.py), with the pre-V1 `AsyncLLMEngine` import as a fallback
   _LLMLAUNCH_DIST_PORT, waits for the other nodes' `ray start` (the engine's
   rank_command for vllm) and lets vLLM place its workers on that cluster
   (launcher.engines.ray).
+* Disaggregated prefill and decode (`disagg.prefill`/`disagg.decode`): model.json carries vLLM's
+  `kv_transfer_config` (NixlConnector, kv_both, recompute where a load fails), and each instance runs NIXL's
+  side channel on its own port (RankEnv.kv_transfer -> VLLM_NIXL_SIDE_CHANNEL_HOST/PORT, set before the engine
+  core starts). A `kv_export` request (the front end's prefill) asks vLLM to keep its blocks for a remote decode
+  (kv_transfer_params do_remote_decode); the kv_transfer_params vLLM returns on its final output go back as
+  `kv_handle`, and a request with `kv_from` (that JSON) passes them on, so the decode engine reads the blocks over
+  NIXL (read against vLLM 0.25's nixl connector and its toy proxy's request shapes).
 """
 
 import dataclasses
@@ -161,6 +168,46 @@ def engine_times(metrics) -> Optional[tuple]:
     return (queued, made) if queued and made else None
 
 
+# kv_transfer_params of a prefill for a remote decode, as vLLM's own proxies send them (its connector fills in the rest)
+REMOTE_DECODE = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+
+def transfer_args(params) -> Optional[dict]:
+    """SamplingParams.extra_args of a request with kv_export (keep its blocks for a remote decode) or kv_from (read
+    them from the prefill's engine: the kv_transfer_params it returned), None for others.  A request that continues
+    after tokens made elsewhere (continue_ids) computes its prompt here: its blocks were read, or given up, before."""
+    if params.kv_export:
+        return {"kv_transfer_params": dict(REMOTE_DECODE)}
+    if not params.kv_from or params.continue_ids:
+        return None
+    try:
+        handle = json.loads(params.kv_from)
+    except ValueError:
+        handle = None
+    if not isinstance(handle, dict) or not handle.get("do_remote_prefill"):
+        raise InvalidRequest(
+            f"kv_from {params.kv_from[:80]!r} is not the kv_handle a vLLM prefill returns (its kv_transfer_params, a "
+            "JSON object with do_remote_prefill): send that handle, or leave kv_from out"
+        )
+    return {"kv_transfer_params": handle}
+
+
+def side_channel_env(kv_transfer: str) -> dict:
+    """NIXL's side-channel variables of an instance whose transfer address is `kv_transfer` (host:port, as the other
+    replicas reach it); {} where it has none."""
+    if not kv_transfer:
+        return {}
+    host, _, port = kv_transfer.rpartition(":")
+    return {"VLLM_NIXL_SIDE_CHANNEL_HOST": host.strip("[]"), "VLLM_NIXL_SIDE_CHANNEL_PORT": port}
+
+
 def continued(prompt, continue_ids, encode) -> dict:
     """The prompt of a request that goes on after `continue_ids` (tokens it generated on another server): the
     prompt's ids, as vLLM makes them from its text (`encode`: the tokenizer's, special tokens added) or as sent, then
@@ -219,6 +266,12 @@ class VLLMAdapter(EngineAdapter):
             from vllm.config.kv_events import KVEventsConfig
 
             kwargs["kv_events_config"] = KVEventsConfig(**wanted)
+        if isinstance(kwargs.get("kv_transfer_config"), dict):  # disagg (launcher/engines/vllm engine_args_file)
+            from vllm.config.kv_transfer import KVTransferConfig
+
+            kwargs["kv_transfer_config"] = KVTransferConfig(**kwargs["kv_transfer_config"])
+        # this instance's NIXL side channel: read by vLLM's connector in the engine core, which inherits it
+        os.environ.update(side_channel_env(RankEnv.from_environ(os.environ).kv_transfer or ""))
         nnodes = int(self.params.get("nnodes", "1") or 1)
         if nnodes > 1:
             if kwargs.get("distributed_executor_backend") != "ray":
@@ -334,6 +387,9 @@ class VLLMAdapter(EngineAdapter):
             prompt = continued(request.prompt, cont, self.tokenizer.encode)
         else:
             prompt = request.prompt if isinstance(request.prompt, str) else {"prompt_token_ids": list(request.prompt)}
+        transfer = transfer_args(p)
+        if transfer is not None:
+            kw["extra_args"] = transfer
         sp = SamplingParams(output_kind=RequestOutputKind.DELTA, **kw)
         n_in, n_out = 0, len(cont)  # the client's prompt tokens; the continued ones count as generated
         prompt_lp = p.prompt_logprobs is not None
@@ -350,6 +406,8 @@ class VLLMAdapter(EngineAdapter):
             if out.finished:
                 finish = "length" if c.finish_reason == "length" else "stop"
             piece = Piece(c.text, n_out, n_in, finish, token_ids=c.token_ids)
+            if finish and p.kv_export and getattr(out, "kv_transfer_params", None):
+                piece.kv_handle = json.dumps(out.kv_transfer_params)
             # the prompt tokens its prefix cache served (vLLM V1 counts them at the first prefill; None before V1)
             piece.cached_tokens = getattr(out, "num_cached_tokens", None)
             if stamps:

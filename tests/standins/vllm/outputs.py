@@ -36,3 +36,6 @@ class RequestOutput:
     finished: bool = False
     metrics: Optional[object] = None  # RequestStateStats where the AsyncLLM keeps statistics, else None
     num_cached_tokens: Optional[int] = None  # prompt tokens the prefix cache served
+    kv_transfer_params: Optional[dict] = (
+        None  # a KV connector's answer, on the final output (NixlConnector: the handle)
+    )

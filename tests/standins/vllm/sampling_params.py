@@ -31,3 +31,4 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
     bad_words: Optional[List[str]] = None
+    extra_args: Optional[dict] = None  # where kv_transfer_params go (vLLM's OpenAI server puts them there)

@@ -8,6 +8,7 @@ which aborts the request when the consumer closes it (GeneratorExit/CancelledErr
 
 import asyncio
 import dataclasses
+import os
 import time
 from types import SimpleNamespace
 
@@ -32,7 +33,10 @@ class AsyncLLM:
         self.model_config = SimpleNamespace(max_model_len=engine_args.max_model_len or 4096)
         self.aborted = set()
         self.errored = False
-        _standin.record(ENGINE, "init", args=dataclasses.asdict(engine_args))
+        # a KV connector reads its side channel from the environment as it starts (vllm.envs, NixlConnector)
+        side = [os.environ.get(k) for k in ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT")]
+        self.side_channel = (side[0] or "localhost", int(side[1] or 5600))
+        _standin.record(ENGINE, "init", args=dataclasses.asdict(engine_args), side_channel=list(self.side_channel))
 
     @classmethod
     def from_engine_args(cls, engine_args, start_engine_loop=True, usage_context=None, stat_loggers=None):
@@ -114,12 +118,33 @@ class AsyncLLM:
                     finished=finish is not None,
                     metrics=stats,
                     num_cached_tokens=cached,
+                    kv_transfer_params=self._transfer(sp, request_id, len(ids)) if finish is not None else None,
                 )
         except (asyncio.CancelledError, GeneratorExit):
             await self.abort(request_id)
             raise
         finally:
             self.running -= 1
+
+    def _transfer(self, sp, request_id, n_prompt):
+        """NixlConnector's request_finished, as vLLM 0.25's pull scheduler answers: a prefill for a remote decode
+        returns where its blocks wait (this engine's side channel); others, and engines without a connector, None."""
+        params = (sp.extra_args or {}).get("kv_transfer_params")
+        config = self.engine_args.kv_transfer_config
+        if config is None or not params or not params.get("do_remote_decode"):
+            return None
+        host, port = self.side_channel
+        return {
+            "do_remote_prefill": True,
+            "do_remote_decode": False,
+            "remote_block_ids": [list(range(max(1, n_prompt // 16)))],
+            "remote_engine_id": config.engine_id,
+            "remote_request_id": request_id,
+            "remote_host": host,
+            "remote_port": port,
+            "tp_size": self.engine_args.tensor_parallel_size,
+            "remote_num_tokens": n_prompt,
+        }
 
     def _record(self):
         """A step's scheduler statistics to the stat loggers, as vLLM's output handler gives them."""
