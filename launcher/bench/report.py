@@ -65,9 +65,12 @@ SUMMARY_FIELDS = (
     "failed",
     "request_throughput",
     "output_throughput",
+    "gpus",
+    "output_per_gpu",
     "total_token_throughput",
     "goodput",
     "ttft_p50_ms",
+    "ttft_p90_ms",
     "ttft_p99_ms",
     "ttft_mean_ms",
     "ttft_engine_ms",
@@ -75,6 +78,7 @@ SUMMARY_FIELDS = (
     "tpot_p50_ms",
     "tpot_p99_ms",
     "itl_p50_ms",
+    "itl_p90_ms",
     "itl_p99_ms",
     "tokens_per_response",
     "e2el_p50_ms",
@@ -223,6 +227,16 @@ def load_points(sweep: Path) -> list[Point]:
     return points
 
 
+def layout_gpus(config: Optional[dict]) -> Optional[int]:
+    """The GPUs a point's server holds, from its composed config (point.json): tp x pp a model copy, one copy a
+    replica (disagg: the prefill and the decode ones); None where the point has no config."""
+    if not isinstance(config, dict):
+        return None
+    split = config.get("disagg") or {}
+    copies = max(int(config.get("replicas") or 1), int(split.get("prefill") or 0) + int(split.get("decode") or 0))
+    return int(config.get("tp") or 1) * int(config.get("pp") or 1) * copies
+
+
 def _fmt(v):
     if v is None:
         return ""
@@ -259,7 +273,7 @@ def summary_rows(points: list[Point], sweep: Optional[Path] = None) -> list[dict
             "overrides": " ".join(f"{k}={v}" for k, v in sorted(pt.overrides.items())),
         }
         for k in ("ttft", "tpot", "itl", "e2el"):
-            for p in ("p50", "p99"):
+            for p in ("p50", "p90", "p99") if k in ("ttft", "itl") else ("p50", "p99"):
                 row[f"{k}_{p}_ms"] = pt.metric(f"{k}_ms.{p}")
         row["tokens_per_response"] = pt.metric("tokens_per_response")  # ITL is per response: tokens in one
         # the hf model's split of the mean TTFT (llmlaunch-bench --server-metrics): its engine part (queue +
@@ -279,7 +293,12 @@ def summary_rows(points: list[Point], sweep: Optional[Path] = None) -> list[dict
             f"{t} {s['metric']}={s['value']:.3f} {s['answered']}/{s['items']}" for t, s in tasks.items()
         )
         # the time to READY of the server the point was measured against (point.json, from its run record)
-        server = (_json_file(pt.path / "point.json") or {}).get("server") or {}
+        stored = _json_file(pt.path / "point.json") or {}
+        server = stored.get("server") or {}
+        # per GPU: layouts of different sizes (replicas=2 against disagg.prefill=1 disagg.decode=2) side by side
+        gpus = layout_gpus(stored.get("config"))
+        out = pt.metric("output_throughput")
+        row.update(gpus=gpus, output_per_gpu=out / gpus if gpus and out is not None else None)
         row.update(csv_columns(server.get("time_to_ready")))
         rows.append({k: _fmt(v) for k, v in row.items()})
     return rows
@@ -430,16 +449,13 @@ def _finish(plt, fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> P
 
 
 def format_summary(points: list[Point]) -> str:
-    head = f"{'config':<40} {'x':>8} {'status':>7} {'out tok/s':>11} {'p50 TTFT':>10} {'p99 TTFT':>10}"
+    head = f"{'config':<40} {'x':>8} {'status':>7} {'out tok/s':>11} {'p50 TTFT':>10} {'p99 TTFT':>10} {'p99 ITL':>9}"
     lines = [head, "-" * len(head)]
     for pt in sorted(points, key=lambda p: (p.config, p.concurrency or p.request_rate or 0)):
         x = pt.concurrency if pt.concurrency is not None else pt.request_rate
-        tput, p50, p99 = pt.metric("output_throughput"), pt.metric("ttft_ms.p50"), pt.metric("ttft_ms.p99")
-        lines.append(
-            f"{pt.config[:40]:<40} {'' if x is None else f'{x:g}':>8} {pt.status:>7} "
-            f"{'' if tput is None else f'{tput:,.1f}':>11} {'' if p50 is None else f'{p50:,.1f}':>10} "
-            f"{'' if p99 is None else f'{p99:,.1f}':>10}"
-        )
+        figures = [pt.metric(k) for k in ("output_throughput", "ttft_ms.p50", "ttft_ms.p99", "itl_ms.p99")]
+        cells = [("" if v is None else f"{v:,.1f}").rjust(w) for v, w in zip(figures, (11, 10, 10, 9))]
+        lines.append(f"{pt.config[:40]:<40} {'' if x is None else f'{x:g}':>8} {pt.status:>7} " + " ".join(cells))
     return "\n".join(lines)
 
 

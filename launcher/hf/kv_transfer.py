@@ -66,7 +66,9 @@ class KVPrefix:
             return f"its keys and values are {self.data.dtype} and this engine's pool {dtype}: give both one dtype"
         return ""
 
-    def to_bytes(self) -> bytes:
+    def wire_parts(self) -> tuple[bytes, memoryview]:
+        """The wire form as (header, payload): the header (its length, then JSON padded to 8 bytes, so the payload
+        after it is aligned for any dtype) and the keys and values' own bytes, not copied."""
         header = json.dumps(
             {
                 "tokens": list(self.tokens),
@@ -75,19 +77,28 @@ class KVPrefix:
                 "dtype": str(self.data.dtype).replace("torch.", ""),
             }
         ).encode()
-        raw = self.data.contiguous().view(torch.uint8).numpy().tobytes()
-        return _HEADER.pack(len(header)) + header + raw
+        header += b" " * (-(_HEADER.size + len(header)) % 8)
+        return _HEADER.pack(len(header)) + header, memoryview(self.data.contiguous().view(-1).view(torch.uint8).numpy())
+
+    def to_bytes(self) -> bytes:
+        header, payload = self.wire_parts()
+        return header + payload.tobytes()
+
+    @classmethod
+    def from_buffer(cls, buf: bytearray) -> "KVPrefix":
+        """The KVPrefix of a wire form, its keys and values a view of `buf` (not copied: `buf` must stay as it is)."""
+        (n,) = _HEADER.unpack_from(buf)
+        head = json.loads(bytes(buf[_HEADER.size : _HEADER.size + n]))
+        dtype = getattr(torch, head["dtype"])
+        start = _HEADER.size + n
+        if start == len(buf):  # no block was cached: torch.frombuffer takes no empty buffer
+            return cls(tuple(head["tokens"]), int(head["block_size"]), torch.empty(head["shape"], dtype=dtype))
+        data = torch.frombuffer(buf, dtype=torch.uint8, offset=start).view(dtype).view(head["shape"])
+        return cls(tuple(head["tokens"]), int(head["block_size"]), data)
 
     @classmethod
     def from_bytes(cls, buf: bytes) -> "KVPrefix":
-        (n,) = _HEADER.unpack_from(buf)
-        head = json.loads(buf[_HEADER.size : _HEADER.size + n])
-        dtype = getattr(torch, head["dtype"])
-        raw = bytearray(buf[_HEADER.size + n :])
-        if not raw:  # no block was cached: torch.frombuffer takes no empty buffer
-            return cls(tuple(head["tokens"]), int(head["block_size"]), torch.empty(head["shape"], dtype=dtype))
-        data = torch.frombuffer(raw, dtype=torch.uint8).view(dtype).view(head["shape"])
-        return cls(tuple(head["tokens"]), int(head["block_size"]), data)
+        return cls.from_buffer(bytearray(buf))
 
 
 # ------------------------------------------------------------------------------------------ the engine thread's side
@@ -213,8 +224,8 @@ def store_prefix(runner, pool, prefix: KVPrefix) -> int:
     missing = [i for i, b in enumerate(held) if b is None]
     new = (pool.allocate(len(missing)) if missing else None) or []
     try:
-        if new:
-            runner.write_blocks(new, prefix.data[:, :, missing])
+        if new:  # all of them (none cached here): the moved tensor as it is, no copy of it made
+            runner.write_blocks(new, prefix.data if len(missing) == len(keys) else prefix.data[:, :, missing])
             for b, i in zip(new, missing):
                 pool.publish([b], [keys[i]], prefix.tokens[i * bs : (i + 1) * bs], keys[i - 1] if i else None)
     finally:
@@ -230,23 +241,29 @@ _OK, _ERROR = b"K", b"E"
 FETCH_TIMEOUT_S = 30.0  # a prefill engine that takes longer is given up on: the decode engine computes the prompt
 
 
-def _send(sock, status: bytes, body: bytes) -> None:
-    sock.sendall(status + _LEN.pack(len(body)) + body)
+def _send(sock, status: bytes, *parts) -> None:
+    """One message: the status, the body's length, then its parts as they are (a prefix's keys and values go from
+    their tensor to the socket, no copy made)."""
+    first, rest = (bytes(parts[0]), parts[1:]) if parts else (b"", ())
+    sock.sendall(status + _LEN.pack(sum(len(p) for p in parts)) + first)  # small parts in one write: no Nagle wait
+    for part in rest:
+        sock.sendall(part)
 
 
-def _recv_exactly(sock, n: int) -> bytes:
-    parts, left = [], n
-    while left:
-        chunk = sock.recv(min(left, 1 << 20))
-        if not chunk:
-            raise ConnectionError(f"the connection closed {left} bytes short of {n}")
-        parts.append(chunk)
-        left -= len(chunk)
-    return b"".join(parts)
+def _recv_exactly(sock, n: int) -> bytearray:
+    """`n` bytes, received straight into one buffer."""
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:], min(n - got, 1 << 22))
+        if not k:
+            raise ConnectionError(f"the connection closed {n - got} bytes short of {n}")
+        got += k
+    return buf
 
 
-def _recv(sock) -> tuple[bytes, bytes]:
-    status = _recv_exactly(sock, 1)
+def _recv(sock) -> tuple[bytes, bytearray]:
+    status = bytes(_recv_exactly(sock, 1))
     (n,) = _LEN.unpack(_recv_exactly(sock, _LEN.size))
     return status, _recv_exactly(sock, n)
 
@@ -268,7 +285,7 @@ def serve_prefixes(engine, address: str):
                 _, body = _recv(self.request)
                 prompt = json.loads(body)["prompt"]
                 ids = encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-                _send(self.request, _OK, engine.export_prefix(ids).to_bytes())
+                _send(self.request, _OK, *engine.export_prefix(ids).wire_parts())
             except Exception as exc:  # this exchange's failure: the decode side computes the prompt itself
                 try:
                     _send(self.request, _ERROR, f"{type(exc).__name__}: {exc}".encode())
@@ -296,7 +313,7 @@ def fetch_prefix(address: str, prompt, timeout_s: float = FETCH_TIMEOUT_S) -> KV
         status, body = _recv(sock)
     if status != _OK:
         raise RuntimeError(f"the prefill engine at {address}: {body.decode(errors='replace')}")
-    return KVPrefix.from_bytes(body)
+    return KVPrefix.from_buffer(body)
 
 
 class PrefixFetcher:

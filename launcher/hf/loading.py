@@ -208,7 +208,12 @@ class ModelLoading:
         import torch
 
         idx = torch.tensor(blocks, dtype=torch.long, device=self.device)
-        return torch.stack([torch.stack((k.index_select(0, idx), v.index_select(0, idx))) for k, v in self.cache]).cpu()
+        k0 = self.cache[0][0]
+        out = torch.empty((len(self.cache), 2, len(blocks), *k0.shape[1:]), dtype=k0.dtype, device=self.device)
+        for layer, (k, v) in enumerate(self.cache):  # gathered once, into place
+            torch.index_select(k, 0, idx, out=out[layer, 0])
+            torch.index_select(v, 0, idx, out=out[layer, 1])
+        return out.cpu()
 
     def write_blocks(self, blocks: list[int], data) -> None:
         """Pool blocks `blocks` take keys and values `data` (as read_blocks gives them), in stream order: a step

@@ -407,6 +407,52 @@ def test_vllm_disagg_prefills_on_one_instance_and_the_decode_reads_its_blocks_th
         assert last_generate(d, "a whole request")["sampling"]["extra_args"] is None
 
 
+def test_llmlaunch_vllm_disagg_gives_each_instance_a_side_channel_and_sends_requests_through_the_prefill(
+    tmp_path, tiny_model_dir
+):
+    """`llmlaunch engine=vllm disagg.prefill=1 disagg.decode=1` on this machine (vLLM's stand-in on the ranks'
+    PYTHONPATH through cluster.env): each rank picked a port of its own for NIXL's side channel and its engine started
+    with it; a request through rank 0's front end is prefilled on replica 0 and decoded on replica 1 with the handle
+    replica 0's engine returned.  At vLLM's API boundary (tests/standins/vllm); NIXL itself runs only on a GPU."""
+    import signal
+
+    from launcher.client.request import Generation
+    from launcher.client.stream import generate as stream
+    from tests.integration.test_frontend import LocalLaunch
+    from tests.standins.server import STANDINS
+
+    calls = tmp_path / "calls.jsonl"
+    job = LocalLaunch(
+        tmp_path,
+        "engine=vllm",
+        f"model.path={tiny_model_dir}",  # read for its shape only: the stand-in loads no weights
+        "engine.device=cpu",
+        "engine.frontends=1",
+        "disagg.prefill=1",
+        "disagg.decode=1",
+        f"+cluster.env.PYTHONPATH={STANDINS}",
+        f"+cluster.env.LLMLAUNCH_STANDIN_LOG={calls}",
+        "+cluster.env.LLMLAUNCH_STANDIN_DELAY_S=0.01",
+    )
+    try:
+        ep = job.wait_endpoint()
+        prompt = "a prompt that travels from one instance to the other"
+        rec = stream(ep.url, ep.model, Generation(prompt, max_tokens=5, ignore_eos=True))
+        assert not rec.error and rec.text == " t0 t1 t2 t3 t4", rec.error
+        rows = [json.loads(line) for line in calls.read_text().splitlines()]
+        sides = {tuple(r["side_channel"]) for r in rows if r["event"] == "init"}
+        assert len(sides) == 2 and all(host == "127.0.0.1" and port != 5600 for host, port in sides), sides
+        asked, handed = [r["sampling"]["extra_args"] for r in rows if r["event"] == "generate" and r["prompt"] == prompt]
+        assert asked["kv_transfer_params"]["do_remote_decode"]
+        handle = handed["kv_transfer_params"]
+        assert handle["do_remote_prefill"] and (handle["remote_host"], handle["remote_port"]) in sides
+        job.proc.send_signal(signal.SIGINT)
+        assert job.proc.wait(90) == 0, job.tail()
+    finally:
+        job.kill()
+    job.assert_nothing_left(ep)
+
+
 def test_sglang_bans_bad_words_through_logit_bias(engine):
     """SGLang has no bad-words parameter: each word's single-token spellings (bare and after a space) get a -inf
     logit bias; a word that is several tokens however spelled is refused, naming it, and the model serves on."""

@@ -83,7 +83,9 @@ def test_report_writes_summary_and_plots(sweep, capsys):
     assert partial["status"] == "errors" and partial["failed"] == "2" and partial["error"] == "injected failure"
     ok = by[("engine=hf_batched", "4")]
     assert ok["status"] == "ok" and float(ok["output_throughput"]) > float(by[("engine=hf", "4")]["output_throughput"])
-    assert float(ok["ttft_p99_ms"]) >= float(ok["ttft_p50_ms"]) > 0
+    assert float(ok["ttft_p99_ms"]) >= float(ok["ttft_p90_ms"]) >= float(ok["ttft_p50_ms"]) > 0
+    assert float(ok["itl_p99_ms"]) >= float(ok["itl_p90_ms"]) >= float(ok["itl_p50_ms"]) > 0
+    assert ok["gpus"] == "" and ok["output_per_gpu"] == ""  # no point.json: the layout is unknown
     assert float(ok["tokens_per_response"]) == 1.0 and failed["tokens_per_response"] == ""  # 10 tokens, 10 responses
     for name in ("throughput_vs_concurrency.png", "latency_throughput.png"):
         data = (sweep / name).read_bytes()
@@ -146,3 +148,30 @@ def test_first_token_split_rows_leave_out_the_hops_a_model_does_not_have():
     assert "to the engine process" not in text and "first token back to the stub" not in text
     hf = format_first_token_split({**split, "add": 0.3, "back": 0.2, "outside_server": 1.5, "requests": 7})
     assert "to the engine process (ms):" in hf and "first token back to the stub (ms):" in hf
+
+
+@pytest.mark.parametrize(
+    "config,gpus",
+    [
+        ({"tp": 1, "pp": 1, "replicas": 2, "disagg": {"prefill": 0, "decode": 0}}, 2),
+        ({"tp": 2, "pp": 1, "replicas": 1, "disagg": {"prefill": 1, "decode": 2}}, 6),
+        ({"tp": 4, "pp": 2, "replicas": 1}, 8),
+        (None, None),
+    ],
+)
+def test_a_points_gpus_are_its_layouts_copies_times_their_size(config, gpus):
+    assert report.layout_gpus(config) == gpus
+
+
+def test_output_per_gpu_puts_layouts_of_different_sizes_side_by_side(tmp_path):
+    root = tmp_path / "s"
+    for name, split, replicas in (("agg", {"prefill": 0, "decode": 0}, 4), ("pd", {"prefill": 1, "decode": 1}, 1)):
+        d = _point(
+            root, name, [f"replicas={replicas}", f"disagg.prefill={split['prefill']}"], result=_result(4, 40, 0.05)
+        )
+        config = {"tp": 1, "pp": 1, "replicas": replicas, "disagg": split}
+        (d / "point.json").write_text(json.dumps({"config": config, "server": None}))
+    rows = {r["point"]: r for r in report.summary_rows(report.load_points(root), root)}
+    assert (rows["agg"]["gpus"], rows["pd"]["gpus"]) == (4, 2)
+    for r in rows.values():
+        assert float(r["output_per_gpu"]) == pytest.approx(float(r["output_throughput"]) / int(r["gpus"]), rel=1e-3)
