@@ -1,8 +1,8 @@
 """Disaggregated prefill and decode through the front end: a request of the served model goes first to a prefill
 replica (its prompt, one token, `kv_export`), then to a decode replica with `kv_from`: the `kv_handle` the prefill
-returned (vLLM: its kv_transfer_params, the blocks read over NIXL), or where it returned none the address where the
-prefill replica's engine serves the keys and values it computed (the hf engine, launcher/hf/kv_transfer.py), so the
-decode replica computes only what the prefill did not.  The client sees one stream: the decode replica's.
+returned (the hf engine's: the address where its engine serves the prompt's blocks, launcher/hf/kv_transfer.py;
+vLLM's: its kv_transfer_params, the blocks read over NIXL), so the decode replica computes only what the prefill did
+not.  The client sees one stream: the decode replica's.
 
 Where no prefill replica is up, or the prefill fails (an error, a replica that died mid-request), the request goes to
 a decode replica without `kv_from` and is computed there whole: slower, never an error.  A request already carrying
@@ -80,7 +80,7 @@ def output_text(resp: service_pb2.ModelInferResponse, name: str) -> str:
 
 async def prefill(rep, raw: bytes, timeout_s: float) -> str:
     """Run the prefill request `raw` on replica `rep` (its own backend stream) until its final response; its
-    kv_handle ("" where the model returned none).  Raises on the model's error, a failed stream or `timeout_s`."""
+    kv_handle ("" where the model returned none: its decode computes the whole prompt).  Raises on the model's error, a failed stream or `timeout_s`."""
     import asyncio
 
     call = rep.stream()

@@ -55,8 +55,8 @@ class Frontend:
         breaker_errors, breaker_cooldown_s: the circuit breaker (server_error; 0 errors: never); members: a
         MembersFile (launcher/frontend/members.py) the replica set follows from start() on (`replicas` unused: the
         file names them, by slot), or None: `replicas`, replica i at index i, for good.  kv_transfer: disaggregated
-        prefill and decode (launcher/frontend/disagg.py), one address a replica: where a prefill replica's engine
-        serves the keys and values it computed, "" for a decode replica; () = every replica serves whole requests."""
+        prefill and decode (launcher/frontend/disagg.py), one entry a replica: a prefill replica's transfer endpoint,
+        "" for a decode replica; () = every replica serves whole requests."""
         if not replicas and members is None:
             raise ValueError("the front end needs at least one replica")
         self.members = members

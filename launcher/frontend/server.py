@@ -67,7 +67,8 @@ class FrontendConfig(JsonConfig):
     slots: int = 0
     members_poll_s: float = DEFAULT_POLL_S  # with `members`: how often each process looks whether the file changed
     # disaggregated prefill and decode (launcher/frontend/disagg.py), in the replicas' order: a prefill replica's
-    # host:port where its engine serves the keys and values it computed, "" for a decode replica; [] = none
+    # transfer endpoint (hf: where its engine serves its prompts' blocks; vLLM: its NIXL side channel), "" for a decode
+    # replica; [] = none.  It says which replicas prefill; a request's decode gets the kv_handle its prefill returned
     kv_transfer: List[str] = field(default_factory=list)
 
     def __post_init__(self):

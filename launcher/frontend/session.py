@@ -446,14 +446,18 @@ class Session:
 
     async def _prefill_first(self, req, raw: bytes, arrived: float) -> None:
         """A prefill replica computes the prompt (one token), then the request goes to a decode replica with
-        `kv_from`: the handle the prefill returned, or where it returned none the address where that engine serves
-        the keys and values; no prefill replica up, or a failed prefill: to a decode replica as it came, which
-        computes it whole."""
+        `kv_from`: the handle the prefill returned; no prefill replica up, a failed prefill or no handle: to a decode
+        replica as it came, which computes it whole."""
         rep = self.fe.pick_prefill(req)
         if rep is not None:
             try:
                 handle = await prefill(rep, prefill_request(req), PREFILL_TIMEOUT_S)
-                raw = with_kv_from(req, handle or self.fe.kv_transfer[rep.index])
+                if handle:
+                    raw = with_kv_from(req, handle)
+                else:
+                    log(
+                        f"the prefill of {req.id!r} on {rep.label} returned no kv_handle: its decode replica computes it"
+                    )
             except asyncio.CancelledError:
                 raise
             except Exception as e:

@@ -442,7 +442,9 @@ def test_llmlaunch_vllm_disagg_gives_each_instance_a_side_channel_and_sends_requ
         rows = [json.loads(line) for line in calls.read_text().splitlines()]
         sides = {tuple(r["side_channel"]) for r in rows if r["event"] == "init"}
         assert len(sides) == 2 and all(host == "127.0.0.1" and port != 5600 for host, port in sides), sides
-        asked, handed = [r["sampling"]["extra_args"] for r in rows if r["event"] == "generate" and r["prompt"] == prompt]
+        asked, handed = [
+            r["sampling"]["extra_args"] for r in rows if r["event"] == "generate" and r["prompt"] == prompt
+        ]
         assert asked["kv_transfer_params"]["do_remote_decode"]
         handle = handed["kv_transfer_params"]
         assert handle["do_remote_prefill"] and (handle["remote_host"], handle["remote_port"]) in sides

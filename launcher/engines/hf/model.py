@@ -202,6 +202,8 @@ class TritonPythonModel(HFStreams):
         self._queues = []  # one per share of the streams: lists of engine outputs to respond to (None: inline)
         self._threads = []  # the responder threads
         self._next_id = 0
+        # a prefill replica's engine process serves the prompts it computed here: a kv_export request's kv_handle
+        self._kv_handle = RankEnv.from_environ(os.environ).kv_transfer or ""
         self._noted = set()  # ignored inputs already logged
         self._finalizing = False
         self._share_text = ""  # how this instance shares the engine process (instance_group count > 1)
@@ -375,6 +377,8 @@ class TritonPythonModel(HFStreams):
                 )
                 self._streams[rid] = stream
                 stream.began, stream.queued = began, time.monotonic()
+                if req.params.kv_export:
+                    stream.handle = self._kv_handle
                 try:
                     self.engine.add_request(rid, req.prompt, req.params, self._engine_callback)
                 except BaseException:

@@ -55,6 +55,7 @@ class Stream:
         "prompt_lp",
         "ids",
         "ids_sent",
+        "handle",
     )
 
     def __init__(self, sender, stream: bool, shard: int, counts: bool = True, token_ids: bool = False):
@@ -78,6 +79,7 @@ class Stream:
         # and how many were sent
         self.ids = [] if token_ids else None
         self.ids_sent = 0
+        self.handle = ""  # a kv_export request's kv_handle (where this engine serves its prompt's blocks), if any
 
 
 class HFStreams:
@@ -227,6 +229,8 @@ class HFStreams:
                     st.parts.append(text)
                     text = "".join(st.parts)
                 extra = self._log_probs(st) + self._output_ids(st, out.settled)
+                if st.handle:
+                    extra.append(self._responder.text_tensor("kv_handle", st.handle))
                 response = self._responder.build(
                     text, st.input_tokens, out.output_tokens, out.finish_reason, extra=extra
                 )
