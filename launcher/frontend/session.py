@@ -367,8 +367,7 @@ class Session:
         failed with `failure`; `raw` is its continued request); not to `avoid` where another is up."""
         req = service_pb2.ModelInferRequest.FromString(raw)
         client_id = req.id
-        flag = req.parameters.get(_EMPTY_FINAL)
-        wants_empty_final = flag is not None and flag.bool_param
+        wants_empty_final = _EMPTY_FINAL in req.parameters and req.parameters[_EMPTY_FINAL].bool_param
         if self.fe.draining and not retried and moved is None and not prefilled:
             self.fe.rejected += 1
             await self.send(_error_response(self.fe.draining, client_id, req.model_name, req.model_version))

@@ -23,6 +23,7 @@ block-table entry points at.
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict, deque
 from typing import Iterable, Sequence
 
@@ -160,3 +161,74 @@ class BlockPool:
         if self.events is not None and run is not None and end > run:
             bs = self.block_size
             self.events.append(stored(keys[run:end], keys[run - 1] if run else parent, tokens[run * bs : end * bs], bs))
+
+
+# How long a prefill's blocks stay held for its decode to fetch them (vLLM's NIXL connector holds a remote decode's
+# blocks 30 s by default, kv_lease_duration): past it they are cached like any others, evictable.
+PIN_S = 30.0
+
+
+class ExportPins:
+    """The blocks of prompts that prefills computed for another engine (kv_export), held in the pool (referenced once
+    more: never evicted) until a decode engine fetches them (`drop`, after read_prefix), `pin_s` passes (`expire`),
+    or a request of this engine cannot run without them (`give_up_oldest`: the engine's own requests come first; the
+    decode then computes what it cannot fetch).  Engine thread only."""
+
+    def __init__(self, pool, pin_s: float = PIN_S):
+        self.pool = pool
+        self.pin_s = pin_s
+        self._held: dict[int, list[tuple[list[int], float]]] = {}  # the last block's key -> [(blocks, until)]
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._held.values())
+
+    def hold(self, prompt: list[int]) -> int:
+        """Hold the cached blocks of `prompt` an export would read (its first (len - 1) // block_size, as far as they
+        are cached); the blocks held."""
+        bs = self.pool.block_size
+        keys = block_hashes(prompt[: (len(prompt) - 1) // bs * bs], bs)
+        blocks: list[int] = []
+        for b in self.pool.take(keys):
+            if b is None:
+                break
+            blocks.append(b)
+        if blocks:
+            self._held.setdefault(keys[len(blocks) - 1], []).append((blocks, time.monotonic() + self.pin_s))
+        return len(blocks)
+
+    def drop(self, last_key: int) -> None:
+        """A decode fetched the prefix ending in the block keyed `last_key`: the oldest hold of it goes."""
+        held = self._held.get(last_key)
+        if held:
+            blocks, _ = held.pop(0)
+            if not held:
+                del self._held[last_key]
+            self.pool.free(blocks)
+
+    def give_up_oldest(self) -> bool:
+        """Let go of the hold that ends first (evictable from now on); False where none is held."""
+        if not self._held:
+            return False
+        key = min(self._held, key=lambda k: self._held[k][0][1])
+        blocks, _ = self._held[key].pop(0)
+        if not self._held[key]:
+            del self._held[key]
+        self.pool.free(blocks)
+        return True
+
+    def expire(self, now: float) -> int:
+        """Let go of the holds past their time (no decode came for them); how many."""
+        gone = 0
+        for key in list(self._held):
+            kept = []
+            for blocks, until in self._held[key]:
+                if until <= now:
+                    self.pool.free(blocks)
+                    gone += 1
+                else:
+                    kept.append((blocks, until))
+            if kept:
+                self._held[key] = kept
+            else:
+                del self._held[key]
+        return gone

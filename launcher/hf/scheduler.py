@@ -21,9 +21,8 @@ from collections import deque
 from typing import Callable
 
 from launcher.engines.hf.config import DEFAULTS
-from launcher.hf.blocks import BlockPool, block_hashes
+from launcher.hf.blocks import BlockPool, ExportPins, block_hashes
 from launcher.hf.guided import masks
-from launcher.hf.kv_transfer import ExportPins
 from launcher.hf.runner import PrefillChunk, SamplingRows, StepInputs
 from launcher.hf.sequence import Seq
 
