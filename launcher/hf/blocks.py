@@ -182,18 +182,15 @@ class ExportPins:
     def __len__(self) -> int:
         return sum(len(v) for v in self._held.values())
 
+    def __bool__(self) -> bool:  # checked every step: no count needed
+        return bool(self._held)
+
     def hold(self, prompt: list[int]) -> int:
         """Hold the cached blocks of `prompt` an export would read (its first (len - 1) // block_size, as far as they
         are cached); the blocks held."""
-        bs = self.pool.block_size
-        keys = block_hashes(prompt[: (len(prompt) - 1) // bs * bs], bs)
-        blocks: list[int] = []
-        for b in self.pool.take(keys):
-            if b is None:
-                break
-            blocks.append(b)
+        blocks, keys = self.pool.match(prompt, (len(prompt) - 1) // self.pool.block_size)
         if blocks:
-            self._held.setdefault(keys[len(blocks) - 1], []).append((blocks, time.monotonic() + self.pin_s))
+            self._held.setdefault(keys[-1], []).append((blocks, time.monotonic() + self.pin_s))
         return len(blocks)
 
     def drop(self, last_key: int) -> None:

@@ -126,12 +126,7 @@ def read_prefix(runner, pool, prompt: list[int]) -> KVPrefix:
     """Engine.export_prefix on the engine thread: the cached blocks of the prompt's first (len - 1) // block_size
     blocks, as far as each is cached, read while held (no eviction can reuse them meanwhile)."""
     bs = runner.block_size
-    n = (len(prompt) - 1) // bs
-    blocks = []
-    for b in pool.take(block_hashes(prompt[: n * bs], bs)):
-        if b is None:
-            break
-        blocks.append(b)
+    blocks, _ = pool.match(prompt, (len(prompt) - 1) // bs)
     try:
         if blocks:
             data = runner.read_blocks(blocks)

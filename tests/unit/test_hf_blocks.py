@@ -152,3 +152,24 @@ def test_take_holds_each_cached_key_it_finds_past_a_missing_one():
     assert pool.allocate(1) is None  # the held ones are not
     pool.free([b0, b2])
     assert pool.num_free == 2 and pool.take([keys[0]]) == [b0]  # let go, still cached and findable
+
+
+def test_a_hold_takes_the_leading_cached_blocks_only_and_gives_back_every_reference():
+    """ExportPins.hold on a prompt whose first block was evicted but whose second is still cached holds nothing and
+    references nothing (a block past the gap is no prefix); a whole prefix is held until dropped, then evictable."""
+    from launcher.hf.blocks import ExportPins
+
+    pool = BlockPool(8, 2)
+    prompt = [1, 2, 3, 4, 5]
+    keys = block_hashes(prompt[:4], 2)
+    a, b = pool.allocate(2)
+    pool.publish([a, b], keys, prompt[:4])
+    pool.free([a, b])
+    pins = ExportPins(pool)
+    assert pins.hold(prompt) == 2 and pins and pool.num_free == 5
+    pins.drop(keys[-1])
+    assert not pins and pool.num_free == 7
+    pool.free(pool.take([keys[1]]))  # the second block freed last: the first is evicted first
+    pool.allocate(6)  # the 5 free ones and the first block
+    assert pool.match(prompt, 2)[0] == [] and pins.hold(prompt) == 0
+    assert pool.num_free == 1  # the block still cached past the gap was not referenced
