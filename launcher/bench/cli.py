@@ -35,6 +35,8 @@ Result JSON:
                               "gpu_idle_ms", "decode_rows", "prefill_tokens", "ahead"} (--server-metrics:
                               the hf engine's steps during the measured requests; timings.engine_step_split),
      "server_prefix_cache": None | {"prompt_tokens", "cached_prompt_tokens", "prefix_hit_rate"} (--server-metrics),
+     "server_kv_transfer": None | {"transfers", "failed", "bytes", "mib", "mib_per_transfer", "ms_per_transfer", "gib_per_s"}
+                              (--server-metrics: keys and values the decode replicas moved from prefill replicas),
      "warmup_errors", "requests": [RequestResult as JSON, ...]}
 Times in "requests" are seconds since the start of the measured phase.
 """
@@ -53,7 +55,7 @@ from launcher.bench.results import append_csv, b_path, csv_row, write_json
 from launcher.bench.runner import Job, LoadSpec, generations, run_load
 from launcher.client.connection import ClientError
 from launcher.client.control import honoured_parameters, served_tokenizer
-from launcher.python_backend import timings
+from launcher.python_backend import cache_splits, timings
 
 
 def build_parser(prog: str = "llmlaunch-bench") -> argparse.ArgumentParser:
@@ -184,7 +186,7 @@ def bench_one(
     ends = [r.end for r in results if r.end is not None] + [r.sent for r in results]
     duration = max(ends) if ends else 0.0
     m = metrics.compute(results, duration, slos)
-    split = steps = prefix = None
+    split = steps = prefix = moved = None
     if before is not None and not args.no_stream:
         # the model counts every streamed request whose first token it sent, failed later or not: the client's mean
         # is taken over the same measured requests, those it has a first token of
@@ -192,7 +194,7 @@ def bench_one(
         ttft_mean = 1000.0 * sum(ttfts) / len(ttfts) if ttfts else None
         split = timings.first_token_split(server_metrics, model, before, len(ttfts), ttft_mean)
     if engine_before is not None:
-        steps, prefix = timings.engine_splits_after(server_metrics, model, engine_before)
+        steps, prefix, moved = timings.engine_splits_after(server_metrics, model, engine_before)
     return {
         "format": "llmlaunch-bench/1",
         "label": label,
@@ -203,6 +205,7 @@ def bench_one(
         "server_first_token_ms": split,
         "server_engine_steps": steps,
         "server_prefix_cache": prefix,
+        "server_kv_transfer": moved,
         "t0_perf_counter": out.t0,  # request times are relative to this time.perf_counter() (CLOCK_MONOTONIC)
         "warmup_errors": len(out.warmup_errors),
         "requests": [r.to_json() for r in results],
@@ -372,7 +375,9 @@ def _print_results(docs: list) -> None:
         if doc.get("server_engine_steps"):
             print("engine steps: " + timings.format_engine_split(doc["server_engine_steps"]))
         if doc.get("server_prefix_cache"):
-            print("prefix cache: " + timings.format_prefix_cache(doc["server_prefix_cache"]))
+            print("prefix cache: " + cache_splits.format_prefix_cache(doc["server_prefix_cache"]))
+        if doc.get("server_kv_transfer"):
+            print("keys and values moved: " + cache_splits.format_kv_transfer(doc["server_kv_transfer"]))
     if len(docs) == 2:
         name = lambda d: f"{d['config']['model']} @ {d['config']['url']}"  # noqa: E731
         print(metrics.format_speedup(docs[0]["metrics"], docs[1]["metrics"], name(docs[0]), name(docs[1])))

@@ -123,14 +123,33 @@ def _totals(snap: dict, processes: int) -> list:
 
 
 ENGINE_PROMPT_TOKENS = "llmlaunch_frontend_replica_prompt_tokens_total"
+# keys and values a decode replica moved from prefill replicas (disagg): its engine's llmlaunch_kv_transfer* counters
+REPLICA_KV_TRANSFERS = (
+    (
+        "llmlaunch_frontend_replica_kv_transfers_total",
+        "transfers from prefill replicas: done, and failed (computed here instead)",
+        (("done", "kv_transfers"), ("failed", "kv_transfer_failures")),
+    ),
+    (
+        "llmlaunch_frontend_replica_kv_transfer_bytes_total",
+        "bytes of keys and values moved in",
+        ((None, "kv_transfer_bytes"),),
+    ),
+    (
+        "llmlaunch_frontend_replica_kv_transfer_seconds_total",
+        "seconds the moves took, summed",
+        ((None, "kv_transfer_s"),),
+    ),
+)
 
 
 async def engine_lines(
     addrs: Sequence[str], urls: Sequence[str], timeout_s: float = 2.0, indexes: Sequence[int] = ()
 ) -> list:
     """The replicas' engines' prefix-cache counters (launcher/python_backend/timings.py: the prompt tokens admitted,
-    and those served from the cache), read from each replica leader's tritonserver metrics as this page is asked
-    for, one line per replica and kind; a replica whose metrics cannot be read (or whose engine counts none) has
+    and those served from the cache) and, where a replica moved keys and values from prefill replicas, its
+    transfers, read from each replica leader's tritonserver metrics as this page is asked for, one line per replica
+    and kind; a replica whose metrics cannot be read (or whose engine counts none) has
     none.  indexes: each replica's `replica` label (a members file's slots; by default their order)."""
     from launcher.python_backend.timings import fetch_metrics_text, read_engine_metrics
 
@@ -148,11 +167,18 @@ async def engine_lines(
         "prefix cache, not prefilled (kind=cached), as its tritonserver's metrics report them",
         f"# TYPE {ENGINE_PROMPT_TOKENS} counter",
     ]
-    for i, addr, c in zip(indexes or range(len(addrs)), addrs, counts):
-        if c is None or not c["prompt_tokens"]:
+    replicas = [(i, addr, c) for i, addr, c in zip(indexes or range(len(addrs)), addrs, counts) if c is not None]
+    for i, addr, c in replicas:
+        if not c["prompt_tokens"]:
             continue
         for kind, key in (("admitted", "prompt_tokens"), ("cached", "cached_prompt_tokens")):
             lines.append(f'{ENGINE_PROMPT_TOKENS}{{replica="{i}",addr="{addr}",kind="{kind}"}} {int(c[key])}')
+    moved = [(i, addr, c) for i, addr, c in replicas if c["kv_transfers"] or c["kv_transfer_failures"]]
+    for name, doc, kinds in REPLICA_KV_TRANSFERS if moved else ():
+        lines += [f"# HELP {name} {doc}, as the replica's tritonserver metrics report them", f"# TYPE {name} counter"]
+        for (i, addr, c), (kind, key) in ((r, k) for r in moved for k in kinds):
+            label = f',kind="{kind}"' if kind else ""
+            lines.append(f'{name}{{replica="{i}",addr="{addr}"{label}}} {c[key]:g}')
     return lines
 
 

@@ -274,11 +274,15 @@ class PrefixFetcher:
             return True
 
     def _add(self, request_id, prompt, params, on_output, on_refused) -> None:
+        import time
+
+        began = time.monotonic()
         try:
             prefix = fetch_prefix(params.kv_from, prompt)
         except Exception as exc:
             self.log.warning("kv_from %s: %s; computing the whole prompt", params.kv_from, exc)
             prefix = None
+        self._count(prefix, time.monotonic() - began)
         try:
             try:
                 self.engine.add_request(request_id, prompt, params, on_output, kv_prefix=prefix)
@@ -296,6 +300,18 @@ class PrefixFetcher:
                 self.aborted.discard(request_id)
         if aborted:
             self.engine.abort(request_id)
+
+    def _count(self, prefix, seconds: float) -> None:
+        """One fetch in the engine's totals (EngineStats.kv_transfer*: llmlaunch_kv_transfer* on the metrics port);
+        the pool's threads count under the lock, the engine thread only reads them."""
+        stats = self.engine.stats
+        with self.lock:
+            if prefix is None:
+                stats.kv_transfer_failures += 1
+                return
+            stats.kv_transfers += 1
+            stats.kv_transfer_bytes += prefix.nbytes
+            stats.kv_transfer_s += seconds
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)

@@ -50,6 +50,12 @@ class EngineStats:
     kv_blocks: int = 0
     # prompt tokens whose keys and values came from another engine (add_request's kv_prefix) into the prefix cache
     imported_prompt_tokens: int = 0
+    # those prefixes' transfers (launcher/hf/kv_transfer.py's PrefixFetcher, on its threads): done and failed (the
+    # prompt then computed here), the bytes they brought and the seconds they took
+    kv_transfers: int = 0
+    kv_transfer_failures: int = 0
+    kv_transfer_bytes: int = 0
+    kv_transfer_s: float = 0.0
 
     @property
     def prefix_hit_rate(self) -> float:

@@ -113,15 +113,19 @@ class AsyncEngineRuntime:
         for t in self._send_threads:
             t.start()
         kv_usage = getattr(self.adapter, "kv_usage", None)  # a counters.Latest where the engine reports its KV cache
+        moved = getattr(self.adapter, "kv_transfers", None)  # a counters.KVTransfers where its engine moves KV
 
         def totals() -> dict:
             out = {**self.first_token.totals_map(), **self.prompt_tokens.totals_map()}
             if kv_usage is not None:
                 out["kv_cache_usage"] = kv_usage.take()
+            if moved is not None:
+                out.update(moved.totals_map())
             return out
 
         gauges = timings.ENGINE_GAUGES if kv_usage is not None else ()
-        self._metrics = counters.Counters(self.model_name, timings.RUNTIME_COUNTERS, totals, gauges=gauges).start()
+        rows = timings.RUNTIME_COUNTERS + (timings.KV_TRANSFER_COUNTERS if moved is not None else ())
+        self._metrics = counters.Counters(self.model_name, rows, totals, gauges=gauges).start()
         self._watchdog = asyncio.run_coroutine_threadsafe(self._start_watchdog(), self.loop).result()
         if not self.adapter.serves:
             self._watch_thread = threading.Thread(

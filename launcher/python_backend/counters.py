@@ -64,6 +64,47 @@ class PromptTokens:
             return {"prompt_tokens": self._prompt, "cached_prompt_tokens": self._cached}
 
 
+class KVTransfers:
+    """Transfers of keys and values an engine reports (thread-safe): done, failed, bytes and seconds; `totals_map`
+    feeds `Counters` (KV_TRANSFER_COUNTERS).  vLLM's KV connectors report them per engine step in the scheduler
+    statistics (`add_vllm`)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._done = self._failed = self._bytes = 0
+        self._seconds = 0.0
+
+    def add(self, done: int = 0, failed: int = 0, nbytes: int = 0, seconds: float = 0.0) -> None:
+        with self._lock:
+            self._done += done
+            self._failed += failed
+            self._bytes += nbytes
+            self._seconds += seconds
+
+    def add_vllm(self, data) -> None:
+        """One step's KVConnectorStats data as vLLM 0.25's scheduler sends it (SchedulerStats.kv_connector_stats):
+        NIXL's lists of transfer_duration (s), bytes_transferred and num_failed_transfers per transfer; a
+        MultiConnector's one such mapping per connector.  Other connectors' figures are left out."""
+        if not isinstance(data, dict):
+            return
+        if "transfer_duration" in data or "num_failed_transfers" in data:
+            durations = data.get("transfer_duration") or ()
+            failed = len(data.get("num_failed_transfers") or ())
+            self.add(len(durations), failed, int(sum(data.get("bytes_transferred") or ())), float(sum(durations)))
+            return
+        for inner in data.values():
+            self.add_vllm(inner)
+
+    def totals_map(self) -> dict:
+        with self._lock:
+            return {
+                "kv_transfers": self._done,
+                "kv_transfer_failures": self._failed,
+                "kv_transfer_bytes": self._bytes,
+                "kv_transfer_s": self._seconds,
+            }
+
+
 class Latest:
     """A gauge's value as a thread last saw it (thread-safe): `take` gives it once, so a process whose value went stale
     pushes nothing over another's newer one (several instances of a model share one gauge)."""

@@ -36,12 +36,21 @@ Triton metric is a round trip from the stub to the server, too dear for the resp
 sums are kept in the stub and pushed once a second (launcher/python_backend/counters.py).
 
 3. The prefix cache: prompt tokens of the requests admitted, and of those served from the cache, not prefilled
-   (`prefix_cache_split`). The hf engine counts them in its scheduler; the vLLM and SGLang models count what their
+   (launcher/python_backend/cache_splits.py: `prefix_cache_split`). The hf engine counts them in its scheduler; the vLLM and SGLang models count what their
    engine reports per request (RequestOutput.num_cached_tokens; meta_info's cached_tokens).
 
   llmlaunch_engine_prompt_tokens{model="...",kind="admitted|cached"}          tokens counted
 
-4. The KV cache in use, a gauge where the engine reports it (the hf engine's pool; vLLM's SchedulerStats): what a
+4. Keys and values moved between engines (disaggregated serving): the transfers a decode engine made from a prefill
+   engine, those that failed (the decode then computes the prompt itself), the bytes moved and the time the moves
+   took (cache_splits.py: `kv_transfer_split`).  The hf engine counts its fetches (launcher/hf/kv_transfer.py); vLLM's model counts
+   what its KV connector reports in the engine's scheduler statistics (NIXL's transfers: launcher/engines/vllm/core.py).
+
+  llmlaunch_kv_transfers{model="...",kind="done|failed"}                       transfers counted
+  llmlaunch_kv_transfer_bytes{model="..."}                                     bytes moved
+  llmlaunch_kv_transfer_seconds{model="..."}                                   seconds the moves took, summed
+
+5. The KV cache in use, a gauge where the engine reports it (the hf engine's pool; vLLM's SchedulerStats): what a
    service scales by with serve.autoscale.signal=kv_cache (launcher/service/signals.py).
 
   llmlaunch_engine_kv_cache_usage{model="..."}                                 share, 0..1
@@ -64,6 +73,9 @@ ENGINE_REQUESTS = "llmlaunch_engine_requests"
 ENGINE_INTAKES = "llmlaunch_engine_intakes"
 ENGINE_PROMPT_TOKENS = "llmlaunch_engine_prompt_tokens"
 ENGINE_PREEMPTED = "llmlaunch_engine_preempted"
+KV_TRANSFERS = "llmlaunch_kv_transfers"
+KV_TRANSFER_BYTES = "llmlaunch_kv_transfer_bytes"
+KV_TRANSFER_SECONDS = "llmlaunch_kv_transfer_seconds"
 
 # One row per counter: (metric family, its label (None: none but the model's), label value, the key of its value in
 # the totals a `Counters` reads, description).  First-token keys are FirstTokenTimes.totals_map's; engine keys are
@@ -169,12 +181,30 @@ ENGINE_COUNTERS = (
             "requests preempted because the KV-cache pool ran out (computed again once there is room)",
         ),
     )
+    + tuple(
+        (
+            KV_TRANSFERS,
+            "kind",
+            k,
+            key,
+            "transfers of a prompt's keys and values from a prefill engine: done, and failed (the prompt then "
+            "computed here)",
+        )
+        for k, key in (("done", "kv_transfers"), ("failed", "kv_transfer_failures"))
+    )
+    + (
+        (KV_TRANSFER_BYTES, None, None, "kv_transfer_bytes", "bytes of keys and values moved from prefill engines"),
+        (KV_TRANSFER_SECONDS, None, None, "kv_transfer_s", "seconds the moves of keys and values took, summed"),
+    )
 )
 ENGINE_FIELDS = tuple(row[3] for row in ENGINE_COUNTERS)  # the EngineStats fields the metrics carry
 # the prefix cache's two counters, which the models of engines that report a request's cached prompt tokens (vLLM,
 # SGLang: launcher.python_backend.async_runtime) push under the same names as the hf engine
 PROMPT_TOKEN_COUNTERS = tuple(row for row in ENGINE_COUNTERS if row[0] == ENGINE_PROMPT_TOKENS)
 RUNTIME_COUNTERS = FIRST_TOKEN_COUNTERS + PROMPT_TOKEN_COUNTERS  # what those models push
+# the transfers' counters, which a runtime engine's model pushes where its engine moves keys and values (vLLM with a
+# KV connector: its adapter's kv_transfers)
+KV_TRANSFER_COUNTERS = tuple(row for row in ENGINE_COUNTERS if row[0].startswith("llmlaunch_kv_transfer"))
 # Gauges, set once a second where the engine reports them (Engine.kv_usage): the share of its KV cache that running
 # requests hold, which a service may scale by (serve.autoscale.signal=kv_cache)
 ENGINE_KV_USAGE = "llmlaunch_engine_kv_cache_usage"
@@ -192,28 +222,6 @@ ENGINE_GAUGES = (
 def kv_cache_usage(stats: dict) -> float | None:
     """The hf engine's share of its KV-cache pool in use, from its EngineStats (None before it reported a pool)."""
     return stats["kv_blocks_used"] / stats["kv_blocks"] if stats.get("kv_blocks") else None
-
-
-def prefix_cache_split(before: dict, after: dict) -> dict | None:
-    """The prefix cache between two readings of an engine's totals (`read_engine_metrics`; {} = from the start):
-    prompt tokens, those served from the cache, and their share; None when no prompt was counted between."""
-    prompt = after.get("prompt_tokens", 0) - before.get("prompt_tokens", 0)
-    if prompt <= 0:
-        return None
-    cached = after.get("cached_prompt_tokens", 0) - before.get("cached_prompt_tokens", 0)
-    return {
-        "prompt_tokens": int(prompt),
-        "cached_prompt_tokens": int(cached),
-        "prefix_hit_rate": round(cached / prompt, 4),
-    }
-
-
-def format_prefix_cache(split: dict) -> str:
-    """'76.3% of 12,345 prompt tokens served from the cache (9,419), not prefilled' (one line)."""
-    return (
-        f"{100 * split['prefix_hit_rate']:.1f}% of {split['prompt_tokens']:,} prompt tokens served from the cache "
-        f"({split['cached_prompt_tokens']:,}), not prefilled"
-    )
 
 
 def engine_summary(stats: dict) -> str:
@@ -378,10 +386,12 @@ def settled_server_metrics(url: str, model: str | None, wait_s: float = 5.0) -> 
 
 
 def engine_splits_after(url: str, model: str | None, before: dict, wait_s: float = 5.0) -> tuple:
-    """After a run: (`engine_step_split`, `prefix_cache_split`) from `before` to the engine's settled totals
-    (`settled_engine_metrics`), each None where the model counted none."""
+    """After a run: (`engine_step_split`, `prefix_cache_split`, `kv_transfer_split`) from `before` to the engine's
+    settled totals (`settled_engine_metrics`), each None where the model counted none."""
+    from launcher.python_backend.cache_splits import kv_transfer_split, prefix_cache_split
+
     after = settled_engine_metrics(url, model, wait_s)
-    return engine_step_split(before, after), prefix_cache_split(before, after)
+    return engine_step_split(before, after), prefix_cache_split(before, after), kv_transfer_split(before, after)
 
 
 def format_engine_split(split: dict) -> str:

@@ -162,7 +162,8 @@ def test_prefix_cache_hits_reach_the_metrics_port(engine):
     count nothing.  The stand-ins cache whole blocks of 4 words of the prompts they prefilled."""
     import uuid
 
-    from launcher.python_backend.timings import prefix_cache_split, settled_engine_metrics
+    from launcher.python_backend.cache_splits import prefix_cache_split
+    from launcher.python_backend.timings import settled_engine_metrics
 
     before = settled_engine_metrics(engine.metrics_url, engine.model)
     shared = " ".join(f"{uuid.uuid4().hex[:6]}{i}" for i in range(10))  # words no earlier prompt has
@@ -350,6 +351,8 @@ def test_vllm_disagg_prefills_on_one_instance_and_the_decode_reads_its_blocks_th
     from launcher.frontend import FrontendConfig, FrontendProcess
     from launcher.handoff.rank_env import PRIVATE
     from launcher.ports import free_port
+    from launcher.python_backend.cache_splits import kv_transfer_split
+    from launcher.python_backend.timings import fetch_engine_metrics
     from tests.integration.test_frontend import _env
     from tests.standins.server import serve_standin
 
@@ -359,7 +362,7 @@ def test_vllm_disagg_prefills_on_one_instance_and_the_decode_reads_its_blocks_th
     sides = [free_port(), free_port()]
     with (
         serve_standin(spec, tmp_path / "p", {f"{PRIVATE}KV_TRANSFER": f"127.0.0.1:{sides[0]}"}) as p,
-        serve_standin(spec, tmp_path / "d", {f"{PRIVATE}KV_TRANSFER": f"127.0.0.1:{sides[1]}"}) as d,
+        serve_standin(spec, tmp_path / "d", {f"{PRIVATE}KV_TRANSFER": f"127.0.0.1:{sides[1]}"}, metrics=True) as d,
     ):
         for server, side in zip((p, d), sides):
             init = events(server, "init")[0]
@@ -386,8 +389,18 @@ def test_vllm_disagg_prefills_on_one_instance_and_the_decode_reads_its_blocks_th
             prompt = "the prompt of a request served in two parts"
             got, error = generate(endpoint, prompt, max_tokens=5, ignore_eos=True)
             assert error is None and "".join(r["text_output"] for r in got) == " t0 t1 t2 t3 t4"
+            # the decode's stream is the client's, as it asked for it: counts only on the final response
+            got, error = generate(
+                endpoint, prompt, max_tokens=5, ignore_eos=True, parameters={"final_counts_only": True}
+            )
+            assert error is None and all(sorted(r) == ["text_output"] for r in got[:-1]), got
+            assert (got[-1]["output_tokens"], got[-1]["finish_reason"]) == (5, "length"), got
         finally:
             fe.stop()
+        # the decode instance's connector reported both reads in its scheduler statistics: on its metrics port
+        moved = lambda: kv_transfer_split({}, fetch_engine_metrics(d.metrics_url, d.model))  # noqa: E731
+        assert wait_for(lambda: (moved() or {}).get("transfers") == 2), moved()
+        assert moved()["bytes"] == 2 * 32768 and moved()["ms_per_transfer"] == 2.0, moved()
         first = last_generate(p, prompt)
         asked = first["sampling"]["extra_args"]["kv_transfer_params"]
         assert first["sampling"]["max_tokens"] == 1 and asked["do_remote_decode"] and not asked["do_remote_prefill"]

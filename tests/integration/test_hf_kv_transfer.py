@@ -173,14 +173,21 @@ def test_a_decode_server_given_kv_from_takes_the_prompt_from_the_prefill_server_
 ):
     """Over gRPC, as the front end will route it: the prompt to the prefill server (one token), then to the decode
     server with kv_from naming the prefill engine's address; the decode server's answer is generate's and its engine
-    counts the prompt's whole blocks as imported and found cached (llmlaunch_engine_prompt_tokens), not prefilled."""
+    counts the prompt's whole blocks as imported and found cached (llmlaunch_engine_prompt_tokens), not prefilled,
+    and the transfer with their bytes (llmlaunch_kv_transfer*: 2 x layers x KV heads x head dim float32s a token)."""
+    import json
+
     from transformers import AutoTokenizer
 
     from launcher.client.request import Generation
+    from launcher.python_backend.cache_splits import kv_transfer_split
     from launcher.python_backend.timings import settled_engine_metrics
     from tests.integration.test_hf_serving import MODEL, Stream, _text
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    c = json.loads((tiny_model_dir / "config.json").read_text())
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    token_bytes = 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * head_dim * 4
     prefill, decode, kv = servers
     p, d = Stream(prefill.grpc_url), Stream(decode.grpc_url)
     try:
@@ -197,6 +204,9 @@ def test_a_decode_server_given_kv_from_takes_the_prompt_from_the_prefill_server_
             assert after["imported_prompt_tokens"] - before["imported_prompt_tokens"] == whole
             assert after["cached_prompt_tokens"] - before["cached_prompt_tokens"] == whole
             assert after["prefill_tokens"] - before["prefill_tokens"] == n - whole
+            moved = kv_transfer_split(before, after)
+            assert (moved["transfers"], moved["failed"], moved["bytes"]) == (1, 0, whole * token_bytes), moved
+            assert moved["ms_per_transfer"] > 0, moved
     finally:
         p.close()
         d.close()
@@ -207,14 +217,19 @@ def test_kv_from_an_address_nobody_serves_computes_the_whole_prompt_and_a_bad_on
     an error; an address that is not host:port is the request's error, naming it."""
     from launcher.client.request import Generation
     from launcher.ports import free_port
-    from tests.integration.test_hf_serving import Stream, _text
+    from launcher.python_backend.cache_splits import kv_transfer_split
+    from launcher.python_backend.timings import settled_engine_metrics
+    from tests.integration.test_hf_serving import MODEL, Stream, _text
 
     _, decode, _ = servers
     d = Stream(decode.grpc_url)
     try:
         prompt = "A sentence nobody prefilled anywhere, about lighthouses and the sea"
+        before = settled_engine_metrics(decode.metrics_url, MODEL, wait_s=10)
         parts, err = d.run(Generation(prompt, max_tokens=8, kv_from=f"127.0.0.1:{free_port()}"))
         assert err is None and _text(parts) == reference(prompt, 8)[1]
+        moved = kv_transfer_split(before, settled_engine_metrics(decode.metrics_url, MODEL, wait_s=10))
+        assert (moved["transfers"], moved["failed"]) == (0, 1), moved  # counted as failed, computed whole
         parts, err = d.run(Generation(prompt, max_tokens=8, kv_from="nowhere"))
         assert "kv_from 'nowhere' is not host:port" in str(err)
     finally:

@@ -437,11 +437,11 @@ def test_first_token_times_are_exposed_as_metrics(server):
 def test_engine_steps_are_exposed_as_metrics(server):
     """The engine's step totals reach the metrics port: every decode and prompt token of a run is counted,
     and the split of a step (launch, wait, host) is consistent."""
+    from launcher.python_backend.cache_splits import prefix_cache_split
     from launcher.python_backend.timings import (
         engine_splits_after,
         engine_step_split,
         fetch_engine_metrics,
-        prefix_cache_split,
         settled_engine_metrics,
     )
 
@@ -454,7 +454,7 @@ def test_engine_steps_are_exposed_as_metrics(server):
             assert err is None
     finally:
         s.close()
-    split, prefix = engine_splits_after(url, MODEL, before, wait_s=10)
+    split, prefix, _ = engine_splits_after(url, MODEL, before, wait_s=10)
     after = fetch_engine_metrics(url, MODEL)
     assert prefix == prefix_cache_split(before, after) and prefix["prompt_tokens"] > 0, prefix
     assert after["decode_tokens"] - before["decode_tokens"] == 3 * 6, (before, after)

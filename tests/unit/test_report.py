@@ -175,3 +175,15 @@ def test_output_per_gpu_puts_layouts_of_different_sizes_side_by_side(tmp_path):
     assert (rows["agg"]["gpus"], rows["pd"]["gpus"]) == (4, 2)
     for r in rows.values():
         assert float(r["output_per_gpu"]) == pytest.approx(float(r["output_throughput"]) / int(r["gpus"]), rel=1e-3)
+
+
+def test_a_split_layouts_transfers_are_in_its_row_and_an_aggregated_ones_are_empty(tmp_path):
+    root = tmp_path / "s"
+    moved = {"transfers": 40, "failed": 0, "bytes": 40 << 20, "mib": 40.0, "mib_per_transfer": 1.0}
+    moved.update(ms_per_transfer=2.5, gib_per_s=0.4)
+    _point(root, "pd", ["disagg.prefill=1"], result={**_result(4, 40, 0.05), "server_kv_transfer": moved})
+    _point(root, "agg", ["replicas=2"], result=_result(4, 40, 0.05))
+    rows = {r["point"]: r for r in report.summary_rows(report.load_points(root), root)}
+    pd, agg = rows["pd"], rows["agg"]
+    assert (pd["kv_transfers"], float(pd["kv_transfer_ms"]), float(pd["kv_transfer_mib"])) == (40, 2.5, 1.0)
+    assert (agg["kv_transfers"], agg["kv_transfer_ms"], agg["kv_transfer_mib"]) == ("", "", "")

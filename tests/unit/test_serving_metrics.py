@@ -144,6 +144,34 @@ def test_the_front_ends_page_shows_each_replicas_engine_prompt_tokens():
     assert asyncio.run(with_engines(lambda: "own\n", addrs, ["", "", "", ""])()) == "own\n"
 
 
+def test_the_front_ends_page_shows_the_keys_and_values_each_decode_replica_moved():
+    """With disaggregated serving, a decode replica's engine counts its transfers from prefill replicas
+    (llmlaunch_kv_transfer*): the front end's page shows them per replica; replicas that moved none have no lines."""
+    import asyncio
+
+    from launcher.frontend.metrics import with_engines
+
+    prefill, url_p = metrics_server('llmlaunch_engine_prompt_tokens{model="m",kind="admitted"} 300\n')
+    decode, url_d = metrics_server(
+        'llmlaunch_kv_transfers{model="m",kind="done"} 3\n'
+        'llmlaunch_kv_transfers{model="m",kind="failed"} 1\n'
+        'llmlaunch_kv_transfer_bytes{model="m"} 196608\n'
+        'llmlaunch_kv_transfer_seconds{model="m"} 0.006\n'
+    )
+    try:
+        text = asyncio.run(with_engines(lambda: "", ["h:1", "h:2"], [url_p, url_d])())
+    finally:
+        prefill.shutdown()
+        decode.shutdown()
+    rows = [ln for ln in text.splitlines() if ln.startswith("llmlaunch_frontend_replica_kv_")]
+    assert rows == [
+        'llmlaunch_frontend_replica_kv_transfers_total{replica="1",addr="h:2",kind="done"} 3',
+        'llmlaunch_frontend_replica_kv_transfers_total{replica="1",addr="h:2",kind="failed"} 1',
+        'llmlaunch_frontend_replica_kv_transfer_bytes_total{replica="1",addr="h:2"} 196608',
+        'llmlaunch_frontend_replica_kv_transfer_seconds_total{replica="1",addr="h:2"} 0.006',
+    ], text
+
+
 class _FakeModel:
     """A served model's first-token counters as its /metrics text says them, moved by the requests a fake load
     sends: `serve(n, engine_s)` counts n first tokens of engine_s each (the other parts 0)."""
@@ -256,3 +284,51 @@ def test_after_warmup_runs_between_the_warmup_and_the_first_measured_request(mon
     job = runner.Job("u", "m", [], runner.LoadSpec(concurrency=1, num_requests=1, warmup=1))
     runner.run_load(job, after_warmup=lambda: calls.append("after_warmup"))
     assert calls == ["warmup", "after_warmup", "run", "close"]
+
+
+def test_kv_transfers_are_read_back_as_transfers_bytes_and_time_and_none_without_any():
+    from launcher.python_backend.cache_splits import format_kv_transfer, kv_transfer_split
+    from launcher.python_backend.timings import read_engine_metrics
+
+    text = """llmlaunch_kv_transfers{model="a",kind="done"} 4
+llmlaunch_kv_transfers{model="a",kind="failed"} 1
+llmlaunch_kv_transfer_bytes{model="a"} 268435456
+llmlaunch_kv_transfer_seconds{model="a"} 0.02
+"""
+    after = read_engine_metrics(text, "a")
+    split = kv_transfer_split({}, after)
+    assert split == {
+        "transfers": 4,
+        "failed": 1,
+        "bytes": 268435456,
+        "mib": 256.0,
+        "mib_per_transfer": 64.0,
+        "ms_per_transfer": 5.0,
+        "gib_per_s": 12.5,
+    }
+    assert format_kv_transfer(split) == "4 transfers (1 failed), 64.00 MiB and 5.000 ms each, 12.5 GiB/s"
+    assert kv_transfer_split(after, after) is None
+    assert kv_transfer_split({}, read_engine_metrics("", "a")) is None
+
+
+def test_vllms_connector_statistics_add_up_per_transfer_also_inside_a_multi_connector():
+    """SchedulerStats.kv_connector_stats as vLLM 0.25 sends it: NixlKVConnectorStats.data (lists, one entry a
+    transfer), or a MultiConnector's mapping of such by connector."""
+    from launcher.python_backend.counters import KVTransfers
+
+    moved = KVTransfers()
+    nixl = {
+        "transfer_duration": [0.001, 0.003],
+        "post_duration": [0.0001, 0.0001],
+        "bytes_transferred": [1024, 3072],
+        "num_descriptors": [8, 8],
+        "num_failed_transfers": [1],
+        "num_failed_notifications": [],
+        "num_kv_expired_reqs": [],
+    }
+    moved.add_vllm(nixl)
+    moved.add_vllm({"NixlConnector": nixl, "LMCacheConnector": {"hits": 3}})
+    moved.add_vllm(None)
+    got = moved.totals_map()
+    assert (got["kv_transfers"], got["kv_transfer_failures"], got["kv_transfer_bytes"]) == (4, 2, 8192)
+    assert got["kv_transfer_s"] == pytest.approx(0.008)

@@ -43,12 +43,14 @@ def launch_core(args, config, count: int) -> tuple:
     return (manager, coordinator), info
 
 
-def client(config, count: int, index: int, info: dict, stats: bool, log_stats: bool, kv_usage=None):
+def client(config, count: int, index: int, info: dict, stats: bool, log_stats: bool, kv_usage=None, transfers=None):
     """Front end `index`'s AsyncLLM (on the running event loop) of the core `info` describes.  `stats`: keep the
     requests' statistics (each RequestOutput's metrics: its queue and first-token stamps, which the served model's
     first-token split reads); `log_stats`: also log the engine's and publish its Prometheus figures (one front end
     does, or each would log its own share); kv_usage: a counters.Latest given the engine's KV-cache use as its
-    scheduler statistics come (kv_usage_logger)."""
+    scheduler statistics come (kv_usage_logger); transfers: a counters.KVTransfers given the KV connector's transfers
+    in the statistics this front end receives (vLLM sends each step's to one front end: the front ends' sum is the
+    engine's)."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
     addresses = {"input_address": info["inputs"][index], "output_address": info["outputs"][index]}
@@ -56,7 +58,7 @@ def client(config, count: int, index: int, info: dict, stats: bool, log_stats: b
         addresses["stats_update_address"] = info["stats"]
     # vLLM keeps request statistics where it logs them, or where it has a logger of its own to give them to: a
     # logger that only keeps the KV-cache use keeps the statistics without a second log
-    loggers = [kv_usage_logger(kv_usage)] if kv_usage is not None and stats else None
+    loggers = [kv_usage_logger(kv_usage, transfers)] if kv_usage is not None and stats else None
     return AsyncLLM.from_vllm_config(
         config,
         client_addresses=addresses,
@@ -67,11 +69,13 @@ def client(config, count: int, index: int, info: dict, stats: bool, log_stats: b
     )
 
 
-def kv_usage_logger(latest):
+def kv_usage_logger(latest, transfers=None):
     """A vLLM stat logger class (StatLoggerBase, as vLLM 0.25 defines it) that logs nothing and gives `latest` (a
     counters.Latest) the share of the KV cache in use each time scheduler statistics come (SchedulerStats
     .kv_cache_usage; gpu_cache_usage in older releases), which the served model sets as llmlaunch_engine_kv_cache_usage
-    (serve.autoscale.signal=kv_cache)."""
+    (serve.autoscale.signal=kv_cache), and `transfers` (a counters.KVTransfers, where given) the KV connector's
+    transfers of the step (SchedulerStats.kv_connector_stats): llmlaunch_kv_transfer* on the metrics port.  vLLM's
+    own log of them stops when it serves more than one front end; these counters do not."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
     class KVUsageStatLogger(StatLoggerBase):
@@ -82,6 +86,9 @@ def kv_usage_logger(latest):
             usage = getattr(scheduler_stats, "kv_cache_usage", getattr(scheduler_stats, "gpu_cache_usage", None))
             if usage is not None:
                 latest.set(usage)
+            moved = getattr(scheduler_stats, "kv_connector_stats", None)
+            if transfers is not None and moved:
+                transfers.add_vllm(moved)
 
         def log_engine_initialized(self):
             pass

@@ -249,6 +249,8 @@ class VLLMAdapter(EngineAdapter):
         )
         self.core = None  # the first instance of several: vLLM's engine-core process manager
         self.kv_usage = counters.Latest()  # the engine's KV-cache use, as its scheduler statistics last said
+        # keys and values its KV connector moved (disagg: NIXL's transfers), set where the engine has a connector
+        self.kv_transfers = None
         self._stopping = False
 
     async def start(self):
@@ -270,6 +272,8 @@ class VLLMAdapter(EngineAdapter):
             from vllm.config.kv_transfer import KVTransferConfig
 
             kwargs["kv_transfer_config"] = KVTransferConfig(**kwargs["kv_transfer_config"])
+        if kwargs.get("kv_transfer_config") is not None:
+            self.kv_transfers = counters.KVTransfers()
         # this instance's NIXL side channel: read by vLLM's connector in the engine core, which inherits it
         os.environ.update(side_channel_env(RankEnv.from_environ(os.environ).kv_transfer or ""))
         nnodes = int(self.params.get("nnodes", "1") or 1)
@@ -287,7 +291,11 @@ class VLLMAdapter(EngineAdapter):
                 from launcher.engines.vllm import core as vllm_core
 
                 # the engine's KV-cache use where it keeps statistics (serve.autoscale.signal=kv_cache reads it)
-                loggers = None if kwargs.get("disable_log_stats") else [vllm_core.kv_usage_logger(self.kv_usage)]
+                loggers = (
+                    None
+                    if kwargs.get("disable_log_stats")
+                    else [vllm_core.kv_usage_logger(self.kv_usage, self.kv_transfers)]
+                )
                 self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=loggers)
         except BaseException:
             if self.ray_head is not None:  # the load failed: leave no Ray head behind
@@ -345,7 +353,14 @@ class VLLMAdapter(EngineAdapter):
         self.log.info(f"front end {index} of {n} of one engine core ({'started here' if index == 0 else 'attached'})")
         # the engine's statistics are logged once, by the first front end; every front end keeps its requests' own
         return vllm_core.client(
-            config, n, index, info, stats=not args.disable_log_stats, log_stats=index == 0, kv_usage=self.kv_usage
+            config,
+            n,
+            index,
+            info,
+            stats=not args.disable_log_stats,
+            log_stats=index == 0,
+            kv_usage=self.kv_usage,
+            transfers=self.kv_transfers,
         )
 
     def _watch_core(self):

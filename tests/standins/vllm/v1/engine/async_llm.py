@@ -21,6 +21,9 @@ ENGINE = "vllm"
 
 # the stand-in's KV cache: a running request holds this share of it (vLLM reports SchedulerStats.kv_cache_usage)
 KV_SHARE_PER_REQUEST = 0.125
+# what the stand-in's connector reports for one read of a prefill's blocks (NixlKVConnectorStats' figures)
+KV_BYTES_PER_BLOCK = 32768
+KV_TRANSFER_S = 0.002
 
 
 class AsyncLLM:
@@ -33,6 +36,7 @@ class AsyncLLM:
         self.model_config = SimpleNamespace(max_model_len=engine_args.max_model_len or 4096)
         self.aborted = set()
         self.errored = False
+        self.moved = None  # NIXL's figures of the reads not yet in a step's statistics (kv_connector_stats.data)
         # a KV connector reads its side channel from the environment as it starts (vllm.envs, NixlConnector)
         side = [os.environ.get(k) for k in ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT")]
         self.side_channel = (side[0] or "localhost", int(side[1] or 5600))
@@ -92,6 +96,7 @@ class AsyncLLM:
         ids = _standin.prompt_ids(prompt)
         words, start = _standin.continued(prompt)
         cached = _standin.cached_tokens(words)
+        self._read_blocks(sp)
         # the engine core's stamps: queued as the request arrives, its first token when the script makes it
         stats = RequestStateStats(arrival_time=time.time(), queued_ts=time.monotonic()) if self.log_stats else None
         self.running += 1
@@ -146,11 +151,24 @@ class AsyncLLM:
             "remote_num_tokens": n_prompt,
         }
 
+    def _read_blocks(self, sp):
+        """A decode with a prefill's kv_transfer_params reads its blocks (NIXL on a GPU): the next step's statistics
+        report the read as NixlKVConnectorStats does, its bytes the handle's blocks'."""
+        params = (sp.extra_args or {}).get("kv_transfer_params") or {}
+        if self.engine_args.kv_transfer_config is None or not params.get("do_remote_prefill"):
+            return
+        blocks = sum(len(b) for b in params.get("remote_block_ids") or ())
+        self.moved = self.moved or {k: [] for k in ("transfer_duration", "bytes_transferred", "num_failed_transfers")}
+        self.moved["transfer_duration"].append(KV_TRANSFER_S)
+        self.moved["bytes_transferred"].append(blocks * KV_BYTES_PER_BLOCK)
+
     def _record(self):
         """A step's scheduler statistics to the stat loggers, as vLLM's output handler gives them."""
         usage = min(1.0, self.running * KV_SHARE_PER_REQUEST)
+        moved, self.moved = self.moved, None
         for logger in self.loggers:
-            logger.record(SimpleNamespace(kv_cache_usage=usage, num_running_reqs=self.running), None)
+            stats = SimpleNamespace(kv_cache_usage=usage, num_running_reqs=self.running, kv_connector_stats=moved)
+            logger.record(stats, None)
 
     async def abort(self, request_id, internal=False):
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
