@@ -19,6 +19,11 @@
 #                                                # CUDA_VISIBLE_DEVICES=0,0 ... cluster.gpus_per_node=2)
 #   benchmark/gpu/engines.sh chaos OUT LABEL ARGS...    # benchmark.chaos (ARGS: its flags, then overrides), both
 #                                                # replicas on the one GPU
+#   benchmark/gpu/engines.sh disagg OUT [OVERRIDES...]  # vLLM prefill/decode 1+1 on the one GPU (NIXL; the carry's
+#                                                # p4) against one aggregated instance, 2,048-token prompts, 128 new,
+#                                                # C=1/16/64 twice (each row: what NIXL moved, from the
+#                                                # replicas' llmlaunch_kv_transfer* counters); greedy answers of
+#                                                # both (100 prompts, one at a time) compared
 #   benchmark/gpu/engines.sh identity OUT A B     # greedy answers of served labels A and B (IDENTITY=1), compared
 #   benchmark/gpu/engines.sh openai OUT           # OpenAI streaming vs KServe gRPC on the hf engine (OPENAI_LOADS),
 #                                                # the API's chunks/s with a no-op model, first-token times by route
@@ -33,6 +38,7 @@
 #   call 1, carry .vllm/p1: benchmark/gpu/carry/vllm_parts.sh stash .vllm/p1
 #   call 2, carry .vllm/p2: benchmark/gpu/carry/vllm_parts.sh stash .vllm/p2
 #   call 3, carry .vllm/p3: benchmark/gpu/carry/vllm_parts.sh stash .vllm/p3 && benchmark/gpu/carry/vllm_parts.sh install
+#           (for `disagg`: call 3 only stashes, and call 3b, carry .vllm/p4, stashes NIXL and installs)
 #   call 4, carry .whl:     R=/tmp/engres; benchmark/gpu/engines.sh yardsticks $R; CHECK=1 benchmark/gpu/engines.sh \
 #                           served $R vllm engine=vllm model.path=/tmp/llama-1b model.dtype=bfloat16; \
 #                           benchmark/gpu/engines.sh pack $R $OUT
@@ -88,7 +94,7 @@
 # first served configuration SERVED_TIMEOUT to match.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-cmd=${1:?usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | vllm_serve OUT LABEL ARGS... | lmdeploy OUT | sglang OUT | sglang_serve OUT LABEL ARGS... | openai OUT | split OUT LABEL | routing OUT LABEL ARGS... | chaos OUT LABEL ARGS... | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST}
+cmd=${1:?usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | vllm_serve OUT LABEL ARGS... | lmdeploy OUT | sglang OUT | sglang_serve OUT LABEL ARGS... | openai OUT | split OUT LABEL | routing OUT LABEL ARGS... | chaos OUT LABEL ARGS... | disagg OUT [OVERRIDES...] | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST}
 OUT=${2:?the results folder}
 MODEL=${MODEL:-/tmp/llama-1b}
 LOADS=${LOADS-1:32 64:1000 128:1000}
@@ -121,7 +127,7 @@ sglang*|*" engine=sglang "*)
 esac
 PY=${PYTHON:-python3}
 [ -f "$MODEL/config.json" ] || $PY -m launcher.tiny --out "$MODEL" --hidden 2048 --layers 16 --heads 32 --kv-heads 8 \
-    --intermediate 8192 --vocab 128256 --tie-word-embeddings true --rope-theta 500000 --dtype "${MODEL_DTYPE:-bfloat16}" > /dev/null
+    --intermediate 8192 --vocab 128256 --tie-word-embeddings true --rope-theta 500000 --max-position-embeddings 8192 --dtype "${MODEL_DTYPE:-bfloat16}" > /dev/null
 VLLM=(engine=vllm "model.path=$MODEL" model.dtype=bfloat16)
 case $cmd in
 yardsticks)
@@ -146,7 +152,7 @@ served)
     echo "== $LABEL: llmlaunch $*"
     # shellcheck disable=SC2086
     timeout "${SERVED_TIMEOUT:-560}" $PY -m benchmark.gpu.serve_bench --label "$LABEL" --out "$OUT" --tokenizer "$MODEL" \
-        --concurrency $LOADS ${CHECK:+--check} ${IDENTITY:+--identity "$OUT/$LABEL.identity.json"} \
+        --concurrency $LOADS ${CHECK:+--check} ${IDENTITY:+--identity "$OUT/$LABEL.identity.json" --identity-prompts "${IDENTITY_PROMPTS:-32:8}"} \
         ${LOGPROBS:+--logprobs "$OUT/$LABEL.logprobs.json"} ${STRUCTURED:+--structured "$OUT/$LABEL.structured.json"} \
         ${BENCH_ARGS:+--bench-args "$BENCH_ARGS"} ${WORKLOAD:+--workload "$WORKLOAD"} ${ROUNDS:+--rounds "$ROUNDS"} -- "$@" ;;
 vllm_serve)  # what a vLLM user starts instead of llmlaunch: the yardstick of every served vLLM row (engines_table.py)
@@ -220,6 +226,15 @@ chaos)  # benchmark.chaos, both replicas on the one GPU (CUDA_VISIBLE_DEVICES=0,
     CUDA_VISIBLE_DEVICES=0,0 timeout "${SERVED_TIMEOUT:-3000}" $PY -m benchmark.chaos --json "$OUT/$LABEL.chaos.json" \
         "$@" cluster.gpus_per_node=2 > /dev/null 2> "$OUT/$LABEL.chaos.log"
     tail -2 "$OUT/$LABEL.chaos.log" ;;
+disagg)  # vLLM's prefill and decode (1+1, NIXL, both on the one GPU) against one aggregated instance: OVERRIDES for both
+    shift 2
+    both=("${VLLM[@]}" "engine.gpu_memory_utilization=${GPU_SHARE:-0.4}" "$@")
+    export BENCH_ARGS=${BENCH_ARGS:---input-len 2048 --output-len 128} LOADS=${DISAGG_LOADS:-1:32 16:256 64:512}
+    export IDENTITY=${IDENTITY-1} IDENTITY_PROMPTS=${IDENTITY_PROMPTS:-100:1} ROUNDS=${ROUNDS:-2}
+    "$0" served "$OUT" vllm_agg "${both[@]}"
+    CUDA_VISIBLE_DEVICES=0,0 CHECK=${CHECK-1} "$0" served "$OUT" vllm_pd "${both[@]}" disagg.prefill=1 disagg.decode=1 \
+        cluster.gpus_per_node=2
+    [ -z "$IDENTITY" ] || "$0" identity "$OUT" vllm_agg vllm_pd ;;
 identity)
     A=${3:?label A}; B=${4:?label B}
     $PY -m benchmark.gpu.identity compare "$OUT/$A.identity.json" "$OUT/$B.identity.json" --tokenizer "$MODEL" \
@@ -234,5 +249,5 @@ pack)  # the table and every result in one archive, into DEST (the device tool's
     tar czf "$DEST/results.tgz" -C "$(dirname "$OUT")" "$(basename "$OUT")"
     cat "$DEST/table.txt" ;;
 *)
-    echo "usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | vllm_serve OUT LABEL ARGS... | lmdeploy OUT | sglang OUT | sglang_serve OUT LABEL ARGS... | openai OUT | split OUT LABEL | routing OUT LABEL ARGS... | chaos OUT LABEL ARGS... | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST" >&2; exit 2 ;;
+    echo "usage: engines.sh yardsticks OUT | served OUT LABEL OVERRIDES... | vllm_serve OUT LABEL ARGS... | lmdeploy OUT | sglang OUT | sglang_serve OUT LABEL ARGS... | openai OUT | split OUT LABEL | routing OUT LABEL ARGS... | chaos OUT LABEL ARGS... | disagg OUT [OVERRIDES...] | identity OUT A B | smollm2 DEST PARTS... | table OUT | pack OUT DEST" >&2; exit 2 ;;
 esac

@@ -8,6 +8,8 @@ then N counted, --input-len-token synthetic prompts (the tokenizer's, the same o
 --output-len new tokens each (ignore_eos). --check first runs the real-engine contract tests
 (tests/gpu/test_served_engine.py) against the same server; --identity FILE collects its greedy answers
 (benchmark/gpu/identity.py) for comparison with another serving. Stops llmlaunch with Ctrl-C's signal.
+Each bench reads every replica's metrics (--server-metrics): the first-token split, the prefix cache, and with
+disaggregated serving the keys and values the decode replicas moved (transfers, bytes, time).
 Prints one row per concurrency and writes DIR/<label>.json (the rows, READY time, each bench's JSON
 path).  --workload NAME=ARGS (repeatable) runs each load again with more llmlaunch-bench arguments while the same
 server is up (a shared-prefix dataset beside the synthetic one); its rows carry the workload's name.
@@ -39,6 +41,7 @@ from benchmark.openai_logprobs import collect as logprobs_collect
 from benchmark.openai_structured import main as structured_main
 from benchmark.servers import CHECKOUT, start_llmlaunch, stop_llmlaunch
 from launcher.engines.vllm import LOAD_PHASES as STARTUP
+from launcher.python_backend.cache_splits import format_kv_transfer
 from launcher.python_backend.timings import PARTS
 from launcher.rundir import RunDir
 
@@ -77,6 +80,13 @@ def start_command(command: str, health_url: str, log_path: str, timeout_s: float
         time.sleep(1)
 
 
+def replica_metrics(run_dir: str) -> str:
+    """Every replica leader's tritonserver metrics URL of a served llmlaunch run, comma-separated (what
+    llmlaunch-bench --server-metrics sums: the first-token split, engine totals, keys and values moved)."""
+    ep = RunDir(run_dir).read_endpoint()
+    return ",".join(r.metrics_url for r in (ep.replicas if ep else ()) if r.metrics_url)
+
+
 def bench(url: str, c: int, n: int, args, out_json: str, extra: str = "", run: int = 0) -> dict:
     """llmlaunch-bench at concurrency C, N requests counted, its metrics.  The prompts are new to the server at every
     load and pass: seed 2C (+ 1 for the warm-up), + 10000 a pass (`run`, --rounds)."""
@@ -112,6 +122,7 @@ def bench(url: str, c: int, n: int, args, out_json: str, extra: str = "", run: i
         "--label",
         f"{args.label} C={c}",
         *(["--backend", "openai-completions"] if args.server_command else []),
+        *(["--server-metrics", args.metrics] if args.metrics and "--server-metrics" not in args.bench_args else []),
         *shlex.split(args.bench_args),
         *shlex.split(extra),
     ]
@@ -129,12 +140,12 @@ def openai_url(args, run_dir: str) -> str:
     return RunDir(run_dir).read_endpoint().openai_url
 
 
-def server_splits(out_json: str) -> tuple[dict | None, dict | None]:
-    """A bench run's (first-token split, prefix cache) read from the served model's metrics (with
-    --server-metrics), each None where the model has none."""
+def server_splits(out_json: str) -> tuple[dict | None, dict | None, dict | None]:
+    """A bench run's (first-token split, prefix cache, keys and values moved) read from the served model's metrics
+    (with --server-metrics), each None where the model has none."""
     with open(out_json) as f:
         doc = json.load(f)
-    return doc.get("server_first_token_ms"), doc.get("server_prefix_cache")
+    return doc.get("server_first_token_ms"), doc.get("server_prefix_cache"), doc.get("server_kv_transfer")
 
 
 def split_text(split: dict | None) -> str:
@@ -162,6 +173,12 @@ def main(argv=None) -> int:
     p.add_argument("--ready-timeout", type=float, default=900.0)
     p.add_argument("--check", action="store_true", help="run tests/gpu/test_served_engine.py against the server first")
     p.add_argument("--identity", metavar="FILE", help="write the server's greedy answers (identity.py collect) here")
+    p.add_argument(
+        "--identity-prompts",
+        default="32:8",
+        metavar="N:C",
+        help="with --identity: N prompts, C at a time (C=1: no batch can decide a near-tie; 64 new tokens each)",
+    )
     p.add_argument(
         "--logprobs",
         metavar="FILE",
@@ -195,6 +212,7 @@ def main(argv=None) -> int:
     p.add_argument("--server-command", default="", help="serve with this command instead of llmlaunch")
     p.add_argument("--server-url", default="", help="with --server-command: its OpenAI base URL (/health is polled)")
     args = p.parse_args(argv)
+    args.metrics = ""  # the served replicas' metrics URLs, once llmlaunch serves
     if args.server_command and not args.server_url:
         p.error("--server-command needs --server-url, the base URL it serves (e.g. http://127.0.0.1:8100)")
     workloads = [("", "")] + [tuple(w.split("=", 1)) if "=" in w else (w, "") for w in args.workload]
@@ -210,6 +228,7 @@ def main(argv=None) -> int:
     else:
         served = start_llmlaunch([*overrides, f"run_dir={run_dir}"], Path(log_path), args.ready_timeout)
         proc, url = served.proc, served.url
+        args.metrics = replica_metrics(run_dir)
     ready_s = time.monotonic() - t0
     startup = {} if args.server_command else startup_breakdown(run_dir)
     print(
@@ -248,7 +267,8 @@ def main(argv=None) -> int:
             print(check.stdout[-4000:], flush=True)
         if args.identity:
             with open(args.identity, "w") as f:
-                json.dump(collect(url, 32, 64, 8), f, indent=1)
+                n, _, c = args.identity_prompts.partition(":")
+                json.dump(collect(url, int(n), 64, int(c or 8)), f, indent=1)
             print(f"{args.label}: greedy answers in {args.identity}", flush=True)
         if args.logprobs:
             with open(args.logprobs, "w") as f:
@@ -270,7 +290,7 @@ def main(argv=None) -> int:
             except RuntimeError as exc:
                 print(f"{args.label} {workload} C={c}: {exc}", flush=True)
                 continue
-            first_token, prefix = server_splits(out_json)
+            first_token, prefix, moved = server_splits(out_json)
             row = {
                 "round": run + 1,
                 "workload": workload,
@@ -283,6 +303,7 @@ def main(argv=None) -> int:
                 "tpot_ms_p50": m["tpot_ms"]["p50"],
                 "tokens_per_response": m.get("tokens_per_response"),
                 "prefix_hit_rate": (prefix or {}).get("prefix_hit_rate"),
+                "kv_transfer": moved,
                 "first_token_ms": first_token,
                 "failed": m["failed"],
                 "json": out_json,
@@ -293,7 +314,8 @@ def main(argv=None) -> int:
                 f"{row['ttft_ms_p50']:.2f} ms  ITL p50 {row['itl_ms_p50']:.2f} ms  tok/resp "
                 f"{row['tokens_per_response'] or 0:.2f}  failed {row['failed']}"
                 + (f"  prefix hits {100 * row['prefix_hit_rate']:.1f}%" if row["prefix_hit_rate"] is not None else "")
-                + split_text(first_token),
+                + split_text(first_token)
+                + (f"  moved: {format_kv_transfer(moved)}" if moved else ""),
                 flush=True,
             )
     finally:

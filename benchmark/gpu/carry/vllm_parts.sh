@@ -9,7 +9,9 @@
 # `make` downloads vLLM and the packages it imports that the host lacks, drops what an H100/H200 does not use
 # (FlashAttention-2 kernels: Hopper runs FA3; the vllm-rs binary; deep_gemm builds for other Pythons), and splits
 # the result into DIR/p1, DIR/p2 (vLLM, xz) and DIR/p3 (dependency wheels), each under one carry's 64 MiB with
-# the checkout. The device machine is given back after 30 s idle: carry the parts in back-to-back calls
+# the checkout; DIR/p4 holds NIXL (nixl-cu13 1.5.1 and the `nixl` module vLLM imports it by), which vLLM's
+# NixlConnector needs for disaggregated serving only: stash it before `install` where a run splits prefill and
+# decode. The device machine is given back after 30 s idle: carry the parts in back-to-back calls
 # (benchmark/gpu/engines.sh says the order), then use the same warm machine.
 # `install` leaves /tmp/vllm-site to prepend to PYTHONPATH; the host's own torch 2.11 stays.
 set -euo pipefail
@@ -20,7 +22,7 @@ cmd=${1:?usage: vllm_parts.sh make [DIR] | stash PART | install}
 case $cmd in
 make)
     DIR=${2:-.vllm}
-    mkdir -p "$DIR"/p1 "$DIR"/p2 "$DIR"/p3 "$DIR"/work
+    mkdir -p "$DIR"/p1 "$DIR"/p2 "$DIR"/p3 "$DIR"/p4 "$DIR"/work
     dl() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
             --platform manylinux_2_35_x86_64 --platform manylinux_2_34_x86_64 --platform manylinux_2_31_x86_64 \
             --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_26_x86_64 \
@@ -37,6 +39,7 @@ make)
        pyzmq msgspec mistral_common pycountry compressed-tensors==0.17.0 depyf==0.20.0 astor dill watchfiles \
        python-json-logger pybase64 cbor2 ijson setproctitle openai-harmony gguf flashinfer-python==0.6.13 nvtx==0.2.15 \
        typing_extensions model-hosting-container-standards==0.1.16 jmespath==1.1.0 supervisor==4.3.0
+    dl "$DIR"/p4 nixl==1.5.1 nixl-cu13==1.5.1
     rm -rf "$DIR"/work/x && mkdir -p "$DIR"/work/x
     (cd "$DIR"/work/x && python3 -m zipfile -e ../vllm-0.25.0-cp38-abi3-manylinux_2_28_x86_64.whl .)
     rm -f "$DIR"/work/x/vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so "$DIR"/work/x/vllm/vllm-rs \
@@ -47,7 +50,7 @@ make)
     mv "$DIR"/work/vllm.tar.xz.00 "$DIR"/p1/
     mv "$DIR"/work/vllm.tar.xz.01 "$DIR"/p2/
     [ ! -e "$DIR"/work/vllm.tar.xz.02 ] || { echo "vllm_parts: the trimmed vLLM needs a third part" >&2; exit 1; }
-    du -sh "$DIR"/p1 "$DIR"/p2 "$DIR"/p3 ;;
+    du -sh "$DIR"/p1 "$DIR"/p2 "$DIR"/p3 "$DIR"/p4 ;;
 stash)
     parts_stash "${2:?usage: vllm_parts.sh stash PART}" /tmp/vparts ;;
 install)
