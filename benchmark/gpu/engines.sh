@@ -23,7 +23,8 @@
 #                                                # p4) against one aggregated instance, 2,048-token prompts, 128 new,
 #                                                # C=1/16/64 twice (each row: what NIXL moved, from the
 #                                                # replicas' llmlaunch_kv_transfer* counters); greedy answers of
-#                                                # both (100 prompts, one at a time) compared
+#                                                # both (100 prompts, one at a time) compared; UCX_PROTO_INFO=y in
+#                                                # the environment: the path UCX picks for the reads, in the rank logs
 #   benchmark/gpu/engines.sh identity OUT A B     # greedy answers of served labels A and B (IDENTITY=1), compared
 #   benchmark/gpu/engines.sh openai OUT           # OpenAI streaming vs KServe gRPC on the hf engine (OPENAI_LOADS),
 #                                                # the API's chunks/s with a no-op model, first-token times by route

@@ -80,11 +80,16 @@ def start_command(command: str, health_url: str, log_path: str, timeout_s: float
         time.sleep(1)
 
 
-def replica_metrics(run_dir: str) -> str:
+def replica_metrics(run_dir: str) -> tuple[str, str]:
     """Every replica leader's tritonserver metrics URL of a served llmlaunch run, comma-separated (what
-    llmlaunch-bench --server-metrics sums: the first-token split, engine totals, keys and values moved)."""
-    ep = RunDir(run_dir).read_endpoint()
-    return ",".join(r.metrics_url for r in (ep.replicas if ep else ()) if r.metrics_url)
+    llmlaunch-bench --server-metrics sums: the first-token split, engine totals, keys and values moved), and those
+    of them that are prefill replicas' (--prefill-metrics: their first-token split beside the decode replicas')."""
+    run = RunDir(run_dir)
+    ep = run.read_endpoint()
+    held = [r for r in (ep.replicas if ep else ()) if r.metrics_url]
+    spec = run.read_spec() if held else None
+    prefill = [r.metrics_url for r in held if spec.role(r.replica) == "prefill"]
+    return ",".join(r.metrics_url for r in held), ",".join(prefill)
 
 
 def bench(url: str, c: int, n: int, args, out_json: str, extra: str = "", run: int = 0) -> dict:
@@ -123,6 +128,7 @@ def bench(url: str, c: int, n: int, args, out_json: str, extra: str = "", run: i
         f"{args.label} C={c}",
         *(["--backend", "openai-completions"] if args.server_command else []),
         *(["--server-metrics", args.metrics] if args.metrics and "--server-metrics" not in args.bench_args else []),
+        *(["--prefill-metrics", args.prefill_metrics] if args.prefill_metrics and args.metrics else []),
         *shlex.split(args.bench_args),
         *shlex.split(extra),
     ]
@@ -149,10 +155,13 @@ def server_splits(out_json: str) -> tuple[dict | None, dict | None, dict | None]
 
 
 def split_text(split: dict | None) -> str:
-    """'  first token: parse 0.21 engine 9.80 respond 0.12 send 0.08 outside 2.10 ms' (mean ms; '' without)."""
+    """'  first token: parse 0.21 engine 9.80 respond 0.12 send 0.08 outside 2.10 ms' (mean ms; '' without); disagg:
+    the decode replicas' parts, then the prefill replicas' inside as 'prefill'."""
     if not split:
         return ""
-    parts = [(k, split.get(k)) for k in (*PARTS, "outside_server")]
+    parts = [(k, split.get(k)) for k in PARTS]
+    parts.append(("prefill", (split.get("prefill") or {}).get("inside_server")))  # disagg: the prefill replica's
+    parts.append(("outside", split.get("outside_server")))
     return "  first token: " + " ".join(f"{k.split('_')[0]} {v:.2f}" for k, v in parts if v) + " ms"
 
 
@@ -212,7 +221,7 @@ def main(argv=None) -> int:
     p.add_argument("--server-command", default="", help="serve with this command instead of llmlaunch")
     p.add_argument("--server-url", default="", help="with --server-command: its OpenAI base URL (/health is polled)")
     args = p.parse_args(argv)
-    args.metrics = ""  # the served replicas' metrics URLs, once llmlaunch serves
+    args.metrics = args.prefill_metrics = ""  # the served replicas' metrics URLs (all, prefill), once llmlaunch serves
     if args.server_command and not args.server_url:
         p.error("--server-command needs --server-url, the base URL it serves (e.g. http://127.0.0.1:8100)")
     workloads = [("", "")] + [tuple(w.split("=", 1)) if "=" in w else (w, "") for w in args.workload]
@@ -228,7 +237,7 @@ def main(argv=None) -> int:
     else:
         served = start_llmlaunch([*overrides, f"run_dir={run_dir}"], Path(log_path), args.ready_timeout)
         proc, url = served.proc, served.url
-        args.metrics = replica_metrics(run_dir)
+        args.metrics, args.prefill_metrics = replica_metrics(run_dir)
     ready_s = time.monotonic() - t0
     startup = {} if args.server_command else startup_breakdown(run_dir)
     print(

@@ -168,6 +168,13 @@ def add_results(p: argparse.ArgumentParser) -> None:
         "metrics_url), comma-separated: their totals are summed",
     )
     o.add_argument(
+        "--prefill-metrics",
+        metavar="URL[,URL...]",
+        help="disaggregated serving: which of --server-metrics' URLs are prefill replicas' (the first "
+        "disagg.prefill replicas of endpoint.json); the first-token split is then shown for the decode replicas "
+        "with the prefill replicas' beside it, and what lies outside both (the front end's two legs, gRPC, client)",
+    )
+    o.add_argument(
         "--compare",
         metavar="URL2[,MODEL2]",
         help="identity test: run the same load against a second model and print the speedup of it over the first",

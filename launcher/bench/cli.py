@@ -145,9 +145,11 @@ def bench_one(
     label: str = "",
     progress_label: str = "",
     server_metrics: str | None = None,
+    prefill_metrics: str | None = None,
 ) -> dict:
     """Run the benchmark once; returns the result document (see module docstring).  `server_metrics`: the
-    served model's metrics URL, read before and after for the first-token split."""
+    served model's metrics URL, read before and after for the first-token split; `prefill_metrics`: those of them
+    that are prefill replicas (disagg), whose split is shown beside the decode replicas'."""
     sampling = {
         "temperature": args.temperature,
         "top_p": args.top_p,
@@ -174,6 +176,9 @@ def bench_one(
 
         def after_warmup():
             totals["before"] = _server_totals(server_metrics, model)
+            if prefill_metrics:  # each role's first-token totals, settled with the others above
+                decode = decode_metrics(server_metrics, prefill_metrics)
+                totals["roles"] = tuple(timings.fetch_first_token_metrics(u, model) for u in (decode, prefill_metrics))
 
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     _announce(spec, num_requests, model, url, kind)
@@ -192,7 +197,7 @@ def bench_one(
         # is taken over the same measured requests, those it has a first token of
         ttfts = [r.ttft for r in results if r.ttft is not None]
         ttft_mean = 1000.0 * sum(ttfts) / len(ttfts) if ttfts else None
-        split = timings.first_token_split(server_metrics, model, before, len(ttfts), ttft_mean)
+        split = _first_token_split(server_metrics, prefill_metrics, model, totals, len(ttfts), ttft_mean)
     if engine_before is not None:
         steps, prefix, moved = timings.engine_splits_after(server_metrics, model, engine_before)
     return {
@@ -212,6 +217,25 @@ def bench_one(
     }
 
 
+def decode_metrics(server_metrics: str, prefill_metrics: str) -> str:
+    """The URLs of `server_metrics` that are not prefill replicas' (`prefill_metrics`), comma-separated."""
+    prefill = {u.strip() for u in prefill_metrics.split(",")}
+    return ",".join(u.strip() for u in server_metrics.split(",") if u.strip() and u.strip() not in prefill)
+
+
+def _first_token_split(server_metrics, prefill_metrics, model: str, totals: dict, n: int, ttft_mean) -> dict | None:
+    """The model's first-token split over the n measured requests; with prefill replicas, the decode replicas' with
+    the prefill replicas' beside it (timings.with_prefill_split)."""
+    if not prefill_metrics:
+        return timings.first_token_split(server_metrics, model, totals["before"][0], n, ttft_mean)
+    decode_before, prefill_before = totals["roles"]
+    decode = decode_metrics(server_metrics, prefill_metrics)
+    split = timings.first_token_split(decode, model, decode_before, n, ttft_mean)
+    return timings.with_prefill_split(
+        split, timings.first_token_split(prefill_metrics, model, prefill_before, n, None), ttft_mean
+    )
+
+
 def _request_parameters(args, url: str, model: str) -> dict:
     """The Triton request parameters every request carries: --request-param's, and final_counts_only where it is
     asked for or, unasked, where a streamed run's model says it honours it (one config read per model)."""
@@ -226,6 +250,22 @@ def _request_parameters(args, url: str, model: str) -> dict:
         if asked:
             params["final_counts_only"] = True
     return params
+
+
+def _check_prefill_metrics(args) -> None:
+    """--prefill-metrics names some of --server-metrics' servers, not all of them."""
+    if not args.prefill_metrics:
+        return
+    if not args.server_metrics:
+        raise ValueError(
+            f"--prefill-metrics {args.prefill_metrics}: it names the prefill replicas among --server-metrics' "
+            "servers, and --server-metrics is not given; give every replica leader's metrics URL to --server-metrics"
+        )
+    if not decode_metrics(args.server_metrics, args.prefill_metrics):
+        raise ValueError(
+            f"--prefill-metrics {args.prefill_metrics}: it names every server of --server-metrics, so no decode "
+            "replica is left to split; give --server-metrics every replica leader's URL, decode ones included"
+        )
 
 
 def _server_totals(server_metrics: str, model: str, settled: bool = True) -> tuple | None:
@@ -311,6 +351,7 @@ def run(args) -> int:
     url = backend.url(args.url)
     spec_from_args(args, args.num_prompts).check()  # fail on bad load arguments before loading data
     metrics.parse_slos(args.goodput)
+    _check_prefill_metrics(args)
     model = args.model or backend.default_model(url)
     if args.tokenizer is None and backend.name == "triton-grpc":
         # prompts in the served model's tokens: --input-len 128 sends 128 of them
@@ -331,6 +372,7 @@ def run(args) -> int:
             label=args.label or "",
             progress_label="A " if args.compare else "",
             server_metrics=args.server_metrics,
+            prefill_metrics=args.prefill_metrics,
         )
     ]
     if args.compare:

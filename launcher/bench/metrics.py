@@ -261,7 +261,8 @@ def format_table(m: dict, title: str = "Serving Benchmark Result") -> str:
 
 
 def format_first_token_split(split: dict) -> str:
-    """--server-metrics: where the mean TTFT goes (launcher/python_backend/timings.py), as rows under the table."""
+    """--server-metrics: where the mean TTFT goes (launcher/python_backend/timings.py), as rows under the table; with
+    --prefill-metrics the model's rows are the decode replicas', the prefill replicas' engine and inside after them."""
     w = 50
     lines = [" Mean TTFT, inside the model / outside ".center(w, "-")]
     for key, name in (
@@ -271,16 +272,25 @@ def format_first_token_split(split: dict) -> str:
         ("back", "first token back to the stub"),
         ("respond", "response built"),
         ("send", "response sent to tritonserver"),
-        ("outside_server", "tritonserver, gRPC, client"),
+        (
+            "outside_server",
+            "front end, gRPC, client" if split.get("prefill") else "tritonserver, gRPC, client",
+        ),
     ):
         # add and back are the hf engine process's hops; the other engines' models count them in `engine`
         if split.get(key) is not None and (split[key] or key not in ("add", "back")):
             lines.append(f"{name + ' (ms):':<34}{_fmt(split[key]):>16}")
+        if key == "send" and split.get("prefill"):  # disagg: the rows above are the decode replicas'
+            pre = split["prefill"]
+            lines.append(f"{'prefill replica, engine (ms):':<34}{_fmt(pre['engine']):>16}")
+            lines.append(f"{'prefill replica, inside (ms):':<34}{_fmt(pre['inside_server']):>16}")
     if split.get("outside_server") is None and split.get("client_requests") is not None:
         # means over different requests do not subtract: say so rather than print a part that is not one
         lines.append(f"{'tritonserver, gRPC, client (ms):':<34}{'not split':>16}")
         lines.append(f"{'requests timed by the client:':<34}{_fmt(split['client_requests']):>16}")
     lines.append(f"{'requests counted by the model:':<34}{_fmt(split['requests']):>16}")
+    if split.get("prefill"):
+        lines.append(f"{'... by the prefill replicas:':<34}{_fmt(split['prefill']['requests']):>16}")
     lines.append("=" * w)
     return "\n".join(lines)
 

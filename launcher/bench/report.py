@@ -74,6 +74,7 @@ SUMMARY_FIELDS = (
     "ttft_p99_ms",
     "ttft_mean_ms",
     "ttft_engine_ms",
+    "ttft_prefill_ms",
     "ttft_outside_ms",
     "tpot_p50_ms",
     "tpot_p99_ms",
@@ -285,6 +286,8 @@ def summary_rows(points: list[Point], sweep: Optional[Path] = None) -> list[dict
         row.update(
             ttft_mean_ms=pt.metric("ttft_ms.mean"),
             ttft_engine_ms=split.get("engine"),
+            # disagg: the prefill replica's share (its one-token request, inside its server); engine is the decode's
+            ttft_prefill_ms=(split.get("prefill") or {}).get("inside_server"),
             ttft_outside_ms=split.get("outside_server"),
         )
         # ... and how its engine spent a step: the loop's time per step, and the GPU waiting for the host

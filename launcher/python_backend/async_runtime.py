@@ -208,7 +208,7 @@ class AsyncEngineRuntime:
         cached = None  # the prompt tokens the engine's prefix cache served, once it says
         parts = []  # a non-streamed request's text; a streamed one's last piece (sent with the final response)
         finish = handle = None
-        if greq.stream and began:
+        if (greq.stream or greq.params.kv_export) and began:  # a prefill's one token is its decode's first token
             out.times = (began, time.monotonic())
         settle = self._settle(greq, out)
         settled: list = []  # ids whose text is out, to go with the next text posted
@@ -392,7 +392,9 @@ class AsyncEngineRuntime:
                     if final[3]:  # a kv_export request's handle (the front end sends it on as kv_from)
                         extra.append(self._responder.text_tensor("kv_handle", final[3]))
                     response = triton_io.response(text + final[1], n_in, n_out, final[2], extra=extra)
-                    self._send_streamed(out, response, times if text or final[1] else None, final=True)
+                    # counted where it carries text, and a kv_export request's always (its handle: the decode's
+                    # first token waits for it, whatever the one token's text)
+                    self._send_streamed(out, response, times if text or final[1] or final[3] else None, final=True)
                 else:
                     if text:  # what was generated before the failure still reaches the client
                         self._send(out.sender, self._responder.build(text, self._responder.input_tokens(n_in), n_out))

@@ -3,7 +3,8 @@
 1. Where a streamed request's first token spends its time inside the model.  A client sees
    time to first token (TTFT); this splits the part spent inside the model into six,
    measured per streamed request on one clock (CLOCK_MONOTONIC is shared by every process
-   of the machine):
+   of the machine).  A kv_export request (a prefill replica's part of a disaggregated request:
+   one token, not streamed) is counted too: its time is part of its decode's first token.
 
   parse    the model's `execute` took the request -> read and checked it, queued it with the engine
   add      queued -> the engine process received it (the socket, the engine process's reader thread)
@@ -86,10 +87,10 @@ FIRST_TOKEN_COUNTERS = tuple(
         "part",
         p,
         p,
-        "seconds streamed requests spent before their first response, by part (launcher.python_backend.timings)",
+        "seconds streamed (and kv_export) requests spent before their first response, by part (launcher.python_backend.timings)",
     )
     for p in PARTS
-) + ((COUNT, None, None, "count", "streamed requests counted in llmlaunch_first_token_seconds"),)
+) + ((COUNT, None, None, "count", "streamed (and kv_export) requests counted in llmlaunch_first_token_seconds"),)
 _ENGINE_SECONDS_DOC = "seconds of the engine loop by part: step (wall), launch, wait (for the GPU), gpu, gpu_idle"
 ENGINE_COUNTERS = (
     tuple(
@@ -458,3 +459,19 @@ def first_token_split(
         split["outside_server"] = round(ttft_mean_ms - split["inside_server"], 3) if same else None
         split["client_requests"] = int(expected)
     return split
+
+
+def with_prefill_split(split: dict | None, prefill: dict | None, ttft_mean_ms: float | None) -> dict | None:
+    """A disaggregated run's first-token split: `split` over the decode replicas (their requests: the prompt's keys
+    and values moved in, its last token computed) with `prefill`, the same split over the prefill replicas (each
+    prompt's one-token request), under "prefill"; `outside_server` becomes the client's mean TTFT minus both insides:
+    the front end's two legs, gRPC and the client.  None where a side counted other requests than the client timed
+    (a prefill that failed, so its decode computed the prompt itself; another client's requests)."""
+    if split is None or prefill is None:
+        return split
+    out = dict(split)
+    out["prefill"] = {k: prefill[k] for k in (*PARTS, "inside_server", "requests")}
+    expected = split.get("client_requests")
+    same = ttft_mean_ms is not None and split["requests"] == prefill["requests"] == expected
+    out["outside_server"] = round(ttft_mean_ms - split["inside_server"] - prefill["inside_server"], 3) if same else None
+    return out

@@ -249,6 +249,14 @@ def first_token_metrics_url(spec, endpoint: EndpointRecord) -> str:
     return endpoint.metrics_url
 
 
+def prefill_metrics_url(spec, endpoint: EndpointRecord) -> str:
+    """The prefill replicas' leaders' metrics URLs among first_token_metrics_url's (disagg: the bench shows their
+    first-token split beside the decode replicas'); "" without prefill replicas or where that URL is ""."""
+    if not spec.prefill_replicas or not first_token_metrics_url(spec, endpoint):
+        return ""
+    return ",".join(r.metrics_url for r in endpoint.replicas if spec.role(r.replica) == "prefill")
+
+
 def bench_argv(
     bench: Mapping[str, Any],
     url: str,
@@ -257,6 +265,7 @@ def bench_argv(
     tokenizer: str = "",
     label: str = "",
     server_metrics: str = "",
+    prefill_metrics: str = "",
 ) -> List[str]:
     """`llmlaunch-bench` arguments for a BenchConfig (launcher/schema.py) against one endpoint."""
     kind, _, path = str(bench.get("dataset", "synthetic")).partition(":")
@@ -291,6 +300,8 @@ def bench_argv(
         argv += ["--label", label]
     if server_metrics:
         argv += ["--server-metrics", server_metrics]
+    if prefill_metrics:
+        argv += ["--prefill-metrics", prefill_metrics]
     return argv + ["--no-progress", "--result-json", result_json]
 
 

@@ -24,6 +24,7 @@ from launcher.sweep.plan import (
     judge_bench,
     measure_key,
     point_name,
+    prefill_metrics_url,
     server_key,
 )
 from launcher.sweep.state import (
@@ -200,6 +201,7 @@ def _launch(spec, key, name, head, backend, composed=None) -> Tuple[Optional[Ser
         return None, why
     server.spec = server.endpoint.spec  # its model path resolved: the bench reads its tokenizer
     server.metrics_url = first_token_metrics_url(server.spec, server.endpoint.doc)
+    server.prefill_metrics_url = prefill_metrics_url(server.spec, server.endpoint.doc)
     count("launches")
     say(f"{server.describe()} READY at {server.url} in {time.monotonic() - t0:.1f}s (job {server.job_id})")
     return server, ""
@@ -251,6 +253,7 @@ def _measure(server: Server, bench, head, point: Path, overrides, axes, config, 
         tokenizer_for(server.spec),
         label=point.name,
         server_metrics=server.metrics_url,
+        prefill_metrics=server.prefill_metrics_url,
     )
     argv = server.backend.client_argv(server.endpoint, args)
     log = point / "bench.log"

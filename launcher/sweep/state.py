@@ -54,6 +54,7 @@ class Server:
     first_point: str = ""  # the point it was launched for
     endpoint: Any = None  # launcher.schedulers.base.Endpoint, once it serves
     metrics_url: str = ""  # where the bench reads the first-token split (first_token_metrics_url), if any
+    prefill_metrics_url: str = ""  # those of them that are prefill replicas' (disagg; prefill_metrics_url)
 
     @property
     def kind(self) -> str:

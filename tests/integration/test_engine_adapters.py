@@ -352,7 +352,7 @@ def test_vllm_disagg_prefills_on_one_instance_and_the_decode_reads_its_blocks_th
     from launcher.handoff.rank_env import PRIVATE
     from launcher.ports import free_port
     from launcher.python_backend.cache_splits import kv_transfer_split
-    from launcher.python_backend.timings import fetch_engine_metrics
+    from launcher.python_backend.timings import fetch_engine_metrics, fetch_first_token_metrics
     from tests.integration.test_frontend import _env
     from tests.standins.server import serve_standin
 
@@ -361,7 +361,7 @@ def test_vllm_disagg_prefills_on_one_instance_and_the_decode_reads_its_blocks_th
     )
     sides = [free_port(), free_port()]
     with (
-        serve_standin(spec, tmp_path / "p", {f"{PRIVATE}KV_TRANSFER": f"127.0.0.1:{sides[0]}"}) as p,
+        serve_standin(spec, tmp_path / "p", {f"{PRIVATE}KV_TRANSFER": f"127.0.0.1:{sides[0]}"}, metrics=True) as p,
         serve_standin(spec, tmp_path / "d", {f"{PRIVATE}KV_TRANSFER": f"127.0.0.1:{sides[1]}"}, metrics=True) as d,
     ):
         for server, side in zip((p, d), sides):
@@ -413,6 +413,10 @@ def test_vllm_disagg_prefills_on_one_instance_and_the_decode_reads_its_blocks_th
         # the handle straight from the prefill instance, and a kv_from that is not one
         done, error = generate(p, "another prompt", max_tokens=1, stream=False, kv_export=True)
         assert error is None and json.loads(done[-1]["kv_handle"])["remote_port"] == sides[0]
+        # every kv_export request's first token is counted on the prefill instance (not streamed, but its decode's
+        # first token waits for it: llmlaunch-bench --prefill-metrics splits it out)
+        counted = lambda: fetch_first_token_metrics(p.metrics_url, p.model)["count"]  # noqa: E731
+        assert wait_for(lambda: counted() == 3), counted()
         _, error = generate(d, "another prompt", max_tokens=3, kv_from="10.0.0.5:8005")
         assert error is not None and "is not the kv_handle a vLLM prefill returns" in str(error)
         plain, error = generate(d, "a whole request", max_tokens=2)

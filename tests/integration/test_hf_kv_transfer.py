@@ -302,6 +302,8 @@ def test_llmlaunch_disagg_prefills_on_one_replica_and_decodes_on_the_other_over_
     say replica 0 computed the prompts and replica 1 generated."""
     import json
     import signal
+    import subprocess
+    import sys
     import urllib.request
     from pathlib import Path
 
@@ -332,6 +334,33 @@ def test_llmlaunch_disagg_prefills_on_one_replica_and_decodes_on_the_other_over_
         assert prefill["admitted"] == 2 and prefill["decode_tokens"] == 0
         assert decode["admitted"] == 2 and decode["imported_prompt_tokens"] > 0
         assert decode["decode_tokens"] > 0 and decode["prefill_tokens"] < prefill["prefill_tokens"]
+        # llmlaunch-bench splits each first token by role: the prefill replica's request, the decode replica's,
+        # and what lies outside both (the front end's two legs, gRPC, the client), adding up to the client's TTFT
+        out = tmp_path / "bench.json"
+        argv = [sys.executable, "-m", "launcher.bench.cli", "--url", ep.url, "--model", ep.model]
+        argv += ["--dataset-name", "synthetic", "--input-len", "96", "--output-len", "4", "--ignore-eos"]
+        argv += [
+            "--num-prompts",
+            "4",
+            "--concurrency",
+            "1",
+            "--warmup",
+            "1",
+            "--no-progress",
+            "--result-json",
+            str(out),
+        ]
+        argv += ["--server-metrics", f"{metrics[0]},{metrics[1]}", "--prefill-metrics", metrics[0]]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert "prefill replica, inside (ms):" in done.stdout, done.stdout
+        doc = json.loads(out.read_text())
+        split, ttft = doc["server_first_token_ms"], doc["metrics"]["ttft_ms"]["mean"]
+        assert split["requests"] == split["prefill"]["requests"] == 4, split
+        assert split["prefill"]["engine"] > 0 and split["engine"] > 0 and split["outside_server"] > 0, split
+        assert split["inside_server"] + split["prefill"]["inside_server"] + split["outside_server"] == pytest.approx(
+            ttft, abs=0.01
+        )
         job.proc.send_signal(signal.SIGINT)
         assert job.proc.wait(90) == 0, job.tail()
     finally:

@@ -237,6 +237,89 @@ def test_the_first_token_split_is_taken_over_the_measured_requests_on_both_sides
     assert split["inside_server"] + split["outside_server"] == pytest.approx(client)
 
 
+def test_a_disaggregated_runs_first_token_split_shows_each_role_and_what_lies_outside_both(monkeypatch):
+    """llmlaunch-bench --server-metrics P,D --prefill-metrics P: a request's first token is a prefill replica's
+    one-token request, then its decode replica's; the decode replica's parts are the split's rows, the prefill
+    replica's inside sits under "prefill", and outside = the client's mean TTFT minus both (the front end's two legs,
+    gRPC, the client): 20 ms prefill + 3 ms decode of a 25 ms TTFT leave 2 ms.  A prefill that failed (its decode
+    computed the prompt) makes the counts differ, and outside is then not split."""
+    import launcher.bench.cli as cli
+    from launcher.bench.metrics import format_first_token_split
+    from launcher.bench.runner import RunOutput
+    from launcher.client.response import StreamRecord
+    from launcher.python_backend import timings
+
+    pre, dec = _FakeModel(), _FakeModel()
+    servers = {"http://p/metrics": pre, "http://d/metrics": dec}
+    text = lambda url, timeout=None: "\n".join(servers[u].text() for u in url.split(","))  # noqa: E731
+    monkeypatch.setattr(timings, "fetch_metrics_text", text)
+    monkeypatch.setattr(timings, "settle", lambda read, *a, **k: read())
+    monkeypatch.setattr(cli, "_request_parameters", lambda args, url, name: {})
+    lost = []  # requests whose prefill failed: the decode replica counts them, the prefill replica does not
+
+    def run_load(job, progress=None, after_warmup=None):
+        pre.serve(job.spec.warmup, 0.5)
+        dec.serve(job.spec.warmup, 0.5)
+        after_warmup()
+        n = job.spec.num_requests
+        pre.serve(n - len(lost), 0.020)
+        dec.serve(n, 0.003)
+        chunk = b"\x02\x00\x00\x00hi"
+        recs = [
+            (i, StreamRecord(f"r{i}", sent=i, times=[i + 0.025, i + 0.03], chunks=[chunk, b""], output_tokens=2))
+            for i in range(n)
+        ]
+        return RunOutput(recs, 0.0, [])
+
+    monkeypatch.setattr(cli, "run_load", run_load)
+    argv = ["--url", "localhost:1", "--dataset-name", "synthetic", "--input-len", "8", "--output-len", "2"]
+    argv += ["--num-prompts", "16", "--concurrency", "1", "--warmup", "1", "--ignore-eos", "--no-progress"]
+    argv += ["--server-metrics", "http://p/metrics,http://d/metrics", "--prefill-metrics", "http://p/metrics"]
+    args = cli.build_parser().parse_args(argv)
+    args.argv = []
+    samples, kind, tokens = cli.prepare(args)
+
+    def split():
+        doc = cli.bench_one(
+            args,
+            "localhost:1",
+            "m",
+            samples,
+            kind,
+            tokens,
+            server_metrics=args.server_metrics,
+            prefill_metrics=args.prefill_metrics,
+        )
+        return doc["server_first_token_ms"]
+
+    got = split()
+    assert got["engine"] == pytest.approx(3.0) and got["requests"] == 16, got
+    assert got["prefill"]["inside_server"] == pytest.approx(20.0) and got["prefill"]["requests"] == 16, got
+    assert got["outside_server"] == pytest.approx(2.0), got
+    shown = format_first_token_split(got)
+    assert "prefill replica, inside (ms):" in shown and "front end, gRPC, client (ms):" in shown, shown
+    lost.append(0)
+    got = split()
+    assert got["prefill"]["requests"] == 15 and got["outside_server"] is None, got
+    assert "not split" in format_first_token_split(got)
+
+
+def test_prefill_metrics_must_name_some_of_the_server_metrics_servers():
+    """--prefill-metrics without --server-metrics, or naming every one of its servers, is refused before any
+    request, naming the value and the fix."""
+    import launcher.bench.cli as cli
+
+    base = ["--url", "localhost:1", "--dataset-name", "synthetic", "--num-prompts", "1"]
+    for extra, why in (
+        (["--prefill-metrics", "http://p/metrics"], "--server-metrics is not given"),
+        (["--server-metrics", "http://p/metrics", "--prefill-metrics", "http://p/metrics"], "no decode replica"),
+    ):
+        args = cli.build_parser().parse_args(base + extra)
+        with pytest.raises(ValueError, match=why):
+            cli._check_prefill_metrics(args)
+    assert cli.decode_metrics("http://p/m, http://d/m", "http://p/m") == "http://d/m"
+
+
 def test_the_first_token_split_leaves_outside_unsplit_where_the_model_counted_other_requests(monkeypatch):
     """Means over different requests do not subtract: where the model counted more first tokens than the client
     timed (another client's, a warm-up counted late), `outside_server` is None, said so under the table."""

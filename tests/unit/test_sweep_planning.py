@@ -207,6 +207,14 @@ def test_first_token_metrics_url_only_where_the_served_model_reports_it():
     )
     one_unknown = (ep.replicas[0], dataclasses.replace(ep.replicas[1], metrics_url=""))
     assert sweep.first_token_metrics_url(spec(hf, replicas=2), dataclasses.replace(ep, replicas=one_unknown)) == ""
+    # disagg: the prefill replicas' (replicas 0..P-1) are named apart, so the bench splits the first token by role
+    pd = dataclasses.replace(hf, replicas=2, prefill_replicas=1)
+    assert sweep.prefill_metrics_url(pd, ep) == "http://10.0.0.1:41003/metrics"
+    assert sweep.prefill_metrics_url(spec(hf, replicas=2), ep) == ""  # aggregated
+    assert sweep.prefill_metrics_url(pd, dataclasses.replace(ep, replicas=one_unknown)) == ""
+    b = plain("bench=sharegpt_small")["bench"]
+    args = sweep.bench_argv(b, "u", "m", "r", server_metrics="a,b", prefill_metrics="a")
+    assert args[args.index("--prefill-metrics") + 1] == "a"
 
 
 def test_judge_bench():

@@ -378,7 +378,7 @@ class TritonPythonModel(HFStreams):
                 self._streams[rid] = stream
                 stream.began, stream.queued = began, time.monotonic()
                 if req.params.kv_export:
-                    stream.handle = self._kv_handle
+                    stream.handle, stream.timed = self._kv_handle, True
                 try:
                     self.engine.add_request(rid, req.prompt, req.params, self._engine_callback)
                 except BaseException:

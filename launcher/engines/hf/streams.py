@@ -56,6 +56,7 @@ class Stream:
         "ids",
         "ids_sent",
         "handle",
+        "timed",
     )
 
     def __init__(self, sender, stream: bool, shard: int, counts: bool = True, token_ids: bool = False):
@@ -80,6 +81,9 @@ class Stream:
         self.ids = [] if token_ids else None
         self.ids_sent = 0
         self.handle = ""  # a kv_export request's kv_handle (where this engine serves its prompt's blocks), if any
+        # its first response's time is counted (FirstTokenTimes): a stream's, and a kv_export request's one token,
+        # whose time is part of the first token of the stream its decode replica goes on with
+        self.timed = stream
 
 
 class HFStreams:
@@ -286,7 +290,7 @@ class HFStreams:
         went (FirstTokenTimes: `respond` ends as the send begins, `send` as it returns)."""
         sending = time.monotonic()
         self._send(st.sender, response, final)
-        if st.stream and st.times is not None:
+        if st.timed and st.times is not None:
             self._first_token.add(st.began, st.queued, *st.times, sending, time.monotonic())
             st.times = None
 
