@@ -84,12 +84,12 @@ def replica_metrics(run_dir: str) -> tuple[str, str]:
     """Every replica leader's tritonserver metrics URL of a served llmlaunch run, comma-separated (what
     llmlaunch-bench --server-metrics sums: the first-token split, engine totals, keys and values moved), and those
     of them that are prefill replicas' (--prefill-metrics: their first-token split beside the decode replicas')."""
+    from launcher.sweep.plan import prefill_metrics_url
+
     run = RunDir(run_dir)
     ep = run.read_endpoint()
-    held = [r for r in (ep.replicas if ep else ()) if r.metrics_url]
-    spec = run.read_spec() if held else None
-    prefill = [r.metrics_url for r in held if spec.role(r.replica) == "prefill"]
-    return ",".join(r.metrics_url for r in held), ",".join(prefill)
+    every = ",".join(r.metrics_url for r in (ep.replicas if ep else ()) if r.metrics_url)
+    return every, prefill_metrics_url(run.read_spec(), ep) if every else ""
 
 
 def bench(url: str, c: int, n: int, args, out_json: str, extra: str = "", run: int = 0) -> dict:

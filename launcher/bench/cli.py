@@ -176,9 +176,9 @@ def bench_one(
 
         def after_warmup():
             totals["before"] = _server_totals(server_metrics, model)
-            if prefill_metrics:  # each role's first-token totals, settled with the others above
-                decode = decode_metrics(server_metrics, prefill_metrics)
-                totals["roles"] = tuple(timings.fetch_first_token_metrics(u, model) for u in (decode, prefill_metrics))
+            if prefill_metrics:  # each role's URLs and first-token totals, settled with the others above
+                urls = (decode_metrics(server_metrics, prefill_metrics), prefill_metrics)
+                totals["roles"] = tuple((u, timings.fetch_first_token_metrics(u, model)) for u in urls)
 
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     _announce(spec, num_requests, model, url, kind)
@@ -228,11 +228,10 @@ def _first_token_split(server_metrics, prefill_metrics, model: str, totals: dict
     the prefill replicas' beside it (timings.with_prefill_split)."""
     if not prefill_metrics:
         return timings.first_token_split(server_metrics, model, totals["before"][0], n, ttft_mean)
-    decode_before, prefill_before = totals["roles"]
-    decode = decode_metrics(server_metrics, prefill_metrics)
+    (decode, decode_before), (prefill, prefill_before) = totals["roles"]
     split = timings.first_token_split(decode, model, decode_before, n, ttft_mean)
     return timings.with_prefill_split(
-        split, timings.first_token_split(prefill_metrics, model, prefill_before, n, None), ttft_mean
+        split, timings.first_token_split(prefill, model, prefill_before, n, None), ttft_mean
     )
 
 
