@@ -5,6 +5,7 @@ by number of front-end worker processes.
     python -m benchmark.frontend_capacity                                  # 2 replicas x 2 instances, processes 1,2
     python -m benchmark.frontend_capacity --replicas 4 --instances 2 --processes 1,2,4 --clients 6
     python -m benchmark.frontend_capacity --loops asyncio,uvloop           # compare event loops
+    python -m benchmark.frontend_capacity --max-tokens 2 --concurrency 8   # short requests: the request path
 
 Backends: --replicas tritonservers serving `emitter` (launcher/testing/models/emitter: the
 emitter fixture, one-token responses as fast as the python backend sends them, stopping when
@@ -13,6 +14,9 @@ cancelled) with --instances instances each; intermediate responses carry text_ou
 own gRPC connection and one ModelStreamInfer stream carrying --concurrency endless requests. A
 client parses nothing (raw bytes, the cheapest consumer there is) and counts the responses it
 receives inside a --seconds window that starts --warmup seconds after the load; then it cancels.
+With --max-tokens N each request ends after N responses and the client sends it again at once: the
+window then also counts requests, and the front end's CPU per request prices its request path (pick,
+dispatch, a new upstream request), where endless streams price its response path alone.
 
 Runs, in order:
 1. direct: client k talks to replica k % R itself: what backends + clients do with no front end;
@@ -79,41 +83,62 @@ def machine_busy() -> tuple:
 
 
 # ----------------------------------------------------------------------------- the load
-def client_main(url: str, model: str, concurrency: int, t_a: float, t_b: float, tag: str, out) -> None:
-    """One client process: one connection, one stream, `concurrency` endless requests; counts the
-    responses received in [t_a, t_b) (perf_counter, CLOCK_MONOTONIC: shared by the processes)."""
+def client_main(
+    url: str, model: str, concurrency: int, t_a: float, t_b: float, tag: str, out, max_tokens: int = 0
+) -> None:
+    """One client process: one connection, one stream, `concurrency` requests in flight; counts the responses (and
+    the requests that ended) received in [t_a, t_b) (perf_counter, CLOCK_MONOTONIC: shared by the processes).
+    max_tokens 0: endless requests, responses left unparsed (the cheapest consumer there is); N: requests of N
+    responses, each sent again as its last one arrives (responses parsed to find the last)."""
     import grpc
+    from tritonclient.grpc import service_pb2
 
     from launcher.client.request import Generation, build_request
 
     options = [("grpc.use_local_subchannel_pool", 1), ("grpc.max_receive_message_length", 2**31 - 1)]
-    n, error = 0, ""
+    n = ended = 0
+    error = ""
+    tokens = max_tokens or 2**31 - 1
+    requests = [
+        build_request(model, Generation("capacity", max_tokens=tokens), f"{tag}-{i}").SerializeToString()
+        for i in range(concurrency)
+    ]
+    parse = service_pb2.ModelStreamInferResponse.FromString if max_tokens else None
     try:
         with grpc.insecure_channel(url, options=options) as ch:
-            rpc = ch.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer")  # bytes in, bytes out
+            rpc = ch.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer", response_deserializer=parse)
             sendq: queue.SimpleQueue = queue.SimpleQueue()
-            for i in range(concurrency):
-                sendq.put(
-                    build_request(model, Generation("capacity", max_tokens=2**31 - 1), f"{tag}-{i}").SerializeToString()
-                )
+            for raw in requests:
+                sendq.put(raw)
             call = rpc(iter(sendq.get, None))
             perf = time.perf_counter
+            sent = 0
             try:
-                for _ in call:
+                for msg in call:
                     t = perf()
-                    if t >= t_a:
-                        if t >= t_b:
+                    if t >= t_b:
+                        break
+                    if parse is not None:
+                        if msg.error_message:
+                            error = msg.error_message
                             break
-                        n += 1
+                        last = msg.infer_response.parameters.get("triton_final_response")
+                        if last is not None and last.bool_param:
+                            sendq.put(requests[sent % concurrency])
+                            sent += 1
+                            ended += t >= t_a
+                    n += t >= t_a
             except grpc.RpcError as e:
                 error = f"{e.code().name}: {e.details()}"
             call.cancel()
     except Exception as e:  # reported, not raised: the parent prints it
         error = f"{type(e).__name__}: {e}"
-    out.put((tag, n, error))
+    out.put((tag, n, error, ended))
 
 
-def run_load(urls: list, clients: int, concurrency: int, warmup: float, seconds: float, fe_pgid: int = 0) -> dict:
+def run_load(
+    urls: list, clients: int, concurrency: int, warmup: float, seconds: float, fe_pgid: int = 0, max_tokens: int = 0
+) -> dict:
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
@@ -122,7 +147,9 @@ def run_load(urls: list, clients: int, concurrency: int, warmup: float, seconds:
     t_a, t_b = start + warmup, start + warmup + seconds
     procs = [
         ctx.Process(
-            target=client_main, args=(urls[k % len(urls)], MODEL, concurrency, t_a, t_b, f"c{k}", out), daemon=True
+            target=client_main,
+            args=(urls[k % len(urls)], MODEL, concurrency, t_a, t_b, f"c{k}", out, max_tokens),
+            daemon=True,
         )
         for k in range(clients)
     ]
@@ -136,11 +163,14 @@ def run_load(urls: list, clients: int, concurrency: int, warmup: float, seconds:
     for p in procs:
         p.join(30)
     n = sum(r[1] for r in results)
+    ended = sum(r[3] for r in results)
     errors = [r[2] for r in results if r[2]]
     fe_cpu = cpu_b - cpu_a
     return {
         "responses_per_s": n / seconds,
         "responses": n,
+        "requests_per_s": ended / seconds if max_tokens else None,
+        "frontend_us_per_request": fe_cpu / ended * 1e6 if fe_pgid and max_tokens and ended else None,
         "per_client_per_s": [round(r[1] / seconds) for r in sorted(results)],
         "frontend_cores": fe_cpu / seconds if fe_pgid else None,
         "frontend_us_per_response": fe_cpu / n * 1e6 if fe_pgid and n else None,
@@ -169,8 +199,11 @@ def show(name: str, r: dict) -> None:
         if r["frontend_cores"] is None
         else f", front end {r['frontend_cores']:.2f} cores = {r['frontend_us_per_response']:.1f} us/response"
     )
+    if r.get("frontend_us_per_request") is not None:
+        fe += f", {r['frontend_us_per_request']:.1f} us/request"
+    asked = f"; {r['requests_per_s']:,.0f} requests/s" if r.get("requests_per_s") is not None else ""
     log(
-        f"{name}: {r['responses_per_s']:,.0f} responses/s{fe}; machine {r['machine_busy_cores']:.2f}/{r['machine_cores']} cores busy"
+        f"{name}: {r['responses_per_s']:,.0f} responses/s{asked}{fe}; machine {r['machine_busy_cores']:.2f}/{r['machine_cores']} cores busy"
         + (f"; ERRORS {r['client_errors'][:2]}" if r["client_errors"] else "")
     )
 
@@ -182,7 +215,14 @@ def main(argv=None) -> int:
     p.add_argument("--processes", default="1,2", help="front-end worker process counts to try (default 1,2)")
     p.add_argument("--loops", default="auto", help="event loops to try: auto, asyncio, uvloop (default auto)")
     p.add_argument("--clients", type=int, default=4, help="client processes = client connections (default 4)")
-    p.add_argument("--concurrency", type=int, default=2, help="endless requests per client stream (default 2)")
+    p.add_argument("--concurrency", type=int, default=2, help="requests in flight per client stream (default 2)")
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=0,
+        help="responses per request: 0 endless (default: the response path alone); N: each request ends after N and "
+        "is sent again, so the window also counts requests and the front end's CPU per request (its request path)",
+    )
     p.add_argument("--warmup", type=float, default=2.0, help="seconds of load before the window")
     p.add_argument("--seconds", type=float, default=5.0, help="measuring window")
     p.add_argument("--skip-direct", action="store_true")
@@ -212,6 +252,7 @@ def main(argv=None) -> int:
         "instances": args.instances,
         "clients": args.clients,
         "concurrency_per_client": args.concurrency,
+        "max_tokens": args.max_tokens,
         "seconds": args.seconds,
         "model": MODEL,
         "runs": [],
@@ -223,7 +264,7 @@ def main(argv=None) -> int:
     with fixture_servers(args.replicas, args.instances, {MODEL: {"full_outputs": "false"}}) as urls:
         log(f"{args.replicas} tritonservers x {args.instances} {MODEL} instances: {', '.join(urls)}")
         if not args.skip_direct:
-            r = run_load(urls, args.clients, args.concurrency, args.warmup, args.seconds)
+            r = run_load(urls, args.clients, args.concurrency, args.warmup, args.seconds, max_tokens=args.max_tokens)
             r.update(mode="direct", processes=0, loop="")
             report["runs"].append(r)
             show("direct to the replicas", r)
@@ -235,7 +276,9 @@ def main(argv=None) -> int:
                     with frontend(
                         urls, n, loop, MODEL, args.routing, args.tokenizer, args.kv_blocks_per_s, max_migrations=m
                     ) as (url, metrics_port, pgid):
-                        r = run_load([url], args.clients, args.concurrency, args.warmup, args.seconds, pgid)
+                        r = run_load(
+                            [url], args.clients, args.concurrency, args.warmup, args.seconds, pgid, args.max_tokens
+                        )
                         r.update(
                             mode="frontend",
                             processes=n,

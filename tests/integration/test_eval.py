@@ -20,7 +20,8 @@ LIMIT = 24
 
 
 def _reference(model_dir, tasks_dir, out):
-    """lm-eval's hf backend (transformers, float32) on the same items."""
+    """lm-eval's hf backend (transformers, float32) on the same items, started in the background (it runs beside the
+    served side's start-up and eval: most of both is single-threaded Python); its `wait()` gives the scores."""
     import subprocess
     import sys
 
@@ -28,8 +29,13 @@ def _reference(model_dir, tasks_dir, out):
     argv += ["--model_args", f"pretrained={model_dir},dtype=float32", "--device", "cpu", "--batch_size", "1"]
     argv += ["--tasks", ",".join(evaluate.PREFIX + t for t in evaluate.TASKS), "--include_path", str(tasks_dir)]
     argv += ["--output_path", str(out), "--log_samples", "--seed", "0", "--limit", str(LIMIT)]
-    subprocess.run(argv, check=True)
-    return evaluate.read_results(str(out))
+    proc = subprocess.Popen(argv)
+
+    def wait():
+        assert proc.wait(600) == 0, "lm-eval's hf backend failed (its output is above)"
+        return evaluate.read_results(str(out))
+
+    return proc, wait
 
 
 def _loglikelihoods(out) -> dict:
@@ -46,16 +52,23 @@ def test_eval_through_the_api_scores_as_lm_evals_own_hf_backend(smollm2_dir, tmp
     tasks_dir.mkdir()
     for t in evaluate.TASKS:
         (tasks_dir / f"{t}.yaml").write_text(evaluate.task_yaml(t))
-    ref = _reference(smollm2_dir, tasks_dir, tmp_path / "ref")
-    with hf_server(str(smollm2_dir), tmp_path / "srv", {"device": "cpu", "max_num_seqs": 8, "dtype": "float32"}) as srv:
-        proc = api(srv.grpc_url, str(smollm2_dir))
-        try:
-            proc.wait_ready(120)
-            argv = ["--eval", "--url", proc.cfg.url + "/v1", "--tokenizer", str(smollm2_dir), "--limit", str(LIMIT)]
-            argv += ["--output-path", str(tmp_path / "api"), "--result-json", str(tmp_path / "scores.json")]
-            assert evaluate.main(argv) == 0
-        finally:
-            proc.stop()
+    reference, ref_scores = _reference(smollm2_dir, tasks_dir, tmp_path / "ref")
+    try:
+        with hf_server(
+            str(smollm2_dir), tmp_path / "srv", {"device": "cpu", "max_num_seqs": 8, "dtype": "float32"}
+        ) as srv:
+            proc = api(srv.grpc_url, str(smollm2_dir))
+            try:
+                proc.wait_ready(120)
+                argv = ["--eval", "--url", proc.cfg.url + "/v1", "--tokenizer", str(smollm2_dir)]
+                argv += ["--limit", str(LIMIT), "--output-path", str(tmp_path / "api")]
+                argv += ["--result-json", str(tmp_path / "scores.json")]
+                assert evaluate.main(argv) == 0
+            finally:
+                proc.stop()
+        ref = ref_scores()
+    finally:
+        reference.kill()
     got = json.loads((tmp_path / "scores.json").read_text())["tasks"]
     for name in evaluate.TASKS:
         assert got[name]["items"] == ref[name]["items"] == LIMIT

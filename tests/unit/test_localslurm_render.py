@@ -21,7 +21,7 @@ def test_slurm_conf_states_what_other_code_relies_on():
     expected = {
         "ClusterName=llmlaunch",
         "SlurmctldHost=ctl(10.213.7.1)",
-        "AuthInfo=socket=/srv/ls/run/munge/munge.socket",
+        "AuthInfo=socket=/srv/ls/run/munge/munge.socket,cred_expire=20",
         # pitfall: slurmctld reaches slurmdbd through the private socket only with this
         "AccountingStoragePass=/srv/ls/run/munge/munge.socket",
         "AccountingStorageType=accounting_storage/slurmdbd",
