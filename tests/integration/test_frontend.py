@@ -164,6 +164,16 @@ class Front:
             out[(name, replica)] = float(value)
         return out
 
+    def metrics_counting(self, requests: int, slots, timeout: float = 10) -> dict:
+        """The metrics once the replicas in `slots` have `requests` requests between them: with worker processes each
+        publishes its counters every 0.2 s, so the sum catches up with what the clients saw a moment later."""
+
+        def counted():
+            m = self.metrics()
+            return m if sum(m[("llmlaunch_frontend_requests_total", s)] for s in slots) == requests else None
+
+        return until(counted, timeout, f"{requests} requests counted on replicas {list(slots)}")
+
 
 def until(predicate, timeout: float, what: str):
     deadline = time.monotonic() + timeout
@@ -642,17 +652,7 @@ def test_worker_processes_share_the_port_and_sum_their_counters(backends):
         clients = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(6)]
         assert [p.wait(120) for p in clients] == [0] * 6
         assert generate(fe.url, "timed", Generation("a b", max_tokens=4)).output_tokens == 4
-        m = until(
-            lambda: (
-                lambda m: (
-                    m
-                    if m[("llmlaunch_frontend_requests_total", 0)] + m[("llmlaunch_frontend_requests_total", 1)] == 13
-                    else None
-                )
-            )(fe.metrics()),
-            10,
-            "the workers' counters",
-        )
+        m = fe.metrics_counting(13, (0, 1))
         assert m[("llmlaunch_frontend_processes", None)] == 2
         # every request streamed: each first response was timed, in whichever worker, and the buckets add up
         ttft = "llmlaunch_frontend_first_token_seconds"
