@@ -38,6 +38,13 @@ def shm_prefix(job_id: str, rank: int) -> str:
     return f"llm{job_id}r{rank}_"
 
 
+def server_id(job_id: str, rank: int) -> str:
+    """The id a serving rank's tritonserver reports in its server metadata (`--id`): its readiness probe takes an
+    answer on its port as its own only under this id, since another server (a leftover of an earlier run, another
+    job's) can be listening there while this one loads."""
+    return f"llmlaunch-{job_id}-r{rank}"
+
+
 def tritonserver_argv(
     spec: LaunchSpec,
     rank: RankSpec,
@@ -67,6 +74,7 @@ def tritonserver_argv(
     else:
         host = spec.host if rank.serves == "public" else ("127.0.0.1" if spec.loopback else "0.0.0.0")
         argv += [
+            f"--id={server_id(job_id, rank.rank)}",
             f"--grpc-address={host}",
             f"--grpc-port={ports['grpc_port']}",
             f"--http-address={host}",

@@ -80,10 +80,12 @@ def wait_ready(
     probe: bool = True,
     what: str = "tritonserver",
     marks: Optional[Dict[str, float]] = None,
+    server_id: str = "",
 ) -> float:
     """Block until `model` answers a real request. Returns seconds waited. `marks` gets the wall-clock times the
     server first answered live ("server_live"), its model ready ("model_ready") and the probe's one token
-    ("first_token"): the time-to-READY breakdown (launcher/readiness.py)."""
+    ("first_token"): the time-to-READY breakdown (launcher/readiness.py). `server_id` (its `--id`): answers on `url`
+    count only from the server that reports it, not from another one already listening there."""
     marks = {} if marks is None else marks
     import tritonclient.grpc as grpcclient
 
@@ -107,6 +109,9 @@ def wait_ready(
                     client = grpcclient.InferenceServerClient(url, channel_args=RECONNECT_SOON)
                 if not client.is_server_live():
                     stage = "starting"
+                elif server_id and (other := client.get_server_metadata().name) != server_id:
+                    # ours binds its port only once its models are loaded: until then it may be another's
+                    stage = f"starting (another server answers on {url}: {other!r})"
                 elif not client.is_model_ready(model):
                     marks.setdefault("server_live", time.time())
                     stage = f"loading model {model}"
@@ -228,6 +233,7 @@ class TritonServer:
             self.progress,
             self.probe,
             marks=self.marks,
+            server_id=next((a.split("=", 1)[1] for a in self.argv if a.startswith("--id=")), ""),
         )
         return self.ready_s
 
