@@ -24,7 +24,8 @@
 #                                                # C=1/16/64 twice (each row: what NIXL moved, from the
 #                                                # replicas' llmlaunch_kv_transfer* counters); greedy answers of
 #                                                # both (100 prompts, one at a time) compared; UCX_PROTO_INFO=y in
-#                                                # the environment: the path UCX picks for the reads, in the rank logs
+#                                                # the environment: the path UCX picks for the reads, in the rank logs;
+#                                                # DISAGG_LOADS (C:N pairs, "" for the answers alone), KV_BYTES (16 GiB)
 #   benchmark/gpu/engines.sh identity OUT A B     # greedy answers of served labels A and B (IDENTITY=1), compared
 #   benchmark/gpu/engines.sh openai OUT           # OpenAI streaming vs KServe gRPC on the hf engine (OPENAI_LOADS),
 #                                                # the API's chunks/s with a no-op model, first-token times by route
@@ -229,8 +230,11 @@ chaos)  # benchmark.chaos, both replicas on the one GPU (CUDA_VISIBLE_DEVICES=0,
     tail -2 "$OUT/$LABEL.chaos.log" ;;
 disagg)  # vLLM's prefill and decode (1+1, NIXL, both on the one GPU) against one aggregated instance: OVERRIDES for both
     shift 2
-    both=("${VLLM[@]}" "engine.gpu_memory_utilization=${GPU_SHARE:-0.4}" "$@")
-    export BENCH_ARGS=${BENCH_ARGS:---input-len 2048 --output-len 128} LOADS=${DISAGG_LOADS:-1:32 16:256 64:512}
+    # a fixed KV size for every instance: two vLLM instances that profile their memory at once on one GPU count each
+    # other's allocations, and the second to finish can find none left for its KV cache (it failed that way in float32)
+    both=("${VLLM[@]}" "engine.gpu_memory_utilization=${GPU_SHARE:-0.4}"
+          "++engine.engine_args.kv_cache_memory_bytes=${KV_BYTES:-17179869184}" "$@")
+    export BENCH_ARGS=${BENCH_ARGS:---input-len 2048 --output-len 128} LOADS=${DISAGG_LOADS-1:32 16:256 64:512}
     export IDENTITY=${IDENTITY-1} IDENTITY_PROMPTS=${IDENTITY_PROMPTS:-100:1} ROUNDS=${ROUNDS:-2}
     "$0" served "$OUT" vllm_agg "${both[@]}"
     CUDA_VISIBLE_DEVICES=0,0 CHECK=${CHECK-1} "$0" served "$OUT" vllm_pd "${both[@]}" disagg.prefill=1 disagg.decode=1 \

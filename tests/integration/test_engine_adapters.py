@@ -341,7 +341,8 @@ def test_vllm_continues_a_request_after_the_tokens_it_made_elsewhere(tmp_path, t
 
 def test_vllm_disagg_prefills_on_one_instance_and_the_decode_reads_its_blocks_through_the_handle(tmp_path):
     """`engine=vllm disagg.prefill=1 disagg.decode=1`: each instance's model.json carries NIXL's kv_transfer_config
-    (recompute where a load fails) and its engine starts with its own side channel (RankEnv.kv_transfer); through the
+    (recompute where a load fails) and its engine starts with its own side channel (RankEnv.kv_transfer) and UCX's
+    CUDA-IPC reads on (llmlaunch's default where the user has not set UCX_CUDA_IPC_ENABLE_GET_ZCOPY); through the
     front end a request is prefilled on one instance (one token, kv_transfer_params do_remote_decode), whose
     kv_transfer_params come back as kv_handle and go with the request to the other instance as its kv_from, reaching
     vLLM as that request's kv_transfer_params.  A kv_from that is not such a handle is refused naming it.  At vLLM's
@@ -367,6 +368,7 @@ def test_vllm_disagg_prefills_on_one_instance_and_the_decode_reads_its_blocks_th
         for server, side in zip((p, d), sides):
             init = events(server, "init")[0]
             assert init["side_channel"] == ["127.0.0.1", side]
+            assert init["ucx"]["UCX_CUDA_IPC_ENABLE_GET_ZCOPY"] == "on"  # reads over CUDA IPC without NVLink too
             config = init["args"]["kv_transfer_config"]
             assert (config["kv_connector"], config["kv_role"], config["kv_load_failure_policy"]) == (
                 "NixlConnector",
@@ -429,7 +431,7 @@ def test_llmlaunch_vllm_disagg_gives_each_instance_a_side_channel_and_sends_requ
 ):
     """`llmlaunch engine=vllm disagg.prefill=1 disagg.decode=1` on this machine (vLLM's stand-in on the ranks'
     PYTHONPATH through cluster.env): each rank picked a port of its own for NIXL's side channel and its engine started
-    with it; a request through rank 0's front end is prefilled on replica 0 and decoded on replica 1 with the handle
+    with it, and with the user's UCX setting (cluster.env) rather than llmlaunch's default; a request through rank 0's front end is prefilled on replica 0 and decoded on replica 1 with the handle
     replica 0's engine returned.  At vLLM's API boundary (tests/standins/vllm); NIXL itself runs only on a GPU."""
     import signal
 
@@ -450,6 +452,7 @@ def test_llmlaunch_vllm_disagg_gives_each_instance_a_side_channel_and_sends_requ
         f"+cluster.env.PYTHONPATH={STANDINS}",
         f"+cluster.env.LLMLAUNCH_STANDIN_LOG={calls}",
         "+cluster.env.LLMLAUNCH_STANDIN_DELAY_S=0.01",
+        "+cluster.env.UCX_CUDA_IPC_ENABLE_GET_ZCOPY=off",  # the user's word on UCX's transports stands
     )
     try:
         ep = job.wait_endpoint()
@@ -459,6 +462,7 @@ def test_llmlaunch_vllm_disagg_gives_each_instance_a_side_channel_and_sends_requ
         rows = [json.loads(line) for line in calls.read_text().splitlines()]
         sides = {tuple(r["side_channel"]) for r in rows if r["event"] == "init"}
         assert len(sides) == 2 and all(host == "127.0.0.1" and port != 5600 for host, port in sides), sides
+        assert {r["ucx"].get("UCX_CUDA_IPC_ENABLE_GET_ZCOPY") for r in rows if r["event"] == "init"} == {"off"}
         asked, handed = [
             r["sampling"]["extra_args"] for r in rows if r["event"] == "generate" and r["prompt"] == prompt
         ]

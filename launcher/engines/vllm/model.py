@@ -39,7 +39,8 @@ vllm/engine/arg_utils.py), with the pre-V1 `AsyncLLMEngine` import as a fallback
 * Disaggregated prefill and decode (`disagg.prefill`/`disagg.decode`): model.json carries vLLM's
   `kv_transfer_config` (NixlConnector, kv_both, recompute where a load fails), and each instance runs NIXL's
   side channel on its own port (RankEnv.kv_transfer -> VLLM_NIXL_SIDE_CHANNEL_HOST/PORT, set before the engine
-  core starts). A `kv_export` request (the front end's prefill) asks vLLM to keep its blocks for a remote decode
+  core starts), with UCX's CUDA-IPC reads on (UCX_CUDA_IPC_ENABLE_GET_ZCOPY, unless the user set it). A
+  `kv_export` request (the front end's prefill) asks vLLM to keep its blocks for a remote decode
   (kv_transfer_params do_remote_decode); the kv_transfer_params vLLM returns on its final output go back as
   `kv_handle`, and a request with `kv_from` (that JSON) passes them on, so the decode engine reads the blocks over
   NIXL (read against vLLM 0.25's nixl connector and its toy proxy's request shapes).
@@ -199,13 +200,25 @@ def transfer_args(params) -> Optional[dict]:
     return {"kv_transfer_params": handle}
 
 
-def side_channel_env(kv_transfer: str) -> dict:
-    """NIXL's side-channel variables of an instance whose transfer address is `kv_transfer` (host:port, as the other
-    replicas reach it); {} where it has none."""
+# UCX's CUDA-IPC transport does GETs (NIXL's reads: the decode instance pulls) only where it finds NVLink unless this
+# says `on`; without them UCX emulates each read over loopback TCP through host memory. Measured on one H200 without
+# NVLink (two instances sharing it, 64.5 MiB a prompt): 227 ms a read emulated against 16.9 ms over CUDA IPC
+# (docs/performance/disagg.md). Where CUDA IPC cannot reach the peer (other nodes, no peer access) UCX picks another
+# transport whatever this says.
+UCX_GET_ZCOPY = "UCX_CUDA_IPC_ENABLE_GET_ZCOPY"
+
+
+def nixl_env(kv_transfer: str, environ) -> dict:
+    """The variables an instance whose transfer address is `kv_transfer` (host:port, as the other replicas reach it)
+    sets before its engine core starts: NIXL's side channel on that address, and UCX's CUDA-IPC reads unless
+    `environ` (the user's environment) already says; {} where it has no transfer address."""
     if not kv_transfer:
         return {}
     host, _, port = kv_transfer.rpartition(":")
-    return {"VLLM_NIXL_SIDE_CHANNEL_HOST": host.strip("[]"), "VLLM_NIXL_SIDE_CHANNEL_PORT": port}
+    env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": host.strip("[]"), "VLLM_NIXL_SIDE_CHANNEL_PORT": port}
+    if UCX_GET_ZCOPY not in environ:
+        env[UCX_GET_ZCOPY] = "on"
+    return env
 
 
 def continued(prompt, continue_ids, encode) -> dict:
@@ -274,8 +287,8 @@ class VLLMAdapter(EngineAdapter):
             kwargs["kv_transfer_config"] = KVTransferConfig(**kwargs["kv_transfer_config"])
         if kwargs.get("kv_transfer_config") is not None:
             self.kv_transfers = counters.KVTransfers()
-        # this instance's NIXL side channel: read by vLLM's connector in the engine core, which inherits it
-        os.environ.update(side_channel_env(RankEnv.from_environ(os.environ).kv_transfer or ""))
+        # this instance's NIXL side channel and UCX's transports: read in the engine core, which inherits them
+        os.environ.update(nixl_env(RankEnv.from_environ(os.environ).kv_transfer or "", os.environ))
         nnodes = int(self.params.get("nnodes", "1") or 1)
         if nnodes > 1:
             if kwargs.get("distributed_executor_backend") != "ray":

@@ -40,7 +40,11 @@ class AsyncLLM:
         # a KV connector reads its side channel from the environment as it starts (vllm.envs, NixlConnector)
         side = [os.environ.get(k) for k in ("VLLM_NIXL_SIDE_CHANNEL_HOST", "VLLM_NIXL_SIDE_CHANNEL_PORT")]
         self.side_channel = (side[0] or "localhost", int(side[1] or 5600))
-        _standin.record(ENGINE, "init", args=dataclasses.asdict(engine_args), side_channel=list(self.side_channel))
+        # and UCX its transports (what NIXL's reads may use: CUDA IPC's GETs)
+        ucx = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
+        _standin.record(
+            ENGINE, "init", args=dataclasses.asdict(engine_args), side_channel=list(self.side_channel), ucx=ucx
+        )
 
     @classmethod
     def from_engine_args(cls, engine_args, start_engine_loop=True, usage_context=None, stat_loggers=None):
