@@ -34,7 +34,8 @@ Result JSON:
      "server_engine_steps": None | {"steps", "step_ms", "launch_ms", "wait_ms", "host_ms", "gpu_ms",
                               "gpu_idle_ms", "decode_rows", "prefill_tokens", "ahead"} (--server-metrics:
                               the hf engine's steps during the measured requests; timings.engine_step_split),
-     "server_prefix_cache": None | {"prompt_tokens", "cached_prompt_tokens", "prefix_hit_rate"} (--server-metrics),
+     "server_prefix_cache": None | {"prompt_tokens", "cached_prompt_tokens", "prefix_hit_rate"} (--server-metrics;
+                              with --prefill-metrics the prefill replicas', where a split computes its prompts),
      "server_kv_transfer": None | {"transfers", "failed", "bytes", "mib", "mib_per_transfer", "ms_per_transfer", "gib_per_s"}
                               (--server-metrics: keys and values the decode replicas moved from prefill replicas),
      "warmup_errors", "requests": [RequestResult as JSON, ...]}
@@ -179,6 +180,7 @@ def bench_one(
             if prefill_metrics:  # each role's URLs and first-token totals, settled with the others above
                 urls = (decode_metrics(server_metrics, prefill_metrics), prefill_metrics)
                 totals["roles"] = tuple((u, timings.fetch_first_token_metrics(u, model)) for u in urls)
+                totals["prefill_engine"] = timings.fetch_engine_metrics(prefill_metrics, model)
 
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     _announce(spec, num_requests, model, url, kind)
@@ -200,6 +202,11 @@ def bench_one(
         split = _first_token_split(server_metrics, prefill_metrics, model, totals, len(ttfts), ttft_mean)
     if engine_before is not None:
         steps, prefix, moved = timings.engine_splits_after(server_metrics, model, engine_before)
+        if prefill_metrics:
+            # a split's prompts are computed on its prefill replicas; a decode replica finds a prompt's moved blocks
+            # in its own cache, which is the transfer (server_kv_transfer), not a prefix cache hit
+            after = timings.fetch_engine_metrics(prefill_metrics, model)  # settled above, with every replica's
+            prefix = cache_splits.prefix_cache_split(totals["prefill_engine"], after)
     return {
         "format": "llmlaunch-bench/1",
         "label": label,

@@ -361,6 +361,11 @@ def test_llmlaunch_disagg_prefills_on_one_replica_and_decodes_on_the_other_over_
         assert split["inside_server"] + split["prefill"]["inside_server"] + split["outside_server"] == pytest.approx(
             ttft, abs=0.01
         )
+        # the prefix cache is the prefill replica's (new prompts: no hits); the decode replica's moved blocks are the
+        # transfer, not hits
+        prefix, moved = doc["server_prefix_cache"], doc["server_kv_transfer"]
+        assert prefix["prompt_tokens"] >= 4 * 90 and prefix["cached_prompt_tokens"] == 0, prefix
+        assert moved["transfers"] == 4, moved
         job.proc.send_signal(signal.SIGINT)
         assert job.proc.wait(90) == 0, job.tail()
     finally:
