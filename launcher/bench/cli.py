@@ -171,17 +171,7 @@ def bench_one(
     if not args.no_progress:
         make_bar = lambda read: Progress(read, num_requests, label=progress_label)  # noqa: E731
     totals = {}  # the server's counters once the warm-up has ended: the run's figures cover the measured requests
-    after_warmup = None
-    if server_metrics:
-        _server_totals(server_metrics, model, settled=False)  # an unreadable URL fails before any request is sent
-
-        def after_warmup():
-            totals["before"] = _server_totals(server_metrics, model)
-            if prefill_metrics:  # each role's URLs and first-token totals, settled with the others above
-                urls = (decode_metrics(server_metrics, prefill_metrics), prefill_metrics)
-                totals["roles"] = tuple((u, timings.fetch_first_token_metrics(u, model)) for u in urls)
-                totals["prefill_engine"] = timings.fetch_engine_metrics(prefill_metrics, model)
-
+    after_warmup = _server_reader(server_metrics, prefill_metrics, model, totals)
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     _announce(spec, num_requests, model, url, kind)
     out = run_load(job, make_bar, after_warmup=after_warmup)
@@ -201,12 +191,7 @@ def bench_one(
         ttft_mean = 1000.0 * sum(ttfts) / len(ttfts) if ttfts else None
         split = _first_token_split(server_metrics, prefill_metrics, model, totals, len(ttfts), ttft_mean)
     if engine_before is not None:
-        steps, prefix, moved = timings.engine_splits_after(server_metrics, model, engine_before)
-        if prefill_metrics:
-            # a split's prompts are computed on its prefill replicas; a decode replica finds a prompt's moved blocks
-            # in its own cache, which is the transfer (server_kv_transfer), not a prefix cache hit
-            after = timings.fetch_engine_metrics(prefill_metrics, model)  # settled above, with every replica's
-            prefix = cache_splits.prefix_cache_split(totals["prefill_engine"], after)
+        steps, prefix, moved = _engine_splits(server_metrics, prefill_metrics, model, engine_before, totals)
     return {
         "format": "llmlaunch-bench/1",
         "label": label,
@@ -222,6 +207,34 @@ def bench_one(
         "warmup_errors": len(out.warmup_errors),
         "requests": [r.to_json() for r in results],
     }
+
+
+def _server_reader(server_metrics, prefill_metrics, model: str, totals: dict):
+    """With --server-metrics: what reads the server's totals into `totals` once the warm-up has ended (each role's
+    too, with --prefill-metrics); None without.  An unreadable URL fails here, before any request is sent."""
+    if not server_metrics:
+        return None
+    _server_totals(server_metrics, model, settled=False)
+
+    def after_warmup():
+        totals["before"] = _server_totals(server_metrics, model)
+        if prefill_metrics:  # each role's URLs and totals, settled with the others above
+            urls = (decode_metrics(server_metrics, prefill_metrics), prefill_metrics)
+            totals["roles"] = tuple((u, timings.fetch_first_token_metrics(u, model)) for u in urls)
+            totals["prefill_engine"] = timings.fetch_engine_metrics(prefill_metrics, model)
+
+    return after_warmup
+
+
+def _engine_splits(server_metrics, prefill_metrics, model: str, engine_before: dict, totals: dict) -> tuple:
+    """(engine steps, prefix cache, keys and values moved) over the measured requests.  A split's prompts are computed
+    on its prefill replicas, so its prefix cache is theirs: a decode replica finds a prompt's moved blocks in its own
+    cache, which is the transfer (server_kv_transfer), not a prefix cache hit."""
+    steps, prefix, moved = timings.engine_splits_after(server_metrics, model, engine_before)
+    if prefill_metrics:
+        after = timings.fetch_engine_metrics(prefill_metrics, model)  # settled above, with every replica's
+        prefix = cache_splits.prefix_cache_split(totals["prefill_engine"], after)
+    return steps, prefix, moved
 
 
 def decode_metrics(server_metrics: str, prefill_metrics: str) -> str:
