@@ -431,8 +431,9 @@ def test_llmlaunch_vllm_disagg_gives_each_instance_a_side_channel_and_sends_requ
 ):
     """`llmlaunch engine=vllm disagg.prefill=1 disagg.decode=1` on this machine (vLLM's stand-in on the ranks'
     PYTHONPATH through cluster.env): each rank picked a port of its own for NIXL's side channel and its engine started
-    with it, and with the user's UCX setting (cluster.env) rather than llmlaunch's default; a request through rank 0's front end is prefilled on replica 0 and decoded on replica 1 with the handle
-    replica 0's engine returned.  At vLLM's API boundary (tests/standins/vllm); NIXL itself runs only on a GPU."""
+    with it, and with the user's UCX setting (cluster.env) rather than llmlaunch's default; a request through rank 0's
+    front end is prefilled on replica 0 and decoded on replica 1 with the handle replica 0's engine returned.  At
+    vLLM's API boundary (tests/standins/vllm); NIXL itself runs only on a GPU."""
     import signal
 
     from launcher.client.request import Generation
