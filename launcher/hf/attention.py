@@ -18,7 +18,8 @@ block for its position, through the runner's block tables) with one `index_copy_
 * whole prompts packed after the decode rows (a mixed CUDA graph, launcher.hf.graphs) in one SDPA with a block-diagonal mask;
 * continuation chunks (against the cache: the prefix and itself; a prompt whose prefix came from the prefix cache
   starts this way) in one SDPA per group of similar lengths, their sequences' blocks gathered through the block
-  tables.
+  tables; on a GPU through the paged prefill kernel instead (launcher.hf.paged_prefill), which reads the blocks
+  where they lie, and through which a mixed graph attends for all its prompts (so they may start anywhere).
 
 Why groups: a step that admits a wave of requests (64 prompts at once, say)
 would otherwise call attention 64 times per layer, and on a GPU each call is
@@ -51,6 +52,7 @@ class StepContext:
         "chunks",
         "groups",
         "conts",
+        "paged",
         "eager",
         "packed",
         "table",
@@ -65,8 +67,12 @@ class StepContext:
         # `dec_lens` ([rows] positions attended); None: gather the blocks and run SDPA with `dec_mask`
         self.dec_kernel = None
         # continuation chunks (a prompt part-way: its prefix in the cache) batched, one padded attention per group:
-        # (pad_idx, n, length, real, dst, slots, span, mask), launcher.hf.step.prepare_step; the graphs take none
+        # (pad_idx, n, length, real, dst, slots, span, mask), launcher.hf.step.prepare_step, where no paged prefill
+        # kernel takes them (CPU); no graph holds these
         self.conts = []
+        # prompt chunks through the paged prefill kernel: (kernel, slots, positions, first, count), the step's
+        # tokens' slots and positions and the kernel's tiles (launcher.hf.paged_prefill.tiles); None: none
+        self.paged = None
 
 
 # the step's StepContext (`ctx`) and the KV cache (`cache`: per layer the pool's (keys, values)) while the model runs
@@ -147,11 +153,11 @@ def _slot_attention(layer_idx, query, key, value, scaling):
     k_cache.view(-1, head_dim).index_copy_(0, ctx.flat_idx, key[0].transpose(0, 1).reshape(-1, head_dim))
     v_cache.view(-1, head_dim).index_copy_(0, ctx.flat_idx, value[0].transpose(0, 1).reshape(-1, head_dim))
 
-    out = (
-        query.new_empty(n_tok, n_heads, head_dim)
-        if ctx.chunks or ctx.groups or ctx.conts or ctx.packed is not None
-        else None
-    )
+    out = None
+    if ctx.paged is not None:  # a graph's padded prompt tokens are in no tile: zeros, not whatever the memory held
+        out = query.new_zeros(n_tok, n_heads, head_dim)
+    elif ctx.chunks or ctx.groups or ctx.conts or ctx.packed is not None:
+        out = query.new_empty(n_tok, n_heads, head_dim)
     n_dec = ctx.n_dec
     if n_dec:
         # 2. decode tokens, batched: [n_dec, H, D] -> [n_dec, KVH, rep, D], query heads grouped on their kv head
@@ -194,6 +200,21 @@ def _slot_attention(layer_idx, query, key, value, scaling):
         k, v = gather(k_cache, blocks, span), gather(v_cache, blocks, span)
         o = _sdpa(q, k, v, mask, scale=scaling, eager=eager, gqa=rep > 1)
         out.index_copy_(0, dst, o.transpose(1, 2).reshape(n * length, n_heads, head_dim).index_select(0, real))
+    # 5b. prompt chunks through the paged prefill kernel: each tile's queries over its slot's blocks (written in 1.)
+    if ctx.paged is not None:
+        kernel, slots, positions, first, count = ctx.paged
+        kernel(
+            query[0].transpose(0, 1),
+            k_cache,
+            v_cache,
+            ctx.table,
+            slots,
+            positions,
+            first,
+            count,
+            out,
+            scaling or head_dim**-0.5,
+        )
     # 6. prompt-starting chunks alone in their group: plain causal attention over their own keys
     for offset, length in ctx.chunks:
         q, k, v = (t[:, :, offset : offset + length] for t in (query, key, value))

@@ -115,13 +115,29 @@ def _attend_tile(
     puts them, folded into the online softmax.  -> (m: the running max, den: its denominator, acc: the weighted
     sum of the values), each of the query heads."""
     ok = pos < last
-    block = tl.load(table_ptr + row * st_r + pos // BS, mask=ok, other=0)
+    k, v = read_kv(table_ptr + row * st_r, pos, ok, head, k_ptr, v_ptr, sk_b, sk_t, sk_h, d, d_ok, BS)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
+    s = tl.where(ok[None, :], s, float("-inf"))
+    return fold(s, v, m, den, acc, PRECISION)
+
+
+@triton.jit
+def read_kv(blocks_ptr, pos, ok, head, k_ptr, v_ptr, sk_b, sk_t, sk_h, d, d_ok, BS: tl.constexpr):
+    """The keys and values of one kv head at positions `pos` (those `ok`; the others read as 0) of the sequence whose
+    block-table row starts at `blocks_ptr`, read where its blocks put them.  The prefill kernel's too."""
+    block = tl.load(blocks_ptr + pos // BS, mask=ok, other=0)
     at = block.to(tl.int64) * sk_b + (pos % BS) * sk_t + head * sk_h
     kv_ok = ok[:, None] & d_ok[None, :]
     k = tl.load(k_ptr + at[:, None] + d[None, :], mask=kv_ok, other=0.0)
     v = tl.load(v_ptr + at[:, None] + d[None, :], mask=kv_ok, other=0.0)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale
-    s = tl.where(ok[None, :], s, float("-inf"))
+    return k, v
+
+
+@triton.jit
+def fold(s, v, m, den, acc, PRECISION: tl.constexpr):
+    """A tile's scores `s` (-inf where masked) and values `v` folded into the online softmax of its rows: -> (m: the
+    running max, den: its denominator, acc: the weighted sum of the values).  The prefill kernel's too
+    (launcher.hf.paged_prefill_kernels)."""
     m_new = tl.maximum(m, tl.max(s, 1))
     p = tl.exp(s - m_new[:, None])
     alpha = tl.exp(m - m_new)

@@ -31,7 +31,9 @@ class EngineStats:
     gpu_steps: int = 0  # steps timed on the GPU (0 off the GPU)
     prompt_steps: int = 0  # steps with prompt tokens
     prompt_graph_steps: int = 0  # of those, steps of prompts replayed as a CUDA graph (one prompt or a wave)
-    mixed_steps: int = 0  # of those, steps of decode rows and whole prompts replayed as a mixed CUDA graph
+    mixed_steps: int = (
+        0  # of those, steps replayed as a mixed CUDA graph (decode rows and prompts, or prompts part-way)
+    )
     # Per request, from add_request (its prompt tokenized) on: where a first token's time inside the engine goes
     admitted: int = 0  # requests given a KV-cache slot
     queued_s: float = 0.0  # summed: add_request to a slot (waiting for the loop's next schedule, or a free slot)
@@ -79,6 +81,7 @@ def engine_features(r, prompt_encode_why_not: str, prefix_caching: bool) -> dict
         "mixed_graph_error": r.mixed_graph_error,
         "cudnn_attention": r.cudnn_attention if r.device.type == "cuda" else "",
         "decode_attention": r.decode_kernel_note,
+        "prefill_attention": r.prefill_kernel_note,
         "prompt_encode": prompt_encode_why_not or "backend",
         "kv_blocks": r.num_blocks - 1,
         "block_size": r.block_size,
@@ -129,6 +132,8 @@ def describe_features(f: dict) -> str:
         )
     if f.get("decode_attention"):  # GPU only: the paged decode kernel or why not (launcher.hf.paged_decode)
         parts.append(f"decode attention: {f['decode_attention']}")
+    if f.get("prefill_attention"):  # GPU only: the paged prefill kernel or why not (launcher.hf.paged_prefill)
+        parts.append(f"prefill attention: {f['prefill_attention']}")
     where = {"graphs": "in graphs", "all": "everywhere", "off": "off"}.get(f.get("cudnn_attention", ""))
     if where:  # GPU only: CPU attention has no cuDNN
         parts.append(f"cuDNN attention {where}")

@@ -88,7 +88,7 @@ class HFModelRunner(ModelLoading, WarmUp):
         self._init_attention_backends(cudnn_attention)
         self._init_compile(torch_compile)
         self._allocate_cache(kv_cache_memory, block_size)
-        self._init_decode_kernel()
+        self._init_paged_kernels()
         self.sampler = Sampler(self.max_num_seqs, self.vocab_size, self.device)
         self._last_done = None  # the completion event of the step launched last, until the engine idles (gpu_times)
         self.last_graph = None  # the graph the last launch replayed: "decode", "prompt", "wave", "mixed" or None
@@ -154,6 +154,11 @@ class HFModelRunner(ModelLoading, WarmUp):
     def mixed_prompts_fit(self, lengths: list[int]) -> bool:
         """Would whole prompts of these lengths go beside decode rows through a mixed graph?"""
         return self.mixed_graphs.fits(lengths)
+
+    @property
+    def mixed_any_start(self) -> bool:
+        """Do mixed graphs take prompts that start part-way (a cached prefix), with decode rows or without?"""
+        return self.mixed_graphs.any_start
 
     # each family's graphs and why its capture failed ("" if it did not), as Engine.features reports them
     @property
@@ -325,6 +330,8 @@ class HFModelRunner(ModelLoading, WarmUp):
             self.dtype,
             self.eager,
             self.decode_kernel,
+            self.prefill_kernel,
+            self.prefill_tile,
         )
         if ids is not None:
             input_ids[0, : len(step.decode_tokens)] = ids

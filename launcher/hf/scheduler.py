@@ -124,7 +124,8 @@ class Scheduler:
         from the host (prev_rows -1).
         Where prompts wait, the runner has mixed graphs and all of them fit one, they go beside the decode rows in one
         step through it (_prompts_mixed), queued ahead too: their tokens come from the host, the decode rows' from the
-        device.  Otherwise, where prompts wait and the runner replays prompt graphs, two or more of them go in steps
+        device; prompts part-way through go so too, with decode rows or without, where the mixed graphs attend
+        through the paged prefill kernel (HFModelRunner.mixed_any_start).  Otherwise, where prompts wait and the runner replays prompt graphs, two or more of them go in steps
         of their own through wave graphs, taking turns with the decode rows (_prompt_wave), and one, or a few where
         there are no wave graphs (PROMPTS_ALONE_MAX), one per step alone, while the decode rows wait that step
         (_prompt_alone).  Such a step needs nothing of the running step's, so it is launched ahead too (prev_rows
@@ -134,8 +135,9 @@ class Scheduler:
         Requests waiting for a slot (every slot taken) hold nothing back: the decode rows go ahead, and a request
         takes the slot of a row that ended in the step scheduled after the host has that row's last token.
         None (wait for the running step) where a row's sampling needs its last token on the host (bad words),
-        a request is in the inbox, a prompt is part-way through prefill, or waiting prompts would go in one step
-        beside the decode rows (no prompt graphs).  A step with prompt tokens beside decode rows cannot replay a
+        a request is in the inbox, a prompt is part-way through prefill (its prefix cached, a chunk of it run) and
+        the mixed graphs take no prompt that starts part-way, or waiting prompts would go in one step beside the
+        decode rows (no prompt graphs).  A step with prompt tokens beside decode rows cannot replay a
         CUDA graph, and launched ahead one prompt at a time, as requests arrive, nearly every step under load
         became such a step (measured on an H100 at 128 streams: 6.1 ms a step instead of 3.2); prompts that
         arrive during a run of decode steps are taken together, in one step, once it ends.
@@ -214,7 +216,9 @@ class Scheduler:
         if any(s.needs_last_token for s in decoding) or not self._inbox_empty():
             return None
         ids = {id(s) for s in ahead_of}
-        if any(id(s) not in ids and s.num_computed for s in self.prefilling):  # a prompt part-way through
+        # a prompt part-way through (its prefix cached, or a chunk of it run): only a mixed graph that takes prompts
+        # starting anywhere holds it
+        if not self.runner.mixed_any_start and any(id(s) not in ids and s.num_computed for s in self.prefilling):
             return None
         # rows that sat the running step out (a step of prompts): their last tokens are on the host
         waited = [s for _, s in self.decoding if id(s) not in ids]
@@ -242,6 +246,8 @@ class Scheduler:
                 only, self._waved = [], False  # the decode rows' turn
             if only:  # prompts only, through their graph: nothing of the running step's
                 decoding, prompts, prev_rows = [], only, None
+            elif mixed and not decoding:  # prompts only, part-way ones among them, through a mixed graph
+                prev_rows = None
             elif only is None:  # the prompts go beside the decode rows, in one step once the running one ends
                 return None
             # else (only == []): the decode rows' turn, the prompts wait for the next step
@@ -372,14 +378,19 @@ class Scheduler:
 
     def _prompts_mixed(self, decoding: list[Seq], pending: list[Seq] | None = None) -> list[Seq] | None:
         """The waiting prompts, where they all go beside the decode rows in one step through a mixed graph
-        (HFModelRunner.MIXED_PROMPTS): whole prompts, no more of them and no more tokens than one holds.  None
-        otherwise: more prompts than that go in waves (one step takes them all while the decode rows wait it, where
-        mixed steps would take several), and a prompt part-way through its chunks goes as before.
-        pending: as in _prompt_alone."""
+        (HFModelRunner.MIXED_PROMPTS): the rest of each prompt, no more of them and no more tokens than one holds.
+        Prompts part-way through (a prefix from the prefix cache, a chunk already run) only where the mixed graphs
+        take prompts that start anywhere (HFModelRunner.mixed_any_start), and then without decode rows too: whole
+        prompts alone go through prompt and wave graphs.  None otherwise: more prompts than that go in waves (one
+        step takes them all while the decode rows wait it, where mixed steps would take several), and a prompt
+        part-way through goes as before.  pending: as in _prompt_alone."""
         pending = self.prefilling if pending is None else pending
-        if not decoding or not pending or any(s.num_computed for s in pending):
+        if not pending:
             return None
-        lengths = [len(s.prefill_ids) for s in pending]
+        part_way = any(s.num_computed for s in pending)
+        if (part_way and not self.runner.mixed_any_start) or not (decoding or part_way):
+            return None
+        lengths = [len(s.prefill_ids) - s.num_computed for s in pending]
         if sum(lengths) > self.max_prefill_tokens or not self.runner.mixed_prompts_fit(lengths):
             return None
         self._waved = False

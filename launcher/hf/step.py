@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 
 from launcher.hf.attention import StepContext, set_decode_lengths
+from launcher.hf.paged_prefill import tiles
 
 
 @dataclass
@@ -129,6 +130,34 @@ def _continuations(members, dev) -> tuple:
     return pad_idx, n, length, real, dst, slots, span, mask
 
 
+def _prompt_attention(ctx: StepContext, step: StepInputs, meta, dev, prefill_kernel, prefill_tile: int) -> None:
+    """The prompt chunks' part of an eager step's context (`meta` rows: ids, positions, slots): prompt-starting
+    chunks grouped (ctx.groups, ctx.chunks); continuation chunks through `prefill_kernel` (ctx.paged) or, without
+    one, gathered (ctx.conts)."""
+    import torch
+
+    chunks, firsts, conts, offset = [], [], [], len(step.decode_tokens)
+    for c in step.prefill:
+        (firsts if c.start == 0 else conts).append((offset, c))
+        offset += c.length
+    # continuation chunks attend to the cache, through their block tables: a group of one too
+    if conts and prefill_kernel is not None:
+        first, count = tiles([(off, c.length) for off, c in conts], prefill_tile)
+        t = torch.tensor([first, count], dtype=torch.long).to(dev, non_blocking=True)
+        ctx.paged = (prefill_kernel, meta[2], meta[1], t[0], t[1])
+    else:
+        groups = group_first_chunks([c.length for _, c in conts])
+        ctx.conts = [_continuations([conts[i] for i in g], dev) for g in groups]
+    ctx.groups = []
+    for group in group_first_chunks([c.length for _, c in firsts]):
+        if len(group) == 1:
+            off, c = firsts[group[0]]
+            chunks.append((off, c.length))
+            continue
+        ctx.groups.append(_padded([firsts[i] for i in group], dev)[:5])
+    ctx.chunks = chunks
+
+
 def decode_span(max_position: int, block_size: int, limit: int) -> int:
     """The positions a decode step attends over: past the longest row's, rounded up to whole blocks and to a multiple
     of 16 (fused kernels want aligned masks; the rest is masked out), at most `limit`."""
@@ -154,13 +183,25 @@ def prompt_logit_rows(step: StepInputs) -> list[int]:
 
 
 def prepare_step(
-    step: StepInputs, device, num_kv_heads: int, table, block_size: int, dtype, eager: bool, decode_kernel=None
+    step: StepInputs,
+    device,
+    num_kv_heads: int,
+    table,
+    block_size: int,
+    dtype,
+    eager: bool,
+    decode_kernel=None,
+    prefill_kernel=None,
+    prefill_tile: int = 1,
 ):
     """(StepContext, input_ids [1, T], positions [1, T], the token rows whose logits to keep: the sampled rows, then
     `prompt_logit_rows`) of a step run eagerly:
     its tokens packed in one row, decode tokens first (HFModelRunner._run; a graph's step is laid out by
     launcher.hf.graphs).  `table`: the runner's block tables (device), with this step's updates applied;
-    `decode_kernel`: the runner's paged decode attention, or None (launcher.hf.attention.set_decode_lengths)."""
+    `decode_kernel`: the runner's paged decode attention, or None (launcher.hf.attention.set_decode_lengths);
+    `prefill_kernel`: the runner's paged prefill attention (launcher.hf.paged_prefill), which then takes the
+    continuation chunks in tiles of `prefill_tile` tokens, or None (they are gathered, one padded attention per
+    group)."""
     import torch
 
     dev = device
@@ -204,19 +245,6 @@ def prepare_step(
         ctx.dec_rows, ctx.dec_len = rows, length
         if rows != n_dec or step.decode_slots != list(range(n_dec)):
             ctx.dec_scatter = meta[2, :n_dec]
-    chunks, firsts, conts, offset = [], [], [], n_dec
-    for c in step.prefill:
-        (firsts if c.start == 0 else conts).append((offset, c))
-        offset += c.length
-    # continuation chunks attend to the cache, through their block tables: a group of one too
-    ctx.conts = [_continuations([conts[i] for i in g], dev) for g in group_first_chunks([c.length for _, c in conts])]
-    ctx.groups = []
-    for group in group_first_chunks([c.length for _, c in firsts]):
-        if len(group) == 1:
-            off, c = firsts[group[0]]
-            chunks.append((off, c.length))
-            continue
-        ctx.groups.append(_padded([firsts[i] for i in group], dev)[:5])
-    ctx.chunks = chunks
+    _prompt_attention(ctx, step, meta, dev, None if eager else prefill_kernel, prefill_tile)
     logits_idx_t = torch.tensor(logits_idx, dtype=torch.long).to(dev, non_blocking=True)
     return ctx, input_ids, positions, logits_idx_t

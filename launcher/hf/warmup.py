@@ -52,42 +52,51 @@ class WarmUp:
         if mode == "off":
             self.capture_backends = self._eager_backends
 
-    # -- decode attention over the paged cache ---------------------------------------------------------------
-    # Why a kernel of our own: the gather path copies every live key and value of a decode batch per layer and step
-    # (launcher.hf.paged_decode says what it cost).  It is checked on the device against the gather path before
+    # -- attention over the paged cache: decode rows, and prompt chunks that start anywhere ----------------------
+    # Why kernels of our own: the gather path copies every live key and value of a decode batch per layer and step
+    # (launcher.hf.paged_decode says what it cost), and a prompt's prefix from the cache into a tensor whose shape no
+    # CUDA graph can hold (launcher.hf.paged_prefill).  Each is checked on the device against the gather path before
     # any step uses it, so a Triton that miscompiles it or is missing costs speed, never answers.
-    def _init_decode_kernel(self) -> None:
-        self.decode_kernel = None
-        self.decode_kernel_note = "gather + SDPA" if self.device.type == "cuda" else ""
+    def _init_paged_kernels(self) -> None:
+        import functools
+
+        from launcher.hf import paged_decode, paged_prefill
+
+        rep = self.num_heads // self.num_kv_heads
+        self.prefill_tile = paged_prefill.query_tokens(rep)  # query tokens a tile of the prefill kernel holds
+        self.decode_kernel, self.decode_kernel_note = self._checked_kernel(
+            "decode", lambda sms: functools.partial(paged_decode.paged_decode, programs=2 * sms), paged_decode.check
+        )
+        self.prefill_kernel, self.prefill_kernel_note = self._checked_kernel(
+            "prefill", lambda sms: paged_prefill.paged_prefill, paged_prefill.check
+        )
+
+    def _checked_kernel(self, kind: str, make, check) -> tuple:
+        """(the paged `kind` kernel made by make(streaming multiprocessors), "paged kernel"), or (None, the gather path
+        and why) where it is not used: off the GPU, eager attention, Triton's interpreter, or a failed check."""
         if self.device.type != "cuda" or self.eager:
-            return
+            return None, "gather + SDPA" if self.device.type == "cuda" else ""
         import os
 
         if os.environ.get("TRITON_INTERPRET") == "1":  # Triton's interpreter runs kernels on the host, step by step
-            self.decode_kernel_note = "gather + SDPA (TRITON_INTERPRET=1 would run the paged kernel on the host)"
-            log.warning("hf engine: %s", self.decode_kernel_note)
-            return
+            note = "gather + SDPA (TRITON_INTERPRET=1 would run the paged kernel on the host)"
+            log.warning("hf engine: %s attention: %s", kind, note)
+            return None, note
         try:
-            import functools
-
             import torch
 
-            from launcher.hf.paged_decode import check, paged_decode
-
-            sms = torch.cuda.get_device_properties(self.device).multi_processor_count
-            kernel = functools.partial(paged_decode, programs=2 * sms)
+            kernel = make(torch.cuda.get_device_properties(self.device).multi_processor_count)
             rep = self.num_heads // self.num_kv_heads
             err = check(kernel, self.num_kv_heads, rep, self.head_dim, self.block_size, self.dtype, self.device)
         except Exception as exc:  # noqa: BLE001 - Triton missing or failing to compile: the gather path serves
-            self.decode_kernel_note = f"gather + SDPA (paged kernel unusable: {type(exc).__name__}: {exc})"[:300]
-            log.warning("hf engine: %s", self.decode_kernel_note)
-            return
+            note = f"gather + SDPA (paged kernel unusable: {type(exc).__name__}: {exc})"[:300]
+            log.warning("hf engine: %s attention: %s", kind, note)
+            return None, note
         if err is not None:
-            self.decode_kernel_note = f"gather + SDPA (paged kernel off: {err})"
-            log.warning("hf engine: %s", self.decode_kernel_note)
-            return
-        self.decode_kernel = kernel
-        self.decode_kernel_note = "paged kernel"
+            note = f"gather + SDPA (paged kernel off: {err})"
+            log.warning("hf engine: %s attention: %s", kind, note)
+            return None, note
+        return kernel, "paged kernel"
 
     # -- torch.compile ----------------------------------------------------------------------------------------
     # Why: HF's Llama runs ~40 kernels per layer, most of them tiny (the norm alone is 7: cast, pow, mean, add,

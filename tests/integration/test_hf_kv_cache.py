@@ -118,3 +118,93 @@ def test_prompts_continuing_a_cached_prefix_together_answer_as_generate(tiny_mod
         assert eng.stats.cached_prompt_tokens - cached >= len(asks) * (shared - 16)
     finally:
         eng.shutdown()
+
+
+def test_prompts_after_a_cached_prefix_go_through_a_mixed_graph_alone_and_beside_the_decode_rows(
+    tiny_model_dir, reference
+):
+    """Where the mixed graphs take prompts that start anywhere (the paged prefill kernel on a GPU), a prompt whose
+    prefix is cached goes through one: at an idle engine in a step of its own (its decode rows all padding), and,
+    arriving with another while a request decodes, both beside the decode row in one step queued ahead of the
+    running one, as whole prompts do.  Without that kernel (CPU serving) they run eagerly, as before.  CPU has no
+    CUDA graphs: the runner is told it has mixed graphs of up to 128 prompt tokens, whose body then runs eagerly
+    with the kernel's reference (the gather path, each token a decode row) in the kernel's place; the kernel itself
+    is held to that reference in tests/unit/test_hf_paged_prefill.py."""
+    from launcher.hf.paged_prefill import reference as paged_reference
+    from tests.integration.test_hf_engine import decoding_request, record_steps
+
+    system = "You are a helpful assistant who answers in one short sentence. " * 4
+    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=16, block_size=16, prefill_chunk=256)
+    eng.runner.prefill_kernel = paged_reference
+    eng.runner.mixed_graphs.limit, eng.runner.mixed_graphs.stand_in = 128, True
+    steps, arrive_together = record_steps(eng)
+    eng.start()
+    try:
+        eng.generate(system + "Hello", SamplingParams(max_tokens=2), timeout=60)
+        mark, cached = len(steps), eng.stats.cached_prompt_tokens
+        out = eng.generate(system + "What is rain?", SamplingParams(max_tokens=6), timeout=60)
+        assert out.token_ids == reference(system + "What is rain?", 6)[0]
+        rest = len(eng.tokenizer(system + "What is rain?").input_ids) - (eng.stats.cached_prompt_tokens - cached)
+        assert eng.stats.cached_prompt_tokens > cached and steps[mark] == (0, [rest]), steps[mark:]
+        assert eng.stats.mixed_steps == 1  # its prompt step, decode rows all padding
+
+        first = decoding_request(eng)
+        asks = ["What is snow?", "Name three rivers of Europe."]
+        cached = eng.stats.cached_prompt_tokens
+        mark, two = arrive_together([system + a for a in asks], 6)
+        for done, _ in two:
+            assert done.wait(60)
+        lengths = [len(eng.tokenizer(system + a).input_ids) for a in asks]
+        assert eng.stats.cached_prompt_tokens - cached > 0
+        prompt_steps = [st for st in steps[mark:] if st[1]]
+        assert len(prompt_steps) == 1 and prompt_steps[0][0] == 1, steps[mark:]  # both beside the decode row
+        assert sum(prompt_steps[0][1]) == sum(lengths) - (eng.stats.cached_prompt_tokens - cached)
+        assert steps[mark] == prompt_steps[0] and steps.ahead[mark], (steps[mark:], steps.ahead[mark:])
+        assert eng.stats.mixed_steps == 2
+        assert first[0].wait(60)
+        for (_, outs), a in zip(two, asks):
+            assert joined(outs)[1] == reference(system + a, 6)[0], a
+    finally:
+        eng.shutdown()
+
+    # without the kernel the same prompts are no mixed graph's: eager steps, the same answers
+    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=16, block_size=16, prefill_chunk=256)
+    eng.runner.mixed_graphs.limit, eng.runner.mixed_graphs.stand_in = 128, True
+    eng.start()
+    try:
+        eng.generate(system + "Hello", SamplingParams(max_tokens=2), timeout=60)
+        out = eng.generate(system + "What is rain?", SamplingParams(max_tokens=6), timeout=60)
+        assert out.token_ids == reference(system + "What is rain?", 6)[0] and eng.stats.cached_prompt_tokens > 0
+        assert eng.stats.mixed_steps == 0
+    finally:
+        eng.shutdown()
+
+
+def test_a_long_prompts_last_chunk_goes_through_a_mixed_graph_queued_ahead(tiny_model_dir, reference):
+    """A prompt longer than a step's prompt tokens (prefill_chunk) while a request decodes: its first chunk goes in an
+    eager step beside the decode row; its last chunk, which starts part-way, goes beside the decode row through a
+    mixed graph (the paged prefill kernel's) in the step queued behind that one, where it waited for the running
+    step before.  Stand-ins as in the test above; its answer is generate's."""
+    from launcher.hf.paged_prefill import reference as paged_reference
+    from tests.integration.test_hf_engine import decoding_request, record_steps
+
+    prompt = PROMPTS[1] + " " + PROMPTS[3]
+    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=16, prefill_chunk=32, prefix_caching=False)
+    eng.runner.prefill_kernel = paged_reference
+    eng.runner.mixed_graphs.limit, eng.runner.mixed_graphs.stand_in = 128, True
+    steps, arrive_together = record_steps(eng)
+    eng.start()
+    try:
+        n = len(eng.tokenizer(prompt).input_ids)
+        assert 32 < n <= 64
+        first = decoding_request(eng)
+        before = eng.stats.mixed_steps
+        mark, (run,) = arrive_together([prompt], 6)
+        assert run[0].wait(60)
+        prompt_steps = [(st, ahead) for st, ahead in zip(steps[mark:], steps.ahead[mark:]) if st[1]]
+        assert [st for st, _ in prompt_steps] == [(1, [32]), (1, [n - 32])], steps[mark:]
+        assert prompt_steps[1][1] and eng.stats.mixed_steps == before + 1  # queued ahead, through the mixed graph
+        assert joined(run[1])[1] == reference(prompt, 6)[0]
+        assert first[0].wait(60)
+    finally:
+        eng.shutdown()

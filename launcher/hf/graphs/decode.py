@@ -117,7 +117,7 @@ class DecodeGraphs(GraphFamily):
         finally:
             tls.ctx = None
 
-    def load(self, step: StepInputs, key, ids, meta, keep):
+    def load(self, step: StepInputs, key, ids, meta, keep, heads):
         import torch
 
         meta.copy_(torch.tensor(self.layout(step, key[0]), dtype=torch.long), non_blocking=True)

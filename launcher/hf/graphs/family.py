@@ -55,9 +55,10 @@ class GraphFamily:
         """The key of the graph that runs `step`, or None (not a step of this family, or none captured fits)."""
         raise NotImplementedError
 
-    def load(self, step: StepInputs, key, ids, meta, keep):
-        """Write `step`'s inputs into graph `key`'s buffers; returns what `outputs` picks the step's rows with.
-        ids: the decode tokens as a device tensor (HFModelRunner.launch), in place of step.decode_tokens."""
+    def load(self, step: StepInputs, key, ids, meta, keep, *rest):
+        """Write `step`'s inputs into graph `key`'s buffers (`buffers`' tensors); returns what `outputs` picks the
+        step's rows with.  ids: the decode tokens as a device tensor (HFModelRunner.launch), in place of
+        step.decode_tokens."""
         raise NotImplementedError
 
     def outputs(self, logits, step: StepInputs, picked):
@@ -76,12 +77,12 @@ class GraphFamily:
         if entry is None:
             if self.stand_in:
                 buffers = self.buffers(key)
-                picked = self.load(step, key, ids, buffers[0], buffers[1])
+                picked = self.load(step, key, ids, *buffers)
                 return self.outputs(self.body(key, *buffers), step, picked)
             entry = self.capture(key)
             if entry is None:
                 return None
-        picked = self.load(step, key, ids, entry.meta, entry.keep)
+        picked = self.load(step, key, ids, *entry.buffers)
         entry.graph.replay()
         return self.outputs(entry.logits, step, picked)
 
