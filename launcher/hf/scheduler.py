@@ -380,8 +380,10 @@ class Scheduler:
         """The waiting prompts, where they all go beside the decode rows in one step through a mixed graph
         (HFModelRunner.MIXED_PROMPTS): the rest of each prompt, no more of them and no more tokens than one holds.
         Prompts part-way through (a prefix from the prefix cache, a chunk already run) only where the mixed graphs
-        take prompts that start anywhere (HFModelRunner.mixed_any_start), and then without decode rows too: whole
-        prompts alone go through prompt and wave graphs.  None otherwise: more prompts than that go in waves (one
+        take prompts that start anywhere (HFModelRunner.mixed_any_start), and then without decode rows too (whole
+        prompts alone go through prompt and wave graphs), and, where not all fit, the first of them that do: no
+        wave graph takes such prompts, so more than fit go through mixed graphs a step at a time, the decode rows
+        beside them in each, not in one eager step.  None otherwise: more whole prompts than fit go in waves (one
         step takes them all while the decode rows wait it, where mixed steps would take several), and a prompt
         part-way through goes as before.  pending: as in _prompt_alone."""
         pending = self.prefilling if pending is None else pending
@@ -391,10 +393,17 @@ class Scheduler:
         if (part_way and not self.runner.mixed_any_start) or not (decoding or part_way):
             return None
         lengths = [len(s.prefill_ids) - s.num_computed for s in pending]
-        if sum(lengths) > self.max_prefill_tokens or not self.runner.mixed_prompts_fit(lengths):
-            return None
+        take = len(pending)
+        while take and (
+            sum(lengths[:take]) > self.max_prefill_tokens or not self.runner.mixed_prompts_fit(lengths[:take])
+        ):
+            if not part_way:
+                return None
+            take -= 1
+        if not take or not (decoding or any(s.num_computed for s in pending[:take])):
+            return None  # (whole prompts alone: the prompt and wave graphs' steps)
         self._waved = False
-        return list(pending)
+        return list(pending[:take])
 
     def _prompts_only(self, decoding: list[Seq], pending: list[Seq] | None = None) -> list[Seq] | None:
         """The prompts of a step of prompts only, through a graph (a wave, `_prompt_wave`, or one alone,

@@ -208,3 +208,39 @@ def test_a_long_prompts_last_chunk_goes_through_a_mixed_graph_queued_ahead(tiny_
         assert first[0].wait(60)
     finally:
         eng.shutdown()
+
+
+def test_more_cached_prompts_than_a_mixed_graph_holds_go_through_mixed_graphs_a_step_at_a_time(
+    tiny_model_dir, reference
+):
+    """Ten prompts after a cached prefix arrive together while a request decodes, more than one mixed graph holds
+    (MIXED_PROMPTS): the first eight go beside the decode row in one mixed step, the other two beside the nine decode
+    rows of the next, queued ahead, where all ten would have gone in one eager step (no wave graph takes prompts part-way).  Stand-ins as
+    above; the answers are generate's."""
+    from launcher.hf.paged_prefill import reference as paged_reference
+    from launcher.hf.runner import HFModelRunner
+    from tests.integration.test_hf_engine import decoding_request, record_steps
+
+    system = "You are a helpful assistant who answers in one short sentence. " * 4
+    asks = [f"Question {i}: what is {w}?" for i, w in enumerate("rain snow hail fog dew mist ice wind sun sky".split())]
+    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=16, block_size=16, prefill_chunk=512)
+    eng.runner.prefill_kernel = paged_reference
+    eng.runner.mixed_graphs.limit, eng.runner.mixed_graphs.stand_in = 512, True
+    steps, arrive_together = record_steps(eng)
+    eng.start()
+    try:
+        eng.generate(system + "Hello", SamplingParams(max_tokens=2), timeout=60)
+        first = decoding_request(eng)
+        before = eng.stats.mixed_steps
+        mark, runs = arrive_together([system + a for a in asks], 4)
+        for done, _ in runs:
+            assert done.wait(60)
+        prompt_steps = [(st, ahead) for st, ahead in zip(steps[mark:], steps.ahead[mark:]) if st[1]]
+        n = HFModelRunner.MIXED_PROMPTS  # the second step decodes the first eight too
+        assert [(d, len(c)) for (d, c), _ in prompt_steps] == [(1, n), (1 + n, 2)], steps[mark:]
+        assert prompt_steps[1][1] and eng.stats.mixed_steps == before + 2
+        for (_, outs), a in zip(runs, asks):
+            assert joined(outs)[1] == reference(system + a, 4)[0], a
+        assert first[0].wait(60)
+    finally:
+        eng.shutdown()
