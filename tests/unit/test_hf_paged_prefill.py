@@ -181,3 +181,21 @@ def test_whole_prompts_alone_stay_with_the_prompt_and_wave_graphs(tiny_model_dir
     finally:
         runner.prefill_kernel, mixed.limit, mixed.stand_in = None, 0, False
     assert not runner.mixed_any_start
+
+
+def test_the_prefill_kernels_benchmark_times_each_path_and_each_agrees_with_the_reference(capsys):
+    """benchmark/gpu/prefill_kernels.py, whose GPU times docs/performance/hf.md takes, run here on the CPU (the kernel
+    interpreted; its times mean nothing): a table row per case, every path within float32 rounding of the
+    reference, the packed path for whole prompts only."""
+    import re
+
+    from benchmark.gpu.prefill_kernels import main
+
+    args = ["--device", "cpu", "--dtype", "float32", "--heads", "4", "--kv-heads", "2", "--head-dim", "16"]
+    assert main([*args, "--reps", "1", "--cases", "2"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0] == "| case | query tokens | paged ms (diff) | gather ms (diff) | packed ms (diff) |"
+    assert table[2].startswith("| 1 x 128 after 1,024 cached | 128 |") and table[2].endswith("| — |")
+    assert table[3].startswith("| 4 whole x 128 | 512 |")
+    diffs = [float(d) for line in table[2:] for d in re.findall(r"\(([0-9.e+-]+)\)", line)]
+    assert len(diffs) == 5 and max(diffs) < 1e-5, table
