@@ -125,7 +125,8 @@ class Scheduler:
         Where prompts wait, the runner has mixed graphs and all of them fit one, they go beside the decode rows in one
         step through it (_prompts_mixed), queued ahead too: their tokens come from the host, the decode rows' from the
         device; prompts part-way through go so too, with decode rows or without, where the mixed graphs attend
-        through the paged prefill kernel (HFModelRunner.mixed_any_start).  Otherwise, where prompts wait and the runner replays prompt graphs, two or more of them go in steps
+        through the paged prefill kernel (HFModelRunner.mixed_any_start).  Otherwise, where prompts wait and the
+        runner replays prompt graphs, two or more of them go in steps
         of their own through wave graphs, taking turns with the decode rows (_prompt_wave), and one, or a few where
         there are no wave graphs (PROMPTS_ALONE_MAX), one per step alone, while the decode rows wait that step
         (_prompt_alone).  Such a step needs nothing of the running step's, so it is launched ahead too (prev_rows
@@ -137,8 +138,8 @@ class Scheduler:
         None (wait for the running step) where a row's sampling needs its last token on the host (bad words),
         a request is in the inbox, a prompt is part-way through prefill (its prefix cached, a chunk of it run) and
         the mixed graphs take no prompt that starts part-way, or waiting prompts would go in one step beside the
-        decode rows (no prompt graphs).  A step with prompt tokens beside decode rows cannot replay a
-        CUDA graph, and launched ahead one prompt at a time, as requests arrive, nearly every step under load
+        decode rows (no prompt graphs).  A step with prompt tokens beside decode rows cannot replay a CUDA graph
+        unless a mixed one holds it, and launched ahead one prompt at a time, as requests arrive, nearly every step under load
         became such a step (measured on an H100 at 128 streams: 6.1 ms a step instead of 3.2); prompts that
         arrive during a run of decode steps are taken together, in one step, once it ends.
         """
