@@ -84,6 +84,7 @@ def paged_prefill(q, k_cache, v_cache, table, slots, positions, first, count, ou
     bm = query_tokens(rep)
     if bm * rep_p < 16:  # tl.dot's smallest tile
         raise ValueError(f"{rep} query heads per kv head make {bm * rep_p} rows, fewer than 16")
+    d_p = max(16, triton.next_power_of_2(head_dim))
     _kernel()[(first.shape[0], kv_heads)](
         q,
         k_cache,
@@ -107,11 +108,14 @@ def paged_prefill(q, k_cache, v_cache, table, slots, positions, first, count, ou
         REP_P=rep_p,
         BM=bm,
         D=head_dim,
-        D_P=max(16, triton.next_power_of_2(head_dim)),
+        D_P=d_p,
         BS=k_cache.shape[1],
         T=TILE,
         # float32 products in full precision (not TF32), so a float32 model computes as the gather path does
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        # a program holds a 64-row tile of queries and its float32 sums: at head size 128 and more, spread over
+        # twice the threads so that they stay in registers
+        num_warps=8 if d_p >= 128 else 4,
     )
     return out
 
