@@ -99,13 +99,9 @@ def _contexts(step, table, pool, heads, kv_heads, block_size, dtype, device):
 def _tiles(step, tile):
     import torch
 
-    from launcher.hf.paged_prefill import tiles
+    from launcher.hf.paged_prefill import packed, tiles
 
-    rows, at = [], 0
-    for c in step.prefill:
-        rows.append((at, c.length))
-        at += c.length
-    first, count = tiles(rows, tile)
+    first, count = tiles(packed(c.length for c in step.prefill), tile)
     return torch.tensor(first), torch.tensor(count)
 
 

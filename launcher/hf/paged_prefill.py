@@ -61,6 +61,15 @@ def tiles(chunks, per_tile: int, count: int | None = None) -> tuple[list[int], l
     return first, rows
 
 
+def packed(lengths, at: int = 0) -> list[tuple[int, int]]:
+    """(first row, tokens) of chunks of these lengths packed one after another from row `at`: `tiles`' chunks."""
+    out = []
+    for n in lengths:
+        out.append((at, n))
+        at += n
+    return out
+
+
 def max_tiles(tokens: int, chunks: int, per_tile: int) -> int:
     """The most tiles `chunks` chunks of `tokens` tokens in all can need (each chunk's last tile may be short)."""
     return -(-tokens // per_tile) + chunks
@@ -166,10 +175,7 @@ def check(kernel, kv_heads: int, rep: int, head_dim: int, block_size: int, dtype
     positions = torch.tensor([p for start, n in chunks for p in range(start, start + n)], device=device)
     tokens = positions.shape[0]
     q = torch.randn(tokens, heads, head_dim, generator=gen).to(device, dtype)
-    rows, at = [], 0
-    for _, n in chunks:
-        rows.append((at, n))
-        at += n
+    rows = packed(n for _, n in chunks)
     per_tile = query_tokens(rep)
     first, count = tiles(rows, per_tile, max_tiles(tokens, len(rows), per_tile) + 1)
     first, count = (torch.tensor(x, device=device) for x in (first, count))

@@ -120,24 +120,32 @@ def test_prompts_continuing_a_cached_prefix_together_answer_as_generate(tiny_mod
         eng.shutdown()
 
 
+def engine_with_paged_mixed_graphs(tiny_model_dir, limit: int, **args):
+    """(engine not started, steps, arrive_together: test_hf_engine.record_steps's) on CPU whose runner is told it has
+    mixed graphs of up to `limit` prompt tokens that take prompts starting anywhere: CPU has no CUDA graphs, so their
+    body runs eagerly, with the paged prefill kernel's reference (the gather path, each token a decode row) in the
+    kernel's place; the kernel itself is held to that reference in tests/unit/test_hf_paged_prefill.py."""
+    from launcher.hf.paged_prefill import reference as paged_reference
+    from tests.integration.test_hf_engine import record_steps
+
+    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=16, **args)
+    eng.runner.prefill_kernel = paged_reference
+    eng.runner.mixed_graphs.limit, eng.runner.mixed_graphs.stand_in = limit, True
+    return (eng, *record_steps(eng))
+
+
 def test_prompts_after_a_cached_prefix_go_through_a_mixed_graph_alone_and_beside_the_decode_rows(
     tiny_model_dir, reference
 ):
     """Where the mixed graphs take prompts that start anywhere (the paged prefill kernel on a GPU), a prompt whose
     prefix is cached goes through one: at an idle engine in a step of its own (its decode rows all padding), and,
     arriving with another while a request decodes, both beside the decode row in one step queued ahead of the
-    running one, as whole prompts do.  Without that kernel (CPU serving) they run eagerly, as before.  CPU has no
-    CUDA graphs: the runner is told it has mixed graphs of up to 128 prompt tokens, whose body then runs eagerly
-    with the kernel's reference (the gather path, each token a decode row) in the kernel's place; the kernel itself
-    is held to that reference in tests/unit/test_hf_paged_prefill.py."""
-    from launcher.hf.paged_prefill import reference as paged_reference
-    from tests.integration.test_hf_engine import decoding_request, record_steps
+    running one, as whole prompts do.  Without that kernel (CPU serving) they run eagerly, as before.  Stand-ins:
+    engine_with_paged_mixed_graphs, mixed graphs of up to 128 prompt tokens."""
+    from tests.integration.test_hf_engine import decoding_request
 
     system = "You are a helpful assistant who answers in one short sentence. " * 4
-    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=16, block_size=16, prefill_chunk=256)
-    eng.runner.prefill_kernel = paged_reference
-    eng.runner.mixed_graphs.limit, eng.runner.mixed_graphs.stand_in = 128, True
-    steps, arrive_together = record_steps(eng)
+    eng, steps, arrive_together = engine_with_paged_mixed_graphs(tiny_model_dir, 128, block_size=16, prefill_chunk=256)
     eng.start()
     try:
         eng.generate(system + "Hello", SamplingParams(max_tokens=2), timeout=60)
@@ -184,15 +192,13 @@ def test_a_long_prompts_last_chunk_goes_through_a_mixed_graph_queued_ahead(tiny_
     """A prompt longer than a step's prompt tokens (prefill_chunk) while a request decodes: its first chunk goes in an
     eager step beside the decode row; its last chunk, which starts part-way, goes beside the decode row through a
     mixed graph (the paged prefill kernel's) in the step queued behind that one, where it waited for the running
-    step before.  Stand-ins as in the test above; its answer is generate's."""
-    from launcher.hf.paged_prefill import reference as paged_reference
-    from tests.integration.test_hf_engine import decoding_request, record_steps
+    step before.  Stand-ins: engine_with_paged_mixed_graphs; its answer is generate's."""
+    from tests.integration.test_hf_engine import decoding_request
 
     prompt = PROMPTS[1] + " " + PROMPTS[3]
-    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=16, prefill_chunk=32, prefix_caching=False)
-    eng.runner.prefill_kernel = paged_reference
-    eng.runner.mixed_graphs.limit, eng.runner.mixed_graphs.stand_in = 128, True
-    steps, arrive_together = record_steps(eng)
+    eng, steps, arrive_together = engine_with_paged_mixed_graphs(
+        tiny_model_dir, 128, prefill_chunk=32, prefix_caching=False
+    )
     eng.start()
     try:
         n = len(eng.tokenizer(prompt).input_ids)
@@ -215,18 +221,14 @@ def test_more_cached_prompts_than_a_mixed_graph_holds_go_through_mixed_graphs_a_
 ):
     """Ten prompts after a cached prefix arrive together while a request decodes, more than one mixed graph holds
     (MIXED_PROMPTS): the first eight go beside the decode row in one mixed step, the other two beside the nine decode
-    rows of the next, queued ahead, where all ten would have gone in one eager step (no wave graph takes prompts part-way).  Stand-ins as
-    above; the answers are generate's."""
-    from launcher.hf.paged_prefill import reference as paged_reference
+    rows of the next, queued ahead, where all ten would have gone in one eager step (no wave graph takes prompts
+    part-way).  Stand-ins: engine_with_paged_mixed_graphs; the answers are generate's."""
     from launcher.hf.runner import HFModelRunner
-    from tests.integration.test_hf_engine import decoding_request, record_steps
+    from tests.integration.test_hf_engine import decoding_request
 
     system = "You are a helpful assistant who answers in one short sentence. " * 4
     asks = [f"Question {i}: what is {w}?" for i, w in enumerate("rain snow hail fog dew mist ice wind sun sky".split())]
-    eng = make_engine(tiny_model_dir, device="cpu", max_num_seqs=16, block_size=16, prefill_chunk=512)
-    eng.runner.prefill_kernel = paged_reference
-    eng.runner.mixed_graphs.limit, eng.runner.mixed_graphs.stand_in = 512, True
-    steps, arrive_together = record_steps(eng)
+    eng, steps, arrive_together = engine_with_paged_mixed_graphs(tiny_model_dir, 512, block_size=16, prefill_chunk=512)
     eng.start()
     try:
         eng.generate(system + "Hello", SamplingParams(max_tokens=2), timeout=60)

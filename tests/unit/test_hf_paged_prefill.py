@@ -17,6 +17,7 @@ pytest.importorskip("triton")
 from launcher.hf.paged_prefill import (  # noqa: E402
     check,
     max_tiles,
+    packed,
     paged_prefill,
     query_tokens,
     reference,
@@ -31,11 +32,7 @@ def _layout(chunks, block_size, blocks, gen):
     table = torch.stack([torch.randperm(blocks, generator=gen)[:per_row] for _ in chunks])
     slots = torch.tensor([i for i, (_, n) in enumerate(chunks) for _ in range(n)])
     positions = torch.tensor([p for s, n in chunks for p in range(s, s + n)])
-    rows, at = [], 0
-    for _, n in chunks:
-        rows.append((at, n))
-        at += n
-    return table, slots, positions, rows
+    return table, slots, positions, packed(n for _, n in chunks)
 
 
 @pytest.mark.parametrize(

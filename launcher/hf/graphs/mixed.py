@@ -13,7 +13,7 @@ from launcher.hf.attention import StepContext, set_decode_lengths
 from launcher.hf.graphs.buckets import mixed_buckets
 from launcher.hf.graphs.decode import DecodeGraphs
 from launcher.hf.graphs.family import GraphFamily
-from launcher.hf.paged_prefill import max_tiles, tiles as prefill_tiles
+from launcher.hf.paged_prefill import max_tiles, packed, tiles as prefill_tiles
 from launcher.hf.step import StepInputs
 from launcher.stage import announce
 
@@ -185,10 +185,7 @@ class MixedGraphs(GraphFamily):
         n_tiles = tiles.shape[1]
         first, count = [], []
         if self.paged:
-            at, chunks = rows, []
-            for c in step.prefill:
-                chunks.append((at, c.length))
-                at += c.length
+            chunks = packed((c.length for c in step.prefill), rows)
             first, count = prefill_tiles(chunks, self.runner.prefill_tile, n_tiles)
         width = max(rows + tokens, n_tiles)
         host = torch.tensor([v + [0] * (width - len(v)) for v in values + [kept, out, first, count]], dtype=torch.long)
