@@ -130,21 +130,22 @@ def _continuations(members, dev) -> tuple:
     return pad_idx, n, length, real, dst, slots, span, mask
 
 
-def _prompt_attention(ctx: StepContext, step: StepInputs, meta, dev, prefill_kernel, prefill_tile: int) -> None:
-    """The prompt chunks' part of an eager step's context (`meta` rows: ids, positions, slots): prompt-starting
+def _prompt_attention(ctx: StepContext, step: StepInputs, tokens, dev, prefill_kernel, prefill_tile: int) -> None:
+    """The prompt chunks' part of an eager step's context (`tokens`: the slot and the position of each of its tokens,
+    host lists): prompt-starting
     chunks grouped (ctx.groups, ctx.chunks); continuation chunks through `prefill_kernel` (ctx.paged) or, without
     one, gathered (ctx.conts)."""
-    import torch
-
     chunks, firsts, conts, offset = [], [], [], len(step.decode_tokens)
     for c in step.prefill:
         (firsts if c.start == 0 else conts).append((offset, c))
         offset += c.length
     # continuation chunks attend to the cache, through their block tables: a group of one too
     if conts and prefill_kernel is not None:
+        # the kernel's index rows in one tensor of their own, each aligned (index_rows): meta's rows need not be
         first, count = tiles([(off, c.length) for off, c in conts], prefill_tile)
-        t = torch.tensor([first, count], dtype=torch.long).to(dev, non_blocking=True)
-        ctx.paged = (prefill_kernel, meta[2], meta[1], t[0], t[1])
+        t = index_rows([first, count, *tokens], dev)
+        n, total = len(first), len(tokens[0])
+        ctx.paged = (prefill_kernel, t[2, :total], t[3, :total], t[0, :n], t[1, :n])
     else:
         groups = group_first_chunks([c.length for _, c in conts])
         ctx.conts = [_continuations([conts[i] for i in g], dev) for g in groups]
@@ -156,6 +157,21 @@ def _prompt_attention(ctx: StepContext, step: StepInputs, meta, dev, prefill_ker
             continue
         ctx.groups.append(_padded([firsts[i] for i in group], dev)[:5])
     ctx.chunks = chunks
+
+
+def index_rows(values, device):
+    """`values` (lists of ints, the longest n long, the others padded with 0) as an int64 tensor [len(values), n] on
+    `device` whose every row starts 16-byte aligned: the rows are viewed out of a tensor of an even width.  Why:
+    Triton compiles a kernel for the alignment of each pointer it is given (16 bytes or not); after a row of odd
+    length the next one starts 8 bytes off, so an eager step whose token or tile count is odd would compile another
+    variant of the paged prefill kernel while serving (about half a second the first time each is met, every stream
+    waiting), where the start check compiled the aligned one."""
+    import torch
+
+    n = max((len(v) for v in values), default=0)
+    width = n + (n & 1)
+    host = torch.tensor([list(v) + [0] * (width - len(v)) for v in values], dtype=torch.long)
+    return host.to(device, non_blocking=True)[:, :n]
 
 
 def decode_span(max_position: int, block_size: int, limit: int) -> int:
@@ -218,10 +234,8 @@ def prepare_step(
             logits_idx.append(offset - 1)
     logits_idx += prompt_logit_rows(step)
     # one host->device copy for all per-token index data
-    host = torch.tensor(
-        [step.decode_tokens + step.prefill_tokens, step.decode_positions + chunk_pos, step.decode_slots + chunk_slots],
-        dtype=torch.long,
-    )
+    tok_slots, tok_pos = step.decode_slots + chunk_slots, step.decode_positions + chunk_pos
+    host = torch.tensor([step.decode_tokens + step.prefill_tokens, tok_pos, tok_slots], dtype=torch.long)
     meta = host.to(dev, non_blocking=True)
     input_ids, positions, slots = meta[0:1], meta[1:2], meta[2]
     ctx = StepContext()
@@ -245,6 +259,6 @@ def prepare_step(
         ctx.dec_rows, ctx.dec_len = rows, length
         if rows != n_dec or step.decode_slots != list(range(n_dec)):
             ctx.dec_scatter = meta[2, :n_dec]
-    _prompt_attention(ctx, step, meta, dev, None if eager else prefill_kernel, prefill_tile)
+    _prompt_attention(ctx, step, (tok_slots, tok_pos), dev, None if eager else prefill_kernel, prefill_tile)
     logits_idx_t = torch.tensor(logits_idx, dtype=torch.long).to(dev, non_blocking=True)
     return ctx, input_ids, positions, logits_idx_t

@@ -83,6 +83,34 @@ def test_tiles_cut_each_chunk_and_pad_the_grid():
     assert [query_tokens(r) for r in (1, 2, 3, 4, 8, 20, 128)] == [64, 32, 16, 16, 8, 2, 1]
 
 
+@pytest.mark.parametrize("decode_rows,lengths", [(1, [4]), (0, [3, 2]), (2, [1, 20])])
+def test_an_eager_step_gives_the_kernel_index_rows_that_start_16_byte_aligned(decode_rows, lengths):
+    """Triton compiles a kernel for the alignment of each pointer (16 bytes or not): the eager step's slots,
+    positions and tiles each start aligned whatever its token and tile counts (odd here), so the variant the start
+    check compiled serves, and none is compiled while requests wait (launcher.hf.step.index_rows)."""
+    from launcher.hf.step import PrefillChunk, SamplingRows, StepInputs, prepare_step
+
+    chunks = [PrefillChunk(decode_rows + i, 5 + i, n, True) for i, n in enumerate(lengths)]  # each part-way
+    step = StepInputs(
+        list(range(decode_rows)),
+        [1] * decode_rows,
+        [7] * decode_rows,
+        chunks,
+        [2] * sum(lengths),
+        SamplingRows(),
+    )
+    table = torch.arange(4 * 8).view(4, 8)
+    ctx, *_ = prepare_step(step, torch.device("cpu"), 2, table, 16, torch.float32, False, None, paged_prefill, 2)
+    _, slots, positions, first, count = ctx.paged
+    assert all(t.data_ptr() % 16 == 0 for t in (slots, positions, first, count))
+    assert len(slots) % 2 == 1  # an odd token count: a row after one of them would start 8 bytes off
+    want_slots = list(range(decode_rows)) + [c.slot for c in chunks for _ in range(c.length)]
+    want_pos = [7] * decode_rows + [p for c in chunks for p in range(c.start, c.start + c.length)]
+    assert slots.tolist() == want_slots and positions.tolist() == want_pos
+    want = tiles(packed(lengths, decode_rows), 2)
+    assert (first.tolist(), count.tolist()) == want
+
+
 def test_the_start_check_accepts_the_kernel_and_names_what_a_wrong_one_got_wrong():
     cpu = torch.device("cpu")
     assert check(paged_prefill, 2, 4, 64, 16, torch.float32, cpu) is None
