@@ -39,7 +39,7 @@ from launcher.rank.rendezvous import (
     rendezvous,
     rendezvous_key,
 )
-from launcher.rank.restart import restart_in_place
+from launcher.rank.restart import restart_in_place, restart_on_fresh_ports
 from launcher.rank.supervise import decide_exit, end_lost_server, frontend_only, signal_text, supervise
 from launcher.rank.topology import Topology, rank_environment, visible_devices
 from launcher.record import write_startup
@@ -243,7 +243,7 @@ class Rank:
         the ephemeral range, launcher.ports.free_port, so no outgoing connection can); the leader then retries on
         fresh ports instead of failing the job: its ready file says which it bound, and rank 0's front end and
         endpoint.json take them from there.  A tp copy's workers cannot follow a restarted leader engine (their
-        collectives lose their peer), so there the retry ends in the copy's failure, named by its workers."""
+        collectives lose their peer), so a copy restarts as a whole there (launcher/rank/restart.py)."""
         me, ctx = self.me, self.ctx
         for tries in range(3):
             try:
@@ -257,10 +257,7 @@ class Rank:
                     self.infos[me.rank]["openai_port"],
                 ]  # rank 0's
                 ctx.ports.update(pick_ports(bind_address(self.spec), {k: 0 for k in ctx.ports}, avoid=front))
-                self.say(f"a port was taken while starting; retrying on {ctx.ports}")
-                self.server.stop()
-                self.server = self.make_server()
-                self.server.start()
+                restart_on_fresh_ports(self, f"a port was taken while starting; retrying on {ctx.ports}")
         self.say(f"READY in {self.waited:.1f}s: {self.spec.model_name} at {self.server.grpc_url}")
         self.rundir.write_ready(
             me.rank,

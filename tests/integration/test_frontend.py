@@ -809,11 +809,13 @@ class LocalLaunch:
 
 
 _TAKES_A_PORT = """#!/bin/bash
-# Runs the real tritonserver.  On the first start only (of either replica's server) another process first listens on
-# that server's gRPC port, as an unrelated process on a shared node can between the rendezvous and the bind.
+# Runs the real tritonserver.  On the first start only of a server with a gRPC port (either replica's leader)
+# another process first listens on that port, as an unrelated process on a shared node can between the rendezvous
+# and the bind.
 export LD_LIBRARY_PATH={libs}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}
-if mkdir {taken} 2>/dev/null; then
-    for a in "$@"; do case "$a" in --grpc-port=*) port=${{a#--grpc-port=}};; esac; done
+port=""
+for a in "$@"; do case "$a" in --grpc-port=*) port=${{a#--grpc-port=}};; esac; done
+if [ -n "$port" ] && mkdir {taken} 2>/dev/null; then
     echo "$port" > {taken}/port
     timeout 120 {python} -c "import socket, time; s = socket.socket(); s.bind(('127.0.0.1', $port)); s.listen(); \
 open('{taken}/listening', 'w').close(); time.sleep(120)" &
@@ -824,10 +826,13 @@ exec {binary} "$@" --backend-directory={backends}
 """
 
 
-def test_a_replica_whose_port_is_taken_before_its_server_binds_it_retries_on_fresh_ports(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("tp", [1, 2])
+def test_a_replica_whose_port_is_taken_before_its_server_binds_it_retries_on_fresh_ports(tmp_path, tiny_model_dir, tp):
     """An internal replica leader whose gRPC port another process takes between the rendezvous and tritonserver's
     bind retries on fresh ports instead of failing the job (a CI run lost a replica that way); rank 0's front end and
-    endpoint.json take that leader's ports from its ready file, and the job serves on both replicas.
+    endpoint.json take that leader's ports from its ready file, and the job serves on both replicas.  tp=2: the
+    leader's engine loses its worker's group with its server, so the copy restarts as a whole, asked before the job
+    serves (launcher/rank/restart.py: restart_on_fresh_ports), and the worker joins.
     cluster.tritonserver points at a script that runs the real tritonserver, but on its first start has another
     process listen on that server's gRPC port first: the condition is staged, the server is real."""
     import shlex
@@ -853,12 +858,18 @@ def test_a_replica_whose_port_is_taken_before_its_server_binds_it_retries_on_fre
         )
     )
     wrapper.chmod(0o755)
-    job = LocalLaunch(tmp_path, f"cluster.tritonserver={wrapper}")
+    job = LocalLaunch(tmp_path, f"cluster.tritonserver={wrapper}", f"tp={tp}")
     try:
         ep = job.wait_endpoint()
         blocked = int((taken / "port").read_text())
         logs = "".join(p.read_text() for p in (job.run / "logs").glob("rank*.log"))
         assert "a port was taken while starting; retrying on" in logs, logs[-3000:]
+        if tp > 1:  # the copy restarted as a whole: its leader asked, its worker joined, before the job served
+            (asked,) = [json.loads(p.read_text()) for p in job.run.glob("replica_restart*_1.json")]
+            assert asked["startup"] and len(asked["ranks"]) == 2 and asked["rank"] == asked["ranks"][0], asked
+            assert f"replica {asked['replica']} (ranks {asked['ranks']}, as a whole): a port was taken" in logs
+            assert f"; rank {asked['ranks'][1]} joins; restart 1 of 3" in logs, logs[-3000:]
+            assert not list(job.run.glob("replica_lost*.json"))
         ready = sorted((json.loads(p.read_text()) for p in job.run.glob("ready_rank*.json")), key=lambda r: r["rank"])
         assert [r.grpc_port for r in ep.replicas] == [r["ports"]["grpc_port"] for r in ready]
         assert blocked not in [r.grpc_port for r in ep.replicas]
