@@ -11,7 +11,9 @@ CUDA events, median of --reps calls, through
           prefix gathered from the blocks into one padded tensor per group;
   packed  whole prompts packed under a block-diagonal mask in one SDPA (the mixed graphs' attention without the
           kernel; whole prompts only).
-Each path's largest difference from the kernel's reference (float32) is printed beside its time.  The default
+Each path's largest difference from the kernel's reference (float32) is printed beside its time; on a GPU each
+path is timed again as one replay of a CUDA graph that holds the call (its GPU time alone, as a mixed graph runs it:
+an eager call's time is mostly the host launching its kernels).  The default
 heads are the 1.24 B model's (32 x 64, 8 kv heads); --head-dim 128 is the Llama-3.1-8B shape's.  Off a GPU
 (--device cpu, TRITON_INTERPRET=1) it runs the same code for a check, its times meaning nothing.
 """
@@ -141,6 +143,40 @@ def time_path(ctx, pool, qkv, reps: int, device) -> tuple[float, object]:
         tls.ctx = tls.cache = None
 
 
+def time_graph(ctx, pool, qkv, reps: int) -> float | None:
+    """Median ms of one replay of the attention function captured in a CUDA graph: its GPU time alone, as a mixed
+    graph runs it (an eager call's time above is mostly the host launching its kernels).  None where the path cannot
+    be captured."""
+    import torch
+
+    from launcher.hf.attention import _slot_attention, tls
+
+    q, k, v = qkv
+    tls.ctx, tls.cache = ctx, [tuple(pool)]
+    try:
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            _slot_attention(0, q, k, v, q.shape[-1] ** -0.5)
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            _slot_attention(0, q, k, v, q.shape[-1] ** -0.5)
+    except RuntimeError:
+        return None
+    finally:
+        tls.ctx = tls.cache = None
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
 def run(args) -> list[dict]:
     import torch
 
@@ -168,6 +204,9 @@ def run(args) -> list[dict]:
                 k, v = (p.float() for p in pool)
                 reference(q, k, v, table, slots, pos, first.to(device), count.to(device), want, args.head_dim**-0.5)
             row[f"{path} ms"] = round(ms, 4)
+            if device.type == "cuda":
+                gpu = time_graph(ctx, pool, qkv, args.reps)
+                row[f"{path} graph ms"] = round(gpu, 4) if gpu is not None else "—"
             row[f"{path} diff"] = float(f"{(out[0].float() - want).abs().max().item():.3g}")
         rows.append(row)
     return rows
@@ -186,10 +225,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     rows = run(args)
     paths = [p for p in ("paged", "gather", "packed") if any(f"{p} ms" in r for r in rows)]
-    print(f"| case | query tokens | {' | '.join(f'{p} ms (diff)' for p in paths)} |")
-    print("|---|---|" + "---|" * len(paths))
+    graphs = [p for p in paths if any(f"{p} graph ms" in r for r in rows)]
+    heads = [f"{p} ms (diff)" for p in paths] + [f"{p} in a graph ms" for p in graphs]
+    print(f"| case | query tokens | {' | '.join(heads)} |")
+    print("|---|---|" + "---|" * len(heads))
     for r in rows:
         cells = [f"{r[f'{p} ms']} ({r[f'{p} diff']})" if f"{p} ms" in r else "—" for p in paths]
+        cells += [str(r.get(f"{p} graph ms", "—")) for p in graphs]
         print(f"| {r['case']} | {r['query tokens']} | {' | '.join(cells)} |")
     sys.stdout.flush()
     return 0
