@@ -9,7 +9,10 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+# Triton compiles a kernel for each class of its integer arguments' values (1, a multiple of 16, other): the split
+# counts vary with the step's rows and length, so an eager step (rows or lengths past the decode graphs) could meet
+# a class no graph capture compiled and compile it while every stream waits; one variant serves them all.
+@triton.jit(do_not_specialize=["splits", "tiles_per_split"])
 def paged_decode(
     q_ptr,  # [rows, kv_heads, rep, head_dim]
     k_ptr,  # [blocks, block_size, kv_heads, head_dim]: the pool
@@ -165,7 +168,7 @@ def _store_normalized(out_ptr, acc, den, row, head, g, d, keep, REP: tl.constexp
     tl.store(out_ptr + at, o.to(out_ptr.dtype.element_ty), mask=keep)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["splits"])
 def combine(
     part_ptr,  # float32 [rows, kv_heads, splits, rep, head_dim]
     m_ptr,  # float32 [rows, kv_heads, splits, rep]
