@@ -117,30 +117,37 @@ def time_path(ctx, pool, qkv, reps: int, device) -> tuple[float, object]:
     """(median ms of one call, its output) of the attention function with `ctx` over `pool`."""
     import time
 
-    import torch
-
     from launcher.hf.attention import _slot_attention, tls
 
     q, k, v = qkv
     tls.ctx, tls.cache = ctx, [tuple(pool)]
     try:
         out = _slot_attention(0, q, k, v, q.shape[-1] ** -0.5)  # the first call compiles (Triton) or warms up
+        if device.type == "cuda":
+            return _median_cuda_ms(lambda: _slot_attention(0, q, k, v, q.shape[-1] ** -0.5), reps), out
         times = []
         for _ in range(reps):
-            if device.type == "cuda":
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                _slot_attention(0, q, k, v, q.shape[-1] ** -0.5)
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-            else:
-                t0 = time.perf_counter()
-                _slot_attention(0, q, k, v, q.shape[-1] ** -0.5)
-                times.append((time.perf_counter() - t0) * 1000)
+            t0 = time.perf_counter()
+            _slot_attention(0, q, k, v, q.shape[-1] ** -0.5)
+            times.append((time.perf_counter() - t0) * 1000)
         return statistics.median(times), out
     finally:
         tls.ctx = tls.cache = None
+
+
+def _median_cuda_ms(call, reps: int) -> float:
+    """Median ms of `reps` calls of `call` between two CUDA events."""
+    import torch
+
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
 
 
 def time_graph(ctx, pool, qkv, reps: int) -> float | None:
@@ -166,15 +173,7 @@ def time_graph(ctx, pool, qkv, reps: int) -> float | None:
         return None
     finally:
         tls.ctx = tls.cache = None
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return _median_cuda_ms(graph.replay, reps)
 
 
 def run(args) -> list[dict]:

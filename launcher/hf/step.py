@@ -132,9 +132,8 @@ def _continuations(members, dev) -> tuple:
 
 def _prompt_attention(ctx: StepContext, step: StepInputs, tokens, dev, prefill_kernel, prefill_tile: int) -> None:
     """The prompt chunks' part of an eager step's context (`tokens`: the slot and the position of each of its tokens,
-    host lists): prompt-starting
-    chunks grouped (ctx.groups, ctx.chunks); continuation chunks through `prefill_kernel` (ctx.paged) or, without
-    one, gathered (ctx.conts)."""
+    host lists): prompt-starting chunks grouped (ctx.groups, ctx.chunks); continuation chunks through
+    `prefill_kernel` (ctx.paged) or, without one, gathered (ctx.conts)."""
     chunks, firsts, conts, offset = [], [], [], len(step.decode_tokens)
     for c in step.prefill:
         (firsts if c.start == 0 else conts).append((offset, c))

@@ -51,6 +51,18 @@ def _startup_ask(rank) -> bool:
         time.sleep(0.2)
 
 
+def _backoff(n: int) -> float:
+    """Seconds before restart `n` (1, 2, 4, ... up to 30): every rank of a copy waits the same before it starts."""
+    return min(2.0 ** (n - 1), 30.0)
+
+
+def _sleep(rank, seconds: float) -> None:
+    """Wait `seconds`, or until `rank` is asked to stop."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not rank.stopped():
+        time.sleep(0.1)
+
+
 def _restart_doc(rank, n: int, code: Optional[int], reason: str) -> dict:
     """The record of restart `n` of `rank`'s replica (replica_restart<R>_<n>.json; its ready_s once it serves)."""
     return {
@@ -80,15 +92,13 @@ def restart_on_fresh_ports(rank, why: str) -> None:
     backoff = 0.0
     if whole:
         rank.restarts += 1
-        n, backoff = rank.restarts, min(2.0 ** (rank.restarts - 1), 30.0)
+        n, backoff = rank.restarts, _backoff(rank.restarts)
         doc = {**_restart_doc(rank, n, rank.server.returncode(), why), "startup": True}
         rank.rundir.claim_restart(me.replica, n, doc)
         why = f"replica {me.replica} (ranks {ranks}, as a whole): {why}; restart {n} in {backoff:.0f}s"
     rank.say(why)
     rank.server.stop()
-    deadline = time.monotonic() + backoff  # the workers start their servers after the same backoff
-    while time.monotonic() < deadline and not rank.stopped():
-        time.sleep(0.1)
+    _sleep(rank, backoff)  # the workers start their servers after the same backoff
     rank.server = rank.make_server()
     rank.server.start()
 
@@ -99,8 +109,9 @@ def restart_in_place(rank, code: Optional[int], asked: bool = False) -> bool:
     rank ended its server: start it again on the same node and ports (the front end's health probe routes to it
     again once it is ready), up to serve.max_restarts times over the job, after 1, 2, 4, ... s.  True once it serves
     again; False where the replica is lost as before: a copy whose engine cannot meet again, a job not serving yet
-    (unless the copy's leader asked while starting: `restart_on_fresh_ports`), a stop, or its restarts spent (the last failure's log tail goes into the lost record).  A one-rank replica tries
-    again while restarts are left; a copy tries once a failure (its ranks would have to agree on each try)."""
+    (unless the copy's leader asked while starting: `restart_on_fresh_ports`), a stop, or its restarts spent (the
+    last failure's log tail goes into the lost record).  A one-rank replica tries again while restarts are left; a
+    copy tries once a failure (its ranks would have to agree on each try)."""
     spec, me, run = rank.spec, rank.me, rank.rundir
     limit = int(spec.serve.max_restarts)
     if not restartable(rank):
@@ -109,7 +120,7 @@ def restart_in_place(rank, code: Optional[int], asked: bool = False) -> bool:
     whole = len(ranks) > 1
     while rank.restarts < limit and not rank.stopped():
         rank.restarts += 1
-        n, backoff = rank.restarts, min(2.0 ** (rank.restarts - 1), 30.0)
+        n, backoff = rank.restarts, _backoff(rank.restarts)
         doc = _restart_doc(
             rank, n, code, f"the server of rank {me.rank} exited with status {signal_text(code)} unasked"
         )
@@ -122,9 +133,7 @@ def restart_in_place(rank, code: Optional[int], asked: bool = False) -> bool:
             run.write_restart(me.replica, n, doc)
         what = f"replica {me.replica}" + (f" (ranks {ranks}, as a whole)" if whole else "")
         rank.say(f"{what}: {doc['reason']}{joins}; restart {n} of {limit} in {backoff:.0f}s, same ports")
-        deadline = time.monotonic() + backoff
-        while time.monotonic() < deadline and not rank.stopped():
-            time.sleep(0.1)
+        _sleep(rank, backoff)
         rank.server.stop()  # the dead server's stubs and shm regions (a joining rank's ended server's)
         if rank.stopped():
             return False
