@@ -1135,14 +1135,19 @@ def test_a_replica_killed_mid_stream_costs_no_request_restarts_in_place_and_is_l
         until(lambda: json.loads(record.read_text())["ready_s"] is not None, 60, "the restart record's READY")
         restart = json.loads(record.read_text())
         assert restart["ready_s"] is not None and "SIGKILL" in restart["reason"], restart
-        assert any("replica 1 serves again: restart 1 READY in" in ln for ln in job.err), job.tail()
+        # the rank says so just after writing the record; its line reaches this test through the launcher's output
+        again = "replica 1 serves again: restart 1 READY in"
+        until(lambda: any(again in ln for ln in job.err), 30, "the rank's line that replica 1 serves again")
 
         moved = metric(url, "llmlaunch_frontend_migrated_total", 1)
         _kill_mid_stream(job, ep, prompt, n, want)  # replica 1 serves again: four of the eight run there
         assert metric(url, "llmlaunch_frontend_migrated_total", 1) > moved
         lost = job.run / "replica_lost1.json"
-        until(lambda: lost.exists() and any("replica 1 lost at" in ln for ln in job.err), 60, "replica 1 reported lost")
-        assert any("serve.max_restarts=1 spent" in ln for ln in job.err), job.tail()
+        # two lines from two processes (the rank's, then the launcher's once it reads the record): either may come first
+        said = ("replica 1 lost at", "serve.max_restarts=1 spent")
+        until(
+            lambda: lost.exists() and all(any(s in ln for ln in job.err) for s in said), 60, "replica 1 reported lost"
+        )
         for i in range(4):  # every later request goes to replica 0
             rec = generate(job.url, ep.model, Generation(f"After the loss {i}", max_tokens=4, ignore_eos=True))
             assert not rec.error and rec.output_tokens == 4, rec.error
