@@ -21,6 +21,19 @@ from benchmark.gpu.decode_bandwidth import batch1_graph
 VARIANTS = {"uncompiled": False, "compiled": True}
 
 
+def kernel_times(prof) -> dict:
+    """{kernel name: [launches, GPU us]} of a torch.profiler run's CUDA events (engine_profile.py reads them too)."""
+    import torch
+
+    per_kernel: dict = collections.defaultdict(lambda: [0, 0.0])
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA:
+            us = getattr(e, "device_time_total", None)
+            per_kernel[e.name][0] += 1
+            per_kernel[e.name][1] += e.cuda_time_total if us is None else us
+    return per_kernel
+
+
 def profile_step(model: str, torch_compile: bool, replays: int) -> tuple[float, float, list]:
     """(kernels per step, GPU ms per step, [(launches per step, mean us, us per step, name)] by time)."""
     import torch
@@ -38,13 +51,7 @@ def profile_step(model: str, torch_compile: bool, replays: int) -> tuple[float, 
         for _ in range(replays):
             graph.replay()
         torch.cuda.synchronize()
-    per_kernel: dict = collections.defaultdict(lambda: [0, 0.0])
-    for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA:
-            us = getattr(e, "device_time_total", None)
-            us = e.cuda_time_total if us is None else us
-            per_kernel[e.name][0] += 1
-            per_kernel[e.name][1] += us
+    per_kernel = kernel_times(prof)
     del runner, graph
     torch.cuda.empty_cache()
     kernels = sum(n for n, _ in per_kernel.values()) / replays

@@ -5,6 +5,7 @@ One engine (and one reference model) per module; the tiny random Llama from laun
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import threading
@@ -1820,3 +1821,42 @@ def test_a_token_id_prompt_answers_as_its_text_does(engine):
     assert by_ids.token_ids == by_text.token_ids and by_ids.input_tokens == len(ids)
     with pytest.raises(InvalidRequest, match="prompt token ids must be in"):
         engine.generate([engine.vocab_size + 5], SamplingParams(max_tokens=2), timeout=60)
+
+
+def test_the_engine_profile_benchmark_runs_closed_loops_and_splits_the_steps(tiny_model_dir, tmp_path, capsys):
+    """benchmark/gpu/engine_profile.py, whose GPU profile docs/performance/hf.md takes, run here on the CPU: every
+    concurrency's streams make tokens and the engine's step split covers them (the kernel table needs a GPU); each
+    stream's requests end before the next concurrency starts; a bad --set is refused naming the key."""
+    from benchmark.gpu.engine_profile import kind_of, main
+
+    out = tmp_path / "p.json"
+    argv = ["--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "float32", "--concurrency", "1", "3"]
+    argv += ["--requests-per-stream", "2", "--warm-s", "0.2", "--profile-s", "0.2", "--new", "8", "--prompt-len", "8"]
+    assert main(argv + ["--json", str(out), "--set", "prefix_caching=false"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["sets"] == {"prefix_caching": "false"} and doc["features"]["prefix_caching"] is False
+    assert [r["concurrency"] for r in doc["rows"]] == [1, 3]
+    for row in doc["rows"]:
+        assert row["tokens_per_s"] > 0 and row["split"]["steps"] > 0 and "errors" not in row
+        assert row["split"]["decode_rows"] <= row["concurrency"]
+    capsys.readouterr()
+    with pytest.raises(ValueError, match="no argument max_seqs"):
+        main(argv + ["--set", "max_seqs=4"])
+    with pytest.raises(SystemExit, match="KEY=VALUE"):
+        main(argv + ["--set", "mixed_graphs"])
+    assert kind_of("sm90_xmma_gemm_bf16") == "gemm" and kind_of("paged_decode") == "attention"
+    assert kind_of("triton_per_fused_add_mean_0") == "fused" and kind_of("Memcpy DtoD") == "copy"
+    assert kind_of("at::native::argmax_kernel") == "other"
+    # the kernel table a GPU run prints, from the profiler's events (their fields as torch.profiler gives them)
+    from types import SimpleNamespace
+
+    from benchmark.gpu.engine_profile import kernel_table
+
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    events = [SimpleNamespace(name="nvjet_gemm", device_type=cuda, device_time_total=300.0)] * 4
+    events += [SimpleNamespace(name="paged_decode", device_type=cuda, device_time_total=100.0)] * 2
+    events += [SimpleNamespace(name="aten::mm", device_type=cpu, device_time_total=0.0)]
+    table = kernel_table(SimpleNamespace(events=lambda: events), steps=2, top=1)
+    assert table["gpu_ms_per_step"] == 0.7 and table["kernels_per_step"] == 3.0
+    assert table["kinds_ms_per_step"] == {"gemm": 0.6, "attention": 0.1}
+    assert table["top"] == [{"name": "nvjet_gemm", "kind": "gemm", "per_step": 2.0, "us_per_step": 600.0}]
