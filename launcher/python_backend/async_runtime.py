@@ -41,6 +41,7 @@ import asyncio
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -52,6 +53,14 @@ from launcher.python_backend.adapter import EngineAdapter, Log
 from launcher.python_backend.logprob_io import merged
 from launcher.python_backend.outbox import SEND_THREADS, Outbox
 from launcher.python_backend.settle import Settle
+
+
+def _new_task(coro, loop) -> asyncio.Task:
+    """A task for `coro` on `loop` (the running one), eagerly started where asyncio can (Python 3.12 and later):
+    it runs at once, up to its first wait, instead of from the loop's next iteration."""
+    if sys.version_info >= (3, 12):
+        return asyncio.Task(coro, loop=loop, eager_start=True)
+    return loop.create_task(coro)
 
 
 class _Active:
@@ -84,6 +93,7 @@ class AsyncEngineRuntime:
         self._watch_thread: Optional[threading.Thread] = None
         self._watchdog: Optional[asyncio.Task] = None
         self._active: Dict[str, _Active] = {}
+        self._tasks: set = set()  # every request's task, until it is done
         self._stopping = False
         self._ignored_noted: set = set()
         self._responder = None  # triton_io.Responder (streamed responses; its tensors are kept per sender thread)
@@ -191,7 +201,17 @@ class AsyncEngineRuntime:
                 flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL,
             )
             return
-        asyncio.run_coroutine_threadsafe(self._serve(request, sender, began), self.loop)
+        self.loop.call_soon_threadsafe(self._start_serving, self._serve(request, sender, began))
+
+    def _start_serving(self, coro) -> None:
+        """Loop thread: the request's task, started here and now where the Python can (3.12's eager start): its
+        parse and its hand-over to the engine run in this callback instead of one loop iteration later, behind every
+        other stream's callbacks of that iteration (`run_coroutine_threadsafe` takes those two iterations).  On the
+        vLLM stand-in at 8 streams (benchmark/runtime_alone.py, 2-core machine) the runtime's `parse` went from
+        0.53-0.84 to 0.33-0.63 ms."""
+        task = _new_task(coro, self.loop)
+        self._tasks.add(task)  # the loop holds tasks weakly: kept until done
+        task.add_done_callback(self._tasks.discard)
 
     async def _serve(self, request, sender, began: float = 0.0) -> None:
         name = self.adapter.name

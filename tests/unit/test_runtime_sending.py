@@ -200,3 +200,28 @@ def test_a_request_its_engine_cannot_continue_says_so_on_its_first_response(runt
     ids = tok.encode("plain words here", add_special_tokens=False)
     s = _replayed(runtime, tok, ids, continues=False)
     assert s.ids[0] == [-1] and all(i is None for i in s.ids[1:]), s.ids
+
+
+def test_a_requests_task_starts_in_the_loop_callback_that_makes_it_where_asyncio_can():
+    """The runtime's intake (`AsyncEngineRuntime._start_serving`): on Python 3.12 and later a request's task runs at
+    once, up to its first wait (its parse and hand-over to the engine), not from the loop's next iteration; before
+    3.12 it is an ordinary task.  Either way it runs to its end."""
+    import asyncio
+
+    from launcher.python_backend.async_runtime import _new_task
+
+    ran = []
+
+    async def serve():
+        ran.append("parse")
+        await asyncio.sleep(0)
+        ran.append("rest")
+
+    async def main():
+        task = _new_task(serve(), asyncio.get_running_loop())
+        before_any_wait = list(ran)
+        await task
+        return before_any_wait
+
+    assert asyncio.run(main()) == (["parse"] if sys.version_info >= (3, 12) else [])
+    assert ran == ["parse", "rest"]
