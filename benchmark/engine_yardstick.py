@@ -25,7 +25,9 @@ async    vLLM's `AsyncLLM` in this process, a closed loop per concurrency C: C r
          (--prompts shared), so a load resends prompts an earlier load sent and vLLM's prefix cache serves most of
          their prefill; --prompts per-load sends each load the prompts llmlaunch-bench sends the served model under
          serve_bench (new to the engine). --through-adapter drives the same engine through llmlaunch's vLLM
-         adapter too, taking turns with the plain AsyncLLM calls; --repeat R passes over the loads.
+         adapter too, --through-runtime through the served models' runtime on that adapter (the stub's loop,
+         parsing and sender threads, without tritonserver: benchmark/runtime_alone.py), taking turns with the
+         plain AsyncLLM calls; --repeat R passes over the loads.
 lmdeploy LMDeploy's `AsyncEngine` in this process, built from the rendered config.pbtxt parameters by the
          served model's own functions (launcher/engines/lmdeploy/model.py), driven like `async`: closed
          loops, llmlaunch-bench's prompts, raw prompts (no chat template), greedy, ignore_eos, exactly
@@ -110,9 +112,10 @@ def _adapter_stream(adapter):
     return stream_of
 
 
-async def _served_adapter(engine_args: dict):
-    """llmlaunch's vLLM adapter for one front end, started on `engine_args` as the served model starts it (its
-    `1/model.json`, written to a folder of its own); its AsyncLLM is the engine every path of the run drives."""
+def _served_adapter(engine_args: dict):
+    """llmlaunch's vLLM adapter for one front end, on `engine_args` as the served model makes it (its
+    `1/model.json`, written to a folder of its own); not started.  Its AsyncLLM is the engine every path of the run
+    drives."""
     import os
     import tempfile
 
@@ -122,9 +125,7 @@ async def _served_adapter(engine_args: dict):
     folder = tempfile.mkdtemp(prefix="yardstick-vllm-")
     with open(os.path.join(folder, ENGINE_ARGS_FILE), "w") as f:
         json.dump(engine_args, f)
-    adapter = VLLMAdapter({"frontends": "1"}, folder, Log("yardstick"), "vllm_model")
-    await adapter.start()
-    return adapter
+    return VLLMAdapter({"frontends": "1"}, folder, Log("yardstick"), "vllm_model")
 
 
 def load_samples(args, model: str, c: int, n: int, warmup: int, run: int, shared):
@@ -142,16 +143,29 @@ def load_samples(args, model: str, c: int, n: int, warmup: int, run: int, shared
 
 async def vllm_async(args, engine_args: dict, samples) -> list:
     """Closed loops on one AsyncLLM in this process; --through-adapter adds the same loads through llmlaunch's vLLM
-    adapter on the same engine, the two paths taking turns, each --repeat times (the spread of one path beside the
-    other's, in one process and one lease)."""
+    adapter on the same engine, --through-runtime through the served models' runtime on that adapter
+    (benchmark/runtime_alone.py), the paths taking turns, each --repeat times (the spread of one path beside the
+    other's, in one process and one lease).  With the runtime, the engine lives on the runtime's loop thread, as in
+    the stub, and the other paths' closed loops run there too; the runtime's own client is this thread's loop."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.sampling_params import RequestOutputKind, SamplingParams
     from vllm.v1.engine.async_llm import AsyncLLM
 
+    from benchmark import runtime_alone
+    from launcher.python_backend.timings import mean_first_token_ms
+
     t_start = time.perf_counter()
-    adapter = await _served_adapter(engine_args) if args.through_adapter else None
+    adapter = _served_adapter(engine_args) if args.through_adapter or args.through_runtime else None
+    runtime = runtime_alone.start_runtime(adapter) if args.through_runtime else None
+    if adapter and not runtime:
+        await adapter.start()
     engine = adapter.engine if adapter else AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
     load_s = time.perf_counter() - t_start
+
+    async def on_engine(coro):  # a closed loop of the paths that call the engine themselves: on its loop
+        if runtime is None:
+            return await coro
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, runtime.loop))
 
     async def raw(sample):  # as _drive's: every request streams (output_kind DELTA)
         sp = SamplingParams(output_kind=RequestOutputKind.DELTA, max_tokens=sample.output_len, **sampling)
@@ -160,32 +174,44 @@ async def vllm_async(args, engine_args: dict, samples) -> list:
             yield len(c.token_ids), len(out.prompt_token_ids or ()), (c.finish_reason or "") if out.finished else ""
 
     sampling = {"ignore_eos": True, "temperature": 0.0}
-    paths = [("in-process AsyncLLM", raw)]
-    if adapter:
-        paths.append(("in-process, via adapter", _adapter_stream(adapter)))
+    paths = [("in-process AsyncLLM", raw, on_engine)]
+    if args.through_adapter:
+        paths.append(("in-process, via adapter", _adapter_stream(adapter), on_engine))
+    if runtime:
+        paths.append(("in-process, via the stub's runtime", runtime_alone.runtime_stream(runtime), _here))
     model = engine_args.get("tokenizer") or engine_args["model"]
     rows, run = [], 0
     try:
         for r in range(args.repeat):
-            for label, stream_of in paths:
+            for label, stream_of, where in paths:
                 for c, n in parse_loads(args.concurrency):
                     warmup = c if args.warmup < 0 else args.warmup
                     warm, w_take, measured, m_take = load_samples(args, model, c, n, warmup, run, samples)
                     clock = {"t0": time.perf_counter()}
-                    await closed_loop(stream_of, warm, warmup, w_take, clock)
+                    await where(closed_loop(stream_of, warm, warmup, w_take, clock))
+                    before = runtime.first_token.totals_map() if runtime else None
                     clock["t0"] = time.perf_counter()
-                    results = await closed_loop(stream_of, measured, c, m_take, clock)
+                    results = await where(closed_loop(stream_of, measured, c, m_take, clock))
                     m = metrics.compute(results, max(x.end for x in results))
                     row = {"path": label, "pass": r + 1, "prompts": args.prompts, "concurrency": c, "requests": n}
+                    if where is _here:  # where the runtime's first tokens spent their time, as the served split's
+                        row["first_token_ms"] = mean_first_token_ms(before, runtime.first_token.totals_map())
                     rows.append({**row, "load_s": load_s, **m})
                     print_row(rows[-1])
                 run += 1
         return rows
     finally:
-        if adapter:
+        if runtime:
+            runtime.stop()
+        elif adapter:
             await adapter.stop()
         else:
             engine.shutdown()
+
+
+async def _here(coro):
+    """A closed loop on this thread's loop (the runtime's client, as tritonserver is the stub's)."""
+    return await coro
 
 
 def _frontend_main(
@@ -351,6 +377,14 @@ def main(argv=None) -> int:
         "per-request parameters and output handling, without the stub's runtime, tritonserver or gRPC), the two "
         "paths taking turns on one engine",
     )
+    p.add_argument(
+        "--through-runtime",
+        action="store_true",
+        help="async, one front end: also drive the engine through the served models' runtime on llmlaunch's vLLM "
+        "adapter (the stub's event loop, request parsing and sender threads, without tritonserver or gRPC: "
+        "benchmark/runtime_alone.py), taking turns with the other paths; its rows carry the runtime's first-token "
+        "split",
+    )
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64, 128], help="offline: batch sizes")
     p.add_argument("--rounds", type=int, default=3, help="offline: measured rounds per batch")
     p.add_argument("--input-len", type=int, default=128)
@@ -380,6 +414,11 @@ def main(argv=None) -> int:
         drive = getattr(served_model_yardsticks, f"{engine}_async")
         rows = asyncio.run(drive(args, engine_args, samples))
     elif args.mode == "async" and args.frontends > 1:
+        if args.through_adapter or args.through_runtime:
+            raise SystemExit(
+                "engine_yardstick: --through-adapter and --through-runtime drive one front end: drop --frontends "
+                f"{args.frontends}, or run them without it in a run of their own"
+            )
         rows = vllm_async_frontends(args, engine_args, samples)
     elif args.mode == "async":
         rows = asyncio.run(vllm_async(args, engine_args, samples))

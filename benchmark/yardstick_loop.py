@@ -82,9 +82,11 @@ async def load_rows(args, drive, path: str, load_s: float) -> list:
 
 
 def print_row(r: dict) -> None:
+    def ms(stats: dict) -> str:  # None where no request had two responses (every token came in one)
+        return "-" if stats.get("p50") is None else f"{stats['p50']:.2f}"
+
     print(
         f"{r['path']:<22} C={r['concurrency']:>4} n={r['requests']:>5}: {r['output_throughput']:>10.1f} tok/s  "
-        f"TTFT p50 {r['ttft_ms']['p50']:.2f} ms  ITL p50 {r['itl_ms']['p50']:.2f} ms  "
-        f"failed {r['failed']}",
+        f"TTFT p50 {ms(r['ttft_ms'])} ms  ITL p50 {ms(r['itl_ms'])} ms  failed {r['failed']}",
         flush=True,
     )

@@ -13,7 +13,9 @@
 #   benchmark/gpu/engines.sh sglang_serve OUT LABEL ARGS...  # SGLang's own server (`python -m sglang.launch_server`
 #                                                # ARGS), the same client over OpenAI completions
 #   benchmark/gpu/engines.sh split OUT LABEL     # served LABEL's own engine arguments in-process, under the host's
-#                                                # python and under the stub's: the environment's share of the cost
+#                                                # python and under the stub's: the environment's share of the cost;
+#                                                # under each, plain AsyncLLM calls, llmlaunch's adapter and the
+#                                                # stub's runtime without tritonserver take turns (per-load prompts)
 #   benchmark/gpu/engines.sh routing OUT LABEL ARGS...  # serve.routing's policies, one llmlaunch replicas=N each
 #                                                # (benchmark/routing.py ARGS; e.g. two replicas sharing one GPU:
 #                                                # CUDA_VISIBLE_DEVICES=0,0 ... cluster.gpus_per_node=2)
@@ -196,7 +198,8 @@ split)  # the engine arguments a served run rendered (its model.json), in-proces
         py=$PY; [ $who = stub ] && py=$LLMLAUNCH_STUB_PYTHON
         echo "== $LABEL's engine arguments in-process, $who python ($py), closed loops $LOADS"
         # shellcheck disable=SC2086
-        timeout 300 $py -m benchmark.engine_yardstick async --engine-args "$ARGS" --concurrency $LOADS \
+        timeout 500 $py -m benchmark.engine_yardstick async --engine-args "$ARGS" --concurrency $LOADS \
+            --prompts per-load --through-adapter --through-runtime \
             --label "in-process, $who python" --json "$OUT/inprocess_${LABEL}_$who.json" \
             2> "$OUT/inprocess_${LABEL}_$who.log" || tail -20 "$OUT/inprocess_${LABEL}_$who.log"
     done ;;

@@ -44,22 +44,33 @@ def in_process(path: str) -> dict:
     return rows
 
 
-def yardstick_as_row(doc: dict, label: str) -> dict:
-    """An engine_yardstick.py document in the shape of a served configuration's, to sit in its rows."""
-    return {
-        "label": label,
-        "ready_s": 0,
-        "rows": [
+def yardstick_as_rows(doc: dict, label: str) -> list:
+    """An engine_yardstick.py document in the shape of served configurations', to sit in their rows: one for each
+    path and pass it ran (--through-adapter, --through-runtime, --repeat), named after `label` and the path."""
+    groups: dict = {}
+    for r in doc["rows"]:
+        groups.setdefault((r.get("path", ""), r.get("pass", 1)), []).append(r)
+    passes = len({n for _, n in groups})
+    out = []
+    for (path, n), rows in groups.items():
+        name = label if len(groups) == 1 else f"{label}: {path}" + (f", pass {n}" if passes > 1 else "")
+        out.append(
             {
-                "concurrency": r["concurrency"],
-                "output_throughput": r["output_throughput"],
-                "ttft_ms_p50": r["ttft_ms"]["p50"],
-                "itl_ms_p50": r["itl_ms"]["p50"],
-                "failed": r["failed"],
+                "label": name,
+                "ready_s": 0,
+                "rows": [
+                    {
+                        "concurrency": r["concurrency"],
+                        "output_throughput": r["output_throughput"],
+                        "ttft_ms_p50": r["ttft_ms"]["p50"],
+                        "itl_ms_p50": r["itl_ms"]["p50"],
+                        "failed": r["failed"],
+                    }
+                    for r in rows
+                ],
             }
-            for r in doc["rows"]
-        ],
-    }
+        )
+    return out
 
 
 def load(out: str):
@@ -68,7 +79,7 @@ def load(out: str):
     path = os.path.join(out, "inprocess_frontends.json")
     if os.path.exists(path):
         doc = json.load(open(path))
-        served.append(yardstick_as_row(doc, doc["rows"][0]["path"] if doc["rows"] else "in-process front ends"))
+        served += yardstick_as_rows(doc, doc["rows"][0]["path"] if doc["rows"] else "in-process front ends")
     path = os.path.join(out, "offline.json")
     if os.path.exists(path):
         offline = json.load(open(path))["rows"]
@@ -80,7 +91,7 @@ def load(out: str):
         if "rows" in doc and "label" in doc:
             served.append(doc)
         elif "yardstick_label" in doc:  # a yardstick run beside the served ones (engines.sh split)
-            served.append(yardstick_as_row(doc, doc["yardstick_label"]))
+            served += yardstick_as_rows(doc, doc["yardstick_label"])
     return inproc, served, offline
 
 

@@ -99,24 +99,34 @@ def encode_inputs(gen: Generation) -> list[tuple[str, str, list[int], bytes]]:
     return tensors
 
 
-def build_inputs(gen: Generation) -> list:
-    """The request as tritonclient.grpc.InferInput objects (for tritonclient's own APIs)."""
+def input_arrays(gen: Generation) -> list:
+    """(name, datatype, numpy array) for every input to send: what a model's request holds once the server has
+    read `encode_inputs`' payloads."""
     import numpy as np
-    import tritonclient.grpc as grpcclient
 
     np_types = {"INT32": np.int32, "FP32": np.float32, "UINT64": np.uint64, "BOOL": np.bool_}
-    inputs = []
+    out = []
     for name, dtype, shape, raw in encode_inputs(gen):
-        inp = grpcclient.InferInput(name, shape, dtype)
         if dtype == "BYTES":
             values, pos = [], 0
             while pos < len(raw):
                 (n,) = struct.unpack_from("<I", raw, pos)
                 values.append(raw[pos + 4 : pos + 4 + n])
                 pos += 4 + n
-            inp.set_data_from_numpy(np.array(values, dtype=np.object_).reshape(shape))
+            out.append((name, dtype, np.array(values, dtype=np.object_).reshape(shape)))
         else:
-            inp.set_data_from_numpy(np.frombuffer(raw, dtype=np_types[dtype]).reshape(shape))
+            out.append((name, dtype, np.frombuffer(raw, dtype=np_types[dtype]).reshape(shape)))
+    return out
+
+
+def build_inputs(gen: Generation) -> list:
+    """The request as tritonclient.grpc.InferInput objects (for tritonclient's own APIs)."""
+    import tritonclient.grpc as grpcclient
+
+    inputs = []
+    for name, dtype, array in input_arrays(gen):
+        inp = grpcclient.InferInput(name, list(array.shape), dtype)
+        inp.set_data_from_numpy(array)
         inputs.append(inp)
     return inputs
 

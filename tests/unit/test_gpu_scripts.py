@@ -191,11 +191,15 @@ def test_the_sglang_yardstick_builds_the_served_models_engine_and_counts_its_str
     assert {s["max_new_tokens"] for s in sampling} == {5}
 
 
-def test_the_vllm_yardstick_sends_per_load_prompts_and_takes_turns_with_the_served_adapter(tmp_path, tiny_model_dir):
+def test_the_vllm_yardstick_sends_per_load_prompts_and_takes_turns_with_the_served_adapter_and_runtime(
+    tmp_path, tiny_model_dir
+):
     """engine_yardstick async against the vLLM stand-in: --prompts per-load sends each load, and each pass, prompts of
     its own (llmlaunch-bench's under serve_bench: seed 2C, the warm-up 2C + 1), so vLLM's prefix cache holds none of
     them from an earlier load, where --prompts shared resends the earlier loads' prompts; --through-adapter drives the
-    same engine (one init) through llmlaunch's vLLM adapter too, the two paths taking turns --repeat times."""
+    same engine (one init) through llmlaunch's vLLM adapter too, --through-runtime through the served models' runtime
+    on that adapter (llmlaunch-bench's requests parsed, the contract's responses counted), the paths taking turns
+    --repeat times; the runtime's rows split their first tokens as the served rows do."""
     import json
     import os
     import subprocess
@@ -214,21 +218,35 @@ def test_the_vllm_yardstick_sends_per_load_prompts_and_takes_turns_with_the_serv
         done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         events = [json.loads(line) for line in log.read_text().splitlines()]
-        return json.loads(out.read_text())["rows"], events
+        return json.loads(out.read_text())["rows"], events, out
 
-    rows, events = run("--prompts", "per-load", "--through-adapter", "--repeat", "2")
+    rows, events, out = run(
+        "--prompts", "per-load", "--through-adapter", "--through-runtime", "--repeat", "2", "--label", "stub python"
+    )
+    paths = ("in-process AsyncLLM", "in-process, via adapter", "in-process, via the stub's runtime")
     assert [(r["pass"], r["path"], r["concurrency"], r["completed"]) for r in rows] == [
-        (p, path, c, n)
-        for p in (1, 2)
-        for path in ("in-process AsyncLLM", "in-process, via adapter")
-        for c, n in ((1, 3), (2, 4))
+        (p, path, c, n) for p in (1, 2) for path in paths for c, n in ((1, 3), (2, 4))
     ]
-    assert len([e for e in events if e["event"] == "init"]) == 1  # one engine, both paths
-    prompts = [e["prompt"] for e in events if e["event"] == "generate"]
-    assert len(prompts) == 4 * (1 + 3 + 2 + 4) and len(set(prompts)) == len(prompts)  # none sent twice
+    assert all(r["total_output_tokens"] == 3 * r["requests"] and r["failed"] == 0 for r in rows)
+    split = [r["first_token_ms"] for r in rows if r["path"] == paths[2]]
+    assert [s["requests"] for s in split] == [3, 4, 3, 4] and all(s["inside_server"] > 0 for s in split)
+    assert len([e for e in events if e["event"] == "init"]) == 1  # one engine, every path
+    generated = [e for e in events if e["event"] == "generate"]
+    prompts = [e["prompt"] for e in generated]
+    assert len(prompts) == 6 * (1 + 3 + 2 + 4) and len(set(prompts)) == len(prompts)  # none sent twice
+    through_runtime = generated[20:30]  # pass 1's third path: llmlaunch-bench's request as the runtime parsed it
+    assert all(e["sampling"]["ignore_eos"] and e["sampling"]["min_tokens"] == 3 for e in through_runtime)
+    # engines.sh table: each path and pass a row of its own beside the served configurations
+    table = tmp_path / "table"
+    table.mkdir()
+    (table / "inprocess_vllm_stub.json").write_text(out.read_text())
+    _, served, _ = _load("engines_table").load(str(table))
+    assert [(d["label"], [r["concurrency"] for r in d["rows"]]) for d in served] == [
+        (f"stub python: {path}, pass {p}", [1, 2]) for p in (1, 2) for path in paths
+    ]
     first = [s.prompt for s in samples_for(str(tiny_model_dir), 3, 16, 3, 2 * 1)]
     assert prompts[1:4] == first  # C=1's measured requests: llmlaunch-bench's --seed 2 prompts
 
-    rows, events = run("--prompts", "shared")
+    rows, events, _ = run("--prompts", "shared")
     prompts = [e["prompt"] for e in events if e["event"] == "generate"]
     assert len(set(prompts)) < len(prompts)  # C=2's warm-up resends C=1's prompts
