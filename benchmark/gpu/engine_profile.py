@@ -4,17 +4,19 @@ kernels, per concurrency (docs/performance/hf.md, the 8B profile).
     python -m benchmark.gpu.engine_profile --model /tmp/llama-8b [--concurrency 1 64 128 256] [--set mixed_graphs=0]
 
 One engine (launcher.hf.engine.Engine, the served model's own settings: HFEngineArgs with --set KEY=VALUE on top,
-max_num_seqs the largest concurrency) in this process.  Per concurrency C, a run of benchmark/overhead_paths.py's
+max_num_seqs the largest concurrency) in this process. Per concurrency C, a run of benchmark/overhead_paths.py's
 closed loop (its `direct` path): C streams of random --prompt-len token prompts, --requests-per-stream each, exactly
---new new tokens a request (greedy, ignore_eos), the next request added as soon as one ends.  It gives tokens/s,
-each stream's tokens/s, TTFT and ITL p50 and the engine's step split over the run (step = launch + wait + host; the
-GPU's span and idle per step; decode rows and prompt tokens per step; the share of steps with prompts and how they
-ran: launcher.python_backend.timings.engine_step_split).  Then the same load again, --warm-s into it --profile-s
-under torch.profiler: the GPU time per step of each kernel and of each kind of kernel (matrix products, attention,
-the compiled fusions, copies, the rest): what a step costs on the GPU, and the gap to the step's wall time is the
-host's.  No tritonserver, no stub, no tokenizer on the way (token ids in and out): the served path's costs are
-absent, so what limits the engine itself shows alone.  Prints a line per concurrency to stderr, one JSON
-document to stdout (--json FILE too).  On CPU (--device cpu, a tiny model) it runs the same, without GPU columns.
+--new new tokens a request (greedy, ignore_eos), the next request added as soon as one ends. It gives tokens/s, each
+stream's tokens/s, TTFT and ITL p50 and the engine's step split over the run (step = launch + wait + host; the GPU's
+span and idle per step; decode rows and prompt tokens per step; the share of steps with prompts and how they ran:
+launcher.python_backend.timings.engine_step_split). Then the same load again, --warm-s into it --profile-s under
+torch.profiler: the GPU time per step of each kernel and of each kind of kernel (matrix products, attention, the
+compiled fusions, copies, the rest), beside that window's own step split (its steps' wall time, decode rows and
+prompt tokens: closed loops of equal lengths stay in step, so a short window's mix of prompt and decode steps
+differs from the run's, and the profiler's tracing slows them). No tritonserver, no stub, no tokenizer on the way
+(token ids in and out): the served path's costs are absent, so what limits the engine itself shows alone. Prints a
+line per concurrency to stderr, one JSON document to stdout (--json FILE too). On CPU (--device cpu, a tiny model)
+it runs the same, without GPU columns.
 """
 
 from __future__ import annotations
@@ -108,6 +110,7 @@ def measure(eng, c: int, args) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     from benchmark.overhead_paths import run_direct
+    from launcher.python_backend.timings import engine_step_split
 
     n = c * args.requests_per_stream
     run = run_direct(eng, prompts(eng.vocab_size, n, args.prompt_len, seed=2 * c), c, args.new)
@@ -131,9 +134,12 @@ def measure(eng, c: int, args) -> dict:
             time.sleep(args.profile_s)
             p1 = eng.stats_dict()
         again.join()
+        # the profiled window's own steps: closed loops of equal lengths stay in step, so a window of a second can
+        # hold more (or fewer) prompt steps than the run's mean, and the profiler itself slows short kernels; the
+        # kernel table is per step of this window, read beside its split, not the measured run's
+        row["profiled"] = engine_step_split(p0, p1)
         if args.device.startswith("cuda"):
             row["kernels"] = kernel_table(prof, p1["steps"] - p0["steps"], args.top)
-            row["kernels"]["profiled_steps"] = p1["steps"] - p0["steps"]
     return row
 
 
@@ -146,6 +152,12 @@ def print_row(row: dict) -> None:
         f"gpu {s.get('gpu_ms')} idle {s.get('gpu_idle_ms')}; rows {s.get('decode_rows')}, prompt tokens "
         f"{s.get('prefill_tokens')}, prompt steps {s.get('prompt')} (graph {s.get('prompt_graph')}, mixed {s.get('mixed')})"
     )
+    w = row.get("profiled") or {}
+    if w:
+        line += (
+            f"\n  profiled window: {w.get('steps')} steps of {w.get('step_ms')} ms, rows {w.get('decode_rows')}, "
+            f"prompt tokens {w.get('prefill_tokens')}, prompt steps {w.get('prompt')}"
+        )
     k = row.get("kernels")
     if k:
         kinds = ", ".join(f"{name} {ms}" for name, ms in k["kinds_ms_per_step"].items())

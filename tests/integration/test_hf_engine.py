@@ -1825,13 +1825,15 @@ def test_a_token_id_prompt_answers_as_its_text_does(engine):
 
 def test_the_engine_profile_benchmark_runs_closed_loops_and_splits_the_steps(tiny_model_dir, tmp_path, capsys):
     """benchmark/gpu/engine_profile.py, whose GPU profile docs/performance/hf.md takes, run here on the CPU: every
-    concurrency's streams make tokens and the engine's step split covers them (the kernel table needs a GPU); each
-    stream's requests end before the next concurrency starts; a bad --set is refused naming the key."""
+    concurrency's streams make tokens and the engine's step split covers them, the profiled window's too (the kernel
+    table needs a GPU); each stream's requests end before the next concurrency starts; a bad --set is refused naming
+    the key."""
     from benchmark.gpu.engine_profile import kind_of, main
 
     out = tmp_path / "p.json"
     argv = ["--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "float32", "--concurrency", "1", "3"]
-    argv += ["--requests-per-stream", "2", "--warm-s", "0.2", "--profile-s", "0.2", "--new", "8", "--prompt-len", "8"]
+    # the window opens as the profiled run starts, so it holds steps however fast the machine
+    argv += ["--requests-per-stream", "2", "--warm-s", "0", "--profile-s", "0.3", "--new", "8", "--prompt-len", "8"]
     assert main(argv + ["--json", str(out), "--set", "prefix_caching=false"]) == 0
     doc = json.loads(out.read_text())
     assert doc["sets"] == {"prefix_caching": "false"} and doc["features"]["prefix_caching"] is False
@@ -1839,6 +1841,8 @@ def test_the_engine_profile_benchmark_runs_closed_loops_and_splits_the_steps(tin
     for row in doc["rows"]:
         assert row["tokens_per_s"] > 0 and row["split"]["steps"] > 0 and "errors" not in row
         assert row["split"]["decode_rows"] <= row["concurrency"]
+        # the profiled window's own steps (the kernel table is per step of it)
+        assert row["profiled"]["steps"] > 0 and row["profiled"]["decode_rows"] <= row["concurrency"]
     capsys.readouterr()
     with pytest.raises(ValueError, match="no argument max_seqs"):
         main(argv + ["--set", "max_seqs=4"])
