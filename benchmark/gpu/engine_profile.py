@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import random
 import re
 import sys
 import threading
@@ -72,13 +71,6 @@ def build_engine(args):
     return eng
 
 
-def prompts(vocab: int, n: int, length: int, seed: int) -> list[list[int]]:
-    """n prompts of `length` random token ids (from the middle of the vocabulary: no special tokens), new to the
-    prefix cache."""
-    rng = random.Random(seed)
-    return [[rng.randrange(vocab // 8, vocab - vocab // 8) for _ in range(length)] for _ in range(n)]
-
-
 def kernel_table(prof, steps: int, top: int) -> dict:
     """GPU ms per step by kernel kind and the `top` kernels by time (launches and us per step)."""
     from benchmark.gpu.decode_kernels import kernel_times
@@ -109,11 +101,12 @@ def measure(eng, c: int, args) -> dict:
     """One concurrency: a measured run, then a profiled one (module docstring)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmark.overhead_paths import run_direct
+    from benchmark.overhead_paths import random_prompt_ids, run_direct
     from launcher.python_backend.timings import engine_step_split
 
     n = c * args.requests_per_stream
-    run = run_direct(eng, prompts(eng.vocab_size, n, args.prompt_len, seed=2 * c), c, args.new)
+    # each run's prompts new to the prefix cache
+    run = run_direct(eng, random_prompt_ids(n, args.prompt_len, eng.vocab_size, seed=2 * c), c, args.new)
     row = {"concurrency": c, "tokens_per_s": round(run["tokens_per_s"], 1)}
     row["stream_tokens_per_s"] = round(row["tokens_per_s"] / c, 2)
     row.update({k: run[k] for k in ("ttft_ms_p50", "itl_ms_p50")})
@@ -124,7 +117,7 @@ def measure(eng, c: int, args) -> dict:
         # the same load again, profiled from this thread once it has run --warm-s; the GPU's kernels only:
         # recording every host op of the engine's thread would slow the steps it profiles
         again = threading.Thread(
-            target=run_direct, args=(eng, prompts(eng.vocab_size, n, args.prompt_len, 2 * c + 1), c, args.new)
+            target=run_direct, args=(eng, random_prompt_ids(n, args.prompt_len, eng.vocab_size, 2 * c + 1), c, args.new)
         )
         again.start()
         time.sleep(args.warm_s)
