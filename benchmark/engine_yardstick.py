@@ -178,7 +178,8 @@ async def vllm_async(args, engine_args: dict, samples) -> list:
     if args.through_adapter:
         paths.append(("in-process, via adapter", _adapter_stream(adapter), on_engine))
     if runtime:
-        paths.append(("in-process, via the stub's runtime", runtime_alone.runtime_stream(runtime), _here))
+        through_runtime = runtime_alone.runtime_stream(runtime)
+        paths.append(("in-process, via the stub's runtime", through_runtime, _here))
     model = engine_args.get("tokenizer") or engine_args["model"]
     rows, run = [], 0
     try:
@@ -189,13 +190,15 @@ async def vllm_async(args, engine_args: dict, samples) -> list:
                     warm, w_take, measured, m_take = load_samples(args, model, c, n, warmup, run, samples)
                     clock = {"t0": time.perf_counter()}
                     await where(closed_loop(stream_of, warm, warmup, w_take, clock))
-                    before = runtime.first_token.totals_map() if runtime else None
+                    if where is _here:  # the warm-up's first tokens all counted, none of them in the measured split
+                        before = runtime_alone.settled_first_tokens(runtime, through_runtime.requests)
                     clock["t0"] = time.perf_counter()
                     results = await where(closed_loop(stream_of, measured, c, m_take, clock))
                     m = metrics.compute(results, max(x.end for x in results))
                     row = {"path": label, "pass": r + 1, "prompts": args.prompts, "concurrency": c, "requests": n}
                     if where is _here:  # where the runtime's first tokens spent their time, as the served split's
-                        row["first_token_ms"] = mean_first_token_ms(before, runtime.first_token.totals_map())
+                        after = runtime_alone.settled_first_tokens(runtime, through_runtime.requests)
+                        row["first_token_ms"] = mean_first_token_ms(before, after)
                     rows.append({**row, "load_s": load_s, **m})
                     print_row(rows[-1])
                 run += 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 import types
 
 FINAL = 1  # TRITONSERVER_RESPONSE_COMPLETE_FINAL
@@ -107,11 +108,13 @@ def runtime_stream(runtime, sampling: dict | None = None):
     """stream_of for benchmark.yardstick_loop.closed_loop through `runtime`: llmlaunch-bench's request for the sample
     (its prompt's text, max_tokens, stream, ignore_eos and min_length = max_tokens, `sampling` on top), submitted as
     `execute` submits it; yields (new tokens, prompt tokens, finish reason) per response, from the counts each
-    response carries.  A response with an error ends the stream with that error raised."""
+    response carries.  A response with an error ends the stream with that error raised.  `stream_of.requests` counts
+    the requests it submitted."""
     from launcher.bench.runner import generations
     from launcher.client.request import input_arrays
 
     async def stream_of(sample):
+        stream_of.requests += 1
         loop = asyncio.get_running_loop()
         got: asyncio.Queue = asyncio.Queue()
 
@@ -135,4 +138,16 @@ def runtime_stream(runtime, sampling: dict | None = None):
             if final:
                 return
 
+    stream_of.requests = 0  # requests submitted through it (settled_first_tokens waits for their counts)
     return stream_of
+
+
+def settled_first_tokens(runtime, requests: int, timeout: float = 10.0) -> dict:
+    """The runtime's first-token totals once they count `requests` requests: a sender thread counts a request's first
+    token just after sending it, so the client can hold a request's last response before its count is in."""
+    deadline = time.monotonic() + timeout
+    while True:
+        totals = runtime.first_token.totals_map()
+        if totals["count"] >= requests or time.monotonic() > deadline:
+            return totals
+        time.sleep(0.001)
