@@ -63,21 +63,31 @@ def continued(prompt) -> Tuple[str, int]:
 
 
 CACHE_BLOCK = 4  # words (the stand-ins' tokens) a block of the stand-in's prefix cache
-_prefilled: list = []  # the prompts this process's stand-in engine prefilled, as word lists (its cache: never evicted)
+# the prompts this process's stand-in engine prefilled, as the chained keys of their whole blocks (its cache: never
+# evicted); keys, not a list of prompts, so a lookup costs one prompt's blocks however many came before
+_prefilled: set = set()
+
+
+def _block_keys(words: list, blocks: int) -> list:
+    """The keys of the first `blocks` whole blocks of `words`, each naming its block and every block before it."""
+    keys, key = [], None
+    for b in range(blocks):
+        key = hash((key, tuple(words[b * CACHE_BLOCK : (b + 1) * CACHE_BLOCK])))
+        keys.append(key)
+    return keys
 
 
 def cached_tokens(prompt: str) -> int:
     """The prompt tokens a prefix cache serves: the leading words it shares with a prompt prefilled before, in whole
     blocks of CACHE_BLOCK, as the engines cache whole blocks; at least the last token is computed again."""
     words = prompt.split()
-    best = 0
-    for seen in _prefilled:
-        n = 0
-        while n < min(len(words) - 1, len(seen)) and words[n] == seen[n]:
-            n += 1
-        best = max(best, n)
-    _prefilled.append(words)
-    return best // CACHE_BLOCK * CACHE_BLOCK
+    keys = _block_keys(words, len(words) // CACHE_BLOCK)
+    usable = max(0, len(words) - 1) // CACHE_BLOCK  # blocks that leave the last token to compute
+    hit = 0
+    while hit < usable and keys[hit] in _prefilled:
+        hit += 1
+    _prefilled.update(keys)
+    return hit * CACHE_BLOCK
 
 
 async def script(
