@@ -83,15 +83,19 @@ def pct_ms(xs: list[float], q: float) -> float | None:
 def latency_stats(per_request: list[tuple[float, list[float], int]], wall: float) -> dict:
     """Latency (ms) from (ttft_s, receive times of the outputs carrying tokens, tokens) per request, over a run of
     `wall` seconds: TTFT p50/p99/mean; inter-token latency of a request = (last token time - first token time) /
-    (tokens - 1), the same for every path whatever the number of responses, p50 over requests; the mean number of
-    requests in flight (Little's law: what concurrency an open loop's rate made)."""
+    (tokens - 1), the same for every path whatever the number of responses, p50 over requests (what vLLM's and
+    llmlaunch-bench's tables call TPOT); `gap_itl_ms_p50`: the p50 over every gap between two outputs of a request
+    (their ITL), which tells a steady step from one whose requests wait long steps now and then at the same mean;
+    the mean number of requests in flight (Little's law: what concurrency an open loop's rate made)."""
     ttft = sorted(t for t, _, _ in per_request)
     itl = sorted((ts[-1] - ts[0]) / (n - 1) for _, ts, n in per_request if n > 1 and len(ts) > 1)
+    gaps = sorted(b - a for _, ts, _ in per_request for a, b in zip(ts, ts[1:]))
     return {
         "ttft_ms_p50": pct_ms(ttft, 0.5),
         "ttft_ms_p99": pct_ms(ttft, 0.99),
         "ttft_ms_mean": round(1000 * sum(ttft) / len(ttft), 3) if ttft else None,
         "itl_ms_p50": pct_ms(itl, 0.5),
+        "gap_itl_ms_p50": pct_ms(gaps, 0.5),
         "in_flight_mean": round(sum(t + ts[-1] - ts[0] for t, ts, _ in per_request) / wall, 2) if wall > 0 else None,
     }
 

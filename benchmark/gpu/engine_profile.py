@@ -7,7 +7,7 @@ One engine (launcher.hf.engine.Engine, the served model's own settings: HFEngine
 max_num_seqs the largest concurrency) in this process. Per concurrency C, a run of benchmark/overhead_paths.py's
 closed loop (its `direct` path): C streams of random --prompt-len token prompts, --requests-per-stream each, exactly
 --new new tokens a request (greedy, ignore_eos), the next request added as soon as one ends. It gives tokens/s, each
-stream's tokens/s, TTFT and ITL p50 and the engine's step split over the run (step = launch + wait + host; the GPU's
+stream's tokens/s, TTFT, TPOT and ITL p50 (as the vLLM yardstick names them) and the engine's step split over the run (step = launch + wait + host; the GPU's
 span and idle per step; decode rows and prompt tokens per step; the share of steps with prompts and how they ran:
 launcher.python_backend.timings.engine_step_split). Then the same load again, --warm-s into it --profile-s under
 torch.profiler: the GPU time per step of each kernel and of each kind of kernel (matrix products, attention, the
@@ -109,7 +109,9 @@ def measure(eng, c: int, args) -> dict:
     run = run_direct(eng, random_prompt_ids(n, args.prompt_len, eng.vocab_size, seed=2 * c), c, args.new)
     row = {"concurrency": c, "tokens_per_s": round(run["tokens_per_s"], 1)}
     row["stream_tokens_per_s"] = round(row["tokens_per_s"] / c, 2)
-    row.update({k: run[k] for k in ("ttft_ms_p50", "itl_ms_p50")})
+    # named as the vLLM yardstick's rows name them (benchmark/engine_yardstick.py), so the two compare like for like:
+    # TPOT a request's mean gap between tokens, ITL the p50 over every gap
+    row.update(ttft_ms_p50=run["ttft_ms_p50"], tpot_ms_p50=run["itl_ms_p50"], itl_ms_p50=run["gap_itl_ms_p50"])
     row["split"] = run.get("engine_steps")
     if run["errors"]:
         row["errors"] = run["errors"]
@@ -140,7 +142,7 @@ def print_row(row: dict) -> None:
     s = row.get("split") or {}
     line = (
         f"[engine_profile] C={row['concurrency']}: {row['tokens_per_s']} tok/s ({row['stream_tokens_per_s']} a stream), "
-        f"TTFT p50 {row['ttft_ms_p50']} ms, ITL p50 {row['itl_ms_p50']} ms; "
+        f"TTFT p50 {row['ttft_ms_p50']} ms, TPOT p50 {row['tpot_ms_p50']} ms, ITL p50 {row['itl_ms_p50']} ms; "
         f"step {s.get('step_ms')} ms = launch {s.get('launch_ms')} + wait {s.get('wait_ms')} + host {s.get('host_ms')}; "
         f"gpu {s.get('gpu_ms')} idle {s.get('gpu_idle_ms')}; rows {s.get('decode_rows')}, prompt tokens "
         f"{s.get('prefill_tokens')}, prompt steps {s.get('prompt')} (graph {s.get('prompt_graph')}, mixed {s.get('mixed')})"

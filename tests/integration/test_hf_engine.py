@@ -1840,6 +1840,8 @@ def test_the_engine_profile_benchmark_runs_closed_loops_and_splits_the_steps(tin
     assert [r["concurrency"] for r in doc["rows"]] == [1, 3]
     for row in doc["rows"]:
         assert row["tokens_per_s"] > 0 and row["split"]["steps"] > 0 and "errors" not in row
+        # TPOT: a request's mean gap; ITL: the p50 over every gap (8 new tokens: 7 gaps a request)
+        assert row["tpot_ms_p50"] > 0 and row["itl_ms_p50"] > 0
         assert row["split"]["decode_rows"] <= row["concurrency"]
         # the profiled window's own steps (the kernel table is per step of it)
         assert row["profiled"]["steps"] > 0 and row["profiled"]["decode_rows"] <= row["concurrency"]

@@ -288,6 +288,20 @@ def test_overhead_loads_repeat_each_load_per_client_process_count():
     assert one.label() == "rate=250/s" and one.arrivals() == eight  # one count: labels as before
 
 
+def test_in_process_latency_gives_a_requests_mean_gap_and_the_median_gap_apart():
+    """benchmark/overhead_paths.latency_stats: itl_ms_p50 is the p50 over requests of a request's mean gap between
+    tokens (TPOT in vLLM's and llmlaunch-bench's tables), gap_itl_ms_p50 the p50 over every gap (their ITL): a
+    request that waits one long step among short ones moves the first and not the second."""
+    mod = _script("overhead_paths")
+    # (TTFT s, the receive time of each output carrying tokens, tokens): A waits 80 ms once, B never
+    per_request = [(0.005, [0.0, 0.01, 0.02, 0.10], 4), (0.005, [0.0, 0.01, 0.02], 3)]
+    stats = mod.latency_stats(per_request, wall=0.2)
+    assert stats["itl_ms_p50"] == 33.333  # A's mean gap, 100 ms / 3 (the upper of the two requests' 10 and 33.3)
+    assert stats["gap_itl_ms_p50"] == 10.0  # gaps 10, 10, 10, 10, 80 ms
+    assert stats["ttft_ms_p50"] == 5.0
+    assert mod.latency_stats([(0.005, [0.0], 1)], wall=0.1)["gap_itl_ms_p50"] is None  # one token: no gap
+
+
 def test_overhead_table_has_a_line_per_load():
     """benchmark/overhead.py's table (benchmark/overhead_report.py): a line per load (an open loop labelled by its rate, a closed one C=N) with each
     path's tokens/s and ratio to in-process, the TTFT serving adds as the JSON has it, the served first token's
