@@ -7,16 +7,16 @@ One engine (launcher.hf.engine.Engine, the served model's own settings: HFEngine
 max_num_seqs the largest concurrency) in this process. Per concurrency C, a run of benchmark/overhead_paths.py's
 closed loop (its `direct` path): C streams of random --prompt-len token prompts, --requests-per-stream each, exactly
 --new new tokens a request (greedy, ignore_eos), the next request added as soon as one ends. It gives tokens/s, each
-stream's tokens/s, TTFT, TPOT and ITL p50 (as the vLLM yardstick names them) and the engine's step split over the run (step = launch + wait + host; the GPU's
-span and idle per step; decode rows and prompt tokens per step; the share of steps with prompts and how they ran:
-launcher.python_backend.timings.engine_step_split). Then the same load again, --warm-s into it --profile-s under
-torch.profiler: the GPU time per step of each kernel and of each kind of kernel (matrix products, attention, the
-compiled fusions, copies, the rest), beside that window's own step split (its steps' wall time, decode rows and
-prompt tokens: closed loops of equal lengths stay in step, so a short window's mix of prompt and decode steps
-differs from the run's, and the profiler's tracing slows them). No tritonserver, no stub, no tokenizer on the way
-(token ids in and out): the served path's costs are absent, so what limits the engine itself shows alone. Prints a
-line per concurrency to stderr, one JSON document to stdout (--json FILE too). On CPU (--device cpu, a tiny model)
-it runs the same, without GPU columns.
+stream's tokens/s, TTFT, TPOT and ITL p50 (as the vLLM yardstick names them) and the engine's step split over the
+run (step = launch + wait + host; the GPU's span and idle per step; decode rows and prompt tokens per step; the
+share of steps with prompts and how they ran: launcher.python_backend.timings.engine_step_split). Then the same load
+again, --warm-s into it --profile-s under torch.profiler: the GPU time per step of each kernel and of each kind of
+kernel (matrix products, attention, the compiled fusions, copies, the rest), beside that window's own step split
+(its steps' wall time, decode rows and prompt tokens: closed loops of equal lengths stay in step, so a short
+window's mix of prompt and decode steps differs from the run's, and the profiler's tracing slows them). No
+tritonserver, no stub, no tokenizer on the way (token ids in and out): the served path's costs are absent, so what
+limits the engine itself shows alone. Prints a line per concurrency to stderr, one JSON document to stdout (--json
+FILE too). On CPU (--device cpu, a tiny model) it runs the same, without GPU columns.
 """
 
 from __future__ import annotations
