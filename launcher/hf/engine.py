@@ -493,6 +493,8 @@ class Engine:
         timed = self.runner.gpu_times(handle)
         if timed is not None:
             stats.gpu_s += timed[0]
-            stats.gpu_idle_s += timed[1] or 0.0
             stats.gpu_steps += 1
+            if timed[1] is not None:
+                stats.gpu_idle_s += timed[1]
+                stats.gpu_gaps += 1
         return tokens

@@ -29,6 +29,9 @@ class EngineStats:
     gpu_s: float = 0.0  # GPU: from each step's first work to its last (CUDA events)
     gpu_idle_s: float = 0.0  # GPU idle between a step and the next one, because the host queued it late
     gpu_steps: int = 0  # steps timed on the GPU (0 off the GPU)
+    # of those, steps whose gap since the step before was measured: not the first step after the engine stood idle,
+    # whose wait gpu_idle_s leaves out (if those are many under steady load, the loop's time and the GPU's differ)
+    gpu_gaps: int = 0
     prompt_steps: int = 0  # steps with prompt tokens
     prompt_graph_steps: int = 0  # of those, steps of prompts replayed as a CUDA graph (one prompt or a wave)
     mixed_steps: int = (

@@ -28,7 +28,7 @@
    queue the next step.
 
   llmlaunch_engine_seconds{model="...",part="step|launch|wait|gpu|gpu_idle"}  seconds, summed
-  llmlaunch_engine_steps{model="...",kind="all|ahead|gpu_timed"}             steps counted
+  llmlaunch_engine_steps{model="...",kind="all|ahead|gpu_timed|gpu_gap"}     steps counted
   llmlaunch_engine_tokens{model="...",kind="decode|prefill"}                 tokens counted
 
 Every metric is a counter, so a mean over any window is the difference of its sums divided by
@@ -109,14 +109,15 @@ ENGINE_COUNTERS = (
             "kind",
             k,
             key,
-            "engine steps: all, queued ahead (overlap), timed on the GPU, with prompt "
-            "tokens, prompts alone through a CUDA graph, prompts beside decode rows through a "
-            "mixed CUDA graph",
+            "engine steps: all, queued ahead (overlap), timed on the GPU, timed with their gap since the step "
+            "before (not the first after the engine stood idle), with prompt tokens, prompts alone through a CUDA "
+            "graph, prompts beside decode rows through a mixed CUDA graph",
         )
         for k, key in (
             ("all", "steps"),
             ("ahead", "ahead_steps"),
             ("gpu_timed", "gpu_steps"),
+            ("gpu_gap", "gpu_gaps"),
             ("prompt", "prompt_steps"),
             ("prompt_graph", "prompt_graph_steps"),
             ("mixed", "mixed_steps"),
@@ -312,7 +313,9 @@ def engine_step_split(before: dict, after: dict) -> dict | None:
       launch_ms   preparing inputs and queueing the GPU work;  wait_ms: blocked until the tokens reached the host
       host_ms     the rest: scheduling, detokenizing, stop checks, handing outputs on (step - launch - wait)
       gpu_ms      the step's span on the GPU;  gpu_idle_ms: the GPU waiting for the host to queue the next step
-                  (both only on a GPU: they are absent without timed steps)
+                  (both only on a GPU: they are absent without timed steps);  gpu_gap_seen: the share of timed steps
+                  whose gap since the step before was measured (the others followed an idle engine, and their wait
+                  is in neither: step_ms - gpu_ms - gpu_idle_ms is then loop time the GPU's timeline does not show)
       decode_rows, prefill_tokens: per step;  ahead: share of steps queued before the last one's tokens were known
       prompt: share of steps with prompt tokens;  prompt_graph: share of steps that were prompts alone replayed as a
       CUDA graph (one prompt or a wave);  mixed: share of steps of decode rows and prompts replayed as a mixed graph
@@ -340,6 +343,7 @@ def engine_step_split(before: dict, after: dict) -> dict | None:
     if d["gpu_steps"] > 0:
         out["gpu_ms"] = ms(d["gpu_s"], d["gpu_steps"])
         out["gpu_idle_ms"] = ms(d["gpu_idle_s"], d["gpu_steps"])
+        out["gpu_gap_seen"] = round(d["gpu_gaps"] / d["gpu_steps"], 3)
     # per request (absent in totals from before these counters): the mean wait from add_request to a slot, and
     # to the first token; their difference is the prompt's own steps and the decode steps it waited behind
     if d["admitted"] > 0:
@@ -403,6 +407,8 @@ def format_engine_split(split: dict) -> str:
     )
     if "gpu_ms" in split:
         line += f"; GPU {split['gpu_ms']:.3f} busy + {split['gpu_idle_ms']:.3f} idle"
+        if split.get("gpu_gap_seen", 1) < 1:  # steps after an idle engine: their wait is in neither
+            line += f" (idle measured on {100 * split['gpu_gap_seen']:.0f}% of steps)"
     line += (
         f"; {split['decode_rows']:g} decode rows, {split['prefill_tokens']:g} prompt tokens a step, "
         f"{100 * split['ahead']:.0f}% queued ahead"

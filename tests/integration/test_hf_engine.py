@@ -1262,7 +1262,7 @@ def test_step_statistics_split_the_loop_time(engine):
     assert d["steps"] >= 5 and d["decode_tokens"] == 4 * n  # the first token of each comes from its prefill
     assert d["prefill_tokens"] == sum(len(engine.tokenizer(f"{PROMPTS[0]} {i}").input_ids) for i in range(n))
     assert 0 < d["launch_s"] + d["wait_s"] <= d["wall_s"]
-    assert d["gpu_steps"] == 0 and d["gpu_s"] == 0 and d["gpu_idle_s"] == 0
+    assert d["gpu_steps"] == d["gpu_gaps"] == 0 and d["gpu_s"] == 0 and d["gpu_idle_s"] == 0
     split = engine_step_split(before, after)
     assert split["steps"] == d["steps"] and split["host_ms"] >= 0 and "gpu_ms" not in split
     assert abs(split["launch_ms"] + split["wait_ms"] + split["host_ms"] - split["step_ms"]) < 1e-3

@@ -134,6 +134,7 @@ def test_engine_step_split_of_gpu_totals():
         "gpu_s": 0.007,
         "gpu_idle_s": 0.0004,
         "gpu_steps": 4,
+        "gpu_gaps": 3,
         "decode_tokens": 4,
         "prefill_tokens": 8,
         "ahead_steps": 3,
@@ -155,12 +156,14 @@ def test_engine_step_split_of_gpu_totals():
         "mixed": 0.0,
         "gpu_ms": 1.75,
         "gpu_idle_ms": 0.1,
+        "gpu_gap_seen": 0.75,
     }
     assert format_engine_split(split) == (
         "step 2.500 ms = launch 0.500 + wait 1.500 + host 0.500; GPU 1.750 busy + "
-        "0.100 idle; 1 decode rows, 2 prompt tokens a step, 75% queued ahead, "
+        "0.100 idle (idle measured on 75% of steps); 1 decode rows, 2 prompt tokens a step, 75% queued ahead, "
         "50.0% with prompts (25.0% prompts alone through a graph)"
     )
+    assert "measured on" not in format_engine_split(engine_step_split({}, dict(totals, gpu_gaps=4)))
     eager = format_engine_split(engine_step_split({}, dict(totals, prompt_graph_steps=0)))
     assert eager.endswith("50.0% with prompts") and "graph" not in eager
     mixed = engine_step_split({}, dict(totals, mixed_steps=1))
