@@ -937,7 +937,9 @@ def test_requests_waiting_for_a_slot_leave_the_decode_steps_queued_ahead(tiny_mo
             assert done.wait(60)
         # the decode steps while the third request waited for a slot
         waiting = [ahead for prefill, ahead, waited in launches if waited and not prefill]
-        assert len(waiting) >= 3 and all(waiting), launches
+        # the first of them may follow the step during which the second and third arrived: a step is not queued
+        # ahead while requests wait in the inbox (they are taken in first), so that one starts behind nothing
+        assert len(waiting) >= 3 and all(waiting[1:]), launches
         last_prefill = max(i for i, (prefill, _, _) in enumerate(launches) if prefill)
         assert all(ahead for prefill, ahead, _ in launches[last_prefill + 1 :] if not prefill), launches
         for (i, n), (_, outs) in zip(wanted, runs):
