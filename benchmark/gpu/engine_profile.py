@@ -144,7 +144,8 @@ def print_row(row: dict) -> None:
         f"[engine_profile] C={row['concurrency']}: {row['tokens_per_s']} tok/s ({row['stream_tokens_per_s']} a stream), "
         f"TTFT p50 {row['ttft_ms_p50']} ms, TPOT p50 {row['tpot_ms_p50']} ms, ITL p50 {row['itl_ms_p50']} ms; "
         f"step {s.get('step_ms')} ms = launch {s.get('launch_ms')} + wait {s.get('wait_ms')} + host {s.get('host_ms')}; "
-        f"gpu {s.get('gpu_ms')} idle {s.get('gpu_idle_ms')} (measured on {s.get('gpu_gap_seen')} of steps); rows {s.get('decode_rows')}, prompt tokens "
+        f"gpu {s.get('gpu_ms')} idle {s.get('gpu_idle_ms')} (measured on {s.get('gpu_gap_seen')} of steps); "
+        f"rows {s.get('decode_rows')}, prompt tokens "
         f"{s.get('prefill_tokens')}, prompt steps {s.get('prompt')} (graph {s.get('prompt_graph')}, mixed {s.get('mixed')})"
     )
     w = row.get("profiled") or {}
