@@ -4,19 +4,20 @@ kernels, per concurrency (docs/performance/hf.md, the 8B profile).
     python -m benchmark.gpu.engine_profile --model /tmp/llama-8b [--concurrency 1 64 128 256] [--set mixed_graphs=0]
 
 One engine (launcher.hf.engine.Engine, the served model's own settings: HFEngineArgs with --set KEY=VALUE on top,
-max_num_seqs the largest concurrency) in this process. Per concurrency C, a run of benchmark/overhead_paths.py's
-closed loop (its `direct` path): C streams of random --prompt-len token prompts, --requests-per-stream each, exactly
---new new tokens a request (greedy, ignore_eos), the next request added as soon as one ends. It gives tokens/s, each
-stream's tokens/s, TTFT, TPOT and ITL p50 (as the vLLM yardstick names them) and the engine's step split over the
-run (step = launch + wait + host; the GPU's span and idle per step; decode rows and prompt tokens per step; the
-share of steps with prompts and how they ran: launcher.python_backend.timings.engine_step_split). Then the same load
-again, --warm-s into it --profile-s under torch.profiler: the GPU time per step of each kernel and of each kind of
-kernel (matrix products, attention, the compiled fusions, copies, the rest), beside that window's own step split
-(its steps' wall time, decode rows and prompt tokens: closed loops of equal lengths stay in step, so a short
-window's mix of prompt and decode steps differs from the run's, and the profiler's tracing slows them). No
-tritonserver, no stub, no tokenizer on the way (token ids in and out): the served path's costs are absent, so what
-limits the engine itself shows alone. Prints a line per concurrency to stderr, one JSON document to stdout (--json
-FILE too). On CPU (--device cpu, a tiny model) it runs the same, without GPU columns.
+max_num_seqs the largest concurrency) in this process. Per concurrency C, a run of benchmark/overhead_paths.py's closed
+loop (its `direct` path): C streams of random --prompt-len token prompts, --requests-per-stream each, exactly --new new
+tokens a request (greedy, ignore_eos), the next request added as soon as one ends; every run's prompts are new to the
+prefix cache (a concurrency given twice runs again on prompts of its own: a repeat). It gives tokens/s, each stream's
+tokens/s, TTFT, TPOT and ITL p50 (as the vLLM yardstick names them) and the engine's step split over the run (step =
+launch + wait + host; the GPU's span and idle per step; decode rows and prompt tokens per step; the share of steps with
+prompts and how they ran: launcher.python_backend.timings.engine_step_split, which also gives the share of its prompt
+tokens the prefix cache served). Then the same load again, --warm-s into it --profile-s under torch.profiler: the GPU
+time per step of each kernel and of each kind of kernel (matrix products, attention, the compiled fusions, copies, the
+rest), beside that window's own step split (its steps' wall time, decode rows and prompt tokens: closed loops of equal
+lengths stay in step, so a short window's mix of prompt and decode steps differs from the run's, and the profiler's
+tracing slows them). No tritonserver, no stub, no tokenizer on the way (token ids in and out): the served path's costs
+are absent, so what limits the engine itself shows alone. Prints a line per concurrency to stderr, one JSON document to
+stdout (--json FILE too). On CPU (--device cpu, a tiny model) it runs the same, without GPU columns.
 """
 
 from __future__ import annotations
@@ -97,16 +98,24 @@ def kernel_table(prof, steps: int, top: int) -> dict:
     }
 
 
-def measure(eng, c: int, args) -> dict:
-    """One concurrency: a measured run, then a profiled one (module docstring)."""
+def prompt_seeds(c: int, repeat: int) -> tuple[int, int]:
+    """The seeds of concurrency C's measured and profiled prompts in its `repeat`-th run (0: the first).  Every run's
+    prompts are new to the prefix cache, a concurrency given twice included: prompts it already holds would skip
+    their prefill and make a repeat look faster than the first run."""
+    base = 2 * c + 10_000 * repeat
+    return base, base + 1
+
+
+def measure(eng, c: int, args, repeat: int = 0) -> dict:
+    """One concurrency: a measured run, then a profiled one (module docstring); `repeat`: the runs of C before."""
     from torch.profiler import ProfilerActivity, profile
 
     from benchmark.overhead_paths import random_prompt_ids, run_direct
     from launcher.python_backend.timings import engine_step_split
 
     n = c * args.requests_per_stream
-    # each run's prompts new to the prefix cache
-    run = run_direct(eng, random_prompt_ids(n, args.prompt_len, eng.vocab_size, seed=2 * c), c, args.new)
+    seed, profiled_seed = prompt_seeds(c, repeat)
+    run = run_direct(eng, random_prompt_ids(n, args.prompt_len, eng.vocab_size, seed=seed), c, args.new)
     row = {"concurrency": c, "tokens_per_s": round(run["tokens_per_s"], 1)}
     row["stream_tokens_per_s"] = round(row["tokens_per_s"] / c, 2)
     # named as the vLLM yardstick's rows name them (benchmark/engine_yardstick.py), so the two compare like for like:
@@ -119,7 +128,8 @@ def measure(eng, c: int, args) -> dict:
         # the same load again, profiled from this thread once it has run --warm-s; the GPU's kernels only:
         # recording every host op of the engine's thread would slow the steps it profiles
         again = threading.Thread(
-            target=run_direct, args=(eng, random_prompt_ids(n, args.prompt_len, eng.vocab_size, 2 * c + 1), c, args.new)
+            target=run_direct,
+            args=(eng, random_prompt_ids(n, args.prompt_len, eng.vocab_size, profiled_seed), c, args.new),
         )
         again.start()
         time.sleep(args.warm_s)
@@ -146,7 +156,8 @@ def print_row(row: dict) -> None:
         f"step {s.get('step_ms')} ms = launch {s.get('launch_ms')} + wait {s.get('wait_ms')} + host {s.get('host_ms')}; "
         f"gpu {s.get('gpu_ms')} idle {s.get('gpu_idle_ms')} (measured on {s.get('gpu_gap_seen')} of steps); "
         f"rows {s.get('decode_rows')}, prompt tokens "
-        f"{s.get('prefill_tokens')}, prompt steps {s.get('prompt')} (graph {s.get('prompt_graph')}, mixed {s.get('mixed')})"
+        f"{s.get('prefill_tokens')}, prompt steps {s.get('prompt')} (graph {s.get('prompt_graph')}, mixed {s.get('mixed')}); "
+        f"prompt tokens from the prefix cache {s.get('prefix_hit_rate')}"
     )
     w = row.get("profiled") or {}
     if w:
@@ -196,8 +207,10 @@ def main(argv=None) -> int:
         "rows": [],
     }
     try:
+        runs: collections.Counter = collections.Counter()
         for c in args.concurrency:
-            row = measure(eng, c, args)
+            row = measure(eng, c, args, repeat=runs[c])
+            runs[c] += 1
             print_row(row)
             out["rows"].append(row)
     finally:

@@ -1828,9 +1828,9 @@ def test_a_token_id_prompt_answers_as_its_text_does(engine):
 def test_the_engine_profile_benchmark_runs_closed_loops_and_splits_the_steps(tiny_model_dir, tmp_path, capsys):
     """benchmark/gpu/engine_profile.py, whose GPU profile docs/performance/hf.md takes, run here on the CPU: every
     concurrency's streams make tokens and the engine's step split covers them, the profiled window's too (the kernel
-    table needs a GPU); each stream's requests end before the next concurrency starts; a bad --set is refused naming
-    the key."""
-    from benchmark.gpu.engine_profile import kind_of, main
+    table needs a GPU); each stream's requests end before the next concurrency starts; a concurrency given twice runs
+    on prompts new to the prefix cache; a bad --set is refused naming the key."""
+    from benchmark.gpu.engine_profile import kind_of, main, prompt_seeds
 
     out = tmp_path / "p.json"
     argv = ["--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "float32", "--concurrency", "1", "3"]
@@ -1852,6 +1852,16 @@ def test_the_engine_profile_benchmark_runs_closed_loops_and_splits_the_steps(tin
         main(argv + ["--set", "max_seqs=4"])
     with pytest.raises(SystemExit, match="KEY=VALUE"):
         main(argv + ["--set", "mixed_graphs"])
+    # a concurrency given twice is a repeat on prompts of its own: with the prefix cache on, prompts of whole blocks
+    # it already held would have skipped their prefill (40 tokens: two 16-token blocks cacheable)
+    again = ["--model", str(tiny_model_dir), "--device", "cpu", "--dtype", "float32", "--concurrency", "2", "2"]
+    again += ["--requests-per-stream", "2", "--profile-s", "0", "--new", "4", "--prompt-len", "40"]
+    assert main(again + ["--json", str(out), "--set", "prefix_caching=true"]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["concurrency"] for r in rows] == [2, 2]
+    assert [r["split"]["prefix_hit_rate"] for r in rows] == [0.0, 0.0]
+    assert prompt_seeds(2, 0) != prompt_seeds(2, 1) and set(prompt_seeds(2, 0)).isdisjoint(prompt_seeds(4, 0))
+    capsys.readouterr()
     assert kind_of("sm90_xmma_gemm_bf16") == "gemm" and kind_of("paged_decode") == "attention"
     assert kind_of("triton_per_fused_add_mean_0") == "fused" and kind_of("Memcpy DtoD") == "copy"
     assert kind_of("at::native::argmax_kernel") == "other"
