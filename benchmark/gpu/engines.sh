@@ -79,7 +79,8 @@
 # Knobs: MODEL (/tmp/llama-1b, made here when missing, in MODEL_DTYPE: bfloat16), LOADS ("1:32 64:1000 128:1000";
 # "" for none), BENCH_ARGS (served: more llmlaunch-bench arguments, e.g. a shared-prefix dataset), WORKLOAD
 # (NAME=ARGS: every load again with these bench arguments on the same server, e.g. "prefix=--dataset-name prefix"),
-# ROUNDS (served, vllm_serve: passes over the loads on the same server, each with prompts of its own), CHECK=1
+# ROUNDS (served, vllm_serve: passes over the loads on the same server, each with prompts of its own; split: passes
+# of every path over the loads in each interpreter, --repeat), CHECK=1
 # (served: the real-engine contract tests first, tests/gpu), IDENTITY=1 (served: its greedy
 # answers, identity.py), LOGPROBS=1 (served, vllm_serve: log probabilities of fixed prompts, compared with
 # `python -m benchmark.openai_logprobs compare A B`), STRUCTURED=1 (served, vllm_serve: structured outputs checked and
@@ -199,7 +200,7 @@ split)  # the engine arguments a served run rendered (its model.json), in-proces
         echo "== $LABEL's engine arguments in-process, $who python ($py), closed loops $LOADS"
         # shellcheck disable=SC2086
         timeout 500 $py -m benchmark.engine_yardstick async --engine-args "$ARGS" --concurrency $LOADS \
-            --prompts per-load --through-adapter --through-runtime \
+            --prompts per-load --through-adapter --through-runtime ${ROUNDS:+--repeat "$ROUNDS"} \
             --label "in-process, $who python" --json "$OUT/inprocess_${LABEL}_$who.json" \
             2> "$OUT/inprocess_${LABEL}_$who.log" || tail -20 "$OUT/inprocess_${LABEL}_$who.log"
     done ;;
