@@ -50,7 +50,7 @@ import sys
 import time
 import uuid
 
-from benchmark.yardstick_loop import closed_loop, counter, parse_loads, print_row
+from benchmark.yardstick_loop import closed_loop, counter, load_seed, parse_loads, print_row
 from launcher.bench import datasets, metrics
 
 
@@ -135,7 +135,7 @@ def load_samples(args, model: str, c: int, n: int, warmup: int, run: int, shared
     every load (measured seed 2C, warm-up 2C + 1), a pass's own (+ 10000 a pass: serve_bench --rounds)."""
     if args.prompts == "shared":
         return shared, counter(0, warmup), shared, counter(warmup, warmup + n)
-    seed = 2 * c + 10000 * run
+    seed = load_seed(c, run)
     warm = samples_for(model, warmup, args.input_len, args.output_len, seed + 1) if warmup else []
     measured = samples_for(model, n, args.input_len, args.output_len, seed)
     return warm, counter(0, warmup), measured, counter(0, n)

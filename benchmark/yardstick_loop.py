@@ -59,6 +59,13 @@ async def closed_loop(stream_of, samples, streams: int, take, clock: dict) -> li
     return results
 
 
+def load_seed(c: int, run: int = 0) -> int:
+    """The seed of load C's prompts in pass `run` (0: the first), its warm-up's the next one: llmlaunch-bench's under
+    serve_bench, which the in-process yardsticks send too.  New to the engine at every load and every pass, so a prefix
+    cache serves none of them from an earlier one."""
+    return 2 * c + 10000 * run
+
+
 def counter(start: int, stop: int):
     """take() for one process: start, start+1, ..., stop-1, then None."""
     it = iter(range(start, stop))

@@ -99,11 +99,13 @@ def kernel_table(prof, steps: int, top: int) -> dict:
 
 
 def prompt_seeds(c: int, repeat: int) -> tuple[int, int]:
-    """The seeds of concurrency C's measured and profiled prompts in its `repeat`-th run (0: the first).  Every run's
-    prompts are new to the prefix cache, a concurrency given twice included: prompts it already holds would skip
-    their prefill and make a repeat look faster than the first run."""
-    base = 2 * c + 10_000 * repeat
-    return base, base + 1
+    """The seeds of concurrency C's measured and profiled prompts in its `repeat`-th run (0: the first): the
+    yardsticks' per-load seeds (benchmark.yardstick_loop.load_seed), so a concurrency given twice runs on prompts new to
+    the prefix cache; prompts it already held would skip their prefill and make a repeat look faster."""
+    from benchmark.yardstick_loop import load_seed
+
+    seed = load_seed(c, repeat)
+    return seed, seed + 1
 
 
 def measure(eng, c: int, args, repeat: int = 0) -> dict:

@@ -40,6 +40,7 @@ from benchmark.gpu.identity import collect
 from benchmark.openai_logprobs import collect as logprobs_collect
 from benchmark.openai_structured import main as structured_main
 from benchmark.servers import CHECKOUT, start_llmlaunch, stop_llmlaunch
+from benchmark.yardstick_loop import load_seed
 from launcher.engines.vllm import LOAD_PHASES as STARTUP
 from launcher.python_backend.cache_splits import format_kv_transfer
 from launcher.python_backend.timings import PARTS
@@ -118,10 +119,8 @@ def bench(url: str, c: int, n: int, args, out_json: str, extra: str = "", run: i
         "--processes",
         str(processes),
         "--no-progress",
-        # each load's prompts new to the server (and its warm-up's, the next seed): a prefix cache serves none of
-        # them from an earlier load
         "--seed",
-        str(2 * c + 10000 * run),
+        str(load_seed(c, run)),
         "--result-json",
         out_json,
         "--label",
