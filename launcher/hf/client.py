@@ -34,11 +34,8 @@ engine stops with the first.  If the first instance fails to start the engine it
 
 The engine process is launcher/hf/multiplexer.py (a tensor-parallel worker rank's: launcher/hf/worker.py).
 
-Environment: the child inherits the parent's, except that `_LLMLAUNCH_ENGINE_LD_LIBRARY_PATH`, unless it
-is unset or "inherit", replaces LD_LIBRARY_PATH ("" removes it).  launcher.triton_install.server_env sets it to the
-launcher's own path (launcher.triton_install.ENGINE_LD_LIBRARY_PATH says why).  Triton's python stub (2.51) needs
-numpy < 2 while current CUDA builds of torch ship with numpy 2: the stub's
-environment can then put numpy 1.x first on PYTHONPATH and the engine keep its own.
+Environment: the child runs the launcher's interpreter with the launcher's library path, not the stub's
+(launcher.python_backend.engine_env says why).
 """
 
 from __future__ import annotations
@@ -47,36 +44,16 @@ import logging
 import os
 import socket
 import subprocess
-import sys
 import threading
 import time
 from typing import Callable
 
 from launcher.engines.hf.config import HFEngineArgs
-from launcher.handoff.rank_env import RankEnv
 from launcher.hf.outputs import Output
+from launcher.python_backend.engine_env import engine_environ, engine_python
 from launcher.python_backend.generation import InvalidRequest, SamplingParams  # pure Python: no torch in the parent
 
 log = logging.getLogger(__name__)
-
-
-def _python() -> str:
-    """An interpreter of this environment (inside the Triton stub, sys.executable is the stub binary).
-
-    RankEnv.python (set by launcher.triton_install.server_env to the launcher's own interpreter) comes first:
-    an embedded stub does not know the virtual environment it was started from, and its sys.prefix
-    may be the system Python's, which lacks torch."""
-    forced = RankEnv.from_environ(os.environ).python
-    if forced and os.access(forced, os.X_OK):
-        return forced
-    exe = sys.executable or ""
-    if os.path.basename(exe).startswith("python"):
-        return exe
-    for name in (f"python{sys.version_info.major}.{sys.version_info.minor}", "python3", "python"):
-        cand = os.path.join(sys.exec_prefix, "bin", name)
-        if os.access(cand, os.X_OK):
-            return cand
-    raise RuntimeError(f"cannot find a python interpreter for the engine process under {sys.exec_prefix}/bin")
 
 
 class EngineProcess:
@@ -155,18 +132,10 @@ class EngineProcess:
         if self._attach:
             return self._start_attached()
         parent, child = socket.socketpair()
-        env = dict(os.environ)
-        lib = RankEnv.from_environ(env).engine_ld_library_path  # see launcher.triton_install.ENGINE_LD_LIBRARY_PATH
-        lib = "inherit" if lib is None else lib  # not set: the stub's
-        if lib != "inherit":
-            if lib:
-                env["LD_LIBRARY_PATH"] = lib
-            else:
-                env.pop("LD_LIBRARY_PATH", None)
         self._proc = subprocess.Popen(
-            [_python(), "-m", "launcher.hf.multiplexer", str(child.fileno())],
+            [engine_python(), "-m", "launcher.hf.multiplexer", str(child.fileno())],
             pass_fds=(child.fileno(),),
-            env=env,
+            env=engine_environ(),
             stdin=subprocess.DEVNULL,
         )
         child.close()

@@ -6,7 +6,11 @@ mixing, and a failed engine fails every stub's load with the reason."""
 
 from __future__ import annotations
 
+import json
 import os
+import signal
+import sys
+import time
 
 import pytest
 
@@ -16,8 +20,9 @@ pytestmark = pytest.mark.triton
 
 
 def test_vllm_front_ends_share_one_engine_core(tmp_path):
-    """engine.frontends=3: three stubs, one engine core started by the first (vLLM's launch_core_engines for three
-    clients), each stub a client on its own address pair; requests spread over them and none mix."""
+    """engine.frontends=3: three stubs, one engine core started for them by the first (vLLM's launch_core_engines for
+    three clients) from a process of the launcher's interpreter, not from the stub; each stub a client on its own
+    address pair; requests spread over them and none mix."""
     from launcher.cli import plan
     from launcher.render import repository_files
     from tests.standins.server import serve_standin
@@ -27,8 +32,11 @@ def test_vllm_front_ends_share_one_engine_core(tmp_path):
     # the core takes a second to load: the other front ends wait for it
     with serve_standin(spec, tmp_path, extra_env={"LLMLAUNCH_STANDIN_CORE_LOAD_S": "1"}) as server:
         (launch,) = events(server, "launch_core")
-        assert launch["clients"] == 3 and launch["api_process_rank"] == 0
+        # the core's own process, as vLLM's API-server launcher configures it (rank -1: no front end of its own)
+        assert launch["clients"] == 3 and launch["api_process_rank"] == -1
+        assert launch["executable"] == sys.executable  # the launcher's interpreter (RankEnv.python), not the stub's
         clients = wait_for(lambda: len(events(server, "client")) == 3 and events(server, "client"))
+        assert launch["pid"] not in {c["pid"] for c in clients}
         assert sorted(c["client_index"] for c in clients) == [0, 1, 2] and {c["client_count"] for c in clients} == {3}
         assert sorted(c["api_process_rank"] for c in clients) == [0, 1, 2]  # each config knows its front end
         for c in clients:  # each client binds the address pair the core was launched for, at its index
@@ -54,6 +62,53 @@ def test_vllm_front_ends_share_one_engine_core(tmp_path):
     )
 
 
+def test_vllm_engine_core_death_stops_the_server(tmp_path):
+    """vLLM's engine core dies while the server runs (killed): the process that started it reports its exit code to
+    the first stub, which stops tritonserver, so the launcher sees the rank fail instead of a server that looks
+    healthy and fails every request."""
+    from launcher.cli import plan
+    from tests.standins.server import serve_standin
+
+    _, spec = plan(["engine=vllm", "model.path=/models/standin-llm", "engine.frontends=2"])
+    with serve_standin(spec, tmp_path) as server:
+        (started,) = events(server, "core_started")
+        check_concurrent_streams(server, 2, 2)
+        os.kill(started["core_pid"], signal.SIGKILL)
+        deadline = time.monotonic() + 30
+        while server.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.proc.poll() is not None, "tritonserver still runs with its engine core dead"
+    text = (tmp_path / "server.log").read_text()
+    assert "vLLM's engine core exited ({'EngineCore_DP0': -9})" in text, text[-2000:]
+
+
+def test_vllm_core_process_stops_the_core_when_the_stub_goes(tmp_path):
+    """The process that holds vLLM's engine core stops it when the stub that started it goes (its end of the socket
+    closes, as when the stub is killed): no engine core is left holding a GPU."""
+    from launcher.engines.vllm.core_process import CoreProcess
+    from tests.standins.server import STANDINS
+
+    calls = tmp_path / "calls.jsonl"
+    env = {"PYTHONPATH": os.pathsep.join([str(STANDINS), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env["LLMLAUNCH_STANDIN_LOG"] = str(calls)
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        core = CoreProcess({"model": "/models/standin-llm"}, 2, timeout=60)
+        info = core.start()
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+    assert len(info["inputs"]) == 2 and len(info["outputs"]) == 2
+    rows = [json.loads(line) for line in calls.read_text().splitlines()]
+    (started,) = [r for r in rows if r["event"] == "core_started"]
+    assert os.path.exists(f"/proc/{started['core_pid']}")
+    core.conn.close()  # the stub's end goes
+    assert core.proc.wait(30) == 0
+    assert [r for r in map(json.loads, calls.read_text().splitlines()) if r["event"] == "core_shutdown"]
+    assert not os.path.exists(f"/proc/{started['core_pid']}")
+
+
 @pytest.mark.parametrize("name", ["vllm", "sglang"])
 def test_front_ends_fail_together_when_the_engine_fails(tmp_path, name):
     """The first stub's engine fails to load: every other stub fails its load with that reason, none waits."""
@@ -65,7 +120,10 @@ def test_front_ends_fail_together_when_the_engine_fails(tmp_path, name):
     repo = write_repository(repository_files(spec), tmp_path / "repo")
     env = {"LLMLAUNCH_STANDIN_CORE_FAIL": "CUDA out of memory (stand-in)"}
     text = failed_load_log(repo, spec.model_name, tmp_path / "server.log", env)
-    assert "the instance that starts the shared engine failed: RuntimeError: CUDA out of memory (stand-in)" in text
+    # vLLM's core loads in a process of its own, which hands its error to the first stub
+    reason = {"vllm": f"RuntimeError: vLLM's engine core failed to start under {sys.executable}: "}.get(name, "")
+    reason += "RuntimeError: CUDA out of memory (stand-in)"
+    assert f"the instance that starts the shared engine failed: {reason}" in text
 
 
 def test_sglang_front_ends_are_tokenizer_workers_of_one_engine(tmp_path):

@@ -164,7 +164,7 @@ LAYERS = {
 }
 # The engines' code that Triton's python backend runs (their model modules and what those import of their own):
 # it serves, while each engine package's Engine and Config are part of the plan.
-ENGINE_RUNTIME = re.compile(r"launcher\.engines\.\w+\.(model|core|streams|models(\.\w+)?)$")
+ENGINE_RUNTIME = re.compile(r"launcher\.engines\.\w+\.(model|core|core_process|streams|models(\.\w+)?)$")
 
 
 def unit_of(module: str) -> str:

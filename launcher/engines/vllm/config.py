@@ -12,7 +12,7 @@ from launcher.engines.config import ARG_NAME_WHAT, EngineConfig
 
 @dataclass
 class VLLMEngineConfig(EngineConfig):
-    name: str = arg(Name(), "vllm")  # vLLM AsyncLLMEngine in a python model
+    name: str = arg(Name(), "vllm")  # vLLM (its V1 engine core and AsyncLLM front ends) in a python model
     model_name: str = arg(Name(empty="the engine's default"), "vllm_model")  # Triton model name clients address
     max_num_seqs: int = arg(
         Int("sequences batched at once"), 256

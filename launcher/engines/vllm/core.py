@@ -11,6 +11,22 @@ sockets after the core is up: the core's ready message and outputs wait in its q
 from __future__ import annotations
 
 
+def vllm_kwargs(kwargs: dict) -> dict:
+    """AsyncEngineArgs' keyword arguments with the config fields given as mappings (model.json, KV events) made into
+    vLLM's config objects.  The served model passes the mappings between processes, and each process that builds
+    an engine config (the engine core's, every front end's) makes the objects of its own."""
+    out = dict(kwargs)
+    if isinstance(out.get("kv_events_config"), dict):
+        from vllm.config.kv_events import KVEventsConfig
+
+        out["kv_events_config"] = KVEventsConfig(**out["kv_events_config"])
+    if isinstance(out.get("kv_transfer_config"), dict):
+        from vllm.config.kv_transfer import KVTransferConfig
+
+        out["kv_transfer_config"] = KVTransferConfig(**out["kv_transfer_config"])
+    return out
+
+
 def engine_config(kwargs: dict, count: int, rank: int):
     """(AsyncEngineArgs, VllmConfig) of front end `rank` of `count` (-1: the process that only launches the core),
     as vLLM's API servers set `_api_process_count` / `_api_process_rank`."""

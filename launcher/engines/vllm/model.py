@@ -2,26 +2,24 @@
 
 Targets vLLM's V1 `AsyncLLM` API (written and run against vLLM 0.25; read against
 vllm/v1/engine/async_llm.py, vllm/v1/engine/utils.py, vllm/sampling_params.py and
-vllm/engine/arg_utils.py), with the pre-V1 `AsyncLLMEngine` import as a fallback (same `generate` /
-`abort` shape). Learned from Triton's vllm_backend (src/model.py); written for llmlaunch.
+vllm/engine/arg_utils.py): the V1 engine core (`launch_core_engines`) and its `AsyncLLM` clients.
+Learned from Triton's vllm_backend (src/model.py); written for llmlaunch.
 
 * Engine arguments come from `1/model.json`: the launcher writes model, tokenizer, tensor/pipeline
   parallel sizes, max_num_seqs, gpu_memory_utilization, dtype, max_model_len and
   distributed_executor_backend there, and `engine.engine_args` entries override them. Keys
   `AsyncEngineArgs` does not have are refused with the list of the unknown ones
   (`disable_log_requests`, removed in vLLM 0.12, is translated to `enable_log_requests`).
-* One instance (`frontends` 1): `AsyncLLM.from_engine_args(...)` on the runtime's event loop
-  (launcher.python_backend.async_runtime); vLLM starts its engine core in a process of its own and
-  this stub is its front end: it tokenizes prompts, detokenizes outputs and sends the responses.
-* Several instances (`frontends` N, the config's instance_group count): N stubs are N front ends of
-  one engine core, as `vllm serve --api-server-count N` runs N API servers. The first instance
-  (Triton's instance name ends in _0) starts the core for N clients (launcher.engines.vllm.core, with
-  vLLM's own `launch_core_engines`) and publishes the clients' ZMQ addresses once it is up
-  (launcher.python_backend.instances); every instance (the first too) then builds an `AsyncLLM` client on
-  its own address pair. The engine core sends each request's outputs to the client that sent it, so
-  each stub detokenizes and answers only its own requests, under its own GIL. If the engine core
-  dies, the first instance stops its tritonserver, so the rank fails instead of a server that looks
-  healthy.
+* The engine core: the first instance (Triton's instance name ends in _0; the only one with `frontends` 1)
+  starts it for the model's N front ends from a process of the launcher's interpreter and library path
+  (launcher.engines.vllm.core_process, with vLLM's own `launch_core_engines`), not from the stub: the stub's
+  environment is made for the stub, and a core started from it served 0.83-0.86 of the tokens/s on one H100
+  (docs/performance/vllm.md). That process stays beside the core to stop it, and stops it if the stub dies.
+* Front ends: every instance (the first too) is an `AsyncLLM` client of that core on an address pair of its own
+  (the first publishes them once the core is up: launcher.python_backend.instances), as `vllm serve
+  --api-server-count N` runs N API servers; each tokenizes its prompts, detokenizes its outputs and sends its
+  responses under its own GIL (the core sends each request's outputs to the client that sent it). If the engine
+  core dies, the first instance stops its tritonserver, so the rank fails instead of a server that looks healthy.
 * Each request is `engine.generate(prompt, SamplingParams(..., output_kind=DELTA), request_id)`, so
   every RequestOutput carries only new text and tokens (vLLM merges the outputs of several steps
   when this stub reads them late); cancelled requests get `engine.abort(request_id)`; `finalize`
@@ -269,22 +267,10 @@ class VLLMAdapter(EngineAdapter):
     async def start(self):
         from vllm.engine.arg_utils import AsyncEngineArgs
 
-        try:
-            from vllm.v1.engine.async_llm import AsyncLLM
-        except ImportError:  # vLLM before the V1 engine
-            from vllm import AsyncLLMEngine as AsyncLLM
-
         kwargs = engine_kwargs(self.raw_args, {f.name for f in dataclasses.fields(AsyncEngineArgs)})
         events = RankEnv.from_environ(os.environ).kv_events  # serve.routing=kv: the front end reads the events
-        wanted = vllm_kv_events(events) if events else kwargs.get("kv_events_config")
-        if isinstance(wanted, dict):  # engine.engine_args carries plain mappings; AsyncEngineArgs wants the config
-            from vllm.config.kv_events import KVEventsConfig
-
-            kwargs["kv_events_config"] = KVEventsConfig(**wanted)
-        if isinstance(kwargs.get("kv_transfer_config"), dict):  # disagg (launcher/engines/vllm engine_args_file)
-            from vllm.config.kv_transfer import KVTransferConfig
-
-            kwargs["kv_transfer_config"] = KVTransferConfig(**kwargs["kv_transfer_config"])
+        if events:
+            kwargs["kv_events_config"] = vllm_kv_events(events)
         if kwargs.get("kv_transfer_config") is not None:
             self.kv_transfers = counters.KVTransfers()
         # this instance's NIXL side channel and UCX's transports: read in the engine core, which inherits them
@@ -298,18 +284,7 @@ class VLLMAdapter(EngineAdapter):
             self.ray_head = _start_ray_head(nnodes, self.log)
         self.log.info(f"building AsyncLLM with {json.dumps(kwargs, sort_keys=True, default=str)}")
         try:
-            if self.frontends > 1:
-                self.engine = self._shared_engine_client(kwargs)
-            else:
-                from launcher.engines.vllm import core as vllm_core
-
-                # the engine's KV-cache use where it keeps statistics (serve.autoscale.signal=kv_cache reads it)
-                loggers = (
-                    None
-                    if kwargs.get("disable_log_stats")
-                    else [vllm_core.kv_usage_logger(self.kv_usage, self.kv_transfers)]
-                )
-                self.engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs), stat_loggers=loggers)
+            self.engine = self._engine_client(kwargs)
         except BaseException:
             if self.ray_head is not None:  # the load failed: leave no Ray head behind
                 self.ray_head.stop()
@@ -343,26 +318,33 @@ class VLLMAdapter(EngineAdapter):
             return "a guide (guided decoding)"
         return ""
 
-    def _shared_engine_client(self, kwargs):
-        """This instance's AsyncLLM client of the engine core the `frontends` instances share (the first one
-        starts the core)."""
+    def _engine_client(self, kwargs):
+        """This instance's AsyncLLM client of the engine core the model's `frontends` instances share.  The first
+        instance starts the core in a process of the launcher's interpreter (launcher.engines.vllm.core_process
+        says why) and, where there are several, publishes the clients' addresses; the others wait for them."""
         from launcher.engines.vllm import core as vllm_core
+        from launcher.engines.vllm.core_process import CoreProcess
         from launcher.python_backend.instances import InstanceShare
 
-        n, index = self.frontends, int(self.params["frontend_index"])
-        self.share = InstanceShare("vllm", self.model_name, index, n)
-        args, config = vllm_core.engine_config(kwargs, n, index)
+        n, index = self.frontends, int(self.params.get("frontend_index", 0))
+        timeout = float(self.params.get("ready_timeout_s", "") or 3600)
+        args, config = vllm_core.engine_config(vllm_core.vllm_kwargs(kwargs), n, index)
+        if n > 1:
+            self.share = InstanceShare("vllm", self.model_name, index, n)
         if index == 0:
             try:
-                self.core, info = vllm_core.launch_core(args, config, n)
-                self.share.publish(info)
+                self.core = CoreProcess(kwargs, n, timeout)
+                info = self.core.start()
+                if self.share is not None:
+                    self.share.publish(info)
             except BaseException as exc:
-                self.share.fail(f"{type(exc).__name__}: {exc}")
+                if self.share is not None:
+                    self.share.fail(f"{type(exc).__name__}: {exc}")
                 raise
             threading.Thread(target=self._watch_core, name="vllm-core-watch", daemon=True).start()
         else:
             # the first front end's engine core loads within the launch's serve.ready_timeout_s (config.pbtxt)
-            info = self.share.wait(float(self.params.get("ready_timeout_s", "") or 3600))
+            info = self.share.wait(timeout)
         self.log.info(f"front end {index} of {n} of one engine core ({'started here' if index == 0 else 'attached'})")
         # the engine's statistics are logged once, by the first front end; every front end keeps its requests' own
         return vllm_core.client(
@@ -377,17 +359,13 @@ class VLLMAdapter(EngineAdapter):
         )
 
     def _watch_core(self):
-        """First instance of several: when the engine core dies, stop this tritonserver so the rank fails."""
-        from multiprocessing.connection import wait
-
-        manager = self.core[0] if self.core else None
-        sentinels = list(manager.sentinels()) if manager is not None else []
-        if not sentinels:
+        """First instance: when the engine core dies, stop this tritonserver so the rank fails."""
+        core = self.core
+        if core is None:
             return
-        wait(sentinels)
+        codes = core.wait()
         if self._stopping:
             return
-        codes = manager.finished_procs()
         if codes and all(c in (0, -signal.SIGTERM, -signal.SIGINT) for c in codes.values()):
             # the server's process group was signalled (a stop): the core went with it, and so does the server
             self.log.info(f"vLLM's engine core stopped ({codes}); this tritonserver is stopping too")
@@ -469,10 +447,8 @@ class VLLMAdapter(EngineAdapter):
     def _stop_core(self):
         self._stopping = True
         if self.core is not None:
-            from launcher.engines.vllm.core import stop_core
-
             core, self.core = self.core, None
-            stop_core(core)
+            core.shutdown()
         if self.share is not None:
             self.share.release()
 

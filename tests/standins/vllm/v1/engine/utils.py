@@ -10,6 +10,7 @@ AsyncLLM does. LLMLAUNCH_STANDIN_CORE_FAIL=<message> makes the launch raise, as 
 import contextlib
 import os
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -72,4 +73,5 @@ def launch_core_engines(vllm_config, executor_class, log_stats, addresses, num_a
         inputs=list(addresses.inputs),
         outputs=list(addresses.outputs),
         api_process_rank=vllm_config.api_process_rank,
+        executable=sys.executable,  # the interpreter of the process that started the core
     )
