@@ -102,10 +102,16 @@ class CoreProcess:
             proc.kill()
             proc.wait()
 
-    def kill(self) -> None:
+    def kill(self, grace: float = 10.0) -> None:
+        """Stop the core process at once: SIGTERM first, which it answers by stopping the core (a SIGKILL would leave
+        the core without the process that stops it), SIGKILL after `grace` seconds."""
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+            self.proc.terminate()
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
 
 
 def main(fd: int) -> int:

@@ -10,7 +10,7 @@ Learned from Triton's vllm_backend (src/model.py); written for llmlaunch.
   distributed_executor_backend there, and `engine.engine_args` entries override them. Keys
   `AsyncEngineArgs` does not have are refused with the list of the unknown ones
   (`disable_log_requests`, removed in vLLM 0.12, is translated to `enable_log_requests`).
-* The engine core: the first instance (Triton's instance name ends in _0; the only one with `frontends` 1)
+* The engine core: the first instance (Triton's instance name ends in _0; with `frontends` 1 the only one)
   starts it for the model's N front ends from a process of the launcher's interpreter and library path
   (launcher.engines.vllm.core_process, with vLLM's own `launch_core_engines`), not from the stub: the stub's
   environment is made for the stub, and a core started from it served 0.83-0.86 of the tokens/s on one H100
