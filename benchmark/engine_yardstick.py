@@ -50,6 +50,7 @@ import sys
 import time
 import uuid
 
+from benchmark import host_pulse
 from benchmark.yardstick_loop import closed_loop, counter, load_seed, parse_loads, print_row
 from launcher.bench import datasets, metrics
 
@@ -193,9 +194,14 @@ async def vllm_async(args, engine_args: dict, samples) -> list:
                     if where is _here:  # the warm-up's first tokens all counted, none of them in the measured split
                         before = runtime_alone.settled_first_tokens(runtime, through_runtime.requests)
                     clock["t0"] = time.perf_counter()
+                    wall = [time.time()]
                     results = await where(closed_loop(stream_of, measured, c, m_take, clock))
+                    wall.append(time.time())
                     m = metrics.compute(results, max(x.end for x in results))
                     row = {"path": label, "pass": r + 1, "prompts": args.prompts, "concurrency": c, "requests": n}
+                    row["wall"] = wall  # where the load sits in the host's pulse (--pulse)
+                    if args.pulse:
+                        row["host"] = host_pulse.window(args.pulse, *wall)
                     if where is _here:  # where the runtime's first tokens spent their time, as the served split's
                         after = runtime_alone.settled_first_tokens(runtime, through_runtime.requests)
                         row["first_token_ms"] = mean_first_token_ms(before, after)
@@ -395,6 +401,12 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0, help="prompt sampling seed (llmlaunch-bench --seed)")
     p.add_argument("--json", help="write the rows here")
     p.add_argument("--label", default="", help="the row's name in engines_table.py (with --json)")
+    p.add_argument(
+        "--pulse",
+        metavar="FILE",
+        default="",
+        help="the host's pulse (benchmark/host_pulse.py's file): each async row says how fast the host ran then",
+    )
     p.add_argument(
         "--engine-args",
         metavar="FILE",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from benchmark.host_pulse import text as host_text
 from launcher.bench import metrics
 
 
@@ -94,6 +95,7 @@ def print_row(r: dict) -> None:
 
     print(
         f"{r['path']:<22} C={r['concurrency']:>4} n={r['requests']:>5}: {r['output_throughput']:>10.1f} tok/s  "
-        f"TTFT p50 {ms(r['ttft_ms'])} ms  ITL p50 {ms(r['itl_ms'])} ms  failed {r['failed']}",
+        f"TTFT p50 {ms(r['ttft_ms'])} ms  ITL p50 {ms(r['itl_ms'])} ms  failed {r['failed']}"
+        + host_text(r.get("host")),
         flush=True,
     )

@@ -134,6 +134,15 @@ PY=${PYTHON:-python3}
 [ -f "$MODEL/config.json" ] || $PY -m launcher.tiny --out "$MODEL" --hidden 2048 --layers 16 --heads 32 --kv-heads 8 \
     --intermediate 8192 --vocab 128256 --tie-word-embeddings true --rope-theta 500000 --max-position-embeddings 8192 --dtype "${MODEL_DTYPE:-bfloat16}" > /dev/null
 VLLM=(engine=vllm "model.path=$MODEL" model.dtype=bfloat16)
+# the host's pulse (benchmark/host_pulse.py) through every measuring command, into OUT/pulse.jsonl: each row says how
+# fast the host's CPU ran during its load against the whole lease (a slow row or a slow host)
+PULSE=$OUT/pulse.jsonl
+case $cmd in
+yardsticks|served|vllm_serve|sglang_serve|split)
+    $PY -m benchmark.host_pulse --out "$PULSE" --every 2 --for 3600 &  # --for: none outlives a lease
+    PULSE_PID=$!
+    trap 'kill $PULSE_PID 2>/dev/null' EXIT ;;
+esac
 case $cmd in
 yardsticks)
     nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -144,7 +153,7 @@ yardsticks)
     # shellcheck disable=SC2086  # LOADS: one argument per load
     # each load's prompts new to the engine, as llmlaunch-bench sends the served runs (one shared list would let vLLM's
     # prefix cache serve a later load's prefill)
-    timeout 400 $PY -m benchmark.engine_yardstick async --prompts per-load --concurrency $LOADS --json "$OUT/inprocess.json" \
+    timeout 400 $PY -m benchmark.engine_yardstick async --prompts per-load --concurrency $LOADS --json "$OUT/inprocess.json" --pulse "$PULSE" \
         -- "${VLLM[@]}" 2> "$OUT/inprocess.log" || tail -20 "$OUT/inprocess.log"
     echo "== (b') the served default's layout without tritonserver: ${FRONTENDS:-4} AsyncLLM clients of one engine core"
     # shellcheck disable=SC2086
@@ -157,7 +166,7 @@ served)
     echo "== $LABEL: llmlaunch $*"
     # shellcheck disable=SC2086
     timeout "${SERVED_TIMEOUT:-560}" $PY -m benchmark.gpu.serve_bench --label "$LABEL" --out "$OUT" --tokenizer "$MODEL" \
-        --concurrency $LOADS ${CHECK:+--check} ${IDENTITY:+--identity "$OUT/$LABEL.identity.json" --identity-prompts "${IDENTITY_PROMPTS:-32:8}"} \
+        --pulse "$PULSE" --concurrency $LOADS ${CHECK:+--check} ${IDENTITY:+--identity "$OUT/$LABEL.identity.json" --identity-prompts "${IDENTITY_PROMPTS:-32:8}"} \
         ${LOGPROBS:+--logprobs "$OUT/$LABEL.logprobs.json"} ${STRUCTURED:+--structured "$OUT/$LABEL.structured.json"} \
         ${BENCH_ARGS:+--bench-args "$BENCH_ARGS"} ${WORKLOAD:+--workload "$WORKLOAD"} ${ROUNDS:+--rounds "$ROUNDS"} -- "$@" ;;
 vllm_serve)  # what a vLLM user starts instead of llmlaunch: the yardstick of every served vLLM row (engines_table.py)
@@ -167,7 +176,7 @@ vllm_serve)  # what a vLLM user starts instead of llmlaunch: the yardstick of ev
     echo "== $LABEL: vllm serve $MODEL $*"
     # shellcheck disable=SC2086
     timeout "${SERVED_TIMEOUT:-560}" $PY -m benchmark.gpu.serve_bench --label "$LABEL" --out "$OUT" --tokenizer "$MODEL" \
-        --concurrency $LOADS ${BENCH_ARGS:+--bench-args "$BENCH_ARGS"} ${WORKLOAD:+--workload "$WORKLOAD"} \
+        --pulse "$PULSE" --concurrency $LOADS ${BENCH_ARGS:+--bench-args "$BENCH_ARGS"} ${WORKLOAD:+--workload "$WORKLOAD"} \
         ${ROUNDS:+--rounds "$ROUNDS"} ${LOGPROBS:+--logprobs "$OUT/$LABEL.logprobs.json"} ${STRUCTURED:+--structured "$OUT/$LABEL.structured.json"} --server-url "http://127.0.0.1:$PORT" --server-command "$PY -m vllm.entrypoints.openai.api_server \
         --model $MODEL --dtype ${MODEL_DTYPE:-bfloat16} --port $PORT $*" ;;
 sglang_serve)  # what an SGLang user starts instead of llmlaunch: the yardstick of every served SGLang row
@@ -177,7 +186,7 @@ sglang_serve)  # what an SGLang user starts instead of llmlaunch: the yardstick 
     echo "== $LABEL: sglang.launch_server $MODEL $*"
     # shellcheck disable=SC2086
     timeout "${SERVED_TIMEOUT:-560}" $PY -m benchmark.gpu.serve_bench --label "$LABEL" --out "$OUT" --tokenizer "$MODEL" \
-        --concurrency $LOADS ${BENCH_ARGS:+--bench-args "$BENCH_ARGS"} --server-url "http://127.0.0.1:$PORT" \
+        --pulse "$PULSE" --concurrency $LOADS ${BENCH_ARGS:+--bench-args "$BENCH_ARGS"} --server-url "http://127.0.0.1:$PORT" \
         --server-command "$PY -m sglang.launch_server --model-path $MODEL --dtype ${MODEL_DTYPE:-bfloat16} --port $PORT $*" ;;
 sglang)
     echo "== SGLang Engine in-process, closed loops $LOADS"
@@ -200,7 +209,7 @@ split)  # the engine arguments a served run rendered (its model.json), in-proces
         echo "== $LABEL's engine arguments in-process, $who python ($py), closed loops $LOADS"
         # shellcheck disable=SC2086
         timeout 500 $py -m benchmark.engine_yardstick async --engine-args "$ARGS" --concurrency $LOADS \
-            --prompts per-load --through-adapter --through-runtime ${ROUNDS:+--repeat "$ROUNDS"} \
+            --prompts per-load --through-adapter --through-runtime ${ROUNDS:+--repeat "$ROUNDS"} --pulse "$PULSE" \
             --label "in-process, $who python" --json "$OUT/inprocess_${LABEL}_$who.json" \
             2> "$OUT/inprocess_${LABEL}_$who.log" || tail -20 "$OUT/inprocess_${LABEL}_$who.log"
     done ;;

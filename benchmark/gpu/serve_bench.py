@@ -36,6 +36,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from benchmark import host_pulse
 from benchmark.gpu.identity import collect
 from benchmark.openai_logprobs import collect as logprobs_collect
 from benchmark.openai_structured import main as structured_main
@@ -217,6 +218,12 @@ def main(argv=None) -> int:
         help="passes over the loads (and workloads) on the same server, each with prompts of its own: two runs of a "
         "configuration in one lease show their spread",
     )
+    p.add_argument(
+        "--pulse",
+        metavar="FILE",
+        default="",
+        help="the host's pulse (host_pulse.py's file): each row says how fast the host ran during its load",
+    )
     p.add_argument("--server-command", default="", help="serve with this command instead of llmlaunch")
     p.add_argument("--server-url", default="", help="with --server-command: its OpenAI base URL (/health is polled)")
     args = p.parse_args(argv)
@@ -293,11 +300,13 @@ def main(argv=None) -> int:
             c, n = int(c), int(n or 10 * int(c))
             name = f"{args.label}{'_' + workload if workload else ''}_c{c}{f'_r{run + 1}' if run else ''}"
             out_json = os.path.join(args.out, f"{name}.json")
+            wall = [time.time()]
             try:
                 m = bench(url, c, n, args, out_json, extra, run)
             except RuntimeError as exc:
                 print(f"{args.label} {workload} C={c}: {exc}", flush=True)
                 continue
+            wall.append(time.time())
             first_token, prefix, moved = server_splits(out_json)
             row = {
                 "round": run + 1,
@@ -315,6 +324,8 @@ def main(argv=None) -> int:
                 "first_token_ms": first_token,
                 "failed": m["failed"],
                 "json": out_json,
+                "wall": wall,  # the load's start and end (time.time()): where it sits in the host's pulse
+                "host": host_pulse.window(args.pulse, *wall) if args.pulse else None,
             }
             doc["rows"].append(row)
             print(
@@ -323,7 +334,8 @@ def main(argv=None) -> int:
                 f"{row['tokens_per_response'] or 0:.2f}  failed {row['failed']}"
                 + (f"  prefix hits {100 * row['prefix_hit_rate']:.1f}%" if row["prefix_hit_rate"] is not None else "")
                 + split_text(first_token)
-                + (f"  moved: {format_kv_transfer(moved)}" if moved else ""),
+                + (f"  moved: {format_kv_transfer(moved)}" if moved else "")
+                + host_pulse.text(row["host"]),
                 flush=True,
             )
     finally:

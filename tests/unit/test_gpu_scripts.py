@@ -204,6 +204,7 @@ def test_the_vllm_yardstick_sends_per_load_prompts_and_takes_turns_with_the_serv
     import os
     import subprocess
     import sys
+    import time
 
     from benchmark.engine_yardstick import samples_for
     from tests.standins.server import STANDINS
@@ -220,9 +221,25 @@ def test_the_vllm_yardstick_sends_per_load_prompts_and_takes_turns_with_the_serv
         events = [json.loads(line) for line in log.read_text().splitlines()]
         return json.loads(out.read_text())["rows"], events, out
 
-    rows, events, out = run(
-        "--prompts", "per-load", "--through-adapter", "--through-runtime", "--repeat", "2", "--label", "stub python"
+    # a host pulse whose ticks span the run (stamped ahead, a tick every 0.1 s)
+    now = time.time()
+    pulse = tmp_path / "pulse.jsonl"
+    pulse.write_text(
+        "".join(json.dumps({"t": now + k / 10, "python_us": 100.0 + k % 3, "load1": 1.0}) + "\n" for k in range(3000))
     )
+    rows, events, out = run(
+        "--prompts",
+        "per-load",
+        "--through-adapter",
+        "--through-runtime",
+        "--repeat",
+        "2",
+        "--label",
+        "stub python",
+        "--pulse",
+        str(pulse),
+    )
+    assert all(r["wall"][0] <= r["wall"][1] and r["host"]["ticks"] >= 1 for r in rows)  # each row in the pulse
     paths = ("in-process AsyncLLM", "in-process, via adapter", "in-process, via the stub's runtime")
     assert [(r["pass"], r["path"], r["concurrency"], r["completed"]) for r in rows] == [
         (p, path, c, n) for p in (1, 2) for path in paths for c, n in ((1, 3), (2, 4))
@@ -250,3 +267,43 @@ def test_the_vllm_yardstick_sends_per_load_prompts_and_takes_turns_with_the_serv
     rows, events, _ = run("--prompts", "shared")
     prompts = [e["prompt"] for e in events if e["event"] == "generate"]
     assert len(set(prompts)) < len(prompts)  # C=2's warm-up resends C=1's prompts
+
+
+def test_host_pulse_times_the_host_and_places_a_load_in_it(tmp_path):
+    """host_pulse.py appends a tick every --every seconds (the fixed Python and numpy work timed, the load average;
+    no GPU here, so no SM clock); `window` gives a load's share of the pulse against the whole file: the ticks inside
+    it, or for a load shorter than their spacing the nearest one, and none far from every tick."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from benchmark import host_pulse
+
+    out = tmp_path / "pulse.jsonl"
+    t0 = time.time()
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmark.host_pulse", "--out", str(out), "--every", "0.1", "--for", "1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    ticks = host_pulse.read(str(out))
+    assert 4 <= len(ticks) <= 12 and all(t["python_us"] > 0 and t["numpy_us"] > 0 for t in ticks)
+    assert all(t0 <= t["t"] <= time.time() for t in ticks)
+    whole = host_pulse.window(str(out), t0, time.time())
+    assert whole["ticks"] == len(ticks) and 0.5 < whole["python_x"] < 2 and whole["sm_mhz"] is None
+
+    # a host twice as slow after its first 11 ticks (the median is the fast one): a load then reads 2x, before 1x
+    out.write_text(
+        "".join(
+            json.dumps({"t": 100.0 + k, "python_us": 10.0 if k <= 10 else 20.0, "load1": 0.5}) + "\n" for k in range(21)
+        )
+    )
+    assert host_pulse.window(str(out), 114.0, 118.0)["python_x"] == 2.0
+    assert host_pulse.window(str(out), 101.0, 105.0)["python_x"] == 1.0
+    assert host_pulse.window(str(out), 103.4, 103.45)["ticks"] == 1  # shorter than the spacing: the nearest tick
+    assert host_pulse.window(str(out), 500.0, 501.0) is None
+    assert "python 2.00x" in host_pulse.text(host_pulse.window(str(out), 114.0, 118.0))
