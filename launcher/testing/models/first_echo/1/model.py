@@ -94,12 +94,12 @@ class TritonPythonModel:
         elif self.via == "process":
             from multiprocessing.connection import Connection
 
-            from launcher.hf.client import _python
+            from launcher.python_backend.engine_env import engine_python
 
             ours, theirs = socket.socketpair()
             env = dict(os.environ, PYTHONPATH=path)
             self.child = subprocess.Popen(
-                [_python(), "-c", CHILD, str(theirs.fileno()), str(self.delay), "1" if self.spin else "0"],
+                [engine_python(), "-c", CHILD, str(theirs.fileno()), str(self.delay), "1" if self.spin else "0"],
                 pass_fds=[theirs.fileno()],
                 env=env,
             )
