@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import subprocess
 import threading
 import time
@@ -50,7 +49,7 @@ from typing import Callable
 
 from launcher.engines.hf.config import HFEngineArgs
 from launcher.hf.outputs import Output
-from launcher.python_backend.engine_env import engine_environ, engine_python
+from launcher.python_backend.engine_env import start_engine_process
 from launcher.python_backend.generation import InvalidRequest, SamplingParams  # pure Python: no torch in the parent
 
 log = logging.getLogger(__name__)
@@ -127,19 +126,9 @@ class EngineProcess:
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self) -> "EngineProcess":
-        from multiprocessing.connection import Connection
-
         if self._attach:
             return self._start_attached()
-        parent, child = socket.socketpair()
-        self._proc = subprocess.Popen(
-            [engine_python(), "-m", "launcher.hf.multiplexer", str(child.fileno())],
-            pass_fds=(child.fileno(),),
-            env=engine_environ(),
-            stdin=subprocess.DEVNULL,
-        )
-        child.close()
-        self._conn = Connection(parent.detach())
+        self._proc, self._conn = start_engine_process("launcher.hf.multiplexer")
         self._conn.send(("init", *self._init))
         if not self._conn.poll(self._timeout):
             self._kill()

@@ -44,3 +44,22 @@ def engine_environ(environ=None) -> dict:
         else:
             env.pop("LD_LIBRARY_PATH", None)
     return env
+
+
+def start_engine_process(module: str):
+    """`python -m module FD` under the engine's interpreter and environment, FD the child's end of a socketpair;
+    (the Popen, the parent's multiprocessing Connection).  The engine processes' handshakes run over that
+    connection (launcher.hf.client, launcher.engines.vllm.core_process)."""
+    import socket
+    import subprocess
+    from multiprocessing.connection import Connection
+
+    parent, child = socket.socketpair()
+    proc = subprocess.Popen(
+        [engine_python(), "-m", module, str(child.fileno())],
+        pass_fds=(child.fileno(),),
+        env=engine_environ(),
+        stdin=subprocess.DEVNULL,
+    )
+    child.close()
+    return proc, Connection(parent.detach())

@@ -22,12 +22,11 @@ The child stops the core and exits when it is asked, when the parent's end close
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import threading
 
-from launcher.python_backend.engine_env import engine_environ, engine_python
+from launcher.python_backend.engine_env import engine_python, start_engine_process
 
 
 class CoreProcess:
@@ -45,18 +44,8 @@ class CoreProcess:
     def start(self) -> dict:
         """Start the core process and wait until the engine core is up; the clients' addresses (launch_core's info).
         Raises RuntimeError with the child's error if the core does not start."""
-        from multiprocessing.connection import Connection
-
-        parent, child = socket.socketpair()
         python = engine_python()
-        self.proc = subprocess.Popen(
-            [python, "-m", "launcher.engines.vllm.core_process", str(child.fileno())],
-            pass_fds=(child.fileno(),),
-            env=engine_environ(),
-            stdin=subprocess.DEVNULL,
-        )
-        child.close()
-        self.conn = Connection(parent.detach())
+        self.proc, self.conn = start_engine_process("launcher.engines.vllm.core_process")
         self.conn.send(("init", self.kwargs, self.count))
         if not self.conn.poll(self.timeout):
             self.kill()
