@@ -12,4 +12,5 @@ if [ "$(id -u)" = 0 ]; then
   trap '.venv/bin/llmlaunch-localslurm down || true' EXIT
   export LLMLAUNCH_KEEP_SLURM=1   # the fixture reuses the cluster brought up here
 fi
-.venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 "$@"
+# The slowest tests are listed at the end: CI runs the whole suite within a time limit, and this shows what to share.
+.venv/bin/python -m pytest -q -p no:cacheprovider --timeout=900 --durations=40 "$@"
