@@ -21,17 +21,17 @@ async    vLLM's `AsyncLLM` in this process, a closed loop per concurrency C: C r
          prompts are llmlaunch-bench's synthetic ones (same seed, input length and tokenizer), every
          request streams (output_kind DELTA) and generates exactly --output-len tokens (ignore_eos).
          TTFT, ITL and tokens/s are computed by llmlaunch-bench's own metrics code, so the rows compare
-         with `llmlaunch-bench` run against the served model. By default every load draws from one prompt list
-         (--prompts shared), so a load resends prompts an earlier load sent and vLLM's prefix cache serves most of
-         their prefill; --prompts per-load sends each load the prompts llmlaunch-bench sends the served model under
-         serve_bench (new to the engine). --through-adapter drives the same engine through llmlaunch's vLLM
+         with `llmlaunch-bench` run against the served model. Each load sends the prompts llmlaunch-bench sends the
+         served model under serve_bench, new to the engine (--prompts per-load); --prompts shared draws every load
+         from one list, so a load resends prompts an earlier load sent and the engine's prefix cache serves most of
+         their prefill. --through-adapter drives the same engine through llmlaunch's vLLM
          adapter too, --through-runtime through the served models' runtime on that adapter (the stub's loop,
          parsing and sender threads, without tritonserver: benchmark/runtime_alone.py), taking turns with the
          plain AsyncLLM calls; --repeat R passes over the loads.
 lmdeploy LMDeploy's `AsyncEngine` in this process, built from the rendered config.pbtxt parameters by the
          served model's own functions (launcher/engines/lmdeploy/model.py), driven like `async`: closed
          loops, llmlaunch-bench's prompts, raw prompts (no chat template), greedy, ignore_eos, exactly
-         --output-len tokens, the same metrics code (benchmark/served_model_yardsticks.py).
+         --output-len tokens, the same prompts (--prompts) and metrics code (benchmark/served_model_yardsticks.py).
 sglang   SGLang's `Engine` in this process, the same way (launcher/engines/sglang/model.py's ServerArgs and
          sampling parameters, streamed through `async_generate`).
 offline  vLLM's `LLM.generate` with B prompts at once (batch B), --rounds times after one warm-up
@@ -51,8 +51,8 @@ import time
 import uuid
 
 from benchmark import host_pulse
-from benchmark.yardstick_loop import closed_loop, counter, load_seed, parse_loads, print_row
-from launcher.bench import datasets, metrics
+from benchmark.yardstick_loop import LoadPrompts, closed_loop, counter, parse_loads, print_row, samples_for
+from launcher.bench import metrics
 
 
 def rendered_engine_args(overrides: list) -> tuple:
@@ -73,13 +73,6 @@ def rendered_engine_args(overrides: list) -> tuple:
         raise SystemExit(f"engine_yardstick: engine={name} has no yardstick here yet (vllm, lmdeploy and sglang have)")
     args = json.loads(files[f"{spec.model_name}/1/model.json"])
     return name, args, args["model"]
-
-
-def samples_for(tokenizer: str, num: int, input_len: int, output_len: int, seed: int):
-    """llmlaunch-bench's synthetic prompts (launcher.bench.datasets), the same for the same arguments."""
-    return datasets.load(
-        "synthetic", None, num, datasets.TokenCounter(tokenizer), seed=seed, input_len=input_len, output_len=output_len
-    )
 
 
 # ----------------------------------------------------------------------------- vLLM
@@ -129,20 +122,7 @@ def _served_adapter(engine_args: dict):
     return VLLMAdapter({"frontends": "1"}, folder, Log("yardstick"), "vllm_model")
 
 
-def load_samples(args, model: str, c: int, n: int, warmup: int, run: int, shared):
-    """(warm-up samples, their take, measured samples, their take) of load C in the run-th pass.  --prompts shared:
-    one list for every load (the warm-up's first, the measured after it), so later loads send prompts earlier loads
-    sent and vLLM's prefix cache holds; per-load: llmlaunch-bench's prompts under serve_bench, new to the engine at
-    every load (measured seed 2C, warm-up 2C + 1), a pass's own (+ 10000 a pass: serve_bench --rounds)."""
-    if args.prompts == "shared":
-        return shared, counter(0, warmup), shared, counter(warmup, warmup + n)
-    seed = load_seed(c, run)
-    warm = samples_for(model, warmup, args.input_len, args.output_len, seed + 1) if warmup else []
-    measured = samples_for(model, n, args.input_len, args.output_len, seed)
-    return warm, counter(0, warmup), measured, counter(0, n)
-
-
-async def vllm_async(args, engine_args: dict, samples) -> list:
+async def vllm_async(args, engine_args: dict, prompts: LoadPrompts) -> list:
     """Closed loops on one AsyncLLM in this process; --through-adapter adds the same loads through llmlaunch's vLLM
     adapter on the same engine, --through-runtime through the served models' runtime on that adapter
     (benchmark/runtime_alone.py), the paths taking turns, each --repeat times (the spread of one path beside the
@@ -181,14 +161,13 @@ async def vllm_async(args, engine_args: dict, samples) -> list:
     if runtime:
         through_runtime = runtime_alone.runtime_stream(runtime)
         paths.append(("in-process, via the stub's runtime", through_runtime, _here))
-    model = engine_args.get("tokenizer") or engine_args["model"]
     rows, run = [], 0
     try:
         for r in range(args.repeat):
             for label, stream_of, where in paths:
                 for c, n in parse_loads(args.concurrency):
                     warmup = c if args.warmup < 0 else args.warmup
-                    warm, w_take, measured, m_take = load_samples(args, model, c, n, warmup, run, samples)
+                    warm, w_take, measured, m_take = prompts.for_load(c, n, warmup, run)
                     clock = {"t0": time.perf_counter()}
                     await where(closed_loop(stream_of, warm, warmup, w_take, clock))
                     if where is _here:  # the warm-up's first tokens all counted, none of them in the measured split
@@ -362,7 +341,9 @@ def main(argv=None) -> int:
         default=["1:32", "64:1000", "128:1000"],
         help="async, lmdeploy, sglang: C:N, N requests counted at concurrency C (default 1:32 64:1000 128:1000)",
     )
-    p.add_argument("--warmup", type=int, default=-1, help="async: warm-up requests before each loop (default: C)")
+    p.add_argument(
+        "--warmup", type=int, default=-1, help="async, lmdeploy, sglang: warm-up requests before each loop (default: C)"
+    )
     p.add_argument(
         "--frontends",
         type=int,
@@ -372,13 +353,16 @@ def main(argv=None) -> int:
     )
     p.add_argument(
         "--prompts",
-        choices=("shared", "per-load"),
-        default="shared",
-        help="async, one front end: shared (one prompt list for every load: a later load sends prompts an earlier "
-        "one sent, which vLLM's prefix cache still holds) or per-load (llmlaunch-bench's prompts under serve_bench: "
-        "seed 2C for the measured requests, 2C + 1 for the warm-up, new to the engine at every load and pass)",
+        choices=("per-load", "shared"),
+        default="per-load",
+        help="async with one front end, lmdeploy, sglang: per-load (the default: llmlaunch-bench's prompts under "
+        "serve_bench, seed 2C for the measured requests, 2C + 1 for the warm-up, new to the engine at every load and "
+        "pass, as the served runs send them) or shared (one prompt list for every load: a later load resends prompts "
+        "an earlier one sent, whose prefill the engine's prefix cache serves)",
     )
-    p.add_argument("--repeat", type=int, default=1, help="async, one front end: passes over the loads, in turn")
+    p.add_argument(
+        "--repeat", type=int, default=1, help="async with one front end, lmdeploy, sglang: passes over the loads"
+    )
     p.add_argument(
         "--through-adapter",
         action="store_true",
@@ -427,7 +411,7 @@ def main(argv=None) -> int:
         from benchmark import served_model_yardsticks
 
         drive = getattr(served_model_yardsticks, f"{engine}_async")
-        rows = asyncio.run(drive(args, engine_args, samples))
+        rows = asyncio.run(drive(args, engine_args, LoadPrompts(args, model, samples)))
     elif args.mode == "async" and args.frontends > 1:
         if args.through_adapter or args.through_runtime:
             raise SystemExit(
@@ -436,7 +420,8 @@ def main(argv=None) -> int:
             )
         rows = vllm_async_frontends(args, engine_args, samples)
     elif args.mode == "async":
-        rows = asyncio.run(vllm_async(args, engine_args, samples))
+        tokenizer = engine_args.get("tokenizer") or model
+        rows = asyncio.run(vllm_async(args, engine_args, LoadPrompts(args, tokenizer, samples)))
     else:
         rows = vllm_offline(args, engine_args, samples)
     if args.json:

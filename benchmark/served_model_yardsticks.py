@@ -12,7 +12,7 @@ import importlib.util
 import os
 import time
 
-from benchmark.yardstick_loop import closed_loop, load_rows
+from benchmark.yardstick_loop import LoadPrompts, load_rows
 from launcher.python_backend.triton_io import SamplingParams
 
 
@@ -30,7 +30,7 @@ def greedy(args) -> SamplingParams:
 
 
 # ----------------------------------------------------------------------------- LMDeploy
-async def lmdeploy_async(args, params: dict, samples) -> list:
+async def lmdeploy_async(args, params: dict, prompts: LoadPrompts) -> list:
     import dataclasses
 
     from lmdeploy import GenerationConfig, PytorchEngineConfig, TurbomindEngineConfig
@@ -63,18 +63,13 @@ async def lmdeploy_async(args, params: dict, samples) -> list:
             yield new, out.input_token_len, out.finish_reason or ""
 
     try:
-        return await load_rows(
-            args,
-            lambda streams, take, clock: closed_loop(stream_of, samples, streams, take, clock),
-            f"in-process LMDeploy {backend}",
-            load_s,
-        )
+        return await load_rows(args, stream_of, prompts, f"in-process LMDeploy {backend}", load_s)
     finally:
         engine.close()
 
 
 # ----------------------------------------------------------------------------- SGLang
-async def sglang_async(args, params: dict, samples) -> list:
+async def sglang_async(args, params: dict, prompts: LoadPrompts) -> list:
     """SGLang's `Engine` built on this loop (as the served model builds it on its runtime's loop) with the served
     model's ServerArgs, streamed through `async_generate`; its chunks count completion tokens cumulatively."""
     import sglang
@@ -103,11 +98,7 @@ async def sglang_async(args, params: dict, samples) -> list:
             seen = max(seen, done)
 
     try:
-        return await load_rows(
-            args,
-            lambda streams, take, clock: closed_loop(stream_of, samples, streams, take, clock),
-            f"in-process SGLang ({kwargs.get('attention_backend') or 'default'} attention)",
-            load_s,
-        )
+        attention = kwargs.get("attention_backend") or "default"
+        return await load_rows(args, stream_of, prompts, f"in-process SGLang ({attention} attention)", load_s)
     finally:
         engine.shutdown()

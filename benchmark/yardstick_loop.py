@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import time
 
+from benchmark import host_pulse
 from benchmark.host_pulse import text as host_text
-from launcher.bench import metrics
+from launcher.bench import datasets, metrics
 
 
 def parse_loads(items: list) -> list:
@@ -67,25 +68,60 @@ def load_seed(c: int, run: int = 0) -> int:
     return 2 * c + 10000 * run
 
 
+def samples_for(tokenizer: str, num: int, input_len: int, output_len: int, seed: int):
+    """llmlaunch-bench's synthetic prompts (launcher.bench.datasets), the same for the same arguments."""
+    return datasets.load(
+        "synthetic", None, num, datasets.TokenCounter(tokenizer), seed=seed, input_len=input_len, output_len=output_len
+    )
+
+
+class LoadPrompts:
+    """The prompts each load sends (--prompts).  per-load: llmlaunch-bench's under serve_bench, new to the engine at
+    every load and pass (measured seed load_seed(C, pass), warm-up the next), so the yardstick's prefill is the served
+    runs' prefill; shared: one list for every load (the warm-up's first, the measured after it), so a later load
+    resends prompts an earlier one sent, whose prefill an engine's prefix cache serves."""
+
+    def __init__(self, args, tokenizer: str, shared: list):
+        self.args, self.tokenizer, self.shared = args, tokenizer, shared
+
+    def for_load(self, c: int, n: int, warmup: int, run: int = 0) -> tuple:
+        """(warm-up samples, their take, measured samples, their take) of load C in the run-th pass (0: the first)."""
+        if self.args.prompts == "shared":
+            return self.shared, counter(0, warmup), self.shared, counter(warmup, warmup + n)
+        a, seed = self.args, load_seed(c, run)
+        warm = samples_for(self.tokenizer, warmup, a.input_len, a.output_len, seed + 1) if warmup else []
+        measured = samples_for(self.tokenizer, n, a.input_len, a.output_len, seed)
+        return warm, counter(0, warmup), measured, counter(0, n)
+
+
 def counter(start: int, stop: int):
     """take() for one process: start, start+1, ..., stop-1, then None."""
     it = iter(range(start, stop))
     return lambda: next(it, None)
 
 
-async def load_rows(args, drive, path: str, load_s: float) -> list:
-    """Each --concurrency C:N on one engine: C warm-up requests, then N counted in closed loops of C, one row each.
-    `drive(streams, take, clock)` runs closed loops on the engine (closed_loop over its stream_of)."""
+async def load_rows(args, stream_of, prompts: LoadPrompts, path: str, load_s: float) -> list:
+    """Each --concurrency C:N on one engine, --repeat passes: C warm-up requests, then N counted in closed loops of C,
+    one row each, with its wall-clock window (and with --pulse, how fast the host ran then).  `stream_of(sample)` is
+    the engine's request (closed_loop's)."""
     rows = []
-    for c, n in parse_loads(args.concurrency):
-        warmup = c if args.warmup < 0 else args.warmup
-        clock = {"t0": time.perf_counter()}
-        await drive(warmup, counter(0, warmup), clock)
-        clock["t0"] = time.perf_counter()
-        results = await drive(c, counter(warmup, warmup + n), clock)
-        m = metrics.compute(results, max(r.end for r in results))
-        rows.append({"path": path, "concurrency": c, "requests": n, "load_s": load_s, **m})
-        print_row(rows[-1])
+    for run in range(getattr(args, "repeat", 1)):
+        for c, n in parse_loads(args.concurrency):
+            warmup = c if args.warmup < 0 else args.warmup
+            warm, w_take, measured, m_take = prompts.for_load(c, n, warmup, run)
+            clock = {"t0": time.perf_counter()}
+            await closed_loop(stream_of, warm, warmup, w_take, clock)
+            clock["t0"] = time.perf_counter()
+            wall = [time.time()]
+            results = await closed_loop(stream_of, measured, c, m_take, clock)
+            wall.append(time.time())
+            m = metrics.compute(results, max(r.end for r in results))
+            row = {"path": path, "pass": run + 1, "prompts": args.prompts, "concurrency": c, "requests": n}
+            row["wall"] = wall
+            if getattr(args, "pulse", ""):
+                row["host"] = host_pulse.window(args.pulse, *wall)
+            rows.append({**row, "load_s": load_s, **m})
+            print_row(rows[-1])
     return rows
 
 

@@ -80,7 +80,7 @@
 # "" for none), BENCH_ARGS (served: more llmlaunch-bench arguments, e.g. a shared-prefix dataset), WORKLOAD
 # (NAME=ARGS: every load again with these bench arguments on the same server, e.g. "prefix=--dataset-name prefix"),
 # ROUNDS (served, vllm_serve: passes over the loads on the same server, each with prompts of its own; split: passes
-# of every path over the loads in each interpreter, --repeat), CHECK=1
+# of every path over the loads in each interpreter, --repeat; sglang: passes over the loads, --repeat), CHECK=1
 # (served: the real-engine contract tests first, tests/gpu), IDENTITY=1 (served: its greedy
 # answers, identity.py), LOGPROBS=1 (served, vllm_serve: log probabilities of fixed prompts, compared with
 # `python -m benchmark.openai_logprobs compare A B`), STRUCTURED=1 (served, vllm_serve: structured outputs checked and
@@ -138,7 +138,7 @@ VLLM=(engine=vllm "model.path=$MODEL" model.dtype=bfloat16)
 # fast the host's CPU ran during its load against the whole lease (a slow row or a slow host)
 PULSE=$OUT/pulse.jsonl
 case $cmd in
-yardsticks|served|vllm_serve|sglang_serve|split)
+yardsticks|served|vllm_serve|sglang|sglang_serve|split)
     $PY -m benchmark.host_pulse --out "$PULSE" --every 2 --for 3600 &  # --for: none outlives a lease
     PULSE_PID=$!
     trap 'kill $PULSE_PID 2>/dev/null' EXIT ;;
@@ -191,8 +191,8 @@ sglang_serve)  # what an SGLang user starts instead of llmlaunch: the yardstick 
 sglang)
     echo "== SGLang Engine in-process, closed loops $LOADS"
     # shellcheck disable=SC2086  # LOADS: one argument per load
-    timeout 500 $PY -m benchmark.engine_yardstick sglang --concurrency $LOADS --json "$OUT/sglang_inprocess.json" \
-        -- engine=sglang "model.path=$MODEL" model.dtype=bfloat16 \
+    timeout 500 $PY -m benchmark.engine_yardstick sglang --concurrency $LOADS ${ROUNDS:+--repeat "$ROUNDS"} \
+        --pulse "$PULSE" --json "$OUT/sglang_inprocess.json" -- engine=sglang "model.path=$MODEL" model.dtype=bfloat16 \
         2> "$OUT/sglang_inprocess.log" || tail -20 "$OUT/sglang_inprocess.log" ;;
 lmdeploy)
     echo "== LMDeploy pytorch AsyncEngine in-process, closed loops $LOADS"

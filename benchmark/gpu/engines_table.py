@@ -30,18 +30,30 @@ def engine_of(label: str) -> str:
 
 
 def in_process(path: str) -> dict:
-    """An in-process yardstick's rows (engine_yardstick.py --json), by concurrency."""
-    rows = {}
+    """An in-process yardstick's rows (engine_yardstick.py --json) by concurrency: its first path's, the mean of its
+    passes (--repeat) where it ran several."""
+    by_c: dict = {}
     if os.path.exists(path):
-        for r in json.load(open(path))["rows"]:
-            rows[r["concurrency"]] = {
-                "tok_s": r["output_throughput"],
-                "ttft": r["ttft_ms"]["p50"],
-                "itl": r["itl_ms"]["p50"],
-                "failed": r["failed"],
-                "load_s": r.get("load_s"),
-            }
-    return rows
+        rows = json.load(open(path))["rows"]
+        for r in rows:
+            if r.get("path", "") == rows[0].get("path", ""):
+                by_c.setdefault(r["concurrency"], []).append(r)
+
+    def mean(values):
+        values = [v for v in values if v is not None]
+        return sum(values) / len(values) if values else None
+
+    return {
+        c: {
+            "tok_s": mean(r["output_throughput"] for r in rs),
+            "ttft": mean(r["ttft_ms"]["p50"] for r in rs),
+            "itl": mean(r["itl_ms"]["p50"] for r in rs),
+            "failed": sum(r["failed"] for r in rs),
+            "load_s": rs[0].get("load_s"),
+            "passes": len(rs),
+        }
+        for c, rs in by_c.items()
+    }
 
 
 def yardstick_as_rows(doc: dict, label: str) -> list:

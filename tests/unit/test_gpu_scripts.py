@@ -108,8 +108,15 @@ def test_engines_table_measures_a_served_sglang_row_against_sglang_in_process_an
     _served(tmp_path, "vllm_serve4", [("", 64, 5000.0)])
     _served(tmp_path, "sglang_serve", [("", 64, 800.0)])
     _served(tmp_path, "sglang", [("", 64, 1000.0)])
-    inproc = {"rows": [{"concurrency": 64, "output_throughput": 1250.0, "ttft_ms": {"p50": 8.0}}]}
-    inproc["rows"][0].update(itl_ms={"p50": 1.0}, failed=0)
+    # two passes (--repeat 2): the row is their mean, 1,250 tok/s and a first token at 8 ms
+    inproc = {
+        "rows": [
+            {"concurrency": 64, "output_throughput": t, "ttft_ms": {"p50": f}}
+            for t, f in ((1200.0, 7.5), (1300.0, 8.5))
+        ]
+    }
+    for r in inproc["rows"]:
+        r.update(itl_ms={"p50": 1.0}, failed=0)
     (tmp_path / "sglang_inprocess.json").write_text(json.dumps(inproc))
     _load("engines_table").main([str(tmp_path), "--markdown"])
     lines = capsys.readouterr().out.splitlines()
@@ -157,38 +164,61 @@ def test_every_benchmark_path_and_module_named_exists():
     assert missing == []
 
 
-def test_the_sglang_yardstick_builds_the_served_models_engine_and_counts_its_streamed_tokens(tmp_path, tiny_model_dir):
+def test_the_sglang_yardstick_builds_the_served_models_engine_and_sends_each_load_prompts_new_to_it(
+    tmp_path, tiny_model_dir
+):
     """engine_yardstick's sglang mode against the SGLang stand-in (tests/standins: SGLang needs a GPU): the Engine gets
-    the served model's ServerArgs, every request streams exactly --output-len tokens, greedy, ignore_eos."""
+    the served model's ServerArgs, every request streams exactly --output-len tokens, greedy, ignore_eos; each load and
+    each pass (--repeat) sends llmlaunch-bench's prompts under serve_bench, so SGLang's radix cache serves no load's
+    prefill from an earlier one, as none of the served runs'; --prompts shared resends them; rows sit in the host's
+    pulse."""
     import json
     import os
     import subprocess
     import sys
+    import time
 
+    from benchmark.yardstick_loop import samples_for
     from tests.standins.server import STANDINS
 
-    log = tmp_path / "standin.jsonl"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(STANDINS), str(ROOT)]), LLMLAUNCH_STANDIN_LOG=str(log))
-    env["LLMLAUNCH_STANDIN_DELAY_S"] = "0"
-    out = tmp_path / "sglang_inprocess.json"
-    cmd = [sys.executable, "-m", "benchmark.engine_yardstick", "sglang", "--concurrency", "1:3", "4:8"]
-    cmd += ["--input-len", "16", "--output-len", "5", "--json", str(out), "--", "engine=sglang"]
-    cmd += [f"model.path={tiny_model_dir}", "engine.max_num_seqs=8"]
-    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rows = json.loads(out.read_text())["rows"]
-    assert [(r["concurrency"], r["requests"], r["completed"], r["failed"]) for r in rows] == [
-        (1, 3, 3, 0),
-        (4, 8, 8, 0),
+    pulse = tmp_path / "pulse.jsonl"
+    now = time.time()
+    pulse.write_text(
+        "".join(json.dumps({"t": now + k / 10, "python_us": 100.0, "load1": 1.0}) + "\n" for k in range(3000))
+    )
+
+    def run(*flags):
+        log, out = tmp_path / f"standin{len(flags)}.jsonl", tmp_path / f"sglang{len(flags)}.json"
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(STANDINS), str(ROOT)]), LLMLAUNCH_STANDIN_LOG=str(log))
+        env["LLMLAUNCH_STANDIN_DELAY_S"] = "0"
+        cmd = [sys.executable, "-m", "benchmark.engine_yardstick", "sglang", "--concurrency", "1:3", "4:8", *flags]
+        cmd += ["--input-len", "16", "--output-len", "5", "--json", str(out), "--", "engine=sglang"]
+        cmd += [f"model.path={tiny_model_dir}", "engine.max_num_seqs=8"]
+        done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        events = [json.loads(line) for line in log.read_text().splitlines()]
+        return json.loads(out.read_text())["rows"], events
+
+    rows, events = run("--repeat", "2", "--pulse", str(pulse))
+    assert [(r["pass"], r["concurrency"], r["requests"], r["completed"], r["failed"]) for r in rows] == [
+        (p, c, n, n, 0) for p in (1, 2) for c, n in ((1, 3), (4, 8))
     ]
-    assert all(r["total_output_tokens"] == 5 * r["requests"] for r in rows)
-    events = [json.loads(line) for line in log.read_text().splitlines()]
+    assert all(r["total_output_tokens"] == 5 * r["requests"] and r["prompts"] == "per-load" for r in rows)
+    assert all(r["wall"][0] <= r["wall"][1] and r["host"]["ticks"] >= 1 for r in rows)
     init = [e for e in events if e["event"] == "init"]
     assert len(init) == 1 and init[0]["args"]["model_path"] == str(tiny_model_dir)
     assert init[0]["args"]["max_running_requests"] == 8
-    sampling = [e["sampling"] for e in events if e["event"] == "generate"]
-    assert len(sampling) == 1 + 3 + 4 + 8 and all(s["temperature"] == 0.0 and s["ignore_eos"] for s in sampling)
+    generated = [e for e in events if e["event"] == "generate"]
+    sampling = [e["sampling"] for e in generated]
+    assert len(sampling) == 2 * (1 + 3 + 4 + 8) and all(s["temperature"] == 0.0 and s["ignore_eos"] for s in sampling)
     assert {s["max_new_tokens"] for s in sampling} == {5}
+    prompts = [e["prompt"] for e in generated]
+    assert len(set(prompts)) == len(prompts)  # none sent twice, across loads and passes
+    assert prompts[1:4] == [s.prompt for s in samples_for(str(tiny_model_dir), 3, 16, 5, 2 * 1)]  # serve_bench's C=1
+
+    _, events = run("--prompts", "shared")
+    prompts = [e["prompt"] for e in events if e["event"] == "generate"]
+    assert len(set(prompts)) < len(prompts)  # C=4's warm-up resends C=1's prompts
 
 
 def test_the_vllm_yardstick_sends_per_load_prompts_and_takes_turns_with_the_served_adapter_and_runtime(
@@ -206,7 +236,7 @@ def test_the_vllm_yardstick_sends_per_load_prompts_and_takes_turns_with_the_serv
     import sys
     import time
 
-    from benchmark.engine_yardstick import samples_for
+    from benchmark.yardstick_loop import samples_for
     from tests.standins.server import STANDINS
 
     def run(*flags):
