@@ -94,9 +94,15 @@ def replica_metrics(run_dir: str) -> tuple[str, str]:
     return every, prefill_metrics_url(run.read_spec(), ep) if every else ""
 
 
-def bench(url: str, c: int, n: int, args, out_json: str, extra: str = "", run: int = 0) -> dict:
+# a workload's seeds sit this far from the one before it: its loads send prompts of their own, never the first
+# workload's again (which the server's prefix cache would still hold), and stay below the next pass's (+ 10000)
+WORKLOAD_SEED_STEP = 1000
+
+
+def bench(url: str, c: int, n: int, args, out_json: str, extra: str = "", run: int = 0, workload: int = 0) -> dict:
     """llmlaunch-bench at concurrency C, N requests counted, its metrics.  The prompts are new to the server at every
-    load and pass: seed 2C (+ 1 for the warm-up), + 10000 a pass (`run`, --rounds)."""
+    load, pass and workload: seed 2C (+ 1 for the warm-up), + 10000 a pass (`run`, --rounds), + 1000 a workload (its
+    index in --workload, the loads without one 0)."""
     processes = 1 if c == 1 else min(c, args.processes)
     argv = [
         sys.executable,
@@ -121,7 +127,7 @@ def bench(url: str, c: int, n: int, args, out_json: str, extra: str = "", run: i
         str(processes),
         "--no-progress",
         "--seed",
-        str(load_seed(c, run)),
+        str(load_seed(c, run) + WORKLOAD_SEED_STEP * workload),
         "--result-json",
         out_json,
         "--label",
@@ -294,15 +300,16 @@ def main(argv=None) -> int:
             print(
                 f"{args.label}: structured output {'kept' if code == 0 else 'NOT kept'}: {args.structured}", flush=True
             )
-        loads = ((r, w, i) for r in range(args.rounds) for w in workloads for i in args.concurrency)
-        for run, (workload, extra), item in loads:
+        loads = ((r, k, i) for r in range(args.rounds) for k in range(len(workloads)) for i in args.concurrency)
+        for run, k, item in loads:
+            workload, extra = workloads[k]
             c, _, n = item.partition(":")
             c, n = int(c), int(n or 10 * int(c))
             name = f"{args.label}{'_' + workload if workload else ''}_c{c}{f'_r{run + 1}' if run else ''}"
             out_json = os.path.join(args.out, f"{name}.json")
             wall = [time.time()]
             try:
-                m = bench(url, c, n, args, out_json, extra, run)
+                m = bench(url, c, n, args, out_json, extra, run, k)
             except RuntimeError as exc:
                 print(f"{args.label} {workload} C={c}: {exc}", flush=True)
                 continue

@@ -78,6 +78,34 @@ def test_startup_breakdown_reads_vllms_log_lines(tmp_path):
     assert serve_bench.startup_breakdown(str(tmp_path / "absent")) == {}
 
 
+def test_serve_bench_sends_every_load_pass_and_workload_prompts_of_their_own(tmp_path, monkeypatch):
+    """serve_bench's llmlaunch-bench seeds (the measured requests' seed S, the warm-up's S + 1): a workload on the same
+    server (--workload) must not resend the prompts of the loads before it, or the server's prefix cache serves their
+    prefill and the rows compare a cached load with a new one."""
+    import argparse
+    import json
+
+    serve_bench = _load("serve_bench")
+    seeds = []
+
+    def fake_run(argv, **kwargs):
+        seeds.append(int(argv[argv.index("--seed") + 1]))
+        out = argv[argv.index("--result-json") + 1]
+        Path(out).write_text(json.dumps({"metrics": {}}))
+        return argparse.Namespace(returncode=0, stderr="")
+
+    monkeypatch.setattr(serve_bench.subprocess, "run", fake_run)
+    args = argparse.Namespace(processes=4, input_len=16, output_len=4, tokenizer="t", label="x", server_command="")
+    args.metrics = args.prefill_metrics = args.bench_args = ""
+    for run in (0, 1):
+        for workload in (0, 1, 2):
+            for c in (1, 64, 128, 256):
+                serve_bench.bench("u", c, 10, args, str(tmp_path / "b.json"), "", run, workload)
+    assert seeds[:4] == [2, 128, 256, 512]  # the loads without a workload: the in-process yardsticks' seeds (2C)
+    every = seeds + [s + 1 for s in seeds]  # with the warm-ups'
+    assert len(set(every)) == len(every)
+
+
 def _served(path: Path, label: str, rows: list[tuple]) -> None:
     """A serve_bench.py document: rows of (workload, C, tokens/s)."""
     keys = ("workload", "concurrency", "output_throughput")
