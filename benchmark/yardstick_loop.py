@@ -105,7 +105,7 @@ async def load_rows(args, stream_of, prompts: LoadPrompts, path: str, load_s: fl
     one row each, with its wall-clock window (and with --pulse, how fast the host ran then).  `stream_of(sample)` is
     the engine's request (closed_loop's)."""
     rows = []
-    for run in range(getattr(args, "repeat", 1)):
+    for run in range(args.repeat):
         for c, n in parse_loads(args.concurrency):
             warmup = c if args.warmup < 0 else args.warmup
             warm, w_take, measured, m_take = prompts.for_load(c, n, warmup, run)
@@ -118,7 +118,7 @@ async def load_rows(args, stream_of, prompts: LoadPrompts, path: str, load_s: fl
             m = metrics.compute(results, max(r.end for r in results))
             row = {"path": path, "pass": run + 1, "prompts": args.prompts, "concurrency": c, "requests": n}
             row["wall"] = wall
-            if getattr(args, "pulse", ""):
+            if args.pulse:
                 row["host"] = host_pulse.window(args.pulse, *wall)
             rows.append({**row, "load_s": load_s, **m})
             print_row(rows[-1])

@@ -50,7 +50,6 @@ def in_process(path: str) -> dict:
             "itl": mean(r["itl_ms"]["p50"] for r in rs),
             "failed": sum(r["failed"] for r in rs),
             "load_s": rs[0].get("load_s"),
-            "passes": len(rs),
         }
         for c, rs in by_c.items()
     }

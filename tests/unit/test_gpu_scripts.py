@@ -192,6 +192,38 @@ def test_every_benchmark_path_and_module_named_exists():
     assert missing == []
 
 
+def _yardstick(tmp_path, mode: str, loads: list, output_len: int, overrides: list, *flags) -> tuple:
+    """engine_yardstick MODE against the engines' stand-ins (tests/standins): (its rows, the stand-in's events, its
+    JSON file); each call's files named after its flags' count."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.standins.server import STANDINS
+
+    log, out = tmp_path / f"standin{len(flags)}.jsonl", tmp_path / f"{mode}{len(flags)}.json"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(STANDINS), str(ROOT)]), LLMLAUNCH_STANDIN_LOG=str(log))
+    env["LLMLAUNCH_STANDIN_DELAY_S"] = "0"
+    cmd = [sys.executable, "-m", "benchmark.engine_yardstick", mode, "--concurrency", *loads, *flags]
+    cmd += ["--input-len", "16", "--output-len", str(output_len), "--json", str(out), "--", *overrides]
+    done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    events = [json.loads(line) for line in log.read_text().splitlines()]
+    return json.loads(out.read_text())["rows"], events, out
+
+
+def _pulse(tmp_path, now: float, python_us) -> str:
+    """A host pulse file whose ticks (one every 0.1 s from `now`, python_us(k) for tick k) span a test's run."""
+    import json
+
+    pulse = tmp_path / "pulse.jsonl"
+    pulse.write_text(
+        "".join(json.dumps({"t": now + k / 10, "python_us": python_us(k), "load1": 1.0}) + "\n" for k in range(3000))
+    )
+    return str(pulse)
+
+
 def test_the_sglang_yardstick_builds_the_served_models_engine_and_sends_each_load_prompts_new_to_it(
     tmp_path, tiny_model_dir
 ):
@@ -200,34 +232,18 @@ def test_the_sglang_yardstick_builds_the_served_models_engine_and_sends_each_loa
     each pass (--repeat) sends llmlaunch-bench's prompts under serve_bench, so SGLang's radix cache serves no load's
     prefill from an earlier one, as none of the served runs'; --prompts shared resends them; rows sit in the host's
     pulse."""
-    import json
-    import os
-    import subprocess
-    import sys
     import time
 
     from benchmark.yardstick_loop import samples_for
-    from tests.standins.server import STANDINS
 
-    pulse = tmp_path / "pulse.jsonl"
-    now = time.time()
-    pulse.write_text(
-        "".join(json.dumps({"t": now + k / 10, "python_us": 100.0, "load1": 1.0}) + "\n" for k in range(3000))
-    )
+    pulse = _pulse(tmp_path, time.time(), lambda k: 100.0)
+    overrides = ["engine=sglang", f"model.path={tiny_model_dir}", "engine.max_num_seqs=8"]
 
     def run(*flags):
-        log, out = tmp_path / f"standin{len(flags)}.jsonl", tmp_path / f"sglang{len(flags)}.json"
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(STANDINS), str(ROOT)]), LLMLAUNCH_STANDIN_LOG=str(log))
-        env["LLMLAUNCH_STANDIN_DELAY_S"] = "0"
-        cmd = [sys.executable, "-m", "benchmark.engine_yardstick", "sglang", "--concurrency", "1:3", "4:8", *flags]
-        cmd += ["--input-len", "16", "--output-len", "5", "--json", str(out), "--", "engine=sglang"]
-        cmd += [f"model.path={tiny_model_dir}", "engine.max_num_seqs=8"]
-        done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
-        events = [json.loads(line) for line in log.read_text().splitlines()]
-        return json.loads(out.read_text())["rows"], events
+        rows, events, _ = _yardstick(tmp_path, "sglang", ["1:3", "4:8"], 5, overrides, *flags)
+        return rows, events
 
-    rows, events = run("--repeat", "2", "--pulse", str(pulse))
+    rows, events = run("--repeat", "2", "--pulse", pulse)
     assert [(r["pass"], r["concurrency"], r["requests"], r["completed"], r["failed"]) for r in rows] == [
         (p, c, n, n, 0) for p in (1, 2) for c, n in ((1, 3), (4, 8))
     ]
@@ -258,33 +274,16 @@ def test_the_vllm_yardstick_sends_per_load_prompts_and_takes_turns_with_the_serv
     same engine (one init) through llmlaunch's vLLM adapter too, --through-runtime through the served models' runtime
     on that adapter (llmlaunch-bench's requests parsed, the contract's responses counted), the paths taking turns
     --repeat times; the runtime's rows split their first tokens as the served rows do."""
-    import json
-    import os
-    import subprocess
-    import sys
     import time
 
     from benchmark.yardstick_loop import samples_for
-    from tests.standins.server import STANDINS
 
     def run(*flags):
-        log, out = tmp_path / f"standin{len(flags)}.jsonl", tmp_path / f"rows{len(flags)}.json"
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(STANDINS), str(ROOT)]), LLMLAUNCH_STANDIN_LOG=str(log))
-        env["LLMLAUNCH_STANDIN_DELAY_S"] = "0"
-        cmd = [sys.executable, "-m", "benchmark.engine_yardstick", "async", "--concurrency", "1:3", "2:4", *flags]
-        cmd += ["--input-len", "16", "--output-len", "3", "--json", str(out), "--", "engine=vllm"]
-        cmd += [f"model.path={tiny_model_dir}"]
-        done = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-2000:]
-        events = [json.loads(line) for line in log.read_text().splitlines()]
-        return json.loads(out.read_text())["rows"], events, out
+        overrides = ["engine=vllm", f"model.path={tiny_model_dir}"]
+        return _yardstick(tmp_path, "async", ["1:3", "2:4"], 3, overrides, *flags)
 
     # a host pulse whose ticks span the run (stamped ahead, a tick every 0.1 s)
-    now = time.time()
-    pulse = tmp_path / "pulse.jsonl"
-    pulse.write_text(
-        "".join(json.dumps({"t": now + k / 10, "python_us": 100.0 + k % 3, "load1": 1.0}) + "\n" for k in range(3000))
-    )
+    pulse = _pulse(tmp_path, time.time(), lambda k: 100.0 + k % 3)
     rows, events, out = run(
         "--prompts",
         "per-load",
@@ -295,7 +294,7 @@ def test_the_vllm_yardstick_sends_per_load_prompts_and_takes_turns_with_the_serv
         "--label",
         "stub python",
         "--pulse",
-        str(pulse),
+        pulse,
     )
     assert all(r["wall"][0] <= r["wall"][1] and r["host"]["ticks"] >= 1 for r in rows)  # each row in the pulse
     paths = ("in-process AsyncLLM", "in-process, via adapter", "in-process, via the stub's runtime")
