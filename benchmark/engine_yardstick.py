@@ -174,10 +174,12 @@ async def vllm_async(args, engine_args: dict, prompts: LoadPrompts) -> list:
                         before = runtime_alone.settled_first_tokens(runtime, through_runtime.requests)
                     clock["t0"] = time.perf_counter()
                     wall = [time.time()]
-                    results = await where(closed_loop(stream_of, measured, c, m_take, clock))
+                    results = await where(closed_loop(stream_of, measured, c, m_take, clock, args.gap_ms / 1000))
                     wall.append(time.time())
                     m = metrics.compute(results, max(x.end for x in results))
                     row = {"path": label, "pass": r + 1, "prompts": args.prompts, "concurrency": c, "requests": n}
+                    if args.gap_ms:
+                        row["gap_ms"] = args.gap_ms
                     row["wall"] = wall  # where the load sits in the host's pulse (--pulse)
                     if args.pulse:
                         row["host"] = host_pulse.window(args.pulse, *wall)
@@ -378,6 +380,14 @@ def main(argv=None) -> int:
         "benchmark/runtime_alone.py), taking turns with the other paths; its rows carry the runtime's first-token "
         "split",
     )
+    p.add_argument(
+        "--gap-ms",
+        type=float,
+        default=0.0,
+        help="async, one front end: each closed loop sends its next request this long after its previous one ended "
+        "(default 0: at once), as a served client's next request reaches the engine only after the last token's way "
+        "out and the next request's way in",
+    )
     p.add_argument("--batch", type=int, nargs="+", default=[1, 64, 128], help="offline: batch sizes")
     p.add_argument("--rounds", type=int, default=3, help="offline: measured rounds per batch")
     p.add_argument("--input-len", type=int, default=128)
@@ -397,6 +407,13 @@ def main(argv=None) -> int:
         help="vLLM's model.json from a rendered repository, instead of rendering the overrides",
     )
     args = p.parse_args(argv)
+    if args.gap_ms and (args.mode != "async" or args.frontends > 1):
+        raise SystemExit(
+            f"engine_yardstick: --gap-ms {args.gap_ms:g} paces the closed loops of async with one front end: drop it, "
+            f"or run mode async without --frontends"
+        )
+    if args.gap_ms < 0:
+        raise SystemExit(f"engine_yardstick: --gap-ms {args.gap_ms:g} is negative: give 0 or more milliseconds")
     if args.engine_args:
         with open(args.engine_args) as f:
             engine_args = json.load(f)

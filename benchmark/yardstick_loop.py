@@ -21,10 +21,10 @@ def parse_loads(items: list) -> list:
     return loads
 
 
-async def closed_loop(stream_of, samples, streams: int, take, clock: dict) -> list:
-    """`streams` closed-loop workers: each sends the request `take()` names (None: no more) as soon as its previous
-    one ended. `stream_of(sample)` is the engine's request as an async iterator of (new tokens, prompt tokens,
-    finish reason) per output; times are seconds since clock["t0"]."""
+async def closed_loop(stream_of, samples, streams: int, take, clock: dict, gap_s: float = 0.0) -> list:
+    """`streams` closed-loop workers: each sends the request `take()` names (None: no more) `gap_s` after its previous
+    one ended (0: at once). `stream_of(sample)` is the engine's request as an async iterator of (new tokens, prompt
+    tokens, finish reason) per output; times are seconds since clock["t0"]."""
     results = []
 
     async def one(index: int) -> None:
@@ -54,7 +54,11 @@ async def closed_loop(stream_of, samples, streams: int, take, clock: dict) -> li
         )
 
     async def worker() -> None:
+        first = True
         while (index := take()) is not None:
+            if gap_s > 0 and not first:
+                await asyncio.sleep(gap_s)
+            first = False
             await one(index)
 
     await asyncio.gather(*(worker() for _ in range(streams)))

@@ -326,6 +326,60 @@ def test_the_vllm_yardstick_sends_per_load_prompts_and_takes_turns_with_the_serv
     assert len(set(prompts)) < len(prompts)  # C=2's warm-up resends C=1's prompts
 
 
+def test_closed_loops_with_a_gap_send_each_next_request_that_long_after_the_last_ended_and_the_flag_is_checked(
+    tmp_path,
+):
+    """--gap-ms paces engine_yardstick's closed loops: a loop sends its next request no sooner than the gap after its
+    previous one ended (a served client's next request reaches the engine only after the last token's way out and the
+    next request's way in); the first requests go at once; 0 keeps the loops back to back. It is refused where no
+    closed loop of one front end runs."""
+    import asyncio
+    import subprocess
+    import sys
+    import time
+    import types
+
+    from benchmark.yardstick_loop import closed_loop, counter
+
+    def run(gap_s: float) -> list:
+        async def stream_of(sample):
+            await asyncio.sleep(0.01)
+            yield 1, 4, "length"
+
+        samples = [types.SimpleNamespace(prompt=f"p{k}", prompt_len=4, output_len=1) for k in range(6)]
+        clock = {"t0": time.perf_counter()}
+        return asyncio.run(closed_loop(stream_of, samples, 2, counter(0, 6), clock, gap_s))
+
+    results = sorted(run(0.15), key=lambda r: r.sent)
+    assert [r.sent < 0.05 for r in results] == [True, True, False, False, False, False]  # two loops start at once
+    for loop in (results[0::2], results[1::2]):  # each loop's requests in order (the loops keep in step here)
+        assert all(b.sent - a.end >= 0.15 for a, b in zip(loop, loop[1:]))
+    back_to_back = sorted(run(0.0), key=lambda r: r.sent)
+    assert back_to_back[-1].end < 0.15
+
+    for flags in (
+        ["sglang", "--gap-ms", "20"],
+        ["async", "--frontends", "2", "--gap-ms", "20"],
+        ["async", "--gap-ms", "-1"],
+    ):
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "benchmark.engine_yardstick",
+                *flags,
+                "--",
+                "engine=vllm",
+                "model.path=/nonexistent",
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode != 0 and "--gap-ms" in done.stderr, done.stderr[-1000:]
+
+
 def test_host_pulse_times_the_host_and_places_a_load_in_it(tmp_path):
     """host_pulse.py appends a tick every --every seconds (the fixed Python and numpy work timed, the load average;
     no GPU here, so no SM clock); `window` gives a load's share of the pulse against the whole file: the ticks inside
