@@ -33,7 +33,11 @@ Result JSON:
                               took a first token of; launcher/python_backend/timings.py),
      "server_engine_steps": None | {"steps", "step_ms", "launch_ms", "wait_ms", "host_ms", "gpu_ms",
                               "gpu_idle_ms", "decode_rows", "prefill_tokens", "ahead"} (--server-metrics:
-                              the hf engine's steps during the measured requests; timings.engine_step_split),
+                              the hf engine's steps during the measured requests; timings.engine_step_split);
+                              vLLM's engine core: {"steps", "decode_rows", "prefill_tokens", "running", "waiting",
+                              "wall_step_ms"} (the measured phase's wall time a step: `with_wall_step`) and, with
+                              engine.engine_args.cudagraph_metrics=true, "scheduled_tokens", "graph_full",
+                              "graph_piecewise", "graph_none",
      "server_prefix_cache": None | {"prompt_tokens", "cached_prompt_tokens", "prefix_hit_rate"} (--server-metrics;
                               with --prefill-metrics the prefill replicas', where a split computes its prompts),
      "server_kv_transfer": None | {"transfers", "failed", "bytes", "mib", "mib_per_transfer", "ms_per_transfer", "gib_per_s"}
@@ -192,6 +196,7 @@ def bench_one(
         split = _first_token_split(server_metrics, prefill_metrics, model, totals, len(ttfts), ttft_mean)
     if engine_before is not None:
         steps, prefix, moved = _engine_splits(server_metrics, prefill_metrics, model, engine_before, totals)
+        steps = with_wall_step(steps, duration, server_metrics)
     return {
         "format": "llmlaunch-bench/1",
         "label": label,
@@ -235,6 +240,17 @@ def _engine_splits(server_metrics, prefill_metrics, model: str, engine_before: d
         after = timings.fetch_engine_metrics(prefill_metrics, model)  # settled above, with every replica's
         prefix = cache_splits.prefix_cache_split(totals["prefill_engine"], after)
     return steps, prefix, moved
+
+
+def with_wall_step(steps: dict | None, duration_s: float, server_metrics: str) -> dict | None:
+    """An engine split that times no step (vLLM's: timings.engine_step_split) with `wall_step_ms`: the measured
+    phase's wall time over the steps one engine ran, the steps counted on the servers of `server_metrics` shared out
+    among them (each server's engine stepped through the whole run).  It is not the engine's own time a step: it holds
+    the time the engine stood idle between requests, and is the inter-token time only while the engine never did."""
+    if not steps or "step_ms" in steps or duration_s <= 0:
+        return steps
+    servers = len([u for u in server_metrics.split(",") if u.strip()])
+    return {**steps, "wall_step_ms": round(1000.0 * duration_s * servers / steps["steps"], 4)}
 
 
 def decode_metrics(server_metrics: str, prefill_metrics: str) -> str:

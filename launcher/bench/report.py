@@ -290,9 +290,12 @@ def summary_rows(points: list[Point], sweep: Optional[Path] = None) -> list[dict
             ttft_prefill_ms=(split.get("prefill") or {}).get("inside_server"),
             ttft_outside_ms=split.get("outside_server"),
         )
-        # ... and how its engine spent a step: the loop's time per step, and the GPU waiting for the host
+        # ... and how its engine spent a step: the loop's time per step (an engine that times none, vLLM's: the run's
+        # wall time over its steps), and the GPU waiting for the host
         steps = (pt.result or {}).get("server_engine_steps") or {}
-        row.update(engine_step_ms=steps.get("step_ms"), engine_gpu_idle_ms=steps.get("gpu_idle_ms"))
+        row.update(
+            engine_step_ms=steps.get("step_ms", steps.get("wall_step_ms")), engine_gpu_idle_ms=steps.get("gpu_idle_ms")
+        )
         # disaggregated layouts: the decode replicas' transfers from prefill replicas, ms and MiB each
         moved = (pt.result or {}).get("server_kv_transfer") or {}
         row.update(

@@ -124,6 +124,7 @@ class AsyncEngineRuntime:
             t.start()
         kv_usage = getattr(self.adapter, "kv_usage", None)  # a counters.Latest where the engine reports its KV cache
         moved = getattr(self.adapter, "kv_transfers", None)  # a counters.KVTransfers where its engine moves KV
+        steps = getattr(self.adapter, "engine_steps", None)  # a counters.EngineSteps where it reports engine steps
 
         def totals() -> dict:
             out = {**self.first_token.totals_map(), **self.prompt_tokens.totals_map()}
@@ -131,10 +132,13 @@ class AsyncEngineRuntime:
                 out["kv_cache_usage"] = kv_usage.take()
             if moved is not None:
                 out.update(moved.totals_map())
+            if steps is not None:
+                out.update(steps.totals_map())
             return out
 
         gauges = timings.ENGINE_GAUGES if kv_usage is not None else ()
         rows = timings.RUNTIME_COUNTERS + (timings.KV_TRANSFER_COUNTERS if moved is not None else ())
+        rows += timings.VLLM_STEP_COUNTERS if steps is not None else ()
         self._metrics = counters.Counters(self.model_name, rows, totals, gauges=gauges).start()
         self._watchdog = asyncio.run_coroutine_threadsafe(self._start_watchdog(), self.loop).result()
         if not self.adapter.serves:

@@ -105,6 +105,74 @@ class KVTransfers:
             }
 
 
+class EngineSteps:
+    """An engine core's steps as vLLM reports them to a front end's stat loggers (thread-safe): steps counted, the
+    requests running and waiting summed over them, the tokens the steps made and prefilled, and the steps by CUDA-graph
+    runtime mode; `totals_map` feeds `Counters` (VLLM_STEP_COUNTERS) under the hf engine's keys where a figure means
+    the same (steps, decode_tokens, prefill_tokens).  vLLM sends each step's scheduler statistics to one front end and
+    each batch of outputs to the front end of its requests, so the sums of a core's front ends are the core's."""
+
+    # CUDAGraphStat.runtime_mode is str(CUDAGraphMode): its name; anything else (a later mode) counts as none
+    _MODES = {"FULL": "graph_full_steps", "PIECEWISE": "graph_piecewise_steps"}
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._sums = dict.fromkeys(
+            (
+                "steps",
+                "running_sum",
+                "waiting_sum",
+                "decode_tokens",
+                "prefill_tokens",
+                "scheduled_tokens",
+                "graph_steps",
+                "graph_full_steps",
+                "graph_piecewise_steps",
+                "graph_none_steps",
+            ),
+            0,
+        )
+
+    def add_vllm(self, scheduler_stats, iteration_stats) -> None:
+        """What one call of vLLM 0.25's StatLoggerBase.record gives: `scheduler_stats` (SchedulerStats, one engine step;
+        None for a batch of outputs without them) and `iteration_stats` (IterationStats of the batch's outputs; None
+        without outputs or request statistics).  Fields an older or newer vLLM lacks count as zero.
+
+        A batch's first tokens (one per request that finished its prefill: time_to_first_tokens_iter) are left out of
+        the decode tokens, as the hf engine counts its decode rows, and its prompt tokens are those computed here
+        (PromptTokenStats.computed: not the prefix cache's or a KV transfer's), as the hf engine counts what it
+        prefilled; the prompt's total where vLLM gives no breakdown."""
+        add = {}
+        if scheduler_stats is not None:
+            add["steps"] = 1
+            add["running_sum"] = getattr(scheduler_stats, "num_running_reqs", 0) or 0
+            add["waiting_sum"] = (getattr(scheduler_stats, "num_waiting_reqs", 0) or 0) + (
+                getattr(scheduler_stats, "num_skipped_waiting_reqs", 0) or 0
+            )
+            graph = getattr(scheduler_stats, "cudagraph_stats", None)  # only with cudagraph_metrics=True
+            if graph is not None:
+                add["graph_steps"] = 1
+                add["scheduled_tokens"] = getattr(graph, "num_unpadded_tokens", 0) or 0
+                add[self._MODES.get(str(getattr(graph, "runtime_mode", "")), "graph_none_steps")] = 1
+        if iteration_stats is not None:
+            first = len(getattr(iteration_stats, "time_to_first_tokens_iter", None) or ())
+            add["decode_tokens"] = max(0, (getattr(iteration_stats, "num_generation_tokens", 0) or 0) - first)
+            prompt = getattr(iteration_stats, "prompt_token_stats", None)
+            computed = getattr(prompt, "computed", None)
+            add["prefill_tokens"] = (
+                computed if computed is not None else getattr(iteration_stats, "num_prompt_tokens", 0) or 0
+            )
+        if not add:
+            return
+        with self._lock:
+            for key, value in add.items():
+                self._sums[key] += value
+
+    def totals_map(self) -> dict:
+        with self._lock:
+            return dict(self._sums)
+
+
 class Latest:
     """A gauge's value as a thread last saw it (thread-safe): `take` gives it once, so a process whose value went stale
     pushes nothing over another's newer one (several instances of a model share one gauge)."""

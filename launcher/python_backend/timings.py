@@ -31,6 +31,16 @@
   llmlaunch_engine_steps{model="...",kind="all|ahead|gpu_timed|gpu_gap"}     steps counted
   llmlaunch_engine_tokens{model="...",kind="decode|prefill"}                 tokens counted
 
+   The vLLM model counts its engine core's steps from the scheduler statistics vLLM gives the front ends' stat
+   loggers (launcher/engines/vllm/core.py, counters.EngineSteps: VLLM_STEP_COUNTERS): steps, decode and prefill
+   tokens as above, the requests running and waiting at each step, and, with the engine argument
+   cudagraph_metrics=true (its CUDAGraphStat), the tokens each step scheduled and its CUDA-graph runtime mode.  vLLM
+   reports no time per step: `engine_step_split` gives these figures and no step_ms.
+
+  llmlaunch_engine_steps{model="...",kind="graph_seen|graph_full|graph_piecewise|graph_none"}  steps counted
+  llmlaunch_engine_tokens{model="...",kind="scheduled"}                      tokens counted
+  llmlaunch_engine_step_requests{model="...",kind="running|waiting"}        requests, summed over steps
+
 Every metric is a counter, so a mean over any window is the difference of its sums divided by
 the difference of a count (`mean_first_token_ms`, `engine_step_split`).  Each update of a
 Triton metric is a round trip from the stub to the server, too dear for the response path, so
@@ -62,6 +72,8 @@ from __future__ import annotations
 import re
 import time
 
+from launcher.python_backend.step_splits import engine_step_split, format_engine_split
+
 PARTS = ("parse", "add", "engine", "back", "respond", "send")
 SPLIT_KEYS = PARTS + ("inside_server", "outside_server")  # a first_token_split's figures, in order
 SECONDS = "llmlaunch_first_token_seconds"
@@ -69,6 +81,7 @@ COUNT = "llmlaunch_first_tokens"
 ENGINE_SECONDS = "llmlaunch_engine_seconds"
 ENGINE_STEPS = "llmlaunch_engine_steps"
 ENGINE_TOKENS = "llmlaunch_engine_tokens"
+ENGINE_STEP_REQUESTS = "llmlaunch_engine_step_requests"
 ENGINE_REQUEST_SECONDS = "llmlaunch_engine_request_seconds"
 ENGINE_REQUESTS = "llmlaunch_engine_requests"
 ENGINE_INTAKES = "llmlaunch_engine_intakes"
@@ -92,6 +105,17 @@ FIRST_TOKEN_COUNTERS = tuple(
     for p in PARTS
 ) + ((COUNT, None, None, "count", "streamed (and kv_export) requests counted in llmlaunch_first_token_seconds"),)
 _ENGINE_SECONDS_DOC = "seconds of the engine loop by part: step (wall), launch, wait (for the GPU), gpu, gpu_idle"
+# one description for a family's every row, the hf engine's kinds and vLLM's: whoever registers the family first
+# gives it its help text
+_ENGINE_STEPS_DOC = (
+    "engine steps: all, queued ahead (overlap), timed on the GPU, timed with their gap since the step before (not the "
+    "first after the engine stood idle), with prompt tokens, prompts alone through a CUDA graph, prompts beside decode "
+    "rows through a mixed CUDA graph; vLLM: steps that reported their CUDA graph (graph_seen), by runtime mode "
+    "(graph_full, graph_piecewise, graph_none)"
+)
+_ENGINE_TOKENS_DOC = (
+    "tokens the engine ran, by kind (vLLM: scheduled, the tokens of steps that reported their CUDA graph)"
+)
 ENGINE_COUNTERS = (
     tuple(
         (ENGINE_SECONDS, "part", p, key, _ENGINE_SECONDS_DOC)
@@ -104,15 +128,7 @@ ENGINE_COUNTERS = (
         )
     )
     + tuple(
-        (
-            ENGINE_STEPS,
-            "kind",
-            k,
-            key,
-            "engine steps: all, queued ahead (overlap), timed on the GPU, timed with their gap since the step "
-            "before (not the first after the engine stood idle), with prompt tokens, prompts alone through a CUDA "
-            "graph, prompts beside decode rows through a mixed CUDA graph",
-        )
+        (ENGINE_STEPS, "kind", k, key, _ENGINE_STEPS_DOC)
         for k, key in (
             ("all", "steps"),
             ("ahead", "ahead_steps"),
@@ -124,7 +140,7 @@ ENGINE_COUNTERS = (
         )
     )
     + tuple(
-        (ENGINE_TOKENS, "kind", k, key, "tokens the engine ran, by kind")
+        (ENGINE_TOKENS, "kind", k, key, _ENGINE_TOKENS_DOC)
         for k, key in (("decode", "decode_tokens"), ("prefill", "prefill_tokens"))
     )
     + tuple(
@@ -199,7 +215,35 @@ ENGINE_COUNTERS = (
         (KV_TRANSFER_SECONDS, None, None, "kv_transfer_s", "seconds the moves of keys and values took, summed"),
     )
 )
-ENGINE_FIELDS = tuple(row[3] for row in ENGINE_COUNTERS)  # the EngineStats fields the metrics carry
+# The counters only vLLM's model fills (counters.EngineSteps): kept apart so the hf model, which pushes
+# ENGINE_COUNTERS, registers no family or label it never counts
+VLLM_ONLY_COUNTERS = (
+    tuple(
+        (ENGINE_STEPS, "kind", k, key, _ENGINE_STEPS_DOC)
+        for k, key in (
+            ("graph_seen", "graph_steps"),
+            ("graph_full", "graph_full_steps"),
+            ("graph_piecewise", "graph_piecewise_steps"),
+            ("graph_none", "graph_none_steps"),
+        )
+    )
+    + ((ENGINE_TOKENS, "kind", "scheduled", "scheduled_tokens", _ENGINE_TOKENS_DOC),)
+    + tuple(
+        (
+            ENGINE_STEP_REQUESTS,
+            "kind",
+            k,
+            key,
+            "requests running (running) and waiting for a slot (waiting) as each engine step left them, summed over "
+            "steps",
+        )
+        for k, key in (("running", "running_sum"), ("waiting", "waiting_sum"))
+    )
+)
+# what the vLLM model pushes of its engine core's steps: the hf engine's rows it fills the same way, and its own
+VLLM_STEP_COUNTERS = (
+    tuple(row for row in ENGINE_COUNTERS if row[3] in ("steps", "decode_tokens", "prefill_tokens")) + VLLM_ONLY_COUNTERS
+)
 # the prefix cache's two counters, which the models of engines that report a request's cached prompt tokens (vLLM,
 # SGLang: launcher.python_backend.async_runtime) push under the same names as the hf engine
 PROMPT_TOKEN_COUNTERS = tuple(row for row in ENGINE_COUNTERS if row[0] == ENGINE_PROMPT_TOKENS)
@@ -266,8 +310,9 @@ def read_first_token_metrics(text: str, model: str | None = None) -> dict:
 
 
 def read_engine_metrics(text: str, model: str | None = None) -> dict:
-    """Prometheus text -> the engine's totals by EngineStats field (steps, wall_s, launch_s, ...)."""
-    return read_counters(text, ENGINE_COUNTERS, model)
+    """Prometheus text -> the engine's totals by EngineStats field (steps, wall_s, launch_s, ...) and by
+    counters.EngineSteps key (running_sum, graph_full_steps, ...)."""
+    return read_counters(text, ENGINE_COUNTERS + VLLM_ONLY_COUNTERS, model)
 
 
 def mean_first_token_ms(before: dict, after: dict) -> dict | None:
@@ -303,61 +348,6 @@ def fetch_first_token_metrics(url: str, model: str | None = None, timeout: float
 def fetch_engine_metrics(url: str, model: str | None = None, timeout: float = 10.0) -> dict:
     """`read_engine_metrics` of tritonserver's /metrics at `url`."""
     return read_engine_metrics(fetch_metrics_text(url, timeout), model)
-
-
-def engine_step_split(before: dict, after: dict) -> dict | None:
-    """Per-step means (ms) between two readings of an engine's totals (EngineStats fields: `read_engine_metrics`,
-    or `Engine.stats_dict()`; {} = from the start); None when no step ran between.
-
-      step_ms     the engine loop's time per step (at one stream, about the inter-token latency)
-      launch_ms   preparing inputs and queueing the GPU work;  wait_ms: blocked until the tokens reached the host
-      host_ms     the rest: scheduling, detokenizing, stop checks, handing outputs on (step - launch - wait)
-      gpu_ms      the step's span on the GPU;  gpu_idle_ms: the GPU waiting for the host to queue the next step
-                  (both only on a GPU: they are absent without timed steps);  gpu_gap_seen: the share of timed steps
-                  whose gap since the step before was measured (the others followed an idle engine, and their wait
-                  is in neither: step_ms - gpu_ms - gpu_idle_ms is then loop time the GPU's timeline does not show)
-      decode_rows, prefill_tokens: per step;  ahead: share of steps queued before the last one's tokens were known
-      prompt: share of steps with prompt tokens;  prompt_graph: share of steps that were prompts alone replayed as a
-      CUDA graph (one prompt or a wave);  mixed: share of steps of decode rows and prompts replayed as a mixed graph
-      (the rest of the prompt steps ran eagerly)
-      queue_ms, first_token_ms: per request, add_request to a slot and to its first token
-      per_intake: requests handed to the engine together (their text prompts tokenized in one call)"""
-    d = {k: after.get(k, 0) - before.get(k, 0) for k in ENGINE_FIELDS}
-    n = d["steps"]
-    if n <= 0:
-        return None
-    ms = lambda v, k=n: round(1000.0 * v / k, 4)  # noqa: E731
-    out = {
-        "steps": int(n),
-        "step_ms": ms(d["wall_s"]),
-        "launch_ms": ms(d["launch_s"]),
-        "wait_ms": ms(d["wait_s"]),
-        "host_ms": ms(d["wall_s"] - d["launch_s"] - d["wait_s"]),
-        "decode_rows": round(d["decode_tokens"] / n, 2),
-        "prefill_tokens": round(d["prefill_tokens"] / n, 1),
-        "ahead": round(d["ahead_steps"] / n, 3),
-        "prompt": round(d["prompt_steps"] / n, 3),
-        "prompt_graph": round(d["prompt_graph_steps"] / n, 3),
-        "mixed": round(d["mixed_steps"] / n, 3),
-    }
-    if d["gpu_steps"] > 0:
-        out["gpu_ms"] = ms(d["gpu_s"], d["gpu_steps"])
-        out["gpu_idle_ms"] = ms(d["gpu_idle_s"], d["gpu_steps"])
-        out["gpu_gap_seen"] = round(d["gpu_gaps"] / d["gpu_steps"], 3)
-    # per request (absent in totals from before these counters): the mean wait from add_request to a slot, and
-    # to the first token; their difference is the prompt's own steps and the decode steps it waited behind
-    if d["admitted"] > 0:
-        out["queue_ms"] = ms(d["queued_s"], d["admitted"])
-    if d["first_tokens"] > 0:
-        out["first_token_ms"] = ms(d["to_first_token_s"], d["first_tokens"])
-    if d["prompt_tokens"] > 0:  # the prefix cache: prompt tokens not prefilled because a request computed them before
-        out["prefix_hit_rate"] = round(d["cached_prompt_tokens"] / d["prompt_tokens"], 4)
-        out["cached_prompt_tokens"] = int(d["cached_prompt_tokens"])
-    if d["preempted"] > 0:
-        out["preempted"] = int(d["preempted"])
-    if d["intake_calls"] > 0:  # how many requests arrived together: the prompts of one tokenizer call
-        out["per_intake"] = round(d["intake_requests"] / d["intake_calls"], 2)
-    return out
 
 
 def settle(read, quiet_s: float, wait_s: float, poll_s: float = 0.25) -> dict:
@@ -397,49 +387,6 @@ def engine_splits_after(url: str, model: str | None, before: dict, wait_s: float
 
     after = settled_engine_metrics(url, model, wait_s)
     return engine_step_split(before, after), prefix_cache_split(before, after), kv_transfer_split(before, after)
-
-
-def format_engine_split(split: dict) -> str:
-    """'step 1.780 ms = launch 0.210 + wait 1.400 + host 0.170; GPU 1.690 busy + 0.090 idle; ...' (one line)."""
-    line = (
-        f"step {split['step_ms']:.3f} ms = launch {split['launch_ms']:.3f} + wait {split['wait_ms']:.3f} + "
-        f"host {split['host_ms']:.3f}"
-    )
-    if "gpu_ms" in split:
-        line += f"; GPU {split['gpu_ms']:.3f} busy + {split['gpu_idle_ms']:.3f} idle"
-        if split.get("gpu_gap_seen", 1) < 1:  # steps after an idle engine: their wait is in neither
-            line += f" (idle measured on {100 * split['gpu_gap_seen']:.0f}% of steps)"
-    line += (
-        f"; {split['decode_rows']:g} decode rows, {split['prefill_tokens']:g} prompt tokens a step, "
-        f"{100 * split['ahead']:.0f}% queued ahead"
-    )
-    if split.get("prompt"):  # absent in totals from before these counters
-        line += f", {100 * split['prompt']:.1f}% with prompts"
-        graphed = [
-            f"{100 * split[k]:.1f}% {what}"
-            for k, what in (
-                ("prompt_graph", "prompts alone through a graph"),
-                ("mixed", "beside decode rows, mixed graph"),
-            )
-            if split.get(k)
-        ]
-        if graphed:
-            line += f" ({', '.join(graphed)})"
-    if "first_token_ms" in split:
-        line += (
-            f"; a request: {split.get('queue_ms', 0):.3f} ms to a slot, {split['first_token_ms']:.3f} ms to its "
-            "first token"
-        )
-    if "per_intake" in split:
-        line += f"; {split['per_intake']:g} requests a hand-over (one tokenizer call)"
-    if "prefix_hit_rate" in split:
-        line += (
-            f"; prefix cache: {100 * split['prefix_hit_rate']:.1f}% of prompt tokens "
-            f"({split['cached_prompt_tokens']} cached, not prefilled)"
-        )
-    if split.get("preempted"):
-        line += f"; {split['preempted']} requests preempted (KV cache full)"
-    return line
 
 
 def first_token_split(

@@ -39,6 +39,8 @@ def engine(request, tmp_path_factory):
     one = ["engine.frontends=1"] if name in ("vllm", "sglang") else []
     # SGLang uses a request's seed only under deterministic inference: serve with it, so seeds reach the engine
     one += ["engine.extra_args.enable_deterministic_inference=true"] if name == "sglang" else []
+    # vLLM reports each step's CUDA graph only with cudagraph_metrics: test_engine_steps_reach_llmlaunch_bench
+    one += ["engine.engine_args.cudagraph_metrics=true"] if name == "vllm" else []
     _, spec = plan([f"engine={name}", "model.path=/models/standin-llm", "engine.max_num_seqs=8", *one])
     env = MPI_RANK_ENV if name == "trtllm" else {}
     with serve_standin(spec, tmp_path_factory.mktemp(name), extra_env=env, metrics=True) as server:
@@ -200,6 +202,36 @@ def test_kv_cache_use_reaches_the_metrics_port_where_the_engine_reports_it(engin
         assert wait_for(lambda: page().get((ENGINE_KV_USAGE, "")) == 0.125), page()
     finally:
         s.close()
+
+
+def test_engine_steps_reach_llmlaunch_bench(engine, tmp_path, capsys):
+    """vLLM's engine-core steps, as its scheduler statistics report them to the model's stat logger
+    (counters.EngineSteps), reach the metrics port, and llmlaunch-bench --server-metrics prints and records them for
+    the measured requests: steps, decode rows and prompt tokens a step, requests running a step, the CUDA-graph shares
+    (engine.engine_args.cudagraph_metrics=true) and the run's wall time a step.  vLLM needs a GPU, so its stand-in
+    plays the engine at vLLM 0.25's API boundary: it steps each request on its own, a prompt's step PIECEWISE and each
+    decode row's FULL.  The other engines report no steps."""
+    from launcher.bench.cli import main
+    from launcher.python_backend.timings import fetch_engine_metrics
+
+    if engine.name != "vllm":  # (the earlier tests' requests ran on it)
+        assert fetch_engine_metrics(engine.metrics_url, engine.model)["steps"] == 0
+        return
+    out = tmp_path / "result.json"
+    n, tokens = 4, 5
+    argv = ["--url", engine.grpc_url, "--model", engine.model, "--dataset-name", "synthetic", "--input-len", "8"]
+    argv += ["--output-len", str(tokens), "--num-prompts", str(n), "--concurrency", "2", "--ignore-eos"]
+    argv += ["--warmup", "1", "--no-progress", "--server-metrics", engine.metrics_url, "--result-json", str(out)]
+    assert main(argv) == 0
+    steps = json.loads(out.read_text())["server_engine_steps"]
+    # the measured requests alone (not the warm-up's): a step for each token, each request's first from its prompt's
+    assert steps["steps"] == n * tokens, steps
+    assert steps["decode_rows"] == round(n * (tokens - 1) / (n * tokens), 2) and steps["prefill_tokens"] > 0, steps
+    assert (steps["graph_full"], steps["graph_piecewise"], steps["graph_none"]) == (0.8, 0.2, 0.0), steps
+    assert 1 <= steps["running"] <= 2 and steps["waiting"] == 0 and steps["scheduled_tokens"] >= 1, steps
+    assert steps["wall_step_ms"] > 0 and "step_ms" not in steps and "launch_ms" not in steps, steps
+    printed = capsys.readouterr().out
+    assert f"engine steps: {n * tokens} steps, " in printed and "CUDA graphs: 80% full, 20% piecewise" in printed
 
 
 def test_final_counts_only_sends_text_alone_until_the_last_response(engine):

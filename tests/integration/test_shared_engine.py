@@ -22,7 +22,8 @@ pytestmark = pytest.mark.triton
 def test_vllm_front_ends_share_one_engine_core(tmp_path):
     """engine.frontends=3: three stubs, one engine core started for them by the first (vLLM's launch_core_engines for
     three clients) from a process of the launcher's interpreter, not from the stub; each stub a client on its own
-    address pair; requests spread over them and none mix."""
+    address pair; requests spread over them and none mix; the engine's steps on the metrics port are the core's (each
+    step's statistics go to one front end: the stubs' sums)."""
     from launcher.cli import plan
     from launcher.render import repository_files
     from tests.standins.server import serve_standin
@@ -30,7 +31,7 @@ def test_vllm_front_ends_share_one_engine_core(tmp_path):
     _, spec = plan(["engine=vllm", "model.path=/models/standin-llm", "engine.frontends=3"])
     assert "count: 3" in repository_files(spec)[f"{spec.model_name}/config.pbtxt"]
     # the core takes a second to load: the other front ends wait for it
-    with serve_standin(spec, tmp_path, extra_env={"LLMLAUNCH_STANDIN_CORE_LOAD_S": "1"}) as server:
+    with serve_standin(spec, tmp_path, extra_env={"LLMLAUNCH_STANDIN_CORE_LOAD_S": "1"}, metrics=True) as server:
         (launch,) = events(server, "launch_core")
         # the core's own process, as vLLM's API-server launcher configures it (rank -1: no front end of its own)
         assert launch["clients"] == 3 and launch["api_process_rank"] == -1
@@ -44,13 +45,18 @@ def test_vllm_front_ends_share_one_engine_core(tmp_path):
             assert c["addresses"] == {"input_address": launch["inputs"][i], "output_address": launch["outputs"][i]}
         assert len({c["pid"] for c in clients}) == 3  # three stub processes
         # the first front end logs vLLM's statistics; the others keep their requests' (for the first-token split)
-        # through a logger that logs nothing; each keeps the KV cache's use its scheduler statistics give
+        # through a logger that logs nothing; each keeps the KV cache's use and the steps its scheduler statistics give
         stats = [(c["disable_log_stats"], c["stat_loggers"]) for c in sorted(clients, key=lambda c: c["client_index"])]
-        kv = ["KVUsageStatLogger"]
+        kv = ["EngineStatsLogger"]
         assert stats == [(False, kv), (True, kv), (True, kv)], stats
         check_concurrent_streams(server, 9, 4)
         served_by = {e["pid"] for e in events(server, "generate")}
         assert served_by <= {c["pid"] for c in clients} and len(served_by) >= 2, served_by
+        # 9 streams of 4..12 tokens over the stubs: the stand-in steps each token alone, the first from its prompt
+        from launcher.python_backend.timings import settled_engine_metrics
+
+        totals = wait_for(lambda: (t := settled_engine_metrics(server.metrics_url, server.model))["steps"] >= 72 and t)
+        assert (totals["steps"], totals["decode_tokens"]) == (72, 72 - 9), totals
     # the core went with the server's process group (a stop, not a failure) and is not left running
     text = (tmp_path / "server.log").read_text()
     assert "vLLM's engine core stopped" in text or events(server, "core_shutdown"), text[-2000:]

@@ -415,3 +415,148 @@ def test_vllms_connector_statistics_add_up_per_transfer_also_inside_a_multi_conn
     got = moved.totals_map()
     assert (got["kv_transfers"], got["kv_transfer_failures"], got["kv_transfer_bytes"]) == (4, 2, 8192)
     assert got["kv_transfer_s"] == pytest.approx(0.008)
+
+
+def _vllm_step(running, waiting=0, skipped=0, graph=None, kv_usage=0.5):
+    """SchedulerStats as vLLM 0.25's scheduler makes it (make_stats), reduced to what the model reads; `graph`
+    (tokens, runtime mode): its CUDAGraphStat, which only cudagraph_metrics=True adds."""
+    from types import SimpleNamespace
+
+    cudagraph = None
+    if graph is not None:
+        tokens, mode = graph
+        cudagraph = SimpleNamespace(
+            num_unpadded_tokens=tokens, num_padded_tokens=tokens + 1, num_paddings=1, runtime_mode=mode
+        )
+    return SimpleNamespace(
+        num_running_reqs=running,
+        num_waiting_reqs=waiting,
+        num_skipped_waiting_reqs=skipped,
+        kv_cache_usage=kv_usage,
+        kv_connector_stats=None,
+        cudagraph_stats=cudagraph,
+    )
+
+
+def _vllm_outputs(generated, computed=None, total=0, first=0):
+    """IterationStats of one batch of outputs as vLLM 0.25's output processor fills it: tokens generated, the
+    prompts that finished their prefill (PromptTokenStats; None: a vLLM without the breakdown) and their first
+    tokens' latencies."""
+    from types import SimpleNamespace
+
+    out = SimpleNamespace(num_generation_tokens=generated, num_prompt_tokens=total)
+    if computed is not None:
+        out.prompt_token_stats = SimpleNamespace(computed=computed, cached_tokens=total - computed, total=total)
+        out.time_to_first_tokens_iter = [0.05] * first
+    return out
+
+
+def test_vllms_engine_steps_add_up_from_the_stat_loggers_calls():
+    """counters.EngineSteps.add_vllm with what vLLM 0.25's output handler gives a stat logger: a step for each
+    SchedulerStats (a batch without them is none), running and waiting requests summed, each batch's generated
+    tokens less its first tokens as decode tokens and its computed prompt tokens as prefill tokens, and the steps with
+    a CUDAGraphStat by runtime mode (an unknown mode as none)."""
+    from launcher.python_backend.counters import EngineSteps
+
+    steps = EngineSteps()
+    steps.add_vllm(_vllm_step(3, waiting=1, skipped=1, graph=(3, "FULL")), _vllm_outputs(3, computed=0))
+    # two prompts finish their prefill beside 2 decode rows; 16 of their 48 tokens came from the prefix cache
+    steps.add_vllm(_vllm_step(4, graph=(34, "PIECEWISE")), _vllm_outputs(4, computed=32, total=48, first=2))
+    steps.add_vllm(_vllm_step(4), None)  # a step without outputs, and without cudagraph_metrics
+    # an older vLLM: no prompt breakdown (the prompts' total counts), no first tokens' list; a mode it may add
+    steps.add_vllm(_vllm_step(3, graph=(4, "FULL_DECODE_ONLY")), _vllm_outputs(4, total=10))
+    steps.add_vllm(None, _vllm_outputs(1, computed=0))  # outputs of a batch without scheduler statistics
+    steps.add_vllm(None, None)
+    assert steps.totals_map() == {
+        "steps": 4,
+        "running_sum": 14,
+        "waiting_sum": 2,
+        "decode_tokens": 3 + 2 + 4 + 1,
+        "prefill_tokens": 32 + 10,
+        "scheduled_tokens": 3 + 34 + 4,
+        "graph_steps": 3,
+        "graph_full_steps": 1,
+        "graph_piecewise_steps": 1,
+        "graph_none_steps": 1,
+    }
+
+
+def test_vllms_engine_steps_reach_the_metrics_port_and_split_without_step_times():
+    """The vLLM model's step counters (VLLM_STEP_COUNTERS, every EngineSteps key) read back from /metrics and split
+    into means a step with none of the hf engine's times or shares (vLLM reports none: zeros would read as
+    measured); the hf model keeps pushing ENGINE_COUNTERS, none of vLLM's own among them."""
+    from launcher.python_backend.counters import EngineSteps
+    from launcher.python_backend.timings import (
+        ENGINE_COUNTERS,
+        VLLM_ONLY_COUNTERS,
+        VLLM_STEP_COUNTERS,
+        engine_step_split,
+        format_engine_split,
+        read_engine_metrics,
+    )
+
+    assert {row[3] for row in VLLM_STEP_COUNTERS} == set(EngineSteps().totals_map())
+    assert not set(VLLM_ONLY_COUNTERS) & set(ENGINE_COUNTERS)
+    totals = {
+        "steps": 1000,
+        "running_sum": 63200,
+        "waiting_sum": 400,
+        "decode_tokens": 61900,
+        "prefill_tokens": 98000,
+        "scheduled_tokens": 160000,
+        "graph_steps": 1000,
+        "graph_full_steps": 880,
+        "graph_piecewise_steps": 120,
+        "graph_none_steps": 0,
+    }
+    text = "\n".join(
+        f'{family}{{model="m",{label}="{value}"}} {totals[key]}' for family, label, value, key, _ in VLLM_STEP_COUNTERS
+    )
+    after = read_engine_metrics(text + '\nllmlaunch_engine_prompt_tokens{model="m",kind="admitted"} 5000\n', "m")
+    assert {k: after[k] for k in totals} == totals and after["wall_s"] == 0
+    split = engine_step_split({}, after)
+    assert split == {
+        "steps": 1000,
+        "decode_rows": 61.9,
+        "prefill_tokens": 98.0,
+        "running": 63.2,
+        "waiting": 0.4,
+        "scheduled_tokens": 160.0,
+        "graph_full": 0.88,
+        "graph_piecewise": 0.12,
+        "graph_none": 0.0,
+        "prefix_hit_rate": 0.0,
+        "cached_prompt_tokens": 0,
+    }
+    assert format_engine_split(split) == (
+        "1000 steps; 63.2 running, 0.4 waiting a step; 61.9 decode rows, 98.0 prompt tokens a step; 160.0 tokens "
+        "scheduled a step; CUDA graphs: 88% full, 12% piecewise, 0% none; prefix cache: 0.0% of prompt tokens "
+        "(0 cached, not prefilled)"
+    )
+    # without cudagraph_metrics: no graph shares; a benchmark's wall time a step where it added one
+    plain = engine_step_split({}, {k: v for k, v in totals.items() if not k.startswith(("graph", "scheduled"))})
+    assert "graph_full" not in plain and "scheduled_tokens" not in plain
+    assert format_engine_split({**plain, "wall_step_ms": 12.5}) == (
+        "1000 steps, 12.500 ms of the run's wall time a step; 63.2 running, 0.4 waiting a step; 61.9 decode rows, "
+        "98.0 prompt tokens a step"
+    )
+    assert engine_step_split(after, after) is None
+
+
+def test_llmlaunch_bench_adds_the_runs_wall_time_a_step_where_the_engine_times_none():
+    """vLLM's split has no step_ms: llmlaunch-bench adds the measured phase's wall time over one engine's steps (the
+    steps of the servers it read shared out among them), which summary.csv's engine_step_ms then shows; the hf
+    engine's own step_ms is left alone."""
+    from pathlib import Path
+
+    from launcher.bench.cli import with_wall_step
+    from launcher.bench.report import Point, summary_rows
+
+    vllm = {"steps": 400, "decode_rows": 8.0, "prefill_tokens": 1.0}
+    assert with_wall_step(vllm, 2.0, "http://a:8002/metrics")["wall_step_ms"] == 5.0
+    assert with_wall_step(vllm, 2.0, "http://a:8002/metrics, http://b:8002/metrics")["wall_step_ms"] == 10.0
+    hf = {"steps": 400, "step_ms": 1.5}
+    assert with_wall_step(hf, 2.0, "http://a:8002/metrics") == hf and with_wall_step(None, 2.0, "u") is None
+    points = [("v", with_wall_step(vllm, 2.0, "http://a:8002/metrics")), ("h", hf), ("none", vllm)]
+    rows = summary_rows([Point(Path(p), result={"metrics": {}, "server_engine_steps": s}) for p, s in points])
+    assert [r["engine_step_ms"] for r in rows] == ["5", "1.5", ""]

@@ -59,22 +59,32 @@ def launch_core(args, config, count: int) -> tuple:
     return (manager, coordinator), info
 
 
-def client(config, count: int, index: int, info: dict, stats: bool, log_stats: bool, kv_usage=None, transfers=None):
+def client(
+    config,
+    count: int,
+    index: int,
+    info: dict,
+    stats: bool,
+    log_stats: bool,
+    kv_usage=None,
+    transfers=None,
+    steps=None,
+):
     """Front end `index`'s AsyncLLM (on the running event loop) of the core `info` describes.  `stats`: keep the
     requests' statistics (each RequestOutput's metrics: its queue and first-token stamps, which the served model's
     first-token split reads); `log_stats`: also log the engine's and publish its Prometheus figures (one front end
     does, or each would log its own share); kv_usage: a counters.Latest given the engine's KV-cache use as its
-    scheduler statistics come (kv_usage_logger); transfers: a counters.KVTransfers given the KV connector's transfers
-    in the statistics this front end receives (vLLM sends each step's to one front end: the front ends' sum is the
-    engine's)."""
+    scheduler statistics come (engine_stats_logger); transfers: a counters.KVTransfers given the KV connector's
+    transfers in the statistics this front end receives, and steps a counters.EngineSteps given the engine steps they
+    report (vLLM sends each step's to one front end: the front ends' sums are the engine's)."""
     from vllm.v1.engine.async_llm import AsyncLLM
 
     addresses = {"input_address": info["inputs"][index], "output_address": info["outputs"][index]}
     if info.get("stats"):
         addresses["stats_update_address"] = info["stats"]
     # vLLM keeps request statistics where it logs them, or where it has a logger of its own to give them to: a
-    # logger that only keeps the KV-cache use keeps the statistics without a second log
-    loggers = [kv_usage_logger(kv_usage, transfers)] if kv_usage is not None and stats else None
+    # logger that only keeps the engine's figures keeps the statistics without a second log
+    loggers = [engine_stats_logger(kv_usage, transfers, steps)] if kv_usage is not None and stats else None
     return AsyncLLM.from_vllm_config(
         config,
         client_addresses=addresses,
@@ -85,16 +95,19 @@ def client(config, count: int, index: int, info: dict, stats: bool, log_stats: b
     )
 
 
-def kv_usage_logger(latest, transfers=None):
-    """A vLLM stat logger class (StatLoggerBase, as vLLM 0.25 defines it) that logs nothing and gives `latest` (a
-    counters.Latest) the share of the KV cache in use each time scheduler statistics come (SchedulerStats
-    .kv_cache_usage; gpu_cache_usage in older releases), which the served model sets as llmlaunch_engine_kv_cache_usage
-    (serve.autoscale.signal=kv_cache), and `transfers` (a counters.KVTransfers, where given) the KV connector's
-    transfers of the step (SchedulerStats.kv_connector_stats): llmlaunch_kv_transfer* on the metrics port.  vLLM's
-    own log of them stops when it serves more than one front end; these counters do not."""
+def engine_stats_logger(latest, transfers=None, steps=None):
+    """A vLLM stat logger class (StatLoggerBase, as vLLM 0.25 defines it) that logs nothing and keeps the engine's
+    figures for the served model's metrics port, from each call vLLM's output handler makes with a batch of outputs:
+    `latest` (a counters.Latest) the share of the KV cache in use (SchedulerStats.kv_cache_usage; gpu_cache_usage in
+    older releases), which the model sets as llmlaunch_engine_kv_cache_usage (serve.autoscale.signal=kv_cache);
+    `transfers` (a counters.KVTransfers, where given) the KV connector's transfers of the step
+    (SchedulerStats.kv_connector_stats): llmlaunch_kv_transfer*; `steps` (a counters.EngineSteps, where given) the
+    engine step the scheduler statistics stand for and the batch's tokens (IterationStats): llmlaunch_engine_steps and
+    the rest of VLLM_STEP_COUNTERS.  vLLM's own log of them stops when it serves more than one front end; these
+    counters do not."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
-    class KVUsageStatLogger(StatLoggerBase):
+    class EngineStatsLogger(StatLoggerBase):
         def __init__(self, vllm_config, engine_index: int = 0):
             pass
 
@@ -105,11 +118,13 @@ def kv_usage_logger(latest, transfers=None):
             moved = getattr(scheduler_stats, "kv_connector_stats", None)
             if transfers is not None and moved:
                 transfers.add_vllm(moved)
+            if steps is not None:
+                steps.add_vllm(scheduler_stats, iteration_stats)
 
         def log_engine_initialized(self):
             pass
 
-    return KVUsageStatLogger
+    return EngineStatsLogger
 
 
 def stop_core(core) -> None:

@@ -262,6 +262,8 @@ class VLLMAdapter(EngineAdapter):
         self.kv_usage = counters.Latest()  # the engine's KV-cache use, as its scheduler statistics last said
         # keys and values its KV connector moved (disagg: NIXL's transfers), set where the engine has a connector
         self.kv_transfers = None
+        # its engine core's steps as the scheduler statistics this front end receives report them
+        self.engine_steps = counters.EngineSteps()
         self._stopping = False
 
     async def start(self):
@@ -356,6 +358,7 @@ class VLLMAdapter(EngineAdapter):
             log_stats=index == 0,
             kv_usage=self.kv_usage,
             transfers=self.kv_transfers,
+            steps=self.engine_steps,
         )
 
     def _watch_core(self):

@@ -23,6 +23,7 @@ class AsyncEngineArgs:
     enable_log_requests: bool = False  # vLLM >= 0.12 (disable_log_requests was removed)
     stream_interval: int = 1
     kv_transfer_config: Optional[object] = None  # vllm.config.kv_transfer.KVTransferConfig
+    cudagraph_metrics: bool = False  # each step's CUDAGraphStat in its scheduler statistics (ObservabilityConfig)
 
     # vLLM's API servers set these two before create_engine_config (api_server_count > 1)
     _api_process_count: int = 1

@@ -104,6 +104,7 @@ class AsyncLLM:
         # the engine core's stamps: queued as the request arrives, its first token when the script makes it
         stats = RequestStateStats(arrival_time=time.time(), queued_ts=time.monotonic()) if self.log_stats else None
         self.running += 1
+        prompt_step = True  # the request's first output comes from the step that prefilled its prompt
         try:
             async for text, tok, finish in _standin.script(
                 words,
@@ -117,7 +118,9 @@ class AsyncLLM:
                 if stats is not None:
                     stats.last_token_ts = time.monotonic()
                     stats.first_token_ts = stats.first_token_ts or stats.last_token_ts
-                    self._record()
+                    prefilled = (len(ids), len(ids) - cached, time.time() - stats.arrival_time) if prompt_step else None
+                    self._record(prefilled, generated=int(tok is not None))
+                prompt_step = False
                 yield RequestOutput(
                     request_id,
                     prompt,
@@ -166,13 +169,41 @@ class AsyncLLM:
         self.moved["transfer_duration"].append(KV_TRANSFER_S)
         self.moved["bytes_transferred"].append(blocks * KV_BYTES_PER_BLOCK)
 
-    def _record(self):
-        """A step's scheduler statistics to the stat loggers, as vLLM's output handler gives them."""
+    def _record(self, prefilled, generated: int):
+        """A step's statistics to the stat loggers, as vLLM's output handler gives them: its SchedulerStats and the
+        IterationStats of its outputs.  The stand-in steps each request on its own: a step is one request's prompt
+        (`prefilled`: its tokens, those computed, not the prefix cache's, and the seconds to its first token) or one
+        decode row; `generated` is the tokens it made (none for its EOS, an output without a token).  It runs every
+        request it has at once, so none waits; with cudagraph_metrics a decode step replays a FULL graph and a
+        prompt's step runs PIECEWISE, as vLLM's FULL_AND_PIECEWISE mode does."""
         usage = min(1.0, self.running * KV_SHARE_PER_REQUEST)
         moved, self.moved = self.moved, None
+        total, computed, to_first = prefilled or (0, 0, None)
+        graph = None
+        if self.engine_args.cudagraph_metrics:  # CUDAGraphStat: the stand-in pads nothing
+            tokens = computed if prefilled else 1
+            graph = SimpleNamespace(
+                num_unpadded_tokens=tokens,
+                num_padded_tokens=tokens,
+                num_paddings=0,
+                runtime_mode="PIECEWISE" if prefilled else "FULL",
+            )
+        outputs = SimpleNamespace(
+            num_generation_tokens=generated,
+            num_prompt_tokens=total,
+            prompt_token_stats=SimpleNamespace(computed=computed, cached_tokens=total - computed, total=total),
+            time_to_first_tokens_iter=[to_first] if prefilled else [],
+        )
         for logger in self.loggers:
-            stats = SimpleNamespace(kv_cache_usage=usage, num_running_reqs=self.running, kv_connector_stats=moved)
-            logger.record(stats, None)
+            stats = SimpleNamespace(
+                kv_cache_usage=usage,
+                num_running_reqs=self.running,
+                num_waiting_reqs=0,
+                num_skipped_waiting_reqs=0,
+                kv_connector_stats=moved,
+                cudagraph_stats=graph,
+            )
+            logger.record(stats, outputs)
 
     async def abort(self, request_id, internal=False):
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
