@@ -133,14 +133,25 @@ async def vllm_async(args, engine_args: dict, prompts: LoadPrompts) -> list:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from benchmark import runtime_alone
-    from launcher.python_backend.timings import mean_first_token_ms
+    from launcher.bench.cli import with_wall_step
+    from launcher.engines.vllm import core as vllm_core
+    from launcher.python_backend import counters
+    from launcher.python_backend.timings import engine_step_split, mean_first_token_ms
 
     t_start = time.perf_counter()
     adapter = _served_adapter(engine_args) if args.through_adapter or args.through_runtime else None
     runtime = runtime_alone.start_runtime(adapter) if args.through_runtime else None
     if adapter and not runtime:
         await adapter.start()
-    engine = adapter.engine if adapter else AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args))
+    # the engine core's steps, counted as the served model counts them (its stat logger), so a row's step figures
+    # compare with llmlaunch-bench --server-metrics'; on the adapter's engine, the adapter's own counters
+    steps = counters.EngineSteps()
+    if adapter:
+        steps = adapter.engine_steps
+    else:
+        logger = vllm_core.engine_stats_logger(counters.Latest(), None, steps)
+        engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args), stat_loggers=[logger])
+    engine = adapter.engine if adapter else engine
     load_s = time.perf_counter() - t_start
 
     async def on_engine(coro):  # a closed loop of the paths that call the engine themselves: on its loop
@@ -174,15 +185,20 @@ async def vllm_async(args, engine_args: dict, prompts: LoadPrompts) -> list:
                         before = runtime_alone.settled_first_tokens(runtime, through_runtime.requests)
                     clock["t0"] = time.perf_counter()
                     wall = [time.time()]
+                    steps_before = steps.totals_map()
                     results = await where(closed_loop(stream_of, measured, c, m_take, clock, args.gap_ms / 1000))
                     wall.append(time.time())
                     m = metrics.compute(results, max(x.end for x in results))
+                    # steps of the measured requests (outputs still in flight come in with the last ones' end)
+                    engine_steps = with_wall_step(engine_step_split(steps_before, steps.totals_map()), m["duration_s"])
                     row = {"path": label, "pass": r + 1, "prompts": args.prompts, "concurrency": c, "requests": n}
                     if args.gap_ms:
                         row["gap_ms"] = args.gap_ms
                     row["wall"] = wall  # where the load sits in the host's pulse (--pulse)
                     if args.pulse:
                         row["host"] = host_pulse.window(args.pulse, *wall)
+                    if engine_steps:
+                        row["engine_steps"] = engine_steps
                     if where is _here:  # where the runtime's first tokens spent their time, as the served split's
                         after = runtime_alone.settled_first_tokens(runtime, through_runtime.requests)
                         row["first_token_ms"] = mean_first_token_ms(before, after)

@@ -196,7 +196,7 @@ def bench_one(
         split = _first_token_split(server_metrics, prefill_metrics, model, totals, len(ttfts), ttft_mean)
     if engine_before is not None:
         steps, prefix, moved = _engine_splits(server_metrics, prefill_metrics, model, engine_before, totals)
-        steps = with_wall_step(steps, duration, server_metrics)
+        steps = with_wall_step(steps, duration, len([u for u in server_metrics.split(",") if u.strip()]))
     return {
         "format": "llmlaunch-bench/1",
         "label": label,
@@ -242,14 +242,13 @@ def _engine_splits(server_metrics, prefill_metrics, model: str, engine_before: d
     return steps, prefix, moved
 
 
-def with_wall_step(steps: dict | None, duration_s: float, server_metrics: str) -> dict | None:
+def with_wall_step(steps: dict | None, duration_s: float, servers: int = 1) -> dict | None:
     """An engine split that times no step (vLLM's: timings.engine_step_split) with `wall_step_ms`: the measured
-    phase's wall time over the steps one engine ran, the steps counted on the servers of `server_metrics` shared out
-    among them (each server's engine stepped through the whole run).  It is not the engine's own time a step: it holds
-    the time the engine stood idle between requests, and is the inter-token time only while the engine never did."""
+    phase's wall time over the steps one engine ran, the steps counted on `servers` servers shared out among them
+    (each server's engine stepped through the whole run).  It is not the engine's own time a step: it holds the time
+    the engine stood idle between requests, and is the inter-token time only while the engine never did."""
     if not steps or "step_ms" in steps or duration_s <= 0:
         return steps
-    servers = len([u for u in server_metrics.split(",") if u.strip()])
     return {**steps, "wall_step_ms": round(1000.0 * duration_s * servers / steps["steps"], 4)}
 
 

@@ -302,6 +302,8 @@ def test_the_vllm_yardstick_sends_per_load_prompts_and_takes_turns_with_the_serv
         (p, path, c, n) for p in (1, 2) for path in paths for c, n in ((1, 3), (2, 4))
     ]
     assert all(r["total_output_tokens"] == 3 * r["requests"] and r["failed"] == 0 for r in rows)
+    # each row counts the engine core's steps of its requests as the served model does (its stat logger)
+    assert all(r["engine_steps"]["steps"] > 0 and r["engine_steps"]["wall_step_ms"] > 0 for r in rows)
     split = [r["first_token_ms"] for r in rows if r["path"] == paths[2]]
     assert [s["requests"] for s in split] == [3, 4, 3, 4] and all(s["inside_server"] > 0 for s in split)
     assert len([e for e in events if e["event"] == "init"]) == 1  # one engine, every path
@@ -322,6 +324,7 @@ def test_the_vllm_yardstick_sends_per_load_prompts_and_takes_turns_with_the_serv
     assert prompts[1:4] == first  # C=1's measured requests: llmlaunch-bench's --seed 2 prompts
 
     rows, events, _ = run("--prompts", "shared")
+    assert all(r["engine_steps"]["steps"] > 0 for r in rows)  # plain AsyncLLM: the yardstick's own stat logger
     prompts = [e["prompt"] for e in events if e["event"] == "generate"]
     assert len(set(prompts)) < len(prompts)  # C=2's warm-up resends C=1's prompts
 
