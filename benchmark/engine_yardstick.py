@@ -145,13 +145,12 @@ async def vllm_async(args, engine_args: dict, prompts: LoadPrompts) -> list:
         await adapter.start()
     # the engine core's steps, counted as the served model counts them (its stat logger), so a row's step figures
     # compare with llmlaunch-bench --server-metrics'; on the adapter's engine, the adapter's own counters
-    steps = counters.EngineSteps()
     if adapter:
-        steps = adapter.engine_steps
+        engine, steps = adapter.engine, adapter.engine_steps
     else:
+        steps = counters.EngineSteps()
         logger = vllm_core.engine_stats_logger(counters.Latest(), None, steps)
         engine = AsyncLLM.from_engine_args(AsyncEngineArgs(**engine_args), stat_loggers=[logger])
-    engine = adapter.engine if adapter else engine
     load_s = time.perf_counter() - t_start
 
     async def on_engine(coro):  # a closed loop of the paths that call the engine themselves: on its loop
