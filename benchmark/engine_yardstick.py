@@ -133,9 +133,9 @@ async def vllm_async(args, engine_args: dict, prompts: LoadPrompts) -> list:
     from vllm.v1.engine.async_llm import AsyncLLM
 
     from benchmark import runtime_alone
-    from launcher.bench.cli import with_wall_step
     from launcher.engines.vllm import core as vllm_core
     from launcher.python_backend import counters
+    from launcher.python_backend.step_splits import with_wall_step
     from launcher.python_backend.timings import engine_step_split, mean_first_token_ms
 
     t_start = time.perf_counter()

@@ -35,7 +35,7 @@ Result JSON:
                               "gpu_idle_ms", "decode_rows", "prefill_tokens", "ahead"} (--server-metrics:
                               the hf engine's steps during the measured requests; timings.engine_step_split);
                               vLLM's engine core: {"steps", "decode_rows", "prefill_tokens", "running", "waiting",
-                              "wall_step_ms"} (the measured phase's wall time a step: `with_wall_step`) and, with
+                              "wall_step_ms"} (the measured phase's wall time a step: step_splits.with_wall_step) and, with
                               engine.engine_args.cudagraph_metrics=true, "scheduled_tokens", "graph_full",
                               "graph_piecewise", "graph_none",
      "server_prefix_cache": None | {"prompt_tokens", "cached_prompt_tokens", "prefix_hit_rate"} (--server-metrics;
@@ -61,6 +61,7 @@ from launcher.bench.runner import Job, LoadSpec, generations, run_load
 from launcher.client.connection import ClientError
 from launcher.client.control import honoured_parameters, served_tokenizer
 from launcher.python_backend import cache_splits, timings
+from launcher.python_backend.step_splits import with_wall_step
 
 
 def build_parser(prog: str = "llmlaunch-bench") -> argparse.ArgumentParser:
@@ -240,16 +241,6 @@ def _engine_splits(server_metrics, prefill_metrics, model: str, engine_before: d
         after = timings.fetch_engine_metrics(prefill_metrics, model)  # settled above, with every replica's
         prefix = cache_splits.prefix_cache_split(totals["prefill_engine"], after)
     return steps, prefix, moved
-
-
-def with_wall_step(steps: dict | None, duration_s: float, servers: int = 1) -> dict | None:
-    """An engine split that times no step (vLLM's: timings.engine_step_split) with `wall_step_ms`: the measured
-    phase's wall time over the steps one engine ran, the steps counted on `servers` servers shared out among them
-    (each server's engine stepped through the whole run).  It is not the engine's own time a step: it holds the time
-    the engine stood idle between requests, and is the inter-token time only while the engine never did."""
-    if not steps or "step_ms" in steps or duration_s <= 0:
-        return steps
-    return {**steps, "wall_step_ms": round(1000.0 * duration_s * servers / steps["steps"], 4)}
 
 
 def decode_metrics(server_metrics: str, prefill_metrics: str) -> str:

@@ -1,7 +1,8 @@
 """An engine's steps between two readings of its totals (launcher/python_backend/timings.py's
 `read_engine_metrics`, or an hf engine's EngineStats as a dict): the means a step that llmlaunch-bench reports after
-a run (--server-metrics) and the hf model logs at its end, with their one-line form.  timings.py re-exports both
-functions beside the counters they split."""
+a run (--server-metrics) and the hf model logs at its end, with their one-line form; `with_wall_step` gives a split
+of an engine that times no step the run's wall time a step.  timings.py re-exports engine_step_split and
+format_engine_split beside the counters they split."""
 
 from __future__ import annotations
 
@@ -80,6 +81,16 @@ def engine_step_split(before: dict, after: dict) -> dict | None:
     if d("intake_calls") > 0:  # how many requests arrived together: the prompts of one tokenizer call
         out["per_intake"] = round(d("intake_requests") / d("intake_calls"), 2)
     return out
+
+
+def with_wall_step(steps: dict | None, duration_s: float, servers: int = 1) -> dict | None:
+    """An engine split that times no step (vLLM's: timings.engine_step_split) with `wall_step_ms`: the measured
+    phase's wall time over the steps one engine ran, the steps counted on `servers` servers shared out among them
+    (each server's engine stepped through the whole run).  It is not the engine's own time a step: it holds the time
+    the engine stood idle between requests, and is the inter-token time only while the engine never did."""
+    if not steps or "step_ms" in steps or duration_s <= 0:
+        return steps
+    return {**steps, "wall_step_ms": round(1000.0 * duration_s * servers / steps["steps"], 4)}
 
 
 def format_engine_split(split: dict) -> str:

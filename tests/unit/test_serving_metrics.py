@@ -549,8 +549,8 @@ def test_llmlaunch_bench_adds_the_runs_wall_time_a_step_where_the_engine_times_n
     engine's own step_ms is left alone."""
     from pathlib import Path
 
-    from launcher.bench.cli import with_wall_step
     from launcher.bench.report import Point, summary_rows
+    from launcher.python_backend.step_splits import with_wall_step
 
     vllm = {"steps": 400, "decode_rows": 8.0, "prefill_tokens": 1.0}
     assert with_wall_step(vllm, 2.0)["wall_step_ms"] == 5.0
